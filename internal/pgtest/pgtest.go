@@ -1,0 +1,109 @@
+// Package pgtest gives tests a real PostgreSQL: one pool per test binary and a fresh, migrated
+// schema per test, so packages and tests run in parallel without seeing each other's rows.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/wmonce/watermill-once/migrate"
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// URL is DATABASE_URL, or the local default.
+func URL() string {
+	if u := os.Getenv("DATABASE_URL"); u != "" {
+		return u
+	}
+	return pgtx.DefaultDatabaseURL
+}
+
+var (
+	sharedOnce sync.Once
+	sharedDB   *sql.DB
+	sharedErr  error
+)
+
+// DB returns the test binary's shared pool. A test that cannot reach PostgreSQL fails, saying
+// what to start; it never skips.
+func DB(t testing.TB) *sql.DB {
+	t.Helper()
+	sharedOnce.Do(func() {
+		sharedDB, sharedErr = pgtx.Open(context.Background(), URL(), pgtx.PoolConfig{MaxOpenConns: 24})
+	})
+	if sharedErr != nil {
+		t.Fatalf("%v\nThese tests need PostgreSQL. Start it (`pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start`, or `docker compose up -d postgres`) or point DATABASE_URL at one.", sharedErr)
+	}
+	return sharedDB
+}
+
+// OpenDB opens a pool of its own, closed when the test ends: for tests that need a pool size
+// of their own or that break connections on purpose.
+func OpenDB(t testing.TB, maxConns int) *sql.DB {
+	t.Helper()
+	db, err := pgtx.Open(context.Background(), URL(), pgtx.PoolConfig{MaxOpenConns: maxConns})
+	if err != nil {
+		t.Fatalf("%v\nStart PostgreSQL or set DATABASE_URL.", err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// Schema creates a uniquely named schema, applies every migration to it and drops it when the
+// test ends (unless PGTEST_KEEP is set, for post-mortems).
+func Schema(t testing.TB, db *sql.DB) string {
+	t.Helper()
+	name := NewName("t")
+	ctx := context.Background()
+	m, err := migrate.New(db, migrate.Config{Schema: name}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Migrate(ctx, migrate.DirectionUp, nil); err != nil {
+		t.Fatalf("migrate schema %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		if os.Getenv("PGTEST_KEEP") != "" {
+			t.Logf("keeping schema %s", name)
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := db.ExecContext(ctx, `DROP SCHEMA `+pgtx.QuoteIdentifier(name)+` CASCADE`); err != nil {
+			t.Logf("drop schema %s: %v", name, err)
+		}
+	})
+	return name
+}
+
+// NewName returns prefix_ followed by random hex: a valid, unique identifier or topic name.
+func NewName(prefix string) string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return strings.ToLower(prefix) + "_" + hex.EncodeToString(b)
+}
+
+// Exec runs a statement and fails the test on error.
+func Exec(t testing.TB, db *sql.DB, query string, args ...any) {
+	t.Helper()
+	if _, err := db.ExecContext(context.Background(), query, args...); err != nil {
+		t.Fatalf("exec %q: %v", query, err)
+	}
+}
+
+// Count returns the result of a single-integer query.
+func Count(t testing.TB, db *sql.DB, query string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRowContext(context.Background(), query, args...).Scan(&n); err != nil {
+		t.Fatalf("query %q: %v", query, err)
+	}
+	return n
+}

@@ -1,0 +1,436 @@
+package middleware
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/wmonce/watermill-once/outbox"
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// MaxKeyLengthLimit is the largest MaxKeyLength accepted: PostgreSQL b-tree entries must stay
+// well under a third of a page.
+const MaxKeyLengthLimit = 1024
+
+// Config configures the effectively-once middleware.
+type Config struct {
+	// Schema holds processed_messages and the outbox (see package migrate). Default "wmonce".
+	Schema string
+
+	// Consumer scopes dedupe keys: two consumers sharing the table never see each other's keys.
+	// Default: the name of the router handler the message arrives at. Set it explicitly when one
+	// logical consumer runs under several handler names, or never rename the handler: a new
+	// consumer name starts with an empty history and re-applies redelivered messages.
+	Consumer string
+
+	// Key returns each message's dedupe key. Default KeyFromUUID.
+	Key KeyFunc
+	// MaxKeyLength refuses longer keys (in bytes) as invalid. Default 255, at most 1024.
+	MaxKeyLength int
+
+	// RejectFingerprintMismatch turns a duplicate whose payload differs from the applied one
+	// into a permanent error (parked by the Stack) instead of an acked, reported duplicate.
+	RejectFingerprintMismatch bool
+
+	// Outbox stores the messages the handler returns. Default: a Writer on Schema.
+	Outbox *outbox.Writer
+	// OutputTopic receives returned messages when the router handler has no publish topic
+	// (AddConsumerHandler). When both are set, OutputTopic wins.
+	OutputTopic string
+
+	// TxOptions for the transaction the middleware opens. Default: READ COMMITTED, which with
+	// the insert-first claim is enough for dedupe; raise it if your handler needs it.
+	TxOptions *sql.TxOptions
+	// TxRetry bounds re-running the whole transaction (claim, handler, outbox) after a
+	// serialization failure or deadlock. Default 3 attempts.
+	TxRetry pgtx.RetryPolicy
+
+	// DisableSubscriberTxReuse opens a transaction of our own even when the message comes
+	// from watermill-sql's subscriber. By default its transaction is reused (see the package doc).
+	DisableSubscriberTxReuse bool
+
+	// ShutdownGrace is how long a handler already running may go on after the router closes
+	// (Router.Close cancels every message context at once). Within it the transaction commits
+	// normally; after it the transaction is cancelled and rolled back, and the message is
+	// redelivered later. A negative value aborts at once. Default 5s; keep it below the router's
+	// CloseTimeout. A deadline set by an outer Timeout middleware is always honoured at once.
+	ShutdownGrace time.Duration
+}
+
+func (c *Config) setDefaults() {
+	if c.Schema == "" {
+		c.Schema = pgtx.DefaultSchema
+	}
+	if c.Key == nil {
+		c.Key = KeyFromUUID()
+	}
+	if c.MaxKeyLength == 0 {
+		c.MaxKeyLength = 255
+	}
+	if c.TxOptions == nil {
+		c.TxOptions = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
+	}
+	if c.ShutdownGrace == 0 {
+		c.ShutdownGrace = 5 * time.Second
+	}
+}
+
+// Validate reports what to fix in a configuration.
+func (c Config) Validate() error {
+	var errs []error
+	if err := pgtx.ValidateIdentifier("schema", c.Schema); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Consumer != "" && strings.TrimSpace(c.Consumer) == "" {
+		errs = append(errs, errors.New("Consumer is blank: leave it empty to use the handler name, or give a real name"))
+	}
+	if len(c.Consumer) > 255 || !utf8.ValidString(c.Consumer) {
+		errs = append(errs, errors.New("Consumer must be valid UTF-8 of at most 255 bytes"))
+	}
+	if c.MaxKeyLength < 1 || c.MaxKeyLength > MaxKeyLengthLimit {
+		errs = append(errs, fmt.Errorf("MaxKeyLength must be between 1 and %d, got %d", MaxKeyLengthLimit, c.MaxKeyLength))
+	}
+	if c.OutputTopic != "" {
+		if err := outbox.DefaultValidateTopic(c.OutputTopic); err != nil {
+			errs = append(errs, fmt.Errorf("OutputTopic: %w", err))
+		}
+	}
+	if c.TxRetry.MaxAttempts < 0 {
+		errs = append(errs, errors.New("TxRetry.MaxAttempts must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+// EffectivelyOnce makes a Watermill handler apply each message once, however often it is
+// delivered. See the package documentation for the exact guarantee.
+type EffectivelyOnce struct {
+	db     *sql.DB
+	config Config
+	outbox *outbox.Writer
+	logger watermill.LoggerAdapter
+
+	qClaim, qLookup   string
+	qSavepointBegin   string
+	qSavepointRelease string
+
+	counts sync.Map // consumer -> *counters
+}
+
+// NewEffectivelyOnce validates config and prepares the middleware. db must reach PostgreSQL;
+// the tables must exist (run migrate first).
+func NewEffectivelyOnce(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*EffectivelyOnce, error) {
+	if db == nil {
+		return nil, errors.New("effectively-once: db is nil: open one with pgtx.Open")
+	}
+	config.setDefaults()
+	if err := config.Validate(); err != nil {
+		return nil, fmt.Errorf("effectively-once: invalid config: %w", err)
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	ob := config.Outbox
+	if ob == nil {
+		var err error
+		if ob, err = outbox.NewWriter(outbox.Config{Schema: config.Schema}); err != nil {
+			return nil, fmt.Errorf("effectively-once: %w", err)
+		}
+	}
+	processed := pgtx.QualifiedName(config.Schema, "processed_messages")
+	guard := pgtx.QualifiedName(config.Schema, "attempt_guard")
+	return &EffectivelyOnce{
+		db:      db,
+		config:  config,
+		outbox:  ob,
+		logger:  logger,
+		qClaim:  `INSERT INTO ` + processed + ` (consumer, message_id, payload_sha256) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`,
+		qLookup: `SELECT payload_sha256, processed_at FROM ` + processed + ` WHERE consumer = $1 AND message_id = $2`,
+
+		qSavepointBegin:   fmt.Sprintf(spBegin, guard),
+		qSavepointRelease: fmt.Sprintf(spRelease, guard),
+	}, nil
+}
+
+// delivery is what the middleware knows about one delivered message.
+type delivery struct {
+	msg         *message.Message
+	consumer    string
+	key         string
+	fingerprint []byte
+	outputTopic string
+	fields      watermill.LogFields
+}
+
+// Middleware wraps h. It returns no messages to the router: messages h returns are stored in
+// the outbox in the same transaction and reach the broker through the relay.
+func (e *EffectivelyOnce) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		origCtx := msg.Context()
+		// Subscribers re-send msg.Copy() with their own context and Retry reuses msg: leave the
+		// message as we found it.
+		defer msg.SetContext(origCtx)
+
+		d, err := e.newDelivery(msg)
+		if err != nil {
+			return nil, err
+		}
+		if tx, ok := pgtx.SubscriberTxFromContext(origCtx); ok && !e.config.DisableSubscriberTxReuse {
+			return nil, e.runInSubscriberTx(origCtx, h, d, tx)
+		}
+		return nil, e.runInOwnTx(origCtx, h, d)
+	}
+}
+
+func (e *EffectivelyOnce) newDelivery(msg *message.Message) (*delivery, error) {
+	ctx := msg.Context()
+	consumer := e.config.Consumer
+	if consumer == "" {
+		consumer = message.HandlerNameFromCtx(ctx)
+	}
+	if consumer == "" {
+		return nil, Permanent(ErrNoConsumer)
+	}
+	c := e.countersFor(consumer)
+	key, err := e.config.Key(msg)
+	if err == nil {
+		err = e.checkKey(key)
+	}
+	if err != nil {
+		c.refused.Add(1)
+		err = Permanent(fmt.Errorf("%w for message %q (consumer %q): %w", ErrInvalidKey, msg.UUID, consumer, err))
+		e.logger.Error("Message refused: unusable dedupe key; not applied, not acked", err, watermill.LogFields{"consumer": consumer, "message_uuid": msg.UUID})
+		return nil, err
+	}
+	sum := sha256.Sum256(msg.Payload)
+	topic := e.config.OutputTopic
+	if topic == "" {
+		topic = message.PublishTopicFromCtx(ctx)
+	}
+	return &delivery{
+		msg:         msg,
+		consumer:    consumer,
+		key:         key,
+		fingerprint: sum[:],
+		outputTopic: topic,
+		fields:      watermill.LogFields{"consumer": consumer, "dedupe_key": key, "message_uuid": msg.UUID},
+	}, nil
+}
+
+func (e *EffectivelyOnce) checkKey(key string) error {
+	switch {
+	case key == "":
+		return errors.New("key is empty")
+	case len(key) > e.config.MaxKeyLength:
+		return fmt.Errorf("key is %d bytes long, over MaxKeyLength (%d): raise MaxKeyLength (up to %d) or use KeyFromPayloadSHA256 / a shorter business key", len(key), e.config.MaxKeyLength, MaxKeyLengthLimit)
+	case !utf8.ValidString(key) || strings.ContainsRune(key, 0):
+		return errors.New("key is not valid UTF-8 text (or contains NUL): PostgreSQL text cannot store it; use KeyFromPayloadSHA256 or hex-encode it")
+	}
+	return nil
+}
+
+// runInOwnTx is the normal path: one transaction of our own per attempt.
+func (e *EffectivelyOnce) runInOwnTx(origCtx context.Context, h message.HandlerFunc, d *delivery) error {
+	ctx, release := detachForShutdown(origCtx, e.config.ShutdownGrace)
+	defer release()
+	policy := e.config.TxRetry
+	maxAttempts := policy.MaxAttempts
+	if maxAttempts == 0 {
+		maxAttempts = 3
+	}
+	for attempt := 1; ; attempt++ {
+		err := e.attemptOwnTx(ctx, h, d)
+		if err == nil || !pgtx.IsRetryableTx(err) || attempt >= maxAttempts {
+			return err
+		}
+		e.countersFor(d.consumer).txRetries.Add(1)
+		e.logger.Debug("Transaction lost a race, running it again", d.fields.Add(watermill.LogFields{"attempt": attempt, "sqlstate": pgtx.SQLState(err)}))
+		select {
+		case <-ctx.Done():
+			return errors.Join(err, context.Cause(ctx))
+		case <-time.After(policy.Delay(attempt)):
+		}
+	}
+}
+
+func (e *EffectivelyOnce) attemptOwnTx(ctx context.Context, h message.HandlerFunc, d *delivery) (err error) {
+	tx, err := e.db.BeginTx(ctx, e.config.TxOptions)
+	if err != nil {
+		return fmt.Errorf("effectively-once: begin: %w", err)
+	}
+	done := false
+	defer func() {
+		if !done {
+			_ = tx.Rollback()
+		}
+	}()
+
+	fresh, err := e.claim(ctx, tx, d)
+	if err != nil || !fresh {
+		return err // a duplicate wrote nothing; the deferred rollback ends the transaction
+	}
+	if err := e.apply(ctx, h, d, tx); err != nil {
+		return err
+	}
+	done = true
+	if err := tx.Commit(); err != nil {
+		// The outcome of a failed COMMIT can be unknown (connection lost). Nack either way: if it
+		// did commit, the redelivery finds the key and is acked without effect.
+		e.countersFor(d.consumer).failed.Add(1)
+		return fmt.Errorf("effectively-once: commit: %w", err)
+	}
+	e.countersFor(d.consumer).fresh.Add(1)
+	return nil
+}
+
+// Savepoint statements for the subscriber-transaction path. Without arguments pgx sends them with
+// the simple protocol, so each pair is one round trip.
+const (
+	spBegin    = `SAVEPOINT wmonce_attempt; INSERT INTO %s (xid) VALUES (pg_current_xact_id())`
+	spRelease  = `DELETE FROM %s WHERE xid = pg_current_xact_id(); RELEASE SAVEPOINT wmonce_attempt`
+	spRollback = `ROLLBACK TO SAVEPOINT wmonce_attempt; RELEASE SAVEPOINT wmonce_attempt`
+)
+
+// runInSubscriberTx works inside the transaction watermill-sql's subscriber consumes in, so the
+// consumer offset, the claim and the effects commit together (the subscriber commits on ack).
+// Each attempt runs in a savepoint: the subscriber re-delivers a nacked message in the same
+// transaction without rolling back, so a failed attempt must undo itself.
+func (e *EffectivelyOnce) runInSubscriberTx(ctx context.Context, h message.HandlerFunc, d *delivery, tx *sql.Tx) error {
+	if _, err := tx.ExecContext(ctx, e.qSavepointBegin); err != nil {
+		return fmt.Errorf("effectively-once: savepoint in subscriber transaction: %w", err)
+	}
+	rollback := func(cause error) error {
+		if _, err := tx.ExecContext(context.WithoutCancel(ctx), spRollback); err != nil {
+			return errors.Join(cause, fmt.Errorf("effectively-once: rollback to savepoint: %w", err))
+		}
+		return cause
+	}
+	fresh, err := e.claim(ctx, tx, d)
+	if err != nil {
+		return rollback(err)
+	}
+	if !fresh {
+		return rollback(nil)
+	}
+	if err := e.apply(ctx, h, d, tx); err != nil {
+		return rollback(err)
+	}
+	if _, err := tx.ExecContext(ctx, e.qSavepointRelease); err != nil {
+		return rollback(fmt.Errorf("effectively-once: release savepoint: %w", err))
+	}
+	// Counted as fresh once the subscriber commits; a failed commit redelivers the message.
+	e.countersFor(d.consumer).fresh.Add(1)
+	return nil
+}
+
+// claim inserts the key first. It returns fresh=false for a duplicate, after checking the
+// fingerprint of the applied copy.
+func (e *EffectivelyOnce) claim(ctx context.Context, tx *sql.Tx, d *delivery) (fresh bool, err error) {
+	res, err := tx.ExecContext(ctx, e.qClaim, d.consumer, d.key, d.fingerprint)
+	if err != nil {
+		if pgtx.IsUndefinedTable(err) {
+			return false, fmt.Errorf("effectively-once: processed_messages is missing in schema %q: run the migrations: %w", e.config.Schema, err)
+		}
+		return false, fmt.Errorf("effectively-once: claim: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 1 {
+		return true, nil
+	}
+	c := e.countersFor(d.consumer)
+	c.duplicates.Add(1)
+	var stored []byte
+	var processedAt time.Time
+	if err := tx.QueryRowContext(ctx, e.qLookup, d.consumer, d.key).Scan(&stored, &processedAt); err != nil {
+		// The duplicate is certain (the insert conflicted); only the report is incomplete.
+		e.logger.Info("Duplicate skipped (could not read the applied copy)", d.fields.Add(watermill.LogFields{"err": err.Error()}))
+		return false, nil
+	}
+	if !bytes.Equal(stored, d.fingerprint) {
+		c.mismatches.Add(1)
+		mismatch := fmt.Errorf("payload fingerprint mismatch: key %q was applied at %s with a different payload; two different events share one id", d.key, processedAt.Format(time.RFC3339))
+		e.logger.Error("Duplicate with a DIFFERENT payload: not applied", mismatch, d.fields)
+		if e.config.RejectFingerprintMismatch {
+			return false, Permanent(mismatch)
+		}
+		return false, nil
+	}
+	e.logger.Info("Duplicate skipped: already applied", d.fields.Add(watermill.LogFields{"processed_at": processedAt}))
+	return false, nil
+}
+
+// apply runs the handler with tx in the message context and stores what it returns in the outbox.
+func (e *EffectivelyOnce) apply(ctx context.Context, h message.HandlerFunc, d *delivery, tx *sql.Tx) error {
+	hctx := outbox.ContextWithConsumed(pgtx.ContextWithTx(ctx, tx), d.msg)
+	d.msg.SetContext(hctx)
+	out, err := callHandler(h, d.msg)
+	if err != nil {
+		e.countersFor(d.consumer).failed.Add(1)
+		return err
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	if d.outputTopic == "" {
+		e.countersFor(d.consumer).failed.Add(1)
+		return Permanent(ErrOutputWithoutTopic)
+	}
+	if err := e.outbox.PublishTx(hctx, tx, d.outputTopic, out...); err != nil {
+		e.countersFor(d.consumer).failed.Add(1)
+		return fmt.Errorf("effectively-once: store handler output: %w", err)
+	}
+	return nil
+}
+
+func callHandler(h message.HandlerFunc, msg *message.Message) (out []*message.Message, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &PanicError{Value: r, Stack: string(debug.Stack())}
+		}
+	}()
+	return h(msg)
+}
+
+var errShutdownGrace = errors.New("effectively-once: router closed and ShutdownGrace elapsed")
+
+// detachForShutdown returns a context that survives the cancellation Router.Close sends to
+// every in-flight message for grace, so a handler that is nearly done can commit instead of
+// being rolled back and redone. Deadlines (an outer Timeout middleware) apply at once.
+func detachForShutdown(orig context.Context, grace time.Duration) (context.Context, func()) {
+	if grace < 0 {
+		return orig, func() {}
+	}
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(orig))
+	if deadline, ok := orig.Deadline(); ok {
+		var cancelDeadline context.CancelFunc
+		ctx, cancelDeadline = context.WithDeadline(ctx, deadline)
+		prev := cancel
+		cancel = func(cause error) { cancelDeadline(); prev(cause) }
+	}
+	var timer atomic.Pointer[time.Timer]
+	stop := context.AfterFunc(orig, func() {
+		if errors.Is(orig.Err(), context.DeadlineExceeded) {
+			cancel(context.Cause(orig))
+			return
+		}
+		timer.Store(time.AfterFunc(grace, func() { cancel(errShutdownGrace) }))
+	})
+	return ctx, func() {
+		stop()
+		if t := timer.Load(); t != nil {
+			t.Stop()
+		}
+		cancel(nil)
+	}
+}

@@ -1,0 +1,55 @@
+package middleware
+
+import (
+	"errors"
+	"fmt"
+
+	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+)
+
+// PermanentError marks a failure that retrying the same message cannot fix: a bad key, a
+// payload that does not decode, a handler returning messages without a topic. The Stack parks
+// such messages at once instead of retrying them.
+type PermanentError struct{ Err error }
+
+func (e *PermanentError) Error() string { return "permanent: " + e.Err.Error() }
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+// Permanent wraps err as a PermanentError. Handlers may return Permanent(err) for poison input.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &PermanentError{Err: err}
+}
+
+// IsPermanent reports whether err (or anything it wraps) is a PermanentError.
+func IsPermanent(err error) bool {
+	var p *PermanentError
+	return errors.As(err, &p)
+}
+
+// PanicError is what the middleware returns when the handler panics: the transaction is
+// rolled back and the message nacked, exactly as for an error.
+type PanicError struct {
+	Value any
+	Stack string
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("handler panicked: %v", e.Value) }
+
+// IsPanic reports a recovered panic, ours or Watermill's Recoverer's.
+func IsPanic(err error) bool {
+	var p *PanicError
+	var wp wmiddleware.RecoveredPanicError
+	return errors.As(err, &p) || errors.As(err, &wp)
+}
+
+// ErrNoConsumer is returned for a message whose consumer name cannot be determined: no
+// Config.Consumer and no handler name in the message context (the middleware runs outside a
+// router handler).
+var ErrNoConsumer = errors.New("no consumer name: set Config.Consumer, or run the middleware inside a Watermill router handler")
+
+// ErrOutputWithoutTopic is returned when the handler returns messages but neither the router
+// handler nor Config.OutputTopic names a topic for them.
+var ErrOutputWithoutTopic = errors.New("handler returned messages but there is no topic for them: add the handler with router.AddHandler(..., publishTopic, ...) or set Config.OutputTopic")

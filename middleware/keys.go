@@ -1,0 +1,55 @@
+package middleware
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// ErrInvalidKey is wrapped by every error about a message's dedupe key. Such errors are also
+// permanent (see IsPermanent): retrying the same message cannot fix its key.
+var ErrInvalidKey = errors.New("invalid dedupe key")
+
+// KeyFunc returns the dedupe key of a message: a stable id the producer gives every copy of one
+// event. Never use a broker delivery id (Kafka offset, AMQP delivery tag, SQS receipt handle):
+// those change on redelivery and would let every copy through.
+type KeyFunc func(msg *message.Message) (string, error)
+
+// KeyFromUUID uses the Watermill message UUID, which watermill-once's outbox and Watermill's
+// publishers carry unchanged through every broker. This is the default.
+func KeyFromUUID() KeyFunc {
+	return func(msg *message.Message) (string, error) {
+		if msg.UUID == "" {
+			return "", errors.New("message UUID is empty: producers must set a stable UUID, or configure Key (KeyFromMetadata, KeyFromPayloadSHA256 or a business key)")
+		}
+		return msg.UUID, nil
+	}
+}
+
+// KeyFromMetadata uses a metadata field, e.g. "event_id" set by the producer.
+func KeyFromMetadata(field string) KeyFunc {
+	return func(msg *message.Message) (string, error) {
+		v := msg.Metadata.Get(field)
+		if v == "" {
+			return "", fmt.Errorf("metadata field %q is missing or empty: the producer must set it, or configure another Key", field)
+		}
+		return v, nil
+	}
+}
+
+// KeyFromPayloadSHA256 uses the hex SHA-256 of the raw payload bytes, for producers that send
+// no id. Two distinct events with byte-identical payloads are then one event: include something
+// unique (an event id, a timestamp) in the payload if that can happen.
+func KeyFromPayloadSHA256() KeyFunc {
+	return func(msg *message.Message) (string, error) {
+		sum := sha256.Sum256(msg.Payload)
+		return hex.EncodeToString(sum[:]), nil
+	}
+}
+
+// KeyFromFunc adapts a business-key extractor (e.g. decode the payload and return the payment
+// id). It exists for readability at the call site; any KeyFunc works.
+func KeyFromFunc(f func(msg *message.Message) (string, error)) KeyFunc { return f }

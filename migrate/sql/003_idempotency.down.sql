@@ -1,0 +1,1 @@
+-- Reserved for the idempotency issue; intentionally empty until it lands.

@@ -1,0 +1,1 @@
+-- Reserved for the operations issue; intentionally empty until it lands.

@@ -1,0 +1,445 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// RelayConfig configures a Relay.
+type RelayConfig struct {
+	// Schema holds the outbox tables. Default pgtx.DefaultSchema.
+	Schema string
+	// Name identifies this relay's position in outbox_offsets (a consumer group). Relays with
+	// the same name share one position and elect one active instance; relays with different
+	// names each forward every row (e.g. one to Kafka, one to an audit sink). Default "relay".
+	Name string
+	// BatchSize is the most rows read and published per round. Default 100.
+	BatchSize int
+	// PollInterval is the wait after a round that found no rows. A full batch is followed by
+	// the next round at once. Default 100ms.
+	PollInterval time.Duration
+	// RetryBackoff is the first wait after a failed publish or database error; it doubles up
+	// to MaxRetryBackoff. Default 100ms and 5s.
+	RetryBackoff    time.Duration
+	MaxRetryBackoff time.Duration
+	// StandbyInterval is how often a relay that is not the active one tries to take over.
+	// Default 1s.
+	StandbyInterval time.Duration
+}
+
+func (c *RelayConfig) setDefaults() {
+	if c.Schema == "" {
+		c.Schema = pgtx.DefaultSchema
+	}
+	if c.Name == "" {
+		c.Name = "relay"
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 100
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = 100 * time.Millisecond
+	}
+	if c.RetryBackoff == 0 {
+		c.RetryBackoff = 100 * time.Millisecond
+	}
+	if c.MaxRetryBackoff == 0 {
+		c.MaxRetryBackoff = 5 * time.Second
+	}
+	if c.StandbyInterval == 0 {
+		c.StandbyInterval = time.Second
+	}
+}
+
+// Validate reports a configuration that cannot work.
+func (c RelayConfig) Validate() error {
+	var errs []error
+	if err := pgtx.ValidateIdentifier("schema", c.Schema); err != nil {
+		errs = append(errs, err)
+	}
+	if len(c.Name) > 255 {
+		errs = append(errs, fmt.Errorf("relay Name is %d bytes; the limit is 255", len(c.Name)))
+	}
+	if c.BatchSize < 1 || c.BatchSize > 10000 {
+		errs = append(errs, fmt.Errorf("BatchSize must be between 1 and 10000, got %d", c.BatchSize))
+	}
+	if c.PollInterval < 0 || c.RetryBackoff < 0 || c.MaxRetryBackoff < c.RetryBackoff || c.StandbyInterval < 0 {
+		errs = append(errs, errors.New("intervals must be positive and MaxRetryBackoff >= RetryBackoff"))
+	}
+	return errors.Join(errs...)
+}
+
+// RelayStats are the relay's running totals since it was created.
+type RelayStats struct {
+	Forwarded  uint64 // messages published
+	Rounds     uint64 // batches read
+	Failures   uint64 // failed publish or database attempts (each retried)
+	Rejected   uint64 // rows set aside in outbox_rejected because they could not be decoded
+	Fenced     uint64 // position updates refused because another relay moved the position
+	IsLeader   bool
+	LastRelays time.Time
+}
+
+// Relay forwards committed outbox rows to a Watermill publisher, in commit order.
+//
+// Guarantee: every committed row is published at least once, with the UUID and metadata it was
+// stored with, in the order of (commit, position in transaction). The position is recorded
+// after publishing, so a relay that stops between publishing and recording publishes the same
+// rows again: consumers must absorb copies (the effectively-once middleware does). A row the
+// broker refuses is retried with backoff and blocks the rows behind it, to keep order; it is
+// logged at every failure. A row that cannot be decoded is copied into outbox_rejected with the
+// reason and skipped, never dropped silently.
+//
+// One active instance per Name: the relay holds a session-level advisory lock while active;
+// standbys poll for it. The position update is fenced (compare-and-set), so even two instances
+// that both believe they lead never move the position backwards.
+//
+// Rows only become readable once every transaction older than them has finished, so a long
+// transaction anywhere on the server delays the relay (not correctness).
+type Relay struct {
+	db        *sql.DB
+	publisher message.Publisher
+	config    RelayConfig
+	logger    watermill.LoggerAdapter
+	lockKey   int64
+
+	qEnsure, qPosition, qRead, qAdvance, qReject string
+
+	forwarded, rounds, failures, rejected, fenced atomic.Uint64
+	leader                                        atomic.Bool
+	lastRelay                                     atomic.Int64
+
+	closeOnce sync.Once
+	closing   chan struct{}
+	running   sync.WaitGroup
+}
+
+// NewRelay returns a relay that forwards the outbox in config.Schema to publisher. The
+// publisher is not closed by the relay.
+func NewRelay(db *sql.DB, publisher message.Publisher, config RelayConfig, logger watermill.LoggerAdapter) (*Relay, error) {
+	if db == nil {
+		return nil, errors.New("outbox: relay db is nil")
+	}
+	if publisher == nil {
+		return nil, errors.New("outbox: relay publisher is nil: pass the broker publisher to forward to")
+	}
+	config.setDefaults()
+	if err := config.Validate(); err != nil {
+		return nil, fmt.Errorf("outbox: invalid relay config: %w", err)
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	table := pgtx.QualifiedName(config.Schema, "outbox")
+	offsets := pgtx.QualifiedName(config.Schema, "outbox_offsets")
+	h := fnv.New64a()
+	_, _ = h.Write([]byte("watermill-once/relay/" + config.Schema + "/" + config.Name))
+	return &Relay{
+		db:        db,
+		publisher: publisher,
+		config:    config,
+		logger:    logger.With(watermill.LogFields{"relay": config.Name}),
+		lockKey:   int64(h.Sum64()),
+		qEnsure:   `INSERT INTO ` + offsets + ` (consumer_group, offset_acked, last_processed_transaction_id) VALUES ($1, 0, '0') ON CONFLICT DO NOTHING`,
+		qPosition: `SELECT offset_acked, last_processed_transaction_id::text FROM ` + offsets + ` WHERE consumer_group = $1`,
+		qRead: `SELECT "offset", transaction_id::text, uuid, payload::text, metadata::text FROM ` + table + `
+WHERE ((transaction_id = $1::xid8 AND "offset" > $2) OR transaction_id > $1::xid8)
+  AND transaction_id < pg_snapshot_xmin(pg_current_snapshot())
+ORDER BY transaction_id, "offset"
+LIMIT $3`,
+		qAdvance: `UPDATE ` + offsets + ` SET offset_acked = $2, last_processed_transaction_id = $3::xid8
+WHERE consumer_group = $1 AND offset_acked = $4 AND last_processed_transaction_id = $5::xid8`,
+		qReject: `INSERT INTO ` + pgtx.QualifiedName(config.Schema, "outbox_rejected") + ` (relay, "offset", transaction_id, uuid, payload, metadata, error)
+VALUES ($1, $2, $3::xid8, $4, $5::json, $6::json, $7) ON CONFLICT DO NOTHING`,
+		closing: make(chan struct{}),
+	}, nil
+}
+
+// position is a point in the outbox's commit order.
+type position struct {
+	txID   string // xid8 as text
+	offset int64
+}
+
+type outboxRow struct {
+	pos      position
+	uuid     string
+	payload  string
+	metadata sql.NullString
+}
+
+// Stats returns the relay's running totals.
+func (r *Relay) Stats() RelayStats {
+	var last time.Time
+	if n := r.lastRelay.Load(); n != 0 {
+		last = time.Unix(0, n)
+	}
+	return RelayStats{
+		Forwarded:  r.forwarded.Load(),
+		Rounds:     r.rounds.Load(),
+		Failures:   r.failures.Load(),
+		Rejected:   r.rejected.Load(),
+		Fenced:     r.fenced.Load(),
+		IsLeader:   r.leader.Load(),
+		LastRelays: last,
+	}
+}
+
+// Close stops Run and waits for it to return. It is idempotent.
+func (r *Relay) Close() error {
+	r.closeOnce.Do(func() { close(r.closing) })
+	r.running.Wait()
+	return nil
+}
+
+// Run forwards rows until ctx is cancelled or Close is called. It returns nil on a clean stop.
+// Database and publish errors are retried with backoff, never returned.
+func (r *Relay) Run(ctx context.Context) error {
+	r.running.Add(1)
+	defer r.running.Done()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-r.closing:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+
+	backoff := r.config.RetryBackoff
+	for ctx.Err() == nil {
+		err := r.lead(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		if err != nil {
+			r.failures.Add(1)
+			r.logger.Error("Relay error, retrying", err, watermill.LogFields{"backoff": backoff})
+			if !sleep(ctx, jitter(backoff)) {
+				break
+			}
+			backoff = min(backoff*2, r.config.MaxRetryBackoff)
+			continue
+		}
+		backoff = r.config.RetryBackoff
+		if !sleep(ctx, r.config.StandbyInterval) {
+			break
+		}
+	}
+	return nil
+}
+
+// lead takes the advisory lock on a dedicated connection and relays while it holds it. It
+// returns nil when another instance holds the lock (this one stays standby).
+func (r *Relay) lead(ctx context.Context) error {
+	conn, err := r.db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("outbox: relay connection: %w", err)
+	}
+	defer conn.Close()
+	var got bool
+	if err := conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1)`, r.lockKey).Scan(&got); err != nil {
+		return fmt.Errorf("outbox: relay leadership lock: %w", err)
+	}
+	if !got {
+		return nil
+	}
+	r.leader.Store(true)
+	r.logger.Info("Relay active", nil)
+	defer func() {
+		r.leader.Store(false)
+		// A lock held by a broken connection is released by the server with the session.
+		unlockCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_, _ = conn.ExecContext(unlockCtx, `SELECT pg_advisory_unlock($1)`, r.lockKey)
+	}()
+	if _, err := conn.ExecContext(ctx, r.qEnsure, r.config.Name); err != nil {
+		return fmt.Errorf("outbox: relay init position: %w", err)
+	}
+	for {
+		n, err := r.round(ctx, conn)
+		if err != nil {
+			return err
+		}
+		if n < r.config.BatchSize && !sleep(ctx, r.config.PollInterval) {
+			return nil
+		}
+	}
+}
+
+// RelayOnce forwards at most one batch without taking leadership and returns how many rows it
+// published. It is meant for tests, the CLI and callers with their own scheduling; running it
+// beside an active Run of the same Name can publish rows twice (never lose them).
+func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
+	conn, err := r.db.Conn(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: relay connection: %w", err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, r.qEnsure, r.config.Name); err != nil {
+		return 0, fmt.Errorf("outbox: relay init position: %w", err)
+	}
+	return r.round(ctx, conn)
+}
+
+// round reads one batch after the recorded position, publishes it in topic runs and advances
+// the position after each run that published.
+func (r *Relay) round(ctx context.Context, conn *sql.Conn) (int, error) {
+	var pos position
+	if err := conn.QueryRowContext(ctx, r.qPosition, r.config.Name).Scan(&pos.offset, &pos.txID); err != nil {
+		return 0, fmt.Errorf("outbox: read relay position: %w", err)
+	}
+	rows, err := r.read(ctx, conn, pos)
+	if err != nil {
+		return 0, err
+	}
+	r.rounds.Add(1)
+	published := 0
+	for start := 0; start < len(rows); {
+		topic, msgs, end, err := r.decodeRun(ctx, conn, rows, start)
+		if err != nil {
+			return published, err
+		}
+		if len(msgs) > 0 {
+			if err := r.publish(ctx, topic, msgs); err != nil {
+				return published, err
+			}
+			published += len(msgs)
+			r.forwarded.Add(uint64(len(msgs)))
+		}
+		next := rows[end-1].pos
+		if err := r.advance(ctx, conn, pos, next); err != nil {
+			return published, err
+		}
+		pos = next
+		start = end
+	}
+	if len(rows) > 0 {
+		r.lastRelay.Store(time.Now().UnixNano())
+	}
+	return len(rows), nil
+}
+
+func (r *Relay) read(ctx context.Context, conn *sql.Conn, pos position) ([]outboxRow, error) {
+	rs, err := conn.QueryContext(ctx, r.qRead, pos.txID, pos.offset, r.config.BatchSize)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: read outbox: %w", err)
+	}
+	defer rs.Close()
+	out := make([]outboxRow, 0, r.config.BatchSize)
+	for rs.Next() {
+		var row outboxRow
+		var payload sql.NullString
+		if err := rs.Scan(&row.pos.offset, &row.pos.txID, &row.uuid, &payload, &row.metadata); err != nil {
+			return nil, fmt.Errorf("outbox: scan outbox row: %w", err)
+		}
+		row.payload = payload.String
+		out = append(out, row)
+	}
+	if err := rs.Err(); err != nil {
+		return nil, fmt.Errorf("outbox: read outbox: %w", err)
+	}
+	return out, nil
+}
+
+// decodeRun decodes rows from start while they share a destination topic. Rows that cannot be
+// decoded are set aside in outbox_rejected; the run ends before the first row of another topic.
+func (r *Relay) decodeRun(ctx context.Context, conn *sql.Conn, rows []outboxRow, start int) (string, []*message.Message, int, error) {
+	var topic string
+	var msgs []*message.Message
+	i := start
+	for ; i < len(rows); i++ {
+		t, msg, err := unmarshalEnvelope([]byte(rows[i].payload))
+		if err != nil {
+			if len(msgs) > 0 {
+				break // publish what we have first, so the rejection is recorded in order
+			}
+			if err := r.reject(ctx, conn, rows[i], err); err != nil {
+				return "", nil, 0, err
+			}
+			return "", nil, i + 1, nil
+		}
+		if len(msgs) > 0 && t != topic {
+			break
+		}
+		topic = t
+		msgs = append(msgs, msg)
+	}
+	return topic, msgs, i, nil
+}
+
+func (r *Relay) reject(ctx context.Context, conn *sql.Conn, row outboxRow, cause error) error {
+	var payload, metadata any
+	if row.payload != "" {
+		payload = row.payload
+	}
+	if row.metadata.Valid {
+		metadata = row.metadata.String
+	}
+	if _, err := conn.ExecContext(ctx, r.qReject, r.config.Name, row.pos.offset, row.pos.txID, row.uuid, payload, metadata, cause.Error()); err != nil {
+		return fmt.Errorf("outbox: record rejected row %s: %w", row.uuid, err)
+	}
+	r.rejected.Add(1)
+	r.logger.Error("Outbox row rejected: set aside in outbox_rejected", cause, watermill.LogFields{"uuid": row.uuid, "offset": row.pos.offset})
+	return nil
+}
+
+// publish retries until the publisher accepts the run or ctx ends: skipping would lose the
+// message, and publishing later rows first would break order.
+func (r *Relay) publish(ctx context.Context, topic string, msgs []*message.Message) error {
+	backoff := r.config.RetryBackoff
+	for attempt := 1; ; attempt++ {
+		err := r.publisher.Publish(topic, msgs...)
+		if err == nil {
+			return nil
+		}
+		r.failures.Add(1)
+		r.logger.Error("Relay publish failed, retrying", err, watermill.LogFields{
+			"topic": topic, "messages": len(msgs), "first_uuid": msgs[0].UUID, "attempt": attempt, "backoff": backoff,
+		})
+		if !sleep(ctx, jitter(backoff)) {
+			return ctx.Err()
+		}
+		backoff = min(backoff*2, r.config.MaxRetryBackoff)
+	}
+}
+
+func (r *Relay) advance(ctx context.Context, conn *sql.Conn, from, to position) error {
+	res, err := conn.ExecContext(ctx, r.qAdvance, r.config.Name, to.offset, to.txID, from.offset, from.txID)
+	if err != nil {
+		return fmt.Errorf("outbox: record relay position: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		r.fenced.Add(1)
+		return errors.New("outbox: relay position was moved by another relay instance; re-reading it")
+	}
+	return nil
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+func jitter(d time.Duration) time.Duration {
+	return d/2 + time.Duration(rand.Int64N(int64(d)/2+1))
+}

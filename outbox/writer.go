@@ -1,0 +1,276 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// Metadata keys the Writer stamps on every message it stores.
+const (
+	// MetadataCorrelationID is Watermill's correlation key: kept if set, otherwise inherited
+	// from the consumed message, otherwise the message's own UUID (it starts a chain).
+	MetadataCorrelationID = middleware.CorrelationIDMetadataKey
+	// MetadataCausationID names the UUID of the consumed message that caused this one.
+	MetadataCausationID = "causation_id"
+	// MetadataOccurredAt is when the event occurred (RFC 3339, UTC), kept if the producer set
+	// it. It is stable across every copy of the message, which makes it usable for age checks
+	// and for choosing time partitions.
+	MetadataOccurredAt = "occurred_at"
+)
+
+// ErrNoTransaction is returned by the context-bound publisher when a message's context holds
+// no transaction.
+var ErrNoTransaction = errors.New("outbox: no transaction in the message context")
+
+// Config configures a Writer.
+type Config struct {
+	// Schema holds the outbox table (see package migrate). Default pgtx.DefaultSchema.
+	Schema string
+	// ValidateTopic checks destination topics when messages are stored, so that a topic the
+	// broker would refuse fails the producing transaction instead of blocking the relay later.
+	// Default DefaultValidateTopic. The broker package offers stricter, broker-specific ones.
+	ValidateTopic func(topic string) error
+	// Now stamps occurred_at. Default time.Now.
+	Now func() time.Time
+}
+
+func (c *Config) setDefaults() {
+	if c.Schema == "" {
+		c.Schema = pgtx.DefaultSchema
+	}
+	if c.ValidateTopic == nil {
+		c.ValidateTopic = DefaultValidateTopic
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+// Validate reports a configuration that cannot work.
+func (c Config) Validate() error {
+	return pgtx.ValidateIdentifier("schema", c.Schema)
+}
+
+// DefaultValidateTopic accepts 1 to 249 bytes of printable UTF-8 without spaces: a name every
+// supported broker can carry (Kafka refuses more than 249 bytes).
+func DefaultValidateTopic(topic string) error {
+	if topic == "" {
+		return errors.New("topic is empty")
+	}
+	if len(topic) > 249 {
+		return fmt.Errorf("topic %.40q... is %d bytes long; the limit is 249", topic, len(topic))
+	}
+	if !utf8.ValidString(topic) {
+		return fmt.Errorf("topic %q is not valid UTF-8", topic)
+	}
+	for _, r := range topic {
+		if unicode.IsSpace(r) || !unicode.IsPrint(r) {
+			return fmt.Errorf("topic %q contains a space or control character", topic)
+		}
+	}
+	return nil
+}
+
+// Writer stores messages in the outbox table inside a caller's transaction.
+//
+// Guarantee: a message stored with PublishTx becomes visible to the relay if and only if the
+// transaction commits, and then exactly in commit order relative to other transactions. The
+// relay forwards it to the broker at least once, with its original UUID and metadata: the
+// broker hop stays at-least-once, and consumers absorb copies with the effectively-once
+// middleware. Nothing is sent to a broker from inside the transaction.
+type Writer struct {
+	config    Config
+	table     string
+	insertOne string
+	insertMny string
+}
+
+// NewWriter returns a Writer for the outbox table in config.Schema. It does not touch the
+// database; run the migrations first.
+func NewWriter(config Config) (*Writer, error) {
+	config.setDefaults()
+	if err := config.Validate(); err != nil {
+		return nil, fmt.Errorf("outbox: invalid config: %w", err)
+	}
+	table := pgtx.QualifiedName(config.Schema, "outbox")
+	return &Writer{
+		config:    config,
+		table:     table,
+		insertOne: `INSERT INTO ` + table + ` (uuid, payload, metadata, transaction_id) VALUES ($1, $2::json, $3::json, pg_current_xact_id())`,
+		insertMny: `INSERT INTO ` + table + ` (uuid, payload, metadata, transaction_id)
+SELECT u, p::json, m::json, pg_current_xact_id()
+FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS x(u, p, m, n) ORDER BY n`,
+	}, nil
+}
+
+// Table returns the quoted, schema-qualified outbox table name.
+func (w *Writer) Table() string { return w.table }
+
+// Execer is the part of *sql.Tx the Writer uses. Passing a *sql.DB works too, but then each
+// call commits on its own and nothing ties the messages to other writes.
+type Execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// PublishTx stores msgs for topic in tx. It stamps correlation, causation (when ctx carries a
+// consumed message, as it does inside the effectively-once middleware) and occurred_at metadata,
+// and refuses a message without a UUID or an invalid topic before writing anything.
+func (w *Writer) PublishTx(ctx context.Context, tx Execer, topic string, msgs ...*message.Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	if tx == nil {
+		return ErrNoTransaction
+	}
+	if err := w.config.ValidateTopic(topic); err != nil {
+		return fmt.Errorf("outbox: invalid topic: %w", err)
+	}
+	cause, _ := ConsumedFromContext(ctx)
+	now := w.config.Now().UTC().Format(time.RFC3339Nano)
+	uuids := make([]string, len(msgs))
+	payloads := make([]string, len(msgs))
+	metadatas := make([]string, len(msgs))
+	for i, msg := range msgs {
+		if msg == nil {
+			return fmt.Errorf("outbox: message %d of %d is nil", i+1, len(msgs))
+		}
+		if msg.UUID == "" {
+			return fmt.Errorf("outbox: message %d of %d has an empty UUID: create it with message.NewMessage(watermill.NewUUID(), payload) or a stable business id", i+1, len(msgs))
+		}
+		stamp(msg, cause, now)
+		env, err := marshalEnvelope(topic, msg)
+		if err != nil {
+			return fmt.Errorf("outbox: encode message %s: %w", msg.UUID, err)
+		}
+		md, err := jsonMetadata(msg.Metadata)
+		if err != nil {
+			return fmt.Errorf("outbox: encode metadata of %s: %w", msg.UUID, err)
+		}
+		uuids[i], payloads[i], metadatas[i] = msg.UUID, string(env), md
+	}
+	var err error
+	if len(msgs) == 1 {
+		_, err = tx.ExecContext(ctx, w.insertOne, uuids[0], payloads[0], metadatas[0])
+	} else {
+		_, err = tx.ExecContext(ctx, w.insertMny, uuids, payloads, metadatas)
+	}
+	if err != nil {
+		if pgtx.IsUndefinedTable(err) {
+			return fmt.Errorf("outbox: table %s is missing: run the migrations (migrate.Migrate or `wmonce migrate up`): %w", w.table, err)
+		}
+		return fmt.Errorf("outbox: insert %d message(s) for topic %q: %w", len(msgs), topic, err)
+	}
+	return nil
+}
+
+func jsonMetadata(md message.Metadata) (string, error) {
+	if md == nil {
+		return "{}", nil
+	}
+	b, err := json.Marshal(md)
+	return string(b), err
+}
+
+func stamp(msg *message.Message, cause *message.Message, now string) {
+	if msg.Metadata == nil {
+		msg.Metadata = message.Metadata{}
+	}
+	if msg.Metadata.Get(MetadataCorrelationID) == "" {
+		corr := msg.UUID
+		if cause != nil {
+			if c := cause.Metadata.Get(MetadataCorrelationID); c != "" {
+				corr = c
+			} else {
+				corr = cause.UUID
+			}
+		}
+		msg.Metadata.Set(MetadataCorrelationID, corr)
+	}
+	if cause != nil && msg.Metadata.Get(MetadataCausationID) == "" {
+		msg.Metadata.Set(MetadataCausationID, cause.UUID)
+	}
+	if msg.Metadata.Get(MetadataOccurredAt) == "" {
+		msg.Metadata.Set(MetadataOccurredAt, now)
+	}
+}
+
+// Publisher returns a message.Publisher that stores messages in the transaction found in each
+// message's context (pgtx.TxFromContext). Inside an effectively-once handler, give the new
+// message the consumed message's context first:
+//
+//	out := message.NewMessage(watermill.NewUUID(), payload)
+//	out.SetContext(msg.Context())
+//	err := pub.Publish("topic", out)
+//
+// A message whose context holds no transaction is refused with ErrNoTransaction, never sent
+// around the transaction. All messages of one call must share one transaction.
+func (w *Writer) Publisher() message.Publisher { return contextPublisher{w} }
+
+type contextPublisher struct{ w *Writer }
+
+func (p contextPublisher) Publish(topic string, msgs ...*message.Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	ctx := msgs[0].Context()
+	tx, ok := pgtx.TxFromContext(ctx)
+	if !ok {
+		return fmt.Errorf("%w: call msg.SetContext(consumed.Context()) inside an effectively-once handler, or use Writer.PublishTx", ErrNoTransaction)
+	}
+	for _, m := range msgs[1:] {
+		if other, _ := pgtx.TxFromContext(m.Context()); other != tx {
+			return errors.New("outbox: messages of one Publish call carry different transactions in their contexts")
+		}
+	}
+	return p.w.PublishTx(ctx, tx, topic, msgs...)
+}
+
+func (contextPublisher) Close() error { return nil }
+
+// DBPublisher returns a message.Publisher that stores each Publish call in a short transaction
+// of its own on db. Use it where there is no business transaction to join, e.g. as the poison
+// queue publisher: the parked message is then durable in PostgreSQL and the relay forwards it.
+func (w *Writer) DBPublisher(db *sql.DB) message.Publisher { return dbPublisher{w: w, db: db} }
+
+type dbPublisher struct {
+	w  *Writer
+	db *sql.DB
+}
+
+func (p dbPublisher) Publish(topic string, msgs ...*message.Message) error {
+	ctx := context.Background()
+	if len(msgs) > 0 {
+		ctx = context.WithoutCancel(msgs[0].Context())
+	}
+	return pgtx.RunInTx(ctx, p.db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
+		return p.w.PublishTx(ctx, tx, topic, msgs...)
+	})
+}
+
+func (dbPublisher) Close() error { return nil }
+
+type consumedKey struct{}
+
+// ContextWithConsumed records the message being consumed, so that messages stored from this
+// context carry its UUID as causation_id and inherit its correlation_id. The effectively-once
+// middleware and the inbox processor call it; call it yourself in custom consumers.
+func ContextWithConsumed(ctx context.Context, consumed *message.Message) context.Context {
+	return context.WithValue(ctx, consumedKey{}, consumed)
+}
+
+// ConsumedFromContext returns the message recorded by ContextWithConsumed.
+func ConsumedFromContext(ctx context.Context) (*message.Message, bool) {
+	m, ok := ctx.Value(consumedKey{}).(*message.Message)
+	return m, ok && m != nil
+}

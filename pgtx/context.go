@@ -1,0 +1,33 @@
+package pgtx
+
+import (
+	"context"
+	"database/sql"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+)
+
+type txContextKey struct{}
+
+// ContextWithTx returns a context that carries tx. Handlers run by the effectively-once
+// middleware find their transaction with TxFromContext.
+func ContextWithTx(ctx context.Context, tx *sql.Tx) context.Context {
+	return context.WithValue(ctx, txContextKey{}, tx)
+}
+
+// TxFromContext returns the transaction that watermill-once put in ctx. It does not return
+// the transaction of watermill-sql's subscriber unless the middleware adopted it (in which
+// case the middleware puts it here as well); use SubscriberTxFromContext for that one.
+func TxFromContext(ctx context.Context) (*sql.Tx, bool) {
+	tx, ok := ctx.Value(txContextKey{}).(*sql.Tx)
+	return tx, ok && tx != nil
+}
+
+// SubscriberTxFromContext returns the transaction in which watermill-sql's subscriber delivered
+// the message, if it did. That transaction belongs to the subscriber: it commits it when the
+// message is acked (together with the consumer offset) and, on nack, re-delivers the message in
+// the same transaction without rolling back. Never commit or roll it back yourself.
+func SubscriberTxFromContext(ctx context.Context) (*sql.Tx, bool) {
+	tx, ok := wsql.TxFromContext(ctx)
+	return tx, ok && tx != nil
+}

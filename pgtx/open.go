@@ -1,0 +1,102 @@
+package pgtx
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+)
+
+// DefaultDatabaseURL is used by tests, examples and the CLI when DATABASE_URL is not set.
+const DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+
+// PoolConfig sizes the database/sql pool. The effectively-once middleware holds one connection
+// for the whole life of each in-flight message (claim, handler, outbox, commit), so the pool must
+// be at least as large as the number of messages processed at once, plus a few for the relay and
+// background work; otherwise handlers queue for connections instead of the database.
+type PoolConfig struct {
+	// MaxOpenConns caps open connections. Default 32.
+	MaxOpenConns int
+	// MaxIdleConns keeps connections warm between bursts. Default: MaxOpenConns, so a burst
+	// never pays for new connections (each costs a PostgreSQL backend fork and a TLS/auth round).
+	MaxIdleConns int
+	// ConnMaxLifetime recycles connections so that server-side memory and prepared statements
+	// do not grow forever. Default 30 minutes.
+	ConnMaxLifetime time.Duration
+	// ConnMaxIdleTime closes connections idle for this long. Default 5 minutes.
+	ConnMaxIdleTime time.Duration
+	// PingTimeout bounds the reachability check Open performs. Default 5 seconds.
+	PingTimeout time.Duration
+}
+
+func (c *PoolConfig) setDefaults() {
+	if c.MaxOpenConns == 0 {
+		c.MaxOpenConns = 32
+	}
+	if c.MaxIdleConns == 0 {
+		c.MaxIdleConns = c.MaxOpenConns
+	}
+	if c.ConnMaxLifetime == 0 {
+		c.ConnMaxLifetime = 30 * time.Minute
+	}
+	if c.ConnMaxIdleTime == 0 {
+		c.ConnMaxIdleTime = 5 * time.Minute
+	}
+	if c.PingTimeout == 0 {
+		c.PingTimeout = 5 * time.Second
+	}
+}
+
+// Validate reports a configuration that cannot work.
+func (c PoolConfig) Validate() error {
+	var errs []error
+	if c.MaxOpenConns < 1 {
+		errs = append(errs, fmt.Errorf("MaxOpenConns must be at least 1, got %d", c.MaxOpenConns))
+	}
+	if c.MaxIdleConns < 0 || c.MaxIdleConns > c.MaxOpenConns {
+		errs = append(errs, fmt.Errorf("MaxIdleConns must be between 0 and MaxOpenConns (%d), got %d", c.MaxOpenConns, c.MaxIdleConns))
+	}
+	if c.ConnMaxLifetime < 0 || c.ConnMaxIdleTime < 0 || c.PingTimeout < 0 {
+		errs = append(errs, errors.New("ConnMaxLifetime, ConnMaxIdleTime and PingTimeout must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+// Open parses databaseURL (a postgres:// URL or a key=value DSN), opens a *sql.DB through
+// pgx's database/sql driver, sizes its pool and pings it. A database that cannot be reached is
+// an error here, at construction, not at the first message.
+func Open(ctx context.Context, databaseURL string, pool PoolConfig) (*sql.DB, error) {
+	pool.setDefaults()
+	if err := pool.Validate(); err != nil {
+		return nil, fmt.Errorf("pgtx: invalid pool config: %w", err)
+	}
+	if databaseURL == "" {
+		return nil, errors.New("pgtx: empty database URL: set DATABASE_URL, e.g. " + DefaultDatabaseURL)
+	}
+	connConfig, err := pgx.ParseConfig(databaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("pgtx: cannot parse database URL: %w", err)
+	}
+	db := stdlib.OpenDB(*connConfig)
+	db.SetMaxOpenConns(pool.MaxOpenConns)
+	db.SetMaxIdleConns(pool.MaxIdleConns)
+	db.SetConnMaxLifetime(pool.ConnMaxLifetime)
+	db.SetConnMaxIdleTime(pool.ConnMaxIdleTime)
+
+	pingCtx, cancel := context.WithTimeout(ctx, pool.PingTimeout)
+	defer cancel()
+	if err := db.PingContext(pingCtx); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("pgtx: cannot reach PostgreSQL at %s (is it running?): %w", redact(connConfig), err)
+	}
+	return db, nil
+}
+
+// redact names the server without the password, for error messages and logs.
+func redact(c *pgx.ConnConfig) string {
+	return fmt.Sprintf("%s:%d/%s (user %s)", c.Host, c.Port, c.Database, c.User)
+}

@@ -1,0 +1,87 @@
+package pgtx
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+// RetryPolicy bounds how often RunInTx runs a transaction again after a serialization
+// failure or deadlock.
+type RetryPolicy struct {
+	// MaxAttempts counts the first run. Default 3; 1 disables retries.
+	MaxAttempts int
+	// Backoff is the wait before the second attempt; it doubles for each further attempt,
+	// with up to 50% random jitter so that the transactions that collided do not collide again.
+	// Default 5ms.
+	Backoff time.Duration
+}
+
+func (p RetryPolicy) withDefaults() RetryPolicy {
+	if p.MaxAttempts <= 0 {
+		p.MaxAttempts = 3
+	}
+	if p.Backoff <= 0 {
+		p.Backoff = 5 * time.Millisecond
+	}
+	return p
+}
+
+// Delay returns the wait after the given failed attempt (1-based).
+func (p RetryPolicy) Delay(attempt int) time.Duration {
+	p = p.withDefaults()
+	d := p.Backoff << min(attempt-1, 10)
+	return d + time.Duration(rand.Int64N(int64(d)/2+1))
+}
+
+// Beginner is satisfied by *sql.DB and *sql.Conn.
+type Beginner interface {
+	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
+}
+
+// RunInTx runs fn in a transaction begun on db with opts and commits it when fn returns nil.
+// The context passed to fn carries the transaction (see TxFromContext).
+//
+// If fn or the commit fails with a serialization failure or deadlock, the transaction is
+// rolled back and fn runs again in a new one, at most policy.MaxAttempts times in all. Any
+// other error from fn rolls back and is returned as is; fn must therefore not have effects
+// outside the transaction that it cannot repeat. A panic in fn rolls back and propagates.
+func RunInTx(ctx context.Context, db Beginner, opts *sql.TxOptions, policy RetryPolicy, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	policy = policy.withDefaults()
+	for attempt := 1; ; attempt++ {
+		err := runOnce(ctx, db, opts, fn)
+		if err == nil || !IsRetryableTx(err) || attempt >= policy.MaxAttempts {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return errors.Join(err, ctx.Err())
+		case <-time.After(policy.Delay(attempt)):
+		}
+	}
+}
+
+func runOnce(ctx context.Context, db Beginner, opts *sql.TxOptions, fn func(ctx context.Context, tx *sql.Tx) error) (err error) {
+	tx, err := db.BeginTx(ctx, opts)
+	if err != nil {
+		return fmt.Errorf("pgtx: begin: %w", err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback()
+		}
+	}()
+	if err := fn(ContextWithTx(ctx, tx), tx); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		committed = true // nothing left to roll back: COMMIT either happened or the tx is gone
+		return fmt.Errorf("pgtx: commit: %w", err)
+	}
+	committed = true
+	return nil
+}
