@@ -250,10 +250,10 @@ func TestInvalidConfigFailsAtConstruction(t *testing.T) {
 	t.Parallel()
 	db := pgtest.DB(t)
 	for name, cfg := range map[string]middleware.Config{
-		"bad schema":      {Schema: `public"; DROP TABLE x; --`},
-		"blank consumer":  {Consumer: "   "},
-		"key too long":    {MaxKeyLength: 5000},
-		"bad output":      {OutputTopic: "has space"},
+		"bad schema":       {Schema: `public"; DROP TABLE x; --`},
+		"blank consumer":   {Consumer: "   "},
+		"key too long":     {MaxKeyLength: 5000},
+		"bad output":       {OutputTopic: "has space"},
 		"negative retries": {TxRetry: pgtx.RetryPolicy{MaxAttempts: -1}},
 	} {
 		_, err := middleware.NewEffectivelyOnce(db, cfg, nil)
