@@ -1,1 +1,3 @@
--- Reserved for the idempotency issue; intentionally empty until it lands.
+DROP TABLE IF EXISTS {{schema}}.entity_versions;
+DROP TABLE IF EXISTS {{schema}}.http_idempotency_keys;
+DROP TABLE IF EXISTS {{schema}}.intents;
