@@ -1,0 +1,112 @@
+package httpidem
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"strconv"
+)
+
+// Problem types (RFC 9457) of the responses the middleware itself produces, so that clients
+// can tell them apart from the application's own errors.
+const (
+	ProblemMissingKey = "urn:watermill-once:idempotency:missing-key"
+	ProblemInvalidKey = "urn:watermill-once:idempotency:invalid-key"
+	ProblemNoScope    = "urn:watermill-once:idempotency:no-client-scope"
+	ProblemTooLarge   = "urn:watermill-once:idempotency:request-too-large"
+	ProblemInProgress = "urn:watermill-once:idempotency:in-progress"
+	ProblemKeyReused  = "urn:watermill-once:idempotency:key-reused"
+	ProblemNotStored  = "urn:watermill-once:idempotency:not-completed"
+)
+
+type problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+}
+
+func writeProblem(w http.ResponseWriter, status int, typ, title, detail string) {
+	body, _ := json.Marshal(problem{Type: typ, Title: title, Status: status, Detail: detail})
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+func writeResponse(w http.ResponseWriter, status int, header http.Header, body []byte, replayed bool) {
+	dst := w.Header()
+	for k, v := range header {
+		dst[k] = append([]string(nil), v...)
+	}
+	if replayed {
+		dst.Set(ReplayedHeader, "true")
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// recorder buffers the handler's response until the transaction has committed. It offers
+// neither Flush nor Hijack nor Unwrap: reaching the real connection would let bytes out before
+// the commit.
+type recorder struct {
+	header      http.Header
+	sentHeader  http.Header // snapshot at WriteHeader, as net/http freezes headers then
+	status      int
+	body        bytes.Buffer
+	maxBytes    int64
+	overflow    bool
+	wroteHeader bool
+}
+
+func newRecorder(maxBytes int64) *recorder {
+	return &recorder{header: http.Header{}, maxBytes: maxBytes}
+}
+
+func (r *recorder) Header() http.Header { return r.header }
+
+func (r *recorder) WriteHeader(status int) {
+	if r.wroteHeader || status < 200 {
+		return // like net/http: the first final status wins; 1xx are not stored
+	}
+	r.wroteHeader = true
+	r.status = status
+	r.sentHeader = r.header.Clone()
+}
+
+func (r *recorder) Write(p []byte) (int, error) {
+	if !r.wroteHeader {
+		r.WriteHeader(http.StatusOK)
+	}
+	if r.overflow || int64(r.body.Len()+len(p)) > r.maxBytes {
+		r.overflow = true
+		return 0, errResponseTooLarge
+	}
+	return r.body.Write(p)
+}
+
+var errResponseTooLarge = &responseTooLargeError{}
+
+type responseTooLargeError struct{}
+
+func (*responseTooLargeError) Error() string {
+	return "httpidem: response exceeds MaxResponseBytes and cannot be stored for replay"
+}
+
+// final returns the status and headers as net/http would have sent them, with the
+// Content-Type sniffed the way net/http does when the handler set none, so that the stored
+// record is complete.
+func (r *recorder) final() (int, http.Header) {
+	if !r.wroteHeader {
+		r.WriteHeader(http.StatusOK)
+	}
+	h := r.sentHeader
+	if _, ok := h["Content-Type"]; !ok && r.body.Len() > 0 && bodyAllowed(r.status) {
+		h.Set("Content-Type", http.DetectContentType(r.body.Bytes()))
+	}
+	return r.status, h
+}
+
+func bodyAllowed(status int) bool {
+	return status != http.StatusNoContent && status != http.StatusNotModified
+}
