@@ -1,0 +1,259 @@
+package broker
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// declareTimeout bounds each declaration (topic table, Kafka topic, RabbitMQ queue).
+const declareTimeout = 30 * time.Second
+
+// Broker builds publishers and subscribers for the configured broker kind and declares the
+// topics, queues and tables they need. It is safe for concurrent use.
+//
+// What it guarantees, for every kind: a Publish that returns nil has been made durable by the
+// broker (committed row, acknowledgement from all in-sync replicas, publisher confirm from
+// RabbitMQ); a subscriber delivers each message at least once to its consumer group and
+// redelivers what was not acked. It never deduplicates: copies are absorbed by the
+// effectively-once middleware. See the package documentation for each broker's settings.
+type Broker struct {
+	config Config
+	db     *sql.DB
+	ownDB  bool
+	logger watermill.LoggerAdapter
+
+	sql *sqlBroker
+
+	kafkaMu    sync.Mutex
+	kafkaAdmin sarama.ClusterAdmin
+
+	declared  sync.Map // declaration key -> struct{}
+	closeOnce sync.Once
+}
+
+// New validates config and checks that the broker can be reached. db is used by the SQL broker
+// (the same pool the middleware uses is fine); when it is nil, a pool is opened from
+// config.DatabaseURL and closed by Close. Kafka and RabbitMQ ignore db.
+func New(ctx context.Context, db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Broker, error) {
+	config.setDefaults()
+	if err := config.Validate(); err != nil {
+		return nil, fmt.Errorf("broker: invalid config: %w", err)
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	b := &Broker{config: config, logger: logger.With(watermill.LogFields{"broker": string(config.Kind)})}
+	switch config.Kind {
+	case SQL:
+		if db == nil {
+			var err error
+			if db, err = pgtx.Open(ctx, config.DatabaseURL, pgtx.PoolConfig{}); err != nil {
+				return nil, fmt.Errorf("broker: sql: %w", err)
+			}
+			b.ownDB = true
+		}
+		b.db = db
+		b.sql = newSQLBroker(db, config.SQL)
+		if err := b.sql.ensureSchema(ctx); err != nil {
+			_ = b.Close()
+			return nil, err
+		}
+	case Kafka:
+		admin, err := sarama.NewClusterAdmin(config.Kafka.Brokers, b.saramaConfig())
+		if err != nil {
+			return nil, fmt.Errorf("broker: cannot reach Kafka at %v (is it running? set %s): %w", config.Kafka.Brokers, EnvKafkaBrokers, err)
+		}
+		b.kafkaAdmin = admin
+	case AMQP:
+		if err := b.withAMQPChannel(func(ch amqpChannel) error { return b.declareUnrouted(ch) }); err != nil {
+			return nil, err
+		}
+	}
+	return b, nil
+}
+
+// Kind returns the configured broker kind.
+func (b *Broker) Kind() Kind { return b.config.Kind }
+
+// Config returns the configuration with defaults applied.
+func (b *Broker) Config() Config { return b.config }
+
+// NewPublisher returns a publisher for the configured broker, after declaring
+// Config.Subscriptions. Topics it publishes to are checked with ValidateTopic and declared on
+// first use (SQL table, Kafka topic, RabbitMQ exchange). Close it when done.
+func (b *Broker) NewPublisher(ctx context.Context) (message.Publisher, error) {
+	if err := b.Declare(ctx, b.config.Subscriptions...); err != nil {
+		return nil, err
+	}
+	var pub message.Publisher
+	var err error
+	switch b.config.Kind {
+	case SQL:
+		pub, err = b.sql.newPublisher(b.logger)
+	case Kafka:
+		pub, err = b.newKafkaPublisher()
+	case AMQP:
+		pub, err = b.newAMQPPublisher()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("broker: %s publisher: %w", b.config.Kind, err)
+	}
+	return &publisher{b: b, pub: pub}, nil
+}
+
+// NewSubscriber returns a subscriber that consumes as consumer group group: every group gets
+// every message of a topic, and the members of one group share them. Subscribing declares the
+// topic and the group's queue or offsets first. Close it when done.
+func (b *Broker) NewSubscriber(group string) (message.Subscriber, error) {
+	if err := ValidateGroup(group); err != nil {
+		return nil, fmt.Errorf("broker: %w", err)
+	}
+	var sub message.Subscriber
+	var err error
+	switch b.config.Kind {
+	case SQL:
+		sub, err = b.sql.newSubscriber(group, b.logger)
+	case Kafka:
+		sub, err = b.newKafkaSubscriber(group)
+	case AMQP:
+		sub, err = b.newAMQPSubscriber(group)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("broker: %s subscriber: %w", b.config.Kind, err)
+	}
+	return &subscriber{b: b, group: group, sub: sub}, nil
+}
+
+// NewPubSub returns a publisher and a subscriber for group, the pair most programs need.
+func (b *Broker) NewPubSub(ctx context.Context, group string) (message.Publisher, message.Subscriber, error) {
+	pub, err := b.NewPublisher(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	sub, err := b.NewSubscriber(group)
+	if err != nil {
+		_ = pub.Close()
+		return nil, nil, err
+	}
+	return pub, sub, nil
+}
+
+// Declare makes each subscription exist before anything is published, so that messages
+// published from now on reach the group even if it subscribes later:
+//   - SQL: the topic tables and the group's starting offset (the group will read the topic
+//     from its first retained row);
+//   - Kafka: the topic, with Config.Kafka.Partitions and ReplicationFactor (the group starts
+//     from the oldest offset when it first subscribes);
+//   - RabbitMQ: the topic's exchange and the group's durable queue bound to it.
+//
+// Declaring is idempotent and remembered per Broker.
+func (b *Broker) Declare(ctx context.Context, subs ...Subscription) error {
+	for _, s := range subs {
+		if err := ValidateTopic(b.config.Kind, s.Topic); err != nil {
+			return fmt.Errorf("broker: %w", err)
+		}
+		if err := ValidateGroup(s.Group); err != nil {
+			return fmt.Errorf("broker: %w", err)
+		}
+		if err := b.declare(ctx, s.Topic, s.Group); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// declare makes a topic (group == "") or a subscription exist, once per Broker.
+func (b *Broker) declare(ctx context.Context, topic, group string) error {
+	key := topic + "\x00" + group
+	if _, ok := b.declared.Load(key); ok {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, declareTimeout)
+	defer cancel()
+	var err error
+	switch b.config.Kind {
+	case SQL:
+		err = b.sql.declare(ctx, topic, group)
+	case Kafka:
+		err = b.ensureKafkaTopic(topic)
+	case AMQP:
+		err = b.withAMQPChannel(func(ch amqpChannel) error {
+			if group == "" {
+				return b.declareExchange(ch, topic)
+			}
+			return b.declareQueue(ch, topic, group)
+		})
+	}
+	if err != nil {
+		return err
+	}
+	b.declared.Store(key, struct{}{})
+	return nil
+}
+
+// Close releases what New opened (the Kafka admin connection, a database pool it opened). It
+// does not close publishers and subscribers. It is idempotent.
+func (b *Broker) Close() error {
+	var errs []error
+	b.closeOnce.Do(func() {
+		b.kafkaMu.Lock()
+		if b.kafkaAdmin != nil {
+			errs = append(errs, b.kafkaAdmin.Close())
+		}
+		b.kafkaMu.Unlock()
+		if b.ownDB && b.db != nil {
+			errs = append(errs, b.db.Close())
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// publisher validates and declares each topic before its first publish.
+type publisher struct {
+	b   *Broker
+	pub message.Publisher
+}
+
+func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
+	if err := ValidateTopic(p.b.config.Kind, topic); err != nil {
+		return fmt.Errorf("broker: %w", err)
+	}
+	if err := p.b.declare(context.Background(), topic, ""); err != nil {
+		return err
+	}
+	return p.pub.Publish(topic, msgs...)
+}
+
+func (p *publisher) Close() error { return p.pub.Close() }
+
+// subscriber declares the subscription before subscribing, so a topic nobody has published to
+// yet, or a queue that does not exist yet, is not an error and loses nothing.
+type subscriber struct {
+	b     *Broker
+	group string
+	sub   message.Subscriber
+}
+
+func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	if err := s.SubscribeInitialize(topic); err != nil {
+		return nil, err
+	}
+	return s.sub.Subscribe(ctx, topic)
+}
+
+// SubscribeInitialize declares the topic and this subscriber's group (message.SubscribeInitializer).
+func (s *subscriber) SubscribeInitialize(topic string) error {
+	return s.b.Declare(context.Background(), Subscription{Topic: topic, Group: s.group})
+}
+
+func (s *subscriber) Close() error { return s.sub.Close() }

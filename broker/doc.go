@@ -1,0 +1,65 @@
+// Package broker builds Watermill publishers and subscribers for Kafka, RabbitMQ or Watermill's
+// SQL Pub/Sub from one Config, so an application swaps brokers by configuration
+// (BROKER=sql|kafka|amqp) without touching its handlers:
+//
+//	cfg, err := broker.ConfigFromEnv()          // BROKER, DATABASE_URL, KAFKA_BROKERS, AMQP_URL, ...
+//	b, err := broker.New(ctx, db, cfg, logger)  // checks the broker is reachable
+//	pub, err := b.NewPublisher(ctx)             // give it to outbox.NewRelay
+//	sub, err := b.NewSubscriber("rewards")      // a consumer group
+//
+// # What every broker guarantees here, and what it does not
+//
+// A Publish that returns nil is durable in the broker. Subscribers deliver every message at
+// least once to each consumer group and redeliver what was not acked (nack, crash, lost
+// connection). No broker deduplicates: copies reach the handler, and the effectively-once
+// middleware absorbs them. Topics and group subscriptions are declared before the first
+// publish (Config.Subscriptions, Declare) and again at Subscribe, so a message is never
+// published into a void. Topic names are checked per broker (ValidateTopic); give
+// TopicValidator(kind) to outbox.Config so a bad topic fails the producing transaction.
+//
+// # Kafka (watermill-kafka v3, Sarama)
+//
+//   - Idempotent producer (Producer.Idempotent): the broker drops duplicates created by the
+//     producer's own retries; acks from all in-sync replicas (RequiredAcks=WaitForAll); one
+//     request in flight (Net.MaxOpenRequests=1), which Sarama requires with idempotence and
+//     which keeps retries in order. Publish waits for the acknowledgement of each message.
+//   - Record key = the metadata field KafkaConfig.PartitionKeyField ("partition_key"), else
+//     the message UUID: messages with one key stay in one partition, in publish order.
+//   - Consumer groups start from the oldest offset when they have no commit. Watermill keeps one
+//     message in flight per partition; an ack marks the offset, committed every second, so a
+//     crash redelivers up to a second of acked messages. A nack redelivers after
+//     NackResendSleep, forever: park poison messages with the middleware Stack.
+//   - Topics are created with Partitions and ReplicationFactor (-1: the cluster default). Set
+//     min.insync.replicas on the cluster: acks=all means "all in-sync replicas", however few.
+//   - Protocol version 2.1 (see saramaConfig for why not newer).
+//
+// # RabbitMQ (watermill-amqp v2)
+//
+//   - Publisher confirms (ConfirmDelivery): Publish returns after RabbitMQ confirmed the message;
+//     persistent delivery mode.
+//   - Topology: a durable fanout exchange per topic (<prefix><topic>), a durable queue per
+//     consumer group (<prefix><topic>:<group>) bound to it — the consumer-group shape: every
+//     group gets every message, members of a group share its queue. Quorum queues by default.
+//     Queues of Config.Subscriptions are declared before anything is published; every topic
+//     exchange has an alternate exchange whose queue (<prefix>wmonce.unrouted) keeps messages
+//     that no queue was bound for, instead of RabbitMQ dropping them.
+//   - Marshaler accepts non-string headers (x-delivery-count from quorum queues, x-death after
+//     dead-lettering) instead of refusing them, which with Watermill's default marshaler makes
+//     the message loop forever.
+//   - One message in flight per subscription (Prefetch 1). A nack requeues at once, so retry
+//     with backoff before nacking (the middleware Stack does).
+//   - Watermill reconnects after a lost connection; messages unacked at that moment are
+//     redelivered.
+//
+// # SQL (watermill-sql v3 on PostgreSQL)
+//
+//   - Topics are tables in SQLConfig.Schema ("wmonce_broker"), with a TEXT uuid and a BYTEA
+//     payload; consumer groups are rows of the topic's offsets table, declared at offset zero so
+//     a new group reads every retained row. Publish is an INSERT that commits on return.
+//   - The subscriber reads up to BatchSize rows in a REPEATABLE READ transaction and commits
+//     the group's offset in it. The effectively-once middleware applies each message in a
+//     savepoint of that same transaction, so offset, dedupe claim and effects commit together:
+//     on this broker a crash loses nothing and redelivers nothing that was applied.
+//   - Rows become visible only when every older transaction has finished: a long transaction
+//     anywhere on the server delays delivery. Rows are never deleted by watermill-sql.
+package broker

@@ -1,0 +1,135 @@
+package broker
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// saramaConfig is one Sarama configuration for producing, consuming and administration, each
+// setting chosen for durability over speed.
+func (b *Broker) saramaConfig() *sarama.Config {
+	k := b.config.Kafka
+	c := sarama.NewConfig()
+	// 2.1 is the oldest protocol Kafka 4 still speaks (KIP-896) and new enough for the
+	// idempotent producer (0.11+). Not higher: from 2.4 Sarama fetches group offsets with the
+	// flexible OffsetFetch v6+, whose decoder reads the partition metadata as a non-nullable
+	// string, while kfake (like the protocol schema allows) sends null for a partition that has
+	// no committed offset; Sarama then fails every consumer group session with "error decoding
+	// packet: invalid byteslice length". Kafka itself sends "" there, so real clusters would
+	// work either way.
+	c.Version = sarama.V2_1_0_0
+	c.ClientID = k.ClientID
+	c.Metadata.Retry.Max = 10
+	c.Metadata.Retry.Backoff = 250 * time.Millisecond
+
+	// Producer: the broker assigns a producer id and drops the duplicates its own retries would
+	// create (Idempotent), a send succeeds only once every in-sync replica has the record
+	// (WaitForAll), and one request in flight keeps retries from reordering records.
+	c.Producer.Idempotent = true
+	c.Producer.RequiredAcks = sarama.WaitForAll
+	c.Net.MaxOpenRequests = 1
+	c.Producer.Retry.Max = 10
+	c.Producer.Retry.Backoff = 100 * time.Millisecond
+	c.Producer.Return.Successes = true
+	c.Producer.Return.Errors = true
+	// Records with the same key go to the same partition (hash of the key); the key is
+	// PartitionKeyField, or the UUID (see partitionKey).
+	c.Producer.Partitioner = sarama.NewHashPartitioner
+
+	// Consumer: a group that has never committed starts from the oldest retained record, so
+	// messages published before the first subscription are not skipped. Offsets are marked when
+	// Watermill's message is acked and committed every second in the background: a crash
+	// redelivers at most the last second of acked messages, which the middleware absorbs.
+	c.Consumer.Offsets.Initial = sarama.OffsetOldest
+	c.Consumer.Offsets.AutoCommit.Enable = true
+	c.Consumer.Offsets.AutoCommit.Interval = time.Second
+	c.Consumer.Return.Errors = true
+	c.Consumer.Group.Session.Timeout = k.SessionTimeout
+	c.Consumer.Group.Heartbeat.Interval = k.SessionTimeout / 3
+	return c
+}
+
+// kafkaMarshaler is Watermill's marshaler (UUID in header _watermill_message_uuid, metadata as
+// headers) with the record key taken from a metadata field.
+func (b *Broker) kafkaMarshaler() kafka.MarshalerUnmarshaler {
+	k := b.config.Kafka
+	return kafka.NewWithPartitioningMarshaler(func(topic string, msg *message.Message) (string, error) {
+		return partitionKey(k, msg)
+	})
+}
+
+// partitionKey returns the record key: the PartitionKeyField metadata value, else the UUID (so
+// every copy of one event lands in one partition), unless RequirePartitionKey refuses that.
+func partitionKey(k KafkaConfig, msg *message.Message) (string, error) {
+	if v := msg.Metadata.Get(k.PartitionKeyField); v != "" {
+		return v, nil
+	}
+	if k.RequirePartitionKey {
+		return "", fmt.Errorf("message %s has no %q metadata and Kafka.RequirePartitionKey is set", msg.UUID, k.PartitionKeyField)
+	}
+	if msg.UUID == "" {
+		return "", fmt.Errorf("message has neither %q metadata nor a UUID to use as the Kafka key", k.PartitionKeyField)
+	}
+	return msg.UUID, nil
+}
+
+func (b *Broker) newKafkaPublisher() (message.Publisher, error) {
+	return kafka.NewPublisher(kafka.PublisherConfig{
+		Brokers:               b.config.Kafka.Brokers,
+		Marshaler:             b.kafkaMarshaler(),
+		OverwriteSaramaConfig: b.saramaConfig(),
+	}, b.logger)
+}
+
+func (b *Broker) newKafkaSubscriber(group string) (message.Subscriber, error) {
+	return kafka.NewSubscriber(kafka.SubscriberConfig{
+		Brokers:               b.config.Kafka.Brokers,
+		Unmarshaler:           b.kafkaMarshaler(),
+		OverwriteSaramaConfig: b.saramaConfig(),
+		ConsumerGroup:         group,
+		NackResendSleep:       b.config.Kafka.NackResendSleep,
+		ReconnectRetrySleep:   time.Second,
+	}, b.logger)
+}
+
+// ensureKafkaTopic creates a topic with the configured partitions and replication factor; a
+// topic that already exists is left as it is.
+func (b *Broker) ensureKafkaTopic(topic string) error {
+	b.kafkaMu.Lock()
+	defer b.kafkaMu.Unlock()
+	if b.kafkaAdmin == nil {
+		return errors.New("broker: kafka admin is closed")
+	}
+	err := b.kafkaAdmin.CreateTopic(topic, &sarama.TopicDetail{
+		NumPartitions:     b.config.Kafka.Partitions,
+		ReplicationFactor: b.config.Kafka.ReplicationFactor,
+	}, false)
+	if err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
+		return fmt.Errorf("broker: create Kafka topic %q: %w", topic, err)
+	}
+	if err == nil {
+		b.logger.Info("Created Kafka topic", map[string]any{"topic": topic, "partitions": b.config.Kafka.Partitions})
+	}
+	return nil
+}
+
+// DeleteKafkaTopics deletes topics (for tests and demos that create throw-away topics).
+func (b *Broker) DeleteKafkaTopics(topics ...string) error {
+	b.kafkaMu.Lock()
+	defer b.kafkaMu.Unlock()
+	if b.kafkaAdmin == nil {
+		return errors.New("broker: not a Kafka broker, or closed")
+	}
+	var errs []error
+	for _, t := range topics {
+		if err := b.kafkaAdmin.DeleteTopic(t); err != nil && !errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
+			errs = append(errs, fmt.Errorf("delete Kafka topic %q: %w", t, err))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,125 @@
+package broker
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"hash/fnv"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// sqlBroker is Watermill's SQL Pub/Sub with every table in one configured schema.
+type sqlBroker struct {
+	db      *sql.DB
+	config  SQLConfig
+	schema  wsql.SchemaAdapter
+	offsets wsql.DefaultPostgreSQLOffsetsAdapter
+	lockKey int64
+}
+
+func newSQLBroker(db *sql.DB, config SQLConfig) *sqlBroker {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte("watermill-once/broker/" + config.Schema))
+	s := &sqlBroker{db: db, config: config, lockKey: int64(h.Sum64())}
+	s.schema = sqlSchemaAdapter{
+		DefaultPostgreSQLSchema: wsql.DefaultPostgreSQLSchema{
+			GenerateMessagesTableName: s.MessagesTable,
+			SubscribeBatchSize:        config.BatchSize,
+		},
+	}
+	s.offsets = wsql.DefaultPostgreSQLOffsetsAdapter{GenerateMessagesOffsetsTableName: s.OffsetsTable}
+	return s
+}
+
+// MessagesTable returns the quoted, schema-qualified table that holds a topic's messages.
+// Topics are validated by ValidateTopic before they get here; quoting keeps '-', '$', ':' and
+// '.' (allowed in topic names) from reaching SQL unquoted.
+func (s *sqlBroker) MessagesTable(topic string) string {
+	return pgtx.QualifiedName(s.config.Schema, "watermill_"+topic)
+}
+
+// OffsetsTable returns the quoted, schema-qualified table of a topic's consumer group offsets.
+func (s *sqlBroker) OffsetsTable(topic string) string {
+	return pgtx.QualifiedName(s.config.Schema, "watermill_offsets_"+topic)
+}
+
+// sqlSchemaAdapter is watermill-sql's PostgreSQL schema with two column types changed: uuid is
+// TEXT (producer ids longer than 36 characters survive, as in the outbox) and payload is BYTEA
+// (payloads need not be JSON). Queries and ordering are watermill-sql's own.
+type sqlSchemaAdapter struct {
+	wsql.DefaultPostgreSQLSchema
+}
+
+func (s sqlSchemaAdapter) SchemaInitializingQueries(topic string) []wsql.Query {
+	return []wsql.Query{{Query: `CREATE TABLE IF NOT EXISTS ` + s.MessagesTable(topic) + ` (
+	"offset"       BIGSERIAL,
+	uuid           TEXT      NOT NULL,
+	created_at     TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,
+	payload        BYTEA     DEFAULT NULL,
+	metadata       JSON      DEFAULT NULL,
+	transaction_id xid8      NOT NULL,
+	PRIMARY KEY (transaction_id, "offset")
+)`}}
+}
+
+// ensureSchema creates the broker schema. Concurrent processes serialise on an advisory lock:
+// CREATE ... IF NOT EXISTS alone can still fail with a unique violation when two sessions race.
+func (s *sqlBroker) ensureSchema(ctx context.Context) error {
+	return s.ddl(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `CREATE SCHEMA IF NOT EXISTS `+pgtx.QuoteIdentifier(s.config.Schema))
+		return err
+	})
+}
+
+// declare creates a topic's tables and, for a group, its starting offset (read from the first
+// row), exactly as watermill-sql's subscriber would at Subscribe, but before anything is published.
+func (s *sqlBroker) declare(ctx context.Context, topic, group string) error {
+	return s.ddl(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		queries := append(s.schema.SchemaInitializingQueries(topic), s.offsets.SchemaInitializingQueries(topic)...)
+		if group != "" {
+			queries = append(queries, s.offsets.BeforeSubscribingQueries(topic, group)...)
+		}
+		for _, q := range queries {
+			if _, err := tx.ExecContext(ctx, q.Query, q.Args...); err != nil {
+				return fmt.Errorf("declare topic %q: %w", topic, err)
+			}
+		}
+		return nil
+	})
+}
+
+func (s *sqlBroker) ddl(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	err := pgtx.RunInTx(ctx, s.db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, s.lockKey); err != nil {
+			return err
+		}
+		return fn(ctx, tx)
+	})
+	if err != nil {
+		return fmt.Errorf("broker: sql schema %q: %w", s.config.Schema, err)
+	}
+	return nil
+}
+
+func (s *sqlBroker) newPublisher(logger watermill.LoggerAdapter) (*wsql.Publisher, error) {
+	// Tables are declared by the Broker before the first publish to a topic; watermill-sql's
+	// own AutoInitializeSchema would race between processes.
+	return wsql.NewPublisher(s.db, wsql.PublisherConfig{SchemaAdapter: s.schema}, logger)
+}
+
+func (s *sqlBroker) newSubscriber(group string, logger watermill.LoggerAdapter) (*wsql.Subscriber, error) {
+	ackDeadline := s.config.AckDeadline
+	return wsql.NewSubscriber(s.db, wsql.SubscriberConfig{
+		ConsumerGroup:  group,
+		AckDeadline:    &ackDeadline,
+		PollInterval:   s.config.PollInterval,
+		ResendInterval: s.config.ResendInterval,
+		RetryInterval:  s.config.PollInterval * 5,
+		SchemaAdapter:  s.schema,
+		OffsetsAdapter: s.offsets,
+	}, logger)
+}

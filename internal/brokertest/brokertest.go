@@ -1,0 +1,134 @@
+// Package brokertest gives tests a real broker of each kind, isolated per test: the SQL broker
+// in the test's own PostgreSQL schema, RabbitMQ in a virtual host of its own (created and
+// deleted with rabbitmqctl), and Kafka on KAFKA_BROKERS or, when that is unset, on one embedded
+// kfake broker shared by the test binary, with unique topic names.
+package brokertest
+
+import (
+	"context"
+	"net/url"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/wmonce/watermill-once/broker"
+	"github.com/wmonce/watermill-once/internal/pgtest"
+)
+
+// Config returns a broker configuration for kind, isolated for this test. schema is the test's
+// PostgreSQL schema (pgtest.Schema); the SQL broker keeps its topic tables there.
+func Config(t testing.TB, kind broker.Kind, schema string) broker.Config {
+	t.Helper()
+	cfg := broker.Config{Kind: kind, DatabaseURL: pgtest.URL()}
+	switch kind {
+	case broker.SQL:
+		cfg.SQL.Schema = schema
+		cfg.SQL.PollInterval = 20 * time.Millisecond
+	case broker.Kafka:
+		cfg.Kafka.Brokers = KafkaBrokers(t)
+		cfg.Kafka.SessionTimeout = 6 * time.Second
+	case broker.AMQP:
+		cfg.AMQP.URL = AMQPVhost(t)
+	}
+	return cfg
+}
+
+var (
+	kafkaOnce  sync.Once
+	kafkaAddrs []string
+	kafkaErr   error
+	kafkaEmbed *broker.EmbeddedKafka
+)
+
+// KafkaBrokers returns KAFKA_BROKERS when set, else the address of an embedded kfake broker
+// started once for the test binary.
+func KafkaBrokers(t testing.TB) []string {
+	t.Helper()
+	if v := os.Getenv(broker.EnvKafkaBrokers); v != "" {
+		return strings.Split(v, ",")
+	}
+	kafkaOnce.Do(func() {
+		kafkaEmbed, kafkaErr = broker.StartEmbeddedKafka(context.Background(), watermill.NopLogger{})
+		if kafkaErr == nil {
+			kafkaAddrs = kafkaEmbed.Addrs()
+		}
+	})
+	if kafkaErr != nil {
+		t.Fatalf("cannot start the embedded Kafka broker: %v (or set KAFKA_BROKERS to a running cluster)", kafkaErr)
+	}
+	return kafkaAddrs
+}
+
+// EmbeddedKafka returns the shared embedded broker, or nil when KAFKA_BROKERS is used.
+func EmbeddedKafka(t testing.TB) *broker.EmbeddedKafka {
+	KafkaBrokers(t)
+	return kafkaEmbed
+}
+
+// AMQPBaseURL is AMQP_URL or the local default.
+func AMQPBaseURL() string {
+	if v := os.Getenv(broker.EnvAMQPURL); v != "" {
+		return v
+	}
+	return broker.DefaultAMQPURL
+}
+
+// AMQPVhost creates a RabbitMQ virtual host for this test, grants the URL's user every
+// permission on it, deletes it (with every queue and exchange in it) when the test ends, and
+// returns the URL pointing at it.
+func AMQPVhost(t testing.TB) string {
+	t.Helper()
+	u, err := url.Parse(AMQPBaseURL())
+	if err != nil {
+		t.Fatalf("AMQP_URL: %v", err)
+	}
+	vhost := pgtest.NewName("wmonce_test")
+	user := u.User.Username()
+	if user == "" {
+		user = "guest"
+	}
+	Rabbitmqctl(t, "add_vhost", vhost)
+	t.Cleanup(func() {
+		if os.Getenv("PGTEST_KEEP") != "" {
+			return
+		}
+		if out, err := rabbitmqctl("delete_vhost", vhost); err != nil {
+			t.Logf("delete vhost %s: %v\n%s", vhost, err, out)
+		}
+	})
+	Rabbitmqctl(t, "set_permissions", "-p", vhost, user, ".*", ".*", ".*")
+	u.Path = "/" + vhost
+	u.RawPath = ""
+	return u.String()
+}
+
+// Vhost returns the virtual host of an AMQP URL.
+func Vhost(amqpURL string) string {
+	u, err := url.Parse(amqpURL)
+	if err != nil || u.Path == "" || u.Path == "/" {
+		return "/"
+	}
+	return strings.TrimPrefix(u.Path, "/")
+}
+
+// Rabbitmqctl runs rabbitmqctl and fails the test, saying what is missing, if it does not work.
+func Rabbitmqctl(t testing.TB, args ...string) string {
+	t.Helper()
+	out, err := rabbitmqctl(args...)
+	if err != nil {
+		t.Fatalf("rabbitmqctl %s: %v\n%s\nThese tests need RabbitMQ on this machine with rabbitmqctl on PATH (run as a user that can use it), e.g. `rabbitmq-server -detached` or `docker compose up -d rabbitmq` plus the rabbitmq CLI.", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+func rabbitmqctl(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "rabbitmqctl", append([]string{"-q"}, args...)...).CombinedOutput()
+	return string(out), err
+}
