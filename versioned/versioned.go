@@ -1,0 +1,259 @@
+package versioned
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"unicode/utf8"
+
+	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// ErrVersionGap is matched (errors.Is) by every *GapError.
+var ErrVersionGap = errors.New("versioned: version gap")
+
+// ErrInvalid is wrapped by errors about unusable input (empty entity, version below the
+// first version). Such errors are also middleware.Permanent: retrying cannot fix them.
+var ErrInvalid = errors.New("versioned: invalid input")
+
+// GapError reports a delta that arrived before the versions between it and the stored one.
+// It is retryable: deliver the message again later.
+type GapError struct {
+	Entity Entity
+	Stored int64 // the first version - 1 when nothing is stored yet
+	Got    int64
+}
+
+func (e *GapError) Error() string {
+	return fmt.Sprintf("versioned: %s has version %d stored; version %d must wait for version %d", e.Entity, e.Stored, e.Got, e.Stored+1)
+}
+
+// Is makes errors.Is(err, ErrVersionGap) true.
+func (e *GapError) Is(target error) bool { return target == ErrVersionGap }
+
+// Entity names what the versions count: one sequence per (Type, ID).
+type Entity struct {
+	Type string // e.g. "order"
+	ID   string // e.g. "ord_9f3"
+}
+
+func (e Entity) String() string { return e.Type + "/" + e.ID }
+
+func (e Entity) validate() error {
+	for _, p := range [...]struct{ name, v string }{{"type", e.Type}, {"id", e.ID}} {
+		switch {
+		case p.v == "":
+			return fmt.Errorf("entity %s is empty", p.name)
+		case len(p.v) > 1024 || !utf8.ValidString(p.v):
+			return fmt.Errorf("entity %s must be valid UTF-8 of at most 1024 bytes", p.name)
+		}
+	}
+	return nil
+}
+
+// Outcome says what happened to an event.
+type Outcome int
+
+const (
+	// Applied: the version was recorded and apply ran.
+	Applied Outcome = iota + 1
+	// Stale: the event is not newer than what is stored (a duplicate or an old copy); apply did
+	// not run. Acknowledge the message.
+	Stale
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Applied:
+		return "applied"
+	case Stale:
+		return "stale"
+	}
+	return fmt.Sprintf("Outcome(%d)", int(o))
+}
+
+// Result is the outcome of one call.
+type Result struct {
+	Outcome Outcome
+	// Stored is the entity's version after the call.
+	Stored int64
+}
+
+// Config configures Versions.
+type Config struct {
+	// Schema holds the entity_versions table. Default pgtx.DefaultSchema.
+	Schema string
+	// StartAtZero says that each entity's first event has version 0. By default it has
+	// version 1.
+	StartAtZero bool
+}
+
+func (c *Config) setDefaults() {
+	if c.Schema == "" {
+		c.Schema = pgtx.DefaultSchema
+	}
+}
+
+// Validate reports a configuration that cannot work.
+func (c Config) Validate() error {
+	return pgtx.ValidateIdentifier("schema", c.Schema)
+}
+
+func (c Config) firstVersion() int64 {
+	if c.StartAtZero {
+		return 0
+	}
+	return 1
+}
+
+// Querier is the part of *sql.Tx that Versions uses.
+type Querier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// Versions applies events in version order. It is safe for concurrent use.
+type Versions struct {
+	config                                                 Config
+	first                                                  int64
+	qInsertFirst, qAdvanceDelta, qAdvanceState, qGet, qSet string
+}
+
+// New returns Versions on the entity_versions table of config.Schema. It does not touch the
+// database.
+func New(config Config) (*Versions, error) {
+	config.setDefaults()
+	if err := config.Validate(); err != nil {
+		return nil, fmt.Errorf("versioned: invalid config: %w", err)
+	}
+	t := pgtx.QualifiedName(config.Schema, "entity_versions")
+	return &Versions{
+		config:        config,
+		first:         config.firstVersion(),
+		qInsertFirst:  `INSERT INTO ` + t + ` (entity_type, entity_id, version) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING RETURNING version`,
+		qAdvanceDelta: `UPDATE ` + t + ` SET version = $3, updated_at = now() WHERE entity_type = $1 AND entity_id = $2 AND version = $3 - 1 RETURNING version`,
+		qAdvanceState: `INSERT INTO ` + t + ` AS v (entity_type, entity_id, version) VALUES ($1, $2, $3)
+ON CONFLICT (entity_type, entity_id) DO UPDATE SET version = EXCLUDED.version, updated_at = now()
+WHERE v.version < EXCLUDED.version RETURNING version`,
+		qGet: `SELECT version FROM ` + t + ` WHERE entity_type = $1 AND entity_id = $2`,
+		qSet: `INSERT INTO ` + t + ` AS v (entity_type, entity_id, version) VALUES ($1, $2, $3)
+ON CONFLICT (entity_type, entity_id) DO UPDATE SET version = EXCLUDED.version, updated_at = now() RETURNING version`,
+	}, nil
+}
+
+// ApplyDelta runs apply if version is exactly the stored version + 1 (or the first version for
+// a new entity) and records it. A version not above the stored one is Stale and skipped. A
+// version further ahead returns a *GapError and changes nothing: retry the message later.
+func (v *Versions) ApplyDelta(ctx context.Context, tx Querier, e Entity, version int64, apply func(ctx context.Context) error) (Result, error) {
+	if err := v.check(tx, e, version); err != nil {
+		return Result{}, err
+	}
+	query := v.qAdvanceDelta
+	if version == v.first {
+		query = v.qInsertFirst
+	}
+	applied, err := v.advance(ctx, tx, query, e, version)
+	if err != nil {
+		return Result{}, err
+	}
+	if !applied {
+		stored, err := v.current(ctx, tx, e)
+		if err != nil {
+			return Result{}, err
+		}
+		if stored >= version {
+			return Result{Outcome: Stale, Stored: stored}, nil
+		}
+		return Result{Stored: stored}, &GapError{Entity: e, Stored: stored, Got: version}
+	}
+	return v.run(ctx, apply, e, version)
+}
+
+// ApplyState runs apply if version is above the stored version (or the entity is new) and
+// records it. Anything else is Stale and skipped: an old full state must never overwrite a
+// newer one.
+func (v *Versions) ApplyState(ctx context.Context, tx Querier, e Entity, version int64, apply func(ctx context.Context) error) (Result, error) {
+	if err := v.check(tx, e, version); err != nil {
+		return Result{}, err
+	}
+	applied, err := v.advance(ctx, tx, v.qAdvanceState, e, version)
+	if err != nil {
+		return Result{}, err
+	}
+	if !applied {
+		stored, err := v.current(ctx, tx, e)
+		if err != nil {
+			return Result{}, err
+		}
+		return Result{Outcome: Stale, Stored: stored}, nil
+	}
+	return v.run(ctx, apply, e, version)
+}
+
+// Current returns the stored version of e, or the first version - 1 when there is none.
+func (v *Versions) Current(ctx context.Context, q Querier, e Entity) (int64, error) {
+	if err := e.validate(); err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	return v.current(ctx, q, e)
+}
+
+// SetVersion stores version for e unconditionally: an operator's tool to unblock an entity
+// whose missing delta will never come, or to seed versions for existing entities.
+func (v *Versions) SetVersion(ctx context.Context, q Querier, e Entity, version int64) error {
+	if err := v.check(q, e, version); err != nil {
+		return err
+	}
+	_, err := v.advance(ctx, q, v.qSet, e, version)
+	return err
+}
+
+func (v *Versions) check(tx Querier, e Entity, version int64) error {
+	if tx == nil {
+		return errors.New("versioned: tx is nil: pass the handler's transaction (pgtx.TxFromContext)")
+	}
+	if err := e.validate(); err != nil {
+		return middleware.Permanent(fmt.Errorf("%w: %w", ErrInvalid, err))
+	}
+	if version < v.first {
+		return middleware.Permanent(fmt.Errorf("%w: %s version %d is below the first version %d", ErrInvalid, e, version, v.first))
+	}
+	return nil
+}
+
+func (v *Versions) advance(ctx context.Context, tx Querier, query string, e Entity, version int64) (bool, error) {
+	var got int64
+	err := tx.QueryRowContext(ctx, query, e.Type, e.ID, version).Scan(&got)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		if pgtx.IsUndefinedTable(err) {
+			return false, fmt.Errorf("versioned: table entity_versions is missing in schema %q: run the migrations: %w", v.config.Schema, err)
+		}
+		return false, fmt.Errorf("versioned: record %s version %d: %w", e, version, err)
+	}
+	return true, nil
+}
+
+func (v *Versions) current(ctx context.Context, q Querier, e Entity) (int64, error) {
+	var stored int64
+	err := q.QueryRowContext(ctx, v.qGet, e.Type, e.ID).Scan(&stored)
+	if errors.Is(err, sql.ErrNoRows) {
+		return v.first - 1, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("versioned: read version of %s: %w", e, err)
+	}
+	return stored, nil
+}
+
+func (v *Versions) run(ctx context.Context, apply func(ctx context.Context) error, e Entity, version int64) (Result, error) {
+	if apply != nil {
+		if err := apply(ctx); err != nil {
+			return Result{}, fmt.Errorf("versioned: apply %s version %d: %w", e, version, err)
+		}
+	}
+	return Result{Outcome: Applied, Stored: version}, nil
+}
