@@ -1,1 +1,1 @@
--- Reserved for the inbox issue; intentionally empty until it lands.
+DROP TABLE IF EXISTS {{schema}}.inbox;

@@ -1,0 +1,521 @@
+package inbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// MaxBatchLimit is the largest ReceiverConfig.MaxBatch accepted.
+const MaxBatchLimit = 10000
+
+// ErrReceiverClosed is returned by Handle after Close: the message is nacked and redelivered
+// to whichever receiver runs next.
+var ErrReceiverClosed = errors.New("inbox: receiver is closed")
+
+// ErrInvalidOrderingKey is wrapped by errors about a message's ordering key. Like
+// middleware.ErrInvalidKey errors, they are permanent (middleware.IsPermanent).
+var ErrInvalidOrderingKey = errors.New("invalid ordering key")
+
+// ErrInvalidMetadata is wrapped (and made permanent) when a message's metadata cannot be stored
+// faithfully: PostgreSQL text and jsonb hold neither invalid UTF-8 nor NUL characters, and
+// silently replacing them would hand the processor a different message than was sent.
+var ErrInvalidMetadata = errors.New("invalid metadata")
+
+// OrderingKeyFunc returns the key whose messages must be processed one at a time, in the order
+// the inbox received them. An empty key means the message has no ordering constraint.
+type OrderingKeyFunc func(msg *message.Message) (string, error)
+
+// OrderingKeyFromMetadata orders by a metadata field (e.g. "order_id"). A message without the
+// field is refused (a permanent error) rather than processed out of order; write your own
+// OrderingKeyFunc returning "" if such messages may go unordered.
+//
+// For Kafka, ordering by the record key keeps the partition's per-key order:
+//
+//	func(msg *message.Message) (string, error) {
+//		k, _ := kafka.MessageKeyFromCtx(msg.Context())
+//		return string(k), nil
+//	}
+func OrderingKeyFromMetadata(field string) OrderingKeyFunc {
+	return func(msg *message.Message) (string, error) {
+		v := msg.Metadata.Get(field)
+		if v == "" {
+			return "", fmt.Errorf("metadata field %q is missing or empty: the producer must set it, or configure another OrderingKey", field)
+		}
+		return v, nil
+	}
+}
+
+// ReceiverConfig configures a Receiver.
+type ReceiverConfig struct {
+	// Schema holds the inbox table (migration 002). Default pgtx.DefaultSchema.
+	Schema string
+	// Consumer names the logical consumer; rows are unique per (Consumer, key), and the
+	// Processor works one Consumer's rows. Required: unlike the middleware, the receiver does not
+	// fall back to the router handler name, because the processor must be given the same name.
+	Consumer string
+
+	// Key returns each message's dedupe key. Default middleware.KeyFromUUID.
+	Key middleware.KeyFunc
+	// MaxKeyLength refuses longer dedupe and ordering keys (in bytes). Default 255, at most
+	// middleware.MaxKeyLengthLimit.
+	MaxKeyLength int
+	// OrderingKey selects per-key ordering. Default nil: no ordering, rows are processed in
+	// parallel in roughly received order.
+	OrderingKey OrderingKeyFunc
+
+	// MaxBatch bounds the rows written by one statement. Default 500.
+	MaxBatch int
+	// Linger is how long a writer waits for more rows after the queue ran dry. Default 0: a
+	// batch is written as soon as the writer finds no more waiting rows, so a lone message is
+	// never delayed, and under load batches grow by themselves while the previous one commits.
+	Linger time.Duration
+	// Writers is the number of batches written at once. Default 2.
+	Writers int
+	// WriteTimeout bounds one batch statement. Default 10s.
+	WriteTimeout time.Duration
+}
+
+func (c *ReceiverConfig) setDefaults() {
+	if c.Schema == "" {
+		c.Schema = pgtx.DefaultSchema
+	}
+	if c.Key == nil {
+		c.Key = middleware.KeyFromUUID()
+	}
+	if c.MaxKeyLength == 0 {
+		c.MaxKeyLength = 255
+	}
+	if c.MaxBatch == 0 {
+		c.MaxBatch = 500
+	}
+	if c.Writers == 0 {
+		c.Writers = 2
+	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = 10 * time.Second
+	}
+}
+
+// Validate reports what to fix in a configuration.
+func (c ReceiverConfig) Validate() error {
+	var errs []error
+	if err := pgtx.ValidateIdentifier("schema", c.Schema); err != nil {
+		errs = append(errs, err)
+	}
+	if err := validateConsumer(c.Consumer); err != nil {
+		errs = append(errs, err)
+	}
+	if c.MaxKeyLength < 1 || c.MaxKeyLength > middleware.MaxKeyLengthLimit {
+		errs = append(errs, fmt.Errorf("MaxKeyLength must be between 1 and %d, got %d", middleware.MaxKeyLengthLimit, c.MaxKeyLength))
+	}
+	if c.MaxBatch < 1 || c.MaxBatch > MaxBatchLimit {
+		errs = append(errs, fmt.Errorf("MaxBatch must be between 1 and %d, got %d", MaxBatchLimit, c.MaxBatch))
+	}
+	if c.Writers < 1 || c.Writers > 64 {
+		errs = append(errs, fmt.Errorf("Writers must be between 1 and 64, got %d", c.Writers))
+	}
+	if c.Linger < 0 || c.Linger > time.Second {
+		errs = append(errs, fmt.Errorf("Linger must be between 0 and 1s, got %s", c.Linger))
+	}
+	if c.WriteTimeout < 0 {
+		errs = append(errs, errors.New("WriteTimeout must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+func validateConsumer(consumer string) error {
+	switch {
+	case strings.TrimSpace(consumer) == "":
+		return errors.New("Consumer is required: name the logical consumer (the Processor must use the same name)")
+	case len(consumer) > 255 || !utf8.ValidString(consumer) || strings.ContainsRune(consumer, 0):
+		return errors.New("Consumer must be valid UTF-8 without NUL, at most 255 bytes")
+	}
+	return nil
+}
+
+// ReceiverCounts are a receiver's running totals since it was created.
+type ReceiverCounts struct {
+	Stored        uint64 // new rows committed
+	Duplicates    uint64 // messages acked without a new row: their key was already in the inbox
+	Refused       uint64 // messages refused (permanent error) for an unusable key or metadata
+	Batches       uint64 // statements that committed
+	BatchFailures uint64 // statements that failed (their messages were nacked or retried alone)
+	Waiting       int64  // Handle calls waiting for their batch right now
+}
+
+// Receiver stores delivered messages in the inbox and acks them once stored. Use Handle as a
+// router handler:
+//
+//	router.AddConsumerHandler("payments-inbox", "payments", subscriber, receiver.Handle)
+//
+// Guarantee: Handle returns nil (the router acks) only after the message's row, or the row of
+// an earlier copy with the same key, is committed. A copy whose key is already present inserts
+// nothing and is acked. Any error means the row may not be committed: the router nacks and the
+// broker redelivers; if the row did commit after all (a lost COMMIT reply), the redelivery is a
+// duplicate and is acked. After the ack the inbox row is the only copy of the message: it is as
+// durable as the PostgreSQL commit (synchronous replication decides what a failover keeps).
+//
+// Group commit: concurrent Handle calls are written together, many rows in one statement and
+// one commit. A Kafka or AMQP subscriber delivers one message at a time per partition or
+// subscription, so batches form when several partitions, subscriptions or handlers deliver at
+// once (or the router runs handlers concurrently); a single sequential stream gets one row per
+// commit, still without added latency.
+//
+// A message whose key or metadata cannot be stored is refused with a permanent error
+// (middleware.IsPermanent) and never acked silently: route it to a poison queue, e.g. with
+// Watermill's PoisonQueueWithFilter(publisher, topic, middleware.IsPermanent).
+type Receiver struct {
+	db     *sql.DB
+	config ReceiverConfig
+	logger watermill.LoggerAdapter
+	q      queries
+
+	mu      sync.RWMutex
+	closed  bool
+	queue   chan *request
+	writers sync.WaitGroup
+
+	stored, duplicates, refused, batches, batchFailures atomic.Uint64
+	waiting                                             atomic.Int64
+}
+
+// row is one message ready to insert.
+type row struct {
+	key, uuid, orderingKey, topic string
+	payload                       []byte
+	metadata                      string
+}
+
+type request struct {
+	row  row
+	done chan error
+}
+
+// NewReceiver validates config and starts the receiver's writers. Call Close when done. The
+// inbox table must exist (run the migrations).
+func NewReceiver(db *sql.DB, config ReceiverConfig, logger watermill.LoggerAdapter) (*Receiver, error) {
+	if db == nil {
+		return nil, errors.New("inbox: db is nil: open one with pgtx.Open")
+	}
+	config.setDefaults()
+	if err := config.Validate(); err != nil {
+		return nil, fmt.Errorf("inbox: invalid receiver config: %w", err)
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	r := &Receiver{
+		db:     db,
+		config: config,
+		logger: logger.With(watermill.LogFields{"consumer": config.Consumer}),
+		q:      newQueries(config.Schema),
+		queue:  make(chan *request, config.MaxBatch*config.Writers),
+	}
+	r.writers.Add(config.Writers)
+	for range config.Writers {
+		go r.write()
+	}
+	return r, nil
+}
+
+// Handle stores msg and returns once the row is committed (see Receiver). Its signature is
+// message.NoPublishHandlerFunc.
+func (r *Receiver) Handle(msg *message.Message) error {
+	rw, err := r.prepare(msg, message.SubscribeTopicFromCtx(msg.Context()))
+	if err != nil {
+		return err
+	}
+	req := &request{row: rw, done: make(chan error, 1)}
+	r.mu.RLock()
+	if r.closed {
+		r.mu.RUnlock()
+		return ErrReceiverClosed
+	}
+	r.queue <- req
+	r.waiting.Add(1) // after the send: a non-zero count means the request is with the writers
+	defer r.waiting.Add(-1)
+	r.mu.RUnlock()
+	// No select on the message context: the batch may already be on its way to the database,
+	// and its outcome, bounded by WriteTimeout, is the only honest answer to give the router.
+	return <-req.done
+}
+
+// HandlerFunc adapts Handle to message.HandlerFunc for router.AddHandler; it never returns
+// messages.
+func (r *Receiver) HandlerFunc() message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) { return nil, r.Handle(msg) }
+}
+
+// Querier is the part of *sql.Tx (or *sql.Conn, *sql.DB) that StoreTx uses.
+type Querier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// StoreTx is the transactional twin of Handle: it inserts msgs as received from topic within
+// tx, skipping keys already present, and returns how many rows are new. The rows, and the
+// wake-up of the processors, take effect when tx commits. Every message is checked before
+// anything is written; one unusable message fails the call (a permanent error) and writes nothing.
+func (r *Receiver) StoreTx(ctx context.Context, tx Querier, topic string, msgs ...*message.Message) (int, error) {
+	if len(msgs) == 0 {
+		return 0, nil
+	}
+	if tx == nil {
+		return 0, errors.New("inbox: StoreTx needs a transaction")
+	}
+	rows := make([]row, len(msgs))
+	for i, msg := range msgs {
+		if msg == nil {
+			return 0, middleware.Permanent(fmt.Errorf("inbox: message %d of %d is nil", i+1, len(msgs)))
+		}
+		rw, err := r.prepare(msg, topic)
+		if err != nil {
+			return 0, err
+		}
+		rows[i] = rw
+	}
+	n, err := r.insert(ctx, tx, rows)
+	if err != nil {
+		return 0, err
+	}
+	r.stored.Add(uint64(n))
+	r.duplicates.Add(uint64(len(rows) - n))
+	return n, nil
+}
+
+// Counts returns the receiver's running totals.
+func (r *Receiver) Counts() ReceiverCounts {
+	return ReceiverCounts{
+		Stored:        r.stored.Load(),
+		Duplicates:    r.duplicates.Load(),
+		Refused:       r.refused.Load(),
+		Batches:       r.batches.Load(),
+		BatchFailures: r.batchFailures.Load(),
+		Waiting:       r.waiting.Load(),
+	}
+}
+
+// Close stops accepting messages, writes those already queued and returns when every waiting
+// Handle has its answer. It is idempotent.
+func (r *Receiver) Close() error {
+	r.mu.Lock()
+	if !r.closed {
+		r.closed = true
+		close(r.queue)
+	}
+	r.mu.Unlock()
+	r.writers.Wait()
+	return nil
+}
+
+// prepare extracts and checks everything the row needs, so that a batch never fails because
+// of one bad message.
+func (r *Receiver) prepare(msg *message.Message, topic string) (row, error) {
+	key, err := r.config.Key(msg)
+	if err == nil {
+		err = checkKeyText(key, r.config.MaxKeyLength)
+	}
+	if err != nil {
+		return row{}, r.refuse(msg, fmt.Errorf("%w for message %q (consumer %q): %w", middleware.ErrInvalidKey, msg.UUID, r.config.Consumer, err))
+	}
+	var orderingKey string
+	if r.config.OrderingKey != nil {
+		orderingKey, err = r.config.OrderingKey(msg)
+		if err == nil && orderingKey != "" {
+			err = checkKeyText(orderingKey, r.config.MaxKeyLength)
+		}
+		if err != nil {
+			return row{}, r.refuse(msg, fmt.Errorf("%w for message %q (consumer %q): %w", ErrInvalidOrderingKey, msg.UUID, r.config.Consumer, err))
+		}
+	}
+	metadata, err := encodeMetadata(msg.Metadata)
+	if err == nil && (!utf8.ValidString(topic) || strings.ContainsRune(topic, 0)) {
+		err = errors.New("topic name is not valid UTF-8 text")
+	}
+	if err == nil && (!utf8.ValidString(msg.UUID) || strings.ContainsRune(msg.UUID, 0)) {
+		err = errors.New("message UUID is not valid UTF-8 text")
+	}
+	if err != nil {
+		return row{}, r.refuse(msg, fmt.Errorf("%w in message %q (consumer %q): %w", ErrInvalidMetadata, msg.UUID, r.config.Consumer, err))
+	}
+	payload := msg.Payload
+	if payload == nil {
+		payload = []byte{} // a nil slice would be sent as NULL
+	}
+	return row{key: key, uuid: msg.UUID, orderingKey: orderingKey, topic: topic, payload: payload, metadata: metadata}, nil
+}
+
+func (r *Receiver) refuse(msg *message.Message, cause error) error {
+	r.refused.Add(1)
+	err := middleware.Permanent(cause)
+	r.logger.Error("Message refused: not stored in the inbox, not acked", err, watermill.LogFields{"message_uuid": msg.UUID})
+	return err
+}
+
+// checkKeyText applies the middleware's key rules: not empty, not over the length limit, text
+// PostgreSQL can store.
+func checkKeyText(key string, maxLen int) error {
+	switch {
+	case key == "":
+		return errors.New("key is empty")
+	case len(key) > maxLen:
+		return fmt.Errorf("key is %d bytes long, over MaxKeyLength (%d): raise MaxKeyLength (up to %d) or use a shorter key", len(key), maxLen, middleware.MaxKeyLengthLimit)
+	case !utf8.ValidString(key) || strings.ContainsRune(key, 0):
+		return errors.New("key is not valid UTF-8 text (or contains NUL): PostgreSQL text cannot store it; hash or hex-encode it")
+	}
+	return nil
+}
+
+func encodeMetadata(md message.Metadata) (string, error) {
+	if len(md) == 0 {
+		return "{}", nil
+	}
+	for k, v := range md {
+		if !utf8.ValidString(k) || !utf8.ValidString(v) || strings.ContainsRune(k, 0) || strings.ContainsRune(v, 0) {
+			return "", fmt.Errorf("metadata field %.40q is not valid UTF-8 text (or contains NUL)", k)
+		}
+	}
+	b, err := json.Marshal(md)
+	return string(b), err
+}
+
+// write is one writer goroutine: it takes the first waiting request, adds whatever else is
+// already waiting (up to MaxBatch, plus Linger), writes the batch and answers every request.
+func (r *Receiver) write() {
+	defer r.writers.Done()
+	batch := make([]*request, 0, r.config.MaxBatch)
+	rows := make([]row, 0, r.config.MaxBatch)
+	for first := range r.queue {
+		batch = r.fill(append(batch[:0], first))
+		rows = rows[:0]
+		for _, req := range batch {
+			rows = append(rows, req.row)
+		}
+		r.writeBatch(batch, rows)
+		clear(batch) // let answered requests be collected
+	}
+}
+
+func (r *Receiver) fill(batch []*request) []*request {
+	var linger <-chan time.Time
+	if r.config.Linger > 0 {
+		t := time.NewTimer(r.config.Linger)
+		defer t.Stop()
+		linger = t.C
+	}
+	for len(batch) < r.config.MaxBatch {
+		select {
+		case req, ok := <-r.queue:
+			if !ok {
+				return batch
+			}
+			batch = append(batch, req)
+			continue
+		default:
+		}
+		if linger == nil {
+			return batch
+		}
+		select {
+		case req, ok := <-r.queue:
+			if !ok {
+				return batch
+			}
+			batch = append(batch, req)
+		case <-linger:
+			return batch
+		}
+	}
+	return batch
+}
+
+func (r *Receiver) writeBatch(batch []*request, rows []row) {
+	ctx, cancel := context.WithTimeout(context.Background(), r.config.WriteTimeout)
+	defer cancel()
+	n, err := r.insertRetrying(ctx, rows)
+	if err == nil {
+		r.stored.Add(uint64(n))
+		r.duplicates.Add(uint64(len(rows) - n))
+		for _, req := range batch {
+			req.done <- nil
+		}
+		return
+	}
+	if len(batch) == 1 || pgtx.IsConnectionError(err) || ctx.Err() != nil {
+		r.logger.Error("Inbox batch failed; its messages are nacked", err, watermill.LogFields{"messages": len(batch)})
+		for _, req := range batch {
+			req.done <- err
+		}
+		return
+	}
+	// All input was checked in prepare, but a row may still trip something we did not foresee:
+	// write each on its own so that one row cannot fail its neighbours.
+	r.logger.Error("Inbox batch failed; writing its rows one by one", err, watermill.LogFields{"messages": len(batch)})
+	for _, req := range batch {
+		n, err := r.insertRetrying(ctx, []row{req.row})
+		if err == nil {
+			r.stored.Add(uint64(n))
+			r.duplicates.Add(uint64(1 - n))
+		}
+		req.done <- err
+	}
+}
+
+// insertRetrying runs the batch statement, again after a deadlock: two batches carrying copies
+// of the same keys in opposite orders wait for each other on the unique index, and PostgreSQL
+// aborts one of them having written nothing.
+func (r *Receiver) insertRetrying(ctx context.Context, rows []row) (int, error) {
+	policy := pgtx.RetryPolicy{MaxAttempts: 5}
+	for attempt := 1; ; attempt++ {
+		n, err := r.insert(ctx, r.db, rows)
+		if err == nil {
+			r.batches.Add(1)
+			return n, nil
+		}
+		r.batchFailures.Add(1)
+		if !pgtx.IsRetryableTx(err) || attempt >= policy.MaxAttempts {
+			return 0, err
+		}
+		select {
+		case <-ctx.Done():
+			return 0, errors.Join(err, ctx.Err())
+		case <-time.After(policy.Delay(attempt)):
+		}
+	}
+}
+
+func (r *Receiver) insert(ctx context.Context, q Querier, rows []row) (int, error) {
+	keys := make([]string, len(rows))
+	uuids := make([]string, len(rows))
+	orderingKeys := make([]string, len(rows))
+	topics := make([]string, len(rows))
+	payloads := make([][]byte, len(rows))
+	metadata := make([]string, len(rows))
+	for i, rw := range rows {
+		keys[i], uuids[i], orderingKeys[i], topics[i] = rw.key, rw.uuid, rw.orderingKey, rw.topic
+		payloads[i], metadata[i] = rw.payload, rw.metadata
+	}
+	var n int
+	var notified sql.NullString
+	err := q.QueryRowContext(ctx, r.q.ingest, r.config.Consumer, keys, uuids, orderingKeys, topics, payloads, metadata, r.q.channel).Scan(&n, &notified)
+	if err != nil {
+		if pgtx.IsUndefinedTable(err) {
+			return 0, fmt.Errorf("inbox: table %s is missing: run the migrations (migrate.Migrate or `wmonce migrate up`): %w", r.q.table, err)
+		}
+		return 0, fmt.Errorf("inbox: store %d message(s): %w", len(rows), err)
+	}
+	return n, nil
+}

@@ -1,0 +1,236 @@
+package inbox_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wmonce/watermill-once/inbox"
+	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/middleware"
+)
+
+// A burst of concurrent deliveries lands in few statements (group commit), every delivery is
+// acked only after its row committed, and the processor then applies each message once.
+func TestBurstIngestedThenProcessed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "payments", Writers: 1})
+
+	// Hold the single writer on a row lock: a transaction of ours inserts the key of the first
+	// message and stays open, so the writer's INSERT waits on the unique index while the rest
+	// of the burst queues up behind it.
+	blocker, err := e.db.BeginTx(context.Background(), nil)
+	require.NoError(t, err)
+	_, err = blocker.Exec(`INSERT INTO ` + e.table("inbox") + ` (consumer, message_id, message_uuid, payload) VALUES ('payments', 'm-0', 'm-0', '')`)
+	require.NoError(t, err)
+
+	const burst = 300
+	errs := make(chan error, burst+1)
+	go func() { errs <- r.Handle(msg("m-0", "p0", "seq", "0")) }()
+	waitFor(t, 5*time.Second, "the first batch to be written", func() bool { return r.Counts().Waiting == 1 })
+	for i := 1; i <= burst; i++ {
+		go func() { errs <- r.Handle(msg(fmt.Sprintf("m-%d", i), fmt.Sprintf("p%d", i), "seq", fmt.Sprint(i))) }()
+	}
+	waitFor(t, 5*time.Second, "the burst to queue", func() bool { return r.Counts().Waiting == burst+1 })
+	require.Zero(t, r.Counts().Stored, "nothing is acked while the write is held")
+	require.NoError(t, blocker.Rollback())
+
+	for range burst + 1 {
+		require.NoError(t, <-errs)
+	}
+	c := r.Counts()
+	require.Equal(t, uint64(burst+1), c.Stored)
+	require.Equal(t, uint64(2), c.Batches, "the held row, then the whole queued burst in one statement")
+	require.Equal(t, burst+1, e.status(t, "payments", inbox.StatusPending))
+
+	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
+		if want := "p" + m.Metadata.Get("seq"); string(m.Payload) != want {
+			return nil, fmt.Errorf("payload %q, want %q", m.Payload, want)
+		}
+		return nil, e.effect(m, "w")
+	}, fast("payments"))
+	waitFor(t, 20*time.Second, "every row to be processed", func() bool { return p.Counts().Processed == burst+1 })
+	require.Equal(t, burst+1, e.effects(t))
+	require.Equal(t, burst+1, pgtest.Count(t, e.db, `SELECT count(DISTINCT message_id) FROM `+e.table("effects")))
+	require.Equal(t, burst+1, e.status(t, "payments", inbox.StatusDone))
+	require.Zero(t, p.Counts().Failed)
+	st, err := e.ops.Stats(context.Background(), "payments")
+	require.NoError(t, err)
+	require.Equal(t, inbox.Stats{}, st)
+}
+
+// Every copy of a message is acked; only the first inserts a row, and the message is
+// processed once, even when copies arrive after it was processed.
+func TestDuplicatesIngestedOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
+	const messages, copies = 40, 4
+	var wg sync.WaitGroup
+	for i := range messages {
+		for range copies {
+			wg.Go(func() { require.NoError(t, r.Handle(msg(fmt.Sprintf("e-%d", i), "x"))) })
+		}
+	}
+	wg.Wait()
+	require.Equal(t, messages, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("inbox")))
+	c := r.Counts()
+	require.Equal(t, uint64(messages), c.Stored)
+	require.Equal(t, uint64(messages*(copies-1)), c.Duplicates)
+
+	p := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "w") }, fast("c"))
+	waitFor(t, 10*time.Second, "processing", func() bool { return p.Counts().Processed == messages })
+
+	// Late copies (a redelivery after processing) are acked and change nothing.
+	for i := range messages {
+		require.NoError(t, r.Handle(msg(fmt.Sprintf("e-%d", i), "x")))
+	}
+	require.Equal(t, uint64(messages*copies), r.Counts().Duplicates)
+	require.Equal(t, messages, e.status(t, "c", inbox.StatusDone))
+	require.Equal(t, messages, e.effects(t))
+}
+
+// A message without a usable key, ordering key or metadata is refused with a permanent error
+// (so a poison queue parks it) and stores nothing; its batch neighbours are not affected.
+func TestRefusesUnusableMessages(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.receiver(t, inbox.ReceiverConfig{
+		Consumer:     "c",
+		Key:          middleware.KeyFromMetadata("event_id"),
+		MaxKeyLength: 16,
+		OrderingKey:  inbox.OrderingKeyFromMetadata("account"),
+	})
+	cases := map[string]struct {
+		msg  *message.Message
+		want error
+	}{
+		"no key":          {msg("u1", "p", "account", "a"), middleware.ErrInvalidKey},
+		"long key":        {msg("u2", "p", "account", "a", "event_id", strings.Repeat("k", 17)), middleware.ErrInvalidKey},
+		"binary key":      {msg("u3", "p", "account", "a", "event_id", "k\xff"), middleware.ErrInvalidKey},
+		"no ordering key": {msg("u4", "p", "event_id", "k4"), inbox.ErrInvalidOrderingKey},
+		"long order key":  {msg("u5", "p", "event_id", "k5", "account", strings.Repeat("a", 17)), inbox.ErrInvalidOrderingKey},
+		"NUL in metadata": {msg("u6", "p", "event_id", "k6", "account", "a", "note", "a\x00b"), inbox.ErrInvalidMetadata},
+		"bad UTF-8":       {msg("u7", "p", "event_id", "k7", "account", "a", "note\xfe", "x"), inbox.ErrInvalidMetadata},
+	}
+	var wg sync.WaitGroup
+	i := 0
+	for name, tc := range cases {
+		i++
+		okKey := fmt.Sprintf("ok-%d", i)
+		wg.Go(func() {
+			err := r.Handle(tc.msg)
+			require.ErrorIs(t, err, tc.want, name)
+			require.True(t, middleware.IsPermanent(err), name)
+		})
+		wg.Go(func() { require.NoError(t, r.Handle(msg(okKey, "p", "event_id", okKey, "account", "a"))) })
+	}
+	wg.Wait()
+	require.Equal(t, uint64(len(cases)), r.Counts().Refused)
+	require.Equal(t, len(cases), pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("inbox")))
+	require.Zero(t, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("inbox")+` WHERE message_uuid LIKE 'u%'`))
+}
+
+// StoreTx writes within the caller's transaction: nothing is visible, and no processor is
+// woken, unless it commits.
+func TestStoreTxFollowsTheCallersTransaction(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
+	ctx := context.Background()
+
+	tx, err := e.db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	n, err := r.StoreTx(ctx, tx, "orders", msg("a", "1"), msg("b", "2"), msg("a", "1"))
+	require.NoError(t, err)
+	require.Equal(t, 2, n, "the copy of a in the same call is a duplicate")
+	require.NoError(t, tx.Rollback())
+	require.Zero(t, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("inbox")))
+
+	tx, err = e.db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	n, err = r.StoreTx(ctx, tx, "orders", msg("a", "1"), msg("b", "2"))
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	require.NoError(t, tx.Commit())
+	row, err := e.ops.InspectMessage(ctx, "c", "b")
+	require.NoError(t, err)
+	require.Equal(t, "orders", row.Topic)
+	require.Equal(t, []byte("2"), row.Payload)
+
+	// One bad message fails the call before anything is written.
+	tx, err = e.db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback() }()
+	_, err = r.StoreTx(ctx, tx, "orders", msg("c", "3"), msg("", "no uuid"))
+	require.ErrorIs(t, err, middleware.ErrInvalidKey)
+}
+
+func TestReceiverRefusesAfterClose(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
+	require.NoError(t, r.Handle(msg("a", "1")))
+	require.NoError(t, r.Close())
+	require.NoError(t, r.Close(), "Close is idempotent")
+	require.ErrorIs(t, r.Handle(msg("b", "2")), inbox.ErrReceiverClosed)
+}
+
+func TestMissingMigrationsSaySo(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	r, err := inbox.NewReceiver(db, inbox.ReceiverConfig{Schema: pgtest.NewName("nothing"), Consumer: "c"}, nil)
+	require.NoError(t, err)
+	defer r.Close()
+	require.ErrorContains(t, r.Handle(msg("a", "1")), "run the migrations")
+}
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	for name, cfg := range map[string]inbox.ReceiverConfig{
+		"no consumer":    {},
+		"blank consumer": {Consumer: "  "},
+		"bad schema":     {Consumer: "c", Schema: "x; DROP TABLE y"},
+		"key too long":   {Consumer: "c", MaxKeyLength: middleware.MaxKeyLengthLimit + 1},
+		"batch too big":  {Consumer: "c", MaxBatch: inbox.MaxBatchLimit + 1},
+		"writers":        {Consumer: "c", Writers: -1},
+		"linger":         {Consumer: "c", Linger: time.Hour},
+	} {
+		_, err := inbox.NewReceiver(db, cfg, nil)
+		require.ErrorContains(t, err, "invalid receiver config", name)
+	}
+	_, err := inbox.NewReceiver(nil, inbox.ReceiverConfig{Consumer: "c"}, nil)
+	require.ErrorContains(t, err, "db is nil")
+
+	h := func(*message.Message) ([]*message.Message, error) { return nil, nil }
+	for name, cfg := range map[string]inbox.ProcessorConfig{
+		"no consumer":        {},
+		"bad schema":         {Consumer: "c", Schema: "Upper"},
+		"workers":            {Consumer: "c", Workers: -2},
+		"tx batch > claim":   {Consumer: "c", ClaimBatch: 4, TxBatchSize: 5},
+		"lease too short":    {Consumer: "c", Lease: time.Millisecond},
+		"renew >= lease":     {Consumer: "c", Lease: time.Second, RenewInterval: time.Second},
+		"attempts":           {Consumer: "c", MaxAttempts: -1},
+		"backoff above max":  {Consumer: "c", Backoff: time.Minute, MaxBackoff: time.Second},
+		"output topic space": {Consumer: "c", OutputTopic: "a b"},
+	} {
+		_, err := inbox.NewProcessor(db, h, cfg, nil)
+		require.ErrorContains(t, err, "invalid processor config", name)
+	}
+	_, err = inbox.NewProcessor(db, nil, inbox.ProcessorConfig{Consumer: "c"}, nil)
+	require.ErrorContains(t, err, "handler is nil")
+	_, err = inbox.NewOps(db, inbox.OpsConfig{Schema: `"quoted"`}, nil)
+	require.ErrorContains(t, err, "invalid ops config")
+
+	// Errors say what to fix.
+	_, err = inbox.NewProcessor(db, h, inbox.ProcessorConfig{Consumer: "c", ClaimBatch: 4, TxBatchSize: 5}, nil)
+	require.ErrorContains(t, err, "TxBatchSize must be between 1 and ClaimBatch (4), got 5")
+}

@@ -1,0 +1,151 @@
+package inbox
+
+import (
+	"fmt"
+	"hash/fnv"
+	"time"
+
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// Status is the state of an inbox row.
+type Status string
+
+const (
+	// StatusPending rows wait for a worker; next_attempt_at says from when.
+	StatusPending Status = "PENDING"
+	// StatusInProgress rows are claimed by a worker whose lease has not been reaped yet.
+	StatusInProgress Status = "IN_PROGRESS"
+	// StatusDone rows were applied; they are the dedupe record of their message.
+	StatusDone Status = "DONE"
+	// StatusFailed rows are parked: attempt limit reached or permanent error. With an ordering
+	// key they hold back the later rows of that key until replayed or skipped.
+	StatusFailed Status = "FAILED"
+	// StatusSkipped rows were set aside by an operator; they count as finished for ordering and
+	// stay as dedupe records.
+	StatusSkipped Status = "SKIPPED"
+)
+
+func (s Status) valid() bool {
+	switch s {
+	case StatusPending, StatusInProgress, StatusDone, StatusFailed, StatusSkipped:
+		return true
+	}
+	return false
+}
+
+// unfinished lists, in SQL, the statuses that hold back later rows of the same ordering key.
+// It must match the predicate of inbox_key_head_idx (migration 002).
+const unfinished = `('PENDING', 'IN_PROGRESS', 'FAILED')`
+
+// notifyChannel is the LISTEN/NOTIFY channel of an inbox schema. NOTIFY payloads carry the
+// consumer name, so processors of other consumers ignore the wake-up. PostgreSQL truncates
+// identifiers at 63 bytes; long schema names are hashed to stay under it.
+func notifyChannel(schema string) string {
+	c := "wmonce_inbox_" + schema
+	if len(c) <= 63 {
+		return c
+	}
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(schema))
+	return fmt.Sprintf("wmonce_inbox_%016x", h.Sum64())
+}
+
+// micros turns a duration into the bigint the queries multiply by interval '1 microsecond', so
+// that every timestamp is computed by the database clock, never by a worker's.
+func micros(d time.Duration) int64 { return d.Microseconds() }
+
+// queries holds every statement with the schema-qualified table quoted in.
+type queries struct {
+	table   string
+	channel string
+
+	ingest       string
+	claim        string
+	complete     string
+	completeMany string
+	owned        string
+	fail         string
+	release      string
+	renew        string
+	reap         string
+}
+
+func newQueries(schema string) queries {
+	t := pgtx.QualifiedName(schema, "inbox")
+	return queries{
+		table:   t,
+		channel: notifyChannel(schema),
+
+		// One statement, one implicit transaction, one round trip per batch: insert every row
+		// in arrival order (ids follow it), skip keys already present, and NOTIFY once if
+		// anything was new. Notifications are delivered at commit.
+		ingest: `WITH ins AS (
+    INSERT INTO ` + t + ` (consumer, message_id, message_uuid, ordering_key, topic, payload, metadata)
+    SELECT $1::text, k, u, NULLIF(o, ''), tp, p, m::jsonb
+    FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[]) WITH ORDINALITY AS x(k, u, o, tp, p, m, n)
+    ORDER BY n
+    ON CONFLICT (consumer, message_id) DO NOTHING
+    RETURNING 1
+)
+SELECT c.n, CASE WHEN c.n > 0 THEN pg_notify($8, $1::text)::text END FROM (SELECT count(*) AS n FROM ins) c`,
+
+		// Due PENDING rows in received order, skipping rows another claim holds locked, and
+		// skipping rows that have an older unfinished row of the same ordering key.
+		claim: `WITH due AS (
+    SELECT i.id FROM ` + t + ` i
+    WHERE i.consumer = $1 AND i.status = 'PENDING' AND i.next_attempt_at <= now()
+      AND (i.ordering_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM ` + t + ` o
+          WHERE o.consumer = i.consumer AND o.ordering_key = i.ordering_key
+            AND o.status IN ` + unfinished + ` AND o.id < i.id))
+    ORDER BY i.id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE ` + t + ` r SET status = 'IN_PROGRESS', claim_token = $3,
+    lease_until = now() + $4::bigint * interval '1 microsecond', attempts = r.attempts + 1
+FROM due WHERE r.id = due.id
+RETURNING r.id, r.message_id, r.message_uuid, coalesce(r.ordering_key, ''), r.topic, r.payload, r.metadata::text, r.attempts, r.received_at`,
+
+		complete: `UPDATE ` + t + ` SET status = 'DONE', finished_at = now(), claim_token = NULL, lease_until = NULL
+WHERE id = $1 AND claim_token = $2`,
+		completeMany: `UPDATE ` + t + ` SET status = 'DONE', finished_at = now(), claim_token = NULL, lease_until = NULL
+WHERE id = ANY($1::bigint[]) AND claim_token = $2`,
+		owned: `SELECT id FROM ` + t + ` WHERE id = ANY($1::bigint[]) AND claim_token = $2`,
+
+		// $3: permanent error; $4: attempt limit; $5: backoff in microseconds.
+		fail: `UPDATE ` + t + ` SET
+    status = CASE WHEN $3::bool OR attempts >= $4 THEN 'FAILED' ELSE 'PENDING' END,
+    next_attempt_at = now() + $5::bigint * interval '1 microsecond',
+    last_error = $6, claim_token = NULL, lease_until = NULL
+WHERE id = $1 AND claim_token = $2
+RETURNING status`,
+
+		// Gives claimed rows back without counting the attempt (shutdown, lost connection).
+		release: `UPDATE ` + t + ` r SET status = 'PENDING', claim_token = NULL, lease_until = NULL,
+    attempts = greatest(r.attempts - 1, 0), next_attempt_at = now() + $3::bigint * interval '1 microsecond'
+FROM unnest($1::bigint[], $2::bigint[]) AS c(id, token)
+WHERE r.id = c.id AND r.claim_token = c.token`,
+
+		// Extends the leases a worker still holds. Rows locked right now are being completed
+		// by their worker: skip them rather than wait.
+		renew: `UPDATE ` + t + ` r SET lease_until = now() + $3::bigint * interval '1 microsecond'
+FROM (SELECT i.id FROM ` + t + ` i JOIN unnest($1::bigint[], $2::bigint[]) AS c(id, token)
+        ON i.id = c.id AND i.claim_token = c.token
+      FOR UPDATE OF i SKIP LOCKED) h
+WHERE r.id = h.id`,
+
+		// Takes back claims whose lease ran out. The attempt the lost worker started stays
+		// counted, so a message that kills its worker every time is parked after the limit.
+		reap: `UPDATE ` + t + ` r SET
+    status = CASE WHEN r.attempts >= $2 THEN 'FAILED' ELSE 'PENDING' END,
+    claim_token = NULL, lease_until = NULL, next_attempt_at = now(),
+    last_error = 'lease expired during attempt ' || r.attempts || ': the worker stalled, died or outran its lease'
+FROM (SELECT id FROM ` + t + `
+      WHERE consumer = $1 AND status = 'IN_PROGRESS' AND lease_until < now()
+      LIMIT 1000 FOR UPDATE SKIP LOCKED) e
+WHERE r.id = e.id
+RETURNING r.id, r.status`,
+	}
+}
