@@ -1,0 +1,251 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/outbox"
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+type sink struct {
+	mu     sync.Mutex
+	got    []string // topic/uuid
+	failOn func(topic string, msgs []*message.Message) error
+}
+
+func (s *sink) Publish(topic string, msgs ...*message.Message) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.failOn != nil {
+		if err := s.failOn(topic, msgs); err != nil {
+			return err
+		}
+	}
+	for _, m := range msgs {
+		s.got = append(s.got, topic+"/"+m.UUID)
+	}
+	return nil
+}
+func (s *sink) Close() error { return nil }
+func (s *sink) all() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.got...)
+}
+
+func setup(t *testing.T) (*sql.DB, string, *outbox.Writer) {
+	t.Helper()
+	db := pgtest.DB(t)
+	schema := pgtest.Schema(t, db)
+	w, err := outbox.NewWriter(outbox.Config{Schema: schema})
+	require.NoError(t, err)
+	return db, schema, w
+}
+
+func publishTx(t *testing.T, db *sql.DB, w *outbox.Writer, topic string, uuids ...string) {
+	t.Helper()
+	err := pgtx.RunInTx(context.Background(), db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
+		msgs := make([]*message.Message, len(uuids))
+		for i, u := range uuids {
+			msgs[i] = message.NewMessage(u, []byte(`{"n":"`+u+`"}`))
+		}
+		return w.PublishTx(ctx, tx, topic, msgs...)
+	})
+	require.NoError(t, err)
+}
+
+// drain runs RelayOnce until want messages arrived (rows wait for older transactions).
+func drain(t *testing.T, r *outbox.Relay, s *sink, want int) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for len(s.all()) < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("relay delivered %d of %d", len(s.all()), want)
+		}
+		if _, err := r.RelayOnce(context.Background()); err != nil {
+			t.Logf("relay round: %v", err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestRelayKeepsCommitOrderAcrossTopicsAndBatches(t *testing.T) {
+	t.Parallel()
+	db, schema, w := setup(t)
+	publishTx(t, db, w, "a", "1", "2")
+	publishTx(t, db, w, "b", "3")
+	publishTx(t, db, w, "a", "4", "5", "6")
+	s := &sink{}
+	r, err := outbox.NewRelay(db, s, outbox.RelayConfig{Schema: schema, BatchSize: 2}, nil)
+	require.NoError(t, err)
+	drain(t, r, s, 6)
+	require.Equal(t, []string{"a/1", "a/2", "b/3", "a/4", "a/5", "a/6"}, s.all())
+
+	// Nothing is published twice once the position is recorded.
+	n, err := r.RelayOnce(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.Len(t, s.all(), 6)
+}
+
+func TestRolledBackRowsNeverReachTheRelay(t *testing.T) {
+	t.Parallel()
+	db, schema, w := setup(t)
+	err := pgtx.RunInTx(context.Background(), db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
+		require.NoError(t, w.PublishTx(ctx, tx, "a", message.NewMessage("ghost", []byte(`{}`))))
+		return errors.New("business write failed")
+	})
+	require.Error(t, err)
+	publishTx(t, db, w, "a", "real")
+	s := &sink{}
+	r, err := outbox.NewRelay(db, s, outbox.RelayConfig{Schema: schema}, nil)
+	require.NoError(t, err)
+	drain(t, r, s, 1)
+	require.Equal(t, []string{"a/real"}, s.all())
+}
+
+func TestRelayCrashBeforeRecordingRepublishes(t *testing.T) {
+	t.Parallel()
+	db, schema, w := setup(t)
+	publishTx(t, db, w, "a", "e-91")
+	// The broker accepts the message, then the relay dies before recording its position: to
+	// the relay this is a failed publish, so the next round publishes the same row again.
+	var once sync.Once
+	s := &sink{}
+	s.failOn = func(topic string, msgs []*message.Message) error {
+		var err error
+		once.Do(func() {
+			for _, m := range msgs {
+				s.got = append(s.got, topic+"/"+m.UUID)
+			}
+			err = errors.New("relay crashed after publishing")
+		})
+		return err
+	}
+	r, err := outbox.NewRelay(db, s, outbox.RelayConfig{Schema: schema, RetryBackoff: time.Millisecond, MaxRetryBackoff: time.Millisecond}, nil)
+	require.NoError(t, err)
+	drain(t, r, s, 2)
+	require.Equal(t, []string{"a/e-91", "a/e-91"}, s.all(), "at least once: the copy goes out again with the same UUID")
+	require.Equal(t, uint64(1), r.Stats().Failures)
+}
+
+func TestUndecodableRowIsSetAsideNotDropped(t *testing.T) {
+	t.Parallel()
+	db, schema, w := setup(t)
+	publishTx(t, db, w, "a", "before")
+	pgtest.Exec(t, db, `INSERT INTO `+pgtx.QualifiedName(schema, "outbox")+` (uuid, payload, metadata, transaction_id) VALUES ('foreign', '{"not":"an envelope"}', '{}', pg_current_xact_id())`)
+	publishTx(t, db, w, "a", "after")
+	s := &sink{}
+	r, err := outbox.NewRelay(db, s, outbox.RelayConfig{Schema: schema}, nil)
+	require.NoError(t, err)
+	drain(t, r, s, 2)
+	require.Equal(t, []string{"a/before", "a/after"}, s.all())
+	var reason string
+	require.NoError(t, db.QueryRow(`SELECT error FROM `+pgtx.QualifiedName(schema, "outbox_rejected")+` WHERE uuid = 'foreign'`).Scan(&reason))
+	require.Contains(t, reason, "destination_topic")
+	require.Equal(t, uint64(1), r.Stats().Rejected)
+}
+
+func TestOneActiveRelayPerName(t *testing.T) {
+	t.Parallel()
+	db, schema, w := setup(t)
+	const n = 200
+	for i := range n {
+		publishTx(t, db, w, "a", fmt.Sprintf("m-%03d", i))
+	}
+	s := &sink{}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var relays []*outbox.Relay
+	for range 3 {
+		r, err := outbox.NewRelay(db, s, outbox.RelayConfig{Schema: schema, BatchSize: 7, PollInterval: 5 * time.Millisecond, StandbyInterval: 5 * time.Millisecond}, nil)
+		require.NoError(t, err)
+		relays = append(relays, r)
+		go func() { _ = r.Run(ctx) }()
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for len(s.all()) < n && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	got := s.all()
+	require.Len(t, got, n, "every row forwarded exactly once by the single leader")
+	for i := range n {
+		require.Equal(t, fmt.Sprintf("a/m-%03d", i), got[i])
+	}
+	leaders := 0
+	for _, r := range relays {
+		if r.Stats().IsLeader {
+			leaders++
+		}
+	}
+	require.Equal(t, 1, leaders)
+	for _, r := range relays {
+		require.NoError(t, r.Close())
+		require.NoError(t, r.Close(), "Close is idempotent")
+	}
+}
+
+func TestWriterRefusesBadInput(t *testing.T) {
+	t.Parallel()
+	db, schema, w := setup(t)
+	ctx := context.Background()
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer tx.Rollback()
+	require.ErrorContains(t, w.PublishTx(ctx, tx, "a", message.NewMessage("", nil)), "empty UUID")
+	require.ErrorContains(t, w.PublishTx(ctx, tx, "has space", message.NewMessage("x", nil)), "invalid topic")
+	require.ErrorContains(t, w.PublishTx(ctx, tx, "", message.NewMessage("x", nil)), "topic is empty")
+	require.ErrorIs(t, w.PublishTx(ctx, nil, "a", message.NewMessage("x", nil)), outbox.ErrNoTransaction)
+	require.NoError(t, tx.Rollback())
+	require.Zero(t, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "outbox")))
+
+	_, err = outbox.NewWriter(outbox.Config{Schema: "Bad-Name"})
+	require.ErrorContains(t, err, "invalid config")
+	_, err = outbox.NewRelay(db, nil, outbox.RelayConfig{}, nil)
+	require.ErrorContains(t, err, "publisher is nil")
+	_, err = outbox.NewRelay(db, &sink{}, outbox.RelayConfig{BatchSize: -1}, nil)
+	require.ErrorContains(t, err, "BatchSize")
+}
+
+func TestStampsCorrelationCausationAndOccurredAt(t *testing.T) {
+	t.Parallel()
+	db, schema, w := setup(t)
+	consumed := message.NewMessage("in-1", nil)
+	consumed.Metadata.Set(outbox.MetadataCorrelationID, "corr-1")
+	ctx := outbox.ContextWithConsumed(context.Background(), consumed)
+	out := message.NewMessage("out-1", []byte(`{}`))
+	preset := message.NewMessage("out-2", []byte(`{}`))
+	preset.Metadata.Set(outbox.MetadataOccurredAt, "2026-01-02T03:04:05Z")
+	require.NoError(t, pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
+		return w.PublishTx(ctx, tx, "a", out, preset)
+	}))
+	require.Equal(t, "in-1", out.Metadata.Get(outbox.MetadataCausationID))
+	require.Equal(t, "corr-1", out.Metadata.Get(outbox.MetadataCorrelationID))
+	_, err := time.Parse(time.RFC3339Nano, out.Metadata.Get(outbox.MetadataOccurredAt))
+	require.NoError(t, err)
+	require.Equal(t, "2026-01-02T03:04:05Z", preset.Metadata.Get(outbox.MetadataOccurredAt), "a producer's own time is kept")
+
+	// The row is a forwarder envelope that Watermill's own forwarder could read.
+	var payload string
+	require.NoError(t, db.QueryRow(`SELECT payload::text FROM `+pgtx.QualifiedName(schema, "outbox")+` WHERE uuid = 'out-1'`).Scan(&payload))
+	require.Contains(t, payload, `"destination_topic":"a"`)
+	require.Contains(t, payload, `"uuid":"out-1"`)
+
+	// Without a consumed message, a message starts its own correlation chain.
+	solo := message.NewMessage("solo", nil)
+	require.NoError(t, pgtx.RunInTx(context.Background(), db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
+		return w.PublishTx(ctx, tx, "a", solo)
+	}))
+	require.Equal(t, "solo", solo.Metadata.Get(outbox.MetadataCorrelationID))
+	require.Empty(t, solo.Metadata.Get(outbox.MetadataCausationID))
+}
