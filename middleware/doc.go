@@ -1,0 +1,73 @@
+// Package middleware makes a Watermill router handler effectively-once on PostgreSQL: a
+// message may be delivered many times, its effect is applied once.
+//
+// # The guarantee
+//
+// For every delivered message, EffectivelyOnce runs ONE transaction:
+//
+//  1. claim the message's key for the consumer: INSERT INTO processed_messages ... ON CONFLICT
+//     DO NOTHING. No row inserted means a copy was already applied: the transaction ends, the
+//     message is acked, the duplicate is logged at info and counted;
+//  2. run the handler with the transaction in the message context (pgtx.TxFromContext);
+//  3. store every message the handler returns (and every message it publishes through
+//     outbox.Writer.Publisher) in the outbox table;
+//  4. commit; only then does the router ack.
+//
+// A handler error or panic, an outbox failure or a failed commit rolls everything back and
+// nacks: no claim is left behind, so the redelivery runs the handler again. Two copies delivered
+// at the same moment serialise on the claim's unique key; the second waits for the first to
+// commit and then skips. A crash before the commit loses nothing (the broker redelivers); a
+// crash after the commit duplicates nothing (the key exists). Serialization failures and
+// deadlocks re-run the whole transaction a bounded number of times.
+//
+// # Where the guarantee stops
+//
+//   - Only writes made through the transaction are covered. An HTTP call, an e-mail, a write to
+//     another database or a publish straight to a broker are not: give them an idempotency key
+//     derived from the consumer, the message key and the step, or record an intent in the
+//     transaction and send it from a worker.
+//   - Messages leave through the outbox relay, which is at-least-once: downstream consumers must
+//     deduplicate too (with this middleware).
+//   - The dedupe key must be stable across copies (the producer's event id; by default the
+//     Watermill UUID). Broker delivery ids change on redelivery and must never be used.
+//   - Keys are kept as long as retention keeps them: a copy that arrives after its key was
+//     deleted is applied again. Keep keys longer than any redelivery can take.
+//   - Idempotent is not ordered: an older event arriving after a newer one is applied. Use
+//     versioned writes where order matters.
+//
+// # Messages from watermill-sql's subscriber
+//
+// watermill-sql's subscriber delivers each message inside its own REPEATABLE READ transaction
+// and commits it, with the consumer offset, when the message is acked. When the middleware
+// finds that transaction in the message context, it works inside it (unless
+// Config.DisableSubscriberTxReuse is set): offset, claim and effects become one commit. Each
+// attempt runs in a SAVEPOINT that is rolled back on failure, because the subscriber re-delivers
+// a nacked message in the same transaction without rolling back. An attempt guard (a row that
+// lives for the attempt, checked by a deferred trigger) makes the subscriber's COMMIT fail if it
+// commits while an attempt is still running, which it does when its AckDeadline passes: half an
+// attempt never persists. In this mode the handler runs under REPEATABLE READ and a
+// serialization failure is not re-run in place: the message is nacked and redelivered.
+//
+// # When the router closes
+//
+// Router.Close cancels every in-flight message context at once. The middleware gives the
+// handler a context detached from that cancellation for Config.ShutdownGrace (default 5s), so a
+// handler that is nearly done commits rather than being rolled back and redone; after the
+// grace the transaction is cancelled and rolled back and the message is redelivered later. The
+// ack of a message committed during shutdown may no longer reach the broker; its redelivery is
+// then a no-op. Correctness holds either way; the grace only saves work. Deadlines from an outer
+// Timeout middleware apply at once.
+//
+// # Middleware order
+//
+// Use Stack, or add them in this order (first added is outermost):
+//
+//	Timeout -> Retry(ResetContextOnRetry) -> PoisonQueue -> EffectivelyOnce -> CorrelationID -> Recoverer -> handler
+//
+// Never combine with Watermill's InstantAck (acks before the commit) or its in-memory
+// Deduplicator (records the key before the handler succeeds, so a failed message's redelivery
+// is dropped).
+//
+// The handler must use the transaction for its writes, not the *sql.DB: a second connection
+// taken while the transaction holds one can exhaust the pool and deadlock.
+package middleware
