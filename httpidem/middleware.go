@@ -160,7 +160,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			writeProblem(w, http.StatusRequestEntityTooLarge, ProblemTooLarge, "Request body too large", fmt.Sprintf("the body exceeds %d bytes", m.config.MaxRequestBytes))
 			return
 		}
-		writeProblem(w, http.StatusBadRequest, ProblemInvalidKey, "Unreadable request body", err.Error())
+		writeProblem(w, http.StatusBadRequest, ProblemBadBody, "Unreadable request body", err.Error())
 		return
 	}
 	if !present {

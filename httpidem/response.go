@@ -14,6 +14,7 @@ const (
 	ProblemInvalidKey = "urn:watermill-once:idempotency:invalid-key"
 	ProblemNoScope    = "urn:watermill-once:idempotency:no-client-scope"
 	ProblemTooLarge   = "urn:watermill-once:idempotency:request-too-large"
+	ProblemBadBody    = "urn:watermill-once:idempotency:unreadable-body"
 	ProblemInProgress = "urn:watermill-once:idempotency:in-progress"
 	ProblemKeyReused  = "urn:watermill-once:idempotency:key-reused"
 	ProblemNotStored  = "urn:watermill-once:idempotency:not-completed"
