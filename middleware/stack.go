@@ -97,7 +97,7 @@ func Stack(config StackConfig) ([]message.HandlerMiddleware, error) {
 		if shouldPark == nil {
 			shouldPark = func(err error) bool { return IsPermanent(err) || IsPanic(err) }
 		}
-		poison, err := wmiddleware.PoisonQueueWithFilter(config.PoisonPublisher, config.PoisonTopic, shouldPark)
+		poison, err := wmiddleware.PoisonQueueWithFilter(identifyingPublisher{config.PoisonPublisher}, config.PoisonTopic, shouldPark)
 		if err != nil {
 			return nil, err
 		}
@@ -109,4 +109,25 @@ func Stack(config StackConfig) ([]message.HandlerMiddleware, error) {
 		wmiddleware.Recoverer,
 	)
 	return stack, nil
+}
+
+// MetadataUUIDMissing marks a parked message that arrived without a UUID and was given one so
+// that it could be stored and found.
+const MetadataUUIDMissing = "uuid_missing"
+
+// identifyingPublisher gives a message without a UUID a fresh one before parking it: a message
+// whose missing id is the reason it cannot be processed must still be parkable.
+type identifyingPublisher struct{ message.Publisher }
+
+func (p identifyingPublisher) Publish(topic string, msgs ...*message.Message) error {
+	for i, m := range msgs {
+		if m.UUID == "" {
+			c := m.Copy()
+			c.UUID = watermill.NewUUID()
+			c.Metadata.Set(MetadataUUIDMissing, "true")
+			c.SetContext(m.Context())
+			msgs[i] = c
+		}
+	}
+	return p.Publisher.Publish(topic, msgs...)
 }
