@@ -9,6 +9,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/wmonce/watermill-once/middleware"
 )
 
 // versionTag starts every hashed encoding. A future change of the encoding gets a new tag, so
@@ -85,9 +87,10 @@ func digest(consumer, messageID, step string) ([32]byte, error) {
 }
 
 // Source derives keys from messages handled inside the effectively-once middleware. Its zero
-// value uses the router handler name as consumer and the message UUID as message id, which is
-// what the middleware uses by default. If you configured the middleware differently, configure
-// Source the same way, so that the key follows the dedupe key.
+// value uses the consumer name and dedupe key the middleware claimed the message under
+// (middleware.ClaimFromContext), so keys follow the dedupe key whatever the middleware's
+// Consumer and Key are; outside the middleware it falls back to the router handler name and
+// the message UUID. Set the fields to override.
 type Source struct {
 	// Consumer overrides the consumer name. Default: message.HandlerNameFromCtx of the
 	// message's context, which the Watermill router sets.
@@ -102,7 +105,11 @@ func (s Source) Parts(msg *message.Message) (consumer, messageID string, err err
 	if msg == nil {
 		return "", "", fmt.Errorf("%w: message is nil", ErrInvalidPart)
 	}
+	claimedConsumer, claimedKey, claimed := middleware.ClaimFromContext(msg.Context())
 	consumer = s.Consumer
+	if consumer == "" && claimed {
+		consumer = claimedConsumer
+	}
 	if consumer == "" {
 		consumer = message.HandlerNameFromCtx(msg.Context())
 	}
@@ -114,6 +121,8 @@ func (s Source) Parts(msg *message.Message) (consumer, messageID string, err err
 		if err != nil {
 			return "", "", fmt.Errorf("%w: message id: %w", ErrInvalidPart, err)
 		}
+	} else if claimed {
+		messageID = claimedKey
 	} else {
 		messageID = msg.UUID
 	}

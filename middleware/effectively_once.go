@@ -372,7 +372,7 @@ func (e *EffectivelyOnce) claim(ctx context.Context, tx *sql.Tx, d *delivery) (f
 
 // apply runs the handler with tx in the message context and stores what it returns in the outbox.
 func (e *EffectivelyOnce) apply(ctx context.Context, h message.HandlerFunc, d *delivery, tx *sql.Tx) error {
-	hctx := outbox.ContextWithConsumed(pgtx.ContextWithTx(ctx, tx), d.msg)
+	hctx := contextWithClaim(outbox.ContextWithConsumed(pgtx.ContextWithTx(ctx, tx), d.msg), d.consumer, d.key)
 	d.msg.SetContext(hctx)
 	out, err := callHandler(h, d.msg)
 	if err != nil {
