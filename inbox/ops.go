@@ -196,8 +196,11 @@ func (o *Ops) Skip(ctx context.Context, f Filter, reason string, dryRun bool) (i
 	if err != nil {
 		return 0, fmt.Errorf("inbox: skip: %w", err)
 	}
-	args = append(args, "skipped: "+reason)
-	set := `status = 'SKIPPED', finished_at = now(), last_error = $` + strconv.Itoa(len(args)) + ` || coalesce('; last error: ' || last_error, '')`
+	set := ""
+	if !dryRun {
+		args = append(args, "skipped: "+reason)
+		set = `status = 'SKIPPED', finished_at = now(), last_error = $` + strconv.Itoa(len(args)) + ` || coalesce('; last error: ' || last_error, '')`
+	}
 	n, err := o.change(ctx, f.Consumer, dryRun, where, args, set)
 	if err != nil {
 		return 0, fmt.Errorf("inbox: skip: %w", err)
