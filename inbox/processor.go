@@ -615,6 +615,12 @@ func (p *Processor) attemptOne(w *worker, r claimedRow, token int64) (outcome, e
 		return p.classifyHandler(ctx, err)
 	}
 	res, err := tx.ExecContext(ctx, p.q.complete, r.id, token)
+	if errors.Is(err, sql.ErrTxDone) && ctx.Err() == nil {
+		// The handler committed or rolled back the transaction itself. If it committed, its
+		// effects are in without the row being DONE, and running it again would repeat them:
+		// park the row for a person to look at.
+		return outcomeFailed, middleware.Permanent(fmt.Errorf("inbox: the handler ended the processing transaction itself (never Commit or Rollback the transaction from the context): %w", err))
+	}
 	if err != nil {
 		return p.classifyHandler(ctx, fmt.Errorf("inbox: mark done: %w", err))
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/middleware"
 	"github.com/wmonce/watermill-once/outbox"
+	"github.com/wmonce/watermill-once/pgtx"
 )
 
 // A handler that fails three times is retried with growing, jittered delays; the failed
@@ -531,4 +532,25 @@ func TestRunOnceAndCloseBeforeRun(t *testing.T) {
 	require.NoError(t, p.Close())
 	require.NoError(t, p.Run(context.Background()), "Run after Close returns at once")
 	require.ErrorContains(t, p.Run(context.Background()), "already running")
+}
+
+// A handler that commits the processing transaction itself has applied its effects without
+// the row moving to DONE; running it again would repeat them, so the row is parked instead.
+func TestHandlerEndingTheTransactionIsParked(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
+	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
+		if err := e.effect(m, "w"); err != nil {
+			return nil, err
+		}
+		tx, _ := pgtx.TxFromContext(m.Context())
+		return nil, tx.Commit()
+	}, fast("c"))
+	require.NoError(t, r.Handle(msg("e-1", "x")))
+	waitFor(t, 10*time.Second, "parking", func() bool { return p.Counts().Parked == 1 })
+	require.Equal(t, 1, e.effects(t), "applied once, not retried")
+	row, err := e.ops.InspectMessage(context.Background(), "c", "e-1")
+	require.NoError(t, err)
+	require.Contains(t, row.LastError, "ended the processing transaction itself")
 }

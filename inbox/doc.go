@@ -1,0 +1,125 @@
+// Package inbox splits receiving a message from processing it: a Receiver stores every
+// delivered message in a PostgreSQL table and acks it as soon as the row is committed; a
+// Processor works through the table with a plain Watermill handler, on its own schedule, with
+// its own retries, parking and per-key order. Ops gives operators replay, skip, inspection and
+// statistics.
+//
+//	receiver, _ := inbox.NewReceiver(db, inbox.ReceiverConfig{Consumer: "rewards"}, logger)
+//	router.AddConsumerHandler("rewards-inbox", "payments", subscriber, receiver.Handle)
+//
+//	processor, _ := inbox.NewProcessor(db, grantCashback, inbox.ProcessorConfig{
+//		Consumer:    "rewards",
+//		OutputTopic: "cashback-granted", // messages the handler returns go to the outbox
+//	}, logger)
+//	go processor.Run(ctx)
+//
+// The table comes from migration 002 (package migrate).
+//
+// # Why an inbox
+//
+// With the effectively-once middleware the broker waits for the handler: a slow handler holds
+// its message, and the partition or queue behind it, for its whole run (against visibility
+// timeouts and Kafka's max.poll.interval.ms); a poison message blocks its partition until it is
+// parked; retries follow the broker's schedule. With the inbox the broker only waits for one
+// INSERT; what happens next is decided here.
+//
+// # Receiving
+//
+// Each message becomes one row keyed by (consumer, message key). The key comes from a
+// middleware.KeyFunc (default: the Watermill UUID), under the middleware's rules: an empty,
+// over-long or non-text key is refused with a permanent error, as is metadata PostgreSQL text
+// cannot hold faithfully, so a poison-queue middleware (Watermill's PoisonQueueWithFilter with
+// middleware.IsPermanent) parks it. The row is inserted with ON CONFLICT DO NOTHING: the
+// unique key is the dedupe record, and a copy of a message already in the inbox, finished or
+// not, inserts nothing and is acked.
+//
+// Concurrent Handle calls are group-committed: a writer takes every row waiting for it (up to
+// MaxBatch), inserts them with one INSERT ... SELECT FROM unnest(...) in one implicit
+// transaction, and answers every waiting call after the commit (or with the error, and the
+// router nacks). A writer does not wait for a batch to fill: a lone message is written at once,
+// and under load the next batch gathers while the previous one commits. Watermill's Kafka and
+// AMQP subscribers deliver one message at a time per partition or subscription, so batches
+// form only where several partitions, subscriptions or handlers deliver at once. Each batch
+// that stored something sends one NOTIFY (a NOTIFY takes a lock at commit that serialises
+// committing transactions, hence once per batch, not per row). StoreTx is the transactional
+// twin for code that stores messages inside its own transaction.
+//
+// # Processing
+//
+// Workers claim due PENDING rows with UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP
+// LOCKED LIMIT n): concurrent workers and processor instances never wait for each other. A
+// claim marks the rows IN_PROGRESS with a random claim token and a lease, and counts an
+// attempt. Every later change to the row (DONE, failed attempt, release) is conditional on
+// that token, so a worker that lost its lease, and whose row was taken back and claimed again,
+// changes nothing: its completion matches no row, its transaction (handler effects included)
+// is rolled back, and the conflict is counted (ProcessorCounts.LeaseConflicts).
+//
+// Each row runs in one transaction: the handler gets it in its message context
+// (pgtx.TxFromContext; outbox.Writer.Publisher joins it), messages it returns are stored in the
+// outbox (ProcessorConfig.OutputTopic), and the row moves to DONE, all committed together.
+// DeliveryFromContext tells the handler which row and attempt it runs.
+//
+// A failed attempt (error, panic, HandlerTimeout) is rolled back and recorded with its error;
+// the row is due again after Backoff doubling per attempt up to MaxBackoff, drawn between
+// half and all of that value. After MaxAttempts, or at once for a middleware.Permanent error,
+// the row is parked as FAILED, the error kept, until an operator replays or skips it.
+//
+// Leases are renewed every RenewInterval while the handler runs, for at most HandlerTimeout,
+// so long handlers keep their rows while a stuck one lets go. The processor takes back expired
+// leases every ReapInterval: the row returns to PENDING with the lost attempt counted (so a
+// message that kills its worker is parked after MaxAttempts, not retried forever), or to
+// FAILED if that was the last attempt.
+//
+// TxBatchSize > 1 runs several claimed rows in one transaction and completes them with one
+// statement; if any of them fails, the whole batch is rolled back and re-run one row per
+// transaction. No savepoints are used: a savepoint per row would cost two round trips each,
+// and more than 64 subtransactions in one transaction overflow PostgreSQL's per-backend cache
+// and slow down every snapshot on the server.
+//
+// # Order
+//
+// Rows with an ordering key (ReceiverConfig.OrderingKey) are processed one at a time per key,
+// in received order (the row id): a row is eligible only when no older row of its key is
+// PENDING, IN_PROGRESS or FAILED. A failing row holds back its own key while it is retried, and
+// a FAILED row parks its key until Ops.UnparkKey (replay) or Ops.SkipKey; other keys go on.
+// Received order is the broker's order for messages delivered one after another (one partition,
+// one queue); messages of one key delivered concurrently have no order to keep. Rows without
+// an ordering key are processed in parallel, roughly oldest first.
+//
+// # Waking up
+//
+// A processor keeps one connection LISTENing on the schema's channel; the receiver's NOTIFY
+// wakes idle workers at once. Workers also poll every PollInterval, which covers a lost
+// connection, a NOTIFY that arrived before LISTEN, and a *sql.DB whose driver is not pgx's
+// stdlib (then LISTEN is off).
+//
+// # Shutdown
+//
+// Close (or cancelling Run's context) stops claiming and releases at once the claimed rows no
+// worker has started. Running handlers get ShutdownGrace to finish and commit; then their
+// contexts are cancelled and their transactions rolled back. Every row still claimed is
+// released: back to PENDING, due at once, the attempt not counted.
+//
+// # Guarantees and limits
+//
+//   - A message acked by the receiver is in the inbox, as durable as its commit. After the ack
+//     the inbox row is the only copy: a failover that loses recent commits loses messages the
+//     broker has already forgotten (use synchronous replication if that matters).
+//   - Each row's handler effects in PostgreSQL, its outbox messages and its DONE commit
+//     together: applied once, even when the broker delivered copies or a lease was lost.
+//   - Effects outside the database (HTTP calls, e-mails) are at-least-once: a lost lease or a
+//     crash before commit runs the handler again. Derive an idempotency key from the Delivery.
+//   - Messages the handler emits reach their broker at least once, through the outbox relay.
+//   - Nothing is dropped silently: unusable messages are refused (never acked), failing ones
+//     parked as FAILED. Parked rows need a person: alert on Stats.Failed and on
+//     Stats.OldestPendingAge.
+//   - DONE rows are the dedupe records. Ops.DeleteFinished removes old ones; keep them longer
+//     than any redelivery can come (broker retention, DLQ redrives, offset resets).
+//
+// # Costs
+//
+// Per message: one inserted row (four index entries), two row updates (claim, completion; each
+// a new row version, since status is indexed) and a later delete, against the middleware's one
+// claim insert. A processor holds Workers connections plus up to three (LISTEN, lease upkeep,
+// releases). Dead-letter handling (alerts, replay, skip) is yours: Ops provides the tools.
+package inbox

@@ -1,0 +1,70 @@
+package inbox_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/wmonce/watermill-once/inbox"
+	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/migrate"
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// Store first, ack at once, process later: three deliveries (one a copy) become two rows, each
+// applied once by the processor in its own transaction.
+func Example() {
+	ctx := context.Background()
+	db, err := pgtx.Open(ctx, pgtest.URL(), pgtx.PoolConfig{MaxOpenConns: 8})
+	if err != nil {
+		panic(err)
+	}
+	defer db.Close()
+	schema := pgtest.NewName("example") // a throw-away schema; normally pgtx.DefaultSchema
+	m, err := migrate.New(db, migrate.Config{Schema: schema}, nil)
+	if err != nil {
+		panic(err)
+	}
+	if _, err := m.Migrate(ctx, migrate.DirectionUp, nil); err != nil {
+		panic(err)
+	}
+	defer func() { _, _ = db.Exec(`DROP SCHEMA ` + pgtx.QuoteIdentifier(schema) + ` CASCADE`) }()
+	ledger := pgtx.QualifiedName(schema, "ledger")
+	_, _ = db.Exec(`CREATE TABLE ` + ledger + ` (payment_id text PRIMARY KEY)`)
+
+	receiver, err := inbox.NewReceiver(db, inbox.ReceiverConfig{Schema: schema, Consumer: "ledger"}, nil)
+	if err != nil {
+		panic(err)
+	}
+	defer receiver.Close()
+	for _, id := range []string{"pay-1", "pay-2", "pay-1"} {
+		// In a router: router.AddConsumerHandler(name, topic, subscriber, receiver.Handle).
+		if err := receiver.Handle(message.NewMessage(id, []byte(`{}`))); err != nil {
+			panic(err)
+		}
+	}
+	fmt.Printf("stored %d, duplicates %d\n", receiver.Counts().Stored, receiver.Counts().Duplicates)
+
+	record := func(msg *message.Message) ([]*message.Message, error) {
+		tx, _ := pgtx.TxFromContext(msg.Context()) // commits together with the row's move to DONE
+		_, err := tx.ExecContext(msg.Context(), `INSERT INTO `+ledger+` VALUES ($1)`, msg.UUID)
+		return nil, err
+	}
+	processor, err := inbox.NewProcessor(db, record, inbox.ProcessorConfig{Schema: schema, Consumer: "ledger"}, nil)
+	if err != nil {
+		panic(err)
+	}
+	go func() { _ = processor.Run(ctx) }()
+	for deadline := time.Now().Add(10 * time.Second); processor.Counts().Processed < 2 && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	_ = processor.Close()
+	var n int
+	_ = db.QueryRow(`SELECT count(*) FROM ` + ledger).Scan(&n)
+	fmt.Printf("processed %d, ledger rows %d\n", processor.Counts().Processed, n)
+	// Output:
+	// stored 2, duplicates 1
+	// processed 2, ledger rows 2
+}
