@@ -41,6 +41,7 @@ const (
 	EnvKafkaPartitions   = "KAFKA_PARTITIONS"
 	EnvKafkaReplication  = "KAFKA_REPLICATION_FACTOR"
 	EnvKafkaPartitionKey = "KAFKA_PARTITION_KEY"
+	EnvKafkaSession      = "KAFKA_SESSION_TIMEOUT"
 	EnvAMQPURL           = "AMQP_URL"
 	EnvAMQPPrefix        = "AMQP_PREFIX"
 	EnvAMQPQueueType     = "AMQP_QUEUE_TYPE"
@@ -122,7 +123,8 @@ type KafkaConfig struct {
 	ClientID string
 	// SessionTimeout is how long the group coordinator waits for a silent consumer (a crashed
 	// process) before giving its partitions to another member. Default 10s; the cluster
-	// refuses values outside group.min/max.session.timeout.ms (by default 6s to 5min).
+	// refuses values outside group.min/max.session.timeout.ms (by default 6s to 5min). Env
+	// KAFKA_SESSION_TIMEOUT (a Go duration such as 10s).
 	SessionTimeout time.Duration
 	// NackResendSleep is the wait before a nacked message is delivered again. Default 100ms.
 	NackResendSleep time.Duration
@@ -143,6 +145,9 @@ type AMQPConfig struct {
 	// processes one at a time, so more only saves a round trip; everything prefetched is
 	// redelivered if the consumer dies. Default 1.
 	Prefetch int
+	// NackDelay is the wait before a nacked message is handed back to RabbitMQ, which requeues
+	// it at once. Default 100ms.
+	NackDelay time.Duration
 	// ConnectionName is shown in the management UI and rabbitmqctl. Default "watermill-once".
 	ConnectionName string
 	// DisableUnroutedQueue stops declaring the alternate exchange and queue
@@ -203,6 +208,9 @@ func (c *Config) setDefaults() {
 	}
 	if a.Prefetch == 0 {
 		a.Prefetch = 1
+	}
+	if a.NackDelay == 0 {
+		a.NackDelay = 100 * time.Millisecond
 	}
 	if a.ConnectionName == "" {
 		a.ConnectionName = "watermill-once"
@@ -273,6 +281,9 @@ func (c Config) Validate() error {
 		if a.Prefetch < 1 {
 			errs = append(errs, fmt.Errorf("AMQP.Prefetch must be at least 1, got %d", a.Prefetch))
 		}
+		if a.NackDelay < 0 {
+			errs = append(errs, errors.New("AMQP.NackDelay must not be negative"))
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -281,7 +292,7 @@ func (c Config) Validate() error {
 func ConfigFromEnv() (Config, error) { return ParseEnv(os.Getenv) }
 
 // ParseEnv reads BROKER, DATABASE_URL, BROKER_SQL_SCHEMA, KAFKA_BROKERS, KAFKA_PARTITIONS,
-// KAFKA_REPLICATION_FACTOR, KAFKA_PARTITION_KEY, AMQP_URL, AMQP_PREFIX and AMQP_QUEUE_TYPE
+// KAFKA_REPLICATION_FACTOR, KAFKA_PARTITION_KEY, KAFKA_SESSION_TIMEOUT, AMQP_URL, AMQP_PREFIX and AMQP_QUEUE_TYPE
 // through getenv, applies the defaults and validates the result. Unset variables keep their
 // defaults; a malformed one is an error naming it.
 func ParseEnv(getenv func(string) string) (Config, error) {
@@ -310,6 +321,13 @@ func ParseEnv(getenv func(string) string) (Config, error) {
 		c.Kafka.ReplicationFactor = int16(n)
 	}
 	c.Kafka.PartitionKeyField = getenv(EnvKafkaPartitionKey)
+	if v := getenv(EnvKafkaSession); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < time.Second {
+			errs = append(errs, fmt.Errorf("%s=%q: want a duration of at least 1s, e.g. 10s", EnvKafkaSession, v))
+		}
+		c.Kafka.SessionTimeout = d
+	}
 	c.AMQP.URL = getenv(EnvAMQPURL)
 	c.AMQP.Prefix = getenv(EnvAMQPPrefix)
 	c.AMQP.QueueType = strings.ToLower(getenv(EnvAMQPQueueType))
@@ -335,6 +353,7 @@ func (c Config) Environ() []string {
 		EnvKafkaPartitions + "=" + strconv.Itoa(int(c.Kafka.Partitions)),
 		EnvKafkaReplication + "=" + strconv.Itoa(int(c.Kafka.ReplicationFactor)),
 		EnvKafkaPartitionKey + "=" + c.Kafka.PartitionKeyField,
+		EnvKafkaSession + "=" + c.Kafka.SessionTimeout.String(),
 		EnvAMQPURL + "=" + c.AMQP.URL,
 		EnvAMQPPrefix + "=" + c.AMQP.Prefix,
 		EnvAMQPQueueType + "=" + c.AMQP.QueueType,

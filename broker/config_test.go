@@ -40,6 +40,7 @@ func TestParseEnvReadsEveryVariableAndEnvironRoundTrips(t *testing.T) {
 		"KAFKA_PARTITIONS":         "12",
 		"KAFKA_REPLICATION_FACTOR": "3",
 		"KAFKA_PARTITION_KEY":      "customer_id",
+		"KAFKA_SESSION_TIMEOUT":    "7s",
 		"AMQP_URL":                 "amqp://u:p@rabbit:5672/prod",
 		"AMQP_PREFIX":              "shop.",
 		"AMQP_QUEUE_TYPE":          "classic",
@@ -51,6 +52,7 @@ func TestParseEnvReadsEveryVariableAndEnvironRoundTrips(t *testing.T) {
 	require.Equal(t, int32(12), cfg.Kafka.Partitions)
 	require.Equal(t, int16(3), cfg.Kafka.ReplicationFactor)
 	require.Equal(t, "customer_id", cfg.Kafka.PartitionKeyField)
+	require.Equal(t, 7*time.Second, cfg.Kafka.SessionTimeout)
 	require.Equal(t, "topics", cfg.SQL.Schema)
 	require.Equal(t, "shop.", cfg.AMQP.Prefix)
 	require.Equal(t, "classic", cfg.AMQP.QueueType)

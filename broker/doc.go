@@ -33,23 +33,23 @@
 //     min.insync.replicas on the cluster: acks=all means "all in-sync replicas", however few.
 //   - Protocol version 2.1 (see saramaConfig for why not newer).
 //
-// # RabbitMQ (watermill-amqp v2)
+// # RabbitMQ (amqp091-go, watermill-amqp's wire format)
 //
-//   - Publisher confirms (ConfirmDelivery): Publish returns after RabbitMQ confirmed the message;
-//     persistent delivery mode.
+//   - Publisher confirms: Publish returns after RabbitMQ acked every message of the call (for a
+//     quorum queue: written to a majority of its replicas); persistent delivery mode.
 //   - Topology: a durable fanout exchange per topic (<prefix><topic>), a durable queue per
 //     consumer group (<prefix><topic>:<group>) bound to it — the consumer-group shape: every
 //     group gets every message, members of a group share its queue. Quorum queues by default.
 //     Queues of Config.Subscriptions are declared before anything is published; every topic
 //     exchange has an alternate exchange whose queue (<prefix>wmonce.unrouted) keeps messages
 //     that no queue was bound for, instead of RabbitMQ dropping them.
-//   - Marshaler accepts non-string headers (x-delivery-count from quorum queues, x-death after
-//     dead-lettering) instead of refusing them, which with Watermill's default marshaler makes
-//     the message loop forever.
-//   - One message in flight per subscription (Prefetch 1). A nack requeues at once, so retry
-//     with backoff before nacking (the middleware Stack does).
-//   - Watermill reconnects after a lost connection; messages unacked at that moment are
-//     redelivered.
+//   - Marshaler writes what watermill-amqp writes (UUID in _watermill_message_uuid, metadata
+//     as headers) and accepts non-string headers (x-delivery-count from quorum queues, x-death
+//     after dead-lettering), which watermill-amqp's marshaler refuses, making the message loop.
+//   - One message in flight per subscription (Prefetch 1); a nack hands the message back after
+//     NackDelay. A lost connection is redialled with backoff; unacked messages are redelivered.
+//   - The publisher and subscriber are our own, because watermill-amqp's reconnect has a data
+//     race (ThreeDotsLabs/watermill#693); see amqp_pubsub.go.
 //
 // # SQL (watermill-sql v3 on PostgreSQL)
 //

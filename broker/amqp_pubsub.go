@@ -1,0 +1,330 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// The RabbitMQ publisher and subscriber are our own, on amqp091-go, speaking the wire format of
+// watermill-amqp (Marshaler). watermill-amqp v2 and v3 race on reconnect: its ConnectionWrapper
+// replaces the `connected` channel from the goroutine that watches for a closed connection while
+// other goroutines read it without a lock (reported upstream as ThreeDotsLabs/watermill#693), so
+// every lost connection is a data race, and a consumer built with -race dies on
+// `rabbitmqctl close_all_connections`. Here each publisher and subscriber owns one connection,
+// redialled on demand under a mutex. Owning the consume loop also lets a nack wait
+// (NackDelay) before RabbitMQ requeues, instead of the immediate hot loop.
+
+var errAMQPClosed = errors.New("broker: RabbitMQ publisher or subscriber is closed")
+
+// amqpConn is one connection, dialled lazily and again whenever it was closed.
+type amqpConn struct {
+	url    string
+	config amqp.Config
+	logger watermill.LoggerAdapter
+
+	mu     sync.Mutex
+	conn   *amqp.Connection
+	closed bool
+}
+
+func (b *Broker) newAMQPConn(role string) *amqpConn {
+	a := b.config.AMQP
+	return &amqpConn{
+		url: a.URL,
+		config: amqp.Config{
+			Heartbeat:  10 * time.Second,
+			Locale:     "en_US",
+			Properties: amqp.Table{"connection_name": a.ConnectionName + " " + role},
+		},
+		logger: b.logger,
+	}
+}
+
+// get returns a live connection, dialling (with backoff) until one is up or ctx ends.
+func (c *amqpConn) get(ctx context.Context) (*amqp.Connection, error) {
+	backoff := 100 * time.Millisecond
+	for {
+		c.mu.Lock()
+		if c.closed {
+			c.mu.Unlock()
+			return nil, errAMQPClosed
+		}
+		if c.conn != nil && !c.conn.IsClosed() {
+			conn := c.conn
+			c.mu.Unlock()
+			return conn, nil
+		}
+		conn, err := amqp.DialConfig(c.url, c.config)
+		if err == nil {
+			c.conn = conn
+			c.mu.Unlock()
+			return conn, nil
+		}
+		c.mu.Unlock()
+		c.logger.Error("Cannot connect to RabbitMQ, retrying", err, watermill.LogFields{"url": redactURL(c.url), "backoff": backoff})
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("broker: connect to RabbitMQ at %s: %w", redactURL(c.url), errors.Join(err, ctx.Err()))
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+func (c *amqpConn) close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	if c.conn != nil && !c.conn.IsClosed() {
+		return c.conn.Close()
+	}
+	return nil
+}
+
+// amqpPublisher publishes with publisher confirms on one channel, reopened after any failure.
+// Publish returns nil only once RabbitMQ has confirmed (acked) every message of the call.
+type amqpPublisher struct {
+	b         *Broker
+	conn      *amqpConn
+	marshaler Marshaler
+	timeout   time.Duration
+
+	mu sync.Mutex
+	ch *amqp.Channel
+}
+
+func (b *Broker) newAMQPPublisher() (message.Publisher, error) {
+	return &amqpPublisher{b: b, conn: b.newAMQPConn("publisher"), timeout: 30 * time.Second}, nil
+}
+
+func (p *amqpPublisher) Publish(topic string, msgs ...*message.Message) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
+	defer cancel()
+	ch, err := p.channel(ctx)
+	if err != nil {
+		return err
+	}
+	exchange := p.b.config.AMQP.ExchangeName(topic)
+	confirms := make([]*amqp.DeferredConfirmation, 0, len(msgs))
+	for _, msg := range msgs {
+		pub, err := p.marshaler.Marshal(msg)
+		if err != nil {
+			return fmt.Errorf("broker: marshal message %s: %w", msg.UUID, err)
+		}
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchange, "", false, false, pub)
+		if err != nil {
+			p.dropChannel()
+			return fmt.Errorf("broker: publish message %s to RabbitMQ exchange %q: %w", msg.UUID, exchange, err)
+		}
+		confirms = append(confirms, dc)
+	}
+	for i, dc := range confirms {
+		acked, err := dc.WaitContext(ctx)
+		if err != nil || !acked {
+			p.dropChannel()
+			return fmt.Errorf("broker: RabbitMQ did not confirm message %s (acked=%v): %w", msgs[i].UUID, acked, errors.Join(err, errors.New("not confirmed")))
+		}
+	}
+	return nil
+}
+
+func (p *amqpPublisher) channel(ctx context.Context) (*amqp.Channel, error) {
+	if p.ch != nil && !p.ch.IsClosed() {
+		return p.ch, nil
+	}
+	conn, err := p.conn.get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("broker: open RabbitMQ channel: %w", err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		_ = ch.Close()
+		return nil, fmt.Errorf("broker: enable publisher confirms: %w", err)
+	}
+	p.ch = ch
+	return ch, nil
+}
+
+func (p *amqpPublisher) dropChannel() {
+	if p.ch != nil {
+		_ = p.ch.Close()
+		p.ch = nil
+	}
+}
+
+func (p *amqpPublisher) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.dropChannel()
+	return p.conn.close()
+}
+
+// amqpSubscriber consumes a group's queue: one message in flight per subscription, acked after
+// the handler acks it, requeued NackDelay after a nack. A lost channel or connection is
+// re-established with backoff; deliveries unacked at that moment are redelivered by RabbitMQ.
+type amqpSubscriber struct {
+	b         *Broker
+	group     string
+	conn      *amqpConn
+	marshaler Marshaler
+	logger    watermill.LoggerAdapter
+
+	closing   chan struct{}
+	closeOnce sync.Once
+	running   sync.WaitGroup
+}
+
+func (b *Broker) newAMQPSubscriber(group string) (message.Subscriber, error) {
+	return &amqpSubscriber{
+		b: b, group: group, conn: b.newAMQPConn("subscriber " + group),
+		logger: b.logger.With(watermill.LogFields{"consumer_group": group}), closing: make(chan struct{}),
+	}, nil
+}
+
+func (s *amqpSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	select {
+	case <-s.closing:
+		return nil, errAMQPClosed
+	default:
+	}
+	out := make(chan *message.Message)
+	s.running.Add(1)
+	go func() {
+		defer s.running.Done()
+		defer close(out)
+		s.consume(ctx, topic, out)
+	}()
+	return out, nil
+}
+
+func (s *amqpSubscriber) stopped(ctx context.Context) bool {
+	select {
+	case <-s.closing:
+		return true
+	case <-ctx.Done():
+		return true
+	default:
+		return false
+	}
+}
+
+func (s *amqpSubscriber) consume(ctx context.Context, topic string, out chan<- *message.Message) {
+	queue := s.b.config.AMQP.QueueName(topic, s.group)
+	fields := watermill.LogFields{"topic": topic, "queue": queue}
+	backoff := 100 * time.Millisecond
+	for !s.stopped(ctx) {
+		consumed, err := s.consumeOnce(ctx, topic, queue, out)
+		if s.stopped(ctx) {
+			return
+		}
+		if consumed {
+			backoff = 100 * time.Millisecond
+		}
+		s.logger.Error("RabbitMQ consumer stopped, reconnecting", err, fields.Add(watermill.LogFields{"backoff": backoff}))
+		select {
+		case <-s.closing:
+			return
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+// consumeOnce runs one channel until it fails; consumed reports whether it delivered anything.
+func (s *amqpSubscriber) consumeOnce(ctx context.Context, topic, queue string, out chan<- *message.Message) (consumed bool, err error) {
+	conn, err := s.conn.get(ctx)
+	if err != nil {
+		return false, err
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		return false, fmt.Errorf("open channel: %w", err)
+	}
+	defer ch.Close()
+	if err := ch.Qos(s.b.config.AMQP.Prefetch, 0, false); err != nil {
+		return false, fmt.Errorf("set prefetch: %w", err)
+	}
+	// Declared again on every (re)connection, in case the broker lost it.
+	if err := s.b.declareQueue(ch, topic, s.group); err != nil {
+		return false, err
+	}
+	deliveries, err := ch.Consume(queue, "", false, false, false, false, nil)
+	if err != nil {
+		return false, fmt.Errorf("consume %q: %w", queue, err)
+	}
+	s.logger.Info("Consuming from RabbitMQ", watermill.LogFields{"queue": queue})
+	for {
+		select {
+		case d, ok := <-deliveries:
+			if !ok {
+				return consumed, errors.New("delivery channel closed (channel or connection lost)")
+			}
+			consumed = true
+			if err := s.deliver(ctx, d, out); err != nil {
+				return consumed, err
+			}
+		case <-s.closing:
+			return consumed, nil
+		case <-ctx.Done():
+			return consumed, nil
+		}
+	}
+}
+
+// deliver hands one delivery to the consumer and settles it with RabbitMQ.
+func (s *amqpSubscriber) deliver(ctx context.Context, d amqp.Delivery, out chan<- *message.Message) error {
+	msg, err := s.marshaler.Unmarshal(d)
+	if err != nil {
+		return fmt.Errorf("unmarshal: %w", err) // Marshaler never fails; kept for safety
+	}
+	msgCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	msg.SetContext(msgCtx)
+	requeue := func() error { return d.Nack(false, true) }
+	select {
+	case out <- msg:
+	case <-s.closing:
+		return requeue()
+	case <-ctx.Done():
+		return requeue()
+	}
+	select {
+	case <-msg.Acked():
+		if err := d.Ack(false); err != nil {
+			return fmt.Errorf("ack %s (it will be redelivered): %w", msg.UUID, err)
+		}
+		return nil
+	case <-msg.Nacked():
+		// RabbitMQ requeues at once; waiting first keeps a failing message from spinning.
+		select {
+		case <-time.After(s.b.config.AMQP.NackDelay):
+		case <-s.closing:
+		case <-ctx.Done():
+		}
+		return requeue()
+	case <-s.closing:
+		return requeue()
+	case <-ctx.Done():
+		return requeue()
+	}
+}
+
+func (s *amqpSubscriber) Close() error {
+	s.closeOnce.Do(func() { close(s.closing) })
+	s.running.Wait()
+	return s.conn.close()
+}
