@@ -6,6 +6,10 @@ import (
 )
 
 // Delivery describes the inbox row behind the message a processor handler is running.
+//
+// Calls outside the database are not covered by the processing transaction: give them a key
+// that is the same on every attempt, derived from Consumer and MessageID (the row's dedupe
+// key), e.g. idemkey.Derive(d.Consumer, d.MessageID, "charge").
 type Delivery struct {
 	ID          int64  // row id: the received order
 	Consumer    string // consumer the row belongs to

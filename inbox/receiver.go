@@ -147,7 +147,8 @@ func validateConsumer(consumer string) error {
 	return nil
 }
 
-// ReceiverCounts are a receiver's running totals since it was created.
+// ReceiverCounts are a receiver's running totals since it was created, for Handle (StoreTx
+// writes commit, or not, with the caller's transaction and are not counted).
 type ReceiverCounts struct {
 	Stored        uint64 // new rows committed
 	Duplicates    uint64 // messages acked without a new row: their key was already in the inbox
@@ -287,13 +288,8 @@ func (r *Receiver) StoreTx(ctx context.Context, tx Querier, topic string, msgs .
 		}
 		rows[i] = rw
 	}
-	n, err := r.insert(ctx, tx, rows)
-	if err != nil {
-		return 0, err
-	}
-	r.stored.Add(uint64(n))
-	r.duplicates.Add(uint64(len(rows) - n))
-	return n, nil
+	// Not counted in Counts: whether these rows commit is up to the caller.
+	return r.insert(ctx, tx, rows)
 }
 
 // Counts returns the receiver's running totals.
