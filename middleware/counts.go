@@ -1,43 +1,100 @@
 package middleware
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+)
 
-// Counts are one consumer's running totals since the middleware was created.
+// Counts are running totals since the middleware was created.
 type Counts struct {
 	Fresh                 uint64 // messages applied and committed
 	Duplicates            uint64 // copies skipped because the key was already claimed
 	FingerprintMismatches uint64 // duplicates whose payload differed from the applied one
 	Failed                uint64 // attempts rolled back: handler error or panic, outbox or commit failure
 	TxRetries             uint64 // transactions re-run after a serialization failure or deadlock
-	Refused               uint64 // messages refused for an unusable key
+	Refused               uint64 // messages refused for an unusable key or malformed metadata
+	TooOld                uint64 // copies refused by the age guard (older than MaxMessageAge)
+}
+
+func (c Counts) add(o Counts) Counts {
+	return Counts{
+		Fresh:                 c.Fresh + o.Fresh,
+		Duplicates:            c.Duplicates + o.Duplicates,
+		FingerprintMismatches: c.FingerprintMismatches + o.FingerprintMismatches,
+		Failed:                c.Failed + o.Failed,
+		TxRetries:             c.TxRetries + o.TxRetries,
+		Refused:               c.Refused + o.Refused,
+		TooOld:                c.TooOld + o.TooOld,
+	}
+}
+
+// CounterKey identifies one series of Counts: a consumer and, when Config.SenderMetadataKey
+// is set, the sender named in each message's metadata ("" otherwise).
+type CounterKey struct {
+	Consumer string
+	Sender   string
 }
 
 type counters struct {
-	fresh, duplicates, mismatches, failed, txRetries, refused atomic.Uint64
+	fresh, duplicates, mismatches, failed, txRetries, refused, tooOld atomic.Uint64
 }
 
-func (e *EffectivelyOnce) countersFor(consumer string) *counters {
-	if c, ok := e.counts.Load(consumer); ok {
+// maxSenders bounds the sender label per consumer: metadata is producer-controlled, and an
+// unbounded label would let a producer grow memory and metrics without limit.
+const maxSenders = 100
+
+const overflowSender = "_other"
+
+func (e *EffectivelyOnce) countersFor(consumer, sender string) *counters {
+	k := CounterKey{consumer, sender}
+	if c, ok := e.counts.Load(k); ok {
 		return c.(*counters)
 	}
-	c, _ := e.counts.LoadOrStore(consumer, &counters{})
+	if sender != "" && e.senders(consumer) >= maxSenders {
+		k.Sender = overflowSender
+	}
+	c, _ := e.counts.LoadOrStore(k, &counters{})
 	return c.(*counters)
 }
 
-// Counts returns the totals of one consumer.
-func (e *EffectivelyOnce) Counts(consumer string) Counts {
-	c, ok := e.counts.Load(consumer)
-	if !ok {
-		return Counts{}
-	}
-	return c.(*counters).snapshot()
+func (e *EffectivelyOnce) senders(consumer string) int {
+	n := 0
+	e.counts.Range(func(k, _ any) bool {
+		if k.(CounterKey).Consumer == consumer {
+			n++
+		}
+		return n < maxSenders
+	})
+	return n
 }
 
-// AllCounts returns the totals of every consumer seen so far.
+// Counts returns the totals of one consumer, summed over senders.
+func (e *EffectivelyOnce) Counts(consumer string) Counts {
+	var sum Counts
+	e.counts.Range(func(k, v any) bool {
+		if k.(CounterKey).Consumer == consumer {
+			sum = sum.add(v.(*counters).snapshot())
+		}
+		return true
+	})
+	return sum
+}
+
+// AllCounts returns the totals of every consumer seen so far, summed over senders.
 func (e *EffectivelyOnce) AllCounts() map[string]Counts {
 	out := map[string]Counts{}
 	e.counts.Range(func(k, v any) bool {
-		out[k.(string)] = v.(*counters).snapshot()
+		c := k.(CounterKey).Consumer
+		out[c] = out[c].add(v.(*counters).snapshot())
+		return true
+	})
+	return out
+}
+
+// CountsBySender returns every series, per consumer and sender: what metrics export.
+func (e *EffectivelyOnce) CountsBySender() map[CounterKey]Counts {
+	out := map[CounterKey]Counts{}
+	e.counts.Range(func(k, v any) bool {
+		out[k.(CounterKey)] = v.(*counters).snapshot()
 		return true
 	})
 	return out
@@ -51,5 +108,6 @@ func (c *counters) snapshot() Counts {
 		Failed:                c.failed.Load(),
 		TxRetries:             c.txRetries.Load(),
 		Refused:               c.refused.Load(),
+		TooOld:                c.tooOld.Load(),
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/wmonce/watermill-once/internal/partition"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -62,6 +63,31 @@ type Config struct {
 	// from watermill-sql's subscriber. By default its transaction is reused (see the package doc).
 	DisableSubscriberTxReuse bool
 
+	// SenderMetadataKey names a metadata field that identifies the producer (e.g. "sender" or
+	// "service"). Counts are then kept per consumer and sender, so metrics show who sends
+	// duplicates. At most 100 senders per consumer are told apart; the rest count as "_other".
+	SenderMetadataKey string
+
+	// OccurredAt returns when the event occurred, as carried by the message. Default: the
+	// "occurred_at" metadata (RFC 3339) that the outbox stamps. ok=false means the message
+	// carries no time; a malformed value is an error and the message is refused.
+	OccurredAt func(msg *message.Message) (t time.Time, ok bool, err error)
+
+	// MaxMessageAge is the age guard: a copy whose key is not (or no longer) claimed and whose
+	// event occurred longer ago than this is refused (a permanent error, parked by the Stack) and
+	// reported, instead of being applied: its key may have been deleted by retention after the
+	// original was applied. Set it a little below the retention window. Zero disables the guard;
+	// messages that carry no time are not checked.
+	MaxMessageAge time.Duration
+
+	// PartitionByDay claims keys in processed_messages_daily, partitioned by the UTC day the
+	// event occurred (OccurredAt), so that retention drops whole partitions. Every message must
+	// then carry its time; one that does not is refused. Missing partitions are created on demand.
+	PartitionByDay bool
+
+	// Now is the clock of the age guard. Default time.Now.
+	Now func() time.Time
+
 	// ShutdownGrace is how long a handler already running may go on after the router closes
 	// (Router.Close cancels every message context at once). Within it the transaction commits
 	// normally; after it the transaction is cancelled and rolled back, and the message is
@@ -86,6 +112,27 @@ func (c *Config) setDefaults() {
 	if c.ShutdownGrace == 0 {
 		c.ShutdownGrace = 5 * time.Second
 	}
+	if c.OccurredAt == nil {
+		c.OccurredAt = OccurredAtFromMetadata(outbox.MetadataOccurredAt)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+// OccurredAtFromMetadata reads the event time from an RFC 3339 metadata field.
+func OccurredAtFromMetadata(field string) func(*message.Message) (time.Time, bool, error) {
+	return func(msg *message.Message) (time.Time, bool, error) {
+		v := msg.Metadata.Get(field)
+		if v == "" {
+			return time.Time{}, false, nil
+		}
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			return time.Time{}, false, fmt.Errorf("metadata %q is not an RFC 3339 time: %q", field, v)
+		}
+		return t, true, nil
+	}
 }
 
 // Validate reports what to fix in a configuration.
@@ -108,6 +155,9 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("OutputTopic: %w", err))
 		}
 	}
+	if c.MaxMessageAge < 0 {
+		errs = append(errs, errors.New("MaxMessageAge must not be negative"))
+	}
 	if c.TxRetry.MaxAttempts < 0 {
 		errs = append(errs, errors.New("TxRetry.MaxAttempts must not be negative"))
 	}
@@ -123,6 +173,8 @@ type EffectivelyOnce struct {
 	logger watermill.LoggerAdapter
 
 	qClaim, qLookup   string
+	qClaimDaily       string
+	qLookupDaily      string
 	qSavepointBegin   string
 	qSavepointRelease string
 
@@ -151,6 +203,7 @@ func NewEffectivelyOnce(db *sql.DB, config Config, logger watermill.LoggerAdapte
 	}
 	processed := pgtx.QualifiedName(config.Schema, "processed_messages")
 	guard := pgtx.QualifiedName(config.Schema, "attempt_guard")
+	daily := pgtx.QualifiedName(config.Schema, partition.Parent)
 	return &EffectivelyOnce{
 		db:      db,
 		config:  config,
@@ -158,6 +211,9 @@ func NewEffectivelyOnce(db *sql.DB, config Config, logger watermill.LoggerAdapte
 		logger:  logger,
 		qClaim:  `INSERT INTO ` + processed + ` (consumer, message_id, payload_sha256) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`,
 		qLookup: `SELECT payload_sha256, processed_at FROM ` + processed + ` WHERE consumer = $1 AND message_id = $2`,
+
+		qClaimDaily:  `INSERT INTO ` + daily + ` (consumer, message_id, payload_sha256, occurred_on) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`,
+		qLookupDaily: `SELECT payload_sha256, processed_at FROM ` + daily + ` WHERE consumer = $1 AND message_id = $2 AND occurred_on = $3`,
 
 		qSavepointBegin:   fmt.Sprintf(spBegin, guard),
 		qSavepointRelease: fmt.Sprintf(spRelease, guard),
@@ -172,6 +228,10 @@ type delivery struct {
 	fingerprint []byte
 	outputTopic string
 	fields      watermill.LogFields
+	counters    *counters
+
+	occurredAt    time.Time
+	hasOccurredAt bool
 }
 
 // Middleware wraps h. It returns no messages to the router: messages h returns are stored in
@@ -203,16 +263,29 @@ func (e *EffectivelyOnce) newDelivery(msg *message.Message) (*delivery, error) {
 	if consumer == "" {
 		return nil, Permanent(ErrNoConsumer)
 	}
-	c := e.countersFor(consumer)
+	var sender string
+	if e.config.SenderMetadataKey != "" {
+		sender = msg.Metadata.Get(e.config.SenderMetadataKey)
+	}
+	c := e.countersFor(consumer, sender)
+	refuse := func(err error) (*delivery, error) {
+		c.refused.Add(1)
+		e.logger.Error("Message refused: not applied, not acked", err, watermill.LogFields{"consumer": consumer, "message_uuid": msg.UUID})
+		return nil, err
+	}
 	key, err := e.config.Key(msg)
 	if err == nil {
 		err = e.checkKey(key)
 	}
 	if err != nil {
-		c.refused.Add(1)
-		err = Permanent(fmt.Errorf("%w for message %q (consumer %q): %w", ErrInvalidKey, msg.UUID, consumer, err))
-		e.logger.Error("Message refused: unusable dedupe key; not applied, not acked", err, watermill.LogFields{"consumer": consumer, "message_uuid": msg.UUID})
-		return nil, err
+		return refuse(Permanent(fmt.Errorf("%w for message %q (consumer %q): %w", ErrInvalidKey, msg.UUID, consumer, err)))
+	}
+	occurredAt, hasOccurredAt, err := e.config.OccurredAt(msg)
+	if err != nil {
+		return refuse(Permanent(fmt.Errorf("%w: message %q (consumer %q): %w", ErrMalformedMetadata, msg.UUID, consumer, err)))
+	}
+	if e.config.PartitionByDay && !hasOccurredAt {
+		return refuse(Permanent(fmt.Errorf("%w: message %q (consumer %q) carries no occurred_at, which PartitionByDay needs to find its partition: publish through the outbox (it stamps it) or configure OccurredAt", ErrMalformedMetadata, msg.UUID, consumer)))
 	}
 	sum := sha256.Sum256(msg.Payload)
 	topic := e.config.OutputTopic
@@ -226,6 +299,10 @@ func (e *EffectivelyOnce) newDelivery(msg *message.Message) (*delivery, error) {
 		fingerprint: sum[:],
 		outputTopic: topic,
 		fields:      watermill.LogFields{"consumer": consumer, "dedupe_key": key, "message_uuid": msg.UUID},
+		counters:    c,
+
+		occurredAt:    occurredAt,
+		hasOccurredAt: hasOccurredAt,
 	}, nil
 }
 
@@ -252,10 +329,13 @@ func (e *EffectivelyOnce) runInOwnTx(origCtx context.Context, h message.HandlerF
 	}
 	for attempt := 1; ; attempt++ {
 		err := e.attemptOwnTx(ctx, h, d)
+		if attempt < maxAttempts && e.ensurePartition(ctx, err) {
+			continue
+		}
 		if err == nil || !pgtx.IsRetryableTx(err) || attempt >= maxAttempts {
 			return err
 		}
-		e.countersFor(d.consumer).txRetries.Add(1)
+		d.counters.txRetries.Add(1)
 		e.logger.Debug("Transaction lost a race, running it again", d.fields.Add(watermill.LogFields{"attempt": attempt, "sqlstate": pgtx.SQLState(err)}))
 		select {
 		case <-ctx.Done():
@@ -288,10 +368,10 @@ func (e *EffectivelyOnce) attemptOwnTx(ctx context.Context, h message.HandlerFun
 	if err := tx.Commit(); err != nil {
 		// The outcome of a failed COMMIT can be unknown (connection lost). Nack either way: if it
 		// did commit, the redelivery finds the key and is acked without effect.
-		e.countersFor(d.consumer).failed.Add(1)
+		d.counters.failed.Add(1)
 		return fmt.Errorf("effectively-once: commit: %w", err)
 	}
-	e.countersFor(d.consumer).fresh.Add(1)
+	d.counters.fresh.Add(1)
 	return nil
 }
 
@@ -319,7 +399,9 @@ func (e *EffectivelyOnce) runInSubscriberTx(ctx context.Context, h message.Handl
 	}
 	fresh, err := e.claim(ctx, tx, d)
 	if err != nil {
-		return rollback(err)
+		err = rollback(err)
+		e.ensurePartition(ctx, err) // the redelivery will find it
+		return err
 	}
 	if !fresh {
 		return rollback(nil)
@@ -331,28 +413,38 @@ func (e *EffectivelyOnce) runInSubscriberTx(ctx context.Context, h message.Handl
 		return rollback(fmt.Errorf("effectively-once: release savepoint: %w", err))
 	}
 	// Counted as fresh once the subscriber commits; a failed commit redelivers the message.
-	e.countersFor(d.consumer).fresh.Add(1)
+	d.counters.fresh.Add(1)
 	return nil
 }
 
 // claim inserts the key first. It returns fresh=false for a duplicate, after checking the
 // fingerprint of the applied copy.
 func (e *EffectivelyOnce) claim(ctx context.Context, tx *sql.Tx, d *delivery) (fresh bool, err error) {
-	res, err := tx.ExecContext(ctx, e.qClaim, d.consumer, d.key, d.fingerprint)
+	claimSQL, args := e.qClaim, []any{d.consumer, d.key, d.fingerprint}
+	lookupSQL, lookupArgs := e.qLookup, []any{d.consumer, d.key}
+	if e.config.PartitionByDay {
+		day := partition.Day(d.occurredAt)
+		claimSQL, args = e.qClaimDaily, append(args, day)
+		lookupSQL, lookupArgs = e.qLookupDaily, append(lookupArgs, day)
+	}
+	res, err := tx.ExecContext(ctx, claimSQL, args...)
 	if err != nil {
 		if pgtx.IsUndefinedTable(err) {
 			return false, fmt.Errorf("effectively-once: processed_messages is missing in schema %q: run the migrations: %w", e.config.Schema, err)
 		}
+		if e.config.PartitionByDay && pgtx.SQLState(err) == pgtx.CodeCheckViolation {
+			return false, &missingPartitionError{day: partition.Day(d.occurredAt), err: err}
+		}
 		return false, fmt.Errorf("effectively-once: claim: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n == 1 {
-		return true, nil
+		return true, e.checkAge(d)
 	}
-	c := e.countersFor(d.consumer)
+	c := d.counters
 	c.duplicates.Add(1)
 	var stored []byte
 	var processedAt time.Time
-	if err := tx.QueryRowContext(ctx, e.qLookup, d.consumer, d.key).Scan(&stored, &processedAt); err != nil {
+	if err := tx.QueryRowContext(ctx, lookupSQL, lookupArgs...).Scan(&stored, &processedAt); err != nil {
 		// The duplicate is certain (the insert conflicted); only the report is incomplete.
 		e.logger.Info("Duplicate skipped (could not read the applied copy)", d.fields.Add(watermill.LogFields{"err": err.Error()}))
 		return false, nil
@@ -376,18 +468,18 @@ func (e *EffectivelyOnce) apply(ctx context.Context, h message.HandlerFunc, d *d
 	d.msg.SetContext(hctx)
 	out, err := callHandler(h, d.msg)
 	if err != nil {
-		e.countersFor(d.consumer).failed.Add(1)
+		d.counters.failed.Add(1)
 		return err
 	}
 	if len(out) == 0 {
 		return nil
 	}
 	if d.outputTopic == "" {
-		e.countersFor(d.consumer).failed.Add(1)
+		d.counters.failed.Add(1)
 		return Permanent(ErrOutputWithoutTopic)
 	}
 	if err := e.outbox.PublishTx(hctx, tx, d.outputTopic, out...); err != nil {
-		e.countersFor(d.consumer).failed.Add(1)
+		d.counters.failed.Add(1)
 		return fmt.Errorf("effectively-once: store handler output: %w", err)
 	}
 	return nil
@@ -433,4 +525,46 @@ func detachForShutdown(orig context.Context, grace time.Duration) (context.Conte
 		}
 		cancel(nil)
 	}
+}
+
+// checkAge is the age guard, applied to fresh claims only: a copy whose key still exists is a
+// plain duplicate, whatever its age.
+func (e *EffectivelyOnce) checkAge(d *delivery) error {
+	if e.config.MaxMessageAge == 0 || !d.hasOccurredAt {
+		return nil
+	}
+	age := e.config.Now().Sub(d.occurredAt)
+	if age <= e.config.MaxMessageAge {
+		return nil
+	}
+	d.counters.tooOld.Add(1)
+	err := Permanent(fmt.Errorf("%w: event occurred %s ago (at %s), beyond MaxMessageAge %s: its key may already have been deleted by retention, so applying it could apply it twice",
+		ErrTooOld, age.Round(time.Second), d.occurredAt.Format(time.RFC3339), e.config.MaxMessageAge))
+	e.logger.Error("ALERT: copy older than the retention window refused, not applied", err, d.fields)
+	return err
+}
+
+// missingPartitionError asks the caller to create a partition and try again.
+type missingPartitionError struct {
+	day time.Time
+	err error
+}
+
+func (e *missingPartitionError) Error() string {
+	return fmt.Sprintf("effectively-once: no partition of processed_messages_daily for %s: %v", e.day.Format(time.DateOnly), e.err)
+}
+func (e *missingPartitionError) Unwrap() error { return e.err }
+
+// ensurePartition creates the partition err asks for, in a transaction of its own, and
+// reports whether it did.
+func (e *EffectivelyOnce) ensurePartition(ctx context.Context, err error) bool {
+	var mp *missingPartitionError
+	if !errors.As(err, &mp) {
+		return false
+	}
+	if perr := partition.Ensure(ctx, e.db, e.config.Schema, mp.day, mp.day); perr != nil {
+		e.logger.Error("Could not create partition", perr, watermill.LogFields{"day": mp.day.Format(time.DateOnly)})
+		return false
+	}
+	return true
 }

@@ -53,3 +53,11 @@ var ErrNoConsumer = errors.New("no consumer name: set Config.Consumer, or run th
 // ErrOutputWithoutTopic is returned when the handler returns messages but neither the router
 // handler nor Config.OutputTopic names a topic for them.
 var ErrOutputWithoutTopic = errors.New("handler returned messages but there is no topic for them: add the handler with router.AddHandler(..., publishTopic, ...) or set Config.OutputTopic")
+
+// ErrMalformedMetadata is wrapped by errors about metadata the middleware needs and cannot
+// read (an occurred_at that is not a time, or none where PartitionByDay requires one). Such
+// errors are permanent.
+var ErrMalformedMetadata = errors.New("malformed message metadata")
+
+// ErrTooOld is wrapped by the age guard's refusals (see Config.MaxMessageAge). Permanent.
+var ErrTooOld = errors.New("message older than MaxMessageAge")

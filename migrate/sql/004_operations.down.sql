@@ -1,1 +1,1 @@
--- Reserved for the operations issue; intentionally empty until it lands.
+DROP TABLE IF EXISTS {{schema}}.processed_messages_daily;
