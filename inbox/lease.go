@@ -1,0 +1,179 @@
+package inbox
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// upkeep renews the leases workers hold and reaps expired ones. Reaping stops with claimCtx;
+// renewal goes on until upkeepCtx ends, so handlers finishing during the shutdown grace keep
+// their claims.
+func (p *Processor) upkeep(claimCtx, upkeepCtx context.Context) {
+	var renew <-chan time.Time
+	if p.config.RenewInterval > 0 {
+		t := time.NewTicker(p.config.RenewInterval)
+		defer t.Stop()
+		renew = t.C
+	}
+	reap := time.NewTicker(max(p.config.ReapInterval, time.Millisecond))
+	defer reap.Stop()
+	reapC, reaping := reap.C, claimCtx.Done()
+	for {
+		select {
+		case <-upkeepCtx.Done():
+			return
+		case <-reaping:
+			reapC, reaping = nil, nil
+		case <-renew:
+			p.renew(upkeepCtx)
+		case <-reapC:
+			p.reap(upkeepCtx)
+		}
+	}
+}
+
+func (p *Processor) renew(ctx context.Context) {
+	var rowIDs, tokens []int64
+	for _, w := range p.workers {
+		w.mu.Lock()
+		// A transaction running past HandlerTimeout is stuck (its handler ignores the
+		// cancellation): stop renewing so that its rows can be claimed by others.
+		if w.txStart.IsZero() || time.Since(w.txStart) < p.config.HandlerTimeout {
+			for id, token := range w.owned {
+				rowIDs = append(rowIDs, id)
+				tokens = append(tokens, token)
+			}
+		}
+		w.mu.Unlock()
+	}
+	if len(rowIDs) == 0 {
+		return
+	}
+	qctx, cancel := context.WithTimeout(ctx, p.config.RenewInterval)
+	defer cancel()
+	if _, err := p.db.ExecContext(qctx, p.q.renew, rowIDs, tokens, micros(p.config.Lease)); err != nil && ctx.Err() == nil {
+		p.errs.Add(1)
+		p.logger.Error("Lease renewal failed", err, watermill.LogFields{"rows": len(rowIDs)})
+	}
+}
+
+func (p *Processor) reap(ctx context.Context) {
+	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	rs, err := p.db.QueryContext(qctx, p.q.reap, p.config.Consumer, p.config.MaxAttempts)
+	if err != nil {
+		if ctx.Err() == nil {
+			p.errs.Add(1)
+			p.logger.Error("Reaping expired leases failed", err, nil)
+		}
+		return
+	}
+	defer rs.Close()
+	pending := 0
+	for rs.Next() {
+		var id int64
+		var status string
+		if err := rs.Scan(&id, &status); err != nil {
+			p.errs.Add(1)
+			return
+		}
+		p.expired.Add(1)
+		if Status(status) == StatusFailed {
+			p.parked.Add(1)
+			p.logger.Error("Lease expired on the last attempt: row parked as FAILED", errors.New("lease expired"), watermill.LogFields{"row": id})
+		} else {
+			pending++
+			p.logger.Info("Lease expired: row taken back for another attempt", watermill.LogFields{"row": id})
+		}
+	}
+	if pending > 0 {
+		p.wakeAll()
+	}
+}
+
+// errNotPgx stops the listener for good: LISTEN needs pgx's stdlib driver.
+var errNotPgx = errors.New("the *sql.DB does not use pgx's stdlib driver")
+
+// listen keeps a dedicated connection LISTENing on the schema's channel and wakes idle workers
+// when rows for this consumer arrive. Without it, workers poll every PollInterval.
+func (p *Processor) listen(ctx context.Context) {
+	if p.config.DisableListen {
+		return
+	}
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := p.listenOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, errNotPgx) {
+			p.logger.Info("LISTEN/NOTIFY unavailable, idle workers poll every PollInterval", watermill.LogFields{"reason": err.Error(), "poll_interval": p.config.PollInterval})
+			return
+		}
+		p.errs.Add(1)
+		p.logger.Error("LISTEN connection lost; polling until it is back", err, watermill.LogFields{"backoff": backoff})
+		if !sleep(ctx, jitter(backoff)) {
+			return
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+func (p *Processor) listenOnce(ctx context.Context) error {
+	conn, err := p.db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("inbox: LISTEN connection: %w", err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, `LISTEN `+pgtx.QuoteIdentifier(p.q.channel)); err != nil {
+		return fmt.Errorf("inbox: LISTEN: %w", err)
+	}
+	p.wakeAll() // rows may have arrived while nobody listened
+	for {
+		err := conn.Raw(func(driverConn any) error {
+			c, ok := driverConn.(*stdlib.Conn)
+			if !ok {
+				return errNotPgx
+			}
+			n, err := c.Conn().WaitForNotification(ctx)
+			if err != nil {
+				// Discard the connection: it may be left mid-read, and it is still LISTENing.
+				return fmt.Errorf("%w: %w", driver.ErrBadConn, err)
+			}
+			if n.Payload == p.config.Consumer {
+				p.wakeAll()
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+func jitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	return d/2 + time.Duration(rand.Int64N(int64(d)/2+1))
+}

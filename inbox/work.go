@@ -1,0 +1,504 @@
+package inbox
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/outbox"
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// claimedRow is one row returned by a claim.
+type claimedRow struct {
+	id          int64
+	messageID   string
+	uuid        string
+	orderingKey string
+	topic       string
+	payload     []byte
+	metadata    string
+	attempts    int
+	receivedAt  time.Time
+}
+
+func (p *Processor) work(ctx context.Context, w *worker) {
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		rows, token, err := p.claim(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			p.errs.Add(1)
+			p.logger.Error("Inbox claim failed, retrying", err, watermill.LogFields{"backoff": backoff})
+			if !sleep(ctx, jitter(backoff)) {
+				return
+			}
+			backoff = min(backoff*2, 5*time.Second)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+		if len(rows) == 0 {
+			p.idle(ctx)
+			continue
+		}
+		p.processClaim(ctx, w, rows, token)
+	}
+}
+
+func (p *Processor) idle(ctx context.Context) {
+	t := time.NewTimer(jitter(p.config.PollInterval))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-p.wake:
+	case <-t.C:
+	}
+}
+
+// wakeAll tells idle workers to claim now.
+func (p *Processor) wakeAll() {
+	for range p.config.Workers {
+		select {
+		case p.wake <- struct{}{}:
+		default:
+			return
+		}
+	}
+}
+
+// claim takes up to ClaimBatch due rows under a new token. The statement is not cancelled with
+// ctx: rows claimed by a statement whose reply is lost would wait for their lease to expire.
+func (p *Processor) claim(ctx context.Context) ([]claimedRow, int64, error) {
+	if ctx.Err() != nil {
+		return nil, 0, ctx.Err()
+	}
+	token := newToken()
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.config.Lease)
+	defer cancel()
+	rs, err := p.db.QueryContext(qctx, p.q.claim, p.config.Consumer, p.config.ClaimBatch, token, micros(p.config.Lease))
+	if err != nil {
+		if pgtx.IsUndefinedTable(err) {
+			return nil, 0, fmt.Errorf("inbox: table %s is missing: run the migrations: %w", p.q.table, err)
+		}
+		return nil, 0, fmt.Errorf("inbox: claim: %w", err)
+	}
+	defer rs.Close()
+	var rows []claimedRow
+	for rs.Next() {
+		var r claimedRow
+		if err := rs.Scan(&r.id, &r.messageID, &r.uuid, &r.orderingKey, &r.topic, &r.payload, &r.metadata, &r.attempts, &r.receivedAt); err != nil {
+			return nil, 0, fmt.Errorf("inbox: scan claimed row: %w", err)
+		}
+		rows = append(rows, r)
+	}
+	if err := rs.Err(); err != nil {
+		return nil, 0, fmt.Errorf("inbox: claim: %w", err)
+	}
+	slices.SortFunc(rows, func(a, b claimedRow) int { return cmp.Compare(a.id, b.id) })
+	p.claimed.Add(uint64(len(rows)))
+	return rows, token, nil
+}
+
+func newToken() int64 {
+	for {
+		if t := rand.Int64(); t != 0 {
+			return t
+		}
+	}
+}
+
+// processClaim works through one claim in TxBatchSize chunks. Once claiming stops (shutdown),
+// rows not yet started are released at once.
+func (p *Processor) processClaim(ctx context.Context, w *worker, rows []claimedRow, token int64) {
+	w.own(rows, token)
+	for i := 0; i < len(rows); i += p.config.TxBatchSize {
+		if ctx.Err() != nil {
+			p.releaseUnstarted(w)
+			return
+		}
+		chunk := w.begin(rows[i:min(i+p.config.TxBatchSize, len(rows))])
+		switch len(chunk) {
+		case 0:
+			continue
+		case 1:
+			p.processOne(w, chunk[0], token)
+		default:
+			p.processBatch(w, chunk, token)
+		}
+	}
+}
+
+// releaseUnstarted gives back the rows a worker claimed but has not started.
+func (p *Processor) releaseUnstarted(w *worker) {
+	if rowIDs, tokens := w.takeUnstarted(); len(rowIDs) > 0 {
+		p.releasePairs(rowIDs, tokens, 0)
+	}
+}
+
+func ids(rows []claimedRow) []int64 {
+	out := make([]int64, len(rows))
+	for i, r := range rows {
+		out[i] = r.id
+	}
+	return out
+}
+
+// outcome of one processing transaction.
+type outcome int
+
+const (
+	outcomeDone     outcome = iota
+	outcomeFailed           // handler failed: record the attempt
+	outcomeConflict         // the claim was lost: nothing to record
+	outcomeRetryTx          // serialization failure or deadlock: run the transaction again
+	outcomeRelease          // not the message's fault (shutdown, database trouble): give the row back
+)
+
+// processOne runs one row in a transaction of its own and settles it.
+func (p *Processor) processOne(w *worker, r claimedRow, token int64) {
+	defer w.settle(r.id)
+	policy := pgtx.RetryPolicy{}
+	for attempt := 1; ; attempt++ {
+		res, err := p.attemptOne(w, r, token)
+		if res == outcomeRetryTx && attempt < 3 {
+			time.Sleep(policy.Delay(attempt))
+			continue
+		}
+		if res == outcomeRetryTx {
+			res = outcomeFailed
+		}
+		p.settle(r, token, res, err)
+		return
+	}
+}
+
+func (p *Processor) attemptOne(w *worker, r claimedRow, token int64) (outcome, error) {
+	ctx, cancel := context.WithTimeout(p.handlerCtx, p.config.HandlerTimeout)
+	defer cancel()
+	w.beginTx()
+	defer w.endTx()
+	tx, err := p.db.BeginTx(ctx, p.config.TxOptions)
+	if err != nil {
+		return outcomeRelease, fmt.Errorf("inbox: begin: %w", err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback()
+		}
+	}()
+	if err := p.runHandler(ctx, tx, r); err != nil {
+		return p.classifyHandler(ctx, err)
+	}
+	res, err := tx.ExecContext(ctx, p.q.complete, r.id, token)
+	if errors.Is(err, sql.ErrTxDone) && ctx.Err() == nil {
+		// The handler committed or rolled back the transaction itself. If it committed, its
+		// effects are in without the row being DONE, and running it again would repeat them:
+		// park the row for a person to look at.
+		return outcomeFailed, middleware.Permanent(fmt.Errorf("inbox: the handler ended the processing transaction itself (never Commit or Rollback the transaction from the context): %w", err))
+	}
+	if err != nil {
+		return p.classifyHandler(ctx, fmt.Errorf("inbox: mark done: %w", err))
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return outcomeConflict, nil
+	}
+	committed = true
+	if err := tx.Commit(); err != nil {
+		// The outcome of a failed COMMIT may be unknown; releasing is fenced, so if the commit
+		// did happen the release changes nothing.
+		return outcomeRelease, fmt.Errorf("inbox: commit: %w", err)
+	}
+	return outcomeDone, nil
+}
+
+// runHandler builds the message of r, runs the handler with tx in its context and stores the
+// messages it returns in the outbox within tx.
+func (p *Processor) runHandler(ctx context.Context, tx *sql.Tx, r claimedRow) error {
+	msg := message.NewMessage(r.uuid, r.payload)
+	if err := json.Unmarshal([]byte(r.metadata), &msg.Metadata); err != nil {
+		return middleware.Permanent(fmt.Errorf("inbox: row %d: metadata is not a JSON object of strings: %w", r.id, err))
+	}
+	if msg.Metadata == nil {
+		msg.Metadata = message.Metadata{}
+	}
+	hctx := contextWithDelivery(ctx, Delivery{
+		ID: r.id, Consumer: p.config.Consumer, MessageID: r.messageID, OrderingKey: r.orderingKey,
+		Topic: r.topic, Attempt: r.attempts, ReceivedAt: r.receivedAt,
+	})
+	hctx = pgtx.ContextWithTx(outbox.ContextWithConsumed(hctx, msg), tx)
+	msg.SetContext(hctx)
+	out, err := callHandler(p.handler, msg)
+	if err != nil {
+		return err
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	if p.config.OutputTopic == "" {
+		return middleware.Permanent(ErrOutputWithoutTopic)
+	}
+	if err := p.outbox.PublishTx(hctx, tx, p.config.OutputTopic, out...); err != nil {
+		return fmt.Errorf("inbox: store handler output: %w", err)
+	}
+	return nil
+}
+
+func callHandler(h message.HandlerFunc, msg *message.Message) (out []*message.Message, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &middleware.PanicError{Value: r, Stack: string(debug.Stack())}
+		}
+	}()
+	return h(msg)
+}
+
+// classifyHandler decides what a failure inside the processing transaction means.
+func (p *Processor) classifyHandler(ctx context.Context, err error) (outcome, error) {
+	switch {
+	case p.handlerCtx.Err() != nil:
+		return outcomeRelease, fmt.Errorf("shutdown: %w", err)
+	case pgtx.IsRetryableTx(err):
+		return outcomeRetryTx, err
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return outcomeFailed, fmt.Errorf("handler exceeded HandlerTimeout (%s): %w", p.config.HandlerTimeout, err)
+	case pgtx.IsConnectionError(err):
+		return outcomeRelease, err
+	}
+	return outcomeFailed, err
+}
+
+// releaseDelay is how long a row given back unprocessed waits: not at all at shutdown (another
+// instance may take it at once), Backoff after database trouble.
+func (p *Processor) releaseDelay() time.Duration {
+	if p.handlerCtx.Err() != nil {
+		return 0
+	}
+	return p.config.Backoff
+}
+
+// settle records the result of a row's processing.
+func (p *Processor) settle(r claimedRow, token int64, res outcome, err error) {
+	fields := watermill.LogFields{"row": r.id, "message_id": r.messageID, "attempt": r.attempts}
+	switch res {
+	case outcomeDone:
+		p.processed.Add(1)
+	case outcomeConflict:
+		p.conflicts.Add(1)
+		p.logger.Info("Lease lost before completion: rolled back, another worker owns the row", fields)
+	case outcomeRelease:
+		if p.handlerCtx.Err() != nil {
+			p.logger.Info("Shutdown: row given back unprocessed", fields)
+		} else {
+			p.errs.Add(1)
+			p.logger.Error("Row not processed; giving it back", err, fields)
+		}
+		p.release([]claimedRow{r}, token, p.releaseDelay())
+	case outcomeFailed, outcomeRetryTx:
+		p.recordFailure(r, token, err)
+	}
+}
+
+// recordFailure counts a failed attempt: back to PENDING after a backoff, or parked as FAILED
+// past the limit or for a permanent error. Fenced by the token like every change.
+func (p *Processor) recordFailure(r claimedRow, token int64, cause error) {
+	fields := watermill.LogFields{"row": r.id, "message_id": r.messageID, "attempt": r.attempts, "max_attempts": p.config.MaxAttempts}
+	delay := p.backoff(r.attempts)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var status string
+	err := p.db.QueryRowContext(ctx, p.q.fail, r.id, token, middleware.IsPermanent(cause), p.config.MaxAttempts, micros(delay), errorText(cause)).Scan(&status)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		p.conflicts.Add(1)
+		p.logger.Info("Attempt failed after its lease was lost; another worker owns the row", fields.Add(watermill.LogFields{"err": cause.Error()}))
+	case err != nil:
+		p.failed.Add(1)
+		p.errs.Add(1)
+		p.logger.Error("Could not record a failed attempt; the row is retried when its lease expires", errors.Join(cause, err), fields)
+	case Status(status) == StatusFailed:
+		p.failed.Add(1)
+		p.parked.Add(1)
+		p.logger.Error("Row parked as FAILED: replay or skip it (its ordering key, if any, waits)", cause, fields)
+	default:
+		p.failed.Add(1)
+		p.logger.Info("Attempt failed; retrying later", fields.Add(watermill.LogFields{"err": cause.Error(), "retry_in": delay}))
+	}
+}
+
+// backoff is the delay after the given failed attempt (1-based): doubling from Backoff, capped
+// at MaxBackoff, drawn uniformly from its upper half.
+func (p *Processor) backoff(attempt int) time.Duration {
+	d := p.config.Backoff << min(max(attempt-1, 0), 30)
+	if d <= 0 || d > p.config.MaxBackoff {
+		d = p.config.MaxBackoff
+	}
+	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
+}
+
+func errorText(err error) string {
+	s := strings.ToValidUTF8(strings.ReplaceAll(err.Error(), "\x00", ""), "?")
+	if len(s) > 4000 {
+		s = strings.ToValidUTF8(s[:4000], "") + "..."
+	}
+	return s
+}
+
+// processBatch runs several rows in one transaction and completes them with one statement.
+// Any failure rolls everything back and falls back to one transaction per row.
+func (p *Processor) processBatch(w *worker, rows []claimedRow, token int64) {
+	res, lost := p.attemptBatch(w, rows, token)
+	switch res {
+	case outcomeDone:
+		p.processed.Add(uint64(len(rows)))
+		w.settle(ids(rows)...)
+		return
+	case outcomeRelease:
+		if p.handlerCtx.Err() == nil {
+			p.errs.Add(1)
+		}
+		p.release(rows, token, p.releaseDelay())
+		w.settle(ids(rows)...)
+		return
+	}
+	for _, r := range rows {
+		if lost[r.id] {
+			p.conflicts.Add(1)
+			p.logger.Info("Lease lost before completion: rolled back, another worker owns the row", watermill.LogFields{"row": r.id})
+			w.settle(r.id)
+			continue
+		}
+		p.processOne(w, r, token)
+	}
+}
+
+// attemptBatch returns outcomeDone, outcomeRelease (commit failed or shutdown: give the rows
+// back) or outcomeFailed (fall back to one row per transaction, skipping the lost rows).
+func (p *Processor) attemptBatch(w *worker, rows []claimedRow, token int64) (res outcome, lost map[int64]bool) {
+	ctx, cancel := context.WithTimeout(p.handlerCtx, p.config.HandlerTimeout)
+	defer cancel()
+	w.beginTx()
+	defer w.endTx()
+	tx, err := p.db.BeginTx(ctx, p.config.TxOptions)
+	if err != nil {
+		p.logger.Error("Batch begin failed; giving its rows back", err, watermill.LogFields{"rows": len(rows)})
+		return outcomeRelease, nil
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback()
+		}
+	}()
+	for _, r := range rows {
+		if err := p.runHandler(ctx, tx, r); err != nil {
+			if p.handlerCtx.Err() != nil {
+				return outcomeRelease, nil
+			}
+			p.logger.Debug("Handler failed in a batch; processing the batch row by row", watermill.LogFields{"row": r.id, "err": err.Error()})
+			return outcomeFailed, nil
+		}
+	}
+	done, err := tx.ExecContext(ctx, p.q.completeMany, ids(rows), token)
+	if err != nil {
+		return outcomeFailed, nil
+	}
+	if n, _ := done.RowsAffected(); int(n) != len(rows) {
+		_ = tx.Rollback()
+		return outcomeFailed, p.lostRows(rows, token)
+	}
+	committed = true
+	if err := tx.Commit(); err != nil {
+		// Possibly committed after all; the release is fenced and then changes nothing.
+		p.logger.Error("Batch commit failed; giving its rows back", err, watermill.LogFields{"rows": len(rows)})
+		return outcomeRelease, nil
+	}
+	return outcomeDone, nil
+}
+
+// lostRows returns the rows of a batch whose claim is no longer ours.
+func (p *Processor) lostRows(rows []claimedRow, token int64) map[int64]bool {
+	lost := allLost(rows)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rs, err := p.db.QueryContext(ctx, p.q.owned, ids(rows), token)
+	if err != nil {
+		return nil // let the one-by-one path find out, fenced as always
+	}
+	defer rs.Close()
+	for rs.Next() {
+		var id int64
+		if rs.Scan(&id) == nil {
+			delete(lost, id)
+		}
+	}
+	if rs.Err() != nil {
+		return nil
+	}
+	return lost
+}
+
+func allLost(rows []claimedRow) map[int64]bool {
+	m := make(map[int64]bool, len(rows))
+	for _, r := range rows {
+		m[r.id] = true
+	}
+	return m
+}
+
+// release gives claimed rows back (PENDING, attempt not counted, due after delay), fenced by
+// token.
+func (p *Processor) release(rows []claimedRow, token int64, delay time.Duration) {
+	if len(rows) == 0 {
+		return
+	}
+	tokens := make([]int64, len(rows))
+	for i := range tokens {
+		tokens[i] = token
+	}
+	p.releasePairs(ids(rows), tokens, delay)
+}
+
+func (p *Processor) releasePairs(rowIDs, tokens []int64, delay time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	res, err := p.db.ExecContext(ctx, p.q.release, rowIDs, tokens, micros(delay))
+	if err != nil {
+		p.errs.Add(1)
+		p.logger.Error("Could not release claimed rows; they return when their lease expires", err, watermill.LogFields{"rows": len(rowIDs)})
+		return
+	}
+	n, _ := res.RowsAffected()
+	p.released.Add(uint64(n))
+}
+
+// releaseAllOwned gives back whatever any worker still holds: rows of handlers that ignored
+// cancellation at shutdown. Their late completion is refused by the token.
+func (p *Processor) releaseAllOwned() {
+	var rowIDs, tokens []int64
+	for _, w := range p.workers {
+		w.mu.Lock()
+		for id, token := range w.owned {
+			rowIDs = append(rowIDs, id)
+			tokens = append(tokens, token)
+		}
+		w.mu.Unlock()
+	}
+	if len(rowIDs) > 0 {
+		p.releasePairs(rowIDs, tokens, 0)
+	}
+}
