@@ -88,6 +88,10 @@ type Config struct {
 	// Now is the clock of the age guard. Default time.Now.
 	Now func() time.Time
 
+	// GroupCommit groups messages in flight at the same time into one transaction. See
+	// GroupCommitConfig for what it gains and what it asks of handlers. Off by default.
+	GroupCommit GroupCommitConfig
+
 	// ShutdownGrace is how long a handler already running may go on after the router closes
 	// (Router.Close cancels every message context at once). Within it the transaction commits
 	// normally; after it the transaction is cancelled and rolled back, and the message is
@@ -111,6 +115,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ShutdownGrace == 0 {
 		c.ShutdownGrace = 5 * time.Second
+	}
+	if c.GroupCommit.Enabled {
+		c.GroupCommit.setDefaults()
 	}
 	if c.OccurredAt == nil {
 		c.OccurredAt = OccurredAtFromMetadata(outbox.MetadataOccurredAt)
@@ -155,6 +162,9 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("OutputTopic: %w", err))
 		}
 	}
+	if err := c.GroupCommit.validate(); err != nil {
+		errs = append(errs, err)
+	}
 	if c.MaxMessageAge < 0 {
 		errs = append(errs, errors.New("MaxMessageAge must not be negative"))
 	}
@@ -172,9 +182,14 @@ type EffectivelyOnce struct {
 	outbox *outbox.Writer
 	logger watermill.LoggerAdapter
 
-	qClaim, qLookup   string
-	qClaimDaily       string
-	qLookupDaily      string
+	qClaim, qLookup string
+	qClaimDaily     string
+	qLookupDaily    string
+	qClaimMany      string
+	qClaimManyDaily string
+	qLookupMany     string
+
+	group             *groupCommitter
 	qSavepointBegin   string
 	qSavepointRelease string
 
@@ -204,7 +219,11 @@ func NewEffectivelyOnce(db *sql.DB, config Config, logger watermill.LoggerAdapte
 	processed := pgtx.QualifiedName(config.Schema, "processed_messages")
 	guard := pgtx.QualifiedName(config.Schema, "attempt_guard")
 	daily := pgtx.QualifiedName(config.Schema, partition.Parent)
-	return &EffectivelyOnce{
+	lookupTable := processed
+	if config.PartitionByDay {
+		lookupTable = daily
+	}
+	e := &EffectivelyOnce{
 		db:      db,
 		config:  config,
 		outbox:  ob,
@@ -215,9 +234,32 @@ func NewEffectivelyOnce(db *sql.DB, config Config, logger watermill.LoggerAdapte
 		qClaimDaily:  `INSERT INTO ` + daily + ` (consumer, message_id, payload_sha256, occurred_on) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`,
 		qLookupDaily: `SELECT payload_sha256, processed_at FROM ` + daily + ` WHERE consumer = $1 AND message_id = $2 AND occurred_on = $3`,
 
+		qClaimMany: `INSERT INTO ` + processed + ` (consumer, message_id, payload_sha256)
+SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[])
+ON CONFLICT DO NOTHING RETURNING consumer, message_id`,
+		qClaimManyDaily: `INSERT INTO ` + daily + ` (consumer, message_id, payload_sha256, occurred_on)
+SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::date[])
+ON CONFLICT DO NOTHING RETURNING consumer, message_id`,
+		qLookupMany: `SELECT p.consumer, p.message_id, p.payload_sha256, p.processed_at
+FROM unnest($1::text[], $2::text[]) AS k(consumer, message_id)
+JOIN ` + lookupTable + ` p USING (consumer, message_id)`,
+
 		qSavepointBegin:   fmt.Sprintf(spBegin, guard),
 		qSavepointRelease: fmt.Sprintf(spRelease, guard),
-	}, nil
+	}
+	if config.GroupCommit.Enabled {
+		e.group = newGroupCommitter(e, config.GroupCommit)
+	}
+	return e, nil
+}
+
+// Close stops the group-commit workers, answering messages still queued with an error (they
+// are nacked and redelivered). It is idempotent and needed only with GroupCommit.
+func (e *EffectivelyOnce) Close() error {
+	if e.group != nil {
+		e.group.close()
+	}
+	return nil
 }
 
 // delivery is what the middleware knows about one delivered message.
@@ -232,6 +274,8 @@ type delivery struct {
 
 	occurredAt    time.Time
 	hasOccurredAt bool
+
+	copies []*queued // group commit: later copies of this key in the same group
 }
 
 // Middleware wraps h. It returns no messages to the router: messages h returns are stored in
@@ -249,6 +293,9 @@ func (e *EffectivelyOnce) Middleware(h message.HandlerFunc) message.HandlerFunc 
 		}
 		if tx, ok := pgtx.SubscriberTxFromContext(origCtx); ok && !e.config.DisableSubscriberTxReuse {
 			return nil, e.runInSubscriberTx(origCtx, h, d, tx)
+		}
+		if e.group != nil {
+			return nil, e.group.submit(origCtx, h, d)
 		}
 		return nil, e.runInOwnTx(origCtx, h, d)
 	}
@@ -433,33 +480,38 @@ func (e *EffectivelyOnce) claim(ctx context.Context, tx *sql.Tx, d *delivery) (f
 			return false, fmt.Errorf("effectively-once: processed_messages is missing in schema %q: run the migrations: %w", e.config.Schema, err)
 		}
 		if e.config.PartitionByDay && pgtx.SQLState(err) == pgtx.CodeCheckViolation {
-			return false, &missingPartitionError{day: partition.Day(d.occurredAt), err: err}
+			return false, &missingPartitionError{days: []time.Time{partition.Day(d.occurredAt)}, err: err}
 		}
 		return false, fmt.Errorf("effectively-once: claim: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n == 1 {
 		return true, e.checkAge(d)
 	}
-	c := d.counters
-	c.duplicates.Add(1)
+	d.counters.duplicates.Add(1)
 	var stored []byte
 	var processedAt time.Time
 	if err := tx.QueryRowContext(ctx, lookupSQL, lookupArgs...).Scan(&stored, &processedAt); err != nil {
-		// The duplicate is certain (the insert conflicted); only the report is incomplete.
-		e.logger.Info("Duplicate skipped (could not read the applied copy)", d.fields.Add(watermill.LogFields{"err": err.Error()}))
+		// The duplicate is certain (the insert conflicted); only the fingerprint check is lost.
+		e.logger.Error("Duplicate skipped, but its applied copy could not be read to compare payloads", err, d.fields)
 		return false, nil
 	}
-	if !bytes.Equal(stored, d.fingerprint) {
-		c.mismatches.Add(1)
-		mismatch := fmt.Errorf("payload fingerprint mismatch: key %q was applied at %s with a different payload; two different events share one id", d.key, processedAt.Format(time.RFC3339))
-		e.logger.Error("Duplicate with a DIFFERENT payload: not applied", mismatch, d.fields)
-		if e.config.RejectFingerprintMismatch {
-			return false, Permanent(mismatch)
-		}
-		return false, nil
+	return false, e.reportDuplicate(d, stored, processedAt)
+}
+
+// reportDuplicate logs a skipped copy and compares its payload with the applied one's. It
+// returns a permanent error only for a mismatch under RejectFingerprintMismatch.
+func (e *EffectivelyOnce) reportDuplicate(d *delivery, stored []byte, processedAt time.Time) error {
+	if bytes.Equal(stored, d.fingerprint) {
+		e.logger.Info("Duplicate skipped: already applied", d.fields.Add(watermill.LogFields{"processed_at": processedAt}))
+		return nil
 	}
-	e.logger.Info("Duplicate skipped: already applied", d.fields.Add(watermill.LogFields{"processed_at": processedAt}))
-	return false, nil
+	d.counters.mismatches.Add(1)
+	mismatch := fmt.Errorf("payload fingerprint mismatch: key %q was applied at %s with a different payload; two different events share one id", d.key, processedAt.Format(time.RFC3339))
+	e.logger.Error("Duplicate with a DIFFERENT payload: not applied", mismatch, d.fields)
+	if e.config.RejectFingerprintMismatch {
+		return Permanent(mismatch)
+	}
+	return nil
 }
 
 // apply runs the handler with tx in the message context and stores what it returns in the outbox.
@@ -544,14 +596,14 @@ func (e *EffectivelyOnce) checkAge(d *delivery) error {
 	return err
 }
 
-// missingPartitionError asks the caller to create a partition and try again.
+// missingPartitionError asks the caller to create partitions and try again.
 type missingPartitionError struct {
-	day time.Time
-	err error
+	days []time.Time
+	err  error
 }
 
 func (e *missingPartitionError) Error() string {
-	return fmt.Sprintf("effectively-once: no partition of processed_messages_daily for %s: %v", e.day.Format(time.DateOnly), e.err)
+	return fmt.Sprintf("effectively-once: a partition of processed_messages_daily is missing (days %v): %v", e.days, e.err)
 }
 func (e *missingPartitionError) Unwrap() error { return e.err }
 
@@ -562,9 +614,11 @@ func (e *EffectivelyOnce) ensurePartition(ctx context.Context, err error) bool {
 	if !errors.As(err, &mp) {
 		return false
 	}
-	if perr := partition.Ensure(ctx, e.db, e.config.Schema, mp.day, mp.day); perr != nil {
-		e.logger.Error("Could not create partition", perr, watermill.LogFields{"day": mp.day.Format(time.DateOnly)})
-		return false
+	for _, day := range mp.days {
+		if perr := partition.Ensure(ctx, e.db, e.config.Schema, day, day); perr != nil {
+			e.logger.Error("Could not create partition", perr, watermill.LogFields{"day": day.Format(time.DateOnly)})
+			return false
+		}
 	}
 	return true
 }

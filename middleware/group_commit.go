@@ -1,0 +1,418 @@
+package middleware
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/wmonce/watermill-once/internal/partition"
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// GroupCommitConfig turns on group commit: messages delivered at the same time (several Kafka
+// partitions, several subscriptions, many handlers) are claimed with one statement, handled one
+// after another in ONE transaction and committed together, then each is acked. Commits, not
+// handlers, are what a PostgreSQL consumer waits on; sharing them multiplies throughput when many
+// messages are in flight at once.
+//
+// The guarantee is the same as per-message transactions: each message is acked only after the
+// commit that holds its claim, effects and outputs. A message whose handler fails is isolated:
+// the group's transaction is rolled back, the failed message is nacked alone, and the others are
+// run again in a new transaction (their handlers run twice, the first run leaving no trace).
+// Handlers must therefore be short and touch only the database; a slow handler delays every
+// message of its group. Messages from watermill-sql's subscriber keep using the subscriber's
+// transaction and are not grouped.
+type GroupCommitConfig struct {
+	// Enabled turns group commit on.
+	Enabled bool
+	// MaxBatch caps the messages of one transaction. Default 100.
+	MaxBatch int
+	// Workers is how many group transactions run at once (each holds one connection). Default 2:
+	// fewer workers make bigger groups (fewer commits); more help when handlers are slow.
+	Workers int
+	// MaxWait lets the first message of a group wait for company. Default 0: a group is whatever
+	// arrived while the previous group was running, so a lone message is never delayed.
+	MaxWait time.Duration
+}
+
+func (c *GroupCommitConfig) setDefaults() {
+	if c.MaxBatch == 0 {
+		c.MaxBatch = 100
+	}
+	if c.Workers == 0 {
+		c.Workers = 2
+	}
+}
+
+func (c GroupCommitConfig) validate() error {
+	if !c.Enabled {
+		return nil
+	}
+	if c.MaxBatch < 1 || c.MaxBatch > 10000 {
+		return fmt.Errorf("GroupCommit.MaxBatch must be between 1 and 10000, got %d", c.MaxBatch)
+	}
+	if c.Workers < 1 {
+		return fmt.Errorf("GroupCommit.Workers must be at least 1, got %d", c.Workers)
+	}
+	if c.MaxWait < 0 {
+		return errors.New("GroupCommit.MaxWait must not be negative")
+	}
+	return nil
+}
+
+// queued is one delivery waiting for its group's outcome.
+type queued struct {
+	d        *delivery
+	h        message.HandlerFunc
+	ctx      context.Context // detached from Router.Close for ShutdownGrace
+	done     chan error
+	answered bool // touched only by the worker that owns the group
+}
+
+func (q *queued) answer(err error) {
+	if !q.answered {
+		q.answered = true
+		q.done <- err
+	}
+}
+
+type groupCommitter struct {
+	groups, grouped atomic.Uint64 // committed transactions, messages applied in them
+
+	e       *EffectivelyOnce
+	config  GroupCommitConfig
+	in      chan *queued
+	closing chan struct{}
+	wg      sync.WaitGroup
+	once    sync.Once
+}
+
+func newGroupCommitter(e *EffectivelyOnce, config GroupCommitConfig) *groupCommitter {
+	g := &groupCommitter{e: e, config: config, in: make(chan *queued), closing: make(chan struct{})}
+	for range config.Workers {
+		g.wg.Add(1)
+		go g.work()
+	}
+	return g
+}
+
+func (g *groupCommitter) close() {
+	g.once.Do(func() { close(g.closing) })
+	g.wg.Wait()
+}
+
+var errClosed = errors.New("effectively-once: middleware closed")
+
+// submit hands a delivery to a worker and waits for the outcome of its group.
+func (g *groupCommitter) submit(origCtx context.Context, h message.HandlerFunc, d *delivery) error {
+	ctx, release := detachForShutdown(origCtx, g.e.config.ShutdownGrace)
+	defer release()
+	q := &queued{d: d, h: h, ctx: ctx, done: make(chan error, 1)}
+	select {
+	case g.in <- q:
+	case <-g.closing:
+		return errClosed
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+	return <-q.done
+}
+
+func (g *groupCommitter) work() {
+	defer g.wg.Done()
+	for {
+		var first *queued
+		select {
+		case first = <-g.in:
+		case <-g.closing:
+			return
+		}
+		g.run(g.collect(first))
+	}
+}
+
+// collect gathers what is already queued behind first, or waits up to MaxWait for it.
+func (g *groupCommitter) collect(first *queued) []*queued {
+	group := []*queued{first}
+	if g.config.MaxWait == 0 {
+		for len(group) < g.config.MaxBatch {
+			select {
+			case q := <-g.in:
+				group = append(group, q)
+			default:
+				return group
+			}
+		}
+		return group
+	}
+	timer := time.NewTimer(g.config.MaxWait)
+	defer timer.Stop()
+	for len(group) < g.config.MaxBatch {
+		select {
+		case q := <-g.in:
+			group = append(group, q)
+		case <-timer.C:
+			return group
+		}
+	}
+	return group
+}
+
+// run commits a group, isolating failed messages: a failure rolls the transaction back, the
+// failed message is answered alone and the rest run again.
+func (g *groupCommitter) run(group []*queued) {
+	e := g.e
+	defer func() {
+		for _, q := range group {
+			q.answer(errors.New("effectively-once: group ended without an outcome")) // never reached
+		}
+	}()
+	var live []*queued
+	for _, q := range group {
+		if err := q.ctx.Err(); err != nil {
+			q.answer(context.Cause(q.ctx)) // gave up waiting (shutdown): redelivered later
+			continue
+		}
+		live = append(live, q)
+	}
+	pending := g.dropSameBatchCopies(live)
+	policy := e.config.TxRetry
+	maxAttempts := policy.MaxAttempts
+	if maxAttempts == 0 {
+		maxAttempts = 3
+	}
+	retries := 0
+	for len(pending) > 0 {
+		next, err := g.attempt(pending)
+		if err == nil {
+			pending = next
+			continue
+		}
+		pending = next
+		if retries+1 < maxAttempts && (pgtx.IsRetryableTx(err) || e.ensurePartition(context.Background(), err)) {
+			retries++
+			for _, q := range pending {
+				q.d.counters.txRetries.Add(1)
+			}
+			time.Sleep(policy.Delay(retries))
+			continue
+		}
+		for _, q := range pending {
+			q.d.counters.failed.Add(1)
+			g.settle(q, err)
+		}
+		return
+	}
+}
+
+// dropSameBatchCopies keeps the first of several copies of one key in a group; the others are
+// answered with it when it is settled.
+func (g *groupCommitter) dropSameBatchCopies(group []*queued) []*queued {
+	seen := make(map[[2]string]*queued, len(group))
+	var out []*queued
+	for _, q := range group {
+		k := [2]string{q.d.consumer, q.d.key}
+		if first, ok := seen[k]; ok {
+			first.d.copies = append(first.d.copies, q)
+			continue
+		}
+		seen[k] = q
+		out = append(out, q)
+	}
+	return out
+}
+
+// attempt runs one transaction over pending. With a nil error it returns the deliveries that
+// must run again because one handler failed and was isolated (nil when all committed); with an
+// error (begin, claim or commit failed for the whole group) it returns the deliveries still
+// unanswered, for the caller to retry or fail.
+func (g *groupCommitter) attempt(pending []*queued) ([]*queued, error) {
+	e := g.e
+	ctx := context.Background()
+	tx, err := e.db.BeginTx(ctx, e.config.TxOptions)
+	if err != nil {
+		return pending, fmt.Errorf("effectively-once: begin group: %w", err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback()
+		}
+	}()
+
+	fresh, dups, err := g.claimAll(ctx, tx, pending)
+	if err != nil {
+		return pending, err
+	}
+	for _, q := range dups {
+		g.settle(q, nil) // applied and committed by an earlier transaction (unless already refused)
+	}
+	for _, q := range fresh {
+		// A failed message's claim must not commit: settle it and start over without it.
+		if err := e.checkAge(q.d); err != nil {
+			g.settle(q, err)
+			return without(fresh, q), nil
+		}
+	}
+	for _, q := range fresh {
+		if err := e.apply(q.ctx, q.h, q.d, tx); err != nil {
+			g.settle(q, err)
+			return without(fresh, q), nil
+		}
+	}
+	committed = true
+	if err := tx.Commit(); err != nil {
+		e.logger.Error("Group commit failed", err, watermill.LogFields{"messages": len(fresh)})
+		return fresh, fmt.Errorf("effectively-once: commit group: %w", err)
+	}
+	g.groups.Add(1)
+	g.grouped.Add(uint64(len(fresh)))
+	for _, q := range fresh {
+		q.d.counters.fresh.Add(1)
+		g.settle(q, nil)
+	}
+	return nil, nil
+}
+
+// GroupCommitStats reports how many group transactions committed and how many messages they
+// applied in all: their ratio is the average group size. Zero without GroupCommit.
+func (e *EffectivelyOnce) GroupCommitStats() (transactions, messages uint64) {
+	if e.group == nil {
+		return 0, 0
+	}
+	return e.group.groups.Load(), e.group.grouped.Load()
+}
+
+// settle answers a delivery and every copy of it that arrived in the same group: copies of an
+// applied message are duplicates; copies of a failed one fail with it and are redelivered.
+func (g *groupCommitter) settle(q *queued, err error) {
+	q.answer(err)
+	for _, c := range q.d.copies {
+		if err == nil {
+			c.d.counters.duplicates.Add(1)
+			g.e.logger.Info("Duplicate skipped: a copy arrived in the same group", c.d.fields)
+		}
+		c.answer(err)
+	}
+	q.d.copies = nil
+}
+
+func without(qs []*queued, drop *queued) []*queued {
+	out := make([]*queued, 0, len(qs))
+	for _, q := range qs {
+		if q != drop {
+			out = append(out, q)
+		}
+	}
+	return out
+}
+
+// claimAll inserts every key with one statement and splits the group into fresh claims and
+// duplicates (checking the duplicates' fingerprints with one more statement).
+func (g *groupCommitter) claimAll(ctx context.Context, tx *sql.Tx, pending []*queued) (fresh, dups []*queued, err error) {
+	e := g.e
+	consumers := make([]string, len(pending))
+	keys := make([]string, len(pending))
+	prints := make([][]byte, len(pending))
+	days := make([]time.Time, len(pending))
+	for i, q := range pending {
+		consumers[i], keys[i], prints[i] = q.d.consumer, q.d.key, q.d.fingerprint
+		days[i] = partition.Day(q.d.occurredAt)
+	}
+	var rows *sql.Rows
+	if e.config.PartitionByDay {
+		rows, err = tx.QueryContext(ctx, e.qClaimManyDaily, consumers, keys, prints, days)
+	} else {
+		rows, err = tx.QueryContext(ctx, e.qClaimMany, consumers, keys, prints)
+	}
+	if err != nil {
+		if e.config.PartitionByDay && pgtx.SQLState(err) == pgtx.CodeCheckViolation {
+			return nil, nil, &missingPartitionError{days: distinct(days), err: err}
+		}
+		return nil, nil, fmt.Errorf("effectively-once: claim group: %w", err)
+	}
+	claimed := make(map[[2]string]bool, len(pending))
+	for rows.Next() {
+		var c, k string
+		if err := rows.Scan(&c, &k); err != nil {
+			rows.Close()
+			return nil, nil, fmt.Errorf("effectively-once: claim group: %w", err)
+		}
+		claimed[[2]string{c, k}] = true
+	}
+	if err := rows.Close(); err != nil {
+		return nil, nil, fmt.Errorf("effectively-once: claim group: %w", err)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("effectively-once: claim group: %w", err)
+	}
+	for _, q := range pending {
+		if claimed[[2]string{q.d.consumer, q.d.key}] {
+			fresh = append(fresh, q)
+		} else {
+			q.d.counters.duplicates.Add(1)
+			dups = append(dups, q)
+		}
+	}
+	if len(dups) > 0 {
+		g.checkFingerprints(ctx, tx, dups)
+	}
+	return fresh, dups, nil
+}
+
+// checkFingerprints reports duplicates whose payload differs from the applied copy's. With
+// RejectFingerprintMismatch the copy is answered with the permanent error right away.
+func (g *groupCommitter) checkFingerprints(ctx context.Context, tx *sql.Tx, dups []*queued) {
+	e := g.e
+	consumers := make([]string, len(dups))
+	keys := make([]string, len(dups))
+	for i, q := range dups {
+		consumers[i], keys[i] = q.d.consumer, q.d.key
+	}
+	rows, err := tx.QueryContext(ctx, e.qLookupMany, consumers, keys)
+	if err != nil {
+		e.logger.Error("Could not read applied copies to compare fingerprints", err, nil)
+		return
+	}
+	defer rows.Close()
+	type applied struct {
+		fingerprint []byte
+		at          time.Time
+	}
+	stored := map[[2]string]applied{}
+	for rows.Next() {
+		var c, k string
+		var a applied
+		if err := rows.Scan(&c, &k, &a.fingerprint, &a.at); err != nil {
+			e.logger.Error("Could not read applied copies to compare fingerprints", err, nil)
+			return
+		}
+		stored[[2]string{c, k}] = a
+	}
+	for _, q := range dups {
+		if a, ok := stored[[2]string{q.d.consumer, q.d.key}]; ok {
+			if err := e.reportDuplicate(q.d, a.fingerprint, a.at); err != nil {
+				g.settle(q, err)
+			}
+		}
+	}
+}
+
+func distinct(days []time.Time) []time.Time {
+	seen := map[time.Time]bool{}
+	var out []time.Time
+	for _, d := range days {
+		if !seen[d] {
+			seen[d] = true
+			out = append(out, d)
+		}
+	}
+	return out
+}
