@@ -34,7 +34,9 @@ func TestBurstIngestedThenProcessed(t *testing.T) {
 	const burst = 300
 	errs := make(chan error, burst+1)
 	go func() { errs <- r.Handle(msg("m-0", "p0", "seq", "0")) }()
-	waitFor(t, 5*time.Second, "the first batch to be written", func() bool { return r.Counts().Waiting == 1 })
+	waitFor(t, 5*time.Second, "the writer to wait on the held row", func() bool {
+		return pgtest.Count(t, e.db, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0`, e.schema) == 1
+	})
 	for i := 1; i <= burst; i++ {
 		go func() { errs <- r.Handle(msg(fmt.Sprintf("m-%d", i), fmt.Sprintf("p%d", i), "seq", fmt.Sprint(i))) }()
 	}
