@@ -108,3 +108,27 @@ func TestPartitionByDay(t *testing.T) {
 	require.Equal(t, []time.Time{partition.Day(day1)}, dropped)
 	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table(partition.Parent)))
 }
+
+func TestLookupClaim(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, middleware.Config{Consumer: "c"})
+	_, err := e.mw.Middleware(e.effect)(message.NewMessage("e-1", []byte("p")))
+	require.NoError(t, err)
+	c, found, err := middleware.LookupClaim(context.Background(), e.db, e.schema, "c", "e-1")
+	require.NoError(t, err)
+	require.True(t, found)
+	require.Len(t, c.PayloadSHA256, 32)
+	require.WithinDuration(t, time.Now(), c.ProcessedAt, time.Minute)
+	_, found, err = middleware.LookupClaim(context.Background(), e.db, e.schema, "other", "e-1")
+	require.NoError(t, err)
+	require.False(t, found)
+
+	daily := newEnv(t, middleware.Config{Consumer: "c", PartitionByDay: true})
+	at := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
+	_, err = daily.mw.Middleware(daily.effect)(occurred("e-2", at, "p"))
+	require.NoError(t, err)
+	c, found, err = middleware.LookupClaim(context.Background(), daily.db, daily.schema, "c", "e-2")
+	require.NoError(t, err)
+	require.True(t, found)
+	require.Equal(t, partition.Day(at), c.OccurredOn.UTC())
+}

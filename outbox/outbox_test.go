@@ -249,3 +249,29 @@ func TestStampsCorrelationCausationAndOccurredAt(t *testing.T) {
 	require.Equal(t, "solo", solo.Metadata.Get(outbox.MetadataCorrelationID))
 	require.Empty(t, solo.Metadata.Get(outbox.MetadataCausationID))
 }
+
+func TestStatusReportsBacklogAndLag(t *testing.T) {
+	t.Parallel()
+	db, schema, w := setup(t)
+	s := &sink{}
+	r, err := outbox.NewRelay(db, s, outbox.RelayConfig{Schema: schema, Name: "kafka"}, nil)
+	require.NoError(t, err)
+	_, err = r.RelayOnce(context.Background()) // registers the relay's position
+	require.NoError(t, err)
+	publishTx(t, db, w, "a", "1", "2", "3")
+
+	relays, rejected, err := outbox.Status(context.Background(), db, schema)
+	require.NoError(t, err)
+	require.Zero(t, rejected)
+	require.Len(t, relays, 1)
+	require.Equal(t, "kafka", relays[0].Name)
+	require.Equal(t, int64(3), relays[0].Backlog)
+	require.False(t, relays[0].OldestPending.IsZero())
+	require.GreaterOrEqual(t, relays[0].Lag, time.Duration(0))
+
+	drain(t, r, s, 3)
+	relays, _, err = outbox.Status(context.Background(), db, schema)
+	require.NoError(t, err)
+	require.Zero(t, relays[0].Backlog)
+	require.Zero(t, relays[0].Lag)
+}
