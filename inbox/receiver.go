@@ -322,7 +322,7 @@ func (r *Receiver) Close() error {
 func (r *Receiver) prepare(msg *message.Message, topic string) (row, error) {
 	key, err := r.config.Key(msg)
 	if err == nil {
-		err = checkKeyText(key, r.config.MaxKeyLength)
+		err = middleware.CheckKey(key, r.config.MaxKeyLength)
 	}
 	if err != nil {
 		return row{}, r.refuse(msg, fmt.Errorf("%w for message %q (consumer %q): %w", middleware.ErrInvalidKey, msg.UUID, r.config.Consumer, err))
@@ -331,7 +331,7 @@ func (r *Receiver) prepare(msg *message.Message, topic string) (row, error) {
 	if r.config.OrderingKey != nil {
 		orderingKey, err = r.config.OrderingKey(msg)
 		if err == nil && orderingKey != "" {
-			err = checkKeyText(orderingKey, r.config.MaxKeyLength)
+			err = middleware.CheckKey(orderingKey, r.config.MaxKeyLength)
 		}
 		if err != nil {
 			return row{}, r.refuse(msg, fmt.Errorf("%w for message %q (consumer %q): %w", ErrInvalidOrderingKey, msg.UUID, r.config.Consumer, err))
@@ -359,20 +359,6 @@ func (r *Receiver) refuse(msg *message.Message, cause error) error {
 	err := middleware.Permanent(cause)
 	r.logger.Error("Message refused: not stored in the inbox, not acked", err, watermill.LogFields{"message_uuid": msg.UUID})
 	return err
-}
-
-// checkKeyText applies the middleware's key rules: not empty, not over the length limit, text
-// PostgreSQL can store.
-func checkKeyText(key string, maxLen int) error {
-	switch {
-	case key == "":
-		return errors.New("key is empty")
-	case len(key) > maxLen:
-		return fmt.Errorf("key is %d bytes long, over MaxKeyLength (%d): raise MaxKeyLength (up to %d) or use a shorter key", len(key), maxLen, middleware.MaxKeyLengthLimit)
-	case !utf8.ValidString(key) || strings.ContainsRune(key, 0):
-		return errors.New("key is not valid UTF-8 text (or contains NUL): PostgreSQL text cannot store it; hash or hex-encode it")
-	}
-	return nil
 }
 
 func encodeMetadata(md message.Metadata) (string, error) {

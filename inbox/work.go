@@ -241,6 +241,8 @@ func (p *Processor) runHandler(ctx context.Context, tx *sql.Tx, r claimedRow) er
 		Topic: r.topic, Attempt: r.attempts, ReceivedAt: r.receivedAt,
 	})
 	hctx = pgtx.ContextWithTx(outbox.ContextWithConsumed(hctx, msg), tx)
+	// Keys for effects outside the database (idemkey.ForMessage) follow the inbox's dedupe key.
+	hctx = middleware.ContextWithClaim(hctx, p.config.Consumer, r.messageID)
 	msg.SetContext(hctx)
 	out, err := callHandler(p.handler, msg)
 	if err != nil {

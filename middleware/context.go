@@ -15,6 +15,8 @@ func ClaimFromContext(ctx context.Context) (consumer, key string, ok bool) {
 	return c.consumer, c.key, ok
 }
 
-func contextWithClaim(ctx context.Context, consumer, key string) context.Context {
+// ContextWithClaim records the consumer and key a message was claimed under. The middleware
+// and the inbox processor set it for handlers; custom consumers may too.
+func ContextWithClaim(ctx context.Context, consumer, key string) context.Context {
 	return context.WithValue(ctx, claimKey{}, claim{consumer, key})
 }

@@ -353,12 +353,16 @@ func (e *EffectivelyOnce) newDelivery(msg *message.Message) (*delivery, error) {
 	}, nil
 }
 
-func (e *EffectivelyOnce) checkKey(key string) error {
+func (e *EffectivelyOnce) checkKey(key string) error { return CheckKey(key, e.config.MaxKeyLength) }
+
+// CheckKey applies the rules every dedupe key must meet: not empty, at most maxLen bytes, and
+// text PostgreSQL can store (valid UTF-8, no NUL). The inbox applies the same rules.
+func CheckKey(key string, maxLen int) error {
 	switch {
 	case key == "":
 		return errors.New("key is empty")
-	case len(key) > e.config.MaxKeyLength:
-		return fmt.Errorf("key is %d bytes long, over MaxKeyLength (%d): raise MaxKeyLength (up to %d) or use KeyFromPayloadSHA256 / a shorter business key", len(key), e.config.MaxKeyLength, MaxKeyLengthLimit)
+	case len(key) > maxLen:
+		return fmt.Errorf("key is %d bytes long, over MaxKeyLength (%d): raise MaxKeyLength (up to %d) or use KeyFromPayloadSHA256 / a shorter business key", len(key), maxLen, MaxKeyLengthLimit)
 	case !utf8.ValidString(key) || strings.ContainsRune(key, 0):
 		return errors.New("key is not valid UTF-8 text (or contains NUL): PostgreSQL text cannot store it; use KeyFromPayloadSHA256 or hex-encode it")
 	}
@@ -516,7 +520,7 @@ func (e *EffectivelyOnce) reportDuplicate(d *delivery, stored []byte, processedA
 
 // apply runs the handler with tx in the message context and stores what it returns in the outbox.
 func (e *EffectivelyOnce) apply(ctx context.Context, h message.HandlerFunc, d *delivery, tx *sql.Tx) error {
-	hctx := contextWithClaim(outbox.ContextWithConsumed(pgtx.ContextWithTx(ctx, tx), d.msg), d.consumer, d.key)
+	hctx := ContextWithClaim(outbox.ContextWithConsumed(pgtx.ContextWithTx(ctx, tx), d.msg), d.consumer, d.key)
 	d.msg.SetContext(hctx)
 	out, err := callHandler(h, d.msg)
 	if err != nil {
