@@ -1,0 +1,91 @@
+package e2e_test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/wmonce/watermill-once/broker"
+	"github.com/wmonce/watermill-once/e2e"
+	"github.com/wmonce/watermill-once/internal/brokertest"
+)
+
+var consumerBinary string
+
+// TestMain builds the consumer command once (with the race detector when the tests have it),
+// so the suite can run it as separate processes and kill them.
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "wmonce-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	consumerBinary = filepath.Join(dir, "consumer")
+	args := []string{"build", "-o", consumerBinary}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	cmd := exec.Command("go", append(args, "./internal/consumer")...)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: cannot build the consumer command (is the go tool on PATH?):", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func options(t *testing.T) e2e.Options {
+	opts := e2e.Options{ConsumerBinary: consumerBinary}
+	if os.Getenv("E2E_SOAK") != "" {
+		opts.Events, opts.Producers, opts.Timeout = 5000, 8, 20*time.Minute
+	}
+	if v := os.Getenv("E2E_EVENTS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 8 {
+			t.Fatalf("E2E_EVENTS=%q: want a number of events, at least 8", v)
+		}
+		opts.Events = n
+	}
+	return opts
+}
+
+func TestEffectivelyOnceOverSQL(t *testing.T) {
+	t.Parallel()
+	e2e.Run(t, e2e.Target{
+		Name:   "sql",
+		Config: func(t *testing.T, schema string) broker.Config { return brokertest.Config(t, broker.SQL, schema) },
+	}, options(t))
+}
+
+func TestEffectivelyOnceOverKafka(t *testing.T) {
+	t.Parallel()
+	e2e.Run(t, e2e.Target{
+		Name:   "kafka",
+		Config: func(t *testing.T, schema string) broker.Config { return brokertest.Config(t, broker.Kafka, schema) },
+	}, options(t))
+}
+
+var closedConnections = regexp.MustCompile(`Closed (\d+) connections`)
+
+func TestEffectivelyOnceOverRabbitMQ(t *testing.T) {
+	t.Parallel()
+	e2e.Run(t, e2e.Target{
+		Name:   "amqp",
+		Config: func(t *testing.T, schema string) broker.Config { return brokertest.Config(t, broker.AMQP, schema) },
+		BreakConnections: func(t *testing.T, cfg broker.Config) (int, error) {
+			out := brokertest.Rabbitmqctl(t, "close_all_connections", "-p", brokertest.Vhost(cfg.AMQP.URL), "watermill-once e2e fault injection")
+			m := closedConnections.FindStringSubmatch(out)
+			if m == nil {
+				return 0, fmt.Errorf("unexpected rabbitmqctl output %q", out)
+			}
+			return strconv.Atoi(m[1])
+		},
+	}, options(t))
+}

@@ -1,0 +1,95 @@
+// Command consumer is one consumer instance of the end-to-end suite, run as a child process so
+// the suite can kill it with SIGKILL. It reads the broker configuration from the environment
+// (broker.ConfigFromEnv) and the scenario's names from E2E_* variables, applies events until
+// SIGTERM or SIGINT, and prints its totals on stdout every 100ms and at a clean exit.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/wmonce/watermill-once/broker"
+	"github.com/wmonce/watermill-once/e2e/internal/scenario"
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "consumer:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	cfg, err := broker.ConfigFromEnv()
+	if err != nil {
+		return err
+	}
+	need := func(k string) string {
+		v := os.Getenv(k)
+		if v == "" {
+			fmt.Fprintf(os.Stderr, "consumer: %s is not set\n", k)
+			os.Exit(2)
+		}
+		return v
+	}
+	schema, topic, poison := need(scenario.EnvSchema), need(scenario.EnvTopic), need(scenario.EnvPoisonTopic)
+	group, instance := need(scenario.EnvGroup), need(scenario.EnvInstance)
+	logger := watermill.NewStdLoggerWithOut(os.Stderr, false, false).With(watermill.LogFields{"instance": instance})
+
+	db, err := pgtx.Open(ctx, cfg.DatabaseURL, pgtx.PoolConfig{MaxOpenConns: 8})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	b, err := broker.New(ctx, db, cfg, logger)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	sub, err := b.NewSubscriber(group)
+	if err != nil {
+		return err
+	}
+	c, err := scenario.NewConsumer(db, sub, schema, topic, poison, group, instance, logger)
+	if err != nil {
+		return err
+	}
+
+	report := func(final bool) {
+		s := c.Stats()
+		s.Final = final
+		line, _ := json.Marshal(s)
+		fmt.Println(scenario.StatsPrefix + string(line))
+	}
+	go func() {
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				report(false)
+			}
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		_ = c.Router.Close()
+	}()
+	if err := c.Router.Run(context.Background()); err != nil {
+		return err
+	}
+	report(true)
+	return nil
+}

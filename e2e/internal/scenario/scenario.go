@@ -1,0 +1,185 @@
+// Package scenario is the application the end-to-end suite runs: producers that commit an order
+// and its event in one transaction, and a consumer that applies each event to a ledger under the
+// effectively-once middleware. The suite (in the test process) and the consumer binary (a child
+// process the suite kills with SIGKILL) share it.
+package scenario
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+
+	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/outbox"
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// Environment variables the suite passes to the consumer process, besides the broker's own
+// (broker.Config.Environ).
+const (
+	EnvSchema      = "E2E_SCHEMA"
+	EnvTopic       = "E2E_TOPIC"
+	EnvPoisonTopic = "E2E_POISON_TOPIC"
+	EnvGroup       = "E2E_GROUP"
+	EnvInstance    = "E2E_INSTANCE"
+)
+
+// StatsPrefix starts the lines on which the consumer process reports its totals.
+const StatsPrefix = "E2E-STATS "
+
+// Event is the payload of an OrderPlaced event.
+type Event struct {
+	OrderID string `json:"order_id"`
+	Amount  int64  `json:"amount"`
+	Poison  bool   `json:"poison,omitempty"`
+}
+
+// Stats are one consumer process's totals, printed as JSON after StatsPrefix.
+type Stats struct {
+	Instance   string `json:"instance"`
+	Deliveries uint64 `json:"deliveries"` // messages handed to the handler by the broker
+	Applied    uint64 `json:"applied"`    // fresh messages committed
+	Duplicates uint64 `json:"duplicates"` // copies absorbed by the dedupe claim
+	Failed     uint64 `json:"failed"`     // attempts rolled back (then retried or parked)
+	Final      bool   `json:"final"`      // printed at a clean exit
+}
+
+// CreateTables creates the business tables in schema: orders (written by producers) and
+// ledger (written by the consumer). ledger deliberately has no unique constraint on the event,
+// so an event applied twice would show up as two rows instead of an error.
+func CreateTables(ctx context.Context, db *sql.DB, schema string) error {
+	_, err := db.ExecContext(ctx, `
+CREATE TABLE `+pgtx.QualifiedName(schema, "orders")+` (
+	id     text PRIMARY KEY,
+	amount bigint NOT NULL
+);
+CREATE TABLE `+pgtx.QualifiedName(schema, "ledger")+` (
+	event_id   text        NOT NULL,
+	order_id   text        NOT NULL,
+	amount     bigint      NOT NULL,
+	instance   text        NOT NULL,
+	applied_at timestamptz NOT NULL DEFAULT now()
+)`)
+	return err
+}
+
+// Produce commits one order and its event in one transaction. A transaction whose COMMIT
+// outcome is unknown is retried with the same ids; the order's primary key tells whether the
+// first attempt committed, so an event is never stored twice.
+func Produce(ctx context.Context, db *sql.DB, w *outbox.Writer, schema, topic string, ev Event, key string) error {
+	payload, err := json.Marshal(ev)
+	if err != nil {
+		return err
+	}
+	for attempt := 1; ; attempt++ {
+		err := pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO `+pgtx.QualifiedName(schema, "orders")+` (id, amount) VALUES ($1, $2)`, ev.OrderID, ev.Amount); err != nil {
+				return err
+			}
+			msg := message.NewMessage("evt-"+ev.OrderID, payload)
+			msg.Metadata.Set("partition_key", key)
+			return w.PublishTx(ctx, tx, topic, msg)
+		})
+		if err == nil || pgtx.IsUniqueViolation(err) {
+			return nil
+		}
+		if ctx.Err() != nil || attempt == 50 {
+			return fmt.Errorf("produce %s: %w", ev.OrderID, err)
+		}
+		time.Sleep(50 * time.Millisecond) // connection terminated by the fault injector: try again
+	}
+}
+
+// ErrPoison is what the handler returns, as a permanent error, for a poison event.
+var ErrPoison = errors.New("poison event: refusing to apply it")
+
+// Handler applies an event to the ledger in the middleware's transaction.
+func Handler(schema, instance string) message.NoPublishHandlerFunc {
+	insert := `INSERT INTO ` + pgtx.QualifiedName(schema, "ledger") + ` (event_id, order_id, amount, instance) VALUES ($1, $2, $3, $4)`
+	return func(msg *message.Message) error {
+		var ev Event
+		if err := json.Unmarshal(msg.Payload, &ev); err != nil {
+			return middleware.Permanent(fmt.Errorf("payload is not an OrderPlaced event: %w", err))
+		}
+		if ev.Poison {
+			return middleware.Permanent(ErrPoison)
+		}
+		tx, ok := pgtx.TxFromContext(msg.Context())
+		if !ok {
+			return errors.New("no transaction in the message context")
+		}
+		_, err := tx.ExecContext(msg.Context(), insert, msg.UUID, ev.OrderID, ev.Amount, instance)
+		return err
+	}
+}
+
+// Consumer is the router setup of one consumer instance.
+type Consumer struct {
+	Router     *message.Router
+	Middleware *middleware.EffectivelyOnce
+	group      string
+	deliveries atomic.Uint64
+	instance   string
+}
+
+// NewConsumer wires sub into a router: delivery counter -> middleware.Stack (retry, poison queue
+// into the outbox, effectively-once) -> Handler.
+func NewConsumer(db *sql.DB, sub message.Subscriber, schema, topic, poisonTopic, group, instance string, logger watermill.LoggerAdapter) (*Consumer, error) {
+	mw, err := middleware.NewEffectivelyOnce(db, middleware.Config{Schema: schema, Consumer: group}, logger)
+	if err != nil {
+		return nil, err
+	}
+	w, err := outbox.NewWriter(outbox.Config{Schema: schema})
+	if err != nil {
+		return nil, err
+	}
+	stack, err := middleware.Stack(middleware.StackConfig{
+		EffectivelyOnce: mw,
+		Retry:           retryConfig(),
+		PoisonPublisher: w.DBPublisher(db),
+		PoisonTopic:     poisonTopic,
+		Logger:          logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 15 * time.Second}, logger)
+	if err != nil {
+		return nil, err
+	}
+	c := &Consumer{Router: router, Middleware: mw, group: group, instance: instance}
+	h := router.AddConsumerHandler(group, topic, sub, Handler(schema, instance))
+	h.AddMiddleware(append([]message.HandlerMiddleware{c.countDeliveries}, stack...)...)
+	return c, nil
+}
+
+func (c *Consumer) countDeliveries(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		c.deliveries.Add(1)
+		return h(msg)
+	}
+}
+
+// Stats returns the consumer's totals.
+func (c *Consumer) Stats() Stats {
+	counts := c.Middleware.Counts(c.group)
+	return Stats{
+		Instance:   c.instance,
+		Deliveries: c.deliveries.Load(),
+		Applied:    counts.Fresh,
+		Duplicates: counts.Duplicates,
+		Failed:     counts.Failed,
+	}
+}
+
+func retryConfig() wmiddleware.Retry {
+	return wmiddleware.Retry{MaxRetries: 5, InitialInterval: 50 * time.Millisecond, MaxInterval: time.Second, Multiplier: 2}
+}
