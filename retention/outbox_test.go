@@ -1,0 +1,135 @@
+package retention_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/outbox"
+	"github.com/wmonce/watermill-once/pgtx"
+	"github.com/wmonce/watermill-once/retention"
+)
+
+// publishOutbox stores n messages through the outbox writer, one transaction each.
+func publishOutbox(t *testing.T, db *sql.DB, schema string, n int) {
+	t.Helper()
+	w, err := outbox.NewWriter(outbox.Config{Schema: schema})
+	require.NoError(t, err)
+	for i := range n {
+		tx, err := db.Begin()
+		require.NoError(t, err)
+		require.NoError(t, w.PublishTx(context.Background(), tx, "events", message.NewMessage(fmt.Sprintf("m-%d", i), []byte(`{}`))))
+		require.NoError(t, tx.Commit())
+	}
+}
+
+// relayed runs a relay named name one row at a time until it has forwarded want more rows. Rows
+// become readable only once older transactions on the server end, so it polls.
+func relayed(t *testing.T, db *sql.DB, schema, name string, want int) *outbox.Relay {
+	t.Helper()
+	pub := gochannel.NewGoChannel(gochannel.Config{}, logger())
+	t.Cleanup(func() { _ = pub.Close() })
+	r, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Schema: schema, Name: name, BatchSize: 1}, logger())
+	require.NoError(t, err)
+	deadline := time.Now().Add(20 * time.Second)
+	for int(r.Stats().Forwarded) < want {
+		require.True(t, time.Now().Before(deadline), "relay %s forwarded %d of %d rows", name, r.Stats().Forwarded, want)
+		n, err := r.RelayOnce(context.Background())
+		require.NoError(t, err)
+		if n == 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	return r
+}
+
+func TestOutboxRowsDeletedOnlyWhenOldAndForwardedByEveryRelay(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	schema := pgtest.Schema(t, db)
+	ob := pgtx.QualifiedName(schema, "outbox")
+	ctx := context.Background()
+	j := newJanitor(t, db, retention.Config{Schema: schema, OutboxKeep: day, BatchSize: 2})
+
+	publishOutbox(t, db, schema, 10)
+	// Every row is two days old: only the relays' positions hold them back now.
+	pgtest.Exec(t, db, `UPDATE `+ob+` SET created_at = created_at - interval '2 days'`)
+
+	// No relay has ever run: nothing is known to be forwarded, nothing goes.
+	rep, err := j.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Zero(t, rep.OutboxRows)
+
+	relayed(t, db, schema, "kafka", 10)
+	relayed(t, db, schema, "audit", 3)
+	rep, err = j.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(3), rep.OutboxRows, "only rows the slowest relay forwarded")
+	require.Equal(t, 7, pgtest.Count(t, db, `SELECT count(*) FROM `+ob))
+	require.Equal(t, 0, pgtest.Count(t, db, `SELECT count(*) FROM `+ob+` WHERE uuid IN ('m-0', 'm-1', 'm-2')`))
+
+	// Young rows that every relay forwarded stay for OutboxKeep.
+	pgtest.Exec(t, db, `UPDATE `+ob+` SET created_at = localtimestamp WHERE uuid IN ('m-5', 'm-6', 'm-7', 'm-8', 'm-9')`)
+	relayed(t, db, schema, "audit", 7) // the rest: the slowest relay is now level with the other
+	rep, err = j.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(2), rep.OutboxRows)
+	require.Equal(t, 5, pgtest.Count(t, db, `SELECT count(*) FROM `+ob))
+
+	// A retired relay blocks cleanup until it is forgotten.
+	pgtest.Exec(t, db, `UPDATE `+ob+` SET created_at = created_at - interval '2 days'`)
+	pgtest.Exec(t, db, `INSERT INTO `+pgtx.QualifiedName(schema, "outbox_offsets")+` (consumer_group, offset_acked, last_processed_transaction_id) VALUES ('retired', 0, '0')`)
+	rep, err = j.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Zero(t, rep.OutboxRows)
+	names, err := retention.Relays(ctx, db, schema)
+	require.NoError(t, err)
+	require.Equal(t, []string{"audit", "kafka", "retired"}, names)
+	found, err := retention.ForgetRelay(ctx, db, schema, "retired")
+	require.NoError(t, err)
+	require.True(t, found)
+	rep, err = j.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(5), rep.OutboxRows)
+	require.Zero(t, pgtest.Count(t, db, `SELECT count(*) FROM `+ob))
+	require.Equal(t, uint64(10), j.Stats().OutboxRows)
+}
+
+func TestForgetRelayRefusesARunningRelay(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	schema := pgtest.Schema(t, db)
+	ctx := context.Background()
+	pub := gochannel.NewGoChannel(gochannel.Config{}, logger())
+	defer pub.Close()
+	r, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Schema: schema, Name: "live", PollInterval: 10 * time.Millisecond}, logger())
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	require.Eventually(t, func() bool { return r.Stats().IsLeader }, 10*time.Second, 10*time.Millisecond)
+
+	found, err := retention.ForgetRelay(ctx, db, schema, "live")
+	require.ErrorIs(t, err, retention.ErrRelayActive)
+	require.False(t, found)
+	require.Equal(t, 1, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "outbox_offsets")))
+
+	require.NoError(t, r.Close())
+	require.NoError(t, <-done)
+	// A relay stopped while its connection was busy leaves the session (and lock) to end
+	// on the server a moment later.
+	require.Eventually(t, func() bool {
+		found, err = retention.ForgetRelay(ctx, db, schema, "live")
+		return err == nil
+	}, 10*time.Second, 10*time.Millisecond)
+	require.True(t, found)
+	found, err = retention.ForgetRelay(ctx, db, schema, "live")
+	require.NoError(t, err)
+	require.False(t, found, "already gone")
+}

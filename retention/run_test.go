@@ -1,0 +1,113 @@
+package retention_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/pgtx"
+	"github.com/wmonce/watermill-once/retention"
+)
+
+func TestOneJanitorLeadsAndAnotherTakesOver(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	schema := pgtest.Schema(t, db)
+	cfg := retention.Config{Schema: schema, Interval: 20 * time.Millisecond}
+	a, b := newJanitor(t, db, cfg), newJanitor(t, db, cfg)
+	done := make(chan error, 2)
+	for _, j := range []*retention.Janitor{a, b} {
+		go func() { done <- j.Run(context.Background()) }()
+	}
+	t.Cleanup(func() { _ = a.Close(); _ = b.Close() })
+
+	// Wait for several rounds of whichever leads.
+	require.Eventually(t, func() bool { return a.Stats().Rounds+b.Stats().Rounds >= 5 }, 10*time.Second, 10*time.Millisecond)
+	leader, standby := a, b
+	if b.Stats().IsLeader {
+		leader, standby = b, a
+	}
+	require.True(t, leader.Stats().IsLeader)
+	require.False(t, standby.Stats().IsLeader)
+	require.Zero(t, standby.Stats().Rounds, "the standby deletes nothing while another instance leads")
+
+	// Rows expired meanwhile are deleted by the leader's next rounds.
+	insertClaims(t, db, schema, "c", 10, 30*day)
+	require.Eventually(t, func() bool { return countClaims(t, db, schema, "c") == 0 }, 10*time.Second, 10*time.Millisecond)
+
+	// The leader stops; the standby takes over within an Interval or so.
+	require.NoError(t, leader.Close())
+	require.NoError(t, <-done)
+	require.False(t, leader.Stats().IsLeader)
+	require.Eventually(t, func() bool { return standby.Stats().IsLeader && standby.Stats().Rounds > 0 }, 10*time.Second, 10*time.Millisecond)
+	insertClaims(t, db, schema, "c", 10, 30*day)
+	require.Eventually(t, func() bool { return countClaims(t, db, schema, "c") == 0 }, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, standby.Close())
+	require.NoError(t, <-done)
+	require.NoError(t, standby.Close(), "Close is idempotent")
+}
+
+func TestRunOnceWorksBesideARunningLeader(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	schema := pgtest.Schema(t, db)
+	// The service janitor rounds rarely; the operator's RunOnce (wmonce purge --now) does not wait for it.
+	service := newJanitor(t, db, retention.Config{Schema: schema, Interval: time.Hour})
+	done := make(chan error, 1)
+	go func() { done <- service.Run(context.Background()) }()
+	require.Eventually(t, func() bool { return service.Stats().IsLeader }, 10*time.Second, 10*time.Millisecond)
+
+	insertClaims(t, db, schema, "c", 20, 30*day)
+	rep, err := newJanitor(t, db, retention.Config{Schema: schema}).RunOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, int64(20), rep.Claims)
+	require.NoError(t, service.Close())
+	require.NoError(t, <-done)
+}
+
+func TestPurgeClaimsWithDryRun(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	schema := pgtest.Schema(t, db)
+	ctx := context.Background()
+	insertClaims(t, db, schema, "a", 30, 3*day)
+	insertClaims(t, db, schema, "a", 5, time.Hour)
+	insertClaims(t, db, schema, "b", 40, 3*day)
+	daily := pgtx.QualifiedName(schema, "processed_messages_daily")
+	pgtest.Exec(t, db, `CREATE TABLE `+pgtx.QualifiedName(schema, "processed_messages_20200101")+` PARTITION OF `+daily+` FOR VALUES FROM ('2020-01-01') TO ('2020-01-02')`)
+	pgtest.Exec(t, db, `INSERT INTO `+daily+` (consumer, message_id, occurred_on, payload_sha256, processed_at)
+SELECT 'b', 'd' || g, '2020-01-01', '\x00', now() - interval '3 days' FROM generate_series(1, 6) g`)
+	var before time.Time
+	require.NoError(t, db.QueryRow(`SELECT now() - interval '1 day'`).Scan(&before))
+
+	n, err := retention.Purge(ctx, db, schema, retention.PurgeRequest{Consumer: "a", Before: before, DryRun: true})
+	require.NoError(t, err)
+	require.Equal(t, int64(30), n)
+	require.Equal(t, 35, countClaims(t, db, schema, "a"), "a dry run deletes nothing")
+
+	n, err = retention.Purge(ctx, db, schema, retention.PurgeRequest{Consumer: "a", Before: before, BatchSize: 7})
+	require.NoError(t, err)
+	require.Equal(t, int64(30), n)
+	require.Equal(t, 5, countClaims(t, db, schema, "a"))
+	require.Equal(t, 40, countClaims(t, db, schema, "b"), "other consumers untouched")
+
+	n, err = retention.Purge(ctx, db, schema, retention.PurgeRequest{Before: before, DryRun: true})
+	require.NoError(t, err)
+	require.Equal(t, int64(46), n, "every consumer, both claim tables")
+	n, err = retention.Purge(ctx, db, schema, retention.PurgeRequest{Before: before, BatchSize: 4})
+	require.NoError(t, err)
+	require.Equal(t, int64(46), n)
+	require.Zero(t, countClaims(t, db, schema, "b"))
+	require.Zero(t, pgtest.Count(t, db, `SELECT count(*) FROM `+daily))
+	require.Equal(t, 5, countClaims(t, db, schema, "a"))
+
+	_, err = retention.Purge(ctx, db, schema, retention.PurgeRequest{Consumer: "a"})
+	require.ErrorContains(t, err, "give Before")
+	_, err = retention.Purge(ctx, db, "no-such schema", retention.PurgeRequest{Before: before})
+	require.ErrorContains(t, err, "schema name")
+	_, err = retention.Purge(ctx, db, schema, retention.PurgeRequest{Before: before, BatchSize: -1})
+	require.ErrorContains(t, err, "BatchSize")
+}
