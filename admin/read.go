@@ -1,0 +1,355 @@
+package admin
+
+import (
+	"context"
+	"database/sql"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+	"unicode/utf8"
+
+	"github.com/wmonce/watermill-once/inbox"
+	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/migrate"
+	"github.com/wmonce/watermill-once/outbox"
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// The read functions below back both the HTTP API and `wmonce status`. They only SELECT.
+
+// SchemaStatus says which migrations a schema has.
+type SchemaStatus struct {
+	Schema  string `json:"schema"`
+	Version int    `json:"version"`
+	// Latest is the newest migration this binary carries.
+	Latest int `json:"latest"`
+	// Hint is set when the schema is behind (or ahead of) this binary and says what to run.
+	Hint string `json:"hint,omitempty"`
+}
+
+// ReadSchemaStatus returns the applied and latest migration versions of schema.
+func ReadSchemaStatus(ctx context.Context, db *sql.DB, schema string) (SchemaStatus, error) {
+	m, err := migrate.New(db, migrate.Config{Schema: schema}, nil)
+	if err != nil {
+		return SchemaStatus{}, err
+	}
+	v, err := m.Version(ctx)
+	if err != nil {
+		return SchemaStatus{}, err
+	}
+	s := SchemaStatus{Schema: schema, Version: v, Latest: migrate.Latest()}
+	switch {
+	case v == 0:
+		s.Hint = fmt.Sprintf("schema %s is at version 0 (no watermill-once tables): run `wmonce -schema %s migrate up`", schema, schema)
+	case v < s.Latest:
+		s.Hint = fmt.Sprintf("schema %s is at version %d, this binary knows %d: run `wmonce -schema %s migrate up`", schema, v, s.Latest, schema)
+	case v > s.Latest:
+		s.Hint = fmt.Sprintf("schema %s is at version %d, newer than this binary (%d): upgrade wmonce", schema, v, s.Latest)
+	}
+	return s, nil
+}
+
+// ConsumerStatus is one consumer of the effectively-once middleware: its claims in the
+// database and, when the middleware runs in this process, its in-process counts.
+type ConsumerStatus struct {
+	Consumer string `json:"consumer"`
+	// Claims counts the consumer's rows in processed_messages and processed_messages_daily:
+	// messages applied and not yet deleted by retention.
+	Claims int64 `json:"claims"`
+	// NewestClaim is when the most recent of them was applied (zero when there are none).
+	NewestClaim time.Time `json:"newest_claim"`
+	// Counts are the totals since the middlewares given to Config were created, summed over
+	// them; nil when none of them has seen this consumer (or none was given).
+	Counts *middleware.Counts `json:"counts,omitempty"`
+	// DuplicateRate is Duplicates / (Fresh + Duplicates) from Counts; nil without traffic.
+	DuplicateRate *float64 `json:"duplicate_rate,omitempty"`
+}
+
+// ReadConsumers lists every consumer with claims in schema, with its claim count and newest
+// claim, merged with the in-process counts of mws (consumers seen only there are listed too),
+// ordered by name. The counts scan the claim tables: on tables of many millions of rows this
+// takes seconds, so callers bound it with a context deadline.
+func ReadConsumers(ctx context.Context, db *sql.DB, schema string, mws []*middleware.EffectivelyOnce) ([]ConsumerStatus, error) {
+	if err := pgtx.ValidateIdentifier("schema", schema); err != nil {
+		return nil, err
+	}
+	tables := []string{"processed_messages", "processed_messages_daily"}
+	var union string
+	for _, t := range tables {
+		var exists bool
+		if err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, pgtx.QualifiedName(schema, t)).Scan(&exists); err != nil {
+			return nil, fmt.Errorf("read consumers: %w", err)
+		}
+		if !exists {
+			continue
+		}
+		if union != "" {
+			union += "\nUNION ALL\n"
+		}
+		union += `SELECT consumer, count(*) AS n, max(processed_at) AS newest FROM ` + pgtx.QualifiedName(schema, t) + ` GROUP BY consumer`
+	}
+	byName := map[string]*ConsumerStatus{}
+	if union != "" {
+		rows, err := db.QueryContext(ctx, `SELECT consumer, sum(n)::bigint, max(newest) FROM (`+union+`) x GROUP BY consumer`)
+		if err != nil {
+			return nil, fmt.Errorf("read consumers: %w", err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var c ConsumerStatus
+			var newest sql.NullTime
+			if err := rows.Scan(&c.Consumer, &c.Claims, &newest); err != nil {
+				return nil, fmt.Errorf("read consumers: %w", err)
+			}
+			c.NewestClaim = newest.Time
+			byName[c.Consumer] = &c
+		}
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("read consumers: %w", err)
+		}
+	}
+	for consumer, counts := range sumCounts(mws) {
+		c := byName[consumer]
+		if c == nil {
+			c = &ConsumerStatus{Consumer: consumer}
+			byName[consumer] = c
+		}
+		counts := counts
+		c.Counts = &counts
+		if seen := counts.Fresh + counts.Duplicates; seen > 0 {
+			rate := float64(counts.Duplicates) / float64(seen)
+			c.DuplicateRate = &rate
+		}
+	}
+	out := make([]ConsumerStatus, 0, len(byName))
+	for _, c := range byName {
+		out = append(out, *c)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Consumer < out[j].Consumer })
+	return out, nil
+}
+
+func sumCounts(mws []*middleware.EffectivelyOnce) map[string]middleware.Counts {
+	out := map[string]middleware.Counts{}
+	for _, mw := range mws {
+		if mw == nil {
+			continue
+		}
+		for consumer, c := range mw.AllCounts() {
+			s := out[consumer]
+			s.Fresh += c.Fresh
+			s.Duplicates += c.Duplicates
+			s.FingerprintMismatches += c.FingerprintMismatches
+			s.Failed += c.Failed
+			s.TxRetries += c.TxRetries
+			s.Refused += c.Refused
+			s.TooOld += c.TooOld
+			out[consumer] = s
+		}
+	}
+	return out
+}
+
+// InboxStatus is one inbox consumer's rows by status.
+type InboxStatus struct {
+	Consumer   string `json:"consumer"`
+	Pending    int64  `json:"pending"`
+	Retrying   int64  `json:"retrying"` // the part of Pending that failed before
+	InProgress int64  `json:"in_progress"`
+	Failed     int64  `json:"failed"`
+	Done       int64  `json:"done"`
+	Skipped    int64  `json:"skipped"`
+	// OldestPendingReceivedAt and OldestPendingAgeSeconds describe the oldest PENDING row
+	// (zero when there is none): alert when the age grows.
+	OldestPendingReceivedAt time.Time `json:"oldest_pending_received_at"`
+	OldestPendingAgeSeconds float64   `json:"oldest_pending_age_seconds"`
+}
+
+// ReadInbox counts every inbox consumer's rows by status, ordered by consumer. Unfinished
+// rows and the oldest pending age come from inbox.Ops.AllStats; DONE and SKIPPED rows are
+// counted here, which scans the table.
+func ReadInbox(ctx context.Context, db *sql.DB, schema string) ([]InboxStatus, error) {
+	ops, err := inbox.NewOps(db, inbox.OpsConfig{Schema: schema}, nil)
+	if err != nil {
+		return nil, err
+	}
+	byName := map[string]*InboxStatus{}
+	get := func(consumer string) *InboxStatus {
+		s := byName[consumer]
+		if s == nil {
+			s = &InboxStatus{Consumer: consumer}
+			byName[consumer] = s
+		}
+		return s
+	}
+	rows, err := db.QueryContext(ctx, `SELECT consumer, status, count(*) FROM `+pgtx.QualifiedName(schema, "inbox")+
+		` WHERE status IN ('DONE', 'SKIPPED') GROUP BY consumer, status`)
+	if err != nil {
+		return nil, fmt.Errorf("read inbox: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var consumer, status string
+		var n int64
+		if err := rows.Scan(&consumer, &status, &n); err != nil {
+			return nil, fmt.Errorf("read inbox: %w", err)
+		}
+		if inbox.Status(status) == inbox.StatusDone {
+			get(consumer).Done = n
+		} else {
+			get(consumer).Skipped = n
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read inbox: %w", err)
+	}
+	stats, err := ops.AllStats(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for consumer, st := range stats {
+		s := get(consumer)
+		s.Pending, s.Retrying, s.InProgress, s.Failed = st.Pending, st.Retrying, st.InProgress, st.Failed
+		s.OldestPendingReceivedAt = st.OldestPendingReceivedAt
+		s.OldestPendingAgeSeconds = st.OldestPendingAge.Seconds()
+	}
+	out := make([]InboxStatus, 0, len(byName))
+	for _, s := range byName {
+		out = append(out, *s)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Consumer < out[j].Consumer })
+	return out, nil
+}
+
+// RelayStatus is one outbox relay's position, as JSON.
+type RelayStatus struct {
+	Name          string    `json:"name"`
+	Backlog       int64     `json:"backlog"`
+	OldestPending time.Time `json:"oldest_pending"`
+	LagSeconds    float64   `json:"lag_seconds"`
+}
+
+// OutboxStatus is every relay's backlog and lag and the number of rejected outbox rows.
+type OutboxStatus struct {
+	Relays   []RelayStatus `json:"relays"`
+	Rejected int64         `json:"rejected"`
+}
+
+// ReadOutbox wraps outbox.Status.
+func ReadOutbox(ctx context.Context, db *sql.DB, schema string) (OutboxStatus, error) {
+	relays, rejected, err := outbox.Status(ctx, db, schema)
+	if err != nil {
+		return OutboxStatus{}, err
+	}
+	out := OutboxStatus{Relays: make([]RelayStatus, 0, len(relays)), Rejected: rejected}
+	for _, r := range relays {
+		out.Relays = append(out.Relays, RelayStatus{Name: r.Name, Backlog: r.Backlog, OldestPending: r.OldestPending, LagSeconds: r.Lag.Seconds()})
+	}
+	return out, nil
+}
+
+// InboxRow is an inbox row as the API shows it. List leaves the payload out (PayloadSize
+// tells its length); Inspect includes it, as text when it is valid UTF-8 and in base64
+// otherwise.
+type InboxRow struct {
+	ID            int64             `json:"id"`
+	Consumer      string            `json:"consumer"`
+	MessageID     string            `json:"message_id"`
+	MessageUUID   string            `json:"message_uuid"`
+	OrderingKey   string            `json:"ordering_key,omitempty"`
+	Topic         string            `json:"topic,omitempty"`
+	PayloadSize   int               `json:"payload_size"`
+	Payload       *string           `json:"payload,omitempty"`
+	PayloadBase64 *string           `json:"payload_base64,omitempty"`
+	Metadata      map[string]string `json:"metadata,omitempty"`
+	Status        string            `json:"status"`
+	Attempts      int               `json:"attempts"`
+	NextAttemptAt time.Time         `json:"next_attempt_at"`
+	LeaseUntil    *time.Time        `json:"lease_until,omitempty"`
+	LastError     string            `json:"last_error,omitempty"`
+	ReceivedAt    time.Time         `json:"received_at"`
+	FinishedAt    *time.Time        `json:"finished_at,omitempty"`
+}
+
+// NewInboxRow converts r; withPayload includes the payload and metadata.
+func NewInboxRow(r inbox.Row, withPayload bool) InboxRow {
+	out := InboxRow{
+		ID: r.ID, Consumer: r.Consumer, MessageID: r.MessageID, MessageUUID: r.MessageUUID,
+		OrderingKey: r.OrderingKey, Topic: r.Topic, PayloadSize: len(r.Payload),
+		Status: string(r.Status), Attempts: r.Attempts, NextAttemptAt: r.NextAttemptAt,
+		LastError: r.LastError, ReceivedAt: r.ReceivedAt,
+		LeaseUntil: timePtr(r.LeaseUntil), FinishedAt: timePtr(r.FinishedAt),
+	}
+	if withPayload {
+		out.Metadata = r.Metadata
+		if utf8.Valid(r.Payload) {
+			s := string(r.Payload)
+			out.Payload = &s
+		} else {
+			s := base64.StdEncoding.EncodeToString(r.Payload)
+			out.PayloadBase64 = &s
+		}
+	}
+	return out
+}
+
+func timePtr(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+// Processed answers "was message Key processed by Consumer, and when?".
+type Processed struct {
+	Consumer string `json:"consumer"`
+	Key      string `json:"key"`
+	// Processed is true when a dedupe claim exists or the consumer's inbox row is DONE.
+	Processed bool `json:"processed"`
+	// Claim is the middleware's dedupe record, if any.
+	Claim *ClaimRecord `json:"claim,omitempty"`
+	// Inbox is the consumer's inbox row for the key, if any (without payload).
+	Inbox *InboxRow `json:"inbox,omitempty"`
+}
+
+// ClaimRecord is a middleware.Claim as JSON.
+type ClaimRecord struct {
+	ProcessedAt   time.Time  `json:"processed_at"`
+	PayloadSHA256 string     `json:"payload_sha256"`
+	OccurredOn    *time.Time `json:"occurred_on,omitempty"`
+}
+
+// LookupProcessed looks key up in the middleware's claims (middleware.LookupClaim) and in the
+// inbox of consumer. Neither found means the message was never applied, or its records were
+// deleted by retention.
+func LookupProcessed(ctx context.Context, db *sql.DB, schema, consumer, key string) (Processed, error) {
+	p := Processed{Consumer: consumer, Key: key}
+	claim, found, err := middleware.LookupClaim(ctx, db, schema, consumer, key)
+	if err != nil {
+		return p, err
+	}
+	if found {
+		p.Processed = true
+		p.Claim = &ClaimRecord{ProcessedAt: claim.ProcessedAt, PayloadSHA256: hex.EncodeToString(claim.PayloadSHA256), OccurredOn: timePtr(claim.OccurredOn)}
+	}
+	ops, err := inbox.NewOps(db, inbox.OpsConfig{Schema: schema}, nil)
+	if err != nil {
+		return p, err
+	}
+	row, err := ops.InspectMessage(ctx, consumer, key)
+	switch {
+	case errors.Is(err, inbox.ErrNotFound):
+	case err != nil:
+		return p, err
+	default:
+		r := NewInboxRow(row, false)
+		p.Inbox = &r
+		if row.Status == inbox.StatusDone {
+			p.Processed = true
+		}
+	}
+	return p, nil
+}
