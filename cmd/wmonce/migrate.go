@@ -1,0 +1,221 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"strings"
+
+	"github.com/wmonce/watermill-once/admin"
+	"github.com/wmonce/watermill-once/migrate"
+)
+
+func migrateCommand() *command {
+	return &command{
+		name:    "migrate",
+		summary: "create, upgrade, revert or print the schema",
+		usage: `
+migrate up [-to N]
+migrate down [-steps N | -all | -to N]
+migrate print [-down] [-from N] [-to N]
+migrate version`,
+		details: `
+up      applies every migration not applied yet (or up to version N), each in its own
+        transaction under an advisory lock: safe to run from several instances at once.
+down    reverts ONE migration unless told otherwise. Reverting drops tables, and with them
+        the dedupe records: messages redelivered afterwards are applied again.
+print   prints the SQL for teams that apply migrations with their own tool (goose, atlas,
+        flyway); the schema name is quoted in and no version table is written. Needs no
+        database. Without -from/-to it prints every migration (up) or reverts all (-down).
+version prints the applied version and the latest this binary knows.`,
+		examples: []string{
+			"wmonce migrate up",
+			"wmonce -schema payments migrate up -to 2",
+			"wmonce migrate down -steps 1",
+			"wmonce migrate print > wmonce.sql",
+			"wmonce migrate print -down -from 4 -to 3",
+			"wmonce migrate version",
+		},
+		run: runMigrate,
+	}
+}
+
+func runMigrate(ctx context.Context, e *env, args []string) error {
+	if len(args) == 0 {
+		return usagef("say what to do: up, down, print or version")
+	}
+	sub, args := args[0], args[1:]
+	switch sub {
+	case "up":
+		fs := e.flags("migrate up")
+		to := fs.Int("to", 0, "last version to apply (default: latest)")
+		rest, err := e.parse(fs, args)
+		if err != nil {
+			return err
+		}
+		if err := noArgs(rest); err != nil {
+			return err
+		}
+		if *to < 0 || *to > migrate.Latest() {
+			return usagef("-to must be between 1 and %d (the latest version)", migrate.Latest())
+		}
+		return e.migrate(ctx, migrate.DirectionUp, &migrate.Opts{TargetVersion: *to})
+	case "down":
+		fs := e.flags("migrate down")
+		steps := fs.Int("steps", 0, "how many migrations to revert (default 1)")
+		all := fs.Bool("all", false, "revert every migration (drops every table)")
+		to := fs.Int("to", 0, "version to leave in place")
+		rest, err := e.parse(fs, args)
+		if err != nil {
+			return err
+		}
+		if err := noArgs(rest); err != nil {
+			return err
+		}
+		opts := &migrate.Opts{TargetVersion: *to, MaxSteps: *steps}
+		set := 0
+		for _, name := range []string{"steps", "all", "to"} {
+			if isSet(fs, name) {
+				set++
+			}
+		}
+		switch {
+		case set > 1:
+			return usagef("give only one of -steps, -all and -to")
+		case *steps < 0 || (*steps == 0 && isSet(fs, "steps")):
+			return usagef("-steps must be at least 1")
+		case *to < 0 || *to > migrate.Latest():
+			return usagef("-to must be between 0 and %d", migrate.Latest())
+		case *all:
+			opts.MaxSteps = migrate.AllSteps
+		case isSet(fs, "to"):
+			opts.MaxSteps = migrate.AllSteps
+		}
+		return e.migrate(ctx, migrate.DirectionDown, opts)
+	case "print":
+		fs := e.flags("migrate print")
+		down := fs.Bool("down", false, "print the down migrations (newest first)")
+		from := fs.Int("from", -1, "up: print migrations after this version (default 0); down: start from this version (default latest)")
+		to := fs.Int("to", -1, "up: last version to print (default latest); down: version to leave in place (default 0)")
+		rest, err := e.parse(fs, args)
+		if err != nil {
+			return err
+		}
+		if err := noArgs(rest); err != nil {
+			return err
+		}
+		latest := migrate.Latest()
+		dir := migrate.DirectionUp
+		if *down {
+			dir = migrate.DirectionDown
+			if *from < 0 {
+				*from = latest
+			}
+			if *to < 0 {
+				*to = 0
+			}
+		} else {
+			if *from < 0 {
+				*from = 0
+			}
+			if *to < 0 {
+				*to = latest
+			}
+		}
+		if *from > latest || *to > latest {
+			return usagef("versions go from 0 to %d", latest)
+		}
+		if (!*down && *from >= *to) || (*down && *from <= *to) {
+			return usagef("nothing to print between -from %d and -to %d (up needs from < to, down from > to)", *from, *to)
+		}
+		sql, err := migrate.Print(e.g.schema, dir, *from, *to)
+		if err != nil {
+			return err
+		}
+		if e.g.json {
+			return e.printJSON(map[string]any{"schema": e.g.schema, "direction": dir, "from": *from, "to": *to, "sql": sql})
+		}
+		_, err = fmt.Fprint(e.stdout, sql)
+		return err
+	case "version":
+		rest, err := e.parse(e.flags("migrate version"), args)
+		if err != nil {
+			return err
+		}
+		if err := noArgs(rest); err != nil {
+			return err
+		}
+		db, err := e.open(ctx)
+		if err != nil {
+			return err
+		}
+		s, err := admin.ReadSchemaStatus(ctx, db, e.g.schema)
+		if err != nil {
+			return err
+		}
+		if e.g.json {
+			return e.printJSON(s)
+		}
+		fmt.Fprintf(e.stdout, "schema %s: version %d (latest %d)\n", s.Schema, s.Version, s.Latest)
+		if s.Hint != "" {
+			fmt.Fprintln(e.stdout, s.Hint)
+		}
+		return nil
+	case "-h", "-help", "--help":
+		return flag.ErrHelp
+	default:
+		return usagef("unknown migrate action %q: use up, down, print or version", sub)
+	}
+}
+
+func (e *env) migrate(ctx context.Context, dir migrate.Direction, opts *migrate.Opts) error {
+	db, err := e.open(ctx)
+	if err != nil {
+		return err
+	}
+	m, err := migrate.New(db, migrate.Config{Schema: e.g.schema}, nil)
+	if err != nil {
+		return err
+	}
+	before, err := m.Version(ctx)
+	if err != nil {
+		return err
+	}
+	res, err := m.Migrate(ctx, dir, opts)
+	if err != nil {
+		return err
+	}
+	after, err := m.Version(ctx)
+	if err != nil {
+		return err
+	}
+	names := map[int]string{}
+	all, err := migrate.All()
+	if err != nil {
+		return err
+	}
+	for _, mig := range all {
+		names[mig.Version] = fmt.Sprintf("%03d_%s", mig.Version, mig.Name)
+	}
+	if e.g.json {
+		done := make([]string, len(res.Versions))
+		for i, v := range res.Versions {
+			done[i] = names[v]
+		}
+		return e.printJSON(map[string]any{"schema": e.g.schema, "direction": dir, "from": before, "to": after, "migrations": done, "latest": migrate.Latest()})
+	}
+	if len(res.Versions) == 0 {
+		fmt.Fprintf(e.stdout, "schema %s: nothing to do, at version %d (latest %d)\n", e.g.schema, after, migrate.Latest())
+		return nil
+	}
+	verb := "applied"
+	if dir == migrate.DirectionDown {
+		verb = "reverted"
+	}
+	done := make([]string, len(res.Versions))
+	for i, v := range res.Versions {
+		done[i] = names[v]
+	}
+	fmt.Fprintf(e.stdout, "schema %s: %s %s; version %d -> %d (latest %d)\n", e.g.schema, verb, strings.Join(done, ", "), before, after, migrate.Latest())
+	return nil
+}

@@ -1,0 +1,235 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/wmonce/watermill-once/retention"
+)
+
+func purgeCommand() *command {
+	return &command{
+		name:    "purge",
+		summary: "delete dedupe claims older than a cutoff, or run one janitor round",
+		usage: `
+purge (-consumer C | -all) (-before DATE | -older-than AGE) [-dry-run] [-batch-size N]
+purge -janitor -keep AGE [-inbox-keep AGE] [-outbox-keep AGE] [-batch-size N]`,
+		details: `
+The first form deletes effectively-once claims (processed_messages and its daily partitions)
+of one consumer, or of every consumer with -all, applied before the cutoff, in batches of
+short transactions (retention.Purge). -before takes a date (2026-11-01, midnight UTC) or an
+RFC 3339 time; -older-than an age (720h, 30d) counted back from the database clock. A cutoff
+in the future is refused. -dry-run only counts.
+
+A purged claim no longer deduplicates: a copy of its message that arrives later is applied
+again, unless the middleware's age guard (MaxMessageAge) refuses it. Purge only what no broker
+can redeliver any more.
+
+-janitor runs one round of the retention janitor (retention.Janitor.RunOnce) with the windows
+given here: claims older than -keep, finished inbox rows older than -inbox-keep (default:
+-keep) and relayed outbox rows older than -outbox-keep (default 24h). Give the windows your
+services' janitor uses. It runs beside a janitor service safely.`,
+		examples: []string{
+			"wmonce purge -consumer rewards -older-than 30d -dry-run",
+			"wmonce purge -consumer rewards -before 2026-11-01",
+			"wmonce purge -all -older-than 2160h",
+			"wmonce purge -janitor -keep 168h",
+		},
+		run: runPurge,
+	}
+}
+
+func runPurge(ctx context.Context, e *env, args []string) error {
+	fs := e.flags("purge")
+	consumer := fs.String("consumer", "", "consumer whose claims go")
+	all := fs.Bool("all", false, "purge the claims of every consumer")
+	before := fs.String("before", "", "delete claims applied before this date (2026-11-01, UTC) or RFC 3339 time")
+	olderThan := fs.String("older-than", "", "delete claims older than this age (e.g. 720h or 30d), by the database clock")
+	dryRun := fs.Bool("dry-run", false, "count what would be deleted, delete nothing")
+	batch := fs.Int("batch-size", 0, "rows per delete transaction (default "+strconv.Itoa(retention.DefaultBatchSize)+")")
+	janitor := fs.Bool("janitor", false, "run one retention janitor round instead (needs -keep)")
+	keep := fs.String("keep", "", "janitor: retention window of claims (e.g. 168h or 7d)")
+	inboxKeep := fs.String("inbox-keep", "", "janitor: retention of finished inbox rows (default: -keep)")
+	outboxKeep := fs.String("outbox-keep", "", "janitor: retention of relayed outbox rows (default 24h)")
+	rest, err := e.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := noArgs(rest); err != nil {
+		return err
+	}
+	if *batch < 0 || *batch > retention.MaxBatchSize {
+		return usagef("-batch-size must be between 1 and %d", retention.MaxBatchSize)
+	}
+	if *janitor {
+		if *consumer != "" || *all || *before != "" || *olderThan != "" || *dryRun {
+			return usagef("-janitor runs the janitor's own windows: it takes -keep, -inbox-keep, -outbox-keep and -batch-size, not -consumer, -all, -before, -older-than or -dry-run")
+		}
+		return e.janitorRound(ctx, *keep, *inboxKeep, *outboxKeep, *batch)
+	}
+	if *keep != "" || *inboxKeep != "" || *outboxKeep != "" {
+		return usagef("-keep, -inbox-keep and -outbox-keep belong to -janitor")
+	}
+	switch {
+	case *consumer == "" && !*all:
+		return usagef("name the consumer with -consumer, or give -all to purge every consumer's claims")
+	case *consumer != "" && *all:
+		return usagef("give -consumer or -all, not both")
+	case (*before == "") == (*olderThan == ""):
+		return usagef("give exactly one of -before DATE and -older-than AGE")
+	}
+	var age time.Duration
+	var cutoff time.Time
+	if *olderThan != "" {
+		if age, err = parseAge(*olderThan); err != nil {
+			return usagef("-older-than: %v", err)
+		}
+	} else if cutoff, err = parseCutoff(*before); err != nil {
+		return usagef("-before: %v", err)
+	}
+	db, err := e.openMigrated(ctx)
+	if err != nil {
+		return err
+	}
+	var now time.Time
+	if err := db.QueryRowContext(ctx, `SELECT now()`).Scan(&now); err != nil {
+		return fmt.Errorf("read the database clock: %w", err)
+	}
+	if age > 0 {
+		cutoff = now.Add(-age)
+	}
+	if cutoff.After(now) {
+		return fmt.Errorf("the cutoff %s is in the future (database time %s): purging claims that new would forget messages a broker is still delivering; give a past date", cutoff.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
+	}
+	n, err := retention.Purge(ctx, db, e.g.schema, retention.PurgeRequest{Consumer: *consumer, Before: cutoff, DryRun: *dryRun, BatchSize: *batch})
+	if err != nil {
+		return fmt.Errorf("%w (deleted %d claim(s) before the error)", err, n)
+	}
+	who := fmt.Sprintf("consumer %q", *consumer)
+	if *all {
+		who = "every consumer"
+	}
+	if e.g.json {
+		return e.printJSON(map[string]any{"consumer": *consumer, "all": *all, "before": cutoff.UTC(), "dry_run": *dryRun, "claims": n})
+	}
+	if *dryRun {
+		fmt.Fprintf(e.stdout, "dry run: would delete %d claim(s) of %s applied before %s; run again without -dry-run to delete them\n", n, who, cutoff.UTC().Format(time.RFC3339))
+		return nil
+	}
+	fmt.Fprintf(e.stdout, "deleted %d claim(s) of %s applied before %s\n", n, who, cutoff.UTC().Format(time.RFC3339))
+	if n > 0 {
+		fmt.Fprintf(e.stdout, "copies of those messages arriving from now on are no longer recognised as duplicates (unless the age guard refuses them)\n")
+	}
+	return nil
+}
+
+func (e *env) janitorRound(ctx context.Context, keep, inboxKeep, outboxKeep string, batch int) error {
+	if keep == "" {
+		return usagef("-janitor needs -keep: the retention window your services use (e.g. 168h)")
+	}
+	var cfg retention.Config
+	var err error
+	if cfg.Default.Keep, err = parseAge(keep); err != nil {
+		return usagef("-keep: %v", err)
+	}
+	cfg.InboxKeep = cfg.Default.Keep
+	if inboxKeep != "" {
+		if cfg.InboxKeep, err = parseAge(inboxKeep); err != nil {
+			return usagef("-inbox-keep: %v", err)
+		}
+	}
+	if outboxKeep != "" {
+		if cfg.OutboxKeep, err = parseAge(outboxKeep); err != nil {
+			return usagef("-outbox-keep: %v", err)
+		}
+	}
+	cfg.Schema, cfg.BatchSize = e.g.schema, batch
+	db, err := e.openMigrated(ctx)
+	if err != nil {
+		return err
+	}
+	j, err := retention.NewJanitor(db, cfg, watermill.NopLogger{})
+	if err != nil {
+		return usagef("%v", err)
+	}
+	for _, w := range j.Warnings() {
+		fmt.Fprintf(e.stderr, "warning: %s\n", w)
+	}
+	rep, err := j.RunOnce(ctx)
+	if e.g.json {
+		if jerr := e.printJSON(janitorJSON(rep)); jerr != nil {
+			return jerr
+		}
+	} else {
+		c := j.Config()
+		fmt.Fprintf(e.stdout, "janitor round on schema %s (claims older than %s, finished inbox rows older than %s, relayed outbox rows older than %s) took %s:\n",
+			c.Schema, c.Default.Keep, c.InboxKeep, c.OutboxKeep, rep.Duration.Round(time.Millisecond))
+		fmt.Fprintf(e.stdout, "  claims deleted:            %d%s\n", rep.Claims, byConsumer(rep.ClaimsByConsumer))
+		fmt.Fprintf(e.stdout, "  day partitions dropped:    %d (created ahead: %d)\n", rep.DailyPartitionsDropped, rep.DailyPartitionsCreated)
+		fmt.Fprintf(e.stdout, "  finished inbox rows:       %d%s\n", rep.InboxRows, byConsumer(rep.InboxRowsByConsumer))
+		fmt.Fprintf(e.stdout, "  relayed outbox rows:       %d\n", rep.OutboxRows)
+	}
+	return err
+}
+
+func janitorJSON(r retention.Report) map[string]any {
+	return map[string]any{
+		"claims": r.Claims, "claims_by_consumer": r.ClaimsByConsumer,
+		"daily_partitions_dropped": r.DailyPartitionsDropped, "daily_partitions_created": r.DailyPartitionsCreated,
+		"inbox_rows": r.InboxRows, "inbox_rows_by_consumer": r.InboxRowsByConsumer,
+		"outbox_rows": r.OutboxRows, "http_keys": r.HTTPKeys, "duration_seconds": r.Duration.Seconds(),
+	}
+}
+
+func byConsumer(m map[string]int64) string {
+	if len(m) == 0 {
+		return ""
+	}
+	names := make([]string, 0, len(m))
+	for k := range m {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	parts := make([]string, len(names))
+	for i, k := range names {
+		parts[i] = fmt.Sprintf("%s %d", k, m[k])
+	}
+	return " (" + strings.Join(parts, ", ") + ")"
+}
+
+// parseAge reads a positive Go duration, or whole days as "30d".
+func parseAge(s string) (time.Duration, error) {
+	s = strings.TrimSpace(s)
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		n, err := strconv.Atoi(days)
+		if err != nil || n < 1 {
+			return 0, fmt.Errorf("%q is not a number of days (e.g. 30d)", s)
+		}
+		return time.Duration(n) * 24 * time.Hour, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not an age: use e.g. 720h, 90m or 30d", s)
+	}
+	if d <= 0 {
+		return 0, fmt.Errorf("the age must be positive, got %s", s)
+	}
+	return d, nil
+}
+
+// parseCutoff reads a date (midnight UTC) or an RFC 3339 time.
+func parseCutoff(s string) (time.Time, error) {
+	if t, err := time.Parse(time.DateOnly, s); err == nil {
+		return t, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil
+	}
+	return time.Time{}, fmt.Errorf("%q is neither a date (2026-11-01) nor an RFC 3339 time (2026-11-01T12:00:00Z)", s)
+}

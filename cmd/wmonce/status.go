@@ -1,0 +1,260 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/wmonce/watermill-once/admin"
+)
+
+func statusCommand() *command {
+	return &command{
+		name:    "status",
+		summary: "schema version, consumers, inbox and outbox at a glance",
+		usage:   "status",
+		details: `
+Prints the schema version against the latest this binary knows; every consumer with dedupe
+claims (count and newest claim); the inbox rows of every consumer by status with the age of
+the oldest PENDING row; and every outbox relay's backlog and lag, with the number of rows set
+aside as undecodable. Counting claims and finished inbox rows scans those tables.
+Exit code 1 when the schema has no tables or a section cannot be read.`,
+		examples: []string{"wmonce status", "wmonce -schema payments status", "wmonce status -json"},
+		run:      runStatus,
+	}
+}
+
+// statusReport is `wmonce status -json`.
+type statusReport struct {
+	Schema    admin.SchemaStatus     `json:"schema"`
+	Consumers []admin.ConsumerStatus `json:"consumers"`
+	Inbox     []admin.InboxStatus    `json:"inbox"`
+	Outbox    *admin.OutboxStatus    `json:"outbox"`
+	Errors    []string               `json:"errors,omitempty"`
+}
+
+func runStatus(ctx context.Context, e *env, args []string) error {
+	rest, err := e.parse(e.flags("status"), args)
+	if err != nil {
+		return err
+	}
+	if err := noArgs(rest); err != nil {
+		return err
+	}
+	db, err := e.openMigrated(ctx)
+	if err != nil {
+		return err
+	}
+	var r statusReport
+	if r.Schema, err = admin.ReadSchemaStatus(ctx, db, e.g.schema); err != nil {
+		return err
+	}
+	// Each section is read on its own, so that one missing table (an old schema version)
+	// does not hide the others.
+	var errs []error
+	note := func(section string, err error) {
+		err = fmt.Errorf("%s: %w", section, e.explain(err))
+		errs = append(errs, err)
+		r.Errors = append(r.Errors, err.Error())
+	}
+	if r.Consumers, err = admin.ReadConsumers(ctx, db, e.g.schema, nil); err != nil {
+		note("consumers", err)
+	}
+	if r.Inbox, err = admin.ReadInbox(ctx, db, e.g.schema); err != nil {
+		note("inbox", err)
+	}
+	if ob, err := admin.ReadOutbox(ctx, db, e.g.schema); err != nil {
+		note("outbox", err)
+	} else {
+		r.Outbox = &ob
+	}
+	if e.g.json {
+		if err := e.printJSON(r); err != nil {
+			return err
+		}
+	} else {
+		e.printStatus(r)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("some sections could not be read:\n%w", errors.Join(errs...))
+	}
+	return nil
+}
+
+func (e *env) printStatus(r statusReport) {
+	w := e.stdout
+	fmt.Fprintf(w, "Schema %s: version %d (latest %d)\n", r.Schema.Schema, r.Schema.Version, r.Schema.Latest)
+	if r.Schema.Hint != "" {
+		fmt.Fprintf(w, "  %s\n", r.Schema.Hint)
+	}
+
+	fmt.Fprintf(w, "\nConsumers (effectively-once claims)\n")
+	if len(r.Consumers) == 0 {
+		fmt.Fprintf(w, "  none yet\n")
+	} else {
+		e.printConsumers(r.Consumers)
+	}
+
+	fmt.Fprintf(w, "\nInbox\n")
+	if len(r.Inbox) == 0 {
+		fmt.Fprintf(w, "  empty\n")
+	} else {
+		e.printInboxStats(r.Inbox)
+	}
+
+	fmt.Fprintf(w, "\nOutbox\n")
+	if r.Outbox != nil {
+		e.printOutbox(*r.Outbox)
+	}
+}
+
+func (e *env) printConsumers(cs []admin.ConsumerStatus) {
+	tw := e.table()
+	fmt.Fprintf(tw, "  CONSUMER\tCLAIMS\tNEWEST CLAIM\n")
+	for _, c := range cs {
+		fmt.Fprintf(tw, "  %s\t%d\t%s\n", c.Consumer, c.Claims, when(c.NewestClaim))
+	}
+	_ = tw.Flush()
+}
+
+func (e *env) printInboxStats(st []admin.InboxStatus) {
+	tw := e.table()
+	fmt.Fprintf(tw, "  CONSUMER\tPENDING\tRETRYING\tIN_PROGRESS\tFAILED\tDONE\tSKIPPED\tOLDEST PENDING\n")
+	for _, s := range st {
+		fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", s.Consumer, s.Pending, s.Retrying, s.InProgress, s.Failed, s.Done, s.Skipped, seconds(s.OldestPendingAgeSeconds))
+	}
+	_ = tw.Flush()
+	for _, s := range st {
+		if s.Failed > 0 {
+			fmt.Fprintf(e.stdout, "  %d FAILED row(s) of %s are parked: `wmonce inbox list -consumer %s -status FAILED`, then replay or skip them\n", s.Failed, s.Consumer, shellQuote(s.Consumer))
+		}
+	}
+}
+
+func (e *env) printOutbox(o admin.OutboxStatus) {
+	if len(o.Relays) == 0 {
+		fmt.Fprintf(e.stdout, "  no relay has run on this schema yet\n")
+	} else {
+		tw := e.table()
+		fmt.Fprintf(tw, "  RELAY\tBACKLOG\tOLDEST WAITING ROW\tLAG\n")
+		for _, r := range o.Relays {
+			fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\n", r.Name, r.Backlog, when(r.OldestPending), seconds(r.LagSeconds))
+		}
+		_ = tw.Flush()
+	}
+	if o.Rejected > 0 {
+		fmt.Fprintf(e.stdout, "  %d row(s) could not be decoded and were set aside in outbox_rejected: look at them with SQL\n", o.Rejected)
+	} else {
+		fmt.Fprintf(e.stdout, "  rejected rows: 0\n")
+	}
+}
+
+func outboxCommand() *command {
+	return &command{
+		name:     "outbox",
+		summary:  "backlog and lag of every relay, rejected rows",
+		usage:    "outbox",
+		details:  "Backlog counts committed outbox rows a relay has not forwarded yet; lag is the age of the oldest of them. A relay that has never run is not listed.",
+		examples: []string{"wmonce outbox", "wmonce -json outbox"},
+		run: func(ctx context.Context, e *env, args []string) error {
+			rest, err := e.parse(e.flags("outbox"), args)
+			if err != nil {
+				return err
+			}
+			if err := noArgs(rest); err != nil {
+				return err
+			}
+			db, err := e.openMigrated(ctx)
+			if err != nil {
+				return err
+			}
+			o, err := admin.ReadOutbox(ctx, db, e.g.schema)
+			if err != nil {
+				return e.explain(err)
+			}
+			if e.g.json {
+				return e.printJSON(o)
+			}
+			e.printOutbox(o)
+			return nil
+		},
+	}
+}
+
+func dedupeCommand() *command {
+	return &command{
+		name:    "dedupe",
+		summary: "was message M processed by consumer C, and when",
+		usage:   "dedupe -consumer C -message M",
+		details: `
+Looks the message's dedupe key up in the effectively-once claims (processed_messages and its
+daily partitions) and in the consumer's inbox. M is the key the consumer dedupes on: the
+Watermill UUID unless the consumer was configured with another KeyFunc. No record means the
+message was never applied by that consumer, or its record was deleted by retention. The exit
+code is 0 either way; scripts read "processed" from -json.`,
+		examples: []string{
+			"wmonce dedupe -consumer rewards -message 0d6f8c1e-6a43-4c1f-9a0e-2d1c5b7f9e10",
+			"wmonce -json dedupe -consumer rewards -message order-42",
+		},
+		run: runDedupe,
+	}
+}
+
+func runDedupe(ctx context.Context, e *env, args []string) error {
+	fs := e.flags("dedupe")
+	consumer := fs.String("consumer", "", "consumer name (the middleware's Consumer or the inbox consumer)")
+	message := fs.String("message", "", "the message's dedupe key (by default its Watermill UUID)")
+	rest, err := e.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := noArgs(rest); err != nil {
+		return err
+	}
+	if *consumer == "" || *message == "" {
+		return usagef("give both -consumer and -message")
+	}
+	db, err := e.openMigrated(ctx)
+	if err != nil {
+		return err
+	}
+	p, err := admin.LookupProcessed(ctx, db, e.g.schema, *consumer, *message)
+	if err != nil {
+		return e.explain(err)
+	}
+	if e.g.json {
+		return e.printJSON(p)
+	}
+	w := e.stdout
+	switch {
+	case p.Claim != nil:
+		fmt.Fprintf(w, "processed: message %q was applied by consumer %q at %s\n", p.Key, p.Consumer, when(p.Claim.ProcessedAt))
+		fmt.Fprintf(w, "  claim payload sha256 %s", p.Claim.PayloadSHA256)
+		if p.Claim.OccurredOn != nil {
+			fmt.Fprintf(w, ", partition day %s", p.Claim.OccurredOn.Format("2006-01-02"))
+		}
+		fmt.Fprintln(w)
+	case p.Processed:
+		fmt.Fprintf(w, "processed: message %q was applied by consumer %q at %s (inbox)\n", p.Key, p.Consumer, when(*p.Inbox.FinishedAt))
+	default:
+		fmt.Fprintf(w, "not processed: no record of message %q for consumer %q\n", p.Key, p.Consumer)
+	}
+	if p.Inbox != nil {
+		fmt.Fprintf(w, "  inbox row %d: %s, %d attempt(s), received %s", p.Inbox.ID, p.Inbox.Status, p.Inbox.Attempts, when(p.Inbox.ReceivedAt))
+		if p.Inbox.FinishedAt != nil {
+			fmt.Fprintf(w, ", finished %s", when(*p.Inbox.FinishedAt))
+		}
+		fmt.Fprintln(w)
+		if p.Inbox.LastError != "" {
+			fmt.Fprintf(w, "  last error: %s\n", p.Inbox.LastError)
+		}
+	}
+	if !p.Processed {
+		if p.Inbox == nil {
+			fmt.Fprintf(w, "  it was never applied by this consumer, or its record was deleted by retention; check the consumer name and that the key is the one it dedupes on\n")
+		} else {
+			fmt.Fprintf(w, "  it is in the inbox but not applied (yet)\n")
+		}
+	}
+	return nil
+}
