@@ -1,0 +1,2 @@
+// Package metrics exports watermill-once's figures to Prometheus.
+package metrics

@@ -1,0 +1,407 @@
+package metrics
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/wmonce/watermill-once/inbox"
+	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/outbox"
+	"github.com/wmonce/watermill-once/pgtx"
+	"github.com/wmonce/watermill-once/retention"
+)
+
+// DefaultScrapeTimeout bounds the database queries of one scrape.
+const DefaultScrapeTimeout = 5 * time.Second
+
+// Sources are the components whose figures are exported. Nil and empty fields are skipped.
+type Sources struct {
+	// DB and Schema feed the gauges read from the database at scrape time: inbox rows per
+	// status and oldest pending age (every consumer in the inbox table), outbox backlog and lag
+	// per relay, rejected outbox rows. Nil DB: no database gauges. Schema default
+	// pgtx.DefaultSchema.
+	DB     *sql.DB
+	Schema string
+	// ScrapeTimeout bounds those queries. Default 5s.
+	ScrapeTimeout time.Duration
+
+	// Middlewares export claims, duplicates, fingerprint mismatches, handler outcomes and
+	// transaction retries per consumer (and sender), and group-commit totals.
+	Middlewares []*middleware.EffectivelyOnce
+	// Relays export forwarded, failed, rejected and fenced counts and leadership, labelled
+	// with the relay's name when *outbox.Relay has a Name() method (see the package doc).
+	Relays []*outbox.Relay
+	// Processors export the inbox processors' counts, labelled with the consumer when
+	// *inbox.Processor has a Consumer() method.
+	Processors []*inbox.Processor
+	// Receivers export what the inbox receivers stored, labelled with the consumer when
+	// *inbox.Receiver has a Consumer() method.
+	Receivers []*inbox.Receiver
+	// Janitors export deletions, rounds, leadership and retention warnings.
+	Janitors []*retention.Janitor
+
+	// Logger receives scrape errors. Default: none (they are still counted).
+	Logger watermill.LoggerAdapter
+}
+
+// Register builds one collector over src and registers it with reg. Counters are read from
+// the components' atomic totals and database gauges are queried when reg is gathered, so
+// nothing is added to the message path. Register fails if reg already has metrics of these
+// names: build a single Sources with every component of the process.
+func Register(reg prometheus.Registerer, src Sources) error {
+	if reg == nil {
+		return errors.New("metrics: registerer is nil: pass prometheus.DefaultRegisterer or a prometheus.NewRegistry()")
+	}
+	c, err := NewCollector(src)
+	if err != nil {
+		return err
+	}
+	if err := reg.Register(c); err != nil {
+		return fmt.Errorf("metrics: register: %w", err)
+	}
+	return nil
+}
+
+// NewCollector returns the collector Register registers, for callers that wrap or combine
+// collectors themselves.
+func NewCollector(src Sources) (prometheus.Collector, error) {
+	if src.Schema == "" {
+		src.Schema = pgtx.DefaultSchema
+	}
+	if err := pgtx.ValidateIdentifier("schema", src.Schema); err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	if src.ScrapeTimeout == 0 {
+		src.ScrapeTimeout = DefaultScrapeTimeout
+	}
+	if src.ScrapeTimeout < 0 {
+		return nil, fmt.Errorf("metrics: ScrapeTimeout must not be negative, got %s", src.ScrapeTimeout)
+	}
+	if src.Logger == nil {
+		src.Logger = watermill.NopLogger{}
+	}
+	c := &collector{src: src, inboxConsumers: map[string]bool{}}
+	if src.DB != nil {
+		ops, err := inbox.NewOps(src.DB, inbox.OpsConfig{Schema: src.Schema}, src.Logger)
+		if err != nil {
+			return nil, fmt.Errorf("metrics: %w", err)
+		}
+		c.ops = ops
+	}
+	return c, nil
+}
+
+func desc(name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc(name, help, labels, nil)
+}
+
+var (
+	descClaims       = desc("wmonce_claims_total", "Messages the effectively-once middleware claimed: result=fresh (applied and committed) or duplicate (key already claimed, skipped and acked).", "consumer", "sender", "result")
+	descMismatches   = desc("wmonce_fingerprint_mismatches_total", "Duplicates whose payload differed from the applied copy's: two different events share one id.", "consumer", "sender")
+	descOutcomes     = desc("wmonce_handler_outcomes_total", "Outcomes of messages at the effectively-once middleware: applied (committed), failed (rolled back, redelivered), refused (unusable key or metadata), too_old (refused by the age guard).", "consumer", "outcome")
+	descTxRetries    = desc("wmonce_tx_retries_total", "Middleware transactions run again after a serialization failure or deadlock.", "consumer")
+	descGroupTx      = desc("wmonce_group_commit_transactions_total", "Group-commit transactions committed.")
+	descGroupMsgs    = desc("wmonce_group_commit_messages_total", "Messages applied in group-commit transactions (divided by transactions: the average group size).")
+	descReceived     = desc("wmonce_inbox_received_total", "Messages handled by inbox receivers: result=stored (new row committed), duplicate (key already in the inbox, acked), refused (unusable key or metadata).", "consumer", "result")
+	descRecvBatches  = desc("wmonce_inbox_receive_batches_total", "Inbox receiver insert statements: result=committed or failed (their messages were retried or nacked).", "consumer", "result")
+	descInboxClaimed = desc("wmonce_inbox_claimed_total", "Inbox rows claimed by processors.", "consumer")
+	descInboxDone    = desc("wmonce_inbox_processed_total", "Inbox rows processed (moved to DONE).", "consumer")
+	descInboxFailed  = desc("wmonce_inbox_failed_attempts_total", "Failed inbox processing attempts (handler error or panic, timeout, output refused); each is retried or parked.", "consumer")
+	descInboxParked  = desc("wmonce_inbox_parked_total", "Inbox rows parked as FAILED by processors.", "consumer")
+	descLeaseConfl   = desc("wmonce_inbox_lease_conflicts_total", "Inbox changes refused because the worker's lease had expired and the row was claimed again.", "consumer")
+	descLeaseExp     = desc("wmonce_inbox_leases_expired_total", "Expired inbox leases taken back by processors.", "consumer")
+	descReleased     = desc("wmonce_inbox_released_total", "Inbox rows given back unprocessed (shutdown, database trouble).", "consumer")
+	descInboxErrors  = desc("wmonce_inbox_processor_errors_total", "Database errors of inbox processors outside handlers (claim, commit, renewal, reaping).", "consumer")
+	descInboxRows    = desc("wmonce_inbox_rows", "Unfinished inbox rows by status (pending, in_progress, failed), read from the database.", "consumer", "status")
+	descRetrying     = desc("wmonce_inbox_retrying_rows", "Pending inbox rows that failed before and wait for another attempt (part of status=pending).", "consumer")
+	descOldestAge    = desc("wmonce_inbox_oldest_pending_age_seconds", "Age of the oldest PENDING inbox row by the database clock; 0 when none. Alert when it grows.", "consumer")
+	descBacklog      = desc("wmonce_outbox_backlog", "Outbox rows committed after the relay's position: waiting to be published.", "relay")
+	descLag          = desc("wmonce_outbox_lag_seconds", "Age of the oldest outbox row the relay has not published yet; 0 when caught up.", "relay")
+	descRejected     = desc("wmonce_outbox_rejected", "Rows in outbox_rejected: outbox rows the relay could not decode and set aside.")
+	descForwarded    = desc("wmonce_relay_forwarded_total", "Messages published by the outbox relay.", "relay")
+	descRelayFail    = desc("wmonce_relay_failures_total", "Failed publish or database attempts of the relay (each retried).", "relay")
+	descRelayRej     = desc("wmonce_relay_rejected_total", "Outbox rows this relay set aside in outbox_rejected.", "relay")
+	descRelayFenced  = desc("wmonce_relay_fenced_total", "Relay position updates refused because another instance moved the position.", "relay")
+	descRelayLeader  = desc("wmonce_relay_leader", "1 while this process holds the relay's leadership.", "relay")
+	descJanDeleted   = desc("wmonce_janitor_deleted_total", "Rows deleted by the retention janitor, by table (processed_messages, inbox, outbox, http_idempotency_keys).", "table")
+	descJanDropped   = desc("wmonce_janitor_partitions_dropped_total", "Days of processed_messages_daily dropped by the retention janitor.")
+	descJanRounds    = desc("wmonce_janitor_rounds_total", "Retention rounds run: result=ok or failed (some step failed; see the logs).", "result")
+	descJanLeader    = desc("wmonce_janitor_leader", "1 while a janitor of this process leads (deletes) for its schema.")
+	descJanLast      = desc("wmonce_janitor_last_round_timestamp_seconds", "Unix time of the last retention round of this process; 0 before the first.")
+	descJanWarnings  = desc("wmonce_retention_warnings", "Retention windows shorter than their declared redelivery horizon (see the janitor's start-up log).")
+	descScrapeErrors = desc("wmonce_scrape_errors_total", "Database reads that failed during scrapes (source=inbox or outbox); their gauges are left out of that scrape.", "source")
+)
+
+var allDescs = []*prometheus.Desc{
+	descClaims, descMismatches, descOutcomes, descTxRetries, descGroupTx, descGroupMsgs,
+	descReceived, descRecvBatches, descInboxClaimed, descInboxDone, descInboxFailed, descInboxParked,
+	descLeaseConfl, descLeaseExp, descReleased, descInboxErrors, descInboxRows, descRetrying, descOldestAge,
+	descBacklog, descLag, descRejected, descForwarded, descRelayFail, descRelayRej, descRelayFenced, descRelayLeader,
+	descJanDeleted, descJanDropped, descJanRounds, descJanLeader, descJanLast, descJanWarnings, descScrapeErrors,
+}
+
+type collector struct {
+	src Sources
+	ops *inbox.Ops
+
+	inboxErrors, outboxErrors atomic.Uint64
+
+	mu             sync.Mutex
+	inboxConsumers map[string]bool // seen at earlier scrapes: reported as 0 once drained
+}
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range allDescs {
+		ch <- d
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	s := newSeries()
+	c.collectMiddlewares(s)
+	c.collectInboxComponents(s)
+	c.collectRelays(s)
+	c.collectJanitors(s)
+	if c.src.DB != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), c.src.ScrapeTimeout)
+		c.collectInboxRows(ctx, s)
+		c.collectOutbox(ctx, s)
+		cancel()
+		s.add(descScrapeErrors, prometheus.CounterValue, float64(c.inboxErrors.Load()), "inbox")
+		s.add(descScrapeErrors, prometheus.CounterValue, float64(c.outboxErrors.Load()), "outbox")
+	}
+	s.flush(ch)
+}
+
+func (c *collector) collectMiddlewares(s *series) {
+	if len(c.src.Middlewares) == 0 {
+		return
+	}
+	var groupTx, groupMsgs uint64
+	for _, mw := range c.src.Middlewares {
+		if mw == nil {
+			continue
+		}
+		for k, n := range mw.CountsBySender() {
+			s.add(descClaims, prometheus.CounterValue, float64(n.Fresh), k.Consumer, k.Sender, "fresh")
+			s.add(descClaims, prometheus.CounterValue, float64(n.Duplicates), k.Consumer, k.Sender, "duplicate")
+			s.add(descMismatches, prometheus.CounterValue, float64(n.FingerprintMismatches), k.Consumer, k.Sender)
+			s.add(descOutcomes, prometheus.CounterValue, float64(n.Fresh), k.Consumer, "applied")
+			s.add(descOutcomes, prometheus.CounterValue, float64(n.Failed), k.Consumer, "failed")
+			s.add(descOutcomes, prometheus.CounterValue, float64(n.Refused), k.Consumer, "refused")
+			s.add(descOutcomes, prometheus.CounterValue, float64(n.TooOld), k.Consumer, "too_old")
+			s.add(descTxRetries, prometheus.CounterValue, float64(n.TxRetries), k.Consumer)
+		}
+		tx, msgs := mw.GroupCommitStats()
+		groupTx += tx
+		groupMsgs += msgs
+	}
+	s.add(descGroupTx, prometheus.CounterValue, float64(groupTx))
+	s.add(descGroupMsgs, prometheus.CounterValue, float64(groupMsgs))
+}
+
+// The label of a component comes from an accessor when its type has one. Keeping this an
+// optional interface lets the metrics follow those packages without a change here.
+type namedRelay interface{ Name() string }
+type consumerNamed interface{ Consumer() string }
+
+func consumerOf(v any) string {
+	if n, ok := v.(consumerNamed); ok {
+		return n.Consumer()
+	}
+	return ""
+}
+
+func (c *collector) collectInboxComponents(s *series) {
+	for _, r := range c.src.Receivers {
+		if r == nil {
+			continue
+		}
+		consumer := consumerOf(r)
+		n := r.Counts()
+		s.add(descReceived, prometheus.CounterValue, float64(n.Stored), consumer, "stored")
+		s.add(descReceived, prometheus.CounterValue, float64(n.Duplicates), consumer, "duplicate")
+		s.add(descReceived, prometheus.CounterValue, float64(n.Refused), consumer, "refused")
+		s.add(descRecvBatches, prometheus.CounterValue, float64(n.Batches), consumer, "committed")
+		s.add(descRecvBatches, prometheus.CounterValue, float64(n.BatchFailures), consumer, "failed")
+	}
+	for _, p := range c.src.Processors {
+		if p == nil {
+			continue
+		}
+		consumer := consumerOf(p)
+		n := p.Counts()
+		s.add(descInboxClaimed, prometheus.CounterValue, float64(n.Claimed), consumer)
+		s.add(descInboxDone, prometheus.CounterValue, float64(n.Processed), consumer)
+		s.add(descInboxFailed, prometheus.CounterValue, float64(n.Failed), consumer)
+		s.add(descInboxParked, prometheus.CounterValue, float64(n.Parked), consumer)
+		s.add(descLeaseConfl, prometheus.CounterValue, float64(n.LeaseConflicts), consumer)
+		s.add(descLeaseExp, prometheus.CounterValue, float64(n.LeasesExpired), consumer)
+		s.add(descReleased, prometheus.CounterValue, float64(n.Released), consumer)
+		s.add(descInboxErrors, prometheus.CounterValue, float64(n.Errors), consumer)
+	}
+}
+
+func (c *collector) collectRelays(s *series) {
+	for _, r := range c.src.Relays {
+		if r == nil {
+			continue
+		}
+		var name string
+		if n, ok := any(r).(namedRelay); ok {
+			name = n.Name()
+		}
+		st := r.Stats()
+		s.add(descForwarded, prometheus.CounterValue, float64(st.Forwarded), name)
+		s.add(descRelayFail, prometheus.CounterValue, float64(st.Failures), name)
+		s.add(descRelayRej, prometheus.CounterValue, float64(st.Rejected), name)
+		s.add(descRelayFenced, prometheus.CounterValue, float64(st.Fenced), name)
+		s.max(descRelayLeader, prometheus.GaugeValue, boolValue(st.IsLeader), name)
+	}
+}
+
+func (c *collector) collectJanitors(s *series) {
+	if len(c.src.Janitors) == 0 {
+		return
+	}
+	for _, j := range c.src.Janitors {
+		if j == nil {
+			continue
+		}
+		st := j.Stats()
+		s.add(descJanDeleted, prometheus.CounterValue, float64(st.Claims), "processed_messages")
+		s.add(descJanDeleted, prometheus.CounterValue, float64(st.InboxRows), "inbox")
+		s.add(descJanDeleted, prometheus.CounterValue, float64(st.OutboxRows), "outbox")
+		s.add(descJanDeleted, prometheus.CounterValue, float64(st.HTTPKeys), "http_idempotency_keys")
+		s.add(descJanDropped, prometheus.CounterValue, float64(st.DailyPartitionsDropped))
+		s.add(descJanRounds, prometheus.CounterValue, float64(st.Rounds-st.FailedRounds), "ok")
+		s.add(descJanRounds, prometheus.CounterValue, float64(st.FailedRounds), "failed")
+		s.max(descJanLeader, prometheus.GaugeValue, boolValue(st.IsLeader))
+		var last float64
+		if !st.LastRound.IsZero() {
+			last = float64(st.LastRound.UnixNano()) / 1e9
+		}
+		s.max(descJanLast, prometheus.GaugeValue, last)
+		s.max(descJanWarnings, prometheus.GaugeValue, float64(len(j.Warnings())))
+	}
+}
+
+func (c *collector) collectInboxRows(ctx context.Context, s *series) {
+	stats, err := c.ops.AllStats(ctx)
+	if err != nil {
+		c.inboxErrors.Add(1)
+		c.src.Logger.Error("Metrics: could not read inbox stats; inbox gauges left out of this scrape", err, nil)
+		return
+	}
+	c.mu.Lock()
+	for consumer := range stats {
+		c.inboxConsumers[consumer] = true
+	}
+	for _, p := range c.src.Processors {
+		if consumer := consumerOf(p); p != nil && consumer != "" {
+			c.inboxConsumers[consumer] = true
+		}
+	}
+	consumers := make([]string, 0, len(c.inboxConsumers))
+	for consumer := range c.inboxConsumers {
+		consumers = append(consumers, consumer)
+	}
+	c.mu.Unlock()
+	// Consumers seen before whose backlog drained are reported at 0 rather than vanishing, so
+	// that alerts and graphs see the recovery.
+	for _, consumer := range consumers {
+		st := stats[consumer]
+		s.add(descInboxRows, prometheus.GaugeValue, float64(st.Pending), consumer, "pending")
+		s.add(descInboxRows, prometheus.GaugeValue, float64(st.InProgress), consumer, "in_progress")
+		s.add(descInboxRows, prometheus.GaugeValue, float64(st.Failed), consumer, "failed")
+		s.add(descRetrying, prometheus.GaugeValue, float64(st.Retrying), consumer)
+		s.add(descOldestAge, prometheus.GaugeValue, st.OldestPendingAge.Seconds(), consumer)
+	}
+}
+
+func (c *collector) collectOutbox(ctx context.Context, s *series) {
+	relays, rejected, err := outbox.Status(ctx, c.src.DB, c.src.Schema)
+	if err != nil {
+		c.outboxErrors.Add(1)
+		c.src.Logger.Error("Metrics: could not read outbox status; outbox gauges left out of this scrape", err, nil)
+		return
+	}
+	for _, r := range relays {
+		s.add(descBacklog, prometheus.GaugeValue, float64(r.Backlog), r.Name)
+		s.add(descLag, prometheus.GaugeValue, r.Lag.Seconds(), r.Name)
+	}
+	s.add(descRejected, prometheus.GaugeValue, float64(rejected))
+}
+
+func boolValue(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// series collects one scrape's samples, merging those with equal name and labels (several
+// middlewares serving one consumer, relays without a name) so that each is sent once:
+// counters and gauges of amounts are summed, flags and timestamps take the maximum.
+type series struct {
+	values map[string]*sample
+	order  []string
+}
+
+type sample struct {
+	desc   *prometheus.Desc
+	typ    prometheus.ValueType
+	labels []string
+	value  float64
+}
+
+func newSeries() *series { return &series{values: map[string]*sample{}} }
+
+func (s *series) get(d *prometheus.Desc, typ prometheus.ValueType, labels []string) (*sample, bool) {
+	// Label values come partly from message metadata (the sender): invalid UTF-8 there must
+	// not make the scrape fail.
+	for i, l := range labels {
+		labels[i] = strings.ToValidUTF8(l, "\uFFFD")
+	}
+	key := d.String() + "\xff" + strings.Join(labels, "\xff")
+	if v, ok := s.values[key]; ok {
+		return v, true
+	}
+	v := &sample{desc: d, typ: typ, labels: slices.Clone(labels)}
+	s.values[key] = v
+	s.order = append(s.order, key)
+	return v, false
+}
+
+func (s *series) add(d *prometheus.Desc, typ prometheus.ValueType, v float64, labels ...string) {
+	smp, _ := s.get(d, typ, labels)
+	smp.value += v
+}
+
+func (s *series) max(d *prometheus.Desc, typ prometheus.ValueType, v float64, labels ...string) {
+	smp, existed := s.get(d, typ, labels)
+	if !existed || v > smp.value {
+		smp.value = v
+	}
+}
+
+func (s *series) flush(ch chan<- prometheus.Metric) {
+	for _, key := range s.order {
+		v := s.values[key]
+		m, err := prometheus.NewConstMetric(v.desc, v.typ, v.value, v.labels...)
+		if err != nil {
+			m = prometheus.NewInvalidMetric(v.desc, err) // a bug here: reported by Gather, never a panic
+		}
+		ch <- m
+	}
+}
