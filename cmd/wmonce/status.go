@@ -236,6 +236,8 @@ func runDedupe(ctx context.Context, e *env, args []string) error {
 		fmt.Fprintln(w)
 	case p.Processed:
 		fmt.Fprintf(w, "processed: message %q was applied by consumer %q at %s (inbox)\n", p.Key, p.Consumer, when(*p.Inbox.FinishedAt))
+	case p.Inbox != nil:
+		fmt.Fprintf(w, "not processed: message %q is in the inbox of consumer %q but not applied\n", p.Key, p.Consumer)
 	default:
 		fmt.Fprintf(w, "not processed: no record of message %q for consumer %q\n", p.Key, p.Consumer)
 	}
@@ -249,12 +251,8 @@ func runDedupe(ctx context.Context, e *env, args []string) error {
 			fmt.Fprintf(w, "  last error: %s\n", p.Inbox.LastError)
 		}
 	}
-	if !p.Processed {
-		if p.Inbox == nil {
-			fmt.Fprintf(w, "  it was never applied by this consumer, or its record was deleted by retention; check the consumer name and that the key is the one it dedupes on\n")
-		} else {
-			fmt.Fprintf(w, "  it is in the inbox but not applied (yet)\n")
-		}
+	if !p.Processed && p.Inbox == nil {
+		fmt.Fprintf(w, "  it was never applied by this consumer, or its record was deleted by retention; check the consumer name and that the key is the one it dedupes on\n")
 	}
 	return nil
 }
