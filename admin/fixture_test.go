@@ -1,0 +1,200 @@
+package admin_test
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wmonce/watermill-once/admin"
+	"github.com/wmonce/watermill-once/inbox"
+	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/outbox"
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// fixture is a schema filled by the real components:
+//   - consumer "rewards" (effectively-once middleware, kept for its in-process counts) applied
+//     m-1, m-2, m-3 and saw m-1 again: 3 fresh, 1 duplicate; each emitted one outbox row;
+//   - relay "sms" forwarded two of the three outbox rows (backlog 1);
+//   - inbox consumer "billing" received failed inv-1..inv-<failed> and one good message, and a
+//     Processor whose handler declines every message marked fail=1 (MaxAttempts 1) parked
+//     the failing ones as FAILED and finished the good one (DONE). The processor is stopped.
+type fixture struct {
+	db     *sql.DB
+	schema string
+	mw     *middleware.EffectivelyOnce
+}
+
+func (f *fixture) table(name string) string { return pgtx.QualifiedName(f.schema, name) }
+
+func newFixture(t *testing.T, failed int) *fixture {
+	t.Helper()
+	db := pgtest.DB(t)
+	f := &fixture{db: db, schema: pgtest.Schema(t, db)}
+	ctx := context.Background()
+
+	mw, err := middleware.NewEffectivelyOnce(db, middleware.Config{Schema: f.schema, Consumer: "rewards", OutputTopic: "cashback"}, nil)
+	require.NoError(t, err)
+	f.mw = mw
+	h := mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		return []*message.Message{message.NewMessage(watermill.NewUUID(), []byte(`{}`))}, nil
+	})
+	for _, id := range []string{"m-1", "m-2", "m-1"} {
+		_, err := h(message.NewMessage(id, []byte(`{"amount":5}`)))
+		require.NoError(t, err)
+	}
+	pub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
+	t.Cleanup(func() { _ = pub.Close() })
+	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Schema: f.schema, Name: "sms"}, nil)
+	require.NoError(t, err)
+	// Rows become readable only once every older transaction on the server has ended: poll.
+	deadline := time.Now().Add(20 * time.Second)
+	for relay.Stats().Forwarded < 2 {
+		require.True(t, time.Now().Before(deadline), "relay forwarded %d of 2 rows", relay.Stats().Forwarded)
+		n, err := relay.RelayOnce(ctx)
+		require.NoError(t, err)
+		if n == 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	_, err = h(message.NewMessage("m-3", []byte(`{"amount":7}`)))
+	require.NoError(t, err)
+
+	recv, err := inbox.NewReceiver(db, inbox.ReceiverConfig{Schema: f.schema, Consumer: "billing"}, nil)
+	require.NoError(t, err)
+	defer recv.Close()
+	for i := 1; i <= failed+1; i++ {
+		msg := message.NewMessage(fmt.Sprintf("inv-%d", i), []byte(fmt.Sprintf(`{"invoice":%d,"note":"<img src=x onerror=alert(1)>"}`, i)))
+		if i <= failed {
+			msg.Metadata.Set("fail", "1")
+		}
+		require.NoError(t, recv.Handle(msg))
+	}
+	proc, err := inbox.NewProcessor(db, func(msg *message.Message) ([]*message.Message, error) {
+		if msg.Metadata.Get("fail") == "1" {
+			return nil, errors.New("card declined: <b>insufficient funds</b>")
+		}
+		return nil, nil
+	}, inbox.ProcessorConfig{Schema: f.schema, Consumer: "billing", Workers: 1, MaxAttempts: 1, PollInterval: 20 * time.Millisecond, ShutdownGrace: time.Second}, nil)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- proc.Run(ctx) }()
+	deadline = time.Now().Add(20 * time.Second)
+	for f.count(t, "FAILED") < failed || f.count(t, "DONE") < 1 {
+		require.True(t, time.Now().Before(deadline), "inbox did not settle: %d FAILED, %d DONE", f.count(t, "FAILED"), f.count(t, "DONE"))
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.NoError(t, proc.Close())
+	require.NoError(t, <-done)
+	return f
+}
+
+// count returns how many of billing's inbox rows have status.
+func (f *fixture) count(t *testing.T, status string) int {
+	return pgtest.Count(t, f.db, `SELECT count(*) FROM `+f.table("inbox")+` WHERE consumer = 'billing' AND status = $1`, status)
+}
+
+func (f *fixture) rowStatus(t *testing.T, id int64) string {
+	t.Helper()
+	var s string
+	require.NoError(t, f.db.QueryRow(`SELECT status FROM `+f.table("inbox")+` WHERE id = $1`, id).Scan(&s))
+	return s
+}
+
+func (f *fixture) ids(t *testing.T, status string) []int64 {
+	t.Helper()
+	rows, err := f.db.Query(`SELECT id FROM `+f.table("inbox")+` WHERE consumer = 'billing' AND status = $1 ORDER BY id`, status)
+	require.NoError(t, err)
+	defer rows.Close()
+	var out []int64
+	for rows.Next() {
+		var id int64
+		require.NoError(t, rows.Scan(&id))
+		out = append(out, id)
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// server starts the handler on a real listener.
+func (f *fixture) server(t *testing.T, cfg admin.Config) *httptest.Server {
+	t.Helper()
+	cfg.Schema = f.schema
+	h, err := admin.NewHandler(f.db, cfg, nil)
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// response is a decoded API answer.
+type response struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (r response) decode(t *testing.T, v any) {
+	t.Helper()
+	require.NoError(t, json.Unmarshal(r.body, v), string(r.body))
+}
+
+func (r response) errorText(t *testing.T) string {
+	t.Helper()
+	var e admin.ErrorBody
+	r.decode(t, &e)
+	require.NotEmpty(t, e.Error)
+	return e.Error
+}
+
+func get(t *testing.T, url string) response {
+	t.Helper()
+	res, err := http.Get(url)
+	require.NoError(t, err)
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	require.NoError(t, err)
+	return response{status: res.StatusCode, header: res.Header, body: body}
+}
+
+// post sends body as JSON with the write header, unless headers says otherwise.
+func post(t *testing.T, url string, body any, headers map[string]string) response {
+	t.Helper()
+	var buf bytes.Buffer
+	if s, ok := body.(string); ok {
+		buf.WriteString(s)
+	} else {
+		require.NoError(t, json.NewEncoder(&buf).Encode(body))
+	}
+	req, err := http.NewRequest(http.MethodPost, url, &buf)
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(admin.WriteHeader, "1")
+	for k, v := range headers {
+		if v == "" {
+			req.Header.Del(k)
+		} else {
+			req.Header.Set(k, v)
+		}
+	}
+	res, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	require.NoError(t, err)
+	return response{status: res.StatusCode, header: res.Header, body: b}
+}
