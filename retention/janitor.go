@@ -12,7 +12,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/partition"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -26,8 +25,7 @@ type Report struct {
 	// DailyPartitionsCreated the days created ahead.
 	DailyPartitionsDropped int64
 	DailyPartitionsCreated int64
-	// InboxRows counts finished inbox rows deleted. InboxRowsByConsumer is filled when
-	// Config.Consumers lists consumers (rows are then deleted consumer by consumer).
+	// InboxRows counts finished inbox rows deleted, in all and per consumer.
 	InboxRows           int64
 	InboxRowsByConsumer map[string]int64
 	// OutboxRows counts relayed outbox rows deleted.
@@ -77,7 +75,6 @@ type Janitor struct {
 	db       *sql.DB
 	config   Config
 	logger   watermill.LoggerAdapter
-	ops      *inbox.Ops
 	lockKey  int64
 	dropKey  int64
 	warnings []string
@@ -94,7 +91,7 @@ type Janitor struct {
 
 type queries struct {
 	consumers, deleteClaims                  string
-	inboxConsumers                           string
+	inboxConsumers, deleteInbox              string
 	minRelayPosition, deleteOutbox           string
 	deleteHTTPKeys                           string
 	countClaims, countDaily, deleteDaily     string
@@ -126,6 +123,11 @@ SELECT consumer FROM c WHERE consumer IS NOT NULL`
 		// (consumer, processed_at) index and deleted by physical address.
 		deleteClaims: `DELETE FROM ` + pm + ` WHERE ctid = ANY(ARRAY(
     SELECT ctid FROM ` + pm + ` WHERE consumer = $1 AND processed_at < $2 LIMIT $3))`,
+		// Same rows as inbox.Ops.DeleteFinished, located through inbox_finished_idx (migration
+		// 005) and deleted by address; locked rows (an operator replaying them) are skipped.
+		deleteInbox: `DELETE FROM ` + ib + ` WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM ` + ib + ` WHERE consumer = $1 AND status IN ('DONE', 'SKIPPED') AND finished_at < $2
+    LIMIT $3 FOR UPDATE SKIP LOCKED))`,
 		// The position of the relay furthest behind; rows at or before it were forwarded by all.
 		minRelayPosition: `SELECT last_processed_transaction_id::text, coalesce(offset_acked, 0) FROM ` + offsets + `
 ORDER BY last_processed_transaction_id, coalesce(offset_acked, 0) LIMIT 1`,
@@ -179,15 +181,10 @@ func NewJanitor(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Jan
 		logger = watermill.NopLogger{}
 	}
 	logger = logger.With(watermill.LogFields{"component": "retention", "schema": config.Schema})
-	ops, err := inbox.NewOps(db, inbox.OpsConfig{Schema: config.Schema}, logger)
-	if err != nil {
-		return nil, fmt.Errorf("retention: %w", err)
-	}
 	j := &Janitor{
 		db:       db,
 		config:   config,
 		logger:   logger,
-		ops:      ops,
 		lockKey:  hashKey("watermill-once/retention/" + config.Schema),
 		dropKey:  hashKey("watermill-once/retention-drop/" + config.Schema),
 		warnings: config.warnings(),
@@ -442,45 +439,23 @@ func (j *Janitor) maintainPartitions(ctx context.Context, now time.Time, rep *Re
 }
 
 func (j *Janitor) deleteInbox(ctx context.Context, now time.Time, rep *Report) error {
-	if len(j.config.Consumers) == 0 {
-		n, err := j.deleteFinished(ctx, "", now.Add(-j.config.InboxKeep))
-		rep.InboxRows += n
-		return err
-	}
 	consumers, err := listConsumers(ctx, j.db, j.q.inboxConsumers)
 	if err != nil {
 		return err
 	}
 	rep.InboxRowsByConsumer = map[string]int64{}
 	for _, c := range consumers {
-		n, err := j.deleteFinished(ctx, c, now.Add(-j.config.inboxKeep(c)))
-		rep.InboxRows += n
+		n, err := deleteInBatches(ctx, j.db, j.config.BatchSize, j.q.deleteInbox, c, now.Add(-j.config.inboxKeep(c)))
 		if n > 0 {
+			rep.InboxRows += n
 			rep.InboxRowsByConsumer[c] += n
+			j.inboxRows.Add(uint64(n))
 		}
 		if err != nil {
 			return fmt.Errorf("consumer %q: %w", c, err)
 		}
 	}
 	return nil
-}
-
-// deleteFinished loops inbox.Ops.DeleteFinished (one short transaction per batch) until a
-// batch comes back short.
-func (j *Janitor) deleteFinished(ctx context.Context, consumer string, before time.Time) (int64, error) {
-	var total int64
-	for ctx.Err() == nil {
-		n, err := j.ops.DeleteFinished(ctx, consumer, before, j.config.BatchSize)
-		total += int64(n)
-		j.inboxRows.Add(uint64(n))
-		if err != nil {
-			return total, err
-		}
-		if n < j.config.BatchSize {
-			break
-		}
-	}
-	return total, ctx.Err()
 }
 
 func (j *Janitor) deleteOutbox(ctx context.Context, rep *Report) error {

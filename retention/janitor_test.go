@@ -196,6 +196,8 @@ VALUES ($1, $2, $2, '\x00', $3, `+token+`, `+lease+`, now() - interval '60 days'
 	rep, err := j.RunOnce(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, int64(6), rep.InboxRows)
+	require.Equal(t, map[string]int64{"orders": 3, "audit": 3}, rep.InboxRowsByConsumer)
+	require.Equal(t, uint64(6), j.Stats().InboxRows)
 	require.Equal(t, 5, count("orders"))
 	require.Equal(t, 5, count("audit"))
 

@@ -10,3 +10,9 @@
 CREATE INDEX IF NOT EXISTS processed_messages_consumer_processed_at_idx
     ON {{schema}}.processed_messages (consumer, processed_at);
 DROP INDEX IF EXISTS {{schema}}.processed_messages_processed_at_idx;
+
+-- Finished inbox rows (DONE, SKIPPED) by consumer and age, for the janitor: each round finds
+-- what expired, or that nothing did, without walking the inbox. Rows enter the index when they
+-- finish; unfinished rows stay out.
+CREATE INDEX IF NOT EXISTS inbox_finished_idx
+    ON {{schema}}.inbox (consumer, finished_at) WHERE status IN ('DONE', 'SKIPPED');
