@@ -47,7 +47,7 @@ func TestReadAPI(t *testing.T) {
 	require.Equal(t, "rewards", c.Consumer)
 	require.Equal(t, int64(3), c.Claims)
 	require.WithinDuration(t, time.Now(), c.NewestClaim, time.Minute)
-	require.Equal(t, middleware.Counts{Fresh: 3, Duplicates: 1}, *c.Counts)
+	require.Equal(t, admin.Counts{Fresh: 3, Duplicates: 1}, *c.Counts)
 	require.InDelta(t, 0.25, *c.DuplicateRate, 1e-9)
 
 	var is admin.InboxStatsResponse

@@ -63,7 +63,7 @@ type ConsumerStatus struct {
 	NewestClaim time.Time `json:"newest_claim"`
 	// Counts are the totals since the middlewares given to Config were created, summed over
 	// them; nil when none of them has seen this consumer (or none was given).
-	Counts *middleware.Counts `json:"counts,omitempty"`
+	Counts *Counts `json:"counts,omitempty"`
 	// DuplicateRate is Duplicates / (Fresh + Duplicates) from Counts; nil without traffic.
 	DuplicateRate *float64 `json:"duplicate_rate,omitempty"`
 }
@@ -117,8 +117,10 @@ func ReadConsumers(ctx context.Context, db *sql.DB, schema string, mws []*middle
 			c = &ConsumerStatus{Consumer: consumer}
 			byName[consumer] = c
 		}
-		counts := counts
-		c.Counts = &counts
+		c.Counts = &Counts{
+			Fresh: counts.Fresh, Duplicates: counts.Duplicates, FingerprintMismatches: counts.FingerprintMismatches,
+			Failed: counts.Failed, TxRetries: counts.TxRetries, Refused: counts.Refused, TooOld: counts.TooOld,
+		}
 		if seen := counts.Fresh + counts.Duplicates; seen > 0 {
 			rate := float64(counts.Duplicates) / float64(seen)
 			c.DuplicateRate = &rate
@@ -130,6 +132,17 @@ func ReadConsumers(ctx context.Context, db *sql.DB, schema string, mws []*middle
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Consumer < out[j].Consumer })
 	return out, nil
+}
+
+// Counts are middleware.Counts as JSON.
+type Counts struct {
+	Fresh                 uint64 `json:"fresh"`
+	Duplicates            uint64 `json:"duplicates"`
+	FingerprintMismatches uint64 `json:"fingerprint_mismatches"`
+	Failed                uint64 `json:"failed"`
+	TxRetries             uint64 `json:"tx_retries"`
+	Refused               uint64 `json:"refused"`
+	TooOld                uint64 `json:"too_old"`
 }
 
 func sumCounts(mws []*middleware.EffectivelyOnce) map[string]middleware.Counts {

@@ -180,6 +180,7 @@ async function change(action, body, done) {
   try {
     const r = await api("inbox/" + action, body);
     flash(done(r));
+    $("detail").hidden = true; // it shows the row as it was
     await refresh();
   } catch (e) { flash(e.message, true); }
 }
