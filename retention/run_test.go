@@ -2,6 +2,7 @@ package retention_test
 
 import (
 	"context"
+	"hash/fnv"
 	"testing"
 	"time"
 
@@ -48,6 +49,43 @@ func TestOneJanitorLeadsAndAnotherTakesOver(t *testing.T) {
 	require.NoError(t, standby.Close())
 	require.NoError(t, <-done)
 	require.NoError(t, standby.Close(), "Close is idempotent")
+}
+
+func TestLeaderWhoseConnectionDiesStepsDown(t *testing.T) {
+	t.Parallel()
+	db := pgtest.OpenDB(t, 6) // a pool of its own: a connection is killed on purpose
+	schema := pgtest.Schema(t, db)
+	h := fnv.New64a()
+	_, _ = h.Write([]byte("watermill-once/retention/" + schema))
+	key := h.Sum64()
+	holder := func() int {
+		var pid int
+		err := db.QueryRow(`SELECT coalesce(max(pid), 0) FROM pg_locks WHERE locktype = 'advisory' AND granted
+AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 1`, int64(key>>32), int64(key&0xffffffff)).Scan(&pid)
+		require.NoError(t, err)
+		return pid
+	}
+
+	cfg := retention.Config{Schema: schema, Interval: 20 * time.Millisecond}
+	a, b := newJanitor(t, db, cfg), newJanitor(t, db, cfg)
+	done := make(chan error, 2)
+	for _, j := range []*retention.Janitor{a, b} {
+		go func() { done <- j.Run(context.Background()) }()
+	}
+	require.Eventually(t, func() bool { return holder() != 0 && (a.Stats().IsLeader || b.Stats().IsLeader) }, 10*time.Second, 10*time.Millisecond)
+	first := holder()
+	pgtest.Exec(t, db, `SELECT pg_terminate_backend($1)`, first)
+
+	// The server released the lock with the session; some instance leads again on a new
+	// session, and the flags agree with the lock: exactly one leader.
+	require.Eventually(t, func() bool {
+		pid := holder()
+		return pid != 0 && pid != first && a.Stats().IsLeader != b.Stats().IsLeader
+	}, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, a.Close())
+	require.NoError(t, b.Close())
+	require.NoError(t, <-done)
+	require.NoError(t, <-done)
 }
 
 func TestRunOnceWorksBesideARunningLeader(t *testing.T) {

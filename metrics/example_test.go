@@ -1,0 +1,36 @@
+package metrics_test
+
+import (
+	"database/sql"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/wmonce/watermill-once/metrics"
+	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/outbox"
+	"github.com/wmonce/watermill-once/retention"
+)
+
+// Register every component of the process once, then serve the registry.
+func ExampleRegister() {
+	var (
+		db      *sql.DB                     // pgtx.Open(...)
+		mw      *middleware.EffectivelyOnce // middleware.NewEffectivelyOnce(...)
+		relay   *outbox.Relay               // outbox.NewRelay(...)
+		janitor *retention.Janitor          // retention.NewJanitor(...)
+	)
+	reg := prometheus.NewRegistry()
+	if err := metrics.Register(reg, metrics.Sources{
+		DB:          db,
+		Schema:      "wmonce",
+		Middlewares: []*middleware.EffectivelyOnce{mw},
+		Relays:      []*outbox.Relay{relay},
+		Janitors:    []*retention.Janitor{janitor},
+	}); err != nil {
+		panic(err) // only an invalid schema name or a second registration fail
+	}
+	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	_ = http.ListenAndServe(":9090", nil)
+}
