@@ -25,6 +25,9 @@ const chromiumInstall = "apt-get install -y --no-install-recommends chromium"
 func findChromium(t *testing.T) string {
 	t.Helper()
 	if p := os.Getenv("CHROMIUM_PATH"); p != "" {
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("CHROMIUM_PATH=%s: %v: point it at a Chromium binary, or install one (Debian: `%s`)", p, err, chromiumInstall)
+		}
 		return p
 	}
 	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
@@ -116,9 +119,9 @@ func screenshot(t *testing.T, ctx context.Context, name string) {
 // confirm) puts back the rest, as the database confirms.
 func TestAdminPageInChromium(t *testing.T) {
 	t.Parallel()
+	ctx, console := browser(t)
 	f := newFixture(t, 3)
 	srv := f.server(t, admin.Config{AllowWrites: true, Middlewares: []*middleware.EffectivelyOnce{f.mw}})
-	ctx, console := browser(t)
 
 	step(t, ctx, "load the page", chromedp.Navigate(srv.URL+"/"))
 	waitFor(t, ctx, "the page to load its data", `document.body.dataset.ready === "1"`)
@@ -182,9 +185,9 @@ func TestAdminPageInChromium(t *testing.T) {
 // Read-only: the same page shows the data and hides every button that writes.
 func TestAdminPageReadOnlyInChromium(t *testing.T) {
 	t.Parallel()
+	ctx, console := browser(t)
 	f := newFixture(t, 1)
 	srv := f.server(t, admin.Config{})
-	ctx, console := browser(t)
 
 	step(t, ctx, "load the page", chromedp.Navigate(srv.URL+"/"))
 	waitFor(t, ctx, "the FAILED row", `document.body.dataset.ready === "1" && document.querySelectorAll('#rows tbody tr[data-status="FAILED"]').length === 1`)
