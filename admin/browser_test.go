@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/admin"
+	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/middleware"
 )
 
@@ -120,12 +121,12 @@ func screenshot(t *testing.T, ctx context.Context, name string) {
 func TestAdminPageInChromium(t *testing.T) {
 	t.Parallel()
 	ctx, console := browser(t)
-	f := newFixture(t, 3)
+	f := newFixture(t, 4)
 	srv := f.server(t, admin.Config{AllowWrites: true, Middlewares: []*middleware.EffectivelyOnce{f.mw}})
 
 	step(t, ctx, "load the page", chromedp.Navigate(srv.URL+"/"))
 	waitFor(t, ctx, "the page to load its data", `document.body.dataset.ready === "1"`)
-	waitFor(t, ctx, "the FAILED rows", `document.querySelectorAll('#rows tbody tr[data-status="FAILED"]').length === 3`)
+	waitFor(t, ctx, "the FAILED rows", `document.querySelectorAll('#rows tbody tr[data-status="FAILED"]').length === 4`)
 
 	text := func(sel string) string {
 		return step(t, ctx, "read "+sel, chromedp.Evaluate[string](fmt.Sprintf(`document.querySelector(%q).textContent`, sel)))
@@ -147,11 +148,21 @@ func TestAdminPageInChromium(t *testing.T) {
 
 	// Replay one row with its own button.
 	ids := f.ids(t, "FAILED")
-	require.Len(t, ids, 3)
+	require.Len(t, ids, 4)
 	step(t, ctx, "click Replay on the first row", chromedp.Click(chromedp.CSS(fmt.Sprintf(`#rows tbody tr[data-id="%d"] button.replay`, ids[0]))))
 	waitFor(t, ctx, "the replay message", fmt.Sprintf(`document.getElementById("flash").textContent.includes("Replayed row %d")`, ids[0]))
 	require.Equal(t, "PENDING", f.rowStatus(t, ids[0]))
-	waitFor(t, ctx, "the row to leave the FAILED list", `document.querySelectorAll('#rows tbody tr[data-status="FAILED"]').length === 2`)
+	waitFor(t, ctx, "the row to leave the FAILED list", `document.querySelectorAll('#rows tbody tr[data-status="FAILED"]').length === 3`)
+
+	// Skip the last row: the button asks for a reason first.
+	row := fmt.Sprintf(`#rows tbody tr[data-id="%d"] `, ids[3])
+	step(t, ctx, "click Skip", chromedp.Click(chromedp.CSS(row+`button.skip`)))
+	step(t, ctx, "type the reason", chromedp.SendKeys(chromedp.CSS(row+`input.skip-reason`), "paid by bank transfer"))
+	step(t, ctx, "confirm the skip", chromedp.Click(chromedp.CSS(row+`button.skip-confirm`)))
+	waitFor(t, ctx, "the skip message", fmt.Sprintf(`document.getElementById("flash").textContent.includes("Skipped row %d")`, ids[3]))
+	require.Equal(t, "SKIPPED", f.rowStatus(t, ids[3]))
+	require.Equal(t, 1, pgtest.Count(t, f.db, `SELECT count(*) FROM `+f.table("inbox")+` WHERE id = $1 AND last_error LIKE 'skipped: paid by bank transfer%'`, ids[3]))
+	waitFor(t, ctx, "two FAILED rows left", `document.querySelectorAll('#rows tbody tr[data-status="FAILED"]').length === 2`)
 
 	// Inspect a row: the payload is shown as text.
 	step(t, ctx, "open a row", chromedp.Click(chromedp.CSS(fmt.Sprintf(`#rows tbody tr[data-id="%d"] td button.link`, ids[1]))))
@@ -169,6 +180,7 @@ func TestAdminPageInChromium(t *testing.T) {
 
 	require.Equal(t, 0, f.count(t, "FAILED"))
 	require.Equal(t, 3, f.count(t, "PENDING"))
+	require.Equal(t, 1, f.count(t, "SKIPPED"))
 	require.Equal(t, 1, f.count(t, "DONE"))
 	// The page shows the new state.
 	waitFor(t, ctx, "the empty FAILED list", `!document.getElementById("rows-empty").hidden`)
