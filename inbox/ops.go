@@ -411,11 +411,18 @@ func (o *Ops) DeleteFinished(ctx context.Context, consumer string, finishedBefor
 	if finishedBefore.IsZero() {
 		return 0, errors.New("inbox: delete finished: give a cutoff time")
 	}
-	res, err := o.db.ExecContext(ctx, `DELETE FROM `+o.q.table+` WHERE id IN (
-    SELECT id FROM `+o.q.table+`
-    WHERE ($1 = '' OR consumer = $1) AND status IN ('DONE', 'SKIPPED') AND finished_at < $2
-    ORDER BY id LIMIT $3
-    FOR UPDATE SKIP LOCKED)`, consumer, finishedBefore, limit)
+	// The batch is located through inbox_finished_idx (consumer, finished_at) and deleted by
+	// physical address (a TID scan); rows an operator holds locked are skipped. A separate
+	// statement per form keeps the consumer condition sargable under a generic plan.
+	where := `consumer = $1 AND status IN ('DONE', 'SKIPPED') AND finished_at < $2`
+	args := []any{consumer, finishedBefore, limit}
+	if consumer == "" {
+		where = `status IN ('DONE', 'SKIPPED') AND finished_at < $1`
+		args = []any{finishedBefore, limit}
+	}
+	limitParam := fmt.Sprintf("$%d", len(args))
+	res, err := o.db.ExecContext(ctx, `DELETE FROM `+o.q.table+` WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM `+o.q.table+` WHERE `+where+` LIMIT `+limitParam+` FOR UPDATE SKIP LOCKED))`, args...)
 	if err != nil {
 		return 0, fmt.Errorf("inbox: delete finished: %w", err)
 	}

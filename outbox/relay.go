@@ -443,3 +443,6 @@ func sleep(ctx context.Context, d time.Duration) bool {
 func jitter(d time.Duration) time.Duration {
 	return d/2 + time.Duration(rand.Int64N(int64(d)/2+1))
 }
+
+// Name is the relay's position name (RelayConfig.Name), the label its metrics carry.
+func (r *Relay) Name() string { return r.config.Name }

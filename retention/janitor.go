@@ -12,6 +12,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/partition"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -79,6 +80,7 @@ type Janitor struct {
 	dropKey  int64
 	warnings []string
 	q        queries
+	inboxOps *inbox.Ops
 
 	claims, dailyDropped, inboxRows, outboxRows, httpKeys, rounds, failedRounds atomic.Uint64
 	leader                                                                      atomic.Bool
@@ -91,7 +93,7 @@ type Janitor struct {
 
 type queries struct {
 	consumers, deleteClaims                  string
-	inboxConsumers, deleteInbox              string
+	inboxConsumers                           string
 	minRelayPosition, deleteOutbox           string
 	deleteHTTPKeys                           string
 	countClaims, countDaily, deleteDaily     string
@@ -123,11 +125,6 @@ SELECT consumer FROM c WHERE consumer IS NOT NULL`
 		// (consumer, processed_at) index and deleted by physical address.
 		deleteClaims: `DELETE FROM ` + pm + ` WHERE ctid = ANY(ARRAY(
     SELECT ctid FROM ` + pm + ` WHERE consumer = $1 AND processed_at < $2 LIMIT $3))`,
-		// Same rows as inbox.Ops.DeleteFinished, located through inbox_finished_idx (migration
-		// 005) and deleted by address; locked rows (an operator replaying them) are skipped.
-		deleteInbox: `DELETE FROM ` + ib + ` WHERE ctid = ANY(ARRAY(
-    SELECT ctid FROM ` + ib + ` WHERE consumer = $1 AND status IN ('DONE', 'SKIPPED') AND finished_at < $2
-    LIMIT $3 FOR UPDATE SKIP LOCKED))`,
 		// The position of the relay furthest behind; rows at or before it were forwarded by all.
 		minRelayPosition: `SELECT last_processed_transaction_id::text, coalesce(offset_acked, 0) FROM ` + offsets + `
 ORDER BY last_processed_transaction_id, coalesce(offset_acked, 0) LIMIT 1`,
@@ -181,7 +178,12 @@ func NewJanitor(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Jan
 		logger = watermill.NopLogger{}
 	}
 	logger = logger.With(watermill.LogFields{"component": "retention", "schema": config.Schema})
+	inboxOps, err := inbox.NewOps(db, inbox.OpsConfig{Schema: config.Schema}, logger)
+	if err != nil {
+		return nil, fmt.Errorf("retention: %w", err)
+	}
 	j := &Janitor{
+		inboxOps: inboxOps,
 		db:       db,
 		config:   config,
 		logger:   logger,
@@ -445,7 +447,7 @@ func (j *Janitor) deleteInbox(ctx context.Context, now time.Time, rep *Report) e
 	}
 	rep.InboxRowsByConsumer = map[string]int64{}
 	for _, c := range consumers {
-		n, err := deleteInBatches(ctx, j.db, j.config.BatchSize, j.q.deleteInbox, c, now.Add(-j.config.inboxKeep(c)))
+		n, err := j.deleteFinishedInbox(ctx, c, now.Add(-j.config.inboxKeep(c)))
 		if n > 0 {
 			rep.InboxRows += n
 			rep.InboxRowsByConsumer[c] += n
@@ -456,6 +458,20 @@ func (j *Janitor) deleteInbox(ctx context.Context, now time.Time, rep *Report) e
 		}
 	}
 	return nil
+}
+
+// deleteFinishedInbox deletes one consumer's finished rows in batches through the inbox's own
+// operation, so that what "finished" means is defined in one place.
+func (j *Janitor) deleteFinishedInbox(ctx context.Context, consumer string, before time.Time) (int64, error) {
+	var total int64
+	for ctx.Err() == nil {
+		n, err := j.inboxOps.DeleteFinished(ctx, consumer, before, j.config.BatchSize)
+		total += int64(n)
+		if err != nil || n < j.config.BatchSize {
+			return total, err
+		}
+	}
+	return total, ctx.Err()
 }
 
 func (j *Janitor) deleteOutbox(ctx context.Context, rep *Report) error {
