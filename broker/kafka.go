@@ -51,6 +51,13 @@ func (b *Broker) saramaConfig() *sarama.Config {
 	c.Consumer.Return.Errors = true
 	c.Consumer.Group.Session.Timeout = k.SessionTimeout
 	c.Consumer.Group.Heartbeat.Interval = k.SessionTimeout / 3
+	// The coordinator may hold a JoinGroup for up to the rebalance timeout (waiting for a
+	// member that crashed mid-rebalance), but Sarama waits for the answer only Net.ReadTimeout.
+	// With Sarama's defaults (60s vs 30s) the client times out first, Watermill reconnects as a
+	// new member, the wait starts over, and the group never settles (seen with kfake after a
+	// consumer was killed with SIGKILL). Keep the rebalance timeout below the read timeout.
+	c.Net.ReadTimeout = 30 * time.Second
+	c.Consumer.Group.Rebalance.Timeout = 20 * time.Second
 	return c
 }
 

@@ -443,6 +443,12 @@ func (f *fleet) kill(p *proc) *proc {
 // stop asks for a clean exit and fails the test if the process does not exit cleanly.
 func (f *fleet) stop(p *proc) {
 	f.t.Helper()
+	select {
+	case <-p.done:
+		f.retire(p)
+		f.t.Fatalf("consumer %s exited before it was stopped (%v); log:\n%s", p.name, p.cmd.ProcessState, tail(p.logPath))
+	default:
+	}
 	require.NoError(f.t, p.cmd.Process.Signal(syscall.SIGTERM))
 	select {
 	case <-p.done:

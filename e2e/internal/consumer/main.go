@@ -6,13 +6,16 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
+	"log"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/wmonce/watermill-once/broker"
@@ -45,16 +48,30 @@ func run() error {
 	schema, topic, poison := need(scenario.EnvSchema), need(scenario.EnvTopic), need(scenario.EnvPoisonTopic)
 	group, instance := need(scenario.EnvGroup), need(scenario.EnvInstance)
 	logger := watermill.NewStdLoggerWithOut(os.Stderr, false, false).With(watermill.LogFields{"instance": instance})
+	if cfg.Kind == broker.Kafka {
+		// Sarama's own log (group joins, rebalances) goes to the process log, for post-mortems.
+		sarama.Logger = log.New(os.Stderr, "[sarama] ", log.LstdFlags|log.Lmicroseconds)
+	}
 
-	db, err := pgtx.Open(ctx, cfg.DatabaseURL, pgtx.PoolConfig{MaxOpenConns: 8})
+	// Starting up while the fault injector terminates connections fails now and then; a real
+	// deployment's supervisor would restart the process, here we retry.
+	var db *sql.DB
+	var b *broker.Broker
+	err = retry(ctx, func() error {
+		if db == nil {
+			var err error
+			if db, err = pgtx.Open(ctx, cfg.DatabaseURL, pgtx.PoolConfig{MaxOpenConns: 8}); err != nil {
+				return err
+			}
+		}
+		var err error
+		b, err = broker.New(ctx, db, cfg, logger)
+		return err
+	})
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	b, err := broker.New(ctx, db, cfg, logger)
-	if err != nil {
-		return err
-	}
 	defer b.Close()
 	sub, err := b.NewSubscriber(group)
 	if err != nil {
@@ -92,4 +109,20 @@ func run() error {
 	}
 	report(true)
 	return nil
+}
+
+func retry(ctx context.Context, fn func() error) error {
+	var err error
+	for range 40 {
+		if err = fn(); err == nil {
+			return nil
+		}
+		fmt.Fprintln(os.Stderr, "consumer: start-up failed, retrying:", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+	return err
 }
