@@ -9,6 +9,8 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -121,7 +123,7 @@ func Rabbitmqctl(t testing.TB, args ...string) string {
 	t.Helper()
 	out, err := rabbitmqctl(args...)
 	if err != nil {
-		t.Fatalf("rabbitmqctl %s: %v\n%s\nThese tests need RabbitMQ on this machine with rabbitmqctl on PATH (run as a user that can use it), e.g. `rabbitmq-server -detached` or `docker compose up -d rabbitmq` plus the rabbitmq CLI.", strings.Join(args, " "), err, out)
+		t.Fatalf("rabbitmqctl %s: %v\n%s\nThese tests need RabbitMQ and its CLI: a local rabbitmq-server with rabbitmqctl on PATH (start it with `rabbitmq-server -detached`), or `docker compose up -d rabbitmq` (the CLI is then run inside the container), or RABBITMQCTL set to a command that runs rabbitmqctl.", strings.Join(args, " "), err, out)
 	}
 	return out
 }
@@ -129,6 +131,26 @@ func Rabbitmqctl(t testing.TB, args ...string) string {
 func rabbitmqctl(args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, "rabbitmqctl", append([]string{"-q"}, args...)...).CombinedOutput()
+	cmd := rabbitmqctlCommand()
+	out, err := exec.CommandContext(ctx, cmd[0], append(append(cmd[1:], "-q"), args...)...).CombinedOutput()
 	return string(out), err
+}
+
+// rabbitmqctlCommand finds the RabbitMQ CLI: $RABBITMQCTL (a command line) if set, else
+// rabbitmqctl on PATH, else the one inside this repository's docker compose service, so that
+// `docker compose up -d rabbitmq` is all a machine without a local RabbitMQ needs.
+func rabbitmqctlCommand() []string {
+	if v := strings.Fields(os.Getenv("RABBITMQCTL")); len(v) > 0 {
+		return v
+	}
+	if _, err := exec.LookPath("rabbitmqctl"); err == nil {
+		return []string{"rabbitmqctl"}
+	}
+	if _, err := exec.LookPath("docker"); err == nil {
+		if _, file, _, ok := runtime.Caller(0); ok {
+			compose := filepath.Join(filepath.Dir(file), "..", "..", "docker-compose.yml")
+			return []string{"docker", "compose", "-f", compose, "exec", "-T", "rabbitmq", "rabbitmqctl"}
+		}
+	}
+	return []string{"rabbitmqctl"}
 }
