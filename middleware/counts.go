@@ -6,7 +6,10 @@ import (
 
 // Counts are running totals since the middleware was created.
 type Counts struct {
-	Fresh                 uint64 // messages applied and committed
+	// Fresh counts messages applied and committed. On watermill-sql's subscriber path it counts
+	// completed attempts in the subscriber's transaction, which the subscriber commits later:
+	// if that commit fails, the redelivered copy is counted again.
+	Fresh                 uint64
 	Duplicates            uint64 // copies skipped because the key was already claimed
 	FingerprintMismatches uint64 // duplicates whose payload differed from the applied one
 	Failed                uint64 // attempts rolled back: handler error or panic, outbox or commit failure

@@ -463,7 +463,8 @@ func (e *EffectivelyOnce) runInSubscriberTx(ctx context.Context, h message.Handl
 	if _, err := tx.ExecContext(ctx, e.qSavepointRelease); err != nil {
 		return rollback(fmt.Errorf("effectively-once: release savepoint: %w", err))
 	}
-	// Counted as fresh once the subscriber commits; a failed commit redelivers the message.
+	// Counted when the attempt is complete: the subscriber's commit comes later and cannot be
+	// observed from here. If that commit fails, the message is redelivered and counted again.
 	d.counters.fresh.Add(1)
 	return nil
 }
