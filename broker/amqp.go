@@ -98,8 +98,9 @@ func (b *Broker) withAMQPChannel(fn func(ch amqpChannel) error) error {
 	return fn(ch)
 }
 
-// DeleteAMQPTopology deletes the queues of subs, the exchanges of their topics and the unrouted
-// queue (for tests and demos that declare throw-away names).
+// DeleteAMQPTopology deletes the queues of subs and the exchanges of their topics (for tests
+// and demos that declare throw-away names). It leaves the unrouted queue alone: it is shared by
+// every topic under the prefix and may hold messages of others.
 func (b *Broker) DeleteAMQPTopology(subs ...Subscription) error {
 	a := b.config.AMQP
 	return b.withAMQPChannel(func(ch amqpChannel) error {
