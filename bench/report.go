@@ -1,0 +1,235 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// Report is everything one run measured; it is written as latest.json.
+type Report struct {
+	Machine Machine  `json:"machine"`
+	Config  Config   `json:"config"`
+	Results []Result `json:"results"`
+	Ratios  []Ratio  `json:"ratios"`
+}
+
+// Config records the run's parameters.
+type Config struct {
+	Schema       string   `json:"schema"`
+	Brokers      []string `json:"brokers"`
+	Messages     int      `json:"messages"`
+	ProcessRows  int      `json:"process_rows"`
+	RelayRows    int      `json:"relay_rows"`
+	InFlight     int      `json:"in_flight"`
+	Preload      int      `json:"preload_rows"`
+	PayloadBytes int      `json:"payload_bytes"`
+	Duplicates   string   `json:"duplicates"`
+	Latency      string   `json:"latency"`
+	Command      string   `json:"command"`
+}
+
+func describeConfig(o options) Config {
+	c := Config{
+		Schema: o.schema, Messages: o.messages, ProcessRows: o.processRows, RelayRows: o.relayRows,
+		InFlight: o.inFlight, Preload: o.preload, PayloadBytes: 256,
+		Duplicates: "none: every message has a fresh UUID (the dedupe check runs, against the pre-loaded table)",
+		Latency: "consuming variants: time a message spends in the handler chain, from the router handing it over " +
+			"until the chain returns after the commit (just before the ack), queueing for a group included; " +
+			"C1: per statement. Not defined (null) for backlog drains: inbox processing, relay, forwarder.",
+		Command: "go run ./bench " + strings.Join(os.Args[1:], " "),
+	}
+	for _, b := range o.brokers {
+		c.Brokers = append(c.Brokers, string(b))
+	}
+	return c
+}
+
+func (r Result) line() string {
+	lat := "      -         -"
+	if r.P50ms != nil {
+		lat = fmt.Sprintf("p50 %6.3fms p99 %6.3fms", *r.P50ms, *r.P99ms)
+	}
+	return fmt.Sprintf("%-8s %-16s %9.0f msgs/s  %s  busy %3.0f%% bench %3.0f%%  %s",
+		r.Broker, r.Variant, r.MsgsPerSec, lat, r.MachineBusyPct, r.BenchCPUPct, r.Notes)
+}
+
+func (rep *Report) failed() bool {
+	for _, r := range rep.Results {
+		if r.Error != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// Ratio is one figure compared with its target from the issue.
+type Ratio struct {
+	Name   string  `json:"name"`
+	Broker string  `json:"broker"`
+	Value  float64 `json:"value"`
+	Target float64 `json:"target"`
+	Unit   string  `json:"unit"` // "x" for ratios, "msgs/s" for absolute targets
+	Met    bool    `json:"met"`
+}
+
+func find(results []Result, variant, broker string) (Result, bool) {
+	for _, r := range results {
+		if r.Variant == variant && r.Broker == broker && r.Error == "" && r.MsgsPerSec > 0 {
+			return r, true
+		}
+	}
+	return Result{}, false
+}
+
+func ratios(results []Result) []Ratio {
+	var brokers []string
+	for _, r := range results {
+		if r.Broker != "postgres" && !slices.Contains(brokers, r.Broker) {
+			brokers = append(brokers, r.Broker)
+		}
+	}
+	var out []Ratio
+	ratio := func(name, num, den, broker string, target float64) {
+		a, ok1 := find(results, num, broker)
+		b, ok2 := find(results, den, broker)
+		if ok1 && ok2 {
+			v := a.MsgsPerSec / b.MsgsPerSec
+			out = append(out, Ratio{Name: name, Broker: broker, Value: v, Target: target, Unit: "x", Met: v >= target})
+		}
+	}
+	absolute := func(name, variant, broker string, target float64) {
+		if a, ok := find(results, variant, broker); ok {
+			out = append(out, Ratio{Name: name, Broker: broker, Value: a.MsgsPerSec, Target: target, Unit: "msgs/s", Met: a.MsgsPerSec >= target})
+		}
+	}
+	for _, b := range brokers {
+		ratio("B3/B1", B3, B1, b, 0.75)
+		ratio("B4/B3", B4, B3, b, 5)
+		ratio("relay/forwarder", Relay, Forwarder, b, 2)
+		absolute("B5 ingest", B5Ingest, b, 40000)
+	}
+	ratio("B4/B6", B4, B6, "sql", 2)
+	absolute("B5 processing", B5Process, "postgres", 30000)
+	absolute("B5 processing (ClaimLock)", B5Lock, "postgres", 30000)
+	return out
+}
+
+func (rep *Report) ratioText() string {
+	var b strings.Builder
+	b.WriteString("Targets (issue 7):\n")
+	for _, r := range rep.Ratios {
+		mark := "MISSED"
+		if r.Met {
+			mark = "met"
+		}
+		if r.Unit == "x" {
+			fmt.Fprintf(&b, "  %-28s %-8s %6.2fx   target >= %gx   %s\n", r.Name, r.Broker, r.Value, r.Target, mark)
+		} else {
+			fmt.Fprintf(&b, "  %-28s %-8s %6.0f/s  target >= %.0f/s  %s\n", r.Name, r.Broker, r.Value, r.Target, mark)
+		}
+	}
+	return b.String()
+}
+
+// markdown renders the results for latest.md and the README.
+func (rep *Report) markdown() string {
+	var b strings.Builder
+	m := rep.Machine
+	fmt.Fprintf(&b, "# watermill-once benchmark\n\n")
+	fmt.Fprintf(&b, "Measured %s on %d CPUs (%s), %.0f GiB RAM, %s; PostgreSQL %s; %s. Load average %s at start, %s at end (the machine is shared: compare ratios within this run, not absolute figures across runs).\n\n",
+		m.Date, m.CPUs, m.Model, m.MemoryGiB, m.OS, m.PostgreSQL, m.GoVersion, m.LoadAvgStart, m.LoadAvgEnd)
+	if m.Kafka != "" {
+		fmt.Fprintf(&b, "Kafka: %s. ", m.Kafka)
+	}
+	if m.RabbitMQ != "" {
+		fmt.Fprintf(&b, "RabbitMQ: %s. ", m.RabbitMQ)
+	}
+	c := rep.Config
+	fmt.Fprintf(&b, "Payload %d bytes; %d messages per consuming variant, %d in flight; processed_messages pre-loaded with %d rows. Duplicates: %s.\n\n",
+		c.PayloadBytes, c.Messages, c.InFlight, c.Preload, c.Duplicates)
+	fmt.Fprintf(&b, "Latency: %s\n\nCommand: `%s`\n\n", c.Latency, c.Command)
+
+	// Pivot: msgs/s per variant and broker.
+	var brokers []string
+	for _, r := range rep.Results {
+		if !slices.Contains(brokers, r.Broker) {
+			brokers = append(brokers, r.Broker)
+		}
+	}
+	b.WriteString("## Throughput (msgs/s)\n\n| variant | what it runs |")
+	for _, br := range brokers {
+		fmt.Fprintf(&b, " %s |", br)
+	}
+	b.WriteString("\n|---|---|")
+	for range brokers {
+		b.WriteString("---:|")
+	}
+	b.WriteString("\n")
+	for _, v := range allVariants {
+		row := fmt.Sprintf("| %s | %s |", v, variantTitles[v])
+		any := false
+		for _, br := range brokers {
+			if r, ok := find(rep.Results, v, br); ok {
+				row += fmt.Sprintf(" %.0f |", r.MsgsPerSec)
+				any = true
+			} else {
+				row += " |"
+			}
+		}
+		if any {
+			b.WriteString(row + "\n")
+		}
+	}
+	b.WriteString("\n## Targets\n\n| figure | broker | measured | target | |\n|---|---|---:|---:|---|\n")
+	for _, r := range rep.Ratios {
+		mark := "**missed**"
+		if r.Met {
+			mark = "met"
+		}
+		if r.Unit == "x" {
+			fmt.Fprintf(&b, "| %s | %s | %.2fx | >= %gx | %s |\n", r.Name, r.Broker, r.Value, r.Target, mark)
+		} else {
+			fmt.Fprintf(&b, "| %s | %s | %.0f/s | >= %.0f/s | %s |\n", r.Name, r.Broker, r.Value, r.Target, mark)
+		}
+	}
+	b.WriteString("\n## All results\n\n| broker | variant | msgs/s | p50 ms | p99 ms | messages | in flight | CPU busy (all / bench) | PostgreSQL sessions | notes |\n|---|---|---:|---:|---:|---:|---:|---|---|---|\n")
+	for _, r := range rep.Results {
+		p50, p99 := "-", "-"
+		if r.P50ms != nil {
+			p50, p99 = fmt.Sprintf("%.3f", *r.P50ms), fmt.Sprintf("%.3f", *r.P99ms)
+		}
+		notes := r.Notes
+		if r.Error != "" {
+			notes = "ERROR: " + r.Error
+		}
+		fmt.Fprintf(&b, "| %s | %s | %.0f | %s | %s | %d | %d | %.0f%% / %.0f%% | %s | %s |\n",
+			r.Broker, r.Variant, r.MsgsPerSec, p50, p99, r.Messages, r.InFlight, r.MachineBusyPct, r.BenchCPUPct, r.PGSessions, strings.ReplaceAll(notes, "|", "/"))
+	}
+	b.WriteString("\n![throughput chart](latest.png)\n")
+	return b.String()
+}
+
+func writeResults(dir string, rep *Report) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	js, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "latest.json"), append(js, '\n'), 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "latest.md"), []byte(rep.markdown()), 0o644); err != nil {
+		return err
+	}
+	png, err := chart(rep)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "latest.png"), png, 0o644)
+}

@@ -1,0 +1,225 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// meter counts messages that a handler chain finished successfully and records how long each
+// one spent in the chain: from the router handing it over until the chain returned (for the
+// database variants: after the commit, just before the ack). It is the outermost middleware.
+type meter struct {
+	want  int
+	count atomic.Int64
+	errs  atomic.Int64
+	first atomic.Int64 // unix nanos of the first message entering the chain
+	last  atomic.Int64 // unix nanos of the want-th success
+	lat   []time.Duration
+	done  chan struct{}
+	once  sync.Once
+}
+
+func newMeter(want int) *meter {
+	return &meter{want: want, lat: make([]time.Duration, want), done: make(chan struct{})}
+}
+
+func (m *meter) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		start := time.Now()
+		m.first.CompareAndSwap(0, start.UnixNano())
+		out, err := h(msg)
+		if err != nil {
+			m.errs.Add(1)
+			return out, err
+		}
+		m.observe(start)
+		return out, nil
+	}
+}
+
+// observe records one success that started at start.
+func (m *meter) observe(start time.Time) {
+	now := time.Now()
+	i := m.count.Add(1)
+	if i <= int64(m.want) {
+		m.lat[i-1] = now.Sub(start)
+	}
+	if i == int64(m.want) {
+		m.last.Store(now.UnixNano())
+		m.once.Do(func() { close(m.done) })
+	}
+}
+
+// wait blocks until want successes or ctx ends.
+func (m *meter) wait(ctx context.Context) error {
+	select {
+	case <-m.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("only %d of %d messages processed (%d handler errors): %w", m.count.Load(), m.want, m.errs.Load(), ctx.Err())
+	}
+}
+
+func (m *meter) elapsed() time.Duration {
+	return time.Duration(m.last.Load() - m.first.Load())
+}
+
+// percentiles returns p50 and p99 of the recorded latencies, in milliseconds.
+func percentiles(lat []time.Duration) (p50, p99 float64) {
+	if len(lat) == 0 {
+		return 0, 0
+	}
+	s := slices.Clone(lat)
+	slices.Sort(s)
+	at := func(q float64) float64 {
+		i := int(q*float64(len(s))+0.5) - 1
+		i = min(max(i, 0), len(s)-1)
+		return float64(s[i].Microseconds()) / 1000
+	}
+	return at(0.50), at(0.99)
+}
+
+// cpuSample is a reading of the machine's and this process's CPU time.
+type cpuSample struct {
+	at          time.Time
+	machineBusy float64 // seconds, all CPUs
+	machineAll  float64
+	self        float64 // seconds of this process (user + system)
+}
+
+const clockTicks = 100 // USER_HZ on Linux
+
+func readCPU() cpuSample {
+	s := cpuSample{at: time.Now()}
+	if b, err := os.ReadFile("/proc/stat"); err == nil {
+		line, _, _ := strings.Cut(string(b), "\n")
+		f := strings.Fields(line)
+		for i, v := range f[1:] {
+			n, _ := strconv.ParseFloat(v, 64)
+			s.machineAll += n / clockTicks
+			if i != 3 && i != 4 { // idle, iowait
+				s.machineBusy += n / clockTicks
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/self/stat"); err == nil {
+		// Fields after the command name, which is in parentheses and may contain spaces.
+		str := string(b)
+		if i := strings.LastIndexByte(str, ')'); i > 0 {
+			f := strings.Fields(str[i+1:])
+			if len(f) > 13 {
+				u, _ := strconv.ParseFloat(f[11], 64)
+				sy, _ := strconv.ParseFloat(f[12], 64)
+				s.self = (u + sy) / clockTicks
+			}
+		}
+	}
+	return s
+}
+
+// cpuUse describes the CPU use between two samples: the machine's busy share of all CPUs,
+// and this process's share of all CPUs.
+func cpuUse(a, b cpuSample) (machineBusyPct, selfPct float64) {
+	all := b.machineAll - a.machineAll
+	if all <= 0 {
+		return 0, 0
+	}
+	wall := b.at.Sub(a.at).Seconds()
+	cpus := all / wall
+	return 100 * (b.machineBusy - a.machineBusy) / all, 100 * (b.self - a.self) / (wall * cpus)
+}
+
+// waitSampler samples, every interval, what the benchmark's own PostgreSQL sessions are doing
+// (pg_stat_activity of sessions with our application_name): running on CPU, waiting on a lock
+// or on WAL, or idle in a transaction (waiting for the client).
+type waitSampler struct {
+	mu      sync.Mutex
+	counts  map[string]int
+	samples int
+	stop    context.CancelFunc
+	done    chan struct{}
+}
+
+func startWaitSampler(db *sql.DB, app string, every time.Duration) *waitSampler {
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &waitSampler{counts: map[string]int{}, stop: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		conn, err := db.Conn(ctx)
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			rows, err := conn.QueryContext(ctx, `SELECT CASE
+    WHEN state = 'active' THEN coalesce(wait_event_type || ':' || wait_event, 'CPU')
+    WHEN state = 'idle in transaction' THEN 'IdleInTx'
+    ELSE 'Idle' END
+FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()`, app)
+			if err != nil {
+				continue
+			}
+			w.mu.Lock()
+			w.samples++
+			for rows.Next() {
+				var s string
+				if rows.Scan(&s) == nil && s != "Idle" {
+					w.counts[s]++
+				}
+			}
+			w.mu.Unlock()
+			_ = rows.Close()
+		}
+	}()
+	return w
+}
+
+// finish stops sampling and returns the top states as "state share%" items, shares of all
+// non-idle session samples.
+func (w *waitSampler) finish(top int) string {
+	w.stop()
+	<-w.done
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	total := 0
+	type kv struct {
+		k string
+		v int
+	}
+	var all []kv
+	for k, v := range w.counts {
+		total += v
+		all = append(all, kv{k, v})
+	}
+	if total == 0 {
+		return ""
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].v > all[j].v })
+	var parts []string
+	for i, e := range all {
+		if i == top {
+			break
+		}
+		parts = append(parts, fmt.Sprintf("%s %.0f%%", e.k, 100*float64(e.v)/float64(total)))
+	}
+	avg := float64(total) / float64(max(w.samples, 1))
+	return fmt.Sprintf("%s (avg %.1f busy sessions)", strings.Join(parts, ", "), avg)
+}
