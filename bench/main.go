@@ -55,6 +55,7 @@ type options struct {
 	relayRows      int
 	inFlight       int
 	inboxWorkers   int
+	inboxTxBatch   int
 	preload        int
 	rebuildPreload bool
 	c1Duration     time.Duration
@@ -103,6 +104,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.relayRows, "relay-rows", 20000, "outbox rows for the relay and the forwarder")
 	fs.IntVar(&o.inFlight, "inflight", 32, "messages in flight: Kafka partitions, RabbitMQ consumers, SQL topics; also C1 clients")
 	fs.IntVar(&o.inboxWorkers, "inbox-workers", 4, "inbox processor workers")
+	fs.IntVar(&o.inboxTxBatch, "inbox-txbatch", 50, "inbox processor TxBatchSize (ClaimBatch is twice it in lease mode)")
 	fs.IntVar(&o.preload, "preload", 1000000, "rows pre-loaded into processed_messages (kept across runs)")
 	fs.BoolVar(&o.rebuildPreload, "rebuild-preload", false, "delete and load the pre-loaded rows again")
 	fs.DurationVar(&o.c1Duration, "c1-duration", 5*time.Second, "duration of each C1 ceiling run")
@@ -173,6 +175,9 @@ func parseFlags(args []string) (options, error) {
 	}
 	if o.inboxWorkers < 1 || o.inboxWorkers > 64 {
 		errs = append(errs, errors.New("-inbox-workers must be between 1 and 64"))
+	}
+	if o.inboxTxBatch < 1 || o.inboxTxBatch > 5000 {
+		errs = append(errs, errors.New("-inbox-txbatch must be between 1 and 5000"))
 	}
 	if o.preload < 0 {
 		errs = append(errs, errors.New("-preload must not be negative"))

@@ -7,9 +7,11 @@ import (
 	"github.com/wmonce/watermill-once/outbox"
 )
 
-// setLockMode switches a processor configuration to row-lock claims; false when the inbox
-// package has no such mode.
-func setLockMode(cfg *inbox.ProcessorConfig) bool { return false }
+// setLockMode switches a processor configuration to row-lock claims.
+func setLockMode(cfg *inbox.ProcessorConfig) bool {
+	cfg.ClaimMode = inbox.ClaimLock
+	return true
+}
 
 // tuneRelay sets the relay options the benchmark measures.
 func (h *harness) tuneRelay(cfg *outbox.RelayConfig) {}

@@ -357,7 +357,7 @@ func (h *harness) process(ctx context.Context, id string) (Result, error) {
 	consumer := "bench-process"
 	cfg := inbox.ProcessorConfig{
 		Schema: h.opts.schema, Consumer: consumer,
-		Workers: h.opts.inboxWorkers, ClaimBatch: 100, TxBatchSize: 50,
+		Workers: h.opts.inboxWorkers, ClaimBatch: 2 * h.opts.inboxTxBatch, TxBatchSize: h.opts.inboxTxBatch,
 		PollInterval: 50 * time.Millisecond,
 	}
 	res := Result{Variant: id, Broker: "postgres", Messages: n, InFlight: cfg.Workers}

@@ -70,6 +70,21 @@
 // message that kills its worker is parked after MaxAttempts, not retried forever), or to
 // FAILED if that was the last attempt.
 //
+// Finished rows leave the indexes only when VACUUM runs, so a claim that started at the
+// oldest id would walk past every row finished since, and draining a backlog would cost time
+// quadratic in its size. Claims start above a floor (the smallest id the last claim took) and
+// look from the beginning every 100ms and whenever nothing is found above it: a row that
+// becomes claimable below the floor (a retry falling due, a key unblocked, a replay) waits at
+// most that much longer.
+//
+// ClaimMode ClaimLock is the faster alternative to leases: the claim is a row lock, SELECT ...
+// FOR UPDATE SKIP LOCKED inside the processing transaction, and each row is written once, when
+// its outcome commits with the handler's effects. The lock disappears with the transaction or
+// the connection, which replaces the lease, the token and the reaper; a failed handler is
+// undone with a savepoint so that its attempt is recorded while the lock is held. What it gives
+// up is described at ClaimLock: rows in work show as PENDING, operator changes to them wait,
+// and an attempt that kills the process is not counted.
+//
 // TxBatchSize > 1 runs several claimed rows in one transaction and completes them with one
 // statement; if any of them fails, the whole batch is rolled back and re-run one row per
 // transaction. No savepoints are used: a savepoint per row would cost two round trips each,
@@ -119,7 +134,7 @@
 // # Costs
 //
 // Per message: one inserted row (four index entries), two row updates (claim, completion; each
-// a new row version, since status is indexed) and a later delete, against the middleware's one
-// claim insert. A processor holds Workers connections plus up to three (LISTEN, lease upkeep,
+// a new row version, since status is indexed; one with ClaimLock) and a later delete, against
+// the middleware's one claim insert. A processor holds Workers connections plus up to three (LISTEN, lease upkeep,
 // releases). Dead-letter handling (alerts, replay, skip) is yours: Ops provides the tools.
 package inbox

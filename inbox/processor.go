@@ -39,6 +39,11 @@ type ProcessorConfig struct {
 	// handlers must not mind running more than once without effect (their database writes are
 	// rolled back; effects outside the database are not). Default 1.
 	TxBatchSize int
+	// ClaimMode is how workers hold rows: ClaimLease (default: IN_PROGRESS rows with fenced
+	// leases) or ClaimLock (row locks inside the processing transaction, each row written once;
+	// see ClaimLock for what changes). With ClaimLock each transaction locks up to TxBatchSize
+	// rows and ClaimBatch is not used.
+	ClaimMode ClaimMode
 
 	// Lease is how long a claim stays valid without renewal. After it, another worker may
 	// take the row, and the first worker can no longer complete it. Default 30s.
@@ -143,8 +148,17 @@ func (c ProcessorConfig) Validate() error {
 	if c.ClaimBatch < 1 || c.ClaimBatch > MaxBatchLimit {
 		errs = append(errs, fmt.Errorf("ClaimBatch must be between 1 and %d, got %d", MaxBatchLimit, c.ClaimBatch))
 	}
-	if c.TxBatchSize < 1 || c.TxBatchSize > c.ClaimBatch {
-		errs = append(errs, fmt.Errorf("TxBatchSize must be between 1 and ClaimBatch (%d), got %d", c.ClaimBatch, c.TxBatchSize))
+	switch c.ClaimMode {
+	case ClaimLease:
+		if c.TxBatchSize < 1 || c.TxBatchSize > c.ClaimBatch {
+			errs = append(errs, fmt.Errorf("TxBatchSize must be between 1 and ClaimBatch (%d), got %d", c.ClaimBatch, c.TxBatchSize))
+		}
+	case ClaimLock:
+		if c.TxBatchSize < 1 || c.TxBatchSize > MaxBatchLimit {
+			errs = append(errs, fmt.Errorf("TxBatchSize must be between 1 and %d, got %d", MaxBatchLimit, c.TxBatchSize))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("ClaimMode %d is not one of ClaimLease, ClaimLock", int(c.ClaimMode)))
 	}
 	if c.Lease < 10*time.Millisecond {
 		errs = append(errs, fmt.Errorf("Lease must be at least 10ms, got %s", c.Lease))
@@ -226,6 +240,8 @@ type Processor struct {
 	cancelHandlers context.CancelFunc
 
 	claimed, processed, failed, parked, conflicts, expired, released, errs atomic.Uint64
+
+	floor, lastRescan atomic.Int64 // see claimAfter
 }
 
 // worker is what the lease upkeep and shutdown need to know about one worker.
@@ -388,9 +404,13 @@ func (p *Processor) Run(ctx context.Context) error {
 
 	var workers sync.WaitGroup
 	for _, w := range p.workers {
-		workers.Go(func() { p.work(claimCtx, w) })
+		if p.config.ClaimMode == ClaimLock {
+			workers.Go(func() { p.workLocked(claimCtx) })
+		} else {
+			workers.Go(func() { p.work(claimCtx, w) })
+		}
 	}
-	p.logger.Info("Inbox processor started", watermill.LogFields{"workers": p.config.Workers})
+	p.logger.Info("Inbox processor started", watermill.LogFields{"workers": p.config.Workers, "claim_mode": p.config.ClaimMode.String()})
 	<-claimCtx.Done()
 	// Rows claimed but not started go back at once, so another instance can take them while
 	// running handlers use their grace period.

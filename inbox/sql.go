@@ -69,10 +69,29 @@ type queries struct {
 	release      string
 	renew        string
 	reap         string
+
+	// ClaimLock mode.
+	lockDue      string
+	lockOne      string
+	completeLock string
+	failLock     string
 }
 
 func newQueries(schema string) queries {
 	t := pgtx.QualifiedName(schema, "inbox")
+	// Eligible rows: due PENDING rows without an older unfinished row of their ordering key.
+	eligible := `i.consumer = $1 AND i.status = 'PENDING' AND i.next_attempt_at <= now()
+  AND (i.ordering_key IS NULL OR NOT EXISTS (
+      SELECT 1 FROM ` + t + ` o
+      WHERE o.consumer = i.consumer AND o.ordering_key = i.ordering_key
+        AND o.status IN ` + unfinished + ` AND o.id < i.id))`
+	// ClaimLock: the row lock taken in the processing transaction is the claim. Rows stay
+	// PENDING, so a row that an older one of its key is being processed (locked, still
+	// PENDING) stays ineligible, and per-key order holds as with leases. attempts + 1 is the
+	// attempt being started; it is written with the outcome.
+	lockColumns := `SELECT i.id, i.message_id, i.message_uuid, coalesce(i.ordering_key, ''), i.topic, i.payload, i.metadata::text, i.attempts + 1, i.received_at
+FROM ` + t + ` i
+WHERE `
 	return queries{
 		table:   t,
 		channel: notifyChannel(schema),
@@ -91,10 +110,11 @@ func newQueries(schema string) queries {
 SELECT c.n, CASE WHEN c.n > 0 THEN pg_notify($8, $1::text)::text END FROM (SELECT count(*) AS n FROM ins) c`,
 
 		// Due PENDING rows in received order, skipping rows another claim holds locked, and
-		// skipping rows that have an older unfinished row of the same ordering key.
+		// skipping rows that have an older unfinished row of the same ordering key. $5 is the
+		// claim floor (see Processor.claimAfter).
 		claim: `WITH due AS (
     SELECT i.id FROM ` + t + ` i
-    WHERE i.consumer = $1 AND i.status = 'PENDING' AND i.next_attempt_at <= now()
+    WHERE i.consumer = $1 AND i.status = 'PENDING' AND i.next_attempt_at <= now() AND i.id > $5
       AND (i.ordering_key IS NULL OR NOT EXISTS (
           SELECT 1 FROM ` + t + ` o
           WHERE o.consumer = i.consumer AND o.ordering_key = i.ordering_key
@@ -147,5 +167,24 @@ FROM (SELECT id FROM ` + t + `
       LIMIT 1000 FOR UPDATE SKIP LOCKED) e
 WHERE r.id = e.id
 RETURNING r.id, r.status`,
+
+		lockDue: lockColumns + eligible + ` AND i.id > $3
+ORDER BY i.id
+LIMIT $2
+FOR UPDATE OF i SKIP LOCKED`,
+		lockOne: lockColumns + eligible + ` AND i.id = $2
+FOR UPDATE OF i SKIP LOCKED`,
+		completeLock: `UPDATE ` + t + ` SET status = 'DONE', finished_at = now(), attempts = attempts + 1
+WHERE id = ANY($1::bigint[]) AND status = 'PENDING'`,
+		// $2: permanent error; $3: attempt limit; $4: backoff in microseconds. Run inside the
+		// transaction that holds the row lock, or after it ended (a row another worker
+		// completed meanwhile is no longer PENDING and is left alone).
+		failLock: `UPDATE ` + t + ` SET
+    status = CASE WHEN $2::bool OR attempts + 1 >= $3 THEN 'FAILED' ELSE 'PENDING' END,
+    attempts = attempts + 1,
+    next_attempt_at = now() + $4::bigint * interval '1 microsecond',
+    last_error = $5
+WHERE id = $1 AND status = 'PENDING'
+RETURNING status`,
 	}
 }

@@ -89,28 +89,85 @@ func (p *Processor) claim(ctx context.Context) ([]claimedRow, int64, error) {
 	token := newToken()
 	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.config.Lease)
 	defer cancel()
-	rs, err := p.db.QueryContext(qctx, p.q.claim, p.config.Consumer, p.config.ClaimBatch, token, micros(p.config.Lease))
+	after := p.claimAfter()
+	for {
+		rows, err := p.claimAbove(qctx, token, after)
+		if err != nil {
+			return nil, 0, err
+		}
+		if len(rows) == 0 && after > 0 {
+			after = p.rescan() // nothing above the floor: look below it before going idle
+			continue
+		}
+		p.raiseFloor(rows)
+		p.claimed.Add(uint64(len(rows)))
+		return rows, token, nil
+	}
+}
+
+func (p *Processor) claimAbove(ctx context.Context, token, after int64) ([]claimedRow, error) {
+	rs, err := p.db.QueryContext(ctx, p.q.claim, p.config.Consumer, p.config.ClaimBatch, token, micros(p.config.Lease), after)
 	if err != nil {
 		if pgtx.IsUndefinedTable(err) {
-			return nil, 0, fmt.Errorf("inbox: table %s is missing: run the migrations: %w", p.q.table, err)
+			return nil, fmt.Errorf("inbox: table %s is missing: run the migrations: %w", p.q.table, err)
 		}
-		return nil, 0, fmt.Errorf("inbox: claim: %w", err)
+		return nil, fmt.Errorf("inbox: claim: %w", err)
 	}
 	defer rs.Close()
 	var rows []claimedRow
 	for rs.Next() {
 		var r claimedRow
 		if err := rs.Scan(&r.id, &r.messageID, &r.uuid, &r.orderingKey, &r.topic, &r.payload, &r.metadata, &r.attempts, &r.receivedAt); err != nil {
-			return nil, 0, fmt.Errorf("inbox: scan claimed row: %w", err)
+			return nil, fmt.Errorf("inbox: scan claimed row: %w", err)
 		}
 		rows = append(rows, r)
 	}
 	if err := rs.Err(); err != nil {
-		return nil, 0, fmt.Errorf("inbox: claim: %w", err)
+		return nil, fmt.Errorf("inbox: claim: %w", err)
 	}
 	slices.SortFunc(rows, func(a, b claimedRow) int { return cmp.Compare(a.id, b.id) })
-	p.claimed.Add(uint64(len(rows)))
-	return rows, token, nil
+	return rows, nil
+}
+
+// rescanEvery bounds how long a row below the claim floor can wait to be seen.
+const rescanEvery = 100 * time.Millisecond
+
+// claimAfter returns the id claims start above. Finished rows are not removed from the
+// indexes until VACUUM, so a claim that starts at the beginning of the table walks past every
+// row finished since: draining a backlog that way costs time quadratic in its size. Claims
+// therefore start above a floor: the smallest id the last claim took, less one. Everything
+// below it was, when that claim looked, finished, claimed by another worker, not yet due or
+// held back by its ordering key. Such rows can become claimable later (a retry falls due, a
+// key's older row finishes, a claim is released or reaped, an operator replays a row), so
+// every rescanEvery, and whenever a claim above the floor finds nothing, a claim starts from
+// the beginning instead: a row below the floor waits at most rescanEvery longer.
+func (p *Processor) claimAfter() int64 {
+	now := time.Now().UnixNano()
+	if last := p.lastRescan.Load(); now-last >= int64(rescanEvery) && p.lastRescan.CompareAndSwap(last, now) {
+		return 0
+	}
+	return p.floor.Load()
+}
+
+// rescan makes the next claims start from the beginning.
+func (p *Processor) rescan() int64 {
+	p.floor.Store(0)
+	p.lastRescan.Store(time.Now().UnixNano())
+	return 0
+}
+
+// raiseFloor records the smallest id of a claim (rows in id order) as the new floor.
+func (p *Processor) raiseFloor(rows []claimedRow) {
+	if len(rows) == 0 {
+		return
+	}
+	next := rows[0].id - 1
+	for {
+		cur := p.floor.Load()
+		if next <= cur || p.floor.CompareAndSwap(cur, next) {
+			return
+		}
+	}
 }
 
 func newToken() int64 {

@@ -1,0 +1,338 @@
+package inbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// ClaimMode chooses how a worker holds the rows it processes.
+type ClaimMode int
+
+const (
+	// ClaimLease (the default) marks claimed rows IN_PROGRESS with a claim token and a lease in a
+	// statement of its own, then processes them in later transactions. Claims survive a
+	// processing transaction, so a row is visible as IN_PROGRESS while it runs, and a worker
+	// that dies mid-attempt still has the attempt counted (its lease expires).
+	ClaimLease ClaimMode = iota
+	// ClaimLock claims rows inside the processing transaction with SELECT ... FOR UPDATE SKIP
+	// LOCKED: the row lock is the claim, and the row is written once, when its outcome commits
+	// with the handler's effects (one row version per row instead of two, one statement per
+	// transaction fewer). The lock is released by the database when the transaction ends, the
+	// connection breaks or the process dies, so no lease, token or reaper is needed, and no one
+	// else can change the row while it is held: a worker cut off past HandlerTimeout has its
+	// transaction rolled back (database/sql rolls back a transaction whose context ends), and
+	// another worker may take the row only then.
+	//
+	// What differs from ClaimLease: rows being processed stay PENDING (Stats counts them as
+	// pending, never IN_PROGRESS); an operator change (Ops.Replay, Ops.Skip) to a row being
+	// processed waits until its transaction ends; and an attempt is recorded with its outcome,
+	// so an attempt that never ends its transaction itself (the process is killed, the
+	// connection is lost) is not counted: a message that crashes the process every time is
+	// retried by every restart instead of being parked after MaxAttempts. Errors, panics and
+	// HandlerTimeout are counted and parked as with leases. Both modes can serve one consumer at
+	// once (during a rolling change, say): each skips the rows the other holds.
+	ClaimLock
+)
+
+func (m ClaimMode) String() string {
+	switch m {
+	case ClaimLease:
+		return "lease"
+	case ClaimLock:
+		return "lock"
+	}
+	return fmt.Sprintf("ClaimMode(%d)", int(m))
+}
+
+// The savepoint that lets a lock-mode transaction undo a failed handler and still record the
+// failure while it holds the row lock.
+const (
+	lockSavepoint         = `SAVEPOINT wmonce_inbox_row`
+	lockRollbackSavepoint = `ROLLBACK TO SAVEPOINT wmonce_inbox_row`
+)
+
+// workLocked is a ClaimLock worker: each round is one transaction that locks up to
+// TxBatchSize due rows, runs their handlers and completes them.
+func (p *Processor) workLocked(ctx context.Context) {
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		n, err := p.lockedRound(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			p.errs.Add(1)
+			p.logger.Error("Inbox claim failed, retrying", err, watermill.LogFields{"backoff": backoff})
+			if !sleep(ctx, jitter(backoff)) {
+				return
+			}
+			backoff = min(backoff*2, 5*time.Second)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+		if n == 0 {
+			p.idle(ctx)
+		}
+	}
+}
+
+// lockedRound returns how many rows it claimed.
+func (p *Processor) lockedRound(claimCtx context.Context) (int, error) {
+	ctx, cancel := context.WithTimeout(p.handlerCtx, p.config.HandlerTimeout)
+	defer cancel()
+	tx, err := p.db.BeginTx(ctx, p.config.TxOptions)
+	if err != nil {
+		return 0, fmt.Errorf("inbox: begin: %w", err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback()
+		}
+	}()
+	after := p.claimAfter()
+	rows, err := p.lockRows(ctx, tx, p.q.lockDue, p.config.Consumer, p.config.TxBatchSize, after)
+	if err == nil && len(rows) == 0 && after > 0 {
+		// Nothing above the floor: look below it before going idle.
+		rows, err = p.lockRows(ctx, tx, p.q.lockDue, p.config.Consumer, p.config.TxBatchSize, p.rescan())
+	}
+	if err != nil || len(rows) == 0 {
+		return 0, err
+	}
+	p.raiseFloor(rows)
+	p.claimed.Add(uint64(len(rows)))
+	if claimCtx.Err() != nil {
+		p.released.Add(uint64(len(rows))) // shutdown: the rollback gives them back
+		return len(rows), nil
+	}
+	if len(rows) == 1 {
+		committed = p.runLockedRow(ctx, tx, rows[0])
+		return 1, nil
+	}
+	for _, r := range rows {
+		if err := p.runHandler(ctx, tx, r); err != nil {
+			if p.handlerCtx.Err() != nil {
+				p.released.Add(uint64(len(rows)))
+				return len(rows), nil
+			}
+			p.logger.Debug("Handler failed in a batch; processing the batch row by row", watermill.LogFields{"row": r.id, "err": err.Error()})
+			_ = tx.Rollback()
+			p.processLockedEach(claimCtx, rows)
+			return len(rows), nil
+		}
+	}
+	res, err := tx.ExecContext(ctx, p.q.completeLock, ids(rows))
+	if err == nil {
+		if n, _ := res.RowsAffected(); int(n) != len(rows) {
+			err = fmt.Errorf("inbox: completed %d of %d locked rows", n, len(rows))
+		}
+	}
+	if err != nil {
+		_ = tx.Rollback()
+		if p.handlerCtx.Err() != nil || pgtx.IsConnectionError(err) {
+			p.released.Add(uint64(len(rows)))
+			return len(rows), nil
+		}
+		p.processLockedEach(claimCtx, rows)
+		return len(rows), nil
+	}
+	committed = true
+	if err := tx.Commit(); err != nil {
+		// Possibly committed after all: then the rows are DONE; if not, they are still PENDING
+		// and are claimed again.
+		p.errs.Add(1)
+		p.logger.Error("Batch commit failed; its rows are processed again unless it did commit", err, watermill.LogFields{"rows": len(rows)})
+		return len(rows), nil
+	}
+	p.processed.Add(uint64(len(rows)))
+	return len(rows), nil
+}
+
+// processLockedEach runs the rows of a failed batch one per transaction, each locked again by
+// id (a row another worker took meanwhile, or that is no longer eligible, is left to it).
+func (p *Processor) processLockedEach(claimCtx context.Context, rows []claimedRow) {
+	for _, r := range rows {
+		if claimCtx.Err() != nil {
+			return // not locked any more: they stay PENDING for whoever runs next
+		}
+		p.processLockedOne(r.id)
+	}
+}
+
+func (p *Processor) processLockedOne(id int64) {
+	ctx, cancel := context.WithTimeout(p.handlerCtx, p.config.HandlerTimeout)
+	defer cancel()
+	tx, err := p.db.BeginTx(ctx, p.config.TxOptions)
+	if err != nil {
+		p.errs.Add(1)
+		p.logger.Error("Could not begin a row's transaction; the row is claimed again later", err, watermill.LogFields{"row": id})
+		return
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback()
+		}
+	}()
+	rows, err := p.lockRows(ctx, tx, p.q.lockOne, p.config.Consumer, id)
+	if err != nil {
+		p.errs.Add(1)
+		p.logger.Error("Could not lock a row again; it is claimed again later", err, watermill.LogFields{"row": id})
+		return
+	}
+	if len(rows) == 0 {
+		return // taken by another worker, or no longer due
+	}
+	committed = p.runLockedRow(ctx, tx, rows[0])
+}
+
+// runLockedRow runs one locked row's handler in a savepoint of tx, so that a failure can be
+// undone and recorded while the lock is held, then completes or records it and commits. It
+// reports whether it ended tx (commit attempted).
+func (p *Processor) runLockedRow(ctx context.Context, tx *sql.Tx, r claimedRow) bool {
+	fields := watermill.LogFields{"row": r.id, "message_id": r.messageID, "attempt": r.attempts}
+	if _, err := tx.ExecContext(ctx, lockSavepoint); err != nil {
+		p.errs.Add(1)
+		p.logger.Error("Savepoint failed; the row is claimed again later", err, fields)
+		return false
+	}
+	var herr error
+	for try := 1; ; try++ {
+		herr = p.runHandler(ctx, tx, r)
+		if herr == nil || !pgtx.IsRetryableTx(herr) || try >= 3 || ctx.Err() != nil {
+			break
+		}
+		// A serialization failure or deadlock in the handler: undo it and run it again.
+		if _, err := tx.ExecContext(ctx, lockRollbackSavepoint); err != nil {
+			break
+		}
+		time.Sleep(pgtx.RetryPolicy{}.Delay(try))
+	}
+	if herr == nil {
+		res, err := tx.ExecContext(ctx, p.q.completeLock, []int64{r.id})
+		if errors.Is(err, sql.ErrTxDone) && ctx.Err() == nil {
+			// The handler committed or rolled back the transaction itself; if it committed,
+			// its effects are in without the row being DONE. Park it for a person.
+			p.recordLockedFailure(r, middleware.Permanent(fmt.Errorf("inbox: the handler ended the processing transaction itself (never Commit or Rollback the transaction from the context): %w", err)))
+			return true
+		}
+		if err == nil {
+			if n, _ := res.RowsAffected(); n != 1 {
+				err = fmt.Errorf("inbox: row %d was not PENDING at completion", r.id)
+			}
+		}
+		if err == nil {
+			if err := tx.Commit(); err != nil {
+				p.errs.Add(1)
+				p.logger.Error("Commit failed; the row is processed again unless it did commit", err, fields)
+				return true
+			}
+			p.processed.Add(1)
+			return true
+		}
+		herr = fmt.Errorf("inbox: mark done: %w", err)
+	}
+	switch {
+	case p.handlerCtx.Err() != nil:
+		p.released.Add(1)
+		p.logger.Info("Shutdown: row given back unprocessed", fields)
+		return false
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		// database/sql has rolled the transaction back: record the attempt on its own.
+		p.recordLockedFailure(r, fmt.Errorf("handler exceeded HandlerTimeout (%s): %w", p.config.HandlerTimeout, herr))
+		return true
+	case pgtx.IsConnectionError(herr):
+		p.errs.Add(1)
+		p.logger.Error("Row not processed (database connection); it is claimed again later", herr, fields)
+		return false
+	}
+	// Undo the handler's writes, keep the lock, record the attempt, commit.
+	if _, err := tx.ExecContext(ctx, lockRollbackSavepoint); err != nil {
+		_ = tx.Rollback()
+		p.recordLockedFailure(r, herr)
+		return true
+	}
+	status, err := p.failLocked(ctx, tx, r, herr)
+	if err == nil {
+		err = tx.Commit()
+	}
+	if err != nil {
+		_ = tx.Rollback()
+		p.recordLockedFailure(r, herr)
+		return true
+	}
+	p.reportFailure(r, herr, status)
+	return true
+}
+
+// failLocked records a failed attempt through q (the locking transaction, or the pool).
+func (p *Processor) failLocked(ctx context.Context, q interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}, r claimedRow, cause error) (string, error) {
+	var status string
+	err := q.QueryRowContext(ctx, p.q.failLock, r.id, middleware.IsPermanent(cause), p.config.MaxAttempts,
+		micros(p.backoff(r.attempts)), errorText(cause)).Scan(&status)
+	return status, err
+}
+
+// recordLockedFailure records an attempt whose transaction is gone. If another worker took
+// the row in between, this waits for its transaction; a row it completed is left alone.
+func (p *Processor) recordLockedFailure(r claimedRow, cause error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	status, err := p.failLocked(ctx, p.db, r, cause)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		p.failed.Add(1)
+		p.logger.Info("Attempt failed; the row was finished by another worker meanwhile", watermill.LogFields{"row": r.id, "err": cause.Error()})
+	case err != nil:
+		p.failed.Add(1)
+		p.errs.Add(1)
+		p.logger.Error("Could not record a failed attempt; the row is retried at once", errors.Join(cause, err), watermill.LogFields{"row": r.id})
+	default:
+		p.reportFailure(r, cause, status)
+	}
+}
+
+func (p *Processor) reportFailure(r claimedRow, cause error, status string) {
+	fields := watermill.LogFields{"row": r.id, "message_id": r.messageID, "attempt": r.attempts, "max_attempts": p.config.MaxAttempts}
+	p.failed.Add(1)
+	if Status(status) == StatusFailed {
+		p.parked.Add(1)
+		p.logger.Error("Row parked as FAILED: replay or skip it (its ordering key, if any, waits)", cause, fields)
+		return
+	}
+	p.logger.Info("Attempt failed; retrying later", fields.Add(watermill.LogFields{"err": cause.Error()}))
+}
+
+// lockRows runs a locking claim query and scans its rows in id order.
+func (p *Processor) lockRows(ctx context.Context, tx *sql.Tx, query string, args ...any) ([]claimedRow, error) {
+	rs, err := tx.QueryContext(ctx, query, args...)
+	if err != nil {
+		if pgtx.IsUndefinedTable(err) {
+			return nil, fmt.Errorf("inbox: table %s is missing: run the migrations: %w", p.q.table, err)
+		}
+		return nil, fmt.Errorf("inbox: claim: %w", err)
+	}
+	defer rs.Close()
+	var rows []claimedRow
+	for rs.Next() {
+		var r claimedRow
+		if err := rs.Scan(&r.id, &r.messageID, &r.uuid, &r.orderingKey, &r.topic, &r.payload, &r.metadata, &r.attempts, &r.receivedAt); err != nil {
+			return nil, fmt.Errorf("inbox: scan claimed row: %w", err)
+		}
+		rows = append(rows, r)
+	}
+	if err := rs.Err(); err != nil {
+		return nil, fmt.Errorf("inbox: claim: %w", err)
+	}
+	return rows, nil
+}

@@ -1,0 +1,237 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wmonce/watermill-once/inbox"
+	"github.com/wmonce/watermill-once/internal/pgtest"
+)
+
+// locking is the test configuration in ClaimLock mode.
+func locking(consumer string, workers, txBatch int) inbox.ProcessorConfig {
+	cfg := fast(consumer)
+	cfg.ClaimMode, cfg.Workers, cfg.TxBatchSize = inbox.ClaimLock, workers, txBatch
+	return cfg
+}
+
+func storeAll(t *testing.T, e *env, r *inbox.Receiver, msgs []*message.Message) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := e.db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	_, err = r.StoreTx(ctx, tx, "t", msgs...)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit())
+}
+
+// ClaimLock batches: every row applied once, a failing row isolates itself (its batch is
+// rerun row by row), rows are never marked IN_PROGRESS, and each attempt is counted once.
+func TestClaimLockAppliesEachRowOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
+	var msgs []*message.Message
+	for i := range 300 {
+		msgs = append(msgs, msg(fmt.Sprintf("e-%d", i), "x", "seq", fmt.Sprint(i)))
+	}
+	storeAll(t, e, r, msgs)
+
+	var runs atomic.Int32
+	var sawInProgress atomic.Bool
+	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
+		runs.Add(1)
+		if e.status(t, "c", inbox.StatusInProgress) > 0 {
+			sawInProgress.Store(true)
+		}
+		if err := e.effect(m, "w"); err != nil {
+			return nil, err
+		}
+		if d, _ := inbox.DeliveryFromContext(m.Context()); m.Metadata.Get("seq") == "77" && d.Attempt == 1 {
+			return nil, errors.New("once")
+		}
+		return nil, nil
+	}, locking("c", 3, 25))
+	waitFor(t, 30*time.Second, "all rows", func() bool { return p.Counts().Processed == 300 })
+	require.Equal(t, 300, e.effects(t))
+	require.Equal(t, 300, pgtest.Count(t, e.db, `SELECT count(DISTINCT message_id) FROM `+e.table("effects")))
+	require.Equal(t, 300, e.status(t, "c", inbox.StatusDone))
+	require.Equal(t, uint64(1), p.Counts().Failed)
+	require.Zero(t, p.Counts().LeaseConflicts)
+	require.False(t, sawInProgress.Load(), "ClaimLock never marks rows IN_PROGRESS")
+	require.Greater(t, runs.Load(), int32(300), "the failing batch ran again row by row")
+	row, err := e.ops.InspectMessage(context.Background(), "c", "e-77")
+	require.NoError(t, err)
+	require.Equal(t, 2, row.Attempts)
+	require.Equal(t, "once", row.LastError)
+	require.Equal(t, 299, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("inbox")+` WHERE attempts = 1 AND claim_token IS NULL`))
+}
+
+// ClaimLock keeps per-key order with several workers, retries with backoff, and parks a row
+// that keeps failing after MaxAttempts: it holds back its own key only.
+func TestClaimLockKeepsKeyOrderAndParks(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c", OrderingKey: orderByMetadataKey})
+	cfg := locking("c", 4, 4)
+	cfg.MaxAttempts = 3
+	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
+		time.Sleep(time.Millisecond)
+		d, _ := inbox.DeliveryFromContext(m.Context())
+		if err := e.effect(m, "w"); err != nil {
+			return nil, err
+		}
+		if m.Metadata.Get("poison") == "yes" {
+			return nil, fmt.Errorf("poison, attempt %d", d.Attempt)
+		}
+		if m.Metadata.Get("flaky") == "yes" && d.Attempt == 1 {
+			return nil, errors.New("transient")
+		}
+		return nil, nil
+	}, cfg)
+
+	const keys, perKey = 6, 20
+	var wg sync.WaitGroup
+	for k := range keys {
+		wg.Go(func() {
+			for s := range perKey {
+				kv := []string{"key", fmt.Sprintf("K%d", k), "seq", fmt.Sprint(s)}
+				if (s+k)%5 == 0 {
+					kv = append(kv, "flaky", "yes")
+				}
+				if k == 0 && s == 10 {
+					kv = append(kv, "poison", "yes")
+				}
+				require.NoError(t, r.Handle(msg(fmt.Sprintf("k%d-%d", k, s), "x", kv...)))
+			}
+		})
+	}
+	wg.Wait()
+	waitFor(t, 30*time.Second, "all but the parked key's tail", func() bool {
+		return p.Counts().Processed == keys*perKey-(perKey-10) && p.Counts().Parked == 1
+	})
+	want := func(n int) []int {
+		out := make([]int, n)
+		for i := range out {
+			out[i] = i
+		}
+		return out
+	}
+	for k := 1; k < keys; k++ {
+		require.Equal(t, want(perKey), seqsOf(t, e, fmt.Sprintf("K%d", k)), "key K%d", k)
+	}
+	require.Equal(t, want(10), seqsOf(t, e, "K0"), "K0 stops before its poison row")
+	row, err := e.ops.InspectMessage(context.Background(), "c", "k0-10")
+	require.NoError(t, err)
+	require.Equal(t, inbox.StatusFailed, row.Status)
+	require.Equal(t, 3, row.Attempts)
+	require.Equal(t, "poison, attempt 3", row.LastError)
+	require.Equal(t, perKey-11, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("inbox")+` WHERE ordering_key = 'K0' AND status = 'PENDING'`))
+}
+
+// A handler that outlives HandlerTimeout (ignoring its context) loses its transaction: the
+// lock goes with it, another worker applies the row, and nothing the stalled handler wrote
+// commits. Its late outcome changes nothing.
+func TestClaimLockCutsOffHandlersPastTimeout(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
+	cfg := locking("c", 2, 1)
+	cfg.HandlerTimeout = 300 * time.Millisecond
+	var calls atomic.Int32
+	release := make(chan struct{})
+	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
+		if calls.Add(1) == 1 {
+			if err := e.effect(m, "stalled"); err != nil {
+				return nil, err
+			}
+			<-release // ignores the context on purpose
+			return nil, nil
+		}
+		return nil, e.effect(m, "second")
+	}, cfg)
+	require.NoError(t, r.Handle(msg("e-1", "x")))
+	waitFor(t, 10*time.Second, "another worker to apply the row", func() bool { return p.Counts().Processed == 1 })
+	close(release)
+	waitFor(t, 10*time.Second, "the stalled attempt to be settled", func() bool { return p.Counts().Failed == 1 })
+	require.Equal(t, uint64(1), p.Counts().Processed)
+	require.Equal(t, 1, e.effects(t))
+	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("effects")+` WHERE worker = 'second'`))
+	row, err := e.ops.InspectMessage(context.Background(), "c", "e-1")
+	require.NoError(t, err)
+	require.Equal(t, inbox.StatusDone, row.Status)
+}
+
+// Close lets a running handler finish within the grace period; one that does not is cancelled
+// and rolled back, and its row is simply PENDING again with the attempt not counted.
+func TestClaimLockShutdownGivesRowsBack(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
+	require.NoError(t, r.Handle(msg("e-1", "x")))
+	cfg := locking("c", 1, 1)
+	cfg.ShutdownGrace = 100 * time.Millisecond
+	entered := make(chan struct{})
+	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
+		if err := e.effect(m, "w"); err != nil {
+			return nil, err
+		}
+		close(entered)
+		<-m.Context().Done()
+		return nil, m.Context().Err()
+	}, cfg)
+	<-entered
+	require.NoError(t, p.Close())
+	require.Zero(t, p.Counts().Processed)
+	require.Zero(t, p.Counts().Failed)
+	require.Equal(t, uint64(1), p.Counts().Released)
+	require.Zero(t, e.effects(t))
+	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("inbox")+` WHERE status = 'PENDING' AND attempts = 0`))
+
+	next := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "next") }, locking("c", 1, 1))
+	waitFor(t, 10*time.Second, "the row to be applied after the restart", func() bool { return next.Counts().Processed == 1 })
+	require.Equal(t, 1, e.effects(t))
+}
+
+// A lease-mode and a lock-mode processor can work one consumer at once: each skips what the
+// other holds, and every row is applied once.
+func TestClaimLockAndLeaseShareAConsumer(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
+	var msgs []*message.Message
+	for i := range 400 {
+		msgs = append(msgs, msg(fmt.Sprintf("e-%d", i), "x"))
+	}
+	storeAll(t, e, r, msgs)
+	lease := fast("c")
+	lease.Workers, lease.ClaimBatch, lease.TxBatchSize = 2, 20, 10
+	a := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "lease") }, lease)
+	b := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "lock") }, locking("c", 2, 10))
+	waitFor(t, 30*time.Second, "all rows", func() bool { return a.Counts().Processed+b.Counts().Processed == 400 })
+	require.Equal(t, 400, e.effects(t))
+	require.Equal(t, 400, pgtest.Count(t, e.db, `SELECT count(DISTINCT message_id) FROM `+e.table("effects")))
+	require.Equal(t, 400, e.status(t, "c", inbox.StatusDone))
+}
+
+func TestClaimModeValidation(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	h := func(*message.Message) ([]*message.Message, error) { return nil, nil }
+	_, err := inbox.NewProcessor(db, h, inbox.ProcessorConfig{Consumer: "c", ClaimMode: inbox.ClaimMode(7)}, nil)
+	require.ErrorContains(t, err, "ClaimMode")
+	// ClaimLock locks TxBatchSize rows per transaction, so ClaimBatch does not bound it.
+	_, err = inbox.NewProcessor(db, h, inbox.ProcessorConfig{Consumer: "c", ClaimMode: inbox.ClaimLock, TxBatchSize: 100}, nil)
+	require.NoError(t, err)
+	_, err = inbox.NewProcessor(db, h, inbox.ProcessorConfig{Consumer: "c", TxBatchSize: 100}, nil)
+	require.ErrorContains(t, err, "TxBatchSize")
+	require.Equal(t, "lock", inbox.ClaimLock.String())
+}
