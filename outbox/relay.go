@@ -25,7 +25,10 @@ type RelayConfig struct {
 	// the same name share one position and elect one active instance; relays with different
 	// names each forward every row (e.g. one to Kafka, one to an audit sink). Default "relay".
 	Name string
-	// BatchSize is the most rows read and published per round. Default 100.
+	// BatchSize is the most rows read and published per round. Each round also reads and
+	// writes the position (a commit of its own), so small batches cost throughput: measured
+	// with go run ./bench, 1000 forwards 2.5-3.4x more messages per second than 100 to Kafka,
+	// RabbitMQ and SQL alike. After a crash, at most one batch is published again. Default 1000.
 	BatchSize int
 	// PollInterval is the wait after a round that found no rows. A full batch is followed by
 	// the next round at once. Default 100ms.
@@ -37,6 +40,35 @@ type RelayConfig struct {
 	// StandbyInterval is how often a relay that is not the active one tries to take over.
 	// Default 1s.
 	StandbyInterval time.Duration
+
+	// PublishLanes > 1 publishes each batch over that many concurrent Publish calls, one per
+	// lane, to publishers that gain from concurrency: Watermill's Kafka publisher sends one
+	// message per request and waits for it, but concurrent calls are batched by its producer.
+	// Messages are assigned to lanes by LaneKey, and each lane publishes its messages in commit
+	// order, so messages with the same key keep their order; messages with different keys may
+	// reach the broker in another order than they committed in. The position still advances
+	// only after every lane of the batch has published. Default 1: one Publish call per run of
+	// rows with the same topic, in strict commit order.
+	PublishLanes int
+	// LaneKey returns the ordering key of a message for PublishLanes. Default: the
+	// DefaultLaneKeyField metadata (the broker package's Kafka partition key), else the UUID.
+	// Use the key that decides your broker's partition or queue, so that what the broker keeps
+	// in order is published in order.
+	LaneKey func(topic string, msg *message.Message) string
+}
+
+// DefaultLaneKeyField is the metadata field the default LaneKey reads; it is the broker
+// package's default Kafka partition key field.
+const DefaultLaneKeyField = "partition_key"
+
+// MaxPublishLanes is the largest PublishLanes accepted.
+const MaxPublishLanes = 256
+
+func defaultLaneKey(_ string, msg *message.Message) string {
+	if v := msg.Metadata.Get(DefaultLaneKeyField); v != "" {
+		return v
+	}
+	return msg.UUID
 }
 
 func (c *RelayConfig) setDefaults() {
@@ -47,7 +79,7 @@ func (c *RelayConfig) setDefaults() {
 		c.Name = "relay"
 	}
 	if c.BatchSize == 0 {
-		c.BatchSize = 100
+		c.BatchSize = 1000
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = 100 * time.Millisecond
@@ -60,6 +92,12 @@ func (c *RelayConfig) setDefaults() {
 	}
 	if c.StandbyInterval == 0 {
 		c.StandbyInterval = time.Second
+	}
+	if c.PublishLanes == 0 {
+		c.PublishLanes = 1
+	}
+	if c.LaneKey == nil {
+		c.LaneKey = defaultLaneKey
 	}
 }
 
@@ -77,6 +115,9 @@ func (c RelayConfig) Validate() error {
 	}
 	if c.PollInterval < 0 || c.RetryBackoff < 0 || c.MaxRetryBackoff < c.RetryBackoff || c.StandbyInterval < 0 {
 		errs = append(errs, errors.New("intervals must be positive and MaxRetryBackoff >= RetryBackoff"))
+	}
+	if c.PublishLanes < 1 || c.PublishLanes > MaxPublishLanes {
+		errs = append(errs, fmt.Errorf("PublishLanes must be between 1 and %d, got %d", MaxPublishLanes, c.PublishLanes))
 	}
 	return errors.Join(errs...)
 }
@@ -314,7 +355,7 @@ func (r *Relay) round(ctx context.Context, conn *sql.Conn) (int, error) {
 			return published, err
 		}
 		if len(msgs) > 0 {
-			if err := r.publish(ctx, topic, msgs); err != nil {
+			if err := r.publishLanes(ctx, topic, msgs); err != nil {
 				return published, err
 			}
 			published += len(msgs)
@@ -331,6 +372,38 @@ func (r *Relay) round(ctx context.Context, conn *sql.Conn) (int, error) {
 		r.lastRelay.Store(time.Now().UnixNano())
 	}
 	return len(rows), nil
+}
+
+// publishLanes publishes a run of one topic: in one call, or over PublishLanes concurrent
+// calls keyed by LaneKey, each lane in commit order. It returns once every lane published.
+func (r *Relay) publishLanes(ctx context.Context, topic string, msgs []*message.Message) error {
+	lanes := min(r.config.PublishLanes, len(msgs))
+	if lanes <= 1 {
+		return r.publish(ctx, topic, msgs)
+	}
+	byLane := make([][]*message.Message, lanes)
+	h := fnv.New32a()
+	for _, m := range msgs {
+		h.Reset()
+		_, _ = h.Write([]byte(r.config.LaneKey(topic, m)))
+		i := h.Sum32() % uint32(lanes)
+		byLane[i] = append(byLane[i], m)
+	}
+	errs := make(chan error, lanes)
+	for _, lane := range byLane {
+		if len(lane) == 0 {
+			errs <- nil
+			continue
+		}
+		go func() { errs <- r.publish(ctx, topic, lane) }()
+	}
+	var first error
+	for range lanes {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }
 
 func (r *Relay) read(ctx context.Context, conn *sql.Conn, pos position) ([]outboxRow, error) {
