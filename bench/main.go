@@ -56,6 +56,9 @@ type options struct {
 	inFlight       int
 	inboxWorkers   int
 	inboxTxBatch   int
+	groupWorkers   int
+	relayBatch     int
+	relayLanes     int
 	preload        int
 	rebuildPreload bool
 	c1Duration     time.Duration
@@ -102,9 +105,12 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.messages, "messages", 20000, "messages per consuming variant and broker")
 	fs.IntVar(&o.processRows, "process-rows", 50000, "inbox rows per processing variant")
 	fs.IntVar(&o.relayRows, "relay-rows", 20000, "outbox rows for the relay and the forwarder")
-	fs.IntVar(&o.inFlight, "inflight", 32, "messages in flight: Kafka partitions, RabbitMQ consumers, SQL topics; also C1 clients")
-	fs.IntVar(&o.inboxWorkers, "inbox-workers", 4, "inbox processor workers")
-	fs.IntVar(&o.inboxTxBatch, "inbox-txbatch", 50, "inbox processor TxBatchSize (ClaimBatch is twice it in lease mode)")
+	fs.IntVar(&o.inFlight, "inflight", 64, "messages in flight: Kafka partitions, RabbitMQ consumers, SQL topics; also C1 clients")
+	fs.IntVar(&o.inboxWorkers, "inbox-workers", 8, "inbox processor workers")
+	fs.IntVar(&o.relayBatch, "relay-batch", 0, "relay BatchSize (0: the relay's default)")
+	fs.IntVar(&o.relayLanes, "relay-lanes", 64, "relay-lanes: PublishLanes")
+	fs.IntVar(&o.groupWorkers, "group-workers", 0, "B4: GroupCommitConfig.Workers (0: the middleware's default)")
+	fs.IntVar(&o.inboxTxBatch, "inbox-txbatch", 200, "inbox processor TxBatchSize (ClaimBatch is twice it in lease mode)")
 	fs.IntVar(&o.preload, "preload", 1000000, "rows pre-loaded into processed_messages (kept across runs)")
 	fs.BoolVar(&o.rebuildPreload, "rebuild-preload", false, "delete and load the pre-loaded rows again")
 	fs.DurationVar(&o.c1Duration, "c1-duration", 5*time.Second, "duration of each C1 ceiling run")
@@ -176,6 +182,9 @@ func parseFlags(args []string) (options, error) {
 	if o.inboxWorkers < 1 || o.inboxWorkers > 64 {
 		errs = append(errs, errors.New("-inbox-workers must be between 1 and 64"))
 	}
+	if o.relayBatch < 0 || o.relayBatch > 10000 || o.relayLanes < 1 || o.relayLanes > 256 {
+		errs = append(errs, errors.New("-relay-batch must be between 0 and 10000, -relay-lanes between 1 and 256"))
+	}
 	if o.inboxTxBatch < 1 || o.inboxTxBatch > 5000 {
 		errs = append(errs, errors.New("-inbox-txbatch must be between 1 and 5000"))
 	}
@@ -244,6 +253,9 @@ func run(ctx context.Context, o options, out io.Writer) (*Report, error) {
 			record(h.ceiling(ctx, id))
 		}
 	}
+	if h.wants(B5Ingest) && ctx.Err() == nil {
+		record(h.ingestBurst(ctx))
+	}
 	for _, id := range []string{B5Process, B5Lock} {
 		if h.wants(id) && ctx.Err() == nil {
 			record(h.process(ctx, id))
@@ -266,7 +278,7 @@ func run(ctx context.Context, o options, out io.Writer) (*Report, error) {
 				ro.variants = append(ro.variants, v)
 			}
 		}
-		wantRelay := h.wants(Relay) || h.wants(Forwarder)
+		wantRelay := h.wants(Relay) || h.wants(RelayLane) || h.wants(Forwarder)
 		if wantRelay {
 			rt, ft := relayTopics(ro.runID)
 			ro.relayTopics = []string{rt, ft}

@@ -109,15 +109,24 @@ func (h *harness) relayVsForwarder(ctx context.Context, r *rig) ([]Result, error
 	}
 
 	var results []Result
-	// Our relay.
-	{
-		res := Result{Variant: Relay, Broker: string(r.kind), Messages: n, InFlight: 1}
+	// Our relay: each variant forwards the whole outbox under a relay name of its own.
+	for _, id := range []string{Relay, RelayLane} {
+		if !h.wants(id) {
+			continue
+		}
+		res := Result{Variant: id, Broker: string(r.kind), Messages: n, InFlight: 1}
 		cp := newCountingPublisher(r.pub, n)
-		cfg := outbox.RelayConfig{Schema: h.opts.schema, Name: "wb-" + r.runID, PollInterval: 10 * time.Millisecond}
-		h.tuneRelay(&cfg)
+		cfg := outbox.RelayConfig{Schema: h.opts.schema, Name: "wb-" + r.runID + "-" + id, PollInterval: 10 * time.Millisecond, BatchSize: h.opts.relayBatch}
+		if id == RelayLane {
+			cfg.PublishLanes = h.opts.relayLanes
+			res.InFlight = h.opts.relayLanes
+		}
 		relay, err := outbox.NewRelay(h.db, cp, cfg, h.logger)
 		if err != nil {
 			return nil, err
+		}
+		if cfg.BatchSize == 0 {
+			cfg.BatchSize = 1000 // the default, for the notes
 		}
 		meas := h.startMeasuring(string(r.kind) + "-" + Relay)
 		runErr := make(chan error, 1)
@@ -133,20 +142,21 @@ func (h *harness) relayVsForwarder(ctx context.Context, r *rig) ([]Result, error
 		}
 		el := time.Duration(cp.last.Load() - cp.first.Load())
 		res.Seconds, res.MsgsPerSec = el.Seconds(), float64(n)/el.Seconds()
-		res.Notes = fmt.Sprintf("%s; %.1f msgs per Publish call", h.relayNote(cfg), float64(n)/float64(max(cp.calls.Load(), 1)))
+		res.Notes = fmt.Sprintf("BatchSize %d, PublishLanes %d; %.1f msgs per Publish call", cfg.BatchSize, max(cfg.PublishLanes, 1), float64(n)/float64(max(cp.calls.Load(), 1)))
 		results = append(results, res)
 	}
 	// Watermill's forwarder.
-	{
+	if h.wants(Forwarder) {
 		res := Result{Variant: Forwarder, Broker: string(r.kind), Messages: n, InFlight: 1}
 		cp := newCountingPublisher(r.pub, n)
+		// The forwarder's router closes the subscriber when it stops.
 		sub, err := sqlBroker.NewSubscriber("wb-" + r.runID + "-fwd")
 		if err != nil {
 			return nil, err
 		}
-		defer sub.Close()
 		f, err := forwarder.NewForwarder(sub, cp, h.logger, forwarder.Config{ForwarderTopic: fwdIn})
 		if err != nil {
+			_ = sub.Close()
 			return nil, err
 		}
 		meas := h.startMeasuring(string(r.kind) + "-" + Forwarder)
@@ -159,7 +169,6 @@ func (h *harness) relayVsForwarder(ctx context.Context, r *rig) ([]Result, error
 		quiet.Store(true) // the SQL subscriber logs its cancelled query at shutdown
 		_ = f.Close()
 		<-runErr
-		_ = sub.Close()
 		quiet.Store(false)
 		if err != nil {
 			return nil, err

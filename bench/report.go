@@ -110,8 +110,10 @@ func ratios(results []Result) []Ratio {
 		ratio("B3/B1", B3, B1, b, 0.75)
 		ratio("B4/B3", B4, B3, b, 5)
 		ratio("relay/forwarder", Relay, Forwarder, b, 2)
+		ratio("relay-lanes/forwarder", RelayLane, Forwarder, b, 2)
 		absolute("B5 ingest", B5Ingest, b, 40000)
 	}
+	absolute("B5 ingest (burst, no broker)", B5Ingest, "postgres", 40000)
 	ratio("B4/B6", B4, B6, "sql", 2)
 	absolute("B5 processing", B5Process, "postgres", 30000)
 	absolute("B5 processing (ClaimLock)", B5Lock, "postgres", 30000)

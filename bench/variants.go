@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -32,6 +34,7 @@ const (
 	B5Lock    = "B5-process-lock"
 	B6        = "B6"
 	Relay     = "relay"
+	RelayLane = "relay-lanes"
 	Forwarder = "forwarder"
 	C1Single  = "C1-single"
 	C1Batch   = "C1-batch"
@@ -48,7 +51,8 @@ var variantTitles = map[string]string{
 	B5Process: "inbox processor, lease claims (IN_PROGRESS rows), business write per row",
 	B5Lock:    "inbox processor, row-lock claims (ClaimLock), business write per row",
 	B6:        "watermill-sql subscriber, business write in its transaction, no dedupe",
-	Relay:     "watermill-once outbox Relay to the broker",
+	Relay:     "watermill-once outbox Relay to the broker, strict commit order (default)",
+	RelayLane: "outbox Relay with PublishLanes (64): concurrent Publish calls, order kept per partition key",
 	Forwarder: "Watermill components/forwarder (SQL topic of envelopes) to the broker",
 	C1Single:  "raw INSERT ... ON CONFLICT DO NOTHING into processed_messages, one row per statement",
 	C1Batch:   "raw INSERT ... SELECT unnest(...) ON CONFLICT DO NOTHING, 100 rows per statement",
@@ -58,7 +62,7 @@ var variantTitles = map[string]string{
 var consumingVariants = []string{B0, B1, B2, B3, B4, B5Ingest, B6}
 
 // allVariants in report order.
-var allVariants = []string{B0, B1, B2, B3, B4, B5Ingest, B5Process, B5Lock, B6, Relay, Forwarder, C1Single, C1Batch}
+var allVariants = []string{B0, B1, B2, B3, B4, B5Ingest, B5Process, B5Lock, B6, Relay, RelayLane, Forwarder, C1Single, C1Batch}
 
 // Result is one variant measured over one broker.
 type Result struct {
@@ -168,9 +172,12 @@ func (h *harness) consume(ctx context.Context, r *rig, id string) (Result, error
 		if err != nil {
 			return res, err
 		}
+		// Every field set: Middleware() applies defaults to unset ones on each call, which is a
+		// data race when one Deduplicator serves several handlers.
 		d := &wmiddleware.Deduplicator{
 			KeyFactory: func(m *message.Message) (string, error) { return m.UUID, nil },
 			Repository: repo,
+			Timeout:    time.Minute,
 		}
 		mws = append(mws, d.Middleware)
 		handler = ownTx
@@ -182,8 +189,11 @@ func (h *harness) consume(ctx context.Context, r *rig, id string) (Result, error
 			res.Notes = "default over SQL: reuses the subscriber's transaction, one savepoint per message"
 		}
 		if id == B4 {
-			cfg.GroupCommit = middleware.GroupCommitConfig{Enabled: true}
+			cfg.GroupCommit = middleware.GroupCommitConfig{Enabled: true, Workers: h.opts.groupWorkers}
 			res.Notes = "GroupCommit defaults (Workers 2, MaxBatch 100, MaxWait 0)"
+			if h.opts.groupWorkers > 0 {
+				res.Notes = fmt.Sprintf("GroupCommit Workers %d, MaxBatch 100, MaxWait 0", h.opts.groupWorkers)
+			}
 			if r.kind == broker.SQL {
 				// Messages in the subscriber's transaction are not grouped.
 				cfg.DisableSubscriberTxReuse = true
@@ -242,13 +252,22 @@ func (h *harness) consume(ctx context.Context, r *rig, id string) (Result, error
 		return res, err
 	}
 	router.AddMiddleware(append([]message.HandlerMiddleware{m.Middleware}, mws...)...)
-	sub, err := r.b.NewSubscriber(r.group(id))
-	if err != nil {
-		return res, err
-	}
-	defer sub.Close()
+	// One subscriber per handler: the router closes each handler's subscriber when the handler
+	// stops, and watermill-sql's Subscriber.Close is not safe to call from several goroutines
+	// at once. Subscribers are closed here only if the router never ran.
+	var subs []message.Subscriber
+	defer func() {
+		for _, sub := range subs {
+			_ = sub.Close()
+		}
+	}()
 	for ti, t := range r.topics {
 		for k := range r.handlersPerTopic() {
+			sub, err := r.b.NewSubscriber(r.group(id))
+			if err != nil {
+				return res, err
+			}
+			subs = append(subs, sub)
 			router.AddConsumerHandler(fmt.Sprintf("%s-%d-%d", strings.ToLower(id), ti, k), t, sub, handler)
 		}
 	}
@@ -256,6 +275,7 @@ func (h *harness) consume(ctx context.Context, r *rig, id string) (Result, error
 	defer cancel()
 	routerErr := make(chan error, 1)
 	go func() { routerErr <- router.Run(runCtx) }()
+	subs = nil // the router owns them now
 
 	waitCtx, waitCancel := context.WithTimeout(ctx, h.opts.variantTimeout)
 	defer waitCancel()
@@ -279,7 +299,6 @@ func (h *harness) consume(ctx context.Context, r *rig, id string) (Result, error
 	_ = router.Close()
 	cancel()
 	<-routerErr
-	_ = sub.Close()
 	quiet.Store(false)
 	if err != nil {
 		return res, err
@@ -350,6 +369,55 @@ func (h *harness) verify(ctx context.Context, res *Result, consumer string, want
 	return nil
 }
 
+// ingestBurst measures the inbox receiver without a broker: a burst of concurrent Handle calls
+// (as from many partitions at once), each returning after its row committed. It shows what the
+// receiver itself can take; over a broker, ingest is bounded by how many messages the broker
+// keeps in flight.
+func (h *harness) ingestBurst(ctx context.Context) (Result, error) {
+	n, callers := h.opts.processRows, 256
+	consumer := "bench-ingest"
+	res := Result{Variant: B5Ingest, Broker: "postgres", Messages: n, InFlight: callers}
+	rc, err := inbox.NewReceiver(h.db, inbox.ReceiverConfig{Schema: h.opts.schema, Consumer: consumer}, h.logger)
+	if err != nil {
+		return res, err
+	}
+	msgs := batch(0, n)
+	m := newMeter(n)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	meas := h.startMeasuring("postgres-" + B5Ingest)
+	for range callers {
+		wg.Go(func() {
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(n) || ctx.Err() != nil {
+					return
+				}
+				start := time.Now()
+				m.first.CompareAndSwap(0, start.UnixNano())
+				if err := rc.Handle(msgs[i]); err != nil {
+					m.errs.Add(1)
+					continue
+				}
+				m.observe(start)
+			}
+		})
+	}
+	wg.Wait()
+	meas.stop(&res)
+	_ = rc.Close()
+	if e := m.errs.Load(); e > 0 {
+		return res, fmt.Errorf("%d Handle calls failed", e)
+	}
+	el := m.elapsed()
+	res.Seconds, res.MsgsPerSec = el.Seconds(), float64(n)/el.Seconds()
+	p50, p99 := percentiles(m.lat)
+	res.P50ms, res.P99ms = ms(p50), ms(p99)
+	c := rc.Counts()
+	res.Notes = fmt.Sprintf("%d concurrent Handle calls, no broker; ReceiverConfig defaults (Writers 2, MaxBatch 500); avg %.1f rows/statement", callers, float64(c.Stored)/float64(max(c.Batches, 1)))
+	return res, h.verify(ctx, &res, consumer, 0, 0, true)
+}
+
 // process measures the inbox processor draining n stored rows; each handler run writes the
 // business row in the processing transaction. Processing does not involve the broker.
 func (h *harness) process(ctx context.Context, id string) (Result, error) {
@@ -362,10 +430,8 @@ func (h *harness) process(ctx context.Context, id string) (Result, error) {
 	}
 	res := Result{Variant: id, Broker: "postgres", Messages: n, InFlight: cfg.Workers}
 	if id == B5Lock {
-		if !setLockMode(&cfg) {
-			return res, errSkip
-		}
-		cfg.ClaimBatch = cfg.TxBatchSize
+		cfg.ClaimMode = inbox.ClaimLock
+		cfg.ClaimBatch = cfg.TxBatchSize // not used by ClaimLock; shown in the notes as such
 	}
 	res.Notes = fmt.Sprintf("Workers %d, ClaimBatch %d, TxBatchSize %d; rows stored beforehand with StoreTx", cfg.Workers, cfg.ClaimBatch, cfg.TxBatchSize)
 	q := func(t string) string { return pgtx.QualifiedName(h.opts.schema, t) }

@@ -1,0 +1,127 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"image/png"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/wmonce/watermill-once/broker"
+	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// TestTinyRun runs the harness with a few hundred messages so that it cannot rot: every
+// variant over the SQL broker, and the broker-specific paths (publishing, subscribing,
+// cleaning up, the relay's publisher) over Kafka and RabbitMQ. Each variant must finish and
+// pass its own checks (business rows, claims, inbox rows), and the result files must be
+// written and readable. It measures nothing.
+func TestTinyRun(t *testing.T) {
+	db := pgtest.DB(t)
+	schema := pgtest.NewName("wmonce_bench_test")
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, _ = db.ExecContext(ctx, `DROP SCHEMA IF EXISTS `+pgtx.QuoteIdentifier(schema)+` CASCADE`)
+	})
+	if os.Getenv(broker.EnvKafkaBrokers) == "" {
+		t.Log("Kafka: embedded kfake")
+	}
+	tiny := func(args ...string) *Report {
+		t.Helper()
+		o, err := parseFlags(append([]string{
+			"-schema", schema, "-messages", "200", "-process-rows", "300", "-relay-rows", "200",
+			"-inflight", "4", "-inbox-workers", "2", "-inbox-txbatch", "20", "-relay-lanes", "4",
+			"-preload", "1000", "-c1-duration", "200ms", "-timeout", "90s", "-out", "",
+		}, args...))
+		require.NoError(t, err)
+		o.databaseURL = pgtest.URL()
+		var out bytes.Buffer
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		rep, err := run(ctx, o, &out)
+		t.Log(out.String())
+		require.NoError(t, err)
+		for _, r := range rep.Results {
+			require.Empty(t, r.Error, "%s over %s", r.Variant, r.Broker)
+			require.Positive(t, r.MsgsPerSec, "%s over %s", r.Variant, r.Broker)
+		}
+		return rep
+	}
+	has := func(rep *Report, variant, broker string) bool {
+		return slices.ContainsFunc(rep.Results, func(r Result) bool { return r.Variant == variant && r.Broker == broker })
+	}
+
+	rep := tiny("-brokers", "sql")
+	for _, v := range []string{B0, B1, B2, B3, B4, B5Ingest, B6, Relay, RelayLane, Forwarder} {
+		require.True(t, has(rep, v, "sql"), "%s over sql missing", v)
+	}
+	for _, v := range []string{B5Ingest, B5Process, B5Lock, C1Single, C1Batch} {
+		require.True(t, has(rep, v, "postgres"), v)
+	}
+	require.NotEmpty(t, rep.Ratios)
+
+	others := tiny("-brokers", "kafka,amqp", "-variants", "B0,B4,B6,relay,forwarder")
+	for _, b := range []string{"kafka", "amqp"} {
+		for _, v := range []string{B0, B4, Relay, Forwarder} {
+			require.True(t, has(others, v, b), "%s over %s missing", v, b)
+		}
+		require.False(t, has(others, B6, b), "B6 needs watermill-sql's subscriber")
+	}
+	rep.Results = append(rep.Results, others.Results...)
+
+	dir := t.TempDir()
+	require.NoError(t, writeResults(dir, rep))
+	js, err := os.ReadFile(filepath.Join(dir, "latest.json"))
+	require.NoError(t, err)
+	var back Report
+	require.NoError(t, json.Unmarshal(js, &back))
+	require.Len(t, back.Results, len(rep.Results))
+	md, err := os.ReadFile(filepath.Join(dir, "latest.md"))
+	require.NoError(t, err)
+	require.True(t, strings.Contains(string(md), "| B4 |"), "markdown has the throughput table")
+	f, err := os.Open(filepath.Join(dir, "latest.png"))
+	require.NoError(t, err)
+	defer f.Close()
+	img, err := png.Decode(f)
+	require.NoError(t, err)
+	require.Greater(t, img.Bounds().Dy(), 200)
+}
+
+func TestFlagsRefuseBadInput(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"-schema", "wmonce"},
+		{"-schema", "Bench"},
+		{"-brokers", "nats"},
+		{"-variants", "B9"},
+		{"-messages", "0"},
+		{"-inflight", "0"},
+	} {
+		_, err := parseFlags(args)
+		require.Error(t, err, "%v", args)
+	}
+	o, err := parseFlags([]string{"-quick"})
+	require.NoError(t, err)
+	require.Equal(t, 3000, o.messages)
+	require.Equal(t, allVariants, o.variants)
+}
+
+func TestPercentiles(t *testing.T) {
+	t.Parallel()
+	var lat []time.Duration
+	for i := 1; i <= 100; i++ {
+		lat = append(lat, time.Duration(i)*time.Millisecond)
+	}
+	p50, p99 := percentiles(lat)
+	require.Equal(t, 50.0, p50)
+	require.Equal(t, 99.0, p99)
+}
