@@ -120,6 +120,22 @@ func (s *sqlBroker) newSubscriber(group string, logger watermill.LoggerAdapter) 
 		ResendInterval: s.config.ResendInterval,
 		RetryInterval:  s.config.PollInterval * 5,
 		SchemaAdapter:  s.schema,
-		OffsetsAdapter: s.offsets,
+		OffsetsAdapter: declaredOffsets{s.offsets},
 	}, logger)
+}
+
+// declaredOffsets is the offsets adapter of watermill-sql's subscriber, without the queries it
+// runs in a transaction of its own at every Subscribe: subscriber.Subscribe has run the same
+// ones through Declare already. That transaction needs a pool connection inside Subscribe, while
+// the members of one group already subscribed each hold one (waiting for the group's offset
+// row lock, or delivering a batch nobody reads until Subscribe returns): a program that
+// subscribes as many members of a group as the pool has connections before reading any of
+// them deadlocked until AckDeadline, again for every further member. Watermill's TestPubSub
+// found it (TestConcurrentSubscribe: 50 members, one pool).
+type declaredOffsets struct {
+	wsql.DefaultPostgreSQLOffsetsAdapter
+}
+
+func (declaredOffsets) BeforeSubscribingQueries(topic, consumerGroup string) []wsql.Query {
+	return nil
 }
