@@ -62,4 +62,14 @@
 //     on this broker a crash loses nothing and redelivers nothing that was applied.
 //   - Rows become visible only when every older transaction has finished: a long transaction
 //     anywhere on the server delays delivery. Rows are never deleted by watermill-sql.
+//   - A nacked message is delivered again inside the same transaction, which stays open (and
+//     keeps the group's offset row locked) until the message is acked or AckDeadline passes.
+//     It is such a long transaction: while one message is being nacked, rows committed after
+//     that transaction began stay invisible to every SQL-broker subscriber and outbox relay on
+//     the server, not only to its group. Park poison messages (middleware Stack) rather than
+//     nacking them for long.
+//   - Each subscription holds one pool connection while it reads and delivers a batch, and
+//     members of one group waiting for the group's lock hold one each: size the pool above the
+//     number of SQL subscriptions in the process plus what handlers, publishers and the relay
+//     use at the same moment.
 package broker
