@@ -242,13 +242,23 @@ type subscriber struct {
 	b     *Broker
 	group string
 	sub   message.Subscriber
+
+	mu   sync.Mutex
+	outs []<-chan *message.Message // returned by Subscribe, awaited by Close
 }
 
 func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	if err := s.SubscribeInitialize(topic); err != nil {
 		return nil, err
 	}
-	return s.sub.Subscribe(ctx, topic)
+	out, err := s.sub.Subscribe(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.outs = append(s.outs, out)
+	s.mu.Unlock()
+	return out, nil
 }
 
 // SubscribeInitialize declares the topic and this subscriber's group (message.SubscribeInitializer).
@@ -256,4 +266,20 @@ func (s *subscriber) SubscribeInitialize(topic string) error {
 	return s.b.Declare(context.Background(), Subscription{Topic: topic, Group: s.group})
 }
 
-func (s *subscriber) Close() error { return s.sub.Close() }
+// Close closes the subscriber and returns once every channel Subscribe returned is closed, as
+// Watermill's Pub/Sub contract (and its TestPubSub) expects: watermill-sql's Close returns when
+// its consume loops have stopped, just before they close their channels. A stopped loop sends
+// nothing more, so waiting here receives nothing but the close; anything else would be nacked.
+func (s *subscriber) Close() error {
+	err := s.sub.Close()
+	s.mu.Lock()
+	outs := s.outs
+	s.outs = nil
+	s.mu.Unlock()
+	for _, out := range outs {
+		for msg := range out {
+			msg.Nack()
+		}
+	}
+	return err
+}
