@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/wmonce/watermill-once/internal/lifecycle"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -121,7 +122,7 @@ func (p *Processor) listen(ctx context.Context) {
 		}
 		p.errs.Add(1)
 		p.logger.Error("LISTEN connection lost; polling until it is back", err, watermill.LogFields{"backoff": backoff})
-		if !sleep(ctx, jitter(backoff)) {
+		if !lifecycle.Sleep(ctx, jitter(backoff)) {
 			return
 		}
 		backoff = min(backoff*2, 5*time.Second)
@@ -160,16 +161,6 @@ func (p *Processor) listenOnce(ctx context.Context) error {
 	}
 }
 
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
 
 func jitter(d time.Duration) time.Duration {
 	if d <= 0 {

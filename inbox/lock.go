@@ -9,6 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/wmonce/watermill-once/internal/lifecycle"
 	"github.com/wmonce/watermill-once/middleware"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -71,7 +72,7 @@ func (p *Processor) workLocked(ctx context.Context) {
 			}
 			p.errs.Add(1)
 			p.logger.Error("Inbox claim failed, retrying", err, watermill.LogFields{"backoff": backoff})
-			if !sleep(ctx, jitter(backoff)) {
+			if !lifecycle.Sleep(ctx, jitter(backoff)) {
 				return
 			}
 			backoff = min(backoff*2, 5*time.Second)

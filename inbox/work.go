@@ -16,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/wmonce/watermill-once/internal/lifecycle"
 	"github.com/wmonce/watermill-once/middleware"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -44,7 +45,7 @@ func (p *Processor) work(ctx context.Context, w *worker) {
 			}
 			p.errs.Add(1)
 			p.logger.Error("Inbox claim failed, retrying", err, watermill.LogFields{"backoff": backoff})
-			if !sleep(ctx, jitter(backoff)) {
+			if !lifecycle.Sleep(ctx, jitter(backoff)) {
 				return
 			}
 			backoff = min(backoff*2, 5*time.Second)

@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/wmonce/watermill-once/idemkey"
+	"github.com/wmonce/watermill-once/internal/lifecycle"
 	"github.com/wmonce/watermill-once/middleware"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -241,9 +242,7 @@ type Sender struct {
 
 	sent, retried, unknown, failed, skipped, recovered, reconciled, leaseLost, errs atomic.Uint64
 
-	closeOnce sync.Once
-	closing   chan struct{}
-	running   sync.WaitGroup
+	life lifecycle.Runner
 }
 
 // NewSender validates config and returns a Sender. It does not touch the database.
@@ -302,7 +301,6 @@ WHERE id = $1 AND claim_token = $2::uuid AND status = 'SENDING'`,
 		qUnknown: `UPDATE ` + t + ` SET lease_until = now() + $3 * interval '1 microsecond', last_error = $4,
     claim_token = gen_random_uuid(), updated_at = now()
 WHERE id = $1 AND claim_token = $2::uuid AND status = 'SENDING'`,
-		closing: make(chan struct{}),
 	}, nil
 }
 
@@ -316,27 +314,14 @@ func (s *Sender) Stats() SenderStats {
 }
 
 // Close stops Run and waits for it to return. It is idempotent.
-func (s *Sender) Close() error {
-	s.closeOnce.Do(func() { close(s.closing) })
-	s.running.Wait()
-	return nil
-}
+func (s *Sender) Close() error { return s.life.Close() }
 
 // Run sends intents with config.Workers workers until ctx is cancelled or Close is called. It
 // returns nil on a clean stop. Database errors are logged and retried; provider errors are
 // recorded on the intent.
 func (s *Sender) Run(ctx context.Context) error {
-	s.running.Add(1)
-	defer s.running.Done()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		select {
-		case <-s.closing:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
+	ctx, done := s.life.Start(ctx)
+	defer done()
 	var wg sync.WaitGroup
 	for range s.config.Workers {
 		wg.Add(1)
@@ -358,13 +343,13 @@ func (s *Sender) work(ctx context.Context) {
 			return
 		case err != nil:
 			s.logger.Error("Intent sender database error, retrying", err, watermill.LogFields{"backoff": backoff})
-			if !sleep(ctx, jitter(backoff)) {
+			if !lifecycle.Sleep(ctx, jitter(backoff)) {
 				return
 			}
 			backoff = min(backoff*2, s.config.MaxBackoff)
 		case !did:
 			backoff = s.config.Backoff
-			if !sleep(ctx, s.config.PollInterval) {
+			if !lifecycle.Sleep(ctx, s.config.PollInterval) {
 				return
 			}
 		default:
@@ -570,15 +555,4 @@ func (s *Sender) backoff(attempt int) time.Duration {
 // jitter adds up to 20% so that intents failing together do not retry together.
 func jitter(d time.Duration) time.Duration {
 	return d + time.Duration(rand.Int64N(int64(d)/5+1))
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

@@ -7,13 +7,13 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/wmonce/watermill-once/internal/lifecycle"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -162,9 +162,7 @@ type Relay struct {
 	leader                                        atomic.Bool
 	lastRelay                                     atomic.Int64
 
-	closeOnce sync.Once
-	closing   chan struct{}
-	running   sync.WaitGroup
+	life lifecycle.Runner
 }
 
 // NewRelay returns a relay that forwards the outbox in config.Schema to publisher. The
@@ -204,7 +202,6 @@ LIMIT $3`,
 WHERE consumer_group = $1 AND offset_acked = $4 AND last_processed_transaction_id = $5::xid8`,
 		qReject: `INSERT INTO ` + pgtx.QualifiedName(config.Schema, "outbox_rejected") + ` (relay, "offset", transaction_id, uuid, payload, metadata, error)
 VALUES ($1, $2, $3::xid8, $4, $5::json, $6::json, $7) ON CONFLICT DO NOTHING`,
-		closing: make(chan struct{}),
 	}, nil
 }
 
@@ -239,26 +236,13 @@ func (r *Relay) Stats() RelayStats {
 }
 
 // Close stops Run and waits for it to return. It is idempotent.
-func (r *Relay) Close() error {
-	r.closeOnce.Do(func() { close(r.closing) })
-	r.running.Wait()
-	return nil
-}
+func (r *Relay) Close() error { return r.life.Close() }
 
 // Run forwards rows until ctx is cancelled or Close is called. It returns nil on a clean stop.
 // Database and publish errors are retried with backoff, never returned.
 func (r *Relay) Run(ctx context.Context) error {
-	r.running.Add(1)
-	defer r.running.Done()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		select {
-		case <-r.closing:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
+	ctx, done := r.life.Start(ctx)
+	defer done()
 
 	backoff := r.config.RetryBackoff
 	for ctx.Err() == nil {
@@ -269,14 +253,14 @@ func (r *Relay) Run(ctx context.Context) error {
 		if err != nil {
 			r.failures.Add(1)
 			r.logger.Error("Relay error, retrying", err, watermill.LogFields{"backoff": backoff})
-			if !sleep(ctx, jitter(backoff)) {
+			if !lifecycle.Sleep(ctx, jitter(backoff)) {
 				break
 			}
 			backoff = min(backoff*2, r.config.MaxRetryBackoff)
 			continue
 		}
 		backoff = r.config.RetryBackoff
-		if !sleep(ctx, r.config.StandbyInterval) {
+		if !lifecycle.Sleep(ctx, r.config.StandbyInterval) {
 			break
 		}
 	}
@@ -315,7 +299,7 @@ func (r *Relay) lead(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if n < r.config.BatchSize && !sleep(ctx, r.config.PollInterval) {
+		if n < r.config.BatchSize && !lifecycle.Sleep(ctx, r.config.PollInterval) {
 			return nil
 		}
 	}
@@ -483,7 +467,7 @@ func (r *Relay) publish(ctx context.Context, topic string, msgs []*message.Messa
 		r.logger.Error("Relay publish failed, retrying", err, watermill.LogFields{
 			"topic": topic, "messages": len(msgs), "first_uuid": msgs[0].UUID, "attempt": attempt, "backoff": backoff,
 		})
-		if !sleep(ctx, jitter(backoff)) {
+		if !lifecycle.Sleep(ctx, jitter(backoff)) {
 			return ctx.Err()
 		}
 		backoff = min(backoff*2, r.config.MaxRetryBackoff)
@@ -500,17 +484,6 @@ func (r *Relay) advance(ctx context.Context, conn *sql.Conn, from, to position) 
 		return errors.New("outbox: relay position was moved by another relay instance; re-reading it")
 	}
 	return nil
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 func jitter(d time.Duration) time.Duration {

@@ -6,13 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/wmonce/watermill-once/inbox"
+	"github.com/wmonce/watermill-once/internal/lifecycle"
 	"github.com/wmonce/watermill-once/internal/partition"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -70,6 +70,9 @@ type Stats struct {
 // (middleware.Config.MaxMessageAge, set a little below Keep) refuses such copies instead of
 // applying them, and NewJanitor warns when a declared RedeliveryHorizon exceeds Keep.
 //
+// Close stops Run and waits for it to return. It is idempotent.
+func (j *Janitor) Close() error { return j.life.Close() }
+
 // Run elects one active janitor per schema with a session-level advisory lock; RunOnce runs one
 // round without it (see RunOnce).
 type Janitor struct {
@@ -86,9 +89,7 @@ type Janitor struct {
 	leader                                                                      atomic.Bool
 	lastRound                                                                   atomic.Int64
 
-	closeOnce sync.Once
-	closing   chan struct{}
-	running   sync.WaitGroup
+	life lifecycle.Runner
 }
 
 type queries struct {
@@ -191,7 +192,6 @@ func NewJanitor(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Jan
 		dropKey:  hashKey("watermill-once/retention-drop/" + config.Schema),
 		warnings: config.warnings(),
 		q:        newQueries(config.Schema),
-		closing:  make(chan struct{}),
 	}
 	for _, w := range j.warnings {
 		logger.Error("RETENTION TOO SHORT: "+w, errRetentionBelowHorizon, nil)
@@ -227,35 +227,19 @@ func (j *Janitor) Stats() Stats {
 	}
 }
 
-// Close stops Run and waits for it to return. It is idempotent.
-func (j *Janitor) Close() error {
-	j.closeOnce.Do(func() { close(j.closing) })
-	j.running.Wait()
-	return nil
-}
-
 // Run deletes expired rows every Interval until ctx is cancelled or Close is called, and
 // returns nil then. Only one instance per schema works at a time: it holds a session-level
 // advisory lock on a connection of its own for as long as it leads; the others stand by and
 // try again every Interval, so one takes over within an Interval after the leader stops or
 // its connection breaks. Errors are logged and counted (Stats.FailedRounds), never returned.
 func (j *Janitor) Run(ctx context.Context) error {
-	j.running.Add(1)
-	defer j.running.Done()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		select {
-		case <-j.closing:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
+	ctx, done := j.life.Start(ctx)
+	defer done()
 	for ctx.Err() == nil {
 		if err := j.lead(ctx); err != nil && ctx.Err() == nil {
 			j.logger.Error("Janitor lost or could not take leadership, retrying", err, watermill.LogFields{"retry_in": j.config.Interval})
 		}
-		if !sleep(ctx, j.config.Interval) {
+		if !lifecycle.Sleep(ctx, j.config.Interval) {
 			break
 		}
 	}
@@ -298,7 +282,7 @@ func (j *Janitor) lead(ctx context.Context) error {
 		if _, err := j.RunOnce(ctx); err != nil && ctx.Err() == nil {
 			j.logger.Error("Janitor round failed in part; the next round tries again", err, nil)
 		}
-		if !sleep(ctx, j.config.Interval) {
+		if !lifecycle.Sleep(ctx, j.config.Interval) {
 			return nil
 		}
 	}
@@ -554,15 +538,4 @@ func deleteInBatches(ctx context.Context, db *sql.DB, batch int, query string, a
 		}
 	}
 	return total, ctx.Err()
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
