@@ -200,10 +200,21 @@ func (s *amqpSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *m
 	default:
 	}
 	out := make(chan *message.Message)
+	// Close cancels the consumer's context too: redialling an unreachable RabbitMQ waits on the
+	// context, and Close waits for the consumer.
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-s.closing:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	s.running.Add(1)
 	go func() {
 		defer s.running.Done()
 		defer close(out)
+		defer cancel()
 		s.consume(ctx, topic, out)
 	}()
 	return out, nil
