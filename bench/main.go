@@ -58,6 +58,7 @@ type options struct {
 	inboxTxBatch   int
 	groupWorkers   int
 	relayBatch     int
+	rounds         int
 	relayLanes     int
 	preload        int
 	rebuildPreload bool
@@ -107,6 +108,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.relayRows, "relay-rows", 20000, "outbox rows for the relay and the forwarder")
 	fs.IntVar(&o.inFlight, "inflight", 64, "messages in flight: Kafka partitions, RabbitMQ consumers, SQL topics; also C1 clients")
 	fs.IntVar(&o.inboxWorkers, "inbox-workers", 8, "inbox processor workers")
+	fs.IntVar(&o.rounds, "rounds", 3, "run everything this many times, one round after the other, and report each variant's median round (the machine is shared: one round alone can be hit by someone else's load)")
 	fs.IntVar(&o.relayBatch, "relay-batch", 0, "relay BatchSize (0: the relay's default)")
 	fs.IntVar(&o.relayLanes, "relay-lanes", 64, "relay-lanes: PublishLanes")
 	fs.IntVar(&o.groupWorkers, "group-workers", 0, "B4: GroupCommitConfig.Workers (0: the middleware's default)")
@@ -139,6 +141,9 @@ func parseFlags(args []string) (options, error) {
 		}
 		if !set["c1-duration"] {
 			o.c1Duration = 2 * time.Second
+		}
+		if !set["rounds"] {
+			o.rounds = 1
 		}
 	}
 	if o.databaseURL == "" {
@@ -188,6 +193,9 @@ func parseFlags(args []string) (options, error) {
 	if o.inboxTxBatch < 1 || o.inboxTxBatch > 5000 {
 		errs = append(errs, errors.New("-inbox-txbatch must be between 1 and 5000"))
 	}
+	if o.rounds < 1 || o.rounds > 9 {
+		errs = append(errs, errors.New("-rounds must be between 1 and 9"))
+	}
 	if o.preload < 0 {
 		errs = append(errs, errors.New("-preload must not be negative"))
 	}
@@ -235,19 +243,51 @@ func run(ctx context.Context, o options, out io.Writer) (*Report, error) {
 			return nil, err
 		}
 	}
-	record := func(res Result, err error) {
-		switch {
-		case errors.Is(err, errSkip):
-			return
-		case err != nil:
-			res.Error = err.Error()
-			h.printf("%-8s %-16s ERROR %v\n", res.Broker, res.Variant, err)
-		default:
-			h.printf("%s\n", res.line())
+	var embedded *broker.EmbeddedKafka
+	defer func() {
+		if embedded != nil {
+			embedded.Close()
 		}
-		rep.Results = append(rep.Results, res)
+	}()
+	for round := 1; round <= o.rounds && ctx.Err() == nil; round++ {
+		if o.rounds > 1 {
+			h.printf("=== round %d of %d (load %s)\n", round, o.rounds, loadAverage())
+		}
+		record := func(res Result, err error) {
+			switch {
+			case errors.Is(err, errSkip):
+				return
+			case err != nil:
+				res.Error = err.Error()
+				h.printf("%-8s %-16s ERROR %v\n", res.Broker, res.Variant, err)
+			default:
+				h.printf("%s\n", res.line())
+			}
+			res.Round = round
+			rep.Rounds = append(rep.Rounds, res)
+		}
+		if err := h.round(ctx, dsn, fmt.Sprint(round), rep, record, &embedded); err != nil {
+			return nil, err
+		}
 	}
+	rep.Results = medians(rep.Rounds)
+	rep.Machine.LoadAvgEnd = loadAverage()
+	rep.Ratios = ratios(rep.Results)
+	if o.rounds > 1 {
+		h.printf("\nMedian of %d rounds:\n", o.rounds)
+		for _, r := range rep.Results {
+			h.printf("%s\n", r.line())
+		}
+	}
+	h.printf("\n%s\n", rep.ratioText())
+	h.printf("load average at start %s, at end %s\n", rep.Machine.LoadAvgStart, rep.Machine.LoadAvgEnd)
+	return rep, ctx.Err()
+}
 
+// round measures every selected variant once.
+func (h *harness) round(ctx context.Context, dsn, round string, rep *Report, record func(Result, error), embedded **broker.EmbeddedKafka) error {
+	o := h.opts
+	var err error
 	for _, id := range []string{C1Single, C1Batch} {
 		if h.wants(id) && ctx.Err() == nil {
 			record(h.ceiling(ctx, id))
@@ -262,17 +302,11 @@ func run(ctx context.Context, o options, out io.Writer) (*Report, error) {
 		}
 	}
 
-	var embedded *broker.EmbeddedKafka
-	defer func() {
-		if embedded != nil {
-			embedded.Close()
-		}
-	}()
 	for _, kind := range o.brokers {
 		if ctx.Err() != nil {
 			break
 		}
-		ro := rigOptions{kind: kind, databaseURL: dsn, schema: o.schema, runID: h.runID + string(kind[0]), inFlight: o.inFlight, sqlBatch: 100}
+		ro := rigOptions{kind: kind, databaseURL: dsn, schema: o.schema, runID: h.runID + round + string(kind[0]), inFlight: o.inFlight, sqlBatch: 100}
 		for _, v := range consumingVariants {
 			if h.wants(v) && (v != B6 || kind == broker.SQL) {
 				ro.variants = append(ro.variants, v)
@@ -291,17 +325,17 @@ func run(ctx context.Context, o options, out io.Writer) (*Report, error) {
 				ro.kafkaAddrs = strings.Split(v, ",")
 				ro.kafkaNote = "Kafka at " + v
 			} else {
-				if embedded == nil {
-					if embedded, err = broker.StartEmbeddedKafka(ctx, nil); err != nil {
-						return nil, err
+				if *embedded == nil {
+					if *embedded, err = broker.StartEmbeddedKafka(ctx, nil); err != nil {
+						return err
 					}
 				}
-				ro.kafkaAddrs = embedded.Addrs()
+				ro.kafkaAddrs = (*embedded).Addrs()
 				ro.kafkaNote = "embedded kfake (in this process)"
 			}
 			rep.Machine.Kafka = ro.kafkaNote
 		}
-		r, err := newRig(ctx, db, ro, h.logger)
+		r, err := newRig(ctx, h.db, ro, h.logger)
 		if err != nil {
 			record(Result{Variant: "setup", Broker: string(kind)}, err)
 			continue
@@ -340,11 +374,7 @@ func run(ctx context.Context, o options, out io.Writer) (*Report, error) {
 			h.printf("cleanup of %s: %v\n", kind, err)
 		}
 	}
-	rep.Machine.LoadAvgEnd = loadAverage()
-	rep.Ratios = ratios(rep.Results)
-	h.printf("\n%s\n", rep.ratioText())
-	h.printf("load average at start %s, at end %s\n", rep.Machine.LoadAvgStart, rep.Machine.LoadAvgEnd)
-	return rep, ctx.Err()
+	return nil
 }
 
 // errorLogger prints only errors, to stderr.

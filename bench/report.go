@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -11,10 +12,50 @@ import (
 
 // Report is everything one run measured; it is written as latest.json.
 type Report struct {
-	Machine Machine  `json:"machine"`
-	Config  Config   `json:"config"`
+	Machine Machine `json:"machine"`
+	Config  Config  `json:"config"`
+	// Results holds one object per variant and broker: its median round.
 	Results []Result `json:"results"`
 	Ratios  []Ratio  `json:"ratios"`
+	// Rounds holds every round's result, in the order they ran.
+	Rounds []Result `json:"rounds"`
+}
+
+// medians picks, for each variant and broker, the round with the median throughput (the
+// lower middle one for an even count). A variant that failed in any round is reported as
+// failed: a failure is never hidden behind the other rounds.
+func medians(rounds []Result) []Result {
+	type key struct{ variant, broker string }
+	var order []key
+	groups := map[key][]Result{}
+	for _, r := range rounds {
+		k := key{r.Variant, r.Broker}
+		if _, ok := groups[k]; !ok {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], r)
+	}
+	var out []Result
+	for _, k := range order {
+		g := groups[k]
+		if i := slices.IndexFunc(g, func(r Result) bool { return r.Error != "" }); i >= 0 {
+			out = append(out, g[i])
+			continue
+		}
+		sorted := slices.Clone(g)
+		slices.SortFunc(sorted, func(a, b Result) int { return cmp.Compare(a.MsgsPerSec, b.MsgsPerSec) })
+		m := sorted[(len(sorted)-1)/2]
+		if len(g) > 1 {
+			var all []string
+			for _, r := range g {
+				all = append(all, fmt.Sprintf("%.0f", r.MsgsPerSec))
+			}
+			m.Notes += fmt.Sprintf("; median of %d rounds (msgs/s by round: %s)", len(g), strings.Join(all, ", "))
+		}
+		m.Round = 0
+		out = append(out, m)
+	}
+	return out
 }
 
 // Config records the run's parameters.
@@ -28,6 +69,7 @@ type Config struct {
 	Preload      int      `json:"preload_rows"`
 	PayloadBytes int      `json:"payload_bytes"`
 	Duplicates   string   `json:"duplicates"`
+	Rounds       int      `json:"rounds"`
 	Latency      string   `json:"latency"`
 	Command      string   `json:"command"`
 }
@@ -35,7 +77,7 @@ type Config struct {
 func describeConfig(o options) Config {
 	c := Config{
 		Schema: o.schema, Messages: o.messages, ProcessRows: o.processRows, RelayRows: o.relayRows,
-		InFlight: o.inFlight, Preload: o.preload, PayloadBytes: 256,
+		InFlight: o.inFlight, Preload: o.preload, PayloadBytes: 256, Rounds: o.rounds,
 		Duplicates: "none: every message has a fresh UUID (the dedupe check runs, against the pre-loaded table)",
 		Latency: "consuming variants: time a message spends in the handler chain, from the router handing it over " +
 			"until the chain returns after the commit (just before the ack), queueing for a group included; " +
@@ -151,8 +193,8 @@ func (rep *Report) markdown() string {
 		fmt.Fprintf(&b, "RabbitMQ: %s. ", m.RabbitMQ)
 	}
 	c := rep.Config
-	fmt.Fprintf(&b, "Payload %d bytes; %d messages per consuming variant, %d in flight; processed_messages pre-loaded with %d rows. Duplicates: %s.\n\n",
-		c.PayloadBytes, c.Messages, c.InFlight, c.Preload, c.Duplicates)
+	fmt.Fprintf(&b, "Payload %d bytes; %d messages per consuming variant, %d in flight; processed_messages pre-loaded with %d rows. Duplicates: %s. Each figure is the median of %d rounds run one after the other (every round is in latest.json).\n\n",
+		c.PayloadBytes, c.Messages, c.InFlight, c.Preload, c.Duplicates, c.Rounds)
 	fmt.Fprintf(&b, "Latency: %s\n\nCommand: `%s`\n\n", c.Latency, c.Command)
 
 	// Pivot: msgs/s per variant and broker.

@@ -83,6 +83,7 @@ type Result struct {
 	PGSessions string `json:"pg_sessions,omitempty"`
 	Notes      string `json:"notes"`
 	Error      string `json:"error,omitempty"`
+	Round      int    `json:"round,omitempty"` // in Report.Rounds
 }
 
 func ms(v float64) *float64 { return &v }
