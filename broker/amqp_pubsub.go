@@ -181,6 +181,9 @@ type amqpSubscriber struct {
 	marshaler Marshaler
 	logger    watermill.LoggerAdapter
 
+	// mu orders Subscribe's running.Add against Close: a consumer is either counted before
+	// Close starts waiting, or refused.
+	mu        sync.Mutex
 	closing   chan struct{}
 	closeOnce sync.Once
 	running   sync.WaitGroup
@@ -194,11 +197,15 @@ func (b *Broker) newAMQPSubscriber(group string) (message.Subscriber, error) {
 }
 
 func (s *amqpSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	s.mu.Lock()
 	select {
 	case <-s.closing:
+		s.mu.Unlock()
 		return nil, errAMQPClosed
 	default:
 	}
+	s.running.Add(1)
+	s.mu.Unlock()
 	out := make(chan *message.Message)
 	// Close cancels the consumer's context too: redialling an unreachable RabbitMQ waits on the
 	// context, and Close waits for the consumer.
@@ -210,7 +217,6 @@ func (s *amqpSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *m
 		case <-ctx.Done():
 		}
 	}()
-	s.running.Add(1)
 	go func() {
 		defer s.running.Done()
 		defer close(out)
@@ -335,7 +341,9 @@ func (s *amqpSubscriber) deliver(ctx context.Context, d amqp.Delivery, out chan<
 }
 
 func (s *amqpSubscriber) Close() error {
+	s.mu.Lock()
 	s.closeOnce.Do(func() { close(s.closing) })
+	s.mu.Unlock()
 	s.running.Wait()
 	return s.conn.close()
 }

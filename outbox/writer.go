@@ -124,8 +124,9 @@ type Execer interface {
 }
 
 // PublishTx stores msgs for topic in tx. It stamps correlation, causation (when ctx carries a
-// consumed message, as it does inside the effectively-once middleware) and occurred_at metadata,
-// and refuses a message without a UUID or an invalid topic before writing anything.
+// consumed message, as it does inside the effectively-once middleware) and occurred_at metadata
+// on the messages themselves, as Watermill's CorrelationID middleware does, and refuses a
+// message without a UUID or an invalid topic before writing anything.
 func (w *Writer) PublishTx(ctx context.Context, tx Execer, topic string, msgs ...*message.Message) error {
 	if len(msgs) == 0 {
 		return nil
