@@ -79,9 +79,12 @@ func chart(rep *Report) ([]byte, error) {
 			groups = append(groups, g)
 		}
 	}
-	height := marginTop + 40
+	height := marginTop + 40 // room for the axis labels
 	for _, g := range groups {
 		height += len(g.bars)*(barHeight+barGap) + groupGap
+		if len(g.bars) == 1 {
+			height += 10 // room for the description line
+		}
 	}
 	img := image.NewRGBA(image.Rect(0, 0, chartWidth, height))
 	draw.Draw(img, img.Bounds(), image.NewUniform(color.White), image.Point{}, draw.Src)
@@ -115,14 +118,14 @@ func chart(rep *Report) ([]byte, error) {
 	if maxV == 0 {
 		maxV = 1
 	}
-	plotW := chartWidth - labelWidth - 110
+	plotW := chartWidth - labelWidth - 130
 	scale := float64(plotW) / maxV
 	// Grid lines at round values.
 	step := niceStep(maxV / 5)
 	for v := step; v <= maxV; v += step {
 		gx := labelWidth + int(v*scale)
-		fill(img, gx, marginTop, 1, height-marginTop-30, light)
-		text(img, gx-12, height-12, grey, short(v))
+		fill(img, gx, marginTop, 1, height-marginTop-34, light)
+		text(img, gx-12, height-14, grey, short(v))
 	}
 	y := marginTop
 	for _, g := range groups {
@@ -133,7 +136,7 @@ func chart(rep *Report) ([]byte, error) {
 			label := fmt.Sprintf("%.0f", b.value)
 			if w > plotW {
 				w = plotW
-				label += " (bar cut)"
+				label += " (cut)"
 			}
 			fill(img, labelWidth, y, w, barHeight, brokerColors[b.broker])
 			if label != fmt.Sprintf("%.0f", b.value) {
@@ -150,7 +153,7 @@ func chart(rep *Report) ([]byte, error) {
 		}
 	}
 	var buf bytes.Buffer
-	if err := png.Encode(&buf, img.SubImage(image.Rect(0, 0, chartWidth, max(y+30, height))).(*image.RGBA)); err != nil {
+	if err := png.Encode(&buf, img); err != nil {
 		return nil, err
 	}
 	return buf.Bytes(), nil

@@ -68,6 +68,7 @@ type options struct {
 	profileDir     string
 	verbose        bool
 	quick          bool
+	render         string
 }
 
 func main() {
@@ -75,6 +76,13 @@ func main() {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
+	}
+	if o.render != "" {
+		if err := render(o.render, o.outDir); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -120,6 +128,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.outDir, "out", "bench/results", "directory for latest.{json,md,png}; empty: write nothing")
 	fs.StringVar(&o.profileDir, "profile", "", "directory for one CPU profile per variant (go tool pprof)")
 	fs.BoolVar(&o.verbose, "v", false, "log everything the components log")
+	fs.StringVar(&o.render, "render", "", "measure nothing: read this latest.json and write its markdown and chart again into -out")
 	fs.BoolVar(&o.quick, "quick", false, "small run: 3000 messages and rows, 100k preload, 2s C1")
 	if err := fs.Parse(args); err != nil {
 		return o, err

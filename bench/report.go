@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -276,4 +277,20 @@ func writeResults(dir string, rep *Report) error {
 		return err
 	}
 	return os.WriteFile(filepath.Join(dir, "latest.png"), png, 0o644)
+}
+
+// render writes the markdown and the chart of a saved report again.
+func render(jsonPath, dir string) error {
+	js, err := os.ReadFile(jsonPath)
+	if err != nil {
+		return err
+	}
+	var rep Report
+	if err := json.Unmarshal(js, &rep); err != nil {
+		return fmt.Errorf("%s: %w", jsonPath, err)
+	}
+	if dir == "" {
+		return errors.New("-render needs -out")
+	}
+	return writeResults(dir, &rep)
 }
