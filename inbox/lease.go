@@ -161,7 +161,6 @@ func (p *Processor) listenOnce(ctx context.Context) error {
 	}
 }
 
-
 func jitter(d time.Duration) time.Duration {
 	if d <= 0 {
 		return 0
