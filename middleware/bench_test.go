@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,7 +18,8 @@ import (
 )
 
 // BenchmarkHandlerPaths compares, in one run, the ways a handler can write one business row per
-// message with 64 messages in flight (as with many partitions): without dedupe (at-least-once),
+// message with 64 messages in flight (as with many partitions; BENCH_IN_FLIGHT changes it):
+// without dedupe (at-least-once),
 // with the per-message effectively-once transaction, and with group commit. Compare ns/op
 // across sub-benchmarks of the same run; the machine is shared and noisy.
 //
@@ -33,7 +36,10 @@ func BenchmarkHandlerPaths(b *testing.B) {
 		_, err := tx.ExecContext(msg.Context(), insert, msg.UUID, msg.Payload)
 		return nil, err
 	}
-	const inFlight = 64
+	inFlight := 64
+	if v, err := strconv.Atoi(os.Getenv("BENCH_IN_FLIGHT")); err == nil && v > 0 {
+		inFlight = v
+	}
 	var run atomic.Int64
 
 	b.Run("no-dedupe", func(b *testing.B) {
