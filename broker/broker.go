@@ -245,6 +245,9 @@ type subscriber struct {
 
 	mu   sync.Mutex
 	outs []<-chan *message.Message // returned by Subscribe, awaited by Close
+
+	closeOnce sync.Once
+	closeErr  error
 }
 
 func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
@@ -270,16 +273,22 @@ func (s *subscriber) SubscribeInitialize(topic string) error {
 // Watermill's Pub/Sub contract (and its TestPubSub) expects: watermill-sql's Close returns when
 // its consume loops have stopped, just before they close their channels. A stopped loop sends
 // nothing more, so waiting here receives nothing but the close; anything else would be nacked.
+//
+// Close is idempotent and safe to call from several goroutines at once (a router closes a
+// subscriber shared by several handlers once per handler; watermill-sql's own Close is not safe
+// for that): every call returns after the first has finished.
 func (s *subscriber) Close() error {
-	err := s.sub.Close()
-	s.mu.Lock()
-	outs := s.outs
-	s.outs = nil
-	s.mu.Unlock()
-	for _, out := range outs {
-		for msg := range out {
-			msg.Nack()
+	s.closeOnce.Do(func() {
+		s.closeErr = s.sub.Close()
+		s.mu.Lock()
+		outs := s.outs
+		s.outs = nil
+		s.mu.Unlock()
+		for _, out := range outs {
+			for msg := range out {
+				msg.Nack()
+			}
 		}
-	}
-	return err
+	})
+	return s.closeErr
 }

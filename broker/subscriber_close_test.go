@@ -2,6 +2,7 @@ package broker_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -38,6 +39,27 @@ func TestSubscriberCloseClosesItsChannels(t *testing.T) {
 					t.Fatalf("round %d: the channel is still open after Close returned", i)
 				}
 			}
+		})
+	}
+}
+
+// A router closes a subscriber shared by several handlers once per handler, concurrently.
+func TestSubscriberCloseIsSafeConcurrently(t *testing.T) {
+	t.Parallel()
+	for _, kind := range []broker.Kind{broker.SQL, broker.AMQP} {
+		t.Run(string(kind), func(t *testing.T) {
+			topic := pgtest.NewName("closing")
+			b := newBroker(t, kind, broker.Subscription{Topic: topic, Group: "g"})
+			sub, err := b.NewSubscriber("g")
+			require.NoError(t, err)
+			_, err = sub.Subscribe(context.Background(), topic)
+			require.NoError(t, err)
+			var wg sync.WaitGroup
+			for range 4 {
+				wg.Add(1)
+				go func() { defer wg.Done(); require.NoError(t, sub.Close()) }()
+			}
+			wg.Wait()
 		})
 	}
 }
