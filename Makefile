@@ -27,8 +27,9 @@ quickstart:
 services:
 	docker compose up -d postgres kafka rabbitmq
 
+# BENCH_ARGS=-quick for a short run; see go run ./bench -h.
 bench:
-	$(GO) run ./bench
+	$(GO) run ./bench $(BENCH_ARGS)
 
 migrate-sql:
 	@$(GO) run ./cmd/wmonce migrate print
