@@ -72,7 +72,10 @@ func conformanceBroker(t *testing.T, kind broker.Kind) (*broker.Broker, tests.Pu
 		})
 		return pub, sub
 	}
-	return b, func(t *testing.T) (message.Publisher, message.Subscriber) { return withGroup(t, "test") }, withGroup
+	// One consumer group per test function of the suite (see brokertest.SuiteGroup).
+	return b, func(t *testing.T) (message.Publisher, message.Subscriber) {
+		return withGroup(t, brokertest.SuiteGroup(t))
+	}, withGroup
 }
 
 // TestConformanceAMQP runs the suite against our own RabbitMQ publisher and subscriber.

@@ -82,7 +82,10 @@ func outboxPipeline(t *testing.T, kind broker.Kind, relayConfig outbox.RelayConf
 		t.Cleanup(func() { _ = sub.Close() }) // idempotent; some suite functions leave theirs open
 		return writer.DBPublisher(db), sub
 	}
-	return func(t *testing.T) (message.Publisher, message.Subscriber) { return withGroup(t, "test") }, withGroup
+	// One consumer group per test function of the suite (see brokertest.SuiteGroup).
+	return func(t *testing.T) (message.Publisher, message.Subscriber) {
+		return withGroup(t, brokertest.SuiteGroup(t))
+	}, withGroup
 }
 
 func outboxFeatures() tests.Features {
