@@ -182,18 +182,46 @@ type EffectivelyOnce struct {
 	outbox *outbox.Writer
 	logger watermill.LoggerAdapter
 
-	qClaim, qLookup string
-	qClaimDaily     string
-	qLookupDaily    string
-	qClaimMany      string
-	qClaimManyDaily string
-	qLookupMany     string
+	q     claimQueries
+	group *groupCommitter
 
-	group             *groupCommitter
-	qSavepointBegin   string
-	qSavepointRelease string
+	counts sync.Map // CounterKey -> *counters
+}
 
-	counts sync.Map // consumer -> *counters
+// claimQueries are the statements on the claims table: processed_messages, or
+// processed_messages_daily with PartitionByDay (whose statements take the day as last argument).
+type claimQueries struct {
+	daily            bool
+	claim, lookup    string // one key
+	claimMany        string // many keys: unnest arrays, RETURNING the fresh ones
+	lookupMany       string
+	savepointBegin   string // the subscriber-transaction path
+	savepointRelease string
+}
+
+func newClaimQueries(schema string, daily bool) claimQueries {
+	guard := pgtx.QualifiedName(schema, "attempt_guard")
+	t := pgtx.QualifiedName(schema, "processed_messages")
+	cols, arrays, dayCond := "consumer, message_id, payload_sha256", "$1::text[], $2::text[], $3::bytea[]", ""
+	values := "$1, $2, $3"
+	if daily {
+		t = pgtx.QualifiedName(schema, partition.Parent)
+		cols, arrays, dayCond = cols+", occurred_on", arrays+", $4::date[]", " AND occurred_on = $3"
+		values += ", $4"
+	}
+	return claimQueries{
+		daily:  daily,
+		claim:  `INSERT INTO ` + t + ` (` + cols + `) VALUES (` + values + `) ON CONFLICT DO NOTHING`,
+		lookup: `SELECT payload_sha256, processed_at FROM ` + t + ` WHERE consumer = $1 AND message_id = $2` + dayCond,
+		claimMany: `INSERT INTO ` + t + ` (` + cols + `)
+SELECT * FROM unnest(` + arrays + `)
+ON CONFLICT DO NOTHING RETURNING consumer, message_id`,
+		lookupMany: `SELECT p.consumer, p.message_id, p.payload_sha256, p.processed_at
+FROM unnest($1::text[], $2::text[]) AS k(consumer, message_id)
+JOIN ` + t + ` p USING (consumer, message_id)`,
+		savepointBegin:   fmt.Sprintf(spBegin, guard),
+		savepointRelease: fmt.Sprintf(spRelease, guard),
+	}
 }
 
 // NewEffectivelyOnce validates config and prepares the middleware. db must reach PostgreSQL;
@@ -216,36 +244,12 @@ func NewEffectivelyOnce(db *sql.DB, config Config, logger watermill.LoggerAdapte
 			return nil, fmt.Errorf("effectively-once: %w", err)
 		}
 	}
-	processed := pgtx.QualifiedName(config.Schema, "processed_messages")
-	guard := pgtx.QualifiedName(config.Schema, "attempt_guard")
-	daily := pgtx.QualifiedName(config.Schema, partition.Parent)
-	lookupTable := processed
-	if config.PartitionByDay {
-		lookupTable = daily
-	}
 	e := &EffectivelyOnce{
-		db:      db,
-		config:  config,
-		outbox:  ob,
-		logger:  logger,
-		qClaim:  `INSERT INTO ` + processed + ` (consumer, message_id, payload_sha256) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`,
-		qLookup: `SELECT payload_sha256, processed_at FROM ` + processed + ` WHERE consumer = $1 AND message_id = $2`,
-
-		qClaimDaily:  `INSERT INTO ` + daily + ` (consumer, message_id, payload_sha256, occurred_on) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`,
-		qLookupDaily: `SELECT payload_sha256, processed_at FROM ` + daily + ` WHERE consumer = $1 AND message_id = $2 AND occurred_on = $3`,
-
-		qClaimMany: `INSERT INTO ` + processed + ` (consumer, message_id, payload_sha256)
-SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[])
-ON CONFLICT DO NOTHING RETURNING consumer, message_id`,
-		qClaimManyDaily: `INSERT INTO ` + daily + ` (consumer, message_id, payload_sha256, occurred_on)
-SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::date[])
-ON CONFLICT DO NOTHING RETURNING consumer, message_id`,
-		qLookupMany: `SELECT p.consumer, p.message_id, p.payload_sha256, p.processed_at
-FROM unnest($1::text[], $2::text[]) AS k(consumer, message_id)
-JOIN ` + lookupTable + ` p USING (consumer, message_id)`,
-
-		qSavepointBegin:   fmt.Sprintf(spBegin, guard),
-		qSavepointRelease: fmt.Sprintf(spRelease, guard),
+		db:     db,
+		config: config,
+		outbox: ob,
+		logger: logger,
+		q:      newClaimQueries(config.Schema, config.PartitionByDay),
 	}
 	if config.GroupCommit.Enabled {
 		e.group = newGroupCommitter(e, config.GroupCommit)
@@ -439,7 +443,7 @@ const (
 // Each attempt runs in a savepoint: the subscriber re-delivers a nacked message in the same
 // transaction without rolling back, so a failed attempt must undo itself.
 func (e *EffectivelyOnce) runInSubscriberTx(ctx context.Context, h message.HandlerFunc, d *delivery, tx *sql.Tx) error {
-	if _, err := tx.ExecContext(ctx, e.qSavepointBegin); err != nil {
+	if _, err := tx.ExecContext(ctx, e.q.savepointBegin); err != nil {
 		return fmt.Errorf("effectively-once: savepoint in subscriber transaction: %w", err)
 	}
 	rollback := func(cause error) error {
@@ -460,7 +464,7 @@ func (e *EffectivelyOnce) runInSubscriberTx(ctx context.Context, h message.Handl
 	if err := e.apply(ctx, h, d, tx); err != nil {
 		return rollback(err)
 	}
-	if _, err := tx.ExecContext(ctx, e.qSavepointRelease); err != nil {
+	if _, err := tx.ExecContext(ctx, e.q.savepointRelease); err != nil {
 		return rollback(fmt.Errorf("effectively-once: release savepoint: %w", err))
 	}
 	// Counted when the attempt is complete: the subscriber's commit comes later and cannot be
@@ -472,19 +476,17 @@ func (e *EffectivelyOnce) runInSubscriberTx(ctx context.Context, h message.Handl
 // claim inserts the key first. It returns fresh=false for a duplicate, after checking the
 // fingerprint of the applied copy.
 func (e *EffectivelyOnce) claim(ctx context.Context, tx *sql.Tx, d *delivery) (fresh bool, err error) {
-	claimSQL, args := e.qClaim, []any{d.consumer, d.key, d.fingerprint}
-	lookupSQL, lookupArgs := e.qLookup, []any{d.consumer, d.key}
-	if e.config.PartitionByDay {
+	args, lookupArgs := []any{d.consumer, d.key, d.fingerprint}, []any{d.consumer, d.key}
+	if e.q.daily {
 		day := partition.Day(d.occurredAt)
-		claimSQL, args = e.qClaimDaily, append(args, day)
-		lookupSQL, lookupArgs = e.qLookupDaily, append(lookupArgs, day)
+		args, lookupArgs = append(args, day), append(lookupArgs, day)
 	}
-	res, err := tx.ExecContext(ctx, claimSQL, args...)
+	res, err := tx.ExecContext(ctx, e.q.claim, args...)
 	if err != nil {
 		if pgtx.IsUndefinedTable(err) {
 			return false, fmt.Errorf("effectively-once: processed_messages is missing in schema %q: run the migrations: %w", e.config.Schema, err)
 		}
-		if e.config.PartitionByDay && pgtx.SQLState(err) == pgtx.CodeCheckViolation {
+		if e.q.daily && pgtx.SQLState(err) == pgtx.CodeCheckViolation {
 			return false, &missingPartitionError{days: []time.Time{partition.Day(d.occurredAt)}, err: err}
 		}
 		return false, fmt.Errorf("effectively-once: claim: %w", err)
@@ -495,7 +497,7 @@ func (e *EffectivelyOnce) claim(ctx context.Context, tx *sql.Tx, d *delivery) (f
 	d.counters.duplicates.Add(1)
 	var stored []byte
 	var processedAt time.Time
-	if err := tx.QueryRowContext(ctx, lookupSQL, lookupArgs...).Scan(&stored, &processedAt); err != nil {
+	if err := tx.QueryRowContext(ctx, e.q.lookup, lookupArgs...).Scan(&stored, &processedAt); err != nil {
 		// The duplicate is certain (the insert conflicted); only the fingerprint check is lost.
 		e.logger.Error("Duplicate skipped, but its applied copy could not be read to compare payloads", err, d.fields)
 		return false, nil

@@ -333,14 +333,13 @@ func (g *groupCommitter) claimAll(ctx context.Context, tx *sql.Tx, pending []*qu
 		consumers[i], keys[i], prints[i] = q.d.consumer, q.d.key, q.d.fingerprint
 		days[i] = partition.Day(q.d.occurredAt)
 	}
-	var rows *sql.Rows
-	if e.config.PartitionByDay {
-		rows, err = tx.QueryContext(ctx, e.qClaimManyDaily, consumers, keys, prints, days)
-	} else {
-		rows, err = tx.QueryContext(ctx, e.qClaimMany, consumers, keys, prints)
+	args := []any{consumers, keys, prints}
+	if e.q.daily {
+		args = append(args, days)
 	}
+	rows, err := tx.QueryContext(ctx, e.q.claimMany, args...)
 	if err != nil {
-		if e.config.PartitionByDay && pgtx.SQLState(err) == pgtx.CodeCheckViolation {
+		if e.q.daily && pgtx.SQLState(err) == pgtx.CodeCheckViolation {
 			return nil, nil, &missingPartitionError{days: distinct(days), err: err}
 		}
 		return nil, nil, fmt.Errorf("effectively-once: claim group: %w", err)
@@ -383,7 +382,7 @@ func (g *groupCommitter) checkFingerprints(ctx context.Context, tx *sql.Tx, dups
 	for i, q := range dups {
 		consumers[i], keys[i] = q.d.consumer, q.d.key
 	}
-	rows, err := tx.QueryContext(ctx, e.qLookupMany, consumers, keys)
+	rows, err := tx.QueryContext(ctx, e.q.lookupMany, consumers, keys)
 	if err != nil {
 		e.logger.Error("Could not read applied copies to compare fingerprints", err, nil)
 		return
