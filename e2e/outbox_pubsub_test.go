@@ -82,8 +82,14 @@ func outboxPipeline(t *testing.T, kind broker.Kind, relayConfig outbox.RelayConf
 		t.Cleanup(func() { _ = sub.Close() }) // idempotent; some suite functions leave theirs open
 		return writer.DBPublisher(db), sub
 	}
-	// One consumer group per test function of the suite (see brokertest.SuiteGroup).
+	// One consumer group per test function of the suite (see brokertest.SuiteGroup); on Kafka one
+	// per topic as well (see brokertest.TopicGroups).
 	return func(t *testing.T) (message.Publisher, message.Subscriber) {
+		if kind == broker.Kafka {
+			sub := brokertest.NewTopicGroups(brokertest.SuiteGroup(t), b.NewSubscriber)
+			t.Cleanup(func() { _ = sub.Close() })
+			return writer.DBPublisher(db), sub
+		}
 		return withGroup(t, brokertest.SuiteGroup(t))
 	}, withGroup
 }
