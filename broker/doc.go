@@ -32,6 +32,11 @@
 //   - Topics are created with Partitions and ReplicationFactor (-1: the cluster default). Set
 //     min.insync.replicas on the cluster: acks=all means "all in-sync replicas", however few.
 //   - Protocol version 2.1 (see saramaConfig for why not newer).
+//   - Every Subscribe is a member of its consumer group. A group shared by several
+//     topics rebalances whenever one of its subscriptions starts or stops, and
+//     watermill-kafka finishes handing over an in-flight message before it leaves a
+//     session, so such a rebalance can wait for a slow handler, up to the 20 s
+//     rebalance timeout. Prefer a group per handler.
 //
 // # RabbitMQ (amqp091-go, watermill-amqp's wire format)
 //
