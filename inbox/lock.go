@@ -316,7 +316,14 @@ func (p *Processor) reportFailure(r claimedRow, cause error, status string) {
 
 // lockRows runs a locking claim query and scans its rows in id order.
 func (p *Processor) lockRows(ctx context.Context, tx *sql.Tx, query string, args ...any) ([]claimedRow, error) {
-	rs, err := tx.QueryContext(ctx, query, args...)
+	return p.queryClaimed(ctx, tx, query, args...)
+}
+
+// queryClaimed runs a claim query (on the pool or in a transaction) and scans the claimed rows.
+func (p *Processor) queryClaimed(ctx context.Context, q interface {
+	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+}, query string, args ...any) ([]claimedRow, error) {
+	rs, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		if pgtx.IsUndefinedTable(err) {
 			return nil, fmt.Errorf("inbox: table %s is missing: run the migrations: %w", p.q.table, err)

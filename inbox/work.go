@@ -107,25 +107,11 @@ func (p *Processor) claim(ctx context.Context) ([]claimedRow, int64, error) {
 }
 
 func (p *Processor) claimAbove(ctx context.Context, token, after int64) ([]claimedRow, error) {
-	rs, err := p.db.QueryContext(ctx, p.q.claim, p.config.Consumer, p.config.ClaimBatch, token, micros(p.config.Lease), after)
+	rows, err := p.queryClaimed(ctx, p.db, p.q.claim, p.config.Consumer, p.config.ClaimBatch, token, micros(p.config.Lease), after)
 	if err != nil {
-		if pgtx.IsUndefinedTable(err) {
-			return nil, fmt.Errorf("inbox: table %s is missing: run the migrations: %w", p.q.table, err)
-		}
-		return nil, fmt.Errorf("inbox: claim: %w", err)
+		return nil, err
 	}
-	defer rs.Close()
-	var rows []claimedRow
-	for rs.Next() {
-		var r claimedRow
-		if err := rs.Scan(&r.id, &r.messageID, &r.uuid, &r.orderingKey, &r.topic, &r.payload, &r.metadata, &r.attempts, &r.receivedAt); err != nil {
-			return nil, fmt.Errorf("inbox: scan claimed row: %w", err)
-		}
-		rows = append(rows, r)
-	}
-	if err := rs.Err(); err != nil {
-		return nil, fmt.Errorf("inbox: claim: %w", err)
-	}
+	// UPDATE ... RETURNING yields rows in no particular order.
 	slices.SortFunc(rows, func(a, b claimedRow) int { return cmp.Compare(a.id, b.id) })
 	return rows, nil
 }
