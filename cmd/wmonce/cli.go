@@ -178,6 +178,15 @@ func (e *env) parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	return positional, nil
 }
 
+// parseFlagsOnly parses args for a command that takes flags only.
+func (e *env) parseFlagsOnly(fs *flag.FlagSet, args []string) error {
+	rest, err := e.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	return noArgs(rest)
+}
+
 // noArgs refuses positional arguments a command does not take (often a flag typed after one).
 func noArgs(args []string) error {
 	if len(args) > 0 {

@@ -91,11 +91,7 @@ func (e *env) ops(ctx context.Context) (*inbox.Ops, error) {
 }
 
 func (e *env) inboxStats(ctx context.Context, args []string) error {
-	rest, err := e.parse(e.flags("inbox stats"), args)
-	if err != nil {
-		return err
-	}
-	if err := noArgs(rest); err != nil {
+	if err := e.parseFlagsOnly(e.flags("inbox stats"), args); err != nil {
 		return err
 	}
 	db, err := e.openMigrated(ctx)
@@ -164,11 +160,7 @@ func (e *env) inboxList(ctx context.Context, args []string) error {
 	ff := addFilterFlags(fs)
 	after := fs.Int64("after", 0, "show rows after this id (paging)")
 	limit := fs.Int("limit", 50, "rows to show (1-"+strconv.Itoa(inbox.MaxBatchLimit)+")")
-	rest, err := e.parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := noArgs(rest); err != nil {
+	if err := e.parseFlagsOnly(fs, args); err != nil {
 		return err
 	}
 	f, err := ff.filter()
@@ -299,11 +291,7 @@ func (e *env) inboxChange(ctx context.Context, action string, args []string) err
 		reason = fs.String("reason", "", "why the rows are skipped (kept in last_error; required)")
 		all = fs.Bool("all", false, "skip every matching row of the consumer when no other selector is given")
 	}
-	rest, err := e.parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := noArgs(rest); err != nil {
+	if err := e.parseFlagsOnly(fs, args); err != nil {
 		return err
 	}
 	f, err := ff.filter()

@@ -49,11 +49,7 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 	case "up":
 		fs := e.flags("migrate up")
 		to := fs.Int("to", 0, "last version to apply (default: latest)")
-		rest, err := e.parse(fs, args)
-		if err != nil {
-			return err
-		}
-		if err := noArgs(rest); err != nil {
+		if err := e.parseFlagsOnly(fs, args); err != nil {
 			return err
 		}
 		if *to < 0 || *to > migrate.Latest() {
@@ -65,11 +61,7 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 		steps := fs.Int("steps", 0, "how many migrations to revert (default 1)")
 		all := fs.Bool("all", false, "revert every migration (drops every table)")
 		to := fs.Int("to", 0, "version to leave in place")
-		rest, err := e.parse(fs, args)
-		if err != nil {
-			return err
-		}
-		if err := noArgs(rest); err != nil {
+		if err := e.parseFlagsOnly(fs, args); err != nil {
 			return err
 		}
 		opts := &migrate.Opts{TargetVersion: *to, MaxSteps: *steps}
@@ -97,11 +89,7 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 		down := fs.Bool("down", false, "print the down migrations (newest first)")
 		from := fs.Int("from", -1, "up: print migrations after this version (default 0); down: start from this version (default latest)")
 		to := fs.Int("to", -1, "up: last version to print (default latest); down: version to leave in place (default 0)")
-		rest, err := e.parse(fs, args)
-		if err != nil {
-			return err
-		}
-		if err := noArgs(rest); err != nil {
+		if err := e.parseFlagsOnly(fs, args); err != nil {
 			return err
 		}
 		latest := migrate.Latest()
@@ -138,11 +126,7 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 		_, err = fmt.Fprint(e.stdout, sql)
 		return err
 	case "version":
-		rest, err := e.parse(e.flags("migrate version"), args)
-		if err != nil {
-			return err
-		}
-		if err := noArgs(rest); err != nil {
+		if err := e.parseFlagsOnly(e.flags("migrate version"), args); err != nil {
 			return err
 		}
 		db, err := e.open(ctx)

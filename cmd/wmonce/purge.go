@@ -57,11 +57,7 @@ func runPurge(ctx context.Context, e *env, args []string) error {
 	keep := fs.String("keep", "", "janitor: retention window of claims (e.g. 168h or 7d)")
 	inboxKeep := fs.String("inbox-keep", "", "janitor: retention of finished inbox rows (default: -keep)")
 	outboxKeep := fs.String("outbox-keep", "", "janitor: retention of relayed outbox rows (default 24h)")
-	rest, err := e.parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := noArgs(rest); err != nil {
+	if err := e.parseFlagsOnly(fs, args); err != nil {
 		return err
 	}
 	if *batch < 0 || *batch > retention.MaxBatchSize {
@@ -86,6 +82,7 @@ func runPurge(ctx context.Context, e *env, args []string) error {
 	}
 	var age time.Duration
 	var cutoff time.Time
+	var err error
 	if *olderThan != "" {
 		if age, err = parseAge(*olderThan); err != nil {
 			return usagef("-older-than: %v", err)

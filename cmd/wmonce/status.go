@@ -34,11 +34,7 @@ type statusReport struct {
 }
 
 func runStatus(ctx context.Context, e *env, args []string) error {
-	rest, err := e.parse(e.flags("status"), args)
-	if err != nil {
-		return err
-	}
-	if err := noArgs(rest); err != nil {
+	if err := e.parseFlagsOnly(e.flags("status"), args); err != nil {
 		return err
 	}
 	db, err := e.openMigrated(ctx)
@@ -157,11 +153,7 @@ func outboxCommand() *command {
 		details:  "Backlog counts committed outbox rows a relay has not forwarded yet; lag is the age of the oldest of them. A relay that has never run is not listed.",
 		examples: []string{"wmonce outbox", "wmonce -json outbox"},
 		run: func(ctx context.Context, e *env, args []string) error {
-			rest, err := e.parse(e.flags("outbox"), args)
-			if err != nil {
-				return err
-			}
-			if err := noArgs(rest); err != nil {
+			if err := e.parseFlagsOnly(e.flags("outbox"), args); err != nil {
 				return err
 			}
 			db, err := e.openMigrated(ctx)
@@ -204,11 +196,7 @@ func runDedupe(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("dedupe")
 	consumer := fs.String("consumer", "", "consumer name (the middleware's Consumer or the inbox consumer)")
 	message := fs.String("message", "", "the message's dedupe key (by default its Watermill UUID)")
-	rest, err := e.parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := noArgs(rest); err != nil {
+	if err := e.parseFlagsOnly(fs, args); err != nil {
 		return err
 	}
 	if *consumer == "" || *message == "" {
