@@ -1,31 +1,63 @@
 # Every target here runs in CI (.ci/run) or is a documented convenience.
 GO ?= go
+SHELL := /bin/bash
 
-.PHONY: test race e2e lint demo quickstart services bench migrate-sql
+# Where the services come from: a Docker engine when one answers, else scripts/services
+# (Debian or Ubuntu, as root). Override with SERVICES_VIA=docker|script|none.
+SERVICES_VIA ?= $(shell if docker info >/dev/null 2>&1; then echo docker; elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then echo script; else echo none; fi)
 
-# The README's test command.
-test:
-	$(GO) test -race -count=1 ./...
+# The tests run on the real Kafka 3.9 broker that `make services` starts (docker-compose.yml and
+# scripts/services both publish it on 127.0.0.1:9092). KAFKA_SERVICE tells the e2e suite how to
+# kill and restart that broker for its broker fault. Unset KAFKA_BROKERS for the embedded kfake.
+KAFKA_BROKERS ?= 127.0.0.1:9092
+KAFKA_SERVICE ?= $(if $(filter docker,$(SERVICES_VIA)),docker,3.9)
+KAFKA_ENV = KAFKA_BROKERS=$(KAFKA_BROKERS) KAFKA_SERVICE=$(KAFKA_SERVICE)
+
+.PHONY: test test-only race e2e lint demo quickstart services services-postgres bench migrate-sql
+
+# The README's test command: start the services, then run the whole suite.
+test: services test-only
+
+# The whole suite against services that are already running (what CI calls after provisioning).
+# `make test-only KAFKA_BROKERS=` runs it on the embedded kfake broker instead.
+test-only:
+	$(KAFKA_ENV) $(GO) test -race -count=1 ./...
 
 race: test
 
-e2e:
-	$(GO) test -race -count=1 -v ./e2e/...
+e2e: services
+	$(KAFKA_ENV) $(GO) test -race -count=1 -v ./e2e/...
 
 lint:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 
-demo:
+# The demo needs PostgreSQL only (Kafka is embedded when KAFKA_BROKERS is unset, see BROKER).
+demo: services-postgres
 	$(GO) run ./examples/payments
 
-quickstart:
+quickstart: services-postgres
 	$(GO) run ./examples/quickstart
 
-# For machines without local services: PostgreSQL, Kafka and RabbitMQ in Docker.
 services:
-	docker compose up -d postgres kafka rabbitmq
+	@$(MAKE) --no-print-directory services-up WHAT="postgres rabbitmq chromium kafka"
+
+services-postgres:
+	@$(MAKE) --no-print-directory services-up WHAT=postgres
+
+services-up:
+ifeq ($(SERVICES_VIA),docker)
+	docker compose up -d --wait $(filter-out chromium,$(WHAT))
+	@if echo "$(WHAT)" | grep -q chromium && ! command -v chromium >/dev/null 2>&1; then \
+	  echo "Chromium is missing: the admin page's browser test needs it (Debian: apt-get install chromium)"; exit 1; fi
+else ifeq ($(SERVICES_VIA),script)
+	bash scripts/services up $(WHAT)
+else
+	@if ! (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null; then \
+	  echo "Cannot start the services here: no Docker engine answers and this is not Debian/Ubuntu as root."; \
+	  echo "Start them yourself ($(WHAT); see README, Services), then run this again."; exit 1; fi
+endif
 
 # BENCH_ARGS=-quick for a short run; see go run ./bench -h.
 bench:
