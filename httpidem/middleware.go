@@ -253,7 +253,7 @@ func (m *Middleware) runKeyed(w http.ResponseWriter, r *http.Request, next http.
 		end()
 		m.notStored.Add(1)
 		m.logger.Info("Server error not stored; rolled back, the key stays free for a retry", req.fields.Add(watermill.LogFields{"status": status}))
-		writeResponse(w, status, header, rec.body.Bytes(), false)
+		writeResponse(w, status, header, rec.bytes(), false)
 		return
 	}
 	headersJSON, err := json.Marshal(header)
@@ -263,7 +263,7 @@ func (m *Middleware) runKeyed(w http.ResponseWriter, r *http.Request, next http.
 		return
 	}
 	res, err := tx.ExecContext(ctx, m.qStore, req.scope, req.key, req.fingerprint, r.Method, truncate(r.URL.RequestURI(), 2048),
-		status, string(headersJSON), rec.body.Bytes(), m.config.Retention.Microseconds())
+		status, string(headersJSON), rec.bytes(), m.config.Retention.Microseconds())
 	if err == nil {
 		if n, _ := res.RowsAffected(); n != 1 {
 			// Only possible if something wrote the key without taking the lock.
@@ -283,7 +283,7 @@ func (m *Middleware) runKeyed(w http.ResponseWriter, r *http.Request, next http.
 		return
 	}
 	m.stored.Add(1)
-	writeResponse(w, status, header, rec.body.Bytes(), false)
+	writeResponse(w, status, header, rec.bytes(), false)
 }
 
 // runKeyless serves a request without a key under KeyOptional: in a transaction, response held
@@ -312,7 +312,7 @@ func (m *Middleware) runKeyless(w http.ResponseWriter, r *http.Request, next htt
 	status, header := rec.final()
 	if status >= 500 && !m.config.StoreServerErrors {
 		end()
-		writeResponse(w, status, header, rec.body.Bytes(), false)
+		writeResponse(w, status, header, rec.bytes(), false)
 		return
 	}
 	ended = true
@@ -320,7 +320,7 @@ func (m *Middleware) runKeyless(w http.ResponseWriter, r *http.Request, next htt
 		m.fail(w, err, "commit", req)
 		return
 	}
-	writeResponse(w, status, header, rec.body.Bytes(), false)
+	writeResponse(w, status, header, rec.bytes(), false)
 }
 
 // runHandler runs next with tx in the request context and a body that can be read again. A

@@ -475,3 +475,56 @@ func TestConfigValidation(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusInternalServerError, resp.StatusCode)
 }
+
+// TestEmptyBodiesAreStoredAndReplayed: a response without a body (204, an empty 202, an
+// implicit 200, an empty 5xx under StoreServerErrors) is stored as an empty body, commits with
+// its effects and is replayed empty with the same status and headers.
+func TestEmptyBodiesAreStoredAndReplayed(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name   string
+		status int // 0: the handler writes nothing at all (implicit 200)
+		store5 bool
+	}{
+		{"204", http.StatusNoContent, false},
+		{"empty 202", http.StatusAccepted, false},
+		{"implicit 200", 0, false},
+		{"empty 500 stored", http.StatusInternalServerError, true},
+		{"empty 503 stored", http.StatusServiceUnavailable, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, httpidem.Config{StoreServerErrors: c.store5})
+			e.hook = func(w http.ResponseWriter, r *http.Request) bool {
+				w.Header().Set("X-Payment", "p-1")
+				if c.status != 0 {
+					w.WriteHeader(c.status)
+				}
+				return false
+			}
+			want := c.status
+			if want == 0 {
+				want = http.StatusOK
+			}
+			first := e.post("empty", `{"amount":1}`)
+			require.Equal(t, want, first.status, string(first.body))
+			require.Empty(t, first.body)
+			require.Equal(t, "p-1", first.header.Get("X-Payment"))
+			require.Equal(t, 1, e.payments(), "the handler's write committed")
+
+			again := e.post("empty", `{"amount":1}`)
+			require.Equal(t, want, again.status, string(again.body))
+			require.Empty(t, again.body)
+			require.Equal(t, "p-1", again.header.Get("X-Payment"))
+			require.Equal(t, first.header.Get("Content-Type"), again.header.Get("Content-Type"))
+			require.Equal(t, "true", again.header.Get(httpidem.ReplayedHeader))
+			require.Equal(t, 1, e.payments())
+			require.Equal(t, int32(1), e.runs.Load(), "the handler ran once")
+			st := e.mw.Stats()
+			require.Equal(t, uint64(1), st.Stored)
+			require.Equal(t, uint64(1), st.Replayed)
+			require.Zero(t, st.Failed)
+		})
+	}
+}

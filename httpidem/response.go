@@ -86,6 +86,15 @@ func (r *recorder) Write(p []byte) (int, error) {
 	return r.body.Write(p)
 }
 
+// bytes returns the buffered body, never nil: an empty body is stored as an empty bytea, as
+// a nil slice would be sent as NULL.
+func (r *recorder) bytes() []byte {
+	if b := r.body.Bytes(); b != nil {
+		return b
+	}
+	return []byte{}
+}
+
 var errResponseTooLarge = &responseTooLargeError{}
 
 type responseTooLargeError struct{}
