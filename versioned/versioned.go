@@ -199,7 +199,7 @@ func (v *Versions) ApplyState(ctx context.Context, tx Querier, e Entity, version
 // Current returns the stored version of e, or the first version - 1 when there is none.
 func (v *Versions) Current(ctx context.Context, q Querier, e Entity) (int64, error) {
 	if err := e.validate(); err != nil {
-		return 0, fmt.Errorf("%w: %w", ErrInvalid, err)
+		return 0, middleware.Permanent(fmt.Errorf("%w: %w", ErrInvalid, err))
 	}
 	return v.current(ctx, q, e)
 }

@@ -337,6 +337,11 @@ func TestImpossibleInputIsPermanent(t *testing.T) {
 		_, err = e.v.ApplyState(ctx, tx, tc.ent, tc.version, nil)
 		require.True(t, middleware.IsPermanent(err), "%+v: %v", tc, err)
 		require.True(t, middleware.IsPermanent(e.v.SetVersion(ctx, tx, tc.ent, tc.version)), "%+v", tc)
+		if tc.version >= 1 {
+			_, err = e.v.Current(ctx, tx, tc.ent)
+			require.ErrorIs(t, err, versioned.ErrInvalid, "%+v", tc)
+			require.True(t, middleware.IsPermanent(err), "%+v: %v", tc, err)
+		}
 	}
 	// Nothing reached the database: the transaction is still usable.
 	_, err = e.v.ApplyDelta(ctx, tx, versioned.Entity{Type: "account", ID: "ok"}, 1, nil)
