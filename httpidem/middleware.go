@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"database/sql"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -256,7 +255,7 @@ func (m *Middleware) runKeyed(w http.ResponseWriter, r *http.Request, next http.
 		writeResponse(w, status, header, rec.bytes(), false)
 		return
 	}
-	headersJSON, err := json.Marshal(header)
+	headersJSON, err := encodeHeaders(header)
 	if err != nil {
 		end()
 		m.fail(w, err, "encode the response headers", req)
@@ -366,7 +365,7 @@ func (m *Middleware) lookup(ctx context.Context, q queryer, req *request) (*stor
 		}
 		return nil, err
 	}
-	if err := json.Unmarshal([]byte(headersJSON), &s.header); err != nil {
+	if s.header, err = decodeHeaders([]byte(headersJSON)); err != nil {
 		return nil, fmt.Errorf("decode stored headers: %w", err)
 	}
 	return &s, nil

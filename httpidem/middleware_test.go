@@ -528,3 +528,44 @@ func TestEmptyBodiesAreStoredAndReplayed(t *testing.T) {
 		})
 	}
 }
+
+// TestHeadersThatAreNotTextReplayExactly: header values that are not valid UTF-8 (obs-text
+// such as a Latin-1 file name) or hold a NUL byte are stored and replayed byte for byte; jsonb
+// alone would alter the first and refuse the second.
+func TestHeadersThatAreNotTextReplayExactly(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, httpidem.Config{})
+	e.hook = func(w http.ResponseWriter, r *http.Request) bool {
+		w.Header().Set("Content-Disposition", "attachment; filename=\"caf\xe9.pdf\"")
+		if r.URL.Query().Get("nul") != "" {
+			w.Header().Set("X-Nul", "a\x00b")
+		}
+		w.Header()["bad name"] = []string{"net/http drops it"}
+		w.WriteHeader(http.StatusCreated)
+		return false
+	}
+	first := e.post("latin1", `{"amount":1}`)
+	again := e.post("latin1", `{"amount":1}`)
+	require.Equal(t, http.StatusCreated, first.status, string(first.body))
+	require.Equal(t, http.StatusCreated, again.status, string(again.body))
+	require.Equal(t, "true", again.header.Get(httpidem.ReplayedHeader))
+	require.Equal(t, []string{"attachment; filename=\"caf\xe9.pdf\""}, first.header.Values("Content-Disposition"))
+	require.Equal(t, first.header.Values("Content-Disposition"), again.header.Values("Content-Disposition"))
+
+	// A NUL byte breaks the response on the wire, so this part calls the handler directly.
+	call := func() *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodPost, "/payments?nul=1", strings.NewReader(`{"amount":1}`))
+		req.Header.Set("Idempotency-Key", "nul")
+		req.Header.Set("Authorization", "Bearer client-a")
+		rec := httptest.NewRecorder()
+		e.srv.Config.Handler.ServeHTTP(rec, req)
+		return rec
+	}
+	r1, r2 := call(), call()
+	require.Equal(t, http.StatusCreated, r1.Code, r1.Body.String())
+	require.Equal(t, http.StatusCreated, r2.Code, r2.Body.String())
+	require.Equal(t, []string{"a\x00b"}, r2.Header().Values("X-Nul"))
+	require.Equal(t, "true", r2.Header().Get(httpidem.ReplayedHeader))
+	require.Equal(t, 2, e.payments())
+	require.Equal(t, int32(2), e.runs.Load())
+}
