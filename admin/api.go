@@ -76,6 +76,10 @@ func (h *handler) inboxList(ctx context.Context, r *http.Request) (any, error) {
 	if strings.TrimSpace(f.Consumer) == "" {
 		return nil, badRequest("the consumer parameter is required (GET /api/inbox/stats lists the consumers)")
 	}
+	if err := firstError(CheckConsumer("consumer", f.Consumer), CheckText("key", f.OrderingKey), CheckText("message", q.Get("message")),
+		CheckText("topic", f.Topic), CheckText("error", f.ErrorContains)); err != nil {
+		return nil, badRequest("%v", err)
+	}
 	statuses, err := parseStatuses(q["status"], nil)
 	if err != nil {
 		return nil, err
@@ -132,6 +136,9 @@ func (h *handler) dedupe(ctx context.Context, r *http.Request) (any, error) {
 	if consumer == "" || key == "" {
 		return nil, badRequest("both consumer and message are required")
 	}
+	if err := firstError(CheckConsumer("consumer", consumer), CheckText("message", key)); err != nil {
+		return nil, badRequest("%v", err)
+	}
 	return LookupProcessed(ctx, h.db, h.config.Schema, consumer, key)
 }
 
@@ -175,6 +182,10 @@ func readChange(r *http.Request, allowed []inbox.Status) (ChangeRequest, inbox.F
 	}
 	if strings.TrimSpace(c.Consumer) == "" {
 		return c, inbox.Filter{}, badRequest("consumer is required")
+	}
+	if err := firstError(CheckConsumer("consumer", c.Consumer), checkTexts("message_ids", c.MessageIDs), CheckText("ordering_key", c.OrderingKey),
+		CheckText("topic", c.Topic), CheckText("error_contains", c.ErrorContains), CheckText("reason", c.Reason)); err != nil {
+		return c, inbox.Filter{}, badRequest("%v", err)
 	}
 	statuses, err := parseStatuses(c.Statuses, allowed)
 	if err != nil {

@@ -23,7 +23,11 @@
 //	POST /api/inbox/skip            ChangeRequest with reason -> ChangeResponse
 //
 // Errors are JSON ({"error": "..."}) with 400 for input the caller must fix, 403 for refused
-// writes, 404 for a missing row and 503 when the schema lacks its tables.
+// writes, 404 for a missing row and 503 when the schema lacks its tables (every endpoint but
+// /api/status, which answers version 0 and the command to run). Text parameters and JSON
+// fields are refused with 400 when they hold a NUL byte or invalid UTF-8, and a consumer name
+// when it is longer than MaxConsumerBytes: the same rules as `wmonce` (CheckText,
+// CheckConsumer).
 //
 // # Safety
 //

@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/wmonce/watermill-once/inbox"
+	"github.com/wmonce/watermill-once/internal/partition"
 	"github.com/wmonce/watermill-once/middleware"
 	"github.com/wmonce/watermill-once/migrate"
 	"github.com/wmonce/watermill-once/outbox"
@@ -71,45 +72,42 @@ type ConsumerStatus struct {
 // ReadConsumers lists every consumer with claims in schema, with its claim count and newest
 // claim, merged with the in-process counts of mws (consumers seen only there are listed too),
 // ordered by name. The counts scan the claim tables: on tables of many millions of rows this
-// takes seconds, so callers bound it with a context deadline.
+// takes seconds, so callers bound it with a context deadline. A schema without
+// processed_messages is an error for which pgtx.IsUndefinedTable is true, not an empty list.
 func ReadConsumers(ctx context.Context, db *sql.DB, schema string, mws []*middleware.EffectivelyOnce) ([]ConsumerStatus, error) {
 	if err := pgtx.ValidateIdentifier("schema", schema); err != nil {
 		return nil, err
 	}
-	tables := []string{"processed_messages", "processed_messages_daily"}
-	var union string
-	for _, t := range tables {
-		var exists bool
-		if err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, pgtx.QualifiedName(schema, t)).Scan(&exists); err != nil {
-			return nil, fmt.Errorf("read consumers: %w", err)
-		}
-		if !exists {
-			continue
-		}
-		if union != "" {
-			union += "\nUNION ALL\n"
-		}
-		union += `SELECT consumer, count(*) AS n, max(processed_at) AS newest FROM ` + pgtx.QualifiedName(schema, t) + ` GROUP BY consumer`
+	// processed_messages is required: without it the schema is not migrated and the query
+	// fails with undefined_table (503 in the API, a "migrate up" hint in the CLI), rather than
+	// answering with no consumers. The daily table is optional: a schema older than migration
+	// 004 has none, and all its claims are in processed_messages.
+	const part = `SELECT consumer, count(*) AS n, max(processed_at) AS newest FROM %s GROUP BY consumer`
+	union := fmt.Sprintf(part, pgtx.QualifiedName(schema, "processed_messages"))
+	var daily bool
+	if err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, pgtx.QualifiedName(schema, partition.Parent)).Scan(&daily); err != nil {
+		return nil, fmt.Errorf("read consumers: %w", err)
+	}
+	if daily {
+		union += "\nUNION ALL\n" + fmt.Sprintf(part, pgtx.QualifiedName(schema, partition.Parent))
 	}
 	byName := map[string]*ConsumerStatus{}
-	if union != "" {
-		rows, err := db.QueryContext(ctx, `SELECT consumer, sum(n)::bigint, max(newest) FROM (`+union+`) x GROUP BY consumer`)
-		if err != nil {
+	rows, err := db.QueryContext(ctx, `SELECT consumer, sum(n)::bigint, max(newest) FROM (`+union+`) x GROUP BY consumer`)
+	if err != nil {
+		return nil, fmt.Errorf("read consumers: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var c ConsumerStatus
+		var newest sql.NullTime
+		if err := rows.Scan(&c.Consumer, &c.Claims, &newest); err != nil {
 			return nil, fmt.Errorf("read consumers: %w", err)
 		}
-		defer rows.Close()
-		for rows.Next() {
-			var c ConsumerStatus
-			var newest sql.NullTime
-			if err := rows.Scan(&c.Consumer, &c.Claims, &newest); err != nil {
-				return nil, fmt.Errorf("read consumers: %w", err)
-			}
-			c.NewestClaim = newest.Time
-			byName[c.Consumer] = &c
-		}
-		if err := rows.Err(); err != nil {
-			return nil, fmt.Errorf("read consumers: %w", err)
-		}
+		c.NewestClaim = newest.Time
+		byName[c.Consumer] = &c
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read consumers: %w", err)
 	}
 	for consumer, counts := range sumCounts(mws) {
 		c := byName[consumer]

@@ -15,7 +15,8 @@
 //     2xx for work that was rolled back.
 //   - A retry with the same key and the same request (method, path and query, body, and the
 //     headers listed in Config.FingerprintHeaders) gets the stored status, headers and body,
-//     byte for byte, plus the header "Idempotent-Replayed: true".
+//     byte for byte, plus the header "Idempotent-Replayed: true". An empty body (204, an empty
+//     202, a handler that writes nothing and so answers 200) is stored and replayed empty.
 //   - The same key with a different request: 422 Unprocessable Content.
 //   - The same key while the first request still runs (on any instance): 409 Conflict with
 //     Retry-After. The running request holds a transaction-level advisory lock on (scope, key)

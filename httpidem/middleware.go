@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"database/sql"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -253,17 +252,17 @@ func (m *Middleware) runKeyed(w http.ResponseWriter, r *http.Request, next http.
 		end()
 		m.notStored.Add(1)
 		m.logger.Info("Server error not stored; rolled back, the key stays free for a retry", req.fields.Add(watermill.LogFields{"status": status}))
-		writeResponse(w, status, header, rec.body.Bytes(), false)
+		writeResponse(w, status, header, rec.bytes(), false)
 		return
 	}
-	headersJSON, err := json.Marshal(header)
+	headersJSON, err := encodeHeaders(header)
 	if err != nil {
 		end()
 		m.fail(w, err, "encode the response headers", req)
 		return
 	}
 	res, err := tx.ExecContext(ctx, m.qStore, req.scope, req.key, req.fingerprint, r.Method, truncate(r.URL.RequestURI(), 2048),
-		status, string(headersJSON), rec.body.Bytes(), m.config.Retention.Microseconds())
+		status, string(headersJSON), rec.bytes(), m.config.Retention.Microseconds())
 	if err == nil {
 		if n, _ := res.RowsAffected(); n != 1 {
 			// Only possible if something wrote the key without taking the lock.
@@ -283,7 +282,7 @@ func (m *Middleware) runKeyed(w http.ResponseWriter, r *http.Request, next http.
 		return
 	}
 	m.stored.Add(1)
-	writeResponse(w, status, header, rec.body.Bytes(), false)
+	writeResponse(w, status, header, rec.bytes(), false)
 }
 
 // runKeyless serves a request without a key under KeyOptional: in a transaction, response held
@@ -312,7 +311,7 @@ func (m *Middleware) runKeyless(w http.ResponseWriter, r *http.Request, next htt
 	status, header := rec.final()
 	if status >= 500 && !m.config.StoreServerErrors {
 		end()
-		writeResponse(w, status, header, rec.body.Bytes(), false)
+		writeResponse(w, status, header, rec.bytes(), false)
 		return
 	}
 	ended = true
@@ -320,7 +319,7 @@ func (m *Middleware) runKeyless(w http.ResponseWriter, r *http.Request, next htt
 		m.fail(w, err, "commit", req)
 		return
 	}
-	writeResponse(w, status, header, rec.body.Bytes(), false)
+	writeResponse(w, status, header, rec.bytes(), false)
 }
 
 // runHandler runs next with tx in the request context and a body that can be read again. A
@@ -366,7 +365,7 @@ func (m *Middleware) lookup(ctx context.Context, q queryer, req *request) (*stor
 		}
 		return nil, err
 	}
-	if err := json.Unmarshal([]byte(headersJSON), &s.header); err != nil {
+	if s.header, err = decodeHeaders([]byte(headersJSON)); err != nil {
 		return nil, fmt.Errorf("decode stored headers: %w", err)
 	}
 	return &s, nil

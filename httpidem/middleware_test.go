@@ -475,3 +475,97 @@ func TestConfigValidation(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusInternalServerError, resp.StatusCode)
 }
+
+// TestEmptyBodiesAreStoredAndReplayed: a response without a body (204, an empty 202, an
+// implicit 200, an empty 5xx under StoreServerErrors) is stored as an empty body, commits with
+// its effects and is replayed empty with the same status and headers.
+func TestEmptyBodiesAreStoredAndReplayed(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name   string
+		status int // 0: the handler writes nothing at all (implicit 200)
+		store5 bool
+	}{
+		{"204", http.StatusNoContent, false},
+		{"empty 202", http.StatusAccepted, false},
+		{"implicit 200", 0, false},
+		{"empty 500 stored", http.StatusInternalServerError, true},
+		{"empty 503 stored", http.StatusServiceUnavailable, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, httpidem.Config{StoreServerErrors: c.store5})
+			e.hook = func(w http.ResponseWriter, r *http.Request) bool {
+				w.Header().Set("X-Payment", "p-1")
+				if c.status != 0 {
+					w.WriteHeader(c.status)
+				}
+				return false
+			}
+			want := c.status
+			if want == 0 {
+				want = http.StatusOK
+			}
+			first := e.post("empty", `{"amount":1}`)
+			require.Equal(t, want, first.status, string(first.body))
+			require.Empty(t, first.body)
+			require.Equal(t, "p-1", first.header.Get("X-Payment"))
+			require.Equal(t, 1, e.payments(), "the handler's write committed")
+
+			again := e.post("empty", `{"amount":1}`)
+			require.Equal(t, want, again.status, string(again.body))
+			require.Empty(t, again.body)
+			require.Equal(t, "p-1", again.header.Get("X-Payment"))
+			require.Equal(t, first.header.Get("Content-Type"), again.header.Get("Content-Type"))
+			require.Equal(t, "true", again.header.Get(httpidem.ReplayedHeader))
+			require.Equal(t, 1, e.payments())
+			require.Equal(t, int32(1), e.runs.Load(), "the handler ran once")
+			st := e.mw.Stats()
+			require.Equal(t, uint64(1), st.Stored)
+			require.Equal(t, uint64(1), st.Replayed)
+			require.Zero(t, st.Failed)
+		})
+	}
+}
+
+// TestHeadersThatAreNotTextReplayExactly: header values that are not valid UTF-8 (obs-text
+// such as a Latin-1 file name) or hold a NUL byte are stored and replayed byte for byte; jsonb
+// alone would alter the first and refuse the second.
+func TestHeadersThatAreNotTextReplayExactly(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, httpidem.Config{})
+	e.hook = func(w http.ResponseWriter, r *http.Request) bool {
+		w.Header().Set("Content-Disposition", "attachment; filename=\"caf\xe9.pdf\"")
+		if r.URL.Query().Get("nul") != "" {
+			w.Header().Set("X-Nul", "a\x00b")
+		}
+		w.Header()["bad name"] = []string{"net/http drops it"}
+		w.WriteHeader(http.StatusCreated)
+		return false
+	}
+	first := e.post("latin1", `{"amount":1}`)
+	again := e.post("latin1", `{"amount":1}`)
+	require.Equal(t, http.StatusCreated, first.status, string(first.body))
+	require.Equal(t, http.StatusCreated, again.status, string(again.body))
+	require.Equal(t, "true", again.header.Get(httpidem.ReplayedHeader))
+	require.Equal(t, []string{"attachment; filename=\"caf\xe9.pdf\""}, first.header.Values("Content-Disposition"))
+	require.Equal(t, first.header.Values("Content-Disposition"), again.header.Values("Content-Disposition"))
+
+	// A NUL byte breaks the response on the wire, so this part calls the handler directly.
+	call := func() *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodPost, "/payments?nul=1", strings.NewReader(`{"amount":1}`))
+		req.Header.Set("Idempotency-Key", "nul")
+		req.Header.Set("Authorization", "Bearer client-a")
+		rec := httptest.NewRecorder()
+		e.srv.Config.Handler.ServeHTTP(rec, req)
+		return rec
+	}
+	r1, r2 := call(), call()
+	require.Equal(t, http.StatusCreated, r1.Code, r1.Body.String())
+	require.Equal(t, http.StatusCreated, r2.Code, r2.Body.String())
+	require.Equal(t, []string{"a\x00b"}, r2.Header().Values("X-Nul"))
+	require.Equal(t, "true", r2.Header().Get(httpidem.ReplayedHeader))
+	require.Equal(t, 2, e.payments())
+	require.Equal(t, int32(2), e.runs.Load())
+}

@@ -2,9 +2,13 @@ package httpidem
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
+	"unicode/utf8"
 )
 
 // Problem types (RFC 9457) of the responses the middleware itself produces, so that clients
@@ -86,6 +90,15 @@ func (r *recorder) Write(p []byte) (int, error) {
 	return r.body.Write(p)
 }
 
+// bytes returns the buffered body, never nil: an empty body is stored as an empty bytea, as
+// a nil slice would be sent as NULL.
+func (r *recorder) bytes() []byte {
+	if b := r.body.Bytes(); b != nil {
+		return b
+	}
+	return []byte{}
+}
+
 var errResponseTooLarge = &responseTooLargeError{}
 
 type responseTooLargeError struct{}
@@ -110,4 +123,61 @@ func (r *recorder) final() (int, http.Header) {
 
 func bodyAllowed(status int) bool {
 	return status != http.StatusNoContent && status != http.StatusNotModified
+}
+
+// encodedPrefix marks, in the stored headers, a header whose values are base64: values that
+// are not valid UTF-8 (obs-text) or hold a NUL byte, which jsonb would alter or refuse. No
+// header name can start with it (':' is not a token character), so rows stored without
+// encoded values read back unchanged.
+const encodedPrefix = "base64:"
+
+// encodeHeaders returns h as the JSON object stored in response_headers. Names net/http does
+// not send (not a token) are left out, as they never reach the client either.
+func encodeHeaders(h http.Header) ([]byte, error) {
+	out := make(map[string][]string, len(h))
+	for name, values := range h {
+		if !validToken(name) {
+			continue
+		}
+		plain := true
+		for _, v := range values {
+			plain = plain && utf8.ValidString(v) && strings.IndexByte(v, 0) < 0
+		}
+		if plain {
+			out[name] = values
+			continue
+		}
+		enc := make([]string, len(values))
+		for i, v := range values {
+			enc[i] = base64.StdEncoding.EncodeToString([]byte(v))
+		}
+		out[encodedPrefix+name] = enc
+	}
+	return json.Marshal(out)
+}
+
+// decodeHeaders reads what encodeHeaders stored.
+func decodeHeaders(stored []byte) (http.Header, error) {
+	var raw map[string][]string
+	if err := json.Unmarshal(stored, &raw); err != nil {
+		return nil, err
+	}
+	h := make(http.Header, len(raw))
+	for name, values := range raw {
+		plain, encoded := strings.CutPrefix(name, encodedPrefix)
+		if !encoded {
+			h[name] = values
+			continue
+		}
+		dec := make([]string, len(values))
+		for i, v := range values {
+			b, err := base64.StdEncoding.DecodeString(v)
+			if err != nil {
+				return nil, fmt.Errorf("header %s: %w", plain, err)
+			}
+			dec[i] = string(b)
+		}
+		h[plain] = dec
+	}
+	return h, nil
 }

@@ -30,8 +30,10 @@
 // # Transport
 //
 // Transport is an http.RoundTripper that sets the Idempotency-Key header (or another header)
-// from the key stored in the request context with WithKey. It never overwrites a header the
-// caller set, never mutates the caller's request (it sends a clone), and by default refuses a
+// from the key stored in the request context with WithKey. A key the caller set in the header
+// wins, whatever the spelling of the header name; exactly one key is ever sent, and a header
+// holding two different keys is refused (ErrConflictingKeys). It never mutates the caller's
+// request (it sends a clone), and by default refuses a
 // request with an unsafe method (anything but GET, HEAD, OPTIONS, TRACE) that carries no key at
 // all, so a forgotten key fails loudly instead of silently losing the protection.
 //

@@ -113,3 +113,66 @@ func TestTransportConfigValidation(t *testing.T) {
 	_, ok := idemkey.KeyFromContext(idemkey.WithKey(context.Background(), ""))
 	require.False(t, ok, "an empty key counts as none")
 }
+
+// keyValues returns every value of name in h, under any spelling of the name: what goes on
+// the wire, where header names are case-insensitive.
+func keyValues(h http.Header, name string) []string {
+	var out []string
+	for k, v := range h {
+		if strings.EqualFold(k, name) {
+			out = append(out, v...)
+		}
+	}
+	return out
+}
+
+// TestTransportNeverSendsTwoKeys: a key the caller set under a non-canonical map key
+// (req.Header["idempotency-key"]) counts as the caller's key: it wins over the context's, it
+// satisfies the missing-key check, and exactly one value is sent.
+func TestTransportNeverSendsTwoKeys(t *testing.T) {
+	t.Parallel()
+	base := &recorder{}
+	tr, err := idemkey.NewTransport(base, idemkey.TransportConfig{})
+	require.NoError(t, err)
+	withCtx := idemkey.WithKey(context.Background(), "from-ctx")
+
+	for _, tc := range []struct {
+		name   string
+		ctx    context.Context
+		header http.Header
+		want   string
+	}{
+		{"lower-case explicit beats the context", withCtx, http.Header{"idempotency-key": {"explicit"}}, "explicit"},
+		{"upper-case explicit beats the context", withCtx, http.Header{"IDEMPOTENCY-KEY": {"explicit"}}, "explicit"},
+		{"lower-case explicit without a context key", context.Background(), http.Header{"idempotency-key": {"explicit"}}, "explicit"},
+		{"one key under two spellings", withCtx, http.Header{"idempotency-key": {"explicit"}, "Idempotency-Key": {"explicit"}}, "explicit"},
+		{"one key twice", withCtx, http.Header{"Idempotency-Key": {"explicit", "explicit"}}, "explicit"},
+		{"empty explicit values count as none", withCtx, http.Header{"idempotency-key": {""}, "Idempotency-Key": {""}}, "from-ctx"},
+	} {
+		req, _ := http.NewRequestWithContext(tc.ctx, http.MethodPost, "http://p/send", strings.NewReader("x"))
+		req.Header = tc.header.Clone()
+		_, err := tr.RoundTrip(req)
+		require.NoError(t, err, tc.name)
+		require.Equal(t, []string{tc.want}, keyValues(base.got.Header, "Idempotency-Key"), tc.name)
+		require.Equal(t, tc.header, req.Header, "%s: the caller's request is untouched", tc.name)
+	}
+
+	// Two different explicit keys: nothing the transport could choose is safe; refuse.
+	body := &trackedBody{Reader: strings.NewReader("x")}
+	req, _ := http.NewRequestWithContext(withCtx, http.MethodPost, "http://p/send", body)
+	req.Header = http.Header{"idempotency-key": {"a"}, "Idempotency-Key": {"b"}}
+	calls := base.calls.Load()
+	_, err = tr.RoundTrip(req)
+	require.ErrorIs(t, err, idemkey.ErrConflictingKeys)
+	require.True(t, body.closed)
+	require.Equal(t, calls, base.calls.Load(), "nothing was sent")
+
+	// A custom header name is matched the same way.
+	custom, err := idemkey.NewTransport(base, idemkey.TransportConfig{Header: "X-Request-Id"})
+	require.NoError(t, err)
+	req, _ = http.NewRequestWithContext(withCtx, http.MethodPost, "http://p/send", nil)
+	req.Header = http.Header{"x-request-id": {"explicit"}}
+	_, err = custom.RoundTrip(req)
+	require.NoError(t, err)
+	require.Equal(t, []string{"explicit"}, keyValues(base.got.Header, "X-Request-Id"))
+}

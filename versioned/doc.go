@@ -26,7 +26,11 @@
 // given version, the other sees it as Stale (or, for a delta that is now next in line, as a gap
 // that a retry resolves). Ordering holds per entity only. Versions must be assigned by the
 // producer, one sequence per entity, starting at 1 (or 0 with Config.StartAtZero); a version
-// below it is refused as a permanent error. A delta stream with a permanently missing version
+// below it is refused as a permanent error. Versions are 64-bit throughout (the column is
+// bigint, every query binds the version as bigint), so Unix timestamps in milliseconds or
+// nanoseconds serve as versions. Entity types and ids that PostgreSQL text cannot hold (NUL
+// bytes, invalid UTF-8) or longer than 1024 bytes are refused as permanent ErrInvalid errors
+// before any query, so such a message is not retried forever. A delta stream with a permanently missing version
 // blocks that entity: its messages keep being retried, which is visible as a growing retry
 // count and, with the Stack, as parked messages; resolve it by publishing the missing event or
 // by setting the stored version (SetVersion) deliberately.

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/wmonce/watermill-once/middleware"
@@ -46,6 +47,8 @@ func (e Entity) validate() error {
 		switch {
 		case p.v == "":
 			return fmt.Errorf("entity %s is empty", p.name)
+		case strings.IndexByte(p.v, 0) >= 0:
+			return fmt.Errorf("entity %s must not contain NUL bytes (PostgreSQL text cannot hold them)", p.name)
 		case len(p.v) > 1024 || !utf8.ValidString(p.v):
 			return fmt.Errorf("entity %s must be valid UTF-8 of at most 1024 bytes", p.name)
 		}
@@ -128,16 +131,18 @@ func New(config Config) (*Versions, error) {
 		return nil, fmt.Errorf("versioned: invalid config: %w", err)
 	}
 	t := pgtx.QualifiedName(config.Schema, "entity_versions")
+	// Every use of the version is cast to bigint: left to inference, "$3 - 1" makes it int4,
+	// and versions above 2^31-1 (millisecond timestamps) could not be sent.
 	return &Versions{
 		config:        config,
 		first:         config.firstVersion(),
-		qInsertFirst:  `INSERT INTO ` + t + ` (entity_type, entity_id, version) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING RETURNING version`,
-		qAdvanceDelta: `UPDATE ` + t + ` SET version = $3, updated_at = now() WHERE entity_type = $1 AND entity_id = $2 AND version = $3 - 1 RETURNING version`,
-		qAdvanceState: `INSERT INTO ` + t + ` AS v (entity_type, entity_id, version) VALUES ($1, $2, $3)
+		qInsertFirst:  `INSERT INTO ` + t + ` (entity_type, entity_id, version) VALUES ($1, $2, $3::bigint) ON CONFLICT DO NOTHING RETURNING version`,
+		qAdvanceDelta: `UPDATE ` + t + ` SET version = $3::bigint, updated_at = now() WHERE entity_type = $1 AND entity_id = $2 AND version = $3::bigint - 1 RETURNING version`,
+		qAdvanceState: `INSERT INTO ` + t + ` AS v (entity_type, entity_id, version) VALUES ($1, $2, $3::bigint)
 ON CONFLICT (entity_type, entity_id) DO UPDATE SET version = EXCLUDED.version, updated_at = now()
 WHERE v.version < EXCLUDED.version RETURNING version`,
 		qGet: `SELECT version FROM ` + t + ` WHERE entity_type = $1 AND entity_id = $2`,
-		qSet: `INSERT INTO ` + t + ` AS v (entity_type, entity_id, version) VALUES ($1, $2, $3)
+		qSet: `INSERT INTO ` + t + ` AS v (entity_type, entity_id, version) VALUES ($1, $2, $3::bigint)
 ON CONFLICT (entity_type, entity_id) DO UPDATE SET version = EXCLUDED.version, updated_at = now() RETURNING version`,
 	}, nil
 }
@@ -194,7 +199,7 @@ func (v *Versions) ApplyState(ctx context.Context, tx Querier, e Entity, version
 // Current returns the stored version of e, or the first version - 1 when there is none.
 func (v *Versions) Current(ctx context.Context, q Querier, e Entity) (int64, error) {
 	if err := e.validate(); err != nil {
-		return 0, fmt.Errorf("%w: %w", ErrInvalid, err)
+		return 0, middleware.Permanent(fmt.Errorf("%w: %w", ErrInvalid, err))
 	}
 	return v.current(ctx, q, e)
 }

@@ -239,3 +239,111 @@ func TestApplyErrorIsReturnedAndStartAtZero(t *testing.T) {
 	_, err = e.v.ApplyState(ctx, e.db, versioned.Entity{Type: "", ID: "x"}, 1, nil)
 	require.ErrorIs(t, err, versioned.ErrInvalid)
 }
+
+// TestVersionsAre64Bit: versions above 2^31-1 (millisecond timestamps) apply, gap and go
+// stale like small ones; every query binds the version as bigint.
+func TestVersionsAre64Bit(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	const ms = int64(1_764_528_000_000) // 2025-11-30 in Unix milliseconds
+	inTx := func(f func(tx *sql.Tx) (versioned.Result, error)) (versioned.Result, error) {
+		t.Helper()
+		tx, err := e.db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback() }()
+		r, err := f(tx)
+		if err == nil {
+			require.NoError(t, tx.Commit())
+		}
+		return r, err
+	}
+	delta := func(ent versioned.Entity, v int64) (versioned.Result, error) {
+		return inTx(func(tx *sql.Tx) (versioned.Result, error) { return e.v.ApplyDelta(ctx, tx, ent, v, nil) })
+	}
+	state := func(ent versioned.Entity, v int64) (versioned.Result, error) {
+		return inTx(func(tx *sql.Tx) (versioned.Result, error) { return e.v.ApplyState(ctx, tx, ent, v, nil) })
+	}
+
+	// A new entity whose first delta is far ahead: a gap, not an encoding error.
+	fresh := versioned.Entity{Type: "account", ID: "new"}
+	_, err := delta(fresh, 1<<31)
+	var gap *versioned.GapError
+	require.ErrorAs(t, err, &gap)
+	require.Equal(t, int64(0), gap.Stored)
+	require.Equal(t, int64(1<<31), gap.Got)
+	require.False(t, middleware.IsPermanent(err), "a gap is retried")
+
+	// Deltas at timestamp versions: seeded, then ms+1 applies, a copy is stale, ms+3 waits.
+	acc := versioned.Entity{Type: "account", ID: "ts"}
+	tx, err := e.db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	require.NoError(t, e.v.SetVersion(ctx, tx, acc, ms))
+	require.NoError(t, tx.Commit())
+	r, err := delta(acc, ms+1)
+	require.NoError(t, err)
+	require.Equal(t, versioned.Result{Outcome: versioned.Applied, Stored: ms + 1}, r)
+	r, err = delta(acc, ms+1)
+	require.NoError(t, err)
+	require.Equal(t, versioned.Result{Outcome: versioned.Stale, Stored: ms + 1}, r)
+	_, err = delta(acc, ms+3)
+	require.ErrorAs(t, err, &gap)
+	require.Equal(t, ms+1, gap.Stored)
+
+	// Full states at timestamp versions, up to the largest int64.
+	doc := versioned.Entity{Type: "profile", ID: "ts"}
+	for _, v := range []int64{ms, ms + 10, 1<<63 - 1} {
+		r, err := state(doc, v)
+		require.NoError(t, err)
+		require.Equal(t, versioned.Result{Outcome: versioned.Applied, Stored: v}, r)
+	}
+	r, err = state(doc, ms+20)
+	require.NoError(t, err)
+	require.Equal(t, versioned.Result{Outcome: versioned.Stale, Stored: 1<<63 - 1}, r)
+	tx, err = e.db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback() }()
+	cur, err := e.v.Current(ctx, tx, doc)
+	require.NoError(t, err)
+	require.Equal(t, int64(1<<63-1), cur)
+}
+
+// TestImpossibleInputIsPermanent: input no retry can fix (text PostgreSQL cannot hold, a version
+// below the first) is a permanent ErrInvalid error, found before any query.
+func TestImpossibleInputIsPermanent(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	tx, err := e.db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback() }()
+	for _, tc := range []struct {
+		ent     versioned.Entity
+		version int64
+		want    string
+	}{
+		{versioned.Entity{Type: "account", ID: "a\x00b"}, 1, "entity id must not contain NUL"},
+		{versioned.Entity{Type: "acc\x00", ID: "a"}, 1, "entity type must not contain NUL"},
+		{versioned.Entity{Type: "account", ID: "\xff"}, 1, "entity id must be valid UTF-8"},
+		{versioned.Entity{Type: "account", ID: strings.Repeat("x", 1025)}, 1, "at most 1024 bytes"},
+		{versioned.Entity{Type: "", ID: "a"}, 1, "entity type is empty"},
+		{versioned.Entity{Type: "account", ID: "a"}, 0, "below the first version 1"},
+		{versioned.Entity{Type: "account", ID: "a"}, -1 << 63, "below the first version 1"},
+	} {
+		_, err := e.v.ApplyDelta(ctx, tx, tc.ent, tc.version, nil)
+		require.ErrorIs(t, err, versioned.ErrInvalid, "%+v", tc)
+		require.True(t, middleware.IsPermanent(err), "%+v: %v", tc, err)
+		require.ErrorContains(t, err, tc.want)
+		_, err = e.v.ApplyState(ctx, tx, tc.ent, tc.version, nil)
+		require.True(t, middleware.IsPermanent(err), "%+v: %v", tc, err)
+		require.True(t, middleware.IsPermanent(e.v.SetVersion(ctx, tx, tc.ent, tc.version)), "%+v", tc)
+		if tc.version >= 1 {
+			_, err = e.v.Current(ctx, tx, tc.ent)
+			require.ErrorIs(t, err, versioned.ErrInvalid, "%+v", tc)
+			require.True(t, middleware.IsPermanent(err), "%+v: %v", tc, err)
+		}
+	}
+	// Nothing reached the database: the transaction is still usable.
+	_, err = e.v.ApplyDelta(ctx, tx, versioned.Entity{Type: "account", ID: "ok"}, 1, nil)
+	require.NoError(t, err)
+}

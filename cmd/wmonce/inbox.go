@@ -139,6 +139,11 @@ func (f filterFlags) filter() (inbox.Filter, error) {
 	if strings.TrimSpace(*f.consumer) == "" {
 		return inbox.Filter{}, usagef("-consumer is required (`wmonce inbox stats` lists the consumers)")
 	}
+	if err := checkInput(
+		admin.CheckConsumer("-consumer", *f.consumer), admin.CheckText("-key", *f.key), admin.CheckText("-topic", *f.topic),
+		admin.CheckText("-error", *f.errorText), checkTexts("-message", f.messages.values)); err != nil {
+		return inbox.Filter{}, err
+	}
 	out := inbox.Filter{Consumer: *f.consumer, OrderingKey: *f.key, Topic: *f.topic, ErrorContains: *f.errorText, MessageIDs: f.messages.values}
 	for _, s := range f.statuses.values {
 		st, err := admin.ParseStatus(s)
@@ -228,6 +233,9 @@ func (e *env) inboxInspect(ctx context.Context, args []string) error {
 			return usagef("the row id must be a positive integer, got %q", rest[0])
 		}
 	case len(rest) == 0 && *consumer != "" && *message != "":
+		if err := checkInput(admin.CheckConsumer("-consumer", *consumer), admin.CheckText("-message", *message)); err != nil {
+			return err
+		}
 	default:
 		return usagef("give a row id, or -consumer and -message")
 	}
@@ -308,6 +316,9 @@ func (e *env) inboxChange(ctx context.Context, action string, args []string) err
 		if strings.TrimSpace(*reason) == "" {
 			return usagef("-reason is required: it is kept with the skipped rows")
 		}
+		if err := checkInput(admin.CheckText("-reason", *reason)); err != nil {
+			return err
+		}
 		narrowed := len(f.IDs) > 0 || len(f.MessageIDs) > 0 || f.OrderingKey != "" || f.Topic != "" || f.ErrorContains != ""
 		if !narrowed && !*all {
 			return usagef("name the rows to skip with -id, -message, -key, -topic or -error, or give -all to skip every matching row of %q", f.Consumer)
@@ -359,6 +370,25 @@ func (e *env) inboxChange(ctx context.Context, action string, args []string) err
 	}
 	if n == 0 {
 		fmt.Fprintf(e.stdout, "nothing matched: check the selectors with `wmonce inbox list -consumer %s`\n", shellQuote(f.Consumer))
+	}
+	return nil
+}
+
+// checkInput turns the first failed input rule (shared with the admin API) into a usage error.
+func checkInput(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return usagef("%v", err)
+		}
+	}
+	return nil
+}
+
+func checkTexts(flag string, values []string) error {
+	for _, v := range values {
+		if err := admin.CheckText(flag, v); err != nil {
+			return err
+		}
 	}
 	return nil
 }

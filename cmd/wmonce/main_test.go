@@ -64,6 +64,23 @@ func TestHelpAndUsageErrors(t *testing.T) {
 		{[]string{"purge", "-janitor"}, "needs -keep"},
 		{[]string{"purge", "-janitor", "-keep", "7d", "-consumer", "c"}, "-janitor runs the janitor's own windows"},
 		{[]string{"status", "extra"}, `unexpected argument "extra"`},
+		// Text PostgreSQL cannot hold, and consumer names no component accepts: the API's rules.
+		{[]string{"inbox", "list", "-consumer", "c\x00"}, "-consumer must not contain NUL"},
+		{[]string{"inbox", "list", "-consumer", "c\xff"}, "-consumer must be valid UTF-8"},
+		{[]string{"inbox", "list", "-consumer", strings.Repeat("c", 256)}, "-consumer is 256 bytes long; the limit is 255"},
+		{[]string{"inbox", "list", "-consumer", "c", "-key", "k\x00"}, "-key must not contain NUL"},
+		{[]string{"inbox", "list", "-consumer", "c", "-message", "ok", "-message", "\xff"}, "-message must be valid UTF-8"},
+		{[]string{"inbox", "list", "-consumer", "c", "-topic", "t\x00"}, "-topic must not contain NUL"},
+		{[]string{"inbox", "list", "-consumer", "c", "-error", "\xfe"}, "-error must be valid UTF-8"},
+		{[]string{"inbox", "replay", "-consumer", "c\x00"}, "-consumer must not contain NUL"},
+		{[]string{"inbox", "skip", "-consumer", "c", "-all", "-reason", "r\x00"}, "-reason must not contain NUL"},
+		{[]string{"inbox", "unpark", "-consumer", "c", "-key", "\xff"}, "-key must be valid UTF-8"},
+		{[]string{"inbox", "inspect", "-consumer", "c\x00", "-message", "m"}, "-consumer must not contain NUL"},
+		{[]string{"inbox", "inspect", "-consumer", "c", "-message", "m\xff"}, "-message must be valid UTF-8"},
+		{[]string{"dedupe", "-consumer", strings.Repeat("c", 300), "-message", "m"}, "-consumer is 300 bytes long"},
+		{[]string{"dedupe", "-consumer", "c", "-message", "m\x00"}, "-message must not contain NUL"},
+		{[]string{"purge", "-consumer", "c\x00", "-older-than", "30d"}, "-consumer must not contain NUL"},
+		{[]string{"purge", "-consumer", strings.Repeat("c", 256), "-older-than", "30d"}, "-consumer is 256 bytes long"},
 	} {
 		r := wmonceRaw(t, tc.args...)
 		require.Equal(t, exitUsage, r.code, "%v: %s", tc.args, r.stderr)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/wmonce/watermill-once/admin"
 	"github.com/wmonce/watermill-once/retention"
 )
 
@@ -79,6 +80,9 @@ func runPurge(ctx context.Context, e *env, args []string) error {
 		return usagef("give -consumer or -all, not both")
 	case (*before == "") == (*olderThan == ""):
 		return usagef("give exactly one of -before DATE and -older-than AGE")
+	}
+	if err := checkInput(admin.CheckConsumer("-consumer", *consumer)); err != nil {
+		return err
 	}
 	var age time.Duration
 	var cutoff time.Time

@@ -202,6 +202,9 @@ func runDedupe(ctx context.Context, e *env, args []string) error {
 	if *consumer == "" || *message == "" {
 		return usagef("give both -consumer and -message")
 	}
+	if err := checkInput(admin.CheckConsumer("-consumer", *consumer), admin.CheckText("-message", *message)); err != nil {
+		return err
+	}
 	db, err := e.openMigrated(ctx)
 	if err != nil {
 		return err
