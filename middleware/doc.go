@@ -46,7 +46,19 @@
 // lives for the attempt, checked by a deferred trigger) makes the subscriber's COMMIT fail if it
 // commits while an attempt is still running, which it does when its AckDeadline passes: half an
 // attempt never persists. In this mode the handler runs under REPEATABLE READ and a
-// serialization failure is not re-run in place: the message is nacked and redelivered.
+// serialization failure of the handler's own statements cannot be re-run in place: the message
+// is nacked, and the subscriber re-sends it in the same transaction (same snapshot), where it
+// fails again until AckDeadline ends that transaction; only the delivery after that sees the
+// other transaction's commit. Where handlers of SQL subscriptions update rows that other
+// transactions update too, set Config.DisableSubscriberTxReuse.
+//
+// A copy whose claim fails with a serialization failure (40001) is the exception: under
+// REPEATABLE READ that failure of INSERT ... ON CONFLICT DO NOTHING means a claim for the key
+// was committed after the subscriber's snapshot (e.g. the same event arrived at once on a topic
+// and its redrive topic, consumed under one consumer name). Retrying it in place would meet the
+// same invisible row until AckDeadline, since rolling back to a savepoint keeps the snapshot, so
+// the copy is settled at once as a duplicate: acked, logged and counted in Counts.Duplicates like
+// any other, its payload compared with the applied copy's on a separate connection.
 //
 // # When the router closes
 //

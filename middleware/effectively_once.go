@@ -453,6 +453,13 @@ func (e *EffectivelyOnce) runInSubscriberTx(ctx context.Context, h message.Handl
 		return cause
 	}
 	fresh, err := e.claim(ctx, tx, d)
+	var lost *claimedAfterSnapshotError
+	if errors.As(err, &lost) {
+		if err := rollback(nil); err != nil {
+			return errors.Join(lost, err)
+		}
+		return e.duplicateAfterSnapshot(ctx, d)
+	}
 	if err != nil {
 		err = rollback(err)
 		e.ensurePartition(ctx, err) // the redelivery will find it
@@ -473,6 +480,47 @@ func (e *EffectivelyOnce) runInSubscriberTx(ctx context.Context, h message.Handl
 	return nil
 }
 
+// claimedAfterSnapshotError is a serialization failure (40001) of the claim statement itself.
+// An INSERT ... ON CONFLICT DO NOTHING fails so only under REPEATABLE READ or SERIALIZABLE,
+// when the conflicting row is live and committed but invisible to the transaction's snapshot
+// (PostgreSQL waits for an inserter still in progress, and a row whose inserter aborted, or
+// whose deletion committed, is no conflict). It therefore proves that a claim for the key was
+// committed after the snapshot was taken. (Under SERIALIZABLE, 40001 can also be an SSI
+// conflict; watermill-sql's subscriber uses REPEATABLE READ, where SSI does not run.)
+type claimedAfterSnapshotError struct{ err error }
+
+func (e *claimedAfterSnapshotError) Error() string {
+	return "effectively-once: claim: a copy committed its claim after this transaction's snapshot: " + e.err.Error()
+}
+func (e *claimedAfterSnapshotError) Unwrap() error { return e.err }
+
+// duplicateAfterSnapshot settles a copy whose claim lost to one committed after the
+// subscriber's snapshot. Retrying in place cannot help: rolling back to the savepoint keeps the
+// snapshot, so every retry meets the same invisible row until AckDeadline, while the open
+// transaction holds back every SQL subscriber and relay on the server. The copy is a duplicate
+// like any other and is counted as one. The applied copy is invisible to this snapshot, so its
+// fingerprint is read on a connection of its own, bounded by duplicateLookupTimeout: when the
+// pool has no connection to spare, the comparison is skipped and logged, never waited on.
+func (e *EffectivelyOnce) duplicateAfterSnapshot(ctx context.Context, d *delivery) error {
+	d.counters.duplicates.Add(1)
+	args := []any{d.consumer, d.key}
+	if e.q.daily {
+		args = append(args, partition.Day(d.occurredAt))
+	}
+	lctx, cancel := context.WithTimeout(ctx, duplicateLookupTimeout)
+	defer cancel()
+	var stored []byte
+	var processedAt time.Time
+	if err := e.db.QueryRowContext(lctx, e.q.lookup, args...).Scan(&stored, &processedAt); err != nil {
+		e.logger.Error("Duplicate skipped (its claim committed after the subscriber's snapshot), but its applied copy could not be read to compare payloads", err, d.fields)
+		return nil
+	}
+	return e.reportDuplicate(d, stored, processedAt)
+}
+
+// duplicateLookupTimeout bounds the fingerprint lookup of duplicateAfterSnapshot.
+const duplicateLookupTimeout = time.Second
+
 // claim inserts the key first. It returns fresh=false for a duplicate, after checking the
 // fingerprint of the applied copy.
 func (e *EffectivelyOnce) claim(ctx context.Context, tx *sql.Tx, d *delivery) (fresh bool, err error) {
@@ -488,6 +536,9 @@ func (e *EffectivelyOnce) claim(ctx context.Context, tx *sql.Tx, d *delivery) (f
 		}
 		if e.q.daily && pgtx.SQLState(err) == pgtx.CodeCheckViolation {
 			return false, &missingPartitionError{days: []time.Time{partition.Day(d.occurredAt)}, err: err}
+		}
+		if pgtx.IsSerializationFailure(err) {
+			return false, &claimedAfterSnapshotError{err: err} // still retryable as a new transaction
 		}
 		return false, fmt.Errorf("effectively-once: claim: %w", err)
 	}

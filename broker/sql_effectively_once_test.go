@@ -1,0 +1,122 @@
+package broker_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wmonce/watermill-once/broker"
+	"github.com/wmonce/watermill-once/internal/brokertest"
+	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// TestSQLSameConsumerOnTwoSubscriptionsSettlesTheLoserAtOnce delivers one event at the same
+// time on two SQL-broker subscriptions whose handlers share one consumer name (a topic and its
+// redrive topic). The middleware reuses each subscriber's REPEATABLE READ transaction. The copy
+// whose snapshot predates the winner's commit fails its claim with 40001; retrying it in place
+// keeps that snapshot and can never succeed, so it used to be nacked and re-sent in the same
+// transaction until AckDeadline, holding back every SQL subscriber and relay meanwhile. It must
+// be settled at once as a duplicate, without a single nack.
+func TestSQLSameConsumerOnTwoSubscriptionsSettlesTheLoserAtOnce(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	schema := pgtest.Schema(t, db)
+	topic, redrive := pgtest.NewName("payments"), pgtest.NewName("payments_redrive")
+	cfg := brokertest.Config(t, broker.SQL, schema)
+	cfg.SQL.AckDeadline = 3 * time.Second // bounds the run without the fix
+	cfg.SQL.ResendInterval = 10 * time.Millisecond
+	cfg.Subscriptions = []broker.Subscription{{Topic: topic, Group: "rewards"}, {Topic: redrive, Group: "rewards"}}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b, err := broker.New(ctx, db, cfg, watermill.NopLogger{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+	pgtest.Exec(t, db, `CREATE TABLE `+pgtx.QualifiedName(schema, "effects")+` (key text NOT NULL)`)
+
+	mw, err := middleware.NewEffectivelyOnce(db, middleware.Config{Schema: schema, Consumer: "rewards"}, watermill.NopLogger{})
+	require.NoError(t, err)
+
+	// entered[topic] closes when a copy from topic reaches the middleware: its subscriber has
+	// begun its transaction and taken its snapshot by then.
+	entered := map[string]chan struct{}{topic: make(chan struct{}), redrive: make(chan struct{})}
+	other := map[string]string{topic: redrive, redrive: topic}
+	type outcome struct {
+		topic string
+		err   error
+	}
+	outcomes := make(chan outcome, 1000)
+	var once sync.Map
+	observe := func(topic string) message.HandlerMiddleware {
+		return func(h message.HandlerFunc) message.HandlerFunc {
+			return func(msg *message.Message) ([]*message.Message, error) {
+				if _, loaded := once.LoadOrStore(topic, true); !loaded {
+					close(entered[topic])
+				}
+				out, err := h(msg)
+				outcomes <- outcome{topic, err}
+				return out, err
+			}
+		}
+	}
+	// The winner (whichever claims first) holds its claim until the other copy has entered,
+	// so its commit comes after the other copy's snapshot.
+	handler := func(topic string) message.NoPublishHandlerFunc {
+		return func(msg *message.Message) error {
+			tx, _ := pgtx.TxFromContext(msg.Context())
+			if _, err := tx.ExecContext(msg.Context(), `INSERT INTO `+pgtx.QualifiedName(schema, "effects")+` VALUES ($1)`, msg.UUID); err != nil {
+				return err
+			}
+			select {
+			case <-entered[other[topic]]:
+				return nil
+			case <-msg.Context().Done():
+				return msg.Context().Err()
+			}
+		}
+	}
+
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	for _, tp := range []string{topic, redrive} {
+		sub, err := b.NewSubscriber("rewards")
+		require.NoError(t, err)
+		r.AddConsumerHandler("rewards-"+tp, tp, sub, handler(tp)).AddMiddleware(observe(tp), mw.Middleware)
+	}
+	go func() { _ = r.Run(ctx) }()
+	<-r.Running()
+	t.Cleanup(func() { _ = r.Close() })
+
+	pub, err := b.NewPublisher(ctx)
+	require.NoError(t, err)
+	defer pub.Close()
+	require.NoError(t, pub.Publish(topic, message.NewMessage("e-7", []byte(`{}`))))
+	require.NoError(t, pub.Publish(redrive, message.NewMessage("e-7", []byte(`{}`))))
+
+	acked := map[string]bool{}
+	var nacks []outcome
+	for len(acked) < 2 {
+		select {
+		case o := <-outcomes:
+			if o.err == nil {
+				acked[o.topic] = true
+			} else {
+				nacks = append(nacks, o)
+			}
+		case <-ctx.Done():
+			t.Fatalf("both copies not settled: acked %v, %d nacks", acked, len(nacks))
+		}
+	}
+	if len(nacks) > 0 {
+		t.Fatalf("the losing copy was nacked %d times (first: %v); it must be settled at once as a duplicate", len(nacks), nacks[0].err)
+	}
+	require.Equal(t, middleware.Counts{Fresh: 1, Duplicates: 1}, mw.Counts("rewards"))
+	require.Equal(t, 1, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "effects")))
+	require.Equal(t, 1, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "processed_messages")))
+}
