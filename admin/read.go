@@ -73,6 +73,9 @@ type ConsumerStatus struct {
 // ordered by name. The counts scan the claim tables: on tables of many millions of rows this
 // takes seconds, so callers bound it with a context deadline.
 func ReadConsumers(ctx context.Context, db *sql.DB, schema string, mws []*middleware.EffectivelyOnce) ([]ConsumerStatus, error) {
+	if db == nil {
+		return nil, errors.New("admin: db is nil")
+	}
 	if err := pgtx.ValidateIdentifier("schema", schema); err != nil {
 		return nil, err
 	}
