@@ -579,6 +579,11 @@ func (e *EffectivelyOnce) apply(ctx context.Context, h message.HandlerFunc, d *d
 	out, err := callHandler(h, d.msg)
 	if err != nil {
 		d.counters.failed.Add(1)
+		if errors.Is(err, outbox.ErrInvalidMessage) && !IsPermanent(err) {
+			// The handler published a message the outbox can never store (Writer.Publisher):
+			// running it again produces the same message.
+			return Permanent(err)
+		}
 		return err
 	}
 	if len(out) == 0 {
@@ -590,7 +595,11 @@ func (e *EffectivelyOnce) apply(ctx context.Context, h message.HandlerFunc, d *d
 	}
 	if err := e.outbox.PublishTx(hctx, tx, d.outputTopic, out...); err != nil {
 		d.counters.failed.Add(1)
-		return fmt.Errorf("effectively-once: store handler output: %w", err)
+		err = fmt.Errorf("effectively-once: store handler output: %w", err)
+		if errors.Is(err, outbox.ErrInvalidMessage) {
+			return Permanent(fmt.Errorf("%w: %w", ErrUnstorableOutput, err))
+		}
+		return err
 	}
 	return nil
 }
