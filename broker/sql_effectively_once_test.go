@@ -120,3 +120,31 @@ func TestSQLSameConsumerOnTwoSubscriptionsSettlesTheLoserAtOnce(t *testing.T) {
 	require.Equal(t, 1, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "effects")))
 	require.Equal(t, 1, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "processed_messages")))
 }
+
+// watermill-sql stores metadata as JSON, which used to turn "abc\xff" into "abc\uFFFD" on the
+// way to the subscriber. The SQL broker's publisher refuses it instead of altering it.
+func TestSQLPublisherRefusesMetadataItWouldAlter(t *testing.T) {
+	t.Parallel()
+	topic := pgtest.NewName("meta")
+	b := newBroker(t, broker.SQL, broker.Subscription{Topic: topic, Group: "g"})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pub, err := b.NewPublisher(ctx)
+	require.NoError(t, err)
+	defer pub.Close()
+	bad := message.NewMessage("m-1", []byte("p"))
+	bad.Metadata.Set("note", "abc\xff")
+	require.ErrorContains(t, pub.Publish(topic, bad), "not valid UTF-8")
+
+	good := message.NewMessage("m-2", []byte("p"))
+	good.Metadata.Set("note", "naïve ☃")
+	require.NoError(t, pub.Publish(topic, good))
+	sub, err := b.NewSubscriber("g")
+	require.NoError(t, err)
+	defer sub.Close()
+	ch, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	got := receive(t, ch, 1, 20*time.Second)
+	require.Equal(t, "m-2", got[0].UUID, "the refused message was not stored")
+	require.Equal(t, "naïve ☃", got[0].Metadata.Get("note"))
+}

@@ -256,6 +256,16 @@ func (m *Middleware) runKeyed(w http.ResponseWriter, r *http.Request, next http.
 		writeResponse(w, status, header, rec.body.Bytes(), false)
 		return
 	}
+	if name, ok := headersAreText(header); !ok {
+		// JSON would turn invalid UTF-8 into U+FFFD (and jsonb refuses NUL): the replay would
+		// not be the response the client saw. Refuse to store rather than alter it.
+		end()
+		m.failed.Add(1)
+		m.logger.Error("Response header is not UTF-8 text; rolled back", nil, req.fields.Add(watermill.LogFields{"header": name}))
+		writeProblem(w, http.StatusInternalServerError, ProblemNotStored, "Response header cannot be stored",
+			fmt.Sprintf("response header %q is not valid UTF-8 text (or contains NUL), so it could not be kept for replay byte for byte; nothing was applied", name))
+		return
+	}
 	headersJSON, err := json.Marshal(header)
 	if err != nil {
 		end()
@@ -518,4 +528,20 @@ func truncate(s string, n int) string {
 		n--
 	}
 	return s[:n]
+}
+
+// headersAreText reports whether every header name and value survives JSON and jsonb byte for
+// byte (valid UTF-8, no NUL), and otherwise the first offending name.
+func headersAreText(h http.Header) (string, bool) {
+	for name, values := range h {
+		if !utf8.ValidString(name) || strings.ContainsRune(name, 0) {
+			return name, false
+		}
+		for _, v := range values {
+			if !utf8.ValidString(v) || strings.ContainsRune(v, 0) {
+				return name, false
+			}
+		}
+	}
+	return "", true
 }
