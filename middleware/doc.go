@@ -70,6 +70,12 @@
 // then a no-op. Correctness holds either way; the grace only saves work. Deadlines from an outer
 // Timeout middleware apply at once.
 //
+// The grace does not reach watermill-sql's subscriber transaction: the subscriber begins it with
+// the subscription context, which Router.Close cancels, and database/sql then rolls it back at
+// once. A handler running in it is cut short (its statements fail with sql.ErrTxDone), nothing
+// of the attempt commits, and the message is redelivered. Use Config.DisableSubscriberTxReuse
+// where finishing during shutdown matters more than one commit for offset and effects.
+//
 // # Middleware order
 //
 // Use Stack, or add them in this order (first added is outermost):

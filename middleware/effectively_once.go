@@ -97,6 +97,14 @@ type Config struct {
 	// normally; after it the transaction is cancelled and rolled back, and the message is
 	// redelivered later. A negative value aborts at once. Default 5s; keep it below the router's
 	// CloseTimeout. A deadline set by an outer Timeout middleware is always honoured at once.
+	//
+	// It has no effect on messages handled in watermill-sql's subscriber transaction (the
+	// default for messages from that subscriber): the subscriber begins that transaction with
+	// its subscription context, which Router.Close cancels, and database/sql rolls a
+	// transaction back as soon as its context is cancelled. The running attempt is then rolled
+	// back whatever the grace (nothing of it commits, not even the offset) and the message is
+	// redelivered when the consumer runs again. Set DisableSubscriberTxReuse to let such
+	// handlers finish within the grace in a transaction of their own.
 	ShutdownGrace time.Duration
 }
 
