@@ -148,3 +148,88 @@ func TestSQLPublisherRefusesMetadataItWouldAlter(t *testing.T) {
 	require.Equal(t, "m-2", got[0].UUID, "the refused message was not stored")
 	require.Equal(t, "naïve ☃", got[0].Metadata.Get("note"))
 }
+
+// A serialization failure of a handler in the subscriber's transaction dooms that transaction
+// (retrying under its snapshot cannot succeed); the later messages of the same batch must not
+// run in it either. All are redelivered in a new transaction and applied once, without waiting
+// for AckDeadline.
+func TestSQLSerializationFailureRedeliversTheWholeBatch(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	schema := pgtest.Schema(t, db)
+	topic := pgtest.NewName("payments")
+	cfg := brokertest.Config(t, broker.SQL, schema)
+	cfg.SQL.BatchSize = 10
+	cfg.SQL.AckDeadline = 30 * time.Second // the test would time out if it were waited for
+	cfg.Subscriptions = []broker.Subscription{{Topic: topic, Group: "rewards"}}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	b, err := broker.New(ctx, db, cfg, watermill.NopLogger{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+	balances := pgtx.QualifiedName(schema, "balances")
+	pgtest.Exec(t, db, `CREATE TABLE `+balances+` (id text PRIMARY KEY, n int NOT NULL)`)
+	pgtest.Exec(t, db, `INSERT INTO `+balances+` VALUES ('m-0', 0), ('m-1', 0), ('m-2', 0)`)
+	mw, err := middleware.NewEffectivelyOnce(db, middleware.Config{Schema: schema, Consumer: "rewards"}, watermill.NopLogger{})
+	require.NoError(t, err)
+
+	pub, err := b.NewPublisher(ctx)
+	require.NoError(t, err)
+	defer pub.Close()
+	for _, id := range []string{"m-0", "m-1", "m-2"} {
+		require.NoError(t, pub.Publish(topic, message.NewMessage(id, []byte(`{}`))))
+	}
+	var mu sync.Mutex
+	runs := map[string]int{}
+	done := make(chan struct{}, 10)
+	handler := func(msg *message.Message) error {
+		mu.Lock()
+		runs[msg.UUID]++
+		first := msg.UUID == "m-0" && runs[msg.UUID] == 1
+		mu.Unlock()
+		if first { // change the row after the subscriber's snapshot
+			if _, err := db.Exec(`UPDATE ` + balances + ` SET n = n + 100 WHERE id = 'm-0'`); err != nil {
+				return err
+			}
+		}
+		tx, _ := pgtx.TxFromContext(msg.Context())
+		_, err := tx.ExecContext(msg.Context(), `UPDATE `+balances+` SET n = n + 1 WHERE id = $1`, msg.UUID)
+		if err == nil {
+			done <- struct{}{}
+		}
+		return err
+	}
+	sub, err := b.NewSubscriber("rewards")
+	require.NoError(t, err)
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	r.AddConsumerHandler("rewards", topic, sub, handler).AddMiddleware(mw.Middleware)
+	go func() { _ = r.Run(ctx) }()
+	<-r.Running()
+	t.Cleanup(func() { _ = r.Close() })
+
+	for range 3 {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			t.Fatal("the batch was not applied in a new transaction")
+		}
+	}
+	// The handlers are done; the subscriber commits right after its ack. Wait for that commit.
+	offsets := pgtx.QualifiedName(schema, "watermill_offsets_"+topic)
+	for pgtest.Count(t, db, `SELECT coalesce(max(offset_acked), 0) FROM `+offsets) < 3 {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the subscriber did not commit the batch")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	require.NoError(t, r.Close())
+	mu.Lock()
+	require.Equal(t, map[string]int{"m-0": 2, "m-1": 1, "m-2": 1}, runs, "later messages never ran in the doomed transaction")
+	mu.Unlock()
+	require.Equal(t, 101, pgtest.Count(t, db, `SELECT n FROM `+balances+` WHERE id = 'm-0'`))
+	require.Equal(t, 2, pgtest.Count(t, db, `SELECT sum(n) - 101 FROM `+balances))
+	require.Equal(t, 3, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "processed_messages")))
+	require.Equal(t, middleware.Counts{Fresh: 3, Failed: 1, TxRetries: 3}, mw.Counts("rewards"))
+}

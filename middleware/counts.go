@@ -16,9 +16,12 @@ type Counts struct {
 	Duplicates            uint64
 	FingerprintMismatches uint64 // duplicates whose payload differed from the applied one
 	Failed                uint64 // attempts rolled back: handler error or panic, outbox or commit failure
-	TxRetries             uint64 // transactions re-run after a serialization failure or deadlock
-	Refused               uint64 // messages refused for an unusable key or malformed metadata
-	TooOld                uint64 // copies refused by the age guard (older than MaxMessageAge)
+	// TxRetries counts transactions re-run after a serialization failure or deadlock, and on
+	// watermill-sql's subscriber path messages handed back for redelivery in a new transaction
+	// after a serialization failure (see the package doc).
+	TxRetries uint64
+	Refused   uint64 // messages refused for an unusable key or malformed metadata
+	TooOld    uint64 // copies refused by the age guard (older than MaxMessageAge)
 }
 
 func (c Counts) add(o Counts) Counts {

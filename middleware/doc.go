@@ -45,12 +45,16 @@
 // a nacked message in the same transaction without rolling back. An attempt guard (a row that
 // lives for the attempt, checked by a deferred trigger) makes the subscriber's COMMIT fail if it
 // commits while an attempt is still running, which it does when its AckDeadline passes: half an
-// attempt never persists. In this mode the handler runs under REPEATABLE READ and a
-// serialization failure of the handler's own statements cannot be re-run in place: the message
-// is nacked, and the subscriber re-sends it in the same transaction (same snapshot), where it
-// fails again until AckDeadline ends that transaction; only the delivery after that sees the
-// other transaction's commit. Where handlers of SQL subscriptions update rows that other
-// transactions update too, set Config.DisableSubscriberTxReuse.
+// attempt never persists. In this mode the handler runs under REPEATABLE READ, and a
+// serialization failure (40001) of its statements cannot be re-run in place: rolling back to the
+// savepoint keeps the snapshot, so a nacked copy re-sent in the same transaction would fail
+// again until AckDeadline. Instead the attempt is undone, the transaction is doomed (the attempt
+// guard is left in place, so its COMMIT fails) and the message is acked into it: the
+// subscriber's commit fails, its offset does not move, and it delivers the message again in a
+// new transaction with a fresh snapshot. Later messages of the same batch are acked into the
+// doomed transaction without running and are redelivered the same way. Each such message counts
+// in Counts.TxRetries; watermill-sql logs the failed commit at error level, with the attempt
+// guard's message.
 //
 // A copy whose claim fails with a serialization failure (40001) is the exception: under
 // REPEATABLE READ that failure of INSERT ... ON CONFLICT DO NOTHING means a claim for the key

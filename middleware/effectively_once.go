@@ -205,6 +205,7 @@ type claimQueries struct {
 	lookupMany       string
 	savepointBegin   string // the subscriber-transaction path
 	savepointRelease string
+	doom             string
 }
 
 func newClaimQueries(schema string, daily bool) claimQueries {
@@ -229,6 +230,7 @@ FROM unnest($1::text[], $2::text[]) AS k(consumer, message_id)
 JOIN ` + t + ` p USING (consumer, message_id)`,
 		savepointBegin:   fmt.Sprintf(spBegin, guard),
 		savepointRelease: fmt.Sprintf(spRelease, guard),
+		doom:             fmt.Sprintf(spDoom, guard),
 	}
 }
 
@@ -444,6 +446,10 @@ const (
 	spBegin    = `SAVEPOINT wmonce_attempt; INSERT INTO %s (xid) VALUES (pg_current_xact_id())`
 	spRelease  = `DELETE FROM %s WHERE xid = pg_current_xact_id(); RELEASE SAVEPOINT wmonce_attempt`
 	spRollback = `ROLLBACK TO SAVEPOINT wmonce_attempt; RELEASE SAVEPOINT wmonce_attempt`
+	// spDoom undoes the attempt and leaves a guard row behind, so the subscriber's COMMIT fails
+	// (the deferred guard trigger) and every later spBegin in the transaction meets a unique
+	// violation: the transaction can no longer commit anything.
+	spDoom = `ROLLBACK TO SAVEPOINT wmonce_attempt; RELEASE SAVEPOINT wmonce_attempt; INSERT INTO %s (xid) VALUES (pg_current_xact_id()) ON CONFLICT DO NOTHING`
 )
 
 // runInSubscriberTx works inside the transaction watermill-sql's subscriber consumes in, so the
@@ -452,6 +458,17 @@ const (
 // transaction without rolling back, so a failed attempt must undo itself.
 func (e *EffectivelyOnce) runInSubscriberTx(ctx context.Context, h message.HandlerFunc, d *delivery, tx *sql.Tx) error {
 	if _, err := tx.ExecContext(ctx, e.q.savepointBegin); err != nil {
+		if pgtx.IsUniqueViolation(err) || pgtx.SQLState(err) == pgtx.CodeInFailedTransaction {
+			// An earlier attempt doomed this transaction (see abandonSnapshot): nothing in it
+			// can commit, and the subscriber delivers this message again in a new one. Leave
+			// the savepoint so that the transaction stays usable until its COMMIT fails.
+			if pgtx.IsUniqueViolation(err) {
+				_, _ = tx.ExecContext(context.WithoutCancel(ctx), spRollback)
+			}
+			d.counters.txRetries.Add(1)
+			e.logger.Info("Subscriber transaction cannot commit; the message will be redelivered in a new one", d.fields)
+			return nil
+		}
 		return fmt.Errorf("effectively-once: savepoint in subscriber transaction: %w", err)
 	}
 	rollback := func(cause error) error {
@@ -477,6 +494,9 @@ func (e *EffectivelyOnce) runInSubscriberTx(ctx context.Context, h message.Handl
 		return rollback(nil)
 	}
 	if err := e.apply(ctx, h, d, tx); err != nil {
+		if pgtx.IsSerializationFailure(err) && !IsPermanent(err) {
+			return e.abandonSnapshot(ctx, d, tx, err, rollback)
+		}
 		return rollback(err)
 	}
 	if _, err := tx.ExecContext(ctx, e.q.savepointRelease); err != nil {
@@ -485,6 +505,24 @@ func (e *EffectivelyOnce) runInSubscriberTx(ctx context.Context, h message.Handl
 	// Counted when the attempt is complete: the subscriber's commit comes later and cannot be
 	// observed from here. If that commit fails, the message is redelivered and counted again.
 	d.counters.fresh.Add(1)
+	return nil
+}
+
+// abandonSnapshot handles a serialization failure of the handler in the subscriber's
+// transaction. Re-running the attempt in place cannot succeed: rolling back to the savepoint
+// keeps the REPEATABLE READ snapshot, so a nack would be re-sent and fail again until
+// AckDeadline, while the open transaction holds back every SQL subscriber and relay. Instead
+// the attempt is undone and the transaction doomed (a guard row stays, which fails its COMMIT),
+// and the message is acked into it: the subscriber's commit fails, its offset does not move, and
+// it delivers the message again in a new transaction with a fresh snapshot. Nothing of the
+// attempt, nor of any later message in the same transaction, can commit.
+func (e *EffectivelyOnce) abandonSnapshot(ctx context.Context, d *delivery, tx *sql.Tx, cause error, rollback func(error) error) error {
+	if _, err := tx.ExecContext(context.WithoutCancel(ctx), e.q.doom); err != nil {
+		return rollback(errors.Join(cause, fmt.Errorf("effectively-once: doom subscriber transaction: %w", err)))
+	}
+	d.counters.txRetries.Add(1)
+	e.logger.Info("Serialization failure in the subscriber's transaction: it will not commit, and the message is redelivered in a new one",
+		d.fields.Add(watermill.LogFields{"err": cause.Error()}))
 	return nil
 }
 
