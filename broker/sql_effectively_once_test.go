@@ -179,6 +179,16 @@ func TestSQLSerializationFailureRedeliversTheWholeBatch(t *testing.T) {
 	for _, id := range []string{"m-0", "m-1", "m-2"} {
 		require.NoError(t, pub.Publish(topic, message.NewMessage(id, []byte(`{}`))))
 	}
+	// One batch must hold all three: wait until they are older than every running transaction
+	// (watermill-sql reads only those), as other tests keep transactions open.
+	table := pgtx.QualifiedName(schema, "watermill_"+topic)
+	for pgtest.Count(t, db, `SELECT count(*) FROM `+table+` WHERE transaction_id < pg_snapshot_xmin(pg_current_snapshot())`) < 3 {
+		select {
+		case <-ctx.Done():
+			t.Fatal("published rows never became readable")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 	var mu sync.Mutex
 	runs := map[string]int{}
 	done := make(chan struct{}, 10)

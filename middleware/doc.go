@@ -62,7 +62,10 @@
 // and its redrive topic, consumed under one consumer name). Retrying it in place would meet the
 // same invisible row until AckDeadline, since rolling back to a savepoint keeps the snapshot, so
 // the copy is settled at once as a duplicate: acked, logged and counted in Counts.Duplicates like
-// any other, its payload compared with the applied copy's on a separate connection.
+// any other, once the committed claim has been read on a separate connection (its payload
+// compared with the applied copy's). If that claim cannot be read (an SSI failure under
+// SERIALIZABLE proves nothing; the pool may have no connection to spare), the transaction is
+// given up as for a handler's serialization failure below, and the message redelivered.
 //
 // # When the router closes
 //

@@ -480,10 +480,7 @@ func (e *EffectivelyOnce) runInSubscriberTx(ctx context.Context, h message.Handl
 	fresh, err := e.claim(ctx, tx, d)
 	var lost *claimedAfterSnapshotError
 	if errors.As(err, &lost) {
-		if err := rollback(nil); err != nil {
-			return errors.Join(lost, err)
-		}
-		return e.duplicateAfterSnapshot(ctx, d)
+		return e.duplicateAfterSnapshot(ctx, d, tx, lost, rollback)
 	}
 	if err != nil {
 		err = rollback(err)
@@ -527,28 +524,29 @@ func (e *EffectivelyOnce) abandonSnapshot(ctx context.Context, d *delivery, tx *
 }
 
 // claimedAfterSnapshotError is a serialization failure (40001) of the claim statement itself.
-// An INSERT ... ON CONFLICT DO NOTHING fails so only under REPEATABLE READ or SERIALIZABLE,
-// when the conflicting row is live and committed but invisible to the transaction's snapshot
-// (PostgreSQL waits for an inserter still in progress, and a row whose inserter aborted, or
-// whose deletion committed, is no conflict). It therefore proves that a claim for the key was
-// committed after the snapshot was taken. (Under SERIALIZABLE, 40001 can also be an SSI
-// conflict; watermill-sql's subscriber uses REPEATABLE READ, where SSI does not run.)
+// Under REPEATABLE READ, INSERT ... ON CONFLICT DO NOTHING fails so only when the conflicting
+// row is live and committed but invisible to the transaction's snapshot (PostgreSQL waits for
+// an inserter still in progress, and a row whose inserter aborted, or whose deletion committed,
+// is no conflict): a claim for the key was committed after the snapshot was taken. Under
+// SERIALIZABLE the same SQLSTATE can also be an SSI conflict, which proves nothing, so the
+// committed claim is looked up before the copy is called a duplicate.
 type claimedAfterSnapshotError struct{ err error }
 
 func (e *claimedAfterSnapshotError) Error() string {
-	return "effectively-once: claim: a copy committed its claim after this transaction's snapshot: " + e.err.Error()
+	return "effectively-once: claim: serialization failure (a copy committed its claim after this transaction's snapshot?): " + e.err.Error()
 }
 func (e *claimedAfterSnapshotError) Unwrap() error { return e.err }
 
-// duplicateAfterSnapshot settles a copy whose claim lost to one committed after the
-// subscriber's snapshot. Retrying in place cannot help: rolling back to the savepoint keeps the
-// snapshot, so every retry meets the same invisible row until AckDeadline, while the open
-// transaction holds back every SQL subscriber and relay on the server. The copy is a duplicate
-// like any other and is counted as one. The applied copy is invisible to this snapshot, so its
-// fingerprint is read on a connection of its own, bounded by duplicateLookupTimeout: when the
-// pool has no connection to spare, the comparison is skipped and logged, never waited on.
-func (e *EffectivelyOnce) duplicateAfterSnapshot(ctx context.Context, d *delivery) error {
-	d.counters.duplicates.Add(1)
+// duplicateAfterSnapshot settles a copy whose claim failed with 40001 in the subscriber's
+// transaction. Retrying in place cannot help: rolling back to the savepoint keeps the snapshot,
+// so every retry meets the same invisible row until AckDeadline, while the open transaction
+// holds back every SQL subscriber and relay on the server. The committed claim is read on a
+// connection of its own (it is invisible to the snapshot), bounded by duplicateLookupTimeout.
+// Found: the copy is a duplicate like any other, counted, compared and acked. Not found, or not
+// readable in time (the pool may have no connection to spare): nothing proves the duplicate, so
+// the transaction is given up (abandonSnapshot) and the message redelivered in a new one,
+// where the claim decides as usual.
+func (e *EffectivelyOnce) duplicateAfterSnapshot(ctx context.Context, d *delivery, tx *sql.Tx, lost *claimedAfterSnapshotError, rollback func(error) error) error {
 	args := []any{d.consumer, d.key}
 	if e.q.daily {
 		args = append(args, partition.Day(d.occurredAt))
@@ -558,9 +556,15 @@ func (e *EffectivelyOnce) duplicateAfterSnapshot(ctx context.Context, d *deliver
 	var stored []byte
 	var processedAt time.Time
 	if err := e.db.QueryRowContext(lctx, e.q.lookup, args...).Scan(&stored, &processedAt); err != nil {
-		e.logger.Error("Duplicate skipped (its claim committed after the subscriber's snapshot), but its applied copy could not be read to compare payloads", err, d.fields)
-		return nil
+		if !errors.Is(err, sql.ErrNoRows) {
+			e.logger.Error("Could not read the claim that a copy lost to", err, d.fields)
+		}
+		return e.abandonSnapshot(ctx, d, tx, lost, rollback)
 	}
+	if err := rollback(nil); err != nil {
+		return errors.Join(lost, err)
+	}
+	d.counters.duplicates.Add(1)
 	return e.reportDuplicate(d, stored, processedAt)
 }
 
