@@ -56,7 +56,7 @@
 // in Counts.TxRetries; watermill-sql logs the failed commit at error level, with the attempt
 // guard's message.
 //
-// A copy whose claim fails with a serialization failure (40001) is the exception: under
+// A copy whose claim fails with a serialization failure (40001) is settled differently: under
 // REPEATABLE READ that failure of INSERT ... ON CONFLICT DO NOTHING means a claim for the key
 // was committed after the subscriber's snapshot (e.g. the same event arrived at once on a topic
 // and its redrive topic, consumed under one consumer name). Retrying it in place would meet the
@@ -65,7 +65,7 @@
 // any other, once the committed claim has been read on a separate connection (its payload
 // compared with the applied copy's). If that claim cannot be read (an SSI failure under
 // SERIALIZABLE proves nothing; the pool may have no connection to spare), the transaction is
-// given up as for a handler's serialization failure below, and the message redelivered.
+// given up as for a handler's serialization failure above, and the message redelivered.
 //
 // # When the router closes
 //
