@@ -568,7 +568,7 @@ func (e *EffectivelyOnce) duplicateAfterSnapshot(ctx context.Context, d *deliver
 	return e.reportDuplicate(d, stored, processedAt)
 }
 
-// duplicateLookupTimeout bounds the fingerprint lookup of duplicateAfterSnapshot.
+// duplicateLookupTimeout bounds the lookup of the committed claim in duplicateAfterSnapshot.
 const duplicateLookupTimeout = time.Second
 
 // claim inserts the key first. It returns fresh=false for a duplicate, after checking the
