@@ -75,6 +75,9 @@ type ConsumerStatus struct {
 // takes seconds, so callers bound it with a context deadline. A schema without
 // processed_messages is an error for which pgtx.IsUndefinedTable is true, not an empty list.
 func ReadConsumers(ctx context.Context, db *sql.DB, schema string, mws []*middleware.EffectivelyOnce) ([]ConsumerStatus, error) {
+	if db == nil {
+		return nil, errors.New("admin: db is nil")
+	}
 	if err := pgtx.ValidateIdentifier("schema", schema); err != nil {
 		return nil, err
 	}

@@ -5,8 +5,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
@@ -228,10 +230,32 @@ func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
 	if err := ValidateTopic(p.b.config.Kind, topic); err != nil {
 		return fmt.Errorf("broker: %w", err)
 	}
+	if p.b.config.Kind == SQL {
+		// watermill-sql stores metadata as JSON, which turns invalid UTF-8 into U+FFFD without
+		// a word (and its uuid column is text): refuse what it would alter or reject.
+		for _, m := range msgs {
+			if err := sqlStorable(m); err != nil {
+				return fmt.Errorf("broker: sql: message %q: %w", m.UUID, err)
+			}
+		}
+	}
 	if err := p.b.declare(context.Background(), topic, ""); err != nil {
 		return err
 	}
 	return p.pub.Publish(topic, msgs...)
+}
+
+func sqlStorable(m *message.Message) error {
+	isText := func(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
+	if !isText(m.UUID) {
+		return errors.New("UUID is not valid UTF-8 text (or contains NUL)")
+	}
+	for k, v := range m.Metadata {
+		if !isText(k) || !isText(v) {
+			return fmt.Errorf("metadata %q is not valid UTF-8 text (or contains NUL): the SQL broker stores metadata as JSON, which cannot carry it byte for byte", k)
+		}
+	}
+	return nil
 }
 
 func (p *publisher) Close() error { return p.pub.Close() }

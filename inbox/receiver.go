@@ -274,8 +274,8 @@ func (r *Receiver) StoreTx(ctx context.Context, tx Querier, topic string, msgs .
 	if len(msgs) == 0 {
 		return 0, nil
 	}
-	if tx == nil {
-		return 0, errors.New("inbox: StoreTx needs a transaction")
+	if pgtx.IsNil(tx) { // also a nil *sql.Tx from pgtx.TxFromContext outside a transaction
+		return 0, errors.New("inbox: StoreTx needs a transaction: tx is nil")
 	}
 	rows := make([]row, len(msgs))
 	for i, msg := range msgs {

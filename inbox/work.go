@@ -290,6 +290,9 @@ func (p *Processor) runHandler(ctx context.Context, tx *sql.Tx, r claimedRow) er
 	msg.SetContext(hctx)
 	out, err := callHandler(p.handler, msg)
 	if err != nil {
+		if errors.Is(err, outbox.ErrInvalidMessage) && !middleware.IsPermanent(err) {
+			return middleware.Permanent(err) // published a message the outbox can never store
+		}
 		return err
 	}
 	if len(out) == 0 {
@@ -299,7 +302,11 @@ func (p *Processor) runHandler(ctx context.Context, tx *sql.Tx, r claimedRow) er
 		return middleware.Permanent(ErrOutputWithoutTopic)
 	}
 	if err := p.outbox.PublishTx(hctx, tx, p.config.OutputTopic, out...); err != nil {
-		return fmt.Errorf("inbox: store handler output: %w", err)
+		err = fmt.Errorf("inbox: store handler output: %w", err)
+		if errors.Is(err, outbox.ErrInvalidMessage) {
+			return middleware.Permanent(err) // every retry would return the same output
+		}
+		return err
 	}
 	return nil
 }

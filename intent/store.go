@@ -168,7 +168,7 @@ func (s *Store) Record(msg *message.Message, d Draft) (Recorded, error) {
 // RecordTx records d in tx. Recording the same (channel, consumer, event id, step) again is a
 // no-op that reports Created=false.
 func (s *Store) RecordTx(ctx context.Context, tx Execer, d Draft) (Recorded, error) {
-	if tx == nil {
+	if pgtx.IsNil(tx) { // also a nil *sql.Tx from pgtx.TxFromContext outside a transaction
 		return Recorded{}, ErrNoTransaction
 	}
 	if err := validateChannel(d.Channel); err != nil {

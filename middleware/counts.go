@@ -9,13 +9,19 @@ type Counts struct {
 	// Fresh counts messages applied and committed. On watermill-sql's subscriber path it counts
 	// completed attempts in the subscriber's transaction, which the subscriber commits later:
 	// if that commit fails, the redelivered copy is counted again.
-	Fresh                 uint64
-	Duplicates            uint64 // copies skipped because the key was already claimed
+	Fresh uint64
+	// Duplicates counts copies skipped because the key was already claimed, including, on
+	// watermill-sql's subscriber path, copies whose claim met one committed after the
+	// subscriber's snapshot (SQLSTATE 40001 on the claim).
+	Duplicates            uint64
 	FingerprintMismatches uint64 // duplicates whose payload differed from the applied one
 	Failed                uint64 // attempts rolled back: handler error or panic, outbox or commit failure
-	TxRetries             uint64 // transactions re-run after a serialization failure or deadlock
-	Refused               uint64 // messages refused for an unusable key or malformed metadata
-	TooOld                uint64 // copies refused by the age guard (older than MaxMessageAge)
+	// TxRetries counts transactions re-run after a serialization failure or deadlock, and on
+	// watermill-sql's subscriber path messages handed back for redelivery in a new transaction
+	// after a serialization failure (see the package doc).
+	TxRetries uint64
+	Refused   uint64 // messages refused for an unusable key or malformed metadata
+	TooOld    uint64 // copies refused by the age guard (older than MaxMessageAge)
 }
 
 func (c Counts) add(o Counts) Counts {

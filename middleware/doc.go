@@ -45,8 +45,27 @@
 // a nacked message in the same transaction without rolling back. An attempt guard (a row that
 // lives for the attempt, checked by a deferred trigger) makes the subscriber's COMMIT fail if it
 // commits while an attempt is still running, which it does when its AckDeadline passes: half an
-// attempt never persists. In this mode the handler runs under REPEATABLE READ and a
-// serialization failure is not re-run in place: the message is nacked and redelivered.
+// attempt never persists. In this mode the handler runs under REPEATABLE READ, and a
+// serialization failure (40001) of its statements cannot be re-run in place: rolling back to the
+// savepoint keeps the snapshot, so a nacked copy re-sent in the same transaction would fail
+// again until AckDeadline. Instead the attempt is undone, the transaction is doomed (the attempt
+// guard is left in place, so its COMMIT fails) and the message is acked into it: the
+// subscriber's commit fails, its offset does not move, and it delivers the message again in a
+// new transaction with a fresh snapshot. Later messages of the same batch are acked into the
+// doomed transaction without running and are redelivered the same way. Each such message counts
+// in Counts.TxRetries; watermill-sql logs the failed commit at error level, with the attempt
+// guard's message.
+//
+// A copy whose claim fails with a serialization failure (40001) is settled differently: under
+// REPEATABLE READ that failure of INSERT ... ON CONFLICT DO NOTHING means a claim for the key
+// was committed after the subscriber's snapshot (e.g. the same event arrived at once on a topic
+// and its redrive topic, consumed under one consumer name). Retrying it in place would meet the
+// same invisible row until AckDeadline, since rolling back to a savepoint keeps the snapshot, so
+// the copy is settled at once as a duplicate: acked, logged and counted in Counts.Duplicates like
+// any other, once the committed claim has been read on a separate connection (its payload
+// compared with the applied copy's). If that claim cannot be read (an SSI failure under
+// SERIALIZABLE proves nothing; the pool may have no connection to spare), the transaction is
+// given up as for a handler's serialization failure above, and the message redelivered.
 //
 // # When the router closes
 //
@@ -57,6 +76,12 @@
 // ack of a message committed during shutdown may no longer reach the broker; its redelivery is
 // then a no-op. Correctness holds either way; the grace only saves work. Deadlines from an outer
 // Timeout middleware apply at once.
+//
+// The grace does not reach watermill-sql's subscriber transaction: the subscriber begins it with
+// the subscription context, which Router.Close cancels, and database/sql then rolls it back at
+// once. A handler running in it is cut short (its statements fail with sql.ErrTxDone), nothing
+// of the attempt commits, and the message is redelivered. Use Config.DisableSubscriberTxReuse
+// where finishing during shutdown matters more than one commit for offset and effects.
 //
 // # Middleware order
 //

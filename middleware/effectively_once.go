@@ -97,6 +97,14 @@ type Config struct {
 	// normally; after it the transaction is cancelled and rolled back, and the message is
 	// redelivered later. A negative value aborts at once. Default 5s; keep it below the router's
 	// CloseTimeout. A deadline set by an outer Timeout middleware is always honoured at once.
+	//
+	// It has no effect on messages handled in watermill-sql's subscriber transaction (the
+	// default for messages from that subscriber): the subscriber begins that transaction with
+	// its subscription context, which Router.Close cancels, and database/sql rolls a
+	// transaction back as soon as its context is cancelled. The running attempt is then rolled
+	// back whatever the grace (nothing of it commits, not even the offset) and the message is
+	// redelivered when the consumer runs again. Set DisableSubscriberTxReuse to let such
+	// handlers finish within the grace in a transaction of their own.
 	ShutdownGrace time.Duration
 }
 
@@ -197,6 +205,7 @@ type claimQueries struct {
 	lookupMany       string
 	savepointBegin   string // the subscriber-transaction path
 	savepointRelease string
+	doom             string
 }
 
 func newClaimQueries(schema string, daily bool) claimQueries {
@@ -221,6 +230,7 @@ FROM unnest($1::text[], $2::text[]) AS k(consumer, message_id)
 JOIN ` + t + ` p USING (consumer, message_id)`,
 		savepointBegin:   fmt.Sprintf(spBegin, guard),
 		savepointRelease: fmt.Sprintf(spRelease, guard),
+		doom:             fmt.Sprintf(spDoom, guard),
 	}
 }
 
@@ -436,6 +446,10 @@ const (
 	spBegin    = `SAVEPOINT wmonce_attempt; INSERT INTO %s (xid) VALUES (pg_current_xact_id())`
 	spRelease  = `DELETE FROM %s WHERE xid = pg_current_xact_id(); RELEASE SAVEPOINT wmonce_attempt`
 	spRollback = `ROLLBACK TO SAVEPOINT wmonce_attempt; RELEASE SAVEPOINT wmonce_attempt`
+	// spDoom undoes the attempt and leaves a guard row behind, so the subscriber's COMMIT fails
+	// (the deferred guard trigger) and every later spBegin in the transaction meets a unique
+	// violation: the transaction can no longer commit anything.
+	spDoom = `ROLLBACK TO SAVEPOINT wmonce_attempt; RELEASE SAVEPOINT wmonce_attempt; INSERT INTO %s (xid) VALUES (pg_current_xact_id()) ON CONFLICT DO NOTHING`
 )
 
 // runInSubscriberTx works inside the transaction watermill-sql's subscriber consumes in, so the
@@ -444,6 +458,17 @@ const (
 // transaction without rolling back, so a failed attempt must undo itself.
 func (e *EffectivelyOnce) runInSubscriberTx(ctx context.Context, h message.HandlerFunc, d *delivery, tx *sql.Tx) error {
 	if _, err := tx.ExecContext(ctx, e.q.savepointBegin); err != nil {
+		if pgtx.IsUniqueViolation(err) || pgtx.SQLState(err) == pgtx.CodeInFailedTransaction {
+			// An earlier attempt doomed this transaction (see abandonSnapshot): nothing in it
+			// can commit, and the subscriber delivers this message again in a new one. Leave
+			// the savepoint so that the transaction stays usable until its COMMIT fails.
+			if pgtx.IsUniqueViolation(err) {
+				_, _ = tx.ExecContext(context.WithoutCancel(ctx), spRollback)
+			}
+			d.counters.txRetries.Add(1)
+			e.logger.Info("Subscriber transaction cannot commit; the message will be redelivered in a new one", d.fields)
+			return nil
+		}
 		return fmt.Errorf("effectively-once: savepoint in subscriber transaction: %w", err)
 	}
 	rollback := func(cause error) error {
@@ -453,6 +478,10 @@ func (e *EffectivelyOnce) runInSubscriberTx(ctx context.Context, h message.Handl
 		return cause
 	}
 	fresh, err := e.claim(ctx, tx, d)
+	var lost *claimedAfterSnapshotError
+	if errors.As(err, &lost) {
+		return e.duplicateAfterSnapshot(ctx, d, tx, lost, rollback)
+	}
 	if err != nil {
 		err = rollback(err)
 		e.ensurePartition(ctx, err) // the redelivery will find it
@@ -462,6 +491,9 @@ func (e *EffectivelyOnce) runInSubscriberTx(ctx context.Context, h message.Handl
 		return rollback(nil)
 	}
 	if err := e.apply(ctx, h, d, tx); err != nil {
+		if pgtx.IsSerializationFailure(err) && !IsPermanent(err) {
+			return e.abandonSnapshot(ctx, d, tx, err, rollback)
+		}
 		return rollback(err)
 	}
 	if _, err := tx.ExecContext(ctx, e.q.savepointRelease); err != nil {
@@ -472,6 +504,72 @@ func (e *EffectivelyOnce) runInSubscriberTx(ctx context.Context, h message.Handl
 	d.counters.fresh.Add(1)
 	return nil
 }
+
+// abandonSnapshot handles a serialization failure of the handler in the subscriber's
+// transaction. Re-running the attempt in place cannot succeed: rolling back to the savepoint
+// keeps the REPEATABLE READ snapshot, so a nack would be re-sent and fail again until
+// AckDeadline, while the open transaction holds back every SQL subscriber and relay. Instead
+// the attempt is undone and the transaction doomed (a guard row stays, which fails its COMMIT),
+// and the message is acked into it: the subscriber's commit fails, its offset does not move, and
+// it delivers the message again in a new transaction with a fresh snapshot. Nothing of the
+// attempt, nor of any later message in the same transaction, can commit.
+func (e *EffectivelyOnce) abandonSnapshot(ctx context.Context, d *delivery, tx *sql.Tx, cause error, rollback func(error) error) error {
+	if _, err := tx.ExecContext(context.WithoutCancel(ctx), e.q.doom); err != nil {
+		return rollback(errors.Join(cause, fmt.Errorf("effectively-once: doom subscriber transaction: %w", err)))
+	}
+	d.counters.txRetries.Add(1)
+	e.logger.Info("Serialization failure in the subscriber's transaction: it will not commit, and the message is redelivered in a new one",
+		d.fields.Add(watermill.LogFields{"err": cause.Error()}))
+	return nil
+}
+
+// claimedAfterSnapshotError is a serialization failure (40001) of the claim statement itself.
+// Under REPEATABLE READ, INSERT ... ON CONFLICT DO NOTHING fails so only when the conflicting
+// row is live and committed but invisible to the transaction's snapshot (PostgreSQL waits for
+// an inserter still in progress, and a row whose inserter aborted, or whose deletion committed,
+// is no conflict): a claim for the key was committed after the snapshot was taken. Under
+// SERIALIZABLE the same SQLSTATE can also be an SSI conflict, which proves nothing, so the
+// committed claim is looked up before the copy is called a duplicate.
+type claimedAfterSnapshotError struct{ err error }
+
+func (e *claimedAfterSnapshotError) Error() string {
+	return "effectively-once: claim: serialization failure (a copy committed its claim after this transaction's snapshot?): " + e.err.Error()
+}
+func (e *claimedAfterSnapshotError) Unwrap() error { return e.err }
+
+// duplicateAfterSnapshot settles a copy whose claim failed with 40001 in the subscriber's
+// transaction. Retrying in place cannot help: rolling back to the savepoint keeps the snapshot,
+// so every retry meets the same invisible row until AckDeadline, while the open transaction
+// holds back every SQL subscriber and relay on the server. The committed claim is read on a
+// connection of its own (it is invisible to the snapshot), bounded by duplicateLookupTimeout.
+// Found: the copy is a duplicate like any other, counted, compared and acked. Not found, or not
+// readable in time (the pool may have no connection to spare): nothing proves the duplicate, so
+// the transaction is given up (abandonSnapshot) and the message redelivered in a new one,
+// where the claim decides as usual.
+func (e *EffectivelyOnce) duplicateAfterSnapshot(ctx context.Context, d *delivery, tx *sql.Tx, lost *claimedAfterSnapshotError, rollback func(error) error) error {
+	args := []any{d.consumer, d.key}
+	if e.q.daily {
+		args = append(args, partition.Day(d.occurredAt))
+	}
+	lctx, cancel := context.WithTimeout(ctx, duplicateLookupTimeout)
+	defer cancel()
+	var stored []byte
+	var processedAt time.Time
+	if err := e.db.QueryRowContext(lctx, e.q.lookup, args...).Scan(&stored, &processedAt); err != nil {
+		if !errors.Is(err, sql.ErrNoRows) {
+			e.logger.Error("Could not read the claim that a copy lost to", err, d.fields)
+		}
+		return e.abandonSnapshot(ctx, d, tx, lost, rollback)
+	}
+	if err := rollback(nil); err != nil {
+		return errors.Join(lost, err)
+	}
+	d.counters.duplicates.Add(1)
+	return e.reportDuplicate(d, stored, processedAt)
+}
+
+// duplicateLookupTimeout bounds the lookup of the committed claim in duplicateAfterSnapshot.
+const duplicateLookupTimeout = time.Second
 
 // claim inserts the key first. It returns fresh=false for a duplicate, after checking the
 // fingerprint of the applied copy.
@@ -488,6 +586,9 @@ func (e *EffectivelyOnce) claim(ctx context.Context, tx *sql.Tx, d *delivery) (f
 		}
 		if e.q.daily && pgtx.SQLState(err) == pgtx.CodeCheckViolation {
 			return false, &missingPartitionError{days: []time.Time{partition.Day(d.occurredAt)}, err: err}
+		}
+		if pgtx.IsSerializationFailure(err) {
+			return false, &claimedAfterSnapshotError{err: err} // still retryable as a new transaction
 		}
 		return false, fmt.Errorf("effectively-once: claim: %w", err)
 	}
@@ -528,6 +629,11 @@ func (e *EffectivelyOnce) apply(ctx context.Context, h message.HandlerFunc, d *d
 	out, err := callHandler(h, d.msg)
 	if err != nil {
 		d.counters.failed.Add(1)
+		if errors.Is(err, outbox.ErrInvalidMessage) && !IsPermanent(err) {
+			// The handler published a message the outbox can never store (Writer.Publisher):
+			// running it again produces the same message.
+			return Permanent(err)
+		}
 		return err
 	}
 	if len(out) == 0 {
@@ -539,7 +645,11 @@ func (e *EffectivelyOnce) apply(ctx context.Context, h message.HandlerFunc, d *d
 	}
 	if err := e.outbox.PublishTx(hctx, tx, d.outputTopic, out...); err != nil {
 		d.counters.failed.Add(1)
-		return fmt.Errorf("effectively-once: store handler output: %w", err)
+		err = fmt.Errorf("effectively-once: store handler output: %w", err)
+		if errors.Is(err, outbox.ErrInvalidMessage) {
+			return Permanent(fmt.Errorf("%w: %w", ErrUnstorableOutput, err))
+		}
+		return err
 	}
 	return nil
 }

@@ -8,7 +8,8 @@ import (
 )
 
 // PermanentError marks a failure that retrying the same message cannot fix: a bad key, a
-// payload that does not decode, a handler returning messages without a topic. The Stack parks
+// payload that does not decode, a handler returning messages without a topic or messages the
+// outbox cannot store (see ErrUnstorableOutput). The Stack parks
 // such messages at once instead of retrying them.
 type PermanentError struct{ Err error }
 
@@ -53,6 +54,11 @@ var ErrNoConsumer = errors.New("no consumer name: set Config.Consumer, or run th
 // ErrOutputWithoutTopic is returned when the handler returns messages but neither the router
 // handler nor Config.OutputTopic names a topic for them.
 var ErrOutputWithoutTopic = errors.New("handler returned messages but there is no topic for them: add the handler with router.AddHandler(..., publishTopic, ...) or set Config.OutputTopic")
+
+// ErrUnstorableOutput is wrapped (with outbox.ErrInvalidMessage, which says why) when the
+// handler returns a message the outbox can never store: an empty or over-long UUID, a topic
+// the outbox's ValidateTopic refuses, a UUID or metadata that is not valid UTF-8 text. Such errors are permanent: every retry would return the same message.
+var ErrUnstorableOutput = errors.New("handler output cannot be stored")
 
 // ErrMalformedMetadata is wrapped by errors about metadata the middleware needs and cannot
 // read (an occurred_at that is not a time, or none where PartitionByDay requires one). Such

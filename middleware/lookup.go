@@ -25,6 +25,9 @@ type Claim struct {
 // schema, in both the plain and the day-partitioned table. found=false means no claim exists:
 // the message was never applied, or its claim was deleted by retention.
 func LookupClaim(ctx context.Context, db *sql.DB, schema, consumer, key string) (c Claim, found bool, err error) {
+	if db == nil {
+		return Claim{}, false, errors.New("lookup claim: db is nil")
+	}
 	if err := pgtx.ValidateIdentifier("schema", schema); err != nil {
 		return Claim{}, false, err
 	}

@@ -1,12 +1,17 @@
 package middleware
 
 import (
+	"encoding/base64"
 	"errors"
+	"sort"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+
+	"github.com/wmonce/watermill-once/outbox"
 )
 
 // StackConfig configures Stack.
@@ -30,7 +35,10 @@ type StackConfig struct {
 	PoisonPublisher message.Publisher
 	PoisonTopic     string
 	// ShouldPark decides which errors park a message. Default: permanent errors (bad key,
-	// Permanent(err) from the handler, output without topic) and panics. Transient errors are
+	// Permanent(err) from the handler, output without topic or that cannot be stored) and panics.
+	// A parked message the outbox cannot store as it is (no UUID, a UUID or metadata that is not
+	// valid UTF-8 text) is made storable first and marked: see MetadataUUIDMissing,
+	// MetadataUUIDOriginalBase64 and MetadataBase64Keys. Transient errors are
 	// retried, then nacked for redelivery: a database outage must not park every message.
 	ShouldPark func(err error) bool
 
@@ -115,19 +123,65 @@ func Stack(config StackConfig) ([]message.HandlerMiddleware, error) {
 // that it could be stored and found.
 const MetadataUUIDMissing = "uuid_missing"
 
-// identifyingPublisher gives a message without a UUID a fresh one before parking it: a message
-// whose missing id is the reason it cannot be processed must still be parkable.
+// MetadataUUIDOriginalBase64 holds, base64-encoded, the UUID of a parked message whose UUID could
+// not be stored as it was (not valid UTF-8 text, or longer than outbox.MaxUUIDLength); the
+// parked copy gets a fresh UUID.
+const MetadataUUIDOriginalBase64 = "uuid_original_base64"
+
+// MetadataBase64Keys lists (comma-separated, sorted) the metadata keys of a parked message whose
+// values were base64-encoded because they were not valid UTF-8 text; a key that was not valid
+// text itself is stored as "base64:" followed by its base64 encoding.
+const MetadataBase64Keys = "metadata_base64_keys"
+
+// identifyingPublisher makes a message the outbox cannot store as it is storable before parking
+// it, and says so in its metadata: a message whose missing id or binary metadata is the reason it
+// cannot be processed must still be parkable, or it would be nacked forever.
 type identifyingPublisher struct{ message.Publisher }
 
 func (p identifyingPublisher) Publish(topic string, msgs ...*message.Message) error {
 	for i, m := range msgs {
-		if m.UUID == "" {
-			c := m.Copy()
-			c.UUID = watermill.NewUUID()
-			c.Metadata.Set(MetadataUUIDMissing, "true")
-			c.SetContext(m.Context())
+		if c, changed := parkable(m); changed {
 			msgs[i] = c
 		}
 	}
 	return p.Publisher.Publish(topic, msgs...)
+}
+
+func parkable(m *message.Message) (*message.Message, bool) {
+	badUUID := m.UUID == "" || len(m.UUID) > outbox.MaxUUIDLength || !outbox.IsText(m.UUID)
+	var badKeys []string
+	for k, v := range m.Metadata {
+		if !outbox.IsText(k) || !outbox.IsText(v) {
+			badKeys = append(badKeys, k)
+		}
+	}
+	if !badUUID && len(badKeys) == 0 {
+		return m, false
+	}
+	c := m.Copy()
+	c.SetContext(m.Context())
+	if badUUID {
+		if m.UUID == "" {
+			c.Metadata.Set(MetadataUUIDMissing, "true")
+		} else {
+			c.Metadata.Set(MetadataUUIDOriginalBase64, base64.StdEncoding.EncodeToString([]byte(m.UUID)))
+		}
+		c.UUID = watermill.NewUUID()
+	}
+	if len(badKeys) > 0 {
+		var names []string
+		for _, k := range badKeys {
+			v := c.Metadata[k]
+			delete(c.Metadata, k)
+			name := k
+			if !outbox.IsText(k) {
+				name = "base64:" + base64.StdEncoding.EncodeToString([]byte(k))
+			}
+			c.Metadata[name] = base64.StdEncoding.EncodeToString([]byte(v))
+			names = append(names, name)
+		}
+		sort.Strings(names)
+		c.Metadata.Set(MetadataBase64Keys, strings.Join(names, ","))
+	}
+	return c, true
 }

@@ -16,6 +16,9 @@
 // # Guarantees
 //
 //   - A stored message is visible to the relay if and only if its transaction commits.
+//   - Writer stores a message byte for byte or refuses it (ErrInvalidMessage): metadata and
+//     UUIDs must be valid UTF-8 text without NUL, since they are stored as JSON and text;
+//     payloads may be any bytes.
 //   - The relay publishes every committed message at least once, with its original UUID and
 //     metadata, in commit order. It records its position after publishing, so after a crash it
 //     publishes the last batch again: consumers deduplicate (package middleware does).

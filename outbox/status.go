@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"time"
 
@@ -25,6 +26,9 @@ type RelayStatus struct {
 // outbox_rejected. A relay that has never run has no row and is not listed. It reads with
 // plain SELECTs and changes nothing.
 func Status(ctx context.Context, db *sql.DB, schema string) (relays []RelayStatus, rejected int64, err error) {
+	if db == nil {
+		return nil, 0, errors.New("outbox: status: db is nil")
+	}
 	if err := pgtx.ValidateIdentifier("schema", schema); err != nil {
 		return nil, 0, fmt.Errorf("outbox: %w", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -29,9 +30,22 @@ const (
 	MetadataOccurredAt = "occurred_at"
 )
 
-// ErrNoTransaction is returned by the context-bound publisher when a message's context holds
-// no transaction.
-var ErrNoTransaction = errors.New("outbox: no transaction in the message context")
+// ErrNoTransaction is returned by PublishTx for a nil transaction (including the nil *sql.Tx
+// that `tx, _ := pgtx.TxFromContext(ctx)` yields outside a transaction) and by the
+// context-bound publisher when a message's context holds no transaction.
+var ErrNoTransaction = errors.New("outbox: no transaction")
+
+// ErrInvalidMessage is wrapped by every refusal of a message that can never be stored or
+// forwarded as it is: no UUID, a UUID or metadata that is not text PostgreSQL and JSON carry
+// byte for byte, or a topic ValidateTopic refuses. Retrying the same
+// message cannot succeed; the effectively-once middleware reports such handler outputs as
+// permanent errors.
+var ErrInvalidMessage = errors.New("outbox: message cannot be stored")
+
+// MaxUUIDLength is the longest UUID stored, in bytes: the longest dedupe key a consumer can
+// accept (middleware.MaxKeyLengthLimit). UUIDs longer than 36 characters are fine: the outbox
+// and the broker package's SQL topic tables store them as text.
+const MaxUUIDLength = 1024
 
 // Config configures a Writer.
 type Config struct {
@@ -125,17 +139,28 @@ type Execer interface {
 
 // PublishTx stores msgs for topic in tx. It stamps correlation, causation (when ctx carries a
 // consumed message, as it does inside the effectively-once middleware) and occurred_at metadata
-// on the messages themselves, as Watermill's CorrelationID middleware does, and refuses a
-// message without a UUID or an invalid topic before writing anything.
+// on the messages themselves, as Watermill's CorrelationID middleware does.
+//
+// Messages are stored byte for byte or not at all: before writing anything it refuses, with an
+// error wrapping ErrInvalidMessage, an invalid topic and any message that is nil, has an empty
+// UUID or one longer than MaxUUIDLength, or has a UUID, metadata key or metadata value that is
+// not valid UTF-8 or contains NUL (JSON would replace invalid bytes with U+FFFD; PostgreSQL text
+// refuses NUL). Payloads are any bytes (base64 in the envelope). A nil tx returns
+// ErrNoTransaction.
 func (w *Writer) PublishTx(ctx context.Context, tx Execer, topic string, msgs ...*message.Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
-	if tx == nil {
-		return ErrNoTransaction
+	if pgtx.IsNil(tx) {
+		return fmt.Errorf("%w: tx is nil (outside a transaction, pgtx.TxFromContext returns a nil *sql.Tx)", ErrNoTransaction)
 	}
-	if err := w.config.ValidateTopic(topic); err != nil {
-		return fmt.Errorf("outbox: invalid topic: %w", err)
+	if err := w.checkTopic(topic); err != nil {
+		return err
+	}
+	for i, msg := range msgs {
+		if err := checkMessage(msg); err != nil {
+			return fmt.Errorf("%w: message %d of %d: %w", ErrInvalidMessage, i+1, len(msgs), err)
+		}
 	}
 	cause, _ := ConsumedFromContext(ctx)
 	now := w.config.Now().UTC().Format(time.RFC3339Nano)
@@ -143,13 +168,10 @@ func (w *Writer) PublishTx(ctx context.Context, tx Execer, topic string, msgs ..
 	payloads := make([]string, len(msgs))
 	metadatas := make([]string, len(msgs))
 	for i, msg := range msgs {
-		if msg == nil {
-			return fmt.Errorf("outbox: message %d of %d is nil", i+1, len(msgs))
-		}
-		if msg.UUID == "" {
-			return fmt.Errorf("outbox: message %d of %d has an empty UUID: create it with message.NewMessage(watermill.NewUUID(), payload) or a stable business id", i+1, len(msgs))
-		}
 		stamp(msg, cause, now)
+		if err := checkText("metadata", msg.Metadata); err != nil { // inherited correlation_id
+			return fmt.Errorf("%w: message %s: %w", ErrInvalidMessage, msg.UUID, err)
+		}
 		env, err := marshalEnvelope(topic, msg)
 		if err != nil {
 			return fmt.Errorf("outbox: encode message %s: %w", msg.UUID, err)
@@ -174,6 +196,55 @@ func (w *Writer) PublishTx(ctx context.Context, tx Execer, topic string, msgs ..
 	}
 	return nil
 }
+
+func (w *Writer) checkTopic(topic string) error {
+	if !utf8.ValidString(topic) || strings.ContainsRune(topic, 0) {
+		return fmt.Errorf("%w: topic %q is not valid UTF-8 text (or contains NUL)", ErrInvalidMessage, topic)
+	}
+	if err := w.config.ValidateTopic(topic); err != nil {
+		return fmt.Errorf("%w: invalid topic: %w", ErrInvalidMessage, err)
+	}
+	return nil
+}
+
+// checkMessage refuses what cannot be stored byte for byte: the UUID goes to a text column and,
+// like metadata, into JSON, where invalid UTF-8 would be replaced by U+FFFD without a word.
+func checkMessage(msg *message.Message) error {
+	switch {
+	case msg == nil:
+		return errors.New("message is nil")
+	case msg.UUID == "":
+		return errors.New("empty UUID: create it with message.NewMessage(watermill.NewUUID(), payload) or a stable business id")
+	case len(msg.UUID) > MaxUUIDLength:
+		return fmt.Errorf("UUID %.40q... is %d bytes long; the limit is %d (the longest dedupe key a consumer accepts)", msg.UUID, len(msg.UUID), MaxUUIDLength)
+	case !isText(msg.UUID):
+		return fmt.Errorf("UUID %q is not valid UTF-8 text (or contains NUL): PostgreSQL text and JSON cannot carry it byte for byte; hex- or base64-encode it", msg.UUID)
+	}
+	if err := checkText("metadata", msg.Metadata); err != nil {
+		return fmt.Errorf("message %s: %w", msg.UUID, err)
+	}
+	return nil
+}
+
+// checkText refuses metadata that JSON would silently alter (invalid UTF-8 becomes U+FFFD) or
+// that PostgreSQL text, jsonb and the inbox refuse (NUL).
+func checkText(what string, md message.Metadata) error {
+	for k, v := range md {
+		if !isText(k) {
+			return fmt.Errorf("%s key %q is not valid UTF-8 text (or contains NUL): it is stored as JSON, which cannot carry it byte for byte", what, k)
+		}
+		if !isText(v) {
+			return fmt.Errorf("%s %q: value %q is not valid UTF-8 text (or contains NUL): it is stored as JSON, which cannot carry it byte for byte; base64-encode binary values", what, k, v)
+		}
+	}
+	return nil
+}
+
+func isText(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
+
+// IsText reports whether s is stored byte for byte as a UUID, metadata key or metadata value:
+// valid UTF-8 without NUL.
+func IsText(s string) bool { return isText(s) }
 
 func jsonMetadata(md message.Metadata) (string, error) {
 	if md == nil {
@@ -250,6 +321,9 @@ type dbPublisher struct {
 }
 
 func (p dbPublisher) Publish(topic string, msgs ...*message.Message) error {
+	if p.db == nil {
+		return errors.New("outbox: DBPublisher: db is nil")
+	}
 	ctx := context.Background()
 	if len(msgs) > 0 {
 		ctx = context.WithoutCancel(msgs[0].Context())

@@ -3,6 +3,7 @@ package pgtx
 import (
 	"context"
 	"database/sql"
+	"reflect"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 )
@@ -30,4 +31,19 @@ func TxFromContext(ctx context.Context) (*sql.Tx, bool) {
 func SubscriberTxFromContext(ctx context.Context) (*sql.Tx, bool) {
 	tx, ok := wsql.TxFromContext(ctx)
 	return tx, ok && tx != nil
+}
+
+// IsNil reports whether v is nil or an interface holding a nil pointer (or other nil
+// reference). `tx, _ := TxFromContext(ctx)` outside a transaction yields a nil *sql.Tx; passed
+// as an executor interface it is not == nil, and database/sql panics on it. Functions that take
+// an executor check it with IsNil and return an error instead.
+func IsNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return rv.IsNil()
+	}
+	return false
 }

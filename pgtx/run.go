@@ -50,6 +50,9 @@ type Beginner interface {
 // other error from fn rolls back and is returned as is; fn must therefore not have effects
 // outside the transaction that it cannot repeat. A panic in fn rolls back and propagates.
 func RunInTx(ctx context.Context, db Beginner, opts *sql.TxOptions, policy RetryPolicy, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	if IsNil(db) {
+		return errors.New("pgtx: RunInTx: db is nil")
+	}
 	policy = policy.withDefaults()
 	for attempt := 1; ; attempt++ {
 		err := runOnce(ctx, db, opts, fn)

@@ -134,6 +134,9 @@ func ForgetRelay(ctx context.Context, db *sql.DB, schema, name string) (bool, er
 // Relays lists the relay names with a position in outbox_offsets: every one of them must
 // forward a row before the janitor may delete it.
 func Relays(ctx context.Context, db *sql.DB, schema string) ([]string, error) {
+	if db == nil {
+		return nil, errors.New("retention: db is nil")
+	}
 	if schema == "" {
 		schema = pgtx.DefaultSchema
 	}

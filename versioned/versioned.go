@@ -198,6 +198,9 @@ func (v *Versions) ApplyState(ctx context.Context, tx Querier, e Entity, version
 
 // Current returns the stored version of e, or the first version - 1 when there is none.
 func (v *Versions) Current(ctx context.Context, q Querier, e Entity) (int64, error) {
+	if pgtx.IsNil(q) {
+		return 0, errNilTx
+	}
 	if err := e.validate(); err != nil {
 		return 0, middleware.Permanent(fmt.Errorf("%w: %w", ErrInvalid, err))
 	}
@@ -214,9 +217,12 @@ func (v *Versions) SetVersion(ctx context.Context, q Querier, e Entity, version 
 	return err
 }
 
+// errNilTx also covers the nil *sql.Tx that pgtx.TxFromContext returns outside a transaction.
+var errNilTx = errors.New("versioned: tx is nil: pass the handler's transaction (pgtx.TxFromContext)")
+
 func (v *Versions) check(tx Querier, e Entity, version int64) error {
-	if tx == nil {
-		return errors.New("versioned: tx is nil: pass the handler's transaction (pgtx.TxFromContext)")
+	if pgtx.IsNil(tx) {
+		return errNilTx
 	}
 	if err := e.validate(); err != nil {
 		return middleware.Permanent(fmt.Errorf("%w: %w", ErrInvalid, err))

@@ -1,0 +1,73 @@
+package pgtx_test
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wmonce/watermill-once/admin"
+	"github.com/wmonce/watermill-once/inbox"
+	"github.com/wmonce/watermill-once/intent"
+	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/pgtx"
+	"github.com/wmonce/watermill-once/retention"
+	"github.com/wmonce/watermill-once/versioned"
+)
+
+func TestIsNil(t *testing.T) {
+	t.Parallel()
+	var tx *sql.Tx
+	var execer interface {
+		ExecContext(context.Context, string, ...any) (sql.Result, error)
+	} = tx
+	require.True(t, execer != nil, "the trap: an interface holding a nil pointer is not nil")
+	require.True(t, pgtx.IsNil(execer))
+	require.True(t, pgtx.IsNil(nil))
+	require.False(t, pgtx.IsNil(pgtest.DB(t)))
+	require.False(t, pgtx.IsNil(0))
+}
+
+// `tx, _ := pgtx.TxFromContext(ctx)` outside a transaction yields a nil *sql.Tx. Every exported
+// function that takes an executor (or a *sql.DB) must return an error for it, not panic inside
+// database/sql. Constructors already refuse a nil *sql.DB; these are the rest.
+func TestExecutorTakingFunctionsRefuseNil(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	ctx := context.Background()
+	tx, ok := pgtx.TxFromContext(ctx)
+	require.False(t, ok)
+	require.Nil(t, tx)
+	var nilDB *sql.DB
+
+	require.ErrorContains(t, pgtx.RunInTx(ctx, nilDB, nil, pgtx.RetryPolicy{}, func(context.Context, *sql.Tx) error { return nil }), "db is nil")
+
+	store, err := intent.NewStore(db, intent.StoreConfig{})
+	require.NoError(t, err)
+	_, err = store.RecordTx(ctx, tx, intent.Draft{Channel: "sms", Consumer: "c", EventID: "e"})
+	require.ErrorIs(t, err, intent.ErrNoTransaction)
+
+	receiver, err := inbox.NewReceiver(db, inbox.ReceiverConfig{Consumer: "c"}, nil)
+	require.NoError(t, err)
+	_, err = receiver.StoreTx(ctx, tx, "topic", message.NewMessage("u", nil))
+	require.ErrorContains(t, err, "tx is nil")
+
+	versions, err := versioned.New(versioned.Config{})
+	require.NoError(t, err)
+	entity := versioned.Entity{Type: "order", ID: "1"}
+	_, err = versions.Current(ctx, tx, entity)
+	require.ErrorContains(t, err, "tx is nil")
+	require.ErrorContains(t, versions.SetVersion(ctx, tx, entity, 1), "tx is nil")
+	_, err = versions.ApplyState(ctx, tx, entity, 1, func(context.Context) error { return nil })
+	require.ErrorContains(t, err, "tx is nil")
+
+	_, _, err = middleware.LookupClaim(ctx, nil, "wmonce", "c", "k")
+	require.ErrorContains(t, err, "db is nil")
+	_, err = retention.Relays(ctx, nil, "wmonce")
+	require.ErrorContains(t, err, "db is nil")
+	_, err = admin.ReadConsumers(ctx, nil, "wmonce", nil)
+	require.ErrorContains(t, err, "db is nil")
+}
