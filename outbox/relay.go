@@ -44,11 +44,11 @@ type RelayConfig struct {
 	// PublishLanes > 1 publishes each batch over that many concurrent Publish calls, one per
 	// lane, to publishers that gain from concurrency: Watermill's Kafka publisher sends one
 	// message per request and waits for it, but concurrent calls are batched by its producer.
-	// Messages are assigned to lanes by LaneKey, and each lane publishes its messages in commit
-	// order, so messages with the same key keep their order; messages with different keys may
-	// reach the broker in another order than they committed in. The position still advances
-	// only after every lane of the batch has published. Default 1: one Publish call per run of
-	// rows with the same topic, in strict commit order.
+	// Messages are assigned to lanes by LaneKey, and each lane publishes its messages in the
+	// relay's order (see the package doc, Order), so messages with the same key keep their
+	// order; messages with different keys may reach the broker in another order. The position
+	// still advances only after every lane of the batch has published. Default 1: one Publish
+	// call per run of rows with the same topic, in the relay's order.
 	PublishLanes int
 	// LaneKey returns the ordering key of a message for PublishLanes. Default: the
 	// DefaultLaneKeyField metadata (the broker package's Kafka partition key), else the UUID.
@@ -133,10 +133,14 @@ type RelayStats struct {
 	LastRelays time.Time
 }
 
-// Relay forwards committed outbox rows to a Watermill publisher, in commit order.
+// Relay forwards committed outbox rows to a Watermill publisher.
 //
 // Guarantee: every committed row is published at least once, with the UUID and metadata it was
-// stored with, in the order of (commit, position in transaction). The position is recorded
+// stored with. Order (detailed in the package doc): round by round, each round being the
+// transactions that committed since the previous one, in insertion order within the round; a
+// transaction that committed before another is never published after it unless it also inserted
+// its rows after it. Producers of a key that serialise on a lock and write their outbox rows
+// after taking it are therefore published in commit order. The position is recorded
 // after publishing, so a relay that stops between publishing and recording publishes the same
 // rows again: consumers must absorb copies (the effectively-once middleware does). A row the
 // broker refuses is retried with backoff and blocks the rows behind it, to keep order; it is
@@ -147,8 +151,9 @@ type RelayStats struct {
 // standbys poll for it. The position update is fenced (compare-and-set), so even two instances
 // that both believe they lead never move the position backwards.
 //
-// Rows only become readable once every transaction older than them has finished, so a long
-// transaction anywhere on the server delays the relay (not correctness).
+// The position is a snapshot (outbox_offsets.snapshot), plus the round in progress when a round
+// spans several batches. A row is published in the first round after its transaction commits;
+// a long transaction elsewhere on the server does not delay it.
 type Relay struct {
 	db        *sql.DB
 	publisher message.Publisher
@@ -195,15 +200,28 @@ func NewRelay(db *sql.DB, publisher message.Publisher, config RelayConfig, logge
 VALUES ($1, 0, '1', '` + emptySnapshot + `') ON CONFLICT DO NOTHING`,
 		qPosition: `SELECT snapshot::text, target_snapshot::text, target_offset FROM ` + offsets + ` WHERE consumer_group = $1`,
 		// One statement takes the snapshot and reads with it: pg_current_snapshot() returns the
-		// statement's active snapshot, the one its scan sees, so the rows read are exactly the
-		// transactions visible now and not in prev ($1): in prev's in-progress list or at or
-		// above its xmax. Both are ranges of the (transaction_id, offset) primary key.
-		qReadRound: `SELECT pg_current_snapshot()::text, "offset", transaction_id::text, uuid, payload::text, metadata::text
-FROM ` + table + `
-WHERE transaction_id = ANY(ARRAY(SELECT pg_snapshot_xip($1::text::pg_snapshot)))
-   OR transaction_id >= pg_snapshot_xmax($1::text::pg_snapshot)
-ORDER BY "offset"
-LIMIT $2`,
+		// statement's active snapshot, the one its scans see, so the rows read are exactly the
+		// transactions visible now and not in prev ($1): those in prev's in-progress list, and
+		// those from prev's xmax up to the current xmax. Each branch is a range of the
+		// (transaction_id, offset) primary key, bounded on both sides so that a generic plan
+		// estimates it small too; "offset" + 0 keeps the planner from walking the whole outbox
+		// in "offset" order instead. Only the keys of the round are sorted; the rows are read
+		// for the batch alone.
+		qReadRound: `SELECT pg_current_snapshot()::text, t."offset", t.transaction_id::text, t.uuid, t.payload::text, t.metadata::text
+FROM (
+    SELECT "offset", transaction_id FROM (
+        SELECT "offset", transaction_id FROM ` + table + `
+        WHERE transaction_id = ANY(ARRAY(SELECT pg_snapshot_xip($1::text::pg_snapshot)))
+        UNION ALL
+        SELECT "offset", transaction_id FROM ` + table + `
+        WHERE transaction_id >= pg_snapshot_xmax($1::text::pg_snapshot)
+          AND transaction_id < pg_snapshot_xmax(pg_current_snapshot())
+    ) round
+    ORDER BY "offset" + 0
+    LIMIT $2
+) batch
+JOIN ` + table + ` t ON t.transaction_id = batch.transaction_id AND t."offset" = batch."offset"
+ORDER BY t."offset"`,
 		// The rest of a round larger than one batch: visible in target ($2), not in prev ($1),
 		// after the last offset published ($3). Walks the "offset" index (migration 006).
 		qReadRest: `SELECT "offset", transaction_id::text, uuid, payload::text, metadata::text
@@ -409,7 +427,7 @@ func (r *Relay) round(ctx context.Context, conn *sql.Conn) (int, error) {
 }
 
 // publishLanes publishes a run of one topic: in one call, or over PublishLanes concurrent
-// calls keyed by LaneKey, each lane in commit order. It returns once every lane published.
+// calls keyed by LaneKey, each lane in the batch's order. It returns once every lane published.
 func (r *Relay) publishLanes(ctx context.Context, topic string, msgs []*message.Message) error {
 	lanes := min(r.config.PublishLanes, len(msgs))
 	if lanes <= 1 {
