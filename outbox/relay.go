@@ -25,13 +25,14 @@ type RelayConfig struct {
 	// the same name share one position and elect one active instance; relays with different
 	// names each forward every row (e.g. one to Kafka, one to an audit sink). Default "relay".
 	Name string
-	// BatchSize is the most rows read and published per round. Each round also reads and
+	// BatchSize is the most rows read and published per batch (a round of the relay's order,
+	// see the package doc, spans as many batches as it needs). Each batch also reads and
 	// writes the position (a commit of its own), so small batches cost throughput: measured
 	// with go run ./bench, 1000 forwards 2.5-3.4x more messages per second than 100 to Kafka,
 	// RabbitMQ and SQL alike. After a crash, at most one batch is published again. Default 1000.
 	BatchSize int
-	// PollInterval is the wait after a round that found no rows. A full batch is followed by
-	// the next round at once. Default 100ms.
+	// PollInterval is the wait after a read that found no rows; any batch that published is
+	// followed by the next read at once. Default 100ms.
 	PollInterval time.Duration
 	// RetryBackoff is the first wait after a failed publish or database error; it doubles up
 	// to MaxRetryBackoff. Default 100ms and 5s.
