@@ -150,7 +150,9 @@ func TestRelayPublishesAKeyInCommitOrderWhenTheFirstClaimerCommitsLast(t *testin
 			s := newKeyedSink(3)
 			r, err := outbox.NewRelay(db, s, outbox.RelayConfig{Schema: schema, PublishLanes: lanes}, nil)
 			require.NoError(t, err)
+			deadline := time.Now().Add(15 * time.Second)
 			for len(s.all()) < 3 {
+				require.True(t, time.Now().Before(deadline), "relay published %v", s.all())
 				_, err := r.RelayOnce(ctx)
 				require.NoError(t, err)
 			}
@@ -317,6 +319,10 @@ func TestRelayRoundSpanningBatchesSurvivesRestart(t *testing.T) {
 	n, err := r1.RelayOnce(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
+	relays, _, err := outbox.Status(context.Background(), db, schema)
+	require.NoError(t, err)
+	require.Len(t, relays, 1)
+	require.Equal(t, int64(5), relays[0].Backlog, "the round's unpublished rest")
 
 	publishTx(t, db, w, "a", "late") // commits in the middle of the round
 
