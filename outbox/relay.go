@@ -245,6 +245,9 @@ VALUES ($1, $2, $3::xid8, $4, $5::json, $6::json, $7) ON CONFLICT DO NOTHING`,
 	}, nil
 }
 
+// recordTimeout bounds the position update after a publish, which outlives a cancelled context.
+const recordTimeout = 5 * time.Second
+
 // emptySnapshot sees no transaction: the position of a relay that has published nothing.
 const emptySnapshot = "1:1:"
 
@@ -417,7 +420,12 @@ func (r *Relay) round(ctx context.Context, conn *sql.Conn) (int, error) {
 		if end == len(rows) && !more {
 			next = position{prev: snap} // the round is complete
 		}
-		if err := r.advance(ctx, conn, pos, next); err != nil {
+		// What the broker accepted is recorded even if ctx ends meanwhile (Close), so that a
+		// clean stop does not publish it again; the wait for that one UPDATE is bounded.
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+		err = r.advance(actx, conn, pos, next)
+		cancel()
+		if err != nil {
 			return published, err
 		}
 		pos = next

@@ -435,3 +435,23 @@ func (p publishHook) Publish(topic string, msgs ...*message.Message) error {
 	p.before()
 	return p.Publisher.Publish(topic, msgs...)
 }
+
+// A relay stopped while the broker accepts a batch still records that batch, so a clean stop
+// does not publish it again.
+func TestRelayStoppedDuringPublishRecordsWhatWasPublished(t *testing.T) {
+	t.Parallel()
+	db, schema, w := setup(t)
+	publishTx(t, db, w, "a", "only")
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	s := newKeyedSink(1)
+	pub := publishHook{Publisher: s, before: stop} // the stop arrives while the batch is published
+	r, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Schema: schema}, nil)
+	require.NoError(t, err)
+	require.NoError(t, r.Run(ctx))
+	require.Equal(t, []string{"only"}, s.all())
+
+	n, err := r.RelayOnce(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, n, "published again after a clean stop")
+}
