@@ -138,12 +138,14 @@ type RelayStats struct {
 //
 // Guarantee: every committed row is published at least once, with the UUID and metadata it was
 // stored with. Order (detailed in the package doc): round by round, each round being the
-// transactions that committed since the previous one, in insertion order within the round; a
-// transaction that committed before another is never published after it unless it also inserted
-// its rows after it. Producers of a key that serialise on a lock and write their outbox rows
-// after taking it are therefore published in commit order. The position is recorded
-// after publishing, so a relay that stops between publishing and recording publishes the same
-// rows again: consumers must absorb copies (the effectively-once middleware does). A row the
+// transactions that committed since the previous one, in insertion order within the round. A
+// transaction that committed before another is published after it only if both fall in one
+// round and it inserted its outbox rows after the other did. Producers of a key that serialise
+// on a lock and write their outbox rows after taking it are therefore published in commit
+// order. The position is recorded after publishing, so a relay that dies between publishing and
+// recording publishes the same rows again: consumers must absorb copies (the effectively-once
+// middleware does). A relay stopped by Close or its context still records the batch the broker
+// accepted (waiting up to 5s for that update), so a clean stop republishes nothing. A row the
 // broker refuses is retried with backoff and blocks the rows behind it, to keep order; it is
 // logged at every failure. A row that cannot be decoded is copied into outbox_rejected with the
 // reason and skipped, never dropped silently.
