@@ -66,12 +66,16 @@
 //     savepoint of that same transaction, so offset, dedupe claim and effects commit together:
 //     on this broker a crash loses nothing and redelivers nothing that was applied.
 //   - Rows become visible only when every older transaction has finished: a long transaction
-//     anywhere on the server delays delivery. Rows are never deleted by watermill-sql.
+//     anywhere on the server delays delivery. Order is (transaction_id, offset), and
+//     transaction_id is assigned at a transaction's first write, not at its commit: first-write
+//     order, which for two writers of one key can be the reverse of their commits (the outbox
+//     relay publishes by commit instead; see package outbox, Order). Rows are never deleted by
+//     watermill-sql.
 //   - A nacked message is delivered again inside the same transaction, which stays open (and
 //     keeps the group's offset row locked) until the message is acked or AckDeadline passes.
 //     It is such a long transaction: while one message is being nacked, rows committed after
-//     that transaction began stay invisible to every SQL-broker subscriber and outbox relay on
-//     the server, not only to its group. Park poison messages (middleware Stack) rather than
+//     that transaction began stay invisible to every SQL-broker subscriber on the server, not
+//     only to its group (the outbox relay is not held back). Park poison messages (middleware Stack) rather than
 //     nacking them for long.
 //   - Each subscription holds one pool connection while it reads and delivers a batch, and
 //     members of one group waiting for the group's lock hold one each: size the pool above the

@@ -4,7 +4,8 @@
 // Writer.PublishTx writes into a caller's *sql.Tx (the transactional twin of a publisher);
 // Writer.Publisher is a message.Publisher that finds the transaction in each message's context,
 // for code inside an effectively-once handler; Writer.DBPublisher commits each call on its own.
-// Relay reads committed rows in commit order and publishes them to any Watermill publisher.
+// Relay reads committed rows and publishes them to any Watermill publisher, in the order
+// described under Order.
 //
 // # Table layout
 //
@@ -20,12 +21,48 @@
 //     UUIDs must be valid UTF-8 text without NUL, since they are stored as JSON and text;
 //     payloads may be any bytes.
 //   - The relay publishes every committed message at least once, with its original UUID and
-//     metadata, in commit order. It records its position after publishing, so after a crash it
-//     publishes the last batch again: consumers deduplicate (package middleware does).
+//     metadata, in the order described under Order. It records its position after publishing,
+//     so after a crash it publishes the last batch again: consumers deduplicate (package
+//     middleware does).
 //   - Correlation (correlation_id), causation (causation_id: the consumed message's UUID) and
 //     the time the event occurred (occurred_at) are stamped on every stored message unless the
 //     producer set them.
 //
-// The relay only sees rows older than the oldest transaction still running on the server, so a
-// long-running transaction anywhere on the database delays forwarding (never reorders or loses).
+// # Order
+//
+// The relay works in rounds. A round takes a snapshot and publishes the rows of every
+// transaction that committed since the previous round's snapshot (visible in the new one, not in
+// the old one), in the order the rows were inserted: the outbox "offset", drawn from its
+// sequence by each INSERT. A round larger than RelayConfig.BatchSize is published over several
+// batches before the next round begins. For two committed transactions A and B, A committing
+// first:
+//
+//   - A is visible in every snapshot that shows B, so A's rows are published in B's round or an
+//     earlier one, never a later one;
+//   - within one round, A's rows come before B's if and only if A inserted its outbox rows
+//     before B inserted its.
+//
+// So producers that serialise on a lock (the aggregate's row lock from SELECT ... FOR UPDATE or
+// an UPDATE, or an advisory lock) and write their outbox rows after taking it are published in
+// commit order: B cannot insert before A committed. The effectively-once middleware writes a
+// handler's returned messages after the handler returns, hence after any lock the handler took.
+// A producer that writes its outbox row before taking the lock that serialises it gets
+// insertion order instead: if two such transactions land in one round, the one that inserted
+// first is published first even when it committed second. Take the lock first, or take a
+// transaction-level advisory lock on the ordering key (pg_advisory_xact_lock) right before
+// writing to the outbox. Transactions that share no lock are published in an order that may
+// differ from their commit order within a round; no snapshot records the order of commits
+// between two snapshots. With PublishLanes > 1 the order above holds per LaneKey.
+//
+// The transaction id (pg_current_xact_id(), the outbox's transaction_id column) is assigned at
+// a transaction's first write, not at its commit, so it is not used for order: a handler that
+// claims its message first and commits last has the smaller id. Watermill's own SQL Pub/Sub
+// (watermill-sql v3, PostgreSQL adapter), and Watermill's forwarder reading this table through
+// it, order rows by exactly that (transaction_id, offset) and only show rows below the oldest
+// running transaction: first-write order, not commit order, held back by any long transaction.
+//
+// A row is published in the first round after its transaction commits: a long-running
+// transaction elsewhere on the server does not delay the relay (its own rows wait for its
+// commit). If the outbox's sequence is given a CACHE above 1, offsets stop following insertion
+// order across sessions; keep the default.
 package outbox

@@ -25,13 +25,14 @@ type RelayConfig struct {
 	// the same name share one position and elect one active instance; relays with different
 	// names each forward every row (e.g. one to Kafka, one to an audit sink). Default "relay".
 	Name string
-	// BatchSize is the most rows read and published per round. Each round also reads and
+	// BatchSize is the most rows read and published per batch (a round of the relay's order,
+	// see the package doc, spans as many batches as it needs). Each batch also reads and
 	// writes the position (a commit of its own), so small batches cost throughput: measured
 	// with go run ./bench, 1000 forwards 2.5-3.4x more messages per second than 100 to Kafka,
 	// RabbitMQ and SQL alike. After a crash, at most one batch is published again. Default 1000.
 	BatchSize int
-	// PollInterval is the wait after a round that found no rows. A full batch is followed by
-	// the next round at once. Default 100ms.
+	// PollInterval is the wait after a read that found no rows; any batch that published is
+	// followed by the next read at once. Default 100ms.
 	PollInterval time.Duration
 	// RetryBackoff is the first wait after a failed publish or database error; it doubles up
 	// to MaxRetryBackoff. Default 100ms and 5s.
@@ -44,11 +45,11 @@ type RelayConfig struct {
 	// PublishLanes > 1 publishes each batch over that many concurrent Publish calls, one per
 	// lane, to publishers that gain from concurrency: Watermill's Kafka publisher sends one
 	// message per request and waits for it, but concurrent calls are batched by its producer.
-	// Messages are assigned to lanes by LaneKey, and each lane publishes its messages in commit
-	// order, so messages with the same key keep their order; messages with different keys may
-	// reach the broker in another order than they committed in. The position still advances
-	// only after every lane of the batch has published. Default 1: one Publish call per run of
-	// rows with the same topic, in strict commit order.
+	// Messages are assigned to lanes by LaneKey, and each lane publishes its messages in the
+	// relay's order (see the package doc, Order), so messages with the same key keep their
+	// order; messages with different keys may reach the broker in another order. The position
+	// still advances only after every lane of the batch has published. Default 1: one Publish
+	// call per run of rows with the same topic, in the relay's order.
 	PublishLanes int
 	// LaneKey returns the ordering key of a message for PublishLanes. Default: the
 	// DefaultLaneKeyField metadata (the broker package's Kafka partition key), else the UUID.
@@ -133,12 +134,18 @@ type RelayStats struct {
 	LastRelays time.Time
 }
 
-// Relay forwards committed outbox rows to a Watermill publisher, in commit order.
+// Relay forwards committed outbox rows to a Watermill publisher.
 //
 // Guarantee: every committed row is published at least once, with the UUID and metadata it was
-// stored with, in the order of (commit, position in transaction). The position is recorded
-// after publishing, so a relay that stops between publishing and recording publishes the same
-// rows again: consumers must absorb copies (the effectively-once middleware does). A row the
+// stored with. Order (detailed in the package doc): round by round, each round being the
+// transactions that committed since the previous one, in insertion order within the round. A
+// transaction that committed before another is published after it only if both fall in one
+// round and it inserted its outbox rows after the other did. Producers of a key that serialise
+// on a lock and write their outbox rows after taking it are therefore published in commit
+// order. The position is recorded after publishing, so a relay that dies between publishing and
+// recording publishes the same rows again: consumers must absorb copies (the effectively-once
+// middleware does). A relay stopped by Close or its context still records the batch the broker
+// accepted (waiting up to 5s for that update), so a clean stop republishes nothing. A row the
 // broker refuses is retried with backoff and blocks the rows behind it, to keep order; it is
 // logged at every failure. A row that cannot be decoded is copied into outbox_rejected with the
 // reason and skipped, never dropped silently.
@@ -147,8 +154,9 @@ type RelayStats struct {
 // standbys poll for it. The position update is fenced (compare-and-set), so even two instances
 // that both believe they lead never move the position backwards.
 //
-// Rows only become readable once every transaction older than them has finished, so a long
-// transaction anywhere on the server delays the relay (not correctness).
+// The position is a snapshot (outbox_offsets.snapshot), plus the round in progress when a round
+// spans several batches. A row is published in the first round after its transaction commits;
+// a long transaction elsewhere on the server does not delay it.
 type Relay struct {
 	db        *sql.DB
 	publisher message.Publisher
@@ -156,7 +164,7 @@ type Relay struct {
 	logger    watermill.LoggerAdapter
 	lockKey   int64
 
-	qEnsure, qPosition, qRead, qAdvance, qReject string
+	qEnsure, qPosition, qReadRound, qReadRest, qAdvance, qReject string
 
 	forwarded, rounds, failures, rejected, fenced atomic.Uint64
 	leader                                        atomic.Bool
@@ -191,28 +199,73 @@ func NewRelay(db *sql.DB, publisher message.Publisher, config RelayConfig, logge
 		config:    config,
 		logger:    logger.With(watermill.LogFields{"relay": config.Name}),
 		lockKey:   int64(h.Sum64()),
-		qEnsure:   `INSERT INTO ` + offsets + ` (consumer_group, offset_acked, last_processed_transaction_id) VALUES ($1, 0, '0') ON CONFLICT DO NOTHING`,
-		qPosition: `SELECT offset_acked, last_processed_transaction_id::text FROM ` + offsets + ` WHERE consumer_group = $1`,
-		qRead: `SELECT "offset", transaction_id::text, uuid, payload::text, metadata::text FROM ` + table + `
-WHERE ((transaction_id = $1::xid8 AND "offset" > $2) OR transaction_id > $1::xid8)
-  AND transaction_id < pg_snapshot_xmin(pg_current_snapshot())
-ORDER BY transaction_id, "offset"
-LIMIT $3`,
-		qAdvance: `UPDATE ` + offsets + ` SET offset_acked = $2, last_processed_transaction_id = $3::xid8
-WHERE consumer_group = $1 AND offset_acked = $4 AND last_processed_transaction_id = $5::xid8`,
+		qEnsure: `INSERT INTO ` + offsets + ` (consumer_group, offset_acked, last_processed_transaction_id, snapshot)
+VALUES ($1, 0, '1', '` + emptySnapshot + `') ON CONFLICT DO NOTHING`,
+		qPosition: `SELECT snapshot::text, target_snapshot::text, target_offset FROM ` + offsets + ` WHERE consumer_group = $1`,
+		// One statement takes the snapshot and reads with it: pg_current_snapshot() returns the
+		// statement's active snapshot, the one its scans see, so the rows read are exactly the
+		// transactions visible now and not in prev ($1): those in prev's in-progress list, and
+		// those from prev's xmax up to the current xmax. Each branch is a range of the
+		// (transaction_id, offset) primary key, bounded on both sides so that a generic plan
+		// estimates it small too; "offset" + 0 keeps the planner from walking the whole outbox
+		// in "offset" order instead. Only the keys of the round are sorted; the rows are read
+		// for the batch alone.
+		qReadRound: `SELECT pg_current_snapshot()::text, t."offset", t.transaction_id::text, t.uuid, t.payload::text, t.metadata::text
+FROM (
+    SELECT "offset", transaction_id FROM (
+        SELECT "offset", transaction_id FROM ` + table + `
+        WHERE transaction_id = ANY(ARRAY(SELECT pg_snapshot_xip($1::text::pg_snapshot)))
+        UNION ALL
+        SELECT "offset", transaction_id FROM ` + table + `
+        WHERE transaction_id >= pg_snapshot_xmax($1::text::pg_snapshot)
+          AND transaction_id < pg_snapshot_xmax(pg_current_snapshot())
+    ) round
+    ORDER BY "offset" + 0
+    LIMIT $2
+) batch
+JOIN ` + table + ` t ON t.transaction_id = batch.transaction_id AND t."offset" = batch."offset"
+ORDER BY t."offset"`,
+		// The rest of a round larger than one batch: visible in target ($2), not in prev ($1),
+		// after the last offset published ($3). Walks the "offset" index (migration 006).
+		qReadRest: `SELECT "offset", transaction_id::text, uuid, payload::text, metadata::text
+FROM ` + table + `
+WHERE "offset" > $3
+  AND (transaction_id = ANY(ARRAY(SELECT pg_snapshot_xip($1::text::pg_snapshot)))
+       OR transaction_id >= pg_snapshot_xmax($1::text::pg_snapshot))
+  AND transaction_id < pg_snapshot_xmax($2::text::pg_snapshot)
+  AND pg_visible_in_snapshot(transaction_id, (SELECT $2::text::pg_snapshot))
+ORDER BY "offset"
+LIMIT $4`,
+		// Compare-and-set on the whole position. The legacy columns keep a conservative
+		// watermark for older readers: every row below pg_snapshot_xmin(snapshot) is published.
+		qAdvance: `UPDATE ` + offsets + ` SET snapshot = $2::text::pg_snapshot, target_snapshot = $3::text::pg_snapshot,
+    target_offset = $4, last_processed_transaction_id = pg_snapshot_xmin($2::text::pg_snapshot), offset_acked = 0
+WHERE consumer_group = $1 AND snapshot::text = $5
+  AND target_snapshot::text IS NOT DISTINCT FROM $6 AND target_offset IS NOT DISTINCT FROM $7`,
 		qReject: `INSERT INTO ` + pgtx.QualifiedName(config.Schema, "outbox_rejected") + ` (relay, "offset", transaction_id, uuid, payload, metadata, error)
 VALUES ($1, $2, $3::xid8, $4, $5::json, $6::json, $7) ON CONFLICT DO NOTHING`,
 	}, nil
 }
 
-// position is a point in the outbox's commit order.
+// recordTimeout bounds the position update after a publish, which outlives a cancelled context.
+const recordTimeout = 5 * time.Second
+
+// emptySnapshot sees no transaction: the position of a relay that has published nothing.
+const emptySnapshot = "1:1:"
+
+// position is how far a relay has published, in snapshots (pg_snapshot text). Every
+// transaction visible in prev is published. While a round spans several batches, target is the
+// round's snapshot: the round is the rows visible in target and not in prev, and those with
+// "offset" <= last are published too.
 type position struct {
-	txID   string // xid8 as text
-	offset int64
+	prev   string
+	target sql.NullString
+	last   sql.NullInt64
 }
 
 type outboxRow struct {
-	pos      position
+	offset   int64
+	txID     string // xid8 as text
 	uuid     string
 	payload  string
 	metadata sql.NullString
@@ -299,7 +352,9 @@ func (r *Relay) lead(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if n < r.config.BatchSize && !lifecycle.Sleep(ctx, r.config.PollInterval) {
+		// Only an empty round waits: a partial batch may have raced with more commits, and
+		// the next round costs one indexed read.
+		if n == 0 && !lifecycle.Sleep(ctx, r.config.PollInterval) {
 			return nil
 		}
 	}
@@ -320,18 +375,32 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	return r.round(ctx, conn)
 }
 
-// round reads one batch after the recorded position, publishes it in topic runs and advances
-// the position after each run that published.
+// round publishes one batch. A round is the set of transactions that committed between the
+// relay's previous snapshot and a new one, published in "offset" (insertion) order; a round
+// larger than BatchSize is published over several calls. The position advances after each run
+// of one topic that published, so a crash republishes at most one batch.
 func (r *Relay) round(ctx context.Context, conn *sql.Conn) (int, error) {
 	var pos position
-	if err := conn.QueryRowContext(ctx, r.qPosition, r.config.Name).Scan(&pos.offset, &pos.txID); err != nil {
+	if err := conn.QueryRowContext(ctx, r.qPosition, r.config.Name).Scan(&pos.prev, &pos.target, &pos.last); err != nil {
 		return 0, fmt.Errorf("outbox: read relay position: %w", err)
 	}
-	rows, err := r.read(ctx, conn, pos)
+	snap, rows, err := r.read(ctx, conn, pos)
 	if err != nil {
 		return 0, err
 	}
 	r.rounds.Add(1)
+	more := len(rows) > r.config.BatchSize // the query reads one row beyond the batch to know
+	if more {
+		rows = rows[:r.config.BatchSize]
+	}
+	if len(rows) == 0 {
+		if pos.target.Valid { // the previous batch ended the round exactly
+			return 0, r.advance(ctx, conn, pos, position{prev: pos.target.String})
+		}
+		// Nothing committed since prev: keep it. Writing the new snapshot would cost a commit
+		// per idle poll and change nothing that is published.
+		return 0, nil
+	}
 	published := 0
 	for start := 0; start < len(rows); {
 		topic, msgs, end, err := r.decodeRun(ctx, conn, rows, start)
@@ -345,21 +414,31 @@ func (r *Relay) round(ctx context.Context, conn *sql.Conn) (int, error) {
 			published += len(msgs)
 			r.forwarded.Add(uint64(len(msgs)))
 		}
-		next := rows[end-1].pos
-		if err := r.advance(ctx, conn, pos, next); err != nil {
+		next := position{
+			prev:   pos.prev,
+			target: sql.NullString{String: snap, Valid: true},
+			last:   sql.NullInt64{Int64: rows[end-1].offset, Valid: true},
+		}
+		if end == len(rows) && !more {
+			next = position{prev: snap} // the round is complete
+		}
+		// What the broker accepted is recorded even if ctx ends meanwhile (Close), so that a
+		// clean stop does not publish it again; the wait for that one UPDATE is bounded.
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+		err = r.advance(actx, conn, pos, next)
+		cancel()
+		if err != nil {
 			return published, err
 		}
 		pos = next
 		start = end
 	}
-	if len(rows) > 0 {
-		r.lastRelay.Store(time.Now().UnixNano())
-	}
+	r.lastRelay.Store(time.Now().UnixNano())
 	return len(rows), nil
 }
 
 // publishLanes publishes a run of one topic: in one call, or over PublishLanes concurrent
-// calls keyed by LaneKey, each lane in commit order. It returns once every lane published.
+// calls keyed by LaneKey, each lane in the batch's order. It returns once every lane published.
 func (r *Relay) publishLanes(ctx context.Context, topic string, msgs []*message.Message) error {
 	lanes := min(r.config.PublishLanes, len(msgs))
 	if lanes <= 1 {
@@ -390,26 +469,39 @@ func (r *Relay) publishLanes(ctx context.Context, topic string, msgs []*message.
 	return first
 }
 
-func (r *Relay) read(ctx context.Context, conn *sql.Conn, pos position) ([]outboxRow, error) {
-	rs, err := conn.QueryContext(ctx, r.qRead, pos.txID, pos.offset, r.config.BatchSize)
+// read returns the snapshot of the round and up to BatchSize+1 of its rows from pos: a new
+// round (and its snapshot) when pos has no target, else the rest of the round in progress.
+func (r *Relay) read(ctx context.Context, conn *sql.Conn, pos position) (string, []outboxRow, error) {
+	var rs *sql.Rows
+	var err error
+	snap := pos.target.String
+	if pos.target.Valid {
+		rs, err = conn.QueryContext(ctx, r.qReadRest, pos.prev, pos.target.String, pos.last.Int64, r.config.BatchSize+1)
+	} else {
+		rs, err = conn.QueryContext(ctx, r.qReadRound, pos.prev, r.config.BatchSize+1)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("outbox: read outbox: %w", err)
+		return "", nil, fmt.Errorf("outbox: read outbox: %w", err)
 	}
 	defer rs.Close()
-	out := make([]outboxRow, 0, r.config.BatchSize)
+	out := make([]outboxRow, 0, r.config.BatchSize+1)
 	for rs.Next() {
 		var row outboxRow
 		var payload sql.NullString
-		if err := rs.Scan(&row.pos.offset, &row.pos.txID, &row.uuid, &payload, &row.metadata); err != nil {
-			return nil, fmt.Errorf("outbox: scan outbox row: %w", err)
+		dest := []any{&row.offset, &row.txID, &row.uuid, &payload, &row.metadata}
+		if !pos.target.Valid {
+			dest = append([]any{&snap}, dest...)
+		}
+		if err := rs.Scan(dest...); err != nil {
+			return "", nil, fmt.Errorf("outbox: scan outbox row: %w", err)
 		}
 		row.payload = payload.String
 		out = append(out, row)
 	}
 	if err := rs.Err(); err != nil {
-		return nil, fmt.Errorf("outbox: read outbox: %w", err)
+		return "", nil, fmt.Errorf("outbox: read outbox: %w", err)
 	}
-	return out, nil
+	return snap, out, nil
 }
 
 // decodeRun decodes rows from start while they share a destination topic. Rows that cannot be
@@ -446,11 +538,11 @@ func (r *Relay) reject(ctx context.Context, conn *sql.Conn, row outboxRow, cause
 	if row.metadata.Valid {
 		metadata = row.metadata.String
 	}
-	if _, err := conn.ExecContext(ctx, r.qReject, r.config.Name, row.pos.offset, row.pos.txID, row.uuid, payload, metadata, cause.Error()); err != nil {
+	if _, err := conn.ExecContext(ctx, r.qReject, r.config.Name, row.offset, row.txID, row.uuid, payload, metadata, cause.Error()); err != nil {
 		return fmt.Errorf("outbox: record rejected row %s: %w", row.uuid, err)
 	}
 	r.rejected.Add(1)
-	r.logger.Error("Outbox row rejected: set aside in outbox_rejected", cause, watermill.LogFields{"uuid": row.uuid, "offset": row.pos.offset})
+	r.logger.Error("Outbox row rejected: set aside in outbox_rejected", cause, watermill.LogFields{"uuid": row.uuid, "offset": row.offset})
 	return nil
 }
 
@@ -475,7 +567,7 @@ func (r *Relay) publish(ctx context.Context, topic string, msgs []*message.Messa
 }
 
 func (r *Relay) advance(ctx context.Context, conn *sql.Conn, from, to position) error {
-	res, err := conn.ExecContext(ctx, r.qAdvance, r.config.Name, to.offset, to.txID, from.offset, from.txID)
+	res, err := conn.ExecContext(ctx, r.qAdvance, r.config.Name, to.prev, to.target, to.last, from.prev, from.target, from.last)
 	if err != nil {
 		return fmt.Errorf("outbox: record relay position: %w", err)
 	}

@@ -13,7 +13,9 @@ import (
 // RelayStatus is how far one relay (a row of outbox_offsets) has come.
 type RelayStatus struct {
 	Name string
-	// Backlog counts committed rows after the relay's position: rows waiting to be published.
+	// Backlog counts committed rows the relay has not published yet: rows of transactions that
+	// are not visible in its position's snapshot, less the part of a round in progress that it
+	// published.
 	Backlog int64
 	// OldestPending is when the oldest waiting row was written (zero when Backlog is 0); now
 	// minus it is the relay lag.
@@ -40,8 +42,9 @@ FROM `+offsets+` o
 CROSS JOIN LATERAL (
     SELECT count(*) AS backlog, min(t.created_at)::timestamptz AS oldest
     FROM `+table+` t
-    WHERE (t.transaction_id = o.last_processed_transaction_id AND t."offset" > o.offset_acked)
-       OR t.transaction_id > o.last_processed_transaction_id
+    WHERE t.transaction_id >= pg_snapshot_xmin(o.snapshot)
+      AND NOT pg_visible_in_snapshot(t.transaction_id, o.snapshot)
+      AND NOT coalesce(pg_visible_in_snapshot(t.transaction_id, o.target_snapshot) AND t."offset" <= o.target_offset, false)
 ) b
 ORDER BY o.consumer_group`)
 	if err != nil {

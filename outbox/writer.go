@@ -99,7 +99,8 @@ func DefaultValidateTopic(topic string) error {
 // Writer stores messages in the outbox table inside a caller's transaction.
 //
 // Guarantee: a message stored with PublishTx becomes visible to the relay if and only if the
-// transaction commits, and then exactly in commit order relative to other transactions. The
+// transaction commits, and is published in the order the package doc describes (Order): commit
+// order for producers that serialise on a lock before writing to the outbox. The
 // relay forwards it to the broker at least once, with its original UUID and metadata: the
 // broker hop stays at-least-once, and consumers absorb copies with the effectively-once
 // middleware. Nothing is sent to a broker from inside the transaction.

@@ -126,20 +126,28 @@ SELECT consumer FROM c WHERE consumer IS NOT NULL`
 		// (consumer, processed_at) index and deleted by physical address.
 		deleteClaims: `DELETE FROM ` + pm + ` WHERE ctid = ANY(ARRAY(
     SELECT ctid FROM ` + pm + ` WHERE consumer = $1 AND processed_at < $2 LIMIT $3))`,
-		// The position of the relay furthest behind; rows at or before it were forwarded by all.
-		minRelayPosition: `SELECT last_processed_transaction_id::text, coalesce(offset_acked, 0) FROM ` + offsets + `
-ORDER BY last_processed_transaction_id, coalesce(offset_acked, 0) LIMIT 1`,
-		// The batch is the oldest rows in commit order, and only those of them old enough go:
-		// the caller stops when a batch holds a younger row, so a round never walks the rows
-		// kept for OutboxKeep. created_at is a timestamp without time zone written with the
-		// session's clock, hence localtimestamp.
+		// A relay's position is a snapshot (outbox/relay.go): it has published every row whose
+		// transaction is visible in snapshot, and, in a round in progress, the rows visible in
+		// target_snapshot up to target_offset. Every such row lies below the xmax of the round's
+		// snapshot, so the least of those over all relays bounds the rows any relay could have
+		// published; no row means no relay has ever run.
+		minRelayPosition: `SELECT pg_snapshot_xmax(coalesce(target_snapshot, snapshot))::text FROM ` + offsets + `
+ORDER BY pg_snapshot_xmax(coalesce(target_snapshot, snapshot)) LIMIT 1`,
+		// The batch is the oldest rows in transaction order that every relay has published,
+		// and only those of them old enough go: the caller stops when a batch holds a younger
+		// row, so a round never walks the rows kept for OutboxKeep. created_at is a timestamp
+		// without time zone written with the session's clock, hence localtimestamp. The relays
+		// are read again here, so one registered since the bound was read holds rows back too.
 		deleteOutbox: `DELETE FROM ` + ob + ` WHERE ctid = ANY(ARRAY(
     SELECT ctid FROM (
-        SELECT ctid, created_at FROM ` + ob + `
-        WHERE (transaction_id, "offset") <= ($1::xid8, $2::bigint)
-        ORDER BY transaction_id, "offset"
-        LIMIT $4) head
-    WHERE created_at < localtimestamp - $3::bigint * interval '1 microsecond'))`,
+        SELECT t.ctid, t.created_at FROM ` + ob + ` t
+        WHERE t.transaction_id < $1::xid8
+          AND NOT EXISTS (SELECT 1 FROM ` + offsets + ` o WHERE NOT (
+                pg_visible_in_snapshot(t.transaction_id, o.snapshot)
+                OR coalesce(pg_visible_in_snapshot(t.transaction_id, o.target_snapshot) AND t."offset" <= o.target_offset, false)))
+        ORDER BY t.transaction_id, t."offset"
+        LIMIT $3) head
+    WHERE created_at < localtimestamp - $2::bigint * interval '1 microsecond'))`,
 		deleteHTTPKeys: `DELETE FROM ` + keys + ` WHERE ctid = ANY(ARRAY(
     SELECT ctid FROM ` + keys + ` WHERE created_at < now() - $1::bigint * interval '1 microsecond' LIMIT $2))`,
 		countClaims: `SELECT count(*) FROM ` + pm + ` WHERE consumer = $1 AND processed_at < $2`,
@@ -459,9 +467,8 @@ func (j *Janitor) deleteFinishedInbox(ctx context.Context, consumer string, befo
 }
 
 func (j *Janitor) deleteOutbox(ctx context.Context, rep *Report) error {
-	var txID string
-	var offset int64
-	err := j.db.QueryRowContext(ctx, j.q.minRelayPosition).Scan(&txID, &offset)
+	var bound string
+	err := j.db.QueryRowContext(ctx, j.q.minRelayPosition).Scan(&bound)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil // no relay has ever run: nothing is known to be forwarded
 	}
@@ -470,7 +477,7 @@ func (j *Janitor) deleteOutbox(ctx context.Context, rep *Report) error {
 	}
 	keep := j.config.OutboxKeep.Microseconds()
 	for ctx.Err() == nil {
-		res, err := j.db.ExecContext(ctx, j.q.deleteOutbox, txID, offset, keep, j.config.BatchSize)
+		res, err := j.db.ExecContext(ctx, j.q.deleteOutbox, bound, keep, j.config.BatchSize)
 		if err != nil {
 			return err
 		}

@@ -133,3 +133,41 @@ func TestForgetRelayRefusesARunningRelay(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, found, "already gone")
 }
+
+// The relay publishes by commit, not by transaction id: a transaction that wrote first and
+// committed last is published after rows with larger ids. Retention must keep its row until a
+// relay has published it, although rows with larger transaction ids are already gone.
+func TestOutboxRowWithASmallerIdCommittedLaterIsKeptUntilPublished(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	schema := pgtest.Schema(t, db)
+	ob := pgtx.QualifiedName(schema, "outbox")
+	ctx := context.Background()
+	j := newJanitor(t, db, retention.Config{Schema: schema, OutboxKeep: day})
+	w, err := outbox.NewWriter(outbox.Config{Schema: schema})
+	require.NoError(t, err)
+
+	late, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer late.Rollback()
+	require.NoError(t, w.PublishTx(ctx, late, "events", message.NewMessage("late", []byte(`{}`))))
+	_, err = late.ExecContext(ctx, `UPDATE `+ob+` SET created_at = created_at - interval '2 days' WHERE transaction_id = pg_current_xact_id()`)
+	require.NoError(t, err)
+
+	publishOutbox(t, db, schema, 1) // "m-0", a larger transaction id, committed first
+	pgtest.Exec(t, db, `UPDATE `+ob+` SET created_at = created_at - interval '2 days' WHERE uuid = 'm-0'`)
+	relayed(t, db, schema, "kafka", 1)
+	require.NoError(t, late.Commit())
+
+	rep, err := j.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), rep.OutboxRows, "the published row goes")
+	require.Equal(t, 1, pgtest.Count(t, db, `SELECT count(*) FROM `+ob+` WHERE uuid = 'late'`), "the unpublished row with the smaller id stays")
+
+	r := relayed(t, db, schema, "kafka", 1)
+	require.Equal(t, uint64(1), r.Stats().Forwarded)
+	rep, err = j.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), rep.OutboxRows)
+	require.Zero(t, pgtest.Count(t, db, `SELECT count(*) FROM `+ob))
+}
