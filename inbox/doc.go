@@ -81,9 +81,16 @@
 // FOR UPDATE SKIP LOCKED inside the processing transaction, and each row is written once, when
 // its outcome commits with the handler's effects. The lock disappears with the transaction or
 // the connection, which replaces the lease, the token and the reaper; a failed handler is
-// undone with a savepoint so that its attempt is recorded while the lock is held. What it gives
-// up is described at ClaimLock: rows in work show as PENDING, operator changes to them wait,
-// and an attempt that kills the process is not counted.
+// undone with a savepoint so that its attempt is recorded while the lock is held. The start of
+// each attempt is committed apart beforehand, so an attempt that kills the process or its
+// connection still counts. What it gives up is described at ClaimLock: rows in work show as
+// PENDING, and operator changes to them wait.
+//
+// In both modes an attempt that ends its own database connection or process (a terminated
+// backend, SIGKILL, an out-of-memory kill) counts toward MaxAttempts: a message that crashes
+// its worker every time is parked as FAILED, not retried forever. A lost connection cannot be
+// told apart from one the message caused, so a database restart also costs each row in work
+// one attempt.
 //
 // TxBatchSize > 1 runs several claimed rows in one transaction and completes them with one
 // statement; if any of them fails, the whole batch is rolled back and re-run one row per
@@ -134,7 +141,9 @@
 // # Costs
 //
 // Per message: one inserted row (four index entries), two row updates (claim, completion; each
-// a new row version, since status is indexed; one with ClaimLock) and a later delete, against
-// the middleware's one claim insert. A processor holds Workers connections plus up to three (LISTEN, lease upkeep,
-// releases). Dead-letter handling (alerts, replay, skip) is yours: Ops provides the tools.
+// a new row version, since status is indexed; one with ClaimLock, plus the insert and delete
+// of its attempt start in the small inbox_attempts table) and a later delete, against the
+// middleware's one claim insert. A processor holds Workers connections plus up to three
+// (LISTEN, lease upkeep or ClaimLock attempt starts, releases). Dead-letter handling (alerts,
+// replay, skip) is yours: Ops provides the tools.
 package inbox
