@@ -33,6 +33,13 @@
 // unique key is the dedupe record, and a copy of a message already in the inbox, finished or
 // not, inserts nothing and is acked.
 //
+// ReceiverConfig.MaxMessageAge is the age guard of the effectively-once middleware, for the
+// inbox: a copy whose key is no longer in the inbox (retention deleted its row) and whose event
+// occurred longer ago than the limit could be applied a second time. A store-first receiver
+// refuses it by parking it: the copy is stored as a FAILED row that names
+// middleware.ErrTooOld, acked, counted (ReceiverCounts.TooOld) and logged as an ALERT, and it
+// is processed only if an operator replays it.
+//
 // Concurrent Handle calls are group-committed: a writer takes every row waiting for it (up to
 // MaxBatch), inserts them with one INSERT ... SELECT FROM unnest(...) in one implicit
 // transaction, and answers every waiting call after the commit (or with the error, and the
@@ -136,7 +143,9 @@
 //     parked as FAILED. Parked rows need a person: alert on Stats.Failed and on
 //     Stats.OldestPendingAge.
 //   - DONE rows are the dedupe records. Ops.DeleteFinished removes old ones; keep them longer
-//     than any redelivery can come (broker retention, DLQ redrives, offset resets).
+//     than any redelivery can come (broker retention, DLQ redrives, offset resets), and set
+//     ReceiverConfig.MaxMessageAge a little below that window so that a later copy is parked
+//     instead of applied again.
 //
 // # Costs
 //

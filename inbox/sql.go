@@ -107,15 +107,21 @@ WHERE `
 		// One statement, one implicit transaction, one round trip per batch: insert every row
 		// in arrival order (ids follow it), skip keys already present, and NOTIFY once if
 		// anything was new. Notifications are delivered at commit.
+		// $9 holds the age guard's reason per row ('' for none): such a row, if its key is
+		// new, is stored parked as FAILED with the reason, and its key is returned.
 		ingest: `WITH ins AS (
-    INSERT INTO ` + t + ` (consumer, message_id, message_uuid, ordering_key, topic, payload, metadata)
-    SELECT $1::text, k, u, NULLIF(o, ''), tp, p, m::jsonb
-    FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[]) WITH ORDINALITY AS x(k, u, o, tp, p, m, n)
+    INSERT INTO ` + t + ` (consumer, message_id, message_uuid, ordering_key, topic, payload, metadata, status, last_error)
+    SELECT $1::text, k, u, NULLIF(o, ''), tp, p, m::jsonb,
+        CASE WHEN e = '' THEN 'PENDING' ELSE 'FAILED' END, NULLIF(e, '')
+    FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[], $9::text[]) WITH ORDINALITY AS x(k, u, o, tp, p, m, e, n)
     ORDER BY n
     ON CONFLICT (consumer, message_id) DO NOTHING
-    RETURNING 1
+    RETURNING message_id, status
 )
-SELECT c.n, CASE WHEN c.n > 0 THEN pg_notify($8, $1::text)::text END FROM (SELECT count(*) AS n FROM ins) c`,
+SELECT c.n, c.parked, CASE WHEN c.n > c.p THEN pg_notify($8, $1::text)::text END FROM (
+    SELECT count(*) AS n, count(*) FILTER (WHERE status = 'FAILED') AS p,
+        coalesce(json_agg(message_id) FILTER (WHERE status = 'FAILED'), '[]')::text AS parked
+    FROM ins) c`,
 
 		// Due PENDING rows in received order, skipping rows another claim holds locked, and
 		// skipping rows that have an older unfinished row of the same ordering key. $5 is the
