@@ -97,7 +97,9 @@
 // backend, SIGKILL, an out-of-memory kill) counts toward MaxAttempts: a message that crashes
 // its worker every time is parked as FAILED, not retried forever. A lost connection cannot be
 // told apart from one the message caused, so a database restart also costs each row in work
-// one attempt.
+// one attempt. A row whose last attempt ended that way runs alone (never in a TxBatchSize
+// batch, and in lease mode after giving back the rest of its claim), so its neighbours lose
+// at most the one attempt they shared with it and are not parked with it.
 //
 // TxBatchSize > 1 runs several claimed rows in one transaction and completes them with one
 // statement; if any of them fails, the whole batch is rolled back and re-run one row per

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -276,12 +277,12 @@ func (w *worker) begin(rows []claimedRow) []claimedRow {
 	return out
 }
 
-// takeUnstarted removes and returns the owned rows not started yet.
-func (w *worker) takeUnstarted() (rowIDs, tokens []int64) {
+// takeUnstarted removes and returns the owned rows not started yet, except keep.
+func (w *worker) takeUnstarted(keep ...int64) (rowIDs, tokens []int64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for id, token := range w.owned {
-		if !w.started[id] {
+		if !w.started[id] && !slices.Contains(keep, id) {
 			rowIDs = append(rowIDs, id)
 			tokens = append(tokens, token)
 			delete(w.owned, id)

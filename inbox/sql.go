@@ -55,6 +55,10 @@ func notifyChannel(schema string) string {
 // that every timestamp is computed by the database clock, never by a worker's.
 func micros(d time.Duration) int64 { return d.Microseconds() }
 
+// leaseExpired starts the last_error of a row whose lease the reaper took back: a claim
+// recognises by it a row whose last attempt may have killed its worker.
+const leaseExpired = "lease expired during attempt "
+
 // queries holds every statement with the schema-qualified table quoted in.
 type queries struct {
 	table   string
@@ -140,7 +144,8 @@ SELECT c.n, c.parked, CASE WHEN c.n > c.p THEN pg_notify($8, $1::text)::text END
 UPDATE ` + t + ` r SET status = 'IN_PROGRESS', claim_token = $3,
     lease_until = now() + $4::bigint * interval '1 microsecond', attempts = r.attempts + 1
 FROM due WHERE r.id = due.id
-RETURNING r.id, r.message_id, r.message_uuid, coalesce(r.ordering_key, ''), r.topic, r.payload, r.metadata::text, r.attempts, r.received_at, 0, ''`,
+RETURNING r.id, r.message_id, r.message_uuid, coalesce(r.ordering_key, ''), r.topic, r.payload, r.metadata::text, r.attempts, r.received_at,
+    CASE WHEN starts_with(r.last_error, '` + leaseExpired + `') THEN r.attempts - 1 ELSE 0 END, ''`,
 
 		complete: `UPDATE ` + t + ` SET status = 'DONE', finished_at = now(), claim_token = NULL, lease_until = NULL
 WHERE id = $1 AND claim_token = $2`,
@@ -175,7 +180,7 @@ WHERE r.id = h.id`,
 		reap: `UPDATE ` + t + ` r SET
     status = CASE WHEN r.attempts >= $2 THEN 'FAILED' ELSE 'PENDING' END,
     claim_token = NULL, lease_until = NULL, next_attempt_at = now(),
-    last_error = 'lease expired during attempt ' || r.attempts || ': the worker stalled, died or outran its lease'
+    last_error = '` + leaseExpired + `' || r.attempts || ': the worker stalled, died or outran its lease'
 FROM (SELECT id FROM ` + t + `
       WHERE consumer = $1 AND status = 'IN_PROGRESS' AND lease_until < now()
       LIMIT 1000 FOR UPDATE SKIP LOCKED) e

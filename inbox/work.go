@@ -172,14 +172,29 @@ func newToken() int64 {
 
 // processClaim works through one claim in TxBatchSize chunks. Once claiming stops (shutdown),
 // rows not yet started are released at once.
+//
+// A row whose last attempt lost its lease (r.crashed: the worker died, stalled or was killed)
+// may kill this worker too. It runs alone, and the rest of the claim is given back first: the
+// lease of a dead worker's claim expires for every row in it, started or not, so a crash
+// would otherwise count an attempt against each of its neighbours every time, and park them
+// with it.
 func (p *Processor) processClaim(ctx context.Context, w *worker, rows []claimedRow, token int64) {
 	w.own(rows, token)
-	for i := 0; i < len(rows); i += p.config.TxBatchSize {
+	for i := 0; i < len(rows); {
 		if ctx.Err() != nil {
 			p.releaseUnstarted(w)
 			return
 		}
-		chunk := w.begin(rows[i:min(i+p.config.TxBatchSize, len(rows))])
+		end := i + 1
+		if rows[i].crashed > 0 {
+			p.releaseUnstarted(w, rows[i].id)
+		} else {
+			for end < len(rows) && end-i < p.config.TxBatchSize && rows[end].crashed == 0 {
+				end++
+			}
+		}
+		chunk := w.begin(rows[i:end])
+		i = end
 		switch len(chunk) {
 		case 0:
 			continue
@@ -191,9 +206,9 @@ func (p *Processor) processClaim(ctx context.Context, w *worker, rows []claimedR
 	}
 }
 
-// releaseUnstarted gives back the rows a worker claimed but has not started.
-func (p *Processor) releaseUnstarted(w *worker) {
-	if rowIDs, tokens := w.takeUnstarted(); len(rowIDs) > 0 {
+// releaseUnstarted gives back the rows a worker claimed but has not started, except keep.
+func (p *Processor) releaseUnstarted(w *worker, keep ...int64) {
+	if rowIDs, tokens := w.takeUnstarted(keep...); len(rowIDs) > 0 {
 		p.releasePairs(rowIDs, tokens, 0)
 	}
 }
