@@ -33,6 +33,13 @@
 // unique key is the dedupe record, and a copy of a message already in the inbox, finished or
 // not, inserts nothing and is acked.
 //
+// ReceiverConfig.MaxMessageAge is the age guard of the effectively-once middleware, for the
+// inbox: a copy whose key is no longer in the inbox (retention deleted its row) and whose event
+// occurred longer ago than the limit could be applied a second time. A store-first receiver
+// refuses it by parking it: the copy is stored as a FAILED row that names
+// middleware.ErrTooOld, acked, counted (ReceiverCounts.TooOld) and logged as an ALERT, and it
+// is processed only if an operator replays it.
+//
 // Concurrent Handle calls are group-committed: a writer takes every row waiting for it (up to
 // MaxBatch), inserts them with one INSERT ... SELECT FROM unnest(...) in one implicit
 // transaction, and answers every waiting call after the commit (or with the error, and the
@@ -81,9 +88,18 @@
 // FOR UPDATE SKIP LOCKED inside the processing transaction, and each row is written once, when
 // its outcome commits with the handler's effects. The lock disappears with the transaction or
 // the connection, which replaces the lease, the token and the reaper; a failed handler is
-// undone with a savepoint so that its attempt is recorded while the lock is held. What it gives
-// up is described at ClaimLock: rows in work show as PENDING, operator changes to them wait,
-// and an attempt that kills the process is not counted.
+// undone with a savepoint so that its attempt is recorded while the lock is held. The start of
+// each attempt is committed apart beforehand, so an attempt that kills the process or its
+// connection still counts. What it gives up is described at ClaimLock: rows in work show as
+// PENDING, and operator changes to them wait.
+//
+// In both modes an attempt that ends its own database connection or process (a terminated
+// backend, SIGKILL, an out-of-memory kill) counts toward MaxAttempts: a message that crashes
+// its worker every time is parked as FAILED, not retried forever. A lost connection cannot be
+// told apart from one the message caused, so a database restart also costs each row in work
+// one attempt. A row whose last attempt ended that way runs alone (never in a TxBatchSize
+// batch, and in lease mode after giving back the rest of its claim), so its neighbours lose
+// at most the one attempt they shared with it and are not parked with it.
 //
 // TxBatchSize > 1 runs several claimed rows in one transaction and completes them with one
 // statement; if any of them fails, the whole batch is rolled back and re-run one row per
@@ -129,12 +145,16 @@
 //     parked as FAILED. Parked rows need a person: alert on Stats.Failed and on
 //     Stats.OldestPendingAge.
 //   - DONE rows are the dedupe records. Ops.DeleteFinished removes old ones; keep them longer
-//     than any redelivery can come (broker retention, DLQ redrives, offset resets).
+//     than any redelivery can come (broker retention, DLQ redrives, offset resets), and set
+//     ReceiverConfig.MaxMessageAge a little below that window so that a later copy is parked
+//     instead of applied again.
 //
 // # Costs
 //
 // Per message: one inserted row (four index entries), two row updates (claim, completion; each
-// a new row version, since status is indexed; one with ClaimLock) and a later delete, against
-// the middleware's one claim insert. A processor holds Workers connections plus up to three (LISTEN, lease upkeep,
-// releases). Dead-letter handling (alerts, replay, skip) is yours: Ops provides the tools.
+// a new row version, since status is indexed; one with ClaimLock, plus the insert and delete
+// of its attempt start in the small inbox_attempts table) and a later delete, against the
+// middleware's one claim insert. A processor holds Workers connections plus up to three
+// (LISTEN, lease upkeep or ClaimLock attempt starts, releases). Dead-letter handling (alerts,
+// replay, skip) is yours: Ops provides the tools.
 package inbox

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -33,13 +34,19 @@ const (
 	// another worker may take the row only then.
 	//
 	// What differs from ClaimLease: rows being processed stay PENDING (Stats counts them as
-	// pending, never IN_PROGRESS); an operator change (Ops.Replay, Ops.Skip) to a row being
-	// processed waits until its transaction ends; and an attempt is recorded with its outcome,
-	// so an attempt that never ends its transaction itself (the process is killed, the
-	// connection is lost) is not counted: a message that crashes the process every time is
-	// retried by every restart instead of being parked after MaxAttempts. Errors, panics and
-	// HandlerTimeout are counted and parked as with leases. Both modes can serve one consumer at
-	// once (during a rolling change, say): each skips the rows the other holds.
+	// pending, never IN_PROGRESS), and an operator change (Ops.Replay, Ops.Skip) to a row being
+	// processed waits until its transaction ends.
+	//
+	// Attempts count as with leases, crashes included: before the handlers run, the worker
+	// commits the start of the attempt in inbox_attempts (migration 008) from a second
+	// connection, since anything the locking transaction writes dies with it. The outcome
+	// removes the start in the processing transaction. A start left behind is an attempt that
+	// ended its connection or process (SIGKILL, an out-of-memory kill, a terminated backend):
+	// the next worker to lock the row counts it, runs the row alone (not in a TxBatchSize
+	// batch), and parks it as FAILED, without running it, once such an attempt was the
+	// MaxAttempts-th. This costs one more statement and commit per transaction and, briefly, a
+	// second connection per worker. Both modes can serve one consumer at once (during a
+	// rolling change, say): each skips the rows the other holds.
 	ClaimLock
 )
 
@@ -118,8 +125,21 @@ func (p *Processor) lockedRound(claimCtx context.Context) (int, error) {
 		committed = p.runLockedRow(ctx, tx, rows[0])
 		return 1, nil
 	}
+	if slices.ContainsFunc(rows, func(r claimedRow) bool { return r.crashed > 0 }) {
+		// A row whose last attempt ended its connection or process runs alone, so that it
+		// cannot take its neighbours down with it again, and is parked there if it must be.
+		_ = tx.Rollback()
+		p.processLockedEach(claimCtx, rows)
+		return len(rows), nil
+	}
+	if err := p.startLocked(ctx, rows); err != nil {
+		return len(rows), err
+	}
 	for _, r := range rows {
 		if err := p.runHandler(ctx, tx, r); err != nil {
+			// Not the attempt of every row in the batch: withdraw the starts (while the locks
+			// are held) and let the row-by-row pass count the attempt of the row at fault.
+			p.forgetLocked(rows)
 			if p.handlerCtx.Err() != nil {
 				p.released.Add(uint64(len(rows)))
 				return len(rows), nil
@@ -130,7 +150,7 @@ func (p *Processor) lockedRound(claimCtx context.Context) (int, error) {
 			return len(rows), nil
 		}
 	}
-	res, err := tx.ExecContext(ctx, p.q.completeLock, ids(rows))
+	res, err := tx.ExecContext(ctx, p.q.completeLock, ids(rows), attemptsOf(rows))
 	if err == nil {
 		if n, _ := res.RowsAffected(); int(n) != len(rows) {
 			err = fmt.Errorf("inbox: completed %d of %d locked rows", n, len(rows))
@@ -138,7 +158,15 @@ func (p *Processor) lockedRound(claimCtx context.Context) (int, error) {
 	}
 	if err != nil {
 		_ = tx.Rollback()
-		if p.handlerCtx.Err() != nil || pgtx.IsConnectionError(err) {
+		if pgtx.IsConnectionError(err) && p.handlerCtx.Err() == nil {
+			// The handlers ran and the connection is gone, perhaps by their doing: the starts
+			// stay, and the next worker to lock these rows counts the attempt.
+			p.errs.Add(1)
+			p.logger.Error("Connection lost completing a batch; the attempt counts and its rows are claimed again", err, watermill.LogFields{"rows": len(rows)})
+			return len(rows), nil
+		}
+		p.forgetLocked(rows)
+		if p.handlerCtx.Err() != nil {
 			p.released.Add(uint64(len(rows)))
 			return len(rows), nil
 		}
@@ -147,14 +175,52 @@ func (p *Processor) lockedRound(claimCtx context.Context) (int, error) {
 	}
 	committed = true
 	if err := tx.Commit(); err != nil {
-		// Possibly committed after all: then the rows are DONE; if not, they are still PENDING
-		// and are claimed again.
+		// Possibly committed after all: then the rows are DONE; if not, they are still PENDING,
+		// their starts count the attempt, and they are claimed again.
 		p.errs.Add(1)
 		p.logger.Error("Batch commit failed; its rows are processed again unless it did commit", err, watermill.LogFields{"rows": len(rows)})
 		return len(rows), nil
 	}
 	p.processed.Add(uint64(len(rows)))
 	return len(rows), nil
+}
+
+func attemptsOf(rows []claimedRow) []int64 {
+	out := make([]int64, len(rows))
+	for i, r := range rows {
+		out[i] = int64(r.attempts)
+	}
+	return out
+}
+
+// startLocked commits the start of the attempts on rows, on a connection of its own (the row
+// locks do not cover inbox_attempts), before any handler runs: if the attempt then ends the
+// connection or the process, the start stays and the next worker to lock the row counts it.
+// It costs one round trip and one commit per transaction, and briefly a second connection.
+func (p *Processor) startLocked(ctx context.Context, rows []claimedRow) error {
+	xmins := make([]string, len(rows))
+	for i, r := range rows {
+		xmins[i] = r.xmin
+	}
+	if _, err := p.db.ExecContext(ctx, p.q.startLock, ids(rows), attemptsOf(rows), xmins); err != nil {
+		if pgtx.IsUndefinedTable(err) {
+			return fmt.Errorf("inbox: table inbox_attempts is missing: run the migrations (008): %w", err)
+		}
+		return fmt.Errorf("inbox: record the start of an attempt: %w", err)
+	}
+	return nil
+}
+
+// forgetLocked withdraws the starts of attempts that do not count (shutdown, a batch falling
+// back to one row per transaction). Only these attempts' starts are removed, so it is safe
+// after the locks are gone. If it fails, the attempts are counted after all.
+func (p *Processor) forgetLocked(rows []claimedRow) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := p.db.ExecContext(ctx, p.q.forgetLock, ids(rows), attemptsOf(rows)); err != nil {
+		p.errs.Add(1)
+		p.logger.Error("Could not withdraw the start of attempts that did not happen; they will be counted", err, watermill.LogFields{"rows": len(rows)})
+	}
 }
 
 // processLockedEach runs the rows of a failed batch one per transaction, each locked again by
@@ -200,9 +266,18 @@ func (p *Processor) processLockedOne(id int64) {
 // reports whether it ended tx (commit attempted).
 func (p *Processor) runLockedRow(ctx context.Context, tx *sql.Tx, r claimedRow) bool {
 	fields := watermill.LogFields{"row": r.id, "message_id": r.messageID, "attempt": r.attempts}
+	if r.crashed >= p.config.MaxAttempts {
+		return p.parkCrashed(ctx, tx, r, fields)
+	}
+	if err := p.startLocked(ctx, []claimedRow{r}); err != nil {
+		p.errs.Add(1)
+		p.logger.Error("Could not record the start of an attempt; the row is claimed again later", err, fields)
+		return false
+	}
 	if _, err := tx.ExecContext(ctx, lockSavepoint); err != nil {
 		p.errs.Add(1)
 		p.logger.Error("Savepoint failed; the row is claimed again later", err, fields)
+		p.forgetLocked([]claimedRow{r})
 		return false
 	}
 	var herr error
@@ -218,7 +293,7 @@ func (p *Processor) runLockedRow(ctx context.Context, tx *sql.Tx, r claimedRow) 
 		time.Sleep(pgtx.RetryPolicy{}.Delay(try))
 	}
 	if herr == nil {
-		res, err := tx.ExecContext(ctx, p.q.completeLock, []int64{r.id})
+		res, err := tx.ExecContext(ctx, p.q.completeLock, []int64{r.id}, []int64{int64(r.attempts)})
 		if errors.Is(err, sql.ErrTxDone) && ctx.Err() == nil {
 			// The handler committed or rolled back the transaction itself; if it committed,
 			// its effects are in without the row being DONE. Park it for a person.
@@ -245,15 +320,19 @@ func (p *Processor) runLockedRow(ctx context.Context, tx *sql.Tx, r claimedRow) 
 	case p.handlerCtx.Err() != nil:
 		p.released.Add(1)
 		p.logger.Info("Shutdown: row given back unprocessed", fields)
+		p.forgetLocked([]claimedRow{r})
 		return false
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		// database/sql has rolled the transaction back: record the attempt on its own.
 		p.recordLockedFailure(r, fmt.Errorf("handler exceeded HandlerTimeout (%s): %w", p.config.HandlerTimeout, herr))
 		return true
 	case pgtx.IsConnectionError(herr):
-		p.errs.Add(1)
-		p.logger.Error("Row not processed (database connection); it is claimed again later", herr, fields)
-		return false
+		// The connection ended while the handler ran, perhaps by the message's doing (a query
+		// that crashes the backend, pg_terminate_backend): the attempt counts, as in lease mode.
+		// If it cannot be recorded now, its start makes the next worker count it.
+		_ = tx.Rollback()
+		p.recordLockedFailure(r, fmt.Errorf("inbox: the database connection ended during the attempt (counted): %w", herr))
+		return true
 	}
 	// Undo the handler's writes, keep the lock, record the attempt, commit.
 	if _, err := tx.ExecContext(ctx, lockRollbackSavepoint); err != nil {
@@ -280,8 +359,28 @@ func (p *Processor) failLocked(ctx context.Context, q interface {
 }, r claimedRow, cause error) (string, error) {
 	var status string
 	err := q.QueryRowContext(ctx, p.q.failLock, r.id, middleware.IsPermanent(cause), p.config.MaxAttempts,
-		micros(p.backoff(r.attempts)), errorText(cause)).Scan(&status)
+		micros(p.backoff(r.attempts)), errorText(cause), r.attempts).Scan(&status)
 	return status, err
+}
+
+// parkCrashed parks a locked row whose last allowed attempt ended its connection or process,
+// without running it again, and commits tx. It reports that it ended tx.
+func (p *Processor) parkCrashed(ctx context.Context, tx *sql.Tx, r claimedRow, fields watermill.LogFields) bool {
+	cause := fmt.Errorf("attempt %d ended its database connection or process (killed, crashed or terminated) and was the last of MaxAttempts (%d)", r.crashed, p.config.MaxAttempts)
+	var status string
+	err := tx.QueryRowContext(ctx, p.q.parkLock, r.id, r.crashed, errorText(cause)).Scan(&status)
+	if err == nil {
+		err = tx.Commit()
+	}
+	if err != nil {
+		_ = tx.Rollback()
+		p.errs.Add(1)
+		p.logger.Error("Could not park a row whose attempts ended their process; it is claimed again later", err, fields)
+		return true
+	}
+	p.parked.Add(1)
+	p.logger.Error("Row parked as FAILED: replay or skip it (its ordering key, if any, waits)", cause, fields.Add(watermill.LogFields{"attempt": r.crashed}))
+	return true
 }
 
 // recordLockedFailure records an attempt whose transaction is gone. If another worker took
@@ -297,7 +396,7 @@ func (p *Processor) recordLockedFailure(r claimedRow, cause error) {
 	case err != nil:
 		p.failed.Add(1)
 		p.errs.Add(1)
-		p.logger.Error("Could not record a failed attempt; the row is retried at once", errors.Join(cause, err), watermill.LogFields{"row": r.id})
+		p.logger.Error("Could not record a failed attempt; it is counted when the row is claimed again", errors.Join(cause, err), watermill.LogFields{"row": r.id})
 	default:
 		p.reportFailure(r, cause, status)
 	}
@@ -334,7 +433,7 @@ func (p *Processor) queryClaimed(ctx context.Context, q interface {
 	var rows []claimedRow
 	for rs.Next() {
 		var r claimedRow
-		if err := rs.Scan(&r.id, &r.messageID, &r.uuid, &r.orderingKey, &r.topic, &r.payload, &r.metadata, &r.attempts, &r.receivedAt); err != nil {
+		if err := rs.Scan(&r.id, &r.messageID, &r.uuid, &r.orderingKey, &r.topic, &r.payload, &r.metadata, &r.attempts, &r.receivedAt, &r.crashed, &r.xmin); err != nil {
 			return nil, fmt.Errorf("inbox: scan claimed row: %w", err)
 		}
 		rows = append(rows, r)

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -206,9 +207,10 @@ type ProcessorCounts struct {
 //   - Each row is attempted until it is DONE or parked: a failed attempt (error, panic,
 //     timeout) is recorded with the error and retried after an exponential backoff with
 //     jitter; a permanent error (middleware.Permanent) or the MaxAttempts-th failure parks the
-//     row as FAILED, where it waits for Ops.Replay or a skip. A worker that dies mid-attempt
-//     leaves a lease that expires; the attempt still counts, so a message that crashes its
-//     worker is parked rather than retried forever.
+//     row as FAILED, where it waits for Ops.Replay or a skip. An attempt that ends its worker's
+//     process or database connection (killed, crashed, terminated backend) still counts, in
+//     both claim modes, so a message that crashes its worker is parked rather than retried
+//     forever.
 //   - Rows with an ordering key are processed one at a time per key, in received order: a row
 //     is eligible only when every older row of its key is DONE or SKIPPED. A failing row
 //     holds back its key only; a FAILED row parks its key until replayed or skipped. Rows
@@ -275,12 +277,12 @@ func (w *worker) begin(rows []claimedRow) []claimedRow {
 	return out
 }
 
-// takeUnstarted removes and returns the owned rows not started yet.
-func (w *worker) takeUnstarted() (rowIDs, tokens []int64) {
+// takeUnstarted removes and returns the owned rows not started yet, except keep.
+func (w *worker) takeUnstarted(keep ...int64) (rowIDs, tokens []int64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for id, token := range w.owned {
-		if !w.started[id] {
+		if !w.started[id] && !slices.Contains(keep, id) {
 			rowIDs = append(rowIDs, id)
 			tokens = append(tokens, token)
 			delete(w.owned, id)

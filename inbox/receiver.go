@@ -16,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -87,6 +88,26 @@ type ReceiverConfig struct {
 	Writers int
 	// WriteTimeout bounds one batch statement. Default 10s.
 	WriteTimeout time.Duration
+
+	// MaxMessageAge is the age guard, with the semantics of the effectively-once middleware's
+	// option of the same name: a copy whose key is not (or no longer) in the inbox and whose
+	// event occurred longer ago than this is not processed, since its row may have been
+	// deleted by retention after the original was applied. The receiver being store-first,
+	// "refused" means parked: the copy is stored as a FAILED row (attempts 0, last_error
+	// naming middleware.ErrTooOld) and acked, counted in ReceiverCounts.TooOld and logged as an
+	// ALERT. It is never processed unless an operator replays it (Ops.Replay) and stays the
+	// dedupe record of its key, so further copies are ordinary duplicates; like any FAILED row
+	// it holds back later rows of its ordering key until replayed or skipped. A copy whose key
+	// is still in the inbox is a duplicate whatever its age. Set it a little below the
+	// retention window of finished rows. Zero disables the guard; messages that carry no time
+	// are not checked; with the guard on, a time that cannot be read is refused (a permanent
+	// error wrapping middleware.ErrMalformedMetadata).
+	MaxMessageAge time.Duration
+	// OccurredAt returns when the event occurred, as carried by the message. Default: the
+	// "occurred_at" metadata (RFC 3339) that the outbox stamps. Used by MaxMessageAge only.
+	OccurredAt func(msg *message.Message) (t time.Time, ok bool, err error)
+	// Now is the clock of the age guard. Default time.Now.
+	Now func() time.Time
 }
 
 func (c *ReceiverConfig) setDefaults() {
@@ -107,6 +128,12 @@ func (c *ReceiverConfig) setDefaults() {
 	}
 	if c.WriteTimeout == 0 {
 		c.WriteTimeout = 10 * time.Second
+	}
+	if c.OccurredAt == nil {
+		c.OccurredAt = middleware.OccurredAtFromMetadata(outbox.MetadataOccurredAt)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
 	}
 }
 
@@ -134,6 +161,9 @@ func (c ReceiverConfig) Validate() error {
 	if c.WriteTimeout < 0 {
 		errs = append(errs, errors.New("WriteTimeout must not be negative"))
 	}
+	if c.MaxMessageAge < 0 {
+		errs = append(errs, errors.New("MaxMessageAge must not be negative"))
+	}
 	return errors.Join(errs...)
 }
 
@@ -153,6 +183,7 @@ type ReceiverCounts struct {
 	Stored        uint64 // new rows committed
 	Duplicates    uint64 // messages acked without a new row: their key was already in the inbox
 	Refused       uint64 // messages refused (permanent error) for an unusable key or metadata
+	TooOld        uint64 // copies parked as FAILED by the age guard (older than MaxMessageAge)
 	Batches       uint64 // statements that committed
 	BatchFailures uint64 // statements that failed (their messages were nacked or retried alone)
 	Waiting       int64  // Handle calls waiting for their batch right now
@@ -176,6 +207,10 @@ type ReceiverCounts struct {
 // once (or the router runs handlers concurrently); a single sequential stream gets one row per
 // commit, still without added latency.
 //
+// With MaxMessageAge set, a copy of a forgotten key (its row deleted by retention) that is older
+// than the limit is stored parked as FAILED instead of PENDING: acked, counted, logged as an
+// ALERT, never processed unless replayed (see ReceiverConfig.MaxMessageAge).
+//
 // A message whose key or metadata cannot be stored is refused with a permanent error
 // (middleware.IsPermanent) and never acked silently: route it to a poison queue, e.g. with
 // Watermill's PoisonQueueWithFilter(publisher, topic, middleware.IsPermanent).
@@ -190,8 +225,8 @@ type Receiver struct {
 	queue   chan *request
 	writers sync.WaitGroup
 
-	stored, duplicates, refused, batches, batchFailures atomic.Uint64
-	waiting                                             atomic.Int64
+	stored, duplicates, refused, tooOld, batches, batchFailures atomic.Uint64
+	waiting                                                     atomic.Int64
 }
 
 // row is one message ready to insert.
@@ -199,6 +234,7 @@ type row struct {
 	key, uuid, orderingKey, topic string
 	payload                       []byte
 	metadata                      string
+	tooOld                        string // the age guard's reason: stored FAILED unless the key exists
 }
 
 type request struct {
@@ -267,7 +303,8 @@ type Querier interface {
 }
 
 // StoreTx is the transactional twin of Handle: it inserts msgs as received from topic within
-// tx, skipping keys already present, and returns how many rows are new. The rows, and the
+// tx, skipping keys already present, and returns how many rows are new (copies the age guard
+// parks as FAILED included). The rows, and the
 // wake-up of the processors, take effect when tx commits. Every message is checked before
 // anything is written; one unusable message fails the call (a permanent error) and writes nothing.
 func (r *Receiver) StoreTx(ctx context.Context, tx Querier, topic string, msgs ...*message.Message) (int, error) {
@@ -289,7 +326,12 @@ func (r *Receiver) StoreTx(ctx context.Context, tx Querier, topic string, msgs .
 		rows[i] = rw
 	}
 	// Not counted in Counts: whether these rows commit is up to the caller.
-	return r.insert(ctx, tx, rows)
+	n, parked, err := r.insert(ctx, tx, rows)
+	if err != nil {
+		return 0, err
+	}
+	r.alertTooOld(rows, parked, "stored in the caller's transaction")
+	return n, nil
 }
 
 // Counts returns the receiver's running totals.
@@ -298,6 +340,7 @@ func (r *Receiver) Counts() ReceiverCounts {
 		Stored:        r.stored.Load(),
 		Duplicates:    r.duplicates.Load(),
 		Refused:       r.refused.Load(),
+		TooOld:        r.tooOld.Load(),
 		Batches:       r.batches.Load(),
 		BatchFailures: r.batchFailures.Load(),
 		Waiting:       r.waiting.Load(),
@@ -347,11 +390,49 @@ func (r *Receiver) prepare(msg *message.Message, topic string) (row, error) {
 	if err != nil {
 		return row{}, r.refuse(msg, fmt.Errorf("%w in message %q (consumer %q): %w", ErrInvalidMetadata, msg.UUID, r.config.Consumer, err))
 	}
+	tooOld, err := r.checkAge(msg)
+	if err != nil {
+		return row{}, r.refuse(msg, fmt.Errorf("%w: message %q (consumer %q): %w", middleware.ErrMalformedMetadata, msg.UUID, r.config.Consumer, err))
+	}
 	payload := msg.Payload
 	if payload == nil {
 		payload = []byte{} // a nil slice would be sent as NULL
 	}
-	return row{key: key, uuid: msg.UUID, orderingKey: orderingKey, topic: topic, payload: payload, metadata: metadata}, nil
+	return row{key: key, uuid: msg.UUID, orderingKey: orderingKey, topic: topic, payload: payload, metadata: metadata, tooOld: tooOld}, nil
+}
+
+// checkAge is the age guard (ReceiverConfig.MaxMessageAge). It returns why the message is too
+// old, or "". Whether that parks it is decided by the insert: only if its key is absent.
+func (r *Receiver) checkAge(msg *message.Message) (string, error) {
+	if r.config.MaxMessageAge == 0 {
+		return "", nil
+	}
+	occurredAt, ok, err := r.config.OccurredAt(msg)
+	if err != nil || !ok {
+		return "", err
+	}
+	age := r.config.Now().Sub(occurredAt)
+	if age <= r.config.MaxMessageAge {
+		return "", nil
+	}
+	return fmt.Sprintf("%v: event occurred %s ago (at %s), beyond MaxMessageAge %s: its row may already have been deleted by retention, so processing it could apply it twice. Parked by the receiver, never processed: replay it to process it anyway, or skip it",
+		middleware.ErrTooOld, age.Round(time.Second), occurredAt.Format(time.RFC3339), r.config.MaxMessageAge), nil
+}
+
+// alertTooOld reports copies the age guard parked.
+func (r *Receiver) alertTooOld(rows []row, parked []string, where string) {
+	if len(parked) == 0 {
+		return
+	}
+	reasons := make(map[string]string, len(parked))
+	for _, rw := range rows {
+		if rw.tooOld != "" {
+			reasons[rw.key] = rw.tooOld
+		}
+	}
+	for _, key := range parked {
+		r.logger.Error("ALERT: copy older than MaxMessageAge "+where+" as FAILED, not processed", errors.New(reasons[key]), watermill.LogFields{"dedupe_key": key})
+	}
 }
 
 func (r *Receiver) refuse(msg *message.Message, cause error) error {
@@ -427,10 +508,9 @@ func (r *Receiver) fill(batch []*request) []*request {
 func (r *Receiver) writeBatch(batch []*request, rows []row) {
 	ctx, cancel := context.WithTimeout(context.Background(), r.config.WriteTimeout)
 	defer cancel()
-	n, err := r.insertRetrying(ctx, rows)
+	n, parked, err := r.insertRetrying(ctx, rows)
 	if err == nil {
-		r.stored.Add(uint64(n))
-		r.duplicates.Add(uint64(len(rows) - n))
+		r.count(rows, n, parked)
 		for _, req := range batch {
 			req.done <- nil
 		}
@@ -447,57 +527,72 @@ func (r *Receiver) writeBatch(batch []*request, rows []row) {
 	// write each on its own so that one row cannot fail its neighbours.
 	r.logger.Error("Inbox batch failed; writing its rows one by one", err, watermill.LogFields{"messages": len(batch)})
 	for _, req := range batch {
-		n, err := r.insertRetrying(ctx, []row{req.row})
+		n, parked, err := r.insertRetrying(ctx, []row{req.row})
 		if err == nil {
-			r.stored.Add(uint64(n))
-			r.duplicates.Add(uint64(1 - n))
+			r.count([]row{req.row}, n, parked)
 		}
 		req.done <- err
 	}
 }
 
+// count records the outcome of one committed statement: n new rows, parked of them parked by
+// the age guard.
+func (r *Receiver) count(rows []row, n int, parked []string) {
+	r.stored.Add(uint64(n - len(parked)))
+	r.tooOld.Add(uint64(len(parked)))
+	r.duplicates.Add(uint64(len(rows) - n))
+	r.alertTooOld(rows, parked, "parked")
+}
+
 // insertRetrying runs the batch statement, again after a deadlock: two batches carrying copies
 // of the same keys in opposite orders wait for each other on the unique index, and PostgreSQL
 // aborts one of them having written nothing.
-func (r *Receiver) insertRetrying(ctx context.Context, rows []row) (int, error) {
+func (r *Receiver) insertRetrying(ctx context.Context, rows []row) (int, []string, error) {
 	policy := pgtx.RetryPolicy{MaxAttempts: 5}
 	for attempt := 1; ; attempt++ {
-		n, err := r.insert(ctx, r.db, rows)
+		n, parked, err := r.insert(ctx, r.db, rows)
 		if err == nil {
 			r.batches.Add(1)
-			return n, nil
+			return n, parked, nil
 		}
 		r.batchFailures.Add(1)
 		if !pgtx.IsRetryableTx(err) || attempt >= policy.MaxAttempts {
-			return 0, err
+			return 0, nil, err
 		}
 		select {
 		case <-ctx.Done():
-			return 0, errors.Join(err, ctx.Err())
+			return 0, nil, errors.Join(err, ctx.Err())
 		case <-time.After(policy.Delay(attempt)):
 		}
 	}
 }
 
-func (r *Receiver) insert(ctx context.Context, q Querier, rows []row) (int, error) {
+// insert returns how many rows are new and the keys of those the age guard parked.
+func (r *Receiver) insert(ctx context.Context, q Querier, rows []row) (int, []string, error) {
 	keys := make([]string, len(rows))
 	uuids := make([]string, len(rows))
 	orderingKeys := make([]string, len(rows))
 	topics := make([]string, len(rows))
 	payloads := make([][]byte, len(rows))
 	metadata := make([]string, len(rows))
+	tooOld := make([]string, len(rows))
 	for i, rw := range rows {
 		keys[i], uuids[i], orderingKeys[i], topics[i] = rw.key, rw.uuid, rw.orderingKey, rw.topic
-		payloads[i], metadata[i] = rw.payload, rw.metadata
+		payloads[i], metadata[i], tooOld[i] = rw.payload, rw.metadata, rw.tooOld
 	}
 	var n int
+	var parkedJSON string
 	var notified sql.NullString
-	err := q.QueryRowContext(ctx, r.q.ingest, r.config.Consumer, keys, uuids, orderingKeys, topics, payloads, metadata, r.q.channel).Scan(&n, &notified)
+	err := q.QueryRowContext(ctx, r.q.ingest, r.config.Consumer, keys, uuids, orderingKeys, topics, payloads, metadata, r.q.channel, tooOld).Scan(&n, &parkedJSON, &notified)
 	if err != nil {
 		if pgtx.IsUndefinedTable(err) {
-			return 0, fmt.Errorf("inbox: table %s is missing: run the migrations (migrate.Migrate or `wmonce migrate up`): %w", r.q.table, err)
+			return 0, nil, fmt.Errorf("inbox: table %s is missing: run the migrations (migrate.Migrate or `wmonce migrate up`): %w", r.q.table, err)
 		}
-		return 0, fmt.Errorf("inbox: store %d message(s): %w", len(rows), err)
+		return 0, nil, fmt.Errorf("inbox: store %d message(s): %w", len(rows), err)
 	}
-	return n, nil
+	var parked []string
+	if err := json.Unmarshal([]byte(parkedJSON), &parked); err != nil {
+		return 0, nil, fmt.Errorf("inbox: store %d message(s): read the keys parked as too old: %w", len(rows), err)
+	}
+	return n, parked, nil
 }

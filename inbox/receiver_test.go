@@ -14,6 +14,7 @@ import (
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/outbox"
 )
 
 // A burst of concurrent deliveries lands in few statements (group commit), every delivery is
@@ -205,6 +206,7 @@ func TestConfigValidation(t *testing.T) {
 		"batch too big":  {Consumer: "c", MaxBatch: inbox.MaxBatchLimit + 1},
 		"writers":        {Consumer: "c", Writers: -1},
 		"linger":         {Consumer: "c", Linger: time.Hour},
+		"negative age":   {Consumer: "c", MaxMessageAge: -time.Second},
 	} {
 		_, err := inbox.NewReceiver(db, cfg, nil)
 		require.ErrorContains(t, err, "invalid receiver config", name)
@@ -235,4 +237,69 @@ func TestConfigValidation(t *testing.T) {
 	// Errors say what to fix.
 	_, err = inbox.NewProcessor(db, h, inbox.ProcessorConfig{Consumer: "c", ClaimBatch: 4, TxBatchSize: 5}, nil)
 	require.ErrorContains(t, err, "TxBatchSize must be between 1 and ClaimBatch (4), got 5")
+}
+
+// The age guard (MaxMessageAge) has the middleware's semantics: a copy whose key is gone from
+// the inbox (deleted by retention) and whose event is older than the limit is not processed
+// again; it is parked as FAILED, visibly, and acked. A copy whose key is still there is a
+// duplicate whatever its age.
+func TestAgeGuardParksOldCopiesOfForgottenKeys(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	occurred := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) func() time.Time { return func() time.Time { return occurred.Add(d) } }
+	event := func(id string) *message.Message {
+		return msg(id, "p", outbox.MetadataOccurredAt, occurred.Format(time.RFC3339Nano))
+	}
+	guarded := func(now func() time.Time) *inbox.Receiver {
+		return e.receiver(t, inbox.ReceiverConfig{Consumer: "c", MaxMessageAge: time.Hour, Now: now})
+	}
+
+	// The originals arrive in time.
+	early := guarded(at(time.Minute))
+	require.NoError(t, early.Handle(event("kept")))
+	require.NoError(t, early.Handle(event("forgotten")))
+	require.Equal(t, uint64(2), early.Counts().Stored)
+	// Both are applied; retention later deletes one of them.
+	pgtest.Exec(t, e.db, `UPDATE `+e.table("inbox")+` SET status = 'DONE', finished_at = now()`)
+	pgtest.Exec(t, e.db, `DELETE FROM `+e.table("inbox")+` WHERE message_id = 'forgotten'`)
+
+	// Two hours on, copies come back (a DLQ redrive, an offset reset).
+	late := guarded(at(2 * time.Hour))
+	require.NoError(t, late.Handle(event("kept")), "a duplicate is acked")
+	require.NoError(t, late.Handle(event("forgotten")), "a parked copy is acked: the inbox holds it")
+	require.NoError(t, late.Handle(msg("timeless", "p")), "messages without a time are not checked")
+	err := late.Handle(msg("garbled", "p", outbox.MetadataOccurredAt, "yesterday"))
+	require.ErrorIs(t, err, middleware.ErrMalformedMetadata)
+	require.True(t, middleware.IsPermanent(err))
+	require.NoError(t, late.Handle(event("forgotten")), "a second copy is a duplicate of the parked row")
+
+	c := late.Counts()
+	require.Equal(t, uint64(1), c.TooOld)
+	require.Equal(t, uint64(1), c.Stored, "only the timeless message is stored for processing")
+	require.Equal(t, uint64(2), c.Duplicates)
+	require.Equal(t, uint64(1), c.Refused)
+	row, err := e.ops.InspectMessage(context.Background(), "c", "forgotten")
+	require.NoError(t, err)
+	require.Equal(t, inbox.StatusFailed, row.Status)
+	require.Zero(t, row.Attempts)
+	require.Contains(t, row.LastError, middleware.ErrTooOld.Error())
+	row, err = e.ops.InspectMessage(context.Background(), "c", "kept")
+	require.NoError(t, err)
+	require.Equal(t, inbox.StatusDone, row.Status)
+
+	// StoreTx applies the same guard.
+	tx, err := e.db.BeginTx(context.Background(), nil)
+	require.NoError(t, err)
+	n, err := late.StoreTx(context.Background(), tx, "t", event("old-in-tx"))
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.NoError(t, tx.Commit())
+	require.Equal(t, 2, e.status(t, "c", inbox.StatusFailed))
+
+	// The processor leaves parked copies alone.
+	p := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "w") }, fast("c"))
+	waitFor(t, 10*time.Second, "the timeless message processed", func() bool { return p.Counts().Processed == 1 })
+	require.Equal(t, 1, e.effects(t))
+	require.Equal(t, 2, e.status(t, "c", inbox.StatusFailed))
 }

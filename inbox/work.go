@@ -31,8 +31,13 @@ type claimedRow struct {
 	topic       string
 	payload     []byte
 	metadata    string
-	attempts    int
+	attempts    int // the attempt being started, 1-based
 	receivedAt  time.Time
+
+	// ClaimLock only: the number of an earlier attempt that ended its connection or process
+	// (0: none), and the row version the attempt starts from (xmin).
+	crashed int
+	xmin    string
 }
 
 func (p *Processor) work(ctx context.Context, w *worker) {
@@ -167,14 +172,29 @@ func newToken() int64 {
 
 // processClaim works through one claim in TxBatchSize chunks. Once claiming stops (shutdown),
 // rows not yet started are released at once.
+//
+// A row whose last attempt lost its lease (r.crashed: the worker died, stalled or was killed)
+// may kill this worker too. It runs alone, and the rest of the claim is given back first: the
+// lease of a dead worker's claim expires for every row in it, started or not, so a crash
+// would otherwise count an attempt against each of its neighbours every time, and park them
+// with it.
 func (p *Processor) processClaim(ctx context.Context, w *worker, rows []claimedRow, token int64) {
 	w.own(rows, token)
-	for i := 0; i < len(rows); i += p.config.TxBatchSize {
+	for i := 0; i < len(rows); {
 		if ctx.Err() != nil {
 			p.releaseUnstarted(w)
 			return
 		}
-		chunk := w.begin(rows[i:min(i+p.config.TxBatchSize, len(rows))])
+		end := i + 1
+		if rows[i].crashed > 0 {
+			p.releaseUnstarted(w, rows[i].id)
+		} else {
+			for end < len(rows) && end-i < p.config.TxBatchSize && rows[end].crashed == 0 {
+				end++
+			}
+		}
+		chunk := w.begin(rows[i:end])
+		i = end
 		switch len(chunk) {
 		case 0:
 			continue
@@ -186,9 +206,9 @@ func (p *Processor) processClaim(ctx context.Context, w *worker, rows []claimedR
 	}
 }
 
-// releaseUnstarted gives back the rows a worker claimed but has not started.
-func (p *Processor) releaseUnstarted(w *worker) {
-	if rowIDs, tokens := w.takeUnstarted(); len(rowIDs) > 0 {
+// releaseUnstarted gives back the rows a worker claimed but has not started, except keep.
+func (p *Processor) releaseUnstarted(w *worker, keep ...int64) {
+	if rowIDs, tokens := w.takeUnstarted(keep...); len(rowIDs) > 0 {
 		p.releasePairs(rowIDs, tokens, 0)
 	}
 }
@@ -209,7 +229,8 @@ const (
 	outcomeFailed           // handler failed: record the attempt
 	outcomeConflict         // the claim was lost: nothing to record
 	outcomeRetryTx          // serialization failure or deadlock: run the transaction again
-	outcomeRelease          // not the message's fault (shutdown, database trouble): give the row back
+	outcomeRelease          // not the message's fault (shutdown, no transaction): give the row back
+	outcomeCounted          // a batch's commit failed after its handlers ran: count every row's attempt
 )
 
 // processOne runs one row in a transaction of its own and settles it.
@@ -263,9 +284,10 @@ func (p *Processor) attemptOne(w *worker, r claimedRow, token int64) (outcome, e
 	}
 	committed = true
 	if err := tx.Commit(); err != nil {
-		// The outcome of a failed COMMIT may be unknown; releasing is fenced, so if the commit
-		// did happen the release changes nothing.
-		return outcomeRelease, fmt.Errorf("inbox: commit: %w", err)
+		// The handler ran, so the attempt counts (a message whose effects kill the backend at
+		// commit must not loop). The outcome of a failed COMMIT may be unknown; recording the
+		// failure is fenced, so if the commit did happen it changes nothing.
+		return outcomeFailed, fmt.Errorf("inbox: commit: %w", err)
 	}
 	return outcomeDone, nil
 }
@@ -330,7 +352,12 @@ func (p *Processor) classifyHandler(ctx context.Context, err error) (outcome, er
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		return outcomeFailed, fmt.Errorf("handler exceeded HandlerTimeout (%s): %w", p.config.HandlerTimeout, err)
 	case pgtx.IsConnectionError(err):
-		return outcomeRelease, err
+		// The connection ended while the handler ran. A message can do that to its own
+		// backend (a query that crashes it, pg_terminate_backend, an out-of-memory kill), and
+		// from here it cannot be told apart from a server restart: the attempt counts, so a
+		// message that kills its backend every time is parked after MaxAttempts. A restart
+		// costs each row in work one attempt.
+		return outcomeFailed, fmt.Errorf("inbox: the database connection ended during the attempt (counted): %w", err)
 	}
 	return outcomeFailed, err
 }
@@ -378,7 +405,7 @@ func (p *Processor) recordFailure(r claimedRow, token int64, cause error) {
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		p.conflicts.Add(1)
-		p.logger.Info("Attempt failed after its lease was lost; another worker owns the row", fields.Add(watermill.LogFields{"err": cause.Error()}))
+		p.logger.Info("Attempt failed after its claim was gone (lease lost to another worker, or a COMMIT whose reply was lost did commit)", fields.Add(watermill.LogFields{"err": cause.Error()}))
 	case err != nil:
 		p.failed.Add(1)
 		p.errs.Add(1)
@@ -414,7 +441,7 @@ func errorText(err error) string {
 // processBatch runs several rows in one transaction and completes them with one statement.
 // Any failure rolls everything back and falls back to one transaction per row.
 func (p *Processor) processBatch(w *worker, rows []claimedRow, token int64) {
-	res, lost := p.attemptBatch(w, rows, token)
+	res, lost, err := p.attemptBatch(w, rows, token)
 	switch res {
 	case outcomeDone:
 		p.processed.Add(uint64(len(rows)))
@@ -426,6 +453,14 @@ func (p *Processor) processBatch(w *worker, rows []claimedRow, token int64) {
 		}
 		p.release(rows, token, p.releaseDelay())
 		w.settle(ids(rows)...)
+		return
+	case outcomeCounted:
+		// The handlers ran but the commit failed: every row's attempt counts (fenced: rows the
+		// commit did complete are left alone).
+		for _, r := range rows {
+			p.recordFailure(r, token, err)
+			w.settle(r.id)
+		}
 		return
 	}
 	for _, r := range rows {
@@ -439,9 +474,10 @@ func (p *Processor) processBatch(w *worker, rows []claimedRow, token int64) {
 	}
 }
 
-// attemptBatch returns outcomeDone, outcomeRelease (commit failed or shutdown: give the rows
-// back) or outcomeFailed (fall back to one row per transaction, skipping the lost rows).
-func (p *Processor) attemptBatch(w *worker, rows []claimedRow, token int64) (res outcome, lost map[int64]bool) {
+// attemptBatch returns outcomeDone, outcomeRelease (begin failed or shutdown: give the rows
+// back), outcomeCounted (commit failed after the handlers ran) or outcomeFailed (fall back to
+// one row per transaction, skipping the lost rows).
+func (p *Processor) attemptBatch(w *worker, rows []claimedRow, token int64) (res outcome, lost map[int64]bool, err error) {
 	ctx, cancel := context.WithTimeout(p.handlerCtx, p.config.HandlerTimeout)
 	defer cancel()
 	w.beginTx()
@@ -449,7 +485,7 @@ func (p *Processor) attemptBatch(w *worker, rows []claimedRow, token int64) (res
 	tx, err := p.db.BeginTx(ctx, p.config.TxOptions)
 	if err != nil {
 		p.logger.Error("Batch begin failed; giving its rows back", err, watermill.LogFields{"rows": len(rows)})
-		return outcomeRelease, nil
+		return outcomeRelease, nil, nil
 	}
 	committed := false
 	defer func() {
@@ -460,27 +496,26 @@ func (p *Processor) attemptBatch(w *worker, rows []claimedRow, token int64) (res
 	for _, r := range rows {
 		if err := p.runHandler(ctx, tx, r); err != nil {
 			if p.handlerCtx.Err() != nil {
-				return outcomeRelease, nil
+				return outcomeRelease, nil, nil
 			}
 			p.logger.Debug("Handler failed in a batch; processing the batch row by row", watermill.LogFields{"row": r.id, "err": err.Error()})
-			return outcomeFailed, nil
+			return outcomeFailed, nil, nil
 		}
 	}
 	done, err := tx.ExecContext(ctx, p.q.completeMany, ids(rows), token)
 	if err != nil {
-		return outcomeFailed, nil
+		return outcomeFailed, nil, nil
 	}
 	if n, _ := done.RowsAffected(); int(n) != len(rows) {
 		_ = tx.Rollback()
-		return outcomeFailed, p.lostRows(rows, token)
+		return outcomeFailed, p.lostRows(rows, token), nil
 	}
 	committed = true
 	if err := tx.Commit(); err != nil {
-		// Possibly committed after all; the release is fenced and then changes nothing.
-		p.logger.Error("Batch commit failed; giving its rows back", err, watermill.LogFields{"rows": len(rows)})
-		return outcomeRelease, nil
+		p.logger.Error("Batch commit failed; counting an attempt for each of its rows", err, watermill.LogFields{"rows": len(rows)})
+		return outcomeCounted, nil, fmt.Errorf("inbox: batch commit: %w", err)
 	}
-	return outcomeDone, nil
+	return outcomeDone, nil, nil
 }
 
 // lostRows returns the rows of a batch whose claim is no longer ours.

@@ -118,7 +118,8 @@ type SenderConfig struct {
 	// connection only for the short claim and finish statements, not during the provider call.
 	Workers int
 	// Lease is how long a claimed intent stays SENDING before other senders take it for
-	// crashed. Default 2 minutes.
+	// crashed. Default 2 minutes. A sender that stops cleanly ends the lease of its intent at
+	// once (see Sender.Close).
 	Lease time.Duration
 	// SendTimeout bounds each Send and Lookup. It must be below Lease. Default 30 seconds.
 	SendTimeout time.Duration
@@ -225,6 +226,7 @@ type SenderStats struct {
 	Recovered  uint64 // intents found in SENDING after their lease ran out
 	Reconciled uint64 // recovered intents the provider's lookup confirmed (not sent again)
 	LeaseLost  uint64 // outcomes not recorded because another sender had taken the intent over
+	Released   uint64 // intents given back at shutdown (see Sender.Close)
 	Errors     uint64 // database errors (retried)
 }
 
@@ -239,8 +241,9 @@ type Sender struct {
 
 	qClaimPending, qClaimStuck       string
 	qSent, qPending, qPark, qUnknown string
+	qReleaseInDoubt, qReleaseNotSent string
 
-	sent, retried, unknown, failed, skipped, recovered, reconciled, leaseLost, errs atomic.Uint64
+	sent, retried, unknown, failed, skipped, recovered, reconciled, leaseLost, released, errs atomic.Uint64
 
 	life lifecycle.Runner
 }
@@ -301,6 +304,18 @@ WHERE id = $1 AND claim_token = $2::uuid AND status = 'SENDING'`,
 		qUnknown: `UPDATE ` + t + ` SET lease_until = now() + $3 * interval '1 microsecond', last_error = $4,
     claim_token = gen_random_uuid(), updated_at = now()
 WHERE id = $1 AND claim_token = $2::uuid AND status = 'SENDING'`,
+		// Shutdown with the outcome in doubt (a send in flight, or an intent recovered from
+		// SENDING and not settled yet): stay SENDING under a token nobody holds with the lease
+		// already over, so that the next sender recovers it at once and applies the channel's
+		// policy. The attempt is not counted: stopping was not the intent's doing.
+		qReleaseInDoubt: `UPDATE ` + t + ` SET lease_until = now(), last_error = $3, claim_token = gen_random_uuid(),
+    attempts = greatest(attempts - 1, 0), updated_at = now()
+WHERE id = $1 AND claim_token = $2::uuid AND status = 'SENDING'`,
+		// Shutdown before the provider was called (or it answered NotSent): certainly not sent,
+		// so simply PENDING again, due at once, the attempt not counted.
+		qReleaseNotSent: `UPDATE ` + t + ` SET status = 'PENDING', run_after = now(), claim_token = NULL, lease_until = NULL,
+    attempts = greatest(attempts - 1, 0), updated_at = now()
+WHERE id = $1 AND claim_token = $2::uuid AND status = 'SENDING'`,
 	}, nil
 }
 
@@ -309,11 +324,26 @@ func (s *Sender) Stats() SenderStats {
 	return SenderStats{
 		Sent: s.sent.Load(), Retried: s.retried.Load(), Unknown: s.unknown.Load(), Failed: s.failed.Load(),
 		Skipped: s.skipped.Load(), Recovered: s.recovered.Load(), Reconciled: s.reconciled.Load(),
-		LeaseLost: s.leaseLost.Load(), Errors: s.errs.Load(),
+		LeaseLost: s.leaseLost.Load(), Released: s.released.Load(), Errors: s.errs.Load(),
 	}
 }
 
 // Close stops Run and waits for it to return. It is idempotent.
+//
+// Stopping (Close, or cancelling the context of Run or SendNext) cancels the provider call in
+// flight and gives back the intent being worked, so that a restarted sender need not wait out
+// Lease:
+//   - not sent yet (stopped before the call, or the provider answered NotSent): PENDING again,
+//     due at once;
+//   - in doubt (the call was under way and its answer is neither a success, NotSent nor
+//     Permanent; or an intent recovered from SENDING was not settled yet): it stays SENDING
+//     with its lease ended, and the next sender recovers it at once through the channel's
+//     CrashPolicy, exactly as after a crash. Stopping never turns "maybe sent" into a plain
+//     resend: Reconcile looks it up first, Skip parks it, and only Resend sends it again;
+//   - a known outcome (a success, a Permanent rejection) is recorded as usual.
+//
+// The attempt is not counted in either case of giving back. If the database cannot be
+// reached to record this, the intent waits out its lease as after a crash.
 func (s *Sender) Close() error { return s.life.Close() }
 
 // Run sends intents with config.Workers workers until ctx is cancelled or Close is called. It
@@ -375,6 +405,9 @@ func (s *Sender) SendOnce(ctx context.Context) (int, error) {
 // oldest ready PENDING one, and carries it to its next state. It reports whether it found one.
 // The error is about the database; provider errors are recorded on the intent.
 func (s *Sender) SendNext(ctx context.Context) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
 	in, token, err := s.claim(ctx, s.qClaimStuck)
 	if err != nil {
 		return false, err
@@ -388,8 +421,12 @@ func (s *Sender) SendNext(ctx context.Context) (bool, error) {
 	return true, s.process(ctx, *in, token, recovered)
 }
 
+// claim runs a claim statement. It is not cancelled with ctx: an intent claimed by a
+// statement whose reply is lost would sit in SENDING until its lease ran out.
 func (s *Sender) claim(ctx context.Context, query string) (*Intent, string, error) {
-	row := s.db.QueryRowContext(ctx, query, s.channels, s.config.Lease.Microseconds())
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.config.SendTimeout)
+	defer cancel()
+	row := s.db.QueryRowContext(qctx, query, s.channels, s.config.Lease.Microseconds())
 	var in Intent
 	var status, token string
 	var sentAt sql.NullTime
@@ -412,6 +449,9 @@ func (s *Sender) claim(ctx context.Context, query string) (*Intent, string, erro
 func (s *Sender) process(ctx context.Context, in Intent, token string, recovered bool) error {
 	ch := s.config.Channels[in.Channel]
 	fields := watermill.LogFields{"intent_id": in.ID, "channel": in.Channel, "intent_key": in.Key, "event_id": in.EventID, "attempt": in.Attempts}
+	if ctx.Err() != nil {
+		return s.release(ctx, in, token, recovered, "sender stopped before working it", fields)
+	}
 	if recovered {
 		s.recovered.Add(1)
 		s.logger.Info("Intent found in SENDING after its lease ran out; applying the channel's crash policy", fields.Add(watermill.LogFields{"policy": ch.OnCrash.String(), "last_error": in.LastError}))
@@ -428,7 +468,24 @@ func (s *Sender) process(ctx context.Context, in Intent, token string, recovered
 			return s.park(ctx, in, token, StatusFailed, fmt.Sprintf("outcome unknown and %d attempts used; last error: %s", ch.MaxAttempts, in.LastError), fields)
 		}
 	}
-	return s.send(ctx, ch, in, token, fields)
+	return s.send(ctx, ch, in, token, recovered, fields)
+}
+
+// release gives an intent back when the sender stops (see Close): to PENDING if it was
+// certainly not sent, otherwise to SENDING with its lease ended, for the channel's policy.
+func (s *Sender) release(ctx context.Context, in Intent, token string, inDoubt bool, reason string, fields watermill.LogFields) error {
+	var err error
+	if inDoubt {
+		err = s.finish(ctx, s.qReleaseInDoubt, fields, in.ID, token, "outcome unknown: "+reason+"; the next sender applies the channel's policy")
+	} else {
+		err = s.finish(ctx, s.qReleaseNotSent, fields, in.ID, token)
+	}
+	if err != nil {
+		return err
+	}
+	s.released.Add(1)
+	s.logger.Info("Sender stopping: intent given back", fields.Add(watermill.LogFields{"in_doubt": inDoubt, "reason": reason}))
+	return nil
 }
 
 // reconcile asks the provider whether it has the intent. done=true means the intent reached
@@ -438,6 +495,9 @@ func (s *Sender) reconcile(ctx context.Context, ch Channel, in Intent, token str
 	id, found, err := ch.Provider.(Lookuper).Lookup(lookupCtx, in)
 	cancel()
 	switch {
+	case err != nil && ctx.Err() != nil:
+		// Stopping: the lookup is not the intent's failure; the next sender looks again.
+		return true, s.release(ctx, in, token, true, fmt.Sprintf("sender stopped during the reconcile lookup (%v)", err), fields)
 	case err != nil:
 		msg := fmt.Sprintf("reconcile lookup failed: %v", err)
 		if in.Attempts >= ch.MaxAttempts {
@@ -461,7 +521,11 @@ func (s *Sender) reconcile(ctx context.Context, ch Channel, in Intent, token str
 	return false, nil
 }
 
-func (s *Sender) send(ctx context.Context, ch Channel, in Intent, token string, fields watermill.LogFields) error {
+// send calls the provider. recovered says the intent was already in doubt before this call.
+func (s *Sender) send(ctx context.Context, ch Channel, in Intent, token string, recovered bool, fields watermill.LogFields) error {
+	if ctx.Err() != nil {
+		return s.release(ctx, in, token, recovered, "sender stopped before the provider call", fields)
+	}
 	in.Status = StatusSending
 	sendCtx, cancel := context.WithTimeout(idemkey.WithKey(ctx, in.Key), s.config.SendTimeout)
 	id, err := callSend(sendCtx, ch.Provider, in)
@@ -477,10 +541,12 @@ func (s *Sender) send(ctx context.Context, ch Channel, in Intent, token string, 
 		s.logger.Debug("Intent sent", fields.Add(watermill.LogFields{"provider_id": id}))
 		return nil
 	}
-	if ctx.Err() != nil {
-		// Shutting down mid-call: leave the row SENDING; its lease runs out and the channel's
-		// policy decides, exactly as after a crash.
-		return nil
+	if ctx.Err() != nil && !middleware.IsPermanent(err) {
+		// Stopping mid-call. NotSent is certain; anything else may have reached the provider:
+		// hand it to the channel's policy at the next sender, as after a crash, without waiting
+		// out the lease.
+		notSent := IsNotSent(err)
+		return s.release(ctx, in, token, !notSent || recovered, fmt.Sprintf("sender stopped during the provider call (%v)", err), fields)
 	}
 	switch {
 	case middleware.IsPermanent(err):

@@ -112,7 +112,7 @@ var (
 	descTxRetries    = desc("wmonce_tx_retries_total", "Middleware transactions run again after a serialization failure or deadlock.", "consumer")
 	descGroupTx      = desc("wmonce_group_commit_transactions_total", "Group-commit transactions committed.")
 	descGroupMsgs    = desc("wmonce_group_commit_messages_total", "Messages applied in group-commit transactions (divided by transactions: the average group size).")
-	descReceived     = desc("wmonce_inbox_received_total", "Messages handled by inbox receivers: result=stored (new row committed), duplicate (key already in the inbox, acked), refused (unusable key or metadata).", "consumer", "result")
+	descReceived     = desc("wmonce_inbox_received_total", "Messages handled by inbox receivers: result=stored (new row committed), duplicate (key already in the inbox, acked), refused (unusable key or metadata), too_old (parked as FAILED by the age guard).", "consumer", "result")
 	descRecvBatches  = desc("wmonce_inbox_receive_batches_total", "Inbox receiver insert statements: result=committed or failed (their messages were retried or nacked).", "consumer", "result")
 	descInboxClaimed = desc("wmonce_inbox_claimed_total", "Inbox rows claimed by processors.", "consumer")
 	descInboxDone    = desc("wmonce_inbox_processed_total", "Inbox rows processed (moved to DONE).", "consumer")
@@ -232,6 +232,7 @@ func (c *collector) collectInboxComponents(s *series) {
 		s.add(descReceived, prometheus.CounterValue, float64(n.Stored), consumer, "stored")
 		s.add(descReceived, prometheus.CounterValue, float64(n.Duplicates), consumer, "duplicate")
 		s.add(descReceived, prometheus.CounterValue, float64(n.Refused), consumer, "refused")
+		s.add(descReceived, prometheus.CounterValue, float64(n.TooOld), consumer, "too_old")
 		s.add(descRecvBatches, prometheus.CounterValue, float64(n.Batches), consumer, "committed")
 		s.add(descRecvBatches, prometheus.CounterValue, float64(n.BatchFailures), consumer, "failed")
 	}

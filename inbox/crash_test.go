@@ -1,0 +1,175 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wmonce/watermill-once/inbox"
+	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// claimModes runs a test once per claim mode.
+func claimModes(t *testing.T, run func(t *testing.T, cfg inbox.ProcessorConfig)) {
+	for _, mode := range []inbox.ClaimMode{inbox.ClaimLease, inbox.ClaimLock} {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			cfg := fast("c")
+			cfg.ClaimMode, cfg.Workers, cfg.MaxAttempts = mode, 1, 3
+			run(t, cfg)
+		})
+	}
+}
+
+// A handler whose backend is terminated under it (pg_terminate_backend, as an out-of-memory
+// kill or a crashing query would) has had an attempt: it counts, so a message that does this
+// every time is parked after MaxAttempts instead of being given back uncounted forever.
+func TestTerminatedBackendCountsTheAttempt(t *testing.T) {
+	t.Parallel()
+	claimModes(t, func(t *testing.T, cfg inbox.ProcessorConfig) {
+		e := newEnv(t)
+		r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
+		require.NoError(t, r.Handle(msg("m1", "x")))
+		var runs atomic.Int32
+		e.start(t, func(m *message.Message) ([]*message.Message, error) {
+			runs.Add(1)
+			tx, _ := pgtx.TxFromContext(m.Context())
+			if err := e.effect(m, "w"); err != nil {
+				return nil, err
+			}
+			var pid int
+			if err := tx.QueryRowContext(m.Context(), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+				return nil, err
+			}
+			var gone bool // waits up to 10s for the backend to exit
+			if err := e.db.QueryRowContext(context.Background(), `SELECT pg_terminate_backend($1, 10000)`, pid).Scan(&gone); err != nil || !gone {
+				return nil, errors.Join(errors.New("could not terminate the backend"), err)
+			}
+			_, err := tx.ExecContext(m.Context(), `SELECT 1`)
+			return nil, err
+		}, cfg)
+
+		waitFor(t, 30*time.Second, "the row parked", func() bool { return e.status(t, "c", inbox.StatusFailed) == 1 })
+		row, err := e.ops.InspectMessage(context.Background(), "c", "m1")
+		require.NoError(t, err)
+		require.Equal(t, 3, row.Attempts)
+		require.Contains(t, row.LastError, "connection ended during the attempt")
+		require.EqualValues(t, 3, runs.Load(), "one run per counted attempt")
+		require.Zero(t, e.effects(t), "no effect of a terminated attempt commits")
+	})
+}
+
+// Environment of the child process TestInboxCrashChild runs in.
+const (
+	crashChildEnv  = "WMONCE_INBOX_CRASH_CHILD"
+	crashSchemaEnv = "WMONCE_INBOX_CRASH_SCHEMA"
+	crashModeEnv   = "WMONCE_INBOX_CRASH_MODE"
+	crashBatchEnv  = "WMONCE_INBOX_CRASH_TXBATCH"
+)
+
+// A message that kills its worker's process (SIGKILL in the handler, as an out-of-memory kill
+// would) is counted on every run and parked after MaxAttempts, in both claim modes. Each run
+// is a child process: this test binary, re-executed to run TestInboxCrashChild. With
+// TxBatchSize 4 the message first dies together with three innocent neighbours; they lose that
+// one attempt only, are then processed apart from it, and are not parked with it.
+func TestProcessCrashIsCountedUntilParked(t *testing.T) {
+	t.Parallel()
+	for _, txBatch := range []int{1, 4} {
+		t.Run(fmt.Sprintf("txbatch=%d", txBatch), func(t *testing.T) {
+			t.Parallel()
+			claimModes(t, func(t *testing.T, cfg inbox.ProcessorConfig) {
+				e := newEnv(t)
+				r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
+				ids := []string{"doomed"}
+				if txBatch > 1 {
+					ids = []string{"ok-1", "doomed", "ok-2", "ok-3"}
+				}
+				storeAll(t, e, r, func() (msgs []*message.Message) {
+					for _, id := range ids {
+						msgs = append(msgs, msg(id, "x"))
+					}
+					return msgs
+				}())
+
+				kills := 0
+				for run := 1; ; run++ {
+					// MaxAttempts runs that kill themselves, then one that parks the row.
+					require.LessOrEqual(t, run, cfg.MaxAttempts+1, "the row is still not parked after %d killed runs: crashes are not counted", kills)
+					child := exec.Command(os.Args[0], "-test.run=^TestInboxCrashChild$", "-test.count=1")
+					child.Env = append(os.Environ(), crashChildEnv+"=1", crashSchemaEnv+"="+e.schema,
+						crashModeEnv+"="+cfg.ClaimMode.String(), crashBatchEnv+"="+strconv.Itoa(txBatch))
+					out, err := child.CombinedOutput()
+					var exit *exec.ExitError
+					if errors.As(err, &exit) {
+						if ws, ok := exit.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
+							kills++
+							continue
+						}
+					}
+					require.NoError(t, err, "child run %d:\n%s", run, out)
+					break // the child saw every row finished
+				}
+				require.Equal(t, cfg.MaxAttempts, kills)
+				row, err := e.ops.InspectMessage(context.Background(), "c", "doomed")
+				require.NoError(t, err)
+				require.Equal(t, inbox.StatusFailed, row.Status)
+				require.Equal(t, cfg.MaxAttempts, row.Attempts)
+				for _, id := range ids {
+					if id == "doomed" {
+						continue
+					}
+					row, err := e.ops.InspectMessage(context.Background(), "c", id)
+					require.NoError(t, err)
+					require.Equal(t, inbox.StatusDone, row.Status, id)
+					require.LessOrEqual(t, row.Attempts, 2, "%s lost one attempt at most to its neighbour", id)
+				}
+				require.Equal(t, len(ids)-1, e.effects(t), "each innocent row applied once, the doomed one never")
+			})
+		})
+	}
+}
+
+// TestInboxCrashChild is the child process of TestProcessCrashIsCountedUntilParked; run on
+// its own it does nothing. It processes the schema's inbox with a handler that kills the
+// process on the message "doomed", and returns once every row is finished or parked.
+func TestInboxCrashChild(t *testing.T) {
+	if os.Getenv(crashChildEnv) != "1" {
+		t.Skip("child process of TestProcessCrashIsCountedUntilParked")
+	}
+	db := pgtest.OpenDB(t, 8)
+	e := &env{db: db, schema: os.Getenv(crashSchemaEnv)}
+	cfg := fast("c")
+	cfg.Workers, cfg.MaxAttempts = 1, 3
+	cfg.Lease, cfg.RenewInterval = 300*time.Millisecond, -1
+	cfg.TxBatchSize, _ = strconv.Atoi(os.Getenv(crashBatchEnv))
+	cfg.ClaimBatch = cfg.TxBatchSize
+	if os.Getenv(crashModeEnv) == inbox.ClaimLock.String() {
+		cfg.ClaimMode = inbox.ClaimLock
+	}
+	e.start(t, func(m *message.Message) ([]*message.Message, error) {
+		if err := e.effect(m, "w"); err != nil {
+			return nil, err
+		}
+		if m.UUID == "doomed" {
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {} // never returns
+		}
+		return nil, nil
+	}, cfg)
+	waitFor(t, 30*time.Second, "every row finished or parked", func() bool {
+		var n int
+		err := db.QueryRow(`SELECT count(*) FROM ` + e.table("inbox") + ` WHERE status IN ('PENDING', 'IN_PROGRESS')`).Scan(&n)
+		return err == nil && n == 0
+	})
+}
