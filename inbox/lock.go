@@ -38,7 +38,7 @@ const (
 	// processed waits until its transaction ends.
 	//
 	// Attempts count as with leases, crashes included: before the handlers run, the worker
-	// commits the start of the attempt in inbox_attempts (migration 008) from a second
+	// commits the start of the attempt in inbox_attempts (migration 007) from a second
 	// connection, since anything the locking transaction writes dies with it. The outcome
 	// removes the start in the processing transaction. A start left behind is an attempt that
 	// ended its connection or process (SIGKILL, an out-of-memory kill, a terminated backend):
@@ -204,7 +204,7 @@ func (p *Processor) startLocked(ctx context.Context, rows []claimedRow) error {
 	}
 	if _, err := p.db.ExecContext(ctx, p.q.startLock, ids(rows), attemptsOf(rows), xmins); err != nil {
 		if pgtx.IsUndefinedTable(err) {
-			return fmt.Errorf("inbox: table inbox_attempts is missing: run the migrations (008): %w", err)
+			return fmt.Errorf("inbox: table inbox_attempts is missing: run the migrations (007): %w", err)
 		}
 		return fmt.Errorf("inbox: record the start of an attempt: %w", err)
 	}

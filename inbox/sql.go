@@ -97,7 +97,7 @@ func newQueries(schema string) queries {
 	// PENDING) stays ineligible, and per-key order holds as with leases. attempts + 1 is the
 	// attempt being started; its start is committed apart (startLock) and its outcome with
 	// the handler's effects. An attempt that ended its connection or process left its start in
-	// inbox_attempts (migration 008): it counts, so the attempt being started is the one after
+	// inbox_attempts (migration 007): it counts, so the attempt being started is the one after
 	// it. A start is ignored once the row changed (row_xmin), e.g. an operator replayed it.
 	a := pgtx.QualifiedName(schema, "inbox_attempts")
 	lockColumns := `SELECT i.id, i.message_id, i.message_uuid, coalesce(i.ordering_key, ''), i.topic, i.payload, i.metadata::text,
