@@ -247,7 +247,7 @@ func TestStackOverWatermillAMQP(t *testing.T) {
 	pub := theirPublisher(t, e.amqpURL)
 	sub := theirSubscriber(t, e.amqpURL, "rewards", "payments")
 
-	once, err := middleware.NewEffectivelyOnce(e.db, middleware.Config{Schema: e.schema, Consumer: "rewards"}, logger())
+	once, err := middleware.NewEffectivelyOnce(e.db, middleware.Config{Schema: e.schema}, logger()) // consumer: the handler name
 	require.NoError(t, err)
 	writer, err := outbox.NewWriter(outbox.Config{Schema: e.schema})
 	require.NoError(t, err)
