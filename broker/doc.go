@@ -56,6 +56,16 @@
 //   - The publisher and subscriber are our own, because watermill-amqp's reconnect has a data
 //     race (ThreeDotsLabs/watermill#693); see amqp_pubsub.go.
 //
+// Ours or watermill-amqp's: prefer these for new code (no reconnect race; confirms, quorum
+// queues, the unrouted queue and a delayed nack by default; one Config for every broker).
+// Keep watermill-amqp's Subscriber and Publisher where they already run and their topology
+// (naming, routing keys, topic or direct exchanges, a custom TopologyBuilder) is shared with
+// other services: the effectively-once middleware, the Stack and the inbox work in front of them
+// unchanged (package interop tests it). Then set Publish.ConfirmDelivery, use Marshaler as its
+// Config.Marshaler (its default one loops on RabbitMQ's numeric headers), wrap handlers in the
+// Stack (its nack requeues at once) and declare queues before publishing (its publisher declares
+// none).
+//
 // # SQL (watermill-sql v3 on PostgreSQL)
 //
 //   - Topics are tables in SQLConfig.Schema ("wmonce_broker"), with a TEXT uuid and a BYTEA

@@ -1,6 +1,8 @@
 // Command payments walks through watermill-once end to end, on the broker chosen by BROKER
 // (sql when unset: only PostgreSQL is needed; kafka: KAFKA_BROKERS, or an embedded
-// Kafka-protocol broker when unset; amqp: AMQP_URL):
+// Kafka-protocol broker when unset; amqp: AMQP_URL). PostgreSQL is DATABASE_URL, else the server
+// on 127.0.0.1:5432, else an embedded one started for the run (not as root; see
+// internal/embeddedpg):
 //
 //  1. payments commits pay_42 SUCCESS and its PaymentSucceeded event e-91 in one transaction;
 //  2. its relay publishes e-91, crashes before recording its position, restarts and publishes
@@ -22,13 +24,16 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/wmonce/watermill-once/broker"
+	"github.com/wmonce/watermill-once/internal/embeddedpg"
 )
 
 func main() {
@@ -62,11 +67,36 @@ func main() {
 	if os.Getenv(broker.EnvSQLSchema) == "" {
 		cfg.SQL.Schema = "payments_demo_broker" // reset with the demo's schemas on every run
 	}
+	// No DATABASE_URL and no server on 127.0.0.1:5432: an embedded PostgreSQL, announced here.
+	// Ctrl-C ends the run through ctx, so that the embedded server is stopped and removed.
+	ctx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stopSignals()
+	dbURL, stopDB, err := openDatabase(ctx, logger)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "payments demo:", err)
+		os.Exit(1)
+	}
+	cfg.DatabaseURL = dbURL
 	opts.Broker = cfg
-	if _, err := Run(ctx, opts); err != nil {
+	_, err = Run(ctx, opts)
+	if stopErr := stopDB(); stopErr != nil {
+		fmt.Fprintln(os.Stderr, "payments demo: stopping the embedded PostgreSQL:", stopErr)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "payments demo failed:", err)
 		os.Exit(1)
 	}
+}
+
+// openDatabase returns DATABASE_URL when set, else what embeddedpg finds or starts (announced
+// on stdout), and the function that stops an embedded server and removes its data. (The
+// broker config cannot tell: ParseEnv fills in the default URL.)
+func openDatabase(ctx context.Context, logger watermill.LoggerAdapter) (string, func() error, error) {
+	opts := embeddedpg.Options{Out: os.Stdout}
+	if _, quiet := logger.(errorsOnly); !quiet { // DEMO_VERBOSE: the server's log too
+		opts.Log = os.Stderr
+	}
+	return embeddedpg.DatabaseURL(ctx, opts)
 }
 
 // logFor returns Watermill's logger on stderr: errors only, or everything from info up.

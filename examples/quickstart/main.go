@@ -3,7 +3,8 @@
 //
 //	go run ./examples/quickstart
 //
-// It needs only PostgreSQL (DATABASE_URL, default postgres://postgres@127.0.0.1:5432/test).
+// It needs only PostgreSQL: DATABASE_URL, else the server on 127.0.0.1:5432, else an embedded
+// one it starts for the run (not as root; see internal/embeddedpg).
 // It ends with one JSON line of what it measured.
 package main
 
@@ -20,6 +21,7 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/wmonce/watermill-once/internal/embeddedpg"
 	"github.com/wmonce/watermill-once/middleware"
 	"github.com/wmonce/watermill-once/migrate"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -39,10 +41,12 @@ func main() {
 
 func run(ctx context.Context) error {
 	logger := watermill.NewStdLogger(false, false)
-	databaseURL := os.Getenv("DATABASE_URL")
-	if databaseURL == "" {
-		databaseURL = pgtx.DefaultDatabaseURL
+	// DATABASE_URL, else the server on 127.0.0.1:5432, else an embedded one (announced).
+	databaseURL, stopDB, err := embeddedpg.DatabaseURL(ctx, embeddedpg.Options{Out: os.Stdout})
+	if err != nil {
+		return err
 	}
+	defer func() { _ = stopDB() }()
 	db, err := pgtx.Open(ctx, databaseURL, pgtx.PoolConfig{})
 	if err != nil {
 		return err
