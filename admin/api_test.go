@@ -212,6 +212,7 @@ func TestMountedUnderAPrefix(t *testing.T) {
 	schema := pgtest.Schema(t, db)
 	h, err := admin.NewHandler(db, admin.Config{Schema: schema}, nil)
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = h.Close() })
 	mux := http.NewServeMux()
 	mux.Handle("/ops/wmonce/", http.StripPrefix("/ops/wmonce", h))
 	mux.Handle("/ops/wmonce", http.StripPrefix("/ops/wmonce", h))
@@ -244,10 +245,10 @@ func TestMountedUnderAPrefix(t *testing.T) {
 
 	// A schema without tables: the API says what to run.
 	empty := pgtest.NewName("none")
-	h, err = admin.NewHandler(db, admin.Config{Schema: empty}, nil)
+	h2, err := admin.NewHandler(db, admin.Config{Schema: empty, SampleInterval: -1}, nil)
 	require.NoError(t, err)
 	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/api/outbox", nil))
+	h2.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/api/outbox", nil))
 	require.Equal(t, http.StatusServiceUnavailable, rec.Code)
 	require.True(t, strings.Contains(rec.Body.String(), "wmonce -schema "+empty+" migrate up"), rec.Body.String())
 }

@@ -103,13 +103,26 @@ func waitFor(t *testing.T, ctx context.Context, what, predicate string) {
 	step(t, ctx, "wait for "+what, chromedp.Poll[bool](predicate, chromedp.WithPollingInterval(20*time.Millisecond), chromedp.WithPollingTimeout(8*time.Second)))
 }
 
+// screenshot saves the whole page as name in $ADMIN_SCREENSHOTS (default: a temporary
+// directory) and logs the path.
 func screenshot(t *testing.T, ctx context.Context, name string) {
 	t.Helper()
-	png := step(t, ctx, "screenshot", chromedp.FullScreenshot(100))
-	dir := os.Getenv("ADMIN_SCREENSHOT_DIR")
+	savePNG(t, name, step(t, ctx, "screenshot", chromedp.FullScreenshot(100)))
+}
+
+// viewScreenshot saves what the window shows (a dialog over the page).
+func viewScreenshot(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	savePNG(t, name, step(t, ctx, "screenshot", chromedp.CaptureScreenshot()))
+}
+
+func savePNG(t *testing.T, name string, png []byte) {
+	t.Helper()
+	dir := os.Getenv("ADMIN_SCREENSHOTS")
 	if dir == "" {
 		dir = t.TempDir()
 	}
+	require.NoError(t, os.MkdirAll(dir, 0o755))
 	path := filepath.Join(dir, name)
 	require.NoError(t, os.WriteFile(path, png, 0o644))
 	t.Logf("screenshot: %s (%d bytes)", path, len(png))
@@ -168,6 +181,8 @@ func TestAdminPageInChromium(t *testing.T) {
 	step(t, ctx, "open a row", chromedp.Click(chromedp.CSS(fmt.Sprintf(`#rows tbody tr[data-id="%d"] td button.link`, ids[1]))))
 	waitFor(t, ctx, "the row detail", `!document.getElementById("detail").hidden`)
 	require.Contains(t, text("#detail-body"), `<img src=x onerror=alert(1)>`)
+	step(t, ctx, "close the row", chromedp.Click(chromedp.CSS(`#detail-close`)))
+	waitFor(t, ctx, "the detail to close", `document.getElementById("detail").hidden`)
 
 	// Bulk replay: the dry run says how many rows, the confirmation replays them.
 	step(t, ctx, "click Replay matching rows", chromedp.Click(chromedp.CSS(`#replay-all`)))

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
+
 	"github.com/wmonce/watermill-once/internal/partition"
 	"github.com/wmonce/watermill-once/middleware"
 	"github.com/wmonce/watermill-once/outbox"
@@ -203,27 +205,38 @@ func (h *Handler) sampleLoop(ctx context.Context) {
 	t := time.NewTicker(h.config.SampleInterval)
 	defer t.Stop()
 	for {
-		err := h.Sample(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		// Log a failure once, not every interval: an unmigrated schema would fill the log.
-		msg := ""
-		if err != nil {
-			msg = err.Error()
-		}
-		h.history.mu.Lock()
-		changed := msg != h.history.lastErr
-		h.history.lastErr = msg
-		h.history.mu.Unlock()
-		if changed && err != nil {
-			h.logger.Error("Admin history sample failed (logged again only when the error changes)", err, nil)
-		}
+		h.sampleAndLog(ctx)
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// sampleAndLog takes a sample and logs its failure once, not every interval (an unmigrated
+// schema would fill the log); a failure that changes is logged again. Missing tables are the
+// operator's to fix, as the API's 503 says, so they are logged at info level.
+func (h *Handler) sampleAndLog(ctx context.Context) {
+	err := h.Sample(ctx)
+	if ctx.Err() != nil {
+		return
+	}
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	h.history.mu.Lock()
+	changed := msg != h.history.lastErr
+	h.history.lastErr = msg
+	h.history.mu.Unlock()
+	switch {
+	case !changed || err == nil:
+	case pgtx.IsUndefinedTable(err):
+		h.logger.Info("Admin history samples nothing: the schema lacks watermill-once tables (logged again when this changes)", watermill.LogFields{
+			"schema": h.config.Schema, "error": msg, "fix": fmt.Sprintf("wmonce -schema %s migrate up", h.config.Schema)})
+	default:
+		h.logger.Error("Admin history sample failed (logged again when the error changes)", err, nil)
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
@@ -280,26 +279,4 @@ func TestInboxListByTime(t *testing.T) {
 		require.Equal(t, http.StatusBadRequest, r.status, query)
 		require.Contains(t, r.errorText(t), want, query)
 	}
-}
-
-// The new endpoints answer 503 with the command to run on a schema without tables.
-func TestHistoryAndRejectedNeedTheTables(t *testing.T) {
-	t.Parallel()
-	db := pgtest.DB(t)
-	empty := pgtest.NewName("none")
-	h, err := admin.NewHandler(db, admin.Config{Schema: empty, SampleInterval: -1}, nil)
-	require.NoError(t, err)
-	defer h.Close()
-	require.Error(t, h.Sample(context.Background()))
-	for _, path := range []string{"/api/history", "/api/history?window=day", "/api/outbox/rejected", "/api/outbox/rejected/1"} {
-		rec := httptestGet(h, path)
-		require.Equal(t, http.StatusServiceUnavailable, rec.Code, path)
-		require.Contains(t, rec.Body.String(), "wmonce -schema "+empty+" migrate up", path)
-	}
-}
-
-func httptestGet(h http.Handler, path string) *httptest.ResponseRecorder {
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
-	return rec
 }

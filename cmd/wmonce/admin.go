@@ -47,6 +47,7 @@ func runAdmin(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	defer h.Close() // stops the sampling behind the page's charts
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return fmt.Errorf("cannot listen on %s: %w (pick another address with -addr)", *addr, err)
