@@ -201,7 +201,7 @@ async function loadHistory() {
   const per = h.bucket_seconds >= 900 ? "per 15 minutes" : "per minute";
   const s = h.sampling;
   $("sampling").textContent = s.samples
-    ? `sampled ${s.interval_seconds ? "every " + fmtAge(s.interval_seconds) : "on demand"} since ${fmtTime(s.since)} (${num(s.samples)} samples)`
+    ? `sampled ${s.interval_seconds ? "every " + fmtAge(s.interval_seconds) : "on demand"} since ${fmtTime(s.since)} (${num(s.samples)} sample${s.samples === 1 ? "" : "s"})`
     : "no samples yet: backlog, lag and duplicate charts start with the first";
 
   const cc = $("consumer-charts");
@@ -224,7 +224,8 @@ async function loadHistory() {
       ["age", "Age of the oldest PENDING row", x.oldest_pending_age_seconds, { kind: "line", fmt: fmtAgeShort, label: `oldest pending age of ${x.consumer}` }],
       ["failed", "FAILED rows (parked)", x.failed, { kind: "line", integer: true, label: `failed rows of ${x.consumer}` }],
     ])));
-  if (!h.inbox.length) ic.append(el("p", { class: "muted empty-charts" }, `No unfinished inbox rows sampled in the ${span}.`));
+  const of = state.chartConsumer ? ` of ${state.chartConsumer}` : "";
+  if (!h.inbox.length) ic.append(el("p", { class: "muted empty-charts" }, `No unfinished inbox rows${of} sampled in the ${span}.`));
 
   const rc = $("relay-charts");
   rc.replaceChildren(...h.relays.map((x) => card(h, "relay " + x.name,
@@ -455,6 +456,7 @@ function showMetadata(md) {
     ...Object.keys(md).sort().map((k) => el("tr", {}, el("th", {}, visible(k)), el("td", {}, visible(String(md[k]))))))));
 }
 
+// openDetail shows a row; actions, when given, fills the dialog's action cell.
 function openDetail(kind, title, status, fields, lastError, metadata, payload, actions) {
   const d = $("detail");
   d.dataset.kind = kind;
@@ -467,7 +469,8 @@ function openDetail(kind, title, status, fields, lastError, metadata, payload, a
   const [pkind, ptext] = payload;
   $("detail-payload-kind").textContent = "· " + pkind;
   $("detail-payload").textContent = ptext;
-  $("detail-actions").replaceChildren(...(actions || []));
+  $("detail-actions").replaceChildren();
+  if (actions) actions($("detail-actions"));
   d.hidden = false;
   $("detail-close").focus();
 }
@@ -477,14 +480,13 @@ function closeDetail() { $("detail").hidden = true; }
 async function inspect(id) {
   try {
     const r = await api("inbox/" + id);
-    const actions = rowActions(r, el("span", {}));
     openDetail("inbox", `Inbox row ${r.id} · ${r.consumer}`, r.status, [
       field("Message ID", r.message_id), field("Message UUID", r.message_uuid),
       field("Ordering key", r.ordering_key), field("Topic", r.topic),
       field("Attempts", String(r.attempts), "num-left"), field("Next attempt", fmtTime(r.next_attempt_at)),
       field("Lease until", r.lease_until ? fmtTime(r.lease_until) : ""), field("Received", fmtTime(r.received_at)),
       field("Finished", r.finished_at ? fmtTime(r.finished_at) : ""), field("Payload size", fmtBytes(r.payload_size)),
-    ], r.last_error, r.metadata, formatPayload(r.payload, r.payload_base64), [...actions.childNodes]);
+    ], r.last_error, r.metadata, formatPayload(r.payload, r.payload_base64), (cell) => rowActions(r, cell));
   } catch (e) { flash(e.message, true); }
 }
 
