@@ -214,15 +214,7 @@ func TestRejectedAPI(t *testing.T) {
 	t.Cleanup(func() { _ = pub.Close() })
 	push, err := outbox.NewRelay(f.db, pub, outbox.RelayConfig{Schema: f.schema, Name: "push"}, nil)
 	require.NoError(t, err)
-	deadline := time.Now().Add(20 * time.Second)
-	for push.Stats().Rejected < 1 {
-		require.True(t, time.Now().Before(deadline), "relay push rejected nothing")
-		if n, err := push.RelayOnce(context.Background()); err == nil && n == 0 {
-			time.Sleep(10 * time.Millisecond)
-		} else {
-			require.NoError(t, err)
-		}
-	}
+	relayUntil(t, push, "reject legacy-7", func(st outbox.RelayStats) bool { return st.Rejected >= 1 })
 	get(t, api+"?limit=1").decode(t, &list)
 	require.Len(t, list.Rows, 2)
 	require.Equal(t, []string{"push", "sms"}, []string{list.Rows[0].Relay, list.Rows[1].Relay})

@@ -218,6 +218,9 @@ func parseID(q map[string][]string, param, what string) (int64, error) {
 	if v == "" {
 		return 0, nil
 	}
+	if err := CheckText(param, v); err != nil {
+		return 0, badRequest("%v", err)
+	}
 	id, err := strconv.ParseInt(v, 10, 64)
 	if err != nil || id < 0 {
 		return 0, badRequest("%s must be %s (a non-negative integer), got %q", param, what, v)
@@ -233,6 +236,9 @@ func parseLimit(q map[string][]string) (int, error) {
 	}
 	if v == "" {
 		return 100, nil
+	}
+	if err := CheckText("limit", v); err != nil {
+		return 0, badRequest("%v", err)
 	}
 	limit, err := strconv.Atoi(v)
 	if err != nil || limit < 1 || limit > MaxListLimit {
