@@ -24,6 +24,8 @@ func TestNewHandlerRefusesBadConfig(t *testing.T) {
 	require.ErrorContains(t, err, `schema name "Ops; DROP" is not allowed`)
 	_, err = admin.NewHandler(pgtest.DB(t), admin.Config{QueryTimeout: -time.Second}, nil)
 	require.ErrorContains(t, err, "QueryTimeout must not be negative")
+	_, err = admin.NewHandler(pgtest.DB(t), admin.Config{SampleInterval: time.Millisecond}, nil)
+	require.ErrorContains(t, err, "SampleInterval must be at least 1s (or negative to turn sampling off), got 1ms")
 }
 
 func TestReadAPI(t *testing.T) {

@@ -43,7 +43,7 @@ type Config struct {
 	QueryTimeout time.Duration
 	// SampleInterval is how often the handler samples the inbox backlog, the relays' lag and
 	// the middlewares' counts into its in-memory history (GET /api/history). Default 15s; a
-	// negative value turns background sampling off (Handler.Sample still takes one).
+	// negative value turns background sampling off (Handler.Sample still takes one). At least 1s.
 	SampleInterval time.Duration
 }
 
@@ -70,6 +70,9 @@ func (c Config) Validate() error {
 	}
 	if c.QueryTimeout < 0 {
 		errs = append(errs, errors.New("QueryTimeout must not be negative"))
+	}
+	if c.SampleInterval > 0 && c.SampleInterval < time.Second {
+		errs = append(errs, fmt.Errorf("SampleInterval must be at least 1s (or negative to turn sampling off), got %s", c.SampleInterval))
 	}
 	return errors.Join(errs...)
 }
@@ -124,7 +127,7 @@ func NewHandler(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Han
 		return nil, fmt.Errorf("admin: embedded page: %w", err)
 	}
 	h := &Handler{db: db, config: config, ops: ops, logger: logger, mux: http.NewServeMux(), static: http.FileServerFS(ui),
-		history: newHistory(config.SampleInterval), stopped: make(chan struct{})}
+		history: newHistory(), stopped: make(chan struct{})}
 	h.routes()
 	ctx, cancel := context.WithCancel(context.Background())
 	h.stop = cancel

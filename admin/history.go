@@ -40,8 +40,11 @@ var windows = map[string]struct{ span, bucket time.Duration }{
 }
 
 // coarsePeriod is the resolution of the day's samples: each entry summarises the samples of up
-// to this long (largest gauge values, latest counts), so a day costs 288 entries.
+// to this long (largest gauge values, duplicates added up), so a day costs 288 entries.
 const coarsePeriod = 5 * time.Minute
+
+// maxFine bounds the hour's samples (one a second) however often Sample is called.
+const maxFine = 3600
 
 type inboxSample struct {
 	pending, failed int64
@@ -66,18 +69,17 @@ type sample struct {
 }
 
 type history struct {
-	interval time.Duration
-	mu       sync.Mutex
-	fine     []sample
-	coarse   []sample
-	since    time.Time
-	taken    int64
-	lastErr  string
+	mu      sync.Mutex
+	fine    []sample
+	coarse  []sample
+	since   time.Time
+	taken   int64
+	lastErr string
 	// counts are the middlewares' counts at the last sample that read them.
 	counts map[string]middleware.Counts
 }
 
-func newHistory(interval time.Duration) *history { return &history{interval: interval} }
+func newHistory() *history { return &history{} }
 
 // add records s, with counts the middlewares' counts at s.at (nil: none given).
 func (hs *history) add(s sample, counts map[string]middleware.Counts) {
@@ -98,6 +100,9 @@ func (hs *history) add(s sample, counts map[string]middleware.Counts) {
 	hs.taken++
 	hs.fine = insertSample(hs.fine, s)
 	hs.fine = prune(hs.fine, s.at.Add(-time.Hour))
+	if len(hs.fine) > maxFine {
+		hs.fine = append(hs.fine[:0:0], hs.fine[len(hs.fine)-maxFine:]...)
+	}
 	n := len(hs.coarse)
 	if n > 0 && !s.at.Before(hs.coarse[n-1].at) && s.at.Sub(hs.coarse[n-1].start) < coarsePeriod {
 		hs.coarse[n-1] = merge(hs.coarse[n-1], s)
