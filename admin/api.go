@@ -22,7 +22,7 @@ type StatusResponse struct {
 	Now           time.Time `json:"now"`
 }
 
-func (h *handler) status(ctx context.Context, _ *http.Request) (any, error) {
+func (h *Handler) status(ctx context.Context, _ *http.Request) (any, error) {
 	s, err := ReadSchemaStatus(ctx, h.db, h.config.Schema)
 	if err != nil {
 		return nil, err
@@ -38,7 +38,7 @@ type ConsumersResponse struct {
 	InProcessCounts bool `json:"in_process_counts"`
 }
 
-func (h *handler) consumers(ctx context.Context, _ *http.Request) (any, error) {
+func (h *Handler) consumers(ctx context.Context, _ *http.Request) (any, error) {
 	cs, err := ReadConsumers(ctx, h.db, h.config.Schema, h.config.Middlewares)
 	if err != nil {
 		return nil, err
@@ -51,7 +51,7 @@ type InboxStatsResponse struct {
 	Consumers []InboxStatus `json:"consumers"`
 }
 
-func (h *handler) inboxStats(ctx context.Context, _ *http.Request) (any, error) {
+func (h *Handler) inboxStats(ctx context.Context, _ *http.Request) (any, error) {
 	s, err := ReadInbox(ctx, h.db, h.config.Schema)
 	if err != nil {
 		return nil, err
@@ -69,8 +69,8 @@ type InboxListResponse struct {
 // MaxListLimit is the largest page GET /api/inbox returns.
 const MaxListLimit = 1000
 
-// GET /api/inbox?consumer=C&status=FAILED[,PENDING]&key=K&message=M&topic=T&error=E&after=ID&limit=N
-func (h *handler) inboxList(ctx context.Context, r *http.Request) (any, error) {
+// GET /api/inbox?consumer=C&status=FAILED[,PENDING]&key=K&message=M&topic=T&error=E&received_after=T&received_before=T&after=ID&limit=N
+func (h *Handler) inboxList(ctx context.Context, r *http.Request) (any, error) {
 	q := r.URL.Query()
 	f := inbox.Filter{Consumer: q.Get("consumer"), OrderingKey: q.Get("key"), Topic: q.Get("topic"), ErrorContains: q.Get("error")}
 	if strings.TrimSpace(f.Consumer) == "" {
@@ -85,6 +85,12 @@ func (h *handler) inboxList(ctx context.Context, r *http.Request) (any, error) {
 		return nil, err
 	}
 	f.Statuses = statuses
+	if f.ReceivedAfter, err = parseTime(q, "received_after"); err != nil {
+		return nil, err
+	}
+	if f.ReceivedBefore, err = parseTime(q, "received_before"); err != nil {
+		return nil, err
+	}
 	if m := q.Get("message"); m != "" {
 		f.MessageIDs = []string{m}
 	}
@@ -114,7 +120,7 @@ func (h *handler) inboxList(ctx context.Context, r *http.Request) (any, error) {
 }
 
 // GET /api/inbox/{id}
-func (h *handler) inboxInspect(ctx context.Context, r *http.Request) (any, error) {
+func (h *Handler) inboxInspect(ctx context.Context, r *http.Request) (any, error) {
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
 	if err != nil || id < 1 {
 		return nil, badRequest("inbox row id must be a positive integer, got %q", r.PathValue("id"))
@@ -126,12 +132,12 @@ func (h *handler) inboxInspect(ctx context.Context, r *http.Request) (any, error
 	return NewInboxRow(row, true), nil
 }
 
-func (h *handler) outbox(ctx context.Context, _ *http.Request) (any, error) {
+func (h *Handler) outbox(ctx context.Context, _ *http.Request) (any, error) {
 	return ReadOutbox(ctx, h.db, h.config.Schema)
 }
 
 // GET /api/dedupe?consumer=C&message=M
-func (h *handler) dedupe(ctx context.Context, r *http.Request) (any, error) {
+func (h *Handler) dedupe(ctx context.Context, r *http.Request) (any, error) {
 	consumer, key := r.URL.Query().Get("consumer"), r.URL.Query().Get("message")
 	if consumer == "" || key == "" {
 		return nil, badRequest("both consumer and message are required")
@@ -203,7 +209,7 @@ func readChange(r *http.Request, allowed []inbox.Status) (ChangeRequest, inbox.F
 }
 
 // POST /api/inbox/replay
-func (h *handler) replay(ctx context.Context, r *http.Request) (any, error) {
+func (h *Handler) replay(ctx context.Context, r *http.Request) (any, error) {
 	c, f, err := readChange(r, []inbox.Status{inbox.StatusFailed, inbox.StatusPending, inbox.StatusDone, inbox.StatusSkipped})
 	if err != nil {
 		return nil, err
@@ -222,7 +228,7 @@ func (h *handler) replay(ctx context.Context, r *http.Request) (any, error) {
 }
 
 // POST /api/inbox/skip
-func (h *handler) skip(ctx context.Context, r *http.Request) (any, error) {
+func (h *Handler) skip(ctx context.Context, r *http.Request) (any, error) {
 	c, f, err := readChange(r, []inbox.Status{inbox.StatusFailed, inbox.StatusPending})
 	if err != nil {
 		return nil, err

@@ -103,13 +103,26 @@ func waitFor(t *testing.T, ctx context.Context, what, predicate string) {
 	step(t, ctx, "wait for "+what, chromedp.Poll[bool](predicate, chromedp.WithPollingInterval(20*time.Millisecond), chromedp.WithPollingTimeout(8*time.Second)))
 }
 
+// screenshot saves the whole page as name in $ADMIN_SCREENSHOTS (default: a temporary
+// directory) and logs the path.
 func screenshot(t *testing.T, ctx context.Context, name string) {
 	t.Helper()
-	png := step(t, ctx, "screenshot", chromedp.FullScreenshot(100))
-	dir := os.Getenv("ADMIN_SCREENSHOT_DIR")
+	savePNG(t, name, step(t, ctx, "screenshot", chromedp.FullScreenshot(100)))
+}
+
+// viewScreenshot saves what the window shows (a dialog over the page).
+func viewScreenshot(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	savePNG(t, name, step(t, ctx, "screenshot", chromedp.CaptureScreenshot()))
+}
+
+func savePNG(t *testing.T, name string, png []byte) {
+	t.Helper()
+	dir := os.Getenv("ADMIN_SCREENSHOTS")
 	if dir == "" {
 		dir = t.TempDir()
 	}
+	require.NoError(t, os.MkdirAll(dir, 0o755))
 	path := filepath.Join(dir, name)
 	require.NoError(t, os.WriteFile(path, png, 0o644))
 	t.Logf("screenshot: %s (%d bytes)", path, len(png))
@@ -121,12 +134,12 @@ func screenshot(t *testing.T, ctx context.Context, name string) {
 func TestAdminPageInChromium(t *testing.T) {
 	t.Parallel()
 	ctx, console := browser(t)
-	f := newFixture(t, 4)
+	f := newFixture(t, 5)
 	srv := f.server(t, admin.Config{AllowWrites: true, Middlewares: []*middleware.EffectivelyOnce{f.mw}})
 
 	step(t, ctx, "load the page", chromedp.Navigate(srv.URL+"/"))
 	waitFor(t, ctx, "the page to load its data", `document.body.dataset.ready === "1"`)
-	waitFor(t, ctx, "the FAILED rows", `document.querySelectorAll('#rows tbody tr[data-status="FAILED"]').length === 4`)
+	waitFor(t, ctx, "the FAILED rows", `document.querySelectorAll('#rows tbody tr[data-status="FAILED"]').length === 5`)
 
 	text := func(sel string) string {
 		return step(t, ctx, "read "+sel, chromedp.Evaluate[string](fmt.Sprintf(`document.querySelector(%q).textContent`, sel)))
@@ -148,11 +161,11 @@ func TestAdminPageInChromium(t *testing.T) {
 
 	// Replay one row with its own button.
 	ids := f.ids(t, "FAILED")
-	require.Len(t, ids, 4)
+	require.Len(t, ids, 5)
 	step(t, ctx, "click Replay on the first row", chromedp.Click(chromedp.CSS(fmt.Sprintf(`#rows tbody tr[data-id="%d"] button.replay`, ids[0]))))
 	waitFor(t, ctx, "the replay message", fmt.Sprintf(`document.getElementById("flash").textContent.includes("Replayed row %d")`, ids[0]))
 	require.Equal(t, "PENDING", f.rowStatus(t, ids[0]))
-	waitFor(t, ctx, "the row to leave the FAILED list", `document.querySelectorAll('#rows tbody tr[data-status="FAILED"]').length === 3`)
+	waitFor(t, ctx, "the row to leave the FAILED list", `document.querySelectorAll('#rows tbody tr[data-status="FAILED"]').length === 4`)
 
 	// Skip the last row: the button asks for a reason first.
 	row := fmt.Sprintf(`#rows tbody tr[data-id="%d"] `, ids[3])
@@ -162,12 +175,25 @@ func TestAdminPageInChromium(t *testing.T) {
 	waitFor(t, ctx, "the skip message", fmt.Sprintf(`document.getElementById("flash").textContent.includes("Skipped row %d")`, ids[3]))
 	require.Equal(t, "SKIPPED", f.rowStatus(t, ids[3]))
 	require.Equal(t, 1, pgtest.Count(t, f.db, `SELECT count(*) FROM `+f.table("inbox")+` WHERE id = $1 AND last_error LIKE 'skipped: paid by bank transfer%'`, ids[3]))
-	waitFor(t, ctx, "two FAILED rows left", `document.querySelectorAll('#rows tbody tr[data-status="FAILED"]').length === 2`)
+	waitFor(t, ctx, "three FAILED rows left", `document.querySelectorAll('#rows tbody tr[data-status="FAILED"]').length === 3`)
 
 	// Inspect a row: the payload is shown as text.
 	step(t, ctx, "open a row", chromedp.Click(chromedp.CSS(fmt.Sprintf(`#rows tbody tr[data-id="%d"] td button.link`, ids[1]))))
 	waitFor(t, ctx, "the row detail", `!document.getElementById("detail").hidden`)
 	require.Contains(t, text("#detail-body"), `<img src=x onerror=alert(1)>`)
+	step(t, ctx, "close the row", chromedp.Click(chromedp.CSS(`#detail-close`)))
+	waitFor(t, ctx, "the detail to close", `document.getElementById("detail").hidden`)
+
+	// Skip a row from its detail view: the reason box opens in the dialog.
+	step(t, ctx, "open another row", chromedp.Click(chromedp.CSS(fmt.Sprintf(`#rows tbody tr[data-id="%d"] td button.link`, ids[4]))))
+	waitFor(t, ctx, "its detail", fmt.Sprintf(`!document.getElementById("detail").hidden && document.getElementById("detail-title").textContent.includes("Inbox row %d")`, ids[4]))
+	step(t, ctx, "click Skip in the detail", chromedp.Click(chromedp.CSS(`#detail-actions button.skip`)))
+	step(t, ctx, "type the reason", chromedp.SendKeys(chromedp.CSS(`#detail-actions input.skip-reason`), "duplicate invoice"))
+	step(t, ctx, "confirm the skip", chromedp.Click(chromedp.CSS(`#detail-actions button.skip-confirm`)))
+	waitFor(t, ctx, "the skip message", fmt.Sprintf(`document.getElementById("flash").textContent.includes("Skipped row %d")`, ids[4]))
+	require.Equal(t, "SKIPPED", f.rowStatus(t, ids[4]))
+	waitFor(t, ctx, "the detail to close after the change", `document.getElementById("detail").hidden`)
+	waitFor(t, ctx, "two FAILED rows left", `document.querySelectorAll('#rows tbody tr[data-status="FAILED"]').length === 2`)
 
 	// Bulk replay: the dry run says how many rows, the confirmation replays them.
 	step(t, ctx, "click Replay matching rows", chromedp.Click(chromedp.CSS(`#replay-all`)))
@@ -180,7 +206,7 @@ func TestAdminPageInChromium(t *testing.T) {
 
 	require.Equal(t, 0, f.count(t, "FAILED"))
 	require.Equal(t, 3, f.count(t, "PENDING"))
-	require.Equal(t, 1, f.count(t, "SKIPPED"))
+	require.Equal(t, 2, f.count(t, "SKIPPED"))
 	require.Equal(t, 1, f.count(t, "DONE"))
 	// The page shows the new state.
 	waitFor(t, ctx, "the empty FAILED list", `!document.getElementById("rows-empty").hidden`)

@@ -51,6 +51,7 @@ func ExampleNewHandler() {
 	if err != nil {
 		panic(err)
 	}
+	defer h.Close() // stops the sampling behind the charts
 	mux := http.NewServeMux()
 	mux.Handle("/ops/wmonce/", http.StripPrefix("/ops/wmonce", h))
 	srv := httptest.NewServer(mux)

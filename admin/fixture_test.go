@@ -29,7 +29,9 @@ import (
 // fixture is a schema filled by the real components:
 //   - consumer "rewards" (effectively-once middleware, kept for its in-process counts) applied
 //     m-1, m-2, m-3 and saw m-1 again: 3 fresh, 1 duplicate; each emitted one outbox row;
-//   - relay "sms" forwarded two of the three outbox rows (backlog 1);
+//   - relay "sms" forwarded two of the three outbox rows (backlog 1), and set aside in
+//     outbox_rejected a row another program wrote into the outbox (uuid "legacy-7", not a
+//     forwarder envelope) between them;
 //   - inbox consumer "billing" received failed inv-1..inv-<failed> and one good message, and a
 //     Processor whose handler declines every message marked fail=1 (MaxAttempts 1) parked
 //     the failing ones as FAILED and finished the good one (DONE). The processor is stopped.
@@ -37,6 +39,17 @@ type fixture struct {
 	db     *sql.DB
 	schema string
 	mw     *middleware.EffectivelyOnce
+	handle message.HandlerFunc // rewards' handler behind the middleware
+}
+
+// rejectedPayload is the payload of the outbox row the relay rejects.
+const rejectedPayload = `{"order":42,"lines":[{"sku":"A-1","qty":2}],"note":"<script>alert(1)</script>"}`
+
+// deliver hands rewards' handler a message with id.
+func (f *fixture) deliver(t *testing.T, id string) {
+	t.Helper()
+	_, err := f.handle(message.NewMessage(id, []byte(`{"amount":5}`)))
+	require.NoError(t, err)
 }
 
 func (f *fixture) table(name string) string { return pgtx.QualifiedName(f.schema, name) }
@@ -53,24 +66,17 @@ func newFixture(t *testing.T, failed int) *fixture {
 	h := mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		return []*message.Message{message.NewMessage(watermill.NewUUID(), []byte(`{}`))}, nil
 	})
+	f.handle = h
 	for _, id := range []string{"m-1", "m-2", "m-1"} {
-		_, err := h(message.NewMessage(id, []byte(`{"amount":5}`)))
-		require.NoError(t, err)
+		f.deliver(t, id)
 	}
+	// A row written by another program: the relay cannot decode it and sets it aside.
+	pgtest.Exec(t, db, `INSERT INTO `+f.table("outbox")+` (uuid, payload, metadata, transaction_id) VALUES ('legacy-7', $1, '{"source":"legacy-billing","attempt":"3"}', pg_current_xact_id())`, rejectedPayload)
 	pub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
 	t.Cleanup(func() { _ = pub.Close() })
 	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Schema: f.schema, Name: "sms"}, nil)
 	require.NoError(t, err)
-	// Rows become readable only once every older transaction on the server has ended: poll.
-	deadline := time.Now().Add(20 * time.Second)
-	for relay.Stats().Forwarded < 2 {
-		require.True(t, time.Now().Before(deadline), "relay forwarded %d of 2 rows", relay.Stats().Forwarded)
-		n, err := relay.RelayOnce(ctx)
-		require.NoError(t, err)
-		if n == 0 {
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
+	relayUntil(t, relay, "forward 2 rows and reject 1", func(st outbox.RelayStats) bool { return st.Forwarded >= 2 && st.Rejected >= 1 })
 	_, err = h(message.NewMessage("m-3", []byte(`{"amount":7}`)))
 	require.NoError(t, err)
 
@@ -93,7 +99,7 @@ func newFixture(t *testing.T, failed int) *fixture {
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- proc.Run(ctx) }()
-	deadline = time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for f.count(t, "FAILED") < failed || f.count(t, "DONE") < 1 {
 		require.True(t, time.Now().Before(deadline), "inbox did not settle: %d FAILED, %d DONE", f.count(t, "FAILED"), f.count(t, "DONE"))
 		time.Sleep(10 * time.Millisecond)
@@ -101,6 +107,22 @@ func newFixture(t *testing.T, failed int) *fixture {
 	require.NoError(t, proc.Close())
 	require.NoError(t, <-done)
 	return f
+}
+
+// relayUntil runs relay rounds until done holds for its stats. Rows become readable only once
+// every older transaction on the (shared) server has ended, which no signal announces: a round
+// that finds nothing is retried after a short pause.
+func relayUntil(t *testing.T, relay *outbox.Relay, what string, done func(outbox.RelayStats) bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !done(relay.Stats()) {
+		require.True(t, time.Now().Before(deadline), "relay did not %s: %+v", what, relay.Stats())
+		n, err := relay.RelayOnce(context.Background())
+		require.NoError(t, err)
+		if n == 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
 }
 
 // count returns how many of billing's inbox rows have status.
@@ -133,12 +155,20 @@ func (f *fixture) ids(t *testing.T, status string) []int64 {
 // server starts the handler on a real listener.
 func (f *fixture) server(t *testing.T, cfg admin.Config) *httptest.Server {
 	t.Helper()
+	srv, _ := f.serve(t, cfg)
+	return srv
+}
+
+// serve is server that also returns the handler (to take samples).
+func (f *fixture) serve(t *testing.T, cfg admin.Config) (*httptest.Server, *admin.Handler) {
+	t.Helper()
 	cfg.Schema = f.schema
 	h, err := admin.NewHandler(f.db, cfg, nil)
 	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, h.Close()) })
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	return srv
+	return srv, h
 }
 
 // response is a decoded API answer.

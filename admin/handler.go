@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"net/http"
 	"net/url"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -38,8 +39,12 @@ type Config struct {
 	// Middlewares are effectively-once middlewares running in this process: their in-process
 	// counts (fresh, duplicates, failures) give each consumer its duplicate rate. Optional.
 	Middlewares []*middleware.EffectivelyOnce
-	// QueryTimeout bounds the database work of one request. Default 10s.
+	// QueryTimeout bounds the database work of one request, and of one sample. Default 10s.
 	QueryTimeout time.Duration
+	// SampleInterval is how often the handler samples the inbox backlog, the relays' lag and
+	// the middlewares' counts into its in-memory history (GET /api/history). Default 15s; a
+	// negative value turns background sampling off (Handler.Sample still takes one). At least 1s.
+	SampleInterval time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -49,7 +54,13 @@ func (c *Config) setDefaults() {
 	if c.QueryTimeout == 0 {
 		c.QueryTimeout = 10 * time.Second
 	}
+	if c.SampleInterval == 0 {
+		c.SampleInterval = DefaultSampleInterval
+	}
 }
+
+// DefaultSampleInterval is the default Config.SampleInterval.
+const DefaultSampleInterval = 15 * time.Second
 
 // Validate reports what to fix in a configuration.
 func (c Config) Validate() error {
@@ -60,19 +71,29 @@ func (c Config) Validate() error {
 	if c.QueryTimeout < 0 {
 		errs = append(errs, errors.New("QueryTimeout must not be negative"))
 	}
+	if c.SampleInterval > 0 && c.SampleInterval < time.Second {
+		errs = append(errs, fmt.Errorf("SampleInterval must be at least 1s (or negative to turn sampling off), got %s", c.SampleInterval))
+	}
 	return errors.Join(errs...)
 }
 
-type handler struct {
-	db     *sql.DB
-	config Config
-	ops    *inbox.Ops
-	logger watermill.LoggerAdapter
-	mux    *http.ServeMux
-	static http.Handler
+// Handler serves the admin page and its JSON API. It samples in the background (see
+// Config.SampleInterval) until Close.
+type Handler struct {
+	db      *sql.DB
+	config  Config
+	ops     *inbox.Ops
+	logger  watermill.LoggerAdapter
+	mux     *http.ServeMux
+	static  http.Handler
+	history *history
+
+	stop      context.CancelFunc
+	stopped   chan struct{}
+	closeOnce sync.Once
 }
 
-// NewHandler returns an http.Handler serving the admin page at "/" and its JSON API under
+// NewHandler returns a Handler serving the admin page at "/" and its JSON API under
 // "/api/". Mount it under a prefix with http.StripPrefix:
 //
 //	h, err := admin.NewHandler(db, admin.Config{Schema: "wmonce"}, logger)
@@ -82,7 +103,11 @@ type handler struct {
 // operator endpoints. It is read-only unless Config.AllowWrites is set; even then a write must
 // be a POST with a JSON body and the WriteHeader header, which a page on another site cannot
 // send through the operator's browser. Reads run plain SELECTs; writes go through inbox.Ops.
-func NewHandler(db *sql.DB, config Config, logger watermill.LoggerAdapter) (http.Handler, error) {
+//
+// Unless Config.SampleInterval is negative, NewHandler starts a goroutine that samples the
+// inbox, the relays and the middlewares' counts every interval for the page's charts (the last
+// hour and day, kept in memory); Close stops it.
+func NewHandler(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Handler, error) {
 	if db == nil {
 		return nil, errors.New("admin: db is nil: open one with pgtx.Open")
 	}
@@ -101,12 +126,30 @@ func NewHandler(db *sql.DB, config Config, logger watermill.LoggerAdapter) (http
 	if err != nil {
 		return nil, fmt.Errorf("admin: embedded page: %w", err)
 	}
-	h := &handler{db: db, config: config, ops: ops, logger: logger, mux: http.NewServeMux(), static: http.FileServerFS(ui)}
+	h := &Handler{db: db, config: config, ops: ops, logger: logger, mux: http.NewServeMux(), static: http.FileServerFS(ui),
+		history: newHistory(), stopped: make(chan struct{})}
 	h.routes()
+	ctx, cancel := context.WithCancel(context.Background())
+	h.stop = cancel
+	if config.SampleInterval > 0 {
+		go h.sampleLoop(ctx)
+	} else {
+		close(h.stopped)
+	}
 	return h, nil
 }
 
-func (h *handler) routes() {
+// Close stops the background sampling and waits for a sample in flight. The page and API keep
+// working (their charts stop moving). Close is idempotent and always returns nil.
+func (h *Handler) Close() error {
+	h.closeOnce.Do(func() {
+		h.stop()
+		<-h.stopped
+	})
+	return nil
+}
+
+func (h *Handler) routes() {
 	h.mux.HandleFunc("/{$}", h.page)
 	h.mux.HandleFunc("/app.js", h.page)
 	h.mux.HandleFunc("/style.css", h.page)
@@ -119,12 +162,16 @@ func (h *handler) routes() {
 	h.mux.HandleFunc("/api/inbox/stats", h.get(h.inboxStats))
 	h.mux.HandleFunc("/api/inbox/{id}", h.get(h.inboxInspect))
 	h.mux.HandleFunc("/api/outbox", h.get(h.outbox))
+	h.mux.HandleFunc("/api/outbox/rejected", h.get(h.rejectedList))
+	h.mux.HandleFunc("/api/outbox/rejected/{offset}", h.get(h.rejectedInspect))
+	h.mux.HandleFunc("/api/history", h.get(h.historyGet))
 	h.mux.HandleFunc("/api/dedupe", h.get(h.dedupe))
 	h.mux.HandleFunc("/api/inbox/replay", h.write(h.replay))
 	h.mux.HandleFunc("/api/inbox/skip", h.write(h.skip))
 }
 
-func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+// ServeHTTP serves the page at "/" and the API under "/api/".
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == "" {
 		// Mounted with StripPrefix and asked for the prefix itself ("/wmonce"): the page's
 		// relative links need the trailing slash. RequestURI still holds the unstripped path.
@@ -144,7 +191,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // page serves the embedded page. Its Content-Security-Policy allows only this origin's
 // scripts, styles and API: the page renders message payloads and errors, which come from
 // producers, and must never run them.
-func (h *handler) page(w http.ResponseWriter, r *http.Request) {
+func (h *Handler) page(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		writeError(w, http.StatusMethodNotAllowed, "use GET")
 		return
@@ -168,7 +215,7 @@ func badRequest(format string, args ...any) error {
 	return &apiError{status: http.StatusBadRequest, msg: fmt.Sprintf(format, args...)}
 }
 
-func (h *handler) get(f apiFunc) http.HandlerFunc {
+func (h *Handler) get(f apiFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			w.Header().Set("Allow", "GET, HEAD")
@@ -180,7 +227,7 @@ func (h *handler) get(f apiFunc) http.HandlerFunc {
 }
 
 // write guards an endpoint that changes rows: writes enabled, POST, JSON body, WriteHeader.
-func (h *handler) write(f apiFunc) http.HandlerFunc {
+func (h *Handler) write(f apiFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
 			w.Header().Set("Allow", "POST")
@@ -217,7 +264,7 @@ func isJSON(contentType string) bool {
 	return contentType == "application/json"
 }
 
-func (h *handler) serve(w http.ResponseWriter, r *http.Request, f apiFunc) {
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request, f apiFunc) {
 	ctx, cancel := context.WithTimeout(r.Context(), h.config.QueryTimeout)
 	defer cancel()
 	out, err := f(ctx, r)

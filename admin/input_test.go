@@ -1,6 +1,7 @@
 package admin_test
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -21,12 +22,32 @@ type errorLog struct {
 	watermill.NopLogger
 	mu   sync.Mutex
 	msgs []string
+	info []string
 }
 
 func (l *errorLog) Error(msg string, err error, _ watermill.LogFields) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.msgs = append(l.msgs, msg+": "+err.Error())
+}
+
+func (l *errorLog) Info(msg string, _ watermill.LogFields) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.info = append(l.info, msg)
+}
+
+// infos counts the info messages that start with prefix.
+func (l *errorLog) infos(prefix string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, m := range l.info {
+		if strings.HasPrefix(m, prefix) {
+			n++
+		}
+	}
+	return n
 }
 
 func (l *errorLog) logged() []string {
@@ -44,6 +65,7 @@ func TestBadTextIs400(t *testing.T) {
 	log := &errorLog{}
 	h, err := admin.NewHandler(db, admin.Config{Schema: schema, AllowWrites: true}, log)
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = h.Close() })
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	api := srv.URL + "/api/"
@@ -76,6 +98,17 @@ func TestBadTextIs400(t *testing.T) {
 		{"dedupe?" + q("consumer", long, "message", "m"), "consumer is 256 bytes long"},
 		{"dedupe?" + q("consumer", "rewards", "message", "m\x00"), "message must not contain NUL"},
 		{"dedupe?" + q("consumer", "rewards", "message", "\xff"), "message must be valid UTF-8"},
+		{"inbox?" + q("consumer", "billing", "received_after", "2026\x00"), "received_after must not contain NUL"},
+		{"inbox?" + q("consumer", "billing", "received_before", "\xff"), "received_before must be valid UTF-8"},
+		{"history?" + q("consumer", "r\x00"), "consumer must not contain NUL"},
+		{"history?" + q("consumer", "\xff"), "consumer must be valid UTF-8"},
+		{"history?" + q("consumer", long), "consumer is 256 bytes long"},
+		{"history?" + q("relay", "s\x00"), "relay must not contain NUL"},
+		{"history?" + q("window", "h\x00"), "window must not contain NUL"},
+		{"outbox/rejected?" + q("relay", "s\x00"), "relay must not contain NUL"},
+		{"outbox/rejected?" + q("relay", "\xc3"), "relay must be valid UTF-8"},
+		{"outbox/rejected?" + q("rejected_after", "\xff"), "rejected_after must be valid UTF-8"},
+		{"outbox/rejected/1?" + q("relay", "s\x00"), "relay must not contain NUL"},
 	} {
 		r := get(t, api+tc.path)
 		require.Equal(t, http.StatusBadRequest, r.status, "%q: %s", tc.path, r.body)
@@ -105,14 +138,16 @@ func TestBadTextIs400(t *testing.T) {
 
 // TestMissingTablesAre503: on a schema without tables, every endpoint that reads a table
 // answers 503 saying which migration command to run; /api/status answers 200 with version 0
-// and the same hint, since reporting that is its job.
+// and the same hint, since reporting that is its job. The background sampler, which fails the
+// same way, says so once at info level, not as an error.
 func TestMissingTablesAre503(t *testing.T) {
 	t.Parallel()
 	db := pgtest.DB(t)
 	empty := pgtest.NewName("none")
 	log := &errorLog{}
-	h, err := admin.NewHandler(db, admin.Config{Schema: empty, AllowWrites: true}, log)
+	h, err := admin.NewHandler(db, admin.Config{Schema: empty, AllowWrites: true, SampleInterval: -1}, log)
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = h.Close() })
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	api := srv.URL + "/api/"
@@ -125,7 +160,8 @@ func TestMissingTablesAre503(t *testing.T) {
 	require.Zero(t, st.Version)
 	require.Contains(t, st.Hint, fix)
 
-	for _, path := range []string{"consumers", "inbox/stats", "inbox?consumer=billing", "inbox/1", "outbox", "dedupe?consumer=rewards&message=m-1"} {
+	for _, path := range []string{"consumers", "inbox/stats", "inbox?consumer=billing", "inbox/1", "outbox", "dedupe?consumer=rewards&message=m-1",
+		"history", "history?window=day&consumer=rewards", "outbox/rejected", "outbox/rejected/1"} {
 		r := get(t, api+path)
 		require.Equal(t, http.StatusServiceUnavailable, r.status, "%s: %s", path, r.body)
 		require.Contains(t, r.errorText(t), fix, path)
@@ -142,5 +178,10 @@ func TestMissingTablesAre503(t *testing.T) {
 		require.Equal(t, http.StatusServiceUnavailable, r.status, "%s: %s", tc.action, r.body)
 		require.Contains(t, r.errorText(t), fix, tc.action)
 	}
+	// Samples fail the same way: the sampler says so once.
+	for range 3 {
+		admin.SampleAndLog(context.Background(), h)
+	}
 	require.Empty(t, log.logged(), "a missing table is the operator's to fix, not a server error")
+	require.Equal(t, 1, log.infos("Admin history sample"), "said once")
 }

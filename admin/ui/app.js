@@ -1,9 +1,13 @@
 // watermill-once admin page. Plain JavaScript, no build step. Everything from the API is
-// inserted as text (never as HTML): payloads, keys and errors come from producers.
+// inserted as text (never as HTML): payloads, keys and errors come from producers. Charts are
+// SVG elements built here, styled by classes from style.css (the CSP allows no inline style).
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { writes: false, consumer: "", status: "FAILED", key: "", after: 0, pending: null };
+const state = {
+  writes: false, consumer: "", status: "FAILED", key: "", since: "", after: 0, pending: null,
+  window: "hour", chartConsumer: "", relay: "", rejectedSince: "", rejectedAfter: 0,
+};
 
 function el(tag, props, ...children) {
   const e = document.createElement(tag);
@@ -11,6 +15,16 @@ function el(tag, props, ...children) {
     if (k === "class") e.className = v;
     else if (k === "onclick") e.addEventListener("click", v);
     else if (v !== undefined && v !== null) e.setAttribute(k, v);
+  }
+  for (const c of children) e.append(c instanceof Node ? c : document.createTextNode(c ?? ""));
+  return e;
+}
+
+const SVGNS = "http://www.w3.org/2000/svg";
+function sv(tag, attrs, ...children) {
+  const e = document.createElementNS(SVGNS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v !== undefined && v !== null) e.setAttribute(k, String(v));
   }
   for (const c of children) e.append(c instanceof Node ? c : document.createTextNode(c ?? ""));
   return e;
@@ -37,12 +51,13 @@ function flash(msg, isError) {
 }
 
 const zeroTime = (t) => !t || t.startsWith("0001-");
+const pad = (n) => String(n).padStart(2, "0");
 function fmtTime(t) {
   if (zeroTime(t)) return "—";
   const d = new Date(t);
-  const p = (n) => String(n).padStart(2, "0");
-  return `${d.getFullYear()}-${p(d.getMonth() + 1)}-${p(d.getDate())} ${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}`;
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
 }
+const fmtClock = (d) => `${pad(d.getHours())}:${pad(d.getMinutes())}`;
 function fmtAge(seconds) {
   if (!seconds || seconds <= 0) return "—";
   if (seconds < 1) return Math.round(seconds * 1000) + " ms";
@@ -52,11 +67,183 @@ function fmtAge(seconds) {
   if (s < 86400) return Math.floor(s / 3600) + " h " + Math.floor((s % 3600) / 60) + " m";
   return Math.floor(s / 86400) + " d " + Math.floor((s % 86400) / 3600) + " h";
 }
+// A short age for axis labels.
+function fmtAgeShort(seconds) {
+  if (seconds <= 0) return "0";
+  if (seconds < 1) return Math.round(seconds * 1000) + "ms";
+  if (seconds < 90) return +seconds.toPrecision(2) + "s";
+  if (seconds < 5400) return +(seconds / 60).toPrecision(2) + "m";
+  if (seconds < 129600) return +(seconds / 3600).toPrecision(2) + "h";
+  return +(seconds / 86400).toPrecision(2) + "d";
+}
 const num = (n) => (n === undefined || n === null ? "—" : Number(n).toLocaleString("en-US"));
+function fmtCount(n) {
+  if (n >= 1e6) return +(n / 1e6).toPrecision(3) + "M";
+  if (n >= 1e4) return +(n / 1e3).toPrecision(3) + "k";
+  return num(n);
+}
+function fmtBytes(n) {
+  if (n < 1024) return n + " B";
+  if (n < 1048576) return (n / 1024).toFixed(1) + " KiB";
+  return (n / 1048576).toFixed(1) + " MiB";
+}
 const td = (v, cls) => el("td", { class: cls }, v);
 function emptyRow(tbody, cols, text) {
   tbody.replaceChildren(el("tr", {}, el("td", { class: "empty", colspan: cols }, text)));
 }
+const sinceParam = (seconds) => new Date(Date.now() - Number(seconds) * 1000).toISOString();
+
+// ---- Charts ---------------------------------------------------------------------------------
+
+// niceMax rounds up to 1, 2 or 5 times a power of ten.
+function niceMax(v) {
+  if (!(v > 0)) return 1;
+  const p = Math.pow(10, Math.floor(Math.log10(v)));
+  for (const m of [1, 2, 5, 10]) if (v <= m * p) return m * p;
+  return 10 * p;
+}
+
+// chart draws one series as an SVG: bars (counts per bucket) or a line (sampled values). Null
+// values are buckets no sample covers: those before the first sample are shaded as "no data";
+// between samples a line is drawn straight on (a bucket can be shorter than the sampling
+// interval). opts: kind, cls, width, fmt (axis and tooltip values), integer (counts: the axis
+// never shows fractions), empty (text when there is nothing to draw).
+function chart(h, values, opts) {
+  const W = opts.width || 560, H = 132, L = 46, R = 10, T = 10, B = 22;
+  const pw = W - L - R, ph = H - T - B, n = values.length, bw = pw / n;
+  const fmt = opts.fmt || fmtCount;
+  const present = values.filter((v) => v !== null && v !== undefined);
+  let max = niceMax(Math.max(0, ...present));
+  if (opts.integer && max < 4) max = 4;
+  const y = (v) => T + ph - (v / max) * ph;
+  const x = (i) => L + i * bw;
+  const g = sv("svg", { viewBox: `0 0 ${W} ${H}`, class: "chart " + (opts.cls || ""), role: "img", "aria-label": opts.label });
+  g.append(sv("title", {}, opts.label));
+
+  // No data before the first sample.
+  const isNull = (v) => v === null || v === undefined;
+  const first = values.findIndex((v) => !isNull(v));
+  const lead = first < 0 ? n : first;
+  if (lead > 0) {
+    g.append(sv("rect", { class: "nodata", x: L, y: T, width: lead * bw, height: ph }));
+    if (lead * bw > 90 && first >= 0) g.append(sv("text", { class: "nodata-note", x: L + (lead * bw) / 2, y: T + 14 }, "not sampled"));
+  }
+  // Grid and y labels: 0, half, max.
+  for (const f of [0, 0.5, 1]) {
+    const v = max * f;
+    g.append(sv("line", { class: f === 0 ? "axis" : "grid", x1: L, x2: W - R, y1: y(v), y2: y(v) }));
+    if (opts.integer && f === 0.5 && max % 2) continue;
+    g.append(sv("text", { class: "ylabel", x: L - 6, y: y(v) + 4 }, fmt(v)));
+  }
+  // X labels: clock times at round ticks.
+  const start = new Date(h.start).getTime(), bucketMs = h.bucket_seconds * 1000, endMs = start + n * bucketMs;
+  const tickMs = h.window === "day" ? 4 * 3600e3 : 10 * 60e3;
+  const tz = new Date(start).getTimezoneOffset() * 60e3;
+  for (let t = Math.ceil((start - tz) / tickMs) * tickMs + tz; t <= endMs; t += tickMs) {
+    const px = L + ((t - start) / (endMs - start)) * pw;
+    g.append(sv("line", { class: "tick", x1: px, x2: px, y1: T + ph, y2: T + ph + 4 }));
+    g.append(sv("text", { class: "xlabel", x: px, y: H - 6 }, fmtClock(new Date(t))));
+  }
+  const when = (k) => {
+    const a = new Date(start + k * bucketMs), b = new Date(start + (k + 1) * bucketMs);
+    return `${fmtClock(a)}–${fmtClock(b)}`;
+  };
+  if (opts.kind === "bars") {
+    const gap = bw > 4 ? 1 : 0;
+    values.forEach((v, k) => {
+      if (!v) return;
+      const top = y(v);
+      g.append(sv("rect", { class: "bar", x: x(k) + gap / 2, y: top, width: Math.max(bw - gap, 1), height: T + ph - top },
+        sv("title", {}, `${when(k)}: ${num(v)} ${opts.unit || ""}`)));
+    });
+  } else {
+    // A line through the sampled buckets' centres, with an area below and a dot on every
+    // point (a single sample is a dot).
+    const pts = [];
+    values.forEach((v, k) => { if (!isNull(v)) pts.push([x(k) + bw / 2, y(v)]); });
+    if (pts.length) {
+      const line = pts.map(([px, py]) => `${px.toFixed(1)},${py.toFixed(1)}`).join("L");
+      g.append(sv("path", { class: "area", d: `M${pts[0][0].toFixed(1)},${y(0)}L${line}L${pts[pts.length - 1][0].toFixed(1)},${y(0)}Z` }),
+        sv("path", { class: "line", d: "M" + line }));
+    }
+    values.forEach((v, k) => {
+      if (v === null || v === undefined) return;
+      g.append(sv("circle", { class: "dot", cx: x(k) + bw / 2, cy: y(v), r: 2.2 }, sv("title", {}, `${when(k)}: ${fmt(v)}`)));
+    });
+  }
+  if (first < 0 || (opts.kind === "bars" && !present.some((v) => v > 0))) {
+    g.append(sv("text", { class: "empty-note", x: L + pw / 2, y: T + ph / 2 + 4 }, opts.empty || "nothing in this window"));
+  }
+  return g;
+}
+
+const sumOf = (vs) => vs.reduce((a, v) => a + (v || 0), 0);
+const lastOf = (vs) => { for (let i = vs.length - 1; i >= 0; i--) if (vs[i] !== null && vs[i] !== undefined) return vs[i]; return null; };
+const maxOf = (vs) => vs.reduce((a, v) => (v !== null && v !== undefined && v > a ? v : a), 0);
+
+// card is one consumer's or relay's charts, side by side: panels are [legend class, legend
+// text, values, chart options].
+function card(h, title, subtitle, panels) {
+  const width = panels.length >= 3 ? 360 : 545;
+  return el("figure", { class: "card" },
+    el("figcaption", {}, el("strong", {}, title), " ", el("span", { class: "muted" }, subtitle)),
+    el("div", { class: "panels cols-" + panels.length }, ...panels.map(([cls, text, values, opts]) =>
+      el("div", { class: "panel-chart" },
+        el("div", { class: "legend" }, el("span", { class: "swatch " + cls }), text),
+        chart(h, values, { ...opts, cls, width })))));
+}
+
+async function loadHistory() {
+  const q = new URLSearchParams({ window: state.window });
+  if (state.chartConsumer) q.set("consumer", state.chartConsumer);
+  const h = await api("history?" + q);
+  const span = h.window === "day" ? "last day" : "last hour";
+  const per = h.bucket_seconds >= 900 ? "per 15 minutes" : "per minute";
+  const s = h.sampling;
+  $("sampling").textContent = s.samples
+    ? `sampled ${s.interval_seconds ? "every " + fmtAge(s.interval_seconds) : "on demand"} since ${fmtTime(s.since)} (${num(s.samples)} sample${s.samples === 1 ? "" : "s"})`
+    : "no samples yet: backlog, lag and duplicate charts start with the first";
+
+  const cc = $("consumer-charts");
+  cc.replaceChildren(...h.consumers.map((c) => {
+    const covered = c.duplicates.some((v) => v !== null);
+    return card(h, c.consumer, `${num(sumOf(c.claims))} claims · ${covered ? num(sumOf(c.duplicates)) : "—"} duplicates in the ${span}`, [
+      ["claims", `Claims ${per}: claim rows by processed_at, every process`, c.claims,
+        { kind: "bars", integer: true, unit: "claims", label: `claims of ${c.consumer}`, empty: `no claims in the ${span}` }],
+      ["dups", `Duplicates ${per}: counted by this process's middleware`, c.duplicates,
+        { kind: "bars", integer: true, unit: "duplicates", label: `duplicates of ${c.consumer}`,
+          empty: h.in_process_counts ? (covered ? "no duplicates" : "not sampled yet") : "needs admin.Config.Middlewares" }],
+    ]);
+  }));
+  if (!h.consumers.length) cc.append(el("p", { class: "muted empty-charts" }, `No claims in the ${span}.`));
+
+  const ic = $("inbox-charts");
+  ic.replaceChildren(...h.inbox.map((x) => card(h, "inbox " + x.consumer,
+    `last sample: ${num(lastOf(x.pending) ?? 0)} pending, ${num(lastOf(x.failed) ?? 0)} failed, oldest pending ${fmtAge(lastOf(x.oldest_pending_age_seconds))}`, [
+      ["pending", "Backlog: PENDING rows", x.pending, { kind: "line", integer: true, label: `pending rows of ${x.consumer}` }],
+      ["age", "Age of the oldest PENDING row", x.oldest_pending_age_seconds, { kind: "line", fmt: fmtAgeShort, label: `oldest pending age of ${x.consumer}` }],
+      ["failed", "FAILED rows (parked)", x.failed, { kind: "line", integer: true, label: `failed rows of ${x.consumer}` }],
+    ])));
+  const of = state.chartConsumer ? ` of ${state.chartConsumer}` : "";
+  if (!h.inbox.length) ic.append(el("p", { class: "muted empty-charts" }, `No unfinished inbox rows${of} sampled in the ${span}.`));
+
+  const rc = $("relay-charts");
+  rc.replaceChildren(...h.relays.map((x) => card(h, "relay " + x.name,
+    `last sample: ${num(lastOf(x.backlog) ?? 0)} rows waiting, lag ${fmtAge(lastOf(x.lag_seconds))}; peak lag ${fmtAge(maxOf(x.lag_seconds))}`, [
+      ["lag", "Lag: age of the oldest row not yet forwarded", x.lag_seconds, { kind: "line", fmt: fmtAgeShort, label: `lag of relay ${x.name}` }],
+      ["backlog", "Backlog: rows not yet forwarded", x.backlog, { kind: "line", integer: true, label: `backlog of relay ${x.name}` }],
+    ])));
+  if (!h.relays.length) rc.append(el("p", { class: "muted empty-charts" }, `No relay sampled in the ${span}.`));
+  for (const c of [cc, ic, rc]) c.dataset.window = h.window;
+}
+
+function setWindow(w) {
+  state.window = w;
+  for (const b of document.querySelectorAll("#toolbar [data-window]")) b.setAttribute("aria-pressed", String(b.dataset.window === w));
+  return loadHistory().catch((e) => flash(e.message, true));
+}
+
+// ---- Tables ---------------------------------------------------------------------------------
 
 async function loadStatus() {
   const s = await api("status");
@@ -69,12 +256,19 @@ async function loadStatus() {
   if (s.hint) flash(s.hint, true);
 }
 
+function fillSelect(sel, names, keep) {
+  const first = sel.options[0] && sel.options[0].value === "" ? [sel.options[0]] : [];
+  sel.replaceChildren(...first, ...names.map((n) => el("option", { value: n }, n)));
+  if (keep && names.includes(keep)) sel.value = keep;
+}
+
 async function loadConsumers() {
   const r = await api("consumers");
   $("consumers-note").textContent = r.in_process_counts
     ? "Claims come from the database; fresh, duplicates and failures are counted by the middlewares in this process since it started."
     : "Claims come from the database. Duplicate rates need the middlewares of this process (admin.Config.Middlewares).";
   const body = $("consumers").tBodies[0];
+  fillSelect($("c-filter"), r.consumers.map((c) => c.consumer), state.chartConsumer);
   if (!r.consumers.length) return emptyRow(body, 9, "No consumer has claimed a message yet.");
   body.replaceChildren(...r.consumers.map((c) => {
     const k = c.counts || {};
@@ -90,7 +284,7 @@ function countLink(consumer, status, n) {
   if (!n) return td("0", "num");
   return el("td", { class: "num" }, el("button", {
     class: "link", type: "button", "data-consumer": consumer, "data-status": status,
-    onclick: () => showRows(consumer, status, "").catch((e) => flash(e.message, true)),
+    onclick: () => showRows(consumer, status, "", "").catch((e) => flash(e.message, true)),
   }, num(n)));
 }
 
@@ -115,22 +309,22 @@ async function loadInbox() {
   if (!state.consumer) {
     // Open the first consumer with parked rows: that is what an operator comes for.
     const parked = r.consumers.find((c) => c.failed > 0) || r.consumers[0];
-    selectRows(parked.consumer, parked.failed > 0 ? "FAILED" : "", "");
+    selectRows(parked.consumer, parked.failed > 0 ? "FAILED" : "", "", "");
   }
 }
 
-function selectRows(consumer, status, key) {
-  Object.assign(state, { consumer, status, key, after: 0 });
+function selectRows(consumer, status, key, since) {
+  Object.assign(state, { consumer, status, key, since, after: 0 });
   $("f-consumer").value = consumer;
   $("f-status").value = status;
   $("f-key").value = key;
+  $("f-since").value = since;
   $("rows-panel").hidden = false;
-  $("detail").hidden = true;
   cancelConfirm();
 }
 
-async function showRows(consumer, status, key) {
-  selectRows(consumer, status, key);
+async function showRows(consumer, status, key, since) {
+  selectRows(consumer, status, key, since);
   await loadRows(false);
 }
 
@@ -138,6 +332,7 @@ async function loadRows(append) {
   const q = new URLSearchParams({ consumer: state.consumer, limit: "50" });
   if (state.status) q.set("status", state.status);
   if (state.key) q.set("key", state.key);
+  if (state.since) q.set("received_after", sinceParam(state.since));
   if (append && state.after) q.set("after", String(state.after));
   const r = await api("inbox?" + q);
   const body = $("rows").tBodies[0];
@@ -151,36 +346,168 @@ async function loadRows(append) {
   $("replay-all").title = replayable ? "" : "Select FAILED or SKIPPED rows to replay them in bulk";
 }
 
-function rowElement(r) {
-  const actions = el("td", { class: "writes" });
+function rowActions(r, cell) {
   if (r.status === "FAILED" || r.status === "SKIPPED") {
-    actions.append(el("button", { type: "button", class: "replay", onclick: () => replayRow(r) }, "Replay"));
+    cell.append(el("button", { type: "button", class: "replay", onclick: () => replayRow(r) }, "Replay"));
   }
   if (r.status === "FAILED" || r.status === "PENDING") {
-    actions.append(el("button", { type: "button", class: "skip", onclick: () => askSkip(r, actions) }, "Skip"));
+    cell.append(el("button", { type: "button", class: "skip", onclick: () => askSkip(r, cell) }, "Skip"));
   }
+  return cell;
+}
+
+function rowElement(r) {
   return el("tr", { "data-id": String(r.id), "data-status": r.status },
     el("td", { class: "num" }, el("button", { class: "link", type: "button", onclick: () => inspect(r.id) }, String(r.id))),
     td(r.message_id), td(r.ordering_key || ""),
     el("td", {}, el("span", { class: "status status-" + r.status }, r.status)),
     td(String(r.attempts), "num"), td(r.last_error || "", "err"),
-    td(fmtTime(r.received_at)), actions);
+    td(fmtTime(r.received_at)), rowActions(r, el("td", { class: "writes" })));
 }
+
+// ---- Detail view ----------------------------------------------------------------------------
+
+// Characters that would hide or reorder text (controls, bidi overrides) are shown as escapes.
+const invisible = /[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]/g;
+const visible = (s) => s.replace(invisible, (c) => "\\u" + c.charCodeAt(0).toString(16).padStart(4, "0"));
+
+// indentJSON re-indents valid JSON text without parsing its values, so numbers beyond
+// JavaScript's precision and escapes stay exactly as the producer wrote them.
+function indentJSON(text) {
+  let out = "", depth = 0, inString = false, escaped = false;
+  const nl = () => "\n" + "  ".repeat(depth);
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (inString) {
+      out += c;
+      if (escaped) escaped = false;
+      else if (c === "\\") escaped = true;
+      else if (c === '"') inString = false;
+      continue;
+    }
+    switch (c) {
+      case '"': inString = true; out += c; break;
+      case "{": case "[": {
+        let j = i + 1;
+        while (j < text.length && " \t\r\n".includes(text[j])) j++;
+        if (text[j] === (c === "{" ? "}" : "]")) { out += c + text[j]; i = j; break; }
+        depth++; out += c + nl(); break;
+      }
+      case "}": case "]": depth--; out += nl() + c; break;
+      case ",": out += "," + nl(); break;
+      case ":": out += ": "; break;
+      case " ": case "\t": case "\r": case "\n": break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+const maxShown = 256 * 1024;
+function hexDump(bytes) {
+  const lines = [];
+  const n = Math.min(bytes.length, 64 * 1024);
+  for (let off = 0; off < n; off += 16) {
+    const row = bytes.subarray(off, Math.min(off + 16, n));
+    const hex = [...row].map((b) => b.toString(16).padStart(2, "0")).join(" ");
+    const ascii = [...row].map((b) => (b >= 0x20 && b < 0x7f ? String.fromCharCode(b) : ".")).join("");
+    lines.push(`${off.toString(16).padStart(8, "0")}  ${hex.padEnd(47)}  |${ascii}|`);
+  }
+  if (bytes.length > n) lines.push(`… ${num(bytes.length - n)} more bytes not shown`);
+  return lines.join("\n");
+}
+
+// formatPayload returns [kind, text] for a payload given as text, or as base64 when it is not
+// valid UTF-8.
+function formatPayload(text, base64) {
+  if (base64 !== undefined && base64 !== null) {
+    const bin = atob(base64);
+    const bytes = Uint8Array.from(bin, (c) => c.charCodeAt(0));
+    return [`binary, ${fmtBytes(bytes.length)}, hex`, hexDump(bytes)];
+  }
+  if (text === undefined || text === null) return ["none", ""];
+  if (text === "") return ["empty", ""];
+  const size = fmtBytes(new TextEncoder().encode(text).length);
+  let shown = text, note = "";
+  if (text.length > maxShown) { shown = text.slice(0, maxShown); note = `\n… ${num(text.length - maxShown)} more characters not shown`; }
+  try {
+    JSON.parse(text);
+    return [`JSON, ${size}, indented`, visible(indentJSON(shown)) + note];
+  } catch (_) { /* not JSON */ }
+  return [`text, ${size}`, visible(shown) + note];
+}
+
+function field(name, value, cls) {
+  return [el("dt", {}, name), el("dd", { class: cls }, value === undefined || value === null || value === "" ? "—" : value)];
+}
+
+function showMetadata(md) {
+  const box = $("detail-metadata");
+  if (md === undefined || md === null || (typeof md === "object" && !Array.isArray(md) && !Object.keys(md).length)) {
+    box.replaceChildren(el("p", { class: "muted" }, "none"));
+    return;
+  }
+  const flat = typeof md === "object" && !Array.isArray(md) && Object.values(md).every((v) => v === null || typeof v !== "object");
+  if (!flat) {
+    box.replaceChildren(el("pre", { class: "payload" }, visible(JSON.stringify(md, null, 2))));
+    return;
+  }
+  box.replaceChildren(el("table", { class: "kv" }, el("tbody", {},
+    ...Object.keys(md).sort().map((k) => el("tr", {}, el("th", {}, visible(k)), el("td", {}, visible(String(md[k]))))))));
+}
+
+// openDetail shows a row; actions, when given, fills the dialog's action cell.
+function openDetail(kind, title, status, fields, lastError, metadata, payload, actions) {
+  const d = $("detail");
+  d.dataset.kind = kind;
+  $("detail-title").textContent = title;
+  $("detail-status").replaceChildren(...(status ? [el("span", { class: "status status-" + status }, status)] : []));
+  $("detail-fields").replaceChildren(...fields.flat());
+  $("detail-error-box").hidden = !lastError;
+  $("detail-error").textContent = lastError ? visible(lastError) : "";
+  showMetadata(metadata);
+  const [pkind, ptext] = payload;
+  $("detail-payload-kind").textContent = "· " + pkind;
+  $("detail-payload").textContent = ptext;
+  $("detail-actions").replaceChildren();
+  if (actions) actions($("detail-actions"));
+  d.hidden = false;
+  $("detail-close").focus();
+}
+
+function closeDetail() { $("detail").hidden = true; }
 
 async function inspect(id) {
   try {
     const r = await api("inbox/" + id);
-    $("detail-title").textContent = `Row ${r.id} · ${r.consumer} · ${r.message_id}`;
-    $("detail-body").textContent = JSON.stringify(r, null, 2);
-    $("detail").hidden = false;
+    openDetail("inbox", `Inbox row ${r.id} · ${r.consumer}`, r.status, [
+      field("Message ID", r.message_id), field("Message UUID", r.message_uuid),
+      field("Ordering key", r.ordering_key), field("Topic", r.topic),
+      field("Attempts", String(r.attempts), "num-left"), field("Next attempt", fmtTime(r.next_attempt_at)),
+      field("Lease until", r.lease_until ? fmtTime(r.lease_until) : ""), field("Received", fmtTime(r.received_at)),
+      field("Finished", r.finished_at ? fmtTime(r.finished_at) : ""), field("Payload size", fmtBytes(r.payload_size)),
+    ], r.last_error, r.metadata, formatPayload(r.payload, r.payload_base64), (cell) => rowActions(r, cell));
   } catch (e) { flash(e.message, true); }
 }
+
+async function inspectRejected(offset, relay) {
+  try {
+    const r = await api(`outbox/rejected/${offset}?` + new URLSearchParams({ relay }));
+    openDetail("rejected", `Rejected outbox row ${r.offset} · relay ${r.relay}`, "REJECTED", [
+      field("UUID", r.uuid), field("Relay", r.relay), field("Offset", String(r.offset)),
+      field("Transaction", r.transaction_id), field("Rejected", fmtTime(r.rejected_at)),
+      field("Attempts", "— (set aside at the first failed decode)"), field("Payload size", fmtBytes(r.payload_size)),
+    ], r.last_error, r.metadata, formatPayload(r.payload));
+  } catch (e) { flash(e.message, true); }
+}
+
+// ---- Writes ---------------------------------------------------------------------------------
 
 async function change(action, body, done) {
   try {
     const r = await api("inbox/" + action, body);
     flash(done(r));
-    $("detail").hidden = true; // it shows the row as it was
+    closeDetail(); // it shows the row as it was
     await refresh();
   } catch (e) { flash(e.message, true); }
 }
@@ -232,21 +559,42 @@ async function confirmReplayAll() {
   await change("replay", body, (res) => `Replayed ${res.rows} row(s): they are PENDING again.`);
 }
 
+// ---- Outbox ---------------------------------------------------------------------------------
+
 async function loadOutbox() {
   const r = await api("outbox");
   const body = $("relays").tBodies[0];
+  fillSelect($("r-relay"), r.relays.map((x) => x.name), state.relay);
   if (!r.relays.length) emptyRow(body, 4, "No relay has run on this schema yet.");
   else body.replaceChildren(...r.relays.map((x) => el("tr", {},
     td(x.name), td(num(x.backlog), "num"), td(fmtTime(x.oldest_pending)), td(fmtAge(x.lag_seconds), "num"))));
   const rej = $("rejected");
   rej.textContent = r.rejected
-    ? `${r.rejected} outbox row(s) could not be decoded and were set aside in outbox_rejected.`
+    ? `${r.rejected} outbox row(s) could not be decoded and were set aside in outbox_rejected. Open one to see its payload and error.`
     : "No rejected outbox rows.";
   rej.className = r.rejected ? "warn" : "muted";
 }
 
+async function loadRejected(append) {
+  const q = new URLSearchParams({ limit: "50" });
+  if (state.relay) q.set("relay", state.relay);
+  if (state.rejectedSince) q.set("rejected_after", sinceParam(state.rejectedSince));
+  if (append && state.rejectedAfter) q.set("after", String(state.rejectedAfter));
+  const r = await api("outbox/rejected?" + q);
+  const body = $("rejected-rows").tBodies[0];
+  const rows = r.rows.map((x) => el("tr", { "data-offset": String(x.offset), "data-relay": x.relay },
+    el("td", { class: "num" }, el("button", { class: "link", type: "button", onclick: () => inspectRejected(x.offset, x.relay) }, String(x.offset))),
+    td(x.relay), td(x.uuid), td(fmtBytes(x.payload_size), "num"), td(x.last_error, "err"), td(fmtTime(x.rejected_at))));
+  if (append) body.append(...rows); else body.replaceChildren(...rows);
+  if (!body.rows.length) emptyRow(body, 6, "No rejected rows match.");
+  state.rejectedAfter = r.next_after || 0;
+  $("r-more").hidden = !state.rejectedAfter;
+}
+
+// ---- Page -----------------------------------------------------------------------------------
+
 async function refresh() {
-  const parts = [loadConsumers(), loadInbox(), loadOutbox()];
+  const parts = [loadConsumers(), loadInbox(), loadOutbox(), loadHistory(), loadRejected(false)];
   const results = await Promise.allSettled(parts);
   const failed = results.find((x) => x.status === "rejected");
   if (failed) flash(failed.reason.message, true);
@@ -261,13 +609,26 @@ document.addEventListener("DOMContentLoaded", async () => {
   $("refresh").addEventListener("click", refresh);
   $("filter").addEventListener("submit", (ev) => {
     ev.preventDefault();
-    showRows($("f-consumer").value, $("f-status").value, $("f-key").value.trim()).catch((e) => flash(e.message, true));
+    showRows($("f-consumer").value, $("f-status").value, $("f-key").value.trim(), $("f-since").value).catch((e) => flash(e.message, true));
+  });
+  $("r-filter").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    Object.assign(state, { relay: $("r-relay").value, rejectedSince: $("r-since").value, rejectedAfter: 0 });
+    loadRejected(false).catch((e) => flash(e.message, true));
   });
   $("more").addEventListener("click", () => loadRows(true).catch((e) => flash(e.message, true)));
+  $("r-more").addEventListener("click", () => loadRejected(true).catch((e) => flash(e.message, true)));
   $("replay-all").addEventListener("click", askReplayAll);
   $("confirm-yes").addEventListener("click", confirmReplayAll);
   $("confirm-no").addEventListener("click", cancelConfirm);
-  $("detail-close").addEventListener("click", () => { $("detail").hidden = true; });
+  $("detail-close").addEventListener("click", closeDetail);
+  $("detail").addEventListener("click", (ev) => { if (ev.target === $("detail")) closeDetail(); });
+  document.addEventListener("keydown", (ev) => { if (ev.key === "Escape") closeDetail(); });
+  for (const b of document.querySelectorAll("#toolbar [data-window]")) b.addEventListener("click", () => setWindow(b.dataset.window));
+  $("c-filter").addEventListener("change", () => {
+    state.chartConsumer = $("c-filter").value;
+    loadHistory().catch((e) => flash(e.message, true));
+  });
   try { await loadStatus(); } catch (e) { flash(e.message, true); }
   await refresh();
 });

@@ -19,11 +19,13 @@ func adminCommand() *command {
 		summary: "serve the admin page and its JSON API",
 		usage:   "admin [-addr 127.0.0.1:8089] [-allow-writes]",
 		details: `
-Serves the page of package admin (consumers and duplicate claims, the inbox by status with
-replay and skip, outbox lag) until interrupted. It is read-only unless -allow-writes is given.
-It authenticates no one: keep it on a loopback or otherwise protected address. Duplicate rates
-need the middlewares' in-process counts, so they appear only when the handler is mounted in
-the service itself (admin.NewHandler with Config.Middlewares).`,
+Serves the page of package admin (charts of claims per consumer, inbox backlog and relay lag;
+the inbox by status with replay and skip; rejected outbox rows) until interrupted. It is
+read-only unless -allow-writes is given. It authenticates no one: keep it on a loopback or
+otherwise protected address. Duplicate rates need the middlewares' in-process counts, so they
+appear only when the handler is mounted in the service itself (admin.NewHandler with
+Config.Middlewares). Backlog and lag charts come from samples this command takes while it
+runs (every 15 s), so they start empty.`,
 		examples: []string{
 			"wmonce admin",
 			"wmonce admin -addr 127.0.0.1:9000 -allow-writes",
@@ -47,6 +49,7 @@ func runAdmin(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	defer h.Close() // stops the sampling behind the page's charts
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return fmt.Errorf("cannot listen on %s: %w (pick another address with -addr)", *addr, err)
