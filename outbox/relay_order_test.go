@@ -364,7 +364,7 @@ func TestMigratedRelayPositionResumesAfterTheLastPublishedRow(t *testing.T) {
 	ctx := context.Background()
 	m, err := migrate.New(db, migrate.Config{Schema: schema}, nil)
 	require.NoError(t, err)
-	_, err = m.Migrate(ctx, migrate.DirectionDown, &migrate.Opts{TargetVersion: 5})
+	_, err = m.Migrate(ctx, migrate.DirectionDown, &migrate.Opts{TargetVersion: 5, MaxSteps: migrate.AllSteps})
 	require.NoError(t, err)
 
 	publishTx(t, db, w, "a", "old-1")
@@ -392,7 +392,7 @@ SELECT 'relay', "offset", transaction_id FROM `+ob+` WHERE uuid = 'old-3'`)
 	// Reverted, the position is a watermark below every row not yet published: an old relay
 	// resumes from it and may publish some rows again, but skips none.
 	publishTx(t, db, w, "a", "unpublished")
-	_, err = m.Migrate(ctx, migrate.DirectionDown, &migrate.Opts{TargetVersion: 5})
+	_, err = m.Migrate(ctx, migrate.DirectionDown, &migrate.Opts{TargetVersion: 5, MaxSteps: migrate.AllSteps})
 	require.NoError(t, err)
 	require.Zero(t, pgtest.Count(t, db, `SELECT count(*) FROM `+ob+` t JOIN `+pgtx.QualifiedName(schema, "outbox_offsets")+` o ON o.consumer_group = 'relay'
 WHERE t.uuid = 'unpublished' AND NOT ((t.transaction_id = o.last_processed_transaction_id AND t."offset" > o.offset_acked) OR t.transaction_id > o.last_processed_transaction_id)`))
