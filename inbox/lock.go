@@ -44,8 +44,11 @@ const (
 	// ended its connection or process (SIGKILL, an out-of-memory kill, a terminated backend):
 	// the next worker to lock the row counts it, runs the row alone (not in a TxBatchSize
 	// batch), and parks it as FAILED, without running it, once such an attempt was the
-	// MaxAttempts-th. This costs one more statement and commit per transaction and, briefly, a
-	// second connection per worker. Both modes can serve one consumer at once (during a
+	// MaxAttempts-th. A start is recorded under a bound of its own, not HandlerTimeout (a start
+	// the database commits after the worker gave up on it would count an attempt whose handler
+	// never ran); one that fails is withdrawn, and counts only if withdrawing it fails too.
+	// This costs one more statement and commit per transaction and, briefly, a second
+	// connection per worker. Both modes can serve one consumer at once (during a
 	// rolling change, say): each skips the rows the other holds.
 	ClaimLock
 )
