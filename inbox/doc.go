@@ -98,8 +98,14 @@
 // its worker every time is parked as FAILED, not retried forever. A lost connection cannot be
 // told apart from one the message caused, so a database restart also costs each row in work
 // one attempt. A row whose last attempt ended that way runs alone (never in a TxBatchSize
-// batch, and in lease mode after giving back the rest of its claim), so its neighbours lose
-// at most the one attempt they shared with it and are not parked with it.
+// batch, and in lease mode after giving back the rest of its claim), so what its neighbours
+// lose to it is the one attempt they shared with it: every row of the transaction it took
+// down (ClaimLock) or of the claim whose leases ran out with it (leases), whether or not its
+// handler had started. They are not parked with it. Any further attempt a neighbour loses is
+// its own: its handler failed or outran HandlerTimeout, or, with leases, its lease ran out
+// (mind a short Lease without renewal on a loaded machine). With ClaimLock, HandlerTimeout
+// bounds the whole transaction, locking and recording the start included; an attempt whose
+// time runs out before its handler starts is not counted.
 //
 // TxBatchSize > 1 runs several claimed rows in one transaction and completes them with one
 // statement; if any of them fails, the whole batch is rolled back and re-run one row per

@@ -44,8 +44,11 @@ const (
 	// ended its connection or process (SIGKILL, an out-of-memory kill, a terminated backend):
 	// the next worker to lock the row counts it, runs the row alone (not in a TxBatchSize
 	// batch), and parks it as FAILED, without running it, once such an attempt was the
-	// MaxAttempts-th. This costs one more statement and commit per transaction and, briefly, a
-	// second connection per worker. Both modes can serve one consumer at once (during a
+	// MaxAttempts-th. A start is recorded under a bound of its own, not HandlerTimeout (a start
+	// the database commits after the worker gave up on it would count an attempt whose handler
+	// never ran); one that fails is withdrawn, and counts only if withdrawing it fails too.
+	// This costs one more statement and commit per transaction and, briefly, a second
+	// connection per worker. Both modes can serve one consumer at once (during a
 	// rolling change, say): each skips the rows the other holds.
 	ClaimLock
 )
@@ -132,8 +135,18 @@ func (p *Processor) lockedRound(claimCtx context.Context) (int, error) {
 		p.processLockedEach(claimCtx, rows)
 		return len(rows), nil
 	}
-	if err := p.startLocked(ctx, rows); err != nil {
+	if err := p.startLocked(rows); err != nil {
 		return len(rows), err
+	}
+	if ctx.Err() != nil {
+		// HandlerTimeout ran out while the starts were recorded, and the transaction with
+		// it: no handler ran, so no attempt counts.
+		p.forgetLocked(rows)
+		if p.handlerCtx.Err() != nil {
+			p.released.Add(uint64(len(rows)))
+			return len(rows), nil
+		}
+		return len(rows), fmt.Errorf("inbox: HandlerTimeout (%s) ran out before the handlers started; the rows are claimed again, no attempt counted: %w", p.config.HandlerTimeout, ctx.Err())
 	}
 	for _, r := range rows {
 		if err := p.runHandler(ctx, tx, r); err != nil {
@@ -193,29 +206,43 @@ func attemptsOf(rows []claimedRow) []int64 {
 	return out
 }
 
+// startTimeout bounds recording or withdrawing the start of an attempt.
+const startTimeout = 10 * time.Second
+
 // startLocked commits the start of the attempts on rows, on a connection of its own (the row
 // locks do not cover inbox_attempts), before any handler runs: if the attempt then ends the
 // connection or the process, the start stays and the next worker to lock the row counts it.
 // It costs one round trip and one commit per transaction, and briefly a second connection.
-func (p *Processor) startLocked(ctx context.Context, rows []claimedRow) error {
+//
+// The statement is not cut off at HandlerTimeout: the database may commit a statement whose
+// caller gave up on it (pgx stops waiting, the server does not stop), and a start committed
+// that way, with no handler run, would be taken for an attempt that killed its process. If
+// recording fails all the same, the start is withdrawn before the error is returned.
+func (p *Processor) startLocked(rows []claimedRow) error {
 	xmins := make([]string, len(rows))
 	for i, r := range rows {
 		xmins[i] = r.xmin
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
 	if _, err := p.db.ExecContext(ctx, p.q.startLock, ids(rows), attemptsOf(rows), xmins); err != nil {
 		if pgtx.IsUndefinedTable(err) {
 			return fmt.Errorf("inbox: table inbox_attempts is missing: run the migrations (007): %w", err)
 		}
+		p.forgetLocked(rows)
 		return fmt.Errorf("inbox: record the start of an attempt: %w", err)
 	}
 	return nil
 }
 
 // forgetLocked withdraws the starts of attempts that do not count (shutdown, a batch falling
-// back to one row per transaction). Only these attempts' starts are removed, so it is safe
-// after the locks are gone. If it fails, the attempts are counted after all.
+// back to one row per transaction, a start that could not be recorded). Only starts with
+// these attempt numbers are removed. After the locks are gone another worker may have locked
+// the same row version and started the same attempt number: its start is removed too, so if
+// that attempt then kills its process, it is not counted (the row gets one more run). If
+// forgetting fails, the attempts are counted after all.
 func (p *Processor) forgetLocked(rows []claimedRow) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
 	if _, err := p.db.ExecContext(ctx, p.q.forgetLock, ids(rows), attemptsOf(rows)); err != nil {
 		p.errs.Add(1)
@@ -269,9 +296,22 @@ func (p *Processor) runLockedRow(ctx context.Context, tx *sql.Tx, r claimedRow) 
 	if r.crashed >= p.config.MaxAttempts {
 		return p.parkCrashed(ctx, tx, r, fields)
 	}
-	if err := p.startLocked(ctx, []claimedRow{r}); err != nil {
+	if err := p.startLocked([]claimedRow{r}); err != nil {
 		p.errs.Add(1)
 		p.logger.Error("Could not record the start of an attempt; the row is claimed again later", err, fields)
+		return false
+	}
+	if ctx.Err() != nil {
+		// HandlerTimeout (or shutdown) ended the transaction while the start was recorded:
+		// the handler did not run, so the attempt does not count.
+		p.forgetLocked([]claimedRow{r})
+		if p.handlerCtx.Err() != nil {
+			p.released.Add(1)
+			p.logger.Info("Shutdown: row given back unprocessed", fields)
+			return false
+		}
+		p.errs.Add(1)
+		p.logger.Error("HandlerTimeout ran out before the handler started; the row is claimed again, the attempt not counted", ctx.Err(), fields)
 		return false
 	}
 	if _, err := tx.ExecContext(ctx, lockSavepoint); err != nil {

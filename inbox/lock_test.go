@@ -235,3 +235,59 @@ func TestClaimModeValidation(t *testing.T) {
 	require.ErrorContains(t, err, "TxBatchSize")
 	require.Equal(t, "lock", inbox.ClaimLock.String())
 }
+
+// An attempt whose start the database records only after the worker gave up on it (the start
+// outlived HandlerTimeout, as on a loaded machine) never ran its handler: it must not count.
+// Before, the late start was taken for an attempt that had killed its process, so the row was
+// counted an attempt it never had and, at MaxAttempts, parked without running.
+func TestClaimLockStartRecordedLateDoesNotCount(t *testing.T) {
+	t.Parallel()
+	for _, txBatch := range []int{1, 2} {
+		t.Run(fmt.Sprintf("txbatch=%d", txBatch), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
+			ids := []string{"m1", "m2"}[:txBatch]
+			storeAll(t, e, r, []*message.Message{msg("m1", "x"), msg("m2", "x")}[:txBatch])
+			// The first start waits for the row lock its own worker holds: it can go on only
+			// once the worker's transaction ended at HandlerTimeout, and it then commits.
+			pgtest.Exec(t, e.db, `CREATE TABLE `+e.table("slow_start")+` (x int); INSERT INTO `+e.table("slow_start")+` VALUES (1)`)
+			pgtest.Exec(t, e.db, `CREATE FUNCTION `+e.table("slow_start")+`() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE n int;
+BEGIN
+    DELETE FROM `+e.table("slow_start")+`;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n > 0 THEN
+        PERFORM 1 FROM `+e.table("inbox")+` WHERE id = NEW.inbox_id FOR UPDATE;
+    END IF;
+    RETURN NEW;
+END $$`)
+			pgtest.Exec(t, e.db, `CREATE TRIGGER slow_start BEFORE INSERT ON `+e.table("inbox_attempts")+
+				` FOR EACH ROW EXECUTE FUNCTION `+e.table("slow_start")+`()`)
+
+			var mu sync.Mutex
+			runs := map[string]int{}
+			cfg := locking("c", 1, txBatch)
+			cfg.HandlerTimeout, cfg.MaxAttempts = time.Second, 2
+			e.start(t, func(m *message.Message) ([]*message.Message, error) {
+				mu.Lock()
+				runs[m.UUID]++
+				mu.Unlock()
+				return nil, e.effect(m, "w")
+			}, cfg)
+			waitFor(t, 30*time.Second, "every row finished", func() bool {
+				return e.status(t, "c", inbox.StatusDone)+e.status(t, "c", inbox.StatusFailed) == len(ids)
+			})
+			require.Zero(t, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("slow_start")), "the slow start happened")
+			mu.Lock()
+			defer mu.Unlock()
+			for _, id := range ids {
+				row, err := e.ops.InspectMessage(context.Background(), "c", id)
+				require.NoError(t, err)
+				require.Equal(t, inbox.StatusDone, row.Status, "%s: %s", id, row.LastError)
+				require.LessOrEqual(t, row.Attempts, runs[id], "%s: an attempt counted without its handler running", id)
+			}
+			require.Equal(t, len(ids), e.effects(t))
+		})
+	}
+}
