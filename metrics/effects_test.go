@@ -265,6 +265,7 @@ func TestHTTPIdempotencyMetrics(t *testing.T) {
 	require.Equal(t, http.StatusUnprocessableEntity, strict.post(t, "k-1", "b"))
 	require.Equal(t, http.StatusBadRequest, strict.post(t, "", "a"))
 	require.Equal(t, http.StatusInternalServerError, strict.post(t, "k-2", "boom"))
+	require.Equal(t, http.StatusInternalServerError, strict.post(t, "k-2", "boom"), "not stored: runs again")
 	require.Equal(t, http.StatusInternalServerError, strict.post(t, "k-3", "big"))
 	require.Equal(t, http.StatusCreated, optional.post(t, "", "c"))
 	require.Equal(t, http.StatusCreated, optional.post(t, "k-4", "d"))
@@ -284,7 +285,7 @@ func TestHTTPIdempotencyMetrics(t *testing.T) {
 	require.Equal(t, http.StatusCreated, first.status)
 
 	for result, want := range map[string]float64{
-		"stored": 3, "duplicate": 1, "fingerprint_mismatch": 1, "refused": 1, "failed": 1, "error": 1,
+		"stored": 3, "duplicate": 1, "fingerprint_mismatch": 1, "refused": 1, "failed": 2, "error": 1,
 		"keyless": 1, "conflict": 1,
 	} {
 		require.Equal(t, want, requests(result), result)
