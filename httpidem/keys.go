@@ -10,15 +10,15 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// maxExactKeyCount bounds the exact count StoredKeys falls back to before the table has
+// maxExactKeyCount bounds the exact count StoredKeys falls back to while the table has no
 // statistics.
 const maxExactKeyCount = 100000
 
 // KeyStats describes the stored responses in the http_idempotency_keys table of one schema.
 type KeyStats struct {
 	// Estimated is the number of stored keys, live and expired, from the planner's statistics
-	// (pg_class.reltuples, refreshed by VACUUM and ANALYZE, normally by autovacuum). Before the
-	// table has statistics it is an exact count, capped at 100000.
+	// (pg_class.reltuples, refreshed by VACUUM and ANALYZE, normally by autovacuum). While the
+	// statistics say nothing or 0 (a new table) it is an exact count, capped at 100000.
 	Estimated int64
 	// OldestAge is the age of the oldest stored key by the database clock; 0 when the table is
 	// empty. Well above Config.Retention, it means expired keys are not being deleted
