@@ -484,3 +484,50 @@ func TestSenderConfigValidation(t *testing.T) {
 	_, err = intent.NewSender(nil, intent.SenderConfig{}, nil)
 	require.ErrorContains(t, err, "db is nil")
 }
+
+func TestBacklogCountsUnfinishedIntentsPerChannel(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	provider := fakeprovider.Start(t)
+	s := e.sender(t, e.db, intent.Channel{Provider: newSMSProvider(t, provider), OnCrash: intent.Resend, MaxAttempts: 1},
+		intent.SenderConfig{Backoff: time.Hour})
+	require.Equal(t, []string{"sms"}, s.Channels())
+
+	backlog, err := e.store.Backlog(ctx)
+	require.NoError(t, err)
+	require.Empty(t, backlog)
+
+	sent := e.record(t, "e-1")
+	_, err = s.SendOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, intent.StatusSent, e.get(t, sent.Key).Status)
+	provider.FailNext(1, http.StatusBadRequest)
+	failed := e.record(t, "e-2")
+	_, err = s.SendOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, intent.StatusFailed, e.get(t, failed.Key).Status)
+	pending := e.record(t, "e-3")
+	e.record(t, "e-4")
+	table := pgtx.QualifiedName(e.schema, "intents")
+	pgtest.Exec(t, e.db, `UPDATE `+table+` SET created_at = now() - interval '90 seconds', attempts = 1 WHERE intent_key = $1`, pending.Key)
+	sending := e.record(t, "e-5")
+	pgtest.Exec(t, e.db, `UPDATE `+table+` SET status = 'SENDING', claim_token = gen_random_uuid(), lease_until = now() + interval '1 hour',
+    created_at = now() - interval '30 seconds' WHERE intent_key = $1`, sending.Key)
+	_, err = e.store.RecordTx(ctx, e.db, intent.Draft{Channel: "email", Consumer: "c", EventID: "e-6"})
+	require.NoError(t, err)
+	pgtest.Exec(t, e.db, `UPDATE `+table+` SET status = 'SKIPPED' WHERE channel = 'email'`)
+
+	backlog, err = e.store.Backlog(ctx)
+	require.NoError(t, err)
+	sms := backlog["sms"]
+	require.Equal(t, int64(2), sms.Pending)
+	require.Equal(t, int64(1), sms.Retrying, "the pending intent a sender took before")
+	require.Equal(t, int64(1), sms.Sending)
+	require.Equal(t, int64(1), sms.Failed)
+	require.Zero(t, sms.Skipped)
+	require.InDelta(t, 90, sms.OldestPendingAge.Seconds(), 30)
+	require.InDelta(t, 30, sms.OldestSendingAge.Seconds(), 30)
+	require.Equal(t, intent.Backlog{Skipped: 1}, backlog["email"])
+	require.Len(t, backlog, 2, "SENT intents are not part of the backlog")
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -327,6 +328,9 @@ func (s *Sender) Stats() SenderStats {
 		LeaseLost: s.leaseLost.Load(), Released: s.released.Load(), Errors: s.errs.Load(),
 	}
 }
+
+// Channels returns the names of the channels this Sender works, sorted.
+func (s *Sender) Channels() []string { return slices.Clone(s.channels) }
 
 // Close stops Run and waits for it to return. It is idempotent.
 //

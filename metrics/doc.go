@@ -8,23 +8,31 @@
 //		Processors:  []*inbox.Processor{processor},
 //		Receivers:   []*inbox.Receiver{receiver},
 //		Janitors:    []*retention.Janitor{janitor},
+//		Senders:     []*intent.Sender{sender},
+//		HTTPIdempotency: []*httpidem.Middleware{idem},
 //	})
 //
 // # Cost and failure
 //
 // One collector reads the components' atomic running totals when the registry is gathered,
 // so the message path pays nothing and the core packages do not depend on Prometheus. With a
-// DB, each scrape also runs two read-only queries bounded by ScrapeTimeout (default 5s): inbox
-// rows per consumer and status (through the inbox's partial work index, so their cost follows
-// the backlog, not the table) and outbox backlog per relay (outbox.Status). A query that fails
-// or times out never fails the scrape: its gauges are left out of that scrape,
-// wmonce_scrape_errors_total{source} goes up and the error is logged. A consumer whose inbox
-// backlog drained is reported at 0 rather than disappearing.
+// DB, each scrape also runs read-only queries, all bounded together by ScrapeTimeout (default
+// 5s): inbox rows per consumer and status (through the inbox's partial work index, so their
+// cost follows the backlog, not the table) and outbox backlog per relay (outbox.Status); with
+// Senders, the unfinished intents per channel (intent.Store.Backlog, through the intents'
+// partial indexes: SENT rows are never read); with HTTPIdempotency, the stored keys
+// (httpidem.StoredKeys: a catalog estimate and one index probe). Each table is read by the
+// package that owns it. A query that fails or times out never fails the scrape: its gauges are
+// left out of that scrape, wmonce_scrape_errors_total{source} goes up and the error is logged.
+// A consumer whose inbox backlog drained, or an intent channel that drained (or that a Sender
+// works but has no intents yet), is reported at 0 rather than missing.
 //
 // Series of several components with the same labels are summed (flags and timestamps take the
 // maximum). Relay, processor and receiver series are labelled with the relay or consumer name
 // when those types offer a Name() or Consumer() accessor; until they do, the label is empty and
-// the components of one kind are summed. The sender label comes from
+// the components of one kind are summed. Intent senders and HTTP idempotency middlewares
+// carry no label: their counts are summed over the components given (a Sender does not count
+// per channel; wmonce_intent_rows is per channel). The sender label comes from
 // middleware.Config.SenderMetadataKey (empty when unset); the middleware caps it at 100 senders
 // per consumer ("_other" beyond), and invalid UTF-8 is replaced.
 //
@@ -61,7 +69,12 @@
 //	wmonce_outbox_backlog{relay}                       gauge    rows committed after the relay's position
 //	wmonce_outbox_lag_seconds{relay}                   gauge    age of the oldest row not yet published
 //	wmonce_outbox_rejected                             gauge    rows in outbox_rejected
-//	wmonce_scrape_errors_total{source}                 counter  failed scrape queries, source=inbox | outbox
+//	wmonce_intent_rows{channel,status}                 gauge    unfinished intents, status=pending | sending | failed | skipped (needs Senders)
+//	wmonce_intent_retrying_rows{channel}               gauge    pending intents a sender took before (waiting out a backoff)
+//	wmonce_intent_oldest_age_seconds{channel,status}   gauge    age since recorded of the oldest intent, status=pending | sending
+//	wmonce_http_idempotency_keys                       gauge    stored responses, live and expired: planner estimate (needs HTTPIdempotency)
+//	wmonce_http_idempotency_oldest_key_age_seconds     gauge    age of the oldest stored response
+//	wmonce_scrape_errors_total{source}                 counter  failed scrape queries, source=inbox | outbox | intent | http_idempotency
 //
 // From outbox relays (Relay.Stats):
 //
@@ -80,10 +93,40 @@
 //	wmonce_janitor_last_round_timestamp_seconds        gauge    Unix time of the last round (0 before the first)
 //	wmonce_retention_warnings                          gauge    windows shorter than their declared redelivery horizon
 //
+// From intent senders (intent.Sender.Stats), summed over the Senders:
+//
+//	wmonce_intent_sent_total                           counter  intents recorded SENT (provider confirmed, or found by a reconcile lookup)
+//	wmonce_intent_retries_total                        counter  sends answered NotSent, put back PENDING with backoff
+//	wmonce_intent_unknown_outcomes_total               counter  sends with an unknown outcome, handed to the channel's CrashPolicy
+//	wmonce_intent_parked_total{status}                 counter  intents parked, status=failed | skipped
+//	wmonce_intent_leases_expired_total                 counter  intents taken back from SENDING after their lease ran out
+//	wmonce_intent_reconciled_total                     counter  of those, found at the provider by Lookup (not sent again)
+//	wmonce_intent_lease_conflicts_total                counter  outcomes not recorded: another sender had taken the intent over
+//	wmonce_intent_released_total                       counter  intents given back by a stopping sender
+//	wmonce_intent_sender_errors_total                  counter  database errors (retried)
+//
+// From HTTP Idempotency-Key middlewares (httpidem.Middleware.Stats), summed:
+//
+//	wmonce_http_idempotency_requests_total{result}     counter  result=stored | duplicate (replayed) | conflict (409) |
+//	                                                            fingerprint_mismatch (422) | refused (400, 413) |
+//	                                                            failed (handler 5xx, rolled back, not stored) |
+//	                                                            error (500: lookup, store or commit failed) | keyless
+//
+// Stats.Replayed is result=duplicate, Stats.NotStored is result=failed (the handler failed, as
+// outcome=failed of the middleware) and Stats.Failed is result=error (the middleware's own
+// database failure). A keyless request (KeyOptional) whose commit then fails counts in both
+// keyless and error.
+//
 // Alerts worth having: wmonce_inbox_rows{status="failed"} > 0, a growing
 // wmonce_inbox_oldest_pending_age_seconds or wmonce_outbox_lag_seconds,
 // increase(wmonce_handler_outcomes_total{outcome="too_old"}) > 0,
-// increase(wmonce_fingerprint_mismatches_total) > 0, wmonce_retention_warnings > 0, and
+// increase(wmonce_fingerprint_mismatches_total) > 0, wmonce_retention_warnings > 0,
 // time() - wmonce_janitor_last_round_timestamp_seconds well above the janitor's Interval on the
-// leading instance.
+// leading instance; for intents, wmonce_intent_rows{status=~"failed|skipped"} > 0 (parked:
+// someone must requeue or settle them), a growing wmonce_intent_oldest_age_seconds (pending: no
+// sender keeps up; sending: an intent stays in doubt) and
+// increase(wmonce_intent_lease_conflicts_total) > 0 (a sender outlived its lease); for HTTP,
+// increase(wmonce_http_idempotency_requests_total{result="error"}) > 0 and
+// wmonce_http_idempotency_oldest_key_age_seconds well above Retention (expired keys are not
+// deleted: run DeleteExpired or the janitor).
 package metrics

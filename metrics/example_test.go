@@ -7,6 +7,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/wmonce/watermill-once/httpidem"
+	"github.com/wmonce/watermill-once/intent"
 	"github.com/wmonce/watermill-once/metrics"
 	"github.com/wmonce/watermill-once/middleware"
 	"github.com/wmonce/watermill-once/outbox"
@@ -20,14 +22,18 @@ func ExampleRegister() {
 		mw      *middleware.EffectivelyOnce // middleware.NewEffectivelyOnce(...)
 		relay   *outbox.Relay               // outbox.NewRelay(...)
 		janitor *retention.Janitor          // retention.NewJanitor(...)
+		sender  *intent.Sender              // intent.NewSender(...)
+		idem    *httpidem.Middleware        // httpidem.NewMiddleware(...)
 	)
 	reg := prometheus.NewRegistry()
 	if err := metrics.Register(reg, metrics.Sources{
-		DB:          db,
-		Schema:      "wmonce",
-		Middlewares: []*middleware.EffectivelyOnce{mw},
-		Relays:      []*outbox.Relay{relay},
-		Janitors:    []*retention.Janitor{janitor},
+		DB:              db,
+		Schema:          "wmonce",
+		Middlewares:     []*middleware.EffectivelyOnce{mw},
+		Relays:          []*outbox.Relay{relay},
+		Janitors:        []*retention.Janitor{janitor},
+		Senders:         []*intent.Sender{sender},
+		HTTPIdempotency: []*httpidem.Middleware{idem},
 	}); err != nil {
 		panic(err) // only an invalid schema name or a second registration fail
 	}

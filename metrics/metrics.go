@@ -14,7 +14,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/wmonce/watermill-once/httpidem"
 	"github.com/wmonce/watermill-once/inbox"
+	"github.com/wmonce/watermill-once/intent"
 	"github.com/wmonce/watermill-once/middleware"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -28,7 +30,8 @@ const DefaultScrapeTimeout = 5 * time.Second
 type Sources struct {
 	// DB and Schema feed the gauges read from the database at scrape time: inbox rows per
 	// status and oldest pending age (every consumer in the inbox table), outbox backlog and lag
-	// per relay, rejected outbox rows. Nil DB: no database gauges. Schema default
+	// per relay, rejected outbox rows; with Senders, unfinished intents per channel; with
+	// HTTPIdempotency, the stored keys. Nil DB: no database gauges. Schema default
 	// pgtx.DefaultSchema.
 	DB     *sql.DB
 	Schema string
@@ -49,6 +52,12 @@ type Sources struct {
 	Receivers []*inbox.Receiver
 	// Janitors export deletions, rounds, leadership and retention warnings.
 	Janitors []*retention.Janitor
+	// Senders export the intent senders' counts (summed over the Senders) and, with a DB,
+	// the unfinished intents per channel of the intents table.
+	Senders []*intent.Sender
+	// HTTPIdempotency exports the Idempotency-Key middlewares' request outcomes (summed) and,
+	// with a DB, the stored keys of http_idempotency_keys.
+	HTTPIdempotency []*httpidem.Middleware
 
 	// Logger receives scrape errors. Default: none (they are still counted).
 	Logger watermill.LoggerAdapter
@@ -90,13 +99,18 @@ func NewCollector(src Sources) (prometheus.Collector, error) {
 	if src.Logger == nil {
 		src.Logger = watermill.NopLogger{}
 	}
-	c := &collector{src: src, inboxConsumers: map[string]bool{}}
+	c := &collector{src: src, inboxConsumers: map[string]bool{}, intentChannels: map[string]bool{}}
 	if src.DB != nil {
 		ops, err := inbox.NewOps(src.DB, inbox.OpsConfig{Schema: src.Schema}, src.Logger)
 		if err != nil {
 			return nil, fmt.Errorf("metrics: %w", err)
 		}
 		c.ops = ops
+		if len(src.Senders) > 0 {
+			if c.intents, err = intent.NewStore(src.DB, intent.StoreConfig{Schema: src.Schema}); err != nil {
+				return nil, fmt.Errorf("metrics: %w", err)
+			}
+		}
 	}
 	return c, nil
 }
@@ -139,7 +153,23 @@ var (
 	descJanLeader    = desc("wmonce_janitor_leader", "1 while a janitor of this process leads (deletes) for its schema.")
 	descJanLast      = desc("wmonce_janitor_last_round_timestamp_seconds", "Unix time of the last retention round of this process; 0 before the first.")
 	descJanWarnings  = desc("wmonce_retention_warnings", "Retention windows shorter than their declared redelivery horizon (see the janitor's start-up log).")
-	descScrapeErrors = desc("wmonce_scrape_errors_total", "Database reads that failed during scrapes (source=inbox or outbox); their gauges are left out of that scrape.", "source")
+	descScrapeErrors = desc("wmonce_scrape_errors_total", "Database reads that failed during scrapes (source=inbox, outbox, intent or http_idempotency); their gauges are left out of that scrape.", "source")
+
+	descIntentSent       = desc("wmonce_intent_sent_total", "Intents recorded as SENT: the provider confirmed the send, or a reconcile lookup found it.")
+	descIntentRetries    = desc("wmonce_intent_retries_total", "Sends the provider answered with NotSent (certainly not performed); the intent went back to PENDING with backoff.")
+	descIntentUnknown    = desc("wmonce_intent_unknown_outcomes_total", "Sends whose outcome is unknown (timeout, dropped connection), handed to the channel's crash policy.")
+	descIntentParked     = desc("wmonce_intent_parked_total", "Intents parked by senders: status=failed (rejected, or attempts exhausted) or skipped (outcome unknown on a Skip channel).", "status")
+	descIntentLeasesExp  = desc("wmonce_intent_leases_expired_total", "Intents found in SENDING after their lease ran out (a sender crashed mid-call, or an unknown outcome waits for reconciliation) and taken back.")
+	descIntentReconciled = desc("wmonce_intent_reconciled_total", "Intents in doubt that the provider's lookup confirmed as performed: marked SENT without sending again.")
+	descIntentLeaseConfl = desc("wmonce_intent_lease_conflicts_total", "Intent outcomes not recorded because the lease had run out and another sender had taken the intent over.")
+	descIntentReleased   = desc("wmonce_intent_released_total", "Intents given back by senders that were stopping (PENDING again, or SENDING with the lease ended).")
+	descIntentErrors     = desc("wmonce_intent_sender_errors_total", "Database errors of intent senders (retried).")
+	descIntentRows       = desc("wmonce_intent_rows", "Unfinished intents by status (pending, sending, failed, skipped), read from the database.", "channel", "status")
+	descIntentRetrying   = desc("wmonce_intent_retrying_rows", "Pending intents a sender took before, waiting out a backoff (part of status=pending).", "channel")
+	descIntentOldestAge  = desc("wmonce_intent_oldest_age_seconds", "Age since it was recorded of the oldest intent in status pending or sending, by the database clock; 0 when none. Alert when it grows.", "channel", "status")
+	descHTTPRequests     = desc("wmonce_http_idempotency_requests_total", "Requests at the Idempotency-Key middleware: result=stored (ran, response stored with its effects), duplicate (retry answered from the stored response), conflict (409: the key's first request still running), fingerprint_mismatch (422: key reused for a different request), refused (400 or 413: missing or invalid key, unscoped, body too large), failed (handler answered 5xx: rolled back, not stored), error (500: the middleware could not look up, store or commit), keyless (run without a key under KeyOptional; counted in error as well if that then fails).", "result")
+	descHTTPKeys         = desc("wmonce_http_idempotency_keys", "Stored responses in http_idempotency_keys, live and expired: the planner's estimate (exact while the table has no statistics).")
+	descHTTPOldestKey    = desc("wmonce_http_idempotency_oldest_key_age_seconds", "Age of the oldest stored response by the database clock; 0 when none. Well above the middleware's Retention: expired keys are not being deleted.")
 )
 
 var allDescs = []*prometheus.Desc{
@@ -148,16 +178,21 @@ var allDescs = []*prometheus.Desc{
 	descLeaseConfl, descLeaseExp, descReleased, descInboxErrors, descInboxRows, descRetrying, descOldestAge,
 	descBacklog, descLag, descRejected, descForwarded, descRelayFail, descRelayRej, descRelayFenced, descRelayLeader,
 	descJanDeleted, descJanDropped, descJanRounds, descJanLeader, descJanLast, descJanWarnings, descScrapeErrors,
+	descIntentSent, descIntentRetries, descIntentUnknown, descIntentParked, descIntentLeasesExp, descIntentReconciled,
+	descIntentLeaseConfl, descIntentReleased, descIntentErrors, descIntentRows, descIntentRetrying, descIntentOldestAge,
+	descHTTPRequests, descHTTPKeys, descHTTPOldestKey,
 }
 
 type collector struct {
-	src Sources
-	ops *inbox.Ops
+	src     Sources
+	ops     *inbox.Ops
+	intents *intent.Store // nil without DB or Senders
 
-	inboxErrors, outboxErrors atomic.Uint64
+	inboxErrors, outboxErrors, intentErrors, httpErrors atomic.Uint64
 
 	mu             sync.Mutex
 	inboxConsumers map[string]bool // seen at earlier scrapes: reported as 0 once drained
+	intentChannels map[string]bool // likewise
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
@@ -172,13 +207,27 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	c.collectInboxComponents(s)
 	c.collectRelays(s)
 	c.collectJanitors(s)
+	c.collectSenders(s)
+	c.collectHTTPIdempotency(s)
 	if c.src.DB != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), c.src.ScrapeTimeout)
 		c.collectInboxRows(ctx, s)
 		c.collectOutbox(ctx, s)
+		if c.intents != nil {
+			c.collectIntentRows(ctx, s)
+		}
+		if len(c.src.HTTPIdempotency) > 0 {
+			c.collectHTTPKeys(ctx, s)
+		}
 		cancel()
 		s.add(descScrapeErrors, prometheus.CounterValue, float64(c.inboxErrors.Load()), "inbox")
 		s.add(descScrapeErrors, prometheus.CounterValue, float64(c.outboxErrors.Load()), "outbox")
+		if c.intents != nil {
+			s.add(descScrapeErrors, prometheus.CounterValue, float64(c.intentErrors.Load()), "intent")
+		}
+		if len(c.src.HTTPIdempotency) > 0 {
+			s.add(descScrapeErrors, prometheus.CounterValue, float64(c.httpErrors.Load()), "http_idempotency")
+		}
 	}
 	s.flush(ch)
 }
@@ -342,6 +391,94 @@ func (c *collector) collectOutbox(ctx context.Context, s *series) {
 		s.add(descLag, prometheus.GaugeValue, r.Lag.Seconds(), r.Name)
 	}
 	s.add(descRejected, prometheus.GaugeValue, float64(rejected))
+}
+
+// collectSenders sums the Senders' totals: a Sender's counts are not kept per channel (the
+// per-channel picture is wmonce_intent_rows).
+func (c *collector) collectSenders(s *series) {
+	if len(c.src.Senders) == 0 {
+		return
+	}
+	for _, snd := range c.src.Senders {
+		if snd == nil {
+			continue
+		}
+		st := snd.Stats()
+		s.add(descIntentSent, prometheus.CounterValue, float64(st.Sent))
+		s.add(descIntentRetries, prometheus.CounterValue, float64(st.Retried))
+		s.add(descIntentUnknown, prometheus.CounterValue, float64(st.Unknown))
+		s.add(descIntentParked, prometheus.CounterValue, float64(st.Failed), "failed")
+		s.add(descIntentParked, prometheus.CounterValue, float64(st.Skipped), "skipped")
+		s.add(descIntentLeasesExp, prometheus.CounterValue, float64(st.Recovered))
+		s.add(descIntentReconciled, prometheus.CounterValue, float64(st.Reconciled))
+		s.add(descIntentLeaseConfl, prometheus.CounterValue, float64(st.LeaseLost))
+		s.add(descIntentReleased, prometheus.CounterValue, float64(st.Released))
+		s.add(descIntentErrors, prometheus.CounterValue, float64(st.Errors))
+	}
+}
+
+func (c *collector) collectHTTPIdempotency(s *series) {
+	for _, m := range c.src.HTTPIdempotency {
+		if m == nil {
+			continue
+		}
+		st := m.Stats()
+		s.add(descHTTPRequests, prometheus.CounterValue, float64(st.Stored), "stored")
+		s.add(descHTTPRequests, prometheus.CounterValue, float64(st.Replayed), "duplicate")
+		s.add(descHTTPRequests, prometheus.CounterValue, float64(st.Conflicts), "conflict")
+		s.add(descHTTPRequests, prometheus.CounterValue, float64(st.Mismatches), "fingerprint_mismatch")
+		s.add(descHTTPRequests, prometheus.CounterValue, float64(st.Refused), "refused")
+		s.add(descHTTPRequests, prometheus.CounterValue, float64(st.NotStored), "failed")
+		s.add(descHTTPRequests, prometheus.CounterValue, float64(st.Failed), "error")
+		s.add(descHTTPRequests, prometheus.CounterValue, float64(st.Keyless), "keyless")
+	}
+}
+
+func (c *collector) collectIntentRows(ctx context.Context, s *series) {
+	backlog, err := c.intents.Backlog(ctx)
+	if err != nil {
+		c.intentErrors.Add(1)
+		c.src.Logger.Error("Metrics: could not read the intent backlog; intent gauges left out of this scrape", err, nil)
+		return
+	}
+	c.mu.Lock()
+	for channel := range backlog {
+		c.intentChannels[channel] = true
+	}
+	for _, snd := range c.src.Senders {
+		if snd != nil {
+			for _, channel := range snd.Channels() {
+				c.intentChannels[channel] = true
+			}
+		}
+	}
+	channels := make([]string, 0, len(c.intentChannels))
+	for channel := range c.intentChannels {
+		channels = append(channels, channel)
+	}
+	c.mu.Unlock()
+	// As for the inbox: channels seen before (or worked by a Sender) report 0 once drained.
+	for _, channel := range channels {
+		b := backlog[channel]
+		s.add(descIntentRows, prometheus.GaugeValue, float64(b.Pending), channel, "pending")
+		s.add(descIntentRows, prometheus.GaugeValue, float64(b.Sending), channel, "sending")
+		s.add(descIntentRows, prometheus.GaugeValue, float64(b.Failed), channel, "failed")
+		s.add(descIntentRows, prometheus.GaugeValue, float64(b.Skipped), channel, "skipped")
+		s.add(descIntentRetrying, prometheus.GaugeValue, float64(b.Retrying), channel)
+		s.add(descIntentOldestAge, prometheus.GaugeValue, b.OldestPendingAge.Seconds(), channel, "pending")
+		s.add(descIntentOldestAge, prometheus.GaugeValue, b.OldestSendingAge.Seconds(), channel, "sending")
+	}
+}
+
+func (c *collector) collectHTTPKeys(ctx context.Context, s *series) {
+	st, err := httpidem.StoredKeys(ctx, c.src.DB, c.src.Schema)
+	if err != nil {
+		c.httpErrors.Add(1)
+		c.src.Logger.Error("Metrics: could not read the stored idempotency keys; their gauges left out of this scrape", err, nil)
+		return
+	}
+	s.add(descHTTPKeys, prometheus.GaugeValue, float64(st.Estimated))
+	s.add(descHTTPOldestKey, prometheus.GaugeValue, st.OldestAge.Seconds())
 }
 
 func boolValue(b bool) float64 {

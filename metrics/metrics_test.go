@@ -17,7 +17,9 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wmonce/watermill-once/httpidem"
 	"github.com/wmonce/watermill-once/inbox"
+	"github.com/wmonce/watermill-once/intent"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/metrics"
 	"github.com/wmonce/watermill-once/middleware"
@@ -297,13 +299,23 @@ func TestScrapeSurvivesDatabaseErrors(t *testing.T) {
 	_, err = mw.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(msg)
 	require.ErrorIs(t, err, middleware.ErrInvalidKey)
 
+	sender, err := intent.NewSender(db, intent.SenderConfig{Schema: "no_such_schema_here", Channels: map[string]intent.Channel{"sms": {Provider: &provider{}, OnCrash: intent.Resend}}}, logger())
+	require.NoError(t, err)
+	_, err = sender.SendNext(context.Background())
+	require.Error(t, err)
+	idem, err := httpidem.NewMiddleware(db, httpidem.Config{Schema: "no_such_schema_here"}, logger())
+	require.NoError(t, err)
+
 	logs := watermill.NewCaptureLogger()
 	reg := prometheus.NewPedanticRegistry()
-	require.NoError(t, metrics.Register(reg, metrics.Sources{DB: db, Schema: "no_such_schema_here", Middlewares: []*middleware.EffectivelyOnce{mw}, Logger: logs}))
+	require.NoError(t, metrics.Register(reg, metrics.Sources{
+		DB: db, Schema: "no_such_schema_here", Middlewares: []*middleware.EffectivelyOnce{mw}, Logger: logs,
+		Senders: []*intent.Sender{sender}, HTTPIdempotency: []*httpidem.Middleware{idem},
+	}))
 	for scrape := 1; scrape <= 2; scrape++ {
 		families, err := reg.Gather()
 		require.NoError(t, err, "database errors are counted, not returned")
-		for _, source := range []string{"inbox", "outbox"} {
+		for _, source := range []string{"inbox", "outbox", "intent", "http_idempotency"} {
 			n, ok := find(families, "wmonce_scrape_errors_total", map[string]string{"source": source})
 			require.True(t, ok)
 			require.Equal(t, float64(scrape), n, source)
@@ -311,7 +323,13 @@ func TestScrapeSurvivesDatabaseErrors(t *testing.T) {
 	}
 	require.Equal(t, 1.0, value(t, reg, "wmonce_handler_outcomes_total", map[string]string{"consumer": "c", "outcome": "refused"}), "in-process figures are still exported")
 	require.Equal(t, 0.0, value(t, reg, "wmonce_claims_total", map[string]string{"consumer": "c", "sender": "bad\uFFFDsender", "result": "fresh"}))
+	require.Equal(t, 1.0, value(t, reg, "wmonce_intent_sender_errors_total", nil), "in-process intent figures too")
+	require.Equal(t, 0.0, value(t, reg, "wmonce_http_idempotency_requests_total", map[string]string{"result": "stored"}))
 	_, found := lookup(t, reg, "wmonce_outbox_backlog", map[string]string{"relay": "kafka"})
+	require.False(t, found)
+	_, found = lookup(t, reg, "wmonce_intent_rows", map[string]string{"channel": "sms", "status": "pending"})
+	require.False(t, found, "gauges of a failed read are left out, not reported as 0")
+	_, found = lookup(t, reg, "wmonce_http_idempotency_keys", nil)
 	require.False(t, found)
 	require.NotEmpty(t, logs.Captured()[watermill.ErrorLogLevel])
 
@@ -320,12 +338,20 @@ func TestScrapeSurvivesDatabaseErrors(t *testing.T) {
 	require.NoError(t, err)
 	defer blocker.Rollback()
 	schema := pgtest.Schema(t, db)
-	_, err = blocker.Exec(`LOCK TABLE ` + pgtx.QualifiedName(schema, "inbox") + `, ` + pgtx.QualifiedName(schema, "outbox") + ` IN ACCESS EXCLUSIVE MODE`)
+	_, err = blocker.Exec(`LOCK TABLE ` + pgtx.QualifiedName(schema, "inbox") + `, ` + pgtx.QualifiedName(schema, "outbox") + `, ` +
+		pgtx.QualifiedName(schema, "intents") + `, ` + pgtx.QualifiedName(schema, "http_idempotency_keys") + ` IN ACCESS EXCLUSIVE MODE`)
 	require.NoError(t, err)
 	reg = prometheus.NewPedanticRegistry()
-	require.NoError(t, metrics.Register(reg, metrics.Sources{DB: db, Schema: schema, ScrapeTimeout: 200 * time.Millisecond}))
+	require.NoError(t, metrics.Register(reg, metrics.Sources{DB: db, Schema: schema, ScrapeTimeout: 200 * time.Millisecond,
+		Senders: []*intent.Sender{sender}, HTTPIdempotency: []*httpidem.Middleware{idem}}))
 	start := time.Now()
-	require.Equal(t, 1.0, value(t, reg, "wmonce_scrape_errors_total", map[string]string{"source": "inbox"}))
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	for _, source := range []string{"inbox", "outbox", "intent", "http_idempotency"} {
+		n, ok := find(families, "wmonce_scrape_errors_total", map[string]string{"source": source})
+		require.True(t, ok)
+		require.Equal(t, 1.0, n, source)
+	}
 	require.Less(t, time.Since(start), 10*time.Second)
 }
 
