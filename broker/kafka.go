@@ -86,11 +86,69 @@ func partitionKey(k KafkaConfig, msg *message.Message) (string, error) {
 }
 
 func (b *Broker) newKafkaPublisher() (message.Publisher, error) {
-	return kafka.NewPublisher(kafka.PublisherConfig{
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
 		Brokers:               b.config.Kafka.Brokers,
 		Marshaler:             b.kafkaMarshaler(),
 		OverwriteSaramaConfig: b.saramaConfig(),
 	}, b.logger)
+	if err != nil {
+		return nil, err
+	}
+	return &kafkaPublisher{pub: pub, backoff: 100 * time.Millisecond, timeout: kafkaPublishRetryTimeout}, nil
+}
+
+// kafkaPublishRetryTimeout bounds how long one message is retried on a leaderless partition.
+const kafkaPublishRetryTimeout = 15 * time.Second
+
+// kafkaPublisher publishes one message at a time (as watermill-kafka does) and retries a
+// message while its partition has no leader, with backoff. Sarama's idempotent producer
+// retries such a batch Producer.Retry.Max times without waiting between attempts (the
+// backoff applies only to the non-idempotent path), so a partition that is briefly
+// leaderless fails the publish within milliseconds: seen on Kafka 3.9 just after the topic
+// was created (the broker answers metadata before it leads the new partition) and after a
+// broker restart. Copies a retry could create are the middleware's job, as for every
+// broker; a message that still fails after kafkaPublishRetryTimeout returns the error.
+type kafkaPublisher struct {
+	pub     message.Publisher
+	backoff time.Duration
+	timeout time.Duration
+}
+
+func (p *kafkaPublisher) Publish(topic string, msgs ...*message.Message) error {
+	for _, msg := range msgs {
+		deadline := time.Now().Add(p.timeout)
+		backoff := p.backoff
+		for {
+			err := p.pub.Publish(topic, msg)
+			if err == nil {
+				break
+			}
+			if !leaderless(err) || time.Now().Add(backoff).After(deadline) {
+				return err
+			}
+			select {
+			case <-time.After(backoff):
+			case <-msg.Context().Done():
+				return fmt.Errorf("%w (gave up: %w)", err, msg.Context().Err())
+			}
+			backoff = min(2*backoff, time.Second)
+		}
+	}
+	return nil
+}
+
+func (p *kafkaPublisher) Close() error { return p.pub.Close() }
+
+// leaderless reports errors that mean "this partition has no usable leader right now": the
+// ones Sarama itself retries, except a corrupt message.
+func leaderless(err error) bool {
+	for _, e := range []error{sarama.ErrNotLeaderForPartition, sarama.ErrLeaderNotAvailable, sarama.ErrUnknownTopicOrPartition,
+		sarama.ErrNotEnoughReplicas, sarama.ErrNotEnoughReplicasAfterAppend, sarama.ErrRequestTimedOut, sarama.ErrKafkaStorageError} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 func (b *Broker) newKafkaSubscriber(group string) (message.Subscriber, error) {

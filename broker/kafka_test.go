@@ -8,6 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/wmonce/watermill-once/broker"
@@ -79,4 +80,59 @@ func TestKafkaRequirePartitionKeyRefusesMessagesWithoutIt(t *testing.T) {
 	keyed := message.NewMessage("keyed", nil)
 	keyed.Metadata.Set("partition_key", "customer-1")
 	require.NoError(t, pub.Publish("orders", keyed))
+}
+
+// TestKafkaPublishWaitsOutALeaderlessPartition: the partition answers NOT_LEADER_FOR_PARTITION
+// to more produce requests than Sarama's idempotent producer retries (it retries without
+// waiting), as a real Kafka did just after creating the topic; Publish waits it out.
+func TestKafkaPublishWaitsOutALeaderlessPartition(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ek, err := broker.StartEmbeddedKafka(ctx, nil)
+	require.NoError(t, err)
+	defer ek.Close()
+	topic := pgtest.NewName("leaderless")
+	b, err := broker.New(ctx, nil, broker.Config{Kind: broker.Kafka, Kafka: broker.KafkaConfig{Brokers: ek.Addrs(), Partitions: 1},
+		Subscriptions: []broker.Subscription{{Topic: topic, Group: "g"}}}, nil)
+	require.NoError(t, err)
+	defer b.Close()
+
+	const refusals = 25 // Sarama gives up after 1 + Producer.Retry.Max (10) attempts
+	var refused atomic.Int32
+	ek.Cluster().ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		ek.Cluster().KeepControl()
+		if refused.Load() >= refusals {
+			return nil, nil, false
+		}
+		refused.Add(1)
+		p := req.(*kmsg.ProduceRequest)
+		resp := p.ResponseKind().(*kmsg.ProduceResponse)
+		for _, rt := range p.Topics {
+			st := kmsg.NewProduceResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewProduceResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.ErrorCode = kerr.NotLeaderForPartition.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+
+	pub, err := b.NewPublisher(ctx)
+	require.NoError(t, err)
+	defer pub.Close()
+	require.NoError(t, pub.Publish(topic, message.NewMessage("a", []byte("1"))))
+	require.EqualValues(t, refusals, refused.Load(), "every refusal was answered before the publish succeeded")
+
+	sub, err := b.NewSubscriber("g")
+	require.NoError(t, err)
+	defer sub.Close()
+	ch, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	got := receive(t, ch, 1, 30*time.Second)
+	require.Equal(t, "a", got[0].UUID)
 }
