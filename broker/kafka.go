@@ -10,19 +10,37 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
+// KafkaProtocolVersion is the Kafka protocol version Sarama speaks (sarama.Config.Version) to
+// every Kafka target: Apache Kafka 3.9 and 4.x and the embedded kfake broker alike, so the
+// protocol the tests exercise on kfake is the one production uses.
+//
+// Why 2.1: it is the oldest protocol Kafka 4 still serves (KIP-896 removed the request
+// versions older than Kafka 2.1's) and new enough for the idempotent producer (0.11+). Kafka
+// 3.9.1 and 4.4.0 also pass this package's Kafka tests with Sarama's newest (3.6), but kfake
+// does not: from 2.4 Sarama fetches group offsets with the flexible
+// OffsetFetch v6+, whose decoder reads the partition metadata as a non-nullable string, while
+// kfake (as the protocol schema allows) sends null for a partition without a committed offset,
+// and Sarama fails every consumer group session with "error decoding packet: invalid
+// byteslice length" (Kafka sends "" there). What a newer version would add here is unused:
+// static membership (2.3), the ApiVersions handshake (2.4), epoch bumps through
+// InitProducerId v3+ (2.5; Sarama's idempotent producer bumps its epoch locally at any version).
+const KafkaProtocolVersion = "2.1.0"
+
+var kafkaProtocol = func() sarama.KafkaVersion {
+	v, err := sarama.ParseKafkaVersion(KafkaProtocolVersion)
+	if err != nil {
+		panic(err)
+	}
+	return v
+}()
+
 // saramaConfig is one Sarama configuration for producing, consuming and administration, each
 // setting chosen for durability over speed.
 func (b *Broker) saramaConfig() *sarama.Config {
 	k := b.config.Kafka
 	c := sarama.NewConfig()
-	// 2.1 is the oldest protocol Kafka 4 still speaks (KIP-896) and new enough for the
-	// idempotent producer (0.11+). Not higher: from 2.4 Sarama fetches group offsets with the
-	// flexible OffsetFetch v6+, whose decoder reads the partition metadata as a non-nullable
-	// string, while kfake (like the protocol schema allows) sends null for a partition that has
-	// no committed offset; Sarama then fails every consumer group session with "error decoding
-	// packet: invalid byteslice length". Kafka itself sends "" there, so real clusters would
-	// work either way.
-	c.Version = sarama.V2_1_0_0
+	// One protocol version for every target; see KafkaProtocolVersion.
+	c.Version = kafkaProtocol
 	c.ClientID = k.ClientID
 	c.Metadata.Retry.Max = 10
 	c.Metadata.Retry.Backoff = 250 * time.Millisecond

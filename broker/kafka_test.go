@@ -2,6 +2,7 @@ package broker_test
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/wmonce/watermill-once/broker"
+	"github.com/wmonce/watermill-once/internal/brokertest"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 )
 
@@ -135,4 +137,17 @@ func TestKafkaPublishWaitsOutALeaderlessPartition(t *testing.T) {
 	require.NoError(t, err)
 	got := receive(t, ch, 1, 30*time.Second)
 	require.Equal(t, "a", got[0].UUID)
+}
+
+// TestKafkaBrokerVersion names, in the test log (go test -v), the Kafka the Kafka tests of
+// this run talk to: KAFKA_BROKERS, or the embedded kfake broker.
+func TestKafkaBrokerVersion(t *testing.T) {
+	addrs := brokertest.KafkaBrokers(t)
+	v, err := brokertest.KafkaVersion(context.Background(), addrs)
+	require.NoError(t, err)
+	where := "KAFKA_BROKERS=" + strings.Join(addrs, ",")
+	if brokertest.RealKafka() == nil {
+		where = "embedded kfake at " + strings.Join(addrs, ",")
+	}
+	t.Logf("Kafka under test: %s; %s; client: Sarama, protocol version %s", where, v, broker.KafkaProtocolVersion)
 }

@@ -83,9 +83,9 @@ func TestEffectivelyOnceOverKafka(t *testing.T) {
 				return "version unknown: " + err.Error()
 			}
 			if brokertest.RealKafka() == nil {
-				return "embedded kfake at " + strings.Join(cfg.Kafka.Brokers, ",") + ", answering as " + v
+				return "embedded kfake at " + strings.Join(cfg.Kafka.Brokers, ",") + "; " + v
 			}
-			return v + " at " + strings.Join(cfg.Kafka.Brokers, ",")
+			return broker.EnvKafkaBrokers + "=" + strings.Join(cfg.Kafka.Brokers, ",") + "; " + v + "; Sarama protocol " + broker.KafkaProtocolVersion
 		},
 	}
 	if brokertest.RealKafka() == nil {

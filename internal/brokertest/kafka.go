@@ -187,7 +187,8 @@ func StartKafka(t testing.TB, line string) string {
 // KafkaVersion describes the cluster at addrs as its ApiVersions answer tells it: franz-go's
 // guess of the release from the API version ranges ("v3.9", "v4.4") and the finalized
 // metadata.version feature level. Kafka does not send its release over the protocol; the guess
-// is exact for releases franz-go knows. kfake answers as the release whose APIs it models.
+// is exact for Apache Kafka releases franz-go knows, and means little for kfake, whose version
+// ranges match no release.
 func KafkaVersion(ctx context.Context, addrs []string) (string, error) {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...))
 	if err != nil {
@@ -204,11 +205,11 @@ func KafkaVersion(ctx context.Context, addrs []string) (string, error) {
 		return "", fmt.Errorf("ApiVersions from %s: %w", strings.Join(addrs, ","), err)
 	}
 	vs := kversion.FromApiVersionsResponse(resp)
-	s := "Apache Kafka " + vs.VersionGuess()
+	s := "its ApiVersions answer matches Kafka " + vs.VersionGuess()
 	for _, f := range resp.FinalizedFeatures {
 		if f.Name == "metadata.version" {
 			s += fmt.Sprintf(", metadata.version level %d", f.MaxVersionLevel)
 		}
 	}
-	return s + " (from its ApiVersions answer)", nil
+	return s, nil
 }
