@@ -78,12 +78,12 @@ func TestEffectivelyOnceOverKafka(t *testing.T) {
 		Name:   "kafka",
 		Config: func(t *testing.T, schema string) broker.Config { return brokertest.Config(t, broker.Kafka, schema) },
 		Describe: func(t *testing.T, cfg broker.Config) string {
+			if brokertest.RealKafka() == nil {
+				return "embedded kfake at " + strings.Join(cfg.Kafka.Brokers, ",") + "; Sarama protocol " + broker.KafkaProtocolVersion
+			}
 			v, err := brokertest.KafkaVersion(context.Background(), cfg.Kafka.Brokers)
 			if err != nil {
-				return "version unknown: " + err.Error()
-			}
-			if brokertest.RealKafka() == nil {
-				return "embedded kfake at " + strings.Join(cfg.Kafka.Brokers, ",") + "; " + v
+				v = "release unknown: " + err.Error()
 			}
 			return broker.EnvKafkaBrokers + "=" + strings.Join(cfg.Kafka.Brokers, ",") + "; " + v + "; Sarama protocol " + broker.KafkaProtocolVersion
 		},
