@@ -196,9 +196,18 @@ func (b *Broker) ensureKafkaTopic(topic string) error {
 		return fmt.Errorf("broker: create Kafka topic %q: %w", topic, err)
 	}
 	if err == nil {
+		b.kafkaMade = append(b.kafkaMade, topic)
 		b.logger.Info("Created Kafka topic", map[string]any{"topic": topic, "partitions": b.config.Kafka.Partitions})
 	}
 	return nil
+}
+
+// CreatedKafkaTopics returns the topics this Broker created (not those it found existing), for
+// tests and demos that delete their throw-away topics (DeleteKafkaTopics).
+func (b *Broker) CreatedKafkaTopics() []string {
+	b.kafkaMu.Lock()
+	defer b.kafkaMu.Unlock()
+	return append([]string(nil), b.kafkaMade...)
 }
 
 // DeleteKafkaTopics deletes topics (for tests and demos that create throw-away topics).

@@ -151,3 +151,27 @@ func TestKafkaBrokerVersion(t *testing.T) {
 	}
 	t.Logf("Kafka under test: %s; %s; client: Sarama, protocol version %s", where, v, broker.KafkaProtocolVersion)
 }
+
+// TestKafkaCreatedTopics: a Broker reports the topics it created, not those it found.
+func TestKafkaCreatedTopics(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ek, err := broker.StartEmbeddedKafka(ctx, nil)
+	require.NoError(t, err)
+	defer ek.Close()
+	topic := pgtest.NewName("made")
+	cfg := broker.Config{Kind: broker.Kafka, Kafka: broker.KafkaConfig{Brokers: ek.Addrs()}}
+	sub := broker.Subscription{Topic: topic, Group: "g"}
+	first, err := broker.New(ctx, nil, cfg, nil)
+	require.NoError(t, err)
+	defer first.Close()
+	require.NoError(t, first.Declare(ctx, sub))
+	require.Equal(t, []string{topic}, first.CreatedKafkaTopics())
+	second, err := broker.New(ctx, nil, cfg, nil)
+	require.NoError(t, err)
+	defer second.Close()
+	require.NoError(t, second.Declare(ctx, sub))
+	require.Empty(t, second.CreatedKafkaTopics(), "the topic existed already")
+	require.NoError(t, first.DeleteKafkaTopics(first.CreatedKafkaTopics()...))
+}

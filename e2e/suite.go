@@ -23,6 +23,7 @@ import (
 
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/e2e/internal/scenario"
+	"github.com/wmonce/watermill-once/internal/brokertest"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -125,6 +126,7 @@ func Run(t *testing.T, target Target, opts Options) {
 	b, err := broker.New(ctx, appDB, cfg, watermill.NopLogger{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = b.Close() })
+	brokertest.DeleteCreatedKafkaTopics(t, b)
 	pub, err := b.NewPublisher(ctx)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
