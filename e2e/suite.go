@@ -198,15 +198,11 @@ func Run(t *testing.T, target Target, opts Options) {
 	require.NoError(t, control.QueryRowContext(ctx, `SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1) x`, appName).Scan(&terminated))
 	faults.add("pg_terminate_backend of every application connection (%d terminated) at %d produced", terminated, produced.Load())
 
-	waitProgress(total*3/4, total/2)
-	if target.BreakConnections != nil {
-		n, err := target.BreakConnections(t, cfg)
-		require.NoError(t, err)
-		faults.add("broker closed all %d client connections at %d produced", n, produced.Load())
-	}
 	if target.KillBroker != nil {
-		// The broker stays down until the producers committed more events (the outbox keeps
-		// them), so the relay fails against a dead broker before it comes back.
+		// Right after the database fault, half-way through production: the relay is still
+		// publishing. The broker stays down until the producers committed more events
+		// (the outbox keeps them), so the relay fails against a dead broker before it comes
+		// back; consumers lose their sessions and offset commits.
 		atKill, appliedAtKill := produced.Load(), applied()
 		restart := target.KillBroker(t)
 		killedAt := time.Now()
@@ -217,6 +213,12 @@ func Run(t *testing.T, target Target, opts Options) {
 		restart(t)
 		faults.add("broker restarted and serving after %s down (%d produced meanwhile, %d applied at restart)",
 			time.Since(killedAt).Round(time.Millisecond), produced.Load()-atKill, applied())
+	}
+	waitProgress(total*3/4, total/2)
+	if target.BreakConnections != nil {
+		n, err := target.BreakConnections(t, cfg)
+		require.NoError(t, err)
+		faults.add("broker closed all %d client connections at %d produced", n, produced.Load())
 	}
 	faults.add("SIGKILL consumer b mid-stream (%d produced, %d applied), restarted", produced.Load(), applied())
 	c = fleet.kill(c)
