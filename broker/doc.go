@@ -33,7 +33,7 @@
 //     min.insync.replicas on the cluster: acks=all means "all in-sync replicas", however few.
 //   - Protocol version 2.1 (KafkaProtocolVersion) for every target; see "Kafka versions".
 //   - A publish whose partition has no leader yet (a topic just created, a broker restarting)
-//     is retried with backoff for up to 15 s: Sarama's idempotent producer retries such a
+//     is retried with backoff for up to 30 s: Sarama's idempotent producer retries such a
 //     batch without waiting between attempts and gives up within milliseconds.
 //   - Every Subscribe is a member of its consumer group. A group shared by several
 //     topics rebalances whenever one of its subscriptions starts or stops, and

@@ -8,6 +8,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/eapache/go-resiliency/breaker"
 )
 
 // KafkaProtocolVersion is the Kafka protocol version Sarama speaks (sarama.Config.Version) to
@@ -116,13 +117,14 @@ func (b *Broker) newKafkaPublisher() (message.Publisher, error) {
 }
 
 // kafkaPublishRetryTimeout bounds how long one message is retried on a leaderless partition.
-const kafkaPublishRetryTimeout = 15 * time.Second
+const kafkaPublishRetryTimeout = 30 * time.Second // beyond Sarama's 10 s breaker
 
 // kafkaPublisher publishes one message at a time (as watermill-kafka does) and retries a
 // message while its partition has no leader, with backoff. Sarama's idempotent producer
 // retries such a batch Producer.Retry.Max times without waiting between attempts (the
-// backoff applies only to the non-idempotent path), so a partition that is briefly
-// leaderless fails the publish within milliseconds: seen on Kafka 3.9 just after the topic
+// backoff applies only to the non-idempotent path), does not retry a failed leader lookup at
+// all, and after three failed lookups opens a circuit breaker that refuses the partition for
+// 10 s; so a partition that is briefly leaderless fails the publish within milliseconds: seen on Kafka 3.9 just after the topic
 // was created (the broker answers metadata before it leads the new partition) and after a
 // broker restart. Copies a retry could create are the middleware's job, as for every
 // broker; a message that still fails after kafkaPublishRetryTimeout returns the error.
@@ -158,10 +160,12 @@ func (p *kafkaPublisher) Publish(topic string, msgs ...*message.Message) error {
 func (p *kafkaPublisher) Close() error { return p.pub.Close() }
 
 // leaderless reports errors that mean "this partition has no usable leader right now": the
-// ones Sarama itself retries, except a corrupt message.
+// ones Sarama itself retries, except a corrupt message, and Sarama's open circuit breaker
+// around leader and partition lookups.
 func leaderless(err error) bool {
 	for _, e := range []error{sarama.ErrNotLeaderForPartition, sarama.ErrLeaderNotAvailable, sarama.ErrUnknownTopicOrPartition,
-		sarama.ErrNotEnoughReplicas, sarama.ErrNotEnoughReplicasAfterAppend, sarama.ErrRequestTimedOut, sarama.ErrKafkaStorageError} {
+		sarama.ErrNotEnoughReplicas, sarama.ErrNotEnoughReplicasAfterAppend, sarama.ErrRequestTimedOut, sarama.ErrKafkaStorageError,
+		breaker.ErrBreakerOpen} {
 		if errors.Is(err, e) {
 			return true
 		}

@@ -2,6 +2,8 @@ package broker_test
 
 import (
 	"context"
+	"net"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -174,4 +176,61 @@ func TestKafkaCreatedTopics(t *testing.T) {
 	require.NoError(t, second.Declare(ctx, sub))
 	require.Empty(t, second.CreatedKafkaTopics(), "the topic existed already")
 	require.NoError(t, first.DeleteKafkaTopics(first.CreatedKafkaTopics()...))
+}
+
+// TestKafkaPublishWaitsOutSaramasOpenBreaker: the broker does not know a new topic yet for
+// long enough that Sarama's partition lookup fails three times and its circuit breaker
+// refuses the topic for 10 s ("circuit breaker is open", seen on Kafka 4.4 while the
+// universal suite created many topics at once). Publish waits it out.
+func TestKafkaPublishWaitsOutSaramasOpenBreaker(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ek, err := broker.StartEmbeddedKafka(ctx, nil)
+	require.NoError(t, err)
+	defer ek.Close()
+	topic := pgtest.NewName("breaker")
+	b, err := broker.New(ctx, nil, broker.Config{Kind: broker.Kafka, Kafka: broker.KafkaConfig{Brokers: ek.Addrs(), Partitions: 1},
+		Subscriptions: []broker.Subscription{{Topic: topic, Group: "g"}}}, nil)
+	require.NoError(t, err)
+	defer b.Close()
+	require.NoError(t, b.Declare(ctx, broker.Subscription{Topic: topic, Group: "g"}))
+
+	host, portStr, err := net.SplitHostPort(ek.Addrs()[0])
+	require.NoError(t, err)
+	port, err := strconv.Atoi(portStr)
+	require.NoError(t, err)
+	// The broker answers as if the topic were not created yet, for the client's first refresh
+	// and then for longer than three lookups of the topic's partitions (each 1 +
+	// Metadata.Retry.Max requests), which opens Sarama's breaker for 10 s.
+	const leaderless = 1 + 3*11
+	var answered atomic.Int32
+	ek.Cluster().ControlKey(int16(kmsg.Metadata), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		ek.Cluster().KeepControl()
+		m := req.(*kmsg.MetadataRequest)
+		// The only topic of this cluster, asked for by name or as "all topics".
+		ours := m.Topics == nil || len(m.Topics) == 1 && m.Topics[0].Topic != nil && *m.Topics[0].Topic == topic
+		if !ours || answered.Load() >= leaderless {
+			return nil, nil, false
+		}
+		answered.Add(1)
+		resp := m.ResponseKind().(*kmsg.MetadataResponse)
+		br := kmsg.NewMetadataResponseBroker()
+		br.NodeID, br.Host, br.Port = ek.Cluster().CurrentNode(), host, int32(port)
+		resp.Brokers = append(resp.Brokers, br)
+		resp.ControllerID = br.NodeID
+		if m.Topics != nil { // asked by name: not known yet; asked for all: there are none yet
+			rt := kmsg.NewMetadataResponseTopic()
+			rt.Topic = kmsg.StringPtr(topic)
+			rt.ErrorCode = kerr.UnknownTopicOrPartition.Code
+			resp.Topics = append(resp.Topics, rt)
+		}
+		return resp, nil, true
+	})
+
+	pub, err := b.NewPublisher(ctx)
+	require.NoError(t, err)
+	defer pub.Close()
+	require.NoError(t, pub.Publish(topic, message.NewMessage("a", []byte("1"))))
+	require.EqualValues(t, leaderless, answered.Load())
 }
