@@ -34,7 +34,8 @@
 //   - Protocol version 2.1 (KafkaProtocolVersion) for every target; see "Kafka versions".
 //   - A publish whose partition has no leader yet (a topic just created, a broker restarting)
 //     is retried with backoff for up to 30 s: Sarama's idempotent producer retries such a
-//     batch without waiting between attempts and gives up within milliseconds.
+//     batch without waiting between attempts and gives up within milliseconds, and after
+//     three failed lookups its circuit breaker refuses the topic for 10 s.
 //   - Every Subscribe is a member of its consumer group. A group shared by several
 //     topics rebalances whenever one of its subscriptions starts or stops, and
 //     watermill-kafka finishes handing over an in-flight message before it leaves a
