@@ -234,6 +234,14 @@ func Run(t *testing.T, target Target, opts Options) {
 	// quiet long enough for any late copy to have landed.
 	require.Eventually(t, func() bool { return applied() >= total }, opts.Timeout, 50*time.Millisecond,
 		"every event applied (%d of %d so far); consumer logs: %s", applied(), total, fleet.logTails())
+	// The poison event too: after a broker restart its partition's consumer may rejoin the
+	// group later than the others, so a quiet stream alone does not mean it was handled.
+	require.Eventually(t, func() bool {
+		return pgtest.Count(t, control, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "outbox")+` WHERE payload->>'destination_topic' = $1`, poisonTopic) > 0
+	}, opts.Timeout, 50*time.Millisecond, "the poison event parked; consumer logs: %s", fleet.logTails())
+	for _, f := range faults.list() { // before the checks, so a failing run shows them too
+		t.Logf("e2e[%s] fault injected: %s", target.Name, f)
+	}
 	quietSince, last := time.Now(), fleet.deliveries()
 	require.Eventually(t, func() bool {
 		if d := fleet.deliveries(); d != last {
@@ -286,9 +294,6 @@ func Run(t *testing.T, target Target, opts Options) {
 		target.Name, fleet.runs(), st.Deliveries, st.Applied, st.Duplicates, st.Failed)
 	if target.Describe != nil {
 		t.Logf("e2e[%s] broker: %s", target.Name, target.Describe(t, cfg))
-	}
-	for _, f := range faults.list() {
-		t.Logf("e2e[%s] fault injected: %s", target.Name, f)
 	}
 	t.Logf("e2e[%s] verified: ledger %d rows = %d distinct events = %d produced, sum %d = orders sum, %d claims; poison %s parked (%d delivered copies parked under its one UUID), not applied; total %s",
 		target.Name, rows, distinct, total, ledgerSum, total, poisonUUID, parkedCopies, time.Since(began).Round(time.Millisecond))
