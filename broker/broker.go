@@ -38,6 +38,7 @@ type Broker struct {
 
 	kafkaMu    sync.Mutex
 	kafkaAdmin sarama.ClusterAdmin
+	kafkaMade  []string // topics this Broker created, in order (CreatedKafkaTopics)
 
 	declared  sync.Map // declaration key -> struct{}
 	closeOnce sync.Once

@@ -25,6 +25,7 @@ func newBroker(t *testing.T, kind broker.Kind, subs ...broker.Subscription) *bro
 	b, err := broker.New(context.Background(), db, cfg, watermill.NewStdLogger(false, false))
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, b.Close()) })
+	brokertest.DeleteCreatedKafkaTopics(t, b)
 	return b
 }
 

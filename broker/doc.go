@@ -31,12 +31,34 @@
 //     NackResendSleep, forever: park poison messages with the middleware Stack.
 //   - Topics are created with Partitions and ReplicationFactor (-1: the cluster default). Set
 //     min.insync.replicas on the cluster: acks=all means "all in-sync replicas", however few.
-//   - Protocol version 2.1 (see saramaConfig for why not newer).
+//   - Protocol version 2.1 (KafkaProtocolVersion) for every target; see "Kafka versions".
+//   - A publish whose partition has no leader yet (a topic just created, a broker restarting)
+//     is retried with backoff for up to 30 s: Sarama's idempotent producer retries such a
+//     batch without waiting between attempts and gives up within milliseconds, and after
+//     three failed lookups its circuit breaker refuses the topic for 10 s.
 //   - Every Subscribe is a member of its consumer group. A group shared by several
 //     topics rebalances whenever one of its subscriptions starts or stops, and
 //     watermill-kafka finishes handing over an in-flight message before it leaves a
 //     session, so such a rebalance can wait for a slow handler, up to the 20 s
 //     rebalance timeout. Prefer a group per handler.
+//
+// # Kafka versions
+//
+// Sarama speaks protocol 2.1 to every target (KafkaProtocolVersion explains the choice):
+//
+//	target                      protocol 2.1 (used)                     protocol 3.6 (Sarama's newest)
+//	Apache Kafka 3.9.1 (KRaft)  pass: broker tests, e2e + broker SIGKILL  pass: broker package's Kafka tests
+//	Apache Kafka 4.4.0 (KRaft)  pass: broker tests, e2e + broker SIGKILL  pass: broker package's Kafka tests
+//	kfake (embedded, demos)     pass: broker tests, e2e                   fail: no consumer group session
+//
+// 2.1 is the floor Kafka 4 keeps (KIP-896 removed every older request version), so the same
+// protocol works on 3.9, 4.x and kfake, and what the tests exercise on kfake is what runs
+// against a real cluster. Clusters older than 2.1 are not supported. Real brokers run with
+// scripts/services (KAFKA_BROKERS=127.0.0.1:9092 for 3.9, 127.0.0.1:9094 for 4.x); the tests
+// log the release the cluster's ApiVersions answer matches (TestKafkaBrokerVersion, and the
+// e2e summary). On a real cluster, KAFKA_SESSION_TIMEOUT must lie within the broker's
+// group.min.session.timeout.ms and group.max.session.timeout.ms (6 s and 30 min by default;
+// kfake here accepts 1 s).
 //
 // # RabbitMQ (amqp091-go, watermill-amqp's wire format)
 //

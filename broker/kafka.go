@@ -8,21 +8,40 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/eapache/go-resiliency/breaker"
 )
+
+// KafkaProtocolVersion is the Kafka protocol version Sarama speaks (sarama.Config.Version) to
+// every Kafka target: Apache Kafka 3.9 and 4.x and the embedded kfake broker alike, so the
+// protocol the tests exercise on kfake is the one production uses.
+//
+// Why 2.1: it is the oldest protocol Kafka 4 still serves (KIP-896 removed the request
+// versions older than Kafka 2.1's) and new enough for the idempotent producer (0.11+). Kafka
+// 3.9.1 and 4.4.0 also pass this package's Kafka tests with Sarama's newest (3.6), but kfake
+// does not: from 2.4 Sarama fetches group offsets with the flexible
+// OffsetFetch v6+, whose decoder reads the partition metadata as a non-nullable string, while
+// kfake (as the protocol schema allows) sends null for a partition without a committed offset,
+// and Sarama fails every consumer group session with "error decoding packet: invalid
+// byteslice length" (Kafka sends "" there). What a newer version would add here is unused:
+// static membership (2.3), the ApiVersions handshake (2.4), epoch bumps through
+// InitProducerId v3+ (2.5; Sarama's idempotent producer bumps its epoch locally at any version).
+const KafkaProtocolVersion = "2.1.0"
+
+var kafkaProtocol = func() sarama.KafkaVersion {
+	v, err := sarama.ParseKafkaVersion(KafkaProtocolVersion)
+	if err != nil {
+		panic(err)
+	}
+	return v
+}()
 
 // saramaConfig is one Sarama configuration for producing, consuming and administration, each
 // setting chosen for durability over speed.
 func (b *Broker) saramaConfig() *sarama.Config {
 	k := b.config.Kafka
 	c := sarama.NewConfig()
-	// 2.1 is the oldest protocol Kafka 4 still speaks (KIP-896) and new enough for the
-	// idempotent producer (0.11+). Not higher: from 2.4 Sarama fetches group offsets with the
-	// flexible OffsetFetch v6+, whose decoder reads the partition metadata as a non-nullable
-	// string, while kfake (like the protocol schema allows) sends null for a partition that has
-	// no committed offset; Sarama then fails every consumer group session with "error decoding
-	// packet: invalid byteslice length". Kafka itself sends "" there, so real clusters would
-	// work either way.
-	c.Version = sarama.V2_1_0_0
+	// One protocol version for every target; see KafkaProtocolVersion.
+	c.Version = kafkaProtocol
 	c.ClientID = k.ClientID
 	c.Metadata.Retry.Max = 10
 	c.Metadata.Retry.Backoff = 250 * time.Millisecond
@@ -86,11 +105,72 @@ func partitionKey(k KafkaConfig, msg *message.Message) (string, error) {
 }
 
 func (b *Broker) newKafkaPublisher() (message.Publisher, error) {
-	return kafka.NewPublisher(kafka.PublisherConfig{
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
 		Brokers:               b.config.Kafka.Brokers,
 		Marshaler:             b.kafkaMarshaler(),
 		OverwriteSaramaConfig: b.saramaConfig(),
 	}, b.logger)
+	if err != nil {
+		return nil, err
+	}
+	return &kafkaPublisher{pub: pub, backoff: 100 * time.Millisecond, timeout: kafkaPublishRetryTimeout}, nil
+}
+
+// kafkaPublishRetryTimeout bounds how long one message is retried on a leaderless partition.
+const kafkaPublishRetryTimeout = 30 * time.Second // beyond Sarama's 10 s breaker
+
+// kafkaPublisher publishes one message at a time (as watermill-kafka does) and retries a
+// message while its partition has no leader, with backoff. Sarama's idempotent producer
+// retries such a batch Producer.Retry.Max times without waiting between attempts (the
+// backoff applies only to the non-idempotent path), does not retry a failed leader lookup at
+// all, and after three failed lookups opens a circuit breaker that refuses the partition for
+// 10 s; so a partition that is briefly leaderless fails the publish within milliseconds: seen on Kafka 3.9 just after the topic
+// was created (the broker answers metadata before it leads the new partition) and after a
+// broker restart. Copies a retry could create are the middleware's job, as for every
+// broker; a message that still fails after kafkaPublishRetryTimeout returns the error.
+type kafkaPublisher struct {
+	pub     message.Publisher
+	backoff time.Duration
+	timeout time.Duration
+}
+
+func (p *kafkaPublisher) Publish(topic string, msgs ...*message.Message) error {
+	for _, msg := range msgs {
+		deadline := time.Now().Add(p.timeout)
+		backoff := p.backoff
+		for {
+			err := p.pub.Publish(topic, msg)
+			if err == nil {
+				break
+			}
+			if !leaderless(err) || time.Now().Add(backoff).After(deadline) {
+				return err
+			}
+			select {
+			case <-time.After(backoff):
+			case <-msg.Context().Done():
+				return fmt.Errorf("%w (gave up: %w)", err, msg.Context().Err())
+			}
+			backoff = min(2*backoff, time.Second)
+		}
+	}
+	return nil
+}
+
+func (p *kafkaPublisher) Close() error { return p.pub.Close() }
+
+// leaderless reports errors that mean "this partition has no usable leader right now": the
+// ones Sarama itself retries, except a corrupt message, and Sarama's open circuit breaker
+// around leader and partition lookups.
+func leaderless(err error) bool {
+	for _, e := range []error{sarama.ErrNotLeaderForPartition, sarama.ErrLeaderNotAvailable, sarama.ErrUnknownTopicOrPartition,
+		sarama.ErrNotEnoughReplicas, sarama.ErrNotEnoughReplicasAfterAppend, sarama.ErrRequestTimedOut, sarama.ErrKafkaStorageError,
+		breaker.ErrBreakerOpen} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 func (b *Broker) newKafkaSubscriber(group string) (message.Subscriber, error) {
@@ -120,9 +200,18 @@ func (b *Broker) ensureKafkaTopic(topic string) error {
 		return fmt.Errorf("broker: create Kafka topic %q: %w", topic, err)
 	}
 	if err == nil {
+		b.kafkaMade = append(b.kafkaMade, topic)
 		b.logger.Info("Created Kafka topic", map[string]any{"topic": topic, "partitions": b.config.Kafka.Partitions})
 	}
 	return nil
+}
+
+// CreatedKafkaTopics returns the topics this Broker created (not those it found existing), for
+// tests and demos that delete their throw-away topics (DeleteKafkaTopics).
+func (b *Broker) CreatedKafkaTopics() []string {
+	b.kafkaMu.Lock()
+	defer b.kafkaMu.Unlock()
+	return append([]string(nil), b.kafkaMade...)
 }
 
 // DeleteKafkaTopics deletes topics (for tests and demos that create throw-away topics).

@@ -2,15 +2,20 @@ package broker_test
 
 import (
 	"context"
+	"net"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/wmonce/watermill-once/broker"
+	"github.com/wmonce/watermill-once/internal/brokertest"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 )
 
@@ -79,4 +84,153 @@ func TestKafkaRequirePartitionKeyRefusesMessagesWithoutIt(t *testing.T) {
 	keyed := message.NewMessage("keyed", nil)
 	keyed.Metadata.Set("partition_key", "customer-1")
 	require.NoError(t, pub.Publish("orders", keyed))
+}
+
+// TestKafkaPublishWaitsOutALeaderlessPartition: the partition answers NOT_LEADER_FOR_PARTITION
+// to more produce requests than Sarama's idempotent producer retries (it retries without
+// waiting), as a real Kafka did just after creating the topic; Publish waits it out.
+func TestKafkaPublishWaitsOutALeaderlessPartition(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ek, err := broker.StartEmbeddedKafka(ctx, nil)
+	require.NoError(t, err)
+	defer ek.Close()
+	topic := pgtest.NewName("leaderless")
+	b, err := broker.New(ctx, nil, broker.Config{Kind: broker.Kafka, Kafka: broker.KafkaConfig{Brokers: ek.Addrs(), Partitions: 1},
+		Subscriptions: []broker.Subscription{{Topic: topic, Group: "g"}}}, nil)
+	require.NoError(t, err)
+	defer b.Close()
+
+	const refusals = 25 // Sarama gives up after 1 + Producer.Retry.Max (10) attempts
+	var refused atomic.Int32
+	ek.Cluster().ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		ek.Cluster().KeepControl()
+		if refused.Load() >= refusals {
+			return nil, nil, false
+		}
+		refused.Add(1)
+		p := req.(*kmsg.ProduceRequest)
+		resp := p.ResponseKind().(*kmsg.ProduceResponse)
+		for _, rt := range p.Topics {
+			st := kmsg.NewProduceResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewProduceResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.ErrorCode = kerr.NotLeaderForPartition.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+
+	pub, err := b.NewPublisher(ctx)
+	require.NoError(t, err)
+	defer pub.Close()
+	require.NoError(t, pub.Publish(topic, message.NewMessage("a", []byte("1"))))
+	require.EqualValues(t, refusals, refused.Load(), "every refusal was answered before the publish succeeded")
+
+	sub, err := b.NewSubscriber("g")
+	require.NoError(t, err)
+	defer sub.Close()
+	ch, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	got := receive(t, ch, 1, 30*time.Second)
+	require.Equal(t, "a", got[0].UUID)
+}
+
+// TestKafkaBrokerVersion names, in the test log (go test -v), the Kafka the Kafka tests of
+// this run talk to: KAFKA_BROKERS, or the embedded kfake broker.
+func TestKafkaBrokerVersion(t *testing.T) {
+	addrs := brokertest.KafkaBrokers(t)
+	v, err := brokertest.KafkaVersion(context.Background(), addrs)
+	require.NoError(t, err)
+	where := "KAFKA_BROKERS=" + strings.Join(addrs, ",")
+	if brokertest.RealKafka() == nil {
+		where = "embedded kfake at " + strings.Join(addrs, ",")
+	}
+	t.Logf("Kafka under test: %s; %s; client: Sarama, protocol version %s", where, v, broker.KafkaProtocolVersion)
+}
+
+// TestKafkaCreatedTopics: a Broker reports the topics it created, not those it found.
+func TestKafkaCreatedTopics(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ek, err := broker.StartEmbeddedKafka(ctx, nil)
+	require.NoError(t, err)
+	defer ek.Close()
+	topic := pgtest.NewName("made")
+	cfg := broker.Config{Kind: broker.Kafka, Kafka: broker.KafkaConfig{Brokers: ek.Addrs()}}
+	sub := broker.Subscription{Topic: topic, Group: "g"}
+	first, err := broker.New(ctx, nil, cfg, nil)
+	require.NoError(t, err)
+	defer first.Close()
+	require.NoError(t, first.Declare(ctx, sub))
+	require.Equal(t, []string{topic}, first.CreatedKafkaTopics())
+	second, err := broker.New(ctx, nil, cfg, nil)
+	require.NoError(t, err)
+	defer second.Close()
+	require.NoError(t, second.Declare(ctx, sub))
+	require.Empty(t, second.CreatedKafkaTopics(), "the topic existed already")
+	require.NoError(t, first.DeleteKafkaTopics(first.CreatedKafkaTopics()...))
+}
+
+// TestKafkaPublishWaitsOutSaramasOpenBreaker: the broker does not know a new topic yet for
+// long enough that Sarama's partition lookup fails three times and its circuit breaker
+// refuses the topic for 10 s ("circuit breaker is open", seen on Kafka 4.4 while the
+// universal suite created many topics at once). Publish waits it out.
+func TestKafkaPublishWaitsOutSaramasOpenBreaker(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ek, err := broker.StartEmbeddedKafka(ctx, nil)
+	require.NoError(t, err)
+	defer ek.Close()
+	topic := pgtest.NewName("breaker")
+	b, err := broker.New(ctx, nil, broker.Config{Kind: broker.Kafka, Kafka: broker.KafkaConfig{Brokers: ek.Addrs(), Partitions: 1},
+		Subscriptions: []broker.Subscription{{Topic: topic, Group: "g"}}}, nil)
+	require.NoError(t, err)
+	defer b.Close()
+	require.NoError(t, b.Declare(ctx, broker.Subscription{Topic: topic, Group: "g"}))
+
+	host, portStr, err := net.SplitHostPort(ek.Addrs()[0])
+	require.NoError(t, err)
+	port, err := strconv.Atoi(portStr)
+	require.NoError(t, err)
+	// The broker answers as if the topic were not created yet, for the client's first refresh
+	// and then for longer than three lookups of the topic's partitions (each 1 +
+	// Metadata.Retry.Max requests), which opens Sarama's breaker for 10 s.
+	const leaderless = 1 + 3*11
+	var answered atomic.Int32
+	ek.Cluster().ControlKey(int16(kmsg.Metadata), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		ek.Cluster().KeepControl()
+		m := req.(*kmsg.MetadataRequest)
+		// The only topic of this cluster, asked for by name or as "all topics".
+		ours := m.Topics == nil || len(m.Topics) == 1 && m.Topics[0].Topic != nil && *m.Topics[0].Topic == topic
+		if !ours || answered.Load() >= leaderless {
+			return nil, nil, false
+		}
+		answered.Add(1)
+		resp := m.ResponseKind().(*kmsg.MetadataResponse)
+		br := kmsg.NewMetadataResponseBroker()
+		br.NodeID, br.Host, br.Port = ek.Cluster().CurrentNode(), host, int32(port)
+		resp.Brokers = append(resp.Brokers, br)
+		resp.ControllerID = br.NodeID
+		if m.Topics != nil { // asked by name: not known yet; asked for all: there are none yet
+			rt := kmsg.NewMetadataResponseTopic()
+			rt.Topic = kmsg.StringPtr(topic)
+			rt.ErrorCode = kerr.UnknownTopicOrPartition.Code
+			resp.Topics = append(resp.Topics, rt)
+		}
+		return resp, nil, true
+	})
+
+	pub, err := b.NewPublisher(ctx)
+	require.NoError(t, err)
+	defer pub.Close()
+	require.NoError(t, pub.Publish(topic, message.NewMessage("a", []byte("1"))))
+	require.EqualValues(t, leaderless, answered.Load())
 }

@@ -62,6 +62,7 @@ func conformanceBroker(t *testing.T, kind broker.Kind) (*broker.Broker, tests.Pu
 	b, err := broker.New(context.Background(), db, cfg, watermill.NopLogger{})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, b.Close()) })
+	brokertest.DeleteCreatedKafkaTopics(t, b)
 
 	withGroup := func(t *testing.T, group string) (message.Publisher, message.Subscriber) {
 		pub, sub, err := b.NewPubSub(context.Background(), group)

@@ -1,12 +1,14 @@
 package e2e_test
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -64,12 +66,42 @@ func TestEffectivelyOnceOverSQL(t *testing.T) {
 	}, options(t))
 }
 
+// TestEffectivelyOnceOverKafka runs the fault suite on the embedded kfake broker, or on
+// KAFKA_BROKERS. On KAFKA_BROKERS the broker process is also killed with SIGKILL mid-stream and
+// started again, through scripts/services: KAFKA_SERVICE (3.9 or 4) names its line there, and
+// the test fails without it. The test holds the cluster exclusively while it runs
+// (brokertest.LockKafkaExclusive): other Kafka tests, here or in other packages running at the
+// same time, wait instead of losing their broker.
 func TestEffectivelyOnceOverKafka(t *testing.T) {
 	t.Parallel()
-	e2e.Run(t, e2e.Target{
+	target := e2e.Target{
 		Name:   "kafka",
 		Config: func(t *testing.T, schema string) broker.Config { return brokertest.Config(t, broker.Kafka, schema) },
-	}, options(t))
+		Describe: func(t *testing.T, cfg broker.Config) string {
+			if brokertest.RealKafka() == nil {
+				return "embedded kfake at " + strings.Join(cfg.Kafka.Brokers, ",") + "; Sarama protocol " + broker.KafkaProtocolVersion
+			}
+			v, err := brokertest.KafkaVersion(context.Background(), cfg.Kafka.Brokers)
+			if err != nil {
+				v = "release unknown: " + err.Error()
+			}
+			return broker.EnvKafkaBrokers + "=" + strings.Join(cfg.Kafka.Brokers, ",") + "; " + v + "; Sarama protocol " + broker.KafkaProtocolVersion
+		},
+	}
+	if brokertest.RealKafka() == nil {
+		t.Run("BrokerSIGKILL", func(t *testing.T) {
+			t.Skipf("the broker-kill fault needs a real Kafka broker process: run with %s=127.0.0.1:9092 %s=3.9 (or %s=127.0.0.1:9094 %s=4), brokers started by scripts/services",
+				broker.EnvKafkaBrokers, brokertest.EnvKafkaService, broker.EnvKafkaBrokers, brokertest.EnvKafkaService)
+		})
+	} else {
+		line := brokertest.KafkaService(t)
+		brokertest.LockKafkaExclusive(t)
+		target.KillBroker = func(t *testing.T) func(t *testing.T) {
+			t.Logf("e2e[kafka] %s", brokertest.KillKafka(t, line))
+			return func(t *testing.T) { t.Logf("e2e[kafka] %s", brokertest.StartKafka(t, line)) }
+		}
+	}
+	e2e.Run(t, target, options(t))
 }
 
 var closedConnections = regexp.MustCompile(`Closed (\d+) connections`)

@@ -55,6 +55,7 @@ func outboxPipeline(t *testing.T, kind broker.Kind, relayConfig outbox.RelayConf
 	b, err := broker.New(ctx, db, brokertest.Config(t, kind, schema), watermill.NopLogger{})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, b.Close()) })
+	brokertest.DeleteCreatedKafkaTopics(t, b)
 	brokerPub, err := b.NewPublisher(ctx)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, brokerPub.Close()) })

@@ -23,6 +23,7 @@ import (
 
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/e2e/internal/scenario"
+	"github.com/wmonce/watermill-once/internal/brokertest"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -38,6 +39,14 @@ type Target struct {
 	// BreakConnections, when set, makes the broker drop every client connection of cfg (all
 	// of them, consumers and relay alike) and returns how many it closed.
 	BreakConnections func(t *testing.T, cfg broker.Config) (int, error)
+	// KillBroker, when set, kills the broker process with SIGKILL (nothing is flushed or shut
+	// down cleanly; every client connection drops) and returns a function that starts it again
+	// and waits until it serves. Run restarts it while the stream flows; KillBroker itself must
+	// make sure the broker runs again when the test ends, even if it fails (t.Cleanup).
+	KillBroker func(t *testing.T) (restart func(t *testing.T))
+	// Describe, when set, returns a line naming what ran (e.g. the broker's release), logged
+	// with the results.
+	Describe func(t *testing.T, cfg broker.Config) string
 }
 
 // Options sizes a run.
@@ -83,7 +92,10 @@ func (o *Options) setDefaults() {
 //   - each of them is killed with SIGKILL mid-stream and restarted;
 //   - every PostgreSQL connection of the application (producers, relay, consumers) is
 //     terminated with pg_terminate_backend mid-stream;
-//   - the broker drops every client connection, where Target.BreakConnections can make it.
+//   - the broker drops every client connection, where Target.BreakConnections can make it;
+//   - the broker process is killed with SIGKILL mid-stream and started again, where
+//     Target.KillBroker can do it (the relay's publishes fail and are retried, consumer
+//     sessions break and rejoin).
 //
 // "Exactly once" is checked in the database: one ledger row per event (the ledger has no unique
 // constraint that could hide a double application), ledger count and sum equal to the orders',
@@ -114,6 +126,7 @@ func Run(t *testing.T, target Target, opts Options) {
 	b, err := broker.New(ctx, appDB, cfg, watermill.NopLogger{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = b.Close() })
+	brokertest.DeleteCreatedKafkaTopics(t, b)
 	pub, err := b.NewPublisher(ctx)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
@@ -185,6 +198,22 @@ func Run(t *testing.T, target Target, opts Options) {
 	require.NoError(t, control.QueryRowContext(ctx, `SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1) x`, appName).Scan(&terminated))
 	faults.add("pg_terminate_backend of every application connection (%d terminated) at %d produced", terminated, produced.Load())
 
+	if target.KillBroker != nil {
+		// Right after the database fault, half-way through production: the relay is still
+		// publishing. The broker stays down until the producers committed more events
+		// (the outbox keeps them), so the relay fails against a dead broker before it comes
+		// back; consumers lose their sessions and offset commits.
+		atKill, appliedAtKill := produced.Load(), applied()
+		restart := target.KillBroker(t)
+		killedAt := time.Now()
+		faults.add("SIGKILL of the broker process mid-stream (%d produced, %d applied)", atKill, appliedAtKill)
+		downUntil := min(atKill+int64(total/20), int64(total))
+		require.Eventually(t, func() bool { return produced.Load() >= downUntil }, opts.Timeout, 10*time.Millisecond,
+			"producers stalled while the broker was down")
+		restart(t)
+		faults.add("broker restarted and serving after %s down (%d produced meanwhile, %d applied at restart)",
+			time.Since(killedAt).Round(time.Millisecond), produced.Load()-atKill, applied())
+	}
 	waitProgress(total*3/4, total/2)
 	if target.BreakConnections != nil {
 		n, err := target.BreakConnections(t, cfg)
@@ -205,6 +234,14 @@ func Run(t *testing.T, target Target, opts Options) {
 	// quiet long enough for any late copy to have landed.
 	require.Eventually(t, func() bool { return applied() >= total }, opts.Timeout, 50*time.Millisecond,
 		"every event applied (%d of %d so far); consumer logs: %s", applied(), total, fleet.logTails())
+	// The poison event too: after a broker restart its partition's consumer may rejoin the
+	// group later than the others, so a quiet stream alone does not mean it was handled.
+	require.Eventually(t, func() bool {
+		return pgtest.Count(t, control, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "outbox")+` WHERE payload->>'destination_topic' = $1`, poisonTopic) > 0
+	}, opts.Timeout, 50*time.Millisecond, "the poison event parked; consumer logs: %s", fleet.logTails())
+	for _, f := range faults.list() { // before the checks, so a failing run shows them too
+		t.Logf("e2e[%s] fault injected: %s", target.Name, f)
+	}
 	quietSince, last := time.Now(), fleet.deliveries()
 	require.Eventually(t, func() bool {
 		if d := fleet.deliveries(); d != last {
@@ -220,10 +257,14 @@ func Run(t *testing.T, target Target, opts Options) {
 	q := func(query string, args ...any) int { return pgtest.Count(t, control, query, args...) }
 	ledger, orders := pgtx.QualifiedName(schema, "ledger"), pgtx.QualifiedName(schema, "orders")
 	rows, distinct := q(`SELECT count(*) FROM `+ledger), q(`SELECT count(DISTINCT event_id) FROM `+ledger)
+	lost := q(`SELECT count(*) FROM `+orders+` o WHERE id <> $1 AND NOT EXISTS (SELECT 1 FROM `+ledger+` l WHERE l.order_id = o.id)`, poisonID)
+	twice := q(`SELECT count(*) FROM (SELECT event_id FROM ` + ledger + ` GROUP BY event_id HAVING count(*) > 1) d`)
+	t.Logf("e2e[%s] result: %d events produced, %d applied, %d lost, %d applied twice", target.Name, total, distinct, lost, twice)
+	require.Zero(t, lost, "nothing lost")
+	require.Zero(t, twice, "no event applied twice")
 	require.Equal(t, total, rows, "one ledger row per produced event")
 	require.Equal(t, rows, distinct, "no event applied twice")
 	require.Equal(t, total+1, q(`SELECT count(*) FROM `+orders), "every producer transaction committed once")
-	require.Zero(t, q(`SELECT count(*) FROM `+orders+` o WHERE id <> $1 AND NOT EXISTS (SELECT 1 FROM `+ledger+` l WHERE l.order_id = o.id)`, poisonID), "nothing lost")
 	ledgerSum := q(`SELECT coalesce(sum(amount), 0)::bigint FROM ` + ledger)
 	require.Equal(t, q(`SELECT sum(amount)::bigint FROM `+orders+` WHERE id <> $1`, poisonID), ledgerSum, "ledger sum equals orders sum")
 	require.Equal(t, total, q(`SELECT count(*) FROM `+pgtx.QualifiedName(schema, "processed_messages")+` WHERE consumer = $1`, group), "one dedupe claim per applied event")
@@ -251,8 +292,8 @@ func Run(t *testing.T, target Target, opts Options) {
 		target.Name, pubStats.published, pubStats.republishedEvents, 100*float64(pubStats.republishedEvents)/float64(total+1), pubStats.crashes)
 	t.Logf("e2e[%s] consumers (%d process runs): %d deliveries, %d fresh, %d duplicates absorbed, %d attempts rolled back (middleware Counts; runs killed with SIGKILL count up to their last report, at most 100ms before the kill)",
 		target.Name, fleet.runs(), st.Deliveries, st.Applied, st.Duplicates, st.Failed)
-	for _, f := range faults.list() {
-		t.Logf("e2e[%s] fault injected: %s", target.Name, f)
+	if target.Describe != nil {
+		t.Logf("e2e[%s] broker: %s", target.Name, target.Describe(t, cfg))
 	}
 	t.Logf("e2e[%s] verified: ledger %d rows = %d distinct events = %d produced, sum %d = orders sum, %d claims; poison %s parked (%d delivered copies parked under its one UUID), not applied; total %s",
 		target.Name, rows, distinct, total, ledgerSum, total, poisonUUID, parkedCopies, time.Since(began).Round(time.Millisecond))

@@ -48,11 +48,13 @@ var (
 )
 
 // KafkaBrokers returns KAFKA_BROKERS when set, else the address of an embedded kfake broker
-// started once for the test binary.
+// started once for the test binary. On KAFKA_BROKERS it holds a shared lock on the cluster
+// until t ends (see LockKafkaExclusive), so a test that kills the broker waits for this one.
 func KafkaBrokers(t testing.TB) []string {
 	t.Helper()
-	if v := os.Getenv(broker.EnvKafkaBrokers); v != "" {
-		return strings.Split(v, ",")
+	if addrs := RealKafka(); addrs != nil {
+		lockKafka(t, addrs, false)
+		return addrs
 	}
 	kafkaOnce.Do(func() {
 		kafkaEmbed, kafkaErr = broker.StartEmbeddedKafka(context.Background(), watermill.NopLogger{})
