@@ -87,8 +87,23 @@ type SQLConfig struct {
 	// Schema holds the topic tables (watermill_<topic>, watermill_offsets_<topic>); created if
 	// missing. Env BROKER_SQL_SCHEMA; default "wmonce_broker".
 	Schema string
-	// PollInterval is the wait after a query that found nothing. Default 100ms.
+	// PollInterval is the wait after a query that found nothing when wake-ups are off
+	// (DisableNotify, a pool whose driver is not pgx) or the LISTEN connection is down; it also
+	// caps the re-check backoff while a notified row is hidden by an older open transaction.
+	// Default 100ms.
 	PollInterval time.Duration
+	// IdlePollInterval is the wait after a query that found nothing while wake-ups work: a
+	// subscription queries again when a row is inserted into its topic table (LISTEN/NOTIFY,
+	// see NotifyChannel), or after IdlePollInterval if none was. An idle subscription costs one
+	// BEGIN/SELECT/COMMIT (and a liveness ping of the pool connection) per IdlePollInterval. Default 3s.
+	IdlePollInterval time.Duration
+	// DisableNotify turns wake-ups off: no LISTEN connection, subscriptions poll every
+	// PollInterval (watermill-sql's behaviour). The topic tables get their notify trigger
+	// anyway, so other processes sharing the schema can use wake-ups. Each insert into a topic
+	// table notifies (one pg_notify per statement, delivered at commit); PostgreSQL serialises
+	// the commits of notifying transactions on one server-wide lock, which costs throughput
+	// only at thousands of publishing commits per second.
+	DisableNotify bool
 	// BatchSize is how many rows the subscriber reads per transaction. The effectively-once
 	// middleware applies each of them in a savepoint of that transaction, so a crash rolls
 	// the whole batch back (nothing is lost or half-applied) and a larger batch only means more
@@ -171,6 +186,9 @@ func (c *Config) setDefaults() {
 	if s.PollInterval == 0 {
 		s.PollInterval = 100 * time.Millisecond
 	}
+	if s.IdlePollInterval == 0 {
+		s.IdlePollInterval = 3 * time.Second
+	}
 	if s.BatchSize == 0 {
 		s.BatchSize = 10
 	}
@@ -241,8 +259,8 @@ func (c Config) Validate() error {
 		if s.BatchSize < 1 || s.BatchSize > 1000 {
 			errs = append(errs, fmt.Errorf("SQL.BatchSize must be between 1 and 1000, got %d", s.BatchSize))
 		}
-		if s.PollInterval < 0 || s.AckDeadline < 0 || s.ResendInterval < 0 {
-			errs = append(errs, errors.New("SQL.PollInterval, AckDeadline and ResendInterval must be positive"))
+		if s.PollInterval < 0 || s.IdlePollInterval < 0 || s.AckDeadline < 0 || s.ResendInterval < 0 {
+			errs = append(errs, errors.New("SQL.PollInterval, IdlePollInterval, AckDeadline and ResendInterval must be positive"))
 		}
 	case Kafka:
 		k := c.Kafka
