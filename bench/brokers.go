@@ -39,12 +39,32 @@ type rig struct {
 	extra    []broker.Subscription // relay destinations
 	note     string
 	logger   watermill.LoggerAdapter
+	// legacy is a RabbitMQ rig with the defaults before issue 14: Prefetch 1, Concurrency 1.
+	legacy bool
 }
 
-// handlersPerTopic is how many router handlers consume each topic.
+// label names the rig in results: the broker kind, or "amqp-p1c1" for the legacy RabbitMQ
+// settings.
+func (r *rig) label() string {
+	if r.legacy {
+		return string(r.kind) + "-p1c1"
+	}
+	return string(r.kind)
+}
+
+// perHandler is how many messages one subscription has in flight (RabbitMQ: Concurrency).
+func (r *rig) perHandler() int {
+	if r.kind == broker.AMQP {
+		return r.cfg.AMQP.Concurrency
+	}
+	return 1
+}
+
+// handlersPerTopic is how many router handlers consume each topic: RabbitMQ gets enough
+// subscriptions of Concurrency messages each to have inFlight in flight (at least one).
 func (r *rig) handlersPerTopic() int {
 	if r.kind == broker.AMQP {
-		return r.inFlight
+		return max(1, r.inFlight/r.perHandler())
 	}
 	return 1
 }
@@ -64,10 +84,12 @@ type rigOptions struct {
 	kafkaNote   string
 	sqlBatch    int
 	relayTopics []string
+	extraSubs   []broker.Subscription // declared and removed with the rig (e2e topics)
+	legacyAMQP  bool
 }
 
 func newRig(ctx context.Context, db *sql.DB, o rigOptions, logger watermill.LoggerAdapter) (*rig, error) {
-	r := &rig{kind: o.kind, db: db, schema: o.schema, runID: o.runID, inFlight: o.inFlight, logger: logger}
+	r := &rig{kind: o.kind, db: db, schema: o.schema, runID: o.runID, inFlight: o.inFlight, logger: logger, legacy: o.legacyAMQP}
 	cfg := broker.Config{Kind: o.kind, DatabaseURL: o.databaseURL}
 	switch o.kind {
 	case broker.SQL:
@@ -91,7 +113,9 @@ func newRig(ctx context.Context, db *sql.DB, o rigOptions, logger watermill.Logg
 		}
 		cfg.AMQP.Prefix = "wmonce-bench-" + o.runID + "."
 		r.topics = []string{"wb-" + o.runID}
-		r.note = fmt.Sprintf("RabbitMQ quorum queue per group, %d consumers, prefetch 1, publisher confirms", o.inFlight)
+		if o.legacyAMQP {
+			cfg.AMQP.Prefetch, cfg.AMQP.Concurrency = 1, 1
+		}
 	}
 	for _, v := range o.variants {
 		g := r.group(v)
@@ -105,11 +129,19 @@ func newRig(ctx context.Context, db *sql.DB, o rigOptions, logger watermill.Logg
 		r.extra = append(r.extra, s)
 		cfg.Subscriptions = append(cfg.Subscriptions, s)
 	}
+	for _, s := range o.extraSubs {
+		r.extra = append(r.extra, s)
+		cfg.Subscriptions = append(cfg.Subscriptions, s)
+	}
 	b, err := broker.New(ctx, db, cfg, logger)
 	if err != nil {
 		return nil, err
 	}
 	r.b, r.cfg = b, b.Config()
+	if o.kind == broker.AMQP {
+		a := r.cfg.AMQP
+		r.note = fmt.Sprintf("RabbitMQ quorum queue per group, %d subscriptions x Concurrency %d, Prefetch %d, publisher confirms", r.handlersPerTopic(), a.Concurrency, a.Prefetch)
+	}
 	if r.pub, err = b.NewPublisher(ctx); err != nil {
 		_ = b.Close()
 		return nil, err

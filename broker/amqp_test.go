@@ -3,6 +3,7 @@ package broker_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -154,5 +155,45 @@ func receiveOne(t *testing.T, ch <-chan *message.Message) *message.Message {
 	case <-time.After(20 * time.Second):
 		t.Fatal("no message within 20s")
 		return nil
+	}
+}
+
+// TestAMQPConcurrencyHasThatManyInFlight: with the default Concurrency (4) a subscription
+// hands over four messages before any is acked, which is what lets one router handler run
+// them at once; the fifth waits for an ack. With Concurrency 1 the suite's TestNoAck (run by
+// TestConformanceAMQPOneAtATime) checks that the second waits.
+func TestAMQPConcurrencyHasThatManyInFlight(t *testing.T) {
+	t.Parallel()
+	topic := pgtest.NewName("inflight")
+	b := newBroker(t, broker.AMQP, broker.Subscription{Topic: topic, Group: "g"})
+	require.Equal(t, 4, b.Config().AMQP.Concurrency)
+	require.Equal(t, 16, b.Config().AMQP.Prefetch)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pub, err := b.NewPublisher(ctx)
+	require.NoError(t, err)
+	defer pub.Close()
+	for i := range 5 {
+		require.NoError(t, pub.Publish(topic, message.NewMessage(fmt.Sprint("m-", i), []byte("x"))))
+	}
+	sub, err := b.NewSubscriber("g")
+	require.NoError(t, err)
+	defer sub.Close()
+	ch, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	var held []*message.Message
+	for range 4 {
+		held = append(held, receiveOne(t, ch))
+	}
+	select {
+	case m := <-ch:
+		t.Fatalf("a fifth message (%s) was handed over while four were unacked", m.UUID)
+	case <-time.After(200 * time.Millisecond):
+	}
+	held[0].Ack()
+	fifth := receiveOne(t, ch)
+	fifth.Ack()
+	for _, m := range held[1:] {
+		m.Ack()
 	}
 }

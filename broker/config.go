@@ -89,8 +89,8 @@ type SQLConfig struct {
 	Schema string
 	// PollInterval is the wait after a query that found nothing when wake-ups are off
 	// (DisableNotify, a pool whose driver is not pgx) or the LISTEN connection is down; it also
-	// caps the re-check backoff while a notified row is hidden by an older open transaction.
-	// Default 100ms.
+	// caps the re-check backoff (at most 1s) while a notified row is hidden by an older open
+	// transaction. Default 100ms.
 	PollInterval time.Duration
 	// IdlePollInterval is the wait after a query that found nothing while wake-ups work: a
 	// subscription queries again when a row is inserted into its topic table (LISTEN/NOTIFY,
@@ -156,9 +156,20 @@ type AMQPConfig struct {
 	// "classic". Env AMQP_QUEUE_TYPE; default "quorum". An existing queue keeps the type it was
 	// declared with; declaring it with another type fails with PRECONDITION_FAILED.
 	QueueType string
-	// Prefetch is how many unacknowledged messages RabbitMQ hands each subscription. Watermill
-	// processes one at a time, so more only saves a round trip; everything prefetched is
-	// redelivered if the consumer dies. Default 1.
+	// Concurrency is how many messages each subscription (each Subscribe call) has in flight:
+	// a router handler runs that many messages at once. Default 4. Set 1 for one message at a
+	// time in queue order (see Prefetch for what still reorders then).
+	Concurrency int
+	// Prefetch is how many unacknowledged messages RabbitMQ hands each subscription: the ones
+	// in flight plus the ones waiting in this process, so the next message is here when one is
+	// acked instead of a round trip later. Everything prefetched is redelivered if the consumer
+	// dies. Default 4 x Concurrency; at least Concurrency.
+	//
+	// Ordering: with Concurrency > 1, messages of one queue are handled at the same time and
+	// finish in any order. With Prefetch > 1 (even at Concurrency 1), a nacked or unacked
+	// message is requeued and delivered again after messages that were behind it. Consumers
+	// that need per-key order must not rely on the queue for it (the effectively-once
+	// middleware guarantees one effect per message, not order; use versions).
 	Prefetch int
 	// NackDelay is the wait before a nacked message is handed back to RabbitMQ, which requeues
 	// it at once. Default 100ms.
@@ -224,8 +235,11 @@ func (c *Config) setDefaults() {
 	if a.QueueType == "" {
 		a.QueueType = QueueTypeQuorum
 	}
+	if a.Concurrency == 0 {
+		a.Concurrency = 4
+	}
 	if a.Prefetch == 0 {
-		a.Prefetch = 1
+		a.Prefetch = 4 * a.Concurrency
 	}
 	if a.NackDelay == 0 {
 		a.NackDelay = 100 * time.Millisecond
@@ -296,8 +310,11 @@ func (c Config) Validate() error {
 		if a.Prefix != "" && !amqpName.MatchString(a.Prefix) {
 			errs = append(errs, fmt.Errorf("AMQP prefix (%s) %q may only hold letters, digits, '-', '_', '.' and ':'", EnvAMQPPrefix, a.Prefix))
 		}
-		if a.Prefetch < 1 {
-			errs = append(errs, fmt.Errorf("AMQP.Prefetch must be at least 1, got %d", a.Prefetch))
+		if a.Concurrency < 1 || a.Concurrency > 1000 {
+			errs = append(errs, fmt.Errorf("AMQP.Concurrency must be between 1 and 1000, got %d", a.Concurrency))
+		}
+		if a.Prefetch < a.Concurrency || a.Prefetch > 65535 {
+			errs = append(errs, fmt.Errorf("AMQP.Prefetch must be between Concurrency (%d) and 65535, got %d: fewer would leave consumers idle", a.Concurrency, a.Prefetch))
 		}
 		if a.NackDelay < 0 {
 			errs = append(errs, errors.New("AMQP.NackDelay must not be negative"))

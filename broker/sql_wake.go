@@ -34,7 +34,8 @@ import (
 // its transaction is older than every transaction still running on the server
 // (transaction_id < pg_snapshot_xmin). So a subscription remembers the transaction ids it was
 // notified of and, when its query found nothing, asks the server for the current xmin until
-// one of them is below it, backing off from 5 ms up to PollInterval; then it queries again.
+// one of them is below it, backing off from 5 ms up to PollInterval (at most 1 s); then it
+// queries again.
 // An unrelated open transaction therefore delays a notified row exactly as it delays a polled
 // one, and no longer than that.
 
@@ -55,8 +56,9 @@ func (c SQLConfig) NotifyChannel() string {
 	return fmt.Sprintf("wmonce_broker_%016x", h.Sum64())
 }
 
-// notifyQueries create the schema's trigger function (at New) and a topic table's trigger (at
-// Declare, only when missing: CREATE TRIGGER locks out inserts for a moment).
+// notifyFunctionQuery creates the schema's trigger function (run at New); ensureNotifyTrigger
+// adds a topic table's trigger at Declare, only when missing: CREATE TRIGGER locks out
+// inserts for a moment.
 func (s *sqlBroker) notifyFunctionQuery() string {
 	return `CREATE OR REPLACE FUNCTION ` + pgtx.QualifiedName(s.config.Schema, notifyFunction) + `() RETURNS trigger
 LANGUAGE plpgsql AS $$
@@ -196,8 +198,14 @@ func (n *sqlNotifier) listenOnce(ctx context.Context, r *listenRun) error {
 		return fmt.Errorf("LISTEN: %w", err)
 	}
 	r.listening.Store(true)
-	// Rows committed before LISTEN took effect sent their notification to nobody.
-	n.wakeAll()
+	// Rows committed before LISTEN took effect sent their notification to nobody: every
+	// subscription queries again, and keeps re-checking until every transaction that was
+	// running at this point has ended (xmax - 1 stands for the youngest of them).
+	var xmax string
+	if err := conn.QueryRow(ctx, `SELECT pg_snapshot_xmax(pg_current_snapshot())::text`).Scan(&xmax); err != nil {
+		return fmt.Errorf("read snapshot: %w", err)
+	}
+	n.wakeAll(xmax)
 	for {
 		nt, err := conn.WaitForNotification(ctx)
 		if err != nil {
@@ -245,14 +253,28 @@ func (n *sqlNotifier) dispatch(payload string) {
 	}
 }
 
-func (n *sqlNotifier) wakeAll() {
+func (n *sqlNotifier) wakeAll(xmax string) {
+	x, err := strconv.ParseUint(xmax, 10, 64)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, set := range n.waiters {
 		for w := range set {
 			w.requeryNow()
+			if err == nil && x > 0 {
+				w.notified(x - 1)
+			}
 		}
 	}
+}
+
+// snapshotXmax returns the next transaction id to be assigned: every transaction committed so
+// far, and every one still running, is below it.
+func (n *sqlNotifier) snapshotXmax(ctx context.Context) (uint64, error) {
+	var text string
+	if err := n.db.QueryRowContext(ctx, `SELECT pg_snapshot_xmax(pg_current_snapshot())::text`).Scan(&text); err != nil {
+		return 0, err
+	}
+	return strconv.ParseUint(text, 10, 64)
 }
 
 // snapshotXmin returns the oldest transaction still running on the server: rows of older
@@ -359,7 +381,7 @@ func (w *sqlWaiter) wait() {
 			if err == nil && w.dropVisible(xmin) {
 				return
 			}
-			d, backoff = backoff, min(backoff*2, w.poll)
+			d, backoff = backoff, min(backoff*2, w.poll, time.Second)
 		case w.n.listening():
 			d = w.idlePoll
 		default:
@@ -444,6 +466,12 @@ func (s *sqlSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *me
 	}
 	if w != nil {
 		s.s.notifier.register(w)
+		// A row committed before register whose transaction is still hidden by an older one
+		// when the first query runs was notified to nobody: treat every transaction up to now
+		// as notified, so the subscription re-checks until they have all ended.
+		if xmax, err := s.s.notifier.snapshotXmax(ctx); err == nil && xmax > 0 {
+			w.notified(xmax - 1)
+		}
 	}
 	out, err := sub.Subscribe(ctx, topic)
 	if err != nil {

@@ -129,6 +129,10 @@ func (r *wakeRig) idle(t *testing.T) <-chan *message.Message {
 	t.Helper()
 	ch, err := r.sub.Subscribe(context.Background(), r.topic)
 	require.NoError(t, err)
+	// A row committed before LISTEN took effect is found by the query LISTEN's success
+	// triggers, unless an older transaction still hides it then; with both polls at an hour
+	// the test would wait for ever, so it publishes only once the listener is up.
+	r.listening.wait(t, "LISTEN on the subscribing pool")
 	require.NoError(t, r.pub.Publish(r.topic, message.NewMessage("first", []byte("1"))))
 	var m *message.Message
 	select {
@@ -203,7 +207,6 @@ func TestSQLSubscriberIdleQueryRate(t *testing.T) {
 	t.Parallel()
 	r := newWakeRig(t, nil)
 	_ = r.idle(t)
-	r.listening.wait(t, "LISTEN on the subscribing pool")
 	const window = 9 * time.Second
 	before := r.counter.Count()
 	time.Sleep(window)
