@@ -43,15 +43,20 @@ func medians(rounds []Result) []Result {
 			out = append(out, g[i])
 			continue
 		}
+		// Idle variants measure queries per second instead of messages.
+		value, unit := func(r Result) float64 { return r.MsgsPerSec }, "msgs/s"
+		if g[0].QueriesPerSec != nil {
+			value, unit = func(r Result) float64 { return deref(r.QueriesPerSec) }, "queries/s"
+		}
 		sorted := slices.Clone(g)
-		slices.SortFunc(sorted, func(a, b Result) int { return cmp.Compare(a.MsgsPerSec, b.MsgsPerSec) })
+		slices.SortFunc(sorted, func(a, b Result) int { return cmp.Compare(value(a), value(b)) })
 		m := sorted[(len(sorted)-1)/2]
 		if len(g) > 1 {
 			var all []string
 			for _, r := range g {
-				all = append(all, fmt.Sprintf("%.0f", r.MsgsPerSec))
+				all = append(all, fmt.Sprintf("%.0f", value(r)))
 			}
-			m.Notes += fmt.Sprintf("; median of %d rounds (msgs/s by round: %s)", len(g), strings.Join(all, ", "))
+			m.Notes += fmt.Sprintf("; median of %d rounds (%s by round: %s)", len(g), unit, strings.Join(all, ", "))
 		}
 		m.Round = 0
 		out = append(out, m)

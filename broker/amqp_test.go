@@ -158,22 +158,23 @@ func receiveOne(t *testing.T, ch <-chan *message.Message) *message.Message {
 	}
 }
 
-// TestAMQPConcurrencyHasThatManyInFlight: with the default Concurrency (4) a subscription
-// hands over four messages before any is acked, which is what lets one router handler run
-// them at once; the fifth waits for an ack. With Concurrency 1 the suite's TestNoAck (run by
+// TestAMQPConcurrencyHasThatManyInFlight: with the default Concurrency (8) a subscription
+// hands over eight messages before any is acked, which is what lets one router handler run
+// them at once; the ninth waits for an ack. With Concurrency 1 the suite's TestNoAck (run by
 // TestConformanceAMQPOneAtATime) checks that the second waits.
 func TestAMQPConcurrencyHasThatManyInFlight(t *testing.T) {
 	t.Parallel()
 	topic := pgtest.NewName("inflight")
 	b := newBroker(t, broker.AMQP, broker.Subscription{Topic: topic, Group: "g"})
-	require.Equal(t, 4, b.Config().AMQP.Concurrency)
-	require.Equal(t, 16, b.Config().AMQP.Prefetch)
+	const concurrency = 8
+	require.Equal(t, concurrency, b.Config().AMQP.Concurrency)
+	require.Equal(t, 4*concurrency, b.Config().AMQP.Prefetch)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pub, err := b.NewPublisher(ctx)
 	require.NoError(t, err)
 	defer pub.Close()
-	for i := range 5 {
+	for i := range concurrency + 1 {
 		require.NoError(t, pub.Publish(topic, message.NewMessage(fmt.Sprint("m-", i), []byte("x"))))
 	}
 	sub, err := b.NewSubscriber("g")
@@ -182,17 +183,17 @@ func TestAMQPConcurrencyHasThatManyInFlight(t *testing.T) {
 	ch, err := sub.Subscribe(ctx, topic)
 	require.NoError(t, err)
 	var held []*message.Message
-	for range 4 {
+	for range concurrency {
 		held = append(held, receiveOne(t, ch))
 	}
 	select {
 	case m := <-ch:
-		t.Fatalf("a fifth message (%s) was handed over while four were unacked", m.UUID)
+		t.Fatalf("message %s was handed over while %d were unacked", m.UUID, concurrency)
 	case <-time.After(200 * time.Millisecond):
 	}
 	held[0].Ack()
-	fifth := receiveOne(t, ch)
-	fifth.Ack()
+	last := receiveOne(t, ch)
+	last.Ack()
 	for _, m := range held[1:] {
 		m.Ack()
 	}

@@ -157,13 +157,14 @@ type AMQPConfig struct {
 	// declared with; declaring it with another type fails with PRECONDITION_FAILED.
 	QueueType string
 	// Concurrency is how many messages each subscription (each Subscribe call) has in flight:
-	// a router handler runs that many messages at once. Default 4. Set 1 for one message at a
-	// time in queue order (see Prefetch for what still reorders then).
+	// a router handler runs that many messages at once (with the effectively-once middleware,
+	// each holds a pool connection). Default 8. Set 1 for one message at a time in queue order
+	// (see Prefetch for what still reorders then).
 	Concurrency int
 	// Prefetch is how many unacknowledged messages RabbitMQ hands each subscription: the ones
 	// in flight plus the ones waiting in this process, so the next message is here when one is
 	// acked instead of a round trip later. Everything prefetched is redelivered if the consumer
-	// dies. Default 4 x Concurrency; at least Concurrency.
+	// dies. Default 4 x Concurrency (32); at least Concurrency.
 	//
 	// Ordering: with Concurrency > 1, messages of one queue are handled at the same time and
 	// finish in any order. With Prefetch > 1 (even at Concurrency 1), a nacked or unacked
@@ -236,7 +237,7 @@ func (c *Config) setDefaults() {
 		a.QueueType = QueueTypeQuorum
 	}
 	if a.Concurrency == 0 {
-		a.Concurrency = 4
+		a.Concurrency = 8
 	}
 	if a.Prefetch == 0 {
 		a.Prefetch = 4 * a.Concurrency

@@ -82,7 +82,7 @@ func conformanceBroker(t *testing.T, kind broker.Kind, tweak ...func(*broker.Con
 }
 
 // TestConformanceAMQP runs the suite against our own RabbitMQ publisher and subscriber with
-// the default settings: AMQPConfig.Concurrency 4 messages in flight per subscription, so
+// the default settings: AMQPConfig.Concurrency 8 messages in flight per subscription, so
 // GuaranteedOrder is false (they finish in any order) and the suite's order tests (TestNoAck
 // among them: the next message arrives before the first is acked) are skipped here.
 // TestConformanceAMQPOneAtATime runs them with Concurrency 1.
@@ -97,8 +97,8 @@ func TestConformanceAMQP(t *testing.T) {
 }
 
 // TestConformanceAMQPOneAtATime: with Concurrency 1 a subscription has one message in flight,
-// and a group's queue is FIFO, so one subscriber sees publish order (the default Prefetch 4
-// only keeps the next messages in this process; a redelivery can still come after messages
+// and a group's queue is FIFO, so one subscriber sees publish order (Prefetch, 4 by default
+// here, only keeps the next messages in this process; a redelivery can still come after messages
 // that were behind it, which the suite does not exercise). Several subscribers of one group
 // compete for the queue and interleave (GuaranteedOrderWithSingleSubscriber).
 func TestConformanceAMQPOneAtATime(t *testing.T) {

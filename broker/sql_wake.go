@@ -199,13 +199,9 @@ func (n *sqlNotifier) listenOnce(ctx context.Context, r *listenRun) error {
 	}
 	r.listening.Store(true)
 	// Rows committed before LISTEN took effect sent their notification to nobody: every
-	// subscription queries again, and keeps re-checking until every transaction that was
-	// running at this point has ended (xmax - 1 stands for the youngest of them).
-	var xmax string
-	if err := conn.QueryRow(ctx, `SELECT pg_snapshot_xmax(pg_current_snapshot())::text`).Scan(&xmax); err != nil {
-		return fmt.Errorf("read snapshot: %w", err)
-	}
-	n.wakeAll(xmax)
+	// subscription queries again. One still hidden then by an older transaction is found by
+	// the IdlePollInterval fallback.
+	n.wakeAll()
 	for {
 		nt, err := conn.WaitForNotification(ctx)
 		if err != nil {
@@ -253,28 +249,14 @@ func (n *sqlNotifier) dispatch(payload string) {
 	}
 }
 
-func (n *sqlNotifier) wakeAll(xmax string) {
-	x, err := strconv.ParseUint(xmax, 10, 64)
+func (n *sqlNotifier) wakeAll() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, set := range n.waiters {
 		for w := range set {
 			w.requeryNow()
-			if err == nil && x > 0 {
-				w.notified(x - 1)
-			}
 		}
 	}
-}
-
-// snapshotXmax returns the next transaction id to be assigned: every transaction committed so
-// far, and every one still running, is below it.
-func (n *sqlNotifier) snapshotXmax(ctx context.Context) (uint64, error) {
-	var text string
-	if err := n.db.QueryRowContext(ctx, `SELECT pg_snapshot_xmax(pg_current_snapshot())::text`).Scan(&text); err != nil {
-		return 0, err
-	}
-	return strconv.ParseUint(text, 10, 64)
 }
 
 // snapshotXmin returns the oldest transaction still running on the server: rows of older
@@ -466,12 +448,6 @@ func (s *sqlSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *me
 	}
 	if w != nil {
 		s.s.notifier.register(w)
-		// A row committed before register whose transaction is still hidden by an older one
-		// when the first query runs was notified to nobody: treat every transaction up to now
-		// as notified, so the subscription re-checks until they have all ended.
-		if xmax, err := s.s.notifier.snapshotXmax(ctx); err == nil && xmax > 0 {
-			w.notified(xmax - 1)
-		}
 	}
 	out, err := sub.Subscribe(ctx, topic)
 	if err != nil {
