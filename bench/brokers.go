@@ -39,15 +39,19 @@ type rig struct {
 	extra    []broker.Subscription // relay destinations
 	note     string
 	logger   watermill.LoggerAdapter
-	// legacy is a RabbitMQ rig with the defaults before issue 14: Prefetch 1, Concurrency 1.
+	// legacy is a rig with the settings before issue 14: RabbitMQ Prefetch 1 and Concurrency
+	// 1, SQL subscribers polling (DisableNotify).
 	legacy bool
 }
 
-// label names the rig in results: the broker kind, or "amqp-p1c1" for the legacy RabbitMQ
-// settings.
+// label names the rig in results: the broker kind, or "amqp-p1c1" / "sql-poll" for the
+// legacy settings.
 func (r *rig) label() string {
-	if r.legacy {
-		return string(r.kind) + "-p1c1"
+	switch {
+	case r.legacy && r.kind == broker.AMQP:
+		return "amqp-p1c1"
+	case r.legacy:
+		return string(r.kind) + "-poll"
 	}
 	return string(r.kind)
 }
@@ -85,7 +89,7 @@ type rigOptions struct {
 	sqlBatch    int
 	relayTopics []string
 	extraSubs   []broker.Subscription // declared and removed with the rig (e2e topics)
-	legacyAMQP  bool
+	legacyAMQP  bool                  // the legacy settings (RabbitMQ and SQL; see rig.legacy)
 }
 
 func newRig(ctx context.Context, db *sql.DB, o rigOptions, logger watermill.LoggerAdapter) (*rig, error) {
@@ -100,6 +104,10 @@ func newRig(ctx context.Context, db *sql.DB, o rigOptions, logger watermill.Logg
 			r.topics = append(r.topics, fmt.Sprintf("wb-%s-%d", o.runID, i))
 		}
 		r.note = fmt.Sprintf("watermill-sql, %d topic tables x 1 subscription, batch %d", o.inFlight, o.sqlBatch)
+		if o.legacyAMQP {
+			cfg.SQL.DisableNotify = true
+			r.note += ", DisableNotify (polling)"
+		}
 	case broker.Kafka:
 		cfg.Kafka.Brokers = o.kafkaAddrs
 		cfg.Kafka.Partitions = int32(o.inFlight)
