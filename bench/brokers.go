@@ -21,9 +21,10 @@ import (
 // rig is one broker prepared for a run: the messages are published once to its topics, and
 // every consuming variant reads all of them with a consumer group of its own.
 //
-// In-flight messages: Watermill keeps one message in flight per Kafka partition, per RabbitMQ
-// subscription and per watermill-sql subscription. So the topic has inFlight partitions
-// (Kafka), the group's queue has inFlight consumers (RabbitMQ), or the messages are spread over
+// In-flight messages: Watermill keeps one message in flight per Kafka partition and per
+// watermill-sql subscription; our RabbitMQ subscriber keeps AMQPConfig.Concurrency per
+// subscription. So the topic has inFlight partitions (Kafka), the group's queue has
+// inFlight/Concurrency subscriptions (RabbitMQ, at least one), or the messages are spread over
 // inFlight topics with one subscription each (SQL): every variant sees the same concurrency.
 type rig struct {
 	kind     broker.Kind
@@ -62,6 +63,14 @@ func (r *rig) perHandler() int {
 		return r.cfg.AMQP.Concurrency
 	}
 	return 1
+}
+
+// messagesInFlight is how many messages the rig's consumers have in flight at most.
+func (r *rig) messagesInFlight() int {
+	if r.kind == broker.AMQP {
+		return r.handlersPerTopic() * r.perHandler()
+	}
+	return r.inFlight
 }
 
 // handlersPerTopic is how many router handlers consume each topic: RabbitMQ gets enough

@@ -10,7 +10,12 @@
 // Variants (see variantTitles): B0 bare handler; B1 business write in its own transaction;
 // B2 B1 + Watermill's in-memory Deduplicator; B3 the effectively-once middleware; B4 the same
 // with group commit; B5 inbox ingest and inbox processing; B6 Watermill's SQL subscriber with
-// the write in its transaction; the outbox relay against Watermill's forwarder; C1 raw claims.
+// the write in its transaction; the outbox relay against Watermill's forwarder; C1 raw claims;
+// e2e-50 and e2e-1000 end-to-end latency (producer commit -> relay -> broker -> effectively-once
+// commit) at 50 and 1,000 events/s; idle-relay, idle-sql-sub and idle-sql-poll queries per
+// second with no traffic. -amqp-compare and -sql-compare add the settings before issue 14.
+//
+// The pool is sized from the server's max_connections and the connections in use.
 //
 // Services: DATABASE_URL (default local PostgreSQL), AMQP_URL (default local RabbitMQ), and
 // KAFKA_BROKERS; without it Kafka is an embedded kfake broker in this process (say so when
@@ -118,7 +123,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.messages, "messages", 20000, "messages per consuming variant and broker")
 	fs.IntVar(&o.processRows, "process-rows", 50000, "inbox rows per processing variant")
 	fs.IntVar(&o.relayRows, "relay-rows", 20000, "outbox rows for the relay and the forwarder")
-	fs.IntVar(&o.inFlight, "inflight", 64, "messages in flight: Kafka partitions, RabbitMQ consumers, SQL topics; also C1 clients")
+	fs.IntVar(&o.inFlight, "inflight", 64, "messages in flight: Kafka partitions, RabbitMQ subscriptions x Concurrency, SQL topics; also C1 clients")
 	fs.IntVar(&o.inboxWorkers, "inbox-workers", 8, "inbox processor workers")
 	fs.IntVar(&o.rounds, "rounds", 3, "run everything this many times, one round after the other, and report each variant's median round (the machine is shared: one round alone can be hit by someone else's load)")
 	fs.IntVar(&o.relayBatch, "relay-batch", 0, "relay BatchSize (0: the relay's default)")

@@ -146,7 +146,7 @@ func (m *measurement) stop(res *Result) {
 // handler reads the n published messages with a consumer group of its own.
 func (h *harness) consume(ctx context.Context, r *rig, id string) (Result, error) {
 	n := h.opts.messages
-	res := Result{Variant: id, Broker: r.label(), Messages: n, InFlight: r.inFlight * r.perHandler()}
+	res := Result{Variant: id, Broker: r.label(), Messages: n, InFlight: r.messagesInFlight()}
 	q := func(t string) string { return pgtx.QualifiedName(h.opts.schema, t) }
 	insert := `INSERT INTO ` + q("bench_effects") + ` (message_id, payload) VALUES ($1, $2)`
 	inTx := func(tx *sql.Tx, msg *message.Message) error {
