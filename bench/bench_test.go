@@ -41,6 +41,7 @@ func TestTinyRun(t *testing.T) {
 			"-schema", schema, "-messages", "200", "-process-rows", "300", "-relay-rows", "200",
 			"-inflight", "4", "-inbox-workers", "2", "-inbox-txbatch", "20", "-relay-lanes", "4",
 			"-preload", "1000", "-c1-duration", "200ms", "-timeout", "90s", "-out", "",
+			"-e2e-duration", "400ms", "-idle-window", "1s",
 		}, args...))
 		require.NoError(t, err)
 		o.databaseURL = pgtest.URL()
@@ -52,6 +53,10 @@ func TestTinyRun(t *testing.T) {
 		require.NoError(t, err)
 		for _, r := range rep.Results {
 			require.Empty(t, r.Error, "%s over %s", r.Variant, r.Broker)
+			if slices.Contains(idleVariants, r.Variant) {
+				require.NotNil(t, r.QueriesPerSec, r.Variant)
+				continue
+			}
 			require.Positive(t, r.MsgsPerSec, "%s over %s", r.Variant, r.Broker)
 		}
 		return rep
@@ -61,17 +66,22 @@ func TestTinyRun(t *testing.T) {
 	}
 
 	rep := tiny("-brokers", "sql")
-	for _, v := range []string{B0, B1, B2, B3, B4, B5Ingest, B6, Relay, RelayLane, Forwarder} {
+	for _, v := range []string{B0, B1, B2, B3, B4, B5Ingest, B6, Relay, RelayLane, Forwarder, E2E50, E2E1000} {
 		require.True(t, has(rep, v, "sql"), "%s over sql missing", v)
 	}
+	for _, v := range idleVariants {
+		require.True(t, has(rep, v, "postgres"), v)
+	}
+	require.Positive(t, rep.Config.Connections.Pool)
+	require.LessOrEqual(t, rep.Config.Connections.Pool, rep.Config.Connections.Max-rep.Config.Connections.InUse)
 	for _, v := range []string{B5Ingest, B5Process, B5Lock, C1Single, C1Batch} {
 		require.True(t, has(rep, v, "postgres"), v)
 	}
 	require.NotEmpty(t, rep.Ratios)
 
-	others := tiny("-brokers", "kafka,amqp", "-variants", "B0,B4,B6,relay,forwarder")
-	for _, b := range []string{"kafka", "amqp"} {
-		for _, v := range []string{B0, B4, Relay, Forwarder} {
+	others := tiny("-brokers", "kafka,amqp", "-variants", "B0,B4,B6,relay,forwarder,e2e-50", "-amqp-compare")
+	for _, b := range []string{"kafka", "amqp", "amqp-p1c1"} {
+		for _, v := range []string{B0, B4, Relay, Forwarder, E2E50} {
 			require.True(t, has(others, v, b), "%s over %s missing", v, b)
 		}
 		require.False(t, has(others, B6, b), "B6 needs watermill-sql's subscriber")
@@ -88,6 +98,8 @@ func TestTinyRun(t *testing.T) {
 	md, err := os.ReadFile(filepath.Join(dir, "latest.md"))
 	require.NoError(t, err)
 	require.True(t, strings.Contains(string(md), "| B4 |"), "markdown has the throughput table")
+	require.True(t, strings.Contains(string(md), "## End-to-end latency"), "markdown has the latency table")
+	require.True(t, strings.Contains(string(md), "## Idle query rate"), "markdown has the idle table")
 	f, err := os.Open(filepath.Join(dir, "latest.png"))
 	require.NoError(t, err)
 	defer f.Close()

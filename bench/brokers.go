@@ -21,9 +21,10 @@ import (
 // rig is one broker prepared for a run: the messages are published once to its topics, and
 // every consuming variant reads all of them with a consumer group of its own.
 //
-// In-flight messages: Watermill keeps one message in flight per Kafka partition, per RabbitMQ
-// subscription and per watermill-sql subscription. So the topic has inFlight partitions
-// (Kafka), the group's queue has inFlight consumers (RabbitMQ), or the messages are spread over
+// In-flight messages: Watermill keeps one message in flight per Kafka partition and per
+// watermill-sql subscription; our RabbitMQ subscriber keeps AMQPConfig.Concurrency per
+// subscription. So the topic has inFlight partitions (Kafka), the group's queue has
+// inFlight/Concurrency subscriptions (RabbitMQ, at least one), or the messages are spread over
 // inFlight topics with one subscription each (SQL): every variant sees the same concurrency.
 type rig struct {
 	kind     broker.Kind
@@ -39,12 +40,44 @@ type rig struct {
 	extra    []broker.Subscription // relay destinations
 	note     string
 	logger   watermill.LoggerAdapter
+	// legacy is a rig with the settings before issue 14: RabbitMQ Prefetch 1 and Concurrency
+	// 1, SQL subscribers polling (DisableNotify).
+	legacy bool
 }
 
-// handlersPerTopic is how many router handlers consume each topic.
+// label names the rig in results: the broker kind, or "amqp-p1c1" / "sql-poll" for the
+// legacy settings.
+func (r *rig) label() string {
+	switch {
+	case r.legacy && r.kind == broker.AMQP:
+		return "amqp-p1c1"
+	case r.legacy:
+		return string(r.kind) + "-poll"
+	}
+	return string(r.kind)
+}
+
+// perHandler is how many messages one subscription has in flight (RabbitMQ: Concurrency).
+func (r *rig) perHandler() int {
+	if r.kind == broker.AMQP {
+		return r.cfg.AMQP.Concurrency
+	}
+	return 1
+}
+
+// messagesInFlight is how many messages the rig's consumers have in flight at most.
+func (r *rig) messagesInFlight() int {
+	if r.kind == broker.AMQP {
+		return r.handlersPerTopic() * r.perHandler()
+	}
+	return r.inFlight
+}
+
+// handlersPerTopic is how many router handlers consume each topic: RabbitMQ gets enough
+// subscriptions of Concurrency messages each to have inFlight in flight (at least one).
 func (r *rig) handlersPerTopic() int {
 	if r.kind == broker.AMQP {
-		return r.inFlight
+		return max(1, r.inFlight/r.perHandler())
 	}
 	return 1
 }
@@ -64,10 +97,12 @@ type rigOptions struct {
 	kafkaNote   string
 	sqlBatch    int
 	relayTopics []string
+	extraSubs   []broker.Subscription // declared and removed with the rig (e2e topics)
+	legacyAMQP  bool                  // the legacy settings (RabbitMQ and SQL; see rig.legacy)
 }
 
 func newRig(ctx context.Context, db *sql.DB, o rigOptions, logger watermill.LoggerAdapter) (*rig, error) {
-	r := &rig{kind: o.kind, db: db, schema: o.schema, runID: o.runID, inFlight: o.inFlight, logger: logger}
+	r := &rig{kind: o.kind, db: db, schema: o.schema, runID: o.runID, inFlight: o.inFlight, logger: logger, legacy: o.legacyAMQP}
 	cfg := broker.Config{Kind: o.kind, DatabaseURL: o.databaseURL}
 	switch o.kind {
 	case broker.SQL:
@@ -78,6 +113,10 @@ func newRig(ctx context.Context, db *sql.DB, o rigOptions, logger watermill.Logg
 			r.topics = append(r.topics, fmt.Sprintf("wb-%s-%d", o.runID, i))
 		}
 		r.note = fmt.Sprintf("watermill-sql, %d topic tables x 1 subscription, batch %d", o.inFlight, o.sqlBatch)
+		if o.legacyAMQP {
+			cfg.SQL.DisableNotify = true
+			r.note += ", DisableNotify (polling)"
+		}
 	case broker.Kafka:
 		cfg.Kafka.Brokers = o.kafkaAddrs
 		cfg.Kafka.Partitions = int32(o.inFlight)
@@ -91,7 +130,9 @@ func newRig(ctx context.Context, db *sql.DB, o rigOptions, logger watermill.Logg
 		}
 		cfg.AMQP.Prefix = "wmonce-bench-" + o.runID + "."
 		r.topics = []string{"wb-" + o.runID}
-		r.note = fmt.Sprintf("RabbitMQ quorum queue per group, %d consumers, prefetch 1, publisher confirms", o.inFlight)
+		if o.legacyAMQP {
+			cfg.AMQP.Prefetch, cfg.AMQP.Concurrency = 1, 1
+		}
 	}
 	for _, v := range o.variants {
 		g := r.group(v)
@@ -105,11 +146,19 @@ func newRig(ctx context.Context, db *sql.DB, o rigOptions, logger watermill.Logg
 		r.extra = append(r.extra, s)
 		cfg.Subscriptions = append(cfg.Subscriptions, s)
 	}
+	for _, s := range o.extraSubs {
+		r.extra = append(r.extra, s)
+		cfg.Subscriptions = append(cfg.Subscriptions, s)
+	}
 	b, err := broker.New(ctx, db, cfg, logger)
 	if err != nil {
 		return nil, err
 	}
 	r.b, r.cfg = b, b.Config()
+	if o.kind == broker.AMQP {
+		a := r.cfg.AMQP
+		r.note = fmt.Sprintf("RabbitMQ quorum queue per group, %d subscriptions x Concurrency %d, Prefetch %d, publisher confirms", r.handlersPerTopic(), a.Concurrency, a.Prefetch)
+	}
 	if r.pub, err = b.NewPublisher(ctx); err != nil {
 		_ = b.Close()
 		return nil, err

@@ -65,6 +65,9 @@ func chart(rep *Report) ([]byte, error) {
 	maxV := 0.0
 	var brokers []string
 	for _, v := range allVariants {
+		if slices.Contains(latencyVariants, v) || slices.Contains(idleVariants, v) {
+			continue // not throughput
+		}
 		g := group{variant: v}
 		for _, r := range rep.Results {
 			if r.Variant == v && r.Error == "" && r.MsgsPerSec > 0 {

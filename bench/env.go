@@ -217,3 +217,39 @@ func loadAverage() string {
 
 // errSkip marks a variant that does not apply to a broker.
 var errSkip = errors.New("does not apply")
+
+// ConnBudget records how the harness sized its pool from the server's connection limit.
+type ConnBudget struct {
+	Max      int `json:"max_connections"`
+	Reserved int `json:"reserved"` // superuser_reserved_connections (+ reserved_connections on 16+)
+	InUse    int `json:"in_use"`   // client backends when the run started (other clients included)
+	Free     int `json:"free"`
+	Pool     int `json:"pool"`
+}
+
+// connectionBudget reads max_connections and the connections in use, and returns a pool size
+// of at most want that leaves room for the harness's connections outside the pool (one LISTEN
+// connection per SQL broker, the idle variants' counted pools) and a tenth of the server for
+// other clients that connect during the run. Too few free connections for a pool of 26 (one in
+// flight) is an error that says so.
+func connectionBudget(ctx context.Context, dsn string, want int) (ConnBudget, error) {
+	var c ConnBudget
+	db, err := pgtx.Open(ctx, dsn, pgtx.PoolConfig{MaxOpenConns: 1})
+	if err != nil {
+		return c, err
+	}
+	defer db.Close()
+	err = db.QueryRowContext(ctx, `SELECT current_setting('max_connections')::int,
+		current_setting('superuser_reserved_connections')::int + coalesce(current_setting('reserved_connections', true)::int, 0),
+		(SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')`).Scan(&c.Max, &c.Reserved, &c.InUse)
+	if err != nil {
+		return c, fmt.Errorf("read max_connections: %w", err)
+	}
+	const outsidePool = 10
+	c.Free = c.Max - c.Reserved - c.InUse
+	c.Pool = min(want, c.Free-outsidePool-c.Max/10)
+	if c.Pool < 26 {
+		return c, fmt.Errorf("PostgreSQL has %d of %d connections free (%d reserved, %d in use): the harness needs at least %d; stop other clients or raise max_connections", c.Free, c.Max, c.Reserved, c.InUse, 26+outsidePool+c.Max/10)
+	}
+	return c, nil
+}

@@ -10,7 +10,12 @@
 // Variants (see variantTitles): B0 bare handler; B1 business write in its own transaction;
 // B2 B1 + Watermill's in-memory Deduplicator; B3 the effectively-once middleware; B4 the same
 // with group commit; B5 inbox ingest and inbox processing; B6 Watermill's SQL subscriber with
-// the write in its transaction; the outbox relay against Watermill's forwarder; C1 raw claims.
+// the write in its transaction; the outbox relay against Watermill's forwarder; C1 raw claims;
+// e2e-50 and e2e-1000 end-to-end latency (producer commit -> relay -> broker -> effectively-once
+// commit) at 50 and 1,000 events/s; idle-relay, idle-sql-sub and idle-sql-poll queries per
+// second with no traffic. -amqp-compare and -sql-compare add the settings before issue 14.
+//
+// The pool is sized from the server's max_connections and the connections in use.
 //
 // Services: DATABASE_URL (default local PostgreSQL), AMQP_URL (default local RabbitMQ), and
 // KAFKA_BROKERS; without it Kafka is an embedded kfake broker in this process (say so when
@@ -69,6 +74,10 @@ type options struct {
 	verbose        bool
 	quick          bool
 	render         string
+	e2eDuration    time.Duration
+	idleWindow     time.Duration
+	amqpCompare    bool
+	sqlCompare     bool
 }
 
 func main() {
@@ -114,7 +123,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.messages, "messages", 20000, "messages per consuming variant and broker")
 	fs.IntVar(&o.processRows, "process-rows", 50000, "inbox rows per processing variant")
 	fs.IntVar(&o.relayRows, "relay-rows", 20000, "outbox rows for the relay and the forwarder")
-	fs.IntVar(&o.inFlight, "inflight", 64, "messages in flight: Kafka partitions, RabbitMQ consumers, SQL topics; also C1 clients")
+	fs.IntVar(&o.inFlight, "inflight", 64, "messages in flight: Kafka partitions, RabbitMQ subscriptions x Concurrency, SQL topics; also C1 clients")
 	fs.IntVar(&o.inboxWorkers, "inbox-workers", 8, "inbox processor workers")
 	fs.IntVar(&o.rounds, "rounds", 3, "run everything this many times, one round after the other, and report each variant's median round (the machine is shared: one round alone can be hit by someone else's load)")
 	fs.IntVar(&o.relayBatch, "relay-batch", 0, "relay BatchSize (0: the relay's default)")
@@ -129,7 +138,11 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.profileDir, "profile", "", "directory for one CPU profile per variant (go tool pprof)")
 	fs.BoolVar(&o.verbose, "v", false, "log everything the components log")
 	fs.StringVar(&o.render, "render", "", "measure nothing: read this latest.json and write its markdown and chart again into -out")
-	fs.BoolVar(&o.quick, "quick", false, "small run: 3000 messages and rows, 100k preload, 2s C1")
+	fs.BoolVar(&o.quick, "quick", false, "small run: 3000 messages and rows, 100k preload, 2s C1, 5s e2e and idle windows")
+	fs.DurationVar(&o.e2eDuration, "e2e-duration", 10*time.Second, "how long each end-to-end latency variant produces events (e2e-50: 50/s, e2e-1000: 1000/s)")
+	fs.DurationVar(&o.idleWindow, "idle-window", 10*time.Second, "how long each idle query-rate variant is counted")
+	fs.BoolVar(&o.sqlCompare, "sql-compare", false, "SQL broker: also run every variant with subscribers polling (DisableNotify), reported as broker sql-poll")
+	fs.BoolVar(&o.amqpCompare, "amqp-compare", false, "RabbitMQ: also run every variant with the settings before issue 14 (Prefetch 1, Concurrency 1), reported as broker amqp-p1c1")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -153,6 +166,12 @@ func parseFlags(args []string) (options, error) {
 		}
 		if !set["rounds"] {
 			o.rounds = 1
+		}
+		if !set["e2e-duration"] {
+			o.e2eDuration = 5 * time.Second
+		}
+		if !set["idle-window"] {
+			o.idleWindow = 5 * time.Second
 		}
 	}
 	if o.databaseURL == "" {
@@ -208,11 +227,15 @@ func parseFlags(args []string) (options, error) {
 	if o.preload < 0 {
 		errs = append(errs, errors.New("-preload must not be negative"))
 	}
+	if o.e2eDuration < 100*time.Millisecond || o.idleWindow < 100*time.Millisecond {
+		errs = append(errs, errors.New("-e2e-duration and -idle-window must be at least 100ms"))
+	}
 	return o, errors.Join(errs...)
 }
 
 type harness struct {
 	opts   options
+	dsn    string
 	db     *sql.DB
 	logger watermill.LoggerAdapter
 	out    io.Writer
@@ -229,19 +252,30 @@ func run(ctx context.Context, o options, out io.Writer) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Subscriber transactions (SQL broker), handler transactions and group workers at once.
-	db, err := pgtx.Open(ctx, dsn, pgtx.PoolConfig{MaxOpenConns: 2*o.inFlight + 24})
+	// Subscriber transactions (SQL broker), handler transactions and group workers at once:
+	// 2 x in flight + 24, within what the server has free.
+	conns, err := connectionBudget(ctx, dsn, 2*o.inFlight+24)
+	if err != nil {
+		return nil, err
+	}
+	if conns.Pool < 2*o.inFlight+24 {
+		inFlight := max(1, (conns.Pool-24)/2)
+		fmt.Fprintf(out, "PostgreSQL has %d of %d connections free: pool %d, -inflight %d lowered to %d\n", conns.Free, conns.Max, conns.Pool, o.inFlight, inFlight)
+		o.inFlight = inFlight
+	}
+	db, err := pgtx.Open(ctx, dsn, pgtx.PoolConfig{MaxOpenConns: conns.Pool})
 	if err != nil {
 		return nil, err
 	}
 	defer db.Close()
 	b := make([]byte, 3)
 	_, _ = rand.Read(b)
-	h := &harness{opts: o, db: db, out: out, runID: hex.EncodeToString(b), logger: errorLogger{}}
+	h := &harness{opts: o, dsn: dsn, db: db, out: out, runID: hex.EncodeToString(b), logger: errorLogger{}}
 	if o.verbose {
 		h.logger = watermill.NewStdLogger(true, false)
 	}
 	rep := &Report{Machine: describeMachine(ctx, db), Config: describeConfig(o)}
+	rep.Config.Connections = conns
 	h.printf("watermill-once bench %s: %d CPUs (%s), PostgreSQL %s, %s, load %s\n",
 		h.runID, rep.Machine.CPUs, rep.Machine.Model, rep.Machine.PostgreSQL, rep.Machine.GoVersion, rep.Machine.LoadAvgStart)
 	if err := prepareSchema(ctx, db, o.schema, o.preload, o.rebuildPreload, h.printf); err != nil {
@@ -311,11 +345,37 @@ func (h *harness) round(ctx context.Context, dsn, round string, rep *Report, rec
 		}
 	}
 
+	if slices.ContainsFunc(idleVariants, h.wants) && ctx.Err() == nil {
+		results, err := h.idleQueries(ctx)
+		if err != nil {
+			record(Result{Variant: "idle", Broker: "postgres"}, err)
+		}
+		for _, res := range results {
+			record(res, nil)
+		}
+	}
+
+	type rigKind struct {
+		kind   broker.Kind
+		legacy bool
+	}
+	var kinds []rigKind
 	for _, kind := range o.brokers {
+		if (kind == broker.AMQP && o.amqpCompare) || (kind == broker.SQL && o.sqlCompare) {
+			kinds = append(kinds, rigKind{kind, true})
+		}
+		kinds = append(kinds, rigKind{kind, false})
+	}
+	for _, rk := range kinds {
+		kind := rk.kind
 		if ctx.Err() != nil {
 			break
 		}
-		ro := rigOptions{kind: kind, databaseURL: dsn, schema: o.schema, runID: h.runID + round + string(kind[0]), inFlight: o.inFlight, sqlBatch: 100}
+		runID := h.runID + round + string(kind[0])
+		if rk.legacy {
+			runID += "l"
+		}
+		ro := rigOptions{kind: kind, databaseURL: dsn, schema: o.schema, runID: runID, inFlight: o.inFlight, sqlBatch: 100, legacyAMQP: rk.legacy}
 		for _, v := range consumingVariants {
 			if h.wants(v) && (v != B6 || kind == broker.SQL) {
 				ro.variants = append(ro.variants, v)
@@ -326,7 +386,14 @@ func (h *harness) round(ctx context.Context, dsn, round string, rep *Report, rec
 			rt, ft := relayTopics(ro.runID)
 			ro.relayTopics = []string{rt, ft}
 		}
-		if len(ro.variants) == 0 && !wantRelay {
+		var e2e []string
+		for _, v := range latencyVariants {
+			if h.wants(v) {
+				e2e = append(e2e, v)
+				ro.extraSubs = append(ro.extraSubs, broker.Subscription{Topic: e2eTopic(ro.runID, v), Group: "e2e-" + v})
+			}
+		}
+		if len(ro.variants) == 0 && !wantRelay && len(e2e) == 0 {
 			continue
 		}
 		if kind == broker.Kafka {
@@ -356,7 +423,7 @@ func (h *harness) round(ctx context.Context, dsn, round string, rep *Report, rec
 		if len(ro.variants) > 0 {
 			start := time.Now()
 			if err := r.publishAll(ctx, o.messages); err != nil {
-				record(Result{Variant: "publish", Broker: string(kind)}, err)
+				record(Result{Variant: "publish", Broker: r.label()}, err)
 				_ = r.close(context.WithoutCancel(ctx))
 				continue
 			}
@@ -371,13 +438,19 @@ func (h *harness) round(ctx context.Context, dsn, round string, rep *Report, rec
 		if wantRelay && ctx.Err() == nil {
 			results, err := h.relayVsForwarder(ctx, r)
 			if err != nil {
-				record(Result{Variant: Relay, Broker: string(kind)}, err)
+				record(Result{Variant: Relay, Broker: r.label()}, err)
 			}
 			for _, res := range results {
 				if h.wants(res.Variant) {
 					record(res, nil)
 				}
 			}
+		}
+		for _, v := range e2e {
+			if ctx.Err() != nil {
+				break
+			}
+			record(h.endToEnd(ctx, r, v))
 		}
 		if err := r.close(context.WithoutCancel(ctx)); err != nil {
 			h.printf("cleanup of %s: %v\n", kind, err)

@@ -114,7 +114,7 @@ func (h *harness) relayVsForwarder(ctx context.Context, r *rig) ([]Result, error
 		if !h.wants(id) {
 			continue
 		}
-		res := Result{Variant: id, Broker: string(r.kind), Messages: n, InFlight: 1}
+		res := Result{Variant: id, Broker: r.label(), Messages: n, InFlight: 1}
 		cp := newCountingPublisher(r.pub, n)
 		cfg := outbox.RelayConfig{Schema: h.opts.schema, Name: "wb-" + r.runID + "-" + id, PollInterval: 10 * time.Millisecond, BatchSize: h.opts.relayBatch}
 		if id == RelayLane {
@@ -147,7 +147,7 @@ func (h *harness) relayVsForwarder(ctx context.Context, r *rig) ([]Result, error
 	}
 	// Watermill's forwarder.
 	if h.wants(Forwarder) {
-		res := Result{Variant: Forwarder, Broker: string(r.kind), Messages: n, InFlight: 1}
+		res := Result{Variant: Forwarder, Broker: r.label(), Messages: n, InFlight: 1}
 		cp := newCountingPublisher(r.pub, n)
 		// The forwarder's router closes the subscriber when it stops.
 		sub, err := sqlBroker.NewSubscriber("wb-" + r.runID + "-fwd")

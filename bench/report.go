@@ -43,15 +43,20 @@ func medians(rounds []Result) []Result {
 			out = append(out, g[i])
 			continue
 		}
+		// Idle variants measure queries per second instead of messages.
+		value, unit := func(r Result) float64 { return r.MsgsPerSec }, "msgs/s"
+		if g[0].QueriesPerSec != nil {
+			value, unit = func(r Result) float64 { return deref(r.QueriesPerSec) }, "queries/s"
+		}
 		sorted := slices.Clone(g)
-		slices.SortFunc(sorted, func(a, b Result) int { return cmp.Compare(a.MsgsPerSec, b.MsgsPerSec) })
+		slices.SortFunc(sorted, func(a, b Result) int { return cmp.Compare(value(a), value(b)) })
 		m := sorted[(len(sorted)-1)/2]
 		if len(g) > 1 {
 			var all []string
 			for _, r := range g {
-				all = append(all, fmt.Sprintf("%.0f", r.MsgsPerSec))
+				all = append(all, fmt.Sprintf("%.0f", value(r)))
 			}
-			m.Notes += fmt.Sprintf("; median of %d rounds (msgs/s by round: %s)", len(g), strings.Join(all, ", "))
+			m.Notes += fmt.Sprintf("; median of %d rounds (%s by round: %s)", len(g), unit, strings.Join(all, ", "))
 		}
 		m.Round = 0
 		out = append(out, m)
@@ -73,6 +78,8 @@ type Config struct {
 	Rounds       int      `json:"rounds"`
 	Latency      string   `json:"latency"`
 	Command      string   `json:"command"`
+	// Connections is how the pool was sized from the server's max_connections.
+	Connections ConnBudget `json:"connections"`
 }
 
 func describeConfig(o options) Config {
@@ -92,6 +99,9 @@ func describeConfig(o options) Config {
 }
 
 func (r Result) line() string {
+	if r.QueriesPerSec != nil {
+		return fmt.Sprintf("%-8s %-16s %9.2f queries/s  %s", r.Broker, r.Variant, *r.QueriesPerSec, r.Notes)
+	}
 	lat := "      -         -"
 	if r.P50ms != nil {
 		lat = fmt.Sprintf("p50 %6.3fms p99 %6.3fms", *r.P50ms, *r.P99ms)
@@ -180,6 +190,51 @@ func (rep *Report) ratioText() string {
 	return b.String()
 }
 
+// latencyMarkdown renders the end-to-end latency and idle query-rate tables (empty when the
+// run had neither).
+func (rep *Report) latencyMarkdown() string {
+	var b strings.Builder
+	var e2e, idle []Result
+	for _, r := range rep.Results {
+		switch {
+		case slices.Contains(latencyVariants, r.Variant):
+			e2e = append(e2e, r)
+		case slices.Contains(idleVariants, r.Variant):
+			idle = append(idle, r)
+		}
+	}
+	if len(e2e) > 0 {
+		b.WriteString("\n## End-to-end latency\n\nProducer COMMIT of an outbox row -> Relay -> broker -> effectively-once consumer's commit, every component with its default settings.\n\n")
+		b.WriteString("| broker | variant | events/s achieved | p50 ms | p99 ms | events |\n|---|---|---:|---:|---:|---:|\n")
+		for _, r := range e2e {
+			if r.Error != "" {
+				fmt.Fprintf(&b, "| %s | %s | ERROR: %s | | | |\n", r.Broker, r.Variant, strings.ReplaceAll(r.Error, "|", "/"))
+				continue
+			}
+			fmt.Fprintf(&b, "| %s | %s | %.0f | %.1f | %.1f | %d |\n", r.Broker, r.Variant, r.MsgsPerSec, deref(r.P50ms), deref(r.P99ms), r.Messages)
+		}
+	}
+	if len(idle) > 0 {
+		b.WriteString("\n## Idle query rate\n\nQueries per second sent to PostgreSQL with no traffic at all, counted at the wire on a pool of the component's own.\n\n")
+		b.WriteString("| component | queries/s | notes |\n|---|---:|---|\n")
+		for _, r := range idle {
+			if r.Error != "" {
+				fmt.Fprintf(&b, "| %s | | ERROR: %s |\n", r.Variant, strings.ReplaceAll(r.Error, "|", "/"))
+				continue
+			}
+			fmt.Fprintf(&b, "| %s | %.2f | %s |\n", r.Variant, deref(r.QueriesPerSec), strings.ReplaceAll(r.Notes, "|", "/"))
+		}
+	}
+	return b.String()
+}
+
+func deref(p *float64) float64 {
+	if p == nil {
+		return 0
+	}
+	return *p
+}
+
 // markdown renders the results for latest.md and the README.
 func (rep *Report) markdown() string {
 	var b strings.Builder
@@ -196,6 +251,9 @@ func (rep *Report) markdown() string {
 	c := rep.Config
 	fmt.Fprintf(&b, "Payload %d bytes; %d messages per consuming variant, %d in flight; processed_messages pre-loaded with %d rows. Duplicates: %s. Each figure is the median of %d rounds run one after the other (every round is in latest.json).\n\n",
 		c.PayloadBytes, c.Messages, c.InFlight, c.Preload, c.Duplicates, c.Rounds)
+	if cb := c.Connections; cb.Max > 0 {
+		fmt.Fprintf(&b, "PostgreSQL connections: pool of %d, sized from max_connections %d (%d reserved, %d in use by all clients at the start).\n\n", cb.Pool, cb.Max, cb.Reserved, cb.InUse)
+	}
 	fmt.Fprintf(&b, "Latency: %s\n\nCommand: `%s`\n\n", c.Latency, c.Command)
 
 	// Pivot: msgs/s per variant and broker.
@@ -215,6 +273,9 @@ func (rep *Report) markdown() string {
 	}
 	b.WriteString("\n")
 	for _, v := range allVariants {
+		if slices.Contains(latencyVariants, v) || slices.Contains(idleVariants, v) {
+			continue // their own tables below
+		}
 		row := fmt.Sprintf("| %s | %s |", v, variantTitles[v])
 		any := false
 		for _, br := range brokers {
@@ -229,6 +290,7 @@ func (rep *Report) markdown() string {
 			b.WriteString(row + "\n")
 		}
 	}
+	b.WriteString(rep.latencyMarkdown())
 	b.WriteString("\n## Targets\n\n| figure | broker | measured | target | |\n|---|---|---:|---:|---|\n")
 	for _, r := range rep.Ratios {
 		mark := "**missed**"

@@ -38,31 +38,49 @@ const (
 	Forwarder = "forwarder"
 	C1Single  = "C1-single"
 	C1Batch   = "C1-batch"
+	E2E50     = "e2e-50"
+	E2E1000   = "e2e-1000"
+	// Idle query rates (no traffic): the relay, a SQL-broker subscription, and the same
+	// subscription polling as watermill-sql does.
+	IdleRelay   = "idle-relay"
+	IdleSQLSub  = "idle-sql-sub"
+	IdleSQLPoll = "idle-sql-poll"
 )
 
 // variantTitles say in a few words what each variant runs.
 var variantTitles = map[string]string{
-	B0:        "bare handler, no database (broker ceiling)",
-	B1:        "business write in its own transaction, no dedupe (at-least-once)",
-	B2:        "B1 + Watermill's in-memory Deduplicator (not crash-safe)",
-	B3:        "effectively-once middleware, one transaction per message",
-	B4:        "effectively-once middleware, group commit",
-	B5Ingest:  "inbox receiver: store and ack (group-committed ingest)",
-	B5Process: "inbox processor, lease claims (IN_PROGRESS rows), business write per row",
-	B5Lock:    "inbox processor, row-lock claims (ClaimLock), business write per row",
-	B6:        "watermill-sql subscriber, business write in its transaction, no dedupe",
-	Relay:     "watermill-once outbox Relay to the broker, strict commit order (default)",
-	RelayLane: "outbox Relay with PublishLanes (64): concurrent Publish calls, order kept per partition key",
-	Forwarder: "Watermill components/forwarder (SQL topic of envelopes) to the broker",
-	C1Single:  "raw INSERT ... ON CONFLICT DO NOTHING into processed_messages, one row per statement",
-	C1Batch:   "raw INSERT ... SELECT unnest(...) ON CONFLICT DO NOTHING, 100 rows per statement",
+	B0:          "bare handler, no database (broker ceiling)",
+	B1:          "business write in its own transaction, no dedupe (at-least-once)",
+	B2:          "B1 + Watermill's in-memory Deduplicator (not crash-safe)",
+	B3:          "effectively-once middleware, one transaction per message",
+	B4:          "effectively-once middleware, group commit",
+	B5Ingest:    "inbox receiver: store and ack (group-committed ingest)",
+	B5Process:   "inbox processor, lease claims (IN_PROGRESS rows), business write per row",
+	B5Lock:      "inbox processor, row-lock claims (ClaimLock), business write per row",
+	B6:          "watermill-sql subscriber, business write in its transaction, no dedupe",
+	Relay:       "watermill-once outbox Relay to the broker, strict commit order (default)",
+	RelayLane:   "outbox Relay with PublishLanes (64): concurrent Publish calls, order kept per partition key",
+	Forwarder:   "Watermill components/forwarder (SQL topic of envelopes) to the broker",
+	C1Single:    "raw INSERT ... ON CONFLICT DO NOTHING into processed_messages, one row per statement",
+	C1Batch:     "raw INSERT ... SELECT unnest(...) ON CONFLICT DO NOTHING, 100 rows per statement",
+	E2E50:       "end to end at 50 events/s: producer commit (outbox) -> Relay -> broker -> effectively-once commit",
+	E2E1000:     "end to end at 1,000 events/s, as e2e-50",
+	IdleRelay:   "queries/s of an outbox Relay with no traffic",
+	IdleSQLSub:  "queries/s of one SQL-broker subscription with no traffic (wake-ups on)",
+	IdleSQLPoll: "queries/s of one SQL-broker subscription with no traffic, DisableNotify (polling)",
 }
+
+// latencyVariants report end-to-end latency; idleVariants report queries per second.
+var (
+	latencyVariants = []string{E2E50, E2E1000}
+	idleVariants    = []string{IdleRelay, IdleSQLSub, IdleSQLPoll}
+)
 
 // consumingVariants read the published messages through a router.
 var consumingVariants = []string{B0, B1, B2, B3, B4, B5Ingest, B6}
 
 // allVariants in report order.
-var allVariants = []string{B0, B1, B2, B3, B4, B5Ingest, B5Process, B5Lock, B6, Relay, RelayLane, Forwarder, C1Single, C1Batch}
+var allVariants = []string{B0, B1, B2, B3, B4, B5Ingest, B5Process, B5Lock, B6, Relay, RelayLane, Forwarder, C1Single, C1Batch, E2E50, E2E1000, IdleRelay, IdleSQLSub, IdleSQLPoll}
 
 // Result is one variant measured over one broker.
 type Result struct {
@@ -81,9 +99,11 @@ type Result struct {
 	BenchCPUPct    float64 `json:"bench_cpu_pct"`
 	// PGSessions summarises what the benchmark's PostgreSQL sessions were doing (sampled).
 	PGSessions string `json:"pg_sessions,omitempty"`
-	Notes      string `json:"notes"`
-	Error      string `json:"error,omitempty"`
-	Round      int    `json:"round,omitempty"` // in Report.Rounds
+	// QueriesPerSec is set by the idle variants: queries sent to PostgreSQL per second.
+	QueriesPerSec *float64 `json:"queries_per_sec,omitempty"`
+	Notes         string   `json:"notes"`
+	Error         string   `json:"error,omitempty"`
+	Round         int      `json:"round,omitempty"` // in Report.Rounds
 }
 
 func ms(v float64) *float64 { return &v }
@@ -126,7 +146,7 @@ func (m *measurement) stop(res *Result) {
 // handler reads the n published messages with a consumer group of its own.
 func (h *harness) consume(ctx context.Context, r *rig, id string) (Result, error) {
 	n := h.opts.messages
-	res := Result{Variant: id, Broker: string(r.kind), Messages: n, InFlight: r.inFlight}
+	res := Result{Variant: id, Broker: r.label(), Messages: n, InFlight: r.messagesInFlight()}
 	q := func(t string) string { return pgtx.QualifiedName(h.opts.schema, t) }
 	insert := `INSERT INTO ` + q("bench_effects") + ` (message_id, payload) VALUES ($1, $2)`
 	inTx := func(tx *sql.Tx, msg *message.Message) error {
@@ -288,7 +308,7 @@ func (h *harness) consume(ctx context.Context, r *rig, id string) (Result, error
 		case <-time.After(time.Millisecond):
 		}
 	}
-	meas := h.startMeasuring(string(r.kind) + "-" + id)
+	meas := h.startMeasuring(r.label() + "-" + id)
 	err = m.wait(waitCtx)
 	if err == nil && waitForCommit {
 		err = h.waitEffects(waitCtx, n)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -89,7 +90,8 @@ func (c *amqpConn) close() error {
 }
 
 // amqpPublisher publishes with publisher confirms on one channel, reopened after any failure.
-// Publish returns nil only once RabbitMQ has confirmed (acked) every message of the call.
+// Publish returns nil only once RabbitMQ has confirmed (acked) every message of the call; it
+// is safe for concurrent use, and concurrent calls wait for their confirms together.
 type amqpPublisher struct {
 	b         *Broker
 	conn      *amqpConn
@@ -105,32 +107,43 @@ func (b *Broker) newAMQPPublisher() (message.Publisher, error) {
 }
 
 func (p *amqpPublisher) Publish(topic string, msgs ...*message.Message) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
 	defer cancel()
-	ch, err := p.channel(ctx)
-	if err != nil {
-		return err
-	}
-	exchange := p.b.config.AMQP.ExchangeName(topic)
-	confirms := make([]*amqp.DeferredConfirmation, 0, len(msgs))
-	for _, msg := range msgs {
+	pubs := make([]amqp.Publishing, len(msgs))
+	for i, msg := range msgs {
 		pub, err := p.marshaler.Marshal(msg)
 		if err != nil {
 			return fmt.Errorf("broker: marshal message %s: %w", msg.UUID, err)
 		}
+		pubs[i] = pub
+	}
+	exchange := p.b.config.AMQP.ExchangeName(topic)
+	// The lock covers only the publishing frames: concurrent Publish calls share the channel
+	// and wait for their confirms at the same time (RabbitMQ confirms them in batches) instead
+	// of one confirm round trip after the other.
+	p.mu.Lock()
+	ch, err := p.channel(ctx)
+	if err != nil {
+		p.mu.Unlock()
+		return err
+	}
+	confirms := make([]*amqp.DeferredConfirmation, 0, len(msgs))
+	for i, pub := range pubs {
 		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchange, "", false, false, pub)
 		if err != nil {
-			p.dropChannel()
-			return fmt.Errorf("broker: publish message %s to RabbitMQ exchange %q: %w", msg.UUID, exchange, err)
+			p.dropChannel(ch)
+			p.mu.Unlock()
+			return fmt.Errorf("broker: publish message %s to RabbitMQ exchange %q: %w", msgs[i].UUID, exchange, err)
 		}
 		confirms = append(confirms, dc)
 	}
+	p.mu.Unlock()
 	for i, dc := range confirms {
 		acked, err := dc.WaitContext(ctx)
 		if err != nil || !acked {
-			p.dropChannel()
+			p.mu.Lock()
+			p.dropChannel(ch)
+			p.mu.Unlock()
 			return fmt.Errorf("broker: RabbitMQ did not confirm message %s (acked=%v): %w", msgs[i].UUID, acked, errors.Join(err, errors.New("not confirmed")))
 		}
 	}
@@ -157,8 +170,10 @@ func (p *amqpPublisher) channel(ctx context.Context) (*amqp.Channel, error) {
 	return ch, nil
 }
 
-func (p *amqpPublisher) dropChannel() {
-	if p.ch != nil {
+// dropChannel closes ch if it is still the publisher's channel (another Publish may have
+// replaced it already). Publish calls still waiting for confirms on it fail: unconfirmed.
+func (p *amqpPublisher) dropChannel(ch *amqp.Channel) {
+	if ch != nil && p.ch == ch {
 		_ = p.ch.Close()
 		p.ch = nil
 	}
@@ -167,13 +182,15 @@ func (p *amqpPublisher) dropChannel() {
 func (p *amqpPublisher) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.dropChannel()
+	p.dropChannel(p.ch)
 	return p.conn.close()
 }
 
-// amqpSubscriber consumes a group's queue: one message in flight per subscription, acked after
-// the handler acks it, requeued NackDelay after a nack. A lost channel or connection is
-// re-established with backoff; deliveries unacked at that moment are redelivered by RabbitMQ.
+// amqpSubscriber consumes a group's queue: AMQPConfig.Concurrency messages in flight per
+// subscription (one consumer, that many goroutines handing deliveries to the subscription's
+// channel), each acked after the handler acks it, requeued NackDelay after a nack. A lost
+// channel or connection is re-established with backoff; deliveries unacked at that moment are
+// redelivered by RabbitMQ.
 type amqpSubscriber struct {
 	b         *Broker
 	group     string
@@ -284,22 +301,48 @@ func (s *amqpSubscriber) consumeOnce(ctx context.Context, topic, queue string, o
 		return false, fmt.Errorf("consume %q: %w", queue, err)
 	}
 	s.logger.Info("Consuming from RabbitMQ", watermill.LogFields{"queue": queue})
-	for {
-		select {
-		case d, ok := <-deliveries:
-			if !ok {
-				return consumed, errors.New("delivery channel closed (channel or connection lost)")
-			}
-			consumed = true
-			if err := s.deliver(ctx, d, out); err != nil {
-				return consumed, err
-			}
-		case <-s.closing:
-			return consumed, nil
-		case <-ctx.Done():
-			return consumed, nil
-		}
+	// Concurrency goroutines, each with one message in flight. The first failure (a lost
+	// channel: acks and nacks no longer reach RabbitMQ) stops them all; RabbitMQ redelivers
+	// whatever was unacked on the channel.
+	workCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	var (
+		wg        sync.WaitGroup
+		failOnce  sync.Once
+		failed    error
+		delivered atomic.Bool
+	)
+	fail := func(err error) {
+		failOnce.Do(func() { failed = err })
+		stop()
 	}
+	for range s.b.config.AMQP.Concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case d, ok := <-deliveries:
+					if !ok {
+						fail(errors.New("delivery channel closed (channel or connection lost)"))
+						return
+					}
+					delivered.Store(true)
+					if err := s.deliver(workCtx, d, out); err != nil {
+						fail(err)
+						return
+					}
+				case <-s.closing:
+					stop()
+					return
+				case <-workCtx.Done():
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return delivered.Load(), failed
 }
 
 // deliver hands one delivery to the consumer and settles it with RabbitMQ.

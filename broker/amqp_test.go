@@ -3,6 +3,7 @@ package broker_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -154,5 +155,46 @@ func receiveOne(t *testing.T, ch <-chan *message.Message) *message.Message {
 	case <-time.After(20 * time.Second):
 		t.Fatal("no message within 20s")
 		return nil
+	}
+}
+
+// TestAMQPConcurrencyHasThatManyInFlight: with the default Concurrency (8) a subscription
+// hands over eight messages before any is acked, which is what lets one router handler run
+// them at once; the ninth waits for an ack. With Concurrency 1 the suite's TestNoAck (run by
+// TestConformanceAMQPOneAtATime) checks that the second waits.
+func TestAMQPConcurrencyHasThatManyInFlight(t *testing.T) {
+	t.Parallel()
+	topic := pgtest.NewName("inflight")
+	b := newBroker(t, broker.AMQP, broker.Subscription{Topic: topic, Group: "g"})
+	const concurrency = 8
+	require.Equal(t, concurrency, b.Config().AMQP.Concurrency)
+	require.Equal(t, 4*concurrency, b.Config().AMQP.Prefetch)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pub, err := b.NewPublisher(ctx)
+	require.NoError(t, err)
+	defer pub.Close()
+	for i := range concurrency + 1 {
+		require.NoError(t, pub.Publish(topic, message.NewMessage(fmt.Sprint("m-", i), []byte("x"))))
+	}
+	sub, err := b.NewSubscriber("g")
+	require.NoError(t, err)
+	defer sub.Close()
+	ch, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	var held []*message.Message
+	for range concurrency {
+		held = append(held, receiveOne(t, ch))
+	}
+	select {
+	case m := <-ch:
+		t.Fatalf("message %s was handed over while %d were unacked", m.UUID, concurrency)
+	case <-time.After(200 * time.Millisecond):
+	}
+	held[0].Ack()
+	last := receiveOne(t, ch)
+	last.Ack()
+	for _, m := range held[1:] {
+		m.Ack()
 	}
 }

@@ -66,7 +66,7 @@ func New(ctx context.Context, db *sql.DB, config Config, logger watermill.Logger
 			b.ownDB = true
 		}
 		b.db = db
-		b.sql = newSQLBroker(db, config.SQL)
+		b.sql = newSQLBroker(db, config.SQL, b.logger)
 		if err := b.sql.ensureSchema(ctx); err != nil {
 			_ = b.Close()
 			return nil, err

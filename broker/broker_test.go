@@ -18,10 +18,19 @@ import (
 
 func newBroker(t *testing.T, kind broker.Kind, subs ...broker.Subscription) *broker.Broker {
 	t.Helper()
+	return newBrokerWith(t, kind, nil, subs...)
+}
+
+// newBrokerWith is newBroker with the configuration changed by tweak first.
+func newBrokerWith(t *testing.T, kind broker.Kind, tweak func(*broker.Config), subs ...broker.Subscription) *broker.Broker {
+	t.Helper()
 	db := pgtest.DB(t)
 	schema := pgtest.Schema(t, db)
 	cfg := brokertest.Config(t, kind, schema)
 	cfg.Subscriptions = subs
+	if tweak != nil {
+		tweak(&cfg)
+	}
 	b, err := broker.New(context.Background(), db, cfg, watermill.NewStdLogger(false, false))
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, b.Close()) })
@@ -57,7 +66,10 @@ func TestRoundTrip(t *testing.T) {
 		t.Run(string(kind), func(t *testing.T) {
 			t.Parallel()
 			topic := pgtest.NewName("orders")
-			b := newBroker(t, kind, broker.Subscription{Topic: topic, Group: "billing"})
+			// RabbitMQ keeps queue order only with one message in flight per subscription
+			// (the default Concurrency 8 finishes messages in any order).
+			oneAtATime := func(c *broker.Config) { c.AMQP.Concurrency = 1 }
+			b := newBrokerWith(t, kind, oneAtATime, broker.Subscription{Topic: topic, Group: "billing"})
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 

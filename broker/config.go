@@ -87,8 +87,23 @@ type SQLConfig struct {
 	// Schema holds the topic tables (watermill_<topic>, watermill_offsets_<topic>); created if
 	// missing. Env BROKER_SQL_SCHEMA; default "wmonce_broker".
 	Schema string
-	// PollInterval is the wait after a query that found nothing. Default 100ms.
+	// PollInterval is the wait after a query that found nothing when wake-ups are off
+	// (DisableNotify, a pool whose driver is not pgx) or the LISTEN connection is down; it also
+	// caps the re-check backoff (at most 1s) while a notified row is hidden by an older open
+	// transaction. Default 100ms.
 	PollInterval time.Duration
+	// IdlePollInterval is the wait after a query that found nothing while wake-ups work: a
+	// subscription queries again when a row is inserted into its topic table (LISTEN/NOTIFY,
+	// see NotifyChannel), or after IdlePollInterval if none was. An idle subscription costs one
+	// BEGIN/SELECT/COMMIT (and a liveness ping of the pool connection) per IdlePollInterval. Default 3s.
+	IdlePollInterval time.Duration
+	// DisableNotify turns wake-ups off: no LISTEN connection, subscriptions poll every
+	// PollInterval (watermill-sql's behaviour). The topic tables get their notify trigger
+	// anyway, so other processes sharing the schema can use wake-ups. Each insert into a topic
+	// table notifies (one pg_notify per statement, delivered at commit); PostgreSQL serialises
+	// the commits of notifying transactions on one server-wide lock, which costs throughput
+	// only at thousands of publishing commits per second.
+	DisableNotify bool
 	// BatchSize is how many rows the subscriber reads per transaction. The effectively-once
 	// middleware applies each of them in a savepoint of that transaction, so a crash rolls
 	// the whole batch back (nothing is lost or half-applied) and a larger batch only means more
@@ -141,9 +156,21 @@ type AMQPConfig struct {
 	// "classic". Env AMQP_QUEUE_TYPE; default "quorum". An existing queue keeps the type it was
 	// declared with; declaring it with another type fails with PRECONDITION_FAILED.
 	QueueType string
-	// Prefetch is how many unacknowledged messages RabbitMQ hands each subscription. Watermill
-	// processes one at a time, so more only saves a round trip; everything prefetched is
-	// redelivered if the consumer dies. Default 1.
+	// Concurrency is how many messages each subscription (each Subscribe call) has in flight:
+	// a router handler runs that many messages at once (with the effectively-once middleware,
+	// each holds a pool connection). Default 8. Set 1 for one message at a time in queue order
+	// (see Prefetch for what still reorders then).
+	Concurrency int
+	// Prefetch is how many unacknowledged messages RabbitMQ hands each subscription: the ones
+	// in flight plus the ones waiting in this process, so the next message is here when one is
+	// acked instead of a round trip later. Everything prefetched is redelivered if the consumer
+	// dies. Default 4 x Concurrency (32); at least Concurrency.
+	//
+	// Ordering: with Concurrency > 1, messages of one queue are handled at the same time and
+	// finish in any order. With Prefetch > 1 (even at Concurrency 1), a nacked or unacked
+	// message is requeued and delivered again after messages that were behind it. Consumers
+	// that need per-key order must not rely on the queue for it (the effectively-once
+	// middleware guarantees one effect per message, not order; use versions).
 	Prefetch int
 	// NackDelay is the wait before a nacked message is handed back to RabbitMQ, which requeues
 	// it at once. Default 100ms.
@@ -170,6 +197,9 @@ func (c *Config) setDefaults() {
 	}
 	if s.PollInterval == 0 {
 		s.PollInterval = 100 * time.Millisecond
+	}
+	if s.IdlePollInterval == 0 {
+		s.IdlePollInterval = 3 * time.Second
 	}
 	if s.BatchSize == 0 {
 		s.BatchSize = 10
@@ -206,8 +236,11 @@ func (c *Config) setDefaults() {
 	if a.QueueType == "" {
 		a.QueueType = QueueTypeQuorum
 	}
+	if a.Concurrency == 0 {
+		a.Concurrency = 8
+	}
 	if a.Prefetch == 0 {
-		a.Prefetch = 1
+		a.Prefetch = 4 * a.Concurrency
 	}
 	if a.NackDelay == 0 {
 		a.NackDelay = 100 * time.Millisecond
@@ -241,8 +274,8 @@ func (c Config) Validate() error {
 		if s.BatchSize < 1 || s.BatchSize > 1000 {
 			errs = append(errs, fmt.Errorf("SQL.BatchSize must be between 1 and 1000, got %d", s.BatchSize))
 		}
-		if s.PollInterval < 0 || s.AckDeadline < 0 || s.ResendInterval < 0 {
-			errs = append(errs, errors.New("SQL.PollInterval, AckDeadline and ResendInterval must be positive"))
+		if s.PollInterval < 0 || s.IdlePollInterval < 0 || s.AckDeadline < 0 || s.ResendInterval < 0 {
+			errs = append(errs, errors.New("SQL.PollInterval, IdlePollInterval, AckDeadline and ResendInterval must be positive"))
 		}
 	case Kafka:
 		k := c.Kafka
@@ -278,8 +311,11 @@ func (c Config) Validate() error {
 		if a.Prefix != "" && !amqpName.MatchString(a.Prefix) {
 			errs = append(errs, fmt.Errorf("AMQP prefix (%s) %q may only hold letters, digits, '-', '_', '.' and ':'", EnvAMQPPrefix, a.Prefix))
 		}
-		if a.Prefetch < 1 {
-			errs = append(errs, fmt.Errorf("AMQP.Prefetch must be at least 1, got %d", a.Prefetch))
+		if a.Concurrency < 1 || a.Concurrency > 1000 {
+			errs = append(errs, fmt.Errorf("AMQP.Concurrency must be between 1 and 1000, got %d", a.Concurrency))
+		}
+		if a.Prefetch < a.Concurrency || a.Prefetch > 65535 {
+			errs = append(errs, fmt.Errorf("AMQP.Prefetch must be between Concurrency (%d) and 65535, got %d: fewer would leave consumers idle", a.Concurrency, a.Prefetch))
 		}
 		if a.NackDelay < 0 {
 			errs = append(errs, errors.New("AMQP.NackDelay must not be negative"))

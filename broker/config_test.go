@@ -117,3 +117,26 @@ func TestNewFailsFastWhenTheBrokerIsUnreachable(t *testing.T) {
 	_, err = broker.New(ctx, nil, broker.Config{Kind: broker.SQL, DatabaseURL: "postgres://nobody@127.0.0.1:1/none?sslmode=disable&connect_timeout=2"}, nil)
 	require.ErrorContains(t, err, "cannot reach PostgreSQL")
 }
+
+// TestNewDefaultsAndLimits: the RabbitMQ and SQL wake-up defaults, and the settings New
+// refuses before connecting to anything.
+func TestNewDefaultsAndLimits(t *testing.T) {
+	t.Parallel()
+	cfg, err := broker.ParseEnv(env(nil))
+	require.NoError(t, err)
+	require.Equal(t, 8, cfg.AMQP.Concurrency)
+	require.Equal(t, 32, cfg.AMQP.Prefetch)
+	require.Equal(t, 100*time.Millisecond, cfg.SQL.PollInterval)
+	require.Equal(t, 3*time.Second, cfg.SQL.IdlePollInterval)
+	require.False(t, cfg.SQL.DisableNotify)
+	require.LessOrEqual(t, len(cfg.SQL.NotifyChannel()), 63, "PostgreSQL channel names are identifiers")
+	require.NotEqual(t, cfg.SQL.NotifyChannel(), broker.SQLConfig{Schema: "other"}.NotifyChannel())
+
+	ctx := context.Background()
+	_, err = broker.New(ctx, nil, broker.Config{Kind: broker.AMQP, AMQP: broker.AMQPConfig{Concurrency: 8, Prefetch: 4}}, nil)
+	require.ErrorContains(t, err, "AMQP.Prefetch must be between Concurrency (8)")
+	_, err = broker.New(ctx, nil, broker.Config{Kind: broker.AMQP, AMQP: broker.AMQPConfig{Concurrency: -1}}, nil)
+	require.ErrorContains(t, err, "AMQP.Concurrency must be between 1 and 1000")
+	_, err = broker.New(ctx, nil, broker.Config{Kind: broker.SQL, SQL: broker.SQLConfig{IdlePollInterval: -time.Second}}, nil)
+	require.ErrorContains(t, err, "IdlePollInterval")
+}

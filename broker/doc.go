@@ -73,8 +73,13 @@
 //   - Marshaler writes what watermill-amqp writes (UUID in _watermill_message_uuid, metadata
 //     as headers) and accepts non-string headers (x-delivery-count from quorum queues, x-death
 //     after dead-lettering), which watermill-amqp's marshaler refuses, making the message loop.
-//   - One message in flight per subscription (Prefetch 1); a nack hands the message back after
-//     NackDelay. A lost connection is redialled with backoff; unacked messages are redelivered.
+//   - AMQPConfig.Concurrency (default 8) messages in flight per subscription and Prefetch
+//     (default 32) unacked messages handed over by RabbitMQ; a nack hands the message back
+//     after NackDelay. A lost connection is redialled with backoff; unacked messages are
+//     redelivered. Order: with Concurrency > 1 messages of one queue finish in any order, and
+//     with Prefetch > 1 a requeued message comes back after messages that were behind it. Set
+//     Concurrency 1 (and Prefetch 1) where queue order matters.
+//   - Concurrent Publish calls share one channel and wait for their confirms together.
 //   - The publisher and subscriber are our own, because watermill-amqp's reconnect has a data
 //     race (ThreeDotsLabs/watermill#693); see amqp_pubsub.go.
 //
@@ -103,6 +108,12 @@
 //     order, which for two writers of one key can be the reverse of their commits (the outbox
 //     relay publishes by commit instead; see package outbox, Order). Rows are never deleted by
 //     watermill-sql.
+//   - Wake-ups: a statement trigger on every topic table calls pg_notify (channel
+//     SQLConfig.NotifyChannel) and one LISTEN connection per Broker, outside the pool, wakes
+//     the table's subscriptions; a notified row still hidden by an older transaction is
+//     re-checked against the server's xmin with a backoff of at most PollInterval. Idle, a
+//     subscription polls every IdlePollInterval (3s); without LISTEN (DisableNotify, a driver
+//     other than pgx, a lost connection) every PollInterval (100ms).
 //   - A nacked message is delivered again inside the same transaction, which stays open (and
 //     keeps the group's offset row locked) until the message is acked or AckDeadline passes.
 //     It is such a long transaction: while one message is being nacked, rows committed after

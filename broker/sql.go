@@ -19,9 +19,11 @@ type sqlBroker struct {
 	schema  wsql.SchemaAdapter
 	offsets wsql.DefaultPostgreSQLOffsetsAdapter
 	lockKey int64
+	// notifier wakes subscriptions when rows are inserted (see sql_wake.go).
+	notifier *sqlNotifier
 }
 
-func newSQLBroker(db *sql.DB, config SQLConfig) *sqlBroker {
+func newSQLBroker(db *sql.DB, config SQLConfig, logger watermill.LoggerAdapter) *sqlBroker {
 	h := fnv.New64a()
 	_, _ = h.Write([]byte("watermill-once/broker/" + config.Schema))
 	s := &sqlBroker{db: db, config: config, lockKey: int64(h.Sum64())}
@@ -32,6 +34,7 @@ func newSQLBroker(db *sql.DB, config SQLConfig) *sqlBroker {
 		},
 	}
 	s.offsets = wsql.DefaultPostgreSQLOffsetsAdapter{GenerateMessagesOffsetsTableName: s.OffsetsTable}
+	s.notifier = newSQLNotifier(db, config.NotifyChannel(), logger)
 	return s
 }
 
@@ -66,17 +69,23 @@ func (s sqlSchemaAdapter) SchemaInitializingQueries(topic string) []wsql.Query {
 )`}}
 }
 
-// ensureSchema creates the broker schema. Concurrent processes serialise on an advisory lock:
-// CREATE ... IF NOT EXISTS alone can still fail with a unique violation when two sessions race.
+// ensureSchema creates the broker schema and its notification trigger function. Concurrent
+// processes serialise on an advisory lock: CREATE ... IF NOT EXISTS alone can still fail with a
+// unique violation when two sessions race.
 func (s *sqlBroker) ensureSchema(ctx context.Context) error {
 	return s.ddl(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `CREATE SCHEMA IF NOT EXISTS `+pgtx.QuoteIdentifier(s.config.Schema))
+		if _, err := tx.ExecContext(ctx, `CREATE SCHEMA IF NOT EXISTS `+pgtx.QuoteIdentifier(s.config.Schema)); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, s.notifyFunctionQuery())
 		return err
 	})
 }
 
 // declare creates a topic's tables and, for a group, its starting offset (read from the first
-// row), exactly as watermill-sql's subscriber would at Subscribe, but before anything is published.
+// row), exactly as watermill-sql's subscriber would at Subscribe, but before anything is
+// published; and the trigger that notifies subscribers of inserts, also on tables created by
+// an earlier version.
 func (s *sqlBroker) declare(ctx context.Context, topic, group string) error {
 	return s.ddl(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		queries := append(s.schema.SchemaInitializingQueries(topic), s.offsets.SchemaInitializingQueries(topic)...)
@@ -87,6 +96,9 @@ func (s *sqlBroker) declare(ctx context.Context, topic, group string) error {
 			if _, err := tx.ExecContext(ctx, q.Query, q.Args...); err != nil {
 				return fmt.Errorf("declare topic %q: %w", topic, err)
 			}
+		}
+		if err := s.ensureNotifyTrigger(ctx, tx, topic); err != nil {
+			return fmt.Errorf("declare topic %q: notify trigger: %w", topic, err)
 		}
 		return nil
 	})
@@ -109,19 +121,6 @@ func (s *sqlBroker) newPublisher(logger watermill.LoggerAdapter) (*wsql.Publishe
 	// Tables are declared by the Broker before the first publish to a topic; watermill-sql's
 	// own AutoInitializeSchema would race between processes.
 	return wsql.NewPublisher(s.db, wsql.PublisherConfig{SchemaAdapter: s.schema}, logger)
-}
-
-func (s *sqlBroker) newSubscriber(group string, logger watermill.LoggerAdapter) (*wsql.Subscriber, error) {
-	ackDeadline := s.config.AckDeadline
-	return wsql.NewSubscriber(s.db, wsql.SubscriberConfig{
-		ConsumerGroup:  group,
-		AckDeadline:    &ackDeadline,
-		PollInterval:   s.config.PollInterval,
-		ResendInterval: s.config.ResendInterval,
-		RetryInterval:  s.config.PollInterval * 5,
-		SchemaAdapter:  s.schema,
-		OffsetsAdapter: declaredOffsets{s.offsets},
-	}, logger)
 }
 
 // declaredOffsets is the offsets adapter of watermill-sql's subscriber, without the queries it

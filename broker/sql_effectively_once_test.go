@@ -89,15 +89,19 @@ func TestSQLSameConsumerOnTwoSubscriptionsSettlesTheLoserAtOnce(t *testing.T) {
 		require.NoError(t, err)
 		r.AddConsumerHandler("rewards-"+tp, tp, sub, handler(tp)).AddMiddleware(observe(tp), mw.Middleware)
 	}
-	go func() { _ = r.Run(ctx) }()
-	<-r.Running()
-	t.Cleanup(func() { _ = r.Close() })
-
+	// Both copies are committed before either subscription reads: a copy inserted after the
+	// winner's claim would be hidden from its subscription until the winner commits (rows show
+	// only below the server's xmin), and the winner waits for it. Subscriptions are woken by
+	// inserts at once, so publishing while the router runs could produce exactly that.
 	pub, err := b.NewPublisher(ctx)
 	require.NoError(t, err)
 	defer pub.Close()
 	require.NoError(t, pub.Publish(topic, message.NewMessage("e-7", []byte(`{}`))))
 	require.NoError(t, pub.Publish(redrive, message.NewMessage("e-7", []byte(`{}`))))
+
+	go func() { _ = r.Run(ctx) }()
+	<-r.Running()
+	t.Cleanup(func() { _ = r.Close() })
 
 	acked := map[string]bool{}
 	var nacks []outcome

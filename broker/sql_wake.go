@@ -1,0 +1,486 @@
+package broker
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// Wake-ups for the SQL broker's subscribers.
+//
+// watermill-sql's subscriber polls: after a query that found nothing it waits PollInterval
+// and queries again (BEGIN, SELECT, COMMIT), however long the topic stays empty. Here every
+// topic table has a statement-level AFTER INSERT trigger that calls pg_notify on one channel
+// per broker schema with "<table> <inserting transaction id>"; the first subscription of a
+// Broker starts one listener connection of its own (not a pool connection) that LISTENs on it,
+// and each subscription waits for its table's notification, or IdlePollInterval as a fallback.
+//
+// A notified row is not readable at once in every case: watermill-sql shows a row only when
+// its transaction is older than every transaction still running on the server
+// (transaction_id < pg_snapshot_xmin). So a subscription remembers the transaction ids it was
+// notified of and, when its query found nothing, asks the server for the current xmin until
+// one of them is below it, backing off from 5 ms up to PollInterval (at most 1 s); then it
+// queries again.
+// An unrelated open transaction therefore delays a notified row exactly as it delays a polled
+// one, and no longer than that.
+
+const (
+	notifyFunction = "wmonce_notify_insert"
+	notifyTrigger  = "wmonce_notify"
+	// maxPendingXids bounds the transaction ids a subscription remembers; beyond it only the
+	// largest is kept, which covers the others conservatively (it is the last to turn visible).
+	maxPendingXids = 1024
+)
+
+// NotifyChannel returns the PostgreSQL channel on which the SQL broker's topic tables in this
+// schema announce inserts ("<table> <xid8>" payloads). It is derived from the schema name so
+// it fits PostgreSQL's 63-byte limit whatever the schema is called.
+func (c SQLConfig) NotifyChannel() string {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(c.Schema))
+	return fmt.Sprintf("wmonce_broker_%016x", h.Sum64())
+}
+
+// notifyFunctionQuery creates the schema's trigger function (run at New); ensureNotifyTrigger
+// adds a topic table's trigger at Declare, only when missing: CREATE TRIGGER locks out
+// inserts for a moment.
+func (s *sqlBroker) notifyFunctionQuery() string {
+	return `CREATE OR REPLACE FUNCTION ` + pgtx.QualifiedName(s.config.Schema, notifyFunction) + `() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+	PERFORM pg_notify(TG_ARGV[0], TG_TABLE_NAME || ' ' || pg_current_xact_id()::text);
+	RETURN NULL;
+END
+$$`
+}
+
+func (s *sqlBroker) ensureNotifyTrigger(ctx context.Context, tx *sql.Tx, topic string) error {
+	var exists bool
+	err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = $1::regclass AND tgname = $2)`,
+		s.MessagesTable(topic), notifyTrigger).Scan(&exists)
+	if err != nil || exists {
+		return err
+	}
+	// The channel is "wmonce_broker_" and hex digits: a safe literal.
+	_, err = tx.ExecContext(ctx, `CREATE TRIGGER `+pgtx.QuoteIdentifier(notifyTrigger)+` AFTER INSERT ON `+s.MessagesTable(topic)+
+		` FOR EACH STATEMENT EXECUTE FUNCTION `+pgtx.QualifiedName(s.config.Schema, notifyFunction)+`('`+s.config.NotifyChannel()+`')`)
+	return err
+}
+
+// sqlNotifier runs one LISTEN connection for a Broker while it has subscriptions, and hands
+// each notification to the subscriptions of the table it names.
+type sqlNotifier struct {
+	db      *sql.DB
+	channel string
+	logger  watermill.LoggerAdapter
+
+	mu      sync.Mutex
+	waiters map[string]map[*sqlWaiter]struct{} // unquoted table name -> subscriptions
+	refs    int
+	run     *listenRun
+	// disabled is set when the pool's driver is not pgx: no LISTEN connection can be made.
+	disabled atomic.Bool
+}
+
+// listenRun is one life of the listener goroutine, from the first subscription to the last.
+type listenRun struct {
+	cancel    context.CancelFunc
+	done      chan struct{}
+	listening atomic.Bool
+}
+
+func newSQLNotifier(db *sql.DB, channel string, logger watermill.LoggerAdapter) *sqlNotifier {
+	return &sqlNotifier{db: db, channel: channel, logger: logger, waiters: map[string]map[*sqlWaiter]struct{}{}}
+}
+
+// listening reports whether notifications are being received right now.
+func (n *sqlNotifier) listening() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.run != nil && n.run.listening.Load()
+}
+
+func (n *sqlNotifier) register(w *sqlWaiter) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	set := n.waiters[w.table]
+	if set == nil {
+		set = map[*sqlWaiter]struct{}{}
+		n.waiters[w.table] = set
+	}
+	set[w] = struct{}{}
+	n.refs++
+	if n.run == nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		r := &listenRun{cancel: cancel, done: make(chan struct{})}
+		n.run = r
+		go n.listen(ctx, r)
+	}
+}
+
+// unregister removes w; the last subscription stops the listener and waits for it.
+func (n *sqlNotifier) unregister(w *sqlWaiter) {
+	n.mu.Lock()
+	if set := n.waiters[w.table]; set != nil {
+		delete(set, w)
+		if len(set) == 0 {
+			delete(n.waiters, w.table)
+		}
+	}
+	n.refs--
+	var stop *listenRun
+	if n.refs == 0 {
+		stop, n.run = n.run, nil
+	}
+	n.mu.Unlock()
+	if stop != nil {
+		stop.cancel()
+		<-stop.done
+	}
+}
+
+func (n *sqlNotifier) listen(ctx context.Context, r *listenRun) {
+	defer close(r.done)
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil && !n.disabled.Load() {
+		err := n.listenOnce(ctx, r)
+		r.listening.Store(false)
+		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, errNotPgx) {
+			n.disabled.Store(true)
+			n.logger.Error("SQL broker wake-ups disabled: subscribers poll every PollInterval", err, nil)
+			return
+		}
+		n.logger.Error("SQL broker LISTEN connection lost, polling every PollInterval until it is back", err, watermill.LogFields{"backoff": backoff})
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+var errNotPgx = errors.New("the *sql.DB does not use pgx's database/sql driver (github.com/jackc/pgx/v5/stdlib), which LISTEN needs")
+
+func (n *sqlNotifier) listenOnce(ctx context.Context, r *listenRun) error {
+	cfg, err := n.connConfig(ctx)
+	if err != nil {
+		return err
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer func() {
+		closeCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = conn.Close(closeCtx)
+	}()
+	if _, err := conn.Exec(ctx, `LISTEN `+pgtx.QuoteIdentifier(n.channel)); err != nil {
+		return fmt.Errorf("LISTEN: %w", err)
+	}
+	r.listening.Store(true)
+	// Rows committed before LISTEN took effect sent their notification to nobody: every
+	// subscription queries again. One still hidden then by an older transaction is found by
+	// the IdlePollInterval fallback.
+	n.wakeAll()
+	for {
+		nt, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return fmt.Errorf("wait for notification: %w", err)
+		}
+		if nt != nil {
+			n.dispatch(nt.Payload)
+		}
+	}
+}
+
+// connConfig copies the connection settings of one of the pool's connections, so the listener
+// reaches the same server as the pool without holding one of its connections for ever.
+func (n *sqlNotifier) connConfig(ctx context.Context) (*pgx.ConnConfig, error) {
+	c, err := n.db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	var cfg *pgx.ConnConfig
+	err = c.Raw(func(driverConn any) error {
+		sc, ok := driverConn.(*stdlib.Conn)
+		if !ok {
+			return errNotPgx
+		}
+		cfg = sc.Conn().Config()
+		// The copy still points at the pool connection's notification buffer.
+		cfg.OnNotification = nil
+		return nil
+	})
+	return cfg, err
+}
+
+func (n *sqlNotifier) dispatch(payload string) {
+	table, xidText, ok := strings.Cut(payload, " ")
+	xid, err := strconv.ParseUint(xidText, 10, 64)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for w := range n.waiters[table] {
+		if ok && err == nil {
+			w.notified(xid)
+		} else {
+			w.requeryNow()
+		}
+	}
+}
+
+func (n *sqlNotifier) wakeAll() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, set := range n.waiters {
+		for w := range set {
+			w.requeryNow()
+		}
+	}
+}
+
+// snapshotXmin returns the oldest transaction still running on the server: rows of older
+// transactions are what watermill-sql's query can see.
+func (n *sqlNotifier) snapshotXmin(ctx context.Context) (uint64, error) {
+	var text string
+	if err := n.db.QueryRowContext(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text`).Scan(&text); err != nil {
+		return 0, err
+	}
+	return strconv.ParseUint(text, 10, 64)
+}
+
+// sqlWaiter is the BackoffManager of one subscription: watermill-sql calls HandleError after
+// every query, and this one blocks after an empty query until the subscription should query
+// again (watermill-sql's own wait is then zero).
+type sqlWaiter struct {
+	n        *sqlNotifier
+	table    string
+	ctx      context.Context
+	closing  <-chan struct{}
+	poll     time.Duration // fast interval: listener down, or re-check backoff cap
+	idlePoll time.Duration // fallback while notifications are received
+	errors   wsql.BackoffManager
+
+	wake chan struct{} // capacity 1: a notification that arrives during a query is kept
+
+	mu      sync.Mutex
+	pending []uint64 // notified transaction ids not yet seen below the server's xmin
+	over    uint64   // largest id dropped because pending was full
+	requery bool     // query again at once (listener (re)connected, unparsable payload)
+}
+
+func (w *sqlWaiter) notified(xid uint64) {
+	w.mu.Lock()
+	if len(w.pending) < maxPendingXids {
+		w.pending = append(w.pending, xid)
+	} else {
+		w.over = max(w.over, xid)
+	}
+	w.mu.Unlock()
+	w.signal()
+}
+
+func (w *sqlWaiter) requeryNow() {
+	w.mu.Lock()
+	w.requery = true
+	w.mu.Unlock()
+	w.signal()
+}
+
+func (w *sqlWaiter) signal() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// state returns whether to query at once and whether notified rows are still hidden.
+func (w *sqlWaiter) state() (requery, pending bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	requery, w.requery = w.requery, false
+	return requery, len(w.pending) > 0 || w.over != 0
+}
+
+// dropVisible forgets the notified ids below xmin and reports whether there were any.
+func (w *sqlWaiter) dropVisible(xmin uint64) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	kept := w.pending[:0]
+	for _, x := range w.pending {
+		if x >= xmin {
+			kept = append(kept, x)
+		}
+	}
+	visible := len(kept) < len(w.pending)
+	w.pending = kept
+	if w.over != 0 && w.over < xmin {
+		w.over, visible = 0, true
+	}
+	return visible
+}
+
+func (w *sqlWaiter) HandleError(logger watermill.LoggerAdapter, noMsg bool, err error) time.Duration {
+	if err != nil || !noMsg {
+		return w.errors.HandleError(logger, noMsg, err)
+	}
+	w.wait()
+	return 0
+}
+
+// wait returns when the subscription should query again.
+func (w *sqlWaiter) wait() {
+	backoff := 5 * time.Millisecond
+	for {
+		requery, pending := w.state()
+		if requery {
+			return
+		}
+		var d time.Duration
+		switch {
+		case pending:
+			xmin, err := w.n.snapshotXmin(w.ctx)
+			if err == nil && w.dropVisible(xmin) {
+				return
+			}
+			d, backoff = backoff, min(backoff*2, w.poll, time.Second)
+		case w.n.listening():
+			d = w.idlePoll
+		default:
+			d = w.poll
+		}
+		t := time.NewTimer(d)
+		select {
+		case <-w.wake:
+			t.Stop()
+		case <-t.C:
+			if !pending {
+				return
+			}
+		case <-w.closing:
+			t.Stop()
+			return
+		case <-w.ctx.Done():
+			t.Stop()
+			return
+		}
+	}
+}
+
+// sqlSubscriber is watermill-sql's subscriber with wake-ups: one watermill-sql Subscriber per
+// Subscribe call, so each subscription has a BackoffManager (sqlWaiter) of its own.
+type sqlSubscriber struct {
+	s      *sqlBroker
+	group  string
+	logger watermill.LoggerAdapter
+
+	mu      sync.Mutex
+	closed  bool
+	closing chan struct{}
+	subs    []*wsql.Subscriber
+	waiters []*sqlWaiter
+}
+
+func (s *sqlBroker) newSubscriber(group string, logger watermill.LoggerAdapter) (*sqlSubscriber, error) {
+	sub := &sqlSubscriber{s: s, group: group, logger: logger, closing: make(chan struct{})}
+	// Fail at construction on a config watermill-sql refuses, not at Subscribe.
+	if _, err := wsql.NewSubscriber(s.db, s.subscriberConfig(group, nil), logger); err != nil {
+		return nil, err
+	}
+	return sub, nil
+}
+
+func (s *sqlBroker) subscriberConfig(group string, backoff wsql.BackoffManager) wsql.SubscriberConfig {
+	ackDeadline := s.config.AckDeadline
+	return wsql.SubscriberConfig{
+		ConsumerGroup:  group,
+		AckDeadline:    &ackDeadline,
+		PollInterval:   s.config.PollInterval,
+		ResendInterval: s.config.ResendInterval,
+		RetryInterval:  s.config.PollInterval * 5,
+		BackoffManager: backoff,
+		SchemaAdapter:  s.schema,
+		OffsetsAdapter: declaredOffsets{s.offsets},
+	}
+}
+
+func (s *sqlSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, wsql.ErrSubscriberClosed
+	}
+	cfg := s.s.config
+	var backoff wsql.BackoffManager
+	var w *sqlWaiter
+	if !cfg.DisableNotify && !s.s.notifier.disabled.Load() {
+		w = &sqlWaiter{
+			n: s.s.notifier, table: "watermill_" + topic, ctx: ctx, closing: s.closing,
+			poll: cfg.PollInterval, idlePoll: cfg.IdlePollInterval,
+			errors: wsql.NewDefaultBackoffManager(cfg.PollInterval, cfg.PollInterval*5),
+			wake:   make(chan struct{}, 1),
+		}
+		backoff = w
+	}
+	sub, err := wsql.NewSubscriber(s.s.db, s.s.subscriberConfig(s.group, backoff), s.logger)
+	if err != nil {
+		return nil, err
+	}
+	if w != nil {
+		s.s.notifier.register(w)
+	}
+	out, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		if w != nil {
+			s.s.notifier.unregister(w)
+		}
+		return nil, err
+	}
+	s.subs = append(s.subs, sub)
+	if w != nil {
+		s.waiters = append(s.waiters, w)
+	}
+	return out, nil
+}
+
+// Close stops every subscription (a waiting one is woken first) and returns when their
+// consume loops have stopped.
+func (s *sqlSubscriber) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	close(s.closing)
+	subs, waiters := s.subs, s.waiters
+	s.mu.Unlock()
+	var errs []error
+	for _, sub := range subs {
+		errs = append(errs, sub.Close())
+	}
+	for _, w := range waiters {
+		s.s.notifier.unregister(w)
+	}
+	return errors.Join(errs...)
+}
