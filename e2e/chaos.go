@@ -65,7 +65,7 @@ type ChaosOptions struct {
 	// 500ms..2s.
 	MinGap, MaxGap time.Duration
 	// RelaySelfKill is the probability that the relay kills itself right after a publish,
-	// before its position update. Default 0.02.
+	// before its position update. Default 0.15.
 	RelaySelfKill float64
 	// Timeout bounds the run. Default 10 minutes.
 	Timeout time.Duration
@@ -91,7 +91,7 @@ func (o *ChaosOptions) setDefaults() {
 		o.MaxGap = 2 * time.Second
 	}
 	if o.RelaySelfKill == 0 {
-		o.RelaySelfKill = 0.02
+		o.RelaySelfKill = 0.15
 	}
 	if o.Timeout == 0 {
 		o.Timeout = 10 * time.Minute
