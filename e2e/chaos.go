@@ -303,6 +303,7 @@ func RunChaos(t *testing.T, target ChaosTarget, opts ChaosOptions) ChaosReport {
 				return fmt.Sprintf("no progress after %s (faults %v); logs: %s%s", kind, faults.counts, consumers.logTails(), relays.logTails())
 			})
 			recoveries = append(recoveries, time.Since(at))
+			faults.note(fmt.Sprintf("progress resumed %s after %s", time.Since(at).Round(time.Millisecond), kind))
 		}
 	}
 	require.True(t, poisonSent, "the run was too short to send the poison event")
@@ -462,6 +463,13 @@ func (c *chaosFaults) add(kind, what string) {
 	defer c.mu.Unlock()
 	c.counts[kind]++
 	c.log = append(c.log, time.Now().Format("15:04:05.000")+" "+kind+": "+what)
+}
+
+// note adds a line to the fault log without counting a fault.
+func (c *chaosFaults) note(what string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.log = append(c.log, time.Now().Format("15:04:05.000")+" "+what)
 }
 
 func (c *chaosFaults) count(kind string) {
