@@ -17,26 +17,32 @@ import (
 	"github.com/wmonce/watermill-once/internal/brokertest"
 )
 
-var consumerBinary string
+// The commands the suite runs as separate processes, built once by TestMain.
+var consumerBinary, relayBinary, producerBinary string
 
-// TestMain builds the consumer command once (with the race detector when the tests have it),
-// so the suite can run it as separate processes and kill them.
+// TestMain builds the consumer, relay and producer commands once (with the race detector when
+// the tests have it), so the suite can run them as separate processes and kill them.
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "wmonce-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	consumerBinary = filepath.Join(dir, "consumer")
-	args := []string{"build", "-o", consumerBinary}
-	if raceEnabled {
-		args = append(args, "-race")
-	}
-	cmd := exec.Command("go", append(args, "./internal/consumer")...)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "e2e: cannot build the consumer command (is the go tool on PATH?):", err)
-		os.Exit(1)
+	for _, b := range []struct {
+		path *string
+		pkg  string
+	}{{&consumerBinary, "consumer"}, {&relayBinary, "relay"}, {&producerBinary, "producer"}} {
+		*b.path = filepath.Join(dir, b.pkg)
+		args := []string{"build", "-o", *b.path}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		cmd := exec.Command("go", append(args, "./internal/"+b.pkg)...)
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			fmt.Fprintf(os.Stderr, "e2e: cannot build the %s command (is the go tool on PATH?): %v\n", b.pkg, err)
+			os.Exit(1)
+		}
 	}
 	code := m.Run()
 	_ = os.RemoveAll(dir)
@@ -111,13 +117,16 @@ func TestEffectivelyOnceOverRabbitMQ(t *testing.T) {
 	e2e.Run(t, e2e.Target{
 		Name:   "amqp",
 		Config: func(t *testing.T, schema string) broker.Config { return brokertest.Config(t, broker.AMQP, schema) },
-		BreakConnections: func(t *testing.T, cfg broker.Config) (int, error) {
-			out := brokertest.Rabbitmqctl(t, "close_all_connections", "-p", brokertest.Vhost(cfg.AMQP.URL), "watermill-once e2e fault injection")
-			m := closedConnections.FindStringSubmatch(out)
-			if m == nil {
-				return 0, fmt.Errorf("unexpected rabbitmqctl output %q", out)
-			}
-			return strconv.Atoi(m[1])
-		},
+		BreakConnections: breakAMQPConnections,
 	}, options(t))
+}
+
+// breakAMQPConnections closes every client connection of cfg's vhost.
+func breakAMQPConnections(t *testing.T, cfg broker.Config) (int, error) {
+	out := brokertest.Rabbitmqctl(t, "close_all_connections", "-p", brokertest.Vhost(cfg.AMQP.URL), "watermill-once e2e fault injection")
+	m := closedConnections.FindStringSubmatch(out)
+	if m == nil {
+		return 0, fmt.Errorf("unexpected rabbitmqctl output %q", out)
+	}
+	return strconv.Atoi(m[1])
 }

@@ -411,6 +411,9 @@ type fleet struct {
 	bin string
 	dir string
 	env []string
+	// onLine, when set, sees each stdout line that is not a stats report first; it returns
+	// true when it consumed the line (it is then not copied to the process log).
+	onLine func(line string) bool
 
 	mu       sync.Mutex
 	finished []scenario.Stats // runs that ended
@@ -437,7 +440,7 @@ func (f *fleet) start(name string) *proc {
 		f.running = map[*proc]bool{}
 	}
 	f.mu.Unlock()
-	p := &proc{name: name, done: make(chan struct{}), logPath: filepath.Join(f.dir, fmt.Sprintf("consumer-%s-run%d.log", name, run))}
+	p := &proc{name: name, done: make(chan struct{}), logPath: filepath.Join(f.dir, fmt.Sprintf("%s-%s-run%d.log", filepath.Base(f.bin), name, run))}
 	logFile, err := os.Create(p.logPath)
 	require.NoError(f.t, err)
 	p.cmd = exec.Command(f.bin)
@@ -459,6 +462,9 @@ func (f *fleet) start(name string) *proc {
 					p.last = st
 					p.mu.Unlock()
 				}
+				continue
+			}
+			if f.onLine != nil && f.onLine(line) {
 				continue
 			}
 			fmt.Fprintln(logFile, line)

@@ -130,6 +130,10 @@ func Rabbitmqctl(t testing.TB, args ...string) string {
 	return out
 }
 
+// RabbitmqctlErr runs the RabbitMQ CLI like Rabbitmqctl, returning its error instead of failing
+// a test: for callers outside a test's goroutine, such as a fault injector.
+func RabbitmqctlErr(args ...string) (string, error) { return rabbitmqctl(args...) }
+
 func rabbitmqctl(args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

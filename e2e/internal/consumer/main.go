@@ -6,8 +6,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
-	"encoding/json"
 	"fmt"
 	"log"
 	"os"
@@ -20,7 +18,6 @@ import (
 
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/e2e/internal/scenario"
-	"github.com/wmonce/watermill-once/pgtx"
 )
 
 func main() {
@@ -37,14 +34,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	need := func(k string) string {
-		v := os.Getenv(k)
-		if v == "" {
-			fmt.Fprintf(os.Stderr, "consumer: %s is not set\n", k)
-			os.Exit(2)
-		}
-		return v
-	}
+	need := func(k string) string { return scenario.MustEnv("consumer", k) }
 	schema, topic, poison := need(scenario.EnvSchema), need(scenario.EnvTopic), need(scenario.EnvPoisonTopic)
 	group, instance := need(scenario.EnvGroup), need(scenario.EnvInstance)
 	logger := watermill.NewStdLoggerWithOut(os.Stderr, false, false).With(watermill.LogFields{"instance": instance})
@@ -52,22 +42,7 @@ func run() error {
 		// Sarama's own log (group joins, rebalances) goes to the process log, for post-mortems.
 		sarama.Logger = log.New(os.Stderr, "[sarama] ", log.LstdFlags|log.Lmicroseconds)
 	}
-
-	// Starting up while the fault injector terminates connections fails now and then; a real
-	// deployment's supervisor would restart the process, here we retry.
-	var db *sql.DB
-	var b *broker.Broker
-	err = retry(ctx, func() error {
-		if db == nil {
-			var err error
-			if db, err = pgtx.Open(ctx, cfg.DatabaseURL, pgtx.PoolConfig{MaxOpenConns: 8}); err != nil {
-				return err
-			}
-		}
-		var err error
-		b, err = broker.New(ctx, db, cfg, logger)
-		return err
-	})
+	db, b, err := scenario.Connect(ctx, "consumer", cfg, logger)
 	if err != nil {
 		return err
 	}
@@ -85,8 +60,7 @@ func run() error {
 	report := func(final bool) {
 		s := c.Stats()
 		s.Final = final
-		line, _ := json.Marshal(s)
-		fmt.Println(scenario.StatsPrefix + string(line))
+		scenario.PrintStats(s)
 	}
 	go func() {
 		t := time.NewTicker(100 * time.Millisecond)
@@ -109,20 +83,4 @@ func run() error {
 	}
 	report(true)
 	return nil
-}
-
-func retry(ctx context.Context, fn func() error) error {
-	var err error
-	for range 40 {
-		if err = fn(); err == nil {
-			return nil
-		}
-		fmt.Fprintln(os.Stderr, "consumer: start-up failed, retrying:", err)
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(250 * time.Millisecond):
-		}
-	}
-	return err
 }

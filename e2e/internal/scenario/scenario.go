@@ -30,7 +30,17 @@ const (
 	EnvPoisonTopic = "E2E_POISON_TOPIC"
 	EnvGroup       = "E2E_GROUP"
 	EnvInstance    = "E2E_INSTANCE"
+
+	// The chaos mode's relay and producer processes.
+	EnvRelaySelfKill = "E2E_RELAY_SELF_KILL" // probability of a SIGKILL right after a publish, before the position update
+	EnvProduceFrom   = "E2E_PRODUCE_FROM"    // first event number of a producer process
+	EnvProduceCount  = "E2E_PRODUCE_COUNT"   // how many events it commits
+	EnvProducePace   = "E2E_PRODUCE_PACE"    // its pause between events (a Go duration)
 )
+
+// PublishedPrefix starts the lines on which the relay process lists the UUIDs it has just
+// published, comma-separated: the suite counts what was published more than once.
+const PublishedPrefix = "E2E-PUBLISHED "
 
 // StatsPrefix starts the lines on which the consumer process reports its totals.
 const StatsPrefix = "E2E-STATS "
@@ -49,6 +59,7 @@ type Stats struct {
 	Applied    uint64 `json:"applied"`    // fresh messages committed
 	Duplicates uint64 `json:"duplicates"` // copies absorbed by the dedupe claim
 	Failed     uint64 `json:"failed"`     // attempts rolled back (then retried or parked)
+	Produced   uint64 `json:"produced"`   // events committed (producer processes)
 	Final      bool   `json:"final"`      // printed at a clean exit
 }
 
@@ -71,15 +82,23 @@ CREATE TABLE `+pgtx.QualifiedName(schema, "ledger")+` (
 	return err
 }
 
-// Produce commits one order and its event in one transaction. A transaction whose COMMIT
-// outcome is unknown is retried with the same ids; the order's primary key tells whether the
-// first attempt committed, so an event is never stored twice.
+// Produce commits one order and its event in one transaction, trying for up to about 2.5 s
+// while connections are terminated. See ProduceUntil.
 func Produce(ctx context.Context, db *sql.DB, w *outbox.Writer, schema, topic string, ev Event, key string) error {
+	return ProduceUntil(ctx, db, w, schema, topic, ev, key, 2500*time.Millisecond)
+}
+
+// ProduceUntil commits one order and its event in one transaction, trying again for up to
+// patience while PostgreSQL refuses or drops connections. A transaction whose COMMIT outcome
+// is unknown is retried with the same ids; the order's primary key tells whether the first
+// attempt committed, so an event is never stored twice.
+func ProduceUntil(ctx context.Context, db *sql.DB, w *outbox.Writer, schema, topic string, ev Event, key string, patience time.Duration) error {
 	payload, err := json.Marshal(ev)
 	if err != nil {
 		return err
 	}
-	for attempt := 1; ; attempt++ {
+	deadline := time.Now().Add(patience)
+	for {
 		err := pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
 			if _, err := tx.ExecContext(ctx, `INSERT INTO `+pgtx.QualifiedName(schema, "orders")+` (id, amount) VALUES ($1, $2)`, ev.OrderID, ev.Amount); err != nil {
 				return err
@@ -91,10 +110,10 @@ func Produce(ctx context.Context, db *sql.DB, w *outbox.Writer, schema, topic st
 		if err == nil || pgtx.IsUniqueViolation(err) {
 			return nil
 		}
-		if ctx.Err() != nil || attempt == 50 {
+		if ctx.Err() != nil || time.Now().After(deadline) {
 			return fmt.Errorf("produce %s: %w", ev.OrderID, err)
 		}
-		time.Sleep(50 * time.Millisecond) // connection terminated by the fault injector: try again
+		time.Sleep(50 * time.Millisecond) // connection terminated or server restarting: try again
 	}
 }
 
