@@ -193,7 +193,13 @@ func RunChaos(t *testing.T, target ChaosTarget, opts ChaosOptions) ChaosReport {
 	})
 	consumerA := superviseProc(t, consumers, "a", nil)
 	consumerB := superviseProc(t, consumers, "b", nil)
-	t.Cleanup(func() { relay.shutdown(); consumerA.shutdown(); consumerB.shutdown(); relays.killAll(); consumers.killAll() })
+	t.Cleanup(func() {
+		relay.shutdown()
+		consumerA.shutdown()
+		consumerB.shutdown()
+		relays.killAll()
+		consumers.killAll()
+	})
 
 	// Producer processes, each a range of event numbers.
 	per := opts.Events / opts.Producers

@@ -123,8 +123,8 @@ var closedConnections = regexp.MustCompile(`Closed (\d+) connections`)
 func TestEffectivelyOnceOverRabbitMQ(t *testing.T) {
 	t.Parallel()
 	e2e.Run(t, e2e.Target{
-		Name:   "amqp",
-		Config: func(t *testing.T, schema string) broker.Config { return brokertest.Config(t, broker.AMQP, schema) },
+		Name:             "amqp",
+		Config:           func(t *testing.T, schema string) broker.Config { return brokertest.Config(t, broker.AMQP, schema) },
 		BreakConnections: breakAMQPConnections,
 	}, options(t))
 }
