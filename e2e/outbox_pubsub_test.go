@@ -52,7 +52,10 @@ func outboxPipeline(t *testing.T, kind broker.Kind, relayConfig outbox.RelayConf
 	t.Cleanup(cancel)
 	db := pgtest.OpenDB(t, 24)
 	schema := pgtest.Schema(t, db)
-	b, err := broker.New(ctx, db, brokertest.Config(t, kind, schema), watermill.NopLogger{})
+	cfg := brokertest.Config(t, kind, schema)
+	// The outbox pipeline declares queue order to the universal suite: one message in flight.
+	cfg.AMQP.Concurrency, cfg.AMQP.Prefetch = 1, 1
+	b, err := broker.New(ctx, db, cfg, watermill.NopLogger{})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, b.Close()) })
 	brokertest.DeleteCreatedKafkaTopics(t, b)
