@@ -41,24 +41,34 @@ func BenchmarkHandlerPaths(b *testing.B) {
 		inFlight = v
 	}
 	var run atomic.Int64
+	eager, err := pgtx.Open(context.Background(), pgtest.URL(), pgtx.PoolConfig{MaxOpenConns: 80, DisableLazyBegin: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer eager.Close()
 
-	b.Run("no-dedupe", func(b *testing.B) {
-		h := func(msg *message.Message) ([]*message.Message, error) {
-			return nil, pgtx.RunInTx(context.Background(), db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
-				_, err := tx.ExecContext(ctx, insert, msg.UUID, msg.Payload)
-				return err
-			})
-		}
-		drive(b, h, inFlight, payload, run.Add(1))
-	})
-	b.Run("per-message", func(b *testing.B) {
-		mw, err := middleware.NewEffectivelyOnce(db, middleware.Config{Schema: schema, Consumer: "bench"}, nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		drive(b, mw.Middleware(business), inFlight, payload, run.Add(1))
-	})
-	for _, workers := range []int{1, 2, 4} {
+	for _, pool := range []struct {
+		name string
+		db   *sql.DB
+	}{{"", db}, {"-eager-begin", eager}} {
+		b.Run("no-dedupe"+pool.name, func(b *testing.B) {
+			h := func(msg *message.Message) ([]*message.Message, error) {
+				return nil, pgtx.RunInTx(context.Background(), pool.db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
+					_, err := tx.ExecContext(ctx, insert, msg.UUID, msg.Payload)
+					return err
+				})
+			}
+			drive(b, h, inFlight, payload, run.Add(1))
+		})
+		b.Run("per-message"+pool.name, func(b *testing.B) {
+			mw, err := middleware.NewEffectivelyOnce(pool.db, middleware.Config{Schema: schema, Consumer: "bench"}, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			drive(b, mw.Middleware(business), inFlight, payload, run.Add(1))
+		})
+	}
+	for _, workers := range []int{2, 4, 8} {
 		gc := middleware.GroupCommitConfig{Enabled: true, Workers: workers}
 		b.Run(fmt.Sprintf("group-commit-workers-%d", workers), func(b *testing.B) {
 			mw, err := middleware.NewEffectivelyOnce(db, middleware.Config{Schema: schema, Consumer: "bench", GroupCommit: gc}, nil)

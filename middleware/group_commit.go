@@ -93,83 +93,99 @@ func (q *queued) answer(err error) {
 type groupCommitter struct {
 	groups, grouped atomic.Uint64 // committed transactions, messages applied in them
 
-	e       *EffectivelyOnce
-	config  GroupCommitConfig
-	in      chan *queued
-	closing chan struct{}
-	wg      sync.WaitGroup
-	once    sync.Once
+	e      *EffectivelyOnce
+	config GroupCommitConfig
+
+	mu     sync.Mutex
+	free   int       // lanes (transactions at once) not in use
+	queue  []*queued // waiting for a lane
+	closed bool
+	wg     sync.WaitGroup // lane goroutines
 }
 
 func newGroupCommitter(e *EffectivelyOnce, config GroupCommitConfig) *groupCommitter {
-	g := &groupCommitter{e: e, config: config, in: make(chan *queued), closing: make(chan struct{})}
-	for range config.Workers {
-		g.wg.Add(1)
-		go g.work()
-	}
-	return g
+	return &groupCommitter{e: e, config: config, free: config.Workers}
 }
 
 func (g *groupCommitter) close() {
-	g.once.Do(func() { close(g.closing) })
+	g.mu.Lock()
+	g.closed = true
+	queued := g.queue
+	g.queue = nil
+	g.mu.Unlock()
+	for _, q := range queued {
+		q.done <- errClosed
+	}
 	g.wg.Wait()
 }
 
 var errClosed = errors.New("effectively-once: middleware closed")
 
-// submit hands a delivery to a worker and waits for the outcome of its group.
+// submit runs a delivery. With a lane free and nobody waiting (MaxWait 0), it runs at once in
+// the caller's goroutine in a transaction of its own, exactly as without group commit: a lone
+// message pays nothing for it. Otherwise it waits, and the next lane to free up takes everything
+// waiting (up to MaxBatch) as one group.
 func (g *groupCommitter) submit(origCtx context.Context, h message.HandlerFunc, d *delivery) error {
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		return errClosed
+	}
+	if g.free > 0 && len(g.queue) == 0 && g.config.MaxWait == 0 {
+		g.free--
+		g.mu.Unlock()
+		err := g.e.runInOwnTx(origCtx, h, d)
+		g.releaseLane()
+		return err
+	}
 	ctx, release := detachForShutdown(origCtx, g.e.config.ShutdownGrace)
 	defer release()
 	q := &queued{d: d, h: h, ctx: ctx, done: make(chan error, 1)}
-	select {
-	case g.in <- q:
-	case <-g.closing:
-		return errClosed
-	case <-ctx.Done():
-		return context.Cause(ctx)
+	g.queue = append(g.queue, q)
+	startLane := g.free > 0
+	if startLane {
+		g.free--
+		g.wg.Add(1)
 	}
-	return <-q.done
+	g.mu.Unlock()
+	if startLane {
+		go g.lane()
+	}
+	return <-q.done // answered by the lane even if ctx ends: the group may hold its claim
 }
 
-func (g *groupCommitter) work() {
+// releaseLane gives a lane back, or hands it to the waiting messages.
+func (g *groupCommitter) releaseLane() {
+	g.mu.Lock()
+	if len(g.queue) == 0 || g.closed {
+		g.free++
+		g.mu.Unlock()
+		return
+	}
+	g.wg.Add(1)
+	g.mu.Unlock()
+	go g.lane()
+}
+
+// lane runs groups until nobody waits.
+func (g *groupCommitter) lane() {
 	defer g.wg.Done()
+	if g.config.MaxWait > 0 {
+		time.Sleep(g.config.MaxWait) // let the group fill up
+	}
 	for {
-		var first *queued
-		select {
-		case first = <-g.in:
-		case <-g.closing:
+		g.mu.Lock()
+		if len(g.queue) == 0 || g.closed {
+			g.free++
+			g.mu.Unlock()
 			return
 		}
-		g.run(g.collect(first))
+		n := min(len(g.queue), g.config.MaxBatch)
+		group := g.queue[:n:n]
+		g.queue = g.queue[n:]
+		g.mu.Unlock()
+		g.run(group)
 	}
-}
-
-// collect gathers what is already queued behind first, or waits up to MaxWait for it.
-func (g *groupCommitter) collect(first *queued) []*queued {
-	group := []*queued{first}
-	if g.config.MaxWait == 0 {
-		for len(group) < g.config.MaxBatch {
-			select {
-			case q := <-g.in:
-				group = append(group, q)
-			default:
-				return group
-			}
-		}
-		return group
-	}
-	timer := time.NewTimer(g.config.MaxWait)
-	defer timer.Stop()
-	for len(group) < g.config.MaxBatch {
-		select {
-		case q := <-g.in:
-			group = append(group, q)
-		case <-timer.C:
-			return group
-		}
-	}
-	return group
 }
 
 // run commits a group, isolating failed messages: a failure rolls the transaction back, the
