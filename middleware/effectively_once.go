@@ -442,14 +442,17 @@ func (e *EffectivelyOnce) attemptOwnTx(ctx context.Context, h message.HandlerFun
 	return nil
 }
 
-// Savepoint statements for the subscriber-transaction path. Each constant is sent in one round
-// trip: pgx sends a statement list without arguments with the simple protocol. The attempt
-// opens with spBegin and the claim in one list too (claimQueries.savepointClaim), whose
-// arguments pgx quotes itself (QueryExecModeSimpleProtocol; never string concatenation).
+// Savepoint statements for the subscriber-transaction path. Each is sent in one round trip at
+// most: pgx sends a statement list without arguments with the simple protocol. The attempt opens
+// with spBegin and the claim in one list (claimQueries.savepointClaim), whose arguments pgx
+// quotes itself (QueryExecModeSimpleProtocol; never string concatenation). spRelease and
+// spRollback are pgtx.DeferredPrefix statements: on a pool from pgtx.Open they travel with the
+// transaction's next statement (the next message's claim, or the subscriber's offset update and
+// COMMIT), which therefore cannot run without them, so they cost no round trip of their own.
 const (
 	spBegin    = `SAVEPOINT wmonce_attempt; INSERT INTO %s (xid) VALUES (pg_current_xact_id())`
-	spRelease  = `DELETE FROM %s WHERE xid = pg_current_xact_id(); RELEASE SAVEPOINT wmonce_attempt`
-	spRollback = `ROLLBACK TO SAVEPOINT wmonce_attempt; RELEASE SAVEPOINT wmonce_attempt`
+	spRelease  = pgtx.DeferredPrefix + `DELETE FROM %s WHERE xid = pg_current_xact_id(); RELEASE SAVEPOINT wmonce_attempt`
+	spRollback = pgtx.DeferredPrefix + `ROLLBACK TO SAVEPOINT wmonce_attempt; RELEASE SAVEPOINT wmonce_attempt`
 	// spDoom undoes the attempt and leaves a guard row behind, so the subscriber's COMMIT fails
 	// (the deferred guard trigger) and every later spBegin in the transaction meets a unique
 	// violation: the transaction can no longer commit anything.
@@ -460,7 +463,8 @@ const (
 // consumer offset, the claim and the effects commit together (the subscriber commits on ack).
 // Each attempt runs in a savepoint: the subscriber re-delivers a nacked message in the same
 // transaction without rolling back, so a failed attempt must undo itself. Per message this costs
-// two round trips besides the handler's: savepoint, guard and claim in one, and the release.
+// one round trip besides the handler's (savepoint, guard and claim together; the release travels
+// with the next statement), plus one to compare the payload of a duplicate.
 func (e *EffectivelyOnce) runInSubscriberTx(ctx context.Context, h message.HandlerFunc, d *delivery, tx *sql.Tx) error {
 	args := []any{pgx.QueryExecModeSimpleProtocol, d.consumer, d.key, d.fingerprint}
 	if e.q.daily {

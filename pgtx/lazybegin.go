@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"regexp"
+	"strings"
 	"sync"
 	"time"
 )
@@ -38,7 +39,7 @@ type lazyBeginConn struct {
 	mu           sync.Mutex
 	ready        bool   // startup finished: the first ReadyForQuery was seen
 	status       byte   // transaction status of the last ReadyForQuery
-	pending      string // held-back BEGIN statement, "" if none
+	pending      []string // held-back statements (a BEGIN, or deferred ones), in order
 	strip        []byte // message types to remove from the server's stream, in order
 	out          []byte // bytes for the client: server messages kept, and synthesised replies
 	outPos       int    // how much of out the client has read
@@ -85,11 +86,9 @@ func (c *lazyBeginConn) Write(p []byte) (int, error) {
 		return c.Conn.Write(p)
 	}
 	typ, body, rest, ok := firstMessage(p)
-	if c.pending == "" {
-		if ok && typ == 'Q' && len(rest) == 0 && c.status == 'I' && len(body) > 0 && body[len(body)-1] == 0 &&
-			beginRE.MatchString(string(body[:len(body)-1])) {
-			c.pending = string(body[:len(body)-1])
-			c.out = append(c.out, synthBegin...)
+	if ok && typ == 'Q' && len(rest) == 0 && len(body) > 0 && body[len(body)-1] == 0 {
+		if reply := c.holdBack(string(body[:len(body)-1])); reply != nil {
+			c.out = append(c.out, reply...)
 			if c.reading && !c.kicked {
 				c.kicked = true
 				_ = c.Conn.SetReadDeadline(time.Unix(1, 0))
@@ -97,40 +96,85 @@ func (c *lazyBeginConn) Write(p []byte) (int, error) {
 			c.mu.Unlock()
 			return len(p), nil
 		}
+	}
+	if len(c.pending) == 0 {
 		c.mu.Unlock()
 		return c.Conn.Write(p)
 	}
 
-	begin := c.pending
 	var send []byte
 	switch {
 	case !ok:
 		c.mu.Unlock()
-		return 0, fmt.Errorf("pgtx: lazy BEGIN: a partial message follows a held-back BEGIN: %w", errLazyBegin)
+		return 0, fmt.Errorf("pgtx: a partial message follows held-back statements: %w", errLazyBegin)
 	case typ == 'Q' && len(body) > 0:
-		merged := append([]byte(begin+";"), body...)
-		send = append(message('Q', merged), rest...)
-		c.strip = append(c.strip, 'C')
+		merged := []byte(strings.Join(c.pending, ";") + ";")
+		send = append(message('Q', append(merged, body...)), rest...)
+		for range c.pending {
+			c.strip = append(c.strip, 'C')
+		}
 	case typ == 'P' || typ == 'B' && namedBind(body):
-		send = make([]byte, 0, len(p)+64+len(begin))
-		send = append(send, message('P', append(append([]byte{0}, begin...), 0, 0, 0))...) // "", query, 0 param types
-		send = append(send, message('B', []byte{0, 0, 0, 0, 0, 0, 0, 0})...)               // portal "", stmt "", no formats, params, results
-		send = append(send, message('E', []byte{0, 0, 0, 0, 0})...)                        // portal "", no row limit
+		send = make([]byte, 0, len(p)+64*len(c.pending))
+		for _, stmt := range c.pending {
+			send = append(send, message('P', append(append([]byte{0}, stmt...), 0, 0, 0))...) // "", query, 0 param types
+			send = append(send, message('B', []byte{0, 0, 0, 0, 0, 0, 0, 0})...)              // portal "", stmt "", no formats, params, results
+			send = append(send, message('E', []byte{0, 0, 0, 0, 0})...)                       // portal "", no row limit
+			c.strip = append(c.strip, '1', '2', 'C')
+		}
 		send = append(send, p...)
-		c.strip = append(c.strip, '1', '2', 'C')
 	case typ == 'X':
-		send = p // Terminate: the transaction never started
+		send = p // Terminate: the server rolls back
 	default:
 		c.mu.Unlock()
-		return 0, fmt.Errorf("pgtx: lazy BEGIN: message %q cannot follow a held-back BEGIN: %w", typ, errLazyBegin)
+		return 0, fmt.Errorf("pgtx: message %q cannot follow held-back statements: %w", typ, errLazyBegin)
 	}
-	c.pending = ""
+	c.pending = nil
 	c.mu.Unlock()
 	if _, err := c.Conn.Write(send); err != nil {
 		return 0, err
 	}
 	return len(p), nil
 }
+
+// holdBack takes a simple query that may wait for the next statement and returns the reply to
+// give the client at once, or nil if the query must be sent now. c.mu is held.
+func (c *lazyBeginConn) holdBack(sql string) []byte {
+	if c.status == 'I' && len(c.pending) == 0 && beginRE.MatchString(sql) {
+		c.pending = []string{sql}
+		c.status = 'T' // as far as the client knows; the server's next ReadyForQuery tells
+		return synthBegin
+	}
+	stmts, ok := strings.CutPrefix(sql, DeferredPrefix)
+	if !ok || c.status != 'T' {
+		return nil
+	}
+	var reply []byte
+	for stmt := range strings.SplitSeq(stmts, ";") {
+		stmt = strings.TrimSpace(stmt)
+		if stmt == "" {
+			continue
+		}
+		c.pending = append(c.pending, stmt)
+		tag, _, _ := strings.Cut(strings.ToUpper(stmt), " ")
+		switch tag {
+		case "INSERT":
+			tag = "INSERT 0 0"
+		case "DELETE", "UPDATE":
+			tag += " 0"
+		}
+		reply = append(reply, message('C', append([]byte(tag), 0))...)
+	}
+	return append(reply, message('Z', []byte{'T'})...)
+}
+
+// DeferredPrefix marks a statement list, sent without arguments inside a transaction, that may
+// travel with the transaction's next statement instead of costing a round trip of its own (with
+// Open's lazy BEGIN on). The statements must not contain ';' in literals, their outcome must not
+// matter to the caller until then (the reply is given at once: RowsAffected is 0), and an
+// error of theirs must be fine to surface as the error of the next statement, which then does
+// not run (the transaction is aborted). Every later statement on the connection, COMMIT
+// included, runs after them. Without lazy BEGIN they are simply sent at once.
+const DeferredPrefix = "/* pgtx:deferred */"
 
 const maxKeptBuffer = 1 << 20
 
