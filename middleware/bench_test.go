@@ -145,12 +145,16 @@ func BenchmarkHandlerPathsInterleaved(b *testing.B) {
 			})
 		}
 	}
+	var groupStats []func() (uint64, uint64)
 	mw := func(db *sql.DB, gc middleware.GroupCommitConfig) message.HandlerFunc {
 		m, err := middleware.NewEffectivelyOnce(db, middleware.Config{Schema: schema, Consumer: "bench", GroupCommit: gc}, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { _ = m.Close() })
+		if gc.Enabled {
+			groupStats = append(groupStats, m.GroupCommitStats)
+		}
 		return m.Middleware(business)
 	}
 	variants := []struct {
@@ -193,6 +197,11 @@ func BenchmarkHandlerPathsInterleaved(b *testing.B) {
 		ratios[r] = rates[3][r] / rates[2][r]
 	}
 	b.ReportMetric(median(ratios), "eager:per-message/no-dedupe")
+	for i, stats := range groupStats {
+		if txs, msgs := stats(); txs > 0 {
+			b.ReportMetric(float64(msgs)/float64(txs), fmt.Sprintf("group-%d-msgs/tx", i))
+		}
+	}
 }
 
 func envInt(name string, def int) int {

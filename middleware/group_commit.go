@@ -16,11 +16,17 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// GroupCommitConfig turns on group commit: messages delivered at the same time (several Kafka
-// partitions, several subscriptions, many handlers) are claimed with one statement, handled one
-// after another in ONE transaction and committed together, then each is acked. Commits, not
-// handlers, are what a PostgreSQL consumer waits on; sharing them multiplies throughput when many
-// messages are in flight at once.
+// GroupCommitConfig turns on group commit: when messages arrive faster than Workers transactions
+// can take them (several Kafka partitions, several subscriptions, many handlers), those that find
+// every transaction busy are claimed with one statement, handled one after another in ONE
+// transaction and committed together, then each is acked. Commits, not handlers, are what a
+// PostgreSQL consumer waits on; sharing them raises throughput when many messages are in flight.
+//
+// It is adaptive: a message that finds a lane (one of Workers transactions) free and nobody
+// waiting runs at once, in the caller's goroutine, in a transaction of its own, exactly as without
+// group commit; so with one message in flight, or up to Workers, it costs nothing. Only messages
+// that arrive while every lane is busy wait, and the next lane to free up takes all of them (up to
+// MaxBatch) as one group.
 //
 // The guarantee is the same as per-message transactions: each message is acked only after the
 // commit that holds its claim, effects and outputs. A message whose handler fails is isolated:
@@ -30,22 +36,21 @@ import (
 // message of its group. Messages from watermill-sql's subscriber keep using the subscriber's
 // transaction and are not grouped.
 //
-// It is off by default because it only pays when many messages are in flight at once, and
-// Watermill's Kafka and RabbitMQ subscribers keep one in flight per partition or subscription.
-// Measured on 2 cores, one business INSERT per message, against per-message transactions
-// (go test -run '^$' -bench HandlerPaths ./middleware/ with BENCH_IN_FLIGHT=n): 0.94x with 1
-// message in flight, 0.82x with 4, 1.25x with 16, about 2x with 64 (go run ./bench: 1.8-2.2x at
-// 64, 2.9x at 128). Turn it on for consumers with dozens of partitions or handlers.
+// Measured figures are in the README (Performance); run
+// BENCH_IN_FLIGHT=n go test -run '^$' -bench HandlerPathsInterleaved -benchtime 1x ./middleware/
+// to compare on your machine.
 type GroupCommitConfig struct {
 	// Enabled turns group commit on.
 	Enabled bool
 	// MaxBatch caps the messages of one transaction. Default 100.
 	MaxBatch int
-	// Workers is how many group transactions run at once (each holds one connection). Default 2:
-	// fewer workers make bigger groups (fewer commits); more help when handlers are slow.
+	// Workers is how many transactions (lanes) run at once, each holding one connection; beyond
+	// that, messages are grouped. Default 2: fewer lanes make bigger groups (fewer commits); more
+	// help when handlers are slow.
 	Workers int
-	// MaxWait lets the first message of a group wait for company. Default 0: a group is whatever
-	// arrived while the previous group was running, so a lone message is never delayed.
+	// MaxWait makes every message wait for company before its group runs, even when a lane is
+	// free. Default 0: a message runs at once when a lane is free, and a group is whatever arrived
+	// while every lane was busy, so a lone message is never delayed.
 	MaxWait time.Duration
 }
 
@@ -305,7 +310,8 @@ func (g *groupCommitter) attempt(pending []*queued) ([]*queued, error) {
 }
 
 // GroupCommitStats reports how many group transactions committed and how many messages they
-// applied in all: their ratio is the average group size. Zero without GroupCommit.
+// applied in all: their ratio is the average group size. Messages that found a lane free ran in a
+// transaction of their own and are not counted. Zero without GroupCommit.
 func (e *EffectivelyOnce) GroupCommitStats() (transactions, messages uint64) {
 	if e.group == nil {
 		return 0, 0

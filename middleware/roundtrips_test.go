@@ -67,6 +67,18 @@ func TestRoundTripsPerMessageOwnTx(t *testing.T) {
 	}
 }
 
+// With group commit on, a message alone in flight runs exactly as without it.
+func TestRoundTripsPerMessageGroupCommitAlone(t *testing.T) {
+	t.Parallel()
+	e, rt := countedEnv(t, true)
+	mw, err := middleware.NewEffectivelyOnce(e.db, middleware.Config{Schema: e.schema, Consumer: "c", GroupCommit: middleware.GroupCommitConfig{Enabled: true}}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = mw.Close() })
+	require.Equal(t, int64(3), perMessage(t, rt, mw.Middleware(e.effect), "gc"), "claim (with BEGIN), handler write, COMMIT")
+	txs, _ := mw.GroupCommitStats()
+	require.Zero(t, txs, "no group was formed")
+}
+
 func first(_ []*message.Message, err error) error { return err }
 
 func withCtx(msg *message.Message, ctx context.Context) *message.Message {

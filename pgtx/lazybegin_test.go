@@ -114,3 +114,56 @@ func TestLazyBeginFirstStatementError(t *testing.T) {
 	require.NoError(t, tx.Rollback())
 	require.Equal(t, 0, pgtest.Count(t, db, `SELECT count(*) FROM `+table))
 }
+
+// Deferred statements cost no round trip, run before the next statement (COMMIT included) in
+// order, and an error of theirs stops that statement: it never runs without them.
+func TestDeferredStatements(t *testing.T) {
+	t.Parallel()
+	shared := pgtest.DB(t)
+	table := pgtx.QualifiedName(pgtest.Schema(t, shared), "t")
+	pgtest.Exec(t, shared, `CREATE TABLE `+table+` (k text PRIMARY KEY)`)
+	ctx := context.Background()
+	db, rt := openCounted(t, true)
+
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	_, err = tx.ExecContext(ctx, `INSERT INTO `+table+` VALUES ($1)`, "a")
+	require.NoError(t, err)
+	before := rt.Load()
+	_, err = tx.ExecContext(ctx, pgtx.DeferredPrefix+`INSERT INTO `+table+` VALUES ('b'); DELETE FROM `+table+` WHERE k = 'a'`)
+	require.NoError(t, err)
+	require.Equal(t, before, rt.Load(), "held back")
+	var keys []string
+	rows, err := tx.QueryContext(ctx, `SELECT k FROM `+table+` ORDER BY k`, pgx.QueryExecModeSimpleProtocol)
+	require.NoError(t, err)
+	for rows.Next() {
+		var k string
+		require.NoError(t, rows.Scan(&k))
+		keys = append(keys, k)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{"b"}, keys, "the deferred statements ran first, in order")
+	require.Equal(t, before+1, rt.Load())
+	_, err = tx.ExecContext(ctx, pgtx.DeferredPrefix+`INSERT INTO `+table+` VALUES ('c')`)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit())
+	require.Equal(t, 2, pgtest.Count(t, shared, `SELECT count(*) FROM `+table), "COMMIT carried the last one")
+
+	// A deferred statement that fails: the next statement (here the extended-protocol one)
+	// reports its error and does not run; COMMIT cannot commit anything.
+	tx, err = db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	_, err = tx.ExecContext(ctx, `INSERT INTO `+table+` VALUES ($1)`, "d")
+	require.NoError(t, err)
+	_, err = tx.ExecContext(ctx, pgtx.DeferredPrefix+`INSERT INTO `+table+` VALUES ('b')`) // duplicate key
+	require.NoError(t, err, "the outcome is not known yet")
+	_, err = tx.ExecContext(ctx, `INSERT INTO `+table+` VALUES ($1)`, "e")
+	require.Equal(t, "23505", pgtx.SQLState(err))
+	require.Error(t, tx.Commit())
+	require.Equal(t, 2, pgtest.Count(t, shared, `SELECT count(*) FROM `+table))
+
+	// Outside a transaction the prefix is only a comment: the statement runs at once.
+	_, err = db.ExecContext(ctx, pgtx.DeferredPrefix+`INSERT INTO `+table+` VALUES ('f')`)
+	require.NoError(t, err)
+	require.Equal(t, 3, pgtest.Count(t, shared, `SELECT count(*) FROM `+table))
+}
