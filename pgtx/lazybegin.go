@@ -37,13 +37,13 @@ type lazyBeginConn struct {
 	net.Conn
 
 	mu           sync.Mutex
-	ready        bool   // startup finished: the first ReadyForQuery was seen
-	status       byte   // transaction status of the last ReadyForQuery
+	ready        bool     // startup finished: the first ReadyForQuery was seen
+	status       byte     // transaction status of the last ReadyForQuery
 	pending      []string // held-back statements (a BEGIN, or deferred ones), in order
-	strip        []byte // message types to remove from the server's stream, in order
-	out          []byte // bytes for the client: server messages kept, and synthesised replies
-	outPos       int    // how much of out the client has read
-	in           []byte // server bytes not yet forming a whole message
+	strip        []byte   // message types to remove from the server's stream, in order
+	out          []byte   // bytes for the client: server messages kept, and synthesised replies
+	outPos       int      // how much of out the client has read
+	in           []byte   // server bytes not yet forming a whole message
 	readErr      error
 	reading      bool      // a Read is blocked on the network
 	kicked       bool      // we set a past read deadline to wake that Read
