@@ -29,6 +29,9 @@ import (
 //     failed, its ErrorResponse is passed on and becomes the error of that first statement.
 //   - Anything else as the first message after a held-back BEGIN is refused with an error that
 //     breaks the connection (pgx never sends one; it keeps the rule simple and safe).
+//   - Statements marked with DeferredPrefix, sent inside a transaction, are held back and sent
+//     the same way before the next statement; their replies are synthesised at once and their
+//     real replies removed (an error of theirs is passed on, as for BEGIN).
 //
 // Reads and writes may run in different goroutines (pgconn reads in the background during slow
 // writes), so the state is behind a mutex that is never held across network I/O, and a read
