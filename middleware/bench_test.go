@@ -167,6 +167,8 @@ func BenchmarkHandlerPathsInterleaved(b *testing.B) {
 		{"per-message-eager-begin", mw(eager, middleware.GroupCommitConfig{})},
 		{"group-commit-2", mw(db, middleware.GroupCommitConfig{Enabled: true, Workers: 2})},
 		{"group-commit-4", mw(db, middleware.GroupCommitConfig{Enabled: true, Workers: 4})},
+		// The same as per-message, last in each round: how far apart two identical variants land.
+		{"per-message-control", mw(db, middleware.GroupCommitConfig{})},
 	}
 	inFlight, rounds, msgs := envInt("BENCH_IN_FLIGHT", 64), envInt("BENCH_ROUNDS", 7), envInt("BENCH_MSGS", 500)
 	rates := make([][]float64, len(variants))
