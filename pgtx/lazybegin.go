@@ -47,10 +47,9 @@ type lazyBeginConn struct {
 	out          []byte   // bytes for the client: server messages kept, and synthesised replies
 	outPos       int      // how much of out the client has read
 	in           []byte   // server bytes not yet forming a whole message
-	readErr      error
+	readErr      error     // a broken connection (never a timeout: pgconn may read on after one)
 	reading      bool      // a Read is blocked on the network
-	kicked       bool      // we set a past read deadline to wake that Read
-	readDeadline time.Time // the deadline pgconn asked for, restored after a kick
+	readDeadline time.Time // the deadline pgconn asked for, restored after we wake a Read
 
 	buf [8192]byte // network reads (one reader at a time)
 }
@@ -92,8 +91,9 @@ func (c *lazyBeginConn) Write(p []byte) (int, error) {
 	if ok && typ == 'Q' && len(rest) == 0 && len(body) > 0 && body[len(body)-1] == 0 {
 		if reply := c.holdBack(string(body[:len(body)-1])); reply != nil {
 			c.out = append(c.out, reply...)
-			if c.reading && !c.kicked {
-				c.kicked = true
+			if c.reading {
+				// pgconn may be reading in the background (during a slow write): wake it up
+				// to hand over the reply.
 				_ = c.Conn.SetReadDeadline(time.Unix(1, 0))
 			}
 			c.mu.Unlock()
@@ -225,14 +225,19 @@ func (c *lazyBeginConn) Read(p []byte) (int, error) {
 			c.in = append(c.in, c.buf[:n]...)
 			c.parse()
 		}
-		if err != nil && c.readErr == nil {
-			var ne net.Error
-			if c.kicked && errors.As(err, &ne) && ne.Timeout() {
-				c.kicked = false
+		var ne net.Error
+		switch {
+		case err == nil:
+		case errors.As(err, &ne) && ne.Timeout():
+			if c.readDeadline.IsZero() || time.Now().Before(c.readDeadline) {
+				// Not pgconn's deadline: ours, set to wake this Read (or a leftover of it).
 				_ = c.Conn.SetReadDeadline(c.readDeadline)
-			} else {
-				c.readErr = err
+			} else if c.outPos == len(c.out) {
+				c.mu.Unlock()
+				return 0, err // pgconn's own deadline; it may read on later
 			}
+		case c.readErr == nil:
+			c.readErr = err
 		}
 		c.mu.Unlock()
 	}
@@ -285,13 +290,13 @@ func (c *lazyBeginConn) parse() {
 func (c *lazyBeginConn) SetDeadline(t time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.readDeadline, c.kicked = t, false
+	c.readDeadline = t
 	return c.Conn.SetDeadline(t)
 }
 
 func (c *lazyBeginConn) SetReadDeadline(t time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.readDeadline, c.kicked = t, false
+	c.readDeadline = t
 	return c.Conn.SetReadDeadline(t)
 }
