@@ -40,13 +40,13 @@ type lazyBeginConn struct {
 	net.Conn
 
 	mu           sync.Mutex
-	ready        bool     // startup finished: the first ReadyForQuery was seen
-	status       byte     // transaction status of the last ReadyForQuery
-	pending      []string // held-back statements (a BEGIN, or deferred ones), in order
-	strip        []byte   // message types to remove from the server's stream, in order
-	out          []byte   // bytes for the client: server messages kept, and synthesised replies
-	outPos       int      // how much of out the client has read
-	in           []byte   // server bytes not yet forming a whole message
+	ready        bool      // startup finished: the first ReadyForQuery was seen
+	status       byte      // transaction status of the last ReadyForQuery
+	pending      []string  // held-back statements (a BEGIN, or deferred ones), in order
+	strip        []byte    // message types to remove from the server's stream, in order
+	out          []byte    // bytes for the client: server messages kept, and synthesised replies
+	outPos       int       // how much of out the client has read
+	in           []byte    // server bytes not yet forming a whole message
 	readErr      error     // a broken connection (never a timeout: pgconn may read on after one)
 	reading      bool      // a Read is blocked on the network
 	readDeadline time.Time // the deadline pgconn asked for, restored after we wake a Read

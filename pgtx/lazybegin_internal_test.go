@@ -41,7 +41,7 @@ func TestLazyBeginConnWakesABlockedRead(t *testing.T) {
 	require.Equal(t, message('Z', []byte{'I'}), readMessages(t, c, 1))
 
 	got := make(chan []byte, 1)
-	go func() { got <- readMessages(t, c, 2) }() // blocks: the server sends nothing
+	go func() { got <- readMessages(t, c, 2) }()        // blocks: the server sends nothing
 	for blocked := false; !blocked; runtime.Gosched() { // wait until that Read is on the network
 		c.mu.Lock()
 		blocked = c.reading
