@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wmonce/watermill-once/internal/partition"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/middleware"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -134,4 +135,29 @@ func TestRoundTripsPerMessageSubscriberTx(t *testing.T) {
 	t.Logf("round trips per message: plain subscriber handler %.2f, effectively-once %.2f", plain, eo)
 	require.InDelta(t, 1, eo-plain, 0.5, "savepoint+guard+claim in one round trip, release deferred (plain %.2f, effectively-once %.2f)", plain, eo)
 	require.Equal(t, 2*11, e.effects(t), "every message handled was applied once")
+}
+
+// The subscriber path sends the claim with the simple protocol (pgx quotes the arguments): the
+// day of a daily partition, the key and the fingerprint must arrive intact, and a missing
+// partition is created and the message redelivered.
+func TestSubscriberTxPartitionByDay(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, middleware.Config{PartitionByDay: true})
+	pub, sub := sqlPubSub(t, e.db, e.schema, "rewards")
+	topic := "payments"
+	runRouter(t, "rewards", topic, sub, e.effect, e.mw.Middleware)
+	day := time.Date(2026, 11, 20, 23, 59, 0, 0, time.UTC)
+	key := `it's "quoted" \ and ; not SQL`
+	for range 2 {
+		require.NoError(t, pub.Publish(topic, occurred(key, day, `{}`)))
+	}
+	eventually(t, "both offsets acked", func() bool {
+		return pgtest.Count(t, e.db, `SELECT coalesce(max(offset_acked), 0) FROM `+e.table("watermill_offsets_"+topic)) == 2
+	})
+	require.Equal(t, 1, e.effects(t))
+	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table(partition.Name(day))+` WHERE message_id = $1`, key))
+	c := e.mw.Counts("rewards")
+	require.Equal(t, uint64(1), c.Fresh)
+	require.Equal(t, uint64(1), c.Duplicates)
+	require.Zero(t, c.FingerprintMismatches)
 }
