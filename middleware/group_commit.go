@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -156,7 +157,19 @@ func (g *groupCommitter) submit(origCtx context.Context, h message.HandlerFunc, 
 	if startLane {
 		go g.lane()
 	}
-	return <-q.done // answered by the lane even if ctx ends: the group may hold its claim
+	select {
+	case err := <-q.done:
+		return err
+	case <-ctx.Done(): // shutdown grace over, or a deadline: give up waiting unless a lane has it
+		g.mu.Lock()
+		if i := slices.Index(g.queue, q); i >= 0 {
+			g.queue = slices.Delete(g.queue, i, i+1)
+			g.mu.Unlock()
+			return context.Cause(ctx)
+		}
+		g.mu.Unlock()
+		return <-q.done // a lane runs it: its group may hold the claim, wait for the outcome
+	}
 }
 
 // releaseLane gives a lane back, or hands it to the waiting messages.
