@@ -56,6 +56,13 @@
 // in Counts.TxRetries; watermill-sql logs the failed commit at error level, with the attempt
 // guard's message.
 //
+// Round trips per message, on a pool from pgtx.Open (lazy BEGIN): in a transaction of our own,
+// the claim (carrying BEGIN), the handler's statements and COMMIT; an at-least-once handler pays
+// all but the claim. In the subscriber's transaction, one besides the handler's: the savepoint,
+// the attempt guard and the claim go in one (arguments quoted by pgx, simple protocol), and the
+// release travels with the transaction's next statement, which therefore cannot run without it.
+// A duplicate costs one more, to compare its payload with the applied copy's.
+//
 // A copy whose claim fails with a serialization failure (40001) is settled differently: under
 // REPEATABLE READ that failure of INSERT ... ON CONFLICT DO NOTHING means a claim for the key
 // was committed after the subscriber's snapshot (e.g. the same event arrived at once on a topic

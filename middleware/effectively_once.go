@@ -16,6 +16,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/wmonce/watermill-once/internal/partition"
 	"github.com/wmonce/watermill-once/outbox"
@@ -203,7 +204,7 @@ type claimQueries struct {
 	claim, lookup    string // one key
 	claimMany        string // many keys: unnest arrays, RETURNING the fresh ones
 	lookupMany       string
-	savepointBegin   string // the subscriber-transaction path
+	savepointClaim   string // the subscriber-transaction path: savepoint, guard and claim at once
 	savepointRelease string
 	doom             string
 }
@@ -228,7 +229,8 @@ ON CONFLICT DO NOTHING RETURNING consumer, message_id`,
 		lookupMany: `SELECT p.consumer, p.message_id, p.payload_sha256, p.processed_at
 FROM unnest($1::text[], $2::text[]) AS k(consumer, message_id)
 JOIN ` + t + ` p USING (consumer, message_id)`,
-		savepointBegin:   fmt.Sprintf(spBegin, guard),
+		savepointClaim: fmt.Sprintf(spBegin, guard) + `;
+INSERT INTO ` + t + ` (` + cols + `) VALUES (` + values + `) ON CONFLICT DO NOTHING`,
 		savepointRelease: fmt.Sprintf(spRelease, guard),
 		doom:             fmt.Sprintf(spDoom, guard),
 	}
@@ -440,12 +442,17 @@ func (e *EffectivelyOnce) attemptOwnTx(ctx context.Context, h message.HandlerFun
 	return nil
 }
 
-// Savepoint statements for the subscriber-transaction path. Without arguments pgx sends them with
-// the simple protocol, so each pair is one round trip.
+// Savepoint statements for the subscriber-transaction path. Each is sent in one round trip at
+// most: pgx sends a statement list without arguments with the simple protocol. The attempt opens
+// with spBegin and the claim in one list (claimQueries.savepointClaim), whose arguments pgx
+// quotes itself (QueryExecModeSimpleProtocol; never string concatenation). spRelease and
+// spRollback are pgtx.DeferredPrefix statements: on a pool from pgtx.Open they travel with the
+// transaction's next statement (the next message's claim, or the subscriber's offset update and
+// COMMIT), which therefore cannot run without them, so they cost no round trip of their own.
 const (
 	spBegin    = `SAVEPOINT wmonce_attempt; INSERT INTO %s (xid) VALUES (pg_current_xact_id())`
-	spRelease  = `DELETE FROM %s WHERE xid = pg_current_xact_id(); RELEASE SAVEPOINT wmonce_attempt`
-	spRollback = `ROLLBACK TO SAVEPOINT wmonce_attempt; RELEASE SAVEPOINT wmonce_attempt`
+	spRelease  = pgtx.DeferredPrefix + `DELETE FROM %s WHERE xid = pg_current_xact_id(); RELEASE SAVEPOINT wmonce_attempt`
+	spRollback = pgtx.DeferredPrefix + `ROLLBACK TO SAVEPOINT wmonce_attempt; RELEASE SAVEPOINT wmonce_attempt`
 	// spDoom undoes the attempt and leaves a guard row behind, so the subscriber's COMMIT fails
 	// (the deferred guard trigger) and every later spBegin in the transaction meets a unique
 	// violation: the transaction can no longer commit anything.
@@ -455,21 +462,27 @@ const (
 // runInSubscriberTx works inside the transaction watermill-sql's subscriber consumes in, so the
 // consumer offset, the claim and the effects commit together (the subscriber commits on ack).
 // Each attempt runs in a savepoint: the subscriber re-delivers a nacked message in the same
-// transaction without rolling back, so a failed attempt must undo itself.
+// transaction without rolling back, so a failed attempt must undo itself. Per message this costs
+// one round trip besides the handler's (savepoint, guard and claim together; the release travels
+// with the next statement), plus one to compare the payload of a duplicate.
 func (e *EffectivelyOnce) runInSubscriberTx(ctx context.Context, h message.HandlerFunc, d *delivery, tx *sql.Tx) error {
-	if _, err := tx.ExecContext(ctx, e.q.savepointBegin); err != nil {
-		if pgtx.IsUniqueViolation(err) || pgtx.SQLState(err) == pgtx.CodeInFailedTransaction {
-			// An earlier attempt doomed this transaction (see abandonSnapshot): nothing in it
-			// can commit, and the subscriber delivers this message again in a new one. Leave
-			// the savepoint so that the transaction stays usable until its COMMIT fails.
-			if pgtx.IsUniqueViolation(err) {
-				_, _ = tx.ExecContext(context.WithoutCancel(ctx), spRollback)
-			}
-			d.counters.txRetries.Add(1)
-			e.logger.Info("Subscriber transaction cannot commit; the message will be redelivered in a new one", d.fields)
-			return nil
+	args := []any{pgx.QueryExecModeSimpleProtocol, d.consumer, d.key, d.fingerprint}
+	if e.q.daily {
+		args = append(args, partition.Day(d.occurredAt).Format(time.DateOnly))
+	}
+	res, err := tx.ExecContext(ctx, e.q.savepointClaim, args...)
+	if err != nil && (pgtx.IsUniqueViolation(err) || pgtx.SQLState(err) == pgtx.CodeInFailedTransaction) {
+		// An earlier attempt doomed this transaction (see abandonSnapshot): nothing in it
+		// can commit, and the subscriber delivers this message again in a new one. Leave
+		// the savepoint (the guard insert failed after it) so that the transaction stays usable
+		// until its COMMIT fails. Only the guard can raise a unique violation: the claim has
+		// ON CONFLICT DO NOTHING.
+		if pgtx.IsUniqueViolation(err) {
+			_, _ = tx.ExecContext(context.WithoutCancel(ctx), spRollback)
 		}
-		return fmt.Errorf("effectively-once: savepoint in subscriber transaction: %w", err)
+		d.counters.txRetries.Add(1)
+		e.logger.Info("Subscriber transaction cannot commit; the message will be redelivered in a new one", d.fields)
+		return nil
 	}
 	rollback := func(cause error) error {
 		if _, err := tx.ExecContext(context.WithoutCancel(ctx), spRollback); err != nil {
@@ -477,7 +490,7 @@ func (e *EffectivelyOnce) runInSubscriberTx(ctx context.Context, h message.Handl
 		}
 		return cause
 	}
-	fresh, err := e.claim(ctx, tx, d)
+	fresh, err := e.claimOutcome(ctx, tx, d, res, err)
 	var lost *claimedAfterSnapshotError
 	if errors.As(err, &lost) {
 		return e.duplicateAfterSnapshot(ctx, d, tx, lost, rollback)
@@ -574,15 +587,23 @@ const duplicateLookupTimeout = time.Second
 // claim inserts the key first. It returns fresh=false for a duplicate, after checking the
 // fingerprint of the applied copy.
 func (e *EffectivelyOnce) claim(ctx context.Context, tx *sql.Tx, d *delivery) (fresh bool, err error) {
-	args, lookupArgs := []any{d.consumer, d.key, d.fingerprint}, []any{d.consumer, d.key}
+	args := []any{d.consumer, d.key, d.fingerprint}
 	if e.q.daily {
-		day := partition.Day(d.occurredAt)
-		args, lookupArgs = append(args, day), append(lookupArgs, day)
+		args = append(args, partition.Day(d.occurredAt))
 	}
 	res, err := tx.ExecContext(ctx, e.q.claim, args...)
+	return e.claimOutcome(ctx, tx, d, res, err)
+}
+
+// claimOutcome interprets the result of a claim statement (alone or last of a list).
+func (e *EffectivelyOnce) claimOutcome(ctx context.Context, tx *sql.Tx, d *delivery, res sql.Result, err error) (fresh bool, _ error) {
+	lookupArgs := []any{d.consumer, d.key}
+	if e.q.daily {
+		lookupArgs = append(lookupArgs, partition.Day(d.occurredAt))
+	}
 	if err != nil {
 		if pgtx.IsUndefinedTable(err) {
-			return false, fmt.Errorf("effectively-once: processed_messages is missing in schema %q: run the migrations: %w", e.config.Schema, err)
+			return false, fmt.Errorf("effectively-once: a table of schema %q is missing (processed_messages, attempt_guard): run the migrations: %w", e.config.Schema, err)
 		}
 		if e.q.daily && pgtx.SQLState(err) == pgtx.CodeCheckViolation {
 			return false, &missingPartitionError{days: []time.Time{partition.Day(d.occurredAt)}, err: err}

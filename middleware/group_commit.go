@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,11 +17,17 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// GroupCommitConfig turns on group commit: messages delivered at the same time (several Kafka
-// partitions, several subscriptions, many handlers) are claimed with one statement, handled one
-// after another in ONE transaction and committed together, then each is acked. Commits, not
-// handlers, are what a PostgreSQL consumer waits on; sharing them multiplies throughput when many
-// messages are in flight at once.
+// GroupCommitConfig turns on group commit: when messages arrive faster than Workers transactions
+// can take them (several Kafka partitions, several subscriptions, many handlers), those that find
+// every transaction busy are claimed with one statement, handled one after another in ONE
+// transaction and committed together, then each is acked. Commits, not handlers, are what a
+// PostgreSQL consumer waits on; sharing them raises throughput when many messages are in flight.
+//
+// It is adaptive: a message that finds a lane (one of Workers transactions) free and nobody
+// waiting runs at once, in the caller's goroutine, in a transaction of its own, exactly as without
+// group commit; so with one message in flight, or up to Workers, it costs nothing. Only messages
+// that arrive while every lane is busy wait, and the next lane to free up takes all of them (up to
+// MaxBatch) as one group.
 //
 // The guarantee is the same as per-message transactions: each message is acked only after the
 // commit that holds its claim, effects and outputs. A message whose handler fails is isolated:
@@ -30,22 +37,21 @@ import (
 // message of its group. Messages from watermill-sql's subscriber keep using the subscriber's
 // transaction and are not grouped.
 //
-// It is off by default because it only pays when many messages are in flight at once, and
-// Watermill's Kafka and RabbitMQ subscribers keep one in flight per partition or subscription.
-// Measured on 2 cores, one business INSERT per message, against per-message transactions
-// (go test -run '^$' -bench HandlerPaths ./middleware/ with BENCH_IN_FLIGHT=n): 0.94x with 1
-// message in flight, 0.82x with 4, 1.25x with 16, about 2x with 64 (go run ./bench: 1.8-2.2x at
-// 64, 2.9x at 128). Turn it on for consumers with dozens of partitions or handlers.
+// Measured figures are in the README (Performance); run
+// BENCH_IN_FLIGHT=n go test -run '^$' -bench HandlerPathsInterleaved -benchtime 1x ./middleware/
+// to compare on your machine.
 type GroupCommitConfig struct {
 	// Enabled turns group commit on.
 	Enabled bool
 	// MaxBatch caps the messages of one transaction. Default 100.
 	MaxBatch int
-	// Workers is how many group transactions run at once (each holds one connection). Default 2:
-	// fewer workers make bigger groups (fewer commits); more help when handlers are slow.
+	// Workers is how many transactions (lanes) run at once, each holding one connection; beyond
+	// that, messages are grouped. Default 2: fewer lanes make bigger groups (fewer commits); more
+	// help when handlers are slow.
 	Workers int
-	// MaxWait lets the first message of a group wait for company. Default 0: a group is whatever
-	// arrived while the previous group was running, so a lone message is never delayed.
+	// MaxWait makes every message wait for company before its group runs, even when a lane is
+	// free. Default 0: a message runs at once when a lane is free, and a group is whatever arrived
+	// while every lane was busy, so a lone message is never delayed.
 	MaxWait time.Duration
 }
 
@@ -93,83 +99,111 @@ func (q *queued) answer(err error) {
 type groupCommitter struct {
 	groups, grouped atomic.Uint64 // committed transactions, messages applied in them
 
-	e       *EffectivelyOnce
-	config  GroupCommitConfig
-	in      chan *queued
-	closing chan struct{}
-	wg      sync.WaitGroup
-	once    sync.Once
+	e      *EffectivelyOnce
+	config GroupCommitConfig
+
+	mu     sync.Mutex
+	free   int       // lanes (transactions at once) not in use
+	queue  []*queued // waiting for a lane
+	closed bool
+	wg     sync.WaitGroup // lane goroutines
 }
 
 func newGroupCommitter(e *EffectivelyOnce, config GroupCommitConfig) *groupCommitter {
-	g := &groupCommitter{e: e, config: config, in: make(chan *queued), closing: make(chan struct{})}
-	for range config.Workers {
-		g.wg.Add(1)
-		go g.work()
-	}
-	return g
+	return &groupCommitter{e: e, config: config, free: config.Workers}
 }
 
 func (g *groupCommitter) close() {
-	g.once.Do(func() { close(g.closing) })
+	g.mu.Lock()
+	g.closed = true
+	queued := g.queue
+	g.queue = nil
+	g.mu.Unlock()
+	for _, q := range queued {
+		q.done <- errClosed
+	}
 	g.wg.Wait()
 }
 
 var errClosed = errors.New("effectively-once: middleware closed")
 
-// submit hands a delivery to a worker and waits for the outcome of its group.
+// submit runs a delivery. With a lane free and nobody waiting (MaxWait 0), it runs at once in
+// the caller's goroutine in a transaction of its own, exactly as without group commit: a lone
+// message pays nothing for it. Otherwise it waits, and the next lane to free up takes everything
+// waiting (up to MaxBatch) as one group.
 func (g *groupCommitter) submit(origCtx context.Context, h message.HandlerFunc, d *delivery) error {
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		return errClosed
+	}
+	if g.free > 0 && len(g.queue) == 0 && g.config.MaxWait == 0 {
+		g.free--
+		g.mu.Unlock()
+		err := g.e.runInOwnTx(origCtx, h, d)
+		g.releaseLane()
+		return err
+	}
 	ctx, release := detachForShutdown(origCtx, g.e.config.ShutdownGrace)
 	defer release()
 	q := &queued{d: d, h: h, ctx: ctx, done: make(chan error, 1)}
-	select {
-	case g.in <- q:
-	case <-g.closing:
-		return errClosed
-	case <-ctx.Done():
-		return context.Cause(ctx)
+	g.queue = append(g.queue, q)
+	startLane := g.free > 0
+	if startLane {
+		g.free--
+		g.wg.Add(1)
 	}
-	return <-q.done
+	g.mu.Unlock()
+	if startLane {
+		go g.lane()
+	}
+	select {
+	case err := <-q.done:
+		return err
+	case <-ctx.Done(): // shutdown grace over, or a deadline: give up waiting unless a lane has it
+		g.mu.Lock()
+		if i := slices.Index(g.queue, q); i >= 0 {
+			g.queue = slices.Delete(g.queue, i, i+1)
+			g.mu.Unlock()
+			return context.Cause(ctx)
+		}
+		g.mu.Unlock()
+		return <-q.done // a lane runs it: its group may hold the claim, wait for the outcome
+	}
 }
 
-func (g *groupCommitter) work() {
+// releaseLane gives a lane back, or hands it to the waiting messages.
+func (g *groupCommitter) releaseLane() {
+	g.mu.Lock()
+	if len(g.queue) == 0 || g.closed {
+		g.free++
+		g.mu.Unlock()
+		return
+	}
+	g.wg.Add(1)
+	g.mu.Unlock()
+	go g.lane()
+}
+
+// lane runs groups until nobody waits.
+func (g *groupCommitter) lane() {
 	defer g.wg.Done()
+	if g.config.MaxWait > 0 {
+		time.Sleep(g.config.MaxWait) // let the group fill up
+	}
 	for {
-		var first *queued
-		select {
-		case first = <-g.in:
-		case <-g.closing:
+		g.mu.Lock()
+		if len(g.queue) == 0 || g.closed {
+			g.free++
+			g.mu.Unlock()
 			return
 		}
-		g.run(g.collect(first))
+		n := min(len(g.queue), g.config.MaxBatch)
+		group := g.queue[:n:n]
+		g.queue = g.queue[n:]
+		g.mu.Unlock()
+		g.run(group)
 	}
-}
-
-// collect gathers what is already queued behind first, or waits up to MaxWait for it.
-func (g *groupCommitter) collect(first *queued) []*queued {
-	group := []*queued{first}
-	if g.config.MaxWait == 0 {
-		for len(group) < g.config.MaxBatch {
-			select {
-			case q := <-g.in:
-				group = append(group, q)
-			default:
-				return group
-			}
-		}
-		return group
-	}
-	timer := time.NewTimer(g.config.MaxWait)
-	defer timer.Stop()
-	for len(group) < g.config.MaxBatch {
-		select {
-		case q := <-g.in:
-			group = append(group, q)
-		case <-timer.C:
-			return group
-		}
-	}
-	return group
 }
 
 // run commits a group, isolating failed messages: a failure rolls the transaction back, the
@@ -289,7 +323,8 @@ func (g *groupCommitter) attempt(pending []*queued) ([]*queued, error) {
 }
 
 // GroupCommitStats reports how many group transactions committed and how many messages they
-// applied in all: their ratio is the average group size. Zero without GroupCommit.
+// applied in all: their ratio is the average group size. Messages that found a lane free ran in a
+// transaction of their own and are not counted. Zero without GroupCommit.
 func (e *EffectivelyOnce) GroupCommitStats() (transactions, messages uint64) {
 	if e.group == nil {
 		return 0, 0

@@ -1,6 +1,7 @@
 package middleware_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -150,4 +151,64 @@ func TestGroupCommitConfigValidation(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, mw.Close())
 	require.NoError(t, mw.Close(), "Close is idempotent")
+}
+
+// The default, adaptive mode (MaxWait 0): messages that find the lane free run alone, the rest
+// are grouped; either way each id applies once and copies are counted as duplicates.
+func TestGroupCommitAdaptiveAppliesEachOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, middleware.Config{Consumer: "c", GroupCommit: middleware.GroupCommitConfig{Enabled: true, Workers: 1}})
+	t.Cleanup(func() { _ = e.mw.Close() })
+	h := e.mw.Middleware(e.effect)
+	var uuids []string
+	for i := range 120 {
+		uuids = append(uuids, fmt.Sprintf("m-%d", i%60))
+	}
+	for _, err := range deliverAll(h, uuids) {
+		require.NoError(t, err)
+	}
+	require.Equal(t, 60, e.effects(t))
+	require.Equal(t, 60, pgtest.Count(t, e.db, `SELECT count(DISTINCT key) FROM `+e.table("effects")))
+	c := e.mw.Counts("c")
+	require.Equal(t, uint64(60), c.Fresh)
+	require.Equal(t, uint64(60), c.Duplicates)
+	txs, grouped := e.mw.GroupCommitStats()
+	t.Logf("%d of 60 applied in %d group transactions, the rest alone", grouped, txs)
+}
+
+// A message waiting for a lane gives up when its deadline passes, without running.
+func TestGroupCommitWaitingMessageHonoursItsDeadline(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, middleware.Config{Consumer: "c", GroupCommit: middleware.GroupCommitConfig{Enabled: true, Workers: 1}})
+	t.Cleanup(func() { _ = e.mw.Close() })
+	entered, release := make(chan struct{}), make(chan struct{})
+	var ran atomic.Int32
+	h := e.mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		ran.Add(1)
+		if msg.UUID == "slow" {
+			close(entered)
+			<-release
+		}
+		return e.effect(msg)
+	})
+	slow := make(chan error, 1)
+	go func() { slow <- deliver(h, "slow", "p") }()
+	<-entered // the only lane is busy
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	waiting := message.NewMessage("waiting", []byte("p"))
+	waiting.SetContext(ctx)
+	gaveUp := make(chan error, 1)
+	go func() { _, err := h(waiting); gaveUp <- err }()
+	select {
+	case err := <-gaveUp:
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+	case <-time.After(10 * time.Second):
+		close(release)
+		t.Fatal("the waiting message did not give up at its deadline")
+	}
+	close(release)
+	require.NoError(t, <-slow)
+	require.Equal(t, int32(1), ran.Load(), "the message that gave up never ran")
+	require.Equal(t, 1, e.effects(t))
 }

@@ -118,6 +118,7 @@ func TestSQLSubscriberTransactionIsReused(t *testing.T) {
 	})
 	require.Equal(t, 1, e.effects(t))
 	require.Equal(t, uint64(1), e.mw.Counts("rewards").Duplicates)
+	require.Zero(t, e.mw.Counts("rewards").FingerprintMismatches, "the claim's arguments (quoted by pgx in the simple protocol) stored the payload's fingerprint exactly")
 }
 
 // watermill-sql's subscriber stops waiting for the ack after AckDeadline (and on Close) and then

@@ -18,6 +18,20 @@
 // is returned, and the caller must treat the work as possibly committed, which is exactly what a
 // dedupe key makes safe.
 //
+// # Lazy BEGIN and deferred statements
+//
+// A pool from Open holds back the BEGIN of every transaction and sends it in the same network
+// write as the transaction's first statement: a transaction of n statements costs n+1 round
+// trips (the COMMIT) instead of n+2. It works below pgx, on the wire protocol, so the transaction
+// is still a plain *sql.Tx of pgx's stdlib driver. The held-back BEGIN is placed so that the
+// statement never runs outside the transaction: if BEGIN fails, PostgreSQL skips the statement
+// and its error is reported for it. What changes: an error of BEGIN itself surfaces at the first
+// statement instead of at BeginTx, and now() is the time that statement arrived. Statements whose
+// text starts with DeferredPrefix, sent without arguments inside a transaction, are held back the
+// same way and travel with the next statement (see DeferredPrefix). PoolConfig.DisableLazyBegin
+// turns both off; a *sql.DB opened otherwise does not have them (the statements then simply cost
+// their round trips). PoolConfig.RoundTrips counts round trips, to check such claims.
+//
 // Identifiers are validated against a conservative pattern and then quoted; no configuration
 // string reaches SQL unquoted.
 package pgtx

@@ -5,9 +5,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 )
 
@@ -31,6 +33,16 @@ type PoolConfig struct {
 	ConnMaxIdleTime time.Duration
 	// PingTimeout bounds the reachability check Open performs. Default 5 seconds.
 	PingTimeout time.Duration
+
+	// DisableLazyBegin sends BEGIN on its own when a transaction begins. By default it is held
+	// back and sent in the same network write as the transaction's first statement, which
+	// saves one round trip per transaction (see "Lazy BEGIN" in the package doc). The
+	// transaction is the same; only errors of BEGIN itself surface at the first statement
+	// instead of at BeginTx, and now() is taken when that statement arrives.
+	DisableLazyBegin bool
+
+	// RoundTrips, if set, counts the client round trips of every connection of the pool.
+	RoundTrips *RoundTripCounter
 }
 
 func (c *PoolConfig) setDefaults() {
@@ -81,6 +93,7 @@ func Open(ctx context.Context, databaseURL string, pool PoolConfig) (*sql.DB, er
 	if err != nil {
 		return nil, fmt.Errorf("pgtx: cannot parse database URL: %w", err)
 	}
+	configureConn(connConfig, pool)
 	db := stdlib.OpenDB(*connConfig)
 	db.SetMaxOpenConns(pool.MaxOpenConns)
 	db.SetMaxIdleConns(pool.MaxIdleConns)
@@ -94,6 +107,30 @@ func Open(ctx context.Context, databaseURL string, pool PoolConfig) (*sql.DB, er
 		return nil, fmt.Errorf("pgtx: cannot reach PostgreSQL at %s (is it running?): %w", redact(connConfig), err)
 	}
 	return db, nil
+}
+
+// configureConn wraps each connection, after TLS, in the round-trip counter and the lazy
+// BEGIN, in that order (the counter sees what really goes over the network).
+func configureConn(c *pgx.ConnConfig, pool PoolConfig) {
+	if pool.DisableLazyBegin && pool.RoundTrips == nil {
+		return
+	}
+	prev := c.AfterNetConnect
+	c.AfterNetConnect = func(ctx context.Context, config *pgconn.Config, conn net.Conn) (net.Conn, error) {
+		if prev != nil {
+			var err error
+			if conn, err = prev(ctx, config, conn); err != nil {
+				return nil, err
+			}
+		}
+		if pool.RoundTrips != nil {
+			conn = pool.RoundTrips.wrap(conn)
+		}
+		if !pool.DisableLazyBegin {
+			conn = newLazyBeginConn(conn)
+		}
+		return conn, nil
+	}
 }
 
 // redact names the server without the password, for error messages and logs.
