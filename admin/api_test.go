@@ -12,8 +12,8 @@ import (
 
 	"github.com/wmonce/watermill-once/admin"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/middleware"
 	"github.com/wmonce/watermill-once/migrate"
+	"github.com/wmonce/watermill-once/once"
 )
 
 func TestNewHandlerRefusesBadConfig(t *testing.T) {
@@ -31,7 +31,7 @@ func TestNewHandlerRefusesBadConfig(t *testing.T) {
 func TestReadAPI(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 2)
-	srv := f.server(t, admin.Config{Middlewares: []*middleware.EffectivelyOnce{f.mw}})
+	srv := f.server(t, admin.Config{Middlewares: []*once.Middleware{f.mw}})
 	api := srv.URL + "/api/"
 
 	var st admin.StatusResponse

@@ -15,7 +15,7 @@ import (
 
 	"github.com/wmonce/watermill-once/admin"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/once"
 )
 
 // chromiumInstall is what to run when the browser test finds no Chromium.
@@ -135,7 +135,7 @@ func TestAdminPageInChromium(t *testing.T) {
 	t.Parallel()
 	ctx, console := browser(t)
 	f := newFixture(t, 5)
-	srv := f.server(t, admin.Config{AllowWrites: true, Middlewares: []*middleware.EffectivelyOnce{f.mw}})
+	srv := f.server(t, admin.Config{AllowWrites: true, Middlewares: []*once.Middleware{f.mw}})
 
 	step(t, ctx, "load the page", chromedp.Navigate(srv.URL+"/"))
 	waitFor(t, ctx, "the page to load its data", `document.body.dataset.ready === "1"`)

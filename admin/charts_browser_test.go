@@ -13,7 +13,7 @@ import (
 	"github.com/wmonce/watermill-once/admin"
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/once"
 )
 
 // The charts, the inbox row detail and the rejected row detail in headless Chromium, over rows
@@ -26,7 +26,7 @@ func TestAdminChartsAndDetailsInChromium(t *testing.T) {
 	t.Parallel()
 	ctx, console := browser(t)
 	f := newFixture(t, 2)
-	srv, h := f.serve(t, admin.Config{Middlewares: []*middleware.EffectivelyOnce{f.mw}, SampleInterval: -1})
+	srv, h := f.serve(t, admin.Config{Middlewares: []*once.Middleware{f.mw}, SampleInterval: -1})
 	bg := context.Background()
 
 	// Claims over the last hour and day: 60 deliveries moved back by up to 23 hours.

@@ -7,7 +7,7 @@
 //
 //	h, err := admin.NewHandler(db, admin.Config{
 //		Schema:      "wmonce",
-//		Middlewares: []*middleware.EffectivelyOnce{eo}, // optional: duplicate rates and charts
+//		Middlewares: []*once.Middleware{eo}, // optional: duplicate rates and charts
 //		AllowWrites: false,                             // read-only (the default)
 //	}, logger)
 //	defer h.Close() // stops the sampling behind the charts

@@ -12,8 +12,8 @@ import (
 
 	"github.com/wmonce/watermill-once/admin"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/middleware"
 	"github.com/wmonce/watermill-once/migrate"
+	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -36,7 +36,7 @@ func ExampleNewHandler() {
 	}
 	defer func() { _, _ = db.Exec(`DROP SCHEMA ` + pgtx.QuoteIdentifier(schema) + ` CASCADE`) }()
 
-	eo, err := middleware.NewEffectivelyOnce(db, middleware.Config{Schema: schema, Consumer: "rewards"}, nil)
+	eo, err := once.New(db, once.Config{Schema: schema, Consumer: "rewards"}, nil)
 	if err != nil {
 		panic(err)
 	}
@@ -47,7 +47,7 @@ func ExampleNewHandler() {
 		}
 	}
 
-	h, err := admin.NewHandler(db, admin.Config{Schema: schema, Middlewares: []*middleware.EffectivelyOnce{eo}}, nil)
+	h, err := admin.NewHandler(db, admin.Config{Schema: schema, Middlewares: []*once.Middleware{eo}}, nil)
 	if err != nil {
 		panic(err)
 	}

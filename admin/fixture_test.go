@@ -21,7 +21,7 @@ import (
 	"github.com/wmonce/watermill-once/admin"
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -38,7 +38,7 @@ import (
 type fixture struct {
 	db     *sql.DB
 	schema string
-	mw     *middleware.EffectivelyOnce
+	mw     *once.Middleware
 	handle message.HandlerFunc // rewards' handler behind the middleware
 }
 
@@ -60,7 +60,7 @@ func newFixture(t *testing.T, failed int) *fixture {
 	f := &fixture{db: db, schema: pgtest.Schema(t, db)}
 	ctx := context.Background()
 
-	mw, err := middleware.NewEffectivelyOnce(db, middleware.Config{Schema: f.schema, Consumer: "rewards", OutputTopic: "cashback"}, nil)
+	mw, err := once.New(db, once.Config{Schema: f.schema, Consumer: "rewards", OutputTopic: "cashback"}, nil)
 	require.NoError(t, err)
 	f.mw = mw
 	h := mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {

@@ -16,7 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/wmonce/watermill-once/inbox"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -38,7 +38,7 @@ type Config struct {
 	AllowWrites bool
 	// Middlewares are effectively-once middlewares running in this process: their in-process
 	// counts (fresh, duplicates, failures) give each consumer its duplicate rate. Optional.
-	Middlewares []*middleware.EffectivelyOnce
+	Middlewares []*once.Middleware
 	// QueryTimeout bounds the database work of one request, and of one sample. Default 10s.
 	QueryTimeout time.Duration
 	// SampleInterval is how often the handler samples the inbox backlog, the relays' lag and

@@ -16,7 +16,7 @@ import (
 
 	"github.com/wmonce/watermill-once/admin"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/outbox"
 )
 
@@ -54,14 +54,14 @@ func TestHistoryAPI(t *testing.T) {
 	f := newFixture(t, 2)
 	ctx := context.Background()
 	// A second consumer claims in the daily partitions.
-	ledger, err := middleware.NewEffectivelyOnce(f.db, middleware.Config{Schema: f.schema, Consumer: "ledger", PartitionByDay: true}, nil)
+	ledger, err := once.New(f.db, once.Config{Schema: f.schema, Consumer: "ledger", PartitionByDay: true}, nil)
 	require.NoError(t, err)
 	msg := message.NewMessage("l-1", []byte(`{}`))
 	msg.Metadata.Set(outbox.MetadataOccurredAt, time.Now().UTC().Format(time.RFC3339Nano))
 	_, err = ledger.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(msg)
 	require.NoError(t, err)
 
-	srv, h := f.serve(t, admin.Config{Middlewares: []*middleware.EffectivelyOnce{f.mw, ledger}, SampleInterval: -1})
+	srv, h := f.serve(t, admin.Config{Middlewares: []*once.Middleware{f.mw, ledger}, SampleInterval: -1})
 	api := srv.URL + "/api/"
 	require.NoError(t, h.Sample(ctx)) // the baseline: 3 fresh and 1 duplicate counted before it
 	f.deliver(t, "m-2")
@@ -144,7 +144,7 @@ func TestHistoryKeepsTheDayCoarse(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 1)
 	ctx := context.Background()
-	srv, h := f.serve(t, admin.Config{Middlewares: []*middleware.EffectivelyOnce{f.mw}, SampleInterval: -1})
+	srv, h := f.serve(t, admin.Config{Middlewares: []*once.Middleware{f.mw}, SampleInterval: -1})
 	now := time.Now()
 	base := now.Add(-3 * time.Hour).Truncate(15 * time.Minute)
 	require.NoError(t, admin.SampleAt(ctx, h, base))

@@ -6,7 +6,7 @@ import (
 	"unicode/utf8"
 )
 
-// MaxConsumerBytes is the longest consumer name the components accept (middleware.Config,
+// MaxConsumerBytes is the longest consumer name the components accept (once.Config,
 // inbox.ReceiverConfig), so a longer one can match no rows.
 const MaxConsumerBytes = 255
 

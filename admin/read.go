@@ -13,8 +13,8 @@ import (
 
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/partition"
-	"github.com/wmonce/watermill-once/middleware"
 	"github.com/wmonce/watermill-once/migrate"
+	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -74,7 +74,7 @@ type ConsumerStatus struct {
 // ordered by name. The counts scan the claim tables: on tables of many millions of rows this
 // takes seconds, so callers bound it with a context deadline. A schema without
 // processed_messages is an error for which pgtx.IsUndefinedTable is true, not an empty list.
-func ReadConsumers(ctx context.Context, db *sql.DB, schema string, mws []*middleware.EffectivelyOnce) ([]ConsumerStatus, error) {
+func ReadConsumers(ctx context.Context, db *sql.DB, schema string, mws []*once.Middleware) ([]ConsumerStatus, error) {
 	if db == nil {
 		return nil, errors.New("admin: db is nil")
 	}
@@ -135,7 +135,7 @@ func ReadConsumers(ctx context.Context, db *sql.DB, schema string, mws []*middle
 	return out, nil
 }
 
-// Counts are middleware.Counts as JSON.
+// Counts are once.Counts as JSON.
 type Counts struct {
 	Fresh                 uint64 `json:"fresh"`
 	Duplicates            uint64 `json:"duplicates"`
@@ -146,8 +146,8 @@ type Counts struct {
 	TooOld                uint64 `json:"too_old"`
 }
 
-func sumCounts(mws []*middleware.EffectivelyOnce) map[string]middleware.Counts {
-	out := map[string]middleware.Counts{}
+func sumCounts(mws []*once.Middleware) map[string]once.Counts {
+	out := map[string]once.Counts{}
 	for _, mw := range mws {
 		if mw == nil {
 			continue
@@ -329,19 +329,19 @@ type Processed struct {
 	Inbox *InboxRow `json:"inbox,omitempty"`
 }
 
-// ClaimRecord is a middleware.Claim as JSON.
+// ClaimRecord is a once.Claim as JSON.
 type ClaimRecord struct {
 	ProcessedAt   time.Time  `json:"processed_at"`
 	PayloadSHA256 string     `json:"payload_sha256"`
 	OccurredOn    *time.Time `json:"occurred_on,omitempty"`
 }
 
-// LookupProcessed looks key up in the middleware's claims (middleware.LookupClaim) and in the
+// LookupProcessed looks key up in the middleware's claims (once.LookupClaim) and in the
 // inbox of consumer. Neither found means the message was never applied, or its records were
 // deleted by retention.
 func LookupProcessed(ctx context.Context, db *sql.DB, schema, consumer, key string) (Processed, error) {
 	p := Processed{Consumer: consumer, Key: key}
-	claim, found, err := middleware.LookupClaim(ctx, db, schema, consumer, key)
+	claim, found, err := once.LookupClaim(ctx, db, schema, consumer, key)
 	if err != nil {
 		return p, err
 	}

@@ -14,7 +14,7 @@ import (
 
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/internal/pgcount"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -72,7 +72,7 @@ func (h *harness) endToEnd(ctx context.Context, r *rig, id string) (Result, erro
 		return res, err
 	}
 	consumer := "bench-" + id + "-" + r.label()
-	eo, err := middleware.NewEffectivelyOnce(h.db, middleware.Config{Schema: h.opts.schema, Consumer: consumer}, h.logger)
+	eo, err := once.New(h.db, once.Config{Schema: h.opts.schema, Consumer: consumer}, h.logger)
 	if err != nil {
 		_ = sub.Close()
 		return res, err

@@ -18,7 +18,7 @@ import (
 
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/inbox"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -204,13 +204,13 @@ func (h *harness) consume(ctx context.Context, r *rig, id string) (Result, error
 		handler = ownTx
 		res.Notes = "Deduplicator keyed by UUID, map repository (1h window), then B1"
 	case B3, B4:
-		cfg := middleware.Config{Schema: h.opts.schema, Consumer: consumer}
+		cfg := once.Config{Schema: h.opts.schema, Consumer: consumer}
 		res.Notes = "claim + business write + commit in one transaction per message"
 		if r.kind == broker.SQL && id == B3 {
 			res.Notes = "default over SQL: reuses the subscriber's transaction, one savepoint per message"
 		}
 		if id == B4 {
-			cfg.GroupCommit = middleware.GroupCommitConfig{Enabled: true, Workers: h.opts.groupWorkers}
+			cfg.GroupCommit = once.GroupCommitConfig{Enabled: true, Workers: h.opts.groupWorkers}
 			res.Notes = "GroupCommit defaults (Workers 2, MaxBatch 100, MaxWait 0)"
 			if h.opts.groupWorkers > 0 {
 				res.Notes = fmt.Sprintf("GroupCommit Workers %d, MaxBatch 100, MaxWait 0", h.opts.groupWorkers)
@@ -221,7 +221,7 @@ func (h *harness) consume(ctx context.Context, r *rig, id string) (Result, error
 				res.Notes += "; DisableSubscriberTxReuse (grouping needs our own transactions)"
 			}
 		}
-		eo, err := middleware.NewEffectivelyOnce(h.db, cfg, h.logger)
+		eo, err := once.New(h.db, cfg, h.logger)
 		if err != nil {
 			return res, err
 		}

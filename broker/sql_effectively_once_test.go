@@ -13,7 +13,7 @@ import (
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/internal/brokertest"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -40,7 +40,7 @@ func TestSQLSameConsumerOnTwoSubscriptionsSettlesTheLoserAtOnce(t *testing.T) {
 	t.Cleanup(func() { _ = b.Close() })
 	pgtest.Exec(t, db, `CREATE TABLE `+pgtx.QualifiedName(schema, "effects")+` (key text NOT NULL)`)
 
-	mw, err := middleware.NewEffectivelyOnce(db, middleware.Config{Schema: schema, Consumer: "rewards"}, watermill.NopLogger{})
+	mw, err := once.New(db, once.Config{Schema: schema, Consumer: "rewards"}, watermill.NopLogger{})
 	require.NoError(t, err)
 
 	// entered[topic] closes when a copy from topic reaches the middleware: its subscriber has
@@ -52,11 +52,11 @@ func TestSQLSameConsumerOnTwoSubscriptionsSettlesTheLoserAtOnce(t *testing.T) {
 		err   error
 	}
 	outcomes := make(chan outcome, 1000)
-	var once sync.Map
+	var seen sync.Map
 	observe := func(topic string) message.HandlerMiddleware {
 		return func(h message.HandlerFunc) message.HandlerFunc {
 			return func(msg *message.Message) ([]*message.Message, error) {
-				if _, loaded := once.LoadOrStore(topic, true); !loaded {
+				if _, loaded := seen.LoadOrStore(topic, true); !loaded {
 					close(entered[topic])
 				}
 				out, err := h(msg)
@@ -120,7 +120,7 @@ func TestSQLSameConsumerOnTwoSubscriptionsSettlesTheLoserAtOnce(t *testing.T) {
 	if len(nacks) > 0 {
 		t.Fatalf("the losing copy was nacked %d times (first: %v); it must be settled at once as a duplicate", len(nacks), nacks[0].err)
 	}
-	require.Equal(t, middleware.Counts{Fresh: 1, Duplicates: 1}, mw.Counts("rewards"))
+	require.Equal(t, once.Counts{Fresh: 1, Duplicates: 1}, mw.Counts("rewards"))
 	require.Equal(t, 1, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "effects")))
 	require.Equal(t, 1, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "processed_messages")))
 }
@@ -174,7 +174,7 @@ func TestSQLSerializationFailureRedeliversTheWholeBatch(t *testing.T) {
 	balances := pgtx.QualifiedName(schema, "balances")
 	pgtest.Exec(t, db, `CREATE TABLE `+balances+` (id text PRIMARY KEY, n int NOT NULL)`)
 	pgtest.Exec(t, db, `INSERT INTO `+balances+` VALUES ('m-0', 0), ('m-1', 0), ('m-2', 0)`)
-	mw, err := middleware.NewEffectivelyOnce(db, middleware.Config{Schema: schema, Consumer: "rewards"}, watermill.NopLogger{})
+	mw, err := once.New(db, once.Config{Schema: schema, Consumer: "rewards"}, watermill.NopLogger{})
 	require.NoError(t, err)
 
 	pub, err := b.NewPublisher(ctx)
@@ -245,5 +245,5 @@ func TestSQLSerializationFailureRedeliversTheWholeBatch(t *testing.T) {
 	require.Equal(t, 101, pgtest.Count(t, db, `SELECT n FROM `+balances+` WHERE id = 'm-0'`))
 	require.Equal(t, 2, pgtest.Count(t, db, `SELECT sum(n) - 101 FROM `+balances))
 	require.Equal(t, 3, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "processed_messages")))
-	require.Equal(t, middleware.Counts{Fresh: 3, Failed: 1, TxRetries: 3}, mw.Counts("rewards"))
+	require.Equal(t, once.Counts{Fresh: 3, Failed: 1, TxRetries: 3}, mw.Counts("rewards"))
 }

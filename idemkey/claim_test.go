@@ -8,7 +8,8 @@ import (
 
 	"github.com/wmonce/watermill-once/idemkey"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/once"
+	"github.com/wmonce/watermill-once/oncetype"
 )
 
 // Inside the middleware, keys follow the claimed consumer and dedupe key even when both are
@@ -17,8 +18,8 @@ func TestKeyFollowsTheMiddlewaresClaim(t *testing.T) {
 	t.Parallel()
 	db := pgtest.DB(t)
 	schema := pgtest.Schema(t, db)
-	mw, err := middleware.NewEffectivelyOnce(db, middleware.Config{
-		Schema: schema, Consumer: "rewards", Key: middleware.KeyFromMetadata("event_id"),
+	mw, err := once.New(db, once.Config{
+		Schema: schema, Consumer: "rewards", Key: oncetype.KeyFromMetadata("event_id"),
 	}, nil)
 	require.NoError(t, err)
 	var got string

@@ -19,7 +19,7 @@ import (
 	"github.com/wmonce/watermill-once/idemkey"
 	"github.com/wmonce/watermill-once/internal/fakeprovider"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -61,7 +61,7 @@ func runCrashScenario(t *testing.T, ignoreKeys bool) (*fakeprovider.Provider, st
 	client := &http.Client{Transport: transport, Timeout: 10 * time.Second}
 
 	logger := watermill.NewStdLogger(false, false)
-	eo, err := middleware.NewEffectivelyOnce(db, middleware.Config{Schema: schema}, logger)
+	eo, err := once.New(db, once.Config{Schema: schema}, logger)
 	require.NoError(t, err)
 
 	var attempts atomic.Int32

@@ -10,7 +10,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/oncetype"
 )
 
 // versionTag starts every hashed encoding. A future change of the encoding gets a new tag, so
@@ -88,7 +88,7 @@ func digest(consumer, messageID, step string) ([32]byte, error) {
 
 // Source derives keys from messages handled inside the effectively-once middleware. Its zero
 // value uses the consumer name and dedupe key the middleware claimed the message under
-// (middleware.ClaimFromContext), so keys follow the dedupe key whatever the middleware's
+// (oncetype.ClaimFromContext), so keys follow the dedupe key whatever the middleware's
 // Consumer and Key are; outside the middleware it falls back to the router handler name and
 // the message UUID. Set the fields to override.
 type Source struct {
@@ -96,7 +96,7 @@ type Source struct {
 	// message's context, which the Watermill router sets.
 	Consumer string
 	// MessageID returns the message's id. Default: the message UUID. Pass the same function as
-	// the middleware's Config.Key (a middleware.KeyFunc is assignable here).
+	// the middleware's Config.Key (a oncetype.KeyFunc is assignable here).
 	MessageID func(msg *message.Message) (string, error)
 }
 
@@ -105,7 +105,7 @@ func (s Source) Parts(msg *message.Message) (consumer, messageID string, err err
 	if msg == nil {
 		return "", "", fmt.Errorf("%w: message is nil", ErrInvalidPart)
 	}
-	claimedConsumer, claimedKey, claimed := middleware.ClaimFromContext(msg.Context())
+	claimedConsumer, claimedKey, claimed := oncetype.ClaimFromContext(msg.Context())
 	consumer = s.Consumer
 	if consumer == "" && claimed {
 		consumer = claimedConsumer

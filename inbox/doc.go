@@ -26,10 +26,10 @@
 // # Receiving
 //
 // Each message becomes one row keyed by (consumer, message key). The key comes from a
-// middleware.KeyFunc (default: the Watermill UUID), under the middleware's rules: an empty,
+// oncetype.KeyFunc (default: the Watermill UUID), under the middleware's rules: an empty,
 // over-long or non-text key is refused with a permanent error, as is metadata PostgreSQL text
 // cannot hold faithfully, so a poison-queue middleware (Watermill's PoisonQueueWithFilter with
-// middleware.IsPermanent) parks it. The row is inserted with ON CONFLICT DO NOTHING: the
+// oncetype.IsPermanent) parks it. The row is inserted with ON CONFLICT DO NOTHING: the
 // unique key is the dedupe record, and a copy of a message already in the inbox, finished or
 // not, inserts nothing and is acked.
 //
@@ -37,7 +37,7 @@
 // inbox: a copy whose key is no longer in the inbox (retention deleted its row) and whose event
 // occurred longer ago than the limit could be applied a second time. A store-first receiver
 // refuses it by parking it: the copy is stored as a FAILED row that names
-// middleware.ErrTooOld, acked, counted (ReceiverCounts.TooOld) and logged as an ALERT, and it
+// oncetype.ErrTooOld, acked, counted (ReceiverCounts.TooOld) and logged as an ALERT, and it
 // is processed only if an operator replays it.
 //
 // Concurrent Handle calls are group-committed: a writer takes every row waiting for it (up to
@@ -68,7 +68,7 @@
 //
 // A failed attempt (error, panic, HandlerTimeout) is rolled back and recorded with its error;
 // the row is due again after Backoff doubling per attempt up to MaxBackoff, drawn between
-// half and all of that value. After MaxAttempts, or at once for a middleware.Permanent error,
+// half and all of that value. After MaxAttempts, or at once for a oncetype.Permanent error,
 // the row is parked as FAILED, the error kept, until an operator replays or skips it.
 //
 // Leases are renewed every RenewInterval while the handler runs, for at most HandlerTimeout,

@@ -11,7 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/wmonce/watermill-once/internal/lifecycle"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -337,7 +337,7 @@ func (p *Processor) runLockedRow(ctx context.Context, tx *sql.Tx, r claimedRow) 
 		if errors.Is(err, sql.ErrTxDone) && ctx.Err() == nil {
 			// The handler committed or rolled back the transaction itself; if it committed,
 			// its effects are in without the row being DONE. Park it for a person.
-			p.recordLockedFailure(r, middleware.Permanent(fmt.Errorf("inbox: the handler ended the processing transaction itself (never Commit or Rollback the transaction from the context): %w", err)))
+			p.recordLockedFailure(r, oncetype.Permanent(fmt.Errorf("inbox: the handler ended the processing transaction itself (never Commit or Rollback the transaction from the context): %w", err)))
 			return true
 		}
 		if err == nil {
@@ -398,7 +398,7 @@ func (p *Processor) failLocked(ctx context.Context, q interface {
 	QueryRowContext(context.Context, string, ...any) *sql.Row
 }, r claimedRow, cause error) (string, error) {
 	var status string
-	err := q.QueryRowContext(ctx, p.q.failLock, r.id, middleware.IsPermanent(cause), p.config.MaxAttempts,
+	err := q.QueryRowContext(ctx, p.q.failLock, r.id, oncetype.IsPermanent(cause), p.config.MaxAttempts,
 		micros(p.backoff(r.attempts)), errorText(cause), r.attempts).Scan(&status)
 	return status, err
 }

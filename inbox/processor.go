@@ -206,7 +206,7 @@ type ProcessorCounts struct {
 //     rolled back and the conflict counted.
 //   - Each row is attempted until it is DONE or parked: a failed attempt (error, panic,
 //     timeout) is recorded with the error and retried after an exponential backoff with
-//     jitter; a permanent error (middleware.Permanent) or the MaxAttempts-th failure parks the
+//     jitter; a permanent error (oncetype.Permanent) or the MaxAttempts-th failure parks the
 //     row as FAILED, where it waits for Ops.Replay or a skip. An attempt that ends its worker's
 //     process or database connection (killed, crashed, terminated backend) still counts, in
 //     both claim modes, so a message that crashes its worker is parked rather than retried

@@ -15,7 +15,7 @@ import (
 
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -81,7 +81,7 @@ func TestPoisonRowParkedWhileOtherKeysGoOn(t *testing.T) {
 			return nil, errors.New("cannot decode")
 		}
 		if string(m.Payload) == "permanent" && !healed.Load() {
-			return nil, middleware.Permanent(errors.New("schema violation"))
+			return nil, oncetype.Permanent(errors.New("schema violation"))
 		}
 		return nil, e.effect(m, "w")
 	}, cfg)
@@ -272,7 +272,7 @@ func TestReplayedRowsProcessedOnceMore(t *testing.T) {
 	var fixed atomic.Bool
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
 		if m.Metadata.Get("bad") == "yes" && !fixed.Load() {
-			return nil, middleware.Permanent(errors.New("unknown currency"))
+			return nil, oncetype.Permanent(errors.New("unknown currency"))
 		}
 		return nil, e.effect(m, "w")
 	}, fast("c"))

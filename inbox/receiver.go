@@ -15,7 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -28,7 +28,7 @@ const MaxBatchLimit = 10000
 var ErrReceiverClosed = errors.New("inbox: receiver is closed")
 
 // ErrInvalidOrderingKey is wrapped by errors about a message's ordering key. Like
-// middleware.ErrInvalidKey errors, they are permanent (middleware.IsPermanent).
+// oncetype.ErrInvalidKey errors, they are permanent (oncetype.IsPermanent).
 var ErrInvalidOrderingKey = errors.New("invalid ordering key")
 
 // ErrInvalidMetadata is wrapped (and made permanent) when a message's metadata cannot be stored
@@ -69,10 +69,10 @@ type ReceiverConfig struct {
 	// fall back to the router handler name, because the processor must be given the same name.
 	Consumer string
 
-	// Key returns each message's dedupe key. Default middleware.KeyFromUUID.
-	Key middleware.KeyFunc
+	// Key returns each message's dedupe key. Default oncetype.KeyFromUUID.
+	Key oncetype.KeyFunc
 	// MaxKeyLength refuses longer dedupe and ordering keys (in bytes). Default 255, at most
-	// middleware.MaxKeyLengthLimit.
+	// oncetype.MaxKeyLengthLimit.
 	MaxKeyLength int
 	// OrderingKey selects per-key ordering. Default nil: no ordering, rows are processed in
 	// parallel in roughly received order.
@@ -94,14 +94,14 @@ type ReceiverConfig struct {
 	// event occurred longer ago than this is not processed, since its row may have been
 	// deleted by retention after the original was applied. The receiver being store-first,
 	// "refused" means parked: the copy is stored as a FAILED row (attempts 0, last_error
-	// naming middleware.ErrTooOld) and acked, counted in ReceiverCounts.TooOld and logged as an
+	// naming oncetype.ErrTooOld) and acked, counted in ReceiverCounts.TooOld and logged as an
 	// ALERT. It is never processed unless an operator replays it (Ops.Replay) and stays the
 	// dedupe record of its key, so further copies are ordinary duplicates; like any FAILED row
 	// it holds back later rows of its ordering key until replayed or skipped. A copy whose key
 	// is still in the inbox is a duplicate whatever its age. Set it a little below the
 	// retention window of finished rows. Zero disables the guard; messages that carry no time
 	// are not checked; with the guard on, a time that cannot be read is refused (a permanent
-	// error wrapping middleware.ErrMalformedMetadata).
+	// error wrapping oncetype.ErrMalformedMetadata).
 	MaxMessageAge time.Duration
 	// OccurredAt returns when the event occurred, as carried by the message. Default: the
 	// "occurred_at" metadata (RFC 3339) that the outbox stamps. Used by MaxMessageAge only.
@@ -115,7 +115,7 @@ func (c *ReceiverConfig) setDefaults() {
 		c.Schema = pgtx.DefaultSchema
 	}
 	if c.Key == nil {
-		c.Key = middleware.KeyFromUUID()
+		c.Key = oncetype.KeyFromUUID()
 	}
 	if c.MaxKeyLength == 0 {
 		c.MaxKeyLength = 255
@@ -130,7 +130,7 @@ func (c *ReceiverConfig) setDefaults() {
 		c.WriteTimeout = 10 * time.Second
 	}
 	if c.OccurredAt == nil {
-		c.OccurredAt = middleware.OccurredAtFromMetadata(outbox.MetadataOccurredAt)
+		c.OccurredAt = oncetype.OccurredAtFromMetadata(outbox.MetadataOccurredAt)
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -146,8 +146,8 @@ func (c ReceiverConfig) Validate() error {
 	if err := validateConsumer(c.Consumer); err != nil {
 		errs = append(errs, err)
 	}
-	if c.MaxKeyLength < 1 || c.MaxKeyLength > middleware.MaxKeyLengthLimit {
-		errs = append(errs, fmt.Errorf("MaxKeyLength must be between 1 and %d, got %d", middleware.MaxKeyLengthLimit, c.MaxKeyLength))
+	if c.MaxKeyLength < 1 || c.MaxKeyLength > oncetype.MaxKeyLengthLimit {
+		errs = append(errs, fmt.Errorf("MaxKeyLength must be between 1 and %d, got %d", oncetype.MaxKeyLengthLimit, c.MaxKeyLength))
 	}
 	if c.MaxBatch < 1 || c.MaxBatch > MaxBatchLimit {
 		errs = append(errs, fmt.Errorf("MaxBatch must be between 1 and %d, got %d", MaxBatchLimit, c.MaxBatch))
@@ -212,8 +212,8 @@ type ReceiverCounts struct {
 // ALERT, never processed unless replayed (see ReceiverConfig.MaxMessageAge).
 //
 // A message whose key or metadata cannot be stored is refused with a permanent error
-// (middleware.IsPermanent) and never acked silently: route it to a poison queue, e.g. with
-// Watermill's PoisonQueueWithFilter(publisher, topic, middleware.IsPermanent).
+// (oncetype.IsPermanent) and never acked silently: route it to a poison queue, e.g. with
+// Watermill's PoisonQueueWithFilter(publisher, topic, oncetype.IsPermanent).
 type Receiver struct {
 	db     *sql.DB
 	config ReceiverConfig
@@ -317,7 +317,7 @@ func (r *Receiver) StoreTx(ctx context.Context, tx Querier, topic string, msgs .
 	rows := make([]row, len(msgs))
 	for i, msg := range msgs {
 		if msg == nil {
-			return 0, middleware.Permanent(fmt.Errorf("inbox: message %d of %d is nil", i+1, len(msgs)))
+			return 0, oncetype.Permanent(fmt.Errorf("inbox: message %d of %d is nil", i+1, len(msgs)))
 		}
 		rw, err := r.prepare(msg, topic)
 		if err != nil {
@@ -365,16 +365,16 @@ func (r *Receiver) Close() error {
 func (r *Receiver) prepare(msg *message.Message, topic string) (row, error) {
 	key, err := r.config.Key(msg)
 	if err == nil {
-		err = middleware.CheckKey(key, r.config.MaxKeyLength)
+		err = oncetype.CheckKey(key, r.config.MaxKeyLength)
 	}
 	if err != nil {
-		return row{}, r.refuse(msg, fmt.Errorf("%w for message %q (consumer %q): %w", middleware.ErrInvalidKey, msg.UUID, r.config.Consumer, err))
+		return row{}, r.refuse(msg, fmt.Errorf("%w for message %q (consumer %q): %w", oncetype.ErrInvalidKey, msg.UUID, r.config.Consumer, err))
 	}
 	var orderingKey string
 	if r.config.OrderingKey != nil {
 		orderingKey, err = r.config.OrderingKey(msg)
 		if err == nil && orderingKey != "" {
-			err = middleware.CheckKey(orderingKey, r.config.MaxKeyLength)
+			err = oncetype.CheckKey(orderingKey, r.config.MaxKeyLength)
 		}
 		if err != nil {
 			return row{}, r.refuse(msg, fmt.Errorf("%w for message %q (consumer %q): %w", ErrInvalidOrderingKey, msg.UUID, r.config.Consumer, err))
@@ -392,7 +392,7 @@ func (r *Receiver) prepare(msg *message.Message, topic string) (row, error) {
 	}
 	tooOld, err := r.checkAge(msg)
 	if err != nil {
-		return row{}, r.refuse(msg, fmt.Errorf("%w: message %q (consumer %q): %w", middleware.ErrMalformedMetadata, msg.UUID, r.config.Consumer, err))
+		return row{}, r.refuse(msg, fmt.Errorf("%w: message %q (consumer %q): %w", oncetype.ErrMalformedMetadata, msg.UUID, r.config.Consumer, err))
 	}
 	payload := msg.Payload
 	if payload == nil {
@@ -416,7 +416,7 @@ func (r *Receiver) checkAge(msg *message.Message) (string, error) {
 		return "", nil
 	}
 	return fmt.Sprintf("%v: event occurred %s ago (at %s), beyond MaxMessageAge %s: its row may already have been deleted by retention, so processing it could apply it twice. Parked by the receiver, never processed: replay it to process it anyway, or skip it",
-		middleware.ErrTooOld, age.Round(time.Second), occurredAt.Format(time.RFC3339), r.config.MaxMessageAge), nil
+		oncetype.ErrTooOld, age.Round(time.Second), occurredAt.Format(time.RFC3339), r.config.MaxMessageAge), nil
 }
 
 // alertTooOld reports copies the age guard parked.
@@ -437,7 +437,7 @@ func (r *Receiver) alertTooOld(rows []row, parked []string, where string) {
 
 func (r *Receiver) refuse(msg *message.Message, cause error) error {
 	r.refused.Add(1)
-	err := middleware.Permanent(cause)
+	err := oncetype.Permanent(cause)
 	r.logger.Error("Message refused: not stored in the inbox, not acked", err, watermill.LogFields{"message_uuid": msg.UUID})
 	return err
 }

@@ -13,7 +13,7 @@ import (
 
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
 )
 
@@ -107,7 +107,7 @@ func TestRefusesUnusableMessages(t *testing.T) {
 	e := newEnv(t)
 	r := e.receiver(t, inbox.ReceiverConfig{
 		Consumer:     "c",
-		Key:          middleware.KeyFromMetadata("event_id"),
+		Key:          oncetype.KeyFromMetadata("event_id"),
 		MaxKeyLength: 16,
 		OrderingKey:  inbox.OrderingKeyFromMetadata("account"),
 	})
@@ -115,9 +115,9 @@ func TestRefusesUnusableMessages(t *testing.T) {
 		msg  *message.Message
 		want error
 	}{
-		"no key":          {msg("u1", "p", "account", "a"), middleware.ErrInvalidKey},
-		"long key":        {msg("u2", "p", "account", "a", "event_id", strings.Repeat("k", 17)), middleware.ErrInvalidKey},
-		"binary key":      {msg("u3", "p", "account", "a", "event_id", "k\xff"), middleware.ErrInvalidKey},
+		"no key":          {msg("u1", "p", "account", "a"), oncetype.ErrInvalidKey},
+		"long key":        {msg("u2", "p", "account", "a", "event_id", strings.Repeat("k", 17)), oncetype.ErrInvalidKey},
+		"binary key":      {msg("u3", "p", "account", "a", "event_id", "k\xff"), oncetype.ErrInvalidKey},
 		"no ordering key": {msg("u4", "p", "event_id", "k4"), inbox.ErrInvalidOrderingKey},
 		"long order key":  {msg("u5", "p", "event_id", "k5", "account", strings.Repeat("a", 17)), inbox.ErrInvalidOrderingKey},
 		"NUL in metadata": {msg("u6", "p", "event_id", "k6", "account", "a", "note", "a\x00b"), inbox.ErrInvalidMetadata},
@@ -131,7 +131,7 @@ func TestRefusesUnusableMessages(t *testing.T) {
 		wg.Go(func() {
 			err := r.Handle(tc.msg)
 			require.ErrorIs(t, err, tc.want, name)
-			require.True(t, middleware.IsPermanent(err), name)
+			require.True(t, oncetype.IsPermanent(err), name)
 		})
 		wg.Go(func() { require.NoError(t, r.Handle(msg(okKey, "p", "event_id", okKey, "account", "a"))) })
 	}
@@ -173,7 +173,7 @@ func TestStoreTxFollowsTheCallersTransaction(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback() }()
 	_, err = r.StoreTx(ctx, tx, "orders", msg("c", "3"), msg("", "no uuid"))
-	require.ErrorIs(t, err, middleware.ErrInvalidKey)
+	require.ErrorIs(t, err, oncetype.ErrInvalidKey)
 }
 
 func TestReceiverRefusesAfterClose(t *testing.T) {
@@ -202,7 +202,7 @@ func TestConfigValidation(t *testing.T) {
 		"no consumer":    {},
 		"blank consumer": {Consumer: "  "},
 		"bad schema":     {Consumer: "c", Schema: "x; DROP TABLE y"},
-		"key too long":   {Consumer: "c", MaxKeyLength: middleware.MaxKeyLengthLimit + 1},
+		"key too long":   {Consumer: "c", MaxKeyLength: oncetype.MaxKeyLengthLimit + 1},
 		"batch too big":  {Consumer: "c", MaxBatch: inbox.MaxBatchLimit + 1},
 		"writers":        {Consumer: "c", Writers: -1},
 		"linger":         {Consumer: "c", Linger: time.Hour},
@@ -270,8 +270,8 @@ func TestAgeGuardParksOldCopiesOfForgottenKeys(t *testing.T) {
 	require.NoError(t, late.Handle(event("forgotten")), "a parked copy is acked: the inbox holds it")
 	require.NoError(t, late.Handle(msg("timeless", "p")), "messages without a time are not checked")
 	err := late.Handle(msg("garbled", "p", outbox.MetadataOccurredAt, "yesterday"))
-	require.ErrorIs(t, err, middleware.ErrMalformedMetadata)
-	require.True(t, middleware.IsPermanent(err))
+	require.ErrorIs(t, err, oncetype.ErrMalformedMetadata)
+	require.True(t, oncetype.IsPermanent(err))
 	require.NoError(t, late.Handle(event("forgotten")), "a second copy is a duplicate of the parked row")
 
 	c := late.Counts()
@@ -283,7 +283,7 @@ func TestAgeGuardParksOldCopiesOfForgottenKeys(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, inbox.StatusFailed, row.Status)
 	require.Zero(t, row.Attempts)
-	require.Contains(t, row.LastError, middleware.ErrTooOld.Error())
+	require.Contains(t, row.LastError, oncetype.ErrTooOld.Error())
 	row, err = e.ops.InspectMessage(context.Background(), "c", "kept")
 	require.NoError(t, err)
 	require.Equal(t, inbox.StatusDone, row.Status)

@@ -17,7 +17,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmonce/watermill-once/internal/lifecycle"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -274,7 +274,7 @@ func (p *Processor) attemptOne(w *worker, r claimedRow, token int64) (outcome, e
 		// The handler committed or rolled back the transaction itself. If it committed, its
 		// effects are in without the row being DONE, and running it again would repeat them:
 		// park the row for a person to look at.
-		return outcomeFailed, middleware.Permanent(fmt.Errorf("inbox: the handler ended the processing transaction itself (never Commit or Rollback the transaction from the context): %w", err))
+		return outcomeFailed, oncetype.Permanent(fmt.Errorf("inbox: the handler ended the processing transaction itself (never Commit or Rollback the transaction from the context): %w", err))
 	}
 	if err != nil {
 		return p.classifyHandler(ctx, fmt.Errorf("inbox: mark done: %w", err))
@@ -297,7 +297,7 @@ func (p *Processor) attemptOne(w *worker, r claimedRow, token int64) (outcome, e
 func (p *Processor) runHandler(ctx context.Context, tx *sql.Tx, r claimedRow) error {
 	msg := message.NewMessage(r.uuid, r.payload)
 	if err := json.Unmarshal([]byte(r.metadata), &msg.Metadata); err != nil {
-		return middleware.Permanent(fmt.Errorf("inbox: row %d: metadata is not a JSON object of strings: %w", r.id, err))
+		return oncetype.Permanent(fmt.Errorf("inbox: row %d: metadata is not a JSON object of strings: %w", r.id, err))
 	}
 	if msg.Metadata == nil {
 		msg.Metadata = message.Metadata{}
@@ -308,12 +308,12 @@ func (p *Processor) runHandler(ctx context.Context, tx *sql.Tx, r claimedRow) er
 	})
 	hctx = pgtx.ContextWithTx(outbox.ContextWithConsumed(hctx, msg), tx)
 	// Keys for effects outside the database (idemkey.ForMessage) follow the inbox's dedupe key.
-	hctx = middleware.ContextWithClaim(hctx, p.config.Consumer, r.messageID)
+	hctx = oncetype.ContextWithClaim(hctx, p.config.Consumer, r.messageID)
 	msg.SetContext(hctx)
 	out, err := callHandler(p.handler, msg)
 	if err != nil {
-		if errors.Is(err, outbox.ErrInvalidMessage) && !middleware.IsPermanent(err) {
-			return middleware.Permanent(err) // published a message the outbox can never store
+		if errors.Is(err, outbox.ErrInvalidMessage) && !oncetype.IsPermanent(err) {
+			return oncetype.Permanent(err) // published a message the outbox can never store
 		}
 		return err
 	}
@@ -321,12 +321,12 @@ func (p *Processor) runHandler(ctx context.Context, tx *sql.Tx, r claimedRow) er
 		return nil
 	}
 	if p.config.OutputTopic == "" {
-		return middleware.Permanent(ErrOutputWithoutTopic)
+		return oncetype.Permanent(ErrOutputWithoutTopic)
 	}
 	if err := p.outbox.PublishTx(hctx, tx, p.config.OutputTopic, out...); err != nil {
 		err = fmt.Errorf("inbox: store handler output: %w", err)
 		if errors.Is(err, outbox.ErrInvalidMessage) {
-			return middleware.Permanent(err) // every retry would return the same output
+			return oncetype.Permanent(err) // every retry would return the same output
 		}
 		return err
 	}
@@ -336,7 +336,7 @@ func (p *Processor) runHandler(ctx context.Context, tx *sql.Tx, r claimedRow) er
 func callHandler(h message.HandlerFunc, msg *message.Message) (out []*message.Message, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = &middleware.PanicError{Value: r, Stack: string(debug.Stack())}
+			err = &oncetype.PanicError{Value: r, Stack: string(debug.Stack())}
 		}
 	}()
 	return h(msg)
@@ -401,7 +401,7 @@ func (p *Processor) recordFailure(r claimedRow, token int64, cause error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var status string
-	err := p.db.QueryRowContext(ctx, p.q.fail, r.id, token, middleware.IsPermanent(cause), p.config.MaxAttempts, micros(delay), errorText(cause)).Scan(&status)
+	err := p.db.QueryRowContext(ctx, p.q.fail, r.id, token, oncetype.IsPermanent(cause), p.config.MaxAttempts, micros(delay), errorText(cause)).Scan(&status)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		p.conflicts.Add(1)

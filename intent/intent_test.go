@@ -21,7 +21,8 @@ import (
 	"github.com/wmonce/watermill-once/intent"
 	"github.com/wmonce/watermill-once/internal/fakeprovider"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/once"
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -41,7 +42,7 @@ func newSMSProvider(t *testing.T, p *fakeprovider.Provider) smsProvider {
 func (p smsProvider) Send(ctx context.Context, in intent.Intent) (string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.base+"/send", bytes.NewReader(in.Payload))
 	if err != nil {
-		return "", middleware.Permanent(err)
+		return "", oncetype.Permanent(err)
 	}
 	resp, err := p.client.Do(req)
 	if err != nil {
@@ -52,7 +53,7 @@ func (p smsProvider) Send(ctx context.Context, in intent.Intent) (string, error)
 	case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable:
 		return "", intent.NotSent(fmt.Errorf("provider answered %s", resp.Status))
 	case resp.StatusCode >= 400 && resp.StatusCode < 500:
-		return "", middleware.Permanent(fmt.Errorf("provider refused: %s", resp.Status))
+		return "", oncetype.Permanent(fmt.Errorf("provider refused: %s", resp.Status))
 	case resp.StatusCode >= 300:
 		return "", fmt.Errorf("provider answered %s", resp.Status)
 	}
@@ -137,7 +138,7 @@ func (e *env) get(t *testing.T, key string) intent.Intent {
 func TestRecordInsideEffectivelyOnceHandler(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	mw, err := middleware.NewEffectivelyOnce(e.db, middleware.Config{Schema: e.schema, Consumer: "notifications"}, nil)
+	mw, err := once.New(e.db, once.Config{Schema: e.schema, Consumer: "notifications"}, nil)
 	require.NoError(t, err)
 	fail := true
 	h := mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {

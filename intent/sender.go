@@ -16,7 +16,7 @@ import (
 
 	"github.com/wmonce/watermill-once/idemkey"
 	"github.com/wmonce/watermill-once/internal/lifecycle"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -27,7 +27,7 @@ import (
 // pass in.Key as their idempotency key or client reference. Send returns the provider's id of
 // the effect (message id, charge id) on success. Errors say what is known about the effect:
 //
-//   - middleware.Permanent(err): the provider refused it and nothing happened (bad number,
+//   - oncetype.Permanent(err): the provider refused it and nothing happened (bad number,
 //     invalid request). The intent becomes FAILED at once.
 //   - NotSent(err): nothing happened and trying again may work (HTTP 429 or 503 before
 //     processing, connection refused). The intent goes back to PENDING with backoff.
@@ -545,7 +545,7 @@ func (s *Sender) send(ctx context.Context, ch Channel, in Intent, token string, 
 		s.logger.Debug("Intent sent", fields.Add(watermill.LogFields{"provider_id": id}))
 		return nil
 	}
-	if ctx.Err() != nil && !middleware.IsPermanent(err) {
+	if ctx.Err() != nil && !oncetype.IsPermanent(err) {
 		// Stopping mid-call. NotSent is certain; anything else may have reached the provider:
 		// hand it to the channel's policy at the next sender, as after a crash, without waiting
 		// out the lease.
@@ -553,7 +553,7 @@ func (s *Sender) send(ctx context.Context, ch Channel, in Intent, token string, 
 		return s.release(ctx, in, token, !notSent || recovered, fmt.Sprintf("sender stopped during the provider call (%v)", err), fields)
 	}
 	switch {
-	case middleware.IsPermanent(err):
+	case oncetype.IsPermanent(err):
 		return s.park(ctx, in, token, StatusFailed, "rejected by the provider: "+err.Error(), fields)
 	case in.Attempts >= ch.MaxAttempts:
 		return s.park(ctx, in, token, StatusFailed, fmt.Sprintf("gave up after %d attempts: %v", in.Attempts, err), fields)

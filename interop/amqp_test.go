@@ -21,7 +21,8 @@ import (
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/brokertest"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/once"
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -191,7 +192,7 @@ func TestMiddlewareOverWatermillAMQP(t *testing.T) {
 	sub := theirSubscriber(t, e.amqpURL, "rewards", "payments")
 	theirSubscriber(t, e.amqpURL, "notifications", "cashback") // the outputs' queue
 
-	once, err := middleware.NewEffectivelyOnce(e.db, middleware.Config{Schema: e.schema, Consumer: "rewards"}, logger())
+	mw, err := once.New(e.db, once.Config{Schema: e.schema, Consumer: "rewards"}, logger())
 	require.NoError(t, err)
 	var failedOnce atomic.Bool
 	var mu sync.Mutex
@@ -211,13 +212,13 @@ func TestMiddlewareOverWatermillAMQP(t *testing.T) {
 	// A handler with a publisher: without the middleware the router would publish the outputs
 	// straight to RabbitMQ, outside the transaction.
 	runRouter(t, func(r *message.Router) {
-		r.AddHandler("rewards", "payments", sub, "cashback", pub, handler).AddMiddleware(once.Middleware)
+		r.AddHandler("rewards", "payments", sub, "cashback", pub, handler).AddMiddleware(mw.Middleware)
 	})
 
 	publish(t, pub, "payments", "e-91", 5)
 	publish(t, pub, "payments", "e-fails-once", 1)
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		assert.Equal(c, middleware.Counts{Fresh: 2, Duplicates: 4, Failed: 1}, once.Counts("rewards"))
+		assert.Equal(c, once.Counts{Fresh: 2, Duplicates: 4, Failed: 1}, mw.Counts("rewards"))
 	}, waitFor, tick)
 
 	require.Equal(t, 1, e.effects(t, "e-91"), "five copies, one effect")
@@ -247,12 +248,12 @@ func TestStackOverWatermillAMQP(t *testing.T) {
 	pub := theirPublisher(t, e.amqpURL)
 	sub := theirSubscriber(t, e.amqpURL, "rewards", "payments")
 
-	once, err := middleware.NewEffectivelyOnce(e.db, middleware.Config{Schema: e.schema}, logger()) // consumer: the handler name
+	mw, err := once.New(e.db, once.Config{Schema: e.schema}, logger()) // consumer: the handler name
 	require.NoError(t, err)
 	writer, err := outbox.NewWriter(outbox.Config{Schema: e.schema})
 	require.NoError(t, err)
-	stack, err := middleware.Stack(middleware.StackConfig{
-		EffectivelyOnce: once,
+	stack, err := once.Stack(once.StackConfig{
+		Middleware:      mw,
 		PoisonPublisher: writer.DBPublisher(e.db),
 		PoisonTopic:     "payments-parked",
 		Retry:           wmiddleware.Retry{InitialInterval: 5 * time.Millisecond},
@@ -273,7 +274,7 @@ func TestStackOverWatermillAMQP(t *testing.T) {
 			case msg.UUID == "e-transient" && transientFailed.CompareAndSwap(false, true):
 				return errors.New("database hiccup")
 			case msg.UUID == "e-poison":
-				return middleware.Permanent(errors.New("payment refers to an unknown account"))
+				return oncetype.Permanent(errors.New("payment refers to an unknown account"))
 			}
 			out := message.NewMessage("cashback-"+msg.UUID, []byte(`{"paise":2400}`))
 			out.SetContext(msg.Context()) // the middleware's transaction: the outbox row commits with the effect
@@ -284,7 +285,7 @@ func TestStackOverWatermillAMQP(t *testing.T) {
 	publish(t, pub, "payments", "e-transient", 2)
 	publish(t, pub, "payments", "e-poison", 1)
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		assert.Equal(c, middleware.Counts{Fresh: 1, Duplicates: 1, Failed: 2}, once.Counts("rewards"))
+		assert.Equal(c, once.Counts{Fresh: 1, Duplicates: 1, Failed: 2}, mw.Counts("rewards"))
 	}, waitFor, tick)
 	require.Eventually(t, func() bool { return queueDepth(t, e.amqpURL, "payments_rewards") == 0 }, waitFor, tick, "every message acked, the poison one too")
 	require.Equal(t, 1, e.effects(t, "e-transient"))

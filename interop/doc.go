@@ -1,5 +1,5 @@
 // Package interop holds no code, only tests: they run watermill-once's middleware
-// (middleware.NewEffectivelyOnce, middleware.Stack), its inbox (inbox.Receiver and Processor)
+// (once.New, once.Stack), its inbox (inbox.Receiver and Processor)
 // and its outbox relay over Pub/Subs that users already run, rather than over the broker
 // package's own. The handlers are plain Watermill handlers; nothing in them knows which
 // Pub/Sub delivered the message.
@@ -19,7 +19,7 @@
 //     requeues it, and it loops forever without reaching the handler. Set Config.Marshaler to
 //     broker.Marshaler{}, which writes what DefaultMarshaler writes and reads any header.
 //   - A nack requeues at once (no delay): a failing message comes straight back, as fast as the
-//     handler can fail. Put middleware.Stack around the handler: Retry re-runs a failed delivery
+//     handler can fail. Put once.Stack around the handler: Retry re-runs a failed delivery
 //     in-process with backoff, each attempt in a new transaction, and permanent failures are
 //     parked (PoisonPublisher) and acked, so a nack reaches RabbitMQ only after the retries.
 //     A quorum queue with a delivery limit (RabbitMQ 4.0 and later set one by default) drops a

@@ -3,7 +3,7 @@
 //
 //	err := metrics.Register(prometheus.DefaultRegisterer, metrics.Sources{
 //		DB: db, Schema: "wmonce",
-//		Middlewares: []*middleware.EffectivelyOnce{payments},
+//		Middlewares: []*once.Middleware{payments},
 //		Relays:      []*outbox.Relay{relay},
 //		Processors:  []*inbox.Processor{processor},
 //		Receivers:   []*inbox.Receiver{receiver},
@@ -33,12 +33,12 @@
 // the components of one kind are summed. Intent senders and HTTP idempotency middlewares
 // carry no label: their counts are summed over the components given (a Sender does not count
 // per channel; wmonce_intent_rows is per channel). The sender label comes from
-// middleware.Config.SenderMetadataKey (empty when unset); the middleware caps it at 100 senders
+// once.Config.SenderMetadataKey (empty when unset); the middleware caps it at 100 senders
 // per consumer ("_other" beyond), and invalid UTF-8 is replaced.
 //
 // # Metrics
 //
-// From the effectively-once middleware (middleware.EffectivelyOnce.CountsBySender and
+// From the effectively-once middleware (once.Middleware.CountsBySender and
 // GroupCommitStats):
 //
 //	wmonce_claims_total{consumer,sender,result}        counter  result=fresh (applied and committed) | duplicate (skipped, acked)

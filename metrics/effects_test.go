@@ -19,7 +19,7 @@ import (
 	"github.com/wmonce/watermill-once/intent"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/metrics"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -32,7 +32,7 @@ type provider struct {
 func (p *provider) Send(ctx context.Context, in intent.Intent) (string, error) {
 	switch string(in.Payload) {
 	case "reject":
-		return "", middleware.Permanent(errors.New("invalid number"))
+		return "", oncetype.Permanent(errors.New("invalid number"))
 	case "busy":
 		return "", intent.NotSent(errors.New("429 too many requests"))
 	case "lost":

@@ -10,7 +10,7 @@ import (
 	"github.com/wmonce/watermill-once/httpidem"
 	"github.com/wmonce/watermill-once/intent"
 	"github.com/wmonce/watermill-once/metrics"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/retention"
 )
@@ -18,18 +18,18 @@ import (
 // Register every component of the process once, then serve the registry.
 func ExampleRegister() {
 	var (
-		db      *sql.DB                     // pgtx.Open(...)
-		mw      *middleware.EffectivelyOnce // middleware.NewEffectivelyOnce(...)
-		relay   *outbox.Relay               // outbox.NewRelay(...)
-		janitor *retention.Janitor          // retention.NewJanitor(...)
-		sender  *intent.Sender              // intent.NewSender(...)
-		idem    *httpidem.Middleware        // httpidem.NewMiddleware(...)
+		db      *sql.DB              // pgtx.Open(...)
+		mw      *once.Middleware     // once.New(...)
+		relay   *outbox.Relay        // outbox.NewRelay(...)
+		janitor *retention.Janitor   // retention.NewJanitor(...)
+		sender  *intent.Sender       // intent.NewSender(...)
+		idem    *httpidem.Middleware // httpidem.NewMiddleware(...)
 	)
 	reg := prometheus.NewRegistry()
 	if err := metrics.Register(reg, metrics.Sources{
 		DB:              db,
 		Schema:          "wmonce",
-		Middlewares:     []*middleware.EffectivelyOnce{mw},
+		Middlewares:     []*once.Middleware{mw},
 		Relays:          []*outbox.Relay{relay},
 		Janitors:        []*retention.Janitor{janitor},
 		Senders:         []*intent.Sender{sender},

@@ -17,7 +17,7 @@ import (
 	"github.com/wmonce/watermill-once/httpidem"
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/intent"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 	"github.com/wmonce/watermill-once/retention"
@@ -40,7 +40,7 @@ type Sources struct {
 
 	// Middlewares export claims, duplicates, fingerprint mismatches, handler outcomes and
 	// transaction retries per consumer (and sender), and group-commit totals.
-	Middlewares []*middleware.EffectivelyOnce
+	Middlewares []*once.Middleware
 	// Relays export forwarded, failed, rejected and fenced counts and leadership, labelled
 	// with the relay's name when *outbox.Relay has a Name() method (see the package doc).
 	Relays []*outbox.Relay

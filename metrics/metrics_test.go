@@ -22,7 +22,8 @@ import (
 	"github.com/wmonce/watermill-once/intent"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/metrics"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/once"
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 	"github.com/wmonce/watermill-once/retention"
@@ -110,7 +111,7 @@ func TestMetricsOfRealComponents(t *testing.T) {
 	now := time.Now()
 
 	// Effectively-once middleware: applied, duplicate, mismatching duplicate, failed, refused, too old.
-	mw, err := middleware.NewEffectivelyOnce(db, middleware.Config{
+	mw, err := once.New(db, once.Config{
 		Schema: schema, Consumer: "payments", SenderMetadataKey: "sender", MaxMessageAge: 24 * time.Hour,
 	}, logger())
 	require.NoError(t, err)
@@ -141,7 +142,7 @@ func TestMetricsOfRealComponents(t *testing.T) {
 	}
 	proc, err := inbox.NewProcessor(db, func(msg *message.Message) ([]*message.Message, error) {
 		if msg.UUID == "o-poison" {
-			return nil, middleware.Permanent(errors.New("poison"))
+			return nil, oncetype.Permanent(errors.New("poison"))
 		}
 		return nil, nil
 	}, inbox.ProcessorConfig{Schema: schema, Consumer: "orders", Workers: 1, PollInterval: 10 * time.Millisecond}, logger())
@@ -181,7 +182,7 @@ SELECT 'old', 'k' || g, '\x00', now() - interval '30 days' FROM generate_series(
 	reg := prometheus.NewPedanticRegistry()
 	require.NoError(t, metrics.Register(reg, metrics.Sources{
 		DB: db, Schema: schema,
-		Middlewares: []*middleware.EffectivelyOnce{mw},
+		Middlewares: []*once.Middleware{mw},
 		Relays:      []*outbox.Relay{kafka, audit},
 		Processors:  []*inbox.Processor{proc},
 		Receivers:   []*inbox.Receiver{orders, backlog},
@@ -264,7 +265,7 @@ wmonce_claims_total{consumer="payments",result="fresh",sender="shop"} 1
 	require.Equal(t, 0.0, value(t, reg, "wmonce_inbox_rows", m("consumer", "backlog", "status", "pending")))
 
 	// Names, types and help follow Prometheus conventions.
-	c, err := metrics.NewCollector(metrics.Sources{DB: db, Schema: schema, Middlewares: []*middleware.EffectivelyOnce{mw}, Janitors: []*retention.Janitor{j}})
+	c, err := metrics.NewCollector(metrics.Sources{DB: db, Schema: schema, Middlewares: []*once.Middleware{mw}, Janitors: []*retention.Janitor{j}})
 	require.NoError(t, err)
 	problems, err := testutil.CollectAndLint(c)
 	require.NoError(t, err)
@@ -291,13 +292,13 @@ func relay(t *testing.T, db *sql.DB, schema, name string, batch, want int) *outb
 func TestScrapeSurvivesDatabaseErrors(t *testing.T) {
 	t.Parallel()
 	db := pgtest.DB(t)
-	mw, err := middleware.NewEffectivelyOnce(db, middleware.Config{Schema: "no_such_schema_here", Consumer: "c", SenderMetadataKey: "sender"}, logger())
+	mw, err := once.New(db, once.Config{Schema: "no_such_schema_here", Consumer: "c", SenderMetadataKey: "sender"}, logger())
 	require.NoError(t, err)
 	// A producer-controlled sender that is not UTF-8 must not break the scrape either.
 	msg := message.NewMessage("", nil)
 	msg.Metadata.Set("sender", "bad\xffsender")
 	_, err = mw.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(msg)
-	require.ErrorIs(t, err, middleware.ErrInvalidKey)
+	require.ErrorIs(t, err, oncetype.ErrInvalidKey)
 
 	sender, err := intent.NewSender(db, intent.SenderConfig{Schema: "no_such_schema_here", Channels: map[string]intent.Channel{"sms": {Provider: &provider{}, OnCrash: intent.Resend}}}, logger())
 	require.NoError(t, err)
@@ -309,7 +310,7 @@ func TestScrapeSurvivesDatabaseErrors(t *testing.T) {
 	logs := watermill.NewCaptureLogger()
 	reg := prometheus.NewPedanticRegistry()
 	require.NoError(t, metrics.Register(reg, metrics.Sources{
-		DB: db, Schema: "no_such_schema_here", Middlewares: []*middleware.EffectivelyOnce{mw}, Logger: logs,
+		DB: db, Schema: "no_such_schema_here", Middlewares: []*once.Middleware{mw}, Logger: logs,
 		Senders: []*intent.Sender{sender}, HTTPIdempotency: []*httpidem.Middleware{idem},
 	}))
 	for scrape := 1; scrape <= 2; scrape++ {

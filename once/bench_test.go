@@ -1,4 +1,4 @@
-package middleware_test
+package once_test
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -25,7 +25,7 @@ import (
 // with the per-message effectively-once transaction, and with group commit. Compare ns/op
 // across sub-benchmarks of the same run; the machine is shared and noisy.
 //
-//	go test -run '^$' -bench HandlerPaths -benchtime 5000x ./middleware/
+//	go test -run '^$' -bench HandlerPaths -benchtime 5000x ./once/
 func BenchmarkHandlerPaths(b *testing.B) {
 	db := pgtest.OpenDB(b, 80)
 	schema := pgtest.Schema(b, db)
@@ -63,7 +63,7 @@ func BenchmarkHandlerPaths(b *testing.B) {
 			drive(b, h, inFlight, payload, run.Add(1))
 		})
 		b.Run("per-message"+pool.name, func(b *testing.B) {
-			mw, err := middleware.NewEffectivelyOnce(pool.db, middleware.Config{Schema: schema, Consumer: "bench"}, nil)
+			mw, err := once.New(pool.db, once.Config{Schema: schema, Consumer: "bench"}, nil)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -71,9 +71,9 @@ func BenchmarkHandlerPaths(b *testing.B) {
 		})
 	}
 	for _, workers := range []int{2, 4, 8} {
-		gc := middleware.GroupCommitConfig{Enabled: true, Workers: workers}
+		gc := once.GroupCommitConfig{Enabled: true, Workers: workers}
 		b.Run(fmt.Sprintf("group-commit-workers-%d", workers), func(b *testing.B) {
-			mw, err := middleware.NewEffectivelyOnce(db, middleware.Config{Schema: schema, Consumer: "bench", GroupCommit: gc}, nil)
+			mw, err := once.New(db, once.Config{Schema: schema, Consumer: "bench", GroupCommit: gc}, nil)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -119,7 +119,7 @@ func drive(b *testing.B, h message.HandlerFunc, inFlight int, payload []byte, ru
 // each variant and the median over rounds of each variant's ratio to per-message and of
 // per-message to no-dedupe. Run it once per setting:
 //
-//	BENCH_IN_FLIGHT=64 go test -run '^$' -bench HandlerPathsInterleaved -benchtime 1x ./middleware/
+//	BENCH_IN_FLIGHT=64 go test -run '^$' -bench HandlerPathsInterleaved -benchtime 1x ./once/
 func BenchmarkHandlerPathsInterleaved(b *testing.B) {
 	db := pgtest.OpenDB(b, 80)
 	schema := pgtest.Schema(b, db)
@@ -146,8 +146,8 @@ func BenchmarkHandlerPathsInterleaved(b *testing.B) {
 		}
 	}
 	var groupStats []func() (uint64, uint64)
-	mw := func(db *sql.DB, gc middleware.GroupCommitConfig) message.HandlerFunc {
-		m, err := middleware.NewEffectivelyOnce(db, middleware.Config{Schema: schema, Consumer: "bench", GroupCommit: gc}, nil)
+	mw := func(db *sql.DB, gc once.GroupCommitConfig) message.HandlerFunc {
+		m, err := once.New(db, once.Config{Schema: schema, Consumer: "bench", GroupCommit: gc}, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -162,13 +162,13 @@ func BenchmarkHandlerPathsInterleaved(b *testing.B) {
 		h    message.HandlerFunc
 	}{
 		{"no-dedupe", atLeastOnce(db)},
-		{"per-message", mw(db, middleware.GroupCommitConfig{})},
+		{"per-message", mw(db, once.GroupCommitConfig{})},
 		{"no-dedupe-eager-begin", atLeastOnce(eager)},
-		{"per-message-eager-begin", mw(eager, middleware.GroupCommitConfig{})},
-		{"group-commit-2", mw(db, middleware.GroupCommitConfig{Enabled: true, Workers: 2})},
-		{"group-commit-4", mw(db, middleware.GroupCommitConfig{Enabled: true, Workers: 4})},
+		{"per-message-eager-begin", mw(eager, once.GroupCommitConfig{})},
+		{"group-commit-2", mw(db, once.GroupCommitConfig{Enabled: true, Workers: 2})},
+		{"group-commit-4", mw(db, once.GroupCommitConfig{Enabled: true, Workers: 4})},
 		// The same as per-message, last in each round: how far apart two identical variants land.
-		{"per-message-control", mw(db, middleware.GroupCommitConfig{})},
+		{"per-message-control", mw(db, once.GroupCommitConfig{})},
 	}
 	inFlight, rounds, msgs := envInt("BENCH_IN_FLIGHT", 64), envInt("BENCH_ROUNDS", 7), envInt("BENCH_MSGS", 500)
 	rates := make([][]float64, len(variants))

@@ -1,4 +1,4 @@
-package middleware
+package once
 
 import (
 	"sync/atomic"
@@ -53,7 +53,7 @@ const maxSenders = 100
 
 const overflowSender = "_other"
 
-func (e *EffectivelyOnce) countersFor(consumer, sender string) *counters {
+func (e *Middleware) countersFor(consumer, sender string) *counters {
 	k := CounterKey{consumer, sender}
 	if c, ok := e.counts.Load(k); ok {
 		return c.(*counters)
@@ -65,7 +65,7 @@ func (e *EffectivelyOnce) countersFor(consumer, sender string) *counters {
 	return c.(*counters)
 }
 
-func (e *EffectivelyOnce) senders(consumer string) int {
+func (e *Middleware) senders(consumer string) int {
 	n := 0
 	e.counts.Range(func(k, _ any) bool {
 		if k.(CounterKey).Consumer == consumer {
@@ -77,7 +77,7 @@ func (e *EffectivelyOnce) senders(consumer string) int {
 }
 
 // Counts returns the totals of one consumer, summed over senders.
-func (e *EffectivelyOnce) Counts(consumer string) Counts {
+func (e *Middleware) Counts(consumer string) Counts {
 	var sum Counts
 	e.counts.Range(func(k, v any) bool {
 		if k.(CounterKey).Consumer == consumer {
@@ -89,7 +89,7 @@ func (e *EffectivelyOnce) Counts(consumer string) Counts {
 }
 
 // AllCounts returns the totals of every consumer seen so far, summed over senders.
-func (e *EffectivelyOnce) AllCounts() map[string]Counts {
+func (e *Middleware) AllCounts() map[string]Counts {
 	out := map[string]Counts{}
 	e.counts.Range(func(k, v any) bool {
 		c := k.(CounterKey).Consumer
@@ -100,7 +100,7 @@ func (e *EffectivelyOnce) AllCounts() map[string]Counts {
 }
 
 // CountsBySender returns every series, per consumer and sender: what metrics export.
-func (e *EffectivelyOnce) CountsBySender() map[CounterKey]Counts {
+func (e *Middleware) CountsBySender() map[CounterKey]Counts {
 	out := map[CounterKey]Counts{}
 	e.counts.Range(func(k, v any) bool {
 		out[k.(CounterKey)] = v.(*counters).snapshot()

@@ -1,9 +1,9 @@
-// Package middleware makes a Watermill router handler effectively-once on PostgreSQL: a
+// Package once makes a Watermill router handler effectively-once on PostgreSQL: a
 // message may be delivered many times, its effect is applied once.
 //
 // # The guarantee
 //
-// For every delivered message, EffectivelyOnce runs ONE transaction:
+// For every delivered message, Middleware runs ONE transaction:
 //
 //  1. claim the message's key for the consumer: INSERT INTO processed_messages ... ON CONFLICT
 //     DO NOTHING. No row inserted means a copy was already applied: the transaction ends, the
@@ -94,7 +94,7 @@
 //
 // Use Stack, or add them in this order (first added is outermost):
 //
-//	Timeout -> Retry(ResetContextOnRetry) -> PoisonQueue -> EffectivelyOnce -> CorrelationID -> Recoverer -> handler
+//	Timeout -> Retry(ResetContextOnRetry) -> PoisonQueue -> Middleware -> CorrelationID -> Recoverer -> handler
 //
 // Never combine with Watermill's InstantAck (acks before the commit) or its in-memory
 // Deduplicator (records the key before the handler succeeds, so a failed message's redelivery
@@ -102,4 +102,4 @@
 //
 // The handler must use the transaction for its writes, not the *sql.DB: a second connection
 // taken while the transaction holds one can exhaust the pool and deadlock.
-package middleware
+package once

@@ -1,4 +1,4 @@
-package middleware
+package once
 
 import (
 	"bytes"
@@ -14,6 +14,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/wmonce/watermill-once/oncetype"
+
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
@@ -22,10 +24,6 @@ import (
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
-
-// MaxKeyLengthLimit is the largest MaxKeyLength accepted: PostgreSQL b-tree entries must stay
-// well under a third of a page.
-const MaxKeyLengthLimit = 1024
 
 // Config configures the effectively-once middleware.
 type Config struct {
@@ -39,7 +37,7 @@ type Config struct {
 	Consumer string
 
 	// Key returns each message's dedupe key. Default KeyFromUUID.
-	Key KeyFunc
+	Key oncetype.KeyFunc
 	// MaxKeyLength refuses longer keys (in bytes) as invalid. Default 255, at most 1024.
 	MaxKeyLength int
 
@@ -114,7 +112,7 @@ func (c *Config) setDefaults() {
 		c.Schema = pgtx.DefaultSchema
 	}
 	if c.Key == nil {
-		c.Key = KeyFromUUID()
+		c.Key = oncetype.KeyFromUUID()
 	}
 	if c.MaxKeyLength == 0 {
 		c.MaxKeyLength = 255
@@ -129,25 +127,10 @@ func (c *Config) setDefaults() {
 		c.GroupCommit.setDefaults()
 	}
 	if c.OccurredAt == nil {
-		c.OccurredAt = OccurredAtFromMetadata(outbox.MetadataOccurredAt)
+		c.OccurredAt = oncetype.OccurredAtFromMetadata(outbox.MetadataOccurredAt)
 	}
 	if c.Now == nil {
 		c.Now = time.Now
-	}
-}
-
-// OccurredAtFromMetadata reads the event time from an RFC 3339 metadata field.
-func OccurredAtFromMetadata(field string) func(*message.Message) (time.Time, bool, error) {
-	return func(msg *message.Message) (time.Time, bool, error) {
-		v := msg.Metadata.Get(field)
-		if v == "" {
-			return time.Time{}, false, nil
-		}
-		t, err := time.Parse(time.RFC3339Nano, v)
-		if err != nil {
-			return time.Time{}, false, fmt.Errorf("metadata %q is not an RFC 3339 time: %q", field, v)
-		}
-		return t, true, nil
 	}
 }
 
@@ -163,8 +146,8 @@ func (c Config) Validate() error {
 	if len(c.Consumer) > 255 || !utf8.ValidString(c.Consumer) {
 		errs = append(errs, errors.New("Consumer must be valid UTF-8 of at most 255 bytes"))
 	}
-	if c.MaxKeyLength < 1 || c.MaxKeyLength > MaxKeyLengthLimit {
-		errs = append(errs, fmt.Errorf("MaxKeyLength must be between 1 and %d, got %d", MaxKeyLengthLimit, c.MaxKeyLength))
+	if c.MaxKeyLength < 1 || c.MaxKeyLength > oncetype.MaxKeyLengthLimit {
+		errs = append(errs, fmt.Errorf("MaxKeyLength must be between 1 and %d, got %d", oncetype.MaxKeyLengthLimit, c.MaxKeyLength))
 	}
 	if c.OutputTopic != "" {
 		if err := outbox.DefaultValidateTopic(c.OutputTopic); err != nil {
@@ -183,9 +166,9 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// EffectivelyOnce makes a Watermill handler apply each message once, however often it is
+// Middleware makes a Watermill handler apply each message once, however often it is
 // delivered. See the package documentation for the exact guarantee.
-type EffectivelyOnce struct {
+type Middleware struct {
 	db     *sql.DB
 	config Config
 	outbox *outbox.Writer
@@ -236,9 +219,9 @@ INSERT INTO ` + t + ` (` + cols + `) VALUES (` + values + `) ON CONFLICT DO NOTH
 	}
 }
 
-// NewEffectivelyOnce validates config and prepares the middleware. db must reach PostgreSQL;
+// New validates config and prepares the middleware. db must reach PostgreSQL;
 // the tables must exist (run migrate first).
-func NewEffectivelyOnce(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*EffectivelyOnce, error) {
+func New(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Middleware, error) {
 	if db == nil {
 		return nil, errors.New("effectively-once: db is nil: open one with pgtx.Open")
 	}
@@ -256,7 +239,7 @@ func NewEffectivelyOnce(db *sql.DB, config Config, logger watermill.LoggerAdapte
 			return nil, fmt.Errorf("effectively-once: %w", err)
 		}
 	}
-	e := &EffectivelyOnce{
+	e := &Middleware{
 		db:     db,
 		config: config,
 		outbox: ob,
@@ -271,7 +254,7 @@ func NewEffectivelyOnce(db *sql.DB, config Config, logger watermill.LoggerAdapte
 
 // Close stops the group-commit workers, answering messages still queued with an error (they
 // are nacked and redelivered). It is idempotent and needed only with GroupCommit.
-func (e *EffectivelyOnce) Close() error {
+func (e *Middleware) Close() error {
 	if e.group != nil {
 		e.group.close()
 	}
@@ -296,7 +279,7 @@ type delivery struct {
 
 // Middleware wraps h. It returns no messages to the router: messages h returns are stored in
 // the outbox in the same transaction and reach the broker through the relay.
-func (e *EffectivelyOnce) Middleware(h message.HandlerFunc) message.HandlerFunc {
+func (e *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		origCtx := msg.Context()
 		// Subscribers re-send msg.Copy() with their own context and Retry reuses msg: leave the
@@ -317,14 +300,14 @@ func (e *EffectivelyOnce) Middleware(h message.HandlerFunc) message.HandlerFunc 
 	}
 }
 
-func (e *EffectivelyOnce) newDelivery(msg *message.Message) (*delivery, error) {
+func (e *Middleware) newDelivery(msg *message.Message) (*delivery, error) {
 	ctx := msg.Context()
 	consumer := e.config.Consumer
 	if consumer == "" {
 		consumer = message.HandlerNameFromCtx(ctx)
 	}
 	if consumer == "" {
-		return nil, Permanent(ErrNoConsumer)
+		return nil, oncetype.Permanent(ErrNoConsumer)
 	}
 	var sender string
 	if e.config.SenderMetadataKey != "" {
@@ -341,14 +324,14 @@ func (e *EffectivelyOnce) newDelivery(msg *message.Message) (*delivery, error) {
 		err = e.checkKey(key)
 	}
 	if err != nil {
-		return refuse(Permanent(fmt.Errorf("%w for message %q (consumer %q): %w", ErrInvalidKey, msg.UUID, consumer, err)))
+		return refuse(oncetype.Permanent(fmt.Errorf("%w for message %q (consumer %q): %w", oncetype.ErrInvalidKey, msg.UUID, consumer, err)))
 	}
 	occurredAt, hasOccurredAt, err := e.config.OccurredAt(msg)
 	if err != nil {
-		return refuse(Permanent(fmt.Errorf("%w: message %q (consumer %q): %w", ErrMalformedMetadata, msg.UUID, consumer, err)))
+		return refuse(oncetype.Permanent(fmt.Errorf("%w: message %q (consumer %q): %w", oncetype.ErrMalformedMetadata, msg.UUID, consumer, err)))
 	}
 	if e.config.PartitionByDay && !hasOccurredAt {
-		return refuse(Permanent(fmt.Errorf("%w: message %q (consumer %q) carries no occurred_at, which PartitionByDay needs to find its partition: publish through the outbox (it stamps it) or configure OccurredAt", ErrMalformedMetadata, msg.UUID, consumer)))
+		return refuse(oncetype.Permanent(fmt.Errorf("%w: message %q (consumer %q) carries no occurred_at, which PartitionByDay needs to find its partition: publish through the outbox (it stamps it) or configure OccurredAt", oncetype.ErrMalformedMetadata, msg.UUID, consumer)))
 	}
 	sum := sha256.Sum256(msg.Payload)
 	topic := e.config.OutputTopic
@@ -369,24 +352,10 @@ func (e *EffectivelyOnce) newDelivery(msg *message.Message) (*delivery, error) {
 	}, nil
 }
 
-func (e *EffectivelyOnce) checkKey(key string) error { return CheckKey(key, e.config.MaxKeyLength) }
-
-// CheckKey applies the rules every dedupe key must meet: not empty, at most maxLen bytes, and
-// text PostgreSQL can store (valid UTF-8, no NUL). The inbox applies the same rules.
-func CheckKey(key string, maxLen int) error {
-	switch {
-	case key == "":
-		return errors.New("key is empty")
-	case len(key) > maxLen:
-		return fmt.Errorf("key is %d bytes long, over MaxKeyLength (%d): raise MaxKeyLength (up to %d) or use KeyFromPayloadSHA256 / a shorter business key", len(key), maxLen, MaxKeyLengthLimit)
-	case !utf8.ValidString(key) || strings.ContainsRune(key, 0):
-		return errors.New("key is not valid UTF-8 text (or contains NUL): PostgreSQL text cannot store it; use KeyFromPayloadSHA256 or hex-encode it")
-	}
-	return nil
-}
+func (e *Middleware) checkKey(key string) error { return oncetype.CheckKey(key, e.config.MaxKeyLength) }
 
 // runInOwnTx is the normal path: one transaction of our own per attempt.
-func (e *EffectivelyOnce) runInOwnTx(origCtx context.Context, h message.HandlerFunc, d *delivery) error {
+func (e *Middleware) runInOwnTx(origCtx context.Context, h message.HandlerFunc, d *delivery) error {
 	ctx, release := detachForShutdown(origCtx, e.config.ShutdownGrace)
 	defer release()
 	policy := e.config.TxRetry
@@ -412,7 +381,7 @@ func (e *EffectivelyOnce) runInOwnTx(origCtx context.Context, h message.HandlerF
 	}
 }
 
-func (e *EffectivelyOnce) attemptOwnTx(ctx context.Context, h message.HandlerFunc, d *delivery) (err error) {
+func (e *Middleware) attemptOwnTx(ctx context.Context, h message.HandlerFunc, d *delivery) (err error) {
 	tx, err := e.db.BeginTx(ctx, e.config.TxOptions)
 	if err != nil {
 		return fmt.Errorf("effectively-once: begin: %w", err)
@@ -465,7 +434,7 @@ const (
 // transaction without rolling back, so a failed attempt must undo itself. Per message this costs
 // one round trip besides the handler's (savepoint, guard and claim together; the release travels
 // with the next statement), plus one to compare the payload of a duplicate.
-func (e *EffectivelyOnce) runInSubscriberTx(ctx context.Context, h message.HandlerFunc, d *delivery, tx *sql.Tx) error {
+func (e *Middleware) runInSubscriberTx(ctx context.Context, h message.HandlerFunc, d *delivery, tx *sql.Tx) error {
 	args := []any{pgx.QueryExecModeSimpleProtocol, d.consumer, d.key, d.fingerprint}
 	if e.q.daily {
 		args = append(args, partition.Day(d.occurredAt).Format(time.DateOnly))
@@ -504,7 +473,7 @@ func (e *EffectivelyOnce) runInSubscriberTx(ctx context.Context, h message.Handl
 		return rollback(nil)
 	}
 	if err := e.apply(ctx, h, d, tx); err != nil {
-		if pgtx.IsSerializationFailure(err) && !IsPermanent(err) {
+		if pgtx.IsSerializationFailure(err) && !oncetype.IsPermanent(err) {
 			return e.abandonSnapshot(ctx, d, tx, err, rollback)
 		}
 		return rollback(err)
@@ -526,7 +495,7 @@ func (e *EffectivelyOnce) runInSubscriberTx(ctx context.Context, h message.Handl
 // and the message is acked into it: the subscriber's commit fails, its offset does not move, and
 // it delivers the message again in a new transaction with a fresh snapshot. Nothing of the
 // attempt, nor of any later message in the same transaction, can commit.
-func (e *EffectivelyOnce) abandonSnapshot(ctx context.Context, d *delivery, tx *sql.Tx, cause error, rollback func(error) error) error {
+func (e *Middleware) abandonSnapshot(ctx context.Context, d *delivery, tx *sql.Tx, cause error, rollback func(error) error) error {
 	if _, err := tx.ExecContext(context.WithoutCancel(ctx), e.q.doom); err != nil {
 		return rollback(errors.Join(cause, fmt.Errorf("effectively-once: doom subscriber transaction: %w", err)))
 	}
@@ -559,7 +528,7 @@ func (e *claimedAfterSnapshotError) Unwrap() error { return e.err }
 // readable in time (the pool may have no connection to spare): nothing proves the duplicate, so
 // the transaction is given up (abandonSnapshot) and the message redelivered in a new one,
 // where the claim decides as usual.
-func (e *EffectivelyOnce) duplicateAfterSnapshot(ctx context.Context, d *delivery, tx *sql.Tx, lost *claimedAfterSnapshotError, rollback func(error) error) error {
+func (e *Middleware) duplicateAfterSnapshot(ctx context.Context, d *delivery, tx *sql.Tx, lost *claimedAfterSnapshotError, rollback func(error) error) error {
 	args := []any{d.consumer, d.key}
 	if e.q.daily {
 		args = append(args, partition.Day(d.occurredAt))
@@ -586,7 +555,7 @@ const duplicateLookupTimeout = time.Second
 
 // claim inserts the key first. It returns fresh=false for a duplicate, after checking the
 // fingerprint of the applied copy.
-func (e *EffectivelyOnce) claim(ctx context.Context, tx *sql.Tx, d *delivery) (fresh bool, err error) {
+func (e *Middleware) claim(ctx context.Context, tx *sql.Tx, d *delivery) (fresh bool, err error) {
 	args := []any{d.consumer, d.key, d.fingerprint}
 	if e.q.daily {
 		args = append(args, partition.Day(d.occurredAt))
@@ -596,7 +565,7 @@ func (e *EffectivelyOnce) claim(ctx context.Context, tx *sql.Tx, d *delivery) (f
 }
 
 // claimOutcome interprets the result of a claim statement (alone or last of a list).
-func (e *EffectivelyOnce) claimOutcome(ctx context.Context, tx *sql.Tx, d *delivery, res sql.Result, err error) (fresh bool, _ error) {
+func (e *Middleware) claimOutcome(ctx context.Context, tx *sql.Tx, d *delivery, res sql.Result, err error) (fresh bool, _ error) {
 	lookupArgs := []any{d.consumer, d.key}
 	if e.q.daily {
 		lookupArgs = append(lookupArgs, partition.Day(d.occurredAt))
@@ -629,7 +598,7 @@ func (e *EffectivelyOnce) claimOutcome(ctx context.Context, tx *sql.Tx, d *deliv
 
 // reportDuplicate logs a skipped copy and compares its payload with the applied one's. It
 // returns a permanent error only for a mismatch under RejectFingerprintMismatch.
-func (e *EffectivelyOnce) reportDuplicate(d *delivery, stored []byte, processedAt time.Time) error {
+func (e *Middleware) reportDuplicate(d *delivery, stored []byte, processedAt time.Time) error {
 	if bytes.Equal(stored, d.fingerprint) {
 		e.logger.Info("Duplicate skipped: already applied", d.fields.Add(watermill.LogFields{"processed_at": processedAt}))
 		return nil
@@ -638,22 +607,22 @@ func (e *EffectivelyOnce) reportDuplicate(d *delivery, stored []byte, processedA
 	mismatch := fmt.Errorf("payload fingerprint mismatch: key %q was applied at %s with a different payload; two different events share one id", d.key, processedAt.Format(time.RFC3339))
 	e.logger.Error("Duplicate with a DIFFERENT payload: not applied", mismatch, d.fields)
 	if e.config.RejectFingerprintMismatch {
-		return Permanent(mismatch)
+		return oncetype.Permanent(mismatch)
 	}
 	return nil
 }
 
 // apply runs the handler with tx in the message context and stores what it returns in the outbox.
-func (e *EffectivelyOnce) apply(ctx context.Context, h message.HandlerFunc, d *delivery, tx *sql.Tx) error {
-	hctx := ContextWithClaim(outbox.ContextWithConsumed(pgtx.ContextWithTx(ctx, tx), d.msg), d.consumer, d.key)
+func (e *Middleware) apply(ctx context.Context, h message.HandlerFunc, d *delivery, tx *sql.Tx) error {
+	hctx := oncetype.ContextWithClaim(outbox.ContextWithConsumed(pgtx.ContextWithTx(ctx, tx), d.msg), d.consumer, d.key)
 	d.msg.SetContext(hctx)
 	out, err := callHandler(h, d.msg)
 	if err != nil {
 		d.counters.failed.Add(1)
-		if errors.Is(err, outbox.ErrInvalidMessage) && !IsPermanent(err) {
+		if errors.Is(err, outbox.ErrInvalidMessage) && !oncetype.IsPermanent(err) {
 			// The handler published a message the outbox can never store (Writer.Publisher):
 			// running it again produces the same message.
-			return Permanent(err)
+			return oncetype.Permanent(err)
 		}
 		return err
 	}
@@ -662,13 +631,13 @@ func (e *EffectivelyOnce) apply(ctx context.Context, h message.HandlerFunc, d *d
 	}
 	if d.outputTopic == "" {
 		d.counters.failed.Add(1)
-		return Permanent(ErrOutputWithoutTopic)
+		return oncetype.Permanent(oncetype.ErrOutputWithoutTopic)
 	}
 	if err := e.outbox.PublishTx(hctx, tx, d.outputTopic, out...); err != nil {
 		d.counters.failed.Add(1)
 		err = fmt.Errorf("effectively-once: store handler output: %w", err)
 		if errors.Is(err, outbox.ErrInvalidMessage) {
-			return Permanent(fmt.Errorf("%w: %w", ErrUnstorableOutput, err))
+			return oncetype.Permanent(fmt.Errorf("%w: %w", ErrUnstorableOutput, err))
 		}
 		return err
 	}
@@ -678,7 +647,7 @@ func (e *EffectivelyOnce) apply(ctx context.Context, h message.HandlerFunc, d *d
 func callHandler(h message.HandlerFunc, msg *message.Message) (out []*message.Message, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = &PanicError{Value: r, Stack: string(debug.Stack())}
+			err = &oncetype.PanicError{Value: r, Stack: string(debug.Stack())}
 		}
 	}()
 	return h(msg)
@@ -719,7 +688,7 @@ func detachForShutdown(orig context.Context, grace time.Duration) (context.Conte
 
 // checkAge is the age guard, applied to fresh claims only: a copy whose key still exists is a
 // plain duplicate, whatever its age.
-func (e *EffectivelyOnce) checkAge(d *delivery) error {
+func (e *Middleware) checkAge(d *delivery) error {
 	if e.config.MaxMessageAge == 0 || !d.hasOccurredAt {
 		return nil
 	}
@@ -728,8 +697,8 @@ func (e *EffectivelyOnce) checkAge(d *delivery) error {
 		return nil
 	}
 	d.counters.tooOld.Add(1)
-	err := Permanent(fmt.Errorf("%w: event occurred %s ago (at %s), beyond MaxMessageAge %s: its key may already have been deleted by retention, so applying it could apply it twice",
-		ErrTooOld, age.Round(time.Second), d.occurredAt.Format(time.RFC3339), e.config.MaxMessageAge))
+	err := oncetype.Permanent(fmt.Errorf("%w: event occurred %s ago (at %s), beyond MaxMessageAge %s: its key may already have been deleted by retention, so applying it could apply it twice",
+		oncetype.ErrTooOld, age.Round(time.Second), d.occurredAt.Format(time.RFC3339), e.config.MaxMessageAge))
 	e.logger.Error("ALERT: copy older than the retention window refused, not applied", err, d.fields)
 	return err
 }
@@ -747,7 +716,7 @@ func (e *missingPartitionError) Unwrap() error { return e.err }
 
 // ensurePartition creates the partition err asks for, in a transaction of its own, and
 // reports whether it did.
-func (e *EffectivelyOnce) ensurePartition(ctx context.Context, err error) bool {
+func (e *Middleware) ensurePartition(ctx context.Context, err error) bool {
 	var mp *missingPartitionError
 	if !errors.As(err, &mp) {
 		return false

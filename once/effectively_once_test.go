@@ -1,4 +1,4 @@
-package middleware_test
+package once_test
 
 import (
 	"context"
@@ -15,7 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/once"
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -24,16 +25,16 @@ import (
 type env struct {
 	db     *sql.DB
 	schema string
-	mw     *middleware.EffectivelyOnce
+	mw     *once.Middleware
 }
 
-func newEnv(t *testing.T, cfg middleware.Config) *env {
+func newEnv(t *testing.T, cfg once.Config) *env {
 	t.Helper()
 	db := pgtest.DB(t)
 	schema := pgtest.Schema(t, db)
 	pgtest.Exec(t, db, `CREATE TABLE `+pgtx.QualifiedName(schema, "effects")+` (id bigserial PRIMARY KEY, key text NOT NULL, amount int NOT NULL)`)
 	cfg.Schema = schema
-	mw, err := middleware.NewEffectivelyOnce(db, cfg, watermill.NewStdLogger(false, false))
+	mw, err := once.New(db, cfg, watermill.NewStdLogger(false, false))
 	require.NoError(t, err)
 	return &env{db: db, schema: schema, mw: mw}
 }
@@ -67,14 +68,14 @@ func deliver(h message.HandlerFunc, uuid string, payload string) error {
 
 func TestReplayFiveTimesAppliesOnce(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, middleware.Config{Consumer: "rewards"})
+	e := newEnv(t, once.Config{Consumer: "rewards"})
 	h := e.mw.Middleware(e.effect)
 
 	for range 5 {
 		require.NoError(t, deliver(h, "e-91", `{"amount":120000}`), "every copy is acked")
 	}
 	require.Equal(t, 1, e.effects(t))
-	require.Equal(t, middleware.Counts{Fresh: 1, Duplicates: 4}, e.mw.Counts("rewards"))
+	require.Equal(t, once.Counts{Fresh: 1, Duplicates: 4}, e.mw.Counts("rewards"))
 
 	require.NoError(t, deliver(h, "e-92", `{"amount":5}`))
 	require.Equal(t, 2, e.effects(t), "a new id is a new effect")
@@ -82,8 +83,8 @@ func TestReplayFiveTimesAppliesOnce(t *testing.T) {
 
 func TestConsumersAreScopedApart(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, middleware.Config{Consumer: "rewards"})
-	other, err := middleware.NewEffectivelyOnce(e.db, middleware.Config{Schema: e.schema, Consumer: "notifications"}, nil)
+	e := newEnv(t, once.Config{Consumer: "rewards"})
+	other, err := once.New(e.db, once.Config{Schema: e.schema, Consumer: "notifications"}, nil)
 	require.NoError(t, err)
 	rewards, notifications := e.mw.Middleware(e.effect), other.Middleware(e.effect)
 	require.NoError(t, deliver(rewards, "e-1", "x"))
@@ -95,7 +96,7 @@ func TestConsumersAreScopedApart(t *testing.T) {
 
 func TestConcurrentCopiesApplyExactlyOnce(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, middleware.Config{Consumer: "rewards"})
+	e := newEnv(t, once.Config{Consumer: "rewards"})
 	// The winner holds its row lock while it "works", so the others really wait on the key.
 	h := e.mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		time.Sleep(50 * time.Millisecond)
@@ -127,7 +128,7 @@ func TestConcurrentCopiesApplyExactlyOnce(t *testing.T) {
 
 func TestHandlerFailureLeavesNoClaim(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, middleware.Config{Consumer: "rewards"})
+	e := newEnv(t, once.Config{Consumer: "rewards"})
 	var calls atomic.Int32
 	h := e.mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		if _, err := e.effect(msg); err != nil {
@@ -150,20 +151,20 @@ func TestHandlerFailureLeavesNoClaim(t *testing.T) {
 
 func TestPanicRollsBack(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, middleware.Config{Consumer: "rewards"})
+	e := newEnv(t, once.Config{Consumer: "rewards"})
 	h := e.mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		_, _ = e.effect(msg)
 		panic("boom")
 	})
 	err := deliver(h, "e-1", "p")
-	require.True(t, middleware.IsPanic(err), "got %v", err)
+	require.True(t, oncetype.IsPanic(err), "got %v", err)
 	require.Zero(t, e.claims(t))
 	require.Zero(t, e.effects(t))
 }
 
 func TestDuplicateWithDifferentPayloadIsReported(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, middleware.Config{Consumer: "rewards"})
+	e := newEnv(t, once.Config{Consumer: "rewards"})
 	h := e.mw.Middleware(e.effect)
 	require.NoError(t, deliver(h, "e-1", `{"amount":1}`))
 	require.NoError(t, deliver(h, "e-1", `{"amount":1}`))
@@ -173,18 +174,18 @@ func TestDuplicateWithDifferentPayloadIsReported(t *testing.T) {
 	require.Equal(t, uint64(1), c.FingerprintMismatches)
 	require.Equal(t, 1, e.effects(t))
 
-	strict := newEnv(t, middleware.Config{Consumer: "rewards", RejectFingerprintMismatch: true})
+	strict := newEnv(t, once.Config{Consumer: "rewards", RejectFingerprintMismatch: true})
 	hs := strict.mw.Middleware(strict.effect)
 	require.NoError(t, deliver(hs, "e-1", `{"amount":1}`))
 	err := deliver(hs, "e-1", `{"amount":999}`)
-	require.True(t, middleware.IsPermanent(err), "refused as permanent so the stack parks it: %v", err)
+	require.True(t, oncetype.IsPermanent(err), "refused as permanent so the stack parks it: %v", err)
 	require.ErrorContains(t, err, "fingerprint mismatch")
 }
 
 func TestKeyStrategies(t *testing.T) {
 	t.Parallel()
 	t.Run("metadata", func(t *testing.T) {
-		e := newEnv(t, middleware.Config{Consumer: "c", Key: middleware.KeyFromMetadata("event_id")})
+		e := newEnv(t, once.Config{Consumer: "c", Key: oncetype.KeyFromMetadata("event_id")})
 		h := e.mw.Middleware(e.effect)
 		for i := range 3 {
 			msg := message.NewMessage(fmt.Sprintf("transport-%d", i), []byte("p")) // new transport id each time
@@ -194,12 +195,12 @@ func TestKeyStrategies(t *testing.T) {
 		}
 		require.Equal(t, 1, e.effects(t))
 		_, err := h(message.NewMessage("x", []byte("p")))
-		require.ErrorIs(t, err, middleware.ErrInvalidKey)
+		require.ErrorIs(t, err, oncetype.ErrInvalidKey)
 		require.ErrorContains(t, err, `metadata field "event_id" is missing`)
-		require.True(t, middleware.IsPermanent(err))
+		require.True(t, oncetype.IsPermanent(err))
 	})
 	t.Run("payload sha256", func(t *testing.T) {
-		e := newEnv(t, middleware.Config{Consumer: "c", Key: middleware.KeyFromPayloadSHA256()})
+		e := newEnv(t, once.Config{Consumer: "c", Key: oncetype.KeyFromPayloadSHA256()})
 		h := e.mw.Middleware(e.effect)
 		for i := range 3 {
 			_, err := h(message.NewMessage(fmt.Sprintf("t-%d", i), []byte(`{"same":"bytes"}`)))
@@ -213,7 +214,7 @@ func TestKeyStrategies(t *testing.T) {
 		require.Len(t, key, 64)
 	})
 	t.Run("business key", func(t *testing.T) {
-		e := newEnv(t, middleware.Config{Consumer: "c", Key: middleware.KeyFromFunc(func(m *message.Message) (string, error) {
+		e := newEnv(t, once.Config{Consumer: "c", Key: oncetype.KeyFromFunc(func(m *message.Message) (string, error) {
 			return "payment:" + string(m.Payload), nil
 		})})
 		h := e.mw.Middleware(e.effect)
@@ -224,24 +225,24 @@ func TestKeyStrategies(t *testing.T) {
 		require.Equal(t, 1, e.effects(t))
 	})
 	t.Run("empty and over-long keys are refused, not applied", func(t *testing.T) {
-		e := newEnv(t, middleware.Config{Consumer: "c", MaxKeyLength: 10})
+		e := newEnv(t, once.Config{Consumer: "c", MaxKeyLength: 10})
 		h := e.mw.Middleware(e.effect)
 		_, err := h(message.NewMessage("", []byte("p")))
-		require.ErrorIs(t, err, middleware.ErrInvalidKey)
+		require.ErrorIs(t, err, oncetype.ErrInvalidKey)
 		require.ErrorContains(t, err, "UUID is empty")
 		_, err = h(message.NewMessage("0123456789abc", []byte("p")))
-		require.ErrorIs(t, err, middleware.ErrInvalidKey)
+		require.ErrorIs(t, err, oncetype.ErrInvalidKey)
 		require.ErrorContains(t, err, "raise MaxKeyLength")
 		_, err = h(message.NewMessage("bad\x00key", []byte("p")))
-		require.ErrorIs(t, err, middleware.ErrInvalidKey)
+		require.ErrorIs(t, err, oncetype.ErrInvalidKey)
 		require.Zero(t, e.effects(t))
 		require.Zero(t, e.claims(t))
 		require.Equal(t, uint64(3), e.mw.Counts("c").Refused)
 	})
 	t.Run("no consumer name", func(t *testing.T) {
-		e := newEnv(t, middleware.Config{})
+		e := newEnv(t, once.Config{})
 		_, err := e.mw.Middleware(e.effect)(message.NewMessage("a", []byte("p")))
-		require.ErrorIs(t, err, middleware.ErrNoConsumer)
+		require.ErrorIs(t, err, once.ErrNoConsumer)
 		require.Zero(t, e.effects(t))
 	})
 }
@@ -249,18 +250,18 @@ func TestKeyStrategies(t *testing.T) {
 func TestInvalidConfigFailsAtConstruction(t *testing.T) {
 	t.Parallel()
 	db := pgtest.DB(t)
-	for name, cfg := range map[string]middleware.Config{
+	for name, cfg := range map[string]once.Config{
 		"bad schema":       {Schema: `public"; DROP TABLE x; --`},
 		"blank consumer":   {Consumer: "   "},
 		"key too long":     {MaxKeyLength: 5000},
 		"bad output":       {OutputTopic: "has space"},
 		"negative retries": {TxRetry: pgtx.RetryPolicy{MaxAttempts: -1}},
 	} {
-		_, err := middleware.NewEffectivelyOnce(db, cfg, nil)
+		_, err := once.New(db, cfg, nil)
 		require.Error(t, err, name)
 		require.ErrorContains(t, err, "invalid config", name)
 	}
-	_, err := middleware.NewEffectivelyOnce(nil, middleware.Config{}, nil)
+	_, err := once.New(nil, once.Config{}, nil)
 	require.ErrorContains(t, err, "db is nil")
 
 	// An unreachable database fails when it is opened, not at the first message.
@@ -271,7 +272,7 @@ func TestInvalidConfigFailsAtConstruction(t *testing.T) {
 func TestMissingMigrationsSaySo(t *testing.T) {
 	t.Parallel()
 	db := pgtest.DB(t)
-	mw, err := middleware.NewEffectivelyOnce(db, middleware.Config{Schema: pgtest.NewName("nothing"), Consumer: "c"}, nil)
+	mw, err := once.New(db, once.Config{Schema: pgtest.NewName("nothing"), Consumer: "c"}, nil)
 	require.NoError(t, err)
 	_, err = mw.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("a", nil))
 	require.ErrorContains(t, err, "run the migrations")
@@ -279,7 +280,7 @@ func TestMissingMigrationsSaySo(t *testing.T) {
 
 func TestOutputsGoToOutboxOnlyOnCommit(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, middleware.Config{Consumer: "rewards", OutputTopic: "cashback"})
+	e := newEnv(t, once.Config{Consumer: "rewards", OutputTopic: "cashback"})
 	fail := true
 	h := e.mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		out := message.NewMessage("out-"+msg.UUID, []byte(`{"paise":2400}`))
@@ -324,20 +325,20 @@ func TestOutputsGoToOutboxOnlyOnCommit(t *testing.T) {
 
 func TestOutputsWithoutTopicArePermanentErrors(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, middleware.Config{Consumer: "c"})
+	e := newEnv(t, once.Config{Consumer: "c"})
 	h := e.mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		_, _ = e.effect(msg)
 		return []*message.Message{message.NewMessage("o", nil)}, nil
 	})
 	err := deliver(h, "e-1", "p")
-	require.ErrorIs(t, err, middleware.ErrOutputWithoutTopic)
-	require.True(t, middleware.IsPermanent(err))
+	require.ErrorIs(t, err, oncetype.ErrOutputWithoutTopic)
+	require.True(t, oncetype.IsPermanent(err))
 	require.Zero(t, e.effects(t), "rolled back")
 }
 
 func TestPublisherFromContextJoinsTheTransaction(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, middleware.Config{Consumer: "c"})
+	e := newEnv(t, once.Config{Consumer: "c"})
 	w, err := outbox.NewWriter(outbox.Config{Schema: e.schema})
 	require.NoError(t, err)
 	pub := w.Publisher()
@@ -366,7 +367,7 @@ func TestPublisherFromContextJoinsTheTransaction(t *testing.T) {
 
 func TestSerializationFailureRetriesWholeTransaction(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, middleware.Config{
+	e := newEnv(t, once.Config{
 		Consumer:  "c",
 		TxOptions: &sql.TxOptions{Isolation: sql.LevelSerializable},
 	})

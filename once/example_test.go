@@ -1,4 +1,4 @@
-package middleware_test
+package once_test
 
 import (
 	"context"
@@ -8,14 +8,14 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/middleware"
 	"github.com/wmonce/watermill-once/migrate"
+	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
 // One event delivered three times is applied once; the handler's output lands in the outbox in
 // the same transaction instead of going to the router's publisher.
-func ExampleEffectivelyOnce() {
+func ExampleMiddleware() {
 	ctx := context.Background()
 	db, err := pgtx.Open(ctx, pgtest.URL(), pgtx.PoolConfig{MaxOpenConns: 4})
 	if err != nil {
@@ -31,13 +31,13 @@ func ExampleEffectivelyOnce() {
 	credits := pgtx.QualifiedName(schema, "cashback_credits")
 	_, _ = db.Exec(`CREATE TABLE ` + credits + ` (payment_id text PRIMARY KEY, paise bigint NOT NULL)`)
 
-	once, err := middleware.NewEffectivelyOnce(db, middleware.Config{
+	mw, err := once.New(db, once.Config{
 		Schema: schema, Consumer: "rewards", OutputTopic: "cashback",
 	}, nil)
 	if err != nil {
 		panic(err)
 	}
-	handler := once.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+	handler := mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		tx, _ := pgtx.TxFromContext(msg.Context())
 		if _, err := tx.ExecContext(msg.Context(), `INSERT INTO `+credits+` VALUES ('pay_42', 2400)`); err != nil {
 			return nil, err
@@ -53,7 +53,7 @@ func ExampleEffectivelyOnce() {
 	var credited, outbox int
 	_ = db.QueryRow(`SELECT count(*) FROM ` + credits).Scan(&credited)
 	_ = db.QueryRow(`SELECT count(*) FROM ` + pgtx.QualifiedName(schema, "outbox")).Scan(&outbox)
-	c := once.Counts("rewards")
+	c := mw.Counts("rewards")
 	fmt.Printf("credited %d, outbox %d, fresh %d, duplicates %d\n", credited, outbox, c.Fresh, c.Duplicates)
 	// Output: credited 1, outbox 1, fresh 1, duplicates 2
 }

@@ -1,4 +1,4 @@
-package middleware
+package once
 
 import (
 	"context"
@@ -38,7 +38,7 @@ import (
 // transaction and are not grouped.
 //
 // Measured figures are in the README (Performance); run
-// BENCH_IN_FLIGHT=n go test -run '^$' -bench HandlerPathsInterleaved -benchtime 1x ./middleware/
+// BENCH_IN_FLIGHT=n go test -run '^$' -bench HandlerPathsInterleaved -benchtime 1x ./once/
 // to compare on your machine.
 type GroupCommitConfig struct {
 	// Enabled turns group commit on.
@@ -99,7 +99,7 @@ func (q *queued) answer(err error) {
 type groupCommitter struct {
 	groups, grouped atomic.Uint64 // committed transactions, messages applied in them
 
-	e      *EffectivelyOnce
+	e      *Middleware
 	config GroupCommitConfig
 
 	mu     sync.Mutex
@@ -109,7 +109,7 @@ type groupCommitter struct {
 	wg     sync.WaitGroup // lane goroutines
 }
 
-func newGroupCommitter(e *EffectivelyOnce, config GroupCommitConfig) *groupCommitter {
+func newGroupCommitter(e *Middleware, config GroupCommitConfig) *groupCommitter {
 	return &groupCommitter{e: e, config: config, free: config.Workers}
 }
 
@@ -325,7 +325,7 @@ func (g *groupCommitter) attempt(pending []*queued) ([]*queued, error) {
 // GroupCommitStats reports how many group transactions committed and how many messages they
 // applied in all: their ratio is the average group size. Messages that found a lane free ran in a
 // transaction of their own and are not counted. Zero without GroupCommit.
-func (e *EffectivelyOnce) GroupCommitStats() (transactions, messages uint64) {
+func (e *Middleware) GroupCommitStats() (transactions, messages uint64) {
 	if e.group == nil {
 		return 0, 0
 	}

@@ -1,4 +1,4 @@
-package middleware_test
+package once_test
 
 import (
 	"context"
@@ -13,13 +13,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/once"
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-func groupEnv(t *testing.T, cfg middleware.Config) *env {
+func groupEnv(t *testing.T, cfg once.Config) *env {
 	t.Helper()
-	cfg.GroupCommit = middleware.GroupCommitConfig{Enabled: true, Workers: 2, MaxBatch: 50, MaxWait: 2 * time.Millisecond}
+	cfg.GroupCommit = once.GroupCommitConfig{Enabled: true, Workers: 2, MaxBatch: 50, MaxWait: 2 * time.Millisecond}
 	e := newEnv(t, cfg)
 	t.Cleanup(func() { _ = e.mw.Close() })
 	return e
@@ -46,7 +47,7 @@ func deliverAll(h message.HandlerFunc, uuids []string) []error {
 
 func TestGroupCommitAppliesEachOnceUnderConcurrency(t *testing.T) {
 	t.Parallel()
-	e := groupEnv(t, middleware.Config{Consumer: "c"})
+	e := groupEnv(t, once.Config{Consumer: "c"})
 	h := e.mw.Middleware(e.effect)
 	var uuids []string
 	for i := range 120 {
@@ -73,7 +74,7 @@ func TestGroupCommitAppliesEachOnceUnderConcurrency(t *testing.T) {
 
 func TestGroupCommitIsolatesAFailingMessage(t *testing.T) {
 	t.Parallel()
-	e := groupEnv(t, middleware.Config{Consumer: "c", OutputTopic: "out"})
+	e := groupEnv(t, once.Config{Consumer: "c", OutputTopic: "out"})
 	var poisonRuns atomic.Int32
 	h := e.mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		if _, err := e.effect(msg); err != nil {
@@ -105,7 +106,7 @@ func TestGroupCommitIsolatesAFailingMessage(t *testing.T) {
 			require.NoError(t, errs[i], u)
 		}
 	}
-	require.True(t, middleware.IsPanic(errs[2]))
+	require.True(t, oncetype.IsPanic(errs[2]))
 	require.Equal(t, 40, e.effects(t), "only the good messages' writes committed")
 	require.Equal(t, 40, e.claims(t), "failed messages left no claim")
 	require.Equal(t, 40, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("outbox")))
@@ -119,7 +120,7 @@ func TestGroupCommitIsolatesAFailingMessage(t *testing.T) {
 func TestGroupCommitWithPartitionsAndAgeGuard(t *testing.T) {
 	t.Parallel()
 	now := time.Now()
-	e := groupEnv(t, middleware.Config{Consumer: "c", PartitionByDay: true, MaxMessageAge: 24 * time.Hour})
+	e := groupEnv(t, once.Config{Consumer: "c", PartitionByDay: true, MaxMessageAge: 24 * time.Hour})
 	h := e.mw.Middleware(e.effect)
 	msgs := []*message.Message{
 		occurred("fresh-1", now.Add(-time.Hour), "p"),
@@ -136,7 +137,7 @@ func TestGroupCommitWithPartitionsAndAgeGuard(t *testing.T) {
 	wg.Wait()
 	require.NoError(t, errs[0])
 	require.NoError(t, errs[1])
-	require.ErrorIs(t, errs[2], middleware.ErrTooOld)
+	require.ErrorIs(t, errs[2], oncetype.ErrTooOld)
 	require.NoError(t, errs[3])
 	require.Equal(t, 2, e.effects(t))
 	require.Equal(t, 2, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("processed_messages_daily")))
@@ -145,9 +146,9 @@ func TestGroupCommitWithPartitionsAndAgeGuard(t *testing.T) {
 func TestGroupCommitConfigValidation(t *testing.T) {
 	t.Parallel()
 	db := pgtest.DB(t)
-	_, err := middleware.NewEffectivelyOnce(db, middleware.Config{GroupCommit: middleware.GroupCommitConfig{Enabled: true, MaxBatch: -1}}, nil)
+	_, err := once.New(db, once.Config{GroupCommit: once.GroupCommitConfig{Enabled: true, MaxBatch: -1}}, nil)
 	require.ErrorContains(t, err, "MaxBatch")
-	mw, err := middleware.NewEffectivelyOnce(db, middleware.Config{GroupCommit: middleware.GroupCommitConfig{Enabled: true}}, nil)
+	mw, err := once.New(db, once.Config{GroupCommit: once.GroupCommitConfig{Enabled: true}}, nil)
 	require.NoError(t, err)
 	require.NoError(t, mw.Close())
 	require.NoError(t, mw.Close(), "Close is idempotent")
@@ -157,7 +158,7 @@ func TestGroupCommitConfigValidation(t *testing.T) {
 // are grouped; either way each id applies once and copies are counted as duplicates.
 func TestGroupCommitAdaptiveAppliesEachOnce(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, middleware.Config{Consumer: "c", GroupCommit: middleware.GroupCommitConfig{Enabled: true, Workers: 1}})
+	e := newEnv(t, once.Config{Consumer: "c", GroupCommit: once.GroupCommitConfig{Enabled: true, Workers: 1}})
 	t.Cleanup(func() { _ = e.mw.Close() })
 	h := e.mw.Middleware(e.effect)
 	var uuids []string
@@ -179,7 +180,7 @@ func TestGroupCommitAdaptiveAppliesEachOnce(t *testing.T) {
 // A message waiting for a lane gives up when its deadline passes, without running.
 func TestGroupCommitWaitingMessageHonoursItsDeadline(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, middleware.Config{Consumer: "c", GroupCommit: middleware.GroupCommitConfig{Enabled: true, Workers: 1}})
+	e := newEnv(t, once.Config{Consumer: "c", GroupCommit: once.GroupCommitConfig{Enabled: true, Workers: 1}})
 	t.Cleanup(func() { _ = e.mw.Close() })
 	entered, release := make(chan struct{}), make(chan struct{})
 	var ran atomic.Int32

@@ -1,4 +1,4 @@
-package middleware_test
+package once_test
 
 import (
 	"context"
@@ -10,7 +10,8 @@ import (
 
 	"github.com/wmonce/watermill-once/internal/partition"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/once"
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
 )
 
@@ -23,7 +24,7 @@ func occurred(uuid string, at time.Time, payload string) *message.Message {
 func TestAgeGuardRefusesOldFreshCopiesOnly(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
-	e := newEnv(t, middleware.Config{Consumer: "c", MaxMessageAge: 24 * time.Hour, Now: func() time.Time { return now }})
+	e := newEnv(t, once.Config{Consumer: "c", MaxMessageAge: 24 * time.Hour, Now: func() time.Time { return now }})
 	h := e.mw.Middleware(e.effect)
 
 	// Applied while young; a late copy of it is an ordinary duplicate, acked.
@@ -35,8 +36,8 @@ func TestAgeGuardRefusesOldFreshCopiesOnly(t *testing.T) {
 
 	// An old event whose key is unknown may have been applied and forgotten: refused, reported.
 	_, err = h(occurred("e-2", now.Add(-30*time.Hour), "p"))
-	require.ErrorIs(t, err, middleware.ErrTooOld)
-	require.True(t, middleware.IsPermanent(err))
+	require.ErrorIs(t, err, oncetype.ErrTooOld)
+	require.True(t, oncetype.IsPermanent(err))
 	require.Equal(t, 1, e.effects(t))
 	require.Equal(t, 1, e.claims(t), "the refused copy left no claim")
 	c := e.mw.Counts("c")
@@ -51,14 +52,14 @@ func TestAgeGuardRefusesOldFreshCopiesOnly(t *testing.T) {
 	bad := message.NewMessage("e-4", []byte("p"))
 	bad.Metadata.Set(outbox.MetadataOccurredAt, "yesterday")
 	_, err = h(bad)
-	require.ErrorIs(t, err, middleware.ErrMalformedMetadata)
-	require.True(t, middleware.IsPermanent(err))
+	require.ErrorIs(t, err, oncetype.ErrMalformedMetadata)
+	require.True(t, oncetype.IsPermanent(err))
 	require.Equal(t, 2, e.effects(t))
 }
 
 func TestCountsPerSender(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, middleware.Config{Consumer: "c", SenderMetadataKey: "sender"})
+	e := newEnv(t, once.Config{Consumer: "c", SenderMetadataKey: "sender"})
 	h := e.mw.Middleware(e.effect)
 	send := func(uuid, sender string) {
 		msg := message.NewMessage(uuid, []byte("p"))
@@ -71,14 +72,14 @@ func TestCountsPerSender(t *testing.T) {
 	send("a", "redrive-tool")
 	send("b", "redrive-tool")
 	by := e.mw.CountsBySender()
-	require.Equal(t, middleware.Counts{Fresh: 1, Duplicates: 1}, by[middleware.CounterKey{Consumer: "c", Sender: "payments"}])
-	require.Equal(t, middleware.Counts{Fresh: 1, Duplicates: 1}, by[middleware.CounterKey{Consumer: "c", Sender: "redrive-tool"}])
-	require.Equal(t, middleware.Counts{Fresh: 2, Duplicates: 2}, e.mw.Counts("c"))
+	require.Equal(t, once.Counts{Fresh: 1, Duplicates: 1}, by[once.CounterKey{Consumer: "c", Sender: "payments"}])
+	require.Equal(t, once.Counts{Fresh: 1, Duplicates: 1}, by[once.CounterKey{Consumer: "c", Sender: "redrive-tool"}])
+	require.Equal(t, once.Counts{Fresh: 2, Duplicates: 2}, e.mw.Counts("c"))
 }
 
 func TestPartitionByDay(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, middleware.Config{Consumer: "c", PartitionByDay: true})
+	e := newEnv(t, once.Config{Consumer: "c", PartitionByDay: true})
 	h := e.mw.Middleware(e.effect)
 	day1 := time.Date(2026, 11, 20, 23, 59, 0, 0, time.UTC)
 	day2 := day1.Add(2 * time.Minute) // next day
@@ -91,7 +92,7 @@ func TestPartitionByDay(t *testing.T) {
 	_, err := h(occurred("e-2", day2, "p"))
 	require.NoError(t, err)
 	require.Equal(t, 2, e.effects(t))
-	require.Equal(t, middleware.Counts{Fresh: 2, Duplicates: 2}, e.mw.Counts("c"))
+	require.Equal(t, once.Counts{Fresh: 2, Duplicates: 2}, e.mw.Counts("c"))
 	days, err := partition.List(context.Background(), e.db, e.schema)
 	require.NoError(t, err)
 	require.Equal(t, []time.Time{partition.Day(day1), partition.Day(day2)}, days)
@@ -99,7 +100,7 @@ func TestPartitionByDay(t *testing.T) {
 
 	// A message without a time cannot be placed: refused, never applied.
 	_, err = h(message.NewMessage("e-3", []byte("p")))
-	require.ErrorIs(t, err, middleware.ErrMalformedMetadata)
+	require.ErrorIs(t, err, oncetype.ErrMalformedMetadata)
 	require.Equal(t, 2, e.effects(t))
 
 	// Retention drops whole days.
@@ -111,23 +112,23 @@ func TestPartitionByDay(t *testing.T) {
 
 func TestLookupClaim(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, middleware.Config{Consumer: "c"})
+	e := newEnv(t, once.Config{Consumer: "c"})
 	_, err := e.mw.Middleware(e.effect)(message.NewMessage("e-1", []byte("p")))
 	require.NoError(t, err)
-	c, found, err := middleware.LookupClaim(context.Background(), e.db, e.schema, "c", "e-1")
+	c, found, err := once.LookupClaim(context.Background(), e.db, e.schema, "c", "e-1")
 	require.NoError(t, err)
 	require.True(t, found)
 	require.Len(t, c.PayloadSHA256, 32)
 	require.WithinDuration(t, time.Now(), c.ProcessedAt, time.Minute)
-	_, found, err = middleware.LookupClaim(context.Background(), e.db, e.schema, "other", "e-1")
+	_, found, err = once.LookupClaim(context.Background(), e.db, e.schema, "other", "e-1")
 	require.NoError(t, err)
 	require.False(t, found)
 
-	daily := newEnv(t, middleware.Config{Consumer: "c", PartitionByDay: true})
+	daily := newEnv(t, once.Config{Consumer: "c", PartitionByDay: true})
 	at := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
 	_, err = daily.mw.Middleware(daily.effect)(occurred("e-2", at, "p"))
 	require.NoError(t, err)
-	c, found, err = middleware.LookupClaim(context.Background(), daily.db, daily.schema, "c", "e-2")
+	c, found, err = once.LookupClaim(context.Background(), daily.db, daily.schema, "c", "e-2")
 	require.NoError(t, err)
 	require.True(t, found)
 	require.Equal(t, partition.Day(at), c.OccurredOn.UTC())

@@ -1,4 +1,4 @@
-package middleware
+package once
 
 import (
 	"context"

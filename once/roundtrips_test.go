@@ -1,4 +1,4 @@
-package middleware_test
+package once_test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 
 	"github.com/wmonce/watermill-once/internal/partition"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -25,7 +25,7 @@ func countedEnv(t *testing.T, lazyBegin bool) (*env, *pgtx.RoundTripCounter) {
 	t.Cleanup(func() { _ = db.Close() })
 	schema := pgtest.Schema(t, db)
 	pgtest.Exec(t, db, `CREATE TABLE `+pgtx.QualifiedName(schema, "effects")+` (id bigserial PRIMARY KEY, key text NOT NULL, amount int NOT NULL)`)
-	mw, err := middleware.NewEffectivelyOnce(db, middleware.Config{Schema: schema, Consumer: "c"}, nil)
+	mw, err := once.New(db, once.Config{Schema: schema, Consumer: "c"}, nil)
 	require.NoError(t, err)
 	return &env{db: db, schema: schema, mw: mw}, rt
 }
@@ -72,7 +72,7 @@ func TestRoundTripsPerMessageOwnTx(t *testing.T) {
 func TestRoundTripsPerMessageGroupCommitAlone(t *testing.T) {
 	t.Parallel()
 	e, rt := countedEnv(t, true)
-	mw, err := middleware.NewEffectivelyOnce(e.db, middleware.Config{Schema: e.schema, Consumer: "c", GroupCommit: middleware.GroupCommitConfig{Enabled: true}}, nil)
+	mw, err := once.New(e.db, once.Config{Schema: e.schema, Consumer: "c", GroupCommit: once.GroupCommitConfig{Enabled: true}}, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = mw.Close() })
 	require.Equal(t, int64(3), perMessage(t, rt, mw.Middleware(e.effect), "gc"), "claim (with BEGIN), handler write, COMMIT")
@@ -142,7 +142,7 @@ func TestRoundTripsPerMessageSubscriberTx(t *testing.T) {
 // partition is created and the message redelivered.
 func TestSubscriberTxPartitionByDay(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, middleware.Config{PartitionByDay: true})
+	e := newEnv(t, once.Config{PartitionByDay: true})
 	pub, sub := sqlPubSub(t, e.db, e.schema, "rewards")
 	topic := "payments"
 	runRouter(t, "rewards", topic, sub, e.effect, e.mw.Middleware)

@@ -1,4 +1,4 @@
-package middleware_test
+package once_test
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -80,7 +80,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 
 func TestSQLSubscriberTransactionIsReused(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, middleware.Config{}) // consumer = handler name
+	e := newEnv(t, once.Config{}) // consumer = handler name
 	pub, sub := sqlPubSub(t, e.db, e.schema, "rewards")
 	topic := "payments"
 
@@ -109,7 +109,7 @@ func TestSQLSubscriberTransactionIsReused(t *testing.T) {
 	require.Equal(t, int32(2), reused.Load(), "both attempts ran in the subscriber's transaction")
 	require.Equal(t, 1, e.effects(t), "the failed attempt's write was rolled back to its savepoint")
 	require.Equal(t, 1, e.claims(t))
-	require.Equal(t, middleware.Counts{Fresh: 1, Failed: 1}, e.mw.Counts("rewards"))
+	require.Equal(t, once.Counts{Fresh: 1, Failed: 1}, e.mw.Counts("rewards"))
 
 	// The same event published again (a producer retry) is absorbed.
 	require.NoError(t, pub.Publish(topic, message.NewMessage("e-91", []byte(`{"amount":120000}`))))
@@ -126,7 +126,7 @@ func TestSQLSubscriberTransactionIsReused(t *testing.T) {
 // must make that commit fail, so that half an attempt (and its claim) never persists.
 func TestSubscriberCommitDuringAttemptIsRefused(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, middleware.Config{})
+	e := newEnv(t, once.Config{})
 	pub, sub := sqlPubSubWithAckDeadline(t, e.db, e.schema, "rewards", 300*time.Millisecond)
 	topic := "payments"
 
@@ -165,7 +165,7 @@ func TestSubscriberCommitDuringAttemptIsRefused(t *testing.T) {
 // and is acked. An outer middleware that fails after our commit plays the lost ack.
 func TestLostAckRedeliveryIsNoOp(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, middleware.Config{DisableSubscriberTxReuse: true})
+	e := newEnv(t, once.Config{DisableSubscriberTxReuse: true})
 	pub, sub := sqlPubSub(t, e.db, e.schema, "rewards")
 	topic := "payments"
 
@@ -195,14 +195,14 @@ func TestLostAckRedeliveryIsNoOp(t *testing.T) {
 	})
 	require.Equal(t, 1, e.effects(t))
 	require.Equal(t, int32(1), deliveries.Load(), "the handler ran once")
-	require.Equal(t, middleware.Counts{Fresh: 1, Duplicates: 1}, e.mw.Counts("rewards"))
+	require.Equal(t, once.Counts{Fresh: 1, Duplicates: 1}, e.mw.Counts("rewards"))
 }
 
 // Router.Close cancels in-flight message contexts; within ShutdownGrace the handler finishes
 // and commits instead of being rolled back.
 func TestShutdownGraceLetsRunningHandlerCommit(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, middleware.Config{DisableSubscriberTxReuse: true, ShutdownGrace: 5 * time.Second})
+	e := newEnv(t, once.Config{DisableSubscriberTxReuse: true, ShutdownGrace: 5 * time.Second})
 	pub, sub := sqlPubSub(t, e.db, e.schema, "rewards")
 	topic := "payments"
 	started := make(chan struct{})
@@ -224,7 +224,7 @@ func TestShutdownGraceLetsRunningHandlerCommit(t *testing.T) {
 
 func TestRelayDeliversOutputsThroughSQLPubSub(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, middleware.Config{}) // outputs go to the handler's publish topic
+	e := newEnv(t, once.Config{}) // outputs go to the handler's publish topic
 	pub, sub := sqlPubSub(t, e.db, e.schema, "rewards")
 	_, cashbackSub := sqlPubSub(t, e.db, e.schema, "notifications")
 

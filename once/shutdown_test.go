@@ -1,4 +1,4 @@
-package middleware_test
+package once_test
 
 import (
 	"sync/atomic"
@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/once"
 )
 
 // Pins the documented limit of ShutdownGrace: inside watermill-sql's subscriber transaction it
@@ -18,7 +18,7 @@ import (
 // attempt commits, and the message is applied once when the consumer runs again.
 func TestShutdownGraceDoesNotReachTheSubscriberTransaction(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, middleware.Config{ShutdownGrace: 5 * time.Second})
+	e := newEnv(t, once.Config{ShutdownGrace: 5 * time.Second})
 	topic := "payments"
 	offsets := func() int {
 		return pgtest.Count(t, e.db, `SELECT coalesce(max(offset_acked), 0) FROM `+e.table("watermill_offsets_"+topic))

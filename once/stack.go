@@ -1,4 +1,4 @@
-package middleware
+package once
 
 import (
 	"encoding/base64"
@@ -6,6 +6,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/wmonce/watermill-once/oncetype"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -16,8 +18,8 @@ import (
 
 // StackConfig configures Stack.
 type StackConfig struct {
-	// EffectivelyOnce is the transactional dedupe middleware. Required.
-	EffectivelyOnce *EffectivelyOnce
+	// Middleware is the transactional dedupe middleware. Required.
+	Middleware *Middleware
 
 	// Timeout bounds each delivery, retries included. Zero: no timeout.
 	Timeout time.Duration
@@ -48,7 +50,7 @@ type StackConfig struct {
 // Stack returns the recommended middlewares around the effectively-once middleware, outermost
 // first, for router.AddMiddleware or handler.AddMiddleware:
 //
-//	Timeout -> Retry -> PoisonQueue -> EffectivelyOnce -> CorrelationID -> Recoverer -> handler
+//	Timeout -> Retry -> PoisonQueue -> Middleware -> CorrelationID -> Recoverer -> handler
 //
 // Retry is outside the transaction so each attempt is a new transaction. The poison queue is
 // inside Retry, parking only what ShouldPark selects, so permanent failures are parked at once
@@ -58,8 +60,8 @@ type StackConfig struct {
 // Do not add Watermill's InstantAck or Deduplicator to the same handler: the first acks before
 // the commit, the second records keys before the handler succeeds and loses failed messages.
 func Stack(config StackConfig) ([]message.HandlerMiddleware, error) {
-	if config.EffectivelyOnce == nil {
-		return nil, errors.New("stack: EffectivelyOnce is required: create it with NewEffectivelyOnce")
+	if config.Middleware == nil {
+		return nil, errors.New("stack: Middleware is required: create it with New")
 	}
 	if config.Timeout < 0 {
 		return nil, errors.New("stack: Timeout must not be negative")
@@ -89,7 +91,7 @@ func Stack(config StackConfig) ([]message.HandlerMiddleware, error) {
 	retry.ResetContextOnRetry = true
 	userShouldRetry := retry.ShouldRetry
 	retry.ShouldRetry = func(p wmiddleware.RetryParams) bool {
-		if IsPermanent(p.Err) {
+		if oncetype.IsPermanent(p.Err) {
 			return false
 		}
 		return userShouldRetry == nil || userShouldRetry(p)
@@ -103,7 +105,7 @@ func Stack(config StackConfig) ([]message.HandlerMiddleware, error) {
 	if config.PoisonPublisher != nil {
 		shouldPark := config.ShouldPark
 		if shouldPark == nil {
-			shouldPark = func(err error) bool { return IsPermanent(err) || IsPanic(err) }
+			shouldPark = func(err error) bool { return oncetype.IsPermanent(err) || oncetype.IsPanic(err) }
 		}
 		poison, err := wmiddleware.PoisonQueueWithFilter(identifyingPublisher{config.PoisonPublisher}, config.PoisonTopic, shouldPark)
 		if err != nil {
@@ -112,7 +114,7 @@ func Stack(config StackConfig) ([]message.HandlerMiddleware, error) {
 		stack = append(stack, poison)
 	}
 	stack = append(stack,
-		config.EffectivelyOnce.Middleware,
+		config.Middleware.Middleware,
 		wmiddleware.CorrelationID,
 		wmiddleware.Recoverer,
 	)

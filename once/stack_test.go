@@ -1,4 +1,4 @@
-package middleware_test
+package once_test
 
 import (
 	"encoding/json"
@@ -12,7 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/once"
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
 )
 
@@ -25,10 +26,10 @@ func compose(stack []message.HandlerMiddleware, h message.HandlerFunc) message.H
 
 func TestStackRetriesTransientErrorsInFreshTransactions(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, middleware.Config{Consumer: "c"})
-	stack, err := middleware.Stack(middleware.StackConfig{
-		EffectivelyOnce: e.mw,
-		Retry:           wmiddleware.Retry{MaxRetries: 3, InitialInterval: time.Millisecond},
+	e := newEnv(t, once.Config{Consumer: "c"})
+	stack, err := once.Stack(once.StackConfig{
+		Middleware: e.mw,
+		Retry:      wmiddleware.Retry{MaxRetries: 3, InitialInterval: time.Millisecond},
 	})
 	require.NoError(t, err)
 	var calls atomic.Int32
@@ -49,11 +50,11 @@ func TestStackRetriesTransientErrorsInFreshTransactions(t *testing.T) {
 
 func TestStackParksPermanentFailuresWithoutRetrying(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, middleware.Config{Consumer: "c"})
+	e := newEnv(t, once.Config{Consumer: "c"})
 	w, err := outbox.NewWriter(outbox.Config{Schema: e.schema})
 	require.NoError(t, err)
-	stack, err := middleware.Stack(middleware.StackConfig{
-		EffectivelyOnce: e.mw,
+	stack, err := once.Stack(once.StackConfig{
+		Middleware:      e.mw,
 		Retry:           wmiddleware.Retry{MaxRetries: 3, InitialInterval: time.Millisecond},
 		PoisonPublisher: w.DBPublisher(e.db),
 		PoisonTopic:     "poison",
@@ -65,7 +66,7 @@ func TestStackParksPermanentFailuresWithoutRetrying(t *testing.T) {
 		var v struct{ Amount int }
 		if err := json.Unmarshal(msg.Payload, &v); err != nil {
 			_, _ = e.effect(msg) // a write that must not survive
-			return nil, middleware.Permanent(err)
+			return nil, oncetype.Permanent(err)
 		}
 		return e.effect(msg)
 	})
@@ -88,9 +89,9 @@ func TestStackParksPermanentFailuresWithoutRetrying(t *testing.T) {
 
 func TestStackConfigErrors(t *testing.T) {
 	t.Parallel()
-	_, err := middleware.Stack(middleware.StackConfig{})
-	require.ErrorContains(t, err, "EffectivelyOnce is required")
-	e := newEnv(t, middleware.Config{})
-	_, err = middleware.Stack(middleware.StackConfig{EffectivelyOnce: e.mw, PoisonTopic: "p"})
+	_, err := once.Stack(once.StackConfig{})
+	require.ErrorContains(t, err, "Middleware is required")
+	e := newEnv(t, once.Config{})
+	_, err = once.Stack(once.StackConfig{Middleware: e.mw, PoisonTopic: "p"})
 	require.ErrorContains(t, err, "PoisonPublisher")
 }

@@ -1,4 +1,4 @@
-package middleware_test
+package once_test
 
 import (
 	"sync/atomic"
@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -20,7 +20,7 @@ import (
 // where it succeeds: two runs in all.
 func TestSerializationFailureInSubscriberTxIsRedeliveredInANewTransaction(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, middleware.Config{})
+	e := newEnv(t, once.Config{})
 	pgtest.Exec(t, e.db, `CREATE TABLE `+e.table("balances")+` (id int PRIMARY KEY, n int NOT NULL)`)
 	pgtest.Exec(t, e.db, `INSERT INTO `+e.table("balances")+` VALUES (1, 0)`)
 	topic := "payments"
@@ -45,5 +45,5 @@ func TestSerializationFailureInSubscriberTxIsRedeliveredInANewTransaction(t *tes
 	require.Equal(t, int32(2), runs.Load(), "one run under the stale snapshot, one in a new transaction")
 	require.Equal(t, 101, pgtest.Count(t, e.db, `SELECT n FROM `+e.table("balances")+` WHERE id = 1`))
 	require.Equal(t, 1, e.claims(t))
-	require.Equal(t, middleware.Counts{Fresh: 1, Failed: 1, TxRetries: 1}, e.mw.Counts("rewards"))
+	require.Equal(t, once.Counts{Fresh: 1, Failed: 1, TxRetries: 1}, e.mw.Counts("rewards"))
 }

@@ -1,4 +1,4 @@
-package middleware_test
+package once_test
 
 import (
 	"encoding/base64"
@@ -13,7 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/once"
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
 )
 
@@ -44,7 +45,7 @@ func TestUnstorableOutputsArePermanentErrors(t *testing.T) {
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			e := newEnv(t, middleware.Config{Consumer: "c"})
+			e := newEnv(t, once.Config{Consumer: "c"})
 			w, err := outbox.NewWriter(outbox.Config{Schema: e.schema, ValidateTopic: func(topic string) error {
 				if topic == "refused" {
 					return errors.New("topic refused by the broker's rules")
@@ -52,7 +53,7 @@ func TestUnstorableOutputsArePermanentErrors(t *testing.T) {
 				return nil
 			}})
 			require.NoError(t, err)
-			mw, err := middleware.NewEffectivelyOnce(e.db, middleware.Config{Schema: e.schema, Consumer: "c", Outbox: w, OutputTopic: c.topic}, nil)
+			mw, err := once.New(e.db, once.Config{Schema: e.schema, Consumer: "c", Outbox: w, OutputTopic: c.topic}, nil)
 			require.NoError(t, err)
 			h := mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 				if _, err := e.effect(msg); err != nil {
@@ -61,12 +62,12 @@ func TestUnstorableOutputsArePermanentErrors(t *testing.T) {
 				return []*message.Message{c.out}, nil
 			})
 			err = deliver(h, "e-1", "p")
-			require.True(t, middleware.IsPermanent(err), "permanent: %v", err)
-			require.ErrorIs(t, err, middleware.ErrUnstorableOutput)
+			require.True(t, oncetype.IsPermanent(err), "permanent: %v", err)
+			require.ErrorIs(t, err, once.ErrUnstorableOutput)
 			require.ErrorIs(t, err, outbox.ErrInvalidMessage)
 			require.Zero(t, e.effects(t), "rolled back")
 			require.Zero(t, e.claims(t))
-			require.Equal(t, middleware.Counts{Failed: 1}, mw.Counts("c"))
+			require.Equal(t, once.Counts{Failed: 1}, mw.Counts("c"))
 		})
 	}
 }
@@ -75,7 +76,7 @@ func TestUnstorableOutputsArePermanentErrors(t *testing.T) {
 // publisher's error, which is permanent too.
 func TestUnstorablePublishedMessageIsPermanent(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, middleware.Config{Consumer: "c"})
+	e := newEnv(t, once.Config{Consumer: "c"})
 	w, err := outbox.NewWriter(outbox.Config{Schema: e.schema})
 	require.NoError(t, err)
 	h := e.mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
@@ -85,7 +86,7 @@ func TestUnstorablePublishedMessageIsPermanent(t *testing.T) {
 		return nil, w.Publisher().Publish("cashback", o)
 	})
 	err = deliver(h, "e-1", "p")
-	require.True(t, middleware.IsPermanent(err), "permanent: %v", err)
+	require.True(t, oncetype.IsPermanent(err), "permanent: %v", err)
 	require.ErrorIs(t, err, outbox.ErrInvalidMessage)
 }
 
@@ -94,11 +95,11 @@ func TestUnstorablePublishedMessageIsPermanent(t *testing.T) {
 // storable and marked, never altered silently nor nacked forever.
 func TestStackParksUnstorableOutputsAndBinaryMetadata(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, middleware.Config{Consumer: "c", OutputTopic: "cashback"})
+	e := newEnv(t, once.Config{Consumer: "c", OutputTopic: "cashback"})
 	w, err := outbox.NewWriter(outbox.Config{Schema: e.schema})
 	require.NoError(t, err)
-	stack, err := middleware.Stack(middleware.StackConfig{
-		EffectivelyOnce: e.mw,
+	stack, err := once.Stack(once.StackConfig{
+		Middleware:      e.mw,
 		Retry:           wmiddleware.Retry{MaxRetries: 3, InitialInterval: time.Millisecond},
 		PoisonPublisher: w.DBPublisher(e.db),
 		PoisonTopic:     "poison",
@@ -117,7 +118,7 @@ func TestStackParksUnstorableOutputsAndBinaryMetadata(t *testing.T) {
 
 	var trace, keys string
 	require.NoError(t, e.db.QueryRow(`SELECT metadata->>'trace', metadata->>$1 FROM `+e.table("outbox")+
-		` WHERE uuid = 'e-1' AND payload->>'destination_topic' = 'poison'`, middleware.MetadataBase64Keys).Scan(&trace, &keys))
+		` WHERE uuid = 'e-1' AND payload->>'destination_topic' = 'poison'`, once.MetadataBase64Keys).Scan(&trace, &keys))
 	require.Equal(t, base64.StdEncoding.EncodeToString([]byte("abc\xff")), trace)
 	require.Equal(t, "trace", keys)
 	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("outbox")), "only the parked copy")

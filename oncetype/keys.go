@@ -1,10 +1,11 @@
-package middleware
+package oncetype
 
 import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 )
@@ -53,3 +54,36 @@ func KeyFromPayloadSHA256() KeyFunc {
 // KeyFromFunc adapts a business-key extractor (e.g. decode the payload and return the payment
 // id). It exists for readability at the call site; any KeyFunc works.
 func KeyFromFunc(f func(msg *message.Message) (string, error)) KeyFunc { return f }
+
+// MaxKeyLengthLimit is the largest MaxKeyLength accepted: PostgreSQL b-tree entries must stay
+// well under a third of a page.
+const MaxKeyLengthLimit = 1024
+
+// CheckKey applies the rules every dedupe key must meet: not empty, at most maxLen bytes, and
+// text PostgreSQL can store (valid UTF-8, no NUL). The inbox applies the same rules.
+func CheckKey(key string, maxLen int) error {
+	switch {
+	case key == "":
+		return errors.New("key is empty")
+	case len(key) > maxLen:
+		return fmt.Errorf("key is %d bytes long, over MaxKeyLength (%d): raise MaxKeyLength (up to %d) or use KeyFromPayloadSHA256 / a shorter business key", len(key), maxLen, MaxKeyLengthLimit)
+	case !IsText(key):
+		return errors.New("key is not valid UTF-8 text (or contains NUL): PostgreSQL text cannot store it; use KeyFromPayloadSHA256 or hex-encode it")
+	}
+	return nil
+}
+
+// OccurredAtFromMetadata reads the event time from an RFC 3339 metadata field.
+func OccurredAtFromMetadata(field string) func(*message.Message) (time.Time, bool, error) {
+	return func(msg *message.Message) (time.Time, bool, error) {
+		v := msg.Metadata.Get(field)
+		if v == "" {
+			return time.Time{}, false, nil
+		}
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			return time.Time{}, false, fmt.Errorf("metadata %q is not an RFC 3339 time: %q", field, v)
+		}
+		return t, true, nil
+	}
+}

@@ -43,7 +43,7 @@ var ErrNoTransaction = errors.New("outbox: no transaction")
 var ErrInvalidMessage = errors.New("outbox: message cannot be stored")
 
 // MaxUUIDLength is the longest UUID stored, in bytes: the longest dedupe key a consumer can
-// accept (middleware.MaxKeyLengthLimit). UUIDs longer than 36 characters are fine: the outbox
+// accept (oncetype.MaxKeyLengthLimit). UUIDs longer than 36 characters are fine: the outbox
 // and the broker package's SQL topic tables store them as text.
 const MaxUUIDLength = 1024
 

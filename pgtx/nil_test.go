@@ -12,7 +12,7 @@ import (
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/intent"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/pgtx"
 	"github.com/wmonce/watermill-once/retention"
 	"github.com/wmonce/watermill-once/versioned"
@@ -64,7 +64,7 @@ func TestExecutorTakingFunctionsRefuseNil(t *testing.T) {
 	_, err = versions.ApplyState(ctx, tx, entity, 1, func(context.Context) error { return nil })
 	require.ErrorContains(t, err, "tx is nil")
 
-	_, _, err = middleware.LookupClaim(ctx, nil, "wmonce", "c", "k")
+	_, _, err = once.LookupClaim(ctx, nil, "wmonce", "c", "k")
 	require.ErrorContains(t, err, "db is nil")
 	_, err = retention.Relays(ctx, nil, "wmonce")
 	require.ErrorContains(t, err, "db is nil")

@@ -13,7 +13,7 @@
 // shorter than it (also returned by Janitor.Warnings and exported as the
 // wmonce_retention_warnings gauge).
 //
-// The middleware's age guard closes the remaining gap: with middleware.Config.MaxMessageAge
+// The middleware's age guard closes the remaining gap: with once.Config.MaxMessageAge
 // set a little below Keep, a copy whose event occurred longer ago than that and whose key is
 // unknown is refused and logged instead of applied. Claims are kept by processed_at, which is
 // never earlier than the event's occurred_at (barring clock skew between producer and
@@ -41,7 +41,7 @@
 //   - processed_messages: each consumer's claims older than its Keep, through the
 //     (consumer, processed_at) index of migration 005. Consumers not listed in
 //     Config.Consumers get Config.Default.
-//   - processed_messages_daily (middleware.Config.PartitionByDay): whole days, dropped with
+//   - processed_messages_daily (once.Config.PartitionByDay): whole days, dropped with
 //     DETACH PARTITION CONCURRENTLY, once the day ended longer ago than the longest Keep of
 //     all consumers. The table is shared, so a day can only go when no consumer needs it; a
 //     consumer with a shorter window keeps its claims longer there, which is safe. The day of a

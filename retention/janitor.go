@@ -67,7 +67,7 @@ type Stats struct {
 //
 // Guarantee and limit: a claim is kept for at least its consumer's Keep after it was applied.
 // A copy arriving later than that is no longer recognised; the middleware's age guard
-// (middleware.Config.MaxMessageAge, set a little below Keep) refuses such copies instead of
+// (once.Config.MaxMessageAge, set a little below Keep) refuses such copies instead of
 // applying them, and NewJanitor warns when a declared RedeliveryHorizon exceeds Keep.
 //
 // Close stops Run and waits for it to return. It is idempotent.

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -16,7 +16,7 @@ import (
 var ErrVersionGap = errors.New("versioned: version gap")
 
 // ErrInvalid is wrapped by errors about unusable input (empty entity, version below the
-// first version). Such errors are also middleware.Permanent: retrying cannot fix them.
+// first version). Such errors are also oncetype.Permanent: retrying cannot fix them.
 var ErrInvalid = errors.New("versioned: invalid input")
 
 // GapError reports a delta that arrived before the versions between it and the stored one.
@@ -202,7 +202,7 @@ func (v *Versions) Current(ctx context.Context, q Querier, e Entity) (int64, err
 		return 0, errNilTx
 	}
 	if err := e.validate(); err != nil {
-		return 0, middleware.Permanent(fmt.Errorf("%w: %w", ErrInvalid, err))
+		return 0, oncetype.Permanent(fmt.Errorf("%w: %w", ErrInvalid, err))
 	}
 	return v.current(ctx, q, e)
 }
@@ -225,10 +225,10 @@ func (v *Versions) check(tx Querier, e Entity, version int64) error {
 		return errNilTx
 	}
 	if err := e.validate(); err != nil {
-		return middleware.Permanent(fmt.Errorf("%w: %w", ErrInvalid, err))
+		return oncetype.Permanent(fmt.Errorf("%w: %w", ErrInvalid, err))
 	}
 	if version < v.first {
-		return middleware.Permanent(fmt.Errorf("%w: %s version %d is below the first version %d", ErrInvalid, e, version, v.first))
+		return oncetype.Permanent(fmt.Errorf("%w: %s version %d is below the first version %d", ErrInvalid, e, version, v.first))
 	}
 	return nil
 }

@@ -13,7 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/once"
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 	"github.com/wmonce/watermill-once/versioned"
 )
@@ -22,7 +23,7 @@ type env struct {
 	db     *sql.DB
 	schema string
 	v      *versioned.Versions
-	mw     *middleware.EffectivelyOnce
+	mw     *once.Middleware
 }
 
 func newEnv(t *testing.T) *env {
@@ -31,7 +32,7 @@ func newEnv(t *testing.T) *env {
 	schema := pgtest.Schema(t, db)
 	v, err := versioned.New(versioned.Config{Schema: schema})
 	require.NoError(t, err)
-	mw, err := middleware.NewEffectivelyOnce(db, middleware.Config{Schema: schema, Consumer: "ledger"}, nil)
+	mw, err := once.New(db, once.Config{Schema: schema, Consumer: "ledger"}, nil)
 	require.NoError(t, err)
 	return &env{db: db, schema: schema, v: v, mw: mw}
 }
@@ -61,7 +62,7 @@ func TestDeltasWaitForGapsAndSkipCopies(t *testing.T) {
 	h := e.mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		var ev event
 		if err := json.Unmarshal(msg.Payload, &ev); err != nil {
-			return nil, middleware.Permanent(err)
+			return nil, oncetype.Permanent(err)
 		}
 		tx, _ := pgtx.TxFromContext(msg.Context())
 		res, err := e.v.ApplyDelta(msg.Context(), tx, versioned.Entity{Type: "account", ID: ev.Account}, ev.Version, func(ctx context.Context) error {
@@ -91,7 +92,7 @@ ON CONFLICT (account) DO UPDATE SET paise = balances.paise + EXCLUDED.paise, app
 	// and the broker redelivers later; the claim rolled back with it.
 	err := deliver(t, h, "m3", event{Account: "acc-1", Version: 3, Add: 300})
 	require.ErrorIs(t, err, versioned.ErrVersionGap)
-	require.False(t, middleware.IsPermanent(err), "a gap is retried, never parked")
+	require.False(t, oncetype.IsPermanent(err), "a gap is retried, never parked")
 	var gap *versioned.GapError
 	require.ErrorAs(t, err, &gap)
 	require.Equal(t, int64(1), gap.Stored)
@@ -125,7 +126,7 @@ ON CONFLICT (account) DO UPDATE SET paise = balances.paise + EXCLUDED.paise, app
 	// A version below the first one is poison: permanent, parked by the Stack.
 	err = deliver(t, h, "bad", event{Account: "acc-1", Version: 0, Add: 1})
 	require.ErrorIs(t, err, versioned.ErrInvalid)
-	require.True(t, middleware.IsPermanent(err))
+	require.True(t, oncetype.IsPermanent(err))
 }
 
 func TestFullStateSkipsStaleCopies(t *testing.T) {
@@ -135,7 +136,7 @@ func TestFullStateSkipsStaleCopies(t *testing.T) {
 	h := e.mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		var ev event
 		if err := json.Unmarshal(msg.Payload, &ev); err != nil {
-			return nil, middleware.Permanent(err)
+			return nil, oncetype.Permanent(err)
 		}
 		tx, _ := pgtx.TxFromContext(msg.Context())
 		_, err := e.v.ApplyState(msg.Context(), tx, versioned.Entity{Type: "profile", ID: ev.Account}, ev.Version, func(ctx context.Context) error {
@@ -272,7 +273,7 @@ func TestVersionsAre64Bit(t *testing.T) {
 	require.ErrorAs(t, err, &gap)
 	require.Equal(t, int64(0), gap.Stored)
 	require.Equal(t, int64(1<<31), gap.Got)
-	require.False(t, middleware.IsPermanent(err), "a gap is retried")
+	require.False(t, oncetype.IsPermanent(err), "a gap is retried")
 
 	// Deltas at timestamp versions: seeded, then ms+1 applies, a copy is stale, ms+3 waits.
 	acc := versioned.Entity{Type: "account", ID: "ts"}
@@ -332,15 +333,15 @@ func TestImpossibleInputIsPermanent(t *testing.T) {
 	} {
 		_, err := e.v.ApplyDelta(ctx, tx, tc.ent, tc.version, nil)
 		require.ErrorIs(t, err, versioned.ErrInvalid, "%+v", tc)
-		require.True(t, middleware.IsPermanent(err), "%+v: %v", tc, err)
+		require.True(t, oncetype.IsPermanent(err), "%+v: %v", tc, err)
 		require.ErrorContains(t, err, tc.want)
 		_, err = e.v.ApplyState(ctx, tx, tc.ent, tc.version, nil)
-		require.True(t, middleware.IsPermanent(err), "%+v: %v", tc, err)
-		require.True(t, middleware.IsPermanent(e.v.SetVersion(ctx, tx, tc.ent, tc.version)), "%+v", tc)
+		require.True(t, oncetype.IsPermanent(err), "%+v: %v", tc, err)
+		require.True(t, oncetype.IsPermanent(e.v.SetVersion(ctx, tx, tc.ent, tc.version)), "%+v", tc)
 		if tc.version >= 1 {
 			_, err = e.v.Current(ctx, tx, tc.ent)
 			require.ErrorIs(t, err, versioned.ErrInvalid, "%+v", tc)
-			require.True(t, middleware.IsPermanent(err), "%+v: %v", tc, err)
+			require.True(t, oncetype.IsPermanent(err), "%+v: %v", tc, err)
 		}
 	}
 	// Nothing reached the database: the transaction is still usable.

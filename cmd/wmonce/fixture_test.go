@@ -15,7 +15,7 @@ import (
 
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -49,7 +49,7 @@ func wmonceRaw(t *testing.T, args ...string) result {
 type fixture struct {
 	db     *sql.DB
 	schema string
-	mw     *middleware.EffectivelyOnce
+	mw     *once.Middleware
 }
 
 func (f *fixture) table(name string) string { return pgtx.QualifiedName(f.schema, name) }
@@ -60,7 +60,7 @@ func newFixture(t *testing.T) *fixture {
 	f := &fixture{db: db, schema: pgtest.Schema(t, db)}
 	ctx := context.Background()
 
-	mw, err := middleware.NewEffectivelyOnce(db, middleware.Config{Schema: f.schema, Consumer: "rewards", OutputTopic: "cashback"}, nil)
+	mw, err := once.New(db, once.Config{Schema: f.schema, Consumer: "rewards", OutputTopic: "cashback"}, nil)
 	require.NoError(t, err)
 	f.mw = mw
 	h := mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {

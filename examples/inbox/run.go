@@ -18,8 +18,8 @@ import (
 
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/inbox"
-	"github.com/wmonce/watermill-once/middleware"
 	"github.com/wmonce/watermill-once/migrate"
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -116,7 +116,7 @@ func run(ctx context.Context, db *sql.DB, o options) (summary, error) {
 	receiver, err := inbox.NewReceiver(db, inbox.ReceiverConfig{
 		Schema:      o.schema,
 		Consumer:    consumer,
-		Key:         middleware.KeyFromMetadata("payment_id"),
+		Key:         oncetype.KeyFromMetadata("payment_id"),
 		OrderingKey: inbox.OrderingKeyFromMetadata("account"),
 	}, o.logger)
 	if err != nil {
@@ -128,7 +128,7 @@ func run(ctx context.Context, db *sql.DB, o options) (summary, error) {
 	grant := func(msg *message.Message) ([]*message.Message, error) {
 		var p payment
 		if err := json.Unmarshal(msg.Payload, &p); err != nil {
-			return nil, middleware.Permanent(fmt.Errorf("PaymentCaptured does not decode: %w", err))
+			return nil, oncetype.Permanent(fmt.Errorf("PaymentCaptured does not decode: %w", err))
 		}
 		tx, _ := pgtx.TxFromContext(msg.Context())
 		var last sql.NullInt64
@@ -164,7 +164,7 @@ func run(ctx context.Context, db *sql.DB, o options) (summary, error) {
 	if err != nil {
 		return s, err
 	}
-	poison, err := wmiddleware.PoisonQueueWithFilter(writer.DBPublisher(db), poisonTopic, middleware.IsPermanent)
+	poison, err := wmiddleware.PoisonQueueWithFilter(writer.DBPublisher(db), poisonTopic, oncetype.IsPermanent)
 	if err != nil {
 		return s, err
 	}

@@ -15,7 +15,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmonce/watermill-once/broker"
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/once"
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -24,7 +25,7 @@ import (
 // CashbackCredited through its own outbox in the same transaction.
 type rewardsService struct {
 	router     *message.Router
-	mw         *middleware.EffectivelyOnce
+	mw         *once.Middleware
 	outbox     message.Publisher
 	schema     string
 	cashback   string
@@ -33,7 +34,7 @@ type rewardsService struct {
 }
 
 func newRewards(db *sql.DB, b *broker.Broker, schema, inTopic, outTopic string, n narrator, logger watermill.LoggerAdapter) (*rewardsService, error) {
-	mw, err := middleware.NewEffectivelyOnce(db, middleware.Config{Schema: schema, Consumer: "rewards"}, logger)
+	mw, err := once.New(db, once.Config{Schema: schema, Consumer: "rewards"}, logger)
 	if err != nil {
 		return nil, err
 	}
@@ -51,7 +52,7 @@ func newRewards(db *sql.DB, b *broker.Broker, schema, inTopic, outTopic string, 
 func (r *rewardsService) handle(msg *message.Message) error {
 	var ev paymentSucceeded
 	if err := json.Unmarshal(msg.Payload, &ev); err != nil || ev.PaymentID == "" {
-		return middleware.Permanent(fmt.Errorf("not a PaymentSucceeded event: %s", msg.Payload))
+		return oncetype.Permanent(fmt.Errorf("not a PaymentSucceeded event: %s", msg.Payload))
 	}
 	tx, ok := pgtx.TxFromContext(msg.Context())
 	if !ok {
@@ -112,7 +113,7 @@ type notificationsService struct {
 }
 
 func newNotifications(db *sql.DB, b *broker.Broker, schema, inTopic string, provider *fakeSMSProvider, n narrator, logger watermill.LoggerAdapter) (*notificationsService, error) {
-	mw, err := middleware.NewEffectivelyOnce(db, middleware.Config{Schema: schema, Consumer: "notifications"}, logger)
+	mw, err := once.New(db, once.Config{Schema: schema, Consumer: "notifications"}, logger)
 	if err != nil {
 		return nil, err
 	}
@@ -134,7 +135,7 @@ func idempotencyKey(consumer, eventID, step string) string {
 func (s *notificationsService) handle(msg *message.Message) error {
 	var ev cashbackCredited
 	if err := json.Unmarshal(msg.Payload, &ev); err != nil || ev.PaymentID == "" {
-		return middleware.Permanent(fmt.Errorf("not a CashbackCredited event: %s", msg.Payload))
+		return oncetype.Permanent(fmt.Errorf("not a CashbackCredited event: %s", msg.Payload))
 	}
 	tx, ok := pgtx.TxFromContext(msg.Context())
 	if !ok {
@@ -201,14 +202,14 @@ func (s *notificationsService) sent(ctx context.Context) int {
 	return k
 }
 
-// consumerRouter subscribes group to topic with: observe -> middleware.Stack (retry,
+// consumerRouter subscribes group to topic with: observe -> once.Stack (retry,
 // effectively-once, correlation, recoverer) -> handler.
-func consumerRouter(b *broker.Broker, group, topic string, mw *middleware.EffectivelyOnce, observe message.HandlerMiddleware, h message.NoPublishHandlerFunc, logger watermill.LoggerAdapter) (*message.Router, error) {
+func consumerRouter(b *broker.Broker, group, topic string, mw *once.Middleware, observe message.HandlerMiddleware, h message.NoPublishHandlerFunc, logger watermill.LoggerAdapter) (*message.Router, error) {
 	sub, err := b.NewSubscriber(group)
 	if err != nil {
 		return nil, err
 	}
-	stack, err := middleware.Stack(middleware.StackConfig{EffectivelyOnce: mw, Logger: logger})
+	stack, err := once.Stack(once.StackConfig{Middleware: mw, Logger: logger})
 	if err != nil {
 		return nil, err
 	}

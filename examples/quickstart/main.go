@@ -22,8 +22,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmonce/watermill-once/internal/embeddedpg"
-	"github.com/wmonce/watermill-once/middleware"
 	"github.com/wmonce/watermill-once/migrate"
+	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -84,11 +84,11 @@ func run(ctx context.Context) error {
 	}
 
 	// 3. The effectively-once middleware around an ordinary handler.
-	once, err := middleware.NewEffectivelyOnce(db, middleware.Config{}, logger)
+	mw, err := once.New(db, once.Config{}, logger)
 	if err != nil {
 		return err
 	}
-	stack, err := middleware.Stack(middleware.StackConfig{EffectivelyOnce: once, Logger: logger})
+	stack, err := once.Stack(once.StackConfig{Middleware: mw, Logger: logger})
 	if err != nil {
 		return err
 	}
@@ -115,11 +115,11 @@ func run(ctx context.Context) error {
 	}
 	// Wait until the middleware has seen every copy (applied or absorbed).
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if c := once.Counts(consumer); c.Fresh+c.Duplicates >= copies {
+		if c := mw.Counts(consumer); c.Fresh+c.Duplicates >= copies {
 			break
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("only %+v after 30s", once.Counts(consumer))
+			return fmt.Errorf("only %+v after 30s", mw.Counts(consumer))
 		}
 	}
 
@@ -127,7 +127,7 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	c := once.Counts(consumer)
+	c := mw.Counts(consumer)
 	fmt.Printf("event %s: %d copies delivered, handler applied it %d time(s), %d duplicate(s) absorbed\n",
 		eventID, c.Fresh+c.Duplicates, applied, c.Duplicates)
 	return json.NewEncoder(os.Stdout).Encode(map[string]any{

@@ -17,7 +17,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
-	"github.com/wmonce/watermill-once/middleware"
+	"github.com/wmonce/watermill-once/once"
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -126,10 +127,10 @@ func Handler(schema, instance string) message.NoPublishHandlerFunc {
 	return func(msg *message.Message) error {
 		var ev Event
 		if err := json.Unmarshal(msg.Payload, &ev); err != nil {
-			return middleware.Permanent(fmt.Errorf("payload is not an OrderPlaced event: %w", err))
+			return oncetype.Permanent(fmt.Errorf("payload is not an OrderPlaced event: %w", err))
 		}
 		if ev.Poison {
-			return middleware.Permanent(ErrPoison)
+			return oncetype.Permanent(ErrPoison)
 		}
 		tx, ok := pgtx.TxFromContext(msg.Context())
 		if !ok {
@@ -143,16 +144,16 @@ func Handler(schema, instance string) message.NoPublishHandlerFunc {
 // Consumer is the router setup of one consumer instance.
 type Consumer struct {
 	Router     *message.Router
-	Middleware *middleware.EffectivelyOnce
+	Middleware *once.Middleware
 	group      string
 	deliveries atomic.Uint64
 	instance   string
 }
 
-// NewConsumer wires sub into a router: delivery counter -> middleware.Stack (retry, poison queue
+// NewConsumer wires sub into a router: delivery counter -> once.Stack (retry, poison queue
 // into the outbox, effectively-once) -> Handler.
 func NewConsumer(db *sql.DB, sub message.Subscriber, schema, topic, poisonTopic, group, instance string, logger watermill.LoggerAdapter) (*Consumer, error) {
-	mw, err := middleware.NewEffectivelyOnce(db, middleware.Config{Schema: schema, Consumer: group}, logger)
+	mw, err := once.New(db, once.Config{Schema: schema, Consumer: group}, logger)
 	if err != nil {
 		return nil, err
 	}
@@ -160,8 +161,8 @@ func NewConsumer(db *sql.DB, sub message.Subscriber, schema, topic, poisonTopic,
 	if err != nil {
 		return nil, err
 	}
-	stack, err := middleware.Stack(middleware.StackConfig{
-		EffectivelyOnce: mw,
+	stack, err := once.Stack(once.StackConfig{
+		Middleware:      mw,
 		Retry:           retryConfig(),
 		PoisonPublisher: w.DBPublisher(db),
 		PoisonTopic:     poisonTopic,
