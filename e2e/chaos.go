@@ -21,6 +21,7 @@ import (
 
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/e2e/internal/scenario"
+	"github.com/wmonce/watermill-once/internal/brokertest"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -123,6 +124,10 @@ var chaosMinimum = map[string]int{
 	FaultBrokerRestart: 1, FaultBrokerConnClose: 1,
 }
 
+// chaosMinRepublishedPct is the share of events a run must have published more than once
+// (relay kills between a publish and its position update), so the consumers' dedupe is tested.
+const chaosMinRepublishedPct = 10.0
+
 // RunChaos is the chaos mode of the fault suite: producers, the relay and two consumer
 // instances run as separate OS processes, and a seeded nemesis keeps injecting faults at random
 // intervals for the whole run: SIGKILL of a consumer or of the relay (also right between a
@@ -158,7 +163,8 @@ func RunChaos(t *testing.T, target ChaosTarget, opts ChaosOptions) ChaosReport {
 	// Creates the topics (Kafka) and queues (RabbitMQ) before any process uses them.
 	b, err := broker.New(ctx, control, cfg, nil)
 	require.NoError(t, err)
-	require.NoError(t, b.Close())
+	t.Cleanup(func() { _ = b.Close() })
+	brokertest.DeleteCreatedKafkaTopics(t, b) // a long-lived broker recovers every topic at each restart
 
 	logDir := t.TempDir()
 	if d := os.Getenv("E2E_LOG_DIR"); d != "" {
@@ -372,6 +378,9 @@ func RunChaos(t *testing.T, target ChaosTarget, opts ChaosOptions) ChaosReport {
 	for _, k := range kinds {
 		require.GreaterOrEqual(t, report.Faults[k], chaosMinimum[k], "fault %s injected often enough", k)
 	}
+	// The SQL broker's node is PostgreSQL: its crash-restarts count as broker restarts there.
+	require.GreaterOrEqual(t, report.Faults[FaultBrokerRestart], chaosMinimum[FaultBrokerRestart], "the broker restarted at least once")
+	require.GreaterOrEqual(t, report.RepublishedPct, chaosMinRepublishedPct, "at least %g%% of the events published more than once", chaosMinRepublishedPct)
 	return report
 }
 
