@@ -27,7 +27,8 @@
 // (about 3,000 events per broker; CI runs sql, kafka on the real 3.9 broker and amqp after the
 // other tests) or E2E_CHAOS=long (20,000 per broker; the reports are kept in e2e/results/).
 // E2E_CHAOS_SEED replays a run's nemesis. The Kafka pass holds the cluster exclusively, like
-// the broker-kill fault of Run.
+// the broker-kill fault of Run. E2E_LOG_DIR keeps every process log of either mode for a
+// post-mortem; on Kafka they include Sarama's log (consumers, relay, and the test process).
 //
 // Running either needs PostgreSQL (DATABASE_URL), RabbitMQ with rabbitmqctl on this machine
 // (AMQP_URL; each test gets a virtual host of its own), and either KAFKA_BROKERS or nothing (an
