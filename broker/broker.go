@@ -188,7 +188,7 @@ func (b *Broker) declare(ctx context.Context, topic, group string) error {
 	case SQL:
 		err = b.sql.declare(ctx, topic, group)
 	case Kafka:
-		err = b.ensureKafkaTopic(topic)
+		err = b.ensureKafkaTopic(ctx, topic)
 	case AMQP:
 		err = b.withAMQPChannel(func(ch amqpChannel) error {
 			if group == "" {
@@ -212,6 +212,7 @@ func (b *Broker) Close() error {
 		b.kafkaMu.Lock()
 		if b.kafkaAdmin != nil {
 			errs = append(errs, b.kafkaAdmin.Close())
+			b.kafkaAdmin = nil // closed: withKafkaAdmin must not replace it
 		}
 		b.kafkaMu.Unlock()
 		if b.ownDB && b.db != nil {

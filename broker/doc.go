@@ -36,6 +36,11 @@
 //     is retried with backoff for up to 30 s: Sarama's idempotent producer retries such a
 //     batch without waiting between attempts and gives up within milliseconds, and after
 //     three failed lookups its circuit breaker refuses the topic for 10 s.
+//   - Topics are created (and DeleteKafkaTopics deletes them) through one admin connection per
+//     Broker. Sarama never reconnects a connection that failed, so when a request gets no
+//     answer (the broker restarted, crashed or moved) the admin client is replaced and the
+//     request retried with backoff, up to 30 s per topic. The publisher and subscribers
+//     reconnect on their own (a subscriber rejoins its group with a new Sarama client).
 //   - Every Subscribe is a member of its consumer group. A group shared by several
 //     topics rebalances whenever one of its subscriptions starts or stops, and
 //     watermill-kafka finishes handing over an in-flight message before it leaves a

@@ -59,7 +59,7 @@ func TestChaos(t *testing.T) {
 			Config:        func(t *testing.T, schema string) broker.Config { return brokertest.Config(t, broker.Kafka, schema) },
 			CrashPostgres: crashPG,
 			RestartBroker: func(ctx context.Context) error {
-				line := os.Getenv("KAFKA_SERVICE")
+				line := os.Getenv(brokertest.EnvKafkaService)
 				if err := e2e.ServicesScript(ctx, "kafka-kill", line); err != nil {
 					return err
 				}
@@ -83,8 +83,13 @@ func TestChaos(t *testing.T) {
 	}
 	for _, target := range targets {
 		t.Run(target.Name, func(t *testing.T) {
-			if target.Name == "kafka" && (os.Getenv(broker.EnvKafkaBrokers) == "" || os.Getenv("KAFKA_SERVICE") == "") {
-				t.Fatal("chaos on Kafka runs on the real broker: start it (make services) and set KAFKA_BROKERS=127.0.0.1:9092 KAFKA_SERVICE=3.9")
+			if target.Name == "kafka" {
+				if brokertest.RealKafka() == nil {
+					t.Fatal("chaos on Kafka runs on the real broker: start it (make services) and set KAFKA_BROKERS=127.0.0.1:9092 KAFKA_SERVICE=3.9")
+				}
+				brokertest.KafkaService(t) // fails saying what to set when KAFKA_SERVICE is missing
+				// It kills the broker: other Kafka tests on this machine wait until it is done.
+				brokertest.LockKafkaExclusive(t)
 			}
 			report := e2e.RunChaos(t, target, opts)
 			if mode == "long" {

@@ -3,6 +3,7 @@ package e2e_test
 import (
 	"context"
 	"fmt"
+	"log"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/IBM/sarama"
 
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/e2e"
@@ -42,6 +45,15 @@ func TestMain(m *testing.M) {
 		if err := cmd.Run(); err != nil {
 			fmt.Fprintf(os.Stderr, "e2e: cannot build the %s command (is the go tool on PATH?): %v\n", b.pkg, err)
 			os.Exit(1)
+		}
+	}
+	if d := os.Getenv("E2E_LOG_DIR"); d != "" {
+		// Sarama's log of this process (the Kafka relay's publisher), for post-mortems next to
+		// the consumer logs.
+		if err := os.MkdirAll(d, 0o755); err == nil {
+			if f, err := os.Create(filepath.Join(d, "test-process-sarama.log")); err == nil {
+				sarama.Logger = log.New(f, "[sarama] ", log.LstdFlags|log.Lmicroseconds)
+			}
 		}
 	}
 	code := m.Run()
@@ -94,13 +106,7 @@ func TestEffectivelyOnceOverKafka(t *testing.T) {
 			return broker.EnvKafkaBrokers + "=" + strings.Join(cfg.Kafka.Brokers, ",") + "; " + v + "; Sarama protocol " + broker.KafkaProtocolVersion
 		},
 	}
-	if brokertest.RealKafka() != nil && os.Getenv("E2E_KAFKA_BROKER_KILL") == "" {
-		// Opt-in until a known defect is fixed: after the broker restarts, a consumer of the
-		// group has been seen not to fetch again for minutes (Kafka 4.4, and once on 3.9 in CI).
-		t.Run("BrokerSIGKILL", func(t *testing.T) {
-			t.Skip("the Kafka broker-kill fault is opt-in (E2E_KAFKA_BROKER_KILL=1) while consumers can stall after a broker restart")
-		})
-	} else if brokertest.RealKafka() == nil {
+	if brokertest.RealKafka() == nil {
 		t.Run("BrokerSIGKILL", func(t *testing.T) {
 			t.Skipf("the broker-kill fault needs a real Kafka broker process: run with %s=127.0.0.1:9092 %s=3.9 (or %s=127.0.0.1:9094 %s=4), brokers started by scripts/services",
 				broker.EnvKafkaBrokers, brokertest.EnvKafkaService, broker.EnvKafkaBrokers, brokertest.EnvKafkaService)

@@ -12,6 +12,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"log"
 	"math/rand/v2"
 	"os"
 	"os/signal"
@@ -21,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -51,6 +53,10 @@ func run() error {
 		}
 	}
 	logger := watermill.NewStdLoggerWithOut(os.Stderr, false, false).With(watermill.LogFields{"process": "relay"})
+	if cfg.Kind == broker.Kafka {
+		// Sarama's own log (producer retries, admin requests) goes to the process log, for post-mortems.
+		sarama.Logger = log.New(os.Stderr, "[sarama] ", log.LstdFlags|log.Lmicroseconds)
+	}
 	db, b, err := scenario.Connect(ctx, "relay", cfg, logger)
 	if err != nil {
 		return err
