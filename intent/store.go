@@ -262,8 +262,8 @@ func (s *Store) Requeue(ctx context.Context, channel, key string) (bool, error) 
 	return n == 1, nil
 }
 
-// StatusCount is the number of intents of one channel in one status.
-type StatusCount struct {
+// StatusStats is the number of intents of one channel in one status.
+type StatusStats struct {
 	Channel string
 	Status  Status
 	Count   int64
@@ -273,15 +273,15 @@ type StatusCount struct {
 }
 
 // Counts returns the number of intents per channel and status.
-func (s *Store) Counts(ctx context.Context) ([]StatusCount, error) {
+func (s *Store) Stats(ctx context.Context) ([]StatusStats, error) {
 	rows, err := s.db.QueryContext(ctx, s.qCounts)
 	if err != nil {
 		return nil, fmt.Errorf("intent: counts: %w", err)
 	}
 	defer rows.Close()
-	var out []StatusCount
+	var out []StatusStats
 	for rows.Next() {
-		var c StatusCount
+		var c StatusStats
 		var status string
 		var age float64
 		if err := rows.Scan(&c.Channel, &status, &c.Count, &age); err != nil {

@@ -92,7 +92,7 @@ func TestOutboxRowsDeletedOnlyWhenOldAndForwardedByEveryRelay(t *testing.T) {
 	names, err := retention.Relays(ctx, db, schema)
 	require.NoError(t, err)
 	require.Equal(t, []string{"audit", "kafka", "retired"}, names)
-	found, err := retention.ForgetRelay(ctx, db, schema, "retired")
+	found, err := outbox.ForgetRelay(ctx, db, schema, "retired")
 	require.NoError(t, err)
 	require.True(t, found)
 	rep, err = j.RunOnce(ctx)
@@ -115,8 +115,8 @@ func TestForgetRelayRefusesARunningRelay(t *testing.T) {
 	go func() { done <- r.Run(ctx) }()
 	require.Eventually(t, func() bool { return r.Stats().IsLeader }, 10*time.Second, 10*time.Millisecond)
 
-	found, err := retention.ForgetRelay(ctx, db, schema, "live")
-	require.ErrorIs(t, err, retention.ErrRelayActive)
+	found, err := outbox.ForgetRelay(ctx, db, schema, "live")
+	require.ErrorIs(t, err, outbox.ErrRelayActive)
 	require.False(t, found)
 	require.Equal(t, 1, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "outbox_offsets")))
 
@@ -125,11 +125,11 @@ func TestForgetRelayRefusesARunningRelay(t *testing.T) {
 	// A relay stopped while its connection was busy leaves the session (and lock) to end
 	// on the server a moment later.
 	require.Eventually(t, func() bool {
-		found, err = retention.ForgetRelay(ctx, db, schema, "live")
+		found, err = outbox.ForgetRelay(ctx, db, schema, "live")
 		return err == nil
 	}, 10*time.Second, 10*time.Millisecond)
 	require.True(t, found)
-	found, err = retention.ForgetRelay(ctx, db, schema, "live")
+	found, err = outbox.ForgetRelay(ctx, db, schema, "live")
 	require.NoError(t, err)
 	require.False(t, found, "already gone")
 }
