@@ -2,7 +2,6 @@ package admin
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"math"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/wmonce/watermill-once/internal/partition"
 	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -22,7 +20,7 @@ import (
 // What the charts show, and where each series comes from:
 //
 //   - claims: rows in processed_messages and processed_messages_daily by processed_at, counted
-//     by the database for the whole window. Real history, from every process, as long as
+//     by the database for the whole window (once.ClaimHistory). Real history, from every process, as long as
 //     retention keeps the rows.
 //   - duplicates: a duplicate leaves no row (the claim is ON CONFLICT DO NOTHING), so the only
 //     record is the middlewares' in-process counters. The handler samples them; a bucket holds
@@ -317,7 +315,7 @@ func (h *Handler) historyGet(ctx context.Context, r *http.Request) (any, error) 
 		InProcessCounts: len(h.config.Middlewares) > 0,
 		Consumers:       []ConsumerSeries{}, Inbox: []InboxSeries{}, Relays: []RelaySeries{},
 	}
-	claims, err := ReadClaimHistory(ctx, h.db, h.config.Schema, consumer, out.Start, w.bucket, out.Buckets)
+	claims, err := once.ClaimHistory(ctx, h.db, h.config.Schema, consumer, out.Start, w.bucket, out.Buckets)
 	if err != nil {
 		return nil, err
 	}
@@ -461,62 +459,4 @@ func sortedKeys[T any](m map[string]T) []string {
 	}
 	sort.Strings(out)
 	return out
-}
-
-// ReadClaimHistory counts the claims of each consumer (or only of consumer, when not "") per
-// bucket of width from start, over n buckets, by processed_at: the time of the transaction
-// that applied the message. It reads processed_messages and, when the schema has it,
-// processed_messages_daily. Claims deleted by retention are not counted.
-//
-// Cost: without a consumer it scans the claim tables (no index leads with processed_at); with
-// one, processed_messages is read through its (consumer, processed_at) index, while
-// processed_messages_daily, partitioned by the day the event occurred (an old event can be
-// applied today), is still scanned.
-func ReadClaimHistory(ctx context.Context, db *sql.DB, schema, consumer string, start time.Time, width time.Duration, n int) (map[string][]int64, error) {
-	if err := pgtx.ValidateIdentifier("schema", schema); err != nil {
-		return nil, err
-	}
-	if width <= 0 || n < 1 {
-		return nil, fmt.Errorf("read claim history: width must be positive and n at least 1, got %s and %d", width, n)
-	}
-	args := []any{start, start.Add(time.Duration(n) * width), width.Seconds()}
-	where := `processed_at >= $1 AND processed_at < $2`
-	if consumer != "" {
-		args = append(args, consumer)
-		where += ` AND consumer = $4`
-	}
-	union := `SELECT consumer, processed_at FROM ` + pgtx.QualifiedName(schema, "processed_messages") + ` WHERE ` + where
-	var daily bool
-	if err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, pgtx.QualifiedName(schema, partition.Parent)).Scan(&daily); err != nil {
-		return nil, fmt.Errorf("read claim history: %w", err)
-	}
-	if daily {
-		union += "\nUNION ALL\nSELECT consumer, processed_at FROM " + pgtx.QualifiedName(schema, partition.Parent) + ` WHERE ` + where
-	}
-	rows, err := db.QueryContext(ctx, `SELECT consumer, floor(extract(epoch FROM processed_at - $1::timestamptz) / $3)::int AS b, count(*)
-FROM (`+union+`) x GROUP BY 1, 2`, args...)
-	if err != nil {
-		return nil, fmt.Errorf("read claim history: %w", err)
-	}
-	defer rows.Close()
-	out := map[string][]int64{}
-	for rows.Next() {
-		var c string
-		var k int
-		var cnt int64
-		if err := rows.Scan(&c, &k, &cnt); err != nil {
-			return nil, fmt.Errorf("read claim history: %w", err)
-		}
-		if k < 0 || k >= n {
-			continue
-		}
-		if out[c] == nil {
-			out[c] = make([]int64, n)
-		}
-		out[c][k] += cnt
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read claim history: %w", err)
-	}
-	return out, nil
 }

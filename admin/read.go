@@ -12,7 +12,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/wmonce/watermill-once/inbox"
-	"github.com/wmonce/watermill-once/internal/partition"
 	"github.com/wmonce/watermill-once/migrate"
 	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/outbox"
@@ -70,7 +69,7 @@ type ConsumerStatus struct {
 }
 
 // ReadConsumers lists every consumer with claims in schema, with its claim count and newest
-// claim, merged with the in-process counts of mws (consumers seen only there are listed too),
+// claim (once.Stats), merged with the in-process counts of mws (consumers seen only there are listed too),
 // ordered by name. The counts scan the claim tables: on tables of many millions of rows this
 // takes seconds, so callers bound it with a context deadline. A schema without
 // processed_messages is an error for which pgtx.IsUndefinedTable is true, not an empty list.
@@ -81,36 +80,15 @@ func ReadConsumers(ctx context.Context, db *sql.DB, schema string, mws []*once.M
 	if err := pgtx.ValidateIdentifier("schema", schema); err != nil {
 		return nil, err
 	}
-	// processed_messages is required: without it the schema is not migrated and the query
-	// fails with undefined_table (503 in the API, a "migrate up" hint in the CLI), rather than
-	// answering with no consumers. The daily table is optional: a schema older than migration
-	// 004 has none, and all its claims are in processed_messages.
-	const part = `SELECT consumer, count(*) AS n, max(processed_at) AS newest FROM %s GROUP BY consumer`
-	union := fmt.Sprintf(part, pgtx.QualifiedName(schema, "processed_messages"))
-	var daily bool
-	if err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, pgtx.QualifiedName(schema, partition.Parent)).Scan(&daily); err != nil {
-		return nil, fmt.Errorf("read consumers: %w", err)
-	}
-	if daily {
-		union += "\nUNION ALL\n" + fmt.Sprintf(part, pgtx.QualifiedName(schema, partition.Parent))
-	}
-	byName := map[string]*ConsumerStatus{}
-	rows, err := db.QueryContext(ctx, `SELECT consumer, sum(n)::bigint, max(newest) FROM (`+union+`) x GROUP BY consumer`)
+	// A schema without processed_messages is not migrated: the error is undefined_table (503
+	// in the API, a "migrate up" hint in the CLI), not an answer with no consumers.
+	stats, err := once.Stats(ctx, db, schema)
 	if err != nil {
 		return nil, fmt.Errorf("read consumers: %w", err)
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var c ConsumerStatus
-		var newest sql.NullTime
-		if err := rows.Scan(&c.Consumer, &c.Claims, &newest); err != nil {
-			return nil, fmt.Errorf("read consumers: %w", err)
-		}
-		c.NewestClaim = newest.Time
-		byName[c.Consumer] = &c
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read consumers: %w", err)
+	byName := map[string]*ConsumerStatus{}
+	for consumer, st := range stats {
+		byName[consumer] = &ConsumerStatus{Consumer: consumer, Claims: st.Claims, NewestClaim: st.NewestClaim}
 	}
 	for consumer, counts := range sumCounts(mws) {
 		c := byName[consumer]
@@ -183,8 +161,8 @@ type InboxStatus struct {
 }
 
 // ReadInbox counts every inbox consumer's rows by status, ordered by consumer. Unfinished
-// rows and the oldest pending age come from inbox.Ops.AllStats; DONE and SKIPPED rows are
-// counted here, which scans the table.
+// rows and the oldest pending age come from inbox.Ops.AllStats; DONE and SKIPPED rows from
+// inbox.Ops.FinishedStats, which scans the table.
 func ReadInbox(ctx context.Context, db *sql.DB, schema string) ([]InboxStatus, error) {
 	ops, err := inbox.NewOps(db, inbox.OpsConfig{Schema: schema}, nil)
 	if err != nil {
@@ -199,26 +177,13 @@ func ReadInbox(ctx context.Context, db *sql.DB, schema string) ([]InboxStatus, e
 		}
 		return s
 	}
-	rows, err := db.QueryContext(ctx, `SELECT consumer, status, count(*) FROM `+pgtx.QualifiedName(schema, "inbox")+
-		` WHERE status IN ('DONE', 'SKIPPED') GROUP BY consumer, status`)
+	finished, err := ops.FinishedStats(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("read inbox: %w", err)
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var consumer, status string
-		var n int64
-		if err := rows.Scan(&consumer, &status, &n); err != nil {
-			return nil, fmt.Errorf("read inbox: %w", err)
-		}
-		if inbox.Status(status) == inbox.StatusDone {
-			get(consumer).Done = n
-		} else {
-			get(consumer).Skipped = n
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read inbox: %w", err)
+	for consumer, st := range finished {
+		s := get(consumer)
+		s.Done, s.Skipped = st.Done, st.Skipped
 	}
 	stats, err := ops.AllStats(ctx)
 	if err != nil {

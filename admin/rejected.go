@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/wmonce/watermill-once/pgtx"
+	"github.com/wmonce/watermill-once/outbox"
 )
 
 // RejectedRow is a row of outbox_rejected: an outbox row a relay could not decode (written by
@@ -31,16 +31,6 @@ type RejectedRow struct {
 	RejectedAt    time.Time       `json:"rejected_at"`
 }
 
-// RejectedFilter selects rows of outbox_rejected. Zero fields match everything.
-type RejectedFilter struct {
-	Relay          string
-	Offset         int64     // one outbox row (its offset); 0: any
-	RejectedAfter  time.Time // inclusive
-	RejectedBefore time.Time // exclusive
-	// AfterOffset pages a list: only rows of larger offsets.
-	AfterOffset int64
-}
-
 // RejectedListResponse is GET /api/outbox/rejected: rows in offset order. NextAfter, when not
 // zero, is the "after" parameter of the next page.
 type RejectedListResponse struct {
@@ -48,72 +38,19 @@ type RejectedListResponse struct {
 	NextAfter int64         `json:"next_after,omitempty"`
 }
 
-// ReadRejected lists the rows of outbox_rejected matching f in offset order, for up to limit
-// outbox rows (two relays rejecting the same row give two rows of one offset; a page never
-// splits them). withPayload includes payloads and metadata. A schema without the table is an
-// error for which pgtx.IsUndefinedTable is true.
-func ReadRejected(ctx context.Context, db *sql.DB, schema string, f RejectedFilter, limit int, withPayload bool) ([]RejectedRow, error) {
-	if err := pgtx.ValidateIdentifier("schema", schema); err != nil {
+// readRejected lists the rows of outbox_rejected through outbox.ListRejected, as JSON rows.
+func readRejected(ctx context.Context, db *sql.DB, schema string, f outbox.RejectedFilter, limit int, withPayload bool) ([]RejectedRow, error) {
+	rows, err := outbox.ListRejected(ctx, db, schema, f, limit, withPayload)
+	if err != nil {
 		return nil, err
 	}
-	var conds []string
-	var args []any
-	arg := func(v any) string {
-		args = append(args, v)
-		return "$" + strconv.Itoa(len(args))
-	}
-	if f.Relay != "" {
-		conds = append(conds, "relay = "+arg(f.Relay))
-	}
-	if f.Offset != 0 {
-		conds = append(conds, `"offset" = `+arg(f.Offset))
-	}
-	if !f.RejectedAfter.IsZero() {
-		conds = append(conds, "rejected_at >= "+arg(f.RejectedAfter))
-	}
-	if !f.RejectedBefore.IsZero() {
-		conds = append(conds, "rejected_at < "+arg(f.RejectedBefore))
-	}
-	if f.AfterOffset != 0 {
-		conds = append(conds, `"offset" > `+arg(f.AfterOffset))
-	}
-	where := "TRUE"
-	if len(conds) > 0 {
-		where = strings.Join(conds, " AND ")
-	}
-	table := pgtx.QualifiedName(schema, "outbox_rejected")
-	cols := `relay, "offset", transaction_id::text, uuid, coalesce(octet_length(payload::text), 0), error, rejected_at`
-	if withPayload {
-		cols += `, payload::text, metadata::text`
-	}
-	q := `SELECT ` + cols + ` FROM ` + table + ` WHERE ` + where + ` AND "offset" IN (SELECT DISTINCT "offset" FROM ` + table +
-		` WHERE ` + where + ` ORDER BY 1 LIMIT ` + arg(limit) + `) ORDER BY "offset", relay`
-	rows, err := db.QueryContext(ctx, q, args...)
-	if err != nil {
-		return nil, fmt.Errorf("read rejected outbox rows: %w", err)
-	}
-	defer rows.Close()
-	out := []RejectedRow{}
-	for rows.Next() {
-		var r RejectedRow
-		dest := []any{&r.Relay, &r.Offset, &r.TransactionID, &r.UUID, &r.PayloadSize, &r.LastError, &r.RejectedAt}
-		var payload, metadata sql.NullString
-		if withPayload {
-			dest = append(dest, &payload, &metadata)
+	out := make([]RejectedRow, len(rows))
+	for i, r := range rows {
+		out[i] = RejectedRow{
+			Relay: r.Relay, Offset: r.Offset, TransactionID: r.TransactionID, UUID: r.UUID,
+			PayloadSize: r.PayloadSize, Payload: r.Payload, Metadata: r.Metadata,
+			LastError: r.LastError, RejectedAt: r.RejectedAt,
 		}
-		if err := rows.Scan(dest...); err != nil {
-			return nil, fmt.Errorf("read rejected outbox rows: %w", err)
-		}
-		if payload.Valid {
-			r.Payload = &payload.String
-		}
-		if metadata.Valid && json.Valid([]byte(metadata.String)) {
-			r.Metadata = json.RawMessage(metadata.String)
-		}
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read rejected outbox rows: %w", err)
 	}
 	return out, nil
 }
@@ -121,7 +58,7 @@ func ReadRejected(ctx context.Context, db *sql.DB, schema string, f RejectedFilt
 // GET /api/outbox/rejected[?relay=R][&rejected_after=T][&rejected_before=T][&after=OFFSET][&limit=N]
 func (h *Handler) rejectedList(ctx context.Context, r *http.Request) (any, error) {
 	q := r.URL.Query()
-	f := RejectedFilter{Relay: q.Get("relay")}
+	f := outbox.RejectedFilter{Relay: q.Get("relay")}
 	if err := CheckText("relay", f.Relay); err != nil {
 		return nil, badRequest("%v", err)
 	}
@@ -139,7 +76,7 @@ func (h *Handler) rejectedList(ctx context.Context, r *http.Request) (any, error
 	if err != nil {
 		return nil, err
 	}
-	rows, err := ReadRejected(ctx, h.db, h.config.Schema, f, limit, false)
+	rows, err := readRejected(ctx, h.db, h.config.Schema, f, limit, false)
 	if err != nil {
 		return nil, err
 	}
@@ -170,7 +107,7 @@ func (h *Handler) rejectedInspect(ctx context.Context, r *http.Request) (any, er
 	if err := CheckText("relay", relay); err != nil {
 		return nil, badRequest("%v", err)
 	}
-	rows, err := ReadRejected(ctx, h.db, h.config.Schema, RejectedFilter{Relay: relay, Offset: offset}, 1, true)
+	rows, err := readRejected(ctx, h.db, h.config.Schema, outbox.RejectedFilter{Relay: relay, Offset: offset}, 1, true)
 	if err != nil {
 		return nil, err
 	}

@@ -41,3 +41,30 @@ func TestStoredKeys(t *testing.T) {
 	_, err = httpidem.StoredKeys(ctx, nil, e.schema)
 	require.ErrorContains(t, err, "db is nil")
 }
+
+// DeleteExpired is the one delete of the table, shared by Middleware.DeleteExpired and the
+// retention janitor: it removes keys at least olderThan old, in batches, and nothing younger.
+func TestDeleteExpiredInBatches(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, httpidem.Config{})
+	ctx := context.Background()
+	for _, k := range []string{"k-1", "k-2", "k-3", "k-4"} {
+		e.post(k, `{"amount":1}`)
+	}
+	pgtest.Exec(t, e.db, `UPDATE `+e.table("http_idempotency_keys")+` SET created_at = now() - interval '3 hours' WHERE idem_key <> 'k-4'`)
+
+	n, err := httpidem.DeleteExpired(ctx, e.db, e.schema, 2*time.Hour, 2)
+	require.NoError(t, err)
+	require.Equal(t, int64(3), n, "over two batches")
+	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("http_idempotency_keys")+` WHERE idem_key = 'k-4'`))
+	n, err = httpidem.DeleteExpired(ctx, e.db, e.schema, 2*time.Hour, 2)
+	require.NoError(t, err)
+	require.Zero(t, n)
+
+	_, err = httpidem.DeleteExpired(ctx, e.db, e.schema, time.Hour, 0)
+	require.ErrorContains(t, err, "batchSize must be positive")
+	_, err = httpidem.DeleteExpired(ctx, e.db, `bad"name`, time.Hour, 1)
+	require.ErrorContains(t, err, "schema")
+	_, err = httpidem.DeleteExpired(ctx, nil, e.schema, time.Hour, 1)
+	require.ErrorContains(t, err, "db is nil")
+}

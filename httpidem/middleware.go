@@ -44,7 +44,7 @@ type Middleware struct {
 	methods []string
 	fpHdrs  []string
 
-	qLookup, qStore, qDeleteExpired string
+	qLookup, qStore string
 
 	stored, replayed, conflicts, mismatches, refused, notStored, keyless, failed atomic.Uint64
 }
@@ -86,8 +86,6 @@ ON CONFLICT (scope, idem_key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, 
     request_uri = EXCLUDED.request_uri, response_status = EXCLUDED.response_status,
     response_headers = EXCLUDED.response_headers, response_body = EXCLUDED.response_body, created_at = now()
 WHERE ` + t + `.created_at <= now() - $9 * interval '1 microsecond'`,
-		qDeleteExpired: `DELETE FROM ` + t + ` WHERE ctid IN (
-    SELECT ctid FROM ` + t + ` WHERE created_at <= now() - $1 * interval '1 microsecond' LIMIT $2)`,
 	}, nil
 }
 
@@ -100,23 +98,12 @@ func (m *Middleware) Stats() Stats {
 	}
 }
 
-// DeleteExpired deletes stored responses older than Retention, in batches, and returns how
-// many it deleted. Run it periodically (hourly is plenty); lookups ignore expired rows anyway,
-// so it bounds the table's size, not correctness.
+// DeleteExpired deletes stored responses older than Retention, in batches of 1000, and returns
+// how many it deleted (the package function DeleteExpired does the work). Run it periodically
+// (hourly is plenty), or let the retention janitor do it (retention.Config.HTTPKeysKeep);
+// lookups ignore expired rows anyway, so it bounds the table's size, not correctness.
 func (m *Middleware) DeleteExpired(ctx context.Context) (int64, error) {
-	const batch = 1000
-	var total int64
-	for {
-		res, err := m.db.ExecContext(ctx, m.qDeleteExpired, m.config.Retention.Microseconds(), batch)
-		if err != nil {
-			return total, fmt.Errorf("httpidem: delete expired keys: %w", err)
-		}
-		n, _ := res.RowsAffected()
-		total += n
-		if n < batch {
-			return total, nil
-		}
-	}
+	return DeleteExpired(ctx, m.db, m.config.Schema, m.config.Retention, 1000)
 }
 
 // Handler wraps next.

@@ -2,7 +2,8 @@
 // delivered message in a PostgreSQL table and acks it as soon as the row is committed; a
 // Processor works through the table with a plain Watermill handler, on its own schedule, with
 // its own retries, parking and per-key order. Ops gives operators replay, skip, inspection and
-// statistics.
+// statistics; it is also how retention, admin, metrics and the CLI reach the inbox tables, which
+// only this package writes (Consumers, Stats and AllStats, FinishedStats, DeleteFinished).
 //
 //	receiver, _ := inbox.NewReceiver(db, inbox.ReceiverConfig{Consumer: "rewards"}, logger)
 //	router.AddConsumerHandler("rewards-inbox", "payments", subscriber, receiver.Handle)

@@ -429,3 +429,63 @@ func (o *Ops) DeleteFinished(ctx context.Context, consumer string, finishedBefor
 	n, _ := res.RowsAffected()
 	return int(n), nil
 }
+
+// Consumers lists, in name order, every consumer with rows in the inbox. It walks the
+// (consumer, ...) index one consumer at a time (a "loose index scan"), so it costs one index
+// probe per consumer, not a scan of the table.
+func (o *Ops) Consumers(ctx context.Context) ([]string, error) {
+	rs, err := o.db.QueryContext(ctx, `WITH RECURSIVE c(consumer) AS (
+    (SELECT consumer FROM `+o.q.table+` ORDER BY consumer LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.consumer FROM `+o.q.table+` t WHERE t.consumer > c.consumer ORDER BY t.consumer LIMIT 1)
+    FROM c WHERE c.consumer IS NOT NULL
+)
+SELECT consumer FROM c WHERE consumer IS NOT NULL`)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: consumers: %w", err)
+	}
+	defer rs.Close()
+	var out []string
+	for rs.Next() {
+		var c string
+		if err := rs.Scan(&c); err != nil {
+			return nil, fmt.Errorf("inbox: consumers: %w", err)
+		}
+		out = append(out, c)
+	}
+	if err := rs.Err(); err != nil {
+		return nil, fmt.Errorf("inbox: consumers: %w", err)
+	}
+	return out, nil
+}
+
+// FinishedStats counts one consumer's finished rows: the dedupe records DeleteFinished prunes.
+type FinishedStats struct {
+	Done    int64
+	Skipped int64
+}
+
+// FinishedStats returns FinishedStats for every consumer with DONE or SKIPPED rows. Unlike
+// AllStats it scans the table (finished rows are most of it): bound ctx with a deadline.
+func (o *Ops) FinishedStats(ctx context.Context) (map[string]FinishedStats, error) {
+	rs, err := o.db.QueryContext(ctx, `SELECT consumer,
+    count(*) FILTER (WHERE status = 'DONE'), count(*) FILTER (WHERE status = 'SKIPPED')
+FROM `+o.q.table+` WHERE status IN ('DONE', 'SKIPPED') GROUP BY consumer`)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: finished stats: %w", err)
+	}
+	defer rs.Close()
+	out := map[string]FinishedStats{}
+	for rs.Next() {
+		var c string
+		var st FinishedStats
+		if err := rs.Scan(&c, &st.Done, &st.Skipped); err != nil {
+			return nil, fmt.Errorf("inbox: finished stats: %w", err)
+		}
+		out[c] = st
+	}
+	if err := rs.Err(); err != nil {
+		return nil, fmt.Errorf("inbox: finished stats: %w", err)
+	}
+	return out, nil
+}

@@ -158,3 +158,28 @@ func TestOpsDeleteFinished(t *testing.T) {
 		return messageIDs(rows)
 	}())
 }
+
+func TestOpsConsumersAndFinishedStats(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	consumers, err := e.ops.Consumers(ctx)
+	require.NoError(t, err)
+	require.Empty(t, consumers)
+	for _, c := range []string{"b", "a", "c"} {
+		r := e.receiver(t, inbox.ReceiverConfig{Consumer: c})
+		for i := range 3 {
+			require.NoError(t, r.Handle(msg(fmt.Sprintf("%s-%d", c, i), "x")))
+		}
+	}
+	pgtest.Exec(t, e.db, `UPDATE `+e.table("inbox")+` SET status = 'DONE', finished_at = now() WHERE message_id IN ('a-0', 'a-1', 'b-0')`)
+	pgtest.Exec(t, e.db, `UPDATE `+e.table("inbox")+` SET status = 'SKIPPED', finished_at = now() WHERE message_id = 'a-2'`)
+
+	consumers, err = e.ops.Consumers(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"a", "b", "c"}, consumers)
+	finished, err := e.ops.FinishedStats(ctx)
+	require.NoError(t, err)
+	require.Equal(t, map[string]inbox.FinishedStats{"a": {Done: 2, Skipped: 1}, "b": {Done: 1}}, finished,
+		"c has no finished row")
+}

@@ -232,7 +232,7 @@ func TestSenderRetriesThenParksFailed(t *testing.T) {
 	in = e.get(t, rec2.Key)
 	require.Equal(t, 3, in.Attempts)
 	require.Contains(t, in.LastError, "gave up after 3 attempts")
-	counts, err := e.store.Counts(context.Background())
+	counts, err := e.store.Stats(context.Background())
 	require.NoError(t, err)
 	failed := findCount(counts, intent.StatusFailed)
 	require.Equal(t, "sms", failed.Channel)
@@ -250,13 +250,13 @@ func TestSenderRetriesThenParksFailed(t *testing.T) {
 	require.False(t, ok, "a SENT intent is not requeued")
 }
 
-func findCount(counts []intent.StatusCount, st intent.Status) intent.StatusCount {
+func findCount(counts []intent.StatusStats, st intent.Status) intent.StatusStats {
 	for _, c := range counts {
 		if c.Status == st {
 			return c
 		}
 	}
-	return intent.StatusCount{}
+	return intent.StatusStats{}
 }
 
 func TestSenderParksRejectedIntentAtOnce(t *testing.T) {

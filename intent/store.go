@@ -78,7 +78,7 @@ type Store struct {
 	config StoreConfig
 	table  string
 
-	qInsert, qGet, qRequeue, qCounts, qBacklog string
+	qInsert, qGet, qRequeue, qStats, qBacklog string
 }
 
 // NewStore returns a Store on the intents table of config.Schema. db is used by the reading
@@ -102,7 +102,7 @@ VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (channel, intent_key) DO NOTHING`,
 		qRequeue: `UPDATE ` + table + ` SET status = 'PENDING', run_after = now(), attempts = 0, claim_token = NULL,
     lease_until = NULL, updated_at = now()
 WHERE channel = $1 AND intent_key = $2 AND status IN ('FAILED', 'SKIPPED')`,
-		qCounts: `SELECT channel, status, count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)
+		qStats: `SELECT channel, status, count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)
 FROM ` + table + ` GROUP BY channel, status`,
 		// One arm per partial index (intents_pending_idx, _sending_idx, _parked_idx), each
 		// WHERE implying its index's predicate, so that SENT rows are never read.
@@ -262,8 +262,8 @@ func (s *Store) Requeue(ctx context.Context, channel, key string) (bool, error) 
 	return n == 1, nil
 }
 
-// StatusCount is the number of intents of one channel in one status.
-type StatusCount struct {
+// StatusStats is the number of intents of one channel in one status, read from the database.
+type StatusStats struct {
 	Channel string
 	Status  Status
 	Count   int64
@@ -272,20 +272,21 @@ type StatusCount struct {
 	OldestAge time.Duration
 }
 
-// Counts returns the number of intents per channel and status.
-func (s *Store) Counts(ctx context.Context) ([]StatusCount, error) {
-	rows, err := s.db.QueryContext(ctx, s.qCounts)
+// Stats returns the number of intents per channel and status. It reads every row, SENT ones
+// included; Backlog reads only the unfinished ones.
+func (s *Store) Stats(ctx context.Context) ([]StatusStats, error) {
+	rows, err := s.db.QueryContext(ctx, s.qStats)
 	if err != nil {
-		return nil, fmt.Errorf("intent: counts: %w", err)
+		return nil, fmt.Errorf("intent: stats: %w", err)
 	}
 	defer rows.Close()
-	var out []StatusCount
+	var out []StatusStats
 	for rows.Next() {
-		var c StatusCount
+		var c StatusStats
 		var status string
 		var age float64
 		if err := rows.Scan(&c.Channel, &status, &c.Count, &age); err != nil {
-			return nil, fmt.Errorf("intent: counts: %w", err)
+			return nil, fmt.Errorf("intent: stats: %w", err)
 		}
 		c.Status = Status(status)
 		c.OldestAge = time.Duration(age * float64(time.Second))
@@ -308,7 +309,7 @@ type Backlog struct {
 }
 
 // Backlog returns the unfinished (PENDING, SENDING, FAILED, SKIPPED) intents of every channel
-// that has some. Unlike Counts it reads no SENT row: each status is counted through its
+// that has some. Unlike Stats it reads no SENT row: each status is counted through its
 // partial index, so the cost follows the backlog, not the table. It is what package metrics
 // exports at scrape time.
 func (s *Store) Backlog(ctx context.Context) (map[string]Backlog, error) {

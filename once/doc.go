@@ -102,4 +102,14 @@
 //
 // The handler must use the transaction for its writes, not the *sql.DB: a second connection
 // taken while the transaction holds one can exhaust the pool and deadlock.
+//
+// # Operations on the claims
+//
+// This package owns processed_messages and processed_messages_daily; other packages (retention,
+// admin, the CLI) go through these functions rather than holding SQL on them: LookupClaim (was
+// this key applied, and when), Stats (claims per consumer and the newest), ClaimHistory (claims
+// per time bucket), ClaimConsumers, CountClaims, PruneClaims and PruneDailyClaims (delete
+// claims applied before a time, in batches of short transactions), and MaintainDays (drop
+// expired day partitions, create days ahead). A deleted claim no longer deduplicates: the
+// callers decide when that is safe (package retention).
 package once

@@ -6,9 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/wmonce/watermill-once/internal/partition"
-	"github.com/wmonce/watermill-once/pgtx"
 )
 
 // Claim is the dedupe record of one applied message.
@@ -22,31 +19,30 @@ type Claim struct {
 }
 
 // LookupClaim answers "was message key processed by consumer, and when?" from the claims in
-// schema, in both the plain and the day-partitioned table. found=false means no claim exists:
-// the message was never applied, or its claim was deleted by retention.
+// schema ("" means pgtx.DefaultSchema), in both the plain and the day-partitioned table.
+// found=false means no claim exists: the message was never applied, or its claim was deleted
+// by retention.
 func LookupClaim(ctx context.Context, db *sql.DB, schema, consumer, key string) (c Claim, found bool, err error) {
-	if db == nil {
-		return Claim{}, false, errors.New("lookup claim: db is nil")
-	}
-	if err := pgtx.ValidateIdentifier("schema", schema); err != nil {
+	pm, daily, err := claimTables("lookup claim", db, &schema)
+	if err != nil {
 		return Claim{}, false, err
 	}
 	c = Claim{Consumer: consumer, Key: key}
-	err = db.QueryRowContext(ctx, `SELECT payload_sha256, processed_at FROM `+pgtx.QualifiedName(schema, "processed_messages")+
+	err = db.QueryRowContext(ctx, `SELECT payload_sha256, processed_at FROM `+pm+
 		` WHERE consumer = $1 AND message_id = $2`, consumer, key).Scan(&c.PayloadSHA256, &c.ProcessedAt)
 	if err == nil {
 		return c, true, nil
 	}
 	if !errors.Is(err, sql.ErrNoRows) {
-		return Claim{}, false, fmt.Errorf("lookup claim: %w", err)
+		return Claim{}, false, fmt.Errorf("once: lookup claim: %w", err)
 	}
-	err = db.QueryRowContext(ctx, `SELECT payload_sha256, processed_at, occurred_on FROM `+pgtx.QualifiedName(schema, partition.Parent)+
+	err = db.QueryRowContext(ctx, `SELECT payload_sha256, processed_at, occurred_on FROM `+daily+
 		` WHERE consumer = $1 AND message_id = $2 ORDER BY occurred_on DESC LIMIT 1`, consumer, key).Scan(&c.PayloadSHA256, &c.ProcessedAt, &c.OccurredOn)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Claim{}, false, nil
 	}
 	if err != nil {
-		return Claim{}, false, fmt.Errorf("lookup claim: %w", err)
+		return Claim{}, false, fmt.Errorf("once: lookup claim: %w", err)
 	}
 	return c, true, nil
 }

@@ -65,4 +65,12 @@
 // transaction elsewhere on the server does not delay the relay (its own rows wait for its
 // commit). If the outbox's sequence is given a CACHE above 1, offsets stop following insertion
 // order across sessions; keep the default.
+//
+// # Operations
+//
+// This package owns outbox, outbox_offsets and outbox_rejected; retention, admin, metrics and
+// the CLI go through these functions rather than holding SQL on them: Status (each relay's
+// backlog and lag, and the rejected rows), Prune (delete old rows every relay has published),
+// ForgetRelay (remove a retired relay's position, refused while it runs) and ListRejected (the
+// rows a relay set aside).
 package outbox

@@ -191,14 +191,12 @@ func NewRelay(db *sql.DB, publisher message.Publisher, config RelayConfig, logge
 	}
 	table := pgtx.QualifiedName(config.Schema, "outbox")
 	offsets := pgtx.QualifiedName(config.Schema, "outbox_offsets")
-	h := fnv.New64a()
-	_, _ = h.Write([]byte("watermill-once/relay/" + config.Schema + "/" + config.Name))
 	return &Relay{
 		db:        db,
 		publisher: publisher,
 		config:    config,
 		logger:    logger.With(watermill.LogFields{"relay": config.Name}),
-		lockKey:   int64(h.Sum64()),
+		lockKey:   relayLockKey(config.Schema, config.Name),
 		qEnsure: `INSERT INTO ` + offsets + ` (consumer_group, offset_acked, last_processed_transaction_id, snapshot)
 VALUES ($1, 0, '1', '` + emptySnapshot + `') ON CONFLICT DO NOTHING`,
 		qPosition: `SELECT snapshot::text, target_snapshot::text, target_offset FROM ` + offsets + ` WHERE consumer_group = $1`,

@@ -4,15 +4,18 @@ import (
 	"context"
 	"database/sql"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/admin"
+	"github.com/wmonce/watermill-once/httpidem"
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/intent"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/once"
+	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 	"github.com/wmonce/watermill-once/retention"
 	"github.com/wmonce/watermill-once/versioned"
@@ -66,7 +69,15 @@ func TestExecutorTakingFunctionsRefuseNil(t *testing.T) {
 
 	_, _, err = once.LookupClaim(ctx, nil, "wmonce", "c", "k")
 	require.ErrorContains(t, err, "db is nil")
-	_, err = retention.Relays(ctx, nil, "wmonce")
+	_, err = outbox.ForgetRelay(ctx, nil, "wmonce", "r")
+	require.ErrorContains(t, err, "db is nil")
+	_, err = outbox.Prune(ctx, nil, "wmonce", time.Hour, 1)
+	require.ErrorContains(t, err, "db is nil")
+	_, err = once.Stats(ctx, nil, "wmonce")
+	require.ErrorContains(t, err, "db is nil")
+	_, err = httpidem.DeleteExpired(ctx, nil, "wmonce", time.Hour, 1)
+	require.ErrorContains(t, err, "db is nil")
+	_, err = retention.Purge(ctx, nil, "wmonce", retention.PurgeRequest{Before: time.Now()})
 	require.ErrorContains(t, err, "db is nil")
 	_, err = admin.ReadConsumers(ctx, nil, "wmonce", nil)
 	require.ErrorContains(t, err, "db is nil")

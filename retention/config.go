@@ -68,7 +68,8 @@ type Config struct {
 	OutboxKeep time.Duration
 	// HTTPKeysKeep, when set, deletes stored responses of httpidem older than this. Keep it at
 	// least as long as the httpidem Retention (rows older than that are ignored there anyway).
-	// Zero leaves the table alone (httpidem.Middleware.DeleteExpired does the same job).
+	// Zero leaves the table alone (httpidem.Middleware.DeleteExpired does the same job; both
+	// call httpidem.DeleteExpired).
 	HTTPKeysKeep time.Duration
 
 	// BatchSize is the most rows one delete transaction removes. Short transactions keep

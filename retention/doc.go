@@ -33,8 +33,13 @@
 // stand by and retry every Interval. RunOnce runs one round at once without the lock (for the
 // CLI's `wmonce purge -janitor`): every delete removes rows by address in its own transaction,
 // so a round beside the leader's only shares the work. Purge deletes one consumer's claims
-// before a given time (with a dry run that counts them); ForgetRelay removes a retired relay's
-// position.
+// before a given time (with a dry run that counts them); outbox.ForgetRelay removes a retired
+// relay's position.
+//
+// Retention decides when rows go, never how: every delete is an operation of the package that
+// owns the table (once.PruneClaims and once.MaintainDays, inbox.Ops.DeleteFinished,
+// outbox.Prune, httpidem.DeleteExpired), so what "expired", "finished" and "forwarded" mean is
+// defined once, beside the code that writes those rows.
 //
 // # What a round deletes
 //
@@ -53,7 +58,7 @@
 //     deleted; rows an operator is replaying at that moment are skipped.
 //   - outbox: rows older than OutboxKeep that every relay named in outbox_offsets has
 //     forwarded. With no relay row at all, nothing is deleted. A relay name that no longer
-//     runs holds cleanup back for good: remove it with ForgetRelay (`wmonce` CLI) after stopping
+//     runs holds cleanup back for good: remove it with outbox.ForgetRelay after stopping
 //     every instance of it. A relay added later starts from the rows still there.
 //   - http_idempotency_keys, only with HTTPKeysKeep set.
 //

@@ -11,9 +11,11 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/wmonce/watermill-once/httpidem"
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/lifecycle"
-	"github.com/wmonce/watermill-once/internal/partition"
+	"github.com/wmonce/watermill-once/once"
+	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -80,9 +82,7 @@ type Janitor struct {
 	config   Config
 	logger   watermill.LoggerAdapter
 	lockKey  int64
-	dropKey  int64
 	warnings []string
-	q        queries
 	inboxOps *inbox.Ops
 
 	claims, dailyDropped, inboxRows, outboxRows, httpKeys, rounds, failedRounds atomic.Uint64
@@ -90,80 +90,6 @@ type Janitor struct {
 	lastRound                                                                   atomic.Int64
 
 	life lifecycle.Runner
-}
-
-type queries struct {
-	consumers, deleteClaims                  string
-	inboxConsumers                           string
-	minRelayPosition, deleteOutbox           string
-	deleteHTTPKeys                           string
-	countClaims, countDaily, deleteDaily     string
-	relays, deleteRelay, relayLockHeldByPeer string
-}
-
-func newQueries(schema string) queries {
-	pm := pgtx.QualifiedName(schema, "processed_messages")
-	daily := pgtx.QualifiedName(schema, partition.Parent)
-	ib := pgtx.QualifiedName(schema, "inbox")
-	ob := pgtx.QualifiedName(schema, "outbox")
-	offsets := pgtx.QualifiedName(schema, "outbox_offsets")
-	keys := pgtx.QualifiedName(schema, "http_idempotency_keys")
-	// distinct walks a (consumer, ...) index one consumer at a time (a "loose index scan"),
-	// so listing consumers costs one index probe per consumer, not a scan of the table.
-	distinct := func(table string) string {
-		return `WITH RECURSIVE c(consumer) AS (
-    (SELECT consumer FROM ` + table + ` ORDER BY consumer LIMIT 1)
-    UNION ALL
-    SELECT (SELECT t.consumer FROM ` + table + ` t WHERE t.consumer > c.consumer ORDER BY t.consumer LIMIT 1)
-    FROM c WHERE c.consumer IS NOT NULL
-)
-SELECT consumer FROM c WHERE consumer IS NOT NULL`
-	}
-	return queries{
-		consumers:      distinct(pm),
-		inboxConsumers: distinct(ib),
-		// ctid = ANY(ARRAY(...)) makes a TID scan: the batch is located once through the
-		// (consumer, processed_at) index and deleted by physical address.
-		deleteClaims: `DELETE FROM ` + pm + ` WHERE ctid = ANY(ARRAY(
-    SELECT ctid FROM ` + pm + ` WHERE consumer = $1 AND processed_at < $2 LIMIT $3))`,
-		// A relay's position is a snapshot (outbox/relay.go): it has published every row whose
-		// transaction is visible in snapshot, and, in a round in progress, the rows visible in
-		// target_snapshot up to target_offset. Every such row lies below the xmax of the round's
-		// snapshot, so the least of those over all relays bounds the rows any relay could have
-		// published; no row means no relay has ever run.
-		minRelayPosition: `SELECT pg_snapshot_xmax(coalesce(target_snapshot, snapshot))::text FROM ` + offsets + `
-ORDER BY pg_snapshot_xmax(coalesce(target_snapshot, snapshot)) LIMIT 1`,
-		// The batch is the oldest rows in transaction order that every relay has published,
-		// and only those of them old enough go: the caller stops when a batch holds a younger
-		// row, so a round never walks the rows kept for OutboxKeep. created_at is a timestamp
-		// without time zone written with the session's clock, hence localtimestamp. The relays
-		// are read again here, so one registered since the bound was read holds rows back too.
-		deleteOutbox: `DELETE FROM ` + ob + ` WHERE ctid = ANY(ARRAY(
-    SELECT ctid FROM (
-        SELECT t.ctid, t.created_at FROM ` + ob + ` t
-        WHERE t.transaction_id < $1::xid8
-          AND NOT EXISTS (SELECT 1 FROM ` + offsets + ` o WHERE NOT (
-                pg_visible_in_snapshot(t.transaction_id, o.snapshot)
-                OR coalesce(pg_visible_in_snapshot(t.transaction_id, o.target_snapshot) AND t."offset" <= o.target_offset, false)))
-        ORDER BY t.transaction_id, t."offset"
-        LIMIT $3) head
-    WHERE created_at < localtimestamp - $2::bigint * interval '1 microsecond'))`,
-		deleteHTTPKeys: `DELETE FROM ` + keys + ` WHERE ctid = ANY(ARRAY(
-    SELECT ctid FROM ` + keys + ` WHERE created_at < now() - $1::bigint * interval '1 microsecond' LIMIT $2))`,
-		countClaims: `SELECT count(*) FROM ` + pm + ` WHERE consumer = $1 AND processed_at < $2`,
-		countDaily:  `SELECT count(*) FROM ` + daily + ` WHERE ($1 = '' OR consumer = $1) AND processed_at < $2`,
-		// The daily table is partitioned: ctid is not unique across partitions, so rows are
-		// addressed by their primary key.
-		deleteDaily: `DELETE FROM ` + daily + ` WHERE (consumer, message_id, occurred_on) IN (
-    SELECT consumer, message_id, occurred_on FROM ` + daily + ` WHERE ($1 = '' OR consumer = $1) AND processed_at < $2 LIMIT $3)`,
-		relays:      `SELECT consumer_group FROM ` + offsets + ` ORDER BY consumer_group`,
-		deleteRelay: `DELETE FROM ` + offsets + ` WHERE consumer_group = $1`,
-		// An advisory lock on a bigint key shows in pg_locks as classid (high 32 bits), objid
-		// (low 32 bits), objsubid 1.
-		relayLockHeldByPeer: `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted
-    AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-    AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 1)`,
-	}
 }
 
 func hashKey(s string) int64 {
@@ -197,9 +123,7 @@ func NewJanitor(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Jan
 		config:   config,
 		logger:   logger,
 		lockKey:  hashKey("watermill-once/retention/" + config.Schema),
-		dropKey:  hashKey("watermill-once/retention-drop/" + config.Schema),
 		warnings: config.warnings(),
-		q:        newQueries(config.Schema),
 	}
 	for _, w := range j.warnings {
 		logger.Error("RETENTION TOO SHORT: "+w, errRetentionBelowHorizon, nil)
@@ -360,80 +284,42 @@ func hint(err error) error {
 	return err
 }
 
+// The steps below call the owners' operations: retention holds no SQL on their tables.
+
 func (j *Janitor) deleteClaims(ctx context.Context, now time.Time, rep *Report) error {
-	consumers, err := listConsumers(ctx, j.db, j.q.consumers)
+	consumers, err := once.ClaimConsumers(ctx, j.db, j.config.Schema)
 	if err != nil {
 		return err
 	}
 	for _, c := range consumers {
-		cutoff := now.Add(-j.config.policy(c).Keep)
-		n, err := deleteInBatches(ctx, j.db, j.config.BatchSize, j.q.deleteClaims, c, cutoff)
+		n, err := once.PruneClaims(ctx, j.db, j.config.Schema, c, now.Add(-j.config.policy(c).Keep), j.config.BatchSize)
 		if n > 0 {
 			rep.Claims += n
 			rep.ClaimsByConsumer[c] += n
 			j.claims.Add(uint64(n))
 		}
 		if err != nil {
-			return fmt.Errorf("consumer %q: %w", c, err)
+			return err
 		}
 	}
 	return nil
 }
 
+// maintainPartitions drops the days of processed_messages_daily older than the longest Keep
+// (the table is shared by every consumer) and creates PartitionsAhead days ahead.
 func (j *Janitor) maintainPartitions(ctx context.Context, now time.Time, rep *Report) error {
-	days, err := partition.List(ctx, j.db, j.config.Schema)
-	if err != nil {
-		return err
-	}
-	if len(days) == 0 {
-		return nil // the day-partitioned table is not in use
-	}
-	// DETACH ... CONCURRENTLY cannot run in a transaction, so concurrent rounds (Run and a
-	// RunOnce from the CLI) are kept apart by a session-level lock held around the drops.
-	conn, err := j.db.Conn(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	if _, err := conn.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, j.dropKey); err != nil {
-		return fmt.Errorf("lock: %w", err)
-	}
-	defer func() {
-		unlockCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		defer cancel()
-		_, _ = conn.ExecContext(unlockCtx, `SELECT pg_advisory_unlock($1)`, j.dropKey)
-	}()
-	dropped, err := partition.DropBefore(ctx, j.db, j.config.Schema, now.Add(-j.config.longestKeep()))
-	rep.DailyPartitionsDropped += int64(len(dropped))
-	j.dailyDropped.Add(uint64(len(dropped)))
-	for _, d := range dropped {
+	days, err := once.MaintainDays(ctx, j.db, j.config.Schema, now.Add(-j.config.longestKeep()), now, j.config.PartitionsAhead)
+	rep.DailyPartitionsDropped += int64(len(days.Dropped))
+	rep.DailyPartitionsCreated += int64(days.Created)
+	j.dailyDropped.Add(uint64(len(days.Dropped)))
+	for _, d := range days.Dropped {
 		j.logger.Info("Dropped expired day of claims", watermill.LogFields{"day": d.Format(time.DateOnly)})
 	}
-	if err != nil {
-		return err
-	}
-	if j.config.PartitionsAhead < 0 {
-		return nil
-	}
-	today := partition.Day(now)
-	last := today.AddDate(0, 0, j.config.PartitionsAhead)
-	have := map[time.Time]bool{}
-	for _, d := range days {
-		have[d] = true
-	}
-	if err := partition.Ensure(ctx, j.db, j.config.Schema, today, last); err != nil {
-		return err
-	}
-	for d := today; !d.After(last); d = d.AddDate(0, 0, 1) {
-		if !have[d] {
-			rep.DailyPartitionsCreated++
-		}
-	}
-	return nil
+	return err
 }
 
 func (j *Janitor) deleteInbox(ctx context.Context, now time.Time, rep *Report) error {
-	consumers, err := listConsumers(ctx, j.db, j.q.inboxConsumers)
+	consumers, err := j.inboxOps.Consumers(ctx)
 	if err != nil {
 		return err
 	}
@@ -467,82 +353,15 @@ func (j *Janitor) deleteFinishedInbox(ctx context.Context, consumer string, befo
 }
 
 func (j *Janitor) deleteOutbox(ctx context.Context, rep *Report) error {
-	var bound string
-	err := j.db.QueryRowContext(ctx, j.q.minRelayPosition).Scan(&bound)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil // no relay has ever run: nothing is known to be forwarded
-	}
-	if err != nil {
-		return fmt.Errorf("read relay positions: %w", err)
-	}
-	keep := j.config.OutboxKeep.Microseconds()
-	for ctx.Err() == nil {
-		res, err := j.db.ExecContext(ctx, j.q.deleteOutbox, bound, keep, j.config.BatchSize)
-		if err != nil {
-			return err
-		}
-		n, _ := res.RowsAffected()
-		rep.OutboxRows += n
-		j.outboxRows.Add(uint64(n))
-		if n < int64(j.config.BatchSize) {
-			break
-		}
-	}
-	return ctx.Err()
+	n, err := outbox.Prune(ctx, j.db, j.config.Schema, j.config.OutboxKeep, j.config.BatchSize)
+	rep.OutboxRows += n
+	j.outboxRows.Add(uint64(n))
+	return err
 }
 
 func (j *Janitor) deleteHTTPKeys(ctx context.Context, rep *Report) error {
-	keep := j.config.HTTPKeysKeep.Microseconds()
-	for ctx.Err() == nil {
-		res, err := j.db.ExecContext(ctx, j.q.deleteHTTPKeys, keep, j.config.BatchSize)
-		if err != nil {
-			return err
-		}
-		n, _ := res.RowsAffected()
-		rep.HTTPKeys += n
-		j.httpKeys.Add(uint64(n))
-		if n < int64(j.config.BatchSize) {
-			break
-		}
-	}
-	return ctx.Err()
-}
-
-func listConsumers(ctx context.Context, db *sql.DB, query string) ([]string, error) {
-	rows, err := db.QueryContext(ctx, query)
-	if err != nil {
-		return nil, fmt.Errorf("list consumers: %w", err)
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var c string
-		if err := rows.Scan(&c); err != nil {
-			return nil, fmt.Errorf("list consumers: %w", err)
-		}
-		out = append(out, c)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("list consumers: %w", err)
-	}
-	return out, nil
-}
-
-// deleteInBatches runs query (which deletes at most its last argument rows) with args and
-// the batch size until a batch comes back short. Each statement is its own transaction.
-func deleteInBatches(ctx context.Context, db *sql.DB, batch int, query string, args ...any) (int64, error) {
-	args = append(args, batch)
-	var total int64
-	for ctx.Err() == nil {
-		res, err := db.ExecContext(ctx, query, args...)
-		if err != nil {
-			return total, err
-		}
-		n, _ := res.RowsAffected()
-		total += n
-		if n < int64(batch) {
-			return total, nil
-		}
-	}
-	return total, ctx.Err()
+	n, err := httpidem.DeleteExpired(ctx, j.db, j.config.Schema, j.config.HTTPKeysKeep, j.config.BatchSize)
+	rep.HTTPKeys += n
+	j.httpKeys.Add(uint64(n))
+	return err
 }

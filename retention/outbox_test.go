@@ -89,10 +89,11 @@ func TestOutboxRowsDeletedOnlyWhenOldAndForwardedByEveryRelay(t *testing.T) {
 	rep, err = j.RunOnce(ctx)
 	require.NoError(t, err)
 	require.Zero(t, rep.OutboxRows)
-	names, err := retention.Relays(ctx, db, schema)
+	relays, _, err := outbox.Status(ctx, db, schema)
 	require.NoError(t, err)
-	require.Equal(t, []string{"audit", "kafka", "retired"}, names)
-	found, err := retention.ForgetRelay(ctx, db, schema, "retired")
+	require.Len(t, relays, 3)
+	require.Equal(t, "retired", relays[2].Name)
+	found, err := outbox.ForgetRelay(ctx, db, schema, "retired")
 	require.NoError(t, err)
 	require.True(t, found)
 	rep, err = j.RunOnce(ctx)
@@ -100,74 +101,4 @@ func TestOutboxRowsDeletedOnlyWhenOldAndForwardedByEveryRelay(t *testing.T) {
 	require.Equal(t, int64(5), rep.OutboxRows)
 	require.Zero(t, pgtest.Count(t, db, `SELECT count(*) FROM `+ob))
 	require.Equal(t, uint64(10), j.Stats().OutboxRows)
-}
-
-func TestForgetRelayRefusesARunningRelay(t *testing.T) {
-	t.Parallel()
-	db := pgtest.DB(t)
-	schema := pgtest.Schema(t, db)
-	ctx := context.Background()
-	pub := gochannel.NewGoChannel(gochannel.Config{}, logger())
-	defer pub.Close()
-	r, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Schema: schema, Name: "live", PollInterval: 10 * time.Millisecond}, logger())
-	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	require.Eventually(t, func() bool { return r.Stats().IsLeader }, 10*time.Second, 10*time.Millisecond)
-
-	found, err := retention.ForgetRelay(ctx, db, schema, "live")
-	require.ErrorIs(t, err, retention.ErrRelayActive)
-	require.False(t, found)
-	require.Equal(t, 1, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "outbox_offsets")))
-
-	require.NoError(t, r.Close())
-	require.NoError(t, <-done)
-	// A relay stopped while its connection was busy leaves the session (and lock) to end
-	// on the server a moment later.
-	require.Eventually(t, func() bool {
-		found, err = retention.ForgetRelay(ctx, db, schema, "live")
-		return err == nil
-	}, 10*time.Second, 10*time.Millisecond)
-	require.True(t, found)
-	found, err = retention.ForgetRelay(ctx, db, schema, "live")
-	require.NoError(t, err)
-	require.False(t, found, "already gone")
-}
-
-// The relay publishes by commit, not by transaction id: a transaction that wrote first and
-// committed last is published after rows with larger ids. Retention must keep its row until a
-// relay has published it, although rows with larger transaction ids are already gone.
-func TestOutboxRowWithASmallerIdCommittedLaterIsKeptUntilPublished(t *testing.T) {
-	t.Parallel()
-	db := pgtest.DB(t)
-	schema := pgtest.Schema(t, db)
-	ob := pgtx.QualifiedName(schema, "outbox")
-	ctx := context.Background()
-	j := newJanitor(t, db, retention.Config{Schema: schema, OutboxKeep: day})
-	w, err := outbox.NewWriter(outbox.Config{Schema: schema})
-	require.NoError(t, err)
-
-	late, err := db.BeginTx(ctx, nil)
-	require.NoError(t, err)
-	defer late.Rollback()
-	require.NoError(t, w.PublishTx(ctx, late, "events", message.NewMessage("late", []byte(`{}`))))
-	_, err = late.ExecContext(ctx, `UPDATE `+ob+` SET created_at = created_at - interval '2 days' WHERE transaction_id = pg_current_xact_id()`)
-	require.NoError(t, err)
-
-	publishOutbox(t, db, schema, 1) // "m-0", a larger transaction id, committed first
-	pgtest.Exec(t, db, `UPDATE `+ob+` SET created_at = created_at - interval '2 days' WHERE uuid = 'm-0'`)
-	relayed(t, db, schema, "kafka", 1)
-	require.NoError(t, late.Commit())
-
-	rep, err := j.RunOnce(ctx)
-	require.NoError(t, err)
-	require.Equal(t, int64(1), rep.OutboxRows, "the published row goes")
-	require.Equal(t, 1, pgtest.Count(t, db, `SELECT count(*) FROM `+ob+` WHERE uuid = 'late'`), "the unpublished row with the smaller id stays")
-
-	r := relayed(t, db, schema, "kafka", 1)
-	require.Equal(t, uint64(1), r.Stats().Forwarded)
-	rep, err = j.RunOnce(ctx)
-	require.NoError(t, err)
-	require.Equal(t, int64(1), rep.OutboxRows)
-	require.Zero(t, pgtest.Count(t, db, `SELECT count(*) FROM `+ob))
 }

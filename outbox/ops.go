@@ -1,0 +1,239 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// The operations below are what retention, admin, metrics and the CLI do to the outbox tables.
+// outbox owns outbox, outbox_offsets and outbox_rejected: no other package holds SQL on them.
+
+// relayLockKey is the advisory-lock key a relay named name holds in schema while it leads.
+// ForgetRelay looks for the same key in pg_locks, so both derive it here.
+func relayLockKey(schema, name string) int64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte("watermill-once/relay/" + schema + "/" + name))
+	return int64(h.Sum64())
+}
+
+func checkSchema(op string, db *sql.DB, schema *string) error {
+	if db == nil {
+		return fmt.Errorf("outbox: %s: db is nil", op)
+	}
+	if *schema == "" {
+		*schema = pgtx.DefaultSchema
+	}
+	if err := pgtx.ValidateIdentifier("schema", *schema); err != nil {
+		return fmt.Errorf("outbox: %s: %w", op, err)
+	}
+	return nil
+}
+
+// ErrRelayActive is returned by ForgetRelay for a relay that is forwarding right now.
+var ErrRelayActive = errors.New("outbox: the relay is running: stop every instance of it first")
+
+// ForgetRelay deletes the position of a retired relay from outbox_offsets and reports whether
+// it existed. Prune keeps every outbox row that some relay has not forwarded, so a relay name
+// that no longer runs holds back outbox retention for good until it is forgotten.
+//
+// It refuses (ErrRelayActive) while an instance of that relay leads. Stop standby instances
+// too: a relay that starts after its position was forgotten begins again at the oldest row
+// still in the outbox and publishes those rows again (consumers deduplicate them, but the
+// burst is avoidable).
+func ForgetRelay(ctx context.Context, db *sql.DB, schema, name string) (bool, error) {
+	if err := checkSchema("forget relay", db, &schema); err != nil {
+		return false, err
+	}
+	if name == "" {
+		return false, errors.New("outbox: forget relay: name the relay (its RelayConfig.Name)")
+	}
+	// An advisory lock on a bigint key shows in pg_locks as classid (high 32 bits), objid
+	// (low 32 bits), objsubid 1.
+	key := uint64(relayLockKey(schema, name))
+	var active bool
+	if err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted
+    AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+    AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 1)`, int64(key>>32), int64(key&0xffffffff)).Scan(&active); err != nil {
+		return false, fmt.Errorf("outbox: forget relay: %w", err)
+	}
+	if active {
+		return false, fmt.Errorf("%w (relay %q)", ErrRelayActive, name)
+	}
+	res, err := db.ExecContext(ctx, `DELETE FROM `+pgtx.QualifiedName(schema, "outbox_offsets")+` WHERE consumer_group = $1`, name)
+	if err != nil {
+		return false, fmt.Errorf("outbox: forget relay: %w", err)
+	}
+	n, _ := res.RowsAffected()
+	return n > 0, nil
+}
+
+// Prune deletes outbox rows older than keep that every relay named in outbox_offsets has
+// forwarded, in batches of at most batchSize rows (one short transaction each), and returns
+// how many it deleted, also when it stops on an error or a cancelled ctx.
+//
+// Guarantee: a row some relay has not published is never deleted, whatever its age, and a
+// relay that registers while Prune runs holds rows back too. With no relay registered at all
+// nothing is known to be forwarded, and nothing is deleted. Age is measured by the database
+// clock. A retired relay name holds every later row back until ForgetRelay removes it.
+func Prune(ctx context.Context, db *sql.DB, schema string, keep time.Duration, batchSize int) (int64, error) {
+	if err := checkSchema("prune", db, &schema); err != nil {
+		return 0, err
+	}
+	if keep < 0 || batchSize < 1 {
+		return 0, fmt.Errorf("outbox: prune: keep must not be negative and batchSize must be positive, got %s and %d", keep, batchSize)
+	}
+	ob := pgtx.QualifiedName(schema, "outbox")
+	offsets := pgtx.QualifiedName(schema, "outbox_offsets")
+	// A relay's position is a snapshot (relay.go): it has published every row whose
+	// transaction is visible in snapshot, and, in a round in progress, the rows visible in
+	// target_snapshot up to target_offset. Every such row lies below the xmax of the round's
+	// snapshot, so the least of those over all relays bounds the rows any relay could have
+	// published; no row means no relay has ever run.
+	var bound string
+	err := db.QueryRowContext(ctx, `SELECT pg_snapshot_xmax(coalesce(target_snapshot, snapshot))::text FROM `+offsets+`
+ORDER BY pg_snapshot_xmax(coalesce(target_snapshot, snapshot)) LIMIT 1`).Scan(&bound)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("outbox: prune: read relay positions: %w", err)
+	}
+	// The batch is the oldest rows in transaction order that every relay has published, and
+	// only those of them old enough go: the loop stops when a batch holds a younger row, so a
+	// call never walks the rows kept for keep. created_at is a timestamp without time zone
+	// written with the session's clock, hence localtimestamp. The relays are read again here,
+	// so one registered since the bound was read holds rows back too. ctid = ANY(ARRAY(...))
+	// deletes the batch by physical address (a TID scan).
+	query := `DELETE FROM ` + ob + ` WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM (
+        SELECT t.ctid, t.created_at FROM ` + ob + ` t
+        WHERE t.transaction_id < $1::xid8
+          AND NOT EXISTS (SELECT 1 FROM ` + offsets + ` o WHERE NOT (
+                pg_visible_in_snapshot(t.transaction_id, o.snapshot)
+                OR coalesce(pg_visible_in_snapshot(t.transaction_id, o.target_snapshot) AND t."offset" <= o.target_offset, false)))
+        ORDER BY t.transaction_id, t."offset"
+        LIMIT $3) head
+    WHERE created_at < localtimestamp - $2::bigint * interval '1 microsecond'))`
+	var total int64
+	for ctx.Err() == nil {
+		res, err := db.ExecContext(ctx, query, bound, keep.Microseconds(), batchSize)
+		if err != nil {
+			return total, fmt.Errorf("outbox: prune: %w", err)
+		}
+		n, _ := res.RowsAffected()
+		total += n
+		if n < int64(batchSize) {
+			return total, nil
+		}
+	}
+	return total, ctx.Err()
+}
+
+// RejectedRow is a row of outbox_rejected: an outbox row a relay could not decode (written by
+// something other than watermill-once) and set aside instead of forwarding. The relay rejects
+// a row the first time it fails to decode it, so there is no attempt count; LastError is the
+// decoding error. Payload and Metadata are the JSON the row held (the outbox columns are of
+// type json), as text; they are nil unless asked for.
+type RejectedRow struct {
+	Relay         string
+	Offset        int64
+	TransactionID string
+	UUID          string
+	PayloadSize   int
+	Payload       *string
+	Metadata      json.RawMessage
+	LastError     string
+	RejectedAt    time.Time
+}
+
+// RejectedFilter selects rows of outbox_rejected. Zero fields match everything.
+type RejectedFilter struct {
+	Relay          string
+	Offset         int64     // one outbox row (its offset); 0: any
+	RejectedAfter  time.Time // inclusive
+	RejectedBefore time.Time // exclusive
+	// AfterOffset pages a list: only rows of larger offsets.
+	AfterOffset int64
+}
+
+// ListRejected lists the rows of outbox_rejected matching f in offset order, for up to limit
+// outbox rows (two relays rejecting the same row give two rows of one offset; a page never
+// splits them). withPayload includes payloads and metadata. A schema without the table is an
+// error for which pgtx.IsUndefinedTable is true. It only reads.
+func ListRejected(ctx context.Context, db *sql.DB, schema string, f RejectedFilter, limit int, withPayload bool) ([]RejectedRow, error) {
+	if err := checkSchema("list rejected", db, &schema); err != nil {
+		return nil, err
+	}
+	if limit < 1 {
+		return nil, fmt.Errorf("outbox: list rejected: limit must be positive, got %d", limit)
+	}
+	var conds []string
+	var args []any
+	arg := func(v any) string {
+		args = append(args, v)
+		return "$" + strconv.Itoa(len(args))
+	}
+	if f.Relay != "" {
+		conds = append(conds, "relay = "+arg(f.Relay))
+	}
+	if f.Offset != 0 {
+		conds = append(conds, `"offset" = `+arg(f.Offset))
+	}
+	if !f.RejectedAfter.IsZero() {
+		conds = append(conds, "rejected_at >= "+arg(f.RejectedAfter))
+	}
+	if !f.RejectedBefore.IsZero() {
+		conds = append(conds, "rejected_at < "+arg(f.RejectedBefore))
+	}
+	if f.AfterOffset != 0 {
+		conds = append(conds, `"offset" > `+arg(f.AfterOffset))
+	}
+	where := "TRUE"
+	if len(conds) > 0 {
+		where = strings.Join(conds, " AND ")
+	}
+	table := pgtx.QualifiedName(schema, "outbox_rejected")
+	cols := `relay, "offset", transaction_id::text, uuid, coalesce(octet_length(payload::text), 0), error, rejected_at`
+	if withPayload {
+		cols += `, payload::text, metadata::text`
+	}
+	q := `SELECT ` + cols + ` FROM ` + table + ` WHERE ` + where + ` AND "offset" IN (SELECT DISTINCT "offset" FROM ` + table +
+		` WHERE ` + where + ` ORDER BY 1 LIMIT ` + arg(limit) + `) ORDER BY "offset", relay`
+	rows, err := db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: list rejected: %w", err)
+	}
+	defer rows.Close()
+	out := []RejectedRow{}
+	for rows.Next() {
+		var r RejectedRow
+		dest := []any{&r.Relay, &r.Offset, &r.TransactionID, &r.UUID, &r.PayloadSize, &r.LastError, &r.RejectedAt}
+		var payload, metadata sql.NullString
+		if withPayload {
+			dest = append(dest, &payload, &metadata)
+		}
+		if err := rows.Scan(dest...); err != nil {
+			return nil, fmt.Errorf("outbox: list rejected: %w", err)
+		}
+		if payload.Valid {
+			r.Payload = &payload.String
+		}
+		if metadata.Valid && json.Valid([]byte(metadata.String)) {
+			r.Metadata = json.RawMessage(metadata.String)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("outbox: list rejected: %w", err)
+	}
+	return out, nil
+}
