@@ -524,14 +524,42 @@ func TestPanicIsAFailedAttempt(t *testing.T) {
 	require.Contains(t, row.LastError, "handler panicked: nil map")
 }
 
-func TestRunOnceAndCloseBeforeRun(t *testing.T) {
+// The Run/Close rules of every worker (internal/worker.Runner): one Run at a time, Run again
+// after it returned, Close final.
+func TestRunAgainAfterItReturnedAndCloseIsFinal(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
+	cfg := fast("c")
+	cfg.Schema = e.schema
+	p, err := inbox.NewProcessor(e.db, func(*message.Message) ([]*message.Message, error) { return nil, nil }, cfg, nil)
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	first := make(chan error, 1)
+	go func() { first <- p.Run(ctx) }()
+	require.NoError(t, r.Handle(msg("e-1", "x")))
+	waitFor(t, 10*time.Second, "the first Run", func() bool { return p.Counts().Processed == 1 })
+	require.ErrorContains(t, p.Run(context.Background()), "already running")
+	cancel()
+	require.NoError(t, <-first)
+
+	second := make(chan error, 1)
+	go func() { second <- p.Run(context.Background()) }()
+	require.NoError(t, r.Handle(msg("e-2", "x")))
+	waitFor(t, 10*time.Second, "the second Run", func() bool { return p.Counts().Processed == 2 })
+	require.NoError(t, p.Close())
+	require.NoError(t, <-second, "Close stopped the second Run and waited for it")
+	require.NoError(t, p.Run(context.Background()), "Run after Close returns at once")
+}
+
+func TestCloseBeforeRun(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	p, err := inbox.NewProcessor(e.db, func(*message.Message) ([]*message.Message, error) { return nil, nil }, fast("c"), nil)
 	require.NoError(t, err)
 	require.NoError(t, p.Close())
 	require.NoError(t, p.Run(context.Background()), "Run after Close returns at once")
-	require.ErrorContains(t, p.Run(context.Background()), "already running")
 }
 
 // A handler that commits the processing transaction itself has applied its effects without

@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	iworker "github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -220,10 +221,10 @@ type Receiver struct {
 	logger watermill.LoggerAdapter
 	q      queries
 
-	mu      sync.RWMutex
-	closed  bool
-	queue   chan *request
-	writers sync.WaitGroup
+	mu     sync.RWMutex
+	closed bool
+	queue  chan *request
+	life   iworker.Runner
 
 	stored, duplicates, refused, tooOld, batches, batchFailures atomic.Uint64
 	waiting                                                     atomic.Int64
@@ -262,11 +263,24 @@ func NewReceiver(db *sql.DB, config ReceiverConfig, logger watermill.LoggerAdapt
 		q:      newQueries(config.Schema),
 		queue:  make(chan *request, config.MaxBatch*config.Writers),
 	}
-	r.writers.Add(config.Writers)
-	for range config.Writers {
-		go r.write()
+	if err := r.life.Start(context.Background(), r.run); err != nil {
+		return nil, fmt.Errorf("inbox: %w", err) // never: the runner is new
 	}
 	return r, nil
+}
+
+// run is the receiver's worker: its writers run until Close, then write what is queued.
+func (r *Receiver) run(ctx context.Context) {
+	var writers sync.WaitGroup
+	for range r.config.Writers {
+		writers.Go(r.write)
+	}
+	<-ctx.Done()
+	r.mu.Lock()
+	r.closed = true
+	close(r.queue)
+	r.mu.Unlock()
+	writers.Wait()
 }
 
 // Handle stores msg and returns once the row is committed (see Receiver). Its signature is
@@ -349,16 +363,7 @@ func (r *Receiver) Counts() ReceiverCounts {
 
 // Close stops accepting messages, writes those already queued and returns when every waiting
 // Handle has its answer. It is idempotent.
-func (r *Receiver) Close() error {
-	r.mu.Lock()
-	if !r.closed {
-		r.closed = true
-		close(r.queue)
-	}
-	r.mu.Unlock()
-	r.writers.Wait()
-	return nil
-}
+func (r *Receiver) Close() error { return r.life.Close() }
 
 // prepare extracts and checks everything the row needs, so that a batch never fails because
 // of one bad message.
@@ -458,7 +463,6 @@ func encodeMetadata(md message.Metadata) (string, error) {
 // write is one writer goroutine: it takes the first waiting request, adds whatever else is
 // already waiting (up to MaxBatch, plus Linger), writes the batch and answers every request.
 func (r *Receiver) write() {
-	defer r.writers.Done()
 	batch := make([]*request, 0, r.config.MaxBatch)
 	rows := make([]row, 0, r.config.MaxBatch)
 	for first := range r.queue {
@@ -547,24 +551,20 @@ func (r *Receiver) count(rows []row, n int, parked []string) {
 // insertRetrying runs the batch statement, again after a deadlock: two batches carrying copies
 // of the same keys in opposite orders wait for each other on the unique index, and PostgreSQL
 // aborts one of them having written nothing.
-func (r *Receiver) insertRetrying(ctx context.Context, rows []row) (int, []string, error) {
-	policy := pgtx.RetryPolicy{MaxAttempts: 5}
-	for attempt := 1; ; attempt++ {
-		n, parked, err := r.insert(ctx, r.db, rows)
-		if err == nil {
-			r.batches.Add(1)
-			return n, parked, nil
+func (r *Receiver) insertRetrying(ctx context.Context, rows []row) (n int, parked []string, err error) {
+	err = pgtx.Retry(ctx, pgtx.RetryPolicy{MaxAttempts: 5}, func(ctx context.Context, _ int) error {
+		var err error
+		if n, parked, err = r.insert(ctx, r.db, rows); err != nil {
+			r.batchFailures.Add(1)
+			return err
 		}
-		r.batchFailures.Add(1)
-		if !pgtx.IsRetryableTx(err) || attempt >= policy.MaxAttempts {
-			return 0, nil, err
-		}
-		select {
-		case <-ctx.Done():
-			return 0, nil, errors.Join(err, ctx.Err())
-		case <-time.After(policy.Delay(attempt)):
-		}
+		r.batches.Add(1)
+		return nil
+	})
+	if err != nil {
+		return 0, nil, err
 	}
+	return n, parked, nil
 }
 
 // insert returns how many rows are new and the keys of those the age guard parked.

@@ -5,15 +5,14 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/wmonce/watermill-once/inbox"
-	"github.com/wmonce/watermill-once/internal/lifecycle"
 	"github.com/wmonce/watermill-once/internal/partition"
+	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -70,26 +69,22 @@ type Stats struct {
 // (once.Config.MaxMessageAge, set a little below Keep) refuses such copies instead of
 // applying them, and NewJanitor warns when a declared RedeliveryHorizon exceeds Keep.
 //
-// Close stops Run and waits for it to return. It is idempotent.
-func (j *Janitor) Close() error { return j.life.Close() }
-
 // Run elects one active janitor per schema with a session-level advisory lock; RunOnce runs one
 // round without it (see RunOnce).
 type Janitor struct {
 	db       *sql.DB
 	config   Config
 	logger   watermill.LoggerAdapter
-	lockKey  int64
 	dropKey  int64
 	warnings []string
 	q        queries
 	inboxOps *inbox.Ops
 
 	claims, dailyDropped, inboxRows, outboxRows, httpKeys, rounds, failedRounds atomic.Uint64
-	leader                                                                      atomic.Bool
 	lastRound                                                                   atomic.Int64
 
-	life lifecycle.Runner
+	life   worker.Runner
+	leader *worker.Leader
 }
 
 type queries struct {
@@ -166,12 +161,6 @@ ORDER BY pg_snapshot_xmax(coalesce(target_snapshot, snapshot)) LIMIT 1`,
 	}
 }
 
-func hashKey(s string) int64 {
-	h := fnv.New64a()
-	_, _ = h.Write([]byte(s))
-	return int64(h.Sum64())
-}
-
 // NewJanitor validates config and returns a janitor. It does not touch the database. For every
 // consumer whose Keep is shorter than its declared RedeliveryHorizon it logs an error-level
 // warning; Warnings returns the same texts.
@@ -196,10 +185,17 @@ func NewJanitor(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Jan
 		db:       db,
 		config:   config,
 		logger:   logger,
-		lockKey:  hashKey("watermill-once/retention/" + config.Schema),
-		dropKey:  hashKey("watermill-once/retention-drop/" + config.Schema),
+		dropKey:  worker.LockKey("retention-drop", config.Schema),
 		warnings: config.warnings(),
 		q:        newQueries(config.Schema),
+	}
+	j.leader = &worker.Leader{
+		DB: db, Key: worker.LockKey("retention", config.Schema), Name: "Janitor", Logger: logger,
+		Standby: config.Interval,
+		Backoff: worker.Backoff{Base: config.Interval, Max: config.Interval},
+		OnError: func(err error, wait time.Duration) {
+			logger.Error("Janitor lost or could not take leadership, retrying", err, watermill.LogFields{"retry_in": wait})
+		},
 	}
 	for _, w := range j.warnings {
 		logger.Error("RETENTION TOO SHORT: "+w, errRetentionBelowHorizon, nil)
@@ -230,53 +226,28 @@ func (j *Janitor) Stats() Stats {
 		HTTPKeys:               j.httpKeys.Load(),
 		Rounds:                 j.rounds.Load(),
 		FailedRounds:           j.failedRounds.Load(),
-		IsLeader:               j.leader.Load(),
+		IsLeader:               j.leader.Leading(),
 		LastRound:              last,
 	}
 }
+
+// Close stops Run and waits for it to return. It is idempotent and final: a Run after Close
+// returns nil at once.
+func (j *Janitor) Close() error { return j.life.Close() }
 
 // Run deletes expired rows every Interval until ctx is cancelled or Close is called, and
 // returns nil then. Only one instance per schema works at a time: it holds a session-level
 // advisory lock on a connection of its own for as long as it leads; the others stand by and
 // try again every Interval, so one takes over within an Interval after the leader stops or
 // its connection breaks. Errors are logged and counted (Stats.FailedRounds), never returned.
+// One Run at a time: a second concurrent Run returns an error; Run may be called again after
+// it returned.
 func (j *Janitor) Run(ctx context.Context) error {
-	ctx, done := j.life.Start(ctx)
-	defer done()
-	for ctx.Err() == nil {
-		if err := j.lead(ctx); err != nil && ctx.Err() == nil {
-			j.logger.Error("Janitor lost or could not take leadership, retrying", err, watermill.LogFields{"retry_in": j.config.Interval})
-		}
-		if !lifecycle.Sleep(ctx, j.config.Interval) {
-			break
-		}
-	}
-	return nil
+	return j.life.Run(ctx, func(ctx context.Context) error { return j.leader.Run(ctx, j.lead) })
 }
 
-// lead takes the leadership lock and runs rounds while it holds it. It returns nil at once
-// when another instance leads.
-func (j *Janitor) lead(ctx context.Context) error {
-	conn, err := j.db.Conn(ctx)
-	if err != nil {
-		return fmt.Errorf("retention: leadership connection: %w", err)
-	}
-	defer conn.Close()
-	var got bool
-	if err := conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1)`, j.lockKey).Scan(&got); err != nil {
-		return fmt.Errorf("retention: leadership lock: %w", err)
-	}
-	if !got {
-		return nil
-	}
-	j.leader.Store(true)
-	j.logger.Info("Janitor active", watermill.LogFields{"interval": j.config.Interval})
-	defer func() {
-		j.leader.Store(false)
-		unlockCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		defer cancel()
-		_, _ = conn.ExecContext(unlockCtx, `SELECT pg_advisory_unlock($1)`, j.lockKey)
-	}()
+// lead runs rounds while this instance holds the leadership lock on conn (see worker.Leader).
+func (j *Janitor) lead(ctx context.Context, conn *sql.Conn) error {
 	for {
 		// The lock lives as long as this session: a query that succeeds on it proves it is
 		// still ours. If the connection broke, the server released the lock and another
@@ -290,7 +261,7 @@ func (j *Janitor) lead(ctx context.Context) error {
 		if _, err := j.RunOnce(ctx); err != nil && ctx.Err() == nil {
 			j.logger.Error("Janitor round failed in part; the next round tries again", err, nil)
 		}
-		if !lifecycle.Sleep(ctx, j.config.Interval) {
+		if !worker.Sleep(ctx, j.config.Interval) {
 			return nil
 		}
 	}

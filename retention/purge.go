@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -115,9 +116,9 @@ func ForgetRelay(ctx context.Context, db *sql.DB, schema, name string) (bool, er
 	}
 	q := newQueries(schema)
 	// The key outbox.Relay locks while it leads (see outbox/relay.go); a test keeps the two in step.
-	key := uint64(hashKey("watermill-once/relay/" + schema + "/" + name))
+	classid, objid := worker.LockKeyParts(worker.LockKey("relay", schema, name))
 	var active bool
-	if err := db.QueryRowContext(ctx, q.relayLockHeldByPeer, int64(key>>32), int64(key&0xffffffff)).Scan(&active); err != nil {
+	if err := db.QueryRowContext(ctx, q.relayLockHeldByPeer, classid, objid).Scan(&active); err != nil {
 		return false, fmt.Errorf("retention: forget relay: %w", err)
 	}
 	if active {

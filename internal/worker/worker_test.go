@@ -194,3 +194,18 @@ func TestLeaderBacksOffAfterErrors(t *testing.T) {
 	require.GreaterOrEqual(t, waits[3], 2*time.Millisecond, "the wait doubled up to the cap")
 	require.LessOrEqual(t, waits[3], 4*time.Millisecond)
 }
+
+// Start registers the run before it returns, so that a Close right after it waits for it.
+func TestStartThenCloseWaits(t *testing.T) {
+	t.Parallel()
+	var r worker.Runner
+	var stopped atomic.Bool
+	require.NoError(t, r.Start(context.Background(), func(ctx context.Context) {
+		<-ctx.Done()
+		stopped.Store(true)
+	}))
+	require.ErrorIs(t, r.Start(context.Background(), func(context.Context) {}), worker.ErrRunning)
+	require.NoError(t, r.Close())
+	require.True(t, stopped.Load(), "Close returned before the run ended")
+	require.NoError(t, r.Start(context.Background(), func(context.Context) { t.Error("started after Close") }))
+}
