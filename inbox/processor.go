@@ -32,9 +32,9 @@ type ProcessorConfig struct {
 	// Workers process rows concurrently, each in its own transactions. Default 4. The pool
 	// needs Workers connections plus up to three more (LISTEN, lease upkeep, operations).
 	Workers int
-	// ClaimBatch is the most rows a worker claims at once. Default 16. Without lease renewal
+	// BatchSize is the most rows a worker claims at once. Default 16. Without lease renewal
 	// the whole claimed batch must be processed within Lease.
-	ClaimBatch int
+	BatchSize int
 	// TxBatchSize > 1 processes that many claimed rows in one transaction and completes them
 	// with one statement. If any handler in the batch fails, or a lease was lost, the whole
 	// transaction is rolled back and its rows are processed again one per transaction, so
@@ -44,7 +44,7 @@ type ProcessorConfig struct {
 	// ClaimMode is how workers hold rows: ClaimLease (default: IN_PROGRESS rows with fenced
 	// leases) or ClaimLock (row locks inside the processing transaction, each row written once;
 	// see ClaimLock for what changes). With ClaimLock each transaction locks up to TxBatchSize
-	// rows and ClaimBatch is not used.
+	// rows and BatchSize is not used.
 	ClaimMode ClaimMode
 
 	// Lease is how long a claim stays valid without renewal. After it, another worker may
@@ -97,8 +97,8 @@ func (c *ProcessorConfig) setDefaults() {
 	if c.Workers == 0 {
 		c.Workers = 4
 	}
-	if c.ClaimBatch == 0 {
-		c.ClaimBatch = 16
+	if c.BatchSize == 0 {
+		c.BatchSize = 16
 	}
 	if c.TxBatchSize == 0 {
 		c.TxBatchSize = 1
@@ -147,17 +147,17 @@ func (c ProcessorConfig) Validate() error {
 	if c.Workers < 1 || c.Workers > 1024 {
 		errs = append(errs, fmt.Errorf("Workers must be between 1 and 1024, got %d", c.Workers))
 	}
-	if c.ClaimBatch < 1 || c.ClaimBatch > MaxBatchLimit {
-		errs = append(errs, fmt.Errorf("ClaimBatch must be between 1 and %d, got %d", MaxBatchLimit, c.ClaimBatch))
+	if c.BatchSize < 1 || c.BatchSize > MaxBatchSize {
+		errs = append(errs, fmt.Errorf("BatchSize must be between 1 and %d, got %d", MaxBatchSize, c.BatchSize))
 	}
 	switch c.ClaimMode {
 	case ClaimLease:
-		if c.TxBatchSize < 1 || c.TxBatchSize > c.ClaimBatch {
-			errs = append(errs, fmt.Errorf("TxBatchSize must be between 1 and ClaimBatch (%d), got %d", c.ClaimBatch, c.TxBatchSize))
+		if c.TxBatchSize < 1 || c.TxBatchSize > c.BatchSize {
+			errs = append(errs, fmt.Errorf("TxBatchSize must be between 1 and BatchSize (%d), got %d", c.BatchSize, c.TxBatchSize))
 		}
 	case ClaimLock:
-		if c.TxBatchSize < 1 || c.TxBatchSize > MaxBatchLimit {
-			errs = append(errs, fmt.Errorf("TxBatchSize must be between 1 and %d, got %d", MaxBatchLimit, c.TxBatchSize))
+		if c.TxBatchSize < 1 || c.TxBatchSize > MaxBatchSize {
+			errs = append(errs, fmt.Errorf("TxBatchSize must be between 1 and %d, got %d", MaxBatchSize, c.TxBatchSize))
 		}
 	default:
 		errs = append(errs, fmt.Errorf("ClaimMode %d is not one of ClaimLease, ClaimLock", int(c.ClaimMode)))

@@ -158,7 +158,7 @@ func TestPerKeyOrderWithFourWorkers(t *testing.T) {
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c", OrderingKey: orderByMetadataKey})
 	var inFlight, maxInFlight atomic.Int32
 	cfg := fast("c")
-	cfg.Workers, cfg.ClaimBatch = 4, 4
+	cfg.Workers, cfg.BatchSize = 4, 4
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
 		n := inFlight.Add(1)
 		defer inFlight.Add(-1)
@@ -342,7 +342,7 @@ func TestShutdownFinishesRunningHandlerAndReleasesTheRest(t *testing.T) {
 	entered := make(chan struct{}, 5)
 	finish := make(chan struct{})
 	cfg := fast("c")
-	cfg.Workers, cfg.ClaimBatch = 1, 10
+	cfg.Workers, cfg.BatchSize = 1, 10
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
 		entered <- struct{}{}
 		<-finish
@@ -376,7 +376,7 @@ func TestShutdownCancelsHandlersPastGrace(t *testing.T) {
 	ignore := make(chan struct{})
 	returned := make(chan struct{})
 	cfg := fast("c")
-	cfg.Workers, cfg.ClaimBatch, cfg.ShutdownGrace = 2, 1, 100*time.Millisecond
+	cfg.Workers, cfg.BatchSize, cfg.ShutdownGrace = 2, 1, 100*time.Millisecond
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
 		if err := e.effect(m, "first"); err != nil {
 			return nil, err
@@ -483,7 +483,7 @@ func TestTxBatchModeAppliesEachRowOnce(t *testing.T) {
 	require.NoError(t, tx.Commit())
 
 	cfg := fast("c")
-	cfg.ClaimBatch, cfg.TxBatchSize = 50, 25
+	cfg.BatchSize, cfg.TxBatchSize = 50, 25
 	var runs atomic.Int32
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
 		runs.Add(1)

@@ -21,8 +21,8 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// MaxBatchLimit is the largest ReceiverConfig.MaxBatch accepted.
-const MaxBatchLimit = 10000
+// MaxBatchSize is the largest ReceiverConfig.BatchSize accepted.
+const MaxBatchSize = 10000
 
 // ErrReceiverClosed is returned by Handle after Close: the message is nacked and redelivered
 // to whichever receiver runs next.
@@ -79,14 +79,14 @@ type ReceiverConfig struct {
 	// parallel in roughly received order.
 	OrderingKey OrderingKeyFunc
 
-	// MaxBatch bounds the rows written by one statement. Default 500.
-	MaxBatch int
+	// BatchSize bounds the rows written by one statement. Default 500.
+	BatchSize int
 	// Linger is how long a writer waits for more rows after the queue ran dry. Default 0: a
 	// batch is written as soon as the writer finds no more waiting rows, so a lone message is
 	// never delayed, and under load batches grow by themselves while the previous one commits.
 	Linger time.Duration
-	// Writers is the number of batches written at once. Default 2.
-	Writers int
+	// Workers is the number of batches written at once. Default 2.
+	Workers int
 	// WriteTimeout bounds one batch statement. Default 10s.
 	WriteTimeout time.Duration
 
@@ -121,11 +121,11 @@ func (c *ReceiverConfig) setDefaults() {
 	if c.MaxKeyLength == 0 {
 		c.MaxKeyLength = 255
 	}
-	if c.MaxBatch == 0 {
-		c.MaxBatch = 500
+	if c.BatchSize == 0 {
+		c.BatchSize = 500
 	}
-	if c.Writers == 0 {
-		c.Writers = 2
+	if c.Workers == 0 {
+		c.Workers = 2
 	}
 	if c.WriteTimeout == 0 {
 		c.WriteTimeout = 10 * time.Second
@@ -150,11 +150,11 @@ func (c ReceiverConfig) Validate() error {
 	if c.MaxKeyLength < 1 || c.MaxKeyLength > oncetype.MaxKeyLengthLimit {
 		errs = append(errs, fmt.Errorf("MaxKeyLength must be between 1 and %d, got %d", oncetype.MaxKeyLengthLimit, c.MaxKeyLength))
 	}
-	if c.MaxBatch < 1 || c.MaxBatch > MaxBatchLimit {
-		errs = append(errs, fmt.Errorf("MaxBatch must be between 1 and %d, got %d", MaxBatchLimit, c.MaxBatch))
+	if c.BatchSize < 1 || c.BatchSize > MaxBatchSize {
+		errs = append(errs, fmt.Errorf("BatchSize must be between 1 and %d, got %d", MaxBatchSize, c.BatchSize))
 	}
-	if c.Writers < 1 || c.Writers > 64 {
-		errs = append(errs, fmt.Errorf("Writers must be between 1 and 64, got %d", c.Writers))
+	if c.Workers < 1 || c.Workers > 64 {
+		errs = append(errs, fmt.Errorf("Workers must be between 1 and 64, got %d", c.Workers))
 	}
 	if c.Linger < 0 || c.Linger > time.Second {
 		errs = append(errs, fmt.Errorf("Linger must be between 0 and 1s, got %s", c.Linger))
@@ -261,7 +261,7 @@ func NewReceiver(db *sql.DB, config ReceiverConfig, logger watermill.LoggerAdapt
 		config: config,
 		logger: logger.With(watermill.LogFields{"consumer": config.Consumer}),
 		q:      newQueries(config.Schema),
-		queue:  make(chan *request, config.MaxBatch*config.Writers),
+		queue:  make(chan *request, config.BatchSize*config.Workers),
 	}
 	if err := r.life.Start(context.Background(), r.run); err != nil {
 		return nil, fmt.Errorf("inbox: %w", err) // never: the runner is new
@@ -272,7 +272,7 @@ func NewReceiver(db *sql.DB, config ReceiverConfig, logger watermill.LoggerAdapt
 // run is the receiver's worker: its writers run until Close, then write what is queued.
 func (r *Receiver) run(ctx context.Context) {
 	var writers sync.WaitGroup
-	for range r.config.Writers {
+	for range r.config.Workers {
 		writers.Go(r.write)
 	}
 	<-ctx.Done()
@@ -461,10 +461,10 @@ func encodeMetadata(md message.Metadata) (string, error) {
 }
 
 // write is one writer goroutine: it takes the first waiting request, adds whatever else is
-// already waiting (up to MaxBatch, plus Linger), writes the batch and answers every request.
+// already waiting (up to BatchSize, plus Linger), writes the batch and answers every request.
 func (r *Receiver) write() {
-	batch := make([]*request, 0, r.config.MaxBatch)
-	rows := make([]row, 0, r.config.MaxBatch)
+	batch := make([]*request, 0, r.config.BatchSize)
+	rows := make([]row, 0, r.config.BatchSize)
 	for first := range r.queue {
 		batch = r.fill(append(batch[:0], first))
 		rows = rows[:0]
@@ -483,7 +483,7 @@ func (r *Receiver) fill(batch []*request) []*request {
 		defer t.Stop()
 		linger = t.C
 	}
-	for len(batch) < r.config.MaxBatch {
+	for len(batch) < r.config.BatchSize {
 		select {
 		case req, ok := <-r.queue:
 			if !ok {

@@ -92,7 +92,7 @@ func (p *Processor) wakeAll() {
 	}
 }
 
-// claim takes up to ClaimBatch due rows under a new token. The statement is not cancelled with
+// claim takes up to BatchSize due rows under a new token. The statement is not cancelled with
 // ctx: rows claimed by a statement whose reply is lost would wait for their lease to expire.
 func (p *Processor) claim(ctx context.Context) ([]claimedRow, int64, error) {
 	if ctx.Err() != nil {
@@ -118,7 +118,7 @@ func (p *Processor) claim(ctx context.Context) ([]claimedRow, int64, error) {
 }
 
 func (p *Processor) claimAbove(ctx context.Context, token, after int64) ([]claimedRow, error) {
-	rows, err := p.queryClaimed(ctx, p.db, p.q.claim, p.config.Consumer, p.config.ClaimBatch, token, micros(p.config.Lease), after)
+	rows, err := p.queryClaimed(ctx, p.db, p.q.claim, p.config.Consumer, p.config.BatchSize, token, micros(p.config.Lease), after)
 	if err != nil {
 		return nil, err
 	}

@@ -132,7 +132,7 @@ func TestRelayCrashBeforeRecordingRepublishes(t *testing.T) {
 		})
 		return err
 	}
-	r, err := outbox.NewRelay(db, s, outbox.RelayConfig{Schema: schema, RetryBackoff: time.Millisecond, MaxRetryBackoff: time.Millisecond}, nil)
+	r, err := outbox.NewRelay(db, s, outbox.RelayConfig{Schema: schema, Backoff: time.Millisecond, MaxBackoff: time.Millisecond}, nil)
 	require.NoError(t, err)
 	drain(t, r, s, 2)
 	require.Equal(t, []string{"a/e-91", "a/e-91"}, s.all(), "at least once: the copy goes out again with the same UUID")

@@ -33,10 +33,10 @@ type RelayConfig struct {
 	// PollInterval is the wait after a read that found no rows; any batch that published is
 	// followed by the next read at once. Default 100ms.
 	PollInterval time.Duration
-	// RetryBackoff is the first wait after a failed publish or database error; it doubles up
-	// to MaxRetryBackoff. Default 100ms and 5s.
-	RetryBackoff    time.Duration
-	MaxRetryBackoff time.Duration
+	// Backoff is the first wait after a failed publish or database error; it doubles up
+	// to MaxBackoff. Default 100ms and 5s.
+	Backoff    time.Duration
+	MaxBackoff time.Duration
 	// StandbyInterval is how often a relay that is not the active one tries to take over.
 	// Default 1s.
 	StandbyInterval time.Duration
@@ -84,11 +84,11 @@ func (c *RelayConfig) setDefaults() {
 	if c.PollInterval == 0 {
 		c.PollInterval = 100 * time.Millisecond
 	}
-	if c.RetryBackoff == 0 {
-		c.RetryBackoff = 100 * time.Millisecond
+	if c.Backoff == 0 {
+		c.Backoff = 100 * time.Millisecond
 	}
-	if c.MaxRetryBackoff == 0 {
-		c.MaxRetryBackoff = 5 * time.Second
+	if c.MaxBackoff == 0 {
+		c.MaxBackoff = 5 * time.Second
 	}
 	if c.StandbyInterval == 0 {
 		c.StandbyInterval = time.Second
@@ -113,8 +113,8 @@ func (c RelayConfig) Validate() error {
 	if c.BatchSize < 1 || c.BatchSize > 10000 {
 		errs = append(errs, fmt.Errorf("BatchSize must be between 1 and 10000, got %d", c.BatchSize))
 	}
-	if c.PollInterval < 0 || c.RetryBackoff < 0 || c.MaxRetryBackoff < c.RetryBackoff || c.StandbyInterval < 0 {
-		errs = append(errs, errors.New("intervals must be positive and MaxRetryBackoff >= RetryBackoff"))
+	if c.PollInterval < 0 || c.Backoff < 0 || c.MaxBackoff < c.Backoff || c.StandbyInterval < 0 {
+		errs = append(errs, errors.New("intervals must be positive and MaxBackoff >= Backoff"))
 	}
 	if c.PublishLanes < 1 || c.PublishLanes > MaxPublishLanes {
 		errs = append(errs, fmt.Errorf("PublishLanes must be between 1 and %d, got %d", MaxPublishLanes, c.PublishLanes))
@@ -244,7 +244,7 @@ VALUES ($1, $2, $3::xid8, $4, $5::json, $6::json, $7) ON CONFLICT DO NOTHING`,
 	r.leader = &worker.Leader{
 		DB: db, Key: worker.LockKey("relay", config.Schema, config.Name), Name: "Relay", Logger: logger,
 		Standby: config.StandbyInterval,
-		Backoff: worker.Backoff{Base: config.RetryBackoff, Max: config.MaxRetryBackoff},
+		Backoff: worker.Backoff{Base: config.Backoff, Max: config.MaxBackoff},
 		OnError: func(err error, wait time.Duration) {
 			r.failures.Add(1)
 			r.logger.Error("Relay error, retrying", err, watermill.LogFields{"backoff": wait})
@@ -512,7 +512,7 @@ func (r *Relay) reject(ctx context.Context, conn *sql.Conn, row outboxRow, cause
 // publish retries until the publisher accepts the run or ctx ends: skipping would lose the
 // message, and publishing later rows first would break order.
 func (r *Relay) publish(ctx context.Context, topic string, msgs []*message.Message) error {
-	backoff := worker.Backoff{Base: r.config.RetryBackoff, Max: r.config.MaxRetryBackoff}
+	backoff := worker.Backoff{Base: r.config.Backoff, Max: r.config.MaxBackoff}
 	for attempt := 1; ; attempt++ {
 		err := r.publisher.Publish(topic, msgs...)
 		if err == nil {

@@ -191,8 +191,8 @@ func NewJanitor(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Jan
 	}
 	j.leader = &worker.Leader{
 		DB: db, Key: worker.LockKey("retention", config.Schema), Name: "Janitor", Logger: logger,
-		Standby: config.Interval,
-		Backoff: worker.Backoff{Base: config.Interval, Max: config.Interval},
+		Standby: config.PollInterval,
+		Backoff: worker.Backoff{Base: config.PollInterval, Max: config.PollInterval},
 		OnError: func(err error, wait time.Duration) {
 			logger.Error("Janitor lost or could not take leadership, retrying", err, watermill.LogFields{"retry_in": wait})
 		},
@@ -235,10 +235,10 @@ func (j *Janitor) Stats() Stats {
 // returns nil at once.
 func (j *Janitor) Close() error { return j.life.Close() }
 
-// Run deletes expired rows every Interval until ctx is cancelled or Close is called, and
+// Run deletes expired rows every PollInterval until ctx is cancelled or Close is called, and
 // returns nil then. Only one instance per schema works at a time: it holds a session-level
 // advisory lock on a connection of its own for as long as it leads; the others stand by and
-// try again every Interval, so one takes over within an Interval after the leader stops or
+// try again every PollInterval, so one takes over within a PollInterval after the leader stops or
 // its connection breaks. Errors are logged and counted (Stats.FailedRounds), never returned.
 // One Run at a time: a second concurrent Run returns an error; Run may be called again after
 // it returned.
@@ -261,7 +261,7 @@ func (j *Janitor) lead(ctx context.Context, conn *sql.Conn) error {
 		if _, err := j.RunOnce(ctx); err != nil && ctx.Err() == nil {
 			j.logger.Error("Janitor round failed in part; the next round tries again", err, nil)
 		}
-		if !worker.Sleep(ctx, j.config.Interval) {
+		if !worker.Sleep(ctx, j.config.PollInterval) {
 			return nil
 		}
 	}

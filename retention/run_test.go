@@ -17,7 +17,7 @@ func TestOneJanitorLeadsAndAnotherTakesOver(t *testing.T) {
 	t.Parallel()
 	db := pgtest.DB(t)
 	schema := pgtest.Schema(t, db)
-	cfg := retention.Config{Schema: schema, Interval: 20 * time.Millisecond}
+	cfg := retention.Config{Schema: schema, PollInterval: 20 * time.Millisecond}
 	a, b := newJanitor(t, db, cfg), newJanitor(t, db, cfg)
 	done := make(chan error, 2)
 	for _, j := range []*retention.Janitor{a, b} {
@@ -39,7 +39,7 @@ func TestOneJanitorLeadsAndAnotherTakesOver(t *testing.T) {
 	insertClaims(t, db, schema, "c", 10, 30*day)
 	require.Eventually(t, func() bool { return countClaims(t, db, schema, "c") == 0 }, 10*time.Second, 10*time.Millisecond)
 
-	// The leader stops; the standby takes over within an Interval or so.
+	// The leader stops; the standby takes over within a PollInterval or so.
 	require.NoError(t, leader.Close())
 	require.NoError(t, <-done)
 	require.False(t, leader.Stats().IsLeader)
@@ -66,7 +66,7 @@ AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 1`, int
 		return pid
 	}
 
-	cfg := retention.Config{Schema: schema, Interval: 20 * time.Millisecond}
+	cfg := retention.Config{Schema: schema, PollInterval: 20 * time.Millisecond}
 	a, b := newJanitor(t, db, cfg), newJanitor(t, db, cfg)
 	done := make(chan error, 2)
 	for _, j := range []*retention.Janitor{a, b} {
@@ -93,7 +93,7 @@ func TestRunOnceWorksBesideARunningLeader(t *testing.T) {
 	db := pgtest.DB(t)
 	schema := pgtest.Schema(t, db)
 	// The service janitor rounds rarely; the operator's RunOnce (wmonce purge --now) does not wait for it.
-	service := newJanitor(t, db, retention.Config{Schema: schema, Interval: time.Hour})
+	service := newJanitor(t, db, retention.Config{Schema: schema, PollInterval: time.Hour})
 	done := make(chan error, 1)
 	go func() { done <- service.Run(context.Background()) }()
 	require.Eventually(t, func() bool { return service.Stats().IsLeader }, 10*time.Second, 10*time.Millisecond)
