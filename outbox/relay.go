@@ -34,7 +34,8 @@ type RelayConfig struct {
 	// followed by the next read at once. Default 100ms.
 	PollInterval time.Duration
 	// Backoff is the first wait after a failed publish or database error; it doubles up
-	// to MaxBackoff. Default 100ms and 5s.
+	// to MaxBackoff, each wait drawn between half and all of that value (jitter). Default
+	// 100ms and 5s.
 	Backoff    time.Duration
 	MaxBackoff time.Duration
 	// StandbyInterval is how often a relay that is not the active one tries to take over.
