@@ -129,7 +129,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.relayBatch, "relay-batch", 0, "relay BatchSize (0: the relay's default)")
 	fs.IntVar(&o.relayLanes, "relay-lanes", 64, "relay-lanes: PublishLanes")
 	fs.IntVar(&o.groupWorkers, "group-workers", 0, "B4: GroupCommitConfig.Workers (0: the middleware's default)")
-	fs.IntVar(&o.inboxTxBatch, "inbox-txbatch", 200, "inbox processor TxBatchSize (ClaimBatch is twice it in lease mode)")
+	fs.IntVar(&o.inboxTxBatch, "inbox-txbatch", 200, "inbox processor TxBatchSize (BatchSize is twice it in lease mode)")
 	fs.IntVar(&o.preload, "preload", 1000000, "rows pre-loaded into processed_messages (kept across runs)")
 	fs.BoolVar(&o.rebuildPreload, "rebuild-preload", false, "delete and load the pre-loaded rows again")
 	fs.DurationVar(&o.c1Duration, "c1-duration", 5*time.Second, "duration of each C1 ceiling run")

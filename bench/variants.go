@@ -248,7 +248,7 @@ func (h *harness) consume(ctx context.Context, r *rig, id string) (Result, error
 		wantEffects = 0
 		describe = append(describe, func() {
 			c := rc.Counts()
-			res.Notes = fmt.Sprintf("ReceiverConfig defaults (Writers 2, MaxBatch 500); avg %.1f rows/statement", float64(c.Stored)/float64(max(c.Batches, 1)))
+			res.Notes = fmt.Sprintf("ReceiverConfig defaults (Workers 2, BatchSize 500); avg %.1f rows/statement", float64(c.Stored)/float64(max(c.Batches, 1)))
 		})
 	case B6:
 		if r.kind != broker.SQL {
@@ -435,7 +435,7 @@ func (h *harness) ingestBurst(ctx context.Context) (Result, error) {
 	p50, p99 := percentiles(m.lat)
 	res.P50ms, res.P99ms = ms(p50), ms(p99)
 	c := rc.Counts()
-	res.Notes = fmt.Sprintf("%d concurrent Handle calls, no broker; ReceiverConfig defaults (Writers 2, MaxBatch 500); avg %.1f rows/statement", callers, float64(c.Stored)/float64(max(c.Batches, 1)))
+	res.Notes = fmt.Sprintf("%d concurrent Handle calls, no broker; ReceiverConfig defaults (Workers 2, BatchSize 500); avg %.1f rows/statement", callers, float64(c.Stored)/float64(max(c.Batches, 1)))
 	return res, h.verify(ctx, &res, consumer, 0, 0, true)
 }
 
@@ -446,15 +446,15 @@ func (h *harness) process(ctx context.Context, id string) (Result, error) {
 	consumer := "bench-process"
 	cfg := inbox.ProcessorConfig{
 		Schema: h.opts.schema, Consumer: consumer,
-		Workers: h.opts.inboxWorkers, ClaimBatch: 2 * h.opts.inboxTxBatch, TxBatchSize: h.opts.inboxTxBatch,
+		Workers: h.opts.inboxWorkers, BatchSize: 2 * h.opts.inboxTxBatch, TxBatchSize: h.opts.inboxTxBatch,
 		PollInterval: 50 * time.Millisecond,
 	}
 	res := Result{Variant: id, Broker: "postgres", Messages: n, InFlight: cfg.Workers}
 	if id == B5Lock {
 		cfg.ClaimMode = inbox.ClaimLock
-		cfg.ClaimBatch = cfg.TxBatchSize // not used by ClaimLock; shown in the notes as such
+		cfg.BatchSize = cfg.TxBatchSize // not used by ClaimLock; shown in the notes as such
 	}
-	res.Notes = fmt.Sprintf("Workers %d, ClaimBatch %d, TxBatchSize %d; rows stored beforehand with StoreTx", cfg.Workers, cfg.ClaimBatch, cfg.TxBatchSize)
+	res.Notes = fmt.Sprintf("Workers %d, BatchSize %d, TxBatchSize %d; rows stored beforehand with StoreTx", cfg.Workers, cfg.BatchSize, cfg.TxBatchSize)
 	q := func(t string) string { return pgtx.QualifiedName(h.opts.schema, t) }
 	rc, err := inbox.NewReceiver(h.db, inbox.ReceiverConfig{Schema: h.opts.schema, Consumer: consumer}, h.logger)
 	if err != nil {

@@ -11,7 +11,12 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/wmonce/watermill-once/internal/worker"
 )
+
+// reconnectBackoff is the wait before a broker connection is tried again after it failed.
+var reconnectBackoff = worker.Backoff{Base: 100 * time.Millisecond, Max: 5 * time.Second}
 
 // The RabbitMQ publisher and subscriber are our own, on amqp091-go, speaking the wire format of
 // watermill-amqp (Marshaler). watermill-amqp v2 and v3 race on reconnect: its ConnectionWrapper
@@ -50,7 +55,7 @@ func (b *Broker) newAMQPConn(role string) *amqpConn {
 
 // get returns a live connection, dialling (with backoff) until one is up or ctx ends.
 func (c *amqpConn) get(ctx context.Context) (*amqp.Connection, error) {
-	backoff := 100 * time.Millisecond
+	backoff := reconnectBackoff
 	for {
 		c.mu.Lock()
 		if c.closed {
@@ -69,13 +74,11 @@ func (c *amqpConn) get(ctx context.Context) (*amqp.Connection, error) {
 			return conn, nil
 		}
 		c.mu.Unlock()
-		c.logger.Error("Cannot connect to RabbitMQ, retrying", err, watermill.LogFields{"url": redactURL(c.url), "backoff": backoff})
-		select {
-		case <-ctx.Done():
+		wait := backoff.Next()
+		c.logger.Error("Cannot connect to RabbitMQ, retrying", err, watermill.LogFields{"url": redactURL(c.url), "backoff": wait})
+		if !worker.Sleep(ctx, wait) {
 			return nil, fmt.Errorf("broker: connect to RabbitMQ at %s: %w", redactURL(c.url), errors.Join(err, ctx.Err()))
-		case <-time.After(backoff):
 		}
-		backoff = min(backoff*2, 5*time.Second)
 	}
 }
 
@@ -257,24 +260,24 @@ func (s *amqpSubscriber) stopped(ctx context.Context) bool {
 func (s *amqpSubscriber) consume(ctx context.Context, topic string, out chan<- *message.Message) {
 	queue := s.b.config.AMQP.QueueName(topic, s.group)
 	fields := watermill.LogFields{"topic": topic, "queue": queue}
-	backoff := 100 * time.Millisecond
+	backoff := reconnectBackoff
 	for !s.stopped(ctx) {
 		consumed, err := s.consumeOnce(ctx, topic, queue, out)
 		if s.stopped(ctx) {
 			return
 		}
 		if consumed {
-			backoff = 100 * time.Millisecond
+			backoff.Reset()
 		}
-		s.logger.Error("RabbitMQ consumer stopped, reconnecting", err, fields.Add(watermill.LogFields{"backoff": backoff}))
+		wait := backoff.Next()
+		s.logger.Error("RabbitMQ consumer stopped, reconnecting", err, fields.Add(watermill.LogFields{"backoff": wait}))
+		t := time.NewTimer(wait)
 		select {
 		case <-s.closing:
-			return
 		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
+		case <-t.C:
 		}
-		backoff = min(backoff*2, 5*time.Second)
+		t.Stop()
 	}
 }
 

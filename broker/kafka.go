@@ -10,6 +10,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/eapache/go-resiliency/breaker"
+
+	"github.com/wmonce/watermill-once/internal/worker"
 )
 
 // KafkaProtocolVersion is the Kafka protocol version Sarama speaks (sarama.Config.Version) to
@@ -138,21 +140,19 @@ type kafkaPublisher struct {
 func (p *kafkaPublisher) Publish(topic string, msgs ...*message.Message) error {
 	for _, msg := range msgs {
 		deadline := time.Now().Add(p.timeout)
-		backoff := p.backoff
+		backoff := worker.Backoff{Base: p.backoff, Max: time.Second}
 		for {
 			err := p.pub.Publish(topic, msg)
 			if err == nil {
 				break
 			}
-			if !leaderless(err) || time.Now().Add(backoff).After(deadline) {
+			wait := backoff.Next()
+			if !leaderless(err) || time.Now().Add(wait).After(deadline) {
 				return err
 			}
-			select {
-			case <-time.After(backoff):
-			case <-msg.Context().Done():
+			if !worker.Sleep(msg.Context(), wait) {
 				return fmt.Errorf("%w (gave up: %w)", err, msg.Context().Err())
 			}
-			backoff = min(2*backoff, time.Second)
 		}
 	}
 	return nil

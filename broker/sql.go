@@ -4,11 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"hash/fnv"
 
 	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 
+	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -24,9 +24,7 @@ type sqlBroker struct {
 }
 
 func newSQLBroker(db *sql.DB, config SQLConfig, logger watermill.LoggerAdapter) *sqlBroker {
-	h := fnv.New64a()
-	_, _ = h.Write([]byte("watermill-once/broker/" + config.Schema))
-	s := &sqlBroker{db: db, config: config, lockKey: int64(h.Sum64())}
+	s := &sqlBroker{db: db, config: config, lockKey: worker.LockKey("broker", config.Schema)}
 	s.schema = sqlSchemaAdapter{
 		DefaultPostgreSQLSchema: wsql.DefaultPostgreSQLSchema{
 			GenerateMessagesTableName: s.MessagesTable,

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -156,7 +157,7 @@ func (n *sqlNotifier) unregister(w *sqlWaiter) {
 
 func (n *sqlNotifier) listen(ctx context.Context, r *listenRun) {
 	defer close(r.done)
-	backoff := 100 * time.Millisecond
+	backoff := reconnectBackoff
 	for ctx.Err() == nil && !n.disabled.Load() {
 		err := n.listenOnce(ctx, r)
 		r.listening.Store(false)
@@ -168,13 +169,11 @@ func (n *sqlNotifier) listen(ctx context.Context, r *listenRun) {
 			n.logger.Error("SQL broker wake-ups disabled: subscribers poll every PollInterval", err, nil)
 			return
 		}
-		n.logger.Error("SQL broker LISTEN connection lost, polling every PollInterval until it is back", err, watermill.LogFields{"backoff": backoff})
-		select {
-		case <-ctx.Done():
+		wait := backoff.Next()
+		n.logger.Error("SQL broker LISTEN connection lost, polling every PollInterval until it is back", err, watermill.LogFields{"backoff": wait})
+		if !worker.Sleep(ctx, wait) {
 			return
-		case <-time.After(backoff):
 		}
-		backoff = min(backoff*2, 5*time.Second)
 	}
 }
 

@@ -136,7 +136,7 @@ func Run(t *testing.T, target Target, opts Options) {
 	crashy := &crashingPublisher{next: pub, every: 3, published: map[string]int{}}
 	relay, err := outbox.NewRelay(appDB, crashy, outbox.RelayConfig{
 		Schema: schema, BatchSize: 10, PollInterval: 20 * time.Millisecond,
-		RetryBackoff: 10 * time.Millisecond, MaxRetryBackoff: 200 * time.Millisecond, StandbyInterval: 100 * time.Millisecond,
+		Backoff: 10 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, StandbyInterval: 100 * time.Millisecond,
 	}, watermill.NopLogger{})
 	require.NoError(t, err)
 	relayDone := make(chan struct{})

@@ -24,7 +24,7 @@ func BenchmarkIngest(b *testing.B) {
 	for _, writers := range []int{1, 2, 4} {
 		b.Run(fmt.Sprintf("writers=%d", writers), func(b *testing.B) {
 			e := newEnvOn(b, pgtest.OpenDB(b, writers+2))
-			r := e.receiver(b, inbox.ReceiverConfig{Consumer: "bench", Writers: writers})
+			r := e.receiver(b, inbox.ReceiverConfig{Consumer: "bench", Workers: writers})
 			payload := []byte(`{"payment_id":"p-1","amount_paise":120000,"currency":"INR"}`)
 			var seq atomic.Int64
 			b.SetParallelism(64) // 64 x GOMAXPROCS concurrent deliveries
@@ -83,7 +83,7 @@ func BenchmarkProcess(b *testing.B) {
 				require.NoError(b, err)
 				require.NoError(b, tx.Commit())
 			}
-			cfg := inbox.ProcessorConfig{Consumer: "bench", Workers: bc.workers, ClaimBatch: bc.claim, TxBatchSize: bc.txBatch}
+			cfg := inbox.ProcessorConfig{Consumer: "bench", Workers: bc.workers, BatchSize: bc.claim, TxBatchSize: bc.txBatch}
 			b.ResetTimer()
 			p := e.start(b, func(m *message.Message) ([]*message.Message, error) {
 				if bc.noop {

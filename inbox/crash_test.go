@@ -171,7 +171,7 @@ func TestInboxCrashChild(t *testing.T) {
 	// not what this test is about. The parent expires a dead child's leases itself.
 	cfg.Lease, cfg.HandlerTimeout = time.Minute, time.Minute
 	cfg.TxBatchSize, _ = strconv.Atoi(os.Getenv(crashBatchEnv))
-	cfg.ClaimBatch = cfg.TxBatchSize
+	cfg.BatchSize = cfg.TxBatchSize
 	if os.Getenv(crashModeEnv) == inbox.ClaimLock.String() {
 		cfg.ClaimMode = inbox.ClaimLock
 	}

@@ -42,7 +42,7 @@
 // is processed only if an operator replays it.
 //
 // Concurrent Handle calls are group-committed: a writer takes every row waiting for it (up to
-// MaxBatch), inserts them with one INSERT ... SELECT FROM unnest(...) in one implicit
+// BatchSize), inserts them with one INSERT ... SELECT FROM unnest(...) in one implicit
 // transaction, and answers every waiting call after the commit (or with the error, and the
 // router nacks). A writer does not wait for a batch to fill: a lone message is written at once,
 // and under load the next batch gathers while the previous one commits. Watermill's Kafka and

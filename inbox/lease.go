@@ -5,13 +5,12 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/wmonce/watermill-once/internal/lifecycle"
+	iworker "github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -110,7 +109,7 @@ func (p *Processor) listen(ctx context.Context) {
 	if p.config.DisableListen {
 		return
 	}
-	backoff := 100 * time.Millisecond
+	backoff := claimBackoff
 	for ctx.Err() == nil {
 		err := p.listenOnce(ctx)
 		if ctx.Err() != nil {
@@ -121,11 +120,11 @@ func (p *Processor) listen(ctx context.Context) {
 			return
 		}
 		p.errs.Add(1)
-		p.logger.Error("LISTEN connection lost; polling until it is back", err, watermill.LogFields{"backoff": backoff})
-		if !lifecycle.Sleep(ctx, jitter(backoff)) {
+		wait := backoff.Next()
+		p.logger.Error("LISTEN connection lost; polling until it is back", err, watermill.LogFields{"backoff": wait})
+		if !iworker.Sleep(ctx, wait) {
 			return
 		}
-		backoff = min(backoff*2, 5*time.Second)
 	}
 }
 
@@ -159,11 +158,4 @@ func (p *Processor) listenOnce(ctx context.Context) error {
 			return err
 		}
 	}
-}
-
-func jitter(d time.Duration) time.Duration {
-	if d <= 0 {
-		return 0
-	}
-	return d/2 + time.Duration(rand.Int64N(int64(d)/2+1))
 }

@@ -10,7 +10,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/wmonce/watermill-once/internal/lifecycle"
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -73,22 +72,16 @@ const (
 // workLocked is a ClaimLock worker: each round is one transaction that locks up to
 // TxBatchSize due rows, runs their handlers and completes them.
 func (p *Processor) workLocked(ctx context.Context) {
-	backoff := 100 * time.Millisecond
+	backoff := claimBackoff
 	for ctx.Err() == nil {
 		n, err := p.lockedRound(ctx)
 		if err != nil {
-			if ctx.Err() != nil {
+			if ctx.Err() != nil || !p.claimFailed(ctx, &backoff, err) {
 				return
 			}
-			p.errs.Add(1)
-			p.logger.Error("Inbox claim failed, retrying", err, watermill.LogFields{"backoff": backoff})
-			if !lifecycle.Sleep(ctx, jitter(backoff)) {
-				return
-			}
-			backoff = min(backoff*2, 5*time.Second)
 			continue
 		}
-		backoff = 100 * time.Millisecond
+		backoff.Reset()
 		if n == 0 {
 			p.idle(ctx)
 		}
@@ -97,7 +90,7 @@ func (p *Processor) workLocked(ctx context.Context) {
 
 // lockedRound returns how many rows it claimed.
 func (p *Processor) lockedRound(claimCtx context.Context) (int, error) {
-	ctx, cancel := context.WithTimeout(p.handlerCtx, p.config.HandlerTimeout)
+	ctx, cancel := context.WithTimeout(p.handlerCtx(), p.config.HandlerTimeout)
 	defer cancel()
 	tx, err := p.db.BeginTx(ctx, p.config.TxOptions)
 	if err != nil {
@@ -142,7 +135,7 @@ func (p *Processor) lockedRound(claimCtx context.Context) (int, error) {
 		// HandlerTimeout ran out while the starts were recorded, and the transaction with
 		// it: no handler ran, so no attempt counts.
 		p.forgetLocked(rows)
-		if p.handlerCtx.Err() != nil {
+		if p.handlerCtx().Err() != nil {
 			p.released.Add(uint64(len(rows)))
 			return len(rows), nil
 		}
@@ -153,7 +146,7 @@ func (p *Processor) lockedRound(claimCtx context.Context) (int, error) {
 			// Not the attempt of every row in the batch: withdraw the starts (while the locks
 			// are held) and let the row-by-row pass count the attempt of the row at fault.
 			p.forgetLocked(rows)
-			if p.handlerCtx.Err() != nil {
+			if p.handlerCtx().Err() != nil {
 				p.released.Add(uint64(len(rows)))
 				return len(rows), nil
 			}
@@ -171,7 +164,7 @@ func (p *Processor) lockedRound(claimCtx context.Context) (int, error) {
 	}
 	if err != nil {
 		_ = tx.Rollback()
-		if pgtx.IsConnectionError(err) && p.handlerCtx.Err() == nil {
+		if pgtx.IsConnectionError(err) && p.handlerCtx().Err() == nil {
 			// The handlers ran and the connection is gone, perhaps by their doing: the starts
 			// stay, and the next worker to lock these rows counts the attempt.
 			p.errs.Add(1)
@@ -179,7 +172,7 @@ func (p *Processor) lockedRound(claimCtx context.Context) (int, error) {
 			return len(rows), nil
 		}
 		p.forgetLocked(rows)
-		if p.handlerCtx.Err() != nil {
+		if p.handlerCtx().Err() != nil {
 			p.released.Add(uint64(len(rows)))
 			return len(rows), nil
 		}
@@ -262,7 +255,7 @@ func (p *Processor) processLockedEach(claimCtx context.Context, rows []claimedRo
 }
 
 func (p *Processor) processLockedOne(id int64) {
-	ctx, cancel := context.WithTimeout(p.handlerCtx, p.config.HandlerTimeout)
+	ctx, cancel := context.WithTimeout(p.handlerCtx(), p.config.HandlerTimeout)
 	defer cancel()
 	tx, err := p.db.BeginTx(ctx, p.config.TxOptions)
 	if err != nil {
@@ -305,7 +298,7 @@ func (p *Processor) runLockedRow(ctx context.Context, tx *sql.Tx, r claimedRow) 
 		// HandlerTimeout (or shutdown) ended the transaction while the start was recorded:
 		// the handler did not run, so the attempt does not count.
 		p.forgetLocked([]claimedRow{r})
-		if p.handlerCtx.Err() != nil {
+		if p.handlerCtx().Err() != nil {
 			p.released.Add(1)
 			p.logger.Info("Shutdown: row given back unprocessed", fields)
 			return false
@@ -321,17 +314,16 @@ func (p *Processor) runLockedRow(ctx context.Context, tx *sql.Tx, r claimedRow) 
 		return false
 	}
 	var herr error
-	for try := 1; ; try++ {
+	_ = pgtx.Retry(ctx, pgtx.RetryPolicy{}, func(ctx context.Context, n int) error {
+		if n > 1 {
+			// A serialization failure or deadlock in the handler: undo it and run it again.
+			if _, err := tx.ExecContext(ctx, lockRollbackSavepoint); err != nil {
+				return nil // stop: herr stays the handler's error
+			}
+		}
 		herr = p.runHandler(ctx, tx, r)
-		if herr == nil || !pgtx.IsRetryableTx(herr) || try >= 3 || ctx.Err() != nil {
-			break
-		}
-		// A serialization failure or deadlock in the handler: undo it and run it again.
-		if _, err := tx.ExecContext(ctx, lockRollbackSavepoint); err != nil {
-			break
-		}
-		time.Sleep(pgtx.RetryPolicy{}.Delay(try))
-	}
+		return herr
+	})
 	if herr == nil {
 		res, err := tx.ExecContext(ctx, p.q.completeLock, []int64{r.id}, []int64{int64(r.attempts)})
 		if errors.Is(err, sql.ErrTxDone) && ctx.Err() == nil {
@@ -357,7 +349,7 @@ func (p *Processor) runLockedRow(ctx context.Context, tx *sql.Tx, r claimedRow) 
 		herr = fmt.Errorf("inbox: mark done: %w", err)
 	}
 	switch {
-	case p.handlerCtx.Err() != nil:
+	case p.handlerCtx().Err() != nil:
 		p.released.Add(1)
 		p.logger.Info("Shutdown: row given back unprocessed", fields)
 		p.forgetLocked([]claimedRow{r})

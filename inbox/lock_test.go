@@ -213,7 +213,7 @@ func TestClaimLockAndLeaseShareAConsumer(t *testing.T) {
 	}
 	storeAll(t, e, r, msgs)
 	lease := fast("c")
-	lease.Workers, lease.ClaimBatch, lease.TxBatchSize = 2, 20, 10
+	lease.Workers, lease.BatchSize, lease.TxBatchSize = 2, 20, 10
 	a := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "lease") }, lease)
 	b := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "lock") }, locking("c", 2, 10))
 	waitFor(t, 30*time.Second, "all rows", func() bool { return a.Counts().Processed+b.Counts().Processed == 400 })
@@ -228,7 +228,7 @@ func TestClaimModeValidation(t *testing.T) {
 	h := func(*message.Message) ([]*message.Message, error) { return nil, nil }
 	_, err := inbox.NewProcessor(db, h, inbox.ProcessorConfig{Consumer: "c", ClaimMode: inbox.ClaimMode(7)}, nil)
 	require.ErrorContains(t, err, "ClaimMode")
-	// ClaimLock locks TxBatchSize rows per transaction, so ClaimBatch does not bound it.
+	// ClaimLock locks TxBatchSize rows per transaction, so BatchSize does not bound it.
 	_, err = inbox.NewProcessor(db, h, inbox.ProcessorConfig{Consumer: "c", ClaimMode: inbox.ClaimLock, TxBatchSize: 100}, nil)
 	require.NoError(t, err)
 	_, err = inbox.NewProcessor(db, h, inbox.ProcessorConfig{Consumer: "c", TxBatchSize: 100}, nil)

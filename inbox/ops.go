@@ -294,8 +294,8 @@ func (o *Ops) InspectMessage(ctx context.Context, consumer, messageID string) (R
 // List returns up to limit rows matching f (default: every status) in received order. Page
 // with f.AfterID set to the last id returned.
 func (o *Ops) List(ctx context.Context, f Filter, limit int) ([]Row, error) {
-	if limit < 1 || limit > MaxBatchLimit {
-		return nil, fmt.Errorf("inbox: list: limit must be between 1 and %d, got %d", MaxBatchLimit, limit)
+	if limit < 1 || limit > MaxBatchSize {
+		return nil, fmt.Errorf("inbox: list: limit must be between 1 and %d, got %d", MaxBatchSize, limit)
 	}
 	where, args, err := f.where(nil)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	iworker "github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -31,9 +32,9 @@ type ProcessorConfig struct {
 	// Workers process rows concurrently, each in its own transactions. Default 4. The pool
 	// needs Workers connections plus up to three more (LISTEN, lease upkeep, operations).
 	Workers int
-	// ClaimBatch is the most rows a worker claims at once. Default 16. Without lease renewal
+	// BatchSize is the most rows a worker claims at once. Default 16. Without lease renewal
 	// the whole claimed batch must be processed within Lease.
-	ClaimBatch int
+	BatchSize int
 	// TxBatchSize > 1 processes that many claimed rows in one transaction and completes them
 	// with one statement. If any handler in the batch fails, or a lease was lost, the whole
 	// transaction is rolled back and its rows are processed again one per transaction, so
@@ -43,7 +44,7 @@ type ProcessorConfig struct {
 	// ClaimMode is how workers hold rows: ClaimLease (default: IN_PROGRESS rows with fenced
 	// leases) or ClaimLock (row locks inside the processing transaction, each row written once;
 	// see ClaimLock for what changes). With ClaimLock each transaction locks up to TxBatchSize
-	// rows and ClaimBatch is not used.
+	// rows and BatchSize is not used.
 	ClaimMode ClaimMode
 
 	// Lease is how long a claim stays valid without renewal. After it, another worker may
@@ -96,8 +97,8 @@ func (c *ProcessorConfig) setDefaults() {
 	if c.Workers == 0 {
 		c.Workers = 4
 	}
-	if c.ClaimBatch == 0 {
-		c.ClaimBatch = 16
+	if c.BatchSize == 0 {
+		c.BatchSize = 16
 	}
 	if c.TxBatchSize == 0 {
 		c.TxBatchSize = 1
@@ -146,17 +147,17 @@ func (c ProcessorConfig) Validate() error {
 	if c.Workers < 1 || c.Workers > 1024 {
 		errs = append(errs, fmt.Errorf("Workers must be between 1 and 1024, got %d", c.Workers))
 	}
-	if c.ClaimBatch < 1 || c.ClaimBatch > MaxBatchLimit {
-		errs = append(errs, fmt.Errorf("ClaimBatch must be between 1 and %d, got %d", MaxBatchLimit, c.ClaimBatch))
+	if c.BatchSize < 1 || c.BatchSize > MaxBatchSize {
+		errs = append(errs, fmt.Errorf("BatchSize must be between 1 and %d, got %d", MaxBatchSize, c.BatchSize))
 	}
 	switch c.ClaimMode {
 	case ClaimLease:
-		if c.TxBatchSize < 1 || c.TxBatchSize > c.ClaimBatch {
-			errs = append(errs, fmt.Errorf("TxBatchSize must be between 1 and ClaimBatch (%d), got %d", c.ClaimBatch, c.TxBatchSize))
+		if c.TxBatchSize < 1 || c.TxBatchSize > c.BatchSize {
+			errs = append(errs, fmt.Errorf("TxBatchSize must be between 1 and BatchSize (%d), got %d", c.BatchSize, c.TxBatchSize))
 		}
 	case ClaimLock:
-		if c.TxBatchSize < 1 || c.TxBatchSize > MaxBatchLimit {
-			errs = append(errs, fmt.Errorf("TxBatchSize must be between 1 and %d, got %d", MaxBatchLimit, c.TxBatchSize))
+		if c.TxBatchSize < 1 || c.TxBatchSize > MaxBatchSize {
+			errs = append(errs, fmt.Errorf("TxBatchSize must be between 1 and %d, got %d", MaxBatchSize, c.TxBatchSize))
 		}
 	default:
 		errs = append(errs, fmt.Errorf("ClaimMode %d is not one of ClaimLease, ClaimLock", int(c.ClaimMode)))
@@ -228,18 +229,12 @@ type Processor struct {
 	q       queries
 	outbox  *outbox.Writer
 
-	workers []*worker
+	workers []*worker // of the current Run
 	wake    chan struct{}
 
-	started  atomic.Bool
-	stop     chan struct{}
-	stopOnce sync.Once
-	done     chan struct{}
-
-	// handlerCtx is the parent of every processing transaction; cancelled when the shutdown
-	// grace runs out.
-	handlerCtx     context.Context
-	cancelHandlers context.CancelFunc
+	life iworker.Runner
+	// hctx is the parent of every processing transaction of the current Run (see handlerCtx).
+	hctx atomic.Pointer[context.Context]
 
 	claimed, processed, failed, parked, conflicts, expired, released, errs atomic.Uint64
 
@@ -343,15 +338,15 @@ func NewProcessor(db *sql.DB, handler message.HandlerFunc, config ProcessorConfi
 		q:       newQueries(config.Schema),
 		outbox:  ob,
 		wake:    make(chan struct{}, config.Workers),
-		stop:    make(chan struct{}),
-		done:    make(chan struct{}),
 	}
-	p.handlerCtx, p.cancelHandlers = context.WithCancel(context.Background())
-	for range config.Workers {
-		p.workers = append(p.workers, &worker{owned: map[int64]int64{}, started: map[int64]bool{}})
-	}
+	hctx := context.Background()
+	p.hctx.Store(&hctx)
 	return p, nil
 }
+
+// handlerCtx is the parent of every processing transaction of the current Run; it is cancelled
+// when that Run's shutdown grace runs out.
+func (p *Processor) handlerCtx() context.Context { return *p.hctx.Load() }
 
 // Counts returns the processor's running totals.
 func (p *Processor) Counts() ProcessorCounts {
@@ -369,35 +364,24 @@ func (p *Processor) Counts() ProcessorCounts {
 
 // Close stops claiming, lets running handlers finish within ShutdownGrace, cancels the rest,
 // releases every row still claimed (back to PENDING, the attempt not counted) and waits for
-// Run to return. It is idempotent, and safe before Run (Run then returns at once).
-func (p *Processor) Close() error {
-	p.stopOnce.Do(func() { close(p.stop) })
-	if p.started.Load() {
-		<-p.done
-	}
-	return nil
-}
+// Run to return. It is idempotent and final: a Run after Close returns nil at once.
+func (p *Processor) Close() error { return p.life.Close() }
 
 // Run processes rows until ctx is cancelled or Close is called, then shuts down as Close
 // describes and returns nil. Database errors are logged, counted and retried, never returned.
-// Run may be called once.
-func (p *Processor) Run(ctx context.Context) error {
-	if !p.started.CompareAndSwap(false, true) {
-		return errors.New("inbox: processor is already running (Run may be called once)")
-	}
-	defer close(p.done)
-	defer p.cancelHandlers()
+// One Run at a time: a second concurrent Run returns an error; Run may be called again after
+// it returned.
+func (p *Processor) Run(ctx context.Context) error { return p.life.Run(ctx, p.run) }
 
-	claimCtx, stopClaiming := context.WithCancel(ctx)
-	defer stopClaiming()
-	go func() {
-		select {
-		case <-p.stop:
-			stopClaiming()
-		case <-claimCtx.Done():
-		}
-	}()
-	upkeepCtx, stopUpkeep := context.WithCancel(context.WithoutCancel(ctx))
+func (p *Processor) run(claimCtx context.Context) error {
+	handlerCtx, cancelHandlers := context.WithCancel(context.Background())
+	defer cancelHandlers()
+	p.hctx.Store(&handlerCtx)
+	p.workers = make([]*worker, p.config.Workers)
+	for i := range p.workers {
+		p.workers[i] = &worker{owned: map[int64]int64{}, started: map[int64]bool{}}
+	}
+	upkeepCtx, stopUpkeep := context.WithCancel(context.WithoutCancel(claimCtx))
 	defer stopUpkeep()
 
 	var background sync.WaitGroup
@@ -431,7 +415,7 @@ func (p *Processor) Run(ctx context.Context) error {
 		}
 		t.Stop()
 	}
-	p.cancelHandlers()
+	cancelHandlers()
 	select {
 	case <-finished:
 	case <-time.After(min(max(p.config.ShutdownGrace, 100*time.Millisecond), 5*time.Second)):

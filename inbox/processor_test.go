@@ -158,7 +158,7 @@ func TestPerKeyOrderWithFourWorkers(t *testing.T) {
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c", OrderingKey: orderByMetadataKey})
 	var inFlight, maxInFlight atomic.Int32
 	cfg := fast("c")
-	cfg.Workers, cfg.ClaimBatch = 4, 4
+	cfg.Workers, cfg.BatchSize = 4, 4
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
 		n := inFlight.Add(1)
 		defer inFlight.Add(-1)
@@ -342,7 +342,7 @@ func TestShutdownFinishesRunningHandlerAndReleasesTheRest(t *testing.T) {
 	entered := make(chan struct{}, 5)
 	finish := make(chan struct{})
 	cfg := fast("c")
-	cfg.Workers, cfg.ClaimBatch = 1, 10
+	cfg.Workers, cfg.BatchSize = 1, 10
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
 		entered <- struct{}{}
 		<-finish
@@ -376,7 +376,7 @@ func TestShutdownCancelsHandlersPastGrace(t *testing.T) {
 	ignore := make(chan struct{})
 	returned := make(chan struct{})
 	cfg := fast("c")
-	cfg.Workers, cfg.ClaimBatch, cfg.ShutdownGrace = 2, 1, 100*time.Millisecond
+	cfg.Workers, cfg.BatchSize, cfg.ShutdownGrace = 2, 1, 100*time.Millisecond
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
 		if err := e.effect(m, "first"); err != nil {
 			return nil, err
@@ -483,7 +483,7 @@ func TestTxBatchModeAppliesEachRowOnce(t *testing.T) {
 	require.NoError(t, tx.Commit())
 
 	cfg := fast("c")
-	cfg.ClaimBatch, cfg.TxBatchSize = 50, 25
+	cfg.BatchSize, cfg.TxBatchSize = 50, 25
 	var runs atomic.Int32
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
 		runs.Add(1)
@@ -524,14 +524,42 @@ func TestPanicIsAFailedAttempt(t *testing.T) {
 	require.Contains(t, row.LastError, "handler panicked: nil map")
 }
 
-func TestRunOnceAndCloseBeforeRun(t *testing.T) {
+// The Run/Close rules of every worker (internal/worker.Runner): one Run at a time, Run again
+// after it returned, Close final.
+func TestRunAgainAfterItReturnedAndCloseIsFinal(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
+	cfg := fast("c")
+	cfg.Schema = e.schema
+	p, err := inbox.NewProcessor(e.db, func(*message.Message) ([]*message.Message, error) { return nil, nil }, cfg, nil)
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	first := make(chan error, 1)
+	go func() { first <- p.Run(ctx) }()
+	require.NoError(t, r.Handle(msg("e-1", "x")))
+	waitFor(t, 10*time.Second, "the first Run", func() bool { return p.Counts().Processed == 1 })
+	require.ErrorContains(t, p.Run(context.Background()), "already running")
+	cancel()
+	require.NoError(t, <-first)
+
+	second := make(chan error, 1)
+	go func() { second <- p.Run(context.Background()) }()
+	require.NoError(t, r.Handle(msg("e-2", "x")))
+	waitFor(t, 10*time.Second, "the second Run", func() bool { return p.Counts().Processed == 2 })
+	require.NoError(t, p.Close())
+	require.NoError(t, <-second, "Close stopped the second Run and waited for it")
+	require.NoError(t, p.Run(context.Background()), "Run after Close returns at once")
+}
+
+func TestCloseBeforeRun(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	p, err := inbox.NewProcessor(e.db, func(*message.Message) ([]*message.Message, error) { return nil, nil }, fast("c"), nil)
 	require.NoError(t, err)
 	require.NoError(t, p.Close())
 	require.NoError(t, p.Run(context.Background()), "Run after Close returns at once")
-	require.ErrorContains(t, p.Run(context.Background()), "already running")
 }
 
 // A handler that commits the processing transaction itself has applied its effects without

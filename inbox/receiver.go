@@ -15,13 +15,14 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	iworker "github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// MaxBatchLimit is the largest ReceiverConfig.MaxBatch accepted.
-const MaxBatchLimit = 10000
+// MaxBatchSize is the largest ReceiverConfig.BatchSize accepted.
+const MaxBatchSize = 10000
 
 // ErrReceiverClosed is returned by Handle after Close: the message is nacked and redelivered
 // to whichever receiver runs next.
@@ -78,14 +79,14 @@ type ReceiverConfig struct {
 	// parallel in roughly received order.
 	OrderingKey OrderingKeyFunc
 
-	// MaxBatch bounds the rows written by one statement. Default 500.
-	MaxBatch int
+	// BatchSize bounds the rows written by one statement. Default 500.
+	BatchSize int
 	// Linger is how long a writer waits for more rows after the queue ran dry. Default 0: a
 	// batch is written as soon as the writer finds no more waiting rows, so a lone message is
 	// never delayed, and under load batches grow by themselves while the previous one commits.
 	Linger time.Duration
-	// Writers is the number of batches written at once. Default 2.
-	Writers int
+	// Workers is the number of batches written at once. Default 2.
+	Workers int
 	// WriteTimeout bounds one batch statement. Default 10s.
 	WriteTimeout time.Duration
 
@@ -120,11 +121,11 @@ func (c *ReceiverConfig) setDefaults() {
 	if c.MaxKeyLength == 0 {
 		c.MaxKeyLength = 255
 	}
-	if c.MaxBatch == 0 {
-		c.MaxBatch = 500
+	if c.BatchSize == 0 {
+		c.BatchSize = 500
 	}
-	if c.Writers == 0 {
-		c.Writers = 2
+	if c.Workers == 0 {
+		c.Workers = 2
 	}
 	if c.WriteTimeout == 0 {
 		c.WriteTimeout = 10 * time.Second
@@ -149,11 +150,11 @@ func (c ReceiverConfig) Validate() error {
 	if c.MaxKeyLength < 1 || c.MaxKeyLength > oncetype.MaxKeyLengthLimit {
 		errs = append(errs, fmt.Errorf("MaxKeyLength must be between 1 and %d, got %d", oncetype.MaxKeyLengthLimit, c.MaxKeyLength))
 	}
-	if c.MaxBatch < 1 || c.MaxBatch > MaxBatchLimit {
-		errs = append(errs, fmt.Errorf("MaxBatch must be between 1 and %d, got %d", MaxBatchLimit, c.MaxBatch))
+	if c.BatchSize < 1 || c.BatchSize > MaxBatchSize {
+		errs = append(errs, fmt.Errorf("BatchSize must be between 1 and %d, got %d", MaxBatchSize, c.BatchSize))
 	}
-	if c.Writers < 1 || c.Writers > 64 {
-		errs = append(errs, fmt.Errorf("Writers must be between 1 and 64, got %d", c.Writers))
+	if c.Workers < 1 || c.Workers > 64 {
+		errs = append(errs, fmt.Errorf("Workers must be between 1 and 64, got %d", c.Workers))
 	}
 	if c.Linger < 0 || c.Linger > time.Second {
 		errs = append(errs, fmt.Errorf("Linger must be between 0 and 1s, got %s", c.Linger))
@@ -220,10 +221,10 @@ type Receiver struct {
 	logger watermill.LoggerAdapter
 	q      queries
 
-	mu      sync.RWMutex
-	closed  bool
-	queue   chan *request
-	writers sync.WaitGroup
+	mu     sync.RWMutex
+	closed bool
+	queue  chan *request
+	life   iworker.Runner
 
 	stored, duplicates, refused, tooOld, batches, batchFailures atomic.Uint64
 	waiting                                                     atomic.Int64
@@ -260,13 +261,26 @@ func NewReceiver(db *sql.DB, config ReceiverConfig, logger watermill.LoggerAdapt
 		config: config,
 		logger: logger.With(watermill.LogFields{"consumer": config.Consumer}),
 		q:      newQueries(config.Schema),
-		queue:  make(chan *request, config.MaxBatch*config.Writers),
+		queue:  make(chan *request, config.BatchSize*config.Workers),
 	}
-	r.writers.Add(config.Writers)
-	for range config.Writers {
-		go r.write()
+	if err := r.life.Start(context.Background(), r.run); err != nil {
+		return nil, fmt.Errorf("inbox: %w", err) // never: the runner is new
 	}
 	return r, nil
+}
+
+// run is the receiver's worker: its writers run until Close, then write what is queued.
+func (r *Receiver) run(ctx context.Context) {
+	var writers sync.WaitGroup
+	for range r.config.Workers {
+		writers.Go(r.write)
+	}
+	<-ctx.Done()
+	r.mu.Lock()
+	r.closed = true
+	close(r.queue)
+	r.mu.Unlock()
+	writers.Wait()
 }
 
 // Handle stores msg and returns once the row is committed (see Receiver). Its signature is
@@ -349,16 +363,7 @@ func (r *Receiver) Counts() ReceiverCounts {
 
 // Close stops accepting messages, writes those already queued and returns when every waiting
 // Handle has its answer. It is idempotent.
-func (r *Receiver) Close() error {
-	r.mu.Lock()
-	if !r.closed {
-		r.closed = true
-		close(r.queue)
-	}
-	r.mu.Unlock()
-	r.writers.Wait()
-	return nil
-}
+func (r *Receiver) Close() error { return r.life.Close() }
 
 // prepare extracts and checks everything the row needs, so that a batch never fails because
 // of one bad message.
@@ -456,11 +461,10 @@ func encodeMetadata(md message.Metadata) (string, error) {
 }
 
 // write is one writer goroutine: it takes the first waiting request, adds whatever else is
-// already waiting (up to MaxBatch, plus Linger), writes the batch and answers every request.
+// already waiting (up to BatchSize, plus Linger), writes the batch and answers every request.
 func (r *Receiver) write() {
-	defer r.writers.Done()
-	batch := make([]*request, 0, r.config.MaxBatch)
-	rows := make([]row, 0, r.config.MaxBatch)
+	batch := make([]*request, 0, r.config.BatchSize)
+	rows := make([]row, 0, r.config.BatchSize)
 	for first := range r.queue {
 		batch = r.fill(append(batch[:0], first))
 		rows = rows[:0]
@@ -479,7 +483,7 @@ func (r *Receiver) fill(batch []*request) []*request {
 		defer t.Stop()
 		linger = t.C
 	}
-	for len(batch) < r.config.MaxBatch {
+	for len(batch) < r.config.BatchSize {
 		select {
 		case req, ok := <-r.queue:
 			if !ok {
@@ -547,24 +551,20 @@ func (r *Receiver) count(rows []row, n int, parked []string) {
 // insertRetrying runs the batch statement, again after a deadlock: two batches carrying copies
 // of the same keys in opposite orders wait for each other on the unique index, and PostgreSQL
 // aborts one of them having written nothing.
-func (r *Receiver) insertRetrying(ctx context.Context, rows []row) (int, []string, error) {
-	policy := pgtx.RetryPolicy{MaxAttempts: 5}
-	for attempt := 1; ; attempt++ {
-		n, parked, err := r.insert(ctx, r.db, rows)
-		if err == nil {
-			r.batches.Add(1)
-			return n, parked, nil
+func (r *Receiver) insertRetrying(ctx context.Context, rows []row) (n int, parked []string, err error) {
+	err = pgtx.Retry(ctx, pgtx.RetryPolicy{MaxAttempts: 5}, func(ctx context.Context, _ int) error {
+		var err error
+		if n, parked, err = r.insert(ctx, r.db, rows); err != nil {
+			r.batchFailures.Add(1)
+			return err
 		}
-		r.batchFailures.Add(1)
-		if !pgtx.IsRetryableTx(err) || attempt >= policy.MaxAttempts {
-			return 0, nil, err
-		}
-		select {
-		case <-ctx.Done():
-			return 0, nil, errors.Join(err, ctx.Err())
-		case <-time.After(policy.Delay(attempt)):
-		}
+		r.batches.Add(1)
+		return nil
+	})
+	if err != nil {
+		return 0, nil, err
 	}
+	return n, parked, nil
 }
 
 // insert returns how many rows are new and the keys of those the age guard parked.

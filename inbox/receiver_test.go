@@ -22,7 +22,7 @@ import (
 func TestBurstIngestedThenProcessed(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "payments", Writers: 1})
+	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "payments", Workers: 1})
 
 	// Hold the single writer on a row lock: a transaction of ours inserts the key of the first
 	// message and stays open, so the writer's INSERT waits on the unique index while the rest
@@ -203,8 +203,8 @@ func TestConfigValidation(t *testing.T) {
 		"blank consumer": {Consumer: "  "},
 		"bad schema":     {Consumer: "c", Schema: "x; DROP TABLE y"},
 		"key too long":   {Consumer: "c", MaxKeyLength: oncetype.MaxKeyLengthLimit + 1},
-		"batch too big":  {Consumer: "c", MaxBatch: inbox.MaxBatchLimit + 1},
-		"writers":        {Consumer: "c", Writers: -1},
+		"batch too big":  {Consumer: "c", BatchSize: inbox.MaxBatchSize + 1},
+		"writers":        {Consumer: "c", Workers: -1},
 		"linger":         {Consumer: "c", Linger: time.Hour},
 		"negative age":   {Consumer: "c", MaxMessageAge: -time.Second},
 	} {
@@ -219,7 +219,7 @@ func TestConfigValidation(t *testing.T) {
 		"no consumer":        {},
 		"bad schema":         {Consumer: "c", Schema: "Upper"},
 		"workers":            {Consumer: "c", Workers: -2},
-		"tx batch > claim":   {Consumer: "c", ClaimBatch: 4, TxBatchSize: 5},
+		"tx batch > claim":   {Consumer: "c", BatchSize: 4, TxBatchSize: 5},
 		"lease too short":    {Consumer: "c", Lease: time.Millisecond},
 		"renew >= lease":     {Consumer: "c", Lease: time.Second, RenewInterval: time.Second},
 		"attempts":           {Consumer: "c", MaxAttempts: -1},
@@ -235,8 +235,8 @@ func TestConfigValidation(t *testing.T) {
 	require.ErrorContains(t, err, "invalid ops config")
 
 	// Errors say what to fix.
-	_, err = inbox.NewProcessor(db, h, inbox.ProcessorConfig{Consumer: "c", ClaimBatch: 4, TxBatchSize: 5}, nil)
-	require.ErrorContains(t, err, "TxBatchSize must be between 1 and ClaimBatch (4), got 5")
+	_, err = inbox.NewProcessor(db, h, inbox.ProcessorConfig{Consumer: "c", BatchSize: 4, TxBatchSize: 5}, nil)
+	require.ErrorContains(t, err, "TxBatchSize must be between 1 and BatchSize (4), got 5")
 }
 
 // The age guard (MaxMessageAge) has the middleware's semantics: a copy whose key is gone from

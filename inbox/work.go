@@ -16,7 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/wmonce/watermill-once/internal/lifecycle"
+	iworker "github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -40,23 +40,29 @@ type claimedRow struct {
 	xmin    string
 }
 
+// claimBackoff is the wait of a worker after a failed claim (and of the listener after a lost
+// connection): database trouble, not the message's doing, so not ProcessorConfig.Backoff.
+var claimBackoff = iworker.Backoff{Base: 100 * time.Millisecond, Max: 5 * time.Second}
+
+// claimFailed counts and logs a failed claim and waits claimBackoff; false means ctx ended.
+func (p *Processor) claimFailed(ctx context.Context, backoff *iworker.Backoff, err error) bool {
+	p.errs.Add(1)
+	wait := backoff.Next()
+	p.logger.Error("Inbox claim failed, retrying", err, watermill.LogFields{"backoff": wait})
+	return iworker.Sleep(ctx, wait)
+}
+
 func (p *Processor) work(ctx context.Context, w *worker) {
-	backoff := 100 * time.Millisecond
+	backoff := claimBackoff
 	for ctx.Err() == nil {
 		rows, token, err := p.claim(ctx)
 		if err != nil {
-			if ctx.Err() != nil {
+			if ctx.Err() != nil || !p.claimFailed(ctx, &backoff, err) {
 				return
 			}
-			p.errs.Add(1)
-			p.logger.Error("Inbox claim failed, retrying", err, watermill.LogFields{"backoff": backoff})
-			if !lifecycle.Sleep(ctx, jitter(backoff)) {
-				return
-			}
-			backoff = min(backoff*2, 5*time.Second)
 			continue
 		}
-		backoff = 100 * time.Millisecond
+		backoff.Reset()
 		if len(rows) == 0 {
 			p.idle(ctx)
 			continue
@@ -66,7 +72,7 @@ func (p *Processor) work(ctx context.Context, w *worker) {
 }
 
 func (p *Processor) idle(ctx context.Context) {
-	t := time.NewTimer(jitter(p.config.PollInterval))
+	t := time.NewTimer(iworker.Jitter(p.config.PollInterval))
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
@@ -86,7 +92,7 @@ func (p *Processor) wakeAll() {
 	}
 }
 
-// claim takes up to ClaimBatch due rows under a new token. The statement is not cancelled with
+// claim takes up to BatchSize due rows under a new token. The statement is not cancelled with
 // ctx: rows claimed by a statement whose reply is lost would wait for their lease to expire.
 func (p *Processor) claim(ctx context.Context) ([]claimedRow, int64, error) {
 	if ctx.Err() != nil {
@@ -112,7 +118,7 @@ func (p *Processor) claim(ctx context.Context) ([]claimedRow, int64, error) {
 }
 
 func (p *Processor) claimAbove(ctx context.Context, token, after int64) ([]claimedRow, error) {
-	rows, err := p.queryClaimed(ctx, p.db, p.q.claim, p.config.Consumer, p.config.ClaimBatch, token, micros(p.config.Lease), after)
+	rows, err := p.queryClaimed(ctx, p.db, p.q.claim, p.config.Consumer, p.config.BatchSize, token, micros(p.config.Lease), after)
 	if err != nil {
 		return nil, err
 	}
@@ -236,23 +242,26 @@ const (
 // processOne runs one row in a transaction of its own and settles it.
 func (p *Processor) processOne(w *worker, r claimedRow, token int64) {
 	defer w.settle(r.id)
-	policy := pgtx.RetryPolicy{}
-	for attempt := 1; ; attempt++ {
-		res, err := p.attemptOne(w, r, token)
-		if res == outcomeRetryTx && attempt < 3 {
-			time.Sleep(policy.Delay(attempt))
-			continue
-		}
+	var res outcome
+	var err error
+	_ = pgtx.Retry(p.handlerCtx(), pgtx.RetryPolicy{}, func(context.Context, int) error {
+		res, err = p.attemptOne(w, r, token)
 		if res == outcomeRetryTx {
-			res = outcomeFailed
+			return err // a serialization failure or deadlock: run the transaction again
 		}
-		p.settle(r, token, res, err)
-		return
+		return nil
+	})
+	switch {
+	case res == outcomeRetryTx && p.handlerCtx().Err() != nil:
+		res, err = outcomeRelease, fmt.Errorf("shutdown: %w", err) // the wait was cut short
+	case res == outcomeRetryTx:
+		res = outcomeFailed
 	}
+	p.settle(r, token, res, err)
 }
 
 func (p *Processor) attemptOne(w *worker, r claimedRow, token int64) (outcome, error) {
-	ctx, cancel := context.WithTimeout(p.handlerCtx, p.config.HandlerTimeout)
+	ctx, cancel := context.WithTimeout(p.handlerCtx(), p.config.HandlerTimeout)
 	defer cancel()
 	w.beginTx()
 	defer w.endTx()
@@ -345,7 +354,7 @@ func callHandler(h message.HandlerFunc, msg *message.Message) (out []*message.Me
 // classifyHandler decides what a failure inside the processing transaction means.
 func (p *Processor) classifyHandler(ctx context.Context, err error) (outcome, error) {
 	switch {
-	case p.handlerCtx.Err() != nil:
+	case p.handlerCtx().Err() != nil:
 		return outcomeRelease, fmt.Errorf("shutdown: %w", err)
 	case pgtx.IsRetryableTx(err):
 		return outcomeRetryTx, err
@@ -365,7 +374,7 @@ func (p *Processor) classifyHandler(ctx context.Context, err error) (outcome, er
 // releaseDelay is how long a row given back unprocessed waits: not at all at shutdown (another
 // instance may take it at once), Backoff after database trouble.
 func (p *Processor) releaseDelay() time.Duration {
-	if p.handlerCtx.Err() != nil {
+	if p.handlerCtx().Err() != nil {
 		return 0
 	}
 	return p.config.Backoff
@@ -381,7 +390,7 @@ func (p *Processor) settle(r claimedRow, token int64, res outcome, err error) {
 		p.conflicts.Add(1)
 		p.logger.Info("Lease lost before completion: rolled back, another worker owns the row", fields)
 	case outcomeRelease:
-		if p.handlerCtx.Err() != nil {
+		if p.handlerCtx().Err() != nil {
 			p.logger.Info("Shutdown: row given back unprocessed", fields)
 		} else {
 			p.errs.Add(1)
@@ -423,11 +432,7 @@ func (p *Processor) recordFailure(r claimedRow, token int64, cause error) {
 // backoff is the delay after the given failed attempt (1-based): doubling from Backoff, capped
 // at MaxBackoff, drawn uniformly from its upper half.
 func (p *Processor) backoff(attempt int) time.Duration {
-	d := p.config.Backoff << min(max(attempt-1, 0), 30)
-	if d <= 0 || d > p.config.MaxBackoff {
-		d = p.config.MaxBackoff
-	}
-	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
+	return iworker.Delay(p.config.Backoff, p.config.MaxBackoff, attempt)
 }
 
 func errorText(err error) string {
@@ -448,7 +453,7 @@ func (p *Processor) processBatch(w *worker, rows []claimedRow, token int64) {
 		w.settle(ids(rows)...)
 		return
 	case outcomeRelease:
-		if p.handlerCtx.Err() == nil {
+		if p.handlerCtx().Err() == nil {
 			p.errs.Add(1)
 		}
 		p.release(rows, token, p.releaseDelay())
@@ -478,7 +483,7 @@ func (p *Processor) processBatch(w *worker, rows []claimedRow, token int64) {
 // back), outcomeCounted (commit failed after the handlers ran) or outcomeFailed (fall back to
 // one row per transaction, skipping the lost rows).
 func (p *Processor) attemptBatch(w *worker, rows []claimedRow, token int64) (res outcome, lost map[int64]bool, err error) {
-	ctx, cancel := context.WithTimeout(p.handlerCtx, p.config.HandlerTimeout)
+	ctx, cancel := context.WithTimeout(p.handlerCtx(), p.config.HandlerTimeout)
 	defer cancel()
 	w.beginTx()
 	defer w.endTx()
@@ -495,7 +500,7 @@ func (p *Processor) attemptBatch(w *worker, rows []claimedRow, token int64) (res
 	}()
 	for _, r := range rows {
 		if err := p.runHandler(ctx, tx, r); err != nil {
-			if p.handlerCtx.Err() != nil {
+			if p.handlerCtx().Err() != nil {
 				return outcomeRelease, nil, nil
 			}
 			p.logger.Debug("Handler failed in a batch; processing the batch row by row", watermill.LogFields{"row": r.id, "err": err.Error()})

@@ -532,3 +532,29 @@ func TestBacklogCountsUnfinishedIntentsPerChannel(t *testing.T) {
 	require.Equal(t, intent.Backlog{Skipped: 1}, backlog["email"])
 	require.Len(t, backlog, 2, "SENT intents are not part of the backlog")
 }
+
+// The Run/Close rules of every worker (internal/worker.Runner): one Run at a time, Run again
+// after it returned, Close final.
+func TestSenderRunAgainAfterItReturnedAndCloseIsFinal(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	provider := fakeprovider.Start(t)
+	s := e.sender(t, e.db, intent.Channel{Provider: newSMSProvider(t, provider), OnCrash: intent.Resend}, intent.SenderConfig{PollInterval: 5 * time.Millisecond})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	first := make(chan error, 1)
+	go func() { first <- s.Run(ctx) }()
+	e.record(t, "e-1")
+	require.Eventually(t, func() bool { return s.Stats().Sent == 1 }, 10*time.Second, 5*time.Millisecond)
+	require.ErrorContains(t, s.Run(context.Background()), "already running")
+	cancel()
+	require.NoError(t, <-first)
+
+	second := make(chan error, 1)
+	go func() { second <- s.Run(context.Background()) }()
+	e.record(t, "e-2")
+	require.Eventually(t, func() bool { return s.Stats().Sent == 2 }, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, s.Close())
+	require.NoError(t, <-second, "Close stopped the second Run and waited for it")
+	require.NoError(t, s.Run(context.Background()), "Run after Close returns at once")
+}

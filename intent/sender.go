@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"sort"
 	"sync"
@@ -15,7 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/wmonce/watermill-once/idemkey"
-	"github.com/wmonce/watermill-once/internal/lifecycle"
+	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -126,8 +125,9 @@ type SenderConfig struct {
 	SendTimeout time.Duration
 	// PollInterval is the wait after finding nothing to send. Default 1 second.
 	PollInterval time.Duration
-	// Backoff is the delay before the second attempt; it doubles per attempt up to MaxBackoff,
-	// with jitter. Defaults 1 second and 5 minutes.
+	// Backoff is the delay before the second attempt of an intent, and the first wait after a
+	// database error; it doubles per attempt up to MaxBackoff, each delay drawn between half and
+	// all of that value (jitter). Defaults 1 second and 5 minutes.
 	Backoff    time.Duration
 	MaxBackoff time.Duration
 }
@@ -246,7 +246,7 @@ type Sender struct {
 
 	sent, retried, unknown, failed, skipped, recovered, reconciled, leaseLost, released, errs atomic.Uint64
 
-	life lifecycle.Runner
+	life worker.Runner
 }
 
 // NewSender validates config and returns a Sender. It does not touch the database.
@@ -332,7 +332,8 @@ func (s *Sender) Stats() SenderStats {
 // Channels returns the names of the channels this Sender works, sorted.
 func (s *Sender) Channels() []string { return slices.Clone(s.channels) }
 
-// Close stops Run and waits for it to return. It is idempotent.
+// Close stops Run and waits for it to return. It is idempotent and final: a Run after Close
+// returns nil at once.
 //
 // Stopping (Close, or cancelling the context of Run or SendNext) cancels the provider call in
 // flight and gives back the intent being worked, so that a restarted sender need not wait out
@@ -352,42 +353,39 @@ func (s *Sender) Close() error { return s.life.Close() }
 
 // Run sends intents with config.Workers workers until ctx is cancelled or Close is called. It
 // returns nil on a clean stop. Database errors are logged and retried; provider errors are
-// recorded on the intent.
+// recorded on the intent. One Run at a time: a second concurrent Run returns an error; Run may
+// be called again after it returned.
 func (s *Sender) Run(ctx context.Context) error {
-	ctx, done := s.life.Start(ctx)
-	defer done()
-	var wg sync.WaitGroup
-	for range s.config.Workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.work(ctx)
-		}()
-	}
-	wg.Wait()
-	return nil
+	return s.life.Run(ctx, func(ctx context.Context) error {
+		var wg sync.WaitGroup
+		for range s.config.Workers {
+			wg.Go(func() { s.work(ctx) })
+		}
+		wg.Wait()
+		return nil
+	})
 }
 
 func (s *Sender) work(ctx context.Context) {
-	backoff := s.config.Backoff
+	backoff := worker.Backoff{Base: s.config.Backoff, Max: s.config.MaxBackoff}
 	for ctx.Err() == nil {
 		did, err := s.SendNext(ctx)
 		switch {
 		case ctx.Err() != nil:
 			return
 		case err != nil:
-			s.logger.Error("Intent sender database error, retrying", err, watermill.LogFields{"backoff": backoff})
-			if !lifecycle.Sleep(ctx, jitter(backoff)) {
+			wait := backoff.Next()
+			s.logger.Error("Intent sender database error, retrying", err, watermill.LogFields{"backoff": wait})
+			if !worker.Sleep(ctx, wait) {
 				return
 			}
-			backoff = min(backoff*2, s.config.MaxBackoff)
 		case !did:
-			backoff = s.config.Backoff
-			if !lifecycle.Sleep(ctx, s.config.PollInterval) {
+			backoff.Reset()
+			if !worker.Sleep(ctx, s.config.PollInterval) {
 				return
 			}
 		default:
-			backoff = s.config.Backoff
+			backoff.Reset()
 		}
 	}
 }
@@ -614,15 +612,7 @@ func (s *Sender) finish(ctx context.Context, query string, fields watermill.LogF
 	return nil
 }
 
+// backoff is the delay after the given failed attempt of an intent (1-based).
 func (s *Sender) backoff(attempt int) time.Duration {
-	d := s.config.Backoff << min(max(attempt-1, 0), 20)
-	if d <= 0 || d > s.config.MaxBackoff {
-		d = s.config.MaxBackoff
-	}
-	return jitter(d)
-}
-
-// jitter adds up to 20% so that intents failing together do not retry together.
-func jitter(d time.Duration) time.Duration {
-	return d + time.Duration(rand.Int64N(int64(d)/5+1))
+	return worker.Delay(s.config.Backoff, s.config.MaxBackoff, attempt)
 }

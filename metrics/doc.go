@@ -121,7 +121,7 @@
 // wmonce_inbox_oldest_pending_age_seconds or wmonce_outbox_lag_seconds,
 // increase(wmonce_handler_outcomes_total{outcome="too_old"}) > 0,
 // increase(wmonce_fingerprint_mismatches_total) > 0, wmonce_retention_warnings > 0,
-// time() - wmonce_janitor_last_round_timestamp_seconds well above the janitor's Interval on the
+// time() - wmonce_janitor_last_round_timestamp_seconds well above the janitor's PollInterval on the
 // leading instance; for intents, wmonce_intent_rows{status=~"failed|skipped"} > 0 (parked:
 // someone must requeue or settle them), a growing wmonce_intent_oldest_age_seconds (pending: no
 // sender keeps up; sending: an intent stays in doubt) and

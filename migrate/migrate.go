@@ -25,7 +25,6 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io/fs"
 	"math"
 	"regexp"
@@ -35,6 +34,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -225,11 +225,7 @@ func Print(schema string, direction Direction, fromVersion, toVersion int) (stri
 	return b.String(), nil
 }
 
-func lockKey(schema string) int64 {
-	h := fnv.New64a()
-	_, _ = h.Write([]byte("watermill-once/migrate/" + schema))
-	return int64(h.Sum64())
-}
+func lockKey(schema string) int64 { return worker.LockKey("migrate", schema) }
 
 func (m *Migrator) versionTable() string { return pgtx.QualifiedName(m.schema, "schema_migrations") }
 

@@ -358,27 +358,18 @@ func (e *Middleware) checkKey(key string) error { return oncetype.CheckKey(key, 
 func (e *Middleware) runInOwnTx(origCtx context.Context, h message.HandlerFunc, d *delivery) error {
 	ctx, release := detachForShutdown(origCtx, e.config.ShutdownGrace)
 	defer release()
-	policy := e.config.TxRetry
-	maxAttempts := policy.MaxAttempts
-	if maxAttempts == 0 {
-		maxAttempts = 3
-	}
-	for attempt := 1; ; attempt++ {
-		err := e.attemptOwnTx(ctx, h, d)
-		if attempt < maxAttempts && e.ensurePartition(ctx, err) {
-			continue
+	var last error
+	return pgtx.Retry(ctx, e.config.TxRetry, func(ctx context.Context, attempt int) error {
+		if attempt > 1 {
+			d.counters.txRetries.Add(1)
+			e.logger.Debug("Transaction lost a race, running it again", d.fields.Add(watermill.LogFields{"attempt": attempt - 1, "sqlstate": pgtx.SQLState(last)}))
 		}
-		if err == nil || !pgtx.IsRetryableTx(err) || attempt >= maxAttempts {
-			return err
+		last = e.attemptOwnTx(ctx, h, d)
+		if e.ensurePartition(ctx, last) {
+			last = e.attemptOwnTx(ctx, h, d) // the missing day partition exists now
 		}
-		d.counters.txRetries.Add(1)
-		e.logger.Debug("Transaction lost a race, running it again", d.fields.Add(watermill.LogFields{"attempt": attempt, "sqlstate": pgtx.SQLState(err)}))
-		select {
-		case <-ctx.Done():
-			return errors.Join(err, context.Cause(ctx))
-		case <-time.After(policy.Delay(attempt)):
-		}
-	}
+		return last
+	})
 }
 
 func (e *Middleware) attemptOwnTx(ctx context.Context, h message.HandlerFunc, d *delivery) (err error) {

@@ -224,25 +224,32 @@ func (g *groupCommitter) run(group []*queued) {
 		live = append(live, q)
 	}
 	pending := g.dropSameBatchCopies(live)
-	policy := e.config.TxRetry
-	maxAttempts := policy.MaxAttempts
-	if maxAttempts == 0 {
-		maxAttempts = 3
+	// The wait between attempts ends when a delivery of the group gives up (its shutdown grace
+	// is over): the group's outcome is then an error, and its messages are redelivered.
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	for _, q := range pending {
+		stop := context.AfterFunc(q.ctx, func() { cancel(context.Cause(q.ctx)) })
+		defer stop()
 	}
-	retries := 0
 	for len(pending) > 0 {
-		next, err := g.attempt(pending)
-		if err == nil {
-			pending = next
-			continue
-		}
-		pending = next
-		if retries+1 < maxAttempts && (pgtx.IsRetryableTx(err) || e.ensurePartition(context.Background(), err)) {
-			retries++
-			for _, q := range pending {
-				q.d.counters.txRetries.Add(1)
+		// Each transaction of the group (a new one after a handler is isolated) has
+		// TxRetry's attempts for serialization failures and deadlocks.
+		isolated := false
+		err := pgtx.Retry(ctx, e.config.TxRetry, func(_ context.Context, attempt int) error {
+			if attempt > 1 {
+				for _, q := range pending {
+					q.d.counters.txRetries.Add(1)
+				}
 			}
-			time.Sleep(policy.Delay(retries))
+			next, err := g.attempt(pending)
+			if err != nil && e.ensurePartition(context.Background(), err) {
+				next, err = g.attempt(next) // the missing day partition exists now
+			}
+			pending, isolated = next, err == nil
+			return err
+		})
+		if isolated {
 			continue
 		}
 		for _, q := range pending {

@@ -6,11 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -19,11 +19,7 @@ import (
 
 // relayLockKey is the advisory-lock key a relay named name holds in schema while it leads.
 // ForgetRelay looks for the same key in pg_locks, so both derive it here.
-func relayLockKey(schema, name string) int64 {
-	h := fnv.New64a()
-	_, _ = h.Write([]byte("watermill-once/relay/" + schema + "/" + name))
-	return int64(h.Sum64())
-}
+func relayLockKey(schema, name string) int64 { return worker.LockKey("relay", schema, name) }
 
 func checkSchema(op string, db *sql.DB, schema *string) error {
 	if db == nil {
@@ -58,11 +54,11 @@ func ForgetRelay(ctx context.Context, db *sql.DB, schema, name string) (bool, er
 	}
 	// An advisory lock on a bigint key shows in pg_locks as classid (high 32 bits), objid
 	// (low 32 bits), objsubid 1.
-	key := uint64(relayLockKey(schema, name))
+	classid, objid := worker.LockKeyParts(relayLockKey(schema, name))
 	var active bool
 	if err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted
     AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-    AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 1)`, int64(key>>32), int64(key&0xffffffff)).Scan(&active); err != nil {
+    AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 1)`, classid, objid).Scan(&active); err != nil {
 		return false, fmt.Errorf("outbox: forget relay: %w", err)
 	}
 	if active {

@@ -132,7 +132,7 @@ func TestRelayCrashBeforeRecordingRepublishes(t *testing.T) {
 		})
 		return err
 	}
-	r, err := outbox.NewRelay(db, s, outbox.RelayConfig{Schema: schema, RetryBackoff: time.Millisecond, MaxRetryBackoff: time.Millisecond}, nil)
+	r, err := outbox.NewRelay(db, s, outbox.RelayConfig{Schema: schema, Backoff: time.Millisecond, MaxBackoff: time.Millisecond}, nil)
 	require.NoError(t, err)
 	drain(t, r, s, 2)
 	require.Equal(t, []string{"a/e-91", "a/e-91"}, s.all(), "at least once: the copy goes out again with the same UUID")
@@ -274,4 +274,48 @@ func TestStatusReportsBacklogAndLag(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, relays[0].Backlog)
 	require.Zero(t, relays[0].Lag)
+}
+
+// The Run/Close rules of every worker (internal/worker.Runner): one Run at a time, Run again
+// after it returned, Close final.
+func TestRelayRunAgainAfterItReturnedAndCloseIsFinal(t *testing.T) {
+	t.Parallel()
+	db, schema, w := setup(t)
+	got := make(chan string, 16)
+	s := &sink{failOn: func(_ string, msgs []*message.Message) error {
+		for _, m := range msgs {
+			got <- m.UUID
+		}
+		return nil
+	}}
+	forwarded := func() string {
+		t.Helper()
+		select {
+		case u := <-got:
+			return u
+		case <-time.After(30 * time.Second):
+			t.Fatal("the relay forwarded nothing")
+			return ""
+		}
+	}
+	r, err := outbox.NewRelay(db, s, outbox.RelayConfig{Schema: schema, PollInterval: 5 * time.Millisecond}, nil)
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	first := make(chan error, 1)
+	go func() { first <- r.Run(ctx) }()
+	publishTx(t, db, w, "a", "m-1")
+	require.Equal(t, "m-1", forwarded())
+	require.ErrorContains(t, r.Run(context.Background()), "already running")
+	cancel()
+	require.NoError(t, <-first)
+
+	second := make(chan error, 1)
+	go func() { second <- r.Run(context.Background()) }()
+	publishTx(t, db, w, "a", "m-2")
+	require.Equal(t, "m-2", forwarded())
+	require.NoError(t, r.Close())
+	require.NoError(t, <-second, "Close stopped the second Run and waited for it")
+	require.False(t, r.Stats().IsLeader, "the lock is given up")
+	require.NoError(t, r.Run(context.Background()), "Run after Close returns at once")
 }

@@ -6,14 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"math/rand/v2"
 	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/wmonce/watermill-once/internal/lifecycle"
+	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -34,10 +33,11 @@ type RelayConfig struct {
 	// PollInterval is the wait after a read that found no rows; any batch that published is
 	// followed by the next read at once. Default 100ms.
 	PollInterval time.Duration
-	// RetryBackoff is the first wait after a failed publish or database error; it doubles up
-	// to MaxRetryBackoff. Default 100ms and 5s.
-	RetryBackoff    time.Duration
-	MaxRetryBackoff time.Duration
+	// Backoff is the first wait after a failed publish or database error; it doubles up
+	// to MaxBackoff, each wait drawn between half and all of that value (jitter). Default
+	// 100ms and 5s.
+	Backoff    time.Duration
+	MaxBackoff time.Duration
 	// StandbyInterval is how often a relay that is not the active one tries to take over.
 	// Default 1s.
 	StandbyInterval time.Duration
@@ -85,11 +85,11 @@ func (c *RelayConfig) setDefaults() {
 	if c.PollInterval == 0 {
 		c.PollInterval = 100 * time.Millisecond
 	}
-	if c.RetryBackoff == 0 {
-		c.RetryBackoff = 100 * time.Millisecond
+	if c.Backoff == 0 {
+		c.Backoff = 100 * time.Millisecond
 	}
-	if c.MaxRetryBackoff == 0 {
-		c.MaxRetryBackoff = 5 * time.Second
+	if c.MaxBackoff == 0 {
+		c.MaxBackoff = 5 * time.Second
 	}
 	if c.StandbyInterval == 0 {
 		c.StandbyInterval = time.Second
@@ -114,8 +114,8 @@ func (c RelayConfig) Validate() error {
 	if c.BatchSize < 1 || c.BatchSize > 10000 {
 		errs = append(errs, fmt.Errorf("BatchSize must be between 1 and 10000, got %d", c.BatchSize))
 	}
-	if c.PollInterval < 0 || c.RetryBackoff < 0 || c.MaxRetryBackoff < c.RetryBackoff || c.StandbyInterval < 0 {
-		errs = append(errs, errors.New("intervals must be positive and MaxRetryBackoff >= RetryBackoff"))
+	if c.PollInterval < 0 || c.Backoff < 0 || c.MaxBackoff < c.Backoff || c.StandbyInterval < 0 {
+		errs = append(errs, errors.New("intervals must be positive and MaxBackoff >= Backoff"))
 	}
 	if c.PublishLanes < 1 || c.PublishLanes > MaxPublishLanes {
 		errs = append(errs, fmt.Errorf("PublishLanes must be between 1 and %d, got %d", MaxPublishLanes, c.PublishLanes))
@@ -162,15 +162,14 @@ type Relay struct {
 	publisher message.Publisher
 	config    RelayConfig
 	logger    watermill.LoggerAdapter
-	lockKey   int64
 
 	qEnsure, qPosition, qReadRound, qReadRest, qAdvance, qReject string
 
 	forwarded, rounds, failures, rejected, fenced atomic.Uint64
-	leader                                        atomic.Bool
 	lastRelay                                     atomic.Int64
 
-	life lifecycle.Runner
+	life   worker.Runner
+	leader *worker.Leader
 }
 
 // NewRelay returns a relay that forwards the outbox in config.Schema to publisher. The
@@ -191,12 +190,12 @@ func NewRelay(db *sql.DB, publisher message.Publisher, config RelayConfig, logge
 	}
 	table := pgtx.QualifiedName(config.Schema, "outbox")
 	offsets := pgtx.QualifiedName(config.Schema, "outbox_offsets")
-	return &Relay{
+	logger = logger.With(watermill.LogFields{"relay": config.Name})
+	r := &Relay{
 		db:        db,
 		publisher: publisher,
 		config:    config,
-		logger:    logger.With(watermill.LogFields{"relay": config.Name}),
-		lockKey:   relayLockKey(config.Schema, config.Name),
+		logger:    logger,
 		qEnsure: `INSERT INTO ` + offsets + ` (consumer_group, offset_acked, last_processed_transaction_id, snapshot)
 VALUES ($1, 0, '1', '` + emptySnapshot + `') ON CONFLICT DO NOTHING`,
 		qPosition: `SELECT snapshot::text, target_snapshot::text, target_offset FROM ` + offsets + ` WHERE consumer_group = $1`,
@@ -242,7 +241,17 @@ WHERE consumer_group = $1 AND snapshot::text = $5
   AND target_snapshot::text IS NOT DISTINCT FROM $6 AND target_offset IS NOT DISTINCT FROM $7`,
 		qReject: `INSERT INTO ` + pgtx.QualifiedName(config.Schema, "outbox_rejected") + ` (relay, "offset", transaction_id, uuid, payload, metadata, error)
 VALUES ($1, $2, $3::xid8, $4, $5::json, $6::json, $7) ON CONFLICT DO NOTHING`,
-	}, nil
+	}
+	r.leader = &worker.Leader{
+		DB: db, Key: relayLockKey(config.Schema, config.Name), Name: "Relay", Logger: logger,
+		Standby: config.StandbyInterval,
+		Backoff: worker.Backoff{Base: config.Backoff, Max: config.MaxBackoff},
+		OnError: func(err error, wait time.Duration) {
+			r.failures.Add(1)
+			r.logger.Error("Relay error, retrying", err, watermill.LogFields{"backoff": wait})
+		},
+	}
+	return r, nil
 }
 
 // recordTimeout bounds the position update after a publish, which outlives a cancelled context.
@@ -281,67 +290,24 @@ func (r *Relay) Stats() RelayStats {
 		Failures:   r.failures.Load(),
 		Rejected:   r.rejected.Load(),
 		Fenced:     r.fenced.Load(),
-		IsLeader:   r.leader.Load(),
+		IsLeader:   r.leader.Leading(),
 		LastRelays: last,
 	}
 }
 
-// Close stops Run and waits for it to return. It is idempotent.
+// Close stops Run and waits for it to return. It is idempotent and final: a Run after Close
+// returns nil at once.
 func (r *Relay) Close() error { return r.life.Close() }
 
 // Run forwards rows until ctx is cancelled or Close is called. It returns nil on a clean stop.
-// Database and publish errors are retried with backoff, never returned.
+// Database and publish errors are retried with backoff, never returned. One Run at a time: a
+// second concurrent Run returns an error; Run may be called again after it returned.
 func (r *Relay) Run(ctx context.Context) error {
-	ctx, done := r.life.Start(ctx)
-	defer done()
-
-	backoff := r.config.RetryBackoff
-	for ctx.Err() == nil {
-		err := r.lead(ctx)
-		if ctx.Err() != nil {
-			break
-		}
-		if err != nil {
-			r.failures.Add(1)
-			r.logger.Error("Relay error, retrying", err, watermill.LogFields{"backoff": backoff})
-			if !lifecycle.Sleep(ctx, jitter(backoff)) {
-				break
-			}
-			backoff = min(backoff*2, r.config.MaxRetryBackoff)
-			continue
-		}
-		backoff = r.config.RetryBackoff
-		if !lifecycle.Sleep(ctx, r.config.StandbyInterval) {
-			break
-		}
-	}
-	return nil
+	return r.life.Run(ctx, func(ctx context.Context) error { return r.leader.Run(ctx, r.lead) })
 }
 
-// lead takes the advisory lock on a dedicated connection and relays while it holds it. It
-// returns nil when another instance holds the lock (this one stays standby).
-func (r *Relay) lead(ctx context.Context) error {
-	conn, err := r.db.Conn(ctx)
-	if err != nil {
-		return fmt.Errorf("outbox: relay connection: %w", err)
-	}
-	defer conn.Close()
-	var got bool
-	if err := conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1)`, r.lockKey).Scan(&got); err != nil {
-		return fmt.Errorf("outbox: relay leadership lock: %w", err)
-	}
-	if !got {
-		return nil
-	}
-	r.leader.Store(true)
-	r.logger.Info("Relay active", nil)
-	defer func() {
-		r.leader.Store(false)
-		// A lock held by a broken connection is released by the server with the session.
-		unlockCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		defer cancel()
-		_, _ = conn.ExecContext(unlockCtx, `SELECT pg_advisory_unlock($1)`, r.lockKey)
-	}()
+// lead relays while this instance holds the leadership lock on conn (see worker.Leader).
+func (r *Relay) lead(ctx context.Context, conn *sql.Conn) error {
 	if _, err := conn.ExecContext(ctx, r.qEnsure, r.config.Name); err != nil {
 		return fmt.Errorf("outbox: relay init position: %w", err)
 	}
@@ -352,7 +318,7 @@ func (r *Relay) lead(ctx context.Context) error {
 		}
 		// Only an empty round waits: a partial batch may have raced with more commits, and
 		// the next round costs one indexed read.
-		if n == 0 && !lifecycle.Sleep(ctx, r.config.PollInterval) {
+		if n == 0 && !worker.Sleep(ctx, r.config.PollInterval) {
 			return nil
 		}
 	}
@@ -547,20 +513,20 @@ func (r *Relay) reject(ctx context.Context, conn *sql.Conn, row outboxRow, cause
 // publish retries until the publisher accepts the run or ctx ends: skipping would lose the
 // message, and publishing later rows first would break order.
 func (r *Relay) publish(ctx context.Context, topic string, msgs []*message.Message) error {
-	backoff := r.config.RetryBackoff
+	backoff := worker.Backoff{Base: r.config.Backoff, Max: r.config.MaxBackoff}
 	for attempt := 1; ; attempt++ {
 		err := r.publisher.Publish(topic, msgs...)
 		if err == nil {
 			return nil
 		}
 		r.failures.Add(1)
+		wait := backoff.Next()
 		r.logger.Error("Relay publish failed, retrying", err, watermill.LogFields{
-			"topic": topic, "messages": len(msgs), "first_uuid": msgs[0].UUID, "attempt": attempt, "backoff": backoff,
+			"topic": topic, "messages": len(msgs), "first_uuid": msgs[0].UUID, "attempt": attempt, "backoff": wait,
 		})
-		if !lifecycle.Sleep(ctx, jitter(backoff)) {
+		if !worker.Sleep(ctx, wait) {
 			return ctx.Err()
 		}
-		backoff = min(backoff*2, r.config.MaxRetryBackoff)
 	}
 }
 
@@ -574,10 +540,6 @@ func (r *Relay) advance(ctx context.Context, conn *sql.Conn, from, to position) 
 		return errors.New("outbox: relay position was moved by another relay instance; re-reading it")
 	}
 	return nil
-}
-
-func jitter(d time.Duration) time.Duration {
-	return d/2 + time.Duration(rand.Int64N(int64(d)/2+1))
 }
 
 // Name is the relay's position name (RelayConfig.Name), the label its metrics carry.

@@ -310,7 +310,7 @@ func TestRelayRoundSpanningBatchesSurvivesRestart(t *testing.T) {
 	for i := 1; i <= 7; i++ {
 		publishTx(t, db, w, "a", fmt.Sprintf("r%d", i))
 	}
-	cfg := outbox.RelayConfig{Schema: schema, BatchSize: 2, RetryBackoff: time.Millisecond, MaxRetryBackoff: time.Millisecond}
+	cfg := outbox.RelayConfig{Schema: schema, BatchSize: 2, Backoff: time.Millisecond, MaxBackoff: time.Millisecond}
 	s := &sink{}
 	r1, err := outbox.NewRelay(db, s, cfg, nil)
 	require.NoError(t, err)

@@ -16,7 +16,9 @@
 // 40P01 (deadlock_detected), which PostgreSQL guarantees left nothing committed. It never
 // retries a failed COMMIT whose outcome is unknown (a connection lost during COMMIT): that error
 // is returned, and the caller must treat the work as possibly committed, which is exactly what a
-// dedupe key makes safe.
+// dedupe key makes safe. Retry is the same loop for callers that begin and end their
+// transactions themselves; it is the module's only one. The waits between attempts end as soon
+// as the context ends.
 //
 // # Lazy BEGIN and deferred statements
 //

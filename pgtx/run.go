@@ -5,8 +5,9 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
+
+	"github.com/wmonce/watermill-once/internal/worker"
 )
 
 // RetryPolicy bounds how often RunInTx runs a transaction again after a serialization
@@ -14,9 +15,9 @@ import (
 type RetryPolicy struct {
 	// MaxAttempts counts the first run. Default 3; 1 disables retries.
 	MaxAttempts int
-	// Backoff is the wait before the second attempt; it doubles for each further attempt,
-	// with up to 50% random jitter so that the transactions that collided do not collide again.
-	// Default 5ms.
+	// Backoff is the wait before the second attempt; it doubles for each further attempt (up
+	// to 1024 times Backoff), each wait drawn between half and all of that value (jitter) so
+	// that the transactions that collided do not collide again. Default 5ms.
 	Backoff time.Duration
 }
 
@@ -33,8 +34,7 @@ func (p RetryPolicy) withDefaults() RetryPolicy {
 // Delay returns the wait after the given failed attempt (1-based).
 func (p RetryPolicy) Delay(attempt int) time.Duration {
 	p = p.withDefaults()
-	d := p.Backoff << min(attempt-1, 10)
-	return d + time.Duration(rand.Int64N(int64(d)/2+1))
+	return worker.Delay(p.Backoff, p.Backoff<<10, attempt)
 }
 
 // Beginner is satisfied by *sql.DB and *sql.Conn.
@@ -46,23 +46,33 @@ type Beginner interface {
 // The context passed to fn carries the transaction (see TxFromContext).
 //
 // If fn or the commit fails with a serialization failure or deadlock, the transaction is
-// rolled back and fn runs again in a new one, at most policy.MaxAttempts times in all. Any
-// other error from fn rolls back and is returned as is; fn must therefore not have effects
-// outside the transaction that it cannot repeat. A panic in fn rolls back and propagates.
+// rolled back and fn runs again in a new one, as Retry describes. Any other error from fn
+// rolls back and is returned as is; fn must therefore not have effects outside the
+// transaction that it cannot repeat. A panic in fn rolls back and propagates.
 func RunInTx(ctx context.Context, db Beginner, opts *sql.TxOptions, policy RetryPolicy, fn func(ctx context.Context, tx *sql.Tx) error) error {
 	if IsNil(db) {
 		return errors.New("pgtx: RunInTx: db is nil")
 	}
+	return Retry(ctx, policy, func(ctx context.Context, _ int) error {
+		return runOnce(ctx, db, opts, fn)
+	})
+}
+
+// Retry is the module's one retry of whole transactions, for callers that begin and end their
+// transactions themselves (RunInTx is built on it). It calls attempt with the attempt number
+// (1-based) until attempt returns nil or an error IsRetryableTx refuses, or policy.MaxAttempts
+// attempts have been made, and returns the last error. Between attempts it waits
+// policy.Delay; the wait ends as soon as ctx ends, and Retry then returns the last error
+// joined with the context's cause, without another attempt.
+func Retry(ctx context.Context, policy RetryPolicy, attempt func(ctx context.Context, n int) error) error {
 	policy = policy.withDefaults()
-	for attempt := 1; ; attempt++ {
-		err := runOnce(ctx, db, opts, fn)
-		if err == nil || !IsRetryableTx(err) || attempt >= policy.MaxAttempts {
+	for n := 1; ; n++ {
+		err := attempt(ctx, n)
+		if err == nil || !IsRetryableTx(err) || n >= policy.MaxAttempts {
 			return err
 		}
-		select {
-		case <-ctx.Done():
-			return errors.Join(err, ctx.Err())
-		case <-time.After(policy.Delay(attempt)):
+		if !worker.Sleep(ctx, policy.Delay(n)) {
+			return errors.Join(err, context.Cause(ctx))
 		}
 	}
 }

@@ -18,7 +18,7 @@ const (
 	DefaultInboxKeep       = 7 * 24 * time.Hour
 	DefaultOutboxKeep      = 24 * time.Hour
 	DefaultBatchSize       = 5000
-	DefaultInterval        = time.Minute
+	DefaultPollInterval    = time.Minute
 	DefaultPartitionsAhead = 3
 )
 
@@ -75,9 +75,9 @@ type Config struct {
 	// BatchSize is the most rows one delete transaction removes. Short transactions keep
 	// locks, WAL bursts and replication lag small. Default 5000, at most 100000.
 	BatchSize int
-	// Interval is the time between rounds of Run, and how often a standby instance tries to
+	// PollInterval is the time between rounds of Run, and how often a standby instance tries to
 	// take over. Default 1 minute.
-	Interval time.Duration
+	PollInterval time.Duration
 	// PartitionsAhead is how many days of processed_messages_daily partitions the janitor
 	// creates ahead of today, so that claims never wait for a partition to be created. It
 	// applies only once that table is in use (has at least one partition). Default 3;
@@ -111,8 +111,8 @@ func (c *Config) setDefaults() {
 	if c.BatchSize == 0 {
 		c.BatchSize = DefaultBatchSize
 	}
-	if c.Interval == 0 {
-		c.Interval = DefaultInterval
+	if c.PollInterval == 0 {
+		c.PollInterval = DefaultPollInterval
 	}
 	if c.PartitionsAhead == 0 {
 		c.PartitionsAhead = DefaultPartitionsAhead
@@ -163,8 +163,8 @@ func (c Config) Validate() error {
 	if c.BatchSize < 0 || c.BatchSize > MaxBatchSize {
 		errs = append(errs, fmt.Errorf("BatchSize must be between 1 and %d (0 = %d), got %d", MaxBatchSize, DefaultBatchSize, c.BatchSize))
 	}
-	if c.Interval < 0 {
-		errs = append(errs, fmt.Errorf("Interval must not be negative (0 = %s), got %s", DefaultInterval, c.Interval))
+	if c.PollInterval < 0 {
+		errs = append(errs, fmt.Errorf("PollInterval must not be negative (0 = %s), got %s", DefaultPollInterval, c.PollInterval))
 	}
 	if c.PartitionsAhead > 366 {
 		errs = append(errs, fmt.Errorf("PartitionsAhead must be at most 366 days, got %d", c.PartitionsAhead))

@@ -29,8 +29,8 @@
 //	defer j.Close()
 //
 // Run takes a session-level PostgreSQL advisory lock (its key derived from the schema) on a
-// connection of its own and runs a round every Interval while it holds it; the other instances
-// stand by and retry every Interval. RunOnce runs one round at once without the lock (for the
+// connection of its own and runs a round every PollInterval while it holds it; the other instances
+// stand by and retry every PollInterval. RunOnce runs one round at once without the lock (for the
 // CLI's `wmonce purge -janitor`): every delete removes rows by address in its own transaction,
 // so a round beside the leader's only shares the work. Purge deletes one consumer's claims
 // before a given time (with a dry run that counts them); outbox.ForgetRelay removes a retired
@@ -80,7 +80,7 @@
 // For example 200 messages/s, two consumers, a 7-day window: 200 x 2 x 604,800 s = 242 million
 // claims x 268 bytes = 65 GB. Longer keys (business keys, SHA-256 hex) add their length twice
 // (heap and primary key). Deleted rows leave space that autovacuum makes reusable: the table
-// stops growing at about rate x (Keep + Interval) rows but does not shrink on disk; dropped day
+// stops growing at about rate x (Keep + PollInterval) rows but does not shrink on disk; dropped day
 // partitions give the space back at once. Inbox rows hold the payload and metadata as well:
 // size them from your messages (pg_total_relation_size divided by the row count).
 package retention

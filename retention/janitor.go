@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"sync/atomic"
 	"time"
 
@@ -13,7 +12,7 @@ import (
 
 	"github.com/wmonce/watermill-once/httpidem"
 	"github.com/wmonce/watermill-once/inbox"
-	"github.com/wmonce/watermill-once/internal/lifecycle"
+	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -72,30 +71,20 @@ type Stats struct {
 // (once.Config.MaxMessageAge, set a little below Keep) refuses such copies instead of
 // applying them, and NewJanitor warns when a declared RedeliveryHorizon exceeds Keep.
 //
-// Close stops Run and waits for it to return. It is idempotent.
-func (j *Janitor) Close() error { return j.life.Close() }
-
 // Run elects one active janitor per schema with a session-level advisory lock; RunOnce runs one
 // round without it (see RunOnce).
 type Janitor struct {
 	db       *sql.DB
 	config   Config
 	logger   watermill.LoggerAdapter
-	lockKey  int64
 	warnings []string
 	inboxOps *inbox.Ops
 
 	claims, dailyDropped, inboxRows, outboxRows, httpKeys, rounds, failedRounds atomic.Uint64
-	leader                                                                      atomic.Bool
 	lastRound                                                                   atomic.Int64
 
-	life lifecycle.Runner
-}
-
-func hashKey(s string) int64 {
-	h := fnv.New64a()
-	_, _ = h.Write([]byte(s))
-	return int64(h.Sum64())
+	life   worker.Runner
+	leader *worker.Leader
 }
 
 // NewJanitor validates config and returns a janitor. It does not touch the database. For every
@@ -122,8 +111,15 @@ func NewJanitor(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Jan
 		db:       db,
 		config:   config,
 		logger:   logger,
-		lockKey:  hashKey("watermill-once/retention/" + config.Schema),
 		warnings: config.warnings(),
+	}
+	j.leader = &worker.Leader{
+		DB: db, Key: worker.LockKey("retention", config.Schema), Name: "Janitor", Logger: logger,
+		Standby: config.PollInterval,
+		Backoff: worker.Backoff{Base: config.PollInterval, Max: config.PollInterval},
+		OnError: func(err error, wait time.Duration) {
+			logger.Error("Janitor lost or could not take leadership, retrying", err, watermill.LogFields{"retry_in": wait})
+		},
 	}
 	for _, w := range j.warnings {
 		logger.Error("RETENTION TOO SHORT: "+w, errRetentionBelowHorizon, nil)
@@ -154,53 +150,24 @@ func (j *Janitor) Stats() Stats {
 		HTTPKeys:               j.httpKeys.Load(),
 		Rounds:                 j.rounds.Load(),
 		FailedRounds:           j.failedRounds.Load(),
-		IsLeader:               j.leader.Load(),
+		IsLeader:               j.leader.Leading(),
 		LastRound:              last,
 	}
 }
 
-// Run deletes expired rows every Interval until ctx is cancelled or Close is called, and
+// Run deletes expired rows every PollInterval until ctx is cancelled or Close is called, and
 // returns nil then. Only one instance per schema works at a time: it holds a session-level
 // advisory lock on a connection of its own for as long as it leads; the others stand by and
-// try again every Interval, so one takes over within an Interval after the leader stops or
+// try again every PollInterval, so one takes over within a PollInterval after the leader stops or
 // its connection breaks. Errors are logged and counted (Stats.FailedRounds), never returned.
+// One Run at a time: a second concurrent Run returns an error; Run may be called again after
+// it returned.
 func (j *Janitor) Run(ctx context.Context) error {
-	ctx, done := j.life.Start(ctx)
-	defer done()
-	for ctx.Err() == nil {
-		if err := j.lead(ctx); err != nil && ctx.Err() == nil {
-			j.logger.Error("Janitor lost or could not take leadership, retrying", err, watermill.LogFields{"retry_in": j.config.Interval})
-		}
-		if !lifecycle.Sleep(ctx, j.config.Interval) {
-			break
-		}
-	}
-	return nil
+	return j.life.Run(ctx, func(ctx context.Context) error { return j.leader.Run(ctx, j.lead) })
 }
 
-// lead takes the leadership lock and runs rounds while it holds it. It returns nil at once
-// when another instance leads.
-func (j *Janitor) lead(ctx context.Context) error {
-	conn, err := j.db.Conn(ctx)
-	if err != nil {
-		return fmt.Errorf("retention: leadership connection: %w", err)
-	}
-	defer conn.Close()
-	var got bool
-	if err := conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1)`, j.lockKey).Scan(&got); err != nil {
-		return fmt.Errorf("retention: leadership lock: %w", err)
-	}
-	if !got {
-		return nil
-	}
-	j.leader.Store(true)
-	j.logger.Info("Janitor active", watermill.LogFields{"interval": j.config.Interval})
-	defer func() {
-		j.leader.Store(false)
-		unlockCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		defer cancel()
-		_, _ = conn.ExecContext(unlockCtx, `SELECT pg_advisory_unlock($1)`, j.lockKey)
-	}()
+// lead runs rounds while this instance holds the leadership lock on conn (see worker.Leader).
+func (j *Janitor) lead(ctx context.Context, conn *sql.Conn) error {
 	for {
 		// The lock lives as long as this session: a query that succeeds on it proves it is
 		// still ours. If the connection broke, the server released the lock and another
@@ -214,11 +181,15 @@ func (j *Janitor) lead(ctx context.Context) error {
 		if _, err := j.RunOnce(ctx); err != nil && ctx.Err() == nil {
 			j.logger.Error("Janitor round failed in part; the next round tries again", err, nil)
 		}
-		if !lifecycle.Sleep(ctx, j.config.Interval) {
+		if !worker.Sleep(ctx, j.config.PollInterval) {
 			return nil
 		}
 	}
 }
+
+// Close stops Run and waits for it to return. It is idempotent and final: a Run after Close
+// returns nil at once.
+func (j *Janitor) Close() error { return j.life.Close() }
 
 // RunOnce runs one round now and reports what it deleted. It does not take the leadership
 // lock, so the CLI can purge on demand while a janitor service runs: every delete is a short

@@ -245,7 +245,7 @@ func TestConfigValidation(t *testing.T) {
 		{"outbox keep", retention.Config{OutboxKeep: -time.Second}, "OutboxKeep"},
 		{"http keys", retention.Config{HTTPKeysKeep: time.Millisecond}, "HTTPKeysKeep"},
 		{"batch", retention.Config{BatchSize: 200000}, "BatchSize"},
-		{"interval", retention.Config{Interval: -time.Second}, "Interval"},
+		{"interval", retention.Config{PollInterval: -time.Second}, "PollInterval"},
 		{"partitions", retention.Config{PartitionsAhead: 1000}, "PartitionsAhead"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -267,7 +267,7 @@ func TestConfigValidation(t *testing.T) {
 	require.Equal(t, 7*day, cfg.InboxKeep)
 	require.Equal(t, day, cfg.OutboxKeep)
 	require.Equal(t, 5000, cfg.BatchSize)
-	require.Equal(t, time.Minute, cfg.Interval)
+	require.Equal(t, time.Minute, cfg.PollInterval)
 	require.Equal(t, 3, cfg.PartitionsAhead)
 	require.Zero(t, cfg.HTTPKeysKeep)
 	require.Empty(t, j.Warnings())

@@ -2,13 +2,13 @@ package retention_test
 
 import (
 	"context"
-	"hash/fnv"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/pgtx"
 	"github.com/wmonce/watermill-once/retention"
 )
@@ -17,7 +17,7 @@ func TestOneJanitorLeadsAndAnotherTakesOver(t *testing.T) {
 	t.Parallel()
 	db := pgtest.DB(t)
 	schema := pgtest.Schema(t, db)
-	cfg := retention.Config{Schema: schema, Interval: 20 * time.Millisecond}
+	cfg := retention.Config{Schema: schema, PollInterval: 20 * time.Millisecond}
 	a, b := newJanitor(t, db, cfg), newJanitor(t, db, cfg)
 	done := make(chan error, 2)
 	for _, j := range []*retention.Janitor{a, b} {
@@ -39,7 +39,7 @@ func TestOneJanitorLeadsAndAnotherTakesOver(t *testing.T) {
 	insertClaims(t, db, schema, "c", 10, 30*day)
 	require.Eventually(t, func() bool { return countClaims(t, db, schema, "c") == 0 }, 10*time.Second, 10*time.Millisecond)
 
-	// The leader stops; the standby takes over within an Interval or so.
+	// The leader stops; the standby takes over within a PollInterval or so.
 	require.NoError(t, leader.Close())
 	require.NoError(t, <-done)
 	require.False(t, leader.Stats().IsLeader)
@@ -55,18 +55,16 @@ func TestLeaderWhoseConnectionDiesStepsDown(t *testing.T) {
 	t.Parallel()
 	db := pgtest.OpenDB(t, 6) // a pool of its own: a connection is killed on purpose
 	schema := pgtest.Schema(t, db)
-	h := fnv.New64a()
-	_, _ = h.Write([]byte("watermill-once/retention/" + schema))
-	key := h.Sum64()
+	classid, objid := worker.LockKeyParts(worker.LockKey("retention", schema))
 	holder := func() int {
 		var pid int
 		err := db.QueryRow(`SELECT coalesce(max(pid), 0) FROM pg_locks WHERE locktype = 'advisory' AND granted
-AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 1`, int64(key>>32), int64(key&0xffffffff)).Scan(&pid)
+AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 1`, classid, objid).Scan(&pid)
 		require.NoError(t, err)
 		return pid
 	}
 
-	cfg := retention.Config{Schema: schema, Interval: 20 * time.Millisecond}
+	cfg := retention.Config{Schema: schema, PollInterval: 20 * time.Millisecond}
 	a, b := newJanitor(t, db, cfg), newJanitor(t, db, cfg)
 	done := make(chan error, 2)
 	for _, j := range []*retention.Janitor{a, b} {
@@ -93,7 +91,7 @@ func TestRunOnceWorksBesideARunningLeader(t *testing.T) {
 	db := pgtest.DB(t)
 	schema := pgtest.Schema(t, db)
 	// The service janitor rounds rarely; the operator's RunOnce (wmonce purge --now) does not wait for it.
-	service := newJanitor(t, db, retention.Config{Schema: schema, Interval: time.Hour})
+	service := newJanitor(t, db, retention.Config{Schema: schema, PollInterval: time.Hour})
 	done := make(chan error, 1)
 	go func() { done <- service.Run(context.Background()) }()
 	require.Eventually(t, func() bool { return service.Stats().IsLeader }, 10*time.Second, 10*time.Millisecond)
@@ -148,4 +146,30 @@ SELECT 'b', 'd' || g, '2020-01-01', '\x00', now() - interval '3 days' FROM gener
 	require.ErrorContains(t, err, "schema name")
 	_, err = retention.Purge(ctx, db, schema, retention.PurgeRequest{Before: before, BatchSize: -1})
 	require.ErrorContains(t, err, "BatchSize")
+}
+
+// The Run/Close rules of every worker (internal/worker.Runner): one Run at a time, Run again
+// after it returned, Close final.
+func TestJanitorRunAgainAfterItReturnedAndCloseIsFinal(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	schema := pgtest.Schema(t, db)
+	j := newJanitor(t, db, retention.Config{Schema: schema, PollInterval: 20 * time.Millisecond})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	first := make(chan error, 1)
+	go func() { first <- j.Run(ctx) }()
+	require.Eventually(t, func() bool { return j.Stats().Rounds > 0 }, 10*time.Second, 10*time.Millisecond)
+	require.ErrorContains(t, j.Run(context.Background()), "already running")
+	cancel()
+	require.NoError(t, <-first)
+
+	rounds := j.Stats().Rounds
+	second := make(chan error, 1)
+	go func() { second <- j.Run(context.Background()) }()
+	require.Eventually(t, func() bool { return j.Stats().Rounds > rounds }, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, j.Close())
+	require.NoError(t, <-second, "Close stopped the second Run and waited for it")
+	require.False(t, j.Stats().IsLeader, "the lock is given up")
+	require.NoError(t, j.Run(context.Background()), "Run after Close returns at once")
 }

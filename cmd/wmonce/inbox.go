@@ -164,7 +164,7 @@ func (e *env) inboxList(ctx context.Context, args []string) error {
 	fs := e.flags("inbox list")
 	ff := addFilterFlags(fs)
 	after := fs.Int64("after", 0, "show rows after this id (paging)")
-	limit := fs.Int("limit", 50, "rows to show (1-"+strconv.Itoa(inbox.MaxBatchLimit)+")")
+	limit := fs.Int("limit", 50, "rows to show (1-"+strconv.Itoa(inbox.MaxBatchSize)+")")
 	if err := e.parseFlagsOnly(fs, args); err != nil {
 		return err
 	}
@@ -172,8 +172,8 @@ func (e *env) inboxList(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *limit < 1 || *limit > inbox.MaxBatchLimit {
-		return usagef("-limit must be between 1 and %d", inbox.MaxBatchLimit)
+	if *limit < 1 || *limit > inbox.MaxBatchSize {
+		return usagef("-limit must be between 1 and %d", inbox.MaxBatchSize)
 	}
 	if *after < 0 {
 		return usagef("-after must be a row id")

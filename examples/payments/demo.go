@@ -148,7 +148,7 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 	n.step("payments: committed %s SUCCESS (%s) and PaymentSucceeded %s in ONE transaction (payments row + outbox row)", paymentID, rupees(amountPaise), eventID)
 
 	// 2. the relay publishes, crashes before recording its position, and publishes again.
-	relayCfg := outbox.RelayConfig{Schema: s.payments, Name: "payments-relay", RetryBackoff: 50 * time.Millisecond}
+	relayCfg := outbox.RelayConfig{Schema: s.payments, Name: "payments-relay", Backoff: 50 * time.Millisecond}
 	crashCtx, crash := context.WithCancel(ctx)
 	crashing := &publishThenCrash{next: pub, crash: crash}
 	relay1, err := outbox.NewRelay(db, crashing, relayCfg, watermill.NopLogger{}) // its crash is narrated

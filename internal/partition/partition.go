@@ -6,11 +6,11 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"hash/fnv"
 	"regexp"
 	"strings"
 	"time"
 
+	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -30,11 +30,7 @@ func Day(t time.Time) time.Time {
 // Name returns the unqualified partition name for day.
 func Name(day time.Time) string { return namePrefix + Day(day).Format("20060102") }
 
-func lockKey(schema string) int64 {
-	h := fnv.New64a()
-	_, _ = h.Write([]byte("watermill-once/partitions/" + schema))
-	return int64(h.Sum64())
-}
+func lockKey(schema string) int64 { return worker.LockKey("partitions", schema) }
 
 // Ensure creates the partitions for every day from first to last (inclusive) that do not exist.
 // Creating a partition locks the parent briefly; an advisory lock keeps concurrent creators

@@ -70,7 +70,7 @@ func run() error {
 	defer pub.Close()
 	relay, err := outbox.NewRelay(db, &reportingPublisher{next: pub, selfKill: selfKill}, outbox.RelayConfig{
 		Schema: schema, BatchSize: 100, PollInterval: 250 * time.Millisecond,
-		RetryBackoff: 20 * time.Millisecond, MaxRetryBackoff: 500 * time.Millisecond, StandbyInterval: 200 * time.Millisecond,
+		Backoff: 20 * time.Millisecond, MaxBackoff: 500 * time.Millisecond, StandbyInterval: 200 * time.Millisecond,
 	}, logger)
 	if err != nil {
 		return err
