@@ -5,10 +5,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"time"
 
 	"github.com/wmonce/watermill-once/internal/partition"
+	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -152,11 +152,7 @@ type DaysReport struct {
 }
 
 // dropLockKey serialises the drops of concurrent MaintainDays calls on one schema.
-func dropLockKey(schema string) int64 {
-	h := fnv.New64a()
-	_, _ = h.Write([]byte("watermill-once/retention-drop/" + schema))
-	return int64(h.Sum64())
-}
+func dropLockKey(schema string) int64 { return worker.LockKey("retention-drop", schema) }
 
 // MaintainDays keeps the day partitions of processed_messages_daily (Config.PartitionByDay):
 // it drops every day that ended before dropBefore's day, then, unless ahead is negative,
