@@ -138,7 +138,7 @@ func TestSQLPublisherRefusesMetadataItWouldAlter(t *testing.T) {
 	defer pub.Close()
 	bad := message.NewMessage("m-1", []byte("p"))
 	bad.Metadata.Set("note", "abc\xff")
-	require.ErrorContains(t, pub.Publish(topic, bad), "not valid UTF-8")
+	require.ErrorContains(t, pub.Publish(topic, bad), "must be valid UTF-8")
 
 	good := message.NewMessage("m-2", []byte("p"))
 	good.Metadata.Set("note", "naïve ☃")

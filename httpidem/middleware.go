@@ -20,6 +20,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -461,10 +462,10 @@ func checkScope(scope string) error {
 	switch {
 	case scope == "":
 		return fmt.Errorf("%w: the scope function returned an empty scope", ErrNoScope)
-	case len(scope) > 1024 || !utf8.ValidString(scope) || strings.ContainsRune(scope, 0):
-		return errors.New("the scope function returned more than 1024 bytes or invalid text; hash long scopes")
+	case len(scope) > 1024:
+		return fmt.Errorf("the scope function returned %d bytes, over 1024: hash long scopes", len(scope))
 	}
-	return nil
+	return oncetype.CheckText("the scope returned by the scope function", scope)
 }
 
 func (m *Middleware) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {

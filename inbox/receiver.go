@@ -6,11 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -167,12 +165,10 @@ func (c ReceiverConfig) Validate() error {
 	return errors.Join(errs...)
 }
 
+// validateConsumer applies oncetype.CheckName, the rule every component applies to names.
 func validateConsumer(consumer string) error {
-	switch {
-	case strings.TrimSpace(consumer) == "":
-		return errors.New("Consumer is required: name the logical consumer (the Processor must use the same name)")
-	case len(consumer) > 255 || !utf8.ValidString(consumer) || strings.ContainsRune(consumer, 0):
-		return errors.New("Consumer must be valid UTF-8 without NUL, at most 255 bytes")
+	if err := oncetype.CheckName("Consumer", consumer); err != nil {
+		return fmt.Errorf("%w (the Receiver, Processor and Ops of one inbox name the same consumer)", err)
 	}
 	return nil
 }
@@ -381,11 +377,11 @@ func (r *Receiver) prepare(msg *message.Message, topic string) (row, error) {
 		}
 	}
 	metadata, err := encodeMetadata(msg.Metadata)
-	if err == nil && (!utf8.ValidString(topic) || strings.ContainsRune(topic, 0)) {
-		err = errors.New("topic name is not valid UTF-8 text")
+	if err == nil {
+		err = oncetype.CheckText("topic name", topic)
 	}
-	if err == nil && (!utf8.ValidString(msg.UUID) || strings.ContainsRune(msg.UUID, 0)) {
-		err = errors.New("message UUID is not valid UTF-8 text")
+	if err == nil {
+		err = oncetype.CheckText("message UUID", msg.UUID)
 	}
 	if err != nil {
 		return row{}, r.refuse(msg, fmt.Errorf("%w in message %q (consumer %q): %w", ErrInvalidMetadata, msg.UUID, r.config.Consumer, err))
@@ -447,8 +443,8 @@ func encodeMetadata(md message.Metadata) (string, error) {
 		return "{}", nil
 	}
 	for k, v := range md {
-		if !utf8.ValidString(k) || !utf8.ValidString(v) || strings.ContainsRune(k, 0) || strings.ContainsRune(v, 0) {
-			return "", fmt.Errorf("metadata field %.40q is not valid UTF-8 text (or contains NUL)", k)
+		if err := oncetype.CheckText(fmt.Sprintf("metadata field %.40q", k), k, v); err != nil {
+			return "", err
 		}
 	}
 	b, err := json.Marshal(md)

@@ -6,11 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"time"
-	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmonce/watermill-once/idemkey"
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -25,8 +25,8 @@ const (
 	StatusSkipped Status = "SKIPPED" // a crash in SENDING on a Skip channel: needs attention
 )
 
-// MaxChannelLength bounds channel names, in bytes.
-const MaxChannelLength = 255
+// MaxChannelLength bounds channel names, in bytes: the limit of every name (oncetype.CheckName).
+const MaxChannelLength = oncetype.MaxNameLength
 
 // ErrNoTransaction is returned by Record when the message context holds no transaction.
 var ErrNoTransaction = errors.New("intent: no transaction in the message context")
@@ -207,17 +207,8 @@ func (s *Store) RecordTx(ctx context.Context, tx Execer, d Draft) (Recorded, err
 	return Recorded{Key: key, Created: n == 1}, nil
 }
 
-func validateChannel(ch string) error {
-	switch {
-	case ch == "":
-		return errors.New("channel is empty")
-	case len(ch) > MaxChannelLength:
-		return fmt.Errorf("channel is %d bytes long; the limit is %d", len(ch), MaxChannelLength)
-	case !utf8.ValidString(ch):
-		return errors.New("channel is not valid UTF-8")
-	}
-	return nil
-}
+// validateChannel applies oncetype.CheckName, the rule every component applies to names.
+func validateChannel(ch string) error { return oncetype.CheckName("channel", ch) }
 
 type scanner interface{ Scan(dest ...any) error }
 

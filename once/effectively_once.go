@@ -8,11 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/wmonce/watermill-once/oncetype"
 
@@ -140,11 +138,10 @@ func (c Config) Validate() error {
 	if err := pgtx.ValidateIdentifier("schema", c.Schema); err != nil {
 		errs = append(errs, err)
 	}
-	if c.Consumer != "" && strings.TrimSpace(c.Consumer) == "" {
-		errs = append(errs, errors.New("Consumer is blank: leave it empty to use the handler name, or give a real name"))
-	}
-	if len(c.Consumer) > 255 || !utf8.ValidString(c.Consumer) {
-		errs = append(errs, errors.New("Consumer must be valid UTF-8 of at most 255 bytes"))
+	if c.Consumer != "" {
+		if err := oncetype.CheckName("Consumer", c.Consumer); err != nil {
+			errs = append(errs, fmt.Errorf("%w (or leave Consumer empty to use the handler name)", err))
+		}
 	}
 	if c.MaxKeyLength < 1 || c.MaxKeyLength > oncetype.MaxKeyLengthLimit {
 		errs = append(errs, fmt.Errorf("MaxKeyLength must be between 1 and %d, got %d", oncetype.MaxKeyLengthLimit, c.MaxKeyLength))
@@ -305,9 +302,14 @@ func (e *Middleware) newDelivery(msg *message.Message) (*delivery, error) {
 	consumer := e.config.Consumer
 	if consumer == "" {
 		consumer = message.HandlerNameFromCtx(ctx)
-	}
-	if consumer == "" {
-		return nil, oncetype.Permanent(ErrNoConsumer)
+		if consumer == "" {
+			return nil, oncetype.Permanent(ErrNoConsumer)
+		}
+		// Config.Consumer was checked at construction; a handler name is checked here, by
+		// the same rule, as it cannot be before the first message.
+		if err := oncetype.CheckName("the handler name used as consumer", consumer); err != nil {
+			return nil, oncetype.Permanent(fmt.Errorf("%w: %w", ErrNoConsumer, err))
+		}
 	}
 	var sender string
 	if e.config.SenderMetadataKey != "" {

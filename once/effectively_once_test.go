@@ -261,6 +261,16 @@ func TestInvalidConfigFailsAtConstruction(t *testing.T) {
 		require.Error(t, err, name)
 		require.ErrorContains(t, err, "invalid config", name)
 	}
+	// A consumer PostgreSQL cannot store fails here, by the rule every component applies (the
+	// inbox Receiver refuses the same name), not at the first message's claim.
+	for consumer, want := range map[string]string{
+		"pay\x00ments": "Consumer must not contain NUL bytes",
+		"pay\xffments": "Consumer must be valid UTF-8",
+	} {
+		_, err := once.New(db, once.Config{Consumer: consumer}, nil)
+		require.ErrorContains(t, err, "invalid config")
+		require.ErrorContains(t, err, want)
+	}
 	_, err := once.New(nil, once.Config{}, nil)
 	require.ErrorContains(t, err, "db is nil")
 

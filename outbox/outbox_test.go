@@ -215,6 +215,12 @@ func TestWriterRefusesBadInput(t *testing.T) {
 	require.ErrorContains(t, err, "publisher is nil")
 	_, err = outbox.NewRelay(db, &sink{}, outbox.RelayConfig{BatchSize: -1}, nil)
 	require.ErrorContains(t, err, "BatchSize")
+	// A relay name is stored as text (outbox_offsets): one PostgreSQL cannot store fails here,
+	// by the rule every component applies to names, not at the relay's first round.
+	_, err = outbox.NewRelay(db, &sink{}, outbox.RelayConfig{Name: "kafka\x00eu"}, nil)
+	require.ErrorContains(t, err, "relay Name must not contain NUL bytes")
+	_, err = outbox.NewRelay(db, &sink{}, outbox.RelayConfig{Name: "kafka\xffeu"}, nil)
+	require.ErrorContains(t, err, "relay Name must be valid UTF-8")
 }
 
 func TestStampsCorrelationCausationAndOccurredAt(t *testing.T) {

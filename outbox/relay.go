@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmonce/watermill-once/internal/lifecycle"
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -108,8 +109,8 @@ func (c RelayConfig) Validate() error {
 	if err := pgtx.ValidateIdentifier("schema", c.Schema); err != nil {
 		errs = append(errs, err)
 	}
-	if len(c.Name) > 255 {
-		errs = append(errs, fmt.Errorf("relay Name is %d bytes; the limit is 255", len(c.Name)))
+	if err := oncetype.CheckName("relay Name", c.Name); err != nil {
+		errs = append(errs, err)
 	}
 	if c.BatchSize < 1 || c.BatchSize > 10000 {
 		errs = append(errs, fmt.Errorf("BatchSize must be between 1 and 10000, got %d", c.BatchSize))
