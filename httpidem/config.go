@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -19,9 +20,6 @@ const DefaultHeader = "Idempotency-Key"
 
 // ReplayedHeader is set to "true" on every replayed response.
 const ReplayedHeader = "Idempotent-Replayed"
-
-// MaxKeyLengthLimit is the largest MaxKeyLength accepted.
-const MaxKeyLengthLimit = 1024
 
 // ErrNoScope is returned by the Scope functions of this package when a request carries nothing
 // that identifies its client.
@@ -142,8 +140,8 @@ func (c Config) Validate() error {
 	if c.Retention < time.Second {
 		errs = append(errs, fmt.Errorf("Retention must be at least 1s (Stripe keeps keys 24h), got %s", c.Retention))
 	}
-	if c.MaxKeyLength < 1 || c.MaxKeyLength > MaxKeyLengthLimit {
-		errs = append(errs, fmt.Errorf("MaxKeyLength must be between 1 and %d, got %d", MaxKeyLengthLimit, c.MaxKeyLength))
+	if c.MaxKeyLength < 1 || c.MaxKeyLength > oncetype.MaxKeyLengthLimit {
+		errs = append(errs, fmt.Errorf("MaxKeyLength must be between 1 and %d, got %d", oncetype.MaxKeyLengthLimit, c.MaxKeyLength))
 	}
 	if c.MaxRequestBytes < 1 || c.MaxResponseBytes < 1 {
 		errs = append(errs, errors.New("MaxRequestBytes and MaxResponseBytes must be positive"))

@@ -17,10 +17,6 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// ErrOutputWithoutTopic is returned (as a permanent error, so the row is parked) when the
-// handler returns messages but ProcessorConfig.OutputTopic is empty.
-var ErrOutputWithoutTopic = errors.New("handler returned messages but ProcessorConfig.OutputTopic is empty: set it, or publish through outbox.Writer.Publisher() with the message context")
-
 // ProcessorConfig configures a Processor.
 type ProcessorConfig struct {
 	// Schema holds the inbox and outbox tables. Default pgtx.DefaultSchema.

@@ -27,12 +27,12 @@ var ErrReceiverClosed = errors.New("inbox: receiver is closed")
 
 // ErrInvalidOrderingKey is wrapped by errors about a message's ordering key. Like
 // oncetype.ErrInvalidKey errors, they are permanent (oncetype.IsPermanent).
-var ErrInvalidOrderingKey = errors.New("invalid ordering key")
+var ErrInvalidOrderingKey = errors.New("inbox: invalid ordering key")
 
 // ErrInvalidMetadata is wrapped (and made permanent) when a message's metadata cannot be stored
 // faithfully: PostgreSQL text and jsonb hold neither invalid UTF-8 nor NUL characters, and
 // silently replacing them would hand the processor a different message than was sent.
-var ErrInvalidMetadata = errors.New("invalid metadata")
+var ErrInvalidMetadata = errors.New("inbox: invalid metadata")
 
 // OrderingKeyFunc returns the key whose messages must be processed one at a time, in the order
 // the inbox received them. An empty key means the message has no ordering constraint.

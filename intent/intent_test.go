@@ -180,7 +180,7 @@ func TestRecordInsideEffectivelyOnceHandler(t *testing.T) {
 
 	// Outside the middleware there is no transaction to join: refused, not written around it.
 	_, err = e.store.Record(message.NewMessage("e-92", nil), intent.Draft{Channel: "sms"})
-	require.ErrorIs(t, err, intent.ErrNoTransaction)
+	require.ErrorIs(t, err, pgtx.ErrNoTransaction)
 	_, err = e.store.RecordTx(context.Background(), e.db, intent.Draft{Channel: "", Consumer: "c", EventID: "e"})
 	require.ErrorContains(t, err, "channel is required")
 }

@@ -28,9 +28,6 @@ const (
 // MaxChannelLength bounds channel names, in bytes: the limit of every name (oncetype.CheckName).
 const MaxChannelLength = oncetype.MaxNameLength
 
-// ErrNoTransaction is returned by Record when the message context holds no transaction.
-var ErrNoTransaction = errors.New("intent: no transaction in the message context")
-
 // Intent is one recorded effect.
 type Intent struct {
 	ID       int64
@@ -159,7 +156,7 @@ func (s *Store) Record(msg *message.Message, d Draft) (Recorded, error) {
 	}
 	tx, ok := pgtx.TxFromContext(msg.Context())
 	if !ok {
-		return Recorded{}, fmt.Errorf("%w: record intents inside a handler wrapped in the effectively-once middleware, or use RecordTx", ErrNoTransaction)
+		return Recorded{}, fmt.Errorf("intent: %w: record intents inside a handler wrapped in the effectively-once middleware, or use RecordTx", pgtx.ErrNoTransaction)
 	}
 	if d.Consumer == "" || d.EventID == "" {
 		consumer, id, err := s.config.Source.Parts(msg)
@@ -180,7 +177,7 @@ func (s *Store) Record(msg *message.Message, d Draft) (Recorded, error) {
 // no-op that reports Created=false.
 func (s *Store) RecordTx(ctx context.Context, tx Execer, d Draft) (Recorded, error) {
 	if pgtx.IsNil(tx) { // also a nil *sql.Tx from pgtx.TxFromContext outside a transaction
-		return Recorded{}, ErrNoTransaction
+		return Recorded{}, fmt.Errorf("intent: %w: tx is nil (outside a transaction, pgtx.TxFromContext returns a nil *sql.Tx)", pgtx.ErrNoTransaction)
 	}
 	if err := validateChannel(d.Channel); err != nil {
 		return Recorded{}, fmt.Errorf("intent: %w", err)

@@ -220,11 +220,11 @@ INSERT INTO ` + t + ` (` + cols + `) VALUES (` + values + `) ON CONFLICT DO NOTH
 // the tables must exist (run migrate first).
 func New(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Middleware, error) {
 	if db == nil {
-		return nil, errors.New("effectively-once: db is nil: open one with pgtx.Open")
+		return nil, errors.New("once: db is nil: open one with pgtx.Open")
 	}
 	config.setDefaults()
 	if err := config.Validate(); err != nil {
-		return nil, fmt.Errorf("effectively-once: invalid config: %w", err)
+		return nil, fmt.Errorf("once: invalid config: %w", err)
 	}
 	if logger == nil {
 		logger = watermill.NopLogger{}
@@ -233,7 +233,7 @@ func New(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Middleware
 	if ob == nil {
 		var err error
 		if ob, err = outbox.NewWriter(outbox.Config{Schema: config.Schema}); err != nil {
-			return nil, fmt.Errorf("effectively-once: %w", err)
+			return nil, fmt.Errorf("once: %w", err)
 		}
 	}
 	e := &Middleware{
@@ -386,7 +386,7 @@ func (e *Middleware) runInOwnTx(origCtx context.Context, h message.HandlerFunc, 
 func (e *Middleware) attemptOwnTx(ctx context.Context, h message.HandlerFunc, d *delivery) (err error) {
 	tx, err := e.db.BeginTx(ctx, e.config.TxOptions)
 	if err != nil {
-		return fmt.Errorf("effectively-once: begin: %w", err)
+		return fmt.Errorf("once: begin: %w", err)
 	}
 	done := false
 	defer func() {
@@ -407,7 +407,7 @@ func (e *Middleware) attemptOwnTx(ctx context.Context, h message.HandlerFunc, d 
 		// The outcome of a failed COMMIT can be unknown (connection lost). Nack either way: if it
 		// did commit, the redelivery finds the key and is acked without effect.
 		d.counters.failed.Add(1)
-		return fmt.Errorf("effectively-once: commit: %w", err)
+		return fmt.Errorf("once: commit: %w", err)
 	}
 	d.counters.fresh.Add(1)
 	return nil
@@ -457,7 +457,7 @@ func (e *Middleware) runInSubscriberTx(ctx context.Context, h message.HandlerFun
 	}
 	rollback := func(cause error) error {
 		if _, err := tx.ExecContext(context.WithoutCancel(ctx), spRollback); err != nil {
-			return errors.Join(cause, fmt.Errorf("effectively-once: rollback to savepoint: %w", err))
+			return errors.Join(cause, fmt.Errorf("once: rollback to savepoint: %w", err))
 		}
 		return cause
 	}
@@ -481,7 +481,7 @@ func (e *Middleware) runInSubscriberTx(ctx context.Context, h message.HandlerFun
 		return rollback(err)
 	}
 	if _, err := tx.ExecContext(ctx, e.q.savepointRelease); err != nil {
-		return rollback(fmt.Errorf("effectively-once: release savepoint: %w", err))
+		return rollback(fmt.Errorf("once: release savepoint: %w", err))
 	}
 	// Counted when the attempt is complete: the subscriber's commit comes later and cannot be
 	// observed from here. If that commit fails, the message is redelivered and counted again.
@@ -499,7 +499,7 @@ func (e *Middleware) runInSubscriberTx(ctx context.Context, h message.HandlerFun
 // attempt, nor of any later message in the same transaction, can commit.
 func (e *Middleware) abandonSnapshot(ctx context.Context, d *delivery, tx *sql.Tx, cause error, rollback func(error) error) error {
 	if _, err := tx.ExecContext(context.WithoutCancel(ctx), e.q.doom); err != nil {
-		return rollback(errors.Join(cause, fmt.Errorf("effectively-once: doom subscriber transaction: %w", err)))
+		return rollback(errors.Join(cause, fmt.Errorf("once: doom subscriber transaction: %w", err)))
 	}
 	d.counters.txRetries.Add(1)
 	e.logger.Info("Serialization failure in the subscriber's transaction: it will not commit, and the message is redelivered in a new one",
@@ -517,7 +517,7 @@ func (e *Middleware) abandonSnapshot(ctx context.Context, d *delivery, tx *sql.T
 type claimedAfterSnapshotError struct{ err error }
 
 func (e *claimedAfterSnapshotError) Error() string {
-	return "effectively-once: claim: serialization failure (a copy committed its claim after this transaction's snapshot?): " + e.err.Error()
+	return "once: claim: serialization failure (a copy committed its claim after this transaction's snapshot?): " + e.err.Error()
 }
 func (e *claimedAfterSnapshotError) Unwrap() error { return e.err }
 
@@ -574,7 +574,7 @@ func (e *Middleware) claimOutcome(ctx context.Context, tx *sql.Tx, d *delivery, 
 	}
 	if err != nil {
 		if pgtx.IsUndefinedTable(err) {
-			return false, fmt.Errorf("effectively-once: a table of schema %q is missing (processed_messages, attempt_guard): run the migrations: %w", e.config.Schema, err)
+			return false, fmt.Errorf("once: a table of schema %q is missing (processed_messages, attempt_guard): run the migrations: %w", e.config.Schema, err)
 		}
 		if e.q.daily && pgtx.SQLState(err) == pgtx.CodeCheckViolation {
 			return false, &missingPartitionError{days: []time.Time{partition.Day(d.occurredAt)}, err: err}
@@ -582,7 +582,7 @@ func (e *Middleware) claimOutcome(ctx context.Context, tx *sql.Tx, d *delivery, 
 		if pgtx.IsSerializationFailure(err) {
 			return false, &claimedAfterSnapshotError{err: err} // still retryable as a new transaction
 		}
-		return false, fmt.Errorf("effectively-once: claim: %w", err)
+		return false, fmt.Errorf("once: claim: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n == 1 {
 		return true, e.checkAge(d)
@@ -633,11 +633,11 @@ func (e *Middleware) apply(ctx context.Context, h message.HandlerFunc, d *delive
 	}
 	if d.outputTopic == "" {
 		d.counters.failed.Add(1)
-		return oncetype.Permanent(oncetype.ErrOutputWithoutTopic)
+		return oncetype.Permanent(fmt.Errorf("once: %w: add the handler with router.AddHandler(..., publishTopic, ...) or set Config.OutputTopic", oncetype.ErrOutputWithoutTopic))
 	}
 	if err := e.outbox.PublishTx(hctx, tx, d.outputTopic, out...); err != nil {
 		d.counters.failed.Add(1)
-		err = fmt.Errorf("effectively-once: store handler output: %w", err)
+		err = fmt.Errorf("once: store handler output: %w", err)
 		if errors.Is(err, outbox.ErrInvalidMessage) {
 			return oncetype.Permanent(fmt.Errorf("%w: %w", ErrUnstorableOutput, err))
 		}
@@ -655,7 +655,7 @@ func callHandler(h message.HandlerFunc, msg *message.Message) (out []*message.Me
 	return h(msg)
 }
 
-var errShutdownGrace = errors.New("effectively-once: router closed and ShutdownGrace elapsed")
+var errShutdownGrace = errors.New("once: router closed and ShutdownGrace elapsed")
 
 // detachForShutdown returns a context that survives the cancellation Router.Close sends to
 // every in-flight message for grace, so a handler that is nearly done can commit instead of
@@ -712,7 +712,7 @@ type missingPartitionError struct {
 }
 
 func (e *missingPartitionError) Error() string {
-	return fmt.Sprintf("effectively-once: a partition of processed_messages_daily is missing (days %v): %v", e.days, e.err)
+	return fmt.Sprintf("once: a partition of processed_messages_daily is missing (days %v): %v", e.days, e.err)
 }
 func (e *missingPartitionError) Unwrap() error { return e.err }
 

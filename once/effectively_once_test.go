@@ -372,7 +372,7 @@ func TestPublisherFromContextJoinsTheTransaction(t *testing.T) {
 
 	// Without a transaction in the context the publisher refuses instead of sending around it.
 	err = pub.Publish("sms", message.NewMessage("x", nil))
-	require.ErrorIs(t, err, outbox.ErrNoTransaction)
+	require.ErrorIs(t, err, pgtx.ErrNoTransaction)
 }
 
 func TestSerializationFailureRetriesWholeTransaction(t *testing.T) {

@@ -125,7 +125,7 @@ func (g *groupCommitter) close() {
 	g.wg.Wait()
 }
 
-var errClosed = errors.New("effectively-once: middleware closed")
+var errClosed = errors.New("once: middleware closed")
 
 // submit runs a delivery. With a lane free and nobody waiting (MaxWait 0), it runs at once in
 // the caller's goroutine in a transaction of its own, exactly as without group commit: a lone
@@ -212,7 +212,7 @@ func (g *groupCommitter) run(group []*queued) {
 	e := g.e
 	defer func() {
 		for _, q := range group {
-			q.answer(errors.New("effectively-once: group ended without an outcome")) // never reached
+			q.answer(errors.New("once: group ended without an outcome")) // never reached
 		}
 	}()
 	var live []*queued
@@ -279,7 +279,7 @@ func (g *groupCommitter) attempt(pending []*queued) ([]*queued, error) {
 	ctx := context.Background()
 	tx, err := e.db.BeginTx(ctx, e.config.TxOptions)
 	if err != nil {
-		return pending, fmt.Errorf("effectively-once: begin group: %w", err)
+		return pending, fmt.Errorf("once: begin group: %w", err)
 	}
 	committed := false
 	defer func() {
@@ -311,7 +311,7 @@ func (g *groupCommitter) attempt(pending []*queued) ([]*queued, error) {
 	committed = true
 	if err := tx.Commit(); err != nil {
 		e.logger.Error("Group commit failed", err, watermill.LogFields{"messages": len(fresh)})
-		return fresh, fmt.Errorf("effectively-once: commit group: %w", err)
+		return fresh, fmt.Errorf("once: commit group: %w", err)
 	}
 	g.groups.Add(1)
 	g.grouped.Add(uint64(len(fresh)))
@@ -377,22 +377,22 @@ func (g *groupCommitter) claimAll(ctx context.Context, tx *sql.Tx, pending []*qu
 		if e.q.daily && pgtx.SQLState(err) == pgtx.CodeCheckViolation {
 			return nil, nil, &missingPartitionError{days: distinct(days), err: err}
 		}
-		return nil, nil, fmt.Errorf("effectively-once: claim group: %w", err)
+		return nil, nil, fmt.Errorf("once: claim group: %w", err)
 	}
 	claimed := make(map[[2]string]bool, len(pending))
 	for rows.Next() {
 		var c, k string
 		if err := rows.Scan(&c, &k); err != nil {
 			rows.Close()
-			return nil, nil, fmt.Errorf("effectively-once: claim group: %w", err)
+			return nil, nil, fmt.Errorf("once: claim group: %w", err)
 		}
 		claimed[[2]string{c, k}] = true
 	}
 	if err := rows.Close(); err != nil {
-		return nil, nil, fmt.Errorf("effectively-once: claim group: %w", err)
+		return nil, nil, fmt.Errorf("once: claim group: %w", err)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, nil, fmt.Errorf("effectively-once: claim group: %w", err)
+		return nil, nil, fmt.Errorf("once: claim group: %w", err)
 	}
 	for _, q := range pending {
 		if claimed[[2]string{q.d.consumer, q.d.key}] {

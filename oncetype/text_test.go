@@ -78,3 +78,13 @@ func check(t *testing.T, err error, want string) {
 	require.ErrorContains(t, err, want)
 	require.ErrorContains(t, err, "consumer")
 }
+
+// Keys follow the same text rule as names, with their own length limit.
+func TestCheckKeyAppliesTheTextRule(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, oncetype.CheckKey("pay-1", 10))
+	require.ErrorContains(t, oncetype.CheckKey("", 10), "key is empty")
+	require.ErrorContains(t, oncetype.CheckKey("pay-1234567", 10), "over MaxKeyLength (10)")
+	require.ErrorContains(t, oncetype.CheckKey("pay\x001", 10), "key must not contain NUL bytes")
+	require.ErrorContains(t, oncetype.CheckKey("pay\xff1", 10), "key must be valid UTF-8")
+}

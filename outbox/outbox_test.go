@@ -205,7 +205,7 @@ func TestWriterRefusesBadInput(t *testing.T) {
 	require.ErrorContains(t, w.PublishTx(ctx, tx, "a", message.NewMessage("", nil)), "empty UUID")
 	require.ErrorContains(t, w.PublishTx(ctx, tx, "has space", message.NewMessage("x", nil)), "invalid topic")
 	require.ErrorContains(t, w.PublishTx(ctx, tx, "", message.NewMessage("x", nil)), "topic is empty")
-	require.ErrorIs(t, w.PublishTx(ctx, nil, "a", message.NewMessage("x", nil)), outbox.ErrNoTransaction)
+	require.ErrorIs(t, w.PublishTx(ctx, nil, "a", message.NewMessage("x", nil)), pgtx.ErrNoTransaction)
 	require.NoError(t, tx.Rollback())
 	require.Zero(t, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "outbox")))
 

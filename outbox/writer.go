@@ -29,11 +29,6 @@ const (
 	MetadataOccurredAt = "occurred_at"
 )
 
-// ErrNoTransaction is returned by PublishTx for a nil transaction (including the nil *sql.Tx
-// that `tx, _ := pgtx.TxFromContext(ctx)` yields outside a transaction) and by the
-// context-bound publisher when a message's context holds no transaction.
-var ErrNoTransaction = errors.New("outbox: no transaction")
-
 // ErrInvalidMessage is wrapped by every refusal of a message that can never be stored or
 // forwarded as it is: no UUID, a UUID or metadata that is not text PostgreSQL and JSON carry
 // byte for byte, or a topic ValidateTopic refuses. Retrying the same
@@ -145,14 +140,14 @@ type Execer interface {
 // error wrapping ErrInvalidMessage, an invalid topic and any message that is nil, has an empty
 // UUID or one longer than MaxUUIDLength, or has a UUID, metadata key or metadata value that is
 // not valid UTF-8 or contains NUL (JSON would replace invalid bytes with U+FFFD; PostgreSQL text
-// refuses NUL). Payloads are any bytes (base64 in the envelope). A nil tx returns
-// ErrNoTransaction.
+// refuses NUL). Payloads are any bytes (base64 in the envelope). A nil tx returns an error
+// wrapping pgtx.ErrNoTransaction.
 func (w *Writer) PublishTx(ctx context.Context, tx Execer, topic string, msgs ...*message.Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
 	if pgtx.IsNil(tx) {
-		return fmt.Errorf("%w: tx is nil (outside a transaction, pgtx.TxFromContext returns a nil *sql.Tx)", ErrNoTransaction)
+		return fmt.Errorf("outbox: %w: tx is nil (outside a transaction, pgtx.TxFromContext returns a nil *sql.Tx)", pgtx.ErrNoTransaction)
 	}
 	if err := w.checkTopic(topic); err != nil {
 		return err
@@ -279,7 +274,7 @@ func stamp(msg *message.Message, cause *message.Message, now string) {
 //	out.SetContext(msg.Context())
 //	err := pub.Publish("topic", out)
 //
-// A message whose context holds no transaction is refused with ErrNoTransaction, never sent
+// A message whose context holds no transaction is refused with pgtx.ErrNoTransaction, never sent
 // around the transaction. All messages of one call must share one transaction.
 func (w *Writer) Publisher() message.Publisher { return contextPublisher{w} }
 
@@ -292,7 +287,7 @@ func (p contextPublisher) Publish(topic string, msgs ...*message.Message) error 
 	ctx := msgs[0].Context()
 	tx, ok := pgtx.TxFromContext(ctx)
 	if !ok {
-		return fmt.Errorf("%w: call msg.SetContext(consumed.Context()) inside an effectively-once handler, or use Writer.PublishTx", ErrNoTransaction)
+		return fmt.Errorf("outbox: %w: call msg.SetContext(consumed.Context()) inside an effectively-once handler, or use Writer.PublishTx", pgtx.ErrNoTransaction)
 	}
 	for _, m := range msgs[1:] {
 		if other, _ := pgtx.TxFromContext(m.Context()); other != tx {

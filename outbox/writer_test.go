@@ -23,9 +23,9 @@ func TestPublishTxRefusesTypedNilTransaction(t *testing.T) {
 	ctx := context.Background()
 	tx, ok := pgtx.TxFromContext(ctx)
 	require.False(t, ok)
-	require.ErrorIs(t, w.PublishTx(ctx, tx, "a", message.NewMessage("x", nil)), outbox.ErrNoTransaction)
+	require.ErrorIs(t, w.PublishTx(ctx, tx, "a", message.NewMessage("x", nil)), pgtx.ErrNoTransaction)
 	var nilDB *sql.DB
-	require.ErrorIs(t, w.PublishTx(ctx, nilDB, "a", message.NewMessage("x", nil)), outbox.ErrNoTransaction)
+	require.ErrorIs(t, w.PublishTx(ctx, nilDB, "a", message.NewMessage("x", nil)), pgtx.ErrNoTransaction)
 	require.ErrorContains(t, w.DBPublisher(nil).Publish("a", message.NewMessage("x", nil)), "db is nil")
 	_, _, err := outbox.Status(ctx, nil, schema)
 	require.ErrorContains(t, err, "db is nil")

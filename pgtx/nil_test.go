@@ -48,7 +48,7 @@ func TestExecutorTakingFunctionsRefuseNil(t *testing.T) {
 	store, err := intent.NewStore(db, intent.StoreConfig{})
 	require.NoError(t, err)
 	_, err = store.RecordTx(ctx, tx, intent.Draft{Channel: "sms", Consumer: "c", EventID: "e"})
-	require.ErrorIs(t, err, intent.ErrNoTransaction)
+	require.ErrorIs(t, err, pgtx.ErrNoTransaction)
 
 	receiver, err := inbox.NewReceiver(db, inbox.ReceiverConfig{Consumer: "c"}, nil)
 	require.NoError(t, err)
