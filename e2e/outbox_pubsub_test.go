@@ -75,7 +75,7 @@ func outboxPipeline(t *testing.T, kind broker.Kind, relayConfig outbox.RelayConf
 	t.Cleanup(func() {
 		require.NoError(t, relay.Close())
 		<-relayDone
-		st := relay.Stats()
+		st := relay.Counters()
 		t.Logf("relay: %d messages forwarded in %d rounds, %d failed attempts retried", st.Forwarded, st.Rounds, st.Failures)
 		require.Zero(t, st.Rejected, "the relay set rows aside as undecodable (outbox_rejected)")
 	})

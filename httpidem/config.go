@@ -61,9 +61,9 @@ type Config struct {
 	// Methods are the request methods the middleware handles; others pass through untouched.
 	// Default POST and PATCH.
 	Methods []string
-	// KeyOptional lets requests without a key run (in a transaction, with the response held
+	// AllowMissingKey lets requests without a key run (in a transaction, with the response held
 	// back until the commit) without being stored. By default a missing key is a 400.
-	KeyOptional bool
+	AllowMissingKey bool
 	// Scope returns the client scope of a request. Default ScopeFromHeader("Authorization").
 	Scope ScopeFunc
 	// Retention is how long a stored response answers retries. Default 24 hours. Keep it

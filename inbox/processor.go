@@ -180,8 +180,8 @@ func (c ProcessorConfig) Validate() error {
 	return errors.Join(errs...)
 }
 
-// ProcessorCounts are a processor's running totals since it was created.
-type ProcessorCounts struct {
+// ProcessorCounters are a processor's running totals since it was created.
+type ProcessorCounters struct {
 	Claimed        uint64 // rows claimed
 	Processed      uint64 // rows moved to DONE
 	Failed         uint64 // failed attempts: handler error or panic, timeout, output refused
@@ -349,9 +349,9 @@ func NewProcessor(db *sql.DB, handler message.HandlerFunc, config ProcessorConfi
 	return p, nil
 }
 
-// Counts returns the processor's running totals.
-func (p *Processor) Counts() ProcessorCounts {
-	return ProcessorCounts{
+// Counters returns the processor's running totals.
+func (p *Processor) Counters() ProcessorCounters {
+	return ProcessorCounters{
 		Claimed:        p.claimed.Load(),
 		Processed:      p.processed.Load(),
 		Failed:         p.failed.Load(),

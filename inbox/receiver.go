@@ -92,7 +92,7 @@ type ReceiverConfig struct {
 	// event occurred longer ago than this is not processed, since its row may have been
 	// deleted by retention after the original was applied. The receiver being store-first,
 	// "refused" means parked: the copy is stored as a FAILED row (attempts 0, last_error
-	// naming oncetype.ErrTooOld) and acked, counted in ReceiverCounts.TooOld and logged as an
+	// naming oncetype.ErrTooOld) and acked, counted in ReceiverCounters.TooOld and logged as an
 	// ALERT. It is never processed unless an operator replays it (Ops.Replay) and stays the
 	// dedupe record of its key, so further copies are ordinary duplicates; like any FAILED row
 	// it holds back later rows of its ordering key until replayed or skipped. A copy whose key
@@ -173,9 +173,9 @@ func validateConsumer(consumer string) error {
 	return nil
 }
 
-// ReceiverCounts are a receiver's running totals since it was created, for Handle (StoreTx
+// ReceiverCounters are a receiver's running totals since it was created, for Handle (StoreTx
 // writes commit, or not, with the caller's transaction and are not counted).
-type ReceiverCounts struct {
+type ReceiverCounters struct {
 	Stored        uint64 // new rows committed
 	Duplicates    uint64 // messages acked without a new row: their key was already in the inbox
 	Refused       uint64 // messages refused (permanent error) for an unusable key or metadata
@@ -321,7 +321,7 @@ func (r *Receiver) StoreTx(ctx context.Context, tx Querier, topic string, msgs .
 		}
 		rows[i] = rw
 	}
-	// Not counted in Counts: whether these rows commit is up to the caller.
+	// Not counted in Counters: whether these rows commit is up to the caller.
 	n, parked, err := r.insert(ctx, tx, rows)
 	if err != nil {
 		return 0, err
@@ -330,9 +330,9 @@ func (r *Receiver) StoreTx(ctx context.Context, tx Querier, topic string, msgs .
 	return n, nil
 }
 
-// Counts returns the receiver's running totals.
-func (r *Receiver) Counts() ReceiverCounts {
-	return ReceiverCounts{
+// Counters returns the receiver's running totals.
+func (r *Receiver) Counters() ReceiverCounters {
+	return ReceiverCounters{
 		Stored:        r.stored.Load(),
 		Duplicates:    r.duplicates.Load(),
 		Refused:       r.refused.Load(),

@@ -206,7 +206,7 @@ func TestSenderSendsWithTheIntentKey(t *testing.T) {
 	n, err = s.SendOnce(context.Background())
 	require.NoError(t, err)
 	require.Zero(t, n, "a SENT intent is never taken again")
-	require.Equal(t, intent.SenderStats{Sent: 1}, s.Stats())
+	require.Equal(t, intent.SenderCounters{Sent: 1}, s.Counters())
 }
 
 func TestSenderRetriesThenParksFailed(t *testing.T) {
@@ -222,7 +222,7 @@ func TestSenderRetriesThenParksFailed(t *testing.T) {
 	in := e.get(t, rec.Key)
 	require.Equal(t, 3, in.Attempts)
 	require.Contains(t, in.LastError, "503", "the last failure stays visible")
-	require.Equal(t, uint64(2), s.Stats().Retried)
+	require.Equal(t, uint64(2), s.Counters().Retried)
 	require.Equal(t, 1, provider.Effects())
 
 	// A provider that keeps failing: after MaxAttempts the intent is FAILED, visibly.
@@ -280,7 +280,7 @@ func sendUntil(t *testing.T, s *intent.Sender, cond func() bool) {
 	deadline := time.Now().Add(15 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("condition not reached; sender stats %+v", s.Stats())
+			t.Fatalf("condition not reached; sender stats %+v", s.Counters())
 		}
 		_, err := s.SendOnce(context.Background())
 		require.NoError(t, err)
@@ -339,7 +339,7 @@ func TestCrashInSending(t *testing.T) {
 
 		healthy := e.sender(t, e.db, intent.Channel{Provider: p, OnCrash: policy}, cfg)
 		sendUntil(t, healthy, func() bool { return e.get(t, rec.Key).Status != intent.StatusSending })
-		require.Equal(t, uint64(1), healthy.Stats().Recovered)
+		require.Equal(t, uint64(1), healthy.Counters().Recovered)
 		return provider, healthy, e.get(t, rec.Key)
 	}
 
@@ -351,7 +351,7 @@ func TestCrashInSending(t *testing.T) {
 		require.Equal(t, id, in.ProviderID)
 		require.Equal(t, []string{in.Key}, provider.Keys(), "one call only")
 		require.Equal(t, 1, provider.Lookups())
-		require.Equal(t, uint64(1), s.Stats().Reconciled)
+		require.Equal(t, uint64(1), s.Counters().Reconciled)
 	})
 	t.Run("reconcile sends what never reached the provider", func(t *testing.T) {
 		t.Parallel()
@@ -359,7 +359,7 @@ func TestCrashInSending(t *testing.T) {
 		require.Equal(t, intent.StatusSent, in.Status)
 		require.Equal(t, []string{in.Key}, provider.Keys())
 		require.Equal(t, 1, provider.Effects())
-		require.Zero(t, s.Stats().Reconciled)
+		require.Zero(t, s.Counters().Reconciled)
 	})
 	t.Run("resend repeats the key and the provider dedupes", func(t *testing.T) {
 		t.Parallel()
@@ -377,7 +377,7 @@ func TestCrashInSending(t *testing.T) {
 		require.Equal(t, intent.StatusSkipped, in.Status)
 		require.Contains(t, in.LastError, "skipped by policy")
 		require.Equal(t, []string{in.Key}, provider.Keys())
-		require.Equal(t, uint64(1), s.Stats().Skipped)
+		require.Equal(t, uint64(1), s.Counters().Skipped)
 	})
 }
 
@@ -392,7 +392,7 @@ func TestUnknownOutcomeFollowsPolicy(t *testing.T) {
 		s := e.sender(t, e.db, intent.Channel{Provider: lostAnswer{p}}, intent.SenderConfig{})
 		rec := e.record(t, "e-1")
 		sendUntil(t, s, func() bool { return e.get(t, rec.Key).Status == intent.StatusSent })
-		st := s.Stats()
+		st := s.Counters()
 		require.Equal(t, uint64(1), st.Unknown)
 		require.Equal(t, uint64(1), st.Reconciled)
 		require.Equal(t, 1, provider.Effects())
@@ -458,7 +458,7 @@ func TestConcurrentSendersSendEachIntentOnce(t *testing.T) {
 	cancel()
 	wg.Wait()
 	require.Equal(t, intents, provider.Effects(), "each intent sent exactly once across six workers")
-	require.Equal(t, uint64(intents), a.Stats().Sent+b.Stats().Sent)
+	require.Equal(t, uint64(intents), a.Counters().Sent+b.Counters().Sent)
 }
 
 func TestSenderConfigValidation(t *testing.T) {

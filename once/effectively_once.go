@@ -61,7 +61,7 @@ type Config struct {
 	DisableSubscriberTxReuse bool
 
 	// SenderMetadataKey names a metadata field that identifies the producer (e.g. "sender" or
-	// "service"). Counts are then kept per consumer and sender, so metrics show who sends
+	// "service"). Counters are then kept per consumer and sender, so metrics show who sends
 	// duplicates. At most 100 senders per consumer are told apart; the rest count as "_other".
 	SenderMetadataKey string
 

@@ -136,7 +136,7 @@ func TestRelayCrashBeforeRecordingRepublishes(t *testing.T) {
 	require.NoError(t, err)
 	drain(t, r, s, 2)
 	require.Equal(t, []string{"a/e-91", "a/e-91"}, s.all(), "at least once: the copy goes out again with the same UUID")
-	require.Equal(t, uint64(1), r.Stats().Failures)
+	require.Equal(t, uint64(1), r.Counters().Failures)
 }
 
 func TestUndecodableRowIsSetAsideNotDropped(t *testing.T) {
@@ -153,7 +153,7 @@ func TestUndecodableRowIsSetAsideNotDropped(t *testing.T) {
 	var reason string
 	require.NoError(t, db.QueryRow(`SELECT error FROM `+pgtx.QualifiedName(schema, "outbox_rejected")+` WHERE uuid = 'foreign'`).Scan(&reason))
 	require.Contains(t, reason, "destination_topic")
-	require.Equal(t, uint64(1), r.Stats().Rejected)
+	require.Equal(t, uint64(1), r.Counters().Rejected)
 }
 
 func TestOneActiveRelayPerName(t *testing.T) {
@@ -184,7 +184,7 @@ func TestOneActiveRelayPerName(t *testing.T) {
 	}
 	leaders := 0
 	for _, r := range relays {
-		if r.Stats().IsLeader {
+		if r.Counters().IsLeader {
 			leaders++
 		}
 	}

@@ -124,8 +124,8 @@ func (c RelayConfig) Validate() error {
 	return errors.Join(errs...)
 }
 
-// RelayStats are the relay's running totals since it was created.
-type RelayStats struct {
+// RelayCounters are the relay's running totals since it was created.
+type RelayCounters struct {
 	Forwarded  uint64 // messages published
 	Rounds     uint64 // batches read
 	Failures   uint64 // failed publish or database attempts (each retried)
@@ -272,13 +272,13 @@ type outboxRow struct {
 	metadata sql.NullString
 }
 
-// Stats returns the relay's running totals.
-func (r *Relay) Stats() RelayStats {
+// Counters returns the relay's running totals.
+func (r *Relay) Counters() RelayCounters {
 	var last time.Time
 	if n := r.lastRelay.Load(); n != 0 {
 		last = time.Unix(0, n)
 	}
-	return RelayStats{
+	return RelayCounters{
 		Forwarded:  r.forwarded.Load(),
 		Rounds:     r.rounds.Load(),
 		Failures:   r.failures.Load(),

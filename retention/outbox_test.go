@@ -39,8 +39,8 @@ func relayed(t *testing.T, db *sql.DB, schema, name string, want int) *outbox.Re
 	r, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Schema: schema, Name: name, BatchSize: 1}, logger())
 	require.NoError(t, err)
 	deadline := time.Now().Add(20 * time.Second)
-	for int(r.Stats().Forwarded) < want {
-		require.True(t, time.Now().Before(deadline), "relay %s forwarded %d of %d rows", name, r.Stats().Forwarded, want)
+	for int(r.Counters().Forwarded) < want {
+		require.True(t, time.Now().Before(deadline), "relay %s forwarded %d of %d rows", name, r.Counters().Forwarded, want)
 		n, err := r.RelayOnce(context.Background())
 		require.NoError(t, err)
 		if n == 0 {
@@ -99,7 +99,7 @@ func TestOutboxRowsDeletedOnlyWhenOldAndForwardedByEveryRelay(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(5), rep.OutboxRows)
 	require.Zero(t, pgtest.Count(t, db, `SELECT count(*) FROM `+ob))
-	require.Equal(t, uint64(10), j.Stats().OutboxRows)
+	require.Equal(t, uint64(10), j.Counters().OutboxRows)
 }
 
 func TestForgetRelayRefusesARunningRelay(t *testing.T) {
@@ -113,7 +113,7 @@ func TestForgetRelayRefusesARunningRelay(t *testing.T) {
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	require.Eventually(t, func() bool { return r.Stats().IsLeader }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return r.Counters().IsLeader }, 10*time.Second, 10*time.Millisecond)
 
 	found, err := retention.ForgetRelay(ctx, db, schema, "live")
 	require.ErrorIs(t, err, retention.ErrRelayActive)
@@ -165,7 +165,7 @@ func TestOutboxRowWithASmallerIdCommittedLaterIsKeptUntilPublished(t *testing.T)
 	require.Equal(t, 1, pgtest.Count(t, db, `SELECT count(*) FROM `+ob+` WHERE uuid = 'late'`), "the unpublished row with the smaller id stays")
 
 	r := relayed(t, db, schema, "kafka", 1)
-	require.Equal(t, uint64(1), r.Stats().Forwarded)
+	require.Equal(t, uint64(1), r.Counters().Forwarded)
 	rep, err = j.RunOnce(ctx)
 	require.NoError(t, err)
 	require.Equal(t, int64(1), rep.OutboxRows)

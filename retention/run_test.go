@@ -26,14 +26,14 @@ func TestOneJanitorLeadsAndAnotherTakesOver(t *testing.T) {
 	t.Cleanup(func() { _ = a.Close(); _ = b.Close() })
 
 	// Wait for several rounds of whichever leads.
-	require.Eventually(t, func() bool { return a.Stats().Rounds+b.Stats().Rounds >= 5 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return a.Counters().Rounds+b.Counters().Rounds >= 5 }, 10*time.Second, 10*time.Millisecond)
 	leader, standby := a, b
-	if b.Stats().IsLeader {
+	if b.Counters().IsLeader {
 		leader, standby = b, a
 	}
-	require.True(t, leader.Stats().IsLeader)
-	require.False(t, standby.Stats().IsLeader)
-	require.Zero(t, standby.Stats().Rounds, "the standby deletes nothing while another instance leads")
+	require.True(t, leader.Counters().IsLeader)
+	require.False(t, standby.Counters().IsLeader)
+	require.Zero(t, standby.Counters().Rounds, "the standby deletes nothing while another instance leads")
 
 	// Rows expired meanwhile are deleted by the leader's next rounds.
 	insertClaims(t, db, schema, "c", 10, 30*day)
@@ -42,8 +42,8 @@ func TestOneJanitorLeadsAndAnotherTakesOver(t *testing.T) {
 	// The leader stops; the standby takes over within an Interval or so.
 	require.NoError(t, leader.Close())
 	require.NoError(t, <-done)
-	require.False(t, leader.Stats().IsLeader)
-	require.Eventually(t, func() bool { return standby.Stats().IsLeader && standby.Stats().Rounds > 0 }, 10*time.Second, 10*time.Millisecond)
+	require.False(t, leader.Counters().IsLeader)
+	require.Eventually(t, func() bool { return standby.Counters().IsLeader && standby.Counters().Rounds > 0 }, 10*time.Second, 10*time.Millisecond)
 	insertClaims(t, db, schema, "c", 10, 30*day)
 	require.Eventually(t, func() bool { return countClaims(t, db, schema, "c") == 0 }, 10*time.Second, 10*time.Millisecond)
 	require.NoError(t, standby.Close())
@@ -72,7 +72,7 @@ AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 1`, int
 	for _, j := range []*retention.Janitor{a, b} {
 		go func() { done <- j.Run(context.Background()) }()
 	}
-	require.Eventually(t, func() bool { return holder() != 0 && (a.Stats().IsLeader || b.Stats().IsLeader) }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return holder() != 0 && (a.Counters().IsLeader || b.Counters().IsLeader) }, 10*time.Second, 10*time.Millisecond)
 	first := holder()
 	pgtest.Exec(t, db, `SELECT pg_terminate_backend($1)`, first)
 
@@ -80,7 +80,7 @@ AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 1`, int
 	// session, and the flags agree with the lock: exactly one leader.
 	require.Eventually(t, func() bool {
 		pid := holder()
-		return pid != 0 && pid != first && a.Stats().IsLeader != b.Stats().IsLeader
+		return pid != 0 && pid != first && a.Counters().IsLeader != b.Counters().IsLeader
 	}, 10*time.Second, 10*time.Millisecond)
 	require.NoError(t, a.Close())
 	require.NoError(t, b.Close())
@@ -96,7 +96,7 @@ func TestRunOnceWorksBesideARunningLeader(t *testing.T) {
 	service := newJanitor(t, db, retention.Config{Schema: schema, Interval: time.Hour})
 	done := make(chan error, 1)
 	go func() { done <- service.Run(context.Background()) }()
-	require.Eventually(t, func() bool { return service.Stats().IsLeader }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return service.Counters().IsLeader }, 10*time.Second, 10*time.Millisecond)
 
 	insertClaims(t, db, schema, "c", 20, 30*day)
 	rep, err := newJanitor(t, db, retention.Config{Schema: schema}).RunOnce(context.Background())

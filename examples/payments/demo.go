@@ -209,7 +209,7 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 		Scan(&res.Applied, &res.CashbackPaise); err != nil {
 		return Result{}, err
 	}
-	counts := rewards.mw.Counts("rewards")
+	counts := rewards.mw.Counters("rewards")
 	n.step("done: rewards saw %d deliveries of %s, applied %d (duplicates absorbed: %d), credited %s; the SMS provider sent %d SMS for %d requests",
 		res.Deliveries, eventID, counts.Fresh, counts.Duplicates, rupees(res.CashbackPaise), res.SMSSent, provider.Requests())
 	line, _ := json.Marshal(res)
