@@ -31,7 +31,9 @@ type Config struct {
 	// Consumer scopes dedupe keys: two consumers sharing the table never see each other's keys.
 	// Default: the name of the router handler the message arrives at. Set it explicitly when one
 	// logical consumer runs under several handler names, or never rename the handler: a new
-	// consumer name starts with an empty history and re-applies redelivered messages.
+	// consumer name starts with an empty history and re-applies redelivered messages. A name is
+	// checked by oncetype.CheckName (text PostgreSQL can store, at most 255 bytes): Config.Consumer
+	// at construction, a handler name at the first message.
 	Consumer string
 
 	// Key returns each message's dedupe key. Default KeyFromUUID.
