@@ -308,7 +308,7 @@ func (r *Receiver) StoreTx(ctx context.Context, tx Querier, topic string, msgs .
 		return 0, nil
 	}
 	if pgtx.IsNil(tx) { // also a nil *sql.Tx from pgtx.TxFromContext outside a transaction
-		return 0, errors.New("inbox: StoreTx needs a transaction: tx is nil")
+		return 0, fmt.Errorf("inbox: StoreTx: %w: tx is nil", pgtx.ErrNoTransaction)
 	}
 	rows := make([]row, len(msgs))
 	for i, msg := range msgs {

@@ -217,7 +217,7 @@ func (v *Versions) SetVersion(ctx context.Context, q Querier, e Entity, version 
 }
 
 // errNilTx also covers the nil *sql.Tx that pgtx.TxFromContext returns outside a transaction.
-var errNilTx = errors.New("versioned: tx is nil: pass the handler's transaction (pgtx.TxFromContext)")
+var errNilTx = fmt.Errorf("versioned: %w: tx is nil: pass the handler's transaction (pgtx.TxFromContext)", pgtx.ErrNoTransaction)
 
 func (v *Versions) check(tx Querier, e Entity, version int64) error {
 	if pgtx.IsNil(tx) {
