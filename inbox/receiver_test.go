@@ -201,6 +201,7 @@ func TestConfigValidation(t *testing.T) {
 	for name, cfg := range map[string]inbox.ReceiverConfig{
 		"no consumer":    {},
 		"blank consumer": {Consumer: "  "},
+		"NUL consumer":   {Consumer: "pay\x00ments"},
 		"bad schema":     {Consumer: "c", Schema: "x; DROP TABLE y"},
 		"key too long":   {Consumer: "c", MaxKeyLength: oncetype.MaxKeyLengthLimit + 1},
 		"batch too big":  {Consumer: "c", MaxBatch: inbox.MaxBatchLimit + 1},
@@ -217,6 +218,7 @@ func TestConfigValidation(t *testing.T) {
 	h := func(*message.Message) ([]*message.Message, error) { return nil, nil }
 	for name, cfg := range map[string]inbox.ProcessorConfig{
 		"no consumer":        {},
+		"NUL consumer":       {Consumer: "pay\x00ments"},
 		"bad schema":         {Consumer: "c", Schema: "Upper"},
 		"workers":            {Consumer: "c", Workers: -2},
 		"tx batch > claim":   {Consumer: "c", ClaimBatch: 4, TxBatchSize: 5},

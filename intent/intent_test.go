@@ -183,6 +183,8 @@ func TestRecordInsideEffectivelyOnceHandler(t *testing.T) {
 	require.ErrorIs(t, err, pgtx.ErrNoTransaction)
 	_, err = e.store.RecordTx(context.Background(), e.db, intent.Draft{Channel: "", Consumer: "c", EventID: "e"})
 	require.ErrorContains(t, err, "channel is required")
+	_, err = e.store.RecordTx(context.Background(), e.db, intent.Draft{Channel: "s\x00ms", Consumer: "c", EventID: "e"})
+	require.ErrorContains(t, err, "channel must not contain NUL bytes")
 }
 
 func TestSenderSendsWithTheIntentKey(t *testing.T) {

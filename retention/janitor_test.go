@@ -240,6 +240,7 @@ func TestConfigValidation(t *testing.T) {
 		{"keep in nanoseconds", retention.Config{Default: retention.Policy{Keep: 7}}, "Default.Keep is 7ns"},
 		{"negative consumer keep", retention.Config{Consumers: map[string]retention.Policy{"a": {Keep: -day}}}, `Consumers["a"].Keep`},
 		{"blank consumer", retention.Config{Consumers: map[string]retention.Policy{" ": {Keep: day}}}, "consumer name is required"},
+		{"NUL in consumer", retention.Config{Consumers: map[string]retention.Policy{"a\x00b": {Keep: day}}}, "consumer name must not contain NUL bytes"},
 		{"negative horizon", retention.Config{Default: retention.Policy{RedeliveryHorizon: -time.Hour}}, "Default.RedeliveryHorizon"},
 		{"inbox keep", retention.Config{InboxKeep: time.Second}, "InboxKeep"},
 		{"outbox keep", retention.Config{OutboxKeep: -time.Second}, "OutboxKeep"},
