@@ -54,7 +54,7 @@ func outboxPipeline(t *testing.T, kind broker.Kind, relayConfig outbox.RelayConf
 	schema := pgtest.Schema(t, db)
 	cfg := brokertest.Config(t, kind, schema)
 	// The outbox pipeline declares queue order to the universal suite: one message in flight.
-	cfg.AMQP.Concurrency, cfg.AMQP.Prefetch = 1, 1
+	cfg.AMQP.Workers, cfg.AMQP.Prefetch = 1, 1
 	b, err := broker.New(ctx, db, cfg, watermill.NopLogger{})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, b.Close()) })

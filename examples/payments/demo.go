@@ -99,9 +99,9 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 	topics := struct{ payments, cashback string }{"payments-" + run, "cashback-" + run}
 	cfg.Subscriptions = []broker.Subscription{{Topic: topics.payments, Group: "rewards"}, {Topic: topics.cashback, Group: "notifications"}}
 
-	if cfg.AMQP.Concurrency == 0 {
+	if cfg.AMQP.Workers == 0 {
 		// The walk-through narrates its deliveries one after the other: one in flight.
-		cfg.AMQP.Concurrency, cfg.AMQP.Prefetch = 1, 1
+		cfg.AMQP.Workers, cfg.AMQP.Prefetch = 1, 1
 	}
 	b, err := broker.New(ctx, db, cfg, logger)
 	if err != nil {
