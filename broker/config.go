@@ -156,10 +156,10 @@ type AMQPConfig struct {
 	// "classic". Env AMQP_QUEUE_TYPE; default "quorum". An existing queue keeps the type it was
 	// declared with; declaring it with another type fails with PRECONDITION_FAILED.
 	QueueType string
-	// Workers is how many messages each subscription (each Subscribe call) has in flight:
-	// a router handler runs that many messages at once (with the effectively-once middleware,
-	// each holds a pool connection). Default 8. Set 1 for one message at a time in queue order
-	// (see Prefetch for what still reorders then).
+	// Workers is how many goroutines each subscription (each Subscribe call) runs, one message
+	// in flight each: a router handler runs that many messages at once (with the
+	// effectively-once middleware, each holds a pool connection). Default 8. Set 1 for one
+	// message at a time in queue order (see Prefetch for what still reorders then).
 	Workers int
 	// Prefetch is how many unacknowledged messages RabbitMQ hands each subscription: the ones
 	// in flight plus the ones waiting in this process, so the next message is here when one is
