@@ -56,7 +56,7 @@ func TestOpsInspectListAndStats(t *testing.T) {
 	_, err = e.ops.List(ctx, inbox.Filter{Consumer: "c", Statuses: []inbox.Status{"LOST"}}, 10)
 	require.ErrorContains(t, err, `unknown status "LOST"`)
 	_, err = e.ops.List(ctx, inbox.Filter{}, 10)
-	require.ErrorContains(t, err, "Consumer is required")
+	require.ErrorContains(t, err, "Consumer is blank")
 
 	all, err := e.ops.AllStats(ctx)
 	require.NoError(t, err)
@@ -127,7 +127,7 @@ func TestOpsRefuseToTouchClaimedRows(t *testing.T) {
 	_, err = e.ops.SkipKey(ctx, "c", "", "r")
 	require.ErrorContains(t, err, "ordering key is empty")
 	_, err = e.ops.Replay(ctx, inbox.Filter{}, true)
-	require.ErrorContains(t, err, "Consumer is required")
+	require.ErrorContains(t, err, "Consumer is blank")
 }
 
 // DeleteFinished removes only finished rows older than the cutoff; a deleted row no longer

@@ -182,7 +182,7 @@ func TestRecordInsideEffectivelyOnceHandler(t *testing.T) {
 	_, err = e.store.Record(message.NewMessage("e-92", nil), intent.Draft{Channel: "sms"})
 	require.ErrorIs(t, err, pgtx.ErrNoTransaction)
 	_, err = e.store.RecordTx(context.Background(), e.db, intent.Draft{Channel: "", Consumer: "c", EventID: "e"})
-	require.ErrorContains(t, err, "channel is required")
+	require.ErrorContains(t, err, "channel is blank")
 	_, err = e.store.RecordTx(context.Background(), e.db, intent.Draft{Channel: "s\x00ms", Consumer: "c", EventID: "e"})
 	require.ErrorContains(t, err, "channel must not contain NUL bytes")
 }

@@ -142,7 +142,7 @@ func (c Config) Validate() error {
 	}
 	if c.Consumer != "" {
 		if err := oncetype.CheckName("Consumer", c.Consumer); err != nil {
-			errs = append(errs, fmt.Errorf("%w (or leave Consumer empty to use the handler name)", err))
+			errs = append(errs, fmt.Errorf("%w; or leave Consumer empty to use the handler name", err))
 		}
 	}
 	if c.MaxKeyLength < 1 || c.MaxKeyLength > oncetype.MaxKeyLengthLimit {

@@ -34,7 +34,7 @@ func CheckText(what string, values ...string) error {
 func CheckName(what, s string) error {
 	switch {
 	case strings.TrimSpace(s) == "":
-		return fmt.Errorf("%s is required: it is empty or only spaces", what)
+		return fmt.Errorf("%s is blank: give a name (not empty, not only spaces)", what)
 	case len(s) > MaxNameLength:
 		return fmt.Errorf("%s is %d bytes long; the limit is %d", what, len(s), MaxNameLength)
 	}

@@ -21,8 +21,8 @@ var textCases = []struct {
 }{
 	{"plain", "payments", true, "", ""},
 	{"unicode", "paiements-été-支払い", true, "", ""},
-	{"empty", "", true, "", "is required"},
-	{"spaces", "  \t", true, "", "is required"},
+	{"empty", "", true, "", "is blank"},
+	{"spaces", "  \t", true, "", "is blank"},
 	{"NUL inside", "pay\x00ments", false, "must not contain NUL bytes", "must not contain NUL bytes"},
 	{"NUL alone", "\x00", false, "must not contain NUL bytes", "must not contain NUL bytes"},
 	{"invalid UTF-8", "pay\xffments", false, "must be valid UTF-8", "must be valid UTF-8"},

@@ -239,7 +239,7 @@ func TestConfigValidation(t *testing.T) {
 		{"schema", retention.Config{Schema: "Bad-Schema"}, "schema name"},
 		{"keep in nanoseconds", retention.Config{Default: retention.Policy{Keep: 7}}, "Default.Keep is 7ns"},
 		{"negative consumer keep", retention.Config{Consumers: map[string]retention.Policy{"a": {Keep: -day}}}, `Consumers["a"].Keep`},
-		{"blank consumer", retention.Config{Consumers: map[string]retention.Policy{" ": {Keep: day}}}, "consumer name is required"},
+		{"blank consumer", retention.Config{Consumers: map[string]retention.Policy{" ": {Keep: day}}}, "consumer name is blank"},
 		{"NUL in consumer", retention.Config{Consumers: map[string]retention.Policy{"a\x00b": {Keep: day}}}, "consumer name must not contain NUL bytes"},
 		{"negative horizon", retention.Config{Default: retention.Policy{RedeliveryHorizon: -time.Hour}}, "Default.RedeliveryHorizon"},
 		{"inbox keep", retention.Config{InboxKeep: time.Second}, "InboxKeep"},
