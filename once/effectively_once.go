@@ -671,7 +671,10 @@ func detachForShutdown(orig context.Context, grace time.Duration) (context.Conte
 		var cancelDeadline context.CancelFunc
 		ctx, cancelDeadline = context.WithDeadline(ctx, deadline)
 		prev := cancel
-		cancel = func(cause error) { cancelDeadline(); prev(cause) }
+		// The parent first, so ctx inherits the cause: cancelling the deadline child first
+		// would end it with a bare context.Canceled, and a message whose own deadline passed
+		// would not report DeadlineExceeded.
+		cancel = func(cause error) { prev(cause); cancelDeadline() }
 	}
 	var timer atomic.Pointer[time.Timer]
 	stop := context.AfterFunc(orig, func() {
