@@ -189,7 +189,7 @@ func readChange(r *http.Request, allowed []inbox.Status) (ChangeRequest, inbox.F
 	if strings.TrimSpace(c.Consumer) == "" {
 		return c, inbox.Filter{}, badRequest("consumer is required")
 	}
-	if err := firstError(CheckConsumer("consumer", c.Consumer), checkTexts("message_ids", c.MessageIDs), CheckText("ordering_key", c.OrderingKey),
+	if err := firstError(CheckConsumer("consumer", c.Consumer), CheckText("message_ids", c.MessageIDs...), CheckText("ordering_key", c.OrderingKey),
 		CheckText("topic", c.Topic), CheckText("error_contains", c.ErrorContains), CheckText("reason", c.Reason)); err != nil {
 		return c, inbox.Filter{}, badRequest("%v", err)
 	}

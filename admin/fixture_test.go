@@ -76,7 +76,7 @@ func newFixture(t *testing.T, failed int) *fixture {
 	t.Cleanup(func() { _ = pub.Close() })
 	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Schema: f.schema, Name: "sms"}, nil)
 	require.NoError(t, err)
-	relayUntil(t, relay, "forward 2 rows and reject 1", func(st outbox.RelayStats) bool { return st.Forwarded >= 2 && st.Rejected >= 1 })
+	relayUntil(t, relay, "forward 2 rows and reject 1", func(st outbox.RelayCounters) bool { return st.Forwarded >= 2 && st.Rejected >= 1 })
 	_, err = h(message.NewMessage("m-3", []byte(`{"amount":7}`)))
 	require.NoError(t, err)
 
@@ -112,11 +112,11 @@ func newFixture(t *testing.T, failed int) *fixture {
 // relayUntil runs relay rounds until done holds for its stats. Rows become readable only once
 // every older transaction on the (shared) server has ended, which no signal announces: a round
 // that finds nothing is retried after a short pause.
-func relayUntil(t *testing.T, relay *outbox.Relay, what string, done func(outbox.RelayStats) bool) {
+func relayUntil(t *testing.T, relay *outbox.Relay, what string, done func(outbox.RelayCounters) bool) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
-	for !done(relay.Stats()) {
-		require.True(t, time.Now().Before(deadline), "relay did not %s: %+v", what, relay.Stats())
+	for !done(relay.Counters()) {
+		require.True(t, time.Now().Before(deadline), "relay did not %s: %+v", what, relay.Counters())
 		n, err := relay.RelayOnce(context.Background())
 		require.NoError(t, err)
 		if n == 0 {

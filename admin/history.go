@@ -74,13 +74,13 @@ type history struct {
 	taken   int64
 	lastErr string
 	// counts are the middlewares' counts at the last sample that read them.
-	counts map[string]once.Counts
+	counts map[string]once.Counters
 }
 
 func newHistory() *history { return &history{} }
 
 // add records s, with counts the middlewares' counts at s.at (nil: none given).
-func (hs *history) add(s sample, counts map[string]once.Counts) {
+func (hs *history) add(s sample, counts map[string]once.Counters) {
 	hs.mu.Lock()
 	defer hs.mu.Unlock()
 	if counts != nil {
@@ -195,7 +195,7 @@ func (h *Handler) sampleAt(ctx context.Context, at time.Time) error {
 			s.relays[r.Name] = relaySample{backlog: r.Backlog, lag: r.Lag.Seconds()}
 		}
 	}
-	var counts map[string]once.Counts
+	var counts map[string]once.Counters
 	if len(h.config.Middlewares) > 0 {
 		counts = sumCounts(h.config.Middlewares)
 	}

@@ -214,7 +214,7 @@ func TestRejectedAPI(t *testing.T) {
 	t.Cleanup(func() { _ = pub.Close() })
 	push, err := outbox.NewRelay(f.db, pub, outbox.RelayConfig{Schema: f.schema, Name: "push"}, nil)
 	require.NoError(t, err)
-	relayUntil(t, push, "reject legacy-7", func(st outbox.RelayStats) bool { return st.Rejected >= 1 })
+	relayUntil(t, push, "reject legacy-7", func(st outbox.RelayCounters) bool { return st.Rejected >= 1 })
 	get(t, api+"?limit=1").decode(t, &list)
 	require.Len(t, list.Rows, 2)
 	require.Equal(t, []string{"push", "sms"}, []string{list.Rows[0].Relay, list.Rows[1].Relay})

@@ -113,7 +113,7 @@ func ReadConsumers(ctx context.Context, db *sql.DB, schema string, mws []*once.M
 	return out, nil
 }
 
-// Counts are once.Counts as JSON.
+// Counts are once.Counters as JSON.
 type Counts struct {
 	Fresh                 uint64 `json:"fresh"`
 	Duplicates            uint64 `json:"duplicates"`
@@ -124,13 +124,13 @@ type Counts struct {
 	TooOld                uint64 `json:"too_old"`
 }
 
-func sumCounts(mws []*once.Middleware) map[string]once.Counts {
-	out := map[string]once.Counts{}
+func sumCounts(mws []*once.Middleware) map[string]once.Counters {
+	out := map[string]once.Counters{}
 	for _, mw := range mws {
 		if mw == nil {
 			continue
 		}
-		for consumer, c := range mw.AllCounts() {
+		for consumer, c := range mw.AllCounters() {
 			s := out[consumer]
 			s.Fresh += c.Fresh
 			s.Duplicates += c.Duplicates

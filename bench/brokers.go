@@ -22,9 +22,9 @@ import (
 // every consuming variant reads all of them with a consumer group of its own.
 //
 // In-flight messages: Watermill keeps one message in flight per Kafka partition and per
-// watermill-sql subscription; our RabbitMQ subscriber keeps AMQPConfig.Concurrency per
+// watermill-sql subscription; our RabbitMQ subscriber keeps AMQPConfig.Workers per
 // subscription. So the topic has inFlight partitions (Kafka), the group's queue has
-// inFlight/Concurrency subscriptions (RabbitMQ, at least one), or the messages are spread over
+// inFlight/Workers subscriptions (RabbitMQ, at least one), or the messages are spread over
 // inFlight topics with one subscription each (SQL): every variant sees the same concurrency.
 type rig struct {
 	kind     broker.Kind
@@ -40,7 +40,7 @@ type rig struct {
 	extra    []broker.Subscription // relay destinations
 	note     string
 	logger   watermill.LoggerAdapter
-	// legacy is a rig with the settings before issue 14: RabbitMQ Prefetch 1 and Concurrency
+	// legacy is a rig with the settings before issue 14: RabbitMQ Prefetch 1 and Workers
 	// 1, SQL subscribers polling (DisableNotify).
 	legacy bool
 }
@@ -57,10 +57,10 @@ func (r *rig) label() string {
 	return string(r.kind)
 }
 
-// perHandler is how many messages one subscription has in flight (RabbitMQ: Concurrency).
+// perHandler is how many messages one subscription has in flight (RabbitMQ: Workers).
 func (r *rig) perHandler() int {
 	if r.kind == broker.AMQP {
-		return r.cfg.AMQP.Concurrency
+		return r.cfg.AMQP.Workers
 	}
 	return 1
 }
@@ -74,7 +74,7 @@ func (r *rig) messagesInFlight() int {
 }
 
 // handlersPerTopic is how many router handlers consume each topic: RabbitMQ gets enough
-// subscriptions of Concurrency messages each to have inFlight in flight (at least one).
+// subscriptions of Workers messages each to have inFlight in flight (at least one).
 func (r *rig) handlersPerTopic() int {
 	if r.kind == broker.AMQP {
 		return max(1, r.inFlight/r.perHandler())
@@ -131,7 +131,7 @@ func newRig(ctx context.Context, db *sql.DB, o rigOptions, logger watermill.Logg
 		cfg.AMQP.Prefix = "wmonce-bench-" + o.runID + "."
 		r.topics = []string{"wb-" + o.runID}
 		if o.legacyAMQP {
-			cfg.AMQP.Prefetch, cfg.AMQP.Concurrency = 1, 1
+			cfg.AMQP.Prefetch, cfg.AMQP.Workers = 1, 1
 		}
 	}
 	for _, v := range o.variants {
@@ -157,7 +157,7 @@ func newRig(ctx context.Context, db *sql.DB, o rigOptions, logger watermill.Logg
 	r.b, r.cfg = b, b.Config()
 	if o.kind == broker.AMQP {
 		a := r.cfg.AMQP
-		r.note = fmt.Sprintf("RabbitMQ quorum queue per group, %d subscriptions x Concurrency %d, Prefetch %d, publisher confirms", r.handlersPerTopic(), a.Concurrency, a.Prefetch)
+		r.note = fmt.Sprintf("RabbitMQ quorum queue per group, %d subscriptions x Workers %d, Prefetch %d, publisher confirms", r.handlersPerTopic(), a.Workers, a.Prefetch)
 	}
 	if r.pub, err = b.NewPublisher(ctx); err != nil {
 		_ = b.Close()

@@ -123,7 +123,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.messages, "messages", 20000, "messages per consuming variant and broker")
 	fs.IntVar(&o.processRows, "process-rows", 50000, "inbox rows per processing variant")
 	fs.IntVar(&o.relayRows, "relay-rows", 20000, "outbox rows for the relay and the forwarder")
-	fs.IntVar(&o.inFlight, "inflight", 64, "messages in flight: Kafka partitions, RabbitMQ subscriptions x Concurrency, SQL topics; also C1 clients")
+	fs.IntVar(&o.inFlight, "inflight", 64, "messages in flight: Kafka partitions, RabbitMQ subscriptions x Workers, SQL topics; also C1 clients")
 	fs.IntVar(&o.inboxWorkers, "inbox-workers", 8, "inbox processor workers")
 	fs.IntVar(&o.rounds, "rounds", 3, "run everything this many times, one round after the other, and report each variant's median round (the machine is shared: one round alone can be hit by someone else's load)")
 	fs.IntVar(&o.relayBatch, "relay-batch", 0, "relay BatchSize (0: the relay's default)")
@@ -142,7 +142,7 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.e2eDuration, "e2e-duration", 10*time.Second, "how long each end-to-end latency variant produces events (e2e-50: 50/s, e2e-1000: 1000/s)")
 	fs.DurationVar(&o.idleWindow, "idle-window", 10*time.Second, "how long each idle query-rate variant is counted")
 	fs.BoolVar(&o.sqlCompare, "sql-compare", false, "SQL broker: also run every variant with subscribers polling (DisableNotify), reported as broker sql-poll")
-	fs.BoolVar(&o.amqpCompare, "amqp-compare", false, "RabbitMQ: also run every variant with the settings before issue 14 (Prefetch 1, Concurrency 1), reported as broker amqp-p1c1")
+	fs.BoolVar(&o.amqpCompare, "amqp-compare", false, "RabbitMQ: also run every variant with the settings before issue 14 (Prefetch 1, Workers 1), reported as broker amqp-p1c1")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}

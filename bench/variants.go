@@ -211,9 +211,9 @@ func (h *harness) consume(ctx context.Context, r *rig, id string) (Result, error
 		}
 		if id == B4 {
 			cfg.GroupCommit = once.GroupCommitConfig{Enabled: true, Workers: h.opts.groupWorkers}
-			res.Notes = "GroupCommit defaults (Workers 2, MaxBatch 100, MaxWait 0)"
+			res.Notes = "GroupCommit defaults (Workers 2, TxBatchSize 100, MaxWait 0)"
 			if h.opts.groupWorkers > 0 {
-				res.Notes = fmt.Sprintf("GroupCommit Workers %d, MaxBatch 100, MaxWait 0", h.opts.groupWorkers)
+				res.Notes = fmt.Sprintf("GroupCommit Workers %d, TxBatchSize 100, MaxWait 0", h.opts.groupWorkers)
 			}
 			if r.kind == broker.SQL {
 				// Messages in the subscriber's transaction are not grouped.
@@ -231,7 +231,7 @@ func (h *harness) consume(ctx context.Context, r *rig, id string) (Result, error
 		wantClaims = n
 		if id == B4 {
 			describe = append(describe, func() {
-				if txs, msgs := eo.GroupCommitStats(); txs > 0 {
+				if txs, msgs := eo.GroupCommitCounters(); txs > 0 {
 					res.Notes += fmt.Sprintf("; avg group %.1f msgs/tx", float64(msgs)/float64(txs))
 				}
 			})
@@ -247,7 +247,7 @@ func (h *harness) consume(ctx context.Context, r *rig, id string) (Result, error
 		handler = rc.Handle
 		wantEffects = 0
 		describe = append(describe, func() {
-			c := rc.Counts()
+			c := rc.Counters()
 			res.Notes = fmt.Sprintf("ReceiverConfig defaults (Workers 2, BatchSize 500); avg %.1f rows/statement", float64(c.Stored)/float64(max(c.Batches, 1)))
 		})
 	case B6:
@@ -434,7 +434,7 @@ func (h *harness) ingestBurst(ctx context.Context) (Result, error) {
 	res.Seconds, res.MsgsPerSec = el.Seconds(), float64(n)/el.Seconds()
 	p50, p99 := percentiles(m.lat)
 	res.P50ms, res.P99ms = ms(p50), ms(p99)
-	c := rc.Counts()
+	c := rc.Counters()
 	res.Notes = fmt.Sprintf("%d concurrent Handle calls, no broker; ReceiverConfig defaults (Workers 2, BatchSize 500); avg %.1f rows/statement", callers, float64(c.Stored)/float64(max(c.Batches, 1)))
 	return res, h.verify(ctx, &res, consumer, 0, 0, true)
 }
@@ -491,14 +491,14 @@ func (h *harness) process(ctx context.Context, id string) (Result, error) {
 	runErr := make(chan error, 1)
 	go func() { runErr <- p.Run(ctx) }()
 	deadline := time.Now().Add(h.opts.variantTimeout)
-	for p.Counts().Processed < uint64(n) && time.Now().Before(deadline) && ctx.Err() == nil {
+	for p.Counters().Processed < uint64(n) && time.Now().Before(deadline) && ctx.Err() == nil {
 		time.Sleep(time.Millisecond)
 	}
 	el := time.Since(start)
 	meas.stop(&res)
 	_ = p.Close()
 	<-runErr
-	c := p.Counts()
+	c := p.Counters()
 	if c.Processed < uint64(n) {
 		return res, fmt.Errorf("only %d of %d rows processed in %s", c.Processed, n, h.opts.variantTimeout)
 	}

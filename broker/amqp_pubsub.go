@@ -189,7 +189,7 @@ func (p *amqpPublisher) Close() error {
 	return p.conn.close()
 }
 
-// amqpSubscriber consumes a group's queue: AMQPConfig.Concurrency messages in flight per
+// amqpSubscriber consumes a group's queue: AMQPConfig.Workers messages in flight per
 // subscription (one consumer, that many goroutines handing deliveries to the subscription's
 // channel), each acked after the handler acks it, requeued NackDelay after a nack. A lost
 // channel or connection is re-established with backoff; deliveries unacked at that moment are
@@ -304,7 +304,7 @@ func (s *amqpSubscriber) consumeOnce(ctx context.Context, topic, queue string, o
 		return false, fmt.Errorf("consume %q: %w", queue, err)
 	}
 	s.logger.Info("Consuming from RabbitMQ", watermill.LogFields{"queue": queue})
-	// Concurrency goroutines, each with one message in flight. The first failure (a lost
+	// Workers goroutines, each with one message in flight. The first failure (a lost
 	// channel: acks and nacks no longer reach RabbitMQ) stops them all; RabbitMQ redelivers
 	// whatever was unacked on the channel.
 	workCtx, stop := context.WithCancel(ctx)
@@ -319,7 +319,7 @@ func (s *amqpSubscriber) consumeOnce(ctx context.Context, topic, queue string, o
 		failOnce.Do(func() { failed = err })
 		stop()
 	}
-	for range s.b.config.AMQP.Concurrency {
+	for range s.b.config.AMQP.Workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

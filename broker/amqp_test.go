@@ -158,16 +158,16 @@ func receiveOne(t *testing.T, ch <-chan *message.Message) *message.Message {
 	}
 }
 
-// TestAMQPConcurrencyHasThatManyInFlight: with the default Concurrency (8) a subscription
+// TestAMQPConcurrencyHasThatManyInFlight: with the default Workers (8) a subscription
 // hands over eight messages before any is acked, which is what lets one router handler run
-// them at once; the ninth waits for an ack. With Concurrency 1 the suite's TestNoAck (run by
+// them at once; the ninth waits for an ack. With Workers 1 the suite's TestNoAck (run by
 // TestConformanceAMQPOneAtATime) checks that the second waits.
 func TestAMQPConcurrencyHasThatManyInFlight(t *testing.T) {
 	t.Parallel()
 	topic := pgtest.NewName("inflight")
 	b := newBroker(t, broker.AMQP, broker.Subscription{Topic: topic, Group: "g"})
 	const concurrency = 8
-	require.Equal(t, concurrency, b.Config().AMQP.Concurrency)
+	require.Equal(t, concurrency, b.Config().AMQP.Workers)
 	require.Equal(t, 4*concurrency, b.Config().AMQP.Prefetch)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

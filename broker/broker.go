@@ -5,15 +5,14 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -248,13 +247,12 @@ func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
 }
 
 func sqlStorable(m *message.Message) error {
-	isText := func(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
-	if !isText(m.UUID) {
-		return errors.New("UUID is not valid UTF-8 text (or contains NUL)")
+	if err := oncetype.CheckText("UUID", m.UUID); err != nil {
+		return err
 	}
 	for k, v := range m.Metadata {
-		if !isText(k) || !isText(v) {
-			return fmt.Errorf("metadata %q is not valid UTF-8 text (or contains NUL): the SQL broker stores metadata as JSON, which cannot carry it byte for byte", k)
+		if err := oncetype.CheckText(fmt.Sprintf("metadata %.40q", k), k, v); err != nil {
+			return fmt.Errorf("%w: the SQL broker stores metadata as JSON, which cannot carry it byte for byte", err)
 		}
 	}
 	return nil

@@ -67,8 +67,8 @@ func TestRoundTrip(t *testing.T) {
 			t.Parallel()
 			topic := pgtest.NewName("orders")
 			// RabbitMQ keeps queue order only with one message in flight per subscription
-			// (the default Concurrency 8 finishes messages in any order).
-			oneAtATime := func(c *broker.Config) { c.AMQP.Concurrency = 1 }
+			// (the default Workers 8 finishes messages in any order).
+			oneAtATime := func(c *broker.Config) { c.AMQP.Workers = 1 }
 			b := newBrokerWith(t, kind, oneAtATime, broker.Subscription{Topic: topic, Group: "billing"})
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()

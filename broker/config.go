@@ -156,18 +156,18 @@ type AMQPConfig struct {
 	// "classic". Env AMQP_QUEUE_TYPE; default "quorum". An existing queue keeps the type it was
 	// declared with; declaring it with another type fails with PRECONDITION_FAILED.
 	QueueType string
-	// Concurrency is how many messages each subscription (each Subscribe call) has in flight:
-	// a router handler runs that many messages at once (with the effectively-once middleware,
-	// each holds a pool connection). Default 8. Set 1 for one message at a time in queue order
-	// (see Prefetch for what still reorders then).
-	Concurrency int
+	// Workers is how many goroutines each subscription (each Subscribe call) runs, one message
+	// in flight each: a router handler runs that many messages at once (with the
+	// effectively-once middleware, each holds a pool connection). Default 8. Set 1 for one
+	// message at a time in queue order (see Prefetch for what still reorders then).
+	Workers int
 	// Prefetch is how many unacknowledged messages RabbitMQ hands each subscription: the ones
 	// in flight plus the ones waiting in this process, so the next message is here when one is
 	// acked instead of a round trip later. Everything prefetched is redelivered if the consumer
-	// dies. Default 4 x Concurrency (32); at least Concurrency.
+	// dies. Default 4 x Workers (32); at least Workers.
 	//
-	// Ordering: with Concurrency > 1, messages of one queue are handled at the same time and
-	// finish in any order. With Prefetch > 1 (even at Concurrency 1), a nacked or unacked
+	// Ordering: with Workers > 1, messages of one queue are handled at the same time and
+	// finish in any order. With Prefetch > 1 (even at Workers 1), a nacked or unacked
 	// message is requeued and delivered again after messages that were behind it. Consumers
 	// that need per-key order must not rely on the queue for it (the effectively-once
 	// middleware guarantees one effect per message, not order; use versions).
@@ -236,11 +236,11 @@ func (c *Config) setDefaults() {
 	if a.QueueType == "" {
 		a.QueueType = QueueTypeQuorum
 	}
-	if a.Concurrency == 0 {
-		a.Concurrency = 8
+	if a.Workers == 0 {
+		a.Workers = 8
 	}
 	if a.Prefetch == 0 {
-		a.Prefetch = 4 * a.Concurrency
+		a.Prefetch = 4 * a.Workers
 	}
 	if a.NackDelay == 0 {
 		a.NackDelay = 100 * time.Millisecond
@@ -311,11 +311,11 @@ func (c Config) Validate() error {
 		if a.Prefix != "" && !amqpName.MatchString(a.Prefix) {
 			errs = append(errs, fmt.Errorf("AMQP prefix (%s) %q may only hold letters, digits, '-', '_', '.' and ':'", EnvAMQPPrefix, a.Prefix))
 		}
-		if a.Concurrency < 1 || a.Concurrency > 1000 {
-			errs = append(errs, fmt.Errorf("AMQP.Concurrency must be between 1 and 1000, got %d", a.Concurrency))
+		if a.Workers < 1 || a.Workers > 1000 {
+			errs = append(errs, fmt.Errorf("AMQP.Workers must be between 1 and 1000, got %d", a.Workers))
 		}
-		if a.Prefetch < a.Concurrency || a.Prefetch > 65535 {
-			errs = append(errs, fmt.Errorf("AMQP.Prefetch must be between Concurrency (%d) and 65535, got %d: fewer would leave consumers idle", a.Concurrency, a.Prefetch))
+		if a.Prefetch < a.Workers || a.Prefetch > 65535 {
+			errs = append(errs, fmt.Errorf("AMQP.Prefetch must be between Workers (%d) and 65535, got %d: fewer would leave consumers idle", a.Workers, a.Prefetch))
 		}
 		if a.NackDelay < 0 {
 			errs = append(errs, errors.New("AMQP.NackDelay must not be negative"))

@@ -124,7 +124,7 @@ func TestNewDefaultsAndLimits(t *testing.T) {
 	t.Parallel()
 	cfg, err := broker.ParseEnv(env(nil))
 	require.NoError(t, err)
-	require.Equal(t, 8, cfg.AMQP.Concurrency)
+	require.Equal(t, 8, cfg.AMQP.Workers)
 	require.Equal(t, 32, cfg.AMQP.Prefetch)
 	require.Equal(t, 100*time.Millisecond, cfg.SQL.PollInterval)
 	require.Equal(t, 3*time.Second, cfg.SQL.IdlePollInterval)
@@ -133,10 +133,10 @@ func TestNewDefaultsAndLimits(t *testing.T) {
 	require.NotEqual(t, cfg.SQL.NotifyChannel(), broker.SQLConfig{Schema: "other"}.NotifyChannel())
 
 	ctx := context.Background()
-	_, err = broker.New(ctx, nil, broker.Config{Kind: broker.AMQP, AMQP: broker.AMQPConfig{Concurrency: 8, Prefetch: 4}}, nil)
-	require.ErrorContains(t, err, "AMQP.Prefetch must be between Concurrency (8)")
-	_, err = broker.New(ctx, nil, broker.Config{Kind: broker.AMQP, AMQP: broker.AMQPConfig{Concurrency: -1}}, nil)
-	require.ErrorContains(t, err, "AMQP.Concurrency must be between 1 and 1000")
+	_, err = broker.New(ctx, nil, broker.Config{Kind: broker.AMQP, AMQP: broker.AMQPConfig{Workers: 8, Prefetch: 4}}, nil)
+	require.ErrorContains(t, err, "AMQP.Prefetch must be between Workers (8)")
+	_, err = broker.New(ctx, nil, broker.Config{Kind: broker.AMQP, AMQP: broker.AMQPConfig{Workers: -1}}, nil)
+	require.ErrorContains(t, err, "AMQP.Workers must be between 1 and 1000")
 	_, err = broker.New(ctx, nil, broker.Config{Kind: broker.SQL, SQL: broker.SQLConfig{IdlePollInterval: -time.Second}}, nil)
 	require.ErrorContains(t, err, "IdlePollInterval")
 }

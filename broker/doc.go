@@ -78,12 +78,12 @@
 //   - Marshaler writes what watermill-amqp writes (UUID in _watermill_message_uuid, metadata
 //     as headers) and accepts non-string headers (x-delivery-count from quorum queues, x-death
 //     after dead-lettering), which watermill-amqp's marshaler refuses, making the message loop.
-//   - AMQPConfig.Concurrency (default 8) messages in flight per subscription and Prefetch
+//   - AMQPConfig.Workers (default 8) messages in flight per subscription and Prefetch
 //     (default 32) unacked messages handed over by RabbitMQ; a nack hands the message back
 //     after NackDelay. A lost connection is redialled with backoff; unacked messages are
-//     redelivered. Order: with Concurrency > 1 messages of one queue finish in any order, and
+//     redelivered. Order: with Workers > 1 messages of one queue finish in any order, and
 //     with Prefetch > 1 a requeued message comes back after messages that were behind it. Set
-//     Concurrency 1 (and Prefetch 1) where queue order matters.
+//     Workers 1 (and Prefetch 1) where queue order matters.
 //   - Concurrent Publish calls share one channel and wait for their confirms together.
 //   - The publisher and subscriber are our own, because watermill-amqp's reconnect has a data
 //     race (ThreeDotsLabs/watermill#693); see amqp_pubsub.go.

@@ -83,10 +83,10 @@ func conformanceBroker(t *testing.T, kind broker.Kind, tweak ...func(*broker.Con
 }
 
 // TestConformanceAMQP runs the suite against our own RabbitMQ publisher and subscriber with
-// the default settings: AMQPConfig.Concurrency 8 messages in flight per subscription, so
+// the default settings: AMQPConfig.Workers 8 messages in flight per subscription, so
 // GuaranteedOrder is false (they finish in any order) and the suite's order tests (TestNoAck
 // among them: the next message arrives before the first is acked) are skipped here.
-// TestConformanceAMQPOneAtATime runs them with Concurrency 1.
+// TestConformanceAMQPOneAtATime runs them with Workers 1.
 //
 // TestReconnect is skipped (no RestartServiceCommand): restarting the RabbitMQ server would
 // break every other test and engineer using it, and the suite's TestReconnect has a data race
@@ -97,14 +97,14 @@ func TestConformanceAMQP(t *testing.T) {
 	tests.TestPubSub(t, conformanceFeatures(), pubSub, withGroup)
 }
 
-// TestConformanceAMQPOneAtATime: with Concurrency 1 a subscription has one message in flight,
+// TestConformanceAMQPOneAtATime: with Workers 1 a subscription has one message in flight,
 // and a group's queue is FIFO, so one subscriber sees publish order (Prefetch, 4 by default
 // here, only keeps the next messages in this process; a redelivery can still come after messages
 // that were behind it, which the suite does not exercise). Several subscribers of one group
 // compete for the queue and interleave (GuaranteedOrderWithSingleSubscriber).
 func TestConformanceAMQPOneAtATime(t *testing.T) {
 	t.Parallel()
-	_, pubSub, withGroup := conformanceBroker(t, broker.AMQP, func(c *broker.Config) { c.AMQP.Concurrency = 1 })
+	_, pubSub, withGroup := conformanceBroker(t, broker.AMQP, func(c *broker.Config) { c.AMQP.Workers = 1 })
 	features := conformanceFeatures()
 	features.GuaranteedOrder = true
 	features.GuaranteedOrderWithSingleSubscriber = true

@@ -120,7 +120,7 @@ func TestSQLSameConsumerOnTwoSubscriptionsSettlesTheLoserAtOnce(t *testing.T) {
 	if len(nacks) > 0 {
 		t.Fatalf("the losing copy was nacked %d times (first: %v); it must be settled at once as a duplicate", len(nacks), nacks[0].err)
 	}
-	require.Equal(t, once.Counts{Fresh: 1, Duplicates: 1}, mw.Counts("rewards"))
+	require.Equal(t, once.Counters{Fresh: 1, Duplicates: 1}, mw.Counters("rewards"))
 	require.Equal(t, 1, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "effects")))
 	require.Equal(t, 1, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "processed_messages")))
 }
@@ -138,7 +138,7 @@ func TestSQLPublisherRefusesMetadataItWouldAlter(t *testing.T) {
 	defer pub.Close()
 	bad := message.NewMessage("m-1", []byte("p"))
 	bad.Metadata.Set("note", "abc\xff")
-	require.ErrorContains(t, pub.Publish(topic, bad), "not valid UTF-8")
+	require.ErrorContains(t, pub.Publish(topic, bad), "must be valid UTF-8")
 
 	good := message.NewMessage("m-2", []byte("p"))
 	good.Metadata.Set("note", "naïve ☃")
@@ -245,5 +245,5 @@ func TestSQLSerializationFailureRedeliversTheWholeBatch(t *testing.T) {
 	require.Equal(t, 101, pgtest.Count(t, db, `SELECT n FROM `+balances+` WHERE id = 'm-0'`))
 	require.Equal(t, 2, pgtest.Count(t, db, `SELECT sum(n) - 101 FROM `+balances))
 	require.Equal(t, 3, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "processed_messages")))
-	require.Equal(t, once.Counts{Fresh: 3, Failed: 1, TxRetries: 3}, mw.Counts("rewards"))
+	require.Equal(t, once.Counters{Fresh: 3, Failed: 1, TxRetries: 3}, mw.Counters("rewards"))
 }

@@ -54,7 +54,7 @@ func outboxPipeline(t *testing.T, kind broker.Kind, relayConfig outbox.RelayConf
 	schema := pgtest.Schema(t, db)
 	cfg := brokertest.Config(t, kind, schema)
 	// The outbox pipeline declares queue order to the universal suite: one message in flight.
-	cfg.AMQP.Concurrency, cfg.AMQP.Prefetch = 1, 1
+	cfg.AMQP.Workers, cfg.AMQP.Prefetch = 1, 1
 	b, err := broker.New(ctx, db, cfg, watermill.NopLogger{})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, b.Close()) })
@@ -75,7 +75,7 @@ func outboxPipeline(t *testing.T, kind broker.Kind, relayConfig outbox.RelayConf
 	t.Cleanup(func() {
 		require.NoError(t, relay.Close())
 		<-relayDone
-		st := relay.Stats()
+		st := relay.Counters()
 		t.Logf("relay: %d messages forwarded in %d rounds, %d failed attempts retried", st.Forwarded, st.Rounds, st.Failures)
 		require.Zero(t, st.Rejected, "the relay set rows aside as undecodable (outbox_rejected)")
 	})

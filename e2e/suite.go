@@ -290,7 +290,7 @@ func Run(t *testing.T, target Target, opts Options) {
 		target.Name, total, producedIn.Round(time.Millisecond), opts.Producers)
 	t.Logf("e2e[%s] relay: %d messages published, %d events republished (%.0f%%) after %d simulated crashes between publish and position update",
 		target.Name, pubStats.published, pubStats.republishedEvents, 100*float64(pubStats.republishedEvents)/float64(total+1), pubStats.crashes)
-	t.Logf("e2e[%s] consumers (%d process runs): %d deliveries, %d fresh, %d duplicates absorbed, %d attempts rolled back (middleware Counts; runs killed with SIGKILL count up to their last report, at most 100ms before the kill)",
+	t.Logf("e2e[%s] consumers (%d process runs): %d deliveries, %d fresh, %d duplicates absorbed, %d attempts rolled back (middleware Counters; runs killed with SIGKILL count up to their last report, at most 100ms before the kill)",
 		target.Name, fleet.runs(), st.Deliveries, st.Applied, st.Duplicates, st.Failed)
 	if target.Describe != nil {
 		t.Logf("e2e[%s] broker: %s", target.Name, target.Describe(t, cfg))

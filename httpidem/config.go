@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -19,9 +20,6 @@ const DefaultHeader = "Idempotency-Key"
 
 // ReplayedHeader is set to "true" on every replayed response.
 const ReplayedHeader = "Idempotent-Replayed"
-
-// MaxKeyLengthLimit is the largest MaxKeyLength accepted.
-const MaxKeyLengthLimit = 1024
 
 // ErrNoScope is returned by the Scope functions of this package when a request carries nothing
 // that identifies its client.
@@ -63,9 +61,9 @@ type Config struct {
 	// Methods are the request methods the middleware handles; others pass through untouched.
 	// Default POST and PATCH.
 	Methods []string
-	// KeyOptional lets requests without a key run (in a transaction, with the response held
+	// AllowMissingKey lets requests without a key run (in a transaction, with the response held
 	// back until the commit) without being stored. By default a missing key is a 400.
-	KeyOptional bool
+	AllowMissingKey bool
 	// Scope returns the client scope of a request. Default ScopeFromHeader("Authorization").
 	Scope ScopeFunc
 	// Retention is how long a stored response answers retries. Default 24 hours. Keep it
@@ -142,8 +140,8 @@ func (c Config) Validate() error {
 	if c.Retention < time.Second {
 		errs = append(errs, fmt.Errorf("Retention must be at least 1s (Stripe keeps keys 24h), got %s", c.Retention))
 	}
-	if c.MaxKeyLength < 1 || c.MaxKeyLength > MaxKeyLengthLimit {
-		errs = append(errs, fmt.Errorf("MaxKeyLength must be between 1 and %d, got %d", MaxKeyLengthLimit, c.MaxKeyLength))
+	if c.MaxKeyLength < 1 || c.MaxKeyLength > oncetype.MaxKeyLengthLimit {
+		errs = append(errs, fmt.Errorf("MaxKeyLength must be between 1 and %d, got %d", oncetype.MaxKeyLengthLimit, c.MaxKeyLength))
 	}
 	if c.MaxRequestBytes < 1 || c.MaxResponseBytes < 1 {
 		errs = append(errs, errors.New("MaxRequestBytes and MaxResponseBytes must be positive"))

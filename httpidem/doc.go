@@ -54,6 +54,6 @@
 // key is a 64-bit hash of (schema, scope, key): two different keys colliding there would only
 // make one of them wait (409) while the other runs.
 //
-// Middleware.Stats counts each outcome and StoredKeys reads the table's size and oldest row
+// Middleware.Counters counts each outcome and StoredKeys reads the table's size and oldest row
 // cheaply; package metrics exports both as wmonce_http_idempotency_* metrics.
 package httpidem

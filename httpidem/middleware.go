@@ -20,18 +20,19 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// Stats are the middleware's running totals.
-type Stats struct {
+// Counters are the middleware's running totals.
+type Counters struct {
 	Stored     uint64 // first requests whose response was stored with their effects
 	Replayed   uint64 // retries answered from a stored response
 	Conflicts  uint64 // 409: the key's first request was still running
 	Mismatches uint64 // 422: the key was used for a different request
 	Refused    uint64 // 400 and 413: missing or invalid key, unscoped request, body too large
 	NotStored  uint64 // 5xx responses rolled back and not stored (StoreServerErrors off)
-	Keyless    uint64 // requests without a key run under KeyOptional
+	Keyless    uint64 // requests without a key run under AllowMissingKey
 	Failed     uint64 // 500: the response could not be stored or the commit failed
 }
 
@@ -89,9 +90,9 @@ WHERE ` + t + `.created_at <= now() - $9 * interval '1 microsecond'`,
 	}, nil
 }
 
-// Stats returns the running totals.
-func (m *Middleware) Stats() Stats {
-	return Stats{
+// Counters returns the running totals.
+func (m *Middleware) Counters() Counters {
+	return Counters{
 		Stored: m.stored.Load(), Replayed: m.replayed.Load(), Conflicts: m.conflicts.Load(),
 		Mismatches: m.mismatches.Load(), Refused: m.refused.Load(), NotStored: m.notStored.Load(),
 		Keyless: m.keyless.Load(), Failed: m.failed.Load(),
@@ -132,7 +133,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		writeProblem(w, http.StatusBadRequest, ProblemInvalidKey, "Invalid "+m.header, err.Error())
 		return
 	}
-	if !present && !m.config.KeyOptional {
+	if !present && !m.config.AllowMissingKey {
 		m.refused.Add(1)
 		writeProblem(w, http.StatusBadRequest, ProblemMissingKey, m.header+" is missing",
 			fmt.Sprintf("%s %s must carry an %s header (a unique value per operation, up to %d characters, e.g. a UUID) so that retrying it is safe.", r.Method, r.URL.Path, m.header, m.config.MaxKeyLength))
@@ -272,7 +273,7 @@ func (m *Middleware) runKeyed(w http.ResponseWriter, r *http.Request, next http.
 	writeResponse(w, status, header, rec.bytes(), false)
 }
 
-// runKeyless serves a request without a key under KeyOptional: in a transaction, response held
+// runKeyless serves a request without a key under AllowMissingKey: in a transaction, response held
 // back until the commit, nothing stored.
 func (m *Middleware) runKeyless(w http.ResponseWriter, r *http.Request, next http.Handler, body []byte) {
 	req := &request{fields: watermill.LogFields{"method": r.Method, "path": r.URL.Path}}
@@ -448,10 +449,10 @@ func checkScope(scope string) error {
 	switch {
 	case scope == "":
 		return fmt.Errorf("%w: the scope function returned an empty scope", ErrNoScope)
-	case len(scope) > 1024 || !utf8.ValidString(scope) || strings.ContainsRune(scope, 0):
-		return errors.New("the scope function returned more than 1024 bytes or invalid text; hash long scopes")
+	case len(scope) > 1024:
+		return fmt.Errorf("the scope function returned %d bytes, over 1024: hash long scopes", len(scope))
 	}
-	return nil
+	return oncetype.CheckText("the scope returned by the scope function", scope)
 }
 
 func (m *Middleware) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {

@@ -158,7 +158,7 @@ func TestRetriedPostReplaysTheSameResponse(t *testing.T) {
 	// A new key is a new payment.
 	require.Equal(t, http.StatusCreated, e.post("k-2", `{"amount":2400}`).status)
 	require.Equal(t, 2, e.payments())
-	st := e.mw.Stats()
+	st := e.mw.Counters()
 	require.Equal(t, uint64(2), st.Stored)
 	require.Equal(t, uint64(4), st.Replayed)
 }
@@ -219,7 +219,7 @@ func TestConcurrentRequestsWithOneKey(t *testing.T) {
 	third := e.post("k-1", `{"amount":2400}`)
 	require.Equal(t, http.StatusCreated, third.status)
 	require.Equal(t, first.body, third.body)
-	require.Equal(t, uint64(1), e.mw.Stats().Conflicts)
+	require.Equal(t, uint64(1), e.mw.Counters().Conflicts)
 }
 
 func TestSameKeyDifferentRequestIs422(t *testing.T) {
@@ -234,7 +234,7 @@ func TestSameKeyDifferentRequestIs422(t *testing.T) {
 	otherPath := e.do(http.MethodPost, "/payments?currency=USD", "k-1", "client-a", `{"amount":2400}`)
 	require.Equal(t, http.StatusUnprocessableEntity, otherPath.status, "the query is part of the request")
 	require.Equal(t, 1, e.payments())
-	require.Equal(t, uint64(2), e.mw.Stats().Mismatches)
+	require.Equal(t, uint64(2), e.mw.Counters().Mismatches)
 }
 
 func TestKeyRequiredAndValidated(t *testing.T) {
@@ -282,12 +282,12 @@ func TestKeyRequiredAndValidated(t *testing.T) {
 
 func TestKeyOptionalRunsKeylessRequestsInATransaction(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, httpidem.Config{KeyOptional: true})
+	e := newEnv(t, httpidem.Config{AllowMissingKey: true})
 	require.Equal(t, http.StatusCreated, e.post("", `{"amount":1}`).status)
 	require.Equal(t, http.StatusCreated, e.post("", `{"amount":1}`).status)
 	require.Equal(t, 2, e.payments(), "without a key every request runs")
 	require.Zero(t, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("http_idempotency_keys")))
-	require.Equal(t, uint64(2), e.mw.Stats().Keyless)
+	require.Equal(t, uint64(2), e.mw.Counters().Keyless)
 }
 
 func TestKeysAreScopedPerClient(t *testing.T) {
@@ -331,7 +331,7 @@ func TestServerErrorsAreNotStoredByDefault(t *testing.T) {
 	r = e.post("k-1", `{"amount":1}`)
 	require.Equal(t, http.StatusCreated, r.status, "the key stayed free: the retry ran")
 	require.Equal(t, 1, e.payments())
-	require.Equal(t, uint64(1), e.mw.Stats().NotStored)
+	require.Equal(t, uint64(1), e.mw.Counters().NotStored)
 
 	// With StoreServerErrors the 5xx is stored with its effects and replayed, as Stripe does.
 	s := newEnv(t, httpidem.Config{StoreServerErrors: true})
@@ -521,7 +521,7 @@ func TestEmptyBodiesAreStoredAndReplayed(t *testing.T) {
 			require.Equal(t, "true", again.header.Get(httpidem.ReplayedHeader))
 			require.Equal(t, 1, e.payments())
 			require.Equal(t, int32(1), e.runs.Load(), "the handler ran once")
-			st := e.mw.Stats()
+			st := e.mw.Counters()
 			require.Equal(t, uint64(1), st.Stored)
 			require.Equal(t, uint64(1), st.Replayed)
 			require.Zero(t, st.Failed)

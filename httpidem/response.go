@@ -8,7 +8,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"unicode/utf8"
+
+	"github.com/wmonce/watermill-once/oncetype"
 )
 
 // Problem types (RFC 9457) of the responses the middleware itself produces, so that clients
@@ -141,7 +142,7 @@ func encodeHeaders(h http.Header) ([]byte, error) {
 		}
 		plain := true
 		for _, v := range values {
-			plain = plain && utf8.ValidString(v) && strings.IndexByte(v, 0) < 0
+			plain = plain && oncetype.IsText(v)
 		}
 		if plain {
 			out[name] = values

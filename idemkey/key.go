@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -67,8 +66,10 @@ func digest(consumer, messageID, step string) ([32]byte, error) {
 			errs = append(errs, fmt.Errorf("%w: %s is empty", ErrInvalidPart, p.name))
 		case len(p.value) > MaxPartLength:
 			errs = append(errs, fmt.Errorf("%w: %s is %d bytes long, over %d", ErrInvalidPart, p.name, len(p.value), MaxPartLength))
-		case !utf8.ValidString(p.value):
-			errs = append(errs, fmt.Errorf("%w: %s is not valid UTF-8", ErrInvalidPart, p.name))
+		default:
+			if err := oncetype.CheckText(p.name, p.value); err != nil {
+				errs = append(errs, fmt.Errorf("%w: %w", ErrInvalidPart, err))
+			}
 		}
 	}
 	if len(errs) > 0 {

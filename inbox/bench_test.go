@@ -41,7 +41,7 @@ func BenchmarkIngest(b *testing.B) {
 			})
 			b.StopTimer()
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
-			c := r.Counts()
+			c := r.Counters()
 			b.ReportMetric(float64(c.Stored)/float64(max(c.Batches, 1)), "rows/batch")
 		})
 	}
@@ -91,7 +91,7 @@ func BenchmarkProcess(b *testing.B) {
 				}
 				return nil, e.effect(m, "w")
 			}, cfg)
-			for p.Counts().Processed < uint64(b.N) {
+			for p.Counters().Processed < uint64(b.N) {
 				time.Sleep(time.Millisecond)
 			}
 			b.StopTimer()

@@ -38,7 +38,7 @@
 // inbox: a copy whose key is no longer in the inbox (retention deleted its row) and whose event
 // occurred longer ago than the limit could be applied a second time. A store-first receiver
 // refuses it by parking it: the copy is stored as a FAILED row that names
-// oncetype.ErrTooOld, acked, counted (ReceiverCounts.TooOld) and logged as an ALERT, and it
+// oncetype.ErrTooOld, acked, counted (ReceiverCounters.TooOld) and logged as an ALERT, and it
 // is processed only if an operator replays it.
 //
 // Concurrent Handle calls are group-committed: a writer takes every row waiting for it (up to
@@ -60,7 +60,7 @@
 // attempt. Every later change to the row (DONE, failed attempt, release) is conditional on
 // that token, so a worker that lost its lease, and whose row was taken back and claimed again,
 // changes nothing: its completion matches no row, its transaction (handler effects included)
-// is rolled back, and the conflict is counted (ProcessorCounts.LeaseConflicts).
+// is rolled back, and the conflict is counted (ProcessorCounters.LeaseConflicts).
 //
 // Each row runs in one transaction: the handler gets it in its message context
 // (pgtx.TxFromContext; outbox.Writer.Publisher joins it), messages it returns are stored in the

@@ -45,7 +45,7 @@ func Example() {
 			panic(err)
 		}
 	}
-	fmt.Printf("stored %d, duplicates %d\n", receiver.Counts().Stored, receiver.Counts().Duplicates)
+	fmt.Printf("stored %d, duplicates %d\n", receiver.Counters().Stored, receiver.Counters().Duplicates)
 
 	record := func(msg *message.Message) ([]*message.Message, error) {
 		tx, _ := pgtx.TxFromContext(msg.Context()) // commits together with the row's move to DONE
@@ -57,13 +57,13 @@ func Example() {
 		panic(err)
 	}
 	go func() { _ = processor.Run(ctx) }()
-	for deadline := time.Now().Add(10 * time.Second); processor.Counts().Processed < 2 && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(10 * time.Second); processor.Counters().Processed < 2 && time.Now().Before(deadline); {
 		time.Sleep(5 * time.Millisecond)
 	}
 	_ = processor.Close()
 	var n int
 	_ = db.QueryRow(`SELECT count(*) FROM ` + ledger).Scan(&n)
-	fmt.Printf("processed %d, ledger rows %d\n", processor.Counts().Processed, n)
+	fmt.Printf("processed %d, ledger rows %d\n", processor.Counters().Processed, n)
 	// Output:
 	// stored 2, duplicates 1
 	// processed 2, ledger rows 2

@@ -60,12 +60,12 @@ func TestClaimLockAppliesEachRowOnce(t *testing.T) {
 		}
 		return nil, nil
 	}, locking("c", 3, 25))
-	waitFor(t, 30*time.Second, "all rows", func() bool { return p.Counts().Processed == 300 })
+	waitFor(t, 30*time.Second, "all rows", func() bool { return p.Counters().Processed == 300 })
 	require.Equal(t, 300, e.effects(t))
 	require.Equal(t, 300, pgtest.Count(t, e.db, `SELECT count(DISTINCT message_id) FROM `+e.table("effects")))
 	require.Equal(t, 300, e.status(t, "c", inbox.StatusDone))
-	require.Equal(t, uint64(1), p.Counts().Failed)
-	require.Zero(t, p.Counts().LeaseConflicts)
+	require.Equal(t, uint64(1), p.Counters().Failed)
+	require.Zero(t, p.Counters().LeaseConflicts)
 	require.False(t, sawInProgress.Load(), "ClaimLock never marks rows IN_PROGRESS")
 	require.Greater(t, runs.Load(), int32(300), "the failing batch ran again row by row")
 	row, err := e.ops.InspectMessage(context.Background(), "c", "e-77")
@@ -116,7 +116,7 @@ func TestClaimLockKeepsKeyOrderAndParks(t *testing.T) {
 	}
 	wg.Wait()
 	waitFor(t, 30*time.Second, "all but the parked key's tail", func() bool {
-		return p.Counts().Processed == keys*perKey-(perKey-10) && p.Counts().Parked == 1
+		return p.Counters().Processed == keys*perKey-(perKey-10) && p.Counters().Parked == 1
 	})
 	want := func(n int) []int {
 		out := make([]int, n)
@@ -159,10 +159,10 @@ func TestClaimLockCutsOffHandlersPastTimeout(t *testing.T) {
 		return nil, e.effect(m, "second")
 	}, cfg)
 	require.NoError(t, r.Handle(msg("e-1", "x")))
-	waitFor(t, 10*time.Second, "another worker to apply the row", func() bool { return p.Counts().Processed == 1 })
+	waitFor(t, 10*time.Second, "another worker to apply the row", func() bool { return p.Counters().Processed == 1 })
 	close(release)
-	waitFor(t, 10*time.Second, "the stalled attempt to be settled", func() bool { return p.Counts().Failed == 1 })
-	require.Equal(t, uint64(1), p.Counts().Processed)
+	waitFor(t, 10*time.Second, "the stalled attempt to be settled", func() bool { return p.Counters().Failed == 1 })
+	require.Equal(t, uint64(1), p.Counters().Processed)
 	require.Equal(t, 1, e.effects(t))
 	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("effects")+` WHERE worker = 'second'`))
 	row, err := e.ops.InspectMessage(context.Background(), "c", "e-1")
@@ -190,14 +190,14 @@ func TestClaimLockShutdownGivesRowsBack(t *testing.T) {
 	}, cfg)
 	<-entered
 	require.NoError(t, p.Close())
-	require.Zero(t, p.Counts().Processed)
-	require.Zero(t, p.Counts().Failed)
-	require.Equal(t, uint64(1), p.Counts().Released)
+	require.Zero(t, p.Counters().Processed)
+	require.Zero(t, p.Counters().Failed)
+	require.Equal(t, uint64(1), p.Counters().Released)
 	require.Zero(t, e.effects(t))
 	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("inbox")+` WHERE status = 'PENDING' AND attempts = 0`))
 
 	next := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "next") }, locking("c", 1, 1))
-	waitFor(t, 10*time.Second, "the row to be applied after the restart", func() bool { return next.Counts().Processed == 1 })
+	waitFor(t, 10*time.Second, "the row to be applied after the restart", func() bool { return next.Counters().Processed == 1 })
 	require.Equal(t, 1, e.effects(t))
 }
 
@@ -216,7 +216,7 @@ func TestClaimLockAndLeaseShareAConsumer(t *testing.T) {
 	lease.Workers, lease.BatchSize, lease.TxBatchSize = 2, 20, 10
 	a := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "lease") }, lease)
 	b := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "lock") }, locking("c", 2, 10))
-	waitFor(t, 30*time.Second, "all rows", func() bool { return a.Counts().Processed+b.Counts().Processed == 400 })
+	waitFor(t, 30*time.Second, "all rows", func() bool { return a.Counters().Processed+b.Counters().Processed == 400 })
 	require.Equal(t, 400, e.effects(t))
 	require.Equal(t, 400, pgtest.Count(t, e.db, `SELECT count(DISTINCT message_id) FROM `+e.table("effects")))
 	require.Equal(t, 400, e.status(t, "c", inbox.StatusDone))

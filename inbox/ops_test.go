@@ -56,7 +56,7 @@ func TestOpsInspectListAndStats(t *testing.T) {
 	_, err = e.ops.List(ctx, inbox.Filter{Consumer: "c", Statuses: []inbox.Status{"LOST"}}, 10)
 	require.ErrorContains(t, err, `unknown status "LOST"`)
 	_, err = e.ops.List(ctx, inbox.Filter{}, 10)
-	require.ErrorContains(t, err, "Consumer is required")
+	require.ErrorContains(t, err, "Consumer is blank")
 
 	all, err := e.ops.AllStats(ctx)
 	require.NoError(t, err)
@@ -91,7 +91,7 @@ func TestOpsSkipKeyLetsTheKeyMoveOn(t *testing.T) {
 	}, cfg)
 	require.NoError(t, r.Handle(msg("a1", "poison", "key", "A", "seq", "1")))
 	require.NoError(t, r.Handle(msg("a2", "ok", "key", "A", "seq", "2")))
-	waitFor(t, 10*time.Second, "parking", func() bool { return p.Counts().Parked == 1 })
+	waitFor(t, 10*time.Second, "parking", func() bool { return p.Counters().Parked == 1 })
 
 	_, err := e.ops.Skip(ctx, inbox.Filter{Consumer: "c", OrderingKey: "A"}, " ", false)
 	require.ErrorContains(t, err, "give a reason")
@@ -101,7 +101,7 @@ func TestOpsSkipKeyLetsTheKeyMoveOn(t *testing.T) {
 	n, err = e.ops.SkipKey(ctx, "c", "A", "payload from a broken producer, ticket 4411")
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	waitFor(t, 10*time.Second, "the rest of key A", func() bool { return p.Counts().Processed == 1 })
+	waitFor(t, 10*time.Second, "the rest of key A", func() bool { return p.Counters().Processed == 1 })
 	require.Equal(t, []int{2}, seqsOf(t, e, "A"))
 
 	row, err := e.ops.InspectMessage(ctx, "c", "a1")
@@ -110,7 +110,7 @@ func TestOpsSkipKeyLetsTheKeyMoveOn(t *testing.T) {
 	require.Equal(t, "skipped: payload from a broken producer, ticket 4411; last error: bad payload", row.LastError)
 	require.False(t, row.FinishedAt.IsZero())
 	require.NoError(t, r.Handle(msg("a1", "poison", "key", "A", "seq", "1")), "a copy of a skipped message is acked")
-	require.Equal(t, uint64(1), r.Counts().Duplicates)
+	require.Equal(t, uint64(1), r.Counters().Duplicates)
 }
 
 func TestOpsRefuseToTouchClaimedRows(t *testing.T) {
@@ -127,7 +127,7 @@ func TestOpsRefuseToTouchClaimedRows(t *testing.T) {
 	_, err = e.ops.SkipKey(ctx, "c", "", "r")
 	require.ErrorContains(t, err, "ordering key is empty")
 	_, err = e.ops.Replay(ctx, inbox.Filter{}, true)
-	require.ErrorContains(t, err, "Consumer is required")
+	require.ErrorContains(t, err, "Consumer is blank")
 }
 
 // DeleteFinished removes only finished rows older than the cutoff; a deleted row no longer

@@ -18,10 +18,6 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// ErrOutputWithoutTopic is returned (as a permanent error, so the row is parked) when the
-// handler returns messages but ProcessorConfig.OutputTopic is empty.
-var ErrOutputWithoutTopic = errors.New("handler returned messages but ProcessorConfig.OutputTopic is empty: set it, or publish through outbox.Writer.Publisher() with the message context")
-
 // ProcessorConfig configures a Processor.
 type ProcessorConfig struct {
 	// Schema holds the inbox and outbox tables. Default pgtx.DefaultSchema.
@@ -185,8 +181,8 @@ func (c ProcessorConfig) Validate() error {
 	return errors.Join(errs...)
 }
 
-// ProcessorCounts are a processor's running totals since it was created.
-type ProcessorCounts struct {
+// ProcessorCounters are a processor's running totals since it was created.
+type ProcessorCounters struct {
 	Claimed        uint64 // rows claimed
 	Processed      uint64 // rows moved to DONE
 	Failed         uint64 // failed attempts: handler error or panic, timeout, output refused
@@ -348,9 +344,9 @@ func NewProcessor(db *sql.DB, handler message.HandlerFunc, config ProcessorConfi
 // when that Run's shutdown grace runs out.
 func (p *Processor) handlerCtx() context.Context { return *p.hctx.Load() }
 
-// Counts returns the processor's running totals.
-func (p *Processor) Counts() ProcessorCounts {
-	return ProcessorCounts{
+// Counters returns the processor's running totals.
+func (p *Processor) Counters() ProcessorCounters {
+	return ProcessorCounters{
 		Claimed:        p.claimed.Load(),
 		Processed:      p.processed.Load(),
 		Failed:         p.failed.Load(),

@@ -46,7 +46,7 @@ func TestFailingHandlerRetriesWithBackoffThenSucceeds(t *testing.T) {
 		return nil, nil
 	}, cfg)
 	require.NoError(t, r.Handle(msg("e-1", "x")))
-	waitFor(t, 10*time.Second, "success", func() bool { return p.Counts().Processed == 1 })
+	waitFor(t, 10*time.Second, "success", func() bool { return p.Counters().Processed == 1 })
 
 	require.Equal(t, 1, e.effects(t))
 	row, err := e.ops.InspectMessage(context.Background(), "c", "e-1")
@@ -54,8 +54,8 @@ func TestFailingHandlerRetriesWithBackoffThenSucceeds(t *testing.T) {
 	require.Equal(t, inbox.StatusDone, row.Status)
 	require.Equal(t, 4, row.Attempts)
 	require.Equal(t, "boom 3", row.LastError, "the last failure is kept for the record")
-	require.Equal(t, uint64(3), p.Counts().Failed)
-	require.Zero(t, p.Counts().Parked)
+	require.Equal(t, uint64(3), p.Counters().Failed)
+	require.Zero(t, p.Counters().Parked)
 
 	mu.Lock()
 	defer mu.Unlock()
@@ -99,7 +99,7 @@ func TestPoisonRowParkedWhileOtherKeysGoOn(t *testing.T) {
 		require.NoError(t, r.Handle(m))
 	}
 	waitFor(t, 10*time.Second, "the poison rows to be parked and the rest processed", func() bool {
-		c := p.Counts()
+		c := p.Counters()
 		return c.Parked == 2 && c.Processed == 4
 	})
 	ctx := context.Background()
@@ -130,7 +130,7 @@ func TestPoisonRowParkedWhileOtherKeysGoOn(t *testing.T) {
 	n, err := e.ops.UnparkKey(ctx, "c", "A")
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	waitFor(t, 10*time.Second, "key A to finish", func() bool { return p.Counts().Processed == 6 })
+	waitFor(t, 10*time.Second, "key A to finish", func() bool { return p.Counters().Processed == 6 })
 	require.Equal(t, 2, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("effects")+` WHERE okey = 'A'`))
 	require.Equal(t, []int{1, 2}, seqsOf(t, e, "A"))
 	require.Equal(t, 1, e.status(t, "c", inbox.StatusFailed))
@@ -194,7 +194,7 @@ func TestPerKeyOrderWithFourWorkers(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	waitFor(t, 30*time.Second, "all rows", func() bool { return p.Counts().Processed == keys*perKey })
+	waitFor(t, 30*time.Second, "all rows", func() bool { return p.Counters().Processed == keys*perKey })
 	for k := range keys {
 		want := make([]int, perKey)
 		for s := range want {
@@ -202,7 +202,7 @@ func TestPerKeyOrderWithFourWorkers(t *testing.T) {
 		}
 		require.Equal(t, want, seqsOf(t, e, fmt.Sprintf("K%d", k)), "key K%d", k)
 	}
-	require.Positive(t, p.Counts().Failed)
+	require.Positive(t, p.Counters().Failed)
 	require.GreaterOrEqual(t, maxInFlight.Load(), int32(2), "keys were processed in parallel")
 }
 
@@ -234,11 +234,11 @@ func TestStalledWorkerLosesLeaseAndLateCompletionIsRejected(t *testing.T) {
 	require.Equal(t, "completes-late", <-entered)
 
 	healthy := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "healthy") }, cfg)
-	waitFor(t, 10*time.Second, "the row to be re-claimed and completed", func() bool { return healthy.Counts().Processed == 1 })
+	waitFor(t, 10*time.Second, "the row to be re-claimed and completed", func() bool { return healthy.Counters().Processed == 1 })
 
 	resume <- struct{}{}
-	waitFor(t, 10*time.Second, "the late completion to be refused", func() bool { return stalled.Counts().LeaseConflicts == 1 })
-	require.Zero(t, stalled.Counts().Processed)
+	waitFor(t, 10*time.Second, "the late completion to be refused", func() bool { return stalled.Counters().LeaseConflicts == 1 })
+	require.Zero(t, stalled.Counters().Processed)
 	require.Equal(t, 1, e.effects(t))
 	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("effects")+` WHERE worker = 'healthy'`))
 	row, err := e.ops.InspectMessage(context.Background(), "c", "completes-late")
@@ -246,17 +246,17 @@ func TestStalledWorkerLosesLeaseAndLateCompletionIsRejected(t *testing.T) {
 	require.Equal(t, inbox.StatusDone, row.Status)
 	require.Equal(t, 2, row.Attempts, "the lost attempt counts")
 	require.Contains(t, row.LastError, "lease expired during attempt 1")
-	require.Positive(t, stalled.Counts().LeasesExpired+healthy.Counts().LeasesExpired)
+	require.Positive(t, stalled.Counters().LeasesExpired+healthy.Counters().LeasesExpired)
 
 	// The same for a stalled attempt that ends in an error: it must not touch the row either.
 	require.NoError(t, healthy.Close())
 	require.NoError(t, r.Handle(msg("fails-late", "x")))
 	require.Equal(t, "fails-late", <-entered)
 	other := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "other") }, cfg)
-	waitFor(t, 10*time.Second, "the second row to be re-claimed", func() bool { return other.Counts().Processed == 1 })
+	waitFor(t, 10*time.Second, "the second row to be re-claimed", func() bool { return other.Counters().Processed == 1 })
 	close(resume)
-	waitFor(t, 10*time.Second, "the late failure to be refused", func() bool { return stalled.Counts().LeaseConflicts == 2 })
-	require.Zero(t, stalled.Counts().Failed, "a failure reported without the lease is not recorded")
+	waitFor(t, 10*time.Second, "the late failure to be refused", func() bool { return stalled.Counters().LeaseConflicts == 2 })
+	require.Zero(t, stalled.Counters().Failed, "a failure reported without the lease is not recorded")
 	row, err = e.ops.InspectMessage(context.Background(), "c", "fails-late")
 	require.NoError(t, err)
 	require.Equal(t, inbox.StatusDone, row.Status)
@@ -283,7 +283,7 @@ func TestReplayedRowsProcessedOnceMore(t *testing.T) {
 		}
 		require.NoError(t, r.Handle(msg(fmt.Sprintf("e-%d", i), "x", "bad", bad)))
 	}
-	waitFor(t, 10*time.Second, "five parked, five done", func() bool { c := p.Counts(); return c.Parked == 5 && c.Processed == 5 })
+	waitFor(t, 10*time.Second, "five parked, five done", func() bool { c := p.Counters(); return c.Parked == 5 && c.Processed == 5 })
 
 	ctx := context.Background()
 	failed := inbox.Filter{Consumer: "c"}
@@ -296,7 +296,7 @@ func TestReplayedRowsProcessedOnceMore(t *testing.T) {
 	n, err = e.ops.Replay(ctx, failed, false)
 	require.NoError(t, err)
 	require.Equal(t, 5, n)
-	waitFor(t, 10*time.Second, "the replayed rows", func() bool { return p.Counts().Processed == 10 })
+	waitFor(t, 10*time.Second, "the replayed rows", func() bool { return p.Counters().Processed == 10 })
 	n, err = e.ops.Replay(ctx, failed, false)
 	require.NoError(t, err)
 	require.Zero(t, n, "nothing left to replay")
@@ -307,7 +307,7 @@ func TestReplayedRowsProcessedOnceMore(t *testing.T) {
 	n, err = e.ops.Replay(ctx, inbox.Filter{Consumer: "c", Statuses: []inbox.Status{inbox.StatusDone}, MessageIDs: []string{"e-3"}}, false)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	waitFor(t, 10*time.Second, "the replayed DONE row", func() bool { return p.Counts().Processed == 11 })
+	waitFor(t, 10*time.Second, "the replayed DONE row", func() bool { return p.Counters().Processed == 11 })
 	require.Equal(t, 10, e.status(t, "c", inbox.StatusDone))
 	require.Equal(t, 2, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("effects")+` WHERE message_id = 'e-3'`))
 	require.Equal(t, 11, e.effects(t))
@@ -326,7 +326,7 @@ func TestNotifyWakesIdleWorkers(t *testing.T) {
 	// three rows in a row can only all be picked up through notifications.
 	for i := range 3 {
 		require.NoError(t, r.Handle(msg(fmt.Sprintf("e-%d", i), "x")))
-		waitFor(t, 10*time.Second, "the row to be processed without polling", func() bool { return p.Counts().Processed == uint64(i+1) })
+		waitFor(t, 10*time.Second, "the row to be processed without polling", func() bool { return p.Counters().Processed == uint64(i+1) })
 	}
 }
 
@@ -353,10 +353,10 @@ func TestShutdownFinishesRunningHandlerAndReleasesTheRest(t *testing.T) {
 
 	closed := make(chan struct{})
 	go func() { _ = p.Close(); close(closed) }()
-	waitFor(t, 5*time.Second, "the unstarted rows to be released", func() bool { return p.Counts().Released == 4 })
+	waitFor(t, 5*time.Second, "the unstarted rows to be released", func() bool { return p.Counters().Released == 4 })
 	close(finish)
 	<-closed
-	require.Equal(t, uint64(1), p.Counts().Processed)
+	require.Equal(t, uint64(1), p.Counters().Processed)
 	require.Equal(t, 1, e.status(t, "c", inbox.StatusDone))
 	require.Equal(t, 4, e.status(t, "c", inbox.StatusPending))
 	require.Equal(t, 4, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("inbox")+` WHERE attempts = 0 AND claim_token IS NULL`))
@@ -395,15 +395,15 @@ func TestShutdownCancelsHandlersPastGrace(t *testing.T) {
 	require.NoError(t, p.Close())
 	require.Equal(t, 2, e.status(t, "c", inbox.StatusPending))
 	require.Equal(t, 2, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("inbox")+` WHERE attempts = 0`), "shutdown is not the message's fault")
-	require.Zero(t, p.Counts().Failed)
+	require.Zero(t, p.Counters().Failed)
 
 	close(ignore)
 	<-returned
 	next := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "next") }, fast("c"))
-	waitFor(t, 10*time.Second, "the next processor to apply both rows", func() bool { return next.Counts().Processed == 2 })
+	waitFor(t, 10*time.Second, "the next processor to apply both rows", func() bool { return next.Counters().Processed == 2 })
 	require.Equal(t, 2, e.effects(t))
 	require.Zero(t, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("effects")+` WHERE worker = 'first'`))
-	require.Zero(t, p.Counts().Processed)
+	require.Zero(t, p.Counters().Processed)
 }
 
 // Messages the handler returns are stored in the outbox in the handler's transaction, with the
@@ -432,8 +432,8 @@ func TestOutputsGoToOutboxInTheSameTransaction(t *testing.T) {
 	in := msg("pay-1", "x")
 	in.Metadata.Set("correlation_id", "corr-9")
 	require.NoError(t, r.Handle(in))
-	waitFor(t, 10*time.Second, "processing", func() bool { return p.Counts().Processed == 1 })
-	require.Equal(t, uint64(1), p.Counts().Failed)
+	waitFor(t, 10*time.Second, "processing", func() bool { return p.Counters().Processed == 1 })
+	require.Equal(t, uint64(1), p.Counters().Failed)
 
 	rs, err := e.db.Query(`SELECT uuid, payload->>'destination_topic', metadata->>'causation_id', metadata->>'correlation_id' FROM ` + e.table("outbox") + ` ORDER BY "offset"`)
 	require.NoError(t, err)
@@ -457,7 +457,7 @@ func TestOutputsWithoutTopicPark(t *testing.T) {
 		return []*message.Message{message.NewMessage("o", nil)}, e.effect(m, "w")
 	}, fast("c"))
 	require.NoError(t, r.Handle(msg("e-1", "x")))
-	waitFor(t, 10*time.Second, "parking", func() bool { return p.Counts().Parked == 1 })
+	waitFor(t, 10*time.Second, "parking", func() bool { return p.Counters().Parked == 1 })
 	row, err := e.ops.InspectMessage(context.Background(), "c", "e-1")
 	require.NoError(t, err)
 	require.Equal(t, inbox.StatusFailed, row.Status)
@@ -495,10 +495,10 @@ func TestTxBatchModeAppliesEachRowOnce(t *testing.T) {
 		}
 		return nil, nil
 	}, cfg)
-	waitFor(t, 20*time.Second, "all rows", func() bool { return p.Counts().Processed == 200 })
+	waitFor(t, 20*time.Second, "all rows", func() bool { return p.Counters().Processed == 200 })
 	require.Equal(t, 200, e.effects(t))
 	require.Equal(t, 200, pgtest.Count(t, e.db, `SELECT count(DISTINCT message_id) FROM `+e.table("effects")))
-	require.Equal(t, uint64(1), p.Counts().Failed)
+	require.Equal(t, uint64(1), p.Counters().Failed)
 	require.Greater(t, runs.Load(), int32(200), "the failing batch ran again row by row")
 }
 
@@ -517,7 +517,7 @@ func TestPanicIsAFailedAttempt(t *testing.T) {
 		return nil, nil
 	}, fast("c"))
 	require.NoError(t, r.Handle(msg("e-1", "x")))
-	waitFor(t, 10*time.Second, "processing", func() bool { return p.Counts().Processed == 1 })
+	waitFor(t, 10*time.Second, "processing", func() bool { return p.Counters().Processed == 1 })
 	require.Equal(t, 1, e.effects(t))
 	row, err := e.ops.InspectMessage(context.Background(), "c", "e-1")
 	require.NoError(t, err)
@@ -539,7 +539,7 @@ func TestRunAgainAfterItReturnedAndCloseIsFinal(t *testing.T) {
 	first := make(chan error, 1)
 	go func() { first <- p.Run(ctx) }()
 	require.NoError(t, r.Handle(msg("e-1", "x")))
-	waitFor(t, 10*time.Second, "the first Run", func() bool { return p.Counts().Processed == 1 })
+	waitFor(t, 10*time.Second, "the first Run", func() bool { return p.Counters().Processed == 1 })
 	require.ErrorContains(t, p.Run(context.Background()), "already running")
 	cancel()
 	require.NoError(t, <-first)
@@ -547,7 +547,7 @@ func TestRunAgainAfterItReturnedAndCloseIsFinal(t *testing.T) {
 	second := make(chan error, 1)
 	go func() { second <- p.Run(context.Background()) }()
 	require.NoError(t, r.Handle(msg("e-2", "x")))
-	waitFor(t, 10*time.Second, "the second Run", func() bool { return p.Counts().Processed == 2 })
+	waitFor(t, 10*time.Second, "the second Run", func() bool { return p.Counters().Processed == 2 })
 	require.NoError(t, p.Close())
 	require.NoError(t, <-second, "Close stopped the second Run and waited for it")
 	require.NoError(t, p.Run(context.Background()), "Run after Close returns at once")
@@ -576,7 +576,7 @@ func TestHandlerEndingTheTransactionIsParked(t *testing.T) {
 		return nil, tx.Commit()
 	}, fast("c"))
 	require.NoError(t, r.Handle(msg("e-1", "x")))
-	waitFor(t, 10*time.Second, "parking", func() bool { return p.Counts().Parked == 1 })
+	waitFor(t, 10*time.Second, "parking", func() bool { return p.Counters().Parked == 1 })
 	require.Equal(t, 1, e.effects(t), "applied once, not retried")
 	row, err := e.ops.InspectMessage(context.Background(), "c", "e-1")
 	require.NoError(t, err)

@@ -6,11 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -30,12 +28,12 @@ var ErrReceiverClosed = errors.New("inbox: receiver is closed")
 
 // ErrInvalidOrderingKey is wrapped by errors about a message's ordering key. Like
 // oncetype.ErrInvalidKey errors, they are permanent (oncetype.IsPermanent).
-var ErrInvalidOrderingKey = errors.New("invalid ordering key")
+var ErrInvalidOrderingKey = errors.New("inbox: invalid ordering key")
 
 // ErrInvalidMetadata is wrapped (and made permanent) when a message's metadata cannot be stored
 // faithfully: PostgreSQL text and jsonb hold neither invalid UTF-8 nor NUL characters, and
 // silently replacing them would hand the processor a different message than was sent.
-var ErrInvalidMetadata = errors.New("invalid metadata")
+var ErrInvalidMetadata = errors.New("inbox: invalid metadata")
 
 // OrderingKeyFunc returns the key whose messages must be processed one at a time, in the order
 // the inbox received them. An empty key means the message has no ordering constraint.
@@ -95,7 +93,7 @@ type ReceiverConfig struct {
 	// event occurred longer ago than this is not processed, since its row may have been
 	// deleted by retention after the original was applied. The receiver being store-first,
 	// "refused" means parked: the copy is stored as a FAILED row (attempts 0, last_error
-	// naming oncetype.ErrTooOld) and acked, counted in ReceiverCounts.TooOld and logged as an
+	// naming oncetype.ErrTooOld) and acked, counted in ReceiverCounters.TooOld and logged as an
 	// ALERT. It is never processed unless an operator replays it (Ops.Replay) and stays the
 	// dedupe record of its key, so further copies are ordinary duplicates; like any FAILED row
 	// it holds back later rows of its ordering key until replayed or skipped. A copy whose key
@@ -168,19 +166,17 @@ func (c ReceiverConfig) Validate() error {
 	return errors.Join(errs...)
 }
 
+// validateConsumer applies oncetype.CheckName, the rule every component applies to names.
 func validateConsumer(consumer string) error {
-	switch {
-	case strings.TrimSpace(consumer) == "":
-		return errors.New("Consumer is required: name the logical consumer (the Processor must use the same name)")
-	case len(consumer) > 255 || !utf8.ValidString(consumer) || strings.ContainsRune(consumer, 0):
-		return errors.New("Consumer must be valid UTF-8 without NUL, at most 255 bytes")
+	if err := oncetype.CheckName("Consumer", consumer); err != nil {
+		return fmt.Errorf("%w (the Receiver, Processor and Ops of one inbox name the same consumer)", err)
 	}
 	return nil
 }
 
-// ReceiverCounts are a receiver's running totals since it was created, for Handle (StoreTx
+// ReceiverCounters are a receiver's running totals since it was created, for Handle (StoreTx
 // writes commit, or not, with the caller's transaction and are not counted).
-type ReceiverCounts struct {
+type ReceiverCounters struct {
 	Stored        uint64 // new rows committed
 	Duplicates    uint64 // messages acked without a new row: their key was already in the inbox
 	Refused       uint64 // messages refused (permanent error) for an unusable key or metadata
@@ -326,7 +322,7 @@ func (r *Receiver) StoreTx(ctx context.Context, tx Querier, topic string, msgs .
 		return 0, nil
 	}
 	if pgtx.IsNil(tx) { // also a nil *sql.Tx from pgtx.TxFromContext outside a transaction
-		return 0, errors.New("inbox: StoreTx needs a transaction: tx is nil")
+		return 0, fmt.Errorf("inbox: StoreTx: %w: tx is nil", pgtx.ErrNoTransaction)
 	}
 	rows := make([]row, len(msgs))
 	for i, msg := range msgs {
@@ -339,7 +335,7 @@ func (r *Receiver) StoreTx(ctx context.Context, tx Querier, topic string, msgs .
 		}
 		rows[i] = rw
 	}
-	// Not counted in Counts: whether these rows commit is up to the caller.
+	// Not counted in Counters: whether these rows commit is up to the caller.
 	n, parked, err := r.insert(ctx, tx, rows)
 	if err != nil {
 		return 0, err
@@ -348,9 +344,9 @@ func (r *Receiver) StoreTx(ctx context.Context, tx Querier, topic string, msgs .
 	return n, nil
 }
 
-// Counts returns the receiver's running totals.
-func (r *Receiver) Counts() ReceiverCounts {
-	return ReceiverCounts{
+// Counters returns the receiver's running totals.
+func (r *Receiver) Counters() ReceiverCounters {
+	return ReceiverCounters{
 		Stored:        r.stored.Load(),
 		Duplicates:    r.duplicates.Load(),
 		Refused:       r.refused.Load(),
@@ -386,11 +382,11 @@ func (r *Receiver) prepare(msg *message.Message, topic string) (row, error) {
 		}
 	}
 	metadata, err := encodeMetadata(msg.Metadata)
-	if err == nil && (!utf8.ValidString(topic) || strings.ContainsRune(topic, 0)) {
-		err = errors.New("topic name is not valid UTF-8 text")
+	if err == nil {
+		err = oncetype.CheckText("topic name", topic)
 	}
-	if err == nil && (!utf8.ValidString(msg.UUID) || strings.ContainsRune(msg.UUID, 0)) {
-		err = errors.New("message UUID is not valid UTF-8 text")
+	if err == nil {
+		err = oncetype.CheckText("message UUID", msg.UUID)
 	}
 	if err != nil {
 		return row{}, r.refuse(msg, fmt.Errorf("%w in message %q (consumer %q): %w", ErrInvalidMetadata, msg.UUID, r.config.Consumer, err))
@@ -452,8 +448,8 @@ func encodeMetadata(md message.Metadata) (string, error) {
 		return "{}", nil
 	}
 	for k, v := range md {
-		if !utf8.ValidString(k) || !utf8.ValidString(v) || strings.ContainsRune(k, 0) || strings.ContainsRune(v, 0) {
-			return "", fmt.Errorf("metadata field %.40q is not valid UTF-8 text (or contains NUL)", k)
+		if err := oncetype.CheckText(fmt.Sprintf("metadata field %.40q", k), k, v); err != nil {
+			return "", err
 		}
 	}
 	b, err := json.Marshal(md)

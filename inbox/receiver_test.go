@@ -41,14 +41,14 @@ func TestBurstIngestedThenProcessed(t *testing.T) {
 	for i := 1; i <= burst; i++ {
 		go func() { errs <- r.Handle(msg(fmt.Sprintf("m-%d", i), fmt.Sprintf("p%d", i), "seq", fmt.Sprint(i))) }()
 	}
-	waitFor(t, 5*time.Second, "the burst to queue", func() bool { return r.Counts().Waiting == burst+1 })
-	require.Zero(t, r.Counts().Stored, "nothing is acked while the write is held")
+	waitFor(t, 5*time.Second, "the burst to queue", func() bool { return r.Counters().Waiting == burst+1 })
+	require.Zero(t, r.Counters().Stored, "nothing is acked while the write is held")
 	require.NoError(t, blocker.Rollback())
 
 	for range burst + 1 {
 		require.NoError(t, <-errs)
 	}
-	c := r.Counts()
+	c := r.Counters()
 	require.Equal(t, uint64(burst+1), c.Stored)
 	require.Equal(t, uint64(2), c.Batches, "the held row, then the whole queued burst in one statement")
 	require.Equal(t, burst+1, e.status(t, "payments", inbox.StatusPending))
@@ -59,11 +59,11 @@ func TestBurstIngestedThenProcessed(t *testing.T) {
 		}
 		return nil, e.effect(m, "w")
 	}, fast("payments"))
-	waitFor(t, 20*time.Second, "every row to be processed", func() bool { return p.Counts().Processed == burst+1 })
+	waitFor(t, 20*time.Second, "every row to be processed", func() bool { return p.Counters().Processed == burst+1 })
 	require.Equal(t, burst+1, e.effects(t))
 	require.Equal(t, burst+1, pgtest.Count(t, e.db, `SELECT count(DISTINCT message_id) FROM `+e.table("effects")))
 	require.Equal(t, burst+1, e.status(t, "payments", inbox.StatusDone))
-	require.Zero(t, p.Counts().Failed)
+	require.Zero(t, p.Counters().Failed)
 	st, err := e.ops.Stats(context.Background(), "payments")
 	require.NoError(t, err)
 	require.Equal(t, inbox.Stats{}, st)
@@ -84,18 +84,18 @@ func TestDuplicatesIngestedOnce(t *testing.T) {
 	}
 	wg.Wait()
 	require.Equal(t, messages, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("inbox")))
-	c := r.Counts()
+	c := r.Counters()
 	require.Equal(t, uint64(messages), c.Stored)
 	require.Equal(t, uint64(messages*(copies-1)), c.Duplicates)
 
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "w") }, fast("c"))
-	waitFor(t, 10*time.Second, "processing", func() bool { return p.Counts().Processed == messages })
+	waitFor(t, 10*time.Second, "processing", func() bool { return p.Counters().Processed == messages })
 
 	// Late copies (a redelivery after processing) are acked and change nothing.
 	for i := range messages {
 		require.NoError(t, r.Handle(msg(fmt.Sprintf("e-%d", i), "x")))
 	}
-	require.Equal(t, uint64(messages*copies), r.Counts().Duplicates)
+	require.Equal(t, uint64(messages*copies), r.Counters().Duplicates)
 	require.Equal(t, messages, e.status(t, "c", inbox.StatusDone))
 	require.Equal(t, messages, e.effects(t))
 }
@@ -136,7 +136,7 @@ func TestRefusesUnusableMessages(t *testing.T) {
 		wg.Go(func() { require.NoError(t, r.Handle(msg(okKey, "p", "event_id", okKey, "account", "a"))) })
 	}
 	wg.Wait()
-	require.Equal(t, uint64(len(cases)), r.Counts().Refused)
+	require.Equal(t, uint64(len(cases)), r.Counters().Refused)
 	require.Equal(t, len(cases), pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("inbox")))
 	require.Zero(t, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("inbox")+` WHERE message_uuid LIKE 'u%'`))
 }
@@ -201,6 +201,7 @@ func TestConfigValidation(t *testing.T) {
 	for name, cfg := range map[string]inbox.ReceiverConfig{
 		"no consumer":    {},
 		"blank consumer": {Consumer: "  "},
+		"NUL consumer":   {Consumer: "pay\x00ments"},
 		"bad schema":     {Consumer: "c", Schema: "x; DROP TABLE y"},
 		"key too long":   {Consumer: "c", MaxKeyLength: oncetype.MaxKeyLengthLimit + 1},
 		"batch too big":  {Consumer: "c", BatchSize: inbox.MaxBatchSize + 1},
@@ -217,6 +218,7 @@ func TestConfigValidation(t *testing.T) {
 	h := func(*message.Message) ([]*message.Message, error) { return nil, nil }
 	for name, cfg := range map[string]inbox.ProcessorConfig{
 		"no consumer":        {},
+		"NUL consumer":       {Consumer: "pay\x00ments"},
 		"bad schema":         {Consumer: "c", Schema: "Upper"},
 		"workers":            {Consumer: "c", Workers: -2},
 		"tx batch > claim":   {Consumer: "c", BatchSize: 4, TxBatchSize: 5},
@@ -259,7 +261,7 @@ func TestAgeGuardParksOldCopiesOfForgottenKeys(t *testing.T) {
 	early := guarded(at(time.Minute))
 	require.NoError(t, early.Handle(event("kept")))
 	require.NoError(t, early.Handle(event("forgotten")))
-	require.Equal(t, uint64(2), early.Counts().Stored)
+	require.Equal(t, uint64(2), early.Counters().Stored)
 	// Both are applied; retention later deletes one of them.
 	pgtest.Exec(t, e.db, `UPDATE `+e.table("inbox")+` SET status = 'DONE', finished_at = now()`)
 	pgtest.Exec(t, e.db, `DELETE FROM `+e.table("inbox")+` WHERE message_id = 'forgotten'`)
@@ -274,7 +276,7 @@ func TestAgeGuardParksOldCopiesOfForgottenKeys(t *testing.T) {
 	require.True(t, oncetype.IsPermanent(err))
 	require.NoError(t, late.Handle(event("forgotten")), "a second copy is a duplicate of the parked row")
 
-	c := late.Counts()
+	c := late.Counters()
 	require.Equal(t, uint64(1), c.TooOld)
 	require.Equal(t, uint64(1), c.Stored, "only the timeless message is stored for processing")
 	require.Equal(t, uint64(2), c.Duplicates)
@@ -299,7 +301,7 @@ func TestAgeGuardParksOldCopiesOfForgottenKeys(t *testing.T) {
 
 	// The processor leaves parked copies alone.
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "w") }, fast("c"))
-	waitFor(t, 10*time.Second, "the timeless message processed", func() bool { return p.Counts().Processed == 1 })
+	waitFor(t, 10*time.Second, "the timeless message processed", func() bool { return p.Counters().Processed == 1 })
 	require.Equal(t, 1, e.effects(t))
 	require.Equal(t, 2, e.status(t, "c", inbox.StatusFailed))
 }

@@ -24,7 +24,7 @@ func TestUnstorableOutputParksTheRowAtOnce(t *testing.T) {
 		return []*message.Message{message.NewMessage("", []byte("no id"))}, nil
 	}, cfg)
 	require.NoError(t, r.Handle(msg("u1", "p")))
-	waitFor(t, 10*time.Second, "the row to be parked", func() bool { return p.Counts().Parked == 1 })
+	waitFor(t, 10*time.Second, "the row to be parked", func() bool { return p.Counters().Parked == 1 })
 	require.Equal(t, 1, e.status(t, "c", inbox.StatusFailed))
 	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT attempts FROM `+e.table("inbox")+` WHERE consumer = 'c'`), "parked at the first attempt")
 }

@@ -330,7 +330,8 @@ func (p *Processor) runHandler(ctx context.Context, tx *sql.Tx, r claimedRow) er
 		return nil
 	}
 	if p.config.OutputTopic == "" {
-		return oncetype.Permanent(ErrOutputWithoutTopic)
+		// Permanent, so the row is parked: every retry would return the same messages.
+		return oncetype.Permanent(fmt.Errorf("inbox: %w: ProcessorConfig.OutputTopic is empty: set it, or publish through outbox.Writer.Publisher() with the message context", oncetype.ErrOutputWithoutTopic))
 	}
 	if err := p.outbox.PublishTx(hctx, tx, p.config.OutputTopic, out...); err != nil {
 		err = fmt.Errorf("inbox: store handler output: %w", err)

@@ -57,5 +57,5 @@
 // Sender.SendTimeout bounds every provider call and must stay below Lease, or a live but slow
 // sender would be taken for dead and its intent sent twice. FAILED and SKIPPED rows stay in the
 // table, visible to Store.Stats and Store.Backlog, and to alerting (package metrics exports
-// Sender.Stats and the Backlog as wmonce_intent_* metrics), until someone requeues them.
+// Sender.Counters and the Backlog as wmonce_intent_* metrics), until someone requeues them.
 package intent

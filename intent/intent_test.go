@@ -180,9 +180,11 @@ func TestRecordInsideEffectivelyOnceHandler(t *testing.T) {
 
 	// Outside the middleware there is no transaction to join: refused, not written around it.
 	_, err = e.store.Record(message.NewMessage("e-92", nil), intent.Draft{Channel: "sms"})
-	require.ErrorIs(t, err, intent.ErrNoTransaction)
+	require.ErrorIs(t, err, pgtx.ErrNoTransaction)
 	_, err = e.store.RecordTx(context.Background(), e.db, intent.Draft{Channel: "", Consumer: "c", EventID: "e"})
-	require.ErrorContains(t, err, "channel is empty")
+	require.ErrorContains(t, err, "channel is blank")
+	_, err = e.store.RecordTx(context.Background(), e.db, intent.Draft{Channel: "s\x00ms", Consumer: "c", EventID: "e"})
+	require.ErrorContains(t, err, "channel must not contain NUL bytes")
 }
 
 func TestSenderSendsWithTheIntentKey(t *testing.T) {
@@ -206,7 +208,7 @@ func TestSenderSendsWithTheIntentKey(t *testing.T) {
 	n, err = s.SendOnce(context.Background())
 	require.NoError(t, err)
 	require.Zero(t, n, "a SENT intent is never taken again")
-	require.Equal(t, intent.SenderStats{Sent: 1}, s.Stats())
+	require.Equal(t, intent.SenderCounters{Sent: 1}, s.Counters())
 }
 
 func TestSenderRetriesThenParksFailed(t *testing.T) {
@@ -222,7 +224,7 @@ func TestSenderRetriesThenParksFailed(t *testing.T) {
 	in := e.get(t, rec.Key)
 	require.Equal(t, 3, in.Attempts)
 	require.Contains(t, in.LastError, "503", "the last failure stays visible")
-	require.Equal(t, uint64(2), s.Stats().Retried)
+	require.Equal(t, uint64(2), s.Counters().Retried)
 	require.Equal(t, 1, provider.Effects())
 
 	// A provider that keeps failing: after MaxAttempts the intent is FAILED, visibly.
@@ -280,7 +282,7 @@ func sendUntil(t *testing.T, s *intent.Sender, cond func() bool) {
 	deadline := time.Now().Add(15 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("condition not reached; sender stats %+v", s.Stats())
+			t.Fatalf("condition not reached; sender stats %+v", s.Counters())
 		}
 		_, err := s.SendOnce(context.Background())
 		require.NoError(t, err)
@@ -339,7 +341,7 @@ func TestCrashInSending(t *testing.T) {
 
 		healthy := e.sender(t, e.db, intent.Channel{Provider: p, OnCrash: policy}, cfg)
 		sendUntil(t, healthy, func() bool { return e.get(t, rec.Key).Status != intent.StatusSending })
-		require.Equal(t, uint64(1), healthy.Stats().Recovered)
+		require.Equal(t, uint64(1), healthy.Counters().Recovered)
 		return provider, healthy, e.get(t, rec.Key)
 	}
 
@@ -351,7 +353,7 @@ func TestCrashInSending(t *testing.T) {
 		require.Equal(t, id, in.ProviderID)
 		require.Equal(t, []string{in.Key}, provider.Keys(), "one call only")
 		require.Equal(t, 1, provider.Lookups())
-		require.Equal(t, uint64(1), s.Stats().Reconciled)
+		require.Equal(t, uint64(1), s.Counters().Reconciled)
 	})
 	t.Run("reconcile sends what never reached the provider", func(t *testing.T) {
 		t.Parallel()
@@ -359,7 +361,7 @@ func TestCrashInSending(t *testing.T) {
 		require.Equal(t, intent.StatusSent, in.Status)
 		require.Equal(t, []string{in.Key}, provider.Keys())
 		require.Equal(t, 1, provider.Effects())
-		require.Zero(t, s.Stats().Reconciled)
+		require.Zero(t, s.Counters().Reconciled)
 	})
 	t.Run("resend repeats the key and the provider dedupes", func(t *testing.T) {
 		t.Parallel()
@@ -377,7 +379,7 @@ func TestCrashInSending(t *testing.T) {
 		require.Equal(t, intent.StatusSkipped, in.Status)
 		require.Contains(t, in.LastError, "skipped by policy")
 		require.Equal(t, []string{in.Key}, provider.Keys())
-		require.Equal(t, uint64(1), s.Stats().Skipped)
+		require.Equal(t, uint64(1), s.Counters().Skipped)
 	})
 }
 
@@ -392,7 +394,7 @@ func TestUnknownOutcomeFollowsPolicy(t *testing.T) {
 		s := e.sender(t, e.db, intent.Channel{Provider: lostAnswer{p}}, intent.SenderConfig{})
 		rec := e.record(t, "e-1")
 		sendUntil(t, s, func() bool { return e.get(t, rec.Key).Status == intent.StatusSent })
-		st := s.Stats()
+		st := s.Counters()
 		require.Equal(t, uint64(1), st.Unknown)
 		require.Equal(t, uint64(1), st.Reconciled)
 		require.Equal(t, 1, provider.Effects())
@@ -458,7 +460,7 @@ func TestConcurrentSendersSendEachIntentOnce(t *testing.T) {
 	cancel()
 	wg.Wait()
 	require.Equal(t, intents, provider.Effects(), "each intent sent exactly once across six workers")
-	require.Equal(t, uint64(intents), a.Stats().Sent+b.Stats().Sent)
+	require.Equal(t, uint64(intents), a.Counters().Sent+b.Counters().Sent)
 }
 
 func TestSenderConfigValidation(t *testing.T) {
@@ -545,7 +547,7 @@ func TestSenderRunAgainAfterItReturnedAndCloseIsFinal(t *testing.T) {
 	first := make(chan error, 1)
 	go func() { first <- s.Run(ctx) }()
 	e.record(t, "e-1")
-	require.Eventually(t, func() bool { return s.Stats().Sent == 1 }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return s.Counters().Sent == 1 }, 10*time.Second, 5*time.Millisecond)
 	require.ErrorContains(t, s.Run(context.Background()), "already running")
 	cancel()
 	require.NoError(t, <-first)
@@ -553,7 +555,7 @@ func TestSenderRunAgainAfterItReturnedAndCloseIsFinal(t *testing.T) {
 	second := make(chan error, 1)
 	go func() { second <- s.Run(context.Background()) }()
 	e.record(t, "e-2")
-	require.Eventually(t, func() bool { return s.Stats().Sent == 2 }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return s.Counters().Sent == 2 }, 10*time.Second, 5*time.Millisecond)
 	require.NoError(t, s.Close())
 	require.NoError(t, <-second, "Close stopped the second Run and waited for it")
 	require.NoError(t, s.Run(context.Background()), "Run after Close returns at once")

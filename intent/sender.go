@@ -217,8 +217,8 @@ func (c SenderConfig) Validate() error {
 	return errors.Join(errs...)
 }
 
-// SenderStats are a Sender's running totals.
-type SenderStats struct {
+// SenderCounters are a Sender's running totals.
+type SenderCounters struct {
 	Sent       uint64 // intents the provider confirmed
 	Retried    uint64 // sends that failed with NotSent and were put back with backoff
 	Unknown    uint64 // sends with an unknown outcome, handed to the channel's policy
@@ -320,9 +320,9 @@ WHERE id = $1 AND claim_token = $2::uuid AND status = 'SENDING'`,
 	}, nil
 }
 
-// Stats returns the running totals.
-func (s *Sender) Stats() SenderStats {
-	return SenderStats{
+// Counters returns the running totals.
+func (s *Sender) Counters() SenderCounters {
+	return SenderCounters{
 		Sent: s.sent.Load(), Retried: s.retried.Load(), Unknown: s.unknown.Load(), Failed: s.failed.Load(),
 		Skipped: s.skipped.Load(), Recovered: s.recovered.Load(), Reconciled: s.reconciled.Load(),
 		LeaseLost: s.leaseLost.Load(), Released: s.released.Load(), Errors: s.errs.Load(),

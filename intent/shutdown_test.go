@@ -42,14 +42,14 @@ func TestStopMidSendHandsTheIntentToThePolicyAtOnce(t *testing.T) {
 		require.Equal(t, intent.StatusSending, in.Status, "a send in flight stays in doubt, never plain PENDING")
 		require.Zero(t, in.Attempts, "stopping is not counted as an attempt")
 		require.Contains(t, in.LastError, "sender stopped during the provider call")
-		require.Equal(t, uint64(1), stopping.Stats().Released)
+		require.Equal(t, uint64(1), stopping.Counters().Released)
 		require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+pgtx.QualifiedName(e.schema, "intents")+` WHERE lease_until <= now()`), "the lease is over")
 
 		restarted := e.sender(t, e.db, intent.Channel{Provider: p, OnCrash: policy}, intent.SenderConfig{})
 		n, err := restarted.SendOnce(context.Background())
 		require.NoError(t, err)
 		require.Equal(t, 1, n, "recovered at once, not after the lease")
-		require.Equal(t, uint64(1), restarted.Stats().Recovered)
+		require.Equal(t, uint64(1), restarted.Counters().Recovered)
 		return provider, restarted, e.get(t, rec.Key)
 	}
 
@@ -59,7 +59,7 @@ func TestStopMidSendHandsTheIntentToThePolicyAtOnce(t *testing.T) {
 		require.Equal(t, intent.StatusSent, in.Status)
 		require.Equal(t, []string{in.Key}, provider.Keys(), "one call only")
 		require.Equal(t, 1, provider.Lookups())
-		require.Equal(t, uint64(1), s.Stats().Reconciled)
+		require.Equal(t, uint64(1), s.Counters().Reconciled)
 		require.Equal(t, 1, in.Attempts)
 	})
 	t.Run("resend repeats the key and the provider dedupes", func(t *testing.T) {
@@ -74,7 +74,7 @@ func TestStopMidSendHandsTheIntentToThePolicyAtOnce(t *testing.T) {
 		provider, s, in := run(t, intent.Skip, false)
 		require.Equal(t, intent.StatusSkipped, in.Status)
 		require.Equal(t, []string{in.Key}, provider.Keys())
-		require.Equal(t, uint64(1), s.Stats().Skipped)
+		require.Equal(t, uint64(1), s.Counters().Skipped)
 	})
 }
 
@@ -116,8 +116,8 @@ func TestStopDuringReconcileKeepsTheIntentInDoubt(t *testing.T) {
 	require.Contains(t, in.LastError, "sender stopped during the reconcile lookup")
 	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+pgtx.QualifiedName(e.schema, "intents")+` WHERE lease_until <= now()`))
 	require.Empty(t, provider.Keys(), "nothing was sent")
-	require.Zero(t, s.Stats().Failed)
-	require.Equal(t, uint64(1), s.Stats().Released)
+	require.Zero(t, s.Counters().Failed)
+	require.Equal(t, uint64(1), s.Counters().Released)
 }
 
 // notSentOnStop's Send waits for its context and reports that nothing was sent.
@@ -147,5 +147,5 @@ func TestStopWithNothingSentGoesBackToPending(t *testing.T) {
 	require.Equal(t, intent.StatusPending, in.Status)
 	require.Zero(t, in.Attempts)
 	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+pgtx.QualifiedName(e.schema, "intents")+` WHERE run_after <= now()`), "due at once")
-	require.Equal(t, uint64(1), s.Stats().Released)
+	require.Equal(t, uint64(1), s.Counters().Released)
 }

@@ -6,11 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"time"
-	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmonce/watermill-once/idemkey"
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -25,11 +25,8 @@ const (
 	StatusSkipped Status = "SKIPPED" // a crash in SENDING on a Skip channel: needs attention
 )
 
-// MaxChannelLength bounds channel names, in bytes.
-const MaxChannelLength = 255
-
-// ErrNoTransaction is returned by Record when the message context holds no transaction.
-var ErrNoTransaction = errors.New("intent: no transaction in the message context")
+// MaxChannelLength bounds channel names, in bytes: the limit of every name (oncetype.CheckName).
+const MaxChannelLength = oncetype.MaxNameLength
 
 // Intent is one recorded effect.
 type Intent struct {
@@ -159,7 +156,7 @@ func (s *Store) Record(msg *message.Message, d Draft) (Recorded, error) {
 	}
 	tx, ok := pgtx.TxFromContext(msg.Context())
 	if !ok {
-		return Recorded{}, fmt.Errorf("%w: record intents inside a handler wrapped in the effectively-once middleware, or use RecordTx", ErrNoTransaction)
+		return Recorded{}, fmt.Errorf("intent: %w: record intents inside a handler wrapped in the effectively-once middleware, or use RecordTx", pgtx.ErrNoTransaction)
 	}
 	if d.Consumer == "" || d.EventID == "" {
 		consumer, id, err := s.config.Source.Parts(msg)
@@ -180,7 +177,7 @@ func (s *Store) Record(msg *message.Message, d Draft) (Recorded, error) {
 // no-op that reports Created=false.
 func (s *Store) RecordTx(ctx context.Context, tx Execer, d Draft) (Recorded, error) {
 	if pgtx.IsNil(tx) { // also a nil *sql.Tx from pgtx.TxFromContext outside a transaction
-		return Recorded{}, ErrNoTransaction
+		return Recorded{}, fmt.Errorf("intent: %w: tx is nil (outside a transaction, pgtx.TxFromContext returns a nil *sql.Tx)", pgtx.ErrNoTransaction)
 	}
 	if err := validateChannel(d.Channel); err != nil {
 		return Recorded{}, fmt.Errorf("intent: %w", err)
@@ -207,17 +204,8 @@ func (s *Store) RecordTx(ctx context.Context, tx Execer, d Draft) (Recorded, err
 	return Recorded{Key: key, Created: n == 1}, nil
 }
 
-func validateChannel(ch string) error {
-	switch {
-	case ch == "":
-		return errors.New("channel is empty")
-	case len(ch) > MaxChannelLength:
-		return fmt.Errorf("channel is %d bytes long; the limit is %d", len(ch), MaxChannelLength)
-	case !utf8.ValidString(ch):
-		return errors.New("channel is not valid UTF-8")
-	}
-	return nil
-}
+// validateChannel applies oncetype.CheckName, the rule every component applies to names.
+func validateChannel(ch string) error { return oncetype.CheckName("channel", ch) }
 
 type scanner interface{ Scan(dest ...any) error }
 

@@ -218,7 +218,7 @@ func TestMiddlewareOverWatermillAMQP(t *testing.T) {
 	publish(t, pub, "payments", "e-91", 5)
 	publish(t, pub, "payments", "e-fails-once", 1)
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		assert.Equal(c, once.Counts{Fresh: 2, Duplicates: 4, Failed: 1}, mw.Counts("rewards"))
+		assert.Equal(c, once.Counters{Fresh: 2, Duplicates: 4, Failed: 1}, mw.Counters("rewards"))
 	}, waitFor, tick)
 
 	require.Equal(t, 1, e.effects(t, "e-91"), "five copies, one effect")
@@ -285,7 +285,7 @@ func TestStackOverWatermillAMQP(t *testing.T) {
 	publish(t, pub, "payments", "e-transient", 2)
 	publish(t, pub, "payments", "e-poison", 1)
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		assert.Equal(c, once.Counts{Fresh: 1, Duplicates: 1, Failed: 2}, mw.Counts("rewards"))
+		assert.Equal(c, once.Counters{Fresh: 1, Duplicates: 1, Failed: 2}, mw.Counters("rewards"))
 	}, waitFor, tick)
 	require.Eventually(t, func() bool { return queueDepth(t, e.amqpURL, "payments_rewards") == 0 }, waitFor, tick, "every message acked, the poison one too")
 	require.Equal(t, 1, e.effects(t, "e-transient"))
@@ -323,7 +323,7 @@ func TestInboxOverWatermillAMQP(t *testing.T) {
 	})
 	publish(t, pub, "payments", "e-91", 5)
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		got := receiver.Counts()
+		got := receiver.Counters()
 		assert.Equal(c, [2]uint64{1, 5}, [2]uint64{got.Stored, got.Duplicates}, "one row for five copies and a redelivery")
 	}, waitFor, tick)
 	require.Eventually(t, func() bool { return queueDepth(t, e.amqpURL, "payments_rewards") == 0 }, waitFor, tick)
@@ -349,7 +349,7 @@ func TestInboxOverWatermillAMQP(t *testing.T) {
 		require.NoError(t, <-done)
 	})
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		got := processor.Counts()
+		got := processor.Counters()
 		assert.Equal(c, [2]uint64{1, 1}, [2]uint64{got.Processed, got.Failed}, "processed once, after one failed attempt")
 	}, waitFor, tick)
 	require.Equal(t, 1, e.effects(t, "e-91"), "the failed attempt was rolled back")

@@ -38,8 +38,8 @@
 //
 // # Metrics
 //
-// From the effectively-once middleware (once.Middleware.CountsBySender and
-// GroupCommitStats):
+// From the effectively-once middleware (once.Middleware.CountersBySender and
+// GroupCommitCounters):
 //
 //	wmonce_claims_total{consumer,sender,result}        counter  result=fresh (applied and committed) | duplicate (skipped, acked)
 //	wmonce_fingerprint_mismatches_total{consumer,sender} counter duplicates whose payload differed from the applied copy
@@ -48,7 +48,7 @@
 //	wmonce_group_commit_transactions_total             counter  group-commit transactions committed
 //	wmonce_group_commit_messages_total                 counter  messages applied in them (ratio: average group size)
 //
-// From inbox receivers and processors (Counts):
+// From inbox receivers and processors (Counters):
 //
 //	wmonce_inbox_received_total{consumer,result}       counter  result=stored | duplicate | refused
 //	wmonce_inbox_receive_batches_total{consumer,result} counter result=committed | failed
@@ -76,7 +76,7 @@
 //	wmonce_http_idempotency_oldest_key_age_seconds     gauge    age of the oldest stored response
 //	wmonce_scrape_errors_total{source}                 counter  failed scrape queries, source=inbox | outbox | intent | http_idempotency
 //
-// From outbox relays (Relay.Stats):
+// From outbox relays (Relay.Counters):
 //
 //	wmonce_relay_forwarded_total{relay}                counter  messages published
 //	wmonce_relay_failures_total{relay}                 counter  failed publish or database attempts (retried)
@@ -84,7 +84,7 @@
 //	wmonce_relay_fenced_total{relay}                   counter  position updates refused (another instance moved it)
 //	wmonce_relay_leader{relay}                         gauge    1 while this process leads the relay
 //
-// From retention janitors (retention.Janitor.Stats and Warnings):
+// From retention janitors (retention.Janitor.Counters and Warnings):
 //
 //	wmonce_janitor_deleted_total{table}                counter  rows deleted; table=processed_messages | inbox | outbox | http_idempotency_keys
 //	wmonce_janitor_partitions_dropped_total            counter  days of processed_messages_daily dropped
@@ -93,7 +93,7 @@
 //	wmonce_janitor_last_round_timestamp_seconds        gauge    Unix time of the last round (0 before the first)
 //	wmonce_retention_warnings                          gauge    windows shorter than their declared redelivery horizon
 //
-// From intent senders (intent.Sender.Stats), summed over the Senders:
+// From intent senders (intent.Sender.Counters), summed over the Senders:
 //
 //	wmonce_intent_sent_total                           counter  intents recorded SENT (provider confirmed, or found by a reconcile lookup)
 //	wmonce_intent_retries_total                        counter  sends answered NotSent, put back PENDING with backoff
@@ -105,16 +105,16 @@
 //	wmonce_intent_released_total                       counter  intents given back by a stopping sender
 //	wmonce_intent_sender_errors_total                  counter  database errors (retried)
 //
-// From HTTP Idempotency-Key middlewares (httpidem.Middleware.Stats), summed:
+// From HTTP Idempotency-Key middlewares (httpidem.Middleware.Counters), summed:
 //
 //	wmonce_http_idempotency_requests_total{result}     counter  result=stored | duplicate (replayed) | conflict (409) |
 //	                                                            fingerprint_mismatch (422) | refused (400, 413) |
 //	                                                            failed (handler 5xx, rolled back, not stored) |
 //	                                                            error (500: lookup, store or commit failed) | keyless
 //
-// Stats.Replayed is result=duplicate, Stats.NotStored is result=failed (the handler failed, as
-// outcome=failed of the middleware) and Stats.Failed is result=error (the middleware's own
-// database failure). A keyless request (KeyOptional) whose commit then fails counts in both
+// Counters.Replayed is result=duplicate, Counters.NotStored is result=failed (the handler failed, as
+// outcome=failed of the middleware) and Counters.Failed is result=error (the middleware's own
+// database failure). A keyless request (AllowMissingKey) whose commit then fails counts in both
 // keyless and error.
 //
 // Alerts worth having: wmonce_inbox_rows{status="failed"} > 0, a growing

@@ -249,7 +249,7 @@ func TestHTTPIdempotencyMetrics(t *testing.T) {
 	schema := pgtest.Schema(t, db)
 	pgtest.Exec(t, db, `CREATE TABLE `+pgtx.QualifiedName(schema, "payments")+` (id bigserial PRIMARY KEY, body text NOT NULL)`)
 	strict := newIdemServer(t, db, schema, httpidem.Config{})
-	optional := newIdemServer(t, db, schema, httpidem.Config{KeyOptional: true})
+	optional := newIdemServer(t, db, schema, httpidem.Config{AllowMissingKey: true})
 
 	reg := prometheus.NewPedanticRegistry()
 	require.NoError(t, metrics.Register(reg, metrics.Sources{DB: db, Schema: schema, HTTPIdempotency: []*httpidem.Middleware{strict.mw, optional.mw}}))

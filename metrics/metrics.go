@@ -167,7 +167,7 @@ var (
 	descIntentRows       = desc("wmonce_intent_rows", "Unfinished intents by status (pending, sending, failed, skipped), read from the database.", "channel", "status")
 	descIntentRetrying   = desc("wmonce_intent_retrying_rows", "Pending intents a sender took before, waiting out a backoff (part of status=pending).", "channel")
 	descIntentOldestAge  = desc("wmonce_intent_oldest_age_seconds", "Age since it was recorded of the oldest intent in status pending or sending, by the database clock; 0 when none. Alert when it grows.", "channel", "status")
-	descHTTPRequests     = desc("wmonce_http_idempotency_requests_total", "Requests at the Idempotency-Key middleware: result=stored (ran, response stored with its effects), duplicate (retry answered from the stored response), conflict (409: the key's first request still running), fingerprint_mismatch (422: key reused for a different request), refused (400 or 413: missing or invalid key, unscoped, body too large), failed (handler answered 5xx: rolled back, not stored), error (500: the middleware could not look up, store or commit), keyless (run without a key under KeyOptional; counted in error as well if that then fails).", "result")
+	descHTTPRequests     = desc("wmonce_http_idempotency_requests_total", "Requests at the Idempotency-Key middleware: result=stored (ran, response stored with its effects), duplicate (retry answered from the stored response), conflict (409: the key's first request still running), fingerprint_mismatch (422: key reused for a different request), refused (400 or 413: missing or invalid key, unscoped, body too large), failed (handler answered 5xx: rolled back, not stored), error (500: the middleware could not look up, store or commit), keyless (run without a key under AllowMissingKey; counted in error as well if that then fails).", "result")
 	descHTTPKeys         = desc("wmonce_http_idempotency_keys", "Stored responses in http_idempotency_keys, live and expired: the planner's estimate (exact while the table has no statistics).")
 	descHTTPOldestKey    = desc("wmonce_http_idempotency_oldest_key_age_seconds", "Age of the oldest stored response by the database clock; 0 when none. Well above the middleware's Retention: expired keys are not being deleted.")
 )
@@ -241,7 +241,7 @@ func (c *collector) collectMiddlewares(s *series) {
 		if mw == nil {
 			continue
 		}
-		for k, n := range mw.CountsBySender() {
+		for k, n := range mw.CountersBySender() {
 			s.add(descClaims, prometheus.CounterValue, float64(n.Fresh), k.Consumer, k.Sender, "fresh")
 			s.add(descClaims, prometheus.CounterValue, float64(n.Duplicates), k.Consumer, k.Sender, "duplicate")
 			s.add(descMismatches, prometheus.CounterValue, float64(n.FingerprintMismatches), k.Consumer, k.Sender)
@@ -251,7 +251,7 @@ func (c *collector) collectMiddlewares(s *series) {
 			s.add(descOutcomes, prometheus.CounterValue, float64(n.TooOld), k.Consumer, "too_old")
 			s.add(descTxRetries, prometheus.CounterValue, float64(n.TxRetries), k.Consumer)
 		}
-		tx, msgs := mw.GroupCommitStats()
+		tx, msgs := mw.GroupCommitCounters()
 		groupTx += tx
 		groupMsgs += msgs
 	}
@@ -277,7 +277,7 @@ func (c *collector) collectInboxComponents(s *series) {
 			continue
 		}
 		consumer := consumerOf(r)
-		n := r.Counts()
+		n := r.Counters()
 		s.add(descReceived, prometheus.CounterValue, float64(n.Stored), consumer, "stored")
 		s.add(descReceived, prometheus.CounterValue, float64(n.Duplicates), consumer, "duplicate")
 		s.add(descReceived, prometheus.CounterValue, float64(n.Refused), consumer, "refused")
@@ -290,7 +290,7 @@ func (c *collector) collectInboxComponents(s *series) {
 			continue
 		}
 		consumer := consumerOf(p)
-		n := p.Counts()
+		n := p.Counters()
 		s.add(descInboxClaimed, prometheus.CounterValue, float64(n.Claimed), consumer)
 		s.add(descInboxDone, prometheus.CounterValue, float64(n.Processed), consumer)
 		s.add(descInboxFailed, prometheus.CounterValue, float64(n.Failed), consumer)
@@ -311,7 +311,7 @@ func (c *collector) collectRelays(s *series) {
 		if n, ok := any(r).(namedRelay); ok {
 			name = n.Name()
 		}
-		st := r.Stats()
+		st := r.Counters()
 		s.add(descForwarded, prometheus.CounterValue, float64(st.Forwarded), name)
 		s.add(descRelayFail, prometheus.CounterValue, float64(st.Failures), name)
 		s.add(descRelayRej, prometheus.CounterValue, float64(st.Rejected), name)
@@ -328,7 +328,7 @@ func (c *collector) collectJanitors(s *series) {
 		if j == nil {
 			continue
 		}
-		st := j.Stats()
+		st := j.Counters()
 		s.add(descJanDeleted, prometheus.CounterValue, float64(st.Claims), "processed_messages")
 		s.add(descJanDeleted, prometheus.CounterValue, float64(st.InboxRows), "inbox")
 		s.add(descJanDeleted, prometheus.CounterValue, float64(st.OutboxRows), "outbox")
@@ -403,7 +403,7 @@ func (c *collector) collectSenders(s *series) {
 		if snd == nil {
 			continue
 		}
-		st := snd.Stats()
+		st := snd.Counters()
 		s.add(descIntentSent, prometheus.CounterValue, float64(st.Sent))
 		s.add(descIntentRetries, prometheus.CounterValue, float64(st.Retried))
 		s.add(descIntentUnknown, prometheus.CounterValue, float64(st.Unknown))
@@ -422,7 +422,7 @@ func (c *collector) collectHTTPIdempotency(s *series) {
 		if m == nil {
 			continue
 		}
-		st := m.Stats()
+		st := m.Counters()
 		s.add(descHTTPRequests, prometheus.CounterValue, float64(st.Stored), "stored")
 		s.add(descHTTPRequests, prometheus.CounterValue, float64(st.Replayed), "duplicate")
 		s.add(descHTTPRequests, prometheus.CounterValue, float64(st.Conflicts), "conflict")

@@ -149,7 +149,7 @@ func TestMetricsOfRealComponents(t *testing.T) {
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- proc.Run(ctx) }()
-	require.Eventually(t, func() bool { c := proc.Counts(); return c.Processed == 2 && c.Parked == 1 }, 20*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { c := proc.Counters(); return c.Processed == 2 && c.Parked == 1 }, 20*time.Second, 10*time.Millisecond)
 	require.NoError(t, proc.Close())
 	require.NoError(t, <-done)
 	backlog, err := inbox.NewReceiver(db, inbox.ReceiverConfig{Schema: schema, Consumer: "backlog"}, logger())
@@ -283,9 +283,9 @@ func relay(t *testing.T, db *sql.DB, schema, name string, batch, want int) *outb
 	require.Eventually(t, func() bool {
 		_, err := r.RelayOnce(context.Background())
 		require.NoError(t, err)
-		return int(r.Stats().Forwarded) >= want
+		return int(r.Counters().Forwarded) >= want
 	}, 20*time.Second, 10*time.Millisecond)
-	require.Equal(t, want, int(r.Stats().Forwarded))
+	require.Equal(t, want, int(r.Counters().Forwarded))
 	return r
 }
 

@@ -79,7 +79,7 @@ func BenchmarkHandlerPaths(b *testing.B) {
 			}
 			defer mw.Close()
 			drive(b, mw.Middleware(business), inFlight, payload, run.Add(1))
-			txs, msgs := mw.GroupCommitStats()
+			txs, msgs := mw.GroupCommitCounters()
 			if txs > 0 {
 				b.ReportMetric(float64(msgs)/float64(txs), "msgs/tx")
 			}
@@ -153,7 +153,7 @@ func BenchmarkHandlerPathsInterleaved(b *testing.B) {
 		}
 		b.Cleanup(func() { _ = m.Close() })
 		if gc.Enabled {
-			groupStats = append(groupStats, m.GroupCommitStats)
+			groupStats = append(groupStats, m.GroupCommitCounters)
 		}
 		return m.Middleware(business)
 	}

@@ -4,8 +4,8 @@ import (
 	"sync/atomic"
 )
 
-// Counts are running totals since the middleware was created.
-type Counts struct {
+// Counters are running totals since the middleware was created.
+type Counters struct {
 	// Fresh counts messages applied and committed. On watermill-sql's subscriber path it counts
 	// completed attempts in the subscriber's transaction, which the subscriber commits later:
 	// if that commit fails, the redelivered copy is counted again.
@@ -24,8 +24,8 @@ type Counts struct {
 	TooOld    uint64 // copies refused by the age guard (older than MaxMessageAge)
 }
 
-func (c Counts) add(o Counts) Counts {
-	return Counts{
+func (c Counters) add(o Counters) Counters {
+	return Counters{
 		Fresh:                 c.Fresh + o.Fresh,
 		Duplicates:            c.Duplicates + o.Duplicates,
 		FingerprintMismatches: c.FingerprintMismatches + o.FingerprintMismatches,
@@ -36,7 +36,7 @@ func (c Counts) add(o Counts) Counts {
 	}
 }
 
-// CounterKey identifies one series of Counts: a consumer and, when Config.SenderMetadataKey
+// CounterKey identifies one series of Counters: a consumer and, when Config.SenderMetadataKey
 // is set, the sender named in each message's metadata ("" otherwise).
 type CounterKey struct {
 	Consumer string
@@ -76,9 +76,9 @@ func (e *Middleware) senders(consumer string) int {
 	return n
 }
 
-// Counts returns the totals of one consumer, summed over senders.
-func (e *Middleware) Counts(consumer string) Counts {
-	var sum Counts
+// Counters returns the totals of one consumer, summed over senders.
+func (e *Middleware) Counters(consumer string) Counters {
+	var sum Counters
 	e.counts.Range(func(k, v any) bool {
 		if k.(CounterKey).Consumer == consumer {
 			sum = sum.add(v.(*counters).snapshot())
@@ -88,9 +88,9 @@ func (e *Middleware) Counts(consumer string) Counts {
 	return sum
 }
 
-// AllCounts returns the totals of every consumer seen so far, summed over senders.
-func (e *Middleware) AllCounts() map[string]Counts {
-	out := map[string]Counts{}
+// AllCounters returns the totals of every consumer seen so far, summed over senders.
+func (e *Middleware) AllCounters() map[string]Counters {
+	out := map[string]Counters{}
 	e.counts.Range(func(k, v any) bool {
 		c := k.(CounterKey).Consumer
 		out[c] = out[c].add(v.(*counters).snapshot())
@@ -99,9 +99,9 @@ func (e *Middleware) AllCounts() map[string]Counts {
 	return out
 }
 
-// CountsBySender returns every series, per consumer and sender: what metrics export.
-func (e *Middleware) CountsBySender() map[CounterKey]Counts {
-	out := map[CounterKey]Counts{}
+// CountersBySender returns every series, per consumer and sender: what metrics export.
+func (e *Middleware) CountersBySender() map[CounterKey]Counters {
+	out := map[CounterKey]Counters{}
 	e.counts.Range(func(k, v any) bool {
 		out[k.(CounterKey)] = v.(*counters).snapshot()
 		return true
@@ -109,8 +109,8 @@ func (e *Middleware) CountsBySender() map[CounterKey]Counts {
 	return out
 }
 
-func (c *counters) snapshot() Counts {
-	return Counts{
+func (c *counters) snapshot() Counters {
+	return Counters{
 		Fresh:                 c.fresh.Load(),
 		Duplicates:            c.duplicates.Load(),
 		FingerprintMismatches: c.mismatches.Load(),

@@ -53,7 +53,7 @@
 // subscriber's commit fails, its offset does not move, and it delivers the message again in a
 // new transaction with a fresh snapshot. Later messages of the same batch are acked into the
 // doomed transaction without running and are redelivered the same way. Each such message counts
-// in Counts.TxRetries; watermill-sql logs the failed commit at error level, with the attempt
+// in Counters.TxRetries; watermill-sql logs the failed commit at error level, with the attempt
 // guard's message.
 //
 // Round trips per message, on a pool from pgtx.Open (lazy BEGIN): in a transaction of our own,
@@ -68,7 +68,7 @@
 // was committed after the subscriber's snapshot (e.g. the same event arrived at once on a topic
 // and its redrive topic, consumed under one consumer name). Retrying it in place would meet the
 // same invisible row until AckDeadline, since rolling back to a savepoint keeps the snapshot, so
-// the copy is settled at once as a duplicate: acked, logged and counted in Counts.Duplicates like
+// the copy is settled at once as a duplicate: acked, logged and counted in Counters.Duplicates like
 // any other, once the committed claim has been read on a separate connection (its payload
 // compared with the applied copy's). If that claim cannot be read (an SSI failure under
 // SERIALIZABLE proves nothing; the pool may have no connection to spare), the transaction is

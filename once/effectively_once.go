@@ -8,11 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/wmonce/watermill-once/oncetype"
 
@@ -33,7 +31,9 @@ type Config struct {
 	// Consumer scopes dedupe keys: two consumers sharing the table never see each other's keys.
 	// Default: the name of the router handler the message arrives at. Set it explicitly when one
 	// logical consumer runs under several handler names, or never rename the handler: a new
-	// consumer name starts with an empty history and re-applies redelivered messages.
+	// consumer name starts with an empty history and re-applies redelivered messages. A name is
+	// checked by oncetype.CheckName (text PostgreSQL can store, at most 255 bytes): Config.Consumer
+	// at construction, a handler name at the first message.
 	Consumer string
 
 	// Key returns each message's dedupe key. Default KeyFromUUID.
@@ -63,7 +63,7 @@ type Config struct {
 	DisableSubscriberTxReuse bool
 
 	// SenderMetadataKey names a metadata field that identifies the producer (e.g. "sender" or
-	// "service"). Counts are then kept per consumer and sender, so metrics show who sends
+	// "service"). Counters are then kept per consumer and sender, so metrics show who sends
 	// duplicates. At most 100 senders per consumer are told apart; the rest count as "_other".
 	SenderMetadataKey string
 
@@ -140,11 +140,10 @@ func (c Config) Validate() error {
 	if err := pgtx.ValidateIdentifier("schema", c.Schema); err != nil {
 		errs = append(errs, err)
 	}
-	if c.Consumer != "" && strings.TrimSpace(c.Consumer) == "" {
-		errs = append(errs, errors.New("Consumer is blank: leave it empty to use the handler name, or give a real name"))
-	}
-	if len(c.Consumer) > 255 || !utf8.ValidString(c.Consumer) {
-		errs = append(errs, errors.New("Consumer must be valid UTF-8 of at most 255 bytes"))
+	if c.Consumer != "" {
+		if err := oncetype.CheckName("Consumer", c.Consumer); err != nil {
+			errs = append(errs, fmt.Errorf("%w; or leave Consumer empty to use the handler name", err))
+		}
 	}
 	if c.MaxKeyLength < 1 || c.MaxKeyLength > oncetype.MaxKeyLengthLimit {
 		errs = append(errs, fmt.Errorf("MaxKeyLength must be between 1 and %d, got %d", oncetype.MaxKeyLengthLimit, c.MaxKeyLength))
@@ -223,11 +222,11 @@ INSERT INTO ` + t + ` (` + cols + `) VALUES (` + values + `) ON CONFLICT DO NOTH
 // the tables must exist (run migrate first).
 func New(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Middleware, error) {
 	if db == nil {
-		return nil, errors.New("effectively-once: db is nil: open one with pgtx.Open")
+		return nil, errors.New("once: db is nil: open one with pgtx.Open")
 	}
 	config.setDefaults()
 	if err := config.Validate(); err != nil {
-		return nil, fmt.Errorf("effectively-once: invalid config: %w", err)
+		return nil, fmt.Errorf("once: invalid config: %w", err)
 	}
 	if logger == nil {
 		logger = watermill.NopLogger{}
@@ -236,7 +235,7 @@ func New(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Middleware
 	if ob == nil {
 		var err error
 		if ob, err = outbox.NewWriter(outbox.Config{Schema: config.Schema}); err != nil {
-			return nil, fmt.Errorf("effectively-once: %w", err)
+			return nil, fmt.Errorf("once: %w", err)
 		}
 	}
 	e := &Middleware{
@@ -305,9 +304,14 @@ func (e *Middleware) newDelivery(msg *message.Message) (*delivery, error) {
 	consumer := e.config.Consumer
 	if consumer == "" {
 		consumer = message.HandlerNameFromCtx(ctx)
-	}
-	if consumer == "" {
-		return nil, oncetype.Permanent(ErrNoConsumer)
+		if consumer == "" {
+			return nil, oncetype.Permanent(ErrNoConsumer)
+		}
+		// Config.Consumer was checked at construction; a handler name is checked here, by
+		// the same rule, as it cannot be before the first message.
+		if err := oncetype.CheckName("the handler name used as consumer", consumer); err != nil {
+			return nil, oncetype.Permanent(fmt.Errorf("%w: %w", ErrNoConsumer, err))
+		}
 	}
 	var sender string
 	if e.config.SenderMetadataKey != "" {
@@ -375,7 +379,7 @@ func (e *Middleware) runInOwnTx(origCtx context.Context, h message.HandlerFunc, 
 func (e *Middleware) attemptOwnTx(ctx context.Context, h message.HandlerFunc, d *delivery) (err error) {
 	tx, err := e.db.BeginTx(ctx, e.config.TxOptions)
 	if err != nil {
-		return fmt.Errorf("effectively-once: begin: %w", err)
+		return fmt.Errorf("once: begin: %w", err)
 	}
 	done := false
 	defer func() {
@@ -396,7 +400,7 @@ func (e *Middleware) attemptOwnTx(ctx context.Context, h message.HandlerFunc, d 
 		// The outcome of a failed COMMIT can be unknown (connection lost). Nack either way: if it
 		// did commit, the redelivery finds the key and is acked without effect.
 		d.counters.failed.Add(1)
-		return fmt.Errorf("effectively-once: commit: %w", err)
+		return fmt.Errorf("once: commit: %w", err)
 	}
 	d.counters.fresh.Add(1)
 	return nil
@@ -446,7 +450,7 @@ func (e *Middleware) runInSubscriberTx(ctx context.Context, h message.HandlerFun
 	}
 	rollback := func(cause error) error {
 		if _, err := tx.ExecContext(context.WithoutCancel(ctx), spRollback); err != nil {
-			return errors.Join(cause, fmt.Errorf("effectively-once: rollback to savepoint: %w", err))
+			return errors.Join(cause, fmt.Errorf("once: rollback to savepoint: %w", err))
 		}
 		return cause
 	}
@@ -470,7 +474,7 @@ func (e *Middleware) runInSubscriberTx(ctx context.Context, h message.HandlerFun
 		return rollback(err)
 	}
 	if _, err := tx.ExecContext(ctx, e.q.savepointRelease); err != nil {
-		return rollback(fmt.Errorf("effectively-once: release savepoint: %w", err))
+		return rollback(fmt.Errorf("once: release savepoint: %w", err))
 	}
 	// Counted when the attempt is complete: the subscriber's commit comes later and cannot be
 	// observed from here. If that commit fails, the message is redelivered and counted again.
@@ -488,7 +492,7 @@ func (e *Middleware) runInSubscriberTx(ctx context.Context, h message.HandlerFun
 // attempt, nor of any later message in the same transaction, can commit.
 func (e *Middleware) abandonSnapshot(ctx context.Context, d *delivery, tx *sql.Tx, cause error, rollback func(error) error) error {
 	if _, err := tx.ExecContext(context.WithoutCancel(ctx), e.q.doom); err != nil {
-		return rollback(errors.Join(cause, fmt.Errorf("effectively-once: doom subscriber transaction: %w", err)))
+		return rollback(errors.Join(cause, fmt.Errorf("once: doom subscriber transaction: %w", err)))
 	}
 	d.counters.txRetries.Add(1)
 	e.logger.Info("Serialization failure in the subscriber's transaction: it will not commit, and the message is redelivered in a new one",
@@ -506,7 +510,7 @@ func (e *Middleware) abandonSnapshot(ctx context.Context, d *delivery, tx *sql.T
 type claimedAfterSnapshotError struct{ err error }
 
 func (e *claimedAfterSnapshotError) Error() string {
-	return "effectively-once: claim: serialization failure (a copy committed its claim after this transaction's snapshot?): " + e.err.Error()
+	return "once: claim: serialization failure (a copy committed its claim after this transaction's snapshot?): " + e.err.Error()
 }
 func (e *claimedAfterSnapshotError) Unwrap() error { return e.err }
 
@@ -563,7 +567,7 @@ func (e *Middleware) claimOutcome(ctx context.Context, tx *sql.Tx, d *delivery, 
 	}
 	if err != nil {
 		if pgtx.IsUndefinedTable(err) {
-			return false, fmt.Errorf("effectively-once: a table of schema %q is missing (processed_messages, attempt_guard): run the migrations: %w", e.config.Schema, err)
+			return false, fmt.Errorf("once: a table of schema %q is missing (processed_messages, attempt_guard): run the migrations: %w", e.config.Schema, err)
 		}
 		if e.q.daily && pgtx.SQLState(err) == pgtx.CodeCheckViolation {
 			return false, &missingPartitionError{days: []time.Time{partition.Day(d.occurredAt)}, err: err}
@@ -571,7 +575,7 @@ func (e *Middleware) claimOutcome(ctx context.Context, tx *sql.Tx, d *delivery, 
 		if pgtx.IsSerializationFailure(err) {
 			return false, &claimedAfterSnapshotError{err: err} // still retryable as a new transaction
 		}
-		return false, fmt.Errorf("effectively-once: claim: %w", err)
+		return false, fmt.Errorf("once: claim: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n == 1 {
 		return true, e.checkAge(d)
@@ -622,11 +626,11 @@ func (e *Middleware) apply(ctx context.Context, h message.HandlerFunc, d *delive
 	}
 	if d.outputTopic == "" {
 		d.counters.failed.Add(1)
-		return oncetype.Permanent(oncetype.ErrOutputWithoutTopic)
+		return oncetype.Permanent(fmt.Errorf("once: %w: add the handler with router.AddHandler(..., publishTopic, ...) or set Config.OutputTopic", oncetype.ErrOutputWithoutTopic))
 	}
 	if err := e.outbox.PublishTx(hctx, tx, d.outputTopic, out...); err != nil {
 		d.counters.failed.Add(1)
-		err = fmt.Errorf("effectively-once: store handler output: %w", err)
+		err = fmt.Errorf("once: store handler output: %w", err)
 		if errors.Is(err, outbox.ErrInvalidMessage) {
 			return oncetype.Permanent(fmt.Errorf("%w: %w", ErrUnstorableOutput, err))
 		}
@@ -644,7 +648,7 @@ func callHandler(h message.HandlerFunc, msg *message.Message) (out []*message.Me
 	return h(msg)
 }
 
-var errShutdownGrace = errors.New("effectively-once: router closed and ShutdownGrace elapsed")
+var errShutdownGrace = errors.New("once: router closed and ShutdownGrace elapsed")
 
 // detachForShutdown returns a context that survives the cancellation Router.Close sends to
 // every in-flight message for grace, so a handler that is nearly done can commit instead of
@@ -658,7 +662,10 @@ func detachForShutdown(orig context.Context, grace time.Duration) (context.Conte
 		var cancelDeadline context.CancelFunc
 		ctx, cancelDeadline = context.WithDeadline(ctx, deadline)
 		prev := cancel
-		cancel = func(cause error) { cancelDeadline(); prev(cause) }
+		// The parent first, so ctx inherits the cause: cancelling the deadline child first
+		// would end it with a bare context.Canceled, and a message whose own deadline passed
+		// would not report DeadlineExceeded.
+		cancel = func(cause error) { prev(cause); cancelDeadline() }
 	}
 	var timer atomic.Pointer[time.Timer]
 	stop := context.AfterFunc(orig, func() {
@@ -701,7 +708,7 @@ type missingPartitionError struct {
 }
 
 func (e *missingPartitionError) Error() string {
-	return fmt.Sprintf("effectively-once: a partition of processed_messages_daily is missing (days %v): %v", e.days, e.err)
+	return fmt.Sprintf("once: a partition of processed_messages_daily is missing (days %v): %v", e.days, e.err)
 }
 func (e *missingPartitionError) Unwrap() error { return e.err }
 

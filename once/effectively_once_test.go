@@ -75,7 +75,7 @@ func TestReplayFiveTimesAppliesOnce(t *testing.T) {
 		require.NoError(t, deliver(h, "e-91", `{"amount":120000}`), "every copy is acked")
 	}
 	require.Equal(t, 1, e.effects(t))
-	require.Equal(t, once.Counts{Fresh: 1, Duplicates: 4}, e.mw.Counts("rewards"))
+	require.Equal(t, once.Counters{Fresh: 1, Duplicates: 4}, e.mw.Counters("rewards"))
 
 	require.NoError(t, deliver(h, "e-92", `{"amount":5}`))
 	require.Equal(t, 2, e.effects(t), "a new id is a new effect")
@@ -91,7 +91,7 @@ func TestConsumersAreScopedApart(t *testing.T) {
 	require.NoError(t, deliver(notifications, "e-1", "x"))
 	require.NoError(t, deliver(rewards, "e-1", "x"))
 	require.Equal(t, 2, e.effects(t), "each consumer applies the event once")
-	require.Equal(t, uint64(1), e.mw.Counts("rewards").Duplicates)
+	require.Equal(t, uint64(1), e.mw.Counters("rewards").Duplicates)
 }
 
 func TestConcurrentCopiesApplyExactlyOnce(t *testing.T) {
@@ -121,7 +121,7 @@ func TestConcurrentCopiesApplyExactlyOnce(t *testing.T) {
 		require.NoError(t, err, "every copy is acked, none errors")
 	}
 	require.Equal(t, 1, e.effects(t))
-	c := e.mw.Counts("rewards")
+	c := e.mw.Counters("rewards")
 	require.Equal(t, uint64(1), c.Fresh)
 	require.Equal(t, uint64(copies-1), c.Duplicates)
 }
@@ -169,7 +169,7 @@ func TestDuplicateWithDifferentPayloadIsReported(t *testing.T) {
 	require.NoError(t, deliver(h, "e-1", `{"amount":1}`))
 	require.NoError(t, deliver(h, "e-1", `{"amount":1}`))
 	require.NoError(t, deliver(h, "e-1", `{"amount":999}`), "acked by default, but reported")
-	c := e.mw.Counts("rewards")
+	c := e.mw.Counters("rewards")
 	require.Equal(t, uint64(2), c.Duplicates)
 	require.Equal(t, uint64(1), c.FingerprintMismatches)
 	require.Equal(t, 1, e.effects(t))
@@ -237,7 +237,7 @@ func TestKeyStrategies(t *testing.T) {
 		require.ErrorIs(t, err, oncetype.ErrInvalidKey)
 		require.Zero(t, e.effects(t))
 		require.Zero(t, e.claims(t))
-		require.Equal(t, uint64(3), e.mw.Counts("c").Refused)
+		require.Equal(t, uint64(3), e.mw.Counters("c").Refused)
 	})
 	t.Run("no consumer name", func(t *testing.T) {
 		e := newEnv(t, once.Config{})
@@ -260,6 +260,16 @@ func TestInvalidConfigFailsAtConstruction(t *testing.T) {
 		_, err := once.New(db, cfg, nil)
 		require.Error(t, err, name)
 		require.ErrorContains(t, err, "invalid config", name)
+	}
+	// A consumer PostgreSQL cannot store fails here, by the rule every component applies (the
+	// inbox Receiver refuses the same name), not at the first message's claim.
+	for consumer, want := range map[string]string{
+		"pay\x00ments": "Consumer must not contain NUL bytes",
+		"pay\xffments": "Consumer must be valid UTF-8",
+	} {
+		_, err := once.New(db, once.Config{Consumer: consumer}, nil)
+		require.ErrorContains(t, err, "invalid config")
+		require.ErrorContains(t, err, want)
 	}
 	_, err := once.New(nil, once.Config{}, nil)
 	require.ErrorContains(t, err, "db is nil")
@@ -362,7 +372,7 @@ func TestPublisherFromContextJoinsTheTransaction(t *testing.T) {
 
 	// Without a transaction in the context the publisher refuses instead of sending around it.
 	err = pub.Publish("sms", message.NewMessage("x", nil))
-	require.ErrorIs(t, err, outbox.ErrNoTransaction)
+	require.ErrorIs(t, err, pgtx.ErrNoTransaction)
 }
 
 func TestSerializationFailureRetriesWholeTransaction(t *testing.T) {
@@ -401,7 +411,7 @@ func TestSerializationFailureRetriesWholeTransaction(t *testing.T) {
 	}
 	wg.Wait()
 	require.Equal(t, 2, pgtest.Count(t, e.db, `SELECT v FROM `+e.table("balance")))
-	require.Equal(t, uint64(1), e.mw.Counts("c").TxRetries)
+	require.Equal(t, uint64(1), e.mw.Counters("c").TxRetries)
 }
 
 // capture is a publisher that remembers what it was given: the relay's target in unit tests.

@@ -27,7 +27,7 @@ import (
 // waiting runs at once, in the caller's goroutine, in a transaction of its own, exactly as without
 // group commit; so with one message in flight, or up to Workers, it costs nothing. Only messages
 // that arrive while every lane is busy wait, and the next lane to free up takes all of them (up to
-// MaxBatch) as one group.
+// TxBatchSize) as one group.
 //
 // The guarantee is the same as per-message transactions: each message is acked only after the
 // commit that holds its claim, effects and outputs. A message whose handler fails is isolated:
@@ -43,8 +43,8 @@ import (
 type GroupCommitConfig struct {
 	// Enabled turns group commit on.
 	Enabled bool
-	// MaxBatch caps the messages of one transaction. Default 100.
-	MaxBatch int
+	// TxBatchSize caps the messages of one transaction. Default 100.
+	TxBatchSize int
 	// Workers is how many transactions (lanes) run at once, each holding one connection; beyond
 	// that, messages are grouped. Default 2: fewer lanes make bigger groups (fewer commits); more
 	// help when handlers are slow.
@@ -56,8 +56,8 @@ type GroupCommitConfig struct {
 }
 
 func (c *GroupCommitConfig) setDefaults() {
-	if c.MaxBatch == 0 {
-		c.MaxBatch = 100
+	if c.TxBatchSize == 0 {
+		c.TxBatchSize = 100
 	}
 	if c.Workers == 0 {
 		c.Workers = 2
@@ -68,8 +68,8 @@ func (c GroupCommitConfig) validate() error {
 	if !c.Enabled {
 		return nil
 	}
-	if c.MaxBatch < 1 || c.MaxBatch > 10000 {
-		return fmt.Errorf("GroupCommit.MaxBatch must be between 1 and 10000, got %d", c.MaxBatch)
+	if c.TxBatchSize < 1 || c.TxBatchSize > 10000 {
+		return fmt.Errorf("GroupCommit.TxBatchSize must be between 1 and 10000, got %d", c.TxBatchSize)
 	}
 	if c.Workers < 1 {
 		return fmt.Errorf("GroupCommit.Workers must be at least 1, got %d", c.Workers)
@@ -125,12 +125,12 @@ func (g *groupCommitter) close() {
 	g.wg.Wait()
 }
 
-var errClosed = errors.New("effectively-once: middleware closed")
+var errClosed = errors.New("once: middleware closed")
 
 // submit runs a delivery. With a lane free and nobody waiting (MaxWait 0), it runs at once in
 // the caller's goroutine in a transaction of its own, exactly as without group commit: a lone
 // message pays nothing for it. Otherwise it waits, and the next lane to free up takes everything
-// waiting (up to MaxBatch) as one group.
+// waiting (up to TxBatchSize) as one group.
 func (g *groupCommitter) submit(origCtx context.Context, h message.HandlerFunc, d *delivery) error {
 	g.mu.Lock()
 	if g.closed {
@@ -198,7 +198,7 @@ func (g *groupCommitter) lane() {
 			g.mu.Unlock()
 			return
 		}
-		n := min(len(g.queue), g.config.MaxBatch)
+		n := min(len(g.queue), g.config.TxBatchSize)
 		group := g.queue[:n:n]
 		g.queue = g.queue[n:]
 		g.mu.Unlock()
@@ -212,7 +212,7 @@ func (g *groupCommitter) run(group []*queued) {
 	e := g.e
 	defer func() {
 		for _, q := range group {
-			q.answer(errors.New("effectively-once: group ended without an outcome")) // never reached
+			q.answer(errors.New("once: group ended without an outcome")) // never reached
 		}
 	}()
 	var live []*queued
@@ -286,7 +286,7 @@ func (g *groupCommitter) attempt(pending []*queued) ([]*queued, error) {
 	ctx := context.Background()
 	tx, err := e.db.BeginTx(ctx, e.config.TxOptions)
 	if err != nil {
-		return pending, fmt.Errorf("effectively-once: begin group: %w", err)
+		return pending, fmt.Errorf("once: begin group: %w", err)
 	}
 	committed := false
 	defer func() {
@@ -318,7 +318,7 @@ func (g *groupCommitter) attempt(pending []*queued) ([]*queued, error) {
 	committed = true
 	if err := tx.Commit(); err != nil {
 		e.logger.Error("Group commit failed", err, watermill.LogFields{"messages": len(fresh)})
-		return fresh, fmt.Errorf("effectively-once: commit group: %w", err)
+		return fresh, fmt.Errorf("once: commit group: %w", err)
 	}
 	g.groups.Add(1)
 	g.grouped.Add(uint64(len(fresh)))
@@ -329,10 +329,10 @@ func (g *groupCommitter) attempt(pending []*queued) ([]*queued, error) {
 	return nil, nil
 }
 
-// GroupCommitStats reports how many group transactions committed and how many messages they
+// GroupCommitCounters reports how many group transactions committed and how many messages they
 // applied in all: their ratio is the average group size. Messages that found a lane free ran in a
 // transaction of their own and are not counted. Zero without GroupCommit.
-func (e *Middleware) GroupCommitStats() (transactions, messages uint64) {
+func (e *Middleware) GroupCommitCounters() (transactions, messages uint64) {
 	if e.group == nil {
 		return 0, 0
 	}
@@ -384,22 +384,22 @@ func (g *groupCommitter) claimAll(ctx context.Context, tx *sql.Tx, pending []*qu
 		if e.q.daily && pgtx.SQLState(err) == pgtx.CodeCheckViolation {
 			return nil, nil, &missingPartitionError{days: distinct(days), err: err}
 		}
-		return nil, nil, fmt.Errorf("effectively-once: claim group: %w", err)
+		return nil, nil, fmt.Errorf("once: claim group: %w", err)
 	}
 	claimed := make(map[[2]string]bool, len(pending))
 	for rows.Next() {
 		var c, k string
 		if err := rows.Scan(&c, &k); err != nil {
 			rows.Close()
-			return nil, nil, fmt.Errorf("effectively-once: claim group: %w", err)
+			return nil, nil, fmt.Errorf("once: claim group: %w", err)
 		}
 		claimed[[2]string{c, k}] = true
 	}
 	if err := rows.Close(); err != nil {
-		return nil, nil, fmt.Errorf("effectively-once: claim group: %w", err)
+		return nil, nil, fmt.Errorf("once: claim group: %w", err)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, nil, fmt.Errorf("effectively-once: claim group: %w", err)
+		return nil, nil, fmt.Errorf("once: claim group: %w", err)
 	}
 	for _, q := range pending {
 		if claimed[[2]string{q.d.consumer, q.d.key}] {

@@ -20,7 +20,7 @@ import (
 
 func groupEnv(t *testing.T, cfg once.Config) *env {
 	t.Helper()
-	cfg.GroupCommit = once.GroupCommitConfig{Enabled: true, Workers: 2, MaxBatch: 50, MaxWait: 2 * time.Millisecond}
+	cfg.GroupCommit = once.GroupCommitConfig{Enabled: true, Workers: 2, TxBatchSize: 50, MaxWait: 2 * time.Millisecond}
 	e := newEnv(t, cfg)
 	t.Cleanup(func() { _ = e.mw.Close() })
 	return e
@@ -58,10 +58,10 @@ func TestGroupCommitAppliesEachOnceUnderConcurrency(t *testing.T) {
 	}
 	require.Equal(t, 60, e.effects(t))
 	require.Equal(t, 60, pgtest.Count(t, e.db, `SELECT count(DISTINCT key) FROM `+e.table("effects")))
-	c := e.mw.Counts("c")
+	c := e.mw.Counters("c")
 	require.Equal(t, uint64(60), c.Fresh)
 	require.Equal(t, uint64(60), c.Duplicates)
-	txs, applied := e.mw.GroupCommitStats()
+	txs, applied := e.mw.GroupCommitCounters()
 	require.Equal(t, uint64(60), applied)
 	require.Less(t, txs, uint64(60), "messages shared transactions")
 	t.Logf("60 messages applied in %d transactions", txs)
@@ -146,8 +146,8 @@ func TestGroupCommitWithPartitionsAndAgeGuard(t *testing.T) {
 func TestGroupCommitConfigValidation(t *testing.T) {
 	t.Parallel()
 	db := pgtest.DB(t)
-	_, err := once.New(db, once.Config{GroupCommit: once.GroupCommitConfig{Enabled: true, MaxBatch: -1}}, nil)
-	require.ErrorContains(t, err, "MaxBatch")
+	_, err := once.New(db, once.Config{GroupCommit: once.GroupCommitConfig{Enabled: true, TxBatchSize: -1}}, nil)
+	require.ErrorContains(t, err, "TxBatchSize")
 	mw, err := once.New(db, once.Config{GroupCommit: once.GroupCommitConfig{Enabled: true}}, nil)
 	require.NoError(t, err)
 	require.NoError(t, mw.Close())
@@ -170,10 +170,10 @@ func TestGroupCommitAdaptiveAppliesEachOnce(t *testing.T) {
 	}
 	require.Equal(t, 60, e.effects(t))
 	require.Equal(t, 60, pgtest.Count(t, e.db, `SELECT count(DISTINCT key) FROM `+e.table("effects")))
-	c := e.mw.Counts("c")
+	c := e.mw.Counters("c")
 	require.Equal(t, uint64(60), c.Fresh)
 	require.Equal(t, uint64(60), c.Duplicates)
-	txs, grouped := e.mw.GroupCommitStats()
+	txs, grouped := e.mw.GroupCommitCounters()
 	t.Logf("%d of 60 applied in %d group transactions, the rest alone", grouped, txs)
 }
 

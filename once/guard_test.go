@@ -40,7 +40,7 @@ func TestAgeGuardRefusesOldFreshCopiesOnly(t *testing.T) {
 	require.True(t, oncetype.IsPermanent(err))
 	require.Equal(t, 1, e.effects(t))
 	require.Equal(t, 1, e.claims(t), "the refused copy left no claim")
-	c := e.mw.Counts("c")
+	c := e.mw.Counters("c")
 	require.Equal(t, uint64(1), c.TooOld)
 	require.Equal(t, uint64(1), c.Duplicates)
 
@@ -71,10 +71,10 @@ func TestCountsPerSender(t *testing.T) {
 	send("a", "payments")
 	send("a", "redrive-tool")
 	send("b", "redrive-tool")
-	by := e.mw.CountsBySender()
-	require.Equal(t, once.Counts{Fresh: 1, Duplicates: 1}, by[once.CounterKey{Consumer: "c", Sender: "payments"}])
-	require.Equal(t, once.Counts{Fresh: 1, Duplicates: 1}, by[once.CounterKey{Consumer: "c", Sender: "redrive-tool"}])
-	require.Equal(t, once.Counts{Fresh: 2, Duplicates: 2}, e.mw.Counts("c"))
+	by := e.mw.CountersBySender()
+	require.Equal(t, once.Counters{Fresh: 1, Duplicates: 1}, by[once.CounterKey{Consumer: "c", Sender: "payments"}])
+	require.Equal(t, once.Counters{Fresh: 1, Duplicates: 1}, by[once.CounterKey{Consumer: "c", Sender: "redrive-tool"}])
+	require.Equal(t, once.Counters{Fresh: 2, Duplicates: 2}, e.mw.Counters("c"))
 }
 
 func TestPartitionByDay(t *testing.T) {
@@ -92,7 +92,7 @@ func TestPartitionByDay(t *testing.T) {
 	_, err := h(occurred("e-2", day2, "p"))
 	require.NoError(t, err)
 	require.Equal(t, 2, e.effects(t))
-	require.Equal(t, once.Counts{Fresh: 2, Duplicates: 2}, e.mw.Counts("c"))
+	require.Equal(t, once.Counters{Fresh: 2, Duplicates: 2}, e.mw.Counters("c"))
 	days, err := partition.List(context.Background(), e.db, e.schema)
 	require.NoError(t, err)
 	require.Equal(t, []time.Time{partition.Day(day1), partition.Day(day2)}, days)

@@ -150,10 +150,10 @@ func (p identifyingPublisher) Publish(topic string, msgs ...*message.Message) er
 }
 
 func parkable(m *message.Message) (*message.Message, bool) {
-	badUUID := m.UUID == "" || len(m.UUID) > outbox.MaxUUIDLength || !outbox.IsText(m.UUID)
+	badUUID := m.UUID == "" || len(m.UUID) > outbox.MaxUUIDLength || !oncetype.IsText(m.UUID)
 	var badKeys []string
 	for k, v := range m.Metadata {
-		if !outbox.IsText(k) || !outbox.IsText(v) {
+		if !oncetype.IsText(k) || !oncetype.IsText(v) {
 			badKeys = append(badKeys, k)
 		}
 	}
@@ -176,7 +176,7 @@ func parkable(m *message.Message) (*message.Message, bool) {
 			v := c.Metadata[k]
 			delete(c.Metadata, k)
 			name := k
-			if !outbox.IsText(k) {
+			if !oncetype.IsText(k) {
 				name = "base64:" + base64.StdEncoding.EncodeToString([]byte(k))
 			}
 			c.Metadata[name] = base64.StdEncoding.EncodeToString([]byte(v))

@@ -46,14 +46,15 @@ func IsPanic(err error) bool {
 	return errors.As(err, &p) || errors.As(err, &wp)
 }
 
-// ErrOutputWithoutTopic is returned when a handler returns messages but nothing names a topic
-// for them (the router handler's publish topic, or the component's Config.OutputTopic).
-var ErrOutputWithoutTopic = errors.New("handler returned messages but there is no topic for them: add the handler with router.AddHandler(..., publishTopic, ...) or set Config.OutputTopic")
+// ErrOutputWithoutTopic is wrapped, as a permanent error, when a handler returns messages but
+// nothing names a topic for them (the router handler's publish topic, or the component's
+// Config.OutputTopic); each component's error says which setting to fix.
+var ErrOutputWithoutTopic = errors.New("oncetype: handler returned messages but there is no topic for them")
 
 // ErrMalformedMetadata is wrapped by errors about metadata a component needs and cannot read
 // (an occurred_at that is not a time, or none where it is required). Such errors are permanent.
-var ErrMalformedMetadata = errors.New("malformed message metadata")
+var ErrMalformedMetadata = errors.New("oncetype: malformed message metadata")
 
 // ErrTooOld is wrapped by the age guards' refusals (Config.MaxMessageAge of the middleware and
 // of the inbox Receiver). Permanent.
-var ErrTooOld = errors.New("message older than MaxMessageAge")
+var ErrTooOld = errors.New("oncetype: message older than MaxMessageAge")

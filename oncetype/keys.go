@@ -12,7 +12,7 @@ import (
 
 // ErrInvalidKey is wrapped by every error about a message's dedupe key. Such errors are also
 // permanent (see IsPermanent): retrying the same message cannot fix its key.
-var ErrInvalidKey = errors.New("invalid dedupe key")
+var ErrInvalidKey = errors.New("oncetype: invalid dedupe key")
 
 // KeyFunc returns the dedupe key of a message: a stable id the producer gives every copy of one
 // event. Never use a broker delivery id (Kafka offset, AMQP delivery tag, SQS receipt handle):
@@ -67,8 +67,9 @@ func CheckKey(key string, maxLen int) error {
 		return errors.New("key is empty")
 	case len(key) > maxLen:
 		return fmt.Errorf("key is %d bytes long, over MaxKeyLength (%d): raise MaxKeyLength (up to %d) or use KeyFromPayloadSHA256 / a shorter business key", len(key), maxLen, MaxKeyLengthLimit)
-	case !IsText(key):
-		return errors.New("key is not valid UTF-8 text (or contains NUL): PostgreSQL text cannot store it; use KeyFromPayloadSHA256 or hex-encode it")
+	}
+	if err := CheckText("key", key); err != nil {
+		return fmt.Errorf("%w: use KeyFromPayloadSHA256 or hex-encode it", err)
 	}
 	return nil
 }

@@ -77,8 +77,8 @@ func TestRelayLanesKeepPerKeyOrder(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	deadline := time.Now().Add(20 * time.Second)
-	for r.Stats().Forwarded < keys*perKey {
-		require.True(t, time.Now().Before(deadline), "relay forwarded %d of %d", r.Stats().Forwarded, keys*perKey)
+	for r.Counters().Forwarded < keys*perKey {
+		require.True(t, time.Now().Before(deadline), "relay forwarded %d of %d", r.Counters().Forwarded, keys*perKey)
 		time.Sleep(5 * time.Millisecond)
 	}
 	require.NoError(t, r.Close())

@@ -111,7 +111,7 @@ func TestForgetRelayRefusesARunningRelay(t *testing.T) {
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	require.Eventually(t, func() bool { return r.Stats().IsLeader }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return r.Counters().IsLeader }, 10*time.Second, 10*time.Millisecond)
 
 	found, err := outbox.ForgetRelay(ctx, db, schema, "live")
 	require.ErrorIs(t, err, outbox.ErrRelayActive)

@@ -136,7 +136,7 @@ func TestRelayCrashBeforeRecordingRepublishes(t *testing.T) {
 	require.NoError(t, err)
 	drain(t, r, s, 2)
 	require.Equal(t, []string{"a/e-91", "a/e-91"}, s.all(), "at least once: the copy goes out again with the same UUID")
-	require.Equal(t, uint64(1), r.Stats().Failures)
+	require.Equal(t, uint64(1), r.Counters().Failures)
 }
 
 func TestUndecodableRowIsSetAsideNotDropped(t *testing.T) {
@@ -153,7 +153,7 @@ func TestUndecodableRowIsSetAsideNotDropped(t *testing.T) {
 	var reason string
 	require.NoError(t, db.QueryRow(`SELECT error FROM `+pgtx.QualifiedName(schema, "outbox_rejected")+` WHERE uuid = 'foreign'`).Scan(&reason))
 	require.Contains(t, reason, "destination_topic")
-	require.Equal(t, uint64(1), r.Stats().Rejected)
+	require.Equal(t, uint64(1), r.Counters().Rejected)
 }
 
 func TestOneActiveRelayPerName(t *testing.T) {
@@ -184,7 +184,7 @@ func TestOneActiveRelayPerName(t *testing.T) {
 	}
 	leaders := 0
 	for _, r := range relays {
-		if r.Stats().IsLeader {
+		if r.Counters().IsLeader {
 			leaders++
 		}
 	}
@@ -205,7 +205,7 @@ func TestWriterRefusesBadInput(t *testing.T) {
 	require.ErrorContains(t, w.PublishTx(ctx, tx, "a", message.NewMessage("", nil)), "empty UUID")
 	require.ErrorContains(t, w.PublishTx(ctx, tx, "has space", message.NewMessage("x", nil)), "invalid topic")
 	require.ErrorContains(t, w.PublishTx(ctx, tx, "", message.NewMessage("x", nil)), "topic is empty")
-	require.ErrorIs(t, w.PublishTx(ctx, nil, "a", message.NewMessage("x", nil)), outbox.ErrNoTransaction)
+	require.ErrorIs(t, w.PublishTx(ctx, nil, "a", message.NewMessage("x", nil)), pgtx.ErrNoTransaction)
 	require.NoError(t, tx.Rollback())
 	require.Zero(t, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "outbox")))
 
@@ -215,6 +215,12 @@ func TestWriterRefusesBadInput(t *testing.T) {
 	require.ErrorContains(t, err, "publisher is nil")
 	_, err = outbox.NewRelay(db, &sink{}, outbox.RelayConfig{BatchSize: -1}, nil)
 	require.ErrorContains(t, err, "BatchSize")
+	// A relay name is stored as text (outbox_offsets): one PostgreSQL cannot store fails here,
+	// by the rule every component applies to names, not at the relay's first round.
+	_, err = outbox.NewRelay(db, &sink{}, outbox.RelayConfig{Name: "kafka\x00eu"}, nil)
+	require.ErrorContains(t, err, "relay Name must not contain NUL bytes")
+	_, err = outbox.NewRelay(db, &sink{}, outbox.RelayConfig{Name: "kafka\xffeu"}, nil)
+	require.ErrorContains(t, err, "relay Name must be valid UTF-8")
 }
 
 func TestStampsCorrelationCausationAndOccurredAt(t *testing.T) {
@@ -316,6 +322,6 @@ func TestRelayRunAgainAfterItReturnedAndCloseIsFinal(t *testing.T) {
 	require.Equal(t, "m-2", forwarded())
 	require.NoError(t, r.Close())
 	require.NoError(t, <-second, "Close stopped the second Run and waited for it")
-	require.False(t, r.Stats().IsLeader, "the lock is given up")
+	require.False(t, r.Counters().IsLeader, "the lock is given up")
 	require.NoError(t, r.Run(context.Background()), "Run after Close returns at once")
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmonce/watermill-once/internal/worker"
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -108,8 +109,8 @@ func (c RelayConfig) Validate() error {
 	if err := pgtx.ValidateIdentifier("schema", c.Schema); err != nil {
 		errs = append(errs, err)
 	}
-	if len(c.Name) > 255 {
-		errs = append(errs, fmt.Errorf("relay Name is %d bytes; the limit is 255", len(c.Name)))
+	if err := oncetype.CheckName("relay Name", c.Name); err != nil {
+		errs = append(errs, err)
 	}
 	if c.BatchSize < 1 || c.BatchSize > 10000 {
 		errs = append(errs, fmt.Errorf("BatchSize must be between 1 and 10000, got %d", c.BatchSize))
@@ -123,8 +124,8 @@ func (c RelayConfig) Validate() error {
 	return errors.Join(errs...)
 }
 
-// RelayStats are the relay's running totals since it was created.
-type RelayStats struct {
+// RelayCounters are the relay's running totals since it was created.
+type RelayCounters struct {
 	Forwarded  uint64 // messages published
 	Rounds     uint64 // batches read
 	Failures   uint64 // failed publish or database attempts (each retried)
@@ -278,13 +279,13 @@ type outboxRow struct {
 	metadata sql.NullString
 }
 
-// Stats returns the relay's running totals.
-func (r *Relay) Stats() RelayStats {
+// Counters returns the relay's running totals.
+func (r *Relay) Counters() RelayCounters {
 	var last time.Time
 	if n := r.lastRelay.Load(); n != 0 {
 		last = time.Unix(0, n)
 	}
-	return RelayStats{
+	return RelayCounters{
 		Forwarded:  r.forwarded.Load(),
 		Rounds:     r.rounds.Load(),
 		Failures:   r.failures.Load(),

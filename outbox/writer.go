@@ -6,14 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 	"unicode"
-	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -29,11 +28,6 @@ const (
 	// and for choosing time partitions.
 	MetadataOccurredAt = "occurred_at"
 )
-
-// ErrNoTransaction is returned by PublishTx for a nil transaction (including the nil *sql.Tx
-// that `tx, _ := pgtx.TxFromContext(ctx)` yields outside a transaction) and by the
-// context-bound publisher when a message's context holds no transaction.
-var ErrNoTransaction = errors.New("outbox: no transaction")
 
 // ErrInvalidMessage is wrapped by every refusal of a message that can never be stored or
 // forwarded as it is: no UUID, a UUID or metadata that is not text PostgreSQL and JSON carry
@@ -85,8 +79,8 @@ func DefaultValidateTopic(topic string) error {
 	if len(topic) > 249 {
 		return fmt.Errorf("topic %.40q... is %d bytes long; the limit is 249", topic, len(topic))
 	}
-	if !utf8.ValidString(topic) {
-		return fmt.Errorf("topic %q is not valid UTF-8", topic)
+	if err := oncetype.CheckText("topic", topic); err != nil {
+		return err
 	}
 	for _, r := range topic {
 		if unicode.IsSpace(r) || !unicode.IsPrint(r) {
@@ -146,14 +140,14 @@ type Execer interface {
 // error wrapping ErrInvalidMessage, an invalid topic and any message that is nil, has an empty
 // UUID or one longer than MaxUUIDLength, or has a UUID, metadata key or metadata value that is
 // not valid UTF-8 or contains NUL (JSON would replace invalid bytes with U+FFFD; PostgreSQL text
-// refuses NUL). Payloads are any bytes (base64 in the envelope). A nil tx returns
-// ErrNoTransaction.
+// refuses NUL). Payloads are any bytes (base64 in the envelope). A nil tx returns an error
+// wrapping pgtx.ErrNoTransaction.
 func (w *Writer) PublishTx(ctx context.Context, tx Execer, topic string, msgs ...*message.Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
 	if pgtx.IsNil(tx) {
-		return fmt.Errorf("%w: tx is nil (outside a transaction, pgtx.TxFromContext returns a nil *sql.Tx)", ErrNoTransaction)
+		return fmt.Errorf("outbox: %w: tx is nil (outside a transaction, pgtx.TxFromContext returns a nil *sql.Tx)", pgtx.ErrNoTransaction)
 	}
 	if err := w.checkTopic(topic); err != nil {
 		return err
@@ -199,8 +193,8 @@ func (w *Writer) PublishTx(ctx context.Context, tx Execer, topic string, msgs ..
 }
 
 func (w *Writer) checkTopic(topic string) error {
-	if !utf8.ValidString(topic) || strings.ContainsRune(topic, 0) {
-		return fmt.Errorf("%w: topic %q is not valid UTF-8 text (or contains NUL)", ErrInvalidMessage, topic)
+	if err := oncetype.CheckText("topic", topic); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidMessage, err)
 	}
 	if err := w.config.ValidateTopic(topic); err != nil {
 		return fmt.Errorf("%w: invalid topic: %w", ErrInvalidMessage, err)
@@ -218,8 +212,8 @@ func checkMessage(msg *message.Message) error {
 		return errors.New("empty UUID: create it with message.NewMessage(watermill.NewUUID(), payload) or a stable business id")
 	case len(msg.UUID) > MaxUUIDLength:
 		return fmt.Errorf("UUID %.40q... is %d bytes long; the limit is %d (the longest dedupe key a consumer accepts)", msg.UUID, len(msg.UUID), MaxUUIDLength)
-	case !isText(msg.UUID):
-		return fmt.Errorf("UUID %q is not valid UTF-8 text (or contains NUL): PostgreSQL text and JSON cannot carry it byte for byte; hex- or base64-encode it", msg.UUID)
+	case !oncetype.IsText(msg.UUID):
+		return fmt.Errorf("%w: PostgreSQL text and JSON cannot carry it byte for byte; hex- or base64-encode it", oncetype.CheckText("UUID", msg.UUID))
 	}
 	if err := checkText("metadata", msg.Metadata); err != nil {
 		return fmt.Errorf("message %s: %w", msg.UUID, err)
@@ -231,21 +225,15 @@ func checkMessage(msg *message.Message) error {
 // that PostgreSQL text, jsonb and the inbox refuse (NUL).
 func checkText(what string, md message.Metadata) error {
 	for k, v := range md {
-		if !isText(k) {
-			return fmt.Errorf("%s key %q is not valid UTF-8 text (or contains NUL): it is stored as JSON, which cannot carry it byte for byte", what, k)
+		if err := oncetype.CheckText(fmt.Sprintf("%s key", what), k); err != nil {
+			return fmt.Errorf("%w: it is stored as JSON, which cannot carry it byte for byte", err)
 		}
-		if !isText(v) {
-			return fmt.Errorf("%s %q: value %q is not valid UTF-8 text (or contains NUL): it is stored as JSON, which cannot carry it byte for byte; base64-encode binary values", what, k, v)
+		if err := oncetype.CheckText(fmt.Sprintf("%s %.40q: value", what, k), v); err != nil {
+			return fmt.Errorf("%w: it is stored as JSON, which cannot carry it byte for byte; base64-encode binary values", err)
 		}
 	}
 	return nil
 }
-
-func isText(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
-
-// IsText reports whether s is stored byte for byte as a UUID, metadata key or metadata value:
-// valid UTF-8 without NUL.
-func IsText(s string) bool { return isText(s) }
 
 func jsonMetadata(md message.Metadata) (string, error) {
 	if md == nil {
@@ -286,7 +274,7 @@ func stamp(msg *message.Message, cause *message.Message, now string) {
 //	out.SetContext(msg.Context())
 //	err := pub.Publish("topic", out)
 //
-// A message whose context holds no transaction is refused with ErrNoTransaction, never sent
+// A message whose context holds no transaction is refused with pgtx.ErrNoTransaction, never sent
 // around the transaction. All messages of one call must share one transaction.
 func (w *Writer) Publisher() message.Publisher { return contextPublisher{w} }
 
@@ -299,7 +287,7 @@ func (p contextPublisher) Publish(topic string, msgs ...*message.Message) error 
 	ctx := msgs[0].Context()
 	tx, ok := pgtx.TxFromContext(ctx)
 	if !ok {
-		return fmt.Errorf("%w: call msg.SetContext(consumed.Context()) inside an effectively-once handler, or use Writer.PublishTx", ErrNoTransaction)
+		return fmt.Errorf("outbox: %w: call msg.SetContext(consumed.Context()) inside an effectively-once handler, or use Writer.PublishTx", pgtx.ErrNoTransaction)
 	}
 	for _, m := range msgs[1:] {
 		if other, _ := pgtx.TxFromContext(m.Context()); other != tx {

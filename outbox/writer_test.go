@@ -23,9 +23,9 @@ func TestPublishTxRefusesTypedNilTransaction(t *testing.T) {
 	ctx := context.Background()
 	tx, ok := pgtx.TxFromContext(ctx)
 	require.False(t, ok)
-	require.ErrorIs(t, w.PublishTx(ctx, tx, "a", message.NewMessage("x", nil)), outbox.ErrNoTransaction)
+	require.ErrorIs(t, w.PublishTx(ctx, tx, "a", message.NewMessage("x", nil)), pgtx.ErrNoTransaction)
 	var nilDB *sql.DB
-	require.ErrorIs(t, w.PublishTx(ctx, nilDB, "a", message.NewMessage("x", nil)), outbox.ErrNoTransaction)
+	require.ErrorIs(t, w.PublishTx(ctx, nilDB, "a", message.NewMessage("x", nil)), pgtx.ErrNoTransaction)
 	require.ErrorContains(t, w.DBPublisher(nil).Publish("a", message.NewMessage("x", nil)), "db is nil")
 	_, _, err := outbox.Status(ctx, nil, schema)
 	require.ErrorContains(t, err, "db is nil")
@@ -58,12 +58,12 @@ func TestPublishTxRefusesWhatItCannotStoreAsIs(t *testing.T) {
 		want  string
 	}{
 		"empty UUID":                     {"a", msg(""), "empty UUID"},
-		"UUID not UTF-8":                 {"a", msg("abc\xff"), "not valid UTF-8"},
-		"UUID with NUL":                  {"a", msg("a\x00b"), "not valid UTF-8"},
+		"UUID not UTF-8":                 {"a", msg("abc\xff"), "UUID must be valid UTF-8"},
+		"UUID with NUL":                  {"a", msg("a\x00b"), "UUID must not contain NUL"},
 		"UUID too long":                  {"a", msg(strings.Repeat("u", outbox.MaxUUIDLength+1)), "bytes long"},
 		"metadata value not UTF-8":       {"a", msg("m1", "note", "abc\xff"), `"note": value`},
 		"metadata key not UTF-8":         {"a", msg("m2", "k\xff", "v"), "metadata key"},
-		"metadata value with NUL":        {"a", msg("m3", "note", "a\x00b"), "contains NUL"},
+		"metadata value with NUL":        {"a", msg("m3", "note", "a\x00b"), "must not contain NUL"},
 		"topic refused by ValidateTopic": {"refused", msg("m4"), "refused by the broker's rules"},
 		"topic not UTF-8":                {"t\xff", msg("m5"), "topic"},
 		"nil message":                    {"a", nil, "nil"},

@@ -3,10 +3,17 @@ package pgtx
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"reflect"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 )
+
+// ErrNoTransaction is wrapped by every refusal to write outside a transaction: a nil
+// transaction passed to a ...Tx function (including the nil *sql.Tx that
+// `tx, _ := TxFromContext(ctx)` yields outside one), or a message context that holds none
+// (outbox.Writer.Publisher, intent.Store.Record). Nothing is written around the transaction.
+var ErrNoTransaction = errors.New("pgtx: no transaction in the context")
 
 type txContextKey struct{}
 

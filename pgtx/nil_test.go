@@ -51,21 +51,23 @@ func TestExecutorTakingFunctionsRefuseNil(t *testing.T) {
 	store, err := intent.NewStore(db, intent.StoreConfig{})
 	require.NoError(t, err)
 	_, err = store.RecordTx(ctx, tx, intent.Draft{Channel: "sms", Consumer: "c", EventID: "e"})
-	require.ErrorIs(t, err, intent.ErrNoTransaction)
+	require.ErrorIs(t, err, pgtx.ErrNoTransaction)
 
 	receiver, err := inbox.NewReceiver(db, inbox.ReceiverConfig{Consumer: "c"}, nil)
 	require.NoError(t, err)
 	_, err = receiver.StoreTx(ctx, tx, "topic", message.NewMessage("u", nil))
+	require.ErrorIs(t, err, pgtx.ErrNoTransaction)
 	require.ErrorContains(t, err, "tx is nil")
 
 	versions, err := versioned.New(versioned.Config{})
 	require.NoError(t, err)
 	entity := versioned.Entity{Type: "order", ID: "1"}
 	_, err = versions.Current(ctx, tx, entity)
+	require.ErrorIs(t, err, pgtx.ErrNoTransaction)
 	require.ErrorContains(t, err, "tx is nil")
-	require.ErrorContains(t, versions.SetVersion(ctx, tx, entity, 1), "tx is nil")
+	require.ErrorIs(t, versions.SetVersion(ctx, tx, entity, 1), pgtx.ErrNoTransaction)
 	_, err = versions.ApplyState(ctx, tx, entity, 1, func(context.Context) error { return nil })
-	require.ErrorContains(t, err, "tx is nil")
+	require.ErrorIs(t, err, pgtx.ErrNoTransaction)
 
 	_, _, err = once.LookupClaim(ctx, nil, "wmonce", "c", "k")
 	require.ErrorContains(t, err, "db is nil")

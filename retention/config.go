@@ -5,10 +5,9 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 	"time"
-	"unicode/utf8"
 
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -172,15 +171,8 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-func validateConsumer(name string) error {
-	switch {
-	case strings.TrimSpace(name) == "":
-		return errors.New("consumer name is blank")
-	case len(name) > 255 || !utf8.ValidString(name) || strings.ContainsRune(name, 0):
-		return errors.New("consumer name must be valid UTF-8 without NUL, at most 255 bytes")
-	}
-	return nil
-}
+// validateConsumer applies oncetype.CheckName, the rule every component applies to names.
+func validateConsumer(name string) error { return oncetype.CheckName("consumer name", name) }
 
 // policy returns the policy that applies to consumer's claims.
 func (c Config) policy(consumer string) Policy {

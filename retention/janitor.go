@@ -38,8 +38,8 @@ type Report struct {
 	Duration time.Duration
 }
 
-// Stats are a janitor's running totals since it was created, for metrics.
-type Stats struct {
+// Counters are a janitor's running totals since it was created, for metrics.
+type Counters struct {
 	Claims                 uint64 // rows deleted from processed_messages
 	DailyPartitionsDropped uint64 // days of processed_messages_daily dropped
 	InboxRows              uint64 // finished inbox rows deleted
@@ -136,13 +136,13 @@ func (j *Janitor) Warnings() []string { return append([]string(nil), j.warnings.
 // Config returns the configuration in force, defaults filled in.
 func (j *Janitor) Config() Config { return j.config }
 
-// Stats returns the janitor's running totals.
-func (j *Janitor) Stats() Stats {
+// Counters returns the janitor's running totals.
+func (j *Janitor) Counters() Counters {
 	var last time.Time
 	if n := j.lastRound.Load(); n != 0 {
 		last = time.Unix(0, n)
 	}
-	return Stats{
+	return Counters{
 		Claims:                 j.claims.Load(),
 		DailyPartitionsDropped: j.dailyDropped.Load(),
 		InboxRows:              j.inboxRows.Load(),
@@ -159,7 +159,7 @@ func (j *Janitor) Stats() Stats {
 // returns nil then. Only one instance per schema works at a time: it holds a session-level
 // advisory lock on a connection of its own for as long as it leads; the others stand by and
 // try again every PollInterval, so one takes over within a PollInterval after the leader stops or
-// its connection breaks. Errors are logged and counted (Stats.FailedRounds), never returned.
+// its connection breaks. Errors are logged and counted (Counters.FailedRounds), never returned.
 // One Run at a time: a second concurrent Run returns an error; Run may be called again after
 // it returned.
 func (j *Janitor) Run(ctx context.Context) error {

@@ -70,13 +70,13 @@ func TestClaimsExpirePerConsumerWindow(t *testing.T) {
 	require.Equal(t, 3+4+2, countClaims(t, db, schema, "other"))
 	require.Equal(t, map[string]int64{"short": 4 + 5 + 6, "long": 6, "other": 5 + 6}, rep.ClaimsByConsumer)
 	require.Equal(t, int64(15+6+11), rep.Claims)
-	require.Equal(t, uint64(rep.Claims), j.Stats().Claims)
+	require.Equal(t, uint64(rep.Claims), j.Counters().Claims)
 
 	// A second round finds nothing more.
 	rep, err = j.RunOnce(context.Background())
 	require.NoError(t, err)
 	require.Zero(t, rep.Claims)
-	require.Equal(t, uint64(2), j.Stats().Rounds)
+	require.Equal(t, uint64(2), j.Counters().Rounds)
 }
 
 func TestDeletesInBatchesOfOwnTransactions(t *testing.T) {
@@ -156,7 +156,7 @@ SELECT 'c', 'm' || g, $1::date + g, '\x00' FROM generate_series(0, 5) g`, today.
 	require.Equal(t, int64(3), rep.DailyPartitionsCreated)
 	require.Equal(t, int(today.AddDate(0, 0, -3).Sub(cutoff)/day)+1, pgtest.Count(t, db, `SELECT count(*) FROM `+daily),
 		"claims of the days kept survive")
-	require.Equal(t, uint64(rep.DailyPartitionsDropped), j.Stats().DailyPartitionsDropped)
+	require.Equal(t, uint64(rep.DailyPartitionsDropped), j.Counters().DailyPartitionsDropped)
 }
 
 func TestInboxFinishedRowsDeletedOthersKept(t *testing.T) {
@@ -197,7 +197,7 @@ VALUES ($1, $2, $2, '\x00', $3, `+token+`, `+lease+`, now() - interval '60 days'
 	require.NoError(t, err)
 	require.Equal(t, int64(6), rep.InboxRows)
 	require.Equal(t, map[string]int64{"orders": 3, "audit": 3}, rep.InboxRowsByConsumer)
-	require.Equal(t, uint64(6), j.Stats().InboxRows)
+	require.Equal(t, uint64(6), j.Counters().InboxRows)
 	require.Equal(t, 5, count("orders"))
 	require.Equal(t, 5, count("audit"))
 
@@ -240,6 +240,7 @@ func TestConfigValidation(t *testing.T) {
 		{"keep in nanoseconds", retention.Config{Default: retention.Policy{Keep: 7}}, "Default.Keep is 7ns"},
 		{"negative consumer keep", retention.Config{Consumers: map[string]retention.Policy{"a": {Keep: -day}}}, `Consumers["a"].Keep`},
 		{"blank consumer", retention.Config{Consumers: map[string]retention.Policy{" ": {Keep: day}}}, "consumer name is blank"},
+		{"NUL in consumer", retention.Config{Consumers: map[string]retention.Policy{"a\x00b": {Keep: day}}}, "consumer name must not contain NUL bytes"},
 		{"negative horizon", retention.Config{Default: retention.Policy{RedeliveryHorizon: -time.Hour}}, "Default.RedeliveryHorizon"},
 		{"inbox keep", retention.Config{InboxKeep: time.Second}, "InboxKeep"},
 		{"outbox keep", retention.Config{OutboxKeep: -time.Second}, "OutboxKeep"},

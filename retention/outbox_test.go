@@ -39,8 +39,8 @@ func relayed(t *testing.T, db *sql.DB, schema, name string, want int) *outbox.Re
 	r, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Schema: schema, Name: name, BatchSize: 1}, logger())
 	require.NoError(t, err)
 	deadline := time.Now().Add(20 * time.Second)
-	for int(r.Stats().Forwarded) < want {
-		require.True(t, time.Now().Before(deadline), "relay %s forwarded %d of %d rows", name, r.Stats().Forwarded, want)
+	for int(r.Counters().Forwarded) < want {
+		require.True(t, time.Now().Before(deadline), "relay %s forwarded %d of %d rows", name, r.Counters().Forwarded, want)
 		n, err := r.RelayOnce(context.Background())
 		require.NoError(t, err)
 		if n == 0 {
@@ -100,5 +100,5 @@ func TestOutboxRowsDeletedOnlyWhenOldAndForwardedByEveryRelay(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(5), rep.OutboxRows)
 	require.Zero(t, pgtest.Count(t, db, `SELECT count(*) FROM `+ob))
-	require.Equal(t, uint64(10), j.Stats().OutboxRows)
+	require.Equal(t, uint64(10), j.Counters().OutboxRows)
 }

@@ -26,14 +26,14 @@ func TestOneJanitorLeadsAndAnotherTakesOver(t *testing.T) {
 	t.Cleanup(func() { _ = a.Close(); _ = b.Close() })
 
 	// Wait for several rounds of whichever leads.
-	require.Eventually(t, func() bool { return a.Stats().Rounds+b.Stats().Rounds >= 5 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return a.Counters().Rounds+b.Counters().Rounds >= 5 }, 10*time.Second, 10*time.Millisecond)
 	leader, standby := a, b
-	if b.Stats().IsLeader {
+	if b.Counters().IsLeader {
 		leader, standby = b, a
 	}
-	require.True(t, leader.Stats().IsLeader)
-	require.False(t, standby.Stats().IsLeader)
-	require.Zero(t, standby.Stats().Rounds, "the standby deletes nothing while another instance leads")
+	require.True(t, leader.Counters().IsLeader)
+	require.False(t, standby.Counters().IsLeader)
+	require.Zero(t, standby.Counters().Rounds, "the standby deletes nothing while another instance leads")
 
 	// Rows expired meanwhile are deleted by the leader's next rounds.
 	insertClaims(t, db, schema, "c", 10, 30*day)
@@ -42,8 +42,8 @@ func TestOneJanitorLeadsAndAnotherTakesOver(t *testing.T) {
 	// The leader stops; the standby takes over within a PollInterval or so.
 	require.NoError(t, leader.Close())
 	require.NoError(t, <-done)
-	require.False(t, leader.Stats().IsLeader)
-	require.Eventually(t, func() bool { return standby.Stats().IsLeader && standby.Stats().Rounds > 0 }, 10*time.Second, 10*time.Millisecond)
+	require.False(t, leader.Counters().IsLeader)
+	require.Eventually(t, func() bool { return standby.Counters().IsLeader && standby.Counters().Rounds > 0 }, 10*time.Second, 10*time.Millisecond)
 	insertClaims(t, db, schema, "c", 10, 30*day)
 	require.Eventually(t, func() bool { return countClaims(t, db, schema, "c") == 0 }, 10*time.Second, 10*time.Millisecond)
 	require.NoError(t, standby.Close())
@@ -70,7 +70,7 @@ AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 1`, cla
 	for _, j := range []*retention.Janitor{a, b} {
 		go func() { done <- j.Run(context.Background()) }()
 	}
-	require.Eventually(t, func() bool { return holder() != 0 && (a.Stats().IsLeader || b.Stats().IsLeader) }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return holder() != 0 && (a.Counters().IsLeader || b.Counters().IsLeader) }, 10*time.Second, 10*time.Millisecond)
 	first := holder()
 	pgtest.Exec(t, db, `SELECT pg_terminate_backend($1)`, first)
 
@@ -78,7 +78,7 @@ AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 1`, cla
 	// session, and the flags agree with the lock: exactly one leader.
 	require.Eventually(t, func() bool {
 		pid := holder()
-		return pid != 0 && pid != first && a.Stats().IsLeader != b.Stats().IsLeader
+		return pid != 0 && pid != first && a.Counters().IsLeader != b.Counters().IsLeader
 	}, 10*time.Second, 10*time.Millisecond)
 	require.NoError(t, a.Close())
 	require.NoError(t, b.Close())
@@ -94,7 +94,7 @@ func TestRunOnceWorksBesideARunningLeader(t *testing.T) {
 	service := newJanitor(t, db, retention.Config{Schema: schema, PollInterval: time.Hour})
 	done := make(chan error, 1)
 	go func() { done <- service.Run(context.Background()) }()
-	require.Eventually(t, func() bool { return service.Stats().IsLeader }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return service.Counters().IsLeader }, 10*time.Second, 10*time.Millisecond)
 
 	insertClaims(t, db, schema, "c", 20, 30*day)
 	rep, err := newJanitor(t, db, retention.Config{Schema: schema}).RunOnce(context.Background())
@@ -159,17 +159,17 @@ func TestJanitorRunAgainAfterItReturnedAndCloseIsFinal(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	first := make(chan error, 1)
 	go func() { first <- j.Run(ctx) }()
-	require.Eventually(t, func() bool { return j.Stats().Rounds > 0 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return j.Counters().Rounds > 0 }, 10*time.Second, 10*time.Millisecond)
 	require.ErrorContains(t, j.Run(context.Background()), "already running")
 	cancel()
 	require.NoError(t, <-first)
 
-	rounds := j.Stats().Rounds
+	rounds := j.Counters().Rounds
 	second := make(chan error, 1)
 	go func() { second <- j.Run(context.Background()) }()
-	require.Eventually(t, func() bool { return j.Stats().Rounds > rounds }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return j.Counters().Rounds > rounds }, 10*time.Second, 10*time.Millisecond)
 	require.NoError(t, j.Close())
 	require.NoError(t, <-second, "Close stopped the second Run and waited for it")
-	require.False(t, j.Stats().IsLeader, "the lock is given up")
+	require.False(t, j.Counters().IsLeader, "the lock is given up")
 	require.NoError(t, j.Run(context.Background()), "Run after Close returns at once")
 }

@@ -5,8 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
-	"unicode/utf8"
 
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -47,10 +45,11 @@ func (e Entity) validate() error {
 		switch {
 		case p.v == "":
 			return fmt.Errorf("entity %s is empty", p.name)
-		case strings.IndexByte(p.v, 0) >= 0:
-			return fmt.Errorf("entity %s must not contain NUL bytes (PostgreSQL text cannot hold them)", p.name)
-		case len(p.v) > 1024 || !utf8.ValidString(p.v):
-			return fmt.Errorf("entity %s must be valid UTF-8 of at most 1024 bytes", p.name)
+		case len(p.v) > 1024:
+			return fmt.Errorf("entity %s is %d bytes long; it may be at most 1024 bytes", p.name, len(p.v))
+		}
+		if err := oncetype.CheckText("entity "+p.name, p.v); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -218,7 +217,7 @@ func (v *Versions) SetVersion(ctx context.Context, q Querier, e Entity, version 
 }
 
 // errNilTx also covers the nil *sql.Tx that pgtx.TxFromContext returns outside a transaction.
-var errNilTx = errors.New("versioned: tx is nil: pass the handler's transaction (pgtx.TxFromContext)")
+var errNilTx = fmt.Errorf("versioned: %w: tx is nil: pass the handler's transaction (pgtx.TxFromContext)", pgtx.ErrNoTransaction)
 
 func (v *Versions) check(tx Querier, e Entity, version int64) error {
 	if pgtx.IsNil(tx) {

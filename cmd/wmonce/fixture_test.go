@@ -80,8 +80,8 @@ func newFixture(t *testing.T) *fixture {
 	require.NoError(t, err)
 	// Rows become readable only when every older transaction on the server has ended: poll.
 	deadline := time.Now().Add(20 * time.Second)
-	for relay.Stats().Forwarded < 3 {
-		require.True(t, time.Now().Before(deadline), "relay forwarded %d of 3 rows", relay.Stats().Forwarded)
+	for relay.Counters().Forwarded < 3 {
+		require.True(t, time.Now().Before(deadline), "relay forwarded %d of 3 rows", relay.Counters().Forwarded)
 		if n, err := relay.RelayOnce(ctx); err == nil && n == 0 {
 			time.Sleep(10 * time.Millisecond)
 		} else {

@@ -141,7 +141,7 @@ func (f filterFlags) filter() (inbox.Filter, error) {
 	}
 	if err := checkInput(
 		admin.CheckConsumer("-consumer", *f.consumer), admin.CheckText("-key", *f.key), admin.CheckText("-topic", *f.topic),
-		admin.CheckText("-error", *f.errorText), checkTexts("-message", f.messages.values)); err != nil {
+		admin.CheckText("-error", *f.errorText), admin.CheckText("-message", f.messages.values...)); err != nil {
 		return inbox.Filter{}, err
 	}
 	out := inbox.Filter{Consumer: *f.consumer, OrderingKey: *f.key, Topic: *f.topic, ErrorContains: *f.errorText, MessageIDs: f.messages.values}
@@ -379,15 +379,6 @@ func checkInput(errs ...error) error {
 	for _, err := range errs {
 		if err != nil {
 			return usagef("%v", err)
-		}
-	}
-	return nil
-}
-
-func checkTexts(flag string, values []string) error {
-	for _, v := range values {
-		if err := admin.CheckText(flag, v); err != nil {
-			return err
 		}
 	}
 	return nil

@@ -46,8 +46,8 @@ type options struct {
 type summary struct {
 	Published       int // distinct valid events
 	DuplicateCopies int // extra copies published
-	Receiver        inbox.ReceiverCounts
-	Processor       inbox.ProcessorCounts
+	Receiver        inbox.ReceiverCounters
+	Processor       inbox.ProcessorCounters
 	CashbackRows    int // cashback rows of this run
 	GrantedInOutbox int // CashbackGranted messages of this run in the outbox
 	Poisoned        int // refused messages parked by the poison-queue middleware
@@ -214,7 +214,7 @@ func run(ctx context.Context, db *sql.DB, o options) (summary, error) {
 	// Wait until every event is applied, the broken one parked and the anonymous one refused.
 	deadline := time.Now().Add(o.timeout)
 	for {
-		pc, rc := processor.Counts(), receiver.Counts()
+		pc, rc := processor.Counters(), receiver.Counters()
 		if pc.Processed >= uint64(o.events) && pc.Parked >= 1 && rc.Refused >= 1 {
 			break
 		}
@@ -228,7 +228,7 @@ func run(ctx context.Context, db *sql.DB, o options) (summary, error) {
 		}
 	}
 	elapsed := time.Since(start)
-	s.Receiver, s.Processor = receiver.Counts(), processor.Counts()
+	s.Receiver, s.Processor = receiver.Counters(), processor.Counters()
 	s.OrderViolations = orderViolations.Load()
 
 	// The operator's view: the parked row, then skip it with a reason.

@@ -99,9 +99,9 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 	topics := struct{ payments, cashback string }{"payments-" + run, "cashback-" + run}
 	cfg.Subscriptions = []broker.Subscription{{Topic: topics.payments, Group: "rewards"}, {Topic: topics.cashback, Group: "notifications"}}
 
-	if cfg.AMQP.Concurrency == 0 {
+	if cfg.AMQP.Workers == 0 {
 		// The walk-through narrates its deliveries one after the other: one in flight.
-		cfg.AMQP.Concurrency, cfg.AMQP.Prefetch = 1, 1
+		cfg.AMQP.Workers, cfg.AMQP.Prefetch = 1, 1
 	}
 	b, err := broker.New(ctx, db, cfg, logger)
 	if err != nil {
@@ -209,7 +209,7 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 		Scan(&res.Applied, &res.CashbackPaise); err != nil {
 		return Result{}, err
 	}
-	counts := rewards.mw.Counts("rewards")
+	counts := rewards.mw.Counters("rewards")
 	n.step("done: rewards saw %d deliveries of %s, applied %d (duplicates absorbed: %d), credited %s; the SMS provider sent %d SMS for %d requests",
 		res.Deliveries, eventID, counts.Fresh, counts.Duplicates, rupees(res.CashbackPaise), res.SMSSent, provider.Requests())
 	line, _ := json.Marshal(res)

@@ -115,11 +115,11 @@ func run(ctx context.Context) error {
 	}
 	// Wait until the middleware has seen every copy (applied or absorbed).
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if c := mw.Counts(consumer); c.Fresh+c.Duplicates >= copies {
+		if c := mw.Counters(consumer); c.Fresh+c.Duplicates >= copies {
 			break
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("only %+v after 30s", mw.Counts(consumer))
+			return fmt.Errorf("only %+v after 30s", mw.Counters(consumer))
 		}
 	}
 
@@ -127,7 +127,7 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	c := mw.Counts(consumer)
+	c := mw.Counters(consumer)
 	fmt.Printf("event %s: %d copies delivered, handler applied it %d time(s), %d duplicate(s) absorbed\n",
 		eventID, c.Fresh+c.Duplicates, applied, c.Duplicates)
 	return json.NewEncoder(os.Stdout).Encode(map[string]any{

@@ -54,7 +54,7 @@ const (
 )
 
 // ErrRoot is returned when an embedded server would be needed but the process runs as root.
-var ErrRoot = errors.New("embedded PostgreSQL cannot start as root: initdb refuses to run as root")
+var ErrRoot = errors.New("embeddedpg: embedded PostgreSQL cannot start as root: initdb refuses to run as root")
 
 // Options configure DatabaseURL.
 type Options struct {
