@@ -22,11 +22,11 @@ import (
 
 // claimModes runs a test once per claim mode.
 func claimModes(t *testing.T, run func(t *testing.T, cfg inbox.ProcessorConfig)) {
-	for _, mode := range []inbox.ClaimMode{inbox.ClaimLease, inbox.ClaimLock} {
-		t.Run(mode.String(), func(t *testing.T) {
+	for _, m := range processorModes {
+		t.Run(m.mode.String(), func(t *testing.T) {
 			t.Parallel()
-			cfg := fast("c")
-			cfg.ClaimMode, cfg.Workers, cfg.MaxAttempts = mode, 1, 3
+			cfg := fastIn(m.mode, "c")
+			cfg.Workers, cfg.MaxAttempts = 1, 3
 			run(t, cfg)
 		})
 	}

@@ -22,14 +22,14 @@ import (
 
 // A handler that fails three times is retried with growing, jittered delays; the failed
 // attempts leave nothing behind and the fourth applies the message once.
-func TestFailingHandlerRetriesWithBackoffThenSucceeds(t *testing.T) {
+func testFailingHandlerRetriesWithBackoffThenSucceeds(t *testing.T, mode inbox.ClaimMode) {
 	t.Parallel()
 	e := newEnv(t)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
 	var mu sync.Mutex
 	var starts []time.Time
 	var attempts []int
-	cfg := fast("c")
+	cfg := fastIn(mode, "c")
 	cfg.Backoff, cfg.MaxBackoff, cfg.MaxAttempts = 40*time.Millisecond, time.Second, 5
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
 		d, _ := inbox.DeliveryFromContext(m.Context())
@@ -69,12 +69,12 @@ func TestFailingHandlerRetriesWithBackoffThenSucceeds(t *testing.T) {
 
 // A row that keeps failing is parked as FAILED after MaxAttempts and holds back only the later
 // rows of its own key; other keys and unordered rows go on. Unparking runs the key in order.
-func TestPoisonRowParkedWhileOtherKeysGoOn(t *testing.T) {
+func testPoisonRowParkedWhileOtherKeysGoOn(t *testing.T, mode inbox.ClaimMode) {
 	t.Parallel()
 	e := newEnv(t)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c", OrderingKey: orderByMetadataKey})
 	var healed atomic.Bool
-	cfg := fast("c")
+	cfg := fastIn(mode, "c")
 	cfg.MaxAttempts = 3
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
 		if string(m.Payload) == "poison" && !healed.Load() {
@@ -152,12 +152,12 @@ func seqsOf(t *testing.T, e *env, key string) []int {
 
 // With four workers, each key's rows are applied strictly in received order, even when rows
 // fail and are retried, while different keys run in parallel.
-func TestPerKeyOrderWithFourWorkers(t *testing.T) {
+func testPerKeyOrderWithFourWorkers(t *testing.T, mode inbox.ClaimMode) {
 	t.Parallel()
 	e := newEnv(t)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c", OrderingKey: orderByMetadataKey})
 	var inFlight, maxInFlight atomic.Int32
-	cfg := fast("c")
+	cfg := fastIn(mode, "c")
 	cfg.Workers, cfg.ClaimBatch = 4, 4
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
 		n := inFlight.Add(1)
@@ -265,7 +265,7 @@ func TestStalledWorkerLosesLeaseAndLateCompletionIsRejected(t *testing.T) {
 }
 
 // Parked rows replayed after a fix run once more, and only once; a dry run changes nothing.
-func TestReplayedRowsProcessedOnceMore(t *testing.T) {
+func testReplayedRowsProcessedOnceMore(t *testing.T, mode inbox.ClaimMode) {
 	t.Parallel()
 	e := newEnv(t)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
@@ -275,7 +275,7 @@ func TestReplayedRowsProcessedOnceMore(t *testing.T) {
 			return nil, oncetype.Permanent(errors.New("unknown currency"))
 		}
 		return nil, e.effect(m, "w")
-	}, fast("c"))
+	}, fastIn(mode, "c"))
 	for i := range 10 {
 		bad := "no"
 		if i%2 == 0 {
@@ -315,11 +315,11 @@ func TestReplayedRowsProcessedOnceMore(t *testing.T) {
 
 // With an hour-long poll interval, rows are still picked up at once: LISTEN/NOTIFY wakes idle
 // workers.
-func TestNotifyWakesIdleWorkers(t *testing.T) {
+func testNotifyWakesIdleWorkers(t *testing.T, mode inbox.ClaimMode) {
 	t.Parallel()
 	e := newEnv(t)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
-	cfg := fast("c")
+	cfg := fastIn(mode, "c")
 	cfg.Workers, cfg.PollInterval, cfg.ReapInterval = 1, time.Hour, time.Hour
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "w") }, cfg)
 	// At most one wake-up is left over from startup (the worker's wake buffer holds one), so
@@ -366,7 +366,7 @@ func TestShutdownFinishesRunningHandlerAndReleasesTheRest(t *testing.T) {
 // A handler still running when the grace period ends is cancelled and its row released; one
 // that ignores the cancellation is abandoned, its row released anyway, and whatever it does
 // later cannot complete the row.
-func TestShutdownCancelsHandlersPastGrace(t *testing.T) {
+func testShutdownCancelsHandlersPastGrace(t *testing.T, mode inbox.ClaimMode) {
 	t.Parallel()
 	e := newEnv(t)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
@@ -375,7 +375,7 @@ func TestShutdownCancelsHandlersPastGrace(t *testing.T) {
 	entered := make(chan struct{}, 2)
 	ignore := make(chan struct{})
 	returned := make(chan struct{})
-	cfg := fast("c")
+	cfg := fastIn(mode, "c")
 	cfg.Workers, cfg.ClaimBatch, cfg.ShutdownGrace = 2, 1, 100*time.Millisecond
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
 		if err := e.effect(m, "first"); err != nil {
@@ -399,7 +399,7 @@ func TestShutdownCancelsHandlersPastGrace(t *testing.T) {
 
 	close(ignore)
 	<-returned
-	next := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "next") }, fast("c"))
+	next := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "next") }, fastIn(mode, "c"))
 	waitFor(t, 10*time.Second, "the next processor to apply both rows", func() bool { return next.Counts().Processed == 2 })
 	require.Equal(t, 2, e.effects(t))
 	require.Zero(t, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("effects")+` WHERE worker = 'first'`))
@@ -408,11 +408,11 @@ func TestShutdownCancelsHandlersPastGrace(t *testing.T) {
 
 // Messages the handler returns are stored in the outbox in the handler's transaction, with the
 // inbox message as their cause; a failed attempt leaves none.
-func TestOutputsGoToOutboxInTheSameTransaction(t *testing.T) {
+func testOutputsGoToOutboxInTheSameTransaction(t *testing.T, mode inbox.ClaimMode) {
 	t.Parallel()
 	e := newEnv(t)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
-	cfg := fast("c")
+	cfg := fastIn(mode, "c")
 	cfg.OutputTopic = "cashback"
 	w, err := outbox.NewWriter(outbox.Config{Schema: e.schema})
 	require.NoError(t, err)
@@ -449,13 +449,13 @@ func TestOutputsGoToOutboxInTheSameTransaction(t *testing.T) {
 }
 
 // Returning messages without an OutputTopic is a permanent error: the row is parked.
-func TestOutputsWithoutTopicPark(t *testing.T) {
+func testOutputsWithoutTopicPark(t *testing.T, mode inbox.ClaimMode) {
 	t.Parallel()
 	e := newEnv(t)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
 		return []*message.Message{message.NewMessage("o", nil)}, e.effect(m, "w")
-	}, fast("c"))
+	}, fastIn(mode, "c"))
 	require.NoError(t, r.Handle(msg("e-1", "x")))
 	waitFor(t, 10*time.Second, "parking", func() bool { return p.Counts().Parked == 1 })
 	row, err := e.ops.InspectMessage(context.Background(), "c", "e-1")
@@ -467,7 +467,7 @@ func TestOutputsWithoutTopicPark(t *testing.T) {
 
 // In batch mode many rows share one transaction; a failing row sends its batch back to one
 // transaction per row, and every row is still applied exactly once.
-func TestTxBatchModeAppliesEachRowOnce(t *testing.T) {
+func testTxBatchModeAppliesEachRowOnce(t *testing.T, mode inbox.ClaimMode) {
 	t.Parallel()
 	e := newEnv(t)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
@@ -482,7 +482,7 @@ func TestTxBatchModeAppliesEachRowOnce(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit())
 
-	cfg := fast("c")
+	cfg := fastIn(mode, "c")
 	cfg.ClaimBatch, cfg.TxBatchSize = 50, 25
 	var runs atomic.Int32
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
@@ -503,7 +503,7 @@ func TestTxBatchModeAppliesEachRowOnce(t *testing.T) {
 }
 
 // A handler panic is a failed attempt like an error: rolled back, recorded, retried.
-func TestPanicIsAFailedAttempt(t *testing.T) {
+func testPanicIsAFailedAttempt(t *testing.T, mode inbox.ClaimMode) {
 	t.Parallel()
 	e := newEnv(t)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
@@ -515,7 +515,7 @@ func TestPanicIsAFailedAttempt(t *testing.T) {
 			panic("nil map")
 		}
 		return nil, nil
-	}, fast("c"))
+	}, fastIn(mode, "c"))
 	require.NoError(t, r.Handle(msg("e-1", "x")))
 	waitFor(t, 10*time.Second, "processing", func() bool { return p.Counts().Processed == 1 })
 	require.Equal(t, 1, e.effects(t))
@@ -524,10 +524,10 @@ func TestPanicIsAFailedAttempt(t *testing.T) {
 	require.Contains(t, row.LastError, "handler panicked: nil map")
 }
 
-func TestRunOnceAndCloseBeforeRun(t *testing.T) {
+func testRunOnceAndCloseBeforeRun(t *testing.T, mode inbox.ClaimMode) {
 	t.Parallel()
 	e := newEnv(t)
-	p, err := inbox.NewProcessor(e.db, func(*message.Message) ([]*message.Message, error) { return nil, nil }, fast("c"), nil)
+	p, err := inbox.NewProcessor(e.db, func(*message.Message) ([]*message.Message, error) { return nil, nil }, fastIn(mode, "c"), nil)
 	require.NoError(t, err)
 	require.NoError(t, p.Close())
 	require.NoError(t, p.Run(context.Background()), "Run after Close returns at once")
@@ -536,7 +536,7 @@ func TestRunOnceAndCloseBeforeRun(t *testing.T) {
 
 // A handler that commits the processing transaction itself has applied its effects without
 // the row moving to DONE; running it again would repeat them, so the row is parked instead.
-func TestHandlerEndingTheTransactionIsParked(t *testing.T) {
+func testHandlerEndingTheTransactionIsParked(t *testing.T, mode inbox.ClaimMode) {
 	t.Parallel()
 	e := newEnv(t)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
@@ -546,7 +546,7 @@ func TestHandlerEndingTheTransactionIsParked(t *testing.T) {
 		}
 		tx, _ := pgtx.TxFromContext(m.Context())
 		return nil, tx.Commit()
-	}, fast("c"))
+	}, fastIn(mode, "c"))
 	require.NoError(t, r.Handle(msg("e-1", "x")))
 	waitFor(t, 10*time.Second, "parking", func() bool { return p.Counts().Parked == 1 })
 	require.Equal(t, 1, e.effects(t), "applied once, not retried")

@@ -19,6 +19,7 @@ import (
 // countedEnv is a schema reached through a pool of its own whose round trips are counted.
 func countedEnv(t *testing.T, lazyBegin bool) (*env, *pgtx.RoundTripCounter) {
 	t.Helper()
+	pgtest.SkipShort(t)
 	rt := &pgtx.RoundTripCounter{}
 	db, err := pgtx.Open(context.Background(), pgtest.URL(), pgtx.PoolConfig{MaxOpenConns: 4, DisableLazyBegin: !lazyBegin, RoundTrips: rt})
 	require.NoError(t, err, "these tests need PostgreSQL: start it or set DATABASE_URL")

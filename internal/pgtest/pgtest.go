@@ -7,6 +7,8 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"flag"
+	"fmt"
 	"os"
 	"strings"
 	"sync"
@@ -119,4 +121,18 @@ func Count(t testing.TB, db *sql.DB, query string, args ...any) int {
 		t.Fatalf("query %q: %v", query, err)
 	}
 	return n
+}
+
+// Main is a TestMain for packages whose runnable examples need PostgreSQL. An example cannot
+// skip itself, so under -short (and unless -skip is given) Main skips every example with
+// -skip '^Example', says so, and runs the rest: the tests skip themselves through DB and Schema.
+func Main(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		if f := flag.Lookup("test.skip"); f != nil && f.Value.String() == "" {
+			_ = f.Value.Set("^Example")
+			fmt.Fprintln(os.Stderr, "pgtest: -short: skipping this package's examples, which need PostgreSQL")
+		}
+	}
+	os.Exit(m.Run())
 }
