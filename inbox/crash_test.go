@@ -17,6 +17,7 @@ import (
 
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -60,7 +61,7 @@ func TestTerminatedBackendCountsTheAttempt(t *testing.T) {
 			return nil, err
 		}, cfg)
 
-		waitFor(t, 30*time.Second, "the row parked", func() bool { return e.status(t, "c", inbox.StatusFailed) == 1 })
+		testwait.Until(t, "the row parked", func() bool { return e.status(t, "c", inbox.StatusFailed) == 1 })
 		row, err := e.ops.InspectMessage(context.Background(), "c", "m1")
 		require.NoError(t, err)
 		require.Equal(t, 3, row.Attempts)
@@ -185,7 +186,7 @@ func TestInboxCrashChild(t *testing.T) {
 		}
 		return nil, nil
 	}, cfg)
-	waitFor(t, 30*time.Second, "every row finished or parked", func() bool {
+	testwait.Until(t, "every row finished or parked", func() bool {
 		var n int
 		err := db.QueryRow(`SELECT count(*) FROM ` + e.table("inbox") + ` WHERE status IN ('PENDING', 'IN_PROGRESS')`).Scan(&n)
 		return err == nil && n == 0

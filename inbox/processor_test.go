@@ -15,6 +15,7 @@ import (
 
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -46,7 +47,7 @@ func testFailingHandlerRetriesWithBackoffThenSucceeds(t *testing.T, mode inbox.C
 		return nil, nil
 	}, cfg)
 	require.NoError(t, r.Handle(msg("e-1", "x")))
-	waitFor(t, 10*time.Second, "success", func() bool { return p.Counts().Processed == 1 })
+	testwait.Until(t, "success", func() bool { return p.Counts().Processed == 1 })
 
 	require.Equal(t, 1, e.effects(t))
 	row, err := e.ops.InspectMessage(context.Background(), "c", "e-1")
@@ -98,7 +99,7 @@ func testPoisonRowParkedWhileOtherKeysGoOn(t *testing.T, mode inbox.ClaimMode) {
 	} {
 		require.NoError(t, r.Handle(m))
 	}
-	waitFor(t, 10*time.Second, "the poison rows to be parked and the rest processed", func() bool {
+	testwait.Until(t, "the poison rows to be parked and the rest processed", func() bool {
 		c := p.Counts()
 		return c.Parked == 2 && c.Processed == 4
 	})
@@ -130,7 +131,7 @@ func testPoisonRowParkedWhileOtherKeysGoOn(t *testing.T, mode inbox.ClaimMode) {
 	n, err := e.ops.UnparkKey(ctx, "c", "A")
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	waitFor(t, 10*time.Second, "key A to finish", func() bool { return p.Counts().Processed == 6 })
+	testwait.Until(t, "key A to finish", func() bool { return p.Counts().Processed == 6 })
 	require.Equal(t, 2, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("effects")+` WHERE okey = 'A'`))
 	require.Equal(t, []int{1, 2}, seqsOf(t, e, "A"))
 	require.Equal(t, 1, e.status(t, "c", inbox.StatusFailed))
@@ -194,7 +195,7 @@ func testPerKeyOrderWithFourWorkers(t *testing.T, mode inbox.ClaimMode) {
 		})
 	}
 	wg.Wait()
-	waitFor(t, 30*time.Second, "all rows", func() bool { return p.Counts().Processed == keys*perKey })
+	testwait.Until(t, "all rows", func() bool { return p.Counts().Processed == keys*perKey })
 	for k := range keys {
 		want := make([]int, perKey)
 		for s := range want {
@@ -234,10 +235,10 @@ func TestStalledWorkerLosesLeaseAndLateCompletionIsRejected(t *testing.T) {
 	require.Equal(t, "completes-late", <-entered)
 
 	healthy := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "healthy") }, cfg)
-	waitFor(t, 10*time.Second, "the row to be re-claimed and completed", func() bool { return healthy.Counts().Processed == 1 })
+	testwait.Until(t, "the row to be re-claimed and completed", func() bool { return healthy.Counts().Processed == 1 })
 
 	resume <- struct{}{}
-	waitFor(t, 10*time.Second, "the late completion to be refused", func() bool { return stalled.Counts().LeaseConflicts == 1 })
+	testwait.Until(t, "the late completion to be refused", func() bool { return stalled.Counts().LeaseConflicts == 1 })
 	require.Zero(t, stalled.Counts().Processed)
 	require.Equal(t, 1, e.effects(t))
 	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("effects")+` WHERE worker = 'healthy'`))
@@ -253,9 +254,9 @@ func TestStalledWorkerLosesLeaseAndLateCompletionIsRejected(t *testing.T) {
 	require.NoError(t, r.Handle(msg("fails-late", "x")))
 	require.Equal(t, "fails-late", <-entered)
 	other := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "other") }, cfg)
-	waitFor(t, 10*time.Second, "the second row to be re-claimed", func() bool { return other.Counts().Processed == 1 })
+	testwait.Until(t, "the second row to be re-claimed", func() bool { return other.Counts().Processed == 1 })
 	close(resume)
-	waitFor(t, 10*time.Second, "the late failure to be refused", func() bool { return stalled.Counts().LeaseConflicts == 2 })
+	testwait.Until(t, "the late failure to be refused", func() bool { return stalled.Counts().LeaseConflicts == 2 })
 	require.Zero(t, stalled.Counts().Failed, "a failure reported without the lease is not recorded")
 	row, err = e.ops.InspectMessage(context.Background(), "c", "fails-late")
 	require.NoError(t, err)
@@ -283,7 +284,7 @@ func testReplayedRowsProcessedOnceMore(t *testing.T, mode inbox.ClaimMode) {
 		}
 		require.NoError(t, r.Handle(msg(fmt.Sprintf("e-%d", i), "x", "bad", bad)))
 	}
-	waitFor(t, 10*time.Second, "five parked, five done", func() bool { c := p.Counts(); return c.Parked == 5 && c.Processed == 5 })
+	testwait.Until(t, "five parked, five done", func() bool { c := p.Counts(); return c.Parked == 5 && c.Processed == 5 })
 
 	ctx := context.Background()
 	failed := inbox.Filter{Consumer: "c"}
@@ -296,7 +297,7 @@ func testReplayedRowsProcessedOnceMore(t *testing.T, mode inbox.ClaimMode) {
 	n, err = e.ops.Replay(ctx, failed, false)
 	require.NoError(t, err)
 	require.Equal(t, 5, n)
-	waitFor(t, 10*time.Second, "the replayed rows", func() bool { return p.Counts().Processed == 10 })
+	testwait.Until(t, "the replayed rows", func() bool { return p.Counts().Processed == 10 })
 	n, err = e.ops.Replay(ctx, failed, false)
 	require.NoError(t, err)
 	require.Zero(t, n, "nothing left to replay")
@@ -307,7 +308,7 @@ func testReplayedRowsProcessedOnceMore(t *testing.T, mode inbox.ClaimMode) {
 	n, err = e.ops.Replay(ctx, inbox.Filter{Consumer: "c", Statuses: []inbox.Status{inbox.StatusDone}, MessageIDs: []string{"e-3"}}, false)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	waitFor(t, 10*time.Second, "the replayed DONE row", func() bool { return p.Counts().Processed == 11 })
+	testwait.Until(t, "the replayed DONE row", func() bool { return p.Counts().Processed == 11 })
 	require.Equal(t, 10, e.status(t, "c", inbox.StatusDone))
 	require.Equal(t, 2, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("effects")+` WHERE message_id = 'e-3'`))
 	require.Equal(t, 11, e.effects(t))
@@ -326,7 +327,7 @@ func testNotifyWakesIdleWorkers(t *testing.T, mode inbox.ClaimMode) {
 	// three rows in a row can only all be picked up through notifications.
 	for i := range 3 {
 		require.NoError(t, r.Handle(msg(fmt.Sprintf("e-%d", i), "x")))
-		waitFor(t, 10*time.Second, "the row to be processed without polling", func() bool { return p.Counts().Processed == uint64(i+1) })
+		testwait.Until(t, "the row to be processed without polling", func() bool { return p.Counts().Processed == uint64(i+1) })
 	}
 }
 
@@ -353,7 +354,7 @@ func TestShutdownFinishesRunningHandlerAndReleasesTheRest(t *testing.T) {
 
 	closed := make(chan struct{})
 	go func() { _ = p.Close(); close(closed) }()
-	waitFor(t, 5*time.Second, "the unstarted rows to be released", func() bool { return p.Counts().Released == 4 })
+	testwait.Until(t, "the unstarted rows to be released", func() bool { return p.Counts().Released == 4 })
 	close(finish)
 	<-closed
 	require.Equal(t, uint64(1), p.Counts().Processed)
@@ -400,7 +401,7 @@ func testShutdownCancelsHandlersPastGrace(t *testing.T, mode inbox.ClaimMode) {
 	close(ignore)
 	<-returned
 	next := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "next") }, fastIn(mode, "c"))
-	waitFor(t, 10*time.Second, "the next processor to apply both rows", func() bool { return next.Counts().Processed == 2 })
+	testwait.Until(t, "the next processor to apply both rows", func() bool { return next.Counts().Processed == 2 })
 	require.Equal(t, 2, e.effects(t))
 	require.Zero(t, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("effects")+` WHERE worker = 'first'`))
 	require.Zero(t, p.Counts().Processed)
@@ -432,7 +433,7 @@ func testOutputsGoToOutboxInTheSameTransaction(t *testing.T, mode inbox.ClaimMod
 	in := msg("pay-1", "x")
 	in.Metadata.Set("correlation_id", "corr-9")
 	require.NoError(t, r.Handle(in))
-	waitFor(t, 10*time.Second, "processing", func() bool { return p.Counts().Processed == 1 })
+	testwait.Until(t, "processing", func() bool { return p.Counts().Processed == 1 })
 	require.Equal(t, uint64(1), p.Counts().Failed)
 
 	rs, err := e.db.Query(`SELECT uuid, payload->>'destination_topic', metadata->>'causation_id', metadata->>'correlation_id' FROM ` + e.table("outbox") + ` ORDER BY "offset"`)
@@ -457,7 +458,7 @@ func testOutputsWithoutTopicPark(t *testing.T, mode inbox.ClaimMode) {
 		return []*message.Message{message.NewMessage("o", nil)}, e.effect(m, "w")
 	}, fastIn(mode, "c"))
 	require.NoError(t, r.Handle(msg("e-1", "x")))
-	waitFor(t, 10*time.Second, "parking", func() bool { return p.Counts().Parked == 1 })
+	testwait.Until(t, "parking", func() bool { return p.Counts().Parked == 1 })
 	row, err := e.ops.InspectMessage(context.Background(), "c", "e-1")
 	require.NoError(t, err)
 	require.Equal(t, inbox.StatusFailed, row.Status)
@@ -495,7 +496,7 @@ func testTxBatchModeAppliesEachRowOnce(t *testing.T, mode inbox.ClaimMode) {
 		}
 		return nil, nil
 	}, cfg)
-	waitFor(t, 20*time.Second, "all rows", func() bool { return p.Counts().Processed == 200 })
+	testwait.Until(t, "all rows", func() bool { return p.Counts().Processed == 200 })
 	require.Equal(t, 200, e.effects(t))
 	require.Equal(t, 200, pgtest.Count(t, e.db, `SELECT count(DISTINCT message_id) FROM `+e.table("effects")))
 	require.Equal(t, uint64(1), p.Counts().Failed)
@@ -517,7 +518,7 @@ func testPanicIsAFailedAttempt(t *testing.T, mode inbox.ClaimMode) {
 		return nil, nil
 	}, fastIn(mode, "c"))
 	require.NoError(t, r.Handle(msg("e-1", "x")))
-	waitFor(t, 10*time.Second, "processing", func() bool { return p.Counts().Processed == 1 })
+	testwait.Until(t, "processing", func() bool { return p.Counts().Processed == 1 })
 	require.Equal(t, 1, e.effects(t))
 	row, err := e.ops.InspectMessage(context.Background(), "c", "e-1")
 	require.NoError(t, err)
@@ -548,7 +549,7 @@ func testHandlerEndingTheTransactionIsParked(t *testing.T, mode inbox.ClaimMode)
 		return nil, tx.Commit()
 	}, fastIn(mode, "c"))
 	require.NoError(t, r.Handle(msg("e-1", "x")))
-	waitFor(t, 10*time.Second, "parking", func() bool { return p.Counts().Parked == 1 })
+	testwait.Until(t, "parking", func() bool { return p.Counts().Parked == 1 })
 	require.Equal(t, 1, e.effects(t), "applied once, not retried")
 	row, err := e.ops.InspectMessage(context.Background(), "c", "e-1")
 	require.NoError(t, err)

@@ -2,13 +2,13 @@ package inbox_test
 
 import (
 	"testing"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testwait"
 )
 
 // A handler output the outbox can never store (here an empty UUID) fails every attempt the same
@@ -24,7 +24,7 @@ func testUnstorableOutputParksTheRowAtOnce(t *testing.T, mode inbox.ClaimMode) {
 		return []*message.Message{message.NewMessage("", []byte("no id"))}, nil
 	}, cfg)
 	require.NoError(t, r.Handle(msg("u1", "p")))
-	waitFor(t, 10*time.Second, "the row to be parked", func() bool { return p.Counts().Parked == 1 })
+	testwait.Until(t, "the row to be parked", func() bool { return p.Counts().Parked == 1 })
 	require.Equal(t, 1, e.status(t, "c", inbox.StatusFailed))
 	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT attempts FROM `+e.table("inbox")+` WHERE consumer = 'c'`), "parked at the first attempt")
 }

@@ -395,11 +395,11 @@ func onceContract(t *testing.T, p txPath) {
 		require.NoError(t, err)
 		// A row becomes readable once every older transaction on the server has ended; parallel
 		// tests keep some open, so relay until it has been forwarded.
-		testwait.Until(t, func() bool {
+		testwait.Until(t, "the relay to forward the output", func() bool {
 			_, err := relay.RelayOnce(context.Background())
 			require.NoError(t, err)
 			return len(target.all()) > 0
-		}, "the relay forwards the output")
+		})
 		got := target.all()
 		require.Len(t, got, 1)
 		require.Equal(t, "cashback", got[0].topic)

@@ -16,16 +16,16 @@ const Timeout = 30 * time.Second
 // Interval is how often Until looks at its condition.
 const Interval = 10 * time.Millisecond
 
-// Until polls cond until it returns true and fails t with what when it has not after Timeout.
-// cond runs on the test's goroutine, so it may use require.
-func Until(t testing.TB, cond func() bool, what string) {
+// Until polls cond until it returns true and fails t, saying it timed out waiting for what, when
+// it has not after Timeout. cond runs on the test's goroutine, so it may use require.
+func Until(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	UntilWithin(t, Timeout, cond, what)
+	UntilWithin(t, Timeout, what, cond)
 }
 
 // UntilWithin is Until with a timeout of its own, for a wait whose bound is the behaviour under
 // test.
-func UntilWithin(t testing.TB, timeout time.Duration, cond func() bool, what string) {
+func UntilWithin(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {

@@ -25,7 +25,7 @@ func (f *fatalTB) Fatalf(format string, args ...any) {
 
 func TestUntilReturnsWhenTheConditionHolds(t *testing.T) {
 	var n atomic.Int32
-	Until(t, func() bool { return n.Add(1) == 3 }, "the third look")
+	Until(t, "the third look", func() bool { return n.Add(1) == 3 })
 	if n.Load() != 3 {
 		t.Fatalf("looked %d times, want 3", n.Load())
 	}
@@ -33,7 +33,7 @@ func TestUntilReturnsWhenTheConditionHolds(t *testing.T) {
 
 func TestUntilWithinFailsNamingWhatItAwaited(t *testing.T) {
 	f := &fatalTB{TB: t}
-	UntilWithin(f, 30*time.Millisecond, func() bool { return f.msg != "" }, "the impossible")
+	UntilWithin(f, 30*time.Millisecond, "the impossible", func() bool { return f.msg != "" })
 	if !strings.Contains(f.msg, "the impossible") {
 		t.Fatalf("failure %q does not say what was awaited", f.msg)
 	}
