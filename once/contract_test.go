@@ -17,6 +17,7 @@ import (
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wmonce/watermill-once/internal/partition"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/once"
@@ -63,9 +64,12 @@ type pathEnv struct {
 	seq   atomic.Int64
 }
 
-func newPathEnv(t *testing.T, p txPath, cfg once.Config) *pathEnv {
+func newPathEnv(t *testing.T, p txPath, cfg once.Config, adjust ...func(*once.Config)) *pathEnv {
 	t.Helper()
 	p.config(&cfg)
+	for _, f := range adjust {
+		f(&cfg)
+	}
 	e := &pathEnv{env: newEnv(t, cfg), path: p}
 	t.Cleanup(func() { _ = e.mw.Close() })
 	if p.subscriberTx {
@@ -517,4 +521,144 @@ func onceContract(t *testing.T, p txPath) {
 		require.Equal(t, 1, e.effects(t))
 		require.Equal(t, 1, e.claims(t))
 	})
+
+	t.Run("the age guard refuses old fresh copies only", func(t *testing.T) {
+		t.Parallel()
+		now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+		e := newPathEnv(t, p, once.Config{Consumer: "c", MaxMessageAge: 24 * time.Hour, Now: func() time.Time { return now }})
+		h := e.mw.Middleware(e.effect)
+
+		// Applied while young; a late copy of it is an ordinary duplicate, acked.
+		err := e.send(h, occurred("e-1", now.Add(-time.Hour), "p"))
+		require.NoError(t, err)
+		now = now.Add(48 * time.Hour)
+		err = e.send(h, occurred("e-1", now.Add(-49*time.Hour), "p"))
+		require.NoError(t, err)
+
+		// An old event whose key is unknown may have been applied and forgotten: refused, reported.
+		err = e.send(h, occurred("e-2", now.Add(-30*time.Hour), "p"))
+		require.ErrorIs(t, err, oncetype.ErrTooOld)
+		require.True(t, oncetype.IsPermanent(err))
+		require.Equal(t, 1, e.effects(t))
+		require.Equal(t, 1, e.claims(t), "the refused copy left no claim")
+		c := e.mw.Counts("c")
+		require.Equal(t, uint64(1), c.TooOld)
+		require.Equal(t, uint64(1), c.Duplicates)
+
+		// Without a time the guard cannot judge and lets the message through.
+		err = e.send(h, message.NewMessage("e-3", []byte("p")))
+		require.NoError(t, err)
+
+		// A time that does not parse is malformed metadata: refused, not guessed.
+		bad := message.NewMessage("e-4", []byte("p"))
+		bad.Metadata.Set(outbox.MetadataOccurredAt, "yesterday")
+		err = e.send(h, bad)
+		require.ErrorIs(t, err, oncetype.ErrMalformedMetadata)
+		require.True(t, oncetype.IsPermanent(err))
+		require.Equal(t, 2, e.effects(t))
+	})
+
+	t.Run("counts per sender", func(t *testing.T) {
+		t.Parallel()
+		e := newPathEnv(t, p, once.Config{Consumer: "c", SenderMetadataKey: "sender"})
+		h := e.mw.Middleware(e.effect)
+		send := func(uuid, sender string) {
+			msg := message.NewMessage(uuid, []byte("p"))
+			msg.Metadata.Set("sender", sender)
+			err := e.send(h, msg)
+			require.NoError(t, err)
+		}
+		send("a", "payments")
+		send("a", "payments")
+		send("a", "redrive-tool")
+		send("b", "redrive-tool")
+		by := e.mw.CountsBySender()
+		require.Equal(t, once.Counts{Fresh: 1, Duplicates: 1}, by[once.CounterKey{Consumer: "c", Sender: "payments"}])
+		require.Equal(t, once.Counts{Fresh: 1, Duplicates: 1}, by[once.CounterKey{Consumer: "c", Sender: "redrive-tool"}])
+		require.Equal(t, once.Counts{Fresh: 2, Duplicates: 2}, e.mw.Counts("c"))
+	})
+
+	t.Run("claims partitioned by day", func(t *testing.T) {
+		t.Parallel()
+		e := newPathEnv(t, p, once.Config{Consumer: "c", PartitionByDay: true})
+		h := e.mw.Middleware(e.effect)
+		day1 := time.Date(2026, 11, 20, 23, 59, 0, 0, time.UTC)
+		day2 := day1.Add(2 * time.Minute) // next day
+
+		// Partitions are created on demand; copies meet their original in the same partition.
+		// The subscriber's transaction cannot be run again, so there the first message of a day
+		// fails once, having created the partition, and its redelivery finds it.
+		firstOfDay := func(msg *message.Message) {
+			err := e.send(h, msg)
+			if p.subscriberTx {
+				require.ErrorContains(t, err, "partition of processed_messages_daily is missing")
+				err = e.send(h, msg)
+			}
+			require.NoError(t, err)
+		}
+		firstOfDay(occurred("e-1", day1, "p"))
+		for range 2 {
+			require.NoError(t, e.send(h, occurred("e-1", day1, "p")))
+		}
+		firstOfDay(occurred("e-2", day2, "p"))
+		require.Equal(t, 2, e.effects(t))
+		require.Equal(t, once.Counts{Fresh: 2, Duplicates: 2}, e.mw.Counts("c"), "creating a partition is not a lost race")
+		days, err := partition.List(context.Background(), e.db, e.schema)
+		require.NoError(t, err)
+		require.Equal(t, []time.Time{partition.Day(day1), partition.Day(day2)}, days)
+		require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table(partition.Name(day1))))
+
+		// A message without a time cannot be placed: refused, never applied.
+		err = e.send(h, message.NewMessage("e-3", []byte("p")))
+		require.ErrorIs(t, err, oncetype.ErrMalformedMetadata)
+		require.Equal(t, 2, e.effects(t))
+
+		// Retention drops whole days.
+		dropped, err := partition.DropBefore(context.Background(), e.db, e.schema, day2)
+		require.NoError(t, err)
+		require.Equal(t, []time.Time{partition.Day(day1)}, dropped)
+		require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table(partition.Parent)))
+	})
+
+	t.Run("serialization failures are retried until both effects land", func(t *testing.T) {
+		t.Parallel()
+		// Two messages grouped in one transaction would run one after the other and could not
+		// conflict (and the barrier below would wait forever): one message per group.
+		e := newPathEnv(t, p, once.Config{
+			Consumer:  "c",
+			TxOptions: &sql.TxOptions{Isolation: sql.LevelSerializable},
+		}, func(c *once.Config) { c.GroupCommit.MaxBatch = 1 })
+		pgtest.Exec(t, e.db, `CREATE TABLE `+e.table("balance")+` (id int PRIMARY KEY, v int NOT NULL)`)
+		pgtest.Exec(t, e.db, `INSERT INTO `+e.table("balance")+` VALUES (1, 0)`)
+		// Two handlers read-modify-write the same row at once under SERIALIZABLE: one of them must
+		// fail with 40001 and be re-run; both increments land.
+		var barrier sync.WaitGroup
+		barrier.Add(2)
+		var attempts atomic.Int32
+		h := e.mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+			tx, _ := pgtx.TxFromContext(msg.Context())
+			var v int
+			if err := tx.QueryRowContext(msg.Context(), `SELECT v FROM `+e.table("balance")+` WHERE id = 1`).Scan(&v); err != nil {
+				return nil, err
+			}
+			if attempts.Add(1) <= 2 {
+				barrier.Done()
+				barrier.Wait()
+			}
+			_, err := tx.ExecContext(msg.Context(), `UPDATE `+e.table("balance")+` SET v = $1 WHERE id = 1`, v+1)
+			return nil, err
+		})
+		var wg sync.WaitGroup
+		for _, id := range []string{"a", "b"} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				require.NoError(t, e.deliver(h, id, "p"))
+			}()
+		}
+		wg.Wait()
+		require.Equal(t, 2, pgtest.Count(t, e.db, `SELECT v FROM `+e.table("balance")))
+		require.Equal(t, uint64(1), e.mw.Counts("c").TxRetries)
+	})
+
 }

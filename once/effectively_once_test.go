@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -92,45 +91,6 @@ func TestMissingMigrationsSaySo(t *testing.T) {
 	require.NoError(t, err)
 	_, err = mw.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("a", nil))
 	require.ErrorContains(t, err, "run the migrations")
-}
-
-func TestSerializationFailureRetriesWholeTransaction(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, once.Config{
-		Consumer:  "c",
-		TxOptions: &sql.TxOptions{Isolation: sql.LevelSerializable},
-	})
-	pgtest.Exec(t, e.db, `CREATE TABLE `+e.table("balance")+` (id int PRIMARY KEY, v int NOT NULL)`)
-	pgtest.Exec(t, e.db, `INSERT INTO `+e.table("balance")+` VALUES (1, 0)`)
-	// Two handlers read-modify-write the same row at once under SERIALIZABLE: one of them must
-	// fail with 40001 and be re-run; both increments land.
-	var barrier sync.WaitGroup
-	barrier.Add(2)
-	var attempts atomic.Int32
-	h := e.mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		tx, _ := pgtx.TxFromContext(msg.Context())
-		var v int
-		if err := tx.QueryRowContext(msg.Context(), `SELECT v FROM `+e.table("balance")+` WHERE id = 1`).Scan(&v); err != nil {
-			return nil, err
-		}
-		if attempts.Add(1) <= 2 {
-			barrier.Done()
-			barrier.Wait()
-		}
-		_, err := tx.ExecContext(msg.Context(), `UPDATE `+e.table("balance")+` SET v = $1 WHERE id = 1`, v+1)
-		return nil, err
-	})
-	var wg sync.WaitGroup
-	for _, id := range []string{"a", "b"} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			require.NoError(t, deliver(h, id, "p"))
-		}()
-	}
-	wg.Wait()
-	require.Equal(t, 2, pgtest.Count(t, e.db, `SELECT v FROM `+e.table("balance")))
-	require.Equal(t, uint64(1), e.mw.Counts("c").TxRetries)
 }
 
 // capture is a publisher that remembers what it was given: the relay's target in unit tests.

@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmonce/watermill-once/internal/partition"
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -237,12 +238,18 @@ func (g *groupCommitter) run(group []*queued) {
 			continue
 		}
 		pending = next
-		if retries+1 < maxAttempts && (pgtx.IsRetryableTx(err) || e.ensurePartition(context.Background(), err)) {
+		if retries+1 < maxAttempts && pgtx.IsRetryableTx(err) {
 			retries++
 			for _, q := range pending {
 				q.d.counters.txRetries.Add(1)
 			}
 			time.Sleep(policy.Delay(retries))
+			continue
+		}
+		// A missing partition is not a lost race: create it and run again at once, uncounted,
+		// as the own-transaction path does.
+		if retries+1 < maxAttempts && e.ensurePartition(context.Background(), err) {
+			retries++
 			continue
 		}
 		for _, q := range pending {
@@ -304,6 +311,11 @@ func (g *groupCommitter) attempt(pending []*queued) ([]*queued, error) {
 	}
 	for _, q := range fresh {
 		if err := e.apply(q.ctx, q.h, q.d, tx); err != nil {
+			if pgtx.IsRetryableTx(err) && !oncetype.IsPermanent(err) {
+				// The transaction lost a race (serialization failure, deadlock) in a handler: run
+				// it again whole, this message included, as TxRetry promises on every path.
+				return fresh, err
+			}
 			g.settle(q, err)
 			return without(fresh, q), nil
 		}
