@@ -113,7 +113,7 @@ func TestForgetRelayRefusesARunningRelay(t *testing.T) {
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	require.Eventually(t, func() bool { return r.Stats().IsLeader }, 10*time.Second, 10*time.Millisecond)
+	testwait.Until(t, "the relay to lead", func() bool { return r.Stats().IsLeader })
 
 	found, err := retention.ForgetRelay(ctx, db, schema, "live")
 	require.ErrorIs(t, err, retention.ErrRelayActive)
@@ -124,10 +124,10 @@ func TestForgetRelayRefusesARunningRelay(t *testing.T) {
 	require.NoError(t, <-done)
 	// A relay stopped while its connection was busy leaves the session (and lock) to end
 	// on the server a moment later.
-	require.Eventually(t, func() bool {
+	testwait.Until(t, "ForgetRelay to succeed", func() bool {
 		found, err = retention.ForgetRelay(ctx, db, schema, "live")
 		return err == nil
-	}, 10*time.Second, 10*time.Millisecond)
+	})
 	require.True(t, found)
 	found, err = retention.ForgetRelay(ctx, db, schema, "live")
 	require.NoError(t, err)
