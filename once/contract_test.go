@@ -93,32 +93,65 @@ func (e *pathEnv) other(t *testing.T, cfg once.Config) *once.Middleware {
 // (nil: ack). On the subscriber path msg runs in the transaction of a real watermill-sql
 // subscriber, which has committed (or rolled back) when send returns.
 func (e *pathEnv) send(h message.HandlerFunc, msg *message.Message) error {
-	if !e.path.subscriberTx {
-		_, err := h(msg)
+	run, err := e.prepare(h, msg)
+	if err != nil {
 		return err
 	}
-	return e.inSubscriberTx(h, msg)
+	return run()
+}
+
+// prepare does what must precede a concurrent delivery and returns the delivery. On the
+// subscriber path it publishes the carrier: watermill-sql delivers only rows older than every
+// open transaction, so a carrier published after another delivery's transaction began stays
+// invisible until that transaction ends. Tests whose deliveries wait for each other (a barrier,
+// a row lock) prepare them all first.
+func (e *pathEnv) prepare(h message.HandlerFunc, msg *message.Message) (func() error, error) {
+	if !e.path.subscriberTx {
+		return func() error { _, err := h(msg); return err }, nil
+	}
+	topic, err := e.publishCarrier()
+	if err != nil {
+		return nil, err
+	}
+	return func() error { return e.inSubscriberTx(topic, h, msg) }, nil
+}
+
+// prepareAll prepares a delivery of each message, failing t if one cannot be prepared.
+func (e *pathEnv) prepareAll(t *testing.T, h message.HandlerFunc, msgs ...*message.Message) []func() error {
+	t.Helper()
+	runs := make([]func() error, len(msgs))
+	for i, m := range msgs {
+		run, err := e.prepare(h, m)
+		require.NoError(t, err)
+		runs[i] = run
+	}
+	return runs
 }
 
 func (e *pathEnv) deliver(h message.HandlerFunc, uuid, payload string) error {
 	return e.send(h, message.NewMessage(uuid, []byte(payload)))
 }
 
-// inSubscriberTx publishes a carrier message to a topic of its own, receives it from a
-// watermill-sql subscriber and runs h on msg inside the carrier's transaction, then acks or
-// nacks the carrier and closes the subscriber, which ends the transaction. msg itself is not
-// published, so any key (even one no table could store) reaches the middleware as sent. When
-// the subscriber's commit failed (the middleware doomed the transaction), the carrier is
-// delivered again in a new transaction, as the subscriber would.
-func (e *pathEnv) inSubscriberTx(h message.HandlerFunc, msg *message.Message) error {
+// publishCarrier publishes a carrier message to a topic of its own and returns the topic.
+func (e *pathEnv) publishCarrier() (string, error) {
 	topic := fmt.Sprintf("d_%d", e.seq.Add(1))
 	pub, err := newSQLPublisher(e.subDB, e.schema)
 	if err != nil {
-		return err
+		return "", err
 	}
 	if err := pub.Publish(topic, message.NewMessage(watermill.NewUUID(), []byte(`{}`))); err != nil {
-		return fmt.Errorf("publish carrier: %w", err)
+		return "", fmt.Errorf("publish carrier: %w", err)
 	}
+	return topic, nil
+}
+
+// inSubscriberTx receives topic's carrier from a watermill-sql subscriber and runs h on msg
+// inside the carrier's transaction, then acks or nacks the carrier and closes the subscriber,
+// which ends the transaction. msg itself is not published, so any key (even one no table could
+// store) reaches the middleware as sent. When the subscriber's commit failed (the middleware
+// doomed the transaction), the carrier is delivered again in a new transaction, as the
+// subscriber would.
+func (e *pathEnv) inSubscriberTx(topic string, h message.HandlerFunc, msg *message.Message) error {
 	for range 5 {
 		sub, err := newSQLSubscriber(e.subDB, e.schema, "suite")
 		if err != nil {
@@ -228,15 +261,20 @@ func onceContract(t *testing.T, p txPath) {
 			return e.effect(msg)
 		})
 		const copies = 16
+		var msgs []*message.Message
+		for range copies {
+			msgs = append(msgs, message.NewMessage("same-id", []byte("payload")))
+		}
+		runs := e.prepareAll(t, h, msgs...)
 		errs := make([]error, copies)
 		var wg sync.WaitGroup
 		start := make(chan struct{})
-		for i := range copies {
+		for i, run := range runs {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				<-start
-				errs[i] = e.deliver(h, "same-id", "payload")
+				errs[i] = run()
 			}()
 		}
 		close(start)
@@ -648,15 +686,21 @@ func onceContract(t *testing.T, p txPath) {
 			_, err := tx.ExecContext(msg.Context(), `UPDATE `+e.table("balance")+` SET v = $1 WHERE id = 1`, v+1)
 			return nil, err
 		})
+		// Both deliveries are prepared first: each waits for the other at the barrier.
+		runs := e.prepareAll(t, h, message.NewMessage("a", []byte("p")), message.NewMessage("b", []byte("p")))
+		errs := make([]error, len(runs))
 		var wg sync.WaitGroup
-		for _, id := range []string{"a", "b"} {
+		for i, run := range runs {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				require.NoError(t, e.deliver(h, id, "p"))
+				errs[i] = run()
 			}()
 		}
 		wg.Wait()
+		for _, err := range errs {
+			require.NoError(t, err)
+		}
 		require.Equal(t, 2, pgtest.Count(t, e.db, `SELECT v FROM `+e.table("balance")))
 		require.Equal(t, uint64(1), e.mw.Counts("c").TxRetries)
 	})
