@@ -21,6 +21,7 @@ import (
 	"github.com/wmonce/watermill-once/admin"
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -99,11 +100,7 @@ func newFixture(t *testing.T, failed int) *fixture {
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- proc.Run(ctx) }()
-	deadline := time.Now().Add(20 * time.Second)
-	for f.count(t, "FAILED") < failed || f.count(t, "DONE") < 1 {
-		require.True(t, time.Now().Before(deadline), "inbox did not settle: %d FAILED, %d DONE", f.count(t, "FAILED"), f.count(t, "DONE"))
-		time.Sleep(10 * time.Millisecond)
-	}
+	testwait.Until(t, "the inbox to settle", func() bool { return f.count(t, "FAILED") >= failed && f.count(t, "DONE") >= 1 })
 	require.NoError(t, proc.Close())
 	require.NoError(t, <-done)
 	return f
@@ -114,15 +111,14 @@ func newFixture(t *testing.T, failed int) *fixture {
 // that finds nothing is retried after a short pause.
 func relayUntil(t *testing.T, relay *outbox.Relay, what string, done func(outbox.RelayCounters) bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !done(relay.Counters()) {
-		require.True(t, time.Now().Before(deadline), "relay did not %s: %+v", what, relay.Counters())
-		n, err := relay.RelayOnce(context.Background())
-		require.NoError(t, err)
-		if n == 0 {
-			time.Sleep(10 * time.Millisecond)
+	testwait.Until(t, "the relay to "+what, func() bool {
+		if done(relay.Counters()) {
+			return true
 		}
-	}
+		_, err := relay.RelayOnce(context.Background())
+		require.NoError(t, err)
+		return done(relay.Counters())
+	})
 }
 
 // count returns how many of billing's inbox rows have status.

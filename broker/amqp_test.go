@@ -14,6 +14,7 @@ import (
 
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testwait"
 )
 
 func TestMarshalerConvertsNonStringHeaders(t *testing.T) {
@@ -106,11 +107,11 @@ func TestAMQPHeadersFromRabbitMQDoNotLoop(t *testing.T) {
 	second.Ack()
 
 	q := b.Config().AMQP.QueueName(topic, "rewards")
-	require.Eventually(t, func() bool {
+	testwait.Until(t, "acked once, nothing left looping in the queue", func() bool {
 		info, err := ch.QueueDeclarePassive(q, true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
 		require.NoError(t, err)
 		return info.Messages == 0
-	}, 10*time.Second, 50*time.Millisecond, "acked once, nothing left looping in the queue")
+	})
 	select {
 	case m := <-msgs:
 		t.Fatalf("unexpected third delivery %s %v", m.UUID, m.Metadata)
@@ -135,11 +136,11 @@ func TestAMQPUnroutedMessagesAreKept(t *testing.T) {
 	defer conn.Close()
 	ch, err := conn.Channel()
 	require.NoError(t, err)
-	require.Eventually(t, func() bool {
+	testwait.Until(t, "the lost message in the unrouted queue", func() bool {
 		info, err := ch.QueueDeclarePassive(b.Config().AMQP.UnroutedQueueName(), true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
 		require.NoError(t, err)
 		return info.Messages == 1
-	}, 10*time.Second, 50*time.Millisecond)
+	})
 	d, ok, err := ch.Get(b.Config().AMQP.UnroutedQueueName(), true)
 	require.NoError(t, err)
 	require.True(t, ok)

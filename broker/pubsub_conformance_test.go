@@ -18,6 +18,7 @@ import (
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/internal/brokertest"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testwait"
 )
 
 // Watermill's universal Pub/Sub suite (pubsub/tests.TestPubSub) run against the publishers and
@@ -273,7 +274,7 @@ func TestConformanceAMQPReconnect(t *testing.T) {
 	wg.Wait()
 	require.NoError(t, ctx.Err(), "publishing did not finish")
 
-	require.Eventually(t, func() bool {
+	testwait.UntilWithin(t, time.Minute, "every confirmed message is received after the connections were closed twice", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		for id := range published {
@@ -282,7 +283,7 @@ func TestConformanceAMQPReconnect(t *testing.T) {
 			}
 		}
 		return true
-	}, time.Minute, 50*time.Millisecond, "every confirmed message is received after the connections were closed twice")
+	})
 	mu.Lock()
 	defer mu.Unlock()
 	require.Len(t, published, sent)

@@ -13,6 +13,7 @@ import (
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/internal/brokertest"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -186,13 +187,9 @@ func TestSQLSerializationFailureRedeliversTheWholeBatch(t *testing.T) {
 	// One batch must hold all three: wait until they are older than every running transaction
 	// (watermill-sql reads only those), as other tests keep transactions open.
 	table := pgtx.QualifiedName(schema, "watermill_"+topic)
-	for pgtest.Count(t, db, `SELECT count(*) FROM `+table+` WHERE transaction_id < pg_snapshot_xmin(pg_current_snapshot())`) < 3 {
-		select {
-		case <-ctx.Done():
-			t.Fatal("published rows never became readable")
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+	testwait.Until(t, "the published rows to become readable", func() bool {
+		return pgtest.Count(t, db, `SELECT count(*) FROM `+table+` WHERE transaction_id < pg_snapshot_xmin(pg_current_snapshot())`) >= 3
+	})
 	var mu sync.Mutex
 	runs := map[string]int{}
 	done := make(chan struct{}, 10)
@@ -231,13 +228,9 @@ func TestSQLSerializationFailureRedeliversTheWholeBatch(t *testing.T) {
 	}
 	// The handlers are done; the subscriber commits right after its ack. Wait for that commit.
 	offsets := pgtx.QualifiedName(schema, "watermill_offsets_"+topic)
-	for pgtest.Count(t, db, `SELECT coalesce(max(offset_acked), 0) FROM `+offsets) < 3 {
-		select {
-		case <-ctx.Done():
-			t.Fatal("the subscriber did not commit the batch")
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+	testwait.Until(t, "the subscriber to commit the batch", func() bool {
+		return pgtest.Count(t, db, `SELECT coalesce(max(offset_acked), 0) FROM `+offsets) >= 3
+	})
 	require.NoError(t, r.Close())
 	mu.Lock()
 	require.Equal(t, map[string]int{"m-0": 2, "m-1": 1, "m-2": 1}, runs, "later messages never ran in the doomed transaction")

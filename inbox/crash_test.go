@@ -17,16 +17,17 @@ import (
 
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
 // claimModes runs a test once per claim mode.
 func claimModes(t *testing.T, run func(t *testing.T, cfg inbox.ProcessorConfig)) {
-	for _, mode := range []inbox.ClaimMode{inbox.ClaimLease, inbox.ClaimLock} {
-		t.Run(mode.String(), func(t *testing.T) {
+	for _, m := range processorModes {
+		t.Run(m.mode.String(), func(t *testing.T) {
 			t.Parallel()
-			cfg := fast("c")
-			cfg.ClaimMode, cfg.Workers, cfg.MaxAttempts = mode, 1, 3
+			cfg := fastIn(m.mode, "c")
+			cfg.Workers, cfg.MaxAttempts = 1, 3
 			run(t, cfg)
 		})
 	}
@@ -60,7 +61,7 @@ func TestTerminatedBackendCountsTheAttempt(t *testing.T) {
 			return nil, err
 		}, cfg)
 
-		waitFor(t, 30*time.Second, "the row parked", func() bool { return e.status(t, "c", inbox.StatusFailed) == 1 })
+		testwait.Until(t, "the row parked", func() bool { return e.status(t, "c", inbox.StatusFailed) == 1 })
 		row, err := e.ops.InspectMessage(context.Background(), "c", "m1")
 		require.NoError(t, err)
 		require.Equal(t, 3, row.Attempts)
@@ -185,7 +186,7 @@ func TestInboxCrashChild(t *testing.T) {
 		}
 		return nil, nil
 	}, cfg)
-	waitFor(t, 30*time.Second, "every row finished or parked", func() bool {
+	testwait.Until(t, "every row finished or parked", func() bool {
 		var n int
 		err := db.QueryRow(`SELECT count(*) FROM ` + e.table("inbox") + ` WHERE status IN ('PENDING', 'IN_PROGRESS')`).Scan(&n)
 		return err == nil && n == 0

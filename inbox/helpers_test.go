@@ -98,18 +98,6 @@ func (e *env) status(t testing.TB, consumer string, s inbox.Status) int {
 	return pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("inbox")+` WHERE consumer = $1 AND status = $2`, consumer, string(s))
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // msg builds a message with the given UUID and metadata pairs.
 func msg(uuid, payload string, kv ...string) *message.Message {
 	m := message.NewMessage(uuid, []byte(payload))

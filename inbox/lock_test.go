@@ -14,6 +14,7 @@ import (
 
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testwait"
 )
 
 // locking is the test configuration in ClaimLock mode.
@@ -60,7 +61,7 @@ func TestClaimLockAppliesEachRowOnce(t *testing.T) {
 		}
 		return nil, nil
 	}, locking("c", 3, 25))
-	waitFor(t, 30*time.Second, "all rows", func() bool { return p.Counters().Processed == 300 })
+	testwait.Until(t, "all rows", func() bool { return p.Counters().Processed == 300 })
 	require.Equal(t, 300, e.effects(t))
 	require.Equal(t, 300, pgtest.Count(t, e.db, `SELECT count(DISTINCT message_id) FROM `+e.table("effects")))
 	require.Equal(t, 300, e.status(t, "c", inbox.StatusDone))
@@ -115,7 +116,7 @@ func TestClaimLockKeepsKeyOrderAndParks(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	waitFor(t, 30*time.Second, "all but the parked key's tail", func() bool {
+	testwait.Until(t, "all but the parked key's tail", func() bool {
 		return p.Counters().Processed == keys*perKey-(perKey-10) && p.Counters().Parked == 1
 	})
 	want := func(n int) []int {
@@ -159,9 +160,9 @@ func TestClaimLockCutsOffHandlersPastTimeout(t *testing.T) {
 		return nil, e.effect(m, "second")
 	}, cfg)
 	require.NoError(t, r.Handle(msg("e-1", "x")))
-	waitFor(t, 10*time.Second, "another worker to apply the row", func() bool { return p.Counters().Processed == 1 })
+	testwait.Until(t, "another worker to apply the row", func() bool { return p.Counters().Processed == 1 })
 	close(release)
-	waitFor(t, 10*time.Second, "the stalled attempt to be settled", func() bool { return p.Counters().Failed == 1 })
+	testwait.Until(t, "the stalled attempt to be settled", func() bool { return p.Counters().Failed == 1 })
 	require.Equal(t, uint64(1), p.Counters().Processed)
 	require.Equal(t, 1, e.effects(t))
 	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("effects")+` WHERE worker = 'second'`))
@@ -197,7 +198,7 @@ func TestClaimLockShutdownGivesRowsBack(t *testing.T) {
 	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("inbox")+` WHERE status = 'PENDING' AND attempts = 0`))
 
 	next := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "next") }, locking("c", 1, 1))
-	waitFor(t, 10*time.Second, "the row to be applied after the restart", func() bool { return next.Counters().Processed == 1 })
+	testwait.Until(t, "the row to be applied after the restart", func() bool { return next.Counters().Processed == 1 })
 	require.Equal(t, 1, e.effects(t))
 }
 
@@ -216,7 +217,7 @@ func TestClaimLockAndLeaseShareAConsumer(t *testing.T) {
 	lease.Workers, lease.BatchSize, lease.TxBatchSize = 2, 20, 10
 	a := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "lease") }, lease)
 	b := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "lock") }, locking("c", 2, 10))
-	waitFor(t, 30*time.Second, "all rows", func() bool { return a.Counters().Processed+b.Counters().Processed == 400 })
+	testwait.Until(t, "all rows", func() bool { return a.Counters().Processed+b.Counters().Processed == 400 })
 	require.Equal(t, 400, e.effects(t))
 	require.Equal(t, 400, pgtest.Count(t, e.db, `SELECT count(DISTINCT message_id) FROM `+e.table("effects")))
 	require.Equal(t, 400, e.status(t, "c", inbox.StatusDone))
@@ -275,7 +276,7 @@ END $$`)
 				mu.Unlock()
 				return nil, e.effect(m, "w")
 			}, cfg)
-			waitFor(t, 30*time.Second, "every row finished", func() bool {
+			testwait.Until(t, "every row finished", func() bool {
 				return e.status(t, "c", inbox.StatusDone)+e.status(t, "c", inbox.StatusFailed) == len(ids)
 			})
 			require.Zero(t, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("slow_start")), "the slow start happened")

@@ -13,6 +13,7 @@ import (
 
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
 )
@@ -35,13 +36,13 @@ func TestBurstIngestedThenProcessed(t *testing.T) {
 	const burst = 300
 	errs := make(chan error, burst+1)
 	go func() { errs <- r.Handle(msg("m-0", "p0", "seq", "0")) }()
-	waitFor(t, 5*time.Second, "the writer to wait on the held row", func() bool {
+	testwait.Until(t, "the writer to wait on the held row", func() bool {
 		return pgtest.Count(t, e.db, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0`, e.schema) == 1
 	})
 	for i := 1; i <= burst; i++ {
 		go func() { errs <- r.Handle(msg(fmt.Sprintf("m-%d", i), fmt.Sprintf("p%d", i), "seq", fmt.Sprint(i))) }()
 	}
-	waitFor(t, 5*time.Second, "the burst to queue", func() bool { return r.Counters().Waiting == burst+1 })
+	testwait.Until(t, "the burst to queue", func() bool { return r.Counters().Waiting == burst+1 })
 	require.Zero(t, r.Counters().Stored, "nothing is acked while the write is held")
 	require.NoError(t, blocker.Rollback())
 
@@ -59,7 +60,7 @@ func TestBurstIngestedThenProcessed(t *testing.T) {
 		}
 		return nil, e.effect(m, "w")
 	}, fast("payments"))
-	waitFor(t, 20*time.Second, "every row to be processed", func() bool { return p.Counters().Processed == burst+1 })
+	testwait.Until(t, "every row to be processed", func() bool { return p.Counters().Processed == burst+1 })
 	require.Equal(t, burst+1, e.effects(t))
 	require.Equal(t, burst+1, pgtest.Count(t, e.db, `SELECT count(DISTINCT message_id) FROM `+e.table("effects")))
 	require.Equal(t, burst+1, e.status(t, "payments", inbox.StatusDone))
@@ -89,7 +90,7 @@ func TestDuplicatesIngestedOnce(t *testing.T) {
 	require.Equal(t, uint64(messages*(copies-1)), c.Duplicates)
 
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "w") }, fast("c"))
-	waitFor(t, 10*time.Second, "processing", func() bool { return p.Counters().Processed == messages })
+	testwait.Until(t, "processing", func() bool { return p.Counters().Processed == messages })
 
 	// Late copies (a redelivery after processing) are acked and change nothing.
 	for i := range messages {
@@ -301,7 +302,7 @@ func TestAgeGuardParksOldCopiesOfForgottenKeys(t *testing.T) {
 
 	// The processor leaves parked copies alone.
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "w") }, fast("c"))
-	waitFor(t, 10*time.Second, "the timeless message processed", func() bool { return p.Counters().Processed == 1 })
+	testwait.Until(t, "the timeless message processed", func() bool { return p.Counters().Processed == 1 })
 	require.Equal(t, 1, e.effects(t))
 	require.Equal(t, 2, e.status(t, "c", inbox.StatusFailed))
 }

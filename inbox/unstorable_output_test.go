@@ -2,29 +2,29 @@ package inbox_test
 
 import (
 	"testing"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testwait"
 )
 
 // A handler output the outbox can never store (here an empty UUID) fails every attempt the same
 // way: the row is parked at the first attempt, not retried up to MaxAttempts.
-func TestUnstorableOutputParksTheRowAtOnce(t *testing.T) {
+func testUnstorableOutputParksTheRowAtOnce(t *testing.T, mode inbox.ClaimMode) {
 	t.Parallel()
 	e := newEnv(t)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
-	cfg := fast("c")
+	cfg := fastIn(mode, "c")
 	cfg.MaxAttempts = 5
 	cfg.OutputTopic = "cashback"
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
 		return []*message.Message{message.NewMessage("", []byte("no id"))}, nil
 	}, cfg)
 	require.NoError(t, r.Handle(msg("u1", "p")))
-	waitFor(t, 10*time.Second, "the row to be parked", func() bool { return p.Counters().Parked == 1 })
+	testwait.Until(t, "the row to be parked", func() bool { return p.Counters().Parked == 1 })
 	require.Equal(t, 1, e.status(t, "c", inbox.StatusFailed))
 	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT attempts FROM `+e.table("inbox")+` WHERE consumer = 'c'`), "parked at the first attempt")
 }

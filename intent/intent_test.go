@@ -21,6 +21,7 @@ import (
 	"github.com/wmonce/watermill-once/intent"
 	"github.com/wmonce/watermill-once/internal/fakeprovider"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -279,15 +280,14 @@ func TestSenderParksRejectedIntentAtOnce(t *testing.T) {
 // sendUntil runs the sender until cond holds, failing after a deadline.
 func sendUntil(t *testing.T, s *intent.Sender, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not reached; sender stats %+v", s.Counters())
+	testwait.Until(t, "the sender to reach the condition", func() bool {
+		if cond() {
+			return true
 		}
 		_, err := s.SendOnce(context.Background())
 		require.NoError(t, err)
-		time.Sleep(5 * time.Millisecond)
-	}
+		return cond()
+	})
 }
 
 // crash makes a sender die at a chosen point: its own pool is closed, so it can no longer
@@ -450,11 +450,9 @@ func TestConcurrentSendersSendEachIntentOnce(t *testing.T) {
 		go func() { defer wg.Done(); _ = s.Run(ctx) }()
 	}
 	table := pgtx.QualifiedName(e.schema, "intents")
-	deadline := time.Now().Add(20 * time.Second)
-	for pgtest.Count(t, e.db, `SELECT count(*) FROM `+table+` WHERE status = 'SENT'`) < intents {
-		require.True(t, time.Now().Before(deadline), "not all intents were sent")
-		time.Sleep(10 * time.Millisecond)
-	}
+	testwait.Until(t, "every intent to be sent", func() bool {
+		return pgtest.Count(t, e.db, `SELECT count(*) FROM `+table+` WHERE status = 'SENT'`) >= intents
+	})
 	require.NoError(t, a.Close())
 	require.NoError(t, b.Close())
 	cancel()

@@ -21,6 +21,7 @@ import (
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/brokertest"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
@@ -227,7 +228,7 @@ func TestMiddlewareOverWatermillAMQP(t *testing.T) {
 	require.Len(t, deliveryCounts["e-91"], 1, "the four copies were absorbed before the handler")
 	require.Equal(t, []string{"", "1"}, deliveryCounts["e-fails-once"], "nacked, requeued by RabbitMQ and redelivered, counted by the quorum queue")
 	mu.Unlock()
-	require.Eventually(t, func() bool { return queueDepth(t, e.amqpURL, "payments_rewards") == 0 }, waitFor, tick, "every copy acked")
+	testwait.Until(t, "every copy acked", func() bool { return queueDepth(t, e.amqpURL, "payments_rewards") == 0 })
 
 	require.Equal(t, 2, e.outboxed(t, "cashback"), "one output per applied event, in the outbox")
 	require.Equal(t, 0, queueDepth(t, e.amqpURL, "cashback_notifications"), "the router published nothing itself")
@@ -287,7 +288,7 @@ func TestStackOverWatermillAMQP(t *testing.T) {
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		assert.Equal(c, once.Counters{Fresh: 1, Duplicates: 1, Failed: 2}, mw.Counters("rewards"))
 	}, waitFor, tick)
-	require.Eventually(t, func() bool { return queueDepth(t, e.amqpURL, "payments_rewards") == 0 }, waitFor, tick, "every message acked, the poison one too")
+	testwait.Until(t, "every message acked, the poison one too", func() bool { return queueDepth(t, e.amqpURL, "payments_rewards") == 0 })
 	require.Equal(t, 1, e.effects(t, "e-transient"))
 	require.Equal(t, 0, e.effects(t, "e-poison"), "rolled back")
 	require.Equal(t, int32(0), redelivered.Load(), "nothing went back to RabbitMQ")
@@ -326,7 +327,7 @@ func TestInboxOverWatermillAMQP(t *testing.T) {
 		got := receiver.Counters()
 		assert.Equal(c, [2]uint64{1, 5}, [2]uint64{got.Stored, got.Duplicates}, "one row for five copies and a redelivery")
 	}, waitFor, tick)
-	require.Eventually(t, func() bool { return queueDepth(t, e.amqpURL, "payments_rewards") == 0 }, waitFor, tick)
+	testwait.Until(t, "the queue to be drained", func() bool { return queueDepth(t, e.amqpURL, "payments_rewards") == 0 })
 
 	var failedOnce atomic.Bool
 	processor, err := inbox.NewProcessor(e.db, func(msg *message.Message) ([]*message.Message, error) {

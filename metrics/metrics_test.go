@@ -21,6 +21,7 @@ import (
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/intent"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/metrics"
 	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/oncetype"
@@ -149,7 +150,7 @@ func TestMetricsOfRealComponents(t *testing.T) {
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- proc.Run(ctx) }()
-	require.Eventually(t, func() bool { c := proc.Counters(); return c.Processed == 2 && c.Parked == 1 }, 20*time.Second, 10*time.Millisecond)
+	testwait.Until(t, "two rows processed and one parked", func() bool { c := proc.Counters(); return c.Processed == 2 && c.Parked == 1 })
 	require.NoError(t, proc.Close())
 	require.NoError(t, <-done)
 	backlog, err := inbox.NewReceiver(db, inbox.ReceiverConfig{Schema: schema, Consumer: "backlog"}, logger())
@@ -280,11 +281,11 @@ func relay(t *testing.T, db *sql.DB, schema, name string, batch, want int) *outb
 	t.Cleanup(func() { _ = pub.Close() })
 	r, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Schema: schema, Name: name, BatchSize: batch}, logger())
 	require.NoError(t, err)
-	require.Eventually(t, func() bool {
+	testwait.Until(t, "the relay to forward every row", func() bool {
 		_, err := r.RelayOnce(context.Background())
 		require.NoError(t, err)
 		return int(r.Counters().Forwarded) >= want
-	}, 20*time.Second, 10*time.Millisecond)
+	})
 	require.Equal(t, want, int(r.Counters().Forwarded))
 	return r
 }

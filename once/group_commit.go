@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmonce/watermill-once/internal/partition"
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -32,9 +33,11 @@ import (
 // The guarantee is the same as per-message transactions: each message is acked only after the
 // commit that holds its claim, effects and outputs. A message whose handler fails is isolated:
 // the group's transaction is rolled back, the failed message is nacked alone, and the others are
-// run again in a new transaction (their handlers run twice, the first run leaving no trace).
-// Handlers must therefore be short and touch only the database; a slow handler delays every
-// message of its group. Messages from watermill-sql's subscriber keep using the subscriber's
+// run again in a new transaction (their handlers run twice, the first run leaving no trace). A
+// handler that fails with a serialization failure or deadlock is not at fault: the whole group
+// runs again, up to TxRetry's attempts, as a per-message transaction would. Handlers must
+// therefore be short and touch only the database; a slow handler delays every message of its
+// group. Messages from watermill-sql's subscriber keep using the subscriber's
 // transaction and are not grouped.
 //
 // Measured figures are in the README (Performance); run
@@ -311,6 +314,11 @@ func (g *groupCommitter) attempt(pending []*queued) ([]*queued, error) {
 	}
 	for _, q := range fresh {
 		if err := e.apply(q.ctx, q.h, q.d, tx); err != nil {
+			if pgtx.IsRetryableTx(err) && !oncetype.IsPermanent(err) {
+				// The transaction lost a race (serialization failure, deadlock) in a handler: run
+				// it again whole, this message included, as TxRetry promises on every path.
+				return fresh, err
+			}
 			g.settle(q, err)
 			return without(fresh, q), nil
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/wmonce/watermill-once/internal/partition"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -19,6 +20,7 @@ import (
 // countedEnv is a schema reached through a pool of its own whose round trips are counted.
 func countedEnv(t *testing.T, lazyBegin bool) (*env, *pgtx.RoundTripCounter) {
 	t.Helper()
+	pgtest.SkipShort(t)
 	rt := &pgtx.RoundTripCounter{}
 	db, err := pgtx.Open(context.Background(), pgtest.URL(), pgtx.PoolConfig{MaxOpenConns: 4, DisableLazyBegin: !lazyBegin, RoundTrips: rt})
 	require.NoError(t, err, "these tests need PostgreSQL: start it or set DATABASE_URL")
@@ -151,7 +153,7 @@ func TestSubscriberTxPartitionByDay(t *testing.T) {
 	for range 2 {
 		require.NoError(t, pub.Publish(topic, occurred(key, day, `{}`)))
 	}
-	eventually(t, "both offsets acked", func() bool {
+	testwait.Until(t, "both offsets acked", func() bool {
 		return pgtest.Count(t, e.db, `SELECT coalesce(max(offset_acked), 0) FROM `+e.table("watermill_offsets_"+topic)) == 2
 	})
 	require.Equal(t, 1, e.effects(t))

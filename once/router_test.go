@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -67,17 +68,6 @@ func runRouter(t *testing.T, name, topic string, sub message.Subscriber, h messa
 	return r
 }
 
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func TestSQLSubscriberTransactionIsReused(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, once.Config{}) // consumer = handler name
@@ -102,7 +92,7 @@ func TestSQLSubscriberTransactionIsReused(t *testing.T) {
 	runRouter(t, "rewards", topic, sub, handler, e.mw.Middleware)
 
 	require.NoError(t, pub.Publish(topic, message.NewMessage("e-91", []byte(`{"amount":120000}`))))
-	eventually(t, "offset acked", func() bool {
+	testwait.Until(t, "offset acked", func() bool {
 		return pgtest.Count(t, e.db, `SELECT coalesce(max(offset_acked), 0) FROM `+e.table("watermill_offsets_"+topic)) == 1
 	})
 	require.Equal(t, int32(2), attempts.Load())
@@ -113,7 +103,7 @@ func TestSQLSubscriberTransactionIsReused(t *testing.T) {
 
 	// The same event published again (a producer retry) is absorbed.
 	require.NoError(t, pub.Publish(topic, message.NewMessage("e-91", []byte(`{"amount":120000}`))))
-	eventually(t, "second offset acked", func() bool {
+	testwait.Until(t, "second offset acked", func() bool {
 		return pgtest.Count(t, e.db, `SELECT coalesce(max(offset_acked), 0) FROM `+e.table("watermill_offsets_"+topic)) == 2
 	})
 	require.Equal(t, 1, e.effects(t))
@@ -152,7 +142,7 @@ func TestSubscriberCommitDuringAttemptIsRefused(t *testing.T) {
 	runRouter(t, "rewards", topic, sub, handler, e.mw.Middleware)
 	require.NoError(t, pub.Publish(topic, message.NewMessage("e-1", []byte(`{}`))))
 
-	eventually(t, "offset acked", func() bool {
+	testwait.Until(t, "offset acked", func() bool {
 		return pgtest.Count(t, e.db, `SELECT coalesce(max(offset_acked), 0) FROM `+e.table("watermill_offsets_"+topic)) == 1
 	})
 	require.GreaterOrEqual(t, runs.Load(), int32(2), "the message was redelivered after the deadline")
@@ -190,7 +180,7 @@ func TestLostAckRedeliveryIsNoOp(t *testing.T) {
 	}, loseFirstAck, e.mw.Middleware)
 
 	require.NoError(t, pub.Publish(topic, message.NewMessage("e-1", []byte(`{}`))))
-	eventually(t, "offset acked", func() bool {
+	testwait.Until(t, "offset acked", func() bool {
 		return pgtest.Count(t, e.db, `SELECT coalesce(max(offset_acked), 0) FROM `+e.table("watermill_offsets_"+topic)) == 1
 	})
 	require.Equal(t, 1, e.effects(t))
@@ -264,7 +254,7 @@ func TestRelayDeliversOutputsThroughSQLPubSub(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("relay did not deliver the output")
 	}
-	eventually(t, "all copies consumed", func() bool { return e.mw.Counters("rewards").Duplicates == 2 })
+	testwait.Until(t, "all copies consumed", func() bool { return e.mw.Counters("rewards").Duplicates == 2 })
 	require.Equal(t, 1, e.effects(t))
 	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("outbox")), "one output for three copies")
 	require.Empty(t, direct.all(), "the router published nothing around the transaction")

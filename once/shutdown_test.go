@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/once"
 )
 
@@ -46,7 +47,7 @@ func TestShutdownGraceDoesNotReachTheSubscriberTransaction(t *testing.T) {
 
 	_, sub2 := sqlPubSub(t, e.db, e.schema, "rewards")
 	runRouter(t, "rewards", topic, sub2, handler, e.mw.Middleware)
-	eventually(t, "redelivery acked", func() bool { return offsets() == 1 })
+	testwait.Until(t, "redelivery acked", func() bool { return offsets() == 1 })
 	require.Equal(t, 1, e.effects(t), "applied once, on redelivery")
 	require.Equal(t, 1, e.claims(t))
 }

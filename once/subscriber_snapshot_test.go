@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -39,7 +40,7 @@ func TestSerializationFailureInSubscriberTxIsRedeliveredInANewTransaction(t *tes
 	runRouter(t, "rewards", topic, sub, handler, e.mw.Middleware)
 	require.NoError(t, pub.Publish(topic, message.NewMessage("e-1", []byte(`{}`))))
 
-	eventually(t, "offset acked", func() bool {
+	testwait.Until(t, "offset acked", func() bool {
 		return pgtest.Count(t, e.db, `SELECT coalesce(max(offset_acked), 0) FROM `+e.table("watermill_offsets_"+topic)) == 1
 	})
 	require.Equal(t, int32(2), runs.Load(), "one run under the stale snapshot, one in a new transaction")

@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -76,11 +77,7 @@ func TestRelayLanesKeepPerKeyOrder(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	deadline := time.Now().Add(20 * time.Second)
-	for r.Counters().Forwarded < keys*perKey {
-		require.True(t, time.Now().Before(deadline), "relay forwarded %d of %d", r.Counters().Forwarded, keys*perKey)
-		time.Sleep(5 * time.Millisecond)
-	}
+	testwait.Until(t, "the relay to forward every row", func() bool { return r.Counters().Forwarded >= keys*perKey })
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)
 

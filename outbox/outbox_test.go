@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -67,16 +68,15 @@ func publishTx(t *testing.T, db *sql.DB, w *outbox.Writer, topic string, uuids .
 // drain runs RelayOnce until want messages arrived (rows wait for older transactions).
 func drain(t *testing.T, r *outbox.Relay, s *sink, want int) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for len(s.all()) < want {
-		if time.Now().After(deadline) {
-			t.Fatalf("relay delivered %d of %d", len(s.all()), want)
+	testwait.Until(t, fmt.Sprintf("the relay to deliver %d messages", want), func() bool {
+		if len(s.all()) >= want {
+			return true
 		}
 		if _, err := r.RelayOnce(context.Background()); err != nil {
 			t.Logf("relay round: %v", err)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return len(s.all()) >= want
+	})
 }
 
 func TestRelayKeepsCommitOrderAcrossTopicsAndBatches(t *testing.T) {
@@ -173,10 +173,7 @@ func TestOneActiveRelayPerName(t *testing.T) {
 		relays = append(relays, r)
 		go func() { _ = r.Run(ctx) }()
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for len(s.all()) < n && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	testwait.Until(t, "every row to be forwarded", func() bool { return len(s.all()) >= n })
 	got := s.all()
 	require.Len(t, got, n, "every row forwarded exactly once by the single leader")
 	for i := range n {

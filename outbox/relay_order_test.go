@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/migrate"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -150,12 +151,11 @@ func TestRelayPublishesAKeyInCommitOrderWhenTheFirstClaimerCommitsLast(t *testin
 			s := newKeyedSink(3)
 			r, err := outbox.NewRelay(db, s, outbox.RelayConfig{Schema: schema, PublishLanes: lanes}, nil)
 			require.NoError(t, err)
-			deadline := time.Now().Add(15 * time.Second)
-			for len(s.all()) < 3 {
-				require.True(t, time.Now().Before(deadline), "relay published %v", s.all())
+			testwait.Until(t, "the relay to publish 3 messages", func() bool {
 				_, err := r.RelayOnce(ctx)
 				require.NoError(t, err)
-			}
+				return len(s.all()) >= 3
+			})
 			require.Equal(t, []int{1, 2}, perKey(t, s.all())["acct"], "published %v", s.all())
 		})
 	}

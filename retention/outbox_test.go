@@ -5,13 +5,13 @@ import (
 	"database/sql"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 	"github.com/wmonce/watermill-once/retention"
@@ -38,15 +38,14 @@ func relayed(t *testing.T, db *sql.DB, schema, name string, want int) *outbox.Re
 	t.Cleanup(func() { _ = pub.Close() })
 	r, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Schema: schema, Name: name, BatchSize: 1}, logger())
 	require.NoError(t, err)
-	deadline := time.Now().Add(20 * time.Second)
-	for int(r.Counters().Forwarded) < want {
-		require.True(t, time.Now().Before(deadline), "relay %s forwarded %d of %d rows", name, r.Counters().Forwarded, want)
-		n, err := r.RelayOnce(context.Background())
-		require.NoError(t, err)
-		if n == 0 {
-			time.Sleep(10 * time.Millisecond)
+	testwait.Until(t, fmt.Sprintf("relay %s to forward %d rows", name, want), func() bool {
+		if int(r.Counters().Forwarded) >= want {
+			return true
 		}
-	}
+		_, err := r.RelayOnce(context.Background())
+		require.NoError(t, err)
+		return int(r.Counters().Forwarded) >= want
+	})
 	return r
 }
 

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/pgtx"
 	"github.com/wmonce/watermill-once/retention"
@@ -26,7 +27,7 @@ func TestOneJanitorLeadsAndAnotherTakesOver(t *testing.T) {
 	t.Cleanup(func() { _ = a.Close(); _ = b.Close() })
 
 	// Wait for several rounds of whichever leads.
-	require.Eventually(t, func() bool { return a.Counters().Rounds+b.Counters().Rounds >= 5 }, 10*time.Second, 10*time.Millisecond)
+	testwait.Until(t, "five janitor rounds", func() bool { return a.Counters().Rounds+b.Counters().Rounds >= 5 })
 	leader, standby := a, b
 	if b.Counters().IsLeader {
 		leader, standby = b, a
@@ -37,15 +38,15 @@ func TestOneJanitorLeadsAndAnotherTakesOver(t *testing.T) {
 
 	// Rows expired meanwhile are deleted by the leader's next rounds.
 	insertClaims(t, db, schema, "c", 10, 30*day)
-	require.Eventually(t, func() bool { return countClaims(t, db, schema, "c") == 0 }, 10*time.Second, 10*time.Millisecond)
+	testwait.Until(t, "the claims to be pruned", func() bool { return countClaims(t, db, schema, "c") == 0 })
 
 	// The leader stops; the standby takes over within a PollInterval or so.
 	require.NoError(t, leader.Close())
 	require.NoError(t, <-done)
 	require.False(t, leader.Counters().IsLeader)
-	require.Eventually(t, func() bool { return standby.Counters().IsLeader && standby.Counters().Rounds > 0 }, 10*time.Second, 10*time.Millisecond)
+	testwait.Until(t, "the standby to lead and run a round", func() bool { return standby.Counters().IsLeader && standby.Counters().Rounds > 0 })
 	insertClaims(t, db, schema, "c", 10, 30*day)
-	require.Eventually(t, func() bool { return countClaims(t, db, schema, "c") == 0 }, 10*time.Second, 10*time.Millisecond)
+	testwait.Until(t, "the claims to be pruned again", func() bool { return countClaims(t, db, schema, "c") == 0 })
 	require.NoError(t, standby.Close())
 	require.NoError(t, <-done)
 	require.NoError(t, standby.Close(), "Close is idempotent")
@@ -70,16 +71,16 @@ AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 1`, cla
 	for _, j := range []*retention.Janitor{a, b} {
 		go func() { done <- j.Run(context.Background()) }()
 	}
-	require.Eventually(t, func() bool { return holder() != 0 && (a.Counters().IsLeader || b.Counters().IsLeader) }, 10*time.Second, 10*time.Millisecond)
+	testwait.Until(t, "one janitor to hold the lock and lead", func() bool { return holder() != 0 && (a.Counters().IsLeader || b.Counters().IsLeader) })
 	first := holder()
 	pgtest.Exec(t, db, `SELECT pg_terminate_backend($1)`, first)
 
 	// The server released the lock with the session; some instance leads again on a new
 	// session, and the flags agree with the lock: exactly one leader.
-	require.Eventually(t, func() bool {
+	testwait.Until(t, "the other janitor to take over", func() bool {
 		pid := holder()
 		return pid != 0 && pid != first && a.Counters().IsLeader != b.Counters().IsLeader
-	}, 10*time.Second, 10*time.Millisecond)
+	})
 	require.NoError(t, a.Close())
 	require.NoError(t, b.Close())
 	require.NoError(t, <-done)
@@ -94,7 +95,7 @@ func TestRunOnceWorksBesideARunningLeader(t *testing.T) {
 	service := newJanitor(t, db, retention.Config{Schema: schema, PollInterval: time.Hour})
 	done := make(chan error, 1)
 	go func() { done <- service.Run(context.Background()) }()
-	require.Eventually(t, func() bool { return service.Counters().IsLeader }, 10*time.Second, 10*time.Millisecond)
+	testwait.Until(t, "the service to lead", func() bool { return service.Counters().IsLeader })
 
 	insertClaims(t, db, schema, "c", 20, 30*day)
 	rep, err := newJanitor(t, db, retention.Config{Schema: schema}).RunOnce(context.Background())

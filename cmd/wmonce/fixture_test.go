@@ -15,6 +15,7 @@ import (
 
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -79,15 +80,11 @@ func newFixture(t *testing.T) *fixture {
 	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Schema: f.schema, Name: "sms", BatchSize: 10}, nil)
 	require.NoError(t, err)
 	// Rows become readable only when every older transaction on the server has ended: poll.
-	deadline := time.Now().Add(20 * time.Second)
-	for relay.Counters().Forwarded < 3 {
-		require.True(t, time.Now().Before(deadline), "relay forwarded %d of 3 rows", relay.Counters().Forwarded)
-		if n, err := relay.RelayOnce(ctx); err == nil && n == 0 {
-			time.Sleep(10 * time.Millisecond)
-		} else {
-			require.NoError(t, err)
-		}
-	}
+	testwait.Until(t, "the relay to forward 3 rows", func() bool {
+		_, err := relay.RelayOnce(ctx)
+		require.NoError(t, err)
+		return relay.Counters().Forwarded >= 3
+	})
 	deliver("m-4") // its outbox row is the backlog
 
 	recv, err := inbox.NewReceiver(db, inbox.ReceiverConfig{Schema: f.schema, Consumer: "billing", OrderingKey: func(m *message.Message) (string, error) {
@@ -112,11 +109,7 @@ func newFixture(t *testing.T) *fixture {
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- proc.Run(ctx) }()
-	deadline = time.Now().Add(20 * time.Second)
-	for f.status(t, "FAILED") < 3 || f.status(t, "DONE") < 1 {
-		require.True(t, time.Now().Before(deadline), "inbox did not settle: %d FAILED, %d DONE", f.status(t, "FAILED"), f.status(t, "DONE"))
-		time.Sleep(10 * time.Millisecond)
-	}
+	testwait.Until(t, "the inbox to settle", func() bool { return f.status(t, "FAILED") >= 3 && f.status(t, "DONE") >= 1 })
 	// Stop processing so that what the tests change stays as they left it.
 	require.NoError(t, proc.Close())
 	require.NoError(t, <-done)

@@ -32,6 +32,9 @@ import (
 // kept in this user's cache directory (downloaded on the first run, tens of MB) and lent to
 // nobody through a directory of its own. As root the test also checks the refusal message.
 func TestDemoWithoutPostgreSQL(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts an embedded PostgreSQL (its binaries downloaded on the first run): skipped under -short")
+	}
 	t.Parallel()
 	work, err := os.MkdirTemp("", "wmonce-demo-test-")
 	require.NoError(t, err)

@@ -40,6 +40,15 @@ func Config(t testing.TB, kind broker.Kind, schema string) broker.Config {
 	return cfg
 }
 
+// SkipShort skips t under -short, naming the service it needs: `go test -short` runs with no
+// service at all. Without -short a missing service fails the test, saying what to start.
+func SkipShort(t testing.TB, service string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs " + service + ": skipped under -short")
+	}
+}
+
 var (
 	kafkaOnce  sync.Once
 	kafkaAddrs []string
@@ -53,6 +62,7 @@ var (
 func KafkaBrokers(t testing.TB) []string {
 	t.Helper()
 	if addrs := RealKafka(); addrs != nil {
+		SkipShort(t, "Kafka (KAFKA_BROKERS="+strings.Join(addrs, ",")+"; unset it for the embedded broker)")
 		lockKafka(t, addrs, false)
 		return addrs
 	}
@@ -87,6 +97,7 @@ func AMQPBaseURL() string {
 // returns the URL pointing at it.
 func AMQPVhost(t testing.TB) string {
 	t.Helper()
+	SkipShort(t, "RabbitMQ (AMQP_URL, default "+broker.DefaultAMQPURL+")")
 	u, err := url.Parse(AMQPBaseURL())
 	if err != nil {
 		t.Fatalf("AMQP_URL: %v", err)
@@ -123,6 +134,7 @@ func Vhost(amqpURL string) string {
 // Rabbitmqctl runs rabbitmqctl and fails the test, saying what is missing, if it does not work.
 func Rabbitmqctl(t testing.TB, args ...string) string {
 	t.Helper()
+	SkipShort(t, "RabbitMQ and rabbitmqctl")
 	out, err := rabbitmqctl(args...)
 	if err != nil {
 		t.Fatalf("rabbitmqctl %s: %v\n%s\nThese tests need RabbitMQ and its CLI: a local rabbitmq-server with rabbitmqctl on PATH (start it with `rabbitmq-server -detached`), or `docker compose up -d rabbitmq` (the CLI is then run inside the container), or RABBITMQCTL set to a command that runs rabbitmqctl.", strings.Join(args, " "), err, out)

@@ -14,6 +14,7 @@ import (
 // a transaction of BEGIN, two statements and COMMIT is four queries once the statements are
 // prepared (the first use of each also sends a Parse/Describe round: one query more).
 func TestCountsQueries(t *testing.T) {
+	pgtest.SkipShort(t)
 	ctx := context.Background()
 	var c pgcount.Counter
 	db, err := pgcount.Open(ctx, pgtest.URL(), 1, &c, nil)

@@ -7,6 +7,8 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"flag"
+	"fmt"
 	"os"
 	"strings"
 	"sync"
@@ -31,10 +33,21 @@ var (
 	sharedErr  error
 )
 
+// SkipShort skips t under -short: the test needs PostgreSQL, a service `go test -short` does not
+// expect. Every helper here that hands out a database calls it, so a test that reaches PostgreSQL
+// through pgtest needs nothing more. Without -short a missing server fails the test (see DB).
+func SkipShort(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs PostgreSQL (DATABASE_URL, default " + pgtx.DefaultDatabaseURL + "): skipped under -short")
+	}
+}
+
 // DB returns the test binary's shared pool. A test that cannot reach PostgreSQL fails, saying
-// what to start; it never skips.
+// what to start; it never skips, except under -short (SkipShort).
 func DB(t testing.TB) *sql.DB {
 	t.Helper()
+	SkipShort(t)
 	sharedOnce.Do(func() {
 		sharedDB, sharedErr = pgtx.Open(context.Background(), URL(), pgtx.PoolConfig{MaxOpenConns: 24})
 	})
@@ -48,6 +61,7 @@ func DB(t testing.TB) *sql.DB {
 // of their own or that break connections on purpose.
 func OpenDB(t testing.TB, maxConns int) *sql.DB {
 	t.Helper()
+	SkipShort(t)
 	db, err := pgtx.Open(context.Background(), URL(), pgtx.PoolConfig{MaxOpenConns: maxConns})
 	if err != nil {
 		t.Fatalf("%v\nStart PostgreSQL or set DATABASE_URL.", err)
@@ -60,6 +74,7 @@ func OpenDB(t testing.TB, maxConns int) *sql.DB {
 // test ends (unless PGTEST_KEEP is set, for post-mortems).
 func Schema(t testing.TB, db *sql.DB) string {
 	t.Helper()
+	SkipShort(t)
 	name := NewName("t")
 	ctx := context.Background()
 	m, err := migrate.New(db, migrate.Config{Schema: name}, nil)
@@ -106,4 +121,18 @@ func Count(t testing.TB, db *sql.DB, query string, args ...any) int {
 		t.Fatalf("query %q: %v", query, err)
 	}
 	return n
+}
+
+// Main is a TestMain for packages whose runnable examples need PostgreSQL. An example cannot
+// skip itself, so under -short (and unless -skip is given) Main skips every example with
+// -skip '^Example', says so, and runs the rest: the tests skip themselves through DB and Schema.
+func Main(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		if f := flag.Lookup("test.skip"); f != nil && f.Value.String() == "" {
+			_ = f.Value.Set("^Example")
+			fmt.Fprintln(os.Stderr, "pgtest: -short: skipping this package's examples, which need PostgreSQL")
+		}
+	}
+	os.Exit(m.Run())
 }
