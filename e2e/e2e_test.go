@@ -94,18 +94,19 @@ func TestEffectivelyOnceOverKafka(t *testing.T) {
 			return broker.EnvKafkaBrokers + "=" + strings.Join(cfg.Kafka.Brokers, ",") + "; " + v + "; Sarama protocol " + broker.KafkaProtocolVersion
 		},
 	}
-	if brokertest.RealKafka() != nil && os.Getenv("E2E_KAFKA_BROKER_KILL") == "" {
+	switch {
+	case brokertest.RealKafka() != nil && os.Getenv("E2E_KAFKA_BROKER_KILL") == "":
 		// Opt-in until a known defect is fixed: after the broker restarts, a consumer of the
 		// group has been seen not to fetch again for minutes (Kafka 4.4, and once on 3.9 in CI).
 		t.Run("BrokerSIGKILL", func(t *testing.T) {
 			t.Skip("the Kafka broker-kill fault is opt-in (E2E_KAFKA_BROKER_KILL=1) while consumers can stall after a broker restart")
 		})
-	} else if brokertest.RealKafka() == nil {
+	case brokertest.RealKafka() == nil:
 		t.Run("BrokerSIGKILL", func(t *testing.T) {
 			t.Skipf("the broker-kill fault needs a real Kafka broker process: run with %s=127.0.0.1:9092 %s=3.9 (or %s=127.0.0.1:9094 %s=4), brokers started by scripts/services",
 				broker.EnvKafkaBrokers, brokertest.EnvKafkaService, broker.EnvKafkaBrokers, brokertest.EnvKafkaService)
 		})
-	} else {
+	default:
 		line := brokertest.KafkaService(t)
 		brokertest.LockKafkaExclusive(t)
 		target.KillBroker = func(t *testing.T) func(t *testing.T) {

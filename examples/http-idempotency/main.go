@@ -71,7 +71,10 @@ func newApp(ctx context.Context, db *sql.DB, schema string) (*app, error) {
 	}
 	a := &app{db: db, payments: payments, idem: idem, outbox: w, relay: relay, broker: broker,
 		forwarded: map[string]int{}, notify: make(chan struct{}, 1)}
-	return a, a.start(ctx, logger) // the relay, a stand-in consumer, the expired-key janitor
+	if err := a.start(ctx, logger); err != nil { // the relay, a stand-in consumer, the expired-key janitor
+		return nil, err
+	}
+	return a, nil
 }
 
 // Handler routes requests. Only POST and PATCH pass through the idempotency middleware (its

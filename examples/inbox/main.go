@@ -142,7 +142,8 @@ func run(ctx context.Context, db *sql.DB, o options) (summary, error) {
 	if err != nil {
 		return s, err
 	}
-	return s, e.report(ctx, &s, b, o.out) // the effects in the database, printed and checked
+	err = e.report(ctx, &s, b, o.out) // the effects in the database into s, printed and checked
+	return s, err
 }
 
 // grants is the processor's handler: 1% cashback per payment, once, and a CashbackGranted
