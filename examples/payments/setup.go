@@ -99,6 +99,7 @@ type demo struct {
 	broker   *broker.Broker
 	pub      *transportStamper // the broker's publisher, stamping each copy with a transport id
 	schemas  schemas
+	reset    []string // the schemas dropped and recreated for this run
 	topics   struct{ payments, cashback string }
 	services context.Context // the services' goroutines run until close
 	closers  []func()        // run by close, last first
@@ -121,36 +122,57 @@ func setUp(ctx context.Context, opts Options) (d *demo, err error) {
 	if d.cfg.Kind == "" {
 		d.cfg.Kind = broker.SQL
 	}
-	if d.cfg.Kind == broker.Kafka && len(d.cfg.Kafka.Brokers) == 0 && opts.EmbeddedKafka == nil {
-		ek, err := broker.StartEmbeddedKafka(ctx, d.logger)
-		if err != nil {
-			return d, err
+	if err := d.startKafkaIfNone(ctx, opts.EmbeddedKafka); err != nil {
+		return d, err
+	}
+	if err := d.openDatabase(ctx, opts.Prefix); err != nil {
+		return d, err
+	}
+	if err := d.openBroker(ctx); err != nil {
+		return d, err
+	}
+	return d, nil
+}
+
+// startKafkaIfNone starts an embedded Kafka for BROKER=kafka without brokers, and announces
+// the embedded broker the run uses, whoever started it.
+func (d *demo) startKafkaIfNone(ctx context.Context, ek *broker.EmbeddedKafka) error {
+	if d.cfg.Kind == broker.Kafka && len(d.cfg.Kafka.Brokers) == 0 && ek == nil {
+		var err error
+		if ek, err = broker.StartEmbeddedKafka(ctx, d.logger); err != nil {
+			return err
 		}
 		d.push(ek.Close)
 		d.cfg.Kafka.Brokers = ek.Addrs()
-		opts.EmbeddedKafka = ek
 	}
-	if ek := opts.EmbeddedKafka; ek != nil {
+	if ek != nil {
 		d.n.step("KAFKA_BROKERS is not set: started an embedded Kafka-protocol broker (kfake) at %s (in memory, this run only)", strings.Join(ek.Addrs(), ","))
 	}
+	return nil
+}
 
+// openDatabase opens PostgreSQL and resets the run's schemas: the three services' and the SQL
+// broker's when it starts with prefix.
+func (d *demo) openDatabase(ctx context.Context, prefix string) error {
 	dbURL := d.cfg.DatabaseURL
 	if dbURL == "" {
 		dbURL = pgtx.DefaultDatabaseURL
 	}
+	var err error
 	if d.db, err = pgtx.Open(ctx, dbURL, pgtx.PoolConfig{MaxOpenConns: 16}); err != nil {
-		return d, err
+		return err
 	}
 	d.push(func() { _ = d.db.Close() })
-	d.schemas = schemas{payments: opts.Prefix + "_payments", rewards: opts.Prefix + "_rewards", notifications: opts.Prefix + "_notifications"}
-	reset := []string{d.schemas.payments, d.schemas.rewards, d.schemas.notifications}
-	if d.cfg.Kind == broker.SQL && strings.HasPrefix(d.cfg.SQL.Schema, opts.Prefix) {
-		reset = append(reset, d.cfg.SQL.Schema)
+	d.schemas = schemas{payments: prefix + "_payments", rewards: prefix + "_rewards", notifications: prefix + "_notifications"}
+	d.reset = []string{d.schemas.payments, d.schemas.rewards, d.schemas.notifications}
+	if d.cfg.Kind == broker.SQL && strings.HasPrefix(d.cfg.SQL.Schema, prefix) {
+		d.reset = append(d.reset, d.cfg.SQL.Schema)
 	}
-	if err := d.schemas.setUp(ctx, d.db, reset, d.logger); err != nil {
-		return d, err
-	}
+	return d.schemas.setUp(ctx, d.db, d.reset, d.logger)
+}
 
+// openBroker names this run's topics, declares their subscriptions and opens the publisher.
+func (d *demo) openBroker(ctx context.Context) error {
 	run := shortID()
 	d.topics.payments, d.topics.cashback = "payments-"+run, "cashback-"+run
 	d.cfg.Subscriptions = []broker.Subscription{{Topic: d.topics.payments, Group: "rewards"}, {Topic: d.topics.cashback, Group: "notifications"}}
@@ -158,19 +180,20 @@ func setUp(ctx context.Context, opts Options) (d *demo, err error) {
 		// The walk-through narrates its deliveries one after the other: one in flight.
 		d.cfg.AMQP.Concurrency, d.cfg.AMQP.Prefetch = 1, 1
 	}
+	var err error
 	if d.broker, err = broker.New(ctx, d.db, d.cfg, d.logger); err != nil {
-		return d, err
+		return err
 	}
 	d.push(func() { _ = d.broker.Close() })
-	d.n.step("broker %q: %s; topics %s and %s; schemas %s reset", d.cfg.Kind, describe(d.broker.Config()), d.topics.payments, d.topics.cashback, strings.Join(reset, ", "))
+	d.n.step("broker %q: %s; topics %s and %s; schemas %s reset", d.cfg.Kind, describe(d.broker.Config()), d.topics.payments, d.topics.cashback, strings.Join(d.reset, ", "))
 	brokerPub, err := d.broker.NewPublisher(ctx)
 	if err != nil {
-		return d, err
+		return err
 	}
 	d.push(func() { _ = brokerPub.Close() })
 	d.push(func() { cleanUpBroker(d.broker, d.cfg.Subscriptions, d.n) })
 	d.pub = &transportStamper{next: brokerPub}
-	return d, nil
+	return nil
 }
 
 // setUp drops the demo's schemas, applies watermill-once's migrations to each service schema and
