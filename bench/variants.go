@@ -136,7 +136,9 @@ func (h *harness) startMeasuring(name string) *measurement {
 func (m *measurement) stop(res *Result) {
 	if m.profile != nil {
 		pprof.StopCPUProfile()
-		m.profile.Close()
+		if err := m.profile.Close(); err != nil { // a profile cut short on disk would mislead
+			m.h.logger.Error("CPU profile "+m.profile.Name()+" may be incomplete", err, nil)
+		}
 	}
 	res.MachineBusyPct, res.BenchCPUPct = cpuUse(m.cpu0, readCPU())
 	res.PGSessions = m.waits.finish(3)
