@@ -13,7 +13,13 @@ KAFKA_BROKERS ?= 127.0.0.1:9092
 KAFKA_SERVICE ?= $(if $(filter docker,$(SERVICES_VIA)),docker,3.9)
 KAFKA_ENV = KAFKA_BROKERS=$(KAFKA_BROKERS) KAFKA_SERVICE=$(KAFKA_SERVICE)
 
-.PHONY: test test-only test-short race e2e lint demo quickstart services services-postgres bench migrate-sql
+.PHONY: test test-only test-short race e2e lint golangci-lint demo quickstart services services-postgres bench migrate-sql
+
+# golangci-lint, pinned: .golangci.yml is written for this version. Installed with go install
+# into GOPATH/bin (GOBIN if set) when that binary is missing or another version.
+GOLANGCI_LINT_VERSION ?= 2.15.0
+GOBIN_DIR := $(or $(shell $(GO) env GOBIN),$(shell $(GO) env GOPATH)/bin)
+GOLANGCI_LINT := $(GOBIN_DIR)/golangci-lint
 
 # The README's test command: start the services, then run the whole suite.
 test: services test-only
@@ -35,10 +41,18 @@ test-short:
 e2e: services
 	$(KAFKA_ENV) $(GO) test -race -count=1 -v ./e2e/...
 
-lint:
+# gofmt, go vet, then golangci-lint with .golangci.yml (installed first if needed).
+lint: golangci-lint
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
+	$(GOLANGCI_LINT) run ./...
+
+golangci-lint:
+	@if [ "$$($(GOLANGCI_LINT) version --short 2>/dev/null)" != "$(GOLANGCI_LINT_VERSION)" ]; then \
+	  echo "installing golangci-lint v$(GOLANGCI_LINT_VERSION) into $(GOBIN_DIR)"; \
+	  $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v$(GOLANGCI_LINT_VERSION); \
+	else echo "golangci-lint v$(GOLANGCI_LINT_VERSION) is installed ($(GOLANGCI_LINT))"; fi
 
 # The demo needs PostgreSQL only (Kafka is embedded when KAFKA_BROKERS is unset, see BROKER).
 demo: services-postgres

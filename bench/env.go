@@ -124,26 +124,34 @@ func cleanSchema(ctx context.Context, db *sql.DB, schema string) error {
 // bench schema.
 func dropTopicTables(ctx context.Context, db *sql.DB, schema string) error {
 	q := func(t string) string { return pgtx.QualifiedName(schema, t) }
-	rows, err := db.QueryContext(ctx, `SELECT tablename FROM pg_tables WHERE schemaname = $1 AND tablename LIKE 'watermill\_%'`, schema)
+	tables, err := topicTables(ctx, db, schema)
 	if err != nil {
 		return err
 	}
-	var tables []string
-	for rows.Next() {
-		var t string
-		if err := rows.Scan(&t); err != nil {
-			rows.Close()
-			return err
-		}
-		tables = append(tables, t)
-	}
-	rows.Close()
 	for _, t := range tables {
 		if _, err := db.ExecContext(ctx, `DROP TABLE IF EXISTS `+q(t)); err != nil {
 			return fmt.Errorf("drop leftover topic table %s: %w", t, err)
 		}
 	}
 	return nil
+}
+
+// topicTables lists the SQL broker's topic tables in schema.
+func topicTables(ctx context.Context, db *sql.DB, schema string) ([]string, error) {
+	rows, err := db.QueryContext(ctx, `SELECT tablename FROM pg_tables WHERE schemaname = $1 AND tablename LIKE 'watermill\_%'`, schema)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var tables []string
+	for rows.Next() {
+		var t string
+		if err := rows.Scan(&t); err != nil {
+			return nil, err
+		}
+		tables = append(tables, t)
+	}
+	return tables, rows.Err()
 }
 
 // Machine describes where the figures were measured.

@@ -121,10 +121,10 @@ func (h *harness) endToEnd(ctx context.Context, r *rig, id string) (Result, erro
 	defer func() {
 		quiet.Store(true)
 		_ = relay.Close()
-		<-relayErr
+		h.drain("relay", relayErr)
 		_ = router.Close()
 		cancel()
-		<-routerErr
+		h.drain("router", routerErr)
 		quiet.Store(false)
 	}()
 	select {
@@ -252,7 +252,7 @@ func (h *harness) idleQueries(ctx context.Context) ([]Result, error) {
 			}
 			done := make(chan error, 1)
 			go func() { done <- relay.Run(ctx) }()
-			return func() { _ = relay.Close(); <-done }, nil
+			return func() { _ = relay.Close(); h.drain("idle relay", done) }, nil
 		})
 		if err != nil {
 			return results, err

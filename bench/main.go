@@ -93,23 +93,30 @@ func main() {
 		}
 		return
 	}
+	os.Exit(runAndWrite(o))
+}
+
+// runAndWrite runs the benchmark until it ends or Ctrl-C, writes the results when asked, and
+// returns the exit status (1 if the run or a variant failed).
+func runAndWrite(o options) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	rep, err := run(ctx, o, os.Stdout)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
-		os.Exit(1)
+		return 1
 	}
 	if o.outDir != "" {
 		if err := writeResults(o.outDir, rep); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
-			os.Exit(1)
+			return 1
 		}
 		fmt.Printf("\nwrote %s/latest.{json,md,png}\n", o.outDir)
 	}
 	if rep.failed() {
-		os.Exit(1)
+		return 1
 	}
+	return 0
 }
 
 func parseFlags(args []string) (options, error) {

@@ -136,7 +136,7 @@ func (h *harness) relayVsForwarder(ctx context.Context, r *rig) ([]Result, error
 		})
 		meas.stop(&res)
 		_ = relay.Close()
-		<-runErr
+		h.drain("relay", runErr)
 		if err != nil {
 			return nil, err
 		}
@@ -168,7 +168,7 @@ func (h *harness) relayVsForwarder(ctx context.Context, r *rig) ([]Result, error
 		meas.stop(&res)
 		quiet.Store(true) // the SQL subscriber logs its cancelled query at shutdown
 		_ = f.Close()
-		<-runErr
+		h.drain("forwarder", runErr)
 		quiet.Store(false)
 		if err != nil {
 			return nil, err
@@ -193,6 +193,14 @@ func batch(from, to int) []*message.Message {
 }
 
 func newUUID() string { return watermill.NewUUID() }
+
+// drain waits for a component's Run to return after Close, and logs the error it returned: a
+// component that does not stop cleanly is worth knowing about even when its figures are good.
+func (h *harness) drain(what string, runErr <-chan error) {
+	if err := <-runErr; err != nil {
+		h.logger.Error(what+" stopped with an error", err, nil)
+	}
+}
 
 func waitDone(ctx context.Context, done <-chan struct{}, timeout time.Duration, progress func() string) error {
 	t := time.NewTimer(timeout)

@@ -169,27 +169,44 @@ func startWaitSampler(db *sql.DB, app string, every time.Duration) *waitSampler 
 				return
 			case <-t.C:
 			}
-			rows, err := conn.QueryContext(ctx, `SELECT CASE
-    WHEN state = 'active' THEN coalesce(wait_event_type || ':' || wait_event, 'CPU')
-    WHEN state = 'idle in transaction' THEN 'IdleInTx'
-    ELSE 'Idle' END
-FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()`, app)
+			states, err := sessionStates(ctx, conn, app)
 			if err != nil {
 				continue
 			}
 			w.mu.Lock()
 			w.samples++
-			for rows.Next() {
-				var s string
-				if rows.Scan(&s) == nil && s != "Idle" {
+			for _, s := range states {
+				if s != "Idle" {
 					w.counts[s]++
 				}
 			}
 			w.mu.Unlock()
-			_ = rows.Close()
 		}
 	}()
 	return w
+}
+
+// sessionStates returns what each session of application app is doing: a wait event, CPU,
+// IdleInTx or Idle.
+func sessionStates(ctx context.Context, conn *sql.Conn, app string) ([]string, error) {
+	rows, err := conn.QueryContext(ctx, `SELECT CASE
+    WHEN state = 'active' THEN coalesce(wait_event_type || ':' || wait_event, 'CPU')
+    WHEN state = 'idle in transaction' THEN 'IdleInTx'
+    ELSE 'Idle' END
+FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()`, app)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var states []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			return nil, err
+		}
+		states = append(states, s)
+	}
+	return states, rows.Err()
 }
 
 // finish stops sampling and returns the top states as "state share%" items, shares of all

@@ -136,7 +136,9 @@ func (h *harness) startMeasuring(name string) *measurement {
 func (m *measurement) stop(res *Result) {
 	if m.profile != nil {
 		pprof.StopCPUProfile()
-		m.profile.Close()
+		if err := m.profile.Close(); err != nil { // a profile cut short on disk would mislead
+			m.h.logger.Error("CPU profile "+m.profile.Name()+" may be incomplete", err, nil)
+		}
 	}
 	res.MachineBusyPct, res.BenchCPUPct = cpuUse(m.cpu0, readCPU())
 	res.PGSessions = m.waits.finish(3)
@@ -319,7 +321,7 @@ func (h *harness) consume(ctx context.Context, r *rig, id string) (Result, error
 	quiet.Store(true) // subscribers log their cancelled queries at shutdown
 	_ = router.Close()
 	cancel()
-	<-routerErr
+	h.drain("router", routerErr)
 	quiet.Store(false)
 	if err != nil {
 		return res, err
@@ -339,7 +341,8 @@ func (h *harness) consume(ctx context.Context, r *rig, id string) (Result, error
 		c()
 	}
 	cleanup = nil
-	return res, h.verify(ctx, &res, consumer, wantEffects, wantClaims, id == B5Ingest)
+	err = h.verify(ctx, &res, consumer, wantEffects, wantClaims, id == B5Ingest) // before res is read for the return
+	return res, err
 }
 
 // waitEffects waits until n business rows are committed.
@@ -436,7 +439,8 @@ func (h *harness) ingestBurst(ctx context.Context) (Result, error) {
 	res.P50ms, res.P99ms = ms(p50), ms(p99)
 	c := rc.Counters()
 	res.Notes = fmt.Sprintf("%d concurrent Handle calls, no broker; ReceiverConfig defaults (Workers 2, BatchSize 500); avg %.1f rows/statement", callers, float64(c.Stored)/float64(max(c.Batches, 1)))
-	return res, h.verify(ctx, &res, consumer, 0, 0, true)
+	err = h.verify(ctx, &res, consumer, 0, 0, true) // before res is read for the return
+	return res, err
 }
 
 // process measures the inbox processor draining n stored rows; each handler run writes the
@@ -497,7 +501,7 @@ func (h *harness) process(ctx context.Context, id string) (Result, error) {
 	el := time.Since(start)
 	meas.stop(&res)
 	_ = p.Close()
-	<-runErr
+	h.drain("processor", runErr)
 	c := p.Counters()
 	if c.Processed < uint64(n) {
 		return res, fmt.Errorf("only %d of %d rows processed in %s", c.Processed, n, h.opts.variantTimeout)
@@ -514,5 +518,6 @@ func (h *harness) process(ctx context.Context, id string) (Result, error) {
 	if done != n {
 		return res, fmt.Errorf("CHECK FAILED: %d DONE rows, want %d", done, n)
 	}
-	return res, h.verify(ctx, &res, consumer, n, 0, false)
+	err = h.verify(ctx, &res, consumer, n, 0, false) // before res is read for the return
+	return res, err
 }

@@ -301,7 +301,7 @@ func Run(t *testing.T, target Target, opts Options) {
 
 // parked lists what was parked for the poison topic, with the reasons.
 func parked(t *testing.T, db *sql.DB, schema, topic string) string {
-	rows, err := db.Query(`SELECT uuid, coalesce(metadata->>'reason_poisoned', '') FROM `+pgtx.QualifiedName(schema, "outbox")+` WHERE payload->>'destination_topic' = $1`, topic)
+	rows, err := db.QueryContext(t.Context(), `SELECT uuid, coalesce(metadata->>'reason_poisoned', '') FROM `+pgtx.QualifiedName(schema, "outbox")+` WHERE payload->>'destination_topic' = $1`, topic)
 	require.NoError(t, err)
 	defer rows.Close()
 	var out []string
@@ -443,7 +443,7 @@ func (f *fleet) start(name string) *proc {
 	p := &proc{name: name, done: make(chan struct{}), logPath: filepath.Join(f.dir, fmt.Sprintf("%s-%s-run%d.log", filepath.Base(f.bin), name, run))}
 	logFile, err := os.Create(p.logPath)
 	require.NoError(f.t, err)
-	p.cmd = exec.Command(f.bin)
+	p.cmd = exec.Command(f.bin) //nolint:noctx // the fixture starts, kills and reaps its processes itself: a context would kill them behind its back
 	p.cmd.Env = append(append(os.Environ(), f.env...), scenario.EnvInstance+"="+name)
 	p.cmd.Stderr = logFile
 	stdout, err := p.cmd.StdoutPipe()

@@ -50,7 +50,7 @@ func runAdmin(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer h.Close() // stops the sampling behind the page's charts
-	ln, err := net.Listen("tcp", *addr)
+	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", *addr)
 	if err != nil {
 		return fmt.Errorf("cannot listen on %s: %w (pick another address with -addr)", *addr, err)
 	}

@@ -201,7 +201,7 @@ func (e *env) open(ctx context.Context) (*sql.DB, error) {
 		return e.db, nil
 	}
 	if _, err := pgx.ParseConfig(e.g.databaseURL); err != nil {
-		return nil, fmt.Errorf("cannot parse the database URL: %v\n  fix: pass -database-url (or set DATABASE_URL) as postgres://user:password@host:5432/dbname?sslmode=disable", err)
+		return nil, fmt.Errorf("cannot parse the database URL: %w\n  fix: pass -database-url (or set DATABASE_URL) as postgres://user:password@host:5432/dbname?sslmode=disable", err)
 	}
 	db, err := pgtx.Open(ctx, e.g.databaseURL, pgtx.PoolConfig{MaxOpenConns: 4, PingTimeout: 5 * time.Second})
 	if err != nil {

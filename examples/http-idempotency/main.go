@@ -12,21 +12,27 @@
 //
 // Flags and environment: -addr (ADDR, default :8080), -database-url (DATABASE_URL), -schema
 // (default wmonce). Tables are created by the embedded migrations on start.
+//
+// This file is the pattern; setup.go (tables, relay, server) and demo.go (the scripted client)
+// are the scaffolding around it.
 package main
 
 import (
 	"context"
-	"errors"
+	"database/sql"
+	"encoding/json"
 	"flag"
-	"fmt"
 	"log"
-	"net"
 	"net/http"
-	"os"
-	"os/signal"
-	"syscall"
+	"strconv"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+
+	"github.com/wmonce/watermill-once/httpidem"
+	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -36,61 +42,86 @@ func main() {
 	schema := flag.String("schema", pgtx.DefaultSchema, "schema for watermill-once's tables and the example's payments table")
 	demo := flag.Bool("demo", false, "start on a random local port, run a scripted client (request, retry, conflicting payload, missing key), print the results and exit")
 	flag.Parse()
-
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, *addr, *databaseURL, *schema, *demo); err != nil {
+	if err := serve(*addr, *databaseURL, *schema, *demo); err != nil { // until Ctrl-C, or the end of -demo
 		log.Fatal(err)
 	}
 }
 
-func run(ctx context.Context, addr, databaseURL, schema string, demo bool) error {
-	db, err := pgtx.Open(ctx, databaseURL, pgtx.PoolConfig{MaxOpenConns: 16})
+// newApp wires the service: the idempotency middleware, the outbox writer, and a relay from the
+// outbox to an in-process broker.
+func newApp(ctx context.Context, db *sql.DB, schema string) (*app, error) {
+	logger := watermill.NewStdLogger(false, false)
+	payments, err := createTables(ctx, db, schema, logger) // watermill-once's and example_payments
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer db.Close()
-
-	app, err := newApp(ctx, db, schema)
+	// Keys are scoped by the Authorization header (hashed), kept 24 hours; 5xx are not stored.
+	idem, err := httpidem.NewMiddleware(db, httpidem.Config{Schema: schema}, logger)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer app.Close()
-
-	if demo {
-		addr = "127.0.0.1:0"
-	}
-	ln, err := net.Listen("tcp", addr)
+	w, err := outbox.NewWriter(outbox.Config{Schema: schema})
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", addr, err)
+		return nil, err
 	}
-	srv := &http.Server{Handler: app.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
-	defer func() {
-		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(shutdownCtx)
-	}()
-
-	if demo {
-		return runDemo(ctx, os.Stdout, "http://"+ln.Addr().String(), app)
+	broker := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 64}, logger)
+	relay, err := outbox.NewRelay(db, broker, outbox.RelayConfig{Schema: schema, Name: "http-idempotency-example", PollInterval: 50 * time.Millisecond}, logger)
+	if err != nil {
+		return nil, err
 	}
-	log.Printf("listening on %s (schema %s)", ln.Addr(), schema)
-	select {
-	case <-ctx.Done():
-		return nil
-	case err := <-serveErr:
-		if errors.Is(err, http.ErrServerClosed) {
-			return nil
-		}
-		return err
+	a := &app{db: db, payments: payments, idem: idem, outbox: w, relay: relay, broker: broker,
+		forwarded: map[string]int{}, notify: make(chan struct{}, 1)}
+	if err := a.start(ctx, logger); err != nil { // the relay, a stand-in consumer, the expired-key janitor
+		return nil, err
 	}
+	return a, nil
 }
 
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
+// Handler routes requests. Only POST and PATCH pass through the idempotency middleware (its
+// default Methods); GET is served directly.
+func (a *app) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /payments", a.createPayment)
+	mux.HandleFunc("GET /payments/{id}", a.getPayment)
+	return a.idem.Handler(mux)
+}
+
+// createPayment writes the payment and its event through the request's transaction: the
+// middleware commits them together with the stored response, or none of them.
+func (a *app) createPayment(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	tx, ok := pgtx.TxFromContext(ctx)
+	if !ok {
+		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": "no transaction: route not behind httpidem"})
+		return
 	}
-	return def
+	var in createRequest
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&in); err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "body must be JSON: " + err.Error()})
+		return
+	}
+	if in.AmountPaise <= 0 || len(in.Currency) != 3 || in.Payee == "" {
+		writeJSON(w, http.StatusUnprocessableEntity, map[string]string{"error": "amount_paise must be positive, currency a 3-letter code, payee non-empty"})
+		return
+	}
+	// The event gets a UUID of its own, stored with the payment: it stays the same wherever the
+	// event travels, so consumers can deduplicate on it (a sequence number would repeat after a
+	// database restore).
+	var p paymentResponse
+	err := tx.QueryRowContext(ctx, `INSERT INTO `+a.payments+` (amount_paise, currency, payee, event_id) VALUES ($1, $2, $3, $4)
+RETURNING id, amount_paise, currency, payee, event_id, created_at`, in.AmountPaise, in.Currency, in.Payee, watermill.NewUUID()).
+		Scan(&p.ID, &p.AmountPaise, &p.Currency, &p.Payee, &p.EventID, &p.CreatedAt)
+	if err != nil {
+		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": "could not create the payment"})
+		return
+	}
+	payload, _ := json.Marshal(PaymentCreated{PaymentID: p.ID, AmountPaise: p.AmountPaise, Currency: p.Currency, Payee: p.Payee, CreatedAt: p.CreatedAt})
+	if err := a.outbox.PublishTx(ctx, tx, TopicPaymentCreated, message.NewMessage(p.EventID, payload)); err != nil {
+		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": "could not record the event"})
+		return
+	}
+	w.Header().Set("Location", "/payments/"+strconv.FormatInt(p.ID, 10))
+	writeJSON(w, http.StatusCreated, p)
 }

@@ -59,57 +59,17 @@ func TestDemoWithoutPostgreSQL(t *testing.T) {
 		embeddedpg.EnvProbeAddr + "=" + probe,
 		embeddedpg.EnvCacheDir + "=" + fixedCache,
 	}
-	run := func(cred *syscall.Credential, env []string) (stdout, stderr string, err error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute) // the first run downloads
-		defer cancel()
-		cmd := exec.CommandContext(ctx, bin)
-		cmd.Dir = work
-		cmd.Env = env
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-		var o, e bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &o, &e
-		err = cmd.Run()
-		return o.String(), e.String(), err
-	}
-
 	var cred *syscall.Credential
 	if os.Geteuid() == 0 {
-		stdout, stderr, err := run(nil, env)
+		stdout, stderr, err := runBinary(bin, work, nil, env)
 		require.Error(t, err, "as root the demo must refuse, not start a server: %s", stdout)
 		for _, want := range []string{"initdb refuses to run as root", "Run as a regular user", "make services", "docker compose up -d postgres", "DATABASE_URL"} {
 			require.Contains(t, stderr, want)
 		}
-
-		nobody, err := user.Lookup("nobody")
-		require.NoError(t, err, "running the demo as an unprivileged user needs the user nobody")
-		uid, _ := strconv.Atoi(nobody.Uid)
-		gid, _ := strconv.Atoi(nobody.Gid)
-		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-		// nobody cannot read root's cache: lend it a copy, and keep what it downloads.
-		lent := filepath.Join(work, "cache")
-		require.NoError(t, os.Mkdir(lent, 0o755))
-		archives, _ := filepath.Glob(filepath.Join(fixedCache, "*.txz"))
-		for _, a := range archives {
-			copyFile(t, a, filepath.Join(lent, filepath.Base(a)))
-		}
-		t.Cleanup(func() {
-			got, _ := filepath.Glob(filepath.Join(lent, "*.txz"))
-			for _, a := range got {
-				if _, err := os.Stat(filepath.Join(fixedCache, filepath.Base(a))); os.IsNotExist(err) {
-					copyFile(t, a, filepath.Join(fixedCache, filepath.Base(a)))
-				}
-			}
-		})
-		env[len(env)-1] = embeddedpg.EnvCacheDir + "=" + lent
-		require.NoError(t, filepath.Walk(work, func(p string, _ os.FileInfo, err error) error {
-			if err != nil {
-				return err
-			}
-			return os.Lchown(p, uid, gid)
-		}))
+		cred = lendToNobody(t, work, fixedCache, env)
 	}
 
-	stdout, stderr, err := run(cred, env)
+	stdout, stderr, err := runBinary(bin, work, cred, env)
 	require.NoError(t, err, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 	lines := strings.Split(strings.TrimSpace(stdout), "\n")
 	require.Contains(t, stdout, "DATABASE_URL is not set and nothing answers on "+probe+": started an embedded PostgreSQL")
@@ -125,6 +85,54 @@ func TestDemoWithoutPostgreSQL(t *testing.T) {
 		_ = c.Close()
 	}
 	require.Error(t, err, "the embedded server was stopped at exit")
+}
+
+// runBinary runs the demo binary in dir with env (and nothing else) as cred (nil: this user).
+func runBinary(bin, dir string, cred *syscall.Credential, env []string) (stdout, stderr string, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute) // the first run downloads
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin)
+	cmd.Dir = dir
+	cmd.Env = env
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err = cmd.Run()
+	return o.String(), e.String(), err
+}
+
+// lendToNobody prepares work for a run as the user nobody, whose credential it returns:
+// nobody cannot read root's cache, so it gets a copy of the archives in a directory of its own
+// (the last entry of env is pointed there), and what it downloads is kept in root's cache when
+// the test ends.
+func lendToNobody(t *testing.T, work, fixedCache string, env []string) *syscall.Credential {
+	t.Helper()
+	nobody, err := user.Lookup("nobody")
+	require.NoError(t, err, "running the demo as an unprivileged user needs the user nobody")
+	uid, _ := strconv.Atoi(nobody.Uid)
+	gid, _ := strconv.Atoi(nobody.Gid)
+	lent := filepath.Join(work, "cache")
+	require.NoError(t, os.Mkdir(lent, 0o755))
+	archives, _ := filepath.Glob(filepath.Join(fixedCache, "*.txz"))
+	for _, a := range archives {
+		copyFile(t, a, filepath.Join(lent, filepath.Base(a)))
+	}
+	t.Cleanup(func() {
+		got, _ := filepath.Glob(filepath.Join(lent, "*.txz"))
+		for _, a := range got {
+			if _, err := os.Stat(filepath.Join(fixedCache, filepath.Base(a))); os.IsNotExist(err) {
+				copyFile(t, a, filepath.Join(fixedCache, filepath.Base(a)))
+			}
+		}
+	})
+	env[len(env)-1] = embeddedpg.EnvCacheDir + "=" + lent
+	require.NoError(t, filepath.Walk(work, func(p string, _ os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, uid, gid)
+	}))
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 }
 
 func freeAddr(t *testing.T) string {

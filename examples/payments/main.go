@@ -17,6 +17,9 @@
 // It narrates each step and ends with one JSON line of measured figures, e.g.
 // {"broker":"sql","deliveries":3,"applied":1,"cashback_paise":2400,"sms_sent":1}.
 // Each run resets its own schemas (payments_demo*) and uses fresh topic names.
+//
+// This file is the walk-through; services.go holds the three services' handlers, and setup.go,
+// relay.go, narrate.go and sms.go the scaffolding around them.
 package main
 
 import (
@@ -24,113 +27,117 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"strings"
-	"sync"
-	"syscall"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmonce/watermill-once/broker"
-	"github.com/wmonce/watermill-once/internal/embeddedpg"
+	"github.com/wmonce/watermill-once/outbox"
 )
 
 func main() {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	logger := logFor(os.Getenv("DEMO_VERBOSE") != "")
-	opts := Options{Prefix: "payments_demo", Out: os.Stdout, Logger: logger}
+	os.Exit(runFromEnv()) // the broker and PostgreSQL from the environment, then Run
+}
 
-	// BROKER=kafka without KAFKA_BROKERS: an embedded Kafka-protocol broker, announced by Run.
-	getenv := os.Getenv
-	if strings.EqualFold(strings.TrimSpace(os.Getenv(broker.EnvBroker)), string(broker.Kafka)) && strings.TrimSpace(os.Getenv(broker.EnvKafkaBrokers)) == "" {
-		ek, err := broker.StartEmbeddedKafka(ctx, logger)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "payments demo:", err)
-			os.Exit(1)
-		}
-		defer ek.Close()
-		opts.EmbeddedKafka = ek
-		getenv = func(k string) string {
-			if k == broker.EnvKafkaBrokers {
-				return strings.Join(ek.Addrs(), ",")
-			}
-			return os.Getenv(k)
-		}
-	}
-	cfg, err := broker.ParseEnv(getenv)
+// Options configure one run of the walk-through.
+type Options struct {
+	Broker broker.Config
+	// Prefix names the schemas the run resets and uses: <Prefix>_payments, _rewards,
+	// _notifications (and the SQL broker's, when it starts with Prefix).
+	Prefix string
+	Out    io.Writer
+	Logger watermill.LoggerAdapter
+	// EmbeddedKafka is the embedded broker Broker.Kafka points at, if the caller started one
+	// (announced in the narration). With BROKER=kafka and no brokers at all, Run starts one.
+	EmbeddedKafka *broker.EmbeddedKafka
+}
+
+// Result is the final JSON line: every figure is measured, none is a constant.
+type Result struct {
+	Broker        string `json:"broker"`
+	Deliveries    int    `json:"deliveries"`     // copies of e-91 the rewards consumer received
+	Applied       int    `json:"applied"`        // cashback_credits rows for pay_42
+	CashbackPaise int64  `json:"cashback_paise"` // their sum
+	SMSSent       int    `json:"sms_sent"`       // SMS the provider actually sent
+}
+
+const (
+	paymentID   = "pay_42"
+	eventID     = "e-91"
+	amountPaise = 120000 // 1,200.00
+	phone       = "+91-98765-43210"
+)
+
+// Run performs the walk-through and prints the narration and the JSON line to opts.Out. It
+// returns an error if a step fails or a figure is not what exactly-once requires.
+func Run(ctx context.Context, opts Options) (Result, error) {
+	d, err := setUp(ctx, opts) // the broker, PostgreSQL, each service's schema, this run's topics
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "payments demo:", err)
-		os.Exit(2)
+		return Result{}, err
 	}
-	if os.Getenv(broker.EnvSQLSchema) == "" {
-		cfg.SQL.Schema = "payments_demo_broker" // reset with the demo's schemas on every run
-	}
-	// No DATABASE_URL and no server on 127.0.0.1:5432: an embedded PostgreSQL, announced here.
-	// Ctrl-C ends the run through ctx, so that the embedded server is stopped and removed.
-	ctx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
-	defer stopSignals()
-	dbURL, stopDB, err := openDatabase(ctx, logger)
+	defer d.close()
+	// rewards and notifications consume from the start, each behind the effectively-once
+	// middleware, with its own schema (dedupe table, outbox, business rows).
+	rewards, notifications, err := d.startServices(ctx)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "payments demo:", err)
-		os.Exit(1)
+		return Result{}, err
 	}
-	cfg.DatabaseURL = dbURL
-	opts.Broker = cfg
-	_, err = Run(ctx, opts)
-	if stopErr := stopDB(); stopErr != nil {
-		fmt.Fprintln(os.Stderr, "payments demo: stopping the embedded PostgreSQL:", stopErr)
-	}
+
+	// 1. payments: the payment row and its event commit together.
+	event, err := pay(ctx, d.db, d.schemas.payments, d.topics.payments)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "payments demo failed:", err)
-		os.Exit(1)
+		return Result{}, err
 	}
-}
+	d.n.step("payments: committed %s SUCCESS (%s) and PaymentSucceeded %s in ONE transaction (payments row + outbox row)", paymentID, rupees(amountPaise), eventID)
 
-// openDatabase returns DATABASE_URL when set, else what embeddedpg finds or starts (announced
-// on stdout), and the function that stops an embedded server and removes its data. (The
-// broker config cannot tell: ParseEnv fills in the default URL.)
-func openDatabase(ctx context.Context, logger watermill.LoggerAdapter) (string, func() error, error) {
-	opts := embeddedpg.Options{Out: os.Stdout}
-	if _, quiet := logger.(errorsOnly); !quiet { // DEMO_VERBOSE: the server's log too
-		opts.Log = os.Stderr
+	// 2. the relay publishes, crashes before recording its position, and a new relay publishes again.
+	relayCfg := outbox.RelayConfig{Schema: d.schemas.payments, Name: "payments-relay", Backoff: 50 * time.Millisecond}
+	if err := relayThenCrash(ctx, d.db, d.pub, relayCfg); err != nil {
+		return Result{}, err
 	}
-	return embeddedpg.DatabaseURL(ctx, opts)
-}
-
-// logFor returns Watermill's logger on stderr: errors only, or everything from info up.
-func logFor(verbose bool) watermill.LoggerAdapter {
-	l := watermill.NewStdLoggerWithOut(os.Stderr, false, false)
-	if verbose {
-		return l
+	d.n.step("relay #1: published %s to the broker (transport %s) and CRASHED before recording its position", eventID, d.pub.last())
+	relay2, err := outbox.NewRelay(d.db, d.pub, relayCfg, d.logger)
+	if err != nil {
+		return Result{}, err
 	}
-	return errorsOnly{l}
+	if err := untilDone(ctx, "relay #2 republishing e-91", func() (bool, error) {
+		k, err := relay2.RelayOnce(ctx)
+		return k == 1, err
+	}); err != nil {
+		return Result{}, err
+	}
+	d.n.step("relay #2: restarted from the recorded position and published %s AGAIN (transport %s); position recorded", eventID, d.pub.last())
+
+	// 3. rewards applies the first copy and absorbs the second (it narrates each delivery), and
+	// forwards its own outbox (CashbackCredited) from now on.
+	if err := waitFor(ctx, "rewards to receive both copies", func() bool { return rewards.deliveries.Load() >= 2 }); err != nil {
+		return Result{}, err
+	}
+	rewardsRelay, err := outbox.NewRelay(d.db, d.pub, outbox.RelayConfig{Schema: d.schemas.rewards, Name: "rewards-relay", PollInterval: 50 * time.Millisecond}, d.logger)
+	if err != nil {
+		return Result{}, err
+	}
+	go func() { _ = rewardsRelay.Run(d.services) }()
+	defer rewardsRelay.Close()
+
+	// 4. an operator redrives e-91: a third copy, new transport id, same event id.
+	redrive := message.NewMessage(eventID, event.Payload)
+	for k, v := range event.Metadata {
+		redrive.Metadata.Set(k, v)
+	}
+	if err := d.pub.Publish(d.topics.payments, redrive); err != nil {
+		return Result{}, fmt.Errorf("redrive: %w", err)
+	}
+	d.n.step("ops: redrove %s from the dead-letter archive: a third copy under a NEW transport id (%s), SAME event id", eventID, d.pub.last())
+	if err := waitFor(ctx, "rewards to receive the redriven copy", func() bool { return rewards.deliveries.Load() >= 3 }); err != nil {
+		return Result{}, err
+	}
+
+	// 5. notifications: SMS intent recorded once, sent through the provider with an idempotency key.
+	go notifications.sendLoop(d.services)
+	if err := waitFor(ctx, "the SMS to be sent and marked SENT", func() bool { return notifications.sent(ctx) >= 1 }); err != nil {
+		return Result{}, err
+	}
+	return d.result(ctx, rewards, notifications) // measured, narrated, checked
 }
-
-type errorsOnly struct{ watermill.LoggerAdapter }
-
-func (errorsOnly) Info(string, watermill.LogFields)  {}
-func (errorsOnly) Debug(string, watermill.LogFields) {}
-func (errorsOnly) Trace(string, watermill.LogFields) {}
-func (e errorsOnly) With(f watermill.LogFields) watermill.LoggerAdapter {
-	return errorsOnly{e.LoggerAdapter.With(f)}
-}
-
-// narrator prints the walk-through; the services narrate from their own goroutines.
-type narrator struct {
-	mu  *sync.Mutex
-	out io.Writer
-}
-
-func newNarrator(out io.Writer) narrator { return narrator{mu: &sync.Mutex{}, out: out} }
-
-func (n narrator) line(s string) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	fmt.Fprintln(n.out, s)
-}
-
-func (n narrator) step(format string, args ...any) { n.line("==> " + fmt.Sprintf(format, args...)) }
-
-func (n narrator) say(format string, args ...any) { n.line("    " + fmt.Sprintf(format, args...)) }

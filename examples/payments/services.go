@@ -21,6 +21,43 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
+// pay is the payments service: one transaction writes the payment and stores its event in the
+// outbox, so the event exists if and only if the payment does.
+func pay(ctx context.Context, db *sql.DB, schema, topic string) (*message.Message, error) {
+	w, err := outbox.NewWriter(outbox.Config{Schema: schema})
+	if err != nil {
+		return nil, err
+	}
+	payload, _ := json.Marshal(paymentSucceeded{Type: "PaymentSucceeded", PaymentID: paymentID, AmountPaise: amountPaise, Phone: phone})
+	msg := message.NewMessage(eventID, payload)
+	msg.Metadata.Set("partition_key", paymentID)
+	msg.Metadata.Set("event_type", "PaymentSucceeded")
+	err = pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO `+pgtx.QualifiedName(schema, "payments")+` (id, status, amount_paise, phone) VALUES ($1, 'SUCCESS', $2, $3)`, paymentID, amountPaise, phone); err != nil {
+			return err
+		}
+		return w.PublishTx(ctx, tx, topic, msg)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("payments: %w", err)
+	}
+	return msg, nil
+}
+
+type paymentSucceeded struct {
+	Type        string `json:"type"`
+	PaymentID   string `json:"payment_id"`
+	AmountPaise int64  `json:"amount_paise"`
+	Phone       string `json:"phone"`
+}
+
+type cashbackCredited struct {
+	Type        string `json:"type"`
+	PaymentID   string `json:"payment_id"`
+	AmountPaise int64  `json:"amount_paise"`
+	Phone       string `json:"phone"`
+}
+
 // rewardsService credits 2% cashback per PaymentSucceeded, effectively once, and emits
 // CashbackCredited through its own outbox in the same transaction.
 type rewardsService struct {
@@ -163,19 +200,10 @@ func (s *notificationsService) sendLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		rows, err := s.db.QueryContext(ctx, `SELECT idempotency_key, phone, body FROM `+pgtx.QualifiedName(s.schema, "sms_intents")+` WHERE status = 'PENDING' ORDER BY created_at LIMIT 10`)
+		pending, err := s.pending(ctx)
 		if err != nil {
 			continue
 		}
-		type intent struct{ key, phone, body string }
-		var pending []intent
-		for rows.Next() {
-			var i intent
-			if rows.Scan(&i.key, &i.phone, &i.body) == nil {
-				pending = append(pending, i)
-			}
-		}
-		_ = rows.Close()
 		for _, i := range pending {
 			id, replayed, err := s.provider.Send(ctx, i.key, i.phone, i.body)
 			if err != nil {
@@ -194,6 +222,26 @@ WHERE idempotency_key = $1 AND status = 'PENDING'`, i.key, id); err != nil {
 			s.n.step("sender: retried with the same Idempotency-Key; provider answered message %s (replayed=%v): no second SMS; intent marked SENT", id, replayed)
 		}
 	}
+}
+
+type smsIntent struct{ key, phone, body string }
+
+// pending reads up to 10 PENDING intents, oldest first.
+func (s *notificationsService) pending(ctx context.Context) ([]smsIntent, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT idempotency_key, phone, body FROM `+pgtx.QualifiedName(s.schema, "sms_intents")+` WHERE status = 'PENDING' ORDER BY created_at LIMIT 10`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var pending []smsIntent
+	for rows.Next() {
+		var i smsIntent
+		if err := rows.Scan(&i.key, &i.phone, &i.body); err != nil {
+			return nil, err
+		}
+		pending = append(pending, i)
+	}
+	return pending, rows.Err()
 }
 
 func (s *notificationsService) sent(ctx context.Context) int {

@@ -2,6 +2,7 @@ package brokertest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -103,7 +104,7 @@ func lockKafka(t testing.TB, addrs []string, excl bool) {
 	}
 	for {
 		err = syscall.Flock(int(f.Fd()), how)
-		if err != syscall.EINTR {
+		if !errors.Is(err, syscall.EINTR) {
 			break
 		}
 	}
@@ -170,7 +171,7 @@ func KillKafka(t testing.TB, line string) string {
 	})
 	out := Services(t, "kafka-kill", line)
 	for _, a := range RealKafka() {
-		if c, err := net.DialTimeout("tcp", a, time.Second); err == nil {
+		if c, err := (&net.Dialer{Timeout: time.Second}).DialContext(t.Context(), "tcp", a); err == nil {
 			_ = c.Close()
 			t.Fatalf("%s=%s killed a broker, but %s still answers: %s and %s name different brokers", EnvKafkaService, line, a, EnvKafkaService, broker.EnvKafkaBrokers)
 		}

@@ -106,8 +106,8 @@ func DatabaseURL(ctx context.Context, opts Options) (dbURL string, stop func() e
 		cacheDir = filepath.Join(base, "wmonce", "embedded-postgres")
 	}
 	p, _ := strconv.Atoi(port)
-	if p <= 0 || !free(host, p) {
-		if p, err = freePort(); err != nil {
+	if p <= 0 || !free(ctx, host, p) {
+		if p, err = freePort(ctx); err != nil {
 			return "", nop, err
 		}
 	}
@@ -237,9 +237,9 @@ func answers(ctx context.Context, addr string) bool {
 
 // free reports whether port can be listened on at host and at localhost (the embedded server
 // listens on localhost).
-func free(host string, port int) bool {
+func free(ctx context.Context, host string, port int) bool {
 	for _, h := range []string{host, "localhost"} {
-		l, err := net.Listen("tcp", net.JoinHostPort(h, strconv.Itoa(port)))
+		l, err := (&net.ListenConfig{}).Listen(ctx, "tcp", net.JoinHostPort(h, strconv.Itoa(port)))
 		if err != nil {
 			return false
 		}
@@ -248,8 +248,8 @@ func free(host string, port int) bool {
 	return true
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+func freePort(ctx context.Context) (int, error) {
+	l, err := (&net.ListenConfig{}).Listen(ctx, "tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, fmt.Errorf("embedded PostgreSQL: no free port: %w", err)
 	}

@@ -4,10 +4,16 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"log"
+	"net"
 	"net/http"
+	"os"
+	"os/signal"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -32,8 +38,7 @@ type PaymentCreated struct {
 	CreatedAt   time.Time `json:"created_at"`
 }
 
-// app wires the service: migrations, the idempotency middleware, the outbox writer, and a
-// relay from the outbox to an in-process broker.
+// app is the service (newApp, in main.go).
 type app struct {
 	db       *sql.DB
 	payments string
@@ -49,14 +54,15 @@ type app struct {
 	notify    chan struct{}
 }
 
-func newApp(ctx context.Context, db *sql.DB, schema string) (*app, error) {
-	logger := watermill.NewStdLogger(false, false)
+// createTables applies watermill-once's migrations to schema and creates the example's
+// payments table, whose qualified name it returns.
+func createTables(ctx context.Context, db *sql.DB, schema string, logger watermill.LoggerAdapter) (string, error) {
 	m, err := migrate.New(db, migrate.Config{Schema: schema}, logger)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	if _, err := m.Migrate(ctx, migrate.DirectionUp, nil); err != nil {
-		return nil, fmt.Errorf("migrate: %w", err)
+		return "", fmt.Errorf("migrate: %w", err)
 	}
 	payments := pgtx.QualifiedName(schema, "example_payments")
 	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+payments+` (
@@ -67,37 +73,25 @@ func newApp(ctx context.Context, db *sql.DB, schema string) (*app, error) {
     event_id     text        NOT NULL UNIQUE,
     created_at   timestamptz NOT NULL DEFAULT now()
 )`); err != nil {
-		return nil, fmt.Errorf("create payments table: %w", err)
+		return "", fmt.Errorf("create payments table: %w", err)
 	}
+	return payments, nil
+}
 
-	// Keys are scoped by the Authorization header (hashed), kept 24 hours; 5xx are not stored.
-	idem, err := httpidem.NewMiddleware(db, httpidem.Config{Schema: schema}, logger)
+// start runs the relay, a consumer of the broker standing in for a downstream service, and the
+// janitor of expired idempotency keys, until Close.
+func (a *app) start(ctx context.Context, logger watermill.LoggerAdapter) error {
+	events, err := a.broker.Subscribe(ctx, TopicPaymentCreated)
 	if err != nil {
-		return nil, err
-	}
-	w, err := outbox.NewWriter(outbox.Config{Schema: schema})
-	if err != nil {
-		return nil, err
-	}
-	broker := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 64}, logger)
-	relay, err := outbox.NewRelay(db, broker, outbox.RelayConfig{Schema: schema, Name: "http-idempotency-example", PollInterval: 50 * time.Millisecond}, logger)
-	if err != nil {
-		return nil, err
-	}
-	a := &app{db: db, payments: payments, idem: idem, outbox: w, relay: relay, broker: broker,
-		forwarded: map[string]int{}, notify: make(chan struct{}, 1)}
-
-	events, err := broker.Subscribe(ctx, TopicPaymentCreated)
-	if err != nil {
-		return nil, err
+		return err
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	a.cancel = cancel
 	a.wg.Add(3)
 	go func() { defer a.wg.Done(); a.consume(events) }()
-	go func() { defer a.wg.Done(); _ = relay.Run(runCtx) }()
+	go func() { defer a.wg.Done(); _ = a.relay.Run(runCtx) }()
 	go func() { defer a.wg.Done(); a.deleteExpiredKeys(runCtx, logger) }()
-	return a, nil
+	return nil
 }
 
 // Close stops the relay, the janitor and the in-process broker.
@@ -106,15 +100,6 @@ func (a *app) Close() {
 	_ = a.relay.Close()
 	_ = a.broker.Close()
 	a.wg.Wait()
-}
-
-// Handler routes requests. Only POST and PATCH pass through the idempotency middleware (its
-// default Methods); GET is served directly.
-func (a *app) Handler() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /payments", a.createPayment)
-	mux.HandleFunc("GET /payments/{id}", a.getPayment)
-	return a.idem.Handler(mux)
 }
 
 type createRequest struct {
@@ -130,46 +115,6 @@ type paymentResponse struct {
 	Payee       string    `json:"payee"`
 	CreatedAt   time.Time `json:"created_at"`
 	EventID     string    `json:"event_id"`
-}
-
-// createPayment writes the payment and its event through the request's transaction: the
-// middleware commits them together with the stored response, or none of them.
-func (a *app) createPayment(w http.ResponseWriter, r *http.Request) {
-	ctx := r.Context()
-	tx, ok := pgtx.TxFromContext(ctx)
-	if !ok {
-		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": "no transaction: route not behind httpidem"})
-		return
-	}
-	var in createRequest
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&in); err != nil {
-		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "body must be JSON: " + err.Error()})
-		return
-	}
-	if in.AmountPaise <= 0 || len(in.Currency) != 3 || in.Payee == "" {
-		writeJSON(w, http.StatusUnprocessableEntity, map[string]string{"error": "amount_paise must be positive, currency a 3-letter code, payee non-empty"})
-		return
-	}
-	// The event gets a UUID of its own, stored with the payment: it stays the same wherever the
-	// event travels, so consumers can deduplicate on it (a sequence number would repeat after a
-	// database restore).
-	var p paymentResponse
-	err := tx.QueryRowContext(ctx, `INSERT INTO `+a.payments+` (amount_paise, currency, payee, event_id) VALUES ($1, $2, $3, $4)
-RETURNING id, amount_paise, currency, payee, event_id, created_at`, in.AmountPaise, in.Currency, in.Payee, watermill.NewUUID()).
-		Scan(&p.ID, &p.AmountPaise, &p.Currency, &p.Payee, &p.EventID, &p.CreatedAt)
-	if err != nil {
-		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": "could not create the payment"})
-		return
-	}
-	payload, _ := json.Marshal(PaymentCreated{PaymentID: p.ID, AmountPaise: p.AmountPaise, Currency: p.Currency, Payee: p.Payee, CreatedAt: p.CreatedAt})
-	if err := a.outbox.PublishTx(ctx, tx, TopicPaymentCreated, message.NewMessage(p.EventID, payload)); err != nil {
-		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": "could not record the event"})
-		return
-	}
-	w.Header().Set("Location", "/payments/"+strconv.FormatInt(p.ID, 10))
-	writeJSON(w, http.StatusCreated, p)
 }
 
 func (a *app) getPayment(w http.ResponseWriter, r *http.Request) {
@@ -224,4 +169,59 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// serve runs the service on addr until Ctrl-C or, with demo, runs the scripted client against
+// it on a random local port and returns.
+func serve(addr, databaseURL, schema string, demo bool) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	db, err := pgtx.Open(ctx, databaseURL, pgtx.PoolConfig{MaxOpenConns: 16})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+
+	app, err := newApp(ctx, db, schema)
+	if err != nil {
+		return err
+	}
+	defer app.Close()
+
+	if demo {
+		addr = "127.0.0.1:0"
+	}
+	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: app.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	defer func() {
+		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdownCtx)
+	}()
+
+	if demo {
+		return runDemo(ctx, os.Stdout, "http://"+ln.Addr().String(), app)
+	}
+	log.Printf("listening on %s (schema %s)", ln.Addr(), schema)
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-serveErr:
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
+		}
+		return err
+	}
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
 }
