@@ -425,7 +425,10 @@ func TestPanicReleasesTheKey(t *testing.T) {
 	req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/payments", strings.NewReader(`{"amount":1}`))
 	req.Header.Set("Idempotency-Key", "k-1")
 	req.Header.Set("Authorization", "Bearer a")
-	_, err := e.srv.Client().Do(req)
+	resp, err := e.srv.Client().Do(req)
+	if resp != nil {
+		_ = resp.Body.Close()
+	}
 	require.Error(t, err, "the connection was aborted")
 	require.Zero(t, e.payments())
 	require.Equal(t, http.StatusCreated, e.do(http.MethodPost, "/payments", "k-1", "a", `{"amount":1}`).status, "not locked, not stored: the retry runs")

@@ -99,7 +99,7 @@ func runCrashScenario(t *testing.T, ignoreKeys bool) (*fakeprovider.Provider, st
 			}
 			var killed bool
 			if err := db.QueryRowContext(ctx, `SELECT pg_terminate_backend($1, 5000)`, pid).Scan(&killed); err != nil || !killed {
-				return fmt.Errorf("could not terminate backend %d: %v", pid, err)
+				return fmt.Errorf("could not terminate backend %d (terminated: %t): %w", pid, killed, err)
 			}
 		} else {
 			close(done)

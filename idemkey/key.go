@@ -117,14 +117,15 @@ func (s Source) Parts(msg *message.Message) (consumer, messageID string, err err
 	if consumer == "" {
 		return "", "", fmt.Errorf("%w: no consumer name: the message was not delivered by a Watermill router handler; set Source.Consumer", ErrInvalidPart)
 	}
-	if s.MessageID != nil {
+	switch {
+	case s.MessageID != nil:
 		messageID, err = s.MessageID(msg)
 		if err != nil {
 			return "", "", fmt.Errorf("%w: message id: %w", ErrInvalidPart, err)
 		}
-	} else if claimed {
+	case claimed:
 		messageID = claimedKey
-	} else {
+	default:
 		messageID = msg.UUID
 	}
 	if messageID == "" {

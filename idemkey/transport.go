@@ -89,7 +89,7 @@ func NewTransport(base http.RoundTripper, config TransportConfig) (*Transport, e
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	explicit, names, err := t.explicitKey(req.Header)
 	if err != nil {
-		return nil, t.refuse(req, fmt.Errorf("%w: %s %s: %v", ErrConflictingKeys, req.Method, req.URL.Redacted(), err))
+		return nil, t.refuse(req, fmt.Errorf("%w: %s %s: %w", ErrConflictingKeys, req.Method, req.URL.Redacted(), err))
 	}
 	key := explicit
 	if key == "" {

@@ -30,6 +30,15 @@ func (r *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
 	return &http.Response{StatusCode: http.StatusOK, Body: http.NoBody, Request: req}, nil
 }
 
+// roundTrip sends req through rt and closes the response body, as every caller must.
+func roundTrip(rt http.RoundTripper, req *http.Request) error {
+	resp, err := rt.RoundTrip(req)
+	if resp != nil {
+		_ = resp.Body.Close()
+	}
+	return err
+}
+
 type trackedBody struct {
 	io.Reader
 	closed bool
@@ -46,7 +55,7 @@ func TestTransportAttachesKeyFromContext(t *testing.T) {
 	ctx := idemkey.WithKey(context.Background(), "k-123")
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://provider.example/send", strings.NewReader("x"))
 	req.Header.Set("X-Trace", "t")
-	_, err = tr.RoundTrip(req)
+	err = roundTrip(tr, req)
 	require.NoError(t, err)
 	require.Equal(t, "k-123", base.got.Header.Get("Idempotency-Key"))
 	require.Equal(t, "t", base.got.Header.Get("X-Trace"))
@@ -61,7 +70,7 @@ func TestTransportKeepsExplicitHeader(t *testing.T) {
 	require.NoError(t, err)
 	req, _ := http.NewRequestWithContext(idemkey.WithKey(context.Background(), "from-ctx"), http.MethodPost, "http://p/send", nil)
 	req.Header.Set("Idempotency-Key", "explicit")
-	_, err = tr.RoundTrip(req)
+	err = roundTrip(tr, req)
 	require.NoError(t, err)
 	require.Equal(t, "explicit", base.got.Header.Get("Idempotency-Key"))
 }
@@ -74,19 +83,22 @@ func TestTransportRefusesUnsafeRequestWithoutKey(t *testing.T) {
 
 	body := &trackedBody{Reader: strings.NewReader("charge 100")}
 	req, _ := http.NewRequest(http.MethodPost, "http://user:secret@p/send", body)
-	_, err = tr.RoundTrip(req)
+	err = roundTrip(tr, req)
 	require.ErrorIs(t, err, idemkey.ErrMissingKey)
 	require.NotContains(t, err.Error(), "secret", "credentials in the URL are redacted")
 	require.True(t, body.closed, "a refused request's body is closed, as RoundTripper requires")
 	require.Zero(t, base.calls.Load(), "nothing was sent")
 
 	// Through an http.Client the error surfaces as the call's error.
-	_, err = (&http.Client{Transport: tr}).Post("http://p/send", "text/plain", strings.NewReader("x"))
+	resp, err := (&http.Client{Transport: tr}).Post("http://p/send", "text/plain", strings.NewReader("x"))
+	if resp != nil {
+		_ = resp.Body.Close()
+	}
 	require.True(t, errors.Is(err, idemkey.ErrMissingKey), "got %v", err)
 
 	// Safe methods need no key.
 	req, _ = http.NewRequest(http.MethodGet, "http://p/status", nil)
-	_, err = tr.RoundTrip(req)
+	err = roundTrip(tr, req)
 	require.NoError(t, err)
 	require.Empty(t, base.got.Header.Get("Idempotency-Key"))
 
@@ -94,12 +106,12 @@ func TestTransportRefusesUnsafeRequestWithoutKey(t *testing.T) {
 	lax, err := idemkey.NewTransport(base, idemkey.TransportConfig{AllowMissingKey: true, Header: "X-Request-Id"})
 	require.NoError(t, err)
 	req, _ = http.NewRequest(http.MethodPost, "http://p/send", nil)
-	_, err = lax.RoundTrip(req)
+	err = roundTrip(lax, req)
 	require.NoError(t, err)
 	require.Same(t, req, base.got)
 
 	req, _ = http.NewRequestWithContext(idemkey.WithKey(context.Background(), "k"), http.MethodPost, "http://p/send", nil)
-	_, err = lax.RoundTrip(req)
+	err = roundTrip(lax, req)
 	require.NoError(t, err)
 	require.Equal(t, "k", base.got.Header.Get("X-Request-Id"), "a custom header name is honoured")
 }
@@ -151,7 +163,7 @@ func TestTransportNeverSendsTwoKeys(t *testing.T) {
 	} {
 		req, _ := http.NewRequestWithContext(tc.ctx, http.MethodPost, "http://p/send", strings.NewReader("x"))
 		req.Header = tc.header.Clone()
-		_, err := tr.RoundTrip(req)
+		err := roundTrip(tr, req)
 		require.NoError(t, err, tc.name)
 		require.Equal(t, []string{tc.want}, keyValues(base.got.Header, "Idempotency-Key"), tc.name)
 		require.Equal(t, tc.header, req.Header, "%s: the caller's request is untouched", tc.name)
@@ -162,7 +174,7 @@ func TestTransportNeverSendsTwoKeys(t *testing.T) {
 	req, _ := http.NewRequestWithContext(withCtx, http.MethodPost, "http://p/send", body)
 	req.Header = http.Header{"idempotency-key": {"a"}, "Idempotency-Key": {"b"}}
 	calls := base.calls.Load()
-	_, err = tr.RoundTrip(req)
+	err = roundTrip(tr, req)
 	require.ErrorIs(t, err, idemkey.ErrConflictingKeys)
 	require.True(t, body.closed)
 	require.Equal(t, calls, base.calls.Load(), "nothing was sent")
@@ -172,7 +184,7 @@ func TestTransportNeverSendsTwoKeys(t *testing.T) {
 	require.NoError(t, err)
 	req, _ = http.NewRequestWithContext(withCtx, http.MethodPost, "http://p/send", nil)
 	req.Header = http.Header{"x-request-id": {"explicit"}}
-	_, err = custom.RoundTrip(req)
+	err = roundTrip(custom, req)
 	require.NoError(t, err)
 	require.Equal(t, []string{"explicit"}, keyValues(base.got.Header, "X-Request-Id"))
 }

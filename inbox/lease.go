@@ -95,6 +95,10 @@ func (p *Processor) reap(ctx context.Context) {
 			p.logger.Info("Lease expired: row taken back for another attempt", watermill.LogFields{"row": id})
 		}
 	}
+	if err := rs.Err(); err != nil && ctx.Err() == nil {
+		p.errs.Add(1)
+		p.logger.Error("Reaping expired leases failed", err, nil)
+	}
 	if pending > 0 {
 		p.wakeAll()
 	}

@@ -394,19 +394,8 @@ func (g *groupCommitter) claimAll(ctx context.Context, tx *sql.Tx, pending []*qu
 		}
 		return nil, nil, fmt.Errorf("once: claim group: %w", err)
 	}
-	claimed := make(map[[2]string]bool, len(pending))
-	for rows.Next() {
-		var c, k string
-		if err := rows.Scan(&c, &k); err != nil {
-			rows.Close()
-			return nil, nil, fmt.Errorf("once: claim group: %w", err)
-		}
-		claimed[[2]string{c, k}] = true
-	}
-	if err := rows.Close(); err != nil {
-		return nil, nil, fmt.Errorf("once: claim group: %w", err)
-	}
-	if err := rows.Err(); err != nil {
+	claimed, err := scanClaimed(rows, len(pending))
+	if err != nil {
 		return nil, nil, fmt.Errorf("once: claim group: %w", err)
 	}
 	for _, q := range pending {
@@ -421,6 +410,24 @@ func (g *groupCommitter) claimAll(ctx context.Context, tx *sql.Tx, pending []*qu
 		g.checkFingerprints(ctx, tx, dups)
 	}
 	return fresh, dups, nil
+}
+
+// scanClaimed reads the (consumer, key) pairs the group's claim inserted and closes rows: the
+// transaction's next statement needs the connection.
+func scanClaimed(rows *sql.Rows, n int) (map[[2]string]bool, error) {
+	defer rows.Close()
+	claimed := make(map[[2]string]bool, n)
+	for rows.Next() {
+		var c, k string
+		if err := rows.Scan(&c, &k); err != nil {
+			return nil, err
+		}
+		claimed[[2]string{c, k}] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return claimed, rows.Close()
 }
 
 // checkFingerprints reports duplicates whose payload differs from the applied copy's. With
@@ -451,6 +458,10 @@ func (g *groupCommitter) checkFingerprints(ctx context.Context, tx *sql.Tx, dups
 			return
 		}
 		stored[[2]string{c, k}] = a
+	}
+	if err := rows.Err(); err != nil {
+		e.logger.Error("Could not read applied copies to compare fingerprints", err, nil)
+		return
 	}
 	for _, q := range dups {
 		if a, ok := stored[[2]string{q.d.consumer, q.d.key}]; ok {

@@ -266,12 +266,12 @@ func (c *lazyBeginConn) parse() {
 		typ := m[0]
 		drop := false
 		if len(c.strip) > 0 {
-			switch {
-			case typ == c.strip[0]:
+			switch typ {
+			case c.strip[0]:
 				c.strip, drop = c.strip[1:], true
-			case typ == 'E':
+			case 'E':
 				c.strip = nil // BEGIN failed: what follows answers the client's statement
-			case typ == 'N' || typ == 'S' || typ == 'A':
+			case 'N', 'S', 'A':
 			default:
 				c.readErr = fmt.Errorf("pgtx: lazy BEGIN: unexpected server message %q: %w", typ, errLazyBegin)
 				return

@@ -136,6 +136,7 @@ func TestDeferredStatements(t *testing.T) {
 	var keys []string
 	rows, err := tx.QueryContext(ctx, `SELECT k FROM `+table+` ORDER BY k`, pgx.QueryExecModeSimpleProtocol)
 	require.NoError(t, err)
+	defer rows.Close()
 	for rows.Next() {
 		var k string
 		require.NoError(t, rows.Scan(&k))

@@ -27,7 +27,7 @@ func ExampleJanitor_RunOnce() {
 		fmt.Println(err)
 		return
 	}
-	defer db.Exec(`DROP SCHEMA ` + pgtx.QuoteIdentifier(schema) + ` CASCADE`)
+	defer func() { _, _ = db.Exec(`DROP SCHEMA ` + pgtx.QuoteIdentifier(schema) + ` CASCADE`) }()
 	// Two claims of "payments" applied 10 days and 1 hour ago, one of "ledger" 10 days ago.
 	_, _ = db.Exec(`INSERT INTO ` + pgtx.QualifiedName(schema, "processed_messages") + ` (consumer, message_id, payload_sha256, processed_at)
 VALUES ('payments', 'a', '\x00', now() - interval '10 days'), ('payments', 'b', '\x00', now() - interval '1 hour'),
