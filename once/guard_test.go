@@ -10,6 +10,7 @@ import (
 
 	"github.com/wmonce/watermill-once/internal/partition"
 	"github.com/wmonce/watermill-once/once"
+	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
 )
 
@@ -32,6 +33,11 @@ func TestLookupClaim(t *testing.T) {
 	_, found, err = once.LookupClaim(context.Background(), e.db, e.schema, "other", "e-1")
 	require.NoError(t, err)
 	require.False(t, found)
+	_, _, err = once.LookupClaim(context.Background(), e.db, e.schema, "c", "e-\x001")
+	require.ErrorIs(t, err, oncetype.ErrInvalidKey)
+	require.ErrorContains(t, err, "key must not contain NUL bytes")
+	_, _, err = once.LookupClaim(context.Background(), e.db, e.schema, "c\xff", "e-1")
+	require.ErrorContains(t, err, "consumer must be valid UTF-8")
 
 	daily := newEnv(t, once.Config{Consumer: "c", PartitionByDay: true})
 	at := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/wmonce/watermill-once/oncetype"
 )
 
 // Claim is the dedupe record of one applied message.
@@ -26,6 +28,14 @@ func LookupClaim(ctx context.Context, db *sql.DB, schema, consumer, key string) 
 	pm, daily, err := claimTables("lookup claim", db, &schema)
 	if err != nil {
 		return Claim{}, false, err
+	}
+	// A name or key PostgreSQL text cannot hold was never claimed; say so rather than let the
+	// server refuse the query with an encoding error.
+	if err := oncetype.CheckText("consumer", consumer); err != nil {
+		return Claim{}, false, fmt.Errorf("once: lookup claim: %w", err)
+	}
+	if err := oncetype.CheckText("key", key); err != nil {
+		return Claim{}, false, fmt.Errorf("once: lookup claim: %w: %w", oncetype.ErrInvalidKey, err)
 	}
 	c = Claim{Consumer: consumer, Key: key}
 	err = db.QueryRowContext(ctx, `SELECT payload_sha256, processed_at FROM `+pm+
