@@ -20,6 +20,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -53,16 +54,10 @@ type Middleware struct {
 // NewMiddleware validates config and returns the middleware. The table must exist (run the
 // migrations first).
 func NewMiddleware(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Middleware, error) {
-	if db == nil {
-		return nil, errors.New("httpidem: db is nil: open one with pgtx.Open")
-	}
 	config.Methods = slices.Clone(config.Methods)
-	config.setDefaults()
-	if err := config.Validate(); err != nil {
-		return nil, fmt.Errorf("httpidem: invalid config: %w", err)
-	}
-	if logger == nil {
-		logger = watermill.NopLogger{}
+	logger, err := setup.Component(db, "httpidem: db is nil: open one with pgtx.Open", &config, (*Config).setDefaults, "httpidem: invalid config", logger)
+	if err != nil {
+		return nil, err
 	}
 	fp := make([]string, len(config.FingerprintHeaders))
 	for i, h := range config.FingerprintHeaders {

@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/wmonce/watermill-once/internal/setup"
 	iworker "github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
@@ -242,15 +243,9 @@ type request struct {
 // NewReceiver validates config and starts the receiver's writers. Call Close when done. The
 // inbox table must exist (run the migrations).
 func NewReceiver(db *sql.DB, config ReceiverConfig, logger watermill.LoggerAdapter) (*Receiver, error) {
-	if db == nil {
-		return nil, errors.New("inbox: db is nil: open one with pgtx.Open")
-	}
-	config.setDefaults()
-	if err := config.Validate(); err != nil {
-		return nil, fmt.Errorf("inbox: invalid receiver config: %w", err)
-	}
-	if logger == nil {
-		logger = watermill.NopLogger{}
+	logger, err := setup.Component(db, "inbox: db is nil: open one with pgtx.Open", &config, (*ReceiverConfig).setDefaults, "inbox: invalid receiver config", logger)
+	if err != nil {
+		return nil, err
 	}
 	r := &Receiver{
 		db:     db,

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/oncetype"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -221,22 +222,13 @@ INSERT INTO ` + t + ` (` + cols + `) VALUES (` + values + `) ON CONFLICT DO NOTH
 // New validates config and prepares the middleware. db must reach PostgreSQL;
 // the tables must exist (run migrate first).
 func New(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Middleware, error) {
-	if db == nil {
-		return nil, errors.New("once: db is nil: open one with pgtx.Open")
+	logger, err := setup.Component(db, "once: db is nil: open one with pgtx.Open", &config, (*Config).setDefaults, "once: invalid config", logger)
+	if err != nil {
+		return nil, err
 	}
-	config.setDefaults()
-	if err := config.Validate(); err != nil {
-		return nil, fmt.Errorf("once: invalid config: %w", err)
-	}
-	if logger == nil {
-		logger = watermill.NopLogger{}
-	}
-	ob := config.Outbox
-	if ob == nil {
-		var err error
-		if ob, err = outbox.NewWriter(outbox.Config{Schema: config.Schema}); err != nil {
-			return nil, fmt.Errorf("once: %w", err)
-		}
+	ob, err := outbox.WriterOrDefault(config.Outbox, config.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("once: %w", err)
 	}
 	e := &Middleware{
 		db:     db,

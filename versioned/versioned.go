@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -125,9 +126,8 @@ type Versions struct {
 // New returns Versions on the entity_versions table of config.Schema. It does not touch the
 // database.
 func New(config Config) (*Versions, error) {
-	config.setDefaults()
-	if err := config.Validate(); err != nil {
-		return nil, fmt.Errorf("versioned: invalid config: %w", err)
+	if err := setup.Config(&config, (*Config).setDefaults, "versioned: invalid config"); err != nil {
+		return nil, err
 	}
 	t := pgtx.QualifiedName(config.Schema, "entity_versions")
 	// Every use of the version is cast to bigint: left to inference, "$3 - 1" makes it int4,
