@@ -7,7 +7,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -603,7 +602,7 @@ func (e *Middleware) reportDuplicate(d *delivery, stored []byte, processedAt tim
 func (e *Middleware) apply(ctx context.Context, h message.HandlerFunc, d *delivery, tx *sql.Tx) error {
 	hctx := oncetype.ContextWithClaim(outbox.ContextWithConsumed(pgtx.ContextWithTx(ctx, tx), d.msg), d.consumer, d.key)
 	d.msg.SetContext(hctx)
-	out, err := callHandler(h, d.msg)
+	out, err := oncetype.CallHandler(h, d.msg)
 	if err != nil {
 		d.counters.failed.Add(1)
 		if errors.Is(err, outbox.ErrInvalidMessage) && !oncetype.IsPermanent(err) {
@@ -629,15 +628,6 @@ func (e *Middleware) apply(ctx context.Context, h message.HandlerFunc, d *delive
 		return err
 	}
 	return nil
-}
-
-func callHandler(h message.HandlerFunc, msg *message.Message) (out []*message.Message, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = &oncetype.PanicError{Value: r, Stack: string(debug.Stack())}
-		}
-	}()
-	return h(msg)
 }
 
 var errShutdownGrace = errors.New("once: router closed and ShutdownGrace elapsed")
