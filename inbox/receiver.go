@@ -114,12 +114,7 @@ func (c *ReceiverConfig) setDefaults() {
 	if c.Schema == "" {
 		c.Schema = pgtx.DefaultSchema
 	}
-	if c.Key == nil {
-		c.Key = oncetype.KeyFromUUID()
-	}
-	if c.MaxKeyLength == 0 {
-		c.MaxKeyLength = 255
-	}
+	oncetype.SetKeyDefaults(&c.Key, &c.MaxKeyLength)
 	if c.BatchSize == 0 {
 		c.BatchSize = 500
 	}
@@ -129,12 +124,7 @@ func (c *ReceiverConfig) setDefaults() {
 	if c.WriteTimeout == 0 {
 		c.WriteTimeout = 10 * time.Second
 	}
-	if c.OccurredAt == nil {
-		c.OccurredAt = oncetype.OccurredAtFromMetadata(outbox.MetadataOccurredAt)
-	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
+	oncetype.SetAgeGuardDefaults(&c.OccurredAt, &c.Now, outbox.MetadataOccurredAt)
 }
 
 // Validate reports what to fix in a configuration.
@@ -146,8 +136,8 @@ func (c ReceiverConfig) Validate() error {
 	if err := validateConsumer(c.Consumer); err != nil {
 		errs = append(errs, err)
 	}
-	if c.MaxKeyLength < 1 || c.MaxKeyLength > oncetype.MaxKeyLengthLimit {
-		errs = append(errs, fmt.Errorf("MaxKeyLength must be between 1 and %d, got %d", oncetype.MaxKeyLengthLimit, c.MaxKeyLength))
+	if err := oncetype.CheckMaxKeyLength(c.MaxKeyLength); err != nil {
+		errs = append(errs, err)
 	}
 	if c.BatchSize < 1 || c.BatchSize > MaxBatchSize {
 		errs = append(errs, fmt.Errorf("BatchSize must be between 1 and %d, got %d", MaxBatchSize, c.BatchSize))

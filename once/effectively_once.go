@@ -111,12 +111,7 @@ func (c *Config) setDefaults() {
 	if c.Schema == "" {
 		c.Schema = pgtx.DefaultSchema
 	}
-	if c.Key == nil {
-		c.Key = oncetype.KeyFromUUID()
-	}
-	if c.MaxKeyLength == 0 {
-		c.MaxKeyLength = 255
-	}
+	oncetype.SetKeyDefaults(&c.Key, &c.MaxKeyLength)
 	if c.TxOptions == nil {
 		c.TxOptions = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
 	}
@@ -126,12 +121,7 @@ func (c *Config) setDefaults() {
 	if c.GroupCommit.Enabled {
 		c.GroupCommit.setDefaults()
 	}
-	if c.OccurredAt == nil {
-		c.OccurredAt = oncetype.OccurredAtFromMetadata(outbox.MetadataOccurredAt)
-	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
+	oncetype.SetAgeGuardDefaults(&c.OccurredAt, &c.Now, outbox.MetadataOccurredAt)
 }
 
 // Validate reports what to fix in a configuration.
@@ -145,8 +135,8 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%w; or leave Consumer empty to use the handler name", err))
 		}
 	}
-	if c.MaxKeyLength < 1 || c.MaxKeyLength > oncetype.MaxKeyLengthLimit {
-		errs = append(errs, fmt.Errorf("MaxKeyLength must be between 1 and %d, got %d", oncetype.MaxKeyLengthLimit, c.MaxKeyLength))
+	if err := oncetype.CheckMaxKeyLength(c.MaxKeyLength); err != nil {
+		errs = append(errs, err)
 	}
 	if c.OutputTopic != "" {
 		if err := outbox.DefaultValidateTopic(c.OutputTopic); err != nil {
