@@ -307,14 +307,14 @@ func (m *Middleware) begin(ctx context.Context, w http.ResponseWriter, req *requ
 func (t *requestTx) rollback() {
 	if !t.ended {
 		t.ended = true
-		_ = t.Tx.Rollback()
+		_ = t.Rollback()
 	}
 }
 
 // commit ends the transaction with COMMIT.
 func (t *requestTx) commit() error {
 	t.ended = true
-	return t.Tx.Commit()
+	return t.Commit()
 }
 
 // runHandler runs next with tx in the request context and a body that can be read again. A

@@ -280,7 +280,7 @@ func (p *Processor) beginAttempt(w *worker) (context.Context, *attemptTx, error)
 // end rolls the transaction back unless it was committed, and ends the attempt.
 func (a *attemptTx) end() {
 	if a.Tx != nil && !a.committed {
-		_ = a.Tx.Rollback()
+		_ = a.Rollback()
 	}
 	a.w.endTx()
 	a.cancel()
@@ -289,7 +289,7 @@ func (a *attemptTx) end() {
 // commit ends the attempt's transaction with COMMIT.
 func (a *attemptTx) commit() error {
 	a.committed = true
-	return a.Tx.Commit()
+	return a.Commit()
 }
 
 func (p *Processor) attemptOne(w *worker, r claimedRow, token int64) (outcome, error) {
