@@ -16,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/wmonce/watermill-once/inbox"
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -108,15 +109,9 @@ type Handler struct {
 // inbox, the relays and the middlewares' counts every interval for the page's charts (the last
 // hour and day, kept in memory); Close stops it.
 func NewHandler(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Handler, error) {
-	if db == nil {
-		return nil, errors.New("admin: db is nil: open one with pgtx.Open")
-	}
-	config.setDefaults()
-	if err := config.Validate(); err != nil {
-		return nil, fmt.Errorf("admin: invalid config: %w", err)
-	}
-	if logger == nil {
-		logger = watermill.NopLogger{}
+	logger, err := setup.Component(db, "admin: db is nil: open one with pgtx.Open", &config, (*Config).setDefaults, "admin: invalid config", logger)
+	if err != nil {
+		return nil, err
 	}
 	ops, err := inbox.NewOps(db, inbox.OpsConfig{Schema: config.Schema}, logger)
 	if err != nil {

@@ -7,7 +7,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"time"
 	"unicode/utf8"
 
@@ -91,11 +92,7 @@ func ReadConsumers(ctx context.Context, db *sql.DB, schema string, mws []*once.M
 		byName[consumer] = &ConsumerStatus{Consumer: consumer, Claims: st.Claims, NewestClaim: st.NewestClaim}
 	}
 	for consumer, counts := range sumCounts(mws) {
-		c := byName[consumer]
-		if c == nil {
-			c = &ConsumerStatus{Consumer: consumer}
-			byName[consumer] = c
-		}
+		c := entry(byName, consumer, func() *ConsumerStatus { return &ConsumerStatus{Consumer: consumer} })
 		c.Counts = &Counts{
 			Fresh: counts.Fresh, Duplicates: counts.Duplicates, FingerprintMismatches: counts.FingerprintMismatches,
 			Failed: counts.Failed, TxRetries: counts.TxRetries, Refused: counts.Refused, TooOld: counts.TooOld,
@@ -105,12 +102,26 @@ func ReadConsumers(ctx context.Context, db *sql.DB, schema string, mws []*once.M
 			c.DuplicateRate = &rate
 		}
 	}
-	out := make([]ConsumerStatus, 0, len(byName))
-	for _, c := range byName {
-		out = append(out, *c)
+	return sortedByName(byName), nil
+}
+
+// entry returns m's entry for name, adding made() first when there is none.
+func entry[T any](m map[string]*T, name string, made func() *T) *T {
+	e := m[name]
+	if e == nil {
+		e = made()
+		m[name] = e
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Consumer < out[j].Consumer })
-	return out, nil
+	return e
+}
+
+// sortedByName returns the entries of m ordered by their name (the key).
+func sortedByName[T any](m map[string]*T) []T {
+	out := make([]T, 0, len(m))
+	for _, name := range slices.Sorted(maps.Keys(m)) {
+		out = append(out, *m[name])
+	}
+	return out
 }
 
 // Counts are once.Counters as JSON.
@@ -170,12 +181,7 @@ func ReadInbox(ctx context.Context, db *sql.DB, schema string) ([]InboxStatus, e
 	}
 	byName := map[string]*InboxStatus{}
 	get := func(consumer string) *InboxStatus {
-		s := byName[consumer]
-		if s == nil {
-			s = &InboxStatus{Consumer: consumer}
-			byName[consumer] = s
-		}
-		return s
+		return entry(byName, consumer, func() *InboxStatus { return &InboxStatus{Consumer: consumer} })
 	}
 	finished, err := ops.FinishedStats(ctx)
 	if err != nil {
@@ -195,12 +201,7 @@ func ReadInbox(ctx context.Context, db *sql.DB, schema string) ([]InboxStatus, e
 		s.OldestPendingReceivedAt = st.OldestPendingReceivedAt
 		s.OldestPendingAgeSeconds = st.OldestPendingAge.Seconds()
 	}
-	out := make([]InboxStatus, 0, len(byName))
-	for _, s := range byName {
-		out = append(out, *s)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Consumer < out[j].Consumer })
-	return out, nil
+	return sortedByName(byName), nil
 }
 
 // RelayStatus is one outbox relay's position, as JSON.

@@ -104,7 +104,7 @@ func (c *Config) setDefaults() {
 		c.Retention = 24 * time.Hour
 	}
 	if c.MaxKeyLength == 0 {
-		c.MaxKeyLength = 255
+		c.MaxKeyLength = oncetype.DefaultMaxKeyLength
 	}
 	if c.MaxRequestBytes == 0 {
 		c.MaxRequestBytes = 1 << 20
@@ -140,8 +140,8 @@ func (c Config) Validate() error {
 	if c.Retention < time.Second {
 		errs = append(errs, fmt.Errorf("Retention must be at least 1s (Stripe keeps keys 24h), got %s", c.Retention))
 	}
-	if c.MaxKeyLength < 1 || c.MaxKeyLength > oncetype.MaxKeyLengthLimit {
-		errs = append(errs, fmt.Errorf("MaxKeyLength must be between 1 and %d, got %d", oncetype.MaxKeyLengthLimit, c.MaxKeyLength))
+	if err := oncetype.CheckMaxKeyLength(c.MaxKeyLength); err != nil {
+		errs = append(errs, err)
 	}
 	if c.MaxRequestBytes < 1 || c.MaxResponseBytes < 1 {
 		errs = append(errs, errors.New("MaxRequestBytes and MaxResponseBytes must be positive"))

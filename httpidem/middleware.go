@@ -20,6 +20,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -53,16 +54,10 @@ type Middleware struct {
 // NewMiddleware validates config and returns the middleware. The table must exist (run the
 // migrations first).
 func NewMiddleware(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Middleware, error) {
-	if db == nil {
-		return nil, errors.New("httpidem: db is nil: open one with pgtx.Open")
-	}
 	config.Methods = slices.Clone(config.Methods)
-	config.setDefaults()
-	if err := config.Validate(); err != nil {
-		return nil, fmt.Errorf("httpidem: invalid config: %w", err)
-	}
-	if logger == nil {
-		logger = watermill.NopLogger{}
+	logger, err := setup.Component(db, "httpidem: db is nil: open one with pgtx.Open", &config, (*Config).setDefaults, "httpidem: invalid config", logger)
+	if err != nil {
+		return nil, err
 	}
 	fp := make([]string, len(config.FingerprintHeaders))
 	for i, h := range config.FingerprintHeaders {
@@ -184,30 +179,20 @@ func (m *Middleware) runKeyed(w http.ResponseWriter, r *http.Request, next http.
 		return
 	}
 
-	tx, err := m.db.BeginTx(ctx, m.config.TxOptions)
-	if err != nil {
-		m.fail(w, err, "begin", req)
+	tx, ok := m.begin(ctx, w, req)
+	if !ok {
 		return
 	}
-	// Every response below is written after the transaction has ended, so that the advisory
-	// lock is released before the client can send its next request.
-	ended := false
-	end := func() {
-		if !ended {
-			ended = true
-			_ = tx.Rollback()
-		}
-	}
-	defer end()
+	defer tx.rollback()
 
 	var locked bool
 	if err := tx.QueryRowContext(ctx, `SELECT pg_try_advisory_xact_lock($1)`, m.lockKey(req)).Scan(&locked); err != nil {
-		end()
+		tx.rollback()
 		m.fail(w, err, "lock the key", req)
 		return
 	}
 	if !locked {
-		end()
+		tx.rollback()
 		m.conflicts.Add(1)
 		w.Header().Set("Retry-After", strconv.Itoa(int(max(1, m.config.RetryAfter.Round(time.Second)/time.Second))))
 		writeProblem(w, http.StatusConflict, ProblemInProgress, "A request with this "+m.header+" is still running",
@@ -217,7 +202,7 @@ func (m *Middleware) runKeyed(w http.ResponseWriter, r *http.Request, next http.
 	// The first request may have committed between the lookup above and the lock.
 	prev, err = m.lookup(ctx, tx, req)
 	if err != nil || prev != nil {
-		end()
+		tx.rollback()
 		if err != nil {
 			m.fail(w, err, "look up the key", req)
 		} else {
@@ -226,9 +211,9 @@ func (m *Middleware) runKeyed(w http.ResponseWriter, r *http.Request, next http.
 		return
 	}
 
-	rec := m.runHandler(next, r, tx, req.body, &ended)
+	rec := m.runHandler(next, r, tx, req.body)
 	if rec.overflow {
-		end()
+		tx.rollback()
 		m.failed.Add(1)
 		m.logger.Error("Response too large to store; rolled back", nil, req.fields.Add(watermill.LogFields{"max_response_bytes": m.config.MaxResponseBytes}))
 		writeProblem(w, http.StatusInternalServerError, ProblemNotStored, "Response too large to store",
@@ -237,7 +222,7 @@ func (m *Middleware) runKeyed(w http.ResponseWriter, r *http.Request, next http.
 	}
 	status, header := rec.final()
 	if status >= 500 && !m.config.StoreServerErrors {
-		end()
+		tx.rollback()
 		m.notStored.Add(1)
 		m.logger.Info("Server error not stored; rolled back, the key stays free for a retry", req.fields.Add(watermill.LogFields{"status": status}))
 		writeResponse(w, status, header, rec.bytes(), false)
@@ -245,7 +230,7 @@ func (m *Middleware) runKeyed(w http.ResponseWriter, r *http.Request, next http.
 	}
 	headersJSON, err := encodeHeaders(header)
 	if err != nil {
-		end()
+		tx.rollback()
 		m.fail(w, err, "encode the response headers", req)
 		return
 	}
@@ -258,12 +243,11 @@ func (m *Middleware) runKeyed(w http.ResponseWriter, r *http.Request, next http.
 		}
 	}
 	if err != nil {
-		end()
+		tx.rollback()
 		m.fail(w, err, "store the response", req)
 		return
 	}
-	ended = true
-	if err := tx.Commit(); err != nil {
+	if err := tx.commit(); err != nil {
 		// The outcome of a failed COMMIT can be unknown; either way a retry is safe: it finds
 		// the stored response or runs afresh.
 		m.fail(w, err, "commit", req)
@@ -277,51 +261,73 @@ func (m *Middleware) runKeyed(w http.ResponseWriter, r *http.Request, next http.
 // back until the commit, nothing stored.
 func (m *Middleware) runKeyless(w http.ResponseWriter, r *http.Request, next http.Handler, body []byte) {
 	req := &request{fields: watermill.LogFields{"method": r.Method, "path": r.URL.Path}}
-	tx, err := m.db.BeginTx(r.Context(), m.config.TxOptions)
-	if err != nil {
-		m.fail(w, err, "begin", req)
+	tx, ok := m.begin(r.Context(), w, req)
+	if !ok {
 		return
 	}
-	ended := false
-	end := func() {
-		if !ended {
-			ended = true
-			_ = tx.Rollback()
-		}
-	}
-	defer end()
-	rec := m.runHandler(next, r, tx, body, &ended)
+	defer tx.rollback()
+	rec := m.runHandler(next, r, tx, body)
 	if rec.overflow {
-		end()
+		tx.rollback()
 		m.fail(w, fmt.Errorf("response exceeded %d bytes", m.config.MaxResponseBytes), "buffer the response", req)
 		return
 	}
 	status, header := rec.final()
 	if status >= 500 && !m.config.StoreServerErrors {
-		end()
+		tx.rollback()
 		writeResponse(w, status, header, rec.bytes(), false)
 		return
 	}
-	ended = true
-	if err := tx.Commit(); err != nil {
+	if err := tx.commit(); err != nil {
 		m.fail(w, err, "commit", req)
 		return
 	}
 	writeResponse(w, status, header, rec.bytes(), false)
 }
 
+// requestTx is the transaction of one request. Every response is written after it has ended,
+// so that the key's advisory lock is released before the client can send its next request.
+type requestTx struct {
+	*sql.Tx
+	ended bool
+}
+
+// begin starts the request's transaction; when it cannot, it answers the request and returns
+// false.
+func (m *Middleware) begin(ctx context.Context, w http.ResponseWriter, req *request) (*requestTx, bool) {
+	tx, err := m.db.BeginTx(ctx, m.config.TxOptions)
+	if err != nil {
+		m.fail(w, err, "begin", req)
+		return nil, false
+	}
+	return &requestTx{Tx: tx}, true
+}
+
+// rollback ends the transaction unless it has ended already.
+func (t *requestTx) rollback() {
+	if !t.ended {
+		t.ended = true
+		_ = t.Rollback()
+	}
+}
+
+// commit ends the transaction with COMMIT.
+func (t *requestTx) commit() error {
+	t.ended = true
+	return t.Commit()
+}
+
 // runHandler runs next with tx in the request context and a body that can be read again. A
 // panic rolls back (the caller's deferred rollback) and propagates to net/http.
-func (m *Middleware) runHandler(next http.Handler, r *http.Request, tx *sql.Tx, body []byte, ended *bool) *recorder {
+func (m *Middleware) runHandler(next http.Handler, r *http.Request, tx *requestTx, body []byte) *recorder {
 	rec := newRecorder(m.config.MaxResponseBytes)
-	r2 := r.WithContext(pgtx.ContextWithTx(r.Context(), tx))
+	r2 := r.WithContext(pgtx.ContextWithTx(r.Context(), tx.Tx))
 	r2.Body = io.NopCloser(bytes.NewReader(body))
 	r2.ContentLength = int64(len(body))
 	r2.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	defer func() {
 		if v := recover(); v != nil {
-			*ended = true
-			_ = tx.Rollback()
+			tx.rollback()
 			panic(v)
 		}
 	}()

@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/wmonce/watermill-once/internal/setup"
 	iworker "github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -306,25 +307,16 @@ func (w *worker) endTx() {
 // NewProcessor validates config and prepares a processor that runs handler for every row of
 // config.Consumer. Start it with Run.
 func NewProcessor(db *sql.DB, handler message.HandlerFunc, config ProcessorConfig, logger watermill.LoggerAdapter) (*Processor, error) {
-	if db == nil {
-		return nil, errors.New("inbox: db is nil: open one with pgtx.Open")
+	logger, err := setup.Component(db, "inbox: db is nil: open one with pgtx.Open", &config, (*ProcessorConfig).setDefaults, "inbox: invalid processor config", logger)
+	if err != nil {
+		return nil, err
 	}
 	if handler == nil {
 		return nil, errors.New("inbox: handler is nil")
 	}
-	config.setDefaults()
-	if err := config.Validate(); err != nil {
-		return nil, fmt.Errorf("inbox: invalid processor config: %w", err)
-	}
-	if logger == nil {
-		logger = watermill.NopLogger{}
-	}
-	ob := config.Outbox
-	if ob == nil {
-		var err error
-		if ob, err = outbox.NewWriter(outbox.Config{Schema: config.Schema}); err != nil {
-			return nil, fmt.Errorf("inbox: %w", err)
-		}
+	ob, err := outbox.WriterOrDefault(config.Outbox, config.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: %w", err)
 	}
 	p := &Processor{
 		db:      db,

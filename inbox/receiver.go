@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/wmonce/watermill-once/internal/setup"
 	iworker "github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
@@ -113,12 +114,7 @@ func (c *ReceiverConfig) setDefaults() {
 	if c.Schema == "" {
 		c.Schema = pgtx.DefaultSchema
 	}
-	if c.Key == nil {
-		c.Key = oncetype.KeyFromUUID()
-	}
-	if c.MaxKeyLength == 0 {
-		c.MaxKeyLength = 255
-	}
+	oncetype.SetKeyDefaults(&c.Key, &c.MaxKeyLength)
 	if c.BatchSize == 0 {
 		c.BatchSize = 500
 	}
@@ -128,12 +124,7 @@ func (c *ReceiverConfig) setDefaults() {
 	if c.WriteTimeout == 0 {
 		c.WriteTimeout = 10 * time.Second
 	}
-	if c.OccurredAt == nil {
-		c.OccurredAt = oncetype.OccurredAtFromMetadata(outbox.MetadataOccurredAt)
-	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
+	oncetype.SetAgeGuardDefaults(&c.OccurredAt, &c.Now, outbox.MetadataOccurredAt)
 }
 
 // Validate reports what to fix in a configuration.
@@ -145,8 +136,8 @@ func (c ReceiverConfig) Validate() error {
 	if err := validateConsumer(c.Consumer); err != nil {
 		errs = append(errs, err)
 	}
-	if c.MaxKeyLength < 1 || c.MaxKeyLength > oncetype.MaxKeyLengthLimit {
-		errs = append(errs, fmt.Errorf("MaxKeyLength must be between 1 and %d, got %d", oncetype.MaxKeyLengthLimit, c.MaxKeyLength))
+	if err := oncetype.CheckMaxKeyLength(c.MaxKeyLength); err != nil {
+		errs = append(errs, err)
 	}
 	if c.BatchSize < 1 || c.BatchSize > MaxBatchSize {
 		errs = append(errs, fmt.Errorf("BatchSize must be between 1 and %d, got %d", MaxBatchSize, c.BatchSize))
@@ -242,15 +233,9 @@ type request struct {
 // NewReceiver validates config and starts the receiver's writers. Call Close when done. The
 // inbox table must exist (run the migrations).
 func NewReceiver(db *sql.DB, config ReceiverConfig, logger watermill.LoggerAdapter) (*Receiver, error) {
-	if db == nil {
-		return nil, errors.New("inbox: db is nil: open one with pgtx.Open")
-	}
-	config.setDefaults()
-	if err := config.Validate(); err != nil {
-		return nil, fmt.Errorf("inbox: invalid receiver config: %w", err)
-	}
-	if logger == nil {
-		logger = watermill.NopLogger{}
+	logger, err := setup.Component(db, "inbox: db is nil: open one with pgtx.Open", &config, (*ReceiverConfig).setDefaults, "inbox: invalid receiver config", logger)
+	if err != nil {
+		return nil, err
 	}
 	r := &Receiver{
 		db:     db,

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"runtime/debug"
 	"slices"
 	"strings"
 	"time"
@@ -260,22 +259,46 @@ func (p *Processor) processOne(w *worker, r claimedRow, token int64) {
 	p.settle(r, token, res, err)
 }
 
-func (p *Processor) attemptOne(w *worker, r claimedRow, token int64) (outcome, error) {
+// attemptTx is the transaction of one processing attempt.
+type attemptTx struct {
+	*sql.Tx   // nil when BEGIN failed
+	w         *worker
+	cancel    context.CancelFunc
+	committed bool
+}
+
+// beginAttempt starts an attempt's transaction, bounded by HandlerTimeout and marked on w so
+// that lease renewal knows a transaction is running. Defer the attempt's end, also after an
+// error.
+func (p *Processor) beginAttempt(w *worker) (context.Context, *attemptTx, error) {
 	ctx, cancel := context.WithTimeout(p.handlerCtx(), p.config.HandlerTimeout)
-	defer cancel()
 	w.beginTx()
-	defer w.endTx()
 	tx, err := p.db.BeginTx(ctx, p.config.TxOptions)
+	return ctx, &attemptTx{Tx: tx, w: w, cancel: cancel}, err
+}
+
+// end rolls the transaction back unless it was committed, and ends the attempt.
+func (a *attemptTx) end() {
+	if a.Tx != nil && !a.committed {
+		_ = a.Rollback()
+	}
+	a.w.endTx()
+	a.cancel()
+}
+
+// commit ends the attempt's transaction with COMMIT.
+func (a *attemptTx) commit() error {
+	a.committed = true
+	return a.Commit()
+}
+
+func (p *Processor) attemptOne(w *worker, r claimedRow, token int64) (outcome, error) {
+	ctx, tx, err := p.beginAttempt(w)
+	defer tx.end()
 	if err != nil {
 		return outcomeRelease, fmt.Errorf("inbox: begin: %w", err)
 	}
-	committed := false
-	defer func() {
-		if !committed {
-			_ = tx.Rollback()
-		}
-	}()
-	if err := p.runHandler(ctx, tx, r); err != nil {
+	if err := p.runHandler(ctx, tx.Tx, r); err != nil {
 		return p.classifyHandler(ctx, err)
 	}
 	res, err := tx.ExecContext(ctx, p.q.complete, r.id, token)
@@ -291,8 +314,7 @@ func (p *Processor) attemptOne(w *worker, r claimedRow, token int64) (outcome, e
 	if n, _ := res.RowsAffected(); n == 0 {
 		return outcomeConflict, nil
 	}
-	committed = true
-	if err := tx.Commit(); err != nil {
+	if err := tx.commit(); err != nil {
 		// The handler ran, so the attempt counts (a message whose effects kill the backend at
 		// commit must not loop). The outcome of a failed COMMIT may be unknown; recording the
 		// failure is fenced, so if the commit did happen it changes nothing.
@@ -319,7 +341,7 @@ func (p *Processor) runHandler(ctx context.Context, tx *sql.Tx, r claimedRow) er
 	// Keys for effects outside the database (idemkey.ForMessage) follow the inbox's dedupe key.
 	hctx = oncetype.ContextWithClaim(hctx, p.config.Consumer, r.messageID)
 	msg.SetContext(hctx)
-	out, err := callHandler(p.handler, msg)
+	out, err := oncetype.CallHandler(p.handler, msg)
 	if err != nil {
 		if errors.Is(err, outbox.ErrInvalidMessage) && !oncetype.IsPermanent(err) {
 			return oncetype.Permanent(err) // published a message the outbox can never store
@@ -341,15 +363,6 @@ func (p *Processor) runHandler(ctx context.Context, tx *sql.Tx, r claimedRow) er
 		return err
 	}
 	return nil
-}
-
-func callHandler(h message.HandlerFunc, msg *message.Message) (out []*message.Message, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = &oncetype.PanicError{Value: r, Stack: string(debug.Stack())}
-		}
-	}()
-	return h(msg)
 }
 
 // classifyHandler decides what a failure inside the processing transaction means.
@@ -484,23 +497,14 @@ func (p *Processor) processBatch(w *worker, rows []claimedRow, token int64) {
 // back), outcomeCounted (commit failed after the handlers ran) or outcomeFailed (fall back to
 // one row per transaction, skipping the lost rows).
 func (p *Processor) attemptBatch(w *worker, rows []claimedRow, token int64) (res outcome, lost map[int64]bool, err error) {
-	ctx, cancel := context.WithTimeout(p.handlerCtx(), p.config.HandlerTimeout)
-	defer cancel()
-	w.beginTx()
-	defer w.endTx()
-	tx, err := p.db.BeginTx(ctx, p.config.TxOptions)
+	ctx, tx, err := p.beginAttempt(w)
+	defer tx.end()
 	if err != nil {
 		p.logger.Error("Batch begin failed; giving its rows back", err, watermill.LogFields{"rows": len(rows)})
 		return outcomeRelease, nil, nil
 	}
-	committed := false
-	defer func() {
-		if !committed {
-			_ = tx.Rollback()
-		}
-	}()
 	for _, r := range rows {
-		if err := p.runHandler(ctx, tx, r); err != nil {
+		if err := p.runHandler(ctx, tx.Tx, r); err != nil {
 			if p.handlerCtx().Err() != nil {
 				return outcomeRelease, nil, nil
 			}
@@ -516,8 +520,7 @@ func (p *Processor) attemptBatch(w *worker, rows []claimedRow, token int64) (res
 		_ = tx.Rollback()
 		return outcomeFailed, p.lostRows(rows, token), nil
 	}
-	committed = true
-	if err := tx.Commit(); err != nil {
+	if err := tx.commit(); err != nil {
 		p.logger.Error("Batch commit failed; counting an attempt for each of its rows", err, watermill.LogFields{"rows": len(rows)})
 		return outcomeCounted, nil, fmt.Errorf("inbox: batch commit: %w", err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/wmonce/watermill-once/idemkey"
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -251,20 +252,14 @@ type Sender struct {
 
 // NewSender validates config and returns a Sender. It does not touch the database.
 func NewSender(db *sql.DB, config SenderConfig, logger watermill.LoggerAdapter) (*Sender, error) {
-	if db == nil {
-		return nil, errors.New("intent: db is nil: open one with pgtx.Open")
-	}
 	channels := make(map[string]Channel, len(config.Channels))
 	for k, v := range config.Channels {
 		channels[k] = v
 	}
 	config.Channels = channels // setDefaults fills in the copy, not the caller's map
-	config.setDefaults()
-	if err := config.Validate(); err != nil {
-		return nil, fmt.Errorf("intent: invalid sender config: %w", err)
-	}
-	if logger == nil {
-		logger = watermill.NopLogger{}
+	logger, err := setup.Component(db, "intent: db is nil: open one with pgtx.Open", &config, (*SenderConfig).setDefaults, "intent: invalid sender config", logger)
+	if err != nil {
+		return nil, err
 	}
 	names := make([]string, 0, len(channels))
 	for name := range channels {

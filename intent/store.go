@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmonce/watermill-once/idemkey"
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -84,9 +85,8 @@ func NewStore(db *sql.DB, config StoreConfig) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("intent: db is nil: open one with pgtx.Open")
 	}
-	config.setDefaults()
-	if err := config.Validate(); err != nil {
-		return nil, fmt.Errorf("intent: invalid store config: %w", err)
+	if err := setup.Config(&config, (*StoreConfig).setDefaults, "intent: invalid store config"); err != nil {
+		return nil, err
 	}
 	table := pgtx.QualifiedName(config.Schema, "intents")
 	return &Store{

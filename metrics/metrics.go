@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"iter"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -349,27 +351,19 @@ func (c *collector) collectJanitors(s *series) {
 func (c *collector) collectInboxRows(ctx context.Context, s *series) {
 	stats, err := c.ops.AllStats(ctx)
 	if err != nil {
-		c.inboxErrors.Add(1)
-		c.src.Logger.Error("Metrics: could not read inbox stats; inbox gauges left out of this scrape", err, nil)
+		c.readFailed(&c.inboxErrors, "Metrics: could not read inbox stats; inbox gauges left out of this scrape", err)
 		return
 	}
-	c.mu.Lock()
-	for consumer := range stats {
-		c.inboxConsumers[consumer] = true
-	}
+	var working []string
 	for _, p := range c.src.Processors {
-		if consumer := consumerOf(p); p != nil && consumer != "" {
-			c.inboxConsumers[consumer] = true
+		if p == nil {
+			continue
+		}
+		if consumer := consumerOf(p); consumer != "" {
+			working = append(working, consumer)
 		}
 	}
-	consumers := make([]string, 0, len(c.inboxConsumers))
-	for consumer := range c.inboxConsumers {
-		consumers = append(consumers, consumer)
-	}
-	c.mu.Unlock()
-	// Consumers seen before whose backlog drained are reported at 0 rather than vanishing, so
-	// that alerts and graphs see the recovery.
-	for _, consumer := range consumers {
+	for _, consumer := range c.remember(c.inboxConsumers, maps.Keys(stats), slices.Values(working)) {
 		st := stats[consumer]
 		s.add(descInboxRows, prometheus.GaugeValue, float64(st.Pending), consumer, "pending")
 		s.add(descInboxRows, prometheus.GaugeValue, float64(st.InProgress), consumer, "in_progress")
@@ -379,11 +373,31 @@ func (c *collector) collectInboxRows(ctx context.Context, s *series) {
 	}
 }
 
+// remember adds the labels of this scrape to seen and returns every label seen so far. Labels
+// seen before whose backlog drained are then reported at 0 rather than vanishing, so that
+// alerts and graphs see the recovery.
+func (c *collector) remember(seen map[string]bool, labels ...iter.Seq[string]) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, ls := range labels {
+		for l := range ls {
+			seen[l] = true
+		}
+	}
+	return slices.Collect(maps.Keys(seen))
+}
+
+// readFailed counts a database read of a scrape that failed under errs (reported as
+// wmonce_scrape_errors_total) and logs msg with the error.
+func (c *collector) readFailed(errs *atomic.Uint64, msg string, err error) {
+	errs.Add(1)
+	c.src.Logger.Error(msg, err, nil)
+}
+
 func (c *collector) collectOutbox(ctx context.Context, s *series) {
 	relays, rejected, err := outbox.Status(ctx, c.src.DB, c.src.Schema)
 	if err != nil {
-		c.outboxErrors.Add(1)
-		c.src.Logger.Error("Metrics: could not read outbox status; outbox gauges left out of this scrape", err, nil)
+		c.readFailed(&c.outboxErrors, "Metrics: could not read outbox status; outbox gauges left out of this scrape", err)
 		return
 	}
 	for _, r := range relays {
@@ -437,28 +451,17 @@ func (c *collector) collectHTTPIdempotency(s *series) {
 func (c *collector) collectIntentRows(ctx context.Context, s *series) {
 	backlog, err := c.intents.Backlog(ctx)
 	if err != nil {
-		c.intentErrors.Add(1)
-		c.src.Logger.Error("Metrics: could not read the intent backlog; intent gauges left out of this scrape", err, nil)
+		c.readFailed(&c.intentErrors, "Metrics: could not read the intent backlog; intent gauges left out of this scrape", err)
 		return
 	}
-	c.mu.Lock()
-	for channel := range backlog {
-		c.intentChannels[channel] = true
-	}
+	var working []string
 	for _, snd := range c.src.Senders {
 		if snd != nil {
-			for _, channel := range snd.Channels() {
-				c.intentChannels[channel] = true
-			}
+			working = append(working, snd.Channels()...)
 		}
 	}
-	channels := make([]string, 0, len(c.intentChannels))
-	for channel := range c.intentChannels {
-		channels = append(channels, channel)
-	}
-	c.mu.Unlock()
 	// As for the inbox: channels seen before (or worked by a Sender) report 0 once drained.
-	for _, channel := range channels {
+	for _, channel := range c.remember(c.intentChannels, maps.Keys(backlog), slices.Values(working)) {
 		b := backlog[channel]
 		s.add(descIntentRows, prometheus.GaugeValue, float64(b.Pending), channel, "pending")
 		s.add(descIntentRows, prometheus.GaugeValue, float64(b.Sending), channel, "sending")
@@ -473,8 +476,7 @@ func (c *collector) collectIntentRows(ctx context.Context, s *series) {
 func (c *collector) collectHTTPKeys(ctx context.Context, s *series) {
 	st, err := httpidem.StoredKeys(ctx, c.src.DB, c.src.Schema)
 	if err != nil {
-		c.httpErrors.Add(1)
-		c.src.Logger.Error("Metrics: could not read the stored idempotency keys; their gauges left out of this scrape", err, nil)
+		c.readFailed(&c.httpErrors, "Metrics: could not read the stored idempotency keys; their gauges left out of this scrape", err)
 		return
 	}
 	s.add(descHTTPKeys, prometheus.GaugeValue, float64(st.Estimated))

@@ -369,3 +369,18 @@ func TestRegisterChecksItsInput(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, families, "no sources, no series")
 }
+
+// Sources documents that nil components are skipped; a nil processor once reached the
+// database gauges, which asked it for its consumer and panicked.
+func TestNilComponentsAreSkipped(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	schema := pgtest.Schema(t, db)
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, metrics.Register(reg, metrics.Sources{DB: db, Schema: schema,
+		Middlewares: []*once.Middleware{nil}, Relays: []*outbox.Relay{nil}, Processors: []*inbox.Processor{nil},
+		Receivers: []*inbox.Receiver{nil}, Janitors: []*retention.Janitor{nil}, Senders: []*intent.Sender{nil},
+		HTTPIdempotency: []*httpidem.Middleware{nil}}))
+	_, err := reg.Gather()
+	require.NoError(t, err)
+}

@@ -23,7 +23,6 @@ import (
 	"context"
 	"database/sql"
 	"embed"
-	"errors"
 	"fmt"
 	"io/fs"
 	"math"
@@ -34,6 +33,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -86,15 +86,9 @@ type Migrator struct {
 
 // New returns a Migrator. It does not touch the database.
 func New(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Migrator, error) {
-	if db == nil {
-		return nil, errors.New("migrate: db is nil")
-	}
-	config.setDefaults()
-	if err := config.Validate(); err != nil {
-		return nil, fmt.Errorf("migrate: invalid config: %w", err)
-	}
-	if logger == nil {
-		logger = watermill.NopLogger{}
+	logger, err := setup.Component(db, "migrate: db is nil", &config, (*Config).setDefaults, "migrate: invalid config", logger)
+	if err != nil {
+		return nil, err
 	}
 	migrations, err := All()
 	if err != nil {

@@ -7,11 +7,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/oncetype"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -111,12 +111,7 @@ func (c *Config) setDefaults() {
 	if c.Schema == "" {
 		c.Schema = pgtx.DefaultSchema
 	}
-	if c.Key == nil {
-		c.Key = oncetype.KeyFromUUID()
-	}
-	if c.MaxKeyLength == 0 {
-		c.MaxKeyLength = 255
-	}
+	oncetype.SetKeyDefaults(&c.Key, &c.MaxKeyLength)
 	if c.TxOptions == nil {
 		c.TxOptions = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
 	}
@@ -126,12 +121,7 @@ func (c *Config) setDefaults() {
 	if c.GroupCommit.Enabled {
 		c.GroupCommit.setDefaults()
 	}
-	if c.OccurredAt == nil {
-		c.OccurredAt = oncetype.OccurredAtFromMetadata(outbox.MetadataOccurredAt)
-	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
+	oncetype.SetAgeGuardDefaults(&c.OccurredAt, &c.Now, outbox.MetadataOccurredAt)
 }
 
 // Validate reports what to fix in a configuration.
@@ -145,8 +135,8 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%w; or leave Consumer empty to use the handler name", err))
 		}
 	}
-	if c.MaxKeyLength < 1 || c.MaxKeyLength > oncetype.MaxKeyLengthLimit {
-		errs = append(errs, fmt.Errorf("MaxKeyLength must be between 1 and %d, got %d", oncetype.MaxKeyLengthLimit, c.MaxKeyLength))
+	if err := oncetype.CheckMaxKeyLength(c.MaxKeyLength); err != nil {
+		errs = append(errs, err)
 	}
 	if c.OutputTopic != "" {
 		if err := outbox.DefaultValidateTopic(c.OutputTopic); err != nil {
@@ -221,22 +211,13 @@ INSERT INTO ` + t + ` (` + cols + `) VALUES (` + values + `) ON CONFLICT DO NOTH
 // New validates config and prepares the middleware. db must reach PostgreSQL;
 // the tables must exist (run migrate first).
 func New(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Middleware, error) {
-	if db == nil {
-		return nil, errors.New("once: db is nil: open one with pgtx.Open")
+	logger, err := setup.Component(db, "once: db is nil: open one with pgtx.Open", &config, (*Config).setDefaults, "once: invalid config", logger)
+	if err != nil {
+		return nil, err
 	}
-	config.setDefaults()
-	if err := config.Validate(); err != nil {
-		return nil, fmt.Errorf("once: invalid config: %w", err)
-	}
-	if logger == nil {
-		logger = watermill.NopLogger{}
-	}
-	ob := config.Outbox
-	if ob == nil {
-		var err error
-		if ob, err = outbox.NewWriter(outbox.Config{Schema: config.Schema}); err != nil {
-			return nil, fmt.Errorf("once: %w", err)
-		}
+	ob, err := outbox.WriterOrDefault(config.Outbox, config.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("once: %w", err)
 	}
 	e := &Middleware{
 		db:     db,
@@ -611,7 +592,7 @@ func (e *Middleware) reportDuplicate(d *delivery, stored []byte, processedAt tim
 func (e *Middleware) apply(ctx context.Context, h message.HandlerFunc, d *delivery, tx *sql.Tx) error {
 	hctx := oncetype.ContextWithClaim(outbox.ContextWithConsumed(pgtx.ContextWithTx(ctx, tx), d.msg), d.consumer, d.key)
 	d.msg.SetContext(hctx)
-	out, err := callHandler(h, d.msg)
+	out, err := oncetype.CallHandler(h, d.msg)
 	if err != nil {
 		d.counters.failed.Add(1)
 		if errors.Is(err, outbox.ErrInvalidMessage) && !oncetype.IsPermanent(err) {
@@ -637,15 +618,6 @@ func (e *Middleware) apply(ctx context.Context, h message.HandlerFunc, d *delive
 		return err
 	}
 	return nil
-}
-
-func callHandler(h message.HandlerFunc, msg *message.Message) (out []*message.Message, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = &oncetype.PanicError{Value: r, Stack: string(debug.Stack())}
-		}
-	}()
-	return h(msg)
 }
 
 var errShutdownGrace = errors.New("once: router closed and ShutdownGrace elapsed")

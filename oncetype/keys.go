@@ -59,6 +59,41 @@ func KeyFromFunc(f func(msg *message.Message) (string, error)) KeyFunc { return 
 // well under a third of a page.
 const MaxKeyLengthLimit = 1024
 
+// DefaultMaxKeyLength is every component's MaxKeyLength when none is set.
+const DefaultMaxKeyLength = 255
+
+// SetKeyDefaults fills in the dedupe-key settings a component's Config left zero: the message
+// UUID as key (KeyFromUUID), keys up to DefaultMaxKeyLength bytes.
+func SetKeyDefaults(key *KeyFunc, maxKeyLength *int) {
+	if *key == nil {
+		*key = KeyFromUUID()
+	}
+	if *maxKeyLength == 0 {
+		*maxKeyLength = DefaultMaxKeyLength
+	}
+}
+
+// SetAgeGuardDefaults fills in the parts of a MaxMessageAge guard a component's Config left
+// nil: the event time read from the RFC 3339 metadata field (OccurredAtFromMetadata), and
+// time.Now as the clock.
+func SetAgeGuardDefaults(occurredAt *func(*message.Message) (time.Time, bool, error), now *func() time.Time, field string) {
+	if *occurredAt == nil {
+		*occurredAt = OccurredAtFromMetadata(field)
+	}
+	if *now == nil {
+		*now = time.Now
+	}
+}
+
+// CheckMaxKeyLength reports a MaxKeyLength setting outside 1 to MaxKeyLengthLimit, the range
+// every component accepts.
+func CheckMaxKeyLength(n int) error {
+	if n < 1 || n > MaxKeyLengthLimit {
+		return fmt.Errorf("MaxKeyLength must be between 1 and %d, got %d", MaxKeyLengthLimit, n)
+	}
+	return nil
+}
+
 // CheckKey applies the rules every dedupe key must meet: not empty, at most maxLen bytes, and
 // text PostgreSQL can store (valid UTF-8, no NUL). The inbox applies the same rules.
 func CheckKey(key string, maxLen int) error {

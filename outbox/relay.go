@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -176,18 +177,12 @@ type Relay struct {
 // NewRelay returns a relay that forwards the outbox in config.Schema to publisher. The
 // publisher is not closed by the relay.
 func NewRelay(db *sql.DB, publisher message.Publisher, config RelayConfig, logger watermill.LoggerAdapter) (*Relay, error) {
-	if db == nil {
-		return nil, errors.New("outbox: relay db is nil")
+	logger, err := setup.Component(db, "outbox: relay db is nil", &config, (*RelayConfig).setDefaults, "outbox: invalid relay config", logger)
+	if err != nil {
+		return nil, err
 	}
 	if publisher == nil {
 		return nil, errors.New("outbox: relay publisher is nil: pass the broker publisher to forward to")
-	}
-	config.setDefaults()
-	if err := config.Validate(); err != nil {
-		return nil, fmt.Errorf("outbox: invalid relay config: %w", err)
-	}
-	if logger == nil {
-		logger = watermill.NopLogger{}
 	}
 	table := pgtx.QualifiedName(config.Schema, "outbox")
 	offsets := pgtx.QualifiedName(config.Schema, "outbox_offsets")

@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -108,9 +109,8 @@ type Writer struct {
 // NewWriter returns a Writer for the outbox table in config.Schema. It does not touch the
 // database; run the migrations first.
 func NewWriter(config Config) (*Writer, error) {
-	config.setDefaults()
-	if err := config.Validate(); err != nil {
-		return nil, fmt.Errorf("outbox: invalid config: %w", err)
+	if err := setup.Config(&config, (*Config).setDefaults, "outbox: invalid config"); err != nil {
+		return nil, err
 	}
 	table := pgtx.QualifiedName(config.Schema, "outbox")
 	return &Writer{
@@ -121,6 +121,15 @@ func NewWriter(config Config) (*Writer, error) {
 SELECT u, p::json, m::json, pg_current_xact_id()
 FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS x(u, p, m, n) ORDER BY n`,
 	}, nil
+}
+
+// WriterOrDefault returns w, or when w is nil a new Writer on the outbox table of schema: the
+// default of the components' Config.Outbox fields.
+func WriterOrDefault(w *Writer, schema string) (*Writer, error) {
+	if w != nil {
+		return w, nil
+	}
+	return NewWriter(Config{Schema: schema})
 }
 
 // Table returns the quoted, schema-qualified outbox table name.

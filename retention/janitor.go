@@ -12,6 +12,7 @@ import (
 
 	"github.com/wmonce/watermill-once/httpidem"
 	"github.com/wmonce/watermill-once/inbox"
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/once"
 	"github.com/wmonce/watermill-once/outbox"
@@ -91,15 +92,9 @@ type Janitor struct {
 // consumer whose Keep is shorter than its declared RedeliveryHorizon it logs an error-level
 // warning; Warnings returns the same texts.
 func NewJanitor(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Janitor, error) {
-	if db == nil {
-		return nil, errors.New("retention: db is nil: open one with pgtx.Open")
-	}
-	config.setDefaults()
-	if err := config.Validate(); err != nil {
-		return nil, fmt.Errorf("retention: invalid config: %w", err)
-	}
-	if logger == nil {
-		logger = watermill.NopLogger{}
+	logger, err := setup.Component(db, "retention: db is nil: open one with pgtx.Open", &config, (*Config).setDefaults, "retention: invalid config", logger)
+	if err != nil {
+		return nil, err
 	}
 	logger = logger.With(watermill.LogFields{"component": "retention", "schema": config.Schema})
 	inboxOps, err := inbox.NewOps(db, inbox.OpsConfig{Schema: config.Schema}, logger)

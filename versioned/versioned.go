@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -125,9 +126,8 @@ type Versions struct {
 // New returns Versions on the entity_versions table of config.Schema. It does not touch the
 // database.
 func New(config Config) (*Versions, error) {
-	config.setDefaults()
-	if err := config.Validate(); err != nil {
-		return nil, fmt.Errorf("versioned: invalid config: %w", err)
+	if err := setup.Config(&config, (*Config).setDefaults, "versioned: invalid config"); err != nil {
+		return nil, err
 	}
 	t := pgtx.QualifiedName(config.Schema, "entity_versions")
 	// Every use of the version is cast to bigint: left to inference, "$3 - 1" makes it int4,
@@ -150,12 +150,33 @@ ON CONFLICT (entity_type, entity_id) DO UPDATE SET version = EXCLUDED.version, u
 // a new entity) and records it. A version not above the stored one is Stale and skipped. A
 // version further ahead returns a *GapError and changes nothing: retry the message later.
 func (v *Versions) ApplyDelta(ctx context.Context, tx Querier, e Entity, version int64, apply func(ctx context.Context) error) (Result, error) {
-	if err := v.check(tx, e, version); err != nil {
-		return Result{}, err
-	}
 	query := v.qAdvanceDelta
 	if version == v.first {
 		query = v.qInsertFirst
+	}
+	return v.apply(ctx, tx, e, version, query, apply, func(stored int64) (Result, error) {
+		if stored >= version {
+			return Result{Outcome: Stale, Stored: stored}, nil
+		}
+		return Result{Stored: stored}, &GapError{Entity: e, Stored: stored, Got: version}
+	})
+}
+
+// ApplyState runs apply if version is above the stored version (or the entity is new) and
+// records it. Anything else is Stale and skipped: an old full state must never overwrite a
+// newer one.
+func (v *Versions) ApplyState(ctx context.Context, tx Querier, e Entity, version int64, apply func(ctx context.Context) error) (Result, error) {
+	return v.apply(ctx, tx, e, version, v.qAdvanceState, apply, func(stored int64) (Result, error) {
+		return Result{Outcome: Stale, Stored: stored}, nil
+	})
+}
+
+// apply moves e to version with query (an advance that returns the version when it moved)
+// and runs apply; when the version did not move, notMoved decides the result from the stored
+// version.
+func (v *Versions) apply(ctx context.Context, tx Querier, e Entity, version int64, query string, apply func(ctx context.Context) error, notMoved func(stored int64) (Result, error)) (Result, error) {
+	if err := v.check(tx, e, version); err != nil {
+		return Result{}, err
 	}
 	applied, err := v.advance(ctx, tx, query, e, version)
 	if err != nil {
@@ -166,31 +187,7 @@ func (v *Versions) ApplyDelta(ctx context.Context, tx Querier, e Entity, version
 		if err != nil {
 			return Result{}, err
 		}
-		if stored >= version {
-			return Result{Outcome: Stale, Stored: stored}, nil
-		}
-		return Result{Stored: stored}, &GapError{Entity: e, Stored: stored, Got: version}
-	}
-	return v.run(ctx, apply, e, version)
-}
-
-// ApplyState runs apply if version is above the stored version (or the entity is new) and
-// records it. Anything else is Stale and skipped: an old full state must never overwrite a
-// newer one.
-func (v *Versions) ApplyState(ctx context.Context, tx Querier, e Entity, version int64, apply func(ctx context.Context) error) (Result, error) {
-	if err := v.check(tx, e, version); err != nil {
-		return Result{}, err
-	}
-	applied, err := v.advance(ctx, tx, v.qAdvanceState, e, version)
-	if err != nil {
-		return Result{}, err
-	}
-	if !applied {
-		stored, err := v.current(ctx, tx, e)
-		if err != nil {
-			return Result{}, err
-		}
-		return Result{Outcome: Stale, Stored: stored}, nil
+		return notMoved(stored)
 	}
 	return v.run(ctx, apply, e, version)
 }

@@ -38,10 +38,7 @@ func runAdmin(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("admin")
 	addr := fs.String("addr", "127.0.0.1:8089", "address to listen on")
 	allowWrites := fs.Bool("allow-writes", false, "enable replay and skip")
-	if err := e.parseFlagsOnly(fs, args); err != nil {
-		return err
-	}
-	db, err := e.openMigrated(ctx)
+	db, err := e.parseAndOpen(ctx, fs, args)
 	if err != nil {
 		return err
 	}

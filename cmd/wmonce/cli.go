@@ -217,6 +217,15 @@ func (e *env) open(ctx context.Context) (*sql.DB, error) {
 	return db, nil
 }
 
+// parseAndOpen parses the flags of a command that takes no positional arguments and opens the
+// migrated database (openMigrated).
+func (e *env) parseAndOpen(ctx context.Context, fs *flag.FlagSet, args []string) (*sql.DB, error) {
+	if err := e.parseFlagsOnly(fs, args); err != nil {
+		return nil, err
+	}
+	return e.openMigrated(ctx)
+}
+
 // openMigrated connects and checks that the schema has tables: version 0 is an error that
 // says to migrate, an older version a warning.
 func (e *env) openMigrated(ctx context.Context) (*sql.DB, error) {

@@ -91,10 +91,7 @@ func (e *env) ops(ctx context.Context) (*inbox.Ops, error) {
 }
 
 func (e *env) inboxStats(ctx context.Context, args []string) error {
-	if err := e.parseFlagsOnly(e.flags("inbox stats"), args); err != nil {
-		return err
-	}
-	db, err := e.openMigrated(ctx)
+	db, err := e.parseAndOpen(ctx, e.flags("inbox stats"), args)
 	if err != nil {
 		return err
 	}

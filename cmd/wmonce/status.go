@@ -34,10 +34,7 @@ type statusReport struct {
 }
 
 func runStatus(ctx context.Context, e *env, args []string) error {
-	if err := e.parseFlagsOnly(e.flags("status"), args); err != nil {
-		return err
-	}
-	db, err := e.openMigrated(ctx)
+	db, err := e.parseAndOpen(ctx, e.flags("status"), args)
 	if err != nil {
 		return err
 	}
@@ -153,10 +150,7 @@ func outboxCommand() *command {
 		details:  "Backlog counts committed outbox rows a relay has not forwarded yet; lag is the age of the oldest of them. A relay that has never run is not listed.",
 		examples: []string{"wmonce outbox", "wmonce -json outbox"},
 		run: func(ctx context.Context, e *env, args []string) error {
-			if err := e.parseFlagsOnly(e.flags("outbox"), args); err != nil {
-				return err
-			}
-			db, err := e.openMigrated(ctx)
+			db, err := e.parseAndOpen(ctx, e.flags("outbox"), args)
 			if err != nil {
 				return err
 			}
