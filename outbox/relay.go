@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmonce/watermill-once/internal/lifecycle"
+	"github.com/wmonce/watermill-once/internal/pgnotify"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -31,9 +32,17 @@ type RelayConfig struct {
 	// with go run ./bench, 1000 forwards 2.5-3.4x more messages per second than 100 to Kafka,
 	// RabbitMQ and SQL alike. After a crash, at most one batch is published again. Default 1000.
 	BatchSize int
-	// PollInterval is the wait after a read that found no rows; any batch that published is
-	// followed by the next read at once. Default 100ms.
+	// PollInterval is the fallback wait of an idle relay. The active relay LISTENs on the
+	// schema's channel and the Writer notifies it in every transaction that stores messages, so
+	// it wakes when they commit; polling only covers what a notification cannot: a LISTEN
+	// connection being re-established, a network that drops it silently, a row inserted by
+	// something other than the Writer, and LISTEN being off (DisableListen, or a *sql.DB whose
+	// driver is not pgx's stdlib: then set it lower). An idle relay reads twice per
+	// PollInterval (its position and the outbox). Default 1s.
 	PollInterval time.Duration
+	// DisableListen turns LISTEN/NOTIFY off: the relay then only polls, reading again at once
+	// after every round that published and waiting PollInterval after an empty one.
+	DisableListen bool
 	// RetryBackoff is the first wait after a failed publish or database error; it doubles up
 	// to MaxRetryBackoff. Default 100ms and 5s.
 	RetryBackoff    time.Duration
@@ -83,7 +92,7 @@ func (c *RelayConfig) setDefaults() {
 		c.BatchSize = 1000
 	}
 	if c.PollInterval == 0 {
-		c.PollInterval = 100 * time.Millisecond
+		c.PollInterval = time.Second
 	}
 	if c.RetryBackoff == 0 {
 		c.RetryBackoff = 100 * time.Millisecond
@@ -125,12 +134,15 @@ func (c RelayConfig) Validate() error {
 
 // RelayStats are the relay's running totals since it was created.
 type RelayStats struct {
-	Forwarded  uint64 // messages published
-	Rounds     uint64 // batches read
-	Failures   uint64 // failed publish or database attempts (each retried)
-	Rejected   uint64 // rows set aside in outbox_rejected because they could not be decoded
-	Fenced     uint64 // position updates refused because another relay moved the position
-	IsLeader   bool
+	Forwarded uint64 // messages published
+	Rounds    uint64 // batches read
+	Failures  uint64 // failed publish or database attempts (each retried)
+	Rejected  uint64 // rows set aside in outbox_rejected because they could not be decoded
+	Fenced    uint64 // position updates refused because another relay moved the position
+	IsLeader  bool
+	// Listening is true while the active relay's LISTEN connection is up: it then wakes when a
+	// Writer's transaction commits, not after PollInterval.
+	Listening  bool
 	LastRelays time.Time
 }
 
@@ -167,8 +179,12 @@ type Relay struct {
 	qEnsure, qPosition, qReadRound, qReadRest, qAdvance, qReject string
 
 	forwarded, rounds, failures, rejected, fenced atomic.Uint64
-	leader                                        atomic.Bool
+	leader, listening                             atomic.Bool
 	lastRelay                                     atomic.Int64
+
+	channel  string      // relayChannel(config.Schema)
+	noListen atomic.Bool // the driver cannot LISTEN: poll only
+	idleHook func()      // tests: called each time the relay starts waiting
 
 	life lifecycle.Runner
 }
@@ -199,6 +215,7 @@ func NewRelay(db *sql.DB, publisher message.Publisher, config RelayConfig, logge
 		config:    config,
 		logger:    logger.With(watermill.LogFields{"relay": config.Name}),
 		lockKey:   int64(h.Sum64()),
+		channel:   relayChannel(config.Schema),
 		qEnsure: `INSERT INTO ` + offsets + ` (consumer_group, offset_acked, last_processed_transaction_id, snapshot)
 VALUES ($1, 0, '1', '` + emptySnapshot + `') ON CONFLICT DO NOTHING`,
 		qPosition: `SELECT snapshot::text, target_snapshot::text, target_offset FROM ` + offsets + ` WHERE consumer_group = $1`,
@@ -284,6 +301,7 @@ func (r *Relay) Stats() RelayStats {
 		Rejected:   r.rejected.Load(),
 		Fenced:     r.fenced.Load(),
 		IsLeader:   r.leader.Load(),
+		Listening:  r.listening.Load(),
 		LastRelays: last,
 	}
 }
@@ -347,17 +365,83 @@ func (r *Relay) lead(ctx context.Context) error {
 	if _, err := conn.ExecContext(ctx, r.qEnsure, r.config.Name); err != nil {
 		return fmt.Errorf("outbox: relay init position: %w", err)
 	}
+	if !pgnotify.IsPgx(conn) {
+		r.noListen.Store(true) // before the first round, which decides whether to wait after it
+	}
+	wake, stopListen := r.listen(ctx)
+	defer stopListen()
+	poll := time.NewTimer(r.config.PollInterval)
+	defer poll.Stop()
 	for {
 		n, err := r.round(ctx, conn)
 		if err != nil {
 			return err
 		}
-		// Only an empty round waits: a partial batch may have raced with more commits, and
-		// the next round costs one indexed read.
-		if n == 0 && !lifecycle.Sleep(ctx, r.config.PollInterval) {
+		// A round takes its snapshot when it starts, so a transaction that commits later is in
+		// the next round: its notification is delivered after its commit and waits in wake
+		// (buffered by pgx and then by the channel) until this loop takes it, and a LISTEN
+		// re-established after a lost connection wakes the loop too. Without LISTEN nothing
+		// tells the relay, so only an empty round waits: a round that published may have raced
+		// with more commits, and the next costs one indexed read. A full batch never waits.
+		if n == r.config.BatchSize || (n > 0 && !r.listenable()) {
+			continue
+		}
+		if r.idleHook != nil {
+			r.idleHook()
+		}
+		poll.Reset(r.config.PollInterval)
+		select {
+		case <-ctx.Done():
 			return nil
+		case <-wake:
+		case <-poll.C:
 		}
 	}
+}
+
+// listenable reports whether a commit after a round's snapshot wakes the relay.
+func (r *Relay) listenable() bool { return !r.config.DisableListen && !r.noListen.Load() }
+
+// listen LISTENs on the schema's channel on a connection of its own until stop is called, and
+// sends on wake (without blocking: one pending wake-up covers any number of commits) for
+// every notification and every time LISTEN is (re)established.
+func (r *Relay) listen(ctx context.Context) (wake <-chan struct{}, stop func()) {
+	ch := make(chan struct{}, 1)
+	signal := func() {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+	if !r.listenable() {
+		return ch, func() {}
+	}
+	lctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer r.listening.Store(false)
+		err := pgnotify.Listener{
+			DB:      r.db,
+			Channel: r.channel,
+			OnListen: func() {
+				r.listening.Store(true)
+				signal() // rows may have committed while nobody listened
+			},
+			OnNotify: func(string) { signal() },
+			OnLost: func(err error, backoff time.Duration) {
+				r.listening.Store(false)
+				r.failures.Add(1)
+				r.logger.Error("Relay LISTEN connection lost; polling every PollInterval until it is back", err,
+					watermill.LogFields{"backoff": backoff, "poll_interval": r.config.PollInterval})
+			},
+		}.Run(lctx)
+		if errors.Is(err, pgnotify.ErrNotPgx) {
+			r.noListen.Store(true)
+			r.logger.Info("LISTEN/NOTIFY unavailable, the relay polls every PollInterval", watermill.LogFields{"reason": err.Error(), "poll_interval": r.config.PollInterval})
+		}
+	}()
+	return ch, func() { cancel(); <-done }
 }
 
 // RelayOnce forwards at most one batch without taking leadership and returns how many rows it
