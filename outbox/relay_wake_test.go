@@ -129,4 +129,3 @@ func TestIdleRelayQueriesAtMostTwicePerSecond(t *testing.T) {
 	t.Logf("idle relay: %d queries in %v (limit %d)", queries, elapsed.Round(time.Millisecond), limit)
 	require.LessOrEqual(t, queries, limit, "an idle relay polls more often than twice a second")
 }
-
