@@ -162,6 +162,12 @@ type RelayStats struct {
 // logged at every failure. A row that cannot be decoded is copied into outbox_rejected with the
 // reason and skipped, never dropped silently.
 //
+// Wake-ups (package doc, Waking up): the active relay LISTENs on the schema's channel, which
+// the Writer notifies at every commit that stores messages, and polls every PollInterval only
+// as a fallback. It uses two connections of the pool: one for its lock and reads, one for
+// LISTEN. A lost LISTEN connection is logged, counted in Failures and re-established with
+// backoff; meanwhile the relay polls, and it runs a round as soon as LISTEN is back.
+//
 // One active instance per Name: the relay holds a session-level advisory lock while active;
 // standbys poll for it. The position update is fenced (compare-and-set), so even two instances
 // that both believe they lead never move the position backwards.

@@ -398,31 +398,36 @@ SELECT 'relay', "offset", transaction_id FROM `+ob+` WHERE uuid = 'old-3'`)
 WHERE t.uuid = 'unpublished' AND NOT ((t.transaction_id = o.last_processed_transaction_id AND t."offset" > o.offset_acked) OR t.transaction_id > o.last_processed_transaction_id)`))
 }
 
-// PollInterval is the wait after an empty round only: a round that published fewer rows than
-// BatchSize is followed by the next one at once, so a row that committed meanwhile does not
-// wait a whole PollInterval.
+// A row that commits while the relay publishes a round does not wait PollInterval: its
+// notification wakes the relay, and without LISTEN a round that published is followed by the
+// next one at once.
 func TestRelayWaitsOnlyAfterAnEmptyRound(t *testing.T) {
 	t.Parallel()
-	db, schema, w := setup(t)
-	publishTx(t, db, w, "a", "first")
-	s := newKeyedSink(2)
-	var once sync.Once
-	pub := publishHook{Publisher: s, before: func() {
-		// Commits while the relay publishes "first": the round that follows must find it.
-		once.Do(func() { publishTx(t, db, w, "a", "second") })
-	}}
-	r, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Schema: schema, BatchSize: 10, PollInterval: time.Hour}, nil)
-	require.NoError(t, err)
-	runDone := make(chan error, 1)
-	go func() { runDone <- r.Run(context.Background()) }()
-	select {
-	case <-s.done:
-	case <-time.After(20 * time.Second):
-		t.Fatalf("relay published %v and then waited PollInterval after a round that was not empty", s.all())
+	for _, disableListen := range []bool{false, true} {
+		t.Run(fmt.Sprintf("DisableListen=%v", disableListen), func(t *testing.T) {
+			t.Parallel()
+			db, schema, w := setup(t)
+			publishTx(t, db, w, "a", "first")
+			s := newKeyedSink(2)
+			var once sync.Once
+			pub := publishHook{Publisher: s, before: func() {
+				// Commits while the relay publishes "first": the round that follows must find it.
+				once.Do(func() { publishTx(t, db, w, "a", "second") })
+			}}
+			r, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Schema: schema, BatchSize: 10, PollInterval: time.Hour, DisableListen: disableListen}, nil)
+			require.NoError(t, err)
+			runDone := make(chan error, 1)
+			go func() { runDone <- r.Run(context.Background()) }()
+			select {
+			case <-s.done:
+			case <-time.After(20 * time.Second):
+				t.Fatalf("relay published %v and then waited PollInterval for a row that committed during a round", s.all())
+			}
+			require.NoError(t, r.Close())
+			require.NoError(t, <-runDone)
+			require.Equal(t, []string{"first", "second"}, s.all())
+		})
 	}
-	require.NoError(t, r.Close())
-	require.NoError(t, <-runDone)
-	require.Equal(t, []string{"first", "second"}, s.all())
 }
 
 // publishHook runs before before every Publish.

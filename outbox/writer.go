@@ -105,6 +105,10 @@ func DefaultValidateTopic(topic string) error {
 // relay forwards it to the broker at least once, with its original UUID and metadata: the
 // broker hop stays at-least-once, and consumers absorb copies with the effectively-once
 // middleware. Nothing is sent to a broker from inside the transaction.
+//
+// Every store also notifies the schema's relays (pg_notify, delivered at commit, one per
+// transaction however many stores it makes), so that an idle relay wakes when the messages
+// become visible: see the package doc, Waking up, for what that costs concurrent producers.
 type Writer struct {
 	config    Config
 	table     string
