@@ -2,16 +2,12 @@ package inbox
 
 import (
 	"context"
-	"database/sql/driver"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/jackc/pgx/v5/stdlib"
 
-	iworker "github.com/wmonce/watermill-once/internal/worker"
-	"github.com/wmonce/watermill-once/pgtx"
+	"github.com/wmonce/watermill-once/internal/pgnotify"
 )
 
 // upkeep renews the leases workers hold and reaps expired ones. Reaping stops with claimCtx;
@@ -104,62 +100,27 @@ func (p *Processor) reap(ctx context.Context) {
 	}
 }
 
-// errNotPgx stops the listener for good: LISTEN needs pgx's stdlib driver.
-var errNotPgx = errors.New("the *sql.DB does not use pgx's stdlib driver")
-
 // listen keeps a dedicated connection LISTENing on the schema's channel and wakes idle workers
 // when rows for this consumer arrive. Without it, workers poll every PollInterval.
 func (p *Processor) listen(ctx context.Context) {
 	if p.config.DisableListen {
 		return
 	}
-	backoff := claimBackoff
-	for ctx.Err() == nil {
-		err := p.listenOnce(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		if errors.Is(err, errNotPgx) {
-			p.logger.Info("LISTEN/NOTIFY unavailable, idle workers poll every PollInterval", watermill.LogFields{"reason": err.Error(), "poll_interval": p.config.PollInterval})
-			return
-		}
-		p.errs.Add(1)
-		wait := backoff.Next()
-		p.logger.Error("LISTEN connection lost; polling until it is back", err, watermill.LogFields{"backoff": wait})
-		if !iworker.Sleep(ctx, wait) {
-			return
-		}
-	}
-}
-
-func (p *Processor) listenOnce(ctx context.Context) error {
-	conn, err := p.db.Conn(ctx)
-	if err != nil {
-		return fmt.Errorf("inbox: LISTEN connection: %w", err)
-	}
-	defer conn.Close()
-	if _, err := conn.ExecContext(ctx, `LISTEN `+pgtx.QuoteIdentifier(p.q.channel)); err != nil {
-		return fmt.Errorf("inbox: LISTEN: %w", err)
-	}
-	p.wakeAll() // rows may have arrived while nobody listened
-	for {
-		err := conn.Raw(func(driverConn any) error {
-			c, ok := driverConn.(*stdlib.Conn)
-			if !ok {
-				return errNotPgx
-			}
-			n, err := c.Conn().WaitForNotification(ctx)
-			if err != nil {
-				// Discard the connection: it may be left mid-read, and it is still LISTENing.
-				return fmt.Errorf("%w: %w", driver.ErrBadConn, err)
-			}
-			if n.Payload == p.config.Consumer {
+	err := pgnotify.Listener{
+		DB:       p.db,
+		Channel:  p.q.channel,
+		OnListen: p.wakeAll, // rows may have arrived while nobody listened
+		OnNotify: func(payload string) {
+			if payload == p.config.Consumer {
 				p.wakeAll()
 			}
-			return nil
-		})
-		if err != nil {
-			return err
-		}
+		},
+		OnLost: func(err error, backoff time.Duration) {
+			p.errs.Add(1)
+			p.logger.Error("LISTEN connection lost; polling until it is back", err, watermill.LogFields{"backoff": backoff})
+		},
+	}.Run(ctx)
+	if errors.Is(err, pgnotify.ErrNotPgx) {
+		p.logger.Info("LISTEN/NOTIFY unavailable, idle workers poll every PollInterval", watermill.LogFields{"reason": err.Error(), "poll_interval": p.config.PollInterval})
 	}
 }

@@ -1,10 +1,9 @@
 package inbox
 
 import (
-	"fmt"
-	"hash/fnv"
 	"time"
 
+	"github.com/wmonce/watermill-once/internal/pgnotify"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -40,16 +39,8 @@ const unfinished = `('PENDING', 'IN_PROGRESS', 'FAILED')`
 
 // notifyChannel is the LISTEN/NOTIFY channel of an inbox schema. NOTIFY payloads carry the
 // consumer name, so processors of other consumers ignore the wake-up. PostgreSQL truncates
-// identifiers at 63 bytes; long schema names are hashed to stay under it.
-func notifyChannel(schema string) string {
-	c := "wmonce_inbox_" + schema
-	if len(c) <= 63 {
-		return c
-	}
-	h := fnv.New64a()
-	_, _ = h.Write([]byte(schema))
-	return fmt.Sprintf("wmonce_inbox_%016x", h.Sum64())
-}
+// identifiers at 63 bytes; long schema names are hashed to stay under it (pgnotify.Channel).
+func notifyChannel(schema string) string { return pgnotify.Channel("wmonce_inbox_", schema) }
 
 // micros turns a duration into the bigint the queries multiply by interval '1 microsecond', so
 // that every timestamp is computed by the database clock, never by a worker's.

@@ -73,4 +73,24 @@
 // backlog and lag, and the rejected rows), Prune (delete old rows every relay has published),
 // ForgetRelay (remove a retired relay's position, refused while it runs) and ListRejected (the
 // rows a relay set aside).
+//
+// # Waking up
+//
+// Every statement the Writer runs also calls pg_notify on the schema's channel
+// ("wmonce_outbox_" + schema, hashed when longer than 63 bytes). PostgreSQL delivers the
+// notification when the transaction commits, exactly when its rows become visible, and folds
+// identical notifications of one transaction into one. The active relay LISTENs on that channel
+// on a connection of its own (so it uses two: one holds its leadership lock and reads, one
+// listens) and starts a round when woken. A round takes its snapshot when it starts, so a
+// transaction that commits during a round is read by the next one: its notification waits
+// until the relay looks for it. When LISTEN is (re)established the relay runs a round, since
+// notifications sent while nobody listened are lost. RelayConfig.PollInterval (default 1s) is
+// only the fallback: an idle relay reads its position and the outbox once per PollInterval.
+// It covers a LISTEN connection that died silently, rows inserted without the Writer, and
+// LISTEN being off (RelayConfig.DisableListen, or a *sql.DB whose driver is not pgx's stdlib).
+//
+// The cost is on the producers: a transaction that notifies takes, at commit, a lock that
+// serialises the commits of all notifying transactions on the server (including the inbox
+// receiver's). A lone producer does not notice it; many concurrent producers lose the overlap
+// of their commit flushes (BenchmarkWriterNotify: see the README, "When the relay wakes").
 package outbox

@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/wmonce/watermill-once/internal/pgnotify"
 	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/oncetype"
@@ -32,9 +33,19 @@ type RelayConfig struct {
 	// with go run ./bench, 1000 forwards 2.5-3.4x more messages per second than 100 to Kafka,
 	// RabbitMQ and SQL alike. After a crash, at most one batch is published again. Default 1000.
 	BatchSize int
-	// PollInterval is the wait after a read that found no rows; any batch that published is
-	// followed by the next read at once. Default 100ms.
+	// PollInterval is the fallback wait of an idle relay. The active relay LISTENs on the
+	// schema's channel, and while it is idle the Writer notifies it at every commit that stores
+	// messages (package doc, Waking up), so it wakes when they commit. Polling covers only what
+	// a notification cannot: a LISTEN connection being re-established or dropped silently, a
+	// transaction that stored its rows just as the relay went idle, a row inserted by something
+	// other than the Writer, and LISTEN being off (DisableListen, or a *sql.DB whose driver is
+	// not pgx's stdlib: then set it lower). An idle relay sends two statements per
+	// PollInterval. Default 1s.
 	PollInterval time.Duration
+	// DisableListen turns LISTEN/NOTIFY off: the relay then only polls, reading again at once
+	// after every round that published and waiting PollInterval after an empty one, and
+	// Writers are never asked to notify it.
+	DisableListen bool
 	// Backoff is the first wait after a failed publish or database error; it doubles up
 	// to MaxBackoff, each wait drawn between half and all of that value (jitter). Default
 	// 100ms and 5s.
@@ -85,7 +96,7 @@ func (c *RelayConfig) setDefaults() {
 		c.BatchSize = 1000
 	}
 	if c.PollInterval == 0 {
-		c.PollInterval = 100 * time.Millisecond
+		c.PollInterval = time.Second
 	}
 	if c.Backoff == 0 {
 		c.Backoff = 100 * time.Millisecond
@@ -127,12 +138,15 @@ func (c RelayConfig) Validate() error {
 
 // RelayCounters are the relay's running totals since it was created.
 type RelayCounters struct {
-	Forwarded  uint64 // messages published
-	Rounds     uint64 // batches read
-	Failures   uint64 // failed publish or database attempts (each retried)
-	Rejected   uint64 // rows set aside in outbox_rejected because they could not be decoded
-	Fenced     uint64 // position updates refused because another relay moved the position
-	IsLeader   bool
+	Forwarded uint64 // messages published
+	Rounds    uint64 // batches read
+	Failures  uint64 // failed publish or database attempts (each retried)
+	Rejected  uint64 // rows set aside in outbox_rejected because they could not be decoded
+	Fenced    uint64 // position updates refused because another relay moved the position
+	IsLeader  bool
+	// Listening is true while the active relay's LISTEN connection is up: it then wakes when a
+	// Writer's transaction commits, not after PollInterval.
+	Listening  bool
 	LastRelays time.Time
 }
 
@@ -152,6 +166,12 @@ type RelayCounters struct {
 // logged at every failure. A row that cannot be decoded is copied into outbox_rejected with the
 // reason and skipped, never dropped silently.
 //
+// Wake-ups (package doc, Waking up): the active relay LISTENs on the schema's channel and
+// polls every PollInterval only as a fallback. It uses two connections of the pool: one for its
+// lock and reads, one for LISTEN. A lost LISTEN connection is logged, counted in Failures and
+// re-established with backoff; meanwhile the relay polls, and it runs a round as soon as LISTEN
+// is back.
+//
 // One active instance per Name: the relay holds a session-level advisory lock while active;
 // standbys poll for it. The position update is fenced (compare-and-set), so even two instances
 // that both believe they lead never move the position backwards.
@@ -165,10 +185,15 @@ type Relay struct {
 	config    RelayConfig
 	logger    watermill.LoggerAdapter
 
-	qEnsure, qPosition, qReadRound, qReadRest, qAdvance, qReject string
+	qEnsure, qPosition, qPositionIdle, qReadRound, qReadRest, qAdvance, qReject string
 
 	forwarded, rounds, failures, rejected, fenced atomic.Uint64
 	lastRelay                                     atomic.Int64
+	listening                                     atomic.Bool
+
+	channel  string      // relayChannel(config.Schema)
+	noListen atomic.Bool // the driver cannot LISTEN: poll only
+	idleHook func()      // tests: called each time the relay starts waiting
 
 	life   worker.Runner
 	leader *worker.Leader
@@ -192,9 +217,16 @@ func NewRelay(db *sql.DB, publisher message.Publisher, config RelayConfig, logge
 		publisher: publisher,
 		config:    config,
 		logger:    logger,
+		channel:   relayChannel(config.Schema),
 		qEnsure: `INSERT INTO ` + offsets + ` (consumer_group, offset_acked, last_processed_transaction_id, snapshot)
 VALUES ($1, 0, '1', '` + emptySnapshot + `') ON CONFLICT DO NOTHING`,
 		qPosition: `SELECT snapshot::text, target_snapshot::text, target_offset FROM ` + offsets + ` WHERE consumer_group = $1`,
+		// The position read of an idle relay's round also asks Writers to notify it until
+		// idle_until ($2 microseconds from now, renewed by every idle round). It commits before
+		// the round reads the outbox, so a transaction that stores after it notifies, and one that
+		// committed before it is read by this round.
+		qPositionIdle: `UPDATE ` + offsets + ` SET idle_until = now() + $2::bigint * interval '1 microsecond'
+WHERE consumer_group = $1 RETURNING snapshot::text, target_snapshot::text, target_offset`,
 		// One statement takes the snapshot and reads with it: pg_current_snapshot() returns the
 		// statement's active snapshot, the one its scans see, so the rows read are exactly the
 		// transactions visible now and not in prev ($1): those in prev's in-progress list, and
@@ -231,8 +263,11 @@ ORDER BY "offset"
 LIMIT $4`,
 		// Compare-and-set on the whole position. The legacy columns keep a conservative
 		// watermark for older readers: every row below pg_snapshot_xmin(snapshot) is published.
+		// A position update after a publish also withdraws the relay's request for notifications
+		// ($8): a relay that publishes is busy, and asks again once it finds nothing.
 		qAdvance: `UPDATE ` + offsets + ` SET snapshot = $2::text::pg_snapshot, target_snapshot = $3::text::pg_snapshot,
-    target_offset = $4, last_processed_transaction_id = pg_snapshot_xmin($2::text::pg_snapshot), offset_acked = 0
+    target_offset = $4, last_processed_transaction_id = pg_snapshot_xmin($2::text::pg_snapshot), offset_acked = 0,
+    idle_until = CASE WHEN $8 THEN NULL ELSE idle_until END
 WHERE consumer_group = $1 AND snapshot::text = $5
   AND target_snapshot::text IS NOT DISTINCT FROM $6 AND target_offset IS NOT DISTINCT FROM $7`,
 		qReject: `INSERT INTO ` + pgtx.QualifiedName(config.Schema, "outbox_rejected") + ` (relay, "offset", transaction_id, uuid, payload, metadata, error)
@@ -287,6 +322,7 @@ func (r *Relay) Counters() RelayCounters {
 		Rejected:   r.rejected.Load(),
 		Fenced:     r.fenced.Load(),
 		IsLeader:   r.leader.Leading(),
+		Listening:  r.listening.Load(),
 		LastRelays: last,
 	}
 }
@@ -307,17 +343,102 @@ func (r *Relay) lead(ctx context.Context, conn *sql.Conn) error {
 	if _, err := conn.ExecContext(ctx, r.qEnsure, r.config.Name); err != nil {
 		return fmt.Errorf("outbox: relay init position: %w", err)
 	}
+	if !pgnotify.IsPgx(conn) {
+		r.noListen.Store(true) // before the first round, which decides whether to wait after it
+	}
+	wake, stopListen := r.listen(ctx)
+	defer stopListen()
+	poll := time.NewTimer(r.config.PollInterval)
+	defer poll.Stop()
+	// ask: the next round asks the Writers to notify the relay (qPositionIdle), because the
+	// previous one found nothing. A round that publishes withdraws the request (qAdvance), so
+	// that producers do not pay for notifications while the relay is busy: a notifying
+	// transaction takes, at commit, a lock that serialises the commits of all notifying
+	// transactions on the server. The request stands while the relay waits.
+	ask := false
 	for {
-		n, err := r.round(ctx, conn)
+		n, err := r.round(ctx, conn, ask)
 		if err != nil {
 			return err
 		}
-		// Only an empty round waits: a partial batch may have raced with more commits, and
-		// the next round costs one indexed read.
-		if n == 0 && !worker.Sleep(ctx, r.config.PollInterval) {
+		switch {
+		case n > 0:
+			// More may be waiting, and the request (if any) was withdrawn: read again at once.
+			ask = false
+			continue
+		case !r.listenable():
+			// An empty round without LISTEN waits PollInterval.
+		case !ask:
+			// Caught up: one more round asks the Writers to notify and looks once more, for what
+			// committed before they were asked.
+			ask = true
+			continue
+		}
+		// A round takes its snapshot when it starts, so a transaction that commits later is in
+		// the next round: its notification is delivered after its commit and waits in wake
+		// (buffered by pgx and then by the channel) until this loop takes it, and a LISTEN
+		// re-established after a lost connection wakes the loop too.
+		if r.idleHook != nil {
+			r.idleHook()
+		}
+		poll.Reset(r.config.PollInterval)
+		select {
+		case <-ctx.Done():
 			return nil
+		case <-wake:
+		case <-poll.C:
 		}
 	}
+}
+
+// idleTTL is how long a relay's request for notifications lasts (outbox_offsets.idle_until):
+// an idle relay renews it at least every PollInterval, and a relay that stopped or got busy
+// stops costing the Writers notifications once it lapses.
+func (r *Relay) idleTTL() time.Duration { return 2*r.config.PollInterval + time.Second }
+
+// listenable reports whether a commit after a round's snapshot wakes the relay.
+func (r *Relay) listenable() bool { return !r.config.DisableListen && !r.noListen.Load() }
+
+// listen LISTENs on the schema's channel on a connection of its own until stop is called, and
+// sends on wake (without blocking: one pending wake-up covers any number of commits) for
+// every notification and every time LISTEN is (re)established.
+func (r *Relay) listen(ctx context.Context) (wake <-chan struct{}, stop func()) {
+	ch := make(chan struct{}, 1)
+	signal := func() {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+	if !r.listenable() {
+		return ch, func() {}
+	}
+	lctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer r.listening.Store(false)
+		err := pgnotify.Listener{
+			DB:      r.db,
+			Channel: r.channel,
+			OnListen: func() {
+				r.listening.Store(true)
+				signal() // rows may have committed while nobody listened
+			},
+			OnNotify: func(string) { signal() },
+			OnLost: func(err error, backoff time.Duration) {
+				r.listening.Store(false)
+				r.failures.Add(1)
+				r.logger.Error("Relay LISTEN connection lost; polling every PollInterval until it is back", err,
+					watermill.LogFields{"backoff": backoff, "poll_interval": r.config.PollInterval})
+			},
+		}.Run(lctx)
+		if errors.Is(err, pgnotify.ErrNotPgx) {
+			r.noListen.Store(true)
+			r.logger.Info("LISTEN/NOTIFY unavailable, the relay polls every PollInterval", watermill.LogFields{"reason": err.Error(), "poll_interval": r.config.PollInterval})
+		}
+	}()
+	return ch, func() { cancel(); <-done }
 }
 
 // RelayOnce forwards at most one batch without taking leadership and returns how many rows it
@@ -332,16 +453,20 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	if _, err := conn.ExecContext(ctx, r.qEnsure, r.config.Name); err != nil {
 		return 0, fmt.Errorf("outbox: relay init position: %w", err)
 	}
-	return r.round(ctx, conn)
+	return r.round(ctx, conn, false)
 }
 
-// round publishes one batch. A round is the set of transactions that committed between the
+// round publishes one batch; with idle, its position read asks Writers to notify the relay. A round is the set of transactions that committed between the
 // relay's previous snapshot and a new one, published in "offset" (insertion) order; a round
 // larger than BatchSize is published over several calls. The position advances after each run
 // of one topic that published, so a crash republishes at most one batch.
-func (r *Relay) round(ctx context.Context, conn *sql.Conn) (int, error) {
+func (r *Relay) round(ctx context.Context, conn *sql.Conn, idle bool) (int, error) {
 	var pos position
-	if err := conn.QueryRowContext(ctx, r.qPosition, r.config.Name).Scan(&pos.prev, &pos.target, &pos.last); err != nil {
+	query, args := r.qPosition, []any{r.config.Name}
+	if idle && r.listenable() {
+		query, args = r.qPositionIdle, append(args, r.idleTTL().Microseconds())
+	}
+	if err := conn.QueryRowContext(ctx, query, args...).Scan(&pos.prev, &pos.target, &pos.last); err != nil {
 		return 0, fmt.Errorf("outbox: read relay position: %w", err)
 	}
 	snap, rows, err := r.read(ctx, conn, pos)
@@ -355,7 +480,7 @@ func (r *Relay) round(ctx context.Context, conn *sql.Conn) (int, error) {
 	}
 	if len(rows) == 0 {
 		if pos.target.Valid { // the previous batch ended the round exactly
-			return 0, r.advance(ctx, conn, pos, position{prev: pos.target.String})
+			return 0, r.advance(ctx, conn, pos, position{prev: pos.target.String}, false)
 		}
 		// Nothing committed since prev: keep it. Writing the new snapshot would cost a commit
 		// per idle poll and change nothing that is published.
@@ -385,7 +510,7 @@ func (r *Relay) round(ctx context.Context, conn *sql.Conn) (int, error) {
 		// What the broker accepted is recorded even if ctx ends meanwhile (Close), so that a
 		// clean stop does not publish it again; the wait for that one UPDATE is bounded.
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
-		err = r.advance(actx, conn, pos, next)
+		err = r.advance(actx, conn, pos, next, published > 0)
 		cancel()
 		if err != nil {
 			return published, err
@@ -526,8 +651,8 @@ func (r *Relay) publish(ctx context.Context, topic string, msgs []*message.Messa
 	}
 }
 
-func (r *Relay) advance(ctx context.Context, conn *sql.Conn, from, to position) error {
-	res, err := conn.ExecContext(ctx, r.qAdvance, r.config.Name, to.prev, to.target, to.last, from.prev, from.target, from.last)
+func (r *Relay) advance(ctx context.Context, conn *sql.Conn, from, to position, published bool) error {
+	res, err := conn.ExecContext(ctx, r.qAdvance, r.config.Name, to.prev, to.target, to.last, from.prev, from.target, from.last, published)
 	if err != nil {
 		return fmt.Errorf("outbox: record relay position: %w", err)
 	}

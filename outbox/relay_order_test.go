@@ -367,9 +367,11 @@ func TestMigratedRelayPositionResumesAfterTheLastPublishedRow(t *testing.T) {
 	_, err = m.Migrate(ctx, migrate.DirectionDown, &migrate.Opts{TargetVersion: 5, MaxSteps: migrate.AllSteps})
 	require.NoError(t, err)
 
-	publishTx(t, db, w, "a", "old-1")
-	publishTx(t, db, w, "a", "old-2", "old-3", "old-4")
-	publishTx(t, db, w, "a", "new-1")
+	// The Writer of that schema version did not ask whether a relay waits (migration 008).
+	old := outbox.WriterWithoutNotify(w)
+	publishTx(t, db, old, "a", "old-1")
+	publishTx(t, db, old, "a", "old-2", "old-3", "old-4")
+	publishTx(t, db, old, "a", "new-1")
 	ob := pgtx.QualifiedName(schema, "outbox")
 	// The old relay published up to old-3, inside old-2's transaction.
 	pgtest.Exec(t, db, `INSERT INTO `+pgtx.QualifiedName(schema, "outbox_offsets")+` (consumer_group, offset_acked, last_processed_transaction_id)
@@ -398,31 +400,36 @@ SELECT 'relay', "offset", transaction_id FROM `+ob+` WHERE uuid = 'old-3'`)
 WHERE t.uuid = 'unpublished' AND NOT ((t.transaction_id = o.last_processed_transaction_id AND t."offset" > o.offset_acked) OR t.transaction_id > o.last_processed_transaction_id)`))
 }
 
-// PollInterval is the wait after an empty round only: a round that published fewer rows than
-// BatchSize is followed by the next one at once, so a row that committed meanwhile does not
-// wait a whole PollInterval.
+// A row that commits while the relay publishes a round does not wait PollInterval: its
+// notification wakes the relay, and without LISTEN a round that published is followed by the
+// next one at once.
 func TestRelayWaitsOnlyAfterAnEmptyRound(t *testing.T) {
 	t.Parallel()
-	db, schema, w := setup(t)
-	publishTx(t, db, w, "a", "first")
-	s := newKeyedSink(2)
-	var once sync.Once
-	pub := publishHook{Publisher: s, before: func() {
-		// Commits while the relay publishes "first": the round that follows must find it.
-		once.Do(func() { publishTx(t, db, w, "a", "second") })
-	}}
-	r, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Schema: schema, BatchSize: 10, PollInterval: time.Hour}, nil)
-	require.NoError(t, err)
-	runDone := make(chan error, 1)
-	go func() { runDone <- r.Run(context.Background()) }()
-	select {
-	case <-s.done:
-	case <-time.After(20 * time.Second):
-		t.Fatalf("relay published %v and then waited PollInterval after a round that was not empty", s.all())
+	for _, disableListen := range []bool{false, true} {
+		t.Run(fmt.Sprintf("DisableListen=%v", disableListen), func(t *testing.T) {
+			t.Parallel()
+			db, schema, w := setup(t)
+			publishTx(t, db, w, "a", "first")
+			s := newKeyedSink(2)
+			var once sync.Once
+			pub := publishHook{Publisher: s, before: func() {
+				// Commits while the relay publishes "first": the round that follows must find it.
+				once.Do(func() { publishTx(t, db, w, "a", "second") })
+			}}
+			r, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Schema: schema, BatchSize: 10, PollInterval: time.Hour, DisableListen: disableListen}, nil)
+			require.NoError(t, err)
+			runDone := make(chan error, 1)
+			go func() { runDone <- r.Run(context.Background()) }()
+			select {
+			case <-s.done:
+			case <-time.After(20 * time.Second):
+				t.Fatalf("relay published %v and then waited PollInterval for a row that committed during a round", s.all())
+			}
+			require.NoError(t, r.Close())
+			require.NoError(t, <-runDone)
+			require.Equal(t, []string{"first", "second"}, s.all())
+		})
 	}
-	require.NoError(t, r.Close())
-	require.NoError(t, <-runDone)
-	require.Equal(t, []string{"first", "second"}, s.all())
 }
 
 // publishHook runs before before every Publish.

@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
+	"github.com/wmonce/watermill-once/internal/pgnotify"
 	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -99,12 +100,22 @@ func DefaultValidateTopic(topic string) error {
 // relay forwards it to the broker at least once, with its original UUID and metadata: the
 // broker hop stays at-least-once, and consumers absorb copies with the effectively-once
 // middleware. Nothing is sent to a broker from inside the transaction.
+//
+// While a relay of the schema is idle, every store also notifies it (pg_notify, delivered at
+// commit, one per transaction however many stores it makes), so that it wakes when the
+// messages become visible; while every relay is busy, nothing is notified. See the package
+// doc, Waking up, for what a notification costs concurrent producers.
 type Writer struct {
 	config    Config
 	table     string
 	insertOne string
 	insertMny string
+	channel   string // relayChannel(config.Schema); empty: the statements do not notify
 }
+
+// relayChannel is the LISTEN/NOTIFY channel on which the writers of an outbox schema wake its
+// relays. The payload is empty: every relay of the schema reads every row.
+func relayChannel(schema string) string { return pgnotify.Channel("wmonce_outbox_", schema) }
 
 // NewWriter returns a Writer for the outbox table in config.Schema. It does not touch the
 // database; run the migrations first.
@@ -113,14 +124,34 @@ func NewWriter(config Config) (*Writer, error) {
 		return nil, err
 	}
 	table := pgtx.QualifiedName(config.Schema, "outbox")
-	return &Writer{
-		config:    config,
-		table:     table,
-		insertOne: `INSERT INTO ` + table + ` (uuid, payload, metadata, transaction_id) VALUES ($1, $2::json, $3::json, pg_current_xact_id())`,
-		insertMny: `INSERT INTO ` + table + ` (uuid, payload, metadata, transaction_id)
+	w := &Writer{config: config, table: table, channel: relayChannel(config.Schema)}
+	w.insertOne, w.insertMny = insertSQL(table, notifyWhenIdle(config.Schema))
+	return w, nil
+}
+
+// notifyWhenIdle is the condition under which a store notifies: some relay of the schema
+// asked for notifications and its request has not lapsed (Relay.lead, outbox_offsets.idle_until).
+// now() is the transaction's start, so a long transaction errs on the side of notifying.
+func notifyWhenIdle(schema string) string {
+	return `EXISTS (SELECT 1 FROM ` + pgtx.QualifiedName(schema, "outbox_offsets") + ` WHERE idle_until > now())`
+}
+
+// insertSQL returns the statements that store one message ($1 uuid, $2 payload, $3 metadata)
+// and many (the same as arrays). With a notify condition they also pg_notify($4) the relay's
+// channel when it holds: the notification is delivered when the transaction commits, exactly
+// when the rows become visible, and PostgreSQL folds identical notifications of one
+// transaction into one, so a transaction that stores several times still sends one. The
+// data-modifying WITH runs to completion whatever the outer SELECT reads.
+func insertSQL(table, notify string) (one, many string) {
+	one = `INSERT INTO ` + table + ` (uuid, payload, metadata, transaction_id) VALUES ($1, $2::json, $3::json, pg_current_xact_id())`
+	many = `INSERT INTO ` + table + ` (uuid, payload, metadata, transaction_id)
 SELECT u, p::json, m::json, pg_current_xact_id()
-FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS x(u, p, m, n) ORDER BY n`,
-	}, nil
+FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS x(u, p, m, n) ORDER BY n`
+	if notify != "" {
+		one = `WITH ins AS (` + one + `) SELECT pg_notify($4::text, '') WHERE ` + notify
+		many = `WITH ins AS (` + many + `) SELECT pg_notify($4::text, '') WHERE ` + notify
+	}
+	return one, many
 }
 
 // WriterOrDefault returns w, or when w is nil a new Writer on the outbox table of schema: the
@@ -186,12 +217,14 @@ func (w *Writer) PublishTx(ctx context.Context, tx Execer, topic string, msgs ..
 		}
 		uuids[i], payloads[i], metadatas[i] = msg.UUID, string(env), md
 	}
-	var err error
+	query, args := w.insertMny, []any{uuids, payloads, metadatas}
 	if len(msgs) == 1 {
-		_, err = tx.ExecContext(ctx, w.insertOne, uuids[0], payloads[0], metadatas[0])
-	} else {
-		_, err = tx.ExecContext(ctx, w.insertMny, uuids, payloads, metadatas)
+		query, args = w.insertOne, []any{uuids[0], payloads[0], metadatas[0]}
 	}
+	if w.channel != "" {
+		args = append(args, w.channel)
+	}
+	_, err := tx.ExecContext(ctx, query, args...)
 	if err != nil {
 		if pgtx.IsUndefinedTable(err) {
 			return fmt.Errorf("outbox: table %s is missing: run the migrations (migrate.Migrate or `wmonce migrate up`): %w", w.table, err)

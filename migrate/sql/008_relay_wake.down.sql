@@ -1,0 +1,1 @@
+ALTER TABLE {{schema}}.outbox_offsets DROP COLUMN IF EXISTS idle_until;
