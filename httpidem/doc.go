@@ -28,7 +28,7 @@
 //     free and the client's retry runs afresh. With Config.StoreServerErrors they are stored
 //     and replayed like any other response (Stripe's choice).
 //   - Keys expire after Config.Retention (default 24 hours): an older record counts as absent,
-//     and a retry after that runs as a new request. DeleteExpired removes old records.
+//     and a retry after that runs as a new request. Prune removes old records.
 //
 // Methods not in Config.Methods (GET, PUT, DELETE by default) pass through untouched: they are
 // idempotent by definition and get no transaction from this middleware.

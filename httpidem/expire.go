@@ -10,16 +10,16 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// DeleteExpired deletes the stored responses in schema's http_idempotency_keys that are at
+// Prune deletes the stored responses in schema's http_idempotency_keys that are at
 // least olderThan old by the database clock, in batches of at most batchSize rows (one short
 // transaction each), and returns how many it deleted, also when it stops on an error or a
-// cancelled ctx. It is the one delete of that table: Middleware.DeleteExpired and the
+// cancelled ctx. It is the one delete of that table: Middleware.Prune and the
 // retention janitor (retention.Config.HTTPKeysKeep) both call it.
 //
 // Lookups ignore responses older than Config.Retention anyway, so deleting bounds the table's
 // size, not correctness; pass an olderThan below Retention and retries inside Retention run
 // again as new requests.
-func DeleteExpired(ctx context.Context, db *sql.DB, schema string, olderThan time.Duration, batchSize int) (int64, error) {
+func Prune(ctx context.Context, db *sql.DB, schema string, olderThan time.Duration, batchSize int) (int64, error) {
 	if db == nil {
 		return 0, errors.New("httpidem: delete expired keys: db is nil")
 	}
@@ -37,17 +37,9 @@ func DeleteExpired(ctx context.Context, db *sql.DB, schema string, olderThan tim
 	// expired ones. ctid = ANY(ARRAY(...)) deletes the batch by physical address (a TID scan).
 	query := `DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(
     SELECT ctid FROM ` + t + ` WHERE created_at <= now() - $1::bigint * interval '1 microsecond' LIMIT $2))`
-	var total int64
-	for ctx.Err() == nil {
-		res, err := db.ExecContext(ctx, query, olderThan.Microseconds(), batchSize)
-		if err != nil {
-			return total, fmt.Errorf("httpidem: delete expired keys: %w", err)
-		}
-		n, _ := res.RowsAffected()
-		total += n
-		if n < int64(batchSize) {
-			return total, nil
-		}
+	n, err := pgtx.DeleteInBatches(ctx, db, batchSize, query, olderThan.Microseconds())
+	if err != nil {
+		return n, fmt.Errorf("httpidem: delete expired keys: %w", err)
 	}
-	return total, ctx.Err()
+	return n, nil
 }

@@ -22,7 +22,7 @@ type KeyStats struct {
 	Estimated int64
 	// OldestAge is the age of the oldest stored key by the database clock; 0 when the table is
 	// empty. Well above Config.Retention, it means expired keys are not being deleted
-	// (Middleware.DeleteExpired or the retention janitor is not running).
+	// (Middleware.Prune or the retention janitor is not running).
 	OldestAge time.Duration
 }
 

@@ -42,7 +42,7 @@ func TestStoredKeys(t *testing.T) {
 	require.ErrorContains(t, err, "db is nil")
 }
 
-// DeleteExpired is the one delete of the table, shared by Middleware.DeleteExpired and the
+// Prune is the one delete of the table, shared by Middleware.Prune and the
 // retention janitor: it removes keys at least olderThan old, in batches, and nothing younger.
 func TestDeleteExpiredInBatches(t *testing.T) {
 	t.Parallel()
@@ -53,18 +53,18 @@ func TestDeleteExpiredInBatches(t *testing.T) {
 	}
 	pgtest.Exec(t, e.db, `UPDATE `+e.table("http_idempotency_keys")+` SET created_at = now() - interval '3 hours' WHERE idem_key <> 'k-4'`)
 
-	n, err := httpidem.DeleteExpired(ctx, e.db, e.schema, 2*time.Hour, 2)
+	n, err := httpidem.Prune(ctx, e.db, e.schema, 2*time.Hour, 2)
 	require.NoError(t, err)
 	require.Equal(t, int64(3), n, "over two batches")
 	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("http_idempotency_keys")+` WHERE idem_key = 'k-4'`))
-	n, err = httpidem.DeleteExpired(ctx, e.db, e.schema, 2*time.Hour, 2)
+	n, err = httpidem.Prune(ctx, e.db, e.schema, 2*time.Hour, 2)
 	require.NoError(t, err)
 	require.Zero(t, n)
 
-	_, err = httpidem.DeleteExpired(ctx, e.db, e.schema, time.Hour, 0)
+	_, err = httpidem.Prune(ctx, e.db, e.schema, time.Hour, 0)
 	require.ErrorContains(t, err, "batchSize must be positive")
-	_, err = httpidem.DeleteExpired(ctx, e.db, `bad"name`, time.Hour, 1)
+	_, err = httpidem.Prune(ctx, e.db, `bad"name`, time.Hour, 1)
 	require.ErrorContains(t, err, "schema")
-	_, err = httpidem.DeleteExpired(ctx, nil, e.schema, time.Hour, 1)
+	_, err = httpidem.Prune(ctx, nil, e.schema, time.Hour, 1)
 	require.ErrorContains(t, err, "db is nil")
 }

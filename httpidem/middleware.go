@@ -94,12 +94,12 @@ func (m *Middleware) Counters() Counters {
 	}
 }
 
-// DeleteExpired deletes stored responses older than Retention, in batches of 1000, and returns
-// how many it deleted (the package function DeleteExpired does the work). Run it periodically
+// Prune deletes stored responses older than Retention, in batches of 1000, and returns
+// how many it deleted (the package function Prune does the work). Run it periodically
 // (hourly is plenty), or let the retention janitor do it (retention.Config.HTTPKeysKeep);
 // lookups ignore expired rows anyway, so it bounds the table's size, not correctness.
-func (m *Middleware) DeleteExpired(ctx context.Context) (int64, error) {
-	return DeleteExpired(ctx, m.db, m.config.Schema, m.config.Retention, 1000)
+func (m *Middleware) Prune(ctx context.Context) (int64, error) {
+	return Prune(ctx, m.db, m.config.Schema, m.config.Retention, 1000)
 }
 
 // Handler wraps next.

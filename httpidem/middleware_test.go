@@ -406,7 +406,7 @@ func TestKeysExpire(t *testing.T) {
 	require.Equal(t, 3, e.payments())
 
 	pgtest.Exec(t, e.db, `UPDATE `+e.table("http_idempotency_keys")+` SET created_at = now() - interval '25 hours' WHERE idem_key = 'k-2'`)
-	n, err := e.mw.DeleteExpired(context.Background())
+	n, err := e.mw.Prune(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n)
 	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("http_idempotency_keys")))

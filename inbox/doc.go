@@ -3,7 +3,7 @@
 // Processor works through the table with a plain Watermill handler, on its own schedule, with
 // its own retries, parking and per-key order. Ops gives operators replay, skip, inspection and
 // statistics; it is also how retention, admin, metrics and the CLI reach the inbox tables, which
-// only this package writes (Consumers, Stats and AllStats, FinishedStats, DeleteFinished).
+// only this package writes (Consumers, Stats and AllStats, FinishedStats, PruneFinished).
 //
 //	receiver, _ := inbox.NewReceiver(db, inbox.ReceiverConfig{Consumer: "rewards"}, logger)
 //	router.AddConsumerHandler("rewards-inbox", "payments", subscriber, receiver.Handle)
@@ -151,7 +151,7 @@
 //   - Nothing is dropped silently: unusable messages are refused (never acked), failing ones
 //     parked as FAILED. Parked rows need a person: alert on Stats.Failed and on
 //     Stats.OldestPendingAge.
-//   - DONE rows are the dedupe records. Ops.DeleteFinished removes old ones; keep them longer
+//   - DONE rows are the dedupe records. Ops.PruneFinished removes old ones; keep them longer
 //     than any redelivery can come (broker retention, DLQ redrives, offset resets), and set
 //     ReceiverConfig.MaxMessageAge a little below that window so that a later copy is parked
 //     instead of applied again.

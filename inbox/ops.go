@@ -397,19 +397,19 @@ func (o *Ops) AllStats(ctx context.Context) (map[string]Stats, error) {
 	return out, nil
 }
 
-// DeleteFinished deletes up to limit DONE and SKIPPED rows finished before the given time,
+// PruneFinished deletes up to limit DONE and SKIPPED rows finished before the given time,
 // oldest first, for one consumer ("" for all), and returns how many it deleted. Call it in a
 // loop until it returns less than limit.
 //
 // A deleted row no longer deduplicates its message: keep rows for longer than the broker can
 // redeliver (retention, DLQ redrives, consumer-group resets). The scan walks the table in id
 // order and stops at limit, so it is cheap while old rows are mostly finished.
-func (o *Ops) DeleteFinished(ctx context.Context, consumer string, finishedBefore time.Time, limit int) (int, error) {
+func (o *Ops) PruneFinished(ctx context.Context, consumer string, finishedBefore time.Time, limit int) (int, error) {
 	if limit < 1 || limit > 100000 {
-		return 0, fmt.Errorf("inbox: delete finished: limit must be between 1 and 100000, got %d", limit)
+		return 0, fmt.Errorf("inbox: prune finished: limit must be between 1 and 100000, got %d", limit)
 	}
 	if finishedBefore.IsZero() {
-		return 0, errors.New("inbox: delete finished: give a cutoff time")
+		return 0, errors.New("inbox: prune finished: give a cutoff time")
 	}
 	// The batch is located through inbox_finished_idx (consumer, finished_at) and deleted by
 	// physical address (a TID scan); rows an operator holds locked are skipped. A separate
@@ -421,13 +421,21 @@ func (o *Ops) DeleteFinished(ctx context.Context, consumer string, finishedBefor
 		args = []any{finishedBefore, limit}
 	}
 	limitParam := fmt.Sprintf("$%d", len(args))
-	res, err := o.db.ExecContext(ctx, `DELETE FROM `+o.q.table+` WHERE ctid = ANY(ARRAY(
-    SELECT ctid FROM `+o.q.table+` WHERE `+where+` LIMIT `+limitParam+` FOR UPDATE SKIP LOCKED))`, args...)
+	// The attempt records of the deleted rows (ClaimLock, migration 007) go with them: a
+	// finished row's record is stale, and nothing else would ever delete it.
+	var n int
+	err := o.db.QueryRowContext(ctx, `WITH gone AS (
+    DELETE FROM `+o.q.table+` WHERE ctid = ANY(ARRAY(
+        SELECT ctid FROM `+o.q.table+` WHERE `+where+` LIMIT `+limitParam+` FOR UPDATE SKIP LOCKED))
+    RETURNING id
+), attempts AS (
+    DELETE FROM `+o.q.attempts+` WHERE inbox_id IN (SELECT id FROM gone)
+)
+SELECT count(*) FROM gone`, args...).Scan(&n)
 	if err != nil {
-		return 0, fmt.Errorf("inbox: delete finished: %w", err)
+		return 0, fmt.Errorf("inbox: prune finished: %w", err)
 	}
-	n, _ := res.RowsAffected()
-	return int(n), nil
+	return n, nil
 }
 
 // Consumers lists, in name order, every consumer with rows in the inbox. It walks the
@@ -459,7 +467,7 @@ SELECT consumer FROM c WHERE consumer IS NOT NULL`)
 	return out, nil
 }
 
-// FinishedStats counts one consumer's finished rows: the dedupe records DeleteFinished prunes.
+// FinishedStats counts one consumer's finished rows: the dedupe records PruneFinished prunes.
 type FinishedStats struct {
 	Done    int64
 	Skipped int64

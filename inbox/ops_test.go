@@ -131,7 +131,7 @@ func TestOpsRefuseToTouchClaimedRows(t *testing.T) {
 	require.ErrorContains(t, err, "Consumer is blank")
 }
 
-// DeleteFinished removes only finished rows older than the cutoff; a deleted row no longer
+// PruneFinished removes only finished rows older than the cutoff; a deleted row no longer
 // deduplicates, which is why retention must outlast redelivery.
 func TestOpsDeleteFinished(t *testing.T) {
 	t.Parallel()
@@ -143,14 +143,17 @@ func TestOpsDeleteFinished(t *testing.T) {
 	}
 	pgtest.Exec(t, e.db, `UPDATE `+e.table("inbox")+` SET status = 'DONE', finished_at = now() - interval '2 days' WHERE message_id IN ('e-0', 'e-1', 'e-2')`)
 	pgtest.Exec(t, e.db, `UPDATE `+e.table("inbox")+` SET status = 'DONE', finished_at = now() WHERE message_id = 'e-3'`)
+	// A ClaimLock attempt record left behind by a crashed attempt of each row: the records of
+	// deleted rows go with them, the others stay.
+	pgtest.Exec(t, e.db, `INSERT INTO `+e.table("inbox_attempts")+` (inbox_id, attempt, row_xmin) SELECT id, 1, '1' FROM `+e.table("inbox"))
 
-	_, err := e.ops.DeleteFinished(ctx, "c", time.Time{}, 10)
+	_, err := e.ops.PruneFinished(ctx, "c", time.Time{}, 10)
 	require.ErrorContains(t, err, "cutoff")
 	cutoff := time.Now().Add(-24 * time.Hour)
-	n, err := e.ops.DeleteFinished(ctx, "c", cutoff, 2)
+	n, err := e.ops.PruneFinished(ctx, "c", cutoff, 2)
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
-	n, err = e.ops.DeleteFinished(ctx, "", cutoff, 10)
+	n, err = e.ops.PruneFinished(ctx, "", cutoff, 10)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	require.Equal(t, []string{"e-3", "e-4"}, func() []string {
@@ -158,6 +161,8 @@ func TestOpsDeleteFinished(t *testing.T) {
 		require.NoError(t, err)
 		return messageIDs(rows)
 	}())
+	require.Equal(t, 2, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("inbox_attempts")+` a JOIN `+e.table("inbox")+` i ON i.id = a.inbox_id`))
+	require.Equal(t, 2, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("inbox_attempts")), "the deleted rows' attempt records are gone")
 }
 
 func TestOpsConsumersAndFinishedStats(t *testing.T) {

@@ -52,8 +52,9 @@ const leaseExpired = "lease expired during attempt "
 
 // queries holds every statement with the schema-qualified table quoted in.
 type queries struct {
-	table   string
-	channel string
+	table    string
+	attempts string // inbox_attempts (ClaimLock's attempt records)
+	channel  string
 
 	ingest       string
 	claim        string
@@ -96,8 +97,9 @@ func newQueries(schema string) queries {
 FROM ` + t + ` i LEFT JOIN ` + a + ` s ON s.inbox_id = i.id AND s.row_xmin = i.xmin
 WHERE `
 	return queries{
-		table:   t,
-		channel: notifyChannel(schema),
+		table:    t,
+		attempts: a,
+		channel:  notifyChannel(schema),
 
 		// One statement, one implicit transaction, one round trip per batch: insert every row
 		// in arrival order (ids follow it), skip keys already present, and NOTIFY once if

@@ -128,5 +128,5 @@
 // increase(wmonce_intent_lease_conflicts_total) > 0 (a sender outlived its lease); for HTTP,
 // increase(wmonce_http_idempotency_requests_total{result="error"}) > 0 and
 // wmonce_http_idempotency_oldest_key_age_seconds well above Retention (expired keys are not
-// deleted: run DeleteExpired or the janitor).
+// deleted: run Prune or the janitor).
 package metrics

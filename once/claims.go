@@ -89,7 +89,7 @@ func PruneClaims(ctx context.Context, db *sql.DB, schema, consumer string, befor
 	}
 	// ctid = ANY(ARRAY(...)) makes a TID scan: the batch is located once through the
 	// (consumer, processed_at) index and deleted by physical address.
-	n, err := deleteInBatches(ctx, db, batchSize, `DELETE FROM `+pm+` WHERE ctid = ANY(ARRAY(
+	n, err := pgtx.DeleteInBatches(ctx, db, batchSize, `DELETE FROM `+pm+` WHERE ctid = ANY(ARRAY(
     SELECT ctid FROM `+pm+` WHERE consumer = $1 AND processed_at < $2 LIMIT $3))`, consumer, before)
 	if err != nil {
 		return n, fmt.Errorf("once: prune claims of %q: %w", consumer, err)
@@ -114,7 +114,7 @@ func PruneDailyClaims(ctx context.Context, db *sql.DB, schema, consumer string, 
 	}
 	// The table is partitioned: ctid is not unique across partitions, so rows are addressed
 	// by their primary key.
-	n, err := deleteInBatches(ctx, db, batchSize, `DELETE FROM `+daily+` WHERE (consumer, message_id, occurred_on) IN (
+	n, err := pgtx.DeleteInBatches(ctx, db, batchSize, `DELETE FROM `+daily+` WHERE (consumer, message_id, occurred_on) IN (
     SELECT consumer, message_id, occurred_on FROM `+daily+` WHERE ($1 = '' OR consumer = $1) AND processed_at < $2 LIMIT $3)`, consumer, before)
 	return n, wrapErr("prune daily claims", err)
 }
@@ -329,23 +329,4 @@ func wrapErr(op string, err error) error {
 		return nil
 	}
 	return fmt.Errorf("once: %s: %w", op, err)
-}
-
-// deleteInBatches runs query (which deletes at most its last argument rows) with args and the
-// batch size until a batch comes back short. Each statement is its own transaction.
-func deleteInBatches(ctx context.Context, db *sql.DB, batch int, query string, args ...any) (int64, error) {
-	args = append(args, batch)
-	var total int64
-	for ctx.Err() == nil {
-		res, err := db.ExecContext(ctx, query, args...)
-		if err != nil {
-			return total, err
-		}
-		n, _ := res.RowsAffected()
-		total += n
-		if n < int64(batch) {
-			return total, nil
-		}
-	}
-	return total, ctx.Err()
 }

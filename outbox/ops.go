@@ -119,19 +119,11 @@ ORDER BY pg_snapshot_xmax(coalesce(target_snapshot, snapshot)) LIMIT 1`).Scan(&b
         ORDER BY t.transaction_id, t."offset"
         LIMIT $3) head
     WHERE created_at < localtimestamp - $2::bigint * interval '1 microsecond'))`
-	var total int64
-	for ctx.Err() == nil {
-		res, err := db.ExecContext(ctx, query, bound, keep.Microseconds(), batchSize)
-		if err != nil {
-			return total, fmt.Errorf("outbox: prune: %w", err)
-		}
-		n, _ := res.RowsAffected()
-		total += n
-		if n < int64(batchSize) {
-			return total, nil
-		}
+	n, err := pgtx.DeleteInBatches(ctx, db, batchSize, query, bound, keep.Microseconds())
+	if err != nil {
+		return n, fmt.Errorf("outbox: prune: %w", err)
 	}
-	return total, ctx.Err()
+	return n, nil
 }
 
 // RejectedRow is a row of outbox_rejected: an outbox row a relay could not decode (written by
@@ -232,4 +224,25 @@ func ListRejected(ctx context.Context, db *sql.DB, schema string, f RejectedFilt
 		return nil, fmt.Errorf("outbox: list rejected: %w", err)
 	}
 	return out, nil
+}
+
+// PruneRejected deletes the rows in outbox_rejected set aside longer than keep ago by the
+// database clock, in batches of at most batchSize rows, and returns how many it deleted, also
+// when it stops on an error or a cancelled ctx. A rejected row is the only copy of a message
+// the relay could not decode: prune only what operators have had time to look at (see
+// ListRejected). The retention janitor calls it when retention.Config.RejectedKeep is set.
+func PruneRejected(ctx context.Context, db *sql.DB, schema string, keep time.Duration, batchSize int) (int64, error) {
+	if err := checkSchema("prune rejected", db, &schema); err != nil {
+		return 0, err
+	}
+	if keep < 0 || batchSize < 1 {
+		return 0, fmt.Errorf("outbox: prune rejected: keep must not be negative and batchSize must be positive, got %s and %d", keep, batchSize)
+	}
+	t := pgtx.QualifiedName(schema, "outbox_rejected")
+	n, err := pgtx.DeleteInBatches(ctx, db, batchSize, `DELETE FROM `+t+` WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM `+t+` WHERE rejected_at < now() - $1::bigint * interval '1 microsecond' LIMIT $2))`, keep.Microseconds())
+	if err != nil {
+		return n, fmt.Errorf("outbox: prune rejected: %w", err)
+	}
+	return n, nil
 }

@@ -78,7 +78,7 @@ func TestExecutorTakingFunctionsRefuseNil(t *testing.T) {
 	require.ErrorContains(t, err, "db is nil")
 	_, err = once.Stats(ctx, nil, "wmonce")
 	require.ErrorContains(t, err, "db is nil")
-	_, err = httpidem.DeleteExpired(ctx, nil, "wmonce", time.Hour, 1)
+	_, err = httpidem.Prune(ctx, nil, "wmonce", time.Hour, 1)
 	require.ErrorContains(t, err, "db is nil")
 	_, err = retention.Purge(ctx, nil, "wmonce", retention.PurgeRequest{Before: time.Now()})
 	require.ErrorContains(t, err, "db is nil")

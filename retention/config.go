@@ -67,9 +67,18 @@ type Config struct {
 	OutboxKeep time.Duration
 	// HTTPKeysKeep, when set, deletes stored responses of httpidem older than this. Keep it at
 	// least as long as the httpidem Retention (rows older than that are ignored there anyway).
-	// Zero leaves the table alone (httpidem.Middleware.DeleteExpired does the same job; both
-	// call httpidem.DeleteExpired).
+	// Zero leaves the table alone (httpidem.Middleware.Prune does the same job; both
+	// call httpidem.Prune).
 	HTTPKeysKeep time.Duration
+	// OutboxRejectedKeep, when set, deletes rows of outbox_rejected (messages the relay could
+	// not decode, set aside for an operator) older than this. Zero keeps them until an
+	// operator deletes them: a rejected row is the only copy of its message.
+	OutboxRejectedKeep time.Duration
+	// SentIntentsKeep, when set, deletes SENT intents the provider confirmed longer ago than
+	// this (intent.PruneSent). Keep it at least as long as the Keep of the consumers that
+	// record intents: a redelivered message is then refused by its claim before its handler
+	// could record the deleted intent again. Zero keeps them.
+	SentIntentsKeep time.Duration
 
 	// BatchSize is the most rows one delete transaction removes. Short transactions keep
 	// locks, WAL bursts and replication lag small. Default 5000, at most 100000.
@@ -156,8 +165,13 @@ func (c Config) Validate() error {
 	if c.OutboxKeep < 0 {
 		errs = append(errs, fmt.Errorf("OutboxKeep must not be negative, got %s", c.OutboxKeep))
 	}
-	if c.HTTPKeysKeep != 0 && c.HTTPKeysKeep < time.Second {
-		errs = append(errs, fmt.Errorf("HTTPKeysKeep must be 0 (off) or at least 1s, got %s", c.HTTPKeysKeep))
+	for _, k := range []struct {
+		name string
+		keep time.Duration
+	}{{"HTTPKeysKeep", c.HTTPKeysKeep}, {"OutboxRejectedKeep", c.OutboxRejectedKeep}, {"SentIntentsKeep", c.SentIntentsKeep}} {
+		if k.keep != 0 && k.keep < time.Second {
+			errs = append(errs, fmt.Errorf("%s must be 0 (off) or at least 1s, got %s", k.name, k.keep))
+		}
 	}
 	if c.BatchSize < 0 || c.BatchSize > MaxBatchSize {
 		errs = append(errs, fmt.Errorf("BatchSize must be between 1 and %d (0 = %d), got %d", MaxBatchSize, DefaultBatchSize, c.BatchSize))

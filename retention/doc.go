@@ -37,8 +37,8 @@
 // relay's position.
 //
 // Retention decides when rows go, never how: every delete is an operation of the package that
-// owns the table (once.PruneClaims and once.MaintainDays, inbox.Ops.DeleteFinished,
-// outbox.Prune, httpidem.DeleteExpired), so what "expired", "finished" and "forwarded" mean is
+// owns the table (once.PruneClaims and once.MaintainDays, inbox.Ops.PruneFinished,
+// outbox.Prune, httpidem.Prune), so what "expired", "finished" and "forwarded" mean is
 // defined once, beside the code that writes those rows.
 //
 // # What a round deletes
@@ -61,10 +61,12 @@
 //     runs holds cleanup back for good: remove it with outbox.ForgetRelay after stopping
 //     every instance of it. A relay added later starts from the rows still there.
 //   - http_idempotency_keys, only with HTTPKeysKeep set.
+//   - outbox_rejected, only with OutboxRejectedKeep set (rejected_at older than it).
+//   - intents, only SENT ones and only with SentIntentsKeep set (sent_at older than it).
 //
 // Every cut-off is computed by the database clock. Each batch is one statement of at most
 // BatchSize rows in a transaction of its own; a round loops until a batch comes back short.
-// outbox_rejected and intents are never touched.
+// Without their Keep set, outbox_rejected and intents are never touched.
 //
 // # Sizing
 //

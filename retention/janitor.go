@@ -12,6 +12,7 @@ import (
 
 	"github.com/wmonce/watermill-once/httpidem"
 	"github.com/wmonce/watermill-once/inbox"
+	"github.com/wmonce/watermill-once/intent"
 	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/once"
@@ -35,6 +36,10 @@ type Report struct {
 	OutboxRows int64
 	// HTTPKeys counts stored httpidem responses deleted (Config.HTTPKeysKeep).
 	HTTPKeys int64
+	// OutboxRejected counts rejected outbox rows deleted (Config.OutboxRejectedKeep).
+	OutboxRejected int64
+	// SentIntents counts SENT intents deleted (Config.SentIntentsKeep).
+	SentIntents int64
 	// Duration is how long the round took.
 	Duration time.Duration
 }
@@ -46,6 +51,8 @@ type Counters struct {
 	InboxRows              uint64 // finished inbox rows deleted
 	OutboxRows             uint64 // relayed outbox rows deleted
 	HTTPKeys               uint64 // stored HTTP responses deleted
+	OutboxRejected         uint64 // rejected outbox rows deleted
+	SentIntents            uint64 // SENT intents deleted
 	Rounds                 uint64 // rounds finished (with or without errors)
 	FailedRounds           uint64 // rounds in which some step failed
 	IsLeader               bool   // Run holds the leadership lock right now
@@ -61,10 +68,12 @@ type Counters struct {
 //     all consumers (the table is shared; see the package documentation);
 //   - DONE and SKIPPED inbox rows finished longer ago than their consumer's window;
 //   - outbox rows older than OutboxKeep that every relay in outbox_offsets has forwarded;
-//   - optionally, stored HTTP responses of httpidem (HTTPKeysKeep).
+//   - optionally, stored HTTP responses of httpidem (HTTPKeysKeep), rows of outbox_rejected
+//     (OutboxRejectedKeep) and SENT intents (SentIntentsKeep).
 //
 // What it never deletes: PENDING, IN_PROGRESS and FAILED inbox rows, outbox rows some relay
-// has not forwarded, rows in outbox_rejected, intents. Every cut-off is computed from the
+// has not forwarded, rows in outbox_rejected and SENT intents unless their Keep is set, and
+// intents that are not SENT. Every cut-off is computed from the
 // database clock, so the clocks of application hosts do not matter.
 //
 // Guarantee and limit: a claim is kept for at least its consumer's Keep after it was applied.
@@ -81,8 +90,8 @@ type Janitor struct {
 	warnings []string
 	inboxOps *inbox.Ops
 
-	claims, dailyDropped, inboxRows, outboxRows, httpKeys, rounds, failedRounds atomic.Uint64
-	lastRound                                                                   atomic.Int64
+	claims, dailyDropped, inboxRows, outboxRows, httpKeys, rejected, intents, rounds, failedRounds atomic.Uint64
+	lastRound                                                                                      atomic.Int64
 
 	life   worker.Runner
 	leader *worker.Leader
@@ -143,6 +152,8 @@ func (j *Janitor) Counters() Counters {
 		InboxRows:              j.inboxRows.Load(),
 		OutboxRows:             j.outboxRows.Load(),
 		HTTPKeys:               j.httpKeys.Load(),
+		OutboxRejected:         j.rejected.Load(),
+		SentIntents:            j.intents.Load(),
 		Rounds:                 j.rounds.Load(),
 		FailedRounds:           j.failedRounds.Load(),
 		IsLeader:               j.leader.Leading(),
@@ -218,6 +229,12 @@ func (j *Janitor) RunOnce(ctx context.Context) (Report, error) {
 	if j.config.HTTPKeysKeep > 0 {
 		step("http idempotency keys", func() error { return j.deleteHTTPKeys(ctx, &rep) })
 	}
+	if j.config.OutboxRejectedKeep > 0 {
+		step("rejected outbox rows", func() error { return j.deleteRejected(ctx, &rep) })
+	}
+	if j.config.SentIntentsKeep > 0 {
+		step("sent intents", func() error { return j.deleteSentIntents(ctx, &rep) })
+	}
 	if ctx.Err() != nil {
 		errs = append(errs, fmt.Errorf("retention: round interrupted: %w", context.Cause(ctx)))
 	}
@@ -233,10 +250,11 @@ func (j *Janitor) finishRound(start time.Time, rep *Report, err error) {
 		j.failedRounds.Add(1)
 	}
 	j.lastRound.Store(time.Now().UnixNano())
-	if rep.Claims+rep.DailyPartitionsDropped+rep.InboxRows+rep.OutboxRows+rep.HTTPKeys > 0 {
+	if rep.Claims+rep.DailyPartitionsDropped+rep.InboxRows+rep.OutboxRows+rep.HTTPKeys+rep.OutboxRejected+rep.SentIntents > 0 {
 		j.logger.Info("Retention round deleted rows", watermill.LogFields{
 			"claims": rep.Claims, "daily_partitions_dropped": rep.DailyPartitionsDropped,
 			"inbox_rows": rep.InboxRows, "outbox_rows": rep.OutboxRows, "http_keys": rep.HTTPKeys,
+			"outbox_rejected": rep.OutboxRejected, "sent_intents": rep.SentIntents,
 			"duration": rep.Duration,
 		})
 	}
@@ -309,7 +327,7 @@ func (j *Janitor) deleteInbox(ctx context.Context, now time.Time, rep *Report) e
 func (j *Janitor) deleteFinishedInbox(ctx context.Context, consumer string, before time.Time) (int64, error) {
 	var total int64
 	for ctx.Err() == nil {
-		n, err := j.inboxOps.DeleteFinished(ctx, consumer, before, j.config.BatchSize)
+		n, err := j.inboxOps.PruneFinished(ctx, consumer, before, j.config.BatchSize)
 		total += int64(n)
 		if err != nil || n < j.config.BatchSize {
 			return total, err
@@ -325,8 +343,22 @@ func (j *Janitor) deleteOutbox(ctx context.Context, rep *Report) error {
 	return err
 }
 
+func (j *Janitor) deleteRejected(ctx context.Context, rep *Report) error {
+	n, err := outbox.PruneRejected(ctx, j.db, j.config.Schema, j.config.OutboxRejectedKeep, j.config.BatchSize)
+	rep.OutboxRejected += n
+	j.rejected.Add(uint64(n))
+	return err
+}
+
+func (j *Janitor) deleteSentIntents(ctx context.Context, rep *Report) error {
+	n, err := intent.PruneSent(ctx, j.db, j.config.Schema, j.config.SentIntentsKeep, j.config.BatchSize)
+	rep.SentIntents += n
+	j.intents.Add(uint64(n))
+	return err
+}
+
 func (j *Janitor) deleteHTTPKeys(ctx context.Context, rep *Report) error {
-	n, err := httpidem.DeleteExpired(ctx, j.db, j.config.Schema, j.config.HTTPKeysKeep, j.config.BatchSize)
+	n, err := httpidem.Prune(ctx, j.db, j.config.Schema, j.config.HTTPKeysKeep, j.config.BatchSize)
 	rep.HTTPKeys += n
 	j.httpKeys.Add(uint64(n))
 	return err

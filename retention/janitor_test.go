@@ -228,6 +228,40 @@ SELECT 's', 'k' || g, '\x00', 'POST', '/', 200, '{}', '', now() - g * interval '
 	require.Equal(t, 24, pgtest.Count(t, db, `SELECT count(*) FROM `+keys))
 }
 
+// Rejected outbox rows and SENT intents are kept unless their Keep is set; then only the old
+// ones go, and intents that are not SENT stay whatever their age.
+func TestRejectedRowsAndSentIntentsDeletedOnlyWhenConfigured(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	schema := pgtest.Schema(t, db)
+	rejected := pgtx.QualifiedName(schema, "outbox_rejected")
+	intents := pgtx.QualifiedName(schema, "intents")
+	pgtest.Exec(t, db, `INSERT INTO `+rejected+` (relay, "offset", transaction_id, uuid, error, rejected_at)
+SELECT 'relay', g, '1', 'u' || g, 'bad json', now() - g * interval '1 hour' FROM generate_series(1, 48) g`)
+	pgtest.Exec(t, db, `INSERT INTO `+intents+` (channel, intent_key, consumer, event_id, step, payload, status, provider_id, sent_at, created_at)
+SELECT 'sms', 'k' || g, 'c', 'e' || g, 's', '\x00', 'SENT', 'p' || g, now() - g * interval '1 hour', now() - g * interval '1 hour'
+FROM generate_series(1, 48) g`)
+	pgtest.Exec(t, db, `INSERT INTO `+intents+` (channel, intent_key, consumer, event_id, step, payload, status, created_at)
+SELECT 'sms', 'f' || g, 'c', 'f' || g, 's', '\x00', 'FAILED', now() - interval '30 days' FROM generate_series(1, 3) g`)
+
+	rep, err := newJanitor(t, db, retention.Config{Schema: schema}).RunOnce(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, rep.OutboxRejected)
+	require.Zero(t, rep.SentIntents)
+	require.Equal(t, 48, pgtest.Count(t, db, `SELECT count(*) FROM `+rejected))
+
+	j := newJanitor(t, db, retention.Config{Schema: schema, OutboxRejectedKeep: 24*time.Hour + 30*time.Minute, SentIntentsKeep: 12*time.Hour + 30*time.Minute})
+	rep, err = j.RunOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, int64(24), rep.OutboxRejected)
+	require.Equal(t, int64(36), rep.SentIntents)
+	require.Equal(t, 24, pgtest.Count(t, db, `SELECT count(*) FROM `+rejected))
+	require.Equal(t, 12, pgtest.Count(t, db, `SELECT count(*) FROM `+intents+` WHERE status = 'SENT'`))
+	require.Equal(t, 3, pgtest.Count(t, db, `SELECT count(*) FROM `+intents+` WHERE status = 'FAILED'`), "FAILED intents need attention: never deleted")
+	require.Equal(t, uint64(24), j.Counters().OutboxRejected)
+	require.Equal(t, uint64(36), j.Counters().SentIntents)
+}
+
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
 	db := pgtest.DB(t)
@@ -245,6 +279,8 @@ func TestConfigValidation(t *testing.T) {
 		{"inbox keep", retention.Config{InboxKeep: time.Second}, "InboxKeep"},
 		{"outbox keep", retention.Config{OutboxKeep: -time.Second}, "OutboxKeep"},
 		{"http keys", retention.Config{HTTPKeysKeep: time.Millisecond}, "HTTPKeysKeep"},
+		{"rejected keep", retention.Config{OutboxRejectedKeep: time.Millisecond}, "OutboxRejectedKeep"},
+		{"sent intents keep", retention.Config{SentIntentsKeep: -time.Hour}, "SentIntentsKeep"},
 		{"batch", retention.Config{BatchSize: 200000}, "BatchSize"},
 		{"interval", retention.Config{PollInterval: -time.Second}, "PollInterval"},
 		{"partitions", retention.Config{PartitionsAhead: 1000}, "PartitionsAhead"},

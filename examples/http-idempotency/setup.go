@@ -156,7 +156,7 @@ func (a *app) deleteExpiredKeys(ctx context.Context, logger watermill.LoggerAdap
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if n, err := a.idem.DeleteExpired(ctx); err != nil {
+			if n, err := a.idem.Prune(ctx); err != nil {
 				logger.Error("Deleting expired idempotency keys failed", err, nil)
 			} else if n > 0 {
 				logger.Info("Deleted expired idempotency keys", watermill.LogFields{"count": n})
