@@ -11,7 +11,9 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/wmonce/watermill-once/internal/tracing"
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -51,6 +53,9 @@ type Config struct {
 	ValidateTopic func(topic string) error
 	// Now stamps occurred_at. Default time.Now.
 	Now func() time.Time
+	// TracerProvider traces PublishTx: an "outbox store" span under the caller's span (none
+	// when the caller's context holds no span). Default otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
 }
 
 func (c *Config) setDefaults() {
@@ -100,6 +105,7 @@ func DefaultValidateTopic(topic string) error {
 // middleware. Nothing is sent to a broker from inside the transaction.
 type Writer struct {
 	config    Config
+	tracer    trace.Tracer
 	table     string
 	insertOne string
 	insertMny string
@@ -115,6 +121,7 @@ func NewWriter(config Config) (*Writer, error) {
 	table := pgtx.QualifiedName(config.Schema, "outbox")
 	return &Writer{
 		config:    config,
+		tracer:    tracing.Tracer(config.TracerProvider),
 		table:     table,
 		insertOne: `INSERT INTO ` + table + ` (uuid, payload, metadata, transaction_id) VALUES ($1, $2::json, $3::json, pg_current_xact_id())`,
 		insertMny: `INSERT INTO ` + table + ` (uuid, payload, metadata, transaction_id)
@@ -134,7 +141,10 @@ type Execer interface {
 
 // PublishTx stores msgs for topic in tx. It stamps correlation, causation (when ctx carries a
 // consumed message, as it does inside the effectively-once middleware) and occurred_at metadata
-// on the messages themselves, as Watermill's CorrelationID middleware does.
+// on the messages themselves, as Watermill's CorrelationID middleware does. When ctx holds a
+// span, each message that carries no trace context yet is stamped with W3C trace context
+// ("traceparent", "tracestate" metadata) pointing at an "outbox store" span under it, so that
+// the relay and the consumer continue the producer's trace.
 //
 // Messages are stored byte for byte or not at all: before writing anything it refuses, with an
 // error wrapping ErrInvalidMessage, an invalid topic and any message that is nil, has an empty
@@ -142,7 +152,7 @@ type Execer interface {
 // not valid UTF-8 or contains NUL (JSON would replace invalid bytes with U+FFFD; PostgreSQL text
 // refuses NUL). Payloads are any bytes (base64 in the envelope). A nil tx returns an error
 // wrapping pgtx.ErrNoTransaction.
-func (w *Writer) PublishTx(ctx context.Context, tx Execer, topic string, msgs ...*message.Message) error {
+func (w *Writer) PublishTx(ctx context.Context, tx Execer, topic string, msgs ...*message.Message) (err error) {
 	if len(msgs) == 0 {
 		return nil
 	}
@@ -157,6 +167,8 @@ func (w *Writer) PublishTx(ctx context.Context, tx Execer, topic string, msgs ..
 			return fmt.Errorf("%w: message %d of %d: %w", ErrInvalidMessage, i+1, len(msgs), err)
 		}
 	}
+	ctx, span := tracing.StartChild(ctx, w.tracer, tracing.SpanOutboxStore, tracing.Destination.String(topic), tracing.MessageCount.Int(len(msgs)))
+	defer func() { tracing.End(span, err) }()
 	cause, _ := ConsumedFromContext(ctx)
 	now := w.config.Now().UTC().Format(time.RFC3339Nano)
 	uuids := make([]string, len(msgs))
@@ -164,6 +176,7 @@ func (w *Writer) PublishTx(ctx context.Context, tx Execer, topic string, msgs ..
 	metadatas := make([]string, len(msgs))
 	for i, msg := range msgs {
 		stamp(msg, cause, now)
+		tracing.Stamp(ctx, msg)
 		if err := checkText("metadata", msg.Metadata); err != nil { // inherited correlation_id
 			return fmt.Errorf("%w: message %s: %w", ErrInvalidMessage, msg.UUID, err)
 		}
@@ -177,7 +190,6 @@ func (w *Writer) PublishTx(ctx context.Context, tx Execer, topic string, msgs ..
 		}
 		uuids[i], payloads[i], metadatas[i] = msg.UUID, string(env), md
 	}
-	var err error
 	if len(msgs) == 1 {
 		_, err = tx.ExecContext(ctx, w.insertOne, uuids[0], payloads[0], metadatas[0])
 	} else {
