@@ -12,7 +12,9 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/wmonce/watermill-once/internal/tracing"
 	iworker "github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -84,6 +86,11 @@ type ProcessorConfig struct {
 	Outbox *outbox.Writer
 	// TxOptions of the processing transactions. Default READ COMMITTED.
 	TxOptions *sql.TxOptions
+	// TracerProvider traces every attempt: a consumer span per row and attempt, the child of
+	// the trace context the message carries, with the handler and the outbox store as child
+	// spans and the COMMIT as an event (see the package doc, Tracing). It is also the default
+	// Outbox's TracerProvider. Default otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
 }
 
 func (c *ProcessorConfig) setDefaults() {
@@ -224,6 +231,7 @@ type Processor struct {
 	logger  watermill.LoggerAdapter
 	q       queries
 	outbox  *outbox.Writer
+	tracer  trace.Tracer
 
 	workers []*worker // of the current Run
 	wake    chan struct{}
@@ -322,7 +330,7 @@ func NewProcessor(db *sql.DB, handler message.HandlerFunc, config ProcessorConfi
 	ob := config.Outbox
 	if ob == nil {
 		var err error
-		if ob, err = outbox.NewWriter(outbox.Config{Schema: config.Schema}); err != nil {
+		if ob, err = outbox.NewWriter(outbox.Config{Schema: config.Schema, TracerProvider: config.TracerProvider}); err != nil {
 			return nil, fmt.Errorf("inbox: %w", err)
 		}
 	}
@@ -333,6 +341,7 @@ func NewProcessor(db *sql.DB, handler message.HandlerFunc, config ProcessorConfi
 		logger:  logger.With(watermill.LogFields{"consumer": config.Consumer}),
 		q:       newQueries(config.Schema),
 		outbox:  ob,
+		tracer:  tracing.Tracer(config.TracerProvider),
 		wake:    make(chan struct{}, config.Workers),
 	}
 	hctx := context.Background()

@@ -263,6 +263,8 @@ func (p *Processor) processOne(w *worker, r claimedRow, token int64) {
 func (p *Processor) attemptOne(w *worker, r claimedRow, token int64) (outcome, error) {
 	ctx, cancel := context.WithTimeout(p.handlerCtx(), p.config.HandlerTimeout)
 	defer cancel()
+	ctx, spans := withTxSpans(ctx)
+	defer spans.end("not committed")
 	w.beginTx()
 	defer w.endTx()
 	tx, err := p.db.BeginTx(ctx, p.config.TxOptions)
@@ -289,21 +291,25 @@ func (p *Processor) attemptOne(w *worker, r claimedRow, token int64) (outcome, e
 		return p.classifyHandler(ctx, fmt.Errorf("inbox: mark done: %w", err))
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
+		spans.end("lease lost: rolled back")
 		return outcomeConflict, nil
 	}
 	committed = true
-	if err := tx.Commit(); err != nil {
+	err = tx.Commit()
+	spans.committed(err)
+	if err != nil {
 		// The handler ran, so the attempt counts (a message whose effects kill the backend at
 		// commit must not loop). The outcome of a failed COMMIT may be unknown; recording the
 		// failure is fenced, so if the commit did happen it changes nothing.
 		return outcomeFailed, fmt.Errorf("inbox: commit: %w", err)
 	}
+	spans.end("")
 	return outcomeDone, nil
 }
 
 // runHandler builds the message of r, runs the handler with tx in its context and stores the
 // messages it returns in the outbox within tx.
-func (p *Processor) runHandler(ctx context.Context, tx *sql.Tx, r claimedRow) error {
+func (p *Processor) runHandler(ctx context.Context, tx *sql.Tx, r claimedRow) (err error) {
 	msg := message.NewMessage(r.uuid, r.payload)
 	if err := json.Unmarshal([]byte(r.metadata), &msg.Metadata); err != nil {
 		return oncetype.Permanent(fmt.Errorf("inbox: row %d: metadata is not a JSON object of strings: %w", r.id, err))
@@ -311,6 +317,8 @@ func (p *Processor) runHandler(ctx context.Context, tx *sql.Tx, r claimedRow) er
 	if msg.Metadata == nil {
 		msg.Metadata = message.Metadata{}
 	}
+	ctx, span := p.startSpan(ctx, r, msg)
+	defer func() { finishSpan(ctx, span, err) }()
 	hctx := contextWithDelivery(ctx, Delivery{
 		ID: r.id, Consumer: p.config.Consumer, MessageID: r.messageID, OrderingKey: r.orderingKey,
 		Topic: r.topic, Attempt: r.attempts, ReceivedAt: r.receivedAt,
@@ -319,7 +327,7 @@ func (p *Processor) runHandler(ctx context.Context, tx *sql.Tx, r claimedRow) er
 	// Keys for effects outside the database (idemkey.ForMessage) follow the inbox's dedupe key.
 	hctx = oncetype.ContextWithClaim(hctx, p.config.Consumer, r.messageID)
 	msg.SetContext(hctx)
-	out, err := callHandler(p.handler, msg)
+	out, err := p.callTraced(msg)
 	if err != nil {
 		if errors.Is(err, outbox.ErrInvalidMessage) && !oncetype.IsPermanent(err) {
 			return oncetype.Permanent(err) // published a message the outbox can never store
@@ -486,6 +494,8 @@ func (p *Processor) processBatch(w *worker, rows []claimedRow, token int64) {
 func (p *Processor) attemptBatch(w *worker, rows []claimedRow, token int64) (res outcome, lost map[int64]bool, err error) {
 	ctx, cancel := context.WithTimeout(p.handlerCtx(), p.config.HandlerTimeout)
 	defer cancel()
+	ctx, spans := withTxSpans(ctx)
+	defer spans.end("batch not committed")
 	w.beginTx()
 	defer w.endTx()
 	tx, err := p.db.BeginTx(ctx, p.config.TxOptions)
@@ -517,10 +527,13 @@ func (p *Processor) attemptBatch(w *worker, rows []claimedRow, token int64) (res
 		return outcomeFailed, p.lostRows(rows, token), nil
 	}
 	committed = true
-	if err := tx.Commit(); err != nil {
+	err = tx.Commit()
+	spans.committed(err)
+	if err != nil {
 		p.logger.Error("Batch commit failed; counting an attempt for each of its rows", err, watermill.LogFields{"rows": len(rows)})
 		return outcomeCounted, nil, fmt.Errorf("inbox: batch commit: %w", err)
 	}
+	spans.end("")
 	return outcomeDone, nil, nil
 }
 

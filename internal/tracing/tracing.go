@@ -12,6 +12,7 @@ package tracing
 
 import (
 	"context"
+	"net/http"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel"
@@ -191,4 +192,16 @@ func EndAll(spans []trace.Span, err error) {
 	for _, s := range spans {
 		End(s, err)
 	}
+}
+
+// StartServer starts the span of an HTTP request: a child of the span in ctx when there is one
+// (a tracing HTTP middleware in front), else a server span continuing the trace context the
+// request headers carry (or starting a trace).
+func StartServer(ctx context.Context, tracer trace.Tracer, name string, header http.Header, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
+	kind := trace.SpanKindInternal
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		kind = trace.SpanKindServer
+		ctx = propagator.Extract(ctx, propagation.HeaderCarrier(header))
+	}
+	return tracer.Start(ctx, name, trace.WithSpanKind(kind), trace.WithAttributes(attrs...))
 }
