@@ -569,10 +569,12 @@ func (s *Sender) send(ctx context.Context, ch Channel, in Intent, token string, 
 		return s.park(ctx, in, token, StatusFailed, fmt.Sprintf("gave up after %d attempts: %v", in.Attempts, err), fields)
 	case IsNotSent(err):
 		s.retried.Add(1)
+		traceOutcome(ctx, string(StatusPending))
 		s.logger.Info("Intent not sent; retrying later", fields.Add(watermill.LogFields{"err": err.Error()}))
 		return s.finish(ctx, s.qPending, fields, in.ID, token, s.backoff(in.Attempts).Microseconds(), err.Error())
 	}
 	s.unknown.Add(1)
+	traceOutcome(ctx, "unknown: "+ch.OnCrash.String())
 	s.logger.Error("Intent send outcome unknown; applying the channel's crash policy", err, fields.Add(watermill.LogFields{"policy": ch.OnCrash.String()}))
 	msg := "outcome unknown: " + err.Error()
 	switch ch.OnCrash {
