@@ -45,7 +45,7 @@ func TestSenderTracesEachSend(t *testing.T) {
 	for i, sp := range spans {
 		a := map[string]string{}
 		for _, kv := range sp.Attributes() {
-			a[string(kv.Key)] = kv.Value.Emit()
+			a[string(kv.Key)] = kv.Value.String()
 		}
 		require.Equal(t, "intent send", sp.Name())
 		require.Equal(t, trace.SpanKindClient, sp.SpanKind())
@@ -61,7 +61,7 @@ func TestSenderTracesEachSend(t *testing.T) {
 func attrOf(sp sdktrace.ReadOnlySpan, key string) string {
 	for _, kv := range sp.Attributes() {
 		if string(kv.Key) == key {
-			return kv.Value.Emit()
+			return kv.Value.String()
 		}
 	}
 	return ""

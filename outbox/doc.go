@@ -73,4 +73,17 @@
 // backlog and lag, and the rejected rows), Prune (delete old rows every relay has published),
 // ForgetRelay (remove a retired relay's position, refused while it runs) and ListRejected (the
 // rows a relay set aside).
+//
+// # Tracing
+//
+// Writer.PublishTx (Config.TracerProvider) stores messages under an "outbox store" span, the
+// child of the caller's span, and stamps each message that carries no trace context yet with
+// W3C trace context in its metadata ("traceparent", "tracestate": the keys of
+// propagation.TraceContext, which Watermill tracing decorators that propagate over metadata
+// read). Without a span in the caller's context nothing is stamped and no span started. The
+// Relay (RelayConfig.TracerProvider) publishes each stamped message under an "outbox relay
+// publish" span (kind producer), the child of and linked to the producing span, covering the
+// publish retries (an event each); the message keeps the producer's context, so the consumer's
+// span continues that trace. Where it stops: the relay's reads and position updates are not
+// traced, and messages stored without trace context are relayed untraced.
 package outbox
