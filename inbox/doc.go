@@ -172,8 +172,8 @@
 // under a consumer span "inbox process", the child of the trace context the message carries, with
 // wmonce.consumer, wmonce.dedupe_key (the message id) and wmonce.attempt; the handler and the
 // outbox store are child spans, messages the handler returns carry the attempt's trace, and
-// the COMMIT is an event. A failed attempt ends its span with the error; the next attempt is a
-// new span of the same trace. Where it stops: in ClaimLock mode the span ends once the
-// handler's output is stored, before the COMMIT, which it does not record; a TxBatchSize
-// batch's spans end after the batch's COMMIT (or say it did not happen).
+// the COMMIT is an event (in both claim modes; a TxBatchSize batch's spans end after the batch's
+// COMMIT, or say it did not happen). A failed attempt ends its span with the error; the next
+// attempt is a new span of the same trace. Where it stops: the claim and the recording of a
+// failed attempt (its own statement, after the handler's span ended) are not traced.
 package inbox

@@ -19,8 +19,8 @@ func (p *Processor) startSpan(ctx context.Context, r claimedRow, msg *message.Me
 }
 
 // txSpans holds the spans of the attempts run in one processing transaction, so that they end
-// after its COMMIT, which they record. Without one in the context (ClaimLock mode) an attempt's
-// span ends when its handler's output is stored.
+// after its COMMIT, which they record. Without one in the context an attempt's span ends when
+// its handler's output is stored. A nil *txSpans does nothing.
 type txSpans struct {
 	mu    sync.Mutex
 	spans []trace.Span
@@ -31,6 +31,12 @@ type txSpansKey struct{}
 func withTxSpans(ctx context.Context) (context.Context, *txSpans) {
 	s := &txSpans{}
 	return context.WithValue(ctx, txSpansKey{}, s), s
+}
+
+// spansIn returns the txSpans of the transaction ctx belongs to, or nil.
+func spansIn(ctx context.Context) *txSpans {
+	s, _ := ctx.Value(txSpansKey{}).(*txSpans)
+	return s
 }
 
 // finish records the attempt's error on span and ends it, or leaves the ending to the
@@ -48,6 +54,9 @@ func finishSpan(ctx context.Context, span trace.Span, err error) {
 
 // committed records the COMMIT's outcome on every span of the transaction.
 func (s *txSpans) committed(err error) {
+	if s == nil {
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, span := range s.spans {
@@ -62,6 +71,9 @@ func (s *txSpans) committed(err error) {
 // end ends the spans still open: the transaction committed, or was rolled back after its
 // handlers succeeded (a lost lease, a failed completion), which the span then says.
 func (s *txSpans) end(outcome string) {
+	if s == nil {
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, span := range s.spans {
