@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/once"
 )
 
@@ -20,13 +21,18 @@ import (
 // decorator writes it) through group commit: each delivery is a consumer span of the producer's
 // trace, with its claim, its handler as a child span and the group's COMMIT; a copy in the same
 // group is marked duplicate, and a later copy with another payload is marked as a fingerprint
-// mismatch.
+// mismatch. The handler's output is stored under the delivery's span and carries its trace.
 func TestGroupCommitTracesEachDeliveryInItsProducersTrace(t *testing.T) {
 	t.Parallel()
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	e := groupEnv(t, once.Config{Consumer: "c", TracerProvider: tp})
-	h := e.mw.Middleware(e.effect)
+	e := groupEnv(t, once.Config{Consumer: "c", TracerProvider: tp, OutputTopic: "out"})
+	h := e.mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		if _, err := e.effect(msg); err != nil {
+			return nil, err
+		}
+		return []*message.Message{message.NewMessage("out-"+msg.UUID, nil)}, nil
+	})
 
 	pctx, producer := tp.Tracer("producer").Start(context.Background(), "producer")
 	stamped := func(uuid, payload string) *message.Message {
@@ -80,6 +86,16 @@ func TestGroupCommitTracesEachDeliveryInItsProducersTrace(t *testing.T) {
 		}
 	}
 	require.Equal(t, 2, handlers, "the handler ran for the fresh deliveries only")
+	stores := 0
+	for _, s := range rec.Ended() {
+		if s.Name() == "outbox store" {
+			stores++
+			require.True(t, consumerSpans[s.Parent().SpanID()], "the output is stored under its delivery's span")
+		}
+	}
+	require.Equal(t, 2, stores)
+	require.Equal(t, 2, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("outbox")+` WHERE metadata->>'traceparent' LIKE $1`,
+		"00-"+producer.SpanContext().TraceID().String()+"-%"), "the outputs continue the producer's trace")
 }
 
 func attrs(s sdktrace.ReadOnlySpan) map[string]string {
