@@ -111,7 +111,7 @@ type Config struct {
 	// TracerProvider traces every delivery: a consumer span per message, the child of the
 	// trace context the message carries, with the claim, the duplicate verdict and the commit as
 	// events and the handler and the outbox store as child spans (see the package doc, Tracing).
-	// It is also the Default Outbox's TracerProvider. Default otel.GetTracerProvider().
+	// It is also the default Outbox's TracerProvider. Default otel.GetTracerProvider().
 	TracerProvider trace.TracerProvider
 }
 
@@ -493,9 +493,7 @@ func (e *Middleware) runInSubscriberTx(ctx context.Context, h message.HandlerFun
 	if _, err := tx.ExecContext(ctx, e.q.savepointRelease); err != nil {
 		return rollback(fmt.Errorf("once: release savepoint: %w", err))
 	}
-	if d.span != nil {
-		d.span.AddEvent("attempt complete: the subscriber commits it with its offset on ack")
-	}
+	d.attemptComplete()
 	// Counted when the attempt is complete: the subscriber's commit comes later and cannot be
 	// observed from here. If that commit fails, the message is redelivered and counted again.
 	d.counters.fresh.Add(1)

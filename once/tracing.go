@@ -65,6 +65,14 @@ func (d *delivery) committed(err error) {
 	d.span.AddEvent(tracing.EventCommit)
 }
 
+// attemptComplete records, on the subscriber-transaction path, that the attempt is done: the
+// COMMIT is the subscriber's, after the ack, and is not traced.
+func (d *delivery) attemptComplete() {
+	if d.span != nil {
+		d.span.AddEvent("attempt complete: the subscriber commits it with its offset on ack")
+	}
+}
+
 // callTraced runs the handler under a "handler" span, a child of the delivery's span. The
 // handler's output is stored afterwards, under the delivery's span.
 func (e *Middleware) callTraced(h message.HandlerFunc, d *delivery) ([]*message.Message, error) {
