@@ -164,7 +164,9 @@ func MarkDuplicate(span trace.Span, mismatch bool) {
 // StartRelay starts one producer span per message that carries a trace context, each a child
 // of that context and linked to it, and returns a function that ends them all with the
 // publish's outcome. The messages keep their metadata: consumers continue the producer's
-// trace. Messages without a trace context are published untraced.
+// trace. Each traced message's context gets its span (and nothing else: no cancellation), so a
+// tracing publisher decorator nests its own span under it. Messages without a trace context are
+// published untraced.
 func StartRelay(ctx context.Context, tracer trace.Tracer, relay, topic string, msgs []*message.Message) (spans []trace.Span) {
 	for _, m := range msgs {
 		sc := Extract(m.Metadata)
@@ -175,6 +177,7 @@ func StartRelay(ctx context.Context, tracer trace.Tracer, relay, topic string, m
 			trace.WithSpanKind(trace.SpanKindProducer),
 			trace.WithLinks(trace.Link{SpanContext: sc}),
 			trace.WithAttributes(Relay.String(relay), Destination.String(topic), MessageID.String(m.UUID)))
+		m.SetContext(trace.ContextWithSpan(m.Context(), span))
 		spans = append(spans, span)
 	}
 	return spans

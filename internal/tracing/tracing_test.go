@@ -87,3 +87,24 @@ func TestStartChildWithoutASpanRecordsNothing(t *testing.T) {
 	require.Empty(t, tracing.StartRelay(context.Background(), tracing.Tracer(tp), "relay", "topic", []*message.Message{message.NewMessage("a", nil)}),
 		"a message without trace context is relayed untraced")
 }
+
+// The relay's span is a child of the producing span, linked to it, and in the message's context
+// for a tracing publisher decorator; the metadata keeps the producer's context.
+func TestStartRelay(t *testing.T) {
+	tp, _ := provider(t)
+	pctx, producer := tp.Tracer("t").Start(context.Background(), "producer")
+	producer.End()
+	msg := message.NewMessage("a", nil)
+	tracing.Stamp(pctx, msg)
+	before := msg.Metadata.Get(tracing.MetadataTraceParent)
+
+	spans := tracing.StartRelay(context.Background(), tracing.Tracer(tp), "relay", "orders", []*message.Message{msg})
+	require.Len(t, spans, 1)
+	tracing.EndAll(spans, nil)
+	ro := spans[0].(sdktrace.ReadOnlySpan)
+	require.Equal(t, trace.SpanKindProducer, ro.SpanKind())
+	require.Equal(t, producer.SpanContext().SpanID(), ro.Parent().SpanID())
+	require.Equal(t, producer.SpanContext().SpanID(), ro.Links()[0].SpanContext.SpanID())
+	require.Equal(t, ro.SpanContext(), trace.SpanContextFromContext(msg.Context()))
+	require.Equal(t, before, msg.Metadata.Get(tracing.MetadataTraceParent))
+}
