@@ -83,7 +83,8 @@
 // read). Without a span in the caller's context nothing is stamped and no span started. The
 // Relay (RelayConfig.TracerProvider) publishes each stamped message under an "outbox relay
 // publish" span (kind producer), the child of and linked to the producing span, covering the
-// publish retries (an event each); the message keeps the producer's context, so the consumer's
-// span continues that trace. Where it stops: the relay's reads and position updates are not
+// publish retries (an event each) and set in the message's context for a tracing publisher
+// decorator; the message's metadata keeps the producer's context, so the consumer's span
+// continues that trace. Where it stops: the relay's reads and position updates are not
 // traced, and messages stored without trace context are relayed untraced.
 package outbox

@@ -62,9 +62,10 @@ type RelayConfig struct {
 
 	// TracerProvider traces publishing: each message that carries trace context (stamped by
 	// the Writer) is published under an "outbox relay publish" span (kind producer), a child
-	// of and linked to the producer's span, covering every retry. The message keeps the
-	// producer's context, so the consumer continues that trace. Messages without trace context
-	// are published untraced. Default otel.GetTracerProvider().
+	// of and linked to the producer's span, covering every retry, and set in the message's
+	// context, so a tracing publisher decorator nests under it. The message's metadata keeps
+	// the producer's context, so the consumer continues that trace. Messages without trace
+	// context are published untraced. Default otel.GetTracerProvider().
 	TracerProvider trace.TracerProvider
 }
 
