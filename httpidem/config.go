@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -85,6 +87,11 @@ type Config struct {
 	TxOptions *sql.TxOptions
 	// RetryAfter is advertised with 409 responses. Default 1 second.
 	RetryAfter time.Duration
+	// TracerProvider traces every request the middleware handles: an "httpidem request" span
+	// with the key, the status and whether the response was replayed; the handler and the
+	// outbox messages it writes run under it, so the trace continues through the outbox.
+	// Default otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
 }
 
 func (c *Config) setDefaults() {

@@ -56,4 +56,14 @@
 //
 // Middleware.Counters counts each outcome and StoredKeys reads the table's size and oldest row
 // cheaply; package metrics exports both as wmonce_http_idempotency_* metrics.
+//
+// # Tracing
+//
+// Each request the middleware handles (Config.TracerProvider) is an "httpidem request" span:
+// the child of the span in the request's context (a tracing HTTP middleware in front), else a
+// server span continuing the request's traceparent header. It carries wmonce.idempotency_key,
+// http.response.status_code, wmonce.replayed (a stored response was replayed; also set as
+// wmonce.duplicate) and wmonce.fingerprint_mismatch (422). The handler runs under it, so
+// messages it stores with outbox.Writer continue the request's trace through the relay and the
+// broker. Requests of methods the middleware does not handle are not traced here.
 package httpidem

@@ -19,8 +19,10 @@ import (
 	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/wmonce/watermill-once/internal/setup"
+	"github.com/wmonce/watermill-once/internal/tracing"
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -42,6 +44,7 @@ type Middleware struct {
 	db      *sql.DB
 	config  Config
 	logger  watermill.LoggerAdapter
+	tracer  trace.Tracer
 	header  string
 	methods []string
 	fpHdrs  []string
@@ -69,6 +72,7 @@ func NewMiddleware(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*
 		db:      db,
 		config:  config,
 		logger:  logger,
+		tracer:  tracing.Tracer(config.TracerProvider),
 		header:  textproto.CanonicalMIMEHeaderKey(config.Header),
 		methods: config.Methods,
 		fpHdrs:  slices.Compact(fp),
@@ -109,7 +113,7 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		m.serve(w, r, next)
+		m.traced(w, r, func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next) })
 	})
 }
 

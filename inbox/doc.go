@@ -164,4 +164,16 @@
 // middleware's one claim insert. A processor holds Workers connections plus up to three
 // (LISTEN, lease upkeep or ClaimLock attempt starts, releases). Dead-letter handling (alerts,
 // replay, skip) is yours: Ops provides the tools.
+//
+// # Tracing
+//
+// The Receiver is not traced, but it keeps each message's metadata, trace context included.
+// The Processor (ProcessorConfig.TracerProvider, else the global provider) runs every attempt
+// under a consumer span "inbox process", the child of the trace context the message carries, with
+// wmonce.consumer, wmonce.dedupe_key (the message id) and wmonce.attempt; the handler and the
+// outbox store are child spans, messages the handler returns carry the attempt's trace, and
+// the COMMIT is an event (in both claim modes; a TxBatchSize batch's spans end after the batch's
+// COMMIT, or say it did not happen). A failed attempt ends its span with the error; the next
+// attempt is a new span of the same trace. Where it stops: the claim and the recording of a
+// failed attempt (its own statement, after the handler's span ended) are not traced.
 package inbox

@@ -92,6 +92,8 @@ func (p *Processor) workLocked(ctx context.Context) {
 func (p *Processor) lockedRound(claimCtx context.Context) (int, error) {
 	ctx, cancel := context.WithTimeout(p.handlerCtx(), p.config.HandlerTimeout)
 	defer cancel()
+	ctx, spans := withTxSpans(ctx)
+	defer spans.end("not committed")
 	tx, err := p.db.BeginTx(ctx, p.config.TxOptions)
 	if err != nil {
 		return 0, fmt.Errorf("inbox: begin: %w", err)
@@ -180,13 +182,16 @@ func (p *Processor) lockedRound(claimCtx context.Context) (int, error) {
 		return len(rows), nil
 	}
 	committed = true
-	if err := tx.Commit(); err != nil {
+	err = tx.Commit()
+	spans.committed(err)
+	if err != nil {
 		// Possibly committed after all: then the rows are DONE; if not, they are still PENDING,
 		// their starts count the attempt, and they are claimed again.
 		p.errs.Add(1)
 		p.logger.Error("Batch commit failed; its rows are processed again unless it did commit", err, watermill.LogFields{"rows": len(rows)})
 		return len(rows), nil
 	}
+	spans.end("")
 	p.processed.Add(uint64(len(rows)))
 	return len(rows), nil
 }
@@ -257,6 +262,8 @@ func (p *Processor) processLockedEach(claimCtx context.Context, rows []claimedRo
 func (p *Processor) processLockedOne(id int64) {
 	ctx, cancel := context.WithTimeout(p.handlerCtx(), p.config.HandlerTimeout)
 	defer cancel()
+	ctx, spans := withTxSpans(ctx)
+	defer spans.end("not committed")
 	tx, err := p.db.BeginTx(ctx, p.config.TxOptions)
 	if err != nil {
 		p.errs.Add(1)
@@ -338,11 +345,14 @@ func (p *Processor) runLockedRow(ctx context.Context, tx *sql.Tx, r claimedRow) 
 			}
 		}
 		if err == nil {
-			if err := tx.Commit(); err != nil {
+			err = tx.Commit()
+			spansIn(ctx).committed(err)
+			if err != nil {
 				p.errs.Add(1)
 				p.logger.Error("Commit failed; the row is processed again unless it did commit", err, fields)
 				return true
 			}
+			spansIn(ctx).end("")
 			p.processed.Add(1)
 			return true
 		}

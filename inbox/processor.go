@@ -12,8 +12,10 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/wmonce/watermill-once/internal/setup"
+	"github.com/wmonce/watermill-once/internal/tracing"
 	iworker "github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -85,6 +87,11 @@ type ProcessorConfig struct {
 	Outbox *outbox.Writer
 	// TxOptions of the processing transactions. Default READ COMMITTED.
 	TxOptions *sql.TxOptions
+	// TracerProvider traces every attempt: a consumer span per row and attempt, the child of
+	// the trace context the message carries, with the handler and the outbox store as child
+	// spans and the COMMIT as an event (see the package doc, Tracing). It is also the default
+	// Outbox's TracerProvider. Default otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
 }
 
 func (c *ProcessorConfig) setDefaults() {
@@ -225,6 +232,7 @@ type Processor struct {
 	logger  watermill.LoggerAdapter
 	q       queries
 	outbox  *outbox.Writer
+	tracer  trace.Tracer
 
 	workers []*worker // of the current Run
 	wake    chan struct{}
@@ -314,7 +322,7 @@ func NewProcessor(db *sql.DB, handler message.HandlerFunc, config ProcessorConfi
 	if handler == nil {
 		return nil, errors.New("inbox: handler is nil")
 	}
-	ob, err := outbox.WriterOrDefault(config.Outbox, config.Schema)
+	ob, err := outbox.WriterOrDefault(config.Outbox, outbox.Config{Schema: config.Schema, TracerProvider: config.TracerProvider})
 	if err != nil {
 		return nil, fmt.Errorf("inbox: %w", err)
 	}
@@ -325,6 +333,7 @@ func NewProcessor(db *sql.DB, handler message.HandlerFunc, config ProcessorConfi
 		logger:  logger.With(watermill.LogFields{"consumer": config.Consumer}),
 		q:       newQueries(config.Schema),
 		outbox:  ob,
+		tracer:  tracing.Tracer(config.TracerProvider),
 		wake:    make(chan struct{}, config.Workers),
 	}
 	hctx := context.Background()

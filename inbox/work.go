@@ -264,6 +264,7 @@ type attemptTx struct {
 	*sql.Tx   // nil when BEGIN failed
 	w         *worker
 	cancel    context.CancelFunc
+	spans     *txSpans // the attempts' spans, ended after the COMMIT they record
 	committed bool
 }
 
@@ -272,9 +273,10 @@ type attemptTx struct {
 // error.
 func (p *Processor) beginAttempt(w *worker) (context.Context, *attemptTx, error) {
 	ctx, cancel := context.WithTimeout(p.handlerCtx(), p.config.HandlerTimeout)
+	ctx, spans := withTxSpans(ctx)
 	w.beginTx()
 	tx, err := p.db.BeginTx(ctx, p.config.TxOptions)
-	return ctx, &attemptTx{Tx: tx, w: w, cancel: cancel}, err
+	return ctx, &attemptTx{Tx: tx, w: w, cancel: cancel, spans: spans}, err
 }
 
 // end rolls the transaction back unless it was committed, and ends the attempt.
@@ -282,6 +284,7 @@ func (a *attemptTx) end() {
 	if a.Tx != nil && !a.committed {
 		_ = a.Rollback()
 	}
+	a.spans.end("not committed")
 	a.w.endTx()
 	a.cancel()
 }
@@ -289,7 +292,9 @@ func (a *attemptTx) end() {
 // commit ends the attempt's transaction with COMMIT.
 func (a *attemptTx) commit() error {
 	a.committed = true
-	return a.Commit()
+	err := a.Commit()
+	a.spans.committed(err)
+	return err
 }
 
 func (p *Processor) attemptOne(w *worker, r claimedRow, token int64) (outcome, error) {
@@ -312,6 +317,7 @@ func (p *Processor) attemptOne(w *worker, r claimedRow, token int64) (outcome, e
 		return p.classifyHandler(ctx, fmt.Errorf("inbox: mark done: %w", err))
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
+		tx.spans.end("lease lost: rolled back")
 		return outcomeConflict, nil
 	}
 	if err := tx.commit(); err != nil {
@@ -320,12 +326,13 @@ func (p *Processor) attemptOne(w *worker, r claimedRow, token int64) (outcome, e
 		// failure is fenced, so if the commit did happen it changes nothing.
 		return outcomeFailed, fmt.Errorf("inbox: commit: %w", err)
 	}
+	tx.spans.end("")
 	return outcomeDone, nil
 }
 
 // runHandler builds the message of r, runs the handler with tx in its context and stores the
 // messages it returns in the outbox within tx.
-func (p *Processor) runHandler(ctx context.Context, tx *sql.Tx, r claimedRow) error {
+func (p *Processor) runHandler(ctx context.Context, tx *sql.Tx, r claimedRow) (err error) {
 	msg := message.NewMessage(r.uuid, r.payload)
 	if err := json.Unmarshal([]byte(r.metadata), &msg.Metadata); err != nil {
 		return oncetype.Permanent(fmt.Errorf("inbox: row %d: metadata is not a JSON object of strings: %w", r.id, err))
@@ -333,6 +340,8 @@ func (p *Processor) runHandler(ctx context.Context, tx *sql.Tx, r claimedRow) er
 	if msg.Metadata == nil {
 		msg.Metadata = message.Metadata{}
 	}
+	ctx, span := p.startSpan(ctx, r, msg)
+	defer func() { finishSpan(ctx, span, err) }()
 	hctx := contextWithDelivery(ctx, Delivery{
 		ID: r.id, Consumer: p.config.Consumer, MessageID: r.messageID, OrderingKey: r.orderingKey,
 		Topic: r.topic, Attempt: r.attempts, ReceivedAt: r.receivedAt,
@@ -341,7 +350,7 @@ func (p *Processor) runHandler(ctx context.Context, tx *sql.Tx, r claimedRow) er
 	// Keys for effects outside the database (idemkey.ForMessage) follow the inbox's dedupe key.
 	hctx = oncetype.ContextWithClaim(hctx, p.config.Consumer, r.messageID)
 	msg.SetContext(hctx)
-	out, err := oncetype.CallHandler(p.handler, msg)
+	out, err := p.callTraced(msg)
 	if err != nil {
 		if errors.Is(err, outbox.ErrInvalidMessage) && !oncetype.IsPermanent(err) {
 			return oncetype.Permanent(err) // published a message the outbox can never store
@@ -524,6 +533,7 @@ func (p *Processor) attemptBatch(w *worker, rows []claimedRow, token int64) (res
 		p.logger.Error("Batch commit failed; counting an attempt for each of its rows", err, watermill.LogFields{"rows": len(rows)})
 		return outcomeCounted, nil, fmt.Errorf("inbox: batch commit: %w", err)
 	}
+	tx.spans.end("")
 	return outcomeDone, nil, nil
 }
 

@@ -58,4 +58,14 @@
 // sender would be taken for dead and its intent sent twice. FAILED and SKIPPED rows stay in the
 // table, visible to Store.Stats and Store.Backlog, and to alerting (package metrics exports
 // Sender.Counters and the Backlog as wmonce_intent_* metrics), until someone requeues them.
+//
+// # Tracing
+//
+// Each take of an intent by a Sender (SenderConfig.TracerProvider) is an "intent send" span
+// (kind client) with wmonce.intent.channel, wmonce.intent.key, wmonce.attempt,
+// wmonce.consumer and the state reached (wmonce.outcome; wmonce.duplicate when a reconcile
+// lookup found the effect already done); the provider is called with it in its context, so
+// an instrumented HTTP client continues it. Where it stops: the intents table keeps no trace
+// context, so a send is not part of the trace of the handler that recorded the intent: it is
+// the child of the span in the Sender's context, if any, else a trace of its own.
 package intent

@@ -12,9 +12,11 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/wmonce/watermill-once/idemkey"
 	"github.com/wmonce/watermill-once/internal/setup"
+	"github.com/wmonce/watermill-once/internal/tracing"
 	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -131,6 +133,10 @@ type SenderConfig struct {
 	// all of that value (jitter). Defaults 1 second and 5 minutes.
 	Backoff    time.Duration
 	MaxBackoff time.Duration
+	// TracerProvider traces every take of an intent: an "intent send" span (kind client) with
+	// the channel, the intent key, the attempt and the state reached; the provider is called
+	// with it in the context. Default otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
 }
 
 func (c *SenderConfig) setDefaults() {
@@ -239,6 +245,7 @@ type Sender struct {
 	db       *sql.DB
 	config   SenderConfig
 	logger   watermill.LoggerAdapter
+	tracer   trace.Tracer
 	channels []string
 
 	qClaimPending, qClaimStuck       string
@@ -274,6 +281,7 @@ func NewSender(db *sql.DB, config SenderConfig, logger watermill.LoggerAdapter) 
 		db:       db,
 		config:   config,
 		logger:   logger,
+		tracer:   tracing.Tracer(config.TracerProvider),
 		channels: names,
 		qClaimPending: `WITH c AS (
     SELECT id FROM ` + t + ` WHERE status = 'PENDING' AND channel = ANY($1) AND run_after <= now()
@@ -443,7 +451,9 @@ func (s *Sender) claim(ctx context.Context, query string) (*Intent, string, erro
 	return &in, token, nil
 }
 
-func (s *Sender) process(ctx context.Context, in Intent, token string, recovered bool) error {
+func (s *Sender) process(ctx context.Context, in Intent, token string, recovered bool) (err error) {
+	ctx, span := s.startSpan(ctx, in, recovered)
+	defer func() { tracing.End(span, err) }()
 	ch := s.config.Channels[in.Channel]
 	fields := watermill.LogFields{"intent_id": in.ID, "channel": in.Channel, "intent_key": in.Key, "event_id": in.EventID, "attempt": in.Attempts}
 	if ctx.Err() != nil {
@@ -507,6 +517,7 @@ func (s *Sender) reconcile(ctx context.Context, ch Channel, in Intent, token str
 			id = "(unknown)"
 		}
 		s.reconciled.Add(1)
+		traceOutcome(ctx, string(StatusSent), tracing.Duplicate.Bool(true)) // the provider had it
 		s.logger.Info("Intent reconciled: the provider had it; not sent again", fields.Add(watermill.LogFields{"provider_id": id}))
 		if err := s.finish(ctx, s.qSent, fields, in.ID, token, id); err != nil {
 			return true, err
@@ -535,6 +546,7 @@ func (s *Sender) send(ctx context.Context, ch Channel, in Intent, token string, 
 			return err
 		}
 		s.sent.Add(1)
+		traceOutcome(ctx, string(StatusSent), tracing.Duplicate.Bool(false))
 		s.logger.Debug("Intent sent", fields.Add(watermill.LogFields{"provider_id": id}))
 		return nil
 	}
@@ -552,10 +564,12 @@ func (s *Sender) send(ctx context.Context, ch Channel, in Intent, token string, 
 		return s.park(ctx, in, token, StatusFailed, fmt.Sprintf("gave up after %d attempts: %v", in.Attempts, err), fields)
 	case IsNotSent(err):
 		s.retried.Add(1)
+		traceOutcome(ctx, string(StatusPending))
 		s.logger.Info("Intent not sent; retrying later", fields.Add(watermill.LogFields{"err": err.Error()}))
 		return s.finish(ctx, s.qPending, fields, in.ID, token, s.backoff(in.Attempts).Microseconds(), err.Error())
 	}
 	s.unknown.Add(1)
+	traceOutcome(ctx, "unknown: "+ch.OnCrash.String())
 	s.logger.Error("Intent send outcome unknown; applying the channel's crash policy", err, fields.Add(watermill.LogFields{"policy": ch.OnCrash.String()}))
 	msg := "outcome unknown: " + err.Error()
 	switch ch.OnCrash {
@@ -581,6 +595,7 @@ func (s *Sender) park(ctx context.Context, in Intent, token string, status Statu
 	if err := s.finish(ctx, s.qPark, fields, in.ID, token, string(status), reason); err != nil {
 		return err
 	}
+	traceOutcome(ctx, string(status))
 	if status == StatusSkipped {
 		s.skipped.Add(1)
 	} else {

@@ -112,4 +112,23 @@
 // claims applied before a time, in batches of short transactions), and MaintainDays (drop
 // expired day partitions, create days ahead). A deleted claim no longer deduplicates: the
 // callers decide when that is safe (package retention).
+//
+// # Tracing
+//
+// With an OpenTelemetry SDK installed (Config.TracerProvider, else the global provider), each
+// delivery is a consumer span "once process", the child of the W3C trace context the message
+// carries in its metadata ("traceparent", "tracestate", stamped by outbox.Writer or any
+// propagating publisher), so it continues the producer's trace across the broker; a span of
+// another trace already in the message's context (a tracing middleware in front) is linked. It
+// carries wmonce.consumer, wmonce.dedupe_key, wmonce.path (own_tx, group_commit or
+// subscriber_tx), wmonce.duplicate and wmonce.fingerprint_mismatch; the claim, the duplicate
+// verdict and the COMMIT are events, the handler and the outbox store child spans, and the
+// messages the handler returns are stamped with the delivery's trace. A redelivered copy is a
+// span of the same trace marked duplicate.
+//
+// Where it stops: on the subscriber-transaction path the COMMIT is the subscriber's, after the
+// ack; the span ends when the attempt's savepoint is released and says so in an event, and a
+// failed subscriber COMMIT shows up only as the redelivery's span. With group commit a
+// delivery's span also covers its wait for a lane. The library depends on the OpenTelemetry
+// API only: without an SDK every span is a no-op.
 package once

@@ -17,8 +17,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/wmonce/watermill-once/internal/partition"
+	"github.com/wmonce/watermill-once/internal/tracing"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -105,6 +107,12 @@ type Config struct {
 	// redelivered when the consumer runs again. Set DisableSubscriberTxReuse to let such
 	// handlers finish within the grace in a transaction of their own.
 	ShutdownGrace time.Duration
+
+	// TracerProvider traces every delivery: a consumer span per message, the child of the
+	// trace context the message carries, with the claim, the duplicate verdict and the commit as
+	// events and the handler and the outbox store as child spans (see the package doc, Tracing).
+	// It is also the default Outbox's TracerProvider. Default otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
 }
 
 func (c *Config) setDefaults() {
@@ -162,6 +170,7 @@ type Middleware struct {
 	config Config
 	outbox *outbox.Writer
 	logger watermill.LoggerAdapter
+	tracer trace.Tracer
 
 	q     claimQueries
 	group *groupCommitter
@@ -215,7 +224,7 @@ func New(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Middleware
 	if err != nil {
 		return nil, err
 	}
-	ob, err := outbox.WriterOrDefault(config.Outbox, config.Schema)
+	ob, err := outbox.WriterOrDefault(config.Outbox, outbox.Config{Schema: config.Schema, TracerProvider: config.TracerProvider})
 	if err != nil {
 		return nil, fmt.Errorf("once: %w", err)
 	}
@@ -224,6 +233,7 @@ func New(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Middleware
 		config: config,
 		outbox: ob,
 		logger: logger,
+		tracer: tracing.Tracer(config.TracerProvider),
 		q:      newClaimQueries(config.Schema, config.PartitionByDay),
 	}
 	if config.GroupCommit.Enabled {
@@ -255,28 +265,33 @@ type delivery struct {
 	hasOccurredAt bool
 
 	copies []*queued // group commit: later copies of this key in the same group
+
+	span trace.Span // the delivery's consumer span (see tracing.go)
 }
 
 // Middleware wraps h. It returns no messages to the router: messages h returns are stored in
 // the outbox in the same transaction and reach the broker through the relay.
 func (e *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
-	return func(msg *message.Message) ([]*message.Message, error) {
+	return func(msg *message.Message) (_ []*message.Message, err error) {
 		origCtx := msg.Context()
 		// Subscribers re-send msg.Copy() with their own context and Retry reuses msg: leave the
 		// message as we found it.
 		defer msg.SetContext(origCtx)
+		ctx, span := e.startSpan(origCtx, msg)
+		defer func() { tracing.End(span, err) }()
 
 		d, err := e.newDelivery(msg)
 		if err != nil {
 			return nil, err
 		}
-		if tx, ok := pgtx.SubscriberTxFromContext(origCtx); ok && !e.config.DisableSubscriberTxReuse {
-			return nil, e.runInSubscriberTx(origCtx, h, d, tx)
+		d.traced(span)
+		if tx, ok := pgtx.SubscriberTxFromContext(ctx); ok && !e.config.DisableSubscriberTxReuse {
+			return nil, e.runInSubscriberTx(ctx, h, d, tx)
 		}
 		if e.group != nil {
-			return nil, e.group.submit(origCtx, h, d)
+			return nil, e.group.submit(ctx, h, d)
 		}
-		return nil, e.runInOwnTx(origCtx, h, d)
+		return nil, e.runInOwnTx(ctx, h, d)
 	}
 }
 
@@ -377,7 +392,9 @@ func (e *Middleware) attemptOwnTx(ctx context.Context, h message.HandlerFunc, d 
 		return err
 	}
 	done = true
-	if err := tx.Commit(); err != nil {
+	err = tx.Commit()
+	d.committed(err)
+	if err != nil {
 		// The outcome of a failed COMMIT can be unknown (connection lost). Nack either way: if it
 		// did commit, the redelivery finds the key and is acked without effect.
 		d.counters.failed.Add(1)
@@ -457,6 +474,7 @@ func (e *Middleware) runInSubscriberTx(ctx context.Context, h message.HandlerFun
 	if _, err := tx.ExecContext(ctx, e.q.savepointRelease); err != nil {
 		return rollback(fmt.Errorf("once: release savepoint: %w", err))
 	}
+	d.attemptComplete()
 	// Counted when the attempt is complete: the subscriber's commit comes later and cannot be
 	// observed from here. If that commit fails, the message is redelivered and counted again.
 	d.counters.fresh.Add(1)
@@ -522,7 +540,7 @@ func (e *Middleware) duplicateAfterSnapshot(ctx context.Context, d *delivery, tx
 	if err := rollback(nil); err != nil {
 		return errors.Join(lost, err)
 	}
-	d.counters.duplicates.Add(1)
+	d.countDuplicate()
 	return e.reportDuplicate(d, stored, processedAt)
 }
 
@@ -559,9 +577,10 @@ func (e *Middleware) claimOutcome(ctx context.Context, tx *sql.Tx, d *delivery, 
 		return false, fmt.Errorf("once: claim: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n == 1 {
+		d.claimed()
 		return true, e.checkAge(d)
 	}
-	d.counters.duplicates.Add(1)
+	d.countDuplicate()
 	var stored []byte
 	var processedAt time.Time
 	if err := tx.QueryRowContext(ctx, e.q.lookup, lookupArgs...).Scan(&stored, &processedAt); err != nil {
@@ -579,7 +598,7 @@ func (e *Middleware) reportDuplicate(d *delivery, stored []byte, processedAt tim
 		e.logger.Info("Duplicate skipped: already applied", d.fields.Add(watermill.LogFields{"processed_at": processedAt}))
 		return nil
 	}
-	d.counters.mismatches.Add(1)
+	d.countMismatch()
 	mismatch := fmt.Errorf("payload fingerprint mismatch: key %q was applied at %s with a different payload; two different events share one id", d.key, processedAt.Format(time.RFC3339))
 	e.logger.Error("Duplicate with a DIFFERENT payload: not applied", mismatch, d.fields)
 	if e.config.RejectFingerprintMismatch {
@@ -592,7 +611,7 @@ func (e *Middleware) reportDuplicate(d *delivery, stored []byte, processedAt tim
 func (e *Middleware) apply(ctx context.Context, h message.HandlerFunc, d *delivery, tx *sql.Tx) error {
 	hctx := oncetype.ContextWithClaim(outbox.ContextWithConsumed(pgtx.ContextWithTx(ctx, tx), d.msg), d.consumer, d.key)
 	d.msg.SetContext(hctx)
-	out, err := oncetype.CallHandler(h, d.msg)
+	out, err := e.callTraced(h, d)
 	if err != nil {
 		d.counters.failed.Add(1)
 		if errors.Is(err, outbox.ErrInvalidMessage) && !oncetype.IsPermanent(err) {

@@ -324,7 +324,11 @@ func (g *groupCommitter) attempt(pending []*queued) ([]*queued, error) {
 		}
 	}
 	committed = true
-	if err := tx.Commit(); err != nil {
+	err = tx.Commit()
+	for _, q := range fresh {
+		q.d.committed(err)
+	}
+	if err != nil {
 		e.logger.Error("Group commit failed", err, watermill.LogFields{"messages": len(fresh)})
 		return fresh, fmt.Errorf("once: commit group: %w", err)
 	}
@@ -353,7 +357,7 @@ func (g *groupCommitter) settle(q *queued, err error) {
 	q.answer(err)
 	for _, c := range q.d.copies {
 		if err == nil {
-			c.d.counters.duplicates.Add(1)
+			c.d.countDuplicate()
 			g.e.logger.Info("Duplicate skipped: a copy arrived in the same group", c.d.fields)
 		}
 		c.answer(err)
@@ -400,9 +404,10 @@ func (g *groupCommitter) claimAll(ctx context.Context, tx *sql.Tx, pending []*qu
 	}
 	for _, q := range pending {
 		if claimed[[2]string{q.d.consumer, q.d.key}] {
+			q.d.claimed()
 			fresh = append(fresh, q)
 		} else {
-			q.d.counters.duplicates.Add(1)
+			q.d.countDuplicate()
 			dups = append(dups, q)
 		}
 	}

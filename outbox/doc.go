@@ -76,21 +76,40 @@
 //
 // # Waking up
 //
-// Every statement the Writer runs also calls pg_notify on the schema's channel
-// ("wmonce_outbox_" + schema, hashed when longer than 63 bytes). PostgreSQL delivers the
-// notification when the transaction commits, exactly when its rows become visible, and folds
-// identical notifications of one transaction into one. The active relay LISTENs on that channel
-// on a connection of its own (so it uses two: one holds its leadership lock and reads, one
-// listens) and starts a round when woken. A round takes its snapshot when it starts, so a
-// transaction that commits during a round is read by the next one: its notification waits
-// until the relay looks for it. When LISTEN is (re)established the relay runs a round, since
-// notifications sent while nobody listened are lost. RelayConfig.PollInterval (default 1s) is
-// only the fallback: an idle relay reads its position and the outbox once per PollInterval.
-// It covers a LISTEN connection that died silently, rows inserted without the Writer, and
-// LISTEN being off (RelayConfig.DisableListen, or a *sql.DB whose driver is not pgx's stdlib).
+// The active relay LISTENs on the schema's channel ("wmonce_outbox_" + schema, hashed when
+// longer than 63 bytes) on a connection of its own (so it uses two: one holds its leadership
+// lock and reads, one listens) and starts a round when woken. When it finds nothing to publish
+// it asks the Writers to wake it: the position read of its next round sets
+// outbox_offsets.idle_until, and that round looks once more for rows that committed before the
+// request. While a request stands, every statement a Writer runs also calls pg_notify on the
+// channel; PostgreSQL delivers the notification when the transaction commits, exactly when its
+// rows become visible, and folds identical notifications of one transaction into one. A round
+// that publishes withdraws the request in its position update, so a busy relay costs the
+// Writers nothing; an idle relay renews it every PollInterval, and one that stopped lets it
+// lapse after 2×PollInterval+1s.
 //
-// The cost is on the producers: a transaction that notifies takes, at commit, a lock that
-// serialises the commits of all notifying transactions on the server (including the inbox
-// receiver's). A lone producer does not notice it; many concurrent producers lose the overlap
-// of their commit flushes (BenchmarkWriterNotify: see the README, "When the relay wakes").
+// RelayConfig.PollInterval (default 1s) is only the fallback: an idle relay sends two
+// statements per PollInterval. It covers a LISTEN connection that died silently, a
+// transaction that stored its rows before the request and committed after the round that
+// looked once more, rows inserted without the Writer, and LISTEN being off
+// (RelayConfig.DisableListen, or a *sql.DB whose driver is not pgx's stdlib).
+//
+// The cost of a notification is on the producers: a transaction that notifies takes, at
+// commit, a lock that serialises the commits of all notifying transactions on the server
+// (including the inbox receiver's). That is why only the transactions that commit while a
+// relay waits notify (BenchmarkWriterNotify: see the README, "When the relay wakes").
+//
+// # Tracing
+//
+// Writer.PublishTx (Config.TracerProvider) stores messages under an "outbox store" span, the
+// child of the caller's span, and stamps each message that carries no trace context yet with
+// W3C trace context in its metadata ("traceparent", "tracestate": the keys of
+// propagation.TraceContext, which Watermill tracing decorators that propagate over metadata
+// read). Without a span in the caller's context nothing is stamped and no span started. The
+// Relay (RelayConfig.TracerProvider) publishes each stamped message under an "outbox relay
+// publish" span (kind producer), the child of and linked to the producing span, covering the
+// publish retries (an event each) and set in the message's context for a tracing publisher
+// decorator; the message's metadata keeps the producer's context, so the consumer's span
+// continues that trace. Where it stops: the relay's reads and position updates are not
+// traced, and messages stored without trace context are relayed untraced.
 package outbox

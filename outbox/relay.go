@@ -11,9 +11,11 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/wmonce/watermill-once/internal/pgnotify"
 	"github.com/wmonce/watermill-once/internal/setup"
+	"github.com/wmonce/watermill-once/internal/tracing"
 	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -69,6 +71,14 @@ type RelayConfig struct {
 	// Use the key that decides your broker's partition or queue, so that what the broker keeps
 	// in order is published in order.
 	LaneKey func(topic string, msg *message.Message) string
+
+	// TracerProvider traces publishing: each message that carries trace context (stamped by
+	// the Writer) is published under an "outbox relay publish" span (kind producer), a child
+	// of and linked to the producer's span, covering every retry, and set in the message's
+	// context, so a tracing publisher decorator nests under it. The message's metadata keeps
+	// the producer's context, so the consumer continues that trace. Messages without trace
+	// context are published untraced. Default otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
 }
 
 // DefaultLaneKeyField is the metadata field the default LaneKey reads; it is the broker
@@ -184,6 +194,7 @@ type Relay struct {
 	publisher message.Publisher
 	config    RelayConfig
 	logger    watermill.LoggerAdapter
+	tracer    trace.Tracer
 
 	qEnsure, qPosition, qPositionIdle, qReadRound, qReadRest, qAdvance, qReject string
 
@@ -218,6 +229,7 @@ func NewRelay(db *sql.DB, publisher message.Publisher, config RelayConfig, logge
 		config:    config,
 		logger:    logger,
 		channel:   relayChannel(config.Schema),
+		tracer:    tracing.Tracer(config.TracerProvider),
 		qEnsure: `INSERT INTO ` + offsets + ` (consumer_group, offset_acked, last_processed_transaction_id, snapshot)
 VALUES ($1, 0, '1', '` + emptySnapshot + `') ON CONFLICT DO NOTHING`,
 		qPosition: `SELECT snapshot::text, target_snapshot::text, target_offset FROM ` + offsets + ` WHERE consumer_group = $1`,
@@ -633,7 +645,9 @@ func (r *Relay) reject(ctx context.Context, conn *sql.Conn, row outboxRow, cause
 
 // publish retries until the publisher accepts the run or ctx ends: skipping would lose the
 // message, and publishing later rows first would break order.
-func (r *Relay) publish(ctx context.Context, topic string, msgs []*message.Message) error {
+func (r *Relay) publish(ctx context.Context, topic string, msgs []*message.Message) (err error) {
+	spans := tracing.StartRelay(ctx, r.tracer, r.config.Name, topic, msgs)
+	defer func() { tracing.EndAll(spans, err) }()
 	backoff := worker.Backoff{Base: r.config.Backoff, Max: r.config.MaxBackoff}
 	for attempt := 1; ; attempt++ {
 		err := r.publisher.Publish(topic, msgs...)
@@ -642,6 +656,7 @@ func (r *Relay) publish(ctx context.Context, topic string, msgs []*message.Messa
 		}
 		r.failures.Add(1)
 		wait := backoff.Next()
+		tracing.AddEvent(spans, tracing.EventPublishRetry, tracing.Attempt.Int(attempt))
 		r.logger.Error("Relay publish failed, retrying", err, watermill.LogFields{
 			"topic": topic, "messages": len(msgs), "first_uuid": msgs[0].UUID, "attempt": attempt, "backoff": wait,
 		})

@@ -11,9 +11,11 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/wmonce/watermill-once/internal/pgnotify"
 	"github.com/wmonce/watermill-once/internal/setup"
+	"github.com/wmonce/watermill-once/internal/tracing"
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -53,6 +55,9 @@ type Config struct {
 	ValidateTopic func(topic string) error
 	// Now stamps occurred_at. Default time.Now.
 	Now func() time.Time
+	// TracerProvider traces PublishTx: an "outbox store" span under the caller's span (none
+	// when the caller's context holds no span). Default otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
 }
 
 func (c *Config) setDefaults() {
@@ -107,6 +112,7 @@ func DefaultValidateTopic(topic string) error {
 // doc, Waking up, for what a notification costs concurrent producers.
 type Writer struct {
 	config    Config
+	tracer    trace.Tracer
 	table     string
 	insertOne string
 	insertMny string
@@ -124,7 +130,7 @@ func NewWriter(config Config) (*Writer, error) {
 		return nil, err
 	}
 	table := pgtx.QualifiedName(config.Schema, "outbox")
-	w := &Writer{config: config, table: table, channel: relayChannel(config.Schema)}
+	w := &Writer{config: config, tracer: tracing.Tracer(config.TracerProvider), table: table, channel: relayChannel(config.Schema)}
 	w.insertOne, w.insertMny = insertSQL(table, notifyWhenIdle(config.Schema))
 	return w, nil
 }
@@ -154,13 +160,13 @@ FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS x(u, p, m, n)
 	return one, many
 }
 
-// WriterOrDefault returns w, or when w is nil a new Writer on the outbox table of schema: the
-// default of the components' Config.Outbox fields.
-func WriterOrDefault(w *Writer, schema string) (*Writer, error) {
+// WriterOrDefault returns w, or when w is nil a new Writer with config: the default of the
+// components' Config.Outbox fields.
+func WriterOrDefault(w *Writer, config Config) (*Writer, error) {
 	if w != nil {
 		return w, nil
 	}
-	return NewWriter(Config{Schema: schema})
+	return NewWriter(config)
 }
 
 // Table returns the quoted, schema-qualified outbox table name.
@@ -174,7 +180,10 @@ type Execer interface {
 
 // PublishTx stores msgs for topic in tx. It stamps correlation, causation (when ctx carries a
 // consumed message, as it does inside the effectively-once middleware) and occurred_at metadata
-// on the messages themselves, as Watermill's CorrelationID middleware does.
+// on the messages themselves, as Watermill's CorrelationID middleware does. When ctx holds a
+// span, each message that carries no trace context yet is stamped with W3C trace context
+// ("traceparent", "tracestate" metadata) pointing at an "outbox store" span under it, so that
+// the relay and the consumer continue the producer's trace.
 //
 // Messages are stored byte for byte or not at all: before writing anything it refuses, with an
 // error wrapping ErrInvalidMessage, an invalid topic and any message that is nil, has an empty
@@ -182,7 +191,7 @@ type Execer interface {
 // not valid UTF-8 or contains NUL (JSON would replace invalid bytes with U+FFFD; PostgreSQL text
 // refuses NUL). Payloads are any bytes (base64 in the envelope). A nil tx returns an error
 // wrapping pgtx.ErrNoTransaction.
-func (w *Writer) PublishTx(ctx context.Context, tx Execer, topic string, msgs ...*message.Message) error {
+func (w *Writer) PublishTx(ctx context.Context, tx Execer, topic string, msgs ...*message.Message) (err error) {
 	if len(msgs) == 0 {
 		return nil
 	}
@@ -197,6 +206,8 @@ func (w *Writer) PublishTx(ctx context.Context, tx Execer, topic string, msgs ..
 			return fmt.Errorf("%w: message %d of %d: %w", ErrInvalidMessage, i+1, len(msgs), err)
 		}
 	}
+	ctx, span := tracing.StartChild(ctx, w.tracer, tracing.SpanOutboxStore, tracing.Destination.String(topic), tracing.MessageCount.Int(len(msgs)))
+	defer func() { tracing.End(span, err) }()
 	cause, _ := ConsumedFromContext(ctx)
 	now := w.config.Now().UTC().Format(time.RFC3339Nano)
 	uuids := make([]string, len(msgs))
@@ -204,6 +215,7 @@ func (w *Writer) PublishTx(ctx context.Context, tx Execer, topic string, msgs ..
 	metadatas := make([]string, len(msgs))
 	for i, msg := range msgs {
 		stamp(msg, cause, now)
+		tracing.Stamp(ctx, msg)
 		if err := checkText("metadata", msg.Metadata); err != nil { // inherited correlation_id
 			return fmt.Errorf("%w: message %s: %w", ErrInvalidMessage, msg.UUID, err)
 		}
@@ -224,8 +236,7 @@ func (w *Writer) PublishTx(ctx context.Context, tx Execer, topic string, msgs ..
 	if w.channel != "" {
 		args = append(args, w.channel)
 	}
-	_, err := tx.ExecContext(ctx, query, args...)
-	if err != nil {
+	if _, err = tx.ExecContext(ctx, query, args...); err != nil {
 		if pgtx.IsUndefinedTable(err) {
 			return fmt.Errorf("outbox: table %s is missing: run the migrations (migrate.Migrate or `wmonce migrate up`): %w", w.table, err)
 		}
