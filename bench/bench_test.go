@@ -106,6 +106,12 @@ func TestTinyRun(t *testing.T) {
 	img, err := png.Decode(f)
 	require.NoError(t, err)
 	require.Greater(t, img.Bounds().Dy(), 200)
+	lf, err := os.Open(filepath.Join(dir, "latency.png"))
+	require.NoError(t, err, "the e2e variants ran: the latency chart is written")
+	defer lf.Close()
+	limg, err := png.Decode(lf)
+	require.NoError(t, err)
+	require.Greater(t, limg.Bounds().Dy(), 100)
 }
 
 func TestFlagsRefuseBadInput(t *testing.T) {

@@ -24,7 +24,7 @@
 // removed at the end.
 //
 // It prints a table and the ratios against the targets, and writes bench/results/latest.json,
-// latest.md and latest.png (-out).
+// latest.md, latest.png and latency.png (-out).
 package main
 
 import (
@@ -141,7 +141,7 @@ func parseFlags(args []string) (options, error) {
 	fs.BoolVar(&o.rebuildPreload, "rebuild-preload", false, "delete and load the pre-loaded rows again")
 	fs.DurationVar(&o.c1Duration, "c1-duration", 5*time.Second, "duration of each C1 ceiling run")
 	fs.DurationVar(&o.variantTimeout, "timeout", 3*time.Minute, "limit for one variant")
-	fs.StringVar(&o.outDir, "out", "bench/results", "directory for latest.{json,md,png}; empty: write nothing")
+	fs.StringVar(&o.outDir, "out", "bench/results", "directory for latest.{json,md,png} and latency.png; empty: write nothing")
 	fs.StringVar(&o.profileDir, "profile", "", "directory for one CPU profile per variant (go tool pprof)")
 	fs.BoolVar(&o.verbose, "v", false, "log everything the components log")
 	fs.StringVar(&o.render, "render", "", "measure nothing: read this latest.json and write its markdown and chart again into -out")

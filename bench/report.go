@@ -338,7 +338,14 @@ func writeResults(dir string, rep *Report) error {
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(dir, "latest.png"), png, 0o644)
+	if err := os.WriteFile(filepath.Join(dir, "latest.png"), png, 0o644); err != nil {
+		return err
+	}
+	lat, err := latencyChart(rep)
+	if err != nil || lat == nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "latency.png"), lat, 0o644)
 }
 
 // render writes the markdown and the chart of a saved report again.
