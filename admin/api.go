@@ -33,9 +33,9 @@ func (h *Handler) status(ctx context.Context, _ *http.Request) (any, error) {
 // ConsumersResponse is GET /api/consumers.
 type ConsumersResponse struct {
 	Consumers []ConsumerStatus `json:"consumers"`
-	// InProcessCounts says whether middlewares were given: without them there are no
+	// InProcessCounters says whether middlewares were given: without them there are no
 	// duplicate rates, only claims.
-	InProcessCounts bool `json:"in_process_counts"`
+	InProcessCounters bool `json:"in_process_counters"`
 }
 
 func (h *Handler) consumers(ctx context.Context, _ *http.Request) (any, error) {
@@ -43,7 +43,7 @@ func (h *Handler) consumers(ctx context.Context, _ *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return ConsumersResponse{Consumers: cs, InProcessCounts: len(h.config.Middlewares) > 0}, nil
+	return ConsumersResponse{Consumers: cs, InProcessCounters: len(h.config.Middlewares) > 0}, nil
 }
 
 // InboxStatsResponse is GET /api/inbox/stats.

@@ -43,13 +43,13 @@ func TestReadAPI(t *testing.T) {
 
 	var cs admin.ConsumersResponse
 	get(t, api+"consumers").decode(t, &cs)
-	require.True(t, cs.InProcessCounts)
+	require.True(t, cs.InProcessCounters)
 	require.Len(t, cs.Consumers, 1)
 	c := cs.Consumers[0]
 	require.Equal(t, "rewards", c.Consumer)
 	require.Equal(t, int64(3), c.Claims)
 	require.WithinDuration(t, time.Now(), c.NewestClaim, time.Minute)
-	require.Equal(t, admin.Counts{Fresh: 3, Duplicates: 1}, *c.Counts)
+	require.Equal(t, admin.Counters{Fresh: 3, Duplicates: 1}, *c.Counters)
 	require.InDelta(t, 0.25, *c.DuplicateRate, 1e-9)
 
 	var is admin.InboxStatsResponse

@@ -65,7 +65,7 @@ func ExampleNewHandler() {
 	_ = json.NewDecoder(res.Body).Decode(&body)
 	_ = res.Body.Close()
 	for _, c := range body.Consumers {
-		fmt.Printf("%s: %d claims, %d fresh, %d duplicate, duplicate rate %.0f%%\n", c.Consumer, c.Claims, c.Counts.Fresh, c.Counts.Duplicates, *c.DuplicateRate*100)
+		fmt.Printf("%s: %d claims, %d fresh, %d duplicate, duplicate rate %.0f%%\n", c.Consumer, c.Claims, c.Counters.Fresh, c.Counters.Duplicates, *c.DuplicateRate*100)
 	}
 
 	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/ops/wmonce/api/inbox/replay", strings.NewReader(`{"consumer":"rewards"}`))

@@ -254,11 +254,11 @@ type HistoryResponse struct {
 	Buckets       int       `json:"buckets"`
 	// Sampling describes the in-memory samples behind every series but claims.
 	Sampling SamplingStatus `json:"sampling"`
-	// InProcessCounts says whether middlewares were given: without them duplicates are null.
-	InProcessCounts bool             `json:"in_process_counts"`
-	Consumers       []ConsumerSeries `json:"consumers"`
-	Inbox           []InboxSeries    `json:"inbox"`
-	Relays          []RelaySeries    `json:"relays"`
+	// InProcessCounters says whether middlewares were given: without them duplicates are null.
+	InProcessCounters bool             `json:"in_process_counters"`
+	Consumers         []ConsumerSeries `json:"consumers"`
+	Inbox             []InboxSeries    `json:"inbox"`
+	Relays            []RelaySeries    `json:"relays"`
 }
 
 // SamplingStatus says how far back the sampled series go.
@@ -312,8 +312,8 @@ func (h *Handler) historyGet(ctx context.Context, r *http.Request) (any, error) 
 	out := HistoryResponse{
 		Window: window, Start: end.Add(-w.span).UTC(), End: end.UTC(),
 		BucketSeconds: w.bucket.Seconds(), Buckets: int(w.span / w.bucket),
-		InProcessCounts: len(h.config.Middlewares) > 0,
-		Consumers:       []ConsumerSeries{}, Inbox: []InboxSeries{}, Relays: []RelaySeries{},
+		InProcessCounters: len(h.config.Middlewares) > 0,
+		Consumers:         []ConsumerSeries{}, Inbox: []InboxSeries{}, Relays: []RelaySeries{},
 	}
 	claims, err := once.ClaimHistory(ctx, h.db, h.config.Schema, consumer, out.Start, w.bucket, out.Buckets)
 	if err != nil {

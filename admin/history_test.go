@@ -75,7 +75,7 @@ func TestHistoryAPI(t *testing.T) {
 	require.Equal(t, 60, hr.Buckets)
 	require.Equal(t, 60.0, hr.BucketSeconds)
 	require.Equal(t, time.Hour, hr.End.Sub(hr.Start))
-	require.True(t, hr.InProcessCounts)
+	require.True(t, hr.InProcessCounters)
 	require.Equal(t, int64(2), hr.Sampling.Samples)
 	require.Zero(t, hr.Sampling.IntervalSeconds, "background sampling is off")
 	require.Len(t, hr.Consumers, 2)

@@ -62,10 +62,10 @@ type ConsumerStatus struct {
 	Claims int64 `json:"claims"`
 	// NewestClaim is when the most recent of them was applied (zero when there are none).
 	NewestClaim time.Time `json:"newest_claim"`
-	// Counts are the totals since the middlewares given to Config were created, summed over
+	// Counters are the totals since the middlewares given to Config were created, summed over
 	// them; nil when none of them has seen this consumer (or none was given).
-	Counts *Counts `json:"counts,omitempty"`
-	// DuplicateRate is Duplicates / (Fresh + Duplicates) from Counts; nil without traffic.
+	Counters *Counters `json:"counters,omitempty"`
+	// DuplicateRate is Duplicates / (Fresh + Duplicates) from Counters; nil without traffic.
 	DuplicateRate *float64 `json:"duplicate_rate,omitempty"`
 }
 
@@ -93,7 +93,7 @@ func ReadConsumers(ctx context.Context, db *sql.DB, schema string, mws []*once.M
 	}
 	for consumer, counts := range sumCounts(mws) {
 		c := entry(byName, consumer, func() *ConsumerStatus { return &ConsumerStatus{Consumer: consumer} })
-		c.Counts = &Counts{
+		c.Counters = &Counters{
 			Fresh: counts.Fresh, Duplicates: counts.Duplicates, FingerprintMismatches: counts.FingerprintMismatches,
 			Failed: counts.Failed, TxRetries: counts.TxRetries, Refused: counts.Refused, TooOld: counts.TooOld,
 		}
@@ -124,8 +124,8 @@ func sortedByName[T any](m map[string]*T) []T {
 	return out
 }
 
-// Counts are once.Counters as JSON.
-type Counts struct {
+// Counters are once.Counters as JSON.
+type Counters struct {
 	Fresh                 uint64 `json:"fresh"`
 	Duplicates            uint64 `json:"duplicates"`
 	FingerprintMismatches uint64 `json:"fingerprint_mismatches"`

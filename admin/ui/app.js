@@ -212,7 +212,7 @@ async function loadHistory() {
         { kind: "bars", integer: true, unit: "claims", label: `claims of ${c.consumer}`, empty: `no claims in the ${span}` }],
       ["dups", `Duplicates ${per}: counted by this process's middleware`, c.duplicates,
         { kind: "bars", integer: true, unit: "duplicates", label: `duplicates of ${c.consumer}`,
-          empty: h.in_process_counts ? (covered ? "no duplicates" : "not sampled yet") : "needs admin.Config.Middlewares" }],
+          empty: h.in_process_counters ? (covered ? "no duplicates" : "not sampled yet") : "needs admin.Config.Middlewares" }],
     ]);
   }));
   if (!h.consumers.length) cc.append(el("p", { class: "muted empty-charts" }, `No claims in the ${span}.`));
@@ -264,14 +264,14 @@ function fillSelect(sel, names, keep) {
 
 async function loadConsumers() {
   const r = await api("consumers");
-  $("consumers-note").textContent = r.in_process_counts
+  $("consumers-note").textContent = r.in_process_counters
     ? "Claims come from the database; fresh, duplicates and failures are counted by the middlewares in this process since it started."
     : "Claims come from the database. Duplicate rates need the middlewares of this process (admin.Config.Middlewares).";
   const body = $("consumers").tBodies[0];
   fillSelect($("c-filter"), r.consumers.map((c) => c.consumer), state.chartConsumer);
   if (!r.consumers.length) return emptyRow(body, 9, "No consumer has claimed a message yet.");
   body.replaceChildren(...r.consumers.map((c) => {
-    const k = c.counts || {};
+    const k = c.counters || {};
     const rate = c.duplicate_rate === undefined ? "—" : (c.duplicate_rate * 100).toFixed(1) + " %";
     return el("tr", {},
       td(c.consumer), td(num(c.claims), "num"), td(fmtTime(c.newest_claim)),
