@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -111,12 +112,16 @@ func TestForgetRelayRefusesARunningRelay(t *testing.T) {
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	require.Eventually(t, func() bool { return r.Counters().IsLeader }, 10*time.Second, 10*time.Millisecond)
+	// Leading comes first (the lock), then the relay registers its position: wait for both.
+	offsets := `SELECT count(*) FROM ` + pgtx.QualifiedName(schema, "outbox_offsets")
+	testwait.Until(t, "the relay to lead and register its position", func() bool {
+		return r.Counters().IsLeader && pgtest.Count(t, db, offsets) == 1
+	})
 
 	found, err := outbox.ForgetRelay(ctx, db, schema, "live")
 	require.ErrorIs(t, err, outbox.ErrRelayActive)
 	require.False(t, found)
-	require.Equal(t, 1, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "outbox_offsets")))
+	require.Equal(t, 1, pgtest.Count(t, db, offsets))
 	// Another relay's name, or another schema, is not held back by this lock.
 	found, err = outbox.ForgetRelay(ctx, db, schema, "other")
 	require.NoError(t, err)
@@ -126,10 +131,10 @@ func TestForgetRelayRefusesARunningRelay(t *testing.T) {
 	require.NoError(t, <-done)
 	// A relay stopped while its connection was busy leaves the session (and lock) to end on
 	// the server a moment later.
-	require.Eventually(t, func() bool {
+	testwait.Until(t, "ForgetRelay to succeed once the relay's session ended", func() bool {
 		found, err = outbox.ForgetRelay(ctx, db, schema, "live")
 		return err == nil
-	}, 10*time.Second, 10*time.Millisecond)
+	})
 	require.True(t, found)
 	found, err = outbox.ForgetRelay(ctx, db, schema, "live")
 	require.NoError(t, err)

@@ -160,7 +160,7 @@ func TestJanitorRunAgainAfterItReturnedAndCloseIsFinal(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	first := make(chan error, 1)
 	go func() { first <- j.Run(ctx) }()
-	require.Eventually(t, func() bool { return j.Counters().Rounds > 0 }, 10*time.Second, 10*time.Millisecond)
+	testwait.Until(t, "a janitor round", func() bool { return j.Counters().Rounds > 0 })
 	require.ErrorContains(t, j.Run(context.Background()), "already running")
 	cancel()
 	require.NoError(t, <-first)
@@ -168,7 +168,7 @@ func TestJanitorRunAgainAfterItReturnedAndCloseIsFinal(t *testing.T) {
 	rounds := j.Counters().Rounds
 	second := make(chan error, 1)
 	go func() { second <- j.Run(context.Background()) }()
-	require.Eventually(t, func() bool { return j.Counters().Rounds > rounds }, 10*time.Second, 10*time.Millisecond)
+	testwait.Until(t, "a round of the second Run", func() bool { return j.Counters().Rounds > rounds })
 	require.NoError(t, j.Close())
 	require.NoError(t, <-second, "Close stopped the second Run and waited for it")
 	require.False(t, j.Counters().IsLeader, "the lock is given up")

@@ -25,7 +25,6 @@ import (
 	"log"
 	"net/http"
 	"strconv"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -65,7 +64,7 @@ func newApp(ctx context.Context, db *sql.DB, schema string) (*app, error) {
 		return nil, err
 	}
 	broker := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 64}, logger)
-	relay, err := outbox.NewRelay(db, broker, outbox.RelayConfig{Schema: schema, Name: "http-idempotency-example", PollInterval: 50 * time.Millisecond}, logger)
+	relay, err := outbox.NewRelay(db, broker, outbox.RelayConfig{Schema: schema, Name: "http-idempotency-example"}, logger)
 	if err != nil {
 		return nil, err
 	}

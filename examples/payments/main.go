@@ -114,7 +114,7 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 	if err := waitFor(ctx, "rewards to receive both copies", func() bool { return rewards.deliveries.Load() >= 2 }); err != nil {
 		return Result{}, err
 	}
-	rewardsRelay, err := outbox.NewRelay(d.db, d.pub, outbox.RelayConfig{Schema: d.schemas.rewards, Name: "rewards-relay", PollInterval: 50 * time.Millisecond}, d.logger)
+	rewardsRelay, err := outbox.NewRelay(d.db, d.pub, outbox.RelayConfig{Schema: d.schemas.rewards, Name: "rewards-relay"}, d.logger)
 	if err != nil {
 		return Result{}, err
 	}
