@@ -95,7 +95,10 @@ func TestRunOnceWorksBesideARunningLeader(t *testing.T) {
 	service := newJanitor(t, db, retention.Config{Schema: schema, PollInterval: time.Hour})
 	done := make(chan error, 1)
 	go func() { done <- service.Run(context.Background()) }()
-	testwait.Until(t, "the service to lead", func() bool { return service.Counters().IsLeader })
+	// Its first round runs as it starts leading; the next is an hour away.
+	testwait.Until(t, "the service to lead and finish its first round", func() bool {
+		return service.Counters().IsLeader && service.Counters().Rounds >= 1
+	})
 
 	insertClaims(t, db, schema, "c", 20, 30*day)
 	rep, err := newJanitor(t, db, retention.Config{Schema: schema}).RunOnce(context.Background())
