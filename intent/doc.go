@@ -65,7 +65,9 @@
 // (kind client) with wmonce.intent.channel, wmonce.intent.key, wmonce.attempt,
 // wmonce.consumer and the state reached (wmonce.outcome; wmonce.duplicate when a reconcile
 // lookup found the effect already done); the provider is called with it in its context, so
-// an instrumented HTTP client continues it. Where it stops: the intents table keeps no trace
-// context, so a send is not part of the trace of the handler that recorded the intent: it is
-// the child of the span in the Sender's context, if any, else a trace of its own.
+// an instrumented HTTP client continues it. Store.Record and RecordTx keep the W3C trace context
+// of the span in their context in the intent's row (migration 009), and the send span is its
+// child, so a send joins the trace of the handler that recorded it however much later it runs
+// (a span in the Sender's context of another trace is linked). Where it stops: an intent
+// recorded without a span starts a trace of its own at its send.
 package intent

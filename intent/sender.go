@@ -276,7 +276,7 @@ func NewSender(db *sql.DB, config SenderConfig, logger watermill.LoggerAdapter) 
 	t := pgtx.QualifiedName(config.Schema, "intents")
 	returning := ` RETURNING i.id, i.channel, i.intent_key, i.consumer, i.event_id, i.step, i.payload, i.status,
     i.attempts, coalesce(i.provider_id, ''), coalesce(i.last_error, ''), i.created_at, i.updated_at, i.sent_at,
-    i.claim_token::text`
+    i.claim_token::text, coalesce(i.trace_parent, ''), coalesce(i.trace_state, '')`
 	return &Sender{
 		db:       db,
 		config:   config,
@@ -436,7 +436,7 @@ func (s *Sender) claim(ctx context.Context, query string) (*Intent, string, erro
 	var status, token string
 	var sentAt sql.NullTime
 	err := row.Scan(&in.ID, &in.Channel, &in.Key, &in.Consumer, &in.EventID, &in.Step, &in.Payload, &status,
-		&in.Attempts, &in.ProviderID, &in.LastError, &in.CreatedAt, &in.UpdatedAt, &sentAt, &token)
+		&in.Attempts, &in.ProviderID, &in.LastError, &in.CreatedAt, &in.UpdatedAt, &sentAt, &token, &in.TraceParent, &in.TraceState)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, "", nil
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/wmonce/watermill-once/idemkey"
 	"github.com/wmonce/watermill-once/internal/setup"
+	"github.com/wmonce/watermill-once/internal/tracing"
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -47,6 +48,11 @@ type Intent struct {
 	CreatedAt  time.Time
 	UpdatedAt  time.Time
 	SentAt     time.Time // zero unless SENT
+	// TraceParent and TraceState are the W3C trace context of the span that recorded the
+	// intent ("" when it was recorded without one, or before migration 009): the sender's span
+	// is its child.
+	TraceParent string
+	TraceState  string
 }
 
 // StoreConfig configures a Store.
@@ -93,8 +99,8 @@ func NewStore(db *sql.DB, config StoreConfig) (*Store, error) {
 		db:     db,
 		config: config,
 		table:  table,
-		qInsert: `INSERT INTO ` + table + ` (channel, intent_key, consumer, event_id, step, payload)
-VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (channel, intent_key) DO NOTHING`,
+		qInsert: `INSERT INTO ` + table + ` (channel, intent_key, consumer, event_id, step, payload, trace_parent, trace_state)
+VALUES ($1, $2, $3, $4, $5, $6, nullif($7, ''), nullif($8, '')) ON CONFLICT (channel, intent_key) DO NOTHING`,
 		qGet: `SELECT ` + intentColumns + ` FROM ` + table + ` WHERE channel = $1 AND intent_key = $2`,
 		qRequeue: `UPDATE ` + table + ` SET status = 'PENDING', run_after = now(), attempts = 0, claim_token = NULL,
     lease_until = NULL, updated_at = now()
@@ -116,7 +122,8 @@ FROM ` + table + ` WHERE ` + where + ` GROUP BY channel, status`
 }
 
 const intentColumns = `id, channel, intent_key, consumer, event_id, step, payload, status, attempts,
-    coalesce(provider_id, ''), coalesce(last_error, ''), created_at, updated_at, sent_at`
+    coalesce(provider_id, ''), coalesce(last_error, ''), created_at, updated_at, sent_at,
+    coalesce(trace_parent, ''), coalesce(trace_state, '')`
 
 // Draft describes an intent to record.
 type Draft struct {
@@ -193,7 +200,8 @@ func (s *Store) RecordTx(ctx context.Context, tx Execer, d Draft) (Recorded, err
 	if payload == nil {
 		payload = []byte{}
 	}
-	res, err := tx.ExecContext(ctx, s.qInsert, d.Channel, key, d.Consumer, d.EventID, d.Step, payload)
+	traceParent, traceState := tracing.TraceContext(ctx)
+	res, err := tx.ExecContext(ctx, s.qInsert, d.Channel, key, d.Consumer, d.EventID, d.Step, payload, traceParent, traceState)
 	if err != nil {
 		if pgtx.IsUndefinedTable(err) {
 			return Recorded{}, fmt.Errorf("intent: table %s is missing: run the migrations: %w", s.table, err)
@@ -214,7 +222,7 @@ func scanIntent(row scanner) (Intent, error) {
 	var status string
 	var sentAt sql.NullTime
 	err := row.Scan(&in.ID, &in.Channel, &in.Key, &in.Consumer, &in.EventID, &in.Step, &in.Payload, &status,
-		&in.Attempts, &in.ProviderID, &in.LastError, &in.CreatedAt, &in.UpdatedAt, &sentAt)
+		&in.Attempts, &in.ProviderID, &in.LastError, &in.CreatedAt, &in.UpdatedAt, &sentAt, &in.TraceParent, &in.TraceState)
 	in.Status = Status(status)
 	if sentAt.Valid {
 		in.SentAt = sentAt.Time

@@ -2,6 +2,7 @@ package intent_test
 
 import (
 	"context"
+	"database/sql"
 	"net/http"
 	"testing"
 
@@ -65,4 +66,49 @@ func attrOf(sp sdktrace.ReadOnlySpan, key string) string {
 		}
 	}
 	return ""
+}
+
+// An intent recorded under a span carries that span's trace context in its row, and the
+// sender's span is its child: the send joins the trace of the handler that decided on it,
+// however much later it runs. One recorded without a span starts a trace of its own.
+func TestSendJoinsTheTraceThatRecordedTheIntent(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	p := fakeprovider.Start(t)
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	s := e.sender(t, e.db, intent.Channel{Provider: newSMSProvider(t, p), OnCrash: intent.Resend}, intent.SenderConfig{TracerProvider: tp})
+
+	ctx, handler := tp.Tracer("test").Start(context.Background(), "handler")
+	var recorded intent.Recorded
+	require.NoError(t, pgtx.RunInTx(ctx, e.db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
+		var err error
+		recorded, err = e.store.RecordTx(ctx, tx, intent.Draft{Channel: "sms", Consumer: "notifications", EventID: "traced", Payload: []byte(`{}`)})
+		return err
+	}))
+	handler.End()
+	stored := e.get(t, recorded.Key)
+	require.Contains(t, stored.TraceParent, handler.SpanContext().TraceID().String(), "the row keeps the recording span's traceparent")
+
+	did, err := s.SendNext(context.Background())
+	require.NoError(t, err)
+	require.True(t, did)
+	untraced := e.record(t, "untraced")
+	did, err = s.SendNext(context.Background())
+	require.NoError(t, err)
+	require.True(t, did)
+
+	var sends []sdktrace.ReadOnlySpan
+	for _, sp := range rec.Ended() {
+		if sp.Name() == "intent send" {
+			sends = append(sends, sp)
+		}
+	}
+	require.Len(t, sends, 2)
+	require.Equal(t, recorded.Key, attrOf(sends[0], "wmonce.intent.key"))
+	require.Equal(t, handler.SpanContext().TraceID(), sends[0].SpanContext().TraceID(), "the send is in the handler's trace")
+	require.Equal(t, handler.SpanContext().SpanID(), sends[0].Parent().SpanID(), "and the child of the span that recorded it")
+	require.Equal(t, untraced.Key, attrOf(sends[1], "wmonce.intent.key"))
+	require.False(t, sends[1].Parent().IsValid(), "recorded without a span: a trace of its own")
+	require.Empty(t, e.get(t, untraced.Key).TraceParent)
 }

@@ -109,6 +109,30 @@ func Stamp(ctx context.Context, msg *message.Message) bool {
 	return true
 }
 
+// TraceContext returns the W3C traceparent and tracestate of the span in ctx, for a row that
+// records work to be done later; both are "" when ctx holds no valid span context.
+func TraceContext(ctx context.Context) (parent, state string) {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return "", ""
+	}
+	c := Carrier{}
+	propagator.Inject(ctx, c)
+	return c[MetadataTraceParent], c[MetadataTraceState]
+}
+
+// FromTraceContext returns the span context of a traceparent and tracestate that TraceContext
+// returned (invalid for "" or a malformed value).
+func FromTraceContext(parent, state string) trace.SpanContext {
+	if parent == "" {
+		return trace.SpanContext{}
+	}
+	c := Carrier{MetadataTraceParent: parent}
+	if state != "" {
+		c[MetadataTraceState] = state
+	}
+	return trace.SpanContextFromContext(propagator.Extract(context.Background(), c))
+}
+
 // Extract returns the span context a message carries (invalid when it carries none or a
 // malformed one).
 func Extract(md message.Metadata) trace.SpanContext {
