@@ -3,7 +3,6 @@ package httpidem
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"time"
 
@@ -20,17 +19,9 @@ import (
 // size, not correctness; pass an olderThan below Retention and retries inside Retention run
 // again as new requests.
 func Prune(ctx context.Context, db *sql.DB, schema string, olderThan time.Duration, batchSize int) (int64, error) {
-	if db == nil {
-		return 0, errors.New("httpidem: delete expired keys: db is nil")
-	}
-	if schema == "" {
-		schema = pgtx.DefaultSchema
-	}
-	if err := pgtx.ValidateIdentifier("schema", schema); err != nil {
+	schema, err := pgtx.CheckPrune(db, schema, olderThan, batchSize)
+	if err != nil {
 		return 0, fmt.Errorf("httpidem: delete expired keys: %w", err)
-	}
-	if olderThan < 0 || batchSize < 1 {
-		return 0, fmt.Errorf("httpidem: delete expired keys: olderThan must not be negative and batchSize must be positive, got %s and %d", olderThan, batchSize)
 	}
 	t := pgtx.QualifiedName(schema, "http_idempotency_keys")
 	// A key is live while created_at > now() - Retention (the lookup), so "<=" is exactly the

@@ -3,7 +3,6 @@ package intent
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"time"
 
@@ -21,17 +20,9 @@ import (
 // by its claim before its handler could record the intent again. The retention janitor calls
 // it when retention.Config.SentIntentsKeep is set.
 func PruneSent(ctx context.Context, db *sql.DB, schema string, keep time.Duration, batchSize int) (int64, error) {
-	if db == nil {
-		return 0, errors.New("intent: prune sent: db is nil")
-	}
-	if schema == "" {
-		schema = pgtx.DefaultSchema
-	}
-	if err := pgtx.ValidateIdentifier("schema", schema); err != nil {
+	schema, err := pgtx.CheckPrune(db, schema, keep, batchSize)
+	if err != nil {
 		return 0, fmt.Errorf("intent: prune sent: %w", err)
-	}
-	if keep < 0 || batchSize < 1 {
-		return 0, fmt.Errorf("intent: prune sent: keep must not be negative and batchSize must be positive, got %s and %d", keep, batchSize)
 	}
 	t := pgtx.QualifiedName(schema, "intents")
 	n, err := pgtx.DeleteInBatches(ctx, db, batchSize, `DELETE FROM `+t+` WHERE ctid = ANY(ARRAY(

@@ -81,11 +81,9 @@ func ForgetRelay(ctx context.Context, db *sql.DB, schema, name string) (bool, er
 // nothing is known to be forwarded, and nothing is deleted. Age is measured by the database
 // clock. A retired relay name holds every later row back until ForgetRelay removes it.
 func Prune(ctx context.Context, db *sql.DB, schema string, keep time.Duration, batchSize int) (int64, error) {
-	if err := checkSchema("prune", db, &schema); err != nil {
-		return 0, err
-	}
-	if keep < 0 || batchSize < 1 {
-		return 0, fmt.Errorf("outbox: prune: keep must not be negative and batchSize must be positive, got %s and %d", keep, batchSize)
+	schema, err := pgtx.CheckPrune(db, schema, keep, batchSize)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: prune: %w", err)
 	}
 	ob := pgtx.QualifiedName(schema, "outbox")
 	offsets := pgtx.QualifiedName(schema, "outbox_offsets")
@@ -95,7 +93,7 @@ func Prune(ctx context.Context, db *sql.DB, schema string, keep time.Duration, b
 	// snapshot, so the least of those over all relays bounds the rows any relay could have
 	// published; no row means no relay has ever run.
 	var bound string
-	err := db.QueryRowContext(ctx, `SELECT pg_snapshot_xmax(coalesce(target_snapshot, snapshot))::text FROM `+offsets+`
+	err = db.QueryRowContext(ctx, `SELECT pg_snapshot_xmax(coalesce(target_snapshot, snapshot))::text FROM `+offsets+`
 ORDER BY pg_snapshot_xmax(coalesce(target_snapshot, snapshot)) LIMIT 1`).Scan(&bound)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, nil
@@ -232,11 +230,9 @@ func ListRejected(ctx context.Context, db *sql.DB, schema string, f RejectedFilt
 // the relay could not decode: prune only what operators have had time to look at (see
 // ListRejected). The retention janitor calls it when retention.Config.RejectedKeep is set.
 func PruneRejected(ctx context.Context, db *sql.DB, schema string, keep time.Duration, batchSize int) (int64, error) {
-	if err := checkSchema("prune rejected", db, &schema); err != nil {
-		return 0, err
-	}
-	if keep < 0 || batchSize < 1 {
-		return 0, fmt.Errorf("outbox: prune rejected: keep must not be negative and batchSize must be positive, got %s and %d", keep, batchSize)
+	schema, err := pgtx.CheckPrune(db, schema, keep, batchSize)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: prune rejected: %w", err)
 	}
 	t := pgtx.QualifiedName(schema, "outbox_rejected")
 	n, err := pgtx.DeleteInBatches(ctx, db, batchSize, `DELETE FROM `+t+` WHERE ctid = ANY(ARRAY(

@@ -3,6 +3,9 @@ package pgtx
 import (
 	"context"
 	"database/sql"
+	"errors"
+	"fmt"
+	"time"
 )
 
 // DeleteInBatches runs query, a DELETE of at most batchSize rows whose last parameter is the
@@ -25,4 +28,23 @@ func DeleteInBatches(ctx context.Context, db *sql.DB, batchSize int, query strin
 		}
 	}
 	return total, ctx.Err()
+}
+
+// CheckPrune checks the arguments every owner's Prune takes and returns the schema to use ("" is
+// DefaultSchema): db must be set, the schema a valid identifier, keep not negative and batchSize
+// positive.
+func CheckPrune(db *sql.DB, schema string, keep time.Duration, batchSize int) (string, error) {
+	if db == nil {
+		return "", errors.New("db is nil")
+	}
+	if schema == "" {
+		schema = DefaultSchema
+	}
+	if err := ValidateIdentifier("schema", schema); err != nil {
+		return "", err
+	}
+	if keep < 0 || batchSize < 1 {
+		return "", fmt.Errorf("keep must not be negative and batchSize must be positive, got %s and %d", keep, batchSize)
+	}
+	return schema, nil
 }

@@ -225,15 +225,19 @@ func (j *Janitor) RunOnce(ctx context.Context) (Report, error) {
 	step("claims", func() error { return j.deleteClaims(ctx, now, &rep) })
 	step("daily partitions", func() error { return j.maintainPartitions(ctx, now, &rep) })
 	step("inbox", func() error { return j.deleteInbox(ctx, now, &rep) })
-	step("outbox", func() error { return j.deleteOutbox(ctx, &rep) })
+	step("outbox", func() error { return j.prune(ctx, outbox.Prune, j.config.OutboxKeep, &rep.OutboxRows, &j.outboxRows) })
 	if j.config.HTTPKeysKeep > 0 {
-		step("http idempotency keys", func() error { return j.deleteHTTPKeys(ctx, &rep) })
+		step("http idempotency keys", func() error { return j.prune(ctx, httpidem.Prune, j.config.HTTPKeysKeep, &rep.HTTPKeys, &j.httpKeys) })
 	}
 	if j.config.OutboxRejectedKeep > 0 {
-		step("rejected outbox rows", func() error { return j.deleteRejected(ctx, &rep) })
+		step("rejected outbox rows", func() error {
+			return j.prune(ctx, outbox.PruneRejected, j.config.OutboxRejectedKeep, &rep.OutboxRejected, &j.rejected)
+		})
 	}
 	if j.config.SentIntentsKeep > 0 {
-		step("sent intents", func() error { return j.deleteSentIntents(ctx, &rep) })
+		step("sent intents", func() error {
+			return j.prune(ctx, intent.PruneSent, j.config.SentIntentsKeep, &rep.SentIntents, &j.intents)
+		})
 	}
 	if ctx.Err() != nil {
 		errs = append(errs, fmt.Errorf("retention: round interrupted: %w", context.Cause(ctx)))
@@ -336,30 +340,14 @@ func (j *Janitor) deleteFinishedInbox(ctx context.Context, consumer string, befo
 	return total, ctx.Err()
 }
 
-func (j *Janitor) deleteOutbox(ctx context.Context, rep *Report) error {
-	n, err := outbox.Prune(ctx, j.db, j.config.Schema, j.config.OutboxKeep, j.config.BatchSize)
-	rep.OutboxRows += n
-	j.outboxRows.Add(uint64(n))
-	return err
-}
+// pruneFunc is the signature every owner's age-based Prune shares.
+type pruneFunc func(ctx context.Context, db *sql.DB, schema string, keep time.Duration, batchSize int) (int64, error)
 
-func (j *Janitor) deleteRejected(ctx context.Context, rep *Report) error {
-	n, err := outbox.PruneRejected(ctx, j.db, j.config.Schema, j.config.OutboxRejectedKeep, j.config.BatchSize)
-	rep.OutboxRejected += n
-	j.rejected.Add(uint64(n))
-	return err
-}
-
-func (j *Janitor) deleteSentIntents(ctx context.Context, rep *Report) error {
-	n, err := intent.PruneSent(ctx, j.db, j.config.Schema, j.config.SentIntentsKeep, j.config.BatchSize)
-	rep.SentIntents += n
-	j.intents.Add(uint64(n))
-	return err
-}
-
-func (j *Janitor) deleteHTTPKeys(ctx context.Context, rep *Report) error {
-	n, err := httpidem.Prune(ctx, j.db, j.config.Schema, j.config.HTTPKeysKeep, j.config.BatchSize)
-	rep.HTTPKeys += n
-	j.httpKeys.Add(uint64(n))
+// prune runs an owner's Prune with keep and adds what it deleted to the round's report field
+// and the janitor's running total.
+func (j *Janitor) prune(ctx context.Context, fn pruneFunc, keep time.Duration, reported *int64, total *atomic.Uint64) error {
+	n, err := fn(ctx, j.db, j.config.Schema, keep, j.config.BatchSize)
+	*reported += n
+	total.Add(uint64(n))
 	return err
 }
