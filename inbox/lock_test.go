@@ -292,3 +292,37 @@ END $$`)
 		})
 	}
 }
+
+// In ClaimLock mode the failure is recorded in the locking transaction, which began before the
+// handler ran: the retry must still wait Backoff after the failure, not after the claim. A
+// handler slower than Backoff shows the difference: measured from the claim, the row would be
+// due again at once.
+func TestClaimLockRetryWaitsBackoffAfterTheFailure(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
+	cfg := locking("c", 1, 1)
+	cfg.Backoff, cfg.MaxBackoff, cfg.MaxAttempts = 200*time.Millisecond, 200*time.Millisecond, 3
+	var mu sync.Mutex
+	var failedAt, retriedAt time.Time
+	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
+		d, _ := inbox.DeliveryFromContext(m.Context())
+		if d.Attempt == 1 {
+			time.Sleep(300 * time.Millisecond) // the handler's own work, longer than Backoff
+			mu.Lock()
+			failedAt = time.Now()
+			mu.Unlock()
+			return nil, errors.New("boom")
+		}
+		mu.Lock()
+		retriedAt = time.Now()
+		mu.Unlock()
+		return nil, e.effect(m, "w")
+	}, cfg)
+	require.NoError(t, r.Handle(msg("e-1", "x")))
+	testwait.Until(t, "the retry to succeed", func() bool { return p.Counters().Processed == 1 })
+	mu.Lock()
+	defer mu.Unlock()
+	// Backoff is drawn from [d/2, d]: at least 100ms after the failure.
+	require.GreaterOrEqual(t, retriedAt.Sub(failedAt), 100*time.Millisecond)
+}

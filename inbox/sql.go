@@ -140,9 +140,9 @@ FROM due WHERE r.id = due.id
 RETURNING r.id, r.message_id, r.message_uuid, coalesce(r.ordering_key, ''), r.topic, r.payload, r.metadata::text, r.attempts, r.received_at,
     CASE WHEN starts_with(r.last_error, '` + leaseExpired + `') THEN r.attempts - 1 ELSE 0 END, ''`,
 
-		complete: `UPDATE ` + t + ` SET status = 'DONE', finished_at = now(), claim_token = NULL, lease_until = NULL
+		complete: `UPDATE ` + t + ` SET status = 'DONE', finished_at = statement_timestamp(), claim_token = NULL, lease_until = NULL
 WHERE id = $1 AND claim_token = $2`,
-		completeMany: `UPDATE ` + t + ` SET status = 'DONE', finished_at = now(), claim_token = NULL, lease_until = NULL
+		completeMany: `UPDATE ` + t + ` SET status = 'DONE', finished_at = statement_timestamp(), claim_token = NULL, lease_until = NULL
 WHERE id = ANY($1::bigint[]) AND claim_token = $2`,
 		owned: `SELECT id FROM ` + t + ` WHERE id = ANY($1::bigint[]) AND claim_token = $2`,
 
@@ -190,17 +190,20 @@ FOR UPDATE OF i SKIP LOCKED`,
 		// attempt's start record. $2: the attempt numbers.
 		completeLock: `WITH c AS (SELECT * FROM unnest($1::bigint[], $2::int[]) AS c(id, n)),
 f AS (DELETE FROM ` + a + ` s USING c WHERE s.inbox_id = c.id AND s.attempt = c.n)
-UPDATE ` + t + ` i SET status = 'DONE', finished_at = now(), attempts = c.n
+UPDATE ` + t + ` i SET status = 'DONE', finished_at = statement_timestamp(), attempts = c.n
 FROM c WHERE i.id = c.id AND i.status = 'PENDING'`,
 		// $2: permanent error; $3: attempt limit; $4: backoff in microseconds; $6: the attempt
 		// number. Run inside the transaction that holds the row lock, or after it ended (a row
 		// another worker completed meanwhile is no longer PENDING and is left alone; a start
 		// another worker recorded meanwhile has another number and is left alone too).
+		// failLock and completeLock run in the locking transaction, which began before the
+		// handler ran: the outcome's time is the statement's, not the transaction's (now()), so
+		// that a retry waits Backoff after the failure, not after the claim.
 		failLock: `WITH f AS (DELETE FROM ` + a + ` WHERE inbox_id = $1 AND attempt = $6)
 UPDATE ` + t + ` SET
     status = CASE WHEN $2::bool OR greatest(attempts, $6) >= $3 THEN 'FAILED' ELSE 'PENDING' END,
     attempts = greatest(attempts, $6),
-    next_attempt_at = now() + $4::bigint * interval '1 microsecond',
+    next_attempt_at = statement_timestamp() + $4::bigint * interval '1 microsecond',
     last_error = $5
 WHERE id = $1 AND status = 'PENDING'
 RETURNING status`,
