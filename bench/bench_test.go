@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"image/png"
 	"os"
 	"path/filepath"
@@ -49,16 +50,31 @@ func TestTinyRun(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
 		rep, err := run(ctx, o, &out)
-		t.Log(out.String())
-		require.NoError(t, err)
-		for _, r := range rep.Results {
-			require.Empty(t, r.Error, "%s over %s", r.Variant, r.Broker)
-			if slices.Contains(idleVariants, r.Variant) {
-				require.NotNil(t, r.QueriesPerSec, r.Variant)
-				continue
-			}
-			require.Positive(t, r.MsgsPerSec, "%s over %s", r.Variant, r.Broker)
+		// What failed comes first, then the harness's whole output: a CI log that keeps only
+		// the head of a long output still shows the reason.
+		if err != nil {
+			t.Fatalf("harness %v: %v\n%s", args, err, out.String())
 		}
+		var failed []string
+		for _, r := range rep.Rounds {
+			if r.Error != "" {
+				failed = append(failed, fmt.Sprintf("round %d, %s over %s: %s", r.Round, r.Variant, r.Broker, r.Error))
+			}
+		}
+		for _, r := range rep.Results {
+			switch {
+			case slices.Contains(idleVariants, r.Variant):
+				if r.QueriesPerSec == nil {
+					failed = append(failed, r.Variant+": no query rate")
+				}
+			case !(r.MsgsPerSec > 0):
+				failed = append(failed, fmt.Sprintf("%s over %s: no throughput", r.Variant, r.Broker))
+			}
+		}
+		if len(failed) > 0 {
+			t.Fatalf("harness %v: %d variants failed:\n  %s\n%s", args, len(failed), strings.Join(failed, "\n  "), out.String())
+		}
+		t.Log(out.String())
 		return rep
 	}
 	has := func(rep *Report, variant, broker string) bool {

@@ -19,15 +19,22 @@ import (
 // meter counts messages that a handler chain finished successfully and records how long each
 // one spent in the chain: from the router handing it over until the chain returned (for the
 // database variants: after the commit, just before the ack). It is the outermost middleware.
+//
+// A message counts once: a redelivery (a rebalance, a requeue) that the chain finishes again
+// is counted in redelivered, not in count. Counting it would let the wait end while another
+// message's effect has not committed yet, and the variant's check would then fail for a reason
+// that has nothing to do with what it measures.
 type meter struct {
-	want  int
-	count atomic.Int64
-	errs  atomic.Int64
-	first atomic.Int64 // unix nanos of the first message entering the chain
-	last  atomic.Int64 // unix nanos of the want-th success
-	lat   []time.Duration
-	done  chan struct{}
-	once  sync.Once
+	want        int
+	count       atomic.Int64
+	errs        atomic.Int64
+	redelivered atomic.Int64
+	seen        sync.Map     // message UUID -> struct{}
+	first       atomic.Int64 // unix nanos of the first message entering the chain
+	last        atomic.Int64 // unix nanos of the want-th success
+	lat         []time.Duration
+	done        chan struct{}
+	once        sync.Once
 }
 
 func newMeter(want int) *meter {
@@ -43,14 +50,18 @@ func (m *meter) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			m.errs.Add(1)
 			return out, err
 		}
-		m.observe(start)
+		m.observe(msg.UUID, start)
 		return out, nil
 	}
 }
 
-// observe records one success that started at start.
-func (m *meter) observe(start time.Time) {
+// observe records one success of message uuid that started at start.
+func (m *meter) observe(uuid string, start time.Time) {
 	now := time.Now()
+	if _, again := m.seen.LoadOrStore(uuid, struct{}{}); again {
+		m.redelivered.Add(1)
+		return
+	}
 	i := m.count.Add(1)
 	if i <= int64(m.want) {
 		m.lat[i-1] = now.Sub(start)

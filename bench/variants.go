@@ -334,6 +334,9 @@ func (h *harness) consume(ctx context.Context, r *rig, id string) (Result, error
 	if e := m.errs.Load(); e > 0 {
 		res.Notes += fmt.Sprintf("; %d handler errors (redelivered)", e)
 	}
+	if d := m.redelivered.Load(); d > 0 {
+		res.Notes += fmt.Sprintf("; %d redeliveries of finished messages (counted once)", d)
+	}
 	for _, d := range describe {
 		d()
 	}
@@ -423,7 +426,7 @@ func (h *harness) ingestBurst(ctx context.Context) (Result, error) {
 					m.errs.Add(1)
 					continue
 				}
-				m.observe(start)
+				m.observe(msgs[i].UUID, start)
 			}
 		})
 	}
