@@ -234,3 +234,142 @@ func TestKafkaPublishWaitsOutSaramasOpenBreaker(t *testing.T) {
 	require.NoError(t, pub.Publish(topic, message.NewMessage("a", []byte("1"))))
 	require.EqualValues(t, leaderless, answered.Load())
 }
+
+// kafkaWithProduceCount starts kfake with a one-partition topic and counts the produce
+// requests that reach it; refuse, when it returns true for the n-th request (from 1) carrying
+// records records, answers that request with INVALID_RECORD, an error Sarama does not retry.
+func kafkaWithProduceCount(t *testing.T, ctx context.Context, refuse func(n, records int32) bool) (b *broker.Broker, topic string, produced *atomic.Int32) {
+	t.Helper()
+	ek, err := broker.StartEmbeddedKafka(ctx, nil)
+	require.NoError(t, err)
+	t.Cleanup(ek.Close)
+	topic = pgtest.NewName("batch")
+	b, err = broker.New(ctx, nil, broker.Config{Kind: broker.Kafka, Kafka: broker.KafkaConfig{Brokers: ek.Addrs(), Partitions: 1},
+		Subscriptions: []broker.Subscription{{Topic: topic, Group: "g"}}}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+	produced = &atomic.Int32{}
+	ek.Cluster().ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		ek.Cluster().KeepControl()
+		n := produced.Add(1)
+		p := req.(*kmsg.ProduceRequest)
+		var records int32
+		for _, rt := range p.Topics {
+			for _, rp := range rt.Partitions {
+				var batch kmsg.RecordBatch
+				if err := batch.ReadFrom(rp.Records); err == nil {
+					records += batch.NumRecords
+				}
+			}
+		}
+		if refuse == nil || !refuse(n, records) {
+			return nil, nil, false
+		}
+		resp := p.ResponseKind().(*kmsg.ProduceResponse)
+		for _, rt := range p.Topics {
+			st := kmsg.NewProduceResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewProduceResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.ErrorCode = kerr.InvalidRecord.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	return b, topic, produced
+}
+
+func keyed(uuid, key string) *message.Message {
+	m := message.NewMessage(uuid, []byte(uuid))
+	m.Metadata.Set("partition_key", key)
+	return m
+}
+
+// A Publish of many messages costs a few produce requests, not one per message (the outbox
+// relay forwards a batch per call), and each key's messages arrive in the call's order.
+// One partition, so the order of arrival is the order of writing.
+func TestKafkaPublishSendsACallTogether(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	b, topic, produced := kafkaWithProduceCount(t, ctx, nil)
+	pub, err := b.NewPublisher(ctx)
+	require.NoError(t, err)
+	defer pub.Close()
+	require.NoError(t, pub.Publish(topic, message.NewMessage("warm", nil))) // producer id, metadata
+
+	// Sixty keys, one message each: one chunk. Sarama sends the first message at once and the
+	// rest, buffered meanwhile, in the next request or two; one request per message would be 60.
+	const n = 60
+	var unique []*message.Message
+	for i := range n {
+		unique = append(unique, keyed("u"+strconv.Itoa(i), "u"+strconv.Itoa(i)))
+	}
+	before := produced.Load()
+	require.NoError(t, pub.Publish(topic, unique...))
+	require.LessOrEqual(t, produced.Load()-before, int32(n/4), "produce requests for %d messages with different keys", n)
+
+	// Three keys: cut into chunks of three (each key once), sent one after the other.
+	var msgs []*message.Message
+	for i := range n {
+		msgs = append(msgs, keyed(strconv.Itoa(i), "k"+strconv.Itoa(i%3)))
+	}
+	require.NoError(t, pub.Publish(topic, msgs...))
+
+	sub, err := b.NewSubscriber("g")
+	require.NoError(t, err)
+	defer sub.Close()
+	ch, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	got := receive(t, ch, 2*n+1, 30*time.Second)
+	last := map[string]int{}
+	for _, m := range got[n+1:] {
+		i, err := strconv.Atoi(m.UUID)
+		require.NoError(t, err)
+		k := m.Metadata.Get("partition_key")
+		if prev, ok := last[k]; ok {
+			require.Greater(t, i, prev, "key %s out of order", k)
+		}
+		last[k] = i
+	}
+	require.Len(t, last, 3)
+}
+
+// When a message fails, no later message with its key has been sent: publishing the call
+// again then keeps the key's order. Here both messages have one key and the first produce
+// request of the call that carries a single record is refused. A publisher that handed the
+// whole call to Sarama at once would send both in one request (not refused: the publish
+// succeeds) or the first alone (refused) and the second in the next request (accepted: the
+// key's second event would precede its first once the call is published again).
+func TestKafkaPublishFailureLetsNoLaterMessageOfTheKeyThrough(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var armed, refused atomic.Bool
+	b, topic, _ := kafkaWithProduceCount(t, ctx, func(_, records int32) bool {
+		return armed.Load() && records == 1 && !refused.Swap(true)
+	})
+	pub, err := b.NewPublisher(ctx)
+	require.NoError(t, err)
+	defer pub.Close()
+	require.NoError(t, pub.Publish(topic, keyed("warm", "k")))
+	armed.Store(true)
+	err = pub.Publish(topic, keyed("k-1", "k"), keyed("k-2", "k"))
+	require.ErrorContains(t, err, "Kafka publish")
+	require.True(t, refused.Load())
+	require.NoError(t, pub.Publish(topic, keyed("sentinel", "k")))
+
+	sub, err := b.NewSubscriber("g")
+	require.NoError(t, err)
+	defer sub.Close()
+	ch, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	var uuids []string
+	for _, m := range receive(t, ch, 2, 30*time.Second) {
+		uuids = append(uuids, m.UUID)
+	}
+	require.Equal(t, []string{"warm", "sentinel"}, uuids, "k-2 was never sent after k-1 failed")
+}
