@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,6 +24,52 @@ import (
 // forwards it to the broker, and an effectively-once consumer applies it. Latency runs from
 // the producer's COMMIT returning to the consumer's commit, all with the components' default
 // settings (relay, broker, middleware), so it shows what polling costs.
+
+// publishedAtKey is the metadata field in which the relay's publisher records when it was
+// handed the message (unix nanoseconds), so the latency can be split into stages.
+const publishedAtKey = "bench_published_at"
+
+// stampingPublisher records in each message when the relay handed it to the broker's publisher.
+// The relay's copy of the message is built from the outbox row for this Publish call, so the
+// stamp changes nothing the relay keeps.
+type stampingPublisher struct{ message.Publisher }
+
+func (p stampingPublisher) Publish(topic string, msgs ...*message.Message) error {
+	now := strconv.FormatInt(time.Now().UnixNano(), 10)
+	for _, m := range msgs {
+		m.Metadata.Set(publishedAtKey, now)
+	}
+	return p.Publisher.Publish(topic, msgs...)
+}
+
+// stageTimes is when one event reached the relay's publisher and the consumer's handler chain.
+type stageTimes struct{ published, received time.Time }
+
+// Stages splits an e2e variant's latency: from the producer's COMMIT to the relay's Publish
+// call (waiting for the relay to wake and read), from that call to the consumer's handler chain
+// (the broker's publish and delivery, queueing at the consumer included), and from there to the
+// consumer's commit (the middleware's transaction).
+type Stages struct {
+	ToPublish StageLatency `json:"commit_to_publish"`
+	ToDeliver StageLatency `json:"publish_to_handler"`
+	ToApply   StageLatency `json:"handler_to_commit"`
+}
+
+// StageLatency is one stage's p50 and p99 in milliseconds.
+type StageLatency struct {
+	P50ms float64 `json:"p50_ms"`
+	P99ms float64 `json:"p99_ms"`
+}
+
+func stageOf(d []time.Duration) StageLatency {
+	p50, p99 := percentiles(d)
+	return StageLatency{P50ms: p50, P99ms: p99}
+}
+
+func (s *Stages) String() string {
+	return fmt.Sprintf("p50/p99 ms: commit->publish %.1f/%.1f, publish->handler %.1f/%.1f, handler->commit %.1f/%.1f",
+		s.ToPublish.P50ms, s.ToPublish.P99ms, s.ToDeliver.P50ms, s.ToDeliver.P99ms, s.ToApply.P50ms, s.ToApply.P99ms)
+}
 
 // e2eTopic is the topic of one e2e variant: each has its own, so the second one's group does
 // not find the first one's events in its queue.
@@ -66,7 +113,7 @@ func (h *harness) endToEnd(ctx context.Context, r *rig, id string) (Result, erro
 		return res, err
 	}
 	relayName := "wb-" + r.runID + "-" + id
-	relay, err := outbox.NewRelay(h.db, pub, outbox.RelayConfig{Schema: h.opts.schema, Name: relayName}, h.logger)
+	relay, err := outbox.NewRelay(h.db, stampingPublisher{pub}, outbox.RelayConfig{Schema: h.opts.schema, Name: relayName}, h.logger)
 	if err != nil {
 		_ = sub.Close()
 		return res, err
@@ -80,6 +127,8 @@ func (h *harness) endToEnd(ctx context.Context, r *rig, id string) (Result, erro
 	defer eo.Close()
 
 	var produced, consumed sync.Map // uuid -> time.Time
+	var stagesMu sync.Mutex
+	stages := map[string]stageTimes{} // uuid -> when the relay published it and the consumer got it
 	warmUUID := "warmup-" + watermill.NewUUID()
 	var consumedN atomic.Int64
 	allIn := make(chan struct{})
@@ -87,7 +136,17 @@ func (h *harness) endToEnd(ctx context.Context, r *rig, id string) (Result, erro
 	var warmOnce sync.Once
 	measure := func(hf message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
+			received := time.Now()
 			out, err := hf(msg)
+			if err == nil && msg.UUID != warmUUID {
+				if ns, perr := strconv.ParseInt(msg.Metadata.Get(publishedAtKey), 10, 64); perr == nil {
+					stagesMu.Lock()
+					if _, ok := stages[msg.UUID]; !ok {
+						stages[msg.UUID] = stageTimes{published: time.Unix(0, ns), received: received}
+					}
+					stagesMu.Unlock()
+				}
+			}
 			if err == nil && msg.UUID == warmUUID {
 				warmOnce.Do(func() { close(warm) })
 			} else if err == nil {
@@ -191,10 +250,17 @@ func (h *harness) endToEnd(ctx context.Context, r *rig, id string) (Result, erro
 	if err != nil {
 		return res, err
 	}
-	var lat []time.Duration
+	var lat, toPublish, toDeliver, toApply []time.Duration
+	stagesMu.Lock()
+	defer stagesMu.Unlock()
 	produced.Range(func(k, v any) bool {
 		if c, ok := consumed.Load(k); ok {
 			lat = append(lat, c.(time.Time).Sub(v.(time.Time)))
+			if st, ok := stages[k.(string)]; ok {
+				toPublish = append(toPublish, st.published.Sub(v.(time.Time)))
+				toDeliver = append(toDeliver, st.received.Sub(st.published))
+				toApply = append(toApply, c.(time.Time).Sub(st.received))
+			}
 		}
 		return true
 	})
@@ -208,6 +274,9 @@ func (h *harness) endToEnd(ctx context.Context, r *rig, id string) (Result, erro
 	res.Notes = fmt.Sprintf("target %d events/s for %s; latency from the producer's COMMIT (outbox row) through the Relay and the broker to the effectively-once consumer's commit; relay, broker and middleware defaults", rate, h.opts.e2eDuration)
 	if r.kind == broker.SQL {
 		res.Notes += "; SQL: the middleware applies in the subscriber's transaction, which commits right after the ack (not included)"
+	}
+	if len(toPublish) > 0 {
+		res.Stages = &Stages{ToPublish: stageOf(toPublish), ToDeliver: stageOf(toDeliver), ToApply: stageOf(toApply)}
 	}
 	return res, nil
 }

@@ -106,6 +106,9 @@ func (r Result) line() string {
 	if r.P50ms != nil {
 		lat = fmt.Sprintf("p50 %6.3fms p99 %6.3fms", *r.P50ms, *r.P99ms)
 	}
+	if r.Stages != nil {
+		lat += " (" + r.Stages.String() + ")"
+	}
 	return fmt.Sprintf("%-8s %-16s %9.0f msgs/s  %s  busy %3.0f%% bench %3.0f%%  %s",
 		r.Broker, r.Variant, r.MsgsPerSec, lat, r.MachineBusyPct, r.BenchCPUPct, r.Notes)
 }
@@ -204,14 +207,19 @@ func (rep *Report) latencyMarkdown() string {
 		}
 	}
 	if len(e2e) > 0 {
-		b.WriteString("\n## End-to-end latency\n\nProducer COMMIT of an outbox row -> Relay -> broker -> effectively-once consumer's commit, every component with its default settings.\n\n")
-		b.WriteString("| broker | variant | events/s achieved | p50 ms | p99 ms | events |\n|---|---|---:|---:|---:|---:|\n")
+		b.WriteString("\n## End-to-end latency\n\nProducer COMMIT of an outbox row -> Relay -> broker -> effectively-once consumer's commit, every component with its default settings. Stages (p50 / p99 ms): commit -> the relay's Publish call (waking and reading), Publish -> the consumer's handler chain (the broker, and queueing at the consumer), handler chain -> the consumer's commit (the middleware's transaction).\n\n")
+		b.WriteString("| broker | variant | events/s achieved | p50 ms | p99 ms | events | commit -> publish | publish -> handler | handler -> commit |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, r := range e2e {
 			if r.Error != "" {
-				fmt.Fprintf(&b, "| %s | %s | ERROR: %s | | | |\n", r.Broker, r.Variant, strings.ReplaceAll(r.Error, "|", "/"))
+				fmt.Fprintf(&b, "| %s | %s | ERROR: %s | | | | | | |\n", r.Broker, r.Variant, strings.ReplaceAll(r.Error, "|", "/"))
 				continue
 			}
-			fmt.Fprintf(&b, "| %s | %s | %.0f | %.1f | %.1f | %d |\n", r.Broker, r.Variant, r.MsgsPerSec, deref(r.P50ms), deref(r.P99ms), r.Messages)
+			st := func(l StageLatency) string { return fmt.Sprintf("%.1f / %.1f", l.P50ms, l.P99ms) }
+			a, d, c := "", "", ""
+			if s := r.Stages; s != nil {
+				a, d, c = st(s.ToPublish), st(s.ToDeliver), st(s.ToApply)
+			}
+			fmt.Fprintf(&b, "| %s | %s | %.0f | %.1f | %.1f | %d | %s | %s | %s |\n", r.Broker, r.Variant, r.MsgsPerSec, deref(r.P50ms), deref(r.P99ms), r.Messages, a, d, c)
 		}
 	}
 	if len(idle) > 0 {

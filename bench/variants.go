@@ -101,9 +101,11 @@ type Result struct {
 	PGSessions string `json:"pg_sessions,omitempty"`
 	// QueriesPerSec is set by the idle variants: queries sent to PostgreSQL per second.
 	QueriesPerSec *float64 `json:"queries_per_sec,omitempty"`
-	Notes         string   `json:"notes"`
-	Error         string   `json:"error,omitempty"`
-	Round         int      `json:"round,omitempty"` // in Report.Rounds
+	// Stages is set by the e2e variants: where the latency was spent.
+	Stages *Stages `json:"stages,omitempty"`
+	Notes  string  `json:"notes"`
+	Error  string  `json:"error,omitempty"`
+	Round  int     `json:"round,omitempty"` // in Report.Rounds
 }
 
 func ms(v float64) *float64 { return &v }
