@@ -98,6 +98,7 @@ func (h *harness) endToEnd(ctx context.Context, r *rig, id string) (Result, erro
 	cfg := r.cfg
 	cfg.Subscriptions = []broker.Subscription{{Topic: topic, Group: group}}
 	cfg.SQL.PollInterval, cfg.SQL.IdlePollInterval, cfg.SQL.BatchSize = 0, 0, 0
+	cfg.Kafka.Partitions = 0 // the default (3), not one per message in flight
 	b, err := broker.New(ctx, h.db, cfg, h.logger)
 	if err != nil {
 		return res, err
