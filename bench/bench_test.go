@@ -159,3 +159,21 @@ func TestPercentiles(t *testing.T) {
 	require.Equal(t, 50.0, p50)
 	require.Equal(t, 99.0, p99)
 }
+
+// The median round of a throughput variant is the one with the median msgs/s; of an e2e
+// variant, which runs at a fixed rate, the one with the median p50 latency.
+func TestMediansPickTheMedianRoundOfWhatVaries(t *testing.T) {
+	t.Parallel()
+	round := func(variant string, i int, msgs, p50 float64) Result {
+		return Result{Variant: variant, Broker: "sql", MsgsPerSec: msgs, P50ms: ms(p50), P99ms: ms(2 * p50), Round: i}
+	}
+	got := medians([]Result{
+		round(E2E1000, 1, 1000, 17.4), round(B3, 1, 900, 3),
+		round(E2E1000, 2, 999, 274.0), round(B3, 2, 1200, 2),
+		round(E2E1000, 3, 1000, 8.8), round(B3, 3, 1000, 9),
+	})
+	require.Len(t, got, 2)
+	require.Equal(t, 17.4, *got[0].P50ms)
+	require.Contains(t, got[0].Notes, "p50 ms by round: 17.4, 274.0, 8.8")
+	require.Equal(t, 1000.0, got[1].MsgsPerSec)
+}
