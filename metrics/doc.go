@@ -82,6 +82,7 @@
 //	wmonce_relay_failures_total{relay}                 counter  failed publish or database attempts (retried)
 //	wmonce_relay_rejected_total{relay}                 counter  rows set aside in outbox_rejected
 //	wmonce_relay_fenced_total{relay}                   counter  position updates refused (another instance moved it)
+//	wmonce_relay_rechecks_total{relay}                 counter  short re-reads for transactions in progress when the relay asked to be notified
 //	wmonce_relay_leader{relay}                         gauge    1 while this process leads the relay
 //
 // From retention janitors (retention.Janitor.Counters and Warnings):

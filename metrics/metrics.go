@@ -148,6 +148,7 @@ var (
 	descRelayFail    = desc("wmonce_relay_failures_total", "Failed publish or database attempts of the relay (each retried).", "relay")
 	descRelayRej     = desc("wmonce_relay_rejected_total", "Outbox rows this relay set aside in outbox_rejected.", "relay")
 	descRelayFenced  = desc("wmonce_relay_fenced_total", "Relay position updates refused because another instance moved the position.", "relay")
+	descRelayRecheck = desc("wmonce_relay_rechecks_total", "Short re-reads of an idle relay for transactions in progress when it asked to be notified.", "relay")
 	descRelayLeader  = desc("wmonce_relay_leader", "1 while this process holds the relay's leadership.", "relay")
 	descJanDeleted   = desc("wmonce_janitor_deleted_total", "Rows deleted by the retention janitor, by table (processed_messages, inbox, outbox, http_idempotency_keys, outbox_rejected, intents).", "table")
 	descJanDropped   = desc("wmonce_janitor_partitions_dropped_total", "Days of processed_messages_daily dropped by the retention janitor.")
@@ -178,7 +179,7 @@ var allDescs = []*prometheus.Desc{
 	descClaims, descMismatches, descOutcomes, descTxRetries, descGroupTx, descGroupMsgs,
 	descReceived, descRecvBatches, descInboxClaimed, descInboxDone, descInboxFailed, descInboxParked,
 	descLeaseConfl, descLeaseExp, descReleased, descInboxErrors, descInboxRows, descRetrying, descOldestAge,
-	descBacklog, descLag, descRejected, descForwarded, descRelayFail, descRelayRej, descRelayFenced, descRelayLeader,
+	descBacklog, descLag, descRejected, descForwarded, descRelayFail, descRelayRej, descRelayFenced, descRelayRecheck, descRelayLeader,
 	descJanDeleted, descJanDropped, descJanRounds, descJanLeader, descJanLast, descJanWarnings, descScrapeErrors,
 	descIntentSent, descIntentRetries, descIntentUnknown, descIntentParked, descIntentLeasesExp, descIntentReconciled,
 	descIntentLeaseConfl, descIntentReleased, descIntentErrors, descIntentRows, descIntentRetrying, descIntentOldestAge,
@@ -318,6 +319,7 @@ func (c *collector) collectRelays(s *series) {
 		s.add(descRelayFail, prometheus.CounterValue, float64(st.Failures), name)
 		s.add(descRelayRej, prometheus.CounterValue, float64(st.Rejected), name)
 		s.add(descRelayFenced, prometheus.CounterValue, float64(st.Fenced), name)
+		s.add(descRelayRecheck, prometheus.CounterValue, float64(st.Rechecks), name)
 		s.max(descRelayLeader, prometheus.GaugeValue, boolValue(st.IsLeader), name)
 	}
 }

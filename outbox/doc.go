@@ -88,11 +88,17 @@
 // Writers nothing; an idle relay renews it every PollInterval, and one that stopped lets it
 // lapse after 2×PollInterval+1s.
 //
+// A Writer decides whether to notify when it stores, so a transaction that stored its rows
+// before the request and commits after the round that looked once more sends nothing. It was
+// in progress at that round's snapshot, so the relay reads again after 2ms, then 4ms, 8ms,
+// ... (at most PollInterval or 1s), until none of the transactions in progress at that
+// snapshot still is (RelayCounters.Rechecks). On a quiet server that costs nothing; a long
+// transaction elsewhere on the server costs at most two statements a second while it runs.
+//
 // RelayConfig.PollInterval (default 1s) is only the fallback: an idle relay sends two
-// statements per PollInterval. It covers a LISTEN connection that died silently, a
-// transaction that stored its rows before the request and committed after the round that
-// looked once more, rows inserted without the Writer, and LISTEN being off
-// (RelayConfig.DisableListen, or a *sql.DB whose driver is not pgx's stdlib).
+// statements per PollInterval. It covers a LISTEN connection that died silently, rows
+// inserted without the Writer, and LISTEN being off (RelayConfig.DisableListen, or a *sql.DB
+// whose driver is not pgx's stdlib).
 //
 // The cost of a notification is on the producers: a transaction that notifies takes, at
 // commit, a lock that serialises the commits of all notifying transactions on the server

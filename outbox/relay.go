@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -153,7 +155,10 @@ type RelayCounters struct {
 	Failures  uint64 // failed publish or database attempts (each retried)
 	Rejected  uint64 // rows set aside in outbox_rejected because they could not be decoded
 	Fenced    uint64 // position updates refused because another relay moved the position
-	IsLeader  bool
+	// Rechecks counts the short waits of a relay that had just asked for notifications, for
+	// transactions in progress at that moment (they may have stored rows without notifying).
+	Rechecks uint64
+	IsLeader bool
 	// Listening is true while the active relay's LISTEN connection is up: it then wakes when a
 	// Writer's transaction commits, not after PollInterval.
 	Listening  bool
@@ -198,9 +203,9 @@ type Relay struct {
 
 	qEnsure, qPosition, qPositionIdle, qReadRound, qReadRest, qAdvance, qReject string
 
-	forwarded, rounds, failures, rejected, fenced atomic.Uint64
-	lastRelay                                     atomic.Int64
-	listening                                     atomic.Bool
+	forwarded, rounds, failures, rejected, fenced, rechecks atomic.Uint64
+	lastRelay                                               atomic.Int64
+	listening                                               atomic.Bool
 
 	channel  string      // relayChannel(config.Schema)
 	noListen atomic.Bool // the driver cannot LISTEN: poll only
@@ -246,21 +251,26 @@ WHERE consumer_group = $1 RETURNING snapshot::text, target_snapshot::text, targe
 		// (transaction_id, offset) primary key, bounded on both sides so that a generic plan
 		// estimates it small too; "offset" + 0 keeps the planner from walking the whole outbox
 		// in "offset" order instead. Only the keys of the round are sorted; the rows are read
-		// for the batch alone.
-		qReadRound: `SELECT pg_current_snapshot()::text, t."offset", t.transaction_id::text, t.uuid, t.payload::text, t.metadata::text
-FROM (
-    SELECT "offset", transaction_id FROM (
-        SELECT "offset", transaction_id FROM ` + table + `
-        WHERE transaction_id = ANY(ARRAY(SELECT pg_snapshot_xip($1::text::pg_snapshot)))
-        UNION ALL
-        SELECT "offset", transaction_id FROM ` + table + `
-        WHERE transaction_id >= pg_snapshot_xmax($1::text::pg_snapshot)
-          AND transaction_id < pg_snapshot_xmax(pg_current_snapshot())
-    ) round
-    ORDER BY "offset" + 0
-    LIMIT $2
-) batch
-JOIN ` + table + ` t ON t.transaction_id = batch.transaction_id AND t."offset" = batch."offset"
+		// for the batch alone. A round with no rows still returns one (offset NULL) carrying
+		// the snapshot: its in-progress list tells an idle relay whom to wait for (lead).
+		qReadRound: `SELECT cur.snap, t."offset", t.transaction_id::text, t.uuid, t.payload::text, t.metadata::text
+FROM (SELECT pg_current_snapshot()::text AS snap) cur
+LEFT JOIN (
+    SELECT t."offset", t.transaction_id, t.uuid, t.payload, t.metadata
+    FROM (
+        SELECT "offset", transaction_id FROM (
+            SELECT "offset", transaction_id FROM ` + table + `
+            WHERE transaction_id = ANY(ARRAY(SELECT pg_snapshot_xip($1::text::pg_snapshot)))
+            UNION ALL
+            SELECT "offset", transaction_id FROM ` + table + `
+            WHERE transaction_id >= pg_snapshot_xmax($1::text::pg_snapshot)
+              AND transaction_id < pg_snapshot_xmax(pg_current_snapshot())
+        ) round
+        ORDER BY "offset" + 0
+        LIMIT $2
+    ) batch
+    JOIN ` + table + ` t ON t.transaction_id = batch.transaction_id AND t."offset" = batch."offset"
+) t ON true
 ORDER BY t."offset"`,
 		// The rest of a round larger than one batch: visible in target ($2), not in prev ($1),
 		// after the last offset published ($3). Walks the "offset" index (migration 006).
@@ -333,6 +343,7 @@ func (r *Relay) Counters() RelayCounters {
 		Failures:   r.failures.Load(),
 		Rejected:   r.rejected.Load(),
 		Fenced:     r.fenced.Load(),
+		Rechecks:   r.rechecks.Load(),
 		IsLeader:   r.leader.Leading(),
 		Listening:  r.listening.Load(),
 		LastRelays: last,
@@ -368,15 +379,21 @@ func (r *Relay) lead(ctx context.Context, conn *sql.Conn) error {
 	// transaction takes, at commit, a lock that serialises the commits of all notifying
 	// transactions on the server. The request stands while the relay waits.
 	ask := false
+	// A Writer decides whether to notify when it stores, so a transaction that stored before
+	// the request and commits after the round that asked sends nothing. Such transactions
+	// were in progress at that round's snapshot: waitFor holds them, and the relay reads again
+	// after a short wait, doubling up to maxRecheck, until none of them is still in progress.
+	var waitFor []string
+	asked, recheck := false, time.Duration(0)
 	for {
-		n, err := r.round(ctx, conn, ask)
+		n, snap, err := r.round(ctx, conn, ask && recheck == 0)
 		if err != nil {
 			return err
 		}
 		switch {
 		case n > 0:
 			// More may be waiting, and the request (if any) was withdrawn: read again at once.
-			ask = false
+			ask, asked, recheck, waitFor = false, false, 0, nil
 			continue
 		case !r.listenable():
 			// An empty round without LISTEN waits PollInterval.
@@ -386,6 +403,20 @@ func (r *Relay) lead(ctx context.Context, conn *sql.Conn) error {
 			ask = true
 			continue
 		}
+		wait := r.config.PollInterval
+		if r.listenable() {
+			if !asked { // the round that asked
+				asked, waitFor, recheck = true, inProgress(snap), firstRecheck
+			} else if recheck > 0 {
+				waitFor, recheck = stillInProgress(waitFor, snap), min(2*recheck, r.maxRecheck())
+			}
+			if len(waitFor) == 0 {
+				recheck = 0
+			} else {
+				wait = recheck
+				r.rechecks.Add(1)
+			}
+		}
 		// A round takes its snapshot when it starts, so a transaction that commits later is in
 		// the next round: its notification is delivered after its commit and waits in wake
 		// (buffered by pgx and then by the channel) until this loop takes it, and a LISTEN
@@ -393,7 +424,7 @@ func (r *Relay) lead(ctx context.Context, conn *sql.Conn) error {
 		if r.idleHook != nil {
 			r.idleHook()
 		}
-		poll.Reset(r.config.PollInterval)
+		poll.Reset(wait)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -401,6 +432,36 @@ func (r *Relay) lead(ctx context.Context, conn *sql.Conn) error {
 		case <-poll.C:
 		}
 	}
+}
+
+// firstRecheck is the first wait before reading again for transactions that were in progress
+// when the relay asked for notifications: about one commit.
+const firstRecheck = 2 * time.Millisecond
+
+// maxRecheck caps the re-reads' backoff: PollInterval, or 1s if that is longer, so that a
+// long transaction elsewhere on the server costs at most two statements a second.
+func (r *Relay) maxRecheck() time.Duration { return min(r.config.PollInterval, time.Second) }
+
+// inProgress returns the in-progress transaction ids of a pg_snapshot's text form
+// ("xmin:xmax:xip,xip,...").
+func inProgress(snap string) []string {
+	i := strings.LastIndexByte(snap, ':')
+	if i < 0 || i == len(snap)-1 {
+		return nil
+	}
+	return strings.Split(snap[i+1:], ",")
+}
+
+// stillInProgress returns the ids of ids that are in progress in snap.
+func stillInProgress(ids []string, snap string) []string {
+	now := inProgress(snap)
+	var out []string
+	for _, id := range ids {
+		if slices.Contains(now, id) {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 // idleTTL is how long a relay's request for notifications lasts (outbox_offsets.idle_until):
@@ -465,25 +526,26 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	if _, err := conn.ExecContext(ctx, r.qEnsure, r.config.Name); err != nil {
 		return 0, fmt.Errorf("outbox: relay init position: %w", err)
 	}
-	return r.round(ctx, conn, false)
+	n, _, err := r.round(ctx, conn, false)
+	return n, err
 }
 
 // round publishes one batch; with idle, its position read asks Writers to notify the relay. A round is the set of transactions that committed between the
 // relay's previous snapshot and a new one, published in "offset" (insertion) order; a round
 // larger than BatchSize is published over several calls. The position advances after each run
 // of one topic that published, so a crash republishes at most one batch.
-func (r *Relay) round(ctx context.Context, conn *sql.Conn, idle bool) (int, error) {
+func (r *Relay) round(ctx context.Context, conn *sql.Conn, idle bool) (int, string, error) {
 	var pos position
 	query, args := r.qPosition, []any{r.config.Name}
 	if idle && r.listenable() {
 		query, args = r.qPositionIdle, append(args, r.idleTTL().Microseconds())
 	}
 	if err := conn.QueryRowContext(ctx, query, args...).Scan(&pos.prev, &pos.target, &pos.last); err != nil {
-		return 0, fmt.Errorf("outbox: read relay position: %w", err)
+		return 0, "", fmt.Errorf("outbox: read relay position: %w", err)
 	}
 	snap, rows, err := r.read(ctx, conn, pos)
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	r.rounds.Add(1)
 	more := len(rows) > r.config.BatchSize // the query reads one row beyond the batch to know
@@ -492,21 +554,21 @@ func (r *Relay) round(ctx context.Context, conn *sql.Conn, idle bool) (int, erro
 	}
 	if len(rows) == 0 {
 		if pos.target.Valid { // the previous batch ended the round exactly
-			return 0, r.advance(ctx, conn, pos, position{prev: pos.target.String}, false)
+			return 0, snap, r.advance(ctx, conn, pos, position{prev: pos.target.String}, false)
 		}
 		// Nothing committed since prev: keep it. Writing the new snapshot would cost a commit
 		// per idle poll and change nothing that is published.
-		return 0, nil
+		return 0, snap, nil
 	}
 	published := 0
 	for start := 0; start < len(rows); {
 		topic, msgs, end, err := r.decodeRun(ctx, conn, rows, start)
 		if err != nil {
-			return published, err
+			return published, snap, err
 		}
 		if len(msgs) > 0 {
 			if err := r.publishLanes(ctx, topic, msgs); err != nil {
-				return published, err
+				return published, snap, err
 			}
 			published += len(msgs)
 			r.forwarded.Add(uint64(len(msgs)))
@@ -525,13 +587,13 @@ func (r *Relay) round(ctx context.Context, conn *sql.Conn, idle bool) (int, erro
 		err = r.advance(actx, conn, pos, next, published > 0)
 		cancel()
 		if err != nil {
-			return published, err
+			return published, snap, err
 		}
 		pos = next
 		start = end
 	}
 	r.lastRelay.Store(time.Now().UnixNano())
-	return len(rows), nil
+	return len(rows), snap, nil
 }
 
 // publishLanes publishes a run of one topic: in one call, or over PublishLanes concurrent
@@ -584,15 +646,19 @@ func (r *Relay) read(ctx context.Context, conn *sql.Conn, pos position) (string,
 	out := make([]outboxRow, 0, r.config.BatchSize+1)
 	for rs.Next() {
 		var row outboxRow
-		var payload sql.NullString
-		dest := []any{&row.offset, &row.txID, &row.uuid, &payload, &row.metadata}
+		var offset sql.NullInt64
+		var txID, uuid, payload sql.NullString
+		dest := []any{&offset, &txID, &uuid, &payload, &row.metadata}
 		if !pos.target.Valid {
 			dest = append([]any{&snap}, dest...)
 		}
 		if err := rs.Scan(dest...); err != nil {
 			return "", nil, fmt.Errorf("outbox: scan outbox row: %w", err)
 		}
-		row.payload = payload.String
+		if !offset.Valid { // qReadRound's row for an empty round: the snapshot alone
+			continue
+		}
+		row.offset, row.txID, row.uuid, row.payload = offset.Int64, txID.String, uuid.String, payload.String
 		out = append(out, row)
 	}
 	if err := rs.Err(); err != nil {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
@@ -225,4 +226,30 @@ func TestPublishingRoundWithdrawsTheRequestForNotifications(t *testing.T) {
 	publishTx(t, db, w, "a", "m-1")
 	drain(t, r, s, 1)
 	require.Zero(t, pgtest.Count(t, db, asking), "a round that published withdrew the request")
+}
+
+// A transaction that stored its rows before the relay asked for notifications, and commits
+// after the relay's last look, sends no notification (a Writer decides when it stores). The
+// relay saw it in progress when it asked, so it reads again shortly until it is over: with
+// the fallback poll an hour away, its message is still published.
+func TestRelayReadsAgainForATransactionInProgressWhenItAsked(t *testing.T) {
+	t.Parallel()
+	db, schema, w := setup(t)
+	ctx := context.Background()
+	// Stored before any relay of the schema asked: no notification will be sent at commit.
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback() }()
+	require.NoError(t, w.PublishTx(ctx, tx, "a", message.NewMessage("straddler", []byte(`{}`))))
+
+	s := newKeyedSink(1)
+	r, err := outbox.NewRelay(db, s, outbox.RelayConfig{Schema: schema, PollInterval: time.Hour}, nil)
+	require.NoError(t, err)
+	idle := startRelay(t, r)
+	waitIdleListening(t, r, idle)
+	require.Equal(t, 1, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "outbox_offsets")+` WHERE idle_until IS NOT NULL`),
+		"the relay asked for notifications while the transaction was open")
+	require.NoError(t, tx.Commit())
+	testwait.Closed(t, s.done, "the straddling transaction's message (with PollInterval an hour, only a re-read finds it)")
+	require.Positive(t, r.Counters().Rechecks)
 }
