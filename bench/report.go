@@ -136,9 +136,6 @@ type Ratio struct {
 	Met    bool    `json:"met"`
 }
 
-// atMost reports whether the target is an upper bound (latency, idle queries).
-func (r Ratio) atMost() bool { return r.Unit == "ms" || r.Unit == "queries/s" }
-
 // measured and target render the figure and its target in the ratio's unit.
 func (r Ratio) measured() string {
 	switch r.Unit {
