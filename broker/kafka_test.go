@@ -55,7 +55,7 @@ func TestKafkaProducerIsIdempotentOnKfake(t *testing.T) {
 	defer pub.Close()
 	require.NoError(t, pub.Publish(topic, message.NewMessage("a", []byte("1")), message.NewMessage("b", []byte("2"))))
 	require.GreaterOrEqual(t, initProducerID.Load(), int32(1), "the idempotent producer asked for a producer id")
-	require.GreaterOrEqual(t, acksAll.Load(), int32(2), "records were produced with acks=all")
+	require.GreaterOrEqual(t, acksAll.Load(), int32(1), "records were produced with acks=all (both in one request, or one each)")
 
 	sub, err := b.NewSubscriber("g")
 	require.NoError(t, err)
