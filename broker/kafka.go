@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -109,165 +108,57 @@ func partitionKey(k KafkaConfig, msg *message.Message) (string, error) {
 }
 
 func (b *Broker) newKafkaPublisher() (message.Publisher, error) {
-	producer, err := sarama.NewSyncProducer(b.config.Kafka.Brokers, b.saramaConfig())
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
+		Brokers:               b.config.Kafka.Brokers,
+		Marshaler:             b.kafkaMarshaler(),
+		OverwriteSaramaConfig: b.saramaConfig(),
+	}, b.logger)
 	if err != nil {
-		return nil, fmt.Errorf("broker: Kafka producer: %w", err)
+		return nil, err
 	}
-	return &kafkaPublisher{producer: producer, marshaler: b.kafkaMarshaler(), backoff: 100 * time.Millisecond, timeout: kafkaPublishRetryTimeout}, nil
+	return &kafkaPublisher{pub: pub, backoff: 100 * time.Millisecond, timeout: kafkaPublishRetryTimeout}, nil
 }
 
-// kafkaPublishRetryTimeout bounds how long a message is retried on a leaderless partition.
+// kafkaPublishRetryTimeout bounds how long one message is retried on a leaderless partition.
 const kafkaPublishRetryTimeout = 30 * time.Second // beyond Sarama's 10 s breaker
 
-// kafkaPublisher sends the messages of one Publish call together and keeps the order of each
-// record key, failures included.
-//
-// Batching: watermill-kafka's publisher waits for the acknowledgement of each message before
-// sending the next, so a Publish of n messages costs n broker round trips and the outbox relay
-// could forward at most a few hundred to a thousand messages per second to one topic, however
-// many were waiting. Here the messages go to Sarama's SyncProducer.SendMessages, which sends
-// what is buffered per broker in one produce request: a call costs a round trip or a few.
-//
-// Order on failure: a call is cut into chunks in which no record key occurs twice, sent one
-// after the other; a chunk is sent only once every message of the previous one is
-// acknowledged. So when a message fails, no later message with its key has been sent, and
-// when the caller publishes the call again (the relay does: it advances only after a whole
-// call succeeded), each key's messages reach their partition in order, after copies of the
-// ones that succeeded (the middleware drops those). Messages with different keys may be
-// written in a different order than the call's when one of them fails and is retried: Kafka
-// orders records only within a partition, and the consumer sees one key's records in order.
-//
-// Leaderless partitions: Sarama's idempotent producer retries a batch Producer.Retry.Max
-// times without waiting between attempts (the backoff applies only to the non-idempotent
-// path), does not retry a failed leader lookup at all, and after three failed lookups opens a
-// circuit breaker that refuses the partition for 10 s; so a partition that is briefly
-// leaderless (a topic just created, whose metadata the broker answers before it leads the new
-// partition; a broker restarting) fails a send within milliseconds. The messages of a chunk
-// that failed that way are sent again with backoff, for up to kafkaPublishRetryTimeout; any
-// other error, or one that lasts longer, is returned.
+// kafkaPublisher publishes one message at a time (as watermill-kafka does) and retries a
+// message while its partition has no leader, with backoff. Sarama's idempotent producer
+// retries such a batch Producer.Retry.Max times without waiting between attempts (the
+// backoff applies only to the non-idempotent path), does not retry a failed leader lookup at
+// all, and after three failed lookups opens a circuit breaker that refuses the partition for
+// 10 s; so a partition that is briefly leaderless fails the publish within milliseconds: seen on Kafka 3.9 just after the topic
+// was created (the broker answers metadata before it leads the new partition) and after a
+// broker restart. Copies a retry could create are the middleware's job, as for every
+// broker; a message that still fails after kafkaPublishRetryTimeout returns the error.
 type kafkaPublisher struct {
-	producer  sarama.SyncProducer
-	marshaler kafka.Marshaler
-	backoff   time.Duration
-	timeout   time.Duration
-	closed    atomic.Bool
+	pub     message.Publisher
+	backoff time.Duration
+	timeout time.Duration
 }
 
 func (p *kafkaPublisher) Publish(topic string, msgs ...*message.Message) error {
-	if p.closed.Load() {
-		return errors.New("broker: Kafka publisher closed")
-	}
-	keys := make([]string, len(msgs))
-	for i, msg := range msgs {
-		rec, err := p.marshal(topic, msg)
-		if err != nil {
-			return err
-		}
-		keys[i] = recordKey(rec)
-	}
-	for start := 0; start < len(msgs); {
-		end := chunkEnd(keys, start)
-		if err := p.sendChunk(topic, msgs[start:end]); err != nil {
-			return err
-		}
-		start = end
-	}
-	return nil
-}
-
-func (p *kafkaPublisher) marshal(topic string, msg *message.Message) (*sarama.ProducerMessage, error) {
-	rec, err := p.marshaler.Marshal(topic, msg)
-	if err != nil {
-		return nil, fmt.Errorf("broker: marshal message %s for Kafka: %w", msg.UUID, err)
-	}
-	return rec, nil
-}
-
-// chunkEnd returns the end of the chunk that starts at start: the longest run of messages whose
-// record keys are all different.
-func chunkEnd(keys []string, start int) int {
-	seen := make(map[string]struct{}, len(keys)-start)
-	for i := start; i < len(keys); i++ {
-		if _, dup := seen[keys[i]]; dup {
-			return i
-		}
-		seen[keys[i]] = struct{}{}
-	}
-	return len(keys)
-}
-
-func recordKey(rec *sarama.ProducerMessage) string {
-	if rec.Key == nil {
-		return ""
-	}
-	b, err := rec.Key.Encode()
-	if err != nil {
-		return ""
-	}
-	return string(b)
-}
-
-// sendChunk sends msgs (no two with one record key) and sends those that failed on a
-// leaderless partition again, with backoff, until kafkaPublishRetryTimeout. Every attempt
-// sends freshly marshalled records: Sarama keeps per-send state (sequence numbers, retry
-// counts) in the record it was given.
-func (p *kafkaPublisher) sendChunk(topic string, msgs []*message.Message) error {
-	deadline := time.Now().Add(p.timeout)
-	backoff := worker.Backoff{Base: p.backoff, Max: time.Second}
-	for {
-		records := make([]*sarama.ProducerMessage, len(msgs))
-		index := make(map[*sarama.ProducerMessage]int, len(msgs))
-		for i, msg := range msgs {
-			rec, err := p.marshal(topic, msg)
-			if err != nil {
+	for _, msg := range msgs {
+		deadline := time.Now().Add(p.timeout)
+		backoff := worker.Backoff{Base: p.backoff, Max: time.Second}
+		for {
+			err := p.pub.Publish(topic, msg)
+			if err == nil {
+				break
+			}
+			wait := backoff.Next()
+			if !leaderless(err) || time.Now().Add(wait).After(deadline) {
 				return err
 			}
-			records[i], index[rec] = rec, i
-		}
-		err := p.producer.SendMessages(records)
-		if err == nil {
-			return nil
-		}
-		var failed sarama.ProducerErrors
-		if !errors.As(err, &failed) {
-			return fmt.Errorf("broker: Kafka publish to %s: %w", topic, err)
-		}
-		again := make([]bool, len(msgs))
-		for _, f := range failed {
-			if !leaderless(f.Err) {
-				return fmt.Errorf("broker: Kafka publish to %s: %w", topic, f.Err)
-			}
-			if i, ok := index[f.Msg]; ok {
-				again[i] = true
+			if !worker.Sleep(msg.Context(), wait) {
+				return fmt.Errorf("%w (gave up: %w)", err, msg.Context().Err())
 			}
 		}
-		wait := backoff.Next()
-		if time.Now().Add(wait).After(deadline) {
-			return fmt.Errorf("broker: Kafka publish to %s: %d of %d messages not acknowledged after %s: %w", topic, len(failed), len(msgs), p.timeout, failed[0].Err)
-		}
-		if !worker.Sleep(msgs[0].Context(), wait) {
-			return fmt.Errorf("broker: Kafka publish to %s: %w (gave up: %w)", topic, failed[0].Err, msgs[0].Context().Err())
-		}
-		// The failed messages, in the call's order (SendMessages reports them in any order).
-		var rest []*message.Message
-		for i, msg := range msgs {
-			if again[i] {
-				rest = append(rest, msg)
-			}
-		}
-		msgs = rest
-	}
-}
-
-func (p *kafkaPublisher) Close() error {
-	if p.closed.Swap(true) {
-		return nil
-	}
-	if err := p.producer.Close(); err != nil {
-		return fmt.Errorf("broker: close Kafka producer: %w", err)
 	}
 	return nil
 }
+
+func (p *kafkaPublisher) Close() error { return p.pub.Close() }
 
 // leaderless reports errors that mean "this partition has no usable leader right now": the
 // ones Sarama itself retries, except a corrupt message, and Sarama's open circuit breaker
