@@ -401,6 +401,7 @@ type sqlSubscriber struct {
 }
 
 func (s *sqlBroker) newSubscriber(group string, logger watermill.LoggerAdapter) (*sqlSubscriber, error) {
+	logger = quietCancel{logger}
 	sub := &sqlSubscriber{s: s, group: group, logger: logger, closing: make(chan struct{})}
 	// Fail at construction on a config watermill-sql refuses, not at Subscribe.
 	if _, err := wsql.NewSubscriber(s.db, s.subscriberConfig(group, nil), logger); err != nil {
@@ -482,4 +483,25 @@ func (s *sqlSubscriber) Close() error {
 		s.s.notifier.unregister(w)
 	}
 	return errors.Join(errs...)
+}
+
+// quietCancel logs at Debug what watermill-sql reports as errors when a subscription ends
+// (Close, or its Subscribe context): the query cancelled with it ("Error querying for message:
+// ... context canceled") and the rollback of that query's transaction, whose connection pgx
+// closed on the cancellation ("could not rollback tx", query_err: context canceled). Ending a
+// subscription is not an error, and an operator who sees ERROR lines at every clean shutdown
+// learns to ignore them. Every other error stays an error.
+type quietCancel struct{ watermill.LoggerAdapter }
+
+func (l quietCancel) Error(msg string, err error, fields watermill.LogFields) {
+	queryErr, _ := fields["query_err"].(error)
+	if errors.Is(err, context.Canceled) || errors.Is(queryErr, context.Canceled) {
+		l.Debug(msg, fields.Add(watermill.LogFields{"err": err}))
+		return
+	}
+	l.LoggerAdapter.Error(msg, err, fields)
+}
+
+func (l quietCancel) With(fields watermill.LogFields) watermill.LoggerAdapter {
+	return quietCancel{l.LoggerAdapter.With(fields)}
 }
