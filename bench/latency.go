@@ -128,8 +128,7 @@ func (h *harness) endToEnd(ctx context.Context, r *rig, id string) (Result, erro
 	defer eo.Close()
 
 	var produced, consumed sync.Map // uuid -> time.Time
-	var stagesMu sync.Mutex
-	stages := map[string]stageTimes{} // uuid -> when the relay published it and the consumer got it
+	var stages sync.Map             // uuid -> stageTimes: when the relay published it and the consumer got it
 	warmUUID := "warmup-" + watermill.NewUUID()
 	var consumedN atomic.Int64
 	allIn := make(chan struct{})
@@ -139,20 +138,18 @@ func (h *harness) endToEnd(ctx context.Context, r *rig, id string) (Result, erro
 		return func(msg *message.Message) ([]*message.Message, error) {
 			received := time.Now()
 			out, err := hf(msg)
-			if err == nil && msg.UUID != warmUUID {
-				if ns, perr := strconv.ParseInt(msg.Metadata.Get(publishedAtKey), 10, 64); perr == nil {
-					stagesMu.Lock()
-					if _, ok := stages[msg.UUID]; !ok {
-						stages[msg.UUID] = stageTimes{published: time.Unix(0, ns), received: received}
-					}
-					stagesMu.Unlock()
-				}
-			}
-			if err == nil && msg.UUID == warmUUID {
+			switch {
+			case err != nil:
+			case msg.UUID == warmUUID:
 				warmOnce.Do(func() { close(warm) })
-			} else if err == nil {
-				if _, loaded := consumed.LoadOrStore(msg.UUID, time.Now()); !loaded && consumedN.Add(1) == int64(n) {
-					close(allIn)
+			default:
+				if _, loaded := consumed.LoadOrStore(msg.UUID, time.Now()); !loaded {
+					if ns, perr := strconv.ParseInt(msg.Metadata.Get(publishedAtKey), 10, 64); perr == nil {
+						stages.Store(msg.UUID, stageTimes{published: time.Unix(0, ns), received: received})
+					}
+					if consumedN.Add(1) == int64(n) {
+						close(allIn)
+					}
 				}
 			}
 			return out, err
@@ -252,12 +249,11 @@ func (h *harness) endToEnd(ctx context.Context, r *rig, id string) (Result, erro
 		return res, err
 	}
 	var lat, toPublish, toDeliver, toApply []time.Duration
-	stagesMu.Lock()
-	defer stagesMu.Unlock()
 	produced.Range(func(k, v any) bool {
 		if c, ok := consumed.Load(k); ok {
 			lat = append(lat, c.(time.Time).Sub(v.(time.Time)))
-			if st, ok := stages[k.(string)]; ok {
+			if sv, ok := stages.Load(k); ok {
+				st := sv.(stageTimes)
 				toPublish = append(toPublish, st.published.Sub(v.(time.Time)))
 				toDeliver = append(toDeliver, st.received.Sub(st.published))
 				toApply = append(toApply, c.(time.Time).Sub(st.received))

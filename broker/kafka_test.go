@@ -111,20 +111,7 @@ func TestKafkaPublishWaitsOutALeaderlessPartition(t *testing.T) {
 			return nil, nil, false
 		}
 		refused.Add(1)
-		p := req.(*kmsg.ProduceRequest)
-		resp := p.ResponseKind().(*kmsg.ProduceResponse)
-		for _, rt := range p.Topics {
-			st := kmsg.NewProduceResponseTopic()
-			st.Topic = rt.Topic
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewProduceResponseTopicPartition()
-				sp.Partition = rp.Partition
-				sp.ErrorCode = kerr.NotLeaderForPartition.Code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return refuseProduce(req.(*kmsg.ProduceRequest), kerr.NotLeaderForPartition.Code), nil, true
 	})
 
 	pub, err := b.NewPublisher(ctx)
@@ -236,23 +223,38 @@ func TestKafkaPublishWaitsOutSaramasOpenBreaker(t *testing.T) {
 	require.EqualValues(t, leaderless, answered.Load())
 }
 
-// kafkaWithProduceCount starts kfake with a one-partition topic and counts the produce
-// requests that reach it; refuse, when it returns true for the n-th request (from 1) carrying
-// records records, answers that request with INVALID_RECORD, an error Sarama does not retry.
-func kafkaWithProduceCount(t *testing.T, ctx context.Context, refuse func(n, records int32) bool) (b *broker.Broker, topic string, produced *atomic.Int32) {
+// refuseProduce answers every partition of a produce request with the error code.
+func refuseProduce(p *kmsg.ProduceRequest, code int16) *kmsg.ProduceResponse {
+	resp := p.ResponseKind().(*kmsg.ProduceResponse)
+	for _, rt := range p.Topics {
+		st := kmsg.NewProduceResponseTopic()
+		st.Topic = rt.Topic
+		for _, rp := range rt.Partitions {
+			sp := kmsg.NewProduceResponseTopicPartition()
+			sp.Partition = rp.Partition
+			sp.ErrorCode = code
+			st.Partitions = append(st.Partitions, sp)
+		}
+		resp.Topics = append(resp.Topics, st)
+	}
+	return resp
+}
+
+// kafkaRefusingProduce starts kfake with a one-partition topic; a produce request for which
+// refuse (given the number of records it carries) returns true is answered with
+// INVALID_RECORD, an error Sarama does not retry.
+func kafkaRefusingProduce(t *testing.T, ctx context.Context, refuse func(records int32) bool) (*broker.Broker, string) {
 	t.Helper()
 	ek, err := broker.StartEmbeddedKafka(ctx, nil)
 	require.NoError(t, err)
 	t.Cleanup(ek.Close)
-	topic = pgtest.NewName("batch")
-	b, err = broker.New(ctx, nil, broker.Config{Kind: broker.Kafka, Kafka: broker.KafkaConfig{Brokers: ek.Addrs(), Partitions: 1},
+	topic := pgtest.NewName("refuse")
+	b, err := broker.New(ctx, nil, broker.Config{Kind: broker.Kafka, Kafka: broker.KafkaConfig{Brokers: ek.Addrs(), Partitions: 1},
 		Subscriptions: []broker.Subscription{{Topic: topic, Group: "g"}}}, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = b.Close() })
-	produced = &atomic.Int32{}
 	ek.Cluster().ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		ek.Cluster().KeepControl()
-		n := produced.Add(1)
 		p := req.(*kmsg.ProduceRequest)
 		var records int32
 		for _, rt := range p.Topics {
@@ -263,24 +265,12 @@ func kafkaWithProduceCount(t *testing.T, ctx context.Context, refuse func(n, rec
 				}
 			}
 		}
-		if refuse == nil || !refuse(n, records) {
+		if !refuse(records) {
 			return nil, nil, false
 		}
-		resp := p.ResponseKind().(*kmsg.ProduceResponse)
-		for _, rt := range p.Topics {
-			st := kmsg.NewProduceResponseTopic()
-			st.Topic = rt.Topic
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewProduceResponseTopicPartition()
-				sp.Partition = rp.Partition
-				sp.ErrorCode = kerr.InvalidRecord.Code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return refuseProduce(p, kerr.InvalidRecord.Code), nil, true
 	})
-	return b, topic, produced
+	return b, topic
 }
 
 func keyed(uuid, key string) *message.Message {
@@ -300,7 +290,7 @@ func TestKafkaPublishFailureLetsNoLaterMessageOfTheKeyThrough(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var armed, refused atomic.Bool
-	b, topic, _ := kafkaWithProduceCount(t, ctx, func(_, records int32) bool {
+	b, topic := kafkaRefusingProduce(t, ctx, func(records int32) bool {
 		return armed.Load() && records == 1 && !refused.Swap(true)
 	})
 	pub, err := b.NewPublisher(ctx)
