@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -108,15 +109,18 @@ func partitionKey(k KafkaConfig, msg *message.Message) (string, error) {
 }
 
 func (b *Broker) newKafkaPublisher() (message.Publisher, error) {
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
-		Brokers:               b.config.Kafka.Brokers,
-		Marshaler:             b.kafkaMarshaler(),
-		OverwriteSaramaConfig: b.saramaConfig(),
-	}, b.logger)
+	newPub := func() (message.Publisher, error) {
+		return kafka.NewPublisher(kafka.PublisherConfig{
+			Brokers:               b.config.Kafka.Brokers,
+			Marshaler:             b.kafkaMarshaler(),
+			OverwriteSaramaConfig: b.saramaConfig(),
+		}, b.logger)
+	}
+	pub, err := newPub()
 	if err != nil {
 		return nil, err
 	}
-	return &kafkaPublisher{pub: pub, backoff: 100 * time.Millisecond, timeout: kafkaPublishRetryTimeout}, nil
+	return &kafkaPublisher{pub: pub, newPub: newPub, backoff: 100 * time.Millisecond, timeout: kafkaPublishRetryTimeout}, nil
 }
 
 // kafkaPublishRetryTimeout bounds how long one message is retried on a leaderless partition.
@@ -131,10 +135,42 @@ const kafkaPublishRetryTimeout = 30 * time.Second // beyond Sarama's 10 s breake
 // was created (the broker answers metadata before it leads the new partition) and after a
 // broker restart. Copies a retry could create are the middleware's job, as for every
 // broker; a message that still fails after kafkaPublishRetryTimeout returns the error.
+//
+// After OUT_OF_ORDER_SEQUENCE_NUMBER the producer is replaced: its idempotence state (producer
+// id, sequence numbers) no longer matches the broker's. In CI, watermill's
+// TestConcurrentSubscribeMultipleTopics saw a message fail with that error and, published again
+// through the same producer, reported as sent but never delivered. A new producer has a new
+// producer id, so publishing again really writes the message. The old producer is closed with
+// the publisher (closing it now could race with concurrent sends on it).
 type kafkaPublisher struct {
+	mu      sync.RWMutex
 	pub     message.Publisher
+	retired []message.Publisher
+	newPub  func() (message.Publisher, error)
 	backoff time.Duration
 	timeout time.Duration
+}
+
+func (p *kafkaPublisher) current() message.Publisher {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.pub
+}
+
+// renew replaces failed by a new producer, unless a concurrent call already did.
+func (p *kafkaPublisher) renew(failed message.Publisher) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.pub != failed {
+		return nil
+	}
+	pub, err := p.newPub()
+	if err != nil {
+		return err
+	}
+	p.retired = append(p.retired, p.pub)
+	p.pub = pub
+	return nil
 }
 
 func (p *kafkaPublisher) Publish(topic string, msgs ...*message.Message) error {
@@ -142,9 +178,16 @@ func (p *kafkaPublisher) Publish(topic string, msgs ...*message.Message) error {
 		deadline := time.Now().Add(p.timeout)
 		backoff := worker.Backoff{Base: p.backoff, Max: time.Second}
 		for {
-			err := p.pub.Publish(topic, msg)
+			pub := p.current()
+			err := pub.Publish(topic, msg)
 			if err == nil {
 				break
+			}
+			if errors.Is(err, sarama.ErrOutOfOrderSequenceNumber) {
+				if rerr := p.renew(pub); rerr != nil {
+					return errors.Join(err, fmt.Errorf("broker: new Kafka producer: %w", rerr))
+				}
+				return err // the caller publishes it again, through the new producer
 			}
 			wait := backoff.Next()
 			if !leaderless(err) || time.Now().Add(wait).After(deadline) {
@@ -158,7 +201,15 @@ func (p *kafkaPublisher) Publish(topic string, msgs ...*message.Message) error {
 	return nil
 }
 
-func (p *kafkaPublisher) Close() error { return p.pub.Close() }
+func (p *kafkaPublisher) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	errs := []error{p.pub.Close()}
+	for _, r := range p.retired {
+		errs = append(errs, r.Close())
+	}
+	return errors.Join(errs...)
+}
 
 // leaderless reports errors that mean "this partition has no usable leader right now": the
 // ones Sarama itself retries, except a corrupt message, and Sarama's open circuit breaker

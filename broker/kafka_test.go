@@ -314,3 +314,52 @@ func TestKafkaPublishFailureLetsNoLaterMessageOfTheKeyThrough(t *testing.T) {
 	}
 	require.Equal(t, []string{"warm", "sentinel"}, uuids, "k-2 was never sent after k-1 failed")
 }
+
+// After OUT_OF_ORDER_SEQUENCE_NUMBER the publisher takes a new producer (a new producer id,
+// asked for with InitProducerID), so that publishing the message again really writes it.
+func TestKafkaPublishAfterOutOfOrderSequenceUsesANewProducer(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ek, err := broker.StartEmbeddedKafka(ctx, nil)
+	require.NoError(t, err)
+	defer ek.Close()
+	topic := pgtest.NewName("outoforder")
+	b, err := broker.New(ctx, nil, broker.Config{Kind: broker.Kafka, Kafka: broker.KafkaConfig{Brokers: ek.Addrs(), Partitions: 1},
+		Subscriptions: []broker.Subscription{{Topic: topic, Group: "g"}}}, nil)
+	require.NoError(t, err)
+	defer b.Close()
+	var initProducerID atomic.Int32
+	var armed, refused atomic.Bool
+	ek.Cluster().ControlKey(int16(kmsg.InitProducerID), func(kmsg.Request) (kmsg.Response, error, bool) {
+		ek.Cluster().KeepControl()
+		initProducerID.Add(1)
+		return nil, nil, false
+	})
+	ek.Cluster().ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		ek.Cluster().KeepControl()
+		if !armed.Load() || refused.Swap(true) {
+			return nil, nil, false
+		}
+		return refuseProduce(req.(*kmsg.ProduceRequest), kerr.OutOfOrderSequenceNumber.Code), nil, true
+	})
+	pub, err := b.NewPublisher(ctx)
+	require.NoError(t, err)
+	defer pub.Close()
+	require.NoError(t, pub.Publish(topic, message.NewMessage("warm", nil)))
+	producers := initProducerID.Load()
+	armed.Store(true)
+	err = pub.Publish(topic, message.NewMessage("a", nil))
+	require.ErrorIs(t, err, sarama.ErrOutOfOrderSequenceNumber)
+	require.True(t, refused.Load())
+	require.Greater(t, initProducerID.Load(), producers, "a new producer asked for a producer id")
+	require.NoError(t, pub.Publish(topic, message.NewMessage("a", nil)))
+
+	sub, err := b.NewSubscriber("g")
+	require.NoError(t, err)
+	defer sub.Close()
+	ch, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	got := receive(t, ch, 2, 30*time.Second)
+	require.Equal(t, "a", got[len(got)-1].UUID)
+}
