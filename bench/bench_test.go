@@ -36,6 +36,14 @@ func TestTinyRun(t *testing.T) {
 	if os.Getenv(broker.EnvKafkaBrokers) == "" {
 		t.Log("Kafka: embedded kfake")
 	}
+	// The harness's output is long. It is logged only when the test fails, and after the
+	// reason: a CI log that keeps only its head and tail still shows why.
+	var outputs []string
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log("harness output:\n" + strings.Join(outputs, "\n"))
+		}
+	})
 	tiny := func(args ...string) *Report {
 		t.Helper()
 		o, err := parseFlags(append([]string{
@@ -50,10 +58,9 @@ func TestTinyRun(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
 		rep, err := run(ctx, o, &out)
-		// What failed comes first, then the harness's whole output: a CI log that keeps only
-		// the head of a long output still shows the reason.
+		outputs = append(outputs, fmt.Sprintf("=== harness %v\n%s", args, out.String()))
 		if err != nil {
-			t.Fatalf("harness %v: %v\n%s", args, err, out.String())
+			t.Fatalf("harness %v: %v", args, err)
 		}
 		var failed []string
 		for _, r := range rep.Rounds {
@@ -72,9 +79,8 @@ func TestTinyRun(t *testing.T) {
 			}
 		}
 		if len(failed) > 0 {
-			t.Fatalf("harness %v: %d variants failed:\n  %s\n%s", args, len(failed), strings.Join(failed, "\n  "), out.String())
+			t.Fatalf("harness %v: %d variants failed:\n  %s", args, len(failed), strings.Join(failed, "\n  "))
 		}
-		t.Log(out.String())
 		return rep
 	}
 	has := func(rep *Report, variant, broker string) bool {
