@@ -127,13 +127,13 @@ func (b *Broker) newKafkaPublisher() (message.Publisher, error) {
 const kafkaPublishRetryTimeout = 30 * time.Second // beyond Sarama's 10 s breaker
 
 // kafkaPublisher publishes one message at a time (as watermill-kafka does) and retries a
-// message while its partition has no leader, with backoff. Sarama's idempotent producer
-// retries such a batch Producer.Retry.Max times without waiting between attempts (the
-// backoff applies only to the non-idempotent path), does not retry a failed leader lookup at
-// all, and after three failed lookups opens a circuit breaker that refuses the partition for
-// 10 s; so a partition that is briefly leaderless fails the publish within milliseconds: seen on Kafka 3.9 just after the topic
-// was created (the broker answers metadata before it leads the new partition) and after a
-// broker restart. Copies a retry could create are the middleware's job, as for every
+// message while its partition has no leader, with backoff. Sarama retries a batch
+// Producer.Retry.Max times (with Producer.Retry.Backoff between attempts since v1.49; before,
+// the idempotent producer did not wait at all), does not retry a failed leader lookup, and
+// after three failed lookups opens a circuit breaker that refuses the partition for 10 s; so a
+// partition that is briefly leaderless could fail the publish within milliseconds: seen on Kafka
+// 3.9 just after the topic was created (the broker answers metadata before it leads the new
+// partition) and after a broker restart. Copies a retry could create are the middleware's job, as for every
 // broker; a message that still fails after kafkaPublishRetryTimeout returns the error.
 //
 // After OUT_OF_ORDER_SEQUENCE_NUMBER the producer is replaced: its idempotence state (producer
