@@ -42,14 +42,15 @@
 // finds that transaction in the message context, it works inside it (unless
 // Config.DisableSubscriberTxReuse is set): offset, claim and effects become one commit. Each
 // attempt runs in a SAVEPOINT that is rolled back on failure, because the subscriber re-delivers
-// a nacked message in the same transaction without rolling back. An attempt guard (a row that
-// lives for the attempt, checked by a deferred trigger) makes the subscriber's COMMIT fail if it
-// commits while an attempt is still running, which it does when its AckDeadline passes: half an
-// attempt never persists. In this mode the handler runs under REPEATABLE READ, and a
+// a nacked message in the same transaction without rolling back. An attempt guard makes the
+// subscriber's COMMIT fail if it commits while an attempt is still running, which it does when
+// its AckDeadline passes: half an attempt never persists. The attempt's state (open, closed,
+// doomed) is a transaction-local setting that a rolled-back savepoint reverts with the attempt,
+// and one guard row per transaction has a deferred trigger check it at COMMIT. In this mode the handler runs under REPEATABLE READ, and a
 // serialization failure (40001) of its statements cannot be re-run in place: rolling back to the
 // savepoint keeps the snapshot, so a nacked copy re-sent in the same transaction would fail
 // again until AckDeadline. Instead the attempt is undone, the transaction is doomed (the attempt
-// guard is left in place, so its COMMIT fails) and the message is acked into it: the
+// state says so, and the guard fails its COMMIT) and the message is acked into it: the
 // subscriber's commit fails, its offset does not move, and it delivers the message again in a
 // new transaction with a fresh snapshot. Later messages of the same batch are acked into the
 // doomed transaction without running and are redelivered the same way. Each such message counts
@@ -58,9 +59,10 @@
 //
 // Round trips per message, on a pool from pgtx.Open (lazy BEGIN): in a transaction of our own,
 // the claim (carrying BEGIN), the handler's statements and COMMIT; an at-least-once handler pays
-// all but the claim. In the subscriber's transaction, one besides the handler's: the savepoint,
-// the attempt guard and the claim go in one (arguments quoted by pgx, simple protocol), and the
-// release travels with the transaction's next statement, which therefore cannot run without it.
+// all but the claim. In the subscriber's transaction, one besides the handler's: the savepoint
+// and the claim, conditional on opening the attempt, go in one (arguments quoted by pgx, simple
+// protocol), and the release travels with the transaction's next statement, which therefore
+// cannot run without it.
 // A duplicate costs one more, to compare its payload with the applied copy's.
 //
 // A copy whose claim fails with a serialization failure (40001) is settled differently: under

@@ -191,15 +191,16 @@ type claimQueries struct {
 }
 
 func newClaimQueries(schema string, daily bool) claimQueries {
-	guard := pgtx.QualifiedName(schema, "attempt_guard")
 	t := pgtx.QualifiedName(schema, "processed_messages")
 	cols, arrays, dayCond := "consumer, message_id, payload_sha256", "$1::text[], $2::text[], $3::bytea[]", ""
-	values := "$1, $2, $3"
+	values, typed := "$1, $2, $3", "$1::text, $2::text, $3::bytea"
 	if daily {
 		t = pgtx.QualifiedName(schema, partition.Parent)
 		cols, arrays, dayCond = cols+", occurred_on", arrays+", $4::date[]", " AND occurred_on = $3"
-		values += ", $4"
+		values, typed = values+", $4", typed+", $4::date"
 	}
+	// The attempt state of migration 010 (see spBegin): a transaction-local setting per schema.
+	state := "wmonce." + pgtx.QuoteIdentifier("attempt_"+schema)
 	return claimQueries{
 		daily:  daily,
 		claim:  `INSERT INTO ` + t + ` (` + cols + `) VALUES (` + values + `) ON CONFLICT DO NOTHING`,
@@ -210,10 +211,10 @@ ON CONFLICT DO NOTHING RETURNING consumer, message_id`,
 		lookupMany: `SELECT p.consumer, p.message_id, p.payload_sha256, p.processed_at
 FROM unnest($1::text[], $2::text[]) AS k(consumer, message_id)
 JOIN ` + t + ` p USING (consumer, message_id)`,
-		savepointClaim: fmt.Sprintf(spBegin, guard) + `;
-INSERT INTO ` + t + ` (` + cols + `) VALUES (` + values + `) ON CONFLICT DO NOTHING`,
-		savepointRelease: fmt.Sprintf(spRelease, guard),
-		doom:             fmt.Sprintf(spDoom, guard),
+		savepointClaim: spBegin + `;
+INSERT INTO ` + t + ` (` + cols + `) SELECT ` + typed + ` WHERE ` + pgtx.QualifiedName(schema, "attempt_begin") + `() ON CONFLICT DO NOTHING`,
+		savepointRelease: fmt.Sprintf(spRelease, state),
+		doom:             fmt.Sprintf(spDoom, pgtx.QualifiedName(schema, "attempt_doom")),
 	}
 }
 
@@ -407,18 +408,24 @@ func (e *Middleware) attemptOwnTx(ctx context.Context, h message.HandlerFunc, d 
 // Savepoint statements for the subscriber-transaction path. Each is sent in one round trip at
 // most: pgx sends a statement list without arguments with the simple protocol. The attempt opens
 // with spBegin and the claim in one list (claimQueries.savepointClaim), whose arguments pgx
-// quotes itself (QueryExecModeSimpleProtocol; never string concatenation). spRelease and
-// spRollback are pgtx.DeferredPrefix statements: on a pool from pgtx.Open they travel with the
-// transaction's next statement (the next message's claim, or the subscriber's offset update and
-// COMMIT), which therefore cannot run without them, so they cost no round trip of their own.
+// quotes itself (QueryExecModeSimpleProtocol; never string concatenation). The claim is
+// conditional on attempt_begin() (migration 010), which marks the attempt open in a
+// transaction-local setting, inserts the transaction's one guard row on its first attempt, and
+// refuses (SQLSTATE WM001) in a doomed transaction. The setting is reverted with the savepoint
+// when an attempt is rolled back, and the guard row's deferred trigger refuses a COMMIT while it
+// says open or doomed. spRelease and spRollback are pgtx.DeferredPrefix statements: on a pool
+// from pgtx.Open they travel with the transaction's next statement (the next message's claim,
+// or the subscriber's offset update and COMMIT), which therefore cannot run without them, so
+// they cost no round trip of their own.
 const (
-	spBegin    = `SAVEPOINT wmonce_attempt; INSERT INTO %s (xid) VALUES (pg_current_xact_id())`
-	spRelease  = pgtx.DeferredPrefix + `DELETE FROM %s WHERE xid = pg_current_xact_id(); RELEASE SAVEPOINT wmonce_attempt`
+	spBegin    = `SAVEPOINT wmonce_attempt`
+	spRelease  = pgtx.DeferredPrefix + `SET LOCAL %s = 'closed'; RELEASE SAVEPOINT wmonce_attempt`
 	spRollback = pgtx.DeferredPrefix + `ROLLBACK TO SAVEPOINT wmonce_attempt; RELEASE SAVEPOINT wmonce_attempt`
-	// spDoom undoes the attempt and leaves a guard row behind, so the subscriber's COMMIT fails
-	// (the deferred guard trigger) and every later spBegin in the transaction meets a unique
-	// violation: the transaction can no longer commit anything.
-	spDoom = `ROLLBACK TO SAVEPOINT wmonce_attempt; RELEASE SAVEPOINT wmonce_attempt; INSERT INTO %s (xid) VALUES (pg_current_xact_id()) ON CONFLICT DO NOTHING`
+	// spDoom undoes the attempt and marks the transaction doomed: its COMMIT fails (the guard
+	// row's deferred trigger) and every later attempt_begin() in it refuses with WM001.
+	spDoom = `ROLLBACK TO SAVEPOINT wmonce_attempt; RELEASE SAVEPOINT wmonce_attempt; SELECT %s()`
+	// codeAttemptRefused is attempt_begin()'s refusal in a doomed transaction.
+	codeAttemptRefused = "WM001"
 )
 
 // runInSubscriberTx works inside the transaction watermill-sql's subscriber consumes in, so the
@@ -433,13 +440,12 @@ func (e *Middleware) runInSubscriberTx(ctx context.Context, h message.HandlerFun
 		args = append(args, partition.Day(d.occurredAt).Format(time.DateOnly))
 	}
 	res, err := tx.ExecContext(ctx, e.q.savepointClaim, args...)
-	if err != nil && (pgtx.IsUniqueViolation(err) || pgtx.SQLState(err) == pgtx.CodeInFailedTransaction) {
+	if code := pgtx.SQLState(err); code == codeAttemptRefused || code == pgtx.CodeInFailedTransaction {
 		// An earlier attempt doomed this transaction (see abandonSnapshot): nothing in it
 		// can commit, and the subscriber delivers this message again in a new one. Leave
-		// the savepoint (the guard insert failed after it) so that the transaction stays usable
-		// until its COMMIT fails. Only the guard can raise a unique violation: the claim has
-		// ON CONFLICT DO NOTHING.
-		if pgtx.IsUniqueViolation(err) {
+		// the savepoint (attempt_begin refused inside it) so that the transaction stays usable
+		// until its COMMIT fails.
+		if code == codeAttemptRefused {
 			_, _ = tx.ExecContext(context.WithoutCancel(ctx), spRollback)
 		}
 		d.counters.txRetries.Add(1)
@@ -565,8 +571,8 @@ func (e *Middleware) claimOutcome(ctx context.Context, tx *sql.Tx, d *delivery, 
 		lookupArgs = append(lookupArgs, partition.Day(d.occurredAt))
 	}
 	if err != nil {
-		if pgtx.IsUndefinedTable(err) {
-			return false, fmt.Errorf("once: a table of schema %q is missing (processed_messages, attempt_guard): run the migrations: %w", e.config.Schema, err)
+		if pgtx.IsUndefinedTable(err) || pgtx.IsUndefinedFunction(err) {
+			return false, fmt.Errorf("once: a table or function of schema %q is missing (processed_messages, attempt_guard, attempt_begin): run the migrations: %w", e.config.Schema, err)
 		}
 		if e.q.daily && pgtx.SQLState(err) == pgtx.CodeCheckViolation {
 			return false, &missingPartitionError{days: []time.Time{partition.Day(d.occurredAt)}, err: err}

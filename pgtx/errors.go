@@ -17,6 +17,7 @@ const (
 	CodeAdminShutdown        = "57P01"
 	CodeLockNotAvailable     = "55P03"
 	CodeUndefinedTable       = "42P01"
+	CodeUndefinedFunction    = "42883"
 	CodeInFailedTransaction  = "25P02"
 	CodeRaiseException       = "P0001"
 )
@@ -53,6 +54,10 @@ func IsUniqueViolation(err error) bool { return SQLState(err) == CodeUniqueViola
 
 // IsUndefinedTable reports SQLSTATE 42P01, which here nearly always means migrations were not applied.
 func IsUndefinedTable(err error) bool { return SQLState(err) == CodeUndefinedTable }
+
+// IsUndefinedFunction reports SQLSTATE 42883: a function the statement calls does not exist
+// (for this module's own functions: a migration has not been applied).
+func IsUndefinedFunction(err error) bool { return SQLState(err) == CodeUndefinedFunction }
 
 // IsConnectionError reports an error that happened at the connection level rather than as a
 // PostgreSQL error response: a dropped network connection, a terminated backend

@@ -172,10 +172,11 @@ func (c *lazyBeginConn) holdBack(sql string) []byte {
 
 // DeferredPrefix marks a statement list, sent without arguments inside a transaction, that may
 // travel with the transaction's next statement instead of costing a round trip of its own (with
-// Open's lazy BEGIN on). The statements must not contain ';' in literals, their outcome must not
-// matter to the caller until then (the reply is given at once: RowsAffected is 0), and an
-// error of theirs must be fine to surface as the error of the next statement, which then does
-// not run (the transaction is aborted). Every later statement on the connection, COMMIT
+// Open's lazy BEGIN on). The statements must not return rows (no SELECT: the connection then
+// fails) nor contain ';' in literals, their outcome must not matter to the caller until then
+// (the reply is given at once: RowsAffected is 0), and an error of theirs must be fine to
+// surface as the error of the next statement, which then does not run (the transaction is
+// aborted). Every later statement on the connection, COMMIT
 // included, runs after them. Without lazy BEGIN they are simply sent at once.
 const DeferredPrefix = "/* pgtx:deferred */"
 
