@@ -22,7 +22,10 @@
 //   - Idempotent producer (Producer.Idempotent): the broker drops duplicates created by the
 //     producer's own retries; acks from all in-sync replicas (RequiredAcks=WaitForAll); one
 //     request in flight (Net.MaxOpenRequests=1), which Sarama requires with idempotence and
-//     which keeps retries in order. Publish waits for the acknowledgement of each message.
+//     which keeps retries in order. Publish sends a call's messages together (one produce
+//     request per broker, or a few) and returns once all are acknowledged; a call is cut where
+//     a record key repeats, so a failure never lets a key's later message overtake an earlier
+//     one (see kafkaPublisher).
 //   - Record key = the metadata field KafkaConfig.PartitionKeyField ("partition_key"), else
 //     the message UUID: messages with one key stay in one partition, in publish order.
 //   - Consumer groups start from the oldest offset when they have no commit. Watermill keeps one

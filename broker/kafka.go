@@ -109,104 +109,223 @@ func partitionKey(k KafkaConfig, msg *message.Message) (string, error) {
 }
 
 func (b *Broker) newKafkaPublisher() (message.Publisher, error) {
-	newPub := func() (message.Publisher, error) {
-		return kafka.NewPublisher(kafka.PublisherConfig{
-			Brokers:               b.config.Kafka.Brokers,
-			Marshaler:             b.kafkaMarshaler(),
-			OverwriteSaramaConfig: b.saramaConfig(),
-		}, b.logger)
+	newProducer := func() (sarama.SyncProducer, error) {
+		producer, err := sarama.NewSyncProducer(b.config.Kafka.Brokers, b.saramaConfig())
+		if err != nil {
+			return nil, fmt.Errorf("broker: Kafka producer: %w", err)
+		}
+		return producer, nil
 	}
-	pub, err := newPub()
+	producer, err := newProducer()
 	if err != nil {
 		return nil, err
 	}
-	return &kafkaPublisher{pub: pub, newPub: newPub, backoff: 100 * time.Millisecond, timeout: kafkaPublishRetryTimeout}, nil
+	return &kafkaPublisher{producer: producer, newProducer: newProducer, marshaler: b.kafkaMarshaler(),
+		backoff: 100 * time.Millisecond, timeout: kafkaPublishRetryTimeout}, nil
 }
 
-// kafkaPublishRetryTimeout bounds how long one message is retried on a leaderless partition.
+// kafkaPublishRetryTimeout bounds how long a message is retried on a leaderless partition.
 const kafkaPublishRetryTimeout = 30 * time.Second // beyond Sarama's 10 s breaker
 
-// kafkaPublisher publishes one message at a time (as watermill-kafka does) and retries a
-// message while its partition has no leader, with backoff. Sarama retries a batch
-// Producer.Retry.Max times (with Producer.Retry.Backoff between attempts since v1.49; before,
-// the idempotent producer did not wait at all), does not retry a failed leader lookup, and
-// after three failed lookups opens a circuit breaker that refuses the partition for 10 s; so a
-// partition that is briefly leaderless could fail the publish within milliseconds: seen on Kafka
-// 3.9 just after the topic was created (the broker answers metadata before it leads the new
-// partition) and after a broker restart. Copies a retry could create are the middleware's job, as for every
-// broker; a message that still fails after kafkaPublishRetryTimeout returns the error.
+// kafkaPublisher sends the messages of one Publish call together and keeps the order of each
+// record key, failures included.
 //
-// After OUT_OF_ORDER_SEQUENCE_NUMBER the producer is replaced: its idempotence state (producer
-// id, sequence numbers) no longer matches the broker's. In CI, watermill's
-// TestConcurrentSubscribeMultipleTopics saw a message fail with that error and, published again
-// through the same producer, reported as sent but never delivered. A new producer has a new
-// producer id, so publishing again really writes the message. The old producer is closed with
-// the publisher (closing it now could race with concurrent sends on it).
+// Batching: watermill-kafka's publisher waits for the acknowledgement of each message before
+// sending the next, so a Publish of n messages costs n broker round trips, and the outbox relay
+// forwards in strict order at most a few thousand messages per second to Kafka however many
+// are waiting. Here the messages go to Sarama's SyncProducer.SendMessages, which sends what is
+// buffered per broker in one produce request: a call costs a round trip or a few. (Sarama
+// v1.43 got its idempotent producer's sequence numbers wrong under concurrent batches
+// (OUT_OF_ORDER_SEQUENCE_NUMBER on Kafka 4.4, and once a message reported as sent that never
+// arrived), so this publisher was withdrawn until v1.61.1, which fixed the retry buffers'
+// sequence numbers: watermill's conformance suite under -race then went from errors in every
+// run to none.)
+//
+// Order on failure: a call is cut into chunks in which no record key occurs twice, sent one
+// after the other; a chunk is sent only once every message of the previous one is
+// acknowledged. So when a message fails, no later message with its key has been sent, and
+// when the caller publishes the call again (the relay does: it advances only after a whole
+// call succeeded), each key's messages reach their partition in order, after copies of the
+// ones that succeeded (the middleware drops those). Messages with different keys may be
+// written in a different order than the call's when one of them fails and is retried: Kafka
+// orders records only within a partition, and the consumer sees one key's records in order.
+//
+// Leaderless partitions: Sarama retries a batch Producer.Retry.Max times, does not retry a
+// failed leader lookup, and after three failed lookups opens a circuit breaker that refuses
+// the partition for 10 s; so a partition that is briefly leaderless (a topic just created,
+// whose metadata the broker answers before it leads the new partition; a broker restarting)
+// can fail a send within milliseconds. The messages of a chunk that failed that way are sent
+// again with backoff, for up to kafkaPublishRetryTimeout; any other error, or one that lasts
+// longer, is returned.
+//
+// OUT_OF_ORDER_SEQUENCE_NUMBER: the producer's idempotence state (producer id, sequence
+// numbers) no longer matches the broker's, and publishing again through it has been seen to
+// report a message as sent that never arrived (Sarama v1.43). The producer is replaced by a new
+// one (a new producer id) and the error returned, so the caller's next attempt really writes.
+// The old producer is closed with the publisher: closing it now could race with concurrent
+// sends on it.
 type kafkaPublisher struct {
-	mu      sync.RWMutex
-	pub     message.Publisher
-	retired []message.Publisher
-	newPub  func() (message.Publisher, error)
-	backoff time.Duration
-	timeout time.Duration
+	mu          sync.RWMutex
+	producer    sarama.SyncProducer
+	retired     []sarama.SyncProducer
+	newProducer func() (sarama.SyncProducer, error)
+	marshaler   kafka.Marshaler
+	backoff     time.Duration
+	timeout     time.Duration
+	closed      bool
 }
 
-func (p *kafkaPublisher) current() message.Publisher {
+func (p *kafkaPublisher) current() (sarama.SyncProducer, error) {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	return p.pub
+	if p.closed {
+		return nil, errors.New("broker: Kafka publisher closed")
+	}
+	return p.producer, nil
 }
 
 // renew replaces failed by a new producer, unless a concurrent call already did.
-func (p *kafkaPublisher) renew(failed message.Publisher) error {
+func (p *kafkaPublisher) renew(failed sarama.SyncProducer) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.pub != failed {
+	if p.closed || p.producer != failed {
 		return nil
 	}
-	pub, err := p.newPub()
+	producer, err := p.newProducer()
 	if err != nil {
 		return err
 	}
-	p.retired = append(p.retired, p.pub)
-	p.pub = pub
+	p.retired = append(p.retired, p.producer)
+	p.producer = producer
 	return nil
 }
 
 func (p *kafkaPublisher) Publish(topic string, msgs ...*message.Message) error {
-	for _, msg := range msgs {
-		deadline := time.Now().Add(p.timeout)
-		backoff := worker.Backoff{Base: p.backoff, Max: time.Second}
-		for {
-			pub := p.current()
-			err := pub.Publish(topic, msg)
-			if err == nil {
-				break
+	keys := make([]string, len(msgs))
+	for i, msg := range msgs {
+		rec, err := p.marshal(topic, msg)
+		if err != nil {
+			return err
+		}
+		keys[i] = recordKey(rec)
+	}
+	for start := 0; start < len(msgs); {
+		end := chunkEnd(keys, start)
+		if err := p.sendChunk(topic, msgs[start:end]); err != nil {
+			return err
+		}
+		start = end
+	}
+	return nil
+}
+
+func (p *kafkaPublisher) marshal(topic string, msg *message.Message) (*sarama.ProducerMessage, error) {
+	rec, err := p.marshaler.Marshal(topic, msg)
+	if err != nil {
+		return nil, fmt.Errorf("broker: marshal message %s for Kafka: %w", msg.UUID, err)
+	}
+	return rec, nil
+}
+
+// chunkEnd returns the end of the chunk that starts at start: the longest run of messages whose
+// record keys are all different.
+func chunkEnd(keys []string, start int) int {
+	seen := make(map[string]struct{}, len(keys)-start)
+	for i := start; i < len(keys); i++ {
+		if _, dup := seen[keys[i]]; dup {
+			return i
+		}
+		seen[keys[i]] = struct{}{}
+	}
+	return len(keys)
+}
+
+func recordKey(rec *sarama.ProducerMessage) string {
+	if rec.Key == nil {
+		return ""
+	}
+	b, err := rec.Key.Encode()
+	if err != nil {
+		return ""
+	}
+	return string(b)
+}
+
+// sendChunk sends msgs (no two with one record key) and sends those that failed on a
+// leaderless partition again, with backoff, until kafkaPublishRetryTimeout. Every attempt
+// sends freshly marshalled records: Sarama keeps per-send state (sequence numbers, retry
+// counts) in the record it was given.
+func (p *kafkaPublisher) sendChunk(topic string, msgs []*message.Message) error {
+	deadline := time.Now().Add(p.timeout)
+	backoff := worker.Backoff{Base: p.backoff, Max: time.Second}
+	for {
+		producer, err := p.current()
+		if err != nil {
+			return err
+		}
+		records := make([]*sarama.ProducerMessage, len(msgs))
+		index := make(map[*sarama.ProducerMessage]int, len(msgs))
+		for i, msg := range msgs {
+			rec, err := p.marshal(topic, msg)
+			if err != nil {
+				return err
 			}
-			if errors.Is(err, sarama.ErrOutOfOrderSequenceNumber) {
-				if rerr := p.renew(pub); rerr != nil {
-					return errors.Join(err, fmt.Errorf("broker: new Kafka producer: %w", rerr))
+			records[i], index[rec] = rec, i
+		}
+		err = producer.SendMessages(records)
+		if err == nil {
+			return nil
+		}
+		var failed sarama.ProducerErrors
+		if !errors.As(err, &failed) {
+			return fmt.Errorf("broker: Kafka publish to %s: %w", topic, err)
+		}
+		again := make([]bool, len(msgs))
+		for _, f := range failed {
+			if errors.Is(f.Err, sarama.ErrOutOfOrderSequenceNumber) {
+				err := fmt.Errorf("broker: Kafka publish to %s: %w", topic, f.Err)
+				if rerr := p.renew(producer); rerr != nil {
+					return errors.Join(err, rerr)
 				}
 				return err // the caller publishes it again, through the new producer
 			}
-			wait := backoff.Next()
-			if !leaderless(err) || time.Now().Add(wait).After(deadline) {
-				return err
+			if !leaderless(f.Err) {
+				return fmt.Errorf("broker: Kafka publish to %s: %w", topic, f.Err)
 			}
-			if !worker.Sleep(msg.Context(), wait) {
-				return fmt.Errorf("%w (gave up: %w)", err, msg.Context().Err())
+			if i, ok := index[f.Msg]; ok {
+				again[i] = true
 			}
 		}
+		wait := backoff.Next()
+		if time.Now().Add(wait).After(deadline) {
+			return fmt.Errorf("broker: Kafka publish to %s: %d of %d messages not acknowledged after %s: %w", topic, len(failed), len(msgs), p.timeout, failed[0].Err)
+		}
+		if !worker.Sleep(msgs[0].Context(), wait) {
+			return fmt.Errorf("broker: Kafka publish to %s: %w (gave up: %w)", topic, failed[0].Err, msgs[0].Context().Err())
+		}
+		// The failed messages, in the call's order (SendMessages reports them in any order).
+		var rest []*message.Message
+		for i, msg := range msgs {
+			if again[i] {
+				rest = append(rest, msg)
+			}
+		}
+		msgs = rest
 	}
-	return nil
 }
 
 func (p *kafkaPublisher) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	errs := []error{p.pub.Close()}
-	for _, r := range p.retired {
-		errs = append(errs, r.Close())
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	var errs []error
+	for _, producer := range append(p.retired, p.producer) {
+		if err := producer.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("broker: close Kafka producer: %w", err))
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -279,6 +279,57 @@ func keyed(uuid, key string) *message.Message {
 	return m
 }
 
+// A Publish of many messages costs a few produce requests, not one per message (the outbox
+// relay forwards a batch per call), and each key's messages arrive in the call's order.
+// One partition, so the order of arrival is the order of writing.
+func TestKafkaPublishSendsACallTogether(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var produced atomic.Int32
+	b, topic := kafkaRefusingProduce(t, ctx, func(int32) bool { produced.Add(1); return false })
+	pub, err := b.NewPublisher(ctx)
+	require.NoError(t, err)
+	defer pub.Close()
+	require.NoError(t, pub.Publish(topic, message.NewMessage("warm", nil))) // producer id, metadata
+
+	// Sixty keys, one message each: one chunk. Sarama sends the first message at once and the
+	// rest, buffered meanwhile, in the next request or two; one request per message would be 60.
+	const n = 60
+	var unique []*message.Message
+	for i := range n {
+		unique = append(unique, keyed("u"+strconv.Itoa(i), "u"+strconv.Itoa(i)))
+	}
+	before := produced.Load()
+	require.NoError(t, pub.Publish(topic, unique...))
+	require.LessOrEqual(t, produced.Load()-before, int32(n/4), "produce requests for %d messages with different keys", n)
+
+	// Three keys: cut into chunks of three (each key once), sent one after the other.
+	var msgs []*message.Message
+	for i := range n {
+		msgs = append(msgs, keyed(strconv.Itoa(i), "k"+strconv.Itoa(i%3)))
+	}
+	require.NoError(t, pub.Publish(topic, msgs...))
+
+	sub, err := b.NewSubscriber("g")
+	require.NoError(t, err)
+	defer sub.Close()
+	ch, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	got := receive(t, ch, 2*n+1, 30*time.Second)
+	last := map[string]int{}
+	for _, m := range got[n+1:] {
+		i, err := strconv.Atoi(m.UUID)
+		require.NoError(t, err)
+		k := m.Metadata.Get("partition_key")
+		if prev, ok := last[k]; ok {
+			require.Greater(t, i, prev, "key %s out of order", k)
+		}
+		last[k] = i
+	}
+	require.Len(t, last, 3)
+}
+
 // When a message fails, no later message with its key has been sent: publishing the call
 // again then keeps the key's order. Here both messages have one key and the first produce
 // request of the call that carries a single record is refused. A publisher that handed the

@@ -60,8 +60,9 @@ type RelayConfig struct {
 	StandbyInterval time.Duration
 
 	// PublishLanes > 1 publishes each batch over that many concurrent Publish calls, one per
-	// lane, to publishers that gain from concurrency: Watermill's Kafka publisher sends one
-	// message per request and waits for it, but concurrent calls are batched by its producer.
+	// lane, to publishers that gain from concurrency: watermill-kafka's own publisher sends one
+	// message per request and waits for it, but concurrent calls are batched by its producer
+	// (the broker package's Kafka publisher already sends a call's messages together).
 	// Messages are assigned to lanes by LaneKey, and each lane publishes its messages in the
 	// relay's order (see the package doc, Order), so messages with the same key keep their
 	// order; messages with different keys may reach the broker in another order. The position
