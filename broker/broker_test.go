@@ -51,7 +51,7 @@ func receive(t *testing.T, ch <-chan *message.Message, n int, timeout time.Durat
 			got = append(got, m)
 			m.Ack()
 		case <-deadline:
-			t.Fatalf("received %d of %d messages within %s", len(got), n, timeout)
+			t.Fatalf("received %d of %d messages within %s; %s", len(got), n, timeout, pgtest.OldTransactions(t, timeout/2))
 		}
 	}
 	return got

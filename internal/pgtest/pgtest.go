@@ -136,3 +136,38 @@ func Main(m *testing.M) {
 	}
 	os.Exit(m.Run())
 }
+
+// OldTransactions describes the server's transactions that have been open for longer than age,
+// for a failure message: watermill-sql's subscribers read only rows below the oldest running
+// transaction on the whole server, so one of these, in any test binary, holds back every SQL
+// subscription until it ends.
+func OldTransactions(t testing.TB, age time.Duration) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rows, err := DB(t).QueryContext(ctx, `SELECT pid, coalesce(application_name, ''), coalesce(state, ''), (now() - xact_start)::text,
+		left(regexp_replace(coalesce(query, ''), '\s+', ' ', 'g'), 200)
+		FROM pg_stat_activity WHERE xact_start < now() - $1::interval AND pid <> pg_backend_pid()
+		ORDER BY xact_start`, fmt.Sprintf("%d milliseconds", age.Milliseconds()))
+	if err != nil {
+		return "transactions open longer than " + age.String() + ": cannot read pg_stat_activity: " + err.Error()
+	}
+	defer rows.Close()
+	var b strings.Builder
+	for rows.Next() {
+		var pid int
+		var app, state, query string
+		var open string
+		if err := rows.Scan(&pid, &app, &state, &open, &query); err != nil {
+			return b.String() + err.Error()
+		}
+		fmt.Fprintf(&b, "\n  pid %d (%s) %s, open %s: %s", pid, app, state, open, query)
+	}
+	if err := rows.Err(); err != nil {
+		return b.String() + err.Error()
+	}
+	if b.Len() == 0 {
+		return "no transaction open longer than " + age.String()
+	}
+	return "transactions open longer than " + age.String() + " (they hold back every SQL subscription on the server):" + b.String()
+}
