@@ -201,17 +201,18 @@ func (p *kafkaPublisher) renew(failed sarama.SyncProducer) error {
 }
 
 func (p *kafkaPublisher) Publish(topic string, msgs ...*message.Message) error {
+	records := make([]*sarama.ProducerMessage, len(msgs))
 	keys := make([]string, len(msgs))
 	for i, msg := range msgs {
 		rec, err := p.marshal(topic, msg)
 		if err != nil {
 			return err
 		}
-		keys[i] = recordKey(rec)
+		records[i], keys[i] = rec, recordKey(rec)
 	}
 	for start := 0; start < len(msgs); {
 		end := chunkEnd(keys, start)
-		if err := p.sendChunk(topic, msgs[start:end]); err != nil {
+		if err := p.sendChunk(topic, msgs[start:end], records[start:end]); err != nil {
 			return err
 		}
 		start = end
@@ -251,11 +252,11 @@ func recordKey(rec *sarama.ProducerMessage) string {
 	return string(b)
 }
 
-// sendChunk sends msgs (no two with one record key) and sends those that failed on a
-// leaderless partition again, with backoff, until kafkaPublishRetryTimeout. Every attempt
-// sends freshly marshalled records: Sarama keeps per-send state (sequence numbers, retry
-// counts) in the record it was given.
-func (p *kafkaPublisher) sendChunk(topic string, msgs []*message.Message) error {
+// sendChunk sends msgs (no two with one record key), first as records (msgs marshalled), and
+// sends those that failed on a leaderless partition again, with backoff, until
+// kafkaPublishRetryTimeout. Every retry sends freshly marshalled records: Sarama keeps
+// per-send state (sequence numbers, retry counts) in the record it was given.
+func (p *kafkaPublisher) sendChunk(topic string, msgs []*message.Message, records []*sarama.ProducerMessage) error {
 	deadline := time.Now().Add(p.timeout)
 	backoff := worker.Backoff{Base: p.backoff, Max: time.Second}
 	for {
@@ -263,14 +264,17 @@ func (p *kafkaPublisher) sendChunk(topic string, msgs []*message.Message) error 
 		if err != nil {
 			return err
 		}
-		records := make([]*sarama.ProducerMessage, len(msgs))
-		index := make(map[*sarama.ProducerMessage]int, len(msgs))
-		for i, msg := range msgs {
-			rec, err := p.marshal(topic, msg)
-			if err != nil {
-				return err
+		if records == nil {
+			records = make([]*sarama.ProducerMessage, len(msgs))
+			for i, msg := range msgs {
+				if records[i], err = p.marshal(topic, msg); err != nil {
+					return err
+				}
 			}
-			records[i], index[rec] = rec, i
+		}
+		index := make(map[*sarama.ProducerMessage]int, len(records))
+		for i, rec := range records {
+			index[rec] = i
 		}
 		err = producer.SendMessages(records)
 		if err == nil {
@@ -310,7 +314,7 @@ func (p *kafkaPublisher) sendChunk(topic string, msgs []*message.Message) error 
 				rest = append(rest, msg)
 			}
 		}
-		msgs = rest
+		msgs, records = rest, nil
 	}
 }
 
