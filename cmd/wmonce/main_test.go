@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -167,6 +168,43 @@ func TestMigrateUpDownVersion(t *testing.T) {
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, "reverted 001_core; version 1 -> 0")
 	require.Equal(t, 0, pgtest.Count(t, db, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename <> 'schema_migrations'`, schema))
+}
+
+// `migrate up` racing `migrate down -all` (two processes: each run opens a pool of its own) take
+// turns: each runs its whole path once, from where the other left the schema, and reports the
+// versions it found and left under the lock.
+func TestMigrateUpRacingDownAll(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	schema := pgtest.NewName("cli")
+	t.Cleanup(func() { _, _ = db.Exec(`DROP SCHEMA IF EXISTS ` + pgtx.QuoteIdentifier(schema) + ` CASCADE`) })
+	latest := migrate.Latest()
+	const start = 5
+	r := wmonce(t, schema, "migrate", "up", "-to", strconv.Itoa(start))
+	require.Equal(t, exitOK, r.code, r.stderr)
+
+	var up, down result
+	var wg sync.WaitGroup
+	begin := make(chan struct{})
+	wg.Add(2)
+	go func() { defer wg.Done(); <-begin; up = wmonce(t, schema, "migrate", "up") }()
+	go func() { defer wg.Done(); <-begin; down = wmonce(t, schema, "migrate", "down", "-all") }()
+	close(begin)
+	wg.Wait()
+	require.Equal(t, exitOK, up.code, up.stderr)
+	require.Equal(t, exitOK, down.code, down.stderr)
+	if strings.Contains(up.stdout, fmt.Sprintf("version %d -> %d", start, latest)) {
+		require.Contains(t, down.stdout, fmt.Sprintf("; version %d -> 0", latest), "up ran first, then down reverted everything")
+	} else {
+		require.Contains(t, down.stdout, fmt.Sprintf("; version %d -> 0", start), "down ran first")
+		require.Contains(t, up.stdout, fmt.Sprintf("; version 0 -> %d", latest), "then up applied everything")
+	}
+
+	r = wmonce(t, schema, "migrate", "up")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	r = wmonce(t, schema, "inbox", "stats")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Contains(t, r.stdout, "the inbox is empty")
 }
 
 func TestStatusOutboxAndDedupe(t *testing.T) {
