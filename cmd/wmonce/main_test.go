@@ -74,11 +74,16 @@ func TestHelpAndUsageErrors(t *testing.T) {
 		{[]string{"inbox", "list", "-consumer", "c", "-error", "\xfe"}, "-error must be valid UTF-8"},
 		{[]string{"inbox", "replay", "-consumer", "c\x00"}, "-consumer must not contain NUL"},
 		{[]string{"inbox", "skip", "-consumer", "c", "-all", "-reason", "r\x00"}, "-reason must not contain NUL"},
+		{[]string{"inbox", "skip", "-consumer", "c", "-all", "-reason", "bad \xff reason"}, "-reason must be valid UTF-8"},
+		{[]string{"inbox", "skip", "-consumer", "adm\xff", "-all", "-reason", "r"}, "-consumer must be valid UTF-8"},
+		{[]string{"inbox", "replay", "-consumer", "c", "-message", "\xed\xa0\x80"}, "-message must be valid UTF-8"}, // a surrogate as UTF-8
 		{[]string{"inbox", "unpark", "-consumer", "c", "-key", "\xff"}, "-key must be valid UTF-8"},
 		{[]string{"inbox", "inspect", "-consumer", "c\x00", "-message", "m"}, "-consumer must not contain NUL"},
 		{[]string{"inbox", "inspect", "-consumer", "c", "-message", "m\xff"}, "-message must be valid UTF-8"},
 		{[]string{"dedupe", "-consumer", strings.Repeat("c", 300), "-message", "m"}, "-consumer is 300 bytes long"},
 		{[]string{"dedupe", "-consumer", "c", "-message", "m\x00"}, "-message must not contain NUL"},
+		{[]string{"dedupe", "-consumer", "adm\xff", "-message", "m"}, "-consumer must be valid UTF-8"},
+		{[]string{"purge", "-consumer", "c\xff", "-older-than", "30d"}, "-consumer must be valid UTF-8"},
 		{[]string{"purge", "-consumer", "c\x00", "-older-than", "30d"}, "-consumer must not contain NUL"},
 		{[]string{"purge", "-consumer", strings.Repeat("c", 256), "-older-than", "30d"}, "-consumer is 256 bytes long"},
 	} {
