@@ -189,7 +189,15 @@ func (r response) errorText(t *testing.T) string {
 
 func get(t *testing.T, url string) response {
 	t.Helper()
-	res, err := http.Get(url)
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	require.NoError(t, err)
+	return send(t, req)
+}
+
+// send sends req and reads the answer.
+func send(t *testing.T, req *http.Request) response {
+	t.Helper()
+	res, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	defer res.Body.Close()
 	body, err := io.ReadAll(res.Body)
@@ -217,12 +225,7 @@ func post(t *testing.T, url string, body any, headers map[string]string) respons
 			req.Header.Set(k, v)
 		}
 	}
-	res, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer res.Body.Close()
-	b, err := io.ReadAll(res.Body)
-	require.NoError(t, err)
-	return response{status: res.StatusCode, header: res.Header, body: b}
+	return send(t, req)
 }
 
 // relayAll has relay sms forward the row the fixture left waiting, so its backlog is 0.

@@ -2,7 +2,6 @@ package admin_test
 
 import (
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -67,13 +66,7 @@ func inboxSnapshot(t *testing.T, f *fixture) string {
 func TestWriteBodiesMustBeText(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 2)
-	log := &errorLog{}
-	h, err := admin.NewHandler(f.db, admin.Config{Schema: f.schema, AllowWrites: true, SampleInterval: -1}, log)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = h.Close() })
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
-	api := srv.URL + "/api/"
+	api, log := writableAPI(t, f)
 
 	before := inboxSnapshot(t, f)
 	for _, ep := range writeEndpoints {
@@ -123,13 +116,7 @@ func TestWriteBodiesMustBeText(t *testing.T) {
 func TestQueryStringsMustBeText(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 1)
-	log := &errorLog{}
-	h, err := admin.NewHandler(f.db, admin.Config{Schema: f.schema, AllowWrites: true, SampleInterval: -1}, log)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = h.Close() })
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
-	api := srv.URL + "/api/"
+	api, log := writableAPI(t, f)
 
 	endpoints := []string{"status", "consumers", "inbox?consumer=billing", "inbox/stats", "inbox/1", "outbox",
 		"outbox/rejected", "outbox/rejected/1", "history", "dedupe?consumer=rewards&message=m-1"}
@@ -169,6 +156,19 @@ func TestQueryStringsMustBeText(t *testing.T) {
 	require.Empty(t, log.logged(), "bad input is not a server error")
 }
 
+// writableAPI serves f's schema with writes allowed and returns the API's URL and the log of
+// the errors it reports.
+func writableAPI(t *testing.T, f *fixture) (string, *errorLog) {
+	t.Helper()
+	log := &errorLog{}
+	h, err := admin.NewHandler(f.db, admin.Config{Schema: f.schema, AllowWrites: true, SampleInterval: -1}, log)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = h.Close() })
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv.URL + "/api/", log
+}
+
 // getRaw GETs url with rawQuery as its query string, byte for byte (net/url would escape raw
 // bytes that are not ASCII).
 func getRaw(t *testing.T, url, rawQuery string) response {
@@ -176,10 +176,5 @@ func getRaw(t *testing.T, url, rawQuery string) response {
 	req, err := http.NewRequest(http.MethodGet, url, nil)
 	require.NoError(t, err)
 	req.URL.RawQuery = rawQuery
-	res, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer res.Body.Close()
-	body, err := io.ReadAll(res.Body)
-	require.NoError(t, err)
-	return response{status: res.StatusCode, header: res.Header, body: body}
+	return send(t, req)
 }
