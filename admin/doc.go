@@ -31,11 +31,17 @@
 //
 // Errors are JSON ({"error": "..."}) with 400 for input the caller must fix, 403 for refused
 // writes, 404 for a missing row and 503 when the schema lacks its tables (every endpoint but
-// /api/status, which answers version 0 and the command to run). Text parameters and JSON
-// fields are refused with 400 when they hold a NUL byte or invalid UTF-8, and a consumer name
-// when it is longer than MaxConsumerBytes: the same rules as `wmonce` (CheckText,
-// CheckConsumer). Times (received_after, rejected_before, ...) are RFC 3339; an "after" bound
-// is inclusive, a "before" bound exclusive.
+// /api/status, which answers version 0 and the command to run). Input is checked as it
+// arrives, before any endpoint reads it, so that nothing reaches the database as other text
+// than was sent: every query string must parse (a malformed escape such as %zz, or a ";", is
+// 400, not a parameter left out), and every parameter name and value, read or not, must be
+// text (CheckText: no NUL, valid UTF-8, so %FF is 400); a write's JSON body must be valid
+// UTF-8 and hold no \u escape of half a UTF-16 surrogate pair (\ud800 alone; a pair such as
+// \ud83d\ude00 is one character and passes), one JSON value, at most MaxBodyBytes (413
+// beyond). A JSON field holding a NUL (\u0000) is 400 too, and so is a consumer name longer
+// than MaxConsumerBytes: the same rules as `wmonce` (CheckText, CheckConsumer). Times
+// (received_after, rejected_before, ...) are RFC 3339; an "after" bound is inclusive, a
+// "before" bound exclusive.
 //
 // # Charts: what each series measures
 //

@@ -245,7 +245,13 @@ func (h *Handler) write(f apiFunc) http.HandlerFunc {
 			writeError(w, http.StatusUnsupportedMediaType, "send the request body as application/json")
 			return
 		}
-		h.serve(w, r, f)
+		// Every write's body is checked here, before its endpoint decodes it (decodeBody).
+		body, err := readBody(r)
+		if err != nil {
+			writeAPIError(w, err)
+			return
+		}
+		h.serve(w, withBody(r, body), f)
 	}
 }
 
@@ -259,7 +265,13 @@ func isJSON(contentType string) bool {
 	return contentType == "application/json"
 }
 
+// serve answers an API request with f, after checking its query string (checkQuery), so no
+// endpoint reads a parameter that is not text.
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, f apiFunc) {
+	if err := checkQuery(r.URL.RawQuery); err != nil {
+		writeAPIError(w, err)
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), h.config.QueryTimeout)
 	defer cancel()
 	out, err := f(ctx, r)
@@ -267,7 +279,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, f apiFunc) {
 		var ae *apiError
 		switch {
 		case errors.As(err, &ae):
-			writeError(w, ae.status, ae.msg)
+			writeAPIError(w, ae)
 		case errors.Is(err, inbox.ErrNotFound):
 			writeError(w, http.StatusNotFound, err.Error())
 		case pgtx.IsUndefinedTable(err):
@@ -299,4 +311,13 @@ type ErrorBody struct {
 
 func writeError(w http.ResponseWriter, status int, msg string) {
 	writeJSON(w, status, ErrorBody{Error: msg})
+}
+
+// writeAPIError answers an *apiError with its status and message.
+func writeAPIError(w http.ResponseWriter, err error) {
+	var ae *apiError
+	if !errors.As(err, &ae) {
+		ae = &apiError{status: http.StatusInternalServerError, msg: err.Error()}
+	}
+	writeError(w, ae.status, ae.msg)
 }

@@ -50,10 +50,10 @@ function flash(msg, isError) {
   f.hidden = false;
 }
 
-const zeroTime = (t) => !t || t.startsWith("0001-");
 const pad = (n) => String(n).padStart(2, "0");
+// fmtTime shows an API time; an unset one is null (oldest_pending with no backlog, ...).
 function fmtTime(t) {
-  if (zeroTime(t)) return "—";
+  if (t === null || t === undefined) return "—";
   const d = new Date(t);
   return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
 }

@@ -105,7 +105,7 @@ func (e *env) printConsumers(cs []admin.ConsumerStatus) {
 	tw := e.table()
 	fmt.Fprintf(tw, "  CONSUMER\tCLAIMS\tNEWEST CLAIM\n")
 	for _, c := range cs {
-		fmt.Fprintf(tw, "  %s\t%d\t%s\n", c.Consumer, c.Claims, when(c.NewestClaim))
+		fmt.Fprintf(tw, "  %s\t%d\t%s\n", c.Consumer, c.Claims, whenSet(c.NewestClaim))
 	}
 	_ = tw.Flush()
 }
@@ -131,7 +131,7 @@ func (e *env) printOutbox(o admin.OutboxStatus) {
 		tw := e.table()
 		fmt.Fprintf(tw, "  RELAY\tBACKLOG\tOLDEST WAITING ROW\tLAG\n")
 		for _, r := range o.Relays {
-			fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\n", r.Name, r.Backlog, when(r.OldestPending), seconds(r.LagSeconds))
+			fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\n", r.Name, r.Backlog, whenSet(r.OldestPending), seconds(r.LagSeconds))
 		}
 		_ = tw.Flush()
 	}
