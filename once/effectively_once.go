@@ -205,7 +205,7 @@ func newClaimQueries(schema string, daily bool) claimQueries {
 	// The attempt state of migration 010 (see spBegin): a transaction-local setting per schema.
 	state := txguard.StateSetting(schema)
 	return claimQueries{
-		daily:  daily,
+		daily: daily,
 		// The own-transaction claim opens the attempt guard as it goes (see internal/txguard).
 		claim:  `INSERT INTO ` + t + ` (` + cols + `) SELECT ` + typed + ` WHERE ` + txguard.Condition(schema) + ` ON CONFLICT DO NOTHING`,
 		lookup: `SELECT payload_sha256, processed_at FROM ` + t + ` WHERE consumer = $1 AND message_id = $2` + dayCond,
