@@ -20,7 +20,7 @@ type Counters struct {
 	// watermill-sql's subscriber path messages handed back for redelivery in a new transaction
 	// after a serialization failure (see the package doc).
 	TxRetries uint64
-	Refused   uint64 // messages refused for an unusable key or malformed metadata
+	Refused   uint64 // messages refused: an unusable key, malformed metadata, or a subscriber transaction the middleware cannot join (pgtx.ErrUnsupportedSubscriberTx)
 	TooOld    uint64 // copies refused by the age guard (older than MaxMessageAge)
 	// HandlerEndedTx counts deliveries whose handler called Commit or Rollback on the
 	// transaction it was lent: nothing of them was applied, and each is a permanent failure

@@ -295,6 +295,13 @@ func (e *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, err
 		}
 		d.traced(span)
+		if !e.config.DisableSubscriberTxReuse {
+			if err := pgtx.UnsupportedSubscriberTx(ctx); err != nil {
+				d.counters.refused.Add(1)
+				e.logger.Error("Message refused: not applied, not acked", err, d.fields)
+				return nil, err
+			}
+		}
 		if tx, ok := pgtx.SubscriberTxFromContext(ctx); ok && !e.config.DisableSubscriberTxReuse {
 			d.sharedTx = true
 			return nil, e.runInSubscriberTx(ctx, h, d, tx)
