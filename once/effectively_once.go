@@ -72,7 +72,10 @@ type Config struct {
 
 	// OccurredAt returns when the event occurred, as carried by the message. Default: the
 	// "occurred_at" metadata (RFC 3339) that the outbox stamps. ok=false means the message
-	// carries no time; a malformed value is an error and the message is refused.
+	// carries no time. It is called only when MaxMessageAge or PartitionByDay needs the time
+	// (the inbox Receiver's rule too); then a malformed value is an error and the message is
+	// refused (permanent, wrapping oncetype.ErrMalformedMetadata). Otherwise the metadata is not
+	// read at all, whatever its format.
 	OccurredAt func(msg *message.Message) (t time.Time, ok bool, err error)
 
 	// MaxMessageAge is the age guard: a copy whose key is not (or no longer) claimed and whose
@@ -344,7 +347,14 @@ func (e *Middleware) newDelivery(msg *message.Message) (*delivery, error) {
 	if err != nil {
 		return refuse(oncetype.Permanent(fmt.Errorf("%w for message %q (consumer %q): %w", oncetype.ErrInvalidKey, msg.UUID, consumer, err)))
 	}
-	occurredAt, hasOccurredAt, err := e.config.OccurredAt(msg)
+	// The event time is read only when something needs it (the age guard, day partitions), the
+	// inbox's rule too: a producer whose occurred_at is in another format is not refused for it
+	// unless a feature that depends on it is on.
+	var occurredAt time.Time
+	var hasOccurredAt bool
+	if e.config.MaxMessageAge > 0 || e.config.PartitionByDay {
+		occurredAt, hasOccurredAt, err = e.config.OccurredAt(msg)
+	}
 	if err != nil {
 		return refuse(oncetype.Permanent(fmt.Errorf("%w: message %q (consumer %q): %w", oncetype.ErrMalformedMetadata, msg.UUID, consumer, err)))
 	}
