@@ -181,7 +181,8 @@ type Middleware struct {
 	group *groupCommitter
 	ended endedSubscriberTxs // subscriber transactions that a handler ended (see subscriber_ended.go)
 
-	counts sync.Map // CounterKey -> *counters
+	counts  sync.Map // CounterKey -> *counters
+	dupLogs sync.Map // consumer -> *duplicateLog
 }
 
 // claimQueries are the statements on the claims table: processed_messages, or
@@ -649,7 +650,7 @@ func (e *Middleware) claimOutcome(ctx context.Context, tx *sql.Tx, d *delivery, 
 // returns a permanent error only for a mismatch under RejectFingerprintMismatch.
 func (e *Middleware) reportDuplicate(d *delivery, stored []byte, processedAt time.Time) error {
 	if bytes.Equal(stored, d.fingerprint) {
-		e.logger.Info("Duplicate skipped: already applied", d.fields.Add(watermill.LogFields{"processed_at": processedAt}))
+		e.logDuplicate(d, "Duplicate skipped: already applied", d.fields.Add(watermill.LogFields{"processed_at": processedAt}))
 		return nil
 	}
 	d.countMismatch()
