@@ -708,7 +708,6 @@ func (e *Middleware) apply(ctx context.Context, h message.HandlerFunc, d *delive
 // handlerEndedTx reports a delivery whose handler ended the transaction it was lent (ended,
 // from txguard) and returns the permanent error, with the handler's own error if it returned one.
 func (e *Middleware) handlerEndedTx(d *delivery, ended, handlerErr error) error {
-	d.counters.failed.Add(1)
 	d.counters.endedTx.Add(1)
 	if handlerErr != nil {
 		ended = fmt.Errorf("%w (the handler returned: %v)", ended, handlerErr)
