@@ -97,6 +97,7 @@ func ReadConsumers(ctx context.Context, db *sql.DB, schema string, mws []*once.M
 		c.Counters = &Counters{
 			Fresh: counts.Fresh, Duplicates: counts.Duplicates, FingerprintMismatches: counts.FingerprintMismatches,
 			Failed: counts.Failed, TxRetries: counts.TxRetries, Refused: counts.Refused, TooOld: counts.TooOld,
+			HandlerEndedTx: counts.HandlerEndedTx,
 		}
 		if seen := counts.Fresh + counts.Duplicates; seen > 0 {
 			rate := float64(counts.Duplicates) / float64(seen)
@@ -134,6 +135,7 @@ type Counters struct {
 	TxRetries             uint64 `json:"tx_retries"`
 	Refused               uint64 `json:"refused"`
 	TooOld                uint64 `json:"too_old"`
+	HandlerEndedTx        uint64 `json:"handler_ended_tx"`
 }
 
 func sumCounts(mws []*once.Middleware) map[string]once.Counters {
@@ -151,6 +153,7 @@ func sumCounts(mws []*once.Middleware) map[string]once.Counters {
 			s.TxRetries += c.TxRetries
 			s.Refused += c.Refused
 			s.TooOld += c.TooOld
+			s.HandlerEndedTx += c.HandlerEndedTx
 			out[consumer] = s
 		}
 	}

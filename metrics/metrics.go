@@ -124,7 +124,7 @@ func desc(name, help string, labels ...string) *prometheus.Desc {
 var (
 	descClaims       = desc("wmonce_claims_total", "Messages the effectively-once middleware claimed: result=fresh (applied and committed) or duplicate (key already claimed, skipped and acked).", "consumer", "sender", "result")
 	descMismatches   = desc("wmonce_fingerprint_mismatches_total", "Duplicates whose payload differed from the applied copy's: two different events share one id.", "consumer", "sender")
-	descOutcomes     = desc("wmonce_handler_outcomes_total", "Outcomes of messages at the effectively-once middleware: applied (committed), failed (rolled back, redelivered), refused (unusable key or metadata), too_old (refused by the age guard).", "consumer", "outcome")
+	descOutcomes     = desc("wmonce_handler_outcomes_total", "Outcomes of messages at the effectively-once middleware: applied (committed), failed (rolled back, redelivered), refused (unusable key or metadata), too_old (refused by the age guard), handler_ended_tx (the handler committed or rolled back the transaction it was lent: nothing applied, a permanent failure).", "consumer", "outcome")
 	descTxRetries    = desc("wmonce_tx_retries_total", "Middleware transactions run again after a serialization failure or deadlock.", "consumer")
 	descGroupTx      = desc("wmonce_group_commit_transactions_total", "Group-commit transactions committed.")
 	descGroupMsgs    = desc("wmonce_group_commit_messages_total", "Messages applied in group-commit transactions (divided by transactions: the average group size).")
@@ -252,6 +252,7 @@ func (c *collector) collectMiddlewares(s *series) {
 			s.add(descOutcomes, prometheus.CounterValue, float64(n.Failed), k.Consumer, "failed")
 			s.add(descOutcomes, prometheus.CounterValue, float64(n.Refused), k.Consumer, "refused")
 			s.add(descOutcomes, prometheus.CounterValue, float64(n.TooOld), k.Consumer, "too_old")
+			s.add(descOutcomes, prometheus.CounterValue, float64(n.HandlerEndedTx), k.Consumer, "handler_ended_tx")
 			s.add(descTxRetries, prometheus.CounterValue, float64(n.TxRetries), k.Consumer)
 		}
 		tx, msgs := mw.GroupCommitCounters()

@@ -120,6 +120,10 @@ func TestMetricsOfRealComponents(t *testing.T) {
 		if string(msg.Payload) == "fail" {
 			return nil, errors.New("handler failed")
 		}
+		if string(msg.Payload) == "ends its tx" {
+			tx, _ := pgtx.TxFromContext(msg.Context())
+			_ = tx.Commit() // refused by the attempt guard: nothing applied
+		}
 		return nil, nil
 	})
 	for _, m := range []*message.Message{
@@ -129,6 +133,7 @@ func TestMetricsOfRealComponents(t *testing.T) {
 		occurred("p-2", "shop", "fail", now),
 		occurred("", "shop", "no key", now),
 		occurred("p-3", "shop", "late", now.Add(-48*time.Hour)),
+		occurred("p-4", "shop", "ends its tx", now),
 	} {
 		_, _ = h(m)
 	}
@@ -209,7 +214,7 @@ wmonce_claims_total{consumer="payments",result="fresh",sender="shop"} 1
 	}
 	require.Equal(t, 1.0, value(t, reg, "wmonce_fingerprint_mismatches_total", m("consumer", "payments", "sender", "redrive")))
 	require.Equal(t, 0.0, value(t, reg, "wmonce_fingerprint_mismatches_total", m("consumer", "payments", "sender", "shop")))
-	for outcome, want := range map[string]float64{"applied": 1, "failed": 1, "refused": 1, "too_old": 1} {
+	for outcome, want := range map[string]float64{"applied": 1, "failed": 1, "refused": 1, "too_old": 1, "handler_ended_tx": 1} {
 		require.Equal(t, want, value(t, reg, "wmonce_handler_outcomes_total", m("consumer", "payments", "outcome", outcome)), outcome)
 	}
 	require.Equal(t, 0.0, value(t, reg, "wmonce_tx_retries_total", m("consumer", "payments")))

@@ -671,6 +671,18 @@ func onceContract(t *testing.T, p txPath) {
 		require.Equal(t, 2, e.effects(t))
 	})
 
+	t.Run("occurred_at is read only when the age guard or day partitions need it", func(t *testing.T) {
+		t.Parallel()
+		e := newPathEnv(t, p, once.Config{Consumer: "c"})
+		// A foreign producer's time in another format: nothing here needs it, so it is no reason
+		// to refuse the message (the inbox Receiver follows the same rule).
+		m := message.NewMessage("e-1", []byte("p"))
+		m.Metadata.Set(outbox.MetadataOccurredAt, "Tue, 01 Dec 2026 10:00:00 GMT")
+		require.NoError(t, e.send(e.mw.Middleware(e.effect), m))
+		require.Equal(t, 1, e.effects(t))
+		require.Zero(t, e.mw.Counters("c").Refused)
+	})
+
 	t.Run("counts per sender", func(t *testing.T) {
 		t.Parallel()
 		e := newPathEnv(t, p, once.Config{Consumer: "c", SenderMetadataKey: "sender"})

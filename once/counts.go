@@ -24,7 +24,7 @@ type Counters struct {
 	TooOld    uint64 // copies refused by the age guard (older than MaxMessageAge)
 	// HandlerEndedTx counts deliveries whose handler called Commit or Rollback on the
 	// transaction it was lent: nothing of them was applied, and each is a permanent failure
-	// (oncetype.ErrHandlerEndedTx). Also counted in Failed.
+	// (oncetype.ErrHandlerEndedTx). Not counted in Failed.
 	HandlerEndedTx uint64
 }
 

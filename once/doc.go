@@ -7,7 +7,8 @@
 //
 //  1. claim the message's key for the consumer: INSERT INTO processed_messages ... ON CONFLICT
 //     DO NOTHING. No row inserted means a copy was already applied: the transaction ends, the
-//     message is acked, the duplicate is logged at info and counted;
+//     message is acked, the duplicate is counted and logged (summarised at info level, see
+//     DuplicateLogInterval);
 //  2. run the handler with the transaction in the message context (pgtx.TxFromContext);
 //  3. store every message the handler returns (and every message it publishes through
 //     outbox.Writer.Publisher) in the outbox table;

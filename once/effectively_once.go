@@ -72,7 +72,10 @@ type Config struct {
 
 	// OccurredAt returns when the event occurred, as carried by the message. Default: the
 	// "occurred_at" metadata (RFC 3339) that the outbox stamps. ok=false means the message
-	// carries no time; a malformed value is an error and the message is refused.
+	// carries no time. It is called only when MaxMessageAge or PartitionByDay needs the time
+	// (the inbox Receiver's rule too); then a malformed value is an error and the message is
+	// refused (permanent, wrapping oncetype.ErrMalformedMetadata). Otherwise the metadata is not
+	// read at all, whatever its format.
 	OccurredAt func(msg *message.Message) (t time.Time, ok bool, err error)
 
 	// MaxMessageAge is the age guard: a copy whose key is not (or no longer) claimed and whose
@@ -178,7 +181,8 @@ type Middleware struct {
 	group *groupCommitter
 	ended endedSubscriberTxs // subscriber transactions that a handler ended (see subscriber_ended.go)
 
-	counts sync.Map // CounterKey -> *counters
+	counts  sync.Map // CounterKey -> *counters
+	dupLogs sync.Map // consumer -> *duplicateLog
 }
 
 // claimQueries are the statements on the claims table: processed_messages, or
@@ -344,7 +348,14 @@ func (e *Middleware) newDelivery(msg *message.Message) (*delivery, error) {
 	if err != nil {
 		return refuse(oncetype.Permanent(fmt.Errorf("%w for message %q (consumer %q): %w", oncetype.ErrInvalidKey, msg.UUID, consumer, err)))
 	}
-	occurredAt, hasOccurredAt, err := e.config.OccurredAt(msg)
+	// The event time is read only when something needs it (the age guard, day partitions), the
+	// inbox's rule too: a producer whose occurred_at is in another format is not refused for it
+	// unless a feature that depends on it is on.
+	var occurredAt time.Time
+	var hasOccurredAt bool
+	if e.config.MaxMessageAge > 0 || e.config.PartitionByDay {
+		occurredAt, hasOccurredAt, err = e.config.OccurredAt(msg)
+	}
 	if err != nil {
 		return refuse(oncetype.Permanent(fmt.Errorf("%w: message %q (consumer %q): %w", oncetype.ErrMalformedMetadata, msg.UUID, consumer, err)))
 	}
@@ -639,7 +650,7 @@ func (e *Middleware) claimOutcome(ctx context.Context, tx *sql.Tx, d *delivery, 
 // returns a permanent error only for a mismatch under RejectFingerprintMismatch.
 func (e *Middleware) reportDuplicate(d *delivery, stored []byte, processedAt time.Time) error {
 	if bytes.Equal(stored, d.fingerprint) {
-		e.logger.Info("Duplicate skipped: already applied", d.fields.Add(watermill.LogFields{"processed_at": processedAt}))
+		e.logDuplicate(d, "Duplicate skipped: already applied", d.fields.Add(watermill.LogFields{"processed_at": processedAt}))
 		return nil
 	}
 	d.countMismatch()
@@ -697,7 +708,6 @@ func (e *Middleware) apply(ctx context.Context, h message.HandlerFunc, d *delive
 // handlerEndedTx reports a delivery whose handler ended the transaction it was lent (ended,
 // from txguard) and returns the permanent error, with the handler's own error if it returned one.
 func (e *Middleware) handlerEndedTx(d *delivery, ended, handlerErr error) error {
-	d.counters.failed.Add(1)
 	d.counters.endedTx.Add(1)
 	if handlerErr != nil {
 		ended = fmt.Errorf("%w (the handler returned: %v)", ended, handlerErr)

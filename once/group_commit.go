@@ -374,7 +374,7 @@ func (g *groupCommitter) settle(q *queued, err error) {
 	for _, c := range q.d.copies {
 		if err == nil {
 			c.d.countDuplicate()
-			g.e.logger.Info("Duplicate skipped: a copy arrived in the same group", c.d.fields)
+			g.e.logDuplicate(c.d, "Duplicate skipped: a copy arrived in the same group", c.d.fields)
 		}
 		c.answer(err)
 	}
