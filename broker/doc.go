@@ -79,8 +79,13 @@
 //     exchange has an alternate exchange whose queue (<prefix>wmonce.unrouted) keeps messages
 //     that no queue was bound for, instead of RabbitMQ dropping them.
 //   - Marshaler writes what watermill-amqp writes (UUID in _watermill_message_uuid, metadata
-//     as headers) and accepts non-string headers (x-delivery-count from quorum queues, x-death
-//     after dead-lettering), which watermill-amqp's marshaler refuses, making the message loop.
+//     as headers), and the UUID in the message-id property too. It accepts non-string headers
+//     (x-delivery-count from quorum queues, x-death after dead-lettering), which
+//     watermill-amqp's marshaler refuses, making the message loop. It exposes the AMQP
+//     properties as metadata (MetadataAMQPMessageID "amqp_message_id", amqp_correlation_id,
+//     amqp_timestamp, ...), and a delivery without the UUID header takes its message-id as the
+//     UUID: messages of producers that are not Watermill are keyed by their id with the
+//     default key, or with once.KeyFromMetadata(broker.MetadataAMQPMessageID).
 //   - AMQPConfig.Workers (default 8) messages in flight per subscription and Prefetch
 //     (default 32) unacked messages handed over by RabbitMQ; a nack hands the message back
 //     after NackDelay. A lost connection is redialled with backoff; unacked messages are
