@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -308,4 +309,65 @@ func TestAMQPForeignProducerWithOnlyAMQPProperties(t *testing.T) {
 	require.Equal(t, "order-7", msg.Metadata.Get(broker.MetadataAMQPCorrelationID))
 	require.Equal(t, "2026-11-29T10:00:05Z", msg.Metadata.Get(broker.MetadataAMQPTimestamp))
 	require.Equal(t, "application/json", msg.Metadata.Get(broker.MetadataAMQPContentType))
+}
+
+// TestAMQPPublishedBeforeTheFirstSubscriberIsDelivered publishes, with the default
+// configuration (no Config.Subscriptions), to a topic nobody has subscribed to yet: RabbitMQ
+// has no queue to route to, and the messages wait in the unrouted queue. A consumer process
+// that then subscribes receives every one of them, as on Kafka and SQL, and the unrouted
+// messages of other topics stay where they were, even one whose exchange no longer exists.
+func TestAMQPPublishedBeforeTheFirstSubscriberIsDelivered(t *testing.T) {
+	t.Parallel()
+	topic, other, gone := pgtest.NewName("payments"), pgtest.NewName("nobody-listens"), pgtest.NewName("deleted")
+	producer := newBroker(t, broker.AMQP)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	pub, err := producer.NewPublisher(ctx)
+	require.NoError(t, err)
+	defer pub.Close()
+	want := map[string]bool{}
+	for i := range 5 {
+		id := fmt.Sprint("early-", i)
+		want[id] = true
+		require.NoError(t, pub.Publish(topic, message.NewMessage(id, []byte("x"))))
+	}
+	require.NoError(t, pub.Publish(other, message.NewMessage("other-1", []byte("x")), message.NewMessage("other-2", []byte("x"))))
+	require.NoError(t, pub.Publish(gone, message.NewMessage("gone-1", []byte("x"))))
+	require.NoError(t, producer.DeleteAMQPTopology(broker.Subscription{Topic: gone, Group: "none"})) // its exchange
+	unrouted := func() int {
+		return queueDepth(t, producer.Config().AMQP.URL, producer.Config().AMQP.UnroutedQueueName())
+	}
+	require.Equal(t, 8, unrouted(), "confirmed publishes with no queue bound: kept in the unrouted queue")
+
+	consumer, err := broker.New(ctx, nil, producer.Config(), watermill.NopLogger{}) // another process
+	require.NoError(t, err)
+	defer consumer.Close()
+	sub, err := consumer.NewSubscriber("rewards")
+	require.NoError(t, err)
+	defer sub.Close()
+	msgs, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	got := map[string]bool{}
+	for _, m := range receive(t, msgs, 5, 20*time.Second) {
+		got[m.UUID] = true
+	}
+	require.Equal(t, want, got, "5 of 5 published before the first subscriber")
+	require.Equal(t, 3, unrouted(), "the other topics' messages are still kept, also the one whose exchange was deleted")
+
+	require.NoError(t, pub.Publish(topic, message.NewMessage("late-1", []byte("x"))))
+	require.Equal(t, "late-1", receive(t, msgs, 1, 20*time.Second)[0].UUID)
+}
+
+// queueDepth is the number of ready messages in a queue.
+func queueDepth(t *testing.T, amqpURL, queue string) int {
+	t.Helper()
+	conn, err := amqp.Dial(amqpURL)
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
+	require.NoError(t, err)
+	return q.Messages
 }

@@ -65,10 +65,11 @@ type Config struct {
 	// DatabaseURL is used by the SQL broker when New is given no *sql.DB. Env DATABASE_URL;
 	// default pgtx.DefaultDatabaseURL.
 	DatabaseURL string
-	// Subscriptions are the (topic, consumer group) pairs that must exist before anything is
-	// published, so that no message can be published into a void. NewPublisher declares them
-	// (RabbitMQ queues and bindings, Kafka topics, SQL tables and group offsets); Declare does it
-	// on demand.
+	// Subscriptions are the (topic, consumer group) pairs declared before anything is
+	// published. NewPublisher declares them (RabbitMQ queues and bindings, Kafka topics, SQL
+	// tables and group offsets); Declare does it on demand. They are not needed for a group
+	// to receive what was published before it first subscribed, on any broker; on RabbitMQ
+	// they are needed for each of several groups of one topic to receive it (see Declare).
 	Subscriptions []Subscription
 
 	SQL   SQLConfig

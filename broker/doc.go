@@ -14,7 +14,8 @@
 // connection). No broker deduplicates: copies reach the handler, and the effectively-once
 // middleware absorbs them. Topics and group subscriptions are declared before the first
 // publish (Config.Subscriptions, Declare) and again at Subscribe, so a message is never
-// published into a void. Topic names are checked per broker (ValidateTopic); give
+// published into a void, and a group that first subscribes after messages were published
+// receives them (on RabbitMQ with a limit for a topic's later groups: see Declare). Topic names are checked per broker (ValidateTopic); give
 // TopicValidator(kind) to outbox.Config so a bad topic fails the producing transaction.
 //
 // # Kafka (watermill-kafka v3, Sarama)
@@ -78,6 +79,16 @@
 //     Queues of Config.Subscriptions are declared before anything is published; every topic
 //     exchange has an alternate exchange whose queue (<prefix>wmonce.unrouted) keeps messages
 //     that no queue was bound for, instead of RabbitMQ dropping them.
+//   - Publishing before the first subscriber: when a group's queue is first declared
+//     (Subscribe, Declare, Config.Subscriptions; once per Broker), the messages waiting in the
+//     unrouted queue are published again to their own exchanges, each acked there only after
+//     RabbitMQ confirmed its new copy. The topic's messages reach the queues bound by then;
+//     the others go back to wait. So the same code works without Config.Subscriptions on
+//     every broker, with one difference for several groups on one topic: those messages go
+//     to the groups bound when the first is declared, not to a group declared later (see
+//     Declare). The pass costs in proportion to the unrouted queue: purge what nobody will
+//     ever subscribe to. A message published in the same instant as the topic's first
+//     queue is bound can miss the pass; the next one moves it.
 //   - Marshaler writes what watermill-amqp writes (UUID in _watermill_message_uuid, metadata
 //     as headers), and the UUID in the message-id property too. It accepts non-string headers
 //     (x-delivery-count from quorum queues, x-death after dead-lettering), which
