@@ -111,7 +111,9 @@ type SQLConfig struct {
 	// redone work after a crash. Default 10.
 	BatchSize int
 	// AckDeadline nacks a message whose handler has not finished in time; keep it above your
-	// slowest handler. Default 30s.
+	// slowest handler. A nacked message is re-sent in the subscription's transaction until
+	// then, unless that transaction can no longer commit (a lost connection): then the batch
+	// is read again at once in a new one (see the package documentation). Default 30s.
 	AckDeadline time.Duration
 	// ResendInterval is the wait before a nacked message is delivered again. Default 200ms.
 	ResendInterval time.Duration

@@ -139,7 +139,12 @@
 //     subscription polls every IdlePollInterval (3s); without LISTEN (DisableNotify, a driver
 //     other than pgx, a lost connection) every PollInterval (100ms).
 //   - A nacked message is delivered again inside the same transaction, which stays open (and
-//     keeps the group's offset row locked) until the message is acked or AckDeadline passes.
+//     keeps the group's offset row locked) until the message is acked or AckDeadline passes,
+//     unless that transaction can no longer commit: after each nack the subscription runs one
+//     statement in it, and when that fails (connection lost, transaction ended, or aborted by
+//     a statement that failed outside a savepoint) the transaction is rolled back and the
+//     batch read again at once in a new one, its acked messages included (their offset and
+//     writes went down with it). Nothing is acked that did not commit.
 //     It is such a long transaction: while one message is being nacked, rows committed after
 //     that transaction began stay invisible to every SQL-broker subscriber on the server, not
 //     only to its group (the outbox relay is not held back). Park poison messages (middleware Stack) rather than
