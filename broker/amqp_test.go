@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/broker"
+	"github.com/wmonce/watermill-once/internal/brokertest"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/oncetype"
@@ -335,7 +336,7 @@ func TestAMQPPublishedBeforeTheFirstSubscriberIsDelivered(t *testing.T) {
 	require.NoError(t, pub.Publish(gone, message.NewMessage("gone-1", []byte("x"))))
 	require.NoError(t, producer.DeleteAMQPTopology(broker.Subscription{Topic: gone, Group: "none"})) // its exchange
 	unrouted := func() int {
-		return queueDepth(t, producer.Config().AMQP.URL, producer.Config().AMQP.UnroutedQueueName())
+		return brokertest.AMQPQueueDepth(t, producer.Config().AMQP.URL, producer.Config().AMQP.UnroutedQueueName())
 	}
 	require.Equal(t, 8, unrouted(), "confirmed publishes with no queue bound: kept in the unrouted queue")
 
@@ -356,18 +357,4 @@ func TestAMQPPublishedBeforeTheFirstSubscriberIsDelivered(t *testing.T) {
 
 	require.NoError(t, pub.Publish(topic, message.NewMessage("late-1", []byte("x"))))
 	require.Equal(t, "late-1", receive(t, msgs, 1, 20*time.Second)[0].UUID)
-}
-
-// queueDepth is the number of ready messages in a queue.
-func queueDepth(t *testing.T, amqpURL, queue string) int {
-	t.Helper()
-	conn, err := amqp.Dial(amqpURL)
-	require.NoError(t, err)
-	defer conn.Close()
-	ch, err := conn.Channel()
-	require.NoError(t, err)
-	defer ch.Close()
-	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
-	require.NoError(t, err)
-	return q.Messages
 }

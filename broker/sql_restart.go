@@ -105,7 +105,7 @@ func (s *sqlSubscriber) forward(ctx context.Context, sub *wsql.Subscriber, topic
 			continue
 		}
 		err := probeTx(ctx, tx)
-		if err == nil || s.ending(ctx) {
+		if err == nil || ended(ctx, s.closing) {
 			continue
 		}
 		wait := backoff.Next()
@@ -139,18 +139,6 @@ func probeTx(ctx context.Context, tx *sql.Tx) error {
 	defer cancel()
 	_, err := tx.ExecContext(ctx, `SELECT 1`)
 	return err
-}
-
-// ending reports whether the subscription is being closed or its context ended.
-func (s *sqlSubscriber) ending(ctx context.Context) bool {
-	select {
-	case <-s.closing:
-		return true
-	case <-ctx.Done():
-		return true
-	default:
-		return false
-	}
 }
 
 // sleep waits d, or reports false as soon as the subscription ends.
