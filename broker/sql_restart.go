@@ -109,7 +109,7 @@ func (s *sqlSubscriber) forward(ctx context.Context, sub *wsql.Subscriber, topic
 			continue
 		}
 		wait := backoff.Next()
-		logger.Error("SQL broker: the transaction this subscription delivers in cannot commit (connection lost, transaction ended or aborted); reading the batch again in a new one", err,
+		logger.Error("SQL broker subscription's transaction cannot commit (connection lost, transaction ended or aborted); reading its batch again in a new one", err,
 			watermill.LogFields{"msg_uuid": msg.UUID, "wait": wait})
 		old := run
 		old.stop()
