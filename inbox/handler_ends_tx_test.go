@@ -1,0 +1,143 @@
+package inbox_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wmonce/watermill-once/inbox"
+	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testwait"
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// txEndings are the ways user code ends the transaction it was lent. Errors are ignored, as
+// repository code that commits "its" transaction does.
+var txEndings = []struct {
+	name string
+	end  func(tx *sql.Tx)
+}{
+	{"commit", func(tx *sql.Tx) { _ = tx.Commit() }},
+	{"rollback", func(tx *sql.Tx) { _ = tx.Rollback() }},
+	{"commit then rollback", func(tx *sql.Tx) { _ = tx.Commit(); _ = tx.Rollback() }},
+	{"rollback then commit", func(tx *sql.Tx) { _ = tx.Rollback(); _ = tx.Commit() }},
+}
+
+// storeRows stores n rows e-0 .. e-(n-1) for consumer "c" in one transaction, before any
+// processor runs, so that claims and TxBatchSize batches form as configured.
+func storeRows(t *testing.T, e *env, r *inbox.Receiver, n int) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := e.db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	var msgs []*message.Message
+	for i := range n {
+		msgs = append(msgs, msg(fmt.Sprintf("e-%d", i), "x"))
+	}
+	_, err = r.StoreTx(ctx, tx, "t", msgs...)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit())
+}
+
+// A handler that writes, ends the transaction it was lent (Commit, Rollback, or both) and
+// returns an output as if all went well applies nothing: no effect and no output of it commit,
+// and its row is parked as FAILED at its first attempt with a reason that says the handler ended
+// the transaction. Every other row, in its TxBatchSize batch or not, is applied exactly once
+// with its output. Before the attempt guard a Commit there applied the row's effects without
+// its output, and in a batch the rows before it were applied twice (once by the handler's
+// COMMIT, once more by the fallback to one row per transaction).
+//
+// One worker, so that the batches form as configured (the third row, e-2, in the first batch)
+// and the counts are exact: in ClaimLock mode the row lock goes with the ended transaction, and
+// another worker may take the row and end its transaction once more before it is parked.
+func testHandlerEndingItsTransaction(t *testing.T, mode inbox.ClaimMode) {
+	t.Parallel()
+	for _, txBatch := range []int{1, 4} {
+		for _, ending := range txEndings {
+			t.Run(fmt.Sprintf("TxBatchSize %d, %s", txBatch, ending.name), func(t *testing.T) {
+				t.Parallel()
+				e := newEnv(t)
+				r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
+				storeRows(t, e, r, 6)
+				cfg := fastIn(mode, "c")
+				cfg.Workers, cfg.TxBatchSize, cfg.OutputTopic = 1, txBatch, "out"
+				p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
+					if err := e.effect(m, "w"); err != nil {
+						return nil, err
+					}
+					if m.UUID == "e-2" {
+						tx, _ := pgtx.TxFromContext(m.Context())
+						ending.end(tx)
+					}
+					return []*message.Message{message.NewMessage("out-"+m.UUID, []byte(`{}`))}, nil
+				}, cfg)
+				testwait.Until(t, "five rows done and one parked", func() bool {
+					c := p.Counters()
+					return c.Processed == 5 && c.Parked == 1
+				})
+
+				require.Equal(t, 5, e.effects(t), "every row but e-2 applied")
+				require.Equal(t, 5, pgtest.Count(t, e.db, `SELECT count(DISTINCT message_id) FROM `+e.table("effects")), "once each")
+				require.Zero(t, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("effects")+` WHERE message_id = 'e-2'`))
+				require.Equal(t, 5, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("outbox")+` WHERE payload->>'destination_topic' = 'out'`))
+				require.Zero(t, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("outbox")+` WHERE uuid = 'out-e-2'`))
+				require.Equal(t, 5, e.status(t, "c", inbox.StatusDone))
+
+				row, err := e.ops.InspectMessage(context.Background(), "c", "e-2")
+				require.NoError(t, err)
+				require.Equal(t, inbox.StatusFailed, row.Status)
+				require.Equal(t, 1, row.Attempts, "parked at once, not retried")
+				require.Contains(t, row.LastError, "the handler ended the transaction")
+				require.Contains(t, row.LastError, "nothing of it was applied")
+
+				c := p.Counters()
+				require.Equal(t, uint64(1), c.HandlerEndedTx)
+				require.Equal(t, uint64(1), c.Failed)
+			})
+		}
+	}
+}
+
+// A handler that outlives HandlerTimeout and then returns as if all went well finds its
+// transaction rolled back by database/sql, not by itself: the attempt is a timeout, retried (in
+// a batch: the batch runs again one row per transaction, as after any failure), and never
+// parked as a handler that ended its transaction.
+func testHandlerPastTimeoutIsNotTakenForEndingItsTransaction(t *testing.T, mode inbox.ClaimMode) {
+	t.Parallel()
+	for _, txBatch := range []int{1, 3} {
+		t.Run(fmt.Sprintf("TxBatchSize %d", txBatch), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
+			storeRows(t, e, r, 3)
+			cfg := fastIn(mode, "c")
+			cfg.Workers, cfg.TxBatchSize, cfg.HandlerTimeout = 1, txBatch, 200*time.Millisecond
+			var stalled atomic.Bool
+			p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
+				if err := e.effect(m, "w"); err != nil {
+					return nil, err
+				}
+				if m.UUID == "e-1" && stalled.CompareAndSwap(false, true) {
+					<-m.Context().Done() // HandlerTimeout: database/sql rolls the transaction back
+				}
+				return nil, nil
+			}, cfg)
+			testwait.Until(t, "every row done", func() bool { return p.Counters().Processed == 3 })
+			require.Equal(t, 3, e.effects(t))
+			require.Zero(t, p.Counters().HandlerEndedTx)
+			require.Zero(t, p.Counters().Parked)
+			row, err := e.ops.InspectMessage(context.Background(), "c", "e-1")
+			require.NoError(t, err)
+			require.Equal(t, inbox.StatusDone, row.Status)
+			if txBatch == 1 {
+				require.Contains(t, row.LastError, "HandlerTimeout", "a failed attempt of its own")
+			}
+		})
+	}
+}
