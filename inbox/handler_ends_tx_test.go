@@ -29,20 +29,15 @@ var txEndings = []struct {
 	{"rollback then commit", func(tx *sql.Tx) { _ = tx.Rollback(); _ = tx.Commit() }},
 }
 
-// storeRows stores n rows e-0 .. e-(n-1) for consumer "c" in one transaction, before any
-// processor runs, so that claims and TxBatchSize batches form as configured.
+// storeRows stores n rows e-0 .. e-(n-1) in one transaction, before any processor runs, so
+// that claims and TxBatchSize batches form as configured.
 func storeRows(t *testing.T, e *env, r *inbox.Receiver, n int) {
 	t.Helper()
-	ctx := context.Background()
-	tx, err := e.db.BeginTx(ctx, nil)
-	require.NoError(t, err)
 	var msgs []*message.Message
 	for i := range n {
 		msgs = append(msgs, msg(fmt.Sprintf("e-%d", i), "x"))
 	}
-	_, err = r.StoreTx(ctx, tx, "t", msgs...)
-	require.NoError(t, err)
-	require.NoError(t, tx.Commit())
+	storeAll(t, e, r, msgs)
 }
 
 // A handler that writes, ends the transaction it was lent (Commit, Rollback, or both) and
@@ -140,4 +135,29 @@ func testHandlerPastTimeoutIsNotTakenForEndingItsTransaction(t *testing.T, mode 
 			}
 		})
 	}
+}
+
+// In ClaimLock mode the row lock goes with the transaction the handler ended, so another worker
+// may take the row and run it again before the first has parked it. Before the attempt guard
+// that ran a committing handler twice (two effects in about half of the runs with four
+// workers); now no run applies anything, and the row ends parked.
+func TestClaimLockHandlerEndingItsTransactionWithSeveralWorkersAppliesNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
+	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
+		if err := e.effect(m, "w"); err != nil {
+			return nil, err
+		}
+		tx, _ := pgtx.TxFromContext(m.Context())
+		return nil, tx.Commit()
+	}, locking("c", 4, 1))
+	require.NoError(t, r.Handle(msg("e-1", "x")))
+	testwait.Until(t, "parking", func() bool { return p.Counters().Parked == 1 })
+	require.Zero(t, e.effects(t))
+	row, err := e.ops.InspectMessage(context.Background(), "c", "e-1")
+	require.NoError(t, err)
+	require.Equal(t, inbox.StatusFailed, row.Status)
+	require.Contains(t, row.LastError, "the handler ended the transaction")
+	require.GreaterOrEqual(t, p.Counters().HandlerEndedTx, uint64(1))
 }
