@@ -1,7 +1,6 @@
 package httpidem_test
 
 import (
-	"database/sql"
 	"net/http"
 	"testing"
 
@@ -12,18 +11,6 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// txEndings are the ways user code ends the transaction it was lent. Errors are ignored, as
-// repository code that commits "its" transaction does.
-var txEndings = []struct {
-	name string
-	end  func(tx *sql.Tx)
-}{
-	{"commit", func(tx *sql.Tx) { _ = tx.Commit() }},
-	{"rollback", func(tx *sql.Tx) { _ = tx.Rollback() }},
-	{"commit then rollback", func(tx *sql.Tx) { _ = tx.Commit(); _ = tx.Rollback() }},
-	{"rollback then commit", func(tx *sql.Tx) { _ = tx.Rollback(); _ = tx.Commit() }},
-}
-
 // TestHandlerEndingTheRequestTransactionAppliesNothing: a handler that writes, ends the
 // request's transaction (Commit, Rollback, or both) and answers applies nothing, whatever it
 // answers and with or without a key: the client gets 500 ProblemHandlerEndedTx, no key is
@@ -32,7 +19,7 @@ var txEndings = []struct {
 // a 500 saying nothing was applied.
 func TestHandlerEndingTheRequestTransactionAppliesNothing(t *testing.T) {
 	t.Parallel()
-	for _, ending := range txEndings {
+	for _, ending := range pgtest.TxEndings {
 		for _, c := range []struct {
 			name   string
 			cfg    httpidem.Config
@@ -45,7 +32,7 @@ func TestHandlerEndingTheRequestTransactionAppliesNothing(t *testing.T) {
 			{"keyless, 201", httpidem.Config{AllowMissingKey: true}, "", http.StatusCreated},
 			{"keyless, 503", httpidem.Config{AllowMissingKey: true}, "", http.StatusServiceUnavailable},
 		} {
-			t.Run(ending.name+", "+c.name, func(t *testing.T) {
+			t.Run(ending.Name+", "+c.name, func(t *testing.T) {
 				t.Parallel()
 				e := newEnv(t, c.cfg)
 				e.hook = func(w http.ResponseWriter, r *http.Request) bool {
@@ -53,7 +40,7 @@ func TestHandlerEndingTheRequestTransactionAppliesNothing(t *testing.T) {
 						return true
 					}
 					tx, _ := pgtx.TxFromContext(r.Context())
-					ending.end(tx)
+					ending.End(tx)
 					if c.answer >= 500 {
 						http.Error(w, "ledger unavailable", c.answer)
 						return false

@@ -2,7 +2,6 @@ package inbox_test
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -16,18 +15,6 @@ import (
 	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/pgtx"
 )
-
-// txEndings are the ways user code ends the transaction it was lent. Errors are ignored, as
-// repository code that commits "its" transaction does.
-var txEndings = []struct {
-	name string
-	end  func(tx *sql.Tx)
-}{
-	{"commit", func(tx *sql.Tx) { _ = tx.Commit() }},
-	{"rollback", func(tx *sql.Tx) { _ = tx.Rollback() }},
-	{"commit then rollback", func(tx *sql.Tx) { _ = tx.Commit(); _ = tx.Rollback() }},
-	{"rollback then commit", func(tx *sql.Tx) { _ = tx.Rollback(); _ = tx.Commit() }},
-}
 
 // storeRows stores n rows e-0 .. e-(n-1) in one transaction, before any processor runs, so
 // that claims and TxBatchSize batches form as configured.
@@ -54,8 +41,8 @@ func storeRows(t *testing.T, e *env, r *inbox.Receiver, n int) {
 func testHandlerEndingItsTransaction(t *testing.T, mode inbox.ClaimMode) {
 	t.Parallel()
 	for _, txBatch := range []int{1, 4} {
-		for _, ending := range txEndings {
-			t.Run(fmt.Sprintf("TxBatchSize %d, %s", txBatch, ending.name), func(t *testing.T) {
+		for _, ending := range pgtest.TxEndings {
+			t.Run(fmt.Sprintf("TxBatchSize %d, %s", txBatch, ending.Name), func(t *testing.T) {
 				t.Parallel()
 				e := newEnv(t)
 				r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
@@ -68,7 +55,7 @@ func testHandlerEndingItsTransaction(t *testing.T, mode inbox.ClaimMode) {
 					}
 					if m.UUID == "e-2" {
 						tx, _ := pgtx.TxFromContext(m.Context())
-						ending.end(tx)
+						ending.End(tx)
 					}
 					return []*message.Message{message.NewMessage("out-"+m.UUID, []byte(`{}`))}, nil
 				}, cfg)

@@ -14,26 +14,14 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// txEndings are the ways user code ends the transaction it was lent. Errors are ignored, as
-// repository code that commits "its" transaction does.
-var txEndings = []struct {
-	name string
-	end  func(tx *sql.Tx)
-}{
-	{"commit", func(tx *sql.Tx) { _ = tx.Commit() }},
-	{"rollback", func(tx *sql.Tx) { _ = tx.Rollback() }},
-	{"commit then rollback", func(tx *sql.Tx) { _ = tx.Commit(); _ = tx.Rollback() }},
-	{"rollback then commit", func(tx *sql.Tx) { _ = tx.Rollback(); _ = tx.Commit() }},
-}
-
 // TestRecordAfterTheHandlerEndedItsTransaction: recording an intent in a transaction the
 // handler has already ended fails with a permanent error wrapping oncetype.ErrHandlerEndedTx
 // that says so, not with a bare sql.ErrTxDone, and no intent is kept: not the one recorded
 // before the end either (the attempt guard refused that COMMIT).
 func TestRecordAfterTheHandlerEndedItsTransaction(t *testing.T) {
 	t.Parallel()
-	for _, ending := range txEndings {
-		t.Run(ending.name, func(t *testing.T) {
+	for _, ending := range pgtest.TxEndings {
+		t.Run(ending.Name, func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t)
 			mw, err := once.New(e.db, once.Config{Schema: e.schema, Consumer: "notifications"}, nil)
@@ -44,7 +32,7 @@ func TestRecordAfterTheHandlerEndedItsTransaction(t *testing.T) {
 					return nil, err
 				}
 				tx, _ := pgtx.TxFromContext(msg.Context())
-				ending.end(tx)
+				ending.End(tx)
 				_, got = e.store.Record(msg, intent.Draft{Channel: "email", Payload: msg.Payload})
 				return nil, got
 			})

@@ -14,18 +14,6 @@ import (
 	"github.com/wmonce/watermill-once/versioned"
 )
 
-// txEndings are the ways user code ends the transaction it was lent. Errors are ignored, as
-// repository code that commits "its" transaction does.
-var txEndings = []struct {
-	name string
-	end  func(tx *sql.Tx)
-}{
-	{"commit", func(tx *sql.Tx) { _ = tx.Commit() }},
-	{"rollback", func(tx *sql.Tx) { _ = tx.Rollback() }},
-	{"commit then rollback", func(tx *sql.Tx) { _ = tx.Commit(); _ = tx.Rollback() }},
-	{"rollback then commit", func(tx *sql.Tx) { _ = tx.Rollback(); _ = tx.Commit() }},
-}
-
 // wrappedTx is a Querier that is not a *sql.Tx: versioned cannot ask it whether it ended.
 type wrappedTx struct{ *sql.Tx }
 
@@ -37,7 +25,7 @@ type wrappedTx struct{ *sql.Tx }
 // applies nothing.
 func TestApplyEndingTheTransactionIsPermanent(t *testing.T) {
 	t.Parallel()
-	for _, ending := range txEndings {
+	for _, ending := range pgtest.TxEndings {
 		for _, c := range []struct {
 			name    string
 			state   bool // ApplyState, else ApplyDelta
@@ -51,7 +39,7 @@ func TestApplyEndingTheTransactionIsPermanent(t *testing.T) {
 			{name: "state, before the call", state: true, before: true, says: "record account/a version 1"},
 			{name: "delta, in apply, wrapped", wrapped: true},
 		} {
-			t.Run(ending.name+", "+c.name, func(t *testing.T) {
+			t.Run(ending.Name+", "+c.name, func(t *testing.T) {
 				t.Parallel()
 				e := newEnv(t)
 				pgtest.Exec(t, e.db, `CREATE TABLE `+e.table("balances")+` (account text PRIMARY KEY, paise bigint NOT NULL)`)
@@ -64,12 +52,12 @@ func TestApplyEndingTheTransactionIsPermanent(t *testing.T) {
 						q = wrappedTx{tx}
 					}
 					if c.before {
-						ending.end(tx)
+						ending.End(tx)
 					}
 					apply := func(ctx context.Context) error {
 						_, err := tx.ExecContext(ctx, `INSERT INTO `+e.table("balances")+` VALUES ('a', 100)`)
 						if !c.before {
-							ending.end(tx)
+							ending.End(tx)
 						}
 						return err
 					}
