@@ -13,6 +13,7 @@ import (
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/internal/testwait"
+	"github.com/wmonce/watermill-once/migrate"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -147,4 +148,36 @@ func TestClaimLockHandlerEndingItsTransactionWithSeveralWorkersAppliesNothing(t 
 	require.Equal(t, inbox.StatusFailed, row.Status)
 	require.Contains(t, row.LastError, "the handler ended the transaction")
 	require.GreaterOrEqual(t, p.Counters().HandlerEndedTx, uint64(1))
+}
+
+// A Processor on a schema without the attempt guard (migration 011 not run) does not run its
+// handler: every attempt would fail at the handler's first statement and park its row. Its
+// workers wait as for a failing claim, counting an error, and process the rows once the
+// migrations have run.
+func TestProcessorWaitsForTheAttemptGuard(t *testing.T) {
+	t.Parallel()
+	for _, m := range processorModes {
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			ctx := context.Background()
+			mig, err := migrate.New(e.db, migrate.Config{Schema: e.schema}, nil)
+			require.NoError(t, err)
+			_, err = mig.Migrate(ctx, migrate.DirectionDown, &migrate.Opts{TargetVersion: 10})
+			require.NoError(t, err)
+			r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
+			require.NoError(t, r.Handle(msg("e-1", "x")))
+			p := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "w") }, fastIn(m.mode, "c"))
+			testwait.Until(t, "the missing guard to be reported", func() bool { return p.Counters().Errors > 0 })
+			row, err := e.ops.InspectMessage(ctx, "c", "e-1")
+			require.NoError(t, err)
+			require.Equal(t, inbox.StatusPending, row.Status)
+			require.Zero(t, row.Attempts)
+
+			_, err = mig.Migrate(ctx, migrate.DirectionUp, nil)
+			require.NoError(t, err)
+			testwait.Until(t, "the row to be processed", func() bool { return p.Counters().Processed == 1 })
+			require.Equal(t, 1, e.effects(t))
+		})
+	}
 }
