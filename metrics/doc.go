@@ -60,6 +60,7 @@
 //	wmonce_inbox_leases_expired_total{consumer}        counter  expired leases taken back
 //	wmonce_inbox_released_total{consumer}              counter  rows given back unprocessed
 //	wmonce_inbox_processor_errors_total{consumer}      counter  database errors outside handlers
+//	wmonce_inbox_handler_ended_tx_total{consumer}      counter  attempts whose handler ended its transaction (nothing applied, row parked)
 //
 // From the database at scrape time (needs Sources.DB):
 //
@@ -111,14 +112,20 @@
 //	wmonce_http_idempotency_requests_total{result}     counter  result=stored | duplicate (replayed) | conflict (409) |
 //	                                                            fingerprint_mismatch (422) | refused (400, 413) |
 //	                                                            failed (handler 5xx, rolled back, not stored) |
-//	                                                            error (500: lookup, store or commit failed) | keyless
+//	                                                            error (500: lookup, store or commit failed, or the
+//	                                                            handler ended the transaction) | keyless
+//	wmonce_http_idempotency_handler_ended_tx_total     counter  requests whose handler ended the request's transaction
+//	                                                            (500, nothing applied, key not stored; also in result=error)
 //
 // Counters.Replayed is result=duplicate, Counters.NotStored is result=failed (the handler failed, as
 // outcome=failed of the middleware) and Counters.Failed is result=error (the middleware's own
 // database failure). A keyless request (AllowMissingKey) whose commit then fails counts in both
 // keyless and error.
 //
-// Alerts worth having: wmonce_inbox_rows{status="failed"} > 0, a growing
+// Alerts worth having: wmonce_inbox_rows{status="failed"} > 0,
+// increase(wmonce_inbox_handler_ended_tx_total) > 0 and
+// increase(wmonce_http_idempotency_handler_ended_tx_total) > 0 (a handler commits or rolls back
+// the transaction it was lent: a bug to fix, its messages are parked or its requests fail), a growing
 // wmonce_inbox_oldest_pending_age_seconds or wmonce_outbox_lag_seconds,
 // increase(wmonce_handler_outcomes_total{outcome="too_old"}) > 0,
 // increase(wmonce_fingerprint_mismatches_total) > 0, wmonce_retention_warnings > 0,

@@ -138,6 +138,7 @@ var (
 	descLeaseExp     = desc("wmonce_inbox_leases_expired_total", "Expired inbox leases taken back by processors.", "consumer")
 	descReleased     = desc("wmonce_inbox_released_total", "Inbox rows given back unprocessed (shutdown, database trouble).", "consumer")
 	descInboxErrors  = desc("wmonce_inbox_processor_errors_total", "Database errors of inbox processors outside handlers (claim, commit, renewal, reaping).", "consumer")
+	descInboxEndedTx = desc("wmonce_inbox_handler_ended_tx_total", "Inbox attempts whose handler called Commit or Rollback on the processing transaction it was lent: nothing of them was applied, and each parked its row (also counted in wmonce_inbox_failed_attempts_total).", "consumer")
 	descInboxRows    = desc("wmonce_inbox_rows", "Unfinished inbox rows by status (pending, in_progress, failed), read from the database.", "consumer", "status")
 	descRetrying     = desc("wmonce_inbox_retrying_rows", "Pending inbox rows that failed before and wait for another attempt (part of status=pending).", "consumer")
 	descOldestAge    = desc("wmonce_inbox_oldest_pending_age_seconds", "Age of the oldest PENDING inbox row by the database clock; 0 when none. Alert when it grows.", "consumer")
@@ -170,7 +171,8 @@ var (
 	descIntentRows       = desc("wmonce_intent_rows", "Unfinished intents by status (pending, sending, failed, skipped), read from the database.", "channel", "status")
 	descIntentRetrying   = desc("wmonce_intent_retrying_rows", "Pending intents a sender took before, waiting out a backoff (part of status=pending).", "channel")
 	descIntentOldestAge  = desc("wmonce_intent_oldest_age_seconds", "Age since it was recorded of the oldest intent in status pending or sending, by the database clock; 0 when none. Alert when it grows.", "channel", "status")
-	descHTTPRequests     = desc("wmonce_http_idempotency_requests_total", "Requests at the Idempotency-Key middleware: result=stored (ran, response stored with its effects), duplicate (retry answered from the stored response), conflict (409: the key's first request still running), fingerprint_mismatch (422: key reused for a different request), refused (400 or 413: missing or invalid key, unscoped, body too large), failed (handler answered 5xx: rolled back, not stored), error (500: the middleware could not look up, store or commit), keyless (run without a key under AllowMissingKey; counted in error as well if that then fails).", "result")
+	descHTTPRequests     = desc("wmonce_http_idempotency_requests_total", "Requests at the Idempotency-Key middleware: result=stored (ran, response stored with its effects), duplicate (retry answered from the stored response), conflict (409: the key's first request still running), fingerprint_mismatch (422: key reused for a different request), refused (400 or 413: missing or invalid key, unscoped, body too large), failed (handler answered 5xx: rolled back, not stored), error (500: the middleware could not look up, store or commit, or the handler ended the request's transaction), keyless (run without a key under AllowMissingKey; counted in error as well if that then fails).", "result")
+	descHTTPEndedTx      = desc("wmonce_http_idempotency_handler_ended_tx_total", "Requests at the Idempotency-Key middleware whose handler called Commit or Rollback on the request's transaction: nothing of them was applied, no key was stored, and they were answered 500 (also counted in wmonce_http_idempotency_requests_total as result=error).")
 	descHTTPKeys         = desc("wmonce_http_idempotency_keys", "Stored responses in http_idempotency_keys, live and expired: the planner's estimate (exact while the table has no statistics).")
 	descHTTPOldestKey    = desc("wmonce_http_idempotency_oldest_key_age_seconds", "Age of the oldest stored response by the database clock; 0 when none. Well above the middleware's Retention: expired keys are not being deleted.")
 )
@@ -178,12 +180,12 @@ var (
 var allDescs = []*prometheus.Desc{
 	descClaims, descMismatches, descOutcomes, descTxRetries, descGroupTx, descGroupMsgs,
 	descReceived, descRecvBatches, descInboxClaimed, descInboxDone, descInboxFailed, descInboxParked,
-	descLeaseConfl, descLeaseExp, descReleased, descInboxErrors, descInboxRows, descRetrying, descOldestAge,
+	descLeaseConfl, descLeaseExp, descReleased, descInboxErrors, descInboxEndedTx, descInboxRows, descRetrying, descOldestAge,
 	descBacklog, descLag, descRejected, descForwarded, descRelayFail, descRelayRej, descRelayFenced, descRelayRecheck, descRelayLeader,
 	descJanDeleted, descJanDropped, descJanRounds, descJanLeader, descJanLast, descJanWarnings, descScrapeErrors,
 	descIntentSent, descIntentRetries, descIntentUnknown, descIntentParked, descIntentLeasesExp, descIntentReconciled,
 	descIntentLeaseConfl, descIntentReleased, descIntentErrors, descIntentRows, descIntentRetrying, descIntentOldestAge,
-	descHTTPRequests, descHTTPKeys, descHTTPOldestKey,
+	descHTTPRequests, descHTTPEndedTx, descHTTPKeys, descHTTPOldestKey,
 }
 
 type collector struct {
@@ -303,6 +305,7 @@ func (c *collector) collectInboxComponents(s *series) {
 		s.add(descLeaseExp, prometheus.CounterValue, float64(n.LeasesExpired), consumer)
 		s.add(descReleased, prometheus.CounterValue, float64(n.Released), consumer)
 		s.add(descInboxErrors, prometheus.CounterValue, float64(n.Errors), consumer)
+		s.add(descInboxEndedTx, prometheus.CounterValue, float64(n.HandlerEndedTx), consumer)
 	}
 }
 
@@ -450,6 +453,7 @@ func (c *collector) collectHTTPIdempotency(s *series) {
 		s.add(descHTTPRequests, prometheus.CounterValue, float64(st.NotStored), "failed")
 		s.add(descHTTPRequests, prometheus.CounterValue, float64(st.Failed), "error")
 		s.add(descHTTPRequests, prometheus.CounterValue, float64(st.Keyless), "keyless")
+		s.add(descHTTPEndedTx, prometheus.CounterValue, float64(st.HandlerEndedTx))
 	}
 }
 
