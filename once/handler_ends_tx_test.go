@@ -1,7 +1,6 @@
 package once_test
 
 import (
-	"database/sql"
 	"errors"
 	"fmt"
 	"sync"
@@ -19,25 +18,13 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// txEndings are the ways user code ends the transaction it was lent. Errors are ignored, as
-// repository code that commits "its" transaction does.
-var txEndings = []struct {
-	name string
-	end  func(tx *sql.Tx)
-}{
-	{"commit", func(tx *sql.Tx) { _ = tx.Commit() }},
-	{"rollback", func(tx *sql.Tx) { _ = tx.Rollback() }},
-	{"commit then rollback", func(tx *sql.Tx) { _ = tx.Commit(); _ = tx.Rollback() }},
-	{"rollback then commit", func(tx *sql.Tx) { _ = tx.Rollback(); _ = tx.Commit() }},
-}
-
 // handlerEndsTxContract: a handler that writes, ends the transaction it was given and returns
 // an output leaves nothing applied (no effect, claim or output) and is parked by the Stack with
 // a reason that says so; the same message redelivered is parked again, never applied, and
 // every other message goes on as usual.
 func handlerEndsTxContract(t *testing.T, p txPath) {
-	for _, ending := range txEndings {
-		t.Run(ending.name, func(t *testing.T) {
+	for _, ending := range pgtest.TxEndings {
+		t.Run(ending.Name, func(t *testing.T) {
 			t.Parallel()
 			e := newPathEnv(t, p, once.Config{Consumer: "c", OutputTopic: "out"})
 			w, err := outbox.NewWriter(outbox.Config{Schema: e.schema})
@@ -55,7 +42,7 @@ func handlerEndsTxContract(t *testing.T, p txPath) {
 				}
 				if msg.UUID == "ends-tx" {
 					tx, _ := pgtx.TxFromContext(msg.Context())
-					ending.end(tx)
+					ending.End(tx)
 				}
 				return []*message.Message{message.NewMessage("out-"+msg.UUID, []byte(`{}`))}, nil
 			}
@@ -91,8 +78,8 @@ func handlerEndsTxContract(t *testing.T, p txPath) {
 // error alone, and the other four run again and are applied once each, with their outputs.
 func TestGroupCommitHandlerEndingTheTxTouchesNoNeighbour(t *testing.T) {
 	t.Parallel()
-	for _, ending := range txEndings {
-		t.Run(ending.name, func(t *testing.T) {
+	for _, ending := range pgtest.TxEndings {
+		t.Run(ending.Name, func(t *testing.T) {
 			t.Parallel()
 			cfg := once.Config{Consumer: "c", OutputTopic: "out"}
 			cfg.GroupCommit = once.GroupCommitConfig{Enabled: true, Workers: 1, TxBatchSize: 50}
@@ -111,7 +98,7 @@ func TestGroupCommitHandlerEndingTheTxTouchesNoNeighbour(t *testing.T) {
 				}
 				if msg.UUID == "m-3" {
 					tx, _ := pgtx.TxFromContext(msg.Context())
-					ending.end(tx)
+					ending.End(tx)
 				}
 				return []*message.Message{message.NewMessage("out-"+msg.UUID, []byte(`{}`))}, nil
 			})
