@@ -260,7 +260,8 @@ func (r *Relay) drainTopic(ctx context.Context, conn *sql.Conn, s *session, topi
 			run.rows, run.msgs = append(run.rows, row), append(run.msgs, msg)
 		}
 	}
-	published, rest, cause, err := 0, 0, error(nil), error(nil)
+	var published, rest int
+	var cause error
 	if len(run.msgs) > 0 {
 		published, rest, cause, err = r.publishOrReject(ctx, conn, topic, run.rows, run.msgs)
 	}

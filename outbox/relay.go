@@ -452,13 +452,13 @@ func (r *Relay) Run(ctx context.Context) error {
 // share a schema gave their relays one name. Give each its own RelayConfig.Name.
 var ErrRelaySource = errors.New("outbox: this relay name forwards another source")
 
-// execQueryer is the part of *sql.DB and *sql.Conn that register uses.
-type execQueryer interface {
+// rowQuerier is the part of *sql.DB and *sql.Conn that register uses.
+type rowQuerier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
 // register makes sure the relay's position exists and belongs to its Source.
-func (r *Relay) register(ctx context.Context, q execQueryer) error {
+func (r *Relay) register(ctx context.Context, q rowQuerier) error {
 	var owner sql.NullString
 	err := q.QueryRowContext(ctx, r.qRegister, r.config.Name, r.config.Source).Scan(&owner)
 	if err == nil && !owner.Valid { // registered concurrently: read it once it is visible
