@@ -41,6 +41,9 @@ const (
 // permanent errors.
 var ErrInvalidMessage = errors.New("outbox: message cannot be stored")
 
+// codeUndefinedColumn is PostgreSQL's undefined_column.
+const codeUndefinedColumn = "42703"
+
 // MaxUUIDLength is the longest UUID stored, in bytes: the longest dedupe key a consumer can
 // accept (oncetype.MaxKeyLengthLimit). UUIDs longer than 36 characters are fine: the outbox
 // and the broker package's SQL topic tables store them as text.
@@ -274,6 +277,9 @@ func (w *Writer) PublishTx(ctx context.Context, tx Execer, topic string, msgs ..
 	if _, err = tx.ExecContext(ctx, query, args...); err != nil {
 		if pgtx.IsUndefinedTable(err) {
 			return fmt.Errorf("outbox: table %s is missing: run the migrations (migrate.Migrate or `wmonce migrate up`): %w", w.table, err)
+		}
+		if pgtx.SQLState(err) == codeUndefinedColumn && w.config.Source != "" {
+			return fmt.Errorf("outbox: table %s has no source column (Config.Source needs migration 012): run the migrations (migrate.Migrate or `wmonce migrate up`): %w", w.table, err)
 		}
 		return fmt.Errorf("outbox: insert %d message(s) for topic %q: %w", len(msgs), topic, err)
 	}
