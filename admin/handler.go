@@ -34,8 +34,10 @@ const WriteHeader = "X-Wmonce-Admin"
 type Config struct {
 	// Schema holds watermill-once's tables. Default pgtx.DefaultSchema.
 	Schema string
-	// AllowWrites enables replay and skip (POST /api/inbox/replay and /api/inbox/skip).
-	// Default false: the handler only reads, and writes are answered 403.
+	// AllowWrites enables the writes: replay and skip (POST /api/inbox/replay and
+	// /api/inbox/skip), republishing rejected outbox rows and forgetting a retired relay (POST
+	// /api/outbox/republish and /api/outbox/forget). Default false: the handler only reads, and
+	// writes are answered 403.
 	AllowWrites bool
 	// Middlewares are effectively-once middlewares running in this process: their in-process
 	// counts (fresh, duplicates, failures) give each consumer its duplicate rate. Optional.
@@ -163,6 +165,8 @@ func (h *Handler) routes() {
 	h.mux.HandleFunc("/api/dedupe", h.get(h.dedupe))
 	h.mux.HandleFunc("/api/inbox/replay", h.write(h.replay))
 	h.mux.HandleFunc("/api/inbox/skip", h.write(h.skip))
+	h.mux.HandleFunc("/api/outbox/republish", h.write(h.republish))
+	h.mux.HandleFunc("/api/outbox/forget", h.write(h.forget))
 }
 
 // ServeHTTP serves the page at "/" and the API under "/api/".

@@ -215,6 +215,19 @@ type RelayStatus struct {
 	Backlog       int64      `json:"backlog"`
 	OldestPending *time.Time `json:"oldest_pending"`
 	LagSeconds    float64    `json:"lag_seconds"`
+
+	// Source is the source whose rows the relay forwards (outbox.RelayConfig.Source).
+	Source string `json:"source"`
+	// Held lists the topics the relay holds because publishing to them failed (their rows,
+	// counted in Backlog, wait in outbox_held while the other topics go on).
+	Held []HeldTopic `json:"held"`
+}
+
+// HeldTopic is a topic a relay holds (outbox.HeldTopic).
+type HeldTopic struct {
+	Topic string    `json:"topic"`
+	Rows  int64     `json:"rows"`
+	Since time.Time `json:"since"`
 }
 
 // OutboxStatus is every relay's backlog and lag and the number of rejected outbox rows.
@@ -232,6 +245,12 @@ func ReadOutbox(ctx context.Context, db *sql.DB, schema string) (OutboxStatus, e
 	out := OutboxStatus{Relays: make([]RelayStatus, 0, len(relays)), Rejected: rejected}
 	for _, r := range relays {
 		out.Relays = append(out.Relays, RelayStatus{Name: r.Name, Backlog: r.Backlog, OldestPending: timePtr(r.OldestPending), LagSeconds: r.Lag.Seconds()})
+
+		last := &out.Relays[len(out.Relays)-1]
+		last.Source, last.Held = r.Source, make([]HeldTopic, len(r.Held))
+		for i, h := range r.Held {
+			last.Held[i] = HeldTopic{Topic: h.Topic, Rows: h.Rows, Since: h.Since}
+		}
 	}
 	return out, nil
 }

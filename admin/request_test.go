@@ -22,6 +22,9 @@ var writeEndpoints = []struct{ path, body string }{
 	{"inbox/skip", `{"consumer":"billing","all":true,"reason":%s}`},
 	{"inbox/skip", `{"consumer":%s,"all":true,"reason":"refunded"}`},
 	{"inbox/skip", `{"consumer":"billing","error_contains":%s,"reason":"refunded"}`},
+	{"outbox/republish", `{"relay":%s,"all":true,"dry_run":true}`},
+	{"outbox/republish", `{"relay":"relay","all":true,"remove_metadata":[%s],"dry_run":true}`},
+	{"outbox/forget", `{"relay":%s,"dry_run":true}`},
 }
 
 // badJSONStrings are JSON string literals that encoding/json would decode to other text than

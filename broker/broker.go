@@ -249,23 +249,26 @@ type publisher struct {
 	pub message.Publisher
 }
 
+// Publish marks what can never be published as it is with oncetype.Permanent (a topic the
+// broker cannot carry, a message it refuses: see IsPermanentPublishError), so that the outbox
+// relay sets such a message aside instead of retrying it.
 func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
 	if err := ValidateTopic(p.b.config.Kind, topic); err != nil {
-		return fmt.Errorf("broker: %w", err)
+		return oncetype.Permanent(fmt.Errorf("broker: %w", err))
 	}
 	if p.b.config.Kind == SQL {
 		// watermill-sql stores metadata as JSON, which turns invalid UTF-8 into U+FFFD without
 		// a word (and its uuid column is text): refuse what it would alter or reject.
 		for _, m := range msgs {
 			if err := sqlStorable(m); err != nil {
-				return fmt.Errorf("broker: sql: message %q: %w", m.UUID, err)
+				return oncetype.Permanent(fmt.Errorf("broker: sql: message %q: %w", m.UUID, err))
 			}
 		}
 	}
 	if err := p.b.declare(context.Background(), topic, ""); err != nil {
-		return err
+		return permanentPublish(err)
 	}
-	return p.pub.Publish(topic, msgs...)
+	return permanentPublish(p.pub.Publish(topic, msgs...))
 }
 
 func sqlStorable(m *message.Message) error {

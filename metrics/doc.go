@@ -69,7 +69,8 @@
 //	wmonce_inbox_oldest_pending_age_seconds{consumer}  gauge    age of the oldest PENDING row (alert on it)
 //	wmonce_outbox_backlog{relay}                       gauge    rows committed after the relay's position
 //	wmonce_outbox_lag_seconds{relay}                   gauge    age of the oldest row not yet published
-//	wmonce_outbox_rejected                             gauge    rows in outbox_rejected
+//	wmonce_outbox_rejected                             gauge    rows in outbox_rejected (undecodable, or refused by the broker for good)
+//	wmonce_outbox_held_rows{relay,topic}               gauge    rows held because publishing to topic fails (a series per held topic: alert on it)
 //	wmonce_intent_rows{channel,status}                 gauge    unfinished intents, status=pending | sending | failed | skipped (needs Senders)
 //	wmonce_intent_retrying_rows{channel}               gauge    pending intents a sender took before (waiting out a backoff)
 //	wmonce_intent_oldest_age_seconds{channel,status}   gauge    age since recorded of the oldest intent, status=pending | sending
@@ -82,6 +83,7 @@
 //	wmonce_relay_forwarded_total{relay}                counter  messages published
 //	wmonce_relay_failures_total{relay}                 counter  failed publish or database attempts (retried)
 //	wmonce_relay_rejected_total{relay}                 counter  rows set aside in outbox_rejected
+//	wmonce_relay_held_total{relay}                     counter  rows copied into outbox_held (their topic was failing)
 //	wmonce_relay_fenced_total{relay}                   counter  position updates refused (another instance moved it)
 //	wmonce_relay_rechecks_total{relay}                 counter  short re-reads for transactions in progress when the relay asked to be notified
 //	wmonce_relay_leader{relay}                         gauge    1 while this process leads the relay

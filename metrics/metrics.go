@@ -144,10 +144,12 @@ var (
 	descOldestAge    = desc("wmonce_inbox_oldest_pending_age_seconds", "Age of the oldest PENDING inbox row by the database clock; 0 when none. Alert when it grows.", "consumer")
 	descBacklog      = desc("wmonce_outbox_backlog", "Outbox rows committed after the relay's position: waiting to be published.", "relay")
 	descLag          = desc("wmonce_outbox_lag_seconds", "Age of the oldest outbox row the relay has not published yet; 0 when caught up.", "relay")
-	descRejected     = desc("wmonce_outbox_rejected", "Rows in outbox_rejected: outbox rows the relay could not decode and set aside.")
+	descRejected     = desc("wmonce_outbox_rejected", "Rows in outbox_rejected: outbox rows a relay could not decode, or the broker refused for good, set aside.")
+	descHeldRows     = desc("wmonce_outbox_held_rows", "Rows a relay holds in outbox_held because publishing to their topic fails (the other topics go on); a series per held topic.", "relay", "topic")
 	descForwarded    = desc("wmonce_relay_forwarded_total", "Messages published by the outbox relay.", "relay")
 	descRelayFail    = desc("wmonce_relay_failures_total", "Failed publish or database attempts of the relay (each retried).", "relay")
-	descRelayRej     = desc("wmonce_relay_rejected_total", "Outbox rows this relay set aside in outbox_rejected.", "relay")
+	descRelayRej     = desc("wmonce_relay_rejected_total", "Outbox rows this relay set aside in outbox_rejected: undecodable, or refused by the broker for good.", "relay")
+	descRelayHeld    = desc("wmonce_relay_held_total", "Outbox rows this relay copied into outbox_held because their topic was failing.", "relay")
 	descRelayFenced  = desc("wmonce_relay_fenced_total", "Relay position updates refused because another instance moved the position.", "relay")
 	descRelayRecheck = desc("wmonce_relay_rechecks_total", "Short re-reads of an idle relay for transactions in progress when it asked to be notified.", "relay")
 	descRelayLeader  = desc("wmonce_relay_leader", "1 while this process holds the relay's leadership.", "relay")
@@ -181,7 +183,7 @@ var allDescs = []*prometheus.Desc{
 	descClaims, descMismatches, descOutcomes, descTxRetries, descGroupTx, descGroupMsgs,
 	descReceived, descRecvBatches, descInboxClaimed, descInboxDone, descInboxFailed, descInboxParked,
 	descLeaseConfl, descLeaseExp, descReleased, descInboxErrors, descInboxEndedTx, descInboxRows, descRetrying, descOldestAge,
-	descBacklog, descLag, descRejected, descForwarded, descRelayFail, descRelayRej, descRelayFenced, descRelayRecheck, descRelayLeader,
+	descBacklog, descLag, descRejected, descHeldRows, descForwarded, descRelayFail, descRelayRej, descRelayHeld, descRelayFenced, descRelayRecheck, descRelayLeader,
 	descJanDeleted, descJanDropped, descJanRounds, descJanLeader, descJanLast, descJanWarnings, descScrapeErrors,
 	descIntentSent, descIntentRetries, descIntentUnknown, descIntentParked, descIntentLeasesExp, descIntentReconciled,
 	descIntentLeaseConfl, descIntentReleased, descIntentErrors, descIntentRows, descIntentRetrying, descIntentOldestAge,
@@ -322,6 +324,7 @@ func (c *collector) collectRelays(s *series) {
 		s.add(descForwarded, prometheus.CounterValue, float64(st.Forwarded), name)
 		s.add(descRelayFail, prometheus.CounterValue, float64(st.Failures), name)
 		s.add(descRelayRej, prometheus.CounterValue, float64(st.Rejected), name)
+		s.add(descRelayHeld, prometheus.CounterValue, float64(st.Held), name)
 		s.add(descRelayFenced, prometheus.CounterValue, float64(st.Fenced), name)
 		s.add(descRelayRecheck, prometheus.CounterValue, float64(st.Rechecks), name)
 		s.max(descRelayLeader, prometheus.GaugeValue, boolValue(st.IsLeader), name)
@@ -411,6 +414,9 @@ func (c *collector) collectOutbox(ctx context.Context, s *series) {
 	for _, r := range relays {
 		s.add(descBacklog, prometheus.GaugeValue, float64(r.Backlog), r.Name)
 		s.add(descLag, prometheus.GaugeValue, r.Lag.Seconds(), r.Name)
+		for _, h := range r.Held {
+			s.add(descHeldRows, prometheus.GaugeValue, float64(h.Rows), r.Name, h.Topic)
+		}
 	}
 	s.add(descRejected, prometheus.GaugeValue, float64(rejected))
 }
