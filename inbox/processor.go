@@ -84,8 +84,13 @@ type ProcessorConfig struct {
 	// OutputTopic receives the messages the handler returns (through the outbox, in the
 	// handler's transaction). Empty: returning messages is a permanent error.
 	OutputTopic string
-	// Outbox stores returned messages. Default: a Writer on Schema.
+	// Outbox stores returned messages. Default: a Writer on Schema with OutboxSource.
 	Outbox *outbox.Writer
+	// OutboxSource is the default Outbox's outbox.Config.Source: the service whose relay forwards
+	// these messages when services share one schema (see outbox, Sources). Set it, or pass the
+	// service's own Writer as Outbox, wherever the service's relay has a Source: rows of another
+	// source are never forwarded by it. Setting both is an error.
+	OutboxSource string
 	// TxOptions of the processing transactions. Default READ COMMITTED.
 	TxOptions *sql.TxOptions
 	// TracerProvider traces every attempt: a consumer span per row and attempt, the child of
@@ -145,6 +150,9 @@ func (c ProcessorConfig) Validate() error {
 	var errs []error
 	if err := pgtx.ValidateIdentifier("schema", c.Schema); err != nil {
 		errs = append(errs, err)
+	}
+	if c.Outbox != nil && c.OutboxSource != "" {
+		errs = append(errs, errors.New("set OutboxSource or Outbox, not both: give the Writer its Source (outbox.Config.Source)"))
 	}
 	if err := validateConsumer(c.Consumer); err != nil {
 		errs = append(errs, err)
@@ -337,7 +345,7 @@ func NewProcessor(db *sql.DB, handler message.HandlerFunc, config ProcessorConfi
 	if handler == nil {
 		return nil, errors.New("inbox: handler is nil")
 	}
-	ob, err := outbox.WriterOrDefault(config.Outbox, outbox.Config{Schema: config.Schema, TracerProvider: config.TracerProvider})
+	ob, err := outbox.WriterOrDefault(config.Outbox, outbox.Config{Schema: config.Schema, Source: config.OutboxSource, TracerProvider: config.TracerProvider})
 	if err != nil {
 		return nil, fmt.Errorf("inbox: %w", err)
 	}

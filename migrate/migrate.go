@@ -116,8 +116,9 @@ type Opts struct {
 	// TargetVersion stops at this version: for up, the last version to apply (0 = latest); for
 	// down, the version to leave in place.
 	TargetVersion int
-	// MaxSteps limits how many migrations run. Zero means no limit for up and ONE step for down,
-	// so that a bare "down" never drops every table; pass AllSteps to revert everything.
+	// MaxSteps limits how many migrations run. Zero means no limit, except for a down without a
+	// TargetVersion: that reverts ONE step, so that a bare "down" never drops every table; pass
+	// AllSteps to revert everything.
 	MaxSteps int
 }
 
@@ -332,8 +333,8 @@ func (m *Migrator) plan(direction Direction, current int, opts *Opts) []Migratio
 	maxSteps := opts.MaxSteps
 	if maxSteps == 0 {
 		maxSteps = AllSteps
-		if direction == DirectionDown {
-			maxSteps = 1
+		if direction == DirectionDown && opts.TargetVersion == 0 {
+			maxSteps = 1 // a bare down reverts one migration, never every table
 		}
 	}
 	var path []Migration

@@ -62,6 +62,11 @@ func TestMigrateUpDownAndConcurrentInstances(t *testing.T) {
 	res, err := m.Migrate(ctx, migrate.DirectionDown, nil)
 	require.NoError(t, err)
 	require.Equal(t, []int{migrate.Latest()}, res.Versions)
+	// A down with a target goes all the way to it.
+	res, err = m.Migrate(ctx, migrate.DirectionDown, &migrate.Opts{TargetVersion: migrate.Latest() - 3})
+	require.NoError(t, err)
+	require.Equal(t, []int{migrate.Latest() - 1, migrate.Latest() - 2}, res.Versions)
+	require.Equal(t, migrate.Latest()-3, res.To)
 
 	res, err = m.Migrate(ctx, migrate.DirectionDown, &migrate.Opts{MaxSteps: migrate.AllSteps})
 	require.NoError(t, err)

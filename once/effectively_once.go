@@ -48,8 +48,13 @@ type Config struct {
 	// into a permanent error (parked by the Stack) instead of an acked, reported duplicate.
 	RejectFingerprintMismatch bool
 
-	// Outbox stores the messages the handler returns. Default: a Writer on Schema.
+	// Outbox stores the messages the handler returns. Default: a Writer on Schema with OutboxSource.
 	Outbox *outbox.Writer
+	// OutboxSource is the default Outbox's outbox.Config.Source: the service whose relay forwards
+	// these messages when services share one schema (see outbox, Sources). Set it, or pass the
+	// service's own Writer as Outbox, wherever the service's relay has a Source: rows of another
+	// source are never forwarded by it. Setting both is an error.
+	OutboxSource string
 	// OutputTopic receives returned messages when the router handler has no publish topic
 	// (AddConsumerHandler). When both are set, OutputTopic wins.
 	OutputTopic string
@@ -142,6 +147,9 @@ func (c Config) Validate() error {
 	if err := pgtx.ValidateIdentifier("schema", c.Schema); err != nil {
 		errs = append(errs, err)
 	}
+	if c.Outbox != nil && c.OutboxSource != "" {
+		errs = append(errs, errors.New("set OutboxSource or Outbox, not both: give the Writer its Source (outbox.Config.Source)"))
+	}
 	if c.Consumer != "" {
 		if err := oncetype.CheckName("Consumer", c.Consumer); err != nil {
 			errs = append(errs, fmt.Errorf("%w; or leave Consumer empty to use the handler name", err))
@@ -233,7 +241,7 @@ func New(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Middleware
 	if err != nil {
 		return nil, err
 	}
-	ob, err := outbox.WriterOrDefault(config.Outbox, outbox.Config{Schema: config.Schema, TracerProvider: config.TracerProvider})
+	ob, err := outbox.WriterOrDefault(config.Outbox, outbox.Config{Schema: config.Schema, Source: config.OutboxSource, TracerProvider: config.TracerProvider})
 	if err != nil {
 		return nil, fmt.Errorf("once: %w", err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/once"
+	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -131,4 +132,23 @@ func (c *capture) all() []captured {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return append([]captured(nil), c.msgs...)
+}
+
+// Services sharing a schema stamp their outbox rows with their Source; the middleware's default
+// Writer does so with OutboxSource, so its outputs reach the service's own relay.
+func TestOutboxSourceStampsTheOutputs(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, once.Config{Consumer: "c", OutputTopic: "out", OutboxSource: "billing"})
+	h := e.mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		return []*message.Message{message.NewMessage("out-"+msg.UUID, []byte(`{}`))}, nil
+	})
+	require.NoError(t, deliver(h, "e-1", "p"))
+	var source string
+	require.NoError(t, e.db.QueryRow(`SELECT source FROM `+e.table("outbox")).Scan(&source))
+	require.Equal(t, "billing", source)
+
+	w, err := outbox.NewWriter(outbox.Config{Schema: e.schema, Source: "billing"})
+	require.NoError(t, err)
+	_, err = once.New(e.db, once.Config{Schema: e.schema, Outbox: w, OutboxSource: "billing"}, nil)
+	require.ErrorContains(t, err, "set OutboxSource or Outbox, not both")
 }
