@@ -78,12 +78,12 @@ func Stack(config StackConfig) ([]message.HandlerMiddleware, error) {
 	if config.DisableParking && (config.PoisonPublisher != nil || config.PoisonTopic != "" || config.ShouldPark != nil) {
 		return nil, errors.New("stack: DisableParking turns the poison queue off: leave PoisonPublisher, PoisonTopic and ShouldPark unset")
 	}
+	if config.Logger == nil {
+		config.Logger = watermill.NopLogger{}
+	}
 	poison, err := poisonQueue(config)
 	if err != nil {
 		return nil, err
-	}
-	if config.Logger == nil {
-		config.Logger = watermill.NopLogger{}
 	}
 	retry := config.Retry
 	if retry.MaxRetries == 0 {
@@ -143,28 +143,40 @@ func poisonQueue(config StackConfig) (message.HandlerMiddleware, error) {
 			return nil, fmt.Errorf("stack: PoisonTopic: %w", err)
 		}
 		pub = mw.outbox.ParkingPublisher(mw.db)
-	} else {
-		if err := outbox.DefaultValidateTopic(topic); err != nil {
-			return nil, fmt.Errorf("stack: PoisonTopic: %w", err)
-		}
-		pub = parkablePublisher{pub}
+	} else if err := outbox.DefaultValidateTopic(topic); err != nil {
+		return nil, fmt.Errorf("stack: PoisonTopic: %w", err)
 	}
 	shouldPark := config.ShouldPark
 	if shouldPark == nil {
 		shouldPark = func(err error) bool { return oncetype.IsPermanent(err) || oncetype.IsPanic(err) }
 	}
-	return wmiddleware.PoisonQueueWithFilter(pub, topic, shouldPark)
+	return wmiddleware.PoisonQueueWithFilter(parkingPublisher{pub, config.Logger}, topic, shouldPark)
 }
 
-// parkablePublisher makes every message parkable before a publisher of the user's parks it: a
-// message whose missing id or binary metadata is the reason it cannot be processed must still
-// be parkable, or it would be nacked forever. (outbox.Writer.ParkingPublisher does it itself,
-// and a parkable message passes through it unchanged.)
-type parkablePublisher struct{ message.Publisher }
+// parkingPublisher makes every message parkable before pub parks it, whatever pub is: a message
+// whose missing id or binary metadata is the reason it cannot be processed must still be
+// parkable, or it would be nacked forever (a parkable message passes through
+// outbox.Writer.ParkingPublisher unchanged). It logs each message it parks: a parked message
+// needs a person.
+type parkingPublisher struct {
+	pub    message.Publisher
+	logger watermill.LoggerAdapter
+}
 
-func (p parkablePublisher) Publish(topic string, msgs ...*message.Message) error {
+func (p parkingPublisher) Publish(topic string, msgs ...*message.Message) error {
 	for i, m := range msgs {
 		msgs[i] = outbox.Parkable(m)
 	}
-	return p.Publisher.Publish(topic, msgs...)
+	err := p.pub.Publish(topic, msgs...)
+	for _, m := range msgs {
+		fields := watermill.LogFields{"message_uuid": m.UUID, "poison_topic": topic, "handler": m.Metadata.Get(wmiddleware.PoisonedHandlerKey)}
+		if err != nil {
+			p.logger.Error("Message could not be parked: nacked, to be redelivered", err, fields)
+			continue
+		}
+		p.logger.Error("Message parked on the poison topic and acked: it needs a person", errors.New(m.Metadata.Get(wmiddleware.ReasonForPoisonedKey)), fields)
+	}
+	return err
 }
+
+func (p parkingPublisher) Close() error { return p.pub.Close() }
