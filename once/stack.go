@@ -31,9 +31,9 @@ type StackConfig struct {
 	// PoisonPublisher and PoisonTopic park messages for which ShouldPark is true: the message
 	// is published there (with Watermill's reason_poisoned, topic_poisoned, handler_poisoned
 	// and subscriber_poisoned metadata) and acked, so it stops blocking its partition or queue.
-	// Default: the Middleware's own outbox through outbox.Writer.ParkingPublisher on the
-	// Middleware's database, under DefaultPoisonTopic, from where the relay forwards it. Any
-	// message is parkable: one that the outbox or a broker cannot carry as it is (no UUID, a
+	// PoisonPublisher defaults to the Middleware's own outbox (outbox.Writer.ParkingPublisher on
+	// the Middleware's database), committed before the ack, from where the relay forwards it;
+	// PoisonTopic defaults to DefaultPoisonTopic. Any message is parkable: one that the outbox or a broker cannot carry as it is (no UUID, a
 	// UUID or metadata that is not valid UTF-8 text, Watermill's reserved
 	// _watermill_message_uuid key) is made parkable first, with any publisher (outbox.Parkable;
 	// outbox.RecoverParked restores the original).

@@ -195,7 +195,7 @@ func (w *Writer) PublishTx(ctx context.Context, tx Execer, topic string, msgs ..
 	return w.store(ctx, tx, topic, msgs, true)
 }
 
-// store is PublishTx; without stamp it stores the messages as they are (ParkingPublisher).
+// store is PublishTx; with stamped false it stores the messages as they are (ParkingPublisher).
 func (w *Writer) store(ctx context.Context, tx Execer, topic string, msgs []*message.Message, stamped bool) (err error) {
 	if len(msgs) == 0 {
 		return nil
@@ -253,8 +253,8 @@ func (w *Writer) store(ctx context.Context, tx Execer, topic string, msgs []*mes
 }
 
 // CheckTopic returns the error, wrapping ErrInvalidMessage, with which PublishTx would refuse
-// topic: not text, or refused by Config.ValidateTopic. Components that are given a topic to
-// store to (a poison topic, an output topic) call it when they are constructed.
+// topic: not text, or refused by Config.ValidateTopic. Check a configured topic with it at
+// start-up (once.Stack checks its poison topic) rather than at the first message.
 func (w *Writer) CheckTopic(topic string) error {
 	if err := oncetype.CheckText("topic", topic); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidMessage, err)
