@@ -68,8 +68,9 @@
 //
 // ParkingPublisher parks every message, including those refused precisely because the outbox
 // could not store them as they are either: no UUID (a record from a producer that is not
-// Watermill), a UUID or metadata that is not valid UTF-8 text, Watermill's reserved
-// _watermill_message_uuid key. outbox.Parkable encodes such parts and marks the copy;
+// Watermill), a UUID or metadata that is not valid UTF-8 text, a metadata key a broker refuses
+// (Watermill's _watermill_message_uuid, RabbitMQ's CC and BCC). outbox.Parkable encodes such
+// parts and marks the copy;
 // outbox.RecoverParked turns a parked copy read from the poison topic back into the original
 // UUID, metadata and payload, byte for byte, plus the reason_poisoned, topic_poisoned,
 // handler_poisoned and subscriber_poisoned metadata of the poison queue. Do not park through

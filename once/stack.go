@@ -33,10 +33,10 @@ type StackConfig struct {
 	// and subscriber_poisoned metadata) and acked, so it stops blocking its partition or queue.
 	// PoisonPublisher defaults to the Middleware's own outbox (outbox.Writer.ParkingPublisher on
 	// the Middleware's database), committed before the ack, from where the relay forwards it;
-	// PoisonTopic defaults to DefaultPoisonTopic. Any message is parkable: one that the outbox or a broker cannot carry as it is (no UUID, a
-	// UUID or metadata that is not valid UTF-8 text, Watermill's reserved
-	// _watermill_message_uuid key) is made parkable first, with any publisher (outbox.Parkable;
-	// outbox.RecoverParked restores the original).
+	// PoisonTopic defaults to DefaultPoisonTopic. Any message is parkable: one that the outbox
+	// or a broker cannot carry as it is (no UUID, a UUID or metadata that is not valid UTF-8
+	// text, a metadata key a broker refuses such as _watermill_message_uuid) is made parkable
+	// first, whatever the publisher (outbox.Parkable; outbox.RecoverParked restores the original).
 	PoisonPublisher message.Publisher
 	PoisonTopic     string
 	// DisableParking turns the poison queue off: every error, permanent ones included, nacks

@@ -35,10 +35,18 @@ const (
 // (see MetadataBase64Keys).
 const Base64KeyPrefix = "base64:"
 
-// reservedUUIDKey is the header in which watermill-kafka and watermill-amqp carry the UUID:
-// Watermill's Kafka marshaler refuses a message whose metadata holds it, and the AMQP one
-// overwrites it. As a metadata key of a parked copy it would block the relay or be lost.
-const reservedUUIDKey = "_watermill_message_uuid"
+// reservedKey reports whether a broker refuses or overwrites a metadata key: the header in which
+// watermill-kafka and watermill-amqp carry the UUID (Watermill's Kafka marshaler refuses a
+// message whose metadata holds it, the AMQP one overwrites it), and RabbitMQ's sender-selected
+// distribution headers CC and BCC (it nacks a publish whose CC or BCC is a string, as metadata
+// always is). As a metadata key of a parked copy it would block the relay or be lost.
+func reservedKey(k string) bool {
+	switch k {
+	case "_watermill_message_uuid", "CC", "BCC":
+		return true
+	}
+	return false
+}
 
 // Parkable returns msg in a form every part of the path to a poison topic accepts: the outbox
 // (UUID and metadata as text), the relay and the brokers it forwards to. It is msg itself when
@@ -48,8 +56,9 @@ const reservedUUIDKey = "_watermill_message_uuid"
 //   - a missing UUID is replaced by a fresh one (marked MetadataUUIDMissing); a UUID longer
 //     than MaxUUIDLength, not valid UTF-8 or holding NUL is replaced by a fresh one and kept
 //     in MetadataUUIDOriginalBase64;
-//   - a metadata entry whose key or value is not valid UTF-8 text without NUL, or whose key is
-//     reserved by Watermill's broker marshalers (_watermill_message_uuid), has its value
+//   - a metadata entry whose key or value is not valid UTF-8 text without NUL, or whose key a
+//     broker refuses (_watermill_message_uuid, reserved by Watermill's marshalers; CC and BCC,
+//     which RabbitMQ takes for routing), has its value
 //     base64-encoded, and its key too when the key itself is the problem; the entries so
 //     encoded are listed in MetadataBase64Keys. In a copy that is changed, entries that would
 //     be mistaken for markers (the three marker keys, keys starting with Base64KeyPrefix) are
@@ -105,7 +114,7 @@ func parkableAsIs(msg *message.Message) bool {
 		return false
 	}
 	for k, v := range msg.Metadata {
-		if !oncetype.IsText(k) || !oncetype.IsText(v) || k == reservedUUIDKey {
+		if !oncetype.IsText(k) || !oncetype.IsText(v) || reservedKey(k) {
 			return false
 		}
 	}
@@ -123,10 +132,10 @@ func mustEncode(k, v string) bool { return !oncetype.IsText(v) || !plainKey(k) }
 // and not mistakable for a marker or an encoded key.
 func plainKey(k string) bool {
 	switch k {
-	case reservedUUIDKey, MetadataUUIDMissing, MetadataUUIDOriginalBase64, MetadataBase64Keys:
+	case MetadataUUIDMissing, MetadataUUIDOriginalBase64, MetadataBase64Keys:
 		return false
 	}
-	return oncetype.IsText(k) && !strings.HasPrefix(k, Base64KeyPrefix)
+	return oncetype.IsText(k) && !reservedKey(k) && !strings.HasPrefix(k, Base64KeyPrefix)
 }
 
 // ErrNotParked is wrapped by RecoverParked's error for markers it cannot read: the message was

@@ -12,6 +12,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wmonce/watermill-once/broker"
+	"github.com/wmonce/watermill-once/internal/brokertest"
 	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -37,6 +39,7 @@ func refusedMessages() map[string]*message.Message {
 		"metadata value with NUL":           msg("m-2", "p", "note", "a\x00b"),
 		"metadata key not UTF-8":            msg("m-3", "p", "k\xff", "v"),
 		"Watermill's reserved UUID key":     msg("m-4", "p", "_watermill_message_uuid", "other-id"),
+		"RabbitMQ's reserved CC and BCC":    msg("m-7", "p", "CC", `["q1"]`, "BCC", "q2"),
 		"binary payload and binary header":  msg("", "\xff\x00\xfe", "h", "\x00\x01"),
 		"key with a comma":                  msg("m-5", "p", "a,b", "\xff"),
 		"keys mistakable for markers":       msg("", "p", "uuid_missing", "no", "metadata_base64_keys", "x", "base64:Zm9v", "y", "uuid_original_base64", "z"),
@@ -80,12 +83,13 @@ func TestParkableRoundTrips(t *testing.T) {
 	require.ErrorIs(t, err, outbox.ErrNotParked)
 }
 
-// travels reports whether the outbox stores m as it is and Watermill's Kafka marshaler takes it.
+// travels reports whether the outbox stores m as it is, Watermill's Kafka marshaler takes it,
+// and RabbitMQ does (it nacks a string CC or BCC header: TestParkedCopiesCrossRabbitMQ).
 func travels(m *message.Message) bool {
 	_, err := kafka.DefaultMarshaler{}.Marshal("t", m)
 	return err == nil && m.UUID != "" && len(m.UUID) <= outbox.MaxUUIDLength && text(m.UUID) && func() bool {
 		for k, v := range m.Metadata {
-			if !text(k) || !text(v) {
+			if !text(k) || !text(v) || k == "CC" || k == "BCC" {
 				return false
 			}
 		}
@@ -151,7 +155,7 @@ func TestParkingPublisherParksWhatDBPublisherRefuses(t *testing.T) {
 		m.Metadata.Set("case", name)
 		originals[name] = m.Copy()
 		require.False(t, travels(m), "%s: refused by the outbox or by Watermill's Kafka marshaler", name)
-		if !strings.Contains(name, "reserved") && !strings.Contains(name, "taken") { // text, but not for Kafka
+		if !strings.Contains(name, "reserved") && !strings.Contains(name, "taken") { // text, but not for the brokers
 			require.ErrorIs(t, w.DBPublisher(db).Publish("poison", m.Copy()), outbox.ErrInvalidMessage, name)
 		}
 		require.NoError(t, w.ParkingPublisher(db).Publish("poison", m), name)
@@ -195,4 +199,57 @@ func TestParkingPublisherRefusesBadTopicAndNilDB(t *testing.T) {
 	var n int
 	require.NoError(t, db.QueryRow(`SELECT count(*) FROM `+pgtx.QualifiedName(schema, "outbox")).Scan(&n))
 	require.Zero(t, n)
+}
+
+// The same parked copies through a real RabbitMQ: the relay's publishes are confirmed (a
+// string CC or BCC header used to be nacked, blocking the relay), and the originals come back.
+func TestParkedCopiesCrossRabbitMQ(t *testing.T) {
+	t.Parallel()
+	db, schema, w := setup(t)
+	cases := refusedMessages()
+	originals := map[string]*message.Message{}
+	for name, m := range cases {
+		m.Metadata.Set("case", name)
+		originals[name] = m.Copy()
+		require.NoError(t, w.ParkingPublisher(db).Publish("poison", m), name)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b, err := broker.New(ctx, nil, brokertest.Config(t, broker.AMQP, schema), nil)
+	require.NoError(t, err)
+	defer b.Close()
+	require.NoError(t, b.Declare(ctx, broker.Subscription{Topic: "poison", Group: "ops"}))
+	pub, sub, err := b.NewPubSub(ctx, "ops")
+	require.NoError(t, err)
+	defer pub.Close()
+	defer sub.Close()
+	r, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Schema: schema}, nil)
+	require.NoError(t, err)
+	go func() { _ = r.Run(ctx) }()
+	defer r.Close()
+	parked, err := sub.Subscribe(ctx, "poison")
+	require.NoError(t, err)
+	// A refused publish is retried with the rest of its batch: copies of the others may arrive
+	// again (at least once), the refused one never.
+	seen := map[string]bool{}
+	testwait.Until(t, "every parked copy from RabbitMQ (a refused publish blocks the relay)", func() bool {
+		for {
+			select {
+			case got := <-parked:
+				got.Ack()
+				back, err := outbox.RecoverParked(got)
+				require.NoError(t, err)
+				name := back.Metadata.Get("case")
+				want, ok := originals[name]
+				require.True(t, ok, "case %q", name)
+				require.Equal(t, want.UUID, back.UUID, name)
+				require.Equal(t, want.Payload, back.Payload, name)
+				require.Equal(t, want.Metadata, back.Metadata, name)
+				seen[name] = true
+			default:
+				return len(seen) == len(cases)
+			}
+		}
+	})
 }

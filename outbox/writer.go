@@ -377,7 +377,7 @@ func (w *Writer) DBPublisher(db *sql.DB) message.Publisher { return dbPublisher{
 // the parked message is durable in PostgreSQL before the poison queue lets the router ack it,
 // and the relay forwards it to topic. Unlike DBPublisher it never refuses a message for its
 // content: each message goes through Parkable first (a missing, over-long or binary UUID,
-// binary metadata and Watermill's reserved _watermill_message_uuid key are encoded and marked),
+// binary metadata and metadata keys a broker refuses are encoded and marked),
 // so that a message refused because of them is parked rather than nacked forever, blocking its
 // partition or queue. RecoverParked restores the original UUID and metadata from the parked
 // copy; the payload is stored as it is, any bytes.
