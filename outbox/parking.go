@@ -58,11 +58,11 @@ func reservedKey(k string) bool {
 //     in MetadataUUIDOriginalBase64;
 //   - a metadata entry whose key or value is not valid UTF-8 text without NUL, or whose key a
 //     broker refuses (_watermill_message_uuid, reserved by Watermill's marshalers; CC and BCC,
-//     which RabbitMQ takes for routing), has its value
-//     base64-encoded, and its key too when the key itself is the problem; the entries so
-//     encoded are listed in MetadataBase64Keys. In a copy that is changed, entries that would
-//     be mistaken for markers (the three marker keys, keys starting with Base64KeyPrefix) are
-//     encoded the same way, so that nothing is ambiguous.
+//     which RabbitMQ takes for routing), has its value base64-encoded, and its key too when the
+//     key itself is the problem; the entries so encoded are listed in MetadataBase64Keys. In a
+//     copy that is changed, entries that would be mistaken for markers (the three marker keys,
+//     keys starting with Base64KeyPrefix) are encoded the same way, so that nothing is
+//     ambiguous.
 //
 // The payload is never changed: the outbox stores any bytes. A message that is parked a second
 // time (its parked copy refused again) and needs no change keeps its markers; one that needs a
