@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"strings"
 	"sync"
@@ -149,43 +150,60 @@ func (k *kafkaWire) all() []*message.Message {
 func TestParkingPublisherParksWhatDBPublisherRefuses(t *testing.T) {
 	t.Parallel()
 	db, schema, w := setup(t)
-	cases := refusedMessages()
-	originals := map[string]*message.Message{}
-	for name, m := range cases {
-		m.Metadata.Set("case", name)
-		originals[name] = m.Copy()
-		require.False(t, travels(m), "%s: refused by the outbox or by Watermill's Kafka marshaler", name)
+	for name, m := range refusedMessages() {
+		require.False(t, travels(m), "%s: refused by the outbox or by a broker", name)
 		if !strings.Contains(name, "reserved") && !strings.Contains(name, "taken") { // text, but not for the brokers
-			require.ErrorIs(t, w.DBPublisher(db).Publish("poison", m.Copy()), outbox.ErrInvalidMessage, name)
+			require.ErrorIs(t, w.DBPublisher(db).Publish("poison", m), outbox.ErrInvalidMessage, name)
 		}
-		require.NoError(t, w.ParkingPublisher(db).Publish("poison", m), name)
 	}
+	originals := parkAll(t, db, w)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	wire := &kafkaWire{stop: cancel}
 	r, err := outbox.NewRelay(db, wire, outbox.RelayConfig{Schema: schema}, nil)
 	require.NoError(t, err)
-	testwait.Until(t, fmt.Sprintf("the relay to forward %d parked messages", len(cases)), func() bool {
+	testwait.Until(t, fmt.Sprintf("the relay to forward %d parked messages", len(originals)), func() bool {
 		_, err := r.RelayOnce(ctx)
 		wire.mu.Lock()
 		refused := wire.refused
 		wire.mu.Unlock()
 		require.NoError(t, refused, "Watermill's Kafka marshaler refused a parked copy: the relay would retry it forever")
 		require.NoError(t, err)
-		return len(wire.all()) >= len(cases)
+		return len(wire.all()) >= len(originals)
 	})
-	require.Len(t, wire.all(), len(cases))
+	require.Len(t, wire.all(), len(originals))
 	for _, got := range wire.all() {
-		back, err := outbox.RecoverParked(got)
-		require.NoError(t, err)
-		name := back.Metadata.Get("case")
-		want, ok := originals[name]
-		require.True(t, ok, "case %q", name)
-		require.Equal(t, want.UUID, back.UUID, name)
-		require.Equal(t, want.Payload, back.Payload, name)
-		require.Equal(t, want.Metadata, back.Metadata, name+": stored as received, nothing stamped")
+		requireOriginal(t, originals, got)
 	}
+}
+
+// parkAll parks every refusedMessages case through w's ParkingPublisher, each marked with its
+// name in "case" metadata, and returns the originals by name.
+func parkAll(t *testing.T, db *sql.DB, w *outbox.Writer) map[string]*message.Message {
+	t.Helper()
+	originals := map[string]*message.Message{}
+	for name, m := range refusedMessages() {
+		m.Metadata.Set("case", name)
+		originals[name] = m.Copy()
+		require.NoError(t, w.ParkingPublisher(db).Publish("poison", m), name)
+	}
+	return originals
+}
+
+// requireOriginal checks that the parked copy got gives back its original byte for byte, the
+// Writer's stamps not added, and returns the case's name.
+func requireOriginal(t *testing.T, originals map[string]*message.Message, got *message.Message) string {
+	t.Helper()
+	back, err := outbox.RecoverParked(got)
+	require.NoError(t, err)
+	name := back.Metadata.Get("case")
+	want, ok := originals[name]
+	require.True(t, ok, "case %q", name)
+	require.Equal(t, want.UUID, back.UUID, name)
+	require.Equal(t, want.Payload, back.Payload, name)
+	require.Equal(t, want.Metadata, back.Metadata, name)
+	return name
 }
 
 // The parking publisher still refuses what is no message's fault, without writing anything.
@@ -206,13 +224,7 @@ func TestParkingPublisherRefusesBadTopicAndNilDB(t *testing.T) {
 func TestParkedCopiesCrossRabbitMQ(t *testing.T) {
 	t.Parallel()
 	db, schema, w := setup(t)
-	cases := refusedMessages()
-	originals := map[string]*message.Message{}
-	for name, m := range cases {
-		m.Metadata.Set("case", name)
-		originals[name] = m.Copy()
-		require.NoError(t, w.ParkingPublisher(db).Publish("poison", m), name)
-	}
+	originals := parkAll(t, db, w)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -238,17 +250,9 @@ func TestParkedCopiesCrossRabbitMQ(t *testing.T) {
 			select {
 			case got := <-parked:
 				got.Ack()
-				back, err := outbox.RecoverParked(got)
-				require.NoError(t, err)
-				name := back.Metadata.Get("case")
-				want, ok := originals[name]
-				require.True(t, ok, "case %q", name)
-				require.Equal(t, want.UUID, back.UUID, name)
-				require.Equal(t, want.Payload, back.Payload, name)
-				require.Equal(t, want.Metadata, back.Metadata, name)
-				seen[name] = true
+				seen[requireOriginal(t, originals, got)] = true
 			default:
-				return len(seen) == len(cases)
+				return len(seen) == len(originals)
 			}
 		}
 	})
