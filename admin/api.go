@@ -2,9 +2,7 @@ package admin
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -181,10 +179,8 @@ func (c ChangeRequest) narrowed() bool {
 
 func readChange(r *http.Request, allowed []inbox.Status) (ChangeRequest, inbox.Filter, error) {
 	var c ChangeRequest
-	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil {
-		return c, inbox.Filter{}, badRequest("cannot read the JSON body: %v", err)
+	if err := decodeBody(r, &c); err != nil {
+		return c, inbox.Filter{}, err
 	}
 	if strings.TrimSpace(c.Consumer) == "" {
 		return c, inbox.Filter{}, badRequest("consumer is required")

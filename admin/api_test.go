@@ -1,6 +1,8 @@
 package admin_test
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -8,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/admin"
@@ -48,7 +51,8 @@ func TestReadAPI(t *testing.T) {
 	c := cs.Consumers[0]
 	require.Equal(t, "rewards", c.Consumer)
 	require.Equal(t, int64(3), c.Claims)
-	require.WithinDuration(t, time.Now(), c.NewestClaim, time.Minute)
+	require.NotNil(t, c.NewestClaim)
+	require.WithinDuration(t, time.Now(), *c.NewestClaim, time.Minute)
 	require.Equal(t, admin.Counters{Fresh: 3, Duplicates: 1}, *c.Counters)
 	require.InDelta(t, 0.25, *c.DuplicateRate, 1e-9)
 
@@ -253,4 +257,58 @@ func TestMountedUnderAPrefix(t *testing.T) {
 	h2.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/api/outbox", nil))
 	require.Equal(t, http.StatusServiceUnavailable, rec.Code)
 	require.True(t, strings.Contains(rec.Body.String(), "wmonce -schema "+empty+" migrate up"), rec.Body.String())
+}
+
+// TestUnsetTimesAreNull: a time that is not set is null in the JSON, and its field is there,
+// in every answer: no endpoint sends "0001-01-01T00:00:00Z" (a relay with no backlog had it
+// as oldest_pending). Here the relay has caught up, billing has nothing PENDING, consumer
+// audit has only in-process counts (no claim), no sample was taken, the FAILED row has no
+// lease and rewards' claims have no day partition.
+func TestUnsetTimesAreNull(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1)
+	f.relayAll(t)
+	audit, err := once.New(f.db, once.Config{Schema: f.schema, Consumer: "audit"}, nil)
+	require.NoError(t, err)
+	_, err = audit.Middleware(func(*message.Message) ([]*message.Message, error) {
+		return nil, errors.New("audit log unavailable")
+	})(message.NewMessage("a-1", []byte(`{}`)))
+	require.Error(t, err)
+	srv := f.server(t, admin.Config{Middlewares: []*once.Middleware{f.mw, audit}, SampleInterval: -1})
+	api := srv.URL + "/api/"
+	failed := f.ids(t, "FAILED")[0]
+
+	bodies := map[string][]byte{}
+	for _, path := range []string{"outbox", "status", "consumers", "inbox/stats", "inbox?consumer=billing", fmt.Sprintf("inbox/%d", failed),
+		"outbox/rejected", "history", "history?window=day", "dedupe?consumer=rewards&message=m-1", "dedupe?consumer=billing&message=inv-1"} {
+		r := get(t, api+path)
+		require.Equal(t, http.StatusOK, r.status, "%s: %s", path, r.body)
+		require.NotContains(t, string(r.body), "0001-01-01", path)
+		bodies[path] = r.body
+	}
+	for _, tc := range []struct {
+		path  string
+		field []any
+	}{
+		{"outbox", []any{"relays", 0, "oldest_pending"}},
+		{"inbox/stats", []any{"consumers", 0, "oldest_pending_received_at"}},
+		{"consumers", []any{"consumers", 0, "newest_claim"}}, // audit
+		{"history", []any{"sampling", "since"}},
+		{fmt.Sprintf("inbox/%d", failed), []any{"lease_until"}},
+		{"inbox?consumer=billing", []any{"rows", 0, "lease_until"}},
+		{"dedupe?consumer=rewards&message=m-1", []any{"claim", "occurred_on"}},
+		{"dedupe?consumer=billing&message=inv-1", []any{"inbox", "lease_until"}},
+	} {
+		v, present := jsonAt(t, bodies[tc.path], tc.field...)
+		require.True(t, present, "%s %v is in the answer", tc.path, tc.field)
+		require.Nil(t, v, "%s %v", tc.path, tc.field)
+	}
+	// Set times are strings as before.
+	v, _ := jsonAt(t, bodies["consumers"], "consumers", 1, "newest_claim") // rewards
+	require.IsType(t, "", v)
+	var cs admin.ConsumersResponse
+	require.NoError(t, json.Unmarshal(bodies["consumers"], &cs))
+	require.Equal(t, "audit", cs.Consumers[0].Consumer)
+	require.Nil(t, cs.Consumers[0].NewestClaim)
+	require.NotNil(t, cs.Consumers[1].NewestClaim)
 }

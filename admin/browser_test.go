@@ -228,10 +228,13 @@ func TestAdminPageReadOnlyInChromium(t *testing.T) {
 	t.Parallel()
 	ctx, console := browser(t)
 	f := newFixture(t, 1)
+	f.relayAll(t) // nothing waits: oldest_pending is null
 	srv := f.server(t, admin.Config{})
 
 	step(t, ctx, "load the page", chromedp.Navigate(srv.URL+"/"))
 	waitFor(t, ctx, "the FAILED row", `document.body.dataset.ready === "1" && document.querySelectorAll('#rows tbody tr[data-status="FAILED"]').length === 1`)
+	require.Equal(t, []string{"sms", "0", "—", "—"}, step(t, ctx, "read the relay row", chromedp.Evaluate[[]string](
+		`[...document.querySelectorAll('#relays tbody td')].map(td => td.textContent)`)), "an unset time shows as a dash")
 	mode := step(t, ctx, "read the mode", chromedp.Evaluate[string](`document.getElementById("mode").textContent`))
 	require.Equal(t, "read-only", mode)
 	visible := step(t, ctx, "count visible write buttons", chromedp.Evaluate[int](

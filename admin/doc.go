@@ -1,8 +1,9 @@
 // Package admin serves an operator's page and JSON API for watermill-once: per consumer,
 // charts of claims and duplicates over the last hour or day; the inbox by status with charts of
 // its backlog and oldest pending age, filters, a detail view of a row and replay and skip; the
-// outbox relays' lag over time and the rows they rejected, each of which opens. It is an
-// http.Handler meant to be mounted in a service that already runs (next to /metrics or a
+// outbox relays' lag over time, the topics they hold and the rows they rejected, each of which
+// opens and, when the broker refused it, can be republished; and forgetting a retired relay. It
+// is an http.Handler meant to be mounted in a service that already runs (next to /metrics or a
 // debug mux), and the same read functions back `wmonce status`.
 //
 //	h, err := admin.NewHandler(db, admin.Config{
@@ -28,14 +29,23 @@
 //	GET  /api/dedupe?consumer=C&message=M   was M processed by C, and when
 //	POST /api/inbox/replay          ChangeRequest -> ChangeResponse (dry_run supported)
 //	POST /api/inbox/skip            ChangeRequest with reason -> ChangeResponse
+//	POST /api/outbox/republish      RepublishRequest -> RepublishResponse (dry_run supported)
+//	POST /api/outbox/forget         ForgetRequest -> ForgetResponse (dry_run supported); 409
+//	                                while the relay runs, 404 for a name without a position
 //
 // Errors are JSON ({"error": "..."}) with 400 for input the caller must fix, 403 for refused
 // writes, 404 for a missing row and 503 when the schema lacks its tables (every endpoint but
-// /api/status, which answers version 0 and the command to run). Text parameters and JSON
-// fields are refused with 400 when they hold a NUL byte or invalid UTF-8, and a consumer name
-// when it is longer than MaxConsumerBytes: the same rules as `wmonce` (CheckText,
-// CheckConsumer). Times (received_after, rejected_before, ...) are RFC 3339; an "after" bound
-// is inclusive, a "before" bound exclusive.
+// /api/status, which answers version 0 and the command to run). Input is checked as it
+// arrives, before any endpoint reads it, so that nothing reaches the database as other text
+// than was sent: every query string must parse (a malformed escape such as %zz, or a ";", is
+// 400, not a parameter left out), and every parameter name and value, read or not, must be
+// text (CheckText: no NUL, valid UTF-8, so %FF is 400); a write's JSON body must be valid
+// UTF-8 and hold no \u escape of half a UTF-16 surrogate pair (\ud800 alone; a pair such as
+// \ud83d\ude00 is one character and passes), one JSON value, at most MaxBodyBytes (413
+// beyond). A JSON field holding a NUL (\u0000) is 400 too, and so is a consumer name longer
+// than MaxConsumerBytes: the same rules as `wmonce` (CheckText, CheckConsumer). Times
+// (received_after, rejected_before, ...) are RFC 3339; an "after" bound is inclusive, a
+// "before" bound exclusive.
 //
 // # Charts: what each series measures
 //
@@ -79,8 +89,8 @@
 //
 // # Safety
 //
-// Read-only by default: the POST endpoints answer 403 until Config.AllowWrites is set, and
-// the page hides its buttons. A write must be a POST with Content-Type application/json and
+// Read-only by default: the POST endpoints (replay, skip, republish, forget) answer 403 until
+// Config.AllowWrites is set, and the page hides its buttons. A write must be a POST with Content-Type application/json and
 // the header X-Wmonce-Admin: 1. An HTML form on another site can send neither, and a
 // cross-site script that tries needs a CORS preflight this handler never answers, so a page
 // the operator happens to visit cannot replay or skip through the operator's browser. The
@@ -98,7 +108,11 @@
 // Replay and skip go through inbox.Ops: one statement each, never touching IN_PROGRESS rows,
 // waking the processors. Replaying a FAILED row makes its handler run again, once; the page
 // offers replay only for FAILED and SKIPPED rows (DONE rows can be replayed through the API
-// with an explicit status, which applies their effects a second time).
+// with an explicit status, which applies their effects a second time). Republish and forget go
+// through package outbox (RepublishRejected, ForgetRelay): republishing stores a refused row
+// again at the end of the outbox (its detail view offers it only for rows the broker refused:
+// an undecodable row would only be rejected again), and forgetting a relay first shows, from a
+// dry run, what it had not forwarded.
 //
 // # Cost
 //

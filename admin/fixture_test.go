@@ -189,7 +189,15 @@ func (r response) errorText(t *testing.T) string {
 
 func get(t *testing.T, url string) response {
 	t.Helper()
-	res, err := http.Get(url)
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	require.NoError(t, err)
+	return send(t, req)
+}
+
+// send sends req and reads the answer.
+func send(t *testing.T, req *http.Request) response {
+	t.Helper()
+	res, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	defer res.Body.Close()
 	body, err := io.ReadAll(res.Body)
@@ -217,10 +225,46 @@ func post(t *testing.T, url string, body any, headers map[string]string) respons
 			req.Header.Set(k, v)
 		}
 	}
-	res, err := http.DefaultClient.Do(req)
+	return send(t, req)
+}
+
+// relayAll has relay sms forward the row the fixture left waiting, so its backlog is 0.
+func (f *fixture) relayAll(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	pub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
+	t.Cleanup(func() { _ = pub.Close() })
+	relay, err := outbox.NewRelay(f.db, pub, outbox.RelayConfig{Schema: f.schema, Name: "sms"}, nil)
 	require.NoError(t, err)
-	defer res.Body.Close()
-	b, err := io.ReadAll(res.Body)
-	require.NoError(t, err)
-	return response{status: res.StatusCode, header: res.Header, body: b}
+	testwait.Until(t, "relay sms to forward its backlog", func() bool {
+		_, err := relay.RelayOnce(ctx)
+		require.NoError(t, err)
+		relays, _, err := outbox.Status(ctx, f.db, f.schema)
+		require.NoError(t, err)
+		require.Len(t, relays, 1)
+		return relays[0].Backlog == 0
+	})
+}
+
+// jsonAt returns the value at path (object keys and array indexes) in the JSON body, and
+// whether it is there: a null value is there, a missing field is not.
+func jsonAt(t *testing.T, body []byte, path ...any) (any, bool) {
+	t.Helper()
+	var v any
+	require.NoError(t, json.Unmarshal(body, &v), string(body))
+	for _, p := range path {
+		switch k := p.(type) {
+		case string:
+			m, ok := v.(map[string]any)
+			require.True(t, ok, "%v: not an object at %q in %s", path, k, body)
+			if v, ok = m[k]; !ok {
+				return nil, false
+			}
+		case int:
+			a, ok := v.([]any)
+			require.True(t, ok && k < len(a), "%v: no element %d in %s", path, k, body)
+			v = a[k]
+		}
+	}
+	return v, true
 }

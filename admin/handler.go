@@ -34,8 +34,10 @@ const WriteHeader = "X-Wmonce-Admin"
 type Config struct {
 	// Schema holds watermill-once's tables. Default pgtx.DefaultSchema.
 	Schema string
-	// AllowWrites enables replay and skip (POST /api/inbox/replay and /api/inbox/skip).
-	// Default false: the handler only reads, and writes are answered 403.
+	// AllowWrites enables the writes: replay and skip (POST /api/inbox/replay and
+	// /api/inbox/skip), republishing rejected outbox rows and forgetting a retired relay (POST
+	// /api/outbox/republish and /api/outbox/forget). Default false: the handler only reads, and
+	// writes are answered 403.
 	AllowWrites bool
 	// Middlewares are effectively-once middlewares running in this process: their in-process
 	// counts (fresh, duplicates, failures) give each consumer its duplicate rate. Optional.
@@ -163,6 +165,8 @@ func (h *Handler) routes() {
 	h.mux.HandleFunc("/api/dedupe", h.get(h.dedupe))
 	h.mux.HandleFunc("/api/inbox/replay", h.write(h.replay))
 	h.mux.HandleFunc("/api/inbox/skip", h.write(h.skip))
+	h.mux.HandleFunc("/api/outbox/republish", h.write(h.republish))
+	h.mux.HandleFunc("/api/outbox/forget", h.write(h.forget))
 }
 
 // ServeHTTP serves the page at "/" and the API under "/api/".
@@ -245,7 +249,13 @@ func (h *Handler) write(f apiFunc) http.HandlerFunc {
 			writeError(w, http.StatusUnsupportedMediaType, "send the request body as application/json")
 			return
 		}
-		h.serve(w, r, f)
+		// Every write's body is checked here, before its endpoint decodes it (decodeBody).
+		body, err := readBody(r)
+		if err != nil {
+			writeAPIError(w, err)
+			return
+		}
+		h.serve(w, withBody(r, body), f)
 	}
 }
 
@@ -259,7 +269,13 @@ func isJSON(contentType string) bool {
 	return contentType == "application/json"
 }
 
+// serve answers an API request with f, after checking its query string (checkQuery), so no
+// endpoint reads a parameter that is not text.
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, f apiFunc) {
+	if err := checkQuery(r.URL.RawQuery); err != nil {
+		writeAPIError(w, err)
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), h.config.QueryTimeout)
 	defer cancel()
 	out, err := f(ctx, r)
@@ -267,7 +283,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, f apiFunc) {
 		var ae *apiError
 		switch {
 		case errors.As(err, &ae):
-			writeError(w, ae.status, ae.msg)
+			writeAPIError(w, ae)
 		case errors.Is(err, inbox.ErrNotFound):
 			writeError(w, http.StatusNotFound, err.Error())
 		case pgtx.IsUndefinedTable(err):
@@ -299,4 +315,13 @@ type ErrorBody struct {
 
 func writeError(w http.ResponseWriter, status int, msg string) {
 	writeJSON(w, status, ErrorBody{Error: msg})
+}
+
+// writeAPIError answers an *apiError with its status and message.
+func writeAPIError(w http.ResponseWriter, err error) {
+	var ae *apiError
+	if !errors.As(err, &ae) {
+		ae = &apiError{status: http.StatusInternalServerError, msg: err.Error()}
+	}
+	writeError(w, ae.status, ae.msg)
 }

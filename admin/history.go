@@ -265,8 +265,8 @@ type HistoryResponse struct {
 type SamplingStatus struct {
 	// IntervalSeconds is Config.SampleInterval (0 when background sampling is off).
 	IntervalSeconds float64 `json:"interval_seconds"`
-	// Since is the first sample this handler took (zero before the first).
-	Since time.Time `json:"since"`
+	// Since is the first sample this handler took (nil, null in JSON, before the first).
+	Since *time.Time `json:"since"`
 	// Samples counts the samples taken since the handler started.
 	Samples int64 `json:"samples"`
 }
@@ -325,7 +325,7 @@ func (h *Handler) historyGet(ctx context.Context, r *http.Request) (any, error) 
 		ss = h.history.coarse
 	}
 	ss = append([]sample(nil), ss...)
-	out.Sampling = SamplingStatus{Since: h.history.since.UTC(), Samples: h.history.taken}
+	out.Sampling = SamplingStatus{Since: timePtr(h.history.since.UTC()), Samples: h.history.taken}
 	h.history.mu.Unlock()
 	if h.config.SampleInterval > 0 {
 		out.Sampling.IntervalSeconds = h.config.SampleInterval.Seconds()

@@ -93,7 +93,7 @@ func TestBadTextIs400(t *testing.T) {
 		{"inbox?" + q("consumer", "billing", "topic", "\xfe"), "topic must be valid UTF-8"},
 		{"inbox?" + q("consumer", "billing", "error", "e\x00"), "error must not contain NUL"},
 		{"inbox?" + q("consumer", "billing", "error", "\xff\xfe"), "error must be valid UTF-8"},
-		{"inbox?" + q("consumer", "billing", "status", "FAILED\x00"), "unknown inbox status"},
+		{"inbox?" + q("consumer", "billing", "status", "FAILED\x00"), "status must not contain NUL"},
 		{"dedupe?" + q("consumer", "r\x00", "message", "m"), "consumer must not contain NUL"},
 		{"dedupe?" + q("consumer", long, "message", "m"), "consumer is 256 bytes long"},
 		{"dedupe?" + q("consumer", "rewards", "message", "m\x00"), "message must not contain NUL"},

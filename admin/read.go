@@ -60,8 +60,9 @@ type ConsumerStatus struct {
 	// Claims counts the consumer's rows in processed_messages and processed_messages_daily:
 	// messages applied and not yet deleted by retention.
 	Claims int64 `json:"claims"`
-	// NewestClaim is when the most recent of them was applied (zero when there are none).
-	NewestClaim time.Time `json:"newest_claim"`
+	// NewestClaim is when the most recent of them was applied (nil, null in JSON, when there
+	// are none).
+	NewestClaim *time.Time `json:"newest_claim"`
 	// Counters are the totals since the middlewares given to Config were created, summed over
 	// them; nil when none of them has seen this consumer (or none was given).
 	Counters *Counters `json:"counters,omitempty"`
@@ -89,13 +90,14 @@ func ReadConsumers(ctx context.Context, db *sql.DB, schema string, mws []*once.M
 	}
 	byName := map[string]*ConsumerStatus{}
 	for consumer, st := range stats {
-		byName[consumer] = &ConsumerStatus{Consumer: consumer, Claims: st.Claims, NewestClaim: st.NewestClaim}
+		byName[consumer] = &ConsumerStatus{Consumer: consumer, Claims: st.Claims, NewestClaim: timePtr(st.NewestClaim)}
 	}
 	for consumer, counts := range sumCounts(mws) {
 		c := entry(byName, consumer, func() *ConsumerStatus { return &ConsumerStatus{Consumer: consumer} })
 		c.Counters = &Counters{
 			Fresh: counts.Fresh, Duplicates: counts.Duplicates, FingerprintMismatches: counts.FingerprintMismatches,
 			Failed: counts.Failed, TxRetries: counts.TxRetries, Refused: counts.Refused, TooOld: counts.TooOld,
+			HandlerEndedTx: counts.HandlerEndedTx,
 		}
 		if seen := counts.Fresh + counts.Duplicates; seen > 0 {
 			rate := float64(counts.Duplicates) / float64(seen)
@@ -133,6 +135,7 @@ type Counters struct {
 	TxRetries             uint64 `json:"tx_retries"`
 	Refused               uint64 `json:"refused"`
 	TooOld                uint64 `json:"too_old"`
+	HandlerEndedTx        uint64 `json:"handler_ended_tx"`
 }
 
 func sumCounts(mws []*once.Middleware) map[string]once.Counters {
@@ -150,6 +153,7 @@ func sumCounts(mws []*once.Middleware) map[string]once.Counters {
 			s.TxRetries += c.TxRetries
 			s.Refused += c.Refused
 			s.TooOld += c.TooOld
+			s.HandlerEndedTx += c.HandlerEndedTx
 			out[consumer] = s
 		}
 	}
@@ -166,9 +170,9 @@ type InboxStatus struct {
 	Done       int64  `json:"done"`
 	Skipped    int64  `json:"skipped"`
 	// OldestPendingReceivedAt and OldestPendingAgeSeconds describe the oldest PENDING row
-	// (zero when there is none): alert when the age grows.
-	OldestPendingReceivedAt time.Time `json:"oldest_pending_received_at"`
-	OldestPendingAgeSeconds float64   `json:"oldest_pending_age_seconds"`
+	// (nil, null in JSON, and 0 when there is none): alert when the age grows.
+	OldestPendingReceivedAt *time.Time `json:"oldest_pending_received_at"`
+	OldestPendingAgeSeconds float64    `json:"oldest_pending_age_seconds"`
 }
 
 // ReadInbox counts every inbox consumer's rows by status, ordered by consumer. Unfinished
@@ -198,18 +202,32 @@ func ReadInbox(ctx context.Context, db *sql.DB, schema string) ([]InboxStatus, e
 	for consumer, st := range stats {
 		s := get(consumer)
 		s.Pending, s.Retrying, s.InProgress, s.Failed = st.Pending, st.Retrying, st.InProgress, st.Failed
-		s.OldestPendingReceivedAt = st.OldestPendingReceivedAt
+		s.OldestPendingReceivedAt = timePtr(st.OldestPendingReceivedAt)
 		s.OldestPendingAgeSeconds = st.OldestPendingAge.Seconds()
 	}
 	return sortedByName(byName), nil
 }
 
-// RelayStatus is one outbox relay's position, as JSON.
+// RelayStatus is one outbox relay's position, as JSON. OldestPending is when the oldest row
+// it has not forwarded was written: nil (null in JSON) when Backlog is 0.
 type RelayStatus struct {
-	Name          string    `json:"name"`
-	Backlog       int64     `json:"backlog"`
-	OldestPending time.Time `json:"oldest_pending"`
-	LagSeconds    float64   `json:"lag_seconds"`
+	Name          string     `json:"name"`
+	Backlog       int64      `json:"backlog"`
+	OldestPending *time.Time `json:"oldest_pending"`
+	LagSeconds    float64    `json:"lag_seconds"`
+
+	// Source is the source whose rows the relay forwards (outbox.RelayConfig.Source).
+	Source string `json:"source"`
+	// Held lists the topics the relay holds because publishing to them failed (their rows,
+	// counted in Backlog, wait in outbox_held while the other topics go on).
+	Held []HeldTopic `json:"held"`
+}
+
+// HeldTopic is a topic a relay holds (outbox.HeldTopic).
+type HeldTopic struct {
+	Topic string    `json:"topic"`
+	Rows  int64     `json:"rows"`
+	Since time.Time `json:"since"`
 }
 
 // OutboxStatus is every relay's backlog and lag and the number of rejected outbox rows.
@@ -226,14 +244,20 @@ func ReadOutbox(ctx context.Context, db *sql.DB, schema string) (OutboxStatus, e
 	}
 	out := OutboxStatus{Relays: make([]RelayStatus, 0, len(relays)), Rejected: rejected}
 	for _, r := range relays {
-		out.Relays = append(out.Relays, RelayStatus{Name: r.Name, Backlog: r.Backlog, OldestPending: r.OldestPending, LagSeconds: r.Lag.Seconds()})
+		out.Relays = append(out.Relays, RelayStatus{Name: r.Name, Backlog: r.Backlog, OldestPending: timePtr(r.OldestPending), LagSeconds: r.Lag.Seconds()})
+
+		last := &out.Relays[len(out.Relays)-1]
+		last.Source, last.Held = r.Source, make([]HeldTopic, len(r.Held))
+		for i, h := range r.Held {
+			last.Held[i] = HeldTopic{Topic: h.Topic, Rows: h.Rows, Since: h.Since}
+		}
 	}
 	return out, nil
 }
 
 // InboxRow is an inbox row as the API shows it. List leaves the payload out (PayloadSize
 // tells its length); Inspect includes it, as text when it is valid UTF-8 and in base64
-// otherwise.
+// otherwise. LeaseUntil and FinishedAt are nil (null in JSON) when the row has none.
 type InboxRow struct {
 	ID            int64             `json:"id"`
 	Consumer      string            `json:"consumer"`
@@ -248,10 +272,10 @@ type InboxRow struct {
 	Status        string            `json:"status"`
 	Attempts      int               `json:"attempts"`
 	NextAttemptAt time.Time         `json:"next_attempt_at"`
-	LeaseUntil    *time.Time        `json:"lease_until,omitempty"`
+	LeaseUntil    *time.Time        `json:"lease_until"`
 	LastError     string            `json:"last_error,omitempty"`
 	ReceivedAt    time.Time         `json:"received_at"`
-	FinishedAt    *time.Time        `json:"finished_at,omitempty"`
+	FinishedAt    *time.Time        `json:"finished_at"`
 }
 
 // NewInboxRow converts r; withPayload includes the payload and metadata.
@@ -276,6 +300,8 @@ func NewInboxRow(r inbox.Row, withPayload bool) InboxRow {
 	return out
 }
 
+// timePtr is the one rule for a time that may be unset: a zero time becomes nil, which JSON
+// shows as null (never "0001-01-01T00:00:00Z"), and the field stays present.
 func timePtr(t time.Time) *time.Time {
 	if t.IsZero() {
 		return nil
@@ -295,11 +321,12 @@ type Processed struct {
 	Inbox *InboxRow `json:"inbox,omitempty"`
 }
 
-// ClaimRecord is a once.Claim as JSON.
+// ClaimRecord is a once.Claim as JSON. OccurredOn is the claim's day partition: nil (null in
+// JSON) for a claim in processed_messages.
 type ClaimRecord struct {
 	ProcessedAt   time.Time  `json:"processed_at"`
 	PayloadSHA256 string     `json:"payload_sha256"`
-	OccurredOn    *time.Time `json:"occurred_on,omitempty"`
+	OccurredOn    *time.Time `json:"occurred_on"`
 }
 
 // LookupProcessed looks key up in the middleware's claims (once.LookupClaim) and in the

@@ -13,17 +13,21 @@ import (
 	"github.com/wmonce/watermill-once/outbox"
 )
 
-// RejectedRow is a row of outbox_rejected: an outbox row a relay could not decode (written by
-// something other than watermill-once) and set aside instead of forwarding. The relay rejects
-// a row the first time it fails to decode it, so there is no attempt count; LastError is the
-// decoding error. Lists leave the payload and metadata out (PayloadSize tells the payload's
-// length); GET /api/outbox/rejected/{offset} includes them. Both are the JSON the row held
-// (the outbox columns are of type json), as text.
+// RejectedRow is a row of outbox_rejected: an outbox row a relay set aside instead of
+// forwarding, because it could not decode it (written by something other than watermill-once;
+// Topic is then empty) or because the broker refused it for good (Topic is its destination).
+// The relay rejects a row at the first such failure, so there is no attempt count; LastError
+// is the decoding error or the broker's. Lists leave the payload and metadata out
+// (PayloadSize tells the payload's length); GET /api/outbox/rejected/{offset} includes them.
+// Both are the JSON the row held (the outbox columns are of type json), as text.
+// POST /api/outbox/republish stores rows again (RepublishRequest).
 type RejectedRow struct {
 	Relay         string          `json:"relay"`
 	Offset        int64           `json:"offset"`
 	TransactionID string          `json:"transaction_id"`
 	UUID          string          `json:"uuid"`
+	Topic         string          `json:"topic"`
+	Source        string          `json:"source"`
 	PayloadSize   int             `json:"payload_size"`
 	Payload       *string         `json:"payload,omitempty"`
 	Metadata      json.RawMessage `json:"metadata,omitempty"`
@@ -38,8 +42,8 @@ type RejectedListResponse struct {
 	NextAfter int64         `json:"next_after,omitempty"`
 }
 
-// readRejected lists the rows of outbox_rejected through outbox.ListRejected, as JSON rows.
-func readRejected(ctx context.Context, db *sql.DB, schema string, f outbox.RejectedFilter, limit int, withPayload bool) ([]RejectedRow, error) {
+// ListRejected lists the rows of outbox_rejected through outbox.ListRejected, as JSON rows.
+func ListRejected(ctx context.Context, db *sql.DB, schema string, f outbox.RejectedFilter, limit int, withPayload bool) ([]RejectedRow, error) {
 	rows, err := outbox.ListRejected(ctx, db, schema, f, limit, withPayload)
 	if err != nil {
 		return nil, err
@@ -47,7 +51,7 @@ func readRejected(ctx context.Context, db *sql.DB, schema string, f outbox.Rejec
 	out := make([]RejectedRow, len(rows))
 	for i, r := range rows {
 		out[i] = RejectedRow{
-			Relay: r.Relay, Offset: r.Offset, TransactionID: r.TransactionID, UUID: r.UUID,
+			Relay: r.Relay, Offset: r.Offset, TransactionID: r.TransactionID, UUID: r.UUID, Topic: r.Topic, Source: r.Source,
 			PayloadSize: r.PayloadSize, Payload: r.Payload, Metadata: r.Metadata,
 			LastError: r.LastError, RejectedAt: r.RejectedAt,
 		}
@@ -76,7 +80,7 @@ func (h *Handler) rejectedList(ctx context.Context, r *http.Request) (any, error
 	if err != nil {
 		return nil, err
 	}
-	rows, err := readRejected(ctx, h.db, h.config.Schema, f, limit, false)
+	rows, err := ListRejected(ctx, h.db, h.config.Schema, f, limit, false)
 	if err != nil {
 		return nil, err
 	}
@@ -107,7 +111,7 @@ func (h *Handler) rejectedInspect(ctx context.Context, r *http.Request) (any, er
 	if err := CheckText("relay", relay); err != nil {
 		return nil, badRequest("%v", err)
 	}
-	rows, err := readRejected(ctx, h.db, h.config.Schema, outbox.RejectedFilter{Relay: relay, Offset: offset}, 1, true)
+	rows, err := ListRejected(ctx, h.db, h.config.Schema, outbox.RejectedFilter{Relay: relay, Offset: offset}, 1, true)
 	if err != nil {
 		return nil, err
 	}

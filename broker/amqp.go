@@ -84,18 +84,25 @@ func (b *Broker) queueArgs() amqp.Table {
 
 // withAMQPChannel runs fn on a channel of a short-lived connection of its own.
 func (b *Broker) withAMQPChannel(fn func(ch amqpChannel) error) error {
+	return b.withAMQPConn(func(conn *amqp.Connection) error {
+		ch, err := conn.Channel()
+		if err != nil {
+			return fmt.Errorf("broker: open RabbitMQ channel: %w", err)
+		}
+		defer ch.Close()
+		return fn(ch)
+	})
+}
+
+// withAMQPConn runs fn on a short-lived connection of its own.
+func (b *Broker) withAMQPConn(fn func(conn *amqp.Connection) error) error {
 	c := b.newAMQPConn("admin")
 	conn, err := amqp.DialConfig(c.url, c.config)
 	if err != nil {
 		return fmt.Errorf("broker: cannot reach RabbitMQ at %s (is it running? set %s): %w", redactURL(c.url), EnvAMQPURL, err)
 	}
 	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return fmt.Errorf("broker: open RabbitMQ channel: %w", err)
-	}
-	defer ch.Close()
-	return fn(ch)
+	return fn(conn)
 }
 
 // DeleteAMQPTopology deletes the queues of subs and the exchanges of their topics (for tests

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/big"
 	"net/url"
+	"strconv"
 	"time"
 	"unicode/utf8"
 
@@ -14,9 +15,30 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
+// Metadata keys under which Marshaler.Unmarshal exposes the AMQP properties of a delivery, so
+// that key functions (oncetype.KeyFromMetadata) and handlers can use what producers that are not
+// Watermill set: most identify a message by its message-id property, not by a header. A key is
+// present only when its property is set. The timestamp is RFC 3339 in UTC (AMQP carries
+// seconds); the priority is its number (0, unset, adds nothing). The delivery mode is not
+// exposed: it says how the broker stored the message, not what the message is.
+const (
+	MetadataAMQPMessageID       = "amqp_message_id"
+	MetadataAMQPCorrelationID   = "amqp_correlation_id"
+	MetadataAMQPTimestamp       = "amqp_timestamp"
+	MetadataAMQPType            = "amqp_type"
+	MetadataAMQPAppID           = "amqp_app_id"
+	MetadataAMQPUserID          = "amqp_user_id"
+	MetadataAMQPContentType     = "amqp_content_type"
+	MetadataAMQPContentEncoding = "amqp_content_encoding"
+	MetadataAMQPReplyTo         = "amqp_reply_to"
+	MetadataAMQPExpiration      = "amqp_expiration"
+	MetadataAMQPPriority        = "amqp_priority"
+)
+
 // Marshaler converts between Watermill messages and AMQP. It writes what Watermill's
 // DefaultMarshaler writes (persistent delivery, metadata as string headers, the UUID in header
-// _watermill_message_uuid), and reads any header type.
+// _watermill_message_uuid), plus the UUID in the message-id property for consumers that are
+// not Watermill, and reads any header type and the AMQP properties.
 //
 // Watermill's DefaultMarshaler refuses a delivery with a non-string header. RabbitMQ adds such
 // headers itself: x-delivery-count (a number, on redeliveries from quorum queues) and x-death
@@ -25,13 +47,31 @@ import (
 // strings are kept, numbers and booleans are formatted, timestamps become RFC 3339 (UTC),
 // byte arrays are kept as text when they are UTF-8 and base64 otherwise, decimals become their
 // decimal text, and tables and arrays become JSON with the same conversions inside.
+//
+// Properties become metadata under the MetadataAMQP... keys. What the producer wrote
+// explicitly wins: the UUID header over the message-id property, and a header over a property
+// of the same metadata name (a message republished with the metadata of the one it was
+// consumed from keeps what that one said).
 type Marshaler struct {
 	wamqp.DefaultMarshaler
 }
 
-// Unmarshal never fails: a message without a UUID header gets an empty UUID, which the
-// effectively-once middleware refuses as an unusable key (parked, not applied) rather than
-// looping here.
+// Marshal is DefaultMarshaler.Marshal with the message-id property set to the UUID (unless
+// PostprocessPublishing set one).
+func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
+	pub, err := m.DefaultMarshaler.Marshal(msg)
+	if err != nil {
+		return pub, err
+	}
+	if pub.MessageId == "" {
+		pub.MessageId = msg.UUID
+	}
+	return pub, nil
+}
+
+// Unmarshal never fails. The UUID is the UUID header, or else the message-id property (a
+// producer that is not Watermill), or else empty, which the effectively-once middleware
+// refuses as an unusable key (parked, not applied) rather than looping here.
 func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 	uuidKey := m.MessageUUIDHeaderKey
 	if uuidKey == "" {
@@ -41,8 +81,14 @@ func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 	if v, ok := d.Headers[uuidKey]; ok {
 		uuid = HeaderString(v)
 	}
+	if uuid == "" && d.MessageId != "" {
+		uuid = bytesString([]byte(d.MessageId))
+	}
 	msg := message.NewMessage(uuid, d.Body)
 	msg.Metadata = make(message.Metadata, len(d.Headers))
+	for k, v := range amqpProperties(d) {
+		msg.Metadata[k] = v
+	}
 	for k, v := range d.Headers {
 		if k == uuidKey {
 			continue
@@ -50,6 +96,33 @@ func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 		msg.Metadata[k] = HeaderString(v)
 	}
 	return msg, nil
+}
+
+// amqpProperties returns the set properties of d under their metadata keys. AMQP short
+// strings are bytes: invalid UTF-8 is rendered like a binary header.
+func amqpProperties(d amqp.Delivery) map[string]string {
+	props := map[string]string{}
+	text := func(key, v string) {
+		if v != "" {
+			props[key] = bytesString([]byte(v))
+		}
+	}
+	text(MetadataAMQPMessageID, d.MessageId)
+	text(MetadataAMQPCorrelationID, d.CorrelationId)
+	text(MetadataAMQPType, d.Type)
+	text(MetadataAMQPAppID, d.AppId)
+	text(MetadataAMQPUserID, d.UserId)
+	text(MetadataAMQPContentType, d.ContentType)
+	text(MetadataAMQPContentEncoding, d.ContentEncoding)
+	text(MetadataAMQPReplyTo, d.ReplyTo)
+	text(MetadataAMQPExpiration, d.Expiration)
+	if !d.Timestamp.IsZero() {
+		props[MetadataAMQPTimestamp] = d.Timestamp.UTC().Format(time.RFC3339Nano)
+	}
+	if d.Priority != 0 {
+		props[MetadataAMQPPriority] = strconv.Itoa(int(d.Priority))
+	}
+	return props
 }
 
 // HeaderString renders an AMQP header value (any type amqp091 decodes) as metadata text.

@@ -246,9 +246,12 @@ func (s *amqpSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *m
 	return out, nil
 }
 
-func (s *amqpSubscriber) stopped(ctx context.Context) bool {
+func (s *amqpSubscriber) stopped(ctx context.Context) bool { return ended(ctx, s.closing) }
+
+// ended reports whether a subscription is over: its subscriber is closing or its context ended.
+func ended(ctx context.Context, closing <-chan struct{}) bool {
 	select {
-	case <-s.closing:
+	case <-closing:
 		return true
 	case <-ctx.Done():
 		return true

@@ -7,14 +7,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/broker"
+	"github.com/wmonce/watermill-once/internal/brokertest"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/internal/testwait"
+	"github.com/wmonce/watermill-once/oncetype"
 )
 
 func TestMarshalerConvertsNonStringHeaders(t *testing.T) {
@@ -198,4 +201,160 @@ func TestAMQPConcurrencyHasThatManyInFlight(t *testing.T) {
 	for _, m := range held[1:] {
 		m.Ack()
 	}
+}
+
+// TestMarshalerExposesAMQPProperties: a producer that is not Watermill identifies its messages
+// with AMQP properties, not headers. Each property is visible as metadata (so KeyFromMetadata
+// can key by it), and the message-id property is the UUID when no UUID header is set (so the
+// default key works too). Explicit headers win: the UUID header over message-id, a header over
+// a property of the same metadata name. The names are spelled out: they are what users configure.
+func TestMarshalerExposesAMQPProperties(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 11, 29, 10, 0, 5, 0, time.FixedZone("IST", 5*3600+1800))
+	foreign := amqp.Delivery{
+		Body:            []byte(`{"amount":1}`),
+		MessageId:       "pay-42",
+		CorrelationId:   "order-7",
+		Timestamp:       at,
+		Type:            "payment.settled",
+		AppId:           "billing",
+		UserId:          "svc-billing",
+		ContentType:     "application/json",
+		ContentEncoding: "gzip",
+		ReplyTo:         "replies",
+		Expiration:      "60000",
+		Priority:        5,
+		DeliveryMode:    amqp.Persistent,
+		Headers:         amqp.Table{"tenant": "t-1"},
+	}
+	msg, err := broker.Marshaler{}.Unmarshal(foreign)
+	require.NoError(t, err)
+	require.Equal(t, "pay-42", msg.UUID, "no UUID header: the message-id property is the UUID")
+	require.Equal(t, message.Metadata{
+		"tenant":                "t-1",
+		"amqp_message_id":       "pay-42",
+		"amqp_correlation_id":   "order-7",
+		"amqp_timestamp":        "2026-11-29T04:30:05Z",
+		"amqp_type":             "payment.settled",
+		"amqp_app_id":           "billing",
+		"amqp_user_id":          "svc-billing",
+		"amqp_content_type":     "application/json",
+		"amqp_content_encoding": "gzip",
+		"amqp_reply_to":         "replies",
+		"amqp_expiration":       "60000",
+		"amqp_priority":         "5",
+	}, msg.Metadata)
+
+	both, err := broker.Marshaler{}.Unmarshal(amqp.Delivery{
+		MessageId:   "pay-42",
+		Headers:     amqp.Table{"_watermill_message_uuid": "e-91", "amqp_content_type": "text/plain"},
+		ContentType: "application/json",
+	})
+	require.NoError(t, err)
+	require.Equal(t, "e-91", both.UUID, "the UUID header wins over message-id")
+	require.Equal(t, "pay-42", both.Metadata.Get("amqp_message_id"))
+	require.Equal(t, "text/plain", both.Metadata.Get("amqp_content_type"), "a header wins over a property")
+
+	bare, err := broker.Marshaler{}.Unmarshal(amqp.Delivery{Body: []byte("x")})
+	require.NoError(t, err)
+	require.Empty(t, bare.UUID, "no id at all: an empty UUID, refused by the middleware")
+	require.Empty(t, bare.Metadata, "unset properties add nothing")
+
+	// Our own messages carry their UUID in the message-id property too, for consumers that are
+	// not Watermill, and come back with the metadata they had plus that property.
+	out := message.NewMessage("e-91", []byte("p"))
+	out.Metadata.Set("tenant", "t-1")
+	pub, err := broker.Marshaler{}.Marshal(out)
+	require.NoError(t, err)
+	require.Equal(t, "e-91", pub.MessageId)
+	back, err := broker.Marshaler{}.Unmarshal(amqp.Delivery{Headers: pub.Headers, MessageId: pub.MessageId, DeliveryMode: pub.DeliveryMode, Body: pub.Body})
+	require.NoError(t, err)
+	require.Equal(t, "e-91", back.UUID)
+	require.Equal(t, message.Metadata{"tenant": "t-1", "amqp_message_id": "e-91"}, back.Metadata)
+}
+
+// TestAMQPForeignProducerWithOnlyAMQPProperties publishes, through a real RabbitMQ, the way a
+// producer that is not Watermill does: an id in the message-id property, no headers at all. The
+// delivery is keyed by that id both ways (the default UUID key and KeyFromMetadata), and its
+// other properties are readable as metadata.
+func TestAMQPForeignProducerWithOnlyAMQPProperties(t *testing.T) {
+	t.Parallel()
+	topic := pgtest.NewName("payments")
+	b := newBroker(t, broker.AMQP, broker.Subscription{Topic: topic, Group: "rewards"})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	require.NoError(t, b.Declare(ctx, b.Config().Subscriptions...))
+
+	conn, err := amqp.Dial(b.Config().AMQP.URL)
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	at := time.Date(2026, 11, 29, 10, 0, 5, 0, time.UTC)
+	require.NoError(t, ch.PublishWithContext(ctx, b.Config().AMQP.ExchangeName(topic), "", false, false, amqp.Publishing{
+		DeliveryMode: amqp.Persistent, Body: []byte(`{"amount":1}`),
+		MessageId: "pay-42", CorrelationId: "order-7", Timestamp: at, ContentType: "application/json",
+	}))
+
+	sub, err := b.NewSubscriber("rewards")
+	require.NoError(t, err)
+	defer sub.Close()
+	msgs, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	msg := receiveOne(t, msgs)
+	defer msg.Ack()
+	require.Equal(t, "pay-42", msg.UUID)
+	key, err := oncetype.KeyFromMetadata(broker.MetadataAMQPMessageID)(msg)
+	require.NoError(t, err)
+	require.Equal(t, "pay-42", key)
+	require.Equal(t, "order-7", msg.Metadata.Get(broker.MetadataAMQPCorrelationID))
+	require.Equal(t, "2026-11-29T10:00:05Z", msg.Metadata.Get(broker.MetadataAMQPTimestamp))
+	require.Equal(t, "application/json", msg.Metadata.Get(broker.MetadataAMQPContentType))
+}
+
+// TestAMQPPublishedBeforeTheFirstSubscriberIsDelivered publishes, with the default
+// configuration (no Config.Subscriptions), to a topic nobody has subscribed to yet: RabbitMQ
+// has no queue to route to, and the messages wait in the unrouted queue. A consumer process
+// that then subscribes receives every one of them, as on Kafka and SQL, and the unrouted
+// messages of other topics stay where they were, even one whose exchange no longer exists.
+func TestAMQPPublishedBeforeTheFirstSubscriberIsDelivered(t *testing.T) {
+	t.Parallel()
+	topic, other, gone := pgtest.NewName("payments"), pgtest.NewName("nobody-listens"), pgtest.NewName("deleted")
+	producer := newBroker(t, broker.AMQP)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	pub, err := producer.NewPublisher(ctx)
+	require.NoError(t, err)
+	defer pub.Close()
+	want := map[string]bool{}
+	for i := range 5 {
+		id := fmt.Sprint("early-", i)
+		want[id] = true
+		require.NoError(t, pub.Publish(topic, message.NewMessage(id, []byte("x"))))
+	}
+	require.NoError(t, pub.Publish(other, message.NewMessage("other-1", []byte("x")), message.NewMessage("other-2", []byte("x"))))
+	require.NoError(t, pub.Publish(gone, message.NewMessage("gone-1", []byte("x"))))
+	require.NoError(t, producer.DeleteAMQPTopology(broker.Subscription{Topic: gone, Group: "none"})) // its exchange
+	unrouted := func() int {
+		return brokertest.AMQPQueueDepth(t, producer.Config().AMQP.URL, producer.Config().AMQP.UnroutedQueueName())
+	}
+	require.Equal(t, 8, unrouted(), "confirmed publishes with no queue bound: kept in the unrouted queue")
+
+	consumer, err := broker.New(ctx, nil, producer.Config(), watermill.NopLogger{}) // another process
+	require.NoError(t, err)
+	defer consumer.Close()
+	sub, err := consumer.NewSubscriber("rewards")
+	require.NoError(t, err)
+	defer sub.Close()
+	msgs, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	got := map[string]bool{}
+	for _, m := range receive(t, msgs, 5, 20*time.Second) {
+		got[m.UUID] = true
+	}
+	require.Equal(t, want, got, "5 of 5 published before the first subscriber")
+	require.Equal(t, 3, unrouted(), "the other topics' messages are still kept, also the one whose exchange was deleted")
+
+	require.NoError(t, pub.Publish(topic, message.NewMessage("late-1", []byte("x"))))
+	require.Equal(t, "late-1", receive(t, msgs, 1, 20*time.Second)[0].UUID)
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -39,7 +40,8 @@ type Broker struct {
 	kafkaAdmin sarama.ClusterAdmin
 	kafkaMade  []string // topics this Broker created, in order (CreatedKafkaTopics)
 
-	declared  sync.Map // declaration key -> struct{}
+	declared  sync.Map   // declaration key -> struct{}
+	rerouteMu sync.Mutex // one rerouteUnrouted pass at a time
 	closeOnce sync.Once
 }
 
@@ -156,7 +158,16 @@ func (b *Broker) NewPubSub(ctx context.Context, group string) (message.Publisher
 //     from its first retained row);
 //   - Kafka: the topic, with Config.Kafka.Partitions and ReplicationFactor (the group starts
 //     from the oldest offset when it first subscribes);
-//   - RabbitMQ: the topic's exchange and the group's durable queue bound to it.
+//   - RabbitMQ: the topic's exchange and the group's durable queue bound to it; then the
+//     messages published to the topic while it had no queue, kept in the unrouted queue, are
+//     published to the exchange again and reach the queues bound at that moment.
+//
+// Without it a group that subscribes after messages were published still receives them on
+// every broker. One exception, on RabbitMQ only: messages published while a topic had no queue
+// at all go to the groups whose queues exist when the first of them is declared, so a second
+// group that subscribes later does not receive those (nor anything published between its
+// declaration and the first one's). Declare every group (Config.Subscriptions) before
+// publishing when each of several groups of one topic must receive everything.
 //
 // Declaring is idempotent and remembered per Broker.
 func (b *Broker) Declare(ctx context.Context, subs ...Subscription) error {
@@ -189,11 +200,22 @@ func (b *Broker) declare(ctx context.Context, topic, group string) error {
 	case Kafka:
 		err = b.ensureKafkaTopic(ctx, topic)
 	case AMQP:
-		err = b.withAMQPChannel(func(ch amqpChannel) error {
-			if group == "" {
-				return b.declareExchange(ch, topic)
+		if group == "" {
+			err = b.withAMQPChannel(func(ch amqpChannel) error { return b.declareExchange(ch, topic) })
+			break
+		}
+		err = b.withAMQPConn(func(conn *amqp.Connection) error {
+			ch, err := conn.Channel()
+			if err != nil {
+				return fmt.Errorf("broker: open RabbitMQ channel: %w", err)
 			}
-			return b.declareQueue(ch, topic, group)
+			defer ch.Close()
+			if err := b.declareQueue(ch, topic, group); err != nil {
+				return err
+			}
+			// Messages published to the topic while no queue was bound wait in the
+			// unrouted queue: now there is one for them (see amqp_unrouted.go).
+			return b.rerouteUnrouted(ctx, conn)
 		})
 	}
 	if err != nil {
@@ -227,23 +249,26 @@ type publisher struct {
 	pub message.Publisher
 }
 
+// Publish marks what can never be published as it is with oncetype.Permanent (a topic the
+// broker cannot carry, a message it refuses: see IsPermanentPublishError), so that the outbox
+// relay sets such a message aside instead of retrying it.
 func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
 	if err := ValidateTopic(p.b.config.Kind, topic); err != nil {
-		return fmt.Errorf("broker: %w", err)
+		return oncetype.Permanent(fmt.Errorf("broker: %w", err))
 	}
 	if p.b.config.Kind == SQL {
 		// watermill-sql stores metadata as JSON, which turns invalid UTF-8 into U+FFFD without
 		// a word (and its uuid column is text): refuse what it would alter or reject.
 		for _, m := range msgs {
 			if err := sqlStorable(m); err != nil {
-				return fmt.Errorf("broker: sql: message %q: %w", m.UUID, err)
+				return oncetype.Permanent(fmt.Errorf("broker: sql: message %q: %w", m.UUID, err))
 			}
 		}
 	}
 	if err := p.b.declare(context.Background(), topic, ""); err != nil {
-		return err
+		return permanentPublish(err)
 	}
-	return p.pub.Publish(topic, msgs...)
+	return permanentPublish(p.pub.Publish(topic, msgs...))
 }
 
 func sqlStorable(m *message.Message) error {

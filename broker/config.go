@@ -65,10 +65,11 @@ type Config struct {
 	// DatabaseURL is used by the SQL broker when New is given no *sql.DB. Env DATABASE_URL;
 	// default pgtx.DefaultDatabaseURL.
 	DatabaseURL string
-	// Subscriptions are the (topic, consumer group) pairs that must exist before anything is
-	// published, so that no message can be published into a void. NewPublisher declares them
-	// (RabbitMQ queues and bindings, Kafka topics, SQL tables and group offsets); Declare does it
-	// on demand.
+	// Subscriptions are the (topic, consumer group) pairs declared before anything is
+	// published. NewPublisher declares them (RabbitMQ queues and bindings, Kafka topics, SQL
+	// tables and group offsets); Declare does it on demand. They are not needed for a group
+	// to receive what was published before it first subscribed, on any broker; on RabbitMQ
+	// they are needed for each of several groups of one topic to receive it (see Declare).
 	Subscriptions []Subscription
 
 	SQL   SQLConfig
@@ -110,7 +111,9 @@ type SQLConfig struct {
 	// redone work after a crash. Default 10.
 	BatchSize int
 	// AckDeadline nacks a message whose handler has not finished in time; keep it above your
-	// slowest handler. Default 30s.
+	// slowest handler. A nacked message is re-sent in the subscription's transaction until
+	// then, unless that transaction can no longer commit (a lost connection): then the batch
+	// is read again at once in a new one (see the package documentation). Default 30s.
 	AckDeadline time.Duration
 	// ResendInterval is the wait before a nacked message is delivered again. Default 200ms.
 	ResendInterval time.Duration

@@ -14,7 +14,8 @@
 // connection). No broker deduplicates: copies reach the handler, and the effectively-once
 // middleware absorbs them. Topics and group subscriptions are declared before the first
 // publish (Config.Subscriptions, Declare) and again at Subscribe, so a message is never
-// published into a void. Topic names are checked per broker (ValidateTopic); give
+// published into a void, and a group that first subscribes after messages were published
+// receives them (on RabbitMQ with a limit for a topic's later groups: see Declare). Topic names are checked per broker (ValidateTopic); give
 // TopicValidator(kind) to outbox.Config so a bad topic fails the producing transaction.
 //
 // # Kafka (watermill-kafka v3, Sarama)
@@ -78,9 +79,24 @@
 //     Queues of Config.Subscriptions are declared before anything is published; every topic
 //     exchange has an alternate exchange whose queue (<prefix>wmonce.unrouted) keeps messages
 //     that no queue was bound for, instead of RabbitMQ dropping them.
+//   - Publishing before the first subscriber: when a group's queue is first declared
+//     (Subscribe, Declare, Config.Subscriptions; once per Broker), the messages waiting in the
+//     unrouted queue are published again to their own exchanges, each acked there only after
+//     RabbitMQ confirmed its new copy. The topic's messages reach the queues bound by then;
+//     the others go back to wait. So the same code works without Config.Subscriptions on
+//     every broker, with one difference for several groups on one topic: those messages go
+//     to the groups bound when the first is declared, not to a group declared later (see
+//     Declare). The pass costs in proportion to the unrouted queue: purge what nobody will
+//     ever subscribe to. A message published in the same instant as the topic's first
+//     queue is bound can miss the pass; the next one moves it.
 //   - Marshaler writes what watermill-amqp writes (UUID in _watermill_message_uuid, metadata
-//     as headers) and accepts non-string headers (x-delivery-count from quorum queues, x-death
-//     after dead-lettering), which watermill-amqp's marshaler refuses, making the message loop.
+//     as headers), and the UUID in the message-id property too. It accepts non-string headers
+//     (x-delivery-count from quorum queues, x-death after dead-lettering), which
+//     watermill-amqp's marshaler refuses, making the message loop. It exposes the AMQP
+//     properties as metadata (MetadataAMQPMessageID "amqp_message_id", amqp_correlation_id,
+//     amqp_timestamp, ...), and a delivery without the UUID header takes its message-id as the
+//     UUID: messages of producers that are not Watermill are keyed by their id with the
+//     default key, or with oncetype.KeyFromMetadata(broker.MetadataAMQPMessageID).
 //   - AMQPConfig.Workers (default 8) messages in flight per subscription and Prefetch
 //     (default 32) unacked messages handed over by RabbitMQ; a nack hands the message back
 //     after NackDelay. A lost connection is redialled with backoff; unacked messages are
@@ -123,7 +139,12 @@
 //     subscription polls every IdlePollInterval (3s); without LISTEN (DisableNotify, a driver
 //     other than pgx, a lost connection) every PollInterval (100ms).
 //   - A nacked message is delivered again inside the same transaction, which stays open (and
-//     keeps the group's offset row locked) until the message is acked or AckDeadline passes.
+//     keeps the group's offset row locked) until the message is acked or AckDeadline passes,
+//     unless that transaction can no longer commit: after each nack the subscription runs one
+//     statement in it, and when that fails (connection lost, transaction ended, or aborted by
+//     a statement that failed outside a savepoint) the transaction is rolled back and the
+//     batch read again at once in a new one, its acked messages included (their offset and
+//     writes went down with it). Nothing is acked that did not commit.
 //     It is such a long transaction: while one message is being nacked, rows committed after
 //     that transaction began stay invisible to every SQL-broker subscriber on the server, not
 //     only to its group (the outbox relay is not held back). Park poison messages (middleware Stack) rather than

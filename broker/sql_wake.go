@@ -387,7 +387,8 @@ func (w *sqlWaiter) wait() {
 }
 
 // sqlSubscriber is watermill-sql's subscriber with wake-ups: one watermill-sql Subscriber per
-// Subscribe call, so each subscription has a BackoffManager (sqlWaiter) of its own.
+// Subscribe call, so each subscription has a BackoffManager (sqlWaiter) of its own, and a new
+// transaction when its one can no longer commit (sql_restart.go).
 type sqlSubscriber struct {
 	s      *sqlBroker
 	group  string
@@ -449,7 +450,7 @@ func (s *sqlSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *me
 	if w != nil {
 		s.s.notifier.register(w)
 	}
-	out, err := sub.Subscribe(ctx, topic)
+	run, err := s.startRunLocked(ctx, sub, topic)
 	if err != nil {
 		if w != nil {
 			s.s.notifier.unregister(w)
@@ -460,6 +461,8 @@ func (s *sqlSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *me
 	if w != nil {
 		s.waiters = append(s.waiters, w)
 	}
+	out := make(chan *message.Message)
+	go s.forward(ctx, sub, topic, w, run, out)
 	return out, nil
 }
 

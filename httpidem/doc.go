@@ -13,6 +13,12 @@
 //     with everything the handler wrote through the transaction, including outbox messages.
 //     The response is written to the client only after the commit: a client never sees a
 //     2xx for work that was rolled back.
+//   - The middleware commits that transaction, never the handler: while the handler runs, the
+//     schema's attempt guard (migrations 010 and 011) refuses any COMMIT. A handler that calls
+//     Commit or Rollback on the transaction from its context applies nothing; the request is
+//     answered 500 with the problem type ProblemHandlerEndedTx, logged as an error and counted
+//     (Counters.HandlerEndedTx), and its key is not stored: a retry gets the same answer, never
+//     an effect. The same holds for requests without a key under AllowMissingKey.
 //   - A retry with the same key and the same request (method, path and query, body, and the
 //     headers listed in Config.FingerprintHeaders) gets the stored status, headers and body,
 //     byte for byte, plus the header "Idempotent-Replayed: true". An empty body (204, an empty

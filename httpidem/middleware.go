@@ -23,6 +23,7 @@ import (
 
 	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/internal/tracing"
+	"github.com/wmonce/watermill-once/internal/txguard"
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -37,6 +38,10 @@ type Counters struct {
 	NotStored  uint64 // 5xx responses rolled back and not stored (StoreServerErrors off)
 	Keyless    uint64 // requests without a key run under AllowMissingKey
 	Failed     uint64 // 500: the response could not be stored or the commit failed
+	// HandlerEndedTx counts requests whose handler called Commit or Rollback on the request's
+	// transaction: nothing of them was applied, no key was stored, and they were answered 500
+	// (ProblemHandlerEndedTx). Also counted in Failed.
+	HandlerEndedTx uint64
 }
 
 // Middleware implements Idempotency-Key handling. See the package documentation.
@@ -49,9 +54,10 @@ type Middleware struct {
 	methods []string
 	fpHdrs  []string
 
-	qLookup, qStore string
+	qLookup, qLock, qStore string
+	guard                  txguard.Guard
 
-	stored, replayed, conflicts, mismatches, refused, notStored, keyless, failed atomic.Uint64
+	stored, replayed, conflicts, mismatches, refused, notStored, keyless, failed, endedTx atomic.Uint64
 }
 
 // NewMiddleware validates config and returns the middleware. The table must exist (run the
@@ -76,6 +82,11 @@ func NewMiddleware(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*
 		header:  textproto.CanonicalMIMEHeaderKey(config.Header),
 		methods: config.Methods,
 		fpHdrs:  slices.Compact(fp),
+		guard:   txguard.New(config.Schema),
+		// The key's lock opens the attempt guard as it goes (see internal/txguard): from here
+		// until the middleware's own COMMIT, a COMMIT the handler sends is refused. AND: the
+		// guard must open whenever the lock is taken; when it is not, the transaction ends.
+		qLock: `SELECT pg_try_advisory_xact_lock($1) AND ` + txguard.Condition(config.Schema),
 		qLookup: `SELECT fingerprint, response_status, response_headers::text, response_body, created_at FROM ` + t + `
 WHERE scope = $1 AND idem_key = $2 AND created_at > now() - $3 * interval '1 microsecond'`,
 		// The only row this may meet is an expired one (a live one was checked for under the
@@ -94,7 +105,7 @@ func (m *Middleware) Counters() Counters {
 	return Counters{
 		Stored: m.stored.Load(), Replayed: m.replayed.Load(), Conflicts: m.conflicts.Load(),
 		Mismatches: m.mismatches.Load(), Refused: m.refused.Load(), NotStored: m.notStored.Load(),
-		Keyless: m.keyless.Load(), Failed: m.failed.Load(),
+		Keyless: m.keyless.Load(), Failed: m.failed.Load(), HandlerEndedTx: m.endedTx.Load(),
 	}
 }
 
@@ -190,8 +201,11 @@ func (m *Middleware) runKeyed(w http.ResponseWriter, r *http.Request, next http.
 	defer tx.rollback()
 
 	var locked bool
-	if err := tx.QueryRowContext(ctx, `SELECT pg_try_advisory_xact_lock($1)`, m.lockKey(req)).Scan(&locked); err != nil {
+	if err := tx.QueryRowContext(ctx, m.qLock, m.lockKey(req)).Scan(&locked); err != nil {
 		tx.rollback()
+		if txguard.IsMissing(err) {
+			err = fmt.Errorf("function attempt_begin (the attempt guard) is missing in schema %q: run the migrations: %w", m.config.Schema, err)
+		}
 		m.fail(w, err, "lock the key", req)
 		return
 	}
@@ -216,6 +230,10 @@ func (m *Middleware) runKeyed(w http.ResponseWriter, r *http.Request, next http.
 	}
 
 	rec := m.runHandler(next, r, tx, req.body)
+	status, header := rec.final()
+	if (rec.overflow || status >= 500 && !m.config.StoreServerErrors) && m.handlerEnded(ctx, w, tx, req, m.guard.Check(ctx, tx.Tx)) {
+		return // otherwise the store or the guard's Close tells, below
+	}
 	if rec.overflow {
 		tx.rollback()
 		m.failed.Add(1)
@@ -224,7 +242,6 @@ func (m *Middleware) runKeyed(w http.ResponseWriter, r *http.Request, next http.
 			fmt.Sprintf("the response exceeded %d bytes and could not be kept for replay; nothing was applied", m.config.MaxResponseBytes))
 		return
 	}
-	status, header := rec.final()
 	if status >= 500 && !m.config.StoreServerErrors {
 		tx.rollback()
 		m.notStored.Add(1)
@@ -240,6 +257,9 @@ func (m *Middleware) runKeyed(w http.ResponseWriter, r *http.Request, next http.
 	}
 	res, err := tx.ExecContext(ctx, m.qStore, req.scope, req.key, req.fingerprint, r.Method, truncate(r.URL.RequestURI(), 2048),
 		status, string(headersJSON), rec.bytes(), m.config.Retention.Microseconds())
+	if err != nil && m.handlerEnded(ctx, w, tx, req, err) {
+		return
+	}
 	if err == nil {
 		if n, _ := res.RowsAffected(); n != 1 {
 			// Only possible if something wrote the key without taking the lock.
@@ -249,6 +269,9 @@ func (m *Middleware) runKeyed(w http.ResponseWriter, r *http.Request, next http.
 	if err != nil {
 		tx.rollback()
 		m.fail(w, err, "store the response", req)
+		return
+	}
+	if !m.closeGuard(ctx, w, tx, req) {
 		return
 	}
 	if err := tx.commit(); err != nil {
@@ -265,21 +288,34 @@ func (m *Middleware) runKeyed(w http.ResponseWriter, r *http.Request, next http.
 // back until the commit, nothing stored.
 func (m *Middleware) runKeyless(w http.ResponseWriter, r *http.Request, next http.Handler, body []byte) {
 	req := &request{fields: watermill.LogFields{"method": r.Method, "path": r.URL.Path}}
-	tx, ok := m.begin(r.Context(), w, req)
+	ctx := r.Context()
+	tx, ok := m.begin(ctx, w, req)
 	if !ok {
 		return
 	}
 	defer tx.rollback()
+	// No statement of ours precedes the handler: the guard's opening travels with its first.
+	if err := m.guard.Open(ctx, tx.Tx); err != nil {
+		tx.rollback()
+		m.fail(w, err, "begin", req)
+		return
+	}
 	rec := m.runHandler(next, r, tx, body)
+	status, header := rec.final()
+	if (rec.overflow || status >= 500 && !m.config.StoreServerErrors) && m.handlerEnded(ctx, w, tx, req, m.guard.Check(ctx, tx.Tx)) {
+		return // otherwise the guard's Close tells, below
+	}
 	if rec.overflow {
 		tx.rollback()
 		m.fail(w, fmt.Errorf("response exceeded %d bytes", m.config.MaxResponseBytes), "buffer the response", req)
 		return
 	}
-	status, header := rec.final()
 	if status >= 500 && !m.config.StoreServerErrors {
 		tx.rollback()
 		writeResponse(w, status, header, rec.bytes(), false)
+		return
+	}
+	if !m.closeGuard(ctx, w, tx, req) {
 		return
 	}
 	if err := tx.commit(); err != nil {
@@ -385,6 +421,38 @@ func (m *Middleware) answerStored(w http.ResponseWriter, req *request, s *stored
 
 type queryer interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// handlerEnded answers the request and reports true if its handler ended the request's
+// transaction (Commit or Rollback on it), as err says: the error of txguard.Check or of a
+// statement the middleware sent in the transaction after the handler returned. A transaction
+// that the request's context ended (the client went away) is nobody's fault: false.
+//
+// The check costs nothing on the common path: the store of the response (keyed) or the guard's
+// Close (keyless) tells. Only a response that is not stored asks txguard.Check.
+func (m *Middleware) handlerEnded(ctx context.Context, w http.ResponseWriter, tx *requestTx, req *request, err error) bool {
+	if !errors.Is(err, oncetype.ErrHandlerEndedTx) && !(errors.Is(err, sql.ErrTxDone) && ctx.Err() == nil) {
+		return false
+	}
+	tx.rollback() // database/sql has marked it done already; this only records it
+	m.failed.Add(1)
+	m.endedTx.Add(1)
+	m.logger.Error("The handler ended the request's transaction (Commit or Rollback on the transaction from the context): nothing of it was applied, the key is not stored", err, req.fields)
+	writeProblem(w, http.StatusInternalServerError, ProblemHandlerEndedTx, "The handler ended the request's transaction",
+		"the handler committed or rolled back the transaction the middleware gave it; the middleware refused that commit, so nothing of the request was applied and its response was not stored. Retrying gets the same answer until the handler is fixed")
+	return true
+}
+
+// closeGuard closes the attempt guard before the middleware's COMMIT (it travels with it on a
+// pool from pgtx.Open). When it cannot, it answers the request and returns false.
+func (m *Middleware) closeGuard(ctx context.Context, w http.ResponseWriter, tx *requestTx, req *request) bool {
+	err := m.guard.Close(ctx, tx.Tx)
+	if err == nil || m.handlerEnded(ctx, w, tx, req, err) {
+		return err == nil
+	}
+	tx.rollback()
+	m.fail(w, err, "commit", req)
+	return false
 }
 
 func (m *Middleware) fail(w http.ResponseWriter, err error, what string, req *request) {

@@ -23,6 +23,10 @@ const (
 	ProblemInProgress = "urn:watermill-once:idempotency:in-progress"
 	ProblemKeyReused  = "urn:watermill-once:idempotency:key-reused"
 	ProblemNotStored  = "urn:watermill-once:idempotency:not-completed"
+	// ProblemHandlerEndedTx (500): the handler called Commit or Rollback on the request's
+	// transaction. The attempt guard refused that COMMIT, so nothing was applied and the key
+	// was not stored: a retry gets the same answer, never an effect. A bug in the handler.
+	ProblemHandlerEndedTx = "urn:watermill-once:idempotency:handler-ended-transaction"
 )
 
 type problem struct {

@@ -74,7 +74,11 @@ const (
 func (p *Processor) workLocked(ctx context.Context) {
 	backoff := claimBackoff
 	for ctx.Err() == nil {
-		n, err := p.lockedRound(ctx)
+		var n int
+		err := p.requireGuard(ctx)
+		if err == nil {
+			n, err = p.lockedRound(ctx)
+		}
 		if err != nil {
 			if ctx.Err() != nil || !p.claimFailed(ctx, &backoff, err) {
 				return
@@ -143,8 +147,28 @@ func (p *Processor) lockedRound(claimCtx context.Context) (int, error) {
 		}
 		return len(rows), fmt.Errorf("inbox: HandlerTimeout (%s) ran out before the handlers started; the rows are claimed again, no attempt counted: %w", p.config.HandlerTimeout, ctx.Err())
 	}
+	// The attempt guard (guard.go) opens outside any savepoint, before the first handler.
+	if err := p.guard.Open(ctx, tx); err != nil {
+		p.forgetLocked(rows)
+		return len(rows), fmt.Errorf("inbox: %w", err)
+	}
 	for _, r := range rows {
-		if err := p.runHandler(ctx, tx, r); err != nil {
+		if err := p.runHandler(ctx, tx, r, true); err != nil {
+			if isEnded(err) {
+				// The handler ended the transaction: the guard refused its COMMIT, so nothing of
+				// the batch was applied, and the row locks are gone with the transaction. Its
+				// row is parked at once; the others' attempts do not count, and they run again
+				// one per transaction.
+				others := slices.DeleteFunc(slices.Clone(rows), func(o claimedRow) bool { return o.id == r.id })
+				p.forgetLocked(others)
+				p.recordLockedFailure(r, err)
+				if p.handlerCtx().Err() != nil {
+					p.released.Add(uint64(len(others)))
+					return len(rows), nil
+				}
+				p.processLockedEach(claimCtx, others)
+				return len(rows), nil
+			}
 			// Not the attempt of every row in the batch: withdraw the starts (while the locks
 			// are held) and let the row-by-row pass count the attempt of the row at fault.
 			p.forgetLocked(rows)
@@ -163,6 +187,9 @@ func (p *Processor) lockedRound(claimCtx context.Context) (int, error) {
 		if n, _ := res.RowsAffected(); int(n) != len(rows) {
 			err = fmt.Errorf("inbox: completed %d of %d locked rows", n, len(rows))
 		}
+	}
+	if err == nil {
+		err = p.guard.Close(ctx, tx)
 	}
 	if err != nil {
 		_ = tx.Rollback()
@@ -314,7 +341,13 @@ func (p *Processor) runLockedRow(ctx context.Context, tx *sql.Tx, r claimedRow) 
 		p.logger.Error("HandlerTimeout ran out before the handler started; the row is claimed again, the attempt not counted", ctx.Err(), fields)
 		return false
 	}
-	if _, err := tx.ExecContext(ctx, lockSavepoint); err != nil {
+	// The attempt guard (guard.go) opens before the savepoint, so that undoing a failed
+	// handler (ROLLBACK TO SAVEPOINT) leaves it open; it travels with the SAVEPOINT.
+	err := p.guard.Open(ctx, tx)
+	if err == nil {
+		_, err = tx.ExecContext(ctx, lockSavepoint)
+	}
+	if err != nil {
 		p.errs.Add(1)
 		p.logger.Error("Savepoint failed; the row is claimed again later", err, fields)
 		p.forgetLocked([]claimedRow{r})
@@ -328,21 +361,24 @@ func (p *Processor) runLockedRow(ctx context.Context, tx *sql.Tx, r claimedRow) 
 				return nil // stop: herr stays the handler's error
 			}
 		}
-		herr = p.runHandler(ctx, tx, r)
+		herr = p.runHandler(ctx, tx, r, false)
 		return herr
 	})
 	if herr == nil {
 		res, err := tx.ExecContext(ctx, p.q.completeLock, []int64{r.id}, []int64{int64(r.attempts)})
-		if errors.Is(err, sql.ErrTxDone) && ctx.Err() == nil {
-			// The handler committed or rolled back the transaction itself; if it committed,
-			// its effects are in without the row being DONE. Park it for a person.
-			p.recordLockedFailure(r, oncetype.Permanent(fmt.Errorf("inbox: the handler ended the processing transaction itself (never Commit or Rollback the transaction from the context): %w", err)))
-			return true
-		}
 		if err == nil {
 			if n, _ := res.RowsAffected(); n != 1 {
 				err = fmt.Errorf("inbox: row %d was not PENDING at completion", r.id)
 			}
+		}
+		if err == nil {
+			err = p.guard.Close(ctx, tx)
+		}
+		if ended := p.endedAt(ctx, r, err); ended != nil {
+			// The handler ended the transaction and returned no error: nothing of it was
+			// applied, and the row lock went with it.
+			p.recordLockedFailure(r, ended)
+			return true
 		}
 		if err == nil {
 			err = tx.Commit()
@@ -359,6 +395,10 @@ func (p *Processor) runLockedRow(ctx context.Context, tx *sql.Tx, r claimedRow) 
 		herr = fmt.Errorf("inbox: mark done: %w", err)
 	}
 	switch {
+	case isEnded(herr):
+		// Nothing of the attempt was applied, and the row lock went with the transaction.
+		p.recordLockedFailure(r, herr)
+		return true
 	case p.handlerCtx().Err() != nil:
 		p.released.Add(1)
 		p.logger.Info("Shutdown: row given back unprocessed", fields)
@@ -383,6 +423,9 @@ func (p *Processor) runLockedRow(ctx context.Context, tx *sql.Tx, r claimedRow) 
 		return true
 	}
 	status, err := p.failLocked(ctx, tx, r, herr)
+	if err == nil {
+		err = p.guard.Close(ctx, tx)
+	}
 	if err == nil {
 		err = tx.Commit()
 	}

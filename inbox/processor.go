@@ -16,6 +16,7 @@ import (
 
 	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/internal/tracing"
+	"github.com/wmonce/watermill-once/internal/txguard"
 	iworker "github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -199,6 +200,10 @@ type ProcessorCounters struct {
 	LeasesExpired  uint64 // expired claims this processor took back (from any worker)
 	Released       uint64 // rows given back unprocessed (shutdown, database trouble)
 	Errors         uint64 // database errors outside handlers (claim, commit, renewal, reaping)
+	// HandlerEndedTx counts attempts whose handler called Commit or Rollback on the processing
+	// transaction it was lent: nothing of them was applied (the attempt guard refused the
+	// COMMIT), and each parked its row at once. Also counted in Failed.
+	HandlerEndedTx uint64
 }
 
 // Processor works through one consumer's inbox rows with a plain Watermill handler.
@@ -209,6 +214,13 @@ type ProcessorCounters struct {
 //     relay). The move is fenced by the claim token, so a worker whose lease ran out and whose
 //     row was claimed again cannot complete it: its transaction, handler effects included, is
 //     rolled back and the conflict counted.
+//   - The Processor commits the transaction, never the handler: while a handler runs, the
+//     schema's attempt guard (migrations 010 and 011) refuses any COMMIT, so a handler that
+//     calls Commit (or Rollback) on the transaction from its context applies nothing, neither
+//     its writes nor its outputs, and its row is parked as FAILED at once with a reason that
+//     says the handler ended the transaction (oncetype.ErrHandlerEndedTx, counted in
+//     HandlerEndedTx). The other rows of its TxBatchSize batch run again, one per
+//     transaction, and are applied once each.
 //   - Each row is attempted until it is DONE or parked: a failed attempt (error, panic,
 //     timeout) is recorded with the error and retried after an exponential backoff with
 //     jitter; a permanent error (oncetype.Permanent) or the MaxAttempts-th failure parks the
@@ -231,6 +243,7 @@ type Processor struct {
 	config  ProcessorConfig
 	logger  watermill.LoggerAdapter
 	q       queries
+	guard   txguard.Guard
 	outbox  *outbox.Writer
 	tracer  trace.Tracer
 
@@ -241,7 +254,9 @@ type Processor struct {
 	// hctx is the parent of every processing transaction of the current Run (see handlerCtx).
 	hctx atomic.Pointer[context.Context]
 
-	claimed, processed, failed, parked, conflicts, expired, released, errs atomic.Uint64
+	claimed, processed, failed, parked, conflicts, expired, released, errs, endedTx atomic.Uint64
+
+	guardFound atomic.Bool // the schema has the attempt guard (see requireGuard)
 
 	floor, lastRescan atomic.Int64 // see claimAfter
 }
@@ -332,6 +347,7 @@ func NewProcessor(db *sql.DB, handler message.HandlerFunc, config ProcessorConfi
 		config:  config,
 		logger:  logger.With(watermill.LogFields{"consumer": config.Consumer}),
 		q:       newQueries(config.Schema),
+		guard:   txguard.New(config.Schema),
 		outbox:  ob,
 		tracer:  tracing.Tracer(config.TracerProvider),
 		wake:    make(chan struct{}, config.Workers),
@@ -356,6 +372,7 @@ func (p *Processor) Counters() ProcessorCounters {
 		LeasesExpired:  p.expired.Load(),
 		Released:       p.released.Load(),
 		Errors:         p.errs.Load(),
+		HandlerEndedTx: p.endedTx.Load(),
 	}
 }
 

@@ -18,7 +18,6 @@ import (
 	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
-	"github.com/wmonce/watermill-once/pgtx"
 )
 
 // A handler that fails three times is retried with growing, jittered delays; the failed
@@ -532,35 +531,4 @@ func testRunOnceAndCloseBeforeRun(t *testing.T, mode inbox.ClaimMode) {
 	require.NoError(t, err)
 	require.NoError(t, p.Close())
 	require.NoError(t, p.Run(context.Background()), "Run after Close returns at once")
-}
-
-// A handler that commits the processing transaction itself has applied its effects without
-// the row moving to DONE; running it again would repeat them, so the row is parked instead.
-// oneWorker runs cfg with a single worker. In ClaimLock mode a handler that commits the
-// transaction itself also releases the row lock; with several workers another one can lock the
-// row and run the handler again before the first has parked it (seen in about half of the runs
-// of this case with the default four workers: 2 effects). Known and reported, not fixed here;
-// with one worker the case tests what the processor does once it sees the transaction ended.
-func oneWorker(cfg inbox.ProcessorConfig) inbox.ProcessorConfig {
-	cfg.Workers = 1
-	return cfg
-}
-
-func testHandlerEndingTheTransactionIsParked(t *testing.T, mode inbox.ClaimMode) {
-	t.Parallel()
-	e := newEnv(t)
-	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
-	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
-		if err := e.effect(m, "w"); err != nil {
-			return nil, err
-		}
-		tx, _ := pgtx.TxFromContext(m.Context())
-		return nil, tx.Commit()
-	}, oneWorker(fastIn(mode, "c")))
-	require.NoError(t, r.Handle(msg("e-1", "x")))
-	testwait.Until(t, "parking", func() bool { return p.Counters().Parked == 1 })
-	require.Equal(t, 1, e.effects(t), "applied once, not retried")
-	row, err := e.ops.InspectMessage(context.Background(), "c", "e-1")
-	require.NoError(t, err)
-	require.Contains(t, row.LastError, "ended the processing transaction itself")
 }

@@ -54,7 +54,12 @@ func (p *Processor) claimFailed(ctx context.Context, backoff *iworker.Backoff, e
 func (p *Processor) work(ctx context.Context, w *worker) {
 	backoff := claimBackoff
 	for ctx.Err() == nil {
-		rows, token, err := p.claim(ctx)
+		err := p.requireGuard(ctx)
+		var rows []claimedRow
+		var token int64
+		if err == nil {
+			rows, token, err = p.claim(ctx)
+		}
 		if err != nil {
 			if ctx.Err() != nil || !p.claimFailed(ctx, &backoff, err) {
 				return
@@ -269,13 +274,17 @@ type attemptTx struct {
 }
 
 // beginAttempt starts an attempt's transaction, bounded by HandlerTimeout and marked on w so
-// that lease renewal knows a transaction is running. Defer the attempt's end, also after an
-// error.
+// that lease renewal knows a transaction is running, and opens the attempt guard in it (see
+// guard.go; on a pool from pgtx.Open it travels with the first statement). Defer the attempt's
+// end, also after an error.
 func (p *Processor) beginAttempt(w *worker) (context.Context, *attemptTx, error) {
 	ctx, cancel := context.WithTimeout(p.handlerCtx(), p.config.HandlerTimeout)
 	ctx, spans := withTxSpans(ctx)
 	w.beginTx()
 	tx, err := p.db.BeginTx(ctx, p.config.TxOptions)
+	if err == nil {
+		err = p.guard.Open(ctx, tx)
+	}
 	return ctx, &attemptTx{Tx: tx, w: w, cancel: cancel, spans: spans}, err
 }
 
@@ -303,15 +312,12 @@ func (p *Processor) attemptOne(w *worker, r claimedRow, token int64) (outcome, e
 	if err != nil {
 		return outcomeRelease, fmt.Errorf("inbox: begin: %w", err)
 	}
-	if err := p.runHandler(ctx, tx.Tx, r); err != nil {
+	if err := p.runHandler(ctx, tx.Tx, r, false); err != nil {
 		return p.classifyHandler(ctx, err)
 	}
 	res, err := tx.ExecContext(ctx, p.q.complete, r.id, token)
-	if errors.Is(err, sql.ErrTxDone) && ctx.Err() == nil {
-		// The handler committed or rolled back the transaction itself. If it committed, its
-		// effects are in without the row being DONE, and running it again would repeat them:
-		// park the row for a person to look at.
-		return outcomeFailed, oncetype.Permanent(fmt.Errorf("inbox: the handler ended the processing transaction itself (never Commit or Rollback the transaction from the context): %w", err))
+	if ended := p.endedAt(ctx, r, err); ended != nil {
+		return outcomeFailed, ended // the handler ended the transaction and returned no error
 	}
 	if err != nil {
 		return p.classifyHandler(ctx, fmt.Errorf("inbox: mark done: %w", err))
@@ -319,6 +325,12 @@ func (p *Processor) attemptOne(w *worker, r claimedRow, token int64) (outcome, e
 	if n, _ := res.RowsAffected(); n == 0 {
 		tx.spans.end("lease lost: rolled back")
 		return outcomeConflict, nil
+	}
+	if err := p.guard.Close(ctx, tx.Tx); err != nil {
+		if ended := p.endedAt(ctx, r, err); ended != nil {
+			return outcomeFailed, ended
+		}
+		return p.classifyHandler(ctx, fmt.Errorf("inbox: %w", err))
 	}
 	if err := tx.commit(); err != nil {
 		// The handler ran, so the attempt counts (a message whose effects kill the backend at
@@ -331,8 +343,11 @@ func (p *Processor) attemptOne(w *worker, r claimedRow, token int64) (outcome, e
 }
 
 // runHandler builds the message of r, runs the handler with tx in its context and stores the
-// messages it returns in the outbox within tx.
-func (p *Processor) runHandler(ctx context.Context, tx *sql.Tx, r claimedRow) (err error) {
+// messages it returns in the outbox within tx. It checks whether the handler ended tx after a
+// failure, and after every handler when tx holds other rows too (shared): a neighbour must not
+// take the blame. Alone, a handler that returned no error and ended tx is found out by the next
+// statement (the output store here, the caller's completion or guard Close).
+func (p *Processor) runHandler(ctx context.Context, tx *sql.Tx, r claimedRow, shared bool) (err error) {
 	msg := message.NewMessage(r.uuid, r.payload)
 	if err := json.Unmarshal([]byte(r.metadata), &msg.Metadata); err != nil {
 		return oncetype.Permanent(fmt.Errorf("inbox: row %d: metadata is not a JSON object of strings: %w", r.id, err))
@@ -351,6 +366,11 @@ func (p *Processor) runHandler(ctx context.Context, tx *sql.Tx, r claimedRow) (e
 	hctx = oncetype.ContextWithClaim(hctx, p.config.Consumer, r.messageID)
 	msg.SetContext(hctx)
 	out, err := p.callTraced(msg)
+	if err != nil || shared {
+		if ended := p.checkHandler(ctx, tx, r, err); ended != nil {
+			return ended
+		}
+	}
 	if err != nil {
 		if errors.Is(err, outbox.ErrInvalidMessage) && !oncetype.IsPermanent(err) {
 			return oncetype.Permanent(err) // published a message the outbox can never store
@@ -365,6 +385,9 @@ func (p *Processor) runHandler(ctx context.Context, tx *sql.Tx, r claimedRow) (e
 		return oncetype.Permanent(fmt.Errorf("inbox: %w: ProcessorConfig.OutputTopic is empty: set it, or publish through outbox.Writer.Publisher() with the message context", oncetype.ErrOutputWithoutTopic))
 	}
 	if err := p.outbox.PublishTx(hctx, tx, p.config.OutputTopic, out...); err != nil {
+		if ended := p.endedAt(ctx, r, err); ended != nil {
+			return ended
+		}
 		err = fmt.Errorf("inbox: store handler output: %w", err)
 		if errors.Is(err, outbox.ErrInvalidMessage) {
 			return oncetype.Permanent(err) // every retry would return the same output
@@ -377,6 +400,8 @@ func (p *Processor) runHandler(ctx context.Context, tx *sql.Tx, r claimedRow) (e
 // classifyHandler decides what a failure inside the processing transaction means.
 func (p *Processor) classifyHandler(ctx context.Context, err error) (outcome, error) {
 	switch {
+	case isEnded(err):
+		return outcomeFailed, err // permanent: the row is parked
 	case p.handlerCtx().Err() != nil:
 		return outcomeRelease, fmt.Errorf("shutdown: %w", err)
 	case pgtx.IsRetryableTx(err):
@@ -467,10 +492,13 @@ func errorText(err error) string {
 }
 
 // processBatch runs several rows in one transaction and completes them with one statement.
-// Any failure rolls everything back and falls back to one transaction per row.
+// Any failure rolls everything back and falls back to one transaction per row. A row whose
+// handler ended the transaction is parked at once, and the others run again one per
+// transaction: the attempt guard refused any COMMIT the handler sent, so their first run left
+// nothing behind.
 func (p *Processor) processBatch(w *worker, rows []claimedRow, token int64) {
-	res, lost, err := p.attemptBatch(w, rows, token)
-	switch res {
+	b := p.attemptBatch(w, rows, token)
+	switch b.res {
 	case outcomeDone:
 		p.processed.Add(uint64(len(rows)))
 		w.settle(ids(rows)...)
@@ -486,55 +514,75 @@ func (p *Processor) processBatch(w *worker, rows []claimedRow, token int64) {
 		// The handlers ran but the commit failed: every row's attempt counts (fenced: rows the
 		// commit did complete are left alone).
 		for _, r := range rows {
-			p.recordFailure(r, token, err)
+			p.recordFailure(r, token, b.err)
 			w.settle(r.id)
 		}
 		return
 	}
+	if b.endedBy != nil {
+		p.recordFailure(*b.endedBy, token, b.err)
+		w.settle(b.endedBy.id)
+	}
 	for _, r := range rows {
-		if lost[r.id] {
+		switch {
+		case b.endedBy != nil && r.id == b.endedBy.id:
+		case b.lost[r.id]:
 			p.conflicts.Add(1)
 			p.logger.Info("Lease lost before completion: rolled back, another worker owns the row", watermill.LogFields{"row": r.id})
 			w.settle(r.id)
-			continue
+		default:
+			p.processOne(w, r, token)
 		}
-		p.processOne(w, r, token)
 	}
 }
 
-// attemptBatch returns outcomeDone, outcomeRelease (begin failed or shutdown: give the rows
-// back), outcomeCounted (commit failed after the handlers ran) or outcomeFailed (fall back to
-// one row per transaction, skipping the lost rows).
-func (p *Processor) attemptBatch(w *worker, rows []claimedRow, token int64) (res outcome, lost map[int64]bool, err error) {
+// batchResult is how a batch's transaction ended: outcomeDone, outcomeRelease (begin failed or
+// shutdown: give the rows back), outcomeCounted (commit failed after the handlers ran; err says
+// why) or outcomeFailed (fall back to one row per transaction, skipping the lost rows and
+// parking endedBy with err).
+type batchResult struct {
+	res     outcome
+	lost    map[int64]bool
+	endedBy *claimedRow // the row whose handler ended the transaction, if one did
+	err     error
+}
+
+func (p *Processor) attemptBatch(w *worker, rows []claimedRow, token int64) batchResult {
 	ctx, tx, err := p.beginAttempt(w)
 	defer tx.end()
 	if err != nil {
 		p.logger.Error("Batch begin failed; giving its rows back", err, watermill.LogFields{"rows": len(rows)})
-		return outcomeRelease, nil, nil
+		return batchResult{res: outcomeRelease}
 	}
 	for _, r := range rows {
-		if err := p.runHandler(ctx, tx.Tx, r); err != nil {
+		if err := p.runHandler(ctx, tx.Tx, r, true); err != nil {
+			if isEnded(err) {
+				return batchResult{res: outcomeFailed, endedBy: &r, err: err}
+			}
 			if p.handlerCtx().Err() != nil {
-				return outcomeRelease, nil, nil
+				return batchResult{res: outcomeRelease}
 			}
 			p.logger.Debug("Handler failed in a batch; processing the batch row by row", watermill.LogFields{"row": r.id, "err": err.Error()})
-			return outcomeFailed, nil, nil
+			return batchResult{res: outcomeFailed}
 		}
 	}
 	done, err := tx.ExecContext(ctx, p.q.completeMany, ids(rows), token)
 	if err != nil {
-		return outcomeFailed, nil, nil
+		return batchResult{res: outcomeFailed}
 	}
 	if n, _ := done.RowsAffected(); int(n) != len(rows) {
 		_ = tx.Rollback()
-		return outcomeFailed, p.lostRows(rows, token), nil
+		return batchResult{res: outcomeFailed, lost: p.lostRows(rows, token)}
+	}
+	if err := p.guard.Close(ctx, tx.Tx); err != nil {
+		return batchResult{res: outcomeFailed}
 	}
 	if err := tx.commit(); err != nil {
 		p.logger.Error("Batch commit failed; counting an attempt for each of its rows", err, watermill.LogFields{"rows": len(rows)})
-		return outcomeCounted, nil, fmt.Errorf("inbox: batch commit: %w", err)
+		return batchResult{res: outcomeCounted, err: fmt.Errorf("inbox: batch commit: %w", err)}
 	}
 	tx.spans.end("")
-	return outcomeDone, nil, nil
+	return batchResult{res: outcomeDone}
 }
 
 // lostRows returns the rows of a batch whose claim is no longer ours.

@@ -12,6 +12,7 @@ import (
 	"github.com/wmonce/watermill-once/idemkey"
 	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/internal/tracing"
+	"github.com/wmonce/watermill-once/internal/txguard"
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -181,7 +182,9 @@ func (s *Store) Record(msg *message.Message, d Draft) (Recorded, error) {
 }
 
 // RecordTx records d in tx. Recording the same (channel, consumer, event id, step) again is a
-// no-op that reports Created=false.
+// no-op that reports Created=false. In a *sql.Tx that user code has already ended (Commit or
+// Rollback on the handler's transaction) it fails with a permanent error wrapping
+// oncetype.ErrHandlerEndedTx.
 func (s *Store) RecordTx(ctx context.Context, tx Execer, d Draft) (Recorded, error) {
 	if pgtx.IsNil(tx) { // also a nil *sql.Tx from pgtx.TxFromContext outside a transaction
 		return Recorded{}, fmt.Errorf("intent: %w: tx is nil (outside a transaction, pgtx.TxFromContext returns a nil *sql.Tx)", pgtx.ErrNoTransaction)
@@ -205,6 +208,11 @@ func (s *Store) RecordTx(ctx context.Context, tx Execer, d Draft) (Recorded, err
 	if err != nil {
 		if pgtx.IsUndefinedTable(err) {
 			return Recorded{}, fmt.Errorf("intent: table %s is missing: run the migrations: %w", s.table, err)
+		}
+		if errors.Is(err, sql.ErrTxDone) && ctx.Err() == nil {
+			// The handler committed or rolled back its transaction before recording: the
+			// intent cannot join it. Permanent: running the handler again would do the same.
+			err = txguard.Ended(err)
 		}
 		return Recorded{}, fmt.Errorf("intent: record %s/%s: %w", d.Channel, key, err)
 	}

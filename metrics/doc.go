@@ -60,6 +60,7 @@
 //	wmonce_inbox_leases_expired_total{consumer}        counter  expired leases taken back
 //	wmonce_inbox_released_total{consumer}              counter  rows given back unprocessed
 //	wmonce_inbox_processor_errors_total{consumer}      counter  database errors outside handlers
+//	wmonce_inbox_handler_ended_tx_total{consumer}      counter  attempts whose handler ended its transaction (nothing applied, row parked)
 //
 // From the database at scrape time (needs Sources.DB):
 //
@@ -68,7 +69,8 @@
 //	wmonce_inbox_oldest_pending_age_seconds{consumer}  gauge    age of the oldest PENDING row (alert on it)
 //	wmonce_outbox_backlog{relay}                       gauge    rows committed after the relay's position
 //	wmonce_outbox_lag_seconds{relay}                   gauge    age of the oldest row not yet published
-//	wmonce_outbox_rejected                             gauge    rows in outbox_rejected
+//	wmonce_outbox_rejected                             gauge    rows in outbox_rejected (undecodable, or refused by the broker for good)
+//	wmonce_outbox_held_rows{relay,topic}               gauge    rows held because publishing to topic fails (a series per held topic: alert on it)
 //	wmonce_intent_rows{channel,status}                 gauge    unfinished intents, status=pending | sending | failed | skipped (needs Senders)
 //	wmonce_intent_retrying_rows{channel}               gauge    pending intents a sender took before (waiting out a backoff)
 //	wmonce_intent_oldest_age_seconds{channel,status}   gauge    age since recorded of the oldest intent, status=pending | sending
@@ -81,6 +83,7 @@
 //	wmonce_relay_forwarded_total{relay}                counter  messages published
 //	wmonce_relay_failures_total{relay}                 counter  failed publish or database attempts (retried)
 //	wmonce_relay_rejected_total{relay}                 counter  rows set aside in outbox_rejected
+//	wmonce_relay_held_total{relay}                     counter  rows copied into outbox_held (their topic was failing)
 //	wmonce_relay_fenced_total{relay}                   counter  position updates refused (another instance moved it)
 //	wmonce_relay_rechecks_total{relay}                 counter  short re-reads for transactions in progress when the relay asked to be notified
 //	wmonce_relay_leader{relay}                         gauge    1 while this process leads the relay
@@ -111,14 +114,20 @@
 //	wmonce_http_idempotency_requests_total{result}     counter  result=stored | duplicate (replayed) | conflict (409) |
 //	                                                            fingerprint_mismatch (422) | refused (400, 413) |
 //	                                                            failed (handler 5xx, rolled back, not stored) |
-//	                                                            error (500: lookup, store or commit failed) | keyless
+//	                                                            error (500: lookup, store or commit failed, or the
+//	                                                            handler ended the transaction) | keyless
+//	wmonce_http_idempotency_handler_ended_tx_total     counter  requests whose handler ended the request's transaction
+//	                                                            (500, nothing applied, key not stored; also in result=error)
 //
 // Counters.Replayed is result=duplicate, Counters.NotStored is result=failed (the handler failed, as
 // outcome=failed of the middleware) and Counters.Failed is result=error (the middleware's own
 // database failure). A keyless request (AllowMissingKey) whose commit then fails counts in both
 // keyless and error.
 //
-// Alerts worth having: wmonce_inbox_rows{status="failed"} > 0, a growing
+// Alerts worth having: wmonce_inbox_rows{status="failed"} > 0,
+// increase(wmonce_inbox_handler_ended_tx_total) > 0 and
+// increase(wmonce_http_idempotency_handler_ended_tx_total) > 0 (a handler commits or rolls back
+// the transaction it was lent: a bug to fix, its messages are parked or its requests fail), a growing
 // wmonce_inbox_oldest_pending_age_seconds or wmonce_outbox_lag_seconds,
 // increase(wmonce_handler_outcomes_total{outcome="too_old"}) > 0,
 // increase(wmonce_fingerprint_mismatches_total) > 0, wmonce_retention_warnings > 0,

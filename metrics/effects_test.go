@@ -176,7 +176,8 @@ func TestIntentSenderMetrics(t *testing.T) {
 
 // idemServer serves POST /payments through an Idempotency-Key middleware. The body decides
 // what the handler does: "boom" answers 500, "big" answers more than the middleware stores,
-// "hold" waits for release; anything else inserts a payment.
+// "hold" waits for release, "commits" commits the request's transaction itself after inserting;
+// anything else inserts a payment.
 type idemServer struct {
 	mw               *httpidem.Middleware
 	url              string
@@ -209,6 +210,9 @@ func newIdemServer(t *testing.T, db *sql.DB, schema string, cfg httpidem.Config)
 		if _, err := tx.ExecContext(r.Context(), `INSERT INTO `+payments+` (body) VALUES ($1)`, string(body)); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
+		}
+		if string(body) == "commits" {
+			_ = tx.Commit()
 		}
 		w.WriteHeader(http.StatusCreated)
 	})
@@ -269,6 +273,7 @@ func TestHTTPIdempotencyMetrics(t *testing.T) {
 	require.Equal(t, http.StatusInternalServerError, strict.post(t, "k-3", "big"))
 	require.Equal(t, http.StatusCreated, optional.post(t, "", "c"))
 	require.Equal(t, http.StatusCreated, optional.post(t, "k-4", "d"))
+	require.Equal(t, http.StatusInternalServerError, strict.post(t, "k-6", "commits"))
 
 	// 409 while the key's first request is still running.
 	type answer struct {
@@ -285,11 +290,13 @@ func TestHTTPIdempotencyMetrics(t *testing.T) {
 	require.Equal(t, http.StatusCreated, first.status)
 
 	for result, want := range map[string]float64{
-		"stored": 3, "duplicate": 1, "fingerprint_mismatch": 1, "refused": 1, "failed": 2, "error": 1,
+		"stored": 3, "duplicate": 1, "fingerprint_mismatch": 1, "refused": 1, "failed": 2, "error": 2,
 		"keyless": 1, "conflict": 1,
 	} {
 		require.Equal(t, want, requests(result), result)
 	}
+
+	require.Equal(t, 1.0, get("wmonce_http_idempotency_handler_ended_tx_total"))
 
 	// Stored keys: k-1, k-4, k-5. Exact before the table has statistics, then the estimate.
 	require.Equal(t, 3.0, get("wmonce_http_idempotency_keys"))

@@ -124,7 +124,7 @@ func desc(name, help string, labels ...string) *prometheus.Desc {
 var (
 	descClaims       = desc("wmonce_claims_total", "Messages the effectively-once middleware claimed: result=fresh (applied and committed) or duplicate (key already claimed, skipped and acked).", "consumer", "sender", "result")
 	descMismatches   = desc("wmonce_fingerprint_mismatches_total", "Duplicates whose payload differed from the applied copy's: two different events share one id.", "consumer", "sender")
-	descOutcomes     = desc("wmonce_handler_outcomes_total", "Outcomes of messages at the effectively-once middleware: applied (committed), failed (rolled back, redelivered), refused (unusable key or metadata), too_old (refused by the age guard).", "consumer", "outcome")
+	descOutcomes     = desc("wmonce_handler_outcomes_total", "Outcomes of messages at the effectively-once middleware: applied (committed), failed (rolled back, redelivered), refused (unusable key or metadata), too_old (refused by the age guard), handler_ended_tx (the handler committed or rolled back the transaction it was lent: nothing applied, a permanent failure).", "consumer", "outcome")
 	descTxRetries    = desc("wmonce_tx_retries_total", "Middleware transactions run again after a serialization failure or deadlock.", "consumer")
 	descGroupTx      = desc("wmonce_group_commit_transactions_total", "Group-commit transactions committed.")
 	descGroupMsgs    = desc("wmonce_group_commit_messages_total", "Messages applied in group-commit transactions (divided by transactions: the average group size).")
@@ -138,15 +138,18 @@ var (
 	descLeaseExp     = desc("wmonce_inbox_leases_expired_total", "Expired inbox leases taken back by processors.", "consumer")
 	descReleased     = desc("wmonce_inbox_released_total", "Inbox rows given back unprocessed (shutdown, database trouble).", "consumer")
 	descInboxErrors  = desc("wmonce_inbox_processor_errors_total", "Database errors of inbox processors outside handlers (claim, commit, renewal, reaping).", "consumer")
+	descInboxEndedTx = desc("wmonce_inbox_handler_ended_tx_total", "Inbox attempts whose handler called Commit or Rollback on the processing transaction it was lent: nothing of them was applied, and each parked its row (also counted in wmonce_inbox_failed_attempts_total).", "consumer")
 	descInboxRows    = desc("wmonce_inbox_rows", "Unfinished inbox rows by status (pending, in_progress, failed), read from the database.", "consumer", "status")
 	descRetrying     = desc("wmonce_inbox_retrying_rows", "Pending inbox rows that failed before and wait for another attempt (part of status=pending).", "consumer")
 	descOldestAge    = desc("wmonce_inbox_oldest_pending_age_seconds", "Age of the oldest PENDING inbox row by the database clock; 0 when none. Alert when it grows.", "consumer")
 	descBacklog      = desc("wmonce_outbox_backlog", "Outbox rows committed after the relay's position: waiting to be published.", "relay")
 	descLag          = desc("wmonce_outbox_lag_seconds", "Age of the oldest outbox row the relay has not published yet; 0 when caught up.", "relay")
-	descRejected     = desc("wmonce_outbox_rejected", "Rows in outbox_rejected: outbox rows the relay could not decode and set aside.")
+	descRejected     = desc("wmonce_outbox_rejected", "Rows in outbox_rejected: outbox rows a relay could not decode, or the broker refused for good, set aside.")
+	descHeldRows     = desc("wmonce_outbox_held_rows", "Rows a relay holds in outbox_held because publishing to their topic fails (the other topics go on); a series per held topic.", "relay", "topic")
 	descForwarded    = desc("wmonce_relay_forwarded_total", "Messages published by the outbox relay.", "relay")
 	descRelayFail    = desc("wmonce_relay_failures_total", "Failed publish or database attempts of the relay (each retried).", "relay")
-	descRelayRej     = desc("wmonce_relay_rejected_total", "Outbox rows this relay set aside in outbox_rejected.", "relay")
+	descRelayRej     = desc("wmonce_relay_rejected_total", "Outbox rows this relay set aside in outbox_rejected: undecodable, or refused by the broker for good.", "relay")
+	descRelayHeld    = desc("wmonce_relay_held_total", "Outbox rows this relay copied into outbox_held because their topic was failing.", "relay")
 	descRelayFenced  = desc("wmonce_relay_fenced_total", "Relay position updates refused because another instance moved the position.", "relay")
 	descRelayRecheck = desc("wmonce_relay_rechecks_total", "Short re-reads of an idle relay for transactions in progress when it asked to be notified.", "relay")
 	descRelayLeader  = desc("wmonce_relay_leader", "1 while this process holds the relay's leadership.", "relay")
@@ -170,7 +173,8 @@ var (
 	descIntentRows       = desc("wmonce_intent_rows", "Unfinished intents by status (pending, sending, failed, skipped), read from the database.", "channel", "status")
 	descIntentRetrying   = desc("wmonce_intent_retrying_rows", "Pending intents a sender took before, waiting out a backoff (part of status=pending).", "channel")
 	descIntentOldestAge  = desc("wmonce_intent_oldest_age_seconds", "Age since it was recorded of the oldest intent in status pending or sending, by the database clock; 0 when none. Alert when it grows.", "channel", "status")
-	descHTTPRequests     = desc("wmonce_http_idempotency_requests_total", "Requests at the Idempotency-Key middleware: result=stored (ran, response stored with its effects), duplicate (retry answered from the stored response), conflict (409: the key's first request still running), fingerprint_mismatch (422: key reused for a different request), refused (400 or 413: missing or invalid key, unscoped, body too large), failed (handler answered 5xx: rolled back, not stored), error (500: the middleware could not look up, store or commit), keyless (run without a key under AllowMissingKey; counted in error as well if that then fails).", "result")
+	descHTTPRequests     = desc("wmonce_http_idempotency_requests_total", "Requests at the Idempotency-Key middleware: result=stored (ran, response stored with its effects), duplicate (retry answered from the stored response), conflict (409: the key's first request still running), fingerprint_mismatch (422: key reused for a different request), refused (400 or 413: missing or invalid key, unscoped, body too large), failed (handler answered 5xx: rolled back, not stored), error (500: the middleware could not look up, store or commit, or the handler ended the request's transaction), keyless (run without a key under AllowMissingKey; counted in error as well if that then fails).", "result")
+	descHTTPEndedTx      = desc("wmonce_http_idempotency_handler_ended_tx_total", "Requests at the Idempotency-Key middleware whose handler called Commit or Rollback on the request's transaction: nothing of them was applied, no key was stored, and they were answered 500 (also counted in wmonce_http_idempotency_requests_total as result=error).")
 	descHTTPKeys         = desc("wmonce_http_idempotency_keys", "Stored responses in http_idempotency_keys, live and expired: the planner's estimate (exact while the table has no statistics).")
 	descHTTPOldestKey    = desc("wmonce_http_idempotency_oldest_key_age_seconds", "Age of the oldest stored response by the database clock; 0 when none. Well above the middleware's Retention: expired keys are not being deleted.")
 )
@@ -178,12 +182,12 @@ var (
 var allDescs = []*prometheus.Desc{
 	descClaims, descMismatches, descOutcomes, descTxRetries, descGroupTx, descGroupMsgs,
 	descReceived, descRecvBatches, descInboxClaimed, descInboxDone, descInboxFailed, descInboxParked,
-	descLeaseConfl, descLeaseExp, descReleased, descInboxErrors, descInboxRows, descRetrying, descOldestAge,
-	descBacklog, descLag, descRejected, descForwarded, descRelayFail, descRelayRej, descRelayFenced, descRelayRecheck, descRelayLeader,
+	descLeaseConfl, descLeaseExp, descReleased, descInboxErrors, descInboxEndedTx, descInboxRows, descRetrying, descOldestAge,
+	descBacklog, descLag, descRejected, descHeldRows, descForwarded, descRelayFail, descRelayRej, descRelayHeld, descRelayFenced, descRelayRecheck, descRelayLeader,
 	descJanDeleted, descJanDropped, descJanRounds, descJanLeader, descJanLast, descJanWarnings, descScrapeErrors,
 	descIntentSent, descIntentRetries, descIntentUnknown, descIntentParked, descIntentLeasesExp, descIntentReconciled,
 	descIntentLeaseConfl, descIntentReleased, descIntentErrors, descIntentRows, descIntentRetrying, descIntentOldestAge,
-	descHTTPRequests, descHTTPKeys, descHTTPOldestKey,
+	descHTTPRequests, descHTTPEndedTx, descHTTPKeys, descHTTPOldestKey,
 }
 
 type collector struct {
@@ -252,6 +256,7 @@ func (c *collector) collectMiddlewares(s *series) {
 			s.add(descOutcomes, prometheus.CounterValue, float64(n.Failed), k.Consumer, "failed")
 			s.add(descOutcomes, prometheus.CounterValue, float64(n.Refused), k.Consumer, "refused")
 			s.add(descOutcomes, prometheus.CounterValue, float64(n.TooOld), k.Consumer, "too_old")
+			s.add(descOutcomes, prometheus.CounterValue, float64(n.HandlerEndedTx), k.Consumer, "handler_ended_tx")
 			s.add(descTxRetries, prometheus.CounterValue, float64(n.TxRetries), k.Consumer)
 		}
 		tx, msgs := mw.GroupCommitCounters()
@@ -302,6 +307,7 @@ func (c *collector) collectInboxComponents(s *series) {
 		s.add(descLeaseExp, prometheus.CounterValue, float64(n.LeasesExpired), consumer)
 		s.add(descReleased, prometheus.CounterValue, float64(n.Released), consumer)
 		s.add(descInboxErrors, prometheus.CounterValue, float64(n.Errors), consumer)
+		s.add(descInboxEndedTx, prometheus.CounterValue, float64(n.HandlerEndedTx), consumer)
 	}
 }
 
@@ -318,6 +324,7 @@ func (c *collector) collectRelays(s *series) {
 		s.add(descForwarded, prometheus.CounterValue, float64(st.Forwarded), name)
 		s.add(descRelayFail, prometheus.CounterValue, float64(st.Failures), name)
 		s.add(descRelayRej, prometheus.CounterValue, float64(st.Rejected), name)
+		s.add(descRelayHeld, prometheus.CounterValue, float64(st.Held), name)
 		s.add(descRelayFenced, prometheus.CounterValue, float64(st.Fenced), name)
 		s.add(descRelayRecheck, prometheus.CounterValue, float64(st.Rechecks), name)
 		s.max(descRelayLeader, prometheus.GaugeValue, boolValue(st.IsLeader), name)
@@ -407,6 +414,9 @@ func (c *collector) collectOutbox(ctx context.Context, s *series) {
 	for _, r := range relays {
 		s.add(descBacklog, prometheus.GaugeValue, float64(r.Backlog), r.Name)
 		s.add(descLag, prometheus.GaugeValue, r.Lag.Seconds(), r.Name)
+		for _, h := range r.Held {
+			s.add(descHeldRows, prometheus.GaugeValue, float64(h.Rows), r.Name, h.Topic)
+		}
 	}
 	s.add(descRejected, prometheus.GaugeValue, float64(rejected))
 }
@@ -449,6 +459,7 @@ func (c *collector) collectHTTPIdempotency(s *series) {
 		s.add(descHTTPRequests, prometheus.CounterValue, float64(st.NotStored), "failed")
 		s.add(descHTTPRequests, prometheus.CounterValue, float64(st.Failed), "error")
 		s.add(descHTTPRequests, prometheus.CounterValue, float64(st.Keyless), "keyless")
+		s.add(descHTTPEndedTx, prometheus.CounterValue, float64(st.HandlerEndedTx))
 	}
 }
 

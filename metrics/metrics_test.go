@@ -120,6 +120,10 @@ func TestMetricsOfRealComponents(t *testing.T) {
 		if string(msg.Payload) == "fail" {
 			return nil, errors.New("handler failed")
 		}
+		if string(msg.Payload) == "ends its tx" {
+			tx, _ := pgtx.TxFromContext(msg.Context())
+			_ = tx.Commit() // refused by the attempt guard: nothing applied
+		}
 		return nil, nil
 	})
 	for _, m := range []*message.Message{
@@ -129,28 +133,33 @@ func TestMetricsOfRealComponents(t *testing.T) {
 		occurred("p-2", "shop", "fail", now),
 		occurred("", "shop", "no key", now),
 		occurred("p-3", "shop", "late", now.Add(-48*time.Hour)),
+		occurred("p-4", "shop", "ends its tx", now),
 	} {
 		_, _ = h(m)
 	}
 
-	// Inbox: a receiver and processor for "orders" (one message poisoned), a receiver for
-	// "backlog" with no processor.
+	// Inbox: a receiver and processor for "orders" (one message poisoned, one whose handler
+	// commits the transaction it was lent), a receiver for "backlog" with no processor.
 	orders, err := inbox.NewReceiver(db, inbox.ReceiverConfig{Schema: schema, Consumer: "orders"}, logger())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = orders.Close() })
-	for _, uuid := range []string{"o-1", "o-2", "o-2", "o-poison"} {
+	for _, uuid := range []string{"o-1", "o-2", "o-2", "o-poison", "o-commits"} {
 		require.NoError(t, orders.Handle(message.NewMessage(uuid, []byte(uuid))))
 	}
 	proc, err := inbox.NewProcessor(db, func(msg *message.Message) ([]*message.Message, error) {
-		if msg.UUID == "o-poison" {
+		switch msg.UUID {
+		case "o-poison":
 			return nil, oncetype.Permanent(errors.New("poison"))
+		case "o-commits":
+			tx, _ := pgtx.TxFromContext(msg.Context())
+			return nil, tx.Commit()
 		}
 		return nil, nil
 	}, inbox.ProcessorConfig{Schema: schema, Consumer: "orders", Workers: 1, PollInterval: 10 * time.Millisecond}, logger())
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- proc.Run(ctx) }()
-	testwait.Until(t, "two rows processed and one parked", func() bool { c := proc.Counters(); return c.Processed == 2 && c.Parked == 1 })
+	testwait.Until(t, "two rows processed and two parked", func() bool { c := proc.Counters(); return c.Processed == 2 && c.Parked == 2 })
 	require.NoError(t, proc.Close())
 	require.NoError(t, <-done)
 	backlog, err := inbox.NewReceiver(db, inbox.ReceiverConfig{Schema: schema, Consumer: "backlog"}, logger())
@@ -209,7 +218,7 @@ wmonce_claims_total{consumer="payments",result="fresh",sender="shop"} 1
 	}
 	require.Equal(t, 1.0, value(t, reg, "wmonce_fingerprint_mismatches_total", m("consumer", "payments", "sender", "redrive")))
 	require.Equal(t, 0.0, value(t, reg, "wmonce_fingerprint_mismatches_total", m("consumer", "payments", "sender", "shop")))
-	for outcome, want := range map[string]float64{"applied": 1, "failed": 1, "refused": 1, "too_old": 1} {
+	for outcome, want := range map[string]float64{"applied": 1, "failed": 1, "refused": 1, "too_old": 1, "handler_ended_tx": 1} {
 		require.Equal(t, want, value(t, reg, "wmonce_handler_outcomes_total", m("consumer", "payments", "outcome", outcome)), outcome)
 	}
 	require.Equal(t, 0.0, value(t, reg, "wmonce_tx_retries_total", m("consumer", "payments")))
@@ -220,19 +229,20 @@ wmonce_claims_total{consumer="payments",result="fresh",sender="shop"} 1
 		return value(t, reg, "wmonce_inbox_received_total", m("consumer", label(r), "result", result))
 	}
 	if label(orders) == label(backlog) {
-		require.Equal(t, 5.0, recv(orders, "stored"))
+		require.Equal(t, 6.0, recv(orders, "stored"))
 	} else {
-		require.Equal(t, 3.0, recv(orders, "stored"))
+		require.Equal(t, 4.0, recv(orders, "stored"))
 		require.Equal(t, 2.0, recv(backlog, "stored"))
 	}
 	require.Equal(t, 1.0, recv(orders, "duplicate"))
 	require.Equal(t, 2.0, value(t, reg, "wmonce_inbox_processed_total", m("consumer", label(proc))))
-	require.Equal(t, 1.0, value(t, reg, "wmonce_inbox_parked_total", m("consumer", label(proc))))
-	require.Equal(t, 1.0, value(t, reg, "wmonce_inbox_failed_attempts_total", m("consumer", label(proc))))
+	require.Equal(t, 2.0, value(t, reg, "wmonce_inbox_parked_total", m("consumer", label(proc))))
+	require.Equal(t, 2.0, value(t, reg, "wmonce_inbox_failed_attempts_total", m("consumer", label(proc))))
+	require.Equal(t, 1.0, value(t, reg, "wmonce_inbox_handler_ended_tx_total", m("consumer", label(proc))))
 	require.Equal(t, 0.0, value(t, reg, "wmonce_inbox_lease_conflicts_total", m("consumer", label(proc))))
 
 	// Inbox rows from the database, per consumer and status.
-	require.Equal(t, 1.0, value(t, reg, "wmonce_inbox_rows", m("consumer", "orders", "status", "failed")))
+	require.Equal(t, 2.0, value(t, reg, "wmonce_inbox_rows", m("consumer", "orders", "status", "failed")))
 	require.Equal(t, 0.0, value(t, reg, "wmonce_inbox_rows", m("consumer", "orders", "status", "pending")))
 	require.Equal(t, 2.0, value(t, reg, "wmonce_inbox_rows", m("consumer", "backlog", "status", "pending")))
 	require.Equal(t, 0.0, value(t, reg, "wmonce_inbox_rows", m("consumer", "backlog", "status", "in_progress")))

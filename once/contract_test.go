@@ -13,6 +13,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	wsql4 "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/stretchr/testify/require"
@@ -35,6 +36,8 @@ type txPath struct {
 	config func(*once.Config)
 	// subscriberTx delivers every message inside a real watermill-sql subscriber transaction.
 	subscriberTx bool
+	// sql is the watermill-sql major version of that subscriber: 3 (default) or 4.
+	sql int
 }
 
 var txPaths = []txPath{
@@ -42,7 +45,8 @@ var txPaths = []txPath{
 	{name: "group-commit", config: func(c *once.Config) {
 		c.GroupCommit = once.GroupCommitConfig{Enabled: true, Workers: 2, TxBatchSize: 50, MaxWait: 2 * time.Millisecond}
 	}},
-	{name: "subscriber-tx", config: func(*once.Config) {}, subscriberTx: true},
+	{name: "subscriber-tx", config: func(*once.Config) {}, subscriberTx: true, sql: 3},
+	{name: "subscriber-tx-v4", config: func(*once.Config) {}, subscriberTx: true, sql: 4},
 }
 
 // TestContract runs the middleware's contract on every transaction path.
@@ -135,7 +139,7 @@ func (e *pathEnv) deliver(h message.HandlerFunc, uuid, payload string) error {
 // publishCarrier publishes a carrier message to a topic of its own and returns the topic.
 func (e *pathEnv) publishCarrier() (string, error) {
 	topic := fmt.Sprintf("d_%d", e.seq.Add(1))
-	pub, err := newSQLPublisher(e.subDB, e.schema)
+	pub, err := newSQLPublisher(e.path.sql, e.subDB, e.schema)
 	if err != nil {
 		return "", err
 	}
@@ -152,47 +156,89 @@ func (e *pathEnv) publishCarrier() (string, error) {
 // doomed the transaction), the carrier is delivered again in a new transaction, as the
 // subscriber would.
 func (e *pathEnv) inSubscriberTx(topic string, h message.HandlerFunc, msg *message.Message) error {
-	for range 5 {
-		sub, err := newSQLSubscriber(e.subDB, e.schema, "suite")
-		if err != nil {
-			return err
-		}
-		ch, err := sub.Subscribe(context.Background(), topic)
-		if err != nil {
-			return err
-		}
-		var carrier *message.Message
+	sub, err := newSQLSubscriber(e.path.sql, e.subDB, e.schema, "suite")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = sub.Close() }() // waits for the subscriber's transaction to end
+	ch, err := sub.Subscribe(context.Background(), topic)
+	if err != nil {
+		return err
+	}
+	receive := func() (*message.Message, error) {
 		select {
-		case carrier = <-ch:
+		case c := <-ch:
+			return c, nil
 		case <-time.After(testwait.Timeout):
-			_ = sub.Close()
-			return errors.New("the subscriber delivered no carrier")
+			return nil, errors.New("the subscriber delivered no carrier")
 		}
-		if _, ok := pgtx.SubscriberTxFromContext(carrier.Context()); !ok {
-			_ = sub.Close()
+	}
+	carrier, err := receive()
+	if err != nil {
+		return err
+	}
+	for i := range 5 {
+		if i > 0 {
+			// The subscriber delivers a new message in each transaction, and the router acks or
+			// nacks it: the middleware may look at how an earlier copy ended.
+			msg = msg.Copy()
+		}
+		if !hasSubscriberTx(e.path.sql, carrier.Context()) {
 			return errors.New("the carrier came without the subscriber's transaction")
 		}
 		msg.SetContext(carrier.Context())
-		_, herr := h(msg)
-		if herr != nil {
+		if _, herr := h(msg); herr != nil {
+			msg.Nack()
 			carrier.Nack()
-		} else {
-			carrier.Ack()
-		}
-		_ = sub.Close() // waits for the subscriber's commit
-		if herr != nil {
 			return herr
 		}
-		var acked int
-		if err := e.subDB.QueryRow(`SELECT count(*) FROM ` + pgtx.QualifiedName(e.schema, "watermill_offsets_"+topic) +
-			` WHERE consumer_group = 'suite' AND offset_acked > 0`).Scan(&acked); err != nil {
+		msg.Ack()
+		carrier.Ack()
+		// Either the subscriber commits the offset, or its commit fails and it delivers the
+		// carrier again, in a new transaction.
+		next, err := e.committedOrRedelivered(ch, topic)
+		if err != nil || next == nil {
 			return err
 		}
-		if acked > 0 {
-			return nil
-		}
+		carrier = next
 	}
 	return errors.New("the subscriber's transaction never committed")
+}
+
+// hasSubscriberTx reports whether ctx holds the transaction of a watermill-sql subscriber of
+// major version v, as that version itself reads it.
+func hasSubscriberTx(v int, ctx context.Context) bool {
+	if v == 4 {
+		_, ok := wsql4.TxFromContext(ctx)
+		return ok
+	}
+	_, ok := wsql.TxFromContext(ctx)
+	return ok
+}
+
+// committedOrRedelivered waits until the subscriber has committed topic's offset (nil) or has
+// delivered the carrier again (the redelivery).
+func (e *pathEnv) committedOrRedelivered(ch <-chan *message.Message, topic string) (*message.Message, error) {
+	tick := time.NewTicker(testwait.Interval)
+	defer tick.Stop()
+	deadline := time.After(testwait.Timeout)
+	for {
+		select {
+		case c := <-ch:
+			return c, nil
+		case <-tick.C:
+			var acked int
+			if err := e.subDB.QueryRow(`SELECT count(*) FROM ` + pgtx.QualifiedName(e.schema, "watermill_offsets_"+topic) +
+				` WHERE consumer_group = 'suite' AND offset_acked > 0`).Scan(&acked); err != nil {
+				return nil, err
+			}
+			if acked > 0 {
+				return nil, nil
+			}
+		case <-deadline:
+			return nil, errors.New("the subscriber neither committed nor delivered the carrier again")
+		}
+	}
 }
 
 func sqlAdapters(schema string) (wsql.DefaultPostgreSQLSchema, wsql.DefaultPostgreSQLOffsetsAdapter) {
@@ -206,12 +252,41 @@ func sqlAdapters(schema string) (wsql.DefaultPostgreSQLSchema, wsql.DefaultPostg
 		}
 }
 
-func newSQLPublisher(db *sql.DB, schema string) (*wsql.Publisher, error) {
+// sqlAdaptersV4 are sqlAdapters for watermill-sql v4: the same tables.
+func sqlAdaptersV4(schema string) (wsql4.DefaultPostgreSQLSchema, wsql4.DefaultPostgreSQLOffsetsAdapter) {
+	return wsql4.DefaultPostgreSQLSchema{
+			GenerateMessagesTableName: func(topic string) string { return pgtx.QualifiedName(schema, "watermill_"+topic) },
+			SubscribeBatchSize:        1,
+		}, wsql4.DefaultPostgreSQLOffsetsAdapter{
+			GenerateMessagesOffsetsTableName: func(topic string) string {
+				return pgtx.QualifiedName(schema, "watermill_offsets_"+topic)
+			},
+		}
+}
+
+// newSQLPublisher returns a watermill-sql publisher of major version v (3 or 4) on db.
+func newSQLPublisher(v int, db *sql.DB, schema string) (message.Publisher, error) {
+	if v == 4 {
+		s, _ := sqlAdaptersV4(schema)
+		return wsql4.NewPublisher(wsql4.BeginnerFromStdSQL(db), wsql4.PublisherConfig{SchemaAdapter: s, AutoInitializeSchema: true}, watermill.NopLogger{})
+	}
 	s, _ := sqlAdapters(schema)
 	return wsql.NewPublisher(db, wsql.PublisherConfig{SchemaAdapter: s, AutoInitializeSchema: true}, watermill.NopLogger{})
 }
 
-func newSQLSubscriber(db *sql.DB, schema, group string) (*wsql.Subscriber, error) {
+// newSQLSubscriber returns a watermill-sql subscriber of major version v (3 or 4) on db.
+func newSQLSubscriber(v int, db *sql.DB, schema, group string) (message.Subscriber, error) {
+	if v == 4 {
+		s, o := sqlAdaptersV4(schema)
+		return wsql4.NewSubscriber(wsql4.BeginnerFromStdSQL(db), wsql4.SubscriberConfig{
+			ConsumerGroup:    group,
+			SchemaAdapter:    s,
+			OffsetsAdapter:   o,
+			InitializeSchema: true,
+			PollInterval:     10 * time.Millisecond,
+			ResendInterval:   10 * time.Millisecond,
+		}, watermill.NopLogger{})
+	}
 	s, o := sqlAdapters(schema)
 	return wsql.NewSubscriber(db, wsql.SubscriberConfig{
 		ConsumerGroup:    group,
@@ -596,6 +671,18 @@ func onceContract(t *testing.T, p txPath) {
 		require.Equal(t, 2, e.effects(t))
 	})
 
+	t.Run("occurred_at is read only when the age guard or day partitions need it", func(t *testing.T) {
+		t.Parallel()
+		e := newPathEnv(t, p, once.Config{Consumer: "c"})
+		// A foreign producer's time in another format: nothing here needs it, so it is no reason
+		// to refuse the message (the inbox Receiver follows the same rule).
+		m := message.NewMessage("e-1", []byte("p"))
+		m.Metadata.Set(outbox.MetadataOccurredAt, "Tue, 01 Dec 2026 10:00:00 GMT")
+		require.NoError(t, e.send(e.mw.Middleware(e.effect), m))
+		require.Equal(t, 1, e.effects(t))
+		require.Zero(t, e.mw.Counters("c").Refused)
+	})
+
 	t.Run("counts per sender", func(t *testing.T) {
 		t.Parallel()
 		e := newPathEnv(t, p, once.Config{Consumer: "c", SenderMetadataKey: "sender"})
@@ -705,4 +792,8 @@ func onceContract(t *testing.T, p txPath) {
 		require.Equal(t, uint64(1), e.mw.Counters("c").TxRetries)
 	})
 
+	t.Run("a handler that ends its transaction applies nothing and is parked", func(t *testing.T) {
+		t.Parallel()
+		handlerEndsTxContract(t, p)
+	})
 }

@@ -20,8 +20,12 @@ type Counters struct {
 	// watermill-sql's subscriber path messages handed back for redelivery in a new transaction
 	// after a serialization failure (see the package doc).
 	TxRetries uint64
-	Refused   uint64 // messages refused for an unusable key or malformed metadata
+	Refused   uint64 // messages refused: an unusable key, malformed metadata, or a subscriber transaction the middleware cannot join (pgtx.ErrUnsupportedSubscriberTx)
 	TooOld    uint64 // copies refused by the age guard (older than MaxMessageAge)
+	// HandlerEndedTx counts deliveries whose handler called Commit or Rollback on the
+	// transaction it was lent: nothing of them was applied, and each is a permanent failure
+	// (oncetype.ErrHandlerEndedTx). Not counted in Failed.
+	HandlerEndedTx uint64
 }
 
 func (c Counters) add(o Counters) Counters {
@@ -33,6 +37,7 @@ func (c Counters) add(o Counters) Counters {
 		TxRetries:             c.TxRetries + o.TxRetries,
 		Refused:               c.Refused + o.Refused,
 		TooOld:                c.TooOld + o.TooOld,
+		HandlerEndedTx:        c.HandlerEndedTx + o.HandlerEndedTx,
 	}
 }
 
@@ -44,7 +49,7 @@ type CounterKey struct {
 }
 
 type counters struct {
-	fresh, duplicates, mismatches, failed, txRetries, refused, tooOld atomic.Uint64
+	fresh, duplicates, mismatches, failed, txRetries, refused, tooOld, endedTx atomic.Uint64
 }
 
 // maxSenders bounds the sender label per consumer: metadata is producer-controlled, and an
@@ -118,5 +123,6 @@ func (c *counters) snapshot() Counters {
 		TxRetries:             c.txRetries.Load(),
 		Refused:               c.refused.Load(),
 		TooOld:                c.tooOld.Load(),
+		HandlerEndedTx:        c.endedTx.Load(),
 	}
 }

@@ -7,7 +7,8 @@
 //
 //  1. claim the message's key for the consumer: INSERT INTO processed_messages ... ON CONFLICT
 //     DO NOTHING. No row inserted means a copy was already applied: the transaction ends, the
-//     message is acked, the duplicate is logged at info and counted;
+//     message is acked, the duplicate is counted and logged (summarised at info level, see
+//     DuplicateLogInterval);
 //  2. run the handler with the transaction in the message context (pgtx.TxFromContext);
 //  3. store every message the handler returns (and every message it publishes through
 //     outbox.Writer.Publisher) in the outbox table;
@@ -37,10 +38,15 @@
 //
 // # Messages from watermill-sql's subscriber
 //
-// watermill-sql's subscriber delivers each message inside its own REPEATABLE READ transaction
-// and commits it, with the consumer offset, when the message is acked. When the middleware
-// finds that transaction in the message context, it works inside it (unless
-// Config.DisableSubscriberTxReuse is set): offset, claim and effects become one commit. Each
+// watermill-sql's subscriber (version 3, or version 4 over database/sql) delivers each message
+// inside its own REPEATABLE READ transaction and commits it, with the consumer offset, when the
+// message is acked. When the middleware finds that transaction in the message context, it works
+// inside it (unless Config.DisableSubscriberTxReuse is set): offset, claim and effects become
+// one commit, whichever of pgtx.TxFromContext and watermill-sql's own sql.TxFromContext the
+// handler writes through. Version 4's pgx adapter (sql.BeginnerFromPgx) delivers in a pgx.Tx that
+// no *sql.Tx can join: such messages are refused (pgtx.ErrUnsupportedSubscriberTx, counted in
+// Counters.Refused, nacked, never applied) unless DisableSubscriberTxReuse says the handler
+// writes only through pgtx.TxFromContext. Each
 // attempt runs in a SAVEPOINT that is rolled back on failure, because the subscriber re-delivers
 // a nacked message in the same transaction without rolling back. An attempt guard makes the
 // subscriber's COMMIT fail if it commits while an attempt is still running, which it does when
@@ -75,6 +81,24 @@
 // compared with the applied copy's). If that claim cannot be read (an SSI failure under
 // SERIALIZABLE proves nothing; the pool may have no connection to spare), the transaction is
 // given up as for a handler's serialization failure above, and the message redelivered.
+//
+// # A handler that ends its transaction
+//
+// The transaction belongs to the middleware: a handler must not call Commit or Rollback on it.
+// Repository code that does is stopped by the attempt guard (migrations 010 and 011): from the
+// claim until the middleware's own COMMIT, the server refuses any other COMMIT of the
+// transaction, so it is rolled back whole and nothing of it is applied, neither the claim nor an
+// effect nor an output. The middleware notices (database/sql marks the transaction done) and
+// fails that delivery alone with the permanent oncetype.ErrHandlerEndedTx, logged at error level
+// and counted in Counters.HandlerEndedTx: the Stack parks it with a reason saying the handler
+// ended the transaction. In a group, the handler that did it is found right after it returns
+// and the rest of the group runs again without it. On watermill-sql's subscriber path the
+// subscriber's transaction is gone with it, so the parked message is delivered once more in a new
+// transaction; that copy is acked without running the handler (the middleware remembers the
+// parked copy; after a restart it may be parked a second time, never applied). Transaction
+// control sent as SQL text (tx.Exec("COMMIT")) is refused or rolls back on the server just the
+// same, but database/sql does not see it, and later statements would run outside any
+// transaction: never send it.
 //
 // # When the router closes
 //

@@ -21,6 +21,7 @@ import (
 
 	"github.com/wmonce/watermill-once/internal/partition"
 	"github.com/wmonce/watermill-once/internal/tracing"
+	"github.com/wmonce/watermill-once/internal/txguard"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -71,7 +72,10 @@ type Config struct {
 
 	// OccurredAt returns when the event occurred, as carried by the message. Default: the
 	// "occurred_at" metadata (RFC 3339) that the outbox stamps. ok=false means the message
-	// carries no time; a malformed value is an error and the message is refused.
+	// carries no time. It is called only when MaxMessageAge or PartitionByDay needs the time
+	// (the inbox Receiver's rule too); then a malformed value is an error and the message is
+	// refused (permanent, wrapping oncetype.ErrMalformedMetadata). Otherwise the metadata is not
+	// read at all, whatever its format.
 	OccurredAt func(msg *message.Message) (t time.Time, ok bool, err error)
 
 	// MaxMessageAge is the age guard: a copy whose key is not (or no longer) claimed and whose
@@ -173,9 +177,12 @@ type Middleware struct {
 	tracer trace.Tracer
 
 	q     claimQueries
+	guard txguard.Guard
 	group *groupCommitter
+	ended endedSubscriberTxs // subscriber transactions that a handler ended (see subscriber_ended.go)
 
-	counts sync.Map // CounterKey -> *counters
+	counts  sync.Map // CounterKey -> *counters
+	dupLogs sync.Map // consumer -> *duplicateLog
 }
 
 // claimQueries are the statements on the claims table: processed_messages, or
@@ -193,17 +200,18 @@ type claimQueries struct {
 func newClaimQueries(schema string, daily bool) claimQueries {
 	t := pgtx.QualifiedName(schema, "processed_messages")
 	cols, arrays, dayCond := "consumer, message_id, payload_sha256", "$1::text[], $2::text[], $3::bytea[]", ""
-	values, typed := "$1, $2, $3", "$1::text, $2::text, $3::bytea"
+	typed := "$1::text, $2::text, $3::bytea"
 	if daily {
 		t = pgtx.QualifiedName(schema, partition.Parent)
 		cols, arrays, dayCond = cols+", occurred_on", arrays+", $4::date[]", " AND occurred_on = $3"
-		values, typed = values+", $4", typed+", $4::date"
+		typed += ", $4::date"
 	}
 	// The attempt state of migration 010 (see spBegin): a transaction-local setting per schema.
-	state := "wmonce." + pgtx.QuoteIdentifier("attempt_"+schema)
+	state := txguard.StateSetting(schema)
 	return claimQueries{
-		daily:  daily,
-		claim:  `INSERT INTO ` + t + ` (` + cols + `) VALUES (` + values + `) ON CONFLICT DO NOTHING`,
+		daily: daily,
+		// The own-transaction claim opens the attempt guard as it goes (see internal/txguard).
+		claim:  `INSERT INTO ` + t + ` (` + cols + `) SELECT ` + typed + ` WHERE ` + txguard.Condition(schema) + ` ON CONFLICT DO NOTHING`,
 		lookup: `SELECT payload_sha256, processed_at FROM ` + t + ` WHERE consumer = $1 AND message_id = $2` + dayCond,
 		claimMany: `INSERT INTO ` + t + ` (` + cols + `)
 SELECT * FROM unnest(` + arrays + `)
@@ -212,7 +220,7 @@ ON CONFLICT DO NOTHING RETURNING consumer, message_id`,
 FROM unnest($1::text[], $2::text[]) AS k(consumer, message_id)
 JOIN ` + t + ` p USING (consumer, message_id)`,
 		savepointClaim: spBegin + `;
-INSERT INTO ` + t + ` (` + cols + `) SELECT ` + typed + ` WHERE ` + pgtx.QualifiedName(schema, "attempt_begin") + `() ON CONFLICT DO NOTHING`,
+INSERT INTO ` + t + ` (` + cols + `) SELECT ` + typed + ` WHERE ` + txguard.Condition(schema) + ` ON CONFLICT DO NOTHING`,
 		savepointRelease: fmt.Sprintf(spRelease, state),
 		doom:             fmt.Sprintf(spDoom, pgtx.QualifiedName(schema, "attempt_doom")),
 	}
@@ -236,6 +244,7 @@ func New(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Middleware
 		logger: logger,
 		tracer: tracing.Tracer(config.TracerProvider),
 		q:      newClaimQueries(config.Schema, config.PartitionByDay),
+		guard:  txguard.New(config.Schema),
 	}
 	if config.GroupCommit.Enabled {
 		e.group = newGroupCommitter(e, config.GroupCommit)
@@ -265,6 +274,10 @@ type delivery struct {
 	occurredAt    time.Time
 	hasOccurredAt bool
 
+	// sharedTx: the transaction holds other messages' work too (a group, or watermill-sql's
+	// subscriber transaction), so whether the handler ended it is checked right after it.
+	sharedTx bool
+
 	copies []*queued // group commit: later copies of this key in the same group
 
 	span trace.Span // the delivery's consumer span (see tracing.go)
@@ -286,7 +299,15 @@ func (e *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, err
 		}
 		d.traced(span)
+		if !e.config.DisableSubscriberTxReuse {
+			if err := pgtx.UnsupportedSubscriberTx(ctx); err != nil {
+				d.counters.refused.Add(1)
+				e.logger.Error("Message refused: not applied, not acked", err, d.fields)
+				return nil, err
+			}
+		}
 		if tx, ok := pgtx.SubscriberTxFromContext(ctx); ok && !e.config.DisableSubscriberTxReuse {
+			d.sharedTx = true
 			return nil, e.runInSubscriberTx(ctx, h, d, tx)
 		}
 		if e.group != nil {
@@ -327,7 +348,14 @@ func (e *Middleware) newDelivery(msg *message.Message) (*delivery, error) {
 	if err != nil {
 		return refuse(oncetype.Permanent(fmt.Errorf("%w for message %q (consumer %q): %w", oncetype.ErrInvalidKey, msg.UUID, consumer, err)))
 	}
-	occurredAt, hasOccurredAt, err := e.config.OccurredAt(msg)
+	// The event time is read only when something needs it (the age guard, day partitions), the
+	// inbox's rule too: a producer whose occurred_at is in another format is not refused for it
+	// unless a feature that depends on it is on.
+	var occurredAt time.Time
+	var hasOccurredAt bool
+	if e.config.MaxMessageAge > 0 || e.config.PartitionByDay {
+		occurredAt, hasOccurredAt, err = e.config.OccurredAt(msg)
+	}
 	if err != nil {
 		return refuse(oncetype.Permanent(fmt.Errorf("%w: message %q (consumer %q): %w", oncetype.ErrMalformedMetadata, msg.UUID, consumer, err)))
 	}
@@ -385,11 +413,19 @@ func (e *Middleware) attemptOwnTx(ctx context.Context, h message.HandlerFunc, d 
 		}
 	}()
 
+	// The claim opens the attempt guard (internal/txguard): from here until Close, a COMMIT
+	// the handler sends is refused by the server.
 	fresh, err := e.claim(ctx, tx, d)
 	if err != nil || !fresh {
 		return err // a duplicate wrote nothing; the deferred rollback ends the transaction
 	}
 	if err := e.apply(ctx, h, d, tx); err != nil {
+		return err
+	}
+	if err := e.guard.Close(ctx, tx); err != nil {
+		if isEnded(err) {
+			return e.handlerEndedTx(d, err, nil)
+		}
 		return err
 	}
 	done = true
@@ -435,11 +471,18 @@ const (
 // one round trip besides the handler's (savepoint, guard and claim together; the release travels
 // with the next statement), plus one to compare the payload of a duplicate.
 func (e *Middleware) runInSubscriberTx(ctx context.Context, h message.HandlerFunc, d *delivery, tx *sql.Tx) error {
+	if e.ended.settledEarlier(d) {
+		e.logger.Info("Redelivery of a message whose handler ended the subscriber's transaction and that was parked: acked without running", d.fields)
+		return nil
+	}
 	args := []any{pgx.QueryExecModeSimpleProtocol, d.consumer, d.key, d.fingerprint}
 	if e.q.daily {
 		args = append(args, partition.Day(d.occurredAt).Format(time.DateOnly))
 	}
 	res, err := tx.ExecContext(ctx, e.q.savepointClaim, args...)
+	if errors.Is(err, sql.ErrTxDone) {
+		return e.subscriberTxEnded(ctx, d, tx, err)
+	}
 	if code := pgtx.SQLState(err); code == codeAttemptRefused || code == pgtx.CodeInFailedTransaction {
 		// An earlier attempt doomed this transaction (see abandonSnapshot): nothing in it
 		// can commit, and the subscriber delivers this message again in a new one. Leave
@@ -453,6 +496,12 @@ func (e *Middleware) runInSubscriberTx(ctx context.Context, h message.HandlerFun
 		return nil
 	}
 	rollback := func(cause error) error {
+		if isEnded(cause) {
+			// The handler ended the subscriber's transaction: nothing is left to roll back, and
+			// its redelivery in a new transaction must not run it again (subscriber_ended.go).
+			e.ended.ended(tx, d)
+			return cause
+		}
 		if _, err := tx.ExecContext(context.WithoutCancel(ctx), spRollback); err != nil {
 			return errors.Join(cause, fmt.Errorf("once: rollback to savepoint: %w", err))
 		}
@@ -571,8 +620,8 @@ func (e *Middleware) claimOutcome(ctx context.Context, tx *sql.Tx, d *delivery, 
 		lookupArgs = append(lookupArgs, partition.Day(d.occurredAt))
 	}
 	if err != nil {
-		if pgtx.IsUndefinedTable(err) || pgtx.IsUndefinedFunction(err) {
-			return false, fmt.Errorf("once: a table or function of schema %q is missing (processed_messages, attempt_guard, attempt_begin): run the migrations: %w", e.config.Schema, err)
+		if txguard.IsMissing(err) {
+			return false, fmt.Errorf("once: a table or function of schema %q is missing (processed_messages, attempt_guard, attempt_begin, attempt_open): run the migrations: %w", e.config.Schema, err)
 		}
 		if e.q.daily && pgtx.SQLState(err) == pgtx.CodeCheckViolation {
 			return false, &missingPartitionError{days: []time.Time{partition.Day(d.occurredAt)}, err: err}
@@ -601,7 +650,7 @@ func (e *Middleware) claimOutcome(ctx context.Context, tx *sql.Tx, d *delivery, 
 // returns a permanent error only for a mismatch under RejectFingerprintMismatch.
 func (e *Middleware) reportDuplicate(d *delivery, stored []byte, processedAt time.Time) error {
 	if bytes.Equal(stored, d.fingerprint) {
-		e.logger.Info("Duplicate skipped: already applied", d.fields.Add(watermill.LogFields{"processed_at": processedAt}))
+		e.logDuplicate(d, "Duplicate skipped: already applied", d.fields.Add(watermill.LogFields{"processed_at": processedAt}))
 		return nil
 	}
 	d.countMismatch()
@@ -618,6 +667,14 @@ func (e *Middleware) apply(ctx context.Context, h message.HandlerFunc, d *delive
 	hctx := oncetype.ContextWithClaim(outbox.ContextWithConsumed(pgtx.ContextWithTx(ctx, tx), d.msg), d.consumer, d.key)
 	d.msg.SetContext(hctx)
 	out, err := e.callTraced(h, d)
+	// Did the handler end the transaction? Checked after every handler of a group (a neighbour
+	// must not take the blame) and in the subscriber's transaction; in a transaction of our own,
+	// after a failure only: on success the outbox store or the guard's Close tells.
+	if err != nil || d.sharedTx {
+		if ended := e.guard.Check(ctx, tx); isEnded(ended) {
+			return e.handlerEndedTx(d, ended, err)
+		}
+	}
 	if err != nil {
 		d.counters.failed.Add(1)
 		if errors.Is(err, outbox.ErrInvalidMessage) && !oncetype.IsPermanent(err) {
@@ -635,6 +692,9 @@ func (e *Middleware) apply(ctx context.Context, h message.HandlerFunc, d *delive
 		return oncetype.Permanent(fmt.Errorf("once: %w: add the handler with router.AddHandler(..., publishTopic, ...) or set Config.OutputTopic", oncetype.ErrOutputWithoutTopic))
 	}
 	if err := e.outbox.PublishTx(hctx, tx, d.outputTopic, out...); err != nil {
+		if errors.Is(err, sql.ErrTxDone) && ctx.Err() == nil {
+			return e.handlerEndedTx(d, txguard.Ended(err), nil)
+		}
 		d.counters.failed.Add(1)
 		err = fmt.Errorf("once: store handler output: %w", err)
 		if errors.Is(err, outbox.ErrInvalidMessage) {
@@ -643,6 +703,17 @@ func (e *Middleware) apply(ctx context.Context, h message.HandlerFunc, d *delive
 		return err
 	}
 	return nil
+}
+
+// handlerEndedTx reports a delivery whose handler ended the transaction it was lent (ended,
+// from txguard) and returns the permanent error, with the handler's own error if it returned one.
+func (e *Middleware) handlerEndedTx(d *delivery, ended, handlerErr error) error {
+	d.counters.endedTx.Add(1)
+	if handlerErr != nil {
+		ended = fmt.Errorf("%w (the handler returned: %v)", ended, handlerErr)
+	}
+	e.logger.Error("The handler ended the transaction it was given (Commit or Rollback): nothing of it was applied; the message is a permanent failure", ended, d.fields)
+	return ended
 }
 
 var errShutdownGrace = errors.New("once: router closed and ShutdownGrace elapsed")

@@ -110,6 +110,9 @@ type groupCommitter struct {
 	queue  []*queued // waiting for a lane
 	closed bool
 	wg     sync.WaitGroup // lane goroutines
+
+	// onQueued, set by tests only, is told the queue length each time a delivery waits.
+	onQueued func(waiting int)
 }
 
 func newGroupCommitter(e *Middleware, config GroupCommitConfig) *groupCommitter {
@@ -151,6 +154,9 @@ func (g *groupCommitter) submit(origCtx context.Context, h message.HandlerFunc, 
 	defer release()
 	q := &queued{d: d, h: h, ctx: ctx, done: make(chan error, 1)}
 	g.queue = append(g.queue, q)
+	if g.onQueued != nil {
+		g.onQueued(len(g.queue))
+	}
 	startLane := g.free > 0
 	if startLane {
 		g.free--
@@ -297,6 +303,9 @@ func (g *groupCommitter) attempt(pending []*queued) ([]*queued, error) {
 			_ = tx.Rollback()
 		}
 	}()
+	if err := e.guard.Open(ctx, tx); err != nil {
+		return pending, fmt.Errorf("once: %w", err)
+	}
 
 	fresh, dups, err := g.claimAll(ctx, tx, pending)
 	if err != nil {
@@ -313,15 +322,22 @@ func (g *groupCommitter) attempt(pending []*queued) ([]*queued, error) {
 		}
 	}
 	for _, q := range fresh {
+		q.d.sharedTx = true
 		if err := e.apply(q.ctx, q.h, q.d, tx); err != nil {
 			if pgtx.IsRetryableTx(err) && !oncetype.IsPermanent(err) {
 				// The transaction lost a race (serialization failure, deadlock) in a handler: run
 				// it again whole, this message included, as TxRetry promises on every path.
 				return fresh, err
 			}
+			// Its own failure, or it ended the transaction (Commit or Rollback, refused by the
+			// attempt guard, so nothing of the group committed): either way the others
+			// run again without it.
 			g.settle(q, err)
 			return without(fresh, q), nil
 		}
+	}
+	if err := e.guard.Close(ctx, tx); err != nil {
+		return fresh, err
 	}
 	committed = true
 	err = tx.Commit()
@@ -358,7 +374,7 @@ func (g *groupCommitter) settle(q *queued, err error) {
 	for _, c := range q.d.copies {
 		if err == nil {
 			c.d.countDuplicate()
-			g.e.logger.Info("Duplicate skipped: a copy arrived in the same group", c.d.fields)
+			g.e.logDuplicate(c.d, "Duplicate skipped: a copy arrived in the same group", c.d.fields)
 		}
 		c.answer(err)
 	}

@@ -71,3 +71,11 @@ var ErrMalformedMetadata = errors.New("oncetype: malformed message metadata")
 // ErrTooOld is wrapped by the age guards' refusals (Config.MaxMessageAge of the middleware and
 // of the inbox Receiver). Permanent.
 var ErrTooOld = errors.New("oncetype: message older than MaxMessageAge")
+
+// ErrHandlerEndedTx is wrapped, as a permanent error, when user code (a handler, an HTTP
+// handler, a versioned apply function) called Commit or Rollback on the transaction the
+// library lent it. The library's attempt guard refuses such a COMMIT on the server, so the
+// transaction is rolled back and nothing of it is applied: no claim, no effect, no output. The
+// message is a permanent failure of its own (parked, or answered with an error), never acked as
+// applied; running it again would end the transaction again.
+var ErrHandlerEndedTx = errors.New("oncetype: the handler ended the transaction it was given (Commit or Rollback on the transaction from the context); nothing of it was applied")

@@ -69,13 +69,54 @@
 // commit). If the outbox's sequence is given a CACHE above 1, offsets stop following insertion
 // order across sessions; keep the default.
 //
+// # When the broker refuses
+//
+// The relay tells two kinds of publish failure apart (RelayConfig.IsPermanent; a cancelled
+// context, a timeout and a lost connection are always transient):
+//
+//   - Transient (a topic that does not exist, a partition without a leader, a broker that does
+//     not answer): the topic is held. Its rows are copied into outbox_held, in the relay's
+//     order, and the relay's position moves on, so the rows of every other topic keep flowing;
+//     every later row of the held topic is copied behind them. The held rows are published
+//     from there, oldest first, with backoff (Backoff doubling up to MaxBackoff); when none is
+//     left the topic is released and its rows are published directly again. So a failing topic
+//     delays its own rows only, and keeps their order; the order between topics is not kept
+//     while one is held (per-key order is the promise, and a key lives in one topic). Each hold
+//     is logged at error level with the topic (and each failed retry of it), counted
+//     (RelayCounters.Held, HeldTopics) and listed by Status (RelayStatus.Held), whose backlog
+//     and lag include the held rows. A relay that takes over holds what its predecessor held.
+//   - For good (an invalid topic name, a record too large, a metadata key the broker reserves):
+//     the refused message alone is copied into outbox_rejected with the publisher's error,
+//     logged at error level and counted (RelayCounters.Rejected), and the relay goes on. When a
+//     call of several messages is refused for good, the relay publishes them again one at a
+//     time to find which. A later row with the same ordering key goes on: the rejected row
+//     cannot be delivered as it is, and waiting for it would stop its key for good. Fix the
+//     cause, then RepublishRejected (wmonce outbox republish, or the admin page) stores the row
+//     again at the end of the outbox, behind the rows of its key that went on meanwhile.
+//
+// A row that cannot be decoded (not an envelope: written by something other than the Writer)
+// is rejected the same way.
+//
+// # Sources
+//
+// Services that share one database may share one schema: each stamps its rows with its name
+// (Config.Source) and runs relays with the same RelayConfig.Source, which forward its rows only
+// and pass over the others'. Without a Source, rows and relays have the source "" (every row
+// written before migration 012 has it), so a single service needs nothing. A relay Name belongs
+// to one source: two sources' relays with one name refuse to run (ErrRelaySource) rather than
+// share a position. Prune deletes a row once the relays of its source have passed it, so a
+// source with no relay keeps its rows, and each relay that passes over such rows logs an error
+// naming the source. Give the middleware and the inbox processor the service's Writer
+// (their Config.Outbox): a Writer they build themselves stores rows without a source.
+//
 // # Operations
 //
-// This package owns outbox, outbox_offsets and outbox_rejected; retention, admin, metrics and
-// the CLI go through these functions rather than holding SQL on them: Status (each relay's
-// backlog and lag, and the rejected rows), Prune (delete old rows every relay has published),
-// ForgetRelay (remove a retired relay's position, refused while it runs) and ListRejected (the
-// rows a relay set aside).
+// This package owns outbox, outbox_offsets, outbox_held and outbox_rejected; retention, admin,
+// metrics and the CLI go through these functions rather than holding SQL on them: Status (each
+// relay's backlog, lag and held topics, and the rejected rows), Prune (delete old rows the
+// relays of their source have published), ForgetRelay (remove a retired relay's position and
+// held rows, refused while it runs; RelayActive tells whether it runs), ListRejected (the rows a
+// relay set aside) and RepublishRejected (store them again).
 //
 // # Waking up
 //
@@ -116,8 +157,8 @@
 // propagation.TraceContext, which Watermill tracing decorators that propagate over metadata
 // read). Without a span in the caller's context nothing is stamped and no span started. The
 // Relay (RelayConfig.TracerProvider) publishes each stamped message under an "outbox relay
-// publish" span (kind producer), the child of and linked to the producing span, covering the
-// publish retries (an event each) and set in the message's context for a tracing publisher
+// publish" span (kind producer), the child of and linked to the producing span, one per
+// publish attempt (a failed attempt ends its span with the error) and set in the message's context for a tracing publisher
 // decorator; the message's metadata keeps the producer's context, so the consumer's span
 // continues that trace. Where it stops: the relay's reads and position updates are not
 // traced, and messages stored without trace context are relayed untraced.

@@ -4,7 +4,7 @@ package outbox
 // baseline of BenchmarkWriterNotify.
 func WriterWithoutNotify(w *Writer) *Writer {
 	c := *w
-	c.insertOne, c.insertMny = insertSQL(c.table, "")
+	c.insertOne, c.insertMny = insertSQL(c.table, c.config.Source != "", "")
 	c.channel = ""
 	return &c
 }
@@ -13,7 +13,7 @@ func WriterWithoutNotify(w *Writer) *Writer {
 // or not: what the Writer did before it asked whether a relay waits.
 func WriterAlwaysNotify(w *Writer) *Writer {
 	c := *w
-	c.insertOne, c.insertMny = insertSQL(c.table, "true")
+	c.insertOne, c.insertMny = insertSQL(c.table, c.config.Source != "", "true")
 	return &c
 }
 

@@ -37,20 +37,60 @@ func checkSchema(op string, db *sql.DB, schema *string) error {
 // ErrRelayActive is returned by ForgetRelay for a relay that is forwarding right now.
 var ErrRelayActive = errors.New("outbox: the relay is running: stop every instance of it first")
 
-// ForgetRelay deletes the position of a retired relay from outbox_offsets and reports whether
-// it existed. Prune keeps every outbox row that some relay has not forwarded, so a relay name
-// that no longer runs holds back outbox retention for good until it is forgotten.
+// ForgetRelay deletes the position of a retired relay from outbox_offsets, with the rows it
+// held (outbox_held), and reports whether the position existed. Prune keeps every outbox row
+// that some relay has not forwarded, so a relay name that no longer runs holds back outbox
+// retention for good until it is forgotten. The rows it rejected stay in outbox_rejected.
 //
 // It refuses (ErrRelayActive) while an instance of that relay leads. Stop standby instances
 // too: a relay that starts after its position was forgotten begins again at the oldest row
 // still in the outbox and publishes those rows again (consumers deduplicate them, but the
 // burst is avoidable).
 func ForgetRelay(ctx context.Context, db *sql.DB, schema, name string) (bool, error) {
-	if err := checkSchema("forget relay", db, &schema); err != nil {
+	if err := checkRelayName("forget relay", db, &schema, name); err != nil {
 		return false, err
 	}
+	active, err := RelayActive(ctx, db, schema, name)
+	if err != nil {
+		return false, fmt.Errorf("outbox: forget relay: %w", err)
+	}
+	if active {
+		return false, fmt.Errorf("%w (relay %q)", ErrRelayActive, name)
+	}
+	var n int64
+	err = pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM `+pgtx.QualifiedName(schema, "outbox_held")+` WHERE relay = $1`, name); err != nil {
+			return err
+		}
+		res, err := tx.ExecContext(ctx, `DELETE FROM `+pgtx.QualifiedName(schema, "outbox_offsets")+` WHERE consumer_group = $1`, name)
+		if err != nil {
+			return err
+		}
+		n, _ = res.RowsAffected()
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("outbox: forget relay: %w", err)
+	}
+	return n > 0, nil
+}
+
+func checkRelayName(op string, db *sql.DB, schema *string, name string) error {
+	if err := checkSchema(op, db, schema); err != nil {
+		return err
+	}
 	if name == "" {
-		return false, errors.New("outbox: forget relay: name the relay (its RelayConfig.Name)")
+		return fmt.Errorf("outbox: %s: name the relay (its RelayConfig.Name)", op)
+	}
+	return nil
+}
+
+// RelayActive reports whether an instance of the relay named name leads in schema right now
+// (holds its leadership lock, on any connection to this database). Standby instances do not
+// count.
+func RelayActive(ctx context.Context, db *sql.DB, schema, name string) (bool, error) {
+	if err := checkRelayName("relay active", db, &schema, name); err != nil {
+		return false, err
 	}
 	// An advisory lock on a bigint key shows in pg_locks as classid (high 32 bits), objid
 	// (low 32 bits), objsubid 1.
@@ -59,27 +99,22 @@ func ForgetRelay(ctx context.Context, db *sql.DB, schema, name string) (bool, er
 	if err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted
     AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
     AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 1)`, classid, objid).Scan(&active); err != nil {
-		return false, fmt.Errorf("outbox: forget relay: %w", err)
+		return false, fmt.Errorf("outbox: relay active: %w", err)
 	}
-	if active {
-		return false, fmt.Errorf("%w (relay %q)", ErrRelayActive, name)
-	}
-	res, err := db.ExecContext(ctx, `DELETE FROM `+pgtx.QualifiedName(schema, "outbox_offsets")+` WHERE consumer_group = $1`, name)
-	if err != nil {
-		return false, fmt.Errorf("outbox: forget relay: %w", err)
-	}
-	n, _ := res.RowsAffected()
-	return n > 0, nil
+	return active, nil
 }
 
 // Prune deletes outbox rows older than keep that every relay named in outbox_offsets has
 // forwarded, in batches of at most batchSize rows (one short transaction each), and returns
 // how many it deleted, also when it stops on an error or a cancelled ctx.
 //
-// Guarantee: a row some relay has not published is never deleted, whatever its age, and a
-// relay that registers while Prune runs holds rows back too. With no relay registered at all
-// nothing is known to be forwarded, and nothing is deleted. Age is measured by the database
-// clock. A retired relay name holds every later row back until ForgetRelay removes it.
+// Guarantee: a row that a relay of its source has not published is never deleted, whatever
+// its age, and a relay that registers while Prune runs holds rows back too. A row is deleted
+// only once some relay of its source (RelayConfig.Source; a relay registered before migration
+// 012 counts for every source) is registered and every such relay has passed it: rows of a
+// source no relay forwards are kept, and so, with no relay registered at all, is everything.
+// Relays of other sources do not hold a row back. Age is measured by the database clock. A
+// retired relay name holds every later row of its source back until ForgetRelay removes it.
 func Prune(ctx context.Context, db *sql.DB, schema string, keep time.Duration, batchSize int) (int64, error) {
 	schema, err := pgtx.CheckPrune(db, schema, keep, batchSize)
 	if err != nil {
@@ -106,12 +141,14 @@ ORDER BY pg_snapshot_xmax(coalesce(target_snapshot, snapshot)) LIMIT 1`).Scan(&b
 	// call never walks the rows kept for keep. created_at is a timestamp without time zone
 	// written with the session's clock, hence localtimestamp. The relays are read again here,
 	// so one registered since the bound was read holds rows back too. ctid = ANY(ARRAY(...))
-	// deletes the batch by physical address (a TID scan).
+	// deletes the batch by physical address (a TID scan). A relay passes over the rows of
+	// other sources without publishing them: only the relays of a row's source count for it.
 	query := `DELETE FROM ` + ob + ` WHERE ctid = ANY(ARRAY(
     SELECT ctid FROM (
         SELECT t.ctid, t.created_at FROM ` + ob + ` t
         WHERE t.transaction_id < $1::xid8
-          AND NOT EXISTS (SELECT 1 FROM ` + offsets + ` o WHERE NOT (
+          AND EXISTS (SELECT 1 FROM ` + offsets + ` o WHERE o.source IS NULL OR o.source = t.source)
+          AND NOT EXISTS (SELECT 1 FROM ` + offsets + ` o WHERE (o.source IS NULL OR o.source = t.source) AND NOT (
                 pg_visible_in_snapshot(t.transaction_id, o.snapshot)
                 OR coalesce(pg_visible_in_snapshot(t.transaction_id, o.target_snapshot) AND t."offset" <= o.target_offset, false)))
         ORDER BY t.transaction_id, t."offset"
@@ -124,16 +161,20 @@ ORDER BY pg_snapshot_xmax(coalesce(target_snapshot, snapshot)) LIMIT 1`).Scan(&b
 	return n, nil
 }
 
-// RejectedRow is a row of outbox_rejected: an outbox row a relay could not decode (written by
-// something other than watermill-once) and set aside instead of forwarding. The relay rejects
-// a row the first time it fails to decode it, so there is no attempt count; LastError is the
-// decoding error. Payload and Metadata are the JSON the row held (the outbox columns are of
-// type json), as text; they are nil unless asked for.
+// RejectedRow is a row of outbox_rejected: an outbox row a relay set aside instead of
+// forwarding, because it could not decode it (written by something other than watermill-once;
+// Topic is then empty) or because the publisher refused it for good (RelayConfig.IsPermanent;
+// Topic is its destination). The relay rejects a row at the first such failure, so there is no
+// attempt count; LastError is the decoding error or the publisher's. Payload and Metadata are
+// the JSON the row held (the outbox columns are of type json), as text; they are nil unless
+// asked for. Source is the row's source (Config.Source).
 type RejectedRow struct {
 	Relay         string
 	Offset        int64
 	TransactionID string
 	UUID          string
+	Topic         string
+	Source        string
 	PayloadSize   int
 	Payload       *string
 	Metadata      json.RawMessage
@@ -188,7 +229,7 @@ func ListRejected(ctx context.Context, db *sql.DB, schema string, f RejectedFilt
 		where = strings.Join(conds, " AND ")
 	}
 	table := pgtx.QualifiedName(schema, "outbox_rejected")
-	cols := `relay, "offset", transaction_id::text, uuid, coalesce(octet_length(payload::text), 0), error, rejected_at`
+	cols := `relay, "offset", transaction_id::text, uuid, coalesce(topic, ''), source, coalesce(octet_length(payload::text), 0), error, rejected_at`
 	if withPayload {
 		cols += `, payload::text, metadata::text`
 	}
@@ -202,7 +243,7 @@ func ListRejected(ctx context.Context, db *sql.DB, schema string, f RejectedFilt
 	out := []RejectedRow{}
 	for rows.Next() {
 		var r RejectedRow
-		dest := []any{&r.Relay, &r.Offset, &r.TransactionID, &r.UUID, &r.PayloadSize, &r.LastError, &r.RejectedAt}
+		dest := []any{&r.Relay, &r.Offset, &r.TransactionID, &r.UUID, &r.Topic, &r.Source, &r.PayloadSize, &r.LastError, &r.RejectedAt}
 		var payload, metadata sql.NullString
 		if withPayload {
 			dest = append(dest, &payload, &metadata)
@@ -227,8 +268,8 @@ func ListRejected(ctx context.Context, db *sql.DB, schema string, f RejectedFilt
 // PruneRejected deletes the rows in outbox_rejected set aside longer than keep ago by the
 // database clock, in batches of at most batchSize rows, and returns how many it deleted, also
 // when it stops on an error or a cancelled ctx. A rejected row is the only copy of a message
-// the relay could not decode: prune only what operators have had time to look at (see
-// ListRejected). The retention janitor calls it when retention.Config.RejectedKeep is set.
+// the relay could not forward: prune only what operators have had time to look at (see
+// ListRejected) and republish (RepublishRejected). The retention janitor calls it when retention.Config.RejectedKeep is set.
 func PruneRejected(ctx context.Context, db *sql.DB, schema string, keep time.Duration, batchSize int) (int64, error) {
 	schema, err := pgtx.CheckPrune(db, schema, keep, batchSize)
 	if err != nil {

@@ -29,8 +29,17 @@ type RelayConfig struct {
 	Schema string
 	// Name identifies this relay's position in outbox_offsets (a consumer group). Relays with
 	// the same name share one position and elect one active instance; relays with different
-	// names each forward every row (e.g. one to Kafka, one to an audit sink). Default "relay".
+	// names each forward every row of their Source (e.g. one to Kafka, one to an audit sink).
+	// A name serves one Source: a relay whose Source differs from the one its name was
+	// registered with refuses to run (ErrRelaySource). Default "relay".
 	Name string
+	// Source selects the rows this relay forwards: those whose Writer had the same
+	// Config.Source. Rows of other sources are passed over (RelayCounters.OtherSource), left to
+	// the relays of their own source, so that services sharing one database and schema each
+	// forward their own messages only. Default "": rows written without a source (every row
+	// written before migration 012). Rows of a source no relay serves are kept by Prune, and
+	// every relay that passes over them logs that at error level.
+	Source string
 	// BatchSize is the most rows read and published per batch (a round of the relay's order,
 	// see the package doc, spans as many batches as it needs). Each batch also reads and
 	// writes the position (a commit of its own), so small batches cost throughput: measured
@@ -75,9 +84,22 @@ type RelayConfig struct {
 	// in order is published in order.
 	LaneKey func(topic string, msg *message.Message) string
 
+	// IsPermanent tells a publish error that refuses the messages for good (publishing the
+	// same message again cannot succeed: an invalid topic, a message too large, metadata the
+	// broker reserves) from a transient one. A message refused for good is set aside in
+	// outbox_rejected with the error, for an operator to republish (RepublishRejected), and
+	// the relay goes on with the rows behind it; when a call of several messages is refused
+	// for good, they are published again one by one to find which. Default
+	// oncetype.IsPermanent: the errors a publisher marked with oncetype.Permanent, as the
+	// broker package's publishers mark the refusals they recognise (for another publisher,
+	// pass broker.IsPermanentPublishError or your own). Whatever it says, a cancelled
+	// context, a timeout and a connection error are never permanent.
+	IsPermanent func(err error) bool
+
 	// TracerProvider traces publishing: each message that carries trace context (stamped by
 	// the Writer) is published under an "outbox relay publish" span (kind producer), a child
-	// of and linked to the producer's span, covering every retry, and set in the message's
+	// of and linked to the producer's span, one per publish attempt (a failed attempt ends
+	// its span with the error; a held row's next attempt starts another), and set in the message's
 	// context, so a tracing publisher decorator nests under it. The message's metadata keeps
 	// the producer's context, so the consumer continues that trace. Messages without trace
 	// context are published untraced. Default otel.GetTracerProvider().
@@ -126,6 +148,9 @@ func (c *RelayConfig) setDefaults() {
 	if c.LaneKey == nil {
 		c.LaneKey = defaultLaneKey
 	}
+	if c.IsPermanent == nil {
+		c.IsPermanent = oncetype.IsPermanent
+	}
 }
 
 // Validate reports a configuration that cannot work.
@@ -135,6 +160,9 @@ func (c RelayConfig) Validate() error {
 		errs = append(errs, err)
 	}
 	if err := oncetype.CheckName("relay Name", c.Name); err != nil {
+		errs = append(errs, err)
+	}
+	if err := checkSource(c.Source); err != nil {
 		errs = append(errs, err)
 	}
 	if c.BatchSize < 1 || c.BatchSize > 10000 {
@@ -154,8 +182,16 @@ type RelayCounters struct {
 	Forwarded uint64 // messages published
 	Rounds    uint64 // batches read
 	Failures  uint64 // failed publish or database attempts (each retried)
-	Rejected  uint64 // rows set aside in outbox_rejected because they could not be decoded
-	Fenced    uint64 // position updates refused because another relay moved the position
+	// Rejected counts rows set aside in outbox_rejected: rows that could not be decoded, and
+	// rows the publisher refused for good (RelayConfig.IsPermanent).
+	Rejected uint64
+	// Held counts rows copied into outbox_held because their topic was failing; HeldTopics is
+	// how many topics are held right now (their rows wait there, the other topics go on).
+	Held       uint64
+	HeldTopics int
+	// OtherSource counts rows of other sources passed over (RelayConfig.Source).
+	OtherSource uint64
+	Fenced      uint64 // position updates refused because another relay moved the position
 	// Rechecks counts the short waits of a relay that had just asked for notifications, for
 	// transactions in progress at that moment (they may have stored rows without notifying).
 	Rechecks uint64
@@ -177,10 +213,16 @@ type RelayCounters struct {
 // order. The position is recorded after publishing, so a relay that dies between publishing and
 // recording publishes the same rows again: consumers must absorb copies (the effectively-once
 // middleware does). A relay stopped by Close or its context still records the batch the broker
-// accepted (waiting up to 5s for that update), so a clean stop republishes nothing. A row the
-// broker refuses is retried with backoff and blocks the rows behind it, to keep order; it is
-// logged at every failure. A row that cannot be decoded is copied into outbox_rejected with the
-// reason and skipped, never dropped silently.
+// accepted (waiting up to 5s for that update), so a clean stop republishes nothing.
+//
+// Failures (package doc, When the broker refuses): a topic the publisher fails for (a
+// transient error: a topic that does not exist, a broker that does not answer) is held: its
+// rows are copied into outbox_held and published from there, in order, with backoff, while the
+// rows of every other topic go on; the topic's later rows wait behind them until none is left.
+// A row the publisher refuses for good (RelayConfig.IsPermanent) and a row that cannot be
+// decoded are copied into outbox_rejected with the reason, and the rows behind them go on,
+// later rows of the same key included. Every hold and every rejection is logged at error level
+// and counted (RelayCounters); nothing is dropped silently.
 //
 // Wake-ups (package doc, Waking up): the active relay LISTENs on the schema's channel and
 // polls every PollInterval only as a fallback. It uses two connections of the pool: one for its
@@ -202,11 +244,13 @@ type Relay struct {
 	logger    watermill.LoggerAdapter
 	tracer    trace.Tracer
 
-	qEnsure, qPosition, qPositionIdle, qReadRound, qReadRest, qAdvance, qReject string
+	qRegister, qSourceOf, qServed, qPosition, qPositionIdle, qReadRound, qReadRest, qAdvance, qReject string
+	qHold, qHeldTopics, qHeldRead, qHeldDelete                                                        string
 
-	forwarded, rounds, failures, rejected, fenced, rechecks atomic.Uint64
-	lastRelay                                               atomic.Int64
-	listening                                               atomic.Bool
+	forwarded, rounds, failures, rejected, held, otherSource, fenced, rechecks atomic.Uint64
+	heldTopics                                                                 atomic.Int64
+	lastRelay                                                                  atomic.Int64
+	listening                                                                  atomic.Bool
 
 	channel  string      // relayChannel(config.Schema)
 	noListen atomic.Bool // the driver cannot LISTEN: poll only
@@ -236,8 +280,17 @@ func NewRelay(db *sql.DB, publisher message.Publisher, config RelayConfig, logge
 		logger:    logger,
 		channel:   relayChannel(config.Schema),
 		tracer:    tracing.Tracer(config.TracerProvider),
-		qEnsure: `INSERT INTO ` + offsets + ` (consumer_group, offset_acked, last_processed_transaction_id, snapshot)
-VALUES ($1, 0, '1', '` + emptySnapshot + `') ON CONFLICT DO NOTHING`,
+		// Registers the position for the relay's Source ($2) and returns the Source the position
+		// belongs to: a new one is this relay's, one registered before migration 012 (NULL) is
+		// adopted. NULL when a concurrent registration is not visible to the statement yet.
+		qRegister: `WITH ins AS (
+    INSERT INTO ` + offsets + ` (consumer_group, offset_acked, last_processed_transaction_id, snapshot, source)
+    VALUES ($1, 0, '1', '` + emptySnapshot + `', $2) ON CONFLICT DO NOTHING RETURNING source),
+adopt AS (UPDATE ` + offsets + ` SET source = $2 WHERE consumer_group = $1 AND source IS NULL RETURNING source)
+SELECT coalesce((SELECT source FROM ins), (SELECT source FROM adopt), (SELECT source FROM ` + offsets + ` WHERE consumer_group = $1))`,
+		qSourceOf: `SELECT source FROM ` + offsets + ` WHERE consumer_group = $1`,
+		// Whether some relay forwards source $1 (a relay older than migration 012 forwards all).
+		qServed:   `SELECT EXISTS (SELECT 1 FROM ` + offsets + ` WHERE source IS NULL OR source = $1)`,
 		qPosition: `SELECT snapshot::text, target_snapshot::text, target_offset FROM ` + offsets + ` WHERE consumer_group = $1`,
 		// The position read of an idle relay's round also asks Writers to notify it until
 		// idle_until ($2 microseconds from now, renewed by every idle round). It commits before
@@ -253,11 +306,13 @@ WHERE consumer_group = $1 RETURNING snapshot::text, target_snapshot::text, targe
 		// estimates it small too; "offset" + 0 keeps the planner from walking the whole outbox
 		// in "offset" order instead. Only the keys of the round are sorted; the rows are read
 		// for the batch alone. A round with no rows still returns one (offset NULL) carrying
-		// the snapshot: its in-progress list tells an idle relay whom to wait for (lead).
-		qReadRound: `SELECT cur.snap, t."offset", t.transaction_id::text, t.uuid, t.payload::text, t.metadata::text
+		// the snapshot: its in-progress list tells an idle relay whom to wait for (lead). Rows of
+		// another source than $3 are returned without payload: the relay only passes over them.
+		qReadRound: `SELECT cur.snap, t."offset", t.transaction_id::text, t.uuid, t.source,
+    CASE WHEN t.source = $3 THEN t.payload::text END, CASE WHEN t.source = $3 THEN t.metadata::text END
 FROM (SELECT pg_current_snapshot()::text AS snap) cur
 LEFT JOIN (
-    SELECT t."offset", t.transaction_id, t.uuid, t.payload, t.metadata
+    SELECT t."offset", t.transaction_id, t.uuid, t.source, t.payload, t.metadata
     FROM (
         SELECT "offset", transaction_id FROM (
             SELECT "offset", transaction_id FROM ` + table + `
@@ -275,7 +330,8 @@ LEFT JOIN (
 ORDER BY t."offset"`,
 		// The rest of a round larger than one batch: visible in target ($2), not in prev ($1),
 		// after the last offset published ($3). Walks the "offset" index (migration 006).
-		qReadRest: `SELECT "offset", transaction_id::text, uuid, payload::text, metadata::text
+		qReadRest: `SELECT "offset", transaction_id::text, uuid, source,
+    CASE WHEN source = $5 THEN payload::text END, CASE WHEN source = $5 THEN metadata::text END
 FROM ` + table + `
 WHERE "offset" > $3
   AND (transaction_id = ANY(ARRAY(SELECT pg_snapshot_xip($1::text::pg_snapshot)))
@@ -293,9 +349,10 @@ LIMIT $4`,
     idle_until = CASE WHEN $8 THEN NULL ELSE idle_until END
 WHERE consumer_group = $1 AND snapshot::text = $5
   AND target_snapshot::text IS NOT DISTINCT FROM $6 AND target_offset IS NOT DISTINCT FROM $7`,
-		qReject: `INSERT INTO ` + pgtx.QualifiedName(config.Schema, "outbox_rejected") + ` (relay, "offset", transaction_id, uuid, payload, metadata, error)
-VALUES ($1, $2, $3::xid8, $4, $5::json, $6::json, $7) ON CONFLICT DO NOTHING`,
+		qReject: `INSERT INTO ` + pgtx.QualifiedName(config.Schema, "outbox_rejected") + ` (relay, "offset", transaction_id, uuid, payload, metadata, error, topic, source)
+VALUES ($1, $2, $3::xid8, $4, $5::json, $6::json, $7, $8, $9) ON CONFLICT DO NOTHING`,
 	}
+	r.holdQueries(table)
 	r.leader = &worker.Leader{
 		DB: db, Key: relayLockKey(config.Schema, config.Name), Name: "Relay", Logger: logger,
 		Standby: config.StandbyInterval,
@@ -328,8 +385,11 @@ type outboxRow struct {
 	offset   int64
 	txID     string // xid8 as text
 	uuid     string
+	source   string
+	mine     bool // of the relay's Source: payload and metadata are read only then
 	payload  string
 	metadata sql.NullString
+	seq      int64 // outbox_held only: the order of held rows
 }
 
 // Counters returns the relay's running totals.
@@ -339,15 +399,18 @@ func (r *Relay) Counters() RelayCounters {
 		last = time.Unix(0, n)
 	}
 	return RelayCounters{
-		Forwarded:  r.forwarded.Load(),
-		Rounds:     r.rounds.Load(),
-		Failures:   r.failures.Load(),
-		Rejected:   r.rejected.Load(),
-		Fenced:     r.fenced.Load(),
-		Rechecks:   r.rechecks.Load(),
-		IsLeader:   r.leader.Leading(),
-		Listening:  r.listening.Load(),
-		LastRelays: last,
+		Forwarded:   r.forwarded.Load(),
+		Rounds:      r.rounds.Load(),
+		Failures:    r.failures.Load(),
+		Rejected:    r.rejected.Load(),
+		Held:        r.held.Load(),
+		HeldTopics:  int(r.heldTopics.Load()),
+		OtherSource: r.otherSource.Load(),
+		Fenced:      r.fenced.Load(),
+		Rechecks:    r.rechecks.Load(),
+		IsLeader:    r.leader.Leading(),
+		Listening:   r.listening.Load(),
+		LastRelays:  last,
 	}
 }
 
@@ -356,17 +419,71 @@ func (r *Relay) Counters() RelayCounters {
 func (r *Relay) Close() error { return r.life.Close() }
 
 // Run forwards rows until ctx is cancelled or Close is called. It returns nil on a clean stop.
-// Database and publish errors are retried with backoff, never returned. One Run at a time: a
-// second concurrent Run returns an error; Run may be called again after it returned.
+// Database and publish errors are retried with backoff, never returned; the one error it
+// returns is ErrRelaySource, for a Name registered by a relay of another Source, which no
+// retry can fix. One Run at a time: a second concurrent Run returns an error; Run may be
+// called again after it returned.
 func (r *Relay) Run(ctx context.Context) error {
-	return r.life.Run(ctx, func(ctx context.Context) error { return r.leader.Run(ctx, r.lead) })
+	return r.life.Run(ctx, func(ctx context.Context) error {
+		// A standby never leads while the other Source's relay does: check before waiting for
+		// the lock. Other errors are the leadership loop's to retry.
+		if err := r.register(ctx, r.db); errors.Is(err, ErrRelaySource) {
+			return err
+		}
+		ctx, stop := context.WithCancelCause(ctx)
+		defer stop(nil)
+		_ = r.leader.Run(ctx, func(ctx context.Context, conn *sql.Conn) error {
+			err := r.lead(ctx, conn)
+			if errors.Is(err, ErrRelaySource) {
+				stop(err)
+				return nil
+			}
+			return err
+		})
+		if err := context.Cause(ctx); errors.Is(err, ErrRelaySource) {
+			return err
+		}
+		return nil
+	})
+}
+
+// ErrRelaySource is returned by Run and RelayOnce when the relay's Name is registered in
+// outbox_offsets for another Source than the relay's (RelayConfig.Source): two services that
+// share a schema gave their relays one name. Give each its own RelayConfig.Name.
+var ErrRelaySource = errors.New("outbox: this relay name forwards another source")
+
+// rowQuerier is the part of *sql.DB and *sql.Conn that register uses.
+type rowQuerier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// register makes sure the relay's position exists and belongs to its Source.
+func (r *Relay) register(ctx context.Context, q rowQuerier) error {
+	var owner sql.NullString
+	err := q.QueryRowContext(ctx, r.qRegister, r.config.Name, r.config.Source).Scan(&owner)
+	if err == nil && !owner.Valid { // registered concurrently: read it once it is visible
+		err = q.QueryRowContext(ctx, r.qSourceOf, r.config.Name).Scan(&owner)
+	}
+	if err != nil {
+		return fmt.Errorf("outbox: relay init position: %w", err)
+	}
+	if owner.Valid && owner.String != r.config.Source {
+		return fmt.Errorf("%w: relay %q in schema %s forwards source %q, and this one has Source %q: give it its own RelayConfig.Name",
+			ErrRelaySource, r.config.Name, r.config.Schema, owner.String, r.config.Source)
+	}
+	return nil
 }
 
 // lead relays while this instance holds the leadership lock on conn (see worker.Leader).
 func (r *Relay) lead(ctx context.Context, conn *sql.Conn) error {
-	if _, err := conn.ExecContext(ctx, r.qEnsure, r.config.Name); err != nil {
-		return fmt.Errorf("outbox: relay init position: %w", err)
+	if err := r.register(ctx, conn); err != nil {
+		return err
 	}
+	s, err := r.newSession(ctx, conn)
+	if err != nil {
+		return err
+	}
+	defer r.heldTopics.Store(0)
 	if !pgnotify.IsPgx(conn) {
 		r.noListen.Store(true) // before the first round, which decides whether to wait after it
 	}
@@ -387,12 +504,16 @@ func (r *Relay) lead(ctx context.Context, conn *sql.Conn) error {
 	var waitFor []string
 	asked, recheck := false, time.Duration(0)
 	for {
-		n, snap, err := r.round(ctx, conn, ask && recheck == 0)
+		drained, err := r.drainHeld(ctx, conn, s)
+		if err != nil {
+			return err
+		}
+		n, snap, err := r.round(ctx, conn, s, ask && recheck == 0)
 		if err != nil {
 			return err
 		}
 		switch {
-		case n > 0:
+		case n > 0 || drained > 0:
 			// More may be waiting, and the request (if any) was withdrawn: read again at once.
 			ask, asked, recheck, waitFor = false, false, 0, nil
 			continue
@@ -422,6 +543,9 @@ func (r *Relay) lead(ctx context.Context, conn *sql.Conn) error {
 		// the next round: its notification is delivered after its commit and waits in wake
 		// (buffered by pgx and then by the channel) until this loop takes it, and a LISTEN
 		// re-established after a lost connection wakes the loop too.
+		if due, ok := s.nextDue(); ok {
+			wait = max(0, min(wait, time.Until(due))) // a held topic's next try
+		}
 		if r.idleHook != nil {
 			r.idleHook()
 		}
@@ -515,27 +639,37 @@ func (r *Relay) listen(ctx context.Context) (wake <-chan struct{}, stop func()) 
 	return ch, func() { cancel(); <-done }
 }
 
-// RelayOnce forwards at most one batch without taking leadership and returns how many rows it
-// published. It is meant for tests, the CLI and callers with their own scheduling; running it
-// beside an active Run of the same Name can publish rows twice (never lose them).
+// RelayOnce tries each held topic once (publishing up to one batch of its held rows) and
+// forwards at most one batch of the outbox, without taking leadership, and returns how many
+// rows it published, held, rejected or passed over. It is meant for tests, the CLI and callers
+// with their own scheduling; running it beside an active Run of the same Name can publish rows
+// twice (never lose them).
 func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	conn, err := r.db.Conn(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: relay connection: %w", err)
 	}
 	defer conn.Close()
-	if _, err := conn.ExecContext(ctx, r.qEnsure, r.config.Name); err != nil {
-		return 0, fmt.Errorf("outbox: relay init position: %w", err)
+	if err := r.register(ctx, conn); err != nil {
+		return 0, err
 	}
-	n, _, err := r.round(ctx, conn, false)
-	return n, err
+	s, err := r.newSession(ctx, conn)
+	if err != nil {
+		return 0, err
+	}
+	drained, err := r.drainHeld(ctx, conn, s)
+	if err != nil {
+		return drained, err
+	}
+	n, _, err := r.round(ctx, conn, s, false)
+	return drained + n, err
 }
 
 // round publishes one batch; with idle, its position read asks Writers to notify the relay. A round is the set of transactions that committed between the
 // relay's previous snapshot and a new one, published in "offset" (insertion) order; a round
 // larger than BatchSize is published over several calls. The position advances after each run
 // of one topic that published, so a crash republishes at most one batch.
-func (r *Relay) round(ctx context.Context, conn *sql.Conn, idle bool) (int, string, error) {
+func (r *Relay) round(ctx context.Context, conn *sql.Conn, s *session, idle bool) (int, string, error) {
 	var pos position
 	query, args := r.qPosition, []any{r.config.Name}
 	if idle && r.listenable() {
@@ -563,16 +697,16 @@ func (r *Relay) round(ctx context.Context, conn *sql.Conn, idle bool) (int, stri
 	}
 	published := 0
 	for start := 0; start < len(rows); {
-		topic, msgs, end, err := r.decodeRun(ctx, conn, rows, start)
+		run, end, err := r.decodeRun(ctx, conn, s, rows, start)
 		if err != nil {
 			return published, snap, err
 		}
-		if len(msgs) > 0 {
-			if err := r.publishLanes(ctx, topic, msgs); err != nil {
+		if len(run.msgs) > 0 {
+			n, err := r.forward(ctx, conn, s, run)
+			published += n
+			if err != nil {
 				return published, snap, err
 			}
-			published += len(msgs)
-			r.forwarded.Add(uint64(len(msgs)))
 		}
 		next := position{
 			prev:   pos.prev,
@@ -594,6 +728,9 @@ func (r *Relay) round(ctx context.Context, conn *sql.Conn, idle bool) (int, stri
 		start = end
 	}
 	r.lastRelay.Store(time.Now().UnixNano())
+	if err := r.checkSources(ctx, conn, s); err != nil {
+		return len(rows), snap, err
+	}
 	return len(rows), snap, nil
 }
 
@@ -636,9 +773,9 @@ func (r *Relay) read(ctx context.Context, conn *sql.Conn, pos position) (string,
 	var err error
 	snap := pos.target.String
 	if pos.target.Valid {
-		rs, err = conn.QueryContext(ctx, r.qReadRest, pos.prev, pos.target.String, pos.last.Int64, r.config.BatchSize+1)
+		rs, err = conn.QueryContext(ctx, r.qReadRest, pos.prev, pos.target.String, pos.last.Int64, r.config.BatchSize+1, r.config.Source)
 	} else {
-		rs, err = conn.QueryContext(ctx, r.qReadRound, pos.prev, r.config.BatchSize+1)
+		rs, err = conn.QueryContext(ctx, r.qReadRound, pos.prev, r.config.BatchSize+1, r.config.Source)
 	}
 	if err != nil {
 		return "", nil, fmt.Errorf("outbox: read outbox: %w", err)
@@ -648,8 +785,8 @@ func (r *Relay) read(ctx context.Context, conn *sql.Conn, pos position) (string,
 	for rs.Next() {
 		var row outboxRow
 		var offset sql.NullInt64
-		var txID, uuid, payload sql.NullString
-		dest := []any{&offset, &txID, &uuid, &payload, &row.metadata}
+		var txID, uuid, source, payload sql.NullString
+		dest := []any{&offset, &txID, &uuid, &source, &payload, &row.metadata}
 		if !pos.target.Valid {
 			dest = append([]any{&snap}, dest...)
 		}
@@ -660,6 +797,7 @@ func (r *Relay) read(ctx context.Context, conn *sql.Conn, pos position) (string,
 			continue
 		}
 		row.offset, row.txID, row.uuid, row.payload = offset.Int64, txID.String, uuid.String, payload.String
+		row.source, row.mine = source.String, source.String == r.config.Source
 		out = append(out, row)
 	}
 	if err := rs.Err(); err != nil {
@@ -668,69 +806,78 @@ func (r *Relay) read(ctx context.Context, conn *sql.Conn, pos position) (string,
 	return snap, out, nil
 }
 
-// decodeRun decodes rows from start while they share a destination topic. Rows that cannot be
-// decoded are set aside in outbox_rejected; the run ends before the first row of another topic.
-func (r *Relay) decodeRun(ctx context.Context, conn *sql.Conn, rows []outboxRow, start int) (string, []*message.Message, int, error) {
-	var topic string
-	var msgs []*message.Message
-	i := start
-	for ; i < len(rows); i++ {
-		t, msg, err := unmarshalEnvelope([]byte(rows[i].payload))
-		if err != nil {
-			if len(msgs) > 0 {
-				break // publish what we have first, so the rejection is recorded in order
-			}
-			if err := r.reject(ctx, conn, rows[i], err); err != nil {
-				return "", nil, 0, err
-			}
-			return "", nil, i + 1, nil
-		}
-		if len(msgs) > 0 && t != topic {
-			break
-		}
-		topic = t
-		msgs = append(msgs, msg)
-	}
-	return topic, msgs, i, nil
+// run is a run of rows of the relay's Source for one topic, with their decoded messages
+// (rows[i] holds msgs[i]).
+type run struct {
+	topic string
+	rows  []outboxRow
+	msgs  []*message.Message
 }
 
-func (r *Relay) reject(ctx context.Context, conn *sql.Conn, row outboxRow, cause error) error {
-	var payload, metadata any
+// decodeRun decodes rows from start while they share a destination topic, passing over rows
+// of other sources. Rows that cannot be decoded are set aside in outbox_rejected; the run ends
+// before the first row of another topic.
+func (r *Relay) decodeRun(ctx context.Context, conn *sql.Conn, s *session, rows []outboxRow, start int) (run, int, error) {
+	var out run
+	i := start
+	for ; i < len(rows); i++ {
+		if !rows[i].mine {
+			r.otherSource.Add(1)
+			s.sawSource(rows[i].source)
+			continue
+		}
+		t, msg, err := unmarshalEnvelope([]byte(rows[i].payload))
+		if err != nil {
+			if len(out.msgs) > 0 {
+				break // publish what we have first, so the rejection is recorded in order
+			}
+			if err := r.reject(ctx, conn, rows[i], "", err); err != nil {
+				return run{}, 0, err
+			}
+			return run{}, i + 1, nil
+		}
+		if len(out.msgs) > 0 && t != out.topic {
+			break
+		}
+		out.topic = t
+		out.rows = append(out.rows, rows[i])
+		out.msgs = append(out.msgs, msg)
+	}
+	return out, i, nil
+}
+
+// reject copies row into outbox_rejected with the reason: it could not be decoded (topic ""),
+// or the publisher refused it for good.
+func (r *Relay) reject(ctx context.Context, conn *sql.Conn, row outboxRow, topic string, cause error) error {
+	var payload, metadata, dest any
 	if row.payload != "" {
 		payload = row.payload
 	}
 	if row.metadata.Valid {
 		metadata = row.metadata.String
 	}
-	if _, err := conn.ExecContext(ctx, r.qReject, r.config.Name, row.offset, row.txID, row.uuid, payload, metadata, cause.Error()); err != nil {
+	if topic != "" {
+		dest = topic
+	}
+	if _, err := conn.ExecContext(ctx, r.qReject, r.config.Name, row.offset, row.txID, row.uuid, payload, metadata, cause.Error(), dest, row.source); err != nil {
 		return fmt.Errorf("outbox: record rejected row %s: %w", row.uuid, err)
 	}
 	r.rejected.Add(1)
-	r.logger.Error("Outbox row rejected: set aside in outbox_rejected", cause, watermill.LogFields{"uuid": row.uuid, "offset": row.offset})
+	if topic == "" {
+		r.logger.Error("Outbox row rejected: it cannot be decoded; set aside in outbox_rejected", cause, watermill.LogFields{"uuid": row.uuid, "offset": row.offset})
+	} else {
+		r.logger.Error("Outbox row rejected: the broker refuses it for good; set aside in outbox_rejected, the rows behind it go on", cause,
+			watermill.LogFields{"uuid": row.uuid, "offset": row.offset, "topic": topic})
+	}
 	return nil
 }
 
-// publish retries until the publisher accepts the run or ctx ends: skipping would lose the
-// message, and publishing later rows first would break order.
+// publish makes one attempt at publishing msgs: retries are the caller's (hold.go), so that a
+// failing topic holds back its own rows only.
 func (r *Relay) publish(ctx context.Context, topic string, msgs []*message.Message) (err error) {
 	spans := tracing.StartRelay(ctx, r.tracer, r.config.Name, topic, msgs)
 	defer func() { tracing.EndAll(spans, err) }()
-	backoff := worker.Backoff{Base: r.config.Backoff, Max: r.config.MaxBackoff}
-	for attempt := 1; ; attempt++ {
-		err := r.publisher.Publish(topic, msgs...)
-		if err == nil {
-			return nil
-		}
-		r.failures.Add(1)
-		wait := backoff.Next()
-		tracing.AddEvent(spans, tracing.EventPublishRetry, tracing.Attempt.Int(attempt))
-		r.logger.Error("Relay publish failed, retrying", err, watermill.LogFields{
-			"topic": topic, "messages": len(msgs), "first_uuid": msgs[0].UUID, "attempt": attempt, "backoff": wait,
-		})
-		if !worker.Sleep(ctx, wait) {
-			return ctx.Err()
-		}
-	}
+	return r.publisher.Publish(topic, msgs...)
 }
 
 func (r *Relay) advance(ctx context.Context, conn *sql.Conn, from, to position, published bool) error {

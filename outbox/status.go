@@ -13,20 +13,35 @@ import (
 // RelayStatus is how far one relay (a row of outbox_offsets) has come.
 type RelayStatus struct {
 	Name string
-	// Backlog counts committed rows the relay has not published yet: rows of transactions that
-	// are not visible in its position's snapshot, less the part of a round in progress that it
-	// published.
+	// Source is the source whose rows the relay forwards (RelayConfig.Source); "" also for a
+	// position registered before migration 012, whose relay forwards every row.
+	Source string
+	// Backlog counts committed rows of the relay's source it has not published yet: rows of
+	// transactions that are not visible in its position's snapshot, less the part of a round
+	// in progress that it published, plus the rows it holds (Held).
 	Backlog int64
 	// OldestPending is when the oldest waiting row was written (zero when Backlog is 0); now
 	// minus it is the relay lag.
 	OldestPending time.Time
 	// Lag is now minus OldestPending, measured by the database clock (zero when caught up).
 	Lag time.Duration
+	// Held lists the topics the relay holds because publishing to them failed: their rows wait
+	// in outbox_held while the other topics go on (package doc, When the broker refuses).
+	Held []HeldTopic
 }
 
-// Status reports every relay's backlog and lag in schema, and the number of rows set aside in
-// outbox_rejected. A relay that has never run has no row and is not listed. It reads with
-// plain SELECTs and changes nothing.
+// HeldTopic is a topic a relay holds.
+type HeldTopic struct {
+	Topic string
+	// Rows waiting in outbox_held for it.
+	Rows int64
+	// Since is when its oldest waiting row was held.
+	Since time.Time
+}
+
+// Status reports every relay's backlog and lag in schema, the topics it holds, and the number
+// of rows set aside in outbox_rejected. A relay that has never run has no row and is not
+// listed. It reads with plain SELECTs and changes nothing.
 func Status(ctx context.Context, db *sql.DB, schema string) (relays []RelayStatus, rejected int64, err error) {
 	if db == nil {
 		return nil, 0, errors.New("outbox: status: db is nil")
@@ -36,8 +51,10 @@ func Status(ctx context.Context, db *sql.DB, schema string) (relays []RelayStatu
 	}
 	table := pgtx.QualifiedName(schema, "outbox")
 	offsets := pgtx.QualifiedName(schema, "outbox_offsets")
+	held := pgtx.QualifiedName(schema, "outbox_held")
 	rows, err := db.QueryContext(ctx, `
-SELECT o.consumer_group, b.backlog, b.oldest, coalesce(extract(epoch FROM now() - b.oldest), 0)
+SELECT o.consumer_group, coalesce(o.source, ''), b.backlog + h.held, least(b.oldest, h.oldest),
+    coalesce(extract(epoch FROM now() - least(b.oldest, h.oldest)), 0)
 FROM `+offsets+` o
 CROSS JOIN LATERAL (
     SELECT count(*) AS backlog, min(t.created_at)::timestamptz AS oldest
@@ -45,25 +62,49 @@ CROSS JOIN LATERAL (
     WHERE t.transaction_id >= pg_snapshot_xmin(o.snapshot)
       AND NOT pg_visible_in_snapshot(t.transaction_id, o.snapshot)
       AND NOT coalesce(pg_visible_in_snapshot(t.transaction_id, o.target_snapshot) AND t."offset" <= o.target_offset, false)
+      AND (o.source IS NULL OR t.source = o.source)
 ) b
+CROSS JOIN LATERAL (
+    SELECT count(*) AS held, min(h.created_at)::timestamptz AS oldest FROM `+held+` h WHERE h.relay = o.consumer_group
+) h
 ORDER BY o.consumer_group`)
 	if err != nil {
 		return nil, 0, fmt.Errorf("outbox: status: %w", err)
 	}
 	defer rows.Close()
+	byName := map[string]int{}
 	for rows.Next() {
 		var s RelayStatus
 		var oldest sql.NullTime
 		var lagSeconds float64
-		if err := rows.Scan(&s.Name, &s.Backlog, &oldest, &lagSeconds); err != nil {
+		if err := rows.Scan(&s.Name, &s.Source, &s.Backlog, &oldest, &lagSeconds); err != nil {
 			return nil, 0, fmt.Errorf("outbox: status: %w", err)
 		}
 		s.OldestPending = oldest.Time
 		s.Lag = time.Duration(lagSeconds * float64(time.Second))
+		byName[s.Name] = len(relays)
 		relays = append(relays, s)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, 0, fmt.Errorf("outbox: status: %w", err)
+	}
+	topics, err := db.QueryContext(ctx, `SELECT relay, topic, count(*), min(held_at) FROM `+held+` GROUP BY relay, topic ORDER BY relay, topic`)
+	if err != nil {
+		return nil, 0, fmt.Errorf("outbox: status: held topics: %w", err)
+	}
+	defer topics.Close()
+	for topics.Next() {
+		var relay string
+		var h HeldTopic
+		if err := topics.Scan(&relay, &h.Topic, &h.Rows, &h.Since); err != nil {
+			return nil, 0, fmt.Errorf("outbox: status: held topics: %w", err)
+		}
+		if i, ok := byName[relay]; ok { // held rows of a forgotten relay are gone with it
+			relays[i].Held = append(relays[i].Held, h)
+		}
+	}
+	if err := topics.Err(); err != nil {
+		return nil, 0, fmt.Errorf("outbox: status: held topics: %w", err)
 	}
 	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "outbox_rejected")).Scan(&rejected); err != nil {
 		return nil, 0, fmt.Errorf("outbox: status: %w", err)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 	"unicode"
 
@@ -40,6 +41,9 @@ const (
 // permanent errors.
 var ErrInvalidMessage = errors.New("outbox: message cannot be stored")
 
+// codeUndefinedColumn is PostgreSQL's undefined_column.
+const codeUndefinedColumn = "42703"
+
 // MaxUUIDLength is the longest UUID stored, in bytes: the longest dedupe key a consumer can
 // accept (oncetype.MaxKeyLengthLimit). UUIDs longer than 36 characters are fine: the outbox
 // and the broker package's SQL topic tables store them as text.
@@ -55,6 +59,15 @@ type Config struct {
 	ValidateTopic func(topic string) error
 	// Now stamps occurred_at. Default time.Now.
 	Now func() time.Time
+	// Source names the service that writes these messages, stamped on each row (the outbox's
+	// source column, migration 012). A Relay forwards only the rows of its own
+	// RelayConfig.Source, so services that share one database and schema each forward their own
+	// messages and never each other's. Give every Writer of a service the same Source,
+	// including the ones the middleware and the inbox processor use (pass this Writer as their
+	// Config.Outbox): a component that builds its own Writer stores rows without a source.
+	// Default "": rows without a source, forwarded by relays without one (as every row written
+	// before migration 012).
+	Source string
 	// TracerProvider traces PublishTx: an "outbox store" span under the caller's span (none
 	// when the caller's context holds no span). Default otel.GetTracerProvider().
 	TracerProvider trace.TracerProvider
@@ -74,7 +87,22 @@ func (c *Config) setDefaults() {
 
 // Validate reports a configuration that cannot work.
 func (c Config) Validate() error {
-	return pgtx.ValidateIdentifier("schema", c.Schema)
+	var errs []error
+	if err := pgtx.ValidateIdentifier("schema", c.Schema); err != nil {
+		errs = append(errs, err)
+	}
+	if err := checkSource(c.Source); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// checkSource applies the rule of every name (oncetype.CheckName) to a non-empty Source.
+func checkSource(source string) error {
+	if source == "" {
+		return nil
+	}
+	return oncetype.CheckName("Source", source)
 }
 
 // DefaultValidateTopic accepts 1 to 249 bytes of printable UTF-8 without spaces: a name every
@@ -131,7 +159,7 @@ func NewWriter(config Config) (*Writer, error) {
 	}
 	table := pgtx.QualifiedName(config.Schema, "outbox")
 	w := &Writer{config: config, tracer: tracing.Tracer(config.TracerProvider), table: table, channel: relayChannel(config.Schema)}
-	w.insertOne, w.insertMny = insertSQL(table, notifyWhenIdle(config.Schema))
+	w.insertOne, w.insertMny = insertSQL(table, config.Source != "", notifyWhenIdle(config.Schema))
 	return w, nil
 }
 
@@ -143,19 +171,26 @@ func notifyWhenIdle(schema string) string {
 }
 
 // insertSQL returns the statements that store one message ($1 uuid, $2 payload, $3 metadata)
-// and many (the same as arrays). With a notify condition they also pg_notify($4) the relay's
-// channel when it holds: the notification is delivered when the transaction commits, exactly
-// when the rows become visible, and PostgreSQL folds identical notifications of one
-// transaction into one, so a transaction that stores several times still sends one. The
+// and many (the same as arrays). With source, the next parameter is the row's source; without,
+// the column keeps its default (”) and the statements are those of a schema before migration
+// 012. With a notify condition the last parameter is the relay's channel, notified
+// (pg_notify) when the condition holds: the notification is delivered when the transaction
+// commits, exactly when the rows become visible, and PostgreSQL folds identical notifications
+// of one transaction into one, so a transaction that stores several times still sends one. The
 // data-modifying WITH runs to completion whatever the outer SELECT reads.
-func insertSQL(table, notify string) (one, many string) {
-	one = `INSERT INTO ` + table + ` (uuid, payload, metadata, transaction_id) VALUES ($1, $2::json, $3::json, pg_current_xact_id())`
-	many = `INSERT INTO ` + table + ` (uuid, payload, metadata, transaction_id)
-SELECT u, p::json, m::json, pg_current_xact_id()
+func insertSQL(table string, source bool, notify string) (one, many string) {
+	cols, val, next := `uuid, payload, metadata, transaction_id`, ``, 4
+	if source {
+		cols, val, next = cols+`, source`, `, $4`, 5
+	}
+	one = `INSERT INTO ` + table + ` (` + cols + `) VALUES ($1, $2::json, $3::json, pg_current_xact_id()` + val + `)`
+	many = `INSERT INTO ` + table + ` (` + cols + `)
+SELECT u, p::json, m::json, pg_current_xact_id()` + val + `
 FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS x(u, p, m, n) ORDER BY n`
 	if notify != "" {
-		one = `WITH ins AS (` + one + `) SELECT pg_notify($4::text, '') WHERE ` + notify
-		many = `WITH ins AS (` + many + `) SELECT pg_notify($4::text, '') WHERE ` + notify
+		ch := `$` + strconv.Itoa(next) + `::text`
+		one = `WITH ins AS (` + one + `) SELECT pg_notify(` + ch + `, '') WHERE ` + notify
+		many = `WITH ins AS (` + many + `) SELECT pg_notify(` + ch + `, '') WHERE ` + notify
 	}
 	return one, many
 }
@@ -240,12 +275,18 @@ func (w *Writer) store(ctx context.Context, tx Execer, topic string, msgs []*mes
 	if len(msgs) == 1 {
 		query, args = w.insertOne, []any{uuids[0], payloads[0], metadatas[0]}
 	}
+	if w.config.Source != "" {
+		args = append(args, w.config.Source)
+	}
 	if w.channel != "" {
 		args = append(args, w.channel)
 	}
 	if _, err = tx.ExecContext(ctx, query, args...); err != nil {
 		if pgtx.IsUndefinedTable(err) {
 			return fmt.Errorf("outbox: table %s is missing: run the migrations (migrate.Migrate or `wmonce migrate up`): %w", w.table, err)
+		}
+		if pgtx.SQLState(err) == codeUndefinedColumn && w.config.Source != "" {
+			return fmt.Errorf("outbox: table %s has no source column (Config.Source needs migration 012): run the migrations (migrate.Migrate or `wmonce migrate up`): %w", w.table, err)
 		}
 		return fmt.Errorf("outbox: insert %d message(s) for topic %q: %w", len(msgs), topic, err)
 	}

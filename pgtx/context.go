@@ -4,9 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"reflect"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	wsql4 "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 )
 
 // ErrNoTransaction is wrapped by every refusal to write outside a transaction: a nil
@@ -32,12 +34,41 @@ func TxFromContext(ctx context.Context) (*sql.Tx, bool) {
 }
 
 // SubscriberTxFromContext returns the transaction in which watermill-sql's subscriber delivered
-// the message, if it did. That transaction belongs to the subscriber: it commits it when the
-// message is acked (together with the consumer offset) and, on nack, re-delivers the message in
-// the same transaction without rolling back. Never commit or roll it back yourself.
+// the message, if it did: version 3's, or version 4's over database/sql (its std-sql adapter,
+// wsql4.BeginnerFromStdSQL, which is what a *sql.DB passed to NewSubscriber becomes). That
+// transaction belongs to the subscriber: it commits it when the message is acked (together with
+// the consumer offset) and, on nack, re-delivers the message in the same transaction without
+// rolling back. Never commit or roll it back yourself. See UnsupportedSubscriberTx for version
+// 4's pgx adapter.
 func SubscriberTxFromContext(ctx context.Context) (*sql.Tx, bool) {
-	tx, ok := wsql.TxFromContext(ctx)
-	return tx, ok && tx != nil
+	if tx, ok := wsql.TxFromContext(ctx); ok && tx != nil {
+		return tx, true
+	}
+	switch tx, _ := wsql4.TxFromContext(ctx); tx := tx.(type) {
+	case *wsql4.StdSQLTx:
+		return tx.Tx, tx != nil && tx.Tx != nil
+	case wsql4.StdSQLTx:
+		return tx.Tx, tx.Tx != nil
+	}
+	return nil, false
+}
+
+// ErrUnsupportedSubscriberTx is returned by UnsupportedSubscriberTx.
+var ErrUnsupportedSubscriberTx = errors.New("pgtx: the message came in a watermill-sql v4 subscriber transaction that is not a database/sql one (its pgx adapter): watermill-once works in *sql.Tx transactions only; create the subscriber with a *sql.DB (wsql4.BeginnerFromStdSQL), e.g. from pgtx.Open")
+
+// UnsupportedSubscriberTx reports, with ErrUnsupportedSubscriberTx, a subscriber transaction in
+// ctx that this module cannot work in: watermill-sql v4's pgx adapter, whose pgx.Tx no *sql.Tx
+// can join. A handler writing through it would commit independently of the claim, so the
+// effectively-once middleware refuses such messages rather than apply them twice.
+func UnsupportedSubscriberTx(ctx context.Context) error {
+	tx, ok := wsql4.TxFromContext(ctx)
+	if !ok || tx == nil {
+		return nil
+	}
+	if _, ok := SubscriberTxFromContext(ctx); ok {
+		return nil
+	}
+	return fmt.Errorf("%w (got %T)", ErrUnsupportedSubscriberTx, tx)
 }
 
 // IsNil reports whether v is nil or an interface holding a nil pointer (or other nil

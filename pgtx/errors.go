@@ -18,6 +18,7 @@ const (
 	CodeLockNotAvailable     = "55P03"
 	CodeUndefinedTable       = "42P01"
 	CodeUndefinedFunction    = "42883"
+	CodeInvalidSchemaName    = "3F000"
 	CodeInFailedTransaction  = "25P02"
 	CodeRaiseException       = "P0001"
 )

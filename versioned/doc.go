@@ -18,7 +18,13 @@
 // pgtx.TxFromContext): the version row is checked, moved and locked first, then apply runs,
 // and both commit or roll back together. If apply returns an error, return it from the handler
 // so the whole transaction rolls back; committing after a failed apply would record a version
-// whose effect is missing.
+// whose effect is missing. Nor may apply call Commit or Rollback on the transaction: in a
+// transaction the library lent (a handler's), the attempt guard refuses such a COMMIT, so
+// nothing is applied, and ApplyDelta and ApplyState return a permanent error wrapping
+// oncetype.ErrHandlerEndedTx, which the library parks; they return it too when the transaction
+// had ended before the call. This is checked when tx is a *sql.Tx (on a pool from pgtx.Open at
+// no cost: the check travels with the transaction's next statement); other Querier types are
+// taken as still open.
 //
 // # Guarantees and limits
 //

@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/wmonce/watermill-once/internal/setup"
+	"github.com/wmonce/watermill-once/internal/txguard"
 	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -149,6 +150,9 @@ ON CONFLICT (entity_type, entity_id) DO UPDATE SET version = EXCLUDED.version, u
 // ApplyDelta runs apply if version is exactly the stored version + 1 (or the first version for
 // a new entity) and records it. A version not above the stored one is Stale and skipped. A
 // version further ahead returns a *GapError and changes nothing: retry the message later.
+//
+// apply must not Commit or Rollback tx: when tx is a *sql.Tx that apply (or the handler before
+// the call) ended, the error wraps oncetype.ErrHandlerEndedTx and is permanent.
 func (v *Versions) ApplyDelta(ctx context.Context, tx Querier, e Entity, version int64, apply func(ctx context.Context) error) (Result, error) {
 	query := v.qAdvanceDelta
 	if version == v.first {
@@ -164,7 +168,7 @@ func (v *Versions) ApplyDelta(ctx context.Context, tx Querier, e Entity, version
 
 // ApplyState runs apply if version is above the stored version (or the entity is new) and
 // records it. Anything else is Stale and skipped: an old full state must never overwrite a
-// newer one.
+// newer one. apply must not end tx, as for ApplyDelta.
 func (v *Versions) ApplyState(ctx context.Context, tx Querier, e Entity, version int64, apply func(ctx context.Context) error) (Result, error) {
 	return v.apply(ctx, tx, e, version, v.qAdvanceState, apply, func(stored int64) (Result, error) {
 		return Result{Outcome: Stale, Stored: stored}, nil
@@ -189,7 +193,7 @@ func (v *Versions) apply(ctx context.Context, tx Querier, e Entity, version int6
 		}
 		return notMoved(stored)
 	}
-	return v.run(ctx, apply, e, version)
+	return v.run(ctx, tx, apply, e, version)
 }
 
 // Current returns the stored version of e, or the first version - 1 when there is none.
@@ -235,6 +239,9 @@ func (v *Versions) advance(ctx context.Context, tx Querier, query string, e Enti
 	if errors.Is(err, sql.ErrNoRows) {
 		return false, nil
 	}
+	if ended := endedBefore(ctx, err); ended != nil {
+		return false, fmt.Errorf("versioned: record %s version %d: %w", e, version, ended)
+	}
 	if err != nil {
 		if pgtx.IsUndefinedTable(err) {
 			return false, fmt.Errorf("versioned: table entity_versions is missing in schema %q: run the migrations: %w", v.config.Schema, err)
@@ -250,17 +257,59 @@ func (v *Versions) current(ctx context.Context, q Querier, e Entity) (int64, err
 	if errors.Is(err, sql.ErrNoRows) {
 		return v.first - 1, nil
 	}
+	if ended := endedBefore(ctx, err); ended != nil {
+		return 0, fmt.Errorf("versioned: read version of %s: %w", e, ended)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("versioned: read version of %s: %w", e, err)
 	}
 	return stored, nil
 }
 
-func (v *Versions) run(ctx context.Context, apply func(ctx context.Context) error, e Entity, version int64) (Result, error) {
+func (v *Versions) run(ctx context.Context, tx Querier, apply func(ctx context.Context) error, e Entity, version int64) (Result, error) {
 	if apply != nil {
-		if err := apply(ctx); err != nil {
+		err := apply(ctx)
+		if ended := endedBy(ctx, tx); ended != nil {
+			if err != nil {
+				ended = fmt.Errorf("%w (apply returned: %v)", ended, err)
+			}
+			return Result{}, fmt.Errorf("versioned: apply %s version %d ended the caller's transaction: %w", e, version, ended)
+		}
+		if err != nil {
 			return Result{}, fmt.Errorf("versioned: apply %s version %d: %w", e, version, err)
 		}
 	}
 	return Result{Outcome: Applied, Stored: version}, nil
+}
+
+// checkTx is a statement that does nothing (a transaction-local setting of no schema's): sent
+// in a transaction that user code has ended, database/sql answers sql.ErrTxDone without sending
+// it. On a pool from pgtx.Open it waits for the transaction's next statement, so it costs no
+// round trip.
+const checkTx = pgtx.DeferredPrefix + "SET LOCAL wmonce.versioned_check = 'on'"
+
+// endedBy returns the permanent error of an apply function that ended tx (Commit or Rollback
+// on it), or nil. Only a *sql.Tx can be asked; any other Querier is taken as still open.
+func endedBy(ctx context.Context, tx Querier) error {
+	t, ok := tx.(*sql.Tx)
+	if !ok {
+		return nil
+	}
+	_, err := t.ExecContext(ctx, checkTx)
+	return endedBefore(ctx, err)
+}
+
+// endedBefore returns the permanent error of a transaction that user code ended before the
+// statement whose error is err was sent (sql.ErrTxDone while ctx is alive: a context that ended
+// rolls the transaction back itself, which is nobody's fault), or nil.
+//
+// In a transaction lent by the library (an effectively-once handler's, the inbox Processor's,
+// httpidem's) the attempt guard refused a COMMIT of user code: nothing of it is applied and the
+// library parks the message or fails the request. In a transaction of the caller's own, what
+// was applied is what that Commit or Rollback did.
+func endedBefore(ctx context.Context, err error) error {
+	if !errors.Is(err, sql.ErrTxDone) || ctx.Err() != nil {
+		return nil
+	}
+	return txguard.Ended(err)
 }

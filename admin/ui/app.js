@@ -50,10 +50,10 @@ function flash(msg, isError) {
   f.hidden = false;
 }
 
-const zeroTime = (t) => !t || t.startsWith("0001-");
 const pad = (n) => String(n).padStart(2, "0");
+// fmtTime shows an API time; an unset one is null (oldest_pending with no backlog, ...).
 function fmtTime(t) {
-  if (zeroTime(t)) return "—";
+  if (t === null || t === undefined) return "—";
   const d = new Date(t);
   return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
 }
@@ -495,10 +495,29 @@ async function inspectRejected(offset, relay) {
     const r = await api(`outbox/rejected/${offset}?` + new URLSearchParams({ relay }));
     openDetail("rejected", `Rejected outbox row ${r.offset} · relay ${r.relay}`, "REJECTED", [
       field("UUID", r.uuid), field("Relay", r.relay), field("Offset", String(r.offset)),
+      field("Topic", r.topic || "— (could not be decoded)"), field("Source", r.source),
       field("Transaction", r.transaction_id), field("Rejected", fmtTime(r.rejected_at)),
-      field("Attempts", "— (set aside at the first failed decode)"), field("Payload size", fmtBytes(r.payload_size)),
-    ], r.last_error, r.metadata, formatPayload(r.payload));
+      field("Attempts", "— (set aside at the first failure)"), field("Payload size", fmtBytes(r.payload_size)),
+    ], r.last_error, r.metadata, formatPayload(r.payload), r.topic ? (cell) => republishActions(r, cell) : undefined);
   } catch (e) { flash(e.message, true); }
+}
+
+// republishActions offers to store a row the broker refused in the outbox again, optionally
+// without one metadata key (one the broker reserves).
+function republishActions(r, cell) {
+  const key = el("input", { type: "text", placeholder: "metadata key to remove (optional)", size: "24", class: "republish-remove" });
+  const go = el("button", { type: "button", class: "republish" }, "Republish");
+  go.addEventListener("click", async () => {
+    const body = { relay: r.relay, offsets: [r.offset] };
+    if (key.value.trim()) body.remove_metadata = [key.value.trim()];
+    try {
+      const res = await api("outbox/republish", body);
+      flash(`Republished row ${r.offset} (${res.republished} stored again): it is at the end of the outbox.`);
+      closeDetail();
+      await refresh();
+    } catch (e) { flash(e.message, true); }
+  });
+  cell.replaceChildren(key, go);
 }
 
 // ---- Writes ---------------------------------------------------------------------------------
@@ -568,9 +587,15 @@ async function loadOutbox() {
   if (!r.relays.length) emptyRow(body, 4, "No relay has run on this schema yet.");
   else body.replaceChildren(...r.relays.map((x) => el("tr", {},
     td(x.name), td(num(x.backlog), "num"), td(fmtTime(x.oldest_pending)), td(fmtAge(x.lag_seconds), "num"))));
+  const held = r.relays.flatMap((x) => (x.held || []).map((h) => el("li", { "data-relay": x.name, "data-topic": h.topic },
+    `Relay ${x.name} holds topic ${h.topic}: ${num(h.rows)} row(s) wait since ${fmtTime(h.since)} because publishing to it fails (the relay's log says why); the other topics go on.`)));
+  $("held").replaceChildren(...held);
+  $("held").hidden = !held.length;
+  fillSelect($("forget-relay"), r.relays.map((x) => x.name), $("forget-relay").value);
+  $("forget-ask").disabled = !r.relays.length;
   const rej = $("rejected");
   rej.textContent = r.rejected
-    ? `${r.rejected} outbox row(s) could not be decoded and were set aside in outbox_rejected. Open one to see its payload and error.`
+    ? `${r.rejected} outbox row(s) were set aside in outbox_rejected: they could not be decoded, or the broker refused them for good. Open one to see its payload and error, and republish it once the cause is fixed.`
     : "No rejected outbox rows.";
   rej.className = r.rejected ? "warn" : "muted";
 }
@@ -584,11 +609,40 @@ async function loadRejected(append) {
   const body = $("rejected-rows").tBodies[0];
   const rows = r.rows.map((x) => el("tr", { "data-offset": String(x.offset), "data-relay": x.relay },
     el("td", { class: "num" }, el("button", { class: "link", type: "button", onclick: () => inspectRejected(x.offset, x.relay) }, String(x.offset))),
-    td(x.relay), td(x.uuid), td(fmtBytes(x.payload_size), "num"), td(x.last_error, "err"), td(fmtTime(x.rejected_at))));
+    td(x.relay), td(x.uuid), td(x.topic || "—"), td(fmtBytes(x.payload_size), "num"), td(x.last_error, "err"), td(fmtTime(x.rejected_at))));
   if (append) body.append(...rows); else body.replaceChildren(...rows);
-  if (!body.rows.length) emptyRow(body, 6, "No rejected rows match.");
+  if (!body.rows.length) emptyRow(body, 7, "No rejected rows match.");
   state.rejectedAfter = r.next_after || 0;
   $("r-more").hidden = !state.rejectedAfter;
+}
+
+// askForget shows what forgetting the chosen relay would drop (a dry run) and asks to confirm.
+async function askForget() {
+  const relay = $("forget-relay").value;
+  if (!relay) return;
+  try {
+    const r = await api("outbox/forget", { relay, dry_run: true });
+    const held = r.held.length ? `, ${r.held.length} held topic(s)` : "";
+    $("forget-text").textContent = `Relay ${relay} has ${num(r.backlog)} row(s) it has not forwarded${held}; no relay of that name forwards them once it is forgotten.`;
+    $("forget-yes").dataset.relay = relay;
+    $("forget-confirm").hidden = false;
+    $("forget-ask").hidden = true;
+  } catch (e) { flash(e.message, true); }
+}
+
+function cancelForget() {
+  $("forget-confirm").hidden = true;
+  $("forget-ask").hidden = false;
+}
+
+async function confirmForget() {
+  const relay = $("forget-yes").dataset.relay;
+  cancelForget();
+  try {
+    await api("outbox/forget", { relay, dry_run: false });
+    flash(`Relay ${relay} is forgotten: it no longer holds back outbox cleanup.`);
+    await refresh();
+  } catch (e) { flash(e.message, true); }
 }
 
 // ---- Page -----------------------------------------------------------------------------------
@@ -621,6 +675,9 @@ document.addEventListener("DOMContentLoaded", async () => {
   $("replay-all").addEventListener("click", askReplayAll);
   $("confirm-yes").addEventListener("click", confirmReplayAll);
   $("confirm-no").addEventListener("click", cancelConfirm);
+  $("forget-ask").addEventListener("click", askForget);
+  $("forget-yes").addEventListener("click", confirmForget);
+  $("forget-no").addEventListener("click", cancelForget);
   $("detail-close").addEventListener("click", closeDetail);
   $("detail").addEventListener("click", (ev) => { if (ev.target === $("detail")) closeDetail(); });
   document.addEventListener("keydown", (ev) => { if (ev.key === "Escape") closeDetail(); });

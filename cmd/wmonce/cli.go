@@ -384,6 +384,14 @@ func parseIDs(values []string) ([]int64, error) {
 	return out, nil
 }
 
+// whenSet is when for a time that may be unset (nil).
+func whenSet(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return when(*t)
+}
+
 // when formats a time with its age, e.g. "2026-03-01 10:00:00 UTC (3m12s ago)".
 func when(t time.Time) string {
 	if t.IsZero() {

@@ -10,14 +10,18 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/admin"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/migrate"
+	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -74,11 +78,16 @@ func TestHelpAndUsageErrors(t *testing.T) {
 		{[]string{"inbox", "list", "-consumer", "c", "-error", "\xfe"}, "-error must be valid UTF-8"},
 		{[]string{"inbox", "replay", "-consumer", "c\x00"}, "-consumer must not contain NUL"},
 		{[]string{"inbox", "skip", "-consumer", "c", "-all", "-reason", "r\x00"}, "-reason must not contain NUL"},
+		{[]string{"inbox", "skip", "-consumer", "c", "-all", "-reason", "bad \xff reason"}, "-reason must be valid UTF-8"},
+		{[]string{"inbox", "skip", "-consumer", "adm\xff", "-all", "-reason", "r"}, "-consumer must be valid UTF-8"},
+		{[]string{"inbox", "replay", "-consumer", "c", "-message", "\xed\xa0\x80"}, "-message must be valid UTF-8"}, // a surrogate as UTF-8
 		{[]string{"inbox", "unpark", "-consumer", "c", "-key", "\xff"}, "-key must be valid UTF-8"},
 		{[]string{"inbox", "inspect", "-consumer", "c\x00", "-message", "m"}, "-consumer must not contain NUL"},
 		{[]string{"inbox", "inspect", "-consumer", "c", "-message", "m\xff"}, "-message must be valid UTF-8"},
 		{[]string{"dedupe", "-consumer", strings.Repeat("c", 300), "-message", "m"}, "-consumer is 300 bytes long"},
 		{[]string{"dedupe", "-consumer", "c", "-message", "m\x00"}, "-message must not contain NUL"},
+		{[]string{"dedupe", "-consumer", "adm\xff", "-message", "m"}, "-consumer must be valid UTF-8"},
+		{[]string{"purge", "-consumer", "c\xff", "-older-than", "30d"}, "-consumer must be valid UTF-8"},
 		{[]string{"purge", "-consumer", "c\x00", "-older-than", "30d"}, "-consumer must not contain NUL"},
 		{[]string{"purge", "-consumer", strings.Repeat("c", 256), "-older-than", "30d"}, "-consumer is 256 bytes long"},
 	} {
@@ -169,6 +178,43 @@ func TestMigrateUpDownVersion(t *testing.T) {
 	require.Equal(t, 0, pgtest.Count(t, db, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename <> 'schema_migrations'`, schema))
 }
 
+// `migrate up` racing `migrate down -all` (two processes: each run opens a pool of its own) take
+// turns: each runs its whole path once, from where the other left the schema, and reports the
+// versions it found and left under the lock.
+func TestMigrateUpRacingDownAll(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	schema := pgtest.NewName("cli")
+	t.Cleanup(func() { _, _ = db.Exec(`DROP SCHEMA IF EXISTS ` + pgtx.QuoteIdentifier(schema) + ` CASCADE`) })
+	latest := migrate.Latest()
+	const start = 5
+	r := wmonce(t, schema, "migrate", "up", "-to", strconv.Itoa(start))
+	require.Equal(t, exitOK, r.code, r.stderr)
+
+	var up, down result
+	var wg sync.WaitGroup
+	begin := make(chan struct{})
+	wg.Add(2)
+	go func() { defer wg.Done(); <-begin; up = wmonce(t, schema, "migrate", "up") }()
+	go func() { defer wg.Done(); <-begin; down = wmonce(t, schema, "migrate", "down", "-all") }()
+	close(begin)
+	wg.Wait()
+	require.Equal(t, exitOK, up.code, up.stderr)
+	require.Equal(t, exitOK, down.code, down.stderr)
+	if strings.Contains(up.stdout, fmt.Sprintf("version %d -> %d", start, latest)) {
+		require.Contains(t, down.stdout, fmt.Sprintf("; version %d -> 0", latest), "up ran first, then down reverted everything")
+	} else {
+		require.Contains(t, down.stdout, fmt.Sprintf("; version %d -> 0", start), "down ran first")
+		require.Contains(t, up.stdout, fmt.Sprintf("; version 0 -> %d", latest), "then up applied everything")
+	}
+
+	r = wmonce(t, schema, "migrate", "up")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	r = wmonce(t, schema, "inbox", "stats")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Contains(t, r.stdout, "the inbox is empty")
+}
+
 func TestStatusOutboxAndDedupe(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -188,7 +234,8 @@ func TestStatusOutboxAndDedupe(t *testing.T) {
 	require.Len(t, st.Consumers, 1)
 	require.Equal(t, "rewards", st.Consumers[0].Consumer)
 	require.Equal(t, int64(4), st.Consumers[0].Claims)
-	require.WithinDuration(t, time.Now(), st.Consumers[0].NewestClaim, time.Minute)
+	require.NotNil(t, st.Consumers[0].NewestClaim)
+	require.WithinDuration(t, time.Now(), *st.Consumers[0].NewestClaim, time.Minute)
 	require.Len(t, st.Inbox, 1)
 	require.Equal(t, admin.InboxStatus{Consumer: "billing", Pending: 1, Failed: 3, Done: 1,
 		OldestPendingReceivedAt: st.Inbox[0].OldestPendingReceivedAt, OldestPendingAgeSeconds: st.Inbox[0].OldestPendingAgeSeconds}, st.Inbox[0])
@@ -394,4 +441,28 @@ func TestAdminCommandServesThePage(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("wmonce admin did not stop when its context was cancelled")
 	}
+}
+
+// TestUnsetTimesAreNullInJSON: with nothing waiting, a relay's oldest_pending is null in the
+// JSON, not "0001-01-01T00:00:00Z", and "-" in the table.
+func TestUnsetTimesAreNullInJSON(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	schema := pgtest.Schema(t, db)
+	pub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
+	t.Cleanup(func() { _ = pub.Close() })
+	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Schema: schema, Name: "sms"}, nil)
+	require.NoError(t, err)
+	_, err = relay.RelayOnce(context.Background()) // an empty outbox: the relay's position, no backlog
+	require.NoError(t, err)
+
+	for _, args := range [][]string{{"-json", "outbox"}, {"-json", "status"}} {
+		r := wmonce(t, schema, args...)
+		require.Equal(t, exitOK, r.code, "%v: %s", args, r.stderr)
+		require.NotContains(t, r.stdout, "0001-01-01", args)
+		require.Contains(t, r.stdout, `"oldest_pending": null`, args)
+	}
+	r := wmonce(t, schema, "outbox")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Regexp(t, `(?m)^\s+sms\s+0\s+-\s`, r.stdout)
 }

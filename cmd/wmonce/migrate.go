@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/ThreeDotsLabs/watermill"
+
 	"github.com/wmonce/watermill-once/admin"
 	"github.com/wmonce/watermill-once/migrate"
 )
@@ -21,7 +23,8 @@ migrate print [-down] [-from N] [-to N]
 migrate version`,
 		details: `
 up      applies every migration not applied yet (or up to version N), each in its own
-        transaction under an advisory lock: safe to run from several instances at once.
+        transaction. A run holds the schema's migration lock from start to end, so runs from
+        several instances (up or down) take turns, each starting where the last one left.
 down    reverts ONE migration unless told otherwise. Reverting drops tables, and with them
         the dedupe records: messages redelivered afterwards are applied again.
 print   prints the SQL for teams that apply migrations with their own tool (goose, atlas,
@@ -157,11 +160,8 @@ func (e *env) migrate(ctx context.Context, dir migrate.Direction, opts *migrate.
 	if err != nil {
 		return err
 	}
-	m, err := migrate.New(db, migrate.Config{Schema: e.g.schema}, nil)
-	if err != nil {
-		return err
-	}
-	before, err := m.Version(ctx)
+	// The logger tells on stderr when this run waits for another migration of the schema.
+	m, err := migrate.New(db, migrate.Config{Schema: e.g.schema}, watermill.NewStdLoggerWithOut(e.stderr, false, false))
 	if err != nil {
 		return err
 	}
@@ -169,10 +169,8 @@ func (e *env) migrate(ctx context.Context, dir migrate.Direction, opts *migrate.
 	if err != nil {
 		return err
 	}
-	after, err := m.Version(ctx)
-	if err != nil {
-		return err
-	}
+	// Read under the migration lock: a Version call before or after could see another run's work.
+	before, after := res.From, res.To
 	names := map[int]string{}
 	all, err := migrate.All()
 	if err != nil {

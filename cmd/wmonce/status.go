@@ -16,9 +16,9 @@ func statusCommand() *command {
 		details: `
 Prints the schema version against the latest this binary knows; every consumer with dedupe
 claims (count and newest claim); the inbox rows of every consumer by status with the age of
-the oldest PENDING row; and every outbox relay's backlog and lag, with the number of rows set
-aside as undecodable. Counting claims and finished inbox rows scans those tables.
-Exit code 1 when the schema has no tables or a section cannot be read.`,
+the oldest PENDING row; and every outbox relay's backlog and lag, the topics it holds, and the
+number of rows set aside in outbox_rejected. Counting claims and finished inbox rows scans
+those tables. Exit code 1 when the schema has no tables or a section cannot be read.`,
 		examples: []string{"wmonce status", "wmonce -schema payments status", "wmonce status -json"},
 		run:      runStatus,
 	}
@@ -105,7 +105,7 @@ func (e *env) printConsumers(cs []admin.ConsumerStatus) {
 	tw := e.table()
 	fmt.Fprintf(tw, "  CONSUMER\tCLAIMS\tNEWEST CLAIM\n")
 	for _, c := range cs {
-		fmt.Fprintf(tw, "  %s\t%d\t%s\n", c.Consumer, c.Claims, when(c.NewestClaim))
+		fmt.Fprintf(tw, "  %s\t%d\t%s\n", c.Consumer, c.Claims, whenSet(c.NewestClaim))
 	}
 	_ = tw.Flush()
 }
@@ -131,39 +131,20 @@ func (e *env) printOutbox(o admin.OutboxStatus) {
 		tw := e.table()
 		fmt.Fprintf(tw, "  RELAY\tBACKLOG\tOLDEST WAITING ROW\tLAG\n")
 		for _, r := range o.Relays {
-			fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\n", r.Name, r.Backlog, when(r.OldestPending), seconds(r.LagSeconds))
+			fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\n", r.Name, r.Backlog, whenSet(r.OldestPending), seconds(r.LagSeconds))
 		}
 		_ = tw.Flush()
 	}
+	for _, r := range o.Relays {
+		for _, h := range r.Held {
+			fmt.Fprintf(e.stdout, "  relay %s holds topic %s: %d row(s) wait since %s because publishing to it fails (the log says why); the other topics go on\n",
+				r.Name, h.Topic, h.Rows, when(h.Since))
+		}
+	}
 	if o.Rejected > 0 {
-		fmt.Fprintf(e.stdout, "  %d row(s) could not be decoded and were set aside in outbox_rejected: look at them with SQL\n", o.Rejected)
+		fmt.Fprintf(e.stdout, "  %d row(s) were set aside in outbox_rejected (undecodable, or refused by the broker for good): `wmonce outbox rejected` lists them, `wmonce outbox republish` stores them again\n", o.Rejected)
 	} else {
 		fmt.Fprintf(e.stdout, "  rejected rows: 0\n")
-	}
-}
-
-func outboxCommand() *command {
-	return &command{
-		name:     "outbox",
-		summary:  "backlog and lag of every relay, rejected rows",
-		usage:    "outbox",
-		details:  "Backlog counts committed outbox rows a relay has not forwarded yet; lag is the age of the oldest of them. A relay that has never run is not listed.",
-		examples: []string{"wmonce outbox", "wmonce -json outbox"},
-		run: func(ctx context.Context, e *env, args []string) error {
-			db, err := e.parseAndOpen(ctx, e.flags("outbox"), args)
-			if err != nil {
-				return err
-			}
-			o, err := admin.ReadOutbox(ctx, db, e.g.schema)
-			if err != nil {
-				return e.explain(err)
-			}
-			if e.g.json {
-				return e.printJSON(o)
-			}
-			e.printOutbox(o)
-			return nil
-		},
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/internal/pgtest"
@@ -120,6 +121,27 @@ func AMQPVhost(t testing.TB) string {
 	u.Path = "/" + vhost
 	u.RawPath = ""
 	return u.String()
+}
+
+// AMQPQueueDepth is the number of ready messages in a queue (declared as this module declares
+// its queues: durable, quorum unless AMQP_QUEUE_TYPE says otherwise).
+func AMQPQueueDepth(t testing.TB, amqpURL, queue string) int {
+	t.Helper()
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		t.Fatalf("connect to RabbitMQ: %v", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatalf("open RabbitMQ channel: %v", err)
+	}
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		t.Fatalf("inspect queue %q: %v", queue, err)
+	}
+	return q.Messages
 }
 
 // Vhost returns the virtual host of an AMQP URL.

@@ -1,0 +1,156 @@
+package broker
+
+import (
+	"context"
+	"database/sql"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/wmonce/watermill-once/internal/worker"
+)
+
+// A new transaction when the subscription's one can no longer commit.
+//
+// watermill-sql delivers a batch inside one transaction and, when a message is nacked, sends it
+// again in the same transaction until it is acked or AckDeadline (30 s by default) passes. When
+// that transaction can no longer commit, every further attempt is wasted and the subscription
+// stalls for the rest of AckDeadline: its connection was lost (a terminated backend, a network
+// failure, a server restart), it was ended under the subscriber (sql.ErrTxDone), or a statement
+// failed outside a savepoint and PostgreSQL aborted it (25P02). So after every nack the
+// subscription asks the transaction for one statement; if it cannot run one, the subscription
+// ends that run of watermill-sql's consume loop (its context is cancelled, which makes
+// database/sql roll the transaction back) and starts another, which reads the batch again in a
+// new transaction from the group's committed offset.
+//
+// Nothing is acked that was not applied: the offset of the batch is written in the transaction
+// that is rolled back, so every message of the batch, those acked before the nack included, is
+// delivered again, and what their handlers wrote in that transaction is gone with it (with the
+// effectively-once middleware in a transaction of its own, their claims make the redeliveries
+// duplicates). Consecutive restarts without an ack in between wait ResendInterval, doubling up
+// to maxRestartBackoff, so a handler that fails the same way every time does not spin.
+
+// maxRestartBackoff caps the wait between consecutive restarts of a subscription without an
+// ack in between.
+const maxRestartBackoff = 5 * time.Second
+
+// txProbeTimeout bounds the statement that checks the transaction after a nack. A connection
+// that does not answer in time is given up like a dead one: the probe's cancellation breaks it.
+const txProbeTimeout = 5 * time.Second
+
+// sqlRun is one run of watermill-sql's consume loop for a subscription.
+type sqlRun struct {
+	in   <-chan *message.Message
+	stop context.CancelFunc
+}
+
+// startRun starts a run of watermill-sql's consume loop on sub, unless the subscriber is
+// closed. The lock orders it against Close: watermill-sql's Subscribe and Close are not safe
+// to call at the same time.
+func (s *sqlSubscriber) startRun(ctx context.Context, sub *wsql.Subscriber, topic string) (sqlRun, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return sqlRun{}, wsql.ErrSubscriberClosed
+	}
+	return s.startRunLocked(ctx, sub, topic)
+}
+
+func (s *sqlSubscriber) startRunLocked(ctx context.Context, sub *wsql.Subscriber, topic string) (sqlRun, error) {
+	runCtx, stop := context.WithCancel(ctx)
+	in, err := sub.Subscribe(runCtx, topic)
+	if err != nil {
+		stop()
+		return sqlRun{}, err
+	}
+	return sqlRun{in: in, stop: stop}, nil
+}
+
+// forward hands the messages of the current run to out, and starts a new run when a nacked
+// message's transaction can no longer commit. It closes out when the subscription ends
+// (Close, or ctx).
+func (s *sqlSubscriber) forward(ctx context.Context, sub *wsql.Subscriber, topic string, w *sqlWaiter, run sqlRun, out chan<- *message.Message) {
+	defer close(out)
+	defer func() { run.stop() }()
+	logger := s.logger.With(watermill.LogFields{"topic": topic, "consumer_group": s.group})
+	backoff := worker.Backoff{Base: s.s.config.ResendInterval, Max: max(s.s.config.ResendInterval, maxRestartBackoff)}
+	for {
+		msg, ok := <-run.in // not range: a restart replaces run
+		if !ok {
+			return
+		}
+		tx, _ := wsql.TxFromContext(msg.Context())
+		select {
+		case out <- msg:
+		case <-s.closing:
+			msg.Nack()
+			continue // until watermill-sql closes the run's channel
+		case <-ctx.Done():
+			msg.Nack()
+			continue
+		}
+		select {
+		case <-msg.Acked():
+			backoff.Reset()
+			continue
+		case <-msg.Nacked():
+		case <-s.closing:
+			continue
+		case <-ctx.Done():
+			continue
+		}
+		if tx == nil {
+			continue
+		}
+		err := probeTx(ctx, tx)
+		if err == nil || ended(ctx, s.closing) {
+			continue
+		}
+		wait := backoff.Next()
+		logger.Error("SQL broker subscription's transaction cannot commit (connection lost, transaction ended or aborted); reading its batch again in a new one", err,
+			watermill.LogFields{"msg_uuid": msg.UUID, "wait": wait})
+		old := run
+		old.stop()
+		if w != nil {
+			w.requeryNow() // the old run may be waiting for a notification
+		}
+		go func() {
+			for m := range old.in { // nothing of it can commit any more
+				m.Nack()
+			}
+		}()
+		if !s.sleep(ctx, wait) {
+			return
+		}
+		next, err := s.startRun(ctx, sub, topic)
+		if err != nil {
+			return // closed meanwhile
+		}
+		run = next
+	}
+}
+
+// probeTx runs one statement in tx. It fails when the transaction can never commit: its
+// connection is gone, it was ended (sql.ErrTxDone) or PostgreSQL aborted it (25P02).
+func probeTx(ctx context.Context, tx *sql.Tx) error {
+	ctx, cancel := context.WithTimeout(ctx, txProbeTimeout)
+	defer cancel()
+	_, err := tx.ExecContext(ctx, `SELECT 1`)
+	return err
+}
+
+// sleep waits d, or reports false as soon as the subscription ends.
+func (s *sqlSubscriber) sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-s.closing:
+		return false
+	case <-ctx.Done():
+		return false
+	}
+}

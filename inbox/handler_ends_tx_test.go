@@ -1,0 +1,183 @@
+package inbox_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wmonce/watermill-once/inbox"
+	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testwait"
+	"github.com/wmonce/watermill-once/migrate"
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// storeRows stores n rows e-0 .. e-(n-1) in one transaction, before any processor runs, so
+// that claims and TxBatchSize batches form as configured.
+func storeRows(t *testing.T, e *env, r *inbox.Receiver, n int) {
+	t.Helper()
+	var msgs []*message.Message
+	for i := range n {
+		msgs = append(msgs, msg(fmt.Sprintf("e-%d", i), "x"))
+	}
+	storeAll(t, e, r, msgs)
+}
+
+// A handler that writes, ends the transaction it was lent (Commit, Rollback, or both) and
+// returns an output as if all went well applies nothing: no effect and no output of it commit,
+// and its row is parked as FAILED at its first attempt with a reason that says the handler ended
+// the transaction. Every other row, in its TxBatchSize batch or not, is applied exactly once
+// with its output. Before the attempt guard a Commit there applied the row's effects without
+// its output, and in a batch the rows before it were applied twice (once by the handler's
+// COMMIT, once more by the fallback to one row per transaction).
+//
+// One worker, so that the batches form as configured (the third row, e-2, in the first batch)
+// and the counts are exact: in ClaimLock mode the row lock goes with the ended transaction, and
+// another worker may take the row and end its transaction once more before it is parked.
+func testHandlerEndingItsTransaction(t *testing.T, mode inbox.ClaimMode) {
+	t.Parallel()
+	for _, txBatch := range []int{1, 4} {
+		for _, ending := range pgtest.TxEndings {
+			t.Run(fmt.Sprintf("TxBatchSize %d, %s", txBatch, ending.Name), func(t *testing.T) {
+				t.Parallel()
+				e := newEnv(t)
+				r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
+				storeRows(t, e, r, 6)
+				cfg := fastIn(mode, "c")
+				cfg.Workers, cfg.TxBatchSize, cfg.OutputTopic = 1, txBatch, "out"
+				p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
+					if err := e.effect(m, "w"); err != nil {
+						return nil, err
+					}
+					if m.UUID == "e-2" {
+						tx, _ := pgtx.TxFromContext(m.Context())
+						ending.End(tx)
+					}
+					return []*message.Message{message.NewMessage("out-"+m.UUID, []byte(`{}`))}, nil
+				}, cfg)
+				testwait.Until(t, "five rows done and one parked", func() bool {
+					c := p.Counters()
+					return c.Processed == 5 && c.Parked == 1
+				})
+
+				require.Equal(t, 5, e.effects(t), "every row but e-2 applied")
+				require.Equal(t, 5, pgtest.Count(t, e.db, `SELECT count(DISTINCT message_id) FROM `+e.table("effects")), "once each")
+				require.Zero(t, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("effects")+` WHERE message_id = 'e-2'`))
+				require.Equal(t, 5, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("outbox")+` WHERE payload->>'destination_topic' = 'out'`))
+				require.Zero(t, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("outbox")+` WHERE uuid = 'out-e-2'`))
+				require.Equal(t, 5, e.status(t, "c", inbox.StatusDone))
+
+				row, err := e.ops.InspectMessage(context.Background(), "c", "e-2")
+				require.NoError(t, err)
+				require.Equal(t, inbox.StatusFailed, row.Status)
+				require.Equal(t, 1, row.Attempts, "parked at once, not retried")
+				require.Contains(t, row.LastError, "the handler ended the transaction")
+				require.Contains(t, row.LastError, "nothing of it was applied")
+
+				c := p.Counters()
+				require.Equal(t, uint64(1), c.HandlerEndedTx)
+				require.Equal(t, uint64(1), c.Failed)
+			})
+		}
+	}
+}
+
+// A handler that outlives HandlerTimeout and then returns as if all went well finds its
+// transaction rolled back by database/sql, not by itself: the attempt is a timeout, retried (in
+// a batch: the batch runs again one row per transaction, as after any failure), and never
+// parked as a handler that ended its transaction.
+func testHandlerPastTimeoutIsNotTakenForEndingItsTransaction(t *testing.T, mode inbox.ClaimMode) {
+	t.Parallel()
+	for _, txBatch := range []int{1, 3} {
+		t.Run(fmt.Sprintf("TxBatchSize %d", txBatch), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
+			storeRows(t, e, r, 3)
+			cfg := fastIn(mode, "c")
+			cfg.Workers, cfg.TxBatchSize, cfg.HandlerTimeout = 1, txBatch, 200*time.Millisecond
+			var stalled atomic.Bool
+			p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
+				if err := e.effect(m, "w"); err != nil {
+					return nil, err
+				}
+				if m.UUID == "e-1" && stalled.CompareAndSwap(false, true) {
+					<-m.Context().Done() // HandlerTimeout: database/sql rolls the transaction back
+				}
+				return nil, nil
+			}, cfg)
+			testwait.Until(t, "every row done", func() bool { return p.Counters().Processed == 3 })
+			require.Equal(t, 3, e.effects(t))
+			require.Zero(t, p.Counters().HandlerEndedTx)
+			require.Zero(t, p.Counters().Parked)
+			row, err := e.ops.InspectMessage(context.Background(), "c", "e-1")
+			require.NoError(t, err)
+			require.Equal(t, inbox.StatusDone, row.Status)
+			if txBatch == 1 {
+				require.Contains(t, row.LastError, "HandlerTimeout", "a failed attempt of its own")
+			}
+		})
+	}
+}
+
+// In ClaimLock mode the row lock goes with the transaction the handler ended, so another worker
+// may take the row and run it again before the first has parked it. Before the attempt guard
+// that ran a committing handler twice (two effects in about half of the runs with four
+// workers); now no run applies anything, and the row ends parked.
+func TestClaimLockHandlerEndingItsTransactionWithSeveralWorkersAppliesNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
+	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
+		if err := e.effect(m, "w"); err != nil {
+			return nil, err
+		}
+		tx, _ := pgtx.TxFromContext(m.Context())
+		return nil, tx.Commit()
+	}, locking("c", 4, 1))
+	require.NoError(t, r.Handle(msg("e-1", "x")))
+	testwait.Until(t, "parking", func() bool { return p.Counters().Parked == 1 })
+	require.Zero(t, e.effects(t))
+	row, err := e.ops.InspectMessage(context.Background(), "c", "e-1")
+	require.NoError(t, err)
+	require.Equal(t, inbox.StatusFailed, row.Status)
+	require.Contains(t, row.LastError, "the handler ended the transaction")
+	require.GreaterOrEqual(t, p.Counters().HandlerEndedTx, uint64(1))
+}
+
+// A Processor on a schema without the attempt guard (migration 011 not run) does not run its
+// handler: every attempt would fail at the handler's first statement and park its row. Its
+// workers wait as for a failing claim, counting an error, and process the rows once the
+// migrations have run.
+func TestProcessorWaitsForTheAttemptGuard(t *testing.T) {
+	t.Parallel()
+	for _, m := range processorModes {
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			ctx := context.Background()
+			mig, err := migrate.New(e.db, migrate.Config{Schema: e.schema}, nil)
+			require.NoError(t, err)
+			_, err = mig.Migrate(ctx, migrate.DirectionDown, &migrate.Opts{TargetVersion: 10})
+			require.NoError(t, err)
+			r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
+			require.NoError(t, r.Handle(msg("e-1", "x")))
+			p := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "w") }, fastIn(m.mode, "c"))
+			testwait.Until(t, "the missing guard to be reported", func() bool { return p.Counters().Errors > 0 })
+			row, err := e.ops.InspectMessage(ctx, "c", "e-1")
+			require.NoError(t, err)
+			require.Equal(t, inbox.StatusPending, row.Status)
+			require.Zero(t, row.Attempts)
+
+			_, err = mig.Migrate(ctx, migrate.DirectionUp, nil)
+			require.NoError(t, err)
+			testwait.Until(t, "the row to be processed", func() bool { return p.Counters().Processed == 1 })
+			require.Equal(t, 1, e.effects(t))
+		})
+	}
+}
