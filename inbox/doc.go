@@ -29,10 +29,9 @@
 // Each message becomes one row keyed by (consumer, message key). The key comes from a
 // oncetype.KeyFunc (default: the Watermill UUID), under the middleware's rules: an empty,
 // over-long or non-text key is refused with a permanent error, as is metadata PostgreSQL text
-// cannot hold faithfully, so a poison-queue middleware (Watermill's PoisonQueueWithFilter with
-// oncetype.IsPermanent) parks it. The row is inserted with ON CONFLICT DO NOTHING: the
-// unique key is the dedupe record, and a copy of a message already in the inbox, finished or
-// not, inserts nothing and is acked.
+// cannot hold faithfully (see Parking refused messages). The row is inserted with ON CONFLICT
+// DO NOTHING: the unique key is the dedupe record, and a copy of a message already in the
+// inbox, finished or not, inserts nothing and is acked.
 //
 // ReceiverConfig.MaxMessageAge is the age guard of the effectively-once middleware, for the
 // inbox: a copy whose key is no longer in the inbox (retention deleted its row) and whose event
@@ -51,6 +50,33 @@
 // that stored something sends one NOTIFY (a NOTIFY takes a lock at commit that serialises
 // committing transactions, hence once per batch, not per row). StoreTx is the transactional
 // twin for code that stores messages inside its own transaction.
+//
+// # Parking refused messages
+//
+// A refused message is never stored in the inbox and never acked by Handle: without more, the
+// router nacks it, the broker redelivers it forever, and the partition or queue behind it
+// stops. Put Watermill's poison queue in front of the receiver, writing through
+// outbox.Writer.ParkingPublisher:
+//
+//	writer, _ := outbox.NewWriter(outbox.Config{})
+//	poison, _ := middleware.PoisonQueueWithFilter(writer.ParkingPublisher(db), "rewards.parked", oncetype.IsPermanent)
+//	router.AddConsumerHandler("rewards-inbox", "payments", subscriber, receiver.Handle).AddMiddleware(poison)
+//
+// A refused message is then stored in the outbox for the poison topic, committed, and only
+// then acked; the relay forwards it there, and the messages behind it flow on. Refusals are
+// counted (ReceiverCounters.Refused); the poison topic is where a person looks at them.
+//
+// ParkingPublisher parks every message, including those refused precisely because the outbox
+// could not store them as they are either: no UUID (a record from a producer that is not
+// Watermill), a UUID or metadata that is not valid UTF-8 text, a metadata key a broker refuses
+// (Watermill's _watermill_message_uuid, RabbitMQ's CC and BCC). outbox.Parkable encodes such
+// parts and marks the copy;
+// outbox.RecoverParked turns a parked copy read from the poison topic back into the original
+// UUID, metadata and payload, byte for byte, plus the reason_poisoned, topic_poisoned,
+// handler_poisoned and subscriber_poisoned metadata of the poison queue. Do not park through
+// outbox.Writer.DBPublisher: it stores byte for byte or refuses, so the messages that most need
+// parking would fail to park and be nacked forever. Transient errors (the database is down)
+// are not permanent: they are nacked and redelivered, never parked.
 //
 // # Processing
 //
@@ -148,9 +174,10 @@
 //   - Effects outside the database (HTTP calls, e-mails) are at-least-once: a lost lease or a
 //     crash before commit runs the handler again. Derive an idempotency key from the Delivery.
 //   - Messages the handler emits reach their broker at least once, through the outbox relay.
-//   - Nothing is dropped silently: unusable messages are refused (never acked), failing ones
-//     parked as FAILED. Parked rows need a person: alert on Stats.Failed and on
-//     Stats.OldestPendingAge.
+//   - Nothing is dropped silently: unusable messages are refused (never acked by Handle; parked
+//     on a poison topic by a poison queue, see Parking refused messages), failing ones parked
+//     as FAILED. Parked messages and rows need a person: alert on ReceiverCounters.Refused,
+//     Stats.Failed and Stats.OldestPendingAge.
 //   - DONE rows are the dedupe records. Ops.PruneFinished removes old ones; keep them longer
 //     than any redelivery can come (broker retention, DLQ redrives, offset resets), and set
 //     ReceiverConfig.MaxMessageAge a little below that window so that a later copy is parked

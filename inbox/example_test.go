@@ -6,10 +6,14 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/migrate"
+	"github.com/wmonce/watermill-once/oncetype"
+	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -67,4 +71,77 @@ func Example() {
 	// Output:
 	// stored 2, duplicates 1
 	// processed 2, ledger rows 2
+}
+
+// A message the receiver refuses (here: it lacks the key header, and its producer set no
+// UUID) is parked through the outbox by Watermill's poison queue and acked, and the original
+// comes back from the poison topic.
+func ExampleReceiver_parking() {
+	ctx := context.Background()
+	db, err := pgtx.Open(ctx, pgtest.URL(), pgtx.PoolConfig{MaxOpenConns: 4})
+	if err != nil {
+		panic(err)
+	}
+	defer db.Close()
+	schema := pgtest.NewName("example") // a throw-away schema; normally pgtx.DefaultSchema
+	m, err := migrate.New(db, migrate.Config{Schema: schema}, nil)
+	if err != nil {
+		panic(err)
+	}
+	if _, err := m.Migrate(ctx, migrate.DirectionUp, nil); err != nil {
+		panic(err)
+	}
+	defer func() { _, _ = db.Exec(`DROP SCHEMA ` + pgtx.QuoteIdentifier(schema) + ` CASCADE`) }()
+
+	receiver, err := inbox.NewReceiver(db, inbox.ReceiverConfig{
+		Schema: schema, Consumer: "ledger", Key: oncetype.KeyFromMetadata("event_id"),
+	}, nil)
+	if err != nil {
+		panic(err)
+	}
+	defer receiver.Close()
+	writer, err := outbox.NewWriter(outbox.Config{Schema: schema})
+	if err != nil {
+		panic(err)
+	}
+	poison, err := middleware.PoisonQueueWithFilter(writer.ParkingPublisher(db), "ledger.parked", oncetype.IsPermanent)
+	if err != nil {
+		panic(err)
+	}
+	// In a router: router.AddConsumerHandler(name, topic, subscriber, receiver.Handle).AddMiddleware(poison).
+	handle := poison(func(msg *message.Message) ([]*message.Message, error) { return nil, receiver.Handle(msg) })
+
+	foreign := message.NewMessage("", []byte(`{"amount":5}`)) // no UUID, no event_id header
+	foreign.Metadata.Set("source", "legacy")
+	_, err = handle(foreign)
+	fmt.Printf("acked: %t, refused %d, stored %d\n", err == nil, receiver.Counters().Refused, receiver.Counters().Stored)
+
+	// The relay forwards the parked copy to the poison topic (a Go channel here, a broker in
+	// production), where RecoverParked gives back the original.
+	broker := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, nil)
+	parked, err := broker.Subscribe(ctx, "ledger.parked")
+	if err != nil {
+		panic(err)
+	}
+	relay, err := outbox.NewRelay(db, broker, outbox.RelayConfig{Schema: schema}, nil)
+	if err != nil {
+		panic(err)
+	}
+	if _, err := relay.RelayOnce(ctx); err != nil {
+		panic(err)
+	}
+	p := <-parked
+	p.Ack()
+	original, err := outbox.RecoverParked(p)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Printf("parked copy: uuid_missing=%s\n", p.Metadata.Get(outbox.MetadataUUIDMissing))
+	fmt.Printf("original: uuid %q, source %q, payload %s\n", original.UUID, original.Metadata.Get("source"), original.Payload)
+	fmt.Println("reason:", original.Metadata.Get(middleware.ReasonForPoisonedKey) != "")
+	// Output:
+	// acked: true, refused 1, stored 0
+	// parked copy: uuid_missing=true
+	// original: uuid "", source "legacy", payload {"amount":5}
+	// reason: true
 }

@@ -200,8 +200,9 @@ type ReceiverCounters struct {
 // ALERT, never processed unless replayed (see ReceiverConfig.MaxMessageAge).
 //
 // A message whose key or metadata cannot be stored is refused with a permanent error
-// (oncetype.IsPermanent) and never acked silently: route it to a poison queue, e.g. with
-// Watermill's PoisonQueueWithFilter(publisher, topic, oncetype.IsPermanent).
+// (oncetype.IsPermanent) and never acked silently: park it with Watermill's
+// PoisonQueueWithFilter(writer.ParkingPublisher(db), topic, oncetype.IsPermanent) in front of
+// Handle (see the package doc, Parking refused messages), or it is redelivered forever.
 type Receiver struct {
 	db     *sql.DB
 	config ReceiverConfig

@@ -122,6 +122,10 @@
 //
 //	Timeout -> Retry(ResetContextOnRetry) -> PoisonQueue -> Middleware -> CorrelationID -> Recoverer -> handler
 //
+// Stack's poison queue parks into the Middleware's outbox by default (DefaultPoisonTopic). In a
+// chain of your own, give Watermill's PoisonQueueWithFilter outbox.Writer.ParkingPublisher:
+// it parks any message, including the ones refused for their UUID or metadata.
+//
 // Never combine with Watermill's InstantAck (acks before the commit) or its in-memory
 // Deduplicator (records the key before the handler succeeds, so a failed message's redelivery
 // is dropped).

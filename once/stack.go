@@ -1,10 +1,9 @@
 package once
 
 import (
-	"encoding/base64"
+	"cmp"
 	"errors"
-	"sort"
-	"strings"
+	"fmt"
 	"time"
 
 	"github.com/wmonce/watermill-once/oncetype"
@@ -31,17 +30,24 @@ type StackConfig struct {
 
 	// PoisonPublisher and PoisonTopic park messages for which ShouldPark is true: the message
 	// is published there (with Watermill's reason_poisoned, topic_poisoned, handler_poisoned
-	// metadata) and acked, so it stops blocking its partition or queue. Use
-	// outbox.Writer.DBPublisher to park into PostgreSQL, from where the relay forwards it.
-	// Without a PoisonPublisher nothing is parked: errors nack and the broker redelivers.
+	// and subscriber_poisoned metadata) and acked, so it stops blocking its partition or queue.
+	// PoisonPublisher defaults to the Middleware's own outbox (outbox.Writer.ParkingPublisher on
+	// the Middleware's database), committed before the ack, from where the relay forwards it;
+	// PoisonTopic defaults to DefaultPoisonTopic. Any message is parkable: one that the outbox
+	// or a broker cannot carry as it is (no UUID, a UUID or metadata that is not valid UTF-8
+	// text, a metadata key a broker refuses such as _watermill_message_uuid) is made parkable
+	// first, whatever the publisher (outbox.Parkable; outbox.RecoverParked restores the original).
 	PoisonPublisher message.Publisher
 	PoisonTopic     string
+	// DisableParking turns the poison queue off: every error, permanent ones included, nacks
+	// the message and the broker redelivers it, forever for a message that can never succeed
+	// (it blocks its partition or queue). Use it only with a poison queue of your own outside
+	// the Stack. It cannot be combined with PoisonPublisher, PoisonTopic or ShouldPark.
+	DisableParking bool
 	// ShouldPark decides which errors park a message. Default: permanent errors (bad key,
 	// Permanent(err) from the handler, output without topic or that cannot be stored) and panics.
-	// A parked message the outbox cannot store as it is (no UUID, a UUID or metadata that is not
-	// valid UTF-8 text) is made storable first and marked: see MetadataUUIDMissing,
-	// MetadataUUIDOriginalBase64 and MetadataBase64Keys. Transient errors are
-	// retried, then nacked for redelivery: a database outage must not park every message.
+	// Transient errors are retried, then nacked for redelivery: a database outage must not park
+	// every message.
 	ShouldPark func(err error) bool
 
 	Logger watermill.LoggerAdapter
@@ -54,7 +60,10 @@ type StackConfig struct {
 //
 // Retry is outside the transaction so each attempt is a new transaction. The poison queue is
 // inside Retry, parking only what ShouldPark selects, so permanent failures are parked at once
-// while transient ones are retried. CorrelationID and Recoverer are inside the transaction so
+// while transient ones are retried. By default it parks into the Middleware's own outbox (topic
+// DefaultPoisonTopic), committed before the ack: with no configuration beyond the Middleware,
+// a message that can never succeed is parked and acked rather than redelivered forever in
+// front of its partition or queue. CorrelationID and Recoverer are inside the transaction so
 // that produced messages carry correlation ids into the outbox and a panic rolls back.
 //
 // Do not add Watermill's InstantAck or Deduplicator to the same handler: the first acks before
@@ -66,11 +75,15 @@ func Stack(config StackConfig) ([]message.HandlerMiddleware, error) {
 	if config.Timeout < 0 {
 		return nil, errors.New("stack: Timeout must not be negative")
 	}
-	if (config.PoisonPublisher == nil) != (config.PoisonTopic == "") {
-		return nil, errors.New("stack: set both PoisonPublisher and PoisonTopic, or neither")
+	if config.DisableParking && (config.PoisonPublisher != nil || config.PoisonTopic != "" || config.ShouldPark != nil) {
+		return nil, errors.New("stack: DisableParking turns the poison queue off: leave PoisonPublisher, PoisonTopic and ShouldPark unset")
 	}
 	if config.Logger == nil {
 		config.Logger = watermill.NopLogger{}
+	}
+	poison, err := poisonQueue(config)
+	if err != nil {
+		return nil, err
 	}
 	retry := config.Retry
 	if retry.MaxRetries == 0 {
@@ -102,15 +115,7 @@ func Stack(config StackConfig) ([]message.HandlerMiddleware, error) {
 		stack = append(stack, wmiddleware.Timeout(config.Timeout))
 	}
 	stack = append(stack, retry.Middleware)
-	if config.PoisonPublisher != nil {
-		shouldPark := config.ShouldPark
-		if shouldPark == nil {
-			shouldPark = func(err error) bool { return oncetype.IsPermanent(err) || oncetype.IsPanic(err) }
-		}
-		poison, err := wmiddleware.PoisonQueueWithFilter(identifyingPublisher{config.PoisonPublisher}, config.PoisonTopic, shouldPark)
-		if err != nil {
-			return nil, err
-		}
+	if poison != nil {
 		stack = append(stack, poison)
 	}
 	stack = append(stack,
@@ -121,69 +126,57 @@ func Stack(config StackConfig) ([]message.HandlerMiddleware, error) {
 	return stack, nil
 }
 
-// MetadataUUIDMissing marks a parked message that arrived without a UUID and was given one so
-// that it could be stored and found.
-const MetadataUUIDMissing = "uuid_missing"
+// DefaultPoisonTopic is where Stack parks by default. It is valid on every broker the broker
+// package supports (SQL, Kafka and RabbitMQ topic rules).
+const DefaultPoisonTopic = "wmonce.poison"
 
-// MetadataUUIDOriginalBase64 holds, base64-encoded, the UUID of a parked message whose UUID could
-// not be stored as it was (not valid UTF-8 text, or longer than outbox.MaxUUIDLength); the
-// parked copy gets a fresh UUID.
-const MetadataUUIDOriginalBase64 = "uuid_original_base64"
+// poisonQueue returns the Stack's poison queue, nil with DisableParking.
+func poisonQueue(config StackConfig) (message.HandlerMiddleware, error) {
+	if config.DisableParking {
+		return nil, nil
+	}
+	topic := cmp.Or(config.PoisonTopic, DefaultPoisonTopic)
+	pub := config.PoisonPublisher
+	if pub == nil {
+		mw := config.Middleware
+		if err := mw.outbox.CheckTopic(topic); err != nil {
+			return nil, fmt.Errorf("stack: PoisonTopic: %w", err)
+		}
+		pub = mw.outbox.ParkingPublisher(mw.db)
+	} else if err := outbox.DefaultValidateTopic(topic); err != nil {
+		return nil, fmt.Errorf("stack: PoisonTopic: %w", err)
+	}
+	shouldPark := config.ShouldPark
+	if shouldPark == nil {
+		shouldPark = func(err error) bool { return oncetype.IsPermanent(err) || oncetype.IsPanic(err) }
+	}
+	return wmiddleware.PoisonQueueWithFilter(parkingPublisher{pub, config.Logger}, topic, shouldPark)
+}
 
-// MetadataBase64Keys lists (comma-separated, sorted) the metadata keys of a parked message whose
-// values were base64-encoded because they were not valid UTF-8 text; a key that was not valid
-// text itself is stored as "base64:" followed by its base64 encoding.
-const MetadataBase64Keys = "metadata_base64_keys"
+// parkingPublisher makes every message parkable before pub parks it, whatever pub is: a message
+// whose missing id or binary metadata is the reason it cannot be processed must still be
+// parkable, or it would be nacked forever (a parkable message passes through
+// outbox.Writer.ParkingPublisher unchanged). It logs each message it parks: a parked message
+// needs a person.
+type parkingPublisher struct {
+	pub    message.Publisher
+	logger watermill.LoggerAdapter
+}
 
-// identifyingPublisher makes a message the outbox cannot store as it is storable before parking
-// it, and says so in its metadata: a message whose missing id or binary metadata is the reason it
-// cannot be processed must still be parkable, or it would be nacked forever.
-type identifyingPublisher struct{ message.Publisher }
-
-func (p identifyingPublisher) Publish(topic string, msgs ...*message.Message) error {
+func (p parkingPublisher) Publish(topic string, msgs ...*message.Message) error {
 	for i, m := range msgs {
-		if c, changed := parkable(m); changed {
-			msgs[i] = c
-		}
+		msgs[i] = outbox.Parkable(m)
 	}
-	return p.Publisher.Publish(topic, msgs...)
+	err := p.pub.Publish(topic, msgs...)
+	for _, m := range msgs {
+		fields := watermill.LogFields{"message_uuid": m.UUID, "poison_topic": topic, "handler": m.Metadata.Get(wmiddleware.PoisonedHandlerKey)}
+		if err != nil {
+			p.logger.Error("Message could not be parked: nacked, to be redelivered", err, fields)
+			continue
+		}
+		p.logger.Error("Message parked on the poison topic and acked: it needs a person", errors.New(m.Metadata.Get(wmiddleware.ReasonForPoisonedKey)), fields)
+	}
+	return err
 }
 
-func parkable(m *message.Message) (*message.Message, bool) {
-	badUUID := m.UUID == "" || len(m.UUID) > outbox.MaxUUIDLength || !oncetype.IsText(m.UUID)
-	var badKeys []string
-	for k, v := range m.Metadata {
-		if !oncetype.IsText(k) || !oncetype.IsText(v) {
-			badKeys = append(badKeys, k)
-		}
-	}
-	if !badUUID && len(badKeys) == 0 {
-		return m, false
-	}
-	c := m.Copy()
-	c.SetContext(m.Context())
-	if badUUID {
-		if m.UUID == "" {
-			c.Metadata.Set(MetadataUUIDMissing, "true")
-		} else {
-			c.Metadata.Set(MetadataUUIDOriginalBase64, base64.StdEncoding.EncodeToString([]byte(m.UUID)))
-		}
-		c.UUID = watermill.NewUUID()
-	}
-	if len(badKeys) > 0 {
-		var names []string
-		for _, k := range badKeys {
-			v := c.Metadata[k]
-			delete(c.Metadata, k)
-			name := k
-			if !oncetype.IsText(k) {
-				name = "base64:" + base64.StdEncoding.EncodeToString([]byte(k))
-			}
-			c.Metadata[name] = base64.StdEncoding.EncodeToString([]byte(v))
-			names = append(names, name)
-		}
-		sort.Strings(names)
-		c.Metadata.Set(MetadataBase64Keys, strings.Join(names, ","))
-	}
-	return c, true
-}
+func (p parkingPublisher) Close() error { return p.pub.Close() }

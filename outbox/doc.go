@@ -3,7 +3,9 @@
 //
 // Writer.PublishTx writes into a caller's *sql.Tx (the transactional twin of a publisher);
 // Writer.Publisher is a message.Publisher that finds the transaction in each message's context,
-// for code inside an effectively-once handler; Writer.DBPublisher commits each call on its own.
+// for code inside an effectively-once handler; Writer.DBPublisher commits each call on its own,
+// and Writer.ParkingPublisher does so for the poison queue, parking any refused message
+// (Parkable, RecoverParked).
 // Relay reads committed rows and publishes them to any Watermill publisher, in the order
 // described under Order.
 //
@@ -19,14 +21,15 @@
 //   - A stored message is visible to the relay if and only if its transaction commits.
 //   - Writer stores a message byte for byte or refuses it (ErrInvalidMessage): metadata and
 //     UUIDs must be valid UTF-8 text without NUL, since they are stored as JSON and text;
-//     payloads may be any bytes.
+//     payloads may be any bytes. ParkingPublisher stores any message: Parkable encodes and
+//     marks what cannot be stored as it is, and RecoverParked restores it.
 //   - The relay publishes every committed message at least once, with its original UUID and
 //     metadata, in the order described under Order. It records its position after publishing,
 //     so after a crash it publishes the last batch again: consumers deduplicate (package
 //     middleware does).
 //   - Correlation (correlation_id), causation (causation_id: the consumed message's UUID) and
 //     the time the event occurred (occurred_at) are stamped on every stored message unless the
-//     producer set them.
+//     producer set them; ParkingPublisher stores parked messages as they were received.
 //
 // # Order
 //

@@ -226,14 +226,19 @@ type Execer interface {
 // not valid UTF-8 or contains NUL (JSON would replace invalid bytes with U+FFFD; PostgreSQL text
 // refuses NUL). Payloads are any bytes (base64 in the envelope). A nil tx returns an error
 // wrapping pgtx.ErrNoTransaction.
-func (w *Writer) PublishTx(ctx context.Context, tx Execer, topic string, msgs ...*message.Message) (err error) {
+func (w *Writer) PublishTx(ctx context.Context, tx Execer, topic string, msgs ...*message.Message) error {
+	return w.store(ctx, tx, topic, msgs, true)
+}
+
+// store is PublishTx; with stamped false it stores the messages as they are (ParkingPublisher).
+func (w *Writer) store(ctx context.Context, tx Execer, topic string, msgs []*message.Message, stamped bool) (err error) {
 	if len(msgs) == 0 {
 		return nil
 	}
 	if pgtx.IsNil(tx) {
 		return fmt.Errorf("outbox: %w: tx is nil (outside a transaction, pgtx.TxFromContext returns a nil *sql.Tx)", pgtx.ErrNoTransaction)
 	}
-	if err := w.checkTopic(topic); err != nil {
+	if err := w.CheckTopic(topic); err != nil {
 		return err
 	}
 	for i, msg := range msgs {
@@ -249,10 +254,12 @@ func (w *Writer) PublishTx(ctx context.Context, tx Execer, topic string, msgs ..
 	payloads := make([]string, len(msgs))
 	metadatas := make([]string, len(msgs))
 	for i, msg := range msgs {
-		stamp(msg, cause, now)
-		tracing.Stamp(ctx, msg)
-		if err := checkText("metadata", msg.Metadata); err != nil { // inherited correlation_id
-			return fmt.Errorf("%w: message %s: %w", ErrInvalidMessage, msg.UUID, err)
+		if stamped {
+			stamp(msg, cause, now)
+			tracing.Stamp(ctx, msg)
+			if err := checkText("metadata", msg.Metadata); err != nil { // inherited correlation_id
+				return fmt.Errorf("%w: message %s: %w", ErrInvalidMessage, msg.UUID, err)
+			}
 		}
 		env, err := marshalEnvelope(topic, msg)
 		if err != nil {
@@ -286,7 +293,10 @@ func (w *Writer) PublishTx(ctx context.Context, tx Execer, topic string, msgs ..
 	return nil
 }
 
-func (w *Writer) checkTopic(topic string) error {
+// CheckTopic returns the error, wrapping ErrInvalidMessage, with which PublishTx would refuse
+// topic: not text, or refused by Config.ValidateTopic. Check a configured topic with it at
+// start-up (once.Stack checks its poison topic) rather than at the first message.
+func (w *Writer) CheckTopic(topic string) error {
 	if err := oncetype.CheckText("topic", topic); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidMessage, err)
 	}
@@ -394,25 +404,60 @@ func (p contextPublisher) Publish(topic string, msgs ...*message.Message) error 
 func (contextPublisher) Close() error { return nil }
 
 // DBPublisher returns a message.Publisher that stores each Publish call in a short transaction
-// of its own on db. Use it where there is no business transaction to join, e.g. as the poison
-// queue publisher: the parked message is then durable in PostgreSQL and the relay forwards it.
+// of its own on db, byte for byte or not at all (like PublishTx). Use it where there is no
+// business transaction to join. To park refused messages, use ParkingPublisher instead: a
+// message refused for its UUID or metadata is exactly one DBPublisher refuses to store.
 func (w *Writer) DBPublisher(db *sql.DB) message.Publisher { return dbPublisher{w: w, db: db} }
 
+// ParkingPublisher returns the message.Publisher that parks messages a consumer refused, for
+// Watermill's poison queue:
+//
+//	poison, err := middleware.PoisonQueueWithFilter(writer.ParkingPublisher(db), topic, oncetype.IsPermanent)
+//
+// Each Publish call is stored in a short transaction of its own on db, as with DBPublisher, so
+// the parked message is durable in PostgreSQL before the poison queue lets the router ack it,
+// and the relay forwards it to topic. Unlike DBPublisher it never refuses a message for its
+// content: each message goes through Parkable first (a missing, over-long or binary UUID,
+// binary metadata and metadata keys a broker refuses are encoded and marked),
+// so that a message refused because of them is parked rather than nacked forever, blocking its
+// partition or queue. RecoverParked restores the original UUID and metadata from the parked
+// copy; the payload is stored as it is, any bytes.
+//
+// A parked copy is stored as the consumer received it, plus Parkable's markers: the Writer's
+// stamps (correlation_id, causation_id, occurred_at, trace context) are not added, since it is
+// the consumed message itself, not one it caused. It fails only for reasons that are no
+// message's fault: a topic that CheckTopic refuses, a nil message or db, a database error.
+// once.Stack parks through it by default.
+func (w *Writer) ParkingPublisher(db *sql.DB) message.Publisher {
+	return dbPublisher{w: w, db: db, parking: true}
+}
+
 type dbPublisher struct {
-	w  *Writer
-	db *sql.DB
+	w       *Writer
+	db      *sql.DB
+	parking bool
 }
 
 func (p dbPublisher) Publish(topic string, msgs ...*message.Message) error {
 	if p.db == nil {
+		if p.parking {
+			return errors.New("outbox: ParkingPublisher: db is nil")
+		}
 		return errors.New("outbox: DBPublisher: db is nil")
 	}
 	ctx := context.Background()
-	if len(msgs) > 0 {
+	if len(msgs) > 0 && msgs[0] != nil {
 		ctx = context.WithoutCancel(msgs[0].Context())
 	}
+	if p.parking {
+		parked := make([]*message.Message, len(msgs))
+		for i, m := range msgs {
+			parked[i] = Parkable(m)
+		}
+		msgs = parked
+	}
 	return pgtx.RunInTx(ctx, p.db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
-		return p.w.PublishTx(ctx, tx, topic, msgs...)
+		return p.w.store(ctx, tx, topic, msgs, !p.parking)
 	})
 }
 

@@ -103,12 +103,13 @@ func run(ctx context.Context, db *sql.DB, o options) (summary, error) {
 	defer inBackground(ctx, processor.Run, processor.Close)()
 
 	// The router feeds the receiver; what the receiver refuses (a permanent error) is parked by
-	// Watermill's poison-queue middleware, through the outbox.
+	// Watermill's poison-queue middleware, through the outbox: ParkingPublisher stores any
+	// message, even one without a UUID or with binary headers (outbox.RecoverParked restores it).
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 15 * time.Second}, e.logger)
 	if err != nil {
 		return summary{}, err
 	}
-	poison, err := wmiddleware.PoisonQueueWithFilter(e.writer.DBPublisher(db), poisonTopic, oncetype.IsPermanent)
+	poison, err := wmiddleware.PoisonQueueWithFilter(e.writer.ParkingPublisher(db), poisonTopic, oncetype.IsPermanent)
 	if err != nil {
 		return summary{}, err
 	}

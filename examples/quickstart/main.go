@@ -1,5 +1,7 @@
-// Command quickstart is the smallest complete use of watermill-once: one event is delivered
-// three times over Watermill's SQL pub/sub and its effect is applied once.
+// Command quickstart runs the README's Quick start (rewards.go, shown there verbatim) over
+// Watermill's SQL pub/sub and shows what it does: one event delivered three times is applied
+// once and its cashback event sent once, and an event the handler can never apply is parked
+// instead of blocking the events behind it.
 //
 //	go run ./examples/quickstart
 //
@@ -7,7 +9,8 @@
 // one it starts for the run (not as root; see internal/embeddedpg).
 // It ends with one JSON line of what it measured.
 //
-// This file is the pattern; setup.go is the scaffolding (database, tables, pub/sub, waiting).
+// rewards.go is the pattern; this file and setup.go are the scaffolding (database, pub/sub,
+// publishing, counting).
 package main
 
 import (
@@ -22,14 +25,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmonce/watermill-once/once"
-	"github.com/wmonce/watermill-once/pgtx"
 )
 
-const (
-	topic    = "quickstart_payments"
-	consumer = "quickstart_rewards"
-	copies   = 3
-)
+const copies = 3
 
 func main() {
 	if err := run(context.Background()); err != nil {
@@ -37,60 +35,69 @@ func main() {
 	}
 }
 
-func run(ctx context.Context) error {
+func run(ctx context.Context) (err error) {
 	logger := watermill.NewStdLogger(false, false)
-	// PostgreSQL with watermill-once's tables (schema "wmonce") and the business table
-	// quickstart_credits, and Watermill's SQL pub/sub on the same database.
+	// PostgreSQL with the business table cashback_credits, and Watermill's SQL pub/sub on it.
 	e, err := setUp(ctx, logger)
 	if err != nil {
 		return err
 	}
 	defer e.close()
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	// What the service sends, as a downstream consumer would see it.
+	cashback, err := e.watch(ctx, "cashback")
+	if err != nil {
+		return err
+	}
+	parked, err := e.watch(ctx, once.DefaultPoisonTopic)
+	if err != nil {
+		return err
+	}
 
-	// The effectively-once middleware around an ordinary handler.
-	mw, err := once.New(e.db, once.Config{}, logger)
-	if err != nil {
-		return err
-	}
-	stack, err := once.Stack(once.StackConfig{Middleware: mw, Logger: logger})
-	if err != nil {
-		return err
-	}
-	router, err := message.NewRouter(message.RouterConfig{}, logger)
-	if err != nil {
-		return err
-	}
-	router.AddConsumerHandler(consumer, topic, e.sub, func(msg *message.Message) error {
-		tx, _ := pgtx.TxFromContext(msg.Context()) // the middleware's transaction
-		_, err := tx.ExecContext(msg.Context(), `INSERT INTO quickstart_credits (event_id, paise) VALUES ($1, 2400)`, msg.UUID)
-		return err
-	})
-	router.AddMiddleware(stack...)
-	go func() { _ = router.Run(ctx) }()
-	<-router.Running()
-	defer router.Close()
+	done := make(chan error, 1)
+	go func() { done <- runRewards(ctx, e.db, e.sub, e.pub, logger) }()
+	defer func() {
+		stop()
+		if runErr := <-done; err == nil {
+			err = runErr
+		}
+	}()
 
+	id := watermill.NewShortUUID()
+	eventID, brokenID, lastID := "e-"+id, "broken-"+id, "last-"+id
 	// The same event, three times: a producer retry, a redelivery, a redrive.
-	eventID := "e-" + watermill.NewShortUUID()
 	for range copies {
-		if err := e.pub.Publish(topic, message.NewMessage(eventID, []byte(`{"payment_id":"pay_42","paise":120000}`))); err != nil {
+		if err := e.publish(eventID, fmt.Sprintf(`{"payment_id":"pay-%s","paise":120000}`, id)); err != nil {
 			return err
 		}
 	}
-	// Wait until the middleware has seen every copy (applied or absorbed), then count the effect.
-	if err := waitUntil(30*time.Second, func() bool { c := mw.Counters(consumer); return c.Fresh+c.Duplicates >= copies }); err != nil {
-		return fmt.Errorf("%w: %+v", err, mw.Counters(consumer))
-	}
-	applied, err := e.credits(ctx, eventID)
-	if err != nil {
+	// An event the handler can never decode: parked, and the events behind it go on.
+	if err := e.publish(brokenID, `{"payment_id":42}`); err != nil {
 		return err
 	}
-	c := mw.Counters(consumer)
-	fmt.Printf("event %s: %d copies delivered, handler applied it %d time(s), %d duplicate(s) absorbed\n",
-		eventID, c.Fresh+c.Duplicates, applied, c.Duplicates)
+	// One subscriber delivers in order: when the last event is applied, so is all before it.
+	if err := e.publish(lastID, fmt.Sprintf(`{"payment_id":"last-%s","paise":100}`, id)); err != nil {
+		return err
+	}
+	if err := waitUntil(60*time.Second, func() bool {
+		return e.credits(ctx, "last-"+id) == 1 && cashback.count(eventID, lastID) == 2 && parked.count(brokenID) == 1
+	}); err != nil {
+		return fmt.Errorf("%w: the last event, its cashback and the parked event did not all arrive", err)
+	}
+	applied := e.credits(ctx, "pay-"+id)
+	sent := cashback.count(eventID)
+	fmt.Printf("event %s: %d copies delivered, applied %d time(s), cashback sent %d time(s); broken event parked on %s: %d\n",
+		eventID, copies, applied, sent, once.DefaultPoisonTopic, parked.count(brokenID))
 	return json.NewEncoder(os.Stdout).Encode(map[string]any{
-		"deliveries": c.Fresh + c.Duplicates,
-		"applied":    applied,
-		"duplicates": c.Duplicates,
+		"deliveries":    copies,
+		"applied":       applied,
+		"cashback_sent": sent,
+		"parked":        parked.count(brokenID),
 	})
+}
+
+// publish sends one payment event with the given UUID.
+func (e *env) publish(uuid, payload string) error {
+	return e.pub.Publish("payments", message.NewMessage(uuid, []byte(payload)))
 }
