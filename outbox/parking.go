@@ -1,14 +1,15 @@
 package outbox
 
 import (
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
 	"strings"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmonce/watermill-once/oncetype"
@@ -102,9 +103,28 @@ func Parkable(msg *message.Message) *message.Message {
 		} else {
 			c.Metadata[MetadataUUIDOriginalBase64] = base64.StdEncoding.EncodeToString([]byte(msg.UUID))
 		}
-		c.UUID = watermill.NewUUID()
+		c.UUID = parkedUUID(msg)
 	}
 	return c
+}
+
+// parkedUUID is the UUID of a parked copy whose own UUID cannot be stored: derived from what the
+// refused message carried (its UUID bytes, payload, and where Watermill's poison queue says it was
+// refused), so that a redelivered copy parked again gets the same UUID and a consumer of the
+// poison topic can deduplicate them. A version 8 (custom) UUID, 36 characters like any other.
+func parkedUUID(msg *message.Message) string {
+	h := sha256.New()
+	for _, part := range [][]byte{[]byte(msg.UUID), msg.Payload, []byte(msg.Metadata.Get("topic_poisoned")), []byte(msg.Metadata.Get("handler_poisoned"))} {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
+		h.Write(n[:])
+		h.Write(part)
+	}
+	var u [16]byte
+	copy(u[:], h.Sum(nil))
+	u[6] = u[6]&0x0f | 0x80 // version 8
+	u[8] = u[8]&0x3f | 0x80 // RFC 9562 variant
+	return fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
 }
 
 // parkableAsIs reports whether msg needs no change: a storable UUID, and no metadata entry

@@ -267,3 +267,21 @@ func TestParkedCopiesCrossRabbitMQ(t *testing.T) {
 // amqpProperty reports the metadata under which the broker package's AMQP subscriber exposes a
 // delivery's properties (broker.MetadataAMQPMessageID, ...).
 func amqpProperty(key string) bool { return strings.HasPrefix(key, "amqp_") }
+
+// A message refused again after a lost ack is parked again: its copy's UUID must be the same, so
+// a consumer of the poison topic can deduplicate the two.
+func TestParkedUUIDIsTheSameForEveryCopy(t *testing.T) {
+	t.Parallel()
+	refused := func() *message.Message {
+		m := message.NewMessage("", []byte("p"))
+		m.Metadata.Set("topic_poisoned", "payments")
+		m.Metadata.Set("handler_poisoned", "rewards")
+		return m
+	}
+	a, b := outbox.Parkable(refused()), outbox.Parkable(refused())
+	require.Equal(t, a.UUID, b.UUID)
+	require.Len(t, a.UUID, 36, "fits watermill-sql's uuid column")
+	other := refused()
+	other.Payload = []byte("q")
+	require.NotEqual(t, a.UUID, outbox.Parkable(other).UUID, "another message, another UUID")
+}
