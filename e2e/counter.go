@@ -3,19 +3,15 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/e2e/internal/scenario"
-	"github.com/wmonce/watermill-once/internal/brokertest"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -61,46 +57,12 @@ func RunCounter(t *testing.T, target Target, opts CounterOptions) {
 	ctx, cancel := context.WithTimeout(context.Background(), opts.Timeout)
 	defer cancel()
 
-	control := pgtest.DB(t)
-	schema := pgtest.Schema(t, control)
-	require.NoError(t, scenario.CreateTables(ctx, control, schema))
-	require.NoError(t, scenario.CreateCounterTable(ctx, control, schema))
-	appURL := withApplicationName(t, pgtest.URL(), pgtest.NewName("e2e_counter"))
-	appDB, err := pgtx.Open(ctx, appURL, pgtx.PoolConfig{MaxOpenConns: 8})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = appDB.Close() })
-
 	topic, group := pgtest.NewName("orders"), "counter"
-	cfg := target.Config(t, schema)
-	cfg.DatabaseURL = appURL
-	cfg.Subscriptions = []broker.Subscription{{Topic: topic, Group: group}}
-	b, err := broker.New(ctx, appDB, cfg, watermill.NopLogger{})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = b.Close() })
-	brokertest.DeleteCreatedKafkaTopics(t, b)
-	pub, err := b.NewPublisher(ctx)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = pub.Close() })
-
-	writer, err := outbox.NewWriter(outbox.Config{Schema: schema, ValidateTopic: broker.TopicValidator(cfg.Kind)})
-	require.NoError(t, err)
-	crashy := &crashingPublisher{next: pub, every: 3, published: map[string]int{}}
-	relay, err := outbox.NewRelay(appDB, crashy, outbox.RelayConfig{Schema: schema, PollInterval: 20 * time.Millisecond}, watermill.NopLogger{})
-	require.NoError(t, err)
-	relayDone := make(chan struct{})
-	go func() { defer close(relayDone); _ = relay.Run(ctx) }()
-	t.Cleanup(func() { _ = relay.Close(); <-relayDone })
-
-	logDir := t.TempDir()
-	if d := os.Getenv("E2E_LOG_DIR"); d != "" {
-		logDir = filepath.Join(d, "counter-"+target.Name)
-		require.NoError(t, os.MkdirAll(logDir, 0o755))
-		t.Logf("consumer logs in %s", logDir)
-	}
-	fleet := &fleet{t: t, bin: opts.ConsumerBinary, dir: logDir, env: append(cfg.Environ(),
-		scenario.EnvSchema+"="+schema, scenario.EnvTopic+"="+topic, scenario.EnvGroup+"="+group,
-		scenario.EnvHandler+"="+scenario.HandlerCounter)}
-	t.Cleanup(fleet.killAll)
+	r := newRig(ctx, t, target, "e2e_counter", outbox.RelayConfig{PollInterval: 20 * time.Millisecond},
+		broker.Subscription{Topic: topic, Group: group})
+	require.NoError(t, scenario.CreateCounterTable(ctx, r.control, r.schema))
+	fleet := r.fleet(t, opts.ConsumerBinary, "counter-"+target.Name+"-"+r.appName,
+		scenario.EnvTopic+"="+topic, scenario.EnvGroup+"="+group, scenario.EnvHandler+"="+scenario.HandlerCounter)
 	a, c := fleet.start("a"), fleet.start("b")
 
 	var produced atomic.Int64
@@ -112,7 +74,7 @@ func RunCounter(t *testing.T, target Target, opts CounterOptions) {
 		producers.Go(func() {
 			for i := range perProducer {
 				ev := scenario.Event{OrderID: fmt.Sprintf("o-%d-%05d", p, i), Amount: int64(100 + (p*perProducer+i)%997)}
-				if err := scenario.Produce(ctx, appDB, writer, schema, topic, ev, fmt.Sprintf("customer-%d", i%7)); err != nil {
+				if err := scenario.Produce(ctx, r.app, r.writer, r.schema, topic, ev, fmt.Sprintf("customer-%d", i%7)); err != nil {
 					prodErr <- err
 					return
 				}
@@ -120,8 +82,8 @@ func RunCounter(t *testing.T, target Target, opts CounterOptions) {
 			}
 		})
 	}
-	q := func(query string, args ...any) int { return pgtest.Count(t, control, query, args...) }
-	claimsQuery := `SELECT count(*) FROM ` + pgtx.QualifiedName(schema, "processed_messages") + ` WHERE consumer = $1`
+	q := func(query string, args ...any) int { return pgtest.Count(t, r.control, query, args...) }
+	claimsQuery := `SELECT count(*) FROM ` + pgtx.QualifiedName(r.schema, "processed_messages") + ` WHERE consumer = $1`
 	// Claims, not the counter, tell progress: they are exact whatever the handler does, so a
 	// counter that lost updates fails the check below instead of a wait.
 	claims := func() int { return q(claimsQuery, group) }
@@ -147,20 +109,20 @@ func RunCounter(t *testing.T, target Target, opts CounterOptions) {
 		if d := fleet.deliveries(); d != last {
 			last, quietSince = d, time.Now()
 		}
-		return time.Since(quietSince) > 1500*time.Millisecond && crashy.idleFor() > time.Second
+		return time.Since(quietSince) > 1500*time.Millisecond && r.crashy.idleFor() > time.Second
 	}, opts.Timeout, 50*time.Millisecond)
 	fleet.stop(a)
 	fleet.stop(c)
-	require.NoError(t, relay.Close())
+	require.NoError(t, r.relay.Close())
 
 	for _, f := range faults.list() {
 		t.Logf("e2e counter[%s] fault injected: %s", target.Name, f)
 	}
 	var n, sum int64
-	counter := pgtx.QualifiedName(schema, "counter")
-	require.NoError(t, control.QueryRowContext(ctx, `SELECT n, total FROM `+counter+` WHERE id = 1`).Scan(&n, &sum))
-	ordersSum := q(`SELECT sum(amount)::bigint FROM ` + pgtx.QualifiedName(schema, "orders"))
-	pubStats, st := crashy.stats(), fleet.totals()
+	counter := pgtx.QualifiedName(r.schema, "counter")
+	require.NoError(t, r.control.QueryRowContext(ctx, `SELECT n, total FROM `+counter+` WHERE id = 1`).Scan(&n, &sum))
+	ordersSum := q(`SELECT sum(amount)::bigint FROM ` + pgtx.QualifiedName(r.schema, "orders"))
+	pubStats, st := r.crashy.stats(), fleet.totals()
 	t.Logf("e2e counter[%s]: %d events, counter %d (sum %d of %d); %d claims; relay republished %d events; consumers (%d process runs): %d deliveries, %d duplicates absorbed, %d attempts rolled back; %s",
 		target.Name, total, n, sum, ordersSum, claims(), pubStats.republishedEvents, fleet.runs(), st.Deliveries, st.Duplicates, st.Failed, time.Since(began).Round(time.Millisecond))
 	require.Equal(t, total, claims(), "one dedupe claim per event")
