@@ -108,50 +108,14 @@ func Run(t *testing.T, target Target, opts Options) {
 	ctx, cancel := context.WithTimeout(context.Background(), opts.Timeout)
 	defer cancel()
 
-	// The control pool (test bookkeeping, fault injection) is never terminated; the application
-	// pool and the consumer processes carry an application_name that the fault injector targets.
-	control := pgtest.DB(t)
-	schema := pgtest.Schema(t, control)
-	require.NoError(t, scenario.CreateTables(ctx, control, schema))
-	appName := pgtest.NewName("e2e_app")
-	appURL := withApplicationName(t, pgtest.URL(), appName)
-	appDB, err := pgtx.Open(ctx, appURL, pgtx.PoolConfig{MaxOpenConns: 8})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = appDB.Close() })
-
 	topic, poisonTopic, group := pgtest.NewName("orders"), pgtest.NewName("parked"), "ledger"
-	cfg := target.Config(t, schema)
-	cfg.DatabaseURL = appURL
-	cfg.Subscriptions = []broker.Subscription{{Topic: topic, Group: group}, {Topic: poisonTopic, Group: "ops"}}
-	b, err := broker.New(ctx, appDB, cfg, watermill.NopLogger{})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = b.Close() })
-	brokertest.DeleteCreatedKafkaTopics(t, b)
-	pub, err := b.NewPublisher(ctx)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = pub.Close() })
-
-	writer, err := outbox.NewWriter(outbox.Config{Schema: schema, ValidateTopic: broker.TopicValidator(cfg.Kind)})
-	require.NoError(t, err)
-	crashy := &crashingPublisher{next: pub, every: 3, published: map[string]int{}}
-	relay, err := outbox.NewRelay(appDB, crashy, outbox.RelayConfig{
-		Schema: schema, BatchSize: 10, PollInterval: 20 * time.Millisecond,
+	r := newRig(ctx, t, target, "e2e_app", outbox.RelayConfig{
+		BatchSize: 10, PollInterval: 20 * time.Millisecond,
 		Backoff: 10 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, StandbyInterval: 100 * time.Millisecond,
-	}, watermill.NopLogger{})
-	require.NoError(t, err)
-	relayDone := make(chan struct{})
-	go func() { defer close(relayDone); _ = relay.Run(ctx) }()
-	t.Cleanup(func() { _ = relay.Close(); <-relayDone })
-
-	logDir := t.TempDir()
-	if d := os.Getenv("E2E_LOG_DIR"); d != "" { // keep the consumer logs for a post-mortem
-		logDir = filepath.Join(d, target.Name+"-"+appName)
-		require.NoError(t, os.MkdirAll(logDir, 0o755))
-		t.Logf("consumer logs in %s", logDir)
-	}
-	fleet := &fleet{t: t, bin: opts.ConsumerBinary, dir: logDir, env: append(cfg.Environ(),
-		scenario.EnvSchema+"="+schema, scenario.EnvTopic+"="+topic, scenario.EnvPoisonTopic+"="+poisonTopic, scenario.EnvGroup+"="+group)}
-	t.Cleanup(fleet.killAll)
+	}, broker.Subscription{Topic: topic, Group: group}, broker.Subscription{Topic: poisonTopic, Group: "ops"})
+	control, appDB, schema, appName, cfg, writer, crashy, relay := r.control, r.app, r.schema, r.appName, r.cfg, r.writer, r.crashy, r.relay
+	fleet := r.fleet(t, opts.ConsumerBinary, target.Name+"-"+appName,
+		scenario.EnvTopic+"="+topic, scenario.EnvPoisonTopic+"="+poisonTopic, scenario.EnvGroup+"="+group)
 	a, c := fleet.start("a"), fleet.start("b")
 
 	// Producers, with faults injected at fixed points of the stream.
@@ -297,6 +261,72 @@ func Run(t *testing.T, target Target, opts Options) {
 	}
 	t.Logf("e2e[%s] verified: ledger %d rows = %d distinct events = %d produced, sum %d = orders sum, %d claims; poison %s parked (%d delivered copies parked under its one UUID), not applied; total %s",
 		target.Name, rows, distinct, total, ledgerSum, total, poisonUUID, parkedCopies, time.Since(began).Round(time.Millisecond))
+}
+
+// rig is what a run sets up before its consumers start: the test's schema with the scenario's
+// tables, a control pool for bookkeeping and fault injection that is never terminated, the
+// application's pool (its connections carry appName, which the fault injector targets), the
+// broker with the run's subscriptions declared, and a relay publishing the outbox through a
+// crashingPublisher that republishes every third call.
+type rig struct {
+	control, app    *sql.DB
+	schema, appName string
+	cfg             broker.Config
+	writer          *outbox.Writer
+	crashy          *crashingPublisher
+	relay           *outbox.Relay
+}
+
+// newRig sets up a run on target. relayCfg's Schema is set to the test's; the relay stops
+// when ctx ends or the test does.
+func newRig(ctx context.Context, t *testing.T, target Target, appPrefix string, relayCfg outbox.RelayConfig, subs ...broker.Subscription) *rig {
+	t.Helper()
+	r := &rig{control: pgtest.DB(t), appName: pgtest.NewName(appPrefix)}
+	r.schema = pgtest.Schema(t, r.control)
+	require.NoError(t, scenario.CreateTables(ctx, r.control, r.schema))
+	appURL := withApplicationName(t, pgtest.URL(), r.appName)
+	var err error
+	r.app, err = pgtx.Open(ctx, appURL, pgtx.PoolConfig{MaxOpenConns: 8})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.app.Close() })
+
+	r.cfg = target.Config(t, r.schema)
+	r.cfg.DatabaseURL = appURL
+	r.cfg.Subscriptions = subs
+	b, err := broker.New(ctx, r.app, r.cfg, watermill.NopLogger{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+	brokertest.DeleteCreatedKafkaTopics(t, b)
+	pub, err := b.NewPublisher(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+
+	r.writer, err = outbox.NewWriter(outbox.Config{Schema: r.schema, ValidateTopic: broker.TopicValidator(r.cfg.Kind)})
+	require.NoError(t, err)
+	r.crashy = &crashingPublisher{next: pub, every: 3, published: map[string]int{}}
+	relayCfg.Schema = r.schema
+	r.relay, err = outbox.NewRelay(r.app, r.crashy, relayCfg, watermill.NopLogger{})
+	require.NoError(t, err)
+	relayDone := make(chan struct{})
+	go func() { defer close(relayDone); _ = r.relay.Run(ctx) }()
+	t.Cleanup(func() { _ = r.relay.Close(); <-relayDone })
+	return r
+}
+
+// fleet returns a fleet of consumer processes of bin on the rig's broker and schema, with the
+// scenario's variables env, logging into a temporary directory, or into E2E_LOG_DIR/logName
+// when E2E_LOG_DIR is set (kept for a post-mortem). Its processes are killed when the test ends.
+func (r *rig) fleet(t *testing.T, bin, logName string, env ...string) *fleet {
+	t.Helper()
+	logDir := t.TempDir()
+	if d := os.Getenv("E2E_LOG_DIR"); d != "" {
+		logDir = filepath.Join(d, logName)
+		require.NoError(t, os.MkdirAll(logDir, 0o755))
+		t.Logf("consumer logs in %s", logDir)
+	}
+	f := &fleet{t: t, bin: bin, dir: logDir, env: append(append(r.cfg.Environ(), scenario.EnvSchema+"="+r.schema), env...)}
+	t.Cleanup(f.killAll)
+	return f
 }
 
 // parked lists what was parked for the poison topic, with the reasons.

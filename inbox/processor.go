@@ -31,6 +31,9 @@ type ProcessorConfig struct {
 
 	// Workers process rows concurrently, each in its own transactions. Default 4. The pool
 	// needs Workers connections plus up to three more (LISTEN, lease upkeep, operations).
+	// Rows of one ordering key never run at the same time; other rows do, in this and in
+	// every other Processor of the Consumer: see TxOptions for handlers that read before
+	// they write.
 	Workers int
 	// BatchSize is the most rows a worker claims at once. Default 16. Without lease renewal
 	// the whole claimed batch must be processed within Lease.
@@ -91,7 +94,20 @@ type ProcessorConfig struct {
 	// service's own Writer as Outbox, wherever the service's relay has a Source: rows of another
 	// source are never forwarded by it. Setting both is an error.
 	OutboxSource string
-	// TxOptions of the processing transactions. Default READ COMMITTED.
+	// TxOptions of the processing transactions. Default READ COMMITTED. Handlers of
+	// different rows run at the same time (Workers), so at READ COMMITTED a handler that
+	// reads a row and writes back a value computed from it (read a counter, add one, write
+	// it) loses the updates of handlers that commit in between. Make such a handler exact by
+	// computing in SQL (SET n = n + 1), by locking what it reads (SELECT ... FOR UPDATE), or
+	// by giving the messages that touch one row one ordering key (ReceiverConfig.OrderingKey):
+	// their rows run one at a time. REPEATABLE READ makes it exact too but is not the
+	// default, unlike the effectively-once middleware's: here a serialization failure counts
+	// as a failed attempt once the retries are spent (three new transactions with
+	// ClaimLease; with ClaimLock three retries in a savepoint, which keeps the snapshot, so
+	// they cannot succeed), so MaxAttempts can park the rows of a contended counter; and
+	// with ClaimLease a handler running longer than RenewInterval never completes (the lease
+	// renewal updates its row after the transaction's snapshot, so marking it DONE fails
+	// with 40001 every time).
 	TxOptions *sql.TxOptions
 	// TracerProvider traces every attempt: a consumer span per row and attempt, the child of
 	// the trace context the message carries, with the handler and the outbox store as child

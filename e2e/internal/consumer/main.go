@@ -2,6 +2,8 @@
 // the suite can kill it with SIGKILL. It reads the broker configuration from the environment
 // (broker.ConfigFromEnv) and the scenario's names from E2E_* variables, applies events until
 // SIGTERM or SIGINT, and prints its totals on stdout every 100ms and at a clean exit.
+// E2E_HANDLER=counter runs the read-modify-write counter under the library's defaults instead
+// of the ledger.
 package main
 
 import (
@@ -35,8 +37,9 @@ func run() error {
 		return err
 	}
 	need := func(k string) string { return scenario.MustEnv("consumer", k) }
-	schema, topic, poison := need(scenario.EnvSchema), need(scenario.EnvTopic), need(scenario.EnvPoisonTopic)
+	schema, topic := need(scenario.EnvSchema), need(scenario.EnvTopic)
 	group, instance := need(scenario.EnvGroup), need(scenario.EnvInstance)
+	counter := os.Getenv(scenario.EnvHandler) == scenario.HandlerCounter
 	logger := watermill.NewStdLoggerWithOut(os.Stderr, false, false).With(watermill.LogFields{"instance": instance})
 	if cfg.Kind == broker.Kafka {
 		// Sarama's own log (group joins, rebalances) goes to the process log, for post-mortems.
@@ -52,7 +55,12 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	c, err := scenario.NewConsumer(db, sub, schema, topic, poison, group, instance, logger)
+	var c *scenario.Consumer
+	if counter {
+		c, err = scenario.NewCounterConsumer(db, sub, schema, topic, group, instance, logger)
+	} else {
+		c, err = scenario.NewConsumer(db, sub, schema, topic, need(scenario.EnvPoisonTopic), group, instance, logger)
+	}
 	if err != nil {
 		return err
 	}
