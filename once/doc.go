@@ -21,6 +21,12 @@
 // crash after the commit duplicates nothing (the key exists). Serialization failures and
 // deadlocks re-run the whole transaction a bounded number of times.
 //
+// The transaction is REPEATABLE READ by default (Config.TxOptions): handlers run concurrently
+// (Kafka partitions, RabbitMQ workers, instances of the consumer), and a handler that writes back
+// a value computed from what it read would otherwise overwrite the updates of handlers that
+// committed in between. Such a lost update fails with 40001 and the transaction runs again, up to
+// Config.TxRetry.MaxAttempts (10) times. REPEATABLE READ does not prevent write skew.
+//
 // # Where the guarantee stops
 //
 //   - Only writes made through the transaction are covered. An HTTP call, an e-mail, a write to
