@@ -334,7 +334,7 @@ func (e *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if !e.config.DisableSubscriberTxReuse {
 			if err := pgtx.UnsupportedSubscriberTx(ctx); err != nil {
 				d.counters.refused.Add(1)
-				e.logger.Error("Message refused: not applied, not acked", err, d.fields)
+				e.logger.Error("Message refused, not applied (the Stack parks it; without a poison queue it is nacked)", err, d.fields)
 				return nil, err
 			}
 		}
@@ -370,7 +370,7 @@ func (e *Middleware) newDelivery(msg *message.Message) (*delivery, error) {
 	c := e.countersFor(consumer, sender)
 	refuse := func(err error) (*delivery, error) {
 		c.refused.Add(1)
-		e.logger.Error("Message refused: not applied, not acked", err, watermill.LogFields{"consumer": consumer, "message_uuid": msg.UUID})
+		e.logger.Error("Message refused, not applied (the Stack parks it; without a poison queue it is nacked)", err, watermill.LogFields{"consumer": consumer, "message_uuid": msg.UUID})
 		return nil, err
 	}
 	key, err := e.config.Key(msg)
