@@ -20,6 +20,15 @@ import (
 // written once against watermillSQL, which each version implements in a few lines
 // (sql_watermill_v3.go, sql_watermill_v4.go). The subscriber's transaction is found through
 // pgtx.SubscriberTxFromContext, which knows both versions.
+//
+// Both versions' offsets adapters (declaredOffsetsV3, declaredOffsetsV4) are watermill-sql's
+// without the queries its subscriber runs in a transaction of its own at every Subscribe:
+// subscriber.Subscribe has run the same ones through Declare already. That transaction needs
+// a pool connection inside Subscribe, while the members of one group already subscribed each
+// hold one (waiting for the group's offset row lock, or delivering a batch nobody reads until
+// Subscribe returns): a program that subscribes as many members of a group as the pool has
+// connections before reading any of them deadlocked until AckDeadline, again for every further
+// member. Watermill's TestPubSub found it (TestConcurrentSubscribe: 50 members, one pool).
 
 // watermillSQL is one watermill-sql major version, configured with the broker's tables.
 type watermillSQL interface {
@@ -102,12 +111,3 @@ func createMessagesTable(table string) string {
 	PRIMARY KEY (transaction_id, "offset")
 )`
 }
-
-// About the offsets adapters (declaredOffsets in each version): they are watermill-sql's,
-// without the queries its subscriber runs in a transaction of its own at every Subscribe:
-// subscriber.Subscribe has run the same ones through Declare already. That transaction needs
-// a pool connection inside Subscribe, while the members of one group already subscribed each
-// hold one (waiting for the group's offset row lock, or delivering a batch nobody reads until
-// Subscribe returns): a program that subscribes as many members of a group as the pool has
-// connections before reading any of them deadlocked until AckDeadline, again for every further
-// member. Watermill's TestPubSub found it (TestConcurrentSubscribe: 50 members, one pool).

@@ -72,7 +72,7 @@ func (s sqlSchemaV3) SchemaInitializingQueries(topic string) []wsql.Query {
 }
 
 // declaredOffsetsV3 is watermill-sql v3's offsets adapter without its Subscribe-time queries
-// (see sql_watermill.go).
+// (see the top of sql_watermill.go).
 type declaredOffsetsV3 struct {
 	wsql.DefaultPostgreSQLOffsetsAdapter
 }

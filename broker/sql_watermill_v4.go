@@ -91,7 +91,7 @@ func (s sqlSchemaV4) SchemaInitializingQueries(params wsql4.SchemaInitializingQu
 }
 
 // declaredOffsetsV4 is watermill-sql v4's offsets adapter without its Subscribe-time queries
-// (see sql_watermill.go).
+// (see the top of sql_watermill.go).
 type declaredOffsetsV4 struct {
 	wsql4.DefaultPostgreSQLOffsetsAdapter
 }
