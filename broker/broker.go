@@ -67,7 +67,12 @@ func New(ctx context.Context, db *sql.DB, config Config, logger watermill.Logger
 			b.ownDB = true
 		}
 		b.db = db
-		b.sql = newSQLBroker(db, config.SQL, b.logger)
+		sb, err := newSQLBroker(db, config.SQL, b.logger)
+		if err != nil {
+			_ = b.Close()
+			return nil, err
+		}
+		b.sql = sb
 		if err := b.sql.ensureSchema(ctx); err != nil {
 			_ = b.Close()
 			return nil, err

@@ -37,6 +37,7 @@ const (
 	EnvBroker            = "BROKER"
 	EnvDatabaseURL       = "DATABASE_URL"
 	EnvSQLSchema         = "BROKER_SQL_SCHEMA"
+	EnvSQLWatermill      = "BROKER_SQL_WATERMILL"
 	EnvKafkaBrokers      = "KAFKA_BROKERS"
 	EnvKafkaPartitions   = "KAFKA_PARTITIONS"
 	EnvKafkaReplication  = "KAFKA_REPLICATION_FACTOR"
@@ -50,6 +51,7 @@ const (
 // Defaults.
 const (
 	DefaultSQLSchema         = "wmonce_broker"
+	DefaultWatermillSQL      = 4
 	DefaultKafkaPartitions   = 3
 	DefaultPartitionKeyField = "partition_key"
 	DefaultAMQPURL           = "amqp://guest:guest@127.0.0.1:5672/"
@@ -85,6 +87,15 @@ type Subscription struct {
 
 // SQLConfig configures Watermill's SQL Pub/Sub.
 type SQLConfig struct {
+	// WatermillSQL is the major version of watermill-sql the SQL broker runs on: 3
+	// (github.com/ThreeDotsLabs/watermill-sql/v3) or 4 (.../v4, over database/sql). Both read
+	// and write the same topic and offsets tables with the same queries, so publishers and
+	// subscribers of either version share a schema and a consumer group moves from one to the
+	// other where it stopped. It decides which watermill-sql TxFromContext finds the
+	// subscriber's transaction in a message context (pgtx.SubscriberTxFromContext finds
+	// either). Env BROKER_SQL_WATERMILL ("3" or "4"); default 4, the version Watermill's
+	// examples use.
+	WatermillSQL int
 	// Schema holds the topic tables (watermill_<topic>, watermill_offsets_<topic>); created if
 	// missing. Env BROKER_SQL_SCHEMA; default "wmonce_broker".
 	Schema string
@@ -198,6 +209,9 @@ func (c *Config) setDefaults() {
 	if s.Schema == "" {
 		s.Schema = DefaultSQLSchema
 	}
+	if s.WatermillSQL == 0 {
+		s.WatermillSQL = DefaultWatermillSQL
+	}
 	if s.PollInterval == 0 {
 		s.PollInterval = 100 * time.Millisecond
 	}
@@ -274,6 +288,9 @@ func (c Config) Validate() error {
 		if err := pgtx.ValidateIdentifier("SQL broker schema ("+EnvSQLSchema+")", s.Schema); err != nil {
 			errs = append(errs, err)
 		}
+		if s.WatermillSQL != 3 && s.WatermillSQL != 4 {
+			errs = append(errs, fmt.Errorf("SQL.WatermillSQL (%s) is the watermill-sql major version and must be 3 or 4, got %d", EnvSQLWatermill, s.WatermillSQL))
+		}
 		if s.BatchSize < 1 || s.BatchSize > 1000 {
 			errs = append(errs, fmt.Errorf("SQL.BatchSize must be between 1 and 1000, got %d", s.BatchSize))
 		}
@@ -330,16 +347,23 @@ func (c Config) Validate() error {
 // ConfigFromEnv reads the configuration from the process environment; see ParseEnv.
 func ConfigFromEnv() (Config, error) { return ParseEnv(os.Getenv) }
 
-// ParseEnv reads BROKER, DATABASE_URL, BROKER_SQL_SCHEMA, KAFKA_BROKERS, KAFKA_PARTITIONS,
-// KAFKA_REPLICATION_FACTOR, KAFKA_PARTITION_KEY, KAFKA_SESSION_TIMEOUT, AMQP_URL, AMQP_PREFIX and AMQP_QUEUE_TYPE
-// through getenv, applies the defaults and validates the result. Unset variables keep their
-// defaults; a malformed one is an error naming it.
+// ParseEnv reads BROKER, DATABASE_URL, BROKER_SQL_SCHEMA, BROKER_SQL_WATERMILL, KAFKA_BROKERS,
+// KAFKA_PARTITIONS, KAFKA_REPLICATION_FACTOR, KAFKA_PARTITION_KEY, KAFKA_SESSION_TIMEOUT,
+// AMQP_URL, AMQP_PREFIX and AMQP_QUEUE_TYPE through getenv, applies the defaults and validates
+// the result. Unset variables keep their defaults; a malformed one is an error naming it.
 func ParseEnv(getenv func(string) string) (Config, error) {
 	var c Config
 	var errs []error
 	c.Kind = Kind(strings.ToLower(strings.TrimSpace(getenv(EnvBroker))))
 	c.DatabaseURL = getenv(EnvDatabaseURL)
 	c.SQL.Schema = getenv(EnvSQLSchema)
+	if v := getenv(EnvSQLWatermill); v != "" {
+		n, err := strconv.Atoi(strings.TrimPrefix(strings.ToLower(strings.TrimSpace(v)), "v"))
+		if err != nil || (n != 3 && n != 4) {
+			errs = append(errs, fmt.Errorf("%s=%q: want the watermill-sql major version, 3 or 4", EnvSQLWatermill, v))
+		}
+		c.SQL.WatermillSQL = n
+	}
 	if v := getenv(EnvKafkaBrokers); strings.TrimSpace(v) != "" {
 		for _, b := range strings.Split(v, ",") {
 			c.Kafka.Brokers = append(c.Kafka.Brokers, strings.TrimSpace(b))
@@ -389,6 +413,7 @@ func (c Config) Environ() []string {
 		EnvBroker + "=" + string(c.Kind),
 		EnvDatabaseURL + "=" + c.DatabaseURL,
 		EnvSQLSchema + "=" + c.SQL.Schema,
+		EnvSQLWatermill + "=" + strconv.Itoa(c.SQL.WatermillSQL),
 		EnvKafkaPartitions + "=" + strconv.Itoa(int(c.Kafka.Partitions)),
 		EnvKafkaReplication + "=" + strconv.Itoa(int(c.Kafka.ReplicationFactor)),
 		EnvKafkaPartitionKey + "=" + c.Kafka.PartitionKeyField,

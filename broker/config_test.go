@@ -23,6 +23,7 @@ func TestParseEnvDefaults(t *testing.T) {
 	require.Equal(t, broker.SQL, cfg.Kind, "BROKER unset means the SQL broker: only PostgreSQL needed")
 	require.Equal(t, pgtx.DefaultDatabaseURL, cfg.DatabaseURL)
 	require.Equal(t, broker.DefaultSQLSchema, cfg.SQL.Schema)
+	require.Equal(t, 4, cfg.SQL.WatermillSQL, "watermill-sql v4, as Watermill's examples")
 	require.Equal(t, int32(3), cfg.Kafka.Partitions)
 	require.Equal(t, int16(-1), cfg.Kafka.ReplicationFactor)
 	require.Equal(t, "partition_key", cfg.Kafka.PartitionKeyField)
@@ -36,6 +37,7 @@ func TestParseEnvReadsEveryVariableAndEnvironRoundTrips(t *testing.T) {
 		"BROKER":                   "Kafka",
 		"DATABASE_URL":             "postgres://u@db:5432/app",
 		"BROKER_SQL_SCHEMA":        "topics",
+		"BROKER_SQL_WATERMILL":     "v3",
 		"KAFKA_BROKERS":            "k1:9092, k2:9092",
 		"KAFKA_PARTITIONS":         "12",
 		"KAFKA_REPLICATION_FACTOR": "3",
@@ -54,6 +56,7 @@ func TestParseEnvReadsEveryVariableAndEnvironRoundTrips(t *testing.T) {
 	require.Equal(t, "customer_id", cfg.Kafka.PartitionKeyField)
 	require.Equal(t, 7*time.Second, cfg.Kafka.SessionTimeout)
 	require.Equal(t, "topics", cfg.SQL.Schema)
+	require.Equal(t, 3, cfg.SQL.WatermillSQL)
 	require.Equal(t, "shop.", cfg.AMQP.Prefix)
 	require.Equal(t, "classic", cfg.AMQP.QueueType)
 
@@ -68,6 +71,7 @@ func TestParseEnvReadsEveryVariableAndEnvironRoundTrips(t *testing.T) {
 	require.Equal(t, cfg.Kafka, again.Kafka)
 	require.Equal(t, cfg.AMQP, again.AMQP)
 	require.Equal(t, cfg.SQL.Schema, again.SQL.Schema)
+	require.Equal(t, cfg.SQL.WatermillSQL, again.SQL.WatermillSQL)
 	require.Equal(t, cfg.DatabaseURL, again.DatabaseURL)
 }
 
@@ -85,6 +89,7 @@ func TestBadConfigurationSaysWhatToFix(t *testing.T) {
 		"amqp bad url":           {map[string]string{"BROKER": "amqp", "AMQP_URL": "http://rabbit"}, "amqp://user:pass@host:5672/vhost"},
 		"amqp queue type":        {map[string]string{"BROKER": "amqp", "AMQP_QUEUE_TYPE": "stream"}, "quorum or classic"},
 		"sql schema injection":   {map[string]string{"BROKER_SQL_SCHEMA": `x"; DROP TABLE y; --`}, "lower-case letters"},
+		"watermill-sql version":  {map[string]string{"BROKER_SQL_WATERMILL": "5"}, "BROKER_SQL_WATERMILL=\"5\": want the watermill-sql major version, 3 or 4"},
 	} {
 		_, err := broker.ParseEnv(env(tc.vars))
 		require.Error(t, err, name)
@@ -137,6 +142,8 @@ func TestNewDefaultsAndLimits(t *testing.T) {
 	require.ErrorContains(t, err, "AMQP.Prefetch must be between Workers (8)")
 	_, err = broker.New(ctx, nil, broker.Config{Kind: broker.AMQP, AMQP: broker.AMQPConfig{Workers: -1}}, nil)
 	require.ErrorContains(t, err, "AMQP.Workers must be between 1 and 1000")
+	_, err = broker.New(ctx, nil, broker.Config{Kind: broker.SQL, SQL: broker.SQLConfig{WatermillSQL: 2}}, nil)
+	require.ErrorContains(t, err, "SQL.WatermillSQL (BROKER_SQL_WATERMILL) is the watermill-sql major version and must be 3 or 4, got 2")
 	_, err = broker.New(ctx, nil, broker.Config{Kind: broker.SQL, SQL: broker.SQLConfig{IdlePollInterval: -time.Second}}, nil)
 	require.ErrorContains(t, err, "IdlePollInterval")
 }

@@ -117,8 +117,19 @@
 // Stack (its nack requeues at once) and declare queues before publishing (its publisher declares
 // none).
 //
-// # SQL (watermill-sql v3 on PostgreSQL)
+// # SQL (watermill-sql v3 or v4 on PostgreSQL)
 //
+//   - SQLConfig.WatermillSQL (BROKER_SQL_WATERMILL) chooses the watermill-sql major version: 4
+//     (the default, over database/sql, the version Watermill's examples use) or 3. Both create
+//     and read the same tables with the same queries: processes on either version share topics
+//     and consumer groups, and a deployment moves from one to the other, either way, with no
+//     migration; a group continues where it stopped. What changes with the version is which
+//     watermill-sql TxFromContext finds the subscriber's transaction in a message context: a
+//     handler should use pgtx.TxFromContext (the middleware's transaction, which on this broker
+//     is the subscriber's) or pgtx.SubscriberTxFromContext, which find it on both. Version 4's
+//     publisher runs its INSERT under the first message's context (version 3 under
+//     context.Background): a message whose context has ended is refused with the context's
+//     error.
 //   - Topics are tables in SQLConfig.Schema ("wmonce_broker"), with a TEXT uuid and a BYTEA
 //     payload; consumer groups are rows of the topic's offsets table, declared at offset zero so
 //     a new group reads every retained row. Publish is an INSERT that commits on return.

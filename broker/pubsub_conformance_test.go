@@ -136,8 +136,9 @@ func TestConformanceKafka(t *testing.T) {
 	tests.TestPubSub(t, conformanceFeatures(), pubSub, withGroup)
 }
 
-// TestConformanceSQL runs the suite against watermill-sql v3 with our schema adapter (TEXT
-// uuid, BYTEA payload) in the test's schema.
+// TestConformanceSQL runs the suite against watermill-sql with our schema adapter (TEXT uuid,
+// BYTEA payload) in the test's schema, on each major version the broker runs on
+// (SQLConfig.WatermillSQL): v3 and v4.
 //
 // GuaranteedOrder holds even with several subscribers of one group: they take turns on the
 // group's offset row (SELECT ... FOR UPDATE), and rows are read in commit order.
@@ -145,10 +146,12 @@ func TestConformanceKafka(t *testing.T) {
 // contract for every broker is at-least-once, and a nack redelivers.
 func TestConformanceSQL(t *testing.T) {
 	t.Parallel()
-	_, pubSub, withGroup := conformanceBroker(t, broker.SQL)
-	features := conformanceFeatures()
-	features.GuaranteedOrder = true
-	tests.TestPubSub(t, features, pubSub, withGroup)
+	forEachWatermillSQL(t, func(t *testing.T, version int) {
+		_, pubSub, withGroup := conformanceBroker(t, broker.SQL, func(c *broker.Config) { c.SQL.WatermillSQL = version })
+		features := conformanceFeatures()
+		features.GuaranteedOrder = true
+		tests.TestPubSub(t, features, pubSub, withGroup)
+	})
 }
 
 // TestConformanceAMQPReconnect is the suite's TestReconnect, rewritten because the suite's own

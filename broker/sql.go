@@ -6,34 +6,32 @@ import (
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill"
-	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// sqlBroker is Watermill's SQL Pub/Sub with every table in one configured schema.
+// sqlBroker is Watermill's SQL Pub/Sub with every table in one configured schema, on the
+// watermill-sql major version SQLConfig.WatermillSQL chooses.
 type sqlBroker struct {
 	db      *sql.DB
 	config  SQLConfig
-	schema  wsql.SchemaAdapter
-	offsets wsql.DefaultPostgreSQLOffsetsAdapter
+	wm      watermillSQL
 	lockKey int64
 	// notifier wakes subscriptions when rows are inserted (see sql_wake.go).
 	notifier *sqlNotifier
 }
 
-func newSQLBroker(db *sql.DB, config SQLConfig, logger watermill.LoggerAdapter) *sqlBroker {
+func newSQLBroker(db *sql.DB, config SQLConfig, logger watermill.LoggerAdapter) (*sqlBroker, error) {
 	s := &sqlBroker{db: db, config: config, lockKey: worker.LockKey("broker", config.Schema)}
-	s.schema = sqlSchemaAdapter{
-		DefaultPostgreSQLSchema: wsql.DefaultPostgreSQLSchema{
-			GenerateMessagesTableName: s.MessagesTable,
-			SubscribeBatchSize:        config.BatchSize,
-		},
+	wm, err := newWatermillSQL(db, config, sqlTables{messages: s.MessagesTable, offsets: s.OffsetsTable})
+	if err != nil {
+		return nil, err
 	}
-	s.offsets = wsql.DefaultPostgreSQLOffsetsAdapter{GenerateMessagesOffsetsTableName: s.OffsetsTable}
+	s.wm = wm
 	s.notifier = newSQLNotifier(db, config.NotifyChannel(), logger)
-	return s
+	return s, nil
 }
 
 // MessagesTable returns the quoted, schema-qualified table that holds a topic's messages.
@@ -46,25 +44,6 @@ func (s *sqlBroker) MessagesTable(topic string) string {
 // OffsetsTable returns the quoted, schema-qualified table of a topic's consumer group offsets.
 func (s *sqlBroker) OffsetsTable(topic string) string {
 	return pgtx.QualifiedName(s.config.Schema, "watermill_offsets_"+topic)
-}
-
-// sqlSchemaAdapter is watermill-sql's PostgreSQL schema with two column types changed: uuid is
-// TEXT (producer ids longer than 36 characters survive, as in the outbox) and payload is BYTEA
-// (payloads need not be JSON). Queries and ordering are watermill-sql's own.
-type sqlSchemaAdapter struct {
-	wsql.DefaultPostgreSQLSchema
-}
-
-func (s sqlSchemaAdapter) SchemaInitializingQueries(topic string) []wsql.Query {
-	return []wsql.Query{{Query: `CREATE TABLE IF NOT EXISTS ` + s.MessagesTable(topic) + ` (
-	"offset"       BIGSERIAL,
-	uuid           TEXT      NOT NULL,
-	created_at     TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,
-	payload        BYTEA     DEFAULT NULL,
-	metadata       JSON      DEFAULT NULL,
-	transaction_id xid8      NOT NULL,
-	PRIMARY KEY (transaction_id, "offset")
-)`}}
 }
 
 // ensureSchema creates the broker schema and its notification trigger function. Concurrent
@@ -86,9 +65,9 @@ func (s *sqlBroker) ensureSchema(ctx context.Context) error {
 // an earlier version.
 func (s *sqlBroker) declare(ctx context.Context, topic, group string) error {
 	return s.ddl(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		queries := append(s.schema.SchemaInitializingQueries(topic), s.offsets.SchemaInitializingQueries(topic)...)
-		if group != "" {
-			queries = append(queries, s.offsets.BeforeSubscribingQueries(topic, group)...)
+		queries, err := s.wm.declareQueries(topic, group)
+		if err != nil {
+			return fmt.Errorf("declare topic %q: %w", topic, err)
 		}
 		for _, q := range queries {
 			if _, err := tx.ExecContext(ctx, q.Query, q.Args...); err != nil {
@@ -115,24 +94,8 @@ func (s *sqlBroker) ddl(ctx context.Context, fn func(ctx context.Context, tx *sq
 	return nil
 }
 
-func (s *sqlBroker) newPublisher(logger watermill.LoggerAdapter) (*wsql.Publisher, error) {
+func (s *sqlBroker) newPublisher(logger watermill.LoggerAdapter) (message.Publisher, error) {
 	// Tables are declared by the Broker before the first publish to a topic; watermill-sql's
 	// own AutoInitializeSchema would race between processes.
-	return wsql.NewPublisher(s.db, wsql.PublisherConfig{SchemaAdapter: s.schema}, logger)
-}
-
-// declaredOffsets is the offsets adapter of watermill-sql's subscriber, without the queries it
-// runs in a transaction of its own at every Subscribe: subscriber.Subscribe has run the same
-// ones through Declare already. That transaction needs a pool connection inside Subscribe, while
-// the members of one group already subscribed each hold one (waiting for the group's offset
-// row lock, or delivering a batch nobody reads until Subscribe returns): a program that
-// subscribes as many members of a group as the pool has connections before reading any of
-// them deadlocked until AckDeadline, again for every further member. Watermill's TestPubSub
-// found it (TestConcurrentSubscribe: 50 members, one pool).
-type declaredOffsets struct {
-	wsql.DefaultPostgreSQLOffsetsAdapter
-}
-
-func (declaredOffsets) BeforeSubscribingQueries(topic, consumerGroup string) []wsql.Query {
-	return nil
+	return s.wm.newPublisher(logger)
 }

@@ -2,16 +2,19 @@ package broker_test
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	wsql4 "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/broker"
-	"github.com/wmonce/watermill-once/internal/brokertest"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/once"
@@ -27,10 +30,14 @@ import (
 // be settled at once as a duplicate, without a single nack.
 func TestSQLSameConsumerOnTwoSubscriptionsSettlesTheLoserAtOnce(t *testing.T) {
 	t.Parallel()
+	forEachWatermillSQL(t, testSQLSameConsumerOnTwoSubscriptionsSettlesTheLoserAtOnce)
+}
+
+func testSQLSameConsumerOnTwoSubscriptionsSettlesTheLoserAtOnce(t *testing.T, version int) {
 	db := pgtest.DB(t)
 	schema := pgtest.Schema(t, db)
 	topic, redrive := pgtest.NewName("payments"), pgtest.NewName("payments_redrive")
-	cfg := brokertest.Config(t, broker.SQL, schema)
+	cfg := sqlConfig(t, schema, version)
 	// Bounds the run without the fix. Not shorter: on a loaded machine (CI runs packages side by
 	// side) a 3 s deadline once passed while the copies were still settling, and the loser's
 	// context ended before it could be told apart from a nack.
@@ -133,8 +140,12 @@ func TestSQLSameConsumerOnTwoSubscriptionsSettlesTheLoserAtOnce(t *testing.T) {
 // way to the subscriber. The SQL broker's publisher refuses it instead of altering it.
 func TestSQLPublisherRefusesMetadataItWouldAlter(t *testing.T) {
 	t.Parallel()
+	forEachWatermillSQL(t, testSQLPublisherRefusesMetadataItWouldAlter)
+}
+
+func testSQLPublisherRefusesMetadataItWouldAlter(t *testing.T, version int) {
 	topic := pgtest.NewName("meta")
-	b := newBroker(t, broker.SQL, broker.Subscription{Topic: topic, Group: "g"})
+	b := newBrokerWith(t, broker.SQL, func(c *broker.Config) { c.SQL.WatermillSQL = version }, broker.Subscription{Topic: topic, Group: "g"})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	pub, err := b.NewPublisher(ctx)
@@ -163,10 +174,14 @@ func TestSQLPublisherRefusesMetadataItWouldAlter(t *testing.T) {
 // for AckDeadline.
 func TestSQLSerializationFailureRedeliversTheWholeBatch(t *testing.T) {
 	t.Parallel()
+	forEachWatermillSQL(t, testSQLSerializationFailureRedeliversTheWholeBatch)
+}
+
+func testSQLSerializationFailureRedeliversTheWholeBatch(t *testing.T, version int) {
 	db := pgtest.DB(t)
 	schema := pgtest.Schema(t, db)
 	topic := pgtest.NewName("payments")
-	cfg := brokertest.Config(t, broker.SQL, schema)
+	cfg := sqlConfig(t, schema, version)
 	cfg.SQL.BatchSize = 10
 	cfg.SQL.AckDeadline = 30 * time.Second // the test would time out if it were waited for
 	cfg.Subscriptions = []broker.Subscription{{Topic: topic, Group: "rewards"}}
@@ -242,4 +257,93 @@ func TestSQLSerializationFailureRedeliversTheWholeBatch(t *testing.T) {
 	require.Equal(t, 2, pgtest.Count(t, db, `SELECT sum(n) - 101 FROM `+balances))
 	require.Equal(t, 3, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "processed_messages")))
 	require.Equal(t, once.Counters{Fresh: 3, Failed: 1, TxRetries: 3}, mw.Counters("rewards"))
+}
+
+// TestSQLHandlerWritesThroughWatermillSQLsOwnTx: a handler on the SQL broker's subscriber that
+// writes through its watermill-sql version's own TxFromContext (as Watermill's examples do)
+// writes in the transaction the effectively-once middleware works in: an attempt that fails
+// after its write leaves nothing (its savepoint is rolled back), the redelivery in the same
+// transaction applies it once, and the claim and the effect commit with the group's offset.
+func TestSQLHandlerWritesThroughWatermillSQLsOwnTx(t *testing.T) {
+	t.Parallel()
+	forEachWatermillSQL(t, testSQLHandlerWritesThroughWatermillSQLsOwnTx)
+}
+
+func testSQLHandlerWritesThroughWatermillSQLsOwnTx(t *testing.T, version int) {
+	db := pgtest.DB(t)
+	schema := pgtest.Schema(t, db)
+	topic := pgtest.NewName("payments")
+	cfg := sqlConfig(t, schema, version)
+	cfg.SQL.ResendInterval = 10 * time.Millisecond
+	cfg.Subscriptions = []broker.Subscription{{Topic: topic, Group: "rewards"}}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b, err := broker.New(ctx, db, cfg, watermill.NopLogger{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+	effects := pgtx.QualifiedName(schema, "effects")
+	pgtest.Exec(t, db, `CREATE TABLE `+effects+` (key text NOT NULL)`)
+	mw, err := once.New(db, once.Config{Schema: schema, Consumer: "rewards"}, watermill.NopLogger{})
+	require.NoError(t, err)
+
+	// The handler's own view of the subscriber's transaction, as its watermill-sql version
+	// gives it, and the *sql.Tx underneath.
+	subscriberTx := func(ctx context.Context) (exec func(query string, args ...any) error, tx *sql.Tx, ok bool) {
+		switch version {
+		case 3:
+			tx, ok := wsql.TxFromContext(ctx)
+			return func(q string, args ...any) error { _, err := tx.ExecContext(ctx, q, args...); return err }, tx, ok
+		default:
+			wtx, ok := wsql4.TxFromContext(ctx)
+			std, _ := wtx.(*wsql4.StdSQLTx)
+			if !ok || std == nil {
+				return nil, nil, false
+			}
+			return func(q string, args ...any) error { _, err := wtx.ExecContext(ctx, q, args...); return err }, std.Tx, true
+		}
+	}
+	attempts := 0
+	h := mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		attempts++
+		exec, tx, ok := subscriberTx(msg.Context())
+		if !ok {
+			return nil, errors.New("no watermill-sql transaction in the message context")
+		}
+		if mwTx, _ := pgtx.TxFromContext(msg.Context()); mwTx != tx {
+			return nil, errors.New("the middleware's transaction is not the subscriber's")
+		}
+		if err := exec(`INSERT INTO `+effects+` VALUES ($1)`, msg.UUID); err != nil {
+			return nil, err
+		}
+		if attempts == 1 {
+			return nil, errors.New("fails after its write")
+		}
+		return nil, nil
+	})
+
+	pub, err := b.NewPublisher(ctx)
+	require.NoError(t, err)
+	defer pub.Close()
+	require.NoError(t, pub.Publish(topic, message.NewMessage("e-1", []byte(`{}`))))
+	sub, err := b.NewSubscriber("rewards")
+	require.NoError(t, err)
+	defer sub.Close()
+	ch, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+
+	m := testwait.Receive(t, ch, "the message")
+	_, err = h(m)
+	require.ErrorContains(t, err, "fails after its write")
+	m.Nack()
+	m = testwait.Receive(t, ch, "the message again, in the same transaction")
+	_, err = h(m)
+	require.NoError(t, err)
+	m.Ack()
+	testwait.Until(t, "the subscriber to commit", func() bool {
+		return pgtest.Count(t, db, `SELECT coalesce(max(offset_acked), 0) FROM `+pgtx.QualifiedName(schema, "watermill_offsets_"+topic)) >= 1
+	})
+	require.Equal(t, 2, attempts)
+	require.Equal(t, 1, pgtest.Count(t, db, `SELECT count(*) FROM `+effects), "the failed attempt's write was rolled back")
+	require.Equal(t, 1, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "processed_messages")))
+	require.Equal(t, once.Counters{Fresh: 1, Failed: 1}, mw.Counters("rewards"))
 }

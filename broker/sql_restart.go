@@ -6,10 +6,10 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmonce/watermill-once/internal/worker"
+	"github.com/wmonce/watermill-once/pgtx"
 )
 
 // A new transaction when the subscription's one can no longer commit.
@@ -49,16 +49,16 @@ type sqlRun struct {
 // startRun starts a run of watermill-sql's consume loop on sub, unless the subscriber is
 // closed. The lock orders it against Close: watermill-sql's Subscribe and Close are not safe
 // to call at the same time.
-func (s *sqlSubscriber) startRun(ctx context.Context, sub *wsql.Subscriber, topic string) (sqlRun, error) {
+func (s *sqlSubscriber) startRun(ctx context.Context, sub message.Subscriber, topic string) (sqlRun, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return sqlRun{}, wsql.ErrSubscriberClosed
+		return sqlRun{}, s.s.wm.errSubscriberClosed()
 	}
 	return s.startRunLocked(ctx, sub, topic)
 }
 
-func (s *sqlSubscriber) startRunLocked(ctx context.Context, sub *wsql.Subscriber, topic string) (sqlRun, error) {
+func (s *sqlSubscriber) startRunLocked(ctx context.Context, sub message.Subscriber, topic string) (sqlRun, error) {
 	runCtx, stop := context.WithCancel(ctx)
 	in, err := sub.Subscribe(runCtx, topic)
 	if err != nil {
@@ -71,7 +71,7 @@ func (s *sqlSubscriber) startRunLocked(ctx context.Context, sub *wsql.Subscriber
 // forward hands the messages of the current run to out, and starts a new run when a nacked
 // message's transaction can no longer commit. It closes out when the subscription ends
 // (Close, or ctx).
-func (s *sqlSubscriber) forward(ctx context.Context, sub *wsql.Subscriber, topic string, w *sqlWaiter, run sqlRun, out chan<- *message.Message) {
+func (s *sqlSubscriber) forward(ctx context.Context, sub message.Subscriber, topic string, w *sqlWaiter, run sqlRun, out chan<- *message.Message) {
 	defer close(out)
 	defer func() { run.stop() }()
 	logger := s.logger.With(watermill.LogFields{"topic": topic, "consumer_group": s.group})
@@ -81,7 +81,8 @@ func (s *sqlSubscriber) forward(ctx context.Context, sub *wsql.Subscriber, topic
 		if !ok {
 			return
 		}
-		tx, _ := wsql.TxFromContext(msg.Context())
+		// Either version's: v4's is a *sql.Tx too, in a StdSQLTx.
+		tx, _ := pgtx.SubscriberTxFromContext(msg.Context())
 		select {
 		case out <- msg:
 		case <-s.closing:

@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/broker"
-	"github.com/wmonce/watermill-once/internal/brokertest"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -26,6 +25,10 @@ import (
 // up after 30 s: a functional bound, not a timing.
 func TestSQLSubscriberMovesOnWhenItsTransactionCannotCommit(t *testing.T) {
 	t.Parallel()
+	forEachWatermillSQL(t, testSQLSubscriberMovesOnWhenItsTransactionCannotCommit)
+}
+
+func testSQLSubscriberMovesOnWhenItsTransactionCannotCommit(t *testing.T, version int) {
 	db := pgtest.DB(t)
 	for _, c := range []struct {
 		name   string
@@ -47,7 +50,7 @@ func TestSQLSubscriberMovesOnWhenItsTransactionCannotCommit(t *testing.T) {
 			t.Parallel()
 			schema := pgtest.Schema(t, db)
 			topic := pgtest.NewName("payments")
-			cfg := brokertest.Config(t, broker.SQL, schema)
+			cfg := sqlConfig(t, schema, version)
 			cfg.SQL.AckDeadline = 60 * time.Second
 			cfg.SQL.ResendInterval = 10 * time.Millisecond
 			cfg.Subscriptions = []broker.Subscription{{Topic: topic, Group: "rewards"}}

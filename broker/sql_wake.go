@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -278,7 +277,7 @@ type sqlWaiter struct {
 	closing  <-chan struct{}
 	poll     time.Duration // fast interval: listener down, or re-check backoff cap
 	idlePoll time.Duration // fallback while notifications are received
-	errors   wsql.BackoffManager
+	errors   sqlBackoff
 
 	wake chan struct{} // capacity 1: a notification that arrives during a query is kept
 
@@ -397,7 +396,7 @@ type sqlSubscriber struct {
 	mu      sync.Mutex
 	closed  bool
 	closing chan struct{}
-	subs    []*wsql.Subscriber
+	subs    []message.Subscriber // watermill-sql's, one per Subscribe
 	waiters []*sqlWaiter
 }
 
@@ -405,45 +404,31 @@ func (s *sqlBroker) newSubscriber(group string, logger watermill.LoggerAdapter) 
 	logger = quietCancel{logger}
 	sub := &sqlSubscriber{s: s, group: group, logger: logger, closing: make(chan struct{})}
 	// Fail at construction on a config watermill-sql refuses, not at Subscribe.
-	if _, err := wsql.NewSubscriber(s.db, s.subscriberConfig(group, nil), logger); err != nil {
+	if _, err := s.wm.newSubscriber(group, nil, logger); err != nil {
 		return nil, err
 	}
 	return sub, nil
-}
-
-func (s *sqlBroker) subscriberConfig(group string, backoff wsql.BackoffManager) wsql.SubscriberConfig {
-	ackDeadline := s.config.AckDeadline
-	return wsql.SubscriberConfig{
-		ConsumerGroup:  group,
-		AckDeadline:    &ackDeadline,
-		PollInterval:   s.config.PollInterval,
-		ResendInterval: s.config.ResendInterval,
-		RetryInterval:  s.config.PollInterval * 5,
-		BackoffManager: backoff,
-		SchemaAdapter:  s.schema,
-		OffsetsAdapter: declaredOffsets{s.offsets},
-	}
 }
 
 func (s *sqlSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, wsql.ErrSubscriberClosed
+		return nil, s.s.wm.errSubscriberClosed()
 	}
 	cfg := s.s.config
-	var backoff wsql.BackoffManager
+	var backoff sqlBackoff
 	var w *sqlWaiter
 	if !cfg.DisableNotify && !s.s.notifier.disabled.Load() {
 		w = &sqlWaiter{
 			n: s.s.notifier, table: "watermill_" + topic, ctx: ctx, closing: s.closing,
 			poll: cfg.PollInterval, idlePoll: cfg.IdlePollInterval,
-			errors: wsql.NewDefaultBackoffManager(cfg.PollInterval, cfg.PollInterval*5),
+			errors: s.s.wm.defaultBackoff(cfg.PollInterval, cfg.PollInterval*5),
 			wake:   make(chan struct{}, 1),
 		}
 		backoff = w
 	}
-	sub, err := wsql.NewSubscriber(s.s.db, s.s.subscriberConfig(s.group, backoff), s.logger)
+	sub, err := s.s.wm.newSubscriber(s.group, backoff, s.logger)
 	if err != nil {
 		return nil, err
 	}

@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/broker"
-	"github.com/wmonce/watermill-once/internal/brokertest"
 	"github.com/wmonce/watermill-once/internal/pgcount"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 )
@@ -88,7 +87,7 @@ type wakeRig struct {
 	listening  *signalTracer // the listener's LISTEN succeeded
 }
 
-func newWakeRig(t *testing.T, sqlCfg func(*broker.SQLConfig)) *wakeRig {
+func newWakeRig(t *testing.T, version int, sqlCfg func(*broker.SQLConfig)) *wakeRig {
 	t.Helper()
 	ctx := context.Background()
 	schema := pgtest.Schema(t, pgtest.DB(t))
@@ -102,7 +101,7 @@ func newWakeRig(t *testing.T, sqlCfg func(*broker.SQLConfig)) *wakeRig {
 	}
 	t.Cleanup(func() { _ = db.Close() })
 
-	cfg := brokertest.Config(t, broker.SQL, schema)
+	cfg := sqlConfig(t, schema, version)
 	cfg.Subscriptions = []broker.Subscription{{Topic: r.topic, Group: "g"}}
 	if sqlCfg != nil {
 		sqlCfg(&cfg.SQL)
@@ -163,7 +162,11 @@ func receiveWithin(t *testing.T, ch <-chan *message.Message, uuid string, timeou
 // table's trigger), not a poll.
 func TestSQLSubscriberWokenByInsert(t *testing.T) {
 	t.Parallel()
-	r := newWakeRig(t, func(c *broker.SQLConfig) { c.PollInterval, c.IdlePollInterval = time.Hour, time.Hour })
+	forEachWatermillSQL(t, testSQLSubscriberWokenByInsert)
+}
+
+func testSQLSubscriberWokenByInsert(t *testing.T, version int) {
+	r := newWakeRig(t, version, func(c *broker.SQLConfig) { c.PollInterval, c.IdlePollInterval = time.Hour, time.Hour })
 	ch := r.idle(t)
 	require.NoError(t, r.pub.Publish(r.topic, message.NewMessage("second", []byte("2"))))
 	receiveWithin(t, ch, "second", 30*time.Second, "the insert did not wake the subscription")
@@ -175,7 +178,11 @@ func TestSQLSubscriberWokenByInsert(t *testing.T) {
 // must notice by itself, although both polls are an hour.
 func TestSQLSubscriberWokenWhenHiddenRowTurnsVisible(t *testing.T) {
 	t.Parallel()
-	r := newWakeRig(t, func(c *broker.SQLConfig) { c.PollInterval, c.IdlePollInterval = time.Hour, time.Hour })
+	forEachWatermillSQL(t, testSQLSubscriberWokenWhenHiddenRowTurnsVisible)
+}
+
+func testSQLSubscriberWokenWhenHiddenRowTurnsVisible(t *testing.T, version int) {
+	r := newWakeRig(t, version, func(c *broker.SQLConfig) { c.PollInterval, c.IdlePollInterval = time.Hour, time.Hour })
 	ch := r.idle(t)
 
 	ctx := context.Background()
@@ -205,7 +212,11 @@ func TestSQLSubscriberWokenWhenHiddenRowTurnsVisible(t *testing.T) {
 // machine only lowers the count.
 func TestSQLSubscriberIdleQueryRate(t *testing.T) {
 	t.Parallel()
-	r := newWakeRig(t, nil)
+	forEachWatermillSQL(t, testSQLSubscriberIdleQueryRate)
+}
+
+func testSQLSubscriberIdleQueryRate(t *testing.T, version int) {
+	r := newWakeRig(t, version, nil)
 	_ = r.idle(t)
 	const window = 9 * time.Second
 	before := r.counter.Count()

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -24,13 +25,22 @@ import (
 )
 
 // Config returns a broker configuration for kind, isolated for this test. schema is the test's
-// PostgreSQL schema (pgtest.Schema); the SQL broker keeps its topic tables there.
+// PostgreSQL schema (pgtest.Schema); the SQL broker keeps its topic tables there. The SQL
+// broker runs on the watermill-sql version BROKER_SQL_WATERMILL names (3 or 4), else on the
+// default.
 func Config(t testing.TB, kind broker.Kind, schema string) broker.Config {
 	t.Helper()
 	cfg := broker.Config{Kind: kind, DatabaseURL: pgtest.URL()}
 	switch kind {
 	case broker.SQL:
 		cfg.SQL.Schema = schema
+		if v := os.Getenv(broker.EnvSQLWatermill); v != "" {
+			n, err := strconv.Atoi(strings.TrimPrefix(v, "v"))
+			if err != nil {
+				t.Fatalf("%s=%q: want the watermill-sql major version, 3 or 4", broker.EnvSQLWatermill, v)
+			}
+			cfg.SQL.WatermillSQL = n
+		}
 		cfg.SQL.PollInterval = 20 * time.Millisecond
 	case broker.Kafka:
 		cfg.Kafka.Brokers = KafkaBrokers(t)

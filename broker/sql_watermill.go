@@ -1,0 +1,113 @@
+package broker
+
+import (
+	"database/sql"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// The watermill-sql major versions the SQL broker runs on (SQLConfig.WatermillSQL).
+//
+// Versions 3 and 4 create the same tables and run the same SELECT, INSERT and offset queries
+// against them; what differs is their Go API: v4's adapter methods take params structs and
+// return errors, its constructors take a Beginner or ContextExecutor instead of a *sql.DB,
+// and its subscriber puts a Tx interface (a *StdSQLTx over database/sql) in the message
+// context instead of a *sql.Tx. Everything the broker adds on top (tables and offsets declared
+// before the first publish, wake-ups, a new transaction when the old one cannot commit) is
+// written once against watermillSQL, which each version implements in a few lines
+// (sql_watermill_v3.go, sql_watermill_v4.go). The subscriber's transaction is found through
+// pgtx.SubscriberTxFromContext, which knows both versions.
+//
+// Both versions' offsets adapters (declaredOffsetsV3, declaredOffsetsV4) are watermill-sql's
+// without the queries its subscriber runs in a transaction of its own at every Subscribe:
+// subscriber.Subscribe has run the same ones through Declare already. That transaction needs
+// a pool connection inside Subscribe, while the members of one group already subscribed each
+// hold one (waiting for the group's offset row lock, or delivering a batch nobody reads until
+// Subscribe returns): a program that subscribes as many members of a group as the pool has
+// connections before reading any of them deadlocked until AckDeadline, again for every further
+// member. Watermill's TestPubSub found it (TestConcurrentSubscribe: 50 members, one pool).
+
+// watermillSQL is one watermill-sql major version, configured with the broker's tables.
+type watermillSQL interface {
+	// declareQueries returns the queries that create topic's tables and, for a group, the
+	// group's starting offset: what watermill-sql's subscriber runs at Subscribe.
+	declareQueries(topic, group string) ([]sqlQuery, error)
+	newPublisher(logger watermill.LoggerAdapter) (message.Publisher, error)
+	// newSubscriber returns watermill-sql's subscriber for group, waiting between queries as
+	// backoff says (nil: watermill-sql's default backoff). It does not run the group's
+	// starting-offset queries at Subscribe: declare has.
+	newSubscriber(group string, backoff sqlBackoff, logger watermill.LoggerAdapter) (message.Subscriber, error)
+	// defaultBackoff is watermill-sql's own backoff: poll after an empty query, retry after
+	// an error.
+	defaultBackoff(poll, retry time.Duration) sqlBackoff
+	// errSubscriberClosed is the version's ErrSubscriberClosed.
+	errSubscriberClosed() error
+}
+
+// sqlQuery has the fields of watermill-sql's Query, in both versions: either converts to it.
+type sqlQuery struct {
+	Query string
+	Args  []any
+}
+
+// toSQLQueries converts either version's queries.
+func toSQLQueries[Q ~struct {
+	Query string
+	Args  []any
+}](queries []Q) []sqlQuery {
+	out := make([]sqlQuery, len(queries))
+	for i, q := range queries {
+		out[i] = sqlQuery(q)
+	}
+	return out
+}
+
+// sqlBackoff is watermill-sql's BackoffManager, the same method in both versions.
+type sqlBackoff interface {
+	HandleError(logger watermill.LoggerAdapter, noMsg bool, err error) time.Duration
+}
+
+// sqlTables names a broker's tables for watermill-sql's adapters.
+type sqlTables struct {
+	messages, offsets func(topic string) string
+}
+
+// sqlSubscriberTimings are the subscriber settings both versions take from SQLConfig.
+type sqlSubscriberTimings struct {
+	ackDeadline, poll, resend, retry time.Duration
+}
+
+func newWatermillSQL(db *sql.DB, config SQLConfig, tables sqlTables) (watermillSQL, error) {
+	timings := sqlSubscriberTimings{
+		ackDeadline: config.AckDeadline,
+		poll:        config.PollInterval,
+		resend:      config.ResendInterval,
+		retry:       config.PollInterval * 5,
+	}
+	switch config.WatermillSQL {
+	case 3:
+		return newWatermillSQLv3(db, config.BatchSize, tables, timings), nil
+	case 4:
+		return newWatermillSQLv4(db, config.BatchSize, tables, timings), nil
+	}
+	return nil, fmt.Errorf("broker: SQL.WatermillSQL (%s) must be 3 or 4, got %d", EnvSQLWatermill, config.WatermillSQL)
+}
+
+// createMessagesTable is watermill-sql's PostgreSQL messages table (the same in v3 and v4)
+// with two column types changed: uuid is TEXT (producer ids longer than 36 characters survive,
+// as in the outbox) and payload is BYTEA (payloads need not be JSON). Queries and ordering are
+// watermill-sql's own.
+func createMessagesTable(table string) string {
+	return `CREATE TABLE IF NOT EXISTS ` + table + ` (
+	"offset"       BIGSERIAL,
+	uuid           TEXT      NOT NULL,
+	created_at     TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,
+	payload        BYTEA     DEFAULT NULL,
+	metadata       JSON      DEFAULT NULL,
+	transaction_id xid8      NOT NULL,
+	PRIMARY KEY (transaction_id, "offset")
+)`
+}
