@@ -80,9 +80,9 @@ else
 	  echo "Start them yourself ($(WHAT); see README, Services), then run this again."; exit 1; fi
 endif
 
-# BENCH_ARGS=-quick for a short run; see go run ./bench -h.
+# BENCH_ARGS=-quick for a short run; see go run ./e2e/bench -h.
 bench:
-	$(GO) run ./bench $(BENCH_ARGS)
+	$(GO) run ./e2e/bench $(BENCH_ARGS)
 
 migrate-sql:
 	@$(GO) run ./cmd/wmonce migrate print

@@ -13,11 +13,11 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/internal/brokertest"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/internal/testwait"
-	"github.com/wmonce/watermill-once/oncetype"
 )
 
 func TestMarshalerConvertsNonStringHeaders(t *testing.T) {
@@ -304,7 +304,7 @@ func TestAMQPForeignProducerWithOnlyAMQPProperties(t *testing.T) {
 	msg := receiveOne(t, msgs)
 	defer msg.Ack()
 	require.Equal(t, "pay-42", msg.UUID)
-	key, err := oncetype.KeyFromMetadata(broker.MetadataAMQPMessageID)(msg)
+	key, err := wmonce.KeyFromMetadata(broker.MetadataAMQPMessageID)(msg)
 	require.NoError(t, err)
 	require.Equal(t, "pay-42", key)
 	require.Equal(t, "order-7", msg.Metadata.Get(broker.MetadataAMQPCorrelationID))

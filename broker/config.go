@@ -133,7 +133,7 @@ type SQLConfig struct {
 // KafkaConfig configures Watermill's Kafka Pub/Sub (Sarama).
 type KafkaConfig struct {
 	// Brokers are the bootstrap addresses. Env KAFKA_BROKERS (comma-separated). Required; when
-	// empty, start an embedded broker with StartEmbeddedKafka and put its address here.
+	// empty, the demo starts an in-process broker (tests and the demo only).
 	Brokers []string
 	// Partitions for topics this package creates. Env KAFKA_PARTITIONS; default 3.
 	Partitions int32
@@ -300,7 +300,7 @@ func (c Config) Validate() error {
 	case Kafka:
 		k := c.Kafka
 		if len(k.Brokers) == 0 {
-			errs = append(errs, fmt.Errorf("no Kafka brokers: set %s (host:port[,host:port...]) or start one with broker.StartEmbeddedKafka", EnvKafkaBrokers))
+			errs = append(errs, fmt.Errorf("no Kafka brokers: set %s (host:port[,host:port...]) or point it at a running cluster", EnvKafkaBrokers))
 		}
 		for _, b := range k.Brokers {
 			if b == "" || strings.ContainsAny(b, " /") || !strings.Contains(b, ":") {

@@ -96,7 +96,7 @@
 //     properties as metadata (MetadataAMQPMessageID "amqp_message_id", amqp_correlation_id,
 //     amqp_timestamp, ...), and a delivery without the UUID header takes its message-id as the
 //     UUID: messages of producers that are not Watermill are keyed by their id with the
-//     default key, or with oncetype.KeyFromMetadata(broker.MetadataAMQPMessageID).
+//     default key, or with wmonce.KeyFromMetadata(broker.MetadataAMQPMessageID).
 //   - AMQPConfig.Workers (default 8) messages in flight per subscription and Prefetch
 //     (default 32) unacked messages handed over by RabbitMQ; a nack hands the message back
 //     after NackDelay. A lost connection is redialled with backoff; unacked messages are

@@ -12,8 +12,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/eapache/go-resiliency/breaker"
 
+	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/worker"
-	"github.com/wmonce/watermill-once/oncetype"
 )
 
 // KafkaProtocolVersion is the Kafka protocol version Sarama speaks (sarama.Config.Version) to
@@ -224,7 +224,7 @@ func (p *kafkaPublisher) Publish(topic string, msgs ...*message.Message) error {
 func (p *kafkaPublisher) marshal(topic string, msg *message.Message) (*sarama.ProducerMessage, error) {
 	rec, err := p.marshaler.Marshal(topic, msg)
 	if err != nil { // a reserved metadata key, a missing partition key: the same every time
-		return nil, oncetype.Permanent(fmt.Errorf("broker: marshal message %s for Kafka: %w", msg.UUID, err))
+		return nil, wmonce.Permanent(fmt.Errorf("broker: marshal message %s for Kafka: %w", msg.UUID, err))
 	}
 	return rec, nil
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/internal/brokertest"
+	"github.com/wmonce/watermill-once/internal/embeddedkafka"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 )
 
@@ -27,7 +28,7 @@ func TestKafkaProducerIsIdempotentOnKfake(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	ek, err := broker.StartEmbeddedKafka(ctx, nil)
+	ek, err := embeddedkafka.Start(ctx, nil)
 	require.NoError(t, err)
 	defer ek.Close()
 
@@ -71,7 +72,7 @@ func TestKafkaRequirePartitionKeyRefusesMessagesWithoutIt(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ek, err := broker.StartEmbeddedKafka(ctx, nil)
+	ek, err := embeddedkafka.Start(ctx, nil)
 	require.NoError(t, err)
 	defer ek.Close()
 	b, err := broker.New(ctx, nil, broker.Config{Kind: broker.Kafka, Kafka: broker.KafkaConfig{Brokers: ek.Addrs(), RequirePartitionKey: true}}, nil)
@@ -94,7 +95,7 @@ func TestKafkaPublishWaitsOutALeaderlessPartition(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	ek, err := broker.StartEmbeddedKafka(ctx, nil)
+	ek, err := embeddedkafka.Start(ctx, nil)
 	require.NoError(t, err)
 	defer ek.Close()
 	topic := pgtest.NewName("leaderless")
@@ -147,7 +148,7 @@ func TestKafkaCreatedTopics(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ek, err := broker.StartEmbeddedKafka(ctx, nil)
+	ek, err := embeddedkafka.Start(ctx, nil)
 	require.NoError(t, err)
 	defer ek.Close()
 	topic := pgtest.NewName("made")
@@ -174,7 +175,7 @@ func TestKafkaPublishWaitsOutSaramasOpenBreaker(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	ek, err := broker.StartEmbeddedKafka(ctx, nil)
+	ek, err := embeddedkafka.Start(ctx, nil)
 	require.NoError(t, err)
 	defer ek.Close()
 	topic := pgtest.NewName("breaker")
@@ -245,7 +246,7 @@ func refuseProduce(p *kmsg.ProduceRequest, code int16) *kmsg.ProduceResponse {
 // INVALID_RECORD, an error Sarama does not retry.
 func kafkaRefusingProduce(t *testing.T, ctx context.Context, refuse func(records int32) bool) (*broker.Broker, string) {
 	t.Helper()
-	ek, err := broker.StartEmbeddedKafka(ctx, nil)
+	ek, err := embeddedkafka.Start(ctx, nil)
 	require.NoError(t, err)
 	t.Cleanup(ek.Close)
 	topic := pgtest.NewName("refuse")
@@ -372,7 +373,7 @@ func TestKafkaPublishAfterOutOfOrderSequenceUsesANewProducer(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	ek, err := broker.StartEmbeddedKafka(ctx, nil)
+	ek, err := embeddedkafka.Start(ctx, nil)
 	require.NoError(t, err)
 	defer ek.Close()
 	topic := pgtest.NewName("outoforder")

@@ -27,7 +27,7 @@
 // # Receiving
 //
 // Each message becomes one row keyed by (consumer, message key). The key comes from a
-// oncetype.KeyFunc (default: the Watermill UUID), under the middleware's rules: an empty,
+// wmonce.KeyFunc (default: the Watermill UUID), under the middleware's rules: an empty,
 // over-long or non-text key is refused with a permanent error, as is metadata PostgreSQL text
 // cannot hold faithfully (see Parking refused messages). The row is inserted with ON CONFLICT
 // DO NOTHING: the unique key is the dedupe record, and a copy of a message already in the
@@ -37,7 +37,7 @@
 // inbox: a copy whose key is no longer in the inbox (retention deleted its row) and whose event
 // occurred longer ago than the limit could be applied a second time. A store-first receiver
 // refuses it by parking it: the copy is stored as a FAILED row that names
-// oncetype.ErrTooOld, acked, counted (ReceiverCounters.TooOld) and logged as an ALERT, and it
+// wmonce.ErrTooOld, acked, counted (ReceiverCounters.TooOld) and logged as an ALERT, and it
 // is processed only if an operator replays it.
 //
 // Concurrent Handle calls are group-committed: a writer takes every row waiting for it (up to
@@ -59,7 +59,7 @@
 // outbox.Writer.ParkingPublisher:
 //
 //	writer, _ := outbox.NewWriter(outbox.Config{})
-//	poison, _ := middleware.PoisonQueueWithFilter(writer.ParkingPublisher(db), "rewards.parked", oncetype.IsPermanent)
+//	poison, _ := middleware.PoisonQueueWithFilter(writer.ParkingPublisher(db), "rewards.parked", wmonce.IsPermanent)
 //	router.AddConsumerHandler("rewards-inbox", "payments", subscriber, receiver.Handle).AddMiddleware(poison)
 //
 // A refused message is then stored in the outbox for the poison topic, committed, and only
@@ -95,7 +95,7 @@
 //
 // A failed attempt (error, panic, HandlerTimeout) is rolled back and recorded with its error;
 // the row is due again after Backoff doubling per attempt up to MaxBackoff, drawn between
-// half and all of that value. After MaxAttempts, or at once for a oncetype.Permanent error,
+// half and all of that value. After MaxAttempts, or at once for a wmonce.Permanent error,
 // the row is parked as FAILED, the error kept, until an operator replays or skips it.
 //
 // Leases are renewed every RenewInterval while the handler runs, for at most HandlerTimeout,

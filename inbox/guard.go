@@ -8,8 +8,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/txguard"
-	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -80,4 +80,4 @@ func (p *Processor) handlerEndedTx(r claimedRow, ended, handlerErr error) error 
 }
 
 // isEnded reports the error of a handler that ended its transaction.
-func isEnded(err error) bool { return errors.Is(err, oncetype.ErrHandlerEndedTx) }
+func isEnded(err error) bool { return errors.Is(err, wmonce.ErrHandlerEndedTx) }

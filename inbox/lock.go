@@ -10,7 +10,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/wmonce/watermill-once/oncetype"
+	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -443,7 +443,7 @@ func (p *Processor) failLocked(ctx context.Context, q interface {
 	QueryRowContext(context.Context, string, ...any) *sql.Row
 }, r claimedRow, cause error) (string, error) {
 	var status string
-	err := q.QueryRowContext(ctx, p.q.failLock, r.id, oncetype.IsPermanent(cause), p.config.MaxAttempts,
+	err := q.QueryRowContext(ctx, p.q.failLock, r.id, wmonce.IsPermanent(cause), p.config.MaxAttempts,
 		micros(p.backoff(r.attempts)), errorText(cause), r.attempts).Scan(&status)
 	return status, err
 }

@@ -10,12 +10,12 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/brokertest"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/internal/testwait"
-	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
 )
 
@@ -35,11 +35,11 @@ func TestReceiverRefusalsAreParkedOnKafka(t *testing.T) {
 	e := newEnv(t)
 	writer, err := outbox.NewWriter(outbox.Config{Schema: e.schema})
 	require.NoError(t, err)
-	receiver := e.receiver(t, inbox.ReceiverConfig{Consumer: "ledger", Key: oncetype.KeyFromMetadata("event_id")})
+	receiver := e.receiver(t, inbox.ReceiverConfig{Consumer: "ledger", Key: wmonce.KeyFromMetadata("event_id")})
 	topic, sub := brokertest.OnePartitionKafka(t, "inbox_refused", "ledger")
 	poisonTopic := pgtest.NewName("inbox_parked")
 
-	poison, err := wmiddleware.PoisonQueueWithFilter(writer.ParkingPublisher(e.db), poisonTopic, oncetype.IsPermanent)
+	poison, err := wmiddleware.PoisonQueueWithFilter(writer.ParkingPublisher(e.db), poisonTopic, wmonce.IsPermanent)
 	require.NoError(t, err)
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 20 * time.Second}, logger())
 	require.NoError(t, err)

@@ -242,12 +242,12 @@ type ProcessorCounters struct {
 //     schema's attempt guard (migrations 010 and 011) refuses any COMMIT, so a handler that
 //     calls Commit (or Rollback) on the transaction from its context applies nothing, neither
 //     its writes nor its outputs, and its row is parked as FAILED at once with a reason that
-//     says the handler ended the transaction (oncetype.ErrHandlerEndedTx, counted in
+//     says the handler ended the transaction (wmonce.ErrHandlerEndedTx, counted in
 //     HandlerEndedTx). The other rows of its TxBatchSize batch run again, one per
 //     transaction, and are applied once each.
 //   - Each row is attempted until it is DONE or parked: a failed attempt (error, panic,
 //     timeout) is recorded with the error and retried after an exponential backoff with
-//     jitter; a permanent error (oncetype.Permanent) or the MaxAttempts-th failure parks the
+//     jitter; a permanent error (wmonce.Permanent) or the MaxAttempts-th failure parks the
 //     row as FAILED, where it waits for Ops.Replay or a skip. An attempt that ends its worker's
 //     process or database connection (killed, crashed, terminated backend) still counts, in
 //     both claim modes, so a message that crashes its worker is parked rather than retried

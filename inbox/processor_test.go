@@ -13,10 +13,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/internal/testwait"
-	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
 )
 
@@ -81,7 +81,7 @@ func testPoisonRowParkedWhileOtherKeysGoOn(t *testing.T, mode inbox.ClaimMode) {
 			return nil, errors.New("cannot decode")
 		}
 		if string(m.Payload) == "permanent" && !healed.Load() {
-			return nil, oncetype.Permanent(errors.New("schema violation"))
+			return nil, wmonce.Permanent(errors.New("schema violation"))
 		}
 		return nil, e.effect(m, "w")
 	}, cfg)
@@ -272,7 +272,7 @@ func testReplayedRowsProcessedOnceMore(t *testing.T, mode inbox.ClaimMode) {
 	var fixed atomic.Bool
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
 		if m.Metadata.Get("bad") == "yes" && !fixed.Load() {
-			return nil, oncetype.Permanent(errors.New("unknown currency"))
+			return nil, wmonce.Permanent(errors.New("unknown currency"))
 		}
 		return nil, e.effect(m, "w")
 	}, fastIn(mode, "c"))

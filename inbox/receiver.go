@@ -13,9 +13,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/setup"
 	iworker "github.com/wmonce/watermill-once/internal/worker"
-	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -28,7 +28,7 @@ const MaxBatchSize = 10000
 var ErrReceiverClosed = errors.New("inbox: receiver is closed")
 
 // ErrInvalidOrderingKey is wrapped by errors about a message's ordering key. Like
-// oncetype.ErrInvalidKey errors, they are permanent (oncetype.IsPermanent).
+// wmonce.ErrInvalidKey errors, they are permanent (wmonce.IsPermanent).
 var ErrInvalidOrderingKey = errors.New("inbox: invalid ordering key")
 
 // ErrInvalidMetadata is wrapped (and made permanent) when a message's metadata cannot be stored
@@ -69,10 +69,10 @@ type ReceiverConfig struct {
 	// fall back to the router handler name, because the processor must be given the same name.
 	Consumer string
 
-	// Key returns each message's dedupe key. Default oncetype.KeyFromUUID.
-	Key oncetype.KeyFunc
+	// Key returns each message's dedupe key. Default wmonce.KeyFromUUID.
+	Key wmonce.KeyFunc
 	// MaxKeyLength refuses longer dedupe and ordering keys (in bytes). Default 255, at most
-	// oncetype.MaxKeyLengthLimit.
+	// wmonce.MaxKeyLengthLimit.
 	MaxKeyLength int
 	// OrderingKey selects per-key ordering. Default nil: no ordering, rows are processed in
 	// parallel in roughly received order.
@@ -94,14 +94,14 @@ type ReceiverConfig struct {
 	// event occurred longer ago than this is not processed, since its row may have been
 	// deleted by retention after the original was applied. The receiver being store-first,
 	// "refused" means parked: the copy is stored as a FAILED row (attempts 0, last_error
-	// naming oncetype.ErrTooOld) and acked, counted in ReceiverCounters.TooOld and logged as an
+	// naming wmonce.ErrTooOld) and acked, counted in ReceiverCounters.TooOld and logged as an
 	// ALERT. It is never processed unless an operator replays it (Ops.Replay) and stays the
 	// dedupe record of its key, so further copies are ordinary duplicates; like any FAILED row
 	// it holds back later rows of its ordering key until replayed or skipped. A copy whose key
 	// is still in the inbox is a duplicate whatever its age. Set it a little below the
 	// retention window of finished rows. Zero disables the guard; messages that carry no time
 	// are not checked; with the guard on, a time that cannot be read is refused (a permanent
-	// error wrapping oncetype.ErrMalformedMetadata).
+	// error wrapping wmonce.ErrMalformedMetadata).
 	MaxMessageAge time.Duration
 	// OccurredAt returns when the event occurred, as carried by the message. Default: the
 	// "occurred_at" metadata (RFC 3339) that the outbox stamps. Used by MaxMessageAge only.
@@ -114,7 +114,7 @@ func (c *ReceiverConfig) setDefaults() {
 	if c.Schema == "" {
 		c.Schema = pgtx.DefaultSchema
 	}
-	oncetype.SetKeyDefaults(&c.Key, &c.MaxKeyLength)
+	wmonce.SetKeyDefaults(&c.Key, &c.MaxKeyLength)
 	if c.BatchSize == 0 {
 		c.BatchSize = 500
 	}
@@ -124,7 +124,7 @@ func (c *ReceiverConfig) setDefaults() {
 	if c.WriteTimeout == 0 {
 		c.WriteTimeout = 10 * time.Second
 	}
-	oncetype.SetAgeGuardDefaults(&c.OccurredAt, &c.Now, outbox.MetadataOccurredAt)
+	wmonce.SetAgeGuardDefaults(&c.OccurredAt, &c.Now, outbox.MetadataOccurredAt)
 }
 
 // Validate reports what to fix in a configuration.
@@ -136,7 +136,7 @@ func (c ReceiverConfig) Validate() error {
 	if err := validateConsumer(c.Consumer); err != nil {
 		errs = append(errs, err)
 	}
-	if err := oncetype.CheckMaxKeyLength(c.MaxKeyLength); err != nil {
+	if err := wmonce.CheckMaxKeyLength(c.MaxKeyLength); err != nil {
 		errs = append(errs, err)
 	}
 	if c.BatchSize < 1 || c.BatchSize > MaxBatchSize {
@@ -157,9 +157,9 @@ func (c ReceiverConfig) Validate() error {
 	return errors.Join(errs...)
 }
 
-// validateConsumer applies oncetype.CheckName, the rule every component applies to names.
+// validateConsumer applies wmonce.CheckName, the rule every component applies to names.
 func validateConsumer(consumer string) error {
-	if err := oncetype.CheckName("Consumer", consumer); err != nil {
+	if err := wmonce.CheckName("Consumer", consumer); err != nil {
 		return fmt.Errorf("%w (the Receiver, Processor and Ops of one inbox name the same consumer)", err)
 	}
 	return nil
@@ -200,8 +200,8 @@ type ReceiverCounters struct {
 // ALERT, never processed unless replayed (see ReceiverConfig.MaxMessageAge).
 //
 // A message whose key or metadata cannot be stored is refused with a permanent error
-// (oncetype.IsPermanent) and never acked silently: park it with Watermill's
-// PoisonQueueWithFilter(writer.ParkingPublisher(db), topic, oncetype.IsPermanent) in front of
+// (wmonce.IsPermanent) and never acked silently: park it with Watermill's
+// PoisonQueueWithFilter(writer.ParkingPublisher(db), topic, wmonce.IsPermanent) in front of
 // Handle (see the package doc, Parking refused messages), or it is redelivered forever.
 type Receiver struct {
 	db     *sql.DB
@@ -313,7 +313,7 @@ func (r *Receiver) StoreTx(ctx context.Context, tx Querier, topic string, msgs .
 	rows := make([]row, len(msgs))
 	for i, msg := range msgs {
 		if msg == nil {
-			return 0, oncetype.Permanent(fmt.Errorf("inbox: message %d of %d is nil", i+1, len(msgs)))
+			return 0, wmonce.Permanent(fmt.Errorf("inbox: message %d of %d is nil", i+1, len(msgs)))
 		}
 		rw, err := r.prepare(msg, topic)
 		if err != nil {
@@ -352,16 +352,16 @@ func (r *Receiver) Close() error { return r.life.Close() }
 func (r *Receiver) prepare(msg *message.Message, topic string) (row, error) {
 	key, err := r.config.Key(msg)
 	if err == nil {
-		err = oncetype.CheckKey(key, r.config.MaxKeyLength)
+		err = wmonce.CheckKey(key, r.config.MaxKeyLength)
 	}
 	if err != nil {
-		return row{}, r.refuse(msg, fmt.Errorf("%w for message %q (consumer %q): %w", oncetype.ErrInvalidKey, msg.UUID, r.config.Consumer, err))
+		return row{}, r.refuse(msg, fmt.Errorf("%w for message %q (consumer %q): %w", wmonce.ErrInvalidKey, msg.UUID, r.config.Consumer, err))
 	}
 	var orderingKey string
 	if r.config.OrderingKey != nil {
 		orderingKey, err = r.config.OrderingKey(msg)
 		if err == nil && orderingKey != "" {
-			err = oncetype.CheckKey(orderingKey, r.config.MaxKeyLength)
+			err = wmonce.CheckKey(orderingKey, r.config.MaxKeyLength)
 		}
 		if err != nil {
 			return row{}, r.refuse(msg, fmt.Errorf("%w for message %q (consumer %q): %w", ErrInvalidOrderingKey, msg.UUID, r.config.Consumer, err))
@@ -369,17 +369,17 @@ func (r *Receiver) prepare(msg *message.Message, topic string) (row, error) {
 	}
 	metadata, err := encodeMetadata(msg.Metadata)
 	if err == nil {
-		err = oncetype.CheckText("topic name", topic)
+		err = wmonce.CheckText("topic name", topic)
 	}
 	if err == nil {
-		err = oncetype.CheckText("message UUID", msg.UUID)
+		err = wmonce.CheckText("message UUID", msg.UUID)
 	}
 	if err != nil {
 		return row{}, r.refuse(msg, fmt.Errorf("%w in message %q (consumer %q): %w", ErrInvalidMetadata, msg.UUID, r.config.Consumer, err))
 	}
 	tooOld, err := r.checkAge(msg)
 	if err != nil {
-		return row{}, r.refuse(msg, fmt.Errorf("%w: message %q (consumer %q): %w", oncetype.ErrMalformedMetadata, msg.UUID, r.config.Consumer, err))
+		return row{}, r.refuse(msg, fmt.Errorf("%w: message %q (consumer %q): %w", wmonce.ErrMalformedMetadata, msg.UUID, r.config.Consumer, err))
 	}
 	payload := msg.Payload
 	if payload == nil {
@@ -403,7 +403,7 @@ func (r *Receiver) checkAge(msg *message.Message) (string, error) {
 		return "", nil
 	}
 	return fmt.Sprintf("%v: event occurred %s ago (at %s), beyond MaxMessageAge %s: its row may already have been deleted by retention, so processing it could apply it twice. Parked by the receiver, never processed: replay it to process it anyway, or skip it",
-		oncetype.ErrTooOld, age.Round(time.Second), occurredAt.Format(time.RFC3339), r.config.MaxMessageAge), nil
+		wmonce.ErrTooOld, age.Round(time.Second), occurredAt.Format(time.RFC3339), r.config.MaxMessageAge), nil
 }
 
 // alertTooOld reports copies the age guard parked.
@@ -424,7 +424,7 @@ func (r *Receiver) alertTooOld(rows []row, parked []string, where string) {
 
 func (r *Receiver) refuse(msg *message.Message, cause error) error {
 	r.refused.Add(1)
-	err := oncetype.Permanent(cause)
+	err := wmonce.Permanent(cause)
 	r.logger.Error("Message refused: not stored in the inbox, not acked", err, watermill.LogFields{"message_uuid": msg.UUID})
 	return err
 }
@@ -434,7 +434,7 @@ func encodeMetadata(md message.Metadata) (string, error) {
 		return "{}", nil
 	}
 	for k, v := range md {
-		if err := oncetype.CheckText(fmt.Sprintf("metadata field %.40q", k), k, v); err != nil {
+		if err := wmonce.CheckText(fmt.Sprintf("metadata field %.40q", k), k, v); err != nil {
 			return "", err
 		}
 	}

@@ -11,10 +11,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/internal/testwait"
-	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
 )
 
@@ -108,7 +108,7 @@ func TestRefusesUnusableMessages(t *testing.T) {
 	e := newEnv(t)
 	r := e.receiver(t, inbox.ReceiverConfig{
 		Consumer:     "c",
-		Key:          oncetype.KeyFromMetadata("event_id"),
+		Key:          wmonce.KeyFromMetadata("event_id"),
 		MaxKeyLength: 16,
 		OrderingKey:  inbox.OrderingKeyFromMetadata("account"),
 	})
@@ -116,9 +116,9 @@ func TestRefusesUnusableMessages(t *testing.T) {
 		msg  *message.Message
 		want error
 	}{
-		"no key":          {msg("u1", "p", "account", "a"), oncetype.ErrInvalidKey},
-		"long key":        {msg("u2", "p", "account", "a", "event_id", strings.Repeat("k", 17)), oncetype.ErrInvalidKey},
-		"binary key":      {msg("u3", "p", "account", "a", "event_id", "k\xff"), oncetype.ErrInvalidKey},
+		"no key":          {msg("u1", "p", "account", "a"), wmonce.ErrInvalidKey},
+		"long key":        {msg("u2", "p", "account", "a", "event_id", strings.Repeat("k", 17)), wmonce.ErrInvalidKey},
+		"binary key":      {msg("u3", "p", "account", "a", "event_id", "k\xff"), wmonce.ErrInvalidKey},
 		"no ordering key": {msg("u4", "p", "event_id", "k4"), inbox.ErrInvalidOrderingKey},
 		"long order key":  {msg("u5", "p", "event_id", "k5", "account", strings.Repeat("a", 17)), inbox.ErrInvalidOrderingKey},
 		"NUL in metadata": {msg("u6", "p", "event_id", "k6", "account", "a", "note", "a\x00b"), inbox.ErrInvalidMetadata},
@@ -132,7 +132,7 @@ func TestRefusesUnusableMessages(t *testing.T) {
 		wg.Go(func() {
 			err := r.Handle(tc.msg)
 			require.ErrorIs(t, err, tc.want, name)
-			require.True(t, oncetype.IsPermanent(err), name)
+			require.True(t, wmonce.IsPermanent(err), name)
 		})
 		wg.Go(func() { require.NoError(t, r.Handle(msg(okKey, "p", "event_id", okKey, "account", "a"))) })
 	}
@@ -174,7 +174,7 @@ func TestStoreTxFollowsTheCallersTransaction(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback() }()
 	_, err = r.StoreTx(ctx, tx, "orders", msg("c", "3"), msg("", "no uuid"))
-	require.ErrorIs(t, err, oncetype.ErrInvalidKey)
+	require.ErrorIs(t, err, wmonce.ErrInvalidKey)
 }
 
 func TestReceiverRefusesAfterClose(t *testing.T) {
@@ -204,7 +204,7 @@ func TestConfigValidation(t *testing.T) {
 		"blank consumer": {Consumer: "  "},
 		"NUL consumer":   {Consumer: "pay\x00ments"},
 		"bad schema":     {Consumer: "c", Schema: "x; DROP TABLE y"},
-		"key too long":   {Consumer: "c", MaxKeyLength: oncetype.MaxKeyLengthLimit + 1},
+		"key too long":   {Consumer: "c", MaxKeyLength: wmonce.MaxKeyLengthLimit + 1},
 		"batch too big":  {Consumer: "c", BatchSize: inbox.MaxBatchSize + 1},
 		"writers":        {Consumer: "c", Workers: -1},
 		"linger":         {Consumer: "c", Linger: time.Hour},
@@ -273,8 +273,8 @@ func TestAgeGuardParksOldCopiesOfForgottenKeys(t *testing.T) {
 	require.NoError(t, late.Handle(event("forgotten")), "a parked copy is acked: the inbox holds it")
 	require.NoError(t, late.Handle(msg("timeless", "p")), "messages without a time are not checked")
 	err := late.Handle(msg("garbled", "p", outbox.MetadataOccurredAt, "yesterday"))
-	require.ErrorIs(t, err, oncetype.ErrMalformedMetadata)
-	require.True(t, oncetype.IsPermanent(err))
+	require.ErrorIs(t, err, wmonce.ErrMalformedMetadata)
+	require.True(t, wmonce.IsPermanent(err))
 	require.NoError(t, late.Handle(event("forgotten")), "a second copy is a duplicate of the parked row")
 
 	c := late.Counters()
@@ -286,7 +286,7 @@ func TestAgeGuardParksOldCopiesOfForgottenKeys(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, inbox.StatusFailed, row.Status)
 	require.Zero(t, row.Attempts)
-	require.Contains(t, row.LastError, oncetype.ErrTooOld.Error())
+	require.Contains(t, row.LastError, wmonce.ErrTooOld.Error())
 	row, err = e.ops.InspectMessage(context.Background(), "c", "kept")
 	require.NoError(t, err)
 	require.Equal(t, inbox.StatusDone, row.Status)

@@ -7,8 +7,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/trace"
 
+	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/tracing"
-	"github.com/wmonce/watermill-once/oncetype"
 )
 
 // startSpan starts the consumer span of one attempt at row r: a child of the trace context the
@@ -91,7 +91,7 @@ func (p *Processor) callTraced(msg *message.Message) ([]*message.Message, error)
 	hctx := msg.Context()
 	ctx, span := tracing.StartChild(hctx, p.tracer, tracing.SpanHandler)
 	msg.SetContext(ctx)
-	out, err := oncetype.CallHandler(p.handler, msg)
+	out, err := wmonce.CallHandler(p.handler, msg)
 	msg.SetContext(hctx)
 	tracing.End(span, err)
 	return out, err

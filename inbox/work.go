@@ -15,8 +15,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	wmonce "github.com/wmonce/watermill-once"
 	iworker "github.com/wmonce/watermill-once/internal/worker"
-	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -350,7 +350,7 @@ func (p *Processor) attemptOne(w *worker, r claimedRow, token int64) (outcome, e
 func (p *Processor) runHandler(ctx context.Context, tx *sql.Tx, r claimedRow, shared bool) (err error) {
 	msg := message.NewMessage(r.uuid, r.payload)
 	if err := json.Unmarshal([]byte(r.metadata), &msg.Metadata); err != nil {
-		return oncetype.Permanent(fmt.Errorf("inbox: row %d: metadata is not a JSON object of strings: %w", r.id, err))
+		return wmonce.Permanent(fmt.Errorf("inbox: row %d: metadata is not a JSON object of strings: %w", r.id, err))
 	}
 	if msg.Metadata == nil {
 		msg.Metadata = message.Metadata{}
@@ -363,7 +363,7 @@ func (p *Processor) runHandler(ctx context.Context, tx *sql.Tx, r claimedRow, sh
 	})
 	hctx = pgtx.ContextWithTx(outbox.ContextWithConsumed(hctx, msg), tx)
 	// Keys for effects outside the database (idemkey.ForMessage) follow the inbox's dedupe key.
-	hctx = oncetype.ContextWithClaim(hctx, p.config.Consumer, r.messageID)
+	hctx = wmonce.ContextWithClaim(hctx, p.config.Consumer, r.messageID)
 	msg.SetContext(hctx)
 	out, err := p.callTraced(msg)
 	if err != nil || shared {
@@ -372,8 +372,8 @@ func (p *Processor) runHandler(ctx context.Context, tx *sql.Tx, r claimedRow, sh
 		}
 	}
 	if err != nil {
-		if errors.Is(err, outbox.ErrInvalidMessage) && !oncetype.IsPermanent(err) {
-			return oncetype.Permanent(err) // published a message the outbox can never store
+		if errors.Is(err, outbox.ErrInvalidMessage) && !wmonce.IsPermanent(err) {
+			return wmonce.Permanent(err) // published a message the outbox can never store
 		}
 		return err
 	}
@@ -382,7 +382,7 @@ func (p *Processor) runHandler(ctx context.Context, tx *sql.Tx, r claimedRow, sh
 	}
 	if p.config.OutputTopic == "" {
 		// Permanent, so the row is parked: every retry would return the same messages.
-		return oncetype.Permanent(fmt.Errorf("inbox: %w: ProcessorConfig.OutputTopic is empty: set it, or publish through outbox.Writer.Publisher() with the message context", oncetype.ErrOutputWithoutTopic))
+		return wmonce.Permanent(fmt.Errorf("inbox: %w: ProcessorConfig.OutputTopic is empty: set it, or publish through outbox.Writer.Publisher() with the message context", wmonce.ErrOutputWithoutTopic))
 	}
 	if err := p.outbox.PublishTx(hctx, tx, p.config.OutputTopic, out...); err != nil {
 		if ended := p.endedAt(ctx, r, err); ended != nil {
@@ -390,7 +390,7 @@ func (p *Processor) runHandler(ctx context.Context, tx *sql.Tx, r claimedRow, sh
 		}
 		err = fmt.Errorf("inbox: store handler output: %w", err)
 		if errors.Is(err, outbox.ErrInvalidMessage) {
-			return oncetype.Permanent(err) // every retry would return the same output
+			return wmonce.Permanent(err) // every retry would return the same output
 		}
 		return err
 	}
@@ -458,7 +458,7 @@ func (p *Processor) recordFailure(r claimedRow, token int64, cause error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var status string
-	err := p.db.QueryRowContext(ctx, p.q.fail, r.id, token, oncetype.IsPermanent(cause), p.config.MaxAttempts, micros(delay), errorText(cause)).Scan(&status)
+	err := p.db.QueryRowContext(ctx, p.q.fail, r.id, token, wmonce.IsPermanent(cause), p.config.MaxAttempts, micros(delay), errorText(cause)).Scan(&status)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		p.conflicts.Add(1)

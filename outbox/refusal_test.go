@@ -13,9 +13,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/internal/testwait"
-	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -50,7 +50,7 @@ func TestRelaySetsAsideWhatThePublisherRefusesForGood(t *testing.T) {
 	s := &sink{failOn: func(_ string, msgs []*message.Message) error {
 		for _, m := range msgs {
 			if m.UUID == "bad" && refuse.Load() {
-				return oncetype.Permanent(errors.New("kafka server: Message was too large, server rejected it"))
+				return wmonce.Permanent(errors.New("kafka server: Message was too large, server rejected it"))
 			}
 		}
 		return nil
@@ -108,7 +108,7 @@ func TestRepublishRemovesMetadataAndLeavesUndecodableRows(t *testing.T) {
 	s := &sink{failOn: func(_ string, msgs []*message.Message) error {
 		for _, m := range msgs {
 			if m.Metadata.Get("_watermill_message_uuid") != "" {
-				return oncetype.Permanent(errors.New("metadata _watermill_message_uuid is reserved by watermill for message UUID"))
+				return wmonce.Permanent(errors.New("metadata _watermill_message_uuid is reserved by watermill for message UUID"))
 			}
 		}
 		got = append(got, msgs...)

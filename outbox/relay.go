@@ -15,11 +15,11 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/trace"
 
+	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/pgnotify"
 	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/internal/tracing"
 	"github.com/wmonce/watermill-once/internal/worker"
-	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -43,7 +43,7 @@ type RelayConfig struct {
 	// BatchSize is the most rows read and published per batch (a round of the relay's order,
 	// see the package doc, spans as many batches as it needs). Each batch also reads and
 	// writes the position (a commit of its own), so small batches cost throughput: measured
-	// with go run ./bench, 1000 forwards 2.5-3.4x more messages per second than 100 to Kafka,
+	// with go run ./e2e/bench, 1000 forwards 2.5-3.4x more messages per second than 100 to Kafka,
 	// RabbitMQ and SQL alike. After a crash, at most one batch is published again. Default 1000.
 	BatchSize int
 	// PollInterval is the fallback wait of an idle relay. The active relay LISTENs on the
@@ -90,7 +90,7 @@ type RelayConfig struct {
 	// outbox_rejected with the error, for an operator to republish (RepublishRejected), and
 	// the relay goes on with the rows behind it; when a call of several messages is refused
 	// for good, they are published again one by one to find which. Default
-	// oncetype.IsPermanent: the errors a publisher marked with oncetype.Permanent, as the
+	// wmonce.IsPermanent: the errors a publisher marked with wmonce.Permanent, as the
 	// broker package's publishers mark the refusals they recognise (for another publisher,
 	// pass broker.IsPermanentPublishError or your own). Whatever it says, a cancelled
 	// context, a timeout and a connection error are never permanent.
@@ -149,7 +149,7 @@ func (c *RelayConfig) setDefaults() {
 		c.LaneKey = defaultLaneKey
 	}
 	if c.IsPermanent == nil {
-		c.IsPermanent = oncetype.IsPermanent
+		c.IsPermanent = wmonce.IsPermanent
 	}
 }
 
@@ -159,7 +159,7 @@ func (c RelayConfig) Validate() error {
 	if err := pgtx.ValidateIdentifier("schema", c.Schema); err != nil {
 		errs = append(errs, err)
 	}
-	if err := oncetype.CheckName("relay Name", c.Name); err != nil {
+	if err := wmonce.CheckName("relay Name", c.Name); err != nil {
 		errs = append(errs, err)
 	}
 	if err := checkSource(c.Source); err != nil {

@@ -14,10 +14,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"go.opentelemetry.io/otel/trace"
 
+	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/pgnotify"
 	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/internal/tracing"
-	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -45,7 +45,7 @@ var ErrInvalidMessage = errors.New("outbox: message cannot be stored")
 const codeUndefinedColumn = "42703"
 
 // MaxUUIDLength is the longest UUID stored, in bytes: the longest dedupe key a consumer can
-// accept (oncetype.MaxKeyLengthLimit). UUIDs longer than 36 characters are fine: the outbox
+// accept (wmonce.MaxKeyLengthLimit). UUIDs longer than 36 characters are fine: the outbox
 // and the broker package's SQL topic tables store them as text.
 const MaxUUIDLength = 1024
 
@@ -97,12 +97,12 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// checkSource applies the rule of every name (oncetype.CheckName) to a non-empty Source.
+// checkSource applies the rule of every name (wmonce.CheckName) to a non-empty Source.
 func checkSource(source string) error {
 	if source == "" {
 		return nil
 	}
-	return oncetype.CheckName("Source", source)
+	return wmonce.CheckName("Source", source)
 }
 
 // DefaultValidateTopic accepts 1 to 249 bytes of printable UTF-8 without spaces: a name every
@@ -114,7 +114,7 @@ func DefaultValidateTopic(topic string) error {
 	if len(topic) > 249 {
 		return fmt.Errorf("topic %.40q... is %d bytes long; the limit is 249", topic, len(topic))
 	}
-	if err := oncetype.CheckText("topic", topic); err != nil {
+	if err := wmonce.CheckText("topic", topic); err != nil {
 		return err
 	}
 	for _, r := range topic {
@@ -297,7 +297,7 @@ func (w *Writer) store(ctx context.Context, tx Execer, topic string, msgs []*mes
 // topic: not text, or refused by Config.ValidateTopic. Check a configured topic with it at
 // start-up (once.Stack checks its poison topic) rather than at the first message.
 func (w *Writer) CheckTopic(topic string) error {
-	if err := oncetype.CheckText("topic", topic); err != nil {
+	if err := wmonce.CheckText("topic", topic); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidMessage, err)
 	}
 	if err := w.config.ValidateTopic(topic); err != nil {
@@ -316,8 +316,8 @@ func checkMessage(msg *message.Message) error {
 		return errors.New("empty UUID: create it with message.NewMessage(watermill.NewUUID(), payload) or a stable business id")
 	case len(msg.UUID) > MaxUUIDLength:
 		return fmt.Errorf("UUID %.40q... is %d bytes long; the limit is %d (the longest dedupe key a consumer accepts)", msg.UUID, len(msg.UUID), MaxUUIDLength)
-	case !oncetype.IsText(msg.UUID):
-		return fmt.Errorf("%w: PostgreSQL text and JSON cannot carry it byte for byte; hex- or base64-encode it", oncetype.CheckText("UUID", msg.UUID))
+	case !wmonce.IsText(msg.UUID):
+		return fmt.Errorf("%w: PostgreSQL text and JSON cannot carry it byte for byte; hex- or base64-encode it", wmonce.CheckText("UUID", msg.UUID))
 	}
 	if err := checkText("metadata", msg.Metadata); err != nil {
 		return fmt.Errorf("message %s: %w", msg.UUID, err)
@@ -329,10 +329,10 @@ func checkMessage(msg *message.Message) error {
 // that PostgreSQL text, jsonb and the inbox refuse (NUL).
 func checkText(what string, md message.Metadata) error {
 	for k, v := range md {
-		if err := oncetype.CheckText(fmt.Sprintf("%s key", what), k); err != nil {
+		if err := wmonce.CheckText(fmt.Sprintf("%s key", what), k); err != nil {
 			return fmt.Errorf("%w: it is stored as JSON, which cannot carry it byte for byte", err)
 		}
-		if err := oncetype.CheckText(fmt.Sprintf("%s %.40q: value", what, k), v); err != nil {
+		if err := wmonce.CheckText(fmt.Sprintf("%s %.40q: value", what, k), v); err != nil {
 			return fmt.Errorf("%w: it is stored as JSON, which cannot carry it byte for byte; base64-encode binary values", err)
 		}
 	}
@@ -412,7 +412,7 @@ func (w *Writer) DBPublisher(db *sql.DB) message.Publisher { return dbPublisher{
 // ParkingPublisher returns the message.Publisher that parks messages a consumer refused, for
 // Watermill's poison queue:
 //
-//	poison, err := middleware.PoisonQueueWithFilter(writer.ParkingPublisher(db), topic, oncetype.IsPermanent)
+//	poison, err := middleware.PoisonQueueWithFilter(writer.ParkingPublisher(db), topic, wmonce.IsPermanent)
 //
 // Each Publish call is stored in a short transaction of its own on db, as with DBPublisher, so
 // the parked message is durable in PostgreSQL before the poison queue lets the router ack it,

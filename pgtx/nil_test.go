@@ -9,16 +9,16 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
-	"github.com/wmonce/watermill-once/admin"
-	"github.com/wmonce/watermill-once/httpidem"
+	"github.com/wmonce/watermill-once/effects/intent"
+	"github.com/wmonce/watermill-once/effects/versioned"
 	"github.com/wmonce/watermill-once/inbox"
-	"github.com/wmonce/watermill-once/intent"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/once"
+	"github.com/wmonce/watermill-once/middleware/httpidem"
+	"github.com/wmonce/watermill-once/middleware/once"
+	"github.com/wmonce/watermill-once/ops/admin"
+	"github.com/wmonce/watermill-once/ops/retention"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
-	"github.com/wmonce/watermill-once/retention"
-	"github.com/wmonce/watermill-once/versioned"
 )
 
 func TestIsNil(t *testing.T) {

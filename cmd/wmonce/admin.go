@@ -10,7 +10,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/wmonce/watermill-once/admin"
+	"github.com/wmonce/watermill-once/ops/admin"
 )
 
 func adminCommand() *command {

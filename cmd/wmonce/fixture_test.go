@@ -16,7 +16,7 @@ import (
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/internal/testwait"
-	"github.com/wmonce/watermill-once/once"
+	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -28,7 +28,7 @@ type result struct {
 }
 
 // wmonce runs the CLI against the test database and schema.
-func wmonce(t *testing.T, schema string, args ...string) result {
+func runCLI(t *testing.T, schema string, args ...string) result {
 	t.Helper()
 	return wmonceRaw(t, append([]string{"-database-url", pgtest.URL(), "-schema", schema}, args...)...)
 }

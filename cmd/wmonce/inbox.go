@@ -8,8 +8,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/wmonce/watermill-once/admin"
 	"github.com/wmonce/watermill-once/inbox"
+	"github.com/wmonce/watermill-once/ops/admin"
 )
 
 func inboxCommand() *command {

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/wmonce/watermill-once/admin"
+	"github.com/wmonce/watermill-once/ops/admin"
 )
 
 func statusCommand() *command {

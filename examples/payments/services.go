@@ -14,9 +14,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/broker"
-	"github.com/wmonce/watermill-once/once"
-	"github.com/wmonce/watermill-once/oncetype"
+	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -89,7 +89,7 @@ func newRewards(db *sql.DB, b *broker.Broker, schema, inTopic, outTopic string, 
 func (r *rewardsService) handle(msg *message.Message) error {
 	var ev paymentSucceeded
 	if err := json.Unmarshal(msg.Payload, &ev); err != nil || ev.PaymentID == "" {
-		return oncetype.Permanent(fmt.Errorf("not a PaymentSucceeded event: %s", msg.Payload))
+		return wmonce.Permanent(fmt.Errorf("not a PaymentSucceeded event: %s", msg.Payload))
 	}
 	tx, ok := pgtx.TxFromContext(msg.Context())
 	if !ok {
@@ -172,7 +172,7 @@ func idempotencyKey(consumer, eventID, step string) string {
 func (s *notificationsService) handle(msg *message.Message) error {
 	var ev cashbackCredited
 	if err := json.Unmarshal(msg.Payload, &ev); err != nil || ev.PaymentID == "" {
-		return oncetype.Permanent(fmt.Errorf("not a CashbackCredited event: %s", msg.Payload))
+		return wmonce.Permanent(fmt.Errorf("not a CashbackCredited event: %s", msg.Payload))
 	}
 	tx, ok := pgtx.TxFromContext(msg.Context())
 	if !ok {
