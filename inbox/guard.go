@@ -71,7 +71,8 @@ func (p *Processor) endedAt(ctx context.Context, r claimedRow, err error) error 
 func (p *Processor) handlerEndedTx(r claimedRow, ended, handlerErr error) error {
 	p.endedTx.Add(1)
 	if handlerErr != nil {
-		ended = fmt.Errorf("%w (the handler returned: %v)", ended, handlerErr)
+		// Reported, not wrapped: the handler's error must not make this one look retryable.
+		ended = fmt.Errorf("%w (the handler returned: %s)", ended, handlerErr.Error())
 	}
 	err := fmt.Errorf("inbox: row %d: %w", r.id, ended)
 	p.logger.Error("The handler ended the processing transaction it was given (Commit or Rollback): nothing of it was applied; the row is parked", err,

@@ -266,7 +266,7 @@ func (r *Relay) drainTopic(ctx context.Context, conn *sql.Conn, s *session, topi
 		published, rest, cause, err = r.publishOrReject(ctx, conn, topic, run.rows, run.msgs)
 	}
 	// What went out or was rejected leaves outbox_held, even if ctx ended meanwhile.
-	gone := append(undecodable, run.rows[:rest]...)
+	gone := slices.Concat(undecodable, run.rows[:rest])
 	if len(gone) > 0 {
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 		derr := r.deleteHeld(actx, conn, gone)

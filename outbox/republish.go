@@ -69,6 +69,7 @@ WHERE relay = $1 AND ($2 OR "offset" = ANY($3::bigint[])) ORDER BY "offset" FOR 
 		if err != nil {
 			return err
 		}
+		defer rows.Close() // closed below before the INSERT; the deferred call is then a no-op
 		var offsets []int64
 		var uuids, sources, payloads, metadatas []string
 		for rows.Next() {
@@ -76,7 +77,6 @@ WHERE relay = $1 AND ($2 OR "offset" = ANY($3::bigint[])) ORDER BY "offset" FOR 
 			var uuid, source string
 			var payload, metadata sql.NullString
 			if err := rows.Scan(&offset, &uuid, &source, &payload, &metadata); err != nil {
-				rows.Close()
 				return err
 			}
 			env, md, ok := republishable(payload, metadata, req.RemoveMetadata)
@@ -87,8 +87,10 @@ WHERE relay = $1 AND ($2 OR "offset" = ANY($3::bigint[])) ORDER BY "offset" FOR 
 			offsets = append(offsets, offset)
 			uuids, sources, payloads, metadatas = append(uuids, uuid), append(sources, source), append(payloads, env), append(metadatas, md)
 		}
-		rows.Close()
 		if err := rows.Err(); err != nil {
+			return err
+		}
+		if err := rows.Close(); err != nil { // the connection is needed for the INSERT
 			return err
 		}
 		res.Republished = len(offsets)

@@ -271,7 +271,7 @@ func (v *Versions) run(ctx context.Context, tx Querier, apply func(ctx context.C
 		err := apply(ctx)
 		if ended := endedBy(ctx, tx); ended != nil {
 			if err != nil {
-				ended = fmt.Errorf("%w (apply returned: %v)", ended, err)
+				ended = fmt.Errorf("%w (apply returned: %s)", ended, err.Error())
 			}
 			return Result{}, fmt.Errorf("versioned: apply %s version %d ended the caller's transaction: %w", e, version, ended)
 		}

@@ -742,7 +742,8 @@ func (e *Middleware) apply(ctx context.Context, h message.HandlerFunc, d *delive
 func (e *Middleware) handlerEndedTx(d *delivery, ended, handlerErr error) error {
 	d.counters.endedTx.Add(1)
 	if handlerErr != nil {
-		ended = fmt.Errorf("%w (the handler returned: %v)", ended, handlerErr)
+		// Reported, not wrapped: the handler's error must not make this one look retryable.
+		ended = fmt.Errorf("%w (the handler returned: %s)", ended, handlerErr.Error())
 	}
 	e.logger.Error("The handler ended the transaction it was given (Commit or Rollback): nothing of it was applied; the message is a permanent failure", ended, d.fields)
 	return ended
