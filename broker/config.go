@@ -55,8 +55,11 @@ const (
 	DefaultKafkaPartitions   = 3
 	DefaultPartitionKeyField = "partition_key"
 	DefaultAMQPURL           = "amqp://guest:guest@127.0.0.1:5672/"
-	QueueTypeQuorum          = "quorum"
-	QueueTypeClassic         = "classic"
+	// DefaultNackDelay is every broker's wait before a nacked message is delivered again
+	// (SQL.NackDelay, Kafka.NackDelay, AMQP.NackDelay).
+	DefaultNackDelay = 100 * time.Millisecond
+	QueueTypeQuorum  = "quorum"
+	QueueTypeClassic = "classic"
 )
 
 // Config chooses a broker and how to reach it. The zero value plus DatabaseURL is a working SQL
@@ -100,7 +103,7 @@ type SQLConfig struct {
 	// missing. Env BROKER_SQL_SCHEMA; default "wmonce_broker".
 	Schema string
 	// PollInterval is the wait after a query that found nothing when wake-ups are off
-	// (DisableNotify, a pool whose driver is not pgx) or the LISTEN connection is down; it also
+	// (DisableListen, a pool whose driver is not pgx) or the LISTEN connection is down; it also
 	// caps the re-check backoff (at most 1s) while a notified row is hidden by an older open
 	// transaction. Default 100ms.
 	PollInterval time.Duration
@@ -109,13 +112,13 @@ type SQLConfig struct {
 	// see NotifyChannel), or after IdlePollInterval if none was. An idle subscription costs one
 	// BEGIN/SELECT/COMMIT (and a liveness ping of the pool connection) per IdlePollInterval. Default 3s.
 	IdlePollInterval time.Duration
-	// DisableNotify turns wake-ups off: no LISTEN connection, subscriptions poll every
+	// DisableListen turns wake-ups off: no LISTEN connection, subscriptions poll every
 	// PollInterval (watermill-sql's behaviour). The topic tables get their notify trigger
 	// anyway, so other processes sharing the schema can use wake-ups. Each insert into a topic
 	// table notifies (one pg_notify per statement, delivered at commit); PostgreSQL serialises
 	// the commits of notifying transactions on one server-wide lock, which costs throughput
 	// only at thousands of publishing commits per second.
-	DisableNotify bool
+	DisableListen bool
 	// BatchSize is how many rows the subscriber reads per transaction. The effectively-once
 	// middleware applies each of them in a savepoint of that transaction, so a crash rolls
 	// the whole batch back (nothing is lost or half-applied) and a larger batch only means more
@@ -126,8 +129,9 @@ type SQLConfig struct {
 	// then, unless that transaction can no longer commit (a lost connection): then the batch
 	// is read again at once in a new one (see the package documentation). Default 30s.
 	AckDeadline time.Duration
-	// ResendInterval is the wait before a nacked message is delivered again. Default 200ms.
-	ResendInterval time.Duration
+	// NackDelay is the wait before a nacked message is delivered again (in the subscription's
+	// transaction). Default DefaultNackDelay (100ms).
+	NackDelay time.Duration
 }
 
 // KafkaConfig configures Watermill's Kafka Pub/Sub (Sarama).
@@ -155,8 +159,9 @@ type KafkaConfig struct {
 	// refuses values outside group.min/max.session.timeout.ms (by default 6s to 5min). Env
 	// KAFKA_SESSION_TIMEOUT (a Go duration such as 10s).
 	SessionTimeout time.Duration
-	// NackResendSleep is the wait before a nacked message is delivered again. Default 100ms.
-	NackResendSleep time.Duration
+	// NackDelay is the wait before a nacked message is delivered again. Default DefaultNackDelay
+	// (100ms).
+	NackDelay time.Duration
 }
 
 // AMQPConfig configures Watermill's AMQP Pub/Sub for RabbitMQ.
@@ -187,7 +192,7 @@ type AMQPConfig struct {
 	// middleware guarantees one effect per message, not order; use versions).
 	Prefetch int
 	// NackDelay is the wait before a nacked message is handed back to RabbitMQ, which requeues
-	// it at once. Default 100ms.
+	// it at once. Default DefaultNackDelay (100ms).
 	NackDelay time.Duration
 	// ConnectionName is shown in the management UI and rabbitmqctl. Default "watermill-once".
 	ConnectionName string
@@ -224,8 +229,8 @@ func (c *Config) setDefaults() {
 	if s.AckDeadline == 0 {
 		s.AckDeadline = 30 * time.Second
 	}
-	if s.ResendInterval == 0 {
-		s.ResendInterval = 200 * time.Millisecond
+	if s.NackDelay == 0 {
+		s.NackDelay = DefaultNackDelay
 	}
 	k := &c.Kafka
 	if k.Partitions == 0 {
@@ -243,8 +248,8 @@ func (c *Config) setDefaults() {
 	if k.SessionTimeout == 0 {
 		k.SessionTimeout = 10 * time.Second
 	}
-	if k.NackResendSleep == 0 {
-		k.NackResendSleep = 100 * time.Millisecond
+	if k.NackDelay == 0 {
+		k.NackDelay = DefaultNackDelay
 	}
 	a := &c.AMQP
 	if a.URL == "" {
@@ -260,7 +265,7 @@ func (c *Config) setDefaults() {
 		a.Prefetch = 4 * a.Workers
 	}
 	if a.NackDelay == 0 {
-		a.NackDelay = 100 * time.Millisecond
+		a.NackDelay = DefaultNackDelay
 	}
 	if a.ConnectionName == "" {
 		a.ConnectionName = "watermill-once"
@@ -294,8 +299,8 @@ func (c Config) Validate() error {
 		if s.BatchSize < 1 || s.BatchSize > 1000 {
 			errs = append(errs, fmt.Errorf("SQL.BatchSize must be between 1 and 1000, got %d", s.BatchSize))
 		}
-		if s.PollInterval < 0 || s.IdlePollInterval < 0 || s.AckDeadline < 0 || s.ResendInterval < 0 {
-			errs = append(errs, errors.New("SQL.PollInterval, IdlePollInterval, AckDeadline and ResendInterval must be positive"))
+		if s.PollInterval < 0 || s.IdlePollInterval < 0 || s.AckDeadline < 0 || s.NackDelay < 0 {
+			errs = append(errs, errors.New("SQL.PollInterval, IdlePollInterval, AckDeadline and NackDelay must be positive"))
 		}
 	case Kafka:
 		k := c.Kafka
@@ -316,8 +321,8 @@ func (c Config) Validate() error {
 		if strings.TrimSpace(k.PartitionKeyField) != k.PartitionKeyField {
 			errs = append(errs, fmt.Errorf("Kafka.PartitionKeyField %q has surrounding spaces", k.PartitionKeyField))
 		}
-		if k.SessionTimeout < time.Second || k.NackResendSleep < 0 {
-			errs = append(errs, errors.New("Kafka.SessionTimeout must be at least 1s and NackResendSleep not negative"))
+		if k.SessionTimeout < time.Second || k.NackDelay < 0 {
+			errs = append(errs, errors.New("Kafka.SessionTimeout must be at least 1s and NackDelay not negative"))
 		}
 	case AMQP:
 		a := c.AMQP

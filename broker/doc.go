@@ -32,7 +32,7 @@
 //   - Consumer groups start from the oldest offset when they have no commit. Watermill keeps one
 //     message in flight per partition; an ack marks the offset, committed every second, so a
 //     crash redelivers up to a second of acked messages. A nack redelivers after
-//     NackResendSleep, forever: park poison messages with the middleware Stack.
+//     NackDelay, forever: park poison messages with the middleware Stack.
 //   - Topics are created with Partitions and ReplicationFactor (-1: the cluster default). Set
 //     min.insync.replicas on the cluster: acks=all means "all in-sync replicas", however few.
 //   - Protocol version 2.1 (KafkaProtocolVersion) for every target; see "Kafka versions".
@@ -147,7 +147,7 @@
 //     SQLConfig.NotifyChannel) and one LISTEN connection per Broker, outside the pool, wakes
 //     the table's subscriptions; a notified row still hidden by an older transaction is
 //     re-checked against the server's xmin with a backoff of at most PollInterval. Idle, a
-//     subscription polls every IdlePollInterval (3s); without LISTEN (DisableNotify, a driver
+//     subscription polls every IdlePollInterval (3s); without LISTEN (DisableListen, a driver
 //     other than pgx, a lost connection) every PollInterval (100ms).
 //   - A nacked message is delivered again inside the same transaction, which stays open (and
 //     keeps the group's offset row locked) until the message is acked or AckDeadline passes,

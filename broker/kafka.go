@@ -355,7 +355,7 @@ func (b *Broker) newKafkaSubscriber(group string) (message.Subscriber, error) {
 		Unmarshaler:           b.kafkaMarshaler(),
 		OverwriteSaramaConfig: b.saramaConfig(),
 		ConsumerGroup:         group,
-		NackResendSleep:       b.config.Kafka.NackResendSleep,
+		NackResendSleep:       b.config.Kafka.NackDelay,
 		ReconnectRetrySleep:   time.Second,
 	}, b.logger)
 }

@@ -42,7 +42,7 @@ func testSQLSameConsumerOnTwoSubscriptionsSettlesTheLoserAtOnce(t *testing.T, ve
 	// side) a 3 s deadline once passed while the copies were still settling, and the loser's
 	// context ended before it could be told apart from a nack.
 	cfg.SQL.AckDeadline = 20 * time.Second
-	cfg.SQL.ResendInterval = 10 * time.Millisecond
+	cfg.SQL.NackDelay = 10 * time.Millisecond
 	cfg.Subscriptions = []broker.Subscription{{Topic: topic, Group: "rewards"}, {Topic: redrive, Group: "rewards"}}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -131,7 +131,7 @@ func testSQLSameConsumerOnTwoSubscriptionsSettlesTheLoserAtOnce(t *testing.T, ve
 	if len(nacks) > 0 {
 		t.Fatalf("the losing copy was nacked %d times (first: %v); it must be settled at once as a duplicate", len(nacks), nacks[0].err)
 	}
-	require.Equal(t, once.Counters{Fresh: 1, Duplicates: 1}, mw.Counters("rewards"))
+	require.Equal(t, once.Counters{Fresh: 1, Duplicates: 1}, mw.Counters().Consumer("rewards"))
 	require.Equal(t, 1, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "effects")))
 	require.Equal(t, 1, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "processed_messages")))
 }
@@ -256,7 +256,7 @@ func testSQLSerializationFailureRedeliversTheWholeBatch(t *testing.T, version in
 	require.Equal(t, 101, pgtest.Count(t, db, `SELECT n FROM `+balances+` WHERE id = 'm-0'`))
 	require.Equal(t, 2, pgtest.Count(t, db, `SELECT sum(n) - 101 FROM `+balances))
 	require.Equal(t, 3, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "processed_messages")))
-	require.Equal(t, once.Counters{Fresh: 3, Failed: 1, TxRetries: 3}, mw.Counters("rewards"))
+	require.Equal(t, once.Counters{Fresh: 3, Failed: 1, TxRetries: 3}, mw.Counters().Consumer("rewards"))
 }
 
 // TestSQLHandlerWritesThroughWatermillSQLsOwnTx: a handler on the SQL broker's subscriber that
@@ -274,7 +274,7 @@ func testSQLHandlerWritesThroughWatermillSQLsOwnTx(t *testing.T, version int) {
 	schema := pgtest.Schema(t, db)
 	topic := pgtest.NewName("payments")
 	cfg := sqlConfig(t, schema, version)
-	cfg.SQL.ResendInterval = 10 * time.Millisecond
+	cfg.SQL.NackDelay = 10 * time.Millisecond
 	cfg.Subscriptions = []broker.Subscription{{Topic: topic, Group: "rewards"}}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -345,5 +345,5 @@ func testSQLHandlerWritesThroughWatermillSQLsOwnTx(t *testing.T, version int) {
 	require.Equal(t, 2, attempts)
 	require.Equal(t, 1, pgtest.Count(t, db, `SELECT count(*) FROM `+effects), "the failed attempt's write was rolled back")
 	require.Equal(t, 1, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "processed_messages")))
-	require.Equal(t, once.Counters{Fresh: 1, Failed: 1}, mw.Counters("rewards"))
+	require.Equal(t, once.Counters{Fresh: 1, Failed: 1}, mw.Counters().Consumer("rewards"))
 }

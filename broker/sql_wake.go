@@ -419,7 +419,7 @@ func (s *sqlSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *me
 	cfg := s.s.config
 	var backoff sqlBackoff
 	var w *sqlWaiter
-	if !cfg.DisableNotify && !s.s.notifier.disabled.Load() {
+	if !cfg.DisableListen && !s.s.notifier.disabled.Load() {
 		w = &sqlWaiter{
 			n: s.s.notifier, table: "watermill_" + topic, ctx: ctx, closing: s.closing,
 			poll: cfg.PollInterval, idlePoll: cfg.IdlePollInterval,

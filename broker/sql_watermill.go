@@ -84,7 +84,7 @@ func newWatermillSQL(db *sql.DB, config SQLConfig, tables sqlTables) (watermillS
 	timings := sqlSubscriberTimings{
 		ackDeadline: config.AckDeadline,
 		poll:        config.PollInterval,
-		resend:      config.ResendInterval,
+		resend:      config.NackDelay,
 		retry:       config.PollInterval * 5,
 	}
 	switch config.WatermillSQL {

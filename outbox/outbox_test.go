@@ -263,7 +263,7 @@ func TestStatusReportsBacklogAndLag(t *testing.T) {
 	require.NoError(t, err)
 	publishTx(t, db, w, "a", "1", "2", "3")
 
-	relays, rejected, err := outbox.Status(context.Background(), db, schema)
+	relays, rejected, err := outbox.Stats(context.Background(), db, schema)
 	require.NoError(t, err)
 	require.Zero(t, rejected)
 	require.Len(t, relays, 1)
@@ -273,7 +273,7 @@ func TestStatusReportsBacklogAndLag(t *testing.T) {
 	require.GreaterOrEqual(t, relays[0].Lag, time.Duration(0))
 
 	drain(t, r, s, 3)
-	relays, _, err = outbox.Status(context.Background(), db, schema)
+	relays, _, err = outbox.Stats(context.Background(), db, schema)
 	require.NoError(t, err)
 	require.Zero(t, relays[0].Backlog)
 	require.Zero(t, relays[0].Lag)

@@ -319,7 +319,7 @@ func TestRelayRoundSpanningBatchesSurvivesRestart(t *testing.T) {
 	n, err := r1.RelayOnce(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
-	relays, _, err := outbox.Status(context.Background(), db, schema)
+	relays, _, err := outbox.Stats(context.Background(), db, schema)
 	require.NoError(t, err)
 	require.Len(t, relays, 1)
 	require.Equal(t, int64(5), relays[0].Backlog, "the round's unpublished rest")

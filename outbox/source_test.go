@@ -51,7 +51,7 @@ func TestRelayForwardsOnlyTheRowsOfItsSource(t *testing.T) {
 	require.Equal(t, []string{"events/s-1"}, ss.all())
 	require.Equal(t, []string{"events/n-1"}, sn.all())
 
-	relays, _, err := outbox.Status(ctx, db, schema)
+	relays, _, err := outbox.Stats(ctx, db, schema)
 	require.NoError(t, err)
 	require.Len(t, relays, 3)
 	for _, r := range relays {

@@ -27,7 +27,7 @@ func TestPublishTxRefusesTypedNilTransaction(t *testing.T) {
 	var nilDB *sql.DB
 	require.ErrorIs(t, w.PublishTx(ctx, nilDB, "a", message.NewMessage("x", nil)), pgtx.ErrNoTransaction)
 	require.ErrorContains(t, w.DBPublisher(nil).Publish("a", message.NewMessage("x", nil)), "db is nil")
-	_, _, err := outbox.Status(ctx, nil, schema)
+	_, _, err := outbox.Stats(ctx, nil, schema)
 	require.ErrorContains(t, err, "db is nil")
 	require.Zero(t, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "outbox")))
 }

@@ -152,7 +152,7 @@ func TestOutboxForget(t *testing.T) {
 	r = runCLI(t, f.schema, "outbox", "forget", "-relay", "sms", "-dry-run")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, `dry run: would forget relay "sms" (source ""): 1 row(s) it had not forwarded`)
-	relays, _, err := outbox.Status(ctx, f.db, f.schema)
+	relays, _, err := outbox.Stats(ctx, f.db, f.schema)
 	require.NoError(t, err)
 	require.Len(t, relays, 1, "a dry run forgets nothing")
 
@@ -172,7 +172,7 @@ func TestOutboxForget(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &res))
 	require.Equal(t, "sms", res.Relay)
 	require.Equal(t, int64(1), res.Backlog)
-	relays, _, err = outbox.Status(ctx, f.db, f.schema)
+	relays, _, err = outbox.Stats(ctx, f.db, f.schema)
 	require.NoError(t, err)
 	require.Len(t, relays, 1)
 	require.Equal(t, "live", relays[0].Name, "sms is forgotten")

@@ -41,7 +41,7 @@ type rig struct {
 	note     string
 	logger   watermill.LoggerAdapter
 	// legacy is a rig with the settings before issue 14: RabbitMQ Prefetch 1 and Workers
-	// 1, SQL subscribers polling (DisableNotify).
+	// 1, SQL subscribers polling (DisableListen).
 	legacy bool
 }
 
@@ -114,8 +114,8 @@ func newRig(ctx context.Context, db *sql.DB, o rigOptions, logger watermill.Logg
 		}
 		r.note = fmt.Sprintf("watermill-sql, %d topic tables x 1 subscription, batch %d", o.inFlight, o.sqlBatch)
 		if o.legacyAMQP {
-			cfg.SQL.DisableNotify = true
-			r.note += ", DisableNotify (polling)"
+			cfg.SQL.DisableListen = true
+			r.note += ", DisableListen (polling)"
 		}
 	case broker.Kafka:
 		cfg.Kafka.Brokers = o.kafkaAddrs

@@ -335,13 +335,13 @@ func (h *harness) idleQueries(ctx context.Context) ([]Result, error) {
 		disable   bool
 	}{
 		{IdleSQLSub, "one SQL-broker subscription, default SQLConfig (LISTEN/NOTIFY wake-ups, IdlePollInterval fallback), empty topic", false},
-		{IdleSQLPoll, "one SQL-broker subscription with DisableNotify (polls every PollInterval, default 100ms, as watermill-sql does), empty topic", true},
+		{IdleSQLPoll, "one SQL-broker subscription with DisableListen (polls every PollInterval, default 100ms, as watermill-sql does), empty topic", true},
 	} {
 		if !h.wants(v.id) {
 			continue
 		}
 		err := measure(v.id, v.notes, func(db *sql.DB) (func(), error) {
-			b, err := broker.New(ctx, db, broker.Config{Kind: broker.SQL, SQL: broker.SQLConfig{Schema: h.opts.schema, DisableNotify: v.disable},
+			b, err := broker.New(ctx, db, broker.Config{Kind: broker.SQL, SQL: broker.SQLConfig{Schema: h.opts.schema, DisableListen: v.disable},
 				Subscriptions: []broker.Subscription{{Topic: topic, Group: "idle"}}}, h.logger)
 			if err != nil {
 				return nil, err

@@ -149,7 +149,7 @@ func parseFlags(args []string) (options, error) {
 	fs.BoolVar(&o.quick, "quick", false, "small run: 3000 messages and rows, 100k preload, 2s C1, 5s e2e and idle windows")
 	fs.DurationVar(&o.e2eDuration, "e2e-duration", 10*time.Second, "how long each end-to-end latency variant produces events (e2e-50: 50/s, e2e-1000: 1000/s)")
 	fs.DurationVar(&o.idleWindow, "idle-window", 10*time.Second, "how long each idle query-rate variant is counted")
-	fs.BoolVar(&o.sqlCompare, "sql-compare", false, "SQL broker: also run every variant with subscribers polling (DisableNotify), reported as broker sql-poll")
+	fs.BoolVar(&o.sqlCompare, "sql-compare", false, "SQL broker: also run every variant with subscribers polling (DisableListen), reported as broker sql-poll")
 	fs.BoolVar(&o.amqpCompare, "amqp-compare", false, "RabbitMQ: also run every variant with the settings before issue 14 (Prefetch 1, Workers 1), reported as broker amqp-p1c1")
 	if err := fs.Parse(args); err != nil {
 		return o, err

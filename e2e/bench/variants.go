@@ -67,7 +67,7 @@ var variantTitles = map[string]string{
 	E2E1000:     "end to end at 1,000 events/s, as e2e-50",
 	IdleRelay:   "queries/s of an outbox Relay with no traffic",
 	IdleSQLSub:  "queries/s of one SQL-broker subscription with no traffic (wake-ups on)",
-	IdleSQLPoll: "queries/s of one SQL-broker subscription with no traffic, DisableNotify (polling)",
+	IdleSQLPoll: "queries/s of one SQL-broker subscription with no traffic, DisableListen (polling)",
 }
 
 // latencyVariants report end-to-end latency; idleVariants report queries per second.
@@ -215,7 +215,7 @@ func (h *harness) consume(ctx context.Context, r *rig, id string) (Result, error
 		}
 		if id == B4 {
 			cfg.GroupCommit = once.GroupCommitConfig{Enabled: true, Workers: h.opts.groupWorkers}
-			res.Notes = "GroupCommit defaults (Workers 2, TxBatchSize 100, MaxWait 0)"
+			res.Notes = "GroupCommit defaults (Workers 2, TxBatchSize 100, Linger 0)"
 			if h.opts.groupWorkers > 0 {
 				res.Notes = fmt.Sprintf("GroupCommit Workers %d, TxBatchSize 100, MaxWait 0", h.opts.groupWorkers)
 			}
@@ -235,7 +235,8 @@ func (h *harness) consume(ctx context.Context, r *rig, id string) (Result, error
 		wantClaims = n
 		if id == B4 {
 			describe = append(describe, func() {
-				if txs, msgs := eo.GroupCommitCounters(); txs > 0 {
+				if c := eo.Counters(); c.GroupCommitTransactions > 0 {
+					txs, msgs := c.GroupCommitTransactions, c.GroupCommitMessages
 					res.Notes += fmt.Sprintf("; avg group %.1f msgs/tx", float64(msgs)/float64(txs))
 				}
 			})

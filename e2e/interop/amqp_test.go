@@ -219,7 +219,7 @@ func TestMiddlewareOverWatermillAMQP(t *testing.T) {
 	publish(t, pub, "payments", "e-91", 5)
 	publish(t, pub, "payments", "e-fails-once", 1)
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		assert.Equal(c, once.Counters{Fresh: 2, Duplicates: 4, Failed: 1}, mw.Counters("rewards"))
+		assert.Equal(c, once.Counters{Fresh: 2, Duplicates: 4, Failed: 1}, mw.Counters().Consumer("rewards"))
 	}, waitFor, tick)
 
 	require.Equal(t, 1, e.effects(t, "e-91"), "five copies, one effect")
@@ -286,7 +286,7 @@ func TestStackOverWatermillAMQP(t *testing.T) {
 	publish(t, pub, "payments", "e-transient", 2)
 	publish(t, pub, "payments", "e-poison", 1)
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		assert.Equal(c, once.Counters{Fresh: 1, Duplicates: 1, Failed: 2}, mw.Counters("rewards"))
+		assert.Equal(c, once.Counters{Fresh: 1, Duplicates: 1, Failed: 2}, mw.Counters().Consumer("rewards"))
 	}, waitFor, tick)
 	testwait.Until(t, "every message acked, the poison one too", func() bool { return queueDepth(t, e.amqpURL, "payments_rewards") == 0 })
 	require.Equal(t, 1, e.effects(t, "e-transient"))

@@ -200,7 +200,7 @@ func oneTrace(t *testing.T, kind broker.Kind) {
 	require.NoError(t, pub.Publish(topic, first.msg))
 	dup := testwait.Receive(t, outcomes, "the redelivered copy")
 	require.NoError(t, dup.err)
-	require.Equal(t, once.Counters{Fresh: 1, Duplicates: 1}, mw.Counters("billing"))
+	require.Equal(t, once.Counters{Fresh: 1, Duplicates: 1}, mw.Counters().Consumer("billing"))
 
 	// Every step is a span of the client's trace.
 	request := sp.one(t, "httpidem request", func(s sdktrace.ReadOnlySpan) bool { return !attr(s, "wmonce.replayed").AsBool() })

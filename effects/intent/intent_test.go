@@ -253,13 +253,13 @@ func TestSenderRetriesThenParksFailed(t *testing.T) {
 	require.False(t, ok, "a SENT intent is not requeued")
 }
 
-func findCount(counts []intent.StatusStats, st intent.Status) intent.StatusStats {
+func findCount(counts []intent.ChannelStats, st intent.Status) intent.ChannelStats {
 	for _, c := range counts {
 		if c.Status == st {
 			return c
 		}
 	}
-	return intent.StatusStats{}
+	return intent.ChannelStats{}
 }
 
 func TestSenderParksRejectedIntentAtOnce(t *testing.T) {

@@ -266,8 +266,8 @@ func (s *Store) Requeue(ctx context.Context, channel, key string) (bool, error) 
 	return n == 1, nil
 }
 
-// StatusStats is the number of intents of one channel in one status, read from the database.
-type StatusStats struct {
+// ChannelStats is the number of intents of one channel in one status, read from the database.
+type ChannelStats struct {
 	Channel string
 	Status  Status
 	Count   int64
@@ -278,15 +278,15 @@ type StatusStats struct {
 
 // Stats returns the number of intents per channel and status. It reads every row, SENT ones
 // included; Backlog reads only the unfinished ones.
-func (s *Store) Stats(ctx context.Context) ([]StatusStats, error) {
+func (s *Store) Stats(ctx context.Context) ([]ChannelStats, error) {
 	rows, err := s.db.QueryContext(ctx, s.qStats)
 	if err != nil {
 		return nil, fmt.Errorf("intent: stats: %w", err)
 	}
 	defer rows.Close()
-	var out []StatusStats
+	var out []ChannelStats
 	for rows.Next() {
-		var c StatusStats
+		var c ChannelStats
 		var status string
 		var age float64
 		if err := rows.Scan(&c.Channel, &status, &c.Count, &age); err != nil {

@@ -117,9 +117,9 @@ VALUES ($1, $2, $3) ON CONFLICT (payment_id) DO NOTHING`, ev.PaymentID, msg.UUID
 // observe narrates each delivery and how it ended, and counts deliveries.
 func (r *rewardsService) observe(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		before := r.mw.Counters("rewards")
+		before := r.mw.Counters().Consumer("rewards")
 		out, err := h(msg)
-		after := r.mw.Counters("rewards")
+		after := r.mw.Counters().Consumer("rewards")
 		k := r.deliveries.Add(1)
 		where := transport(msg)
 		switch {

@@ -279,7 +279,7 @@ func (d *demo) result(ctx context.Context, rewards *rewardsService, notification
 		Scan(&res.Applied, &res.CashbackPaise); err != nil {
 		return Result{}, err
 	}
-	counts := rewards.mw.Counters("rewards")
+	counts := rewards.mw.Counters().Consumer("rewards")
 	d.n.step("done: rewards saw %d deliveries of %s, applied %d (duplicates absorbed: %d), credited %s; the SMS provider sent %d SMS for %d requests",
 		res.Deliveries, eventID, counts.Fresh, counts.Duplicates, rupees(res.CashbackPaise), res.SMSSent, provider.Requests())
 	line, _ := json.Marshal(res)

@@ -79,7 +79,8 @@ func BenchmarkHandlerPaths(b *testing.B) {
 			}
 			defer mw.Close()
 			drive(b, mw.Middleware(business), inFlight, payload, run.Add(1))
-			txs, msgs := mw.GroupCommitCounters()
+			c := mw.Counters()
+			txs, msgs := c.GroupCommitTransactions, c.GroupCommitMessages
 			if txs > 0 {
 				b.ReportMetric(float64(msgs)/float64(txs), "msgs/tx")
 			}
@@ -153,7 +154,10 @@ func BenchmarkHandlerPathsInterleaved(b *testing.B) {
 		}
 		b.Cleanup(func() { _ = m.Close() })
 		if gc.Enabled {
-			groupStats = append(groupStats, m.GroupCommitCounters)
+			groupStats = append(groupStats, func() (uint64, uint64) {
+				c := m.Counters()
+				return c.GroupCommitTransactions, c.GroupCommitMessages
+			})
 		}
 		return m.Middleware(business)
 	}

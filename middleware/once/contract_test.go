@@ -43,7 +43,7 @@ type txPath struct {
 var txPaths = []txPath{
 	{name: "own-tx", config: func(*once.Config) {}},
 	{name: "group-commit", config: func(c *once.Config) {
-		c.GroupCommit = once.GroupCommitConfig{Enabled: true, Workers: 2, TxBatchSize: 50, MaxWait: 2 * time.Millisecond}
+		c.GroupCommit = once.GroupCommitConfig{Enabled: true, Workers: 2, TxBatchSize: 50, Linger: 2 * time.Millisecond}
 	}},
 	{name: "subscriber-tx", config: func(*once.Config) {}, subscriberTx: true, sql: 3},
 	{name: "subscriber-tx-v4", config: func(*once.Config) {}, subscriberTx: true, sql: 4},
@@ -309,7 +309,7 @@ func onceContract(t *testing.T, p txPath) {
 		}
 		require.Equal(t, 1, e.effects(t))
 		require.Equal(t, 1, e.claims(t))
-		require.Equal(t, once.Counters{Fresh: 1, Duplicates: 4}, e.mw.Counters("rewards"))
+		require.Equal(t, once.Counters{Fresh: 1, Duplicates: 4}, e.mw.Counters().Consumer("rewards"))
 		require.NoError(t, e.deliver(h, "e-92", `{"amount":5}`))
 		require.Equal(t, 2, e.effects(t), "a new id is a new effect")
 	})
@@ -323,7 +323,7 @@ func onceContract(t *testing.T, p txPath) {
 		require.NoError(t, e.deliver(notifications, "e-1", "x"))
 		require.NoError(t, e.deliver(rewards, "e-1", "x"))
 		require.Equal(t, 2, e.effects(t), "each consumer applies the event once")
-		require.Equal(t, uint64(1), e.mw.Counters("rewards").Duplicates)
+		require.Equal(t, uint64(1), e.mw.Counters().Consumer("rewards").Duplicates)
 	})
 
 	t.Run("concurrent copies apply exactly once", func(t *testing.T) {
@@ -359,7 +359,7 @@ func onceContract(t *testing.T, p txPath) {
 		}
 		require.Equal(t, 1, e.effects(t))
 		require.Equal(t, 1, e.claims(t))
-		c := e.mw.Counters("rewards")
+		c := e.mw.Counters().Consumer("rewards")
 		require.Equal(t, uint64(1), c.Fresh)
 		require.Equal(t, uint64(copies-1), c.Duplicates)
 	})
@@ -406,7 +406,7 @@ func onceContract(t *testing.T, p txPath) {
 		require.NoError(t, e.deliver(h, "e-1", `{"amount":1}`))
 		require.NoError(t, e.deliver(h, "e-1", `{"amount":1}`))
 		require.NoError(t, e.deliver(h, "e-1", `{"amount":999}`), "acked by default, but reported")
-		c := e.mw.Counters("rewards")
+		c := e.mw.Counters().Consumer("rewards")
 		require.Equal(t, uint64(2), c.Duplicates)
 		require.Equal(t, uint64(1), c.FingerprintMismatches)
 		require.Equal(t, 1, e.effects(t))
@@ -474,7 +474,7 @@ func onceContract(t *testing.T, p txPath) {
 		require.ErrorIs(t, e.deliver(h, "bad\x00key", "p"), wmonce.ErrInvalidKey)
 		require.Zero(t, e.effects(t))
 		require.Zero(t, e.claims(t))
-		require.Equal(t, uint64(3), e.mw.Counters("c").Refused)
+		require.Equal(t, uint64(3), e.mw.Counters().Consumer("c").Refused)
 	})
 
 	t.Run("no consumer name", func(t *testing.T) {
@@ -654,7 +654,7 @@ func onceContract(t *testing.T, p txPath) {
 		require.True(t, wmonce.IsPermanent(err))
 		require.Equal(t, 1, e.effects(t))
 		require.Equal(t, 1, e.claims(t), "the refused copy left no claim")
-		c := e.mw.Counters("c")
+		c := e.mw.Counters().Consumer("c")
 		require.Equal(t, uint64(1), c.TooOld)
 		require.Equal(t, uint64(1), c.Duplicates)
 
@@ -680,7 +680,7 @@ func onceContract(t *testing.T, p txPath) {
 		m.Metadata.Set(outbox.MetadataOccurredAt, "Tue, 01 Dec 2026 10:00:00 GMT")
 		require.NoError(t, e.send(e.mw.Middleware(e.effect), m))
 		require.Equal(t, 1, e.effects(t))
-		require.Zero(t, e.mw.Counters("c").Refused)
+		require.Zero(t, e.mw.Counters().Consumer("c").Refused)
 	})
 
 	t.Run("counts per sender", func(t *testing.T) {
@@ -697,10 +697,10 @@ func onceContract(t *testing.T, p txPath) {
 		send("a", "payments")
 		send("a", "redrive-tool")
 		send("b", "redrive-tool")
-		by := e.mw.CountersBySender()
+		by := e.mw.Counters().Series
 		require.Equal(t, once.Counters{Fresh: 1, Duplicates: 1}, by[once.CounterKey{Consumer: "c", Sender: "payments"}])
 		require.Equal(t, once.Counters{Fresh: 1, Duplicates: 1}, by[once.CounterKey{Consumer: "c", Sender: "redrive-tool"}])
-		require.Equal(t, once.Counters{Fresh: 2, Duplicates: 2}, e.mw.Counters("c"))
+		require.Equal(t, once.Counters{Fresh: 2, Duplicates: 2}, e.mw.Counters().Consumer("c"))
 	})
 
 	t.Run("claims partitioned by day", func(t *testing.T) {
@@ -727,7 +727,7 @@ func onceContract(t *testing.T, p txPath) {
 		}
 		firstOfDay(occurred("e-2", day2, "p"))
 		require.Equal(t, 2, e.effects(t))
-		require.Equal(t, once.Counters{Fresh: 2, Duplicates: 2}, e.mw.Counters("c"), "creating a partition is not a lost race")
+		require.Equal(t, once.Counters{Fresh: 2, Duplicates: 2}, e.mw.Counters().Consumer("c"), "creating a partition is not a lost race")
 		days, err := partition.List(context.Background(), e.db, e.schema)
 		require.NoError(t, err)
 		require.Equal(t, []time.Time{partition.Day(day1), partition.Day(day2)}, days)
@@ -789,7 +789,7 @@ func onceContract(t *testing.T, p txPath) {
 			require.NoError(t, err)
 		}
 		require.Equal(t, 2, pgtest.Count(t, e.db, `SELECT v FROM `+e.table("balance")))
-		require.Equal(t, uint64(1), e.mw.Counters("c").TxRetries)
+		require.Equal(t, uint64(1), e.mw.Counters().Consumer("c").TxRetries)
 	})
 
 	t.Run("a handler that ends its transaction applies nothing and is parked", func(t *testing.T) {

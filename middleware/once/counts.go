@@ -81,36 +81,49 @@ func (e *Middleware) senders(consumer string) int {
 	return n
 }
 
-// Counters returns the totals of one consumer, summed over senders.
-func (e *Middleware) Counters(consumer string) Counters {
+// MiddlewareCounters is a snapshot of every count a Middleware keeps in memory since it was
+// created (figures read from the database are Stats). Counts are per consumer and, with
+// Config.SenderMetadataKey, per sender; Consumer and Consumers sum over senders.
+type MiddlewareCounters struct {
+	// Series holds one Counters per consumer and sender: what the metrics package exports.
+	Series map[CounterKey]Counters
+	// GroupCommitTransactions and GroupCommitMessages count the group-commit transactions that
+	// committed and the messages applied in them (their ratio is the average group size).
+	// Messages that found a lane free ran in a transaction of their own and are not counted.
+	// Zero without GroupCommit.
+	GroupCommitTransactions, GroupCommitMessages uint64
+}
+
+// Consumer returns the totals of one consumer, summed over senders.
+func (c MiddlewareCounters) Consumer(consumer string) Counters {
 	var sum Counters
-	e.counts.Range(func(k, v any) bool {
-		if k.(CounterKey).Consumer == consumer {
-			sum = sum.add(v.(*counters).snapshot())
+	for k, v := range c.Series {
+		if k.Consumer == consumer {
+			sum = sum.add(v)
 		}
-		return true
-	})
+	}
 	return sum
 }
 
-// AllCounters returns the totals of every consumer seen so far, summed over senders.
-func (e *Middleware) AllCounters() map[string]Counters {
+// Consumers returns the totals of every consumer seen so far, summed over senders.
+func (c MiddlewareCounters) Consumers() map[string]Counters {
 	out := map[string]Counters{}
-	e.counts.Range(func(k, v any) bool {
-		c := k.(CounterKey).Consumer
-		out[c] = out[c].add(v.(*counters).snapshot())
-		return true
-	})
+	for k, v := range c.Series {
+		out[k.Consumer] = out[k.Consumer].add(v)
+	}
 	return out
 }
 
-// CountersBySender returns every series, per consumer and sender: what metrics export.
-func (e *Middleware) CountersBySender() map[CounterKey]Counters {
-	out := map[CounterKey]Counters{}
+// Counters returns a snapshot of the middleware's in-process counts.
+func (e *Middleware) Counters() MiddlewareCounters {
+	out := MiddlewareCounters{Series: map[CounterKey]Counters{}}
 	e.counts.Range(func(k, v any) bool {
-		out[k.(CounterKey)] = v.(*counters).snapshot()
+		out.Series[k.(CounterKey)] = v.(*counters).snapshot()
 		return true
 	})
+	if e.group != nil {
+		out.GroupCommitTransactions, out.GroupCommitMessages = e.group.groups.Load(), e.group.grouped.Load()
+	}
 	return out
 }
 

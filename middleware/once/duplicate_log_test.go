@@ -40,7 +40,7 @@ func TestDuplicatesAreSummarisedAtInfo(t *testing.T) {
 	for range 200 {
 		require.NoError(t, deliver(h, "e-1", "p"))
 	}
-	require.Equal(t, uint64(200), mw.Counters("c").Duplicates)
+	require.Equal(t, uint64(200), mw.Counters().Consumer("c").Duplicates)
 	require.Equal(t, 1, infoLines(), "the first duplicate, then silence within the interval")
 	debug := 0
 	for _, m := range logs.Captured()[watermill.DebugLogLevel] {

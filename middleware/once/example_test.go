@@ -53,7 +53,7 @@ func ExampleMiddleware() {
 	var credited, outbox int
 	_ = db.QueryRow(`SELECT count(*) FROM ` + credits).Scan(&credited)
 	_ = db.QueryRow(`SELECT count(*) FROM ` + pgtx.QualifiedName(schema, "outbox")).Scan(&outbox)
-	c := mw.Counters("rewards")
+	c := mw.Counters().Consumer("rewards")
 	fmt.Printf("credited %d, outbox %d, fresh %d, duplicates %d\n", credited, outbox, c.Fresh, c.Duplicates)
 	// Output: credited 1, outbox 1, fresh 1, duplicates 2
 }

@@ -52,10 +52,10 @@ type GroupCommitConfig struct {
 	// that, messages are grouped. Default 2: fewer lanes make bigger groups (fewer commits); more
 	// help when handlers are slow.
 	Workers int
-	// MaxWait makes every message wait for company before its group runs, even when a lane is
+	// Linger makes every message wait for company before its group runs, even when a lane is
 	// free. Default 0: a message runs at once when a lane is free, and a group is whatever arrived
 	// while every lane was busy, so a lone message is never delayed.
-	MaxWait time.Duration
+	Linger time.Duration
 }
 
 func (c *GroupCommitConfig) setDefaults() {
@@ -77,8 +77,8 @@ func (c GroupCommitConfig) validate() error {
 	if c.Workers < 1 {
 		return fmt.Errorf("GroupCommit.Workers must be at least 1, got %d", c.Workers)
 	}
-	if c.MaxWait < 0 {
-		return errors.New("GroupCommit.MaxWait must not be negative")
+	if c.Linger < 0 {
+		return errors.New("GroupCommit.Linger must not be negative")
 	}
 	return nil
 }
@@ -133,7 +133,7 @@ func (g *groupCommitter) close() {
 
 var errClosed = errors.New("once: middleware closed")
 
-// submit runs a delivery. With a lane free and nobody waiting (MaxWait 0), it runs at once in
+// submit runs a delivery. With a lane free and nobody waiting (Linger 0), it runs at once in
 // the caller's goroutine in a transaction of its own, exactly as without group commit: a lone
 // message pays nothing for it. Otherwise it waits, and the next lane to free up takes everything
 // waiting (up to TxBatchSize) as one group.
@@ -143,7 +143,7 @@ func (g *groupCommitter) submit(origCtx context.Context, h message.HandlerFunc, 
 		g.mu.Unlock()
 		return errClosed
 	}
-	if g.free > 0 && len(g.queue) == 0 && g.config.MaxWait == 0 {
+	if g.free > 0 && len(g.queue) == 0 && g.config.Linger == 0 {
 		g.free--
 		g.mu.Unlock()
 		err := g.e.runInOwnTx(origCtx, h, d)
@@ -197,8 +197,8 @@ func (g *groupCommitter) releaseLane() {
 // lane runs groups until nobody waits.
 func (g *groupCommitter) lane() {
 	defer g.wg.Done()
-	if g.config.MaxWait > 0 {
-		time.Sleep(g.config.MaxWait) // let the group fill up
+	if g.config.Linger > 0 {
+		time.Sleep(g.config.Linger) // let the group fill up
 	}
 	for {
 		g.mu.Lock()
@@ -355,16 +355,6 @@ func (g *groupCommitter) attempt(pending []*queued) ([]*queued, error) {
 		g.settle(q, nil)
 	}
 	return nil, nil
-}
-
-// GroupCommitCounters reports how many group transactions committed and how many messages they
-// applied in all: their ratio is the average group size. Messages that found a lane free ran in a
-// transaction of their own and are not counted. Zero without GroupCommit.
-func (e *Middleware) GroupCommitCounters() (transactions, messages uint64) {
-	if e.group == nil {
-		return 0, 0
-	}
-	return e.group.groups.Load(), e.group.grouped.Load()
 }
 
 // settle answers a delivery and every copy of it that arrived in the same group: copies of an

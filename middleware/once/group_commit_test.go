@@ -20,7 +20,7 @@ import (
 
 func groupEnv(t *testing.T, cfg once.Config) *env {
 	t.Helper()
-	cfg.GroupCommit = once.GroupCommitConfig{Enabled: true, Workers: 2, TxBatchSize: 50, MaxWait: 2 * time.Millisecond}
+	cfg.GroupCommit = once.GroupCommitConfig{Enabled: true, Workers: 2, TxBatchSize: 50, Linger: 2 * time.Millisecond}
 	e := newEnv(t, cfg)
 	t.Cleanup(func() { _ = e.mw.Close() })
 	return e
@@ -58,10 +58,11 @@ func TestGroupCommitAppliesEachOnceUnderConcurrency(t *testing.T) {
 	}
 	require.Equal(t, 60, e.effects(t))
 	require.Equal(t, 60, pgtest.Count(t, e.db, `SELECT count(DISTINCT key) FROM `+e.table("effects")))
-	c := e.mw.Counters("c")
+	c := e.mw.Counters().Consumer("c")
 	require.Equal(t, uint64(60), c.Fresh)
 	require.Equal(t, uint64(60), c.Duplicates)
-	txs, applied := e.mw.GroupCommitCounters()
+	gc := e.mw.Counters()
+	txs, applied := gc.GroupCommitTransactions, gc.GroupCommitMessages
 	require.Equal(t, uint64(60), applied)
 	require.Less(t, txs, uint64(60), "messages shared transactions")
 	t.Logf("60 messages applied in %d transactions", txs)
@@ -154,7 +155,7 @@ func TestGroupCommitConfigValidation(t *testing.T) {
 	require.NoError(t, mw.Close(), "Close is idempotent")
 }
 
-// The default, adaptive mode (MaxWait 0): messages that find the lane free run alone, the rest
+// The default, adaptive mode (Linger 0): messages that find the lane free run alone, the rest
 // are grouped; either way each id applies once and copies are counted as duplicates.
 func TestGroupCommitAdaptiveAppliesEachOnce(t *testing.T) {
 	t.Parallel()
@@ -170,10 +171,11 @@ func TestGroupCommitAdaptiveAppliesEachOnce(t *testing.T) {
 	}
 	require.Equal(t, 60, e.effects(t))
 	require.Equal(t, 60, pgtest.Count(t, e.db, `SELECT count(DISTINCT key) FROM `+e.table("effects")))
-	c := e.mw.Counters("c")
+	c := e.mw.Counters().Consumer("c")
 	require.Equal(t, uint64(60), c.Fresh)
 	require.Equal(t, uint64(60), c.Duplicates)
-	txs, grouped := e.mw.GroupCommitCounters()
+	gc := e.mw.Counters()
+	txs, grouped := gc.GroupCommitTransactions, gc.GroupCommitMessages
 	t.Logf("%d of 60 applied in %d group transactions, the rest alone", grouped, txs)
 }
 

@@ -65,7 +65,7 @@ func handlerEndsTxContract(t *testing.T, p txPath) {
 			parked := pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("outbox")+
 				` WHERE payload->>'destination_topic' = 'poison' AND uuid = 'ends-tx' AND metadata->>'reason_poisoned' LIKE '%the handler ended the transaction%'`)
 			require.Equal(t, 2, parked, "parked once per delivery, with the reason")
-			c := e.mw.Counters("c")
+			c := e.mw.Counters().Consumer("c")
 			require.Equal(t, uint64(3), c.HandlerEndedTx)
 			require.Equal(t, uint64(1), c.Fresh)
 		})
@@ -148,7 +148,7 @@ func TestGroupCommitHandlerEndingTheTxTouchesNoNeighbour(t *testing.T) {
 				}
 			}
 			require.Equal(t, 5, e.effects(t))
-			c := e.mw.Counters("c")
+			c := e.mw.Counters().Consumer("c")
 			require.Equal(t, uint64(2), c.HandlerEndedTx)
 			require.Equal(t, uint64(4), c.Duplicates)
 		})

@@ -20,7 +20,7 @@ import (
 // under, in rounds that run every variant in turn so that the load of a shared machine falls on
 // all of them alike. Each message goes through once.Stack with its default Retry; an error that
 // comes out of it is a nack, and the message is delivered again after 100ms (the brokers'
-// default NackDelay and NackResendSleep), as a broker would.
+// default NackDelay), as a broker would.
 //
 // Two workloads:
 //   - insert: one business row per message, nothing shared (what does the isolation level cost
@@ -185,7 +185,7 @@ func BenchmarkIsolationInterleaved(b *testing.B) {
 			total = float64(rounds * hotMsgs)
 			b.ReportMetric(float64(v.lost)/total, v.name+"-lost/msg")
 		}
-		b.ReportMetric(float64(v.mw.Counters(v.name).TxRetries)/total, v.name+"-txretries/msg")
+		b.ReportMetric(float64(v.mw.Counters().Consumer(v.name).TxRetries)/total, v.name+"-txretries/msg")
 		b.ReportMetric(float64(v.stackRetries.Load())/total, v.name+"-stackerrs/msg")
 		b.ReportMetric(float64(v.nacks.Load())/total, v.name+"-nacks/msg")
 	}

@@ -58,7 +58,7 @@ func TestReadModifyWriteHandlerCountsEveryUpdateWithDefaults(t *testing.T) {
 			require.NoError(t, errs[0])
 			require.NoError(t, errs[1])
 			require.Equal(t, 2, pgtest.Count(t, e.db, `SELECT v FROM `+counter), "both increments count")
-			require.Equal(t, uint64(1), e.mw.Counters("c").TxRetries, "the second writer ran again")
+			require.Equal(t, uint64(1), e.mw.Counters().Consumer("c").TxRetries, "the second writer ran again")
 		})
 	}
 }

@@ -80,7 +80,7 @@ func TestRoundTripsPerMessageGroupCommitAlone(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = mw.Close() })
 	require.Equal(t, int64(3), perMessage(t, rt, mw.Middleware(e.effect), "gc"), "claim (with BEGIN), handler write, COMMIT")
-	txs, _ := mw.GroupCommitCounters()
+	txs := mw.Counters().GroupCommitTransactions
 	require.Zero(t, txs, "no group was formed")
 }
 
@@ -160,7 +160,7 @@ func TestSubscriberTxPartitionByDay(t *testing.T) {
 	})
 	require.Equal(t, 1, e.effects(t))
 	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table(partition.Name(day))+` WHERE message_id = $1`, key))
-	c := e.mw.Counters("rewards")
+	c := e.mw.Counters().Consumer("rewards")
 	require.Equal(t, uint64(1), c.Fresh)
 	require.Equal(t, uint64(1), c.Duplicates)
 	require.Zero(t, c.FingerprintMismatches)

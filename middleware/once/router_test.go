@@ -99,7 +99,7 @@ func TestSQLSubscriberTransactionIsReused(t *testing.T) {
 	require.Equal(t, int32(2), reused.Load(), "both attempts ran in the subscriber's transaction")
 	require.Equal(t, 1, e.effects(t), "the failed attempt's write was rolled back to its savepoint")
 	require.Equal(t, 1, e.claims(t))
-	require.Equal(t, once.Counters{Fresh: 1, Failed: 1}, e.mw.Counters("rewards"))
+	require.Equal(t, once.Counters{Fresh: 1, Failed: 1}, e.mw.Counters().Consumer("rewards"))
 
 	// The same event published again (a producer retry) is absorbed.
 	require.NoError(t, pub.Publish(topic, message.NewMessage("e-91", []byte(`{"amount":120000}`))))
@@ -107,8 +107,8 @@ func TestSQLSubscriberTransactionIsReused(t *testing.T) {
 		return pgtest.Count(t, e.db, `SELECT coalesce(max(offset_acked), 0) FROM `+e.table("watermill_offsets_"+topic)) == 2
 	})
 	require.Equal(t, 1, e.effects(t))
-	require.Equal(t, uint64(1), e.mw.Counters("rewards").Duplicates)
-	require.Zero(t, e.mw.Counters("rewards").FingerprintMismatches, "the claim's arguments (quoted by pgx in the simple protocol) stored the payload's fingerprint exactly")
+	require.Equal(t, uint64(1), e.mw.Counters().Consumer("rewards").Duplicates)
+	require.Zero(t, e.mw.Counters().Consumer("rewards").FingerprintMismatches, "the claim's arguments (quoted by pgx in the simple protocol) stored the payload's fingerprint exactly")
 }
 
 // watermill-sql's subscriber stops waiting for the ack after AckDeadline (and on Close) and then
@@ -185,7 +185,7 @@ func TestLostAckRedeliveryIsNoOp(t *testing.T) {
 	})
 	require.Equal(t, 1, e.effects(t))
 	require.Equal(t, int32(1), deliveries.Load(), "the handler ran once")
-	require.Equal(t, once.Counters{Fresh: 1, Duplicates: 1}, e.mw.Counters("rewards"))
+	require.Equal(t, once.Counters{Fresh: 1, Duplicates: 1}, e.mw.Counters().Consumer("rewards"))
 }
 
 // Router.Close cancels in-flight message contexts; within ShutdownGrace the handler finishes
@@ -252,7 +252,7 @@ func TestRelayDeliversOutputsThroughSQLPubSub(t *testing.T) {
 	got.Ack()
 	require.Equal(t, "cb-e-91", got.UUID, "the original UUID survives the relay")
 	require.Equal(t, "e-91", got.Metadata.Get(outbox.MetadataCausationID))
-	testwait.Until(t, "all copies consumed", func() bool { return e.mw.Counters("rewards").Duplicates == 2 })
+	testwait.Until(t, "all copies consumed", func() bool { return e.mw.Counters().Consumer("rewards").Duplicates == 2 })
 	require.Equal(t, 1, e.effects(t))
 	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("outbox")), "one output for three copies")
 	require.Empty(t, direct.all(), "the router published nothing around the transaction")

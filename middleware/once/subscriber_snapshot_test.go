@@ -46,5 +46,5 @@ func TestSerializationFailureInSubscriberTxIsRedeliveredInANewTransaction(t *tes
 	require.Equal(t, int32(2), runs.Load(), "one run under the stale snapshot, one in a new transaction")
 	require.Equal(t, 101, pgtest.Count(t, e.db, `SELECT n FROM `+e.table("balances")+` WHERE id = 1`))
 	require.Equal(t, 1, e.claims(t))
-	require.Equal(t, once.Counters{Fresh: 1, Failed: 1, TxRetries: 1}, e.mw.Counters("rewards"))
+	require.Equal(t, once.Counters{Fresh: 1, Failed: 1, TxRetries: 1}, e.mw.Counters().Consumer("rewards"))
 }

@@ -46,7 +46,7 @@ func TestSubscriberTxV4FailedAttemptLeavesNothing(t *testing.T) {
 	require.NoError(t, e.deliver(h, "e-1", "p"))
 	require.NoError(t, e.deliver(h, "e-1", "p"))
 	require.Equal(t, 1, e.effects(t))
-	require.Equal(t, once.Counters{Fresh: 1, Duplicates: 1, Failed: 1}, e.mw.Counters("c"))
+	require.Equal(t, once.Counters{Fresh: 1, Duplicates: 1, Failed: 1}, e.mw.Counters().Consumer("c"))
 }
 
 // A watermill-sql v4 subscriber over pgx (BeginnerFromPgx) delivers in a pgx.Tx that no
@@ -81,7 +81,7 @@ func TestSubscriberTxV4OverPgxIsRefused(t *testing.T) {
 	require.False(t, ran, "the handler did not run")
 	msg.Nack()
 	require.Zero(t, e.effects(t))
-	require.Equal(t, uint64(1), e.mw.Counters("c").Refused)
+	require.Equal(t, uint64(1), e.mw.Counters().Consumer("c").Refused)
 
 	// With subscriber-transaction reuse off, the user says the handler writes only through
 	// pgtx.TxFromContext: the middleware's own transaction then applies it.

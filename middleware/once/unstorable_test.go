@@ -67,7 +67,7 @@ func TestUnstorableOutputsArePermanentErrors(t *testing.T) {
 			require.ErrorIs(t, err, outbox.ErrInvalidMessage)
 			require.Zero(t, e.effects(t), "rolled back")
 			require.Zero(t, e.claims(t))
-			require.Equal(t, once.Counters{Failed: 1}, mw.Counters("c"))
+			require.Equal(t, once.Counters{Failed: 1}, mw.Counters().Consumer("c"))
 		})
 	}
 }

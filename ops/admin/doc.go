@@ -62,7 +62,7 @@
 //     process only, from the second sample on; copies counted before the first sample are in
 //     the totals of GET /api/consumers, not in any bucket.
 //   - inbox pending, failed and oldest_pending_age_seconds (inbox.Ops.AllStats), relay backlog
-//     and lag_seconds (outbox.Status: the age of the oldest row the relay has not forwarded):
+//     and lag_seconds (outbox.Stats: the age of the oldest row the relay has not forwarded):
 //     the database keeps only their present value, so the handler samples them too, and a
 //     bucket holds the largest value sampled in it.
 //
@@ -75,10 +75,10 @@
 // until Close, into memory: every sample of the last hour, and for the last day one entry per
 // five minutes (largest gauges, duplicates added up): about 530 entries at the default
 // interval. A sample is three queries: the inbox's unfinished rows through its work index, and
-// outbox.Status (each relay's unforwarded rows, the rejected count), whose cost grows with the
+// outbox.Stats (each relay's unforwarded rows, the rejected count), whose cost grows with the
 // backlogs, not with the tables.
 // Sampling in the handler rather than computing from row timestamps was chosen because relay
-// lag exists only as a present value (outbox.Status: the relay keeps one position, not its
+// lag exists only as a present value (outbox.Stats: the relay keeps one position, not its
 // past) and duplicates leave no rows; the inbox backlog could be rebuilt from received_at and
 // finished_at, but replays reset those and retention deletes finished rows, so it would be
 // wrong exactly when an operator looks. The price: the sampled charts start when the handler

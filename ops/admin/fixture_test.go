@@ -239,7 +239,7 @@ func (f *fixture) relayAll(t *testing.T) {
 	testwait.Until(t, "relay sms to forward its backlog", func() bool {
 		_, err := relay.RelayOnce(ctx)
 		require.NoError(t, err)
-		relays, _, err := outbox.Status(ctx, f.db, f.schema)
+		relays, _, err := outbox.Stats(ctx, f.db, f.schema)
 		require.NoError(t, err)
 		require.Len(t, relays, 1)
 		return relays[0].Backlog == 0

@@ -27,7 +27,7 @@ import (
 //     the increase between consecutive samples. This process only, and only since sampling
 //     began.
 //   - inbox pending, failed, oldest pending age and relay backlog and lag: the database holds
-//     only their present value (outbox.Status, inbox.Ops.AllStats), so the handler samples
+//     only their present value (outbox.Stats, inbox.Ops.AllStats), so the handler samples
 //     them; a bucket holds the largest sampled value.
 
 // Windows the charts cover: the last hour in one-minute buckets, the last day in 15-minute
@@ -165,7 +165,7 @@ func mergeMaps[T any](a, b map[string]T, f func(T, T) T) map[string]T {
 	return out
 }
 
-// Sample reads the inbox backlog, every relay's backlog and lag (outbox.Status) and the
+// Sample reads the inbox backlog, every relay's backlog and lag (outbox.Stats) and the
 // middlewares' counts once and adds them to the history the charts show. The background
 // sampler calls it every Config.SampleInterval; call it yourself to sample on your own
 // schedule (with a negative SampleInterval). Parts that cannot be read are left out of the
@@ -187,7 +187,7 @@ func (h *Handler) sampleAt(ctx context.Context, at time.Time) error {
 			s.inbox[c] = inboxSample{pending: st.Pending, failed: st.Failed, oldestAge: st.OldestPendingAge.Seconds()}
 		}
 	}
-	if relays, _, err := outbox.Status(ctx, h.db, h.config.Schema); err != nil {
+	if relays, _, err := outbox.Stats(ctx, h.db, h.config.Schema); err != nil {
 		errs = append(errs, err)
 	} else {
 		s.relays = make(map[string]relaySample, len(relays))

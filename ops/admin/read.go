@@ -144,7 +144,7 @@ func sumCounts(mws []*once.Middleware) map[string]once.Counters {
 		if mw == nil {
 			continue
 		}
-		for consumer, c := range mw.AllCounters() {
+		for consumer, c := range mw.Counters().Consumers() {
 			s := out[consumer]
 			s.Fresh += c.Fresh
 			s.Duplicates += c.Duplicates
@@ -236,9 +236,9 @@ type OutboxStatus struct {
 	Rejected int64         `json:"rejected"`
 }
 
-// ReadOutbox wraps outbox.Status.
+// ReadOutbox wraps outbox.Stats.
 func ReadOutbox(ctx context.Context, db *sql.DB, schema string) (OutboxStatus, error) {
-	relays, rejected, err := outbox.Status(ctx, db, schema)
+	relays, rejected, err := outbox.Stats(ctx, db, schema)
 	if err != nil {
 		return OutboxStatus{}, err
 	}

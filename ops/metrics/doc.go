@@ -18,7 +18,7 @@
 // so the message path pays nothing and the core packages do not depend on Prometheus. With a
 // DB, each scrape also runs read-only queries, all bounded together by ScrapeTimeout (default
 // 5s): inbox rows per consumer and status (through the inbox's partial work index, so their
-// cost follows the backlog, not the table) and outbox backlog per relay (outbox.Status); with
+// cost follows the backlog, not the table) and outbox backlog per relay (outbox.Stats); with
 // Senders, the unfinished intents per channel (intent.Store.Backlog, through the intents'
 // partial indexes: SENT rows are never read); with HTTPIdempotency, the stored keys
 // (httpidem.StoredKeys: a catalog estimate and one index probe). Each table is read by the
@@ -38,8 +38,8 @@
 //
 // # Metrics
 //
-// From the effectively-once middleware (once.Middleware.CountersBySender and
-// GroupCommitCounters):
+// From the effectively-once middleware (once.Middleware.Counters: its Series and group-commit
+// counts):
 //
 //	wmonce_claims_total{consumer,sender,result}        counter  result=fresh (applied and committed) | duplicate (skipped, acked)
 //	wmonce_fingerprint_mismatches_total{consumer,sender} counter duplicates whose payload differed from the applied copy

@@ -248,7 +248,7 @@ func (c *collector) collectMiddlewares(s *series) {
 		if mw == nil {
 			continue
 		}
-		for k, n := range mw.CountersBySender() {
+		for k, n := range mw.Counters().Series {
 			s.add(descClaims, prometheus.CounterValue, float64(n.Fresh), k.Consumer, k.Sender, "fresh")
 			s.add(descClaims, prometheus.CounterValue, float64(n.Duplicates), k.Consumer, k.Sender, "duplicate")
 			s.add(descMismatches, prometheus.CounterValue, float64(n.FingerprintMismatches), k.Consumer, k.Sender)
@@ -259,7 +259,8 @@ func (c *collector) collectMiddlewares(s *series) {
 			s.add(descOutcomes, prometheus.CounterValue, float64(n.HandlerEndedTx), k.Consumer, "handler_ended_tx")
 			s.add(descTxRetries, prometheus.CounterValue, float64(n.TxRetries), k.Consumer)
 		}
-		tx, msgs := mw.GroupCommitCounters()
+		c := mw.Counters()
+		tx, msgs := c.GroupCommitTransactions, c.GroupCommitMessages
 		groupTx += tx
 		groupMsgs += msgs
 	}
@@ -406,7 +407,7 @@ func (c *collector) readFailed(errs *atomic.Uint64, msg string, err error) {
 }
 
 func (c *collector) collectOutbox(ctx context.Context, s *series) {
-	relays, rejected, err := outbox.Status(ctx, c.src.DB, c.src.Schema)
+	relays, rejected, err := outbox.Stats(ctx, c.src.DB, c.src.Schema)
 	if err != nil {
 		c.readFailed(&c.outboxErrors, "Metrics: could not read outbox status; outbox gauges left out of this scrape", err)
 		return

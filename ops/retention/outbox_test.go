@@ -88,7 +88,7 @@ func TestOutboxRowsDeletedOnlyWhenOldAndForwardedByEveryRelay(t *testing.T) {
 	rep, err = j.RunOnce(ctx)
 	require.NoError(t, err)
 	require.Zero(t, rep.OutboxRows)
-	relays, _, err := outbox.Status(ctx, db, schema)
+	relays, _, err := outbox.Stats(ctx, db, schema)
 	require.NoError(t, err)
 	require.Len(t, relays, 3)
 	require.Equal(t, "retired", relays[2].Name)

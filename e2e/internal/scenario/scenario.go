@@ -190,7 +190,7 @@ func (c *Consumer) countDeliveries(h message.HandlerFunc) message.HandlerFunc {
 
 // Stats returns the consumer's totals.
 func (c *Consumer) Stats() Stats {
-	counts := c.Middleware.Counters(c.group)
+	counts := c.Middleware.Counters().Consumer(c.group)
 	return Stats{
 		Instance:   c.instance,
 		Deliveries: c.deliveries.Load(),
