@@ -293,17 +293,12 @@ func (r *Receiver) HandlerFunc() message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) { return nil, r.Handle(msg) }
 }
 
-// Querier is the part of *sql.Tx (or *sql.Conn, *sql.DB) that StoreTx uses.
-type Querier interface {
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
-
 // StoreTx is the transactional twin of Handle: it inserts msgs as received from topic within
 // tx, skipping keys already present, and returns how many rows are new (copies the age guard
 // parks as FAILED included). The rows, and the
 // wake-up of the processors, take effect when tx commits. Every message is checked before
 // anything is written; one unusable message fails the call (a permanent error) and writes nothing.
-func (r *Receiver) StoreTx(ctx context.Context, tx Querier, topic string, msgs ...*message.Message) (int, error) {
+func (r *Receiver) StoreTx(ctx context.Context, tx pgtx.Executor, topic string, msgs ...*message.Message) (int, error) {
 	if len(msgs) == 0 {
 		return 0, nil
 	}
@@ -550,7 +545,7 @@ func (r *Receiver) insertRetrying(ctx context.Context, rows []row) (n int, parke
 }
 
 // insert returns how many rows are new and the keys of those the age guard parked.
-func (r *Receiver) insert(ctx context.Context, q Querier, rows []row) (int, []string, error) {
+func (r *Receiver) insert(ctx context.Context, q pgtx.Executor, rows []row) (int, []string, error) {
 	keys := make([]string, len(rows))
 	uuids := make([]string, len(rows))
 	orderingKeys := make([]string, len(rows))

@@ -207,12 +207,6 @@ func WriterOrDefault(w *Writer, config Config) (*Writer, error) {
 // Table returns the quoted, schema-qualified outbox table name.
 func (w *Writer) Table() string { return w.table }
 
-// Execer is the part of *sql.Tx the Writer uses. Passing a *sql.DB works too, but then each
-// call commits on its own and nothing ties the messages to other writes.
-type Execer interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-}
-
 // PublishTx stores msgs for topic in tx. It stamps correlation, causation (when ctx carries a
 // consumed message, as it does inside the effectively-once middleware) and occurred_at metadata
 // on the messages themselves, as Watermill's CorrelationID middleware does. When ctx holds a
@@ -226,12 +220,12 @@ type Execer interface {
 // not valid UTF-8 or contains NUL (JSON would replace invalid bytes with U+FFFD; PostgreSQL text
 // refuses NUL). Payloads are any bytes (base64 in the envelope). A nil tx returns an error
 // wrapping pgtx.ErrNoTransaction.
-func (w *Writer) PublishTx(ctx context.Context, tx Execer, topic string, msgs ...*message.Message) error {
+func (w *Writer) PublishTx(ctx context.Context, tx pgtx.Executor, topic string, msgs ...*message.Message) error {
 	return w.store(ctx, tx, topic, msgs, true)
 }
 
 // store is PublishTx; with stamped false it stores the messages as they are (ParkingPublisher).
-func (w *Writer) store(ctx context.Context, tx Execer, topic string, msgs []*message.Message, stamped bool) (err error) {
+func (w *Writer) store(ctx context.Context, tx pgtx.Executor, topic string, msgs []*message.Message, stamped bool) (err error) {
 	if len(msgs) == 0 {
 		return nil
 	}

@@ -16,7 +16,7 @@ import (
 )
 
 // `tx, _ := pgtx.TxFromContext(ctx)` outside a transaction yields a nil *sql.Tx, which is not
-// a nil Execer: PublishTx used to pass it on to database/sql, which panicked.
+// a nil Executor: PublishTx used to pass it on to database/sql, which panicked.
 func TestPublishTxRefusesTypedNilTransaction(t *testing.T) {
 	t.Parallel()
 	db, schema, w := setup(t)

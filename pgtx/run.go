@@ -37,6 +37,16 @@ func (p RetryPolicy) Delay(attempt int) time.Duration {
 	return worker.Delay(p.Backoff, p.Backoff<<10, attempt)
 }
 
+// Executor is the one interface for "the transaction you pass in" (outbox.Writer.PublishTx,
+// inbox.Receiver.StoreTx, intent.Store.RecordTx, versioned's Apply functions, ...): a *sql.Tx,
+// so that the write commits with the caller's other writes. *sql.DB and *sql.Conn satisfy it
+// too, and each statement then commits on its own, tied to nothing else.
+type Executor interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
 // Beginner is satisfied by *sql.DB and *sql.Conn.
 type Beginner interface {
 	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)

@@ -150,11 +150,6 @@ type Recorded struct {
 	Created bool
 }
 
-// Execer is the part of *sql.Tx that RecordTx uses.
-type Execer interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-}
-
 // Record records d in the transaction of msg's context (the one the effectively-once
 // middleware opened), taking Consumer and EventID from the message when d leaves them empty.
 // The intent commits or rolls back with the handler.
@@ -185,7 +180,7 @@ func (s *Store) Record(msg *message.Message, d Draft) (Recorded, error) {
 // no-op that reports Created=false. In a *sql.Tx that user code has already ended (Commit or
 // Rollback on the handler's transaction) it fails with a permanent error wrapping
 // wmonce.ErrHandlerEndedTx.
-func (s *Store) RecordTx(ctx context.Context, tx Execer, d Draft) (Recorded, error) {
+func (s *Store) RecordTx(ctx context.Context, tx pgtx.Executor, d Draft) (Recorded, error) {
 	if pgtx.IsNil(tx) { // also a nil *sql.Tx from pgtx.TxFromContext outside a transaction
 		return Recorded{}, fmt.Errorf("intent: %w: tx is nil (outside a transaction, pgtx.TxFromContext returns a nil *sql.Tx)", pgtx.ErrNoTransaction)
 	}

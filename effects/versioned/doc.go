@@ -23,7 +23,7 @@
 // nothing is applied, and ApplyDelta and ApplyState return a permanent error wrapping
 // wmonce.ErrHandlerEndedTx, which the library parks; they return it too when the transaction
 // had ended before the call. This is checked when tx is a *sql.Tx (on a pool from pgtx.Open at
-// no cost: the check travels with the transaction's next statement); other Querier types are
+// no cost: the check travels with the transaction's next statement); other pgtx.Executor types are
 // taken as still open.
 //
 // # Guarantees and limits

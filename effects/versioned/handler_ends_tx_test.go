@@ -14,13 +14,13 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// wrappedTx is a Querier that is not a *sql.Tx: versioned cannot ask it whether it ended.
+// wrappedTx is a pgtx.Executor that is not a *sql.Tx: versioned cannot ask it whether it ended.
 type wrappedTx struct{ *sql.Tx }
 
 // TestApplyEndingTheTransactionIsPermanent: an apply function that ends the handler's
 // transaction (or a handler that ended it before the call) gets a permanent error wrapping
 // wmonce.ErrHandlerEndedTx from ApplyDelta and ApplyState, not a confusing later one, and
-// nothing is applied: neither apply's write nor the version. With a Querier that is not a
+// nothing is applied: neither apply's write nor the version. With an Executor that is not a
 // *sql.Tx, versioned cannot tell and reports Applied; the middleware still finds out and
 // applies nothing.
 func TestApplyEndingTheTransactionIsPermanent(t *testing.T) {
@@ -30,7 +30,7 @@ func TestApplyEndingTheTransactionIsPermanent(t *testing.T) {
 			name    string
 			state   bool // ApplyState, else ApplyDelta
 			before  bool // the handler ends the transaction before the call, else apply does
-			wrapped bool // pass the transaction as a Querier that is not a *sql.Tx
+			wrapped bool // pass the transaction as an Executor that is not a *sql.Tx
 			says    string
 		}{
 			{name: "delta, in apply", says: "ended the caller's transaction"},
@@ -47,7 +47,7 @@ func TestApplyEndingTheTransactionIsPermanent(t *testing.T) {
 				var got error
 				h := e.mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 					tx, _ := pgtx.TxFromContext(msg.Context())
-					var q versioned.Querier = tx
+					var q pgtx.Executor = tx
 					if c.wrapped {
 						q = wrappedTx{tx}
 					}

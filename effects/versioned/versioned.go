@@ -112,11 +112,6 @@ func (c Config) firstVersion() int64 {
 	return 1
 }
 
-// Querier is the part of *sql.Tx that Versions uses.
-type Querier interface {
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
-
 // Versions applies events in version order. It is safe for concurrent use.
 type Versions struct {
 	config                                                 Config
@@ -153,7 +148,7 @@ ON CONFLICT (entity_type, entity_id) DO UPDATE SET version = EXCLUDED.version, u
 //
 // apply must not Commit or Rollback tx: when tx is a *sql.Tx that apply (or the handler before
 // the call) ended, the error wraps wmonce.ErrHandlerEndedTx and is permanent.
-func (v *Versions) ApplyDelta(ctx context.Context, tx Querier, e Entity, version int64, apply func(ctx context.Context) error) (Result, error) {
+func (v *Versions) ApplyDelta(ctx context.Context, tx pgtx.Executor, e Entity, version int64, apply func(ctx context.Context) error) (Result, error) {
 	query := v.qAdvanceDelta
 	if version == v.first {
 		query = v.qInsertFirst
@@ -169,7 +164,7 @@ func (v *Versions) ApplyDelta(ctx context.Context, tx Querier, e Entity, version
 // ApplyState runs apply if version is above the stored version (or the entity is new) and
 // records it. Anything else is Stale and skipped: an old full state must never overwrite a
 // newer one. apply must not end tx, as for ApplyDelta.
-func (v *Versions) ApplyState(ctx context.Context, tx Querier, e Entity, version int64, apply func(ctx context.Context) error) (Result, error) {
+func (v *Versions) ApplyState(ctx context.Context, tx pgtx.Executor, e Entity, version int64, apply func(ctx context.Context) error) (Result, error) {
 	return v.apply(ctx, tx, e, version, v.qAdvanceState, apply, func(stored int64) (Result, error) {
 		return Result{Outcome: Stale, Stored: stored}, nil
 	})
@@ -178,7 +173,7 @@ func (v *Versions) ApplyState(ctx context.Context, tx Querier, e Entity, version
 // apply moves e to version with query (an advance that returns the version when it moved)
 // and runs apply; when the version did not move, notMoved decides the result from the stored
 // version.
-func (v *Versions) apply(ctx context.Context, tx Querier, e Entity, version int64, query string, apply func(ctx context.Context) error, notMoved func(stored int64) (Result, error)) (Result, error) {
+func (v *Versions) apply(ctx context.Context, tx pgtx.Executor, e Entity, version int64, query string, apply func(ctx context.Context) error, notMoved func(stored int64) (Result, error)) (Result, error) {
 	if err := v.check(tx, e, version); err != nil {
 		return Result{}, err
 	}
@@ -197,7 +192,7 @@ func (v *Versions) apply(ctx context.Context, tx Querier, e Entity, version int6
 }
 
 // Current returns the stored version of e, or the first version - 1 when there is none.
-func (v *Versions) Current(ctx context.Context, q Querier, e Entity) (int64, error) {
+func (v *Versions) Current(ctx context.Context, q pgtx.Executor, e Entity) (int64, error) {
 	if pgtx.IsNil(q) {
 		return 0, errNilTx
 	}
@@ -209,7 +204,7 @@ func (v *Versions) Current(ctx context.Context, q Querier, e Entity) (int64, err
 
 // SetVersion stores version for e unconditionally: an operator's tool to unblock an entity
 // whose missing delta will never come, or to seed versions for existing entities.
-func (v *Versions) SetVersion(ctx context.Context, q Querier, e Entity, version int64) error {
+func (v *Versions) SetVersion(ctx context.Context, q pgtx.Executor, e Entity, version int64) error {
 	if err := v.check(q, e, version); err != nil {
 		return err
 	}
@@ -220,7 +215,7 @@ func (v *Versions) SetVersion(ctx context.Context, q Querier, e Entity, version 
 // errNilTx also covers the nil *sql.Tx that pgtx.TxFromContext returns outside a transaction.
 var errNilTx = fmt.Errorf("versioned: %w: tx is nil: pass the handler's transaction (pgtx.TxFromContext)", pgtx.ErrNoTransaction)
 
-func (v *Versions) check(tx Querier, e Entity, version int64) error {
+func (v *Versions) check(tx pgtx.Executor, e Entity, version int64) error {
 	if pgtx.IsNil(tx) {
 		return errNilTx
 	}
@@ -233,7 +228,7 @@ func (v *Versions) check(tx Querier, e Entity, version int64) error {
 	return nil
 }
 
-func (v *Versions) advance(ctx context.Context, tx Querier, query string, e Entity, version int64) (bool, error) {
+func (v *Versions) advance(ctx context.Context, tx pgtx.Executor, query string, e Entity, version int64) (bool, error) {
 	var got int64
 	err := tx.QueryRowContext(ctx, query, e.Type, e.ID, version).Scan(&got)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -251,7 +246,7 @@ func (v *Versions) advance(ctx context.Context, tx Querier, query string, e Enti
 	return true, nil
 }
 
-func (v *Versions) current(ctx context.Context, q Querier, e Entity) (int64, error) {
+func (v *Versions) current(ctx context.Context, q pgtx.Executor, e Entity) (int64, error) {
 	var stored int64
 	err := q.QueryRowContext(ctx, v.qGet, e.Type, e.ID).Scan(&stored)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -266,7 +261,7 @@ func (v *Versions) current(ctx context.Context, q Querier, e Entity) (int64, err
 	return stored, nil
 }
 
-func (v *Versions) run(ctx context.Context, tx Querier, apply func(ctx context.Context) error, e Entity, version int64) (Result, error) {
+func (v *Versions) run(ctx context.Context, tx pgtx.Executor, apply func(ctx context.Context) error, e Entity, version int64) (Result, error) {
 	if apply != nil {
 		err := apply(ctx)
 		if ended := endedBy(ctx, tx); ended != nil {
@@ -289,8 +284,8 @@ func (v *Versions) run(ctx context.Context, tx Querier, apply func(ctx context.C
 const checkTx = pgtx.DeferredPrefix + "SET LOCAL wmonce.versioned_check = 'on'"
 
 // endedBy returns the permanent error of an apply function that ended tx (Commit or Rollback
-// on it), or nil. Only a *sql.Tx can be asked; any other Querier is taken as still open.
-func endedBy(ctx context.Context, tx Querier) error {
+// on it), or nil. Only a *sql.Tx can be asked; any other pgtx.Executor is taken as still open.
+func endedBy(ctx context.Context, tx pgtx.Executor) error {
 	t, ok := tx.(*sql.Tx)
 	if !ok {
 		return nil

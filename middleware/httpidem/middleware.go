@@ -385,7 +385,7 @@ type storedResponse struct {
 }
 
 // lookup returns the live record of the request's key, or nil.
-func (m *Middleware) lookup(ctx context.Context, q queryer, req *request) (*storedResponse, error) {
+func (m *Middleware) lookup(ctx context.Context, q pgtx.Executor, req *request) (*storedResponse, error) {
 	var s storedResponse
 	var headersJSON string
 	err := q.QueryRowContext(ctx, m.qLookup, req.scope, req.key, m.config.Retention.Microseconds()).
@@ -417,10 +417,6 @@ func (m *Middleware) answerStored(w http.ResponseWriter, req *request, s *stored
 	m.replayed.Add(1)
 	m.logger.Debug("Replaying stored response", req.fields.Add(watermill.LogFields{"status": s.status}))
 	writeResponse(w, s.status, s.header, s.body, true)
-}
-
-type queryer interface {
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
 // handlerEnded answers the request and reports true if its handler ended the request's
