@@ -178,7 +178,7 @@
 //     on a poison topic by a poison queue, see Parking refused messages), failing ones parked
 //     as FAILED. Parked messages and rows need a person: alert on ReceiverCounters.Refused,
 //     Stats.Failed and Stats.OldestPendingAge.
-//   - DONE rows are the dedupe records. Ops.PruneFinished removes old ones; keep them longer
+//   - DONE rows are the dedupe records. PruneFinished removes old ones; keep them longer
 //     than any redelivery can come (broker retention, DLQ redrives, offset resets), and set
 //     ReceiverConfig.MaxMessageAge a little below that window so that a later copy is parked
 //     instead of applied again.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/wmonce/watermill-once/pgtx"
 	"testing"
 	"time"
 
@@ -147,15 +148,15 @@ func TestOpsDeleteFinished(t *testing.T) {
 	// deleted rows go with them, the others stay.
 	pgtest.Exec(t, e.db, `INSERT INTO `+e.table("inbox_attempts")+` (inbox_id, attempt, row_xmin) SELECT id, 1, '1' FROM `+e.table("inbox"))
 
-	_, err := e.ops.PruneFinished(ctx, "c", time.Time{}, 10)
-	require.ErrorContains(t, err, "cutoff")
-	cutoff := time.Now().Add(-24 * time.Hour)
-	n, err := e.ops.PruneFinished(ctx, "c", cutoff, 2)
+	_, err := inbox.PruneFinished(ctx, e.db, e.schema, pgtx.PruneRequest{Consumer: "c", BatchSize: 10})
+	require.ErrorContains(t, err, "set Before (a time) or Keep")
+	// In batches of two: the three old rows go in two statements.
+	n, err := inbox.PruneFinished(ctx, e.db, e.schema, pgtx.PruneRequest{Consumer: "c", Keep: 24 * time.Hour, BatchSize: 2})
 	require.NoError(t, err)
-	require.Equal(t, 2, n)
-	n, err = e.ops.PruneFinished(ctx, "", cutoff, 10)
+	require.Equal(t, int64(3), n)
+	n, err = inbox.PruneFinished(ctx, e.db, e.schema, pgtx.PruneRequest{Before: time.Now().Add(-24 * time.Hour)})
 	require.NoError(t, err)
-	require.Equal(t, 1, n)
+	require.Zero(t, n, "every consumer: nothing else is old enough")
 	require.Equal(t, []string{"e-3", "e-4"}, func() []string {
 		rows, err := e.ops.List(ctx, inbox.Filter{Consumer: "c"}, 10)
 		require.NoError(t, err)

@@ -2,6 +2,7 @@ package httpidem_test
 
 import (
 	"context"
+	"github.com/wmonce/watermill-once/pgtx"
 	"testing"
 	"time"
 
@@ -53,18 +54,18 @@ func TestDeleteExpiredInBatches(t *testing.T) {
 	}
 	pgtest.Exec(t, e.db, `UPDATE `+e.table("http_idempotency_keys")+` SET created_at = now() - interval '3 hours' WHERE idem_key <> 'k-4'`)
 
-	n, err := httpidem.Prune(ctx, e.db, e.schema, 2*time.Hour, 2)
+	n, err := httpidem.Prune(ctx, e.db, e.schema, pgtx.PruneRequest{Keep: 2 * time.Hour, BatchSize: 2})
 	require.NoError(t, err)
 	require.Equal(t, int64(3), n, "over two batches")
 	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("http_idempotency_keys")+` WHERE idem_key = 'k-4'`))
-	n, err = httpidem.Prune(ctx, e.db, e.schema, 2*time.Hour, 2)
+	n, err = httpidem.Prune(ctx, e.db, e.schema, pgtx.PruneRequest{Keep: 2 * time.Hour, BatchSize: 2})
 	require.NoError(t, err)
 	require.Zero(t, n)
 
-	_, err = httpidem.Prune(ctx, e.db, e.schema, time.Hour, 0)
-	require.ErrorContains(t, err, "batchSize must be positive")
-	_, err = httpidem.Prune(ctx, e.db, `bad"name`, time.Hour, 1)
+	_, err = httpidem.Prune(ctx, e.db, e.schema, pgtx.PruneRequest{Keep: time.Hour, BatchSize: -1})
+	require.ErrorContains(t, err, "BatchSize must be positive")
+	_, err = httpidem.Prune(ctx, e.db, `bad"name`, pgtx.PruneRequest{Keep: time.Hour, BatchSize: 1})
 	require.ErrorContains(t, err, "schema")
-	_, err = httpidem.Prune(ctx, nil, e.schema, time.Hour, 1)
+	_, err = httpidem.Prune(ctx, nil, e.schema, pgtx.PruneRequest{Keep: time.Hour, BatchSize: 1})
 	require.ErrorContains(t, err, "db is nil")
 }

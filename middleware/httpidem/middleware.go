@@ -114,7 +114,7 @@ func (m *Middleware) Counters() Counters {
 // (hourly is plenty), or let the retention janitor do it (retention.Config.HTTPKeysKeep);
 // lookups ignore expired rows anyway, so it bounds the table's size, not correctness.
 func (m *Middleware) Prune(ctx context.Context) (int64, error) {
-	return Prune(ctx, m.db, m.config.Schema, m.config.Retention, 1000)
+	return Prune(ctx, m.db, m.config.Schema, pgtx.PruneRequest{Keep: m.config.Retention})
 }
 
 // Handler wraps next.

@@ -3,7 +3,6 @@ package once
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"time"
 
@@ -72,21 +71,24 @@ SELECT consumer FROM c WHERE consumer IS NOT NULL`)
 	return out, nil
 }
 
-// PruneClaims deletes the claims of consumer in processed_messages applied (processed_at)
-// before the given time, in batches of at most batchSize rows (one short transaction each),
+// PruneClaims deletes the claims of req.Consumer (required) in processed_messages applied
+// (processed_at) before req's cutoff (Before, or Keep ago by the database clock), in batches of
+// at most req.BatchSize rows (one short transaction each),
 // and returns how many it deleted, also when it stops on an error or a cancelled ctx.
 //
 // A deleted claim no longer deduplicates: a copy of its message arriving later is applied
 // again unless the age guard (Config.MaxMessageAge) refuses it. Keep claims for longer than
 // any redelivery can come.
-func PruneClaims(ctx context.Context, db *sql.DB, schema, consumer string, before time.Time, batchSize int) (int64, error) {
+func PruneClaims(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error) {
 	pm, _, err := claimTables("prune claims", db, &schema)
 	if err != nil {
 		return 0, err
 	}
-	if consumer == "" || before.IsZero() || batchSize < 1 {
-		return 0, errors.New("once: prune claims: give the consumer, a cut-off time and a positive batch size")
+	schema, req, before, err := pgtx.CheckPrune(ctx, db, schema, req, pgtx.PerConsumer)
+	if err != nil {
+		return 0, fmt.Errorf("once: prune claims: %w", err)
 	}
+	consumer, batchSize := req.Consumer, req.BatchSize
 	// ctid = ANY(ARRAY(...)) makes a TID scan: the batch is located once through the
 	// (consumer, processed_at) index and deleted by physical address.
 	n, err := pgtx.DeleteInBatches(ctx, db, batchSize, `DELETE FROM `+pm+` WHERE ctid = ANY(ARRAY(
@@ -97,18 +99,20 @@ func PruneClaims(ctx context.Context, db *sql.DB, schema, consumer string, befor
 	return n, nil
 }
 
-// PruneDailyClaims deletes row by row the claims in processed_messages_daily of consumer ("":
-// every consumer) applied before the given time, in batches like PruneClaims. It is for
+// PruneDailyClaims deletes row by row the claims in processed_messages_daily of req.Consumer
+// ("": every consumer) applied before req's cutoff, in batches like PruneClaims. It is for
 // operators purging by hand; routine retention drops whole days (MaintainDays), which costs
 // no row deletes. A schema without the table (older than migration 004) has nothing to delete.
-func PruneDailyClaims(ctx context.Context, db *sql.DB, schema, consumer string, before time.Time, batchSize int) (int64, error) {
+func PruneDailyClaims(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error) {
 	_, daily, err := claimTables("prune daily claims", db, &schema)
 	if err != nil {
 		return 0, err
 	}
-	if before.IsZero() || batchSize < 1 {
-		return 0, errors.New("once: prune daily claims: give a cut-off time and a positive batch size")
+	schema, req, before, err := pgtx.CheckPrune(ctx, db, schema, req, pgtx.AnyConsumer)
+	if err != nil {
+		return 0, fmt.Errorf("once: prune daily claims: %w", err)
 	}
+	consumer, batchSize := req.Consumer, req.BatchSize
 	if ok, err := hasDaily(ctx, db, daily); err != nil || !ok {
 		return 0, wrapErr("prune daily claims", err)
 	}

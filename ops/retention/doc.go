@@ -37,7 +37,7 @@
 // relay's position.
 //
 // Retention decides when rows go, never how: every delete is an operation of the package that
-// owns the table (once.PruneClaims and once.MaintainDays, inbox.Ops.PruneFinished,
+// owns the table (once.PruneClaims and once.MaintainDays, inbox.PruneFinished,
 // outbox.Prune, httpidem.Prune), so what "expired", "finished" and "forwarded" mean is
 // defined once, beside the code that writes those rows.
 //

@@ -280,7 +280,7 @@ func (j *Janitor) deleteClaims(ctx context.Context, now time.Time, rep *Report) 
 		return err
 	}
 	for _, c := range consumers {
-		n, err := once.PruneClaims(ctx, j.db, j.config.Schema, c, now.Add(-j.config.policy(c).Keep), j.config.BatchSize)
+		n, err := once.PruneClaims(ctx, j.db, j.config.Schema, pgtx.PruneRequest{Consumer: c, Before: now.Add(-j.config.policy(c).Keep), BatchSize: j.config.BatchSize})
 		if n > 0 {
 			rep.Claims += n
 			rep.ClaimsByConsumer[c] += n
@@ -326,27 +326,19 @@ func (j *Janitor) deleteInbox(ctx context.Context, now time.Time, rep *Report) e
 	return nil
 }
 
-// deleteFinishedInbox deletes one consumer's finished rows in batches through the inbox's own
+// deleteFinishedInbox deletes one consumer's finished rows through the inbox's own
 // operation, so that what "finished" means is defined in one place.
 func (j *Janitor) deleteFinishedInbox(ctx context.Context, consumer string, before time.Time) (int64, error) {
-	var total int64
-	for ctx.Err() == nil {
-		n, err := j.inboxOps.PruneFinished(ctx, consumer, before, j.config.BatchSize)
-		total += int64(n)
-		if err != nil || n < j.config.BatchSize {
-			return total, err
-		}
-	}
-	return total, ctx.Err()
+	return inbox.PruneFinished(ctx, j.db, j.config.Schema, pgtx.PruneRequest{Consumer: consumer, Before: before, BatchSize: j.config.BatchSize})
 }
 
-// pruneFunc is the signature every owner's age-based Prune shares.
-type pruneFunc func(ctx context.Context, db *sql.DB, schema string, keep time.Duration, batchSize int) (int64, error)
+// pruneFunc is the signature every owner's Prune shares.
+type pruneFunc func(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error)
 
 // prune runs an owner's Prune with keep and adds what it deleted to the round's report field
 // and the janitor's running total.
 func (j *Janitor) prune(ctx context.Context, fn pruneFunc, keep time.Duration, reported *int64, total *atomic.Uint64) error {
-	n, err := fn(ctx, j.db, j.config.Schema, keep, j.config.BatchSize)
+	n, err := fn(ctx, j.db, j.config.Schema, pgtx.PruneRequest{Keep: keep, BatchSize: j.config.BatchSize})
 	*reported += n
 	total.Add(uint64(n))
 	return err

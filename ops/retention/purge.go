@@ -71,13 +71,13 @@ func Purge(ctx context.Context, db *sql.DB, schema string, req PurgeRequest) (in
 	}
 	var total int64
 	for _, c := range consumers {
-		n, err := once.PruneClaims(ctx, db, schema, c, req.Before, req.BatchSize)
+		n, err := once.PruneClaims(ctx, db, schema, pgtx.PruneRequest{Consumer: c, Before: req.Before, BatchSize: req.BatchSize})
 		total += n
 		if err != nil {
 			return total, fmt.Errorf("retention: purge: %w", hint(err))
 		}
 	}
-	n, err := once.PruneDailyClaims(ctx, db, schema, req.Consumer, req.Before, req.BatchSize)
+	n, err := once.PruneDailyClaims(ctx, db, schema, pgtx.PruneRequest{Consumer: req.Consumer, Before: req.Before, BatchSize: req.BatchSize})
 	total += n
 	if err != nil {
 		return total, fmt.Errorf("retention: purge: %w", err)
