@@ -292,7 +292,10 @@ func RunChaos(t *testing.T, target ChaosTarget, opts ChaosOptions) ChaosReport {
 				minimaMet = false
 			}
 		}
-		if minimaMet && producersDone() {
+		// The poison event goes out once a third of the events are applied: keep the nemesis
+		// going until it has, however quickly the producers finished (on Kafka a broker restart
+		// can hold the consumers back past the producers' end).
+		if minimaMet && producersDone() && poisonSent {
 			break
 		}
 		require.NoError(t, ctx.Err(), "chaos run timed out; faults so far: %v", faults.counts)
