@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/wmonce/watermill-once/pgtx"
 	"testing"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/internal/testwait"
+	"github.com/wmonce/watermill-once/pgtx"
 )
 
 func TestOpsInspectListAndStats(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/wmonce/watermill-once/internal/lend"
 	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/internal/tracing"
 	"github.com/wmonce/watermill-once/internal/txguard"
@@ -268,7 +269,7 @@ type Processor struct {
 	logger  watermill.LoggerAdapter
 	q       queries
 	guard   txguard.Guard
-	outbox  *outbox.Writer
+	step    lend.Step // runs the handler in the processing transaction and stores its output
 	tracer  trace.Tracer
 
 	workers []*worker // of the current Run
@@ -372,9 +373,12 @@ func NewProcessor(db *sql.DB, handler message.HandlerFunc, config ProcessorConfi
 		logger:  logger.With(watermill.LogFields{"consumer": config.Consumer}),
 		q:       newQueries(config.Schema),
 		guard:   txguard.New(config.Schema),
-		outbox:  ob,
 		tracer:  tracing.Tracer(config.TracerProvider),
 		wake:    make(chan struct{}, config.Workers),
+	}
+	p.step = lend.Step{
+		Component: "inbox", Guard: p.guard, Outbox: ob, Tracer: p.tracer,
+		NoTopic: "ProcessorConfig.OutputTopic is empty: set it, or publish through outbox.Writer.Publisher() with the message context",
 	}
 	hctx := context.Background()
 	p.hctx.Store(&hctx)

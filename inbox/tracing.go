@@ -7,7 +7,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/trace"
 
-	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/tracing"
 )
 
@@ -84,15 +83,4 @@ func (s *txSpans) end(outcome string) {
 		span.End()
 	}
 	s.spans = nil
-}
-
-// callTraced runs the handler under a "handler" span, a child of the attempt's span.
-func (p *Processor) callTraced(msg *message.Message) ([]*message.Message, error) {
-	hctx := msg.Context()
-	ctx, span := tracing.StartChild(hctx, p.tracer, tracing.SpanHandler)
-	msg.SetContext(ctx)
-	out, err := wmonce.CallHandler(p.handler, msg)
-	msg.SetContext(hctx)
-	tracing.End(span, err)
-	return out, err
 }

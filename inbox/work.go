@@ -16,8 +16,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/lend"
 	iworker "github.com/wmonce/watermill-once/internal/worker"
-	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -343,10 +343,10 @@ func (p *Processor) attemptOne(w *worker, r claimedRow, token int64) (outcome, e
 }
 
 // runHandler builds the message of r, runs the handler with tx in its context and stores the
-// messages it returns in the outbox within tx. It checks whether the handler ended tx after a
-// failure, and after every handler when tx holds other rows too (shared): a neighbour must not
-// take the blame. Alone, a handler that returned no error and ended tx is found out by the next
-// statement (the output store here, the caller's completion or guard Close).
+// messages it returns in the outbox within tx (internal/lend). Whether the handler ended tx is
+// checked after a failure, and after every handler when tx holds other rows too (shared): a
+// neighbour must not take the blame. Alone, a handler that returned no error and ended tx is
+// found out by the next statement (the output store, the caller's completion or guard Close).
 func (p *Processor) runHandler(ctx context.Context, tx *sql.Tx, r claimedRow, shared bool) (err error) {
 	msg := message.NewMessage(r.uuid, r.payload)
 	if err := json.Unmarshal([]byte(r.metadata), &msg.Metadata); err != nil {
@@ -361,40 +361,15 @@ func (p *Processor) runHandler(ctx context.Context, tx *sql.Tx, r claimedRow, sh
 		ID: r.id, Consumer: p.config.Consumer, MessageID: r.messageID, OrderingKey: r.orderingKey,
 		Topic: r.topic, Attempt: r.attempts, ReceivedAt: r.receivedAt,
 	})
-	hctx = pgtx.ContextWithTx(outbox.ContextWithConsumed(hctx, msg), tx)
-	// Keys for effects outside the database (idemkey.ForMessage) follow the inbox's dedupe key.
-	hctx = wmonce.ContextWithClaim(hctx, p.config.Consumer, r.messageID)
-	msg.SetContext(hctx)
-	out, err := p.callTraced(msg)
-	if err != nil || shared {
-		if ended := p.checkHandler(ctx, tx, r, err); ended != nil {
-			return ended
-		}
+	// The step the effectively-once middleware shares (internal/lend). Keys for effects outside
+	// the database (idemkey.ForMessage) follow the inbox's dedupe key.
+	outcome, err := p.step.Handle(hctx, tx, p.handler, lend.Delivery{
+		Msg: msg, Consumer: p.config.Consumer, Key: r.messageID, OutputTopic: p.config.OutputTopic, Shared: shared,
+	})
+	if outcome == lend.EndedTx {
+		return p.handlerEndedTx(r, err)
 	}
-	if err != nil {
-		if errors.Is(err, outbox.ErrInvalidMessage) && !wmonce.IsPermanent(err) {
-			return wmonce.Permanent(err) // published a message the outbox can never store
-		}
-		return err
-	}
-	if len(out) == 0 {
-		return nil
-	}
-	if p.config.OutputTopic == "" {
-		// Permanent, so the row is parked: every retry would return the same messages.
-		return wmonce.Permanent(fmt.Errorf("inbox: %w: ProcessorConfig.OutputTopic is empty: set it, or publish through outbox.Writer.Publisher() with the message context", wmonce.ErrOutputWithoutTopic))
-	}
-	if err := p.outbox.PublishTx(hctx, tx, p.config.OutputTopic, out...); err != nil {
-		if ended := p.endedAt(ctx, r, err); ended != nil {
-			return ended
-		}
-		err = fmt.Errorf("inbox: store handler output: %w", err)
-		if errors.Is(err, outbox.ErrInvalidMessage) {
-			return wmonce.Permanent(err) // every retry would return the same output
-		}
-		return err
-	}
-	return nil
+	return err
 }
 
 // classifyHandler decides what a failure inside the processing transaction means.

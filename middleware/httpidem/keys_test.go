@@ -2,7 +2,6 @@ package httpidem_test
 
 import (
 	"context"
-	"github.com/wmonce/watermill-once/pgtx"
 	"testing"
 	"time"
 
@@ -10,6 +9,7 @@ import (
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/middleware/httpidem"
+	"github.com/wmonce/watermill-once/pgtx"
 )
 
 func TestStoredKeys(t *testing.T) {

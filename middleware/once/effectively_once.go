@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/wmonce/watermill-once/internal/lend"
 	"github.com/wmonce/watermill-once/internal/partition"
 	"github.com/wmonce/watermill-once/internal/tracing"
 	"github.com/wmonce/watermill-once/internal/txguard"
@@ -204,12 +205,12 @@ func (c Config) Validate() error {
 type Middleware struct {
 	db     *sql.DB
 	config Config
-	outbox *outbox.Writer
 	logger watermill.LoggerAdapter
 	tracer trace.Tracer
 
 	q     claimQueries
 	guard txguard.Guard
+	step  lend.Step // runs the handler in the transaction and stores its output
 	group *groupCommitter
 	ended endedSubscriberTxs // subscriber transactions that a handler ended (see subscriber_ended.go)
 
@@ -272,11 +273,14 @@ func New(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Middleware
 	e := &Middleware{
 		db:     db,
 		config: config,
-		outbox: ob,
 		logger: logger,
 		tracer: tracing.Tracer(config.TracerProvider),
 		q:      newClaimQueries(config.Schema, config.PartitionByDay),
 		guard:  txguard.New(config.Schema),
+	}
+	e.step = lend.Step{
+		Component: "once", Guard: e.guard, Outbox: ob, Tracer: e.tracer, Unstorable: ErrUnstorableOutput,
+		NoTopic: "add the handler with router.AddHandler(..., publishTopic, ...) or set Config.OutputTopic",
 	}
 	if config.GroupCommit.Enabled {
 		e.group = newGroupCommitter(e, config.GroupCommit)
@@ -456,7 +460,7 @@ func (e *Middleware) attemptOwnTx(ctx context.Context, h message.HandlerFunc, d 
 	}
 	if err := e.guard.Close(ctx, tx); err != nil {
 		if isEnded(err) {
-			return e.handlerEndedTx(d, err, nil)
+			return e.handlerEndedTx(d, err)
 		}
 		return err
 	}
@@ -694,57 +698,23 @@ func (e *Middleware) reportDuplicate(d *delivery, stored []byte, processedAt tim
 	return nil
 }
 
-// apply runs the handler with tx in the message context and stores what it returns in the outbox.
+// apply runs the handler with tx in the message context and stores what it returns in the outbox
+// (internal/lend, the step the inbox Processor shares), counting what went wrong.
 func (e *Middleware) apply(ctx context.Context, h message.HandlerFunc, d *delivery, tx *sql.Tx) error {
-	hctx := wmonce.ContextWithClaim(outbox.ContextWithConsumed(pgtx.ContextWithTx(ctx, tx), d.msg), d.consumer, d.key)
-	d.msg.SetContext(hctx)
-	out, err := e.callTraced(h, d)
-	// Did the handler end the transaction? Checked after every handler of a group (a neighbour
-	// must not take the blame) and in the subscriber's transaction; in a transaction of our own,
-	// after a failure only: on success the outbox store or the guard's Close tells.
-	if err != nil || d.sharedTx {
-		if ended := e.guard.Check(ctx, tx); isEnded(ended) {
-			return e.handlerEndedTx(d, ended, err)
-		}
-	}
-	if err != nil {
+	outcome, err := e.step.Handle(ctx, tx, h, lend.Delivery{Msg: d.msg, Consumer: d.consumer, Key: d.key, OutputTopic: d.outputTopic, Shared: d.sharedTx})
+	switch outcome {
+	case lend.EndedTx:
+		return e.handlerEndedTx(d, err)
+	case lend.HandlerFailed, lend.OutputRefused:
 		d.counters.failed.Add(1)
-		if errors.Is(err, outbox.ErrInvalidMessage) && !wmonce.IsPermanent(err) {
-			// The handler published a message the outbox can never store (Writer.Publisher):
-			// running it again produces the same message.
-			return wmonce.Permanent(err)
-		}
-		return err
 	}
-	if len(out) == 0 {
-		return nil
-	}
-	if d.outputTopic == "" {
-		d.counters.failed.Add(1)
-		return wmonce.Permanent(fmt.Errorf("once: %w: add the handler with router.AddHandler(..., publishTopic, ...) or set Config.OutputTopic", wmonce.ErrOutputWithoutTopic))
-	}
-	if err := e.outbox.PublishTx(hctx, tx, d.outputTopic, out...); err != nil {
-		if errors.Is(err, sql.ErrTxDone) && ctx.Err() == nil {
-			return e.handlerEndedTx(d, txguard.Ended(err), nil)
-		}
-		d.counters.failed.Add(1)
-		err = fmt.Errorf("once: store handler output: %w", err)
-		if errors.Is(err, outbox.ErrInvalidMessage) {
-			return wmonce.Permanent(fmt.Errorf("%w: %w", ErrUnstorableOutput, err))
-		}
-		return err
-	}
-	return nil
+	return err
 }
 
-// handlerEndedTx reports a delivery whose handler ended the transaction it was lent (ended,
-// from txguard) and returns the permanent error, with the handler's own error if it returned one.
-func (e *Middleware) handlerEndedTx(d *delivery, ended, handlerErr error) error {
+// handlerEndedTx reports a delivery whose handler ended the transaction it was lent and returns
+// ended, the permanent error (from txguard or lend).
+func (e *Middleware) handlerEndedTx(d *delivery, ended error) error {
 	d.counters.endedTx.Add(1)
-	if handlerErr != nil {
-		// Reported, not wrapped: the handler's error must not make this one look retryable.
-		ended = fmt.Errorf("%w (the handler returned: %s)", ended, handlerErr.Error())
-	}
 	e.logger.Error("The handler ended the transaction it was given (Commit or Rollback): nothing of it was applied; the message is a permanent failure", ended, d.fields)
 	return ended
 }

@@ -139,10 +139,10 @@ func poisonQueue(config StackConfig) (message.HandlerMiddleware, error) {
 	pub := config.PoisonPublisher
 	if pub == nil {
 		mw := config.Middleware
-		if err := mw.outbox.CheckTopic(topic); err != nil {
+		if err := mw.step.Outbox.CheckTopic(topic); err != nil {
 			return nil, fmt.Errorf("stack: PoisonTopic: %w", err)
 		}
-		pub = mw.outbox.ParkingPublisher(mw.db)
+		pub = mw.step.Outbox.ParkingPublisher(mw.db)
 	} else if err := outbox.DefaultValidateTopic(topic); err != nil {
 		return nil, fmt.Errorf("stack: PoisonTopic: %w", err)
 	}

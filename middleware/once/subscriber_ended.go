@@ -111,7 +111,7 @@ func (e *Middleware) subscriberTxEnded(ctx context.Context, d *delivery, tx *sql
 	if k, ok := e.ended.endedBy(tx); ok && k == (claimKey{d.consumer, d.key}) {
 		// This message's own handler ended it, and the copy was not parked (nacked): it is
 		// still the message's permanent failure.
-		return e.handlerEndedTx(d, txguard.Ended(err), nil)
+		return e.handlerEndedTx(d, txguard.Ended(err))
 	}
 	d.counters.txRetries.Add(1)
 	e.logger.Info("Subscriber transaction already ended (an earlier message's handler ended it); acked into it without running, the message will be redelivered in a new one", d.fields)

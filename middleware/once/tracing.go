@@ -6,7 +6,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/trace"
 
-	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/tracing"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -72,16 +71,4 @@ func (d *delivery) attemptComplete() {
 	if d.span != nil {
 		d.span.AddEvent("attempt complete: the subscriber commits it with its offset on ack")
 	}
-}
-
-// callTraced runs the handler under a "handler" span, a child of the delivery's span. The
-// handler's output is stored afterwards, under the delivery's span.
-func (e *Middleware) callTraced(h message.HandlerFunc, d *delivery) ([]*message.Message, error) {
-	hctx := d.msg.Context()
-	ctx, span := tracing.StartChild(hctx, e.tracer, tracing.SpanHandler)
-	d.msg.SetContext(ctx)
-	out, err := wmonce.CallHandler(h, d.msg)
-	d.msg.SetContext(hctx)
-	tracing.End(span, err)
-	return out, err
 }
