@@ -41,12 +41,14 @@ test-short:
 e2e: services
 	$(KAFKA_ENV) $(GO) test -race -count=1 -v ./e2e/...
 
-# gofmt, go vet, then golangci-lint with .golangci.yml (installed first if needed).
+# gofmt, go vet, golangci-lint with .golangci.yml (installed first if needed), then the import
+# layers of ARCHITECTURE.md against the code (scripts/check-imports).
 lint: golangci-lint
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(GOLANGCI_LINT) run ./...
+	bash scripts/check-imports
 
 golangci-lint:
 	@if [ "$$($(GOLANGCI_LINT) version --short 2>/dev/null)" != "$(GOLANGCI_LINT_VERSION)" ]; then \
@@ -77,7 +79,7 @@ else ifeq ($(SERVICES_VIA),script)
 else
 	@if ! (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null; then \
 	  echo "Cannot start the services here: no Docker engine answers and this is not Debian/Ubuntu as root."; \
-	  echo "Start them yourself ($(WHAT); see README, Services), then run this again."; exit 1; fi
+	  echo "Start them yourself ($(WHAT); see docs/services.md), then run this again."; exit 1; fi
 endif
 
 # BENCH_ARGS=-quick for a short run; see go run ./e2e/bench -h.

@@ -147,7 +147,7 @@
 // The cost of a notification is on the producers: a transaction that notifies takes, at
 // commit, a lock that serialises the commits of all notifying transactions on the server
 // (including the inbox receiver's). That is why only the transactions that commit while a
-// relay waits notify (BenchmarkWriterNotify: see the README, "When the relay wakes").
+// relay waits notify (BenchmarkWriterNotify: see docs/outbox-relay.md, "When the relay wakes").
 //
 // # Tracing
 //

@@ -286,7 +286,7 @@ func deref(p *float64) float64 {
 	return *p
 }
 
-// markdown renders the results for latest.md and the README.
+// markdown renders the results for latest.md and docs/performance.md.
 func (rep *Report) markdown() string {
 	var b strings.Builder
 	m := rep.Machine

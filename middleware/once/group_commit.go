@@ -40,7 +40,7 @@ import (
 // group. Messages from watermill-sql's subscriber keep using the subscriber's
 // transaction and are not grouped.
 //
-// Measured figures are in the README (Performance); run
+// Measured figures are in the docs/performance.md; run
 // BENCH_IN_FLIGHT=n go test -run '^$' -bench HandlerPathsInterleaved -benchtime 1x ./middleware/once/
 // to compare on your machine.
 type GroupCommitConfig struct {
