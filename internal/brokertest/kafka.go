@@ -121,13 +121,13 @@ func KafkaService(t testing.TB) string {
 	t.Helper()
 	line := strings.TrimSpace(os.Getenv(EnvKafkaService))
 	switch line {
-	case "3.9", "4":
+	case "3.9", "4", "docker": // docker: the compose service, as make test sets it with a Docker engine
 		return line
 	case "":
 		t.Fatalf("%s=%s is set but %s is not: set %s=3.9 (the broker on 127.0.0.1:9092) or %s=4 (127.0.0.1:9094), the scripts/services line of that broker, so this test can kill it with SIGKILL and start it again",
 			broker.EnvKafkaBrokers, os.Getenv(broker.EnvKafkaBrokers), EnvKafkaService, EnvKafkaService, EnvKafkaService)
 	default:
-		t.Fatalf("%s=%q: want 3.9 or 4 (the scripts/services line of the broker on %s)", EnvKafkaService, line, broker.EnvKafkaBrokers)
+		t.Fatalf("%s=%q: want 3.9, 4 or docker (the scripts/services line of the broker on %s)", EnvKafkaService, line, broker.EnvKafkaBrokers)
 	}
 	return ""
 }
