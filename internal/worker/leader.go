@@ -89,6 +89,7 @@ func (l *Leader) try(ctx context.Context, logger watermill.LoggerAdapter, lead f
 	}
 	l.leading.Store(true)
 	logger.Info(l.Name+" active", nil)
+	signalLeading(l.Key)
 	defer func() {
 		l.leading.Store(false)
 		// A lock held by a broken connection is released by the server with the session.
