@@ -300,7 +300,7 @@ func (e *env) outboxForget(ctx context.Context, args []string) error {
 	if e.g.json {
 		return e.printJSON(res)
 	}
-	what := fmt.Sprintf("relay %q (source %q): %d row(s) it had not forwarded", *relay, res.Status.Source, res.Backlog)
+	what := fmt.Sprintf("relay %q (source %q): %d row(s) it had not forwarded", *relay, res.Stats.Source, res.Backlog)
 	for _, h := range res.Held {
 		what += fmt.Sprintf("; held topic %s, %d row(s)", h.Topic, h.Rows)
 	}

@@ -71,7 +71,7 @@
 //
 // # Sampling
 //
-// NewHandler starts a goroutine that samples every Config.SampleInterval (15 s by default)
+// NewHandler starts a goroutine that samples every Config.SampleInterval (DefaultSampleInterval)
 // until Close, into memory: every sample of the last hour, and for the last day one entry per
 // five minutes (largest gauges, duplicates added up): about 530 entries at the default
 // interval. A sample is three queries: the inbox's unfinished rows through its work index, and
