@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"text/tabwriter"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -47,7 +46,7 @@ func (e *env) open(ctx context.Context) (*sql.DB, error) {
 	if _, err := pgx.ParseConfig(e.g.databaseURL); err != nil {
 		return nil, fmt.Errorf("cannot parse the database URL: %w\n  fix: pass -database-url (or set DATABASE_URL) as postgres://user:password@host:5432/dbname?sslmode=disable", err)
 	}
-	db, err := pgtx.Open(ctx, e.g.databaseURL, pgtx.PoolConfig{MaxOpenConns: 4, PingTimeout: 5 * time.Second})
+	db, err := pgtx.Open(ctx, e.g.databaseURL, pgtx.PoolConfig{MaxOpenConns: 4}) // a command needs few connections
 	if err != nil {
 		switch pgtx.SQLState(err) {
 		case "28P01", "28000":
