@@ -1,6 +1,7 @@
 package pgtx
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -10,24 +11,29 @@ import (
 	"github.com/wmonce/watermill-once/internal/worker"
 )
 
+// Defaults of RetryPolicy.
+const (
+	DefaultRetryMaxAttempts = 3
+	DefaultRetryBackoff     = 5 * time.Millisecond
+)
+
 // RetryPolicy bounds how often RunInTx runs a transaction again after a serialization
 // failure or deadlock.
 type RetryPolicy struct {
-	// MaxAttempts counts the first run. Default 3; 1 disables retries.
+	// MaxAttempts counts the first run. Default DefaultRetryMaxAttempts (3); 1 disables
+	// retries.
 	MaxAttempts int
 	// Backoff is the wait before the second attempt; it doubles for each further attempt (up
 	// to 1024 times Backoff), each wait drawn between half and all of that value (jitter) so
-	// that the transactions that collided do not collide again. Default 5ms.
+	// that the transactions that collided do not collide again. Default DefaultRetryBackoff
+	// (5ms).
 	Backoff time.Duration
 }
 
+// withDefaults fills in the defaults; a negative value counts as unset.
 func (p RetryPolicy) withDefaults() RetryPolicy {
-	if p.MaxAttempts <= 0 {
-		p.MaxAttempts = 3
-	}
-	if p.Backoff <= 0 {
-		p.Backoff = 5 * time.Millisecond
-	}
+	p.MaxAttempts = cmp.Or(max(p.MaxAttempts, 0), DefaultRetryMaxAttempts)
+	p.Backoff = cmp.Or(max(p.Backoff, 0), DefaultRetryBackoff)
 	return p
 }
 

@@ -237,7 +237,7 @@ func TestStatusOutboxAndDedupe(t *testing.T) {
 	require.NotNil(t, st.Consumers[0].NewestClaim)
 	require.WithinDuration(t, time.Now(), *st.Consumers[0].NewestClaim, time.Minute)
 	require.Len(t, st.Inbox, 1)
-	require.Equal(t, admin.InboxStatus{Consumer: "billing", Pending: 1, Failed: 3, Done: 1,
+	require.Equal(t, admin.InboxStats{Consumer: "billing", Pending: 1, Failed: 3, Done: 1,
 		OldestPendingReceivedAt: st.Inbox[0].OldestPendingReceivedAt, OldestPendingAgeSeconds: st.Inbox[0].OldestPendingAgeSeconds}, st.Inbox[0])
 	require.Len(t, st.Outbox.Relays, 1)
 	require.Equal(t, "sms", st.Outbox.Relays[0].Name)
@@ -246,7 +246,7 @@ func TestStatusOutboxAndDedupe(t *testing.T) {
 
 	r = runCLI(t, f.schema, "-json", "outbox")
 	require.Equal(t, exitOK, r.code, r.stderr)
-	var ob admin.OutboxStatus
+	var ob admin.OutboxStats
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &ob))
 	require.Equal(t, int64(1), ob.Relays[0].Backlog)
 	require.Greater(t, ob.Relays[0].LagSeconds, 0.0)

@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	wmonce "github.com/wmonce/watermill-once"
-	"github.com/wmonce/watermill-once/internal/testwait"
+	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/ops/admin"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -62,7 +62,7 @@ func storeOutbox(t *testing.T, db *sql.DB, schema, topic string, uuids ...string
 }
 
 // The rows a relay set aside are listed, inspected and republished from the CLI; the topics it
-// holds are shown with the outbox status.
+// holds are shown with the outbox stats.
 func TestOutboxRejectedRowsAndHeldTopics(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -72,19 +72,19 @@ func TestOutboxRejectedRowsAndHeldTopics(t *testing.T) {
 	require.NoError(t, err)
 	storeOutbox(t, f.db, f.schema, "orders", "o-1", "too-big", "o-2")
 	storeOutbox(t, f.db, f.schema, "missing", "m-1")
-	_, err = relay.RelayOnce(ctx) // the fixture's rows, and these
-	require.NoError(t, err)
-	testwait.Until(t, "the relay to reach the new rows", func() bool {
-		_, err := relay.RelayOnce(ctx)
-		require.NoError(t, err)
-		return relay.Counters().Rejected == 1 && relay.Counters().HeldTopics == 1
-	})
+	// The fixture's rows, and these.
+	relayUntil(t, relay, "reject too-big and hold topic missing", func(c outbox.RelayCounters) bool { return c.Rejected == 1 && c.HeldTopics == 1 })
 
 	r := runCLI(t, f.schema, "outbox")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, "relay kafka holds topic missing: 1 row(s) wait since")
 	require.Contains(t, r.stdout, "1 row(s) were set aside in outbox_rejected")
 	require.Contains(t, r.stdout, "`wmonce outbox rejected`")
+	for _, sub := range []string{"stats", "status"} { // status: the older name
+		again := runCLI(t, f.schema, "outbox", sub)
+		require.Equal(t, exitOK, again.code, again.stderr)
+		require.Contains(t, again.stdout, "relay kafka holds topic missing: 1 row(s) wait since", "outbox %s is the default action", sub)
+	}
 
 	r = runCLI(t, f.schema, "outbox", "rejected")
 	require.Equal(t, exitOK, r.code, r.stderr)
@@ -158,10 +158,11 @@ func TestOutboxForget(t *testing.T) {
 
 	live, err := outbox.NewRelay(f.db, &brokerStandIn{}, outbox.RelayConfig{Schema: f.schema, Name: "live"}, nil)
 	require.NoError(t, err)
+	leading := worker.LeadingSignal(worker.LockKey("relay", f.schema, "live")) // the relay's lock key
 	done := make(chan error, 1)
 	go func() { done <- live.Run(ctx) }()
 	t.Cleanup(func() { require.NoError(t, live.Close()); require.NoError(t, <-done) })
-	testwait.Until(t, "the relay to lead", func() bool { return live.Counters().IsLeader })
+	leading.WaitOrTimeout()
 	r = runCLI(t, f.schema, "outbox", "forget", "-relay", "live")
 	require.Equal(t, exitFailure, r.code, r.stderr)
 	require.Contains(t, r.stderr, `the relay is running: stop every instance of it first (relay "live")`)

@@ -1,6 +1,7 @@
 package idemkey
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -44,9 +45,7 @@ type TransportConfig struct {
 }
 
 func (c *TransportConfig) setDefaults() {
-	if c.Header == "" {
-		c.Header = DefaultHeader
-	}
+	c.Header = cmp.Or(c.Header, DefaultHeader)
 }
 
 // Validate reports a header name that is not a valid HTTP token.

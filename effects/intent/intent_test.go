@@ -22,7 +22,7 @@ import (
 	"github.com/wmonce/watermill-once/effects/intent"
 	"github.com/wmonce/watermill-once/internal/fakeprovider"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/internal/testwait"
+	"github.com/wmonce/watermill-once/internal/testsignal"
 	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -212,17 +212,40 @@ func TestSenderSendsWithTheIntentKey(t *testing.T) {
 	require.Equal(t, intent.SenderCounters{Sent: 1}, s.Counters())
 }
 
+// Run's workers take what is ready, then wait: a round takes every ready intent once, and an
+// intent it sent is not taken again.
+func TestSenderRoundTakesEachReadyIntentOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	provider := fakeprovider.Start(t)
+	for i := range 3 {
+		e.record(t, fmt.Sprintf("e-%d", i))
+	}
+	s := e.sender(t, e.db, intent.Channel{Provider: newSMSProvider(t, provider), OnCrash: intent.Resend}, intent.SenderConfig{PollInterval: 5 * time.Millisecond})
+	rounds := &s.TestSignals().RoundFinished
+	rounds.Init()
+	done := make(chan error, 1)
+	go func() { done <- s.Run(context.Background()) }()
+	require.Equal(t, 3, rounds.WaitOrTimeout(), "the first round takes the three intents")
+	require.Zero(t, rounds.WaitOrTimeout(), "the next finds nothing: SENT intents are not taken again")
+	require.NoError(t, s.Close())
+	require.NoError(t, <-done)
+	require.Equal(t, 3, provider.Effects())
+}
+
 func TestSenderRetriesThenParksFailed(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	provider := fakeprovider.Start(t)
 	provider.FailNext(2, http.StatusServiceUnavailable)
-	s := e.sender(t, e.db, intent.Channel{Provider: newSMSProvider(t, provider), OnCrash: intent.Resend, MaxAttempts: 3}, intent.SenderConfig{})
+	s := e.sender(t, e.db, intent.Channel{Provider: newSMSProvider(t, provider), OnCrash: intent.Resend, MaxAttempts: 3}, intent.SenderConfig{PollInterval: 5 * time.Millisecond})
+	sig := runSender(t, s)
 	rec := e.record(t, "e-1")
 
 	// Two 503s put it back with backoff; the third attempt goes through.
-	sendUntil(t, s, func() bool { return e.get(t, rec.Key).Status == intent.StatusSent })
+	sig.Sent.WaitFor(hasKey(rec.Key))
 	in := e.get(t, rec.Key)
+	require.Equal(t, intent.StatusSent, in.Status)
 	require.Equal(t, 3, in.Attempts)
 	require.Contains(t, in.LastError, "503", "the last failure stays visible")
 	require.Equal(t, uint64(2), s.Counters().Retried)
@@ -231,7 +254,7 @@ func TestSenderRetriesThenParksFailed(t *testing.T) {
 	// A provider that keeps failing: after MaxAttempts the intent is FAILED, visibly.
 	provider.FailNext(100, http.StatusServiceUnavailable)
 	rec2 := e.record(t, "e-2")
-	sendUntil(t, s, func() bool { return e.get(t, rec2.Key).Status == intent.StatusFailed })
+	require.Equal(t, intent.StatusFailed, sig.Parked.WaitFor(hasKey(rec2.Key)).Status)
 	in = e.get(t, rec2.Key)
 	require.Equal(t, 3, in.Attempts)
 	require.Contains(t, in.LastError, "gave up after 3 attempts")
@@ -247,7 +270,7 @@ func TestSenderRetriesThenParksFailed(t *testing.T) {
 	ok, err := e.store.Requeue(context.Background(), "sms", rec2.Key)
 	require.NoError(t, err)
 	require.True(t, ok)
-	sendUntil(t, s, func() bool { return e.get(t, rec2.Key).Status == intent.StatusSent })
+	sig.Sent.WaitFor(hasKey(rec2.Key))
 	ok, err = e.store.Requeue(context.Background(), "sms", rec2.Key)
 	require.NoError(t, err)
 	require.False(t, ok, "a SENT intent is not requeued")
@@ -277,17 +300,26 @@ func TestSenderParksRejectedIntentAtOnce(t *testing.T) {
 	require.Contains(t, in.LastError, "rejected by the provider")
 }
 
-// sendUntil runs the sender until cond holds, failing after a deadline.
-func sendUntil(t *testing.T, s *intent.Sender, cond func() bool) {
+// runSender runs s in the background until the test ends and returns its test signals, the
+// intent events initialised before it starts.
+func runSender(t *testing.T, s *intent.Sender) *intent.SenderTestSignals {
 	t.Helper()
-	testwait.Until(t, "the sender to reach the condition", func() bool {
-		if cond() {
-			return true
-		}
-		_, err := s.SendOnce(context.Background())
-		require.NoError(t, err)
-		return cond()
+	sig := s.TestSignals()
+	sig.Sent.Init()
+	sig.Parked.Init()
+	sig.Released.Init()
+	done := make(chan error, 1)
+	go func() { done <- s.Run(context.Background()) }()
+	t.Cleanup(func() {
+		require.NoError(t, s.Close())
+		require.NoError(t, <-done)
 	})
+	return sig
+}
+
+// hasKey matches the event of the intent with key.
+func hasKey(key string) func(intent.Intent) bool {
+	return func(in intent.Intent) bool { return in.Key == key }
 }
 
 // crash makes a sender die at a chosen point: its own pool is closed, so it can no longer
@@ -313,7 +345,7 @@ func (p crashBeforeCall) Send(ctx context.Context, in intent.Intent) (string, er
 func TestCrashInSending(t *testing.T) {
 	t.Parallel()
 	const lease = 400 * time.Millisecond
-	cfg := intent.SenderConfig{Lease: lease, SendTimeout: lease / 2}
+	cfg := intent.SenderConfig{Lease: lease, SendTimeout: lease / 2, PollInterval: 10 * time.Millisecond}
 
 	// run records one intent, lets a sender crash on it at the chosen point, then lets a healthy
 	// sender recover it once the lease has run out.
@@ -339,8 +371,14 @@ func TestCrashInSending(t *testing.T) {
 		provider.OnSend(nil)
 		require.Equal(t, intent.StatusSending, e.get(t, rec.Key).Status, "the crash leaves the intent in SENDING")
 
+		// The healthy sender takes the intent once the lease has run out, and settles it.
 		healthy := e.sender(t, e.db, intent.Channel{Provider: p, OnCrash: policy}, cfg)
-		sendUntil(t, healthy, func() bool { return e.get(t, rec.Key).Status != intent.StatusSending })
+		sig := runSender(t, healthy)
+		if policy == intent.Skip {
+			sig.Parked.WaitFor(hasKey(rec.Key))
+		} else {
+			sig.Sent.WaitFor(hasKey(rec.Key))
+		}
 		require.Equal(t, uint64(1), healthy.Counters().Recovered)
 		return provider, healthy, e.get(t, rec.Key)
 	}
@@ -391,9 +429,11 @@ func TestUnknownOutcomeFollowsPolicy(t *testing.T) {
 		e := newEnv(t)
 		provider := fakeprovider.Start(t)
 		p := lookupSMSProvider{newSMSProvider(t, provider)}
-		s := e.sender(t, e.db, intent.Channel{Provider: lostAnswer{p}}, intent.SenderConfig{})
+		s := e.sender(t, e.db, intent.Channel{Provider: lostAnswer{p}}, intent.SenderConfig{PollInterval: 5 * time.Millisecond})
+		sig := runSender(t, s)
 		rec := e.record(t, "e-1")
-		sendUntil(t, s, func() bool { return e.get(t, rec.Key).Status == intent.StatusSent })
+		sig.Sent.WaitFor(hasKey(rec.Key))
+		require.Equal(t, intent.StatusSent, e.get(t, rec.Key).Status)
 		st := s.Counters()
 		require.Equal(t, uint64(1), st.Unknown)
 		require.Equal(t, uint64(1), st.Reconciled)
@@ -442,21 +482,18 @@ func TestConcurrentSendersSendEachIntentOnce(t *testing.T) {
 	ch := intent.Channel{Provider: newSMSProvider(t, provider), OnCrash: intent.Resend}
 	a := e.sender(t, e.db, ch, intent.SenderConfig{Workers: 3, PollInterval: 10 * time.Millisecond})
 	b := e.sender(t, e.db, ch, intent.SenderConfig{Workers: 3, PollInterval: 10 * time.Millisecond})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var wg sync.WaitGroup
-	for _, s := range []*intent.Sender{a, b} {
-		wg.Add(1)
-		go func() { defer wg.Done(); _ = s.Run(ctx) }()
+	aSent, bSent := runSender(t, a).Sent.C(), runSender(t, b).Sent.C()
+	for sent := 0; sent < intents; sent++ {
+		select {
+		case <-aSent:
+		case <-bSent:
+		case <-time.After(testsignal.Timeout):
+			t.Fatalf("%d of %d intents sent within %s", sent, intents, testsignal.Timeout)
+		}
 	}
-	table := pgtx.QualifiedName(e.schema, "intents")
-	testwait.Until(t, "every intent to be sent", func() bool {
-		return pgtest.Count(t, e.db, `SELECT count(*) FROM `+table+` WHERE status = 'SENT'`) >= intents
-	})
 	require.NoError(t, a.Close())
 	require.NoError(t, b.Close())
-	cancel()
-	wg.Wait()
+	require.Equal(t, intents, pgtest.Count(t, e.db, `SELECT count(*) FROM `+pgtx.QualifiedName(e.schema, "intents")+` WHERE status = 'SENT'`))
 	require.Equal(t, intents, provider.Effects(), "each intent sent exactly once across six workers")
 	require.Equal(t, uint64(intents), a.Counters().Sent+b.Counters().Sent)
 }
@@ -541,11 +578,13 @@ func TestSenderRunAgainAfterItReturnedAndCloseIsFinal(t *testing.T) {
 	provider := fakeprovider.Start(t)
 	s := e.sender(t, e.db, intent.Channel{Provider: newSMSProvider(t, provider), OnCrash: intent.Resend}, intent.SenderConfig{PollInterval: 5 * time.Millisecond})
 
+	sent := &s.TestSignals().Sent
+	sent.Init()
 	ctx, cancel := context.WithCancel(context.Background())
 	first := make(chan error, 1)
 	go func() { first <- s.Run(ctx) }()
 	e.record(t, "e-1")
-	testwait.Until(t, "the first intent sent", func() bool { return s.Counters().Sent == 1 })
+	sent.WaitOrTimeout()
 	require.ErrorContains(t, s.Run(context.Background()), "already running")
 	cancel()
 	require.NoError(t, <-first)
@@ -553,7 +592,8 @@ func TestSenderRunAgainAfterItReturnedAndCloseIsFinal(t *testing.T) {
 	second := make(chan error, 1)
 	go func() { second <- s.Run(context.Background()) }()
 	e.record(t, "e-2")
-	testwait.Until(t, "the second intent sent", func() bool { return s.Counters().Sent == 2 })
+	sent.WaitOrTimeout()
+	require.Equal(t, uint64(2), s.Counters().Sent)
 	require.NoError(t, s.Close())
 	require.NoError(t, <-second, "Close stopped the second Run and waited for it")
 	require.NoError(t, s.Run(context.Background()), "Run after Close returns at once")

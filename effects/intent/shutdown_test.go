@@ -31,11 +31,14 @@ func TestStopMidSendHandsTheIntentToThePolicyAtOnce(t *testing.T) {
 		provider.OnSend(func(string) { close(inCall); <-answer })
 		defer close(answer)
 		stopping := e.sender(t, e.db, intent.Channel{Provider: p, OnCrash: policy}, intent.SenderConfig{})
+		released := &stopping.TestSignals().Released
+		released.Init()
 		done := make(chan error, 1)
 		go func() { done <- stopping.Run(context.Background()) }()
 		<-inCall
 		require.NoError(t, stopping.Close())
 		require.NoError(t, <-done)
+		require.Equal(t, intent.StatusSending, released.WaitOrTimeout().Status, "given back in doubt")
 		provider.OnSend(nil)
 
 		in := e.get(t, rec.Key)
@@ -137,11 +140,14 @@ func TestStopWithNothingSentGoesBackToPending(t *testing.T) {
 	rec := e.record(t, "e-9")
 	p := notSentOnStop{entered: make(chan struct{})}
 	s := e.sender(t, e.db, intent.Channel{Provider: p, OnCrash: intent.Skip}, intent.SenderConfig{})
+	released := &s.TestSignals().Released
+	released.Init()
 	done := make(chan error, 1)
 	go func() { done <- s.Run(context.Background()) }()
 	<-p.entered
 	require.NoError(t, s.Close())
 	require.NoError(t, <-done)
+	require.Equal(t, intent.StatusPending, released.WaitOrTimeout().Status, "given back as certainly not sent")
 
 	in := e.get(t, rec.Key)
 	require.Equal(t, intent.StatusPending, in.Status)

@@ -1,6 +1,7 @@
 package intent
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -67,9 +68,7 @@ type StoreConfig struct {
 }
 
 func (c *StoreConfig) setDefaults() {
-	if c.Schema == "" {
-		c.Schema = pgtx.DefaultSchema
-	}
+	c.Schema = cmp.Or(c.Schema, pgtx.DefaultSchema)
 }
 
 // Validate reports a configuration that cannot work.

@@ -1,6 +1,7 @@
 package versioned
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -95,9 +96,7 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
-	if c.Schema == "" {
-		c.Schema = pgtx.DefaultSchema
-	}
+	c.Schema = cmp.Or(c.Schema, pgtx.DefaultSchema)
 }
 
 // Validate reports a configuration that cannot work.

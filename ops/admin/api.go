@@ -30,7 +30,7 @@ func (h *Handler) status(ctx context.Context, _ *http.Request) (any, error) {
 
 // ConsumersResponse is GET /api/consumers.
 type ConsumersResponse struct {
-	Consumers []ConsumerStatus `json:"consumers"`
+	Consumers []ConsumerStats `json:"consumers"`
 	// InProcessCounters says whether middlewares were given: without them there are no
 	// duplicate rates, only claims.
 	InProcessCounters bool `json:"in_process_counters"`
@@ -46,7 +46,7 @@ func (h *Handler) consumers(ctx context.Context, _ *http.Request) (any, error) {
 
 // InboxStatsResponse is GET /api/inbox/stats.
 type InboxStatsResponse struct {
-	Consumers []InboxStatus `json:"consumers"`
+	Consumers []InboxStats `json:"consumers"`
 }
 
 func (h *Handler) inboxStats(ctx context.Context, _ *http.Request) (any, error) {

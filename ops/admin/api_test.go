@@ -83,7 +83,7 @@ func TestReadAPI(t *testing.T) {
 	require.Equal(t, `{"invoice":2,"note":"<img src=x onerror=alert(1)>"}`, *row.Payload)
 	require.Equal(t, map[string]string{"fail": "1"}, row.Metadata)
 
-	var ob admin.OutboxStatus
+	var ob admin.OutboxStats
 	get(t, api+"outbox").decode(t, &ob)
 	require.Len(t, ob.Relays, 1)
 	require.Equal(t, "sms", ob.Relays[0].Name)

@@ -71,10 +71,10 @@
 //
 // # Sampling
 //
-// NewHandler starts a goroutine that samples every Config.SampleInterval (15 s by default)
-// until Close, into memory: every sample of the last hour, and for the last day one entry per
-// five minutes (largest gauges, duplicates added up): about 530 entries at the default
-// interval. A sample is three queries: the inbox's unfinished rows through its work index, and
+// NewHandler starts a goroutine that samples every Config.SampleInterval (by default
+// DefaultSampleInterval, 15s) until Close, into memory: every sample of the last hour, and for
+// the last day one entry per five minutes (largest gauges, duplicates added up): about 530
+// entries at the default interval. A sample is three queries: the inbox's unfinished rows through its work index, and
 // outbox.Stats (each relay's unforwarded rows, the rejected count), whose cost grows with the
 // backlogs, not with the tables.
 // Sampling in the handler rather than computing from row timestamps was chosen because relay

@@ -20,6 +20,7 @@ import (
 
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testsignal"
 	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/ops/admin"
@@ -91,34 +92,60 @@ func newFixture(t *testing.T, failed int) *fixture {
 		}
 		require.NoError(t, recv.Handle(msg))
 	}
-	proc, err := inbox.NewProcessor(db, func(msg *message.Message) ([]*message.Message, error) {
+	handler, handled := signalHandled(func(msg *message.Message) ([]*message.Message, error) {
 		if msg.Metadata.Get("fail") == "1" {
 			return nil, errors.New("card declined: <b>insufficient funds</b>")
 		}
 		return nil, nil
-	}, inbox.ProcessorConfig{Schema: f.schema, Consumer: "billing", Workers: 1, MaxAttempts: 1, PollInterval: 20 * time.Millisecond, ShutdownGrace: time.Second}, nil)
+	})
+	proc, err := inbox.NewProcessor(db, handler, inbox.ProcessorConfig{Schema: f.schema, Consumer: "billing", Workers: 1, MaxAttempts: 1,
+		PollInterval: 20 * time.Millisecond, ShutdownGrace: testsignal.Timeout}, nil)
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- proc.Run(ctx) }()
-	testwait.Until(t, "the inbox to settle", func() bool { return f.count(t, "FAILED") >= failed && f.count(t, "DONE") >= 1 })
+	waitHandled(t, handled, failed+1)
+	// Close lets the attempts under way record their outcome (within ShutdownGrace).
 	require.NoError(t, proc.Close())
 	require.NoError(t, <-done)
+	require.Equal(t, failed, f.count(t, "FAILED"))
+	require.Equal(t, 1, f.count(t, "DONE"))
 	return f
 }
 
-// relayUntil runs relay rounds until done holds for its stats. Rows become readable only once
-// every older transaction on the (shared) server has ended, which no signal announces: a round
-// that finds nothing is retried after a short pause.
+// signalHandled wraps an inbox handler: the returned channel receives the UUID of each message
+// it handled, once it returned.
+func signalHandled(h message.HandlerFunc) (message.HandlerFunc, <-chan string) {
+	handled := make(chan string, 100)
+	return func(msg *message.Message) ([]*message.Message, error) {
+		defer func() { handled <- msg.UUID }()
+		return h(msg)
+	}, handled
+}
+
+// waitHandled waits until n different messages were handled.
+func waitHandled(t *testing.T, handled <-chan string, n int) {
+	t.Helper()
+	seen := map[string]bool{}
+	for len(seen) < n {
+		seen[testwait.Receive(t, handled, fmt.Sprintf("%d of %d messages handled", len(seen)+1, n))] = true
+	}
+}
+
+// relayUntil runs relay rounds until done holds for its counters. Rows committed before a round
+// are read by it, so each round makes progress until done holds; two rounds in a row that find
+// nothing (the first may only close the previous round) mean it never will.
 func relayUntil(t *testing.T, relay *outbox.Relay, what string, done func(outbox.RelayCounters) bool) {
 	t.Helper()
-	testwait.Until(t, "the relay to "+what, func() bool {
-		if done(relay.Counters()) {
-			return true
-		}
-		_, err := relay.RelayOnce(context.Background())
+	idle := 0
+	for !done(relay.Counters()) {
+		n, err := relay.RelayOnce(context.Background())
 		require.NoError(t, err)
-		return done(relay.Counters())
-	})
+		if n > 0 {
+			idle = 0
+		} else if idle++; idle == 2 {
+			t.Fatalf("the relay found nothing more and did not %s: %+v", what, relay.Counters())
+		}
+	}
 }
 
 // count returns how many of billing's inbox rows have status.
@@ -236,14 +263,11 @@ func (f *fixture) relayAll(t *testing.T) {
 	t.Cleanup(func() { _ = pub.Close() })
 	relay, err := outbox.NewRelay(f.db, pub, outbox.RelayConfig{Schema: f.schema, Name: "sms"}, nil)
 	require.NoError(t, err)
-	testwait.Until(t, "relay sms to forward its backlog", func() bool {
-		_, err := relay.RelayOnce(ctx)
-		require.NoError(t, err)
-		relays, _, err := outbox.Stats(ctx, f.db, f.schema)
-		require.NoError(t, err)
-		require.Len(t, relays, 1)
-		return relays[0].Backlog == 0
-	})
+	relayUntil(t, relay, "forward the row left waiting", func(c outbox.RelayCounters) bool { return c.Forwarded >= 1 })
+	relays, _, err := outbox.Stats(ctx, f.db, f.schema)
+	require.NoError(t, err)
+	require.Len(t, relays, 1)
+	require.Zero(t, relays[0].Backlog)
 }
 
 // jsonAt returns the value at path (object keys and array indexes) in the JSON body, and

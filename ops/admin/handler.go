@@ -11,13 +11,11 @@ import (
 	"net/http"
 	"net/url"
 	"sync"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/setup"
-	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -29,56 +27,6 @@ var uiFS embed.FS
 // preflight this handler never grants, so a page on another origin cannot make the
 // operator's browser replay or skip anything.
 const WriteHeader = "X-Wmonce-Admin"
-
-// Config configures the admin handler.
-type Config struct {
-	// Schema holds watermill-once's tables. Default pgtx.DefaultSchema.
-	Schema string
-	// AllowWrites enables the writes: replay and skip (POST /api/inbox/replay and
-	// /api/inbox/skip), republishing rejected outbox rows and forgetting a retired relay (POST
-	// /api/outbox/republish and /api/outbox/forget). Default false: the handler only reads, and
-	// writes are answered 403.
-	AllowWrites bool
-	// Middlewares are effectively-once middlewares running in this process: their in-process
-	// counts (fresh, duplicates, failures) give each consumer its duplicate rate. Optional.
-	Middlewares []*once.Middleware
-	// QueryTimeout bounds the database work of one request, and of one sample. Default 10s.
-	QueryTimeout time.Duration
-	// SampleInterval is how often the handler samples the inbox backlog, the relays' lag and
-	// the middlewares' counts into its in-memory history (GET /api/history). Default 15s; a
-	// negative value turns background sampling off (Handler.Sample still takes one). At least 1s.
-	SampleInterval time.Duration
-}
-
-func (c *Config) setDefaults() {
-	if c.Schema == "" {
-		c.Schema = pgtx.DefaultSchema
-	}
-	if c.QueryTimeout == 0 {
-		c.QueryTimeout = 10 * time.Second
-	}
-	if c.SampleInterval == 0 {
-		c.SampleInterval = DefaultSampleInterval
-	}
-}
-
-// DefaultSampleInterval is the default Config.SampleInterval.
-const DefaultSampleInterval = 15 * time.Second
-
-// Validate reports what to fix in a configuration.
-func (c Config) Validate() error {
-	var errs []error
-	if err := pgtx.ValidateIdentifier("schema", c.Schema); err != nil {
-		errs = append(errs, err)
-	}
-	if c.QueryTimeout < 0 {
-		errs = append(errs, errors.New("QueryTimeout must not be negative"))
-	}
-	if c.SampleInterval > 0 && c.SampleInterval < time.Second {
-		errs = append(errs, fmt.Errorf("SampleInterval must be at least 1s (or negative to turn sampling off), got %s", c.SampleInterval))
-	}
-	return errors.Join(errs...)
-}
 
 // Handler serves the admin page and its JSON API. It samples in the background (see
 // Config.SampleInterval) until Close.

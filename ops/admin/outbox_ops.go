@@ -81,9 +81,10 @@ type ForgetResponse struct {
 	Relay  string `json:"relay"`
 	DryRun bool   `json:"dry_run"`
 	// Backlog is the rows of its source it had not forwarded, held rows included.
-	Backlog int64        `json:"backlog"`
-	Held    []HeldTopic  `json:"held"`
-	Status  *RelayStatus `json:"status"`
+	Backlog int64       `json:"backlog"`
+	Held    []HeldTopic `json:"held"`
+	// Stats are the relay's figures as GET /api/outbox shows them.
+	Stats *RelayStats `json:"stats"`
 }
 
 // ErrRelayNotFound is returned by ForgetRelay for a relay name with no position in the schema.
@@ -105,13 +106,13 @@ func ForgetRelay(ctx context.Context, db *sql.DB, schema string, req ForgetReque
 	out := ForgetResponse{Relay: req.Relay, DryRun: req.DryRun, Held: []HeldTopic{}}
 	for i := range st.Relays {
 		if st.Relays[i].Name == req.Relay {
-			out.Status = &st.Relays[i]
+			out.Stats = &st.Relays[i]
 		}
 	}
-	if out.Status == nil {
+	if out.Stats == nil {
 		return ForgetResponse{}, fmt.Errorf("%w: %q (relays: %s)", ErrRelayNotFound, req.Relay, relayNames(st.Relays))
 	}
-	out.Backlog, out.Held = out.Status.Backlog, out.Status.Held
+	out.Backlog, out.Held = out.Stats.Backlog, out.Stats.Held
 	active, err := outbox.RelayActive(ctx, db, schema, req.Relay)
 	if err != nil {
 		return ForgetResponse{}, err
@@ -132,7 +133,7 @@ func ForgetRelay(ctx context.Context, db *sql.DB, schema string, req ForgetReque
 	return out, nil
 }
 
-func relayNames(rs []RelayStatus) string {
+func relayNames(rs []RelayStats) string {
 	if len(rs) == 0 {
 		return "none"
 	}

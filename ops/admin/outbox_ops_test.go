@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	wmonce "github.com/wmonce/watermill-once"
-	"github.com/wmonce/watermill-once/internal/testwait"
+	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/ops/admin"
 	"github.com/wmonce/watermill-once/outbox"
 )
@@ -117,7 +117,7 @@ func TestForgetRelayThroughTheAPI(t *testing.T) {
 	r.decode(t, &res)
 	require.Equal(t, int64(1), res.Backlog)
 	require.True(t, res.DryRun)
-	var st admin.OutboxStatus
+	var st admin.OutboxStats
 	get(t, srv.URL+"/api/outbox").decode(t, &st)
 	require.Len(t, st.Relays, 1, "a dry run forgets nothing")
 
@@ -129,10 +129,11 @@ func TestForgetRelayThroughTheAPI(t *testing.T) {
 
 	live, err := outbox.NewRelay(f.db, &refusingPublisher{}, outbox.RelayConfig{Schema: f.schema, Name: "live", StandbyInterval: 10 * time.Millisecond}, watermill.NopLogger{})
 	require.NoError(t, err)
+	leading := worker.LeadingSignal(worker.LockKey("relay", f.schema, "live")) // the relay's lock key
 	done := make(chan error, 1)
 	go func() { done <- live.Run(context.Background()) }()
 	t.Cleanup(func() { require.NoError(t, live.Close()); require.NoError(t, <-done) })
-	testwait.Until(t, "the relay to lead", func() bool { return live.Counters().IsLeader })
+	leading.WaitOrTimeout()
 	r = post(t, srv.URL+"/api/outbox/forget", admin.ForgetRequest{Relay: "live"}, nil)
 	require.Equal(t, http.StatusConflict, r.status, string(r.body))
 	require.Contains(t, r.errorText(t), "the relay is running")

@@ -53,9 +53,9 @@ func ReadSchemaStatus(ctx context.Context, db *sql.DB, schema string) (SchemaSta
 	return s, nil
 }
 
-// ConsumerStatus is one consumer of the effectively-once middleware: its claims in the
+// ConsumerStats is one consumer of the effectively-once middleware: its claims in the
 // database and, when the middleware runs in this process, its in-process counts.
-type ConsumerStatus struct {
+type ConsumerStats struct {
 	Consumer string `json:"consumer"`
 	// Claims counts the consumer's rows in processed_messages and processed_messages_daily:
 	// messages applied and not yet deleted by retention.
@@ -75,7 +75,7 @@ type ConsumerStatus struct {
 // ordered by name. The counts scan the claim tables: on tables of many millions of rows this
 // takes seconds, so callers bound it with a context deadline. A schema without
 // processed_messages is an error for which pgtx.IsUndefinedTable is true, not an empty list.
-func ReadConsumers(ctx context.Context, db *sql.DB, schema string, mws []*once.Middleware) ([]ConsumerStatus, error) {
+func ReadConsumers(ctx context.Context, db *sql.DB, schema string, mws []*once.Middleware) ([]ConsumerStats, error) {
 	if db == nil {
 		return nil, errors.New("admin: db is nil")
 	}
@@ -88,12 +88,12 @@ func ReadConsumers(ctx context.Context, db *sql.DB, schema string, mws []*once.M
 	if err != nil {
 		return nil, fmt.Errorf("read consumers: %w", err)
 	}
-	byName := map[string]*ConsumerStatus{}
+	byName := map[string]*ConsumerStats{}
 	for consumer, st := range stats {
-		byName[consumer] = &ConsumerStatus{Consumer: consumer, Claims: st.Claims, NewestClaim: timePtr(st.NewestClaim)}
+		byName[consumer] = &ConsumerStats{Consumer: consumer, Claims: st.Claims, NewestClaim: timePtr(st.NewestClaim)}
 	}
 	for consumer, counts := range sumCounts(mws) {
-		c := entry(byName, consumer, func() *ConsumerStatus { return &ConsumerStatus{Consumer: consumer} })
+		c := entry(byName, consumer, func() *ConsumerStats { return &ConsumerStats{Consumer: consumer} })
 		c.Counters = &Counters{
 			Fresh: counts.Fresh, Duplicates: counts.Duplicates, FingerprintMismatches: counts.FingerprintMismatches,
 			Failed: counts.Failed, TxRetries: counts.TxRetries, Refused: counts.Refused, TooOld: counts.TooOld,
@@ -160,8 +160,8 @@ func sumCounts(mws []*once.Middleware) map[string]once.Counters {
 	return out
 }
 
-// InboxStatus is one inbox consumer's rows by status.
-type InboxStatus struct {
+// InboxStats is one inbox consumer's rows by status.
+type InboxStats struct {
 	Consumer   string `json:"consumer"`
 	Pending    int64  `json:"pending"`
 	Retrying   int64  `json:"retrying"` // the part of Pending that failed before
@@ -178,14 +178,14 @@ type InboxStatus struct {
 // ReadInbox counts every inbox consumer's rows by status, ordered by consumer. Unfinished
 // rows and the oldest pending age come from inbox.Ops.AllStats; DONE and SKIPPED rows from
 // inbox.Ops.FinishedStats, which scans the table.
-func ReadInbox(ctx context.Context, db *sql.DB, schema string) ([]InboxStatus, error) {
+func ReadInbox(ctx context.Context, db *sql.DB, schema string) ([]InboxStats, error) {
 	ops, err := inbox.NewOps(db, inbox.OpsConfig{Schema: schema}, nil)
 	if err != nil {
 		return nil, err
 	}
-	byName := map[string]*InboxStatus{}
-	get := func(consumer string) *InboxStatus {
-		return entry(byName, consumer, func() *InboxStatus { return &InboxStatus{Consumer: consumer} })
+	byName := map[string]*InboxStats{}
+	get := func(consumer string) *InboxStats {
+		return entry(byName, consumer, func() *InboxStats { return &InboxStats{Consumer: consumer} })
 	}
 	finished, err := ops.FinishedStats(ctx)
 	if err != nil {
@@ -208,9 +208,9 @@ func ReadInbox(ctx context.Context, db *sql.DB, schema string) ([]InboxStatus, e
 	return sortedByName(byName), nil
 }
 
-// RelayStatus is one outbox relay's position, as JSON. OldestPending is when the oldest row
+// RelayStats is one outbox relay's position, as JSON. OldestPending is when the oldest row
 // it has not forwarded was written: nil (null in JSON) when Backlog is 0.
-type RelayStatus struct {
+type RelayStats struct {
 	Name          string     `json:"name"`
 	Backlog       int64      `json:"backlog"`
 	OldestPending *time.Time `json:"oldest_pending"`
@@ -230,21 +230,21 @@ type HeldTopic struct {
 	Since time.Time `json:"since"`
 }
 
-// OutboxStatus is every relay's backlog and lag and the number of rejected outbox rows.
-type OutboxStatus struct {
-	Relays   []RelayStatus `json:"relays"`
-	Rejected int64         `json:"rejected"`
+// OutboxStats is every relay's backlog and lag and the number of rejected outbox rows.
+type OutboxStats struct {
+	Relays   []RelayStats `json:"relays"`
+	Rejected int64        `json:"rejected"`
 }
 
 // ReadOutbox wraps outbox.Stats.
-func ReadOutbox(ctx context.Context, db *sql.DB, schema string) (OutboxStatus, error) {
+func ReadOutbox(ctx context.Context, db *sql.DB, schema string) (OutboxStats, error) {
 	relays, rejected, err := outbox.Stats(ctx, db, schema)
 	if err != nil {
-		return OutboxStatus{}, err
+		return OutboxStats{}, err
 	}
-	out := OutboxStatus{Relays: make([]RelayStatus, 0, len(relays)), Rejected: rejected}
+	out := OutboxStats{Relays: make([]RelayStats, 0, len(relays)), Rejected: rejected}
 	for _, r := range relays {
-		out.Relays = append(out.Relays, RelayStatus{Name: r.Name, Backlog: r.Backlog, OldestPending: timePtr(r.OldestPending), LagSeconds: r.Lag.Seconds()})
+		out.Relays = append(out.Relays, RelayStats{Name: r.Name, Backlog: r.Backlog, OldestPending: timePtr(r.OldestPending), LagSeconds: r.Lag.Seconds()})
 
 		last := &out.Relays[len(out.Relays)-1]
 		last.Source, last.Held = r.Source, make([]HeldTopic, len(r.Held))

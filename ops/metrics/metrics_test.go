@@ -21,6 +21,7 @@ import (
 	"github.com/wmonce/watermill-once/effects/intent"
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testsignal"
 	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/middleware/httpidem"
 	"github.com/wmonce/watermill-once/middleware/once"
@@ -146,7 +147,9 @@ func TestMetricsOfRealComponents(t *testing.T) {
 	for _, uuid := range []string{"o-1", "o-2", "o-2", "o-poison", "o-commits"} {
 		require.NoError(t, orders.Handle(message.NewMessage(uuid, []byte(uuid))))
 	}
+	handled := make(chan string, 10)
 	proc, err := inbox.NewProcessor(db, func(msg *message.Message) ([]*message.Message, error) {
+		defer func() { handled <- msg.UUID }()
 		switch msg.UUID {
 		case "o-poison":
 			return nil, wmonce.Permanent(errors.New("poison"))
@@ -155,13 +158,18 @@ func TestMetricsOfRealComponents(t *testing.T) {
 			return nil, tx.Commit()
 		}
 		return nil, nil
-	}, inbox.ProcessorConfig{Schema: schema, Consumer: "orders", Workers: 1, PollInterval: 10 * time.Millisecond}, logger())
+	}, inbox.ProcessorConfig{Schema: schema, Consumer: "orders", Workers: 1, PollInterval: 10 * time.Millisecond, ShutdownGrace: testsignal.Timeout}, logger())
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- proc.Run(ctx) }()
-	testwait.Until(t, "two rows processed and two parked", func() bool { c := proc.Counters(); return c.Processed == 2 && c.Parked == 2 })
+	// Each of the four rows is handled once; Close lets the last attempt record its outcome.
+	for seen := map[string]bool{}; len(seen) < 4; {
+		seen[testwait.Receive(t, handled, "the four orders handled")] = true
+	}
 	require.NoError(t, proc.Close())
 	require.NoError(t, <-done)
+	require.Equal(t, uint64(2), proc.Counters().Processed)
+	require.Equal(t, uint64(2), proc.Counters().Parked)
 	backlog, err := inbox.NewReceiver(db, inbox.ReceiverConfig{Schema: schema, Consumer: "backlog"}, logger())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = backlog.Close() })
@@ -283,19 +291,19 @@ wmonce_claims_total{consumer="payments",result="fresh",sender="shop"} 1
 	require.Empty(t, problems)
 }
 
-// relay forwards want rows with a relay of its own name and batch size, polling because rows
-// become readable only once older transactions on the server end.
+// relay forwards want rows with a relay of its own name and batch size. Rows committed before
+// a round are read by it, so every round forwards more until all are out.
 func relay(t *testing.T, db *sql.DB, schema, name string, batch, want int) *outbox.Relay {
 	t.Helper()
 	pub := gochannel.NewGoChannel(gochannel.Config{}, logger())
 	t.Cleanup(func() { _ = pub.Close() })
 	r, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Schema: schema, Name: name, BatchSize: batch}, logger())
 	require.NoError(t, err)
-	testwait.Until(t, "the relay to forward every row", func() bool {
-		_, err := r.RelayOnce(context.Background())
+	for int(r.Counters().Forwarded) < want {
+		n, err := r.RelayOnce(context.Background())
 		require.NoError(t, err)
-		return int(r.Counters().Forwarded) >= want
-	})
+		require.NotZero(t, n, "relay %s found nothing more after forwarding %d of %d rows", name, r.Counters().Forwarded, want)
+	}
 	require.Equal(t, want, int(r.Counters().Forwarded))
 	return r
 }

@@ -1,6 +1,7 @@
 package retention
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -60,10 +61,11 @@ type Config struct {
 	// InboxKeep is how long finished (DONE or SKIPPED) inbox rows of consumers not listed in
 	// Consumers are kept; listed consumers keep theirs for their Policy.Keep. A finished row
 	// is the dedupe record of its message, like a claim. PENDING, IN_PROGRESS and FAILED rows
-	// are never deleted. Default 7 days.
+	// are never deleted. Default DefaultInboxKeep (7 days).
 	InboxKeep time.Duration
 	// OutboxKeep is how long outbox rows are kept once every relay has forwarded them. Rows
-	// that some relay has not forwarded yet are never deleted, whatever their age. Default 24h.
+	// that some relay has not forwarded yet are never deleted, whatever their age. Default
+	// DefaultOutboxKeep (24h).
 	OutboxKeep time.Duration
 	// HTTPKeysKeep, when set, deletes stored responses of httpidem older than this. Keep it at
 	// least as long as the httpidem Retention (rows older than that are ignored there anyway).
@@ -81,50 +83,35 @@ type Config struct {
 	SentIntentsKeep time.Duration
 
 	// BatchSize is the most rows one delete transaction removes. Short transactions keep
-	// locks, WAL bursts and replication lag small. Default 5000, at most 100000.
+	// locks, WAL bursts and replication lag small. Default DefaultBatchSize (5000), at most
+	// MaxBatchSize (100000).
 	BatchSize int
 	// PollInterval is the time between rounds of Run, and how often a standby instance tries to
-	// take over. Default 1 minute.
+	// take over. Default DefaultPollInterval (1 minute).
 	PollInterval time.Duration
 	// PartitionsAhead is how many days of processed_messages_daily partitions the janitor
 	// creates ahead of today, so that claims never wait for a partition to be created. It
-	// applies only once that table is in use (has at least one partition). Default 3;
-	// negative: create none (expired partitions are still dropped).
+	// applies only once that table is in use (has at least one partition). Default
+	// DefaultPartitionsAhead (3); negative: create none (expired partitions are still dropped).
 	PartitionsAhead int
 }
 
 func (c *Config) setDefaults() {
-	if c.Schema == "" {
-		c.Schema = pgtx.DefaultSchema
-	}
-	if c.Default.Keep == 0 {
-		c.Default.Keep = DefaultKeep
-	}
+	c.Schema = cmp.Or(c.Schema, pgtx.DefaultSchema)
+	c.Default.Keep = cmp.Or(c.Default.Keep, DefaultKeep)
 	if len(c.Consumers) > 0 {
 		consumers := make(map[string]Policy, len(c.Consumers))
 		for name, p := range c.Consumers {
-			if p.Keep == 0 {
-				p.Keep = c.Default.Keep
-			}
+			p.Keep = cmp.Or(p.Keep, c.Default.Keep)
 			consumers[name] = p
 		}
 		c.Consumers = consumers
 	}
-	if c.InboxKeep == 0 {
-		c.InboxKeep = DefaultInboxKeep
-	}
-	if c.OutboxKeep == 0 {
-		c.OutboxKeep = DefaultOutboxKeep
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if c.PollInterval == 0 {
-		c.PollInterval = DefaultPollInterval
-	}
-	if c.PartitionsAhead == 0 {
-		c.PartitionsAhead = DefaultPartitionsAhead
-	}
+	c.InboxKeep = cmp.Or(c.InboxKeep, DefaultInboxKeep)
+	c.OutboxKeep = cmp.Or(c.OutboxKeep, DefaultOutboxKeep)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
+	c.PartitionsAhead = cmp.Or(c.PartitionsAhead, DefaultPartitionsAhead)
 }
 
 // Validate reports what to fix in a configuration. Zero values that have defaults are

@@ -13,6 +13,7 @@ import (
 	"github.com/wmonce/watermill-once/effects/intent"
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/setup"
+	"github.com/wmonce/watermill-once/internal/testsignal"
 	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/middleware/httpidem"
 	"github.com/wmonce/watermill-once/middleware/once"
@@ -93,8 +94,17 @@ type Janitor struct {
 	claims, dailyDropped, inboxRows, outboxRows, httpKeys, rejected, intents, rounds, failedRounds atomic.Uint64
 	lastRound                                                                                      atomic.Int64
 
-	life   worker.Runner
-	leader *worker.Leader
+	life        worker.Runner
+	leader      *worker.Leader
+	testSignals janitorTestSignals
+}
+
+// janitorTestSignals are the events this package's tests wait on instead of polling (see
+// internal/testsignal): inert unless a test initialised them through export_test.go.
+type janitorTestSignals struct {
+	Leading       testsignal.Signal[struct{}] // Run took the leadership lock; its first round follows
+	LeadFailed    testsignal.Signal[error]    // an error ended the lead (or kept Run from taking it); Counters.IsLeader is false again
+	RoundFinished testsignal.Signal[Report]   // a round (of Run or RunOnce) finished, with what it deleted
 }
 
 // NewJanitor validates config and returns a janitor. It does not touch the database. For every
@@ -123,6 +133,7 @@ func NewJanitor(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Jan
 		Backoff: worker.Backoff{Base: config.PollInterval, Max: config.PollInterval},
 		OnError: func(err error, wait time.Duration) {
 			logger.Error("Janitor lost or could not take leadership, retrying", err, watermill.LogFields{"retry_in": wait})
+			j.testSignals.LeadFailed.Signal(err)
 		},
 	}
 	for _, w := range j.warnings {
@@ -174,6 +185,7 @@ func (j *Janitor) Run(ctx context.Context) error {
 
 // lead runs rounds while this instance holds the leadership lock on conn (see worker.Leader).
 func (j *Janitor) lead(ctx context.Context, conn *sql.Conn) error {
+	j.testSignals.Leading.Signal(struct{}{})
 	for {
 		// The lock lives as long as this session: a query that succeeds on it proves it is
 		// still ours. If the connection broke, the server released the lock and another
@@ -262,6 +274,7 @@ func (j *Janitor) finishRound(start time.Time, rep *Report, err error) {
 			"duration": rep.Duration,
 		})
 	}
+	j.testSignals.RoundFinished.Signal(*rep)
 }
 
 // hint adds what to do to the errors an operator will meet first.

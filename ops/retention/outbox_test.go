@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/ops/retention"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -30,22 +29,19 @@ func publishOutbox(t *testing.T, db *sql.DB, schema string, n int) {
 	}
 }
 
-// relayed runs a relay named name one row at a time until it has forwarded want more rows. Rows
-// become readable only once older transactions on the server end, so it polls.
+// relayed runs a relay named name one row at a time until it has forwarded want rows. The rows
+// were committed before, so every call forwards one until they are all out.
 func relayed(t *testing.T, db *sql.DB, schema, name string, want int) *outbox.Relay {
 	t.Helper()
 	pub := gochannel.NewGoChannel(gochannel.Config{}, logger())
 	t.Cleanup(func() { _ = pub.Close() })
 	r, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Schema: schema, Name: name, BatchSize: 1}, logger())
 	require.NoError(t, err)
-	testwait.Until(t, fmt.Sprintf("relay %s to forward %d rows", name, want), func() bool {
-		if int(r.Counters().Forwarded) >= want {
-			return true
-		}
-		_, err := r.RelayOnce(context.Background())
+	for int(r.Counters().Forwarded) < want {
+		n, err := r.RelayOnce(context.Background())
 		require.NoError(t, err)
-		return int(r.Counters().Forwarded) >= want
-	})
+		require.NotZero(t, n, "relay %s found nothing more after forwarding %d of %d rows", name, r.Counters().Forwarded, want)
+	}
 	return r
 }
 

@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/internal/testwait"
+	"github.com/wmonce/watermill-once/internal/testsignal"
 	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/ops/retention"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -20,17 +20,20 @@ func TestOneJanitorLeadsAndAnotherTakesOver(t *testing.T) {
 	schema := pgtest.Schema(t, db)
 	cfg := retention.Config{Schema: schema, PollInterval: 20 * time.Millisecond}
 	a, b := newJanitor(t, db, cfg), newJanitor(t, db, cfg)
+	sa, sb := initSignals(a), initSignals(b)
 	done := make(chan error, 2)
 	for _, j := range []*retention.Janitor{a, b} {
 		go func() { done <- j.Run(context.Background()) }()
 	}
 	t.Cleanup(func() { _ = a.Close(); _ = b.Close() })
 
-	// Wait for several rounds of whichever leads.
-	testwait.Until(t, "five janitor rounds", func() bool { return a.Counters().Rounds+b.Counters().Rounds >= 5 })
-	leader, standby := a, b
-	if b.Counters().IsLeader {
-		leader, standby = b, a
+	// Several rounds of whichever leads.
+	leader, standby, ls, ss := a, b, sa, sb
+	if firstLeading(t, sa, sb) == sb {
+		leader, standby, ls, ss = b, a, sb, sa
+	}
+	for range 5 {
+		ls.RoundFinished.WaitOrTimeout()
 	}
 	require.True(t, leader.Counters().IsLeader)
 	require.False(t, standby.Counters().IsLeader)
@@ -38,18 +41,53 @@ func TestOneJanitorLeadsAndAnotherTakesOver(t *testing.T) {
 
 	// Rows expired meanwhile are deleted by the leader's next rounds.
 	insertClaims(t, db, schema, "c", 10, 30*day)
-	testwait.Until(t, "the claims to be pruned", func() bool { return countClaims(t, db, schema, "c") == 0 })
+	waitDeletedClaims(t, ls, 10)
+	require.Zero(t, countClaims(t, db, schema, "c"))
 
 	// The leader stops; the standby takes over within a PollInterval or so.
 	require.NoError(t, leader.Close())
 	require.NoError(t, <-done)
 	require.False(t, leader.Counters().IsLeader)
-	testwait.Until(t, "the standby to lead and run a round", func() bool { return standby.Counters().IsLeader && standby.Counters().Rounds > 0 })
+	ss.Leading.WaitOrTimeout()
+	ss.RoundFinished.WaitOrTimeout()
+	require.True(t, standby.Counters().IsLeader)
 	insertClaims(t, db, schema, "c", 10, 30*day)
-	testwait.Until(t, "the claims to be pruned again", func() bool { return countClaims(t, db, schema, "c") == 0 })
+	waitDeletedClaims(t, ss, 10)
+	require.Zero(t, countClaims(t, db, schema, "c"))
 	require.NoError(t, standby.Close())
 	require.NoError(t, <-done)
 	require.NoError(t, standby.Close(), "Close is idempotent")
+}
+
+// initSignals initialises every test signal of j, before it runs.
+func initSignals(j *retention.Janitor) *retention.JanitorTestSignals {
+	s := j.TestSignals()
+	s.Leading.Init()
+	s.LeadFailed.Init()
+	s.RoundFinished.Init()
+	return s
+}
+
+// firstLeading returns the signals of whichever of two janitors takes the lead next.
+func firstLeading(t *testing.T, a, b *retention.JanitorTestSignals) *retention.JanitorTestSignals {
+	t.Helper()
+	select {
+	case <-a.Leading.C():
+		return a
+	case <-b.Leading.C():
+		return b
+	case <-time.After(testsignal.Timeout):
+		t.Fatalf("no janitor took the lead within %s", testsignal.Timeout)
+		return nil
+	}
+}
+
+// waitDeletedClaims waits for the rounds of s that delete n claims in all.
+func waitDeletedClaims(t *testing.T, s *retention.JanitorTestSignals, n int64) {
+	t.Helper()
+	for deleted := int64(0); deleted < n; {
+		deleted += s.RoundFinished.WaitOrTimeout().Claims
+	}
 }
 
 func TestLeaderWhoseConnectionDiesStepsDown(t *testing.T) {
@@ -67,20 +105,25 @@ AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 1`, cla
 
 	cfg := retention.Config{Schema: schema, PollInterval: 20 * time.Millisecond}
 	a, b := newJanitor(t, db, cfg), newJanitor(t, db, cfg)
+	sa, sb := initSignals(a), initSignals(b)
 	done := make(chan error, 2)
 	for _, j := range []*retention.Janitor{a, b} {
 		go func() { done <- j.Run(context.Background()) }()
 	}
-	testwait.Until(t, "one janitor to hold the lock and lead", func() bool { return holder() != 0 && (a.Counters().IsLeader || b.Counters().IsLeader) })
+	leading := firstLeading(t, sa, sb)
 	first := holder()
+	require.NotZero(t, first, "the leader holds the lock")
 	pgtest.Exec(t, db, `SELECT pg_terminate_backend($1)`, first)
 
-	// The server released the lock with the session; some instance leads again on a new
-	// session, and the flags agree with the lock: exactly one leader.
-	testwait.Until(t, "the other janitor to take over", func() bool {
-		pid := holder()
-		return pid != 0 && pid != first && a.Counters().IsLeader != b.Counters().IsLeader
-	})
+	// The leader learns it at its next use of the connection and steps down. The server
+	// released the lock with the session; some instance leads again on a new session, and the
+	// flags agree with the lock: exactly one leader.
+	require.ErrorContains(t, leading.LeadFailed.WaitOrTimeout(), "leadership connection lost")
+	firstLeading(t, sa, sb)
+	pid := holder()
+	require.NotZero(t, pid)
+	require.NotEqual(t, first, pid)
+	require.NotEqual(t, a.Counters().IsLeader, b.Counters().IsLeader)
 	require.NoError(t, a.Close())
 	require.NoError(t, b.Close())
 	require.NoError(t, <-done)
@@ -93,12 +136,13 @@ func TestRunOnceWorksBesideARunningLeader(t *testing.T) {
 	schema := pgtest.Schema(t, db)
 	// The service janitor rounds rarely; the operator's RunOnce (wmonce purge --now) does not wait for it.
 	service := newJanitor(t, db, retention.Config{Schema: schema, PollInterval: time.Hour})
+	sig := initSignals(service)
 	done := make(chan error, 1)
 	go func() { done <- service.Run(context.Background()) }()
 	// Its first round runs as it starts leading; the next is an hour away.
-	testwait.Until(t, "the service to lead and finish its first round", func() bool {
-		return service.Counters().IsLeader && service.Counters().Rounds >= 1
-	})
+	sig.Leading.WaitOrTimeout()
+	sig.RoundFinished.WaitOrTimeout()
+	require.True(t, service.Counters().IsLeader)
 
 	insertClaims(t, db, schema, "c", 20, 30*day)
 	rep, err := newJanitor(t, db, retention.Config{Schema: schema}).RunOnce(context.Background())
@@ -160,18 +204,20 @@ func TestJanitorRunAgainAfterItReturnedAndCloseIsFinal(t *testing.T) {
 	schema := pgtest.Schema(t, db)
 	j := newJanitor(t, db, retention.Config{Schema: schema, PollInterval: 20 * time.Millisecond})
 
+	sig := initSignals(j)
 	ctx, cancel := context.WithCancel(context.Background())
 	first := make(chan error, 1)
 	go func() { first <- j.Run(ctx) }()
-	testwait.Until(t, "a janitor round", func() bool { return j.Counters().Rounds > 0 })
+	sig.RoundFinished.WaitOrTimeout()
 	require.ErrorContains(t, j.Run(context.Background()), "already running")
 	cancel()
 	require.NoError(t, <-first)
 
+	// Rounds of the first Run may still be unread: wait for one the counters say is new.
 	rounds := j.Counters().Rounds
 	second := make(chan error, 1)
 	go func() { second <- j.Run(context.Background()) }()
-	testwait.Until(t, "a round of the second Run", func() bool { return j.Counters().Rounds > rounds })
+	sig.RoundFinished.WaitFor(func(retention.Report) bool { return j.Counters().Rounds > rounds })
 	require.NoError(t, j.Close())
 	require.NoError(t, <-second, "Close stopped the second Run and waited for it")
 	require.False(t, j.Counters().IsLeader, "the lock is given up")
