@@ -617,13 +617,12 @@ func (r *Relay) listen(ctx context.Context) (wake <-chan struct{}, stop func()) 
 		defer close(done)
 		defer r.listening.Store(false)
 		err := pgnotify.Listener{
-			DB:      r.db,
-			Channel: r.channel,
+			DB:       r.db,
+			Channels: map[string]func(string){r.channel: func(string) { signal() }},
 			OnListen: func() {
 				r.listening.Store(true)
 				signal() // rows may have committed while nobody listened
 			},
-			OnNotify: func(string) { signal() },
 			OnLost: func(err error, backoff time.Duration) {
 				r.listening.Store(false)
 				r.failures.Add(1)
