@@ -107,14 +107,13 @@ func (p *Processor) listen(ctx context.Context) {
 		return
 	}
 	err := pgnotify.Listener{
-		DB:       p.db,
-		Channel:  p.q.channel,
-		OnListen: p.wakeAll, // rows may have arrived while nobody listened
-		OnNotify: func(payload string) {
+		DB: p.db,
+		Channels: map[string]func(string){p.q.channel: func(payload string) {
 			if payload == p.config.Consumer {
 				p.wakeAll()
 			}
-		},
+		}},
+		OnListen: p.wakeAll, // rows may have arrived while nobody listened
 		OnLost: func(err error, backoff time.Duration) {
 			p.errs.Add(1)
 			p.logger.Error("LISTEN connection lost; polling until it is back", err, watermill.LogFields{"backoff": backoff})

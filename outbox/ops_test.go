@@ -110,13 +110,16 @@ func TestForgetRelayRefusesARunningRelay(t *testing.T) {
 	ctx := context.Background()
 	r, err := outbox.NewRelay(db, &sink{}, outbox.RelayConfig{Schema: schema, Name: "live", PollInterval: 10 * time.Millisecond}, nil)
 	require.NoError(t, err)
+	sig := outbox.RelaySignals(r)
+	sig.Leading.Init()
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	// Leading comes first (the lock), then the relay registers its position: wait for both.
+	// Leading comes first (the lock), then the relay registers its position: the signal
+	// comes after both.
+	sig.Leading.WaitOrTimeout()
 	offsets := `SELECT count(*) FROM ` + pgtx.QualifiedName(schema, "outbox_offsets")
-	testwait.Until(t, "the relay to lead and register its position", func() bool {
-		return r.Counters().IsLeader && pgtest.Count(t, db, offsets) == 1
-	})
+	require.True(t, r.Counters().IsLeader)
+	require.Equal(t, 1, pgtest.Count(t, db, offsets))
 
 	found, err := outbox.ForgetRelay(ctx, db, schema, "live")
 	require.ErrorIs(t, err, outbox.ErrRelayActive)
@@ -130,7 +133,8 @@ func TestForgetRelayRefusesARunningRelay(t *testing.T) {
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)
 	// A relay stopped while its connection was busy leaves the session (and lock) to end on
-	// the server a moment later.
+	// the server a moment later: an effect in another process (the server's backend), which
+	// no signal of the relay can announce, so this one wait polls.
 	testwait.Until(t, "ForgetRelay to succeed once the relay's session ended", func() bool {
 		found, err = outbox.ForgetRelay(ctx, db, schema, "live")
 		return err == nil

@@ -20,17 +20,6 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// relayOnce runs one RelayOnce, bounded: before the relay held failing topics, a failing
-// publish was retried until the context ended.
-func relayOnce(t *testing.T, r *outbox.Relay) int {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), testwait.Timeout)
-	defer cancel()
-	n, err := r.RelayOnce(ctx)
-	require.NoError(t, err)
-	return n
-}
-
 func heldRows(t *testing.T, db *sql.DB, schema string) int {
 	t.Helper()
 	return pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "outbox_held"))
@@ -103,7 +92,7 @@ func TestRepublishRemovesMetadataAndLeavesUndecodableRows(t *testing.T) {
 		return w.PublishTx(ctx, tx, "a", m)
 	})
 	require.NoError(t, err)
-	pgtest.Exec(t, db, `INSERT INTO `+pgtx.QualifiedName(schema, "outbox")+` (uuid, payload, metadata, transaction_id) VALUES ('foreign', '{"not":"an envelope"}', '{}', pg_current_xact_id())`)
+	insertUndecodable(t, db, schema, "foreign")
 	var got []*message.Message
 	s := &sink{failOn: func(_ string, msgs []*message.Message) error {
 		for _, m := range msgs {
@@ -212,14 +201,16 @@ func TestRunningRelayRetriesAHeldTopicAndReleasesIt(t *testing.T) {
 	}}
 	r, err := outbox.NewRelay(db, s, outbox.RelayConfig{Schema: schema, PollInterval: time.Hour, Backoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond}, nil)
 	require.NoError(t, err)
-	startRelay(t, r)
+	sig := startRelay(t, r)
 	publishTx(t, db, w, "missing", "m-1")
 	publishTx(t, db, w, "orders", "o-1")
 	require.Equal(t, "orders/o-1", testwait.Receive(t, published, "the other topic's row"))
+	require.Equal(t, "missing", sig.TopicHeld.WaitOrTimeout())
 	require.Equal(t, 1, r.Counters().HeldTopics)
 	down.Store(false)
 	require.Equal(t, "missing/m-1", testwait.Receive(t, published, "the held row, once the topic accepts it (PollInterval is an hour: only the held topic's backoff wakes the relay)"))
-	testwait.Until(t, "the topic to be released", func() bool { return r.Counters().HeldTopics == 0 })
+	require.Equal(t, "missing", sig.TopicReleased.WaitOrTimeout())
+	require.Zero(t, r.Counters().HeldTopics)
 }
 
 // Whatever RelayConfig.IsPermanent says, a connection error is never a refusal for good: the
