@@ -1,6 +1,7 @@
 package once
 
 import (
+	"cmp"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -16,7 +17,8 @@ import (
 
 // Config configures the effectively-once middleware.
 type Config struct {
-	// Schema holds processed_messages and the outbox (see package migrate). Default "wmonce".
+	// Schema holds processed_messages and the outbox (see package migrate). Default
+	// pgtx.DefaultSchema ("wmonce").
 	Schema string
 
 	// Consumer scopes dedupe keys: two consumers sharing the table never see each other's keys.
@@ -29,7 +31,8 @@ type Config struct {
 
 	// Key returns each message's dedupe key. Default KeyFromUUID.
 	Key wmonce.KeyFunc
-	// MaxKeyLength refuses longer keys (in bytes) as invalid. Default 255, at most 1024.
+	// MaxKeyLength refuses longer keys (in bytes) as invalid. Default wmonce.DefaultMaxKeyLength
+	// (255), at most wmonce.MaxKeyLengthLimit (1024).
 	MaxKeyLength int
 
 	// RejectFingerprintMismatch turns a duplicate whose payload differs from the applied one
@@ -47,20 +50,19 @@ type Config struct {
 	// (AddConsumerHandler). When both are set, OutputTopic wins.
 	OutputTopic string
 
-	// TxOptions for the transaction the middleware opens. Default REPEATABLE READ. Handlers
-	// run concurrently (Kafka: one per partition; RabbitMQ: AMQPConfig.Workers per
-	// subscription; times the consumer instances of the group), and under READ COMMITTED a
-	// handler that reads a row and writes back a value computed from it (read a counter, add
-	// one, write it) silently loses the updates of handlers that commit in between. Under
-	// REPEATABLE READ such a write fails with a serialization failure instead, and TxRetry
-	// runs the whole transaction again on a fresh snapshot, so every update counts.
-	// REPEATABLE READ does not stop write skew (two handlers each deciding on rows the other
-	// writes): use SERIALIZABLE, or SELECT ... FOR UPDATE, for that. The claim itself needs
-	// no more than READ COMMITTED (under REPEATABLE READ, a copy whose twin commits while it
-	// waits on the key costs one retry): set it for handlers whose writes do not depend on
-	// what they read, to skip the retries on contended rows. Not used for messages handled in
-	// watermill-sql's subscriber transaction, which its PostgreSQL schemas begin at
-	// REPEATABLE READ.
+	// TxOptions for the transaction the middleware opens. Default: isolation DefaultIsolation
+	// (REPEATABLE READ). Handlers run concurrently (Kafka: one per partition; RabbitMQ:
+	// AMQPConfig.Workers per subscription; times the consumer instances of the group), and under
+	// READ COMMITTED a handler that reads a row and writes back a value computed from it (read a
+	// counter, add one, write it) silently loses the updates of handlers that commit in between.
+	// Under REPEATABLE READ such a write fails with a serialization failure instead, and TxRetry
+	// runs the whole transaction again on a fresh snapshot, so every update counts. REPEATABLE READ
+	// does not stop write skew (two handlers each deciding on rows the other writes): use
+	// SERIALIZABLE, or SELECT ... FOR UPDATE, for that. The claim itself needs no more than READ
+	// COMMITTED (under REPEATABLE READ, a copy whose twin commits while it waits on the key costs
+	// one retry): set it for handlers whose writes do not depend on what they read, to skip the
+	// retries on contended rows. Not used for messages handled in watermill-sql's subscriber
+	// transaction, which its PostgreSQL schemas begin at REPEATABLE READ.
 	TxOptions *sql.TxOptions
 	// TxRetry bounds re-running the whole transaction (claim, handler, outbox) after a
 	// serialization failure or deadlock; the handler runs again each time, so effects outside
@@ -109,7 +111,7 @@ type Config struct {
 	// ShutdownGrace is how long a handler already running may go on after the router closes
 	// (Router.Close cancels every message context at once). Within it the transaction commits
 	// normally; after it the transaction is cancelled and rolled back, and the message is
-	// redelivered later. A negative value aborts at once. Default 5s; keep it below the router's
+	// redelivered later. A negative value aborts at once. Default DefaultShutdownGrace (5s); keep it below the router's
 	// CloseTimeout. A deadline set by an outer Timeout middleware is always honoured at once.
 	//
 	// It has no effect on messages handled in watermill-sql's subscriber transaction (the
@@ -128,25 +130,27 @@ type Config struct {
 	TracerProvider trace.TracerProvider
 }
 
-// DefaultTxRetryAttempts is Config.TxRetry.MaxAttempts when unset. With eight handlers
-// updating one row under REPEATABLE READ, three attempts left about 5% of the messages to the
-// Stack's Retry (BenchmarkIsolationInterleaved); ten left none.
-const DefaultTxRetryAttempts = 10
+// Defaults of Config.
+const (
+	// DefaultIsolation is the isolation level of Config.TxOptions when unset: REPEATABLE READ,
+	// under which a handler's read-modify-write loses no update (see Config.TxOptions).
+	DefaultIsolation = sql.LevelRepeatableRead
+	// DefaultTxRetryAttempts is Config.TxRetry.MaxAttempts when unset. With eight handlers
+	// updating one row under REPEATABLE READ, three attempts left about 5% of the messages to
+	// the Stack's Retry (BenchmarkIsolationInterleaved); ten left none.
+	DefaultTxRetryAttempts = 10
+	// DefaultShutdownGrace is Config.ShutdownGrace when unset.
+	DefaultShutdownGrace = 5 * time.Second
+)
 
 func (c *Config) setDefaults() {
-	if c.Schema == "" {
-		c.Schema = pgtx.DefaultSchema
-	}
+	c.Schema = cmp.Or(c.Schema, pgtx.DefaultSchema)
 	wmonce.SetKeyDefaults(&c.Key, &c.MaxKeyLength)
 	if c.TxOptions == nil {
-		c.TxOptions = &sql.TxOptions{Isolation: sql.LevelRepeatableRead}
+		c.TxOptions = &sql.TxOptions{Isolation: DefaultIsolation}
 	}
-	if c.TxRetry.MaxAttempts == 0 {
-		c.TxRetry.MaxAttempts = DefaultTxRetryAttempts
-	}
-	if c.ShutdownGrace == 0 {
-		c.ShutdownGrace = 5 * time.Second
-	}
+	c.TxRetry.MaxAttempts = cmp.Or(c.TxRetry.MaxAttempts, DefaultTxRetryAttempts)
+	c.ShutdownGrace = cmp.Or(c.ShutdownGrace, DefaultShutdownGrace)
 	if c.GroupCommit.Enabled {
 		c.GroupCommit.setDefaults()
 	}

@@ -1,6 +1,7 @@
 package once
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -46,11 +47,12 @@ import (
 type GroupCommitConfig struct {
 	// Enabled turns group commit on.
 	Enabled bool
-	// TxBatchSize caps the messages of one transaction. Default 100.
+	// TxBatchSize caps the messages of one transaction. Default DefaultGroupCommitTxBatchSize
+	// (100), at most MaxGroupCommitTxBatchSize.
 	TxBatchSize int
 	// Workers is how many transactions (lanes) run at once, each holding one connection; beyond
-	// that, messages are grouped. Default 2: fewer lanes make bigger groups (fewer commits); more
-	// help when handlers are slow.
+	// that, messages are grouped. Default DefaultGroupCommitWorkers (2): fewer lanes make bigger
+	// groups (fewer commits); more help when handlers are slow.
 	Workers int
 	// Linger makes every message wait for company before its group runs, even when a lane is
 	// free. Default 0: a message runs at once when a lane is free, and a group is whatever arrived
@@ -58,21 +60,24 @@ type GroupCommitConfig struct {
 	Linger time.Duration
 }
 
+// Defaults and limits of GroupCommitConfig.
+const (
+	DefaultGroupCommitTxBatchSize = 100
+	DefaultGroupCommitWorkers     = 2
+	MaxGroupCommitTxBatchSize     = 10000
+)
+
 func (c *GroupCommitConfig) setDefaults() {
-	if c.TxBatchSize == 0 {
-		c.TxBatchSize = 100
-	}
-	if c.Workers == 0 {
-		c.Workers = 2
-	}
+	c.TxBatchSize = cmp.Or(c.TxBatchSize, DefaultGroupCommitTxBatchSize)
+	c.Workers = cmp.Or(c.Workers, DefaultGroupCommitWorkers)
 }
 
 func (c GroupCommitConfig) validate() error {
 	if !c.Enabled {
 		return nil
 	}
-	if c.TxBatchSize < 1 || c.TxBatchSize > 10000 {
-		return fmt.Errorf("GroupCommit.TxBatchSize must be between 1 and 10000, got %d", c.TxBatchSize)
+	if c.TxBatchSize < 1 || c.TxBatchSize > MaxGroupCommitTxBatchSize {
+		return fmt.Errorf("GroupCommit.TxBatchSize must be between 1 and %d, got %d", MaxGroupCommitTxBatchSize, c.TxBatchSize)
 	}
 	if c.Workers < 1 {
 		return fmt.Errorf("GroupCommit.Workers must be at least 1, got %d", c.Workers)
