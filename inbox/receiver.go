@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -14,8 +13,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/groupcommit"
 	"github.com/wmonce/watermill-once/internal/setup"
-	iworker "github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -80,9 +79,11 @@ type ReceiverConfig struct {
 
 	// BatchSize bounds the rows written by one statement. Default 500.
 	BatchSize int
-	// Linger is how long a writer waits for more rows after the queue ran dry. Default 0: a
-	// batch is written as soon as the writer finds no more waiting rows, so a lone message is
-	// never delayed, and under load batches grow by themselves while the previous one commits.
+	// Linger makes every row wait for company: a writer that starts waits this long before it
+	// takes its first batch (Close ends the wait). Default 0: a Handle that finds a writer free
+	// and nobody waiting writes its row at once, itself, so a lone message is never delayed; the
+	// rows that find every writer busy are written together by the next writer to free up, so
+	// under load batches grow by themselves while the previous one commits.
 	Linger time.Duration
 	// Workers is the number of batches written at once. Default 2.
 	Workers int
@@ -209,13 +210,10 @@ type Receiver struct {
 	logger watermill.LoggerAdapter
 	q      queries
 
-	mu     sync.RWMutex
-	closed bool
-	queue  chan *request
-	life   iworker.Runner
+	// writers group-commit the rows of concurrent Handle calls (internal/groupcommit).
+	writers *groupcommit.Queue[row]
 
 	stored, duplicates, refused, tooOld, batches, batchFailures atomic.Uint64
-	waiting                                                     atomic.Int64
 }
 
 // row is one message ready to insert.
@@ -226,13 +224,8 @@ type row struct {
 	tooOld                        string // the age guard's reason: stored FAILED unless the key exists
 }
 
-type request struct {
-	row  row
-	done chan error
-}
-
-// NewReceiver validates config and starts the receiver's writers. Call Close when done. The
-// inbox table must exist (run the migrations).
+// NewReceiver validates config and prepares the receiver. Call Close when done. The inbox table
+// must exist (run the migrations).
 func NewReceiver(db *sql.DB, config ReceiverConfig, logger watermill.LoggerAdapter) (*Receiver, error) {
 	logger, err := setup.Component(db, "inbox: db is nil: open one with pgtx.Open", &config, (*ReceiverConfig).setDefaults, "inbox: invalid receiver config", logger)
 	if err != nil {
@@ -243,26 +236,17 @@ func NewReceiver(db *sql.DB, config ReceiverConfig, logger watermill.LoggerAdapt
 		config: config,
 		logger: logger.With(watermill.LogFields{"consumer": config.Consumer}),
 		q:      newQueries(config.Schema),
-		queue:  make(chan *request, config.BatchSize*config.Workers),
 	}
-	if err := r.life.Start(context.Background(), r.run); err != nil {
-		return nil, fmt.Errorf("inbox: %w", err) // never: the runner is new
-	}
+	// Close writes the rows already queued (Drain): every Handle the receiver took gets the
+	// outcome of its row.
+	r.writers = groupcommit.New(groupcommit.Config{
+		Lanes:    config.Workers,
+		MaxGroup: config.BatchSize,
+		Linger:   config.Linger,
+		Drain:    true,
+		Closed:   ErrReceiverClosed,
+	}, r.writeBatch)
 	return r, nil
-}
-
-// run is the receiver's worker: its writers run until Close, then write what is queued.
-func (r *Receiver) run(ctx context.Context) {
-	var writers sync.WaitGroup
-	for range r.config.Workers {
-		writers.Go(r.write)
-	}
-	<-ctx.Done()
-	r.mu.Lock()
-	r.closed = true
-	close(r.queue)
-	r.mu.Unlock()
-	writers.Wait()
 }
 
 // Handle stores msg and returns once the row is committed (see Receiver). Its signature is
@@ -272,19 +256,14 @@ func (r *Receiver) Handle(msg *message.Message) error {
 	if err != nil {
 		return err
 	}
-	req := &request{row: rw, done: make(chan error, 1)}
-	r.mu.RLock()
-	if r.closed {
-		r.mu.RUnlock()
-		return ErrReceiverClosed
+	// A writer free and nobody waiting: the row is written at once, in this goroutine.
+	if r.writers.Alone() {
+		defer r.writers.Release()
+		return r.writeAlone(rw)
 	}
-	r.queue <- req
-	r.waiting.Add(1) // after the send: a non-zero count means the request is with the writers
-	defer r.waiting.Add(-1)
-	r.mu.RUnlock()
-	// No select on the message context: the batch may already be on its way to the database,
+	// No give-up on the message context: the batch may already be on its way to the database,
 	// and its outcome, bounded by WriteTimeout, is the only honest answer to give the router.
-	return <-req.done
+	return r.writers.Wait(context.Background(), rw)
 }
 
 // HandlerFunc adapts Handle to message.HandlerFunc for router.AddHandler; it never returns
@@ -334,13 +313,16 @@ func (r *Receiver) Counters() ReceiverCounters {
 		TooOld:        r.tooOld.Load(),
 		Batches:       r.batches.Load(),
 		BatchFailures: r.batchFailures.Load(),
-		Waiting:       r.waiting.Load(),
+		Waiting:       int64(r.writers.Waiting()),
 	}
 }
 
 // Close stops accepting messages, writes those already queued and returns when every waiting
 // Handle has its answer. It is idempotent.
-func (r *Receiver) Close() error { return r.life.Close() }
+func (r *Receiver) Close() error {
+	r.writers.Close()
+	return nil
+}
 
 // prepare extracts and checks everything the row needs, so that a batch never fails because
 // of one bad message.
@@ -437,83 +419,57 @@ func encodeMetadata(md message.Metadata) (string, error) {
 	return string(b), err
 }
 
-// write is one writer goroutine: it takes the first waiting request, adds whatever else is
-// already waiting (up to BatchSize, plus Linger), writes the batch and answers every request.
-func (r *Receiver) write() {
-	batch := make([]*request, 0, r.config.BatchSize)
-	rows := make([]row, 0, r.config.BatchSize)
-	for first := range r.queue {
-		batch = r.fill(append(batch[:0], first))
-		rows = rows[:0]
-		for _, req := range batch {
-			rows = append(rows, req.row)
-		}
-		r.writeBatch(batch, rows)
-		clear(batch) // let answered requests be collected
-	}
-}
-
-func (r *Receiver) fill(batch []*request) []*request {
-	var linger <-chan time.Time
-	if r.config.Linger > 0 {
-		t := time.NewTimer(r.config.Linger)
-		defer t.Stop()
-		linger = t.C
-	}
-	for len(batch) < r.config.BatchSize {
-		select {
-		case req, ok := <-r.queue:
-			if !ok {
-				return batch
-			}
-			batch = append(batch, req)
-			continue
-		default:
-		}
-		if linger == nil {
-			return batch
-		}
-		select {
-		case req, ok := <-r.queue:
-			if !ok {
-				return batch
-			}
-			batch = append(batch, req)
-		case <-linger:
-			return batch
-		}
-	}
-	return batch
-}
-
-func (r *Receiver) writeBatch(batch []*request, rows []row) {
+// writeAlone writes the row of a Handle that found a writer free and nobody waiting, in its
+// own goroutine: a lone message is written at once, as a batch of one.
+func (r *Receiver) writeAlone(rw row) error {
 	ctx, cancel := context.WithTimeout(context.Background(), r.config.WriteTimeout)
 	defer cancel()
-	n, parked, err := r.insertRetrying(ctx, rows)
+	if err := r.writeRows(ctx, []row{rw}); err != nil {
+		r.logger.Error("Inbox batch failed; its messages are nacked", err, watermill.LogFields{"messages": 1})
+		return err
+	}
+	return nil
+}
+
+// writeBatch writes the rows of every Handle that waited for a writer (up to BatchSize, after
+// Linger) in one statement, and answers each.
+func (r *Receiver) writeBatch(batch []*groupcommit.Member[row]) {
+	rows := make([]row, len(batch))
+	for i, m := range batch {
+		rows[i] = m.Item
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.config.WriteTimeout)
+	defer cancel()
+	err := r.writeRows(ctx, rows)
 	if err == nil {
-		r.count(rows, n, parked)
-		for _, req := range batch {
-			req.done <- nil
+		for _, m := range batch {
+			m.Answer(nil)
 		}
 		return
 	}
 	if len(batch) == 1 || pgtx.IsConnectionError(err) || ctx.Err() != nil {
 		r.logger.Error("Inbox batch failed; its messages are nacked", err, watermill.LogFields{"messages": len(batch)})
-		for _, req := range batch {
-			req.done <- err
+		for _, m := range batch {
+			m.Answer(err)
 		}
 		return
 	}
 	// All input was checked in prepare, but a row may still trip something we did not foresee:
 	// write each on its own so that one row cannot fail its neighbours.
 	r.logger.Error("Inbox batch failed; writing its rows one by one", err, watermill.LogFields{"messages": len(batch)})
-	for _, req := range batch {
-		n, parked, err := r.insertRetrying(ctx, []row{req.row})
-		if err == nil {
-			r.count([]row{req.row}, n, parked)
-		}
-		req.done <- err
+	for _, m := range batch {
+		m.Answer(r.writeRows(ctx, []row{m.Item}))
 	}
+}
+
+// writeRows writes rows in one statement (insertRetrying) and counts the outcome.
+func (r *Receiver) writeRows(ctx context.Context, rows []row) error {
+	n, parked, err := r.insertRetrying(ctx, rows)
+	if err != nil {
+		return err
+	}
+	r.count(rows, n, parked)
+	return nil
 }
 
 // count records the outcome of one committed statement: n new rows, parked of them parked by

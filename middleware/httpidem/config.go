@@ -1,6 +1,7 @@
 package httpidem
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
@@ -17,8 +18,24 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// DefaultHeader is the request header that carries the key.
-const DefaultHeader = "Idempotency-Key"
+// Defaults of Config.
+const (
+	// DefaultHeader is the request header that carries the key.
+	DefaultHeader = "Idempotency-Key"
+	// DefaultScopeHeader is the header whose value scopes keys by default
+	// (ScopeFromHeader(DefaultScopeHeader)).
+	DefaultScopeHeader = "Authorization"
+	// DefaultRetention is how long a stored response answers retries by default: Stripe's 24 hours.
+	DefaultRetention = 24 * time.Hour
+	// DefaultMaxRequestBytes bounds the request body read for the fingerprint by default (1 MiB).
+	DefaultMaxRequestBytes = 1 << 20
+	// DefaultMaxResponseBytes bounds the buffered and stored response body by default (1 MiB).
+	DefaultMaxResponseBytes = 1 << 20
+	// DefaultIsolation is the isolation level of the request's transaction by default.
+	DefaultIsolation = sql.LevelReadCommitted
+	// DefaultRetryAfter is advertised with 409 responses by default.
+	DefaultRetryAfter = time.Second
+)
 
 // ReplayedHeader is set to "true" on every replayed response.
 const ReplayedHeader = "Idempotent-Replayed"
@@ -56,7 +73,8 @@ func SharedScope() ScopeFunc {
 
 // Config configures the middleware.
 type Config struct {
-	// Schema holds the http_idempotency_keys table (see package migrate). Default "wmonce".
+	// Schema holds the http_idempotency_keys table (see package migrate). Default
+	// pgtx.DefaultSchema ("wmonce").
 	Schema string
 	// Header carries the key. Default DefaultHeader ("Idempotency-Key").
 	Header string
@@ -66,26 +84,29 @@ type Config struct {
 	// AllowMissingKey lets requests without a key run (in a transaction, with the response held
 	// back until the commit) without being stored. By default a missing key is a 400.
 	AllowMissingKey bool
-	// Scope returns the client scope of a request. Default ScopeFromHeader("Authorization").
+	// Scope returns the client scope of a request. Default ScopeFromHeader(DefaultScopeHeader).
 	Scope ScopeFunc
-	// Retention is how long a stored response answers retries. Default 24 hours. Keep it
-	// longer than any client retries: a retry after it runs the request again.
+	// Retention is how long a stored response answers retries. Default DefaultRetention (24h). Keep
+	// it longer than any client retries: a retry after it runs the request again.
 	Retention time.Duration
 	// StoreServerErrors stores 5xx responses and replays them. Default false: a 5xx rolls the
 	// transaction back and leaves the key free for a retry.
 	StoreServerErrors bool
-	// MaxKeyLength refuses longer keys with 400. Default 255 (Stripe's limit), at most 1024.
+	// MaxKeyLength refuses longer keys with 400. Default wmonce.DefaultMaxKeyLength (255, Stripe's
+	// limit), at most wmonce.MaxKeyLengthLimit (1024).
 	MaxKeyLength int
-	// MaxRequestBytes bounds the request body read for the fingerprint. Default 1 MiB.
+	// MaxRequestBytes bounds the request body read for the fingerprint. Default
+	// DefaultMaxRequestBytes (1 MiB).
 	MaxRequestBytes int64
-	// MaxResponseBytes bounds the buffered and stored response body. Default 1 MiB.
+	// MaxResponseBytes bounds the buffered and stored response body. Default
+	// DefaultMaxResponseBytes (1 MiB).
 	MaxResponseBytes int64
 	// FingerprintHeaders are request headers that belong to the request's identity besides the
 	// method, path, query and body (e.g. "Content-Type", "Stripe-Account"). Default none.
 	FingerprintHeaders []string
-	// TxOptions for the request's transaction. Default READ COMMITTED.
+	// TxOptions for the request's transaction. Default: isolation DefaultIsolation (READ COMMITTED).
 	TxOptions *sql.TxOptions
-	// RetryAfter is advertised with 409 responses. Default 1 second.
+	// RetryAfter is advertised with 409 responses. Default DefaultRetryAfter (1s).
 	RetryAfter time.Duration
 	// TracerProvider traces every request the middleware handles: an "httpidem request" span
 	// with the key, the status and whether the response was replayed; the handler and the
@@ -95,36 +116,22 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
-	if c.Schema == "" {
-		c.Schema = pgtx.DefaultSchema
-	}
-	if c.Header == "" {
-		c.Header = DefaultHeader
-	}
+	c.Schema = cmp.Or(c.Schema, pgtx.DefaultSchema)
+	c.Header = cmp.Or(c.Header, DefaultHeader)
 	if c.Methods == nil {
 		c.Methods = []string{http.MethodPost, http.MethodPatch}
 	}
 	if c.Scope == nil {
-		c.Scope = ScopeFromHeader("Authorization")
+		c.Scope = ScopeFromHeader(DefaultScopeHeader)
 	}
-	if c.Retention == 0 {
-		c.Retention = 24 * time.Hour
-	}
-	if c.MaxKeyLength == 0 {
-		c.MaxKeyLength = wmonce.DefaultMaxKeyLength
-	}
-	if c.MaxRequestBytes == 0 {
-		c.MaxRequestBytes = 1 << 20
-	}
-	if c.MaxResponseBytes == 0 {
-		c.MaxResponseBytes = 1 << 20
-	}
+	c.Retention = cmp.Or(c.Retention, DefaultRetention)
+	c.MaxKeyLength = cmp.Or(c.MaxKeyLength, wmonce.DefaultMaxKeyLength)
+	c.MaxRequestBytes = cmp.Or(c.MaxRequestBytes, DefaultMaxRequestBytes)
+	c.MaxResponseBytes = cmp.Or(c.MaxResponseBytes, DefaultMaxResponseBytes)
 	if c.TxOptions == nil {
-		c.TxOptions = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
+		c.TxOptions = &sql.TxOptions{Isolation: DefaultIsolation}
 	}
-	if c.RetryAfter == 0 {
-		c.RetryAfter = time.Second
-	}
+	c.RetryAfter = cmp.Or(c.RetryAfter, DefaultRetryAfter)
 }
 
 // Validate reports what to fix in a configuration.

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/middleware/httpidem"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -202,7 +203,7 @@ func TestConcurrentRequestsWithOneKey(t *testing.T) {
 	}
 	firstDone := make(chan result)
 	go func() { firstDone <- e.post("k-1", `{"amount":2400}`) }()
-	<-entered
+	testwait.Closed(t, entered, "the first request to reach the handler")
 
 	second := e.post("k-1", `{"amount":2400}`)
 	require.Equal(t, http.StatusConflict, second.status)
@@ -210,7 +211,7 @@ func TestConcurrentRequestsWithOneKey(t *testing.T) {
 	require.Equal(t, "2", second.header.Get("Retry-After"))
 	close(release)
 
-	first := <-firstDone
+	first := testwait.Receive(t, firstDone, "the first request's response")
 	require.Equal(t, http.StatusCreated, first.status, "exactly one 2xx")
 	require.Equal(t, int32(1), calls.Load(), "the second request never reached the handler")
 	require.Equal(t, 1, e.payments())

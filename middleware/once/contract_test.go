@@ -63,9 +63,10 @@ func TestContract(t *testing.T) {
 // pathEnv is an env whose deliveries take path p.
 type pathEnv struct {
 	*env
-	path  txPath
-	subDB *sql.DB
-	seq   atomic.Int64
+	path    txPath
+	subDB   *sql.DB
+	offsets *offsetWatch // the subscriber path's offset commits
+	seq     atomic.Int64
 }
 
 func newPathEnv(t *testing.T, p txPath, cfg once.Config, adjust ...func(*once.Config)) *pathEnv {
@@ -78,6 +79,7 @@ func newPathEnv(t *testing.T, p txPath, cfg once.Config, adjust ...func(*once.Co
 	t.Cleanup(func() { _ = e.mw.Close() })
 	if p.subscriberTx {
 		e.subDB = pgtest.OpenDB(t, 40)
+		e.offsets = watchOffsets(t, e.subDB, e.schema)
 	}
 	return e
 }
@@ -165,6 +167,10 @@ func (e *pathEnv) inSubscriberTx(topic string, h message.HandlerFunc, msg *messa
 	if err != nil {
 		return err
 	}
+	acked, err := e.offsets.watch(topic, "suite") // the subscriber has created the offsets table
+	if err != nil {
+		return err
+	}
 	receive := func() (*message.Message, error) {
 		select {
 		case c := <-ch:
@@ -196,7 +202,7 @@ func (e *pathEnv) inSubscriberTx(topic string, h message.HandlerFunc, msg *messa
 		carrier.Ack()
 		// Either the subscriber commits the offset, or its commit fails and it delivers the
 		// carrier again, in a new transaction.
-		next, err := e.committedOrRedelivered(ch, topic)
+		next, err := committedOrRedelivered(ch, acked)
 		if err != nil || next == nil {
 			return err
 		}
@@ -216,28 +222,16 @@ func hasSubscriberTx(v int, ctx context.Context) bool {
 	return ok
 }
 
-// committedOrRedelivered waits until the subscriber has committed topic's offset (nil) or has
-// delivered the carrier again (the redelivery).
-func (e *pathEnv) committedOrRedelivered(ch <-chan *message.Message, topic string) (*message.Message, error) {
-	tick := time.NewTicker(testwait.Interval)
-	defer tick.Stop()
-	deadline := time.After(testwait.Timeout)
-	for {
-		select {
-		case c := <-ch:
-			return c, nil
-		case <-tick.C:
-			var acked int
-			if err := e.subDB.QueryRow(`SELECT count(*) FROM ` + pgtx.QualifiedName(e.schema, "watermill_offsets_"+topic) +
-				` WHERE consumer_group = 'suite' AND offset_acked > 0`).Scan(&acked); err != nil {
-				return nil, err
-			}
-			if acked > 0 {
-				return nil, nil
-			}
-		case <-deadline:
-			return nil, errors.New("the subscriber neither committed nor delivered the carrier again")
-		}
+// committedOrRedelivered waits until the subscriber has committed the carrier's offset (nil) or
+// has delivered the carrier again (the redelivery).
+func committedOrRedelivered(ch <-chan *message.Message, acked <-chan int64) (*message.Message, error) {
+	select {
+	case c := <-ch:
+		return c, nil
+	case <-acked:
+		return nil, nil
+	case <-time.After(testwait.Timeout):
+		return nil, errors.New("the subscriber neither committed nor delivered the carrier again")
 	}
 }
 
@@ -508,15 +502,15 @@ func onceContract(t *testing.T, p txPath) {
 
 		// The relay forwards it with its UUID, metadata and the stamped causation/correlation ids.
 		target := newCapture()
-		relay, err := outbox.NewRelay(e.db, target, outbox.RelayConfig{Schema: e.schema}, nil)
+		relay, err := outbox.NewRelay(e.db, target, outbox.RelayConfig{Schema: e.schema, PollInterval: 10 * time.Millisecond}, nil)
 		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() { _ = relay.Run(ctx) }()
+		t.Cleanup(func() { _ = relay.Close() })
 		// A row becomes readable once every older transaction on the server has ended; parallel
-		// tests keep some open, so relay until it has been forwarded.
-		testwait.Until(t, "the relay to forward the output", func() bool {
-			_, err := relay.RelayOnce(context.Background())
-			require.NoError(t, err)
-			return len(target.all()) > 0
-		})
+		// tests keep some open, and the relay polls until it is.
+		testwait.Receive(t, target.published, "the relay to forward the output")
 		got := target.all()
 		require.Len(t, got, 1)
 		require.Equal(t, "cashback", got[0].topic)

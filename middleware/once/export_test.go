@@ -1,5 +1,9 @@
 package once
 
-// OnGroupQueued makes mw's group committer call f with the number of deliveries waiting each
-// time one joins the queue, so that tests can build a group deterministically.
-func OnGroupQueued(mw *Middleware, f func(waiting int)) { mw.group.onQueued = f }
+// GroupCommitTestSignals initialises the test signals of mw's group committer and returns them:
+// a delivery queued (with the queue's length), a group committed (with its size), a delivery
+// isolated (with its key). Call it before mw handles a message.
+func GroupCommitTestSignals(mw *Middleware) *groupCommitTestSignals {
+	mw.group.testSignals.Init()
+	return &mw.group.testSignals
+}

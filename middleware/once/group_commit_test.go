@@ -76,6 +76,7 @@ func TestGroupCommitAppliesEachOnceUnderConcurrency(t *testing.T) {
 func TestGroupCommitIsolatesAFailingMessage(t *testing.T) {
 	t.Parallel()
 	e := groupEnv(t, once.Config{Consumer: "c", OutputTopic: "out"})
+	signals := once.GroupCommitTestSignals(e.mw)
 	var poisonRuns atomic.Int32
 	h := e.mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		if _, err := e.effect(msg); err != nil {
@@ -108,6 +109,9 @@ func TestGroupCommitIsolatesAFailingMessage(t *testing.T) {
 		}
 	}
 	require.True(t, wmonce.IsPanic(errs[2]))
+	isolated := []string{signals.Isolated.WaitOrTimeout(), signals.Isolated.WaitOrTimeout(), signals.Isolated.WaitOrTimeout()}
+	require.ElementsMatch(t, []string{"bad-error", "bad-sql", "bad-panic"}, isolated, "each failure was isolated from its group")
+	require.Empty(t, signals.Isolated.C(), "and nothing else was")
 	require.Equal(t, 40, e.effects(t), "only the good messages' writes committed")
 	require.Equal(t, 40, e.claims(t), "failed messages left no claim")
 	require.Equal(t, 40, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("outbox")))

@@ -85,8 +85,7 @@ func TestGroupCommitHandlerEndingTheTxTouchesNoNeighbour(t *testing.T) {
 			cfg.GroupCommit = once.GroupCommitConfig{Enabled: true, Workers: 1, TxBatchSize: 50}
 			e := newEnv(t, cfg)
 			t.Cleanup(func() { _ = e.mw.Close() })
-			queued := make(chan int, 10)
-			once.OnGroupQueued(e.mw, func(n int) { queued <- n })
+			signals := once.GroupCommitTestSignals(e.mw)
 
 			release := make(chan struct{})
 			h := e.mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
@@ -119,10 +118,12 @@ func TestGroupCommitHandlerEndingTheTxTouchesNoNeighbour(t *testing.T) {
 			run("busy")
 			for i := 1; i <= 5; i++ {
 				run(fmt.Sprintf("m-%d", i))
-				require.Equal(t, i, <-queued, "m-%d waits in order", i) // the group's order is m-1..m-5
+				require.Equal(t, i, signals.Queued.WaitOrTimeout(), "m-%d waits in order", i) // the group's order is m-1..m-5
 			}
 			close(release)
 			wg.Wait()
+			require.Equal(t, "m-3", signals.Isolated.WaitOrTimeout(), "m-3 alone was answered with its failure")
+			require.Equal(t, 4, signals.Committed.WaitOrTimeout(), "the other four committed as one group")
 
 			for uuid, err := range errs {
 				if uuid == "m-3" {

@@ -12,7 +12,6 @@ import (
 
 	"github.com/wmonce/watermill-once/internal/partition"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -150,14 +149,13 @@ func TestSubscriberTxPartitionByDay(t *testing.T) {
 	pub, sub := sqlPubSub(t, e.db, e.schema, "rewards")
 	topic := "payments"
 	runRouter(t, "rewards", topic, sub, e.effect, e.mw.Middleware)
+	acked := watchOffsets(t, e.db, e.schema).ackedOffsets(t, topic, "rewards")
 	day := time.Date(2026, 11, 20, 23, 59, 0, 0, time.UTC)
 	key := `it's "quoted" \ and ; not SQL`
 	for range 2 {
 		require.NoError(t, pub.Publish(topic, occurred(key, day, `{}`)))
 	}
-	testwait.Until(t, "both offsets acked", func() bool {
-		return pgtest.Count(t, e.db, `SELECT coalesce(max(offset_acked), 0) FROM `+e.table("watermill_offsets_"+topic)) == 2
-	})
+	waitAcked(t, acked, 2)
 	require.Equal(t, 1, e.effects(t))
 	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table(partition.Name(day))+` WHERE message_id = $1`, key))
 	c := e.mw.Counters().Consumer("rewards")

@@ -90,11 +90,10 @@ func TestSQLSubscriberTransactionIsReused(t *testing.T) {
 		return nil, nil
 	}
 	runRouter(t, "rewards", topic, sub, handler, e.mw.Middleware)
+	acked := watchOffsets(t, e.db, e.schema).ackedOffsets(t, topic, "rewards")
 
 	require.NoError(t, pub.Publish(topic, message.NewMessage("e-91", []byte(`{"amount":120000}`))))
-	testwait.Until(t, "offset acked", func() bool {
-		return pgtest.Count(t, e.db, `SELECT coalesce(max(offset_acked), 0) FROM `+e.table("watermill_offsets_"+topic)) == 1
-	})
+	waitAcked(t, acked, 1)
 	require.Equal(t, int32(2), attempts.Load())
 	require.Equal(t, int32(2), reused.Load(), "both attempts ran in the subscriber's transaction")
 	require.Equal(t, 1, e.effects(t), "the failed attempt's write was rolled back to its savepoint")
@@ -103,9 +102,7 @@ func TestSQLSubscriberTransactionIsReused(t *testing.T) {
 
 	// The same event published again (a producer retry) is absorbed.
 	require.NoError(t, pub.Publish(topic, message.NewMessage("e-91", []byte(`{"amount":120000}`))))
-	testwait.Until(t, "second offset acked", func() bool {
-		return pgtest.Count(t, e.db, `SELECT coalesce(max(offset_acked), 0) FROM `+e.table("watermill_offsets_"+topic)) == 2
-	})
+	waitAcked(t, acked, 2)
 	require.Equal(t, 1, e.effects(t))
 	require.Equal(t, uint64(1), e.mw.Counters().Consumer("rewards").Duplicates)
 	require.Zero(t, e.mw.Counters().Consumer("rewards").FingerprintMismatches, "the claim's arguments (quoted by pgx in the simple protocol) stored the payload's fingerprint exactly")
@@ -140,11 +137,10 @@ func TestSubscriberCommitDuringAttemptIsRefused(t *testing.T) {
 		return nil, err
 	}
 	runRouter(t, "rewards", topic, sub, handler, e.mw.Middleware)
+	acked := watchOffsets(t, e.db, e.schema).ackedOffsets(t, topic, "rewards")
 	require.NoError(t, pub.Publish(topic, message.NewMessage("e-1", []byte(`{}`))))
 
-	testwait.Until(t, "offset acked", func() bool {
-		return pgtest.Count(t, e.db, `SELECT coalesce(max(offset_acked), 0) FROM `+e.table("watermill_offsets_"+topic)) == 1
-	})
+	waitAcked(t, acked, 1)
 	require.GreaterOrEqual(t, runs.Load(), int32(2), "the message was redelivered after the deadline")
 	require.Equal(t, 2, e.effects(t), "both parts applied, once: no half attempt was committed")
 	require.Equal(t, 2, pgtest.Count(t, e.db, `SELECT count(DISTINCT key) FROM `+e.table("effects")))
@@ -178,11 +174,10 @@ func TestLostAckRedeliveryIsNoOp(t *testing.T) {
 	runRouter(t, "rewards", topic, sub, func(msg *message.Message) ([]*message.Message, error) {
 		return handler(msg)
 	}, loseFirstAck, e.mw.Middleware)
+	acked := watchOffsets(t, e.db, e.schema).ackedOffsets(t, topic, "rewards")
 
 	require.NoError(t, pub.Publish(topic, message.NewMessage("e-1", []byte(`{}`))))
-	testwait.Until(t, "offset acked", func() bool {
-		return pgtest.Count(t, e.db, `SELECT coalesce(max(offset_acked), 0) FROM `+e.table("watermill_offsets_"+topic)) == 1
-	})
+	waitAcked(t, acked, 1)
 	require.Equal(t, 1, e.effects(t))
 	require.Equal(t, int32(1), deliveries.Load(), "the handler ran once")
 	require.Equal(t, once.Counters{Fresh: 1, Duplicates: 1}, e.mw.Counters().Consumer("rewards"))
@@ -195,17 +190,26 @@ func TestShutdownGraceLetsRunningHandlerCommit(t *testing.T) {
 	e := newEnv(t, once.Config{DisableSubscriberTxReuse: true, ShutdownGrace: 5 * time.Second})
 	pub, sub := sqlPubSub(t, e.db, e.schema, "rewards")
 	topic := "payments"
+	// The context the router gave the message, which Close cancels, seen outside the middleware.
+	routerCtx := make(chan context.Context, 1)
+	outer := func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			routerCtx <- msg.Context()
+			return h(msg)
+		}
+	}
 	started := make(chan struct{})
 	var sawCancel atomic.Bool
 	detached := func(msg *message.Message) ([]*message.Message, error) {
+		ctx := <-routerCtx
 		close(started)
-		time.Sleep(300 * time.Millisecond) // still working when Close cancels the message
+		<-ctx.Done() // still working when Close cancels the message
 		sawCancel.Store(msg.Context().Err() != nil)
 		return e.effect(msg)
 	}
-	r := runRouter(t, "rewards", topic, sub, detached, e.mw.Middleware)
+	r := runRouter(t, "rewards", topic, sub, detached, outer, e.mw.Middleware)
 	require.NoError(t, pub.Publish(topic, message.NewMessage("e-1", []byte(`{}`))))
-	<-started
+	testwait.Closed(t, started, "the handler to start")
 	require.NoError(t, r.Close())
 	require.False(t, sawCancel.Load(), "the handler's context survived Router.Close within the grace")
 	require.Equal(t, 1, e.effects(t))
@@ -232,6 +236,7 @@ func TestRelayDeliversOutputsThroughSQLPubSub(t *testing.T) {
 	go func() { _ = r.Run(context.Background()) }()
 	<-r.Running()
 	t.Cleanup(func() { _ = r.Close() })
+	acked := watchOffsets(t, e.db, e.schema).ackedOffsets(t, "payments", "rewards")
 
 	relay, err := outbox.NewRelay(e.db, pub, outbox.RelayConfig{Schema: e.schema, PollInterval: 10 * time.Millisecond}, nil)
 	require.NoError(t, err)
@@ -252,7 +257,8 @@ func TestRelayDeliversOutputsThroughSQLPubSub(t *testing.T) {
 	got.Ack()
 	require.Equal(t, "cb-e-91", got.UUID, "the original UUID survives the relay")
 	require.Equal(t, "e-91", got.Metadata.Get(outbox.MetadataCausationID))
-	testwait.Until(t, "all copies consumed", func() bool { return e.mw.Counters().Consumer("rewards").Duplicates == 2 })
+	waitAcked(t, acked, 3) // all copies consumed
+	require.Equal(t, uint64(2), e.mw.Counters().Consumer("rewards").Duplicates)
 	require.Equal(t, 1, e.effects(t))
 	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("outbox")), "one output for three copies")
 	require.Empty(t, direct.all(), "the router published nothing around the transaction")

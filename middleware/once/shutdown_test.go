@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/middleware/once"
 )
 
@@ -21,9 +20,6 @@ func TestShutdownGraceDoesNotReachTheSubscriberTransaction(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, once.Config{ShutdownGrace: 5 * time.Second})
 	topic := "payments"
-	offsets := func() int {
-		return pgtest.Count(t, e.db, `SELECT coalesce(max(offset_acked), 0) FROM `+e.table("watermill_offsets_"+topic))
-	}
 	started := make(chan struct{})
 	var runs atomic.Int32
 	handler := func(msg *message.Message) ([]*message.Message, error) {
@@ -38,16 +34,18 @@ func TestShutdownGraceDoesNotReachTheSubscriberTransaction(t *testing.T) {
 	}
 	pub, sub := sqlPubSub(t, e.db, e.schema, "rewards")
 	r := runRouter(t, "rewards", topic, sub, handler, e.mw.Middleware)
+	acked := watchOffsets(t, e.db, e.schema).ackedOffsets(t, topic, "rewards")
 	require.NoError(t, pub.Publish(topic, message.NewMessage("e-1", []byte(`{}`))))
 	<-started
 	require.NoError(t, r.Close())
 	require.Zero(t, e.effects(t), "the subscriber's transaction was rolled back despite the grace")
 	require.Zero(t, e.claims(t))
-	require.Zero(t, offsets(), "the message was not acked")
+	require.Zero(t, pgtest.Count(t, e.db, `SELECT coalesce(max(offset_acked), 0) FROM `+e.table("watermill_offsets_"+topic)), "the message was not acked")
+	require.Empty(t, acked, "no offset was committed")
 
 	_, sub2 := sqlPubSub(t, e.db, e.schema, "rewards")
 	runRouter(t, "rewards", topic, sub2, handler, e.mw.Middleware)
-	testwait.Until(t, "redelivery acked", func() bool { return offsets() == 1 })
+	waitAcked(t, acked, 1) // the redelivery
 	require.Equal(t, 1, e.effects(t), "applied once, on redelivery")
 	require.Equal(t, 1, e.claims(t))
 }

@@ -23,9 +23,10 @@ type StackConfig struct {
 	// Timeout bounds each delivery, retries included. Zero: no timeout.
 	Timeout time.Duration
 
-	// Retry re-runs a failed delivery, each attempt in a new transaction. MaxRetries defaults
-	// to 3 and InitialInterval to 100ms; ResetContextOnRetry is always on (a failed PostgreSQL
-	// transaction cannot be reused), and permanent errors are never retried.
+	// Retry re-runs a failed delivery, each attempt in a new transaction. Unset fields default to
+	// DefaultRetryMaxRetries (3), DefaultRetryInitialInterval (100ms), DefaultRetryMultiplier (2),
+	// DefaultRetryMaxInterval (5s) and the Stack's Logger; ResetContextOnRetry is always on (a
+	// failed PostgreSQL transaction cannot be reused), and permanent errors are never retried.
 	Retry wmiddleware.Retry
 
 	// PoisonPublisher and PoisonTopic park messages for which ShouldPark is true: the message
@@ -85,30 +86,7 @@ func Stack(config StackConfig) ([]message.HandlerMiddleware, error) {
 	if err != nil {
 		return nil, err
 	}
-	retry := config.Retry
-	if retry.MaxRetries == 0 {
-		retry.MaxRetries = 3
-	}
-	if retry.InitialInterval == 0 {
-		retry.InitialInterval = 100 * time.Millisecond
-	}
-	if retry.Multiplier == 0 {
-		retry.Multiplier = 2
-	}
-	if retry.MaxInterval == 0 {
-		retry.MaxInterval = 5 * time.Second
-	}
-	if retry.Logger == nil {
-		retry.Logger = config.Logger
-	}
-	retry.ResetContextOnRetry = true
-	userShouldRetry := retry.ShouldRetry
-	retry.ShouldRetry = func(p wmiddleware.RetryParams) bool {
-		if wmonce.IsPermanent(p.Err) {
-			return false
-		}
-		return userShouldRetry == nil || userShouldRetry(p)
-	}
+	retry := stackRetry(config)
 
 	var stack []message.HandlerMiddleware
 	if config.Timeout > 0 {
@@ -124,6 +102,36 @@ func Stack(config StackConfig) ([]message.HandlerMiddleware, error) {
 		wmiddleware.Recoverer,
 	)
 	return stack, nil
+}
+
+// Defaults of StackConfig.Retry.
+const (
+	DefaultRetryMaxRetries      = 3
+	DefaultRetryInitialInterval = 100 * time.Millisecond
+	DefaultRetryMultiplier      = 2
+	DefaultRetryMaxInterval     = 5 * time.Second
+)
+
+// stackRetry is the Stack's Retry: config.Retry with its defaults, a new transaction per
+// attempt, and never a retry of a permanent error.
+func stackRetry(config StackConfig) wmiddleware.Retry {
+	retry := config.Retry
+	retry.MaxRetries = cmp.Or(retry.MaxRetries, DefaultRetryMaxRetries)
+	retry.InitialInterval = cmp.Or(retry.InitialInterval, DefaultRetryInitialInterval)
+	retry.Multiplier = cmp.Or(retry.Multiplier, DefaultRetryMultiplier)
+	retry.MaxInterval = cmp.Or(retry.MaxInterval, DefaultRetryMaxInterval)
+	if retry.Logger == nil {
+		retry.Logger = config.Logger
+	}
+	retry.ResetContextOnRetry = true
+	userShouldRetry := retry.ShouldRetry
+	retry.ShouldRetry = func(p wmiddleware.RetryParams) bool {
+		if wmonce.IsPermanent(p.Err) {
+			return false
+		}
+		return userShouldRetry == nil || userShouldRetry(p)
+	}
+	return retry
 }
 
 // DefaultPoisonTopic is where Stack parks by default. It is valid on every broker the broker

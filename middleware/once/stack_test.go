@@ -119,13 +119,26 @@ func TestStackParksByDefaultOnKafka(t *testing.T) {
 	topic, sub := brokertest.OnePartitionKafka(t, "stack_default", "ledger")
 	stack, err := once.Stack(once.StackConfig{Middleware: e.mw})
 	require.NoError(t, err)
-	runRouter(t, "ledger", topic, sub, e.effect, stack...)
+	// Outermost, it sees what the router sees: nil (ack) comes after the commit or the parking.
+	acked := make(chan string, 10)
+	observe := func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			out, err := h(msg)
+			if err == nil {
+				acked <- msg.UUID
+			}
+			return out, err
+		}
+	}
+	runRouter(t, "ledger", topic, sub, e.effect, append([]message.HandlerMiddleware{observe}, stack...)...)
 
 	brokertest.ProduceForeign(t, topic,
 		&kgo.Record{Value: []byte(`{"amount":1}`), Headers: []kgo.RecordHeader{{Key: "source", Value: []byte("legacy")}}},
 		&kgo.Record{Value: []byte(`{"amount":2}`), Headers: []kgo.RecordHeader{{Key: "_watermill_message_uuid", Value: []byte("good-1")}}},
 	)
-	testwait.Until(t, "the record behind the one without a UUID to be applied", func() bool { return e.effects(t) == 1 })
+	require.Empty(t, testwait.Receive(t, acked, "the record without a UUID to be parked and acked"))
+	require.Equal(t, "good-1", testwait.Receive(t, acked, "the record behind it to be applied and acked"))
+	require.Equal(t, 1, e.effects(t))
 	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("effects")+` WHERE key = 'good-1'`))
 
 	parked := parkedCopies(t, e, once.DefaultPoisonTopic)

@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -38,11 +37,10 @@ func TestSerializationFailureInSubscriberTxIsRedeliveredInANewTransaction(t *tes
 		return nil, err
 	}
 	runRouter(t, "rewards", topic, sub, handler, e.mw.Middleware)
+	acked := watchOffsets(t, e.db, e.schema).ackedOffsets(t, topic, "rewards")
 	require.NoError(t, pub.Publish(topic, message.NewMessage("e-1", []byte(`{}`))))
 
-	testwait.Until(t, "offset acked", func() bool {
-		return pgtest.Count(t, e.db, `SELECT coalesce(max(offset_acked), 0) FROM `+e.table("watermill_offsets_"+topic)) == 1
-	})
+	waitAcked(t, acked, 1)
 	require.Equal(t, int32(2), runs.Load(), "one run under the stale snapshot, one in a new transaction")
 	require.Equal(t, 101, pgtest.Count(t, e.db, `SELECT n FROM `+e.table("balances")+` WHERE id = 1`))
 	require.Equal(t, 1, e.claims(t))

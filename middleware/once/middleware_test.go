@@ -108,6 +108,8 @@ func TestMissingMigrationsSaySo(t *testing.T) {
 type capture struct {
 	mu   sync.Mutex
 	msgs []captured
+	// published receives each message as it is published, for a test to wait on.
+	published chan captured
 }
 
 type captured struct {
@@ -115,13 +117,17 @@ type captured struct {
 	msg   *message.Message
 }
 
-func newCapture() *capture { return &capture{} }
+func newCapture() *capture { return &capture{published: make(chan captured, 1000)} }
 
 func (c *capture) Publish(topic string, msgs ...*message.Message) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, m := range msgs {
 		c.msgs = append(c.msgs, captured{topic, m})
+		select {
+		case c.published <- captured{topic, m}:
+		default: // nobody waits for that many
+		}
 	}
 	return nil
 }
