@@ -51,6 +51,7 @@ func (o *CounterOptions) setDefaults() {
 // mid-stream and restarted. At the end the counter must equal the number of events, and its
 // sum the orders' sum: every event applied once, no update lost to a concurrent handler.
 func RunCounter(t *testing.T, target Target, opts CounterOptions) {
+	pgtest.SkipShort(t) // before the commands are asked for: a -short run builds none
 	opts.setDefaults()
 	require.NotEmpty(t, opts.ConsumerBinary, "CounterOptions.ConsumerBinary: build e2e/internal/consumer first")
 	began := time.Now()

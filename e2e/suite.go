@@ -102,6 +102,7 @@ func (o *Options) setDefaults() {
 // and one dedupe claim per applied event. The log reports messages produced, deliveries,
 // duplicates absorbed and faults injected.
 func Run(t *testing.T, target Target, opts Options) {
+	pgtest.SkipShort(t) // before the commands are asked for: a -short run builds none
 	opts.setDefaults()
 	require.NotEmpty(t, opts.ConsumerBinary, "Options.ConsumerBinary: build e2e/internal/consumer first")
 	began := time.Now()
