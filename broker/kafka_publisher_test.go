@@ -26,14 +26,7 @@ func TestKafkaPublishWaitsOutALeaderlessPartition(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	ek, err := embeddedkafka.Start(ctx, nil)
-	require.NoError(t, err)
-	defer ek.Close()
-	topic := pgtest.NewName("leaderless")
-	b, err := broker.New(ctx, nil, broker.Config{Kind: broker.Kafka, Kafka: broker.KafkaConfig{Brokers: ek.Addrs(), Partitions: 1},
-		Subscriptions: []broker.Subscription{{Topic: topic, Group: "g"}}}, nil)
-	require.NoError(t, err)
-	defer b.Close()
+	ek, b, topic := onePartitionKfake(t, ctx, "leaderless")
 
 	const refusals = 25 // Sarama gives up after 1 + Producer.Retry.Max (10) attempts
 	var refused atomic.Int32
@@ -72,14 +65,7 @@ func TestKafkaPublishWaitsOutSaramasOpenBreaker(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	ek, err := embeddedkafka.Start(ctx, nil)
-	require.NoError(t, err)
-	defer ek.Close()
-	topic := pgtest.NewName("breaker")
-	b, err := broker.New(ctx, nil, broker.Config{Kind: broker.Kafka, Kafka: broker.KafkaConfig{Brokers: ek.Addrs(), Partitions: 1},
-		Subscriptions: []broker.Subscription{{Topic: topic, Group: "g"}}}, nil)
-	require.NoError(t, err)
-	defer b.Close()
+	ek, b, topic := onePartitionKfake(t, ctx, "breaker")
 	require.NoError(t, b.Declare(ctx, broker.Subscription{Topic: topic, Group: "g"}))
 
 	host, portStr, err := net.SplitHostPort(ek.Addrs()[0])
@@ -143,14 +129,7 @@ func refuseProduce(p *kmsg.ProduceRequest, code int16) *kmsg.ProduceResponse {
 // INVALID_RECORD, an error Sarama does not retry.
 func kafkaRefusingProduce(t *testing.T, ctx context.Context, refuse func(records int32) bool) (*broker.Broker, string) {
 	t.Helper()
-	ek, err := embeddedkafka.Start(ctx, nil)
-	require.NoError(t, err)
-	t.Cleanup(ek.Close)
-	topic := pgtest.NewName("refuse")
-	b, err := broker.New(ctx, nil, broker.Config{Kind: broker.Kafka, Kafka: broker.KafkaConfig{Brokers: ek.Addrs(), Partitions: 1},
-		Subscriptions: []broker.Subscription{{Topic: topic, Group: "g"}}}, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = b.Close() })
+	ek, b, topic := onePartitionKfake(t, ctx, "refuse")
 	ek.Cluster().ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		ek.Cluster().KeepControl()
 		p := req.(*kmsg.ProduceRequest)
@@ -270,14 +249,7 @@ func TestKafkaPublishAfterOutOfOrderSequenceUsesANewProducer(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	ek, err := embeddedkafka.Start(ctx, nil)
-	require.NoError(t, err)
-	defer ek.Close()
-	topic := pgtest.NewName("outoforder")
-	b, err := broker.New(ctx, nil, broker.Config{Kind: broker.Kafka, Kafka: broker.KafkaConfig{Brokers: ek.Addrs(), Partitions: 1},
-		Subscriptions: []broker.Subscription{{Topic: topic, Group: "g"}}}, nil)
-	require.NoError(t, err)
-	defer b.Close()
+	ek, b, topic := onePartitionKfake(t, ctx, "outoforder")
 	var initProducerID atomic.Int32
 	var armed, refused atomic.Bool
 	ek.Cluster().ControlKey(int16(kmsg.InitProducerID), func(kmsg.Request) (kmsg.Response, error, bool) {
@@ -311,4 +283,20 @@ func TestKafkaPublishAfterOutOfOrderSequenceUsesANewProducer(t *testing.T) {
 	require.NoError(t, err)
 	got := receive(t, ch, 2, 30*time.Second)
 	require.Equal(t, "a", got[len(got)-1].UUID)
+}
+
+// onePartitionKfake starts an embedded Kafka broker of t's own, for tests that make it misbehave,
+// and a Broker on it with one partition per topic and the subscription (a new topic named after
+// prefix, group "g") to declare. Both are closed when t ends.
+func onePartitionKfake(t *testing.T, ctx context.Context, prefix string) (*embeddedkafka.Broker, *broker.Broker, string) {
+	t.Helper()
+	ek, err := embeddedkafka.Start(ctx, nil)
+	require.NoError(t, err)
+	t.Cleanup(ek.Close)
+	topic := pgtest.NewName(prefix)
+	b, err := broker.New(ctx, nil, broker.Config{Kind: broker.Kafka, Kafka: broker.KafkaConfig{Brokers: ek.Addrs(), Partitions: 1},
+		Subscriptions: []broker.Subscription{{Topic: topic, Group: "g"}}}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+	return ek, b, topic
 }
