@@ -174,7 +174,8 @@ func TestConformanceAMQPReconnect(t *testing.T) {
 
 	var mu sync.Mutex
 	published, received := map[string]bool{}, map[string]int{}
-	arrived := make(chan struct{}, 1) // a message was received since the last look
+	// A message was received, or confirmed, since the last look.
+	arrived, confirmed := make(chan struct{}, 1), make(chan struct{}, 1)
 	go func() {
 		for m := range msgs {
 			mu.Lock()
@@ -208,6 +209,10 @@ func TestConformanceAMQPReconnect(t *testing.T) {
 				mu.Lock()
 				published[m.UUID] = true
 				mu.Unlock()
+				select {
+				case confirmed <- struct{}{}:
+				default:
+				}
 			}
 		}()
 	}
@@ -253,7 +258,8 @@ func TestConformanceAMQPReconnect(t *testing.T) {
 			case <-ctx.Done():
 				breaks <- ctx.Err()
 				return
-			case <-time.After(10 * time.Millisecond):
+			case <-confirmed:
+			case <-arrived:
 			}
 		}
 		breaks <- breakConnections()
