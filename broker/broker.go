@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/testsignal"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -43,6 +44,17 @@ type Broker struct {
 	declared  sync.Map   // declaration key -> struct{}
 	rerouteMu sync.Mutex // one rerouteUnrouted pass at a time
 	closeOnce sync.Once
+
+	testSignals brokerTestSignals
+}
+
+// brokerTestSignals are the events this package's tests wait on instead of polling the database
+// (see internal/testsignal): inert unless a test initialised them through export_test.go.
+type brokerTestSignals struct {
+	// SQLBatchCommit carries the consumer group of a SQL subscription that acked rows of a
+	// batch and then ran COMMIT on the batch's transaction, which moves the group's offset
+	// unless it fails (a doomed transaction; watermill-sql only logs that).
+	SQLBatchCommit testsignal.Signal[string]
 }
 
 // New validates config and checks that the broker can be reached. db is used by the SQL broker
@@ -67,7 +79,7 @@ func New(ctx context.Context, db *sql.DB, config Config, logger watermill.Logger
 			b.ownDB = true
 		}
 		b.db = db
-		sb, err := newSQLBroker(db, config.SQL, b.logger)
+		sb, err := newSQLBroker(db, config.SQL, b.logger, &b.testSignals.SQLBatchCommit)
 		if err != nil {
 			_ = b.Close()
 			return nil, err

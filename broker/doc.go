@@ -97,10 +97,10 @@
 //     amqp_timestamp, ...), and a delivery without the UUID header takes its message-id as the
 //     UUID: messages of producers that are not Watermill are keyed by their id with the
 //     default key, or with wmonce.KeyFromMetadata(broker.MetadataAMQPMessageID).
-//   - AMQPConfig.Workers (default 8) messages in flight per subscription and Prefetch
-//     (default 32) unacked messages handed over by RabbitMQ; a nack hands the message back
-//     after NackDelay. A lost connection is redialled with backoff; unacked messages are
-//     redelivered. Order: with Workers > 1 messages of one queue finish in any order, and
+//   - AMQPConfig.Workers (DefaultAMQPWorkers) messages in flight per subscription and
+//     Prefetch (DefaultAMQPPrefetchPerWorker per worker) unacked messages handed over by
+//     RabbitMQ; a nack hands the message back after NackDelay. A lost connection is redialled
+//     with backoff; unacked messages are redelivered. Order: with Workers > 1 messages of one queue finish in any order, and
 //     with Prefetch > 1 a requeued message comes back after messages that were behind it. Set
 //     Workers 1 (and Prefetch 1) where queue order matters.
 //   - Concurrent Publish calls share one channel and wait for their confirms together.

@@ -199,15 +199,12 @@ func testSQLSerializationFailureRedeliversTheWholeBatch(t *testing.T, version in
 	pub, err := b.NewPublisher(ctx)
 	require.NoError(t, err)
 	defer pub.Close()
-	for _, id := range []string{"m-0", "m-1", "m-2"} {
-		require.NoError(t, pub.Publish(topic, message.NewMessage(id, []byte(`{}`))))
-	}
-	// One batch must hold all three: wait until they are older than every running transaction
-	// (watermill-sql reads only those), as other tests keep transactions open.
-	table := pgtx.QualifiedName(schema, "watermill_"+topic)
-	testwait.Until(t, "the published rows to become readable", func() bool {
-		return pgtest.Count(t, db, `SELECT count(*) FROM `+table+` WHERE transaction_id < pg_snapshot_xmin(pg_current_snapshot())`) >= 3
-	})
+	// One batch must hold all three. One Publish is one INSERT: the rows share a transaction id,
+	// so they become readable together (watermill-sql reads only rows older than every running
+	// transaction, and other tests keep transactions open).
+	require.NoError(t, pub.Publish(topic, message.NewMessage("m-0", []byte(`{}`)),
+		message.NewMessage("m-1", []byte(`{}`)), message.NewMessage("m-2", []byte(`{}`))))
+	b.TestSignals().SQLBatchCommit.Init()
 	var mu sync.Mutex
 	runs := map[string]int{}
 	done := make(chan struct{}, 10)
@@ -244,9 +241,10 @@ func testSQLSerializationFailureRedeliversTheWholeBatch(t *testing.T, version in
 			t.Fatal("the batch was not applied in a new transaction")
 		}
 	}
-	// The handlers are done; the subscriber commits right after its ack. Wait for that commit.
+	// The handlers are done; the subscriber commits right after its ack. Wait for that commit
+	// (the doomed transaction's COMMIT came first, and failed).
 	offsets := pgtx.QualifiedName(schema, "watermill_offsets_"+topic)
-	testwait.Until(t, "the subscriber to commit the batch", func() bool {
+	b.TestSignals().SQLBatchCommit.WaitFor(func(string) bool {
 		return pgtest.Count(t, db, `SELECT coalesce(max(offset_acked), 0) FROM `+offsets) >= 3
 	})
 	require.NoError(t, r.Close())
@@ -281,6 +279,7 @@ func testSQLHandlerWritesThroughWatermillSQLsOwnTx(t *testing.T, version int) {
 	b, err := broker.New(ctx, db, cfg, watermill.NopLogger{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = b.Close() })
+	b.TestSignals().SQLBatchCommit.Init()
 	effects := pgtx.QualifiedName(schema, "effects")
 	pgtest.Exec(t, db, `CREATE TABLE `+effects+` (key text NOT NULL)`)
 	mw, err := once.New(db, once.Config{Schema: schema, Consumer: "rewards"}, watermill.NopLogger{})
@@ -339,7 +338,7 @@ func testSQLHandlerWritesThroughWatermillSQLsOwnTx(t *testing.T, version int) {
 	_, err = h(m)
 	require.NoError(t, err)
 	m.Ack()
-	testwait.Until(t, "the subscriber to commit", func() bool {
+	b.TestSignals().SQLBatchCommit.WaitFor(func(string) bool { // the subscriber commits right after the ack
 		return pgtest.Count(t, db, `SELECT coalesce(max(offset_acked), 0) FROM `+pgtx.QualifiedName(schema, "watermill_offsets_"+topic)) >= 1
 	})
 	require.Equal(t, 2, attempts)

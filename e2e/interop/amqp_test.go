@@ -119,6 +119,14 @@ func queueDepth(t *testing.T, amqpURL, queue string) int {
 	return q.Messages
 }
 
+// waitDrained waits until queue holds no ready message: what was delivered has been acked, not
+// requeued. Only RabbitMQ knows when an ack has arrived, so this polls it: an effect in another
+// process, which no signal of ours can report.
+func waitDrained(t *testing.T, amqpURL, queue, what string) {
+	t.Helper()
+	testwait.Until(t, what, func() bool { return queueDepth(t, amqpURL, queue) == 0 })
+}
+
 // drain takes every message from a queue and returns their UUIDs and metadata.
 func drain(t *testing.T, amqpURL, queue string) map[string]message.Metadata {
 	t.Helper()
@@ -228,7 +236,7 @@ func TestMiddlewareOverWatermillAMQP(t *testing.T) {
 	require.Len(t, deliveryCounts["e-91"], 1, "the four copies were absorbed before the handler")
 	require.Equal(t, []string{"", "1"}, deliveryCounts["e-fails-once"], "nacked, requeued by RabbitMQ and redelivered, counted by the quorum queue")
 	mu.Unlock()
-	testwait.Until(t, "every copy acked", func() bool { return queueDepth(t, e.amqpURL, "payments_rewards") == 0 })
+	waitDrained(t, e.amqpURL, "payments_rewards", "every copy acked")
 
 	require.Equal(t, 2, e.outboxed(t, "cashback"), "one output per applied event, in the outbox")
 	require.Equal(t, 0, queueDepth(t, e.amqpURL, "cashback_notifications"), "the router published nothing itself")
@@ -288,7 +296,7 @@ func TestStackOverWatermillAMQP(t *testing.T) {
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		assert.Equal(c, once.Counters{Fresh: 1, Duplicates: 1, Failed: 2}, mw.Counters().Consumer("rewards"))
 	}, waitFor, tick)
-	testwait.Until(t, "every message acked, the poison one too", func() bool { return queueDepth(t, e.amqpURL, "payments_rewards") == 0 })
+	waitDrained(t, e.amqpURL, "payments_rewards", "every message acked, the poison one too")
 	require.Equal(t, 1, e.effects(t, "e-transient"))
 	require.Equal(t, 0, e.effects(t, "e-poison"), "rolled back")
 	require.Equal(t, int32(0), redelivered.Load(), "nothing went back to RabbitMQ")
@@ -327,7 +335,7 @@ func TestInboxOverWatermillAMQP(t *testing.T) {
 		got := receiver.Counters()
 		assert.Equal(c, [2]uint64{1, 5}, [2]uint64{got.Stored, got.Duplicates}, "one row for five copies and a redelivery")
 	}, waitFor, tick)
-	testwait.Until(t, "the queue to be drained", func() bool { return queueDepth(t, e.amqpURL, "payments_rewards") == 0 })
+	waitDrained(t, e.amqpURL, "payments_rewards", "the queue to be drained")
 
 	var failedOnce atomic.Bool
 	processor, err := inbox.NewProcessor(e.db, func(msg *message.Message) ([]*message.Message, error) {

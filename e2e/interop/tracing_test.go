@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -23,6 +24,7 @@ import (
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/brokertest"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testsignal"
 	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/middleware/httpidem"
 	"github.com/wmonce/watermill-once/middleware/once"
@@ -30,18 +32,30 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// spans records every ended span of one test.
+// spans records every ended span of one test, and signals each as it ends.
 type spans struct {
-	rec *tracetest.SpanRecorder
-	tp  *sdktrace.TracerProvider
+	rec   *tracetest.SpanRecorder
+	tp    *sdktrace.TracerProvider
+	ended testsignal.Signal[sdktrace.ReadOnlySpan]
 }
 
 func newSpans(t *testing.T) *spans {
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	return &spans{rec: rec, tp: tp}
+	s := &spans{rec: tracetest.NewSpanRecorder()}
+	s.ended.Init()
+	s.tp = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(s.rec), sdktrace.WithSpanProcessor(endSignal{&s.ended}))
+	t.Cleanup(func() { _ = s.tp.Shutdown(context.Background()) })
+	return s
 }
+
+// endSignal is a span processor that signals every span that ends.
+type endSignal struct {
+	ended *testsignal.Signal[sdktrace.ReadOnlySpan]
+}
+
+func (e endSignal) OnStart(context.Context, sdktrace.ReadWriteSpan) {}
+func (e endSignal) OnEnd(s sdktrace.ReadOnlySpan)                   { e.ended.Signal(s) }
+func (e endSignal) Shutdown(context.Context) error                  { return nil }
+func (e endSignal) ForceFlush(context.Context) error                { return nil }
 
 // named returns the ended spans called name, in the order they ended.
 func (s *spans) named(name string) []sdktrace.ReadOnlySpan {
@@ -310,7 +324,10 @@ func traceThroughTheInbox(t *testing.T, mode inbox.ClaimMode) {
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- processor.Run(context.Background()) }()
-	testwait.Until(t, "the processor to apply pay-1", func() bool { return processor.Counters().Processed == 1 })
+	// The attempt's span ends after its transaction committed, and records the COMMIT.
+	sp.ended.WaitFor(func(s sdktrace.ReadOnlySpan) bool {
+		return s.Name() == "inbox process" && slices.Contains(events(s), "commit")
+	})
 	require.NoError(t, processor.Close())
 	require.NoError(t, <-done)
 
