@@ -272,13 +272,7 @@ func ListRejected(ctx context.Context, db *sql.DB, schema string, f RejectedFilt
 // the relay could not forward: prune only what operators have had time to look at (see
 // ListRejected) and republish (RepublishRejected). The retention janitor calls it when retention.Config.RejectedKeep is set.
 func PruneRejected(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error) {
-	schema, req, cutoff, err := pgtx.CheckPrune(ctx, db, schema, req, pgtx.Unscoped)
-	if err != nil {
-		return 0, fmt.Errorf("outbox: prune rejected: %w", err)
-	}
-	t := pgtx.QualifiedName(schema, "outbox_rejected")
-	n, err := pgtx.DeleteInBatches(ctx, db, req.BatchSize, `DELETE FROM `+t+` WHERE ctid = ANY(ARRAY(
-    SELECT ctid FROM `+t+` WHERE rejected_at < $1::timestamptz LIMIT $2))`, cutoff)
+	n, err := pgtx.PruneOlder(ctx, db, schema, req, "outbox_rejected", "rejected_at", false, "")
 	if err != nil {
 		return n, fmt.Errorf("outbox: prune rejected: %w", err)
 	}

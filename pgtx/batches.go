@@ -105,3 +105,28 @@ func CheckPrune(ctx context.Context, db *sql.DB, schema string, req PruneRequest
 	}
 	return schema, req, cutoff, nil
 }
+
+// PruneOlder is the whole of an owner's Prune for rows that belong to no consumer: it checks req
+// (CheckPrune), then deletes, in batches of req.BatchSize, the rows of schema's table whose
+// time column is before the cutoff (at or before, with inclusive) and that match the optional
+// extra condition, a SQL fragment of the owner's own (never a configuration string), and
+// returns how many it deleted, also when it stops on an error or a cancelled ctx. Rows are
+// deleted by physical address (ctid = ANY(ARRAY(...)), a TID scan); rows another transaction
+// holds locked are skipped.
+func PruneOlder(ctx context.Context, db *sql.DB, schema string, req PruneRequest, table, timeColumn string, inclusive bool, extra string) (int64, error) {
+	schema, req, cutoff, err := CheckPrune(ctx, db, schema, req, Unscoped)
+	if err != nil {
+		return 0, err
+	}
+	t := QualifiedName(schema, table)
+	op := "<"
+	if inclusive {
+		op = "<="
+	}
+	where := QuoteIdentifier(timeColumn) + ` ` + op + ` $1::timestamptz`
+	if extra != "" {
+		where = extra + ` AND ` + where
+	}
+	return DeleteInBatches(ctx, db, req.BatchSize, `DELETE FROM `+t+` WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM `+t+` WHERE `+where+` LIMIT $2 FOR UPDATE SKIP LOCKED))`, cutoff)
+}

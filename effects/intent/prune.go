@@ -20,14 +20,7 @@ import (
 // by its claim before its handler could record the intent again. The retention janitor calls
 // it when retention.Config.SentIntentsKeep is set.
 func PruneSent(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error) {
-	schema, req, cutoff, err := pgtx.CheckPrune(ctx, db, schema, req, pgtx.Unscoped)
-	if err != nil {
-		return 0, fmt.Errorf("intent: prune sent: %w", err)
-	}
-	t := pgtx.QualifiedName(schema, "intents")
-	n, err := pgtx.DeleteInBatches(ctx, db, req.BatchSize, `DELETE FROM `+t+` WHERE ctid = ANY(ARRAY(
-    SELECT ctid FROM `+t+` WHERE status = 'SENT' AND sent_at < $1::timestamptz
-    LIMIT $2 FOR UPDATE SKIP LOCKED))`, cutoff)
+	n, err := pgtx.PruneOlder(ctx, db, schema, req, "intents", "sent_at", false, `status = 'SENT'`)
 	if err != nil {
 		return n, fmt.Errorf("intent: prune sent: %w", err)
 	}

@@ -18,16 +18,9 @@ import (
 // size, not correctness; pass a Keep below Retention and retries inside Retention run again as
 // new requests.
 func Prune(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error) {
-	schema, req, cutoff, err := pgtx.CheckPrune(ctx, db, schema, req, pgtx.Unscoped)
-	if err != nil {
-		return 0, fmt.Errorf("httpidem: delete expired keys: %w", err)
-	}
-	t := pgtx.QualifiedName(schema, "http_idempotency_keys")
 	// A key is live while created_at > now() - Retention (the lookup), so "<=" is exactly the
-	// expired ones. ctid = ANY(ARRAY(...)) deletes the batch by physical address (a TID scan).
-	query := `DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(
-    SELECT ctid FROM ` + t + ` WHERE created_at <= $1::timestamptz LIMIT $2))`
-	n, err := pgtx.DeleteInBatches(ctx, db, req.BatchSize, query, cutoff)
+	// expired ones.
+	n, err := pgtx.PruneOlder(ctx, db, schema, req, "http_idempotency_keys", "created_at", true, "")
 	if err != nil {
 		return n, fmt.Errorf("httpidem: delete expired keys: %w", err)
 	}
