@@ -338,6 +338,9 @@ func (r *Receiver) Counters() ReceiverCounters {
 	}
 }
 
+// Consumer is the consumer the receiver stores rows for: the label its metrics carry.
+func (r *Receiver) Consumer() string { return r.config.Consumer }
+
 // Close stops accepting messages, writes those already queued and returns when every waiting
 // Handle has its answer. It is idempotent.
 func (r *Receiver) Close() error { return r.life.Close() }

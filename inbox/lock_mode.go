@@ -14,54 +14,6 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// ClaimMode chooses how a worker holds the rows it processes.
-type ClaimMode int
-
-const (
-	// ClaimLease (the default) marks claimed rows IN_PROGRESS with a claim token and a lease in a
-	// statement of its own, then processes them in later transactions. Claims survive a
-	// processing transaction, so a row is visible as IN_PROGRESS while it runs, and a worker
-	// that dies mid-attempt still has the attempt counted (its lease expires).
-	ClaimLease ClaimMode = iota
-	// ClaimLock claims rows inside the processing transaction with SELECT ... FOR UPDATE SKIP
-	// LOCKED: the row lock is the claim, and the row is written once, when its outcome commits
-	// with the handler's effects (one row version per row instead of two, one statement per
-	// transaction fewer). The lock is released by the database when the transaction ends, the
-	// connection breaks or the process dies, so no lease, token or reaper is needed, and no one
-	// else can change the row while it is held: a worker cut off past HandlerTimeout has its
-	// transaction rolled back (database/sql rolls back a transaction whose context ends), and
-	// another worker may take the row only then.
-	//
-	// What differs from ClaimLease: rows being processed stay PENDING (Stats counts them as
-	// pending, never IN_PROGRESS), and an operator change (Ops.Replay, Ops.Skip) to a row being
-	// processed waits until its transaction ends.
-	//
-	// Attempts count as with leases, crashes included: before the handlers run, the worker
-	// commits the start of the attempt in inbox_attempts (migration 007) from a second
-	// connection, since anything the locking transaction writes dies with it. The outcome
-	// removes the start in the processing transaction. A start left behind is an attempt that
-	// ended its connection or process (SIGKILL, an out-of-memory kill, a terminated backend):
-	// the next worker to lock the row counts it, runs the row alone (not in a TxBatchSize
-	// batch), and parks it as FAILED, without running it, once such an attempt was the
-	// MaxAttempts-th. A start is recorded under a bound of its own, not HandlerTimeout (a start
-	// the database commits after the worker gave up on it would count an attempt whose handler
-	// never ran); one that fails is withdrawn, and counts only if withdrawing it fails too.
-	// This costs one more statement and commit per transaction and, briefly, a second
-	// connection per worker. Both modes can serve one consumer at once (during a
-	// rolling change, say): each skips the rows the other holds.
-	ClaimLock
-)
-
-func (m ClaimMode) String() string {
-	switch m {
-	case ClaimLease:
-		return "lease"
-	case ClaimLock:
-		return "lock"
-	}
-	return fmt.Sprintf("ClaimMode(%d)", int(m))
-}
-
 // The savepoint that lets a lock-mode transaction undo a failed handler and still record the
 // failure while it holds the row lock.
 const (
@@ -221,58 +173,6 @@ func (p *Processor) lockedRound(claimCtx context.Context) (int, error) {
 	spans.end("")
 	p.processed.Add(uint64(len(rows)))
 	return len(rows), nil
-}
-
-func attemptsOf(rows []claimedRow) []int64 {
-	out := make([]int64, len(rows))
-	for i, r := range rows {
-		out[i] = int64(r.attempts)
-	}
-	return out
-}
-
-// startTimeout bounds recording or withdrawing the start of an attempt.
-const startTimeout = 10 * time.Second
-
-// startLocked commits the start of the attempts on rows, on a connection of its own (the row
-// locks do not cover inbox_attempts), before any handler runs: if the attempt then ends the
-// connection or the process, the start stays and the next worker to lock the row counts it.
-// It costs one round trip and one commit per transaction, and briefly a second connection.
-//
-// The statement is not cut off at HandlerTimeout: the database may commit a statement whose
-// caller gave up on it (pgx stops waiting, the server does not stop), and a start committed
-// that way, with no handler run, would be taken for an attempt that killed its process. If
-// recording fails all the same, the start is withdrawn before the error is returned.
-func (p *Processor) startLocked(rows []claimedRow) error {
-	xmins := make([]string, len(rows))
-	for i, r := range rows {
-		xmins[i] = r.xmin
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
-	defer cancel()
-	if _, err := p.db.ExecContext(ctx, p.q.startLock, ids(rows), attemptsOf(rows), xmins); err != nil {
-		if pgtx.IsUndefinedTable(err) {
-			return fmt.Errorf("inbox: table inbox_attempts is missing: run the migrations (007): %w", err)
-		}
-		p.forgetLocked(rows)
-		return fmt.Errorf("inbox: record the start of an attempt: %w", err)
-	}
-	return nil
-}
-
-// forgetLocked withdraws the starts of attempts that do not count (shutdown, a batch falling
-// back to one row per transaction, a start that could not be recorded). Only starts with
-// these attempt numbers are removed. After the locks are gone another worker may have locked
-// the same row version and started the same attempt number: its start is removed too, so if
-// that attempt then kills its process, it is not counted (the row gets one more run). If
-// forgetting fails, the attempts are counted after all.
-func (p *Processor) forgetLocked(rows []claimedRow) {
-	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
-	defer cancel()
-	if _, err := p.db.ExecContext(ctx, p.q.forgetLock, ids(rows), attemptsOf(rows)); err != nil {
-		p.errs.Add(1)
-		p.logger.Error("Could not withdraw the start of attempts that did not happen; they will be counted", err, watermill.LogFields{"rows": len(rows)})
-	}
 }
 
 // processLockedEach runs the rows of a failed batch one per transaction, each locked again by
@@ -501,30 +401,4 @@ func (p *Processor) reportFailure(r claimedRow, cause error, status string) {
 // lockRows runs a locking claim query and scans its rows in id order.
 func (p *Processor) lockRows(ctx context.Context, tx *sql.Tx, query string, args ...any) ([]claimedRow, error) {
 	return p.queryClaimed(ctx, tx, query, args...)
-}
-
-// queryClaimed runs a claim query (on the pool or in a transaction) and scans the claimed rows.
-func (p *Processor) queryClaimed(ctx context.Context, q interface {
-	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
-}, query string, args ...any) ([]claimedRow, error) {
-	rs, err := q.QueryContext(ctx, query, args...)
-	if err != nil {
-		if pgtx.IsUndefinedTable(err) {
-			return nil, fmt.Errorf("inbox: table %s is missing: run the migrations: %w", p.q.table, err)
-		}
-		return nil, fmt.Errorf("inbox: claim: %w", err)
-	}
-	defer rs.Close()
-	var rows []claimedRow
-	for rs.Next() {
-		var r claimedRow
-		if err := rs.Scan(&r.id, &r.messageID, &r.uuid, &r.orderingKey, &r.topic, &r.payload, &r.metadata, &r.attempts, &r.receivedAt, &r.crashed, &r.xmin); err != nil {
-			return nil, fmt.Errorf("inbox: scan claimed row: %w", err)
-		}
-		rows = append(rows, r)
-	}
-	if err := rs.Err(); err != nil {
-		return nil, fmt.Errorf("inbox: claim: %w", err)
-	}
-	return rows, nil
 }
