@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -41,9 +42,7 @@ func NewOps(db *sql.DB, config OpsConfig, logger watermill.LoggerAdapter) (*Ops,
 	if db == nil {
 		return nil, errors.New("inbox: db is nil: open one with pgtx.Open")
 	}
-	if config.Schema == "" {
-		config.Schema = pgtx.DefaultSchema
-	}
+	config.Schema = cmp.Or(config.Schema, pgtx.DefaultSchema)
 	if err := pgtx.ValidateIdentifier("schema", config.Schema); err != nil {
 		return nil, fmt.Errorf("inbox: invalid ops config: %w", err)
 	}

@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"cmp"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -12,6 +13,24 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
+// Defaults of ProcessorConfig.
+const (
+	DefaultProcessorWorkers   = 4
+	DefaultProcessorBatchSize = 16
+	DefaultTxBatchSize        = 1
+	DefaultLease              = 30 * time.Second
+	DefaultReapInterval       = time.Second
+	DefaultPollInterval       = time.Second
+	DefaultMaxAttempts        = 10
+	DefaultBackoff            = time.Second
+	DefaultMaxBackoff         = 5 * time.Minute
+	DefaultShutdownGrace      = 10 * time.Second
+	DefaultIsolation          = sql.LevelReadCommitted
+)
+
+// maxProcessorWorkers bounds ProcessorConfig.Workers.
+const maxProcessorWorkers = 1024
+
 // ProcessorConfig configures a Processor.
 type ProcessorConfig struct {
 	// Schema holds the inbox and outbox tables. Default pgtx.DefaultSchema.
@@ -19,20 +38,21 @@ type ProcessorConfig struct {
 	// Consumer whose rows this processor works: the ReceiverConfig.Consumer. Required.
 	Consumer string
 
-	// Workers process rows concurrently, each in its own transactions. Default 4. The pool
-	// needs Workers connections plus up to three more (LISTEN, lease upkeep, operations).
-	// Rows of one ordering key never run at the same time; other rows do, in this and in
-	// every other Processor of the Consumer: see TxOptions for handlers that read before
-	// they write.
+	// Workers process rows concurrently, each in its own transactions. Default
+	// DefaultProcessorWorkers (4), at most 1024. The pool needs Workers connections plus up
+	// to three more (LISTEN, lease upkeep, operations). Rows of one ordering key never run at
+	// the same time; other rows do, in this and in every other Processor of the Consumer: see
+	// TxOptions for handlers that read before they write.
 	Workers int
-	// BatchSize is the most rows a worker claims at once. Default 16. Without lease renewal
-	// the whole claimed batch must be processed within Lease.
+	// BatchSize is the most rows a worker claims at once. Default DefaultProcessorBatchSize
+	// (16), at most MaxBatchSize. Without lease renewal the whole claimed batch must be
+	// processed within Lease.
 	BatchSize int
 	// TxBatchSize > 1 processes that many claimed rows in one transaction and completes them
 	// with one statement. If any handler in the batch fails, or a lease was lost, the whole
 	// transaction is rolled back and its rows are processed again one per transaction, so
 	// handlers must not mind running more than once without effect (their database writes are
-	// rolled back; effects outside the database are not). Default 1.
+	// rolled back; effects outside the database are not). Default DefaultTxBatchSize (1).
 	TxBatchSize int
 	// ClaimMode is how workers hold rows: ClaimLease (default: IN_PROGRESS rows with fenced
 	// leases) or ClaimLock (row locks inside the processing transaction, each row written once;
@@ -41,7 +61,7 @@ type ProcessorConfig struct {
 	ClaimMode ClaimMode
 
 	// Lease is how long a claim stays valid without renewal. After it, another worker may
-	// take the row, and the first worker can no longer complete it. Default 30s.
+	// take the row, and the first worker can no longer complete it. Default DefaultLease (30s).
 	Lease time.Duration
 	// RenewInterval is how often a worker extends the leases it still holds. Default Lease/3.
 	// Negative: never renew (fixed leases: a claim must finish within Lease).
@@ -51,27 +71,27 @@ type ProcessorConfig struct {
 	// counted as failed, and lease renewal stops so the row can be re-claimed even if the
 	// handler ignores its context. Default Lease.
 	HandlerTimeout time.Duration
-	// ReapInterval is how often expired leases are taken back. Default 1s.
+	// ReapInterval is how often expired leases are taken back. Default DefaultReapInterval (1s).
 	ReapInterval time.Duration
 	// PollInterval is the fallback wait of an idle worker; LISTEN/NOTIFY wakes it earlier when
-	// rows arrive. Default 1s.
+	// rows arrive. Default DefaultPollInterval (1s).
 	PollInterval time.Duration
 	// DisableListen turns LISTEN/NOTIFY off: idle workers then only poll. LISTEN is also off
 	// when the *sql.DB does not use pgx's stdlib driver.
 	DisableListen bool
 
-	// MaxAttempts parks a row as FAILED after this many attempts. Default 10.
+	// MaxAttempts parks a row as FAILED after this many attempts. Default DefaultMaxAttempts (10).
 	MaxAttempts int
 	// Backoff is the delay after the first failed attempt; it doubles per attempt up to
 	// MaxBackoff, and each delay is drawn between half and all of that value (jitter).
-	// Defaults 1s and 5m.
+	// Defaults DefaultBackoff (1s) and DefaultMaxBackoff (5m).
 	Backoff    time.Duration
 	MaxBackoff time.Duration
 
 	// ShutdownGrace is how long Close lets handlers that are already running finish. After it
 	// their contexts and transactions are cancelled; handlers that still do not return within
 	// another ShutdownGrace (at most 5s) are abandoned, and every row still claimed is released.
-	// Default 10s; negative: cancel at once.
+	// Default DefaultShutdownGrace (10s); negative: cancel at once.
 	ShutdownGrace time.Duration
 
 	// OutputTopic receives the messages the handler returns (through the outbox, in the
@@ -84,7 +104,8 @@ type ProcessorConfig struct {
 	// service's own Writer as Outbox, wherever the service's relay has a Source: rows of another
 	// source are never forwarded by it. Setting both is an error.
 	OutboxSource string
-	// TxOptions of the processing transactions. Default READ COMMITTED. Handlers of
+	// TxOptions of the processing transactions. Default: isolation DefaultIsolation (READ
+	// COMMITTED). Handlers of
 	// different rows run at the same time (Workers), so at READ COMMITTED a handler that
 	// reads a row and writes back a value computed from it (read a counter, add one, write
 	// it) loses the updates of handlers that commit in between. Make such a handler exact by
@@ -107,48 +128,20 @@ type ProcessorConfig struct {
 }
 
 func (c *ProcessorConfig) setDefaults() {
-	if c.Schema == "" {
-		c.Schema = pgtx.DefaultSchema
-	}
-	if c.Workers == 0 {
-		c.Workers = 4
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = 16
-	}
-	if c.TxBatchSize == 0 {
-		c.TxBatchSize = 1
-	}
-	if c.Lease == 0 {
-		c.Lease = 30 * time.Second
-	}
-	if c.RenewInterval == 0 {
-		c.RenewInterval = c.Lease / 3
-	}
-	if c.HandlerTimeout == 0 {
-		c.HandlerTimeout = c.Lease
-	}
-	if c.ReapInterval == 0 {
-		c.ReapInterval = time.Second
-	}
-	if c.PollInterval == 0 {
-		c.PollInterval = time.Second
-	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = 10
-	}
-	if c.Backoff == 0 {
-		c.Backoff = time.Second
-	}
-	if c.MaxBackoff == 0 {
-		c.MaxBackoff = 5 * time.Minute
-	}
-	if c.ShutdownGrace == 0 {
-		c.ShutdownGrace = 10 * time.Second
-	}
-	if c.TxOptions == nil {
-		c.TxOptions = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
-	}
+	c.Schema = cmp.Or(c.Schema, pgtx.DefaultSchema)
+	c.Workers = cmp.Or(c.Workers, DefaultProcessorWorkers)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultProcessorBatchSize)
+	c.TxBatchSize = cmp.Or(c.TxBatchSize, DefaultTxBatchSize)
+	c.Lease = cmp.Or(c.Lease, DefaultLease)
+	c.RenewInterval = cmp.Or(c.RenewInterval, c.Lease/3)
+	c.HandlerTimeout = cmp.Or(c.HandlerTimeout, c.Lease)
+	c.ReapInterval = cmp.Or(c.ReapInterval, DefaultReapInterval)
+	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
+	c.Backoff = cmp.Or(c.Backoff, DefaultBackoff)
+	c.MaxBackoff = cmp.Or(c.MaxBackoff, DefaultMaxBackoff)
+	c.ShutdownGrace = cmp.Or(c.ShutdownGrace, DefaultShutdownGrace)
+	c.TxOptions = cmp.Or(c.TxOptions, &sql.TxOptions{Isolation: DefaultIsolation})
 }
 
 // Validate reports what to fix in a configuration.
@@ -163,8 +156,8 @@ func (c ProcessorConfig) Validate() error {
 	if err := validateConsumer(c.Consumer); err != nil {
 		errs = append(errs, err)
 	}
-	if c.Workers < 1 || c.Workers > 1024 {
-		errs = append(errs, fmt.Errorf("Workers must be between 1 and 1024, got %d", c.Workers))
+	if c.Workers < 1 || c.Workers > maxProcessorWorkers {
+		errs = append(errs, fmt.Errorf("Workers must be between 1 and %d, got %d", maxProcessorWorkers, c.Workers))
 	}
 	if c.BatchSize < 1 || c.BatchSize > MaxBatchSize {
 		errs = append(errs, fmt.Errorf("BatchSize must be between 1 and %d, got %d", MaxBatchSize, c.BatchSize))

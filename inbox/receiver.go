@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -60,6 +61,13 @@ func OrderingKeyFromMetadata(field string) OrderingKeyFunc {
 	}
 }
 
+// Defaults of ReceiverConfig.
+const (
+	DefaultReceiverBatchSize = 500
+	DefaultReceiverWorkers   = 2
+	DefaultWriteTimeout      = 10 * time.Second
+)
+
 // ReceiverConfig configures a Receiver.
 type ReceiverConfig struct {
 	// Schema holds the inbox table (migration 002). Default pgtx.DefaultSchema.
@@ -71,22 +79,24 @@ type ReceiverConfig struct {
 
 	// Key returns each message's dedupe key. Default wmonce.KeyFromUUID.
 	Key wmonce.KeyFunc
-	// MaxKeyLength refuses longer dedupe and ordering keys (in bytes). Default 255, at most
-	// wmonce.MaxKeyLengthLimit.
+	// MaxKeyLength refuses longer dedupe and ordering keys (in bytes). Default
+	// wmonce.DefaultMaxKeyLength (255), at most wmonce.MaxKeyLengthLimit.
 	MaxKeyLength int
 	// OrderingKey selects per-key ordering. Default nil: no ordering, rows are processed in
 	// parallel in roughly received order.
 	OrderingKey OrderingKeyFunc
 
-	// BatchSize bounds the rows written by one statement. Default 500.
+	// BatchSize bounds the rows written by one statement. Default DefaultReceiverBatchSize
+	// (500), at most MaxBatchSize.
 	BatchSize int
 	// Linger is how long a writer waits for more rows after the queue ran dry. Default 0: a
 	// batch is written as soon as the writer finds no more waiting rows, so a lone message is
 	// never delayed, and under load batches grow by themselves while the previous one commits.
 	Linger time.Duration
-	// Workers is the number of batches written at once. Default 2.
+	// Workers is the number of batches written at once. Default DefaultReceiverWorkers (2),
+	// at most 64.
 	Workers int
-	// WriteTimeout bounds one batch statement. Default 10s.
+	// WriteTimeout bounds one batch statement. Default DefaultWriteTimeout (10s).
 	WriteTimeout time.Duration
 
 	// MaxMessageAge is the age guard, with the semantics of the effectively-once middleware's
@@ -111,19 +121,11 @@ type ReceiverConfig struct {
 }
 
 func (c *ReceiverConfig) setDefaults() {
-	if c.Schema == "" {
-		c.Schema = pgtx.DefaultSchema
-	}
+	c.Schema = cmp.Or(c.Schema, pgtx.DefaultSchema)
 	wmonce.SetKeyDefaults(&c.Key, &c.MaxKeyLength)
-	if c.BatchSize == 0 {
-		c.BatchSize = 500
-	}
-	if c.Workers == 0 {
-		c.Workers = 2
-	}
-	if c.WriteTimeout == 0 {
-		c.WriteTimeout = 10 * time.Second
-	}
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultReceiverBatchSize)
+	c.Workers = cmp.Or(c.Workers, DefaultReceiverWorkers)
+	c.WriteTimeout = cmp.Or(c.WriteTimeout, DefaultWriteTimeout)
 	wmonce.SetAgeGuardDefaults(&c.OccurredAt, &c.Now, outbox.MetadataOccurredAt)
 }
 
