@@ -71,6 +71,7 @@ var claimBackoff = iworker.Backoff{Base: 100 * time.Millisecond, Max: 5 * time.S
 // claimFailed counts and logs a failed claim and waits claimBackoff; false means ctx ended.
 func (p *Processor) claimFailed(ctx context.Context, backoff *iworker.Backoff, err error) bool {
 	p.errs.Add(1)
+	p.testSignals.ClaimFailed.Signal(err)
 	wait := backoff.Next()
 	p.logger.Error("Inbox claim failed, retrying", err, watermill.LogFields{"backoff": wait})
 	return iworker.Sleep(ctx, wait)

@@ -18,6 +18,7 @@ func (p *Processor) processBatch(w *worker, rows []claimedRow, token int64) {
 	switch b.res {
 	case outcomeDone:
 		p.processed.Add(uint64(len(rows)))
+		p.signalSettled(settledDone, nil, rows...)
 		w.settle(ids(rows)...)
 		return
 	case outcomeRelease:
@@ -45,6 +46,7 @@ func (p *Processor) processBatch(w *worker, rows []claimedRow, token int64) {
 		case b.endedBy != nil && r.id == b.endedBy.id:
 		case b.lost[r.id]:
 			p.conflicts.Add(1)
+			p.signalSettled(settledLeaseLost, nil, r)
 			p.logger.Info("Lease lost before completion: rolled back, another worker owns the row", watermill.LogFields{"row": r.id})
 			w.settle(r.id)
 		default:

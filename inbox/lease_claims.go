@@ -98,14 +98,16 @@ func (p *Processor) release(rows []claimedRow, token int64, delay time.Duration)
 func (p *Processor) releasePairs(rowIDs, tokens []int64, delay time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	res, err := p.db.ExecContext(ctx, p.q.release, rowIDs, tokens, micros(delay))
+	released, err := p.releaseRows(ctx, rowIDs, tokens, delay)
 	if err != nil {
 		p.errs.Add(1)
 		p.logger.Error("Could not release claimed rows; they return when their lease expires", err, watermill.LogFields{"rows": len(rowIDs)})
 		return
 	}
-	n, _ := res.RowsAffected()
-	p.released.Add(uint64(n))
+	p.released.Add(uint64(len(released)))
+	for _, id := range released {
+		p.testSignals.Settled.Signal(settledRow{ID: id, As: settledReleased})
+	}
 }
 
 // releaseAllOwned gives back whatever any worker still holds: rows of handlers that ignored
@@ -123,4 +125,22 @@ func (p *Processor) releaseAllOwned() {
 	if len(rowIDs) > 0 {
 		p.releasePairs(rowIDs, tokens, 0)
 	}
+}
+
+// releaseRows runs the release statement and returns the ids of the rows it gave back.
+func (p *Processor) releaseRows(ctx context.Context, rowIDs, tokens []int64, delay time.Duration) ([]int64, error) {
+	rs, err := p.db.QueryContext(ctx, p.q.release, rowIDs, tokens, micros(delay))
+	if err != nil {
+		return nil, err
+	}
+	defer rs.Close()
+	var released []int64
+	for rs.Next() {
+		var id int64
+		if err := rs.Scan(&id); err != nil {
+			return nil, err
+		}
+		released = append(released, id)
+	}
+	return released, rs.Err()
 }

@@ -61,6 +61,9 @@ func (p *Processor) claim(ctx context.Context) ([]claimedRow, int64, error) {
 		}
 		p.raiseFloor(rows)
 		p.claimed.Add(uint64(len(rows)))
+		if len(rows) > 0 {
+			p.testSignals.Claimed.Signal(ids(rows))
+		}
 		return rows, token, nil
 	}
 }
@@ -258,8 +261,10 @@ func (p *Processor) settle(r claimedRow, token int64, res outcome, err error) {
 	switch res {
 	case outcomeDone:
 		p.processed.Add(1)
+		p.signalSettled(settledDone, nil, r)
 	case outcomeConflict:
 		p.conflicts.Add(1)
+		p.signalSettled(settledLeaseLost, nil, r)
 		p.logger.Info("Lease lost before completion: rolled back, another worker owns the row", fields)
 	case outcomeRelease:
 		if p.handlerCtx().Err() != nil {
@@ -286,17 +291,21 @@ func (p *Processor) recordFailure(r claimedRow, token int64, cause error) {
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		p.conflicts.Add(1)
+		p.signalSettled(settledLeaseLost, cause, r)
 		p.logger.Info("Attempt failed after its claim was gone (lease lost to another worker, or a COMMIT whose reply was lost did commit)", fields.Add(watermill.LogFields{"err": cause.Error()}))
 	case err != nil:
 		p.failed.Add(1)
 		p.errs.Add(1)
+		p.signalSettled(settledFailed, cause, r)
 		p.logger.Error("Could not record a failed attempt; the row is retried when its lease expires", errors.Join(cause, err), fields)
 	case Status(status) == StatusFailed:
 		p.failed.Add(1)
 		p.parked.Add(1)
+		p.signalSettled(settledParked, cause, r)
 		p.logger.Error("Row parked as FAILED: replay or skip it (its ordering key, if any, waits)", cause, fields)
 	default:
 		p.failed.Add(1)
+		p.signalSettled(settledFailed, cause, r)
 		p.logger.Info("Attempt failed; retrying later", fields.Add(watermill.LogFields{"err": cause.Error(), "retry_in": delay}))
 	}
 }

@@ -54,10 +54,16 @@ func (p *Processor) renew(ctx context.Context) {
 	}
 	qctx, cancel := context.WithTimeout(ctx, p.config.RenewInterval)
 	defer cancel()
-	if _, err := p.db.ExecContext(qctx, p.q.renew, rowIDs, tokens, micros(p.config.Lease)); err != nil && ctx.Err() == nil {
-		p.errs.Add(1)
-		p.logger.Error("Lease renewal failed", err, watermill.LogFields{"rows": len(rowIDs)})
+	res, err := p.db.ExecContext(qctx, p.q.renew, rowIDs, tokens, micros(p.config.Lease))
+	if err != nil {
+		if ctx.Err() == nil {
+			p.errs.Add(1)
+			p.logger.Error("Lease renewal failed", err, watermill.LogFields{"rows": len(rowIDs)})
+		}
+		return
 	}
+	renewed, _ := res.RowsAffected()
+	p.testSignals.LeasesRenewed.Signal(int(renewed))
 }
 
 func (p *Processor) reap(ctx context.Context) {
@@ -73,6 +79,7 @@ func (p *Processor) reap(ctx context.Context) {
 	}
 	defer rs.Close()
 	pending := 0
+	var reaped []expiredLease
 	for rs.Next() {
 		var id int64
 		var status string
@@ -81,6 +88,7 @@ func (p *Processor) reap(ctx context.Context) {
 			return
 		}
 		p.expired.Add(1)
+		reaped = append(reaped, expiredLease{ID: id, Parked: Status(status) == StatusFailed})
 		if Status(status) == StatusFailed {
 			p.parked.Add(1)
 			p.logger.Error("Lease expired on the last attempt: row parked as FAILED", errors.New("lease expired"), watermill.LogFields{"row": id})
@@ -89,11 +97,26 @@ func (p *Processor) reap(ctx context.Context) {
 			p.logger.Info("Lease expired: row taken back for another attempt", watermill.LogFields{"row": id})
 		}
 	}
-	if err := rs.Err(); err != nil && ctx.Err() == nil {
-		p.errs.Add(1)
-		p.logger.Error("Reaping expired leases failed", err, nil)
+	if err := rs.Err(); err != nil {
+		if ctx.Err() == nil {
+			p.errs.Add(1)
+			p.logger.Error("Reaping expired leases failed", err, nil)
+		}
+	} else {
+		_ = rs.Close() // the statement's commit, before tests hear of it
+		p.signalReaped(reaped)
 	}
 	if pending > 0 {
 		p.wakeAll()
+	}
+}
+
+// signalReaped sends the test signals of reaped leases.
+func (p *Processor) signalReaped(reaped []expiredLease) {
+	for _, e := range reaped {
+		p.testSignals.LeaseExpired.Signal(e)
+		if e.Parked {
+			p.testSignals.Settled.Signal(settledRow{ID: e.ID, As: settledParked})
+		}
 	}
 }

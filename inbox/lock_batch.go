@@ -32,6 +32,7 @@ func (p *Processor) runLockedBatch(claimCtx, ctx context.Context, tx *sql.Tx, ro
 		p.forgetLocked(rows)
 		if p.handlerCtx().Err() != nil {
 			p.released.Add(uint64(len(rows)))
+			p.signalSettled(settledReleased, nil, rows...)
 			return false, nil
 		}
 		return false, fmt.Errorf("inbox: HandlerTimeout (%s) ran out before the handlers started; the rows are claimed again, no attempt counted: %w", p.config.HandlerTimeout, ctx.Err())
@@ -53,6 +54,7 @@ func (p *Processor) runLockedBatch(claimCtx, ctx context.Context, tx *sql.Tx, ro
 				p.recordLockedFailure(r, err)
 				if p.handlerCtx().Err() != nil {
 					p.released.Add(uint64(len(others)))
+					p.signalSettled(settledReleased, nil, others...)
 					return false, nil
 				}
 				p.processLockedEach(claimCtx, others)
@@ -63,6 +65,7 @@ func (p *Processor) runLockedBatch(claimCtx, ctx context.Context, tx *sql.Tx, ro
 			p.forgetLocked(rows)
 			if p.handlerCtx().Err() != nil {
 				p.released.Add(uint64(len(rows)))
+				p.signalSettled(settledReleased, nil, rows...)
 				return false, nil
 			}
 			p.logger.Debug("Handler failed in a batch; processing the batch row by row", watermill.LogFields{"row": r.id, "err": err.Error()})
@@ -92,6 +95,7 @@ func (p *Processor) runLockedBatch(claimCtx, ctx context.Context, tx *sql.Tx, ro
 		p.forgetLocked(rows)
 		if p.handlerCtx().Err() != nil {
 			p.released.Add(uint64(len(rows)))
+			p.signalSettled(settledReleased, nil, rows...)
 			return false, nil
 		}
 		p.processLockedEach(claimCtx, rows)
@@ -108,5 +112,6 @@ func (p *Processor) runLockedBatch(claimCtx, ctx context.Context, tx *sql.Tx, ro
 	}
 	spansIn(ctx).end("")
 	p.processed.Add(uint64(len(rows)))
+	p.signalSettled(settledDone, nil, rows...)
 	return true, nil
 }

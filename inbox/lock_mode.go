@@ -70,8 +70,11 @@ func (p *Processor) lockedRound(claimCtx context.Context) (int, error) {
 	}
 	p.raiseFloor(rows)
 	p.claimed.Add(uint64(len(rows)))
+	p.testSignals.Claimed.Signal(ids(rows))
 	if claimCtx.Err() != nil {
-		p.released.Add(uint64(len(rows))) // shutdown: the rollback gives them back
+		_ = tx.Rollback() // shutdown: the rollback gives them back
+		p.released.Add(uint64(len(rows)))
+		p.signalSettled(settledReleased, nil, rows...)
 		return len(rows), nil
 	}
 	if len(rows) == 1 {
@@ -141,6 +144,7 @@ func (p *Processor) runLockedRow(ctx context.Context, tx *sql.Tx, r claimedRow) 
 		p.forgetLocked([]claimedRow{r})
 		if p.handlerCtx().Err() != nil {
 			p.released.Add(1)
+			p.signalSettled(settledReleased, nil, r)
 			p.logger.Info("Shutdown: row given back unprocessed", fields)
 			return false
 		}
@@ -197,6 +201,7 @@ func (p *Processor) runLockedRow(ctx context.Context, tx *sql.Tx, r claimedRow) 
 			}
 			spansIn(ctx).end("")
 			p.processed.Add(1)
+			p.signalSettled(settledDone, nil, r)
 			return true
 		}
 		herr = fmt.Errorf("inbox: mark done: %w", err)
@@ -217,6 +222,7 @@ func (p *Processor) lockedRowFailed(ctx context.Context, tx *sql.Tx, r claimedRo
 		p.released.Add(1)
 		p.logger.Info("Shutdown: row given back unprocessed", fields)
 		p.forgetLocked([]claimedRow{r})
+		p.signalSettled(settledReleased, nil, r)
 		return false
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		// database/sql has rolled the transaction back: record the attempt on its own.
@@ -278,6 +284,7 @@ func (p *Processor) parkCrashed(ctx context.Context, tx *sql.Tx, r claimedRow, f
 		return true
 	}
 	p.parked.Add(1)
+	p.signalSettled(settledParked, cause, r)
 	p.logger.Error("Row parked as FAILED: replay or skip it (its ordering key, if any, waits)", cause, fields.Add(watermill.LogFields{"attempt": r.crashed}))
 	return true
 }
@@ -291,10 +298,12 @@ func (p *Processor) recordLockedFailure(r claimedRow, cause error) {
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		p.failed.Add(1)
+		p.signalSettled(settledFailed, cause, r)
 		p.logger.Info("Attempt failed; the row was finished by another worker meanwhile", watermill.LogFields{"row": r.id, "err": cause.Error()})
 	case err != nil:
 		p.failed.Add(1)
 		p.errs.Add(1)
+		p.signalSettled(settledFailed, cause, r)
 		p.logger.Error("Could not record a failed attempt; it is counted when the row is claimed again", errors.Join(cause, err), watermill.LogFields{"row": r.id})
 	default:
 		p.reportFailure(r, cause, status)
@@ -306,9 +315,11 @@ func (p *Processor) reportFailure(r claimedRow, cause error, status string) {
 	p.failed.Add(1)
 	if Status(status) == StatusFailed {
 		p.parked.Add(1)
+		p.signalSettled(settledParked, cause, r)
 		p.logger.Error("Row parked as FAILED: replay or skip it (its ordering key, if any, waits)", cause, fields)
 		return
 	}
+	p.signalSettled(settledFailed, cause, r)
 	p.logger.Info("Attempt failed; retrying later", fields.Add(watermill.LogFields{"err": cause.Error()}))
 }
 

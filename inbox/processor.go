@@ -90,6 +90,8 @@ type Processor struct {
 	guardFound atomic.Bool // the schema has the attempt guard (see requireGuard)
 
 	floor, lastRescan atomic.Int64 // see claimAfter
+
+	testSignals processorTestSignals
 }
 
 // NewProcessor validates config and prepares a processor that runs handler for every row of

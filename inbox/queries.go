@@ -132,7 +132,8 @@ RETURNING status`,
 		release: `UPDATE ` + t + ` r SET status = 'PENDING', claim_token = NULL, lease_until = NULL,
     attempts = greatest(r.attempts - 1, 0), next_attempt_at = now() + $3::bigint * interval '1 microsecond'
 FROM unnest($1::bigint[], $2::bigint[]) AS c(id, token)
-WHERE r.id = c.id AND r.claim_token = c.token`,
+WHERE r.id = c.id AND r.claim_token = c.token
+RETURNING r.id`,
 
 		// Extends the leases a worker still holds. Rows locked right now are being completed
 		// by their worker: skip them rather than wait.

@@ -218,6 +218,8 @@ type Receiver struct {
 
 	stored, duplicates, refused, tooOld, batches, batchFailures atomic.Uint64
 	waiting                                                     atomic.Int64
+
+	testSignals receiverTestSignals
 }
 
 // row is one message ready to insert.
@@ -282,6 +284,7 @@ func (r *Receiver) Handle(msg *message.Message) error {
 	}
 	r.queue <- req
 	r.waiting.Add(1) // after the send: a non-zero count means the request is with the writers
+	r.testSignals.Queued.Signal(rw.key)
 	defer r.waiting.Add(-1)
 	r.mu.RUnlock()
 	// No select on the message context: the batch may already be on its way to the database,
@@ -425,6 +428,7 @@ func (r *Receiver) alertTooOld(rows []row, parked []string, where string) {
 func (r *Receiver) refuse(msg *message.Message, cause error) error {
 	r.refused.Add(1)
 	err := wmonce.Permanent(cause)
+	r.testSignals.Refused.Signal(err)
 	r.logger.Error("Message refused: not stored in the inbox, not acked", err, watermill.LogFields{"message_uuid": msg.UUID})
 	return err
 }
@@ -449,6 +453,7 @@ func (r *Receiver) write() {
 	rows := make([]row, 0, r.config.BatchSize)
 	for first := range r.queue {
 		batch = r.fill(append(batch[:0], first))
+		r.testSignals.BatchTaken.Signal(len(batch))
 		rows = rows[:0]
 		for _, req := range batch {
 			rows = append(rows, req.row)
@@ -528,6 +533,7 @@ func (r *Receiver) count(rows []row, n int, parked []string) {
 	r.tooOld.Add(uint64(len(parked)))
 	r.duplicates.Add(uint64(len(rows) - n))
 	r.alertTooOld(rows, parked, "parked")
+	r.testSignals.BatchCommitted.Signal(committedBatch{Rows: len(rows), Stored: n - len(parked), Duplicates: len(rows) - n, Parked: parked})
 }
 
 // insertRetrying runs the batch statement, again after a deadlock: two batches carrying copies
