@@ -17,8 +17,7 @@ func (p *Processor) processBatch(w *worker, rows []claimedRow, token int64) {
 	b := p.attemptBatch(w, rows, token)
 	switch b.res {
 	case outcomeDone:
-		p.processed.Add(uint64(len(rows)))
-		p.signalSettled(settledDone, nil, rows...)
+		p.count(settledDone, nil, rows...)
 		w.settle(ids(rows)...)
 		return
 	case outcomeRelease:
@@ -45,8 +44,7 @@ func (p *Processor) processBatch(w *worker, rows []claimedRow, token int64) {
 		switch {
 		case b.endedBy != nil && r.id == b.endedBy.id:
 		case b.lost[r.id]:
-			p.conflicts.Add(1)
-			p.signalSettled(settledLeaseLost, nil, r)
+			p.count(settledLeaseLost, nil, r)
 			p.logger.Info("Lease lost before completion: rolled back, another worker owns the row", watermill.LogFields{"row": r.id})
 			w.settle(r.id)
 		default:

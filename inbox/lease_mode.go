@@ -260,11 +260,9 @@ func (p *Processor) settle(r claimedRow, token int64, res outcome, err error) {
 	fields := watermill.LogFields{"row": r.id, "message_id": r.messageID, "attempt": r.attempts}
 	switch res {
 	case outcomeDone:
-		p.processed.Add(1)
-		p.signalSettled(settledDone, nil, r)
+		p.count(settledDone, nil, r)
 	case outcomeConflict:
-		p.conflicts.Add(1)
-		p.signalSettled(settledLeaseLost, nil, r)
+		p.count(settledLeaseLost, nil, r)
 		p.logger.Info("Lease lost before completion: rolled back, another worker owns the row", fields)
 	case outcomeRelease:
 		if p.handlerCtx().Err() != nil {
@@ -290,22 +288,18 @@ func (p *Processor) recordFailure(r claimedRow, token int64, cause error) {
 	err := p.db.QueryRowContext(ctx, p.q.fail, r.id, token, wmonce.IsPermanent(cause), p.config.MaxAttempts, micros(delay), errorText(cause)).Scan(&status)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		p.conflicts.Add(1)
-		p.signalSettled(settledLeaseLost, cause, r)
+		p.count(settledLeaseLost, cause, r)
 		p.logger.Info("Attempt failed after its claim was gone (lease lost to another worker, or a COMMIT whose reply was lost did commit)", fields.Add(watermill.LogFields{"err": cause.Error()}))
 	case err != nil:
-		p.failed.Add(1)
 		p.errs.Add(1)
-		p.signalSettled(settledFailed, cause, r)
+		p.count(settledFailed, cause, r)
 		p.logger.Error("Could not record a failed attempt; the row is retried when its lease expires", errors.Join(cause, err), fields)
 	case Status(status) == StatusFailed:
 		p.failed.Add(1)
-		p.parked.Add(1)
-		p.signalSettled(settledParked, cause, r)
+		p.count(settledParked, cause, r)
 		p.logger.Error("Row parked as FAILED: replay or skip it (its ordering key, if any, waits)", cause, fields)
 	default:
-		p.failed.Add(1)
-		p.signalSettled(settledFailed, cause, r)
+		p.count(settledFailed, cause, r)
 		p.logger.Info("Attempt failed; retrying later", fields.Add(watermill.LogFields{"err": cause.Error(), "retry_in": delay}))
 	}
 }

@@ -31,8 +31,7 @@ func (p *Processor) runLockedBatch(claimCtx, ctx context.Context, tx *sql.Tx, ro
 		// it: no handler ran, so no attempt counts.
 		p.forgetLocked(rows)
 		if p.handlerCtx().Err() != nil {
-			p.released.Add(uint64(len(rows)))
-			p.signalSettled(settledReleased, nil, rows...)
+			p.count(settledReleased, nil, rows...)
 			return false, nil
 		}
 		return false, fmt.Errorf("inbox: HandlerTimeout (%s) ran out before the handlers started; the rows are claimed again, no attempt counted: %w", p.config.HandlerTimeout, ctx.Err())
@@ -53,8 +52,7 @@ func (p *Processor) runLockedBatch(claimCtx, ctx context.Context, tx *sql.Tx, ro
 				p.forgetLocked(others)
 				p.recordLockedFailure(r, err)
 				if p.handlerCtx().Err() != nil {
-					p.released.Add(uint64(len(others)))
-					p.signalSettled(settledReleased, nil, others...)
+					p.count(settledReleased, nil, others...)
 					return false, nil
 				}
 				p.processLockedEach(claimCtx, others)
@@ -64,8 +62,7 @@ func (p *Processor) runLockedBatch(claimCtx, ctx context.Context, tx *sql.Tx, ro
 			// are held) and let the row-by-row pass count the attempt of the row at fault.
 			p.forgetLocked(rows)
 			if p.handlerCtx().Err() != nil {
-				p.released.Add(uint64(len(rows)))
-				p.signalSettled(settledReleased, nil, rows...)
+				p.count(settledReleased, nil, rows...)
 				return false, nil
 			}
 			p.logger.Debug("Handler failed in a batch; processing the batch row by row", watermill.LogFields{"row": r.id, "err": err.Error()})
@@ -94,8 +91,7 @@ func (p *Processor) runLockedBatch(claimCtx, ctx context.Context, tx *sql.Tx, ro
 		}
 		p.forgetLocked(rows)
 		if p.handlerCtx().Err() != nil {
-			p.released.Add(uint64(len(rows)))
-			p.signalSettled(settledReleased, nil, rows...)
+			p.count(settledReleased, nil, rows...)
 			return false, nil
 		}
 		p.processLockedEach(claimCtx, rows)
@@ -111,7 +107,6 @@ func (p *Processor) runLockedBatch(claimCtx, ctx context.Context, tx *sql.Tx, ro
 		return true, nil
 	}
 	spansIn(ctx).end("")
-	p.processed.Add(uint64(len(rows)))
-	p.signalSettled(settledDone, nil, rows...)
+	p.count(settledDone, nil, rows...)
 	return true, nil
 }

@@ -73,8 +73,7 @@ func (p *Processor) lockedRound(claimCtx context.Context) (int, error) {
 	p.testSignals.Claimed.Signal(ids(rows))
 	if claimCtx.Err() != nil {
 		_ = tx.Rollback() // shutdown: the rollback gives them back
-		p.released.Add(uint64(len(rows)))
-		p.signalSettled(settledReleased, nil, rows...)
+		p.count(settledReleased, nil, rows...)
 		return len(rows), nil
 	}
 	if len(rows) == 1 {
@@ -143,8 +142,7 @@ func (p *Processor) runLockedRow(ctx context.Context, tx *sql.Tx, r claimedRow) 
 		// the handler did not run, so the attempt does not count.
 		p.forgetLocked([]claimedRow{r})
 		if p.handlerCtx().Err() != nil {
-			p.released.Add(1)
-			p.signalSettled(settledReleased, nil, r)
+			p.count(settledReleased, nil, r)
 			p.logger.Info("Shutdown: row given back unprocessed", fields)
 			return false
 		}
@@ -200,8 +198,7 @@ func (p *Processor) runLockedRow(ctx context.Context, tx *sql.Tx, r claimedRow) 
 				return true
 			}
 			spansIn(ctx).end("")
-			p.processed.Add(1)
-			p.signalSettled(settledDone, nil, r)
+			p.count(settledDone, nil, r)
 			return true
 		}
 		herr = fmt.Errorf("inbox: mark done: %w", err)
@@ -219,10 +216,9 @@ func (p *Processor) lockedRowFailed(ctx context.Context, tx *sql.Tx, r claimedRo
 		p.recordLockedFailure(r, herr)
 		return true
 	case p.handlerCtx().Err() != nil:
-		p.released.Add(1)
 		p.logger.Info("Shutdown: row given back unprocessed", fields)
 		p.forgetLocked([]claimedRow{r})
-		p.signalSettled(settledReleased, nil, r)
+		p.count(settledReleased, nil, r)
 		return false
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		// database/sql has rolled the transaction back: record the attempt on its own.
@@ -283,8 +279,7 @@ func (p *Processor) parkCrashed(ctx context.Context, tx *sql.Tx, r claimedRow, f
 		p.logger.Error("Could not park a row whose attempts ended their process; it is claimed again later", err, fields)
 		return true
 	}
-	p.parked.Add(1)
-	p.signalSettled(settledParked, cause, r)
+	p.count(settledParked, cause, r)
 	p.logger.Error("Row parked as FAILED: replay or skip it (its ordering key, if any, waits)", cause, fields.Add(watermill.LogFields{"attempt": r.crashed}))
 	return true
 }
@@ -297,13 +292,11 @@ func (p *Processor) recordLockedFailure(r claimedRow, cause error) {
 	status, err := p.failLocked(ctx, p.db, r, cause)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		p.failed.Add(1)
-		p.signalSettled(settledFailed, cause, r)
+		p.count(settledFailed, cause, r)
 		p.logger.Info("Attempt failed; the row was finished by another worker meanwhile", watermill.LogFields{"row": r.id, "err": cause.Error()})
 	case err != nil:
-		p.failed.Add(1)
 		p.errs.Add(1)
-		p.signalSettled(settledFailed, cause, r)
+		p.count(settledFailed, cause, r)
 		p.logger.Error("Could not record a failed attempt; it is counted when the row is claimed again", errors.Join(cause, err), watermill.LogFields{"row": r.id})
 	default:
 		p.reportFailure(r, cause, status)
@@ -312,14 +305,13 @@ func (p *Processor) recordLockedFailure(r claimedRow, cause error) {
 
 func (p *Processor) reportFailure(r claimedRow, cause error, status string) {
 	fields := watermill.LogFields{"row": r.id, "message_id": r.messageID, "attempt": r.attempts, "max_attempts": p.config.MaxAttempts}
-	p.failed.Add(1)
 	if Status(status) == StatusFailed {
-		p.parked.Add(1)
-		p.signalSettled(settledParked, cause, r)
+		p.failed.Add(1)
+		p.count(settledParked, cause, r)
 		p.logger.Error("Row parked as FAILED: replay or skip it (its ordering key, if any, waits)", cause, fields)
 		return
 	}
-	p.signalSettled(settledFailed, cause, r)
+	p.count(settledFailed, cause, r)
 	p.logger.Info("Attempt failed; retrying later", fields.Add(watermill.LogFields{"err": cause.Error()}))
 }
 

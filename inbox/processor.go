@@ -145,6 +145,29 @@ func (p *Processor) Counters() ProcessorCounters {
 	}
 }
 
+// count adds rows to the counter that as names (settledParked: Parked only; an attempt that
+// parked its row also counts in Failed, which the caller adds) and sends their Settled test
+// signals, once what happened to them is committed.
+func (p *Processor) count(as settledAs, cause error, rows ...claimedRow) {
+	var counter *atomic.Uint64
+	switch as {
+	case settledDone:
+		counter = &p.processed
+	case settledFailed:
+		counter = &p.failed
+	case settledParked:
+		counter = &p.parked
+	case settledReleased:
+		counter = &p.released
+	case settledLeaseLost:
+		counter = &p.conflicts
+	}
+	counter.Add(uint64(len(rows)))
+	for _, r := range rows {
+		p.testSignals.Settled.Signal(settledRow{ID: r.id, As: as, Err: cause})
+	}
+}
+
 // handlerCtx is the parent of every processing transaction of the current Run; it is cancelled
 // when that Run's shutdown grace runs out.
 func (p *Processor) handlerCtx() context.Context { return *p.hctx.Load() }

@@ -48,13 +48,6 @@ type expiredLease struct {
 	Parked bool // the lost attempt was the last: the row is FAILED
 }
 
-// signalSettled sends the Settled event of each of rows.
-func (p *Processor) signalSettled(as settledAs, cause error, rows ...claimedRow) {
-	for _, r := range rows {
-		p.testSignals.Settled.Signal(settledRow{ID: r.id, As: as, Err: cause})
-	}
-}
-
 // receiverTestSignals are the events of a Receiver this package's tests wait on (see
 // processorTestSignals): inert unless a test initialised them before the receiver's first
 // Handle or StoreTx (the writers read them only for rows handed to them).
