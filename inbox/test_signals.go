@@ -4,8 +4,8 @@ import "github.com/wmonce/watermill-once/internal/testsignal"
 
 // processorTestSignals are the events of a Processor this package's tests wait on instead of
 // polling its counters or the table (see internal/testsignal): inert unless a test initialised
-// them, through export_test.go, before Run. Each comes once what it reports is committed and
-// counted in ProcessorCounters.
+// them, through export_test.go, before Run. Each comes after what it reports is counted in
+// ProcessorCounters and, where it changed the table, committed.
 type processorTestSignals struct {
 	// Claimed comes with the row ids of each claim that took rows (counted in Claimed): a claim
 	// statement with leases, a locking transaction with ClaimLock.
