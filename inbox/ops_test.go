@@ -12,7 +12,6 @@ import (
 
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -93,7 +92,7 @@ func TestOpsSkipKeyLetsTheKeyMoveOn(t *testing.T) {
 	}, cfg)
 	require.NoError(t, r.Handle(msg("a1", "poison", "key", "A", "seq", "1")))
 	require.NoError(t, r.Handle(msg("a2", "ok", "key", "A", "seq", "2")))
-	testwait.Until(t, "parking", func() bool { return p.Counters().Parked == 1 })
+	p.until(t, "parking", func(n tally) bool { return n.Parked == 1 })
 
 	_, err := e.ops.Skip(ctx, inbox.Filter{Consumer: "c", OrderingKey: "A"}, " ", false)
 	require.ErrorContains(t, err, "give a reason")
@@ -103,7 +102,7 @@ func TestOpsSkipKeyLetsTheKeyMoveOn(t *testing.T) {
 	n, err = e.ops.SkipKey(ctx, "c", "A", "payload from a broken producer, ticket 4411")
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	testwait.Until(t, "the rest of key A", func() bool { return p.Counters().Processed == 1 })
+	p.until(t, "the rest of key A", func(n tally) bool { return n.Done == 1 })
 	require.Equal(t, []int{2}, seqsOf(t, e, "A"))
 
 	row, err := e.ops.InspectMessage(ctx, "c", "a1")

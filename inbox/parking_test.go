@@ -36,6 +36,7 @@ func TestReceiverRefusalsAreParkedOnKafka(t *testing.T) {
 	writer, err := outbox.NewWriter(outbox.Config{Schema: e.schema})
 	require.NoError(t, err)
 	receiver := e.receiver(t, inbox.ReceiverConfig{Consumer: "ledger", Key: wmonce.KeyFromMetadata("event_id")})
+	stored := &receiverSignals(receiver).BatchCommitted
 	topic, sub := brokertest.OnePartitionKafka(t, "inbox_refused", "ledger")
 	poisonTopic := pgtest.NewName("inbox_parked")
 
@@ -63,7 +64,7 @@ func TestReceiverRefusalsAreParkedOnKafka(t *testing.T) {
 	good := &kgo.Record{Value: []byte("good"), Headers: header("event_id", "e-good")}
 	brokertest.ProduceForeign(t, topic, append(refused, good)...)
 
-	testwait.Until(t, "the record behind the refused ones to be stored", func() bool { return receiver.Counters().Stored == 1 })
+	stored.WaitFor(func(b inbox.CommittedBatch) bool { return b.Stored == 1 }) // the record behind the refused ones
 	c := receiver.Counters()
 	require.Equal(t, uint64(len(refused)), c.Refused, "each refused once: parked at the first refusal, not redelivered")
 	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("inbox")+` WHERE message_id = 'e-good'`))

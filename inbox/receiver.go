@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -59,6 +60,13 @@ func OrderingKeyFromMetadata(field string) OrderingKeyFunc {
 	}
 }
 
+// Defaults of ReceiverConfig.
+const (
+	DefaultReceiverBatchSize = 500
+	DefaultReceiverWorkers   = 2
+	DefaultWriteTimeout      = 10 * time.Second
+)
+
 // ReceiverConfig configures a Receiver.
 type ReceiverConfig struct {
 	// Schema holds the inbox table (migration 002). Default pgtx.DefaultSchema.
@@ -77,7 +85,8 @@ type ReceiverConfig struct {
 	// parallel in roughly received order.
 	OrderingKey OrderingKeyFunc
 
-	// BatchSize bounds the rows written by one statement. Default 500.
+	// BatchSize bounds the rows written by one statement. Default DefaultReceiverBatchSize
+	// (500), at most MaxBatchSize.
 	BatchSize int
 	// Linger makes every row wait for company: a writer that starts waits this long before it
 	// takes its first batch (Close ends the wait). Default 0: a Handle that finds a writer free
@@ -85,9 +94,10 @@ type ReceiverConfig struct {
 	// rows that find every writer busy are written together by the next writer to free up, so
 	// under load batches grow by themselves while the previous one commits.
 	Linger time.Duration
-	// Workers is the number of batches written at once. Default 2.
+	// Workers is the number of batches written at once. Default DefaultReceiverWorkers (2),
+	// at most 64.
 	Workers int
-	// WriteTimeout bounds one batch statement. Default 10s.
+	// WriteTimeout bounds one batch statement. Default DefaultWriteTimeout (10s).
 	WriteTimeout time.Duration
 
 	// MaxMessageAge is the age guard, with the semantics of the effectively-once middleware's
@@ -112,19 +122,11 @@ type ReceiverConfig struct {
 }
 
 func (c *ReceiverConfig) setDefaults() {
-	if c.Schema == "" {
-		c.Schema = pgtx.DefaultSchema
-	}
+	c.Schema = cmp.Or(c.Schema, pgtx.DefaultSchema)
 	wmonce.SetKeyDefaults(&c.Key, &c.MaxKeyLength)
-	if c.BatchSize == 0 {
-		c.BatchSize = 500
-	}
-	if c.Workers == 0 {
-		c.Workers = 2
-	}
-	if c.WriteTimeout == 0 {
-		c.WriteTimeout = 10 * time.Second
-	}
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultReceiverBatchSize)
+	c.Workers = cmp.Or(c.Workers, DefaultReceiverWorkers)
+	c.WriteTimeout = cmp.Or(c.WriteTimeout, DefaultWriteTimeout)
 	wmonce.SetAgeGuardDefaults(&c.OccurredAt, &c.Now, outbox.MetadataOccurredAt)
 }
 
@@ -214,6 +216,8 @@ type Receiver struct {
 	writers *groupcommit.Queue[row]
 
 	stored, duplicates, refused, tooOld, batches, batchFailures atomic.Uint64
+
+	testSignals receiverTestSignals
 }
 
 // row is one message ready to insert.
@@ -263,6 +267,7 @@ func (r *Receiver) Handle(msg *message.Message) error {
 	}
 	// No give-up on the message context: the batch may already be on its way to the database,
 	// and its outcome, bounded by WriteTimeout, is the only honest answer to give the router.
+	r.testSignals.Queued.Signal(rw.key)
 	return r.writers.Wait(context.Background(), rw)
 }
 
@@ -316,6 +321,9 @@ func (r *Receiver) Counters() ReceiverCounters {
 		Waiting:       int64(r.writers.Waiting()),
 	}
 }
+
+// Consumer is the consumer the receiver stores rows for: the label its metrics carry.
+func (r *Receiver) Consumer() string { return r.config.Consumer }
 
 // Close stops accepting messages, writes those already queued and returns when every waiting
 // Handle has its answer. It is idempotent.
@@ -402,6 +410,7 @@ func (r *Receiver) alertTooOld(rows []row, parked []string, where string) {
 func (r *Receiver) refuse(msg *message.Message, cause error) error {
 	r.refused.Add(1)
 	err := wmonce.Permanent(cause)
+	r.testSignals.Refused.Signal(err)
 	r.logger.Error("Message refused: not stored in the inbox, not acked", err, watermill.LogFields{"message_uuid": msg.UUID})
 	return err
 }
@@ -422,6 +431,7 @@ func encodeMetadata(md message.Metadata) (string, error) {
 // writeAlone writes the row of a Handle that found a writer free and nobody waiting, in its
 // own goroutine: a lone message is written at once, as a batch of one.
 func (r *Receiver) writeAlone(rw row) error {
+	r.testSignals.BatchTaken.Signal(1)
 	ctx, cancel := context.WithTimeout(context.Background(), r.config.WriteTimeout)
 	defer cancel()
 	if err := r.writeRows(ctx, []row{rw}); err != nil {
@@ -434,6 +444,7 @@ func (r *Receiver) writeAlone(rw row) error {
 // writeBatch writes the rows of every Handle that waited for a writer (up to BatchSize, after
 // Linger) in one statement, and answers each.
 func (r *Receiver) writeBatch(batch []*groupcommit.Member[row]) {
+	r.testSignals.BatchTaken.Signal(len(batch))
 	rows := make([]row, len(batch))
 	for i, m := range batch {
 		rows[i] = m.Item
@@ -479,6 +490,7 @@ func (r *Receiver) count(rows []row, n int, parked []string) {
 	r.tooOld.Add(uint64(len(parked)))
 	r.duplicates.Add(uint64(len(rows) - n))
 	r.alertTooOld(rows, parked, "parked")
+	r.testSignals.BatchCommitted.Signal(committedBatch{Rows: len(rows), Stored: n - len(parked), Duplicates: len(rows) - n, Parked: parked})
 }
 
 // insertRetrying runs the batch statement, again after a deadlock: two batches carrying copies

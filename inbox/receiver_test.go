@@ -14,7 +14,6 @@ import (
 	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/outbox"
 )
 
@@ -24,6 +23,7 @@ func TestBurstIngestedThenProcessed(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "payments", Workers: 1})
+	sig := receiverSignals(r)
 
 	// Hold the single writer on a row lock: a transaction of ours inserts the key of the first
 	// message and stays open, so the writer's INSERT waits on the unique index while the rest
@@ -36,13 +36,14 @@ func TestBurstIngestedThenProcessed(t *testing.T) {
 	const burst = 300
 	errs := make(chan error, burst+1)
 	go func() { errs <- r.Handle(msg("m-0", "p0", "seq", "0")) }()
-	testwait.Until(t, "the writer to wait on the held row", func() bool {
-		return pgtest.Count(t, e.db, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0`, e.schema) == 1
-	})
+	require.Equal(t, 1, sig.BatchTaken.WaitOrTimeout(), "the held row is written alone, by its own Handle")
 	for i := 1; i <= burst; i++ {
 		go func() { errs <- r.Handle(msg(fmt.Sprintf("m-%d", i), fmt.Sprintf("p%d", i), "seq", fmt.Sprint(i))) }()
 	}
-	testwait.Until(t, "the burst to queue", func() bool { return r.Counters().Waiting == burst+1 })
+	for range burst {
+		sig.Queued.WaitOrTimeout()
+	}
+	require.Equal(t, int64(burst+1), r.Counters().Waiting, "the burst queues behind the held row, whose Handle waits for its write")
 	require.Zero(t, r.Counters().Stored, "nothing is acked while the write is held")
 	require.NoError(t, blocker.Rollback())
 
@@ -60,7 +61,7 @@ func TestBurstIngestedThenProcessed(t *testing.T) {
 		}
 		return nil, e.effect(m, "w")
 	}, fast("payments"))
-	testwait.Until(t, "every row to be processed", func() bool { return p.Counters().Processed == burst+1 })
+	p.until(t, "every row to be processed", func(n tally) bool { return n.Done == burst+1 })
 	require.Equal(t, burst+1, e.effects(t))
 	require.Equal(t, burst+1, pgtest.Count(t, e.db, `SELECT count(DISTINCT message_id) FROM `+e.table("effects")))
 	require.Equal(t, burst+1, e.status(t, "payments", inbox.StatusDone))
@@ -90,7 +91,7 @@ func TestDuplicatesIngestedOnce(t *testing.T) {
 	require.Equal(t, uint64(messages*(copies-1)), c.Duplicates)
 
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "w") }, fast("c"))
-	testwait.Until(t, "processing", func() bool { return p.Counters().Processed == messages })
+	p.until(t, "processing", func(n tally) bool { return n.Done == messages })
 
 	// Late copies (a redelivery after processing) are acked and change nothing.
 	for i := range messages {
@@ -302,7 +303,7 @@ func TestAgeGuardParksOldCopiesOfForgottenKeys(t *testing.T) {
 
 	// The processor leaves parked copies alone.
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "w") }, fast("c"))
-	testwait.Until(t, "the timeless message processed", func() bool { return p.Counters().Processed == 1 })
+	p.until(t, "the timeless message processed", func(n tally) bool { return n.Done == 1 })
 	require.Equal(t, 1, e.effects(t))
 	require.Equal(t, 2, e.status(t, "c", inbox.StatusFailed))
 }

@@ -7,32 +7,6 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// Status is the state of an inbox row.
-type Status string
-
-const (
-	// StatusPending rows wait for a worker; next_attempt_at says from when.
-	StatusPending Status = "PENDING"
-	// StatusInProgress rows are claimed by a worker whose lease has not been reaped yet.
-	StatusInProgress Status = "IN_PROGRESS"
-	// StatusDone rows were applied; they are the dedupe record of their message.
-	StatusDone Status = "DONE"
-	// StatusFailed rows are parked: attempt limit reached or permanent error. With an ordering
-	// key they hold back the later rows of that key until replayed or skipped.
-	StatusFailed Status = "FAILED"
-	// StatusSkipped rows were set aside by an operator; they count as finished for ordering and
-	// stay as dedupe records.
-	StatusSkipped Status = "SKIPPED"
-)
-
-func (s Status) valid() bool {
-	switch s {
-	case StatusPending, StatusInProgress, StatusDone, StatusFailed, StatusSkipped:
-		return true
-	}
-	return false
-}
-
 // unfinished lists, in SQL, the statuses that hold back later rows of the same ordering key.
 // It must match the predicate of inbox_key_head_idx (migration 002).
 const unfinished = `('PENDING', 'IN_PROGRESS', 'FAILED')`
@@ -158,7 +132,8 @@ RETURNING status`,
 		release: `UPDATE ` + t + ` r SET status = 'PENDING', claim_token = NULL, lease_until = NULL,
     attempts = greatest(r.attempts - 1, 0), next_attempt_at = now() + $3::bigint * interval '1 microsecond'
 FROM unnest($1::bigint[], $2::bigint[]) AS c(id, token)
-WHERE r.id = c.id AND r.claim_token = c.token`,
+WHERE r.id = c.id AND r.claim_token = c.token
+RETURNING r.id`,
 
 		// Extends the leases a worker still holds. Rows locked right now are being completed
 		// by their worker: skip them rather than wait.

@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-
-	"github.com/wmonce/watermill-once/internal/pgnotify"
 )
 
 // upkeep renews the leases workers hold and reaps expired ones. Reaping stops with claimCtx;
@@ -56,10 +54,16 @@ func (p *Processor) renew(ctx context.Context) {
 	}
 	qctx, cancel := context.WithTimeout(ctx, p.config.RenewInterval)
 	defer cancel()
-	if _, err := p.db.ExecContext(qctx, p.q.renew, rowIDs, tokens, micros(p.config.Lease)); err != nil && ctx.Err() == nil {
-		p.errs.Add(1)
-		p.logger.Error("Lease renewal failed", err, watermill.LogFields{"rows": len(rowIDs)})
+	res, err := p.db.ExecContext(qctx, p.q.renew, rowIDs, tokens, micros(p.config.Lease))
+	if err != nil {
+		if ctx.Err() == nil {
+			p.errs.Add(1)
+			p.logger.Error("Lease renewal failed", err, watermill.LogFields{"rows": len(rowIDs)})
+		}
+		return
 	}
+	renewed, _ := res.RowsAffected()
+	p.testSignals.LeasesRenewed.Signal(int(renewed))
 }
 
 func (p *Processor) reap(ctx context.Context) {
@@ -75,6 +79,7 @@ func (p *Processor) reap(ctx context.Context) {
 	}
 	defer rs.Close()
 	pending := 0
+	var reaped []expiredLease
 	for rs.Next() {
 		var id int64
 		var status string
@@ -83,6 +88,7 @@ func (p *Processor) reap(ctx context.Context) {
 			return
 		}
 		p.expired.Add(1)
+		reaped = append(reaped, expiredLease{ID: id, Parked: Status(status) == StatusFailed})
 		if Status(status) == StatusFailed {
 			p.parked.Add(1)
 			p.logger.Error("Lease expired on the last attempt: row parked as FAILED", errors.New("lease expired"), watermill.LogFields{"row": id})
@@ -91,35 +97,26 @@ func (p *Processor) reap(ctx context.Context) {
 			p.logger.Info("Lease expired: row taken back for another attempt", watermill.LogFields{"row": id})
 		}
 	}
-	if err := rs.Err(); err != nil && ctx.Err() == nil {
-		p.errs.Add(1)
-		p.logger.Error("Reaping expired leases failed", err, nil)
+	if err := rs.Err(); err != nil {
+		if ctx.Err() == nil {
+			p.errs.Add(1)
+			p.logger.Error("Reaping expired leases failed", err, nil)
+		}
+	} else {
+		_ = rs.Close() // the statement's commit, before tests hear of it
+		p.signalReaped(reaped)
 	}
 	if pending > 0 {
 		p.wakeAll()
 	}
 }
 
-// listen keeps a dedicated connection LISTENing on the schema's channel and wakes idle workers
-// when rows for this consumer arrive. Without it, workers poll every PollInterval.
-func (p *Processor) listen(ctx context.Context) {
-	if p.config.DisableListen {
-		return
-	}
-	err := pgnotify.Listener{
-		DB: p.db,
-		Channels: map[string]func(string){p.q.channel: func(payload string) {
-			if payload == p.config.Consumer {
-				p.wakeAll()
-			}
-		}},
-		OnListen: p.wakeAll, // rows may have arrived while nobody listened
-		OnLost: func(err error, backoff time.Duration) {
-			p.errs.Add(1)
-			p.logger.Error("LISTEN connection lost; polling until it is back", err, watermill.LogFields{"backoff": backoff})
-		},
-	}.Run(ctx)
-	if errors.Is(err, pgnotify.ErrNotPgx) {
-		p.logger.Info("LISTEN/NOTIFY unavailable, idle workers poll every PollInterval", watermill.LogFields{"reason": err.Error(), "poll_interval": p.config.PollInterval})
+// signalReaped sends the test signals of reaped leases.
+func (p *Processor) signalReaped(reaped []expiredLease) {
+	for _, e := range reaped {
+		p.testSignals.LeaseExpired.Signal(e)
+		if e.Parked {
+			p.testSignals.Settled.Signal(settledRow{ID: e.ID, As: settledParked})
+		}
 	}
 }

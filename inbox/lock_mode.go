@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -13,54 +12,6 @@ import (
 	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/pgtx"
 )
-
-// ClaimMode chooses how a worker holds the rows it processes.
-type ClaimMode int
-
-const (
-	// ClaimLease (the default) marks claimed rows IN_PROGRESS with a claim token and a lease in a
-	// statement of its own, then processes them in later transactions. Claims survive a
-	// processing transaction, so a row is visible as IN_PROGRESS while it runs, and a worker
-	// that dies mid-attempt still has the attempt counted (its lease expires).
-	ClaimLease ClaimMode = iota
-	// ClaimLock claims rows inside the processing transaction with SELECT ... FOR UPDATE SKIP
-	// LOCKED: the row lock is the claim, and the row is written once, when its outcome commits
-	// with the handler's effects (one row version per row instead of two, one statement per
-	// transaction fewer). The lock is released by the database when the transaction ends, the
-	// connection breaks or the process dies, so no lease, token or reaper is needed, and no one
-	// else can change the row while it is held: a worker cut off past HandlerTimeout has its
-	// transaction rolled back (database/sql rolls back a transaction whose context ends), and
-	// another worker may take the row only then.
-	//
-	// What differs from ClaimLease: rows being processed stay PENDING (Stats counts them as
-	// pending, never IN_PROGRESS), and an operator change (Ops.Replay, Ops.Skip) to a row being
-	// processed waits until its transaction ends.
-	//
-	// Attempts count as with leases, crashes included: before the handlers run, the worker
-	// commits the start of the attempt in inbox_attempts (migration 007) from a second
-	// connection, since anything the locking transaction writes dies with it. The outcome
-	// removes the start in the processing transaction. A start left behind is an attempt that
-	// ended its connection or process (SIGKILL, an out-of-memory kill, a terminated backend):
-	// the next worker to lock the row counts it, runs the row alone (not in a TxBatchSize
-	// batch), and parks it as FAILED, without running it, once such an attempt was the
-	// MaxAttempts-th. A start is recorded under a bound of its own, not HandlerTimeout (a start
-	// the database commits after the worker gave up on it would count an attempt whose handler
-	// never ran); one that fails is withdrawn, and counts only if withdrawing it fails too.
-	// This costs one more statement and commit per transaction and, briefly, a second
-	// connection per worker. Both modes can serve one consumer at once (during a
-	// rolling change, say): each skips the rows the other holds.
-	ClaimLock
-)
-
-func (m ClaimMode) String() string {
-	switch m {
-	case ClaimLease:
-		return "lease"
-	case ClaimLock:
-		return "lock"
-	}
-	return fmt.Sprintf("ClaimMode(%d)", int(m))
-}
 
 // The savepoint that lets a lock-mode transaction undo a failed handler and still record the
 // failure while it holds the row lock.
@@ -119,160 +70,18 @@ func (p *Processor) lockedRound(claimCtx context.Context) (int, error) {
 	}
 	p.raiseFloor(rows)
 	p.claimed.Add(uint64(len(rows)))
+	p.testSignals.Claimed.Signal(ids(rows))
 	if claimCtx.Err() != nil {
-		p.released.Add(uint64(len(rows))) // shutdown: the rollback gives them back
+		_ = tx.Rollback() // shutdown: the rollback gives them back
+		p.count(settledReleased, nil, rows...)
 		return len(rows), nil
 	}
 	if len(rows) == 1 {
 		committed = p.runLockedRow(ctx, tx, rows[0])
 		return 1, nil
 	}
-	if slices.ContainsFunc(rows, func(r claimedRow) bool { return r.crashed > 0 }) {
-		// A row whose last attempt ended its connection or process runs alone, so that it
-		// cannot take its neighbours down with it again, and is parked there if it must be.
-		_ = tx.Rollback()
-		p.processLockedEach(claimCtx, rows)
-		return len(rows), nil
-	}
-	if err := p.startLocked(rows); err != nil {
-		return len(rows), err
-	}
-	if ctx.Err() != nil {
-		// HandlerTimeout ran out while the starts were recorded, and the transaction with
-		// it: no handler ran, so no attempt counts.
-		p.forgetLocked(rows)
-		if p.handlerCtx().Err() != nil {
-			p.released.Add(uint64(len(rows)))
-			return len(rows), nil
-		}
-		return len(rows), fmt.Errorf("inbox: HandlerTimeout (%s) ran out before the handlers started; the rows are claimed again, no attempt counted: %w", p.config.HandlerTimeout, ctx.Err())
-	}
-	// The attempt guard (guard.go) opens outside any savepoint, before the first handler.
-	if err := p.guard.Open(ctx, tx); err != nil {
-		p.forgetLocked(rows)
-		return len(rows), fmt.Errorf("inbox: %w", err)
-	}
-	for _, r := range rows {
-		if err := p.runHandler(ctx, tx, r, true); err != nil {
-			if isEnded(err) {
-				// The handler ended the transaction: the guard refused its COMMIT, so nothing of
-				// the batch was applied, and the row locks are gone with the transaction. Its
-				// row is parked at once; the others' attempts do not count, and they run again
-				// one per transaction.
-				others := slices.DeleteFunc(slices.Clone(rows), func(o claimedRow) bool { return o.id == r.id })
-				p.forgetLocked(others)
-				p.recordLockedFailure(r, err)
-				if p.handlerCtx().Err() != nil {
-					p.released.Add(uint64(len(others)))
-					return len(rows), nil
-				}
-				p.processLockedEach(claimCtx, others)
-				return len(rows), nil
-			}
-			// Not the attempt of every row in the batch: withdraw the starts (while the locks
-			// are held) and let the row-by-row pass count the attempt of the row at fault.
-			p.forgetLocked(rows)
-			if p.handlerCtx().Err() != nil {
-				p.released.Add(uint64(len(rows)))
-				return len(rows), nil
-			}
-			p.logger.Debug("Handler failed in a batch; processing the batch row by row", watermill.LogFields{"row": r.id, "err": err.Error()})
-			_ = tx.Rollback()
-			p.processLockedEach(claimCtx, rows)
-			return len(rows), nil
-		}
-	}
-	res, err := tx.ExecContext(ctx, p.q.completeLock, ids(rows), attemptsOf(rows))
-	if err == nil {
-		if n, _ := res.RowsAffected(); int(n) != len(rows) {
-			err = fmt.Errorf("inbox: completed %d of %d locked rows", n, len(rows))
-		}
-	}
-	if err == nil {
-		err = p.guard.Close(ctx, tx)
-	}
-	if err != nil {
-		_ = tx.Rollback()
-		if pgtx.IsConnectionError(err) && p.handlerCtx().Err() == nil {
-			// The handlers ran and the connection is gone, perhaps by their doing: the starts
-			// stay, and the next worker to lock these rows counts the attempt.
-			p.errs.Add(1)
-			p.logger.Error("Connection lost completing a batch; the attempt counts and its rows are claimed again", err, watermill.LogFields{"rows": len(rows)})
-			return len(rows), nil
-		}
-		p.forgetLocked(rows)
-		if p.handlerCtx().Err() != nil {
-			p.released.Add(uint64(len(rows)))
-			return len(rows), nil
-		}
-		p.processLockedEach(claimCtx, rows)
-		return len(rows), nil
-	}
-	committed = true
-	err = tx.Commit()
-	spans.committed(err)
-	if err != nil {
-		// Possibly committed after all: then the rows are DONE; if not, they are still PENDING,
-		// their starts count the attempt, and they are claimed again.
-		p.errs.Add(1)
-		p.logger.Error("Batch commit failed; its rows are processed again unless it did commit", err, watermill.LogFields{"rows": len(rows)})
-		return len(rows), nil
-	}
-	spans.end("")
-	p.processed.Add(uint64(len(rows)))
-	return len(rows), nil
-}
-
-func attemptsOf(rows []claimedRow) []int64 {
-	out := make([]int64, len(rows))
-	for i, r := range rows {
-		out[i] = int64(r.attempts)
-	}
-	return out
-}
-
-// startTimeout bounds recording or withdrawing the start of an attempt.
-const startTimeout = 10 * time.Second
-
-// startLocked commits the start of the attempts on rows, on a connection of its own (the row
-// locks do not cover inbox_attempts), before any handler runs: if the attempt then ends the
-// connection or the process, the start stays and the next worker to lock the row counts it.
-// It costs one round trip and one commit per transaction, and briefly a second connection.
-//
-// The statement is not cut off at HandlerTimeout: the database may commit a statement whose
-// caller gave up on it (pgx stops waiting, the server does not stop), and a start committed
-// that way, with no handler run, would be taken for an attempt that killed its process. If
-// recording fails all the same, the start is withdrawn before the error is returned.
-func (p *Processor) startLocked(rows []claimedRow) error {
-	xmins := make([]string, len(rows))
-	for i, r := range rows {
-		xmins[i] = r.xmin
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
-	defer cancel()
-	if _, err := p.db.ExecContext(ctx, p.q.startLock, ids(rows), attemptsOf(rows), xmins); err != nil {
-		if pgtx.IsUndefinedTable(err) {
-			return fmt.Errorf("inbox: table inbox_attempts is missing: run the migrations (007): %w", err)
-		}
-		p.forgetLocked(rows)
-		return fmt.Errorf("inbox: record the start of an attempt: %w", err)
-	}
-	return nil
-}
-
-// forgetLocked withdraws the starts of attempts that do not count (shutdown, a batch falling
-// back to one row per transaction, a start that could not be recorded). Only starts with
-// these attempt numbers are removed. After the locks are gone another worker may have locked
-// the same row version and started the same attempt number: its start is removed too, so if
-// that attempt then kills its process, it is not counted (the row gets one more run). If
-// forgetting fails, the attempts are counted after all.
-func (p *Processor) forgetLocked(rows []claimedRow) {
-	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
-	defer cancel()
-	if _, err := p.db.ExecContext(ctx, p.q.forgetLock, ids(rows), attemptsOf(rows)); err != nil {
-		p.errs.Add(1)
-		p.logger.Error("Could not withdraw the start of attempts that did not happen; they will be counted", err, watermill.LogFields{"rows": len(rows)})
-	}
+	committed, err = p.runLockedBatch(claimCtx, ctx, tx, rows)
+	return len(rows), err
 }
 
 // processLockedEach runs the rows of a failed batch one per transaction, each locked again by
@@ -333,7 +142,7 @@ func (p *Processor) runLockedRow(ctx context.Context, tx *sql.Tx, r claimedRow) 
 		// the handler did not run, so the attempt does not count.
 		p.forgetLocked([]claimedRow{r})
 		if p.handlerCtx().Err() != nil {
-			p.released.Add(1)
+			p.count(settledReleased, nil, r)
 			p.logger.Info("Shutdown: row given back unprocessed", fields)
 			return false
 		}
@@ -389,20 +198,27 @@ func (p *Processor) runLockedRow(ctx context.Context, tx *sql.Tx, r claimedRow) 
 				return true
 			}
 			spansIn(ctx).end("")
-			p.processed.Add(1)
+			p.count(settledDone, nil, r)
 			return true
 		}
 		herr = fmt.Errorf("inbox: mark done: %w", err)
 	}
+	return p.lockedRowFailed(ctx, tx, r, herr, fields)
+}
+
+// lockedRowFailed settles a locked row whose attempt failed with herr: recorded in tx when the
+// transaction and its lock are still there (undoing the handler's writes to the savepoint),
+// on its own otherwise; given back uncounted at shutdown. It reports whether it ended tx.
+func (p *Processor) lockedRowFailed(ctx context.Context, tx *sql.Tx, r claimedRow, herr error, fields watermill.LogFields) bool {
 	switch {
 	case isEnded(herr):
 		// Nothing of the attempt was applied, and the row lock went with the transaction.
 		p.recordLockedFailure(r, herr)
 		return true
 	case p.handlerCtx().Err() != nil:
-		p.released.Add(1)
 		p.logger.Info("Shutdown: row given back unprocessed", fields)
 		p.forgetLocked([]claimedRow{r})
+		p.count(settledReleased, nil, r)
 		return false
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		// database/sql has rolled the transaction back: record the attempt on its own.
@@ -463,7 +279,7 @@ func (p *Processor) parkCrashed(ctx context.Context, tx *sql.Tx, r claimedRow, f
 		p.logger.Error("Could not park a row whose attempts ended their process; it is claimed again later", err, fields)
 		return true
 	}
-	p.parked.Add(1)
+	p.count(settledParked, cause, r)
 	p.logger.Error("Row parked as FAILED: replay or skip it (its ordering key, if any, waits)", cause, fields.Add(watermill.LogFields{"attempt": r.crashed}))
 	return true
 }
@@ -476,11 +292,11 @@ func (p *Processor) recordLockedFailure(r claimedRow, cause error) {
 	status, err := p.failLocked(ctx, p.db, r, cause)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		p.failed.Add(1)
+		p.count(settledFailed, cause, r)
 		p.logger.Info("Attempt failed; the row was finished by another worker meanwhile", watermill.LogFields{"row": r.id, "err": cause.Error()})
 	case err != nil:
-		p.failed.Add(1)
 		p.errs.Add(1)
+		p.count(settledFailed, cause, r)
 		p.logger.Error("Could not record a failed attempt; it is counted when the row is claimed again", errors.Join(cause, err), watermill.LogFields{"row": r.id})
 	default:
 		p.reportFailure(r, cause, status)
@@ -489,42 +305,17 @@ func (p *Processor) recordLockedFailure(r claimedRow, cause error) {
 
 func (p *Processor) reportFailure(r claimedRow, cause error, status string) {
 	fields := watermill.LogFields{"row": r.id, "message_id": r.messageID, "attempt": r.attempts, "max_attempts": p.config.MaxAttempts}
-	p.failed.Add(1)
 	if Status(status) == StatusFailed {
-		p.parked.Add(1)
+		p.failed.Add(1)
+		p.count(settledParked, cause, r)
 		p.logger.Error("Row parked as FAILED: replay or skip it (its ordering key, if any, waits)", cause, fields)
 		return
 	}
+	p.count(settledFailed, cause, r)
 	p.logger.Info("Attempt failed; retrying later", fields.Add(watermill.LogFields{"err": cause.Error()}))
 }
 
 // lockRows runs a locking claim query and scans its rows in id order.
 func (p *Processor) lockRows(ctx context.Context, tx *sql.Tx, query string, args ...any) ([]claimedRow, error) {
 	return p.queryClaimed(ctx, tx, query, args...)
-}
-
-// queryClaimed runs a claim query (on the pool or in a transaction) and scans the claimed rows.
-func (p *Processor) queryClaimed(ctx context.Context, q interface {
-	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
-}, query string, args ...any) ([]claimedRow, error) {
-	rs, err := q.QueryContext(ctx, query, args...)
-	if err != nil {
-		if pgtx.IsUndefinedTable(err) {
-			return nil, fmt.Errorf("inbox: table %s is missing: run the migrations: %w", p.q.table, err)
-		}
-		return nil, fmt.Errorf("inbox: claim: %w", err)
-	}
-	defer rs.Close()
-	var rows []claimedRow
-	for rs.Next() {
-		var r claimedRow
-		if err := rs.Scan(&r.id, &r.messageID, &r.uuid, &r.orderingKey, &r.topic, &r.payload, &r.metadata, &r.attempts, &r.receivedAt, &r.crashed, &r.xmin); err != nil {
-			return nil, fmt.Errorf("inbox: scan claimed row: %w", err)
-		}
-		rows = append(rows, r)
-	}
-	if err := rs.Err(); err != nil {
-		return nil, fmt.Errorf("inbox: claim: %w", err)
-	}
-	return rows, nil
 }
