@@ -50,24 +50,14 @@ forget     deletes the position of a relay that was retired for good, and the ro
 }
 
 func runOutbox(ctx context.Context, e *env, args []string) error {
-	sub := "stats"
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		sub, args = args[0], args[1:]
-	}
-	switch sub {
-	case "stats", "status": // status: its name before the module said stats for database figures
-		return e.outboxStats(ctx, args)
-	case "rejected":
-		return e.outboxRejected(ctx, args)
-	case "inspect":
-		return e.outboxInspect(ctx, args)
-	case "republish":
-		return e.outboxRepublish(ctx, args)
-	case "forget":
-		return e.outboxForget(ctx, args)
-	default:
-		return usagef("unknown outbox action %q: use stats, rejected, inspect, republish or forget%s", sub, suggestFrom(sub, "stats", "rejected", "inspect", "republish", "forget"))
-	}
+	return runAction(ctx, e, args, "outbox", []action{
+		// status: its name before the module said stats for database figures
+		{name: "stats", aliases: []string{"status"}, run: (*env).outboxStats},
+		{name: "rejected", run: (*env).outboxRejected},
+		{name: "inspect", run: (*env).outboxInspect},
+		{name: "republish", run: (*env).outboxRepublish},
+		{name: "forget", run: (*env).outboxForget},
+	})
 }
 
 func (e *env) outboxStats(ctx context.Context, args []string) error {
