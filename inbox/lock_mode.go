@@ -43,22 +43,29 @@ func (p *Processor) workLocked(ctx context.Context) {
 	}
 }
 
+// beginLocked begins a ClaimLock transaction bounded by HandlerTimeout. end, to defer even after
+// an error, rolls it back unless *committed says the caller ended it, and ends its spans.
+func (p *Processor) beginLocked() (ctx context.Context, tx *sql.Tx, committed *bool, end func(), err error) {
+	ctx, cancel := context.WithTimeout(p.handlerCtx(), p.config.HandlerTimeout)
+	ctx, spans := withTxSpans(ctx)
+	committed = new(bool)
+	tx, err = p.db.BeginTx(ctx, p.config.TxOptions)
+	return ctx, tx, committed, func() {
+		if tx != nil && !*committed {
+			_ = tx.Rollback()
+		}
+		spans.end("not committed")
+		cancel()
+	}, err
+}
+
 // lockedRound returns how many rows it claimed.
 func (p *Processor) lockedRound(claimCtx context.Context) (int, error) {
-	ctx, cancel := context.WithTimeout(p.handlerCtx(), p.config.HandlerTimeout)
-	defer cancel()
-	ctx, spans := withTxSpans(ctx)
-	defer spans.end("not committed")
-	tx, err := p.db.BeginTx(ctx, p.config.TxOptions)
+	ctx, tx, committed, end, err := p.beginLocked()
+	defer end()
 	if err != nil {
 		return 0, fmt.Errorf("inbox: begin: %w", err)
 	}
-	committed := false
-	defer func() {
-		if !committed {
-			_ = tx.Rollback()
-		}
-	}()
 	after := p.claimAfter()
 	rows, err := p.lockRows(ctx, tx, p.q.lockDue, p.config.Consumer, p.config.TxBatchSize, after)
 	if err == nil && len(rows) == 0 && after > 0 {
@@ -77,10 +84,10 @@ func (p *Processor) lockedRound(claimCtx context.Context) (int, error) {
 		return len(rows), nil
 	}
 	if len(rows) == 1 {
-		committed = p.runLockedRow(ctx, tx, rows[0])
+		*committed = p.runLockedRow(ctx, tx, rows[0])
 		return 1, nil
 	}
-	committed, err = p.runLockedBatch(claimCtx, ctx, tx, rows)
+	*committed, err = p.runLockedBatch(claimCtx, ctx, tx, rows)
 	return len(rows), err
 }
 
@@ -96,22 +103,13 @@ func (p *Processor) processLockedEach(claimCtx context.Context, rows []claimedRo
 }
 
 func (p *Processor) processLockedOne(id int64) {
-	ctx, cancel := context.WithTimeout(p.handlerCtx(), p.config.HandlerTimeout)
-	defer cancel()
-	ctx, spans := withTxSpans(ctx)
-	defer spans.end("not committed")
-	tx, err := p.db.BeginTx(ctx, p.config.TxOptions)
+	ctx, tx, committed, end, err := p.beginLocked()
+	defer end()
 	if err != nil {
 		p.errs.Add(1)
 		p.logger.Error("Could not begin a row's transaction; the row is claimed again later", err, watermill.LogFields{"row": id})
 		return
 	}
-	committed := false
-	defer func() {
-		if !committed {
-			_ = tx.Rollback()
-		}
-	}()
 	rows, err := p.lockRows(ctx, tx, p.q.lockOne, p.config.Consumer, id)
 	if err != nil {
 		p.errs.Add(1)
@@ -121,7 +119,7 @@ func (p *Processor) processLockedOne(id int64) {
 	if len(rows) == 0 {
 		return // taken by another worker, or no longer due
 	}
-	committed = p.runLockedRow(ctx, tx, rows[0])
+	*committed = p.runLockedRow(ctx, tx, rows[0])
 }
 
 // runLockedRow runs one locked row's handler in a savepoint of tx, so that a failure can be

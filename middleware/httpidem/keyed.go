@@ -108,13 +108,7 @@ func (m *Middleware) runKeyed(w http.ResponseWriter, r *http.Request, next http.
 		m.fail(w, err, "store the response", req)
 		return
 	}
-	if !m.closeGuard(ctx, w, tx, req) {
-		return
-	}
-	if err := tx.commit(); err != nil {
-		// The outcome of a failed COMMIT can be unknown; either way a retry is safe: it finds
-		// the stored response or runs afresh.
-		m.fail(w, err, "commit", req)
+	if !m.commitTx(ctx, w, tx, req) {
 		return
 	}
 	m.stored.Add(1)

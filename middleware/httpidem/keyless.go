@@ -38,11 +38,7 @@ func (m *Middleware) runKeyless(w http.ResponseWriter, r *http.Request, next htt
 		writeResponse(w, status, header, rec.bytes(), false)
 		return
 	}
-	if !m.closeGuard(ctx, w, tx, req) {
-		return
-	}
-	if err := tx.commit(); err != nil {
-		m.fail(w, err, "commit", req)
+	if !m.commitTx(ctx, w, tx, req) {
 		return
 	}
 	writeResponse(w, status, header, rec.bytes(), false)

@@ -82,14 +82,25 @@ func (m *Middleware) handlerEnded(ctx context.Context, w http.ResponseWriter, tx
 	return true
 }
 
-// closeGuard closes the attempt guard before the middleware's COMMIT (it travels with it on a
-// pool from pgtx.Open). When it cannot, it answers the request and returns false.
-func (m *Middleware) closeGuard(ctx context.Context, w http.ResponseWriter, tx *requestTx, req *request) bool {
+// commitTx closes the attempt guard and commits, the end of every request's transaction: the
+// guard's close travels with COMMIT on a pool from pgtx.Open; a handler that ended the
+// transaction is found there (handlerEnded answers it). It reports whether tx committed; when
+// it did not, the request has been answered.
+func (m *Middleware) commitTx(ctx context.Context, w http.ResponseWriter, tx *requestTx, req *request) bool {
 	err := m.guard.Close(ctx, tx.Tx)
-	if err == nil || m.handlerEnded(ctx, w, tx, req, err) {
-		return err == nil
+	if err != nil && m.handlerEnded(ctx, w, tx, req, err) {
+		return false
 	}
-	tx.rollback()
-	m.fail(w, err, "commit", req)
-	return false
+	if err == nil {
+		err = tx.commit()
+	} else {
+		tx.rollback()
+	}
+	if err != nil {
+		// The outcome of a failed COMMIT can be unknown; either way a retry is safe: it finds
+		// the stored response or runs afresh.
+		m.fail(w, err, "commit", req)
+		return false
+	}
+	return true
 }
