@@ -16,7 +16,7 @@ import (
 )
 
 // Metadata keys under which Marshaler.Unmarshal exposes the AMQP properties of a delivery, so
-// that key functions (oncetype.KeyFromMetadata) and handlers can use what producers that are not
+// that key functions (wmonce.KeyFromMetadata) and handlers can use what producers that are not
 // Watermill set: most identify a message by its message-id property, not by a header. A key is
 // present only when its property is set. The timestamp is RFC 3339 in UTC (AMQP carries
 // seconds); the priority is its number (0, unset, adds nothing). The delivery mode is not

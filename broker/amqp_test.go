@@ -13,11 +13,11 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/internal/brokertest"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/internal/testwait"
-	"github.com/wmonce/watermill-once/oncetype"
 )
 
 func TestMarshalerConvertsNonStringHeaders(t *testing.T) {
@@ -110,6 +110,7 @@ func TestAMQPHeadersFromRabbitMQDoNotLoop(t *testing.T) {
 	second.Ack()
 
 	q := b.Config().AMQP.QueueName(topic, "rewards")
+	// The ack reaches RabbitMQ after Ack returns, and only RabbitMQ can tell: poll its queue.
 	testwait.Until(t, "acked once, nothing left looping in the queue", func() bool {
 		info, err := ch.QueueDeclarePassive(q, true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
 		require.NoError(t, err)
@@ -139,14 +140,9 @@ func TestAMQPUnroutedMessagesAreKept(t *testing.T) {
 	defer conn.Close()
 	ch, err := conn.Channel()
 	require.NoError(t, err)
-	testwait.Until(t, "the lost message in the unrouted queue", func() bool {
-		info, err := ch.QueueDeclarePassive(b.Config().AMQP.UnroutedQueueName(), true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
-		require.NoError(t, err)
-		return info.Messages == 1
-	})
-	d, ok, err := ch.Get(b.Config().AMQP.UnroutedQueueName(), true)
+	unrouted, err := ch.ConsumeWithContext(ctx, b.Config().AMQP.UnroutedQueueName(), "", true, false, false, false, nil)
 	require.NoError(t, err)
-	require.True(t, ok)
+	d := testwait.Receive(t, unrouted, "the lost message from the unrouted queue")
 	require.Equal(t, "lost-1", d.Headers["_watermill_message_uuid"])
 }
 
@@ -304,7 +300,7 @@ func TestAMQPForeignProducerWithOnlyAMQPProperties(t *testing.T) {
 	msg := receiveOne(t, msgs)
 	defer msg.Ack()
 	require.Equal(t, "pay-42", msg.UUID)
-	key, err := oncetype.KeyFromMetadata(broker.MetadataAMQPMessageID)(msg)
+	key, err := wmonce.KeyFromMetadata(broker.MetadataAMQPMessageID)(msg)
 	require.NoError(t, err)
 	require.Equal(t, "pay-42", key)
 	require.Equal(t, "order-7", msg.Metadata.Get(broker.MetadataAMQPCorrelationID))

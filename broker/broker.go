@@ -13,7 +13,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/wmonce/watermill-once/oncetype"
+	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/testsignal"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -43,6 +44,17 @@ type Broker struct {
 	declared  sync.Map   // declaration key -> struct{}
 	rerouteMu sync.Mutex // one rerouteUnrouted pass at a time
 	closeOnce sync.Once
+
+	testSignals brokerTestSignals
+}
+
+// brokerTestSignals are the events this package's tests wait on instead of polling the database
+// (see internal/testsignal): inert unless a test initialised them through export_test.go.
+type brokerTestSignals struct {
+	// SQLBatchCommit carries the consumer group of a SQL subscription that acked rows of a
+	// batch and then ran COMMIT on the batch's transaction, which moves the group's offset
+	// unless it fails (a doomed transaction; watermill-sql only logs that).
+	SQLBatchCommit testsignal.Signal[string]
 }
 
 // New validates config and checks that the broker can be reached. db is used by the SQL broker
@@ -67,7 +79,7 @@ func New(ctx context.Context, db *sql.DB, config Config, logger watermill.Logger
 			b.ownDB = true
 		}
 		b.db = db
-		sb, err := newSQLBroker(db, config.SQL, b.logger)
+		sb, err := newSQLBroker(db, config.SQL, b.logger, &b.testSignals.SQLBatchCommit)
 		if err != nil {
 			_ = b.Close()
 			return nil, err
@@ -254,19 +266,19 @@ type publisher struct {
 	pub message.Publisher
 }
 
-// Publish marks what can never be published as it is with oncetype.Permanent (a topic the
+// Publish marks what can never be published as it is with wmonce.Permanent (a topic the
 // broker cannot carry, a message it refuses: see IsPermanentPublishError), so that the outbox
 // relay sets such a message aside instead of retrying it.
 func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
 	if err := ValidateTopic(p.b.config.Kind, topic); err != nil {
-		return oncetype.Permanent(fmt.Errorf("broker: %w", err))
+		return wmonce.Permanent(fmt.Errorf("broker: %w", err))
 	}
 	if p.b.config.Kind == SQL {
 		// watermill-sql stores metadata as JSON, which turns invalid UTF-8 into U+FFFD without
 		// a word (and its uuid column is text): refuse what it would alter or reject.
 		for _, m := range msgs {
 			if err := sqlStorable(m); err != nil {
-				return oncetype.Permanent(fmt.Errorf("broker: sql: message %q: %w", m.UUID, err))
+				return wmonce.Permanent(fmt.Errorf("broker: sql: message %q: %w", m.UUID, err))
 			}
 		}
 	}
@@ -277,11 +289,11 @@ func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
 }
 
 func sqlStorable(m *message.Message) error {
-	if err := oncetype.CheckText("UUID", m.UUID); err != nil {
+	if err := wmonce.CheckText("UUID", m.UUID); err != nil {
 		return err
 	}
 	for k, v := range m.Metadata {
-		if err := oncetype.CheckText(fmt.Sprintf("metadata %.40q", k), k, v); err != nil {
+		if err := wmonce.CheckText(fmt.Sprintf("metadata %.40q", k), k, v); err != nil {
 			return fmt.Errorf("%w: the SQL broker stores metadata as JSON, which cannot carry it byte for byte", err)
 		}
 	}

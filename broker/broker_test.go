@@ -3,7 +3,6 @@ package broker_test
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,7 +13,6 @@ import (
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/internal/brokertest"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/internal/testwait"
 )
 
 func newBroker(t *testing.T, kind broker.Kind, subs ...broker.Subscription) *broker.Broker {
@@ -132,31 +130,35 @@ func TestTwoGroupsEachGetEverythingMembersShare(t *testing.T) {
 				require.NoError(t, pub.Publish(topic, message.NewMessage(fmt.Sprintf("m-%d", i), []byte("{}"))))
 			}
 
-			var mu sync.Mutex
-			counts := map[string]map[string]int{"rewards": {}, "notifications": {}}
-			var wg sync.WaitGroup
+			type delivery struct{ group, uuid string }
+			deliveries := make(chan delivery)
 			for _, member := range []struct{ group, name string }{{"rewards", "a"}, {"rewards", "b"}, {"notifications", "a"}} {
 				sub, err := b.NewSubscriber(member.group)
 				require.NoError(t, err)
 				defer sub.Close()
 				ch, err := sub.Subscribe(ctx, topic)
 				require.NoError(t, err)
-				wg.Add(1)
 				go func() {
-					defer wg.Done()
 					for m := range ch {
-						mu.Lock()
-						counts[member.group][m.UUID]++
-						mu.Unlock()
-						m.Ack()
+						select {
+						case deliveries <- delivery{member.group, m.UUID}:
+							m.Ack()
+						case <-ctx.Done():
+							m.Nack()
+						}
 					}
 				}()
 			}
-			testwait.UntilWithin(t, 45*time.Second, "each group receives every message", func() bool { // a Kafka group rebalance can take most of it
-				mu.Lock()
-				defer mu.Unlock()
-				return len(counts["rewards"]) == n && len(counts["notifications"]) == n
-			})
+			got := map[string]map[string]bool{"rewards": {}, "notifications": {}}
+			deadline := time.After(45 * time.Second) // a Kafka group rebalance can take most of it
+			for len(got["rewards"]) < n || len(got["notifications"]) < n {
+				select {
+				case d := <-deliveries:
+					got[d.group][d.uuid] = true
+				case <-deadline:
+					t.Fatalf("each group should receive all %d messages: rewards got %d, notifications %d", n, len(got["rewards"]), len(got["notifications"]))
+				}
+			}
 			cancel()
 		})
 	}

@@ -133,7 +133,7 @@ func TestNewDefaultsAndLimits(t *testing.T) {
 	require.Equal(t, 32, cfg.AMQP.Prefetch)
 	require.Equal(t, 100*time.Millisecond, cfg.SQL.PollInterval)
 	require.Equal(t, 3*time.Second, cfg.SQL.IdlePollInterval)
-	require.False(t, cfg.SQL.DisableNotify)
+	require.False(t, cfg.SQL.DisableListen)
 	require.LessOrEqual(t, len(cfg.SQL.NotifyChannel()), 63, "PostgreSQL channel names are identifiers")
 	require.NotEqual(t, cfg.SQL.NotifyChannel(), broker.SQLConfig{Schema: "other"}.NotifyChannel())
 

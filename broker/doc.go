@@ -32,7 +32,7 @@
 //   - Consumer groups start from the oldest offset when they have no commit. Watermill keeps one
 //     message in flight per partition; an ack marks the offset, committed every second, so a
 //     crash redelivers up to a second of acked messages. A nack redelivers after
-//     NackResendSleep, forever: park poison messages with the middleware Stack.
+//     NackDelay, forever: park poison messages with the middleware Stack.
 //   - Topics are created with Partitions and ReplicationFactor (-1: the cluster default). Set
 //     min.insync.replicas on the cluster: acks=all means "all in-sync replicas", however few.
 //   - Protocol version 2.1 (KafkaProtocolVersion) for every target; see "Kafka versions".
@@ -96,11 +96,11 @@
 //     properties as metadata (MetadataAMQPMessageID "amqp_message_id", amqp_correlation_id,
 //     amqp_timestamp, ...), and a delivery without the UUID header takes its message-id as the
 //     UUID: messages of producers that are not Watermill are keyed by their id with the
-//     default key, or with oncetype.KeyFromMetadata(broker.MetadataAMQPMessageID).
-//   - AMQPConfig.Workers (default 8) messages in flight per subscription and Prefetch
-//     (default 32) unacked messages handed over by RabbitMQ; a nack hands the message back
-//     after NackDelay. A lost connection is redialled with backoff; unacked messages are
-//     redelivered. Order: with Workers > 1 messages of one queue finish in any order, and
+//     default key, or with wmonce.KeyFromMetadata(broker.MetadataAMQPMessageID).
+//   - AMQPConfig.Workers (DefaultAMQPWorkers) messages in flight per subscription and
+//     Prefetch (DefaultAMQPPrefetchPerWorker per worker) unacked messages handed over by
+//     RabbitMQ; a nack hands the message back after NackDelay. A lost connection is redialled
+//     with backoff; unacked messages are redelivered. Order: with Workers > 1 messages of one queue finish in any order, and
 //     with Prefetch > 1 a requeued message comes back after messages that were behind it. Set
 //     Workers 1 (and Prefetch 1) where queue order matters.
 //   - Concurrent Publish calls share one channel and wait for their confirms together.
@@ -147,7 +147,7 @@
 //     SQLConfig.NotifyChannel) and one LISTEN connection per Broker, outside the pool, wakes
 //     the table's subscriptions; a notified row still hidden by an older transaction is
 //     re-checked against the server's xmin with a backoff of at most PollInterval. Idle, a
-//     subscription polls every IdlePollInterval (3s); without LISTEN (DisableNotify, a driver
+//     subscription polls every IdlePollInterval (3s); without LISTEN (DisableListen, a driver
 //     other than pgx, a lost connection) every PollInterval (100ms).
 //   - A nacked message is delivered again inside the same transaction, which stays open (and
 //     keeps the group's offset row locked) until the message is acked or AckDeadline passes,

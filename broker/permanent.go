@@ -8,18 +8,18 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/wmonce/watermill-once/oncetype"
+	wmonce "github.com/wmonce/watermill-once"
 )
 
 // IsPermanentPublishError reports whether a publish error says that the broker, or the
 // publisher before sending, refuses these messages as they are, so that publishing them again
 // can never succeed. It is meant for outbox.RelayConfig.IsPermanent with a publisher that
 // this package did not build (watermill-kafka's, watermill-amqp's, watermill-sql's): the
-// publishers of NewPublisher already mark what it recognises with oncetype.Permanent, which
+// publishers of NewPublisher already mark what it recognises with wmonce.Permanent, which
 // the relay's default recognises.
 //
 // It is deliberately narrow; everything else is transient:
-//   - an error marked with oncetype.Permanent;
+//   - an error marked with wmonce.Permanent;
 //   - Kafka: an invalid topic name (INVALID_TOPIC_EXCEPTION), a record larger than the broker
 //     accepts (MESSAGE_TOO_LARGE) or than Sarama's Producer.MaxMessageBytes, a record the
 //     broker's validation refuses (INVALID_RECORD);
@@ -33,7 +33,7 @@ func IsPermanentPublishError(err error) bool {
 	if err == nil {
 		return false
 	}
-	if oncetype.IsPermanent(err) {
+	if wmonce.IsPermanent(err) {
 		return true
 	}
 	for _, kerr := range []error{sarama.ErrInvalidTopic, sarama.ErrMessageSizeTooLarge, sarama.ErrInvalidRecord, wsql.ErrInvalidTopicName} {
@@ -58,8 +58,8 @@ func IsPermanentPublishError(err error) bool {
 // permanentPublish marks the errors of a publisher built here that IsPermanentPublishError
 // recognises, so that the outbox relay sets the refused message aside instead of retrying it.
 func permanentPublish(err error) error {
-	if err == nil || oncetype.IsPermanent(err) || !IsPermanentPublishError(err) {
+	if err == nil || wmonce.IsPermanent(err) || !IsPermanentPublishError(err) {
 		return err
 	}
-	return oncetype.Permanent(err)
+	return wmonce.Permanent(err)
 }

@@ -15,9 +15,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/internal/brokertest"
-	"github.com/wmonce/watermill-once/oncetype"
 )
 
 // Only refusals that publishing again cannot fix are permanent; a missing topic, a leaderless
@@ -26,7 +26,7 @@ func TestIsPermanentPublishError(t *testing.T) {
 	t.Parallel()
 	wrap := func(err error) error { return fmt.Errorf("broker: Kafka publish to t: %w", err) }
 	for _, err := range []error{
-		oncetype.Permanent(errors.New("x")),
+		wmonce.Permanent(errors.New("x")),
 		wrap(sarama.ErrInvalidTopic), wrap(sarama.ErrMessageSizeTooLarge), wrap(sarama.ErrInvalidRecord),
 		wrap(sarama.ConfigurationError("Attempt to produce message larger than configured Producer.MaxMessageBytes: 2 > 1")),
 		fmt.Errorf("x: %w", wsql.ErrInvalidTopicName),
@@ -58,7 +58,7 @@ func TestIsPermanentPublishErrorOnKafkaInvalidTopic(t *testing.T) {
 	bp, err := b.NewPublisher(context.Background())
 	require.NoError(t, err)
 	defer bp.Close()
-	require.True(t, oncetype.IsPermanent(bp.Publish("bad!topic", message.NewMessage("m", nil))))
+	require.True(t, wmonce.IsPermanent(bp.Publish("bad!topic", message.NewMessage("m", nil))))
 
 	if brokertest.RealKafka() == nil {
 		t.Logf("kfake accepts any topic name: Kafka's own refusal is checked with %s only", broker.EnvKafkaBrokers)

@@ -18,7 +18,6 @@ import (
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/internal/brokertest"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/internal/testwait"
 )
 
 // Watermill's universal Pub/Sub suite (pubsub/tests.TestPubSub) run against the publishers and
@@ -175,12 +174,18 @@ func TestConformanceAMQPReconnect(t *testing.T) {
 
 	var mu sync.Mutex
 	published, received := map[string]bool{}, map[string]int{}
+	// A message was received, or confirmed, since the last look.
+	arrived, confirmed := make(chan struct{}, 1), make(chan struct{}, 1)
 	go func() {
 		for m := range msgs {
 			mu.Lock()
 			received[m.UUID]++
 			mu.Unlock()
 			m.Ack()
+			select {
+			case arrived <- struct{}{}:
+			default:
+			}
 		}
 	}()
 
@@ -204,6 +209,10 @@ func TestConformanceAMQPReconnect(t *testing.T) {
 				mu.Lock()
 				published[m.UUID] = true
 				mu.Unlock()
+				select {
+				case confirmed <- struct{}{}:
+				default:
+				}
 			}
 		}()
 	}
@@ -249,7 +258,8 @@ func TestConformanceAMQPReconnect(t *testing.T) {
 			case <-ctx.Done():
 				breaks <- ctx.Err()
 				return
-			case <-time.After(10 * time.Millisecond):
+			case <-confirmed:
+			case <-arrived:
 			}
 		}
 		breaks <- breakConnections()
@@ -277,16 +287,25 @@ func TestConformanceAMQPReconnect(t *testing.T) {
 	wg.Wait()
 	require.NoError(t, ctx.Err(), "publishing did not finish")
 
-	testwait.UntilWithin(t, time.Minute, "every confirmed message is received after the connections were closed twice", func() bool {
+	missing := func() int {
 		mu.Lock()
 		defer mu.Unlock()
+		n := 0
 		for id := range published {
 			if received[id] == 0 {
-				return false
+				n++
 			}
 		}
-		return true
-	})
+		return n
+	}
+	deadline := time.After(time.Minute)
+	for n := missing(); n > 0; n = missing() {
+		select {
+		case <-arrived:
+		case <-deadline:
+			t.Fatalf("%d confirmed messages not received a minute after the connections were closed twice", n)
+		}
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	require.Len(t, published, sent)

@@ -8,6 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/wmonce/watermill-once/internal/testsignal"
 	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -23,9 +24,11 @@ type sqlBroker struct {
 	notifier *sqlNotifier
 }
 
-func newSQLBroker(db *sql.DB, config SQLConfig, logger watermill.LoggerAdapter) (*sqlBroker, error) {
+// newSQLBroker returns the SQL broker; its subscriptions report each batch they commit on
+// committed (a test signal).
+func newSQLBroker(db *sql.DB, config SQLConfig, logger watermill.LoggerAdapter, committed *testsignal.Signal[string]) (*sqlBroker, error) {
 	s := &sqlBroker{db: db, config: config, lockKey: worker.LockKey("broker", config.Schema)}
-	wm, err := newWatermillSQL(db, config, sqlTables{messages: s.MessagesTable, offsets: s.OffsetsTable})
+	wm, err := newWatermillSQL(db, config, sqlTables{messages: s.MessagesTable, offsets: s.OffsetsTable}, committed)
 	if err != nil {
 		return nil, err
 	}

@@ -17,7 +17,7 @@ import (
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/internal/testwait"
-	"github.com/wmonce/watermill-once/once"
+	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -42,7 +42,7 @@ func testSQLSameConsumerOnTwoSubscriptionsSettlesTheLoserAtOnce(t *testing.T, ve
 	// side) a 3 s deadline once passed while the copies were still settling, and the loser's
 	// context ended before it could be told apart from a nack.
 	cfg.SQL.AckDeadline = 20 * time.Second
-	cfg.SQL.ResendInterval = 10 * time.Millisecond
+	cfg.SQL.NackDelay = 10 * time.Millisecond
 	cfg.Subscriptions = []broker.Subscription{{Topic: topic, Group: "rewards"}, {Topic: redrive, Group: "rewards"}}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -131,7 +131,7 @@ func testSQLSameConsumerOnTwoSubscriptionsSettlesTheLoserAtOnce(t *testing.T, ve
 	if len(nacks) > 0 {
 		t.Fatalf("the losing copy was nacked %d times (first: %v); it must be settled at once as a duplicate", len(nacks), nacks[0].err)
 	}
-	require.Equal(t, once.Counters{Fresh: 1, Duplicates: 1}, mw.Counters("rewards"))
+	require.Equal(t, once.Counters{Fresh: 1, Duplicates: 1}, mw.Counters().Consumer("rewards"))
 	require.Equal(t, 1, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "effects")))
 	require.Equal(t, 1, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "processed_messages")))
 }
@@ -199,15 +199,12 @@ func testSQLSerializationFailureRedeliversTheWholeBatch(t *testing.T, version in
 	pub, err := b.NewPublisher(ctx)
 	require.NoError(t, err)
 	defer pub.Close()
-	for _, id := range []string{"m-0", "m-1", "m-2"} {
-		require.NoError(t, pub.Publish(topic, message.NewMessage(id, []byte(`{}`))))
-	}
-	// One batch must hold all three: wait until they are older than every running transaction
-	// (watermill-sql reads only those), as other tests keep transactions open.
-	table := pgtx.QualifiedName(schema, "watermill_"+topic)
-	testwait.Until(t, "the published rows to become readable", func() bool {
-		return pgtest.Count(t, db, `SELECT count(*) FROM `+table+` WHERE transaction_id < pg_snapshot_xmin(pg_current_snapshot())`) >= 3
-	})
+	// One batch must hold all three. One Publish is one INSERT: the rows share a transaction id,
+	// so they become readable together (watermill-sql reads only rows older than every running
+	// transaction, and other tests keep transactions open).
+	require.NoError(t, pub.Publish(topic, message.NewMessage("m-0", []byte(`{}`)),
+		message.NewMessage("m-1", []byte(`{}`)), message.NewMessage("m-2", []byte(`{}`))))
+	b.TestSignals().SQLBatchCommit.Init()
 	var mu sync.Mutex
 	runs := map[string]int{}
 	done := make(chan struct{}, 10)
@@ -244,9 +241,10 @@ func testSQLSerializationFailureRedeliversTheWholeBatch(t *testing.T, version in
 			t.Fatal("the batch was not applied in a new transaction")
 		}
 	}
-	// The handlers are done; the subscriber commits right after its ack. Wait for that commit.
+	// The handlers are done; the subscriber commits right after its ack. Wait for that commit
+	// (the doomed transaction's COMMIT came first, and failed).
 	offsets := pgtx.QualifiedName(schema, "watermill_offsets_"+topic)
-	testwait.Until(t, "the subscriber to commit the batch", func() bool {
+	b.TestSignals().SQLBatchCommit.WaitFor(func(string) bool {
 		return pgtest.Count(t, db, `SELECT coalesce(max(offset_acked), 0) FROM `+offsets) >= 3
 	})
 	require.NoError(t, r.Close())
@@ -256,7 +254,7 @@ func testSQLSerializationFailureRedeliversTheWholeBatch(t *testing.T, version in
 	require.Equal(t, 101, pgtest.Count(t, db, `SELECT n FROM `+balances+` WHERE id = 'm-0'`))
 	require.Equal(t, 2, pgtest.Count(t, db, `SELECT sum(n) - 101 FROM `+balances))
 	require.Equal(t, 3, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "processed_messages")))
-	require.Equal(t, once.Counters{Fresh: 3, Failed: 1, TxRetries: 3}, mw.Counters("rewards"))
+	require.Equal(t, once.Counters{Fresh: 3, Failed: 1, TxRetries: 3}, mw.Counters().Consumer("rewards"))
 }
 
 // TestSQLHandlerWritesThroughWatermillSQLsOwnTx: a handler on the SQL broker's subscriber that
@@ -274,13 +272,14 @@ func testSQLHandlerWritesThroughWatermillSQLsOwnTx(t *testing.T, version int) {
 	schema := pgtest.Schema(t, db)
 	topic := pgtest.NewName("payments")
 	cfg := sqlConfig(t, schema, version)
-	cfg.SQL.ResendInterval = 10 * time.Millisecond
+	cfg.SQL.NackDelay = 10 * time.Millisecond
 	cfg.Subscriptions = []broker.Subscription{{Topic: topic, Group: "rewards"}}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	b, err := broker.New(ctx, db, cfg, watermill.NopLogger{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = b.Close() })
+	b.TestSignals().SQLBatchCommit.Init()
 	effects := pgtx.QualifiedName(schema, "effects")
 	pgtest.Exec(t, db, `CREATE TABLE `+effects+` (key text NOT NULL)`)
 	mw, err := once.New(db, once.Config{Schema: schema, Consumer: "rewards"}, watermill.NopLogger{})
@@ -339,11 +338,11 @@ func testSQLHandlerWritesThroughWatermillSQLsOwnTx(t *testing.T, version int) {
 	_, err = h(m)
 	require.NoError(t, err)
 	m.Ack()
-	testwait.Until(t, "the subscriber to commit", func() bool {
+	b.TestSignals().SQLBatchCommit.WaitFor(func(string) bool { // the subscriber commits right after the ack
 		return pgtest.Count(t, db, `SELECT coalesce(max(offset_acked), 0) FROM `+pgtx.QualifiedName(schema, "watermill_offsets_"+topic)) >= 1
 	})
 	require.Equal(t, 2, attempts)
 	require.Equal(t, 1, pgtest.Count(t, db, `SELECT count(*) FROM `+effects), "the failed attempt's write was rolled back")
 	require.Equal(t, 1, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "processed_messages")))
-	require.Equal(t, once.Counters{Fresh: 1, Failed: 1}, mw.Counters("rewards"))
+	require.Equal(t, once.Counters{Fresh: 1, Failed: 1}, mw.Counters().Consumer("rewards"))
 }

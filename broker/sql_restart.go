@@ -29,7 +29,7 @@ import (
 // that is rolled back, so every message of the batch, those acked before the nack included, is
 // delivered again, and what their handlers wrote in that transaction is gone with it (with the
 // effectively-once middleware in a transaction of its own, their claims make the redeliveries
-// duplicates). Consecutive restarts without an ack in between wait ResendInterval, doubling up
+// duplicates). Consecutive restarts without an ack in between wait NackDelay, doubling up
 // to maxRestartBackoff, so a handler that fails the same way every time does not spin.
 
 // maxRestartBackoff caps the wait between consecutive restarts of a subscription without an
@@ -75,7 +75,7 @@ func (s *sqlSubscriber) forward(ctx context.Context, sub message.Subscriber, top
 	defer close(out)
 	defer func() { run.stop() }()
 	logger := s.logger.With(watermill.LogFields{"topic": topic, "consumer_group": s.group})
-	backoff := worker.Backoff{Base: s.s.config.ResendInterval, Max: max(s.s.config.ResendInterval, maxRestartBackoff)}
+	backoff := worker.Backoff{Base: s.s.config.NackDelay, Max: max(s.s.config.NackDelay, maxRestartBackoff)}
 	for {
 		msg, ok := <-run.in // not range: a restart replaces run
 		if !ok {

@@ -52,7 +52,7 @@ func testSQLSubscriberMovesOnWhenItsTransactionCannotCommit(t *testing.T, versio
 			topic := pgtest.NewName("payments")
 			cfg := sqlConfig(t, schema, version)
 			cfg.SQL.AckDeadline = 60 * time.Second
-			cfg.SQL.ResendInterval = 10 * time.Millisecond
+			cfg.SQL.NackDelay = 10 * time.Millisecond
 			cfg.Subscriptions = []broker.Subscription{{Topic: topic, Group: "rewards"}}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()

@@ -13,7 +13,6 @@ import (
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/internal/brokertest"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -146,6 +145,7 @@ func TestSQLWatermillVersionsShareTopicsAndGroups(t *testing.T) {
 				b, err := broker.New(ctx, db, cfg, watermill.NopLogger{})
 				require.NoError(t, err)
 				t.Cleanup(func() { _ = b.Close() })
+				b.TestSignals().SQLBatchCommit.Init()
 				pub, err := b.NewPublisher(ctx)
 				require.NoError(t, err)
 				t.Cleanup(func() { _ = pub.Close() })
@@ -169,9 +169,10 @@ func TestSQLWatermillVersionsShareTopicsAndGroups(t *testing.T) {
 					require.Equal(t, "naïve ☃", m.Metadata.Get("note"))
 				}
 				require.Equal(t, want, got)
-				// receive acked them; the subscription commits the group's offset right after.
-				testwait.Until(t, "the group's offset to be committed", func() bool {
-					return pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "watermill_offsets_"+topic)+
+				// receive acked them; the subscription commits the group's offset right after,
+				// in the batch that delivered the last one.
+				b.TestSignals().SQLBatchCommit.WaitFor(func(g string) bool {
+					return g == group && pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "watermill_offsets_"+topic)+
 						` o JOIN `+pgtx.QualifiedName(schema, "watermill_"+topic)+` m ON m."offset" = o.offset_acked WHERE o.consumer_group = $1 AND m.uuid = $2`,
 						group, want[len(want)-1]) == 1
 				})

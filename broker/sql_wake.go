@@ -4,8 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
-	"hash/fnv"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,10 +12,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/wmonce/watermill-once/internal/worker"
+	"github.com/wmonce/watermill-once/internal/pgnotify"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -48,17 +44,13 @@ const (
 )
 
 // NotifyChannel returns the PostgreSQL channel on which the SQL broker's topic tables in this
-// schema announce inserts ("<table> <xid8>" payloads). It is derived from the schema name so
-// it fits PostgreSQL's 63-byte limit whatever the schema is called.
-func (c SQLConfig) NotifyChannel() string {
-	h := fnv.New64a()
-	_, _ = h.Write([]byte(c.Schema))
-	return fmt.Sprintf("wmonce_broker_%016x", h.Sum64())
-}
+// schema announce inserts ("<table> <xid8>" payloads): "wmonce_broker_" + schema, or a hash of
+// the schema in its place when that is longer than PostgreSQL's 63-byte limit.
+func (c SQLConfig) NotifyChannel() string { return pgnotify.Channel("wmonce_broker_", c.Schema) }
 
 // notifyFunctionQuery creates the schema's trigger function (run at New); ensureNotifyTrigger
-// adds a topic table's trigger at Declare, only when missing: CREATE TRIGGER locks out
-// inserts for a moment.
+// adds a topic table's trigger at Declare, only when it is missing or notifies another channel
+// (an earlier version's name): CREATE TRIGGER locks out inserts for a moment.
 func (s *sqlBroker) notifyFunctionQuery() string {
 	return `CREATE OR REPLACE FUNCTION ` + pgtx.QualifiedName(s.config.Schema, notifyFunction) + `() RETURNS trigger
 LANGUAGE plpgsql AS $$
@@ -70,17 +62,30 @@ $$`
 }
 
 func (s *sqlBroker) ensureNotifyTrigger(ctx context.Context, tx *sql.Tx, topic string) error {
-	var exists bool
-	err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = $1::regclass AND tgname = $2)`,
-		s.MessagesTable(topic), notifyTrigger).Scan(&exists)
-	if err != nil || exists {
+	channel := s.config.NotifyChannel()
+	// current: the trigger exists and notifies channel (its one argument, NUL-terminated in
+	// tgargs). A trigger of an earlier version notifies another channel name: replace it.
+	var exists, current bool
+	err := tx.QueryRowContext(ctx, `SELECT count(*) > 0, coalesce(bool_or(tgargs = convert_to($3, 'UTF8') || '\x00'::bytea), false)
+FROM pg_trigger WHERE tgrelid = $1::regclass AND tgname = $2`,
+		s.MessagesTable(topic), notifyTrigger, channel).Scan(&exists, &current)
+	if err != nil || current {
 		return err
 	}
-	// The channel is "wmonce_broker_" and hex digits: a safe literal.
-	_, err = tx.ExecContext(ctx, `CREATE TRIGGER `+pgtx.QuoteIdentifier(notifyTrigger)+` AFTER INSERT ON `+s.MessagesTable(topic)+
-		` FOR EACH STATEMENT EXECUTE FUNCTION `+pgtx.QualifiedName(s.config.Schema, notifyFunction)+`('`+s.config.NotifyChannel()+`')`)
+	trigger := pgtx.QuoteIdentifier(notifyTrigger)
+	if exists {
+		if _, err := tx.ExecContext(ctx, `DROP TRIGGER `+trigger+` ON `+s.MessagesTable(topic)); err != nil {
+			return err
+		}
+	}
+	// A trigger's arguments are literals, not parameters.
+	_, err = tx.ExecContext(ctx, `CREATE TRIGGER `+trigger+` AFTER INSERT ON `+s.MessagesTable(topic)+
+		` FOR EACH STATEMENT EXECUTE FUNCTION `+pgtx.QualifiedName(s.config.Schema, notifyFunction)+`(`+quoteLiteral(channel)+`)`)
 	return err
 }
+
+// quoteLiteral quotes s as a standard SQL string literal.
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // sqlNotifier runs one LISTEN connection for a Broker while it has subscriptions, and hands
 // each notification to the subscriptions of the table it names.
@@ -154,83 +159,34 @@ func (n *sqlNotifier) unregister(w *sqlWaiter) {
 	}
 }
 
+// listen runs the listener (internal/pgnotify, on a connection of its own: not one of the
+// pool's) until ctx ends, or for good when the pool's driver cannot LISTEN.
 func (n *sqlNotifier) listen(ctx context.Context, r *listenRun) {
 	defer close(r.done)
-	backoff := reconnectBackoff
-	for ctx.Err() == nil && !n.disabled.Load() {
-		err := n.listenOnce(ctx, r)
-		r.listening.Store(false)
-		if ctx.Err() != nil {
-			return
-		}
-		if errors.Is(err, errNotPgx) {
-			n.disabled.Store(true)
-			n.logger.Error("SQL broker wake-ups disabled: subscribers poll every PollInterval", err, nil)
-			return
-		}
-		wait := backoff.Next()
-		n.logger.Error("SQL broker LISTEN connection lost, polling every PollInterval until it is back", err, watermill.LogFields{"backoff": wait})
-		if !worker.Sleep(ctx, wait) {
-			return
-		}
+	if n.disabled.Load() {
+		return
 	}
-}
-
-var errNotPgx = errors.New("the *sql.DB does not use pgx's database/sql driver (github.com/jackc/pgx/v5/stdlib), which LISTEN needs")
-
-func (n *sqlNotifier) listenOnce(ctx context.Context, r *listenRun) error {
-	cfg, err := n.connConfig(ctx)
-	if err != nil {
-		return err
+	err := pgnotify.Listener{
+		DB:            n.db,
+		Channels:      map[string]func(string){n.channel: n.dispatch},
+		OwnConnection: true,
+		OnListen: func() {
+			r.listening.Store(true)
+			// Rows committed before LISTEN took effect sent their notification to nobody:
+			// every subscription queries again. One still hidden then by an older
+			// transaction is found by the IdlePollInterval fallback.
+			n.wakeAll()
+		},
+		OnLost: func(err error, backoff time.Duration) {
+			r.listening.Store(false)
+			n.logger.Error("SQL broker LISTEN connection lost, polling every PollInterval until it is back", err, watermill.LogFields{"backoff": backoff})
+		},
+	}.Run(ctx)
+	r.listening.Store(false)
+	if errors.Is(err, pgnotify.ErrNotPgx) {
+		n.disabled.Store(true)
+		n.logger.Error("SQL broker wake-ups disabled: subscribers poll every PollInterval", err, nil)
 	}
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		return fmt.Errorf("connect: %w", err)
-	}
-	defer func() {
-		closeCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = conn.Close(closeCtx)
-	}()
-	if _, err := conn.Exec(ctx, `LISTEN `+pgtx.QuoteIdentifier(n.channel)); err != nil {
-		return fmt.Errorf("LISTEN: %w", err)
-	}
-	r.listening.Store(true)
-	// Rows committed before LISTEN took effect sent their notification to nobody: every
-	// subscription queries again. One still hidden then by an older transaction is found by
-	// the IdlePollInterval fallback.
-	n.wakeAll()
-	for {
-		nt, err := conn.WaitForNotification(ctx)
-		if err != nil {
-			return fmt.Errorf("wait for notification: %w", err)
-		}
-		if nt != nil {
-			n.dispatch(nt.Payload)
-		}
-	}
-}
-
-// connConfig copies the connection settings of one of the pool's connections, so the listener
-// reaches the same server as the pool without holding one of its connections for ever.
-func (n *sqlNotifier) connConfig(ctx context.Context) (*pgx.ConnConfig, error) {
-	c, err := n.db.Conn(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
-	var cfg *pgx.ConnConfig
-	err = c.Raw(func(driverConn any) error {
-		sc, ok := driverConn.(*stdlib.Conn)
-		if !ok {
-			return errNotPgx
-		}
-		cfg = sc.Conn().Config()
-		// The copy still points at the pool connection's notification buffer.
-		cfg.OnNotification = nil
-		return nil
-	})
-	return cfg, err
 }
 
 func (n *sqlNotifier) dispatch(payload string) {
@@ -419,7 +375,7 @@ func (s *sqlSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *me
 	cfg := s.s.config
 	var backoff sqlBackoff
 	var w *sqlWaiter
-	if !cfg.DisableNotify && !s.s.notifier.disabled.Load() {
+	if !cfg.DisableListen && !s.s.notifier.disabled.Load() {
 		w = &sqlWaiter{
 			n: s.s.notifier, table: "watermill_" + topic, ctx: ctx, closing: s.closing,
 			poll: cfg.PollInterval, idlePoll: cfg.IdlePollInterval,

@@ -14,6 +14,7 @@ import (
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/internal/pgcount"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/pgtx"
 )
 
 // signalTracer signals when a statement whose SQL contains match has finished with the
@@ -87,7 +88,9 @@ type wakeRig struct {
 	listening  *signalTracer // the listener's LISTEN succeeded
 }
 
-func newWakeRig(t *testing.T, version int, sqlCfg func(*broker.SQLConfig)) *wakeRig {
+// beforeSub, when set, runs once the publishing Broker has declared the topic and before the
+// subscribing one does.
+func newWakeRig(t *testing.T, version int, sqlCfg func(*broker.SQLConfig), beforeSub func(cfg broker.Config, topic string)) *wakeRig {
 	t.Helper()
 	ctx := context.Background()
 	schema := pgtest.Schema(t, pgtest.DB(t))
@@ -112,6 +115,9 @@ func newWakeRig(t *testing.T, version int, sqlCfg func(*broker.SQLConfig)) *wake
 	r.pub, err = pb.NewPublisher(ctx)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = r.pub.Close() })
+	if beforeSub != nil {
+		beforeSub(cfg, r.topic)
+	}
 	sb, err := broker.New(ctx, db, cfg, watermill.NopLogger{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sb.Close() })
@@ -166,7 +172,7 @@ func TestSQLSubscriberWokenByInsert(t *testing.T) {
 }
 
 func testSQLSubscriberWokenByInsert(t *testing.T, version int) {
-	r := newWakeRig(t, version, func(c *broker.SQLConfig) { c.PollInterval, c.IdlePollInterval = time.Hour, time.Hour })
+	r := newWakeRig(t, version, func(c *broker.SQLConfig) { c.PollInterval, c.IdlePollInterval = time.Hour, time.Hour }, nil)
 	ch := r.idle(t)
 	require.NoError(t, r.pub.Publish(r.topic, message.NewMessage("second", []byte("2"))))
 	receiveWithin(t, ch, "second", 30*time.Second, "the insert did not wake the subscription")
@@ -182,7 +188,7 @@ func TestSQLSubscriberWokenWhenHiddenRowTurnsVisible(t *testing.T) {
 }
 
 func testSQLSubscriberWokenWhenHiddenRowTurnsVisible(t *testing.T, version int) {
-	r := newWakeRig(t, version, func(c *broker.SQLConfig) { c.PollInterval, c.IdlePollInterval = time.Hour, time.Hour })
+	r := newWakeRig(t, version, func(c *broker.SQLConfig) { c.PollInterval, c.IdlePollInterval = time.Hour, time.Hour }, nil)
 	ch := r.idle(t)
 
 	ctx := context.Background()
@@ -216,7 +222,7 @@ func TestSQLSubscriberIdleQueryRate(t *testing.T) {
 }
 
 func testSQLSubscriberIdleQueryRate(t *testing.T, version int) {
-	r := newWakeRig(t, version, nil)
+	r := newWakeRig(t, version, nil, nil)
 	_ = r.idle(t)
 	const window = 9 * time.Second
 	before := r.counter.Count()
@@ -225,4 +231,29 @@ func testSQLSubscriberIdleQueryRate(t *testing.T, version int) {
 	perSec := float64(got) / window.Seconds()
 	t.Logf("idle subscription: %d queries in %s (%.2f/s)", got, window, perSec)
 	require.LessOrEqual(t, perSec, 2.0, "idle SQL-broker subscription issued %d queries in %s", got, window)
+}
+
+// TestSQLSubscriberWokenThroughATriggerOfAnEarlierVersion: a topic table whose trigger
+// notifies the channel name an earlier version used (the schema's hash) gets its trigger
+// replaced when a Broker declares the topic, so that the insert still wakes a subscription
+// whose polls are an hour away.
+func TestSQLSubscriberWokenThroughATriggerOfAnEarlierVersion(t *testing.T) {
+	t.Parallel()
+	forEachWatermillSQL(t, testSQLSubscriberWokenThroughATriggerOfAnEarlierVersion)
+}
+
+func testSQLSubscriberWokenThroughATriggerOfAnEarlierVersion(t *testing.T, version int) {
+	var table string
+	r := newWakeRig(t, version, func(c *broker.SQLConfig) { c.PollInterval, c.IdlePollInterval = time.Hour, time.Hour },
+		func(cfg broker.Config, topic string) {
+			table = pgtx.QualifiedName(cfg.SQL.Schema, "watermill_"+topic)
+			pgtest.Exec(t, pgtest.DB(t), `DROP TRIGGER wmonce_notify ON `+table)
+			pgtest.Exec(t, pgtest.DB(t), `CREATE TRIGGER wmonce_notify AFTER INSERT ON `+table+` FOR EACH STATEMENT EXECUTE FUNCTION `+
+				pgtx.QualifiedName(cfg.SQL.Schema, "wmonce_notify_insert")+`('wmonce_broker_0123456789abcdef')`)
+		})
+	require.Equal(t, 1, pgtest.Count(t, pgtest.DB(t), `SELECT count(*) FROM pg_trigger WHERE tgrelid = $1::regclass AND tgname = 'wmonce_notify'`, table),
+		"the trigger is replaced, not doubled")
+	ch := r.idle(t)
+	require.NoError(t, r.pub.Publish(r.topic, message.NewMessage("second", []byte("2"))))
+	receiveWithin(t, ch, "second", 30*time.Second, "the insert did not wake the subscription: the trigger still notifies another channel")
 }

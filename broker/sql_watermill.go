@@ -7,6 +7,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/wmonce/watermill-once/internal/testsignal"
 )
 
 // The watermill-sql major versions the SQL broker runs on (SQLConfig.WatermillSQL).
@@ -80,20 +82,56 @@ type sqlSubscriberTimings struct {
 	ackDeadline, poll, resend, retry time.Duration
 }
 
-func newWatermillSQL(db *sql.DB, config SQLConfig, tables sqlTables) (watermillSQL, error) {
+// newWatermillSQL returns the version config.WatermillSQL names; its subscriptions report each
+// batch they commit on committed.
+func newWatermillSQL(db *sql.DB, config SQLConfig, tables sqlTables, committed *testsignal.Signal[string]) (watermillSQL, error) {
 	timings := sqlSubscriberTimings{
 		ackDeadline: config.AckDeadline,
 		poll:        config.PollInterval,
-		resend:      config.ResendInterval,
+		resend:      config.NackDelay,
 		retry:       config.PollInterval * 5,
 	}
+	var wm watermillSQL
 	switch config.WatermillSQL {
 	case 3:
-		return newWatermillSQLv3(db, config.BatchSize, tables, timings), nil
+		wm = newWatermillSQLv3(db, config.BatchSize, tables, timings)
 	case 4:
-		return newWatermillSQLv4(db, config.BatchSize, tables, timings), nil
+		wm = newWatermillSQLv4(db, config.BatchSize, tables, timings)
+	default:
+		return nil, fmt.Errorf("broker: SQL.WatermillSQL (%s) must be 3 or 4, got %d", EnvSQLWatermill, config.WatermillSQL)
 	}
-	return nil, fmt.Errorf("broker: SQL.WatermillSQL (%s) must be 3 or 4, got %d", EnvSQLWatermill, config.WatermillSQL)
+	return signalledSQL{watermillSQL: wm, timings: timings, committed: committed}, nil
+}
+
+// signalledSQL is a watermill-sql version whose subscribers report each batch they commit to the
+// tests (brokerTestSignals.SQLBatchCommit).
+type signalledSQL struct {
+	watermillSQL
+	timings   sqlSubscriberTimings
+	committed *testsignal.Signal[string]
+}
+
+func (w signalledSQL) newSubscriber(group string, backoff sqlBackoff, logger watermill.LoggerAdapter) (message.Subscriber, error) {
+	if backoff == nil { // what watermill-sql would use
+		backoff = w.defaultBackoff(w.timings.poll, w.timings.retry)
+	}
+	return w.watermillSQL.newSubscriber(group, batchSignal{next: backoff, group: group, committed: w.committed}, logger)
+}
+
+// batchSignal is next with a test signal: watermill-sql calls HandleError after each query, once
+// the query's transaction has ended. A query that acked rows (noMsg false) without an error ended
+// it with COMMIT (which may have failed).
+type batchSignal struct {
+	next      sqlBackoff
+	group     string
+	committed *testsignal.Signal[string]
+}
+
+func (b batchSignal) HandleError(logger watermill.LoggerAdapter, noMsg bool, err error) time.Duration {
+	if !noMsg && err == nil {
+		b.committed.Signal(b.group)
+	}
+	return b.next.HandleError(logger, noMsg, err)
 }
 
 // createMessagesTable is watermill-sql's PostgreSQL messages table (the same in v3 and v4)

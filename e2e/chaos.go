@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -50,54 +51,52 @@ type ChaosTarget struct {
 	CrashPostgres func(ctx context.Context) error
 }
 
+// Defaults of ChaosOptions (Pace: DefaultPace).
+const (
+	DefaultChaosEvents    = 3000
+	DefaultChaosProducers = 3
+	DefaultChaosMinGap    = 500 * time.Millisecond
+	DefaultChaosMaxGap    = 2 * time.Second
+	DefaultRelaySelfKill  = 0.25
+	DefaultChaosTimeout   = 10 * time.Minute
+)
+
 // ChaosOptions sizes a chaos run.
 type ChaosOptions struct {
 	// Binaries of e2e/internal/consumer, relay and producer. Required.
 	ConsumerBinary, RelayBinary, ProducerBinary string
-	// Events the producer processes commit (one poison event is added). Default 3000.
+	// Events the producer processes commit (one poison event is added). Default
+	// DefaultChaosEvents (3000).
 	Events int
-	// Producers is the number of producer processes. Default 3.
+	// Producers is the number of producer processes. Default DefaultChaosProducers (3).
 	Producers int
-	// Pace is each producer's pause between events. Default 40ms.
+	// Pace is each producer's pause between events. Default DefaultPace (40ms).
 	Pace time.Duration
 	// Seed makes the nemesis's choices reproducible; 0 picks one (printed in the report).
 	Seed uint64
 	// Gap bounds the nemesis's pause after the stream recovered from one fault. Default
-	// 500ms..2s.
+	// DefaultChaosMinGap..DefaultChaosMaxGap (500ms..2s).
 	MinGap, MaxGap time.Duration
 	// RelaySelfKill is the probability that the relay kills itself right after a publish,
-	// before its position update. Default 0.25: with 0.15, ci-size passes republished 12.6% to
-	// 32.5% of the events, too close to the 10% every pass must reach.
+	// before its position update. Default DefaultRelaySelfKill (0.25): with 0.15, ci-size
+	// passes republished 12.6% to 32.5% of the events, too close to the 10% every pass must
+	// reach.
 	RelaySelfKill float64
-	// Timeout bounds the run. Default 10 minutes.
+	// Timeout bounds the run. Default DefaultChaosTimeout (10 minutes).
 	Timeout time.Duration
 }
 
 func (o *ChaosOptions) setDefaults() {
-	if o.Events == 0 {
-		o.Events = 3000
-	}
-	if o.Producers == 0 {
-		o.Producers = 3
-	}
-	if o.Pace == 0 {
-		o.Pace = 40 * time.Millisecond
-	}
+	o.Events = cmp.Or(o.Events, DefaultChaosEvents)
+	o.Producers = cmp.Or(o.Producers, DefaultChaosProducers)
+	o.Pace = cmp.Or(o.Pace, DefaultPace)
 	if o.Seed == 0 {
 		o.Seed = rand.Uint64()
 	}
-	if o.MinGap == 0 {
-		o.MinGap = 500 * time.Millisecond
-	}
-	if o.MaxGap == 0 {
-		o.MaxGap = 2 * time.Second
-	}
-	if o.RelaySelfKill == 0 {
-		o.RelaySelfKill = 0.25
-	}
-	if o.Timeout == 0 {
-		o.Timeout = 10 * time.Minute
-	}
+	o.MinGap = cmp.Or(o.MinGap, DefaultChaosMinGap)
+	o.MaxGap = cmp.Or(o.MaxGap, DefaultChaosMaxGap)
+	o.RelaySelfKill = cmp.Or(o.RelaySelfKill, DefaultRelaySelfKill)
+	o.Timeout = cmp.Or(o.Timeout, DefaultChaosTimeout)
 }
 
 // ChaosReport is the one-line JSON summary of a chaos run (printed as "e2e chaos report: {json}").

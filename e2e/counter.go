@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sync"
@@ -17,29 +18,29 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
+// Defaults of CounterOptions (Producers: DefaultProducers).
+const (
+	DefaultCounterEvents  = 600
+	DefaultCounterTimeout = 4 * time.Minute
+)
+
 // CounterOptions sizes RunCounter.
 type CounterOptions struct {
 	// ConsumerBinary is the path of the built e2e/internal/consumer command. Required.
 	ConsumerBinary string
-	// Events is how many events the producers commit. Default 600.
+	// Events is how many events the producers commit. Default DefaultCounterEvents (600).
 	Events int
 	// Producers run concurrently, without pause, so that many messages are in flight at once.
-	// Default 4.
+	// Default DefaultProducers (4).
 	Producers int
-	// Timeout bounds the whole run. Default 4 minutes.
+	// Timeout bounds the whole run. Default DefaultCounterTimeout (4 minutes).
 	Timeout time.Duration
 }
 
 func (o *CounterOptions) setDefaults() {
-	if o.Events == 0 {
-		o.Events = 600
-	}
-	if o.Producers == 0 {
-		o.Producers = 4
-	}
-	if o.Timeout == 0 {
-		o.Timeout = 4 * time.Minute
-	}
+	o.Events = cmp.Or(o.Events, DefaultCounterEvents)
+	o.Producers = cmp.Or(o.Producers, DefaultProducers)
+	o.Timeout = cmp.Or(o.Timeout, DefaultCounterTimeout)
 }
 
 // RunCounter checks that a read-modify-write handler is exact under the library's defaults on
@@ -51,6 +52,7 @@ func (o *CounterOptions) setDefaults() {
 // mid-stream and restarted. At the end the counter must equal the number of events, and its
 // sum the orders' sum: every event applied once, no update lost to a concurrent handler.
 func RunCounter(t *testing.T, target Target, opts CounterOptions) {
+	pgtest.SkipShort(t) // before the commands are asked for: a -short run builds none
 	opts.setDefaults()
 	require.NotEmpty(t, opts.ConsumerBinary, "CounterOptions.ConsumerBinary: build e2e/internal/consumer first")
 	began := time.Now()

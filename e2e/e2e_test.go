@@ -2,6 +2,7 @@ package e2e_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"log"
 	"os"
@@ -24,8 +25,13 @@ import (
 var consumerBinary, relayBinary, producerBinary string
 
 // TestMain builds the consumer, relay and producer commands once (with the race detector when
-// the tests have it), so the suite can run them as separate processes and kill them.
+// the tests have it), so the suite can run them as separate processes and kill them. Under
+// -short it builds nothing: every test here needs PostgreSQL, so each one skips.
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "wmonce-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

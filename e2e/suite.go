@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -49,35 +50,36 @@ type Target struct {
 	Describe func(t *testing.T, cfg broker.Config) string
 }
 
+// Defaults of Options; DefaultProducers and DefaultPace serve CounterOptions and ChaosOptions
+// too.
+const (
+	DefaultEvents    = 300
+	DefaultProducers = 4
+	DefaultTimeout   = 3 * time.Minute
+	DefaultPace      = 40 * time.Millisecond
+)
+
 // Options sizes a run.
 type Options struct {
 	// ConsumerBinary is the path of the built e2e/internal/consumer command. Required.
 	ConsumerBinary string
 	// Events is how many events the producers commit (one more, the poison, is added).
-	// Default 300.
+	// Default DefaultEvents (300).
 	Events int
-	// Producers run concurrently. Default 4.
+	// Producers run concurrently. Default DefaultProducers (4).
 	Producers int
-	// Timeout bounds the whole run. Default 3 minutes.
+	// Timeout bounds the whole run. Default DefaultTimeout (3 minutes).
 	Timeout time.Duration
 	// Pace is each producer's pause between events, so that faults hit a stream that is still
-	// flowing. Default 40ms (300 events from 4 producers take about 3 seconds).
+	// flowing. Default DefaultPace (40ms: 300 events from 4 producers take about 3 seconds).
 	Pace time.Duration
 }
 
 func (o *Options) setDefaults() {
-	if o.Events == 0 {
-		o.Events = 300
-	}
-	if o.Producers == 0 {
-		o.Producers = 4
-	}
-	if o.Timeout == 0 {
-		o.Timeout = 3 * time.Minute
-	}
-	if o.Pace == 0 {
-		o.Pace = 40 * time.Millisecond
-	}
+	o.Events = cmp.Or(o.Events, DefaultEvents)
+	o.Producers = cmp.Or(o.Producers, DefaultProducers)
+	o.Timeout = cmp.Or(o.Timeout, DefaultTimeout)
+	o.Pace = cmp.Or(o.Pace, DefaultPace)
 }
 
 // Run is the fault suite of watermill-once's guarantee, for one broker. It checks that every
@@ -102,6 +104,7 @@ func (o *Options) setDefaults() {
 // and one dedupe claim per applied event. The log reports messages produced, deliveries,
 // duplicates absorbed and faults injected.
 func Run(t *testing.T, target Target, opts Options) {
+	pgtest.SkipShort(t) // before the commands are asked for: a -short run builds none
 	opts.setDefaults()
 	require.NotEmpty(t, opts.ConsumerBinary, "Options.ConsumerBinary: build e2e/internal/consumer first")
 	began := time.Now()

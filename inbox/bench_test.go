@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
@@ -84,15 +83,20 @@ func BenchmarkProcess(b *testing.B) {
 				require.NoError(b, tx.Commit())
 			}
 			cfg := inbox.ProcessorConfig{Consumer: "bench", Workers: bc.workers, BatchSize: bc.claim, TxBatchSize: bc.txBatch}
-			b.ResetTimer()
-			p := e.start(b, func(m *message.Message) ([]*message.Message, error) {
+			p := e.processor(b, func(m *message.Message) ([]*message.Message, error) {
 				if bc.noop {
 					return nil, nil
 				}
 				return nil, e.effect(m, "w")
 			}, cfg)
-			for p.Counters().Processed < uint64(b.N) {
-				time.Sleep(time.Millisecond)
+			settled := &p.TestSignals().Settled // read as it comes, so it never fills up
+			settled.Init()
+			b.ResetTimer()
+			e.run(b, p)
+			for done := 0; done < b.N; {
+				if settled.WaitOrTimeout().As == inbox.SettledDone {
+					done++
+				}
 			}
 			b.StopTimer()
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")

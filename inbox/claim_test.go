@@ -7,9 +7,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
-	"github.com/wmonce/watermill-once/idemkey"
+	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/effects/idemkey"
 	"github.com/wmonce/watermill-once/inbox"
-	"github.com/wmonce/watermill-once/oncetype"
 )
 
 // Handlers run by the processor derive downstream keys from the inbox's dedupe key, exactly as
@@ -17,7 +17,7 @@ import (
 func testProcessorExposesClaimForDownstreamKeys(t *testing.T, mode inbox.ClaimMode) {
 	t.Parallel()
 	e := newEnv(t)
-	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "rewards", Key: oncetype.KeyFromMetadata("event_id")})
+	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "rewards", Key: wmonce.KeyFromMetadata("event_id")})
 	msg := message.NewMessage("transport-1", []byte(`{}`))
 	msg.Metadata.Set("event_id", "e-91")
 	require.NoError(t, r.Handle(msg))

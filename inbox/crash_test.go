@@ -17,7 +17,6 @@ import (
 
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -43,7 +42,7 @@ func TestTerminatedBackendCountsTheAttempt(t *testing.T) {
 		r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
 		require.NoError(t, r.Handle(msg("m1", "x")))
 		var runs atomic.Int32
-		e.start(t, func(m *message.Message) ([]*message.Message, error) {
+		p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
 			runs.Add(1)
 			tx, _ := pgtx.TxFromContext(m.Context())
 			if err := e.effect(m, "w"); err != nil {
@@ -61,7 +60,7 @@ func TestTerminatedBackendCountsTheAttempt(t *testing.T) {
 			return nil, err
 		}, cfg)
 
-		testwait.Until(t, "the row parked", func() bool { return e.status(t, "c", inbox.StatusFailed) == 1 })
+		p.until(t, "the row parked", func(n tally) bool { return n.Parked == 1 })
 		row, err := e.ops.InspectMessage(context.Background(), "c", "m1")
 		require.NoError(t, err)
 		require.Equal(t, 3, row.Attempts)
@@ -176,7 +175,7 @@ func TestInboxCrashChild(t *testing.T) {
 	if os.Getenv(crashModeEnv) == inbox.ClaimLock.String() {
 		cfg.ClaimMode = inbox.ClaimLock
 	}
-	e.start(t, func(m *message.Message) ([]*message.Message, error) {
+	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
 		if err := e.effect(m, "w"); err != nil {
 			return nil, err
 		}
@@ -186,9 +185,10 @@ func TestInboxCrashChild(t *testing.T) {
 		}
 		return nil, nil
 	}, cfg)
-	testwait.Until(t, "every row finished or parked", func() bool {
-		var n int
-		err := db.QueryRow(`SELECT count(*) FROM ` + e.table("inbox") + ` WHERE status IN ('PENDING', 'IN_PROGRESS')`).Scan(&n)
-		return err == nil && n == 0
-	})
+	// Every run starts with a row left to finish: the doomed row kills the run that takes it,
+	// until a run parks it. Earlier runs may have finished some rows, so the table says when
+	// this run is done, read after each row it settles.
+	untilSettled(t, "every row finished or parked", func() bool {
+		return pgtest.Count(t, db, `SELECT count(*) FROM `+e.table("inbox")+` WHERE status IN ('PENDING', 'IN_PROGRESS')`) == 0
+	}, p)
 }

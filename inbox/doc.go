@@ -27,7 +27,7 @@
 // # Receiving
 //
 // Each message becomes one row keyed by (consumer, message key). The key comes from a
-// oncetype.KeyFunc (default: the Watermill UUID), under the middleware's rules: an empty,
+// wmonce.KeyFunc (default: the Watermill UUID), under the middleware's rules: an empty,
 // over-long or non-text key is refused with a permanent error, as is metadata PostgreSQL text
 // cannot hold faithfully (see Parking refused messages). The row is inserted with ON CONFLICT
 // DO NOTHING: the unique key is the dedupe record, and a copy of a message already in the
@@ -37,7 +37,7 @@
 // inbox: a copy whose key is no longer in the inbox (retention deleted its row) and whose event
 // occurred longer ago than the limit could be applied a second time. A store-first receiver
 // refuses it by parking it: the copy is stored as a FAILED row that names
-// oncetype.ErrTooOld, acked, counted (ReceiverCounters.TooOld) and logged as an ALERT, and it
+// wmonce.ErrTooOld, acked, counted (ReceiverCounters.TooOld) and logged as an ALERT, and it
 // is processed only if an operator replays it.
 //
 // Concurrent Handle calls are group-committed: a writer takes every row waiting for it (up to
@@ -59,7 +59,7 @@
 // outbox.Writer.ParkingPublisher:
 //
 //	writer, _ := outbox.NewWriter(outbox.Config{})
-//	poison, _ := middleware.PoisonQueueWithFilter(writer.ParkingPublisher(db), "rewards.parked", oncetype.IsPermanent)
+//	poison, _ := middleware.PoisonQueueWithFilter(writer.ParkingPublisher(db), "rewards.parked", wmonce.IsPermanent)
 //	router.AddConsumerHandler("rewards-inbox", "payments", subscriber, receiver.Handle).AddMiddleware(poison)
 //
 // A refused message is then stored in the outbox for the poison topic, committed, and only
@@ -95,7 +95,7 @@
 //
 // A failed attempt (error, panic, HandlerTimeout) is rolled back and recorded with its error;
 // the row is due again after Backoff doubling per attempt up to MaxBackoff, drawn between
-// half and all of that value. After MaxAttempts, or at once for a oncetype.Permanent error,
+// half and all of that value. After MaxAttempts, or at once for a wmonce.Permanent error,
 // the row is parked as FAILED, the error kept, until an operator replays or skips it.
 //
 // Leases are renewed every RenewInterval while the handler runs, for at most HandlerTimeout,
@@ -111,9 +111,11 @@
 // becomes claimable below the floor (a retry falling due, a key unblocked, a replay) waits at
 // most that much longer.
 //
-// ClaimMode ClaimLock is the faster alternative to leases: the claim is a row lock, SELECT ...
-// FOR UPDATE SKIP LOCKED inside the processing transaction, and each row is written once, when
-// its outcome commits with the handler's effects. The lock disappears with the transaction or
+// ClaimMode ClaimLock is the alternative to leases: the claim is a row lock, SELECT ... FOR
+// UPDATE SKIP LOCKED inside the processing transaction, and each row is written once, when its
+// outcome commits with the handler's effects. Writing less has not made it faster: in the
+// bench it processes fewer rows per second than leases (see the README's performance
+// section), so choose it for fewer row versions, not for speed. The lock disappears with the transaction or
 // the connection, which replaces the lease, the token and the reaper; a failed handler is
 // undone with a savepoint so that its attempt is recorded while the lock is held. The start of
 // each attempt is committed apart beforehand, so an attempt that kills the process or its
@@ -178,7 +180,7 @@
 //     on a poison topic by a poison queue, see Parking refused messages), failing ones parked
 //     as FAILED. Parked messages and rows need a person: alert on ReceiverCounters.Refused,
 //     Stats.Failed and Stats.OldestPendingAge.
-//   - DONE rows are the dedupe records. Ops.PruneFinished removes old ones; keep them longer
+//   - DONE rows are the dedupe records. PruneFinished removes old ones; keep them longer
 //     than any redelivery can come (broker retention, DLQ redrives, offset resets), and set
 //     ReceiverConfig.MaxMessageAge a little below that window so that a later copy is parked
 //     instead of applied again.

@@ -9,10 +9,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
+	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/migrate"
-	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -94,7 +94,7 @@ func ExampleReceiver_parking() {
 	defer func() { _, _ = db.Exec(`DROP SCHEMA ` + pgtx.QuoteIdentifier(schema) + ` CASCADE`) }()
 
 	receiver, err := inbox.NewReceiver(db, inbox.ReceiverConfig{
-		Schema: schema, Consumer: "ledger", Key: oncetype.KeyFromMetadata("event_id"),
+		Schema: schema, Consumer: "ledger", Key: wmonce.KeyFromMetadata("event_id"),
 	}, nil)
 	if err != nil {
 		panic(err)
@@ -104,7 +104,7 @@ func ExampleReceiver_parking() {
 	if err != nil {
 		panic(err)
 	}
-	poison, err := middleware.PoisonQueueWithFilter(writer.ParkingPublisher(db), "ledger.parked", oncetype.IsPermanent)
+	poison, err := middleware.PoisonQueueWithFilter(writer.ParkingPublisher(db), "ledger.parked", wmonce.IsPermanent)
 	if err != nil {
 		panic(err)
 	}

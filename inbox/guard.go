@@ -8,8 +8,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/txguard"
-	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -42,38 +42,23 @@ func (p *Processor) requireGuard(ctx context.Context) error {
 	return nil
 }
 
-// checkHandler tells, after a handler returned, whether it ended tx; ctx is the processing
-// transaction's. It returns the row's permanent error if it did, else nil (a transaction that
-// ctx ended is not the handler's doing: the caller finds out at its next statement).
-func (p *Processor) checkHandler(ctx context.Context, tx *sql.Tx, r claimedRow, handlerErr error) error {
-	if ended := p.guard.Check(ctx, tx); isEnded(ended) {
-		return p.handlerEndedTx(r, ended, handlerErr)
-	}
-	return nil
-}
-
 // endedAt returns the row's permanent error if err, from a statement the Processor sent in tx
 // after the handler returned, says that the handler had ended tx (sql.ErrTxDone while ctx, the
 // transaction's, is alive, or txguard.Close's error); else nil.
 func (p *Processor) endedAt(ctx context.Context, r claimedRow, err error) error {
 	switch {
 	case isEnded(err):
-		return p.handlerEndedTx(r, err, nil)
+		return p.handlerEndedTx(r, err)
 	case errors.Is(err, sql.ErrTxDone) && ctx.Err() == nil:
-		return p.handlerEndedTx(r, txguard.Ended(err), nil)
+		return p.handlerEndedTx(r, txguard.Ended(err))
 	}
 	return nil
 }
 
 // handlerEndedTx counts and logs an attempt whose handler ended its processing transaction and
-// returns the row's permanent error (ended, from txguard), with the handler's own error if it
-// returned one.
-func (p *Processor) handlerEndedTx(r claimedRow, ended, handlerErr error) error {
+// returns the row's permanent error (ended, from txguard or lend).
+func (p *Processor) handlerEndedTx(r claimedRow, ended error) error {
 	p.endedTx.Add(1)
-	if handlerErr != nil {
-		// Reported, not wrapped: the handler's error must not make this one look retryable.
-		ended = fmt.Errorf("%w (the handler returned: %s)", ended, handlerErr.Error())
-	}
 	err := fmt.Errorf("inbox: row %d: %w", r.id, ended)
 	p.logger.Error("The handler ended the processing transaction it was given (Commit or Rollback): nothing of it was applied; the row is parked", err,
 		watermill.LogFields{"row": r.id, "message_id": r.messageID, "attempt": r.attempts})
@@ -81,4 +66,4 @@ func (p *Processor) handlerEndedTx(r claimedRow, ended, handlerErr error) error 
 }
 
 // isEnded reports the error of a handler that ended its transaction.
-func isEnded(err error) bool { return errors.Is(err, oncetype.ErrHandlerEndedTx) }
+func isEnded(err error) bool { return errors.Is(err, wmonce.ErrHandlerEndedTx) }

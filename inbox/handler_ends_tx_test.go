@@ -12,7 +12,6 @@ import (
 
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/migrate"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -60,10 +59,7 @@ func testHandlerEndingItsTransaction(t *testing.T, mode inbox.ClaimMode) {
 					}
 					return []*message.Message{message.NewMessage("out-"+m.UUID, []byte(`{}`))}, nil
 				}, cfg)
-				testwait.Until(t, "five rows done and one parked", func() bool {
-					c := p.Counters()
-					return c.Processed == 5 && c.Parked == 1
-				})
+				p.until(t, "five rows done and one parked", func(n tally) bool { return n.Done == 5 && n.Parked == 1 })
 
 				require.Equal(t, 5, e.effects(t), "every row but e-2 applied")
 				require.Equal(t, 5, pgtest.Count(t, e.db, `SELECT count(DISTINCT message_id) FROM `+e.table("effects")), "once each")
@@ -111,7 +107,7 @@ func testHandlerPastTimeoutIsNotTakenForEndingItsTransaction(t *testing.T, mode 
 				}
 				return nil, nil
 			}, cfg)
-			testwait.Until(t, "every row done", func() bool { return p.Counters().Processed == 3 })
+			p.until(t, "every row done", func(n tally) bool { return n.Done == 3 })
 			require.Equal(t, 3, e.effects(t))
 			require.Zero(t, p.Counters().HandlerEndedTx)
 			require.Zero(t, p.Counters().Parked)
@@ -141,7 +137,7 @@ func TestClaimLockHandlerEndingItsTransactionWithSeveralWorkersAppliesNothing(t 
 		return nil, tx.Commit()
 	}, locking("c", 4, 1))
 	require.NoError(t, r.Handle(msg("e-1", "x")))
-	testwait.Until(t, "parking", func() bool { return p.Counters().Parked == 1 })
+	p.until(t, "parking", func(n tally) bool { return n.Parked == 1 })
 	require.Zero(t, e.effects(t))
 	row, err := e.ops.InspectMessage(context.Background(), "c", "e-1")
 	require.NoError(t, err)
@@ -168,7 +164,7 @@ func TestProcessorWaitsForTheAttemptGuard(t *testing.T) {
 			r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
 			require.NoError(t, r.Handle(msg("e-1", "x")))
 			p := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "w") }, fastIn(m.mode, "c"))
-			testwait.Until(t, "the missing guard to be reported", func() bool { return p.Counters().Errors > 0 })
+			require.ErrorContains(t, p.sig.ClaimFailed.WaitOrTimeout(), "the attempt guard, migration 011", "the missing guard is reported")
 			row, err := e.ops.InspectMessage(ctx, "c", "e-1")
 			require.NoError(t, err)
 			require.Equal(t, inbox.StatusPending, row.Status)
@@ -176,7 +172,7 @@ func TestProcessorWaitsForTheAttemptGuard(t *testing.T) {
 
 			_, err = mig.Migrate(ctx, migrate.DirectionUp, nil)
 			require.NoError(t, err)
-			testwait.Until(t, "the row to be processed", func() bool { return p.Counters().Processed == 1 })
+			p.until(t, "the row to be processed", func(n tally) bool { return n.Done == 1 })
 			require.Equal(t, 1, e.effects(t))
 		})
 	}

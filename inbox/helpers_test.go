@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"reflect"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testsignal"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -58,19 +60,108 @@ func (e *env) receiver(t testing.TB, cfg inbox.ReceiverConfig) *inbox.Receiver {
 	return r
 }
 
-// start runs a processor until the test ends (or the test closes it first).
-func (e *env) start(t testing.TB, h message.HandlerFunc, cfg inbox.ProcessorConfig) *inbox.Processor {
+// receiverSignals initialises r's test signals and returns them. Call it before r's first
+// Handle.
+func receiverSignals(r *inbox.Receiver) *inbox.ReceiverTestSignals {
+	sig := r.TestSignals()
+	sig.Queued.Init()
+	sig.BatchTaken.Init()
+	sig.BatchCommitted.Init()
+	sig.Refused.Init()
+	return sig
+}
+
+// processor returns a processor of the test's schema, not running yet.
+func (e *env) processor(t testing.TB, h message.HandlerFunc, cfg inbox.ProcessorConfig) *inbox.Processor {
 	t.Helper()
 	cfg.Schema = e.schema
 	p, err := inbox.NewProcessor(e.db, h, cfg, logger())
 	require.NoError(t, err)
+	return p
+}
+
+// run runs p until the test ends (or the test closes it first).
+func (e *env) run(t testing.TB, p *inbox.Processor) {
+	t.Helper()
 	done := make(chan error, 1)
 	go func() { done <- p.Run(context.Background()) }()
 	t.Cleanup(func() {
 		_ = p.Close()
 		require.NoError(t, <-done)
 	})
-	return p
+}
+
+// start runs a processor until the test ends (or the test closes it first), with its test
+// signals on.
+func (e *env) start(t testing.TB, h message.HandlerFunc, cfg inbox.ProcessorConfig) *proc {
+	t.Helper()
+	p := e.processor(t, h, cfg)
+	sig := p.TestSignals()
+	sig.Claimed.Init()
+	sig.Settled.Init()
+	sig.LeasesRenewed.Init()
+	sig.LeaseExpired.Init()
+	sig.ClaimFailed.Init()
+	e.run(t, p)
+	return &proc{Processor: p, sig: sig}
+}
+
+// proc is a processor a test runs, with its test signals and the rows it has settled as far
+// as the test has read them (see until).
+type proc struct {
+	*inbox.Processor
+	sig     *inbox.ProcessorTestSignals
+	settled tally
+}
+
+// tally counts settled rows by what became of them: one field per inbox.SettledAs, each the
+// number of rows that went to that counter of inbox.ProcessorCounters.
+type tally struct{ Done, Failed, Parked, Released, LeaseLost int }
+
+func (n *tally) add(as inbox.SettledAs) {
+	switch as {
+	case inbox.SettledDone:
+		n.Done++
+	case inbox.SettledFailed:
+		n.Failed++
+	case inbox.SettledParked:
+		n.Parked++
+	case inbox.SettledReleased:
+		n.Released++
+	case inbox.SettledLeaseLost:
+		n.LeaseLost++
+	default:
+		panic(fmt.Sprintf("unknown SettledAs %q", as))
+	}
+}
+
+// until waits until cond holds for the rows p has settled so far: it reads p's Settled
+// signal, checking cond first and after each row.
+func (p *proc) until(t testing.TB, what string, cond func(settled tally) bool) {
+	t.Helper()
+	untilSettled(t, what, func() bool { return cond(p.settled) }, p)
+}
+
+// untilSettled checks cond, and again after each row any of ps settles, until it holds. It
+// fails the test, saying what it waited for, when no row settles for testsignal.Timeout.
+func untilSettled(t testing.TB, what string, cond func() bool, ps ...*proc) {
+	t.Helper()
+	cases := make([]reflect.SelectCase, len(ps)+1)
+	for i, p := range ps {
+		cases[i] = reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(p.sig.Settled.C())}
+	}
+	for !cond() {
+		cases[len(ps)] = reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(time.After(testsignal.Timeout))}
+		i, v, _ := reflect.Select(cases)
+		if i == len(ps) {
+			tallies := make([]tally, len(ps))
+			for j, p := range ps {
+				tallies[j] = p.settled
+			}
+			t.Fatalf("no row settled for %s while waiting for %s; settled so far: %+v", testsignal.Timeout, what, tallies)
+		}
+		ps[i].settled.add(v.Interface().(inbox.SettledRow).As)
+	}
 }
 
 // effect records one effect of msg in its transaction.

@@ -14,7 +14,6 @@ import (
 
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/internal/testwait"
 )
 
 // locking is the test configuration in ClaimLock mode.
@@ -61,7 +60,7 @@ func TestClaimLockAppliesEachRowOnce(t *testing.T) {
 		}
 		return nil, nil
 	}, locking("c", 3, 25))
-	testwait.Until(t, "all rows", func() bool { return p.Counters().Processed == 300 })
+	p.until(t, "all rows", func(n tally) bool { return n.Done == 300 })
 	require.Equal(t, 300, e.effects(t))
 	require.Equal(t, 300, pgtest.Count(t, e.db, `SELECT count(DISTINCT message_id) FROM `+e.table("effects")))
 	require.Equal(t, 300, e.status(t, "c", inbox.StatusDone))
@@ -116,9 +115,7 @@ func TestClaimLockKeepsKeyOrderAndParks(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	testwait.Until(t, "all but the parked key's tail", func() bool {
-		return p.Counters().Processed == keys*perKey-(perKey-10) && p.Counters().Parked == 1
-	})
+	p.until(t, "all but the parked key's tail", func(n tally) bool { return n.Done == keys*perKey-(perKey-10) && n.Parked == 1 })
 	want := func(n int) []int {
 		out := make([]int, n)
 		for i := range out {
@@ -160,9 +157,9 @@ func TestClaimLockCutsOffHandlersPastTimeout(t *testing.T) {
 		return nil, e.effect(m, "second")
 	}, cfg)
 	require.NoError(t, r.Handle(msg("e-1", "x")))
-	testwait.Until(t, "another worker to apply the row", func() bool { return p.Counters().Processed == 1 })
+	p.until(t, "another worker to apply the row", func(n tally) bool { return n.Done == 1 })
 	close(release)
-	testwait.Until(t, "the stalled attempt to be settled", func() bool { return p.Counters().Failed == 1 })
+	p.until(t, "the stalled attempt to be settled", func(n tally) bool { return n.Failed == 1 })
 	require.Equal(t, uint64(1), p.Counters().Processed)
 	require.Equal(t, 1, e.effects(t))
 	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("effects")+` WHERE worker = 'second'`))
@@ -198,7 +195,7 @@ func TestClaimLockShutdownGivesRowsBack(t *testing.T) {
 	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("inbox")+` WHERE status = 'PENDING' AND attempts = 0`))
 
 	next := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "next") }, locking("c", 1, 1))
-	testwait.Until(t, "the row to be applied after the restart", func() bool { return next.Counters().Processed == 1 })
+	next.until(t, "the row to be applied after the restart", func(n tally) bool { return n.Done == 1 })
 	require.Equal(t, 1, e.effects(t))
 }
 
@@ -217,7 +214,7 @@ func TestClaimLockAndLeaseShareAConsumer(t *testing.T) {
 	lease.Workers, lease.BatchSize, lease.TxBatchSize = 2, 20, 10
 	a := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "lease") }, lease)
 	b := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "lock") }, locking("c", 2, 10))
-	testwait.Until(t, "all rows", func() bool { return a.Counters().Processed+b.Counters().Processed == 400 })
+	untilSettled(t, "all rows", func() bool { return a.settled.Done+b.settled.Done == 400 }, a, b)
 	require.Equal(t, 400, e.effects(t))
 	require.Equal(t, 400, pgtest.Count(t, e.db, `SELECT count(DISTINCT message_id) FROM `+e.table("effects")))
 	require.Equal(t, 400, e.status(t, "c", inbox.StatusDone))
@@ -270,15 +267,13 @@ END $$`)
 			runs := map[string]int{}
 			cfg := locking("c", 1, txBatch)
 			cfg.HandlerTimeout, cfg.MaxAttempts = time.Second, 2
-			e.start(t, func(m *message.Message) ([]*message.Message, error) {
+			p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
 				mu.Lock()
 				runs[m.UUID]++
 				mu.Unlock()
 				return nil, e.effect(m, "w")
 			}, cfg)
-			testwait.Until(t, "every row finished", func() bool {
-				return e.status(t, "c", inbox.StatusDone)+e.status(t, "c", inbox.StatusFailed) == len(ids)
-			})
+			p.until(t, "every row finished", func(n tally) bool { return n.Done+n.Parked == len(ids) })
 			require.Zero(t, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("slow_start")), "the slow start happened")
 			mu.Lock()
 			defer mu.Unlock()
@@ -320,7 +315,7 @@ func TestClaimLockRetryWaitsBackoffAfterTheFailure(t *testing.T) {
 		return nil, e.effect(m, "w")
 	}, cfg)
 	require.NoError(t, r.Handle(msg("e-1", "x")))
-	testwait.Until(t, "the retry to succeed", func() bool { return p.Counters().Processed == 1 })
+	p.until(t, "the retry to succeed", func(n tally) bool { return n.Done == 1 })
 	mu.Lock()
 	defer mu.Unlock()
 	// Backoff is drawn from [d/2, d]: at least 100ms after the failure.

@@ -12,7 +12,7 @@ import (
 
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/internal/testwait"
+	"github.com/wmonce/watermill-once/pgtx"
 )
 
 func TestOpsInspectListAndStats(t *testing.T) {
@@ -92,7 +92,7 @@ func TestOpsSkipKeyLetsTheKeyMoveOn(t *testing.T) {
 	}, cfg)
 	require.NoError(t, r.Handle(msg("a1", "poison", "key", "A", "seq", "1")))
 	require.NoError(t, r.Handle(msg("a2", "ok", "key", "A", "seq", "2")))
-	testwait.Until(t, "parking", func() bool { return p.Counters().Parked == 1 })
+	p.until(t, "parking", func(n tally) bool { return n.Parked == 1 })
 
 	_, err := e.ops.Skip(ctx, inbox.Filter{Consumer: "c", OrderingKey: "A"}, " ", false)
 	require.ErrorContains(t, err, "give a reason")
@@ -102,7 +102,7 @@ func TestOpsSkipKeyLetsTheKeyMoveOn(t *testing.T) {
 	n, err = e.ops.SkipKey(ctx, "c", "A", "payload from a broken producer, ticket 4411")
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	testwait.Until(t, "the rest of key A", func() bool { return p.Counters().Processed == 1 })
+	p.until(t, "the rest of key A", func(n tally) bool { return n.Done == 1 })
 	require.Equal(t, []int{2}, seqsOf(t, e, "A"))
 
 	row, err := e.ops.InspectMessage(ctx, "c", "a1")
@@ -147,15 +147,15 @@ func TestOpsDeleteFinished(t *testing.T) {
 	// deleted rows go with them, the others stay.
 	pgtest.Exec(t, e.db, `INSERT INTO `+e.table("inbox_attempts")+` (inbox_id, attempt, row_xmin) SELECT id, 1, '1' FROM `+e.table("inbox"))
 
-	_, err := e.ops.PruneFinished(ctx, "c", time.Time{}, 10)
-	require.ErrorContains(t, err, "cutoff")
-	cutoff := time.Now().Add(-24 * time.Hour)
-	n, err := e.ops.PruneFinished(ctx, "c", cutoff, 2)
+	_, err := inbox.PruneFinished(ctx, e.db, e.schema, pgtx.PruneRequest{Consumer: "c", BatchSize: 10})
+	require.ErrorContains(t, err, "set Before (a time) or Keep")
+	// In batches of two: the three old rows go in two statements.
+	n, err := inbox.PruneFinished(ctx, e.db, e.schema, pgtx.PruneRequest{Consumer: "c", Keep: 24 * time.Hour, BatchSize: 2})
 	require.NoError(t, err)
-	require.Equal(t, 2, n)
-	n, err = e.ops.PruneFinished(ctx, "", cutoff, 10)
+	require.Equal(t, int64(3), n)
+	n, err = inbox.PruneFinished(ctx, e.db, e.schema, pgtx.PruneRequest{Before: time.Now().Add(-24 * time.Hour)})
 	require.NoError(t, err)
-	require.Equal(t, 1, n)
+	require.Zero(t, n, "every consumer: nothing else is old enough")
 	require.Equal(t, []string{"e-3", "e-4"}, func() []string {
 		rows, err := e.ops.List(ctx, inbox.Filter{Consumer: "c"}, 10)
 		require.NoError(t, err)

@@ -10,12 +10,12 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/brokertest"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/internal/testwait"
-	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
 )
 
@@ -35,11 +35,12 @@ func TestReceiverRefusalsAreParkedOnKafka(t *testing.T) {
 	e := newEnv(t)
 	writer, err := outbox.NewWriter(outbox.Config{Schema: e.schema})
 	require.NoError(t, err)
-	receiver := e.receiver(t, inbox.ReceiverConfig{Consumer: "ledger", Key: oncetype.KeyFromMetadata("event_id")})
+	receiver := e.receiver(t, inbox.ReceiverConfig{Consumer: "ledger", Key: wmonce.KeyFromMetadata("event_id")})
+	stored := &receiverSignals(receiver).BatchCommitted
 	topic, sub := brokertest.OnePartitionKafka(t, "inbox_refused", "ledger")
 	poisonTopic := pgtest.NewName("inbox_parked")
 
-	poison, err := wmiddleware.PoisonQueueWithFilter(writer.ParkingPublisher(e.db), poisonTopic, oncetype.IsPermanent)
+	poison, err := wmiddleware.PoisonQueueWithFilter(writer.ParkingPublisher(e.db), poisonTopic, wmonce.IsPermanent)
 	require.NoError(t, err)
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 20 * time.Second}, logger())
 	require.NoError(t, err)
@@ -63,7 +64,7 @@ func TestReceiverRefusalsAreParkedOnKafka(t *testing.T) {
 	good := &kgo.Record{Value: []byte("good"), Headers: header("event_id", "e-good")}
 	brokertest.ProduceForeign(t, topic, append(refused, good)...)
 
-	testwait.Until(t, "the record behind the refused ones to be stored", func() bool { return receiver.Counters().Stored == 1 })
+	stored.WaitFor(func(b inbox.CommittedBatch) bool { return b.Stored == 1 }) // the record behind the refused ones
 	c := receiver.Counters()
 	require.Equal(t, uint64(len(refused)), c.Refused, "each refused once: parked at the first refusal, not redelivered")
 	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("inbox")+` WHERE message_id = 'e-good'`))

@@ -13,10 +13,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/internal/testwait"
-	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
 )
 
@@ -46,7 +45,7 @@ func testFailingHandlerRetriesWithBackoffThenSucceeds(t *testing.T, mode inbox.C
 		return nil, nil
 	}, cfg)
 	require.NoError(t, r.Handle(msg("e-1", "x")))
-	testwait.Until(t, "success", func() bool { return p.Counters().Processed == 1 })
+	p.until(t, "success", func(n tally) bool { return n.Done == 1 })
 
 	require.Equal(t, 1, e.effects(t))
 	row, err := e.ops.InspectMessage(context.Background(), "c", "e-1")
@@ -81,7 +80,7 @@ func testPoisonRowParkedWhileOtherKeysGoOn(t *testing.T, mode inbox.ClaimMode) {
 			return nil, errors.New("cannot decode")
 		}
 		if string(m.Payload) == "permanent" && !healed.Load() {
-			return nil, oncetype.Permanent(errors.New("schema violation"))
+			return nil, wmonce.Permanent(errors.New("schema violation"))
 		}
 		return nil, e.effect(m, "w")
 	}, cfg)
@@ -98,10 +97,7 @@ func testPoisonRowParkedWhileOtherKeysGoOn(t *testing.T, mode inbox.ClaimMode) {
 	} {
 		require.NoError(t, r.Handle(m))
 	}
-	testwait.Until(t, "the poison rows to be parked and the rest processed", func() bool {
-		c := p.Counters()
-		return c.Parked == 2 && c.Processed == 4
-	})
+	p.until(t, "the poison rows to be parked and the rest processed", func(n tally) bool { return n.Parked == 2 && n.Done == 4 })
 	ctx := context.Background()
 	for id, want := range map[string]struct {
 		status   inbox.Status
@@ -130,7 +126,7 @@ func testPoisonRowParkedWhileOtherKeysGoOn(t *testing.T, mode inbox.ClaimMode) {
 	n, err := e.ops.UnparkKey(ctx, "c", "A")
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	testwait.Until(t, "key A to finish", func() bool { return p.Counters().Processed == 6 })
+	p.until(t, "key A to finish", func(n tally) bool { return n.Done == 6 })
 	require.Equal(t, 2, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("effects")+` WHERE okey = 'A'`))
 	require.Equal(t, []int{1, 2}, seqsOf(t, e, "A"))
 	require.Equal(t, 1, e.status(t, "c", inbox.StatusFailed))
@@ -194,7 +190,7 @@ func testPerKeyOrderWithFourWorkers(t *testing.T, mode inbox.ClaimMode) {
 		})
 	}
 	wg.Wait()
-	testwait.Until(t, "all rows", func() bool { return p.Counters().Processed == keys*perKey })
+	p.until(t, "all rows", func(n tally) bool { return n.Done == keys*perKey })
 	for k := range keys {
 		want := make([]int, perKey)
 		for s := range want {
@@ -206,64 +202,6 @@ func testPerKeyOrderWithFourWorkers(t *testing.T, mode inbox.ClaimMode) {
 	require.GreaterOrEqual(t, maxInFlight.Load(), int32(2), "keys were processed in parallel")
 }
 
-// A worker stalls mid-handler; its lease expires; another processor re-claims the row and
-// completes it. When the stalled worker resumes, its completion is refused by the claim token,
-// its effects are rolled back with it, and the conflict is counted.
-func TestStalledWorkerLosesLeaseAndLateCompletionIsRejected(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
-	cfg := fast("c")
-	cfg.Workers, cfg.Lease, cfg.RenewInterval, cfg.HandlerTimeout = 1, 300*time.Millisecond, -1, time.Minute
-
-	entered := make(chan string, 2)
-	resume := make(chan struct{})
-	stalled := e.start(t, func(m *message.Message) ([]*message.Message, error) {
-		if err := e.effect(m, "stalled"); err != nil {
-			return nil, err
-		}
-		entered <- m.UUID
-		<-resume
-		if m.UUID == "fails-late" {
-			return nil, errors.New("failure reported after the lease was lost")
-		}
-		return nil, nil
-	}, cfg)
-
-	require.NoError(t, r.Handle(msg("completes-late", "x")))
-	require.Equal(t, "completes-late", <-entered)
-
-	healthy := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "healthy") }, cfg)
-	testwait.Until(t, "the row to be re-claimed and completed", func() bool { return healthy.Counters().Processed == 1 })
-
-	resume <- struct{}{}
-	testwait.Until(t, "the late completion to be refused", func() bool { return stalled.Counters().LeaseConflicts == 1 })
-	require.Zero(t, stalled.Counters().Processed)
-	require.Equal(t, 1, e.effects(t))
-	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("effects")+` WHERE worker = 'healthy'`))
-	row, err := e.ops.InspectMessage(context.Background(), "c", "completes-late")
-	require.NoError(t, err)
-	require.Equal(t, inbox.StatusDone, row.Status)
-	require.Equal(t, 2, row.Attempts, "the lost attempt counts")
-	require.Contains(t, row.LastError, "lease expired during attempt 1")
-	require.Positive(t, stalled.Counters().LeasesExpired+healthy.Counters().LeasesExpired)
-
-	// The same for a stalled attempt that ends in an error: it must not touch the row either.
-	require.NoError(t, healthy.Close())
-	require.NoError(t, r.Handle(msg("fails-late", "x")))
-	require.Equal(t, "fails-late", <-entered)
-	other := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "other") }, cfg)
-	testwait.Until(t, "the second row to be re-claimed", func() bool { return other.Counters().Processed == 1 })
-	close(resume)
-	testwait.Until(t, "the late failure to be refused", func() bool { return stalled.Counters().LeaseConflicts == 2 })
-	require.Zero(t, stalled.Counters().Failed, "a failure reported without the lease is not recorded")
-	row, err = e.ops.InspectMessage(context.Background(), "c", "fails-late")
-	require.NoError(t, err)
-	require.Equal(t, inbox.StatusDone, row.Status)
-	require.NotContains(t, row.LastError, "after the lease was lost")
-	require.Equal(t, 2, e.effects(t))
-}
-
 // Parked rows replayed after a fix run once more, and only once; a dry run changes nothing.
 func testReplayedRowsProcessedOnceMore(t *testing.T, mode inbox.ClaimMode) {
 	t.Parallel()
@@ -272,7 +210,7 @@ func testReplayedRowsProcessedOnceMore(t *testing.T, mode inbox.ClaimMode) {
 	var fixed atomic.Bool
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
 		if m.Metadata.Get("bad") == "yes" && !fixed.Load() {
-			return nil, oncetype.Permanent(errors.New("unknown currency"))
+			return nil, wmonce.Permanent(errors.New("unknown currency"))
 		}
 		return nil, e.effect(m, "w")
 	}, fastIn(mode, "c"))
@@ -283,7 +221,7 @@ func testReplayedRowsProcessedOnceMore(t *testing.T, mode inbox.ClaimMode) {
 		}
 		require.NoError(t, r.Handle(msg(fmt.Sprintf("e-%d", i), "x", "bad", bad)))
 	}
-	testwait.Until(t, "five parked, five done", func() bool { c := p.Counters(); return c.Parked == 5 && c.Processed == 5 })
+	p.until(t, "five parked, five done", func(n tally) bool { return n.Parked == 5 && n.Done == 5 })
 
 	ctx := context.Background()
 	failed := inbox.Filter{Consumer: "c"}
@@ -296,7 +234,7 @@ func testReplayedRowsProcessedOnceMore(t *testing.T, mode inbox.ClaimMode) {
 	n, err = e.ops.Replay(ctx, failed, false)
 	require.NoError(t, err)
 	require.Equal(t, 5, n)
-	testwait.Until(t, "the replayed rows", func() bool { return p.Counters().Processed == 10 })
+	p.until(t, "the replayed rows", func(n tally) bool { return n.Done == 10 })
 	n, err = e.ops.Replay(ctx, failed, false)
 	require.NoError(t, err)
 	require.Zero(t, n, "nothing left to replay")
@@ -307,7 +245,7 @@ func testReplayedRowsProcessedOnceMore(t *testing.T, mode inbox.ClaimMode) {
 	n, err = e.ops.Replay(ctx, inbox.Filter{Consumer: "c", Statuses: []inbox.Status{inbox.StatusDone}, MessageIDs: []string{"e-3"}}, false)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	testwait.Until(t, "the replayed DONE row", func() bool { return p.Counters().Processed == 11 })
+	p.until(t, "the replayed DONE row", func(n tally) bool { return n.Done == 11 })
 	require.Equal(t, 10, e.status(t, "c", inbox.StatusDone))
 	require.Equal(t, 2, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("effects")+` WHERE message_id = 'e-3'`))
 	require.Equal(t, 11, e.effects(t))
@@ -326,41 +264,8 @@ func testNotifyWakesIdleWorkers(t *testing.T, mode inbox.ClaimMode) {
 	// three rows in a row can only all be picked up through notifications.
 	for i := range 3 {
 		require.NoError(t, r.Handle(msg(fmt.Sprintf("e-%d", i), "x")))
-		testwait.Until(t, "the row to be processed without polling", func() bool { return p.Counters().Processed == uint64(i+1) })
+		p.until(t, "the row to be processed without polling", func(n tally) bool { return n.Done == i+1 })
 	}
-}
-
-// Close lets a running handler finish within the grace period and gives every other claimed
-// row back, attempt uncounted.
-func TestShutdownFinishesRunningHandlerAndReleasesTheRest(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
-	for i := range 5 {
-		require.NoError(t, r.Handle(msg(fmt.Sprintf("e-%d", i), "x")))
-	}
-	entered := make(chan struct{}, 5)
-	finish := make(chan struct{})
-	cfg := fast("c")
-	cfg.Workers, cfg.BatchSize = 1, 10
-	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
-		entered <- struct{}{}
-		<-finish
-		return nil, e.effect(m, "w")
-	}, cfg)
-	<-entered
-	require.Equal(t, 5, e.status(t, "c", inbox.StatusInProgress), "one claim took all five")
-
-	closed := make(chan struct{})
-	go func() { _ = p.Close(); close(closed) }()
-	testwait.Until(t, "the unstarted rows to be released", func() bool { return p.Counters().Released == 4 })
-	close(finish)
-	<-closed
-	require.Equal(t, uint64(1), p.Counters().Processed)
-	require.Equal(t, 1, e.status(t, "c", inbox.StatusDone))
-	require.Equal(t, 4, e.status(t, "c", inbox.StatusPending))
-	require.Equal(t, 4, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("inbox")+` WHERE attempts = 0 AND claim_token IS NULL`))
-	require.Len(t, entered, 0, "no other handler started after Close")
 }
 
 // A handler still running when the grace period ends is cancelled and its row released; one
@@ -400,7 +305,7 @@ func testShutdownCancelsHandlersPastGrace(t *testing.T, mode inbox.ClaimMode) {
 	close(ignore)
 	<-returned
 	next := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "next") }, fastIn(mode, "c"))
-	testwait.Until(t, "the next processor to apply both rows", func() bool { return next.Counters().Processed == 2 })
+	next.until(t, "the next processor to apply both rows", func(n tally) bool { return n.Done == 2 })
 	require.Equal(t, 2, e.effects(t))
 	require.Zero(t, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("effects")+` WHERE worker = 'first'`))
 	require.Zero(t, p.Counters().Processed)
@@ -432,7 +337,7 @@ func testOutputsGoToOutboxInTheSameTransaction(t *testing.T, mode inbox.ClaimMod
 	in := msg("pay-1", "x")
 	in.Metadata.Set("correlation_id", "corr-9")
 	require.NoError(t, r.Handle(in))
-	testwait.Until(t, "processing", func() bool { return p.Counters().Processed == 1 })
+	p.until(t, "processing", func(n tally) bool { return n.Done == 1 })
 	require.Equal(t, uint64(1), p.Counters().Failed)
 
 	rs, err := e.db.Query(`SELECT uuid, payload->>'destination_topic', metadata->>'causation_id', metadata->>'correlation_id' FROM ` + e.table("outbox") + ` ORDER BY "offset"`)
@@ -457,7 +362,7 @@ func testOutputsWithoutTopicPark(t *testing.T, mode inbox.ClaimMode) {
 		return []*message.Message{message.NewMessage("o", nil)}, e.effect(m, "w")
 	}, fastIn(mode, "c"))
 	require.NoError(t, r.Handle(msg("e-1", "x")))
-	testwait.Until(t, "parking", func() bool { return p.Counters().Parked == 1 })
+	p.until(t, "parking", func(n tally) bool { return n.Parked == 1 })
 	row, err := e.ops.InspectMessage(context.Background(), "c", "e-1")
 	require.NoError(t, err)
 	require.Equal(t, inbox.StatusFailed, row.Status)
@@ -495,7 +400,7 @@ func testTxBatchModeAppliesEachRowOnce(t *testing.T, mode inbox.ClaimMode) {
 		}
 		return nil, nil
 	}, cfg)
-	testwait.Until(t, "all rows", func() bool { return p.Counters().Processed == 200 })
+	p.until(t, "all rows", func(n tally) bool { return n.Done == 200 })
 	require.Equal(t, 200, e.effects(t))
 	require.Equal(t, 200, pgtest.Count(t, e.db, `SELECT count(DISTINCT message_id) FROM `+e.table("effects")))
 	require.Equal(t, uint64(1), p.Counters().Failed)
@@ -517,7 +422,7 @@ func testPanicIsAFailedAttempt(t *testing.T, mode inbox.ClaimMode) {
 		return nil, nil
 	}, fastIn(mode, "c"))
 	require.NoError(t, r.Handle(msg("e-1", "x")))
-	testwait.Until(t, "processing", func() bool { return p.Counters().Processed == 1 })
+	p.until(t, "processing", func(n tally) bool { return n.Done == 1 })
 	require.Equal(t, 1, e.effects(t))
 	row, err := e.ops.InspectMessage(context.Background(), "c", "e-1")
 	require.NoError(t, err)

@@ -1,21 +1,21 @@
 package inbox
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/groupcommit"
 	"github.com/wmonce/watermill-once/internal/setup"
-	iworker "github.com/wmonce/watermill-once/internal/worker"
-	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -28,7 +28,7 @@ const MaxBatchSize = 10000
 var ErrReceiverClosed = errors.New("inbox: receiver is closed")
 
 // ErrInvalidOrderingKey is wrapped by errors about a message's ordering key. Like
-// oncetype.ErrInvalidKey errors, they are permanent (oncetype.IsPermanent).
+// wmonce.ErrInvalidKey errors, they are permanent (wmonce.IsPermanent).
 var ErrInvalidOrderingKey = errors.New("inbox: invalid ordering key")
 
 // ErrInvalidMetadata is wrapped (and made permanent) when a message's metadata cannot be stored
@@ -60,6 +60,13 @@ func OrderingKeyFromMetadata(field string) OrderingKeyFunc {
 	}
 }
 
+// Defaults of ReceiverConfig.
+const (
+	DefaultReceiverBatchSize = 500
+	DefaultReceiverWorkers   = 2
+	DefaultWriteTimeout      = 10 * time.Second
+)
+
 // ReceiverConfig configures a Receiver.
 type ReceiverConfig struct {
 	// Schema holds the inbox table (migration 002). Default pgtx.DefaultSchema.
@@ -69,24 +76,28 @@ type ReceiverConfig struct {
 	// fall back to the router handler name, because the processor must be given the same name.
 	Consumer string
 
-	// Key returns each message's dedupe key. Default oncetype.KeyFromUUID.
-	Key oncetype.KeyFunc
+	// Key returns each message's dedupe key. Default wmonce.KeyFromUUID.
+	Key wmonce.KeyFunc
 	// MaxKeyLength refuses longer dedupe and ordering keys (in bytes). Default 255, at most
-	// oncetype.MaxKeyLengthLimit.
+	// wmonce.MaxKeyLengthLimit.
 	MaxKeyLength int
 	// OrderingKey selects per-key ordering. Default nil: no ordering, rows are processed in
 	// parallel in roughly received order.
 	OrderingKey OrderingKeyFunc
 
-	// BatchSize bounds the rows written by one statement. Default 500.
+	// BatchSize bounds the rows written by one statement. Default DefaultReceiverBatchSize
+	// (500), at most MaxBatchSize.
 	BatchSize int
-	// Linger is how long a writer waits for more rows after the queue ran dry. Default 0: a
-	// batch is written as soon as the writer finds no more waiting rows, so a lone message is
-	// never delayed, and under load batches grow by themselves while the previous one commits.
+	// Linger makes every row wait for company: a writer that starts waits this long before it
+	// takes its first batch (Close ends the wait). Default 0: a Handle that finds a writer free
+	// and nobody waiting writes its row at once, itself, so a lone message is never delayed; the
+	// rows that find every writer busy are written together by the next writer to free up, so
+	// under load batches grow by themselves while the previous one commits.
 	Linger time.Duration
-	// Workers is the number of batches written at once. Default 2.
+	// Workers is the number of batches written at once. Default DefaultReceiverWorkers (2),
+	// at most 64.
 	Workers int
-	// WriteTimeout bounds one batch statement. Default 10s.
+	// WriteTimeout bounds one batch statement. Default DefaultWriteTimeout (10s).
 	WriteTimeout time.Duration
 
 	// MaxMessageAge is the age guard, with the semantics of the effectively-once middleware's
@@ -94,14 +105,14 @@ type ReceiverConfig struct {
 	// event occurred longer ago than this is not processed, since its row may have been
 	// deleted by retention after the original was applied. The receiver being store-first,
 	// "refused" means parked: the copy is stored as a FAILED row (attempts 0, last_error
-	// naming oncetype.ErrTooOld) and acked, counted in ReceiverCounters.TooOld and logged as an
+	// naming wmonce.ErrTooOld) and acked, counted in ReceiverCounters.TooOld and logged as an
 	// ALERT. It is never processed unless an operator replays it (Ops.Replay) and stays the
 	// dedupe record of its key, so further copies are ordinary duplicates; like any FAILED row
 	// it holds back later rows of its ordering key until replayed or skipped. A copy whose key
 	// is still in the inbox is a duplicate whatever its age. Set it a little below the
 	// retention window of finished rows. Zero disables the guard; messages that carry no time
 	// are not checked; with the guard on, a time that cannot be read is refused (a permanent
-	// error wrapping oncetype.ErrMalformedMetadata).
+	// error wrapping wmonce.ErrMalformedMetadata).
 	MaxMessageAge time.Duration
 	// OccurredAt returns when the event occurred, as carried by the message. Default: the
 	// "occurred_at" metadata (RFC 3339) that the outbox stamps. Used by MaxMessageAge only.
@@ -111,20 +122,12 @@ type ReceiverConfig struct {
 }
 
 func (c *ReceiverConfig) setDefaults() {
-	if c.Schema == "" {
-		c.Schema = pgtx.DefaultSchema
-	}
-	oncetype.SetKeyDefaults(&c.Key, &c.MaxKeyLength)
-	if c.BatchSize == 0 {
-		c.BatchSize = 500
-	}
-	if c.Workers == 0 {
-		c.Workers = 2
-	}
-	if c.WriteTimeout == 0 {
-		c.WriteTimeout = 10 * time.Second
-	}
-	oncetype.SetAgeGuardDefaults(&c.OccurredAt, &c.Now, outbox.MetadataOccurredAt)
+	c.Schema = cmp.Or(c.Schema, pgtx.DefaultSchema)
+	wmonce.SetKeyDefaults(&c.Key, &c.MaxKeyLength)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultReceiverBatchSize)
+	c.Workers = cmp.Or(c.Workers, DefaultReceiverWorkers)
+	c.WriteTimeout = cmp.Or(c.WriteTimeout, DefaultWriteTimeout)
+	wmonce.SetAgeGuardDefaults(&c.OccurredAt, &c.Now, outbox.MetadataOccurredAt)
 }
 
 // Validate reports what to fix in a configuration.
@@ -136,7 +139,7 @@ func (c ReceiverConfig) Validate() error {
 	if err := validateConsumer(c.Consumer); err != nil {
 		errs = append(errs, err)
 	}
-	if err := oncetype.CheckMaxKeyLength(c.MaxKeyLength); err != nil {
+	if err := wmonce.CheckMaxKeyLength(c.MaxKeyLength); err != nil {
 		errs = append(errs, err)
 	}
 	if c.BatchSize < 1 || c.BatchSize > MaxBatchSize {
@@ -157,9 +160,9 @@ func (c ReceiverConfig) Validate() error {
 	return errors.Join(errs...)
 }
 
-// validateConsumer applies oncetype.CheckName, the rule every component applies to names.
+// validateConsumer applies wmonce.CheckName, the rule every component applies to names.
 func validateConsumer(consumer string) error {
-	if err := oncetype.CheckName("Consumer", consumer); err != nil {
+	if err := wmonce.CheckName("Consumer", consumer); err != nil {
 		return fmt.Errorf("%w (the Receiver, Processor and Ops of one inbox name the same consumer)", err)
 	}
 	return nil
@@ -200,8 +203,8 @@ type ReceiverCounters struct {
 // ALERT, never processed unless replayed (see ReceiverConfig.MaxMessageAge).
 //
 // A message whose key or metadata cannot be stored is refused with a permanent error
-// (oncetype.IsPermanent) and never acked silently: park it with Watermill's
-// PoisonQueueWithFilter(writer.ParkingPublisher(db), topic, oncetype.IsPermanent) in front of
+// (wmonce.IsPermanent) and never acked silently: park it with Watermill's
+// PoisonQueueWithFilter(writer.ParkingPublisher(db), topic, wmonce.IsPermanent) in front of
 // Handle (see the package doc, Parking refused messages), or it is redelivered forever.
 type Receiver struct {
 	db     *sql.DB
@@ -209,13 +212,12 @@ type Receiver struct {
 	logger watermill.LoggerAdapter
 	q      queries
 
-	mu     sync.RWMutex
-	closed bool
-	queue  chan *request
-	life   iworker.Runner
+	// writers group-commit the rows of concurrent Handle calls (internal/groupcommit).
+	writers *groupcommit.Queue[row]
 
 	stored, duplicates, refused, tooOld, batches, batchFailures atomic.Uint64
-	waiting                                                     atomic.Int64
+
+	testSignals receiverTestSignals
 }
 
 // row is one message ready to insert.
@@ -226,13 +228,8 @@ type row struct {
 	tooOld                        string // the age guard's reason: stored FAILED unless the key exists
 }
 
-type request struct {
-	row  row
-	done chan error
-}
-
-// NewReceiver validates config and starts the receiver's writers. Call Close when done. The
-// inbox table must exist (run the migrations).
+// NewReceiver validates config and prepares the receiver. Call Close when done. The inbox table
+// must exist (run the migrations).
 func NewReceiver(db *sql.DB, config ReceiverConfig, logger watermill.LoggerAdapter) (*Receiver, error) {
 	logger, err := setup.Component(db, "inbox: db is nil: open one with pgtx.Open", &config, (*ReceiverConfig).setDefaults, "inbox: invalid receiver config", logger)
 	if err != nil {
@@ -243,26 +240,17 @@ func NewReceiver(db *sql.DB, config ReceiverConfig, logger watermill.LoggerAdapt
 		config: config,
 		logger: logger.With(watermill.LogFields{"consumer": config.Consumer}),
 		q:      newQueries(config.Schema),
-		queue:  make(chan *request, config.BatchSize*config.Workers),
 	}
-	if err := r.life.Start(context.Background(), r.run); err != nil {
-		return nil, fmt.Errorf("inbox: %w", err) // never: the runner is new
-	}
+	// Close writes the rows already queued (Drain): every Handle the receiver took gets the
+	// outcome of its row.
+	r.writers = groupcommit.New(groupcommit.Config{
+		Lanes:    config.Workers,
+		MaxGroup: config.BatchSize,
+		Linger:   config.Linger,
+		Drain:    true,
+		Closed:   ErrReceiverClosed,
+	}, r.writeBatch)
 	return r, nil
-}
-
-// run is the receiver's worker: its writers run until Close, then write what is queued.
-func (r *Receiver) run(ctx context.Context) {
-	var writers sync.WaitGroup
-	for range r.config.Workers {
-		writers.Go(r.write)
-	}
-	<-ctx.Done()
-	r.mu.Lock()
-	r.closed = true
-	close(r.queue)
-	r.mu.Unlock()
-	writers.Wait()
 }
 
 // Handle stores msg and returns once the row is committed (see Receiver). Its signature is
@@ -272,19 +260,15 @@ func (r *Receiver) Handle(msg *message.Message) error {
 	if err != nil {
 		return err
 	}
-	req := &request{row: rw, done: make(chan error, 1)}
-	r.mu.RLock()
-	if r.closed {
-		r.mu.RUnlock()
-		return ErrReceiverClosed
+	// A writer free and nobody waiting: the row is written at once, in this goroutine.
+	if r.writers.Alone() {
+		defer r.writers.Release()
+		return r.writeAlone(rw)
 	}
-	r.queue <- req
-	r.waiting.Add(1) // after the send: a non-zero count means the request is with the writers
-	defer r.waiting.Add(-1)
-	r.mu.RUnlock()
-	// No select on the message context: the batch may already be on its way to the database,
+	// No give-up on the message context: the batch may already be on its way to the database,
 	// and its outcome, bounded by WriteTimeout, is the only honest answer to give the router.
-	return <-req.done
+	r.testSignals.Queued.Signal(rw.key)
+	return r.writers.Wait(context.Background(), rw)
 }
 
 // HandlerFunc adapts Handle to message.HandlerFunc for router.AddHandler; it never returns
@@ -293,17 +277,12 @@ func (r *Receiver) HandlerFunc() message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) { return nil, r.Handle(msg) }
 }
 
-// Querier is the part of *sql.Tx (or *sql.Conn, *sql.DB) that StoreTx uses.
-type Querier interface {
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
-
 // StoreTx is the transactional twin of Handle: it inserts msgs as received from topic within
 // tx, skipping keys already present, and returns how many rows are new (copies the age guard
 // parks as FAILED included). The rows, and the
 // wake-up of the processors, take effect when tx commits. Every message is checked before
 // anything is written; one unusable message fails the call (a permanent error) and writes nothing.
-func (r *Receiver) StoreTx(ctx context.Context, tx Querier, topic string, msgs ...*message.Message) (int, error) {
+func (r *Receiver) StoreTx(ctx context.Context, tx pgtx.Executor, topic string, msgs ...*message.Message) (int, error) {
 	if len(msgs) == 0 {
 		return 0, nil
 	}
@@ -313,7 +292,7 @@ func (r *Receiver) StoreTx(ctx context.Context, tx Querier, topic string, msgs .
 	rows := make([]row, len(msgs))
 	for i, msg := range msgs {
 		if msg == nil {
-			return 0, oncetype.Permanent(fmt.Errorf("inbox: message %d of %d is nil", i+1, len(msgs)))
+			return 0, wmonce.Permanent(fmt.Errorf("inbox: message %d of %d is nil", i+1, len(msgs)))
 		}
 		rw, err := r.prepare(msg, topic)
 		if err != nil {
@@ -339,29 +318,35 @@ func (r *Receiver) Counters() ReceiverCounters {
 		TooOld:        r.tooOld.Load(),
 		Batches:       r.batches.Load(),
 		BatchFailures: r.batchFailures.Load(),
-		Waiting:       r.waiting.Load(),
+		Waiting:       int64(r.writers.Waiting()),
 	}
 }
 
+// Consumer is the consumer the receiver stores rows for: the label its metrics carry.
+func (r *Receiver) Consumer() string { return r.config.Consumer }
+
 // Close stops accepting messages, writes those already queued and returns when every waiting
 // Handle has its answer. It is idempotent.
-func (r *Receiver) Close() error { return r.life.Close() }
+func (r *Receiver) Close() error {
+	r.writers.Close()
+	return nil
+}
 
 // prepare extracts and checks everything the row needs, so that a batch never fails because
 // of one bad message.
 func (r *Receiver) prepare(msg *message.Message, topic string) (row, error) {
 	key, err := r.config.Key(msg)
 	if err == nil {
-		err = oncetype.CheckKey(key, r.config.MaxKeyLength)
+		err = wmonce.CheckKey(key, r.config.MaxKeyLength)
 	}
 	if err != nil {
-		return row{}, r.refuse(msg, fmt.Errorf("%w for message %q (consumer %q): %w", oncetype.ErrInvalidKey, msg.UUID, r.config.Consumer, err))
+		return row{}, r.refuse(msg, fmt.Errorf("%w for message %q (consumer %q): %w", wmonce.ErrInvalidKey, msg.UUID, r.config.Consumer, err))
 	}
 	var orderingKey string
 	if r.config.OrderingKey != nil {
 		orderingKey, err = r.config.OrderingKey(msg)
 		if err == nil && orderingKey != "" {
-			err = oncetype.CheckKey(orderingKey, r.config.MaxKeyLength)
+			err = wmonce.CheckKey(orderingKey, r.config.MaxKeyLength)
 		}
 		if err != nil {
 			return row{}, r.refuse(msg, fmt.Errorf("%w for message %q (consumer %q): %w", ErrInvalidOrderingKey, msg.UUID, r.config.Consumer, err))
@@ -369,17 +354,17 @@ func (r *Receiver) prepare(msg *message.Message, topic string) (row, error) {
 	}
 	metadata, err := encodeMetadata(msg.Metadata)
 	if err == nil {
-		err = oncetype.CheckText("topic name", topic)
+		err = wmonce.CheckText("topic name", topic)
 	}
 	if err == nil {
-		err = oncetype.CheckText("message UUID", msg.UUID)
+		err = wmonce.CheckText("message UUID", msg.UUID)
 	}
 	if err != nil {
 		return row{}, r.refuse(msg, fmt.Errorf("%w in message %q (consumer %q): %w", ErrInvalidMetadata, msg.UUID, r.config.Consumer, err))
 	}
 	tooOld, err := r.checkAge(msg)
 	if err != nil {
-		return row{}, r.refuse(msg, fmt.Errorf("%w: message %q (consumer %q): %w", oncetype.ErrMalformedMetadata, msg.UUID, r.config.Consumer, err))
+		return row{}, r.refuse(msg, fmt.Errorf("%w: message %q (consumer %q): %w", wmonce.ErrMalformedMetadata, msg.UUID, r.config.Consumer, err))
 	}
 	payload := msg.Payload
 	if payload == nil {
@@ -403,7 +388,7 @@ func (r *Receiver) checkAge(msg *message.Message) (string, error) {
 		return "", nil
 	}
 	return fmt.Sprintf("%v: event occurred %s ago (at %s), beyond MaxMessageAge %s: its row may already have been deleted by retention, so processing it could apply it twice. Parked by the receiver, never processed: replay it to process it anyway, or skip it",
-		oncetype.ErrTooOld, age.Round(time.Second), occurredAt.Format(time.RFC3339), r.config.MaxMessageAge), nil
+		wmonce.ErrTooOld, age.Round(time.Second), occurredAt.Format(time.RFC3339), r.config.MaxMessageAge), nil
 }
 
 // alertTooOld reports copies the age guard parked.
@@ -424,7 +409,8 @@ func (r *Receiver) alertTooOld(rows []row, parked []string, where string) {
 
 func (r *Receiver) refuse(msg *message.Message, cause error) error {
 	r.refused.Add(1)
-	err := oncetype.Permanent(cause)
+	err := wmonce.Permanent(cause)
+	r.testSignals.Refused.Signal(err)
 	r.logger.Error("Message refused: not stored in the inbox, not acked", err, watermill.LogFields{"message_uuid": msg.UUID})
 	return err
 }
@@ -434,7 +420,7 @@ func encodeMetadata(md message.Metadata) (string, error) {
 		return "{}", nil
 	}
 	for k, v := range md {
-		if err := oncetype.CheckText(fmt.Sprintf("metadata field %.40q", k), k, v); err != nil {
+		if err := wmonce.CheckText(fmt.Sprintf("metadata field %.40q", k), k, v); err != nil {
 			return "", err
 		}
 	}
@@ -442,83 +428,59 @@ func encodeMetadata(md message.Metadata) (string, error) {
 	return string(b), err
 }
 
-// write is one writer goroutine: it takes the first waiting request, adds whatever else is
-// already waiting (up to BatchSize, plus Linger), writes the batch and answers every request.
-func (r *Receiver) write() {
-	batch := make([]*request, 0, r.config.BatchSize)
-	rows := make([]row, 0, r.config.BatchSize)
-	for first := range r.queue {
-		batch = r.fill(append(batch[:0], first))
-		rows = rows[:0]
-		for _, req := range batch {
-			rows = append(rows, req.row)
-		}
-		r.writeBatch(batch, rows)
-		clear(batch) // let answered requests be collected
-	}
-}
-
-func (r *Receiver) fill(batch []*request) []*request {
-	var linger <-chan time.Time
-	if r.config.Linger > 0 {
-		t := time.NewTimer(r.config.Linger)
-		defer t.Stop()
-		linger = t.C
-	}
-	for len(batch) < r.config.BatchSize {
-		select {
-		case req, ok := <-r.queue:
-			if !ok {
-				return batch
-			}
-			batch = append(batch, req)
-			continue
-		default:
-		}
-		if linger == nil {
-			return batch
-		}
-		select {
-		case req, ok := <-r.queue:
-			if !ok {
-				return batch
-			}
-			batch = append(batch, req)
-		case <-linger:
-			return batch
-		}
-	}
-	return batch
-}
-
-func (r *Receiver) writeBatch(batch []*request, rows []row) {
+// writeAlone writes the row of a Handle that found a writer free and nobody waiting, in its
+// own goroutine: a lone message is written at once, as a batch of one.
+func (r *Receiver) writeAlone(rw row) error {
+	r.testSignals.BatchTaken.Signal(1)
 	ctx, cancel := context.WithTimeout(context.Background(), r.config.WriteTimeout)
 	defer cancel()
-	n, parked, err := r.insertRetrying(ctx, rows)
+	if err := r.writeRows(ctx, []row{rw}); err != nil {
+		r.logger.Error("Inbox batch failed; its messages are nacked", err, watermill.LogFields{"messages": 1})
+		return err
+	}
+	return nil
+}
+
+// writeBatch writes the rows of every Handle that waited for a writer (up to BatchSize, after
+// Linger) in one statement, and answers each.
+func (r *Receiver) writeBatch(batch []*groupcommit.Member[row]) {
+	r.testSignals.BatchTaken.Signal(len(batch))
+	rows := make([]row, len(batch))
+	for i, m := range batch {
+		rows[i] = m.Item
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.config.WriteTimeout)
+	defer cancel()
+	err := r.writeRows(ctx, rows)
 	if err == nil {
-		r.count(rows, n, parked)
-		for _, req := range batch {
-			req.done <- nil
+		for _, m := range batch {
+			m.Answer(nil)
 		}
 		return
 	}
 	if len(batch) == 1 || pgtx.IsConnectionError(err) || ctx.Err() != nil {
 		r.logger.Error("Inbox batch failed; its messages are nacked", err, watermill.LogFields{"messages": len(batch)})
-		for _, req := range batch {
-			req.done <- err
+		for _, m := range batch {
+			m.Answer(err)
 		}
 		return
 	}
 	// All input was checked in prepare, but a row may still trip something we did not foresee:
 	// write each on its own so that one row cannot fail its neighbours.
 	r.logger.Error("Inbox batch failed; writing its rows one by one", err, watermill.LogFields{"messages": len(batch)})
-	for _, req := range batch {
-		n, parked, err := r.insertRetrying(ctx, []row{req.row})
-		if err == nil {
-			r.count([]row{req.row}, n, parked)
-		}
-		req.done <- err
+	for _, m := range batch {
+		m.Answer(r.writeRows(ctx, []row{m.Item}))
 	}
+}
+
+// writeRows writes rows in one statement (insertRetrying) and counts the outcome.
+func (r *Receiver) writeRows(ctx context.Context, rows []row) error {
+	n, parked, err := r.insertRetrying(ctx, rows)
+	if err != nil {
+		return err
+	}
+	r.count(rows, n, parked)
+	return nil
 }
 
 // count records the outcome of one committed statement: n new rows, parked of them parked by
@@ -528,6 +490,7 @@ func (r *Receiver) count(rows []row, n int, parked []string) {
 	r.tooOld.Add(uint64(len(parked)))
 	r.duplicates.Add(uint64(len(rows) - n))
 	r.alertTooOld(rows, parked, "parked")
+	r.testSignals.BatchCommitted.Signal(committedBatch{Rows: len(rows), Stored: n - len(parked), Duplicates: len(rows) - n, Parked: parked})
 }
 
 // insertRetrying runs the batch statement, again after a deadlock: two batches carrying copies
@@ -550,7 +513,7 @@ func (r *Receiver) insertRetrying(ctx context.Context, rows []row) (n int, parke
 }
 
 // insert returns how many rows are new and the keys of those the age guard parked.
-func (r *Receiver) insert(ctx context.Context, q Querier, rows []row) (int, []string, error) {
+func (r *Receiver) insert(ctx context.Context, q pgtx.Executor, rows []row) (int, []string, error) {
 	keys := make([]string, len(rows))
 	uuids := make([]string, len(rows))
 	orderingKeys := make([]string, len(rows))

@@ -11,10 +11,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/internal/testwait"
-	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
 )
 
@@ -24,6 +23,7 @@ func TestBurstIngestedThenProcessed(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "payments", Workers: 1})
+	sig := receiverSignals(r)
 
 	// Hold the single writer on a row lock: a transaction of ours inserts the key of the first
 	// message and stays open, so the writer's INSERT waits on the unique index while the rest
@@ -36,13 +36,14 @@ func TestBurstIngestedThenProcessed(t *testing.T) {
 	const burst = 300
 	errs := make(chan error, burst+1)
 	go func() { errs <- r.Handle(msg("m-0", "p0", "seq", "0")) }()
-	testwait.Until(t, "the writer to wait on the held row", func() bool {
-		return pgtest.Count(t, e.db, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0`, e.schema) == 1
-	})
+	require.Equal(t, 1, sig.BatchTaken.WaitOrTimeout(), "the held row is written alone, by its own Handle")
 	for i := 1; i <= burst; i++ {
 		go func() { errs <- r.Handle(msg(fmt.Sprintf("m-%d", i), fmt.Sprintf("p%d", i), "seq", fmt.Sprint(i))) }()
 	}
-	testwait.Until(t, "the burst to queue", func() bool { return r.Counters().Waiting == burst+1 })
+	for range burst {
+		sig.Queued.WaitOrTimeout()
+	}
+	require.Equal(t, int64(burst+1), r.Counters().Waiting, "the burst queues behind the held row, whose Handle waits for its write")
 	require.Zero(t, r.Counters().Stored, "nothing is acked while the write is held")
 	require.NoError(t, blocker.Rollback())
 
@@ -60,7 +61,7 @@ func TestBurstIngestedThenProcessed(t *testing.T) {
 		}
 		return nil, e.effect(m, "w")
 	}, fast("payments"))
-	testwait.Until(t, "every row to be processed", func() bool { return p.Counters().Processed == burst+1 })
+	p.until(t, "every row to be processed", func(n tally) bool { return n.Done == burst+1 })
 	require.Equal(t, burst+1, e.effects(t))
 	require.Equal(t, burst+1, pgtest.Count(t, e.db, `SELECT count(DISTINCT message_id) FROM `+e.table("effects")))
 	require.Equal(t, burst+1, e.status(t, "payments", inbox.StatusDone))
@@ -90,7 +91,7 @@ func TestDuplicatesIngestedOnce(t *testing.T) {
 	require.Equal(t, uint64(messages*(copies-1)), c.Duplicates)
 
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "w") }, fast("c"))
-	testwait.Until(t, "processing", func() bool { return p.Counters().Processed == messages })
+	p.until(t, "processing", func(n tally) bool { return n.Done == messages })
 
 	// Late copies (a redelivery after processing) are acked and change nothing.
 	for i := range messages {
@@ -108,7 +109,7 @@ func TestRefusesUnusableMessages(t *testing.T) {
 	e := newEnv(t)
 	r := e.receiver(t, inbox.ReceiverConfig{
 		Consumer:     "c",
-		Key:          oncetype.KeyFromMetadata("event_id"),
+		Key:          wmonce.KeyFromMetadata("event_id"),
 		MaxKeyLength: 16,
 		OrderingKey:  inbox.OrderingKeyFromMetadata("account"),
 	})
@@ -116,9 +117,9 @@ func TestRefusesUnusableMessages(t *testing.T) {
 		msg  *message.Message
 		want error
 	}{
-		"no key":          {msg("u1", "p", "account", "a"), oncetype.ErrInvalidKey},
-		"long key":        {msg("u2", "p", "account", "a", "event_id", strings.Repeat("k", 17)), oncetype.ErrInvalidKey},
-		"binary key":      {msg("u3", "p", "account", "a", "event_id", "k\xff"), oncetype.ErrInvalidKey},
+		"no key":          {msg("u1", "p", "account", "a"), wmonce.ErrInvalidKey},
+		"long key":        {msg("u2", "p", "account", "a", "event_id", strings.Repeat("k", 17)), wmonce.ErrInvalidKey},
+		"binary key":      {msg("u3", "p", "account", "a", "event_id", "k\xff"), wmonce.ErrInvalidKey},
 		"no ordering key": {msg("u4", "p", "event_id", "k4"), inbox.ErrInvalidOrderingKey},
 		"long order key":  {msg("u5", "p", "event_id", "k5", "account", strings.Repeat("a", 17)), inbox.ErrInvalidOrderingKey},
 		"NUL in metadata": {msg("u6", "p", "event_id", "k6", "account", "a", "note", "a\x00b"), inbox.ErrInvalidMetadata},
@@ -132,7 +133,7 @@ func TestRefusesUnusableMessages(t *testing.T) {
 		wg.Go(func() {
 			err := r.Handle(tc.msg)
 			require.ErrorIs(t, err, tc.want, name)
-			require.True(t, oncetype.IsPermanent(err), name)
+			require.True(t, wmonce.IsPermanent(err), name)
 		})
 		wg.Go(func() { require.NoError(t, r.Handle(msg(okKey, "p", "event_id", okKey, "account", "a"))) })
 	}
@@ -174,7 +175,7 @@ func TestStoreTxFollowsTheCallersTransaction(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback() }()
 	_, err = r.StoreTx(ctx, tx, "orders", msg("c", "3"), msg("", "no uuid"))
-	require.ErrorIs(t, err, oncetype.ErrInvalidKey)
+	require.ErrorIs(t, err, wmonce.ErrInvalidKey)
 }
 
 func TestReceiverRefusesAfterClose(t *testing.T) {
@@ -204,7 +205,7 @@ func TestConfigValidation(t *testing.T) {
 		"blank consumer": {Consumer: "  "},
 		"NUL consumer":   {Consumer: "pay\x00ments"},
 		"bad schema":     {Consumer: "c", Schema: "x; DROP TABLE y"},
-		"key too long":   {Consumer: "c", MaxKeyLength: oncetype.MaxKeyLengthLimit + 1},
+		"key too long":   {Consumer: "c", MaxKeyLength: wmonce.MaxKeyLengthLimit + 1},
 		"batch too big":  {Consumer: "c", BatchSize: inbox.MaxBatchSize + 1},
 		"writers":        {Consumer: "c", Workers: -1},
 		"linger":         {Consumer: "c", Linger: time.Hour},
@@ -273,8 +274,8 @@ func TestAgeGuardParksOldCopiesOfForgottenKeys(t *testing.T) {
 	require.NoError(t, late.Handle(event("forgotten")), "a parked copy is acked: the inbox holds it")
 	require.NoError(t, late.Handle(msg("timeless", "p")), "messages without a time are not checked")
 	err := late.Handle(msg("garbled", "p", outbox.MetadataOccurredAt, "yesterday"))
-	require.ErrorIs(t, err, oncetype.ErrMalformedMetadata)
-	require.True(t, oncetype.IsPermanent(err))
+	require.ErrorIs(t, err, wmonce.ErrMalformedMetadata)
+	require.True(t, wmonce.IsPermanent(err))
 	require.NoError(t, late.Handle(event("forgotten")), "a second copy is a duplicate of the parked row")
 
 	c := late.Counters()
@@ -286,7 +287,7 @@ func TestAgeGuardParksOldCopiesOfForgottenKeys(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, inbox.StatusFailed, row.Status)
 	require.Zero(t, row.Attempts)
-	require.Contains(t, row.LastError, oncetype.ErrTooOld.Error())
+	require.Contains(t, row.LastError, wmonce.ErrTooOld.Error())
 	row, err = e.ops.InspectMessage(context.Background(), "c", "kept")
 	require.NoError(t, err)
 	require.Equal(t, inbox.StatusDone, row.Status)
@@ -302,7 +303,7 @@ func TestAgeGuardParksOldCopiesOfForgottenKeys(t *testing.T) {
 
 	// The processor leaves parked copies alone.
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "w") }, fast("c"))
-	testwait.Until(t, "the timeless message processed", func() bool { return p.Counters().Processed == 1 })
+	p.until(t, "the timeless message processed", func(n tally) bool { return n.Done == 1 })
 	require.Equal(t, 1, e.effects(t))
 	require.Equal(t, 2, e.status(t, "c", inbox.StatusFailed))
 }

@@ -8,7 +8,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/wmonce/watermill-once/internal/tracing"
-	"github.com/wmonce/watermill-once/oncetype"
 )
 
 // startSpan starts the consumer span of one attempt at row r: a child of the trace context the
@@ -84,15 +83,4 @@ func (s *txSpans) end(outcome string) {
 		span.End()
 	}
 	s.spans = nil
-}
-
-// callTraced runs the handler under a "handler" span, a child of the attempt's span.
-func (p *Processor) callTraced(msg *message.Message) ([]*message.Message, error) {
-	hctx := msg.Context()
-	ctx, span := tracing.StartChild(hctx, p.tracer, tracing.SpanHandler)
-	msg.SetContext(ctx)
-	out, err := oncetype.CallHandler(p.handler, msg)
-	msg.SetContext(hctx)
-	tracing.End(span, err)
-	return out, err
 }

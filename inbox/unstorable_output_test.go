@@ -8,7 +8,6 @@ import (
 
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/internal/testwait"
 )
 
 // A handler output the outbox can never store (here an empty UUID) fails every attempt the same
@@ -24,7 +23,7 @@ func testUnstorableOutputParksTheRowAtOnce(t *testing.T, mode inbox.ClaimMode) {
 		return []*message.Message{message.NewMessage("", []byte("no id"))}, nil
 	}, cfg)
 	require.NoError(t, r.Handle(msg("u1", "p")))
-	testwait.Until(t, "the row to be parked", func() bool { return p.Counters().Parked == 1 })
+	p.until(t, "the row to be parked", func(n tally) bool { return n.Parked == 1 })
 	require.Equal(t, 1, e.status(t, "c", inbox.StatusFailed))
 	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT attempts FROM `+e.table("inbox")+` WHERE consumer = 'c'`), "parked at the first attempt")
 }

@@ -1,50 +1,17 @@
-// Package migrate creates and upgrades watermill-once's tables: versioned SQL migrations
-// embedded in the binary, applied under a PostgreSQL advisory lock, recorded in a version
-// table, in a schema of your choice.
-//
-// # Use
-//
-//	m, err := migrate.New(db, migrate.Config{Schema: "wmonce"}, logger)
-//	res, err := m.Migrate(ctx, migrate.DirectionUp, nil)
-//
-// Teams that run their own migration tool can print the SQL instead (Print, or
-// `wmonce migrate print`) and apply it there; the printed SQL has the schema name already
-// quoted in and carries no version bookkeeping.
-//
-// # Guarantees
-//
-// A Migrate call holds a session-level advisory lock, derived from the schema name, for its whole
-// run: it reads the version and plans its path only once it holds the lock, and runs each
-// migration in its own transaction together with its version row. Any number of instances may
-// call Migrate at the same time, in either direction: the calls run one after the other, whole,
-// each from the version the previous one left (see Migrator.Migrate). A failed migration rolls
-// back completely and leaves the version at the last migration that committed.
 package migrate
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
-	"database/sql/driver"
-	"embed"
-	"errors"
 	"fmt"
-	"io/fs"
 	"math"
-	"regexp"
-	"slices"
-	"strconv"
-	"strings"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/wmonce/watermill-once/internal/setup"
-	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/pgtx"
 )
-
-//go:embed sql/*.sql
-var migrationFS embed.FS
 
 // Direction says whether Migrate applies migrations or reverts them.
 type Direction string
@@ -54,14 +21,6 @@ const (
 	DirectionDown Direction = "down"
 )
 
-// Migration is one numbered step with its up and down SQL, the schema placeholder unresolved.
-type Migration struct {
-	Version int
-	Name    string
-	up      string
-	down    string
-}
-
 // Config selects the schema the tables live in.
 type Config struct {
 	// Schema holds every table of watermill-once. Default pgtx.DefaultSchema ("wmonce").
@@ -70,9 +29,7 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
-	if c.Schema == "" {
-		c.Schema = pgtx.DefaultSchema
-	}
+	c.Schema = cmp.Or(c.Schema, pgtx.DefaultSchema)
 }
 
 // Validate reports a schema name that is not a safe identifier.
@@ -129,136 +86,6 @@ type Result struct {
 	// From is the version the call found once it held the migration lock, and To the version
 	// it left: both read under the lock, unlike a Version call before or after Migrate.
 	From, To int
-}
-
-var filePattern = regexp.MustCompile(`^(\d{3})_([a-z0-9_]+)\.(up|down)\.sql$`)
-
-// All returns every embedded migration, ordered by version.
-func All() ([]Migration, error) {
-	entries, err := fs.ReadDir(migrationFS, "sql")
-	if err != nil {
-		return nil, fmt.Errorf("migrate: read embedded migrations: %w", err)
-	}
-	byVersion := map[int]*Migration{}
-	for _, e := range entries {
-		m := filePattern.FindStringSubmatch(e.Name())
-		if m == nil {
-			return nil, fmt.Errorf("migrate: embedded file %q is not named NNN_name.(up|down).sql", e.Name())
-		}
-		version, _ := strconv.Atoi(m[1])
-		body, err := migrationFS.ReadFile("sql/" + e.Name())
-		if err != nil {
-			return nil, fmt.Errorf("migrate: read %s: %w", e.Name(), err)
-		}
-		mig := byVersion[version]
-		if mig == nil {
-			mig = &Migration{Version: version, Name: m[2]}
-			byVersion[version] = mig
-		}
-		if m[3] == "up" {
-			mig.up = string(body)
-		} else {
-			mig.down = string(body)
-		}
-	}
-	out := make([]Migration, 0, len(byVersion))
-	for _, m := range byVersion {
-		if m.up == "" || m.down == "" {
-			return nil, fmt.Errorf("migrate: migration %03d_%s lacks its up or down file", m.Version, m.Name)
-		}
-		out = append(out, *m)
-	}
-	slices.SortFunc(out, func(a, b Migration) int { return a.Version - b.Version })
-	for i, m := range out {
-		if m.Version != i+1 {
-			return nil, fmt.Errorf("migrate: migration versions must be 1..N without gaps; found %03d at position %d", m.Version, i+1)
-		}
-	}
-	return out, nil
-}
-
-// Latest returns the highest embedded version.
-func Latest() int {
-	all, err := All()
-	if err != nil || len(all) == 0 {
-		return 0
-	}
-	return all[len(all)-1].Version
-}
-
-// render substitutes the quoted schema name into a migration body.
-func render(body, schema string) string {
-	return strings.ReplaceAll(body, "{{schema}}", pgtx.QuoteIdentifier(schema))
-}
-
-// Print returns the SQL of the migrations between two versions for teams that apply SQL with
-// their own tools: for DirectionUp the migrations after fromVersion up to toVersion (0 = latest),
-// preceded by CREATE SCHEMA IF NOT EXISTS; for DirectionDown those from fromVersion down to
-// above toVersion, newest first. No version table is written by the printed SQL.
-func Print(schema string, direction Direction, fromVersion, toVersion int) (string, error) {
-	if err := pgtx.ValidateIdentifier("schema", schema); err != nil {
-		return "", fmt.Errorf("migrate: %w", err)
-	}
-	all, err := All()
-	if err != nil {
-		return "", err
-	}
-	var b strings.Builder
-	switch direction {
-	case DirectionUp:
-		if toVersion == 0 {
-			toVersion = all[len(all)-1].Version
-		}
-		fmt.Fprintf(&b, "CREATE SCHEMA IF NOT EXISTS %s;\n", pgtx.QuoteIdentifier(schema))
-		for _, m := range all {
-			if m.Version > fromVersion && m.Version <= toVersion {
-				fmt.Fprintf(&b, "\n-- %03d_%s (up)\n%s", m.Version, m.Name, render(m.up, schema))
-			}
-		}
-	case DirectionDown:
-		for i := len(all) - 1; i >= 0; i-- {
-			m := all[i]
-			if m.Version <= fromVersion && m.Version > toVersion {
-				fmt.Fprintf(&b, "\n-- %03d_%s (down)\n%s", m.Version, m.Name, render(m.down, schema))
-			}
-		}
-	default:
-		return "", fmt.Errorf("migrate: direction must be %q or %q, got %q", DirectionUp, DirectionDown, direction)
-	}
-	return b.String(), nil
-}
-
-func lockKey(schema string) int64 { return worker.LockKey("migrate", schema) }
-
-func (m *Migrator) versionTable() string { return pgtx.QualifiedName(m.schema, "schema_migrations") }
-
-// queryRower is what readVersion needs: *sql.DB, *sql.Conn and *sql.Tx all have it.
-type queryRower interface {
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
-
-// Version returns the highest applied version, 0 when nothing is applied (or the schema does
-// not exist yet). It reads without the migration lock: while a Migrate call runs, the answer
-// may be out of date by the time it returns. Result.From and Result.To are read under the lock.
-func (m *Migrator) Version(ctx context.Context) (int, error) {
-	return m.readVersion(ctx, m.db)
-}
-
-func (m *Migrator) readVersion(ctx context.Context, q queryRower) (int, error) {
-	var exists bool
-	err := q.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, m.versionTable()).Scan(&exists)
-	if err != nil {
-		return 0, fmt.Errorf("migrate: read version: %w", err)
-	}
-	if !exists {
-		return 0, nil
-	}
-	var v int
-	err = q.QueryRowContext(ctx, `SELECT coalesce(max(version), 0) FROM `+m.versionTable()).Scan(&v)
-	if err != nil {
-		return 0, fmt.Errorf("migrate: read version: %w", err)
-	}
-	return v, nil
 }
 
 // Migrate applies (DirectionUp) or reverts (DirectionDown) migrations. See Opts for limits.
@@ -352,63 +179,6 @@ func (m *Migrator) plan(direction Direction, current int, opts *Opts) []Migratio
 		path = append(path, m.migrations[v-1])
 	}
 	return path
-}
-
-// lock takes the migration lock on conn, waiting for the call that holds it (logged at info)
-// until ctx ends.
-func (m *Migrator) lock(ctx context.Context, conn *sql.Conn) error {
-	var got bool
-	if err := conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1)`, m.lockKey).Scan(&got); err != nil {
-		return fmt.Errorf("migrate: take the migration lock of schema %q (advisory lock %d): %w", m.schema, m.lockKey, err)
-	}
-	if got {
-		return nil
-	}
-	fields := watermill.LogFields{"lock_key": m.lockKey}
-	classid, objid := worker.LockKeyParts(m.lockKey)
-	var holder int
-	// Best effort: the holder may have let go already, and the wait below tells.
-	if conn.QueryRowContext(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
-  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND classid = $1 AND objid = $2 AND objsubid = 1`, classid, objid).Scan(&holder) == nil {
-		fields["holder_pid"] = holder
-	}
-	m.logger.Info("Waiting for another migration of this schema to finish", fields)
-	if _, err := conn.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, m.lockKey); err != nil {
-		if cause := context.Cause(ctx); cause != nil && !errors.Is(err, cause) {
-			err = errors.Join(err, cause)
-		}
-		return fmt.Errorf("migrate: wait for the migration lock of schema %q (advisory lock %d), held by another migration: %w", m.schema, m.lockKey, err)
-	}
-	return nil
-}
-
-// unlock releases the migration lock and closes conn. A connection that cannot confirm the
-// release is discarded rather than returned to the pool, so that the lock goes with its session
-// and no pooled connection keeps it.
-func (m *Migrator) unlock(ctx context.Context, conn *sql.Conn) {
-	unlockCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	var released bool
-	err := conn.QueryRowContext(unlockCtx, `SELECT pg_advisory_unlock($1)`, m.lockKey).Scan(&released)
-	if err != nil || !released {
-		m.logger.Error("Could not release the migration lock; closing its connection", err, watermill.LogFields{"lock_key": m.lockKey, "released": released})
-		_ = conn.Raw(func(any) error { return driver.ErrBadConn })
-	}
-	_ = conn.Close()
-}
-
-func (m *Migrator) ensureVersionTable(ctx context.Context, conn *sql.Conn) error {
-	_, err := conn.ExecContext(ctx, `CREATE SCHEMA IF NOT EXISTS `+pgtx.QuoteIdentifier(m.schema)+`;
-CREATE TABLE IF NOT EXISTS `+m.versionTable()+` (
-    version    integer     PRIMARY KEY,
-    name       text        NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
-)`)
-	if err != nil {
-		return fmt.Errorf("migrate: create schema and version table: %w", err)
-	}
-	return nil
 }
 
 // apply runs one migration of the plan and its version row in one transaction on conn, and

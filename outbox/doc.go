@@ -83,7 +83,7 @@
 //     delays its own rows only, and keeps their order; the order between topics is not kept
 //     while one is held (per-key order is the promise, and a key lives in one topic). Each hold
 //     is logged at error level with the topic (and each failed retry of it), counted
-//     (RelayCounters.Held, HeldTopics) and listed by Status (RelayStatus.Held), whose backlog
+//     (RelayCounters.Held, HeldTopics) and listed by Stats (RelayStats.Held), whose backlog
 //     and lag include the held rows. A relay that takes over holds what its predecessor held.
 //   - For good (an invalid topic name, a record too large, a metadata key the broker reserves):
 //     the refused message alone is copied into outbox_rejected with the publisher's error,
@@ -147,7 +147,7 @@
 // The cost of a notification is on the producers: a transaction that notifies takes, at
 // commit, a lock that serialises the commits of all notifying transactions on the server
 // (including the inbox receiver's). That is why only the transactions that commit while a
-// relay waits notify (BenchmarkWriterNotify: see the README, "When the relay wakes").
+// relay waits notify (BenchmarkWriterNotify: see docs/outbox-relay.md, "When the relay wakes").
 //
 // # Tracing
 //

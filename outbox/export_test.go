@@ -17,6 +17,13 @@ func WriterAlwaysNotify(w *Writer) *Writer {
 	return &c
 }
 
-// SetIdleHook makes r call f each time it starts waiting for a notification or PollInterval.
-// Call it before Run.
-func SetIdleHook(r *Relay, f func()) { r.idleHook = f }
+// RelayTestSignals are the events of a Relay a test can wait on; RelayWait is what a relay
+// that starts waiting waits for.
+type (
+	RelayTestSignals = relayTestSignals
+	RelayWait        = relayWait
+)
+
+// RelaySignals returns r's test signals. Init the ones a test waits on before Run or
+// RelayOnce: the others stay inert.
+func RelaySignals(r *Relay) *RelayTestSignals { return &r.testSignals }

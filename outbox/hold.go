@@ -53,28 +53,11 @@ const (
 	sourceRecheckServed = 10 * time.Minute
 )
 
-func (r *Relay) holdQueries(table string) {
-	heldTable := pgtx.QualifiedName(r.config.Schema, "outbox_held")
-	// The rows are copied from the outbox (by primary key), in the order given, so that seq
-	// follows the relay's order. A row held already (the position update after holding it
-	// failed, and the batch is read again) is not copied twice.
-	r.qHold = `INSERT INTO ` + heldTable + ` (relay, topic, "offset", transaction_id, uuid, source, created_at, payload, metadata)
-SELECT $1, $2, o."offset", o.transaction_id, o.uuid, o.source, o.created_at, o.payload, o.metadata
-FROM unnest($3::bigint[], $4::text[]) WITH ORDINALITY AS k(off, xid, n)
-JOIN ` + table + ` o ON o.transaction_id = k.xid::xid8 AND o."offset" = k.off
-ORDER BY k.n
-ON CONFLICT (relay, transaction_id, "offset") DO NOTHING`
-	r.qHeldTopics = `SELECT DISTINCT topic FROM ` + heldTable + ` WHERE relay = $1`
-	r.qHeldRead = `SELECT seq, "offset", transaction_id::text, uuid, source, payload::text, metadata::text
-FROM ` + heldTable + ` WHERE relay = $1 AND topic = $2 ORDER BY seq LIMIT $3`
-	r.qHeldDelete = `DELETE FROM ` + heldTable + ` WHERE relay = $1 AND seq = ANY($2::bigint[])`
-}
-
 // newSession reads the topics this relay holds: a relay that took over holds what its
 // predecessor held, and tries each of them at once.
 func (r *Relay) newSession(ctx context.Context, conn *sql.Conn) (*session, error) {
 	s := &session{held: map[string]*heldTopic{}, sources: map[string]sourceSeen{}}
-	rows, err := conn.QueryContext(ctx, r.qHeldTopics, r.config.Name)
+	rows, err := conn.QueryContext(ctx, r.q.heldTopics, r.config.Name)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: read held topics: %w", err)
 	}
@@ -194,7 +177,7 @@ func (r *Relay) hold(ctx context.Context, conn *sql.Conn, s *session, topic stri
 	for i, row := range rows {
 		offsets[i], txIDs[i] = row.offset, row.txID
 	}
-	res, err := conn.ExecContext(ctx, r.qHold, r.config.Name, topic, offsets, txIDs)
+	res, err := conn.ExecContext(ctx, r.q.hold, r.config.Name, topic, offsets, txIDs)
 	if err != nil {
 		return fmt.Errorf("outbox: hold %d row(s) of topic %q: %w", len(rows), topic, err)
 	}
@@ -208,6 +191,7 @@ func (r *Relay) hold(ctx context.Context, conn *sql.Conn, s *session, topic stri
 	h.due = time.Now().Add(wait)
 	s.held[topic] = h
 	r.heldTopics.Store(int64(len(s.held)))
+	r.testSignals.TopicHeld.Signal(topic)
 	r.logger.Error("Relay holds topic: publishing to it failed; its rows wait in outbox_held and are retried with backoff, the other topics go on", cause,
 		watermill.LogFields{"topic": topic, "rows": len(rows), "first_uuid": rows[0].uuid, "backoff": wait})
 	return nil
@@ -290,6 +274,7 @@ func (r *Relay) drainTopic(ctx context.Context, conn *sql.Conn, s *session, topi
 		delete(s.held, topic)
 		r.heldTopics.Store(int64(len(s.held)))
 		r.logger.Info("Relay released topic: its held rows are published", watermill.LogFields{"topic": topic})
+		r.testSignals.TopicReleased.Signal(topic)
 	} else {
 		h.backoff.Reset()
 		h.due = time.Time{} // the next batch at once
@@ -298,7 +283,7 @@ func (r *Relay) drainTopic(ctx context.Context, conn *sql.Conn, s *session, topi
 }
 
 func (r *Relay) readHeld(ctx context.Context, conn *sql.Conn, topic string) ([]outboxRow, error) {
-	rs, err := conn.QueryContext(ctx, r.qHeldRead, r.config.Name, topic, r.config.BatchSize+1)
+	rs, err := conn.QueryContext(ctx, r.q.heldRead, r.config.Name, topic, r.config.BatchSize+1)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: read held rows of %q: %w", topic, err)
 	}
@@ -324,7 +309,7 @@ func (r *Relay) deleteHeld(ctx context.Context, conn *sql.Conn, rows []outboxRow
 	for i, row := range rows {
 		seqs[i] = row.seq
 	}
-	if _, err := conn.ExecContext(ctx, r.qHeldDelete, r.config.Name, seqs); err != nil {
+	if _, err := conn.ExecContext(ctx, r.q.heldDelete, r.config.Name, seqs); err != nil {
 		return fmt.Errorf("outbox: remove published rows from outbox_held: %w", err)
 	}
 	return nil
@@ -340,7 +325,7 @@ func (r *Relay) checkSources(ctx context.Context, conn *sql.Conn, s *session) er
 			continue
 		}
 		var served bool
-		if err := conn.QueryRowContext(ctx, r.qServed, source).Scan(&served); err != nil {
+		if err := conn.QueryRowContext(ctx, r.q.served, source).Scan(&served); err != nil {
 			return fmt.Errorf("outbox: look for the relay of source %q: %w", source, err)
 		}
 		if served {

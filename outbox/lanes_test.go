@@ -12,7 +12,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
-	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -73,11 +72,15 @@ func TestRelayLanesKeepPerKeyOrder(t *testing.T) {
 	s := &slowSink{byKey: map[string][]int{}}
 	r, err := outbox.NewRelay(db, s, outbox.RelayConfig{Schema: schema, BatchSize: 50, PublishLanes: 4, PollInterval: 5 * time.Millisecond}, nil)
 	require.NoError(t, err)
+	sig := outbox.RelaySignals(r)
+	sig.RoundDone.Init()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	testwait.Until(t, "the relay to forward every row", func() bool { return r.Counters().Forwarded >= keys*perKey })
+	for published := 0; published < keys*perKey; {
+		published += sig.RoundDone.WaitOrTimeout()
+	}
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)
 

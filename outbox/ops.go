@@ -104,9 +104,10 @@ func RelayActive(ctx context.Context, db *sql.DB, schema, name string) (bool, er
 	return active, nil
 }
 
-// Prune deletes outbox rows older than keep that every relay named in outbox_offsets has
-// forwarded, in batches of at most batchSize rows (one short transaction each), and returns
-// how many it deleted, also when it stops on an error or a cancelled ctx.
+// Prune deletes outbox rows written before req's cutoff (Before, or Keep ago by the database
+// clock) that every relay named in outbox_offsets has forwarded, in batches of at most
+// req.BatchSize rows (one short transaction each), and returns how many it deleted, also when
+// it stops on an error or a cancelled ctx.
 //
 // Guarantee: a row that a relay of its source has not published is never deleted, whatever
 // its age, and a relay that registers while Prune runs holds rows back too. A row is deleted
@@ -115,8 +116,8 @@ func RelayActive(ctx context.Context, db *sql.DB, schema, name string) (bool, er
 // source no relay forwards are kept, and so, with no relay registered at all, is everything.
 // Relays of other sources do not hold a row back. Age is measured by the database clock. A
 // retired relay name holds every later row of its source back until ForgetRelay removes it.
-func Prune(ctx context.Context, db *sql.DB, schema string, keep time.Duration, batchSize int) (int64, error) {
-	schema, err := pgtx.CheckPrune(db, schema, keep, batchSize)
+func Prune(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error) {
+	schema, req, cutoff, err := pgtx.CheckPrune(ctx, db, schema, req, pgtx.Unscoped)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: prune: %w", err)
 	}
@@ -138,8 +139,8 @@ ORDER BY pg_snapshot_xmax(coalesce(target_snapshot, snapshot)) LIMIT 1`).Scan(&b
 	}
 	// The batch is the oldest rows in transaction order that every relay has published, and
 	// only those of them old enough go: the loop stops when a batch holds a younger row, so a
-	// call never walks the rows kept for keep. created_at is a timestamp without time zone
-	// written with the session's clock, hence localtimestamp. The relays are read again here,
+	// call never walks the rows kept. created_at is a timestamp without time zone written
+	// with the session's clock, hence the cutoff in the session's time zone. The relays are read again here,
 	// so one registered since the bound was read holds rows back too. ctid = ANY(ARRAY(...))
 	// deletes the batch by physical address (a TID scan). A relay passes over the rows of
 	// other sources without publishing them: only the relays of a row's source count for it.
@@ -153,8 +154,8 @@ ORDER BY pg_snapshot_xmax(coalesce(target_snapshot, snapshot)) LIMIT 1`).Scan(&b
                 OR coalesce(pg_visible_in_snapshot(t.transaction_id, o.target_snapshot) AND t."offset" <= o.target_offset, false)))
         ORDER BY t.transaction_id, t."offset"
         LIMIT $3) head
-    WHERE created_at < localtimestamp - $2::bigint * interval '1 microsecond'))`
-	n, err := pgtx.DeleteInBatches(ctx, db, batchSize, query, bound, keep.Microseconds())
+    WHERE created_at < ($2::timestamptz AT TIME ZONE current_setting('TimeZone'))))`
+	n, err := pgtx.DeleteInBatches(ctx, db, req.BatchSize, query, bound, cutoff)
 	if err != nil {
 		return n, fmt.Errorf("outbox: prune: %w", err)
 	}
@@ -265,19 +266,13 @@ func ListRejected(ctx context.Context, db *sql.DB, schema string, f RejectedFilt
 	return out, nil
 }
 
-// PruneRejected deletes the rows in outbox_rejected set aside longer than keep ago by the
-// database clock, in batches of at most batchSize rows, and returns how many it deleted, also
-// when it stops on an error or a cancelled ctx. A rejected row is the only copy of a message
+// PruneRejected deletes the rows in outbox_rejected set aside before req's cutoff (Before, or
+// Keep ago by the database clock), in batches of at most req.BatchSize rows, and returns how
+// many it deleted, also when it stops on an error or a cancelled ctx. A rejected row is the only copy of a message
 // the relay could not forward: prune only what operators have had time to look at (see
 // ListRejected) and republish (RepublishRejected). The retention janitor calls it when retention.Config.RejectedKeep is set.
-func PruneRejected(ctx context.Context, db *sql.DB, schema string, keep time.Duration, batchSize int) (int64, error) {
-	schema, err := pgtx.CheckPrune(db, schema, keep, batchSize)
-	if err != nil {
-		return 0, fmt.Errorf("outbox: prune rejected: %w", err)
-	}
-	t := pgtx.QualifiedName(schema, "outbox_rejected")
-	n, err := pgtx.DeleteInBatches(ctx, db, batchSize, `DELETE FROM `+t+` WHERE ctid = ANY(ARRAY(
-    SELECT ctid FROM `+t+` WHERE rejected_at < now() - $1::bigint * interval '1 microsecond' LIMIT $2))`, keep.Microseconds())
+func PruneRejected(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error) {
+	n, err := pgtx.PruneOlder(ctx, db, schema, req, "outbox_rejected", "rejected_at", false, "")
 	if err != nil {
 		return n, fmt.Errorf("outbox: prune rejected: %w", err)
 	}

@@ -26,7 +26,7 @@ func TestPruneDeletesOnlyOldRowsEveryRelayPublished(t *testing.T) {
 	}
 	pgtest.Exec(t, db, `UPDATE `+ob+` SET created_at = created_at - interval '2 days'`)
 
-	n, err := outbox.Prune(ctx, db, schema, 24*time.Hour, 2)
+	n, err := outbox.Prune(ctx, db, schema, pgtx.PruneRequest{Keep: 24 * time.Hour, BatchSize: 2})
 	require.NoError(t, err)
 	require.Zero(t, n, "no relay has ever run: nothing is known to be forwarded")
 
@@ -37,34 +37,34 @@ func TestPruneDeletesOnlyOldRowsEveryRelayPublished(t *testing.T) {
 	require.NoError(t, err)
 	drain(t, rf, fast, 4)
 	drain(t, rs, slow, 1)
-	n, err = outbox.Prune(ctx, db, schema, 24*time.Hour, 2)
+	n, err = outbox.Prune(ctx, db, schema, pgtx.PruneRequest{Keep: 24 * time.Hour, BatchSize: 2})
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n, "only the row the slowest relay published")
 
 	pgtest.Exec(t, db, `UPDATE `+ob+` SET created_at = localtimestamp WHERE uuid = 'm-3'`)
 	drain(t, rs, slow, 4)
-	n, err = outbox.Prune(ctx, db, schema, 24*time.Hour, 1)
+	n, err = outbox.Prune(ctx, db, schema, pgtx.PruneRequest{Keep: 24 * time.Hour, BatchSize: 1})
 	require.NoError(t, err)
 	require.Equal(t, int64(2), n, "the young row stays for keep")
 
 	pgtest.Exec(t, db, `UPDATE `+ob+` SET created_at = created_at - interval '2 days'`)
 	pgtest.Exec(t, db, `INSERT INTO `+pgtx.QualifiedName(schema, "outbox_offsets")+` (consumer_group, offset_acked, last_processed_transaction_id) VALUES ('retired', 0, '0')`)
-	n, err = outbox.Prune(ctx, db, schema, 24*time.Hour, 2)
+	n, err = outbox.Prune(ctx, db, schema, pgtx.PruneRequest{Keep: 24 * time.Hour, BatchSize: 2})
 	require.NoError(t, err)
 	require.Zero(t, n, "a retired relay holds rows back")
 	found, err := outbox.ForgetRelay(ctx, db, schema, "retired")
 	require.NoError(t, err)
 	require.True(t, found)
-	n, err = outbox.Prune(ctx, db, schema, 24*time.Hour, 2)
+	n, err = outbox.Prune(ctx, db, schema, pgtx.PruneRequest{Keep: 24 * time.Hour, BatchSize: 2})
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n)
 	require.Zero(t, pgtest.Count(t, db, `SELECT count(*) FROM `+ob))
 
-	_, err = outbox.Prune(ctx, db, schema, time.Hour, 0)
-	require.ErrorContains(t, err, "batchSize must be positive")
-	_, err = outbox.Prune(ctx, db, `bad"schema`, time.Hour, 1)
+	_, err = outbox.Prune(ctx, db, schema, pgtx.PruneRequest{Keep: time.Hour, BatchSize: -1})
+	require.ErrorContains(t, err, "BatchSize must be positive")
+	_, err = outbox.Prune(ctx, db, `bad"schema`, pgtx.PruneRequest{Keep: time.Hour, BatchSize: 1})
 	require.Error(t, err)
-	_, err = outbox.Prune(ctx, nil, schema, time.Hour, 1)
+	_, err = outbox.Prune(ctx, nil, schema, pgtx.PruneRequest{Keep: time.Hour, BatchSize: 1})
 	require.ErrorContains(t, err, "db is nil")
 }
 
@@ -92,13 +92,13 @@ func TestPruneKeepsARowWithASmallerIdCommittedLaterUntilPublished(t *testing.T) 
 	drain(t, r, s, 1)
 	require.NoError(t, late.Commit())
 
-	n, err := outbox.Prune(ctx, db, schema, 24*time.Hour, 100)
+	n, err := outbox.Prune(ctx, db, schema, pgtx.PruneRequest{Keep: 24 * time.Hour, BatchSize: 100})
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n, "the published row goes")
 	require.Equal(t, 1, pgtest.Count(t, db, `SELECT count(*) FROM `+ob+` WHERE uuid = 'late'`), "the unpublished row with the smaller id stays")
 
 	drain(t, r, s, 2)
-	n, err = outbox.Prune(ctx, db, schema, 24*time.Hour, 100)
+	n, err = outbox.Prune(ctx, db, schema, pgtx.PruneRequest{Keep: 24 * time.Hour, BatchSize: 100})
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n)
 	require.Zero(t, pgtest.Count(t, db, `SELECT count(*) FROM `+ob))
@@ -110,13 +110,16 @@ func TestForgetRelayRefusesARunningRelay(t *testing.T) {
 	ctx := context.Background()
 	r, err := outbox.NewRelay(db, &sink{}, outbox.RelayConfig{Schema: schema, Name: "live", PollInterval: 10 * time.Millisecond}, nil)
 	require.NoError(t, err)
+	sig := outbox.RelaySignals(r)
+	sig.Leading.Init()
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	// Leading comes first (the lock), then the relay registers its position: wait for both.
+	// Leading comes first (the lock), then the relay registers its position: the signal
+	// comes after both.
+	sig.Leading.WaitOrTimeout()
 	offsets := `SELECT count(*) FROM ` + pgtx.QualifiedName(schema, "outbox_offsets")
-	testwait.Until(t, "the relay to lead and register its position", func() bool {
-		return r.Counters().IsLeader && pgtest.Count(t, db, offsets) == 1
-	})
+	require.True(t, r.Counters().IsLeader)
+	require.Equal(t, 1, pgtest.Count(t, db, offsets))
 
 	found, err := outbox.ForgetRelay(ctx, db, schema, "live")
 	require.ErrorIs(t, err, outbox.ErrRelayActive)
@@ -130,7 +133,8 @@ func TestForgetRelayRefusesARunningRelay(t *testing.T) {
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)
 	// A relay stopped while its connection was busy leaves the session (and lock) to end on
-	// the server a moment later.
+	// the server a moment later: an effect in another process (the server's backend), which
+	// no signal of the relay can announce, so this one wait polls.
 	testwait.Until(t, "ForgetRelay to succeed once the relay's session ended", func() bool {
 		found, err = outbox.ForgetRelay(ctx, db, schema, "live")
 		return err == nil

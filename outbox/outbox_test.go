@@ -18,67 +18,6 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-type sink struct {
-	mu     sync.Mutex
-	got    []string // topic/uuid
-	failOn func(topic string, msgs []*message.Message) error
-}
-
-func (s *sink) Publish(topic string, msgs ...*message.Message) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.failOn != nil {
-		if err := s.failOn(topic, msgs); err != nil {
-			return err
-		}
-	}
-	for _, m := range msgs {
-		s.got = append(s.got, topic+"/"+m.UUID)
-	}
-	return nil
-}
-func (s *sink) Close() error { return nil }
-func (s *sink) all() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]string(nil), s.got...)
-}
-
-func setup(t *testing.T) (*sql.DB, string, *outbox.Writer) {
-	t.Helper()
-	db := pgtest.DB(t)
-	schema := pgtest.Schema(t, db)
-	w, err := outbox.NewWriter(outbox.Config{Schema: schema})
-	require.NoError(t, err)
-	return db, schema, w
-}
-
-func publishTx(t *testing.T, db *sql.DB, w *outbox.Writer, topic string, uuids ...string) {
-	t.Helper()
-	err := pgtx.RunInTx(context.Background(), db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
-		msgs := make([]*message.Message, len(uuids))
-		for i, u := range uuids {
-			msgs[i] = message.NewMessage(u, []byte(`{"n":"`+u+`"}`))
-		}
-		return w.PublishTx(ctx, tx, topic, msgs...)
-	})
-	require.NoError(t, err)
-}
-
-// drain runs RelayOnce until want messages arrived (rows wait for older transactions).
-func drain(t *testing.T, r *outbox.Relay, s *sink, want int) {
-	t.Helper()
-	testwait.Until(t, fmt.Sprintf("the relay to deliver %d messages", want), func() bool {
-		if len(s.all()) >= want {
-			return true
-		}
-		if _, err := r.RelayOnce(context.Background()); err != nil {
-			t.Logf("relay round: %v", err)
-		}
-		return len(s.all()) >= want
-	})
-}
-
 func TestRelayKeepsCommitOrderAcrossTopicsAndBatches(t *testing.T) {
 	t.Parallel()
 	db, schema, w := setup(t)
@@ -139,21 +78,34 @@ func TestRelayCrashBeforeRecordingRepublishes(t *testing.T) {
 	require.Equal(t, uint64(1), r.Counters().Failures)
 }
 
+// A row the relay cannot decode is set aside in outbox_rejected with the reason, never
+// dropped, and the rows behind it go on: in a RelayOnce and in a running relay.
 func TestUndecodableRowIsSetAsideNotDropped(t *testing.T) {
 	t.Parallel()
-	db, schema, w := setup(t)
-	publishTx(t, db, w, "a", "before")
-	pgtest.Exec(t, db, `INSERT INTO `+pgtx.QualifiedName(schema, "outbox")+` (uuid, payload, metadata, transaction_id) VALUES ('foreign', '{"not":"an envelope"}', '{}', pg_current_xact_id())`)
-	publishTx(t, db, w, "a", "after")
-	s := &sink{}
-	r, err := outbox.NewRelay(db, s, outbox.RelayConfig{Schema: schema}, nil)
-	require.NoError(t, err)
-	drain(t, r, s, 2)
-	require.Equal(t, []string{"a/before", "a/after"}, s.all())
-	var reason string
-	require.NoError(t, db.QueryRow(`SELECT error FROM `+pgtx.QualifiedName(schema, "outbox_rejected")+` WHERE uuid = 'foreign'`).Scan(&reason))
-	require.Contains(t, reason, "destination_topic")
-	require.Equal(t, uint64(1), r.Counters().Rejected)
+	for _, running := range []bool{false, true} {
+		t.Run(fmt.Sprintf("running=%v", running), func(t *testing.T) {
+			t.Parallel()
+			db, schema, w := setup(t)
+			publishTx(t, db, w, "a", "before")
+			insertUndecodable(t, db, schema, "foreign")
+			publishTx(t, db, w, "a", "after")
+			s := newKeyedSink(2)
+			r, err := outbox.NewRelay(db, s, outbox.RelayConfig{Schema: schema, PollInterval: time.Hour}, nil)
+			require.NoError(t, err)
+			if running {
+				sig := startRelay(t, r)
+				require.Equal(t, "foreign", sig.RowRejected.WaitOrTimeout())
+				testwait.Closed(t, s.done, "the rows around the undecodable one")
+			} else {
+				drain(t, r, s, 2)
+			}
+			require.Equal(t, []string{"before", "after"}, s.all())
+			var reason string
+			require.NoError(t, db.QueryRow(`SELECT error FROM `+pgtx.QualifiedName(schema, "outbox_rejected")+` WHERE uuid = 'foreign'`).Scan(&reason))
+			require.Contains(t, reason, "destination_topic")
+			require.Equal(t, uint64(1), r.Counters().Rejected)
+		})
+	}
 }
 
 func TestOneActiveRelayPerName(t *testing.T) {
@@ -163,7 +115,7 @@ func TestOneActiveRelayPerName(t *testing.T) {
 	for i := range n {
 		publishTx(t, db, w, "a", fmt.Sprintf("m-%03d", i))
 	}
-	s := &sink{}
+	s := newKeyedSink(n)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var relays []*outbox.Relay
@@ -173,11 +125,11 @@ func TestOneActiveRelayPerName(t *testing.T) {
 		relays = append(relays, r)
 		go func() { _ = r.Run(ctx) }()
 	}
-	testwait.Until(t, "every row to be forwarded", func() bool { return len(s.all()) >= n })
+	testwait.Closed(t, s.done, "every row to be forwarded")
 	got := s.all()
 	require.Len(t, got, n, "every row forwarded exactly once by the single leader")
 	for i := range n {
-		require.Equal(t, fmt.Sprintf("a/m-%03d", i), got[i])
+		require.Equal(t, fmt.Sprintf("m-%03d", i), got[i])
 	}
 	leaders := 0
 	for _, r := range relays {
@@ -190,6 +142,33 @@ func TestOneActiveRelayPerName(t *testing.T) {
 		require.NoError(t, r.Close())
 		require.NoError(t, r.Close(), "Close is idempotent")
 	}
+}
+
+// When the active relay stops, a standby of the same Name takes over from its position: what
+// the first published is not published again, what commits later is.
+func TestStandbyTakesOverFromThePosition(t *testing.T) {
+	t.Parallel()
+	db, schema, w := setup(t)
+	s := newKeyedSink(1)
+	cfg := outbox.RelayConfig{Schema: schema, PollInterval: time.Hour, StandbyInterval: 5 * time.Millisecond}
+	first, err := outbox.NewRelay(db, s, cfg, nil)
+	require.NoError(t, err)
+	firstSig := startRelay(t, first)
+	firstSig.Leading.WaitOrTimeout()
+	standby, err := outbox.NewRelay(db, s, cfg, nil)
+	require.NoError(t, err)
+	standbySig := startRelay(t, standby)
+
+	publishTx(t, db, w, "a", "m-1")
+	testwait.Closed(t, s.done, "the first relay's publish")
+	require.NoError(t, first.Close())
+	firstSig.StoppedLeading.WaitOrTimeout()
+	standbySig.Leading.WaitOrTimeout()
+
+	done := s.expect(2)
+	publishTx(t, db, w, "a", "m-2")
+	testwait.Closed(t, done, "the standby's publish, once it leads")
+	require.Equal(t, []string{"m-1", "m-2"}, s.all())
 }
 
 func TestWriterRefusesBadInput(t *testing.T) {
@@ -263,7 +242,7 @@ func TestStatusReportsBacklogAndLag(t *testing.T) {
 	require.NoError(t, err)
 	publishTx(t, db, w, "a", "1", "2", "3")
 
-	relays, rejected, err := outbox.Status(context.Background(), db, schema)
+	relays, rejected, err := outbox.Stats(context.Background(), db, schema)
 	require.NoError(t, err)
 	require.Zero(t, rejected)
 	require.Len(t, relays, 1)
@@ -273,7 +252,7 @@ func TestStatusReportsBacklogAndLag(t *testing.T) {
 	require.GreaterOrEqual(t, relays[0].Lag, time.Duration(0))
 
 	drain(t, r, s, 3)
-	relays, _, err = outbox.Status(context.Background(), db, schema)
+	relays, _, err = outbox.Stats(context.Background(), db, schema)
 	require.NoError(t, err)
 	require.Zero(t, relays[0].Backlog)
 	require.Zero(t, relays[0].Lag)

@@ -13,23 +13,12 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/internal/testwait"
-	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
-
-// relayOnce runs one RelayOnce, bounded: before the relay held failing topics, a failing
-// publish was retried until the context ended.
-func relayOnce(t *testing.T, r *outbox.Relay) int {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), testwait.Timeout)
-	defer cancel()
-	n, err := r.RelayOnce(ctx)
-	require.NoError(t, err)
-	return n
-}
 
 func heldRows(t *testing.T, db *sql.DB, schema string) int {
 	t.Helper()
@@ -50,7 +39,7 @@ func TestRelaySetsAsideWhatThePublisherRefusesForGood(t *testing.T) {
 	s := &sink{failOn: func(_ string, msgs []*message.Message) error {
 		for _, m := range msgs {
 			if m.UUID == "bad" && refuse.Load() {
-				return oncetype.Permanent(errors.New("kafka server: Message was too large, server rejected it"))
+				return wmonce.Permanent(errors.New("kafka server: Message was too large, server rejected it"))
 			}
 		}
 		return nil
@@ -103,12 +92,12 @@ func TestRepublishRemovesMetadataAndLeavesUndecodableRows(t *testing.T) {
 		return w.PublishTx(ctx, tx, "a", m)
 	})
 	require.NoError(t, err)
-	pgtest.Exec(t, db, `INSERT INTO `+pgtx.QualifiedName(schema, "outbox")+` (uuid, payload, metadata, transaction_id) VALUES ('foreign', '{"not":"an envelope"}', '{}', pg_current_xact_id())`)
+	insertUndecodable(t, db, schema, "foreign")
 	var got []*message.Message
 	s := &sink{failOn: func(_ string, msgs []*message.Message) error {
 		for _, m := range msgs {
 			if m.Metadata.Get("_watermill_message_uuid") != "" {
-				return oncetype.Permanent(errors.New("metadata _watermill_message_uuid is reserved by watermill for message UUID"))
+				return wmonce.Permanent(errors.New("metadata _watermill_message_uuid is reserved by watermill for message UUID"))
 			}
 		}
 		got = append(got, msgs...)
@@ -164,7 +153,7 @@ func TestRelayHoldsOnlyTheFailingTopic(t *testing.T) {
 	require.Equal(t, 1, c.HeldTopics)
 	require.Equal(t, uint64(2), c.Held)
 	require.Zero(t, c.Rejected, "a transient failure rejects nothing")
-	relays, _, err := outbox.Status(ctx, db, schema)
+	relays, _, err := outbox.Stats(ctx, db, schema)
 	require.NoError(t, err)
 	require.Equal(t, int64(2), relays[0].Backlog, "held rows are not published yet")
 	require.Len(t, relays[0].Held, 1)
@@ -182,7 +171,7 @@ func TestRelayHoldsOnlyTheFailingTopic(t *testing.T) {
 	require.Equal(t, []string{"orders/o-1", "orders/o-2", "orders/o-3", "missing/m-1", "missing/m-2", "missing/m-3"}, s.all())
 	require.Zero(t, heldRows(t, db, schema))
 	require.Zero(t, r.Counters().HeldTopics, "released")
-	relays, _, err = outbox.Status(ctx, db, schema)
+	relays, _, err = outbox.Stats(ctx, db, schema)
 	require.NoError(t, err)
 	require.Zero(t, relays[0].Backlog)
 	require.Empty(t, relays[0].Held)
@@ -212,14 +201,16 @@ func TestRunningRelayRetriesAHeldTopicAndReleasesIt(t *testing.T) {
 	}}
 	r, err := outbox.NewRelay(db, s, outbox.RelayConfig{Schema: schema, PollInterval: time.Hour, Backoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond}, nil)
 	require.NoError(t, err)
-	startRelay(t, r)
+	sig := startRelay(t, r)
 	publishTx(t, db, w, "missing", "m-1")
 	publishTx(t, db, w, "orders", "o-1")
 	require.Equal(t, "orders/o-1", testwait.Receive(t, published, "the other topic's row"))
+	require.Equal(t, "missing", sig.TopicHeld.WaitOrTimeout())
 	require.Equal(t, 1, r.Counters().HeldTopics)
 	down.Store(false)
 	require.Equal(t, "missing/m-1", testwait.Receive(t, published, "the held row, once the topic accepts it (PollInterval is an hour: only the held topic's backoff wakes the relay)"))
-	testwait.Until(t, "the topic to be released", func() bool { return r.Counters().HeldTopics == 0 })
+	require.Equal(t, "missing", sig.TopicReleased.WaitOrTimeout())
+	require.Zero(t, r.Counters().HeldTopics)
 }
 
 // Whatever RelayConfig.IsPermanent says, a connection error is never a refusal for good: the

@@ -167,7 +167,7 @@ func TestRelayOnKafkaHoldsBackOnlyAMissingTopic(t *testing.T) {
 	logger := watermill.NewCaptureLogger()
 	r, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Schema: schema, Backoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond}, logger)
 	require.NoError(t, err)
-	startRelay(t, r)
+	sig := startRelay(t, r)
 
 	require.Equal(t, []string{"o-1", "o-2"}, receiveN(t, subscribe(t, b, "g", orders), 2, "the other topic's rows while one topic is missing"))
 	require.Equal(t, 1, r.Counters().HeldTopics)
@@ -179,5 +179,6 @@ func TestRelayOnKafkaHoldsBackOnlyAMissingTopic(t *testing.T) {
 
 	require.NoError(t, b.Declare(context.Background(), broker.Subscription{Topic: missing, Group: "h"}))
 	require.Equal(t, []string{"m-1", "m-2"}, receiveN(t, subscribe(t, b, "h", missing), 2, "the held rows once the topic exists, in order"))
-	testwait.Until(t, "the topic to be released", func() bool { return r.Counters().HeldTopics == 0 })
+	require.Equal(t, missing, sig.TopicReleased.WaitOrTimeout())
+	require.Zero(t, r.Counters().HeldTopics)
 }

@@ -17,37 +17,6 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// startRelay runs r until the test ends and returns a channel that receives each time the
-// relay starts waiting (buffered: the test reads the latest state, never blocks the relay).
-func startRelay(t *testing.T, r *outbox.Relay) <-chan struct{} {
-	t.Helper()
-	idle := make(chan struct{}, 1)
-	outbox.SetIdleHook(r, func() {
-		select {
-		case idle <- struct{}{}:
-		default:
-		}
-	})
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	t.Cleanup(func() {
-		require.NoError(t, r.Close())
-		require.NoError(t, <-done)
-	})
-	return idle
-}
-
-// waitIdleListening waits until the relay is waiting with its LISTEN connection up.
-func waitIdleListening(t *testing.T, r *outbox.Relay, idle <-chan struct{}) {
-	t.Helper()
-	for {
-		testwait.Receive(t, idle, "the relay to wait with LISTEN up")
-		if r.Counters().Listening {
-			return
-		}
-	}
-}
-
 // With the fallback poll an hour away, a message committed while the relay waits is published:
 // the Writer's notification wakes it. After its LISTEN connection is killed, the relay listens
 // again and a new message is still published (either the re-established LISTEN or a
@@ -58,9 +27,9 @@ func TestRelayWakesOnCommitAndAfterItsListenConnectionDies(t *testing.T) {
 	s := newKeyedSink(1)
 	r, err := outbox.NewRelay(db, s, outbox.RelayConfig{Schema: schema, PollInterval: time.Hour}, nil)
 	require.NoError(t, err)
-	idle := startRelay(t, r)
+	sig := startRelay(t, r)
 
-	waitIdleListening(t, r, idle)
+	waitIdleListening(sig)
 	publishTx(t, db, w, "a", "first")
 	testwait.Closed(t, s.done, "a publish after a commit (with PollInterval an hour only a notification wakes the relay)")
 
@@ -72,10 +41,7 @@ func TestRelayWakesOnCommitAndAfterItsListenConnectionDies(t *testing.T) {
 	require.True(t, killed)
 	// Published whether it commits before the relay noticed (the new LISTEN wakes it) or after
 	// (the notification does).
-	done := make(chan struct{})
-	s.mu.Lock()
-	s.want, s.done = 2, done
-	s.mu.Unlock()
+	done := s.expect(2)
 	publishTx(t, db, w, "a", "second")
 	testwait.Closed(t, done, "a publish after pg_terminate_backend of the LISTEN connection")
 	require.Equal(t, []string{"first", "second"}, s.all())
@@ -107,19 +73,12 @@ func TestIdleRelayQueriesAtMostTwicePerSecond(t *testing.T) {
 	t.Cleanup(func() { _ = db.Close() })
 	r, err := outbox.NewRelay(db, &sink{}, outbox.RelayConfig{Schema: schema}, nil)
 	require.NoError(t, err)
-	idle := startRelay(t, r)
-	waitIdleListening(t, r, idle)
+	sig := startRelay(t, r)
+	waitIdleListening(sig)
 	// Measure the steady state: after it asked for notifications, the relay reads again for a
-	// moment while transactions that were in progress then (other tests') still run. Two
-	// waits in a row without a re-read mean it waits PollInterval now.
-	for last := r.Counters().Rechecks; ; {
-		testwait.Receive(t, idle, "the relay to wait again")
-		now := r.Counters().Rechecks
-		if now == last {
-			break
-		}
-		last = now
-	}
+	// moment while transactions that were in progress then (other tests') still run. A wait
+	// that is no re-read means it waits PollInterval now.
+	sig.Waiting.WaitFor(func(w outbox.RelayWait) bool { return w.Listening && !w.Recheck })
 
 	const window = 5 * time.Second
 	before, start := tracer.n.Load(), time.Now()
@@ -194,8 +153,8 @@ func TestCaughtUpRelayAsksForNotifications(t *testing.T) {
 	s := newKeyedSink(1)
 	r, err := outbox.NewRelay(db, s, outbox.RelayConfig{Schema: schema, PollInterval: time.Hour}, nil)
 	require.NoError(t, err)
-	idle := startRelay(t, r)
-	waitIdleListening(t, r, idle)
+	sig := startRelay(t, r)
+	waitIdleListening(sig)
 	require.Equal(t, 1, pgtest.Count(t, db, `SELECT count(*) FROM `+offsets+` WHERE idle_until > now() + interval '1 hour'`),
 		"the waiting relay asked for notifications for more than its PollInterval")
 	publishTx(t, db, w, "a", "first")
@@ -208,9 +167,9 @@ func TestRelayWithoutListenDoesNotAskForNotifications(t *testing.T) {
 	db, schema, _ := setup(t)
 	r, err := outbox.NewRelay(db, &sink{}, outbox.RelayConfig{Schema: schema, DisableListen: true, PollInterval: 10 * time.Millisecond}, nil)
 	require.NoError(t, err)
-	idle := startRelay(t, r)
-	testwait.Receive(t, idle, "the relay to wait")
-	testwait.Receive(t, idle, "the relay to wait again")
+	sig := startRelay(t, r)
+	sig.Waiting.WaitOrTimeout()
+	sig.Waiting.WaitOrTimeout()
 	require.Zero(t, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "outbox_offsets")+` WHERE idle_until IS NOT NULL`))
 }
 
@@ -256,8 +215,8 @@ func TestRelayReadsAgainForATransactionInProgressWhenItAsked(t *testing.T) {
 	s := newKeyedSink(1)
 	r, err := outbox.NewRelay(db, s, outbox.RelayConfig{Schema: schema, PollInterval: time.Hour}, nil)
 	require.NoError(t, err)
-	idle := startRelay(t, r)
-	waitIdleListening(t, r, idle)
+	sig := startRelay(t, r)
+	waitIdleListening(sig)
 	require.Equal(t, 1, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "outbox_offsets")+` WHERE idle_until IS NOT NULL`),
 		"the relay asked for notifications while the transaction was open")
 	require.NoError(t, tx.Commit())

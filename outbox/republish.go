@@ -6,7 +6,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/wmonce/watermill-once/oncetype"
+	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -56,7 +56,7 @@ func RepublishRejected(ctx context.Context, db *sql.DB, schema string, req Repub
 		return RepublishResult{}, errors.New("outbox: republish rejected: give offsets or All, not both")
 	}
 	for _, k := range req.RemoveMetadata {
-		if err := oncetype.CheckName("metadata key to remove", k); err != nil {
+		if err := wmonce.CheckName("metadata key to remove", k); err != nil {
 			return RepublishResult{}, fmt.Errorf("outbox: republish rejected: %w", err)
 		}
 	}

@@ -37,7 +37,7 @@ func TestRelayForwardsOnlyTheRowsOfItsSource(t *testing.T) {
 	require.Equal(t, []string{"events/b-1", "events/b-2"}, sb.all())
 	require.Equal(t, uint64(2), rb.Counters().OtherSource)
 
-	n, err := outbox.Prune(ctx, db, schema, 24*time.Hour, 10)
+	n, err := outbox.Prune(ctx, db, schema, pgtx.PruneRequest{Keep: 24 * time.Hour, BatchSize: 10})
 	require.NoError(t, err)
 	require.Equal(t, int64(2), n, "only billing's rows: no relay of the other sources has passed theirs")
 
@@ -51,14 +51,14 @@ func TestRelayForwardsOnlyTheRowsOfItsSource(t *testing.T) {
 	require.Equal(t, []string{"events/s-1"}, ss.all())
 	require.Equal(t, []string{"events/n-1"}, sn.all())
 
-	relays, _, err := outbox.Status(ctx, db, schema)
+	relays, _, err := outbox.Stats(ctx, db, schema)
 	require.NoError(t, err)
 	require.Len(t, relays, 3)
 	for _, r := range relays {
 		require.Zero(t, r.Backlog, "relay %s: the other sources' rows are not its backlog", r.Name)
 	}
 	require.Equal(t, "billing", relays[0].Source)
-	n, err = outbox.Prune(ctx, db, schema, 24*time.Hour, 10)
+	n, err = outbox.Prune(ctx, db, schema, pgtx.PruneRequest{Keep: 24 * time.Hour, BatchSize: 10})
 	require.NoError(t, err)
 	require.Equal(t, int64(2), n)
 }

@@ -10,8 +10,8 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// RelayStatus is how far one relay (a row of outbox_offsets) has come.
-type RelayStatus struct {
+// RelayStats is how far one relay (a row of outbox_offsets) has come.
+type RelayStats struct {
 	Name string
 	// Source is the source whose rows the relay forwards (RelayConfig.Source); "" also for a
 	// position registered before migration 012, whose relay forwards every row.
@@ -39,10 +39,10 @@ type HeldTopic struct {
 	Since time.Time
 }
 
-// Status reports every relay's backlog and lag in schema, the topics it holds, and the number
+// Stats reports every relay's backlog and lag in schema, the topics it holds, and the number
 // of rows set aside in outbox_rejected. A relay that has never run has no row and is not
 // listed. It reads with plain SELECTs and changes nothing.
-func Status(ctx context.Context, db *sql.DB, schema string) (relays []RelayStatus, rejected int64, err error) {
+func Stats(ctx context.Context, db *sql.DB, schema string) (relays []RelayStats, rejected int64, err error) {
 	if db == nil {
 		return nil, 0, errors.New("outbox: status: db is nil")
 	}
@@ -74,7 +74,7 @@ ORDER BY o.consumer_group`)
 	defer rows.Close()
 	byName := map[string]int{}
 	for rows.Next() {
-		var s RelayStatus
+		var s RelayStats
 		var oldest sql.NullTime
 		var lagSeconds float64
 		if err := rows.Scan(&s.Name, &s.Source, &s.Backlog, &oldest, &lagSeconds); err != nil {

@@ -2,36 +2,20 @@ package outbox
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
 	"time"
-	"unicode"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"go.opentelemetry.io/otel/trace"
 
+	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/pgnotify"
 	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/internal/tracing"
-	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
-)
-
-// Metadata keys the Writer stamps on every message it stores.
-const (
-	// MetadataCorrelationID is Watermill's correlation key: kept if set, otherwise inherited
-	// from the consumed message, otherwise the message's own UUID (it starts a chain).
-	MetadataCorrelationID = middleware.CorrelationIDMetadataKey
-	// MetadataCausationID names the UUID of the consumed message that caused this one.
-	MetadataCausationID = "causation_id"
-	// MetadataOccurredAt is when the event occurred (RFC 3339, UTC), kept if the producer set
-	// it. It is stable across every copy of the message, which makes it usable for age checks
-	// and for choosing time partitions.
-	MetadataOccurredAt = "occurred_at"
 )
 
 // ErrInvalidMessage is wrapped by every refusal of a message that can never be stored or
@@ -45,85 +29,9 @@ var ErrInvalidMessage = errors.New("outbox: message cannot be stored")
 const codeUndefinedColumn = "42703"
 
 // MaxUUIDLength is the longest UUID stored, in bytes: the longest dedupe key a consumer can
-// accept (oncetype.MaxKeyLengthLimit). UUIDs longer than 36 characters are fine: the outbox
+// accept (wmonce.MaxKeyLengthLimit). UUIDs longer than 36 characters are fine: the outbox
 // and the broker package's SQL topic tables store them as text.
 const MaxUUIDLength = 1024
-
-// Config configures a Writer.
-type Config struct {
-	// Schema holds the outbox table (see package migrate). Default pgtx.DefaultSchema.
-	Schema string
-	// ValidateTopic checks destination topics when messages are stored, so that a topic the
-	// broker would refuse fails the producing transaction instead of blocking the relay later.
-	// Default DefaultValidateTopic. The broker package offers stricter, broker-specific ones.
-	ValidateTopic func(topic string) error
-	// Now stamps occurred_at. Default time.Now.
-	Now func() time.Time
-	// Source names the service that writes these messages, stamped on each row (the outbox's
-	// source column, migration 012). A Relay forwards only the rows of its own
-	// RelayConfig.Source, so services that share one database and schema each forward their own
-	// messages and never each other's. Give every Writer of a service the same Source,
-	// including the ones the middleware and the inbox processor use (pass this Writer as their
-	// Config.Outbox): a component that builds its own Writer stores rows without a source.
-	// Default "": rows without a source, forwarded by relays without one (as every row written
-	// before migration 012).
-	Source string
-	// TracerProvider traces PublishTx: an "outbox store" span under the caller's span (none
-	// when the caller's context holds no span). Default otel.GetTracerProvider().
-	TracerProvider trace.TracerProvider
-}
-
-func (c *Config) setDefaults() {
-	if c.Schema == "" {
-		c.Schema = pgtx.DefaultSchema
-	}
-	if c.ValidateTopic == nil {
-		c.ValidateTopic = DefaultValidateTopic
-	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
-}
-
-// Validate reports a configuration that cannot work.
-func (c Config) Validate() error {
-	var errs []error
-	if err := pgtx.ValidateIdentifier("schema", c.Schema); err != nil {
-		errs = append(errs, err)
-	}
-	if err := checkSource(c.Source); err != nil {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
-}
-
-// checkSource applies the rule of every name (oncetype.CheckName) to a non-empty Source.
-func checkSource(source string) error {
-	if source == "" {
-		return nil
-	}
-	return oncetype.CheckName("Source", source)
-}
-
-// DefaultValidateTopic accepts 1 to 249 bytes of printable UTF-8 without spaces: a name every
-// supported broker can carry (Kafka refuses more than 249 bytes).
-func DefaultValidateTopic(topic string) error {
-	if topic == "" {
-		return errors.New("topic is empty")
-	}
-	if len(topic) > 249 {
-		return fmt.Errorf("topic %.40q... is %d bytes long; the limit is 249", topic, len(topic))
-	}
-	if err := oncetype.CheckText("topic", topic); err != nil {
-		return err
-	}
-	for _, r := range topic {
-		if unicode.IsSpace(r) || !unicode.IsPrint(r) {
-			return fmt.Errorf("topic %q contains a space or control character", topic)
-		}
-	}
-	return nil
-}
 
 // Writer stores messages in the outbox table inside a caller's transaction.
 //
@@ -164,7 +72,7 @@ func NewWriter(config Config) (*Writer, error) {
 }
 
 // notifyWhenIdle is the condition under which a store notifies: some relay of the schema
-// asked for notifications and its request has not lapsed (Relay.lead, outbox_offsets.idle_until).
+// asked for notifications and its request has not lapsed (wakeup, outbox_offsets.idle_until).
 // now() is the transaction's start, so a long transaction errs on the side of notifying.
 func notifyWhenIdle(schema string) string {
 	return `EXISTS (SELECT 1 FROM ` + pgtx.QualifiedName(schema, "outbox_offsets") + ` WHERE idle_until > now())`
@@ -207,12 +115,6 @@ func WriterOrDefault(w *Writer, config Config) (*Writer, error) {
 // Table returns the quoted, schema-qualified outbox table name.
 func (w *Writer) Table() string { return w.table }
 
-// Execer is the part of *sql.Tx the Writer uses. Passing a *sql.DB works too, but then each
-// call commits on its own and nothing ties the messages to other writes.
-type Execer interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-}
-
 // PublishTx stores msgs for topic in tx. It stamps correlation, causation (when ctx carries a
 // consumed message, as it does inside the effectively-once middleware) and occurred_at metadata
 // on the messages themselves, as Watermill's CorrelationID middleware does. When ctx holds a
@@ -226,12 +128,12 @@ type Execer interface {
 // not valid UTF-8 or contains NUL (JSON would replace invalid bytes with U+FFFD; PostgreSQL text
 // refuses NUL). Payloads are any bytes (base64 in the envelope). A nil tx returns an error
 // wrapping pgtx.ErrNoTransaction.
-func (w *Writer) PublishTx(ctx context.Context, tx Execer, topic string, msgs ...*message.Message) error {
+func (w *Writer) PublishTx(ctx context.Context, tx pgtx.Executor, topic string, msgs ...*message.Message) error {
 	return w.store(ctx, tx, topic, msgs, true)
 }
 
 // store is PublishTx; with stamped false it stores the messages as they are (ParkingPublisher).
-func (w *Writer) store(ctx context.Context, tx Execer, topic string, msgs []*message.Message, stamped bool) (err error) {
+func (w *Writer) store(ctx context.Context, tx pgtx.Executor, topic string, msgs []*message.Message, stamped bool) (err error) {
 	if len(msgs) == 0 {
 		return nil
 	}
@@ -297,7 +199,7 @@ func (w *Writer) store(ctx context.Context, tx Execer, topic string, msgs []*mes
 // topic: not text, or refused by Config.ValidateTopic. Check a configured topic with it at
 // start-up (once.Stack checks its poison topic) rather than at the first message.
 func (w *Writer) CheckTopic(topic string) error {
-	if err := oncetype.CheckText("topic", topic); err != nil {
+	if err := wmonce.CheckText("topic", topic); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidMessage, err)
 	}
 	if err := w.config.ValidateTopic(topic); err != nil {
@@ -316,8 +218,8 @@ func checkMessage(msg *message.Message) error {
 		return errors.New("empty UUID: create it with message.NewMessage(watermill.NewUUID(), payload) or a stable business id")
 	case len(msg.UUID) > MaxUUIDLength:
 		return fmt.Errorf("UUID %.40q... is %d bytes long; the limit is %d (the longest dedupe key a consumer accepts)", msg.UUID, len(msg.UUID), MaxUUIDLength)
-	case !oncetype.IsText(msg.UUID):
-		return fmt.Errorf("%w: PostgreSQL text and JSON cannot carry it byte for byte; hex- or base64-encode it", oncetype.CheckText("UUID", msg.UUID))
+	case !wmonce.IsText(msg.UUID):
+		return fmt.Errorf("%w: PostgreSQL text and JSON cannot carry it byte for byte; hex- or base64-encode it", wmonce.CheckText("UUID", msg.UUID))
 	}
 	if err := checkText("metadata", msg.Metadata); err != nil {
 		return fmt.Errorf("message %s: %w", msg.UUID, err)
@@ -329,10 +231,10 @@ func checkMessage(msg *message.Message) error {
 // that PostgreSQL text, jsonb and the inbox refuse (NUL).
 func checkText(what string, md message.Metadata) error {
 	for k, v := range md {
-		if err := oncetype.CheckText(fmt.Sprintf("%s key", what), k); err != nil {
+		if err := wmonce.CheckText(fmt.Sprintf("%s key", what), k); err != nil {
 			return fmt.Errorf("%w: it is stored as JSON, which cannot carry it byte for byte", err)
 		}
-		if err := oncetype.CheckText(fmt.Sprintf("%s %.40q: value", what, k), v); err != nil {
+		if err := wmonce.CheckText(fmt.Sprintf("%s %.40q: value", what, k), v); err != nil {
 			return fmt.Errorf("%w: it is stored as JSON, which cannot carry it byte for byte; base64-encode binary values", err)
 		}
 	}
@@ -345,135 +247,4 @@ func jsonMetadata(md message.Metadata) (string, error) {
 	}
 	b, err := json.Marshal(md)
 	return string(b), err
-}
-
-func stamp(msg *message.Message, cause *message.Message, now string) {
-	if msg.Metadata == nil {
-		msg.Metadata = message.Metadata{}
-	}
-	if msg.Metadata.Get(MetadataCorrelationID) == "" {
-		corr := msg.UUID
-		if cause != nil {
-			if c := cause.Metadata.Get(MetadataCorrelationID); c != "" {
-				corr = c
-			} else {
-				corr = cause.UUID
-			}
-		}
-		msg.Metadata.Set(MetadataCorrelationID, corr)
-	}
-	if cause != nil && msg.Metadata.Get(MetadataCausationID) == "" {
-		msg.Metadata.Set(MetadataCausationID, cause.UUID)
-	}
-	if msg.Metadata.Get(MetadataOccurredAt) == "" {
-		msg.Metadata.Set(MetadataOccurredAt, now)
-	}
-}
-
-// Publisher returns a message.Publisher that stores messages in the transaction found in each
-// message's context (pgtx.TxFromContext). Inside an effectively-once handler, give the new
-// message the consumed message's context first:
-//
-//	out := message.NewMessage(watermill.NewUUID(), payload)
-//	out.SetContext(msg.Context())
-//	err := pub.Publish("topic", out)
-//
-// A message whose context holds no transaction is refused with pgtx.ErrNoTransaction, never sent
-// around the transaction. All messages of one call must share one transaction.
-func (w *Writer) Publisher() message.Publisher { return contextPublisher{w} }
-
-type contextPublisher struct{ w *Writer }
-
-func (p contextPublisher) Publish(topic string, msgs ...*message.Message) error {
-	if len(msgs) == 0 {
-		return nil
-	}
-	ctx := msgs[0].Context()
-	tx, ok := pgtx.TxFromContext(ctx)
-	if !ok {
-		return fmt.Errorf("outbox: %w: call msg.SetContext(consumed.Context()) inside an effectively-once handler, or use Writer.PublishTx", pgtx.ErrNoTransaction)
-	}
-	for _, m := range msgs[1:] {
-		if other, _ := pgtx.TxFromContext(m.Context()); other != tx {
-			return errors.New("outbox: messages of one Publish call carry different transactions in their contexts")
-		}
-	}
-	return p.w.PublishTx(ctx, tx, topic, msgs...)
-}
-
-func (contextPublisher) Close() error { return nil }
-
-// DBPublisher returns a message.Publisher that stores each Publish call in a short transaction
-// of its own on db, byte for byte or not at all (like PublishTx). Use it where there is no
-// business transaction to join. To park refused messages, use ParkingPublisher instead: a
-// message refused for its UUID or metadata is exactly one DBPublisher refuses to store.
-func (w *Writer) DBPublisher(db *sql.DB) message.Publisher { return dbPublisher{w: w, db: db} }
-
-// ParkingPublisher returns the message.Publisher that parks messages a consumer refused, for
-// Watermill's poison queue:
-//
-//	poison, err := middleware.PoisonQueueWithFilter(writer.ParkingPublisher(db), topic, oncetype.IsPermanent)
-//
-// Each Publish call is stored in a short transaction of its own on db, as with DBPublisher, so
-// the parked message is durable in PostgreSQL before the poison queue lets the router ack it,
-// and the relay forwards it to topic. Unlike DBPublisher it never refuses a message for its
-// content: each message goes through Parkable first (a missing, over-long or binary UUID,
-// binary metadata and metadata keys a broker refuses are encoded and marked),
-// so that a message refused because of them is parked rather than nacked forever, blocking its
-// partition or queue. RecoverParked restores the original UUID and metadata from the parked
-// copy; the payload is stored as it is, any bytes.
-//
-// A parked copy is stored as the consumer received it, plus Parkable's markers: the Writer's
-// stamps (correlation_id, causation_id, occurred_at, trace context) are not added, since it is
-// the consumed message itself, not one it caused. It fails only for reasons that are no
-// message's fault: a topic that CheckTopic refuses, a nil message or db, a database error.
-// once.Stack parks through it by default.
-func (w *Writer) ParkingPublisher(db *sql.DB) message.Publisher {
-	return dbPublisher{w: w, db: db, parking: true}
-}
-
-type dbPublisher struct {
-	w       *Writer
-	db      *sql.DB
-	parking bool
-}
-
-func (p dbPublisher) Publish(topic string, msgs ...*message.Message) error {
-	if p.db == nil {
-		if p.parking {
-			return errors.New("outbox: ParkingPublisher: db is nil")
-		}
-		return errors.New("outbox: DBPublisher: db is nil")
-	}
-	ctx := context.Background()
-	if len(msgs) > 0 && msgs[0] != nil {
-		ctx = context.WithoutCancel(msgs[0].Context())
-	}
-	if p.parking {
-		parked := make([]*message.Message, len(msgs))
-		for i, m := range msgs {
-			parked[i] = Parkable(m)
-		}
-		msgs = parked
-	}
-	return pgtx.RunInTx(ctx, p.db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
-		return p.w.store(ctx, tx, topic, msgs, !p.parking)
-	})
-}
-
-func (dbPublisher) Close() error { return nil }
-
-type consumedKey struct{}
-
-// ContextWithConsumed records the message being consumed, so that messages stored from this
-// context carry its UUID as causation_id and inherit its correlation_id. The effectively-once
-// middleware and the inbox processor call it; call it yourself in custom consumers.
-func ContextWithConsumed(ctx context.Context, consumed *message.Message) context.Context {
-	return context.WithValue(ctx, consumedKey{}, consumed)
-}
-
-// ConsumedFromContext returns the message recorded by ContextWithConsumed.
-func ConsumedFromContext(ctx context.Context) (*message.Message, bool) {
-	m, ok := ctx.Value(consumedKey{}).(*message.Message)
-	return m, ok && m != nil
 }

@@ -16,7 +16,7 @@ import (
 )
 
 // `tx, _ := pgtx.TxFromContext(ctx)` outside a transaction yields a nil *sql.Tx, which is not
-// a nil Execer: PublishTx used to pass it on to database/sql, which panicked.
+// a nil Executor: PublishTx used to pass it on to database/sql, which panicked.
 func TestPublishTxRefusesTypedNilTransaction(t *testing.T) {
 	t.Parallel()
 	db, schema, w := setup(t)
@@ -27,7 +27,7 @@ func TestPublishTxRefusesTypedNilTransaction(t *testing.T) {
 	var nilDB *sql.DB
 	require.ErrorIs(t, w.PublishTx(ctx, nilDB, "a", message.NewMessage("x", nil)), pgtx.ErrNoTransaction)
 	require.ErrorContains(t, w.DBPublisher(nil).Publish("a", message.NewMessage("x", nil)), "db is nil")
-	_, _, err := outbox.Status(ctx, nil, schema)
+	_, _, err := outbox.Stats(ctx, nil, schema)
 	require.ErrorContains(t, err, "db is nil")
 	require.Zero(t, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "outbox")))
 }

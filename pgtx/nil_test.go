@@ -9,16 +9,16 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
-	"github.com/wmonce/watermill-once/admin"
-	"github.com/wmonce/watermill-once/httpidem"
+	"github.com/wmonce/watermill-once/effects/intent"
+	"github.com/wmonce/watermill-once/effects/versioned"
 	"github.com/wmonce/watermill-once/inbox"
-	"github.com/wmonce/watermill-once/intent"
 	"github.com/wmonce/watermill-once/internal/pgtest"
-	"github.com/wmonce/watermill-once/once"
+	"github.com/wmonce/watermill-once/middleware/httpidem"
+	"github.com/wmonce/watermill-once/middleware/once"
+	"github.com/wmonce/watermill-once/ops/admin"
+	"github.com/wmonce/watermill-once/ops/retention"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
-	"github.com/wmonce/watermill-once/retention"
-	"github.com/wmonce/watermill-once/versioned"
 )
 
 func TestIsNil(t *testing.T) {
@@ -74,11 +74,11 @@ func TestExecutorTakingFunctionsRefuseNil(t *testing.T) {
 	require.ErrorContains(t, err, "db is nil")
 	_, err = outbox.ForgetRelay(ctx, nil, "wmonce", "r")
 	require.ErrorContains(t, err, "db is nil")
-	_, err = outbox.Prune(ctx, nil, "wmonce", time.Hour, 1)
+	_, err = outbox.Prune(ctx, nil, "wmonce", pgtx.PruneRequest{Keep: time.Hour, BatchSize: 1})
 	require.ErrorContains(t, err, "db is nil")
 	_, err = once.Stats(ctx, nil, "wmonce")
 	require.ErrorContains(t, err, "db is nil")
-	_, err = httpidem.Prune(ctx, nil, "wmonce", time.Hour, 1)
+	_, err = httpidem.Prune(ctx, nil, "wmonce", pgtx.PruneRequest{Keep: time.Hour, BatchSize: 1})
 	require.ErrorContains(t, err, "db is nil")
 	_, err = retention.Purge(ctx, nil, "wmonce", retention.PurgeRequest{Before: time.Now()})
 	require.ErrorContains(t, err, "db is nil")

@@ -1,6 +1,7 @@
 package pgtx
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -16,22 +17,32 @@ import (
 // DefaultDatabaseURL is used by tests, examples and the CLI when DATABASE_URL is not set.
 const DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 
+// Defaults of PoolConfig.
+const (
+	DefaultMaxOpenConns    = 32
+	DefaultConnMaxLifetime = 30 * time.Minute
+	DefaultConnMaxIdleTime = 5 * time.Minute
+	DefaultPingTimeout     = 5 * time.Second
+)
+
 // PoolConfig sizes the database/sql pool. The effectively-once middleware holds one connection
 // for the whole life of each in-flight message (claim, handler, outbox, commit), so the pool must
 // be at least as large as the number of messages processed at once, plus a few for the relay and
 // background work; otherwise handlers queue for connections instead of the database.
 type PoolConfig struct {
-	// MaxOpenConns caps open connections. Default 32.
+	// MaxOpenConns caps open connections. Default DefaultMaxOpenConns (32).
 	MaxOpenConns int
 	// MaxIdleConns keeps connections warm between bursts. Default: MaxOpenConns, so a burst
 	// never pays for new connections (each costs a PostgreSQL backend fork and a TLS/auth round).
 	MaxIdleConns int
 	// ConnMaxLifetime recycles connections so that server-side memory and prepared statements
-	// do not grow forever. Default 30 minutes.
+	// do not grow forever. Default DefaultConnMaxLifetime (30 minutes).
 	ConnMaxLifetime time.Duration
-	// ConnMaxIdleTime closes connections idle for this long. Default 5 minutes.
+	// ConnMaxIdleTime closes connections idle for this long. Default DefaultConnMaxIdleTime (5
+	// minutes).
 	ConnMaxIdleTime time.Duration
-	// PingTimeout bounds the reachability check Open performs. Default 5 seconds.
+	// PingTimeout bounds the reachability check Open performs. Default DefaultPingTimeout (5
+	// seconds).
 	PingTimeout time.Duration
 
 	// DisableLazyBegin sends BEGIN on its own when a transaction begins. By default it is held
@@ -46,21 +57,11 @@ type PoolConfig struct {
 }
 
 func (c *PoolConfig) setDefaults() {
-	if c.MaxOpenConns == 0 {
-		c.MaxOpenConns = 32
-	}
-	if c.MaxIdleConns == 0 {
-		c.MaxIdleConns = c.MaxOpenConns
-	}
-	if c.ConnMaxLifetime == 0 {
-		c.ConnMaxLifetime = 30 * time.Minute
-	}
-	if c.ConnMaxIdleTime == 0 {
-		c.ConnMaxIdleTime = 5 * time.Minute
-	}
-	if c.PingTimeout == 0 {
-		c.PingTimeout = 5 * time.Second
-	}
+	c.MaxOpenConns = cmp.Or(c.MaxOpenConns, DefaultMaxOpenConns)
+	c.MaxIdleConns = cmp.Or(c.MaxIdleConns, c.MaxOpenConns)
+	c.ConnMaxLifetime = cmp.Or(c.ConnMaxLifetime, DefaultConnMaxLifetime)
+	c.ConnMaxIdleTime = cmp.Or(c.ConnMaxIdleTime, DefaultConnMaxIdleTime)
+	c.PingTimeout = cmp.Or(c.PingTimeout, DefaultPingTimeout)
 }
 
 // Validate reports a configuration that cannot work.

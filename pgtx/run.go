@@ -1,6 +1,7 @@
 package pgtx
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -10,24 +11,29 @@ import (
 	"github.com/wmonce/watermill-once/internal/worker"
 )
 
+// Defaults of RetryPolicy.
+const (
+	DefaultRetryMaxAttempts = 3
+	DefaultRetryBackoff     = 5 * time.Millisecond
+)
+
 // RetryPolicy bounds how often RunInTx runs a transaction again after a serialization
 // failure or deadlock.
 type RetryPolicy struct {
-	// MaxAttempts counts the first run. Default 3; 1 disables retries.
+	// MaxAttempts counts the first run. Default DefaultRetryMaxAttempts (3); 1 disables
+	// retries.
 	MaxAttempts int
 	// Backoff is the wait before the second attempt; it doubles for each further attempt (up
 	// to 1024 times Backoff), each wait drawn between half and all of that value (jitter) so
-	// that the transactions that collided do not collide again. Default 5ms.
+	// that the transactions that collided do not collide again. Default DefaultRetryBackoff
+	// (5ms).
 	Backoff time.Duration
 }
 
+// withDefaults fills in the defaults; a negative value counts as unset.
 func (p RetryPolicy) withDefaults() RetryPolicy {
-	if p.MaxAttempts <= 0 {
-		p.MaxAttempts = 3
-	}
-	if p.Backoff <= 0 {
-		p.Backoff = 5 * time.Millisecond
-	}
+	p.MaxAttempts = cmp.Or(max(p.MaxAttempts, 0), DefaultRetryMaxAttempts)
+	p.Backoff = cmp.Or(max(p.Backoff, 0), DefaultRetryBackoff)
 	return p
 }
 
@@ -35,6 +41,16 @@ func (p RetryPolicy) withDefaults() RetryPolicy {
 func (p RetryPolicy) Delay(attempt int) time.Duration {
 	p = p.withDefaults()
 	return worker.Delay(p.Backoff, p.Backoff<<10, attempt)
+}
+
+// Executor is the one interface for "the transaction you pass in" (outbox.Writer.PublishTx,
+// inbox.Receiver.StoreTx, intent.Store.RecordTx, versioned's Apply functions, ...): a *sql.Tx,
+// so that the write commits with the caller's other writes. *sql.DB and *sql.Conn satisfy it
+// too, and each statement then commits on its own, tied to nothing else.
+type Executor interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
 // Beginner is satisfied by *sql.DB and *sql.Conn.

@@ -10,7 +10,14 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/wmonce/watermill-once/admin"
+	"github.com/wmonce/watermill-once/ops/admin"
+)
+
+// The admin server's limits: a client has adminReadHeaderTimeout to send its request headers,
+// and a stop waits adminShutdownTimeout for the requests under way.
+const (
+	adminReadHeaderTimeout = 10 * time.Second
+	adminShutdownTimeout   = 5 * time.Second
 )
 
 func adminCommand() *command {
@@ -51,7 +58,7 @@ func runAdmin(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("cannot listen on %s: %w (pick another address with -addr)", *addr, err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: adminReadHeaderTimeout}
 	mode := "read-only"
 	if *allowWrites {
 		mode = "writes enabled"
@@ -64,7 +71,7 @@ func runAdmin(ctx context.Context, e *env, args []string) error {
 		return err
 	case <-ctx.Done():
 	}
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), adminShutdownTimeout)
 	defer cancel()
 	if err := srv.Shutdown(shutdownCtx); err != nil {
 		return err

@@ -15,8 +15,9 @@ import (
 
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testsignal"
 	"github.com/wmonce/watermill-once/internal/testwait"
-	"github.com/wmonce/watermill-once/once"
+	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -28,7 +29,7 @@ type result struct {
 }
 
 // wmonce runs the CLI against the test database and schema.
-func wmonce(t *testing.T, schema string, args ...string) result {
+func runCLI(t *testing.T, schema string, args ...string) result {
 	t.Helper()
 	return wmonceRaw(t, append([]string{"-database-url", pgtest.URL(), "-schema", schema}, args...)...)
 }
@@ -79,12 +80,7 @@ func newFixture(t *testing.T) *fixture {
 	t.Cleanup(func() { _ = pub.Close() })
 	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Schema: f.schema, Name: "sms", BatchSize: 10}, nil)
 	require.NoError(t, err)
-	// Rows become readable only when every older transaction on the server has ended: poll.
-	testwait.Until(t, "the relay to forward 3 rows", func() bool {
-		_, err := relay.RelayOnce(ctx)
-		require.NoError(t, err)
-		return relay.Counters().Forwarded >= 3
-	})
+	relayUntil(t, relay, "forward 3 rows", func(c outbox.RelayCounters) bool { return c.Forwarded >= 3 })
 	deliver("m-4") // its outbox row is the backlog
 
 	recv, err := inbox.NewReceiver(db, inbox.ReceiverConfig{Schema: f.schema, Consumer: "billing", OrderingKey: func(m *message.Message) (string, error) {
@@ -100,21 +96,45 @@ func newFixture(t *testing.T) *fixture {
 		msg.Metadata.Set("fail", m.fail)
 		require.NoError(t, recv.Handle(msg))
 	}
+	handled := make(chan string, 10)
 	proc, err := inbox.NewProcessor(db, func(msg *message.Message) ([]*message.Message, error) {
+		defer func() { handled <- msg.UUID }()
 		if msg.Metadata.Get("fail") == "1" {
 			return nil, errors.New("card declined")
 		}
 		return nil, nil
-	}, inbox.ProcessorConfig{Schema: f.schema, Consumer: "billing", Workers: 1, MaxAttempts: 1, PollInterval: 20 * time.Millisecond, ShutdownGrace: time.Second}, nil)
+	}, inbox.ProcessorConfig{Schema: f.schema, Consumer: "billing", Workers: 1, MaxAttempts: 1, PollInterval: 20 * time.Millisecond, ShutdownGrace: testsignal.Timeout}, nil)
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- proc.Run(ctx) }()
-	testwait.Until(t, "the inbox to settle", func() bool { return f.status(t, "FAILED") >= 3 && f.status(t, "DONE") >= 1 })
-	// Stop processing so that what the tests change stays as they left it.
+	// Every message but inv-4 is handled once. Stop processing, letting the last attempt record
+	// its outcome, so that what the tests change stays as they left it.
+	for seen := map[string]bool{}; len(seen) < 4; {
+		seen[testwait.Receive(t, handled, "inv-1, inv-2, inv-3 and inv-5 handled")] = true
+	}
 	require.NoError(t, proc.Close())
 	require.NoError(t, <-done)
+	require.Equal(t, 3, f.status(t, "FAILED"))
+	require.Equal(t, 1, f.status(t, "DONE"))
 	require.Equal(t, 1, f.status(t, "PENDING"), "inv-4 waits behind inv-3")
 	return f
+}
+
+// relayUntil runs relay rounds until done holds for its counters. Rows committed before a round
+// are read by it, so each round makes progress until done holds; two rounds in a row that find
+// nothing (the first may only close the previous round) mean it never will.
+func relayUntil(t *testing.T, relay *outbox.Relay, what string, done func(outbox.RelayCounters) bool) {
+	t.Helper()
+	idle := 0
+	for !done(relay.Counters()) {
+		n, err := relay.RelayOnce(context.Background())
+		require.NoError(t, err)
+		if n > 0 {
+			idle = 0
+		} else if idle++; idle == 2 {
+			t.Fatalf("the relay found nothing more and did not %s: %+v", what, relay.Counters())
+		}
+	}
 }
 
 func (f *fixture) status(t *testing.T, status string) int {

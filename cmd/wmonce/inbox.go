@@ -5,11 +5,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
-	"github.com/wmonce/watermill-once/admin"
 	"github.com/wmonce/watermill-once/inbox"
+	"github.com/wmonce/watermill-once/ops/admin"
 )
 
 func inboxCommand() *command {
@@ -51,26 +52,45 @@ Rows IN_PROGRESS belong to a worker and are never changed. -message may be repea
 }
 
 func runInbox(ctx context.Context, e *env, args []string) error {
-	sub := "stats"
+	return runAction(ctx, e, args, "inbox", []action{
+		{name: "stats", run: (*env).inboxStats},
+		{name: "list", run: (*env).inboxList},
+		{name: "inspect", run: (*env).inboxInspect},
+		{name: "replay", run: inboxChange("replay")},
+		{name: "skip", run: inboxChange("skip")},
+		{name: "unpark", run: inboxChange("unpark")},
+	})
+}
+
+// inboxChange is the action of one inbox change (replay, skip, unpark).
+func inboxChange(op string) func(*env, context.Context, []string) error {
+	return func(e *env, ctx context.Context, args []string) error { return e.inboxChange(ctx, op, args) }
+}
+
+// action is one action of a command with several (`wmonce inbox list`); the first of a
+// command's actions is the one run when none is named.
+type action struct {
+	name    string
+	aliases []string
+	run     func(e *env, ctx context.Context, args []string) error
+}
+
+// runAction runs the action args name (or the first one), refusing an unknown one with the
+// list and a suggestion.
+func runAction(ctx context.Context, e *env, args []string, command string, actions []action) error {
+	name := actions[0].name
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		sub, args = args[0], args[1:]
+		name, args = args[0], args[1:]
 	}
-	switch sub {
-	case "stats":
-		return e.inboxStats(ctx, args)
-	case "list":
-		return e.inboxList(ctx, args)
-	case "inspect":
-		return e.inboxInspect(ctx, args)
-	case "replay":
-		return e.inboxChange(ctx, "replay", args)
-	case "skip":
-		return e.inboxChange(ctx, "skip", args)
-	case "unpark":
-		return e.inboxChange(ctx, "unpark", args)
-	default:
-		return usagef("unknown inbox action %q: use stats, list, inspect, replay, skip or unpark%s", sub, suggestFrom(sub, "stats", "list", "inspect", "replay", "skip", "unpark"))
+	names := make([]string, len(actions))
+	for i, a := range actions {
+		names[i] = a.name
+		if a.name == name || slices.Contains(a.aliases, name) {
+			return a.run(e, ctx, args)
+		}
 	}
+	list := strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+	return usagef("unknown %s action %q: use %s%s", command, name, list, suggestFrom(name, names...))
 }
 
 func suggestFrom(name string, options ...string) string {

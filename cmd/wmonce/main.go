@@ -13,7 +13,7 @@
 //	status                          schema version, consumers, inbox and outbox at a glance
 //	inbox stats|list|inspect|replay|skip|unpark
 //	                                look at and act on inbox rows
-//	outbox [status|rejected|inspect|republish|forget]
+//	outbox [stats|rejected|inspect|republish|forget]
 //	                                relays' backlog, lag and held topics; rejected rows;
 //	                                forget a retired relay
 //	dedupe -consumer C -message M   was message M processed by consumer C, and when

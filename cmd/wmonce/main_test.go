@@ -18,9 +18,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
-	"github.com/wmonce/watermill-once/admin"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/migrate"
+	"github.com/wmonce/watermill-once/ops/admin"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -140,39 +140,39 @@ func TestMigrateUpDownVersion(t *testing.T) {
 	t.Cleanup(func() { _, _ = db.Exec(`DROP SCHEMA IF EXISTS ` + pgtx.QuoteIdentifier(schema) + ` CASCADE`) })
 	latest := migrate.Latest()
 
-	r := wmonce(t, schema, "status")
+	r := runCLI(t, schema, "status")
 	require.Equal(t, exitFailure, r.code)
 	require.Contains(t, r.stderr, fmt.Sprintf("schema %s is at version 0 (no watermill-once tables): run `wmonce -schema %s migrate up`", schema, schema))
 
-	r = wmonce(t, schema, "migrate", "up", "-to", "2")
+	r = runCLI(t, schema, "migrate", "up", "-to", "2")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, "applied 001_core, 002_inbox; version 0 -> 2")
 
 	// Behind: commands warn and still work on the tables that exist.
-	r = wmonce(t, schema, "inbox", "stats")
+	r = runCLI(t, schema, "inbox", "stats")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stderr, fmt.Sprintf("warning: schema %s is at version 2, this binary knows %d", schema, latest))
 	require.Contains(t, r.stdout, "the inbox is empty")
 
-	r = wmonce(t, schema, "migrate", "up")
+	r = runCLI(t, schema, "migrate", "up")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, fmt.Sprintf("version 2 -> %d", latest))
-	r = wmonce(t, schema, "migrate", "up")
+	r = runCLI(t, schema, "migrate", "up")
 	require.Contains(t, r.stdout, "nothing to do")
 
-	r = wmonce(t, schema, "-json", "migrate", "version")
+	r = runCLI(t, schema, "-json", "migrate", "version")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	var v admin.SchemaStatus
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
 	require.Equal(t, admin.SchemaStatus{Schema: schema, Version: latest, Latest: latest}, v)
 
-	r = wmonce(t, schema, "migrate", "down")
+	r = runCLI(t, schema, "migrate", "down")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, fmt.Sprintf("version %d -> %d", latest, latest-1), "a bare down reverts one step")
-	r = wmonce(t, schema, "migrate", "down", "-to", "1")
+	r = runCLI(t, schema, "migrate", "down", "-to", "1")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, fmt.Sprintf("version %d -> 1", latest-1))
-	r = wmonce(t, schema, "migrate", "down", "-all")
+	r = runCLI(t, schema, "migrate", "down", "-all")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, "reverted 001_core; version 1 -> 0")
 	require.Equal(t, 0, pgtest.Count(t, db, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename <> 'schema_migrations'`, schema))
@@ -188,15 +188,15 @@ func TestMigrateUpRacingDownAll(t *testing.T) {
 	t.Cleanup(func() { _, _ = db.Exec(`DROP SCHEMA IF EXISTS ` + pgtx.QuoteIdentifier(schema) + ` CASCADE`) })
 	latest := migrate.Latest()
 	const start = 5
-	r := wmonce(t, schema, "migrate", "up", "-to", strconv.Itoa(start))
+	r := runCLI(t, schema, "migrate", "up", "-to", strconv.Itoa(start))
 	require.Equal(t, exitOK, r.code, r.stderr)
 
 	var up, down result
 	var wg sync.WaitGroup
 	begin := make(chan struct{})
 	wg.Add(2)
-	go func() { defer wg.Done(); <-begin; up = wmonce(t, schema, "migrate", "up") }()
-	go func() { defer wg.Done(); <-begin; down = wmonce(t, schema, "migrate", "down", "-all") }()
+	go func() { defer wg.Done(); <-begin; up = runCLI(t, schema, "migrate", "up") }()
+	go func() { defer wg.Done(); <-begin; down = runCLI(t, schema, "migrate", "down", "-all") }()
 	close(begin)
 	wg.Wait()
 	require.Equal(t, exitOK, up.code, up.stderr)
@@ -208,9 +208,9 @@ func TestMigrateUpRacingDownAll(t *testing.T) {
 		require.Contains(t, up.stdout, fmt.Sprintf("; version 0 -> %d", latest), "then up applied everything")
 	}
 
-	r = wmonce(t, schema, "migrate", "up")
+	r = runCLI(t, schema, "migrate", "up")
 	require.Equal(t, exitOK, r.code, r.stderr)
-	r = wmonce(t, schema, "inbox", "stats")
+	r = runCLI(t, schema, "inbox", "stats")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, "the inbox is empty")
 }
@@ -219,7 +219,7 @@ func TestStatusOutboxAndDedupe(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 
-	r := wmonce(t, f.schema, "status")
+	r := runCLI(t, f.schema, "status")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Regexp(t, `(?m)^\s+rewards\s+4\s+\d{4}-\d\d-\d\d `, r.stdout, "4 claims (m-1 counted once)")
 	require.Regexp(t, `(?m)^\s+billing\s+1\s+0\s+0\s+3\s+1\s+0\s+\S+`, r.stdout, "pending, retrying, in progress, failed, done, skipped")
@@ -227,7 +227,7 @@ func TestStatusOutboxAndDedupe(t *testing.T) {
 	require.Regexp(t, `(?m)^\s+sms\s+1\s+\d{4}-`, r.stdout, "relay sms has one row waiting")
 	require.Contains(t, r.stdout, "rejected rows: 0")
 
-	r = wmonce(t, f.schema, "status", "-json")
+	r = runCLI(t, f.schema, "status", "-json")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	var st statusReport
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
@@ -237,31 +237,31 @@ func TestStatusOutboxAndDedupe(t *testing.T) {
 	require.NotNil(t, st.Consumers[0].NewestClaim)
 	require.WithinDuration(t, time.Now(), *st.Consumers[0].NewestClaim, time.Minute)
 	require.Len(t, st.Inbox, 1)
-	require.Equal(t, admin.InboxStatus{Consumer: "billing", Pending: 1, Failed: 3, Done: 1,
+	require.Equal(t, admin.InboxStats{Consumer: "billing", Pending: 1, Failed: 3, Done: 1,
 		OldestPendingReceivedAt: st.Inbox[0].OldestPendingReceivedAt, OldestPendingAgeSeconds: st.Inbox[0].OldestPendingAgeSeconds}, st.Inbox[0])
 	require.Len(t, st.Outbox.Relays, 1)
 	require.Equal(t, "sms", st.Outbox.Relays[0].Name)
 	require.Equal(t, int64(1), st.Outbox.Relays[0].Backlog)
 	require.Empty(t, st.Errors)
 
-	r = wmonce(t, f.schema, "-json", "outbox")
+	r = runCLI(t, f.schema, "-json", "outbox")
 	require.Equal(t, exitOK, r.code, r.stderr)
-	var ob admin.OutboxStatus
+	var ob admin.OutboxStats
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &ob))
 	require.Equal(t, int64(1), ob.Relays[0].Backlog)
 	require.Greater(t, ob.Relays[0].LagSeconds, 0.0)
 
 	// A claim of the middleware.
-	r = wmonce(t, f.schema, "dedupe", "-consumer", "rewards", "-message", "m-2")
+	r = runCLI(t, f.schema, "dedupe", "-consumer", "rewards", "-message", "m-2")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, `processed: message "m-2" was applied by consumer "rewards" at `)
 	require.Contains(t, r.stdout, "claim payload sha256 6b86b273ff34fce19d6b804eff5a3f5747ada4eaa22f1d49c01e52ddb7875b4b") // sha256("1")
 	// The same key under another consumer was never applied there.
-	r = wmonce(t, f.schema, "dedupe", "-consumer", "billing", "-message", "m-2")
+	r = runCLI(t, f.schema, "dedupe", "-consumer", "billing", "-message", "m-2")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, `not processed: no record of message "m-2" for consumer "billing"`)
 	// Inbox rows: DONE is processed, FAILED is not.
-	r = wmonce(t, f.schema, "-json", "dedupe", "-consumer", "billing", "-message", "inv-2")
+	r = runCLI(t, f.schema, "-json", "dedupe", "-consumer", "billing", "-message", "inv-2")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	var p admin.Processed
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &p))
@@ -269,7 +269,7 @@ func TestStatusOutboxAndDedupe(t *testing.T) {
 	require.Nil(t, p.Claim)
 	require.Equal(t, "DONE", p.Inbox.Status)
 	require.NotNil(t, p.Inbox.FinishedAt)
-	r = wmonce(t, f.schema, "dedupe", "-consumer", "billing", "-message", "inv-1")
+	r = runCLI(t, f.schema, "dedupe", "-consumer", "billing", "-message", "inv-1")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, `not processed: message "inv-1" is in the inbox of consumer "billing" but not applied`)
 	require.Contains(t, r.stdout, "FAILED, 1 attempt(s)")
@@ -280,18 +280,18 @@ func TestInboxCommands(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 
-	r := wmonce(t, f.schema, "inbox")
+	r := runCLI(t, f.schema, "inbox")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Regexp(t, `(?m)^\s+billing\s+1\s+0\s+0\s+3\s+1\s+0`, r.stdout)
 
-	r = wmonce(t, f.schema, "inbox", "list", "-consumer", "billing", "-status", "FAILED")
+	r = runCLI(t, f.schema, "inbox", "list", "-consumer", "billing", "-status", "FAILED")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Equal(t, []string{"inv-1", "inv-3", "inv-5"}, regexp.MustCompile(`inv-\d`).FindAllString(r.stdout, -1))
 	require.Contains(t, r.stdout, "card declined")
-	r = wmonce(t, f.schema, "inbox", "list", "-consumer", "billing", "-limit", "2")
+	r = runCLI(t, f.schema, "inbox", "list", "-consumer", "billing", "-limit", "2")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, fmt.Sprintf("add -after %d", f.rowID(t, "inv-2")))
-	r = wmonce(t, f.schema, "-json", "inbox", "list", "-consumer", "billing", "-key", "order-7")
+	r = runCLI(t, f.schema, "-json", "inbox", "list", "-consumer", "billing", "-key", "order-7")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	var rows []admin.InboxRow
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &rows))
@@ -300,52 +300,52 @@ func TestInboxCommands(t *testing.T) {
 	require.Equal(t, "PENDING", rows[1].Status)
 
 	id := f.rowID(t, "inv-3")
-	r = wmonce(t, f.schema, "inbox", "inspect", strconv.FormatInt(id, 10), "-json")
+	r = runCLI(t, f.schema, "inbox", "inspect", strconv.FormatInt(id, 10), "-json")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	var row admin.InboxRow
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &row))
 	require.Equal(t, `{"invoice":"inv-3"}`, *row.Payload)
 	require.Equal(t, map[string]string{"key": "order-7", "fail": "1"}, row.Metadata)
 	require.Equal(t, "order-7", row.OrderingKey)
-	r = wmonce(t, f.schema, "inbox", "inspect", "-consumer", "billing", "-message", "inv-3")
+	r = runCLI(t, f.schema, "inbox", "inspect", "-consumer", "billing", "-message", "inv-3")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, `{"invoice":"inv-3"}`)
 	require.Regexp(t, `(?m)^last error\s+card declined`, r.stdout)
-	r = wmonce(t, f.schema, "inbox", "inspect", "999999")
+	r = runCLI(t, f.schema, "inbox", "inspect", "999999")
 	require.Equal(t, exitFailure, r.code)
 	require.Contains(t, r.stderr, "row not found")
 
 	// Replay: a dry run counts and changes nothing.
-	r = wmonce(t, f.schema, "inbox", "replay", "-consumer", "billing", "-dry-run")
+	r = runCLI(t, f.schema, "inbox", "replay", "-consumer", "billing", "-dry-run")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, `dry run: replay would change 3 FAILED row(s) of "billing"`)
 	require.Equal(t, 3, f.status(t, "FAILED"))
 
 	// Replay one row by id.
-	r = wmonce(t, f.schema, "inbox", "replay", "-consumer", "billing", "-id", strconv.FormatInt(f.rowID(t, "inv-1"), 10))
+	r = runCLI(t, f.schema, "inbox", "replay", "-consumer", "billing", "-id", strconv.FormatInt(f.rowID(t, "inv-1"), 10))
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, `replayed 1 FAILED row(s) of "billing"`)
 	require.Equal(t, "PENDING", f.rowStatus(t, "inv-1"))
 	require.Equal(t, 0, pgtest.Count(t, f.db, `SELECT attempts FROM `+f.table("inbox")+` WHERE message_id = 'inv-1'`), "attempts reset")
 
 	// Skip a key with a reason; the reason is kept.
-	r = wmonce(t, f.schema, "inbox", "skip", "-consumer", "billing", "-key", "order-9", "-reason", "refunded by hand")
+	r = runCLI(t, f.schema, "inbox", "skip", "-consumer", "billing", "-key", "order-9", "-reason", "refunded by hand")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, `skipped 1 FAILED row(s) of "billing"`)
 	require.Equal(t, "SKIPPED", f.rowStatus(t, "inv-5"))
 	require.Equal(t, 1, pgtest.Count(t, f.db, `SELECT count(*) FROM `+f.table("inbox")+` WHERE message_id = 'inv-5' AND last_error LIKE 'skipped: refunded by hand; last error: card declined%'`))
 
 	// Unpark a key: its FAILED head goes back to PENDING, and the row behind it can follow.
-	r = wmonce(t, f.schema, "inbox", "unpark", "-consumer", "billing", "-key", "order-7", "-dry-run")
+	r = runCLI(t, f.schema, "inbox", "unpark", "-consumer", "billing", "-key", "order-7", "-dry-run")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, "would change 1")
 	require.Equal(t, "FAILED", f.rowStatus(t, "inv-3"))
-	r = wmonce(t, f.schema, "inbox", "unpark", "-consumer", "billing", "-key", "order-7")
+	r = runCLI(t, f.schema, "inbox", "unpark", "-consumer", "billing", "-key", "order-7")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Equal(t, "PENDING", f.rowStatus(t, "inv-3"))
 
 	// Nothing left to replay: said plainly, exit 0.
-	r = wmonce(t, f.schema, "-json", "inbox", "replay", "-consumer", "billing")
+	r = runCLI(t, f.schema, "-json", "inbox", "replay", "-consumer", "billing")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	var ch admin.ChangeResponse
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &ch))
@@ -362,24 +362,24 @@ func TestPurge(t *testing.T) {
 	pgtest.Exec(t, f.db, `UPDATE `+claims+` SET processed_at = now() - interval '40 days' WHERE message_id IN ('m-1', 'm-2')`)
 	pgtest.Exec(t, f.db, `INSERT INTO `+claims+` (consumer, message_id, payload_sha256, processed_at) VALUES ('audit', 'a-1', '\x00', now() - interval '40 days')`)
 
-	r := wmonce(t, f.schema, "purge", "-consumer", "rewards", "-older-than", "30d", "-dry-run")
+	r := runCLI(t, f.schema, "purge", "-consumer", "rewards", "-older-than", "30d", "-dry-run")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, `dry run: would delete 2 claim(s) of consumer "rewards" applied before `)
 	require.Equal(t, 5, pgtest.Count(t, f.db, `SELECT count(*) FROM `+claims))
 
-	r = wmonce(t, f.schema, "purge", "-consumer", "rewards", "-older-than", "720h")
+	r = runCLI(t, f.schema, "purge", "-consumer", "rewards", "-older-than", "720h")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, `deleted 2 claim(s) of consumer "rewards"`)
 	require.Contains(t, r.stdout, "no longer recognised as duplicates")
 	require.Equal(t, 0, pgtest.Count(t, f.db, `SELECT count(*) FROM `+claims+` WHERE message_id IN ('m-1', 'm-2')`))
 	require.Equal(t, 1, pgtest.Count(t, f.db, `SELECT count(*) FROM `+claims+` WHERE consumer = 'audit'`), "another consumer's claims stay")
 
-	r = wmonce(t, f.schema, "purge", "-consumer", "rewards", "-before", "2999-01-01")
+	r = runCLI(t, f.schema, "purge", "-consumer", "rewards", "-before", "2999-01-01")
 	require.Equal(t, exitFailure, r.code)
 	require.Contains(t, r.stderr, "is in the future")
 	require.Equal(t, 2, pgtest.Count(t, f.db, `SELECT count(*) FROM `+claims+` WHERE consumer = 'rewards'`))
 
-	r = wmonce(t, f.schema, "-json", "purge", "-all", "-before", time.Now().Add(-24*time.Hour).UTC().Format(time.RFC3339))
+	r = runCLI(t, f.schema, "-json", "purge", "-all", "-before", time.Now().Add(-24*time.Hour).UTC().Format(time.RFC3339))
 	require.Equal(t, exitOK, r.code, r.stderr)
 	var out struct{ Claims int64 }
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &out))
@@ -389,14 +389,14 @@ func TestPurge(t *testing.T) {
 	// parked ones never do.
 	pgtest.Exec(t, f.db, `UPDATE `+f.table("inbox")+` SET finished_at = now() - interval '40 days' WHERE message_id = 'inv-2'`)
 	pgtest.Exec(t, f.db, `UPDATE `+f.table("inbox")+` SET received_at = now() - interval '40 days'`)
-	r = wmonce(t, f.schema, "purge", "-janitor", "-keep", "30d")
+	r = runCLI(t, f.schema, "purge", "-janitor", "-keep", "30d")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, "janitor round on schema "+f.schema)
 	require.Regexp(t, `finished inbox rows:\s+1`, r.stdout)
 	require.Equal(t, 0, pgtest.Count(t, f.db, `SELECT count(*) FROM `+f.table("inbox")+` WHERE message_id = 'inv-2'`))
 	require.Equal(t, 3, f.status(t, "FAILED"))
 
-	r = wmonce(t, f.schema, "purge", "-janitor", "-keep", "10s")
+	r = runCLI(t, f.schema, "purge", "-janitor", "-keep", "10s")
 	require.Equal(t, exitUsage, r.code)
 	require.Contains(t, r.stderr, "must be at least 1m0s")
 }
@@ -457,12 +457,12 @@ func TestUnsetTimesAreNullInJSON(t *testing.T) {
 	require.NoError(t, err)
 
 	for _, args := range [][]string{{"-json", "outbox"}, {"-json", "status"}} {
-		r := wmonce(t, schema, args...)
+		r := runCLI(t, schema, args...)
 		require.Equal(t, exitOK, r.code, "%v: %s", args, r.stderr)
 		require.NotContains(t, r.stdout, "0001-01-01", args)
 		require.Contains(t, r.stdout, `"oldest_pending": null`, args)
 	}
-	r := wmonce(t, schema, "outbox")
+	r := runCLI(t, schema, "outbox")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Regexp(t, `(?m)^\s+sms\s+0\s+-\s`, r.stdout)
 }

@@ -8,8 +8,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/wmonce/watermill-once/admin"
 	"github.com/wmonce/watermill-once/migrate"
+	"github.com/wmonce/watermill-once/ops/admin"
 )
 
 func migrateCommand() *command {

@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/wmonce/watermill-once/admin"
+	"github.com/wmonce/watermill-once/ops/admin"
 	"github.com/wmonce/watermill-once/outbox"
 )
 
@@ -15,16 +15,16 @@ func outboxCommand() *command {
 		name:    "outbox",
 		summary: "relays' backlog, lag and held topics; rejected rows: list, inspect, republish; forget a relay",
 		usage: `
-outbox [status]
+outbox [stats]
 outbox rejected [-relay R] [-after OFFSET] [-limit N]
 outbox inspect OFFSET [-relay R]
 outbox republish -relay R (-offset N[,N] | -all) [-remove-metadata KEY] [-dry-run]
 outbox forget -relay R [-dry-run]`,
 		details: `
-status     every relay's backlog (rows it has not forwarded yet) and lag (the age of the oldest
+stats      every relay's backlog (rows it has not forwarded yet) and lag (the age of the oldest
            of them), the topics it holds because publishing to them fails (their rows wait in
            outbox_held; the other topics go on), and the number of rejected rows. A relay
-           that has never run is not listed.
+           that has never run is not listed. (status is an older name for it.)
 rejected   rows a relay set aside in outbox_rejected, because it could not decode them or the
            broker refused them for good, in offset order, 50 at a time; page on with -after.
 inspect    one rejected row with its payload, metadata and the error.
@@ -50,27 +50,17 @@ forget     deletes the position of a relay that was retired for good, and the ro
 }
 
 func runOutbox(ctx context.Context, e *env, args []string) error {
-	sub := "status"
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		sub, args = args[0], args[1:]
-	}
-	switch sub {
-	case "status":
-		return e.outboxStatus(ctx, args)
-	case "rejected":
-		return e.outboxRejected(ctx, args)
-	case "inspect":
-		return e.outboxInspect(ctx, args)
-	case "republish":
-		return e.outboxRepublish(ctx, args)
-	case "forget":
-		return e.outboxForget(ctx, args)
-	default:
-		return usagef("unknown outbox action %q: use status, rejected, inspect, republish or forget%s", sub, suggestFrom(sub, "status", "rejected", "inspect", "republish", "forget"))
-	}
+	return runAction(ctx, e, args, "outbox", []action{
+		// status: its name before the module said stats for database figures
+		{name: "stats", aliases: []string{"status"}, run: (*env).outboxStats},
+		{name: "rejected", run: (*env).outboxRejected},
+		{name: "inspect", run: (*env).outboxInspect},
+		{name: "republish", run: (*env).outboxRepublish},
+		{name: "forget", run: (*env).outboxForget},
+	})
 }
 
-func (e *env) outboxStatus(ctx context.Context, args []string) error {
+func (e *env) outboxStats(ctx context.Context, args []string) error {
 	db, err := e.parseAndOpen(ctx, e.flags("outbox"), args)
 	if err != nil {
 		return err
@@ -300,7 +290,7 @@ func (e *env) outboxForget(ctx context.Context, args []string) error {
 	if e.g.json {
 		return e.printJSON(res)
 	}
-	what := fmt.Sprintf("relay %q (source %q): %d row(s) it had not forwarded", *relay, res.Status.Source, res.Backlog)
+	what := fmt.Sprintf("relay %q (source %q): %d row(s) it had not forwarded", *relay, res.Stats.Source, res.Backlog)
 	for _, h := range res.Held {
 		what += fmt.Sprintf("; held topic %s, %d row(s)", h.Topic, h.Rows)
 	}

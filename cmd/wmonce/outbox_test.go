@@ -13,9 +13,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
-	"github.com/wmonce/watermill-once/admin"
-	"github.com/wmonce/watermill-once/internal/testwait"
-	"github.com/wmonce/watermill-once/oncetype"
+	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/worker"
+	"github.com/wmonce/watermill-once/ops/admin"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -37,7 +37,7 @@ func (b *brokerStandIn) Publish(topic string, msgs ...*message.Message) error {
 	}
 	for _, m := range msgs {
 		if b.refuse[m.UUID] {
-			return oncetype.Permanent(errors.New("kafka server: Message was too large, server rejected it to avoid allocation error"))
+			return wmonce.Permanent(errors.New("kafka server: Message was too large, server rejected it to avoid allocation error"))
 		}
 	}
 	for _, m := range msgs {
@@ -62,7 +62,7 @@ func storeOutbox(t *testing.T, db *sql.DB, schema, topic string, uuids ...string
 }
 
 // The rows a relay set aside are listed, inspected and republished from the CLI; the topics it
-// holds are shown with the outbox status.
+// holds are shown with the outbox stats.
 func TestOutboxRejectedRowsAndHeldTopics(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -72,48 +72,48 @@ func TestOutboxRejectedRowsAndHeldTopics(t *testing.T) {
 	require.NoError(t, err)
 	storeOutbox(t, f.db, f.schema, "orders", "o-1", "too-big", "o-2")
 	storeOutbox(t, f.db, f.schema, "missing", "m-1")
-	_, err = relay.RelayOnce(ctx) // the fixture's rows, and these
-	require.NoError(t, err)
-	testwait.Until(t, "the relay to reach the new rows", func() bool {
-		_, err := relay.RelayOnce(ctx)
-		require.NoError(t, err)
-		return relay.Counters().Rejected == 1 && relay.Counters().HeldTopics == 1
-	})
+	// The fixture's rows, and these.
+	relayUntil(t, relay, "reject too-big and hold topic missing", func(c outbox.RelayCounters) bool { return c.Rejected == 1 && c.HeldTopics == 1 })
 
-	r := wmonce(t, f.schema, "outbox")
+	r := runCLI(t, f.schema, "outbox")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, "relay kafka holds topic missing: 1 row(s) wait since")
 	require.Contains(t, r.stdout, "1 row(s) were set aside in outbox_rejected")
 	require.Contains(t, r.stdout, "`wmonce outbox rejected`")
+	for _, sub := range []string{"stats", "status"} { // status: the older name
+		again := runCLI(t, f.schema, "outbox", sub)
+		require.Equal(t, exitOK, again.code, again.stderr)
+		require.Contains(t, again.stdout, "relay kafka holds topic missing: 1 row(s) wait since", "outbox %s is the default action", sub)
+	}
 
-	r = wmonce(t, f.schema, "outbox", "rejected")
+	r = runCLI(t, f.schema, "outbox", "rejected")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Regexp(t, `(?m)^\d+\s+kafka\s+too-big\s+orders\s+\S+ \S+\s+permanent: kafka server: Message was too large`, r.stdout)
-	r = wmonce(t, f.schema, "-json", "outbox", "rejected", "-relay", "kafka")
+	r = runCLI(t, f.schema, "-json", "outbox", "rejected", "-relay", "kafka")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	var rows []admin.RejectedRow
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &rows))
 	require.Len(t, rows, 1)
 	offset := strconv.FormatInt(rows[0].Offset, 10)
 
-	r = wmonce(t, f.schema, "outbox", "inspect", offset)
+	r = runCLI(t, f.schema, "outbox", "inspect", offset)
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, `"uuid":"too-big"`)
 	require.Contains(t, r.stdout, "outbox republish -relay kafka -offset "+offset)
 
-	r = wmonce(t, f.schema, "outbox", "republish", "-relay", "kafka", "-offset", offset, "-dry-run")
+	r = runCLI(t, f.schema, "outbox", "republish", "-relay", "kafka", "-offset", offset, "-dry-run")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, `dry run: would republish 1 row(s) rejected by relay "kafka"`)
 	b.mu.Lock()
 	b.refuse, b.down = nil, nil // the operator fixed the broker
 	b.mu.Unlock()
-	r = wmonce(t, f.schema, "outbox", "republish", "-relay", "kafka", "-all")
+	r = runCLI(t, f.schema, "outbox", "republish", "-relay", "kafka", "-all")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, `republished 1 row(s) rejected by relay "kafka"`)
 	_, err = relay.RelayOnce(ctx)
 	require.NoError(t, err)
 	require.Subset(t, b.got, []string{"orders/o-1", "orders/o-2", "missing/m-1", "orders/too-big"})
-	r = wmonce(t, f.schema, "outbox", "rejected")
+	r = runCLI(t, f.schema, "outbox", "rejected")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, "no rejected outbox rows")
 
@@ -129,7 +129,7 @@ func TestOutboxRejectedRowsAndHeldTopics(t *testing.T) {
 		{[]string{"outbox", "rejectd"}, `did you mean "rejected"`},
 		{[]string{"outbox", "rejected", "-relay", "k\x00"}, "-relay must not contain NUL"},
 	} {
-		r := wmonce(t, f.schema, tc.args...)
+		r := runCLI(t, f.schema, tc.args...)
 		require.Equal(t, exitUsage, r.code, "%v: %s", tc.args, r.stderr)
 		require.Contains(t, r.stderr, tc.want, "%v", tc.args)
 	}
@@ -142,37 +142,38 @@ func TestOutboxForget(t *testing.T) {
 	f := newFixture(t) // relay "sms" has one row it has not forwarded
 	ctx := context.Background()
 
-	r := wmonce(t, f.schema, "outbox", "forget")
+	r := runCLI(t, f.schema, "outbox", "forget")
 	require.Equal(t, exitUsage, r.code, r.stderr)
 	require.Contains(t, r.stderr, "-relay is required")
-	r = wmonce(t, f.schema, "outbox", "forget", "-relay", "nope")
+	r = runCLI(t, f.schema, "outbox", "forget", "-relay", "nope")
 	require.Equal(t, exitFailure, r.code, r.stderr)
 	require.Contains(t, r.stderr, `no relay of that name has a position in this schema: "nope" (relays: "sms")`)
 
-	r = wmonce(t, f.schema, "outbox", "forget", "-relay", "sms", "-dry-run")
+	r = runCLI(t, f.schema, "outbox", "forget", "-relay", "sms", "-dry-run")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, `dry run: would forget relay "sms" (source ""): 1 row(s) it had not forwarded`)
-	relays, _, err := outbox.Status(ctx, f.db, f.schema)
+	relays, _, err := outbox.Stats(ctx, f.db, f.schema)
 	require.NoError(t, err)
 	require.Len(t, relays, 1, "a dry run forgets nothing")
 
 	live, err := outbox.NewRelay(f.db, &brokerStandIn{}, outbox.RelayConfig{Schema: f.schema, Name: "live"}, nil)
 	require.NoError(t, err)
+	leading := worker.LeadingSignal(worker.LockKey("relay", f.schema, "live")) // the relay's lock key
 	done := make(chan error, 1)
 	go func() { done <- live.Run(ctx) }()
 	t.Cleanup(func() { require.NoError(t, live.Close()); require.NoError(t, <-done) })
-	testwait.Until(t, "the relay to lead", func() bool { return live.Counters().IsLeader })
-	r = wmonce(t, f.schema, "outbox", "forget", "-relay", "live")
+	leading.WaitOrTimeout()
+	r = runCLI(t, f.schema, "outbox", "forget", "-relay", "live")
 	require.Equal(t, exitFailure, r.code, r.stderr)
 	require.Contains(t, r.stderr, `the relay is running: stop every instance of it first (relay "live")`)
 
-	r = wmonce(t, f.schema, "-json", "outbox", "forget", "-relay", "sms")
+	r = runCLI(t, f.schema, "-json", "outbox", "forget", "-relay", "sms")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	var res admin.ForgetResponse
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &res))
 	require.Equal(t, "sms", res.Relay)
 	require.Equal(t, int64(1), res.Backlog)
-	relays, _, err = outbox.Status(ctx, f.db, f.schema)
+	relays, _, err = outbox.Stats(ctx, f.db, f.schema)
 	require.NoError(t, err)
 	require.Len(t, relays, 1)
 	require.Equal(t, "live", relays[0].Name, "sms is forgotten")

@@ -10,8 +10,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/wmonce/watermill-once/admin"
-	"github.com/wmonce/watermill-once/retention"
+	"github.com/wmonce/watermill-once/ops/admin"
+	"github.com/wmonce/watermill-once/ops/retention"
 )
 
 func purgeCommand() *command {

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/wmonce/watermill-once/admin"
+	"github.com/wmonce/watermill-once/ops/admin"
 )
 
 func statusCommand() *command {
@@ -26,11 +26,11 @@ those tables. Exit code 1 when the schema has no tables or a section cannot be r
 
 // statusReport is `wmonce status -json`.
 type statusReport struct {
-	Schema    admin.SchemaStatus     `json:"schema"`
-	Consumers []admin.ConsumerStatus `json:"consumers"`
-	Inbox     []admin.InboxStatus    `json:"inbox"`
-	Outbox    *admin.OutboxStatus    `json:"outbox"`
-	Errors    []string               `json:"errors,omitempty"`
+	Schema    admin.SchemaStatus    `json:"schema"`
+	Consumers []admin.ConsumerStats `json:"consumers"`
+	Inbox     []admin.InboxStats    `json:"inbox"`
+	Outbox    *admin.OutboxStats    `json:"outbox"`
+	Errors    []string              `json:"errors,omitempty"`
 }
 
 func runStatus(ctx context.Context, e *env, args []string) error {
@@ -101,7 +101,7 @@ func (e *env) printStatus(r statusReport) {
 	}
 }
 
-func (e *env) printConsumers(cs []admin.ConsumerStatus) {
+func (e *env) printConsumers(cs []admin.ConsumerStats) {
 	tw := e.table()
 	fmt.Fprintf(tw, "  CONSUMER\tCLAIMS\tNEWEST CLAIM\n")
 	for _, c := range cs {
@@ -110,7 +110,7 @@ func (e *env) printConsumers(cs []admin.ConsumerStatus) {
 	_ = tw.Flush()
 }
 
-func (e *env) printInboxStats(st []admin.InboxStatus) {
+func (e *env) printInboxStats(st []admin.InboxStats) {
 	tw := e.table()
 	fmt.Fprintf(tw, "  CONSUMER\tPENDING\tRETRYING\tIN_PROGRESS\tFAILED\tDONE\tSKIPPED\tOLDEST PENDING\n")
 	for _, s := range st {
@@ -124,7 +124,7 @@ func (e *env) printInboxStats(st []admin.InboxStatus) {
 	}
 }
 
-func (e *env) printOutbox(o admin.OutboxStatus) {
+func (e *env) printOutbox(o admin.OutboxStats) {
 	if len(o.Relays) == 0 {
 		fmt.Fprintf(e.stdout, "  no relay has run on this schema yet\n")
 	} else {

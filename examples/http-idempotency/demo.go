@@ -12,7 +12,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/wmonce/watermill-once/httpidem"
+	"github.com/wmonce/watermill-once/middleware/httpidem"
 )
 
 // runDemo plays a client against the running service and checks every answer: a first

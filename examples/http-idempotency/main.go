@@ -30,7 +30,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
-	"github.com/wmonce/watermill-once/httpidem"
+	"github.com/wmonce/watermill-once/middleware/httpidem"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )

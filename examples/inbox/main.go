@@ -39,8 +39,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
+	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/inbox"
-	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -78,7 +78,7 @@ func run(ctx context.Context, db *sql.DB, o options) (summary, error) {
 	receiver, err := inbox.NewReceiver(db, inbox.ReceiverConfig{
 		Schema:      o.schema,
 		Consumer:    consumer,
-		Key:         oncetype.KeyFromMetadata("payment_id"),
+		Key:         wmonce.KeyFromMetadata("payment_id"),
 		OrderingKey: inbox.OrderingKeyFromMetadata("account"),
 	}, e.logger)
 	if err != nil {
@@ -109,7 +109,7 @@ func run(ctx context.Context, db *sql.DB, o options) (summary, error) {
 	if err != nil {
 		return summary{}, err
 	}
-	poison, err := wmiddleware.PoisonQueueWithFilter(e.writer.ParkingPublisher(db), poisonTopic, oncetype.IsPermanent)
+	poison, err := wmiddleware.PoisonQueueWithFilter(e.writer.ParkingPublisher(db), poisonTopic, wmonce.IsPermanent)
 	if err != nil {
 		return summary{}, err
 	}
@@ -157,7 +157,7 @@ type grants struct {
 func (g *grants) grant(msg *message.Message) ([]*message.Message, error) {
 	var p payment
 	if err := json.Unmarshal(msg.Payload, &p); err != nil {
-		return nil, oncetype.Permanent(fmt.Errorf("PaymentCaptured does not decode: %w", err)) // parked, not retried
+		return nil, wmonce.Permanent(fmt.Errorf("PaymentCaptured does not decode: %w", err)) // parked, not retried
 	}
 	ctx := msg.Context()
 	tx, _ := pgtx.TxFromContext(ctx) // the processor's transaction

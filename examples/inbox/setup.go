@@ -21,6 +21,7 @@ import (
 
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/inbox"
+	"github.com/wmonce/watermill-once/internal/embeddedkafka"
 	"github.com/wmonce/watermill-once/migrate"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -44,7 +45,7 @@ func runFromEnv(o options) error {
 	defer stop()
 	getenv := os.Getenv
 	if strings.EqualFold(os.Getenv(broker.EnvBroker), string(broker.Kafka)) && os.Getenv(broker.EnvKafkaBrokers) == "" {
-		ek, err := broker.StartEmbeddedKafka(ctx, o.logger)
+		ek, err := embeddedkafka.Start(ctx, o.logger)
 		if err != nil {
 			return err
 		}

@@ -218,6 +218,9 @@ func readDockerfile(t *testing.T) dockerfile {
 // a static binary, since that stage is a plain Debian image without Go or C libraries beyond
 // libc. It also checks that the build image's Go matches go.mod's go line.
 func TestDockerfileBuild(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the demo from scratch with the Dockerfile's flags (seconds to minutes): the full suite runs it, not -short")
+	}
 	d := readDockerfile(t)
 
 	gomod, err := os.ReadFile(filepath.Join(repoRoot, "go.mod"))

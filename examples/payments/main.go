@@ -33,6 +33,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmonce/watermill-once/broker"
+	"github.com/wmonce/watermill-once/internal/embeddedkafka"
 	"github.com/wmonce/watermill-once/outbox"
 )
 
@@ -50,7 +51,7 @@ type Options struct {
 	Logger watermill.LoggerAdapter
 	// EmbeddedKafka is the embedded broker Broker.Kafka points at, if the caller started one
 	// (announced in the narration). With BROKER=kafka and no brokers at all, Run starts one.
-	EmbeddedKafka *broker.EmbeddedKafka
+	EmbeddedKafka *embeddedkafka.Broker
 }
 
 // Result is the final JSON line: every figure is measured, none is a constant.

@@ -14,9 +14,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/broker"
-	"github.com/wmonce/watermill-once/once"
-	"github.com/wmonce/watermill-once/oncetype"
+	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -89,7 +89,7 @@ func newRewards(db *sql.DB, b *broker.Broker, schema, inTopic, outTopic string, 
 func (r *rewardsService) handle(msg *message.Message) error {
 	var ev paymentSucceeded
 	if err := json.Unmarshal(msg.Payload, &ev); err != nil || ev.PaymentID == "" {
-		return oncetype.Permanent(fmt.Errorf("not a PaymentSucceeded event: %s", msg.Payload))
+		return wmonce.Permanent(fmt.Errorf("not a PaymentSucceeded event: %s", msg.Payload))
 	}
 	tx, ok := pgtx.TxFromContext(msg.Context())
 	if !ok {
@@ -117,9 +117,9 @@ VALUES ($1, $2, $3) ON CONFLICT (payment_id) DO NOTHING`, ev.PaymentID, msg.UUID
 // observe narrates each delivery and how it ended, and counts deliveries.
 func (r *rewardsService) observe(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		before := r.mw.Counters("rewards")
+		before := r.mw.Counters().Consumer("rewards")
 		out, err := h(msg)
-		after := r.mw.Counters("rewards")
+		after := r.mw.Counters().Consumer("rewards")
 		k := r.deliveries.Add(1)
 		where := transport(msg)
 		switch {
@@ -172,7 +172,7 @@ func idempotencyKey(consumer, eventID, step string) string {
 func (s *notificationsService) handle(msg *message.Message) error {
 	var ev cashbackCredited
 	if err := json.Unmarshal(msg.Payload, &ev); err != nil || ev.PaymentID == "" {
-		return oncetype.Permanent(fmt.Errorf("not a CashbackCredited event: %s", msg.Payload))
+		return wmonce.Permanent(fmt.Errorf("not a CashbackCredited event: %s", msg.Payload))
 	}
 	tx, ok := pgtx.TxFromContext(msg.Context())
 	if !ok {

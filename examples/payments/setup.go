@@ -19,6 +19,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmonce/watermill-once/broker"
+	"github.com/wmonce/watermill-once/internal/embeddedkafka"
 	"github.com/wmonce/watermill-once/internal/embeddedpg"
 	"github.com/wmonce/watermill-once/migrate"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -35,7 +36,7 @@ func runFromEnv() int {
 	// BROKER=kafka without KAFKA_BROKERS: an embedded Kafka-protocol broker, announced by Run.
 	getenv := os.Getenv
 	if strings.EqualFold(strings.TrimSpace(os.Getenv(broker.EnvBroker)), string(broker.Kafka)) && strings.TrimSpace(os.Getenv(broker.EnvKafkaBrokers)) == "" {
-		ek, err := broker.StartEmbeddedKafka(ctx, logger)
+		ek, err := embeddedkafka.Start(ctx, logger)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "payments demo:", err)
 			return 1
@@ -136,10 +137,10 @@ func setUp(ctx context.Context, opts Options) (d *demo, err error) {
 
 // startKafkaIfNone starts an embedded Kafka for BROKER=kafka without brokers, and announces
 // the embedded broker the run uses, whoever started it.
-func (d *demo) startKafkaIfNone(ctx context.Context, ek *broker.EmbeddedKafka) error {
+func (d *demo) startKafkaIfNone(ctx context.Context, ek *embeddedkafka.Broker) error {
 	if d.cfg.Kind == broker.Kafka && len(d.cfg.Kafka.Brokers) == 0 && ek == nil {
 		var err error
-		if ek, err = broker.StartEmbeddedKafka(ctx, d.logger); err != nil {
+		if ek, err = embeddedkafka.Start(ctx, d.logger); err != nil {
 			return err
 		}
 		d.push(ek.Close)
@@ -278,7 +279,7 @@ func (d *demo) result(ctx context.Context, rewards *rewardsService, notification
 		Scan(&res.Applied, &res.CashbackPaise); err != nil {
 		return Result{}, err
 	}
-	counts := rewards.mw.Counters("rewards")
+	counts := rewards.mw.Counters().Consumer("rewards")
 	d.n.step("done: rewards saw %d deliveries of %s, applied %d (duplicates absorbed: %d), credited %s; the SMS provider sent %d SMS for %d requests",
 		res.Deliveries, eventID, counts.Fresh, counts.Duplicates, rupees(res.CashbackPaise), res.SMSSent, provider.Requests())
 	line, _ := json.Marshal(res)

@@ -24,7 +24,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/wmonce/watermill-once/once"
+	"github.com/wmonce/watermill-once/middleware/once"
 )
 
 const copies = 3

@@ -8,9 +8,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/migrate"
-	"github.com/wmonce/watermill-once/once"
-	"github.com/wmonce/watermill-once/oncetype"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -29,7 +29,7 @@ func runRewards(ctx context.Context, db *sql.DB, subscriber message.Subscriber, 
 	}
 
 	// Consumer = handler name, key = message UUID. The Stack retries transient errors, each
-	// attempt in a new transaction, and parks permanent ones (no usable key, oncetype.Permanent,
+	// attempt in a new transaction, and parks permanent ones (no usable key, wmonce.Permanent,
 	// a panic) in the outbox for topic once.DefaultPoisonTopic, so they never block a partition.
 	mw, err := once.New(db, once.Config{}, logger)
 	if err != nil {
@@ -51,7 +51,7 @@ func runRewards(ctx context.Context, db *sql.DB, subscriber message.Subscriber, 
 				Paise     int64  `json:"paise"`
 			}
 			if err := json.Unmarshal(msg.Payload, &payment); err != nil {
-				return nil, oncetype.Permanent(err) // parked at once, never retried
+				return nil, wmonce.Permanent(err) // parked at once, never retried
 			}
 			cashback := payment.Paise / 50
 			tx, _ := pgtx.TxFromContext(msg.Context()) // the middleware's transaction

@@ -21,6 +21,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/wmonce/watermill-once/broker"
+	"github.com/wmonce/watermill-once/internal/embeddedkafka"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 )
 
@@ -64,7 +65,7 @@ var (
 	kafkaOnce  sync.Once
 	kafkaAddrs []string
 	kafkaErr   error
-	kafkaEmbed *broker.EmbeddedKafka
+	kafkaEmbed *embeddedkafka.Broker
 )
 
 // KafkaBrokers returns KAFKA_BROKERS when set, else the address of an embedded kfake broker
@@ -78,7 +79,7 @@ func KafkaBrokers(t testing.TB) []string {
 		return addrs
 	}
 	kafkaOnce.Do(func() {
-		kafkaEmbed, kafkaErr = broker.StartEmbeddedKafka(context.Background(), watermill.NopLogger{})
+		kafkaEmbed, kafkaErr = embeddedkafka.Start(context.Background(), watermill.NopLogger{})
 		if kafkaErr == nil {
 			kafkaAddrs = kafkaEmbed.Addrs()
 		}
@@ -90,7 +91,7 @@ func KafkaBrokers(t testing.TB) []string {
 }
 
 // EmbeddedKafka returns the shared embedded broker, or nil when KAFKA_BROKERS is used.
-func EmbeddedKafka(t testing.TB) *broker.EmbeddedKafka {
+func EmbeddedKafka(t testing.TB) *embeddedkafka.Broker {
 	KafkaBrokers(t)
 	return kafkaEmbed
 }

@@ -56,9 +56,11 @@ var (
 // cluster (KafkaBrokers holds a shared lock for each test that does), and keeps them waiting
 // while t runs. Tests that kill the broker take it, so `go test ./broker/ ./e2e/ ...` running
 // packages in parallel does not see the broker vanish under a test that did not ask for it.
-// Call it before anything in t calls KafkaBrokers or Config.
+// Call it before anything in t calls KafkaBrokers or Config. Under -short it skips t, like
+// every helper that needs a service.
 func LockKafkaExclusive(t testing.TB) {
 	t.Helper()
+	SkipShort(t, "the Kafka cluster on "+broker.EnvKafkaBrokers+", exclusively")
 	addrs := RealKafka()
 	if addrs == nil {
 		t.Fatalf("LockKafkaExclusive: %s is not set", broker.EnvKafkaBrokers)
@@ -116,18 +118,20 @@ func lockKafka(t testing.TB, addrs []string, excl bool) {
 }
 
 // KafkaService returns the scripts/services line (EnvKafkaService) of the broker on
-// KAFKA_BROKERS, and fails the test saying what to set when it is missing or unknown.
+// KAFKA_BROKERS, and fails the test saying what to set when it is missing or unknown. Under
+// -short it skips t first: the broker to kill is a service, whatever KAFKA_BROKERS says.
 func KafkaService(t testing.TB) string {
 	t.Helper()
+	SkipShort(t, "a Kafka broker process to kill and restart ("+broker.EnvKafkaBrokers+", "+EnvKafkaService+")")
 	line := strings.TrimSpace(os.Getenv(EnvKafkaService))
 	switch line {
-	case "3.9", "4":
+	case "3.9", "4", "docker": // docker: the compose service, as make test sets it with a Docker engine
 		return line
 	case "":
 		t.Fatalf("%s=%s is set but %s is not: set %s=3.9 (the broker on 127.0.0.1:9092) or %s=4 (127.0.0.1:9094), the scripts/services line of that broker, so this test can kill it with SIGKILL and start it again",
 			broker.EnvKafkaBrokers, os.Getenv(broker.EnvKafkaBrokers), EnvKafkaService, EnvKafkaService, EnvKafkaService)
 	default:
-		t.Fatalf("%s=%q: want 3.9 or 4 (the scripts/services line of the broker on %s)", EnvKafkaService, line, broker.EnvKafkaBrokers)
+		t.Fatalf("%s=%q: want 3.9, 4 or docker (the scripts/services line of the broker on %s)", EnvKafkaService, line, broker.EnvKafkaBrokers)
 	}
 	return ""
 }

@@ -79,3 +79,25 @@ func TestKafkaLock(t *testing.T) {
 		t.Fatal("the exclusive lock outlived its test")
 	}
 }
+
+// TestKafkaHelpersSkipUnderShort: under -short every helper that needs the real Kafka broker
+// skips the test, whatever the environment names: `make test-short` points KAFKA_BROKERS at a
+// closed port, and the broker-kill tests used to fail there for the missing KAFKA_SERVICE
+// instead of skipping.
+func TestKafkaHelpersSkipUnderShort(t *testing.T) {
+	if !testing.Short() {
+		t.Skip("checks what -short does: run with -short")
+	}
+	t.Setenv(broker.EnvKafkaBrokers, "127.0.0.1:1")
+	t.Setenv(EnvKafkaService, "")
+	for name, helper := range map[string]func(testing.TB){
+		"KafkaBrokers":       func(t testing.TB) { KafkaBrokers(t) },
+		"KafkaService":       func(t testing.TB) { KafkaService(t) },
+		"LockKafkaExclusive": LockKafkaExclusive,
+	} {
+		t.Run(name, func(t *testing.T) {
+			helper(t)
+			t.Fatalf("%s returned under -short instead of skipping", name)
+		})
+	}
+}

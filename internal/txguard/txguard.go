@@ -9,7 +9,7 @@
 //
 // database/sql marks the *sql.Tx done when user code calls Commit or Rollback, whatever the
 // server answered. Check, called after the user code returns, tells the component, so that it
-// treats the delivery as a permanent failure of its own (oncetype.ErrHandlerEndedTx) instead of
+// treats the delivery as a permanent failure of its own (wmonce.ErrHandlerEndedTx) instead of
 // blaming the next statement or the next message of a group.
 //
 // Every statement here is a pgtx.DeferredPrefix statement: on a pool from pgtx.Open it travels
@@ -23,7 +23,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/wmonce/watermill-once/oncetype"
+	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -60,7 +60,7 @@ func (g Guard) Open(ctx context.Context, tx *sql.Tx) error {
 }
 
 // Check reports whether user code ended tx while it held it: a permanent error wrapping
-// oncetype.ErrHandlerEndedTx (and sql.ErrTxDone) if it did. ctx must be the context tx was begun
+// wmonce.ErrHandlerEndedTx (and sql.ErrTxDone) if it did. ctx must be the context tx was begun
 // with (or one that ends with it): when that context has ended, database/sql rolled tx back
 // itself, and Check returns the context's error instead, which is nobody's fault.
 func (g Guard) Check(ctx context.Context, tx *sql.Tx) error {
@@ -90,9 +90,9 @@ func (g Guard) Close(ctx context.Context, tx *sql.Tx) error {
 }
 
 // Ended is the permanent error of a transaction that user code ended: it wraps
-// oncetype.ErrHandlerEndedTx and cause.
+// wmonce.ErrHandlerEndedTx and cause.
 func Ended(cause error) error {
-	return oncetype.Permanent(fmt.Errorf("%w: %w", oncetype.ErrHandlerEndedTx, cause))
+	return wmonce.Permanent(fmt.Errorf("%w: %w", wmonce.ErrHandlerEndedTx, cause))
 }
 
 // Condition returns a boolean SQL expression that opens the guard when evaluated once, for a

@@ -10,6 +10,9 @@
 //   - Backoff, Delay, Jitter and Sleep: the wait after a failure, doubling up to a cap, with
 //     one jitter formula, always ending as soon as the context ends.
 //   - LockKey: every advisory-lock key of the module, derived in one place.
+//   - LeadingSignal: the test signal of a Leader taking the lead, for tests that run another
+//     package's worker.
 //
-// It imports nothing of this module, so that pgtx (whose RunInTx waits with Delay) can use it.
+// It imports nothing of this module but internal/testsignal (a leaf), so that pgtx (whose
+// RunInTx waits with Delay) can use it.
 package worker

@@ -10,6 +10,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 )
 
+// unlockTimeout bounds the release of the lock when a lead ends, whatever ended it.
+const unlockTimeout = time.Second
+
 // Leader elects one active instance among the processes that share Key: the active one holds
 // a session-level advisory lock (pg_try_advisory_lock) on a dedicated connection for as long as
 // it leads; the others stand by and try again every Standby. The server releases the lock with
@@ -89,10 +92,11 @@ func (l *Leader) try(ctx context.Context, logger watermill.LoggerAdapter, lead f
 	}
 	l.leading.Store(true)
 	logger.Info(l.Name+" active", nil)
+	signalLeading(l.Key)
 	defer func() {
 		l.leading.Store(false)
 		// A lock held by a broken connection is released by the server with the session.
-		unlockCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		unlockCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unlockTimeout)
 		defer cancel()
 		_, _ = conn.ExecContext(unlockCtx, `SELECT pg_advisory_unlock($1)`, l.Key)
 	}()

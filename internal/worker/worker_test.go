@@ -209,3 +209,32 @@ func TestStartThenCloseWaits(t *testing.T) {
 	require.True(t, stopped.Load(), "Close returned before the run ended")
 	require.NoError(t, r.Start(context.Background(), func(context.Context) { t.Error("started after Close") }))
 }
+
+// LeadingSignal announces each time a Leader on the key starts leading, once it holds the lock:
+// a test of another package waits on it instead of polling Leading.
+func TestLeadingSignalAnnouncesEachLead(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	key := worker.LockKey("test", pgtest.NewName("leader"))
+	leading := worker.LeadingSignal(key)
+	require.Same(t, leading, worker.LeadingSignal(key), "one signal per key")
+	l := &worker.Leader{DB: db, Key: key, Name: "test", Standby: time.Millisecond}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	leads := 0
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = l.Run(ctx, func(context.Context, *sql.Conn) error {
+			if leads++; leads == 2 {
+				<-ctx.Done()
+			}
+			return nil // the first lead ends at once: the lock is given up and taken again
+		})
+	}()
+	leading.WaitOrTimeout()
+	leading.WaitOrTimeout()
+	require.True(t, l.Leading(), "the event comes once the lock is held")
+	cancel()
+	<-done
+}

@@ -10,8 +10,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/wmonce/watermill-once/once"
-	"github.com/wmonce/watermill-once/oncetype"
+	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -42,7 +42,7 @@ func CounterHandler(schema string) message.NoPublishHandlerFunc {
 	return func(msg *message.Message) error {
 		var ev Event
 		if err := json.Unmarshal(msg.Payload, &ev); err != nil {
-			return oncetype.Permanent(fmt.Errorf("payload is not an OrderPlaced event: %w", err))
+			return wmonce.Permanent(fmt.Errorf("payload is not an OrderPlaced event: %w", err))
 		}
 		tx, ok := pgtx.TxFromContext(msg.Context())
 		if !ok {

@@ -17,8 +17,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
-	"github.com/wmonce/watermill-once/once"
-	"github.com/wmonce/watermill-once/oncetype"
+	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -127,10 +127,10 @@ func Handler(schema, instance string) message.NoPublishHandlerFunc {
 	return func(msg *message.Message) error {
 		var ev Event
 		if err := json.Unmarshal(msg.Payload, &ev); err != nil {
-			return oncetype.Permanent(fmt.Errorf("payload is not an OrderPlaced event: %w", err))
+			return wmonce.Permanent(fmt.Errorf("payload is not an OrderPlaced event: %w", err))
 		}
 		if ev.Poison {
-			return oncetype.Permanent(ErrPoison)
+			return wmonce.Permanent(ErrPoison)
 		}
 		tx, ok := pgtx.TxFromContext(msg.Context())
 		if !ok {
@@ -190,7 +190,7 @@ func (c *Consumer) countDeliveries(h message.HandlerFunc) message.HandlerFunc {
 
 // Stats returns the consumer's totals.
 func (c *Consumer) Stats() Stats {
-	counts := c.Middleware.Counters(c.group)
+	counts := c.Middleware.Counters().Consumer(c.group)
 	return Stats{
 		Instance:   c.instance,
 		Deliveries: c.deliveries.Load(),

@@ -1,0 +1,107 @@
+package broker
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"net/url"
+	"time"
+)
+
+// The queue types AMQPConfig.QueueType accepts.
+const (
+	QueueTypeQuorum  = "quorum"
+	QueueTypeClassic = "classic"
+)
+
+// The RabbitMQ broker's defaults (AMQPConfig).
+const (
+	DefaultAMQPURL       = "amqp://guest:guest@127.0.0.1:5672/"
+	DefaultAMQPQueueType = QueueTypeQuorum
+	DefaultAMQPWorkers   = 8
+	// DefaultAMQPPrefetchPerWorker times Workers is the default Prefetch.
+	DefaultAMQPPrefetchPerWorker = 4
+	DefaultAMQPConnectionName    = "watermill-once"
+)
+
+// Bounds of AMQPConfig.Workers and Prefetch (RabbitMQ's prefetch count is 16 bits).
+const (
+	maxAMQPWorkers  = 1000
+	maxAMQPPrefetch = 65535
+)
+
+// AMQPConfig configures Watermill's AMQP Pub/Sub for RabbitMQ.
+type AMQPConfig struct {
+	// URL of the broker, vhost included. Env AMQP_URL; default DefaultAMQPURL
+	// (amqp://guest:guest@127.0.0.1:5672/).
+	URL string
+	// Prefix is put in front of every exchange and queue name this package declares, so several
+	// applications (or test runs) can share a vhost. Env AMQP_PREFIX; default "".
+	Prefix string
+	// QueueType is "quorum" (replicated, durable; RabbitMQ's recommended type since 3.8) or
+	// "classic". Env AMQP_QUEUE_TYPE; default DefaultAMQPQueueType ("quorum"). An existing
+	// queue keeps the type it was declared with; declaring it with another type fails with
+	// PRECONDITION_FAILED.
+	QueueType string
+	// Workers is how many goroutines each subscription (each Subscribe call) runs, one message
+	// in flight each: a router handler runs that many messages at once (with the
+	// effectively-once middleware, each holds a pool connection). Default DefaultAMQPWorkers
+	// (8). Set 1 for one message at a time in queue order (see Prefetch for what still
+	// reorders then).
+	Workers int
+	// Prefetch is how many unacknowledged messages RabbitMQ hands each subscription: the ones
+	// in flight plus the ones waiting in this process, so the next message is here when one is
+	// acked instead of a round trip later. Everything prefetched is redelivered if the consumer
+	// dies. Default DefaultAMQPPrefetchPerWorker x Workers (4 x 8 = 32); at least Workers.
+	//
+	// Ordering: with Workers > 1, messages of one queue are handled at the same time and
+	// finish in any order. With Prefetch > 1 (even at Workers 1), a nacked or unacked
+	// message is requeued and delivered again after messages that were behind it. Consumers
+	// that need per-key order must not rely on the queue for it (the effectively-once
+	// middleware guarantees one effect per message, not order; use versions).
+	Prefetch int
+	// NackDelay is the wait before a nacked message is handed back to RabbitMQ, which requeues
+	// it at once. Default DefaultNackDelay (100ms).
+	NackDelay time.Duration
+	// ConnectionName is shown in the management UI and rabbitmqctl. Default
+	// DefaultAMQPConnectionName ("watermill-once").
+	ConnectionName string
+	// DisableUnroutedQueue stops declaring the alternate exchange and queue
+	// <Prefix>wmonce.unrouted, where RabbitMQ puts messages published to a topic that no queue
+	// is bound to (instead of dropping them). Only disable it if the exchanges already exist
+	// without the alternate-exchange argument.
+	DisableUnroutedQueue bool
+}
+
+func (a *AMQPConfig) setDefaults() {
+	a.URL = cmp.Or(a.URL, DefaultAMQPURL)
+	a.QueueType = cmp.Or(a.QueueType, DefaultAMQPQueueType)
+	a.Workers = cmp.Or(a.Workers, DefaultAMQPWorkers)
+	a.Prefetch = cmp.Or(a.Prefetch, DefaultAMQPPrefetchPerWorker*a.Workers)
+	a.NackDelay = cmp.Or(a.NackDelay, DefaultNackDelay)
+	a.ConnectionName = cmp.Or(a.ConnectionName, DefaultAMQPConnectionName)
+}
+
+func (a AMQPConfig) validate() []error {
+	var errs []error
+	u, err := url.Parse(a.URL)
+	if err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") || u.Host == "" {
+		errs = append(errs, fmt.Errorf("AMQP URL (%s) must look like amqp://user:pass@host:5672/vhost", EnvAMQPURL))
+	}
+	if a.QueueType != QueueTypeQuorum && a.QueueType != QueueTypeClassic {
+		errs = append(errs, fmt.Errorf("AMQP queue type (%s) %q is not supported: use quorum or classic", EnvAMQPQueueType, a.QueueType))
+	}
+	if a.Prefix != "" && !amqpName.MatchString(a.Prefix) {
+		errs = append(errs, fmt.Errorf("AMQP prefix (%s) %q may only hold letters, digits, '-', '_', '.' and ':'", EnvAMQPPrefix, a.Prefix))
+	}
+	if a.Workers < 1 || a.Workers > maxAMQPWorkers {
+		errs = append(errs, fmt.Errorf("AMQP.Workers must be between 1 and %d, got %d", maxAMQPWorkers, a.Workers))
+	}
+	if a.Prefetch < a.Workers || a.Prefetch > maxAMQPPrefetch {
+		errs = append(errs, fmt.Errorf("AMQP.Prefetch must be between Workers (%d) and %d, got %d: fewer would leave consumers idle", a.Workers, maxAMQPPrefetch, a.Prefetch))
+	}
+	if a.NackDelay < 0 {
+		errs = append(errs, errors.New("AMQP.NackDelay must not be negative"))
+	}
+	return errs
+}

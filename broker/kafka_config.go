@@ -1,0 +1,87 @@
+package broker
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// The Kafka broker's defaults (KafkaConfig).
+const (
+	DefaultKafkaPartitions = 3
+	// DefaultKafkaReplicationFactor asks the cluster for its default.replication.factor.
+	DefaultKafkaReplicationFactor = -1
+	DefaultPartitionKeyField      = "partition_key"
+	DefaultKafkaClientID          = "watermill-once"
+	DefaultKafkaSessionTimeout    = 10 * time.Second
+)
+
+// KafkaConfig configures Watermill's Kafka Pub/Sub (Sarama).
+type KafkaConfig struct {
+	// Brokers are the bootstrap addresses. Env KAFKA_BROKERS (comma-separated). Required; when
+	// empty, the demo starts an in-process broker (tests and the demo only).
+	Brokers []string
+	// Partitions for topics this package creates. Env KAFKA_PARTITIONS; default
+	// DefaultKafkaPartitions (3).
+	Partitions int32
+	// ReplicationFactor for topics this package creates; -1 asks the cluster for its
+	// default.replication.factor. Env KAFKA_REPLICATION_FACTOR; default
+	// DefaultKafkaReplicationFactor (-1).
+	ReplicationFactor int16
+	// PartitionKeyField is the metadata field whose value is the Kafka record key, so every
+	// message with the same value lands in the same partition, in order. A message without it
+	// is keyed by its UUID (all copies of one event still share a partition). Env
+	// KAFKA_PARTITION_KEY; default DefaultPartitionKeyField ("partition_key").
+	PartitionKeyField string
+	// RequirePartitionKey refuses to publish a message without PartitionKeyField instead of
+	// falling back to its UUID.
+	RequirePartitionKey bool
+	// ClientID identifies this client to the brokers. Default DefaultKafkaClientID
+	// ("watermill-once").
+	ClientID string
+	// SessionTimeout is how long the group coordinator waits for a silent consumer (a crashed
+	// process) before giving its partitions to another member. Default
+	// DefaultKafkaSessionTimeout (10s); the cluster refuses values outside
+	// group.min/max.session.timeout.ms (by default 6s to 5min). Env KAFKA_SESSION_TIMEOUT (a Go
+	// duration such as 10s).
+	SessionTimeout time.Duration
+	// NackDelay is the wait before a nacked message is delivered again. Default DefaultNackDelay
+	// (100ms).
+	NackDelay time.Duration
+}
+
+func (k *KafkaConfig) setDefaults() {
+	k.Partitions = cmp.Or(k.Partitions, DefaultKafkaPartitions)
+	k.ReplicationFactor = cmp.Or(k.ReplicationFactor, DefaultKafkaReplicationFactor)
+	k.PartitionKeyField = cmp.Or(k.PartitionKeyField, DefaultPartitionKeyField)
+	k.ClientID = cmp.Or(k.ClientID, DefaultKafkaClientID)
+	k.SessionTimeout = cmp.Or(k.SessionTimeout, DefaultKafkaSessionTimeout)
+	k.NackDelay = cmp.Or(k.NackDelay, DefaultNackDelay)
+}
+
+func (k KafkaConfig) validate() []error {
+	var errs []error
+	if len(k.Brokers) == 0 {
+		errs = append(errs, fmt.Errorf("no Kafka brokers: set %s (host:port[,host:port...]) or point it at a running cluster", EnvKafkaBrokers))
+	}
+	for _, b := range k.Brokers {
+		if b == "" || strings.ContainsAny(b, " /") || !strings.Contains(b, ":") {
+			errs = append(errs, fmt.Errorf("Kafka broker address %q is not host:port", b))
+		}
+	}
+	if k.Partitions < 1 {
+		errs = append(errs, fmt.Errorf("Kafka.Partitions (%s) must be at least 1, got %d", EnvKafkaPartitions, k.Partitions))
+	}
+	if k.ReplicationFactor < -1 || k.ReplicationFactor == 0 {
+		errs = append(errs, fmt.Errorf("Kafka.ReplicationFactor (%s) must be -1 (cluster default) or at least 1, got %d", EnvKafkaReplication, k.ReplicationFactor))
+	}
+	if strings.TrimSpace(k.PartitionKeyField) != k.PartitionKeyField {
+		errs = append(errs, fmt.Errorf("Kafka.PartitionKeyField %q has surrounding spaces", k.PartitionKeyField))
+	}
+	if k.SessionTimeout < time.Second || k.NackDelay < 0 {
+		errs = append(errs, errors.New("Kafka.SessionTimeout must be at least 1s and NackDelay not negative"))
+	}
+	return errs
+}

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// flags returns a flag set for the command (or one of its subcommands) with the global flags
+// registered, so they may follow the command name too.
+func (e *env) flags(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	e.g.register(fs)
+	return fs
+}
+
+// parse parses args; positional arguments are returned. Errors are usage errors.
+// Flags may come before and after positional arguments ("inspect 12 -json").
+func (e *env) parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, usagef("%v", err)
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			break
+		}
+		positional = append(positional, args[0])
+		args = args[1:]
+	}
+	if err := pgtx.ValidateIdentifier("schema", e.g.schema); err != nil {
+		return nil, usagef("-schema: %v", err)
+	}
+	return positional, nil
+}
+
+// parseFlagsOnly parses args for a command that takes flags only.
+func (e *env) parseFlagsOnly(fs *flag.FlagSet, args []string) error {
+	rest, err := e.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	return noArgs(rest)
+}
+
+// noArgs refuses positional arguments a command does not take (often a flag typed after one).
+func noArgs(args []string) error {
+	if len(args) > 0 {
+		return usagef("unexpected argument %q (flags go before positional arguments, and every value needs its flag)", args[0])
+	}
+	return nil
+}
+
+// listFlag collects a flag given several times; with split, also comma-separated values.
+type listFlag struct {
+	values []string
+	split  bool
+}
+
+func (l *listFlag) String() string { return strings.Join(l.values, ",") }
+
+func (l *listFlag) Set(v string) error {
+	if !l.split {
+		l.values = append(l.values, v)
+		return nil
+	}
+	for _, p := range strings.Split(v, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			l.values = append(l.values, p)
+		}
+	}
+	return nil
+}
+
+func parseIDs(values []string) ([]int64, error) {
+	out := make([]int64, 0, len(values))
+	for _, v := range values {
+		id, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || id < 1 {
+			return nil, usagef("-id takes positive inbox row ids, got %q", v)
+		}
+		out = append(out, id)
+	}
+	return out, nil
+}
+
+// isSet reports whether the flag was given on the command line.
+func isSet(fs *flag.FlagSet, name string) bool {
+	found := false
+	fs.Visit(func(f *flag.Flag) { found = found || f.Name == name })
+	return found
+}

@@ -1,0 +1,69 @@
+package main
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Helpers that format what the commands print.
+
+// whenSet is when for a time that may be unset (nil).
+func whenSet(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return when(*t)
+}
+
+// when formats a time with its age, e.g. "2026-03-01 10:00:00 UTC (3m12s ago)".
+func when(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	age := time.Since(t).Round(time.Second)
+	s := t.Local().Format("2006-01-02 15:04:05 MST")
+	if age >= 0 {
+		return fmt.Sprintf("%s (%s ago)", s, age)
+	}
+	return s
+}
+
+func seconds(s float64) string {
+	if s <= 0 {
+		return "-"
+	}
+	d := time.Duration(s * float64(time.Second))
+	if d < time.Second {
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+func truncate(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len([]rune(s)) <= n {
+		return s
+	}
+	return string([]rune(s)[:n-1]) + "…"
+}
+
+// shellQuote quotes s for a command line an operator copies, when it needs quoting.
+func shellQuote(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r == '-' || r == '_' || r == '.' || r == ':' || r == '/' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9')
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}

@@ -1,0 +1,150 @@
+package idemkey
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	wmonce "github.com/wmonce/watermill-once"
+)
+
+// versionTag starts every hashed encoding. A future change of the encoding gets a new tag, so
+// keys of different versions can never be equal by accident.
+const versionTag = "watermill-once/idemkey/v1"
+
+// MaxPartLength bounds each part of a key, in bytes. Longer parts are refused as a sign of a
+// mistake (a payload passed as an id).
+const MaxPartLength = 4096
+
+// ErrInvalidPart is wrapped by every error about an unusable consumer, message id or step.
+var ErrInvalidPart = errors.New("idemkey: invalid key part")
+
+// Derive returns the downstream idempotency key for one step of one message at one consumer:
+// 64 lower-case hex characters, the same for the same three parts on every call, in every
+// process and every release of this package. No part may be empty.
+func Derive(consumer, messageID, step string) (string, error) {
+	sum, err := digest(consumer, messageID, step)
+	if err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(sum[:]), nil
+}
+
+// DeriveUUID returns the same key as Derive formatted as an RFC 9562 version 8 UUID
+// (36 characters), for providers that accept only UUIDs. It keeps 122 bits of the hash.
+func DeriveUUID(consumer, messageID, step string) (string, error) {
+	sum, err := digest(consumer, messageID, step)
+	if err != nil {
+		return "", err
+	}
+	var u [16]byte
+	copy(u[:], sum[:16])
+	u[6] = (u[6] & 0x0f) | 0x80 // version 8: custom
+	u[8] = (u[8] & 0x3f) | 0x80 // RFC 9562 variant
+	var b [36]byte
+	hex.Encode(b[0:8], u[0:4])
+	b[8] = '-'
+	hex.Encode(b[9:13], u[4:6])
+	b[13] = '-'
+	hex.Encode(b[14:18], u[6:8])
+	b[18] = '-'
+	hex.Encode(b[19:23], u[8:10])
+	b[23] = '-'
+	hex.Encode(b[24:36], u[10:16])
+	return string(b[:]), nil
+}
+
+func digest(consumer, messageID, step string) ([32]byte, error) {
+	var errs []error
+	for _, p := range [...]struct{ name, value string }{{"consumer", consumer}, {"message id", messageID}, {"step", step}} {
+		switch {
+		case p.value == "":
+			errs = append(errs, fmt.Errorf("%w: %s is empty", ErrInvalidPart, p.name))
+		case len(p.value) > MaxPartLength:
+			errs = append(errs, fmt.Errorf("%w: %s is %d bytes long, over %d", ErrInvalidPart, p.name, len(p.value), MaxPartLength))
+		default:
+			if err := wmonce.CheckText(p.name, p.value); err != nil {
+				errs = append(errs, fmt.Errorf("%w: %w", ErrInvalidPart, err))
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return [32]byte{}, errors.Join(errs...)
+	}
+	h := sha256.New()
+	buf := make([]byte, 0, len(versionTag)+len(consumer)+len(messageID)+len(step)+4*binary.MaxVarintLen64)
+	for _, part := range [...]string{versionTag, consumer, messageID, step} {
+		buf = binary.AppendUvarint(buf, uint64(len(part)))
+		buf = append(buf, part...)
+	}
+	_, _ = h.Write(buf)
+	var sum [32]byte
+	h.Sum(sum[:0])
+	return sum, nil
+}
+
+// Source derives keys from messages handled inside the effectively-once middleware. Its zero
+// value uses the consumer name and dedupe key the middleware claimed the message under
+// (wmonce.ClaimFromContext), so keys follow the dedupe key whatever the middleware's
+// Consumer and Key are; outside the middleware it falls back to the router handler name and
+// the message UUID. Set the fields to override.
+type Source struct {
+	// Consumer overrides the consumer name. Default: message.HandlerNameFromCtx of the
+	// message's context, which the Watermill router sets.
+	Consumer string
+	// MessageID returns the message's id. Default: the message UUID. Pass the same function as
+	// the middleware's Config.Key (a wmonce.KeyFunc is assignable here).
+	MessageID func(msg *message.Message) (string, error)
+}
+
+// Parts returns the consumer and message id Source would derive keys from.
+func (s Source) Parts(msg *message.Message) (consumer, messageID string, err error) {
+	if msg == nil {
+		return "", "", fmt.Errorf("%w: message is nil", ErrInvalidPart)
+	}
+	claimedConsumer, claimedKey, claimed := wmonce.ClaimFromContext(msg.Context())
+	consumer = s.Consumer
+	if consumer == "" && claimed {
+		consumer = claimedConsumer
+	}
+	if consumer == "" {
+		consumer = message.HandlerNameFromCtx(msg.Context())
+	}
+	if consumer == "" {
+		return "", "", fmt.Errorf("%w: no consumer name: the message was not delivered by a Watermill router handler; set Source.Consumer", ErrInvalidPart)
+	}
+	switch {
+	case s.MessageID != nil:
+		messageID, err = s.MessageID(msg)
+		if err != nil {
+			return "", "", fmt.Errorf("%w: message id: %w", ErrInvalidPart, err)
+		}
+	case claimed:
+		messageID = claimedKey
+	default:
+		messageID = msg.UUID
+	}
+	if messageID == "" {
+		return "", "", fmt.Errorf("%w: message %q has an empty id", ErrInvalidPart, msg.UUID)
+	}
+	return consumer, messageID, nil
+}
+
+// Key returns Derive(consumer, message id, step) for msg.
+func (s Source) Key(msg *message.Message, step string) (string, error) {
+	consumer, id, err := s.Parts(msg)
+	if err != nil {
+		return "", err
+	}
+	return Derive(consumer, id, step)
+}
+
+// ForMessage is Source{}.Key: the key of step for a message delivered by a Watermill router
+// to a handler wrapped in the effectively-once middleware with its default configuration.
+func ForMessage(msg *message.Message, step string) (string, error) {
+	return Source{}.Key(msg, step)
+}

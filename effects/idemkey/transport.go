@@ -1,0 +1,164 @@
+package idemkey
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/textproto"
+	"strings"
+)
+
+// DefaultHeader is the header Stripe and the IETF Idempotency-Key draft use.
+const DefaultHeader = "Idempotency-Key"
+
+// ErrMissingKey is returned by Transport for an unsafe request without a key.
+var ErrMissingKey = errors.New("idemkey: request has no idempotency key")
+
+// ErrConflictingKeys is returned by Transport for a request whose header carries two different
+// keys (set under differently spelled names, or added twice): either could be the wrong one.
+var ErrConflictingKeys = errors.New("idemkey: request carries conflicting idempotency keys")
+
+type keyContextKey struct{}
+
+// WithKey returns a context carrying key for Transport to send. An empty key removes it.
+func WithKey(ctx context.Context, key string) context.Context {
+	return context.WithValue(ctx, keyContextKey{}, key)
+}
+
+// KeyFromContext returns the key stored by WithKey.
+func KeyFromContext(ctx context.Context) (string, bool) {
+	k, ok := ctx.Value(keyContextKey{}).(string)
+	return k, ok && k != ""
+}
+
+// TransportConfig configures a Transport.
+type TransportConfig struct {
+	// Header carries the key. Default DefaultHeader ("Idempotency-Key").
+	Header string
+	// AllowMissingKey lets requests through unchanged when neither the context nor the request
+	// carries a key. By default a request with an unsafe method (POST, PUT, PATCH, DELETE, ...)
+	// and no key fails with ErrMissingKey before anything is sent: a forgotten key would
+	// otherwise repeat the effect on every redelivery without anyone noticing.
+	AllowMissingKey bool
+}
+
+func (c *TransportConfig) setDefaults() {
+	c.Header = cmp.Or(c.Header, DefaultHeader)
+}
+
+// Validate reports a header name that is not a valid HTTP token.
+func (c TransportConfig) Validate() error {
+	if !validToken(c.Header) {
+		return fmt.Errorf("Header %q is not a valid HTTP header name", c.Header)
+	}
+	return nil
+}
+
+// Transport is an http.RoundTripper that attaches the key from the request context (WithKey)
+// as a header, then hands the request to Base.
+//
+// A key the caller set in the header wins over the context's, under any spelling of the header
+// name (req.Header["idempotency-key"] counts as well as Header.Set). Exactly one value is ever
+// sent: duplicates of the same key, and empty values, are collapsed into one header under the
+// canonical name; two different keys in the header are refused with ErrConflictingKeys. It never
+// mutates the request it is given (it sends a clone), and closes the request body when it
+// refuses a request, as the RoundTripper contract requires. It does not retry: put your retry
+// loop (or client) around it, and every retry of the same context sends the same key.
+type Transport struct {
+	base   http.RoundTripper
+	header string
+	config TransportConfig
+}
+
+// NewTransport returns a Transport sending through base (http.DefaultTransport when nil).
+func NewTransport(base http.RoundTripper, config TransportConfig) (*Transport, error) {
+	config.setDefaults()
+	if err := config.Validate(); err != nil {
+		return nil, fmt.Errorf("idemkey: invalid transport config: %w", err)
+	}
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	return &Transport{base: base, header: textproto.CanonicalMIMEHeaderKey(config.Header), config: config}, nil
+}
+
+// RoundTrip implements http.RoundTripper.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	explicit, names, err := t.explicitKey(req.Header)
+	if err != nil {
+		return nil, t.refuse(req, fmt.Errorf("%w: %s %s: %w", ErrConflictingKeys, req.Method, req.URL.Redacted(), err))
+	}
+	key := explicit
+	if key == "" {
+		var ok bool
+		if key, ok = KeyFromContext(req.Context()); !ok {
+			if t.config.AllowMissingKey || safeMethod(req.Method) {
+				return t.base.RoundTrip(req)
+			}
+			return nil, t.refuse(req, fmt.Errorf("%w: %s %s: put one in the context with idemkey.WithKey (derive it with idemkey.Derive or idemkey.ForMessage) or set the %s header", ErrMissingKey, req.Method, req.URL.Redacted(), t.header))
+		}
+	}
+	if explicit != "" && len(names) == 1 && len(req.Header[names[0]]) == 1 {
+		return t.base.RoundTrip(req) // one key, once: send as given
+	}
+	// Leave exactly one value under the canonical name: a second spelling of the name in the
+	// map would go on the wire as a second header.
+	clone := req.Clone(req.Context())
+	for _, n := range names {
+		delete(clone.Header, n)
+	}
+	clone.Header.Set(t.header, key)
+	return t.base.RoundTrip(clone)
+}
+
+// explicitKey returns the key the caller set in h under any spelling of the header name, the
+// spellings present (with or without a value), and an error if they hold two different keys.
+// Empty values count as no key.
+func (t *Transport) explicitKey(h http.Header) (key string, names []string, err error) {
+	for name, values := range h {
+		if !strings.EqualFold(name, t.header) {
+			continue
+		}
+		names = append(names, name)
+		for _, v := range values {
+			switch {
+			case v == "" || v == key:
+			case key == "":
+				key = v
+			default:
+				return "", nil, fmt.Errorf("header %s holds both %q and %q", t.header, key, v)
+			}
+		}
+	}
+	return key, names, nil
+}
+
+// refuse closes the body of a request that is not sent, as the RoundTripper contract requires.
+func (t *Transport) refuse(req *http.Request, err error) error {
+	if req.Body != nil {
+		_ = req.Body.Close()
+	}
+	return err
+}
+
+func safeMethod(m string) bool {
+	switch strings.ToUpper(m) {
+	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true // "" means GET for http.Client
+	}
+	return false
+}
+
+func validToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, r := range s {
+		if r >= 0x80 || r <= ' ' || strings.ContainsRune("\"(),/:;<=>?@[\\]{}", r) || r == 0x7f {
+			return false
+		}
+	}
+	return true
+}

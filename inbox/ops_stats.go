@@ -1,0 +1,144 @@
+package inbox
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+)
+
+// Stats is a snapshot of one consumer's unfinished rows, read from the database.
+type Stats struct {
+	Pending    int64 // waiting for a worker, including rows waiting out a retry backoff
+	Retrying   int64 // the part of Pending that failed before (attempts > 0)
+	InProgress int64
+	Failed     int64 // parked: alert on this
+	// OldestPendingReceivedAt is the receive time of the oldest PENDING row (zero if none);
+	// OldestPendingAge is how long ago that was by the database clock: alert on this, it grows
+	// when processing stalls or falls behind.
+	OldestPendingReceivedAt time.Time
+	OldestPendingAge        time.Duration
+}
+
+const statsSelect = `SELECT consumer,
+    count(*) FILTER (WHERE status = 'PENDING'),
+    count(*) FILTER (WHERE status = 'PENDING' AND attempts > 0),
+    count(*) FILTER (WHERE status = 'IN_PROGRESS'),
+    count(*) FILTER (WHERE status = 'FAILED'),
+    min(received_at) FILTER (WHERE status = 'PENDING'),
+    coalesce(extract(epoch FROM now() - min(received_at) FILTER (WHERE status = 'PENDING')), 0)::float8
+FROM `
+
+func scanStats(s interface{ Scan(...any) error }) (string, Stats, error) {
+	var consumer string
+	var st Stats
+	var oldest sql.NullTime
+	var age float64
+	if err := s.Scan(&consumer, &st.Pending, &st.Retrying, &st.InProgress, &st.Failed, &oldest, &age); err != nil {
+		return "", Stats{}, err
+	}
+	st.OldestPendingReceivedAt = oldest.Time
+	st.OldestPendingAge = time.Duration(age * float64(time.Second))
+	return consumer, st, nil
+}
+
+// Stats counts one consumer's unfinished rows. It reads only unfinished rows (through the
+// work index), so its cost grows with the backlog, not with the table.
+func (o *Ops) Stats(ctx context.Context, consumer string) (Stats, error) {
+	rs, err := o.db.QueryContext(ctx, statsSelect+o.q.table+` WHERE consumer = $1 AND status IN `+unfinished+` GROUP BY consumer`, consumer)
+	if err != nil {
+		return Stats{}, fmt.Errorf("inbox: stats: %w", err)
+	}
+	defer rs.Close()
+	var st Stats
+	if rs.Next() {
+		if _, st, err = scanStats(rs); err != nil {
+			return Stats{}, fmt.Errorf("inbox: stats: %w", err)
+		}
+	}
+	if err := rs.Err(); err != nil {
+		return Stats{}, fmt.Errorf("inbox: stats: %w", err)
+	}
+	return st, nil
+}
+
+// AllStats returns Stats for every consumer with unfinished rows.
+func (o *Ops) AllStats(ctx context.Context) (map[string]Stats, error) {
+	rs, err := o.db.QueryContext(ctx, statsSelect+o.q.table+` WHERE status IN `+unfinished+` GROUP BY consumer`)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: stats: %w", err)
+	}
+	defer rs.Close()
+	out := map[string]Stats{}
+	for rs.Next() {
+		c, st, err := scanStats(rs)
+		if err != nil {
+			return nil, fmt.Errorf("inbox: stats: %w", err)
+		}
+		out[c] = st
+	}
+	if err := rs.Err(); err != nil {
+		return nil, fmt.Errorf("inbox: stats: %w", err)
+	}
+	return out, nil
+}
+
+// FinishedStats counts one consumer's finished rows: the dedupe records PruneFinished prunes.
+type FinishedStats struct {
+	Done    int64
+	Skipped int64
+}
+
+// FinishedStats returns FinishedStats for every consumer with DONE or SKIPPED rows. Unlike
+// AllStats it scans the table (finished rows are most of it): bound ctx with a deadline.
+func (o *Ops) FinishedStats(ctx context.Context) (map[string]FinishedStats, error) {
+	rs, err := o.db.QueryContext(ctx, `SELECT consumer,
+    count(*) FILTER (WHERE status = 'DONE'), count(*) FILTER (WHERE status = 'SKIPPED')
+FROM `+o.q.table+` WHERE status IN ('DONE', 'SKIPPED') GROUP BY consumer`)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: finished stats: %w", err)
+	}
+	defer rs.Close()
+	out := map[string]FinishedStats{}
+	for rs.Next() {
+		var c string
+		var st FinishedStats
+		if err := rs.Scan(&c, &st.Done, &st.Skipped); err != nil {
+			return nil, fmt.Errorf("inbox: finished stats: %w", err)
+		}
+		out[c] = st
+	}
+	if err := rs.Err(); err != nil {
+		return nil, fmt.Errorf("inbox: finished stats: %w", err)
+	}
+	return out, nil
+}
+
+// Consumers lists, in name order, every consumer with rows in the inbox. It walks the
+// (consumer, ...) index one consumer at a time (a "loose index scan"), so it costs one index
+// probe per consumer, not a scan of the table.
+func (o *Ops) Consumers(ctx context.Context) ([]string, error) {
+	rs, err := o.db.QueryContext(ctx, `WITH RECURSIVE c(consumer) AS (
+    (SELECT consumer FROM `+o.q.table+` ORDER BY consumer LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.consumer FROM `+o.q.table+` t WHERE t.consumer > c.consumer ORDER BY t.consumer LIMIT 1)
+    FROM c WHERE c.consumer IS NOT NULL
+)
+SELECT consumer FROM c WHERE consumer IS NOT NULL`)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: consumers: %w", err)
+	}
+	defer rs.Close()
+	var out []string
+	for rs.Next() {
+		var c string
+		if err := rs.Scan(&c); err != nil {
+			return nil, fmt.Errorf("inbox: consumers: %w", err)
+		}
+		out = append(out, c)
+	}
+	if err := rs.Err(); err != nil {
+		return nil, fmt.Errorf("inbox: consumers: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,198 @@
+package inbox
+
+import (
+	"cmp"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/wmonce/watermill-once/outbox"
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// Defaults of ProcessorConfig.
+const (
+	DefaultProcessorWorkers   = 4
+	DefaultProcessorBatchSize = 16
+	DefaultTxBatchSize        = 1
+	DefaultLease              = 30 * time.Second
+	DefaultReapInterval       = time.Second
+	DefaultPollInterval       = time.Second
+	DefaultMaxAttempts        = 10
+	DefaultBackoff            = time.Second
+	DefaultMaxBackoff         = 5 * time.Minute
+	DefaultShutdownGrace      = 10 * time.Second
+	DefaultIsolation          = sql.LevelReadCommitted
+)
+
+// maxProcessorWorkers bounds ProcessorConfig.Workers.
+const maxProcessorWorkers = 1024
+
+// ProcessorConfig configures a Processor.
+type ProcessorConfig struct {
+	// Schema holds the inbox and outbox tables. Default pgtx.DefaultSchema.
+	Schema string
+	// Consumer whose rows this processor works: the ReceiverConfig.Consumer. Required.
+	Consumer string
+
+	// Workers process rows concurrently, each in its own transactions. Default
+	// DefaultProcessorWorkers (4), at most 1024. The pool needs Workers connections plus up
+	// to three more (LISTEN, lease upkeep, operations). Rows of one ordering key never run at
+	// the same time; other rows do, in this and in every other Processor of the Consumer: see
+	// TxOptions for handlers that read before they write.
+	Workers int
+	// BatchSize is the most rows a worker claims at once. Default DefaultProcessorBatchSize
+	// (16), at most MaxBatchSize. Without lease renewal the whole claimed batch must be
+	// processed within Lease.
+	BatchSize int
+	// TxBatchSize > 1 processes that many claimed rows in one transaction and completes them
+	// with one statement. If any handler in the batch fails, or a lease was lost, the whole
+	// transaction is rolled back and its rows are processed again one per transaction, so
+	// handlers must not mind running more than once without effect (their database writes are
+	// rolled back; effects outside the database are not). Default DefaultTxBatchSize (1).
+	TxBatchSize int
+	// ClaimMode is how workers hold rows: ClaimLease (default: IN_PROGRESS rows with fenced
+	// leases) or ClaimLock (row locks inside the processing transaction, each row written once;
+	// see ClaimLock for what changes). With ClaimLock each transaction locks up to TxBatchSize
+	// rows and BatchSize is not used.
+	ClaimMode ClaimMode
+
+	// Lease is how long a claim stays valid without renewal. After it, another worker may
+	// take the row, and the first worker can no longer complete it. Default DefaultLease (30s).
+	Lease time.Duration
+	// RenewInterval is how often a worker extends the leases it still holds. Default Lease/3.
+	// Negative: never renew (fixed leases: a claim must finish within Lease).
+	RenewInterval time.Duration
+	// HandlerTimeout bounds one processing transaction (one row, or one TxBatchSize batch).
+	// Past it the handler's context is cancelled, its transaction rolled back, the attempt
+	// counted as failed, and lease renewal stops so the row can be re-claimed even if the
+	// handler ignores its context. Default Lease.
+	HandlerTimeout time.Duration
+	// ReapInterval is how often expired leases are taken back. Default DefaultReapInterval (1s).
+	ReapInterval time.Duration
+	// PollInterval is the fallback wait of an idle worker; LISTEN/NOTIFY wakes it earlier when
+	// rows arrive. Default DefaultPollInterval (1s).
+	PollInterval time.Duration
+	// DisableListen turns LISTEN/NOTIFY off: idle workers then only poll. LISTEN is also off
+	// when the *sql.DB does not use pgx's stdlib driver.
+	DisableListen bool
+
+	// MaxAttempts parks a row as FAILED after this many attempts. Default DefaultMaxAttempts (10).
+	MaxAttempts int
+	// Backoff is the delay after the first failed attempt; it doubles per attempt up to
+	// MaxBackoff, and each delay is drawn between half and all of that value (jitter).
+	// Defaults DefaultBackoff (1s) and DefaultMaxBackoff (5m).
+	Backoff    time.Duration
+	MaxBackoff time.Duration
+
+	// ShutdownGrace is how long Close lets handlers that are already running finish. After it
+	// their contexts and transactions are cancelled; handlers that still do not return within
+	// another ShutdownGrace (at most 5s) are abandoned, and every row still claimed is released.
+	// Default DefaultShutdownGrace (10s); negative: cancel at once.
+	ShutdownGrace time.Duration
+
+	// OutputTopic receives the messages the handler returns (through the outbox, in the
+	// handler's transaction). Empty: returning messages is a permanent error.
+	OutputTopic string
+	// Outbox stores returned messages. Default: a Writer on Schema with OutboxSource.
+	Outbox *outbox.Writer
+	// OutboxSource is the default Outbox's outbox.Config.Source: the service whose relay forwards
+	// these messages when services share one schema (see outbox, Sources). Set it, or pass the
+	// service's own Writer as Outbox, wherever the service's relay has a Source: rows of another
+	// source are never forwarded by it. Setting both is an error.
+	OutboxSource string
+	// TxOptions of the processing transactions. Default: isolation DefaultIsolation (READ
+	// COMMITTED). Handlers of
+	// different rows run at the same time (Workers), so at READ COMMITTED a handler that
+	// reads a row and writes back a value computed from it (read a counter, add one, write
+	// it) loses the updates of handlers that commit in between. Make such a handler exact by
+	// computing in SQL (SET n = n + 1), by locking what it reads (SELECT ... FOR UPDATE), or
+	// by giving the messages that touch one row one ordering key (ReceiverConfig.OrderingKey):
+	// their rows run one at a time. REPEATABLE READ makes it exact too but is not the
+	// default, unlike the effectively-once middleware's: here a serialization failure counts
+	// as a failed attempt once the retries are spent (three new transactions with
+	// ClaimLease; with ClaimLock three retries in a savepoint, which keeps the snapshot, so
+	// they cannot succeed), so MaxAttempts can park the rows of a contended counter; and
+	// with ClaimLease a handler running longer than RenewInterval never completes (the lease
+	// renewal updates its row after the transaction's snapshot, so marking it DONE fails
+	// with 40001 every time).
+	TxOptions *sql.TxOptions
+	// TracerProvider traces every attempt: a consumer span per row and attempt, the child of
+	// the trace context the message carries, with the handler and the outbox store as child
+	// spans and the COMMIT as an event (see the package doc, Tracing). It is also the default
+	// Outbox's TracerProvider. Default otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
+}
+
+func (c *ProcessorConfig) setDefaults() {
+	c.Schema = cmp.Or(c.Schema, pgtx.DefaultSchema)
+	c.Workers = cmp.Or(c.Workers, DefaultProcessorWorkers)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultProcessorBatchSize)
+	c.TxBatchSize = cmp.Or(c.TxBatchSize, DefaultTxBatchSize)
+	c.Lease = cmp.Or(c.Lease, DefaultLease)
+	c.RenewInterval = cmp.Or(c.RenewInterval, c.Lease/3)
+	c.HandlerTimeout = cmp.Or(c.HandlerTimeout, c.Lease)
+	c.ReapInterval = cmp.Or(c.ReapInterval, DefaultReapInterval)
+	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
+	c.Backoff = cmp.Or(c.Backoff, DefaultBackoff)
+	c.MaxBackoff = cmp.Or(c.MaxBackoff, DefaultMaxBackoff)
+	c.ShutdownGrace = cmp.Or(c.ShutdownGrace, DefaultShutdownGrace)
+	c.TxOptions = cmp.Or(c.TxOptions, &sql.TxOptions{Isolation: DefaultIsolation})
+}
+
+// Validate reports what to fix in a configuration.
+func (c ProcessorConfig) Validate() error {
+	var errs []error
+	if err := pgtx.ValidateIdentifier("schema", c.Schema); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Outbox != nil && c.OutboxSource != "" {
+		errs = append(errs, errors.New("set OutboxSource or Outbox, not both: give the Writer its Source (outbox.Config.Source)"))
+	}
+	if err := validateConsumer(c.Consumer); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Workers < 1 || c.Workers > maxProcessorWorkers {
+		errs = append(errs, fmt.Errorf("Workers must be between 1 and %d, got %d", maxProcessorWorkers, c.Workers))
+	}
+	if c.BatchSize < 1 || c.BatchSize > MaxBatchSize {
+		errs = append(errs, fmt.Errorf("BatchSize must be between 1 and %d, got %d", MaxBatchSize, c.BatchSize))
+	}
+	switch c.ClaimMode {
+	case ClaimLease:
+		if c.TxBatchSize < 1 || c.TxBatchSize > c.BatchSize {
+			errs = append(errs, fmt.Errorf("TxBatchSize must be between 1 and BatchSize (%d), got %d", c.BatchSize, c.TxBatchSize))
+		}
+	case ClaimLock:
+		if c.TxBatchSize < 1 || c.TxBatchSize > MaxBatchSize {
+			errs = append(errs, fmt.Errorf("TxBatchSize must be between 1 and %d, got %d", MaxBatchSize, c.TxBatchSize))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("ClaimMode %d is not one of ClaimLease, ClaimLock", int(c.ClaimMode)))
+	}
+	if c.Lease < 10*time.Millisecond {
+		errs = append(errs, fmt.Errorf("Lease must be at least 10ms, got %s", c.Lease))
+	}
+	if c.RenewInterval >= c.Lease {
+		errs = append(errs, fmt.Errorf("RenewInterval (%s) must be shorter than Lease (%s), or negative to disable renewal", c.RenewInterval, c.Lease))
+	}
+	if c.HandlerTimeout < 0 || c.ReapInterval < 0 || c.PollInterval < 0 {
+		errs = append(errs, errors.New("HandlerTimeout, ReapInterval and PollInterval must not be negative"))
+	}
+	if c.MaxAttempts < 1 {
+		errs = append(errs, fmt.Errorf("MaxAttempts must be at least 1, got %d", c.MaxAttempts))
+	}
+	if c.Backoff < 0 || c.MaxBackoff < c.Backoff {
+		errs = append(errs, fmt.Errorf("Backoff (%s) must not be negative and MaxBackoff (%s) not below it", c.Backoff, c.MaxBackoff))
+	}
+	if c.OutputTopic != "" {
+		if err := outbox.DefaultValidateTopic(c.OutputTopic); err != nil {
+			errs = append(errs, fmt.Errorf("OutputTopic: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,58 @@
+package inbox
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// PruneFinished deletes the DONE and SKIPPED rows of req.Consumer ("" for every consumer)
+// finished before req's cutoff (Before, or Keep ago by the database clock), oldest first, in
+// batches of at most req.BatchSize rows (one statement each), and returns how many it deleted,
+// also when it stops on an error or a cancelled ctx. PENDING, IN_PROGRESS and FAILED rows are
+// never deleted.
+//
+// A deleted row no longer deduplicates its message: keep rows for longer than the broker can
+// redeliver (retention, DLQ redrives, consumer-group resets). The scan walks the table in id
+// order and stops at the batch size, so it is cheap while old rows are mostly finished.
+func PruneFinished(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error) {
+	schema, req, cutoff, err := pgtx.CheckPrune(ctx, db, schema, req, pgtx.AnyConsumer)
+	if err != nil {
+		return 0, fmt.Errorf("inbox: prune finished: %w", err)
+	}
+	q := newQueries(schema)
+	// The batch is located through inbox_finished_idx (consumer, finished_at) and deleted by
+	// physical address (a TID scan); rows an operator holds locked are skipped. A separate
+	// statement per form keeps the consumer condition sargable under a generic plan.
+	where := `consumer = $1 AND status IN ('DONE', 'SKIPPED') AND finished_at < $2`
+	args := []any{req.Consumer, cutoff}
+	if req.Consumer == "" {
+		where = `status IN ('DONE', 'SKIPPED') AND finished_at < $1`
+		args = []any{cutoff}
+	}
+	limitParam := fmt.Sprintf("$%d", len(args)+1)
+	// The attempt records of the deleted rows (ClaimLock, migration 007) go with them: a
+	// finished row's record is stale, and nothing else would ever delete it.
+	query := `WITH gone AS (
+    DELETE FROM ` + q.table + ` WHERE ctid = ANY(ARRAY(
+        SELECT ctid FROM ` + q.table + ` WHERE ` + where + ` LIMIT ` + limitParam + ` FOR UPDATE SKIP LOCKED))
+    RETURNING id
+), attempts AS (
+    DELETE FROM ` + q.attempts + ` WHERE inbox_id IN (SELECT id FROM gone)
+)
+SELECT count(*) FROM gone`
+	var total int64
+	for ctx.Err() == nil {
+		var n int64
+		if err := db.QueryRowContext(ctx, query, append(args, req.BatchSize)...).Scan(&n); err != nil {
+			return total, fmt.Errorf("inbox: prune finished: %w", err)
+		}
+		total += n
+		if n < int64(req.BatchSize) {
+			return total, nil
+		}
+	}
+	return total, ctx.Err()
+}

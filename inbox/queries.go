@@ -1,0 +1,201 @@
+package inbox
+
+import (
+	"time"
+
+	"github.com/wmonce/watermill-once/internal/pgnotify"
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// unfinished lists, in SQL, the statuses that hold back later rows of the same ordering key.
+// It must match the predicate of inbox_key_head_idx (migration 002).
+const unfinished = `('PENDING', 'IN_PROGRESS', 'FAILED')`
+
+// notifyChannel is the LISTEN/NOTIFY channel of an inbox schema. NOTIFY payloads carry the
+// consumer name, so processors of other consumers ignore the wake-up. PostgreSQL truncates
+// identifiers at 63 bytes; long schema names are hashed to stay under it (pgnotify.Channel).
+func notifyChannel(schema string) string { return pgnotify.Channel("wmonce_inbox_", schema) }
+
+// micros turns a duration into the bigint the queries multiply by interval '1 microsecond', so
+// that every timestamp is computed by the database clock, never by a worker's.
+func micros(d time.Duration) int64 { return d.Microseconds() }
+
+// leaseExpired starts the last_error of a row whose lease the reaper took back: a claim
+// recognises by it a row whose last attempt may have killed its worker.
+const leaseExpired = "lease expired during attempt "
+
+// queries holds every statement with the schema-qualified table quoted in.
+type queries struct {
+	table    string
+	attempts string // inbox_attempts (ClaimLock's attempt records)
+	channel  string
+
+	ingest       string
+	claim        string
+	complete     string
+	completeMany string
+	owned        string
+	fail         string
+	release      string
+	renew        string
+	reap         string
+
+	// ClaimLock mode.
+	lockDue      string
+	lockOne      string
+	completeLock string
+	failLock     string
+	startLock    string
+	forgetLock   string
+	parkLock     string
+}
+
+func newQueries(schema string) queries {
+	t := pgtx.QualifiedName(schema, "inbox")
+	// Eligible rows: due PENDING rows without an older unfinished row of their ordering key.
+	eligible := `i.consumer = $1 AND i.status = 'PENDING' AND i.next_attempt_at <= now()
+  AND (i.ordering_key IS NULL OR NOT EXISTS (
+      SELECT 1 FROM ` + t + ` o
+      WHERE o.consumer = i.consumer AND o.ordering_key = i.ordering_key
+        AND o.status IN ` + unfinished + ` AND o.id < i.id))`
+	// ClaimLock: the row lock taken in the processing transaction is the claim. Rows stay
+	// PENDING, so a row that an older one of its key is being processed (locked, still
+	// PENDING) stays ineligible, and per-key order holds as with leases. attempts + 1 is the
+	// attempt being started; its start is committed apart (startLock) and its outcome with
+	// the handler's effects. An attempt that ended its connection or process left its start in
+	// inbox_attempts (migration 007): it counts, so the attempt being started is the one after
+	// it. A start is ignored once the row changed (row_xmin), e.g. an operator replayed it.
+	a := pgtx.QualifiedName(schema, "inbox_attempts")
+	lockColumns := `SELECT i.id, i.message_id, i.message_uuid, coalesce(i.ordering_key, ''), i.topic, i.payload, i.metadata::text,
+    greatest(i.attempts, coalesce(s.attempt, 0)) + 1, i.received_at, coalesce(s.attempt, 0), i.xmin::text
+FROM ` + t + ` i LEFT JOIN ` + a + ` s ON s.inbox_id = i.id AND s.row_xmin = i.xmin
+WHERE `
+	return queries{
+		table:    t,
+		attempts: a,
+		channel:  notifyChannel(schema),
+
+		// One statement, one implicit transaction, one round trip per batch: insert every row
+		// in arrival order (ids follow it), skip keys already present, and NOTIFY once if
+		// anything was new. Notifications are delivered at commit.
+		// $9 holds the age guard's reason per row ('' for none): such a row, if its key is
+		// new, is stored parked as FAILED with the reason, and its key is returned.
+		ingest: `WITH ins AS (
+    INSERT INTO ` + t + ` (consumer, message_id, message_uuid, ordering_key, topic, payload, metadata, status, last_error)
+    SELECT $1::text, k, u, NULLIF(o, ''), tp, p, m::jsonb,
+        CASE WHEN e = '' THEN 'PENDING' ELSE 'FAILED' END, NULLIF(e, '')
+    FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[], $9::text[]) WITH ORDINALITY AS x(k, u, o, tp, p, m, e, n)
+    ORDER BY n
+    ON CONFLICT (consumer, message_id) DO NOTHING
+    RETURNING message_id, status
+)
+SELECT c.n, c.parked, CASE WHEN c.n > c.p THEN pg_notify($8, $1::text)::text END FROM (
+    SELECT count(*) AS n, count(*) FILTER (WHERE status = 'FAILED') AS p,
+        coalesce(json_agg(message_id) FILTER (WHERE status = 'FAILED'), '[]')::text AS parked
+    FROM ins) c`,
+
+		// Due PENDING rows in received order, skipping rows another claim holds locked, and
+		// skipping rows that have an older unfinished row of the same ordering key. $5 is the
+		// claim floor (see Processor.claimAfter).
+		claim: `WITH due AS (
+    SELECT i.id FROM ` + t + ` i
+    WHERE i.consumer = $1 AND i.status = 'PENDING' AND i.next_attempt_at <= now() AND i.id > $5
+      AND (i.ordering_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM ` + t + ` o
+          WHERE o.consumer = i.consumer AND o.ordering_key = i.ordering_key
+            AND o.status IN ` + unfinished + ` AND o.id < i.id))
+    ORDER BY i.id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE ` + t + ` r SET status = 'IN_PROGRESS', claim_token = $3,
+    lease_until = now() + $4::bigint * interval '1 microsecond', attempts = r.attempts + 1
+FROM due WHERE r.id = due.id
+RETURNING r.id, r.message_id, r.message_uuid, coalesce(r.ordering_key, ''), r.topic, r.payload, r.metadata::text, r.attempts, r.received_at,
+    CASE WHEN starts_with(r.last_error, '` + leaseExpired + `') THEN r.attempts - 1 ELSE 0 END, ''`,
+
+		complete: `UPDATE ` + t + ` SET status = 'DONE', finished_at = statement_timestamp(), claim_token = NULL, lease_until = NULL
+WHERE id = $1 AND claim_token = $2`,
+		completeMany: `UPDATE ` + t + ` SET status = 'DONE', finished_at = statement_timestamp(), claim_token = NULL, lease_until = NULL
+WHERE id = ANY($1::bigint[]) AND claim_token = $2`,
+		owned: `SELECT id FROM ` + t + ` WHERE id = ANY($1::bigint[]) AND claim_token = $2`,
+
+		// $3: permanent error; $4: attempt limit; $5: backoff in microseconds.
+		fail: `UPDATE ` + t + ` SET
+    status = CASE WHEN $3::bool OR attempts >= $4 THEN 'FAILED' ELSE 'PENDING' END,
+    next_attempt_at = now() + $5::bigint * interval '1 microsecond',
+    last_error = $6, claim_token = NULL, lease_until = NULL
+WHERE id = $1 AND claim_token = $2
+RETURNING status`,
+
+		// Gives claimed rows back without counting the attempt (shutdown, lost connection).
+		release: `UPDATE ` + t + ` r SET status = 'PENDING', claim_token = NULL, lease_until = NULL,
+    attempts = greatest(r.attempts - 1, 0), next_attempt_at = now() + $3::bigint * interval '1 microsecond'
+FROM unnest($1::bigint[], $2::bigint[]) AS c(id, token)
+WHERE r.id = c.id AND r.claim_token = c.token
+RETURNING r.id`,
+
+		// Extends the leases a worker still holds. Rows locked right now are being completed
+		// by their worker: skip them rather than wait.
+		renew: `UPDATE ` + t + ` r SET lease_until = now() + $3::bigint * interval '1 microsecond'
+FROM (SELECT i.id FROM ` + t + ` i JOIN unnest($1::bigint[], $2::bigint[]) AS c(id, token)
+        ON i.id = c.id AND i.claim_token = c.token
+      FOR UPDATE OF i SKIP LOCKED) h
+WHERE r.id = h.id`,
+
+		// Takes back claims whose lease ran out. The attempt the lost worker started stays
+		// counted, so a message that kills its worker every time is parked after the limit.
+		reap: `UPDATE ` + t + ` r SET
+    status = CASE WHEN r.attempts >= $2 THEN 'FAILED' ELSE 'PENDING' END,
+    claim_token = NULL, lease_until = NULL, next_attempt_at = now(),
+    last_error = '` + leaseExpired + `' || r.attempts || ': the worker stalled, died or outran its lease'
+FROM (SELECT id FROM ` + t + `
+      WHERE consumer = $1 AND status = 'IN_PROGRESS' AND lease_until < now()
+      LIMIT 1000 FOR UPDATE SKIP LOCKED) e
+WHERE r.id = e.id
+RETURNING r.id, r.status`,
+
+		lockDue: lockColumns + eligible + ` AND i.id > $3
+ORDER BY i.id
+LIMIT $2
+FOR UPDATE OF i SKIP LOCKED`,
+		lockOne: lockColumns + eligible + ` AND i.id = $2
+FOR UPDATE OF i SKIP LOCKED`,
+		// The outcome of a locked attempt commits with the handler's effects; it removes the
+		// attempt's start record. $2: the attempt numbers.
+		completeLock: `WITH c AS (SELECT * FROM unnest($1::bigint[], $2::int[]) AS c(id, n)),
+f AS (DELETE FROM ` + a + ` s USING c WHERE s.inbox_id = c.id AND s.attempt = c.n)
+UPDATE ` + t + ` i SET status = 'DONE', finished_at = statement_timestamp(), attempts = c.n
+FROM c WHERE i.id = c.id AND i.status = 'PENDING'`,
+		// $2: permanent error; $3: attempt limit; $4: backoff in microseconds; $6: the attempt
+		// number. Run inside the transaction that holds the row lock, or after it ended (a row
+		// another worker completed meanwhile is no longer PENDING and is left alone; a start
+		// another worker recorded meanwhile has another number and is left alone too).
+		// failLock and completeLock run in the locking transaction, which began before the
+		// handler ran: the outcome's time is the statement's, not the transaction's (now()), so
+		// that a retry waits Backoff after the failure, not after the claim.
+		failLock: `WITH f AS (DELETE FROM ` + a + ` WHERE inbox_id = $1 AND attempt = $6)
+UPDATE ` + t + ` SET
+    status = CASE WHEN $2::bool OR greatest(attempts, $6) >= $3 THEN 'FAILED' ELSE 'PENDING' END,
+    attempts = greatest(attempts, $6),
+    next_attempt_at = statement_timestamp() + $4::bigint * interval '1 microsecond',
+    last_error = $5
+WHERE id = $1 AND status = 'PENDING'
+RETURNING status`,
+		// Committed on its own, from another connection than the one holding the row locks,
+		// before the handlers run: a crash cannot undo it. Overwrites a stale start.
+		startLock: `INSERT INTO ` + a + ` (inbox_id, attempt, row_xmin)
+SELECT c.id, c.n, c.x::xid FROM unnest($1::bigint[], $2::int[], $3::text[]) AS c(id, n, x)
+ON CONFLICT (inbox_id) DO UPDATE SET attempt = EXCLUDED.attempt, row_xmin = EXCLUDED.row_xmin, started_at = now()`,
+		// Withdraws starts whose attempt ended without an outcome that is the message's doing
+		// (shutdown, a batch rolled back to run its rows one by one).
+		forgetLock: `DELETE FROM ` + a + ` s USING unnest($1::bigint[], $2::int[]) AS c(id, n)
+WHERE s.inbox_id = c.id AND s.attempt = c.n`,
+		// Parks a locked row whose last allowed attempt ended its connection or process.
+		// $2: that attempt's number.
+		parkLock: `WITH f AS (DELETE FROM ` + a + ` WHERE inbox_id = $1)
+UPDATE ` + t + ` SET status = 'FAILED', attempts = greatest(attempts, $2), last_error = $3
+WHERE id = $1 AND status = 'PENDING'
+RETURNING status`,
+	}
+}

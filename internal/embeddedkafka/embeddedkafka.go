@@ -1,0 +1,69 @@
+// Package embeddedkafka runs an in-process broker that speaks the Kafka protocol (franz-go's
+// kfake), for the demo and the tests only: it is internal so that no user binary links it.
+package embeddedkafka
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/wmonce/watermill-once/broker"
+)
+
+// Broker is an in-process broker that speaks the Kafka protocol (franz-go's kfake),
+// listening on 127.0.0.1. It keeps everything in memory: it is for demos and tests, never for
+// data you want to keep. Child processes can connect to it while this process lives.
+type Broker struct {
+	cluster *kfake.Cluster
+	addrs   []string
+}
+
+// Start starts a single-broker kfake cluster. Topics are created on demand with
+// broker.DefaultKafkaPartitions partitions, and consumer groups accept session timeouts from one
+// second, so tests can use short ones. It stops when ctx ends or Close is called.
+func Start(ctx context.Context, logger watermill.LoggerAdapter) (*Broker, error) {
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	cluster, err := kfake.NewCluster(
+		kfake.NumBrokers(1),
+		kfake.AllowAutoTopicCreation(),
+		kfake.DefaultNumPartitions(broker.DefaultKafkaPartitions),
+		kfake.GroupMinSessionTimeout(time.Second),
+		kfake.WithLogger(kfakeLogger{logger}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("broker: start embedded Kafka (kfake): %w", err)
+	}
+	e := &Broker{cluster: cluster, addrs: cluster.ListenAddrs()}
+	context.AfterFunc(ctx, e.Close)
+	return e, nil
+}
+
+// Addrs returns the bootstrap addresses, for KafkaConfig.Brokers.
+func (e *Broker) Addrs() []string { return append([]string(nil), e.addrs...) }
+
+// Close stops the broker; everything it held is gone. It is idempotent.
+func (e *Broker) Close() { e.cluster.Close() }
+
+type kfakeLogger struct{ l watermill.LoggerAdapter }
+
+func (k kfakeLogger) Logf(level kfake.LogLevel, format string, args ...any) {
+	msg := "kfake: " + strings.TrimSpace(fmt.Sprintf(format, args...))
+	switch level {
+	case kfake.LogLevelError:
+		k.l.Error(msg, nil, nil)
+	case kfake.LogLevelWarn, kfake.LogLevelInfo:
+		k.l.Debug(msg, nil)
+	default:
+		k.l.Trace(msg, nil)
+	}
+}
+
+// Cluster returns the kfake cluster, for tests that inject faults or observe requests
+// (kfake.Cluster.ControlKey).
+func (e *Broker) Cluster() *kfake.Cluster { return e.cluster }

@@ -1,0 +1,125 @@
+package wmonce
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// ErrInvalidKey is wrapped by every error about a message's dedupe key. Such errors are also
+// permanent (see IsPermanent): retrying the same message cannot fix its key.
+var ErrInvalidKey = errors.New("wmonce: invalid dedupe key")
+
+// KeyFunc returns the dedupe key of a message: a stable id the producer gives every copy of one
+// event. Never use a broker delivery id (Kafka offset, AMQP delivery tag, SQS receipt handle):
+// those change on redelivery and would let every copy through.
+type KeyFunc func(msg *message.Message) (string, error)
+
+// KeyFromUUID uses the Watermill message UUID, which watermill-once's outbox and Watermill's
+// publishers carry unchanged through every broker. This is the default.
+func KeyFromUUID() KeyFunc {
+	return func(msg *message.Message) (string, error) {
+		if msg.UUID == "" {
+			return "", errors.New("message UUID is empty: producers must set a stable UUID, or configure Key (KeyFromMetadata, KeyFromPayloadSHA256 or a business key)")
+		}
+		return msg.UUID, nil
+	}
+}
+
+// KeyFromMetadata uses a metadata field, e.g. "event_id" set by the producer.
+func KeyFromMetadata(field string) KeyFunc {
+	return func(msg *message.Message) (string, error) {
+		v := msg.Metadata.Get(field)
+		if v == "" {
+			return "", fmt.Errorf("metadata field %q is missing or empty: the producer must set it, or configure another Key", field)
+		}
+		return v, nil
+	}
+}
+
+// KeyFromPayloadSHA256 uses the hex SHA-256 of the raw payload bytes, for producers that send
+// no id. Two distinct events with byte-identical payloads are then one event: include something
+// unique (an event id, a timestamp) in the payload if that can happen.
+func KeyFromPayloadSHA256() KeyFunc {
+	return func(msg *message.Message) (string, error) {
+		sum := sha256.Sum256(msg.Payload)
+		return hex.EncodeToString(sum[:]), nil
+	}
+}
+
+// KeyFromFunc adapts a business-key extractor (e.g. decode the payload and return the payment
+// id). It exists for readability at the call site; any KeyFunc works.
+func KeyFromFunc(f func(msg *message.Message) (string, error)) KeyFunc { return f }
+
+// MaxKeyLengthLimit is the largest MaxKeyLength accepted: PostgreSQL b-tree entries must stay
+// well under a third of a page.
+const MaxKeyLengthLimit = 1024
+
+// DefaultMaxKeyLength is every component's MaxKeyLength when none is set.
+const DefaultMaxKeyLength = 255
+
+// SetKeyDefaults fills in the dedupe-key settings a component's Config left zero: the message
+// UUID as key (KeyFromUUID), keys up to DefaultMaxKeyLength bytes.
+func SetKeyDefaults(key *KeyFunc, maxKeyLength *int) {
+	if *key == nil {
+		*key = KeyFromUUID()
+	}
+	if *maxKeyLength == 0 {
+		*maxKeyLength = DefaultMaxKeyLength
+	}
+}
+
+// SetAgeGuardDefaults fills in the parts of a MaxMessageAge guard a component's Config left
+// nil: the event time read from the RFC 3339 metadata field (OccurredAtFromMetadata), and
+// time.Now as the clock.
+func SetAgeGuardDefaults(occurredAt *func(*message.Message) (time.Time, bool, error), now *func() time.Time, field string) {
+	if *occurredAt == nil {
+		*occurredAt = OccurredAtFromMetadata(field)
+	}
+	if *now == nil {
+		*now = time.Now
+	}
+}
+
+// CheckMaxKeyLength reports a MaxKeyLength setting outside 1 to MaxKeyLengthLimit, the range
+// every component accepts.
+func CheckMaxKeyLength(n int) error {
+	if n < 1 || n > MaxKeyLengthLimit {
+		return fmt.Errorf("MaxKeyLength must be between 1 and %d, got %d", MaxKeyLengthLimit, n)
+	}
+	return nil
+}
+
+// CheckKey applies the rules every dedupe key must meet: not empty, at most maxLen bytes, and
+// text PostgreSQL can store (valid UTF-8, no NUL). The inbox applies the same rules.
+func CheckKey(key string, maxLen int) error {
+	switch {
+	case key == "":
+		return errors.New("key is empty")
+	case len(key) > maxLen:
+		return fmt.Errorf("key is %d bytes long, over MaxKeyLength (%d): raise MaxKeyLength (up to %d) or use KeyFromPayloadSHA256 / a shorter business key", len(key), maxLen, MaxKeyLengthLimit)
+	}
+	if err := CheckText("key", key); err != nil {
+		return fmt.Errorf("%w: use KeyFromPayloadSHA256 or hex-encode it", err)
+	}
+	return nil
+}
+
+// OccurredAtFromMetadata reads the event time from an RFC 3339 metadata field.
+func OccurredAtFromMetadata(field string) func(*message.Message) (time.Time, bool, error) {
+	return func(msg *message.Message) (time.Time, bool, error) {
+		v := msg.Metadata.Get(field)
+		if v == "" {
+			return time.Time{}, false, nil
+		}
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			return time.Time{}, false, fmt.Errorf("metadata %q is not an RFC 3339 time: %q", field, v)
+		}
+		return t, true, nil
+	}
+}

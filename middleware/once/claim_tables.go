@@ -1,0 +1,336 @@
+package once
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	"github.com/wmonce/watermill-once/internal/partition"
+	"github.com/wmonce/watermill-once/internal/worker"
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// The operations below are what retention, admin, metrics and the CLI do to the claim tables.
+// once owns processed_messages and processed_messages_daily: no other package holds SQL on
+// them. Each takes the schema the middleware was configured with ("" means
+// pgtx.DefaultSchema).
+
+func claimTables(op string, db *sql.DB, schema *string) (plain, daily string, err error) {
+	if db == nil {
+		return "", "", fmt.Errorf("once: %s: db is nil", op)
+	}
+	if *schema == "" {
+		*schema = pgtx.DefaultSchema
+	}
+	if err := pgtx.ValidateIdentifier("schema", *schema); err != nil {
+		return "", "", fmt.Errorf("once: %s: %w", op, err)
+	}
+	return pgtx.QualifiedName(*schema, "processed_messages"), pgtx.QualifiedName(*schema, partition.Parent), nil
+}
+
+// hasDaily reports whether schema has processed_messages_daily: a schema older than migration
+// 004 has none, and all its claims are in processed_messages.
+func hasDaily(ctx context.Context, db *sql.DB, daily string) (bool, error) {
+	var ok bool
+	err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, daily).Scan(&ok)
+	return ok, err
+}
+
+// ClaimConsumers lists, in name order, the consumers with claims in processed_messages. It
+// walks the (consumer, ...) index one consumer at a time (a "loose index scan"), so it costs
+// one index probe per consumer, not a scan of the table. Consumers whose claims are all in
+// processed_messages_daily are not listed: that table is pruned by whole days (MaintainDays).
+func ClaimConsumers(ctx context.Context, db *sql.DB, schema string) ([]string, error) {
+	pm, _, err := claimTables("claim consumers", db, &schema)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := db.QueryContext(ctx, `WITH RECURSIVE c(consumer) AS (
+    (SELECT consumer FROM `+pm+` ORDER BY consumer LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.consumer FROM `+pm+` t WHERE t.consumer > c.consumer ORDER BY t.consumer LIMIT 1)
+    FROM c WHERE c.consumer IS NOT NULL
+)
+SELECT consumer FROM c WHERE consumer IS NOT NULL`)
+	if err != nil {
+		return nil, fmt.Errorf("once: claim consumers: %w", err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var c string
+		if err := rows.Scan(&c); err != nil {
+			return nil, fmt.Errorf("once: claim consumers: %w", err)
+		}
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("once: claim consumers: %w", err)
+	}
+	return out, nil
+}
+
+// PruneClaims deletes the claims of req.Consumer (required) in processed_messages applied
+// (processed_at) before req's cutoff (Before, or Keep ago by the database clock), in batches of
+// at most req.BatchSize rows (one short transaction each),
+// and returns how many it deleted, also when it stops on an error or a cancelled ctx.
+//
+// A deleted claim no longer deduplicates: a copy of its message arriving later is applied
+// again unless the age guard (Config.MaxMessageAge) refuses it. Keep claims for longer than
+// any redelivery can come.
+func PruneClaims(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error) {
+	pm, _, err := claimTables("prune claims", db, &schema)
+	if err != nil {
+		return 0, err
+	}
+	schema, req, before, err := pgtx.CheckPrune(ctx, db, schema, req, pgtx.PerConsumer)
+	if err != nil {
+		return 0, fmt.Errorf("once: prune claims: %w", err)
+	}
+	consumer, batchSize := req.Consumer, req.BatchSize
+	// ctid = ANY(ARRAY(...)) makes a TID scan: the batch is located once through the
+	// (consumer, processed_at) index and deleted by physical address.
+	n, err := pgtx.DeleteInBatches(ctx, db, batchSize, `DELETE FROM `+pm+` WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM `+pm+` WHERE consumer = $1 AND processed_at < $2 LIMIT $3))`, consumer, before)
+	if err != nil {
+		return n, fmt.Errorf("once: prune claims of %q: %w", consumer, err)
+	}
+	return n, nil
+}
+
+// PruneDailyClaims deletes row by row the claims in processed_messages_daily of req.Consumer
+// ("": every consumer) applied before req's cutoff, in batches like PruneClaims. It is for
+// operators purging by hand; routine retention drops whole days (MaintainDays), which costs
+// no row deletes. A schema without the table (older than migration 004) has nothing to delete.
+func PruneDailyClaims(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error) {
+	_, daily, err := claimTables("prune daily claims", db, &schema)
+	if err != nil {
+		return 0, err
+	}
+	schema, req, before, err := pgtx.CheckPrune(ctx, db, schema, req, pgtx.AnyConsumer)
+	if err != nil {
+		return 0, fmt.Errorf("once: prune daily claims: %w", err)
+	}
+	consumer, batchSize := req.Consumer, req.BatchSize
+	if ok, err := hasDaily(ctx, db, daily); err != nil || !ok {
+		return 0, wrapErr("prune daily claims", err)
+	}
+	// The table is partitioned: ctid is not unique across partitions, so rows are addressed
+	// by their primary key.
+	n, err := pgtx.DeleteInBatches(ctx, db, batchSize, `DELETE FROM `+daily+` WHERE (consumer, message_id, occurred_on) IN (
+    SELECT consumer, message_id, occurred_on FROM `+daily+` WHERE ($1 = '' OR consumer = $1) AND processed_at < $2 LIMIT $3)`, consumer, before)
+	return n, wrapErr("prune daily claims", err)
+}
+
+// CountClaims counts the claims of consumer ("": every consumer) applied before the given
+// time, in processed_messages and processed_messages_daily: what PruneClaims and
+// PruneDailyClaims would delete. It only reads.
+func CountClaims(ctx context.Context, db *sql.DB, schema, consumer string, before time.Time) (int64, error) {
+	pm, daily, err := claimTables("count claims", db, &schema)
+	if err != nil {
+		return 0, err
+	}
+	const where = ` WHERE ($1 = '' OR consumer = $1) AND processed_at < $2`
+	var n int64
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM `+pm+where, consumer, before).Scan(&n); err != nil {
+		return 0, fmt.Errorf("once: count claims: %w", err)
+	}
+	ok, err := hasDaily(ctx, db, daily)
+	if err != nil || !ok {
+		return n, wrapErr("count claims", err)
+	}
+	var d int64
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM `+daily+where, consumer, before).Scan(&d); err != nil {
+		return n, fmt.Errorf("once: count claims: %w", err)
+	}
+	return n + d, nil
+}
+
+// DaysReport says what MaintainDays changed in processed_messages_daily.
+type DaysReport struct {
+	// Dropped are the days whose partition was dropped, oldest first.
+	Dropped []time.Time
+	// Created counts the days whose partition was created ahead.
+	Created int
+}
+
+// dropLockKey serialises the drops of concurrent MaintainDays calls on one schema.
+func dropLockKey(schema string) int64 { return worker.LockKey("retention-drop", schema) }
+
+// MaintainDays keeps the day partitions of processed_messages_daily (Config.PartitionByDay):
+// it drops every day that ended before dropBefore's day, then, unless ahead is negative,
+// creates the partitions from today's day through ahead days later, so that claims never wait
+// for a partition to be created. It does nothing while the table has no partition (the table
+// is not in use). The report counts what was done before an error too.
+//
+// Guarantee and limit: a day goes as a whole, with every consumer's claims of that day (the
+// table is shared), so pass the cut-off of the consumer that keeps claims longest. DETACH
+// CONCURRENTLY keeps claims flowing meanwhile; concurrent calls on one schema are serialised
+// by an advisory lock held around the drops.
+func MaintainDays(ctx context.Context, db *sql.DB, schema string, dropBefore, today time.Time, ahead int) (DaysReport, error) {
+	var rep DaysReport
+	if _, _, err := claimTables("maintain days", db, &schema); err != nil {
+		return rep, err
+	}
+	days, err := partition.List(ctx, db, schema)
+	if err != nil {
+		return rep, fmt.Errorf("once: maintain days: %w", err)
+	}
+	if len(days) == 0 {
+		return rep, nil
+	}
+	// DETACH ... CONCURRENTLY cannot run in a transaction, so the lock is a session-level one
+	// on a connection of its own.
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("once: maintain days: %w", err)
+	}
+	defer conn.Close()
+	key := dropLockKey(schema)
+	if _, err := conn.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, key); err != nil {
+		return rep, fmt.Errorf("once: maintain days: lock: %w", err)
+	}
+	defer func() {
+		unlockCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_, _ = conn.ExecContext(unlockCtx, `SELECT pg_advisory_unlock($1)`, key)
+	}()
+	rep.Dropped, err = partition.DropBefore(ctx, db, schema, dropBefore)
+	if err != nil {
+		return rep, fmt.Errorf("once: maintain days: %w", err)
+	}
+	if ahead < 0 {
+		return rep, nil
+	}
+	first := partition.Day(today)
+	last := first.AddDate(0, 0, ahead)
+	if err := partition.Ensure(ctx, db, schema, first, last); err != nil {
+		return rep, fmt.Errorf("once: maintain days: %w", err)
+	}
+	have := map[time.Time]bool{}
+	for _, d := range days {
+		have[d] = true
+	}
+	for d := first; !d.After(last); d = d.AddDate(0, 0, 1) {
+		if !have[d] {
+			rep.Created++
+		}
+	}
+	return rep, nil
+}
+
+// ClaimStats are one consumer's claims in the database.
+type ClaimStats struct {
+	// Claims counts the consumer's rows in processed_messages and processed_messages_daily:
+	// messages applied and not yet deleted by retention.
+	Claims int64
+	// NewestClaim is when the most recent of them was applied (zero when there are none).
+	NewestClaim time.Time
+}
+
+// Stats returns ClaimStats for every consumer with claims in schema. It scans the claim
+// tables: on tables of many millions of rows this takes seconds, so bound ctx with a deadline.
+// A schema without processed_messages (not migrated) is an error for which
+// pgtx.IsUndefinedTable is true, not an empty map.
+func Stats(ctx context.Context, db *sql.DB, schema string) (map[string]ClaimStats, error) {
+	pm, daily, err := claimTables("stats", db, &schema)
+	if err != nil {
+		return nil, err
+	}
+	const part = `SELECT consumer, count(*) AS n, max(processed_at) AS newest FROM %s GROUP BY consumer`
+	union := fmt.Sprintf(part, pm)
+	ok, err := hasDaily(ctx, db, daily)
+	if err != nil {
+		return nil, fmt.Errorf("once: stats: %w", err)
+	}
+	if ok {
+		union += "\nUNION ALL\n" + fmt.Sprintf(part, daily)
+	}
+	rows, err := db.QueryContext(ctx, `SELECT consumer, sum(n)::bigint, max(newest) FROM (`+union+`) x GROUP BY consumer`)
+	if err != nil {
+		return nil, fmt.Errorf("once: stats: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]ClaimStats{}
+	for rows.Next() {
+		var consumer string
+		var st ClaimStats
+		var newest sql.NullTime
+		if err := rows.Scan(&consumer, &st.Claims, &newest); err != nil {
+			return nil, fmt.Errorf("once: stats: %w", err)
+		}
+		st.NewestClaim = newest.Time
+		out[consumer] = st
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("once: stats: %w", err)
+	}
+	return out, nil
+}
+
+// ClaimHistory counts the claims of each consumer (or only of consumer, when not "") per
+// bucket of width from start, over n buckets, by processed_at: the time of the transaction
+// that applied the message. It reads processed_messages and, when the schema has it,
+// processed_messages_daily. Claims deleted by retention are not counted.
+//
+// Cost: without a consumer it scans the claim tables (no index leads with processed_at); with
+// one, processed_messages is read through its (consumer, processed_at) index, while
+// processed_messages_daily, partitioned by the day the event occurred (an old event can be
+// applied today), is still scanned.
+func ClaimHistory(ctx context.Context, db *sql.DB, schema, consumer string, start time.Time, width time.Duration, n int) (map[string][]int64, error) {
+	pm, daily, err := claimTables("claim history", db, &schema)
+	if err != nil {
+		return nil, err
+	}
+	if width <= 0 || n < 1 {
+		return nil, fmt.Errorf("once: claim history: width must be positive and n at least 1, got %s and %d", width, n)
+	}
+	args := []any{start, start.Add(time.Duration(n) * width), width.Seconds()}
+	where := `processed_at >= $1 AND processed_at < $2`
+	if consumer != "" {
+		args = append(args, consumer)
+		where += ` AND consumer = $4`
+	}
+	union := `SELECT consumer, processed_at FROM ` + pm + ` WHERE ` + where
+	ok, err := hasDaily(ctx, db, daily)
+	if err != nil {
+		return nil, fmt.Errorf("once: claim history: %w", err)
+	}
+	if ok {
+		union += "\nUNION ALL\nSELECT consumer, processed_at FROM " + daily + ` WHERE ` + where
+	}
+	rows, err := db.QueryContext(ctx, `SELECT consumer, floor(extract(epoch FROM processed_at - $1::timestamptz) / $3)::int AS b, count(*)
+FROM (`+union+`) x GROUP BY 1, 2`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("once: claim history: %w", err)
+	}
+	defer rows.Close()
+	out := map[string][]int64{}
+	for rows.Next() {
+		var c string
+		var k int
+		var cnt int64
+		if err := rows.Scan(&c, &k, &cnt); err != nil {
+			return nil, fmt.Errorf("once: claim history: %w", err)
+		}
+		if k < 0 || k >= n {
+			continue
+		}
+		if out[c] == nil {
+			out[c] = make([]int64, n)
+		}
+		out[c][k] += cnt
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("once: claim history: %w", err)
+	}
+	return out, nil
+}
+
+func wrapErr(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("once: %s: %w", op, err)
+}

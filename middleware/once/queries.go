@@ -1,0 +1,73 @@
+package once
+
+import (
+	"fmt"
+
+	"github.com/wmonce/watermill-once/internal/partition"
+	"github.com/wmonce/watermill-once/internal/txguard"
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// claimQueries are the statements on the claims table: processed_messages, or
+// processed_messages_daily with PartitionByDay (whose statements take the day as last argument).
+type claimQueries struct {
+	daily            bool
+	claim, lookup    string // one key
+	claimMany        string // many keys: unnest arrays, RETURNING the fresh ones
+	lookupMany       string
+	savepointClaim   string // the subscriber-transaction path: savepoint, guard and claim at once
+	savepointRelease string
+	doom             string
+}
+
+func newClaimQueries(schema string, daily bool) claimQueries {
+	t := pgtx.QualifiedName(schema, "processed_messages")
+	cols, arrays, dayCond := "consumer, message_id, payload_sha256", "$1::text[], $2::text[], $3::bytea[]", ""
+	typed := "$1::text, $2::text, $3::bytea"
+	if daily {
+		t = pgtx.QualifiedName(schema, partition.Parent)
+		cols, arrays, dayCond = cols+", occurred_on", arrays+", $4::date[]", " AND occurred_on = $3"
+		typed += ", $4::date"
+	}
+	// The attempt state of migration 010 (see spBegin): a transaction-local setting per schema.
+	state := txguard.StateSetting(schema)
+	return claimQueries{
+		daily: daily,
+		// The own-transaction claim opens the attempt guard as it goes (see internal/txguard).
+		claim:  `INSERT INTO ` + t + ` (` + cols + `) SELECT ` + typed + ` WHERE ` + txguard.Condition(schema) + ` ON CONFLICT DO NOTHING`,
+		lookup: `SELECT payload_sha256, processed_at FROM ` + t + ` WHERE consumer = $1 AND message_id = $2` + dayCond,
+		claimMany: `INSERT INTO ` + t + ` (` + cols + `)
+SELECT * FROM unnest(` + arrays + `)
+ON CONFLICT DO NOTHING RETURNING consumer, message_id`,
+		lookupMany: `SELECT p.consumer, p.message_id, p.payload_sha256, p.processed_at
+FROM unnest($1::text[], $2::text[]) AS k(consumer, message_id)
+JOIN ` + t + ` p USING (consumer, message_id)`,
+		savepointClaim: spBegin + `;
+INSERT INTO ` + t + ` (` + cols + `) SELECT ` + typed + ` WHERE ` + txguard.Condition(schema) + ` ON CONFLICT DO NOTHING`,
+		savepointRelease: fmt.Sprintf(spRelease, state),
+		doom:             fmt.Sprintf(spDoom, pgtx.QualifiedName(schema, "attempt_doom")),
+	}
+}
+
+// Savepoint statements for the subscriber-transaction path. Each is sent in one round trip at
+// most: pgx sends a statement list without arguments with the simple protocol. The attempt opens
+// with spBegin and the claim in one list (claimQueries.savepointClaim), whose arguments pgx
+// quotes itself (QueryExecModeSimpleProtocol; never string concatenation). The claim is
+// conditional on attempt_begin() (migration 010), which marks the attempt open in a
+// transaction-local setting, inserts the transaction's one guard row on its first attempt, and
+// refuses (SQLSTATE WM001) in a doomed transaction. The setting is reverted with the savepoint
+// when an attempt is rolled back, and the guard row's deferred trigger refuses a COMMIT while it
+// says open or doomed. spRelease and spRollback are pgtx.DeferredPrefix statements: on a pool
+// from pgtx.Open they travel with the transaction's next statement (the next message's claim,
+// or the subscriber's offset update and COMMIT), which therefore cannot run without them, so
+// they cost no round trip of their own.
+const (
+	spBegin    = `SAVEPOINT wmonce_attempt`
+	spRelease  = pgtx.DeferredPrefix + `SET LOCAL %s = 'closed'; RELEASE SAVEPOINT wmonce_attempt`
+	spRollback = pgtx.DeferredPrefix + `ROLLBACK TO SAVEPOINT wmonce_attempt; RELEASE SAVEPOINT wmonce_attempt`
+	// spDoom undoes the attempt and marks the transaction doomed: its COMMIT fails (the guard
+	// row's deferred trigger) and every later attempt_begin() in it refuses with WM001.
+	spDoom = `ROLLBACK TO SAVEPOINT wmonce_attempt; RELEASE SAVEPOINT wmonce_attempt; SELECT %s()`
+	// codeAttemptRefused is attempt_begin()'s refusal in a doomed transaction.
+	codeAttemptRefused = "WM001"
+)

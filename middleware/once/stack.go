@@ -1,0 +1,190 @@
+package once
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"time"
+
+	wmonce "github.com/wmonce/watermill-once"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+
+	"github.com/wmonce/watermill-once/outbox"
+)
+
+// StackConfig configures Stack.
+type StackConfig struct {
+	// Middleware is the transactional dedupe middleware. Required.
+	Middleware *Middleware
+
+	// Timeout bounds each delivery, retries included. Zero: no timeout.
+	Timeout time.Duration
+
+	// Retry re-runs a failed delivery, each attempt in a new transaction. Unset fields default to
+	// DefaultRetryMaxRetries (3), DefaultRetryInitialInterval (100ms), DefaultRetryMultiplier (2),
+	// DefaultRetryMaxInterval (5s) and the Stack's Logger; ResetContextOnRetry is always on (a
+	// failed PostgreSQL transaction cannot be reused), and permanent errors are never retried.
+	Retry wmiddleware.Retry
+
+	// PoisonPublisher and PoisonTopic park messages for which ShouldPark is true: the message
+	// is published there (with Watermill's reason_poisoned, topic_poisoned, handler_poisoned
+	// and subscriber_poisoned metadata) and acked, so it stops blocking its partition or queue.
+	// PoisonPublisher defaults to the Middleware's own outbox (outbox.Writer.ParkingPublisher on
+	// the Middleware's database), committed before the ack, from where the relay forwards it;
+	// PoisonTopic defaults to DefaultPoisonTopic. Any message is parkable: one that the outbox
+	// or a broker cannot carry as it is (no UUID, a UUID or metadata that is not valid UTF-8
+	// text, a metadata key a broker refuses such as _watermill_message_uuid) is made parkable
+	// first, whatever the publisher (outbox.Parkable; outbox.RecoverParked restores the original).
+	PoisonPublisher message.Publisher
+	PoisonTopic     string
+	// DisableParking turns the poison queue off: every error, permanent ones included, nacks
+	// the message and the broker redelivers it, forever for a message that can never succeed
+	// (it blocks its partition or queue). Use it only with a poison queue of your own outside
+	// the Stack. It cannot be combined with PoisonPublisher, PoisonTopic or ShouldPark.
+	DisableParking bool
+	// ShouldPark decides which errors park a message. Default: permanent errors (bad key,
+	// Permanent(err) from the handler, output without topic or that cannot be stored) and panics.
+	// Transient errors are retried, then nacked for redelivery: a database outage must not park
+	// every message.
+	ShouldPark func(err error) bool
+
+	Logger watermill.LoggerAdapter
+}
+
+// Stack returns the recommended middlewares around the effectively-once middleware, outermost
+// first, for router.AddMiddleware or handler.AddMiddleware:
+//
+//	Timeout -> Retry -> PoisonQueue -> Middleware -> CorrelationID -> Recoverer -> handler
+//
+// Retry is outside the transaction so each attempt is a new transaction. The poison queue is
+// inside Retry, parking only what ShouldPark selects, so permanent failures are parked at once
+// while transient ones are retried. By default it parks into the Middleware's own outbox (topic
+// DefaultPoisonTopic), committed before the ack: with no configuration beyond the Middleware,
+// a message that can never succeed is parked and acked rather than redelivered forever in
+// front of its partition or queue. CorrelationID and Recoverer are inside the transaction so
+// that produced messages carry correlation ids into the outbox and a panic rolls back.
+//
+// Do not add Watermill's InstantAck or Deduplicator to the same handler: the first acks before
+// the commit, the second records keys before the handler succeeds and loses failed messages.
+func Stack(config StackConfig) ([]message.HandlerMiddleware, error) {
+	if config.Middleware == nil {
+		return nil, errors.New("stack: Middleware is required: create it with New")
+	}
+	if config.Timeout < 0 {
+		return nil, errors.New("stack: Timeout must not be negative")
+	}
+	if config.DisableParking && (config.PoisonPublisher != nil || config.PoisonTopic != "" || config.ShouldPark != nil) {
+		return nil, errors.New("stack: DisableParking turns the poison queue off: leave PoisonPublisher, PoisonTopic and ShouldPark unset")
+	}
+	if config.Logger == nil {
+		config.Logger = watermill.NopLogger{}
+	}
+	poison, err := poisonQueue(config)
+	if err != nil {
+		return nil, err
+	}
+	retry := stackRetry(config)
+
+	var stack []message.HandlerMiddleware
+	if config.Timeout > 0 {
+		stack = append(stack, wmiddleware.Timeout(config.Timeout))
+	}
+	stack = append(stack, retry.Middleware)
+	if poison != nil {
+		stack = append(stack, poison)
+	}
+	stack = append(stack,
+		config.Middleware.Middleware,
+		wmiddleware.CorrelationID,
+		wmiddleware.Recoverer,
+	)
+	return stack, nil
+}
+
+// Defaults of StackConfig.Retry.
+const (
+	DefaultRetryMaxRetries      = 3
+	DefaultRetryInitialInterval = 100 * time.Millisecond
+	DefaultRetryMultiplier      = 2
+	DefaultRetryMaxInterval     = 5 * time.Second
+)
+
+// stackRetry is the Stack's Retry: config.Retry with its defaults, a new transaction per
+// attempt, and never a retry of a permanent error.
+func stackRetry(config StackConfig) wmiddleware.Retry {
+	retry := config.Retry
+	retry.MaxRetries = cmp.Or(retry.MaxRetries, DefaultRetryMaxRetries)
+	retry.InitialInterval = cmp.Or(retry.InitialInterval, DefaultRetryInitialInterval)
+	retry.Multiplier = cmp.Or(retry.Multiplier, DefaultRetryMultiplier)
+	retry.MaxInterval = cmp.Or(retry.MaxInterval, DefaultRetryMaxInterval)
+	if retry.Logger == nil {
+		retry.Logger = config.Logger
+	}
+	retry.ResetContextOnRetry = true
+	userShouldRetry := retry.ShouldRetry
+	retry.ShouldRetry = func(p wmiddleware.RetryParams) bool {
+		if wmonce.IsPermanent(p.Err) {
+			return false
+		}
+		return userShouldRetry == nil || userShouldRetry(p)
+	}
+	return retry
+}
+
+// DefaultPoisonTopic is where Stack parks by default. It is valid on every broker the broker
+// package supports (SQL, Kafka and RabbitMQ topic rules).
+const DefaultPoisonTopic = "wmonce.poison"
+
+// poisonQueue returns the Stack's poison queue, nil with DisableParking.
+func poisonQueue(config StackConfig) (message.HandlerMiddleware, error) {
+	if config.DisableParking {
+		return nil, nil
+	}
+	topic := cmp.Or(config.PoisonTopic, DefaultPoisonTopic)
+	pub := config.PoisonPublisher
+	if pub == nil {
+		mw := config.Middleware
+		if err := mw.step.Outbox.CheckTopic(topic); err != nil {
+			return nil, fmt.Errorf("stack: PoisonTopic: %w", err)
+		}
+		pub = mw.step.Outbox.ParkingPublisher(mw.db)
+	} else if err := outbox.DefaultValidateTopic(topic); err != nil {
+		return nil, fmt.Errorf("stack: PoisonTopic: %w", err)
+	}
+	shouldPark := config.ShouldPark
+	if shouldPark == nil {
+		shouldPark = func(err error) bool { return wmonce.IsPermanent(err) || wmonce.IsPanic(err) }
+	}
+	return wmiddleware.PoisonQueueWithFilter(parkingPublisher{pub, config.Logger}, topic, shouldPark)
+}
+
+// parkingPublisher makes every message parkable before pub parks it, whatever pub is: a message
+// whose missing id or binary metadata is the reason it cannot be processed must still be
+// parkable, or it would be nacked forever (a parkable message passes through
+// outbox.Writer.ParkingPublisher unchanged). It logs each message it parks: a parked message
+// needs a person.
+type parkingPublisher struct {
+	pub    message.Publisher
+	logger watermill.LoggerAdapter
+}
+
+func (p parkingPublisher) Publish(topic string, msgs ...*message.Message) error {
+	for i, m := range msgs {
+		msgs[i] = outbox.Parkable(m)
+	}
+	err := p.pub.Publish(topic, msgs...)
+	for _, m := range msgs {
+		fields := watermill.LogFields{"message_uuid": m.UUID, "poison_topic": topic, "handler": m.Metadata.Get(wmiddleware.PoisonedHandlerKey)}
+		if err != nil {
+			p.logger.Error("Message could not be parked: nacked, to be redelivered", err, fields)
+			continue
+		}
+		p.logger.Error("Message parked on the poison topic and acked: it needs a person", errors.New(m.Metadata.Get(wmiddleware.ReasonForPoisonedKey)), fields)
+	}
+	return err
+}
+
+func (p parkingPublisher) Close() error { return p.pub.Close() }

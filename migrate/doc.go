@@ -1,0 +1,22 @@
+// Package migrate creates and upgrades watermill-once's tables: versioned SQL migrations
+// embedded in the binary, applied under a PostgreSQL advisory lock, recorded in a version
+// table, in a schema of your choice.
+//
+// # Use
+//
+//	m, err := migrate.New(db, migrate.Config{Schema: "wmonce"}, logger)
+//	res, err := m.Migrate(ctx, migrate.DirectionUp, nil)
+//
+// Teams that run their own migration tool can print the SQL instead (Print, or
+// `wmonce migrate print`) and apply it there; the printed SQL has the schema name already
+// quoted in and carries no version bookkeeping.
+//
+// # Guarantees
+//
+// A Migrate call holds a session-level advisory lock, derived from the schema name, for its whole
+// run: it reads the version and plans its path only once it holds the lock, and runs each
+// migration in its own transaction together with its version row. Any number of instances may
+// call Migrate at the same time, in either direction: the calls run one after the other, whole,
+// each from the version the previous one left (see Migrator.Migrate). A failed migration rolls
+// back completely and leaves the version at the last migration that committed.
+package migrate

@@ -1,0 +1,84 @@
+package migrate
+
+import (
+	"embed"
+	"fmt"
+	"io/fs"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+//go:embed sql/*.sql
+var migrationFS embed.FS
+
+// Migration is one numbered step with its up and down SQL, the schema placeholder unresolved.
+type Migration struct {
+	Version int
+	Name    string
+	up      string
+	down    string
+}
+
+var filePattern = regexp.MustCompile(`^(\d{3})_([a-z0-9_]+)\.(up|down)\.sql$`)
+
+// All returns every embedded migration, ordered by version.
+func All() ([]Migration, error) {
+	entries, err := fs.ReadDir(migrationFS, "sql")
+	if err != nil {
+		return nil, fmt.Errorf("migrate: read embedded migrations: %w", err)
+	}
+	byVersion := map[int]*Migration{}
+	for _, e := range entries {
+		m := filePattern.FindStringSubmatch(e.Name())
+		if m == nil {
+			return nil, fmt.Errorf("migrate: embedded file %q is not named NNN_name.(up|down).sql", e.Name())
+		}
+		version, _ := strconv.Atoi(m[1])
+		body, err := migrationFS.ReadFile("sql/" + e.Name())
+		if err != nil {
+			return nil, fmt.Errorf("migrate: read %s: %w", e.Name(), err)
+		}
+		mig := byVersion[version]
+		if mig == nil {
+			mig = &Migration{Version: version, Name: m[2]}
+			byVersion[version] = mig
+		}
+		if m[3] == "up" {
+			mig.up = string(body)
+		} else {
+			mig.down = string(body)
+		}
+	}
+	out := make([]Migration, 0, len(byVersion))
+	for _, m := range byVersion {
+		if m.up == "" || m.down == "" {
+			return nil, fmt.Errorf("migrate: migration %03d_%s lacks its up or down file", m.Version, m.Name)
+		}
+		out = append(out, *m)
+	}
+	slices.SortFunc(out, func(a, b Migration) int { return a.Version - b.Version })
+	for i, m := range out {
+		if m.Version != i+1 {
+			return nil, fmt.Errorf("migrate: migration versions must be 1..N without gaps; found %03d at position %d", m.Version, i+1)
+		}
+	}
+	return out, nil
+}
+
+// Latest returns the highest embedded version.
+func Latest() int {
+	all, err := All()
+	if err != nil || len(all) == 0 {
+		return 0
+	}
+	return all[len(all)-1].Version
+}
+
+// render substitutes the quoted schema name into a migration body.
+func render(body, schema string) string {
+	return strings.ReplaceAll(body, "{{schema}}", pgtx.QuoteIdentifier(schema))
+}

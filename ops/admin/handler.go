@@ -1,0 +1,275 @@
+package admin
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"net/url"
+	"sync"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/wmonce/watermill-once/inbox"
+	"github.com/wmonce/watermill-once/internal/setup"
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+//go:embed ui
+var uiFS embed.FS
+
+// WriteHeader is the request header every write (POST) must carry, with the value "1". A
+// cross-site HTML form cannot set a header, and a cross-site fetch that sets one needs a CORS
+// preflight this handler never grants, so a page on another origin cannot make the
+// operator's browser replay or skip anything.
+const WriteHeader = "X-Wmonce-Admin"
+
+// Handler serves the admin page and its JSON API. It samples in the background (see
+// Config.SampleInterval) until Close.
+type Handler struct {
+	db      *sql.DB
+	config  Config
+	ops     *inbox.Ops
+	logger  watermill.LoggerAdapter
+	mux     *http.ServeMux
+	static  http.Handler
+	history *history
+
+	stop      context.CancelFunc
+	stopped   chan struct{}
+	closeOnce sync.Once
+}
+
+// NewHandler returns a Handler serving the admin page at "/" and its JSON API under
+// "/api/". Mount it under a prefix with http.StripPrefix:
+//
+//	h, err := admin.NewHandler(db, admin.Config{Schema: "wmonce"}, logger)
+//	mux.Handle("/wmonce/", http.StripPrefix("/wmonce", h))
+//
+// The handler has no authentication of its own: mount it behind whatever protects your other
+// operator endpoints. It is read-only unless Config.AllowWrites is set; even then a write must
+// be a POST with a JSON body and the WriteHeader header, which a page on another site cannot
+// send through the operator's browser. Reads run plain SELECTs; writes go through inbox.Ops.
+//
+// Unless Config.SampleInterval is negative, NewHandler starts a goroutine that samples the
+// inbox, the relays and the middlewares' counts every interval for the page's charts (the last
+// hour and day, kept in memory); Close stops it.
+func NewHandler(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Handler, error) {
+	logger, err := setup.Component(db, "admin: db is nil: open one with pgtx.Open", &config, (*Config).setDefaults, "admin: invalid config", logger)
+	if err != nil {
+		return nil, err
+	}
+	ops, err := inbox.NewOps(db, inbox.OpsConfig{Schema: config.Schema}, logger)
+	if err != nil {
+		return nil, fmt.Errorf("admin: %w", err)
+	}
+	ui, err := fs.Sub(uiFS, "ui")
+	if err != nil {
+		return nil, fmt.Errorf("admin: embedded page: %w", err)
+	}
+	h := &Handler{db: db, config: config, ops: ops, logger: logger, mux: http.NewServeMux(), static: http.FileServerFS(ui),
+		history: newHistory(), stopped: make(chan struct{})}
+	h.routes()
+	ctx, cancel := context.WithCancel(context.Background())
+	h.stop = cancel
+	if config.SampleInterval > 0 {
+		go h.sampleLoop(ctx)
+	} else {
+		close(h.stopped)
+	}
+	return h, nil
+}
+
+// Close stops the background sampling and waits for a sample in flight. The page and API keep
+// working (their charts stop moving). Close is idempotent and always returns nil.
+func (h *Handler) Close() error {
+	h.closeOnce.Do(func() {
+		h.stop()
+		<-h.stopped
+	})
+	return nil
+}
+
+func (h *Handler) routes() {
+	h.mux.HandleFunc("/{$}", h.page)
+	h.mux.HandleFunc("/app.js", h.page)
+	h.mux.HandleFunc("/style.css", h.page)
+	h.mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "no such endpoint: "+r.URL.Path)
+	})
+	h.mux.HandleFunc("/api/status", h.get(h.status))
+	h.mux.HandleFunc("/api/consumers", h.get(h.consumers))
+	h.mux.HandleFunc("/api/inbox", h.get(h.inboxList))
+	h.mux.HandleFunc("/api/inbox/stats", h.get(h.inboxStats))
+	h.mux.HandleFunc("/api/inbox/{id}", h.get(h.inboxInspect))
+	h.mux.HandleFunc("/api/outbox", h.get(h.outbox))
+	h.mux.HandleFunc("/api/outbox/rejected", h.get(h.rejectedList))
+	h.mux.HandleFunc("/api/outbox/rejected/{offset}", h.get(h.rejectedInspect))
+	h.mux.HandleFunc("/api/history", h.get(h.historyGet))
+	h.mux.HandleFunc("/api/dedupe", h.get(h.dedupe))
+	h.mux.HandleFunc("/api/inbox/replay", h.write(h.replay))
+	h.mux.HandleFunc("/api/inbox/skip", h.write(h.skip))
+	h.mux.HandleFunc("/api/outbox/republish", h.write(h.republish))
+	h.mux.HandleFunc("/api/outbox/forget", h.write(h.forget))
+}
+
+// ServeHTTP serves the page at "/" and the API under "/api/".
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "" {
+		// Mounted with StripPrefix and asked for the prefix itself ("/wmonce"): the page's
+		// relative links need the trailing slash. RequestURI still holds the unstripped path.
+		target := "/"
+		if u, err := url.ParseRequestURI(r.RequestURI); err == nil {
+			target = u.Path + "/"
+		}
+		http.Redirect(w, r, target, http.StatusMovedPermanently)
+		return
+	}
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("X-Frame-Options", "DENY")
+	w.Header().Set("Referrer-Policy", "no-referrer")
+	h.mux.ServeHTTP(w, r)
+}
+
+// page serves the embedded page. Its Content-Security-Policy allows only this origin's
+// scripts, styles and API: the page renders message payloads and errors, which come from
+// producers, and must never run them.
+func (h *Handler) page(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		writeError(w, http.StatusMethodNotAllowed, "use GET")
+		return
+	}
+	w.Header().Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+	w.Header().Set("Cache-Control", "no-cache")
+	h.static.ServeHTTP(w, r)
+}
+
+type apiFunc func(ctx context.Context, r *http.Request) (any, error)
+
+// apiError carries an HTTP status for errors the caller can fix.
+type apiError struct {
+	status int
+	msg    string
+}
+
+func (e *apiError) Error() string { return e.msg }
+
+func badRequest(format string, args ...any) error {
+	return &apiError{status: http.StatusBadRequest, msg: fmt.Sprintf(format, args...)}
+}
+
+func (h *Handler) get(f apiFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			writeError(w, http.StatusMethodNotAllowed, "use GET")
+			return
+		}
+		h.serve(w, r, f)
+	}
+}
+
+// write guards an endpoint that changes rows: writes enabled, POST, JSON body, WriteHeader.
+func (h *Handler) write(f apiFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			w.Header().Set("Allow", "POST")
+			writeError(w, http.StatusMethodNotAllowed, "use POST with a JSON body")
+			return
+		}
+		if !h.config.AllowWrites {
+			writeError(w, http.StatusForbidden, "the admin handler is read-only: set admin.Config.AllowWrites (wmonce admin -allow-writes) to enable replay and skip")
+			return
+		}
+		if r.Header.Get(WriteHeader) != "1" {
+			writeError(w, http.StatusForbidden, "writes must carry the header "+WriteHeader+": 1 (it keeps other sites from triggering them)")
+			return
+		}
+		if r.Header.Get("Sec-Fetch-Site") == "cross-site" {
+			writeError(w, http.StatusForbidden, "cross-site writes are refused")
+			return
+		}
+		if ct := r.Header.Get("Content-Type"); !isJSON(ct) {
+			writeError(w, http.StatusUnsupportedMediaType, "send the request body as application/json")
+			return
+		}
+		// Every write's body is checked here, before its endpoint decodes it (decodeBody).
+		body, err := readBody(r)
+		if err != nil {
+			writeAPIError(w, err)
+			return
+		}
+		h.serve(w, withBody(r, body), f)
+	}
+}
+
+func isJSON(contentType string) bool {
+	for i := 0; i < len(contentType); i++ {
+		if contentType[i] == ';' {
+			contentType = contentType[:i]
+			break
+		}
+	}
+	return contentType == "application/json"
+}
+
+// serve answers an API request with f, after checking its query string (checkQuery), so no
+// endpoint reads a parameter that is not text.
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request, f apiFunc) {
+	if err := checkQuery(r.URL.RawQuery); err != nil {
+		writeAPIError(w, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), h.config.QueryTimeout)
+	defer cancel()
+	out, err := f(ctx, r)
+	if err != nil {
+		var ae *apiError
+		switch {
+		case errors.As(err, &ae):
+			writeAPIError(w, ae)
+		case errors.Is(err, inbox.ErrNotFound):
+			writeError(w, http.StatusNotFound, err.Error())
+		case pgtx.IsUndefinedTable(err):
+			writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("%v: schema %s lacks watermill-once tables: run `wmonce -schema %s migrate up`", err, h.config.Schema, h.config.Schema))
+		case errors.Is(err, context.DeadlineExceeded):
+			writeError(w, http.StatusGatewayTimeout, fmt.Sprintf("the database did not answer within %s: %v", h.config.QueryTimeout, err))
+		default:
+			h.logger.Error("Admin request failed", err, watermill.LogFields{"path": r.URL.Path})
+			writeError(w, http.StatusInternalServerError, err.Error())
+		}
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+// ErrorBody is the JSON body of every error response.
+type ErrorBody struct {
+	Error string `json:"error"`
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, ErrorBody{Error: msg})
+}
+
+// writeAPIError answers an *apiError with its status and message.
+func writeAPIError(w http.ResponseWriter, err error) {
+	var ae *apiError
+	if !errors.As(err, &ae) {
+		ae = &apiError{status: http.StatusInternalServerError, msg: err.Error()}
+	}
+	writeError(w, ae.status, ae.msg)
+}

@@ -1,0 +1,158 @@
+package admin
+
+import (
+	"math"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/wmonce/watermill-once/middleware/once"
+)
+
+// What the charts show, and where each series comes from:
+//
+//   - claims: rows in processed_messages and processed_messages_daily by processed_at, counted
+//     by the database for the whole window (once.ClaimHistory). Real history, from every process, as long as
+//     retention keeps the rows.
+//   - duplicates: a duplicate leaves no row (the claim is ON CONFLICT DO NOTHING), so the only
+//     record is the middlewares' in-process counters. The handler samples them; a bucket holds
+//     the increase between consecutive samples. This process only, and only since sampling
+//     began.
+//   - inbox pending, failed, oldest pending age and relay backlog and lag: the database holds
+//     only their present value (outbox.Stats, inbox.Ops.AllStats), so the handler samples
+//     them; a bucket holds the largest sampled value.
+
+// Windows the charts cover: the last hour in one-minute buckets, the last day in 15-minute
+// buckets.
+var windows = map[string]struct{ span, bucket time.Duration }{
+	"hour": {time.Hour, time.Minute},
+	"day":  {24 * time.Hour, 15 * time.Minute},
+}
+
+// coarsePeriod is the resolution of the day's samples: each entry summarises the samples of up
+// to this long (largest gauge values, duplicates added up), so a day costs 288 entries.
+const coarsePeriod = 5 * time.Minute
+
+// maxFine bounds the hour's samples (one a second) however often Sample is called.
+const maxFine = 3600
+
+type inboxSample struct {
+	pending, failed int64
+	oldestAge       float64
+}
+
+type relaySample struct {
+	backlog int64
+	lag     float64
+}
+
+// sample is what the handler saw at one time. A nil map means that part could not be read.
+type sample struct {
+	at    time.Time
+	start time.Time // the first sample merged into a coarse entry
+	// dups is the increase of each consumer's duplicates count since the sample taken before
+	// (a consumer new since then counts from zero); nil for the first sample with counts, which
+	// is only the baseline.
+	dups   map[string]int64
+	inbox  map[string]inboxSample
+	relays map[string]relaySample
+}
+
+type history struct {
+	mu      sync.Mutex
+	fine    []sample
+	coarse  []sample
+	since   time.Time
+	taken   int64
+	lastErr string
+	// counts are the middlewares' counts at the last sample that read them.
+	counts map[string]once.Counters
+}
+
+func newHistory() *history { return &history{} }
+
+// add records s, with counts the middlewares' counts at s.at (nil: none given).
+func (hs *history) add(s sample, counts map[string]once.Counters) {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	if counts != nil {
+		if hs.counts != nil {
+			s.dups = make(map[string]int64, len(counts))
+			for c, now := range counts {
+				s.dups[c] = int64(now.Duplicates - hs.counts[c].Duplicates)
+			}
+		}
+		hs.counts = counts
+	}
+	if hs.since.IsZero() || s.at.Before(hs.since) {
+		hs.since = s.at
+	}
+	hs.taken++
+	hs.fine = insertSample(hs.fine, s)
+	hs.fine = prune(hs.fine, s.at.Add(-time.Hour))
+	if len(hs.fine) > maxFine {
+		hs.fine = append(hs.fine[:0:0], hs.fine[len(hs.fine)-maxFine:]...)
+	}
+	n := len(hs.coarse)
+	if n > 0 && !s.at.Before(hs.coarse[n-1].at) && s.at.Sub(hs.coarse[n-1].start) < coarsePeriod {
+		hs.coarse[n-1] = merge(hs.coarse[n-1], s)
+	} else {
+		s.start = s.at
+		hs.coarse = insertSample(hs.coarse, s)
+	}
+	hs.coarse = prune(hs.coarse, s.at.Add(-24*time.Hour))
+}
+
+// insertSample appends s, keeping the slice in time order (samples normally arrive in order).
+func insertSample(ss []sample, s sample) []sample {
+	i := sort.Search(len(ss), func(i int) bool { return ss[i].at.After(s.at) })
+	ss = append(ss, sample{})
+	copy(ss[i+1:], ss[i:])
+	ss[i] = s
+	return ss
+}
+
+// prune drops the samples taken before cutoff.
+func prune(ss []sample, cutoff time.Time) []sample {
+	i := 0
+	for i < len(ss) && ss[i].at.Before(cutoff) {
+		i++
+	}
+	if i == 0 {
+		return ss
+	}
+	return append(ss[:0:0], ss[i:]...)
+}
+
+// merge folds s into the coarse entry c: duplicates added up, the largest gauges.
+func merge(c, s sample) sample {
+	out := sample{at: s.at, start: c.start}
+	out.dups = mergeMaps(c.dups, s.dups, func(a, b int64) int64 { return a + b })
+	out.inbox = mergeMaps(c.inbox, s.inbox, func(a, b inboxSample) inboxSample {
+		return inboxSample{pending: max(a.pending, b.pending), failed: max(a.failed, b.failed), oldestAge: math.Max(a.oldestAge, b.oldestAge)}
+	})
+	out.relays = mergeMaps(c.relays, s.relays, func(a, b relaySample) relaySample {
+		return relaySample{backlog: max(a.backlog, b.backlog), lag: math.Max(a.lag, b.lag)}
+	})
+	return out
+}
+
+func mergeMaps[T any](a, b map[string]T, f func(T, T) T) map[string]T {
+	if a == nil {
+		return b
+	}
+	if b == nil {
+		return a
+	}
+	out := make(map[string]T, len(a)+len(b))
+	for k, v := range a {
+		out[k] = v
+	}
+	for k, v := range b {
+		if old, ok := out[k]; ok {
+			v = f(old, v)
+		}
+		out[k] = v
+	}
+	return out
+}

@@ -1,0 +1,146 @@
+package admin_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/worker"
+	"github.com/wmonce/watermill-once/ops/admin"
+	"github.com/wmonce/watermill-once/outbox"
+)
+
+// refusingPublisher refuses for good (as a broker refuses a record too large) every call
+// holding a message of refuse, until refuse is cleared.
+type refusingPublisher struct{ refuse map[string]bool }
+
+func (p *refusingPublisher) Publish(_ string, msgs ...*message.Message) error {
+	for _, m := range msgs {
+		if p.refuse[m.UUID] {
+			return wmonce.Permanent(errors.New("kafka server: Message was too large, server rejected it"))
+		}
+	}
+	return nil
+}
+func (p *refusingPublisher) Close() error { return nil }
+
+// kafkaRejects has relay "kafka" set aside the row of message id: the broker refuses it.
+func (f *fixture) kafkaRejects(t *testing.T, id string) (*outbox.Relay, *refusingPublisher) {
+	t.Helper()
+	pub := &refusingPublisher{refuse: map[string]bool{}}
+	relay, err := outbox.NewRelay(f.db, pub, outbox.RelayConfig{Schema: f.schema, Name: "kafka"}, nil)
+	require.NoError(t, err)
+	var uuid string
+	require.NoError(t, f.db.QueryRow(`SELECT uuid FROM `+f.table("outbox")+` WHERE metadata->>'causation_id' = $1`, id).Scan(&uuid))
+	pub.refuse[uuid] = true
+	// A new relay reads the outbox from its start: it also rejects the fixture's undecodable row.
+	relayUntil(t, relay, "reject the row of "+id, func(st outbox.RelayCounters) bool { return st.Rejected >= 2 })
+	return relay, pub
+}
+
+// POST /api/outbox/republish stores a row the broker refused in the outbox again, once the
+// cause is fixed; a row that cannot be decoded stays rejected. Both writes need AllowWrites.
+func TestRepublishRejectedRowsThroughTheAPI(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1)
+	relay, pub := f.kafkaRejects(t, "m-2")
+	ro := f.server(t, admin.Config{})
+	require.Equal(t, http.StatusForbidden, post(t, ro.URL+"/api/outbox/republish", admin.RepublishRequest{Relay: "kafka", All: true}, nil).status)
+	require.Equal(t, http.StatusForbidden, post(t, ro.URL+"/api/outbox/forget", admin.ForgetRequest{Relay: "sms"}, nil).status)
+
+	srv := f.server(t, admin.Config{AllowWrites: true})
+	var list admin.RejectedListResponse
+	get(t, srv.URL+"/api/outbox/rejected?relay=kafka").decode(t, &list)
+	require.Len(t, list.Rows, 2)
+	row, legacy := list.Rows[0], list.Rows[1] // m-2's row was written before legacy-7
+	require.Equal(t, "cashback", row.Topic)
+	require.Equal(t, "legacy-7", legacy.UUID)
+	require.Empty(t, legacy.Topic, "the undecodable row has no topic")
+	require.Contains(t, row.LastError, "too large")
+
+	var res admin.RepublishResponse
+	r := post(t, srv.URL+"/api/outbox/republish", admin.RepublishRequest{Relay: "kafka", Offsets: []int64{row.Offset}, DryRun: true}, nil)
+	require.Equal(t, http.StatusOK, r.status, string(r.body))
+	r.decode(t, &res)
+	require.Equal(t, admin.RepublishResponse{Relay: "kafka", DryRun: true, Republished: 1, Undecodable: []int64{}}, res)
+
+	pub.refuse = nil
+	r = post(t, srv.URL+"/api/outbox/republish", admin.RepublishRequest{Relay: "kafka", Offsets: []int64{row.Offset}}, nil)
+	require.Equal(t, http.StatusOK, r.status, string(r.body))
+	r.decode(t, &res)
+	require.Equal(t, 1, res.Republished)
+	get(t, srv.URL+"/api/outbox/rejected?relay=kafka").decode(t, &list)
+	require.Len(t, list.Rows, 1, "only the undecodable row is left")
+	before := relay.Counters().Forwarded
+	relayUntil(t, relay, "forward the republished row", func(st outbox.RelayCounters) bool { return st.Forwarded > before })
+
+	// The fixture's undecodable row (relay sms) stays.
+	r = post(t, srv.URL+"/api/outbox/republish", admin.RepublishRequest{Relay: "sms", All: true}, nil)
+	require.Equal(t, http.StatusOK, r.status, string(r.body))
+	r.decode(t, &res)
+	require.Zero(t, res.Republished)
+	require.Len(t, res.Undecodable, 1)
+
+	for _, tc := range []struct {
+		body any
+		want string
+	}{
+		{admin.RepublishRequest{All: true}, "relay is required"},
+		{admin.RepublishRequest{Relay: "kafka"}, "give the offsets"},
+		{admin.RepublishRequest{Relay: "kafka", All: true, Offsets: []int64{1}}, "not both"},
+		{admin.RepublishRequest{Relay: "kafka", Offsets: []int64{0}}, "positive outbox offsets"},
+		{`{"relay":"kafka","all":true,"extra":1}`, "unknown field"},
+	} {
+		r := post(t, srv.URL+"/api/outbox/republish", tc.body, nil)
+		require.Equal(t, http.StatusBadRequest, r.status, "%v: %s", tc.body, r.body)
+		require.Contains(t, r.errorText(t), tc.want)
+	}
+}
+
+// POST /api/outbox/forget forgets a retired relay (a dry run first says what it had not
+// forwarded), refuses one that runs (409) and answers 404 for a name without a position.
+func TestForgetRelayThroughTheAPI(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1)
+	srv := f.server(t, admin.Config{AllowWrites: true})
+
+	var res admin.ForgetResponse
+	r := post(t, srv.URL+"/api/outbox/forget", admin.ForgetRequest{Relay: "sms", DryRun: true}, nil)
+	require.Equal(t, http.StatusOK, r.status, string(r.body))
+	r.decode(t, &res)
+	require.Equal(t, int64(1), res.Backlog)
+	require.True(t, res.DryRun)
+	var st admin.OutboxStats
+	get(t, srv.URL+"/api/outbox").decode(t, &st)
+	require.Len(t, st.Relays, 1, "a dry run forgets nothing")
+
+	r = post(t, srv.URL+"/api/outbox/forget", admin.ForgetRequest{Relay: "nope"}, nil)
+	require.Equal(t, http.StatusNotFound, r.status, string(r.body))
+	require.Contains(t, r.errorText(t), `"nope" (relays: "sms")`)
+	r = post(t, srv.URL+"/api/outbox/forget", admin.ForgetRequest{}, nil)
+	require.Equal(t, http.StatusBadRequest, r.status, string(r.body))
+
+	live, err := outbox.NewRelay(f.db, &refusingPublisher{}, outbox.RelayConfig{Schema: f.schema, Name: "live", StandbyInterval: 10 * time.Millisecond}, watermill.NopLogger{})
+	require.NoError(t, err)
+	leading := worker.LeadingSignal(worker.LockKey("relay", f.schema, "live")) // the relay's lock key
+	done := make(chan error, 1)
+	go func() { done <- live.Run(context.Background()) }()
+	t.Cleanup(func() { require.NoError(t, live.Close()); require.NoError(t, <-done) })
+	leading.WaitOrTimeout()
+	r = post(t, srv.URL+"/api/outbox/forget", admin.ForgetRequest{Relay: "live"}, nil)
+	require.Equal(t, http.StatusConflict, r.status, string(r.body))
+	require.Contains(t, r.errorText(t), "the relay is running")
+
+	r = post(t, srv.URL+"/api/outbox/forget", admin.ForgetRequest{Relay: "sms"}, nil)
+	require.Equal(t, http.StatusOK, r.status, string(r.body))
+	get(t, srv.URL+"/api/outbox").decode(t, &st)
+	require.Len(t, st.Relays, 1)
+	require.Equal(t, "live", st.Relays[0].Name)
+}

@@ -1,0 +1,358 @@
+package retention
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/wmonce/watermill-once/effects/intent"
+	"github.com/wmonce/watermill-once/inbox"
+	"github.com/wmonce/watermill-once/internal/setup"
+	"github.com/wmonce/watermill-once/internal/testsignal"
+	"github.com/wmonce/watermill-once/internal/worker"
+	"github.com/wmonce/watermill-once/middleware/httpidem"
+	"github.com/wmonce/watermill-once/middleware/once"
+	"github.com/wmonce/watermill-once/outbox"
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// Report says what one round deleted.
+type Report struct {
+	// Claims deleted from processed_messages, in all and per consumer.
+	Claims           int64
+	ClaimsByConsumer map[string]int64
+	// DailyPartitionsDropped counts whole days of processed_messages_daily dropped;
+	// DailyPartitionsCreated the days created ahead.
+	DailyPartitionsDropped int64
+	DailyPartitionsCreated int64
+	// InboxRows counts finished inbox rows deleted, in all and per consumer.
+	InboxRows           int64
+	InboxRowsByConsumer map[string]int64
+	// OutboxRows counts relayed outbox rows deleted.
+	OutboxRows int64
+	// HTTPKeys counts stored httpidem responses deleted (Config.HTTPKeysKeep).
+	HTTPKeys int64
+	// OutboxRejected counts rejected outbox rows deleted (Config.OutboxRejectedKeep).
+	OutboxRejected int64
+	// SentIntents counts SENT intents deleted (Config.SentIntentsKeep).
+	SentIntents int64
+	// Duration is how long the round took.
+	Duration time.Duration
+}
+
+// Counters are a janitor's running totals since it was created, for metrics.
+type Counters struct {
+	Claims                 uint64 // rows deleted from processed_messages
+	DailyPartitionsDropped uint64 // days of processed_messages_daily dropped
+	InboxRows              uint64 // finished inbox rows deleted
+	OutboxRows             uint64 // relayed outbox rows deleted
+	HTTPKeys               uint64 // stored HTTP responses deleted
+	OutboxRejected         uint64 // rejected outbox rows deleted
+	SentIntents            uint64 // SENT intents deleted
+	Rounds                 uint64 // rounds finished (with or without errors)
+	FailedRounds           uint64 // rounds in which some step failed
+	IsLeader               bool   // Run holds the leadership lock right now
+	LastRound              time.Time
+}
+
+// Janitor deletes expired dedupe records and relayed outbox rows.
+//
+// What it deletes, each in batches of at most BatchSize rows, one short transaction per batch:
+//   - claims in processed_messages older than their consumer's Keep (by processed_at, the
+//     database time the message was applied);
+//   - whole days of processed_messages_daily once the day is older than the longest Keep of
+//     all consumers (the table is shared; see the package documentation);
+//   - DONE and SKIPPED inbox rows finished longer ago than their consumer's window;
+//   - outbox rows older than OutboxKeep that every relay in outbox_offsets has forwarded;
+//   - optionally, stored HTTP responses of httpidem (HTTPKeysKeep), rows of outbox_rejected
+//     (OutboxRejectedKeep) and SENT intents (SentIntentsKeep).
+//
+// What it never deletes: PENDING, IN_PROGRESS and FAILED inbox rows, outbox rows some relay
+// has not forwarded, rows in outbox_rejected and SENT intents unless their Keep is set, and
+// intents that are not SENT. Every cut-off is computed from the
+// database clock, so the clocks of application hosts do not matter.
+//
+// Guarantee and limit: a claim is kept for at least its consumer's Keep after it was applied.
+// A copy arriving later than that is no longer recognised; the middleware's age guard
+// (once.Config.MaxMessageAge, set a little below Keep) refuses such copies instead of
+// applying them, and NewJanitor warns when a declared RedeliveryHorizon exceeds Keep.
+//
+// Run elects one active janitor per schema with a session-level advisory lock; RunOnce runs one
+// round without it (see RunOnce).
+type Janitor struct {
+	db       *sql.DB
+	config   Config
+	logger   watermill.LoggerAdapter
+	warnings []string
+	inboxOps *inbox.Ops
+
+	claims, dailyDropped, inboxRows, outboxRows, httpKeys, rejected, intents, rounds, failedRounds atomic.Uint64
+	lastRound                                                                                      atomic.Int64
+
+	life        worker.Runner
+	leader      *worker.Leader
+	testSignals janitorTestSignals
+}
+
+// janitorTestSignals are the events this package's tests wait on instead of polling (see
+// internal/testsignal): inert unless a test initialised them through export_test.go.
+type janitorTestSignals struct {
+	Leading       testsignal.Signal[struct{}] // Run took the leadership lock; its first round follows
+	LeadFailed    testsignal.Signal[error]    // an error ended the lead (or kept Run from taking it); Counters.IsLeader is false again
+	RoundFinished testsignal.Signal[Report]   // a round (of Run or RunOnce) finished, with what it deleted
+}
+
+// NewJanitor validates config and returns a janitor. It does not touch the database. For every
+// consumer whose Keep is shorter than its declared RedeliveryHorizon it logs an error-level
+// warning; Warnings returns the same texts.
+func NewJanitor(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Janitor, error) {
+	logger, err := setup.Component(db, "retention: db is nil: open one with pgtx.Open", &config, (*Config).setDefaults, "retention: invalid config", logger)
+	if err != nil {
+		return nil, err
+	}
+	logger = logger.With(watermill.LogFields{"component": "retention", "schema": config.Schema})
+	inboxOps, err := inbox.NewOps(db, inbox.OpsConfig{Schema: config.Schema}, logger)
+	if err != nil {
+		return nil, fmt.Errorf("retention: %w", err)
+	}
+	j := &Janitor{
+		inboxOps: inboxOps,
+		db:       db,
+		config:   config,
+		logger:   logger,
+		warnings: config.warnings(),
+	}
+	j.leader = &worker.Leader{
+		DB: db, Key: worker.LockKey("retention", config.Schema), Name: "Janitor", Logger: logger,
+		Standby: config.PollInterval,
+		Backoff: worker.Backoff{Base: config.PollInterval, Max: config.PollInterval},
+		OnError: func(err error, wait time.Duration) {
+			logger.Error("Janitor lost or could not take leadership, retrying", err, watermill.LogFields{"retry_in": wait})
+			j.testSignals.LeadFailed.Signal(err)
+		},
+	}
+	for _, w := range j.warnings {
+		logger.Error("RETENTION TOO SHORT: "+w, errRetentionBelowHorizon, nil)
+	}
+	return j, nil
+}
+
+var errRetentionBelowHorizon = errors.New("retention window shorter than the declared redelivery horizon")
+
+// Warnings returns the configuration warnings NewJanitor logged: one per window shorter than
+// its declared redelivery horizon. Empty when every declared horizon is covered.
+func (j *Janitor) Warnings() []string { return append([]string(nil), j.warnings...) }
+
+// Config returns the configuration in force, defaults filled in.
+func (j *Janitor) Config() Config { return j.config }
+
+// Counters returns the janitor's running totals.
+func (j *Janitor) Counters() Counters {
+	var last time.Time
+	if n := j.lastRound.Load(); n != 0 {
+		last = time.Unix(0, n)
+	}
+	return Counters{
+		Claims:                 j.claims.Load(),
+		DailyPartitionsDropped: j.dailyDropped.Load(),
+		InboxRows:              j.inboxRows.Load(),
+		OutboxRows:             j.outboxRows.Load(),
+		HTTPKeys:               j.httpKeys.Load(),
+		OutboxRejected:         j.rejected.Load(),
+		SentIntents:            j.intents.Load(),
+		Rounds:                 j.rounds.Load(),
+		FailedRounds:           j.failedRounds.Load(),
+		IsLeader:               j.leader.Leading(),
+		LastRound:              last,
+	}
+}
+
+// Run deletes expired rows every PollInterval until ctx is cancelled or Close is called, and
+// returns nil then. Only one instance per schema works at a time: it holds a session-level
+// advisory lock on a connection of its own for as long as it leads; the others stand by and
+// try again every PollInterval, so one takes over within a PollInterval after the leader stops or
+// its connection breaks. Errors are logged and counted (Counters.FailedRounds), never returned.
+// One Run at a time: a second concurrent Run returns an error; Run may be called again after
+// it returned.
+func (j *Janitor) Run(ctx context.Context) error {
+	return j.life.Run(ctx, func(ctx context.Context) error { return j.leader.Run(ctx, j.lead) })
+}
+
+// lead runs rounds while this instance holds the leadership lock on conn (see worker.Leader).
+func (j *Janitor) lead(ctx context.Context, conn *sql.Conn) error {
+	j.testSignals.Leading.Signal(struct{}{})
+	for {
+		// The lock lives as long as this session: a query that succeeds on it proves it is
+		// still ours. If the connection broke, the server released the lock and another
+		// instance may lead now; stop before deleting anything more.
+		if _, err := conn.ExecContext(ctx, `SELECT 1`); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("retention: leadership connection lost: %w", err)
+		}
+		if _, err := j.RunOnce(ctx); err != nil && ctx.Err() == nil {
+			j.logger.Error("Janitor round failed in part; the next round tries again", err, nil)
+		}
+		if !worker.Sleep(ctx, j.config.PollInterval) {
+			return nil
+		}
+	}
+}
+
+// Close stops Run and waits for it to return. It is idempotent and final: a Run after Close
+// returns nil at once.
+func (j *Janitor) Close() error { return j.life.Close() }
+
+// RunOnce runs one round now and reports what it deleted. It does not take the leadership
+// lock, so the CLI can purge on demand while a janitor service runs: every delete is a short
+// transaction that removes rows by address, and two rounds at once only share the work. The
+// drop of expired day partitions is serialised by an advisory lock of its own. A step that
+// fails does not stop the others; the error joins every failure and the report counts what
+// was deleted before it.
+func (j *Janitor) RunOnce(ctx context.Context) (Report, error) {
+	start := time.Now()
+	rep := Report{ClaimsByConsumer: map[string]int64{}}
+	var now time.Time
+	if err := j.db.QueryRowContext(ctx, `SELECT now()`).Scan(&now); err != nil {
+		j.finishRound(start, &rep, err)
+		return rep, fmt.Errorf("retention: read database clock: %w", err)
+	}
+	var errs []error
+	step := func(name string, fn func() error) {
+		if ctx.Err() != nil {
+			return
+		}
+		if err := fn(); err != nil {
+			err = fmt.Errorf("retention: %s: %w", name, hint(err))
+			errs = append(errs, err)
+			j.logger.Error("Retention step failed", err, watermill.LogFields{"step": name})
+		}
+	}
+	step("claims", func() error { return j.deleteClaims(ctx, now, &rep) })
+	step("daily partitions", func() error { return j.maintainPartitions(ctx, now, &rep) })
+	step("inbox", func() error { return j.deleteInbox(ctx, now, &rep) })
+	step("outbox", func() error { return j.prune(ctx, outbox.Prune, j.config.OutboxKeep, &rep.OutboxRows, &j.outboxRows) })
+	if j.config.HTTPKeysKeep > 0 {
+		step("http idempotency keys", func() error { return j.prune(ctx, httpidem.Prune, j.config.HTTPKeysKeep, &rep.HTTPKeys, &j.httpKeys) })
+	}
+	if j.config.OutboxRejectedKeep > 0 {
+		step("rejected outbox rows", func() error {
+			return j.prune(ctx, outbox.PruneRejected, j.config.OutboxRejectedKeep, &rep.OutboxRejected, &j.rejected)
+		})
+	}
+	if j.config.SentIntentsKeep > 0 {
+		step("sent intents", func() error {
+			return j.prune(ctx, intent.PruneSent, j.config.SentIntentsKeep, &rep.SentIntents, &j.intents)
+		})
+	}
+	if ctx.Err() != nil {
+		errs = append(errs, fmt.Errorf("retention: round interrupted: %w", context.Cause(ctx)))
+	}
+	err := errors.Join(errs...)
+	j.finishRound(start, &rep, err)
+	return rep, err
+}
+
+func (j *Janitor) finishRound(start time.Time, rep *Report, err error) {
+	rep.Duration = time.Since(start)
+	j.rounds.Add(1)
+	if err != nil {
+		j.failedRounds.Add(1)
+	}
+	j.lastRound.Store(time.Now().UnixNano())
+	if rep.Claims+rep.DailyPartitionsDropped+rep.InboxRows+rep.OutboxRows+rep.HTTPKeys+rep.OutboxRejected+rep.SentIntents > 0 {
+		j.logger.Info("Retention round deleted rows", watermill.LogFields{
+			"claims": rep.Claims, "daily_partitions_dropped": rep.DailyPartitionsDropped,
+			"inbox_rows": rep.InboxRows, "outbox_rows": rep.OutboxRows, "http_keys": rep.HTTPKeys,
+			"outbox_rejected": rep.OutboxRejected, "sent_intents": rep.SentIntents,
+			"duration": rep.Duration,
+		})
+	}
+	j.testSignals.RoundFinished.Signal(*rep)
+}
+
+// hint adds what to do to the errors an operator will meet first.
+func hint(err error) error {
+	if pgtx.IsUndefinedTable(err) {
+		return fmt.Errorf("%w (a watermill-once table is missing: run the migrations, `wmonce migrate up`)", err)
+	}
+	return err
+}
+
+// The steps below call the owners' operations: retention holds no SQL on their tables.
+
+func (j *Janitor) deleteClaims(ctx context.Context, now time.Time, rep *Report) error {
+	consumers, err := once.ClaimConsumers(ctx, j.db, j.config.Schema)
+	if err != nil {
+		return err
+	}
+	for _, c := range consumers {
+		n, err := once.PruneClaims(ctx, j.db, j.config.Schema, pgtx.PruneRequest{Consumer: c, Before: now.Add(-j.config.policy(c).Keep), BatchSize: j.config.BatchSize})
+		if n > 0 {
+			rep.Claims += n
+			rep.ClaimsByConsumer[c] += n
+			j.claims.Add(uint64(n))
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// maintainPartitions drops the days of processed_messages_daily older than the longest Keep
+// (the table is shared by every consumer) and creates PartitionsAhead days ahead.
+func (j *Janitor) maintainPartitions(ctx context.Context, now time.Time, rep *Report) error {
+	days, err := once.MaintainDays(ctx, j.db, j.config.Schema, now.Add(-j.config.longestKeep()), now, j.config.PartitionsAhead)
+	rep.DailyPartitionsDropped += int64(len(days.Dropped))
+	rep.DailyPartitionsCreated += int64(days.Created)
+	j.dailyDropped.Add(uint64(len(days.Dropped)))
+	for _, d := range days.Dropped {
+		j.logger.Info("Dropped expired day of claims", watermill.LogFields{"day": d.Format(time.DateOnly)})
+	}
+	return err
+}
+
+func (j *Janitor) deleteInbox(ctx context.Context, now time.Time, rep *Report) error {
+	consumers, err := j.inboxOps.Consumers(ctx)
+	if err != nil {
+		return err
+	}
+	rep.InboxRowsByConsumer = map[string]int64{}
+	for _, c := range consumers {
+		n, err := j.deleteFinishedInbox(ctx, c, now.Add(-j.config.inboxKeep(c)))
+		if n > 0 {
+			rep.InboxRows += n
+			rep.InboxRowsByConsumer[c] += n
+			j.inboxRows.Add(uint64(n))
+		}
+		if err != nil {
+			return fmt.Errorf("consumer %q: %w", c, err)
+		}
+	}
+	return nil
+}
+
+// deleteFinishedInbox deletes one consumer's finished rows through the inbox's own
+// operation, so that what "finished" means is defined in one place.
+func (j *Janitor) deleteFinishedInbox(ctx context.Context, consumer string, before time.Time) (int64, error) {
+	return inbox.PruneFinished(ctx, j.db, j.config.Schema, pgtx.PruneRequest{Consumer: consumer, Before: before, BatchSize: j.config.BatchSize})
+}
+
+// pruneFunc is the signature every owner's Prune shares.
+type pruneFunc func(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error)
+
+// prune runs an owner's Prune with keep and adds what it deleted to the round's report field
+// and the janitor's running total.
+func (j *Janitor) prune(ctx context.Context, fn pruneFunc, keep time.Duration, reported *int64, total *atomic.Uint64) error {
+	n, err := fn(ctx, j.db, j.config.Schema, pgtx.PruneRequest{Keep: keep, BatchSize: j.config.BatchSize})
+	*reported += n
+	total.Add(uint64(n))
+	return err
+}

@@ -1,0 +1,274 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/wmonce/watermill-once/internal/tracing"
+)
+
+// recordTimeout bounds the position update after a publish, which outlives a cancelled context.
+const recordTimeout = 5 * time.Second
+
+// position is how far a relay has published, in snapshots (pg_snapshot text). Every
+// transaction visible in prev is published. While a round spans several batches, target is the
+// round's snapshot: the round is the rows visible in target and not in prev, and those with
+// "offset" <= last are published too.
+type position struct {
+	prev   string
+	target sql.NullString
+	last   sql.NullInt64
+}
+
+type outboxRow struct {
+	offset   int64
+	txID     string // xid8 as text
+	uuid     string
+	source   string
+	mine     bool // of the relay's Source: payload and metadata are read only then
+	payload  string
+	metadata sql.NullString
+	seq      int64 // outbox_held only: the order of held rows
+}
+
+// round publishes one batch and returns how many rows it published, held, rejected or passed
+// over, and its snapshot; with ask, its position read asks the Writers to notify the relay
+// (wakeup). A round is the set of transactions that committed between the relay's previous
+// snapshot and a new one, published in "offset" (insertion) order; a round larger than
+// BatchSize is published over several calls. The position advances after each run of one
+// topic that published, so a crash republishes at most one batch.
+func (r *Relay) round(ctx context.Context, conn *sql.Conn, s *session, ask bool) (_ int, _ string, err error) {
+	published := 0
+	defer func() {
+		if err == nil {
+			r.testSignals.RoundDone.Signal(published)
+		}
+	}()
+	var pos position
+	query, args := r.q.position, []any{r.config.Name}
+	if ask {
+		query, args = r.q.positionIdle, append(args, idleTTL(r.config.PollInterval).Microseconds())
+	}
+	if err := conn.QueryRowContext(ctx, query, args...).Scan(&pos.prev, &pos.target, &pos.last); err != nil {
+		return 0, "", fmt.Errorf("outbox: read relay position: %w", err)
+	}
+	snap, rows, err := r.read(ctx, conn, pos)
+	if err != nil {
+		return 0, "", err
+	}
+	r.rounds.Add(1)
+	more := len(rows) > r.config.BatchSize // the query reads one row beyond the batch to know
+	if more {
+		rows = rows[:r.config.BatchSize]
+	}
+	if len(rows) == 0 {
+		if pos.target.Valid { // the previous batch ended the round exactly
+			return 0, snap, r.advance(ctx, conn, pos, position{prev: pos.target.String}, false)
+		}
+		// Nothing committed since prev: keep it. Writing the new snapshot would cost a commit
+		// per idle poll and change nothing that is published.
+		return 0, snap, nil
+	}
+	for start := 0; start < len(rows); {
+		run, end, err := r.decodeRun(ctx, conn, s, rows, start)
+		if err != nil {
+			return published, snap, err
+		}
+		if len(run.msgs) > 0 {
+			n, err := r.forward(ctx, conn, s, run)
+			published += n
+			if err != nil {
+				return published, snap, err
+			}
+		}
+		next := position{
+			prev:   pos.prev,
+			target: sql.NullString{String: snap, Valid: true},
+			last:   sql.NullInt64{Int64: rows[end-1].offset, Valid: true},
+		}
+		if end == len(rows) && !more {
+			next = position{prev: snap} // the round is complete
+		}
+		// What the broker accepted is recorded even if ctx ends meanwhile (Close), so that a
+		// clean stop does not publish it again; the wait for that one UPDATE is bounded.
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+		err = r.advance(actx, conn, pos, next, published > 0)
+		cancel()
+		if err != nil {
+			return published, snap, err
+		}
+		pos = next
+		start = end
+	}
+	r.lastRelay.Store(time.Now().UnixNano())
+	if err := r.checkSources(ctx, conn, s); err != nil {
+		return len(rows), snap, err
+	}
+	return len(rows), snap, nil
+}
+
+// publishLanes publishes a run of one topic: in one call, or over PublishLanes concurrent
+// calls keyed by LaneKey, each lane in the batch's order. It returns once every lane published.
+func (r *Relay) publishLanes(ctx context.Context, topic string, msgs []*message.Message) error {
+	lanes := min(r.config.PublishLanes, len(msgs))
+	if lanes <= 1 {
+		return r.publish(ctx, topic, msgs)
+	}
+	byLane := make([][]*message.Message, lanes)
+	h := fnv.New32a()
+	for _, m := range msgs {
+		h.Reset()
+		_, _ = h.Write([]byte(r.config.LaneKey(topic, m)))
+		i := h.Sum32() % uint32(lanes)
+		byLane[i] = append(byLane[i], m)
+	}
+	errs := make(chan error, lanes)
+	for _, lane := range byLane {
+		if len(lane) == 0 {
+			errs <- nil
+			continue
+		}
+		go func() { errs <- r.publish(ctx, topic, lane) }()
+	}
+	var first error
+	for range lanes {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// read returns the snapshot of the round and up to BatchSize+1 of its rows from pos: a new
+// round (and its snapshot) when pos has no target, else the rest of the round in progress.
+func (r *Relay) read(ctx context.Context, conn *sql.Conn, pos position) (string, []outboxRow, error) {
+	var rs *sql.Rows
+	var err error
+	snap := pos.target.String
+	if pos.target.Valid {
+		rs, err = conn.QueryContext(ctx, r.q.readRest, pos.prev, pos.target.String, pos.last.Int64, r.config.BatchSize+1, r.config.Source)
+	} else {
+		rs, err = conn.QueryContext(ctx, r.q.readRound, pos.prev, r.config.BatchSize+1, r.config.Source)
+	}
+	if err != nil {
+		return "", nil, fmt.Errorf("outbox: read outbox: %w", err)
+	}
+	defer rs.Close()
+	out := make([]outboxRow, 0, r.config.BatchSize+1)
+	for rs.Next() {
+		var row outboxRow
+		var offset sql.NullInt64
+		var txID, uuid, source, payload sql.NullString
+		dest := []any{&offset, &txID, &uuid, &source, &payload, &row.metadata}
+		if !pos.target.Valid {
+			dest = append([]any{&snap}, dest...)
+		}
+		if err := rs.Scan(dest...); err != nil {
+			return "", nil, fmt.Errorf("outbox: scan outbox row: %w", err)
+		}
+		if !offset.Valid { // relayQueries.readRound's row for an empty round: the snapshot alone
+			continue
+		}
+		row.offset, row.txID, row.uuid, row.payload = offset.Int64, txID.String, uuid.String, payload.String
+		row.source, row.mine = source.String, source.String == r.config.Source
+		out = append(out, row)
+	}
+	if err := rs.Err(); err != nil {
+		return "", nil, fmt.Errorf("outbox: read outbox: %w", err)
+	}
+	return snap, out, nil
+}
+
+// run is a run of rows of the relay's Source for one topic, with their decoded messages
+// (rows[i] holds msgs[i]).
+type run struct {
+	topic string
+	rows  []outboxRow
+	msgs  []*message.Message
+}
+
+// decodeRun decodes rows from start while they share a destination topic, passing over rows
+// of other sources. Rows that cannot be decoded are set aside in outbox_rejected; the run ends
+// before the first row of another topic.
+func (r *Relay) decodeRun(ctx context.Context, conn *sql.Conn, s *session, rows []outboxRow, start int) (run, int, error) {
+	var out run
+	i := start
+	for ; i < len(rows); i++ {
+		if !rows[i].mine {
+			r.otherSource.Add(1)
+			s.sawSource(rows[i].source)
+			continue
+		}
+		t, msg, err := unmarshalEnvelope([]byte(rows[i].payload))
+		if err != nil {
+			if len(out.msgs) > 0 {
+				break // publish what we have first, so the rejection is recorded in order
+			}
+			if err := r.reject(ctx, conn, rows[i], "", err); err != nil {
+				return run{}, 0, err
+			}
+			return run{}, i + 1, nil
+		}
+		if len(out.msgs) > 0 && t != out.topic {
+			break
+		}
+		out.topic = t
+		out.rows = append(out.rows, rows[i])
+		out.msgs = append(out.msgs, msg)
+	}
+	return out, i, nil
+}
+
+// reject copies row into outbox_rejected with the reason: it could not be decoded (topic ""),
+// or the publisher refused it for good.
+func (r *Relay) reject(ctx context.Context, conn *sql.Conn, row outboxRow, topic string, cause error) error {
+	var payload, metadata, dest any
+	if row.payload != "" {
+		payload = row.payload
+	}
+	if row.metadata.Valid {
+		metadata = row.metadata.String
+	}
+	if topic != "" {
+		dest = topic
+	}
+	if _, err := conn.ExecContext(ctx, r.q.reject, r.config.Name, row.offset, row.txID, row.uuid, payload, metadata, cause.Error(), dest, row.source); err != nil {
+		return fmt.Errorf("outbox: record rejected row %s: %w", row.uuid, err)
+	}
+	r.rejected.Add(1)
+	r.testSignals.RowRejected.Signal(row.uuid)
+	if topic == "" {
+		r.logger.Error("Outbox row rejected: it cannot be decoded; set aside in outbox_rejected", cause, watermill.LogFields{"uuid": row.uuid, "offset": row.offset})
+	} else {
+		r.logger.Error("Outbox row rejected: the broker refuses it for good; set aside in outbox_rejected, the rows behind it go on", cause,
+			watermill.LogFields{"uuid": row.uuid, "offset": row.offset, "topic": topic})
+	}
+	return nil
+}
+
+// publish makes one attempt at publishing msgs: retries are the caller's (hold.go), so that a
+// failing topic holds back its own rows only.
+func (r *Relay) publish(ctx context.Context, topic string, msgs []*message.Message) (err error) {
+	spans := tracing.StartRelay(ctx, r.tracer, r.config.Name, topic, msgs)
+	defer func() { tracing.EndAll(spans, err) }()
+	return r.publisher.Publish(topic, msgs...)
+}
+
+func (r *Relay) advance(ctx context.Context, conn *sql.Conn, from, to position, published bool) error {
+	res, err := conn.ExecContext(ctx, r.q.advance, r.config.Name, to.prev, to.target, to.last, from.prev, from.target, from.last, published)
+	if err != nil {
+		return fmt.Errorf("outbox: record relay position: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		r.fenced.Add(1)
+		return errors.New("outbox: relay position was moved by another relay instance; re-reading it")
+	}
+	return nil
+}

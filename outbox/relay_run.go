@@ -1,0 +1,199 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/wmonce/watermill-once/internal/pgnotify"
+)
+
+// Close stops Run and waits for it to return. It is idempotent and final: a Run after Close
+// returns nil at once.
+func (r *Relay) Close() error { return r.life.Close() }
+
+// Run forwards rows until ctx is cancelled or Close is called. It returns nil on a clean stop.
+// Database and publish errors are retried with backoff, never returned; the one error it
+// returns is ErrRelaySource, for a Name registered by a relay of another Source, which no
+// retry can fix. One Run at a time: a second concurrent Run returns an error; Run may be
+// called again after it returned.
+func (r *Relay) Run(ctx context.Context) error {
+	return r.life.Run(ctx, func(ctx context.Context) error {
+		// A standby never leads while the other Source's relay does: check before waiting for
+		// the lock. Other errors are the leadership loop's to retry.
+		if err := r.register(ctx, r.db); errors.Is(err, ErrRelaySource) {
+			return err
+		}
+		ctx, stop := context.WithCancelCause(ctx)
+		defer stop(nil)
+		_ = r.leader.Run(ctx, func(ctx context.Context, conn *sql.Conn) error {
+			err := r.lead(ctx, conn)
+			if errors.Is(err, ErrRelaySource) {
+				stop(err)
+				return nil
+			}
+			return err
+		})
+		if err := context.Cause(ctx); errors.Is(err, ErrRelaySource) {
+			return err
+		}
+		return nil
+	})
+}
+
+// ErrRelaySource is returned by Run and RelayOnce when the relay's Name is registered in
+// outbox_offsets for another Source than the relay's (RelayConfig.Source): two services that
+// share a schema gave their relays one name. Give each its own RelayConfig.Name.
+var ErrRelaySource = errors.New("outbox: this relay name forwards another source")
+
+// rowQuerier is the part of *sql.DB and *sql.Conn that register uses.
+type rowQuerier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// register makes sure the relay's position exists and belongs to its Source.
+func (r *Relay) register(ctx context.Context, q rowQuerier) error {
+	var owner sql.NullString
+	err := q.QueryRowContext(ctx, r.q.register, r.config.Name, r.config.Source).Scan(&owner)
+	if err == nil && !owner.Valid { // registered concurrently: read it once it is visible
+		err = q.QueryRowContext(ctx, r.q.sourceOf, r.config.Name).Scan(&owner)
+	}
+	if err != nil {
+		return fmt.Errorf("outbox: relay init position: %w", err)
+	}
+	if owner.Valid && owner.String != r.config.Source {
+		return fmt.Errorf("%w: relay %q in schema %s forwards source %q, and this one has Source %q: give it its own RelayConfig.Name",
+			ErrRelaySource, r.config.Name, r.config.Schema, owner.String, r.config.Source)
+	}
+	return nil
+}
+
+// lead relays while this instance holds the leadership lock on conn (see worker.Leader): it
+// runs rounds, and between them waits as the wake-up protocol (wakeup) says.
+func (r *Relay) lead(ctx context.Context, conn *sql.Conn) error {
+	if err := r.register(ctx, conn); err != nil {
+		return err
+	}
+	s, err := r.newSession(ctx, conn)
+	if err != nil {
+		return err
+	}
+	defer r.heldTopics.Store(0)
+	r.testSignals.Leading.Signal(struct{}{})
+	defer r.testSignals.StoppedLeading.Signal(struct{}{})
+	if !pgnotify.IsPgx(conn) {
+		r.noListen.Store(true) // before the first round, which decides whether to wait after it
+	}
+	wake, stopListen := r.listen(ctx)
+	defer stopListen()
+	poll := time.NewTimer(r.config.PollInterval)
+	defer poll.Stop()
+	w := newWakeup(r.config.PollInterval)
+	for {
+		drained, err := r.drainHeld(ctx, conn, s)
+		if err != nil {
+			return err
+		}
+		n, snap, err := r.round(ctx, conn, s, w.asks() && r.listenable())
+		if err != nil {
+			return err
+		}
+		next := w.afterRound(drained+n, snap, r.listenable())
+		if next.now {
+			continue
+		}
+		if next.recheck {
+			r.rechecks.Add(1)
+		}
+		// A round takes its snapshot when it starts, so a transaction that commits later is in
+		// the next round: its notification is delivered after its commit and waits in wake
+		// (buffered by pgx and then by the channel) until this loop takes it, and a LISTEN
+		// re-established after a lost connection wakes the loop too.
+		wait := next.wait
+		if due, ok := s.nextDue(); ok {
+			wait = max(0, min(wait, time.Until(due))) // a held topic's next try
+		}
+		r.testSignals.Waiting.Signal(relayWait{Listening: r.listening.Load(), Recheck: next.recheck})
+		poll.Reset(wait)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-wake:
+		case <-poll.C:
+		}
+	}
+}
+
+// listenable reports whether a commit after a round's snapshot wakes the relay.
+func (r *Relay) listenable() bool { return !r.config.DisableListen && !r.noListen.Load() }
+
+// listen LISTENs on the schema's channel on a connection of its own until stop is called, and
+// sends on wake (without blocking: one pending wake-up covers any number of commits) for
+// every notification and every time LISTEN is (re)established.
+func (r *Relay) listen(ctx context.Context) (wake <-chan struct{}, stop func()) {
+	ch := make(chan struct{}, 1)
+	signal := func() {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+	if !r.listenable() {
+		return ch, func() {}
+	}
+	lctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer r.listening.Store(false)
+		err := pgnotify.Listener{
+			DB:       r.db,
+			Channels: map[string]func(string){r.channel: func(string) { signal() }},
+			OnListen: func() {
+				r.listening.Store(true)
+				signal() // rows may have committed while nobody listened
+			},
+			OnLost: func(err error, backoff time.Duration) {
+				r.listening.Store(false)
+				r.failures.Add(1)
+				r.logger.Error("Relay LISTEN connection lost; polling every PollInterval until it is back", err,
+					watermill.LogFields{"backoff": backoff, "poll_interval": r.config.PollInterval})
+			},
+		}.Run(lctx)
+		if errors.Is(err, pgnotify.ErrNotPgx) {
+			r.noListen.Store(true)
+			r.logger.Info("LISTEN/NOTIFY unavailable, the relay polls every PollInterval", watermill.LogFields{"reason": err.Error(), "poll_interval": r.config.PollInterval})
+		}
+	}()
+	return ch, func() { cancel(); <-done }
+}
+
+// RelayOnce tries each held topic once (publishing up to one batch of its held rows) and
+// forwards at most one batch of the outbox, without taking leadership, and returns how many
+// rows it published, held, rejected or passed over. It is meant for tests, the CLI and callers
+// with their own scheduling; running it beside an active Run of the same Name can publish rows
+// twice (never lose them).
+func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
+	conn, err := r.db.Conn(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: relay connection: %w", err)
+	}
+	defer conn.Close()
+	if err := r.register(ctx, conn); err != nil {
+		return 0, err
+	}
+	s, err := r.newSession(ctx, conn)
+	if err != nil {
+		return 0, err
+	}
+	drained, err := r.drainHeld(ctx, conn, s)
+	if err != nil {
+		return drained, err
+	}
+	n, _, err := r.round(ctx, conn, s, false)
+	return drained + n, err
+}

@@ -1,0 +1,42 @@
+package wmonce
+
+import (
+	"fmt"
+	"strings"
+	"unicode/utf8"
+)
+
+// MaxNameLength is the longest name (consumer, relay, channel) any component accepts.
+const MaxNameLength = 255
+
+// IsText reports whether PostgreSQL's text type can store s byte for byte: valid UTF-8 without
+// NUL. Every component checks what it writes to a text or JSON column with it, so one rule holds
+// everywhere: what one component stores, every other one can read and store again.
+func IsText(s string) bool { return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 }
+
+// CheckText returns an error naming what (a parameter, a field) for the first of values that
+// PostgreSQL text cannot store, saying why: a NUL byte or invalid UTF-8. "" is text.
+func CheckText(what string, values ...string) error {
+	for _, s := range values {
+		switch {
+		case strings.IndexByte(s, 0) >= 0:
+			return fmt.Errorf("%s must not contain NUL bytes (PostgreSQL text cannot hold them), got %.64q", what, s)
+		case !utf8.ValidString(s):
+			return fmt.Errorf("%s must be valid UTF-8 (PostgreSQL text cannot hold anything else), got %.64q", what, s)
+		}
+	}
+	return nil
+}
+
+// CheckName applies the rules for a name stored as text (a consumer, a relay, a channel): not
+// blank, at most MaxNameLength bytes, and text PostgreSQL can store (CheckText). Components
+// apply it when they are constructed, so a name that could never be stored fails there.
+func CheckName(what, s string) error {
+	switch {
+	case strings.TrimSpace(s) == "":
+		return fmt.Errorf("%s is blank: give a name (not empty, not only spaces)", what)
+	case len(s) > MaxNameLength:
+		return fmt.Errorf("%s is %d bytes long; the limit is %d", what, len(s), MaxNameLength)
+	}
+	return CheckText(what, s)
+}
