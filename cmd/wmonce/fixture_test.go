@@ -15,6 +15,7 @@ import (
 
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/relaytest"
 	"github.com/wmonce/watermill-once/internal/testsignal"
 	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/middleware/once"
@@ -120,21 +121,11 @@ func newFixture(t *testing.T) *fixture {
 	return f
 }
 
-// relayUntil runs relay rounds until done holds for its counters. Rows committed before a round
-// are read by it, so each round makes progress until done holds; two rounds in a row that find
-// nothing (the first may only close the previous round) mean it never will.
+// relayUntil runs relay rounds until done holds (relaytest.RunUntil; two idle rounds: the first
+// may only close the previous round).
 func relayUntil(t *testing.T, relay *outbox.Relay, what string, done func(outbox.RelayCounters) bool) {
 	t.Helper()
-	idle := 0
-	for !done(relay.Counters()) {
-		n, err := relay.RelayOnce(context.Background())
-		require.NoError(t, err)
-		if n > 0 {
-			idle = 0
-		} else if idle++; idle == 2 {
-			t.Fatalf("the relay found nothing more and did not %s: %+v", what, relay.Counters())
-		}
-	}
+	relaytest.RunUntil(t, relay, what, 2, done)
 }
 
 func (f *fixture) status(t *testing.T, status string) int {

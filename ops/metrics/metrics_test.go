@@ -21,6 +21,7 @@ import (
 	"github.com/wmonce/watermill-once/effects/intent"
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/relaytest"
 	"github.com/wmonce/watermill-once/internal/testsignal"
 	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/middleware/httpidem"
@@ -299,11 +300,7 @@ func relay(t *testing.T, db *sql.DB, schema, name string, batch, want int) *outb
 	t.Cleanup(func() { _ = pub.Close() })
 	r, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Schema: schema, Name: name, BatchSize: batch}, logger())
 	require.NoError(t, err)
-	for int(r.Counters().Forwarded) < want {
-		n, err := r.RelayOnce(context.Background())
-		require.NoError(t, err)
-		require.NotZero(t, n, "relay %s found nothing more after forwarding %d of %d rows", name, r.Counters().Forwarded, want)
-	}
+	relaytest.RunUntil(t, r, fmt.Sprintf("forward %d rows (relay %s)", want, name), 1, func(c outbox.RelayCounters) bool { return int(c.Forwarded) >= want })
 	require.Equal(t, want, int(r.Counters().Forwarded))
 	return r
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/relaytest"
 	"github.com/wmonce/watermill-once/ops/retention"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -37,11 +38,7 @@ func relayed(t *testing.T, db *sql.DB, schema, name string, want int) *outbox.Re
 	t.Cleanup(func() { _ = pub.Close() })
 	r, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Schema: schema, Name: name, BatchSize: 1}, logger())
 	require.NoError(t, err)
-	for int(r.Counters().Forwarded) < want {
-		n, err := r.RelayOnce(context.Background())
-		require.NoError(t, err)
-		require.NotZero(t, n, "relay %s found nothing more after forwarding %d of %d rows", name, r.Counters().Forwarded, want)
-	}
+	relaytest.RunUntil(t, r, fmt.Sprintf("forward %d rows (relay %s)", want, name), 1, func(c outbox.RelayCounters) bool { return int(c.Forwarded) >= want })
 	return r
 }
 
