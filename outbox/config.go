@@ -32,6 +32,13 @@ type Config struct {
 	// Default "": rows without a source, forwarded by relays without one (as every row written
 	// before migration 012).
 	Source string
+	// PartitionKeyField is the metadata field whose value the Writer stores in the outbox's
+	// partition_key column (migration 013), the record key Debezium's Outbox Event Router gives
+	// the event: events of one key land on one Kafka partition, in commit order. A message
+	// without it is keyed by its UUID. Give it the value of the broker's
+	// Kafka.PartitionKeyField, so that the Relay and Debezium key the same events alike.
+	// Default DefaultPartitionKeyField ("partition_key").
+	PartitionKeyField string
 	// TracerProvider traces PublishTx: an "outbox store" span under the caller's span (none
 	// when the caller's context holds no span). Default otel.GetTracerProvider().
 	TracerProvider trace.TracerProvider
@@ -39,6 +46,7 @@ type Config struct {
 
 func (c *Config) setDefaults() {
 	c.Schema = cmp.Or(c.Schema, pgtx.DefaultSchema)
+	c.PartitionKeyField = cmp.Or(c.PartitionKeyField, DefaultPartitionKeyField)
 	if c.ValidateTopic == nil {
 		c.ValidateTopic = DefaultValidateTopic
 	}

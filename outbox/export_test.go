@@ -27,3 +27,18 @@ type (
 // RelaySignals returns r's test signals. Init the ones a test waits on before Run or
 // RelayOnce: the others stay inert.
 func RelaySignals(r *Relay) *RelayTestSignals { return &r.testSignals }
+
+// WriterBefore013 returns a copy of w that stores what a Writer stored before migration 013
+// (the envelope only, no notification) on a schema without the router's columns. Its
+// statements take the same parameters as the Writer's and ignore the columns' ones.
+func WriterBefore013(w *Writer) *Writer {
+	c := *w
+	ignore := ` WHERE ($4::text, $5::text, $6::text, $7::bytea) IS NULL OR true`
+	c.insertOne = `INSERT INTO ` + c.table + ` (uuid, payload, metadata, transaction_id) SELECT $1, $2::json, $3::json, pg_current_xact_id()` + ignore
+	c.insertMny = `INSERT INTO ` + c.table + ` (uuid, payload, metadata, transaction_id)
+SELECT u, p::json, m::json, pg_current_xact_id()
+FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS x(u, p, m, n)` +
+		` WHERE ($4::text, $5::text[], $6::text[], $7::bytea[]) IS NULL OR true ORDER BY n`
+	c.channel = ""
+	return &c
+}

@@ -18,7 +18,15 @@ const (
 	// it. It is stable across every copy of the message, which makes it usable for age checks
 	// and for choosing time partitions.
 	MetadataOccurredAt = "occurred_at"
+	// MetadataEventType, when set, is stored in the outbox's type column too (migration 013):
+	// Debezium's Outbox Event Router can place it in a header or route by it. The Writer does
+	// not stamp it.
+	MetadataEventType = "event_type"
 )
+
+// DefaultPartitionKeyField is the default of Config.PartitionKeyField: the same metadata field
+// the broker package keys Kafka records by (broker.DefaultPartitionKeyField).
+const DefaultPartitionKeyField = "partition_key"
 
 // stamp sets the correlation, causation and occurred_at metadata msg does not carry yet:
 // causation from cause, the consumed message (nil: none), occurred_at to now.

@@ -338,8 +338,8 @@ func TestMigratedRelayPositionResumesAfterTheLastPublishedRow(t *testing.T) {
 	_, err = m.Migrate(ctx, migrate.DirectionDown, &migrate.Opts{TargetVersion: 5, MaxSteps: migrate.AllSteps})
 	require.NoError(t, err)
 
-	// The Writer of that schema version did not ask whether a relay waits (migration 008).
-	old := outbox.WriterWithoutNotify(w)
+	// The Writer of that schema version did not ask whether a relay waits (migration 008)
+	old := outbox.WriterBefore013(w) // nor the columns of migration 013
 	publishTx(t, db, old, "a", "old-1")
 	publishTx(t, db, old, "a", "old-2", "old-3", "old-4")
 	publishTx(t, db, old, "a", "new-1")

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -78,23 +79,25 @@ func notifyWhenIdle(schema string) string {
 	return `EXISTS (SELECT 1 FROM ` + pgtx.QualifiedName(schema, "outbox_offsets") + ` WHERE idle_until > now())`
 }
 
-// insertSQL returns the statements that store one message ($1 uuid, $2 payload, $3 metadata)
-// and many (the same as arrays). With source, the next parameter is the row's source; without,
-// the column keeps its default (”) and the statements are those of a schema before migration
-// 012. With a notify condition the last parameter is the relay's channel, notified
-// (pg_notify) when the condition holds: the notification is delivered when the transaction
-// commits, exactly when the rows become visible, and PostgreSQL folds identical notifications
-// of one transaction into one, so a transaction that stores several times still sends one. The
-// data-modifying WITH runs to completion whatever the outer SELECT reads.
+// insertSQL returns the statements that store one message and many (the same as arrays):
+// $1 uuid, $2 envelope (payload), $3 metadata, $4 destination (one topic per call), $5
+// partition_key, $6 type, $7 payload_bytes: the envelope for the Relay and the columns of
+// migration 013 for Debezium's Outbox Event Router, in one row. With source, the next
+// parameter is the row's source; without, the column keeps its default (”). With a notify
+// condition the last parameter is the relay's channel, notified (pg_notify) when the condition
+// holds: the notification is delivered when the transaction commits, exactly when the rows
+// become visible, and PostgreSQL folds identical notifications of one transaction into one, so
+// a transaction that stores several times still sends one. The data-modifying WITH runs to
+// completion whatever the outer SELECT reads.
 func insertSQL(table string, source bool, notify string) (one, many string) {
-	cols, val, next := `uuid, payload, metadata, transaction_id`, ``, 4
+	cols, val, next := `uuid, payload, metadata, destination, partition_key, type, payload_bytes, transaction_id`, ``, 8
 	if source {
-		cols, val, next = cols+`, source`, `, $4`, 5
+		cols, val, next = cols+`, source`, `, $8`, 9
 	}
-	one = `INSERT INTO ` + table + ` (` + cols + `) VALUES ($1, $2::json, $3::json, pg_current_xact_id()` + val + `)`
+	one = `INSERT INTO ` + table + ` (` + cols + `) VALUES ($1, $2::json, $3::json, $4, $5, $6, $7, pg_current_xact_id()` + val + `)`
 	many = `INSERT INTO ` + table + ` (` + cols + `)
-SELECT u, p::json, m::json, pg_current_xact_id()` + val + `
-FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS x(u, p, m, n) ORDER BY n`
+SELECT u, p::json, m::json, $4, k, ty, b, pg_current_xact_id()` + val + `
+FROM unnest($1::text[], $2::text[], $3::text[], $5::text[], $6::text[], $7::bytea[]) WITH ORDINALITY AS x(u, p, m, k, ty, b, n) ORDER BY n`
 	if notify != "" {
 		ch := `$` + strconv.Itoa(next) + `::text`
 		one = `WITH ins AS (` + one + `) SELECT pg_notify(` + ch + `, '') WHERE ` + notify
@@ -155,6 +158,9 @@ func (w *Writer) store(ctx context.Context, tx pgtx.Executor, topic string, msgs
 	uuids := make([]string, len(msgs))
 	payloads := make([]string, len(msgs))
 	metadatas := make([]string, len(msgs))
+	keys := make([]string, len(msgs))
+	types := make([]*string, len(msgs))
+	raws := make([][]byte, len(msgs))
 	for i, msg := range msgs {
 		if stamped {
 			stamp(msg, cause, now)
@@ -172,10 +178,16 @@ func (w *Writer) store(ctx context.Context, tx pgtx.Executor, topic string, msgs
 			return fmt.Errorf("outbox: encode metadata of %s: %w", msg.UUID, err)
 		}
 		uuids[i], payloads[i], metadatas[i] = msg.UUID, string(env), md
+		keys[i] = cmp.Or(msg.Metadata.Get(w.config.PartitionKeyField), msg.UUID)
+		types[i] = nullIfEmpty(msg.Metadata.Get(MetadataEventType))
+		raws[i] = msg.Payload
+		if raws[i] == nil { // empty bytes, not NULL: the router would send a null value
+			raws[i] = []byte{}
+		}
 	}
-	query, args := w.insertMny, []any{uuids, payloads, metadatas}
+	query, args := w.insertMny, []any{uuids, payloads, metadatas, topic, keys, types, raws}
 	if len(msgs) == 1 {
-		query, args = w.insertOne, []any{uuids[0], payloads[0], metadatas[0]}
+		query, args = w.insertOne, []any{uuids[0], payloads[0], metadatas[0], topic, keys[0], types[0], raws[0]}
 	}
 	if w.config.Source != "" {
 		args = append(args, w.config.Source)
@@ -187,8 +199,8 @@ func (w *Writer) store(ctx context.Context, tx pgtx.Executor, topic string, msgs
 		if pgtx.IsUndefinedTable(err) {
 			return fmt.Errorf("outbox: table %s is missing: run the migrations (migrate.Migrate or `wmonce migrate up`): %w", w.table, err)
 		}
-		if pgtx.SQLState(err) == codeUndefinedColumn && w.config.Source != "" {
-			return fmt.Errorf("outbox: table %s has no source column (Config.Source needs migration 012): run the migrations (migrate.Migrate or `wmonce migrate up`): %w", w.table, err)
+		if pgtx.SQLState(err) == codeUndefinedColumn {
+			return fmt.Errorf("outbox: table %s lacks a column of migration 012 or 013 (source, destination, payload_bytes, ...): run the migrations (migrate.Migrate or `wmonce migrate up`): %w", w.table, err)
 		}
 		return fmt.Errorf("outbox: insert %d message(s) for topic %q: %w", len(msgs), topic, err)
 	}
@@ -247,4 +259,12 @@ func jsonMetadata(md message.Metadata) (string, error) {
 	}
 	b, err := json.Marshal(md)
 	return string(b), err
+}
+
+// nullIfEmpty is nil (SQL NULL) for "", else &s.
+func nullIfEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
 }
