@@ -105,7 +105,7 @@ func partitionKey(k KafkaConfig, msg *message.Message) (string, error) {
 func (b *Broker) newKafkaSubscriber(group string) (message.Subscriber, error) {
 	return kafka.NewSubscriber(kafka.SubscriberConfig{
 		Brokers:               b.config.Kafka.Brokers,
-		Unmarshaler:           b.kafkaMarshaler(),
+		Unmarshaler:           KafkaUnmarshaler{Watermill: b.kafkaMarshaler()}, // Relay's and Debezium's records
 		OverwriteSaramaConfig: b.saramaConfig(),
 		ConsumerGroup:         group,
 		NackResendSleep:       b.config.Kafka.NackDelay,

@@ -1,0 +1,117 @@
+package broker
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// The record layout of Debezium's Outbox Event Router as the connector of package outbox/cdc
+// configures it: the event id in header DebeziumHeaderID (the outbox's uuid column), the
+// metadata as one JSON object in header DebeziumHeaderMetadata, the payload as the raw value
+// (BinaryDataConverter), the partition key as the record key; Debezium adds headers of its own,
+// named with the prefix DebeziumHeaderPrefix.
+const (
+	DebeziumHeaderID       = "id"
+	DebeziumHeaderMetadata = "metadata"
+	DebeziumHeaderPrefix   = "__debezium"
+	// MetadataUnmarshalError names, on a message whose record could not be read back, why:
+	// such a message has an empty UUID, which the effectively-once middleware refuses, so it is
+	// parked visibly (poison queue) instead of stopping the subscription or being applied.
+	MetadataUnmarshalError = "unmarshal_error"
+)
+
+// KafkaUnmarshaler reads both layouts a watermill-once outbox reaches Kafka in: records the
+// Relay published (Watermill's layout, the UUID in header _watermill_message_uuid) with
+// Watermill's unmarshaler, and records Debezium's Outbox Event Router wrote (DebeziumUnmarshaler).
+// Consumers need no setting to switch between the Relay and Debezium, in either direction: both
+// give the message the producer stored, with the same UUID, so the effectively-once middleware
+// dedupes the copies a switch may deliver twice.
+type KafkaUnmarshaler struct {
+	Watermill kafka.Unmarshaler
+}
+
+// Unmarshal implements kafka.Unmarshaler.
+func (u KafkaUnmarshaler) Unmarshal(rec *sarama.ConsumerMessage) (*message.Message, error) {
+	if isDebeziumRecord(rec) {
+		return DebeziumUnmarshaler{}.Unmarshal(rec)
+	}
+	return u.Watermill.Unmarshal(rec)
+}
+
+// isDebeziumRecord: no Watermill UUID header, and headers of Debezium's own.
+func isDebeziumRecord(rec *sarama.ConsumerMessage) bool {
+	debezium := false
+	for _, h := range rec.Headers {
+		switch k := string(h.Key); {
+		case k == kafka.UUIDHeaderKey:
+			return false
+		case strings.HasPrefix(k, DebeziumHeaderPrefix):
+			debezium = true
+		}
+	}
+	return debezium
+}
+
+// DebeziumUnmarshaler turns a record of Debezium's Outbox Event Router back into the message the
+// outbox.Writer stored: the UUID from header "id", the metadata (correlation, causation, trace
+// context, partition key, ...) from the JSON of header "metadata", the payload byte for byte.
+// Debezium's own headers (__debezium.*) are left out. Other headers (more columns placed as
+// headers) become metadata the stored metadata does not already hold.
+//
+// A record without an id, or with metadata that is not a JSON object of strings, is not
+// refused with an error (watermill-kafka stops consuming the partition on one): it becomes a
+// message with an empty UUID and MetadataUnmarshalError, which the effectively-once
+// middleware refuses as a message without a key, so it is parked, never applied.
+type DebeziumUnmarshaler struct{}
+
+// Unmarshal implements kafka.Unmarshaler.
+func (DebeziumUnmarshaler) Unmarshal(rec *sarama.ConsumerMessage) (*message.Message, error) {
+	var id, md string
+	var hasID, hasMD bool
+	extra := message.Metadata{}
+	for _, h := range rec.Headers {
+		switch k := string(h.Key); {
+		case k == DebeziumHeaderID:
+			id, hasID = string(h.Value), true
+		case k == DebeziumHeaderMetadata:
+			md, hasMD = string(h.Value), true
+		case strings.HasPrefix(k, DebeziumHeaderPrefix):
+		default:
+			extra.Set(k, string(h.Value))
+		}
+	}
+	payload := rec.Value
+	if payload == nil {
+		payload = []byte{}
+	}
+	msg := message.NewMessage(id, payload)
+	fail := func(reason string) (*message.Message, error) {
+		msg.UUID = ""
+		msg.Metadata = extra
+		msg.Metadata.Set(MetadataUnmarshalError, fmt.Sprintf("broker: Debezium record at %s/%d/%d: %s", rec.Topic, rec.Partition, rec.Offset, reason))
+		return msg, nil
+	}
+	if !hasID || id == "" {
+		return fail(`no "id" header: is the router's table.field.event.id the outbox's uuid column?`)
+	}
+	msg.Metadata = message.Metadata{}
+	if hasMD && md != "" && md != "null" {
+		if err := json.Unmarshal([]byte(md), (*map[string]string)(&msg.Metadata)); err != nil {
+			return fail(fmt.Sprintf(`"metadata" header is not a JSON object of strings: %v`, err))
+		}
+		if msg.Metadata == nil {
+			msg.Metadata = message.Metadata{}
+		}
+	}
+	for k, v := range extra {
+		if _, ok := msg.Metadata[k]; !ok {
+			msg.Metadata[k] = v
+		}
+	}
+	return msg, nil
+}

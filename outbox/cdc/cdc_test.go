@@ -1,0 +1,156 @@
+package cdc_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wmonce/watermill-once/broker"
+	"github.com/wmonce/watermill-once/internal/brokertest"
+	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testwait"
+	"github.com/wmonce/watermill-once/outbox"
+	"github.com/wmonce/watermill-once/outbox/cdc"
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// The configuration says what the issue asks for by default: exactly-once required, a 10 ms
+// poll, pgoutput with our publication, the raw payload, the router on the columns of
+// migration 013. Bad input fails saying what to fix.
+func TestConnectorConfigDefaults(t *testing.T) {
+	c, err := cdc.ConnectorConfig(cdc.Config{Schema: "shop", DatabaseURL: "postgres://app:secret@db.internal:6432/prod", User: "wmonce_cdc"})
+	require.NoError(t, err)
+	for k, v := range map[string]string{
+		"tasks.max": "1", "exactly.once.support": "required", "poll.interval.ms": "10", "plugin.name": "pgoutput",
+		"publication.name": "wmonce_outbox_shop", "publication.autocreate.mode": "disabled", "slot.name": "wmonce_shop",
+		"table.include.list": "shop.outbox", "snapshot.mode": "no_data", "database.hostname": "db.internal",
+		"database.port": "6432", "database.dbname": "prod", "database.user": "wmonce_cdc", "database.password": "secret",
+		"value.converter":                                     "io.debezium.converters.BinaryDataConverter",
+		"transforms.outbox.route.by.field":                    "destination",
+		"transforms.outbox.route.topic.replacement":           "${routedByValue}",
+		"transforms.outbox.table.field.event.id":              "uuid",
+		"transforms.outbox.table.field.event.key":             "partition_key",
+		"transforms.outbox.table.field.event.payload":         "payload_bytes",
+		"transforms.outbox.table.fields.additional.placement": "metadata:header:metadata",
+		"topic.prefix": "wmonce-outbox-shop",
+	} {
+		require.Equal(t, v, c[k], k)
+	}
+	off, err := cdc.ConnectorConfig(cdc.Config{DatabaseURL: "postgres://u@h/d", DisableExactlyOnce: true})
+	require.NoError(t, err)
+	require.NotContains(t, off, "exactly.once.support")
+	require.Equal(t, "wmonce.outbox", off["table.include.list"])
+
+	_, err = cdc.ConnectorConfig(cdc.Config{Schema: "Bad-Schema", DatabaseURL: "mysql://x"})
+	require.ErrorContains(t, err, `cdc: invalid config`)
+	require.ErrorContains(t, err, `schema name "Bad-Schema" is not allowed`)
+	require.ErrorContains(t, err, `is not postgres://user@host:port/database`)
+}
+
+// connectURL is the Connect cluster the tests register connectors on.
+func connectURL() string {
+	if u := os.Getenv("CONNECT_URL"); u != "" {
+		return u
+	}
+	return cdc.DefaultConnectURL
+}
+
+// startConnector registers a connector for schema and waits until its task reads the slot;
+// the connector, slot and publication are removed when t ends.
+func startConnector(t *testing.T, db *sql.DB, schema string) (cdc.Client, cdc.Config) {
+	t.Helper()
+	brokertest.SkipShort(t, "a Kafka Connect cluster with Debezium (scripts/services up connect)")
+	client := cdc.Client{URL: connectURL()}
+	ctx := context.Background()
+	if _, err := client.Status(ctx, "none"); err != nil && !cdc.IsNotFound(err) {
+		t.Fatalf("Kafka Connect is not reachable at %s (start it with scripts/services up connect, or set CONNECT_URL): %v", client.URL, err)
+	}
+	cfg := cdc.Config{Schema: schema, DatabaseURL: pgtest.URL(), User: cdc.DefaultReplicationRole, TopicPartitions: 2}.WithDefaults()
+	require.NoError(t, cdc.Prepare(ctx, db, cfg))
+	require.NoError(t, client.Apply(ctx, cfg))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		require.NoError(t, cdc.Remove(ctx, client, db, cfg))
+	})
+	testwait.UntilWithin(t, 2*time.Minute, "the connector's task to run and read its slot", func() bool {
+		s, err := client.Status(ctx, cfg.Name)
+		if err == nil && len(s.Tasks) > 0 && s.Tasks[0].State.State == "FAILED" {
+			t.Fatalf("the connector's task failed: %s", s.Tasks[0].Trace)
+		}
+		slot, serr := cdc.Slot(ctx, db, cfg)
+		require.NoError(t, serr)
+		return err == nil && s.Running() && slot.Active
+	})
+	return client, cfg
+}
+
+// Debezium's records come back as the messages the producer stored: the UUID, the metadata
+// (trace context, correlation, partition key) and the payload byte for byte, with Debezium's
+// headers left out, in commit order per key; the Kafka subscriber of package broker reads them
+// with no setting.
+func TestDebeziumDeliversTheStoredMessages(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	schema := pgtest.Schema(t, db)
+	if brokertest.RealKafka() == nil {
+		t.Fatalf("%s is not set: set it to the cluster the Connect workers write to (127.0.0.1:9094 with scripts/services)", broker.EnvKafkaBrokers)
+	}
+	startConnector(t, db, schema)
+	ctx := context.Background()
+	topic := "cdc-" + strings.ReplaceAll(schema, "_", "-")
+	b, err := broker.New(ctx, nil, brokertest.Config(t, broker.Kafka, schema), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { brokertest.DeleteCreatedKafkaTopics(t, b); _ = b.Close() })
+	group := "g-" + schema
+	require.NoError(t, b.Declare(ctx, broker.Subscription{Topic: topic, Group: group}))
+	sub, err := b.NewSubscriber(group)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	ch, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+
+	w, err := outbox.NewWriter(outbox.Config{Schema: schema})
+	require.NoError(t, err)
+	const keys, perKey = 3, 20
+	want := map[string]*message.Message{}
+	for i := range perKey {
+		err := pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
+			var msgs []*message.Message
+			for k := range keys {
+				m := message.NewMessage(fmt.Sprintf("k%d-%03d", k, i), []byte{0xff, byte(k), byte(i), 0x00, 'z'})
+				m.Metadata.Set(outbox.DefaultPartitionKeyField, fmt.Sprintf("key-%d", k))
+				m.Metadata.Set("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+				want[m.UUID] = m
+				msgs = append(msgs, m)
+			}
+			return w.PublishTx(ctx, tx, topic, msgs...)
+		})
+		require.NoError(t, err)
+	}
+	last := map[string]int{}
+	for range keys * perKey {
+		m := testwait.Receive(t, ch, "a record of Debezium")
+		w, ok := want[m.UUID]
+		require.True(t, ok, "unexpected message %q (metadata %v)", m.UUID, m.Metadata)
+		require.Equal(t, []byte(w.Payload), []byte(m.Payload), m.UUID)
+		require.Equal(t, w.Metadata, m.Metadata, "the stored metadata, no Debezium header")
+		var k, i int
+		_, err := fmt.Sscanf(m.UUID, "k%d-%d", &k, &i)
+		require.NoError(t, err)
+		require.Equal(t, last[w.Metadata.Get(outbox.DefaultPartitionKeyField)], i, "per-key commit order")
+		last[w.Metadata.Get(outbox.DefaultPartitionKeyField)] = i + 1
+		m.Ack()
+		delete(want, m.UUID)
+	}
+	require.Empty(t, want)
+}

@@ -1,0 +1,128 @@
+package cdc
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// Prepare makes PostgreSQL ready for the connector of config: it checks wal_level=logical,
+// creates the publication for the outbox table if it is missing (Debezium's own would need a
+// superuser) and grants the connector's role USAGE on the schema and SELECT on the outbox. It
+// runs as a role that owns the outbox (the migrations' role), is idempotent, and does not
+// create the replication slot: the connector creates it at its first start.
+func Prepare(ctx context.Context, db *sql.DB, config Config) error {
+	config.setDefaults()
+	if err := config.Validate(); err != nil {
+		return err
+	}
+	var level string
+	if err := db.QueryRowContext(ctx, `SHOW wal_level`).Scan(&level); err != nil {
+		return fmt.Errorf("cdc: read wal_level: %w", err)
+	}
+	if level != "logical" {
+		return fmt.Errorf("cdc: PostgreSQL runs with wal_level=%s: Debezium needs wal_level=logical (postgresql.conf, then a restart; scripts/services up postgres sets it)", level)
+	}
+	table := pgtx.QualifiedName(config.Schema, "outbox")
+	var exists bool
+	if err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, config.PublicationName).Scan(&exists); err != nil {
+		return fmt.Errorf("cdc: look up publication %s: %w", config.PublicationName, err)
+	}
+	if !exists {
+		// Inserts only: retention's deletes are no events, and the router would only warn.
+		_, err := db.ExecContext(ctx, `CREATE PUBLICATION `+pgtx.QuoteIdentifier(config.PublicationName)+` FOR TABLE `+table+` WITH (publish = 'insert')`)
+		if err != nil && pgtx.SQLState(err) != "42710" { // duplicate_object: a concurrent Prepare
+			if pgtx.IsUndefinedTable(err) {
+				return fmt.Errorf("cdc: table %s is missing: run the migrations first: %w", table, err)
+			}
+			return fmt.Errorf("cdc: create publication %s: %w", config.PublicationName, err)
+		}
+	}
+	role := pgtx.QuoteIdentifier(config.User)
+	if _, err := db.ExecContext(ctx, `GRANT USAGE ON SCHEMA `+pgtx.QuoteIdentifier(config.Schema)+` TO `+role+`; GRANT SELECT ON `+table+` TO `+role); err != nil {
+		return fmt.Errorf("cdc: grant role %s read access to %s (does the role exist? scripts/services creates %s): %w", config.User, table, DefaultReplicationRole, err)
+	}
+	return nil
+}
+
+// SlotStatus is the replication slot of a connector, as PostgreSQL reports it.
+type SlotStatus struct {
+	Exists bool
+	// Active: a connector task is reading the slot now.
+	Active bool
+	// RetainedBytes is the WAL the slot keeps from being recycled (current WAL position minus
+	// the slot's restart_lsn): it grows while the connector is down, without bound. Alert on it.
+	RetainedBytes int64
+	// LagBytes is the WAL written since the position the connector confirmed.
+	LagBytes int64
+}
+
+// Slot reads the replication slot of config's connector.
+func Slot(ctx context.Context, db pgtx.Executor, config Config) (SlotStatus, error) {
+	config.setDefaults()
+	var s SlotStatus
+	err := db.QueryRowContext(ctx, `SELECT active,
+    coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::bigint,
+    coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint
+FROM pg_replication_slots WHERE slot_name = $1`, config.SlotName).Scan(&s.Active, &s.RetainedBytes, &s.LagBytes)
+	if errors.Is(err, sql.ErrNoRows) {
+		return SlotStatus{}, nil
+	}
+	if err != nil {
+		return SlotStatus{}, fmt.Errorf("cdc: read slot %s: %w", config.SlotName, err)
+	}
+	s.Exists = true
+	return s, nil
+}
+
+// DropSlot drops the connector's replication slot, so that it stops retaining WAL; call it
+// after the connector is deleted (a slot a task still reads cannot be dropped: the error says
+// so). No slot is no error. The publication stays (Prepare reuses it).
+func DropSlot(ctx context.Context, db pgtx.Executor, config Config) error {
+	config.setDefaults()
+	_, err := db.ExecContext(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, config.SlotName)
+	if err != nil {
+		return fmt.Errorf("cdc: drop slot %s (a connector task still reading it? delete the connector first): %w", config.SlotName, err)
+	}
+	return nil
+}
+
+// Remove deletes the connector of config from Connect, waits (until ctx ends) for its task to
+// let go of the replication slot, drops the slot (so that it stops retaining WAL) and the
+// publication. Events committed after the connector stopped are no longer read by it: start
+// the Relay before removing the connector when switching back (the Relay forwards every row of
+// its position on; the consumer dedupes what both sent).
+func Remove(ctx context.Context, client Client, db *sql.DB, config Config) error {
+	config.setDefaults()
+	if err := config.Validate(); err != nil {
+		return err
+	}
+	if err := client.Delete(ctx, config.Name); err != nil {
+		return err
+	}
+	for {
+		s, err := Slot(ctx, db, config)
+		if err != nil {
+			return err
+		}
+		if !s.Active {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("cdc: slot %s is still read by a task after the connector was deleted: %w", config.SlotName, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if err := DropSlot(ctx, db, config); err != nil {
+		return err
+	}
+	if _, err := db.ExecContext(ctx, `DROP PUBLICATION IF EXISTS `+pgtx.QuoteIdentifier(config.PublicationName)); err != nil {
+		return fmt.Errorf("cdc: drop publication %s: %w", config.PublicationName, err)
+	}
+	return nil
+}
