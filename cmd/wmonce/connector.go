@@ -1,0 +1,199 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/wmonce/watermill-once/outbox/cdc"
+)
+
+func connectorCommand() *command {
+	return &command{
+		name:    "connector",
+		summary: "the Debezium connector that reads the outbox on Kafka Connect: config, apply, status, delete",
+		usage: `
+connector config [-user ROLE] [-connector-database-url URL] [-name N] [-partitions N] [-no-exactly-once]
+connector apply  [-connect-url URL] [same flags as config]
+connector status [-connect-url URL] [-name N]
+connector delete [-connect-url URL] [-name N]`,
+		details: `
+config   prints the connector's configuration for the schema's outbox (JSON, as Connect's REST
+         API takes it): exactly-once required, poll.interval.ms=10, pgoutput with a
+         publication of our own, the raw payload (BinaryDataConverter) and Debezium's Outbox
+         Event Router on the outbox columns of migration 013.
+apply    prepares PostgreSQL (checks wal_level=logical, creates the publication, grants the
+         role SELECT on the outbox) and creates the connector or updates its configuration.
+         Run it as the role that owns the outbox. Stop the Relay of the outbox only once the
+         connector runs (status): the consumers dedupe what both sent.
+status   the connector's and its task's state, the worker running it, and the replication
+         slot: whether a task reads it and how much WAL it retains. Exit code 1 unless it runs.
+delete   deletes the connector, drops its replication slot (which otherwise retains WAL
+         without end) and the publication. Start the Relay first when switching back.
+-connect-url defaults to $CONNECT_URL, else ` + cdc.DefaultConnectURL + `; -connector-database-url (the database as the
+Connect workers reach it) to -database-url.`,
+		examples: []string{
+			"wmonce connector config",
+			"wmonce -schema shop connector apply -connect-url http://connect:8083 -user wmonce_cdc",
+			"wmonce -json connector status",
+			"wmonce connector delete",
+		},
+		run: runConnector,
+	}
+}
+
+func runConnector(ctx context.Context, e *env, args []string) error {
+	return runAction(ctx, e, args, "connector", []action{
+		{name: "config", run: (*env).connectorConfig},
+		{name: "apply", run: (*env).connectorApply},
+		{name: "status", run: (*env).connectorStatus},
+		{name: "delete", run: (*env).connectorDelete},
+	})
+}
+
+// connectorFlags are the flags of the connector actions.
+type connectorFlags struct {
+	connectURL, user, databaseURL, name *string
+	partitions                          *int
+	noExactlyOnce                       *bool
+}
+
+func (e *env) connectorFlags(action string) (*flag.FlagSet, connectorFlags) {
+	fs := e.flags("connector " + action)
+	return fs, connectorFlags{
+		connectURL:    fs.String("connect-url", cmp.Or(os.Getenv("CONNECT_URL"), cdc.DefaultConnectURL), "Kafka Connect REST API"),
+		user:          fs.String("user", cdc.DefaultReplicationRole, "role the connector logs in with (REPLICATION LOGIN)"),
+		databaseURL:   fs.String("connector-database-url", "", "PostgreSQL as the Connect workers reach it (default: -database-url)"),
+		name:          fs.String("name", "", "connector name (default wmonce-outbox-<schema>)"),
+		partitions:    fs.Int("partitions", cdc.DefaultTopicPartitions, "partitions of the topics Connect creates"),
+		noExactlyOnce: fs.Bool("no-exactly-once", false, "do not require exactly-once source support (a worker's death then duplicates events)"),
+	}
+}
+
+func (e *env) connectorSetup(fs *flag.FlagSet, f connectorFlags, args []string) (cdc.Config, cdc.Client, error) {
+	if err := e.parseFlagsOnly(fs, args); err != nil {
+		return cdc.Config{}, cdc.Client{}, err
+	}
+	cfg := cdc.Config{
+		Schema: e.g.schema, DatabaseURL: cmp.Or(*f.databaseURL, e.g.databaseURL), User: *f.user, Name: *f.name,
+		TopicPartitions: *f.partitions, DisableExactlyOnce: *f.noExactlyOnce,
+	}.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return cdc.Config{}, cdc.Client{}, usagef("%v", err)
+	}
+	return cfg, cdc.Client{URL: *f.connectURL}, nil
+}
+
+func (e *env) connectorConfig(ctx context.Context, args []string) error {
+	fs, f := e.connectorFlags("config")
+	cfg, _, err := e.connectorSetup(fs, f, args)
+	if err != nil {
+		return err
+	}
+	c, err := cdc.ConnectorConfig(cfg)
+	if err != nil {
+		return err
+	}
+	return e.printJSON(map[string]any{"name": cfg.Name, "config": c})
+}
+
+func (e *env) connectorApply(ctx context.Context, args []string) error {
+	fs, f := e.connectorFlags("apply")
+	cfg, client, err := e.connectorSetup(fs, f, args)
+	if err != nil {
+		return err
+	}
+	db, err := e.openMigrated(ctx)
+	if err != nil {
+		return err
+	}
+	if err := cdc.Prepare(ctx, db, cfg); err != nil {
+		return e.explain(err)
+	}
+	if err := client.Apply(ctx, cfg); err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "connector %s applied on %s (slot %s, publication %s); check it with: wmonce connector status\n", cfg.Name, client.URL, cfg.SlotName, cfg.PublicationName)
+	return nil
+}
+
+// connectorState is what status prints.
+type connectorState struct {
+	Name   string         `json:"name"`
+	Status *cdc.Status    `json:"status,omitempty"`
+	Error  string         `json:"error,omitempty"`
+	Slot   cdc.SlotStatus `json:"slot"`
+}
+
+func (e *env) connectorStatus(ctx context.Context, args []string) error {
+	fs, f := e.connectorFlags("status")
+	cfg, client, err := e.connectorSetup(fs, f, args)
+	if err != nil {
+		return err
+	}
+	db, err := e.open(ctx)
+	if err != nil {
+		return err
+	}
+	st := connectorState{Name: cfg.Name}
+	s, serr := client.Status(ctx, cfg.Name)
+	if serr != nil {
+		st.Error = serr.Error()
+	} else {
+		st.Status = &s
+	}
+	if st.Slot, err = cdc.Slot(ctx, db, cfg); err != nil {
+		return err
+	}
+	if e.g.json {
+		if err := e.printJSON(st); err != nil {
+			return err
+		}
+	} else {
+		tw := e.table()
+		if st.Status != nil {
+			fmt.Fprintf(tw, "connector\t%s\t%s\t%s\n", cfg.Name, s.Connector.State, s.Connector.WorkerID)
+			for _, t := range s.Tasks {
+				fmt.Fprintf(tw, "task %d\t\t%s\t%s\n", t.ID, t.State.State, t.WorkerID)
+			}
+		} else {
+			fmt.Fprintf(tw, "connector\t%s\t%s\n", cfg.Name, st.Error)
+		}
+		fmt.Fprintf(tw, "slot\t%s\texists %t, active %t, retains %d bytes of WAL, %d bytes behind\n", cfg.SlotName, st.Slot.Exists, st.Slot.Active, st.Slot.RetainedBytes, st.Slot.LagBytes)
+		_ = tw.Flush()
+	}
+	if serr != nil {
+		return serr
+	}
+	if !s.Running() {
+		for _, t := range s.Tasks {
+			if t.Trace != "" {
+				return fmt.Errorf("task %d is %s: %.400s", t.ID, t.State.State, t.Trace)
+			}
+		}
+		return fmt.Errorf("connector %s is not running (connector %s)", cfg.Name, s.Connector.State)
+	}
+	return nil
+}
+
+func (e *env) connectorDelete(ctx context.Context, args []string) error {
+	fs, f := e.connectorFlags("delete")
+	cfg, client, err := e.connectorSetup(fs, f, args)
+	if err != nil {
+		return err
+	}
+	db, err := e.open(ctx)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := cdc.Remove(ctx, client, db, cfg); err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "connector %s deleted; slot %s and publication %s dropped\n", cfg.Name, cfg.SlotName, cfg.PublicationName)
+	return nil
+}
