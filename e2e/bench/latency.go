@@ -77,7 +77,7 @@ func e2eTopic(runID, id string) string { return "wb-" + runID + "-" + id }
 
 // e2eRate returns the rate of an e2e variant.
 func e2eRate(id string) int {
-	if id == E2E1000 {
+	if id == E2E1000 || id == CDC1000 {
 		return 1000
 	}
 	return 50
@@ -87,6 +87,9 @@ func e2eRate(id string) int {
 func (h *harness) endToEnd(ctx context.Context, r *rig, id string) (Result, error) {
 	rate := e2eRate(id)
 	n := max(1, int(float64(rate)*h.opts.e2eDuration.Seconds()))
+	if isBurst(id) {
+		n = h.burstEvents()
+	}
 	res := Result{Variant: id, Broker: r.label(), Messages: n, InFlight: 1}
 	if err := cleanSchema(ctx, h.db, h.opts.schema); err != nil {
 		return res, err
@@ -113,8 +116,7 @@ func (h *harness) endToEnd(ctx context.Context, r *rig, id string) (Result, erro
 	if err != nil {
 		return res, err
 	}
-	relayName := "wb-" + r.runID + "-" + id
-	relay, err := outbox.NewRelay(h.db, stampingPublisher{pub}, outbox.RelayConfig{Schema: h.opts.schema, Name: relayName}, h.logger)
+	relay, err := h.newForwarder(ctx, r, id, pub) // the Relay, or Debezium (cdc.go)
 	if err != nil {
 		_ = sub.Close()
 		return res, err
@@ -206,7 +208,7 @@ func (h *harness) endToEnd(ctx context.Context, r *rig, id string) (Result, erro
 	}
 	// Producers: one transaction per event, started on a fixed schedule; enough workers that a
 	// slow commit does not delay the next event's start.
-	type job struct{ msg *message.Message }
+	type job struct{ msgs []*message.Message }
 	jobs := make(chan job, n)
 	var prodErr atomic.Value
 	var wg sync.WaitGroup
@@ -216,24 +218,31 @@ func (h *harness) endToEnd(ctx context.Context, r *rig, id string) (Result, erro
 			defer wg.Done()
 			for j := range jobs {
 				err := pgtx.RunInTx(ctx, h.db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
-					return writer.PublishTx(ctx, tx, topic, j.msg)
+					return writer.PublishTx(ctx, tx, topic, j.msgs...)
 				})
 				if err != nil {
 					prodErr.CompareAndSwap(nil, err)
 					continue
 				}
-				produced.Store(j.msg.UUID, time.Now())
+				now := time.Now()
+				for _, m := range j.msgs {
+					produced.Store(m.UUID, now)
+				}
 			}
 		}()
 	}
 	meas := h.startMeasuring(r.label() + "-" + id)
 	start := time.Now()
 	interval := time.Second / time.Duration(rate)
+	msgs := make([]*message.Message, n)
 	for i := range n {
-		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
+		msgs[i] = message.NewMessage(watermill.NewUUID(), payload(i))
+	}
+	for i, batch := range producerBatches(id, msgs) {
+		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 && !isBurst(id) {
 			time.Sleep(d)
 		}
-		jobs <- job{message.NewMessage(watermill.NewUUID(), payload(i))}
+		jobs <- job{batch}
 	}
 	close(jobs)
 	wg.Wait()
@@ -269,6 +278,14 @@ func (h *harness) endToEnd(ctx context.Context, r *rig, id string) (Result, erro
 	res.Seconds = producing.Seconds()
 	res.MsgsPerSec = float64(n) / producing.Seconds()
 	res.Notes = fmt.Sprintf("target %d events/s for %s; latency from the producer's COMMIT (outbox row) through the Relay and the broker to the effectively-once consumer's commit; relay, broker and middleware defaults", rate, h.opts.e2eDuration)
+	if isBurst(id) { // throughput from the first commit to the last consumer commit
+		res.Seconds = time.Since(start).Seconds()
+		res.MsgsPerSec = float64(n) / res.Seconds
+		res.Notes = fmt.Sprintf("%d events committed %d per transaction by %d producers as fast as they go; msgs/s from the first commit to the last consumer commit", n, burstBatch, min(64, max(4, rate/25)))
+	}
+	if viaDebezium(id) {
+		res.Notes += "; forwarded by Debezium 3.6.1 on Kafka Connect 4.3.1 (2 workers), not the Relay"
+	}
 	if r.kind == broker.SQL {
 		res.Notes += "; SQL: the middleware applies in the subscriber's transaction, which commits right after the ack (not included)"
 	}
