@@ -256,6 +256,11 @@ func RunCDC(t *testing.T, opts CDCOptions) CDCReport {
 		}
 	}
 	kinds := []string{FaultWorkerKill, FaultPGRestart, FaultBrokerRestart, FaultConsumerKill}
+	// The faults start once events flow end to end: a recovery time then measures the fault,
+	// not the consumers' first group join.
+	waitFor(t, ctx, 3*time.Minute, func() bool { status(); return applied() > 0 }, func() string {
+		return "the consumers to apply a first event; logs: " + consumers.logTails()
+	})
 	var recoveries []time.Duration
 	underLoad := 0
 	for {

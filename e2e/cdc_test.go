@@ -35,7 +35,8 @@ func TestCDC(t *testing.T) {
 	switch mode {
 	case "ci":
 	case "long":
-		opts.Events, opts.Producers, opts.Pace, opts.Timeout = 20000, 4, 10*time.Millisecond, 40*time.Minute
+		// About 5 minutes of producing, so that the faults hit while events flow.
+		opts.Events, opts.Producers, opts.Pace, opts.Timeout = 20000, 4, 50*time.Millisecond, 40*time.Minute
 	default:
 		t.Fatalf("E2E_CDC=%q: want ci or long", mode)
 	}
