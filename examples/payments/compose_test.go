@@ -77,7 +77,7 @@ func servicesScriptVar(t *testing.T, name string) string {
 
 func TestComposeFile(t *testing.T) {
 	p := loadCompose(t)
-	require.ElementsMatch(t, []string{"postgres", "kafka", "rabbitmq", "demo"}, p.ServiceNames())
+	require.ElementsMatch(t, []string{"postgres", "kafka", "rabbitmq", "demo", "connect-1", "connect-2"}, p.ServiceNames())
 
 	healthy := func(s types.ServiceConfig) {
 		t.Helper()
@@ -95,6 +95,7 @@ func TestComposeFile(t *testing.T) {
 		require.Equal(t, "test", env(t, s, "POSTGRES_DB"))
 		require.Equal(t, "postgres", env(t, s, "POSTGRES_USER"))
 		require.Contains(t, strings.Join(s.Command, " "), "max_connections=300", "the same max_connections as scripts/services")
+		require.Contains(t, strings.Join(s.Command, " "), "wal_level=logical", "Debezium's connector reads the WAL, as with scripts/services")
 		healthy(s)
 		require.Contains(t, strings.Join(s.HealthCheck.Test, " "), "pg_isready")
 	})
@@ -125,6 +126,20 @@ func TestComposeFile(t *testing.T) {
 		require.True(t, strings.HasPrefix(s.Image, "rabbitmq:"), s.Image)
 		require.True(t, publishes(s, 5672), "the tests' default AMQP_URL is %s: %+v", broker.DefaultAMQPURL, s.Ports)
 		healthy(s)
+	})
+
+	t.Run("connect", func(t *testing.T) {
+		// Two workers of one Connect cluster (issue 23): one group, the same storage topics,
+		// exactly-once source support, a dead worker's task moved after 5 s.
+		for _, name := range []string{"connect-1", "connect-2"} {
+			s := service(t, p, name)
+			require.Equal(t, "wmonce-connect", env(t, s, "GROUP_ID"), name)
+			require.Equal(t, "wmonce-connect-configs", env(t, s, "CONFIG_STORAGE_TOPIC"), name)
+			require.Equal(t, "enabled", env(t, s, "CONNECT_EXACTLY_ONCE_SOURCE_SUPPORT"), name)
+			require.Equal(t, "5000", env(t, s, "CONNECT_SCHEDULED_REBALANCE_MAX_DELAY_MS"), name)
+			require.Equal(t, "kafka:29092", env(t, s, "BOOTSTRAP_SERVERS"), name)
+			require.Equal(t, name, env(t, s, "ADVERTISED_HOST_NAME"))
+		}
 	})
 
 	t.Run("demo", func(t *testing.T) {
