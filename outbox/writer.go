@@ -43,6 +43,12 @@ const MaxUUIDLength = 1024
 // broker hop stays at-least-once, and consumers absorb copies with the effectively-once
 // middleware. Nothing is sent to a broker from inside the transaction.
 //
+// Each row carries the message twice: as the forwarder envelope the Relay reads (payload) and
+// as the columns Debezium's Outbox Event Router reads (migration 013: destination,
+// partition_key from Config.PartitionKeyField else the UUID, type from MetadataEventType,
+// payload_bytes, metadata), so the Relay and Debezium (package outbox/cdc) read one table and
+// a service switches between them without rewriting rows.
+//
 // While a relay of the schema is idle, every store also notifies it (pg_notify, delivered at
 // commit, one per transaction however many stores it makes), so that it wakes when the
 // messages become visible; while every relay is busy, nothing is notified. See the package
