@@ -14,6 +14,10 @@
 //     Idempotency-Key derived from (consumer, event id, step); the sender "crashes" after the
 //     provider accepted, retries, and the provider recognises the key.
 //
+// DEMO_OUTBOX=debezium (with BROKER=kafka on the Kafka Connect cluster's broker) runs step 2 on
+// Debezium's path instead: its connector publishes e-91 once, then payments switches back to
+// the Relay, which publishes it again (debezium.go).
+//
 // It narrates each step and ends with one JSON line of measured figures, e.g.
 // {"broker":"sql","deliveries":3,"applied":1,"cashback_paise":2400,"sms_sent":1}.
 // Each run resets its own schemas (payments_demo*) and uses fresh topic names.
@@ -52,6 +56,9 @@ type Options struct {
 	// EmbeddedKafka is the embedded broker Broker.Kafka points at, if the caller started one
 	// (announced in the narration). With BROKER=kafka and no brokers at all, Run starts one.
 	EmbeddedKafka *embeddedkafka.Broker
+	// Debezium forwards the payments outbox with Debezium on Kafka Connect for step 2, then
+	// switches back to the Relay (debezium.go). Env DEMO_OUTBOX=debezium; Kafka only.
+	Debezium bool
 }
 
 // Result is the final JSON line: every figure is measured, none is a constant.
@@ -84,6 +91,11 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
+	if opts.Debezium {
+		if err := d.startDebezium(ctx); err != nil {
+			return Result{}, err
+		}
+	}
 
 	// 1. payments: the payment row and its event commit together.
 	event, err := pay(ctx, d.db, d.schemas.payments, d.topics.payments)
@@ -94,21 +106,13 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 
 	// 2. the relay publishes, crashes before recording its position, and a new relay publishes again.
 	relayCfg := outbox.RelayConfig{Schema: d.schemas.payments, Name: "payments-relay", Backoff: 50 * time.Millisecond}
-	if err := relayThenCrash(ctx, d.db, d.pub, relayCfg); err != nil {
+	if opts.Debezium { // 2'. Debezium publishes once, then the service switches back to the Relay
+		if err := d.debeziumThenRelay(ctx, rewards, relayCfg); err != nil {
+			return Result{}, err
+		}
+	} else if err := d.relayCrashAndRestart(ctx, relayCfg); err != nil {
 		return Result{}, err
 	}
-	d.n.step("relay #1: published %s to the broker (transport %s) and CRASHED before recording its position", eventID, d.pub.last())
-	relay2, err := outbox.NewRelay(d.db, d.pub, relayCfg, d.logger)
-	if err != nil {
-		return Result{}, err
-	}
-	if err := untilDone(ctx, "relay #2 republishing e-91", func() (bool, error) {
-		k, err := relay2.RelayOnce(ctx)
-		return k == 1, err
-	}); err != nil {
-		return Result{}, err
-	}
-	d.n.step("relay #2: restarted from the recorded position and published %s AGAIN (transport %s); position recorded", eventID, d.pub.last())
 
 	// 3. rewards applies the first copy and absorbs the second (it narrates each delivery), and
 	// forwards its own outbox (CashbackCredited) from now on.
@@ -141,4 +145,25 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 		return Result{}, err
 	}
 	return d.result(ctx, rewards, notifications) // measured, narrated, checked
+}
+
+// relayCrashAndRestart is step 2: relay #1 publishes e-91 and crashes before recording its
+// position; relay #2 starts from the recorded position and publishes it again.
+func (d *demo) relayCrashAndRestart(ctx context.Context, relayCfg outbox.RelayConfig) error {
+	if err := relayThenCrash(ctx, d.db, d.pub, relayCfg); err != nil {
+		return err
+	}
+	d.n.step("relay #1: published %s to the broker (transport %s) and CRASHED before recording its position", eventID, d.pub.last())
+	relay2, err := outbox.NewRelay(d.db, d.pub, relayCfg, d.logger)
+	if err != nil {
+		return err
+	}
+	if err := untilDone(ctx, "relay #2 republishing e-91", func() (bool, error) {
+		k, err := relay2.RelayOnce(ctx)
+		return k == 1, err
+	}); err != nil {
+		return err
+	}
+	d.n.step("relay #2: restarted from the recorded position and published %s AGAIN (transport %s); position recorded", eventID, d.pub.last())
+	return nil
 }

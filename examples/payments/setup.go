@@ -69,6 +69,10 @@ func runFromEnv() int {
 	}
 	cfg.DatabaseURL = dbURL
 	opts.Broker = cfg
+	if opts.Debezium, err = debeziumFromEnv(); err != nil {
+		fmt.Fprintln(os.Stderr, "payments demo:", err)
+		return 2
+	}
 	_, err = Run(ctx, opts)
 	if stopErr := stopDB(); stopErr != nil {
 		fmt.Fprintln(os.Stderr, "payments demo: stopping the embedded PostgreSQL:", stopErr)
