@@ -86,7 +86,7 @@ type Relay struct {
 
 	forwarded, rounds, failures, rejected, held, otherSource, fenced, rechecks atomic.Uint64
 	heldTopics                                                                 atomic.Int64
-	lastRelay                                                                  atomic.Int64
+	lastRelay                                                                  worker.Stamp
 	listening                                                                  atomic.Bool
 
 	channel     string      // relayChannel(config.Schema)
@@ -150,10 +150,6 @@ func NewRelay(db *sql.DB, publisher message.Publisher, config RelayConfig, logge
 
 // Counters returns the relay's running totals.
 func (r *Relay) Counters() RelayCounters {
-	var last time.Time
-	if n := r.lastRelay.Load(); n != 0 {
-		last = time.Unix(0, n)
-	}
 	return RelayCounters{
 		Forwarded:   r.forwarded.Load(),
 		Rounds:      r.rounds.Load(),
@@ -166,7 +162,7 @@ func (r *Relay) Counters() RelayCounters {
 		Rechecks:    r.rechecks.Load(),
 		IsLeader:    r.leader.Leading(),
 		Listening:   r.listening.Load(),
-		LastRelays:  last,
+		LastRelays:  r.lastRelay.Time(),
 	}
 }
 
