@@ -82,7 +82,7 @@ func quoteLiteral(s string) string {
 type injector struct {
 	schema   string
 	fault    Fault
-	target   string // the delivery whose first attempt gets the fault
+	target   string   // the delivery whose first attempt gets the fault
 	attempts sync.Map // delivery -> *atomic.Int32
 
 	// shutdown closes the router (mode-specific) for FaultShutdown.
