@@ -235,7 +235,7 @@ func judge(con Consumer, kept time.Duration, source string, h horizon, brokerSet
 		f.Verdict = fmt.Sprintf("the age guard (MaxMessageAge %s) is longer than the keys are kept (%s): a copy between the two ages finds no key and passes the guard: it is applied again", guard, kept)
 		f.Fix = fmt.Sprintf("MaxMessageAge a little below %s, or %s of at least %s", kept, keyName, guard)
 	case !h.known:
-		f.Verdict = "cannot tell how old a copy can be: " + strings.Join(h.details, "; ")
+		f.Verdict = "cannot tell how old a copy can be (the source could not be read, see below)"
 		if guarded {
 			f.Verdict += fmt.Sprintf("; the age guard (%s, within the %s keys are kept) refuses older copies, so none is applied twice", guard, kept)
 		} else {
@@ -265,7 +265,7 @@ func horizonText(h time.Duration) string {
 
 func keepFix(keyName, brokerSetting string, h, kept time.Duration) string {
 	if h == Unbounded {
-		return fmt.Sprintf("a bound on %s (it keeps messages forever), at most %s", brokerSetting, kept)
+		return fmt.Sprintf("%s, so that the source keeps messages at most %s (today it keeps them forever)", brokerSetting, kept)
 	}
 	return fmt.Sprintf("%s of at least %s, or %s of at most %s", keyName, h, brokerSetting, kept)
 }
