@@ -15,6 +15,7 @@ import (
 
 	"github.com/wmonce/watermill-once/internal/brokertest"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/ops/doctor"
 	"github.com/wmonce/watermill-once/ops/retention"
 )
@@ -218,3 +219,26 @@ func (l *captureLogger) Error(msg string, err error, _ watermill.LogFields) {
 	l.lines = append(l.lines, msg+": "+err.Error())
 }
 func (l *captureLogger) Info(msg string, _ watermill.LogFields) { l.lines = append(l.lines, msg) }
+
+func TestOnceMiddlewareRunsTheCheckAtStart(t *testing.T) {
+	amqpURL := amqpQueues(t)
+	cfg := doctor.StartConfig{
+		Config:       doctor.Config{AMQP: doctor.AMQPConfig{URL: amqpURL}, Consumers: []doctor.Consumer{{Name: "sms", AMQPQueues: []string{"no-ttl"}}}},
+		FailOnHazard: true,
+	}
+	db := pgtest.DB(t)
+	logs := &captureLogger{}
+	_, err := once.New(db, once.Config{Consumer: "sms", StartCheck: doctor.OnceStartCheck(cfg, logs)}, nil)
+	require.ErrorIs(t, err, doctor.ErrHazard)
+	require.Len(t, logs.lines, 1)
+
+	// The middleware's age guard is the consumer's: the same queue is then safe.
+	logs = &captureLogger{}
+	mw, err := once.New(db, once.Config{Consumer: "sms", MaxMessageAge: 6 * day, StartCheck: doctor.OnceStartCheck(cfg, logs)}, nil)
+	require.NoError(t, err)
+	require.NoError(t, mw.Close())
+	require.Equal(t, []string{"doctor: 1 consumer source(s) checked, no redelivery hazard (0 unknown)"}, logs.lines)
+
+	_, err = once.New(db, once.Config{Consumer: "other", StartCheck: doctor.OnceStartCheck(cfg, logs)}, nil)
+	require.ErrorContains(t, err, `consumer "other" is not in the doctor's Consumers`)
+}

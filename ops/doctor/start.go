@@ -3,6 +3,7 @@ package doctor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -117,4 +118,27 @@ func StartCheck(ctx context.Context, config StartConfig, maxMessageAge time.Dura
 		return rep, ErrHazard
 	}
 	return rep, nil
+}
+
+// OnceStartCheck returns a once.Config.StartCheck that runs StartCheck when the middleware
+// is created: for the consumer the middleware names (every consumer of config when it names
+// none, as when it defaults to the handler name), with the middleware's MaxMessageAge as the
+// age guard of consumers whose own is unset. With FailOnHazard, a hazard fails once.New.
+func OnceStartCheck(config StartConfig, logger watermill.LoggerAdapter) func(ctx context.Context, consumer string, maxMessageAge time.Duration) error {
+	return func(ctx context.Context, consumer string, maxMessageAge time.Duration) error {
+		cfg := config
+		if consumer != "" {
+			cfg.Consumers = nil
+			for _, c := range config.Consumers {
+				if c.Name == consumer {
+					cfg.Consumers = append(cfg.Consumers, c)
+				}
+			}
+			if len(cfg.Consumers) == 0 {
+				return fmt.Errorf("doctor: consumer %q is not in the doctor's Consumers: list it with the topics and queues it reads", consumer)
+			}
+		}
+		_, err := StartCheck(ctx, cfg, maxMessageAge, logger)
+		return err
+	}
 }
