@@ -38,7 +38,6 @@ func installCommitFault(ctx context.Context, db *sql.DB, schema string) error {
 	fn := pgtx.QualifiedName(schema, commitFaultTable+"_kill")
 	// Several kits may install it at once: one advisory lock per schema serialises the DDL.
 	stmts := []string{
-		`SELECT pg_advisory_xact_lock(hashtext(` + quoteLiteral(schema+".oncetest") + `))`,
 		`CREATE TABLE IF NOT EXISTS ` + table + ` (id bigserial PRIMARY KEY)`,
 		`CREATE OR REPLACE FUNCTION ` + fn + `() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -55,6 +54,9 @@ END $$`,
 		return fmt.Errorf("install the commit fault: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }()
+	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, schema+".oncetest"); err != nil {
+		return fmt.Errorf("install the commit fault: %w", err)
+	}
 	for _, s := range stmts {
 		if _, err := tx.ExecContext(ctx, s); err != nil {
 			return fmt.Errorf("install the commit fault in schema %s: %w", schema, err)
@@ -64,17 +66,6 @@ END $$`,
 		return fmt.Errorf("install the commit fault: %w", err)
 	}
 	return nil
-}
-
-func quoteLiteral(s string) string {
-	out := []byte{'\''}
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\'' {
-			out = append(out, '\'')
-		}
-		out = append(out, s[i])
-	}
-	return string(append(out, '\''))
 }
 
 // injector wraps the user's handler inside the middleware (where a real handler runs: the

@@ -185,7 +185,7 @@ func TestHandlerCommittingTheTransactionIsCaught(t *testing.T) {
 func TestNonIdempotentEffectAcrossARetryIsCaught(t *testing.T) {
 	b := newBank(t)
 	var sent atomic.Int64 // stands for an e-mail sent per deposit
-	kit := b.kitResettingCounter(t, &sent, []oncetest.Fault{oncetest.FaultTransient, oncetest.FaultKillDuringCommit})
+	kit := b.kitResettingCounter(t, &sent, []oncetest.Fault{oncetest.FaultTransient, oncetest.FaultKillDuringCommit, oncetest.FaultFailingNeighbours})
 	expectCaught(t, kit, func(msg *message.Message) ([]*message.Message, error) {
 		sent.Add(1) // the bug: an effect the rollback does not undo
 		return b.correct(msg)
@@ -222,7 +222,9 @@ func TestOutputPublishedWithTheRoutersPublisherIsCaught(t *testing.T) {
 
 func TestReadOutsideTheTransactionThenWriteIsCaught(t *testing.T) {
 	b := newBank(t)
-	kit := b.kit(t, oncetest.Config{Faults: []oncetest.Fault{oncetest.FaultConcurrentEvents}})
+	// In one group-commit transaction the handlers run one after the other; each reads the
+	// balance through the pool, which does not see the previous handler's uncommitted update.
+	kit := b.kit(t, oncetest.Config{Modes: []oncetest.Mode{oncetest.ModeGroupCommit}, Faults: []oncetest.Fault{oncetest.FaultConcurrentEvents}})
 	expectCaught(t, kit, func(msg *message.Message) ([]*message.Message, error) {
 		tx, _ := pgtx.TxFromContext(msg.Context())
 		account, amount, err := deposit(msg)
