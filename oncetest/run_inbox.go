@@ -76,32 +76,26 @@ func (k *Kit) runInbox(ctx context.Context, h message.HandlerFunc, s schedule, c
 			}
 		}
 	}
+	stop := func() error { close(done); return <-procErr }
 	if storeErr != nil {
-		close(done)
-		<-procErr
-		return fmt.Errorf("inbox Receiver.StoreTx: %w", storeErr)
+		return errors.Join(fmt.Errorf("inbox Receiver.StoreTx: %w", storeErr), stop())
 	}
 	// Wait until no row of the run is PENDING or IN_PROGRESS.
 	deadline := time.Now().Add(time.Minute)
 	for {
 		st, err := ops.Stats(ctx, consumer)
 		if err != nil {
-			close(done)
-			<-procErr
-			return err
+			return errors.Join(err, stop())
 		}
 		if st.Pending == 0 && st.InProgress == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			close(done)
-			<-procErr
-			return fmt.Errorf("the inbox Processor left %d rows pending and %d in progress after a minute", st.Pending, st.InProgress)
+			return errors.Join(fmt.Errorf("the inbox Processor left %d rows pending and %d in progress after a minute", st.Pending, st.InProgress), stop())
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	close(done)
-	if err := <-procErr; err != nil {
+	if err := stop(); err != nil {
 		return err
 	}
 	failed, err := ops.List(ctx, inbox.Filter{Consumer: consumer, Statuses: []inbox.Status{inbox.StatusFailed}}, 1)
@@ -109,8 +103,9 @@ func (k *Kit) runInbox(ctx context.Context, h message.HandlerFunc, s schedule, c
 		return err
 	}
 	for _, r := range failed {
-		err := fmt.Errorf("inbox row of message %s parked as FAILED after %d attempts: %s", r.MessageUUID, r.Attempts, r.LastError)
-		out.record(err, r.Attempts >= maxRedeliveries && !errors.Is(err, errInjected))
+		// A row parked before its last attempt failed permanently (or panicked); one parked
+		// at MaxAttempts kept failing.
+		out.record(fmt.Errorf("inbox row of message %s parked as FAILED after %d attempts: %s", r.MessageUUID, r.Attempts, r.LastError), r.Attempts >= maxRedeliveries)
 	}
 	return nil
 }
@@ -127,14 +122,13 @@ func (k *Kit) processInbox(ctx context.Context, h message.HandlerFunc, cfg inbox
 		go func() { ran <- p.Run(ctx) }()
 		select {
 		case <-done:
-			_ = p.Close()
-			<-ran
-			return nil
+			return errors.Join(p.Close(), <-ran)
 		case <-restart:
 			// Close waits for the handler that asked for the shutdown (up to ShutdownGrace),
 			// so it runs beside it.
-			_ = p.Close()
-			<-ran
+			if err := errors.Join(p.Close(), <-ran); err != nil {
+				return fmt.Errorf("inbox Processor after the shutdown: %w", err)
+			}
 		}
 	}
 }

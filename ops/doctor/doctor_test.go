@@ -15,6 +15,7 @@ import (
 
 	"github.com/wmonce/watermill-once/internal/brokertest"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/ops/doctor"
 	"github.com/wmonce/watermill-once/ops/retention"
@@ -38,6 +39,23 @@ func kafkaTopics(t *testing.T, addrs []string, configs map[string]map[string]str
 		}
 		require.NoError(t, admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1, ConfigEntries: ce}, false))
 		t.Cleanup(func() { _ = admin.DeleteTopic(topic) })
+		// CreateTopics answers before every broker serves the new topic's configuration.
+		testwait.Until(t, "topic "+topic+" configured as created", func() bool {
+			res, err := admin.DescribeConfigs([]*sarama.ConfigResource{{Type: sarama.TopicResource, Name: topic}}, sarama.DescribeConfigsOptions{})
+			if err != nil || len(res) != 1 || res[0].ErrorCode != sarama.ErrNoError {
+				return false
+			}
+			seen := map[string]string{}
+			for _, e := range res[0].Configs {
+				seen[e.Name] = e.Value
+			}
+			for k, v := range entries {
+				if seen[k] != v {
+					return false
+				}
+			}
+			return true
+		})
 	}
 }
 

@@ -63,7 +63,7 @@ func (r *kafkaReader) brokerConfig() {
 		r.brokerDetail = fmt.Sprintf("broker offsets.retention.minutes unread (DescribeCluster: %v)", err)
 		return
 	}
-	entries, err := r.admin.DescribeConfig(sarama.ConfigResource{Type: sarama.BrokerResource, Name: strconv.Itoa(int(brokers[0].ID())), ConfigNames: []string{"offsets.retention.minutes"}})
+	entries, err := r.describe(sarama.ConfigResource{Type: sarama.BrokerResource, Name: strconv.Itoa(int(brokers[0].ID())), ConfigNames: []string{"offsets.retention.minutes"}})
 	if err != nil {
 		r.brokerDetail = fmt.Sprintf("broker offsets.retention.minutes unread: %v", err)
 		return
@@ -79,6 +79,22 @@ func (r *kafkaReader) brokerConfig() {
 	}
 }
 
+// describe reads the configuration entries of one resource.
+func (r *kafkaReader) describe(res sarama.ConfigResource) ([]sarama.ConfigEntry, error) {
+	results, err := r.admin.DescribeConfigs([]*sarama.ConfigResource{&res}, sarama.DescribeConfigsOptions{})
+	if err != nil {
+		return nil, err
+	}
+	var entries []sarama.ConfigEntry
+	for _, res := range results {
+		if res.ErrorCode != sarama.ErrNoError {
+			return nil, fmt.Errorf("%w: %s", res.ErrorCode, res.ErrorMsg)
+		}
+		entries = append(entries, res.Configs...)
+	}
+	return entries, nil
+}
+
 // topicHorizon reads retention.ms, retention.bytes and cleanup.policy of topic.
 func (r *kafkaReader) topicHorizon(_ context.Context, topic string) horizon {
 	h := horizon{source: "kafka topic " + topic}
@@ -87,7 +103,7 @@ func (r *kafkaReader) topicHorizon(_ context.Context, topic string) horizon {
 		return h
 	}
 	r.brokerConfig()
-	entries, err := r.admin.DescribeConfig(sarama.ConfigResource{Type: sarama.TopicResource, Name: topic,
+	entries, err := r.describe(sarama.ConfigResource{Type: sarama.TopicResource, Name: topic,
 		ConfigNames: []string{"retention.ms", "retention.bytes", "cleanup.policy"}})
 	if err != nil {
 		h.details = []string{fmt.Sprintf("DescribeConfigs of topic %s: %v", topic, err)}
