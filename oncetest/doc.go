@@ -58,7 +58,10 @@
 // # Where it stops
 //
 // The kit proves the handler against the schedules it runs, not against every schedule: a
-// passing run says none of these faults breaks it. Effects outside PostgreSQL are seen only
+// passing run says none of these faults breaks it. The seed fixes the schedule (which event a
+// fault hits, the order of reordered events); it cannot fix how the Go scheduler and
+// PostgreSQL interleave concurrent deliveries, which is why the kit forces the interleavings
+// that matter (a shared group-commit transaction) instead of hoping for them. Effects outside PostgreSQL are seen only
 // through what Config.Effect reads (count the calls a fake makes). Config.Effect must read
 // through the pool the committed state, and Reset must clear all of it. The SQL subscriber
 // delivers one message at a time, so concurrent schedules run one after the other in that
