@@ -67,13 +67,7 @@ SELECT count(*) FROM u, LATERAL (SELECT pg_notify($3, '')) n`, name, pause, rela
 // reports true. It reports false, at once, for a relay that is not paused.
 func (r *Relay) waitPaused(ctx context.Context, s *session, wake <-chan struct{}, poll *time.Timer) bool {
 	if !s.paused {
-		if r.paused.Swap(false) {
-			r.logger.Info("Relay resumed", nil)
-		}
 		return false
-	}
-	if !r.paused.Swap(true) {
-		r.logger.Info("Relay paused: it publishes nothing until resumed (outbox.ResumeRelay, wmonce outbox resume)", watermill.LogFields{"poll_interval": r.config.PollInterval})
 	}
 	r.testSignals.Paused.Signal(struct{}{})
 	poll.Reset(r.config.PollInterval)
@@ -83,4 +77,14 @@ func (r *Relay) waitPaused(ctx context.Context, s *session, wake <-chan struct{}
 	case <-poll.C:
 	}
 	return true
+}
+
+// notePaused records what the position read said (RelayCounters.Paused) and logs a change.
+func (r *Relay) notePaused(paused bool) {
+	switch was := r.paused.Swap(paused); {
+	case paused && !was:
+		r.logger.Info("Relay paused: it publishes nothing until resumed (outbox.ResumeRelay, wmonce outbox resume)", watermill.LogFields{"poll_interval": r.config.PollInterval})
+	case !paused && was:
+		r.logger.Info("Relay resumed", nil)
+	}
 }

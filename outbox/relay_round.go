@@ -59,6 +59,7 @@ func (r *Relay) round(ctx context.Context, conn *sql.Conn, s *session, ask bool)
 	if err := conn.QueryRowContext(ctx, query, args...).Scan(&pos.prev, &pos.target, &pos.last, &s.paused); err != nil {
 		return 0, "", fmt.Errorf("outbox: read relay position: %w", err)
 	}
+	r.notePaused(s.paused)
 	if s.paused {
 		return 0, "", nil
 	}
