@@ -54,9 +54,13 @@ SELECT n FROM (SELECT count(*) AS n FROM del) c, LATERAL (SELECT CASE WHEN n > 0
 	return n > 0, nil
 }
 
-// Paused returns every paused consumer with when it was paused.
+// Paused returns every paused consumer with when it was paused. A schema older than migration
+// 014 has none.
 func (o *Ops) Paused(ctx context.Context) (map[string]time.Time, error) {
 	rs, err := o.db.QueryContext(ctx, `SELECT consumer, paused_at FROM `+o.pausedTable())
+	if pgtx.IsUndefinedTable(err) {
+		return map[string]time.Time{}, nil
+	}
 	if err != nil {
 		return nil, o.pauseError("paused consumers", err)
 	}

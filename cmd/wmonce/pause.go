@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/wmonce/watermill-once/ops/admin"
 	"github.com/wmonce/watermill-once/outbox"
@@ -111,4 +112,30 @@ func (e *env) setPaused(ctx context.Context, args []string, pause bool) error {
 		fmt.Fprintf(e.stdout, "%s was not paused\n", what)
 	}
 	return nil
+}
+
+// printInboxPauses adds the paused consumers to the inbox stats.
+func (e *env) printInboxPauses(st []admin.InboxStats) {
+	for _, s := range st {
+		if s.PausedAt != nil {
+			fmt.Fprintf(e.stdout, "  inbox consumer %s is paused since %s: its processors claim nothing until `wmonce resume -consumer %s`\n",
+				s.Consumer, when(*s.PausedAt), shellQuote(s.Consumer))
+		}
+	}
+}
+
+// printRelayPauses adds the paused relays and the delayed rows to the outbox stats.
+func (e *env) printRelayPauses(o admin.OutboxStats) {
+	for _, r := range o.Relays {
+		if r.PausedAt != nil {
+			fmt.Fprintf(e.stdout, "  relay %s is paused since %s: it publishes nothing until `wmonce resume -relay %s`\n", r.Name, when(*r.PausedAt), shellQuote(r.Name))
+		}
+		if r.Delayed > 0 {
+			next := time.Time{}
+			if r.NextDue != nil {
+				next = *r.NextDue
+			}
+			fmt.Fprintf(e.stdout, "  relay %s keeps %d delayed row(s) in outbox_delayed until they are due; the next at %s\n", r.Name, r.Delayed, when(next))
+		}
+	}
 }
