@@ -142,3 +142,35 @@ func TestPauseHoldsEveryProcessorOfTheConsumer(t *testing.T) {
 		})
 	}
 }
+
+// Per-key order holds across a delay: the later row of a delayed row's ordering key waits for
+// it, while a row of another key goes first.
+func TestDelayedRowHoldsBackItsOrderingKey(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c", OrderingKey: orderByMetadataKey})
+	late := msg("late", "x", "key", "k")
+	delay.Message(late, delay.For(1500*time.Millisecond))
+	due, _, err := outbox.DueAt(late.Metadata)
+	require.NoError(t, err)
+	require.NoError(t, r.Handle(late))
+	require.NoError(t, r.Handle(msg("k-next", "x", "key", "k")))
+	require.NoError(t, r.Handle(msg("other", "x", "key", "j")))
+
+	ran := make(chan handled, 3)
+	cfg := fast("c")
+	cfg.PollInterval = 20 * time.Millisecond
+	e.start(t, func(m *message.Message) ([]*message.Message, error) {
+		ran <- handled{uuid: m.UUID, at: time.Now()}
+		return nil, nil
+	}, cfg)
+	var order []string
+	for range 3 {
+		h := testwait.Receive(t, ran, "the three rows")
+		order = append(order, h.uuid)
+		if h.uuid != "other" {
+			require.False(t, h.at.Before(due), "%s processed at %s, before %s", h.uuid, h.at, due)
+		}
+	}
+	require.Equal(t, []string{"other", "late", "k-next"}, order)
+}
