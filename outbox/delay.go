@@ -164,25 +164,10 @@ func (r *Relay) drainDelayed(ctx context.Context, conn *sql.Conn, s *session) (i
 // order of their earliest row, each topic's rows earliest first). A row that no longer decodes
 // (edited by hand) is rejected and removed.
 func (r *Relay) readDue(ctx context.Context, conn *sql.Conn, now time.Time) (map[string]*run, []string, error) {
-	rs, err := conn.QueryContext(ctx, r.q.delayedRead, r.config.Name, now, r.config.BatchSize)
+	all, err := readCopies(ctx, conn, r.q.delayedRead, r.config.Name, now, r.config.BatchSize)
 	if err != nil {
 		return nil, nil, fmt.Errorf("outbox: read due delayed rows: %w", err)
 	}
-	defer rs.Close()
-	var all []outboxRow
-	for rs.Next() {
-		var row outboxRow
-		var payload sql.NullString
-		if err := rs.Scan(&row.seq, &row.offset, &row.txID, &row.uuid, &row.source, &payload, &row.metadata); err != nil {
-			return nil, nil, fmt.Errorf("outbox: read due delayed rows: %w", err)
-		}
-		row.payload, row.mine = payload.String, true
-		all = append(all, row)
-	}
-	if err := rs.Err(); err != nil {
-		return nil, nil, fmt.Errorf("outbox: read due delayed rows: %w", err)
-	}
-	rs.Close()
 	byTopic := map[string]*run{}
 	var topics []string
 	for _, row := range all {

@@ -299,9 +299,19 @@ func (r *Relay) drainTopic(ctx context.Context, conn *sql.Conn, s *session, topi
 }
 
 func (r *Relay) readHeld(ctx context.Context, conn *sql.Conn, topic string) ([]outboxRow, error) {
-	rs, err := conn.QueryContext(ctx, r.q.heldRead, r.config.Name, topic, r.config.BatchSize+1)
+	rows, err := readCopies(ctx, conn, r.q.heldRead, r.config.Name, topic, r.config.BatchSize+1)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: read held rows of %q: %w", topic, err)
+	}
+	return rows, nil
+}
+
+// readCopies reads rows copied out of the outbox (outbox_held, outbox_delayed): seq, offset,
+// transaction id, uuid, source, payload and metadata, all of the relay's Source.
+func readCopies(ctx context.Context, conn *sql.Conn, query string, args ...any) ([]outboxRow, error) {
+	rs, err := conn.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
 	}
 	defer rs.Close()
 	var out []outboxRow
@@ -309,15 +319,12 @@ func (r *Relay) readHeld(ctx context.Context, conn *sql.Conn, topic string) ([]o
 		var row outboxRow
 		var payload sql.NullString
 		if err := rs.Scan(&row.seq, &row.offset, &row.txID, &row.uuid, &row.source, &payload, &row.metadata); err != nil {
-			return nil, fmt.Errorf("outbox: read held rows of %q: %w", topic, err)
+			return nil, err
 		}
 		row.payload, row.mine = payload.String, true
 		out = append(out, row)
 	}
-	if err := rs.Err(); err != nil {
-		return nil, fmt.Errorf("outbox: read held rows of %q: %w", topic, err)
-	}
-	return out, nil
+	return out, rs.Err()
 }
 
 func (r *Relay) deleteHeld(ctx context.Context, conn *sql.Conn, rows []outboxRow) error {

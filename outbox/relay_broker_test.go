@@ -35,6 +35,17 @@ func newBroker(t *testing.T, db *sql.DB, schema string, kind broker.Kind, group 
 	return b
 }
 
+// brokerPublisher returns a broker of kind for t, with group subscribed to topic, and its
+// publisher.
+func brokerPublisher(t *testing.T, db *sql.DB, schema string, kind broker.Kind, group, topic string) (*broker.Broker, message.Publisher) {
+	t.Helper()
+	b := newBroker(t, db, schema, kind, group, topic)
+	pub, err := b.NewPublisher(context.Background())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	return b, pub
+}
+
 // subscribe returns the UUIDs group receives on topic, acking each.
 func subscribe(t *testing.T, b *broker.Broker, group, topic string) <-chan string {
 	t.Helper()
@@ -88,10 +99,7 @@ func TestRelaySetsAsideWhatTheBrokerRefuses(t *testing.T) {
 			db := pgtest.DB(t)
 			schema := pgtest.Schema(t, db)
 			topic := pgtest.NewName("orders")
-			b := newBroker(t, db, schema, kind, "g", topic)
-			pub, err := b.NewPublisher(context.Background())
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = pub.Close() })
+			b, pub := brokerPublisher(t, db, schema, kind, "g", topic)
 			received := subscribe(t, b, "g", topic)
 
 			w, err := outbox.NewWriter(outbox.Config{Schema: schema}) // the default topic rule: any broker's topics pass
