@@ -242,3 +242,25 @@ func receiveAt(t *testing.T, b *broker.Broker, group, topic string) <-chan publi
 	}()
 	return out
 }
+
+// Watermill's delay publisher (components/delay) in front of the Writer's publishers sets the
+// metadata from the message context, and the relay delays the message accordingly.
+func TestWatermillDelayPublisherInFrontOfTheWriter(t *testing.T) {
+	t.Parallel()
+	db, schema, w := setup(t)
+	pub, err := delay.NewPublisher(w.DBPublisher(db), delay.PublisherConfig{AllowNoDelay: true})
+	require.NoError(t, err)
+	msg := keyed("later", "k")
+	msg.SetContext(delay.WithContext(context.Background(), delay.For(time.Hour)))
+	require.NoError(t, pub.Publish("orders", msg, keyed("now", "k")))
+
+	sink := newClockSink(nil)
+	r, err := outbox.NewRelay(db, sink, outbox.RelayConfig{Schema: schema}, nil)
+	require.NoError(t, err)
+	require.Equal(t, 2, relayOnce(t, r))
+	require.Equal(t, "now", (<-sink.got).uuid)
+	require.Empty(t, sink.got)
+	relays, _, err := outbox.Stats(context.Background(), db, schema)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), relays[0].Delayed)
+}
