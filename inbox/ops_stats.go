@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"fmt"
 	"time"
+
+	"github.com/wmonce/watermill-once/pgtx"
 )
 
 // Stats is a snapshot of one consumer's unfinished rows, read from the database.
@@ -131,30 +133,11 @@ FROM `+o.q.table+` WHERE status IN ('DONE', 'SKIPPED') GROUP BY consumer`)
 	return out, nil
 }
 
-// Consumers lists, in name order, every consumer with rows in the inbox. It walks the
-// (consumer, ...) index one consumer at a time (a "loose index scan"), so it costs one index
-// probe per consumer, not a scan of the table.
+// Consumers lists, in name order, every consumer with rows in the inbox, one index probe per
+// consumer (pgtx.DistinctConsumers), not a scan of the table.
 func (o *Ops) Consumers(ctx context.Context) ([]string, error) {
-	rs, err := o.db.QueryContext(ctx, `WITH RECURSIVE c(consumer) AS (
-    (SELECT consumer FROM `+o.q.table+` ORDER BY consumer LIMIT 1)
-    UNION ALL
-    SELECT (SELECT t.consumer FROM `+o.q.table+` t WHERE t.consumer > c.consumer ORDER BY t.consumer LIMIT 1)
-    FROM c WHERE c.consumer IS NOT NULL
-)
-SELECT consumer FROM c WHERE consumer IS NOT NULL`)
+	out, err := pgtx.DistinctConsumers(ctx, o.db, o.q.table)
 	if err != nil {
-		return nil, fmt.Errorf("inbox: consumers: %w", err)
-	}
-	defer rs.Close()
-	var out []string
-	for rs.Next() {
-		var c string
-		if err := rs.Scan(&c); err != nil {
-			return nil, fmt.Errorf("inbox: consumers: %w", err)
-		}
-		out = append(out, c)
-	}
-	if err := rs.Err(); err != nil {
 		return nil, fmt.Errorf("inbox: consumers: %w", err)
 	}
 	return out, nil

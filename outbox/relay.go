@@ -89,10 +89,13 @@ type Relay struct {
 	tracer    trace.Tracer
 	q         relayQueries
 
-	forwarded, rounds, failures, rejected, held, otherSource, fenced, rechecks, delayed atomic.Uint64
-	heldTopics                                                                          atomic.Int64
-	lastRelay                                                                           atomic.Int64
-	listening, paused                                                                   atomic.Bool
+	forwarded, rounds, failures, rejected, held, otherSource, fenced, rechecks atomic.Uint64
+	heldTopics                                                                 atomic.Int64
+	lastRelay                                                                  worker.Stamp
+	listening                                                                  atomic.Bool
+
+	delayed atomic.Uint64 // rows set aside in outbox_delayed (delay.go)
+	paused  atomic.Bool   // the last position read found the relay paused (pause.go)
 
 	channel     string      // relayChannel(config.Schema)
 	noListen    atomic.Bool // the driver cannot LISTEN: poll only
@@ -156,10 +159,6 @@ func NewRelay(db *sql.DB, publisher message.Publisher, config RelayConfig, logge
 
 // Counters returns the relay's running totals.
 func (r *Relay) Counters() RelayCounters {
-	var last time.Time
-	if n := r.lastRelay.Load(); n != 0 {
-		last = time.Unix(0, n)
-	}
 	return RelayCounters{
 		Forwarded:   r.forwarded.Load(),
 		Rounds:      r.rounds.Load(),
@@ -174,7 +173,7 @@ func (r *Relay) Counters() RelayCounters {
 		Paused:      r.paused.Load(),
 		IsLeader:    r.leader.Leading(),
 		Listening:   r.listening.Load(),
-		LastRelays:  last,
+		LastRelays:  r.lastRelay.Time(),
 	}
 }
 

@@ -116,7 +116,7 @@ func (r *Relay) round(ctx context.Context, conn *sql.Conn, s *session, ask bool)
 		pos = next
 		start = end
 	}
-	r.lastRelay.Store(time.Now().UnixNano())
+	r.lastRelay.SetNow()
 	if err := r.checkSources(ctx, conn, s); err != nil {
 		return len(rows), snap, err
 	}

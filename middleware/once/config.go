@@ -2,6 +2,7 @@ package once
 
 import (
 	"cmp"
+	"context"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -128,6 +129,12 @@ type Config struct {
 	// events and the handler and the outbox store as child spans (see the package doc, Tracing).
 	// It is also the default Outbox's TracerProvider. Default otel.GetTracerProvider().
 	TracerProvider trace.TracerProvider
+
+	// StartCheck, when set, runs once in New with the configured Consumer ("" when it defaults
+	// to the handler name) and MaxMessageAge: a check the service wants passed before it
+	// consumes, such as the redelivery horizon against the key retention
+	// (doctor.OnceStartCheck in ops/doctor). An error fails New.
+	StartCheck func(ctx context.Context, consumer string, maxMessageAge time.Duration) error
 }
 
 // Defaults of Config.

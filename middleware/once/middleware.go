@@ -1,6 +1,7 @@
 package once
 
 import (
+	"context"
 	"crypto/sha256"
 	"database/sql"
 	"fmt"
@@ -44,6 +45,11 @@ func New(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Middleware
 	logger, err := setup.Component(db, "once: db is nil: open one with pgtx.Open", &config, (*Config).setDefaults, "once: invalid config", logger)
 	if err != nil {
 		return nil, err
+	}
+	if config.StartCheck != nil {
+		if err := config.StartCheck(context.Background(), config.Consumer, config.MaxMessageAge); err != nil {
+			return nil, fmt.Errorf("once: start check: %w", err)
+		}
 	}
 	ob, err := outbox.WriterOrDefault(config.Outbox, outbox.Config{Schema: config.Schema, Source: config.OutboxSource, TracerProvider: config.TracerProvider})
 	if err != nil {
