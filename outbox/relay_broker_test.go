@@ -46,20 +46,14 @@ func brokerPublisher(t *testing.T, db *sql.DB, schema string, kind broker.Kind, 
 	return b, pub
 }
 
-// subscribe returns the UUIDs group receives on topic, acking each.
+// subscribe returns the UUIDs group receives on topic, acking each (receiveAt).
 func subscribe(t *testing.T, b *broker.Broker, group, topic string) <-chan string {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	sub, err := b.NewSubscriber(group)
-	require.NoError(t, err)
-	t.Cleanup(func() { cancel(); _ = sub.Close() })
-	msgs, err := sub.Subscribe(ctx, topic)
-	require.NoError(t, err)
+	in := receiveAt(t, b, group, topic)
 	out := make(chan string, 64)
 	go func() {
-		for m := range msgs {
-			out <- m.UUID
-			m.Ack()
+		for p := range in {
+			out <- p.uuid
 		}
 	}()
 	return out
