@@ -26,7 +26,7 @@ func TestProcessorHonoursDelayMetadata(t *testing.T) {
 			e := newEnv(t)
 			r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
 			late := msg("late", "x")
-			delay.Message(late, delay.For(1500*time.Millisecond)) // RFC 3339 to the second
+			delay.Message(late, delay.For(2500*time.Millisecond)) // RFC 3339 to the second: 1.5s at least
 			due, ok, err := outbox.DueAt(late.Metadata)
 			require.NoError(t, err)
 			require.True(t, ok)
@@ -150,7 +150,7 @@ func TestDelayedRowHoldsBackItsOrderingKey(t *testing.T) {
 	e := newEnv(t)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c", OrderingKey: orderByMetadataKey})
 	late := msg("late", "x", "key", "k")
-	delay.Message(late, delay.For(1500*time.Millisecond))
+	delay.Message(late, delay.For(2500*time.Millisecond)) // 1.5s at least: the margin for "other" to go first
 	due, _, err := outbox.DueAt(late.Metadata)
 	require.NoError(t, err)
 	require.NoError(t, r.Handle(late))

@@ -98,7 +98,7 @@ func TestRelayPublishesADelayedMessageWhenDue(t *testing.T) {
 	sig := startRelay(t, r)
 	sig.Leading.WaitOrTimeout()
 
-	due := time.Now().Add(300 * time.Millisecond)
+	due := time.Now().Add(2 * time.Second) // the margin for the others to go first
 	storeAt(t, db, w, due, "orders", keyed("late", "k"))
 	publishMsgs(t, db, w, "orders", keyed("k-next", "k"), keyed("other", "j"))
 
@@ -208,7 +208,7 @@ func TestRelayDelaysOnEveryBroker(t *testing.T) {
 			require.NoError(t, err)
 			startRelay(t, r).Leading.WaitOrTimeout()
 
-			due := time.Now().Add(500 * time.Millisecond)
+			due := time.Now().Add(2 * time.Second) // the margin for k-next to go first
 			storeAt(t, db, w, due, topic, keyed("late", "k"))
 			publishMsgs(t, db, w, topic, keyed("k-next", "k"))
 
