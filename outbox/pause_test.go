@@ -63,3 +63,33 @@ func TestRelayPauseAndResume(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, relays[0].PausedAt.IsZero())
 }
+
+// A pause holds for the relay name, not for one instance: an instance that starts leading
+// while the relay is paused (in another process, after a restart) publishes nothing until the
+// resume either.
+func TestRelayPauseHoldsForEveryInstance(t *testing.T) {
+	t.Parallel()
+	db, schema, w := setup(t)
+	ctx := context.Background()
+	sink := newKeyedSink(1)
+	first, err := outbox.NewRelay(db, sink, outbox.RelayConfig{Schema: schema, PollInterval: time.Hour}, nil)
+	require.NoError(t, err)
+	require.Zero(t, relayOnce(t, first), "registers the name")
+	_, err = outbox.PauseRelay(ctx, db, schema, "relay")
+	require.NoError(t, err)
+	publishTx(t, db, w, "orders", "waits")
+
+	second, err := outbox.NewRelay(db, sink, outbox.RelayConfig{Schema: schema, PollInterval: time.Hour, StandbyInterval: 10 * time.Millisecond}, nil)
+	require.NoError(t, err)
+	sig := outbox.RelaySignals(second)
+	sig.Paused.Init()
+	startRelay(t, second)
+	sig.Paused.WaitOrTimeout()
+	require.Empty(t, sink.all(), "the new leader of a paused relay published")
+
+	done := sink.expect(1)
+	_, err = outbox.ResumeRelay(ctx, db, schema, "relay")
+	require.NoError(t, err)
+	testwait.Closed(t, done, "the row, after the resume")
+	require.Equal(t, []string{"waits"}, sink.all())
+}
