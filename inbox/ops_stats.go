@@ -20,6 +20,9 @@ type Stats struct {
 	// when processing stalls or falls behind.
 	OldestPendingReceivedAt time.Time
 	OldestPendingAge        time.Duration
+	// PausedAt is when the consumer was paused (Ops.Pause): its processors claim nothing;
+	// zero when it runs.
+	PausedAt time.Time
 }
 
 const statsSelect = `SELECT consumer,
@@ -61,10 +64,15 @@ func (o *Ops) Stats(ctx context.Context, consumer string) (Stats, error) {
 	if err := rs.Err(); err != nil {
 		return Stats{}, fmt.Errorf("inbox: stats: %w", err)
 	}
+	paused, err := o.Paused(ctx)
+	if err != nil {
+		return Stats{}, err
+	}
+	st.PausedAt = paused[consumer]
 	return st, nil
 }
 
-// AllStats returns Stats for every consumer with unfinished rows.
+// AllStats returns Stats for every consumer with unfinished rows or paused.
 func (o *Ops) AllStats(ctx context.Context) (map[string]Stats, error) {
 	rs, err := o.db.QueryContext(ctx, statsSelect+o.q.table+` WHERE status IN `+unfinished+` GROUP BY consumer`)
 	if err != nil {
@@ -81,6 +89,15 @@ func (o *Ops) AllStats(ctx context.Context) (map[string]Stats, error) {
 	}
 	if err := rs.Err(); err != nil {
 		return nil, fmt.Errorf("inbox: stats: %w", err)
+	}
+	paused, err := o.Paused(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for c, at := range paused {
+		st := out[c]
+		st.PausedAt = at
+		out[c] = st
 	}
 	return out, nil
 }

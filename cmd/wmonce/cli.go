@@ -32,7 +32,8 @@ type command struct {
 }
 
 func commands() []*command {
-	return []*command{migrateCommand(), statusCommand(), inboxCommand(), outboxCommand(), dedupeCommand(), purgeCommand(), adminCommand(), doctorCommand()}
+	return []*command{migrateCommand(), statusCommand(), inboxCommand(), outboxCommand(), dedupeCommand(), purgeCommand(), adminCommand(), doctorCommand(),
+		pauseCommand(), resumeCommand()}
 }
 
 func findCommand(name string) *command {
