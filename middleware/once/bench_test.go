@@ -203,6 +203,10 @@ func BenchmarkHandlerPathsInterleaved(b *testing.B) {
 		ratios[r] = rates[3][r] / rates[2][r]
 	}
 	b.ReportMetric(median(ratios), "eager:per-message/no-dedupe")
+	for r := range rounds { // the default (group commit, Workers 2) against at-least-once: B4/B1
+		ratios[r] = rates[4][r] / rates[0][r]
+	}
+	b.ReportMetric(median(ratios), "default/no-dedupe")
 	for i, stats := range groupStats {
 		if txs, msgs := stats(); txs > 0 {
 			b.ReportMetric(float64(msgs)/float64(txs), fmt.Sprintf("group-%d-msgs/tx", i))
