@@ -54,9 +54,9 @@ func New(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Middleware
 		config: config,
 		logger: logger,
 		tracer: tracing.Tracer(config.TracerProvider),
-		q:      newClaimQueries(config.Schema, config.PartitionByDay),
-		guard:  txguard.New(config.Schema),
+		guard:  txguard.For(config.Schema, db),
 	}
+	e.q = newClaimQueries(config.Schema, config.PartitionByDay, e.guard.OnWire())
 	e.step = lend.Step{
 		Component: "once", Guard: e.guard, Outbox: ob, Tracer: e.tracer, Unstorable: ErrUnstorableOutput,
 		NoTopic: "add the handler with router.AddHandler(..., publishTopic, ...) or set Config.OutputTopic",
