@@ -85,7 +85,7 @@ func TestWireGuardRefusesEveryCommit(t *testing.T) {
 }
 
 // Only pools from Open with lazy BEGIN guard on the wire; callers use the server's guard on
-// every other pool.
+// every other pool, where the markers reach the server as empty statements and change nothing.
 func TestWireGuardsOnlyOnLazyBeginPools(t *testing.T) {
 	t.Parallel()
 	eager, _ := openCounted(t, false)
@@ -95,4 +95,11 @@ func TestWireGuardsOnlyOnLazyBeginPools(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = other.Close() })
 	require.False(t, pgtx.WireGuards(other))
+	tx, err := other.Begin()
+	require.NoError(t, err)
+	for _, marker := range []string{pgtx.WireGuardOpen, pgtx.WireGuardCheck, pgtx.WireGuardClose} {
+		_, err := tx.Exec(marker)
+		require.NoError(t, err, marker)
+	}
+	require.NoError(t, tx.Commit())
 }

@@ -64,6 +64,7 @@ type options struct {
 	inFlight       int
 	inboxWorkers   int
 	inboxTxBatch   int
+	sqlBatch       int
 	groupWorkers   int
 	relayBatch     int
 	rounds         int
@@ -139,6 +140,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.relayBatch, "relay-batch", 0, "relay BatchSize (0: the relay's default)")
 	fs.IntVar(&o.relayLanes, "relay-lanes", 64, "relay-lanes: PublishLanes")
 	fs.IntVar(&o.groupWorkers, "group-workers", 0, "B4: GroupCommitConfig.Workers (0: the middleware's default)")
+	fs.IntVar(&o.sqlBatch, "sql-batch", 100, "SQL broker: messages per subscriber transaction (watermill-sql's BatchSize); the middleware's savepoint per message is a subtransaction, and PostgreSQL caches at most 64 per transaction")
 	fs.IntVar(&o.inboxTxBatch, "inbox-txbatch", 200, "inbox processor TxBatchSize (BatchSize is twice it in lease mode)")
 	fs.IntVar(&o.preload, "preload", 1000000, "rows pre-loaded into processed_messages (kept across runs)")
 	fs.BoolVar(&o.rebuildPreload, "rebuild-preload", false, "delete and load the pre-loaded rows again")
@@ -227,6 +229,9 @@ func parseFlags(args []string) (options, error) {
 	}
 	if o.relayBatch < 0 || o.relayBatch > 10000 || o.relayLanes < 1 || o.relayLanes > 256 {
 		errs = append(errs, errors.New("-relay-batch must be between 0 and 10000, -relay-lanes between 1 and 256"))
+	}
+	if o.sqlBatch < 1 || o.sqlBatch > 10000 {
+		errs = append(errs, errors.New("-sql-batch must be between 1 and 10000"))
 	}
 	if o.inboxTxBatch < 1 || o.inboxTxBatch > 5000 {
 		errs = append(errs, errors.New("-inbox-txbatch must be between 1 and 5000"))
@@ -385,7 +390,7 @@ func (h *harness) round(ctx context.Context, dsn, round string, rep *Report, rec
 		if rk.legacy {
 			runID += "l"
 		}
-		ro := rigOptions{kind: kind, databaseURL: dsn, schema: o.schema, runID: runID, inFlight: o.inFlight, sqlBatch: 100, legacyAMQP: rk.legacy}
+		ro := rigOptions{kind: kind, databaseURL: dsn, schema: o.schema, runID: runID, inFlight: o.inFlight, sqlBatch: o.sqlBatch, legacyAMQP: rk.legacy}
 		for _, v := range consumingVariants {
 			if h.wants(v) && (v != B6 || kind == broker.SQL) {
 				ro.variants = append(ro.variants, v)
