@@ -104,10 +104,11 @@
 // # A handler that ends its transaction
 //
 // The transaction belongs to the middleware: a handler must not call Commit or Rollback on it.
-// Repository code that does is stopped by the attempt guard (migrations 010 and 011): from the
-// claim until the middleware's own COMMIT, the server refuses any other COMMIT of the
-// transaction, so it is rolled back whole and nothing of it is applied, neither the claim nor an
-// effect nor an output. The middleware notices (database/sql marks the transaction done) and
+// Repository code that does is stopped by the attempt guard: from the claim until the
+// middleware's own COMMIT, any other COMMIT of the transaction is refused (on a pool from
+// pgtx.Open by the connection itself, at no cost to the server; on other pools and in
+// watermill-sql's subscriber transaction by the server, migrations 010 and 011), so it is rolled
+// back whole and nothing of it is applied, neither the claim nor an effect nor an output. The middleware notices (database/sql marks the transaction done) and
 // fails that delivery alone with the permanent wmonce.ErrHandlerEndedTx, logged at error level
 // and counted in Counters.HandlerEndedTx: the Stack parks it with a reason saying the handler
 // ended the transaction. In a group, the handler that did it is found right after it returns
