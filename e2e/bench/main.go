@@ -54,34 +54,36 @@ import (
 )
 
 type options struct {
-	databaseURL    string
-	schema         string
-	brokers        []broker.Kind
-	variants       []string
-	messages       int
-	processRows    int
-	relayRows      int
-	inFlight       int
-	inboxWorkers   int
-	inboxTxBatch   int
-	sqlBatch       int
-	groupWorkers   int
-	relayBatch     int
-	rounds         int
-	relayLanes     int
-	preload        int
-	rebuildPreload bool
-	c1Duration     time.Duration
-	variantTimeout time.Duration
-	outDir         string
-	profileDir     string
-	verbose        bool
-	quick          bool
-	render         string
-	e2eDuration    time.Duration
-	idleWindow     time.Duration
-	amqpCompare    bool
-	sqlCompare     bool
+	databaseURL  string
+	schema       string
+	brokers      []broker.Kind
+	variants     []string
+	messages     int
+	processRows  int
+	relayRows    int
+	inFlight     int
+	inboxWorkers int
+	inboxTxBatch int
+	sqlBatch     int
+	groupWorkers int
+	// e2eGroupCommitOff runs the e2e variants' consumers with GroupCommit.Disabled.
+	e2eGroupCommitOff bool
+	relayBatch        int
+	rounds            int
+	relayLanes        int
+	preload           int
+	rebuildPreload    bool
+	c1Duration        time.Duration
+	variantTimeout    time.Duration
+	outDir            string
+	profileDir        string
+	verbose           bool
+	quick             bool
+	render            string
+	e2eDuration       time.Duration
+	idleWindow        time.Duration
+	amqpCompare       bool
+	sqlCompare        bool
 }
 
 func main() {
@@ -139,7 +141,8 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.rounds, "rounds", 3, "run everything this many times, one round after the other, and report each variant's median round (the machine is shared: one round alone can be hit by someone else's load)")
 	fs.IntVar(&o.relayBatch, "relay-batch", 0, "relay BatchSize (0: the relay's default)")
 	fs.IntVar(&o.relayLanes, "relay-lanes", 64, "relay-lanes: PublishLanes")
-	fs.IntVar(&o.groupWorkers, "group-workers", 0, "B4: GroupCommitConfig.Workers (0: the middleware's default)")
+	fs.IntVar(&o.groupWorkers, "group-workers", 0, "B4 and the e2e consumers: GroupCommitConfig.Workers (0: the middleware's default)")
+	fs.BoolVar(&o.e2eGroupCommitOff, "e2e-group-commit-off", false, "e2e variants: the consumer with GroupCommit.Disabled, a transaction per message (the default is group commit)")
 	fs.IntVar(&o.sqlBatch, "sql-batch", 100, "SQL broker: messages per subscriber transaction (watermill-sql's BatchSize); the middleware's savepoint per message is a subtransaction, and PostgreSQL caches at most 64 per transaction")
 	fs.IntVar(&o.inboxTxBatch, "inbox-txbatch", 200, "inbox processor TxBatchSize (BatchSize is twice it in lease mode)")
 	fs.IntVar(&o.preload, "preload", 1000000, "rows pre-loaded into processed_messages (kept across runs)")
