@@ -121,7 +121,7 @@ func (h *harness) endToEnd(ctx context.Context, r *rig, id string) (Result, erro
 	}
 	consumer := "bench-" + id + "-" + r.label()
 	eoCfg := once.Config{Schema: h.opts.schema, Consumer: consumer}
-	eoCfg.GroupCommit = once.GroupCommitConfig{Disabled: h.opts.e2eGroupCommitOff, Workers: h.opts.groupWorkers}
+	eoCfg.GroupCommit = once.GroupCommitConfig{Disabled: h.opts.e2eNoGroup, Workers: h.opts.groupWorkers}
 	eo, err := once.New(h.db, eoCfg, h.logger)
 	if err != nil {
 		_ = sub.Close()

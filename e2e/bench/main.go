@@ -54,36 +54,35 @@ import (
 )
 
 type options struct {
-	databaseURL  string
-	schema       string
-	brokers      []broker.Kind
-	variants     []string
-	messages     int
-	processRows  int
-	relayRows    int
-	inFlight     int
-	inboxWorkers int
-	inboxTxBatch int
-	sqlBatch     int
-	groupWorkers int
-	// e2eGroupCommitOff runs the e2e variants' consumers with GroupCommit.Disabled.
-	e2eGroupCommitOff bool
-	relayBatch        int
-	rounds            int
-	relayLanes        int
-	preload           int
-	rebuildPreload    bool
-	c1Duration        time.Duration
-	variantTimeout    time.Duration
-	outDir            string
-	profileDir        string
-	verbose           bool
-	quick             bool
-	render            string
-	e2eDuration       time.Duration
-	idleWindow        time.Duration
-	amqpCompare       bool
-	sqlCompare        bool
+	databaseURL    string
+	schema         string
+	brokers        []broker.Kind
+	variants       []string
+	messages       int
+	processRows    int
+	relayRows      int
+	inFlight       int
+	inboxWorkers   int
+	inboxTxBatch   int
+	sqlBatch       int
+	groupWorkers   int
+	e2eNoGroup     bool // the e2e consumers with GroupCommit.Disabled
+	relayBatch     int
+	rounds         int
+	relayLanes     int
+	preload        int
+	rebuildPreload bool
+	c1Duration     time.Duration
+	variantTimeout time.Duration
+	outDir         string
+	profileDir     string
+	verbose        bool
+	quick          bool
+	render         string
+	e2eDuration    time.Duration
+	idleWindow     time.Duration
+	amqpCompare    bool
+	sqlCompare     bool
 }
 
 func main() {
@@ -142,7 +141,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.relayBatch, "relay-batch", 0, "relay BatchSize (0: the relay's default)")
 	fs.IntVar(&o.relayLanes, "relay-lanes", 64, "relay-lanes: PublishLanes")
 	fs.IntVar(&o.groupWorkers, "group-workers", 0, "B4 and the e2e consumers: GroupCommitConfig.Workers (0: the middleware's default)")
-	fs.BoolVar(&o.e2eGroupCommitOff, "e2e-group-commit-off", false, "e2e variants: the consumer with GroupCommit.Disabled, a transaction per message (the default is group commit)")
+	fs.BoolVar(&o.e2eNoGroup, "e2e-group-commit-off", false, "e2e variants: the consumer with GroupCommit.Disabled, a transaction per message (the default is group commit)")
 	fs.IntVar(&o.sqlBatch, "sql-batch", 100, "SQL broker: messages per subscriber transaction (watermill-sql's BatchSize); the middleware's savepoint per message is a subtransaction, and PostgreSQL caches at most 64 per transaction")
 	fs.IntVar(&o.inboxTxBatch, "inbox-txbatch", 200, "inbox processor TxBatchSize (BatchSize is twice it in lease mode)")
 	fs.IntVar(&o.preload, "preload", 1000000, "rows pre-loaded into processed_messages (kept across runs)")
