@@ -105,8 +105,10 @@ type Config struct {
 	// Now is the clock of the age guard. Default time.Now.
 	Now func() time.Time
 
-	// GroupCommit groups messages in flight at the same time into one transaction. See
-	// GroupCommitConfig for what it gains and what it asks of handlers. Off by default.
+	// GroupCommit groups messages in flight at the same time into one transaction; one message
+	// in flight (or up to GroupCommit.Workers) still gets a transaction of its own. On by
+	// default; set GroupCommit.Disabled to turn it off. See GroupCommitConfig for what it gains
+	// and what it asks of handlers.
 	GroupCommit GroupCommitConfig
 
 	// ShutdownGrace is how long a handler already running may go on after the router closes
@@ -158,7 +160,7 @@ func (c *Config) setDefaults() {
 	}
 	c.TxRetry.MaxAttempts = cmp.Or(c.TxRetry.MaxAttempts, DefaultTxRetryAttempts)
 	c.ShutdownGrace = cmp.Or(c.ShutdownGrace, DefaultShutdownGrace)
-	if c.GroupCommit.Enabled {
+	if !c.GroupCommit.Disabled {
 		c.GroupCommit.setDefaults()
 	}
 	wmonce.SetAgeGuardDefaults(&c.OccurredAt, &c.Now, outbox.MetadataOccurredAt)

@@ -60,21 +60,23 @@ func New(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Middleware
 		config: config,
 		logger: logger,
 		tracer: tracing.Tracer(config.TracerProvider),
-		q:      newClaimQueries(config.Schema, config.PartitionByDay),
-		guard:  txguard.New(config.Schema),
+		guard:  txguard.For(config.Schema, db),
 	}
+	e.q = newClaimQueries(config.Schema, config.PartitionByDay, e.guard.OnWire())
 	e.step = lend.Step{
 		Component: "once", Guard: e.guard, Outbox: ob, Tracer: e.tracer, Unstorable: ErrUnstorableOutput,
 		NoTopic: "add the handler with router.AddHandler(..., publishTopic, ...) or set Config.OutputTopic",
 	}
-	if config.GroupCommit.Enabled {
+	if !config.GroupCommit.Disabled {
 		e.group = newGroupCommitter(e, config.GroupCommit)
 	}
 	return e, nil
 }
 
-// Close stops the group-commit workers, answering messages still queued with an error (they
-// are nacked and redelivered). It is idempotent and needed only with GroupCommit.
+// Close stops group commit, answering messages still queued with an error (they are nacked and
+// redelivered), and waits for the groups running. Call it after the router has closed. It is
+// idempotent; without it nothing leaks (a lane ends when nobody waits), and with
+// GroupCommit.Disabled it does nothing.
 func (e *Middleware) Close() error {
 	if e.group != nil {
 		e.group.close()
