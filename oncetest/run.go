@@ -181,9 +181,9 @@ func (k *Kit) middlewareConfig(mode Mode, consumer, topic string) once.Config {
 	}
 	cfg.Schema, cfg.Consumer, cfg.OutputTopic = k.cfg.Schema, consumer, topic
 	cfg.Outbox, cfg.OutboxSource = nil, ""
-	cfg.GroupCommit = once.GroupCommitConfig{}
+	cfg.GroupCommit = once.GroupCommitConfig{Disabled: true} // one transaction per message
 	if mode == ModeGroupCommit {
-		cfg.GroupCommit = once.GroupCommitConfig{Enabled: true, Workers: groupWorkers, TxBatchSize: 100}
+		cfg.GroupCommit = once.GroupCommitConfig{Workers: groupWorkers, TxBatchSize: 100}
 	}
 	return cfg
 }
