@@ -253,7 +253,7 @@ func oneTrace(t *testing.T, kind broker.Kind) {
 		require.Equal(t, "subscriber_tx", attr(fresh, "wmonce.path").AsString())
 		require.Contains(t, events(fresh), "attempt complete: the subscriber commits it with its offset on ack")
 	} else {
-		require.Equal(t, "own_tx", attr(fresh, "wmonce.path").AsString())
+		require.Equal(t, "group_commit", attr(fresh, "wmonce.path").AsString(), "group commit is the default on Kafka and RabbitMQ")
 		require.Contains(t, events(fresh), "commit")
 	}
 	handler := sp.one(t, "handler", nil)
