@@ -1,0 +1,3 @@
+DROP TABLE {{schema}}.duplicates_per_minute;
+DROP FUNCTION {{schema}}.failure_fingerprint(text, text, text, text);
+DROP FUNCTION {{schema}}.failure_pattern(text);
