@@ -96,10 +96,10 @@ func (o *Ops) ReplayGroup(ctx context.Context, req GroupRequest) (GroupResult, e
 
 // SkipGroup marks the FAILED rows of one failure group (narrowed by req.IDs) SKIPPED with
 // reason, as Skip does: they will not run, their ordering keys move on, and they stay as
-// dedupe records. With req.DryRun it only lists them. (There is no discard for inbox rows:
-// a deleted row would let a redelivered copy of its message run again.)
+// dedupe records. With req.DryRun it only lists them (and needs no reason yet). (There is no
+// discard for inbox rows: a deleted row would let a redelivered copy of its message run again.)
 func (o *Ops) SkipGroup(ctx context.Context, req GroupRequest, reason string) (GroupResult, error) {
-	if strings.TrimSpace(reason) == "" {
+	if strings.TrimSpace(reason) == "" && !req.DryRun {
 		return GroupResult{}, errors.New("inbox: skip group: give a reason; it is kept in last_error")
 	}
 	res, err := o.changeGroup(ctx, req, `status = 'SKIPPED', finished_at = now(), last_error = $1::text || coalesce('; last error: ' || last_error, '')`, "skipped: "+reason)

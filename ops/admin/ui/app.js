@@ -645,10 +645,75 @@ async function confirmForget() {
   } catch (e) { flash(e.message, true); }
 }
 
+// ---- Failure groups -------------------------------------------------------------------------
+
+const actionLabels = { replay: "Replay", skip: "Skip", discard: "Discard" };
+const groupWhere = (g) => (g.kind === "inbox" ? g.consumer : g.relay);
+
+async function loadFailures() {
+  const r = await api("failures");
+  const body = $("failure-groups").tBodies[0];
+  if (!r.groups.length) { emptyRow(body, 8, "No failed inbox rows and no rejected outbox rows."); return; }
+  body.replaceChildren(...r.groups.map((g) => {
+    const actions = el("td", { class: "writes" }, ...g.actions.map((a) => el("button", {
+      type: "button", class: "g-" + a + (a === "replay" ? "" : " danger"), onclick: () => askGroup(g, a),
+    }, actionLabels[a] + "…")));
+    return el("tr", { "data-fingerprint": g.fingerprint, "data-kind": g.kind },
+      td(g.kind === "inbox" ? "inbox (FAILED)" : "outbox (rejected)"), td(groupWhere(g)), td(g.topic || "—"),
+      el("td", { class: "pattern err", title: "example: " + g.example }, g.pattern), td(num(g.rows), "num"),
+      td(fmtTime(g.first_seen)), td(fmtTime(g.last_seen)), actions);
+  }));
+}
+
+// askGroup runs the action as a dry run and shows exactly which rows it would touch; the
+// confirmation sends those ids, so rows that joined the group since are left alone.
+async function askGroup(g, action) {
+  try {
+    const r = await api("failures/act", { kind: g.kind, fingerprint: g.fingerprint, action, dry_run: true });
+    if (!r.rows) { flash("The group has no rows left: nothing to do."); await refresh(); return; }
+    const what = g.kind === "inbox" ? `inbox row(s) of consumer ${g.consumer}` : `rejected outbox row(s) of relay ${r.relay}`;
+    const effect = {
+      replay: g.kind === "inbox" ? "will run again (PENDING, attempts reset)" : "will be stored in the outbox again and forwarded",
+      skip: "will be marked SKIPPED: they will not run, and stay as dedupe records",
+      discard: "will be deleted from outbox_rejected: they are the only copy of those messages",
+    }[action];
+    $("g-confirm-text").textContent = `${actionLabels[action]}: ${r.rows} ${what}${g.topic ? " on topic " + g.topic : ""} ${effect}.`;
+    $("g-confirm-ids").textContent = (g.kind === "inbox" ? "Row ids: " : "Outbox offsets: ") + r.ids.join(", ");
+    $("g-reason").hidden = action !== "skip";
+    $("g-reason").value = "";
+    $("g-yes").textContent = `${actionLabels[action]} ${r.rows} row(s)`;
+    state.group = { kind: g.kind, fingerprint: g.fingerprint, action, ids: r.ids };
+    $("g-confirm").hidden = false;
+    if (action === "skip") $("g-reason").focus();
+  } catch (e) { flash(e.message, true); }
+}
+
+function cancelGroup() {
+  $("g-confirm").hidden = true;
+  state.group = null;
+}
+
+async function confirmGroup() {
+  const g = state.group;
+  if (!g) return;
+  const body = { ...g, dry_run: false };
+  if (g.action === "skip") {
+    body.reason = $("g-reason").value.trim();
+    if (!body.reason) { flash("Give a reason: it is kept with the skipped rows.", true); $("g-reason").focus(); return; }
+  }
+  cancelGroup();
+  try {
+    const r = await api("failures/act", body);
+    const left = r.undecodable && r.undecodable.length ? `; ${r.undecodable.length} cannot be decoded and stay rejected` : "";
+    flash(`${actionLabels[g.action]}: ${r.rows} row(s) of group ${g.fingerprint} changed${left}.`);
+    await refresh();
+  } catch (e) { flash(e.message, true); }
+}
+
 // ---- Page -----------------------------------------------------------------------------------
 
 async function refresh() {
-  const parts = [loadConsumers(), loadInbox(), loadOutbox(), loadHistory(), loadRejected(false)];
+  const parts = [loadConsumers(), loadInbox(), loadOutbox(), loadHistory(), loadRejected(false), loadFailures()];
   const results = await Promise.allSettled(parts);
   const failed = results.find((x) => x.status === "rejected");
   if (failed) flash(failed.reason.message, true);
@@ -678,6 +743,8 @@ document.addEventListener("DOMContentLoaded", async () => {
   $("forget-ask").addEventListener("click", askForget);
   $("forget-yes").addEventListener("click", confirmForget);
   $("forget-no").addEventListener("click", cancelForget);
+  $("g-yes").addEventListener("click", confirmGroup);
+  $("g-no").addEventListener("click", cancelGroup);
   $("detail-close").addEventListener("click", closeDetail);
   $("detail").addEventListener("click", (ev) => { if (ev.target === $("detail")) closeDetail(); });
   document.addEventListener("keydown", (ev) => { if (ev.key === "Escape") closeDetail(); });
