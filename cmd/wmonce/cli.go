@@ -32,7 +32,7 @@ type command struct {
 }
 
 func commands() []*command {
-	return []*command{migrateCommand(), statusCommand(), inboxCommand(), outboxCommand(), dedupeCommand(), purgeCommand(), adminCommand()}
+	return []*command{migrateCommand(), statusCommand(), inboxCommand(), outboxCommand(), failuresCommand(), dedupeCommand(), purgeCommand(), adminCommand()}
 }
 
 func findCommand(name string) *command {
