@@ -46,9 +46,15 @@ discard  a rejected group's rows are deleted from outbox_rejected (the only copy
 func runFailures(ctx context.Context, e *env, args []string) error {
 	return runAction(ctx, e, args, "failures", []action{
 		{name: "list", run: (*env).failuresList},
-		{name: "replay", run: func(e *env, ctx context.Context, args []string) error { return e.failuresAct(ctx, admin.ActionReplay, args) }},
-		{name: "skip", run: func(e *env, ctx context.Context, args []string) error { return e.failuresAct(ctx, admin.ActionSkip, args) }},
-		{name: "discard", run: func(e *env, ctx context.Context, args []string) error { return e.failuresAct(ctx, admin.ActionDiscard, args) }},
+		{name: "replay", run: func(e *env, ctx context.Context, args []string) error {
+			return e.failuresAct(ctx, admin.ActionReplay, args)
+		}},
+		{name: "skip", run: func(e *env, ctx context.Context, args []string) error {
+			return e.failuresAct(ctx, admin.ActionSkip, args)
+		}},
+		{name: "discard", run: func(e *env, ctx context.Context, args []string) error {
+			return e.failuresAct(ctx, admin.ActionDiscard, args)
+		}},
 	})
 }
 
