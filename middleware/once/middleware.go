@@ -36,6 +36,8 @@ type Middleware struct {
 
 	counts  sync.Map // CounterKey -> *counters
 	dupLogs sync.Map // consumer -> *duplicateLog
+
+	dupHistory duplicateHistory // duplicates per minute not written yet (duplicate_history.go)
 }
 
 // New validates config and prepares the middleware. db must reach PostgreSQL;
@@ -68,11 +70,14 @@ func New(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Middleware
 }
 
 // Close stops the group-commit workers, answering messages still queued with an error (they
-// are nacked and redelivered). It is idempotent and needed only with GroupCommit.
+// are nacked and redelivered), and writes the duplicates per minute not written yet (see
+// DuplicateFlushDelay). It is idempotent; it is needed with GroupCommit, and otherwise keeps
+// the last second of duplicates in the admin page's charts.
 func (e *Middleware) Close() error {
 	if e.group != nil {
 		e.group.close()
 	}
+	e.flushDuplicatesAtClose()
 	return nil
 }
 

@@ -55,12 +55,12 @@
 //   - claims: claim rows (processed_messages and processed_messages_daily) whose processed_at,
 //     the start of the transaction that applied the message, falls in the bucket. This is
 //     history kept by the database: every process's claims, back to whatever retention kept.
-//   - duplicates: copies the middlewares given in Config.Middlewares skipped because the key
-//     was claimed. A duplicate leaves no row (the claim is INSERT ... ON CONFLICT DO NOTHING),
-//     so the only record is the in-process counters: the handler samples them, and a bucket
-//     holds the increase between each sample in it and the sample before. It covers this
-//     process only, from the second sample on; copies counted before the first sample are in
-//     the totals of GET /api/consumers, not in any bucket.
+//   - duplicates: copies an effectively-once middleware skipped because the key was claimed,
+//     in any process. A duplicate leaves no claim row (the claim is INSERT ... ON CONFLICT DO
+//     NOTHING), so each middleware adds its duplicates per consumer and minute to
+//     duplicates_per_minute (once.DuplicateHistory), at most once a second: the standalone
+//     page (`wmonce admin`) charts them with no Config.Middlewares. Kept two days; the last
+//     second of a process that exits without Close is lost.
 //   - inbox pending, failed and oldest_pending_age_seconds (inbox.Ops.AllStats), relay backlog
 //     and lag_seconds (outbox.Stats: the age of the oldest row the relay has not forwarded):
 //     the database keeps only their present value, so the handler samples them too, and a
@@ -73,17 +73,17 @@
 //
 // NewHandler starts a goroutine that samples every Config.SampleInterval (by default
 // DefaultSampleInterval, 15s) until Close, into memory: every sample of the last hour, and for
-// the last day one entry per five minutes (largest gauges, duplicates added up): about 530
+// the last day one entry per five minutes (largest gauges): about 530
 // entries at the default interval. A sample is three queries: the inbox's unfinished rows through its work index, and
 // outbox.Stats (each relay's unforwarded rows, the rejected count), whose cost grows with the
 // backlogs, not with the tables.
 // Sampling in the handler rather than computing from row timestamps was chosen because relay
 // lag exists only as a present value (outbox.Stats: the relay keeps one position, not its
-// past) and duplicates leave no rows; the inbox backlog could be rebuilt from received_at and
+// past); the inbox backlog could be rebuilt from received_at and
 // finished_at, but replays reset those and retention deletes finished rows, so it would be
 // wrong exactly when an operator looks. The price: the sampled charts start when the handler
 // starts, forget on restart, and show what this process saw. For a fleet-wide, durable
-// history, scrape the metrics package into Prometheus. A sampler that fails because the schema
+// history, scrape the metrics package into Prometheus (deploy/grafana has a dashboard). A sampler that fails because the schema
 // lacks its tables logs that once at info level; other failures are logged as errors, again
 // only when the error changes.
 //

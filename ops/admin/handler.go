@@ -56,8 +56,8 @@ type Handler struct {
 // send through the operator's browser. Reads run plain SELECTs; writes go through inbox.Ops.
 //
 // Unless Config.SampleInterval is negative, NewHandler starts a goroutine that samples the
-// inbox, the relays and the middlewares' counts every interval for the page's charts (the last
-// hour and day, kept in memory); Close stops it.
+// inbox and the relays every interval for the page's charts (the last hour and day, kept in
+// memory); Close stops it.
 func NewHandler(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Handler, error) {
 	logger, err := setup.Component(db, "admin: db is nil: open one with pgtx.Open", &config, (*Config).setDefaults, "admin: invalid config", logger)
 	if err != nil {

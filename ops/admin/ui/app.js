@@ -202,20 +202,18 @@ async function loadHistory() {
   const s = h.sampling;
   $("sampling").textContent = s.samples
     ? `sampled ${s.interval_seconds ? "every " + fmtAge(s.interval_seconds) : "on demand"} since ${fmtTime(s.since)} (${num(s.samples)} sample${s.samples === 1 ? "" : "s"})`
-    : "no samples yet: backlog, lag and duplicate charts start with the first";
+    : "no samples yet: the backlog and lag charts start with the first";
 
   const cc = $("consumer-charts");
   cc.replaceChildren(...h.consumers.map((c) => {
-    const covered = c.duplicates.some((v) => v !== null);
-    return card(h, c.consumer, `${num(sumOf(c.claims))} claims · ${covered ? num(sumOf(c.duplicates)) : "—"} duplicates in the ${span}`, [
+    return card(h, c.consumer, `${num(sumOf(c.claims))} claims · ${num(sumOf(c.duplicates))} duplicates in the ${span}`, [
       ["claims", `Claims ${per}: claim rows by processed_at, every process`, c.claims,
         { kind: "bars", integer: true, unit: "claims", label: `claims of ${c.consumer}`, empty: `no claims in the ${span}` }],
-      ["dups", `Duplicates ${per}: counted by this process's middleware`, c.duplicates,
-        { kind: "bars", integer: true, unit: "duplicates", label: `duplicates of ${c.consumer}`,
-          empty: h.in_process_counters ? (covered ? "no duplicates" : "not sampled yet") : "needs admin.Config.Middlewares" }],
+      ["dups", `Duplicates ${per}: skipped copies recorded by every process`, c.duplicates,
+        { kind: "bars", integer: true, unit: "duplicates", label: `duplicates of ${c.consumer}`, empty: `no duplicates in the ${span}` }],
     ]);
   }));
-  if (!h.consumers.length) cc.append(el("p", { class: "muted empty-charts" }, `No claims in the ${span}.`));
+  if (!h.consumers.length) cc.append(el("p", { class: "muted empty-charts" }, `No claims or duplicates in the ${span}.`));
 
   const ic = $("inbox-charts");
   ic.replaceChildren(...h.inbox.map((x) => card(h, "inbox " + x.consumer,
