@@ -131,27 +131,8 @@ WHERE minute >= $1 AND minute < $2 AND ($4 = '' OR consumer = $4) GROUP BY 1, 2`
 	if err != nil {
 		return nil, fmt.Errorf("once: duplicate history: %w", err)
 	}
-	defer rows.Close()
-	out := map[string][]int64{}
-	for rows.Next() {
-		var c string
-		var k int
-		var cnt int64
-		if err := rows.Scan(&c, &k, &cnt); err != nil {
-			return nil, fmt.Errorf("once: duplicate history: %w", err)
-		}
-		if k < 0 || k >= n {
-			continue
-		}
-		if out[c] == nil {
-			out[c] = make([]int64, n)
-		}
-		out[c][k] += cnt
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("once: duplicate history: %w", err)
-	}
-	return out, nil
+	out, err := readBuckets(rows, n)
+	return out, wrapErr("duplicate history", err)
 }
 
 // flushDuplicatesAtClose writes what is pending when the middleware closes; a failure is
