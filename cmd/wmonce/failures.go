@@ -12,23 +12,26 @@ import (
 func failuresCommand() *command {
 	return &command{
 		name:    "failures",
-		summary: "failure groups: parked inbox rows and rejected outbox rows grouped by error; replay, skip, discard a group",
+		summary: "failure groups: parked inbox rows, poison-queue messages, rejected outbox rows by error; replay, skip, discard",
 		usage: `
 failures [list]
 failures replay FINGERPRINT [-id N[,N]] [-dry-run]
 failures skip FINGERPRINT -reason TEXT [-id N[,N]] [-dry-run]
 failures discard FINGERPRINT [-id N[,N]] [-dry-run]`,
 		details: `
-list     FAILED (parked) inbox rows and rejected outbox rows, grouped by where they failed
-         (the inbox consumer or the relay, and the topic) and by their error with UUIDs,
+list     FAILED (parked) inbox rows, messages the poison queue parked (ParkingPublisher) and
+         rejected outbox rows, grouped by where they failed (the inbox consumer, the handler
+         or the relay, and the topic) and by their error with UUIDs,
          addresses, hex and numbers replaced (<uuid>, <addr>, <hex>, <n>): one poison storm
          is one group. The largest first, with its fingerprint, rows, first and last seen.
-replay   an inbox group's rows run again (PENDING, attempts reset); a rejected group's rows
-         are stored in the outbox again and forwarded (fix what made the broker refuse them
-         first).
+replay   an inbox group's rows run again (PENDING, attempts reset); a parked group's messages
+         are stored in the outbox again for the topic they were consumed from, once; a
+         rejected group's rows are stored in the outbox again and forwarded. Fix the cause
+         first.
 skip     an inbox group's rows are marked SKIPPED with the reason: they do not run, their
          ordering keys move on, and they stay as dedupe records.
-discard  a rejected group's rows are deleted from outbox_rejected (the only copy of those
+discard  a parked group is set aside (never replayed; the copies stay in the poison topic);
+         a rejected group's rows are deleted from outbox_rejected (the only copy of those
          messages). Inbox rows are never discarded: skip them.
 -dry-run lists exactly the rows (inbox ids or outbox offsets) the action would touch; pass
          them with -id to touch exactly those, and not rows that joined the group since.`,
@@ -77,7 +80,7 @@ func (e *env) failuresList(ctx context.Context, args []string) error {
 	tw := e.table()
 	fmt.Fprintf(tw, "FINGERPRINT\tKIND\tCONSUMER/RELAY\tTOPIC\tROWS\tFIRST SEEN\tLAST SEEN\tACTIONS\tERROR\n")
 	for _, g := range groups {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", g.Fingerprint, g.Kind, g.Consumer+g.Relay, orDash(truncate(g.Topic, 32)), g.Rows,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", g.Fingerprint, g.Kind, orDash(g.Consumer+g.Handler+g.Relay), orDash(truncate(g.Topic, 32)), g.Rows,
 			when(g.FirstSeen), when(g.LastSeen), strings.Join(g.Actions, ","), truncate(g.Pattern, 70))
 	}
 	return tw.Flush()
@@ -141,10 +144,16 @@ func (e *env) failuresAct(ctx context.Context, action string, args []string) err
 		return e.printJSON(res)
 	}
 	what, idName := "inbox row(s) of consumer "+group.Consumer, "ids"
-	if group.Kind == admin.FailureKindRejected {
+	switch group.Kind {
+	case admin.FailureKindParked:
+		what, idName = "parked message(s) of handler "+orDash(group.Handler), "offsets"
+	case admin.FailureKindRejected:
 		what, idName = "rejected outbox row(s) of relay "+group.Relay, "offsets"
 	}
 	list := joinIDs(res.IDs)
+	if len(res.Undecodable) > 0 {
+		defer fmt.Fprintf(e.stdout, "left in the group, cannot be replayed: offsets %s\n", joinIDs(res.Undecodable))
+	}
 	if *dryRun {
 		fmt.Fprintf(e.stdout, "dry run: %s would %s %d %s (%s %s); nothing changed\n", fp, action, res.Rows, what, idName, orDash(list))
 		if res.Rows > 0 {
@@ -153,9 +162,6 @@ func (e *env) failuresAct(ctx context.Context, action string, args []string) err
 		return nil
 	}
 	fmt.Fprintf(e.stdout, "%s: %d %s (%s %s)\n", pastTense(action), res.Rows, what, idName, orDash(list))
-	if len(res.Undecodable) > 0 {
-		fmt.Fprintf(e.stdout, "left rejected, not decodable: offsets %s\n", joinIDs(res.Undecodable))
-	}
 	return nil
 }
 

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
@@ -27,6 +29,14 @@ func TestFailuresCommand(t *testing.T) {
 	relay, err := outbox.NewRelay(f.db, pub, outbox.RelayConfig{Schema: f.schema, Name: "sms"}, nil)
 	require.NoError(t, err)
 	relayUntil(t, relay, "reject legacy-7", func(c outbox.RelayCounters) bool { return c.Rejected >= 1 })
+	// A message the poison queue parked, last (it is the smallest group).
+	w, err := outbox.NewWriter(outbox.Config{Schema: f.schema})
+	require.NoError(t, err)
+	poisoned := message.NewMessage("evt-17", []byte(`{}`))
+	poisoned.Metadata.Set(middleware.ReasonForPoisonedKey, "permanent: unknown currency XYZ")
+	poisoned.Metadata.Set(middleware.PoisonedTopicKey, "payments")
+	poisoned.Metadata.Set(middleware.PoisonedHandlerKey, "ledger")
+	require.NoError(t, w.ParkingPublisher(f.db).Publish("payments-poison", poisoned))
 
 	r := runCLI(t, f.schema, "failures")
 	require.Equal(t, 0, r.code, r.stderr)
@@ -37,8 +47,9 @@ func TestFailuresCommand(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	var groups admin.FailureGroupsResponse
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &groups), r.stdout)
-	require.Len(t, groups.Groups, 2)
-	billing, legacy := groups.Groups[0], groups.Groups[1]
+	require.Len(t, groups.Groups, 3)
+	billing, parked, legacy := groups.Groups[0], groups.Groups[1], groups.Groups[2]
+	require.Equal(t, "ledger", parked.Handler)
 	require.Equal(t, "billing", billing.Consumer)
 	require.Equal(t, int64(3), billing.Rows)
 	require.Equal(t, "sms", legacy.Relay)
@@ -72,6 +83,10 @@ func TestFailuresCommand(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, "discarded: 1 rejected outbox row(s) of relay sms")
 	require.Zero(t, pgtest.Count(t, f.db, `SELECT count(*) FROM `+f.table("outbox_rejected")))
+
+	r = runCLI(t, f.schema, "failures", "discard", parked.Fingerprint)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "discarded: 1 parked message(s) of handler ledger (offsets ")
 
 	r = runCLI(t, f.schema, "failures", "replay", legacy.Fingerprint)
 	require.Equal(t, 1, r.code)

@@ -25,6 +25,17 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
 SELECT left(md5(kind || chr(31) || coalesce(owner, '') || chr(31) || coalesce(topic, '') || chr(31) || {{schema}}.failure_pattern(err)), 16)
 $$;
 
+-- Parked messages (outbox.ParkingPublisher: what Watermill's poison queue parks, with its
+-- reason_poisoned metadata) are outbox rows; the failure groups find them through this partial
+-- index, which holds those rows only, and leave out those an operator replayed or discarded,
+-- recorded here (the parked copy itself is forwarded to the poison topic as usual).
+CREATE INDEX outbox_parked_idx ON {{schema}}.outbox ("offset") WHERE (metadata->>'reason_poisoned') IS NOT NULL;
+CREATE TABLE {{schema}}.outbox_parked_settled (
+    "offset"   bigint      NOT NULL PRIMARY KEY, -- the parked copy's outbox row
+    action     text        NOT NULL,             -- replay or discard
+    settled_at timestamptz NOT NULL DEFAULT now()
+);
+
 -- Duplicates per consumer and minute (middleware/once): what the admin page's duplicates
 -- charts read, from any process. Duplicates are rare; the middleware adds its count of a
 -- consumer at most about once a second, one upsert, so a redelivery storm costs little.

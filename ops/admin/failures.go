@@ -16,17 +16,20 @@ import (
 )
 
 // Failure groups, for the page (GET /api/failures, POST /api/failures/act) and `wmonce
-// failures`: FAILED (parked) inbox rows (inbox.Ops.FailureGroups) and rejected outbox rows
-// (outbox.RejectedGroups) grouped by the schema's fingerprint, with bulk actions on a group.
+// failures`: FAILED (parked) inbox rows (inbox.Ops.FailureGroups), messages the poison queue
+// parked (outbox.ParkedGroups) and rejected outbox rows (outbox.RejectedGroups), grouped by
+// the schema's fingerprint, with bulk actions on a group.
 
 // Kinds of failure group.
 const (
 	FailureKindInbox    = "inbox"    // FAILED inbox rows of one consumer
+	FailureKindParked   = "parked"   // messages the poison queue parked (ParkingPublisher), of one handler
 	FailureKindRejected = "rejected" // rows of outbox_rejected of one relay
 )
 
-// Actions on a failure group. Replay sends inbox rows back to PENDING and republishes
-// rejected outbox rows; skip marks inbox rows SKIPPED (kept as dedupe records); discard deletes
+// Actions on a failure group. Replay sends inbox rows back to PENDING, stores parked messages
+// again for the topic they were consumed from, and republishes rejected outbox rows; skip marks
+// inbox rows SKIPPED (kept as dedupe records); discard sets parked messages aside and deletes
 // rejected outbox rows. Inbox rows are never discarded: a deleted row would let a redelivered
 // copy run again.
 const (
@@ -36,15 +39,17 @@ const (
 )
 
 // FailureGroup is one group of failed rows with the same fingerprint: where they failed
-// (Consumer for the inbox, Relay for rejected rows; Topic) and their error with its volatile
-// parts replaced (Pattern). FirstSeen and LastSeen are the received_at of the oldest and newest
-// inbox row (the inbox keeps no failure time), or the first and last rejected_at. Actions are
+// (Consumer for the inbox, Handler for parked messages, Relay for rejected rows; Topic) and
+// their error with its volatile parts replaced (Pattern). FirstSeen and LastSeen are the
+// received_at of the oldest and newest inbox row (the inbox keeps no failure time), when the
+// first and last message was parked, or the first and last rejected_at. Actions are
 // those the group takes (a rejected group of rows the relay could not decode, Topic "", is
 // only discarded: republished, they would be rejected again).
 type FailureGroup struct {
 	Kind        string    `json:"kind"`
 	Fingerprint string    `json:"fingerprint"`
 	Consumer    string    `json:"consumer,omitempty"`
+	Handler     string    `json:"handler,omitempty"`
 	Relay       string    `json:"relay,omitempty"`
 	Topic       string    `json:"topic"`
 	Pattern     string    `json:"pattern"`
@@ -60,7 +65,8 @@ type FailureGroupsResponse struct {
 	Groups []FailureGroup `json:"groups"`
 }
 
-// ReadFailureGroups returns the inbox's and the outbox's failure groups, the largest first.
+// ReadFailureGroups returns the inbox's failure groups, the parked messages' and the rejected
+// outbox rows', the largest first.
 func ReadFailureGroups(ctx context.Context, db *sql.DB, schema string) ([]FailureGroup, error) {
 	ops, err := inbox.NewOps(db, inbox.OpsConfig{Schema: schema}, nil)
 	if err != nil {
@@ -70,15 +76,25 @@ func ReadFailureGroups(ctx context.Context, db *sql.DB, schema string) ([]Failur
 	if err != nil {
 		return nil, err
 	}
+	parked, err := outbox.ParkedGroups(ctx, db, schema)
+	if err != nil {
+		return nil, err
+	}
 	rejected, err := outbox.RejectedGroups(ctx, db, schema)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]FailureGroup, 0, len(in)+len(rejected))
+	out := make([]FailureGroup, 0, len(in)+len(parked)+len(rejected))
 	for _, g := range in {
 		out = append(out, FailureGroup{
 			Kind: FailureKindInbox, Fingerprint: g.Fingerprint, Consumer: g.Consumer, Topic: g.Topic, Pattern: g.Pattern,
 			Example: g.Example, Rows: g.Rows, FirstSeen: g.FirstSeen, LastSeen: g.LastSeen, Actions: []string{ActionReplay, ActionSkip},
+		})
+	}
+	for _, g := range parked {
+		out = append(out, FailureGroup{
+			Kind: FailureKindParked, Fingerprint: g.Fingerprint, Handler: g.Handler, Topic: g.Topic, Pattern: g.Pattern,
+			Example: g.Example, Rows: g.Rows, FirstSeen: g.FirstSeen, LastSeen: g.LastSeen, Actions: []string{ActionReplay, ActionDiscard},
 		})
 	}
 	for _, g := range rejected {
@@ -111,8 +127,9 @@ type FailureActionRequest struct {
 }
 
 // FailureActionResponse lists the rows the action changed or, for a dry run, would change:
-// inbox row ids, or outbox offsets of Relay's rejected rows. Undecodable (replay of a rejected
-// group) lists offsets left rejected because the relay cannot decode them.
+// inbox row ids, outbox offsets of parked copies, or outbox offsets of Relay's rejected rows.
+// Undecodable (replay of a parked or rejected group) lists offsets left in the group because
+// they cannot be replayed (see outbox.ParkedGroupResult and outbox.RepublishResult).
 type FailureActionResponse struct {
 	Kind        string  `json:"kind"`
 	Fingerprint string  `json:"fingerprint"`
@@ -167,6 +184,24 @@ func ActOnFailureGroup(ctx context.Context, db *sql.DB, schema string, req Failu
 			return FailureActionResponse{}, err
 		}
 		out.IDs = res.IDs
+	case FailureKindParked:
+		g := outbox.ParkedGroupRequest{Fingerprint: req.Fingerprint, Offsets: req.IDs, DryRun: req.DryRun}
+		var res outbox.ParkedGroupResult
+		var err error
+		switch req.Action {
+		case ActionReplay:
+			res, err = outbox.ReplayParkedGroup(ctx, db, schema, g)
+		case ActionDiscard:
+			res, err = outbox.DiscardParkedGroup(ctx, db, schema, g)
+		case ActionSkip:
+			return FailureActionResponse{}, badRequest("parked messages are not skipped: replay or discard them")
+		default:
+			return FailureActionResponse{}, badRequest("action %q: a parked group takes replay or discard", req.Action)
+		}
+		if err != nil {
+			return FailureActionResponse{}, err
+		}
+		out.IDs, out.Undecodable = res.Offsets, res.Unreplayable
 	case FailureKindRejected:
 		g := outbox.RejectedGroupRequest{Fingerprint: req.Fingerprint, Offsets: req.IDs, DryRun: req.DryRun}
 		var res outbox.RejectedGroupResult
@@ -186,7 +221,7 @@ func ActOnFailureGroup(ctx context.Context, db *sql.DB, schema string, req Failu
 		}
 		out.IDs, out.Relay, out.Undecodable = res.Offsets, res.Relay, res.Undecodable
 	default:
-		return FailureActionResponse{}, badRequest("kind %q: use %s or %s", req.Kind, FailureKindInbox, FailureKindRejected)
+		return FailureActionResponse{}, badRequest("kind %q: use %s, %s or %s", req.Kind, FailureKindInbox, FailureKindParked, FailureKindRejected)
 	}
 	if out.IDs == nil {
 		out.IDs = []int64{}

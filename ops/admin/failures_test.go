@@ -4,17 +4,20 @@ import (
 	"net/http"
 	"testing"
 
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/ops/admin"
 	"github.com/wmonce/watermill-once/outbox"
 )
 
-// failureGroup returns the group of kind at owner (consumer or relay) and topic.
+// failureGroup returns the group of kind at owner (consumer, handler or relay) and topic.
 func failureGroup(t *testing.T, groups []admin.FailureGroup, kind, owner, topic string) admin.FailureGroup {
 	t.Helper()
 	for _, g := range groups {
-		if g.Kind == kind && g.Consumer+g.Relay == owner && g.Topic == topic {
+		if g.Kind == kind && g.Consumer+g.Handler+g.Relay == owner && g.Topic == topic {
 			return g
 		}
 	}
@@ -29,10 +32,20 @@ func TestFailureGroupsThroughTheAPI(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 3)
 	relay, pub := f.kafkaRejects(t, "m-2")
+	// Two messages the poison queue parked, as once.Stack parks them.
+	w, err := outbox.NewWriter(outbox.Config{Schema: f.schema})
+	require.NoError(t, err)
+	for _, id := range []string{"evt-17", "evt-18"} {
+		m := message.NewMessage(id, []byte(`{}`))
+		m.Metadata.Set(middleware.ReasonForPoisonedKey, "permanent: unknown currency XYZ in "+id)
+		m.Metadata.Set(middleware.PoisonedTopicKey, "payments")
+		m.Metadata.Set(middleware.PoisonedHandlerKey, "ledger")
+		require.NoError(t, w.ParkingPublisher(f.db).Publish("payments-poison", m))
+	}
 	ro := f.server(t, admin.Config{})
 	var groups admin.FailureGroupsResponse
 	get(t, ro.URL+"/api/failures").decode(t, &groups)
-	require.Len(t, groups.Groups, 4, "%+v", groups.Groups)
+	require.Len(t, groups.Groups, 5, "%+v", groups.Groups)
 	billing := groups.Groups[0]
 	require.Equal(t, admin.FailureGroup{
 		Kind: admin.FailureKindInbox, Fingerprint: billing.Fingerprint, Consumer: "billing", Pattern: "card declined: <b>insufficient funds</b>",
@@ -41,6 +54,10 @@ func TestFailureGroupsThroughTheAPI(t *testing.T) {
 	}, billing)
 	cashback := failureGroup(t, groups.Groups, admin.FailureKindRejected, "kafka", "cashback")
 	require.Equal(t, []string{admin.ActionReplay, admin.ActionDiscard}, cashback.Actions)
+	parked := failureGroup(t, groups.Groups, admin.FailureKindParked, "ledger", "payments")
+	require.Equal(t, "permanent: unknown currency XYZ in evt-<n>", parked.Pattern)
+	require.Equal(t, int64(2), parked.Rows)
+	require.Equal(t, []string{admin.ActionReplay, admin.ActionDiscard}, parked.Actions)
 	legacy := failureGroup(t, groups.Groups, admin.FailureKindRejected, "sms", "")
 	require.Equal(t, int64(1), legacy.Rows)
 	require.Equal(t, []string{admin.ActionDiscard}, legacy.Actions, "undecodable rows would only be rejected again")
@@ -75,6 +92,10 @@ func TestFailureGroupsThroughTheAPI(t *testing.T) {
 	gone := act(admin.FailureActionRequest{Kind: admin.FailureKindRejected, Fingerprint: legacy.Fingerprint, Action: admin.ActionDiscard})
 	require.Equal(t, "sms", gone.Relay)
 	require.Len(t, gone.IDs, 1)
+	replayed := act(admin.FailureActionRequest{Kind: admin.FailureKindParked, Fingerprint: parked.Fingerprint, Action: admin.ActionReplay})
+	require.Len(t, replayed.IDs, 2)
+	require.Equal(t, 2, pgtest.Count(t, f.db, `SELECT count(*) FROM `+f.table("outbox")+` WHERE payload->>'destination_topic' = 'payments' AND metadata->>'reason_poisoned' IS NULL`),
+		"the originals, stored again for the topic they were consumed from")
 	get(t, srv.URL+"/api/failures").decode(t, &groups)
 	require.Len(t, groups.Groups, 2, "billing's last row and kafka's undecodable row are left: %+v", groups.Groups)
 
@@ -86,6 +107,7 @@ func TestFailureGroupsThroughTheAPI(t *testing.T) {
 		{admin.FailureActionRequest{Kind: admin.FailureKindInbox, Fingerprint: billing.Fingerprint, Action: admin.ActionDiscard}, "inbox rows are not discarded"},
 		{admin.FailureActionRequest{Kind: admin.FailureKindInbox, Fingerprint: billing.Fingerprint, Action: admin.ActionSkip}, "reason is required"},
 		{admin.FailureActionRequest{Kind: admin.FailureKindRejected, Fingerprint: cashback.Fingerprint, Action: admin.ActionSkip}, "not skipped"},
+		{admin.FailureActionRequest{Kind: admin.FailureKindParked, Fingerprint: parked.Fingerprint, Action: admin.ActionSkip}, "parked messages are not skipped"},
 		{admin.FailureActionRequest{Kind: "intent", Fingerprint: cashback.Fingerprint, Action: admin.ActionSkip}, `kind "intent"`},
 		{admin.FailureActionRequest{Kind: admin.FailureKindInbox, Fingerprint: billing.Fingerprint, Action: admin.ActionReplay, IDs: []int64{0}}, "positive"},
 		{`{"kind":"inbox","fingerprint":"` + billing.Fingerprint + `","action":"replay","extra":1}`, "unknown field"},

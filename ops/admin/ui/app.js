@@ -646,7 +646,8 @@ async function confirmForget() {
 // ---- Failure groups -------------------------------------------------------------------------
 
 const actionLabels = { replay: "Replay", skip: "Skip", discard: "Discard" };
-const groupWhere = (g) => (g.kind === "inbox" ? g.consumer : g.relay);
+const groupWhere = (g) => ({ inbox: g.consumer, parked: g.handler || "—", rejected: g.relay })[g.kind];
+const groupKinds = { inbox: "inbox (FAILED)", parked: "parked (poison queue)", rejected: "outbox (rejected)" };
 
 async function loadFailures() {
   const r = await api("failures");
@@ -657,7 +658,7 @@ async function loadFailures() {
       type: "button", class: "g-" + a + (a === "replay" ? "" : " danger"), onclick: () => askGroup(g, a),
     }, actionLabels[a] + "…")));
     return el("tr", { "data-fingerprint": g.fingerprint, "data-kind": g.kind },
-      td(g.kind === "inbox" ? "inbox (FAILED)" : "outbox (rejected)"), td(groupWhere(g)), td(g.topic || "—"),
+      td(groupKinds[g.kind]), td(groupWhere(g)), td(g.topic || "—"),
       el("td", { class: "pattern err", title: "example: " + g.example }, g.pattern), td(num(g.rows), "num"),
       td(fmtTime(g.first_seen)), td(fmtTime(g.last_seen)), actions);
   }));
@@ -669,14 +670,25 @@ async function askGroup(g, action) {
   try {
     const r = await api("failures/act", { kind: g.kind, fingerprint: g.fingerprint, action, dry_run: true });
     if (!r.rows) { flash("The group has no rows left: nothing to do."); await refresh(); return; }
-    const what = g.kind === "inbox" ? `inbox row(s) of consumer ${g.consumer}` : `rejected outbox row(s) of relay ${r.relay}`;
+    const what = {
+      inbox: `inbox row(s) of consumer ${g.consumer}`,
+      parked: `parked message(s)${g.handler ? " of handler " + g.handler : ""}`,
+      rejected: `rejected outbox row(s) of relay ${r.relay}`,
+    }[g.kind];
     const effect = {
-      replay: g.kind === "inbox" ? "will run again (PENDING, attempts reset)" : "will be stored in the outbox again and forwarded",
+      replay: {
+        inbox: "will run again (PENDING, attempts reset)",
+        parked: "will be stored in the outbox again for the topic they were consumed from",
+        rejected: "will be stored in the outbox again and forwarded",
+      }[g.kind],
       skip: "will be marked SKIPPED: they will not run, and stay as dedupe records",
-      discard: "will be deleted from outbox_rejected: they are the only copy of those messages",
+      discard: g.kind === "parked"
+        ? "will be set aside: never replayed (their copies stay in the poison topic)"
+        : "will be deleted from outbox_rejected: they are the only copy of those messages",
     }[action];
     $("g-confirm-text").textContent = `${actionLabels[action]}: ${r.rows} ${what}${g.topic ? " on topic " + g.topic : ""} ${effect}.`;
     $("g-confirm-ids").textContent = (g.kind === "inbox" ? "Row ids: " : "Outbox offsets: ") + r.ids.join(", ");
+    if (r.undecodable && r.undecodable.length) $("g-confirm-ids").textContent += ` (${r.undecodable.length} cannot be replayed and stay: ${r.undecodable.join(", ")})`;
     $("g-reason").hidden = action !== "skip";
     $("g-reason").value = "";
     $("g-yes").textContent = `${actionLabels[action]} ${r.rows} row(s)`;
@@ -702,7 +714,7 @@ async function confirmGroup() {
   cancelGroup();
   try {
     const r = await api("failures/act", body);
-    const left = r.undecodable && r.undecodable.length ? `; ${r.undecodable.length} cannot be decoded and stay rejected` : "";
+    const left = r.undecodable && r.undecodable.length ? `; ${r.undecodable.length} cannot be replayed and stay in the group` : "";
     flash(`${actionLabels[g.action]}: ${r.rows} row(s) of group ${g.fingerprint} changed${left}.`);
     await refresh();
   } catch (e) { flash(e.message, true); }
