@@ -22,8 +22,9 @@
 // exits (its stdin closes).
 //
 // Where it stops: a process killed without running stop (SIGKILL) leaves its server running
-// and its temporary directory behind, except as root, where the copy sees its stdin close and
-// cleans up.
+// and its temporary directory behind, except as root, where the copy sees its stdin close,
+// stops the server and removes the directory (checked by hand: SIGKILL of the parent left no
+// server and no directory).
 package embeddedpg
 
 import (

@@ -75,7 +75,8 @@ func runAsChild(spec string) int {
 	}
 	report(childReport{})
 	_, _ = io.Copy(io.Discard, os.Stdin)
-	if err := s.Stop(); err != nil {
+	// The whole directory, the lent archive too: the parent may be gone (killed) and cannot.
+	if err := errors.Join(s.Stop(), os.RemoveAll(c.Dir)); err != nil {
 		fmt.Fprintf(os.Stderr, "embeddedpg: stop the embedded PostgreSQL: %v\n", err)
 		return 1
 	}
