@@ -88,7 +88,7 @@ func startAsChild(config Config) (*Server, error) {
 	name := cmp.Or(config.RunAs, DefaultRunAs)
 	u, err := user.Lookup(name)
 	if err != nil {
-		return nil, fmt.Errorf("%w: it runs as an unprivileged user, and %v: create one (`useradd --system %s`) or name another with %s", ErrRoot, err, name, EnvRunAs)
+		return nil, fmt.Errorf("%w: it runs as an unprivileged user, and %w: create one (`useradd --system %s`) or name another with %s", ErrRoot, err, name, EnvRunAs)
 	}
 	uid, errU := strconv.Atoi(u.Uid)
 	gid, errG := strconv.Atoi(u.Gid)
@@ -125,7 +125,9 @@ func startAsChild(config Config) (*Server, error) {
 		return fail(fmt.Errorf("embedded PostgreSQL: give %s its directory: %w", name, err))
 	}
 	spec, _ := json.Marshal(childSpec{Dir: dir, Port: config.Port, UID: uid, GID: gid})
-	cmd := exec.Command(exe)
+	// Not CommandContext: the copy must outlive any context of Start's caller, until Stop or
+	// this process's exit closes its stdin.
+	cmd := exec.Command(exe) //nolint:noctx // see above
 	cmd.Env = append(os.Environ(), envChild+"="+string(spec))
 	if config.Log != io.Discard {
 		cmd.Stderr = config.Log
@@ -150,7 +152,7 @@ func startAsChild(config Config) (*Server, error) {
 		_ = stdin.Close()
 		waitErr := cmd.Wait()
 		if readErr != nil {
-			return fail(fmt.Errorf("embedded PostgreSQL: the copy running the server as %s ended without a word (%v; %v)", name, readErr, waitErr))
+			return fail(fmt.Errorf("embedded PostgreSQL: the copy running the server as %s ended without a word (%w; %w)", name, readErr, waitErr))
 		}
 		return fail(fmt.Errorf("embedded PostgreSQL (as %s): %s", name, rep.Error))
 	}
