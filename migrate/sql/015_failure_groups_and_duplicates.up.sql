@@ -4,7 +4,7 @@
 -- The rule lives here, once, so that every package, the CLI and the admin page group alike.
 --
 -- failure_pattern replaces, in this order: UUIDs by <uuid>; IPv4 addresses (with a port) and
--- bracketed IPv6 addresses (with a port) by <addr>; 0x-prefixed hex and runs of 6 or more hex
+-- bracketed IPv6 addresses (with a zone and a port) by <addr>; 0x-prefixed hex and runs of 6 or more hex
 -- digits holding a digit by <hex>; every other run of digits by <n>.
 CREATE FUNCTION {{schema}}.failure_pattern(err text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
@@ -12,7 +12,7 @@ SELECT regexp_replace(regexp_replace(regexp_replace(regexp_replace(regexp_replac
     coalesce(err, ''),
     '[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}', '<uuid>', 'g'),
     '\m[0-9]{1,3}(\.[0-9]{1,3}){3}(:[0-9]+)?', '<addr>', 'g'),
-    '\[[0-9a-fA-F:.]*:[0-9a-fA-F:.]*\](:[0-9]+)?', '<addr>', 'g'),
+    '\[[0-9a-fA-F:.]*:[0-9a-fA-F:.]*(%[^]]*)?\](:[0-9]+)?', '<addr>', 'g'),
     '\m0[xX][0-9a-fA-F]+\M', '<hex>', 'g'),
     '\m(?=[a-fA-F]*[0-9])[0-9a-fA-F]{6,}\M', '<hex>', 'g'),
     '[0-9]+', '<n>', 'g')

@@ -2,13 +2,15 @@
 // charts of claims and duplicates over the last hour or day; the inbox by status with charts of
 // its backlog and oldest pending age, filters, a detail view of a row and replay and skip; the
 // outbox relays' lag over time, the topics they hold and the rows they rejected, each of which
-// opens and, when the broker refused it, can be republished; and forgetting a retired relay. It
+// opens and, when the broker refused it, can be republished; failure groups (FAILED inbox rows,
+// parked messages and rejected rows grouped by error) replayed, skipped or discarded a group at
+// a time; and forgetting a retired relay. It
 // is an http.Handler meant to be mounted in a service that already runs (next to /metrics or a
 // debug mux), and the same read functions back `wmonce status`.
 //
 //	h, err := admin.NewHandler(db, admin.Config{
 //		Schema:      "wmonce",
-//		Middlewares: []*once.Middleware{eo}, // optional: duplicate rates and charts
+//		Middlewares: []*once.Middleware{eo}, // optional: in-process duplicate rates
 //		AllowWrites: false,                             // read-only (the default)
 //	}, logger)
 //	defer h.Close() // stops the sampling behind the charts
@@ -27,11 +29,15 @@
 //	GET  /api/outbox/rejected/{offset}[?relay=R]   one rejected row with payload and metadata
 //	GET  /api/history[?window=hour|day][&consumer=C][&relay=R]   the charts' series
 //	GET  /api/dedupe?consumer=C&message=M   was M processed by C, and when
+//	GET  /api/failures              failure groups, the largest first (FailureGroupsResponse)
 //	POST /api/inbox/replay          ChangeRequest -> ChangeResponse (dry_run supported)
 //	POST /api/inbox/skip            ChangeRequest with reason -> ChangeResponse
 //	POST /api/outbox/republish      RepublishRequest -> RepublishResponse (dry_run supported)
 //	POST /api/outbox/forget         ForgetRequest -> ForgetResponse (dry_run supported); 409
 //	                                while the relay runs, 404 for a name without a position
+//	POST /api/failures/act          FailureActionRequest -> FailureActionResponse: replay, skip
+//	                                or discard one group; dry_run lists the rows, ids narrows
+//	                                the action to them
 //
 // Errors are JSON ({"error": "..."}) with 400 for input the caller must fix, 403 for refused
 // writes, 404 for a missing row and 503 when the schema lacks its tables (every endpoint but
