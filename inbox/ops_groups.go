@@ -52,32 +52,48 @@ func (o *Ops) fingerprintExpr() string {
 	return pgtx.QualifiedName(o.schema, "failure_fingerprint") + `('inbox', consumer, topic, last_error)`
 }
 
-// FailureGroups returns the failure groups of every consumer, the largest first. It only reads;
-// it scans the FAILED rows.
-func (o *Ops) FailureGroups(ctx context.Context) ([]FailureGroup, error) {
-	q := `SELECT fp, consumer, topic, pattern, (array_agg(last_error ORDER BY id DESC))[1], count(*), min(received_at), max(received_at)
-FROM (SELECT id, consumer, topic, coalesce(last_error, '') AS last_error, received_at,
-        ` + pgtx.QualifiedName(o.schema, "failure_pattern") + `(last_error) AS pattern, ` + o.fingerprintExpr() + ` AS fp
-      FROM ` + o.q.table + ` WHERE status = 'FAILED') f
-GROUP BY fp, consumer, topic, pattern
-ORDER BY count(*) DESC, fp`
+// FailureGroups returns the failure groups of the newest maxRows FAILED rows (0: of all), the
+// largest first, and how many FAILED rows it left out (older than those). It only reads. Its
+// cost is in the error patterns, computed once per distinct error text: on this project's test
+// machine, under load, about a second per 10,000 rows whose errors all differ.
+func (o *Ops) FailureGroups(ctx context.Context, maxRows int) (groups []FailureGroup, left int64, err error) {
+	if maxRows < 0 {
+		return nil, 0, fmt.Errorf("inbox: failure groups: maxRows must not be negative, got %d", maxRows)
+	}
+	limit := ""
+	if maxRows > 0 {
+		limit = " ORDER BY id DESC LIMIT " + strconv.Itoa(maxRows)
+	}
+	q := `WITH failed AS (
+    SELECT id, consumer, topic, coalesce(last_error, '') AS last_error, received_at FROM ` + o.q.table + ` WHERE status = 'FAILED'` + limit + `
+), exact AS (
+    SELECT consumer, topic, last_error, count(*) AS n, min(received_at) AS first, max(received_at) AS last, max(id) AS newest
+    FROM failed GROUP BY 1, 2, 3
+), patterned AS (
+    SELECT *, ` + pgtx.QualifiedName(o.schema, "failure_pattern") + `(last_error) AS pattern FROM exact
+)
+SELECT ` + pgtx.QualifiedName(o.schema, "failure_group_fingerprint") + `('inbox', consumer, topic, pattern), consumer, topic, pattern,
+    (array_agg(last_error ORDER BY newest DESC))[1], sum(n)::bigint, min(first), max(last),
+    (SELECT count(*) FROM ` + o.q.table + ` WHERE status = 'FAILED') - (SELECT count(*) FROM failed)
+FROM patterned GROUP BY consumer, topic, pattern
+ORDER BY sum(n) DESC, 1`
 	rows, err := o.db.QueryContext(ctx, q)
 	if err != nil {
-		return nil, fmt.Errorf("inbox: failure groups: %w", err)
+		return nil, 0, fmt.Errorf("inbox: failure groups: %w", err)
 	}
 	defer rows.Close()
-	out := []FailureGroup{}
+	groups = []FailureGroup{}
 	for rows.Next() {
 		var g FailureGroup
-		if err := rows.Scan(&g.Fingerprint, &g.Consumer, &g.Topic, &g.Pattern, &g.Example, &g.Rows, &g.FirstSeen, &g.LastSeen); err != nil {
-			return nil, fmt.Errorf("inbox: failure groups: %w", err)
+		if err := rows.Scan(&g.Fingerprint, &g.Consumer, &g.Topic, &g.Pattern, &g.Example, &g.Rows, &g.FirstSeen, &g.LastSeen, &left); err != nil {
+			return nil, 0, fmt.Errorf("inbox: failure groups: %w", err)
 		}
-		out = append(out, g)
+		groups = append(groups, g)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("inbox: failure groups: %w", err)
+		return nil, 0, fmt.Errorf("inbox: failure groups: %w", err)
 	}
-	return out, nil
+	return groups, left, nil
 }
 
 // ReplayGroup sends the FAILED rows of one failure group (narrowed by req.IDs) back to

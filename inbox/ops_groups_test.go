@@ -41,8 +41,9 @@ func TestFailureGroupsReplayAndSkip(t *testing.T) {
 	require.NoError(t, r.Handle(msg("ok-1", "fine")))
 	p.until(t, "parking", func(n tally) bool { return n.Parked == 4 && n.Done == 1 })
 
-	groups, err := e.ops.FailureGroups(ctx)
+	groups, left, err := e.ops.FailureGroups(ctx, 0)
 	require.NoError(t, err)
+	require.Zero(t, left)
 	require.Len(t, groups, 2, "%+v", groups)
 	charge, bad := groups[0], groups[1]
 	require.Equal(t, int64(3), charge.Rows)
@@ -53,6 +54,16 @@ func TestFailureGroupsReplayAndSkip(t *testing.T) {
 	require.False(t, charge.FirstSeen.After(charge.LastSeen))
 	require.Equal(t, int64(1), bad.Rows)
 	require.Equal(t, "payload is not JSON", bad.Pattern)
+	newest, left, err := e.ops.FailureGroups(ctx, 2)
+	require.NoError(t, err)
+	require.Equal(t, int64(2), left, "the two oldest FAILED rows are left out")
+	var grouped int64
+	for _, g := range newest {
+		grouped += g.Rows
+	}
+	require.Equal(t, int64(2), grouped, "the groups cover the newest rows only")
+	_, _, err = e.ops.FailureGroups(ctx, -1)
+	require.ErrorContains(t, err, "maxRows must not be negative")
 
 	dry, err := e.ops.ReplayGroup(ctx, inbox.GroupRequest{Fingerprint: charge.Fingerprint, DryRun: true})
 	require.NoError(t, err)

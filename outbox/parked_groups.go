@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -69,36 +70,54 @@ func parkedFingerprintExpr(schema string) string {
 		`('parked', coalesce(o.metadata->>'handler_poisoned', ''), coalesce(o.metadata->>'topic_poisoned', ''), o.metadata->>'reason_poisoned')`
 }
 
-// ParkedGroups returns the groups of parked messages not replayed or discarded yet, the
-// largest first. It only reads (through the partial index of parked rows).
-func ParkedGroups(ctx context.Context, db *sql.DB, schema string) ([]ParkedGroup, error) {
+// ParkedGroups returns the groups of the newest maxRows parked messages not replayed or
+// discarded yet (0: of all), the largest first, and how many it left out (older than those).
+// It only reads (through the partial index of parked rows); the reason patterns are computed
+// once per distinct reason.
+func ParkedGroups(ctx context.Context, db *sql.DB, schema string, maxRows int) (groups []ParkedGroup, left int64, err error) {
 	if err := checkSchema("parked groups", db, &schema); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	q := `SELECT fp, handler, topic, pattern, (array_agg(reason ORDER BY "offset" DESC))[1], count(*), min(created_at), max(created_at)
-FROM (SELECT o."offset", o.created_at::timestamptz AS created_at, coalesce(o.metadata->>'handler_poisoned', '') AS handler,
-        coalesce(o.metadata->>'topic_poisoned', '') AS topic, o.metadata->>'reason_poisoned' AS reason,
-        ` + pgtx.QualifiedName(schema, "failure_pattern") + `(o.metadata->>'reason_poisoned') AS pattern, ` + parkedFingerprintExpr(schema) + ` AS fp
-      FROM ` + pgtx.QualifiedName(schema, "outbox") + ` o WHERE ` + parkedWhere(schema) + `) p
-GROUP BY fp, handler, topic, pattern
-ORDER BY count(*) DESC, fp`
+	if maxRows < 0 {
+		return nil, 0, fmt.Errorf("outbox: parked groups: maxRows must not be negative, got %d", maxRows)
+	}
+	limit := ""
+	if maxRows > 0 {
+		limit = ` ORDER BY o."offset" DESC LIMIT ` + strconv.Itoa(maxRows)
+	}
+	table := pgtx.QualifiedName(schema, "outbox")
+	q := `WITH recent AS (
+    SELECT o."offset", o.created_at::timestamptz AS created_at, coalesce(o.metadata->>'handler_poisoned', '') AS handler,
+        coalesce(o.metadata->>'topic_poisoned', '') AS topic, o.metadata->>'reason_poisoned' AS reason
+    FROM ` + table + ` o WHERE ` + parkedWhere(schema) + limit + `
+), exact AS (
+    SELECT handler, topic, reason, count(*) AS n, min(created_at) AS first, max(created_at) AS last, max("offset") AS newest
+    FROM recent GROUP BY 1, 2, 3
+), patterned AS (
+    SELECT *, ` + pgtx.QualifiedName(schema, "failure_pattern") + `(reason) AS pattern FROM exact
+)
+SELECT ` + pgtx.QualifiedName(schema, "failure_group_fingerprint") + `('parked', handler, topic, pattern), handler, topic, pattern,
+    (array_agg(reason ORDER BY newest DESC))[1], sum(n)::bigint, min(first), max(last),
+    (SELECT count(*) FROM ` + table + ` o WHERE ` + parkedWhere(schema) + `) - (SELECT count(*) FROM recent)
+FROM patterned GROUP BY handler, topic, pattern
+ORDER BY sum(n) DESC, 1`
 	rows, err := db.QueryContext(ctx, q)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: parked groups: %w", err)
+		return nil, 0, fmt.Errorf("outbox: parked groups: %w", err)
 	}
 	defer rows.Close()
-	out := []ParkedGroup{}
+	groups = []ParkedGroup{}
 	for rows.Next() {
 		var g ParkedGroup
-		if err := rows.Scan(&g.Fingerprint, &g.Handler, &g.Topic, &g.Pattern, &g.Example, &g.Rows, &g.FirstSeen, &g.LastSeen); err != nil {
-			return nil, fmt.Errorf("outbox: parked groups: %w", err)
+		if err := rows.Scan(&g.Fingerprint, &g.Handler, &g.Topic, &g.Pattern, &g.Example, &g.Rows, &g.FirstSeen, &g.LastSeen, &left); err != nil {
+			return nil, 0, fmt.Errorf("outbox: parked groups: %w", err)
 		}
-		out = append(out, g)
+		groups = append(groups, g)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("outbox: parked groups: %w", err)
+		return nil, 0, fmt.Errorf("outbox: parked groups: %w", err)
 	}
-	return out, nil
+	return groups, left, nil
 }
 
 // parkedRow is one parked copy as a replay reads it.

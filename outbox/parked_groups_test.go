@@ -41,8 +41,9 @@ func TestParkedGroupsReplayAndDiscard(t *testing.T) {
 	park(t, db, w, message.NewMessage("bad-1", []byte("{")), "orders", "billing", "payload is not JSON")
 	publishTx(t, db, w, "orders", "plain-1") // not parked
 
-	groups, err := outbox.ParkedGroups(ctx, db, schema)
+	groups, left, err := outbox.ParkedGroups(ctx, db, schema, 0)
 	require.NoError(t, err)
+	require.Zero(t, left)
 	require.Len(t, groups, 2, "%+v", groups)
 	notFound, bad := groups[0], groups[1]
 	require.Equal(t, outbox.ParkedGroup{
@@ -86,10 +87,14 @@ func TestParkedGroupsReplayAndDiscard(t *testing.T) {
 	discarded, err := outbox.DiscardParkedGroup(ctx, db, schema, outbox.ParkedGroupRequest{Fingerprint: bad.Fingerprint})
 	require.NoError(t, err)
 	require.Len(t, discarded.Offsets, 1)
-	left, err := outbox.ParkedGroups(ctx, db, schema)
+	remaining, _, err := outbox.ParkedGroups(ctx, db, schema, 0)
 	require.NoError(t, err)
-	require.Len(t, left, 1)
-	require.Equal(t, int64(1), left[0].Rows, "order-2 was not asked for")
+	require.Len(t, remaining, 1)
+	require.Equal(t, int64(1), remaining[0].Rows, "order-2 was not asked for")
+	newest, left, err := outbox.ParkedGroups(ctx, db, schema, 1)
+	require.NoError(t, err)
+	require.Zero(t, left, "one parked copy is left to group")
+	require.Len(t, newest, 1)
 	_, err = outbox.ReplayParkedGroup(ctx, db, schema, outbox.ParkedGroupRequest{Fingerprint: "nope"})
 	require.ErrorContains(t, err, "fingerprint must be 16")
 }

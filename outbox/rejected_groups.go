@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"time"
 
 	"github.com/wmonce/watermill-once/pgtx"
@@ -62,34 +63,50 @@ func rejectedFingerprintExpr(schema string) string {
 	return pgtx.QualifiedName(schema, "failure_fingerprint") + `('rejected', relay, coalesce(topic, ''), error)`
 }
 
-// RejectedGroups returns the groups of outbox_rejected, the largest first. It only reads.
-func RejectedGroups(ctx context.Context, db *sql.DB, schema string) ([]RejectedGroup, error) {
+// RejectedGroups returns the groups of the newest maxRows rows of outbox_rejected (0: of all),
+// the largest first, and how many rows it left out (older than those). It only reads; the
+// error patterns are computed once per distinct error text.
+func RejectedGroups(ctx context.Context, db *sql.DB, schema string, maxRows int) (groups []RejectedGroup, left int64, err error) {
 	if err := checkSchema("rejected groups", db, &schema); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	q := `SELECT fp, relay, topic, pattern, (array_agg(error ORDER BY rejected_at DESC, "offset" DESC))[1], count(*), min(rejected_at), max(rejected_at)
-FROM (SELECT relay, coalesce(topic, '') AS topic, error, rejected_at, "offset",
-        ` + pgtx.QualifiedName(schema, "failure_pattern") + `(error) AS pattern, ` + rejectedFingerprintExpr(schema) + ` AS fp
-      FROM ` + pgtx.QualifiedName(schema, "outbox_rejected") + `) r
-GROUP BY fp, relay, topic, pattern
-ORDER BY count(*) DESC, fp`
+	if maxRows < 0 {
+		return nil, 0, fmt.Errorf("outbox: rejected groups: maxRows must not be negative, got %d", maxRows)
+	}
+	limit := ""
+	if maxRows > 0 {
+		limit = ` ORDER BY rejected_at DESC, "offset" DESC LIMIT ` + strconv.Itoa(maxRows)
+	}
+	table := pgtx.QualifiedName(schema, "outbox_rejected")
+	q := `WITH recent AS (
+    SELECT relay, coalesce(topic, '') AS topic, error, rejected_at FROM ` + table + limit + `
+), exact AS (
+    SELECT relay, topic, error, count(*) AS n, min(rejected_at) AS first, max(rejected_at) AS last FROM recent GROUP BY 1, 2, 3
+), patterned AS (
+    SELECT *, ` + pgtx.QualifiedName(schema, "failure_pattern") + `(error) AS pattern FROM exact
+)
+SELECT ` + pgtx.QualifiedName(schema, "failure_group_fingerprint") + `('rejected', relay, topic, pattern), relay, topic, pattern,
+    (array_agg(error ORDER BY last DESC))[1], sum(n)::bigint, min(first), max(last),
+    (SELECT count(*) FROM ` + table + `) - (SELECT count(*) FROM recent)
+FROM patterned GROUP BY relay, topic, pattern
+ORDER BY sum(n) DESC, 1`
 	rows, err := db.QueryContext(ctx, q)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: rejected groups: %w", err)
+		return nil, 0, fmt.Errorf("outbox: rejected groups: %w", err)
 	}
 	defer rows.Close()
-	out := []RejectedGroup{}
+	groups = []RejectedGroup{}
 	for rows.Next() {
 		var g RejectedGroup
-		if err := rows.Scan(&g.Fingerprint, &g.Relay, &g.Topic, &g.Pattern, &g.Example, &g.Rows, &g.FirstSeen, &g.LastSeen); err != nil {
-			return nil, fmt.Errorf("outbox: rejected groups: %w", err)
+		if err := rows.Scan(&g.Fingerprint, &g.Relay, &g.Topic, &g.Pattern, &g.Example, &g.Rows, &g.FirstSeen, &g.LastSeen, &left); err != nil {
+			return nil, 0, fmt.Errorf("outbox: rejected groups: %w", err)
 		}
-		out = append(out, g)
+		groups = append(groups, g)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("outbox: rejected groups: %w", err)
+		return nil, 0, fmt.Errorf("outbox: rejected groups: %w", err)
 	}
-	return out, nil
+	return groups, left, nil
 }
 
 // groupRows lists the relay and offsets of a rejected group's rows (narrowed by req.Offsets).

@@ -14,7 +14,7 @@ func failuresCommand() *command {
 		name:    "failures",
 		summary: "failure groups: parked inbox rows, poison-queue messages, rejected outbox rows by error; replay, skip, discard",
 		usage: `
-failures [list]
+failures [list] [-max-rows N]
 failures replay FINGERPRINT [-id N[,N]] [-dry-run]
 failures skip FINGERPRINT -reason TEXT [-id N[,N]] [-dry-run]
 failures discard FINGERPRINT [-id N[,N]] [-dry-run]`,
@@ -62,20 +62,29 @@ func runFailures(ctx context.Context, e *env, args []string) error {
 }
 
 func (e *env) failuresList(ctx context.Context, args []string) error {
-	db, err := e.parseAndOpen(ctx, e.flags("failures list"), args)
+	fs := e.flags("failures list")
+	maxRows := fs.Int("max-rows", admin.DefaultFailureGroupRows, "group the newest N rows of each kind (0: every row; the patterns cost about a second per 10,000 distinct errors)")
+	db, err := e.parseAndOpen(ctx, fs, args)
 	if err != nil {
 		return err
 	}
-	groups, err := admin.ReadFailureGroups(ctx, db, e.g.schema)
+	if *maxRows < 0 {
+		return usagef("-max-rows must not be negative (0: every row)")
+	}
+	resp, err := admin.ReadFailureGroups(ctx, db, e.g.schema, *maxRows)
 	if err != nil {
 		return e.explain(err)
 	}
 	if e.g.json {
-		return e.printJSON(admin.FailureGroupsResponse{Groups: groups})
+		return e.printJSON(resp)
 	}
+	groups := resp.Groups
 	if len(groups) == 0 {
-		fmt.Fprintln(e.stdout, "no failure groups: no FAILED inbox rows and no rejected outbox rows")
+		fmt.Fprintln(e.stdout, "no failure groups: no FAILED inbox rows, parked messages or rejected outbox rows")
 		return nil
+	}
+	if resp.LeftOut > 0 {
+		defer fmt.Fprintf(e.stdout, "%d older row(s) are not grouped (only the newest %d of each kind): add -max-rows 0 to group every row\n", resp.LeftOut, resp.MaxRows)
 	}
 	tw := e.table()
 	fmt.Fprintf(tw, "FINGERPRINT\tKIND\tCONSUMER/RELAY\tTOPIC\tROWS\tFIRST SEEN\tLAST SEEN\tACTIONS\tERROR\n")
@@ -118,14 +127,20 @@ func (e *env) failuresAct(ctx context.Context, action string, args []string) err
 	if err != nil {
 		return err
 	}
-	groups, err := admin.ReadFailureGroups(ctx, db, e.g.schema)
-	if err != nil {
-		return e.explain(err)
-	}
+	// The group's kind: among the groups `wmonce failures` lists, else among every row's.
 	var group *admin.FailureGroup
-	for i := range groups {
-		if groups[i].Fingerprint == fp {
-			group = &groups[i]
+	for _, maxRows := range []int{admin.DefaultFailureGroupRows, 0} {
+		resp, err := admin.ReadFailureGroups(ctx, db, e.g.schema, maxRows)
+		if err != nil {
+			return e.explain(err)
+		}
+		for i := range resp.Groups {
+			if resp.Groups[i].Fingerprint == fp {
+				group = &resp.Groups[i]
+			}
+		}
+		if group != nil || resp.LeftOut == 0 {
+			break
 		}
 	}
 	if group == nil {

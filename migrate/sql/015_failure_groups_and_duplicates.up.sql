@@ -18,11 +18,16 @@ SELECT regexp_replace(regexp_replace(regexp_replace(regexp_replace(regexp_replac
     '[0-9]+', '<n>', 'g')
 $$;
 
--- failure_fingerprint is the group's id: 16 hex digits of the md5 of kind ('inbox' or
--- 'rejected'), owner (consumer or relay), topic and the error's pattern.
+-- failure_group_fingerprint is the group's id: 16 hex digits of the md5 of kind ('inbox',
+-- 'parked' or 'rejected'), owner (consumer, handler or relay), topic and the error's pattern;
+-- failure_fingerprint computes it from the error itself.
+CREATE FUNCTION {{schema}}.failure_group_fingerprint(kind text, owner text, topic text, pattern text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+SELECT left(md5(kind || chr(31) || coalesce(owner, '') || chr(31) || coalesce(topic, '') || chr(31) || coalesce(pattern, '')), 16)
+$$;
 CREATE FUNCTION {{schema}}.failure_fingerprint(kind text, owner text, topic text, err text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-SELECT left(md5(kind || chr(31) || coalesce(owner, '') || chr(31) || coalesce(topic, '') || chr(31) || {{schema}}.failure_pattern(err)), 16)
+SELECT {{schema}}.failure_group_fingerprint(kind, owner, topic, {{schema}}.failure_pattern(err))
 $$;
 
 -- Parked messages (outbox.ParkingPublisher: what Watermill's poison queue parks, with its

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -60,30 +61,42 @@ type FailureGroup struct {
 	Actions     []string  `json:"actions"`
 }
 
-// FailureGroupsResponse is GET /api/failures: every group, the largest first.
+// DefaultFailureGroupRows is how many of the newest rows of each kind GET /api/failures and
+// `wmonce failures` group by default: the error patterns cost about a second per 10,000 rows
+// whose errors all differ (this project's test machine, under load), and a page refresh must
+// not take minutes in a poison storm. Actions on a group always reach all its rows.
+const DefaultFailureGroupRows = 10000
+
+// FailureGroupsResponse is GET /api/failures: the groups, the largest first, of the newest
+// MaxRows rows of each kind (0: every row). LeftOut counts the older rows not grouped; a
+// group's Rows counts only the rows grouped.
 type FailureGroupsResponse struct {
-	Groups []FailureGroup `json:"groups"`
+	Groups  []FailureGroup `json:"groups"`
+	MaxRows int            `json:"max_rows"`
+	LeftOut int64          `json:"left_out"`
 }
 
 // ReadFailureGroups returns the inbox's failure groups, the parked messages' and the rejected
-// outbox rows', the largest first.
-func ReadFailureGroups(ctx context.Context, db *sql.DB, schema string) ([]FailureGroup, error) {
+// outbox rows', each over its newest maxRows rows (0: all), the largest first.
+func ReadFailureGroups(ctx context.Context, db *sql.DB, schema string, maxRows int) (FailureGroupsResponse, error) {
+	resp := FailureGroupsResponse{MaxRows: maxRows}
 	ops, err := inbox.NewOps(db, inbox.OpsConfig{Schema: schema}, nil)
 	if err != nil {
-		return nil, err
+		return resp, err
 	}
-	in, err := ops.FailureGroups(ctx)
+	in, leftIn, err := ops.FailureGroups(ctx, maxRows)
 	if err != nil {
-		return nil, err
+		return resp, err
 	}
-	parked, err := outbox.ParkedGroups(ctx, db, schema)
+	parked, leftParked, err := outbox.ParkedGroups(ctx, db, schema, maxRows)
 	if err != nil {
-		return nil, err
+		return resp, err
 	}
-	rejected, err := outbox.RejectedGroups(ctx, db, schema)
+	rejected, leftRejected, err := outbox.RejectedGroups(ctx, db, schema, maxRows)
 	if err != nil {
-		return nil, err
+		return resp, err
 	}
+	resp.LeftOut = leftIn + leftParked + leftRejected
 	out := make([]FailureGroup, 0, len(in)+len(parked)+len(rejected))
 	for _, g := range in {
 		out = append(out, FailureGroup{
@@ -110,7 +123,8 @@ func ReadFailureGroups(ctx context.Context, db *sql.DB, schema string) ([]Failur
 	slices.SortStableFunc(out, func(a, b FailureGroup) int {
 		return cmp.Or(cmp.Compare(b.Rows, a.Rows), cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Fingerprint, b.Fingerprint))
 	})
-	return out, nil
+	resp.Groups = out
+	return resp, nil
 }
 
 // FailureActionRequest is the body of POST /api/failures/act: one action on one group. IDs
@@ -230,13 +244,17 @@ func ActOnFailureGroup(ctx context.Context, db *sql.DB, schema string, req Failu
 	return out, nil
 }
 
-// GET /api/failures
-func (h *Handler) failureGroups(ctx context.Context, _ *http.Request) (any, error) {
-	groups, err := ReadFailureGroups(ctx, h.db, h.config.Schema)
-	if err != nil {
-		return nil, err
+// GET /api/failures[?max_rows=N] (N: 0 for every row; default DefaultFailureGroupRows)
+func (h *Handler) failureGroups(ctx context.Context, r *http.Request) (any, error) {
+	maxRows := DefaultFailureGroupRows
+	if v := r.URL.Query().Get("max_rows"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return nil, badRequest("max_rows must be a non-negative integer (0: every row), got %q", v)
+		}
+		maxRows = n
 	}
-	return FailureGroupsResponse{Groups: groups}, nil
+	return ReadFailureGroups(ctx, h.db, h.config.Schema, maxRows)
 }
 
 // POST /api/failures/act

@@ -31,8 +31,9 @@ func TestAdminPageFailureGroupsInChromium(t *testing.T) {
 	poisoned.Metadata.Set(middleware.PoisonedHandlerKey, "ledger")
 	require.NoError(t, w.ParkingPublisher(f.db).Publish("payments-poison", poisoned))
 	srv := f.server(t, admin.Config{AllowWrites: true})
-	groups, err := admin.ReadFailureGroups(t.Context(), f.db, f.schema)
+	resp, err := admin.ReadFailureGroups(t.Context(), f.db, f.schema, admin.DefaultFailureGroupRows)
 	require.NoError(t, err)
+	groups := resp.Groups
 	billing := failureGroup(t, groups, admin.FailureKindInbox, "billing", "")
 	cashback := failureGroup(t, groups, admin.FailureKindRejected, "kafka", "cashback")
 	parked := failureGroup(t, groups, admin.FailureKindParked, "ledger", "payments")

@@ -61,6 +61,14 @@ func TestFailureGroupsThroughTheAPI(t *testing.T) {
 	legacy := failureGroup(t, groups.Groups, admin.FailureKindRejected, "sms", "")
 	require.Equal(t, int64(1), legacy.Rows)
 	require.Equal(t, []string{admin.ActionDiscard}, legacy.Actions, "undecodable rows would only be rejected again")
+	require.Equal(t, admin.DefaultFailureGroupRows, groups.MaxRows)
+	require.Zero(t, groups.LeftOut)
+	var newest admin.FailureGroupsResponse
+	get(t, ro.URL+"/api/failures?max_rows=1").decode(t, &newest)
+	require.Equal(t, int64(5), newest.LeftOut, "all but the newest row of each kind: 2 of billing's 3, 1 of the 2 parked, 2 of the 3 rejected")
+	r := get(t, ro.URL+"/api/failures?max_rows=-1")
+	require.Equal(t, http.StatusBadRequest, r.status)
+	require.Contains(t, r.errorText(t), "max_rows must be a non-negative integer")
 	require.Equal(t, http.StatusForbidden, post(t, ro.URL+"/api/failures/act", admin.FailureActionRequest{
 		Kind: admin.FailureKindInbox, Fingerprint: billing.Fingerprint, Action: admin.ActionReplay,
 	}, nil).status, "writes need AllowWrites")

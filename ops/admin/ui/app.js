@@ -652,7 +652,11 @@ const groupKinds = { inbox: "inbox (FAILED)", parked: "parked (poison queue)", r
 async function loadFailures() {
   const r = await api("failures");
   const body = $("failure-groups").tBodies[0];
-  if (!r.groups.length) { emptyRow(body, 8, "No failed inbox rows and no rejected outbox rows."); return; }
+  $("failures-left").hidden = !r.left_out;
+  $("failures-left").textContent = r.left_out
+    ? `${num(r.left_out)} older row(s) are not grouped: the groups cover the newest ${num(r.max_rows)} of each kind (\`wmonce failures -max-rows 0\` groups every row). Actions reach every row of a group.`
+    : "";
+  if (!r.groups.length) { emptyRow(body, 8, "No failed inbox rows, parked messages or rejected outbox rows."); return; }
   body.replaceChildren(...r.groups.map((g) => {
     const actions = el("td", { class: "writes" }, ...g.actions.map((a) => el("button", {
       type: "button", class: "g-" + a + (a === "replay" ? "" : " danger"), onclick: () => askGroup(g, a),
