@@ -244,12 +244,19 @@ func DiscardParkedGroup(ctx context.Context, db *sql.DB, schema string, req Park
 	return res, nil
 }
 
-// settleParked records offsets as settled by action. A copy another operator settled meanwhile
+// settleParked records offsets as settled by action, and forgets the settled copies outbox
+// retention has deleted since (through the partial index of parked rows), so the record stays
+// as small as the parked rows still in the outbox. A copy another operator settled meanwhile
 // makes the whole operation fail rather than replay it twice.
 func settleParked(ctx context.Context, tx *sql.Tx, schema string, offsets []int64, action string) error {
+	settled := pgtx.QualifiedName(schema, "outbox_parked_settled")
+	if _, err := tx.ExecContext(ctx, `DELETE FROM `+settled+` s WHERE NOT EXISTS (SELECT 1 FROM `+pgtx.QualifiedName(schema, "outbox")+` o
+WHERE o."offset" = s."offset" AND (o.metadata->>'reason_poisoned') IS NOT NULL)`); err != nil {
+		return err
+	}
 	var n int
 	err := tx.QueryRowContext(ctx, `WITH ins AS (
-    INSERT INTO `+pgtx.QualifiedName(schema, "outbox_parked_settled")+` ("offset", action)
+    INSERT INTO `+settled+` ("offset", action)
     SELECT unnest($1::bigint[]), $2 ON CONFLICT ("offset") DO NOTHING RETURNING 1
 ) SELECT count(*) FROM ins`, offsets, action).Scan(&n)
 	if err != nil {
