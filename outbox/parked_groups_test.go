@@ -96,7 +96,9 @@ func TestParkedGroupsReplayAndDiscard(t *testing.T) {
 	require.Zero(t, left, "one parked copy is left to group")
 	require.Len(t, newest, 1)
 	// A settled copy that outbox retention deleted is forgotten at the next settle.
-	settled := func() int { return pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "outbox_parked_settled")) }
+	settled := func() int {
+		return pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "outbox_parked_settled"))
+	}
 	require.Equal(t, 3, settled())
 	pgtest.Exec(t, db, `DELETE FROM `+pgtx.QualifiedName(schema, "outbox")+` WHERE "offset" = $1`, dry.Offsets[0])
 	_, err = outbox.DiscardParkedGroup(ctx, db, schema, outbox.ParkedGroupRequest{Fingerprint: notFound.Fingerprint})
