@@ -37,7 +37,7 @@ func (p *Processor) queryClaimed(ctx context.Context, q interface {
 	rs, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		if pgtx.IsUndefinedTable(err) {
-			return nil, fmt.Errorf("inbox: table %s is missing: run the migrations: %w", p.q.table, err)
+			return nil, fmt.Errorf("inbox: table %s or inbox_paused (migration 014) is missing: run the migrations: %w", p.q.table, err)
 		}
 		return nil, fmt.Errorf("inbox: claim: %w", err)
 	}

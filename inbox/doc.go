@@ -152,6 +152,24 @@
 // one queue); messages of one key delivered concurrently have no order to keep. Rows without
 // an ordering key are processed in parallel, roughly oldest first.
 //
+// # Delayed messages and pausing
+//
+// A message whose metadata carries a delivery time (outbox.MetadataDelayedUntil, Watermill's
+// "_watermill_delayed_until" from components/delay) is stored at once and acked, and its first
+// attempt waits until that time: the Receiver stores it with next_attempt_at at its due time,
+// and processors claim it from then on, within their PollInterval (as a retry's backoff). A
+// value that is not a time is refused for good (wmonce.ErrMalformedMetadata). Per-key order
+// holds across a delay: a delayed row with an ordering key holds back the later rows of its key
+// until it is processed (unlike the outbox relay, whose delayed messages hold back nothing;
+// see package outbox, Delayed delivery). Ops.Replay of a row makes it due at once.
+//
+// Ops.Pause (wmonce pause -consumer, the admin page) pauses a consumer: a row in inbox_paused
+// that every claim statement of its processors probes, so that from the moment it commits no
+// processor of the consumer, in any process, claims a row (attempts running then finish; rows
+// a lease batch claimed before are still processed). The Receiver keeps storing and acking
+// messages. Ops.Resume undoes it and notifies the processors, which claim at once where they
+// LISTEN. Stats.PausedAt shows it.
+//
 // # Waking up
 //
 // A processor keeps one connection LISTENing on the schema's channel; the receiver's NOTIFY

@@ -15,8 +15,10 @@ import (
 
 // The attempt guard (internal/txguard) keeps a handler from ending the processing transaction
 // it is lent: each processing transaction opens it before the first handler runs and closes it
-// just before the Processor's own COMMIT. In between the server refuses any COMMIT, so a
-// handler's tx.Commit() rolls everything back and nothing of the attempt is applied; database/sql
+// just before the Processor's own COMMIT. In between any COMMIT is refused (by the connection
+// on a pool from pgtx.Open, at no cost to the server; by the server on other pools: see
+// txguard.For), so a handler's tx.Commit() rolls everything back and nothing of the attempt is
+// applied; database/sql
 // marks the *sql.Tx done either way (Commit or Rollback), and the Processor tells by the next
 // statement it sends in it: txguard.Check after a handler that failed or shares its transaction
 // with other rows, or its own output store, completion or Close. The row is then parked at once

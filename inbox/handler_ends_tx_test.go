@@ -177,3 +177,42 @@ func TestProcessorWaitsForTheAttemptGuard(t *testing.T) {
 		})
 	}
 }
+
+// On a pool from pgtx.Open the processing transaction is guarded by its connection
+// (txguard.For): the server's attempt guard is never opened, in either claim mode, and a
+// handler's COMMIT is refused all the same (the row is parked, nothing applied).
+func TestProcessorGuardsOnTheWire(t *testing.T) {
+	t.Parallel()
+	for _, m := range processorModes {
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
+			state := "wmonce.attempt_" + e.schema // as migration 010 reads it
+			seen := make(chan string, 4)
+			cfg := fast("c")
+			cfg.ClaimMode = m.mode
+			p := e.start(t, func(msg *message.Message) ([]*message.Message, error) {
+				tx, _ := pgtx.TxFromContext(msg.Context())
+				var s string
+				if err := tx.QueryRowContext(msg.Context(), `SELECT coalesce(current_setting($1, true), '')`, state).Scan(&s); err != nil {
+					return nil, err
+				}
+				seen <- s
+				if err := e.effect(msg, "w"); err != nil {
+					return nil, err
+				}
+				if msg.UUID == "commits" {
+					return nil, tx.Commit()
+				}
+				return nil, nil
+			}, cfg)
+			require.NoError(t, r.Handle(msg("fine", "x")))
+			p.until(t, "the first row", func(n tally) bool { return n.Done == 1 })
+			require.Empty(t, <-seen, "the server's guard was not opened")
+			require.NoError(t, r.Handle(msg("commits", "x")))
+			p.until(t, "parking", func(n tally) bool { return n.Parked == 1 })
+			require.Equal(t, 1, e.effects(t), "the handler's COMMIT was refused: nothing of it applied")
+		})
+	}
+}

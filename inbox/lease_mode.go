@@ -22,6 +22,7 @@ func (p *Processor) work(ctx context.Context, w *worker) {
 		err := p.requireGuard(ctx)
 		var rows []claimedRow
 		var token int64
+		began := time.Now()
 		if err == nil {
 			rows, token, err = p.claim(ctx)
 		}
@@ -33,6 +34,7 @@ func (p *Processor) work(ctx context.Context, w *worker) {
 		}
 		backoff.Reset()
 		if len(rows) == 0 {
+			p.testSignals.Idle.Signal(began)
 			p.idle(ctx)
 			continue
 		}

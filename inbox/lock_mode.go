@@ -27,6 +27,7 @@ func (p *Processor) workLocked(ctx context.Context) {
 	for ctx.Err() == nil {
 		var n int
 		err := p.requireGuard(ctx)
+		began := time.Now()
 		if err == nil {
 			n, err = p.lockedRound(ctx)
 		}
@@ -38,6 +39,7 @@ func (p *Processor) workLocked(ctx context.Context) {
 		}
 		backoff.Reset()
 		if n == 0 {
+			p.testSignals.Idle.Signal(began)
 			p.idle(ctx)
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"fmt"
 	"time"
+
+	"github.com/wmonce/watermill-once/pgtx"
 )
 
 // Stats is a snapshot of one consumer's unfinished rows, read from the database.
@@ -18,6 +20,9 @@ type Stats struct {
 	// when processing stalls or falls behind.
 	OldestPendingReceivedAt time.Time
 	OldestPendingAge        time.Duration
+	// PausedAt is when the consumer was paused (Ops.Pause): its processors claim nothing;
+	// zero when it runs.
+	PausedAt time.Time
 }
 
 const statsSelect = `SELECT consumer,
@@ -59,10 +64,15 @@ func (o *Ops) Stats(ctx context.Context, consumer string) (Stats, error) {
 	if err := rs.Err(); err != nil {
 		return Stats{}, fmt.Errorf("inbox: stats: %w", err)
 	}
+	paused, err := o.Paused(ctx)
+	if err != nil {
+		return Stats{}, err
+	}
+	st.PausedAt = paused[consumer]
 	return st, nil
 }
 
-// AllStats returns Stats for every consumer with unfinished rows.
+// AllStats returns Stats for every consumer with unfinished rows or paused.
 func (o *Ops) AllStats(ctx context.Context) (map[string]Stats, error) {
 	rs, err := o.db.QueryContext(ctx, statsSelect+o.q.table+` WHERE status IN `+unfinished+` GROUP BY consumer`)
 	if err != nil {
@@ -79,6 +89,15 @@ func (o *Ops) AllStats(ctx context.Context) (map[string]Stats, error) {
 	}
 	if err := rs.Err(); err != nil {
 		return nil, fmt.Errorf("inbox: stats: %w", err)
+	}
+	paused, err := o.Paused(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for c, at := range paused {
+		st := out[c]
+		st.PausedAt = at
+		out[c] = st
 	}
 	return out, nil
 }
@@ -114,30 +133,11 @@ FROM `+o.q.table+` WHERE status IN ('DONE', 'SKIPPED') GROUP BY consumer`)
 	return out, nil
 }
 
-// Consumers lists, in name order, every consumer with rows in the inbox. It walks the
-// (consumer, ...) index one consumer at a time (a "loose index scan"), so it costs one index
-// probe per consumer, not a scan of the table.
+// Consumers lists, in name order, every consumer with rows in the inbox, one index probe per
+// consumer (pgtx.DistinctConsumers), not a scan of the table.
 func (o *Ops) Consumers(ctx context.Context) ([]string, error) {
-	rs, err := o.db.QueryContext(ctx, `WITH RECURSIVE c(consumer) AS (
-    (SELECT consumer FROM `+o.q.table+` ORDER BY consumer LIMIT 1)
-    UNION ALL
-    SELECT (SELECT t.consumer FROM `+o.q.table+` t WHERE t.consumer > c.consumer ORDER BY t.consumer LIMIT 1)
-    FROM c WHERE c.consumer IS NOT NULL
-)
-SELECT consumer FROM c WHERE consumer IS NOT NULL`)
+	out, err := pgtx.DistinctConsumers(ctx, o.db, o.q.table)
 	if err != nil {
-		return nil, fmt.Errorf("inbox: consumers: %w", err)
-	}
-	defer rs.Close()
-	var out []string
-	for rs.Next() {
-		var c string
-		if err := rs.Scan(&c); err != nil {
-			return nil, fmt.Errorf("inbox: consumers: %w", err)
-		}
-		out = append(out, c)
-	}
-	if err := rs.Err(); err != nil {
 		return nil, fmt.Errorf("inbox: consumers: %w", err)
 	}
 	return out, nil

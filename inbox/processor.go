@@ -114,7 +114,7 @@ func NewProcessor(db *sql.DB, handler message.HandlerFunc, config ProcessorConfi
 		config:  config,
 		logger:  logger.With(watermill.LogFields{"consumer": config.Consumer}),
 		q:       newQueries(config.Schema),
-		guard:   txguard.New(config.Schema),
+		guard:   txguard.For(config.Schema, db),
 		tracer:  tracing.Tracer(config.TracerProvider),
 		wake:    make(chan struct{}, config.Workers),
 	}

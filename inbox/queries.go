@@ -52,6 +52,10 @@ type queries struct {
 
 func newQueries(schema string) queries {
 	t := pgtx.QualifiedName(schema, "inbox")
+	// A paused consumer (Ops.Pause, migration 014) claims nothing: one probe of a tiny table's
+	// primary key in the claim statement itself, so a pause holds from the first claim that
+	// starts after it commits, in every processor, without a round trip of its own.
+	notPaused := `NOT EXISTS (SELECT 1 FROM ` + pgtx.QualifiedName(schema, "inbox_paused") + ` WHERE consumer = $1)`
 	// Eligible rows: due PENDING rows without an older unfinished row of their ordering key.
 	eligible := `i.consumer = $1 AND i.status = 'PENDING' AND i.next_attempt_at <= now()
   AND (i.ordering_key IS NULL OR NOT EXISTS (
@@ -79,12 +83,14 @@ WHERE `
 		// in arrival order (ids follow it), skip keys already present, and NOTIFY once if
 		// anything was new. Notifications are delivered at commit.
 		// $9 holds the age guard's reason per row ('' for none): such a row, if its key is
-		// new, is stored parked as FAILED with the reason, and its key is returned.
+		// new, is stored parked as FAILED with the reason, and its key is returned. $10 holds
+		// when each row is due ('' for now: a message without delay metadata): its first
+		// attempt waits until then (not-before processing, outbox.MetadataDelayedUntil).
 		ingest: `WITH ins AS (
-    INSERT INTO ` + t + ` (consumer, message_id, message_uuid, ordering_key, topic, payload, metadata, status, last_error)
+    INSERT INTO ` + t + ` (consumer, message_id, message_uuid, ordering_key, topic, payload, metadata, status, last_error, next_attempt_at)
     SELECT $1::text, k, u, NULLIF(o, ''), tp, p, m::jsonb,
-        CASE WHEN e = '' THEN 'PENDING' ELSE 'FAILED' END, NULLIF(e, '')
-    FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[], $9::text[]) WITH ORDINALITY AS x(k, u, o, tp, p, m, e, n)
+        CASE WHEN e = '' THEN 'PENDING' ELSE 'FAILED' END, NULLIF(e, ''), greatest(now(), NULLIF(d, '')::timestamptz)
+    FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[], $9::text[], $10::text[]) WITH ORDINALITY AS x(k, u, o, tp, p, m, e, d, n)
     ORDER BY n
     ON CONFLICT (consumer, message_id) DO NOTHING
     RETURNING message_id, status
@@ -99,7 +105,7 @@ SELECT c.n, c.parked, CASE WHEN c.n > c.p THEN pg_notify($8, $1::text)::text END
 		// claim floor (see Processor.claimAfter).
 		claim: `WITH due AS (
     SELECT i.id FROM ` + t + ` i
-    WHERE i.consumer = $1 AND i.status = 'PENDING' AND i.next_attempt_at <= now() AND i.id > $5
+    WHERE i.consumer = $1 AND i.status = 'PENDING' AND i.next_attempt_at <= now() AND i.id > $5 AND ` + notPaused + `
       AND (i.ordering_key IS NULL OR NOT EXISTS (
           SELECT 1 FROM ` + t + ` o
           WHERE o.consumer = i.consumer AND o.ordering_key = i.ordering_key
@@ -155,7 +161,7 @@ FROM (SELECT id FROM ` + t + `
 WHERE r.id = e.id
 RETURNING r.id, r.status`,
 
-		lockDue: lockColumns + eligible + ` AND i.id > $3
+		lockDue: lockColumns + eligible + ` AND i.id > $3 AND ` + notPaused + `
 ORDER BY i.id
 LIMIT $2
 FOR UPDATE OF i SKIP LOCKED`,

@@ -226,6 +226,7 @@ type row struct {
 	payload                       []byte
 	metadata                      string
 	tooOld                        string // the age guard's reason: stored FAILED unless the key exists
+	due                           string // when its first attempt may start (RFC 3339); "": at once
 }
 
 // NewReceiver validates config and prepares the receiver. Call Close when done. The inbox table
@@ -366,11 +367,15 @@ func (r *Receiver) prepare(msg *message.Message, topic string) (row, error) {
 	if err != nil {
 		return row{}, r.refuse(msg, fmt.Errorf("%w: message %q (consumer %q): %w", wmonce.ErrMalformedMetadata, msg.UUID, r.config.Consumer, err))
 	}
+	due, err := dueOf(msg)
+	if err != nil {
+		return row{}, r.refuse(msg, fmt.Errorf("%w: message %q (consumer %q): %w", wmonce.ErrMalformedMetadata, msg.UUID, r.config.Consumer, err))
+	}
 	payload := msg.Payload
 	if payload == nil {
 		payload = []byte{} // a nil slice would be sent as NULL
 	}
-	return row{key: key, uuid: msg.UUID, orderingKey: orderingKey, topic: topic, payload: payload, metadata: metadata, tooOld: tooOld}, nil
+	return row{key: key, uuid: msg.UUID, orderingKey: orderingKey, topic: topic, payload: payload, metadata: metadata, tooOld: tooOld, due: due}, nil
 }
 
 // checkAge is the age guard (ReceiverConfig.MaxMessageAge). It returns why the message is too
@@ -521,14 +526,15 @@ func (r *Receiver) insert(ctx context.Context, q pgtx.Executor, rows []row) (int
 	payloads := make([][]byte, len(rows))
 	metadata := make([]string, len(rows))
 	tooOld := make([]string, len(rows))
+	dues := make([]string, len(rows))
 	for i, rw := range rows {
 		keys[i], uuids[i], orderingKeys[i], topics[i] = rw.key, rw.uuid, rw.orderingKey, rw.topic
-		payloads[i], metadata[i], tooOld[i] = rw.payload, rw.metadata, rw.tooOld
+		payloads[i], metadata[i], tooOld[i], dues[i] = rw.payload, rw.metadata, rw.tooOld, rw.due
 	}
 	var n int
 	var parkedJSON string
 	var notified sql.NullString
-	err := q.QueryRowContext(ctx, r.q.ingest, r.config.Consumer, keys, uuids, orderingKeys, topics, payloads, metadata, r.q.channel, tooOld).Scan(&n, &parkedJSON, &notified)
+	err := q.QueryRowContext(ctx, r.q.ingest, r.config.Consumer, keys, uuids, orderingKeys, topics, payloads, metadata, r.q.channel, tooOld, dues).Scan(&n, &parkedJSON, &notified)
 	if err != nil {
 		if pgtx.IsUndefinedTable(err) {
 			return 0, nil, fmt.Errorf("inbox: table %s is missing: run the migrations (migrate.Migrate or `wmonce migrate up`): %w", r.q.table, err)

@@ -1,6 +1,10 @@
 package inbox
 
-import "github.com/wmonce/watermill-once/internal/testsignal"
+import (
+	"time"
+
+	"github.com/wmonce/watermill-once/internal/testsignal"
+)
 
 // processorTestSignals are the events of a Processor this package's tests wait on instead of
 // polling its counters or the table (see internal/testsignal): inert unless a test initialised
@@ -22,6 +26,9 @@ type processorTestSignals struct {
 	// ClaimFailed comes with the error of each failed claim (counted in Errors), before the
 	// worker backs off: a database error, or a schema without the attempt guard.
 	ClaimFailed testsignal.Signal[error]
+	// Idle comes when a worker's claim took nothing (no row due, or the consumer paused) and
+	// the worker starts waiting, with the time that claim began.
+	Idle testsignal.Signal[time.Time]
 }
 
 // settledRow is the Settled event of one row.

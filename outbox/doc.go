@@ -97,6 +97,43 @@
 // A row that cannot be decoded (not an envelope: written by something other than the Writer)
 // is rejected the same way.
 //
+// # Delayed delivery
+//
+// A message whose metadata carries a delivery time (MetadataDelayedUntil, Watermill's
+// "_watermill_delayed_until", set by delay.Message(msg, delay.For(d)) from
+// components/delay, or by Writer.PublishTxAt) is stored at once, in the producer's
+// transaction, like any other, and published not before that time. When the relay reads a row
+// that is not due yet, it copies it into outbox_delayed (with its topic and due time) and its
+// position moves on; it publishes the row from there when it is due. It does not poll for it:
+// it keeps a timer for the earliest due row (read from outbox_delayed when it starts leading,
+// moved earlier by every row it sets aside) beside its PollInterval and wake-ups. The copy is
+// safe from Prune, which may delete the original once the position has passed it. A relay
+// that takes over publishes what its predecessor set aside.
+//
+// The order rule: a delivery time is a time, not a place in line. A delayed message holds back
+// nothing, not even the later messages of its own partition key, which are published as if it
+// were not there; when due, it is published after whatever was published before that moment.
+// Give a message that must follow a delayed one the same delay, or a later one. (This is the
+// rule of Watermill's delayed SQL Pub/Sub and of schedulers such as River's scheduled_at.)
+// Rows due at the same time are published in the order they were stored. A due row of a topic
+// the relay holds, or whose publish fails, joins the topic's held rows (When the broker
+// refuses) and from then on keeps their order; a due row the broker refuses for good is
+// rejected. The metadata travels on with the message, so the inbox Processor at the consumer
+// honours it too (and finds it due). RelayStats.Delayed and NextDue show what waits, apart from
+// Backlog and Lag: a row waiting for its time is not late. The due time is compared with the
+// relay's clock; a time without a zone is refused by the Writer (RFC 3339 has one).
+//
+// # Pausing a relay
+//
+// PauseRelay (wmonce pause -relay, the admin page) stores a pause in outbox_offsets.paused_at
+// for a relay name: from the moment it commits, no instance of that relay starts publishing
+// anything (outbox rows, held rows, delayed rows); rows keep being stored and wait in order.
+// The leading instance reads the pause with its position at every round, so it honours it
+// within one PollInterval, and at once while it LISTENs: PauseRelay and ResumeRelay notify
+// the relay channel. A paused relay keeps its lead (a standby does not take over to publish)
+// and asks Writers for no notifications. ResumeRelay undoes it; the relay goes on from its
+// position. RelayCounters.Paused and RelayStats.PausedAt show it.
+//
 // # Sources
 //
 // Services that share one database may share one schema: each stamps its rows with its name
@@ -111,11 +148,12 @@
 //
 // # Operations
 //
-// This package owns outbox, outbox_offsets, outbox_held and outbox_rejected; retention, admin,
-// metrics and the CLI go through these functions rather than holding SQL on them: Status (each
-// relay's backlog, lag and held topics, and the rejected rows), Prune (delete old rows the
-// relays of their source have published), ForgetRelay (remove a retired relay's position and
-// held rows, refused while it runs; RelayActive tells whether it runs), ListRejected (the rows a
+// This package owns outbox, outbox_offsets, outbox_held, outbox_delayed and outbox_rejected;
+// retention, admin, metrics and the CLI go through these functions rather than holding SQL on
+// them: Status (each relay's backlog, lag, held topics, delayed rows and pause, and the
+// rejected rows), Prune (delete old rows the relays of their source have published),
+// ForgetRelay (remove a retired relay's position, held and delayed rows, refused while it runs;
+// RelayActive tells whether it runs), PauseRelay and ResumeRelay, ListRejected (the rows a
 // relay set aside) and RepublishRejected (store them again).
 //
 // # Waking up

@@ -31,6 +31,12 @@ import (
 type session struct {
 	held    map[string]*heldTopic
 	sources map[string]sourceSeen
+	// delayedDue is when the earliest row in outbox_delayed is due (zero: none): the relay's
+	// timer for delayed rows, read when the session starts and after each drain of due rows,
+	// and brought forward by every row set aside.
+	delayedDue time.Time
+	// paused: the last position read found the relay paused (pause.go).
+	paused bool
 }
 
 // heldTopic is a topic whose rows wait in outbox_held.
@@ -73,6 +79,9 @@ func (r *Relay) newSession(ctx context.Context, conn *sql.Conn) (*session, error
 		return nil, fmt.Errorf("outbox: read held topics: %w", err)
 	}
 	r.heldTopics.Store(int64(len(s.held)))
+	if err := r.readDelayedDue(ctx, conn, s); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -80,15 +89,16 @@ func (r *Relay) newHeldTopic() *heldTopic {
 	return &heldTopic{backoff: worker.Backoff{Base: r.config.Backoff, Max: r.config.MaxBackoff}}
 }
 
-// nextDue returns when the next held topic is to be tried, if any is held.
+// nextDue returns when the next held topic is to be tried or the next delayed row is due, if
+// there is any.
 func (s *session) nextDue() (time.Time, bool) {
-	var next time.Time
+	next, ok := s.delayedDue, !s.delayedDue.IsZero()
 	for _, h := range s.held {
-		if next.IsZero() || h.due.Before(next) {
-			next = h.due
+		if !ok || h.due.Before(next) {
+			next, ok = h.due, true
 		}
 	}
-	return next, len(s.held) > 0
+	return next, ok
 }
 
 func (s *session) sawSource(source string) {
@@ -177,7 +187,13 @@ func (r *Relay) hold(ctx context.Context, conn *sql.Conn, s *session, topic stri
 	for i, row := range rows {
 		offsets[i], txIDs[i] = row.offset, row.txID
 	}
-	res, err := conn.ExecContext(ctx, r.q.hold, r.config.Name, topic, offsets, txIDs)
+	return r.holdWith(ctx, conn, s, topic, rows, cause, r.q.hold, r.config.Name, topic, offsets, txIDs)
+}
+
+// holdWith is hold, with the statement that copies the rows (from the outbox, or from
+// outbox_delayed) and its arguments.
+func (r *Relay) holdWith(ctx context.Context, conn *sql.Conn, s *session, topic string, rows []outboxRow, cause error, query string, args ...any) error {
+	res, err := conn.ExecContext(ctx, query, args...)
 	if err != nil {
 		return fmt.Errorf("outbox: hold %d row(s) of topic %q: %w", len(rows), topic, err)
 	}
@@ -283,9 +299,19 @@ func (r *Relay) drainTopic(ctx context.Context, conn *sql.Conn, s *session, topi
 }
 
 func (r *Relay) readHeld(ctx context.Context, conn *sql.Conn, topic string) ([]outboxRow, error) {
-	rs, err := conn.QueryContext(ctx, r.q.heldRead, r.config.Name, topic, r.config.BatchSize+1)
+	rows, err := readCopies(ctx, conn, r.q.heldRead, r.config.Name, topic, r.config.BatchSize+1)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: read held rows of %q: %w", topic, err)
+	}
+	return rows, nil
+}
+
+// readCopies reads rows copied out of the outbox (outbox_held, outbox_delayed): seq, offset,
+// transaction id, uuid, source, payload and metadata, all of the relay's Source.
+func readCopies(ctx context.Context, conn *sql.Conn, query string, args ...any) ([]outboxRow, error) {
+	rs, err := conn.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
 	}
 	defer rs.Close()
 	var out []outboxRow
@@ -293,15 +319,12 @@ func (r *Relay) readHeld(ctx context.Context, conn *sql.Conn, topic string) ([]o
 		var row outboxRow
 		var payload sql.NullString
 		if err := rs.Scan(&row.seq, &row.offset, &row.txID, &row.uuid, &row.source, &payload, &row.metadata); err != nil {
-			return nil, fmt.Errorf("outbox: read held rows of %q: %w", topic, err)
+			return nil, err
 		}
 		row.payload, row.mine = payload.String, true
 		out = append(out, row)
 	}
-	if err := rs.Err(); err != nil {
-		return nil, fmt.Errorf("outbox: read held rows of %q: %w", topic, err)
-	}
-	return out, nil
+	return out, rs.Err()
 }
 
 func (r *Relay) deleteHeld(ctx context.Context, conn *sql.Conn, rows []outboxRow) error {

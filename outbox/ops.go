@@ -38,7 +38,7 @@ func checkSchema(op string, db *sql.DB, schema *string) error {
 var ErrRelayActive = errors.New("outbox: the relay is running: stop every instance of it first")
 
 // ForgetRelay deletes the position of a retired relay from outbox_offsets, with the rows it
-// held (outbox_held), and reports whether the position existed. Prune keeps every outbox row
+// held (outbox_held) and the delayed rows it had not published yet (outbox_delayed), and reports whether the position existed. Prune keeps every outbox row
 // that some relay has not forwarded, so a relay name that no longer runs holds back outbox
 // retention for good until it is forgotten. The rows it rejected stay in outbox_rejected.
 //
@@ -59,8 +59,10 @@ func ForgetRelay(ctx context.Context, db *sql.DB, schema, name string) (bool, er
 	}
 	var n int64
 	err = pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, `DELETE FROM `+pgtx.QualifiedName(schema, "outbox_held")+` WHERE relay = $1`, name); err != nil {
-			return err
+		for _, table := range []string{"outbox_held", "outbox_delayed"} {
+			if _, err := tx.ExecContext(ctx, `DELETE FROM `+pgtx.QualifiedName(schema, table)+` WHERE relay = $1`, name); err != nil {
+				return err
+			}
 		}
 		res, err := tx.ExecContext(ctx, `DELETE FROM `+pgtx.QualifiedName(schema, "outbox_offsets")+` WHERE consumer_group = $1`, name)
 		if err != nil {

@@ -34,6 +34,11 @@ type RelayCounters struct {
 	// Rechecks counts the short waits of a relay that had just asked for notifications, for
 	// transactions in progress at that moment (they may have stored rows without notifying).
 	Rechecks uint64
+	// Delayed counts rows read before they were due and set aside in outbox_delayed (package
+	// doc, Delayed delivery); they are counted in Forwarded once published.
+	Delayed uint64
+	// Paused is true while the active relay is paused (PauseRelay): it publishes nothing.
+	Paused   bool
 	IsLeader bool
 	// Listening is true while the active relay's LISTEN connection is up: it then wakes when a
 	// Writer's transaction commits, not after PollInterval.
@@ -86,8 +91,11 @@ type Relay struct {
 
 	forwarded, rounds, failures, rejected, held, otherSource, fenced, rechecks atomic.Uint64
 	heldTopics                                                                 atomic.Int64
-	lastRelay                                                                  atomic.Int64
+	lastRelay                                                                  worker.Stamp
 	listening                                                                  atomic.Bool
+
+	delayed atomic.Uint64 // rows set aside in outbox_delayed (delay.go)
+	paused  atomic.Bool   // the last position read found the relay paused (pause.go)
 
 	channel     string      // relayChannel(config.Schema)
 	noListen    atomic.Bool // the driver cannot LISTEN: poll only
@@ -108,6 +116,7 @@ type relayTestSignals struct {
 	TopicReleased testsignal.Signal[string]    // a held topic's rows are all out: it is released
 	RowRejected   testsignal.Signal[string]    // the UUID of a row set aside in outbox_rejected
 	Waiting       testsignal.Signal[relayWait] // the leading relay starts waiting
+	Paused        testsignal.Signal[struct{}]  // the leading relay found itself paused and waits
 }
 
 // relayWait is what a relay that starts waiting waits for (relayTestSignals.Waiting).
@@ -150,10 +159,6 @@ func NewRelay(db *sql.DB, publisher message.Publisher, config RelayConfig, logge
 
 // Counters returns the relay's running totals.
 func (r *Relay) Counters() RelayCounters {
-	var last time.Time
-	if n := r.lastRelay.Load(); n != 0 {
-		last = time.Unix(0, n)
-	}
 	return RelayCounters{
 		Forwarded:   r.forwarded.Load(),
 		Rounds:      r.rounds.Load(),
@@ -164,9 +169,11 @@ func (r *Relay) Counters() RelayCounters {
 		OtherSource: r.otherSource.Load(),
 		Fenced:      r.fenced.Load(),
 		Rechecks:    r.rechecks.Load(),
+		Delayed:     r.delayed.Load(),
+		Paused:      r.paused.Load(),
 		IsLeader:    r.leader.Leading(),
 		Listening:   r.listening.Load(),
-		LastRelays:  last,
+		LastRelays:  r.lastRelay.Time(),
 	}
 }
 

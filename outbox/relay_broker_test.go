@@ -35,20 +35,25 @@ func newBroker(t *testing.T, db *sql.DB, schema string, kind broker.Kind, group 
 	return b
 }
 
-// subscribe returns the UUIDs group receives on topic, acking each.
+// brokerPublisher returns a broker of kind for t, with group subscribed to topic, and its
+// publisher.
+func brokerPublisher(t *testing.T, db *sql.DB, schema string, kind broker.Kind, group, topic string) (*broker.Broker, message.Publisher) {
+	t.Helper()
+	b := newBroker(t, db, schema, kind, group, topic)
+	pub, err := b.NewPublisher(context.Background())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	return b, pub
+}
+
+// subscribe returns the UUIDs group receives on topic, acking each (receiveAt).
 func subscribe(t *testing.T, b *broker.Broker, group, topic string) <-chan string {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	sub, err := b.NewSubscriber(group)
-	require.NoError(t, err)
-	t.Cleanup(func() { cancel(); _ = sub.Close() })
-	msgs, err := sub.Subscribe(ctx, topic)
-	require.NoError(t, err)
+	in := receiveAt(t, b, group, topic)
 	out := make(chan string, 64)
 	go func() {
-		for m := range msgs {
-			out <- m.UUID
-			m.Ack()
+		for p := range in {
+			out <- p.uuid
 		}
 	}()
 	return out
@@ -88,10 +93,7 @@ func TestRelaySetsAsideWhatTheBrokerRefuses(t *testing.T) {
 			db := pgtest.DB(t)
 			schema := pgtest.Schema(t, db)
 			topic := pgtest.NewName("orders")
-			b := newBroker(t, db, schema, kind, "g", topic)
-			pub, err := b.NewPublisher(context.Background())
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = pub.Close() })
+			b, pub := brokerPublisher(t, db, schema, kind, "g", topic)
 			received := subscribe(t, b, "g", topic)
 
 			w, err := outbox.NewWriter(outbox.Config{Schema: schema}) // the default topic rule: any broker's topics pass

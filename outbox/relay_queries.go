@@ -15,6 +15,10 @@ type relayQueries struct {
 	readRound, readRest, reject string
 	// Held topics (hold.go).
 	hold, heldTopics, heldRead, heldDelete string
+	// Delayed rows (delay.go).
+	delay, delayedDue, delayedRead, delayedDelete, delayedHold string
+	// Pause (pause.go).
+	paused string
 }
 
 func newRelayQueries(schema string) relayQueries {
@@ -22,6 +26,7 @@ func newRelayQueries(schema string) relayQueries {
 	offsets := pgtx.QualifiedName(schema, "outbox_offsets")
 	held := pgtx.QualifiedName(schema, "outbox_held")
 	rejected := pgtx.QualifiedName(schema, "outbox_rejected")
+	delayed := pgtx.QualifiedName(schema, "outbox_delayed")
 	return relayQueries{
 		// Registers the position for the relay's Source ($2) and returns the Source the position
 		// belongs to: a new one is this relay's, one registered before migration 012 (NULL) is
@@ -33,14 +38,16 @@ adopt AS (UPDATE ` + offsets + ` SET source = $2 WHERE consumer_group = $1 AND s
 SELECT coalesce((SELECT source FROM ins), (SELECT source FROM adopt), (SELECT source FROM ` + offsets + ` WHERE consumer_group = $1))`,
 		sourceOf: `SELECT source FROM ` + offsets + ` WHERE consumer_group = $1`,
 		// Whether some relay forwards source $1 (a relay older than migration 012 forwards all).
-		served:   `SELECT EXISTS (SELECT 1 FROM ` + offsets + ` WHERE source IS NULL OR source = $1)`,
-		position: `SELECT snapshot::text, target_snapshot::text, target_offset FROM ` + offsets + ` WHERE consumer_group = $1`,
+		served: `SELECT EXISTS (SELECT 1 FROM ` + offsets + ` WHERE source IS NULL OR source = $1)`,
+		// The position, and whether the relay is paused (pause.go).
+		position: `SELECT snapshot::text, target_snapshot::text, target_offset, paused_at IS NOT NULL FROM ` + offsets + ` WHERE consumer_group = $1`,
 		// The position read of an idle relay's round also asks Writers to notify it until
 		// idle_until ($2 microseconds from now, renewed by every idle round). It commits before
 		// the round reads the outbox, so a transaction that stores after it notifies, and one that
-		// committed before it is read by this round.
-		positionIdle: `UPDATE ` + offsets + ` SET idle_until = now() + $2::bigint * interval '1 microsecond'
-WHERE consumer_group = $1 RETURNING snapshot::text, target_snapshot::text, target_offset`,
+		// committed before it is read by this round. A paused relay asks for nothing: Writers do
+		// not pay for notifications it would not act on.
+		positionIdle: `UPDATE ` + offsets + ` SET idle_until = CASE WHEN paused_at IS NULL THEN now() + $2::bigint * interval '1 microsecond' ELSE idle_until END
+WHERE consumer_group = $1 RETURNING snapshot::text, target_snapshot::text, target_offset, paused_at IS NOT NULL`,
 		// One statement takes the snapshot and reads with it: pg_current_snapshot() returns the
 		// statement's active snapshot, the one its scans see, so the rows read are exactly the
 		// transactions visible now and not in prev ($1): those in prev's in-progress list, and
@@ -108,5 +115,26 @@ ON CONFLICT (relay, transaction_id, "offset") DO NOTHING`,
 		heldRead: `SELECT seq, "offset", transaction_id::text, uuid, source, payload::text, metadata::text
 FROM ` + held + ` WHERE relay = $1 AND topic = $2 ORDER BY seq LIMIT $3`,
 		heldDelete: `DELETE FROM ` + held + ` WHERE relay = $1 AND seq = ANY($2::bigint[])`,
+		// Rows read before they were due are copied from the outbox (by primary key) with their
+		// topic ($4) and due time ($5); a row copied already (the batch is read again after a
+		// failed position update) is not copied twice.
+		delay: `INSERT INTO ` + delayed + ` (relay, topic, due_at, "offset", transaction_id, uuid, source, created_at, payload, metadata)
+SELECT $1, k.topic, k.due, o."offset", o.transaction_id, o.uuid, o.source, o.created_at, o.payload, o.metadata
+FROM unnest($2::bigint[], $3::text[], $4::text[], $5::timestamptz[]) WITH ORDINALITY AS k(off, xid, topic, due, n)
+JOIN ` + table + ` o ON o.transaction_id = k.xid::xid8 AND o."offset" = k.off
+ORDER BY k.n
+ON CONFLICT (relay, transaction_id, "offset") DO NOTHING`,
+		delayedDue: `SELECT min(due_at) FROM ` + delayed + ` WHERE relay = $1`,
+		// $2 is the relay's clock: the same clock as the timer's, so a row is never read before
+		// the time the timer waited for.
+		delayedRead: `SELECT seq, "offset", transaction_id::text, uuid, source, payload::text, metadata::text
+FROM ` + delayed + ` WHERE relay = $1 AND due_at <= $2 ORDER BY due_at, seq LIMIT $3`,
+		delayedDelete: `DELETE FROM ` + delayed + ` WHERE relay = $1 AND seq = ANY($2::bigint[])`,
+		// Due rows that join a held topic move to outbox_held in one statement, in due order.
+		delayedHold: `WITH moved AS (DELETE FROM ` + delayed + ` WHERE relay = $1 AND seq = ANY($3::bigint[]) RETURNING *)
+INSERT INTO ` + held + ` (relay, topic, "offset", transaction_id, uuid, source, created_at, payload, metadata)
+SELECT $1, $2, "offset", transaction_id, uuid, source, created_at, payload, metadata FROM moved ORDER BY due_at, seq
+ON CONFLICT (relay, transaction_id, "offset") DO NOTHING`,
+		paused: `SELECT coalesce((SELECT paused_at IS NOT NULL FROM ` + offsets + ` WHERE consumer_group = $1), false)`,
 	}
 }

@@ -56,8 +56,12 @@ func (r *Relay) round(ctx context.Context, conn *sql.Conn, s *session, ask bool)
 	if ask {
 		query, args = r.q.positionIdle, append(args, idleTTL(r.config.PollInterval).Microseconds())
 	}
-	if err := conn.QueryRowContext(ctx, query, args...).Scan(&pos.prev, &pos.target, &pos.last); err != nil {
+	if err := conn.QueryRowContext(ctx, query, args...).Scan(&pos.prev, &pos.target, &pos.last, &s.paused); err != nil {
 		return 0, "", fmt.Errorf("outbox: read relay position: %w", err)
+	}
+	r.notePaused(s.paused)
+	if s.paused {
+		return 0, "", nil
 	}
 	snap, rows, err := r.read(ctx, conn, pos)
 	if err != nil {
@@ -80,6 +84,11 @@ func (r *Relay) round(ctx context.Context, conn *sql.Conn, s *session, ask bool)
 		run, end, err := r.decodeRun(ctx, conn, s, rows, start)
 		if err != nil {
 			return published, snap, err
+		}
+		if len(run.delayed) > 0 {
+			if err := r.setAside(ctx, conn, s, run.delayed); err != nil {
+				return published, snap, err
+			}
 		}
 		if len(run.msgs) > 0 {
 			n, err := r.forward(ctx, conn, s, run)
@@ -107,7 +116,7 @@ func (r *Relay) round(ctx context.Context, conn *sql.Conn, s *session, ask bool)
 		pos = next
 		start = end
 	}
-	r.lastRelay.Store(time.Now().UnixNano())
+	r.lastRelay.SetNow()
 	if err := r.checkSources(ctx, conn, s); err != nil {
 		return len(rows), snap, err
 	}
@@ -187,18 +196,21 @@ func (r *Relay) read(ctx context.Context, conn *sql.Conn, pos position) (string,
 }
 
 // run is a run of rows of the relay's Source for one topic, with their decoded messages
-// (rows[i] holds msgs[i]).
+// (rows[i] holds msgs[i]), and the rows among them, of any topic, that are not due yet.
 type run struct {
-	topic string
-	rows  []outboxRow
-	msgs  []*message.Message
+	topic   string
+	rows    []outboxRow
+	msgs    []*message.Message
+	delayed []delayedRow
 }
 
 // decodeRun decodes rows from start while they share a destination topic, passing over rows
 // of other sources. Rows that cannot be decoded are set aside in outbox_rejected; the run ends
-// before the first row of another topic.
+// before the first row of another topic. Rows not due yet (delay.go), whatever their topic,
+// are collected apart and do not end the run: they are set aside, not published.
 func (r *Relay) decodeRun(ctx context.Context, conn *sql.Conn, s *session, rows []outboxRow, start int) (run, int, error) {
 	var out run
+	now := time.Now()
 	i := start
 	for ; i < len(rows); i++ {
 		if !rows[i].mine {
@@ -208,13 +220,17 @@ func (r *Relay) decodeRun(ctx context.Context, conn *sql.Conn, s *session, rows 
 		}
 		t, msg, err := unmarshalEnvelope([]byte(rows[i].payload))
 		if err != nil {
-			if len(out.msgs) > 0 {
+			if len(out.msgs) > 0 || len(out.delayed) > 0 {
 				break // publish what we have first, so the rejection is recorded in order
 			}
 			if err := r.reject(ctx, conn, rows[i], "", err); err != nil {
 				return run{}, 0, err
 			}
 			return run{}, i + 1, nil
+		}
+		if due, later := r.dueLater(msg, now); later {
+			out.delayed = append(out.delayed, delayedRow{row: rows[i], topic: t, due: due})
+			continue
 		}
 		if len(out.msgs) > 0 && t != out.topic {
 			break

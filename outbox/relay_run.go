@@ -83,6 +83,7 @@ func (r *Relay) lead(ctx context.Context, conn *sql.Conn) error {
 		return err
 	}
 	defer r.heldTopics.Store(0)
+	defer r.paused.Store(false)
 	r.testSignals.Leading.Signal(struct{}{})
 	defer r.testSignals.StoppedLeading.Signal(struct{}{})
 	if !pgnotify.IsPgx(conn) {
@@ -94,11 +95,17 @@ func (r *Relay) lead(ctx context.Context, conn *sql.Conn) error {
 	defer poll.Stop()
 	w := newWakeup(r.config.PollInterval)
 	for {
-		drained, err := r.drainHeld(ctx, conn, s)
+		// The round reads the position first, and with it whether the relay is paused: held
+		// and delayed rows are drained after it, so that nothing is published once a pause is
+		// seen.
+		n, snap, err := r.round(ctx, conn, s, w.asks() && r.listenable())
 		if err != nil {
 			return err
 		}
-		n, snap, err := r.round(ctx, conn, s, w.asks() && r.listenable())
+		if r.waitPaused(ctx, s, wake, poll) {
+			continue
+		}
+		drained, err := r.drain(ctx, conn, s)
 		if err != nil {
 			return err
 		}
@@ -190,10 +197,27 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	drained, err := r.drainHeld(ctx, conn, s)
+	if err := conn.QueryRowContext(ctx, r.q.paused, r.config.Name).Scan(&s.paused); err != nil {
+		return 0, fmt.Errorf("outbox: read relay pause: %w", err)
+	}
+	if s.paused {
+		return 0, nil
+	}
+	drained, err := r.drain(ctx, conn, s)
 	if err != nil {
 		return drained, err
 	}
 	n, _, err := r.round(ctx, conn, s, false)
 	return drained + n, err
+}
+
+// drain tries the held topics whose wait is over and publishes the delayed rows that are due,
+// and returns how many rows it published, rejected or moved.
+func (r *Relay) drain(ctx context.Context, conn *sql.Conn, s *session) (int, error) {
+	held, err := r.drainHeld(ctx, conn, s)
+	if err != nil {
+		return held, err
+	}
+	delayed, err := r.drainDelayed(ctx, conn, s)
+	return held + delayed, err
 }

@@ -28,6 +28,13 @@ type RelayStats struct {
 	// Held lists the topics the relay holds because publishing to them failed: their rows wait
 	// in outbox_held while the other topics go on (package doc, When the broker refuses).
 	Held []HeldTopic
+	// Delayed counts rows set aside in outbox_delayed until they are due (package doc, Delayed
+	// delivery), and NextDue is when the earliest is (zero when Delayed is 0). They are not in
+	// Backlog: a row waiting for its time is not late.
+	Delayed int64
+	NextDue time.Time
+	// PausedAt is when the relay was paused (PauseRelay); zero when it is not.
+	PausedAt time.Time
 }
 
 // HeldTopic is a topic a relay holds.
@@ -54,7 +61,7 @@ func Stats(ctx context.Context, db *sql.DB, schema string) (relays []RelayStats,
 	held := pgtx.QualifiedName(schema, "outbox_held")
 	rows, err := db.QueryContext(ctx, `
 SELECT o.consumer_group, coalesce(o.source, ''), b.backlog + h.held, least(b.oldest, h.oldest),
-    coalesce(extract(epoch FROM now() - least(b.oldest, h.oldest)), 0)
+    coalesce(extract(epoch FROM now() - least(b.oldest, h.oldest)), 0), d.delayed, d.next_due, o.paused_at
 FROM `+offsets+` o
 CROSS JOIN LATERAL (
     SELECT count(*) AS backlog, min(t.created_at)::timestamptz AS oldest
@@ -67,6 +74,9 @@ CROSS JOIN LATERAL (
 CROSS JOIN LATERAL (
     SELECT count(*) AS held, min(h.created_at)::timestamptz AS oldest FROM `+held+` h WHERE h.relay = o.consumer_group
 ) h
+CROSS JOIN LATERAL (
+    SELECT count(*) AS delayed, min(d.due_at) AS next_due FROM `+pgtx.QualifiedName(schema, "outbox_delayed")+` d WHERE d.relay = o.consumer_group
+) d
 ORDER BY o.consumer_group`)
 	if err != nil {
 		return nil, 0, fmt.Errorf("outbox: status: %w", err)
@@ -75,12 +85,12 @@ ORDER BY o.consumer_group`)
 	byName := map[string]int{}
 	for rows.Next() {
 		var s RelayStats
-		var oldest sql.NullTime
+		var oldest, nextDue, pausedAt sql.NullTime
 		var lagSeconds float64
-		if err := rows.Scan(&s.Name, &s.Source, &s.Backlog, &oldest, &lagSeconds); err != nil {
+		if err := rows.Scan(&s.Name, &s.Source, &s.Backlog, &oldest, &lagSeconds, &s.Delayed, &nextDue, &pausedAt); err != nil {
 			return nil, 0, fmt.Errorf("outbox: status: %w", err)
 		}
-		s.OldestPending = oldest.Time
+		s.OldestPending, s.NextDue, s.PausedAt = oldest.Time, nextDue.Time, pausedAt.Time
 		s.Lag = time.Duration(lagSeconds * float64(time.Second))
 		byName[s.Name] = len(relays)
 		relays = append(relays, s)

@@ -126,7 +126,9 @@ func (w *Writer) Table() string { return w.table }
 // error wrapping ErrInvalidMessage, an invalid topic and any message that is nil, has an empty
 // UUID or one longer than MaxUUIDLength, or has a UUID, metadata key or metadata value that is
 // not valid UTF-8 or contains NUL (JSON would replace invalid bytes with U+FFFD; PostgreSQL text
-// refuses NUL). Payloads are any bytes (base64 in the envelope). A nil tx returns an error
+// refuses NUL), or has delay metadata (MetadataDelayedUntil) that is not an RFC 3339 time.
+// A message with delay metadata is forwarded when due (package doc, Delayed delivery; see
+// PublishTxAt). Payloads are any bytes (base64 in the envelope). A nil tx returns an error
 // wrapping pgtx.ErrNoTransaction.
 func (w *Writer) PublishTx(ctx context.Context, tx pgtx.Executor, topic string, msgs ...*message.Message) error {
 	return w.store(ctx, tx, topic, msgs, true)
@@ -146,6 +148,9 @@ func (w *Writer) store(ctx context.Context, tx pgtx.Executor, topic string, msgs
 	for i, msg := range msgs {
 		if err := checkMessage(msg); err != nil {
 			return fmt.Errorf("%w: message %d of %d: %w", ErrInvalidMessage, i+1, len(msgs), err)
+		}
+		if _, _, err := DueAt(msg.Metadata); err != nil && stamped { // parked messages are kept as they came
+			return fmt.Errorf("%w: message %s: %w", ErrInvalidMessage, msg.UUID, err)
 		}
 	}
 	ctx, span := tracing.StartChild(ctx, w.tracer, tracing.SpanOutboxStore, tracing.Destination.String(topic), tracing.MessageCount.Int(len(msgs)))

@@ -32,6 +32,9 @@ import (
 //   - Statements marked with DeferredPrefix, sent inside a transaction, are held back and sent
 //     the same way before the next statement; their replies are synthesised at once and their
 //     real replies removed (an error of theirs is passed on, as for BEGIN).
+//   - WireGuardOpen, WireGuardClose and WireGuardCheck, sent inside a transaction, are answered
+//     at once and not sent; between Open and Close a COMMIT is replaced by the refusal
+//     (wireguard.go).
 //
 // Reads and writes may run in different goroutines (pgconn reads in the background during slow
 // writes), so the state is behind a mutex that is never held across network I/O, and a read
@@ -42,6 +45,7 @@ type lazyBeginConn struct {
 	mu           sync.Mutex
 	ready        bool      // startup finished: the first ReadyForQuery was seen
 	status       byte      // transaction status of the last ReadyForQuery
+	guarded      bool      // the wire guard is open: COMMITs are refused (wireguard.go)
 	pending      []string  // held-back statements (a BEGIN, or deferred ones), in order
 	strip        []byte    // message types to remove from the server's stream, in order
 	out          []byte    // bytes for the client: server messages kept, and synthesised replies
@@ -87,6 +91,7 @@ func (c *lazyBeginConn) Write(p []byte) (int, error) {
 		c.mu.Unlock()
 		return c.Conn.Write(p)
 	}
+	written := len(p)
 	typ, body, rest, ok := firstMessage(p)
 	if ok && typ == 'Q' && len(rest) == 0 && len(body) > 0 && body[len(body)-1] == 0 {
 		if reply := c.holdBack(string(body[:len(body)-1])); reply != nil {
@@ -100,9 +105,16 @@ func (c *lazyBeginConn) Write(p []byte) (int, error) {
 			return len(p), nil
 		}
 	}
+	if c.guarded {
+		p = guardWrite(p)
+		typ, body, rest, ok = firstMessage(p)
+	}
 	if len(c.pending) == 0 {
 		c.mu.Unlock()
-		return c.Conn.Write(p)
+		if _, err := c.Conn.Write(p); err != nil {
+			return 0, err
+		}
+		return written, nil
 	}
 
 	var send []byte
@@ -136,12 +148,18 @@ func (c *lazyBeginConn) Write(p []byte) (int, error) {
 	if _, err := c.Conn.Write(send); err != nil {
 		return 0, err
 	}
-	return len(p), nil
+	return written, nil
 }
 
 // holdBack takes a simple query that may wait for the next statement and returns the reply to
 // give the client at once, or nil if the query must be sent now. c.mu is held.
 func (c *lazyBeginConn) holdBack(sql string) []byte {
+	if c.status != 'I' && (sql == WireGuardOpen || sql == WireGuardClose || sql == WireGuardCheck) {
+		if sql != WireGuardCheck {
+			c.guarded = sql == WireGuardOpen
+		}
+		return append(message('C', []byte("SET\x00")), message('Z', []byte{c.status})...)
+	}
 	if c.status == 'I' && len(c.pending) == 0 && beginRE.MatchString(sql) {
 		c.pending = []string{sql}
 		c.status = 'T' // as far as the client knows; the server's next ReadyForQuery tells
@@ -280,6 +298,9 @@ func (c *lazyBeginConn) parse() {
 		}
 		if typ == 'Z' && n == 5 {
 			c.ready, c.status = true, m[5]
+			if c.status == 'I' {
+				c.guarded = false // the guard ends with its transaction
+			}
 		}
 		if !drop {
 			c.out = append(c.out, m...)

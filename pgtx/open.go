@@ -107,6 +107,9 @@ func Open(ctx context.Context, databaseURL string, pool PoolConfig) (*sql.DB, er
 		_ = db.Close()
 		return nil, fmt.Errorf("pgtx: cannot reach PostgreSQL at %s (is it running?): %w", redact(connConfig), err)
 	}
+	if !pool.DisableLazyBegin {
+		registerWireGuard(db)
+	}
 	return db, nil
 }
 

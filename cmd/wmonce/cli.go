@@ -32,7 +32,8 @@ type command struct {
 }
 
 func commands() []*command {
-	return []*command{migrateCommand(), statusCommand(), inboxCommand(), outboxCommand(), failuresCommand(), dedupeCommand(), purgeCommand(), adminCommand()}
+	return []*command{migrateCommand(), statusCommand(), inboxCommand(), outboxCommand(), failuresCommand(), dedupeCommand(), purgeCommand(), adminCommand(), doctorCommand(),
+		pauseCommand(), resumeCommand()}
 }
 
 func findCommand(name string) *command {

@@ -100,6 +100,24 @@ func (e *env) explain(err error) error {
 	return err
 }
 
+// readAndShow is the shape of the report commands: parse the flags (no positional
+// arguments), open the migrated schema, read, and print v as JSON under -json, else as text.
+func readAndShow[T any](ctx context.Context, e *env, command string, args []string, read func(context.Context, *sql.DB, string) (T, error), printText func(T)) error {
+	db, err := e.parseAndOpen(ctx, e.flags(command), args)
+	if err != nil {
+		return err
+	}
+	v, err := read(ctx, db, e.g.schema)
+	if err != nil {
+		return e.explain(err)
+	}
+	if e.g.json {
+		return e.printJSON(v)
+	}
+	printText(v)
+	return nil
+}
+
 func (e *env) printJSON(v any) error {
 	enc := json.NewEncoder(e.stdout)
 	enc.SetIndent("", "  ")

@@ -111,23 +111,13 @@ func (e *env) ops(ctx context.Context) (*inbox.Ops, error) {
 }
 
 func (e *env) inboxStats(ctx context.Context, args []string) error {
-	db, err := e.parseAndOpen(ctx, e.flags("inbox stats"), args)
-	if err != nil {
-		return err
-	}
-	st, err := admin.ReadInbox(ctx, db, e.g.schema)
-	if err != nil {
-		return e.explain(err)
-	}
-	if e.g.json {
-		return e.printJSON(st)
-	}
-	if len(st) == 0 {
-		fmt.Fprintln(e.stdout, "the inbox is empty")
-		return nil
-	}
-	e.printInboxStats(st)
-	return nil
+	return readAndShow(ctx, e, "inbox stats", args, admin.ReadInbox, func(st []admin.InboxStats) {
+		if len(st) == 0 {
+			fmt.Fprintln(e.stdout, "the inbox is empty")
+			return
+		}
+		e.printInboxStats(st)
+	})
 }
 
 // filterFlags registers the row selectors shared by list, replay and skip.

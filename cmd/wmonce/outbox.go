@@ -61,19 +61,7 @@ func runOutbox(ctx context.Context, e *env, args []string) error {
 }
 
 func (e *env) outboxStats(ctx context.Context, args []string) error {
-	db, err := e.parseAndOpen(ctx, e.flags("outbox"), args)
-	if err != nil {
-		return err
-	}
-	o, err := admin.ReadOutbox(ctx, db, e.g.schema)
-	if err != nil {
-		return e.explain(err)
-	}
-	if e.g.json {
-		return e.printJSON(o)
-	}
-	e.printOutbox(o)
-	return nil
+	return readAndShow(ctx, e, "outbox", args, admin.ReadOutbox, e.printOutbox)
 }
 
 func (e *env) outboxRejected(ctx context.Context, args []string) error {

@@ -122,6 +122,7 @@ func (e *env) printInboxStats(st []admin.InboxStats) {
 			fmt.Fprintf(e.stdout, "  %d FAILED row(s) of %s are parked: `wmonce inbox list -consumer %s -status FAILED`, then replay or skip them\n", s.Failed, s.Consumer, shellQuote(s.Consumer))
 		}
 	}
+	e.printInboxPauses(st)
 }
 
 func (e *env) printOutbox(o admin.OutboxStats) {
@@ -141,6 +142,7 @@ func (e *env) printOutbox(o admin.OutboxStats) {
 				r.Name, h.Topic, h.Rows, when(h.Since))
 		}
 	}
+	e.printRelayPauses(o)
 	if o.Rejected > 0 {
 		fmt.Fprintf(e.stdout, "  %d row(s) were set aside in outbox_rejected (undecodable, or refused by the broker for good): `wmonce outbox rejected` lists them, `wmonce outbox republish` stores them again\n", o.Rejected)
 	} else {

@@ -101,6 +101,12 @@ func TestTinyRun(t *testing.T) {
 		require.True(t, has(rep, v, "postgres"), v)
 	}
 	require.NotEmpty(t, rep.Ratios)
+	for _, r := range rep.Results {
+		if r.Variant == B4 && r.Broker == "sql" {
+			require.NotNil(t, r.BenchCPUms1k, "CPU per 1,000 messages of the bench process")
+			require.NotNil(t, r.PGCPUms1k, "and of its PostgreSQL backends (PostgreSQL runs on this machine)")
+		}
+	}
 
 	var others *Report
 	t.Run("kafka,amqp", func(t *testing.T) {

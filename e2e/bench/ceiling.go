@@ -73,6 +73,7 @@ SELECT $1, k, s FROM unnest($2::text[], $3::bytea[]) AS x(k, s) ON CONFLICT DO N
 		return res, firstErr
 	}
 	res.Messages = int(rows.Load())
+	meas.cpuPerMessage(&res)
 	res.Seconds = el.Seconds()
 	res.MsgsPerSec = float64(rows.Load()) / el.Seconds()
 	p50, p99 := percentiles(lat)

@@ -30,7 +30,7 @@ var chartLabels = map[string]string{
 	B1:        "own tx, no dedupe",
 	B2:        "B1 + in-memory Deduplicator",
 	B3:        "effectively-once, per message",
-	B4:        "effectively-once, group commit",
+	B4:        "effectively-once, group commit (default)",
 	B5Ingest:  "inbox ingest",
 	B5Process: "inbox processing, leases",
 	B5Lock:    "inbox processing, ClaimLock",

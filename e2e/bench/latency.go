@@ -120,7 +120,9 @@ func (h *harness) endToEnd(ctx context.Context, r *rig, id string) (Result, erro
 		return res, err
 	}
 	consumer := "bench-" + id + "-" + r.label()
-	eo, err := once.New(h.db, once.Config{Schema: h.opts.schema, Consumer: consumer}, h.logger)
+	eoCfg := once.Config{Schema: h.opts.schema, Consumer: consumer}
+	eoCfg.GroupCommit = once.GroupCommitConfig{Disabled: h.opts.e2eNoGroup, Workers: h.opts.groupWorkers}
+	eo, err := once.New(h.db, eoCfg, h.logger)
 	if err != nil {
 		_ = sub.Close()
 		return res, err

@@ -8,8 +8,9 @@
 //	go run ./e2e/bench -profile /tmp/prof   # one CPU profile per variant
 //
 // Variants (see variantTitles): B0 bare handler; B1 business write in its own transaction;
-// B2 B1 + Watermill's in-memory Deduplicator; B3 the effectively-once middleware; B4 the same
-// with group commit; B5 inbox ingest and inbox processing; B6 Watermill's SQL subscriber with
+// B2 B1 + Watermill's in-memory Deduplicator; B3 the effectively-once middleware with a
+// transaction per message (GroupCommit.Disabled; over SQL the subscriber's transaction); B4 the
+// same with group commit, its default; B5 inbox ingest and inbox processing; B6 Watermill's SQL subscriber with
 // the write in its transaction; the outbox relay against Watermill's forwarder; C1 raw claims;
 // e2e-50 and e2e-1000 end-to-end latency (producer commit -> relay -> broker -> effectively-once
 // commit) at 50 and 1,000 events/s; idle-relay, idle-sql-sub and idle-sql-poll queries per
@@ -23,7 +24,8 @@
 // schema (-schema, default wmonce_bench) and to topics, queues and tables named after the run,
 // removed at the end.
 //
-// It prints a table and the ratios against the targets, and writes e2e/bench/results/latest.json,
+// Each variant reports the CPU time of this process and of its PostgreSQL backends per 1,000
+// messages (cpu.go). It prints a table and the ratios against the targets, and writes e2e/bench/results/latest.json,
 // latest.md, latest.png and latency.png (-out).
 package main
 
@@ -62,7 +64,9 @@ type options struct {
 	inFlight       int
 	inboxWorkers   int
 	inboxTxBatch   int
+	sqlBatch       int
 	groupWorkers   int
+	e2eNoGroup     bool // the e2e consumers with GroupCommit.Disabled
 	relayBatch     int
 	rounds         int
 	relayLanes     int
@@ -136,7 +140,9 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.rounds, "rounds", 3, "run everything this many times, one round after the other, and report each variant's median round (the machine is shared: one round alone can be hit by someone else's load)")
 	fs.IntVar(&o.relayBatch, "relay-batch", 0, "relay BatchSize (0: the relay's default)")
 	fs.IntVar(&o.relayLanes, "relay-lanes", 64, "relay-lanes: PublishLanes")
-	fs.IntVar(&o.groupWorkers, "group-workers", 0, "B4: GroupCommitConfig.Workers (0: the middleware's default)")
+	fs.IntVar(&o.groupWorkers, "group-workers", 0, "B4 and the e2e consumers: GroupCommitConfig.Workers (0: the middleware's default)")
+	fs.BoolVar(&o.e2eNoGroup, "e2e-group-commit-off", false, "e2e variants: the consumer with GroupCommit.Disabled, a transaction per message (the default is group commit)")
+	fs.IntVar(&o.sqlBatch, "sql-batch", 100, "SQL broker: messages per subscriber transaction (watermill-sql's BatchSize); the middleware's savepoint per message is a subtransaction, and PostgreSQL caches at most 64 per transaction")
 	fs.IntVar(&o.inboxTxBatch, "inbox-txbatch", 200, "inbox processor TxBatchSize (BatchSize is twice it in lease mode)")
 	fs.IntVar(&o.preload, "preload", 1000000, "rows pre-loaded into processed_messages (kept across runs)")
 	fs.BoolVar(&o.rebuildPreload, "rebuild-preload", false, "delete and load the pre-loaded rows again")
@@ -225,6 +231,9 @@ func parseFlags(args []string) (options, error) {
 	}
 	if o.relayBatch < 0 || o.relayBatch > 10000 || o.relayLanes < 1 || o.relayLanes > 256 {
 		errs = append(errs, errors.New("-relay-batch must be between 0 and 10000, -relay-lanes between 1 and 256"))
+	}
+	if o.sqlBatch < 1 || o.sqlBatch > 10000 {
+		errs = append(errs, errors.New("-sql-batch must be between 1 and 10000"))
 	}
 	if o.inboxTxBatch < 1 || o.inboxTxBatch > 5000 {
 		errs = append(errs, errors.New("-inbox-txbatch must be between 1 and 5000"))
@@ -383,7 +392,7 @@ func (h *harness) round(ctx context.Context, dsn, round string, rep *Report, rec
 		if rk.legacy {
 			runID += "l"
 		}
-		ro := rigOptions{kind: kind, databaseURL: dsn, schema: o.schema, runID: runID, inFlight: o.inFlight, sqlBatch: 100, legacyAMQP: rk.legacy}
+		ro := rigOptions{kind: kind, databaseURL: dsn, schema: o.schema, runID: runID, inFlight: o.inFlight, sqlBatch: o.sqlBatch, legacyAMQP: rk.legacy}
 		for _, v := range consumingVariants {
 			if h.wants(v) && (v != B6 || kind == broker.SQL) {
 				ro.variants = append(ro.variants, v)

@@ -124,18 +124,7 @@ func readCPU() cpuSample {
 			}
 		}
 	}
-	if b, err := os.ReadFile("/proc/self/stat"); err == nil {
-		// Fields after the command name, which is in parentheses and may contain spaces.
-		str := string(b)
-		if i := strings.LastIndexByte(str, ')'); i > 0 {
-			f := strings.Fields(str[i+1:])
-			if len(f) > 13 {
-				u, _ := strconv.ParseFloat(f[11], 64)
-				sy, _ := strconv.ParseFloat(f[12], 64)
-				s.self = (u + sy) / clockTicks
-			}
-		}
-	}
+	s.self, _ = procCPU("self")
 	return s
 }
 
@@ -158,13 +147,21 @@ type waitSampler struct {
 	mu      sync.Mutex
 	counts  map[string]int
 	samples int
-	stop    context.CancelFunc
-	done    chan struct{}
+	// backends follows the sessions' CPU time (cpu.go); read it after finish.
+	backends *backendCPU
+	stop     context.CancelFunc
+	done     chan struct{}
 }
 
 func startWaitSampler(db *sql.DB, app string, every time.Duration) *waitSampler {
 	ctx, cancel := context.WithCancel(context.Background())
-	w := &waitSampler{counts: map[string]int{}, stop: cancel, done: make(chan struct{})}
+	w := &waitSampler{counts: map[string]int{}, stop: cancel, done: make(chan struct{}), backends: newBackendCPU()}
+	// The backends there before the variant starts count from their CPU time now.
+	if pids, err := backendPIDs(ctx, db, app); err == nil {
+		w.backends.observe(pids, true)
+	} else {
+		w.backends.unreadable = true
+	}
 	go func() {
 		defer close(w.done)
 		conn, err := db.Conn(ctx)
@@ -174,50 +171,58 @@ func startWaitSampler(db *sql.DB, app string, every time.Duration) *waitSampler 
 		defer conn.Close()
 		t := time.NewTicker(every)
 		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			states, err := sessionStates(ctx, conn, app)
+		sample := func(ctx context.Context) {
+			states, pids, err := sessionStates(ctx, conn, app)
 			if err != nil {
-				continue
+				return
 			}
 			w.mu.Lock()
+			defer w.mu.Unlock()
+			w.backends.observe(pids, false)
 			w.samples++
 			for _, s := range states {
 				if s != "Idle" {
 					w.counts[s]++
 				}
 			}
-			w.mu.Unlock()
+		}
+		for {
+			select {
+			case <-ctx.Done():
+				sample(context.Background()) // the backends' CPU time at the end
+				return
+			case <-t.C:
+			}
+			sample(ctx)
 		}
 	}()
 	return w
 }
 
-// sessionStates returns what each session of application app is doing: a wait event, CPU,
-// IdleInTx or Idle.
-func sessionStates(ctx context.Context, conn *sql.Conn, app string) ([]string, error) {
+// sessionStates returns what each session of application app is doing (a wait event, CPU,
+// IdleInTx or Idle) and its backend's pid.
+func sessionStates(ctx context.Context, conn *sql.Conn, app string) ([]string, []int, error) {
 	rows, err := conn.QueryContext(ctx, `SELECT CASE
     WHEN state = 'active' THEN coalesce(wait_event_type || ':' || wait_event, 'CPU')
     WHEN state = 'idle in transaction' THEN 'IdleInTx'
-    ELSE 'Idle' END
+    ELSE 'Idle' END, pid
 FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()`, app)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer rows.Close()
 	var states []string
+	var pids []int
 	for rows.Next() {
 		var s string
-		if err := rows.Scan(&s); err != nil {
-			return nil, err
+		var pid int
+		if err := rows.Scan(&s, &pid); err != nil {
+			return nil, nil, err
 		}
 		states = append(states, s)
+		pids = append(pids, pid)
 	}
-	return states, rows.Err()
+	return states, pids, rows.Err()
 }
 
 // finish stops sampling and returns the top states as "state share%" items, shares of all

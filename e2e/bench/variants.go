@@ -52,8 +52,8 @@ var variantTitles = map[string]string{
 	B0:          "bare handler, no database (broker ceiling)",
 	B1:          "business write in its own transaction, no dedupe (at-least-once)",
 	B2:          "B1 + Watermill's in-memory Deduplicator (not crash-safe)",
-	B3:          "effectively-once middleware, one transaction per message",
-	B4:          "effectively-once middleware, group commit",
+	B3:          "effectively-once middleware, one transaction per message (GroupCommit.Disabled; over SQL the subscriber's transaction, the default there)",
+	B4:          "effectively-once middleware, group commit (the default; over SQL with DisableSubscriberTxReuse)",
 	B5Ingest:    "inbox receiver: store and ack (group-committed ingest)",
 	B5Process:   "inbox processor, lease claims (IN_PROGRESS rows), business write per row",
 	B5Lock:      "inbox processor, row-lock claims (ClaimLock), business write per row",
@@ -97,6 +97,10 @@ type Result struct {
 	// PostgreSQL, the broker and whatever else runs on the machine.
 	MachineBusyPct float64 `json:"machine_busy_pct"`
 	BenchCPUPct    float64 `json:"bench_cpu_pct"`
+	// BenchCPUms1k and PGCPUms1k are the CPU milliseconds that this process and the benchmark's
+	// PostgreSQL backends spent per 1,000 messages of the variant (see cpu.go); nil when unknown.
+	BenchCPUms1k *float64 `json:"bench_cpu_ms_per_1k,omitempty"`
+	PGCPUms1k    *float64 `json:"pg_cpu_ms_per_1k,omitempty"`
 	// PGSessions summarises what the benchmark's PostgreSQL sessions were doing (sampled).
 	PGSessions string `json:"pg_sessions,omitempty"`
 	// QueriesPerSec is set by the idle variants: queries sent to PostgreSQL per second.
@@ -118,6 +122,9 @@ type measurement struct {
 	cpu0    cpuSample
 	waits   *waitSampler
 	profile *os.File
+
+	benchCPU, pgCPU float64 // seconds, set by stop
+	pgKnown         bool
 }
 
 func (h *harness) startMeasuring(name string) *measurement {
@@ -142,8 +149,17 @@ func (m *measurement) stop(res *Result) {
 			m.h.logger.Error("CPU profile "+m.profile.Name()+" may be incomplete", err, nil)
 		}
 	}
-	res.MachineBusyPct, res.BenchCPUPct = cpuUse(m.cpu0, readCPU())
+	cpu1 := readCPU()
+	res.MachineBusyPct, res.BenchCPUPct = cpuUse(m.cpu0, cpu1)
 	res.PGSessions = m.waits.finish(3)
+	m.benchCPU = cpu1.self - m.cpu0.self
+	m.pgCPU, m.pgKnown = m.waits.backends.seconds()
+	m.cpuPerMessage(res)
+}
+
+// cpuPerMessage sets res's CPU per 1,000 messages (stop does when res.Messages is set by then).
+func (m *measurement) cpuPerMessage(res *Result) {
+	setCPUPerMessage(res, m.benchCPU, m.pgCPU, m.pgKnown)
 }
 
 // consume runs one consuming variant over a rig: a router with the variant's middleware and
@@ -209,13 +225,14 @@ func (h *harness) consume(ctx context.Context, r *rig, id string) (Result, error
 		res.Notes = "Deduplicator keyed by UUID, map repository (1h window), then B1"
 	case B3, B4:
 		cfg := once.Config{Schema: h.opts.schema, Consumer: consumer}
-		res.Notes = "claim + business write + commit in one transaction per message"
+		res.Notes = "GroupCommit.Disabled: claim + business write + commit in one transaction per message"
+		cfg.GroupCommit.Disabled = true
 		if r.kind == broker.SQL && id == B3 {
 			res.Notes = "default over SQL: reuses the subscriber's transaction, one savepoint per message"
 		}
 		if id == B4 {
-			cfg.GroupCommit = once.GroupCommitConfig{Enabled: true, Workers: h.opts.groupWorkers}
-			res.Notes = "GroupCommit defaults (Workers 2, TxBatchSize 100, Linger 0)"
+			cfg.GroupCommit = once.GroupCommitConfig{Workers: h.opts.groupWorkers}
+			res.Notes = "the default: GroupCommit (Workers 2, TxBatchSize 100, Linger 0)"
 			if h.opts.groupWorkers > 0 {
 				res.Notes = fmt.Sprintf("GroupCommit Workers %d, TxBatchSize 100, MaxWait 0", h.opts.groupWorkers)
 			}

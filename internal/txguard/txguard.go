@@ -15,6 +15,11 @@
 // Every statement here is a pgtx.DeferredPrefix statement: on a pool from pgtx.Open it travels
 // with the transaction's next statement (Open with the first, Close with COMMIT) and Check costs
 // no network round trip at all. On another pool each is one round trip of its own.
+//
+// For a pool from pgtx.Open with lazy BEGIN, For returns the guard on the wire instead
+// (pgtx.WireGuardOpen): the connection itself refuses a COMMIT while the guard is open, by
+// sending a ROLLBACK and the same error in its place, and the server does no work for the guard
+// at all (no guard row, no deferred trigger at COMMIT, no Condition in the first statement).
 package txguard
 
 import (
@@ -30,9 +35,25 @@ import (
 // Guard holds one schema's guard statements.
 type Guard struct {
 	open, check, close string
+	wire               bool
 }
 
-// New returns the guard of schema (a validated identifier).
+// For returns the guard for transactions on db: the guard on the wire when db's connections
+// have it (pgtx.WireGuards), else the server's guard of schema (New). A caller whose first
+// statement opens the guard with Condition leaves Condition out when OnWire says so, and calls
+// Open instead.
+func For(schema string, db *sql.DB) Guard {
+	if pgtx.WireGuards(db) {
+		return Guard{open: pgtx.WireGuardOpen, check: pgtx.WireGuardCheck, close: pgtx.WireGuardClose, wire: true}
+	}
+	return New(schema)
+}
+
+// OnWire reports whether g is the guard on the wire (see For).
+func (g Guard) OnWire() bool { return g.wire }
+
+// New returns the server's guard of schema (a validated identifier), for transactions on any
+// pool: the guard row's deferred trigger refuses the COMMIT.
 func New(schema string) Guard {
 	state := StateSetting(schema)
 	return Guard{

@@ -29,6 +29,18 @@ func claimTables(op string, db *sql.DB, schema *string) (plain, daily string, er
 	return pgtx.QualifiedName(*schema, "processed_messages"), pgtx.QualifiedName(*schema, partition.Parent), nil
 }
 
+// checkClaimPrune is how both claim prunes start: the tables' names, then the request checked
+// and its cutoff (pgtx.CheckPrune).
+func checkClaimPrune(ctx context.Context, op string, db *sql.DB, schema string, req pgtx.PruneRequest, scope pgtx.PruneScope) (plain, daily string, _ pgtx.PruneRequest, before time.Time, err error) {
+	if plain, daily, err = claimTables(op, db, &schema); err != nil {
+		return "", "", req, before, err
+	}
+	if _, req, before, err = pgtx.CheckPrune(ctx, db, schema, req, scope); err != nil {
+		return "", "", req, before, fmt.Errorf("once: %s: %w", op, err)
+	}
+	return plain, daily, req, before, nil
+}
+
 // hasDaily reports whether schema has processed_messages_daily: a schema older than migration
 // 004 has none, and all its claims are in processed_messages.
 func hasDaily(ctx context.Context, db *sql.DB, daily string) (bool, error) {
@@ -37,35 +49,16 @@ func hasDaily(ctx context.Context, db *sql.DB, daily string) (bool, error) {
 	return ok, err
 }
 
-// ClaimConsumers lists, in name order, the consumers with claims in processed_messages. It
-// walks the (consumer, ...) index one consumer at a time (a "loose index scan"), so it costs
-// one index probe per consumer, not a scan of the table. Consumers whose claims are all in
+// ClaimConsumers lists, in name order, the consumers with claims in processed_messages,
+// one index probe per consumer (pgtx.DistinctConsumers), not a scan of the table. Consumers whose claims are all in
 // processed_messages_daily are not listed: that table is pruned by whole days (MaintainDays).
 func ClaimConsumers(ctx context.Context, db *sql.DB, schema string) ([]string, error) {
 	pm, _, err := claimTables("claim consumers", db, &schema)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := db.QueryContext(ctx, `WITH RECURSIVE c(consumer) AS (
-    (SELECT consumer FROM `+pm+` ORDER BY consumer LIMIT 1)
-    UNION ALL
-    SELECT (SELECT t.consumer FROM `+pm+` t WHERE t.consumer > c.consumer ORDER BY t.consumer LIMIT 1)
-    FROM c WHERE c.consumer IS NOT NULL
-)
-SELECT consumer FROM c WHERE consumer IS NOT NULL`)
+	out, err := pgtx.DistinctConsumers(ctx, db, pm)
 	if err != nil {
-		return nil, fmt.Errorf("once: claim consumers: %w", err)
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var c string
-		if err := rows.Scan(&c); err != nil {
-			return nil, fmt.Errorf("once: claim consumers: %w", err)
-		}
-		out = append(out, c)
-	}
-	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("once: claim consumers: %w", err)
 	}
 	return out, nil
@@ -80,13 +73,9 @@ SELECT consumer FROM c WHERE consumer IS NOT NULL`)
 // again unless the age guard (Config.MaxMessageAge) refuses it. Keep claims for longer than
 // any redelivery can come.
 func PruneClaims(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error) {
-	pm, _, err := claimTables("prune claims", db, &schema)
+	pm, _, req, before, err := checkClaimPrune(ctx, "prune claims", db, schema, req, pgtx.PerConsumer)
 	if err != nil {
 		return 0, err
-	}
-	schema, req, before, err := pgtx.CheckPrune(ctx, db, schema, req, pgtx.PerConsumer)
-	if err != nil {
-		return 0, fmt.Errorf("once: prune claims: %w", err)
 	}
 	consumer, batchSize := req.Consumer, req.BatchSize
 	// ctid = ANY(ARRAY(...)) makes a TID scan: the batch is located once through the
@@ -104,13 +93,9 @@ func PruneClaims(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneR
 // operators purging by hand; routine retention drops whole days (MaintainDays), which costs
 // no row deletes. A schema without the table (older than migration 004) has nothing to delete.
 func PruneDailyClaims(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error) {
-	_, daily, err := claimTables("prune daily claims", db, &schema)
+	_, daily, req, before, err := checkClaimPrune(ctx, "prune daily claims", db, schema, req, pgtx.AnyConsumer)
 	if err != nil {
 		return 0, err
-	}
-	schema, req, before, err := pgtx.CheckPrune(ctx, db, schema, req, pgtx.AnyConsumer)
-	if err != nil {
-		return 0, fmt.Errorf("once: prune daily claims: %w", err)
 	}
 	consumer, batchSize := req.Consumer, req.BatchSize
 	if ok, err := hasDaily(ctx, db, daily); err != nil || !ok {

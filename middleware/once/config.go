@@ -2,6 +2,7 @@ package once
 
 import (
 	"cmp"
+	"context"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -104,8 +105,10 @@ type Config struct {
 	// Now is the clock of the age guard. Default time.Now.
 	Now func() time.Time
 
-	// GroupCommit groups messages in flight at the same time into one transaction. See
-	// GroupCommitConfig for what it gains and what it asks of handlers. Off by default.
+	// GroupCommit groups messages in flight at the same time into one transaction; one message
+	// in flight (or up to GroupCommit.Workers) still gets a transaction of its own. On by
+	// default; set GroupCommit.Disabled to turn it off. See GroupCommitConfig for what it gains
+	// and what it asks of handlers.
 	GroupCommit GroupCommitConfig
 
 	// ShutdownGrace is how long a handler already running may go on after the router closes
@@ -128,6 +131,12 @@ type Config struct {
 	// events and the handler and the outbox store as child spans (see the package doc, Tracing).
 	// It is also the default Outbox's TracerProvider. Default otel.GetTracerProvider().
 	TracerProvider trace.TracerProvider
+
+	// StartCheck, when set, runs once in New with the configured Consumer ("" when it defaults
+	// to the handler name) and MaxMessageAge: a check the service wants passed before it
+	// consumes, such as the redelivery horizon against the key retention
+	// (doctor.OnceStartCheck in ops/doctor). An error fails New.
+	StartCheck func(ctx context.Context, consumer string, maxMessageAge time.Duration) error
 }
 
 // Defaults of Config.
@@ -151,7 +160,7 @@ func (c *Config) setDefaults() {
 	}
 	c.TxRetry.MaxAttempts = cmp.Or(c.TxRetry.MaxAttempts, DefaultTxRetryAttempts)
 	c.ShutdownGrace = cmp.Or(c.ShutdownGrace, DefaultShutdownGrace)
-	if c.GroupCommit.Enabled {
+	if !c.GroupCommit.Disabled {
 		c.GroupCommit.setDefaults()
 	}
 	wmonce.SetAgeGuardDefaults(&c.OccurredAt, &c.Now, outbox.MetadataOccurredAt)

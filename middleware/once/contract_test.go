@@ -29,7 +29,8 @@ import (
 
 // txPath is one of the three ways the middleware runs a handler: in a transaction of its own,
 // in a group-commit transaction shared with other messages, or in the transaction of
-// watermill-sql's subscriber. The contract (onceContract) must hold on each of them.
+// watermill-sql's subscriber. The contract (onceContract) must hold on each of them, and on the
+// default Config (group commit with Linger 0: alone when a lane is free, grouped when not).
 type txPath struct {
 	name string
 	// config adjusts a test's Config for the path.
@@ -41,9 +42,10 @@ type txPath struct {
 }
 
 var txPaths = []txPath{
-	{name: "own-tx", config: func(*once.Config) {}},
+	{name: "default", config: func(*once.Config) {}},
+	{name: "own-tx", config: func(c *once.Config) { c.GroupCommit.Disabled = true }},
 	{name: "group-commit", config: func(c *once.Config) {
-		c.GroupCommit = once.GroupCommitConfig{Enabled: true, Workers: 2, TxBatchSize: 50, Linger: 2 * time.Millisecond}
+		c.GroupCommit = once.GroupCommitConfig{Workers: 2, TxBatchSize: 50, Linger: 2 * time.Millisecond}
 	}},
 	{name: "subscriber-tx", config: func(*once.Config) {}, subscriberTx: true, sql: 3},
 	{name: "subscriber-tx-v4", config: func(*once.Config) {}, subscriberTx: true, sql: 4},

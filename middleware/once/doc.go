@@ -42,6 +42,19 @@
 //   - Idempotent is not ordered: an older event arriving after a newer one is applied. Use
 //     versioned writes where order matters.
 //
+// # Group commit, the default
+//
+// Messages in flight at the same time share transactions (Config.GroupCommit): a message that
+// finds one of GroupCommitConfig.Workers transactions free runs at once in a transaction of its
+// own, exactly as described above; messages that find every one busy are claimed together and
+// handled one after another in ONE transaction, committed together, and then each is acked. The
+// guarantee per message is the same. What it asks of handlers: touch only the database, through
+// the transaction, and be short. A grouped handler may run again because a neighbour in its
+// group failed (the group is rolled back and run again without the failed message), so an effect
+// outside the database can repeat even when its own message succeeds; and a slow handler delays
+// its whole group. Set GroupCommit.Disabled for a transaction per message. Messages from
+// watermill-sql's subscriber run in the subscriber's transaction and are not grouped.
+//
 // # Messages from watermill-sql's subscriber
 //
 // watermill-sql's subscriber (version 3, or version 4 over database/sql) delivers each message
@@ -91,10 +104,11 @@
 // # A handler that ends its transaction
 //
 // The transaction belongs to the middleware: a handler must not call Commit or Rollback on it.
-// Repository code that does is stopped by the attempt guard (migrations 010 and 011): from the
-// claim until the middleware's own COMMIT, the server refuses any other COMMIT of the
-// transaction, so it is rolled back whole and nothing of it is applied, neither the claim nor an
-// effect nor an output. The middleware notices (database/sql marks the transaction done) and
+// Repository code that does is stopped by the attempt guard: from the claim until the
+// middleware's own COMMIT, any other COMMIT of the transaction is refused (on a pool from
+// pgtx.Open by the connection itself, at no cost to the server; on other pools and in
+// watermill-sql's subscriber transaction by the server, migrations 010 and 011), so it is rolled
+// back whole and nothing of it is applied, neither the claim nor an effect nor an output. The middleware notices (database/sql marks the transaction done) and
 // fails that delivery alone with the permanent wmonce.ErrHandlerEndedTx, logged at error level
 // and counted in Counters.HandlerEndedTx: the Stack parks it with a reason saying the handler
 // ended the transaction. In a group, the handler that did it is found right after it returns

@@ -7,8 +7,8 @@ import (
 	"time"
 )
 
-// GroupCommitConfig turns on group commit: when messages arrive faster than Workers transactions
-// can take them (several Kafka partitions, several subscriptions, many handlers), those that find
+// GroupCommitConfig configures group commit, which is on by default: when messages arrive faster
+// than Workers transactions can take them (several Kafka partitions, several subscriptions, many handlers), those that find
 // every transaction busy are claimed with one statement, handled one after another in ONE
 // transaction and committed together, then each is acked. Commits, not handlers, are what a
 // PostgreSQL consumer waits on; sharing them raises throughput when many messages are in flight.
@@ -24,17 +24,24 @@ import (
 // the group's transaction is rolled back, the failed message is nacked alone, and the others are
 // run again in a new transaction (their handlers run twice, the first run leaving no trace). A
 // handler that fails with a serialization failure or deadlock is not at fault: the whole group
-// runs again, up to TxRetry's attempts, as a per-message transaction would. Handlers must
-// therefore be short and touch only the database; a slow handler delays every message of its
-// group. Messages from watermill-sql's subscriber keep using the subscriber's
-// transaction and are not grouped.
+// runs again, up to TxRetry's attempts, as a per-message transaction would. Messages from
+// watermill-sql's subscriber keep using the subscriber's transaction and are not grouped.
+//
+// What it asks of handlers: that they touch only the database, through the transaction, and
+// are short. A handler of a grouped message runs in a goroutine of the group, may run again
+// because a neighbour failed (so an effect outside the database, such as an HTTP call or an
+// in-memory counter, can repeat even when its own message succeeds: without group commit it
+// repeats only when the message's own transaction is retried), and delays every message of its
+// group while it runs. A handler that cannot meet that sets Disabled, and every message runs in
+// a transaction of its own.
 //
 // Measured figures are in docs/performance.md; run
 // BENCH_IN_FLIGHT=n go test -run '^$' -bench HandlerPathsInterleaved -benchtime 1x ./middleware/once/
 // to compare on your machine.
 type GroupCommitConfig struct {
-	// Enabled turns group commit on.
-	Enabled bool
+	// Disabled turns group commit off: every message runs in a transaction of its own, one
+	// commit per message, as with one message in flight.
+	Disabled bool
 	// TxBatchSize caps the messages of one transaction. Default DefaultGroupCommitTxBatchSize
 	// (100), at most MaxGroupCommitTxBatchSize.
 	TxBatchSize int
@@ -61,7 +68,7 @@ func (c *GroupCommitConfig) setDefaults() {
 }
 
 func (c GroupCommitConfig) validate() error {
-	if !c.Enabled {
+	if c.Disabled {
 		return nil
 	}
 	if c.TxBatchSize < 1 || c.TxBatchSize > MaxGroupCommitTxBatchSize {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,7 +21,7 @@ import (
 
 func groupEnv(t *testing.T, cfg once.Config) *env {
 	t.Helper()
-	cfg.GroupCommit = once.GroupCommitConfig{Enabled: true, Workers: 2, TxBatchSize: 50, Linger: 2 * time.Millisecond}
+	cfg.GroupCommit = once.GroupCommitConfig{Workers: 2, TxBatchSize: 50, Linger: 2 * time.Millisecond}
 	e := newEnv(t, cfg)
 	t.Cleanup(func() { _ = e.mw.Close() })
 	return e
@@ -151,9 +152,9 @@ func TestGroupCommitWithPartitionsAndAgeGuard(t *testing.T) {
 func TestGroupCommitConfigValidation(t *testing.T) {
 	t.Parallel()
 	db := pgtest.DB(t)
-	_, err := once.New(db, once.Config{GroupCommit: once.GroupCommitConfig{Enabled: true, TxBatchSize: -1}}, nil)
+	_, err := once.New(db, once.Config{GroupCommit: once.GroupCommitConfig{TxBatchSize: -1}}, nil)
 	require.ErrorContains(t, err, "TxBatchSize")
-	mw, err := once.New(db, once.Config{GroupCommit: once.GroupCommitConfig{Enabled: true}}, nil)
+	mw, err := once.New(db, once.Config{GroupCommit: once.GroupCommitConfig{}}, nil)
 	require.NoError(t, err)
 	require.NoError(t, mw.Close())
 	require.NoError(t, mw.Close(), "Close is idempotent")
@@ -163,7 +164,7 @@ func TestGroupCommitConfigValidation(t *testing.T) {
 // are grouped; either way each id applies once and copies are counted as duplicates.
 func TestGroupCommitAdaptiveAppliesEachOnce(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, once.Config{Consumer: "c", GroupCommit: once.GroupCommitConfig{Enabled: true, Workers: 1}})
+	e := newEnv(t, once.Config{Consumer: "c", GroupCommit: once.GroupCommitConfig{Workers: 1}})
 	t.Cleanup(func() { _ = e.mw.Close() })
 	h := e.mw.Middleware(e.effect)
 	var uuids []string
@@ -186,7 +187,7 @@ func TestGroupCommitAdaptiveAppliesEachOnce(t *testing.T) {
 // A message waiting for a lane gives up when its deadline passes, without running.
 func TestGroupCommitWaitingMessageHonoursItsDeadline(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, once.Config{Consumer: "c", GroupCommit: once.GroupCommitConfig{Enabled: true, Workers: 1}})
+	e := newEnv(t, once.Config{Consumer: "c", GroupCommit: once.GroupCommitConfig{Workers: 1}})
 	t.Cleanup(func() { _ = e.mw.Close() })
 	entered, release := make(chan struct{}), make(chan struct{})
 	var ran atomic.Int32
@@ -218,4 +219,60 @@ func TestGroupCommitWaitingMessageHonoursItsDeadline(t *testing.T) {
 	require.NoError(t, <-slow)
 	require.Equal(t, int32(1), ran.Load(), "the message that gave up never ran")
 	require.Equal(t, 1, e.effects(t))
+}
+
+// With a zero GroupCommitConfig, messages that find both default lanes busy wait and then share
+// one transaction; with Disabled, every message runs at once in a transaction of its own.
+func TestGroupCommitIsTheDefault(t *testing.T) {
+	t.Parallel()
+	for name, gc := range map[string]once.GroupCommitConfig{"default": {}, "disabled": {Disabled: true}} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, once.Config{Consumer: "c", GroupCommit: gc})
+			const busy, waiting = once.DefaultGroupCommitWorkers, 3
+			entered, release := make(chan string, busy+waiting), make(chan struct{})
+			h := e.mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+				entered <- msg.UUID
+				if strings.HasPrefix(msg.UUID, "busy") {
+					<-release
+				}
+				return e.effect(msg)
+			})
+			var wg sync.WaitGroup
+			errs := make(chan error, busy+waiting)
+			send := func(uuid string) { wg.Go(func() { errs <- deliver(h, uuid, "p") }) }
+			for i := range busy {
+				send(fmt.Sprintf("busy-%d", i))
+			}
+			for range busy {
+				<-entered // every lane is held by a blocked handler
+			}
+			if gc.Disabled {
+				for i := range waiting {
+					send(fmt.Sprintf("m-%d", i))
+					<-entered // runs at once, beside the blocked ones
+				}
+			} else {
+				signals := once.GroupCommitTestSignals(e.mw)
+				for i := range waiting {
+					send(fmt.Sprintf("m-%d", i))
+					require.Equal(t, i+1, signals.Queued.WaitOrTimeout(), "m-%d waits for a lane", i)
+				}
+			}
+			close(release)
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				require.NoError(t, err)
+			}
+			require.Equal(t, busy+waiting, e.effects(t))
+			c := e.mw.Counters()
+			if gc.Disabled {
+				require.Zero(t, c.GroupCommitTransactions, "no group without group commit")
+				return
+			}
+			require.Equal(t, uint64(waiting), c.GroupCommitMessages, "the waiting messages ran grouped")
+			require.Equal(t, uint64(1), c.GroupCommitTransactions, "in one transaction")
+		})
+	}
 }

@@ -105,3 +105,48 @@ func TestAttemptGuardRefusesACommitWhileAnAttemptIsOpenOrDoomed(t *testing.T) {
 	require.NoError(t, run(row, `DELETE FROM `+guard+` WHERE xid = pg_current_xact_id()`))
 	require.Zero(t, pgtest.Count(t, e.db, `SELECT count(*) FROM `+guard))
 }
+
+// On a pool from pgtx.Open (lazy BEGIN) the attempt guard is the connection's (txguard.For):
+// the server's guard is never opened, so it costs the server nothing, and a handler's COMMIT is
+// refused all the same, on the own-transaction path and in a group. On another pool the
+// server's guard does it.
+func TestAttemptGuardOnTheWireLeavesTheServerGuardClosed(t *testing.T) {
+	t.Parallel()
+	for name, lazy := range map[string]bool{"wire": true, "server": false} {
+		for path, gc := range map[string]once.GroupCommitConfig{"own-tx": {Disabled: true}, "group": {Workers: 1}} {
+			t.Run(name+"/"+path, func(t *testing.T) {
+				t.Parallel()
+				e, _ := countedEnv(t, lazy)
+				mw, err := once.New(e.db, once.Config{Schema: e.schema, Consumer: "c", GroupCommit: gc}, nil)
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = mw.Close() })
+				state := "wmonce.attempt_" + e.schema // as migration 010 reads it
+				var seen string
+				h := mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+					tx, _ := pgtx.TxFromContext(msg.Context())
+					if err := tx.QueryRowContext(msg.Context(), `SELECT coalesce(current_setting($1, true), '')`, state).Scan(&seen); err != nil {
+						return nil, err
+					}
+					if _, err := e.effect(msg); err != nil {
+						return nil, err
+					}
+					if msg.UUID == "commits" {
+						_ = tx.Commit()
+					}
+					return nil, nil
+				})
+				_, err = h(message.NewMessage("fine", []byte("p")))
+				require.NoError(t, err)
+				if lazy {
+					require.Empty(t, seen, "the server's guard was not opened")
+				} else {
+					require.Equal(t, "open", seen)
+				}
+				_, err = h(message.NewMessage("commits", []byte("p")))
+				require.ErrorIs(t, err, wmonce.ErrHandlerEndedTx)
+				require.Equal(t, 1, e.effects(t), "the handler's COMMIT was refused: nothing of it applied")
+				require.Equal(t, 1, e.claims(t))
+			})
+		}
+	}
+}

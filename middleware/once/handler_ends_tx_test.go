@@ -82,7 +82,7 @@ func TestGroupCommitHandlerEndingTheTxTouchesNoNeighbour(t *testing.T) {
 		t.Run(ending.Name, func(t *testing.T) {
 			t.Parallel()
 			cfg := once.Config{Consumer: "c", OutputTopic: "out"}
-			cfg.GroupCommit = once.GroupCommitConfig{Enabled: true, Workers: 1, TxBatchSize: 50}
+			cfg.GroupCommit = once.GroupCommitConfig{Workers: 1, TxBatchSize: 50}
 			e := newEnv(t, cfg)
 			t.Cleanup(func() { _ = e.mw.Close() })
 			signals := once.GroupCommitTestSignals(e.mw)

@@ -93,7 +93,7 @@ func BenchmarkIsolationInterleaved(b *testing.B) {
 		v.name += "-" + strconv.Itoa(inFlight)
 		mw, err := once.New(db, once.Config{Schema: schema, Consumer: v.name,
 			TxOptions: &sql.TxOptions{Isolation: iso[level]}, TxRetry: retry,
-			GroupCommit: once.GroupCommitConfig{Enabled: group}}, nil)
+			GroupCommit: once.GroupCommitConfig{Disabled: !group}}, nil)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -1,6 +1,7 @@
 package once
 
 import (
+	"context"
 	"crypto/sha256"
 	"database/sql"
 	"fmt"
@@ -47,6 +48,11 @@ func New(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Middleware
 	if err != nil {
 		return nil, err
 	}
+	if config.StartCheck != nil {
+		if err := config.StartCheck(context.Background(), config.Consumer, config.MaxMessageAge); err != nil {
+			return nil, fmt.Errorf("once: start check: %w", err)
+		}
+	}
 	ob, err := outbox.WriterOrDefault(config.Outbox, outbox.Config{Schema: config.Schema, Source: config.OutboxSource, TracerProvider: config.TracerProvider})
 	if err != nil {
 		return nil, fmt.Errorf("once: %w", err)
@@ -56,23 +62,24 @@ func New(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Middleware
 		config: config,
 		logger: logger,
 		tracer: tracing.Tracer(config.TracerProvider),
-		q:      newClaimQueries(config.Schema, config.PartitionByDay),
-		guard:  txguard.New(config.Schema),
+		guard:  txguard.For(config.Schema, db),
 	}
+	e.q = newClaimQueries(config.Schema, config.PartitionByDay, e.guard.OnWire())
 	e.step = lend.Step{
 		Component: "once", Guard: e.guard, Outbox: ob, Tracer: e.tracer, Unstorable: ErrUnstorableOutput,
 		NoTopic: "add the handler with router.AddHandler(..., publishTopic, ...) or set Config.OutputTopic",
 	}
-	if config.GroupCommit.Enabled {
+	if !config.GroupCommit.Disabled {
 		e.group = newGroupCommitter(e, config.GroupCommit)
 	}
 	return e, nil
 }
 
-// Close stops the group-commit workers, answering messages still queued with an error (they
-// are nacked and redelivered), and writes the duplicates per minute not written yet (see
-// DuplicateFlushDelay). It is idempotent; it is needed with GroupCommit, and otherwise keeps
-// the last second of duplicates in the admin page's charts.
+// Close stops group commit, answering messages still queued with an error (they are nacked and
+// redelivered), waits for the groups running, and writes the duplicates per minute not written
+// yet (see DuplicateFlushDelay). Call it after the router has closed. It is idempotent; without
+// it nothing leaks (a lane ends when nobody waits), and the admin page's duplicates charts miss
+// at most the last DuplicateFlushDelay of duplicates.
 func (e *Middleware) Close() error {
 	if e.group != nil {
 		e.group.close()

@@ -33,6 +33,7 @@ func newEnv(t *testing.T, cfg once.Config) *env {
 	cfg.Schema = schema
 	mw, err := once.New(db, cfg, watermill.NewStdLogger(false, false))
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = mw.Close() })
 	return &env{db: db, schema: schema, mw: mw}
 }
 

@@ -41,7 +41,13 @@ func (e *Middleware) attemptOwnTx(ctx context.Context, h message.HandlerFunc, d 
 	}()
 
 	// The claim opens the attempt guard (internal/txguard): from here until Close, a COMMIT
-	// the handler sends is refused by the server.
+	// the handler sends is refused by the server. The guard on the wire opens on its own, at
+	// no cost: the connection answers it.
+	if e.guard.OnWire() {
+		if err := e.guard.Open(ctx, tx); err != nil {
+			return fmt.Errorf("once: %w", err)
+		}
+	}
 	fresh, err := e.claim(ctx, tx, d)
 	if err != nil || !fresh {
 		return err // a duplicate wrote nothing; the deferred rollback ends the transaction

@@ -20,7 +20,9 @@ type claimQueries struct {
 	doom             string
 }
 
-func newClaimQueries(schema string, daily bool) claimQueries {
+// With wireGuard the own-transaction claim does not open the server's attempt guard: the
+// connection guards the transaction (txguard.For) and the server does no work for it.
+func newClaimQueries(schema string, daily, wireGuard bool) claimQueries {
 	t := pgtx.QualifiedName(schema, "processed_messages")
 	cols, arrays, dayCond := "consumer, message_id, payload_sha256", "$1::text[], $2::text[], $3::bytea[]", ""
 	typed := "$1::text, $2::text, $3::bytea"
@@ -31,10 +33,14 @@ func newClaimQueries(schema string, daily bool) claimQueries {
 	}
 	// The attempt state of migration 010 (see spBegin): a transaction-local setting per schema.
 	state := txguard.StateSetting(schema)
+	// The own-transaction claim opens the server's attempt guard as it goes (internal/txguard).
+	claim := `INSERT INTO ` + t + ` (` + cols + `) SELECT ` + typed + ` WHERE ` + txguard.Condition(schema) + ` ON CONFLICT DO NOTHING`
+	if wireGuard {
+		claim = `INSERT INTO ` + t + ` (` + cols + `) VALUES (` + typed + `) ON CONFLICT DO NOTHING`
+	}
 	return claimQueries{
-		daily: daily,
-		// The own-transaction claim opens the attempt guard as it goes (see internal/txguard).
-		claim:  `INSERT INTO ` + t + ` (` + cols + `) SELECT ` + typed + ` WHERE ` + txguard.Condition(schema) + ` ON CONFLICT DO NOTHING`,
+		daily:  daily,
+		claim:  claim,
 		lookup: `SELECT payload_sha256, processed_at FROM ` + t + ` WHERE consumer = $1 AND message_id = $2` + dayCond,
 		claimMany: `INSERT INTO ` + t + ` (` + cols + `)
 SELECT * FROM unnest(` + arrays + `)

@@ -22,10 +22,10 @@ import (
 func TestReadModifyWriteHandlerCountsEveryUpdateWithDefaults(t *testing.T) {
 	t.Parallel()
 	for name, cfg := range map[string]once.Config{
-		"per-message": {Consumer: "c"},
+		"per-message": {Consumer: "c", GroupCommit: once.GroupCommitConfig{Disabled: true}},
 		// One message per group: two messages in one transaction run one after the other and
 		// could not both read before either writes.
-		"group-commit": {Consumer: "c", GroupCommit: once.GroupCommitConfig{Enabled: true, TxBatchSize: 1}},
+		"group-commit": {Consumer: "c", GroupCommit: once.GroupCommitConfig{TxBatchSize: 1}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

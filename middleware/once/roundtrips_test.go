@@ -75,7 +75,7 @@ func TestRoundTripsPerMessageOwnTx(t *testing.T) {
 func TestRoundTripsPerMessageGroupCommitAlone(t *testing.T) {
 	t.Parallel()
 	e, rt := countedEnv(t, true)
-	mw, err := once.New(e.db, once.Config{Schema: e.schema, Consumer: "c", GroupCommit: once.GroupCommitConfig{Enabled: true}}, nil)
+	mw, err := once.New(e.db, once.Config{Schema: e.schema, Consumer: "c", GroupCommit: once.GroupCommitConfig{}}, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = mw.Close() })
 	require.Equal(t, int64(3), perMessage(t, rt, mw.Middleware(e.effect), "gc"), "claim (with BEGIN), handler write, COMMIT")

@@ -233,12 +233,12 @@ func TestAdminPageReadOnlyInChromium(t *testing.T) {
 
 	step(t, ctx, "load the page", chromedp.Navigate(srv.URL+"/"))
 	waitFor(t, ctx, "the FAILED row", `document.body.dataset.ready === "1" && document.querySelectorAll('#rows tbody tr[data-status="FAILED"]').length === 1`)
-	require.Equal(t, []string{"sms", "0", "—", "—"}, step(t, ctx, "read the relay row", chromedp.Evaluate[[]string](
+	require.Equal(t, []string{"sms", "0", "—", "—", "0", "running Pause"}, step(t, ctx, "read the relay row", chromedp.Evaluate[[]string](
 		`[...document.querySelectorAll('#relays tbody td')].map(td => td.textContent)`)), "an unset time shows as a dash")
 	mode := step(t, ctx, "read the mode", chromedp.Evaluate[string](`document.getElementById("mode").textContent`))
 	require.Equal(t, "read-only", mode)
 	visible := step(t, ctx, "count visible write buttons", chromedp.Evaluate[int](
-		`[...document.querySelectorAll('#replay-all, button.replay, button.skip')].filter(b => b.offsetParent !== null).length`))
+		`[...document.querySelectorAll('#replay-all, button.replay, button.skip, button.pause, button.resume')].filter(b => b.offsetParent !== null).length`))
 	require.Zero(t, visible)
 	require.Equal(t, 1, f.count(t, "FAILED"))
 	for _, m := range console() {

@@ -115,6 +115,7 @@ func (h *Handler) routes() {
 	h.mux.HandleFunc("/api/inbox/skip", h.write(h.skip))
 	h.mux.HandleFunc("/api/outbox/republish", h.write(h.republish))
 	h.mux.HandleFunc("/api/outbox/forget", h.write(h.forget))
+	h.mux.HandleFunc("/api/pause", h.write(h.pause))
 	h.mux.HandleFunc("/api/failures", h.get(h.failureGroups))
 	h.mux.HandleFunc("/api/failures/act", h.write(h.failureAct))
 }

@@ -173,6 +173,8 @@ type InboxStats struct {
 	// (nil, null in JSON, and 0 when there is none): alert when the age grows.
 	OldestPendingReceivedAt *time.Time `json:"oldest_pending_received_at"`
 	OldestPendingAgeSeconds float64    `json:"oldest_pending_age_seconds"`
+	// PausedAt is when the consumer was paused (inbox.Ops.Pause); nil (null) while it runs.
+	PausedAt *time.Time `json:"paused_at"`
 }
 
 // ReadInbox counts every inbox consumer's rows by status, ordered by consumer. Unfinished
@@ -204,6 +206,7 @@ func ReadInbox(ctx context.Context, db *sql.DB, schema string) ([]InboxStats, er
 		s.Pending, s.Retrying, s.InProgress, s.Failed = st.Pending, st.Retrying, st.InProgress, st.Failed
 		s.OldestPendingReceivedAt = timePtr(st.OldestPendingReceivedAt)
 		s.OldestPendingAgeSeconds = st.OldestPendingAge.Seconds()
+		s.PausedAt = timePtr(st.PausedAt)
 	}
 	return sortedByName(byName), nil
 }
@@ -221,6 +224,12 @@ type RelayStats struct {
 	// Held lists the topics the relay holds because publishing to them failed (their rows,
 	// counted in Backlog, wait in outbox_held while the other topics go on).
 	Held []HeldTopic `json:"held"`
+	// Delayed counts rows waiting in outbox_delayed for their time (not in Backlog); NextDue is
+	// when the earliest is due (nil, null, when none).
+	Delayed int64      `json:"delayed"`
+	NextDue *time.Time `json:"next_due"`
+	// PausedAt is when the relay was paused (outbox.PauseRelay); nil (null) while it runs.
+	PausedAt *time.Time `json:"paused_at"`
 }
 
 // HeldTopic is a topic a relay holds (outbox.HeldTopic).
@@ -248,6 +257,7 @@ func ReadOutbox(ctx context.Context, db *sql.DB, schema string) (OutboxStats, er
 
 		last := &out.Relays[len(out.Relays)-1]
 		last.Source, last.Held = r.Source, make([]HeldTopic, len(r.Held))
+		last.Delayed, last.NextDue, last.PausedAt = r.Delayed, timePtr(r.NextDue), timePtr(r.PausedAt)
 		for i, h := range r.Held {
 			last.Held[i] = HeldTopic{Topic: h.Topic, Rows: h.Rows, Since: h.Since}
 		}

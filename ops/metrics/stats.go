@@ -36,6 +36,7 @@ func (c *collector) collectInboxRows(ctx context.Context, s *series) {
 		s.add(descInboxRows, prometheus.GaugeValue, float64(st.Failed), consumer, "failed")
 		s.add(descRetrying, prometheus.GaugeValue, float64(st.Retrying), consumer)
 		s.add(descOldestAge, prometheus.GaugeValue, st.OldestPendingAge.Seconds(), consumer)
+		s.add(descInboxPaused, prometheus.GaugeValue, boolValue(!st.PausedAt.IsZero()), consumer)
 	}
 }
 
@@ -48,6 +49,8 @@ func (c *collector) collectOutbox(ctx context.Context, s *series) {
 	for _, r := range relays {
 		s.add(descBacklog, prometheus.GaugeValue, float64(r.Backlog), r.Name)
 		s.add(descLag, prometheus.GaugeValue, r.Lag.Seconds(), r.Name)
+		s.add(descDelayedRows, prometheus.GaugeValue, float64(r.Delayed), r.Name)
+		s.add(descRelayPaused, prometheus.GaugeValue, boolValue(!r.PausedAt.IsZero()), r.Name)
 		for _, h := range r.Held {
 			s.add(descHeldRows, prometheus.GaugeValue, float64(h.Rows), r.Name, h.Topic)
 		}

@@ -92,7 +92,7 @@ type Janitor struct {
 	inboxOps *inbox.Ops
 
 	claims, dailyDropped, inboxRows, outboxRows, httpKeys, rejected, intents, rounds, failedRounds atomic.Uint64
-	lastRound                                                                                      atomic.Int64
+	lastRound                                                                                      worker.Stamp
 
 	life        worker.Runner
 	leader      *worker.Leader
@@ -153,10 +153,6 @@ func (j *Janitor) Config() Config { return j.config }
 
 // Counters returns the janitor's running totals.
 func (j *Janitor) Counters() Counters {
-	var last time.Time
-	if n := j.lastRound.Load(); n != 0 {
-		last = time.Unix(0, n)
-	}
 	return Counters{
 		Claims:                 j.claims.Load(),
 		DailyPartitionsDropped: j.dailyDropped.Load(),
@@ -168,7 +164,7 @@ func (j *Janitor) Counters() Counters {
 		Rounds:                 j.rounds.Load(),
 		FailedRounds:           j.failedRounds.Load(),
 		IsLeader:               j.leader.Leading(),
-		LastRound:              last,
+		LastRound:              j.lastRound.Time(),
 	}
 }
 
@@ -265,7 +261,7 @@ func (j *Janitor) finishRound(start time.Time, rep *Report, err error) {
 	if err != nil {
 		j.failedRounds.Add(1)
 	}
-	j.lastRound.Store(time.Now().UnixNano())
+	j.lastRound.SetNow()
 	if rep.Claims+rep.DailyPartitionsDropped+rep.InboxRows+rep.OutboxRows+rep.HTTPKeys+rep.OutboxRejected+rep.SentIntents > 0 {
 		j.logger.Info("Retention round deleted rows", watermill.LogFields{
 			"claims": rep.Claims, "daily_partitions_dropped": rep.DailyPartitionsDropped,

@@ -295,7 +295,7 @@ async function loadInbox() {
   if (state.consumer) sel.value = state.consumer;
   if (!r.consumers.length) {
     $("rows-panel").hidden = true;
-    return emptyRow(body, 8, "The inbox is empty.");
+    return emptyRow(body, 9, "The inbox is empty.");
   }
   body.replaceChildren(...r.consumers.map((c) => el("tr", { "data-consumer": c.consumer },
     td(c.consumer),
@@ -303,7 +303,7 @@ async function loadInbox() {
     countLink(c.consumer, "IN_PROGRESS", c.in_progress),
     countLink(c.consumer, "FAILED", c.failed),
     countLink(c.consumer, "DONE", c.done), countLink(c.consumer, "SKIPPED", c.skipped),
-    td(fmtAge(c.oldest_pending_age_seconds)))));
+    td(fmtAge(c.oldest_pending_age_seconds)), pauseCell({ consumer: c.consumer }, c.paused_at))));
   if (!state.consumer) {
     // Open the first consumer with parked rows: that is what an operator comes for.
     const parked = r.consumers.find((c) => c.failed > 0) || r.consumers[0];
@@ -520,6 +520,25 @@ function republishActions(r, cell) {
 
 // ---- Writes ---------------------------------------------------------------------------------
 
+// pauseCell shows whether an inbox consumer or a relay (who: { consumer } or { relay }) is
+// paused, with the button that pauses or resumes it (writes only).
+function pauseCell(who, pausedAt) {
+  const paused = !!pausedAt;
+  const name = who.consumer || who.relay;
+  return el("td", { class: "state" + (paused ? " warn" : "") },
+    paused ? "paused since " + fmtTime(pausedAt) + " " : "running ",
+    el("button", {
+      type: "button", class: "writes " + (paused ? "resume" : "pause"),
+      onclick: async () => {
+        try {
+          const r = await api("pause", { ...who, pause: !paused });
+          flash(r.changed ? `${paused ? "Resumed" : "Paused"} ${name}.` : `${name} was ${paused ? "not paused" : "paused already"}.`);
+          await refresh();
+        } catch (e) { flash(e.message, true); }
+      },
+    }, paused ? "Resume" : "Pause"));
+}
+
 async function change(action, body, done) {
   try {
     const r = await api("inbox/" + action, body);
@@ -582,9 +601,11 @@ async function loadOutbox() {
   const r = await api("outbox");
   const body = $("relays").tBodies[0];
   fillSelect($("r-relay"), r.relays.map((x) => x.name), state.relay);
-  if (!r.relays.length) emptyRow(body, 4, "No relay has run on this schema yet.");
-  else body.replaceChildren(...r.relays.map((x) => el("tr", {},
-    td(x.name), td(num(x.backlog), "num"), td(fmtTime(x.oldest_pending)), td(fmtAge(x.lag_seconds), "num"))));
+  if (!r.relays.length) emptyRow(body, 6, "No relay has run on this schema yet.");
+  else body.replaceChildren(...r.relays.map((x) => el("tr", { "data-relay": x.name },
+    td(x.name), td(num(x.backlog), "num"), td(fmtTime(x.oldest_pending)), td(fmtAge(x.lag_seconds), "num"),
+    el("td", { class: "num", title: x.next_due ? "next due " + fmtTime(x.next_due) : "" }, num(x.delayed)),
+    pauseCell({ relay: x.name }, x.paused_at))));
   const held = r.relays.flatMap((x) => (x.held || []).map((h) => el("li", { "data-relay": x.name, "data-topic": h.topic },
     `Relay ${x.name} holds topic ${h.topic}: ${num(h.rows)} row(s) wait since ${fmtTime(h.since)} because publishing to it fails (the relay's log says why); the other topics go on.`)));
   $("held").replaceChildren(...held);

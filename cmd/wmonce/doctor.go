@@ -1,0 +1,174 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/wmonce/watermill-once/broker"
+	"github.com/wmonce/watermill-once/ops/doctor"
+	"github.com/wmonce/watermill-once/ops/retention"
+)
+
+func doctorCommand() *command {
+	return &command{
+		name:    "doctor",
+		summary: "check that no broker can redeliver a copy after its dedupe key is pruned",
+		usage: `
+doctor -consumer C [-kafka TOPIC,...] [-amqp QUEUE,...] [-max-message-age AGE] [-inbox] [-from-outbox]
+       [-consumer C2 ...] [-keep AGE] [-inbox-keep AGE] [-outbox-keep AGE]
+       [-kafka-brokers HOST:PORT,...] [-amqp-url URL] [-management-url URL]`,
+		details: `
+Reads what the brokers will redeliver and compares it, per consumer and source, with how long
+the consumer's keys are kept (-keep, -inbox-keep, the janitor's windows) and its age guard
+(-max-message-age, once.Config.MaxMessageAge): Kafka topics' retention.ms and cleanup.policy
+and the broker's offsets.retention.minutes (an offset reset replays the topic); RabbitMQ
+queues' message TTLs and their dead-letter queues through the management API, or, when it is
+off, the queue's own arguments over AMQP; with -from-outbox the outbox rows a reset relay
+forwards again (-outbox-keep). It says whether a copy can arrive after its key is gone and
+what to set.
+
+-consumer starts a consumer; the flags after it, up to the next -consumer, describe it.
+Exits 1 when a hazard is found (for CI), 0 otherwise, also when a source could not be read
+(reported as unknown).`,
+		examples: []string{
+			"wmonce doctor -consumer payments -kafka payments,refunds -keep 7d",
+			"wmonce doctor -consumer sms -amqp sms,sms.dlq -max-message-age 6d -consumer rewards -kafka rewards",
+			"KAFKA_BROKERS=127.0.0.1:9092 wmonce doctor -json -consumer payments -kafka payments",
+		},
+		run: runDoctor,
+	}
+}
+
+func runDoctor(ctx context.Context, e *env, args []string) error {
+	fs := e.flags("doctor")
+	var cfg doctor.Config
+	var cur *doctor.Consumer
+	var parseErr error
+	need := func(flag string) *doctor.Consumer {
+		if cur == nil && parseErr == nil {
+			parseErr = usagef("%s describes a consumer: give -consumer NAME before it", flag)
+		}
+		return cur
+	}
+	list := func(s string) []string {
+		var out []string
+		for _, p := range strings.Split(s, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				out = append(out, p)
+			}
+		}
+		return out
+	}
+	fs.Func("consumer", "a consumer to check (repeatable; the flags after it describe it)", func(s string) error {
+		cfg.Consumers = append(cfg.Consumers, doctor.Consumer{Name: s})
+		cur = &cfg.Consumers[len(cfg.Consumers)-1]
+		return nil
+	})
+	fs.Func("kafka", "Kafka topics the consumer reads, comma-separated", func(s string) error {
+		if c := need("-kafka"); c != nil {
+			c.KafkaTopics = append(c.KafkaTopics, list(s)...)
+		}
+		return nil
+	})
+	fs.Func("amqp", "RabbitMQ queues the consumer reads, comma-separated", func(s string) error {
+		if c := need("-amqp"); c != nil {
+			c.AMQPQueues = append(c.AMQPQueues, list(s)...)
+		}
+		return nil
+	})
+	fs.Func("max-message-age", "the consumer's age guard, once.Config.MaxMessageAge (e.g. 144h or 6d)", func(s string) error {
+		d, err := parseAge(s)
+		if c := need("-max-message-age"); c != nil && err == nil {
+			c.MaxMessageAge = d
+		}
+		return err
+	})
+	fs.BoolFunc("inbox", "the consumer is an inbox consumer: its keys are inbox rows", func(string) error {
+		if c := need("-inbox"); c != nil {
+			c.Inbox = true
+		}
+		return nil
+	})
+	fs.BoolFunc("from-outbox", "the consumer's messages come through this schema's outbox relay", func(string) error {
+		if c := need("-from-outbox"); c != nil {
+			c.FromOutbox = true
+		}
+		return nil
+	})
+	keep := fs.String("keep", "", "how long claims are kept: the janitor's Keep (default 7d)")
+	inboxKeep := fs.String("inbox-keep", "", "how long finished inbox rows are kept (default 7d)")
+	outboxKeep := fs.String("outbox-keep", "", "how long relayed outbox rows are kept (default 24h)")
+	brokers := fs.String("kafka-brokers", os.Getenv(broker.EnvKafkaBrokers), "Kafka bootstrap addresses (default $"+broker.EnvKafkaBrokers+")")
+	amqpURL := fs.String("amqp-url", os.Getenv(broker.EnvAMQPURL), "RabbitMQ URL of the consumers' vhost (default $"+broker.EnvAMQPURL+", else "+broker.DefaultAMQPURL+")")
+	mgmtURL := fs.String("management-url", "", "RabbitMQ management API (default http://HOST:15672 with the AMQP URL's credentials)")
+	if err := e.parseFlagsOnly(fs, args); err != nil {
+		return err
+	}
+	if parseErr != nil {
+		return parseErr
+	}
+	if len(cfg.Consumers) == 0 {
+		return usagef("name at least one consumer with -consumer, followed by the topics (-kafka) or queues (-amqp) it reads")
+	}
+	var err error
+	if cfg.Retention.Default.Keep, err = optionalAge("-keep", *keep); err != nil {
+		return err
+	}
+	if cfg.Retention.InboxKeep, err = optionalAge("-inbox-keep", *inboxKeep); err != nil {
+		return err
+	}
+	if cfg.Retention.OutboxKeep, err = optionalAge("-outbox-keep", *outboxKeep); err != nil {
+		return err
+	}
+	cfg.Kafka.Brokers = strings.Split(strings.TrimSpace(*brokers), ",")
+	if strings.TrimSpace(*brokers) == "" {
+		cfg.Kafka.Brokers = nil
+	}
+	cfg.AMQP.URL = *amqpURL
+	if cfg.AMQP.URL == "" {
+		cfg.AMQP.URL = broker.DefaultAMQPURL
+	}
+	cfg.AMQP.ManagementURL = *mgmtURL
+	for _, c := range cfg.Consumers {
+		if len(c.KafkaTopics) > 0 && cfg.Kafka.Brokers == nil {
+			return usagef("consumer %s reads Kafka topics: give -kafka-brokers or set %s", c.Name, broker.EnvKafkaBrokers)
+		}
+	}
+	rep, err := doctor.Check(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if e.g.json {
+		if err := e.printJSON(map[string]any{"findings": rep.Findings, "hazards": len(rep.Hazards()), "summary": rep.Summary()}); err != nil {
+			return err
+		}
+	} else {
+		for _, f := range rep.Findings {
+			fmt.Fprintln(e.stdout, f)
+		}
+		fmt.Fprintln(e.stdout, rep.Summary())
+	}
+	if len(rep.Hazards()) > 0 {
+		return errors.New("a copy can arrive after its key was pruned: set what the HAZARD lines say")
+	}
+	return nil
+}
+
+// optionalAge reads an age flag ("" is unset: the janitor's default).
+func optionalAge(flag, s string) (time.Duration, error) {
+	if s == "" {
+		return 0, nil
+	}
+	d, err := parseAge(s)
+	if err != nil {
+		return 0, usagef("%s: %v", flag, err)
+	}
+	if d < retention.MinKeep {
+		return 0, usagef("%s %s is shorter than the janitor accepts (%s)", flag, d, retention.MinKeep)
+	}
+	return d, nil
+}

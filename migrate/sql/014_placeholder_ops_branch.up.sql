@@ -1,3 +1,0 @@
--- Placeholder on branch ops only: keeps versions 1..N without gaps until the branch that
--- owns 014 lands. DROP THIS FILE AT MERGE (the owning branch brings the real 014).
-SELECT 1;

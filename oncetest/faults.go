@@ -1,0 +1,139 @@
+package oncetest
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// Metadata the kit adds to the copies it delivers. The handler sees them; they say which
+// delivery a copy is and what the kit does around it.
+const (
+	MetadataDelivery = "oncetest_delivery" // "e<event>c<copy>", or a kit message's role
+	metadataRole     = "oncetest_role"     // blocker, neighbour: kit messages the user's handler never sees
+)
+
+const (
+	roleBlocker   = "blocker"
+	roleNeighbour = "neighbour"
+)
+
+// errInjected is the transient failure the kit injects.
+var errInjected = errors.New("oncetest: injected transient failure")
+
+// commitFaultTable is the kit's table in the schema: a row written into it makes the COMMIT
+// of its transaction terminate its own connection (a deferred constraint trigger), so the
+// connection dies while PostgreSQL runs the COMMIT, deterministically.
+const commitFaultTable = "oncetest_commit_fault"
+
+func installCommitFault(ctx context.Context, db *sql.DB, schema string) error {
+	table := pgtx.QualifiedName(schema, commitFaultTable)
+	fn := pgtx.QualifiedName(schema, commitFaultTable+"_kill")
+	// Several kits may install it at once: one advisory lock per schema serialises the DDL.
+	stmts := []string{
+		`CREATE TABLE IF NOT EXISTS ` + table + ` (id bigserial PRIMARY KEY)`,
+		`CREATE OR REPLACE FUNCTION ` + fn + `() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	PERFORM pg_terminate_backend(pg_backend_pid());
+	PERFORM pg_sleep(30); -- the termination arrives here
+	RETURN NULL;
+END $$`,
+		`DROP TRIGGER IF EXISTS kill_at_commit ON ` + table,
+		`CREATE CONSTRAINT TRIGGER kill_at_commit AFTER INSERT ON ` + table +
+			` DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION ` + fn + `()`,
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("install the commit fault: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, schema+".oncetest"); err != nil {
+		return fmt.Errorf("install the commit fault: %w", err)
+	}
+	for _, s := range stmts {
+		if _, err := tx.ExecContext(ctx, s); err != nil {
+			return fmt.Errorf("install the commit fault in schema %s: %w", schema, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("install the commit fault: %w", err)
+	}
+	return nil
+}
+
+// injector wraps the user's handler inside the middleware (where a real handler runs: the
+// transaction open, the claim taken) and injects one run's faults.
+type injector struct {
+	schema   string
+	fault    Fault
+	target   string   // the delivery whose first attempt gets the fault
+	attempts sync.Map // delivery -> *atomic.Int32
+
+	// shutdown closes the router (mode-specific) for FaultShutdown.
+	shutdown func(delivery string)
+
+	// group commit: blockers hold the lanes until release is closed.
+	blockersStarted chan struct{}
+	release         chan struct{}
+}
+
+func (in *injector) attempt(delivery string) int32 {
+	v, _ := in.attempts.LoadOrStore(delivery, new(atomic.Int32))
+	return v.(*atomic.Int32).Add(1)
+}
+
+func (in *injector) wrap(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		delivery := msg.Metadata.Get(MetadataDelivery)
+		switch msg.Metadata.Get(metadataRole) {
+		case roleBlocker:
+			in.blockersStarted <- struct{}{}
+			<-in.release
+			return nil, nil
+		case roleNeighbour:
+			if in.attempt(delivery) == 1 {
+				return nil, fmt.Errorf("oncetest: a neighbour's handler failed: %w", errInjected)
+			}
+			return nil, nil
+		}
+		hit := delivery == in.target && in.attempt(delivery) == 1
+		if hit && in.fault == FaultShutdown {
+			in.shutdown(delivery)
+		}
+		out, err := h(msg)
+		if err != nil || !hit {
+			return out, err
+		}
+		switch in.fault {
+		case FaultTransient:
+			return nil, errInjected
+		case FaultKillMidHandler:
+			return nil, in.exec(msg, `SELECT pg_terminate_backend(pg_backend_pid())`)
+		case FaultKillDuringCommit:
+			if err := in.exec(msg, `INSERT INTO `+pgtx.QualifiedName(in.schema, commitFaultTable)+` DEFAULT VALUES`); err != nil {
+				return nil, err
+			}
+		}
+		return out, nil
+	}
+}
+
+// exec runs query in the message's transaction. The error of a terminated connection is
+// the attempt's failure.
+func (in *injector) exec(msg *message.Message, query string) error {
+	tx, ok := pgtx.TxFromContext(msg.Context())
+	if !ok {
+		return errors.New("oncetest: the message carries no transaction: the kit's fault cannot be injected")
+	}
+	if _, err := tx.ExecContext(msg.Context(), query); err != nil {
+		return fmt.Errorf("oncetest: injected connection kill: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,184 @@
+package oncetest
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Mode is one way the library runs a handler.
+type Mode string
+
+// The modes.
+const (
+	// ModeOwnTx: once.Middleware in a transaction of its own per message (Kafka, RabbitMQ).
+	ModeOwnTx Mode = "own transaction"
+	// ModeGroupCommit: once.Middleware with GroupCommit: messages in flight at the same time
+	// share one transaction.
+	ModeGroupCommit Mode = "group commit"
+	// ModeSubscriberTx: once.Middleware inside the transaction of watermill-sql's subscriber.
+	ModeSubscriberTx Mode = "SQL subscriber transaction"
+	// ModeInbox: the inbox Receiver stores each copy and the Processor runs the handler.
+	ModeInbox Mode = "inbox"
+)
+
+// AllModes are the modes Check runs by default.
+var AllModes = []Mode{ModeOwnTx, ModeGroupCommit, ModeSubscriberTx, ModeInbox}
+
+func (m Mode) valid() bool { return slices.Contains(AllModes, m) }
+
+// Fault is one adversarial delivery pattern.
+type Fault string
+
+// The faults.
+const (
+	// FaultSequentialCopies delivers every event three times, each copy after the previous one
+	// was committed: a redelivery after a lost ack.
+	FaultSequentialCopies Fault = "sequential copies (redelivery after a lost ack)"
+	// FaultConcurrentCopies delivers four copies of every event at the same time.
+	FaultConcurrentCopies Fault = "concurrent copies"
+	// FaultConcurrentEvents delivers every event once, all at the same time; with group commit
+	// they share one transaction.
+	FaultConcurrentEvents Fault = "concurrent events"
+	// FaultTransient fails one event's first attempt after its handler returned; the library
+	// rolls back and retries it.
+	FaultTransient Fault = "transient failure and retry"
+	// FaultKillMidHandler terminates the connection (pg_terminate_backend) after one event's
+	// handler wrote, before COMMIT.
+	FaultKillMidHandler Fault = "connection killed mid-handler"
+	// FaultKillDuringCommit terminates the connection while PostgreSQL runs one event's COMMIT.
+	FaultKillDuringCommit Fault = "connection killed during COMMIT"
+	// FaultShutdown closes the router (cancels the message context; the inbox: closes the
+	// Processor) while one event's handler runs, and delivers that event again afterwards.
+	FaultShutdown Fault = "router shutdown mid-handler"
+	// FaultReorder delivers the events out of their producer's order.
+	FaultReorder Fault = "reordered events"
+	// FaultFailingNeighbours puts every event in one group-commit transaction with messages
+	// whose handlers fail (group commit only).
+	FaultFailingNeighbours Fault = "group-commit neighbours that fail"
+
+	// FaultNone is the reference: every event once, in order.
+	FaultNone Fault = "clean delivery"
+)
+
+// AllFaults are the faults Check injects by default.
+var AllFaults = []Fault{
+	FaultSequentialCopies, FaultConcurrentCopies, FaultConcurrentEvents, FaultTransient,
+	FaultKillMidHandler, FaultKillDuringCommit, FaultShutdown, FaultReorder, FaultFailingNeighbours,
+}
+
+func (f Fault) valid() bool { return slices.Contains(AllFaults, f) }
+
+// appliesTo says whether f means something in mode with n events.
+func (f Fault) appliesTo(mode Mode, n int) bool {
+	switch f {
+	case FaultFailingNeighbours:
+		return mode == ModeGroupCommit
+	case FaultReorder, FaultConcurrentEvents:
+		return n > 1
+	}
+	return true
+}
+
+// targeted faults hit one event's first attempt.
+func (f Fault) targeted() bool {
+	switch f {
+	case FaultTransient, FaultKillMidHandler, FaultKillDuringCommit, FaultShutdown:
+		return true
+	}
+	return false
+}
+
+func (f Fault) hint() string {
+	switch f {
+	case FaultTransient, FaultKillMidHandler, FaultKillDuringCommit, FaultShutdown, FaultFailingNeighbours:
+		return "an effect that the rollback of a failed attempt does not undo: the handler writes through the pool (or its own connection) instead of the transaction it was lent (pgtx.TxFromContext), or changes memory or an outside system; write through the lent transaction, or make the effect idempotent under a key derived from the claim (effects/idemkey)"
+	case FaultSequentialCopies, FaultConcurrentCopies:
+		return "an effect that a duplicate repeats: the handler does work before or outside the claim (writes through the pool, calls an outside system); write through the lent transaction"
+	case FaultConcurrentEvents:
+		return "a lost update: the handler reads state outside the transaction (through the pool or a cache) and writes a value derived from it, so events that share a transaction or overlap overwrite each other; read through the lent transaction (SELECT ... FOR UPDATE, or an UPDATE ... SET n = n + 1)"
+	case FaultReorder:
+		return "an effect that depends on arrival order: brokers redeliver out of order; store a version per entity and refuse stale events (effects/versioned), or make the effect commutative"
+	}
+	return ""
+}
+
+// schedule is one run's deliveries: the events at order, each delivered copies times (at the
+// same time when concurrent), the fault on the first attempt of the event at target (-1: none).
+type schedule struct {
+	fault      Fault
+	order      []int
+	copies     int
+	concurrent bool
+	target     int
+}
+
+func (k *Kit) newSchedule(f Fault, n int) schedule {
+	// One stream per fault, so adding a fault does not change the others' schedules.
+	r := rand.New(rand.NewPCG(k.seed, uint64(len(f))*0x9e3779b97f4a7c15^hashString(string(f))))
+	s := schedule{fault: f, order: allIndexes(n), copies: 1, target: -1}
+	switch f {
+	case FaultSequentialCopies:
+		s.copies = 3
+	case FaultConcurrentCopies:
+		s.copies, s.concurrent = 4, true
+	case FaultConcurrentEvents, FaultFailingNeighbours:
+		s.concurrent = true
+	case FaultReorder:
+		for slices.IsSorted(s.order) {
+			r.Shuffle(n, func(i, j int) { s.order[i], s.order[j] = s.order[j], s.order[i] })
+		}
+	}
+	if f.targeted() {
+		s.target = r.IntN(n)
+	}
+	return s
+}
+
+func hashString(s string) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(s); i++ {
+		h = (h ^ uint64(s[i])) * 1099511628211
+	}
+	return h
+}
+
+// describe says in words what the schedule delivered.
+func (s schedule) describe(events []*message.Message) string {
+	name := func(i int) string { return fmt.Sprintf("event %d (uuid %s)", i+1, events[i].UUID) }
+	names := make([]string, len(s.order))
+	for i, e := range s.order {
+		names[i] = fmt.Sprintf("%d", e+1)
+	}
+	list := "events " + strings.Join(names, ", ")
+	if len(s.order) == 1 {
+		list = name(s.order[0])
+	}
+	switch s.fault {
+	case FaultNone:
+		return list + ", each delivered once, in order"
+	case FaultSequentialCopies:
+		return fmt.Sprintf("%s, each delivered %d times, one copy after the other (each after the previous one committed, as after a lost ack)", list, s.copies)
+	case FaultConcurrentCopies:
+		return fmt.Sprintf("%s, %d copies of each delivered at the same time", list, s.copies)
+	case FaultConcurrentEvents:
+		return list + ", delivered once each, all at the same time (with group commit: in one transaction, behind busy lanes)"
+	case FaultReorder:
+		return list + ", delivered once each, in this order (the producer sent them in order)"
+	case FaultFailingNeighbours:
+		return list + ", delivered at the same time as messages whose handlers fail once, all in one group-commit transaction"
+	}
+	what := map[Fault]string{
+		FaultTransient:        "its first attempt failed with a transient error after the handler returned; the library rolled back and retried it",
+		FaultKillMidHandler:   "its connection was terminated (pg_terminate_backend) after the handler returned, before COMMIT; the attempt rolled back and the message was redelivered",
+		FaultKillDuringCommit: "its connection was terminated during COMMIT; the attempt rolled back and the message was redelivered",
+		FaultShutdown:         "the router was closed while its handler ran (the message context cancelled; the inbox Processor closed), and the message was delivered again afterwards",
+	}[s.fault]
+	if len(s.order) == 1 {
+		return fmt.Sprintf("%s, delivered once: %s", list, what)
+	}
+	return fmt.Sprintf("%s, delivered once each, in order; %s: %s", list, name(s.target), what)
+}

@@ -1,0 +1,144 @@
+package doctor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metric names.
+const (
+	// MetricHazard is 1 for a consumer and source where a copy can arrive after its key is
+	// gone, else 0; labels consumer, source. Alert on max() > 0.
+	MetricHazard = "wmonce_redelivery_hazard"
+	// MetricHorizon is how old a copy of the source can be when it arrives, in seconds
+	// (-1: any age; absent when unknown); labels consumer, source.
+	MetricHorizon = "wmonce_redelivery_horizon_seconds"
+	// MetricKeyKept is how long the consumer's keys are kept, in seconds; label consumer.
+	MetricKeyKept = "wmonce_dedupe_key_retention_seconds"
+)
+
+// ErrHazard is returned by StartCheck (with FailOnHazard) and is what `wmonce doctor` exits
+// non-zero for.
+var ErrHazard = errors.New("doctor: redelivery hazard: a copy can arrive after its key was pruned and be applied again")
+
+// Collector exports the report's findings as Prometheus gauges (MetricHazard, MetricHorizon,
+// MetricKeyKept). The figures are those of the check that made the report.
+func (r Report) Collector() prometheus.Collector { return reportCollector{r} }
+
+type reportCollector struct{ r Report }
+
+var (
+	hazardDesc  = prometheus.NewDesc(MetricHazard, "1 when a copy from this source can arrive after its key was pruned (applied again), else 0.", []string{"consumer", "source"}, nil)
+	horizonDesc = prometheus.NewDesc(MetricHorizon, "How old a copy from this source can be when it arrives, in seconds; -1: any age.", []string{"consumer", "source"}, nil)
+	keptDesc    = prometheus.NewDesc(MetricKeyKept, "How long the consumer's dedupe keys are kept, in seconds.", []string{"consumer"}, nil)
+)
+
+func (c reportCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- hazardDesc
+	ch <- horizonDesc
+	ch <- keptDesc
+}
+
+func (c reportCollector) Collect(ch chan<- prometheus.Metric) {
+	kept := map[string]time.Duration{}
+	for _, f := range c.r.Findings {
+		v := 0.0
+		if f.Hazard {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(hazardDesc, prometheus.GaugeValue, v, f.Consumer, f.Source)
+		if f.Known {
+			h := f.Horizon.Seconds()
+			if f.Horizon == Unbounded {
+				h = -1
+			}
+			ch <- prometheus.MustNewConstMetric(horizonDesc, prometheus.GaugeValue, h, f.Consumer, f.Source)
+		}
+		kept[f.Consumer] = f.KeyKept
+	}
+	for consumer, d := range kept {
+		ch <- prometheus.MustNewConstMetric(keptDesc, prometheus.GaugeValue, d.Seconds(), consumer)
+	}
+}
+
+// StartConfig configures StartCheck.
+type StartConfig struct {
+	Config
+	// Registerer receives the report's gauges (Report.Collector). Nil: none.
+	Registerer prometheus.Registerer
+	// FailOnHazard makes StartCheck return ErrHazard on a hazard, so that the service refuses
+	// to start. Default: it logs the hazard and goes on.
+	FailOnHazard bool
+}
+
+// StartCheck is the check a service runs at start, for example from once.Config.StartCheck:
+// it runs Check, logs one line (info when safe, error on a hazard, with each finding in the
+// log fields), and registers the report's gauges. maxMessageAge, when positive, is the age
+// guard of the consumers whose MaxMessageAge is unset (once.Config.MaxMessageAge as the
+// middleware passes it).
+func StartCheck(ctx context.Context, config StartConfig, maxMessageAge time.Duration, logger watermill.LoggerAdapter) (Report, error) {
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	cfg := config.Config
+	cfg.Consumers = append([]Consumer(nil), cfg.Consumers...)
+	for i := range cfg.Consumers {
+		if cfg.Consumers[i].MaxMessageAge == 0 {
+			cfg.Consumers[i].MaxMessageAge = maxMessageAge
+		}
+	}
+	rep, err := Check(ctx, cfg)
+	if err != nil {
+		return rep, err
+	}
+	if config.Registerer != nil {
+		if err := config.Registerer.Register(rep.Collector()); err != nil {
+			var already prometheus.AlreadyRegisteredError
+			if !errors.As(err, &already) {
+				return rep, err
+			}
+		}
+	}
+	fields := watermill.LogFields{}
+	for i, f := range rep.Findings {
+		fields["finding_"+strconv.Itoa(i)] = f.String()
+	}
+	if len(rep.Hazards()) == 0 {
+		logger.Info(rep.Summary(), fields)
+		return rep, nil
+	}
+	logger.Error(rep.Summary(), ErrHazard, fields)
+	if config.FailOnHazard {
+		return rep, ErrHazard
+	}
+	return rep, nil
+}
+
+// OnceStartCheck returns a once.Config.StartCheck that runs StartCheck when the middleware
+// is created: for the consumer the middleware names (every consumer of config when it names
+// none, as when it defaults to the handler name), with the middleware's MaxMessageAge as the
+// age guard of consumers whose own is unset. With FailOnHazard, a hazard fails once.New.
+func OnceStartCheck(config StartConfig, logger watermill.LoggerAdapter) func(ctx context.Context, consumer string, maxMessageAge time.Duration) error {
+	return func(ctx context.Context, consumer string, maxMessageAge time.Duration) error {
+		cfg := config
+		if consumer != "" {
+			cfg.Consumers = nil
+			for _, c := range config.Consumers {
+				if c.Name == consumer {
+					cfg.Consumers = append(cfg.Consumers, c)
+				}
+			}
+			if len(cfg.Consumers) == 0 {
+				return fmt.Errorf("doctor: consumer %q is not in the doctor's Consumers: list it with the topics and queues it reads", consumer)
+			}
+		}
+		_, err := StartCheck(ctx, cfg, maxMessageAge, logger)
+		return err
+	}
+}

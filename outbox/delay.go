@@ -1,0 +1,206 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/components/delay"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// Delayed delivery (package doc, Delayed delivery): a message whose MetadataDelayedUntil is
+// in the future when the relay reads it is set aside in outbox_delayed and published from
+// there once due.
+
+// Metadata keys of Watermill's components/delay, which the Writer checks and the relay and the
+// inbox Processor honour: a message is due at MetadataDelayedUntil (RFC 3339, any precision);
+// MetadataDelayedFor (a time.Duration's text) is informational only, as in Watermill's
+// watermill-sql delayed Pub/Sub.
+const (
+	MetadataDelayedUntil = delay.DelayedUntilKey
+	MetadataDelayedFor   = delay.DelayedForKey
+)
+
+// DueAt returns when msg is due for delivery: its MetadataDelayedUntil (set by
+// delay.Message(msg, delay.For(d)) or Writer.PublishTxAt), rounded up to the microsecond
+// PostgreSQL keeps, so that no comparison in the database makes it due early. ok is false when
+// msg carries none; err says why a value cannot be read.
+func DueAt(md message.Metadata) (due time.Time, ok bool, err error) {
+	v := md.Get(MetadataDelayedUntil)
+	if v == "" {
+		return time.Time{}, false, nil
+	}
+	due, err = time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("metadata %s %q is not an RFC 3339 time: %w", MetadataDelayedUntil, v, err)
+	}
+	if t := due.Truncate(time.Microsecond); !t.Equal(due) {
+		due = t.Add(time.Microsecond)
+	}
+	return due, true, nil
+}
+
+// PublishTxAt is PublishTx for messages to be forwarded not before at: it sets
+// MetadataDelayedUntil (at, RFC 3339 with nanoseconds) and MetadataDelayedFor (at minus now) on
+// each message, replacing delay metadata they carried, and stores them. The rows commit with
+// tx like any other; the relay publishes them when due (package doc, Delayed delivery). A
+// time in the past (or zero) stores them for delivery at once, with the metadata still set.
+func (w *Writer) PublishTxAt(ctx context.Context, tx pgtx.Executor, at time.Time, topic string, msgs ...*message.Message) error {
+	until, after := at.UTC().Format(time.RFC3339Nano), max(time.Until(at), 0).String()
+	for _, msg := range msgs {
+		if msg == nil {
+			continue // refused by store, with the others
+		}
+		if msg.Metadata == nil {
+			msg.Metadata = message.Metadata{}
+		}
+		msg.Metadata.Set(MetadataDelayedUntil, until)
+		msg.Metadata.Set(MetadataDelayedFor, after)
+	}
+	return w.PublishTx(ctx, tx, topic, msgs...)
+}
+
+// delayedRow is a row the relay read before it was due.
+type delayedRow struct {
+	row   outboxRow
+	topic string
+	due   time.Time
+}
+
+// dueLater reports when msg is due, if that is after now: an unreadable MetadataDelayedUntil
+// (a row not written by PublishTx, which refuses it) is logged and published at once.
+func (r *Relay) dueLater(msg *message.Message, now time.Time) (time.Time, bool) {
+	due, ok, err := DueAt(msg.Metadata)
+	if err != nil {
+		r.logger.Error("Outbox row has unreadable delay metadata; publishing it now", err, map[string]any{"uuid": msg.UUID})
+		return time.Time{}, false
+	}
+	return due, ok && due.After(now)
+}
+
+// setAside copies rows read before they were due into outbox_delayed, before the position
+// moves past them, and sets the timer to the earliest of them.
+func (r *Relay) setAside(ctx context.Context, conn *sql.Conn, s *session, rows []delayedRow) error {
+	offsets, txIDs, topics, dues := make([]int64, len(rows)), make([]string, len(rows)), make([]string, len(rows)), make([]time.Time, len(rows))
+	for i, d := range rows {
+		offsets[i], txIDs[i], topics[i], dues[i] = d.row.offset, d.row.txID, d.topic, d.due
+		if s.delayedDue.IsZero() || d.due.Before(s.delayedDue) {
+			s.delayedDue = d.due
+		}
+	}
+	res, err := conn.ExecContext(ctx, r.q.delay, r.config.Name, offsets, txIDs, topics, dues)
+	if err != nil {
+		return fmt.Errorf("outbox: set aside %d delayed row(s): %w", len(rows), err)
+	}
+	n, _ := res.RowsAffected()
+	r.delayed.Add(uint64(n))
+	return nil
+}
+
+// readDelayedDue sets the timer to the earliest row in outbox_delayed (zero: none).
+func (r *Relay) readDelayedDue(ctx context.Context, conn *sql.Conn, s *session) error {
+	var due sql.NullTime
+	if err := conn.QueryRowContext(ctx, r.q.delayedDue, r.config.Name).Scan(&due); err != nil {
+		if pgtx.IsUndefinedTable(err) {
+			return fmt.Errorf("outbox: table outbox_delayed is missing (migration 014): run the migrations (migrate.Migrate or `wmonce migrate up`): %w", err)
+		}
+		return fmt.Errorf("outbox: read the next delayed row: %w", err)
+	}
+	s.delayedDue = due.Time
+	return nil
+}
+
+// drainDelayed publishes up to one batch of the delayed rows that are due, earliest first, and
+// returns how many it published, rejected or moved to outbox_held. Due rows of a held topic,
+// and those the publisher fails for, join the topic's held rows: from then on they wait as
+// any row of a failing topic does.
+func (r *Relay) drainDelayed(ctx context.Context, conn *sql.Conn, s *session) (int, error) {
+	now := time.Now()
+	if s.delayedDue.IsZero() || s.delayedDue.After(now) {
+		return 0, nil
+	}
+	rows, topics, err := r.readDue(ctx, conn, now)
+	if err != nil {
+		return 0, err
+	}
+	done := 0
+	for _, topic := range topics {
+		run := rows[topic]
+		if _, held := s.held[topic]; held {
+			if err := r.holdDelayed(ctx, conn, s, topic, run.rows, nil); err != nil {
+				return done, err
+			}
+			done += len(run.rows)
+			continue
+		}
+		_, rest, cause, err := r.publishOrReject(ctx, conn, topic, run.rows, run.msgs)
+		if rest > 0 { // published or rejected: they leave outbox_delayed, even if ctx ended meanwhile
+			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+			_, derr := conn.ExecContext(actx, r.q.delayedDelete, r.config.Name, seqs(run.rows[:rest]))
+			cancel()
+			if derr != nil {
+				return done, fmt.Errorf("outbox: remove published rows from outbox_delayed: %w", derr)
+			}
+		}
+		done += rest
+		if err != nil {
+			return done, err
+		}
+		if cause != nil {
+			if err := r.holdDelayed(ctx, conn, s, topic, run.rows[rest:], cause); err != nil {
+				return done, err
+			}
+			done += len(run.rows) - rest
+		}
+	}
+	return done, r.readDelayedDue(ctx, conn, s)
+}
+
+// readDue reads up to BatchSize due rows of outbox_delayed, grouped by topic (topics in the
+// order of their earliest row, each topic's rows earliest first). A row that no longer decodes
+// (edited by hand) is rejected and removed.
+func (r *Relay) readDue(ctx context.Context, conn *sql.Conn, now time.Time) (map[string]*run, []string, error) {
+	all, err := readCopies(ctx, conn, r.q.delayedRead, r.config.Name, now, r.config.BatchSize)
+	if err != nil {
+		return nil, nil, fmt.Errorf("outbox: read due delayed rows: %w", err)
+	}
+	byTopic := map[string]*run{}
+	var topics []string
+	for _, row := range all {
+		topic, msg, err := unmarshalEnvelope([]byte(row.payload))
+		if err != nil {
+			if err := r.reject(ctx, conn, row, "", err); err != nil {
+				return nil, nil, err
+			}
+			if _, err := conn.ExecContext(ctx, r.q.delayedDelete, r.config.Name, []int64{row.seq}); err != nil {
+				return nil, nil, fmt.Errorf("outbox: remove rejected row from outbox_delayed: %w", err)
+			}
+			continue
+		}
+		t := byTopic[topic]
+		if t == nil {
+			t = &run{topic: topic}
+			byTopic[topic] = t
+			topics = append(topics, topic)
+		}
+		t.rows, t.msgs = append(t.rows, row), append(t.msgs, msg)
+	}
+	return byTopic, topics, nil
+}
+
+// holdDelayed moves due rows of outbox_delayed behind topic's held rows (see hold).
+func (r *Relay) holdDelayed(ctx context.Context, conn *sql.Conn, s *session, topic string, rows []outboxRow, cause error) error {
+	return r.holdWith(ctx, conn, s, topic, rows, cause, r.q.delayedHold, r.config.Name, topic, seqs(rows))
+}
+
+func seqs(rows []outboxRow) []int64 {
+	out := make([]int64, len(rows))
+	for i, row := range rows {
+		out[i] = row.seq
+	}
+	return out
+}
