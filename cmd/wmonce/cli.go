@@ -32,7 +32,7 @@ type command struct {
 }
 
 func commands() []*command {
-	return []*command{migrateCommand(), statusCommand(), inboxCommand(), outboxCommand(), connectorCommand(), dedupeCommand(), purgeCommand(), adminCommand(), doctorCommand(),
+	return []*command{migrateCommand(), statusCommand(), inboxCommand(), outboxCommand(), failuresCommand(), connectorCommand(), dedupeCommand(), purgeCommand(), adminCommand(), doctorCommand(),
 		pauseCommand(), resumeCommand()}
 }
 

@@ -13,10 +13,18 @@
 //     and stop removes it. The server listens on the probe port when that is free, else on a
 //     free port.
 //
-// Where it stops: initdb refuses to run as root, so as root step 3 fails with an error saying
-// what to do instead (run as a regular user, or start PostgreSQL: `make services`, `docker
-// compose up -d postgres`, or set DATABASE_URL). A process killed without running stop
-// (SIGKILL) leaves its server running and its temporary directory behind.
+// As root (the default user of Docker containers and CI machines), where initdb and postgres
+// refuse to run, the server runs as an unprivileged user: nobody (or EnvRunAs). The process
+// starts a copy of its own binary that drops to that user before it does anything else (see
+// runAsChild) and runs the server from a temporary directory owned by that user, with a
+// private copy of the cached binaries archive; an archive it downloaded is kept in root's
+// cache. The copy stops the server and removes its directory when its parent stops it, or
+// exits (its stdin closes).
+//
+// Where it stops: a process killed without running stop (SIGKILL) leaves its server running
+// and its temporary directory behind, except as root, where the copy sees its stdin close,
+// stops the server and removes the directory (checked by hand: SIGKILL of the parent left no
+// server and no directory).
 package embeddedpg
 
 import (
@@ -28,6 +36,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"time"
@@ -46,6 +55,12 @@ const (
 	EnvProbeAddr = "WMONCE_PG_PROBE_ADDR"
 	// EnvCacheDir overrides the directory that keeps the downloaded server binaries.
 	EnvCacheDir = "WMONCE_PG_CACHE_DIR"
+	// EnvRunAs names the unprivileged user the server runs as when the process runs as root.
+	// Default DefaultRunAs.
+	EnvRunAs = "WMONCE_PG_RUN_AS"
+
+	// DefaultRunAs is the user the server runs as under root.
+	DefaultRunAs = "nobody"
 
 	// DefaultProbeAddr is the host and port of pgtx.DefaultDatabaseURL.
 	DefaultProbeAddr = "127.0.0.1:5432"
@@ -53,8 +68,9 @@ const (
 	Version = embeddedpostgres.V18
 )
 
-// ErrRoot is returned when an embedded server would be needed but the process runs as root.
-var ErrRoot = errors.New("embeddedpg: embedded PostgreSQL cannot start as root: initdb refuses to run as root")
+// ErrRoot is wrapped by the error of a start as root that found no unprivileged user to run
+// the server as.
+var ErrRoot = errors.New("embeddedpg: embedded PostgreSQL cannot run as root (initdb and postgres refuse to)")
 
 // Options configure DatabaseURL.
 type Options struct {
@@ -94,9 +110,6 @@ func DatabaseURL(ctx context.Context, opts Options) (dbURL string, stop func() e
 		u.Host = probe
 		return u.String(), nop, nil
 	}
-	if os.Geteuid() == 0 {
-		return "", nop, fmt.Errorf("%s is not set and nothing answers on %s; %w. Run as a regular user to get an embedded server, or start PostgreSQL (`make services`, or `docker compose up -d postgres`), or set %s", EnvDatabaseURL, probe, ErrRoot, EnvDatabaseURL)
-	}
 	cacheDir := getenv(EnvCacheDir)
 	if cacheDir == "" {
 		base, err := os.UserCacheDir()
@@ -106,7 +119,8 @@ func DatabaseURL(ctx context.Context, opts Options) (dbURL string, stop func() e
 		cacheDir = filepath.Join(base, "wmonce", "embedded-postgres")
 	}
 	p, _ := strconv.Atoi(port)
-	if p <= 0 || !free(ctx, host, p) {
+	// As root the server runs as an unprivileged user, who cannot listen on a port below 1024.
+	if p <= 0 || (p < 1024 && os.Geteuid() == 0) || !free(ctx, host, p) {
 		if p, err = freePort(ctx); err != nil {
 			return "", nop, err
 		}
@@ -114,12 +128,16 @@ func DatabaseURL(ctx context.Context, opts Options) (dbURL string, stop func() e
 	if !cached(cacheDir) {
 		fmt.Fprintf(out, "==> downloading the PostgreSQL %s server binaries (tens of MB, once) into %s\n", Version, cacheDir)
 	}
-	s, err := Start(Config{CacheDir: cacheDir, Port: p, Log: opts.Log})
+	s, err := Start(Config{CacheDir: cacheDir, Port: p, Log: opts.Log, RunAs: getenv(EnvRunAs)})
 	if err != nil {
 		return "", nop, err
 	}
-	fmt.Fprintf(out, "==> %s is not set and nothing answers on %s: started an embedded PostgreSQL %s on 127.0.0.1:%d (data in %s, removed at exit)\n",
-		EnvDatabaseURL, probe, Version, p, s.dir)
+	as := ""
+	if s.child != nil {
+		as = ", running as " + s.runAs + " because this process runs as root"
+	}
+	fmt.Fprintf(out, "==> %s is not set and nothing answers on %s: started an embedded PostgreSQL %s on 127.0.0.1:%d (data in %s, removed at exit%s)\n",
+		EnvDatabaseURL, probe, Version, p, s.dir, as)
 	return s.URL(), s.Stop, nil
 }
 
@@ -131,6 +149,9 @@ type Config struct {
 	Port int
 	// Log receives the server's log. Default: discarded.
 	Log io.Writer
+	// RunAs is the unprivileged user the server runs as when this process runs as root.
+	// Default DefaultRunAs.
+	RunAs string
 }
 
 // Server is a running embedded PostgreSQL.
@@ -139,14 +160,15 @@ type Server struct {
 	dir     string
 	port    int
 	logFile string
+
+	child *exec.Cmd      // as root: the copy of this binary that runs the server as runAs
+	stdin io.WriteCloser // closing it tells the child to stop
+	runAs string
 }
 
 // Start extracts the server into a new temporary directory, initialises a data directory there
-// and starts the server. It refuses to run as root (ErrRoot).
+// and starts the server. As root the server runs as config.RunAs (see the package doc).
 func Start(config Config) (*Server, error) {
-	if os.Geteuid() == 0 {
-		return nil, ErrRoot
-	}
 	if config.CacheDir == "" || config.Port <= 0 {
 		return nil, errors.New("embeddedpg: CacheDir and Port are required")
 	}
@@ -156,10 +178,18 @@ func Start(config Config) (*Server, error) {
 	if err := os.MkdirAll(config.CacheDir, 0o755); err != nil {
 		return nil, fmt.Errorf("embedded PostgreSQL: cache directory: %w", err)
 	}
+	if os.Geteuid() == 0 {
+		return startAsChild(config)
+	}
 	dir, err := os.MkdirTemp("", "wmonce-embeddedpg-")
 	if err != nil {
 		return nil, fmt.Errorf("embedded PostgreSQL: runtime directory: %w", err)
 	}
+	return startIn(config, dir)
+}
+
+// startIn starts the server in dir, which it removes on failure.
+func startIn(config Config, dir string) (*Server, error) {
 	ep := embeddedpostgres.NewDatabase(embeddedpostgres.DefaultConfig().
 		Version(Version).
 		Port(uint32(config.Port)).
@@ -170,7 +200,7 @@ func Start(config Config) (*Server, error) {
 		StartTimeout(2 * time.Minute).
 		Logger(config.Log))
 	before := libraryLogs()
-	err = ep.Start()
+	err := ep.Start()
 	logFile := ownLog(before, dir)
 	if err != nil {
 		_ = os.RemoveAll(dir)
@@ -216,6 +246,9 @@ func (s *Server) URL() string {
 
 // Stop stops the server and removes its directory (binaries and data).
 func (s *Server) Stop() error {
+	if s.child != nil {
+		return s.stopChild()
+	}
 	err := errors.Join(s.ep.Stop(), os.RemoveAll(s.dir))
 	if s.logFile != "" {
 		err = errors.Join(err, os.Remove(s.logFile))

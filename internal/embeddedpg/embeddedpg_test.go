@@ -1,13 +1,20 @@
 package embeddedpg
 
 import (
+	"bytes"
 	"context"
-	"errors"
 	"net"
 	"os"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/wmonce/watermill-once/pgtx"
 )
 
 func env(vars map[string]string) func(string) string {
@@ -40,20 +47,57 @@ func TestDatabaseURLRefusesABadProbeAddress(t *testing.T) {
 	require.ErrorContains(t, err, EnvProbeAddr+`="5432": want host:port`)
 }
 
-// As root nothing is started: initdb would refuse, so the error says what to do instead. (The
-// embedded start itself is tested by examples/payments, which runs the demo as nobody.)
-func TestDatabaseURLAsRootSaysWhatToDo(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("runs only as root: as any other user the embedded start is tested by examples/payments")
+// As root (CI, Docker), with nothing on the probe port, the embedded server runs as nobody:
+// it answers, its data directory belongs to nobody, and stop stops it and removes its
+// directory. The binaries archive is the one in root's cache (downloaded on the first run).
+func TestDatabaseURLAsRootRunsTheServerAsNobody(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts an embedded PostgreSQL: skipped under -short")
 	}
+	if os.Geteuid() != 0 {
+		t.Skip("runs only as root (as CI does): as any other user examples/payments tests the embedded start")
+	}
+	nobody, err := user.Lookup("nobody")
+	require.NoError(t, err, "the test needs the user nobody")
+	cacheDir, err := os.UserCacheDir()
+	require.NoError(t, err)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	addr := l.Addr().String()
 	require.NoError(t, l.Close())
-	_, stop, err := DatabaseURL(context.Background(), Options{Getenv: env(map[string]string{EnvProbeAddr: addr})})
+
+	var out bytes.Buffer
+	ctx := context.Background()
+	url, stop, err := DatabaseURL(ctx, Options{Out: &out, Getenv: env(map[string]string{
+		EnvProbeAddr: addr, EnvCacheDir: filepath.Join(cacheDir, "wmonce", "embedded-postgres"),
+	})})
+	require.NoError(t, err)
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			_ = stop()
+		}
+	})
+	require.Contains(t, out.String(), "nothing answers on "+addr+": started an embedded PostgreSQL")
+	require.Contains(t, out.String(), "running as nobody because this process runs as root")
+
+	db, err := pgtx.Open(ctx, url, pgtx.PoolConfig{})
+	require.NoError(t, err)
+	var dataDir, role string
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT current_setting('data_directory'), current_user`).Scan(&dataDir, &role))
+	require.NoError(t, db.Close())
+	require.Equal(t, "postgres", role)
+	st, err := os.Stat(dataDir)
+	require.NoError(t, err)
+	require.Equal(t, nobody.Uid, strconv.Itoa(int(st.Sys().(*syscall.Stat_t).Uid)), "the data directory belongs to nobody")
+
+	stopped = true
 	require.NoError(t, stop())
-	require.True(t, errors.Is(err, ErrRoot), "%v", err)
-	for _, want := range []string{"nothing answers on " + addr, "initdb refuses to run as root", "regular user", "make services", "docker compose up -d postgres", "set DATABASE_URL"} {
-		require.ErrorContains(t, err, want)
+	_, err = os.Stat(dataDir)
+	require.True(t, os.IsNotExist(err), "stop removes the server's directory: %v", err)
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err == nil {
+		_ = c.Close()
 	}
+	require.Error(t, err, "the server is stopped")
 }

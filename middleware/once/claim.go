@@ -67,6 +67,7 @@ func (e *Middleware) reportDuplicate(d *delivery, stored []byte, processedAt tim
 		return nil
 	}
 	d.countMismatch()
+	e.recordDuplicate(d.consumer, true)
 	mismatch := fmt.Errorf("payload fingerprint mismatch: key %q was applied at %s with a different payload; two different events share one id", d.key, processedAt.Format(time.RFC3339))
 	e.logger.Error("Duplicate with a DIFFERENT payload: not applied", mismatch, d.fields)
 	if e.config.RejectFingerprintMismatch {

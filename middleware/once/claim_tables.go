@@ -290,6 +290,13 @@ FROM (`+union+`) x GROUP BY 1, 2`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("once: claim history: %w", err)
 	}
+	out, err := readBuckets(rows, n)
+	return out, wrapErr("claim history", err)
+}
+
+// readBuckets reads rows of (consumer, bucket index, count) into n buckets per consumer,
+// leaving out indexes outside 0..n-1, and closes rows.
+func readBuckets(rows *sql.Rows, n int) (map[string][]int64, error) {
 	defer rows.Close()
 	out := map[string][]int64{}
 	for rows.Next() {
@@ -297,7 +304,7 @@ FROM (`+union+`) x GROUP BY 1, 2`, args...)
 		var k int
 		var cnt int64
 		if err := rows.Scan(&c, &k, &cnt); err != nil {
-			return nil, fmt.Errorf("once: claim history: %w", err)
+			return nil, err
 		}
 		if k < 0 || k >= n {
 			continue
@@ -307,10 +314,7 @@ FROM (`+union+`) x GROUP BY 1, 2`, args...)
 		}
 		out[c][k] += cnt
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("once: claim history: %w", err)
-	}
-	return out, nil
+	return out, rows.Err()
 }
 
 func wrapErr(op string, err error) error {

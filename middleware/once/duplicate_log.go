@@ -21,10 +21,12 @@ type duplicateLog struct {
 	skipped uint64    // duplicates since then
 }
 
-// logDuplicate logs one skipped copy: at debug level always, and at info level when the
+// logDuplicate logs one skipped copy (and records it per minute: recordDuplicate): at debug
+// level always, and at info level when the
 // consumer's last info line is DuplicateLogInterval old (or there was none), with the number of
 // duplicates it summarises.
 func (e *Middleware) logDuplicate(d *delivery, msg string, fields watermill.LogFields) {
+	e.recordDuplicate(d.consumer, false) // for the admin page's charts (duplicate_history.go)
 	e.logger.Debug(msg, fields)
 	v, _ := e.dupLogs.LoadOrStore(d.consumer, &duplicateLog{})
 	l := v.(*duplicateLog)

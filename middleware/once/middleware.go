@@ -37,6 +37,8 @@ type Middleware struct {
 
 	counts  sync.Map // CounterKey -> *counters
 	dupLogs sync.Map // consumer -> *duplicateLog
+
+	dupHistory duplicateHistory // duplicates per minute not written yet (duplicate_history.go)
 }
 
 // New validates config and prepares the middleware. db must reach PostgreSQL;
@@ -74,13 +76,15 @@ func New(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Middleware
 }
 
 // Close stops group commit, answering messages still queued with an error (they are nacked and
-// redelivered), and waits for the groups running. Call it after the router has closed. It is
-// idempotent; without it nothing leaks (a lane ends when nobody waits), and with
-// GroupCommit.Disabled it does nothing.
+// redelivered), waits for the groups running, and writes the duplicates per minute not written
+// yet (see DuplicateFlushDelay). Call it after the router has closed. It is idempotent; without
+// it nothing leaks (a lane ends when nobody waits), and the admin page's duplicates charts miss
+// at most the last DuplicateFlushDelay of duplicates.
 func (e *Middleware) Close() error {
 	if e.group != nil {
 		e.group.close()
 	}
+	e.flushDuplicatesAtClose()
 	return nil
 }
 

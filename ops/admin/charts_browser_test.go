@@ -3,6 +3,7 @@ package admin_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -26,7 +27,7 @@ func TestAdminChartsAndDetailsInChromium(t *testing.T) {
 	t.Parallel()
 	ctx, console := browser(t)
 	f := newFixture(t, 2)
-	srv, h := f.serve(t, admin.Config{Middlewares: []*once.Middleware{f.mw}, SampleInterval: -1})
+	srv, h := f.serve(t, admin.Config{SampleInterval: -1}) // no middlewares: as `wmonce admin`
 	bg := context.Background()
 
 	// Claims over the last hour and day: 60 deliveries moved back by up to 23 hours.
@@ -43,10 +44,24 @@ func TestAdminChartsAndDetailsInChromium(t *testing.T) {
 	require.NoError(t, recv.Handle(message.NewMessage("bin-1", []byte{0xff, 0x00, 0x01, 'o', 'k', 0xc3})))
 	require.NoError(t, recv.Handle(message.NewMessage("big-1", []byte(`{"amount":12345678901234567890,"currency":"INR"}`))))
 
+	// Duplicates skipped in the past: a middleware of rewards whose clock says when.
 	now := time.Now()
+	var mu sync.Mutex
+	at := now
+	earlier, err := once.New(f.db, once.Config{Schema: f.schema, Consumer: "rewards", OutputTopic: "cashback", Now: func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return at
+	}}, nil)
+	require.NoError(t, err)
+	duplicate := earlier.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
 	for i := 0; i < 11; i++ {
+		mu.Lock()
+		at = now.Add(-time.Duration(55-5*i) * time.Minute)
+		mu.Unlock()
 		for d := 0; d < i%4; d++ {
-			f.deliver(t, "m-1") // a duplicate
+			_, err := duplicate(message.NewMessage("m-1", []byte(`{"amount":5}`)))
+			require.NoError(t, err)
 		}
 		for p := 0; p < i%3; p++ {
 			require.NoError(t, recv.Handle(message.NewMessage(fmt.Sprintf("p-%d-%d", i, p), []byte(`{"invoice":99}`))))
@@ -54,6 +69,8 @@ func TestAdminChartsAndDetailsInChromium(t *testing.T) {
 		require.NoError(t, admin.SampleAt(bg, h, now.Add(-time.Duration(55-5*i)*time.Minute)))
 	}
 	require.NoError(t, h.Sample(bg))
+	require.NoError(t, earlier.Close()) // writes its duplicates per minute
+	require.NoError(t, f.mw.Close())    // and the fixture's one, skipped now
 
 	step(t, ctx, "load the page", chromedp.Navigate(srv.URL+"/"))
 	waitFor(t, ctx, "the page to load its data", `document.body.dataset.ready === "1"`)
@@ -65,7 +82,7 @@ func TestAdminChartsAndDetailsInChromium(t *testing.T) {
 	}
 	require.Equal(t, 2, count("#consumer-charts svg.chart"), "rewards: claims and duplicates")
 	require.Greater(t, count("#consumer-charts svg.claims rect.bar"), 10, "claims spread over the hour")
-	require.Greater(t, count("#consumer-charts svg.dups rect.bar"), 3, "duplicates between samples")
+	require.Equal(t, 9, count("#consumer-charts svg.dups rect.bar"), "the minutes duplicates were skipped in: 8 in the past, the fixture's now")
 	require.Contains(t, text("#consumer-charts figcaption"), "rewards")
 	require.Equal(t, 3, count("#inbox-charts svg.chart"), "billing: pending, failed, oldest age")
 	require.Equal(t, 12, count("#inbox-charts svg.pending circle.dot"), "one point per sample")

@@ -26,13 +26,15 @@ type Config struct {
 	// writes are answered 403.
 	AllowWrites bool
 	// Middlewares are effectively-once middlewares running in this process: their in-process
-	// counts (fresh, duplicates, failures) give each consumer its duplicate rate. Optional.
+	// counts (fresh, duplicates, failures) give each consumer its duplicate rate in GET
+	// /api/consumers. Optional: the charts need none (duplicates per minute are in the
+	// database).
 	Middlewares []*once.Middleware
 	// QueryTimeout bounds the database work of one request, and of one sample. Default
 	// DefaultQueryTimeout (10s).
 	QueryTimeout time.Duration
-	// SampleInterval is how often the handler samples the inbox backlog, the relays' lag and
-	// the middlewares' counts into its in-memory history (GET /api/history). Default
+	// SampleInterval is how often the handler samples the inbox backlog and the relays' lag
+	// into its in-memory history (GET /api/history). Default
 	// DefaultSampleInterval (15s); a negative value turns background sampling off
 	// (Handler.Sample still takes one). At least 1s.
 	SampleInterval time.Duration

@@ -2,13 +2,15 @@
 // charts of claims and duplicates over the last hour or day; the inbox by status with charts of
 // its backlog and oldest pending age, filters, a detail view of a row and replay and skip; the
 // outbox relays' lag over time, the topics they hold and the rows they rejected, each of which
-// opens and, when the broker refused it, can be republished; and forgetting a retired relay. It
+// opens and, when the broker refused it, can be republished; failure groups (FAILED inbox rows,
+// parked messages and rejected rows grouped by error) replayed, skipped or discarded a group at
+// a time; and forgetting a retired relay. It
 // is an http.Handler meant to be mounted in a service that already runs (next to /metrics or a
 // debug mux), and the same read functions back `wmonce status`.
 //
 //	h, err := admin.NewHandler(db, admin.Config{
 //		Schema:      "wmonce",
-//		Middlewares: []*once.Middleware{eo}, // optional: duplicate rates and charts
+//		Middlewares: []*once.Middleware{eo}, // optional: in-process duplicate rates
 //		AllowWrites: false,                             // read-only (the default)
 //	}, logger)
 //	defer h.Close() // stops the sampling behind the charts
@@ -27,11 +29,15 @@
 //	GET  /api/outbox/rejected/{offset}[?relay=R]   one rejected row with payload and metadata
 //	GET  /api/history[?window=hour|day][&consumer=C][&relay=R]   the charts' series
 //	GET  /api/dedupe?consumer=C&message=M   was M processed by C, and when
+//	GET  /api/failures              failure groups, the largest first (FailureGroupsResponse)
 //	POST /api/inbox/replay          ChangeRequest -> ChangeResponse (dry_run supported)
 //	POST /api/inbox/skip            ChangeRequest with reason -> ChangeResponse
 //	POST /api/outbox/republish      RepublishRequest -> RepublishResponse (dry_run supported)
 //	POST /api/outbox/forget         ForgetRequest -> ForgetResponse (dry_run supported); 409
 //	                                while the relay runs, 404 for a name without a position
+//	POST /api/failures/act          FailureActionRequest -> FailureActionResponse: replay, skip
+//	                                or discard one group; dry_run lists the rows, ids narrows
+//	                                the action to them
 //
 // Errors are JSON ({"error": "..."}) with 400 for input the caller must fix, 403 for refused
 // writes, 404 for a missing row and 503 when the schema lacks its tables (every endpoint but
@@ -55,12 +61,12 @@
 //   - claims: claim rows (processed_messages and processed_messages_daily) whose processed_at,
 //     the start of the transaction that applied the message, falls in the bucket. This is
 //     history kept by the database: every process's claims, back to whatever retention kept.
-//   - duplicates: copies the middlewares given in Config.Middlewares skipped because the key
-//     was claimed. A duplicate leaves no row (the claim is INSERT ... ON CONFLICT DO NOTHING),
-//     so the only record is the in-process counters: the handler samples them, and a bucket
-//     holds the increase between each sample in it and the sample before. It covers this
-//     process only, from the second sample on; copies counted before the first sample are in
-//     the totals of GET /api/consumers, not in any bucket.
+//   - duplicates: copies an effectively-once middleware skipped because the key was claimed,
+//     in any process. A duplicate leaves no claim row (the claim is INSERT ... ON CONFLICT DO
+//     NOTHING), so each middleware adds its duplicates per consumer and minute to
+//     duplicates_per_minute (once.DuplicateHistory), at most once a second: the standalone
+//     page (`wmonce admin`) charts them with no Config.Middlewares. Kept two days; the last
+//     second of a process that exits without Close is lost.
 //   - inbox pending, failed and oldest_pending_age_seconds (inbox.Ops.AllStats), relay backlog
 //     and lag_seconds (outbox.Stats: the age of the oldest row the relay has not forwarded):
 //     the database keeps only their present value, so the handler samples them too, and a
@@ -73,17 +79,17 @@
 //
 // NewHandler starts a goroutine that samples every Config.SampleInterval (by default
 // DefaultSampleInterval, 15s) until Close, into memory: every sample of the last hour, and for
-// the last day one entry per five minutes (largest gauges, duplicates added up): about 530
+// the last day one entry per five minutes (largest gauges): about 530
 // entries at the default interval. A sample is three queries: the inbox's unfinished rows through its work index, and
 // outbox.Stats (each relay's unforwarded rows, the rejected count), whose cost grows with the
 // backlogs, not with the tables.
 // Sampling in the handler rather than computing from row timestamps was chosen because relay
 // lag exists only as a present value (outbox.Stats: the relay keeps one position, not its
-// past) and duplicates leave no rows; the inbox backlog could be rebuilt from received_at and
+// past); the inbox backlog could be rebuilt from received_at and
 // finished_at, but replays reset those and retention deletes finished rows, so it would be
 // wrong exactly when an operator looks. The price: the sampled charts start when the handler
 // starts, forget on restart, and show what this process saw. For a fleet-wide, durable
-// history, scrape the metrics package into Prometheus. A sampler that fails because the schema
+// history, scrape the metrics package into Prometheus (deploy/grafana has a dashboard). A sampler that fails because the schema
 // lacks its tables logs that once at info level; other failures are logged as errors, again
 // only when the error changes.
 //

@@ -56,8 +56,8 @@ type Handler struct {
 // send through the operator's browser. Reads run plain SELECTs; writes go through inbox.Ops.
 //
 // Unless Config.SampleInterval is negative, NewHandler starts a goroutine that samples the
-// inbox, the relays and the middlewares' counts every interval for the page's charts (the last
-// hour and day, kept in memory); Close stops it.
+// inbox and the relays every interval for the page's charts (the last hour and day, kept in
+// memory); Close stops it.
 func NewHandler(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Handler, error) {
 	logger, err := setup.Component(db, "admin: db is nil: open one with pgtx.Open", &config, (*Config).setDefaults, "admin: invalid config", logger)
 	if err != nil {
@@ -116,6 +116,8 @@ func (h *Handler) routes() {
 	h.mux.HandleFunc("/api/outbox/republish", h.write(h.republish))
 	h.mux.HandleFunc("/api/outbox/forget", h.write(h.forget))
 	h.mux.HandleFunc("/api/pause", h.write(h.pause))
+	h.mux.HandleFunc("/api/failures", h.get(h.failureGroups))
+	h.mux.HandleFunc("/api/failures/act", h.write(h.failureAct))
 }
 
 // ServeHTTP serves the page at "/" and the API under "/api/".

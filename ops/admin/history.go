@@ -5,22 +5,20 @@ import (
 	"sort"
 	"sync"
 	"time"
-
-	"github.com/wmonce/watermill-once/middleware/once"
 )
 
 // What the charts show, and where each series comes from:
 //
 //   - claims: rows in processed_messages and processed_messages_daily by processed_at, counted
-//     by the database for the whole window (once.ClaimHistory). Real history, from every process, as long as
-//     retention keeps the rows.
-//   - duplicates: a duplicate leaves no row (the claim is ON CONFLICT DO NOTHING), so the only
-//     record is the middlewares' in-process counters. The handler samples them; a bucket holds
-//     the increase between consecutive samples. This process only, and only since sampling
-//     began.
+//     by the database for the whole window (once.ClaimHistory). Real history, from every
+//     process, as long as retention keeps the rows.
+//   - duplicates: a duplicate leaves no claim row, so every process's middleware adds its
+//     duplicates per consumer and minute to duplicates_per_minute (once.DuplicateHistory).
+//     Real history from every process too, kept two days (once.DuplicateHistoryKeep).
 //   - inbox pending, failed, oldest pending age and relay backlog and lag: the database holds
 //     only their present value (outbox.Stats, inbox.Ops.AllStats), so the handler samples
-//     them; a bucket holds the largest sampled value.
+//     them; a bucket holds the largest sampled value. This process only, since sampling began:
+//     for their history across restarts, scrape ops/metrics (deploy/grafana charts them).
 
 // Windows the charts cover: the last hour in one-minute buckets, the last day in 15-minute
 // buckets.
@@ -30,7 +28,7 @@ var windows = map[string]struct{ span, bucket time.Duration }{
 }
 
 // coarsePeriod is the resolution of the day's samples: each entry summarises the samples of up
-// to this long (largest gauge values, duplicates added up), so a day costs 288 entries.
+// to this long (largest gauge values), so a day costs 288 entries.
 const coarsePeriod = 5 * time.Minute
 
 // maxFine bounds the hour's samples (one a second) however often Sample is called.
@@ -48,12 +46,8 @@ type relaySample struct {
 
 // sample is what the handler saw at one time. A nil map means that part could not be read.
 type sample struct {
-	at    time.Time
-	start time.Time // the first sample merged into a coarse entry
-	// dups is the increase of each consumer's duplicates count since the sample taken before
-	// (a consumer new since then counts from zero); nil for the first sample with counts, which
-	// is only the baseline.
-	dups   map[string]int64
+	at     time.Time
+	start  time.Time // the first sample merged into a coarse entry
 	inbox  map[string]inboxSample
 	relays map[string]relaySample
 }
@@ -65,25 +59,14 @@ type history struct {
 	since   time.Time
 	taken   int64
 	lastErr string
-	// counts are the middlewares' counts at the last sample that read them.
-	counts map[string]once.Counters
 }
 
 func newHistory() *history { return &history{} }
 
-// add records s, with counts the middlewares' counts at s.at (nil: none given).
-func (hs *history) add(s sample, counts map[string]once.Counters) {
+// add records s.
+func (hs *history) add(s sample) {
 	hs.mu.Lock()
 	defer hs.mu.Unlock()
-	if counts != nil {
-		if hs.counts != nil {
-			s.dups = make(map[string]int64, len(counts))
-			for c, now := range counts {
-				s.dups[c] = int64(now.Duplicates - hs.counts[c].Duplicates)
-			}
-		}
-		hs.counts = counts
-	}
 	if hs.since.IsZero() || s.at.Before(hs.since) {
 		hs.since = s.at
 	}
@@ -124,10 +107,9 @@ func prune(ss []sample, cutoff time.Time) []sample {
 	return append(ss[:0:0], ss[i:]...)
 }
 
-// merge folds s into the coarse entry c: duplicates added up, the largest gauges.
+// merge folds s into the coarse entry c: the largest gauges.
 func merge(c, s sample) sample {
 	out := sample{at: s.at, start: c.start}
-	out.dups = mergeMaps(c.dups, s.dups, func(a, b int64) int64 { return a + b })
 	out.inbox = mergeMaps(c.inbox, s.inbox, func(a, b inboxSample) inboxSample {
 		return inboxSample{pending: max(a.pending, b.pending), failed: max(a.failed, b.failed), oldestAge: math.Max(a.oldestAge, b.oldestAge)}
 	})

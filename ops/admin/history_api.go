@@ -18,9 +18,10 @@ type HistoryResponse struct {
 	End           time.Time `json:"end"`
 	BucketSeconds float64   `json:"bucket_seconds"`
 	Buckets       int       `json:"buckets"`
-	// Sampling describes the in-memory samples behind every series but claims.
+	// Sampling describes the in-memory samples behind the inbox and relay series.
 	Sampling SamplingStatus `json:"sampling"`
-	// InProcessCounters says whether middlewares were given: without them duplicates are null.
+	// InProcessCounters says whether middlewares were given (Config.Middlewares). The charts no
+	// longer need them: claims and duplicates come from the database.
 	InProcessCounters bool             `json:"in_process_counters"`
 	Consumers         []ConsumerSeries `json:"consumers"`
 	Inbox             []InboxSeries    `json:"inbox"`
@@ -37,8 +38,9 @@ type SamplingStatus struct {
 	Samples int64 `json:"samples"`
 }
 
-// ConsumerSeries is one consumer's claims (from the database) and duplicates (sampled from the
-// in-process counters) per bucket.
+// ConsumerSeries is one consumer's claims and duplicates per bucket, both from the database
+// (once.ClaimHistory, once.DuplicateHistory: every process's). Duplicates is never null; the
+// type is kept from when it was sampled.
 type ConsumerSeries struct {
 	Consumer   string   `json:"consumer"`
 	Claims     []int64  `json:"claims"`
@@ -85,6 +87,10 @@ func (h *Handler) historyGet(ctx context.Context, r *http.Request) (any, error) 
 	if err != nil {
 		return nil, err
 	}
+	dupCounts, err := once.DuplicateHistory(ctx, h.db, h.config.Schema, consumer, out.Start, w.bucket, out.Buckets)
+	if err != nil {
+		return nil, err
+	}
 	h.history.mu.Lock()
 	ss := h.history.fine
 	if window == "day" {
@@ -98,32 +104,12 @@ func (h *Handler) historyGet(ctx context.Context, r *http.Request) (any, error) 
 	}
 	b := bucketer{start: out.Start, width: w.bucket, n: out.Buckets}
 
-	// Consumers: those with claims in the window and those the middlewares counted. A bucket
-	// adds up the duplicates its samples saw since the sample before each.
-	dups := map[string][]*int64{}
-	for _, s := range ss {
-		k, ok := b.index(s.at)
-		if !ok {
-			continue
-		}
-		for c, d := range s.dups {
-			if consumer != "" && c != consumer {
-				continue
-			}
-			if dups[c] == nil {
-				dups[c] = make([]*int64, b.n)
-			}
-			if dups[c][k] == nil {
-				dups[c][k] = new(int64)
-			}
-			*dups[c][k] += d
-		}
-	}
+	// Consumers: those with claims or duplicates in the window.
 	names := map[string]bool{}
 	for c := range claims {
 		names[c] = true
 	}
-	for c := range dups {
+	for c := range dupCounts {
 		names[c] = true
 	}
 	for _, c := range sortedKeys(names) {
@@ -131,9 +117,13 @@ func (h *Handler) historyGet(ctx context.Context, r *http.Request) (any, error) 
 		if cl == nil {
 			cl = make([]int64, b.n)
 		}
-		d := dups[c]
-		if d == nil {
-			d = make([]*int64, b.n)
+		d := make([]*int64, b.n)
+		for i := range d {
+			var v int64
+			if dupCounts[c] != nil {
+				v = dupCounts[c][i]
+			}
+			d[i] = &v
 		}
 		out.Consumers = append(out.Consumers, ConsumerSeries{Consumer: c, Claims: cl, Duplicates: d})
 	}

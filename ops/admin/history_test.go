@@ -69,6 +69,8 @@ func TestHistoryAPI(t *testing.T) {
 	f.deliver(t, "m-4") // fresh: a fourth claim and a second row waiting for the relay
 	require.NoError(t, h.Sample(ctx))
 
+	require.NoError(t, f.mw.Close()) // writes the duplicates per minute it has not written yet
+
 	var hr admin.HistoryResponse
 	get(t, api+"history").decode(t, &hr)
 	require.Equal(t, "hour", hr.Window)
@@ -86,8 +88,17 @@ func TestHistoryAPI(t *testing.T) {
 	require.Len(t, rewards.Claims, 60)
 	require.Equal(t, int64(4), sum(rewards.Claims))
 	dups, covered := sumPtr(rewards.Duplicates)
-	require.Equal(t, int64(2), dups, "the duplicates between the two samples; the one before the baseline has no time")
-	require.Equal(t, 1, covered, "one pair of samples covers one bucket")
+	require.Equal(t, int64(3), dups, "every duplicate, the one skipped before the first sample too: the database recorded them")
+	require.Equal(t, 60, covered, "the database holds every bucket")
+
+	// The standalone page (`wmonce admin`: no middlewares in its process) charts the same.
+	standalone := f.server(t, admin.Config{SampleInterval: -1})
+	var sa admin.HistoryResponse
+	get(t, standalone.URL+"/api/history?consumer=rewards").decode(t, &sa)
+	require.False(t, sa.InProcessCounters)
+	require.Len(t, sa.Consumers, 1)
+	dups, _ = sumPtr(sa.Consumers[0].Duplicates)
+	require.Equal(t, int64(3), dups, "duplicates without admin.Config.Middlewares")
 
 	require.Len(t, hr.Inbox, 1)
 	require.Equal(t, "billing", hr.Inbox[0].Consumer)
@@ -120,7 +131,7 @@ func TestHistoryAPI(t *testing.T) {
 	require.Equal(t, 900.0, hr.BucketSeconds)
 	require.Equal(t, int64(4), sum(hr.Consumers[1].Claims))
 	dups, _ = sumPtr(hr.Consumers[1].Duplicates)
-	require.Equal(t, int64(2), dups, "the day's coarse samples keep the counts")
+	require.Equal(t, int64(3), dups, "the day's buckets too")
 	require.Len(t, hr.Relays, 1)
 	get(t, api+"history?relay=other").decode(t, &hr)
 	require.Empty(t, hr.Relays)
@@ -139,12 +150,13 @@ func TestHistoryAPI(t *testing.T) {
 }
 
 // Samples older than the hour leave the hour's chart but stay in the day's, merged five
-// minutes at a time (largest backlog, duplicates added up).
+// minutes at a time (largest backlog). Duplicates are not sampled: they are in the bucket of
+// the minute they were skipped in.
 func TestHistoryKeepsTheDayCoarse(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 1)
 	ctx := context.Background()
-	srv, h := f.serve(t, admin.Config{Middlewares: []*once.Middleware{f.mw}, SampleInterval: -1})
+	srv, h := f.serve(t, admin.Config{SampleInterval: -1})
 	now := time.Now()
 	base := now.Add(-3 * time.Hour).Truncate(15 * time.Minute)
 	require.NoError(t, admin.SampleAt(ctx, h, base))
@@ -154,21 +166,19 @@ func TestHistoryKeepsTheDayCoarse(t *testing.T) {
 	f.deliver(t, "m-5") // backlog 2
 	require.NoError(t, admin.SampleAt(ctx, h, base.Add(6*time.Minute)))
 	require.NoError(t, h.Sample(ctx))
+	require.NoError(t, f.mw.Close()) // writes the duplicates per minute
 
 	var hr admin.HistoryResponse
 	get(t, srv.URL+"/api/history?window=day").decode(t, &hr)
 	k := int(base.Sub(hr.Start) / (15 * time.Minute))
-	dups := hr.Consumers[0].Duplicates
-	require.NotNil(t, dups[k])
-	require.Equal(t, int64(2), *dups[k], "m-1 inside the merged entry, m-2 before the next one")
 	require.Equal(t, int64(2), *hr.Relays[0].Backlog[k], "the largest backlog of the bucket")
-	n, _ := sumPtr(dups)
-	require.Equal(t, int64(2), n)
+	require.Zero(t, *hr.Consumers[0].Duplicates[k], "nothing was skipped three hours ago")
 
 	get(t, srv.URL+"/api/history").decode(t, &hr)
-	n, covered := sumPtr(hr.Consumers[0].Duplicates)
-	require.Zero(t, n)
-	require.Equal(t, 1, covered, "only the pair ending now is in the hour")
+	n, _ := sumPtr(hr.Consumers[0].Duplicates)
+	require.Equal(t, int64(3), n, "the fixture's duplicate, m-1 and m-2, in the minutes they were skipped")
+	backlog, _ := maxPtr(hr.Relays[0].Backlog)
+	require.Equal(t, int64(2), backlog, "only the samples of the hour")
 }
 
 // Rows of outbox_rejected, as a relay set them aside, listed and opened.

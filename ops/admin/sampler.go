@@ -8,13 +8,12 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// Sample reads the inbox backlog, every relay's backlog and lag (outbox.Stats) and the
-// middlewares' counts once and adds them to the history the charts show. The background
+// Sample reads the inbox backlog and every relay's backlog and lag (outbox.Stats) once and
+// adds them to the history the charts show. The background
 // sampler calls it every Config.SampleInterval; call it yourself to sample on your own
 // schedule (with a negative SampleInterval). Parts that cannot be read are left out of the
 // sample and their errors returned; the rest is kept.
@@ -43,11 +42,7 @@ func (h *Handler) sampleAt(ctx context.Context, at time.Time) error {
 			s.relays[r.Name] = relaySample{backlog: r.Backlog, lag: r.Lag.Seconds()}
 		}
 	}
-	var counts map[string]once.Counters
-	if len(h.config.Middlewares) > 0 {
-		counts = sumCounts(h.config.Middlewares)
-	}
-	h.history.add(s, counts)
+	h.history.add(s)
 	return errors.Join(errs...)
 }
 

@@ -202,20 +202,18 @@ async function loadHistory() {
   const s = h.sampling;
   $("sampling").textContent = s.samples
     ? `sampled ${s.interval_seconds ? "every " + fmtAge(s.interval_seconds) : "on demand"} since ${fmtTime(s.since)} (${num(s.samples)} sample${s.samples === 1 ? "" : "s"})`
-    : "no samples yet: backlog, lag and duplicate charts start with the first";
+    : "no samples yet: the backlog and lag charts start with the first";
 
   const cc = $("consumer-charts");
   cc.replaceChildren(...h.consumers.map((c) => {
-    const covered = c.duplicates.some((v) => v !== null);
-    return card(h, c.consumer, `${num(sumOf(c.claims))} claims · ${covered ? num(sumOf(c.duplicates)) : "—"} duplicates in the ${span}`, [
+    return card(h, c.consumer, `${num(sumOf(c.claims))} claims · ${num(sumOf(c.duplicates))} duplicates in the ${span}`, [
       ["claims", `Claims ${per}: claim rows by processed_at, every process`, c.claims,
         { kind: "bars", integer: true, unit: "claims", label: `claims of ${c.consumer}`, empty: `no claims in the ${span}` }],
-      ["dups", `Duplicates ${per}: counted by this process's middleware`, c.duplicates,
-        { kind: "bars", integer: true, unit: "duplicates", label: `duplicates of ${c.consumer}`,
-          empty: h.in_process_counters ? (covered ? "no duplicates" : "not sampled yet") : "needs admin.Config.Middlewares" }],
+      ["dups", `Duplicates ${per}: skipped copies recorded by every process`, c.duplicates,
+        { kind: "bars", integer: true, unit: "duplicates", label: `duplicates of ${c.consumer}`, empty: `no duplicates in the ${span}` }],
     ]);
   }));
-  if (!h.consumers.length) cc.append(el("p", { class: "muted empty-charts" }, `No claims in the ${span}.`));
+  if (!h.consumers.length) cc.append(el("p", { class: "muted empty-charts" }, `No claims or duplicates in the ${span}.`));
 
   const ic = $("inbox-charts");
   ic.replaceChildren(...h.inbox.map((x) => card(h, "inbox " + x.consumer,
@@ -666,10 +664,91 @@ async function confirmForget() {
   } catch (e) { flash(e.message, true); }
 }
 
+// ---- Failure groups -------------------------------------------------------------------------
+
+const actionLabels = { replay: "Replay", skip: "Skip", discard: "Discard" };
+const groupWhere = (g) => ({ inbox: g.consumer, parked: g.handler || "—", rejected: g.relay })[g.kind];
+const groupKinds = { inbox: "inbox (FAILED)", parked: "parked (poison queue)", rejected: "outbox (rejected)" };
+
+async function loadFailures() {
+  const r = await api("failures");
+  const body = $("failure-groups").tBodies[0];
+  $("failures-left").hidden = !r.left_out;
+  $("failures-left").textContent = r.left_out
+    ? `${num(r.left_out)} older row(s) are not grouped: the groups cover the newest ${num(r.max_rows)} of each kind (\`wmonce failures -max-rows 0\` groups every row). Actions reach every row of a group.`
+    : "";
+  if (!r.groups.length) { emptyRow(body, 8, "No failed inbox rows, parked messages or rejected outbox rows."); return; }
+  body.replaceChildren(...r.groups.map((g) => {
+    const actions = el("td", { class: "writes" }, ...g.actions.map((a) => el("button", {
+      type: "button", class: "g-" + a + (a === "replay" ? "" : " danger"), onclick: () => askGroup(g, a),
+    }, actionLabels[a] + "…")));
+    return el("tr", { "data-fingerprint": g.fingerprint, "data-kind": g.kind },
+      td(groupKinds[g.kind]), td(groupWhere(g)), td(g.topic || "—"),
+      el("td", { class: "pattern err", title: "example: " + g.example }, g.pattern), td(num(g.rows), "num"),
+      td(fmtTime(g.first_seen)), td(fmtTime(g.last_seen)), actions);
+  }));
+}
+
+// askGroup runs the action as a dry run and shows exactly which rows it would touch; the
+// confirmation sends those ids, so rows that joined the group since are left alone.
+async function askGroup(g, action) {
+  try {
+    const r = await api("failures/act", { kind: g.kind, fingerprint: g.fingerprint, action, dry_run: true });
+    if (!r.rows) { flash("The group has no rows left: nothing to do."); await refresh(); return; }
+    const what = {
+      inbox: `inbox row(s) of consumer ${g.consumer}`,
+      parked: `parked message(s)${g.handler ? " of handler " + g.handler : ""}`,
+      rejected: `rejected outbox row(s) of relay ${r.relay}`,
+    }[g.kind];
+    const effect = {
+      replay: {
+        inbox: "will run again (PENDING, attempts reset)",
+        parked: "will be stored in the outbox again for the topic they were consumed from",
+        rejected: "will be stored in the outbox again and forwarded",
+      }[g.kind],
+      skip: "will be marked SKIPPED: they will not run, and stay as dedupe records",
+      discard: g.kind === "parked"
+        ? "will be set aside: never replayed (their copies stay in the poison topic)"
+        : "will be deleted from outbox_rejected: they are the only copy of those messages",
+    }[action];
+    $("g-confirm-text").textContent = `${actionLabels[action]}: ${r.rows} ${what}${g.topic ? " on topic " + g.topic : ""} ${effect}.`;
+    $("g-confirm-ids").textContent = (g.kind === "inbox" ? "Row ids: " : "Outbox offsets: ") + r.ids.join(", ");
+    if (r.undecodable && r.undecodable.length) $("g-confirm-ids").textContent += ` (${r.undecodable.length} cannot be replayed and stay: ${r.undecodable.join(", ")})`;
+    $("g-reason").hidden = action !== "skip";
+    $("g-reason").value = "";
+    $("g-yes").textContent = `${actionLabels[action]} ${r.rows} row(s)`;
+    state.group = { kind: g.kind, fingerprint: g.fingerprint, action, ids: r.ids };
+    $("g-confirm").hidden = false;
+    if (action === "skip") $("g-reason").focus();
+  } catch (e) { flash(e.message, true); }
+}
+
+function cancelGroup() {
+  $("g-confirm").hidden = true;
+  state.group = null;
+}
+
+async function confirmGroup() {
+  const g = state.group;
+  if (!g) return;
+  const body = { ...g, dry_run: false };
+  if (g.action === "skip") {
+    body.reason = $("g-reason").value.trim();
+    if (!body.reason) { flash("Give a reason: it is kept with the skipped rows.", true); $("g-reason").focus(); return; }
+  }
+  cancelGroup();
+  try {
+    const r = await api("failures/act", body);
+    const left = r.undecodable && r.undecodable.length ? `; ${r.undecodable.length} cannot be replayed and stay in the group` : "";
+    flash(`${actionLabels[g.action]}: ${r.rows} row(s) of group ${g.fingerprint} changed${left}.`);
+    await refresh();
+  } catch (e) { flash(e.message, true); }
+}
+
 // ---- Page -----------------------------------------------------------------------------------
 
 async function refresh() {
-  const parts = [loadConsumers(), loadInbox(), loadOutbox(), loadHistory(), loadRejected(false)];
+  const parts = [loadConsumers(), loadInbox(), loadOutbox(), loadHistory(), loadRejected(false), loadFailures()];
   const results = await Promise.allSettled(parts);
   const failed = results.find((x) => x.status === "rejected");
   if (failed) flash(failed.reason.message, true);
@@ -699,6 +778,8 @@ document.addEventListener("DOMContentLoaded", async () => {
   $("forget-ask").addEventListener("click", askForget);
   $("forget-yes").addEventListener("click", confirmForget);
   $("forget-no").addEventListener("click", cancelForget);
+  $("g-yes").addEventListener("click", confirmGroup);
+  $("g-no").addEventListener("click", cancelGroup);
   $("detail-close").addEventListener("click", closeDetail);
   $("detail").addEventListener("click", (ev) => { if (ev.target === $("detail")) closeDetail(); });
   document.addEventListener("keydown", (ev) => { if (ev.key === "Escape") closeDetail(); });

@@ -1,0 +1,210 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/wmonce/watermill-once/ops/admin"
+)
+
+func failuresCommand() *command {
+	return &command{
+		name:    "failures",
+		summary: "failure groups: parked inbox rows, poison-queue messages, rejected outbox rows by error; replay, skip, discard",
+		usage: `
+failures [list] [-max-rows N]
+failures replay FINGERPRINT [-id N[,N]] [-dry-run]
+failures skip FINGERPRINT -reason TEXT [-id N[,N]] [-dry-run]
+failures discard FINGERPRINT [-id N[,N]] [-dry-run]`,
+		details: `
+list     FAILED (parked) inbox rows, messages the poison queue parked (ParkingPublisher) and
+         rejected outbox rows, grouped by where they failed (the inbox consumer, the handler
+         or the relay, and the topic) and by their error with UUIDs,
+         addresses, hex and numbers replaced (<uuid>, <addr>, <hex>, <n>): one poison storm
+         is one group. The largest first, with its fingerprint, rows, first and last seen.
+replay   an inbox group's rows run again (PENDING, attempts reset); a parked group's messages
+         are stored in the outbox again for the topic they were consumed from, once; a
+         rejected group's rows are stored in the outbox again and forwarded. Fix the cause
+         first.
+skip     an inbox group's rows are marked SKIPPED with the reason: they do not run, their
+         ordering keys move on, and they stay as dedupe records.
+discard  a parked group is set aside (never replayed; the copies stay in the poison topic);
+         a rejected group's rows are deleted from outbox_rejected (the only copy of those
+         messages). Inbox rows are never discarded: skip them.
+-dry-run lists exactly the rows (inbox ids or outbox offsets) the action would touch; pass
+         them with -id to touch exactly those, and not rows that joined the group since.`,
+		examples: []string{
+			"wmonce failures",
+			"wmonce failures replay 3f9c0a1b2c3d4e5f -dry-run",
+			"wmonce failures replay 3f9c0a1b2c3d4e5f -id 812,813,815",
+			"wmonce failures skip 3f9c0a1b2c3d4e5f -reason 'refunded by hand, ticket 4411'",
+			"wmonce -json failures",
+		},
+		run: runFailures,
+	}
+}
+
+func runFailures(ctx context.Context, e *env, args []string) error {
+	return runAction(ctx, e, args, "failures", []action{
+		{name: "list", run: (*env).failuresList},
+		{name: "replay", run: func(e *env, ctx context.Context, args []string) error {
+			return e.failuresAct(ctx, admin.ActionReplay, args)
+		}},
+		{name: "skip", run: func(e *env, ctx context.Context, args []string) error {
+			return e.failuresAct(ctx, admin.ActionSkip, args)
+		}},
+		{name: "discard", run: func(e *env, ctx context.Context, args []string) error {
+			return e.failuresAct(ctx, admin.ActionDiscard, args)
+		}},
+	})
+}
+
+func (e *env) failuresList(ctx context.Context, args []string) error {
+	fs := e.flags("failures list")
+	maxRows := fs.Int("max-rows", admin.DefaultFailureGroupRows, "group the newest N rows of each kind (0: every row; the patterns cost about a second per 10,000 distinct errors)")
+	db, err := e.parseAndOpen(ctx, fs, args)
+	if err != nil {
+		return err
+	}
+	if *maxRows < 0 {
+		return usagef("-max-rows must not be negative (0: every row)")
+	}
+	resp, err := admin.ReadFailureGroups(ctx, db, e.g.schema, *maxRows)
+	if err != nil {
+		return e.explain(err)
+	}
+	if e.g.json {
+		return e.printJSON(resp)
+	}
+	groups := resp.Groups
+	if len(groups) == 0 {
+		fmt.Fprintln(e.stdout, "no failure groups: no FAILED inbox rows, parked messages or rejected outbox rows")
+		return nil
+	}
+	if resp.LeftOut > 0 {
+		defer fmt.Fprintf(e.stdout, "%d older row(s) are not grouped (only the newest %d of each kind): add -max-rows 0 to group every row\n", resp.LeftOut, resp.MaxRows)
+	}
+	tw := e.table()
+	fmt.Fprintf(tw, "FINGERPRINT\tKIND\tCONSUMER/RELAY\tTOPIC\tROWS\tFIRST SEEN\tLAST SEEN\tACTIONS\tERROR\n")
+	for _, g := range groups {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", g.Fingerprint, g.Kind, orDash(g.Consumer+g.Handler+g.Relay), orDash(truncate(g.Topic, 32)), g.Rows,
+			when(g.FirstSeen), when(g.LastSeen), strings.Join(g.Actions, ","), truncate(g.Pattern, 70))
+	}
+	return tw.Flush()
+}
+
+func (e *env) failuresAct(ctx context.Context, action string, args []string) error {
+	fs := e.flags("failures " + action)
+	ids := &listFlag{split: true}
+	fs.Var(ids, "id", "only these rows of the group: inbox row ids or outbox offsets, as a dry run lists them (repeat or comma-separate)")
+	dryRun := fs.Bool("dry-run", false, "list the rows the action would touch, change nothing")
+	reason := ""
+	if action == admin.ActionSkip {
+		fs.StringVar(&reason, "reason", "", "why the rows are skipped (kept in last_error; required)")
+	}
+	rest, err := e.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) != 1 {
+		return usagef("give the group's fingerprint (`wmonce failures` lists them)")
+	}
+	fp := rest[0]
+	if action == admin.ActionSkip && strings.TrimSpace(reason) == "" && !*dryRun {
+		return usagef("-reason is required: it is kept with the skipped rows")
+	}
+	var selected []int64
+	for _, v := range ids.values {
+		id, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || id < 1 {
+			return usagef("-id takes positive inbox row ids or outbox offsets, got %q", v)
+		}
+		selected = append(selected, id)
+	}
+	db, err := e.openMigrated(ctx)
+	if err != nil {
+		return err
+	}
+	// The group's kind: among the groups `wmonce failures` lists, else among every row's.
+	var group *admin.FailureGroup
+	for _, maxRows := range []int{admin.DefaultFailureGroupRows, 0} {
+		resp, err := admin.ReadFailureGroups(ctx, db, e.g.schema, maxRows)
+		if err != nil {
+			return e.explain(err)
+		}
+		for i := range resp.Groups {
+			if resp.Groups[i].Fingerprint == fp {
+				group = &resp.Groups[i]
+			}
+		}
+		if group != nil || resp.LeftOut == 0 {
+			break
+		}
+	}
+	if group == nil {
+		return fmt.Errorf("no failure group has fingerprint %q (its rows may be gone): `wmonce failures` lists the groups", fp)
+	}
+	res, err := admin.ActOnFailureGroup(ctx, db, e.g.schema, admin.FailureActionRequest{
+		Kind: group.Kind, Fingerprint: fp, Action: action, IDs: selected, Reason: reason, DryRun: *dryRun,
+	})
+	if admin.IsInputError(err) {
+		return usagef("%v", err)
+	}
+	if err != nil {
+		return e.explain(err)
+	}
+	if e.g.json {
+		return e.printJSON(res)
+	}
+	what, idName := "inbox row(s) of consumer "+group.Consumer, "ids"
+	switch group.Kind {
+	case admin.FailureKindParked:
+		what, idName = "parked message(s) of handler "+orDash(group.Handler), "offsets"
+	case admin.FailureKindRejected:
+		what, idName = "rejected outbox row(s) of relay "+group.Relay, "offsets"
+	}
+	list := joinIDs(res.IDs)
+	if len(res.Undecodable) > 0 {
+		defer fmt.Fprintf(e.stdout, "left in the group, cannot be replayed: offsets %s\n", joinIDs(res.Undecodable))
+	}
+	if *dryRun {
+		fmt.Fprintf(e.stdout, "dry run: %s would %s %d %s (%s %s); nothing changed\n", fp, action, res.Rows, what, idName, orDash(list))
+		if res.Rows > 0 {
+			fmt.Fprintf(e.stdout, "to touch exactly these: wmonce failures %s %s -id %s%s\n", action, fp, list, reasonFlag(action, reason))
+		}
+		return nil
+	}
+	fmt.Fprintf(e.stdout, "%s: %d %s (%s %s)\n", pastTense(action), res.Rows, what, idName, orDash(list))
+	return nil
+}
+
+func joinIDs(ids []int64) string {
+	parts := make([]string, len(ids))
+	for i, id := range ids {
+		parts[i] = strconv.FormatInt(id, 10)
+	}
+	return strings.Join(parts, ",")
+}
+
+func reasonFlag(action, reason string) string {
+	if action != admin.ActionSkip {
+		return ""
+	}
+	if reason == "" {
+		reason = "..."
+	}
+	return " -reason " + shellQuote(reason)
+}
+
+func pastTense(action string) string {
+	switch action {
+	case admin.ActionReplay:
+		return "replayed"
+	case admin.ActionSkip:
+		return "skipped"
+	default:
+		return "discarded"
+	}
+}

@@ -1,0 +1,181 @@
+package inbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/wmonce/watermill-once/outbox"
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// FailureGroup is the FAILED (parked) rows of one consumer and topic whose errors are the same
+// once their volatile parts (UUIDs, addresses, hex, numbers) are replaced: one poison storm is
+// one group. The rule and the fingerprint are the schema's (migration 015,
+// failure_pattern/failure_fingerprint), so every tool groups alike.
+type FailureGroup struct {
+	Fingerprint string // 16 hex digits; selects the group in ReplayGroup and SkipGroup
+	Consumer    string
+	Topic       string
+	Pattern     string // the error with <uuid>, <addr>, <hex> and <n> in place of the volatile parts
+	Example     string // the last_error of the group's newest row
+	Rows        int64
+	// FirstSeen and LastSeen are the received_at of the group's oldest and newest row: the inbox
+	// keeps no time of failure.
+	FirstSeen time.Time
+	LastSeen  time.Time
+}
+
+// GroupRequest selects the rows of one failure group that ReplayGroup or SkipGroup touch.
+type GroupRequest struct {
+	// Fingerprint is FailureGroup.Fingerprint. Required.
+	Fingerprint string
+	// IDs, when given, narrow the group to these rows: pass the IDs a dry run returned to
+	// touch exactly those (rows that joined the group since are left alone).
+	IDs []int64
+	// DryRun lists the rows the operation would change and changes nothing.
+	DryRun bool
+}
+
+// GroupResult lists the rows an operation on a group changed or, for a dry run, would change.
+type GroupResult struct {
+	IDs []int64
+}
+
+func (o *Ops) fingerprintExpr() string {
+	return pgtx.QualifiedName(o.schema, "failure_fingerprint") + `('inbox', consumer, topic, last_error)`
+}
+
+// FailureGroups returns the failure groups of the newest maxRows FAILED rows (0: of all), the
+// largest first, and how many FAILED rows it left out (older than those). It only reads. Its
+// cost is in the error patterns, computed once per distinct error text: on this project's test
+// machine, under load, about a second per 10,000 rows whose errors all differ.
+func (o *Ops) FailureGroups(ctx context.Context, maxRows int) (groups []FailureGroup, left int64, err error) {
+	if maxRows < 0 {
+		return nil, 0, fmt.Errorf("inbox: failure groups: maxRows must not be negative, got %d", maxRows)
+	}
+	limit := ""
+	if maxRows > 0 {
+		limit = " ORDER BY id DESC LIMIT " + strconv.Itoa(maxRows)
+	}
+	q := `WITH failed AS (
+    SELECT id, consumer, topic, coalesce(last_error, '') AS last_error, received_at FROM ` + o.q.table + ` WHERE status = 'FAILED'` + limit + `
+), exact AS (
+    SELECT consumer, topic, last_error, count(*) AS n, min(received_at) AS first, max(received_at) AS last, max(id) AS newest
+    FROM failed GROUP BY 1, 2, 3
+), patterned AS (
+    SELECT *, ` + pgtx.QualifiedName(o.schema, "failure_pattern") + `(last_error) AS pattern FROM exact
+)
+SELECT ` + pgtx.QualifiedName(o.schema, "failure_group_fingerprint") + `('inbox', consumer, topic, pattern), consumer, topic, pattern,
+    (array_agg(last_error ORDER BY newest DESC))[1], sum(n)::bigint, min(first), max(last),
+    (SELECT count(*) FROM ` + o.q.table + ` WHERE status = 'FAILED') - (SELECT count(*) FROM failed)
+FROM patterned GROUP BY consumer, topic, pattern
+ORDER BY sum(n) DESC, 1`
+	rows, err := o.db.QueryContext(ctx, q)
+	if err != nil {
+		return nil, 0, fmt.Errorf("inbox: failure groups: %w", err)
+	}
+	defer rows.Close()
+	groups = []FailureGroup{}
+	for rows.Next() {
+		var g FailureGroup
+		if err := rows.Scan(&g.Fingerprint, &g.Consumer, &g.Topic, &g.Pattern, &g.Example, &g.Rows, &g.FirstSeen, &g.LastSeen, &left); err != nil {
+			return nil, 0, fmt.Errorf("inbox: failure groups: %w", err)
+		}
+		groups = append(groups, g)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, fmt.Errorf("inbox: failure groups: %w", err)
+	}
+	return groups, left, nil
+}
+
+// ReplayGroup sends the FAILED rows of one failure group (narrowed by req.IDs) back to
+// PENDING, due now, with their attempt count reset, as Replay does, in one statement, and wakes
+// their processors. With req.DryRun it only lists them.
+func (o *Ops) ReplayGroup(ctx context.Context, req GroupRequest) (GroupResult, error) {
+	res, err := o.changeGroup(ctx, req, `status = 'PENDING', attempts = 0, next_attempt_at = now(), finished_at = NULL`)
+	if err != nil {
+		return GroupResult{}, fmt.Errorf("inbox: replay group: %w", err)
+	}
+	if !req.DryRun {
+		o.logger.Info("Inbox failure group replayed", watermill.LogFields{"fingerprint": req.Fingerprint, "rows": len(res.IDs)})
+	}
+	return res, nil
+}
+
+// SkipGroup marks the FAILED rows of one failure group (narrowed by req.IDs) SKIPPED with
+// reason, as Skip does: they will not run, their ordering keys move on, and they stay as
+// dedupe records. With req.DryRun it only lists them (and needs no reason yet). (There is no
+// discard for inbox rows: a deleted row would let a redelivered copy of its message run again.)
+func (o *Ops) SkipGroup(ctx context.Context, req GroupRequest, reason string) (GroupResult, error) {
+	if strings.TrimSpace(reason) == "" && !req.DryRun {
+		return GroupResult{}, errors.New("inbox: skip group: give a reason; it is kept in last_error")
+	}
+	res, err := o.changeGroup(ctx, req, `status = 'SKIPPED', finished_at = now(), last_error = $1::text || coalesce('; last error: ' || last_error, '')`, "skipped: "+reason)
+	if err != nil {
+		return GroupResult{}, fmt.Errorf("inbox: skip group: %w", err)
+	}
+	if !req.DryRun {
+		o.logger.Info("Inbox failure group skipped", watermill.LogFields{"fingerprint": req.Fingerprint, "rows": len(res.IDs), "reason": reason})
+	}
+	return res, nil
+}
+
+// changeGroup runs one UPDATE of the group's FAILED rows (or lists them for a dry run),
+// returning their ids, and wakes the processors of the consumers it changed. set's parameters
+// are setArgs, $1 on.
+func (o *Ops) changeGroup(ctx context.Context, req GroupRequest, set string, setArgs ...any) (GroupResult, error) {
+	if err := outbox.CheckFingerprint(req.Fingerprint); err != nil {
+		return GroupResult{}, err
+	}
+	var args []any
+	arg := func(v any) string {
+		args = append(args, v)
+		return "$" + strconv.Itoa(len(args))
+	}
+	if !req.DryRun {
+		for _, v := range setArgs {
+			arg(v)
+		}
+	}
+	where := `status = 'FAILED' AND ` + o.fingerprintExpr() + ` = ` + arg(req.Fingerprint)
+	if len(req.IDs) > 0 {
+		where += ` AND id = ANY(` + arg(req.IDs) + `::bigint[])`
+	}
+	var ids string
+	if req.DryRun {
+		err := o.db.QueryRowContext(ctx, `SELECT coalesce(json_agg(id ORDER BY id), '[]')::text FROM `+o.q.table+` WHERE `+where, args...).Scan(&ids)
+		if err != nil {
+			return GroupResult{}, err
+		}
+		return decodeIDs(ids)
+	}
+	ch := arg(o.q.channel)
+	query := `WITH c AS (
+    UPDATE ` + o.q.table + ` SET ` + set + `, claim_token = NULL, lease_until = NULL
+    WHERE ` + where + `
+    RETURNING id, consumer
+)
+SELECT coalesce((SELECT json_agg(id ORDER BY id) FROM c), '[]')::text,
+    (SELECT count(pg_notify(` + ch + `::text, consumer)) FROM (SELECT DISTINCT consumer FROM c) d)`
+	var notified int
+	if err := o.db.QueryRowContext(ctx, query, args...).Scan(&ids, &notified); err != nil {
+		return GroupResult{}, err
+	}
+	return decodeIDs(ids)
+}
+
+func decodeIDs(s string) (GroupResult, error) {
+	res := GroupResult{IDs: []int64{}}
+	if err := json.Unmarshal([]byte(s), &res.IDs); err != nil {
+		return GroupResult{}, fmt.Errorf("row ids: %w", err)
+	}
+	return res, nil
+}

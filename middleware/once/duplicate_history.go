@@ -1,0 +1,140 @@
+package once
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// A duplicate leaves no row of its own (its claim is ON CONFLICT DO NOTHING), so the
+// middleware writes the number of duplicates per consumer and minute to duplicates_per_minute
+// (migration 015): what the admin page charts, from any process. Duplicates are rare, and in a
+// storm they come in thousands a second, so they are added up in memory and written at most
+// once per DuplicateFlushDelay, by one statement for every consumer and minute pending, outside
+// the message path. The record is best-effort history: a write that fails is logged and its
+// counts are lost (Counters and the metrics still have them), and so are the counts of the last
+// DuplicateFlushDelay when the process exits without Close. Rows older than
+// DuplicateHistoryKeep are deleted by the same statement.
+
+// DuplicateFlushDelay is how long duplicates are added up in memory before they are written.
+const DuplicateFlushDelay = time.Second
+
+// DuplicateHistoryKeep is how long duplicates_per_minute keeps a minute (the admin page's
+// longest window is a day).
+const DuplicateHistoryKeep = 48 * time.Hour
+
+type duplicateMinute struct {
+	consumer string
+	minute   time.Time
+}
+
+type duplicateCount struct{ duplicates, mismatches int64 }
+
+// duplicateHistory holds the counts not written yet.
+type duplicateHistory struct {
+	mu         sync.Mutex
+	pending    map[duplicateMinute]duplicateCount
+	scheduled  bool
+	failedOnce bool // a failed write was logged at error level; later ones at debug
+}
+
+// recordDuplicate adds one skipped copy of consumer (mismatch: its payload differed) to the
+// minute it was skipped in, and schedules a write.
+func (e *Middleware) recordDuplicate(consumer string, mismatch bool) {
+	h := &e.dupHistory
+	k := duplicateMinute{consumer: consumer, minute: e.config.Now().UTC().Truncate(time.Minute)}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.pending == nil {
+		h.pending = map[duplicateMinute]duplicateCount{}
+	}
+	c := h.pending[k]
+	c.duplicates++
+	if mismatch {
+		c.mismatches++
+	}
+	h.pending[k] = c
+	if !h.scheduled {
+		h.scheduled = true
+		time.AfterFunc(DuplicateFlushDelay, func() { _ = e.flushDuplicates(context.Background()) })
+	}
+}
+
+// flushDuplicates writes the pending counts in one statement. It returns the write's error,
+// which it also logs.
+func (e *Middleware) flushDuplicates(ctx context.Context) error {
+	h := &e.dupHistory
+	h.mu.Lock()
+	batch := h.pending
+	h.pending, h.scheduled = nil, false
+	h.mu.Unlock()
+	if len(batch) == 0 {
+		return nil
+	}
+	consumers := make([]string, 0, len(batch))
+	minutes := make([]time.Time, 0, len(batch))
+	dups := make([]int64, 0, len(batch))
+	mismatches := make([]int64, 0, len(batch))
+	for k, c := range batch {
+		consumers, minutes = append(consumers, k.consumer), append(minutes, k.minute)
+		dups, mismatches = append(dups, c.duplicates), append(mismatches, c.mismatches)
+	}
+	table := pgtx.QualifiedName(e.config.Schema, "duplicates_per_minute")
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err := e.db.ExecContext(ctx, `WITH old AS (DELETE FROM `+table+` WHERE minute < now() - $5::interval)
+INSERT INTO `+table+` AS t (consumer, minute, duplicates, mismatches)
+SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::bigint[], $4::bigint[])
+ON CONFLICT (consumer, minute) DO UPDATE SET duplicates = t.duplicates + EXCLUDED.duplicates, mismatches = t.mismatches + EXCLUDED.mismatches`,
+		consumers, minutes, dups, mismatches, fmt.Sprintf("%d seconds", int64(DuplicateHistoryKeep.Seconds())))
+	if err != nil {
+		h.mu.Lock()
+		first := !h.failedOnce
+		h.failedOnce = true
+		h.mu.Unlock()
+		fields := watermill.LogFields{"consumers": len(batch), "table": table}
+		if first {
+			e.logger.Error("Duplicates per minute not recorded (the admin page's duplicates chart misses them; later failures are logged at debug level)", err, fields)
+		} else {
+			e.logger.Debug("Duplicates per minute not recorded: "+err.Error(), fields)
+		}
+		return fmt.Errorf("once: record duplicates per minute: %w", err)
+	}
+	return nil
+}
+
+// DuplicateHistory returns, for each consumer (or only consumer, when not empty) that skipped
+// duplicates between start and start + n*width, the number it skipped in each of the n buckets
+// of width, from duplicates_per_minute (recorded by every process's middleware, see
+// DuplicateFlushDelay; a bucket narrower than a minute gets the whole minute). It only reads.
+// A schema without the table is an error for which pgtx.IsUndefinedTable is true.
+func DuplicateHistory(ctx context.Context, db *sql.DB, schema, consumer string, start time.Time, width time.Duration, n int) (map[string][]int64, error) {
+	if db == nil {
+		return nil, fmt.Errorf("once: duplicate history: db is nil")
+	}
+	if err := pgtx.ValidateIdentifier("schema", schema); err != nil {
+		return nil, fmt.Errorf("once: duplicate history: %w", err)
+	}
+	if width <= 0 || n < 1 {
+		return nil, fmt.Errorf("once: duplicate history: width must be positive and n at least 1, got %s and %d", width, n)
+	}
+	rows, err := db.QueryContext(ctx, `SELECT consumer, floor(extract(epoch FROM minute - $1::timestamptz) / $3)::int AS b, sum(duplicates)::bigint
+FROM `+pgtx.QualifiedName(schema, "duplicates_per_minute")+`
+WHERE minute >= $1 AND minute < $2 AND ($4 = '' OR consumer = $4) GROUP BY 1, 2`,
+		start, start.Add(time.Duration(n)*width), width.Seconds(), consumer)
+	if err != nil {
+		return nil, fmt.Errorf("once: duplicate history: %w", err)
+	}
+	out, err := readBuckets(rows, n)
+	return out, wrapErr("duplicate history", err)
+}
+
+// flushDuplicatesAtClose writes what is pending when the middleware closes; a failure is
+// logged (the record is best-effort).
+func (e *Middleware) flushDuplicatesAtClose() { _ = e.flushDuplicates(context.Background()) }

@@ -1,0 +1,127 @@
+package admin_test
+
+import (
+	"net/http"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/ops/admin"
+	"github.com/wmonce/watermill-once/outbox"
+)
+
+// failureGroup returns the group of kind at owner (consumer, handler or relay) and topic.
+func failureGroup(t *testing.T, groups []admin.FailureGroup, kind, owner, topic string) admin.FailureGroup {
+	t.Helper()
+	for _, g := range groups {
+		if g.Kind == kind && g.Consumer+g.Handler+g.Relay == owner && g.Topic == topic {
+			return g
+		}
+	}
+	t.Fatalf("no %s failure group of %q on topic %q in %+v", kind, owner, topic, groups)
+	return admin.FailureGroup{}
+}
+
+// GET /api/failures groups the parked inbox rows and the rejected outbox rows; POST
+// /api/failures/act runs an action on a group behind the write guard, and its dry run lists
+// the rows it would touch. Each kind refuses the action it does not take.
+func TestFailureGroupsThroughTheAPI(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 3)
+	relay, pub := f.kafkaRejects(t, "m-2")
+	// Two messages the poison queue parked, as once.Stack parks them.
+	w, err := outbox.NewWriter(outbox.Config{Schema: f.schema})
+	require.NoError(t, err)
+	for _, id := range []string{"evt-17", "evt-18"} {
+		m := message.NewMessage(id, []byte(`{}`))
+		m.Metadata.Set(middleware.ReasonForPoisonedKey, "permanent: unknown currency XYZ in "+id)
+		m.Metadata.Set(middleware.PoisonedTopicKey, "payments")
+		m.Metadata.Set(middleware.PoisonedHandlerKey, "ledger")
+		require.NoError(t, w.ParkingPublisher(f.db).Publish("payments-poison", m))
+	}
+	ro := f.server(t, admin.Config{})
+	var groups admin.FailureGroupsResponse
+	get(t, ro.URL+"/api/failures").decode(t, &groups)
+	require.Len(t, groups.Groups, 5, "%+v", groups.Groups)
+	billing := groups.Groups[0]
+	require.Equal(t, admin.FailureGroup{
+		Kind: admin.FailureKindInbox, Fingerprint: billing.Fingerprint, Consumer: "billing", Pattern: "card declined: <b>insufficient funds</b>",
+		Example: "card declined: <b>insufficient funds</b>", Rows: 3, FirstSeen: billing.FirstSeen, LastSeen: billing.LastSeen,
+		Actions: []string{admin.ActionReplay, admin.ActionSkip},
+	}, billing)
+	cashback := failureGroup(t, groups.Groups, admin.FailureKindRejected, "kafka", "cashback")
+	require.Equal(t, []string{admin.ActionReplay, admin.ActionDiscard}, cashback.Actions)
+	parked := failureGroup(t, groups.Groups, admin.FailureKindParked, "ledger", "payments")
+	require.Equal(t, "permanent: unknown currency XYZ in evt-<n>", parked.Pattern)
+	require.Equal(t, int64(2), parked.Rows)
+	require.Equal(t, []string{admin.ActionReplay, admin.ActionDiscard}, parked.Actions)
+	legacy := failureGroup(t, groups.Groups, admin.FailureKindRejected, "sms", "")
+	require.Equal(t, int64(1), legacy.Rows)
+	require.Equal(t, []string{admin.ActionDiscard}, legacy.Actions, "undecodable rows would only be rejected again")
+	require.Equal(t, admin.DefaultFailureGroupRows, groups.MaxRows)
+	require.Zero(t, groups.LeftOut)
+	var newest admin.FailureGroupsResponse
+	get(t, ro.URL+"/api/failures?max_rows=1").decode(t, &newest)
+	require.Equal(t, int64(5), newest.LeftOut, "all but the newest row of each kind: 2 of billing's 3, 1 of the 2 parked, 2 of the 3 rejected")
+	r := get(t, ro.URL+"/api/failures?max_rows=-1")
+	require.Equal(t, http.StatusBadRequest, r.status)
+	require.Contains(t, r.errorText(t), "max_rows must be a non-negative integer")
+	require.Equal(t, http.StatusForbidden, post(t, ro.URL+"/api/failures/act", admin.FailureActionRequest{
+		Kind: admin.FailureKindInbox, Fingerprint: billing.Fingerprint, Action: admin.ActionReplay,
+	}, nil).status, "writes need AllowWrites")
+
+	srv := f.server(t, admin.Config{AllowWrites: true})
+	act := func(req admin.FailureActionRequest) admin.FailureActionResponse {
+		t.Helper()
+		r := post(t, srv.URL+"/api/failures/act", req, nil)
+		require.Equal(t, http.StatusOK, r.status, string(r.body))
+		var out admin.FailureActionResponse
+		r.decode(t, &out)
+		return out
+	}
+	dry := act(admin.FailureActionRequest{Kind: admin.FailureKindInbox, Fingerprint: billing.Fingerprint, Action: admin.ActionSkip, DryRun: true})
+	require.Equal(t, f.ids(t, "FAILED"), dry.IDs)
+	require.Equal(t, 3, dry.Rows)
+	require.Equal(t, 3, f.count(t, "FAILED"), "a dry run changes nothing")
+	done := act(admin.FailureActionRequest{Kind: admin.FailureKindInbox, Fingerprint: billing.Fingerprint, Action: admin.ActionSkip, IDs: dry.IDs[:2], Reason: "paid by transfer"})
+	require.Equal(t, dry.IDs[:2], done.IDs)
+	require.Equal(t, 2, f.count(t, "SKIPPED"))
+	require.Equal(t, 1, f.count(t, "FAILED"))
+
+	pub.refuse = nil
+	re := act(admin.FailureActionRequest{Kind: admin.FailureKindRejected, Fingerprint: cashback.Fingerprint, Action: admin.ActionReplay})
+	require.Equal(t, "kafka", re.Relay)
+	require.Len(t, re.IDs, 1)
+	before := relay.Counters().Forwarded
+	relayUntil(t, relay, "forward the republished row", func(st outbox.RelayCounters) bool { return st.Forwarded > before })
+	gone := act(admin.FailureActionRequest{Kind: admin.FailureKindRejected, Fingerprint: legacy.Fingerprint, Action: admin.ActionDiscard})
+	require.Equal(t, "sms", gone.Relay)
+	require.Len(t, gone.IDs, 1)
+	replayed := act(admin.FailureActionRequest{Kind: admin.FailureKindParked, Fingerprint: parked.Fingerprint, Action: admin.ActionReplay})
+	require.Len(t, replayed.IDs, 2)
+	require.Equal(t, 2, pgtest.Count(t, f.db, `SELECT count(*) FROM `+f.table("outbox")+` WHERE payload->>'destination_topic' = 'payments' AND metadata->>'reason_poisoned' IS NULL`),
+		"the originals, stored again for the topic they were consumed from")
+	get(t, srv.URL+"/api/failures").decode(t, &groups)
+	require.Len(t, groups.Groups, 2, "billing's last row and kafka's undecodable row are left: %+v", groups.Groups)
+
+	for _, tc := range []struct {
+		body any
+		want string
+	}{
+		{admin.FailureActionRequest{Kind: admin.FailureKindInbox, Fingerprint: "x", Action: admin.ActionReplay}, "fingerprint must be 16"},
+		{admin.FailureActionRequest{Kind: admin.FailureKindInbox, Fingerprint: billing.Fingerprint, Action: admin.ActionDiscard}, "inbox rows are not discarded"},
+		{admin.FailureActionRequest{Kind: admin.FailureKindInbox, Fingerprint: billing.Fingerprint, Action: admin.ActionSkip}, "reason is required"},
+		{admin.FailureActionRequest{Kind: admin.FailureKindRejected, Fingerprint: cashback.Fingerprint, Action: admin.ActionSkip}, "not skipped"},
+		{admin.FailureActionRequest{Kind: admin.FailureKindParked, Fingerprint: parked.Fingerprint, Action: admin.ActionSkip}, "parked messages are not skipped"},
+		{admin.FailureActionRequest{Kind: "intent", Fingerprint: cashback.Fingerprint, Action: admin.ActionSkip}, `kind "intent"`},
+		{admin.FailureActionRequest{Kind: admin.FailureKindInbox, Fingerprint: billing.Fingerprint, Action: admin.ActionReplay, IDs: []int64{0}}, "positive"},
+		{`{"kind":"inbox","fingerprint":"` + billing.Fingerprint + `","action":"replay","extra":1}`, "unknown field"},
+	} {
+		r := post(t, srv.URL+"/api/failures/act", tc.body, nil)
+		require.Equal(t, http.StatusBadRequest, r.status, "%v: %s", tc.body, r.body)
+		require.Contains(t, r.errorText(t), tc.want)
+	}
+}

@@ -1,0 +1,270 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// Parked messages are the outbox rows ParkingPublisher stored for Watermill's poison queue:
+// a copy of each message a consumer refused, with the poison queue's metadata (the reason, the
+// topic it was consumed from, the handler), forwarded to the poison topic. ParkedGroups groups
+// them by the schema's fingerprint rule (migration 015) over the handler, the consumed topic
+// and the reason; ReplayParkedGroup stores the original messages again for the topic they were
+// consumed from, and DiscardParkedGroup sets a group aside. Both record what they settled in
+// outbox_parked_settled, so a parked copy is replayed at most once and leaves the groups.
+// Parked rows are found as long as outbox retention keeps them.
+
+// The poison queue's metadata keys (Watermill's middleware.PoisonQueue), removed from a
+// replayed message so that it is the message the consumer was given.
+var poisonKeys = []string{middleware.ReasonForPoisonedKey, middleware.PoisonedTopicKey, middleware.PoisonedHandlerKey, middleware.PoisonedSubscriberKey}
+
+// ParkedGroup is the parked messages of one handler and consumed topic with the same reason
+// once its volatile parts (UUIDs, addresses, hex, numbers) are replaced.
+type ParkedGroup struct {
+	Fingerprint string // 16 hex digits; selects the group in ReplayParkedGroup and DiscardParkedGroup
+	Handler     string // the poison queue's handler_poisoned ("" outside a router)
+	Topic       string // the topic the messages were consumed from (topic_poisoned)
+	Pattern     string // the reason with <uuid>, <addr>, <hex> and <n> in place of the volatile parts
+	Example     string // the reason of the group's newest parked copy
+	Rows        int64
+	FirstSeen   time.Time // when the first and the last copy were parked (outbox created_at)
+	LastSeen    time.Time
+}
+
+// ParkedGroupRequest selects the parked copies of one group.
+type ParkedGroupRequest struct {
+	// Fingerprint is ParkedGroup.Fingerprint. Required.
+	Fingerprint string
+	// Offsets, when given, narrow the group to these outbox offsets: pass those a dry run
+	// returned to touch exactly them.
+	Offsets []int64
+	// DryRun lists the rows and changes nothing.
+	DryRun bool
+}
+
+// ParkedGroupResult lists the parked copies an operation settled or, for a dry run, would
+// settle (their outbox offsets). Unreplayable (replay only) lists copies that name no topic
+// they were consumed from, cannot be decoded, or whose original UUID or metadata the outbox
+// cannot store (a message parked for exactly that): they are left in the group, to discard.
+type ParkedGroupResult struct {
+	Offsets      []int64
+	Unreplayable []int64
+}
+
+func parkedWhere(schema string) string {
+	return `(o.metadata->>'reason_poisoned') IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM ` + pgtx.QualifiedName(schema, "outbox_parked_settled") + ` s WHERE s."offset" = o."offset")`
+}
+
+func parkedFingerprintExpr(schema string) string {
+	return pgtx.QualifiedName(schema, "failure_fingerprint") +
+		`('parked', coalesce(o.metadata->>'handler_poisoned', ''), coalesce(o.metadata->>'topic_poisoned', ''), o.metadata->>'reason_poisoned')`
+}
+
+// ParkedGroups returns the groups of the newest maxRows parked messages not replayed or
+// discarded yet (0: of all), the largest first, and how many it left out (older than those).
+// It only reads (through the partial index of parked rows); the reason patterns are computed
+// once per distinct reason.
+func ParkedGroups(ctx context.Context, db *sql.DB, schema string, maxRows int) (groups []ParkedGroup, left int64, err error) {
+	if err := checkSchema("parked groups", db, &schema); err != nil {
+		return nil, 0, err
+	}
+	if maxRows < 0 {
+		return nil, 0, fmt.Errorf("outbox: parked groups: maxRows must not be negative, got %d", maxRows)
+	}
+	limit := ""
+	if maxRows > 0 {
+		limit = ` ORDER BY o."offset" DESC LIMIT ` + strconv.Itoa(maxRows)
+	}
+	table := pgtx.QualifiedName(schema, "outbox")
+	q := `WITH recent AS (
+    SELECT o."offset", o.created_at::timestamptz AS created_at, coalesce(o.metadata->>'handler_poisoned', '') AS handler,
+        coalesce(o.metadata->>'topic_poisoned', '') AS topic, o.metadata->>'reason_poisoned' AS reason
+    FROM ` + table + ` o WHERE ` + parkedWhere(schema) + limit + `
+), exact AS (
+    SELECT handler, topic, reason, count(*) AS n, min(created_at) AS first, max(created_at) AS last, max("offset") AS newest
+    FROM recent GROUP BY 1, 2, 3
+), patterned AS (
+    SELECT *, ` + pgtx.QualifiedName(schema, "failure_pattern") + `(reason) AS pattern FROM exact
+)
+SELECT ` + pgtx.QualifiedName(schema, "failure_group_fingerprint") + `('parked', handler, topic, pattern), handler, topic, pattern,
+    (array_agg(reason ORDER BY newest DESC))[1], sum(n)::bigint, min(first), max(last),
+    (SELECT count(*) FROM ` + table + ` o WHERE ` + parkedWhere(schema) + `) - (SELECT count(*) FROM recent)
+FROM patterned GROUP BY handler, topic, pattern
+ORDER BY sum(n) DESC, 1`
+	rows, err := db.QueryContext(ctx, q)
+	if err != nil {
+		return nil, 0, fmt.Errorf("outbox: parked groups: %w", err)
+	}
+	defer rows.Close()
+	groups = []ParkedGroup{}
+	for rows.Next() {
+		var g ParkedGroup
+		if err := rows.Scan(&g.Fingerprint, &g.Handler, &g.Topic, &g.Pattern, &g.Example, &g.Rows, &g.FirstSeen, &g.LastSeen, &left); err != nil {
+			return nil, 0, fmt.Errorf("outbox: parked groups: %w", err)
+		}
+		groups = append(groups, g)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, fmt.Errorf("outbox: parked groups: %w", err)
+	}
+	return groups, left, nil
+}
+
+// parkedRow is one parked copy as a replay reads it.
+type parkedRow struct {
+	offset   int64
+	payload  sql.NullString
+	source   string
+	consumed string // topic_poisoned
+}
+
+// parkedRows reads the group's parked copies not settled yet (narrowed by req.Offsets).
+func parkedRows(ctx context.Context, q pgtx.Executor, schema string, req ParkedGroupRequest) ([]parkedRow, error) {
+	rows, err := q.QueryContext(ctx, `SELECT o."offset", o.payload::text, o.source, coalesce(o.metadata->>'topic_poisoned', '')
+FROM `+pgtx.QualifiedName(schema, "outbox")+` o
+WHERE `+parkedWhere(schema)+` AND `+parkedFingerprintExpr(schema)+` = $1 AND (cardinality($2::bigint[]) = 0 OR o."offset" = ANY($2::bigint[]))
+ORDER BY o."offset"`, req.Fingerprint, nonNil(req.Offsets))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []parkedRow
+	for rows.Next() {
+		var r parkedRow
+		if err := rows.Scan(&r.offset, &r.payload, &r.source, &r.consumed); err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// ReplayParkedGroup stores the original of each parked copy of one group (narrowed by
+// req.Offsets) in the outbox again, for the topic it was consumed from: its UUID, payload and
+// metadata as the consumer received them (RecoverParked), without the poison queue's keys, as
+// a new row of the copy's source, forwarded after every row committed before it. The copies
+// are recorded as replayed, in the same transaction, and leave the group. Fix what made the
+// consumer refuse them first: a message refused again is parked again, in a new group entry.
+// Consumers deduplicate by key as always, so a message that was in fact applied (a parked copy
+// of a duplicate) is skipped. With req.DryRun it lists the copies and changes nothing.
+func ReplayParkedGroup(ctx context.Context, db *sql.DB, schema string, req ParkedGroupRequest) (ParkedGroupResult, error) {
+	if err := checkSchema("replay parked group", db, &schema); err != nil {
+		return ParkedGroupResult{}, err
+	}
+	if err := CheckFingerprint(req.Fingerprint); err != nil {
+		return ParkedGroupResult{}, fmt.Errorf("outbox: replay parked group: %w", err)
+	}
+	var res ParkedGroupResult
+	err := pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
+		res = ParkedGroupResult{Offsets: []int64{}}
+		rows, err := parkedRows(ctx, tx, schema, req)
+		if err != nil {
+			return err
+		}
+		writers := map[string]*Writer{}
+		for _, r := range rows {
+			_, parked, err := unmarshalEnvelope([]byte(r.payload.String)) // its topic is the poison topic
+			if !r.payload.Valid || err != nil || r.consumed == "" {
+				res.Unreplayable = append(res.Unreplayable, r.offset)
+				continue
+			}
+			original, err := RecoverParked(parked)
+			if err != nil || checkMessage(original) != nil { // no UUID, or one the outbox cannot store
+				res.Unreplayable = append(res.Unreplayable, r.offset)
+				continue
+			}
+			for _, k := range poisonKeys {
+				delete(original.Metadata, k)
+			}
+			res.Offsets = append(res.Offsets, r.offset)
+			if req.DryRun {
+				continue
+			}
+			w := writers[r.source]
+			if w == nil {
+				if w, err = NewWriter(Config{Schema: schema, Source: r.source}); err != nil {
+					return err
+				}
+				writers[r.source] = w
+			}
+			if err := w.store(ctx, tx, r.consumed, []*message.Message{original}, false); err != nil {
+				return err
+			}
+		}
+		if req.DryRun || len(res.Offsets) == 0 {
+			return nil
+		}
+		return settleParked(ctx, tx, schema, res.Offsets, "replay")
+	})
+	if err != nil {
+		return ParkedGroupResult{}, fmt.Errorf("outbox: replay parked group: %w", err)
+	}
+	return res, nil
+}
+
+// DiscardParkedGroup records the parked copies of one group (narrowed by req.Offsets) as
+// discarded: they leave the group and are never replayed. The copies themselves stay where
+// they are (in the outbox until retention, and in the poison topic). With req.DryRun it lists
+// them and changes nothing.
+func DiscardParkedGroup(ctx context.Context, db *sql.DB, schema string, req ParkedGroupRequest) (ParkedGroupResult, error) {
+	if err := checkSchema("discard parked group", db, &schema); err != nil {
+		return ParkedGroupResult{}, err
+	}
+	if err := CheckFingerprint(req.Fingerprint); err != nil {
+		return ParkedGroupResult{}, fmt.Errorf("outbox: discard parked group: %w", err)
+	}
+	var res ParkedGroupResult
+	err := pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
+		res = ParkedGroupResult{Offsets: []int64{}}
+		rows, err := parkedRows(ctx, tx, schema, req)
+		if err != nil {
+			return err
+		}
+		for _, r := range rows {
+			res.Offsets = append(res.Offsets, r.offset)
+		}
+		if req.DryRun || len(res.Offsets) == 0 {
+			return nil
+		}
+		return settleParked(ctx, tx, schema, res.Offsets, "discard")
+	})
+	if err != nil {
+		return ParkedGroupResult{}, fmt.Errorf("outbox: discard parked group: %w", err)
+	}
+	return res, nil
+}
+
+// settleParked records offsets as settled by action, and forgets the settled copies outbox
+// retention has deleted since (through the partial index of parked rows), so the record stays
+// as small as the parked rows still in the outbox. A copy another operator settled meanwhile
+// makes the whole operation fail rather than replay it twice.
+func settleParked(ctx context.Context, tx *sql.Tx, schema string, offsets []int64, action string) error {
+	settled := pgtx.QualifiedName(schema, "outbox_parked_settled")
+	if _, err := tx.ExecContext(ctx, `DELETE FROM `+settled+` s WHERE NOT EXISTS (SELECT 1 FROM `+pgtx.QualifiedName(schema, "outbox")+` o
+WHERE o."offset" = s."offset" AND (o.metadata->>'reason_poisoned') IS NOT NULL)`); err != nil {
+		return err
+	}
+	var n int
+	err := tx.QueryRowContext(ctx, `WITH ins AS (
+    INSERT INTO `+settled+` ("offset", action)
+    SELECT unnest($1::bigint[]), $2 ON CONFLICT ("offset") DO NOTHING RETURNING 1
+) SELECT count(*) FROM ins`, offsets, action).Scan(&n)
+	if err != nil {
+		return err
+	}
+	if n != len(offsets) {
+		b, _ := json.Marshal(offsets)
+		return fmt.Errorf("parked copies %s were settled by someone else meanwhile: list the groups again", b)
+	}
+	return nil
+}

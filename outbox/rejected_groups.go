@@ -1,0 +1,211 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"time"
+
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// RejectedGroup is the rows of outbox_rejected that one relay set aside for one topic with the
+// same error once its volatile parts (UUIDs, addresses, hex, numbers) are replaced: a topic the
+// broker refuses is one group. The rule and the fingerprint are the schema's (migration 015),
+// the same as the inbox's failure groups.
+type RejectedGroup struct {
+	Fingerprint string // 16 hex digits; selects the group in RepublishRejectedGroup and DiscardRejectedGroup
+	Relay       string
+	Topic       string // "" for rows the relay could not decode
+	Pattern     string // the error with <uuid>, <addr>, <hex> and <n> in place of the volatile parts
+	Example     string // the error of the group's newest rejection
+	Rows        int64
+	FirstSeen   time.Time // rejected_at of the group's first and last rejection
+	LastSeen    time.Time
+}
+
+// RejectedGroupRequest selects the rows of one rejected group.
+type RejectedGroupRequest struct {
+	// Fingerprint is RejectedGroup.Fingerprint. Required.
+	Fingerprint string
+	// Offsets, when given, narrow the group to these outbox offsets: pass those a dry run
+	// returned to touch exactly them.
+	Offsets []int64
+	// DryRun lists the rows and changes nothing.
+	DryRun bool
+}
+
+// RejectedGroupResult lists the rows an operation on a rejected group changed or, for a dry
+// run, would change: the relay and the outbox offsets. Undecodable (republish only) lists the
+// offsets left in outbox_rejected because they are not a message the relay can decode.
+type RejectedGroupResult struct {
+	Relay       string
+	Offsets     []int64
+	Undecodable []int64
+}
+
+var fingerprintPattern = regexp.MustCompile(`^[0-9a-f]{16}$`)
+
+// CheckFingerprint refuses text that is not a failure group's fingerprint (of a rejected group
+// or of an inbox failure group: they share the schema's rule).
+func CheckFingerprint(fp string) error {
+	if !fingerprintPattern.MatchString(fp) {
+		return fmt.Errorf("fingerprint must be 16 lower-case hex digits (as failure groups list it), got %q", fp)
+	}
+	return nil
+}
+
+func rejectedFingerprintExpr(schema string) string {
+	return pgtx.QualifiedName(schema, "failure_fingerprint") + `('rejected', relay, coalesce(topic, ''), error)`
+}
+
+// RejectedGroups returns the groups of the newest maxRows rows of outbox_rejected (0: of all),
+// the largest first, and how many rows it left out (older than those). It only reads; the
+// error patterns are computed once per distinct error text.
+func RejectedGroups(ctx context.Context, db *sql.DB, schema string, maxRows int) (groups []RejectedGroup, left int64, err error) {
+	if err := checkSchema("rejected groups", db, &schema); err != nil {
+		return nil, 0, err
+	}
+	if maxRows < 0 {
+		return nil, 0, fmt.Errorf("outbox: rejected groups: maxRows must not be negative, got %d", maxRows)
+	}
+	limit := ""
+	if maxRows > 0 {
+		limit = ` ORDER BY rejected_at DESC, "offset" DESC LIMIT ` + strconv.Itoa(maxRows)
+	}
+	table := pgtx.QualifiedName(schema, "outbox_rejected")
+	q := `WITH recent AS (
+    SELECT relay, coalesce(topic, '') AS topic, error, rejected_at FROM ` + table + limit + `
+), exact AS (
+    SELECT relay, topic, error, count(*) AS n, min(rejected_at) AS first, max(rejected_at) AS last FROM recent GROUP BY 1, 2, 3
+), patterned AS (
+    SELECT *, ` + pgtx.QualifiedName(schema, "failure_pattern") + `(error) AS pattern FROM exact
+)
+SELECT ` + pgtx.QualifiedName(schema, "failure_group_fingerprint") + `('rejected', relay, topic, pattern), relay, topic, pattern,
+    (array_agg(error ORDER BY last DESC))[1], sum(n)::bigint, min(first), max(last),
+    (SELECT count(*) FROM ` + table + `) - (SELECT count(*) FROM recent)
+FROM patterned GROUP BY relay, topic, pattern
+ORDER BY sum(n) DESC, 1`
+	rows, err := db.QueryContext(ctx, q)
+	if err != nil {
+		return nil, 0, fmt.Errorf("outbox: rejected groups: %w", err)
+	}
+	defer rows.Close()
+	groups = []RejectedGroup{}
+	for rows.Next() {
+		var g RejectedGroup
+		if err := rows.Scan(&g.Fingerprint, &g.Relay, &g.Topic, &g.Pattern, &g.Example, &g.Rows, &g.FirstSeen, &g.LastSeen, &left); err != nil {
+			return nil, 0, fmt.Errorf("outbox: rejected groups: %w", err)
+		}
+		groups = append(groups, g)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, fmt.Errorf("outbox: rejected groups: %w", err)
+	}
+	return groups, left, nil
+}
+
+// groupRows lists the relay and offsets of a rejected group's rows (narrowed by req.Offsets).
+func groupRows(ctx context.Context, q interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}, schema string, req RejectedGroupRequest) (RejectedGroupResult, error) {
+	var relays, offsets string
+	err := q.QueryRowContext(ctx, `SELECT coalesce(json_agg(DISTINCT relay), '[]')::text, coalesce(json_agg("offset" ORDER BY "offset"), '[]')::text
+FROM `+pgtx.QualifiedName(schema, "outbox_rejected")+` WHERE `+rejectedFingerprintExpr(schema)+` = $1 AND (cardinality($2::bigint[]) = 0 OR "offset" = ANY($2::bigint[]))`,
+		req.Fingerprint, nonNil(req.Offsets)).Scan(&relays, &offsets)
+	if err != nil {
+		return RejectedGroupResult{}, err
+	}
+	var names []string
+	res := RejectedGroupResult{Offsets: []int64{}}
+	if err := errors.Join(json.Unmarshal([]byte(relays), &names), json.Unmarshal([]byte(offsets), &res.Offsets)); err != nil {
+		return RejectedGroupResult{}, err
+	}
+	if len(names) > 1 { // a fingerprint collision across relays: 64 bits make it all but impossible
+		return RejectedGroupResult{}, fmt.Errorf("fingerprint %s matches rows of relays %v: narrow it with offsets", req.Fingerprint, names)
+	}
+	if len(names) == 1 {
+		res.Relay = names[0]
+	}
+	return res, nil
+}
+
+func nonNil(s []int64) []int64 {
+	if s == nil {
+		return []int64{}
+	}
+	return s
+}
+
+// RepublishRejectedGroup stores the rows of one rejected group (narrowed by req.Offsets) in
+// the outbox again and removes them from outbox_rejected, as RepublishRejected does (same
+// guarantee, same order rule). With req.DryRun it lists them and changes nothing.
+func RepublishRejectedGroup(ctx context.Context, db *sql.DB, schema string, req RejectedGroupRequest) (RejectedGroupResult, error) {
+	if err := checkSchema("republish rejected group", db, &schema); err != nil {
+		return RejectedGroupResult{}, err
+	}
+	if err := CheckFingerprint(req.Fingerprint); err != nil {
+		return RejectedGroupResult{}, fmt.Errorf("outbox: republish rejected group: %w", err)
+	}
+	res, err := groupRows(ctx, db, schema, req)
+	if err != nil {
+		return RejectedGroupResult{}, fmt.Errorf("outbox: republish rejected group: %w", err)
+	}
+	if len(res.Offsets) == 0 {
+		return res, nil
+	}
+	r, err := RepublishRejected(ctx, db, schema, RepublishRequest{Relay: res.Relay, Offsets: res.Offsets, DryRun: req.DryRun})
+	if err != nil {
+		return RejectedGroupResult{}, err
+	}
+	undecodable := map[int64]bool{}
+	for _, o := range r.Undecodable {
+		undecodable[o] = true
+	}
+	kept := res.Offsets[:0]
+	for _, o := range res.Offsets {
+		if !undecodable[o] {
+			kept = append(kept, o)
+		}
+	}
+	res.Offsets, res.Undecodable = kept, r.Undecodable
+	return res, nil
+}
+
+// DiscardRejectedGroup deletes the rows of one rejected group (narrowed by req.Offsets) from
+// outbox_rejected, in one statement, and returns them. A rejected row is the only copy of a
+// message the relay could not forward: a discarded one is gone. With req.DryRun it lists them
+// and deletes nothing.
+func DiscardRejectedGroup(ctx context.Context, db *sql.DB, schema string, req RejectedGroupRequest) (RejectedGroupResult, error) {
+	if err := checkSchema("discard rejected group", db, &schema); err != nil {
+		return RejectedGroupResult{}, err
+	}
+	if err := CheckFingerprint(req.Fingerprint); err != nil {
+		return RejectedGroupResult{}, fmt.Errorf("outbox: discard rejected group: %w", err)
+	}
+	if req.DryRun {
+		res, err := groupRows(ctx, db, schema, req)
+		if err != nil {
+			return RejectedGroupResult{}, fmt.Errorf("outbox: discard rejected group: %w", err)
+		}
+		return res, nil
+	}
+	var res RejectedGroupResult
+	err := pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
+		var err error
+		if res, err = groupRows(ctx, tx, schema, req); err != nil || len(res.Offsets) == 0 {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `DELETE FROM `+pgtx.QualifiedName(schema, "outbox_rejected")+` WHERE relay = $1 AND "offset" = ANY($2::bigint[]) AND `+rejectedFingerprintExpr(schema)+` = $3`,
+			res.Relay, res.Offsets, req.Fingerprint)
+		return err
+	})
+	if err != nil {
+		return RejectedGroupResult{}, fmt.Errorf("outbox: discard rejected group: %w", err)
+	}
+	return res, nil
+}
