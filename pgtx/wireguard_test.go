@@ -39,6 +39,7 @@ func TestWireGuardRefusesEveryCommit(t *testing.T) {
 			if err != nil {
 				return err
 			}
+			defer st.Close()
 			_, err = st.ExecContext(ctx)
 			return err
 		},

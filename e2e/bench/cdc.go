@@ -87,7 +87,7 @@ func (h *harness) newForwarder(ctx context.Context, r *rig, id string, pub messa
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			_ = f.Close()
-			return nil, fmt.Errorf("connector %s did not run within %s (status %+v, %v)", conn.Name, h.opts.variantTimeout, s, errors.Join(err, serr))
+			return nil, fmt.Errorf("connector %s did not run within %s (status %+v, %w)", conn.Name, h.opts.variantTimeout, s, errors.Join(err, serr))
 		}
 		time.Sleep(100 * time.Millisecond) // Connect offers no signal: poll its REST API
 	}
