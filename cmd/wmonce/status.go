@@ -119,7 +119,7 @@ func (e *env) printInboxStats(st []admin.InboxStats) {
 	_ = tw.Flush()
 	for _, s := range st {
 		if s.Failed > 0 {
-			fmt.Fprintf(e.stdout, "  %d FAILED row(s) of %s are parked: `wmonce inbox list -consumer %s -status FAILED`, then replay or skip them\n", s.Failed, s.Consumer, shellQuote(s.Consumer))
+			fmt.Fprintf(e.stdout, "  %d FAILED row(s) of %s are parked: `wmonce failures list` groups them by cause (or `wmonce inbox list -consumer %s -status FAILED`), then replay or skip them\n", s.Failed, s.Consumer, shellQuote(s.Consumer))
 		}
 	}
 	e.printInboxPauses(st)
