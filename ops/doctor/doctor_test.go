@@ -152,10 +152,18 @@ func amqpQueues(t *testing.T) (amqpURL string) {
 	return amqpURL
 }
 
+// Both ways of reading a queue: through the management API (scripts/services enables it),
+// which follows dead-letter queues, and over AMQP alone (a management URL that answers nothing),
+// which names the dead-letter exchange.
 func TestRabbitMQQueueTTLsAgainstClaimRetention(t *testing.T) {
+	t.Run("management API", func(t *testing.T) { checkRabbitMQQueueTTLs(t, "") })
+	t.Run("AMQP only", func(t *testing.T) { checkRabbitMQQueueTTLs(t, "http://127.0.0.1:1") })
+}
+
+func checkRabbitMQQueueTTLs(t *testing.T, managementURL string) {
 	amqpURL := amqpQueues(t)
 	rep, err := doctor.Check(context.Background(), doctor.Config{
-		AMQP:      doctor.AMQPConfig{URL: amqpURL},
+		AMQP:      doctor.AMQPConfig{URL: amqpURL, ManagementURL: managementURL},
 		Retention: retention.Config{Consumers: map[string]retention.Policy{"short": {Keep: 30 * time.Minute}}},
 		Consumers: []doctor.Consumer{
 			{Name: "sms", AMQPQueues: []string{"ttl-1h", "no-ttl", "with-dlq"}},
@@ -178,10 +186,13 @@ func TestRabbitMQQueueTTLsAgainstClaimRetention(t *testing.T) {
 	require.False(t, f.Hazard)
 	require.Equal(t, time.Minute, f.Horizon)
 	details := strings.Join(f.Details, "\n")
-	if strings.Contains(details, "not reachable") {
-		// No management plugin: the dead-letter exchange is named, its queues not followed.
+	if managementURL != "" {
+		// No management API: the dead-letter exchange is named, its queues not followed.
+		require.Contains(t, details, "not reachable")
 		require.Contains(t, details, "dead-letter exchange is dlx")
 	} else {
+		require.NotContains(t, details, "not reachable",
+			"the management API on 127.0.0.1:15672 does not answer: `bash scripts/services up` enables rabbitmq_management")
 		dlq := finding(t, rep, "sms", "rabbitmq dead-letter queue dead-letters")
 		require.True(t, dlq.Hazard, "a dead-letter queue without TTL can be redriven any time")
 	}
