@@ -1,0 +1,133 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/outbox"
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// createSlot creates a logical replication slot (pgoutput, as Debezium's) and drops it when t
+// ends: a slot retains WAL on the shared server for as long as it exists.
+func createSlot(t *testing.T, db *sql.DB) string {
+	t.Helper()
+	slot := pgtest.NewName("slot")
+	pgtest.Exec(t, db, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot)
+	t.Cleanup(func() {
+		if _, err := db.Exec(`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, slot); err != nil {
+			t.Errorf("drop slot %s: %v", slot, err)
+		}
+	})
+	return slot
+}
+
+// advanceSlot confirms the slot up to lsn, as Debezium does once Kafka has its events.
+func advanceSlot(t *testing.T, db *sql.DB, slot, lsn string) {
+	t.Helper()
+	pgtest.Exec(t, db, `SELECT pg_replication_slot_advance($1, $2::pg_lsn)`, slot, lsn)
+}
+
+func currentLSN(t *testing.T, db *sql.DB) string {
+	t.Helper()
+	var lsn string
+	require.NoError(t, db.QueryRow(`SELECT pg_current_wal_lsn()::text`).Scan(&lsn))
+	return lsn
+}
+
+// An outbox read through a replication slot (Debezium) has no Relay position: the slot's
+// position lets Prune delete what the slot confirmed and nothing else. An unadvanced slot keeps
+// everything, rows committed after the confirmed point are kept, a forgotten position no
+// longer counts.
+func TestPruneFollowsTheSlotPosition(t *testing.T) {
+	t.Parallel()
+	db, schema, w := setup(t)
+	ctx := context.Background()
+	ob := pgtx.QualifiedName(schema, "outbox")
+	slot := createSlot(t, db)
+	prune := func() int64 {
+		t.Helper()
+		pgtest.Exec(t, db, `UPDATE `+ob+` SET created_at = localtimestamp - interval '2 days'`)
+		n, err := outbox.Prune(ctx, db, schema, pgtx.PruneRequest{Keep: 24 * time.Hour, BatchSize: 1})
+		require.NoError(t, err)
+		return n
+	}
+	advance := func() bool {
+		t.Helper()
+		ok, err := outbox.AdvanceSlotPosition(ctx, db, schema, slot)
+		require.NoError(t, err)
+		return ok
+	}
+	remaining := func() []string {
+		t.Helper()
+		rows, err := db.Query(`SELECT uuid FROM ` + ob + ` ORDER BY "offset"`)
+		require.NoError(t, err)
+		defer rows.Close()
+		var out []string
+		for rows.Next() {
+			var u string
+			require.NoError(t, rows.Scan(&u))
+			out = append(out, u)
+		}
+		require.NoError(t, rows.Err())
+		return out
+	}
+
+	_, err := outbox.AdvanceSlotPosition(ctx, db, schema, slot)
+	require.ErrorIs(t, err, outbox.ErrSlotPositionNotRegistered)
+	publishTx(t, db, w, "a", "before")
+	registered, err := outbox.RegisterSlotPosition(ctx, db, schema, slot)
+	require.NoError(t, err)
+	require.True(t, registered)
+	registered, err = outbox.RegisterSlotPosition(ctx, db, schema, slot)
+	require.NoError(t, err)
+	require.False(t, registered, "registering again keeps the position")
+	publishTx(t, db, w, "a", "m-1", "m-2")
+
+	require.False(t, advance(), "the slot has confirmed nothing since the mark")
+	require.Zero(t, prune(), "an unadvanced slot keeps everything")
+
+	advanceSlot(t, db, slot, currentLSN(t, db))
+	require.True(t, advance())
+	require.Equal(t, int64(1), prune(), "what committed before the confirmed mark")
+	require.Equal(t, []string{"m-1", "m-2"}, remaining())
+
+	confirmed := currentLSN(t, db) // past the mark the last advance took, before "late"
+	publishTx(t, db, w, "a", "late")
+	advanceSlot(t, db, slot, confirmed)
+	require.True(t, advance())
+	require.Equal(t, int64(2), prune())
+	require.Equal(t, []string{"late"}, remaining(), "committed after the confirmed point")
+	require.False(t, advance(), "the slot has not confirmed the newer mark")
+	require.Zero(t, prune())
+
+	forgot, err := outbox.ForgetSlotPosition(ctx, db, schema, slot)
+	require.NoError(t, err)
+	require.True(t, forgot)
+	require.Zero(t, prune(), "with no position left, nothing is known to be forwarded")
+	require.Equal(t, []string{"late"}, remaining())
+}
+
+// A position whose slot is gone holds retention back: advancing it says so. A Relay cannot take
+// a slot position's name.
+func TestSlotPositionOfAMissingSlot(t *testing.T) {
+	t.Parallel()
+	db, schema, _ := setup(t)
+	ctx := context.Background()
+	slot := pgtest.NewName("noslot")
+	_, err := outbox.RegisterSlotPosition(ctx, db, schema, slot)
+	require.NoError(t, err)
+	_, err = outbox.AdvanceSlotPosition(ctx, db, schema, slot)
+	require.ErrorIs(t, err, outbox.ErrSlotMissing)
+	require.ErrorContains(t, err, "forget it")
+	_, err = outbox.RegisterSlotPosition(ctx, db, schema, "Bad-Slot")
+	require.ErrorContains(t, err, "slot")
+
+	_, err = outbox.NewRelay(db, &sink{}, outbox.RelayConfig{Schema: schema, Name: outbox.SlotPositionName(slot)}, nil)
+	require.ErrorContains(t, err, `starts with "cdc:"`)
+}
