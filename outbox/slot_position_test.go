@@ -2,7 +2,6 @@ package outbox_test
 
 import (
 	"context"
-	"database/sql"
 	"testing"
 	"time"
 
@@ -13,33 +12,6 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// createSlot creates a logical replication slot (pgoutput, as Debezium's) and drops it when t
-// ends: a slot retains WAL on the shared server for as long as it exists.
-func createSlot(t *testing.T, db *sql.DB) string {
-	t.Helper()
-	slot := pgtest.NewName("slot")
-	pgtest.Exec(t, db, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot)
-	t.Cleanup(func() {
-		if _, err := db.Exec(`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, slot); err != nil {
-			t.Errorf("drop slot %s: %v", slot, err)
-		}
-	})
-	return slot
-}
-
-// advanceSlot confirms the slot up to lsn, as Debezium does once Kafka has its events.
-func advanceSlot(t *testing.T, db *sql.DB, slot, lsn string) {
-	t.Helper()
-	pgtest.Exec(t, db, `SELECT pg_replication_slot_advance($1, $2::pg_lsn)`, slot, lsn)
-}
-
-func currentLSN(t *testing.T, db *sql.DB) string {
-	t.Helper()
-	var lsn string
-	require.NoError(t, db.QueryRow(`SELECT pg_current_wal_lsn()::text`).Scan(&lsn))
-	return lsn
-}
-
 // An outbox read through a replication slot (Debezium) has no Relay position: the slot's
 // position lets Prune delete what the slot confirmed and nothing else. An unadvanced slot keeps
 // everything, rows committed after the confirmed point are kept, a forgotten position no
@@ -49,7 +21,7 @@ func TestPruneFollowsTheSlotPosition(t *testing.T) {
 	db, schema, w := setup(t)
 	ctx := context.Background()
 	ob := pgtx.QualifiedName(schema, "outbox")
-	slot := createSlot(t, db)
+	slot := pgtest.LogicalSlot(t, db)
 	prune := func() int64 {
 		t.Helper()
 		pgtest.Exec(t, db, `UPDATE `+ob+` SET created_at = localtimestamp - interval '2 days'`)
@@ -92,14 +64,15 @@ func TestPruneFollowsTheSlotPosition(t *testing.T) {
 	require.False(t, advance(), "the slot has confirmed nothing since the mark")
 	require.Zero(t, prune(), "an unadvanced slot keeps everything")
 
-	advanceSlot(t, db, slot, currentLSN(t, db))
+	pgtest.ConfirmSlot(t, db, slot)
 	require.True(t, advance())
 	require.Equal(t, int64(1), prune(), "what committed before the confirmed mark")
 	require.Equal(t, []string{"m-1", "m-2"}, remaining())
 
-	confirmed := currentLSN(t, db) // past the mark the last advance took, before "late"
+	var confirmed string // past the mark the last advance took, before "late"
+	require.NoError(t, db.QueryRow(`SELECT pg_current_wal_lsn()::text`).Scan(&confirmed))
 	publishTx(t, db, w, "a", "late")
-	advanceSlot(t, db, slot, confirmed)
+	pgtest.ConfirmSlotAt(t, db, slot, confirmed)
 	require.True(t, advance())
 	require.Equal(t, int64(2), prune())
 	require.Equal(t, []string{"late"}, remaining(), "committed after the confirmed point")
