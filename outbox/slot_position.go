@@ -12,8 +12,8 @@ import (
 
 // A slot position is a row of outbox_offsets that follows a logical replication slot instead of
 // a Relay: the outbox read by Debezium (package outbox/cdc) has no Relay position, and Prune
-// keeps every row no registered position has passed. It holds no SQL of its own beyond the
-// columns a Relay's position has, read the same way by Prune and Stats:
+// keeps every row no registered position has passed. It uses the columns a Relay's position
+// has, so Prune and Stats read it as they read a Relay's, and needs no migration:
 //
 //	snapshot         every transaction visible in it has been confirmed by the slot's reader.
 //	target_snapshot  the pending mark: pg_current_snapshot() taken before offset_acked.
