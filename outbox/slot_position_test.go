@@ -104,3 +104,50 @@ func TestSlotPositionOfAMissingSlot(t *testing.T) {
 	_, err = outbox.NewRelay(db, &sink{}, outbox.RelayConfig{Schema: schema, Name: outbox.SlotPositionName(slot)}, nil)
 	require.ErrorContains(t, err, `starts with "cdc:"`)
 }
+
+// A Relay and a slot position side by side (a switch between them): a row goes only once both
+// have passed it, and the Relay runs beside the slot's position without touching it.
+func TestPruneWaitsForTheRelayAndTheSlot(t *testing.T) {
+	t.Parallel()
+	db, schema, w := setup(t)
+	ctx := context.Background()
+	slot := pgtest.LogicalSlot(t, db)
+	_, err := outbox.RegisterSlotPosition(ctx, db, schema, slot)
+	require.NoError(t, err)
+	publishTx(t, db, w, "a", "m-1", "m-2")
+	pgtest.Exec(t, db, `UPDATE `+pgtx.QualifiedName(schema, "outbox")+` SET created_at = localtimestamp - interval '2 days'`)
+	prune := func() int64 {
+		t.Helper()
+		n, err := outbox.Prune(ctx, db, schema, pgtx.PruneRequest{Keep: 24 * time.Hour, BatchSize: 10})
+		require.NoError(t, err)
+		return n
+	}
+	advance := func() {
+		t.Helper()
+		pgtest.ConfirmSlot(t, db, slot)
+		_, err := outbox.AdvanceSlotPosition(ctx, db, schema, slot)
+		require.NoError(t, err)
+	}
+
+	s := &sink{}
+	r, err := outbox.NewRelay(db, s, outbox.RelayConfig{Schema: schema}, nil)
+	require.NoError(t, err)
+	drain(t, r, s, 2)
+	require.Zero(t, prune(), "the slot has confirmed nothing")
+	advance()
+	advance() // the first moved to the registration's mark, before the rows
+	require.Equal(t, int64(2), prune())
+
+	publishTx(t, db, w, "a", "m-3")
+	pgtest.Exec(t, db, `UPDATE `+pgtx.QualifiedName(schema, "outbox")+` SET created_at = localtimestamp - interval '2 days'`)
+	advance()
+	advance()
+	require.Zero(t, prune(), "the slot has confirmed it, the relay has not published it")
+	drain(t, r, s, 3)
+	require.Equal(t, int64(1), prune())
+	relays, _, err := outbox.Stats(ctx, db, schema)
+	require.NoError(t, err)
+	require.Len(t, relays, 2)
+	require.Equal(t, outbox.SlotPositionName(slot), relays[0].Name)
+	require.Zero(t, relays[0].Backlog)
+}
