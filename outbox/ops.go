@@ -118,6 +118,8 @@ func RelayActive(ctx context.Context, db *sql.DB, schema, name string) (bool, er
 // source no relay forwards are kept, and so, with no relay registered at all, is everything.
 // Relays of other sources do not hold a row back. Age is measured by the database clock. A
 // retired relay name holds every later row of its source back until ForgetRelay removes it.
+// The position of a replication slot (RegisterSlotPosition, for Debezium) counts as a relay of
+// every source that has published what the slot confirmed (AdvanceSlotPosition).
 func Prune(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error) {
 	schema, req, cutoff, err := pgtx.CheckPrune(ctx, db, schema, req, pgtx.Unscoped)
 	if err != nil {

@@ -42,7 +42,8 @@ type RelayConfig struct {
 	// the same name share one position and elect one active instance; relays with different
 	// names each forward every row of their Source (e.g. one to Kafka, one to an audit sink).
 	// A name serves one Source: a relay whose Source differs from the one its name was
-	// registered with refuses to run (ErrRelaySource). Default DefaultRelayName ("relay").
+	// registered with refuses to run (ErrRelaySource). It cannot start with SlotPositionPrefix
+	// ("cdc:"). Default DefaultRelayName ("relay").
 	Name string
 	// Source selects the rows this relay forwards: those whose Writer had the same
 	// Config.Source. Rows of other sources are passed over (RelayCounters.OtherSource), left to
@@ -150,6 +151,9 @@ func (c RelayConfig) Validate() error {
 		errs = append(errs, err)
 	}
 	if err := wmonce.CheckName("relay Name", c.Name); err != nil {
+		errs = append(errs, err)
+	}
+	if err := checkRelayNotSlotPosition(c.Name); err != nil {
 		errs = append(errs, err)
 	}
 	if err := checkSource(c.Source); err != nil {

@@ -67,6 +67,7 @@ func TestHelpAndUsageErrors(t *testing.T) {
 		{[]string{"purge", "-consumer", "c", "-before", "next week"}, "neither a date"},
 		{[]string{"purge", "-janitor"}, "needs -keep"},
 		{[]string{"purge", "-janitor", "-keep", "7d", "-consumer", "c"}, "-janitor runs the janitor's own windows"},
+		{[]string{"purge", "-consumer", "c", "-older-than", "30d", "-cdc-slots", "s"}, "-cdc-slots belong to -janitor"},
 		{[]string{"status", "extra"}, `unexpected argument "extra"`},
 		// Text PostgreSQL cannot hold, and consumer names no component accepts: the API's rules.
 		{[]string{"inbox", "list", "-consumer", "c\x00"}, "-consumer must not contain NUL"},
@@ -399,6 +400,14 @@ func TestPurge(t *testing.T) {
 	r = runCLI(t, f.schema, "purge", "-janitor", "-keep", "10s")
 	require.Equal(t, exitUsage, r.code)
 	require.Contains(t, r.stderr, "must be at least 1m0s")
+
+	// A slot no connector registered: the round says how to register it.
+	r = runCLI(t, f.schema, "purge", "-janitor", "-keep", "30d", "-cdc-slots", "wmonce_unregistered")
+	require.NotEqual(t, 0, r.code)
+	require.Contains(t, r.stderr, "register it first")
+	r = runCLI(t, f.schema, "purge", "-janitor", "-keep", "30d", "-cdc-slots", "Bad Slot")
+	require.Equal(t, exitUsage, r.code)
+	require.Contains(t, r.stderr, "CDCSlots[0]")
 }
 
 func TestAdminCommandServesThePage(t *testing.T) {

@@ -20,7 +20,7 @@ func purgeCommand() *command {
 		summary: "delete dedupe claims older than a cutoff, or run one janitor round",
 		usage: `
 purge (-consumer C | -all) (-before DATE | -older-than AGE) [-dry-run] [-batch-size N]
-purge -janitor -keep AGE [-inbox-keep AGE] [-outbox-keep AGE] [-batch-size N]`,
+purge -janitor -keep AGE [-inbox-keep AGE] [-outbox-keep AGE] [-cdc-slots S,...] [-batch-size N]`,
 		details: `
 The first form deletes effectively-once claims (processed_messages and its daily partitions)
 of one consumer, or of every consumer with -all, applied before the cutoff, in batches of
@@ -35,7 +35,9 @@ can redeliver any more.
 -janitor runs one round of the retention janitor (retention.Janitor.RunOnce) with the windows
 given here: claims older than -keep, finished inbox rows older than -inbox-keep (default:
 -keep) and relayed outbox rows older than -outbox-keep (default 24h). Give the windows your
-services' janitor uses. It runs beside a janitor service safely.`,
+services' janitor uses. It runs beside a janitor service safely. -cdc-slots names the
+replication slots of Debezium connectors reading the outbox (retention.Config.CDCSlots): their
+positions first move up to what each slot has confirmed, so the rows Debezium delivered can go.`,
 		examples: []string{
 			"wmonce purge -consumer rewards -older-than 30d -dry-run",
 			"wmonce purge -consumer rewards -before 2026-11-01",
@@ -58,6 +60,7 @@ func runPurge(ctx context.Context, e *env, args []string) error {
 	keep := fs.String("keep", "", "janitor: retention window of claims (e.g. 168h or 7d)")
 	inboxKeep := fs.String("inbox-keep", "", "janitor: retention of finished inbox rows (default: -keep)")
 	outboxKeep := fs.String("outbox-keep", "", "janitor: retention of relayed outbox rows (default 24h)")
+	cdcSlots := fs.String("cdc-slots", "", "janitor: comma-separated replication slots of Debezium connectors reading the outbox")
 	if err := e.parseFlagsOnly(fs, args); err != nil {
 		return err
 	}
@@ -66,12 +69,12 @@ func runPurge(ctx context.Context, e *env, args []string) error {
 	}
 	if *janitor {
 		if *consumer != "" || *all || *before != "" || *olderThan != "" || *dryRun {
-			return usagef("-janitor runs the janitor's own windows: it takes -keep, -inbox-keep, -outbox-keep and -batch-size, not -consumer, -all, -before, -older-than or -dry-run")
+			return usagef("-janitor runs the janitor's own windows: it takes -keep, -inbox-keep, -outbox-keep, -cdc-slots and -batch-size, not -consumer, -all, -before, -older-than or -dry-run")
 		}
-		return e.janitorRound(ctx, *keep, *inboxKeep, *outboxKeep, *batch)
+		return e.janitorRound(ctx, *keep, *inboxKeep, *outboxKeep, *cdcSlots, *batch)
 	}
-	if *keep != "" || *inboxKeep != "" || *outboxKeep != "" {
-		return usagef("-keep, -inbox-keep and -outbox-keep belong to -janitor")
+	if *keep != "" || *inboxKeep != "" || *outboxKeep != "" || *cdcSlots != "" {
+		return usagef("-keep, -inbox-keep, -outbox-keep and -cdc-slots belong to -janitor")
 	}
 	switch {
 	case *consumer == "" && !*all:
@@ -130,7 +133,7 @@ func runPurge(ctx context.Context, e *env, args []string) error {
 	return nil
 }
 
-func (e *env) janitorRound(ctx context.Context, keep, inboxKeep, outboxKeep string, batch int) error {
+func (e *env) janitorRound(ctx context.Context, keep, inboxKeep, outboxKeep, cdcSlots string, batch int) error {
 	if keep == "" {
 		return usagef("-janitor needs -keep: the retention window your services use (e.g. 168h)")
 	}
@@ -149,6 +152,9 @@ func (e *env) janitorRound(ctx context.Context, keep, inboxKeep, outboxKeep stri
 		if cfg.OutboxKeep, err = parseAge(outboxKeep); err != nil {
 			return usagef("-outbox-keep: %v", err)
 		}
+	}
+	if cdcSlots != "" {
+		cfg.CDCSlots = strings.Split(cdcSlots, ",")
 	}
 	cfg.Schema, cfg.BatchSize = e.g.schema, batch
 	db, err := e.openMigrated(ctx)

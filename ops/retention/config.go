@@ -67,6 +67,12 @@ type Config struct {
 	// that some relay has not forwarded yet are never deleted, whatever their age. Default
 	// DefaultOutboxKeep (24h).
 	OutboxKeep time.Duration
+	// CDCSlots names the replication slots of Debezium connectors reading the outbox
+	// (cdc.Config.SlotName): each round first advances their positions to what the slot has
+	// confirmed (outbox.AdvanceSlotPosition), so that outbox rows Debezium delivered can go.
+	// A slot's position is registered by cdc.Prepare (wmonce connector apply); without it in
+	// CDCSlots the position never moves and holds every later row back. Default none.
+	CDCSlots []string
 	// HTTPKeysKeep, when set, deletes stored responses of httpidem older than this. Keep it at
 	// least as long as the httpidem Retention (rows older than that are ignored there anyway).
 	// Zero leaves the table alone (httpidem.Middleware.Prune does the same job; both
@@ -109,6 +115,7 @@ func (c *Config) setDefaults() {
 	}
 	c.InboxKeep = cmp.Or(c.InboxKeep, DefaultInboxKeep)
 	c.OutboxKeep = cmp.Or(c.OutboxKeep, DefaultOutboxKeep)
+	c.CDCSlots = slices.Clone(c.CDCSlots)
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
 	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
 	c.PartitionsAhead = cmp.Or(c.PartitionsAhead, DefaultPartitionsAhead)
@@ -158,6 +165,11 @@ func (c Config) Validate() error {
 	}{{"HTTPKeysKeep", c.HTTPKeysKeep}, {"OutboxRejectedKeep", c.OutboxRejectedKeep}, {"SentIntentsKeep", c.SentIntentsKeep}} {
 		if k.keep != 0 && k.keep < time.Second {
 			errs = append(errs, fmt.Errorf("%s must be 0 (off) or at least 1s, got %s", k.name, k.keep))
+		}
+	}
+	for i, slot := range c.CDCSlots {
+		if err := pgtx.ValidateIdentifier("slot", slot); err != nil {
+			errs = append(errs, fmt.Errorf("CDCSlots[%d]: %w", i, err))
 		}
 	}
 	if c.BatchSize < 0 || c.BatchSize > MaxBatchSize {

@@ -68,7 +68,8 @@ type Counters struct {
 //   - whole days of processed_messages_daily once the day is older than the longest Keep of
 //     all consumers (the table is shared; see the package documentation);
 //   - DONE and SKIPPED inbox rows finished longer ago than their consumer's window;
-//   - outbox rows older than OutboxKeep that every relay in outbox_offsets has forwarded;
+//   - outbox rows older than OutboxKeep that every relay in outbox_offsets has forwarded
+//     (a Debezium connector's slot counts as one, advanced first for the slots in CDCSlots);
 //   - optionally, stored HTTP responses of httpidem (HTTPKeysKeep), rows of outbox_rejected
 //     (OutboxRejectedKeep) and SENT intents (SentIntentsKeep).
 //
@@ -233,6 +234,12 @@ func (j *Janitor) RunOnce(ctx context.Context) (Report, error) {
 	step("claims", func() error { return j.deleteClaims(ctx, now, &rep) })
 	step("daily partitions", func() error { return j.maintainPartitions(ctx, now, &rep) })
 	step("inbox", func() error { return j.deleteInbox(ctx, now, &rep) })
+	for _, slot := range j.config.CDCSlots {
+		step("cdc slot position "+slot, func() error {
+			_, err := outbox.AdvanceSlotPosition(ctx, j.db, j.config.Schema, slot)
+			return err
+		})
+	}
 	step("outbox", func() error { return j.prune(ctx, outbox.Prune, j.config.OutboxKeep, &rep.OutboxRows, &j.outboxRows) })
 	if j.config.HTTPKeysKeep > 0 {
 		step("http idempotency keys", func() error { return j.prune(ctx, httpidem.Prune, j.config.HTTPKeysKeep, &rep.HTTPKeys, &j.httpKeys) })

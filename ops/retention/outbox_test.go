@@ -94,3 +94,44 @@ func TestOutboxRowsDeletedOnlyWhenOldAndForwardedByEveryRelay(t *testing.T) {
 	require.Zero(t, pgtest.Count(t, db, `SELECT count(*) FROM `+ob))
 	require.Equal(t, uint64(10), j.Counters().OutboxRows)
 }
+
+// An outbox read by Debezium: the janitor advances the slot's position first, so a round
+// deletes the old rows the slot confirmed and keeps the rest; a slot that is gone fails its step
+// and holds rows back, saying so.
+func TestOutboxRowsDeletedOnceTheSlotConfirmedThem(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	schema := pgtest.Schema(t, db)
+	ob := pgtx.QualifiedName(schema, "outbox")
+	ctx := context.Background()
+	slot := pgtest.LogicalSlot(t, db)
+	_, err := outbox.RegisterSlotPosition(ctx, db, schema, slot)
+	require.NoError(t, err)
+	j := newJanitor(t, db, retention.Config{Schema: schema, OutboxKeep: day, BatchSize: 2, CDCSlots: []string{slot}})
+
+	publishOutbox(t, db, schema, 5)
+	pgtest.Exec(t, db, `UPDATE `+ob+` SET created_at = created_at - interval '2 days'`)
+	rep, err := j.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Zero(t, rep.OutboxRows, "the slot has confirmed nothing")
+
+	// The slot confirms past the mark registration took, which predates the rows: the position
+	// moves there and the round takes a new mark, after the rows.
+	pgtest.ConfirmSlot(t, db, slot)
+	rep, err = j.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Zero(t, rep.OutboxRows)
+	pgtest.ConfirmSlot(t, db, slot)
+	rep, err = j.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(5), rep.OutboxRows)
+	require.Zero(t, pgtest.Count(t, db, `SELECT count(*) FROM `+ob))
+
+	_, err = retention.NewJanitor(db, retention.Config{Schema: schema, CDCSlots: []string{"Bad Slot"}}, nil)
+	require.ErrorContains(t, err, "CDCSlots[0]")
+	gone := newJanitor(t, db, retention.Config{Schema: schema, CDCSlots: []string{"wmonce_no_such_slot"}})
+	_, err = outbox.RegisterSlotPosition(ctx, db, schema, "wmonce_no_such_slot")
+	require.NoError(t, err)
+	_, err = gone.RunOnce(ctx)
+	require.ErrorIs(t, err, outbox.ErrSlotMissing)
+}

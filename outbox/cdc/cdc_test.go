@@ -16,6 +16,7 @@ import (
 	"github.com/wmonce/watermill-once/internal/brokertest"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/internal/testwait"
+	"github.com/wmonce/watermill-once/ops/retention"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/outbox/cdc"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -111,7 +112,7 @@ func TestDebeziumDeliversTheStoredMessages(t *testing.T) {
 	t.Parallel()
 	db := pgtest.DB(t)
 	schema := pgtest.Schema(t, db)
-	startConnector(t, db, schema)
+	_, cfg := startConnector(t, db, schema)
 	ctx := context.Background()
 	topic := "cdc-" + strings.ReplaceAll(schema, "_", "-")
 	b, err := broker.New(ctx, nil, broker.Config{Kind: broker.Kafka, Kafka: broker.KafkaConfig{Brokers: connectKafka()}}, nil)
@@ -159,4 +160,21 @@ func TestDebeziumDeliversTheStoredMessages(t *testing.T) {
 		delete(want, m.UUID)
 	}
 	require.Empty(t, want)
+
+	// Retention: the janitor advances the slot's position (registered by Prepare) and deletes
+	// the delivered rows. The round below takes a mark after them; once Debezium has delivered
+	// a later row, the slot has confirmed past the mark.
+	ob := pgtx.QualifiedName(schema, "outbox")
+	pgtest.Exec(t, db, `UPDATE `+ob+` SET created_at = created_at - interval '2 days'`)
+	j, err := retention.NewJanitor(db, retention.Config{Schema: schema, CDCSlots: []string{cfg.SlotName}}, nil)
+	require.NoError(t, err)
+	_, err = j.RunOnce(ctx)
+	require.NoError(t, err)
+	require.NoError(t, w.PublishTx(ctx, db, topic, message.NewMessage("later", []byte("z"))))
+	require.Equal(t, "later", testwait.Receive(t, ch, "the later record").UUID)
+	testwait.UntilWithin(t, 2*time.Minute, "the janitor to delete the rows Debezium delivered", func() bool {
+		_, err := j.RunOnce(ctx)
+		require.NoError(t, err)
+		return pgtest.Count(t, db, `SELECT count(*) FROM `+ob+` WHERE uuid <> 'later'`) == 0
+	})
 }

@@ -12,6 +12,10 @@
 // (broker.KafkaUnmarshaler reads Debezium's records back into the producer's message). The
 // replication slot retains WAL while the connector is down: watch SlotLag.
 //
+// Retention: Prepare registers a position for the slot in outbox_offsets, which the retention
+// janitor advances (retention.Config.CDCSlots, AdvancePosition) to what the slot has confirmed,
+// so outbox.Prune deletes only rows whose events Debezium has written to Kafka; Remove forgets it.
+//
 // The versions that work together: Kafka Connect 4.3.1 with Debezium 3.6.1.Final (Connect 4.4.0
 // fails to start Debezium's task); see docs/cdc.md.
 package cdc

@@ -7,14 +7,17 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
 // Prepare makes PostgreSQL ready for the connector of config: it checks wal_level=logical,
 // creates the publication for the outbox table if it is missing (Debezium's own would need a
-// superuser) and grants the connector's role USAGE on the schema and SELECT on the outbox. It
-// runs as a role that owns the outbox (the migrations' role), is idempotent, and does not
-// create the replication slot: the connector creates it at its first start.
+// superuser), grants the connector's role USAGE on the schema and SELECT on the outbox, and
+// registers the slot's position for outbox retention (outbox.RegisterSlotPosition; from then on
+// outbox.Prune keeps every row until AdvancePosition has seen the slot confirm it). It runs as
+// a role that owns the outbox (the migrations' role), is idempotent, and does not create the
+// replication slot: the connector creates it at its first start.
 func Prepare(ctx context.Context, db *sql.DB, config Config) error {
 	config.setDefaults()
 	if err := config.Validate(); err != nil {
@@ -46,7 +49,32 @@ func Prepare(ctx context.Context, db *sql.DB, config Config) error {
 	if _, err := db.ExecContext(ctx, `GRANT USAGE ON SCHEMA `+pgtx.QuoteIdentifier(config.Schema)+` TO `+role+`; GRANT SELECT ON `+table+` TO `+role); err != nil {
 		return fmt.Errorf("cdc: grant role %s read access to %s (does the role exist? scripts/services creates %s): %w", config.User, table, DefaultReplicationRole, err)
 	}
+	if _, err := outbox.RegisterSlotPosition(ctx, db, config.Schema, config.SlotName); err != nil {
+		return fmt.Errorf("cdc: %w", err)
+	}
 	return nil
+}
+
+// AdvancePosition moves the slot's position in outbox_offsets up to what the connector has
+// confirmed (outbox.AdvanceSlotPosition), so that outbox.Prune deletes the rows Debezium has
+// delivered, and reports whether it moved. The retention janitor calls it each round for the
+// slots in retention.Config.CDCSlots; wmonce connector status calls it too.
+//
+// Guarantee: a row is passed only once the slot's confirmed_flush_lsn is past its commit, that
+// is, once Debezium has written its event to Kafka and committed its offsets, and the slot will
+// never send it again. The position trails the connector by up to two calls. Rows committed
+// before the slot existed were never Debezium's (snapshot.mode=no_data) and count as passed:
+// keep the Relay that forwarded them registered until it has.
+func AdvancePosition(ctx context.Context, db *sql.DB, config Config) (bool, error) {
+	config.setDefaults()
+	if err := config.Validate(); err != nil {
+		return false, err
+	}
+	ok, err := outbox.AdvanceSlotPosition(ctx, db, config.Schema, config.SlotName)
+	if err != nil {
+		return false, fmt.Errorf("cdc: %w", err)
+	}
+	return ok, nil
 }
 
 // SlotStatus is the replication slot of a connector, as PostgreSQL reports it.
@@ -92,8 +120,9 @@ func DropSlot(ctx context.Context, db pgtx.Executor, config Config) error {
 }
 
 // Remove deletes the connector of config from Connect, waits (until ctx ends) for its task to
-// let go of the replication slot, drops the slot (so that it stops retaining WAL) and the
-// publication. Events committed after the connector stopped are no longer read by it: start
+// let go of the replication slot, drops the slot (so that it stops retaining WAL), the
+// publication and the slot's position in outbox_offsets (which would otherwise hold outbox
+// retention back for good). Events committed after the connector stopped are no longer read by it: start
 // the Relay before removing the connector when switching back (the Relay forwards every row of
 // its position on; the consumer dedupes what both sent).
 func Remove(ctx context.Context, client Client, db *sql.DB, config Config) error {
@@ -123,6 +152,9 @@ func Remove(ctx context.Context, client Client, db *sql.DB, config Config) error
 	}
 	if _, err := db.ExecContext(ctx, `DROP PUBLICATION IF EXISTS `+pgtx.QuoteIdentifier(config.PublicationName)); err != nil {
 		return fmt.Errorf("cdc: drop publication %s: %w", config.PublicationName, err)
+	}
+	if _, err := outbox.ForgetSlotPosition(ctx, db, config.Schema, config.SlotName); err != nil {
+		return fmt.Errorf("cdc: %w", err)
 	}
 	return nil
 }

@@ -1,0 +1,165 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// A slot position is a row of outbox_offsets that follows a logical replication slot instead of
+// a Relay: the outbox read by Debezium (package outbox/cdc) has no Relay position, and Prune
+// keeps every row no registered position has passed. It uses the columns a Relay's position
+// has, so Prune and Stats read it as they read a Relay's, and needs no migration:
+//
+//	snapshot         every transaction visible in it has been confirmed by the slot's reader.
+//	target_snapshot  the pending mark: pg_current_snapshot() taken before offset_acked.
+//	target_offset    0: no row of the mark counts as confirmed while it is pending.
+//	offset_acked     the pending mark's LSN (pg_current_wal_insert_lsn(), as a number).
+//	source           NULL: the slot's reader forwards the rows of every source.
+//
+// Every transaction visible in the mark's snapshot inserted its commit record before the mark's
+// LSN was read (a transaction becomes visible only after its commit record is in the WAL), and
+// a logical slot never again sends a transaction whose commit record starts before its
+// confirmed_flush_lsn. So once confirmed_flush_lsn reaches the mark's LSN, the reader has
+// confirmed every transaction of the mark's snapshot, and the mark becomes the position.
+
+// SlotPositionPrefix starts the name of every slot position in outbox_offsets. A Relay name
+// cannot start with it (RelayConfig.Validate), so a Relay never takes over a slot's position.
+const SlotPositionPrefix = "cdc:"
+
+// SlotPositionName is the name in outbox_offsets of the position that follows slot.
+func SlotPositionName(slot string) string { return SlotPositionPrefix + slot }
+
+func checkSlot(op string, db *sql.DB, schema *string, slot string) error {
+	if err := checkSchema(op, db, schema); err != nil {
+		return err
+	}
+	if err := pgtx.ValidateIdentifier("slot", slot); err != nil {
+		return fmt.Errorf("outbox: %s: %w", op, err)
+	}
+	return nil
+}
+
+// markColumns takes a new mark: the statement's snapshot is taken before the LSN is read.
+const markColumns = `target_snapshot = pg_current_snapshot(), target_offset = 0,
+    offset_acked = pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint`
+
+// RegisterSlotPosition registers the position of the logical replication slot slot in schema,
+// if it is not registered yet, and reports whether it registered it. The position starts
+// having confirmed nothing, so from now on Prune keeps every row until AdvanceSlotPosition
+// has seen the slot confirm it. The slot need not exist yet (the connector creates it). It is
+// idempotent.
+func RegisterSlotPosition(ctx context.Context, db *sql.DB, schema, slot string) (bool, error) {
+	if err := checkSlot("register slot position", db, &schema, slot); err != nil {
+		return false, err
+	}
+	res, err := db.ExecContext(ctx, `INSERT INTO `+pgtx.QualifiedName(schema, "outbox_offsets")+`
+    (consumer_group, last_processed_transaction_id, snapshot, target_snapshot, target_offset, offset_acked, source)
+VALUES ($1, '1', '1:1:', pg_current_snapshot(), 0, pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint, NULL)
+ON CONFLICT (consumer_group) DO NOTHING`, SlotPositionName(slot))
+	if err != nil {
+		return false, fmt.Errorf("outbox: register slot position %s: %w", slot, err)
+	}
+	n, _ := res.RowsAffected()
+	return n > 0, nil
+}
+
+// ErrSlotPositionNotRegistered is returned by AdvanceSlotPosition for a slot whose position
+// RegisterSlotPosition has not registered (or ForgetSlotPosition has removed).
+var ErrSlotPositionNotRegistered = errors.New("outbox: the slot's position is not registered")
+
+// ErrSlotMissing is returned by AdvanceSlotPosition when the replication slot does not exist:
+// its position then holds outbox retention back for good until ForgetSlotPosition removes it.
+var ErrSlotMissing = errors.New("outbox: the replication slot does not exist")
+
+// AdvanceSlotPosition moves the position of slot up to what the slot's reader has confirmed,
+// and reports whether it moved. Each call checks the pending mark: when the slot's
+// confirmed_flush_lsn has reached the mark's LSN, the mark becomes the position and a new
+// mark is taken; otherwise nothing changes. The position therefore trails the slot by up to
+// two calls: call it about as often as Prune (the retention janitor does, with
+// retention.Config.CDCSlots).
+//
+// Guarantee: the position passes an outbox row only after the slot has confirmed the row's
+// transaction, that is, after the slot will never send it again. For Debezium that means it
+// has written the row's event to Kafka and committed its offsets. Where it stops: rows committed
+// before the slot existed were never the slot's to send (snapshot.mode=no_data), and the
+// position counts them as passed; keep the Relay that forwarded them registered until it has.
+// It fails with ErrSlotPositionNotRegistered or ErrSlotMissing, changing nothing.
+func AdvanceSlotPosition(ctx context.Context, db *sql.DB, schema, slot string) (bool, error) {
+	if err := checkSlot("advance slot position", db, &schema, slot); err != nil {
+		return false, err
+	}
+	offsets := pgtx.QualifiedName(schema, "outbox_offsets")
+	name := SlotPositionName(slot)
+	var advanced bool
+	err := pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
+		var pending bool
+		err := tx.QueryRowContext(ctx, `SELECT target_snapshot IS NOT NULL AND offset_acked IS NOT NULL FROM `+offsets+
+			` WHERE consumer_group = $1 FOR UPDATE`, name).Scan(&pending)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("%w (slot %s, schema %s): register it first (cdc.Prepare, wmonce connector apply)", ErrSlotPositionNotRegistered, slot, schema)
+		}
+		if err != nil {
+			return err
+		}
+		// confirmed_flush_lsn is NULL on a physical slot and on a logical slot that is not yet
+		// consistent: nothing is confirmed then.
+		var confirmed sql.NullString
+		err = tx.QueryRowContext(ctx, `SELECT pg_wal_lsn_diff(confirmed_flush_lsn, '0/0')::bigint::text FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&confirmed)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("%w (slot %s): its position %s in schema %s holds outbox retention back: forget it (cdc.Remove, wmonce connector delete, outbox.ForgetSlotPosition)", ErrSlotMissing, slot, name, schema)
+		}
+		if err != nil {
+			return err
+		}
+		if !pending {
+			_, err := tx.ExecContext(ctx, `UPDATE `+offsets+` SET `+markColumns+` WHERE consumer_group = $1`, name)
+			return err
+		}
+		if !confirmed.Valid {
+			return nil
+		}
+		res, err := tx.ExecContext(ctx, `UPDATE `+offsets+` SET snapshot = target_snapshot,
+    last_processed_transaction_id = pg_snapshot_xmin(target_snapshot), `+markColumns+`
+WHERE consumer_group = $1 AND offset_acked <= $2::bigint`, name, confirmed.String)
+		if err != nil {
+			return err
+		}
+		n, _ := res.RowsAffected()
+		advanced = n > 0
+		return nil
+	})
+	if err != nil {
+		if errors.Is(err, ErrSlotPositionNotRegistered) || errors.Is(err, ErrSlotMissing) {
+			return false, err
+		}
+		return false, fmt.Errorf("outbox: advance slot position %s: %w", slot, err)
+	}
+	return advanced, nil
+}
+
+// ForgetSlotPosition deletes the position of slot from outbox_offsets and reports whether it
+// existed. Call it when the slot's reader is retired (cdc.Remove does): a position nobody
+// advances holds every later outbox row back from Prune for good.
+func ForgetSlotPosition(ctx context.Context, db *sql.DB, schema, slot string) (bool, error) {
+	if err := checkSlot("forget slot position", db, &schema, slot); err != nil {
+		return false, err
+	}
+	res, err := db.ExecContext(ctx, `DELETE FROM `+pgtx.QualifiedName(schema, "outbox_offsets")+` WHERE consumer_group = $1`, SlotPositionName(slot))
+	if err != nil {
+		return false, fmt.Errorf("outbox: forget slot position %s: %w", slot, err)
+	}
+	n, _ := res.RowsAffected()
+	return n > 0, nil
+}
+
+func checkRelayNotSlotPosition(name string) error {
+	if strings.HasPrefix(name, SlotPositionPrefix) {
+		return fmt.Errorf("relay Name %q starts with %q, which names the positions of replication slots (outbox.SlotPositionName)", name, SlotPositionPrefix)
+	}
+	return nil
+}
