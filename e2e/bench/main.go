@@ -236,6 +236,9 @@ func parseFlags(args []string) (options, error) {
 	if o.relayBatch < 0 || o.relayBatch > 10000 || o.relayLanes < 1 || o.relayLanes > 256 {
 		errs = append(errs, errors.New("-relay-batch must be between 0 and 10000, -relay-lanes between 1 and 256"))
 	}
+	if o.e2eSQLBatch < 0 || o.e2eSQLBatch > 1000 || o.e2ePartitions < 0 || o.e2ePartitions > 1000 {
+		errs = append(errs, errors.New("-e2e-sql-batch and -e2e-partitions must be between 0 (the broker's default) and 1000"))
+	}
 	if o.sqlBatch < 1 || o.sqlBatch > 10000 {
 		errs = append(errs, errors.New("-sql-batch must be between 1 and 10000"))
 	}
