@@ -24,7 +24,7 @@ func TestParseEnvDefaults(t *testing.T) {
 	require.Equal(t, pgtx.DefaultDatabaseURL, cfg.DatabaseURL)
 	require.Equal(t, broker.DefaultSQLSchema, cfg.SQL.Schema)
 	require.Equal(t, 4, cfg.SQL.WatermillSQL, "watermill-sql v4, as Watermill's examples")
-	require.Equal(t, int32(3), cfg.Kafka.Partitions)
+	require.Equal(t, int32(16), cfg.Kafka.Partitions)
 	require.Equal(t, int16(-1), cfg.Kafka.ReplicationFactor)
 	require.Equal(t, "partition_key", cfg.Kafka.PartitionKeyField)
 	require.Equal(t, broker.DefaultAMQPURL, cfg.AMQP.URL)

@@ -164,6 +164,8 @@ func TestFlagsRefuseBadInput(t *testing.T) {
 		{"-variants", "B9"},
 		{"-messages", "0"},
 		{"-inflight", "0"},
+		{"-e2e-sql-batch", "-1"},
+		{"-e2e-partitions", "-3"},
 	} {
 		_, err := parseFlags(args)
 		require.Error(t, err, "%v", args)

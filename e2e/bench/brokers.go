@@ -148,7 +148,12 @@ func newRig(ctx context.Context, db *sql.DB, o rigOptions, logger watermill.Logg
 	}
 	for _, s := range o.extraSubs {
 		r.extra = append(r.extra, s)
-		cfg.Subscriptions = append(cfg.Subscriptions, s)
+		// A Kafka topic keeps the partitions it is created with: the e2e variant creates its
+		// own with the broker's default (or -e2e-partitions), not the rig's one per message in
+		// flight, which would hide what the default gives.
+		if o.kind != broker.Kafka {
+			cfg.Subscriptions = append(cfg.Subscriptions, s)
+		}
 	}
 	b, err := broker.New(ctx, db, cfg, logger)
 	if err != nil {

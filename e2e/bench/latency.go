@@ -100,8 +100,9 @@ func (h *harness) endToEnd(ctx context.Context, r *rig, id string) (Result, erro
 	// The components' defaults; the rig's own settings are tuned for draining backlogs.
 	cfg := r.cfg
 	cfg.Subscriptions = []broker.Subscription{{Topic: topic, Group: group}}
-	cfg.SQL.PollInterval, cfg.SQL.IdlePollInterval, cfg.SQL.BatchSize = 0, 0, 0
-	cfg.Kafka.Partitions = 0 // the default (3), not one per message in flight
+	cfg.SQL.PollInterval, cfg.SQL.IdlePollInterval = 0, 0
+	cfg.SQL.BatchSize = h.opts.e2eSQLBatch             // 0: the default
+	cfg.Kafka.Partitions = int32(h.opts.e2ePartitions) // 0: the default, not one per message in flight
 	b, err := broker.New(ctx, h.db, cfg, h.logger)
 	if err != nil {
 		return res, err

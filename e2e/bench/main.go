@@ -67,6 +67,8 @@ type options struct {
 	sqlBatch       int
 	groupWorkers   int
 	e2eNoGroup     bool // the e2e consumers with GroupCommit.Disabled
+	e2eSQLBatch    int  // the e2e SQL subscriptions' BatchSize (0: the broker's default)
+	e2ePartitions  int  // the e2e Kafka topics' partitions (0: the broker's default)
 	relayBatch     int
 	rounds         int
 	relayLanes     int
@@ -142,6 +144,8 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.relayLanes, "relay-lanes", 64, "relay-lanes: PublishLanes")
 	fs.IntVar(&o.groupWorkers, "group-workers", 0, "B4 and the e2e consumers: GroupCommitConfig.Workers (0: the middleware's default)")
 	fs.BoolVar(&o.e2eNoGroup, "e2e-group-commit-off", false, "e2e variants: the consumer with GroupCommit.Disabled, a transaction per message (the default is group commit)")
+	fs.IntVar(&o.e2eSQLBatch, "e2e-sql-batch", 0, "e2e variants over SQL: the subscription's BatchSize (0: the broker's default), to compare defaults in one run")
+	fs.IntVar(&o.e2ePartitions, "e2e-partitions", 0, "e2e variants over Kafka: the topic's partitions (0: the broker's default), to compare defaults in one run")
 	fs.IntVar(&o.sqlBatch, "sql-batch", 100, "SQL broker: messages per subscriber transaction (watermill-sql's BatchSize); the middleware's savepoint per message is a subtransaction, and PostgreSQL caches at most 64 per transaction")
 	fs.IntVar(&o.inboxTxBatch, "inbox-txbatch", 200, "inbox processor TxBatchSize (BatchSize is twice it in lease mode)")
 	fs.IntVar(&o.preload, "preload", 1000000, "rows pre-loaded into processed_messages (kept across runs)")
@@ -231,6 +235,9 @@ func parseFlags(args []string) (options, error) {
 	}
 	if o.relayBatch < 0 || o.relayBatch > 10000 || o.relayLanes < 1 || o.relayLanes > 256 {
 		errs = append(errs, errors.New("-relay-batch must be between 0 and 10000, -relay-lanes between 1 and 256"))
+	}
+	if o.e2eSQLBatch < 0 || o.e2eSQLBatch > 1000 || o.e2ePartitions < 0 || o.e2ePartitions > 1000 {
+		errs = append(errs, errors.New("-e2e-sql-batch and -e2e-partitions must be between 0 (the broker's default) and 1000"))
 	}
 	if o.sqlBatch < 1 || o.sqlBatch > 10000 {
 		errs = append(errs, errors.New("-sql-batch must be between 1 and 10000"))
