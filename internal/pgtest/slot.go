@@ -1,6 +1,7 @@
 package pgtest
 
 import (
+	"context"
 	"database/sql"
 	"testing"
 )
@@ -13,7 +14,7 @@ func LogicalSlot(t testing.TB, db *sql.DB) string {
 	slot := NewName("slot")
 	Exec(t, db, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot)
 	t.Cleanup(func() {
-		if _, err := db.Exec(`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, slot); err != nil {
+		if _, err := db.ExecContext(context.Background(), `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, slot); err != nil {
 			t.Errorf("drop replication slot %s: %v", slot, err)
 		}
 	})
@@ -25,7 +26,7 @@ func LogicalSlot(t testing.TB, db *sql.DB) string {
 func ConfirmSlot(t testing.TB, db *sql.DB, slot string) string {
 	t.Helper()
 	var lsn string
-	if err := db.QueryRow(`SELECT pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
+	if err := db.QueryRowContext(context.Background(), `SELECT pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
 		t.Fatalf("read the WAL position: %v", err)
 	}
 	ConfirmSlotAt(t, db, slot, lsn)
