@@ -14,6 +14,7 @@ import (
 
 func openCounted(t *testing.T, lazy bool) (*sql.DB, *pgtx.RoundTripCounter) {
 	t.Helper()
+	pgtest.SkipShort(t)
 	rt := &pgtx.RoundTripCounter{}
 	db, err := pgtx.Open(context.Background(), pgtest.URL(), pgtx.PoolConfig{MaxOpenConns: 1, DisableLazyBegin: !lazy, RoundTrips: rt})
 	require.NoError(t, err, "these tests need PostgreSQL: start it or set DATABASE_URL")
