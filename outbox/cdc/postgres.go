@@ -119,8 +119,15 @@ func DropSlot(ctx context.Context, db pgtx.Executor, config Config) error {
 	return nil
 }
 
+// slotReleaseWait is how long Remove lets a deleted connector's task let go of its slot before
+// ending its walsender; codeObjectInUse is the SQLSTATE of dropping an active slot.
+const (
+	slotReleaseWait = 10 * time.Second
+	codeObjectInUse = "55006"
+)
+
 // Remove deletes the connector of config from Connect, waits (until ctx ends) for its task to
-// let go of the replication slot, drops the slot (so that it stops retaining WAL), the
+// let go of the replication slot (ending its walsender if it has not after slotReleaseWait), drops the slot (so that it stops retaining WAL), the
 // publication and the slot's position in outbox_offsets (which would otherwise hold outbox
 // retention back for good). Events committed after the connector stopped are no longer read by it: start
 // the Relay before removing the connector when switching back (the Relay forwards every row of
@@ -133,22 +140,29 @@ func Remove(ctx context.Context, client Client, db *sql.DB, config Config) error
 	if err := client.Delete(ctx, config.Name); err != nil {
 		return err
 	}
+	// Connect stops the deleted connector's task asynchronously: until it has, the task may
+	// still hold the slot, or even take it again after it looked free. Drop until the slot is
+	// gone; a task still reading after slotReleaseWait has its walsender ended (the connector
+	// no longer exists, nothing reads for it).
+	deadline := time.Now().Add(slotReleaseWait)
 	for {
-		s, err := Slot(ctx, db, config)
-		if err != nil {
+		err := DropSlot(ctx, db, config)
+		if err == nil {
+			break
+		}
+		if pgtx.SQLState(err) != codeObjectInUse {
 			return err
 		}
-		if !s.Active {
-			break
+		if time.Now().After(deadline) {
+			if _, err := db.ExecContext(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active`, config.SlotName); err != nil {
+				return fmt.Errorf("cdc: end the reader of slot %s: %w", config.SlotName, err)
+			}
 		}
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("cdc: slot %s is still read by a task after the connector was deleted: %w", config.SlotName, ctx.Err())
 		case <-time.After(100 * time.Millisecond):
 		}
-	}
-	if err := DropSlot(ctx, db, config); err != nil {
-		return err
 	}
 	if _, err := db.ExecContext(ctx, `DROP PUBLICATION IF EXISTS `+pgtx.QuoteIdentifier(config.PublicationName)); err != nil {
 		return fmt.Errorf("cdc: drop publication %s: %w", config.PublicationName, err)
