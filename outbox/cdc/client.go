@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 )
 
 // Client talks to a Kafka Connect cluster's REST API (any worker: followers forward writes to
@@ -33,14 +34,36 @@ func (c Client) Apply(ctx context.Context, config Config) error {
 	return c.do(ctx, http.MethodPut, "/connectors/"+url.PathEscape(config.Name)+"/config", connector, nil)
 }
 
+// deleteRetryFor bounds how long Delete asks again while the cluster is rebalancing or a
+// worker does not answer.
+const deleteRetryFor = 30 * time.Second
+
 // Delete removes the connector (its offsets stay in Connect's offsets topic; its slot in
-// PostgreSQL: DropSlot). An unknown connector is no error.
+// PostgreSQL: DropSlot). An unknown connector is no error. While the cluster rebalances (409,
+// 5xx, no answer) it asks again for up to 30 s.
 func (c Client) Delete(ctx context.Context, name string) error {
-	err := c.do(ctx, http.MethodDelete, "/connectors/"+url.PathEscape(name), nil, nil)
-	if IsNotFound(err) {
-		return nil
+	if name == "" {
+		return errors.New("cdc: empty connector name")
 	}
-	return err
+	// A worker that is rejoining the cluster, or a rebalance in progress (a worker died or
+	// came back), answers 409 or 5xx, or not at all, for a while: ask again, for up to
+	// deleteRetryFor (or until ctx ends).
+	giveUp := time.Now().Add(deleteRetryFor)
+	for {
+		err := c.do(ctx, http.MethodDelete, "/connectors/"+url.PathEscape(name), nil, nil)
+		if err == nil || IsNotFound(err) {
+			return nil
+		}
+		var api *APIError
+		if errors.As(err, &api) && api.Code != http.StatusConflict && api.Code < 500 || time.Now().After(giveUp) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (gave up: %w)", err, ctx.Err())
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
 
 // Status is a connector's state as Connect reports it (GET /connectors/<name>/status).
