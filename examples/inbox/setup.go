@@ -122,6 +122,10 @@ func setUp(ctx context.Context, db *sql.DB, o options) (*env, error) {
 	}
 
 	bc := o.broker
+	// One RabbitMQ delivery at a time: with AMQP.Workers (8) in flight, two payments of one
+	// account can reach the receiver out of their queue order, and the inbox keeps the order it
+	// received (the ordering key serialises processing, not arrival).
+	bc.AMQP.Workers, bc.AMQP.Prefetch = 1, 1
 	bc.Subscriptions = append(bc.Subscriptions, broker.Subscription{Topic: o.topic, Group: group})
 	if e.broker, err = broker.New(ctx, db, bc, e.logger); err != nil {
 		return nil, err
