@@ -69,6 +69,9 @@ func TestPauseFromThePageInChromium(t *testing.T) {
 	step(t, ctx, "click Resume on billing", chromedp.Click(chromedp.CSS(`#inbox-stats tbody tr[data-consumer="billing"] button.resume`)))
 	waitFor(t, ctx, "the resume message", `document.getElementById("flash").textContent.includes("Resumed billing")`)
 	require.Zero(t, pgtest.Count(t, f.db, `SELECT count(*) FROM `+f.table("inbox_paused")))
+	// The page redraws its tables after an action: wait for that before the next click, or the
+	// click can land on a row being replaced.
+	waitFor(t, ctx, "billing shown running", `document.querySelector('#inbox-stats tbody tr[data-consumer="billing"] td.state').textContent.startsWith("running")`)
 	step(t, ctx, "click Resume on sms", chromedp.Click(chromedp.CSS(`#relays tbody tr[data-relay="sms"] button.resume`)))
 	waitFor(t, ctx, "the relay resume message", `document.getElementById("flash").textContent.includes("Resumed sms")`)
 	require.Zero(t, pgtest.Count(t, f.db, `SELECT count(*) FROM `+f.table("outbox_offsets")+` WHERE paused_at IS NOT NULL`))
