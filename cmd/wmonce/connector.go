@@ -73,7 +73,10 @@ func (e *env) connectorFlags(action string) (*flag.FlagSet, connectorFlags) {
 	}
 }
 
-func (e *env) connectorSetup(fs *flag.FlagSet, f connectorFlags, args []string) (cdc.Config, cdc.Client, error) {
+// connectorSetup parses the flags every connector subcommand takes and builds the connector's
+// configuration and the Connect client from them.
+func (e *env) connectorSetup(action string, args []string) (cdc.Config, cdc.Client, error) {
+	fs, f := e.connectorFlags(action)
 	if err := e.parseFlagsOnly(fs, args); err != nil {
 		return cdc.Config{}, cdc.Client{}, err
 	}
@@ -88,8 +91,7 @@ func (e *env) connectorSetup(fs *flag.FlagSet, f connectorFlags, args []string) 
 }
 
 func (e *env) connectorConfig(ctx context.Context, args []string) error {
-	fs, f := e.connectorFlags("config")
-	cfg, _, err := e.connectorSetup(fs, f, args)
+	cfg, _, err := e.connectorSetup("config", args)
 	if err != nil {
 		return err
 	}
@@ -101,8 +103,7 @@ func (e *env) connectorConfig(ctx context.Context, args []string) error {
 }
 
 func (e *env) connectorApply(ctx context.Context, args []string) error {
-	fs, f := e.connectorFlags("apply")
-	cfg, client, err := e.connectorSetup(fs, f, args)
+	cfg, client, err := e.connectorSetup("apply", args)
 	if err != nil {
 		return err
 	}
@@ -129,8 +130,7 @@ type connectorState struct {
 }
 
 func (e *env) connectorStatus(ctx context.Context, args []string) error {
-	fs, f := e.connectorFlags("status")
-	cfg, client, err := e.connectorSetup(fs, f, args)
+	cfg, client, err := e.connectorSetup("status", args)
 	if err != nil {
 		return err
 	}
@@ -180,8 +180,7 @@ func (e *env) connectorStatus(ctx context.Context, args []string) error {
 }
 
 func (e *env) connectorDelete(ctx context.Context, args []string) error {
-	fs, f := e.connectorFlags("delete")
-	cfg, client, err := e.connectorSetup(fs, f, args)
+	cfg, client, err := e.connectorSetup("delete", args)
 	if err != nil {
 		return err
 	}
