@@ -52,6 +52,7 @@ func outboxPipeline(t *testing.T, kind broker.Kind, relayConfig outbox.RelayConf
 	t.Cleanup(cancel)
 	db := pgtest.OpenDB(t, 24)
 	schema := pgtest.Schema(t, db)
+	pgtest.WatchOldTransactions(t, 5*time.Second) // a failure names what stalled the SQL reads
 	cfg := brokertest.Config(t, kind, schema)
 	// The outbox pipeline declares queue order to the universal suite: one message in flight.
 	cfg.AMQP.Workers, cfg.AMQP.Prefetch = 1, 1

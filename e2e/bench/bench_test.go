@@ -29,6 +29,7 @@ import (
 func TestTinyRun(t *testing.T) {
 	db := pgtest.DB(t)
 	schema := pgtest.NewName("wmonce_bench_test")
+	pgtest.WatchOldTransactions(t, 5*time.Second) // a failure names what stalled the SQL reads
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -56,7 +57,8 @@ func TestTinyRun(t *testing.T) {
 		require.NoError(t, err)
 		o.databaseURL = pgtest.URL()
 		var out bytes.Buffer
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		// Under -race beside the other packages the SQL run takes 3-4 times its 50 s alone.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		rep, err := run(ctx, o, &out)
 		outputs = append(outputs, fmt.Sprintf("=== harness %v\n%s", args, out.String()))

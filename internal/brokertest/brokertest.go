@@ -43,6 +43,12 @@ func Config(t testing.TB, kind broker.Kind, schema string) broker.Config {
 			cfg.SQL.WatermillSQL = n
 		}
 		cfg.SQL.PollInterval = 20 * time.Millisecond
+		// A delivery that nobody acks (a suite function that gave up on a stalled read, a
+		// subscriber left open) keeps its transaction for AckDeadline, and that transaction
+		// holds back every SQL subscription on the server, in every test binary: with the
+		// default 30 s the universal suites' 15 s reads beside it failed in CI. 10 s bounds the
+		// stall; tests that need a longer deadline set their own.
+		cfg.SQL.AckDeadline = 10 * time.Second
 	case broker.Kafka:
 		cfg.Kafka.Brokers = KafkaBrokers(t)
 		cfg.Kafka.SessionTimeout = 6 * time.Second
