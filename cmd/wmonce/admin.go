@@ -29,9 +29,10 @@ func adminCommand() *command {
 Serves the page of package admin (charts of claims per consumer, inbox backlog and relay lag;
 the inbox by status with replay and skip; rejected outbox rows) until interrupted. It is
 read-only unless -allow-writes is given. It authenticates no one: keep it on a loopback or
-otherwise protected address. Duplicate rates need the middlewares' in-process counts, so they
-appear only when the handler is mounted in the service itself (admin.NewHandler with
-Config.Middlewares). Backlog and lag charts come from samples this command takes while it
+otherwise protected address. Claims and the duplicates chart come from the database (every
+process's); the table's fresh, duplicate and failure counts are the middlewares' in-process
+counts, so they appear only when the handler is mounted in the service itself
+(admin.NewHandler with Config.Middlewares). Backlog and lag charts come from samples this command takes while it
 runs (every 15 s), so they start empty.`,
 		examples: []string{
 			"wmonce admin",

@@ -264,7 +264,7 @@ async function loadConsumers() {
   const r = await api("consumers");
   $("consumers-note").textContent = r.in_process_counters
     ? "Claims come from the database; fresh, duplicates and failures are counted by the middlewares in this process since it started."
-    : "Claims come from the database. Duplicate rates need the middlewares of this process (admin.Config.Middlewares).";
+    : "Claims and the duplicates chart come from the database (every process). The table's fresh, duplicate and failure counts need the middlewares of this process (admin.Config.Middlewares).";
   const body = $("consumers").tBodies[0];
   fillSelect($("c-filter"), r.consumers.map((c) => c.consumer), state.chartConsumer);
   if (!r.consumers.length) return emptyRow(body, 9, "No consumer has claimed a message yet.");
