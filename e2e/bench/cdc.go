@@ -7,9 +7,12 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/outbox"
@@ -68,6 +71,10 @@ func (h *harness) newForwarder(ctx context.Context, r *rig, id string, pub messa
 	client := cdc.Client{URL: cmp.Or(os.Getenv("CONNECT_URL"), cdc.DefaultConnectURL)}
 	if _, err := client.Status(ctx, "none"); err != nil && !cdc.IsNotFound(err) {
 		h.printf("%-8s %-16s skipped: no Kafka Connect cluster (scripts/services up connect): %v\n", r.label(), id, err)
+		return nil, errSkip
+	}
+	if err := sameKafkaCluster(ctx, client, r.cfg.Kafka.Brokers); err != nil {
+		h.printf("%-8s %-16s skipped: %v\n", r.label(), id, err)
 		return nil, errSkip
 	}
 	conn := cdc.Config{Schema: h.opts.schema, DatabaseURL: h.dsn, User: cdc.DefaultReplicationRole, Name: "wb-" + r.runID + "-" + id}.WithDefaults()
@@ -131,4 +138,40 @@ func producerBatches(id string, msgs []*message.Message) [][]*message.Message {
 		out = append(out, c)
 	}
 	return out
+}
+
+// sameKafkaCluster refuses a Connect cluster whose workers write to another Kafka cluster than
+// the one the bench reads (KAFKA_BROKERS, or the embedded kfake): Debezium's records would never
+// reach the consumers, and the variant would only wait out its timeout. Two checks, because
+// scripts/services formats its 3.9 and 4.x brokers with one cluster ID: the IDs must match, and
+// the bench's Kafka must hold a group of protocol type "connect" (every distributed Connect
+// cluster's workers form one on their Kafka).
+func sameKafkaCluster(ctx context.Context, client cdc.Client, addrs []string) error {
+	connectID, err := client.KafkaClusterID(ctx)
+	if err != nil {
+		return err
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...))
+	if err != nil {
+		return fmt.Errorf("kafka client for %s: %w", strings.Join(addrs, ","), err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	fix := fmt.Sprintf("run the Debezium variants with %s set to the Connect cluster's Kafka (127.0.0.1:9094 with scripts/services)", broker.EnvKafkaBrokers)
+	meta, err := kmsg.NewPtrMetadataRequest().RequestWith(ctx, cl)
+	if err != nil {
+		return fmt.Errorf("metadata from %s: %w", strings.Join(addrs, ","), err)
+	}
+	if meta.ClusterID == nil || *meta.ClusterID != connectID {
+		return fmt.Errorf("the Connect workers write to Kafka cluster %s, the bench reads %s (another cluster): %s", connectID, strings.Join(addrs, ","), fix)
+	}
+	groups, err := kmsg.NewPtrListGroupsRequest().RequestWith(ctx, cl)
+	if err != nil {
+		return fmt.Errorf("list groups on %s: %w", strings.Join(addrs, ","), err)
+	}
+	if !slices.ContainsFunc(groups.Groups, func(g kmsg.ListGroupsResponseGroup) bool { return g.ProtocolType == "connect" }) {
+		return fmt.Errorf("no Kafka Connect workers' group on %s, so the Connect cluster writes elsewhere: %s", strings.Join(addrs, ","), fix)
+	}
+	return nil
 }

@@ -99,6 +99,22 @@ func (s Status) Running() bool {
 	return true
 }
 
+// KafkaClusterID returns the ID of the Kafka cluster the Connect workers belong to, and write
+// the connectors' records to (the root resource of Connect's REST API). Compare it with the
+// cluster a consumer reads: records of a connector go only there.
+func (c Client) KafkaClusterID(ctx context.Context) (string, error) {
+	var info struct {
+		KafkaClusterID string `json:"kafka_cluster_id"`
+	}
+	if err := c.do(ctx, http.MethodGet, "/", nil, &info); err != nil {
+		return "", err
+	}
+	if info.KafkaClusterID == "" {
+		return "", errors.New("cdc: Connect's root resource names no kafka_cluster_id")
+	}
+	return info.KafkaClusterID, nil
+}
+
 // Status returns the connector's state; an unknown connector is an error IsNotFound reports.
 func (c Client) Status(ctx context.Context, name string) (Status, error) {
 	var s Status
