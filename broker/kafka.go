@@ -66,6 +66,12 @@ func (b *Broker) saramaConfig() *sarama.Config {
 	c.Consumer.Offsets.AutoCommit.Enable = true
 	c.Consumer.Offsets.AutoCommit.Interval = time.Second
 	c.Consumer.Return.Errors = true
+	// Only records of committed Kafka transactions: Debezium's connector with exactly-once
+	// source support (outbox/cdc) writes in transactions, and a worker that dies mid-transaction
+	// leaves records that are aborted and written again. Sarama's default (read_uncommitted)
+	// would hand both copies over, the aborted one first. Records of non-transactional
+	// producers (the Relay's) are visible as soon as they are written, as before.
+	c.Consumer.IsolationLevel = sarama.ReadCommitted
 	c.Consumer.Group.Session.Timeout = k.SessionTimeout
 	c.Consumer.Group.Heartbeat.Interval = k.SessionTimeout / 3
 	// The coordinator may hold a JoinGroup for up to the rebalance timeout (waiting for a

@@ -11,6 +11,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/internal/brokertest"
@@ -112,8 +114,18 @@ func TestDebeziumDeliversTheStoredMessages(t *testing.T) {
 	t.Parallel()
 	db := pgtest.DB(t)
 	schema := pgtest.Schema(t, db)
-	_, cfg := startConnector(t, db, schema)
+	client, cfg := startConnector(t, db, schema)
 	ctx := context.Background()
+	// The Kafka the workers write to is the one connectKafka names.
+	clusterID, err := client.KafkaClusterID(ctx)
+	require.NoError(t, err)
+	kc, err := kgo.NewClient(kgo.SeedBrokers(connectKafka()...))
+	require.NoError(t, err)
+	meta, err := kmsg.NewPtrMetadataRequest().RequestWith(ctx, kc)
+	kc.Close()
+	require.NoError(t, err)
+	require.NotNil(t, meta.ClusterID)
+	require.Equal(t, *meta.ClusterID, clusterID)
 	topic := "cdc-" + strings.ReplaceAll(schema, "_", "-")
 	b, err := broker.New(ctx, nil, broker.Config{Kind: broker.Kafka, Kafka: broker.KafkaConfig{Brokers: connectKafka()}}, nil)
 	require.NoError(t, err)
