@@ -2,6 +2,7 @@ package pgtest
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"sort"
 	"strings"
@@ -24,38 +25,29 @@ func WatchOldTransactions(t testing.TB, age time.Duration) {
 		seen = map[string]*heldTx{}
 		done = make(chan struct{})
 	)
+	record := func() {
+		for _, h := range sampleHeldTxs(ctx, db, age) {
+			mu.Lock()
+			if prev, ok := seen[h.key]; ok {
+				prev.open, prev.state, prev.query = h.open, h.state, h.query
+			} else {
+				h.first = time.Now()
+				seen[h.key] = h
+			}
+			mu.Unlock()
+		}
+	}
+	record() // what holds back the reads already when the test starts
 	go func() {
 		defer close(done)
 		tick := time.NewTicker(500 * time.Millisecond)
 		defer tick.Stop()
 		for {
-			rows, err := db.QueryContext(ctx, `SELECT pid, backend_start::text, xact_start::text, (now() - xact_start)::text,
-				coalesce(application_name, ''), coalesce(state, ''), left(regexp_replace(coalesce(query, ''), '\s+', ' ', 'g'), 300)
-				FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND xact_start < now() - $1::interval AND pid <> pg_backend_pid()`,
-				fmt.Sprintf("%d milliseconds", age.Milliseconds()))
-			if err == nil {
-				for rows.Next() {
-					var h heldTx
-					var backendStart string
-					if rows.Scan(&h.pid, &backendStart, &h.start, &h.open, &h.app, &h.state, &h.query) != nil {
-						break
-					}
-					key := fmt.Sprintf("%d %s %s", h.pid, backendStart, h.start)
-					mu.Lock()
-					if prev, ok := seen[key]; ok {
-						prev.open, prev.state, prev.query = h.open, h.state, h.query
-					} else {
-						h.first = time.Now()
-						seen[key] = &h
-					}
-					mu.Unlock()
-				}
-				_ = rows.Close()
-			}
 			select {
 			case <-ctx.Done():
 				return
 			case <-tick.C:
+				record()
 			}
 		}
 	}()
@@ -85,7 +77,33 @@ func WatchOldTransactions(t testing.TB, age time.Duration) {
 	})
 }
 
+// sampleHeldTxs lists the transactions holding a transaction ID for longer than age; a failed
+// query lists none (the watch only explains failures).
+func sampleHeldTxs(ctx context.Context, db *sql.DB, age time.Duration) []*heldTx {
+	rows, err := db.QueryContext(ctx, `SELECT pid, backend_start::text, xact_start::text, (now() - xact_start)::text,
+		coalesce(application_name, ''), coalesce(state, ''), left(regexp_replace(coalesce(query, ''), '\s+', ' ', 'g'), 300)
+		FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND xact_start < now() - $1::interval AND pid <> pg_backend_pid()`,
+		fmt.Sprintf("%d milliseconds", age.Milliseconds()))
+	if err != nil {
+		return nil
+	}
+	defer rows.Close()
+	var out []*heldTx
+	for rows.Next() {
+		var h heldTx
+		var backendStart string
+		if rows.Scan(&h.pid, &backendStart, &h.start, &h.open, &h.app, &h.state, &h.query) != nil {
+			return out
+		}
+		h.key = fmt.Sprintf("%d %s %s", h.pid, backendStart, h.start)
+		out = append(out, &h)
+	}
+	_ = rows.Err() // a partial sample is still a sample
+	return out
+}
+
 type heldTx struct {
+	key                            string
 	pid                            int
 	start, open, app, state, query string
 	first                          time.Time
