@@ -234,7 +234,7 @@ func (h *harness) consume(ctx context.Context, r *rig, id string) (Result, error
 			cfg.GroupCommit = once.GroupCommitConfig{Workers: h.opts.groupWorkers}
 			res.Notes = "the default: GroupCommit (Workers 2, TxBatchSize 100, Linger 0)"
 			if h.opts.groupWorkers > 0 {
-				res.Notes = fmt.Sprintf("GroupCommit Workers %d, TxBatchSize 100, MaxWait 0", h.opts.groupWorkers)
+				res.Notes = fmt.Sprintf("GroupCommit Workers %d, TxBatchSize 100, Linger 0", h.opts.groupWorkers)
 			}
 			if r.kind == broker.SQL {
 				// Messages in the subscriber's transaction are not grouped.
