@@ -42,3 +42,6 @@ FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS x(u, p, m, n)
 	c.channel = ""
 	return &c
 }
+
+// ReadRoundSQL is the statement with which a relay of schema reads a new round.
+func ReadRoundSQL(schema string) string { return newRelayQueries(schema).readRound }

@@ -3,6 +3,7 @@ package outbox
 import (
 	"database/sql"
 	"errors"
+	"github.com/wmonce/watermill-once/pgtx"
 	"sync/atomic"
 	"time"
 
@@ -88,6 +89,7 @@ type Relay struct {
 	logger    watermill.LoggerAdapter
 	tracer    trace.Tracer
 	q         relayQueries
+	replan    []any // before readRound's and readRest's arguments (pgtx.ReplanArgs)
 
 	forwarded, rounds, failures, rejected, held, otherSource, fenced, rechecks atomic.Uint64
 	heldTopics                                                                 atomic.Int64
@@ -143,6 +145,7 @@ func NewRelay(db *sql.DB, publisher message.Publisher, config RelayConfig, logge
 		logger:    logger,
 		tracer:    tracing.Tracer(config.TracerProvider),
 		q:         newRelayQueries(config.Schema),
+		replan:    pgtx.ReplanArgs(db),
 		channel:   relayChannel(config.Schema),
 	}
 	r.leader = &worker.Leader{

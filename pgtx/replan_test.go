@@ -1,0 +1,55 @@
+package pgtx_test
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// A query run with ReplanArgs is never prepared on the connection, so PostgreSQL has no
+// cached plan to reuse for it; the same query without them is, and after five executions
+// PostgreSQL runs its generic plan.
+func TestReplanArgsKeepsAQueryOutOfThePlanCache(t *testing.T) {
+	t.Parallel()
+	pgtest.SkipShort(t)
+	ctx := context.Background()
+	db, err := pgtx.Open(ctx, pgtest.URL(), pgtx.PoolConfig{MaxOpenConns: 1})
+	require.NoError(t, err, "this test needs PostgreSQL: start it (make services) or set DATABASE_URL")
+	t.Cleanup(func() { _ = db.Close() })
+	table := pgtx.QualifiedName(pgtest.Schema(t, db), "t")
+	pgtest.Exec(t, db, `CREATE TABLE `+table+` (k bigint PRIMARY KEY)`)
+	replan := pgtx.ReplanArgs(db)
+	require.NotEmpty(t, replan, "a pool from pgtx.Open uses pgx's driver")
+
+	cached := `SELECT count(*) FROM ` + table + ` WHERE k = $1`
+	fresh := cached + ` /* fresh */`
+	conn, err := db.Conn(ctx)
+	require.NoError(t, err)
+	defer conn.Close()
+	for range 8 {
+		var n int
+		require.NoError(t, conn.QueryRowContext(ctx, cached, int64(1)).Scan(&n))
+		require.NoError(t, conn.QueryRowContext(ctx, fresh, append(replan, int64(1))...).Scan(&n))
+	}
+	plans := func(query string) (prepared bool, generic int64) {
+		t.Helper()
+		err := conn.QueryRowContext(ctx, `SELECT generic_plans FROM pg_prepared_statements WHERE statement = $1`, query).Scan(&generic)
+		if err == sql.ErrNoRows {
+			return false, 0
+		}
+		require.NoError(t, err)
+		return true, generic
+	}
+	prepared, generic := plans(cached)
+	require.True(t, prepared, "pgx prepares a query on the connection by default")
+	require.Positive(t, generic, "after five executions PostgreSQL reuses the generic plan")
+	prepared, _ = plans(fresh)
+	require.False(t, prepared, "with ReplanArgs the query is planned at each execution, never prepared")
+
+	require.Nil(t, pgtx.ReplanArgs(nil))
+}
