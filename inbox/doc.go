@@ -107,9 +107,9 @@
 // Finished rows leave the indexes only when VACUUM runs, so a claim that started at the
 // oldest id would walk past every row finished since, and draining a backlog would cost time
 // quadratic in its size. Claims start above a floor (the smallest id the last claim took) and
-// look from the beginning every 100ms and whenever nothing is found above it: a row that
-// becomes claimable below the floor (a retry falling due, a key unblocked, a replay) waits at
-// most that much longer.
+// look from the beginning every 100ms (or ten times as long as the last such look took, if
+// that is longer, up to a second) and whenever nothing is found above it: a row that becomes claimable below
+// the floor (a retry falling due, a key unblocked, a replay) waits at most that much longer.
 //
 // ClaimMode ClaimLock is the alternative to leases: the claim is a row lock, SELECT ... FOR
 // UPDATE SKIP LOCKED inside the processing transaction, and each row is written once, when its

@@ -83,7 +83,7 @@ func (p *Processor) attemptBatch(w *worker, rows []claimedRow, token int64) batc
 			return batchResult{res: outcomeFailed}
 		}
 	}
-	done, err := tx.ExecContext(ctx, p.q.completeMany, ids(rows), token)
+	done, err := tx.ExecContext(ctx, p.q.completeMany, p.replanned(ids(rows), token)...)
 	if err != nil {
 		return batchResult{res: outcomeFailed}
 	}

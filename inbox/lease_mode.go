@@ -51,23 +51,15 @@ func (p *Processor) claim(ctx context.Context) ([]claimedRow, int64, error) {
 	token := newToken()
 	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.config.Lease)
 	defer cancel()
-	after := p.claimAfter()
-	for {
-		rows, err := p.claimAbove(qctx, token, after)
-		if err != nil {
-			return nil, 0, err
-		}
-		if len(rows) == 0 && after > 0 {
-			after = p.rescan() // nothing above the floor: look below it before going idle
-			continue
-		}
-		p.raiseFloor(rows)
-		p.claimed.Add(uint64(len(rows)))
-		if len(rows) > 0 {
-			p.testSignals.Claimed.Signal(ids(rows))
-		}
-		return rows, token, nil
+	rows, err := p.claimRows(func(after int64) ([]claimedRow, error) { return p.claimAbove(qctx, token, after) })
+	if err != nil {
+		return nil, 0, err
 	}
+	p.claimed.Add(uint64(len(rows)))
+	if len(rows) > 0 {
+		p.testSignals.Claimed.Signal(ids(rows))
+	}
+	return rows, token, nil
 }
 
 func (p *Processor) claimAbove(ctx context.Context, token, after int64) ([]claimedRow, error) {

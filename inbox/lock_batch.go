@@ -71,7 +71,7 @@ func (p *Processor) runLockedBatch(claimCtx, ctx context.Context, tx *sql.Tx, ro
 			return false, nil
 		}
 	}
-	res, err := tx.ExecContext(ctx, p.q.completeLock, ids(rows), attemptsOf(rows))
+	res, err := tx.ExecContext(ctx, p.q.completeLock, p.replanned(ids(rows), attemptsOf(rows))...)
 	if err == nil {
 		if n, _ := res.RowsAffected(); int(n) != len(rows) {
 			err = fmt.Errorf("inbox: completed %d of %d locked rows", n, len(rows))

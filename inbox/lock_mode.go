@@ -68,16 +68,12 @@ func (p *Processor) lockedRound(claimCtx context.Context) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("inbox: begin: %w", err)
 	}
-	after := p.claimAfter()
-	rows, err := p.lockRows(ctx, tx, p.q.lockDue, p.config.Consumer, p.config.TxBatchSize, after)
-	if err == nil && len(rows) == 0 && after > 0 {
-		// Nothing above the floor: look below it before going idle.
-		rows, err = p.lockRows(ctx, tx, p.q.lockDue, p.config.Consumer, p.config.TxBatchSize, p.rescan())
-	}
+	rows, err := p.claimRows(func(after int64) ([]claimedRow, error) {
+		return p.lockRows(ctx, tx, p.q.lockDue, p.config.Consumer, p.config.TxBatchSize, after)
+	})
 	if err != nil || len(rows) == 0 {
 		return 0, err
 	}
-	p.raiseFloor(rows)
 	p.claimed.Add(uint64(len(rows)))
 	p.testSignals.Claimed.Signal(ids(rows))
 	if claimCtx.Err() != nil {
@@ -174,7 +170,7 @@ func (p *Processor) runLockedRow(ctx context.Context, tx *sql.Tx, r claimedRow) 
 		return herr
 	})
 	if herr == nil {
-		res, err := tx.ExecContext(ctx, p.q.completeLock, []int64{r.id}, []int64{int64(r.attempts)})
+		res, err := tx.ExecContext(ctx, p.q.completeLock, p.replanned([]int64{r.id}, []int64{int64(r.attempts)})...)
 		if err == nil {
 			if n, _ := res.RowsAffected(); n != 1 {
 				err = fmt.Errorf("inbox: row %d was not PENDING at completion", r.id)

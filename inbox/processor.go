@@ -19,6 +19,7 @@ import (
 	"github.com/wmonce/watermill-once/internal/txguard"
 	iworker "github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/outbox"
+	"github.com/wmonce/watermill-once/pgtx"
 )
 
 // ProcessorCounters are a processor's running totals since it was created.
@@ -89,7 +90,8 @@ type Processor struct {
 
 	guardFound atomic.Bool // the schema has the attempt guard (see requireGuard)
 
-	floor, lastRescan atomic.Int64 // see claimAfter
+	floor, lastRescan, rescanTook atomic.Int64 // see claimAfter
+	replan                        []any        // see replanned
 
 	testSignals processorTestSignals
 }
@@ -115,6 +117,7 @@ func NewProcessor(db *sql.DB, handler message.HandlerFunc, config ProcessorConfi
 		logger:  logger.With(watermill.LogFields{"consumer": config.Consumer}),
 		q:       newQueries(config.Schema),
 		guard:   txguard.For(config.Schema, db),
+		replan:  pgtx.ReplanArgs(db),
 		tracer:  tracing.Tracer(config.TracerProvider),
 		wake:    make(chan struct{}, config.Workers),
 	}
