@@ -114,9 +114,9 @@
 // ClaimMode ClaimLock is the alternative to leases: the claim is a row lock, SELECT ... FOR
 // UPDATE SKIP LOCKED inside the processing transaction, and each row is written once, when its
 // outcome commits with the handler's effects. Writing less has not made it reliably faster:
-// in the bench it processed 0.7-1.2x the rows per second of leases, with slower runs under
-// load (docs/performance.md), so choose it for fewer row versions, not for speed. The lock disappears with the transaction or
-// the connection, which replaces the lease, the token and the reaper; a failed handler is
+// in the full bench runs of 2026-12-02 it processed 0.87-1.18x the rows per second of leases,
+// with slower runs under load (docs/performance.md), so choose it for fewer row versions, not
+// for speed. The lock disappears with the transaction or the connection, which replaces the lease, the token and the reaper; a failed handler is
 // undone with a savepoint so that its attempt is recorded while the lock is held. The start of
 // each attempt is committed apart beforehand, so an attempt that kills the process or its
 // connection still counts. What it gives up is described at ClaimLock: rows in work show as
