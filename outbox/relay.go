@@ -3,7 +3,6 @@ package outbox
 import (
 	"database/sql"
 	"errors"
-	"github.com/wmonce/watermill-once/pgtx"
 	"sync/atomic"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 	"github.com/wmonce/watermill-once/internal/testsignal"
 	"github.com/wmonce/watermill-once/internal/tracing"
 	"github.com/wmonce/watermill-once/internal/worker"
+	"github.com/wmonce/watermill-once/pgtx"
 )
 
 // RelayCounters are the relay's running totals since it was created.
