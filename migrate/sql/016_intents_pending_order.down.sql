@@ -1,0 +1,1 @@
+DROP INDEX IF EXISTS {{schema}}.intents_pending_id_idx;
