@@ -32,6 +32,7 @@ SELECT 'sms', 'k' || g, 'c', 'e' || g, 's', '\x00'::bytea FROM generate_series(1
 	var plan strings.Builder
 	rows, err := tx.QueryContext(ctx, `EXPLAIN (ANALYZE, FORMAT TEXT) `+intent.ClaimPendingSQL(e.schema), []string{"sms"}, int64(60_000_000))
 	require.NoError(t, err)
+	defer rows.Close()
 	for rows.Next() {
 		var line string
 		require.NoError(t, rows.Scan(&line))
