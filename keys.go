@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/wmonce/watermill-once/internal/setup"
 )
 
 // ErrInvalidKey is wrapped by every error about a message's dedupe key. Such errors are also
@@ -88,10 +90,7 @@ func SetAgeGuardDefaults(occurredAt *func(*message.Message) (time.Time, bool, er
 // CheckMaxKeyLength reports a MaxKeyLength setting outside 1 to MaxKeyLengthLimit, the range
 // every component accepts.
 func CheckMaxKeyLength(n int) error {
-	if n < 1 || n > MaxKeyLengthLimit {
-		return fmt.Errorf("MaxKeyLength must be between 1 and %d, got %d", MaxKeyLengthLimit, n)
-	}
-	return nil
+	return setup.Between("MaxKeyLength", n, 1, MaxKeyLengthLimit)
 }
 
 // CheckKey applies the rules every dedupe key must meet: not empty, at most maxLen bytes, and

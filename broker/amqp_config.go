@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/url"
 	"time"
+
+	"github.com/wmonce/watermill-once/internal/setup"
 )
 
 // The queue types AMQPConfig.QueueType accepts.
@@ -82,8 +84,11 @@ func (a *AMQPConfig) setDefaults() {
 	a.ConnectionName = cmp.Or(a.ConnectionName, DefaultAMQPConnectionName)
 }
 
-func (a AMQPConfig) validate() []error {
-	var errs []error
+func (a AMQPConfig) validate() error {
+	errs := []error{
+		setup.Between("AMQP.Workers", a.Workers, 1, maxAMQPWorkers),
+		setup.NotNegative("AMQP.NackDelay", a.NackDelay),
+	}
 	u, err := url.Parse(a.URL)
 	if err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") || u.Host == "" {
 		errs = append(errs, fmt.Errorf("AMQP URL (%s) must look like amqp://user:pass@host:5672/vhost", EnvAMQPURL))
@@ -94,14 +99,8 @@ func (a AMQPConfig) validate() []error {
 	if a.Prefix != "" && !amqpName.MatchString(a.Prefix) {
 		errs = append(errs, fmt.Errorf("AMQP prefix (%s) %q may only hold letters, digits, '-', '_', '.' and ':'", EnvAMQPPrefix, a.Prefix))
 	}
-	if a.Workers < 1 || a.Workers > maxAMQPWorkers {
-		errs = append(errs, fmt.Errorf("AMQP.Workers must be between 1 and %d, got %d", maxAMQPWorkers, a.Workers))
-	}
 	if a.Prefetch < a.Workers || a.Prefetch > maxAMQPPrefetch {
 		errs = append(errs, fmt.Errorf("AMQP.Prefetch must be between Workers (%d) and %d, got %d: fewer would leave consumers idle", a.Workers, maxAMQPPrefetch, a.Prefetch))
 	}
-	if a.NackDelay < 0 {
-		errs = append(errs, errors.New("AMQP.NackDelay must not be negative"))
-	}
-	return errs
+	return errors.Join(errs...)
 }

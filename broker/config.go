@@ -90,11 +90,11 @@ func (c Config) Validate() error {
 	}
 	switch c.Kind {
 	case SQL:
-		errs = append(errs, c.SQL.validate()...)
+		errs = append(errs, c.SQL.validate())
 	case Kafka:
-		errs = append(errs, c.Kafka.validate()...)
+		errs = append(errs, c.Kafka.validate())
 	case AMQP:
-		errs = append(errs, c.AMQP.validate()...)
+		errs = append(errs, c.AMQP.validate())
 	}
 	return errors.Join(errs...)
 }

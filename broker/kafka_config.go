@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/wmonce/watermill-once/internal/setup"
 )
 
 // The Kafka broker's defaults (KafkaConfig).
@@ -64,8 +66,12 @@ func (k *KafkaConfig) setDefaults() {
 	k.NackDelay = cmp.Or(k.NackDelay, DefaultNackDelay)
 }
 
-func (k KafkaConfig) validate() []error {
-	var errs []error
+func (k KafkaConfig) validate() error {
+	errs := []error{
+		setup.AtLeast("Kafka.Partitions ("+EnvKafkaPartitions+")", k.Partitions, 1),
+		setup.AtLeast("Kafka.SessionTimeout", k.SessionTimeout, time.Second),
+		setup.NotNegative("Kafka.NackDelay", k.NackDelay),
+	}
 	if len(k.Brokers) == 0 {
 		errs = append(errs, fmt.Errorf("no Kafka brokers: set %s (host:port[,host:port...]) or point it at a running cluster", EnvKafkaBrokers))
 	}
@@ -74,17 +80,11 @@ func (k KafkaConfig) validate() []error {
 			errs = append(errs, fmt.Errorf("Kafka broker address %q is not host:port", b))
 		}
 	}
-	if k.Partitions < 1 {
-		errs = append(errs, fmt.Errorf("Kafka.Partitions (%s) must be at least 1, got %d", EnvKafkaPartitions, k.Partitions))
-	}
 	if k.ReplicationFactor < -1 || k.ReplicationFactor == 0 {
 		errs = append(errs, fmt.Errorf("Kafka.ReplicationFactor (%s) must be -1 (cluster default) or at least 1, got %d", EnvKafkaReplication, k.ReplicationFactor))
 	}
 	if strings.TrimSpace(k.PartitionKeyField) != k.PartitionKeyField {
 		errs = append(errs, fmt.Errorf("Kafka.PartitionKeyField %q has surrounding spaces", k.PartitionKeyField))
 	}
-	if k.SessionTimeout < time.Second || k.NackDelay < 0 {
-		errs = append(errs, errors.New("Kafka.SessionTimeout must be at least 1s and NackDelay not negative"))
-	}
-	return errs
+	return errors.Join(errs...)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -85,19 +86,16 @@ func (s *SQLConfig) setDefaults() {
 	s.NackDelay = cmp.Or(s.NackDelay, DefaultNackDelay)
 }
 
-func (s SQLConfig) validate() []error {
-	var errs []error
-	if err := pgtx.ValidateIdentifier("SQL broker schema ("+EnvSQLSchema+")", s.Schema); err != nil {
-		errs = append(errs, err)
+func (s SQLConfig) validate() error {
+	errs := []error{
+		pgtx.ValidateIdentifier("SQL broker schema ("+EnvSQLSchema+")", s.Schema),
+		setup.Between("SQL.BatchSize", s.BatchSize, 1, maxSQLBatchSize),
 	}
 	if s.WatermillSQL != 3 && s.WatermillSQL != 4 {
 		errs = append(errs, fmt.Errorf("SQL.WatermillSQL (%s) is the watermill-sql major version and must be 3 or 4, got %d", EnvSQLWatermill, s.WatermillSQL))
 	}
-	if s.BatchSize < 1 || s.BatchSize > maxSQLBatchSize {
-		errs = append(errs, fmt.Errorf("SQL.BatchSize must be between 1 and %d, got %d", maxSQLBatchSize, s.BatchSize))
-	}
 	if s.PollInterval < 0 || s.IdlePollInterval < 0 || s.AckDeadline < 0 || s.NackDelay < 0 {
 		errs = append(errs, errors.New("SQL.PollInterval, IdlePollInterval, AckDeadline and NackDelay must be positive"))
 	}
-	return errs
+	return errors.Join(errs...)
 }

@@ -9,6 +9,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -146,21 +147,16 @@ func (c *ProcessorConfig) setDefaults() {
 
 // Validate reports what to fix in a configuration.
 func (c ProcessorConfig) Validate() error {
-	var errs []error
-	if err := pgtx.ValidateIdentifier("schema", c.Schema); err != nil {
-		errs = append(errs, err)
+	errs := []error{
+		pgtx.ValidateIdentifier("schema", c.Schema),
+		validateConsumer(c.Consumer),
+		setup.Between("Workers", c.Workers, 1, maxProcessorWorkers),
+		setup.Between("BatchSize", c.BatchSize, 1, MaxBatchSize),
+		setup.AtLeast("Lease", c.Lease, 10*time.Millisecond),
+		setup.AtLeast("MaxAttempts", c.MaxAttempts, 1),
 	}
 	if c.Outbox != nil && c.OutboxSource != "" {
 		errs = append(errs, errors.New("set OutboxSource or Outbox, not both: give the Writer its Source (outbox.Config.Source)"))
-	}
-	if err := validateConsumer(c.Consumer); err != nil {
-		errs = append(errs, err)
-	}
-	if c.Workers < 1 || c.Workers > maxProcessorWorkers {
-		errs = append(errs, fmt.Errorf("Workers must be between 1 and %d, got %d", maxProcessorWorkers, c.Workers))
-	}
-	if c.BatchSize < 1 || c.BatchSize > MaxBatchSize {
-		errs = append(errs, fmt.Errorf("BatchSize must be between 1 and %d, got %d", MaxBatchSize, c.BatchSize))
 	}
 	switch c.ClaimMode {
 	case ClaimLease:
@@ -168,23 +164,15 @@ func (c ProcessorConfig) Validate() error {
 			errs = append(errs, fmt.Errorf("TxBatchSize must be between 1 and BatchSize (%d), got %d", c.BatchSize, c.TxBatchSize))
 		}
 	case ClaimLock:
-		if c.TxBatchSize < 1 || c.TxBatchSize > MaxBatchSize {
-			errs = append(errs, fmt.Errorf("TxBatchSize must be between 1 and %d, got %d", MaxBatchSize, c.TxBatchSize))
-		}
+		errs = append(errs, setup.Between("TxBatchSize", c.TxBatchSize, 1, MaxBatchSize))
 	default:
 		errs = append(errs, fmt.Errorf("ClaimMode %d is not one of ClaimLease, ClaimLock", int(c.ClaimMode)))
-	}
-	if c.Lease < 10*time.Millisecond {
-		errs = append(errs, fmt.Errorf("Lease must be at least 10ms, got %s", c.Lease))
 	}
 	if c.RenewInterval >= c.Lease {
 		errs = append(errs, fmt.Errorf("RenewInterval (%s) must be shorter than Lease (%s), or negative to disable renewal", c.RenewInterval, c.Lease))
 	}
 	if c.HandlerTimeout < 0 || c.ReapInterval < 0 || c.PollInterval < 0 {
 		errs = append(errs, errors.New("HandlerTimeout, ReapInterval and PollInterval must not be negative"))
-	}
-	if c.MaxAttempts < 1 {
-		errs = append(errs, fmt.Errorf("MaxAttempts must be at least 1, got %d", c.MaxAttempts))
 	}
 	if c.Backoff < 0 || c.MaxBackoff < c.Backoff {
 		errs = append(errs, fmt.Errorf("Backoff (%s) must not be negative and MaxBackoff (%s) not below it", c.Backoff, c.MaxBackoff))

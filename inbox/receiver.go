@@ -132,32 +132,16 @@ func (c *ReceiverConfig) setDefaults() {
 
 // Validate reports what to fix in a configuration.
 func (c ReceiverConfig) Validate() error {
-	var errs []error
-	if err := pgtx.ValidateIdentifier("schema", c.Schema); err != nil {
-		errs = append(errs, err)
-	}
-	if err := validateConsumer(c.Consumer); err != nil {
-		errs = append(errs, err)
-	}
-	if err := wmonce.CheckMaxKeyLength(c.MaxKeyLength); err != nil {
-		errs = append(errs, err)
-	}
-	if c.BatchSize < 1 || c.BatchSize > MaxBatchSize {
-		errs = append(errs, fmt.Errorf("BatchSize must be between 1 and %d, got %d", MaxBatchSize, c.BatchSize))
-	}
-	if c.Workers < 1 || c.Workers > 64 {
-		errs = append(errs, fmt.Errorf("Workers must be between 1 and 64, got %d", c.Workers))
-	}
-	if c.Linger < 0 || c.Linger > time.Second {
-		errs = append(errs, fmt.Errorf("Linger must be between 0 and 1s, got %s", c.Linger))
-	}
-	if c.WriteTimeout < 0 {
-		errs = append(errs, errors.New("WriteTimeout must not be negative"))
-	}
-	if c.MaxMessageAge < 0 {
-		errs = append(errs, errors.New("MaxMessageAge must not be negative"))
-	}
-	return errors.Join(errs...)
+	return errors.Join(
+		pgtx.ValidateIdentifier("schema", c.Schema),
+		validateConsumer(c.Consumer),
+		wmonce.CheckMaxKeyLength(c.MaxKeyLength),
+		setup.Between("BatchSize", c.BatchSize, 1, MaxBatchSize),
+		setup.Between("Workers", c.Workers, 1, 64),
+		setup.Between("Linger", c.Linger, 0, time.Second),
+		setup.NotNegative("WriteTimeout", c.WriteTimeout),
+		setup.NotNegative("MaxMessageAge", c.MaxMessageAge),
+	)
 }
 
 // validateConsumer applies wmonce.CheckName, the rule every component applies to names.

@@ -57,14 +57,7 @@ func (c *Config) setDefaults() {
 
 // Validate reports a configuration that cannot work.
 func (c Config) Validate() error {
-	var errs []error
-	if err := pgtx.ValidateIdentifier("schema", c.Schema); err != nil {
-		errs = append(errs, err)
-	}
-	if err := checkSource(c.Source); err != nil {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
+	return errors.Join(pgtx.ValidateIdentifier("schema", c.Schema), checkSource(c.Source))
 }
 
 // checkSource applies the rule of every name (wmonce.CheckName) to a non-empty Source.

@@ -3,13 +3,13 @@ package outbox
 import (
 	"cmp"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/trace"
 
 	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -146,27 +146,16 @@ func (c *RelayConfig) setDefaults() {
 
 // Validate reports a configuration that cannot work.
 func (c RelayConfig) Validate() error {
-	var errs []error
-	if err := pgtx.ValidateIdentifier("schema", c.Schema); err != nil {
-		errs = append(errs, err)
-	}
-	if err := wmonce.CheckName("relay Name", c.Name); err != nil {
-		errs = append(errs, err)
-	}
-	if err := checkRelayNotSlotPosition(c.Name); err != nil {
-		errs = append(errs, err)
-	}
-	if err := checkSource(c.Source); err != nil {
-		errs = append(errs, err)
-	}
-	if c.BatchSize < 1 || c.BatchSize > maxBatchSize {
-		errs = append(errs, fmt.Errorf("BatchSize must be between 1 and %d, got %d", maxBatchSize, c.BatchSize))
+	errs := []error{
+		pgtx.ValidateIdentifier("schema", c.Schema),
+		wmonce.CheckName("relay Name", c.Name),
+		checkRelayNotSlotPosition(c.Name),
+		checkSource(c.Source),
+		setup.Between("BatchSize", c.BatchSize, 1, maxBatchSize),
+		setup.Between("PublishLanes", c.PublishLanes, 1, MaxPublishLanes),
 	}
 	if c.PollInterval < 0 || c.Backoff < 0 || c.MaxBackoff < c.Backoff || c.StandbyInterval < 0 {
 		errs = append(errs, errors.New("intervals must be positive and MaxBackoff >= Backoff"))
-	}
-	if c.PublishLanes < 1 || c.PublishLanes > MaxPublishLanes {
-		errs = append(errs, fmt.Errorf("PublishLanes must be between 1 and %d, got %d", MaxPublishLanes, c.PublishLanes))
 	}
 	return errors.Join(errs...)
 }

@@ -9,6 +9,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -91,9 +92,9 @@ func (c *SenderConfig) setDefaults() {
 
 // Validate reports what to fix in a configuration.
 func (c SenderConfig) Validate() error {
-	var errs []error
-	if err := pgtx.ValidateIdentifier("schema", c.Schema); err != nil {
-		errs = append(errs, err)
+	errs := []error{
+		pgtx.ValidateIdentifier("schema", c.Schema),
+		setup.Between("Workers", c.Workers, 1, maxWorkers),
 	}
 	if len(c.Channels) == 0 {
 		errs = append(errs, errors.New("Channels is empty: configure at least one channel with its Provider"))
@@ -124,12 +125,9 @@ func (c SenderConfig) Validate() error {
 		default:
 			errs = append(errs, fmt.Errorf("channel %q: unknown OnCrash %v", name, ch.OnCrash))
 		}
-		if ch.MaxAttempts < 1 {
-			errs = append(errs, fmt.Errorf("channel %q: MaxAttempts must be at least 1, got %d", name, ch.MaxAttempts))
+		if err := setup.AtLeast("MaxAttempts", ch.MaxAttempts, 1); err != nil {
+			errs = append(errs, fmt.Errorf("channel %q: %w", name, err))
 		}
-	}
-	if c.Workers < 1 || c.Workers > maxWorkers {
-		errs = append(errs, fmt.Errorf("Workers must be between 1 and %d, got %d", maxWorkers, c.Workers))
 	}
 	if c.Lease <= 0 || c.SendTimeout <= 0 || c.PollInterval <= 0 || c.Backoff <= 0 || c.MaxBackoff < c.Backoff {
 		errs = append(errs, errors.New("Lease, SendTimeout, PollInterval and Backoff must be positive and MaxBackoff >= Backoff"))

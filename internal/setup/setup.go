@@ -4,6 +4,7 @@
 package setup
 
 import (
+	"cmp"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -41,4 +42,31 @@ func Logger(logger watermill.LoggerAdapter) watermill.LoggerAdapter {
 		return watermill.NopLogger{}
 	}
 	return logger
+}
+
+// Between returns nil when lo <= v <= hi, else an error that names field and says the range
+// and the value: one phrasing for every range check of every Config.
+func Between[T cmp.Ordered](field string, v, lo, hi T) error {
+	if v < lo || v > hi {
+		return fmt.Errorf("%s must be between %v and %v, got %v", field, lo, hi, v)
+	}
+	return nil
+}
+
+// AtLeast returns nil when v >= lo, else an error that names field and says the bound and the
+// value.
+func AtLeast[T cmp.Ordered](field string, v, lo T) error {
+	if v < lo {
+		return fmt.Errorf("%s must be at least %v, got %v", field, lo, v)
+	}
+	return nil
+}
+
+// NotNegative returns nil when v >= 0, else an error that names field and says the value.
+func NotNegative[T cmp.Ordered](field string, v T) error {
+	var zero T
+	if v < zero {
+		return fmt.Errorf("%s must not be negative, got %v", field, v)
+	}
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"database/sql"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/stretchr/testify/require"
@@ -49,4 +50,20 @@ func TestComponent(t *testing.T) {
 	logger, err = setup.Component(db, "x: db is nil", &c, (*config).setDefaults, "x: invalid config", given)
 	require.NoError(t, err)
 	require.Same(t, given, logger)
+}
+
+func TestBetweenAndAtLeast(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, setup.Between("BatchSize", 1, 1, 10))
+	require.NoError(t, setup.Between("BatchSize", 10, 1, 10))
+	require.EqualError(t, setup.Between("BatchSize", 11, 1, 10), "BatchSize must be between 1 and 10, got 11")
+	require.EqualError(t, setup.Between("BatchSize", 0, 1, 10), "BatchSize must be between 1 and 10, got 0")
+	require.NoError(t, setup.AtLeast("Lease", 10*time.Millisecond, 10*time.Millisecond))
+	require.EqualError(t, setup.AtLeast("Lease", time.Millisecond, 10*time.Millisecond), "Lease must be at least 10ms, got 1ms")
+}
+
+func TestNotNegative(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, setup.NotNegative("Linger", time.Duration(0)))
+	require.EqualError(t, setup.NotNegative("Linger", -time.Second), "Linger must not be negative, got -1s")
 }

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -136,9 +137,10 @@ func (c *Config) setDefaults() {
 
 // Validate reports what to fix in a configuration.
 func (c Config) Validate() error {
-	var errs []error
-	if err := pgtx.ValidateIdentifier("schema", c.Schema); err != nil {
-		errs = append(errs, err)
+	errs := []error{
+		pgtx.ValidateIdentifier("schema", c.Schema),
+		wmonce.CheckMaxKeyLength(c.MaxKeyLength),
+		setup.NotNegative("RetryAfter", c.RetryAfter),
 	}
 	if !validToken(c.Header) {
 		errs = append(errs, fmt.Errorf("Header %q is not a valid HTTP header name", c.Header))
@@ -154,9 +156,6 @@ func (c Config) Validate() error {
 	if c.Retention < time.Second {
 		errs = append(errs, fmt.Errorf("Retention must be at least 1s (Stripe keeps keys 24h), got %s", c.Retention))
 	}
-	if err := wmonce.CheckMaxKeyLength(c.MaxKeyLength); err != nil {
-		errs = append(errs, err)
-	}
 	if c.MaxRequestBytes < 1 || c.MaxResponseBytes < 1 {
 		errs = append(errs, errors.New("MaxRequestBytes and MaxResponseBytes must be positive"))
 	}
@@ -164,9 +163,6 @@ func (c Config) Validate() error {
 		if !validToken(h) {
 			errs = append(errs, fmt.Errorf("FingerprintHeaders: %q is not a valid header name", h))
 		}
-	}
-	if c.RetryAfter < 0 {
-		errs = append(errs, errors.New("RetryAfter must not be negative"))
 	}
 	return errors.Join(errs...)
 }

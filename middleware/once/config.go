@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -168,9 +169,12 @@ func (c *Config) setDefaults() {
 
 // Validate reports what to fix in a configuration.
 func (c Config) Validate() error {
-	var errs []error
-	if err := pgtx.ValidateIdentifier("schema", c.Schema); err != nil {
-		errs = append(errs, err)
+	errs := []error{
+		pgtx.ValidateIdentifier("schema", c.Schema),
+		wmonce.CheckMaxKeyLength(c.MaxKeyLength),
+		c.GroupCommit.validate(),
+		setup.NotNegative("MaxMessageAge", c.MaxMessageAge),
+		setup.NotNegative("TxRetry.MaxAttempts", c.TxRetry.MaxAttempts),
 	}
 	if c.Outbox != nil && c.OutboxSource != "" {
 		errs = append(errs, errors.New("set OutboxSource or Outbox, not both: give the Writer its Source (outbox.Config.Source)"))
@@ -180,22 +184,10 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%w; or leave Consumer empty to use the handler name", err))
 		}
 	}
-	if err := wmonce.CheckMaxKeyLength(c.MaxKeyLength); err != nil {
-		errs = append(errs, err)
-	}
 	if c.OutputTopic != "" {
 		if err := outbox.DefaultValidateTopic(c.OutputTopic); err != nil {
 			errs = append(errs, fmt.Errorf("OutputTopic: %w", err))
 		}
-	}
-	if err := c.GroupCommit.validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if c.MaxMessageAge < 0 {
-		errs = append(errs, errors.New("MaxMessageAge must not be negative"))
-	}
-	if c.TxRetry.MaxAttempts < 0 {
-		errs = append(errs, errors.New("TxRetry.MaxAttempts must not be negative"))
 	}
 	return errors.Join(errs...)
 }

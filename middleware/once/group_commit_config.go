@@ -3,8 +3,9 @@ package once
 import (
 	"cmp"
 	"errors"
-	"fmt"
 	"time"
+
+	"github.com/wmonce/watermill-once/internal/setup"
 )
 
 // GroupCommitConfig configures group commit, which is on by default: when messages arrive faster
@@ -71,14 +72,9 @@ func (c GroupCommitConfig) validate() error {
 	if c.Disabled {
 		return nil
 	}
-	if c.TxBatchSize < 1 || c.TxBatchSize > MaxGroupCommitTxBatchSize {
-		return fmt.Errorf("GroupCommit.TxBatchSize must be between 1 and %d, got %d", MaxGroupCommitTxBatchSize, c.TxBatchSize)
-	}
-	if c.Workers < 1 {
-		return fmt.Errorf("GroupCommit.Workers must be at least 1, got %d", c.Workers)
-	}
-	if c.Linger < 0 {
-		return errors.New("GroupCommit.Linger must not be negative")
-	}
-	return nil
+	return errors.Join(
+		setup.Between("GroupCommit.TxBatchSize", c.TxBatchSize, 1, MaxGroupCommitTxBatchSize),
+		setup.AtLeast("GroupCommit.Workers", c.Workers, 1),
+		setup.NotNegative("GroupCommit.Linger", c.Linger),
+	)
 }

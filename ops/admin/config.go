@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -48,12 +49,9 @@ func (c *Config) setDefaults() {
 
 // Validate reports what to fix in a configuration.
 func (c Config) Validate() error {
-	var errs []error
-	if err := pgtx.ValidateIdentifier("schema", c.Schema); err != nil {
-		errs = append(errs, err)
-	}
-	if c.QueryTimeout < 0 {
-		errs = append(errs, errors.New("QueryTimeout must not be negative"))
+	errs := []error{
+		pgtx.ValidateIdentifier("schema", c.Schema),
+		setup.NotNegative("QueryTimeout", c.QueryTimeout),
 	}
 	if c.SampleInterval > 0 && c.SampleInterval < time.Second {
 		errs = append(errs, fmt.Errorf("SampleInterval must be at least 1s (or negative to turn sampling off), got %s", c.SampleInterval))

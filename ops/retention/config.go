@@ -124,13 +124,8 @@ func (c *Config) setDefaults() {
 // Validate reports what to fix in a configuration. Zero values that have defaults are
 // accepted; NewJanitor fills them in before validating.
 func (c Config) Validate() error {
-	var errs []error
-	schema := c.Schema
-	if schema == "" {
-		schema = pgtx.DefaultSchema
-	}
-	if err := pgtx.ValidateIdentifier("schema", schema); err != nil {
-		errs = append(errs, err)
+	errs := []error{
+		pgtx.ValidateIdentifier("schema", cmp.Or(c.Schema, pgtx.DefaultSchema)),
 	}
 	checkKeep := func(what string, d time.Duration, zeroOK bool) {
 		if d == 0 && zeroOK {

@@ -105,22 +105,16 @@ func (c *Config) setDefaults() {
 
 // Validate reports a configuration that cannot work.
 func (c Config) Validate() error {
-	var errs []error
-	if err := pgtx.ValidateIdentifier("schema", c.Schema); err != nil {
-		errs = append(errs, err)
-	}
-	if _, err := parseDatabaseURL(c.DatabaseURL); err != nil {
-		errs = append(errs, err)
+	_, urlErr := parseDatabaseURL(c.DatabaseURL)
+	errs := []error{
+		pgtx.ValidateIdentifier("schema", c.Schema),
+		urlErr,
+		// Slot names: lower-case letters, digits and underscores, at most 63 bytes (PostgreSQL).
+		pgtx.ValidateIdentifier("slot", c.SlotName),
+		pgtx.ValidateIdentifier("publication", c.PublicationName),
 	}
 	if c.User == "" {
 		errs = append(errs, errors.New("no User, and DatabaseURL names none"))
-	}
-	// Slot names: lower-case letters, digits and underscores, at most 63 bytes (PostgreSQL).
-	if err := pgtx.ValidateIdentifier("slot", c.SlotName); err != nil {
-		errs = append(errs, err)
-	}
-	if err := pgtx.ValidateIdentifier("publication", c.PublicationName); err != nil {
-		errs = append(errs, err)
 	}
 	if c.Name == "" || strings.ContainsAny(c.Name, "/ ?#%") {
 		errs = append(errs, fmt.Errorf("connector name %q must be non-empty without '/', spaces, '?', '#' or '%%'", c.Name))
