@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strings"
 
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -28,7 +30,10 @@ type command struct {
 	usage    string // synopsis lines after "wmonce "
 	details  string
 	examples []string
-	run      func(ctx context.Context, e *env, args []string) error
+	// run runs a command without actions; actions are those of a command with several
+	// (`wmonce inbox list`), the first being the one run when none is named.
+	run     func(ctx context.Context, e *env, args []string) error
+	actions []action
 }
 
 func commands() []*command {
@@ -100,7 +105,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			_ = e.db.Close()
 		}
 	}()
-	err := c.run(ctx, e, rest)
+	err := c.runWith(ctx, e, rest)
 	var ue *usageError
 	switch {
 	case err == nil:
@@ -115,4 +120,46 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "wmonce %s: %v\n", c.name, err)
 		return exitFailure
 	}
+}
+
+// action is one action of a command with several (`wmonce inbox list`); the first of a
+// command's actions is the one run when none is named.
+type action struct {
+	name    string
+	aliases []string
+	run     func(e *env, ctx context.Context, args []string) error
+}
+
+func (c *command) runWith(ctx context.Context, e *env, args []string) error {
+	if c.actions == nil {
+		return c.run(ctx, e, args)
+	}
+	return runAction(ctx, e, args, c.name, c.actions)
+}
+
+// runAction runs the action args name (or the first one), refusing an unknown one with the
+// list and a suggestion.
+func runAction(ctx context.Context, e *env, args []string, command string, actions []action) error {
+	name := actions[0].name
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		name, args = args[0], args[1:]
+	}
+	names := make([]string, len(actions))
+	for i, a := range actions {
+		names[i] = a.name
+		if a.name == name || slices.Contains(a.aliases, name) {
+			return a.run(e, ctx, args)
+		}
+	}
+	list := strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+	return usagef("unknown %s action %q: use %s%s", command, name, list, suggestFrom(name, names...))
+}
+
+func suggestFrom(name string, options ...string) string {
+	for _, o := range options {
+		if editDistance(name, o) <= 2 {
+			return fmt.Sprintf(" (did you mean %q?)", o)
+		}
+	}
+	return ""
 }

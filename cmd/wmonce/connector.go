@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"database/sql"
 	"flag"
 	"fmt"
 	"os"
@@ -41,17 +42,13 @@ Connect workers reach it) to -database-url.`,
 			"wmonce -json connector status",
 			"wmonce connector delete",
 		},
-		run: runConnector,
+		actions: []action{
+			{name: "config", run: (*env).connectorConfig},
+			{name: "apply", run: (*env).connectorApply},
+			{name: "status", run: (*env).connectorStatus},
+			{name: "delete", run: (*env).connectorDelete},
+		},
 	}
-}
-
-func runConnector(ctx context.Context, e *env, args []string) error {
-	return runAction(ctx, e, args, "connector", []action{
-		{name: "config", run: (*env).connectorConfig},
-		{name: "apply", run: (*env).connectorApply},
-		{name: "status", run: (*env).connectorStatus},
-		{name: "delete", run: (*env).connectorDelete},
-	})
 }
 
 // connectorFlags are the flags of the connector actions.
@@ -73,28 +70,47 @@ func (e *env) connectorFlags(action string) (*flag.FlagSet, connectorFlags) {
 	}
 }
 
-// connectorSetup parses the flags every connector subcommand takes and builds the connector's
-// configuration and the Connect client from them.
-func (e *env) connectorSetup(action string, args []string) (cdc.Config, cdc.Client, error) {
+// connectorRun is what a connector action works with.
+type connectorRun struct {
+	cfg    cdc.Config
+	client cdc.Client
+	db     *sql.DB // nil unless the action opened the database
+}
+
+// connectorSetup parses the flags every connector action takes, builds the connector's
+// configuration and the Connect client from them, and opens the database with open unless it
+// is nil.
+func (e *env) connectorSetup(ctx context.Context, action string, args []string, open func(context.Context) (*sql.DB, error)) (connectorRun, error) {
 	fs, f := e.connectorFlags(action)
 	if err := e.parseFlagsOnly(fs, args); err != nil {
-		return cdc.Config{}, cdc.Client{}, err
+		return connectorRun{}, err
 	}
-	cfg := cdc.Config{
-		Schema: e.g.schema, DatabaseURL: cmp.Or(*f.databaseURL, e.g.databaseURL), User: *f.user, Name: *f.name,
-		TopicPartitions: *f.partitions, DisableExactlyOnce: *f.noExactlyOnce,
-	}.WithDefaults()
-	if err := cfg.Validate(); err != nil {
-		return cdc.Config{}, cdc.Client{}, usagef("%v", err)
+	r := connectorRun{
+		cfg: cdc.Config{
+			Schema: e.g.schema, DatabaseURL: cmp.Or(*f.databaseURL, e.g.databaseURL), User: *f.user, Name: *f.name,
+			TopicPartitions: *f.partitions, DisableExactlyOnce: *f.noExactlyOnce,
+		}.WithDefaults(),
+		client: cdc.Client{URL: *f.connectURL},
 	}
-	return cfg, cdc.Client{URL: *f.connectURL}, nil
+	if err := r.cfg.Validate(); err != nil {
+		return connectorRun{}, usagef("%v", err)
+	}
+	if open != nil {
+		db, err := open(ctx)
+		if err != nil {
+			return connectorRun{}, err
+		}
+		r.db = db
+	}
+	return r, nil
 }
 
 func (e *env) connectorConfig(ctx context.Context, args []string) error {
-	cfg, _, err := e.connectorSetup("config", args)
+	r, err := e.connectorSetup(ctx, "config", args, nil)
 	if err != nil {
 		return err
 	}
+	cfg := r.cfg
 	c, err := cdc.ConnectorConfig(cfg)
 	if err != nil {
 		return err
@@ -103,15 +119,12 @@ func (e *env) connectorConfig(ctx context.Context, args []string) error {
 }
 
 func (e *env) connectorApply(ctx context.Context, args []string) error {
-	cfg, client, err := e.connectorSetup("apply", args)
+	r, err := e.connectorSetup(ctx, "apply", args, e.openMigrated)
 	if err != nil {
 		return err
 	}
-	db, err := e.openMigrated(ctx)
-	if err != nil {
-		return err
-	}
-	if err := cdc.Prepare(ctx, db, cfg); err != nil {
+	cfg, client := r.cfg, r.client
+	if err := cdc.Prepare(ctx, r.db, cfg); err != nil {
 		return e.explain(err)
 	}
 	if err := client.Apply(ctx, cfg); err != nil {
@@ -130,14 +143,11 @@ type connectorState struct {
 }
 
 func (e *env) connectorStatus(ctx context.Context, args []string) error {
-	cfg, client, err := e.connectorSetup("status", args)
+	r, err := e.connectorSetup(ctx, "status", args, e.open)
 	if err != nil {
 		return err
 	}
-	db, err := e.open(ctx)
-	if err != nil {
-		return err
-	}
+	cfg, client := r.cfg, r.client
 	st := connectorState{Name: cfg.Name}
 	s, serr := client.Status(ctx, cfg.Name)
 	if serr != nil {
@@ -145,7 +155,7 @@ func (e *env) connectorStatus(ctx context.Context, args []string) error {
 	} else {
 		st.Status = &s
 	}
-	if st.Slot, err = cdc.Slot(ctx, db, cfg); err != nil {
+	if st.Slot, err = cdc.Slot(ctx, r.db, cfg); err != nil {
 		return err
 	}
 	if e.g.json {
@@ -180,17 +190,14 @@ func (e *env) connectorStatus(ctx context.Context, args []string) error {
 }
 
 func (e *env) connectorDelete(ctx context.Context, args []string) error {
-	cfg, client, err := e.connectorSetup("delete", args)
+	r, err := e.connectorSetup(ctx, "delete", args, e.open)
 	if err != nil {
 		return err
 	}
-	db, err := e.open(ctx)
-	if err != nil {
-		return err
-	}
+	cfg := r.cfg
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if err := cdc.Remove(ctx, client, db, cfg); err != nil {
+	if err := cdc.Remove(ctx, r.client, r.db, cfg); err != nil {
 		return err
 	}
 	fmt.Fprintf(e.stdout, "connector %s deleted; slot %s and publication %s dropped\n", cfg.Name, cfg.SlotName, cfg.PublicationName)

@@ -42,23 +42,19 @@ discard  a parked group is set aside (never replayed; the copies stay in the poi
 			"wmonce failures skip 3f9c0a1b2c3d4e5f -reason 'refunded by hand, ticket 4411'",
 			"wmonce -json failures",
 		},
-		run: runFailures,
+		actions: []action{
+			{name: "list", run: (*env).failuresList},
+			{name: "replay", run: func(e *env, ctx context.Context, args []string) error {
+				return e.failuresAct(ctx, admin.ActionReplay, args)
+			}},
+			{name: "skip", run: func(e *env, ctx context.Context, args []string) error {
+				return e.failuresAct(ctx, admin.ActionSkip, args)
+			}},
+			{name: "discard", run: func(e *env, ctx context.Context, args []string) error {
+				return e.failuresAct(ctx, admin.ActionDiscard, args)
+			}},
+		},
 	}
-}
-
-func runFailures(ctx context.Context, e *env, args []string) error {
-	return runAction(ctx, e, args, "failures", []action{
-		{name: "list", run: (*env).failuresList},
-		{name: "replay", run: func(e *env, ctx context.Context, args []string) error {
-			return e.failuresAct(ctx, admin.ActionReplay, args)
-		}},
-		{name: "skip", run: func(e *env, ctx context.Context, args []string) error {
-			return e.failuresAct(ctx, admin.ActionSkip, args)
-		}},
-		{name: "discard", run: func(e *env, ctx context.Context, args []string) error {
-			return e.failuresAct(ctx, admin.ActionDiscard, args)
-		}},
-	})
 }
 
 func (e *env) failuresList(ctx context.Context, args []string) error {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -47,59 +46,20 @@ Rows IN_PROGRESS belong to a worker and are never changed. -message may be repea
 			"wmonce inbox skip -consumer rewards -key order-42 -reason 'refunded by hand, ticket 881'",
 			"wmonce inbox unpark -consumer rewards -key order-42",
 		},
-		run: runInbox,
+		actions: []action{
+			{name: "stats", run: (*env).inboxStats},
+			{name: "list", run: (*env).inboxList},
+			{name: "inspect", run: (*env).inboxInspect},
+			{name: "replay", run: inboxChange("replay")},
+			{name: "skip", run: inboxChange("skip")},
+			{name: "unpark", run: inboxChange("unpark")},
+		},
 	}
-}
-
-func runInbox(ctx context.Context, e *env, args []string) error {
-	return runAction(ctx, e, args, "inbox", []action{
-		{name: "stats", run: (*env).inboxStats},
-		{name: "list", run: (*env).inboxList},
-		{name: "inspect", run: (*env).inboxInspect},
-		{name: "replay", run: inboxChange("replay")},
-		{name: "skip", run: inboxChange("skip")},
-		{name: "unpark", run: inboxChange("unpark")},
-	})
 }
 
 // inboxChange is the action of one inbox change (replay, skip, unpark).
 func inboxChange(op string) func(*env, context.Context, []string) error {
 	return func(e *env, ctx context.Context, args []string) error { return e.inboxChange(ctx, op, args) }
-}
-
-// action is one action of a command with several (`wmonce inbox list`); the first of a
-// command's actions is the one run when none is named.
-type action struct {
-	name    string
-	aliases []string
-	run     func(e *env, ctx context.Context, args []string) error
-}
-
-// runAction runs the action args name (or the first one), refusing an unknown one with the
-// list and a suggestion.
-func runAction(ctx context.Context, e *env, args []string, command string, actions []action) error {
-	name := actions[0].name
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		name, args = args[0], args[1:]
-	}
-	names := make([]string, len(actions))
-	for i, a := range actions {
-		names[i] = a.name
-		if a.name == name || slices.Contains(a.aliases, name) {
-			return a.run(e, ctx, args)
-		}
-	}
-	list := strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
-	return usagef("unknown %s action %q: use %s%s", command, name, list, suggestFrom(name, names...))
-}
-
-func suggestFrom(name string, options ...string) string {
-	for _, o := range options {
-		if editDistance(name, o) <= 2 {
-			return fmt.Sprintf(" (did you mean %q?)", o)
-		}
-	}
-	return ""
 }
 
 func (e *env) ops(ctx context.Context) (*inbox.Ops, error) {

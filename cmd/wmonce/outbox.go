@@ -45,19 +45,15 @@ forget     deletes the position of a relay that was retired for good, and the ro
 			"wmonce outbox republish -relay kafka -all -remove-metadata _watermill_message_uuid",
 			"wmonce outbox forget -relay audit-2024 -dry-run",
 		},
-		run: runOutbox,
+		actions: []action{
+			// status: its name before the module said stats for database figures
+			{name: "stats", aliases: []string{"status"}, run: (*env).outboxStats},
+			{name: "rejected", run: (*env).outboxRejected},
+			{name: "inspect", run: (*env).outboxInspect},
+			{name: "republish", run: (*env).outboxRepublish},
+			{name: "forget", run: (*env).outboxForget},
+		},
 	}
-}
-
-func runOutbox(ctx context.Context, e *env, args []string) error {
-	return runAction(ctx, e, args, "outbox", []action{
-		// status: its name before the module said stats for database figures
-		{name: "stats", aliases: []string{"status"}, run: (*env).outboxStats},
-		{name: "rejected", run: (*env).outboxRejected},
-		{name: "inspect", run: (*env).outboxInspect},
-		{name: "republish", run: (*env).outboxRepublish},
-		{name: "forget", run: (*env).outboxForget},
-	})
 }
 
 func (e *env) outboxStats(ctx context.Context, args []string) error {
