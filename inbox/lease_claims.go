@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/wmonce/watermill-once/pgtx"
 )
 
 // worker is what the lease upkeep and shutdown need to know about one worker.
@@ -129,18 +131,11 @@ func (p *Processor) releaseAllOwned() {
 
 // releaseRows runs the release statement and returns the ids of the rows it gave back.
 func (p *Processor) releaseRows(ctx context.Context, rowIDs, tokens []int64, delay time.Duration) ([]int64, error) {
-	rs, err := p.db.QueryContext(ctx, p.q.release, rowIDs, tokens, micros(delay))
-	if err != nil {
-		return nil, err
-	}
-	defer rs.Close()
-	var released []int64
-	for rs.Next() {
-		var id int64
-		if err := rs.Scan(&id); err != nil {
-			return nil, err
-		}
-		released = append(released, id)
-	}
-	return released, rs.Err()
+	return pgtx.QueryAll(ctx, p.db, scanRowID, p.q.release, rowIDs, tokens, micros(delay))
+}
+
+func scanRowID(s pgtx.Scanner) (int64, error) {
+	var id int64
+	err := s.Scan(&id)
+	return id, err
 }

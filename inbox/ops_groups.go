@@ -77,23 +77,19 @@ SELECT ` + pgtx.QualifiedName(o.schema, "failure_group_fingerprint") + `('inbox'
     (SELECT count(*) FROM ` + o.q.table + ` WHERE status = 'FAILED') - (SELECT count(*) FROM failed)
 FROM patterned GROUP BY consumer, topic, pattern
 ORDER BY sum(n) DESC, 1`
-	rows, err := o.db.QueryContext(ctx, q)
+	groups, err = pgtx.QueryAll(ctx, o.db, func(s pgtx.Scanner) (FailureGroup, error) { return scanFailureGroup(s, &left) }, q)
 	if err != nil {
 		return nil, 0, fmt.Errorf("inbox: failure groups: %w", err)
 	}
-	defer rows.Close()
-	groups = []FailureGroup{}
-	for rows.Next() {
-		var g FailureGroup
-		if err := rows.Scan(&g.Fingerprint, &g.Consumer, &g.Topic, &g.Pattern, &g.Example, &g.Rows, &g.FirstSeen, &g.LastSeen, &left); err != nil {
-			return nil, 0, fmt.Errorf("inbox: failure groups: %w", err)
-		}
-		groups = append(groups, g)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, 0, fmt.Errorf("inbox: failure groups: %w", err)
-	}
 	return groups, left, nil
+}
+
+// scanFailureGroup reads a row of FailureGroups' query: a group, then the number of FAILED
+// rows left out, the same on every row, into left.
+func scanFailureGroup(s pgtx.Scanner, left *int64) (FailureGroup, error) {
+	var g FailureGroup
+	err := s.Scan(&g.Fingerprint, &g.Consumer, &g.Topic, &g.Pattern, &g.Example, &g.Rows, &g.FirstSeen, &g.LastSeen, left)
+	return g, err
 }
 
 // ReplayGroup sends the FAILED rows of one failure group (narrowed by req.IDs) back to

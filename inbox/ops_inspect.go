@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/wmonce/watermill-once/pgtx"
 )
 
 // Row is one inbox row as stored.
@@ -32,7 +34,7 @@ type Row struct {
 const rowColumns = `id, consumer, message_id, message_uuid, coalesce(ordering_key, ''), topic, payload, metadata::text,
 status, attempts, next_attempt_at, lease_until, coalesce(last_error, ''), received_at, finished_at`
 
-func scanRow(s interface{ Scan(...any) error }) (Row, error) {
+func scanRow(s pgtx.Scanner) (Row, error) {
 	var r Row
 	var md, status string
 	var lease, finished sql.NullTime
@@ -83,20 +85,8 @@ func (o *Ops) List(ctx context.Context, f Filter, limit int) ([]Row, error) {
 		return nil, fmt.Errorf("inbox: list: %w", err)
 	}
 	args = append(args, limit)
-	rs, err := o.db.QueryContext(ctx, `SELECT `+rowColumns+` FROM `+o.q.table+` WHERE `+where+` ORDER BY id LIMIT $`+strconv.Itoa(len(args)), args...)
+	out, err := pgtx.QueryAll(ctx, o.db, scanRow, `SELECT `+rowColumns+` FROM `+o.q.table+` WHERE `+where+` ORDER BY id LIMIT $`+strconv.Itoa(len(args)), args...)
 	if err != nil {
-		return nil, fmt.Errorf("inbox: list: %w", err)
-	}
-	defer rs.Close()
-	var out []Row
-	for rs.Next() {
-		r, err := scanRow(rs)
-		if err != nil {
-			return nil, fmt.Errorf("inbox: list: %w", err)
-		}
-		out = append(out, r)
-	}
-	if err := rs.Err(); err != nil {
 		return nil, fmt.Errorf("inbox: list: %w", err)
 	}
 	return out, nil

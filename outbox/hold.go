@@ -309,22 +309,17 @@ func (r *Relay) readHeld(ctx context.Context, conn *sql.Conn, topic string) ([]o
 // readCopies reads rows copied out of the outbox (outbox_held, outbox_delayed): seq, offset,
 // transaction id, uuid, source, payload and metadata, all of the relay's Source.
 func readCopies(ctx context.Context, conn *sql.Conn, query string, args ...any) ([]outboxRow, error) {
-	rs, err := conn.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, err
+	return pgtx.QueryAll(ctx, conn, scanCopy, query, args...)
+}
+
+func scanCopy(s pgtx.Scanner) (outboxRow, error) {
+	var row outboxRow
+	var payload sql.NullString
+	if err := s.Scan(&row.seq, &row.offset, &row.txID, &row.uuid, &row.source, &payload, &row.metadata); err != nil {
+		return outboxRow{}, err
 	}
-	defer rs.Close()
-	var out []outboxRow
-	for rs.Next() {
-		var row outboxRow
-		var payload sql.NullString
-		if err := rs.Scan(&row.seq, &row.offset, &row.txID, &row.uuid, &row.source, &payload, &row.metadata); err != nil {
-			return nil, err
-		}
-		row.payload, row.mine = payload.String, true
-		out = append(out, row)
-	}
-	return out, rs.Err()
+	row.payload, row.mine = payload.String, true
+	return row, nil
 }
 
 func (r *Relay) deleteHeld(ctx context.Context, conn *sql.Conn, rows []outboxRow) error {

@@ -240,21 +240,25 @@ func ListRejected(ctx context.Context, db *sql.DB, schema string, f RejectedFilt
 	}
 	q := `SELECT ` + cols + ` FROM ` + table + ` WHERE ` + where + ` AND "offset" IN (SELECT DISTINCT "offset" FROM ` + table +
 		` WHERE ` + where + ` ORDER BY 1 LIMIT ` + arg(limit) + `) ORDER BY "offset", relay`
-	rows, err := db.QueryContext(ctx, q, args...)
+	out, err := pgtx.QueryAll(ctx, db, rejectedRowScanner(withPayload), q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list rejected: %w", err)
 	}
-	defer rows.Close()
-	out := []RejectedRow{}
-	for rows.Next() {
+	return out, nil
+}
+
+// rejectedRowScanner returns the scan function of ListRejected's rows: with withPayload they
+// end with the payload and the metadata.
+func rejectedRowScanner(withPayload bool) func(pgtx.Scanner) (RejectedRow, error) {
+	return func(s pgtx.Scanner) (RejectedRow, error) {
 		var r RejectedRow
 		dest := []any{&r.Relay, &r.Offset, &r.TransactionID, &r.UUID, &r.Topic, &r.Source, &r.PayloadSize, &r.LastError, &r.RejectedAt}
 		var payload, metadata sql.NullString
 		if withPayload {
 			dest = append(dest, &payload, &metadata)
 		}
-		if err := rows.Scan(dest...); err != nil {
-			return nil, fmt.Errorf("outbox: list rejected: %w", err)
+		if err := s.Scan(dest...); err != nil {
+			return RejectedRow{}, err
 		}
 		if payload.Valid {
 			r.Payload = &payload.String
@@ -262,12 +266,8 @@ func ListRejected(ctx context.Context, db *sql.DB, schema string, f RejectedFilt
 		if metadata.Valid && json.Valid([]byte(metadata.String)) {
 			r.Metadata = json.RawMessage(metadata.String)
 		}
-		out = append(out, r)
+		return r, nil
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("outbox: list rejected: %w", err)
-	}
-	return out, nil
 }
 
 // PruneRejected deletes the rows in outbox_rejected set aside before req's cutoff (Before, or

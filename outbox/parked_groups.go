@@ -101,23 +101,19 @@ SELECT ` + pgtx.QualifiedName(schema, "failure_group_fingerprint") + `('parked',
     (SELECT count(*) FROM ` + table + ` o WHERE ` + parkedWhere(schema) + `) - (SELECT count(*) FROM recent)
 FROM patterned GROUP BY handler, topic, pattern
 ORDER BY sum(n) DESC, 1`
-	rows, err := db.QueryContext(ctx, q)
+	groups, err = pgtx.QueryAll(ctx, db, func(s pgtx.Scanner) (ParkedGroup, error) { return scanParkedGroup(s, &left) }, q)
 	if err != nil {
 		return nil, 0, fmt.Errorf("outbox: parked groups: %w", err)
 	}
-	defer rows.Close()
-	groups = []ParkedGroup{}
-	for rows.Next() {
-		var g ParkedGroup
-		if err := rows.Scan(&g.Fingerprint, &g.Handler, &g.Topic, &g.Pattern, &g.Example, &g.Rows, &g.FirstSeen, &g.LastSeen, &left); err != nil {
-			return nil, 0, fmt.Errorf("outbox: parked groups: %w", err)
-		}
-		groups = append(groups, g)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, 0, fmt.Errorf("outbox: parked groups: %w", err)
-	}
 	return groups, left, nil
+}
+
+// scanParkedGroup reads a row of ParkedGroups' query: a group, then the number of parked
+// messages left out, the same on every row, into left.
+func scanParkedGroup(s pgtx.Scanner, left *int64) (ParkedGroup, error) {
+	var g ParkedGroup
+	err := s.Scan(&g.Fingerprint, &g.Handler, &g.Topic, &g.Pattern, &g.Example, &g.Rows, &g.FirstSeen, &g.LastSeen, left)
+	return g, err
 }
 
 // parkedRow is one parked copy as a replay reads it.
@@ -128,25 +124,18 @@ type parkedRow struct {
 	consumed string // topic_poisoned
 }
 
+func scanParkedRow(s pgtx.Scanner) (parkedRow, error) {
+	var r parkedRow
+	err := s.Scan(&r.offset, &r.payload, &r.source, &r.consumed)
+	return r, err
+}
+
 // parkedRows reads the group's parked copies not settled yet (narrowed by req.Offsets).
 func parkedRows(ctx context.Context, q pgtx.Executor, schema string, req ParkedGroupRequest) ([]parkedRow, error) {
-	rows, err := q.QueryContext(ctx, `SELECT o."offset", o.payload::text, o.source, coalesce(o.metadata->>'topic_poisoned', '')
+	return pgtx.QueryAll(ctx, q, scanParkedRow, `SELECT o."offset", o.payload::text, o.source, coalesce(o.metadata->>'topic_poisoned', '')
 FROM `+pgtx.QualifiedName(schema, "outbox")+` o
 WHERE `+parkedWhere(schema)+` AND `+parkedFingerprintExpr(schema)+` = $1 AND (cardinality($2::bigint[]) = 0 OR o."offset" = ANY($2::bigint[]))
 ORDER BY o."offset"`, req.Fingerprint, nonNil(req.Offsets))
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []parkedRow
-	for rows.Next() {
-		var r parkedRow
-		if err := rows.Scan(&r.offset, &r.payload, &r.source, &r.consumed); err != nil {
-			return nil, err
-		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
 }
 
 // ReplayParkedGroup stores the original of each parked copy of one group (narrowed by

@@ -90,23 +90,19 @@ SELECT ` + pgtx.QualifiedName(schema, "failure_group_fingerprint") + `('rejected
     (SELECT count(*) FROM ` + table + `) - (SELECT count(*) FROM recent)
 FROM patterned GROUP BY relay, topic, pattern
 ORDER BY sum(n) DESC, 1`
-	rows, err := db.QueryContext(ctx, q)
+	groups, err = pgtx.QueryAll(ctx, db, func(s pgtx.Scanner) (RejectedGroup, error) { return scanRejectedGroup(s, &left) }, q)
 	if err != nil {
 		return nil, 0, fmt.Errorf("outbox: rejected groups: %w", err)
 	}
-	defer rows.Close()
-	groups = []RejectedGroup{}
-	for rows.Next() {
-		var g RejectedGroup
-		if err := rows.Scan(&g.Fingerprint, &g.Relay, &g.Topic, &g.Pattern, &g.Example, &g.Rows, &g.FirstSeen, &g.LastSeen, &left); err != nil {
-			return nil, 0, fmt.Errorf("outbox: rejected groups: %w", err)
-		}
-		groups = append(groups, g)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, 0, fmt.Errorf("outbox: rejected groups: %w", err)
-	}
 	return groups, left, nil
+}
+
+// scanRejectedGroup reads a row of RejectedGroups' query: a group, then the number of rows
+// left out, the same on every row, into left.
+func scanRejectedGroup(s pgtx.Scanner, left *int64) (RejectedGroup, error) {
+	var g RejectedGroup
+	err := s.Scan(&g.Fingerprint, &g.Relay, &g.Topic, &g.Pattern, &g.Example, &g.Rows, &g.FirstSeen, &g.LastSeen, left)
+	return g, err
 }
 
 // groupRows lists the relay and offsets of a rejected group's rows (narrowed by req.Offsets).

@@ -46,6 +46,18 @@ type HeldTopic struct {
 	Since time.Time
 }
 
+func scanRelayStats(s pgtx.Scanner) (RelayStats, error) {
+	var r RelayStats
+	var oldest, nextDue, pausedAt sql.NullTime
+	var lagSeconds float64
+	if err := s.Scan(&r.Name, &r.Source, &r.Backlog, &oldest, &lagSeconds, &r.Delayed, &nextDue, &pausedAt); err != nil {
+		return RelayStats{}, err
+	}
+	r.OldestPending, r.NextDue, r.PausedAt = oldest.Time, nextDue.Time, pausedAt.Time
+	r.Lag = time.Duration(lagSeconds * float64(time.Second))
+	return r, nil
+}
+
 // Stats reports every relay's backlog and lag in schema, the topics it holds, and the number
 // of rows set aside in outbox_rejected. A relay that has never run has no row and is not
 // listed. It reads with plain SELECTs and changes nothing.
@@ -59,7 +71,7 @@ func Stats(ctx context.Context, db *sql.DB, schema string) (relays []RelayStats,
 	table := pgtx.QualifiedName(schema, "outbox")
 	offsets := pgtx.QualifiedName(schema, "outbox_offsets")
 	held := pgtx.QualifiedName(schema, "outbox_held")
-	rows, err := db.QueryContext(ctx, `
+	relays, err = pgtx.QueryAll(ctx, db, scanRelayStats, `
 SELECT o.consumer_group, coalesce(o.source, ''), b.backlog + h.held, least(b.oldest, h.oldest),
     coalesce(extract(epoch FROM now() - least(b.oldest, h.oldest)), 0), d.delayed, d.next_due, o.paused_at
 FROM `+offsets+` o
@@ -81,22 +93,9 @@ ORDER BY o.consumer_group`)
 	if err != nil {
 		return nil, 0, fmt.Errorf("outbox: status: %w", err)
 	}
-	defer rows.Close()
-	byName := map[string]int{}
-	for rows.Next() {
-		var s RelayStats
-		var oldest, nextDue, pausedAt sql.NullTime
-		var lagSeconds float64
-		if err := rows.Scan(&s.Name, &s.Source, &s.Backlog, &oldest, &lagSeconds, &s.Delayed, &nextDue, &pausedAt); err != nil {
-			return nil, 0, fmt.Errorf("outbox: status: %w", err)
-		}
-		s.OldestPending, s.NextDue, s.PausedAt = oldest.Time, nextDue.Time, pausedAt.Time
-		s.Lag = time.Duration(lagSeconds * float64(time.Second))
-		byName[s.Name] = len(relays)
-		relays = append(relays, s)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, 0, fmt.Errorf("outbox: status: %w", err)
+	byName := make(map[string]int, len(relays))
+	for i, s := range relays {
+		byName[s.Name] = i
 	}
 	topics, err := db.QueryContext(ctx, `SELECT relay, topic, count(*), min(held_at) FROM `+held+` GROUP BY relay, topic ORDER BY relay, topic`)
 	if err != nil {

@@ -11,7 +11,7 @@ import (
 // it stays cheap on tables of millions of claims or inbox rows. Without such an index it is
 // a sequential scan per consumer.
 func DistinctConsumers(ctx context.Context, q Executor, table string) ([]string, error) {
-	rows, err := q.QueryContext(ctx, `WITH RECURSIVE c(consumer) AS (
+	out, err := QueryAll(ctx, q, scanString, `WITH RECURSIVE c(consumer) AS (
     (SELECT consumer FROM `+table+` ORDER BY consumer LIMIT 1)
     UNION ALL
     SELECT (SELECT t.consumer FROM `+table+` t WHERE t.consumer > c.consumer ORDER BY t.consumer LIMIT 1)
@@ -21,17 +21,11 @@ SELECT consumer FROM c WHERE consumer IS NOT NULL`)
 	if err != nil {
 		return nil, fmt.Errorf("pgtx: consumers of %s: %w", table, err)
 	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var c string
-		if err := rows.Scan(&c); err != nil {
-			return nil, fmt.Errorf("pgtx: consumers of %s: %w", table, err)
-		}
-		out = append(out, c)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("pgtx: consumers of %s: %w", table, err)
-	}
 	return out, nil
+}
+
+func scanString(s Scanner) (string, error) {
+	var v string
+	err := s.Scan(&v)
+	return v, err
 }

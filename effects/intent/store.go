@@ -273,24 +273,23 @@ type ChannelStats struct {
 // Stats returns the number of intents per channel and status. It reads every row, SENT ones
 // included; Backlog reads only the unfinished ones.
 func (s *Store) Stats(ctx context.Context) ([]ChannelStats, error) {
-	rows, err := s.db.QueryContext(ctx, s.qStats)
+	out, err := pgtx.QueryAll(ctx, s.db, scanChannelStats, s.qStats)
 	if err != nil {
 		return nil, fmt.Errorf("intent: stats: %w", err)
 	}
-	defer rows.Close()
-	var out []ChannelStats
-	for rows.Next() {
-		var c ChannelStats
-		var status string
-		var age float64
-		if err := rows.Scan(&c.Channel, &status, &c.Count, &age); err != nil {
-			return nil, fmt.Errorf("intent: stats: %w", err)
-		}
-		c.Status = Status(status)
-		c.OldestAge = time.Duration(age * float64(time.Second))
-		out = append(out, c)
+	return out, nil
+}
+
+func scanChannelStats(s pgtx.Scanner) (ChannelStats, error) {
+	var c ChannelStats
+	var status string
+	var age float64
+	if err := s.Scan(&c.Channel, &status, &c.Count, &age); err != nil {
+		return ChannelStats{}, err
 	}
-	return out, rows.Err()
+	c.Status = Status(status)
+	c.OldestAge = time.Duration(age * float64(time.Second))
+	return c, nil
 }
 
 // Backlog is the unfinished intents of one channel.
