@@ -11,6 +11,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/wmonce/watermill-once/internal/failgroup"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -57,26 +58,15 @@ func (o *Ops) fingerprintExpr() string {
 // cost is in the error patterns, computed once per distinct error text: on this project's test
 // machine, under load, about a second per 10,000 rows whose errors all differ.
 func (o *Ops) FailureGroups(ctx context.Context, maxRows int) (groups []FailureGroup, left int64, err error) {
-	if maxRows < 0 {
-		return nil, 0, fmt.Errorf("inbox: failure groups: maxRows must not be negative, got %d", maxRows)
+	q, err := failgroup.Query(o.schema, failgroup.Rows{
+		Kind: "inbox",
+		Select: `SELECT consumer AS who, topic, coalesce(last_error, '') AS reason, received_at AS at, id AS newest
+    FROM ` + o.q.table + ` WHERE status = 'FAILED'`,
+		NewestFirst: "newest DESC",
+	}, maxRows)
+	if err != nil {
+		return nil, 0, fmt.Errorf("inbox: failure groups: %w", err)
 	}
-	limit := ""
-	if maxRows > 0 {
-		limit = " ORDER BY id DESC LIMIT " + strconv.Itoa(maxRows)
-	}
-	q := `WITH failed AS (
-    SELECT id, consumer, topic, coalesce(last_error, '') AS last_error, received_at FROM ` + o.q.table + ` WHERE status = 'FAILED'` + limit + `
-), exact AS (
-    SELECT consumer, topic, last_error, count(*) AS n, min(received_at) AS first, max(received_at) AS last, max(id) AS newest
-    FROM failed GROUP BY 1, 2, 3
-), patterned AS (
-    SELECT *, ` + pgtx.QualifiedName(o.schema, "failure_pattern") + `(last_error) AS pattern FROM exact
-)
-SELECT ` + pgtx.QualifiedName(o.schema, "failure_group_fingerprint") + `('inbox', consumer, topic, pattern), consumer, topic, pattern,
-    (array_agg(last_error ORDER BY newest DESC))[1], sum(n)::bigint, min(first), max(last),
-    (SELECT count(*) FROM ` + o.q.table + ` WHERE status = 'FAILED') - (SELECT count(*) FROM failed)
-FROM patterned GROUP BY consumer, topic, pattern
-ORDER BY sum(n) DESC, 1`
 	groups, err = pgtx.QueryAll(ctx, o.db, func(s pgtx.Scanner) (FailureGroup, error) { return scanFailureGroup(s, &left) }, q)
 	if err != nil {
 		return nil, 0, fmt.Errorf("inbox: failure groups: %w", err)

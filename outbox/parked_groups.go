@@ -5,12 +5,12 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
+	"github.com/wmonce/watermill-once/internal/failgroup"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -78,34 +78,25 @@ func ParkedGroups(ctx context.Context, db *sql.DB, schema string, maxRows int) (
 	if err := checkSchema("parked groups", db, &schema); err != nil {
 		return nil, 0, err
 	}
-	if maxRows < 0 {
-		return nil, 0, fmt.Errorf("outbox: parked groups: maxRows must not be negative, got %d", maxRows)
+	q, err := parkedGroupsQuery(schema, maxRows)
+	if err != nil {
+		return nil, 0, fmt.Errorf("outbox: parked groups: %w", err)
 	}
-	limit := ""
-	if maxRows > 0 {
-		limit = ` ORDER BY o."offset" DESC LIMIT ` + strconv.Itoa(maxRows)
-	}
-	table := pgtx.QualifiedName(schema, "outbox")
-	q := `WITH recent AS (
-    SELECT o."offset", o.created_at::timestamptz AS created_at, coalesce(o.metadata->>'handler_poisoned', '') AS handler,
-        coalesce(o.metadata->>'topic_poisoned', '') AS topic, o.metadata->>'reason_poisoned' AS reason
-    FROM ` + table + ` o WHERE ` + parkedWhere(schema) + limit + `
-), exact AS (
-    SELECT handler, topic, reason, count(*) AS n, min(created_at) AS first, max(created_at) AS last, max("offset") AS newest
-    FROM recent GROUP BY 1, 2, 3
-), patterned AS (
-    SELECT *, ` + pgtx.QualifiedName(schema, "failure_pattern") + `(reason) AS pattern FROM exact
-)
-SELECT ` + pgtx.QualifiedName(schema, "failure_group_fingerprint") + `('parked', handler, topic, pattern), handler, topic, pattern,
-    (array_agg(reason ORDER BY newest DESC))[1], sum(n)::bigint, min(first), max(last),
-    (SELECT count(*) FROM ` + table + ` o WHERE ` + parkedWhere(schema) + `) - (SELECT count(*) FROM recent)
-FROM patterned GROUP BY handler, topic, pattern
-ORDER BY sum(n) DESC, 1`
 	groups, err = pgtx.QueryAll(ctx, db, func(s pgtx.Scanner) (ParkedGroup, error) { return scanParkedGroup(s, &left) }, q)
 	if err != nil {
 		return nil, 0, fmt.Errorf("outbox: parked groups: %w", err)
 	}
 	return groups, left, nil
+}
+
+func parkedGroupsQuery(schema string, maxRows int) (string, error) {
+	return failgroup.Query(schema, failgroup.Rows{
+		Kind: "parked",
+		Select: `SELECT coalesce(o.metadata->>'handler_poisoned', '') AS who, coalesce(o.metadata->>'topic_poisoned', '') AS topic,
+        o.metadata->>'reason_poisoned' AS reason, o.created_at::timestamptz AS at, o."offset" AS newest
+    FROM ` + pgtx.QualifiedName(schema, "outbox") + ` o WHERE ` + parkedWhere(schema),
+		NewestFirst: "newest DESC",
+	}, maxRows)
 }
 
 // scanParkedGroup reads a row of ParkedGroups' query: a group, then the number of parked

@@ -7,9 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"strconv"
 	"time"
 
+	"github.com/wmonce/watermill-once/internal/failgroup"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -70,26 +70,17 @@ func RejectedGroups(ctx context.Context, db *sql.DB, schema string, maxRows int)
 	if err := checkSchema("rejected groups", db, &schema); err != nil {
 		return nil, 0, err
 	}
-	if maxRows < 0 {
-		return nil, 0, fmt.Errorf("outbox: rejected groups: maxRows must not be negative, got %d", maxRows)
+	// newest is the time of rejection, as the example was always the newest rejection's error;
+	// the offset breaks ties for the limit.
+	q, err := failgroup.Query(schema, failgroup.Rows{
+		Kind: "rejected",
+		Select: `SELECT relay AS who, coalesce(topic, '') AS topic, error AS reason, rejected_at AS at, rejected_at AS newest, "offset"
+    FROM ` + pgtx.QualifiedName(schema, "outbox_rejected"),
+		NewestFirst: `newest DESC, "offset" DESC`,
+	}, maxRows)
+	if err != nil {
+		return nil, 0, fmt.Errorf("outbox: rejected groups: %w", err)
 	}
-	limit := ""
-	if maxRows > 0 {
-		limit = ` ORDER BY rejected_at DESC, "offset" DESC LIMIT ` + strconv.Itoa(maxRows)
-	}
-	table := pgtx.QualifiedName(schema, "outbox_rejected")
-	q := `WITH recent AS (
-    SELECT relay, coalesce(topic, '') AS topic, error, rejected_at FROM ` + table + limit + `
-), exact AS (
-    SELECT relay, topic, error, count(*) AS n, min(rejected_at) AS first, max(rejected_at) AS last FROM recent GROUP BY 1, 2, 3
-), patterned AS (
-    SELECT *, ` + pgtx.QualifiedName(schema, "failure_pattern") + `(error) AS pattern FROM exact
-)
-SELECT ` + pgtx.QualifiedName(schema, "failure_group_fingerprint") + `('rejected', relay, topic, pattern), relay, topic, pattern,
-    (array_agg(error ORDER BY last DESC))[1], sum(n)::bigint, min(first), max(last),
-    (SELECT count(*) FROM ` + table + `) - (SELECT count(*) FROM recent)
-FROM patterned GROUP BY relay, topic, pattern
-ORDER BY sum(n) DESC, 1`
 	groups, err = pgtx.QueryAll(ctx, db, func(s pgtx.Scanner) (RejectedGroup, error) { return scanRejectedGroup(s, &left) }, q)
 	if err != nil {
 		return nil, 0, fmt.Errorf("outbox: rejected groups: %w", err)

@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -40,4 +41,55 @@ SELECT 'm' || g, '{}', '{}', (g::text)::xid8 FROM generate_series(1000, 20999) g
 	}
 	_, err = conn.ExecContext(ctx, `RESET plan_cache_mode; DEALLOCATE read_round`)
 	require.NoError(t, err)
+}
+
+// The failure groups of parked messages read them through the partial index of parked rows
+// (outbox_parked_idx), never by a scan of the whole outbox, now that the grouping statement
+// is shared by three kinds of failure (internal/failgroup) and takes the parked rows as a
+// subquery.
+func TestParkedGroupsReadTheNewestThroughTheParkedIndex(t *testing.T) {
+	t.Parallel()
+	db, schema, _ := setup(t)
+	ctx := context.Background()
+	table := pgtx.QualifiedName(schema, "outbox")
+	// 20,000 forwarded rows and 200 parked copies among them.
+	pgtest.Exec(t, db, `INSERT INTO `+table+` (uuid, payload, metadata, transaction_id)
+SELECT 'm' || g, '{}', CASE WHEN g % 100 = 0 THEN jsonb_build_object('reason_poisoned', 'boom ' || (g % 3), 'handler_poisoned', 'h', 'topic_poisoned', 't') ELSE '{}' END,
+    (g::text)::xid8 FROM generate_series(1000, 20999) g`)
+	pgtest.Exec(t, db, `ANALYZE `+table)
+
+	var plan string
+	require.NoError(t, db.QueryRowContext(ctx, `EXPLAIN (FORMAT JSON) `+outbox.ParkedGroupsSQL(schema, 50)).Scan(&plan))
+	var parsed []struct{ Plan planNode }
+	require.NoError(t, json.Unmarshal([]byte(plan), &parsed))
+	var indexes []string
+	var walk func(n planNode)
+	walk = func(n planNode) {
+		require.False(t, n.NodeType == "Seq Scan" && n.RelationName == "outbox", "the outbox is scanned whole:\n%s", plan)
+		if n.IndexName != "" {
+			indexes = append(indexes, n.IndexName)
+		}
+		for _, c := range n.Plans {
+			walk(c)
+		}
+	}
+	walk(parsed[0].Plan)
+	require.Contains(t, indexes, "outbox_parked_idx", plan)
+
+	groups, left, err := outbox.ParkedGroups(ctx, db, schema, 50)
+	require.NoError(t, err)
+	require.EqualValues(t, 150, left, "200 parked, the newest 50 grouped")
+	var rows int64
+	for _, g := range groups {
+		rows += g.Rows
+	}
+	require.EqualValues(t, 50, rows)
+}
+
+// planNode is a node of EXPLAIN (FORMAT JSON).
+type planNode struct {
+	NodeType     string     `json:"Node Type"`
+	RelationName string     `json:"Relation Name"`
+	IndexName    string     `json:"Index Name"`
+	Plans        []planNode `json:"Plans"`
 }
