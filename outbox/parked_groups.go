@@ -138,19 +138,7 @@ ORDER BY o."offset"`, req.Fingerprint, nonNil(req.Offsets))
 // Consumers deduplicate by key as always, so a message that was in fact applied (a parked copy
 // of a duplicate) is skipped. With req.DryRun it lists the copies and changes nothing.
 func ReplayParkedGroup(ctx context.Context, db *sql.DB, schema string, req ParkedGroupRequest) (ParkedGroupResult, error) {
-	if err := checkSchema("replay parked group", db, &schema); err != nil {
-		return ParkedGroupResult{}, err
-	}
-	if err := CheckFingerprint(req.Fingerprint); err != nil {
-		return ParkedGroupResult{}, fmt.Errorf("outbox: replay parked group: %w", err)
-	}
-	var res ParkedGroupResult
-	err := pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
-		res = ParkedGroupResult{Offsets: []int64{}}
-		rows, err := parkedRows(ctx, tx, schema, req)
-		if err != nil {
-			return err
-		}
+	return actOnParkedGroup(ctx, db, schema, req, "replay", func(ctx context.Context, tx *sql.Tx, schema string, rows []parkedRow, res *ParkedGroupResult) error {
 		writers := map[string]*Writer{}
 		for _, r := range rows {
 			_, parked, err := unmarshalEnvelope([]byte(r.payload.String)) // its topic is the poison topic
@@ -181,15 +169,8 @@ func ReplayParkedGroup(ctx context.Context, db *sql.DB, schema string, req Parke
 				return err
 			}
 		}
-		if req.DryRun || len(res.Offsets) == 0 {
-			return nil
-		}
-		return settleParked(ctx, tx, schema, res.Offsets, "replay")
+		return nil
 	})
-	if err != nil {
-		return ParkedGroupResult{}, fmt.Errorf("outbox: replay parked group: %w", err)
-	}
-	return res, nil
 }
 
 // DiscardParkedGroup records the parked copies of one group (narrowed by req.Offsets) as
@@ -197,11 +178,27 @@ func ReplayParkedGroup(ctx context.Context, db *sql.DB, schema string, req Parke
 // they are (in the outbox until retention, and in the poison topic). With req.DryRun it lists
 // them and changes nothing.
 func DiscardParkedGroup(ctx context.Context, db *sql.DB, schema string, req ParkedGroupRequest) (ParkedGroupResult, error) {
-	if err := checkSchema("discard parked group", db, &schema); err != nil {
+	return actOnParkedGroup(ctx, db, schema, req, "discard", func(_ context.Context, _ *sql.Tx, _ string, rows []parkedRow, res *ParkedGroupResult) error {
+		for _, r := range rows {
+			res.Offsets = append(res.Offsets, r.offset)
+		}
+		return nil
+	})
+}
+
+// actOnParkedGroup checks req and schema (defaulted), reads the group's parked copies in a
+// transaction, lets take choose the copies the action applies to (into res.Offsets; with
+// req.DryRun it must change nothing) and, unless it is a dry run, records them settled by
+// action in that transaction.
+func actOnParkedGroup(ctx context.Context, db *sql.DB, schema string, req ParkedGroupRequest, action string,
+	take func(ctx context.Context, tx *sql.Tx, schema string, rows []parkedRow, res *ParkedGroupResult) error,
+) (ParkedGroupResult, error) {
+	what := action + " parked group"
+	if err := checkSchema(what, db, &schema); err != nil {
 		return ParkedGroupResult{}, err
 	}
 	if err := CheckFingerprint(req.Fingerprint); err != nil {
-		return ParkedGroupResult{}, fmt.Errorf("outbox: discard parked group: %w", err)
+		return ParkedGroupResult{}, fmt.Errorf("outbox: %s: %w", what, err)
 	}
 	var res ParkedGroupResult
 	err := pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
@@ -210,16 +207,16 @@ func DiscardParkedGroup(ctx context.Context, db *sql.DB, schema string, req Park
 		if err != nil {
 			return err
 		}
-		for _, r := range rows {
-			res.Offsets = append(res.Offsets, r.offset)
+		if err := take(ctx, tx, schema, rows, &res); err != nil {
+			return err
 		}
 		if req.DryRun || len(res.Offsets) == 0 {
 			return nil
 		}
-		return settleParked(ctx, tx, schema, res.Offsets, "discard")
+		return settleParked(ctx, tx, schema, res.Offsets, action)
 	})
 	if err != nil {
-		return ParkedGroupResult{}, fmt.Errorf("outbox: discard parked group: %w", err)
+		return ParkedGroupResult{}, fmt.Errorf("outbox: %s: %w", what, err)
 	}
 	return res, nil
 }
