@@ -3,6 +3,7 @@ package inbox
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"time"
 
@@ -34,7 +35,7 @@ const statsSelect = `SELECT consumer,
     coalesce(extract(epoch FROM now() - min(received_at) FILTER (WHERE status = 'PENDING')), 0)::float8
 FROM `
 
-func scanStats(s interface{ Scan(...any) error }) (string, Stats, error) {
+func scanStats(s pgtx.Scanner) (string, Stats, error) {
 	var consumer string
 	var st Stats
 	var oldest sql.NullTime
@@ -50,18 +51,9 @@ func scanStats(s interface{ Scan(...any) error }) (string, Stats, error) {
 // Stats counts one consumer's unfinished rows. It reads only unfinished rows (through the
 // work index), so its cost grows with the backlog, not with the table.
 func (o *Ops) Stats(ctx context.Context, consumer string) (Stats, error) {
-	rs, err := o.db.QueryContext(ctx, statsSelect+o.q.table+` WHERE consumer = $1 AND status IN `+unfinished+` GROUP BY consumer`, consumer)
-	if err != nil {
-		return Stats{}, fmt.Errorf("inbox: stats: %w", err)
-	}
-	defer rs.Close()
-	var st Stats
-	if rs.Next() {
-		if _, st, err = scanStats(rs); err != nil {
-			return Stats{}, fmt.Errorf("inbox: stats: %w", err)
-		}
-	}
-	if err := rs.Err(); err != nil {
+	// No row: the consumer has no unfinished rows.
+	_, st, err := scanStats(o.db.QueryRowContext(ctx, statsSelect+o.q.table+` WHERE consumer = $1 AND status IN `+unfinished+` GROUP BY consumer`, consumer))
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return Stats{}, fmt.Errorf("inbox: stats: %w", err)
 	}
 	paused, err := o.Paused(ctx)
@@ -74,20 +66,13 @@ func (o *Ops) Stats(ctx context.Context, consumer string) (Stats, error) {
 
 // AllStats returns Stats for every consumer with unfinished rows or paused.
 func (o *Ops) AllStats(ctx context.Context) (map[string]Stats, error) {
-	rs, err := o.db.QueryContext(ctx, statsSelect+o.q.table+` WHERE status IN `+unfinished+` GROUP BY consumer`)
-	if err != nil {
-		return nil, fmt.Errorf("inbox: stats: %w", err)
-	}
-	defer rs.Close()
 	out := map[string]Stats{}
-	for rs.Next() {
-		c, st, err := scanStats(rs)
-		if err != nil {
-			return nil, fmt.Errorf("inbox: stats: %w", err)
-		}
+	err := pgtx.QueryEach(ctx, o.db, func(s pgtx.Scanner) error {
+		c, st, err := scanStats(s)
 		out[c] = st
-	}
-	if err := rs.Err(); err != nil {
+		return err
+	}, statsSelect+o.q.table+` WHERE status IN `+unfinished+` GROUP BY consumer`)
+	if err != nil {
 		return nil, fmt.Errorf("inbox: stats: %w", err)
 	}
 	paused, err := o.Paused(ctx)
@@ -111,23 +96,17 @@ type FinishedStats struct {
 // FinishedStats returns FinishedStats for every consumer with DONE or SKIPPED rows. Unlike
 // AllStats it scans the table (finished rows are most of it): bound ctx with a deadline.
 func (o *Ops) FinishedStats(ctx context.Context) (map[string]FinishedStats, error) {
-	rs, err := o.db.QueryContext(ctx, `SELECT consumer,
+	out := map[string]FinishedStats{}
+	err := pgtx.QueryEach(ctx, o.db, func(s pgtx.Scanner) error {
+		var c string
+		var st FinishedStats
+		err := s.Scan(&c, &st.Done, &st.Skipped)
+		out[c] = st
+		return err
+	}, `SELECT consumer,
     count(*) FILTER (WHERE status = 'DONE'), count(*) FILTER (WHERE status = 'SKIPPED')
 FROM `+o.q.table+` WHERE status IN ('DONE', 'SKIPPED') GROUP BY consumer`)
 	if err != nil {
-		return nil, fmt.Errorf("inbox: finished stats: %w", err)
-	}
-	defer rs.Close()
-	out := map[string]FinishedStats{}
-	for rs.Next() {
-		var c string
-		var st FinishedStats
-		if err := rs.Scan(&c, &st.Done, &st.Skipped); err != nil {
-			return nil, fmt.Errorf("inbox: finished stats: %w", err)
-		}
-		out[c] = st
-	}
-	if err := rs.Err(); err != nil {
 		return nil, fmt.Errorf("inbox: finished stats: %w", err)
 	}
 	return out, nil

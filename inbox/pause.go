@@ -57,25 +57,19 @@ SELECT n FROM (SELECT count(*) AS n FROM del) c, LATERAL (SELECT CASE WHEN n > 0
 // Paused returns every paused consumer with when it was paused. A schema older than migration
 // 014 has none.
 func (o *Ops) Paused(ctx context.Context) (map[string]time.Time, error) {
-	rs, err := o.db.QueryContext(ctx, `SELECT consumer, paused_at FROM `+o.pausedTable())
+	out := map[string]time.Time{}
+	err := pgtx.QueryEach(ctx, o.db, func(s pgtx.Scanner) error {
+		var c string
+		var at time.Time
+		err := s.Scan(&c, &at)
+		out[c] = at
+		return err
+	}, `SELECT consumer, paused_at FROM `+o.pausedTable())
 	if pgtx.IsUndefinedTable(err) {
 		return map[string]time.Time{}, nil
 	}
 	if err != nil {
 		return nil, o.pauseError("paused consumers", err)
-	}
-	defer rs.Close()
-	out := map[string]time.Time{}
-	for rs.Next() {
-		var c string
-		var at time.Time
-		if err := rs.Scan(&c, &at); err != nil {
-			return nil, fmt.Errorf("inbox: paused consumers: %w", err)
-		}
-		out[c] = at
-	}
-	if err := rs.Err(); err != nil {
-		return nil, fmt.Errorf("inbox: paused consumers: %w", err)
 	}
 	return out, nil
 }

@@ -63,19 +63,13 @@ const (
 // predecessor held, and tries each of them at once.
 func (r *Relay) newSession(ctx context.Context, conn *sql.Conn) (*session, error) {
 	s := &session{held: map[string]*heldTopic{}, sources: map[string]sourceSeen{}}
-	rows, err := conn.QueryContext(ctx, r.q.heldTopics, r.config.Name)
-	if err != nil {
-		return nil, fmt.Errorf("outbox: read held topics: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
+	err := pgtx.QueryEach(ctx, conn, func(row pgtx.Scanner) error {
 		var topic string
-		if err := rows.Scan(&topic); err != nil {
-			return nil, fmt.Errorf("outbox: read held topics: %w", err)
-		}
+		err := row.Scan(&topic)
 		s.held[topic] = r.newHeldTopic()
-	}
-	if err := rows.Err(); err != nil {
+		return err
+	}, r.q.heldTopics, r.config.Name)
+	if err != nil {
 		return nil, fmt.Errorf("outbox: read held topics: %w", err)
 	}
 	r.heldTopics.Store(int64(len(s.held)))

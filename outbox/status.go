@@ -97,22 +97,18 @@ ORDER BY o.consumer_group`)
 	for i, s := range relays {
 		byName[s.Name] = i
 	}
-	topics, err := db.QueryContext(ctx, `SELECT relay, topic, count(*), min(held_at) FROM `+held+` GROUP BY relay, topic ORDER BY relay, topic`)
-	if err != nil {
-		return nil, 0, fmt.Errorf("outbox: status: held topics: %w", err)
-	}
-	defer topics.Close()
-	for topics.Next() {
+	err = pgtx.QueryEach(ctx, db, func(s pgtx.Scanner) error {
 		var relay string
 		var h HeldTopic
-		if err := topics.Scan(&relay, &h.Topic, &h.Rows, &h.Since); err != nil {
-			return nil, 0, fmt.Errorf("outbox: status: held topics: %w", err)
+		if err := s.Scan(&relay, &h.Topic, &h.Rows, &h.Since); err != nil {
+			return err
 		}
 		if i, ok := byName[relay]; ok { // held rows of a forgotten relay are gone with it
 			relays[i].Held = append(relays[i].Held, h)
 		}
-	}
-	if err := topics.Err(); err != nil {
+		return nil
+	}, `SELECT relay, topic, count(*), min(held_at) FROM `+held+` GROUP BY relay, topic ORDER BY relay, topic`)
+	if err != nil {
 		return nil, 0, fmt.Errorf("outbox: status: held topics: %w", err)
 	}
 	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "outbox_rejected")).Scan(&rejected); err != nil {

@@ -52,3 +52,31 @@ func TestQueryAll(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 7, n)
 }
+
+func TestQueryEach(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	ctx := context.Background()
+
+	sums := map[bool]int{}
+	require.NoError(t, pgtx.QueryEach(ctx, db, func(s pgtx.Scanner) error {
+		n, err := scanInt(s)
+		sums[n%2 == 0] += n
+		return err
+	}, `SELECT g FROM generate_series(1, 6) g`))
+	require.Equal(t, map[bool]int{true: 12, false: 9}, sums)
+
+	// The first error of each stops the rows.
+	seen := 0
+	errStop := errors.New("stop")
+	err := pgtx.QueryEach(ctx, db, func(pgtx.Scanner) error {
+		seen++
+		return errStop
+	}, `SELECT g FROM generate_series(1, 6) g`)
+	require.ErrorIs(t, err, errStop)
+	require.Equal(t, 1, seen)
+
+	err = pgtx.QueryEach(ctx, db, func(s pgtx.Scanner) error { _, err := scanInt(s); return err },
+		`SELECT 10 / (3 - g) FROM generate_series(1, 5) g`)
+	require.ErrorContains(t, err, "division by zero")
+}

@@ -161,9 +161,9 @@ func (e *env) failuresAct(ctx context.Context, action string, args []string) err
 	case admin.FailureKindRejected:
 		what, idName = "rejected outbox row(s) of relay "+group.Relay, "offsets"
 	}
-	list := joinIDs(res.IDs)
+	list := joinInts(res.IDs, ",")
 	if len(res.Undecodable) > 0 {
-		defer fmt.Fprintf(e.stdout, "left in the group, cannot be replayed: offsets %s\n", joinIDs(res.Undecodable))
+		defer fmt.Fprintf(e.stdout, "left in the group, cannot be replayed: offsets %s\n", joinInts(res.Undecodable, ","))
 	}
 	if *dryRun {
 		fmt.Fprintf(e.stdout, "dry run: %s would %s %d %s (%s %s); nothing changed\n", fp, action, res.Rows, what, idName, orDash(list))
@@ -176,13 +176,6 @@ func (e *env) failuresAct(ctx context.Context, action string, args []string) err
 	return nil
 }
 
-func joinIDs(ids []int64) string {
-	parts := make([]string, len(ids))
-	for i, id := range ids {
-		parts[i] = strconv.FormatInt(id, 10)
-	}
-	return strings.Join(parts, ",")
-}
 
 func reasonFlag(action, reason string) string {
 	if action != admin.ActionSkip {

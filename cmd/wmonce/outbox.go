@@ -234,7 +234,7 @@ func (e *env) outboxRepublish(ctx context.Context, args []string) error {
 		fmt.Fprintf(e.stdout, "republished %d row(s) rejected by relay %q: they are at the end of the outbox, and every relay of their source forwards them\n", res.Republished, *relay)
 	}
 	if len(res.Undecodable) > 0 {
-		fmt.Fprintf(e.stdout, "%d selected row(s) cannot be decoded and stay rejected (offsets %s): republishing them would only reject them again\n", len(res.Undecodable), joinInts(res.Undecodable))
+		fmt.Fprintf(e.stdout, "%d selected row(s) cannot be decoded and stay rejected (offsets %s): republishing them would only reject them again\n", len(res.Undecodable), joinInts(res.Undecodable, ", "))
 	}
 	if res.Republished == 0 && len(res.Undecodable) == 0 {
 		fmt.Fprintf(e.stdout, "nothing matched: check the selection with `wmonce outbox rejected -relay %s`\n", shellQuote(*relay))
@@ -242,13 +242,6 @@ func (e *env) outboxRepublish(ctx context.Context, args []string) error {
 	return nil
 }
 
-func joinInts(vs []int64) string {
-	parts := make([]string, len(vs))
-	for i, v := range vs {
-		parts[i] = strconv.FormatInt(v, 10)
-	}
-	return strings.Join(parts, ", ")
-}
 
 func (e *env) outboxForget(ctx context.Context, args []string) error {
 	fs := e.flags("outbox forget")

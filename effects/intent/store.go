@@ -310,18 +310,13 @@ type Backlog struct {
 // partial index, so the cost follows the backlog, not the table. It is what package metrics
 // exports at scrape time.
 func (s *Store) Backlog(ctx context.Context) (map[string]Backlog, error) {
-	rows, err := s.db.QueryContext(ctx, s.qBacklog)
-	if err != nil {
-		return nil, fmt.Errorf("intent: backlog: %w", err)
-	}
-	defer rows.Close()
 	out := map[string]Backlog{}
-	for rows.Next() {
+	err := pgtx.QueryEach(ctx, s.db, func(row pgtx.Scanner) error {
 		var channel, status string
 		var n, retrying int64
 		var age float64
-		if err := rows.Scan(&channel, &status, &n, &retrying, &age); err != nil {
-			return nil, fmt.Errorf("intent: backlog: %w", err)
+		if err := row.Scan(&channel, &status, &n, &retrying, &age); err != nil {
+			return err
 		}
 		b := out[channel]
 		oldest := time.Duration(age * float64(time.Second))
@@ -336,8 +331,9 @@ func (s *Store) Backlog(ctx context.Context) (map[string]Backlog, error) {
 			b.Skipped = n
 		}
 		out[channel] = b
-	}
-	if err := rows.Err(); err != nil {
+		return nil
+	}, s.qBacklog)
+	if err != nil {
 		return nil, fmt.Errorf("intent: backlog: %w", err)
 	}
 	return out, nil

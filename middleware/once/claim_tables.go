@@ -232,23 +232,17 @@ func Stats(ctx context.Context, db *sql.DB, schema string) (map[string]ClaimStat
 	if ok {
 		union += "\nUNION ALL\n" + fmt.Sprintf(part, daily)
 	}
-	rows, err := db.QueryContext(ctx, `SELECT consumer, sum(n)::bigint, max(newest) FROM (`+union+`) x GROUP BY consumer`)
-	if err != nil {
-		return nil, fmt.Errorf("once: stats: %w", err)
-	}
-	defer rows.Close()
 	out := map[string]ClaimStats{}
-	for rows.Next() {
+	err = pgtx.QueryEach(ctx, db, func(s pgtx.Scanner) error {
 		var consumer string
 		var st ClaimStats
 		var newest sql.NullTime
-		if err := rows.Scan(&consumer, &st.Claims, &newest); err != nil {
-			return nil, fmt.Errorf("once: stats: %w", err)
-		}
+		err := s.Scan(&consumer, &st.Claims, &newest)
 		st.NewestClaim = newest.Time
 		out[consumer] = st
-	}
-	if err := rows.Err(); err != nil {
+		return err
+	}, `SELECT consumer, sum(n)::bigint, max(newest) FROM (`+union+`) x GROUP BY consumer`)
+	if err != nil {
 		return nil, fmt.Errorf("once: stats: %w", err)
 	}
 	return out, nil
