@@ -58,28 +58,18 @@ func (o *Ops) fingerprintExpr() string {
 // cost is in the error patterns, computed once per distinct error text: on this project's test
 // machine, under load, about a second per 10,000 rows whose errors all differ.
 func (o *Ops) FailureGroups(ctx context.Context, maxRows int) (groups []FailureGroup, left int64, err error) {
-	q, err := failgroup.Query(o.schema, failgroup.Rows{
+	groups, left, err = failgroup.Read(ctx, o.db, o.schema, failgroup.Rows{
 		Kind: "inbox",
 		Select: `SELECT consumer AS who, topic, coalesce(last_error, '') AS reason, received_at AS at, id AS newest
     FROM ` + o.q.table + ` WHERE status = 'FAILED'`,
 		NewestFirst: "newest DESC",
-	}, maxRows)
-	if err != nil {
-		return nil, 0, fmt.Errorf("inbox: failure groups: %w", err)
-	}
-	groups, err = pgtx.QueryAll(ctx, o.db, func(s pgtx.Scanner) (FailureGroup, error) { return scanFailureGroup(s, &left) }, q)
+	}, maxRows, func(g *FailureGroup) []any {
+		return []any{&g.Fingerprint, &g.Consumer, &g.Topic, &g.Pattern, &g.Example, &g.Rows, &g.FirstSeen, &g.LastSeen}
+	})
 	if err != nil {
 		return nil, 0, fmt.Errorf("inbox: failure groups: %w", err)
 	}
 	return groups, left, nil
-}
-
-// scanFailureGroup reads a row of FailureGroups' query: a group, then the number of FAILED
-// rows left out, the same on every row, into left.
-func scanFailureGroup(s pgtx.Scanner, left *int64) (FailureGroup, error) {
-	var g FailureGroup
-	err := s.Scan(&g.Fingerprint, &g.Consumer, &g.Topic, &g.Pattern, &g.Example, &g.Rows, &g.FirstSeen, &g.LastSeen, left)
-	return g, err
 }
 
 // ReplayGroup sends the FAILED rows of one failure group (narrowed by req.IDs) back to

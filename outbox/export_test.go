@@ -1,5 +1,7 @@
 package outbox
 
+import "github.com/wmonce/watermill-once/internal/failgroup"
+
 // WriterWithoutNotify returns a copy of w whose statements never notify the relay: the
 // baseline of BenchmarkWriterNotify.
 func WriterWithoutNotify(w *Writer) *Writer {
@@ -49,7 +51,7 @@ func ReadRoundSQL(schema string) string { return newRelayQueries(schema).readRou
 // ParkedGroupsSQL is the statement with which ParkedGroups groups the newest maxRows parked
 // messages of schema.
 func ParkedGroupsSQL(schema string, maxRows int) string {
-	q, err := parkedGroupsQuery(schema, maxRows)
+	q, err := failgroup.Query(schema, parkedFailures(schema), maxRows)
 	if err != nil {
 		panic(err)
 	}

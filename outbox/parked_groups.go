@@ -78,33 +78,24 @@ func ParkedGroups(ctx context.Context, db *sql.DB, schema string, maxRows int) (
 	if err := checkSchema("parked groups", db, &schema); err != nil {
 		return nil, 0, err
 	}
-	q, err := parkedGroupsQuery(schema, maxRows)
-	if err != nil {
-		return nil, 0, fmt.Errorf("outbox: parked groups: %w", err)
-	}
-	groups, err = pgtx.QueryAll(ctx, db, func(s pgtx.Scanner) (ParkedGroup, error) { return scanParkedGroup(s, &left) }, q)
+	groups, left, err = failgroup.Read(ctx, db, schema, parkedFailures(schema), maxRows, func(g *ParkedGroup) []any {
+		return []any{&g.Fingerprint, &g.Handler, &g.Topic, &g.Pattern, &g.Example, &g.Rows, &g.FirstSeen, &g.LastSeen}
+	})
 	if err != nil {
 		return nil, 0, fmt.Errorf("outbox: parked groups: %w", err)
 	}
 	return groups, left, nil
 }
 
-func parkedGroupsQuery(schema string, maxRows int) (string, error) {
-	return failgroup.Query(schema, failgroup.Rows{
+// parkedFailures are the parked copies not settled yet, as failure groups read them.
+func parkedFailures(schema string) failgroup.Rows {
+	return failgroup.Rows{
 		Kind: "parked",
 		Select: `SELECT coalesce(o.metadata->>'handler_poisoned', '') AS who, coalesce(o.metadata->>'topic_poisoned', '') AS topic,
         o.metadata->>'reason_poisoned' AS reason, o.created_at::timestamptz AS at, o."offset" AS newest
     FROM ` + pgtx.QualifiedName(schema, "outbox") + ` o WHERE ` + parkedWhere(schema),
 		NewestFirst: "newest DESC",
-	}, maxRows)
-}
-
-// scanParkedGroup reads a row of ParkedGroups' query: a group, then the number of parked
-// messages left out, the same on every row, into left.
-func scanParkedGroup(s pgtx.Scanner, left *int64) (ParkedGroup, error) {
-	var g ParkedGroup
-	err := s.Scan(&g.Fingerprint, &g.Handler, &g.Topic, &g.Pattern, &g.Example, &g.Rows, &g.FirstSeen, &g.LastSeen, left)
-	return g, err
+	}
 }
 
 // parkedRow is one parked copy as a replay reads it.

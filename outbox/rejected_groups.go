@@ -72,28 +72,18 @@ func RejectedGroups(ctx context.Context, db *sql.DB, schema string, maxRows int)
 	}
 	// newest is the time of rejection, as the example was always the newest rejection's error;
 	// the offset breaks ties for the limit.
-	q, err := failgroup.Query(schema, failgroup.Rows{
+	groups, left, err = failgroup.Read(ctx, db, schema, failgroup.Rows{
 		Kind: "rejected",
 		Select: `SELECT relay AS who, coalesce(topic, '') AS topic, error AS reason, rejected_at AS at, rejected_at AS newest, "offset"
     FROM ` + pgtx.QualifiedName(schema, "outbox_rejected"),
 		NewestFirst: `newest DESC, "offset" DESC`,
-	}, maxRows)
-	if err != nil {
-		return nil, 0, fmt.Errorf("outbox: rejected groups: %w", err)
-	}
-	groups, err = pgtx.QueryAll(ctx, db, func(s pgtx.Scanner) (RejectedGroup, error) { return scanRejectedGroup(s, &left) }, q)
+	}, maxRows, func(g *RejectedGroup) []any {
+		return []any{&g.Fingerprint, &g.Relay, &g.Topic, &g.Pattern, &g.Example, &g.Rows, &g.FirstSeen, &g.LastSeen}
+	})
 	if err != nil {
 		return nil, 0, fmt.Errorf("outbox: rejected groups: %w", err)
 	}
 	return groups, left, nil
-}
-
-// scanRejectedGroup reads a row of RejectedGroups' query: a group, then the number of rows
-// left out, the same on every row, into left.
-func scanRejectedGroup(s pgtx.Scanner, left *int64) (RejectedGroup, error) {
-	var g RejectedGroup
-	err := s.Scan(&g.Fingerprint, &g.Relay, &g.Topic, &g.Pattern, &g.Example, &g.Rows, &g.FirstSeen, &g.LastSeen, left)
-	return g, err
 }
 
 // groupRows lists the relay and offsets of a rejected group's rows (narrowed by req.Offsets).

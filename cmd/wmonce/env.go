@@ -89,10 +89,14 @@ func (e *env) openMigrated(ctx context.Context) (*sql.DB, error) {
 	return db, nil
 }
 
-// explain adds what to do to errors an operator can fix.
+// explain adds what to do to errors an operator can fix, and makes a request the admin
+// operations refused as input (admin.IsInputError) a usage error (exit 2).
 func (e *env) explain(err error) error {
 	if err == nil {
 		return nil
+	}
+	if admin.IsInputError(err) {
+		return usagef("%v", err)
 	}
 	if pgtx.IsUndefinedTable(err) {
 		return fmt.Errorf("%w\n  fix: schema %s lacks this table: run `wmonce -schema %s migrate up`", err, e.g.schema, e.g.schema)

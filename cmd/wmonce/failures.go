@@ -145,9 +145,6 @@ func (e *env) failuresAct(ctx context.Context, action string, args []string) err
 	res, err := admin.ActOnFailureGroup(ctx, db, e.g.schema, admin.FailureActionRequest{
 		Kind: group.Kind, Fingerprint: fp, Action: action, IDs: selected, Reason: reason, DryRun: *dryRun,
 	})
-	if admin.IsInputError(err) {
-		return usagef("%v", err)
-	}
 	if err != nil {
 		return e.explain(err)
 	}

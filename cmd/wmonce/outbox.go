@@ -219,9 +219,6 @@ func (e *env) outboxRepublish(ctx context.Context, args []string) error {
 		return err
 	}
 	res, err := admin.Republish(ctx, db, e.g.schema, req)
-	if admin.IsInputError(err) {
-		return usagef("%v", err)
-	}
 	if err != nil {
 		return e.explain(err)
 	}

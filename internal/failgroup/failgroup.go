@@ -6,6 +6,7 @@
 package failgroup
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 
@@ -54,4 +55,23 @@ SELECT ` + pgtx.QualifiedName(schema, "failure_group_fingerprint") + `('` + r.Ki
     (SELECT count(*) FROM failed) - (SELECT count(*) FROM recent)
 FROM patterned GROUP BY who, topic, pattern
 ORDER BY sum(n) DESC, 1`, nil
+}
+
+// Read runs Query on q and returns its groups and how many failed rows the limit left out.
+// columns returns pointers to the fields of a group that take Query's first eight columns, in
+// their order (fingerprint, who, topic, pattern, example, rows, first and last at).
+func Read[G any](ctx context.Context, q pgtx.Executor, schema string, r Rows, maxRows int, columns func(*G) []any) (groups []G, left int64, err error) {
+	query, err := Query(schema, r, maxRows)
+	if err != nil {
+		return nil, 0, err
+	}
+	groups, err = pgtx.QueryAll(ctx, q, func(s pgtx.Scanner) (G, error) {
+		var g G
+		err := s.Scan(append(columns(&g), &left)...)
+		return g, err
+	}, query)
+	if err != nil {
+		return nil, 0, err
+	}
+	return groups, left, nil
 }
