@@ -173,7 +173,6 @@ func (e *env) failuresAct(ctx context.Context, action string, args []string) err
 	return nil
 }
 
-
 func reasonFlag(action, reason string) string {
 	if action != admin.ActionSkip {
 		return ""

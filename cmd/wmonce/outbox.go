@@ -239,7 +239,6 @@ func (e *env) outboxRepublish(ctx context.Context, args []string) error {
 	return nil
 }
 
-
 func (e *env) outboxForget(ctx context.Context, args []string) error {
 	fs := e.flags("outbox forget")
 	relay := fs.String("relay", "", "name of the retired relay (its RelayConfig.Name; required)")
