@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -20,11 +21,7 @@ func TestRelayReadsARoundByIndexInEveryPlanMode(t *testing.T) {
 	t.Parallel()
 	db, schema, _ := setup(t)
 	ctx := context.Background()
-	table := pgtx.QualifiedName(schema, "outbox")
-	// 20,000 rows of 20,000 transactions (IDs below any real one, so every row is committed).
-	pgtest.Exec(t, db, `INSERT INTO `+table+` (uuid, payload, metadata, transaction_id)
-SELECT 'm' || g, '{}', '{}', (g::text)::xid8 FROM generate_series(1000, 20999) g`)
-	pgtest.Exec(t, db, `ANALYZE `+table)
+	fillOutbox(t, db, schema, `'{}'`)
 
 	conn, err := db.Conn(ctx)
 	require.NoError(t, err)
@@ -51,12 +48,9 @@ func TestParkedGroupsReadTheNewestThroughTheParkedIndex(t *testing.T) {
 	t.Parallel()
 	db, schema, _ := setup(t)
 	ctx := context.Background()
-	table := pgtx.QualifiedName(schema, "outbox")
-	// 20,000 forwarded rows and 200 parked copies among them.
-	pgtest.Exec(t, db, `INSERT INTO `+table+` (uuid, payload, metadata, transaction_id)
-SELECT 'm' || g, '{}', CASE WHEN g % 100 = 0 THEN jsonb_build_object('reason_poisoned', 'boom ' || (g % 3), 'handler_poisoned', 'h', 'topic_poisoned', 't') ELSE '{}' END,
-    (g::text)::xid8 FROM generate_series(1000, 20999) g`)
-	pgtest.Exec(t, db, `ANALYZE `+table)
+	// 200 parked copies among the 20,000 rows.
+	fillOutbox(t, db, schema, `CASE WHEN g % 100 = 0
+    THEN jsonb_build_object('reason_poisoned', 'boom ' || (g % 3), 'handler_poisoned', 'h', 'topic_poisoned', 't') ELSE '{}' END`)
 
 	var plan string
 	require.NoError(t, db.QueryRowContext(ctx, `EXPLAIN (FORMAT JSON) `+outbox.ParkedGroupsSQL(schema, 50)).Scan(&plan))
@@ -92,4 +86,15 @@ type planNode struct {
 	RelationName string     `json:"Relation Name"`
 	IndexName    string     `json:"Index Name"`
 	Plans        []planNode `json:"Plans"`
+}
+
+// fillOutbox stores 20,000 rows of 20,000 transactions in schema's outbox (IDs below any real
+// one, so every row is committed), with the metadata of the SQL expression metadata over g
+// (1000 to 20999), and takes the table's statistics.
+func fillOutbox(t *testing.T, db *sql.DB, schema, metadata string) {
+	t.Helper()
+	table := pgtx.QualifiedName(schema, "outbox")
+	pgtest.Exec(t, db, `INSERT INTO `+table+` (uuid, payload, metadata, transaction_id)
+SELECT 'm' || g, '{}', `+metadata+`, (g::text)::xid8 FROM generate_series(1000, 20999) g`)
+	pgtest.Exec(t, db, `ANALYZE `+table)
 }
