@@ -2,12 +2,12 @@
 GO ?= go
 SHELL := /bin/bash
 
-# Where the services come from: a Docker engine when one answers, else scripts/services
+# Where the services come from: a Docker engine when one answers, else e2e/services
 # (Debian or Ubuntu, as root). Override with SERVICES_VIA=docker|script|none.
 SERVICES_VIA ?= $(shell if docker info >/dev/null 2>&1; then echo docker; elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then echo script; else echo none; fi)
 
 # The tests run on the real Kafka 3.9 broker that `make services` starts (docker-compose.yml and
-# scripts/services both publish it on 127.0.0.1:9092). KAFKA_SERVICE tells the e2e suite how to
+# e2e/services both publish it on 127.0.0.1:9092). KAFKA_SERVICE tells the e2e suite how to
 # kill and restart that broker for its broker fault. Unset KAFKA_BROKERS for the embedded kfake.
 KAFKA_BROKERS ?= 127.0.0.1:9092
 KAFKA_SERVICE ?= $(if $(filter docker,$(SERVICES_VIA)),docker,3.9)
@@ -45,13 +45,13 @@ e2e: services
 	$(KAFKA_ENV) $(GO) test -race -count=1 -v ./e2e/...
 
 # gofmt, go vet, golangci-lint with .golangci.yml (installed first if needed), then the import
-# layers of ARCHITECTURE.md against the code (scripts/check-imports).
+# layers of ARCHITECTURE.md against the code (.ci/check-imports).
 lint: golangci-lint
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(GOLANGCI_LINT) run ./...
-	bash scripts/check-imports
+	bash .ci/check-imports
 
 golangci-lint:
 	@if [ "$$($(GOLANGCI_LINT) version --short 2>/dev/null)" != "$(GOLANGCI_LINT_VERSION)" ]; then \
@@ -78,7 +78,7 @@ ifeq ($(SERVICES_VIA),docker)
 	@if echo "$(WHAT)" | grep -q chromium && ! command -v chromium >/dev/null 2>&1; then \
 	  echo "Chromium is missing: the admin page's browser test needs it (Debian: apt-get install chromium)"; exit 1; fi
 else ifeq ($(SERVICES_VIA),script)
-	bash scripts/services up $(WHAT)
+	bash e2e/services up $(WHAT)
 else
 	@if ! (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null; then \
 	  echo "Cannot start the services here: no Docker engine answers and this is not Debian/Ubuntu as root."; \

@@ -63,7 +63,7 @@
 // 2.1 is the floor Kafka 4 keeps (KIP-896 removed every older request version), so the same
 // protocol works on 3.9, 4.x and kfake, and what the tests exercise on kfake is what runs
 // against a real cluster. Clusters older than 2.1 are not supported. Real brokers run with
-// scripts/services (KAFKA_BROKERS=127.0.0.1:9092 for 3.9, 127.0.0.1:9094 for 4.x); the tests
+// e2e/services (KAFKA_BROKERS=127.0.0.1:9092 for 3.9, 127.0.0.1:9094 for 4.x); the tests
 // log the release the cluster's ApiVersions answer matches (TestKafkaBrokerVersion, and the
 // e2e summary). On a real cluster, KAFKA_SESSION_TIMEOUT must lie within the broker's
 // group.min.session.timeout.ms and group.max.session.timeout.ms (6 s and 30 min by default;

@@ -23,7 +23,7 @@ import (
 func TestKafkaWorksAfterBrokerSIGKILL(t *testing.T) {
 	addrs := brokertest.RealKafka()
 	if addrs == nil {
-		t.Skipf("needs a real Kafka broker process to kill: run with %s=127.0.0.1:9092 %s=3.9 (or 127.0.0.1:9094 and 4), brokers started by scripts/services",
+		t.Skipf("needs a real Kafka broker process to kill: run with %s=127.0.0.1:9092 %s=3.9 (or 127.0.0.1:9094 and 4), brokers started by e2e/services",
 			broker.EnvKafkaBrokers, brokertest.EnvKafkaService)
 	}
 	line := brokertest.KafkaService(t)

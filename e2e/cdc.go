@@ -40,10 +40,10 @@ type CDCOptions struct {
 	Config func(t *testing.T, schema string) broker.Config
 	// ConnectURL is a worker's REST API. Default cdc.DefaultConnectURL.
 	ConnectURL string
-	// Workers are the REST ports of the Connect workers, in scripts/services order (worker 1
+	// Workers are the REST ports of the Connect workers, in e2e/services order (worker 1
 	// first). Default 8083, 8084.
 	Workers []string
-	// KafkaLine is the scripts/services line of the broker to restart. Default "4".
+	// KafkaLine is the e2e/services line of the broker to restart. Default "4".
 	KafkaLine string
 	// Events the producer processes commit. Default 2000.
 	Events int

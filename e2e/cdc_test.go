@@ -22,7 +22,7 @@ import (
 //	E2E_CDC=ci    2,000 events (CI runs it after the chaos mode)
 //	E2E_CDC=long  20,000 events; the report goes to e2e/results/cdc-long.json
 //
-// It needs scripts/services up (PostgreSQL with wal_level=logical, Kafka 4 on 127.0.0.1:9094,
+// It needs e2e/services up (PostgreSQL with wal_level=logical, Kafka 4 on 127.0.0.1:9094,
 // the Connect workers): KAFKA_BROKERS=127.0.0.1:9094 KAFKA_SERVICE=4. E2E_CHAOS_SEED
 // reproduces a run's nemesis, E2E_EVENTS overrides the size.
 func TestCDC(t *testing.T) {
@@ -51,7 +51,7 @@ func TestCDC(t *testing.T) {
 		opts.Events = n
 	}
 	if brokertest.RealKafka() == nil {
-		t.Fatal("the CDC pass runs on the real broker the Connect workers write to: scripts/services up, KAFKA_BROKERS=127.0.0.1:9094 KAFKA_SERVICE=4")
+		t.Fatal("the CDC pass runs on the real broker the Connect workers write to: e2e/services up, KAFKA_BROKERS=127.0.0.1:9094 KAFKA_SERVICE=4")
 	}
 	opts.KafkaLine = brokertest.KafkaService(t)
 	brokertest.LockKafkaExclusive(t) // it kills the broker: other Kafka tests wait

@@ -560,17 +560,17 @@ func waitFor(t *testing.T, ctx context.Context, limit time.Duration, cond func()
 	}
 }
 
-// ServicesScript runs the project's provisioning script (scripts/services) with args, from a
+// ServicesScript runs the project's provisioning script (e2e/services) with args, from a
 // test whose working directory is a package directory of this module.
 func ServicesScript(ctx context.Context, args ...string) error {
 	root, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
 	if err != nil {
 		return fmt.Errorf("find the module root: %w", err)
 	}
-	script := filepath.Join(filepath.Dir(strings.TrimSpace(string(root))), "scripts", "services")
+	script := filepath.Join(filepath.Dir(strings.TrimSpace(string(root))), "e2e", "services")
 	out, err := exec.CommandContext(ctx, "bash", append([]string{script}, args...)...).CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("scripts/services %s: %w\n%s", strings.Join(args, " "), err, out)
+		return fmt.Errorf("e2e/services %s: %w\n%s", strings.Join(args, " "), err, out)
 	}
 	return nil
 }

@@ -23,7 +23,7 @@ import (
 //	E2E_CHAOS=long  20,000 events per broker; the reports go to e2e/results/
 //
 // E2E_CHAOS_SEED reproduces a run's nemesis. Kafka runs on the real broker: KAFKA_BROKERS and
-// KAFKA_SERVICE (3.9 or 4, the line scripts/services kills and restarts) must be set.
+// KAFKA_SERVICE (3.9 or 4, the line e2e/services kills and restarts) must be set.
 func TestChaos(t *testing.T) {
 	mode := os.Getenv("E2E_CHAOS")
 	if mode == "" {

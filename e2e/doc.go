@@ -6,7 +6,7 @@
 // fixed points (relay crashes between publishing and recording its position, consumer processes
 // killed with SIGKILL, PostgreSQL connections terminated, broker connections closed, a poison
 // message). On KAFKA_BROKERS the Kafka run also kills the broker process with SIGKILL
-// mid-stream and starts it again through scripts/services, so it needs KAFKA_SERVICE, the line
+// mid-stream and starts it again through e2e/services, so it needs KAFKA_SERVICE, the line
 // of that broker there: KAFKA_BROKERS=127.0.0.1:9092 KAFKA_SERVICE=3.9, or
 // KAFKA_BROKERS=127.0.0.1:9094 KAFKA_SERVICE=4 (it fails when KAFKA_SERVICE is missing, and on
 // kfake its BrokerSIGKILL subtest is skipped). It holds the cluster exclusively while it runs:
@@ -33,6 +33,6 @@
 // Running either needs PostgreSQL (DATABASE_URL), RabbitMQ with rabbitmqctl on this machine
 // (AMQP_URL; each test gets a virtual host of its own), and either KAFKA_BROKERS or nothing (an
 // embedded kfake broker is started in the test process; the consumer processes connect to it
-// over TCP). The chaos mode needs the real Kafka broker and the project's scripts/services (for
+// over TCP). The chaos mode needs the real Kafka broker and the project's e2e/services (for
 // pg-crash, kafka-kill and kafka-start): KAFKA_BROKERS and KAFKA_SERVICE (3.9 or 4).
 package e2e

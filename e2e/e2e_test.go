@@ -92,7 +92,7 @@ func TestEffectivelyOnceOverSQL(t *testing.T) {
 
 // TestEffectivelyOnceOverKafka runs the fault suite on the embedded kfake broker, or on
 // KAFKA_BROKERS. On KAFKA_BROKERS the broker process is also killed with SIGKILL mid-stream and
-// started again, through scripts/services: KAFKA_SERVICE (3.9 or 4) names its line there, and
+// started again, through e2e/services: KAFKA_SERVICE (3.9 or 4) names its line there, and
 // the test fails without it. The test holds the cluster exclusively while it runs
 // (brokertest.LockKafkaExclusive): other Kafka tests, here or in other packages running at the
 // same time, wait instead of losing their broker.
@@ -114,7 +114,7 @@ func TestEffectivelyOnceOverKafka(t *testing.T) {
 	}
 	if brokertest.RealKafka() == nil {
 		t.Run("BrokerSIGKILL", func(t *testing.T) {
-			t.Skipf("the broker-kill fault needs a real Kafka broker process: run with %s=127.0.0.1:9092 %s=3.9 (or %s=127.0.0.1:9094 %s=4), brokers started by scripts/services",
+			t.Skipf("the broker-kill fault needs a real Kafka broker process: run with %s=127.0.0.1:9092 %s=3.9 (or %s=127.0.0.1:9094 %s=4), brokers started by e2e/services",
 				broker.EnvKafkaBrokers, brokertest.EnvKafkaService, broker.EnvKafkaBrokers, brokertest.EnvKafkaService)
 		})
 	} else {

@@ -132,7 +132,7 @@ func TestRelaySetsAsideWhatTheBrokerRefuses(t *testing.T) {
 	}
 }
 
-// On a real Kafka cluster that creates no topics by itself (scripts/services sets
+// On a real Kafka cluster that creates no topics by itself (e2e/services sets
 // auto.create.topics.enable=false), a topic that does not exist holds back its own rows only,
 // with an error naming it: the rows of the other topic are published meanwhile, and the held
 // rows follow, in order, once the topic exists. The publisher is watermill-kafka's own, which
@@ -141,7 +141,7 @@ func TestRelayOnKafkaHoldsBackOnlyAMissingTopic(t *testing.T) {
 	t.Parallel()
 	addrs := brokertest.RealKafka()
 	if addrs == nil {
-		t.Skipf("needs a Kafka cluster that does not create topics on demand (the embedded kfake broker does): run with %s=127.0.0.1:9092 (or 127.0.0.1:9094), brokers started by scripts/services", broker.EnvKafkaBrokers)
+		t.Skipf("needs a Kafka cluster that does not create topics on demand (the embedded kfake broker does): run with %s=127.0.0.1:9092 (or 127.0.0.1:9094), brokers started by e2e/services", broker.EnvKafkaBrokers)
 	}
 	db := pgtest.DB(t)
 	schema := pgtest.Schema(t, db)

@@ -38,7 +38,7 @@ func TestConnectorConfigNeedsNothingRunning(t *testing.T) {
 // apply registers a connector that runs, status says so (exit 0) with its slot, delete removes
 // the connector, its slot and publication, and status then fails.
 func TestConnectorApplyStatusDelete(t *testing.T) {
-	brokertest.SkipShort(t, "a Kafka Connect cluster with Debezium (scripts/services up connect)")
+	brokertest.SkipShort(t, "a Kafka Connect cluster with Debezium (e2e/services up connect)")
 	db := pgtest.DB(t)
 	schema := pgtest.Schema(t, db)
 	url := cmp.Or(os.Getenv("CONNECT_URL"), cdc.DefaultConnectURL)

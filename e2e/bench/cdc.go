@@ -21,10 +21,10 @@ import (
 
 // The Debezium path beside the Relay (issue 23): the same end-to-end measurement (producer
 // COMMIT -> outbox -> Kafka -> effectively-once commit) with Debezium's connector on the Kafka
-// Connect cluster of scripts/services instead of the Relay, at 50 and 1,000 events/s, and a
+// Connect cluster of e2e/services instead of the Relay, at 50 and 1,000 events/s, and a
 // burst (rows committed 100 per transaction, as fast as the producers go) through each path.
 // Kafka only, on the cluster the Connect workers write to (CONNECT_URL, default
-// cdc.DefaultConnectURL; its workers write to 127.0.0.1:9094 with scripts/services):
+// cdc.DefaultConnectURL; its workers write to 127.0.0.1:9094 with e2e/services):
 //
 //	KAFKA_BROKERS=127.0.0.1:9094 go run ./e2e/bench -quick -brokers kafka -variants e2e-50,cdc-50,e2e-1000,cdc-1000,burst-relay,burst-cdc
 const (
@@ -70,7 +70,7 @@ func (h *harness) newForwarder(ctx context.Context, r *rig, id string, pub messa
 	}
 	client := cdc.Client{URL: cmp.Or(os.Getenv("CONNECT_URL"), cdc.DefaultConnectURL)}
 	if _, err := client.Status(ctx, "none"); err != nil && !cdc.IsNotFound(err) {
-		h.printf("%-8s %-16s skipped: no Kafka Connect cluster (scripts/services up connect): %v\n", r.label(), id, err)
+		h.printf("%-8s %-16s skipped: no Kafka Connect cluster (e2e/services up connect): %v\n", r.label(), id, err)
 		return nil, errSkip
 	}
 	if err := sameKafkaCluster(ctx, client, r.cfg.Kafka.Brokers); err != nil {
@@ -143,7 +143,7 @@ func producerBatches(id string, msgs []*message.Message) [][]*message.Message {
 // sameKafkaCluster refuses a Connect cluster whose workers write to another Kafka cluster than
 // the one the bench reads (KAFKA_BROKERS, or the embedded kfake): Debezium's records would never
 // reach the consumers, and the variant would only wait out its timeout. Two checks, because
-// scripts/services formats its 3.9 and 4.x brokers with one cluster ID: the IDs must match, and
+// e2e/services formats its 3.9 and 4.x brokers with one cluster ID: the IDs must match, and
 // the bench's Kafka must hold a group of protocol type "connect" (every distributed Connect
 // cluster's workers form one on their Kafka).
 func sameKafkaCluster(ctx context.Context, client cdc.Client, addrs []string) error {
@@ -158,7 +158,7 @@ func sameKafkaCluster(ctx context.Context, client cdc.Client, addrs []string) er
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	fix := fmt.Sprintf("run the Debezium variants with %s set to the Connect cluster's Kafka (127.0.0.1:9094 with scripts/services)", broker.EnvKafkaBrokers)
+	fix := fmt.Sprintf("run the Debezium variants with %s set to the Connect cluster's Kafka (127.0.0.1:9094 with e2e/services)", broker.EnvKafkaBrokers)
 	meta, err := kmsg.NewPtrMetadataRequest().RequestWith(ctx, cl)
 	if err != nil {
 		return fmt.Errorf("metadata from %s: %w", strings.Join(addrs, ","), err)

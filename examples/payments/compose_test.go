@@ -65,13 +65,13 @@ func publishes(s types.ServiceConfig, port uint32) bool {
 	})
 }
 
-// servicesScriptVar returns NAME's default in scripts/services (NAME=${NAME:-value} or NAME=value).
+// servicesScriptVar returns NAME's default in e2e/services (NAME=${NAME:-value} or NAME=value).
 func servicesScriptVar(t *testing.T, name string) string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(repoRoot, "scripts", "services"))
+	b, err := os.ReadFile(filepath.Join(repoRoot, "e2e", "services"))
 	require.NoError(t, err)
 	m := regexp.MustCompile(`(?m)^` + name + `=(?:\$\{` + name + `:-([^}]+)\}|([^\s#]+))`).FindStringSubmatch(string(b))
-	require.NotNil(t, m, "scripts/services defines no %s", name)
+	require.NotNil(t, m, "e2e/services defines no %s", name)
 	return m[1] + m[2]
 }
 
@@ -94,8 +94,8 @@ func TestComposeFile(t *testing.T) {
 		require.Equal(t, "trust", env(t, s, "POSTGRES_HOST_AUTH_METHOD"))
 		require.Equal(t, "test", env(t, s, "POSTGRES_DB"))
 		require.Equal(t, "postgres", env(t, s, "POSTGRES_USER"))
-		require.Contains(t, strings.Join(s.Command, " "), "max_connections=300", "the same max_connections as scripts/services")
-		require.Contains(t, strings.Join(s.Command, " "), "wal_level=logical", "Debezium's connector reads the WAL, as with scripts/services")
+		require.Contains(t, strings.Join(s.Command, " "), "max_connections=300", "the same max_connections as e2e/services")
+		require.Contains(t, strings.Join(s.Command, " "), "wal_level=logical", "Debezium's connector reads the WAL, as with e2e/services")
 		healthy(s)
 		require.Contains(t, strings.Join(s.HealthCheck.Test, " "), "pg_isready")
 	})
@@ -103,7 +103,7 @@ func TestComposeFile(t *testing.T) {
 	t.Run("kafka", func(t *testing.T) {
 		s := service(t, p, "kafka")
 		require.Equal(t, "apache/kafka:"+servicesScriptVar(t, "KAFKA_39_VERSION"), s.Image,
-			"the compose Kafka is the 3.9 line scripts/services runs for the tests (KAFKA_39_VERSION)")
+			"the compose Kafka is the 3.9 line e2e/services runs for the tests (KAFKA_39_VERSION)")
 		require.True(t, publishes(s, 9092), "KAFKA_BROKERS=localhost:9092 from the host: %+v", s.Ports)
 		require.Equal(t, servicesScriptVar(t, "KAFKA_CLUSTER_ID"), env(t, s, "CLUSTER_ID"))
 		require.Equal(t, "broker,controller", env(t, s, "KAFKA_PROCESS_ROLES"))

@@ -13,7 +13,7 @@ import (
 )
 
 // The walk-through's Debezium variant (DEMO_OUTBOX=debezium, BROKER=kafka on the cluster the
-// Kafka Connect workers write to: scripts/services up, KAFKA_BROKERS=127.0.0.1:9094): the
+// Kafka Connect workers write to: e2e/services up, KAFKA_BROKERS=127.0.0.1:9094): the
 // payments outbox is read by Debezium's connector instead of the Relay for step 2, then the
 // service switches back to the Relay, which publishes e-91 again; rewards absorbs the copy as
 // it absorbs the Relay's republish in the default walk-through.

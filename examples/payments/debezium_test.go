@@ -20,7 +20,7 @@ import (
 // Debezium's path: Debezium delivers e-91 once, the switch back to the Relay delivers it again,
 // and the figures are those of the default walk-through: one cashback for three deliveries.
 func TestWalkThroughDebezium(t *testing.T) {
-	brokertest.SkipShort(t, "a Kafka Connect cluster with Debezium (scripts/services up connect)")
+	brokertest.SkipShort(t, "a Kafka Connect cluster with Debezium (e2e/services up connect)")
 	db := pgtest.DB(t)
 	prefix := pgtest.NewName("demo")
 	t.Cleanup(func() {
@@ -28,7 +28,7 @@ func TestWalkThroughDebezium(t *testing.T) {
 			pgtest.Exec(t, db, `DROP SCHEMA IF EXISTS `+pgtx.QuoteIdentifier(prefix+s)+` CASCADE`)
 		}
 	})
-	kafka := []string{"127.0.0.1:9094"} // the cluster the Connect workers of scripts/services write to
+	kafka := []string{"127.0.0.1:9094"} // the cluster the Connect workers of e2e/services write to
 	if v := os.Getenv("CONNECT_KAFKA_BROKERS"); v != "" {
 		kafka = strings.Split(v, ",")
 	}

@@ -24,9 +24,9 @@ import (
 	"github.com/wmonce/watermill-once/broker"
 )
 
-// EnvKafkaService names the line of the broker on KAFKA_BROKERS as scripts/services knows it
+// EnvKafkaService names the line of the broker on KAFKA_BROKERS as e2e/services knows it
 // ("3.9" or "4"), for tests that kill that broker with SIGKILL and start it again
-// (scripts/services kafka-kill / kafka-start). It must name the broker KAFKA_BROKERS points at:
+// (e2e/services kafka-kill / kafka-start). It must name the broker KAFKA_BROKERS points at:
 // 3.9 serves 127.0.0.1:9092, 4 serves 127.0.0.1:9094.
 const EnvKafkaService = "KAFKA_SERVICE"
 
@@ -117,7 +117,7 @@ func lockKafka(t testing.TB, addrs []string, excl bool) {
 	t.Cleanup(func() { _ = f.Close() }) // closing the file releases the lock
 }
 
-// KafkaService returns the scripts/services line (EnvKafkaService) of the broker on
+// KafkaService returns the e2e/services line (EnvKafkaService) of the broker on
 // KAFKA_BROKERS, and fails the test saying what to set when it is missing or unknown. Under
 // -short it skips t first: the broker to kill is a service, whatever KAFKA_BROKERS says.
 func KafkaService(t testing.TB) string {
@@ -128,29 +128,29 @@ func KafkaService(t testing.TB) string {
 	case "3.9", "4", "docker": // docker: the compose service, as make test sets it with a Docker engine
 		return line
 	case "":
-		t.Fatalf("%s=%s is set but %s is not: set %s=3.9 (the broker on 127.0.0.1:9092) or %s=4 (127.0.0.1:9094), the scripts/services line of that broker, so this test can kill it with SIGKILL and start it again",
+		t.Fatalf("%s=%s is set but %s is not: set %s=3.9 (the broker on 127.0.0.1:9092) or %s=4 (127.0.0.1:9094), the e2e/services line of that broker, so this test can kill it with SIGKILL and start it again",
 			broker.EnvKafkaBrokers, os.Getenv(broker.EnvKafkaBrokers), EnvKafkaService, EnvKafkaService, EnvKafkaService)
 	default:
-		t.Fatalf("%s=%q: want 3.9, 4 or docker (the scripts/services line of the broker on %s)", EnvKafkaService, line, broker.EnvKafkaBrokers)
+		t.Fatalf("%s=%q: want 3.9, 4 or docker (the e2e/services line of the broker on %s)", EnvKafkaService, line, broker.EnvKafkaBrokers)
 	}
 	return ""
 }
 
-// ServicesScript is the path of scripts/services in this repository.
+// ServicesScript is the path of e2e/services in this repository.
 func ServicesScript() string {
 	_, file, _, ok := runtime.Caller(0)
 	if !ok {
-		return filepath.Join("scripts", "services")
+		return filepath.Join("e2e", "services")
 	}
-	return filepath.Join(filepath.Dir(file), "..", "..", "scripts", "services")
+	return filepath.Join(filepath.Dir(file), "..", "..", "e2e", "services")
 }
 
-// Services runs scripts/services with args and returns its output, or fails the test.
+// Services runs e2e/services with args and returns its output, or fails the test.
 func Services(t testing.TB, args ...string) string {
 	t.Helper()
 	out, err := services(args...)
 	if err != nil {
-		t.Fatalf("scripts/services %s: %v\n%s", strings.Join(args, " "), err, out)
+		t.Fatalf("e2e/services %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 	return out
 }
@@ -162,10 +162,10 @@ func services(args ...string) (string, error) {
 	return strings.TrimSpace(string(out)), err
 }
 
-// KillKafka kills the broker of line with SIGKILL (scripts/services kafka-kill) and checks
+// KillKafka kills the broker of line with SIGKILL (e2e/services kafka-kill) and checks
 // that KAFKA_BROKERS stopped answering, so a KAFKA_SERVICE naming another broker than
 // KAFKA_BROKERS fails here instead of faking the fault. Whatever happens next, the broker is
-// started again when t ends (scripts/services kafka-start does nothing if it is running).
+// started again when t ends (e2e/services kafka-start does nothing if it is running).
 func KillKafka(t testing.TB, line string) string {
 	t.Helper()
 	t.Cleanup(func() {
@@ -183,7 +183,7 @@ func KillKafka(t testing.TB, line string) string {
 	return out
 }
 
-// StartKafka starts the broker of line and waits until it serves (scripts/services
+// StartKafka starts the broker of line and waits until it serves (e2e/services
 // kafka-start). A start that fails is tried once more, and the failure logged: Kafka 3.9.1
 // restarted after SIGKILL has been seen to halt once on a torn tail of its KRaft metadata log
 // (CorruptRecordException in __cluster_metadata) and to come up on the next start.
@@ -193,7 +193,7 @@ func StartKafka(t testing.TB, line string) string {
 	if err == nil {
 		return out
 	}
-	t.Logf("scripts/services kafka-start %s failed, starting it once more: %v\n%s", line, err, out)
+	t.Logf("e2e/services kafka-start %s failed, starting it once more: %v\n%s", line, err, out)
 	return Services(t, "kafka-start", line)
 }
 

@@ -8,7 +8,7 @@ import (
 
 // LogicalSlot creates a logical replication slot with pgoutput (Debezium's plugin) and drops
 // it when t ends: a slot retains WAL on the shared server for as long as it exists. The server
-// needs wal_level=logical (scripts/services sets it).
+// needs wal_level=logical (e2e/services sets it).
 func LogicalSlot(t testing.TB, db *sql.DB) string {
 	t.Helper()
 	slot := NewName("slot")

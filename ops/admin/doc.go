@@ -89,7 +89,7 @@
 // finished_at, but replays reset those and retention deletes finished rows, so it would be
 // wrong exactly when an operator looks. The price: the sampled charts start when the handler
 // starts, forget on restart, and show what this process saw. For a fleet-wide, durable
-// history, scrape the metrics package into Prometheus (deploy/grafana has a dashboard). A sampler that fails because the schema
+// history, scrape the metrics package into Prometheus (ops/deploy/grafana has a dashboard). A sampler that fails because the schema
 // lacks its tables logs that once at info level; other failures are logged as errors, again
 // only when the error changes.
 //

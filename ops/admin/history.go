@@ -18,7 +18,7 @@ import (
 //   - inbox pending, failed, oldest pending age and relay backlog and lag: the database holds
 //     only their present value (outbox.Stats, inbox.Ops.AllStats), so the handler samples
 //     them; a bucket holds the largest sampled value. This process only, since sampling began:
-//     for their history across restarts, scrape ops/metrics (deploy/grafana charts them).
+//     for their history across restarts, scrape ops/metrics (ops/deploy/grafana charts them).
 
 // Windows the charts cover: the last hour in one-minute buckets, the last day in 15-minute
 // buckets.

@@ -152,7 +152,7 @@ func amqpQueues(t *testing.T) (amqpURL string) {
 	return amqpURL
 }
 
-// Both ways of reading a queue: through the management API (scripts/services enables it),
+// Both ways of reading a queue: through the management API (e2e/services enables it),
 // which follows dead-letter queues, and over AMQP alone (a management URL that answers nothing),
 // which names the dead-letter exchange.
 func TestRabbitMQQueueTTLsAgainstClaimRetention(t *testing.T) {
@@ -192,7 +192,7 @@ func checkRabbitMQQueueTTLs(t *testing.T, managementURL string) {
 		require.Contains(t, details, "dead-letter exchange is dlx")
 	} else {
 		require.NotContains(t, details, "not reachable",
-			"the management API on 127.0.0.1:15672 does not answer: `bash scripts/services up` enables rabbitmq_management")
+			"the management API on 127.0.0.1:15672 does not answer: `bash e2e/services up` enables rabbitmq_management")
 		dlq := finding(t, rep, "sms", "rabbitmq dead-letter queue dead-letters")
 		require.True(t, dlq.Hazard, "a dead-letter queue without TTL can be redriven any time")
 	}

@@ -13,13 +13,13 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The dashboard and the alert rules shipped in deploy/ name only metrics this package exports,
+// The dashboard and the alert rules shipped in ops/deploy/ name only metrics this package exports,
 // with only the labels those metrics have; the rules pass `promtool check rules` and their
 // unit tests (`promtool test rules`), and every dashboard query parses as PromQL.
 const (
-	dashboardFile = "../../deploy/grafana/watermill-once.json"
-	rulesFile     = "../../deploy/prometheus/watermill-once.rules.yml"
-	rulesTestFile = "../../deploy/prometheus/watermill-once.rules.test.yml"
+	dashboardFile = "../deploy/grafana/watermill-once.json"
+	rulesFile     = "../deploy/prometheus/watermill-once.rules.yml"
+	rulesTestFile = "../deploy/prometheus/watermill-once.rules.test.yml"
 )
 
 var descPattern = regexp.MustCompile(`^Desc\{fqName: "([^"]+)".*variableLabels: \{([^}]*)\}\}$`)
@@ -76,7 +76,7 @@ func promtool(t *testing.T) string {
 	}
 	p, err := exec.LookPath("promtool")
 	if err != nil {
-		t.Fatalf("promtool is not on PATH: install Debian's prometheus package (`apt-get install -y --no-install-recommends prometheus`); it checks deploy/prometheus")
+		t.Fatalf("promtool is not on PATH: install Debian's prometheus package (`apt-get install -y --no-install-recommends prometheus`); it checks ops/deploy/prometheus")
 	}
 	return p
 }

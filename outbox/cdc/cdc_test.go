@@ -68,7 +68,7 @@ func connectURL() string {
 }
 
 // connectKafka is the Kafka cluster the Connect workers write to: CONNECT_KAFKA_BROKERS, else
-// the Kafka 4 broker of scripts/services (KAFKA_BROKERS may name another cluster).
+// the Kafka 4 broker of e2e/services (KAFKA_BROKERS may name another cluster).
 func connectKafka() []string {
 	if v := os.Getenv("CONNECT_KAFKA_BROKERS"); v != "" {
 		return strings.Split(v, ",")
@@ -80,11 +80,11 @@ func connectKafka() []string {
 // the connector, slot and publication are removed when t ends.
 func startConnector(t *testing.T, db *sql.DB, schema string) (cdc.Client, cdc.Config) {
 	t.Helper()
-	brokertest.SkipShort(t, "a Kafka Connect cluster with Debezium (scripts/services up connect)")
+	brokertest.SkipShort(t, "a Kafka Connect cluster with Debezium (e2e/services up connect)")
 	client := cdc.Client{URL: connectURL()}
 	ctx := context.Background()
 	if _, err := client.Status(ctx, "none"); err != nil && !cdc.IsNotFound(err) {
-		t.Fatalf("Kafka Connect is not reachable at %s (start it with scripts/services up connect, or set CONNECT_URL): %v", client.URL, err)
+		t.Fatalf("Kafka Connect is not reachable at %s (start it with e2e/services up connect, or set CONNECT_URL): %v", client.URL, err)
 	}
 	cfg := cdc.Config{Schema: schema, DatabaseURL: pgtest.URL(), User: cdc.DefaultReplicationRole, TopicPartitions: 2}.WithDefaults()
 	require.NoError(t, cdc.Prepare(ctx, db, cfg))

@@ -176,7 +176,7 @@ func (c Client) do(ctx context.Context, method, path string, body, out any) erro
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return fmt.Errorf("cdc: Connect %s %s (is the Connect cluster up? scripts/services up connect): %w", method, base+path, err)
+		return fmt.Errorf("cdc: Connect %s %s (is the Connect cluster up? e2e/services up connect): %w", method, base+path, err)
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))

@@ -43,9 +43,9 @@ const (
 	// DefaultTopicPartitions is the partition count of topics Connect creates (topics that
 	// exist already keep theirs); the broker package's default too.
 	DefaultTopicPartitions = 3
-	// DefaultReplicationRole is the role scripts/services creates for the connector.
+	// DefaultReplicationRole is the role e2e/services creates for the connector.
 	DefaultReplicationRole = "wmonce_cdc"
-	// DefaultConnectURL is the REST API of the first worker scripts/services starts.
+	// DefaultConnectURL is the REST API of the first worker e2e/services starts.
 	DefaultConnectURL = "http://127.0.0.1:8083"
 )
 

@@ -28,7 +28,7 @@ func Prepare(ctx context.Context, db *sql.DB, config Config) error {
 		return fmt.Errorf("cdc: read wal_level: %w", err)
 	}
 	if level != "logical" {
-		return fmt.Errorf("cdc: PostgreSQL runs with wal_level=%s: Debezium needs wal_level=logical (postgresql.conf, then a restart; scripts/services up postgres sets it)", level)
+		return fmt.Errorf("cdc: PostgreSQL runs with wal_level=%s: Debezium needs wal_level=logical (postgresql.conf, then a restart; e2e/services up postgres sets it)", level)
 	}
 	table := pgtx.QualifiedName(config.Schema, "outbox")
 	var exists bool
@@ -47,7 +47,7 @@ func Prepare(ctx context.Context, db *sql.DB, config Config) error {
 	}
 	role := pgtx.QuoteIdentifier(config.User)
 	if _, err := db.ExecContext(ctx, `GRANT USAGE ON SCHEMA `+pgtx.QuoteIdentifier(config.Schema)+` TO `+role+`; GRANT SELECT ON `+table+` TO `+role); err != nil {
-		return fmt.Errorf("cdc: grant role %s read access to %s (does the role exist? scripts/services creates %s): %w", config.User, table, DefaultReplicationRole, err)
+		return fmt.Errorf("cdc: grant role %s read access to %s (does the role exist? e2e/services creates %s): %w", config.User, table, DefaultReplicationRole, err)
 	}
 	if _, err := outbox.RegisterSlotPosition(ctx, db, config.Schema, config.SlotName); err != nil {
 		return fmt.Errorf("cdc: %w", err)

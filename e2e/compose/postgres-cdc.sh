@@ -1,6 +1,6 @@
 #!/bin/sh
 # Run by the postgres image at its first start (docker-entrypoint-initdb.d): the replication
-# access and role Debezium's connector needs (docs/cdc.md), as scripts/services sets them up.
+# access and role Debezium's connector needs (docs/cdc.md), as e2e/services sets them up.
 # Development only: trust auth.
 set -e
 echo 'host replication all all trust' >>"$PGDATA/pg_hba.conf"
