@@ -77,10 +77,11 @@ func (p *Processor) claimFailed(ctx context.Context, backoff *iworker.Backoff, e
 	return iworker.Sleep(ctx, wait)
 }
 
-// replanned puts pgtx.ReplanArgs before args: the claims and completions run against tables
-// whose size and make-up change by the second (inbox, inbox_attempts), so a plan cached
-// while they were empty or all PENDING would walk past every finished row or join every
-// attempt record with every row of a batch (docs/performance.md, ClaimLock).
+// replanned puts pgtx.ReplanArgs before args: the claims, completions, lease renewals and the
+// reaper run against tables whose size and make-up change by the second (inbox,
+// inbox_attempts), so a plan cached while they were empty or all PENDING would walk past
+// every finished row, join every attempt record with every row of a batch
+// (docs/performance.md, ClaimLock) or scan the whole inbox where an index finds the rows.
 func (p *Processor) replanned(args ...any) []any {
 	return append(p.replan[:len(p.replan):len(p.replan)], args...)
 }

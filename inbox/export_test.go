@@ -34,3 +34,10 @@ type CommittedBatch = committedBatch
 // TestSignals returns r's test signals: Init the ones a test waits on before r's first Handle
 // or StoreTx.
 func (r *Receiver) TestSignals() *ReceiverTestSignals { return &r.testSignals }
+
+// UpkeepSQL returns the lease upkeep's statements for schema: the reaper's ($1 consumer, $2
+// attempt limit) and the renewal's ($1 ids, $2 claim tokens, $3 lease in microseconds).
+func UpkeepSQL(schema string) (reap, renew string) {
+	q := newQueries(schema)
+	return q.reap, q.renew
+}

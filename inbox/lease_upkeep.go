@@ -54,7 +54,7 @@ func (p *Processor) renew(ctx context.Context) {
 	}
 	qctx, cancel := context.WithTimeout(ctx, p.config.RenewInterval)
 	defer cancel()
-	res, err := p.db.ExecContext(qctx, p.q.renew, rowIDs, tokens, micros(p.config.Lease))
+	res, err := p.db.ExecContext(qctx, p.q.renew, p.replanned(rowIDs, tokens, micros(p.config.Lease))...)
 	if err != nil {
 		if ctx.Err() == nil {
 			p.errs.Add(1)
@@ -69,7 +69,7 @@ func (p *Processor) renew(ctx context.Context) {
 func (p *Processor) reap(ctx context.Context) {
 	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	rs, err := p.db.QueryContext(qctx, p.q.reap, p.config.Consumer, p.config.MaxAttempts)
+	rs, err := p.db.QueryContext(qctx, p.q.reap, p.replanned(p.config.Consumer, p.config.MaxAttempts)...)
 	if err != nil {
 		if ctx.Err() == nil {
 			p.errs.Add(1)

@@ -142,23 +142,27 @@ WHERE r.id = c.id AND r.claim_token = c.token
 RETURNING r.id`,
 
 		// Extends the leases a worker still holds. Rows locked right now are being completed
-		// by their worker: skip them rather than wait.
+		// by their worker: skip them rather than wait. The rows to renew are an array computed
+		// once (an InitPlan), never a subquery joined to the table: a plan made while the inbox
+		// was empty ran that subquery again for every row of the table (3.6 s a renewal at
+		// 50,000 rows; 0.1 ms with an index, 72 ms even with that stale plan in this shape).
 		renew: `UPDATE ` + t + ` r SET lease_until = now() + $3::bigint * interval '1 microsecond'
-FROM (SELECT i.id FROM ` + t + ` i JOIN unnest($1::bigint[], $2::bigint[]) AS c(id, token)
+WHERE r.id = ANY(ARRAY(SELECT i.id FROM ` + t + ` i JOIN unnest($1::bigint[], $2::bigint[]) AS c(id, token)
         ON i.id = c.id AND i.claim_token = c.token
-      FOR UPDATE OF i SKIP LOCKED) h
-WHERE r.id = h.id`,
+      FOR UPDATE OF i SKIP LOCKED))`,
 
 		// Takes back claims whose lease ran out. The attempt the lost worker started stays
 		// counted, so a message that kills its worker every time is parked after the limit.
+		// The expired rows are an array computed once, as in renew: with a subquery joined to
+		// the table, a plan made while the inbox was empty ran it for every row (397 s for one
+		// reap at 50,000 rows).
 		reap: `UPDATE ` + t + ` r SET
     status = CASE WHEN r.attempts >= $2 THEN 'FAILED' ELSE 'PENDING' END,
     claim_token = NULL, lease_until = NULL, next_attempt_at = now(),
     last_error = '` + leaseExpired + `' || r.attempts || ': the worker stalled, died or outran its lease'
-FROM (SELECT id FROM ` + t + `
+WHERE r.id = ANY(ARRAY(SELECT id FROM ` + t + `
       WHERE consumer = $1 AND status = 'IN_PROGRESS' AND lease_until < now()
-      LIMIT 1000 FOR UPDATE SKIP LOCKED) e
-WHERE r.id = e.id
+      LIMIT 1000 FOR UPDATE SKIP LOCKED))
 RETURNING r.id, r.status`,
 
 		lockDue: lockColumns + eligible + ` AND i.id > $3 AND ` + notPaused + `
