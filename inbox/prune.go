@@ -46,7 +46,8 @@ SELECT count(*) FROM gone`
 	var total int64
 	for ctx.Err() == nil {
 		var n int64
-		if err := db.QueryRowContext(ctx, query, append(args, req.BatchSize)...).Scan(&n); err != nil {
+		// Planned at each run (pgtx.ReplanArgs), as pgtx.DeleteInBatches is.
+		if err := db.QueryRowContext(ctx, query, append(append(pgtx.ReplanArgs(db), args...), req.BatchSize)...).Scan(&n); err != nil {
 			return total, fmt.Errorf("inbox: prune finished: %w", err)
 		}
 		total += n

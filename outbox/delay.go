@@ -104,7 +104,7 @@ func (r *Relay) setAside(ctx context.Context, conn *sql.Conn, s *session, rows [
 // readDelayedDue sets the timer to the earliest row in outbox_delayed (zero: none).
 func (r *Relay) readDelayedDue(ctx context.Context, conn *sql.Conn, s *session) error {
 	var due sql.NullTime
-	if err := conn.QueryRowContext(ctx, r.q.delayedDue, r.config.Name).Scan(&due); err != nil {
+	if err := conn.QueryRowContext(ctx, r.q.delayedDue, r.replanned(r.config.Name)...).Scan(&due); err != nil {
 		if pgtx.IsUndefinedTable(err) {
 			return fmt.Errorf("outbox: table outbox_delayed is missing (migration 014): run the migrations (migrate.Migrate or `wmonce migrate up`): %w", err)
 		}
@@ -164,7 +164,7 @@ func (r *Relay) drainDelayed(ctx context.Context, conn *sql.Conn, s *session) (i
 // order of their earliest row, each topic's rows earliest first). A row that no longer decodes
 // (edited by hand) is rejected and removed.
 func (r *Relay) readDue(ctx context.Context, conn *sql.Conn, now time.Time) (map[string]*run, []string, error) {
-	all, err := readCopies(ctx, conn, r.q.delayedRead, r.config.Name, now, r.config.BatchSize)
+	all, err := readCopies(ctx, conn, r.q.delayedRead, r.replanned(r.config.Name, now, r.config.BatchSize)...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("outbox: read due delayed rows: %w", err)
 	}

@@ -68,7 +68,7 @@ func (r *Relay) newSession(ctx context.Context, conn *sql.Conn) (*session, error
 		err := row.Scan(&topic)
 		s.held[topic] = r.newHeldTopic()
 		return err
-	}, r.q.heldTopics, r.config.Name)
+	}, r.q.heldTopics, r.replanned(r.config.Name)...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: read held topics: %w", err)
 	}
@@ -293,7 +293,7 @@ func (r *Relay) drainTopic(ctx context.Context, conn *sql.Conn, s *session, topi
 }
 
 func (r *Relay) readHeld(ctx context.Context, conn *sql.Conn, topic string) ([]outboxRow, error) {
-	rows, err := readCopies(ctx, conn, r.q.heldRead, r.config.Name, topic, r.config.BatchSize+1)
+	rows, err := readCopies(ctx, conn, r.q.heldRead, r.replanned(r.config.Name, topic, r.config.BatchSize+1)...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: read held rows of %q: %w", topic, err)
 	}

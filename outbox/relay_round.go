@@ -162,9 +162,9 @@ func (r *Relay) read(ctx context.Context, conn *sql.Conn, pos position) (string,
 	var err error
 	snap := pos.target.String
 	if pos.target.Valid {
-		rs, err = conn.QueryContext(ctx, r.q.readRest, append(r.replan[:len(r.replan):len(r.replan)], pos.prev, pos.target.String, pos.last.Int64, r.config.BatchSize+1, r.config.Source)...)
+		rs, err = conn.QueryContext(ctx, r.q.readRest, r.replanned(pos.prev, pos.target.String, pos.last.Int64, r.config.BatchSize+1, r.config.Source)...)
 	} else {
-		rs, err = conn.QueryContext(ctx, r.q.readRound, append(r.replan[:len(r.replan):len(r.replan)], pos.prev, r.config.BatchSize+1, r.config.Source)...)
+		rs, err = conn.QueryContext(ctx, r.q.readRound, r.replanned(pos.prev, r.config.BatchSize+1, r.config.Source)...)
 	}
 	if err != nil {
 		return "", nil, fmt.Errorf("outbox: read outbox: %w", err)

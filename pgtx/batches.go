@@ -13,9 +13,10 @@ import (
 // batch size (args are the ones before it), until a run deletes fewer than batchSize rows, and
 // returns how many it deleted in all, also when it stops on an error or a cancelled ctx. Each
 // run is a transaction of its own, so a large purge never holds locks for long. It is the one
-// loop behind every owner's Prune.
+// loop behind every owner's Prune. Each run is planned anew (ReplanArgs): a plan cached while
+// the table was small would scan all of it for every batch.
 func DeleteInBatches(ctx context.Context, db *sql.DB, batchSize int, query string, args ...any) (int64, error) {
-	args = append(args, batchSize)
+	args = append(append(ReplanArgs(db), args...), batchSize)
 	var total int64
 	for ctx.Err() == nil {
 		res, err := db.ExecContext(ctx, query, args...)

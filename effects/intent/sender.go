@@ -15,6 +15,7 @@ import (
 	"github.com/wmonce/watermill-once/internal/testsignal"
 	"github.com/wmonce/watermill-once/internal/tracing"
 	"github.com/wmonce/watermill-once/internal/worker"
+	"github.com/wmonce/watermill-once/pgtx"
 )
 
 // SenderCounters are a Sender's running totals.
@@ -41,7 +42,8 @@ type Sender struct {
 	tracer   trace.Tracer
 	channels []string
 
-	q senderQueries
+	q      senderQueries
+	replan []any // before the claims' arguments (pgtx.ReplanArgs)
 
 	sent, retried, unknown, failed, skipped, recovered, reconciled, leaseLost, released, errs atomic.Uint64
 
@@ -84,6 +86,7 @@ func NewSender(db *sql.DB, config SenderConfig, logger watermill.LoggerAdapter) 
 		tracer:   tracing.Tracer(config.TracerProvider),
 		channels: names,
 		q:        newSenderQueries(config.Schema),
+		replan:   pgtx.ReplanArgs(db),
 	}, nil
 }
 

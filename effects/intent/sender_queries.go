@@ -75,7 +75,9 @@ WHERE id = $1 AND claim_token = $2::uuid AND status = 'SENDING'`,
 func (s *Sender) claim(ctx context.Context, query string) (*Intent, string, error) {
 	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.config.SendTimeout)
 	defer cancel()
-	row := s.db.QueryRowContext(qctx, query, s.channels, s.config.Lease.Microseconds())
+	// Planned at each execution (pgtx.ReplanArgs): a plan cached while intents was empty reads
+	// every retained intent (6.6 ms a claim at 50,000 SENT intents, against an index probe).
+	row := s.db.QueryRowContext(qctx, query, append(s.replan[:len(s.replan):len(s.replan)], s.channels, s.config.Lease.Microseconds())...)
 	var in Intent
 	var status, token string
 	var sentAt sql.NullTime
