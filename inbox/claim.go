@@ -83,7 +83,7 @@ func (p *Processor) claimFailed(ctx context.Context, backoff *iworker.Backoff, e
 // every finished row, join every attempt record with every row of a batch
 // (docs/performance.md, ClaimLock) or scan the whole inbox where an index finds the rows.
 func (p *Processor) replanned(args ...any) []any {
-	return append(p.replan[:len(p.replan):len(p.replan)], args...)
+	return p.replan.Args(args...)
 }
 
 // rescanEvery is how often claims start from the beginning of the table (a rescan) while

@@ -91,7 +91,7 @@ type Processor struct {
 	guardFound atomic.Bool // the schema has the attempt guard (see requireGuard)
 
 	floor, lastRescan, rescanTook atomic.Int64 // see claimAfter
-	replan                        []any        // see replanned
+	replan                        pgtx.Replan  // see replanned
 
 	testSignals processorTestSignals
 }

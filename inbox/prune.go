@@ -47,7 +47,7 @@ SELECT count(*) FROM gone`
 	for ctx.Err() == nil {
 		var n int64
 		// Planned at each run (pgtx.ReplanArgs), as pgtx.DeleteInBatches is.
-		if err := db.QueryRowContext(ctx, query, append(append(pgtx.ReplanArgs(db), args...), req.BatchSize)...).Scan(&n); err != nil {
+		if err := db.QueryRowContext(ctx, query, pgtx.ReplanArgs(db).Args(append(args, req.BatchSize)...)...).Scan(&n); err != nil {
 			return total, fmt.Errorf("inbox: prune finished: %w", err)
 		}
 		total += n

@@ -89,7 +89,7 @@ type Relay struct {
 	logger    watermill.LoggerAdapter
 	tracer    trace.Tracer
 	q         relayQueries
-	replan    []any // see replanned
+	replan    pgtx.Replan // see replanned
 
 	forwarded, rounds, failures, rejected, held, otherSource, fenced, rechecks atomic.Uint64
 	heldTopics                                                                 atomic.Int64
@@ -188,5 +188,5 @@ func (r *Relay) Name() string { return r.config.Name }
 // whole (the read of a round: 5-7 ms instead of 0.1-0.3 at 20,000 rows; a held or delayed read
 // 6-10 ms at 50,000 held or delayed rows).
 func (r *Relay) replanned(args ...any) []any {
-	return append(r.replan[:len(r.replan):len(r.replan)], args...)
+	return r.replan.Args(args...)
 }

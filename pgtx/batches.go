@@ -16,7 +16,7 @@ import (
 // loop behind every owner's Prune. Each run is planned anew (ReplanArgs): a plan cached while
 // the table was small would scan all of it for every batch.
 func DeleteInBatches(ctx context.Context, db *sql.DB, batchSize int, query string, args ...any) (int64, error) {
-	args = append(append(ReplanArgs(db), args...), batchSize)
+	args = ReplanArgs(db).Args(append(args, batchSize)...)
 	var total int64
 	for ctx.Err() == nil {
 		res, err := db.ExecContext(ctx, query, args...)

@@ -18,7 +18,7 @@ import (
 // Use it for the few statements that run often against a table whose size changes fast and
 // whose plan depends on it; planning costs some 0.2 ms of server CPU each time. nil for other
 // drivers (lib/pq sends unnamed statements already).
-func ReplanArgs(db *sql.DB) []any {
+func ReplanArgs(db *sql.DB) Replan {
 	if db == nil {
 		return nil
 	}
@@ -26,4 +26,13 @@ func ReplanArgs(db *sql.DB) []any {
 		return nil
 	}
 	return []any{pgx.QueryExecModeExec}
+}
+
+// Replan is what ReplanArgs returns: the arguments that go before a query's own.
+type Replan []any
+
+// Args returns r followed by args, in a new slice each time, so a Replan kept by a component
+// serves concurrent queries.
+func (r Replan) Args(args ...any) []any {
+	return append(r[:len(r):len(r)], args...)
 }

@@ -34,7 +34,7 @@ func TestReplanArgsKeepsAQueryOutOfThePlanCache(t *testing.T) {
 	for range 8 {
 		var n int
 		require.NoError(t, conn.QueryRowContext(ctx, cached, int64(1)).Scan(&n))
-		require.NoError(t, conn.QueryRowContext(ctx, fresh, append(replan, int64(1))...).Scan(&n))
+		require.NoError(t, conn.QueryRowContext(ctx, fresh, replan.Args(int64(1))...).Scan(&n))
 	}
 	plans := func(query string) (prepared bool, generic int64) {
 		t.Helper()
@@ -52,4 +52,9 @@ func TestReplanArgsKeepsAQueryOutOfThePlanCache(t *testing.T) {
 	require.False(t, prepared, "with ReplanArgs the query is planned at each execution, never prepared")
 
 	require.Nil(t, pgtx.ReplanArgs(nil))
+	require.Equal(t, []any{int64(1)}, pgtx.ReplanArgs(nil).Args(int64(1)))
+	// Args never writes into the Replan it is called on: concurrent callers share one.
+	a, b := replan.Args(int64(1)), replan.Args(int64(2))
+	require.Equal(t, int64(1), a[len(a)-1])
+	require.Equal(t, int64(2), b[len(b)-1])
 }

@@ -43,7 +43,7 @@ type Sender struct {
 	channels []string
 
 	q      senderQueries
-	replan []any // before the claims' arguments (pgtx.ReplanArgs)
+	replan pgtx.Replan // before the claims' arguments
 
 	sent, retried, unknown, failed, skipped, recovered, reconciled, leaseLost, released, errs atomic.Uint64
 

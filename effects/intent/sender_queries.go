@@ -77,7 +77,7 @@ func (s *Sender) claim(ctx context.Context, query string) (*Intent, string, erro
 	defer cancel()
 	// Planned at each execution (pgtx.ReplanArgs): a plan cached while intents was empty reads
 	// every retained intent (6.6 ms a claim at 50,000 SENT intents, against an index probe).
-	row := s.db.QueryRowContext(qctx, query, append(s.replan[:len(s.replan):len(s.replan)], s.channels, s.config.Lease.Microseconds())...)
+	row := s.db.QueryRowContext(qctx, query, s.replan.Args(s.channels, s.config.Lease.Microseconds())...)
 	var in Intent
 	var status, token string
 	var sentAt sql.NullTime
