@@ -12,6 +12,8 @@ import (
 	"log"
 	"os"
 	"os/signal"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -51,22 +53,22 @@ func run() error {
 	}
 	defer db.Close()
 	defer b.Close()
-	sub, err := b.NewSubscriber(group)
-	if err != nil {
-		return err
+	newConsumer := func() (*scenario.Consumer, error) {
+		sub, err := b.NewSubscriber(group)
+		if err != nil {
+			return nil, err
+		}
+		if counter {
+			return scenario.NewCounterConsumer(db, sub, schema, topic, group, instance, logger)
+		}
+		return scenario.NewConsumer(db, sub, schema, topic, need(scenario.EnvPoisonTopic), group, instance, logger)
 	}
-	var c *scenario.Consumer
-	if counter {
-		c, err = scenario.NewCounterConsumer(db, sub, schema, topic, group, instance, logger)
-	} else {
-		c, err = scenario.NewConsumer(db, sub, schema, topic, need(scenario.EnvPoisonTopic), group, instance, logger)
-	}
-	if err != nil {
-		return err
-	}
-
+	var current atomic.Pointer[scenario.Consumer]
 	report := func(final bool) {
-		s := c.Stats()
+		var s scenario.Stats // nothing applied yet if no router started
+		if c := current.Load(); c != nil {
+			s = c.Stats()
+		}
 		s.Final = final
 		scenario.PrintStats(s)
 	}
@@ -82,11 +84,34 @@ func run() error {
 			}
 		}
 	}()
+	var closeMu sync.Mutex // orders a router's start against the close on SIGTERM
 	go func() {
 		<-ctx.Done()
-		_ = c.Router.Close()
+		closeMu.Lock()
+		defer closeMu.Unlock()
+		if c := current.Load(); c != nil {
+			_ = c.Router.Close()
+		}
 	}()
-	if err := c.Router.Run(context.Background()); err != nil {
+	// Router.Run returns an error only when a handler cannot subscribe, as when the broker is down
+	// while the process starts (a Kafka broker killed right after a consumer restart). A
+	// deployment's supervisor would start the process again; here the router is built again, like
+	// Connect retries. Once the handlers run, Run returns nil when the router is closed.
+	err = scenario.RetryStartup(ctx, "consumer", func() error {
+		c, err := newConsumer()
+		if err != nil {
+			return err
+		}
+		closeMu.Lock()
+		if ctx.Err() != nil {
+			closeMu.Unlock()
+			return nil
+		}
+		current.Store(c)
+		closeMu.Unlock()
+		return c.Router.Run(context.Background())
+	})
+	if err != nil && ctx.Err() == nil { // stopped while retrying is a clean stop
 		return err
 	}
 	report(true)
