@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"flag"
 	"fmt"
+	"net/url"
 	"os"
 	"time"
 
@@ -54,6 +55,7 @@ Connect workers reach it) to -database-url.`,
 // connectorFlags are the flags of the connector actions.
 type connectorFlags struct {
 	connectURL, user, databaseURL, name *string
+	passwordRef                         *string
 	partitions                          *int
 	noExactlyOnce                       *bool
 }
@@ -65,6 +67,7 @@ func (e *env) connectorFlags(action string) (*flag.FlagSet, connectorFlags) {
 		user:          fs.String("user", cdc.DefaultReplicationRole, "role the connector logs in with (REPLICATION LOGIN)"),
 		databaseURL:   fs.String("connector-database-url", "", "PostgreSQL as the Connect workers reach it (default: -database-url)"),
 		name:          fs.String("name", "", "connector name (default wmonce-outbox-<schema>)"),
+		passwordRef:   fs.String("password-ref", "", "Connect config variable the workers resolve to the role's password, e.g. ${file:/etc/wmonce/cdc.properties:password}, instead of a password in the URL (stored in clear by Connect)"),
 		partitions:    fs.Int("partitions", cdc.DefaultTopicPartitions, "partitions of the topics Connect creates"),
 		noExactlyOnce: fs.Bool("no-exactly-once", false, "do not require exactly-once source support (a worker's death then duplicates events)"),
 	}
@@ -88,7 +91,7 @@ func (e *env) connectorSetup(ctx context.Context, action string, args []string, 
 	r := connectorRun{
 		cfg: cdc.Config{
 			Schema: e.g.schema, DatabaseURL: cmp.Or(*f.databaseURL, e.g.databaseURL), User: *f.user, Name: *f.name,
-			TopicPartitions: *f.partitions, DisableExactlyOnce: *f.noExactlyOnce,
+			PasswordReference: *f.passwordRef, TopicPartitions: *f.partitions, DisableExactlyOnce: *f.noExactlyOnce,
 		}.WithDefaults(),
 		client: cdc.Client{URL: *f.connectURL},
 	}
@@ -131,6 +134,11 @@ func (e *env) connectorApply(ctx context.Context, args []string) error {
 		return err
 	}
 	fmt.Fprintf(e.stdout, "connector %s applied on %s (slot %s, publication %s); check it with: wmonce connector status\n", cfg.Name, client.URL, cfg.SlotName, cfg.PublicationName)
+	if u, err := url.Parse(cfg.DatabaseURL); err == nil && u.User != nil {
+		if _, ok := u.User.Password(); ok {
+			fmt.Fprintln(e.stderr, "warning: Connect stores the password of the connector's database URL in clear (config topic, GET /connectors/<name>/config): pass it with -password-ref instead")
+		}
+	}
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"net/url"
 	"os"
 	"strings"
 	"testing"
@@ -59,6 +60,25 @@ func TestConnectorConfigDefaults(t *testing.T) {
 	require.ErrorContains(t, err, `is not postgres://user@host:port/database`)
 }
 
+// A password reference takes the place of the URL's password in database.password; a
+// malformed reference, or one beside a password in the URL, is refused.
+func TestConnectorConfigTakesAPasswordReference(t *testing.T) {
+	ref := "${file:/etc/wmonce/cdc.properties:password}"
+	c, err := cdc.ConnectorConfig(cdc.Config{DatabaseURL: "postgres://wmonce_cdc@db:5432/prod", PasswordReference: ref})
+	require.NoError(t, err)
+	require.Equal(t, ref, c["database.password"])
+	for name, cfg := range map[string]cdc.Config{
+		"not a variable":     {DatabaseURL: "postgres://u@h/d", PasswordReference: "secret"},
+		"unclosed":           {DatabaseURL: "postgres://u@h/d", PasswordReference: "${env:PW"},
+		"no key":             {DatabaseURL: "postgres://u@h/d", PasswordReference: "${env}"},
+		"and a URL password": {DatabaseURL: "postgres://u:secret@h/d", PasswordReference: "${env:PW}"},
+	} {
+		_, err := cdc.ConnectorConfig(cfg)
+		require.ErrorContains(t, err, "PasswordReference", name)
+		require.NotContains(t, err.Error(), "secret@", name)
+	}
+}
+
 // connectURL is the Connect cluster the tests register connectors on.
 func connectURL() string {
 	if u := os.Getenv("CONNECT_URL"); u != "" {
@@ -80,13 +100,19 @@ func connectKafka() []string {
 // the connector, slot and publication are removed when t ends.
 func startConnector(t *testing.T, db *sql.DB, schema string) (cdc.Client, cdc.Config) {
 	t.Helper()
+	return startConnectorWith(t, db, cdc.Config{Schema: schema, DatabaseURL: pgtest.URL(), User: cdc.DefaultReplicationRole, TopicPartitions: 2})
+}
+
+// startConnectorWith is startConnector for a configuration of the test's own.
+func startConnectorWith(t *testing.T, db *sql.DB, cfg cdc.Config) (cdc.Client, cdc.Config) {
+	t.Helper()
 	brokertest.SkipShort(t, "a Kafka Connect cluster with Debezium (e2e/services up connect)")
 	client := cdc.Client{URL: connectURL()}
 	ctx := context.Background()
 	if _, err := client.Status(ctx, "none"); err != nil && !cdc.IsNotFound(err) {
 		t.Fatalf("Kafka Connect is not reachable at %s (start it with e2e/services up connect, or set CONNECT_URL): %v", client.URL, err)
 	}
-	cfg := cdc.Config{Schema: schema, DatabaseURL: pgtest.URL(), User: cdc.DefaultReplicationRole, TopicPartitions: 2}.WithDefaults()
+	cfg = cfg.WithDefaults()
 	require.NoError(t, cdc.Prepare(ctx, db, cfg))
 	require.NoError(t, client.Apply(ctx, cfg))
 	t.Cleanup(func() {
@@ -104,6 +130,47 @@ func startConnector(t *testing.T, db *sql.DB, schema string) (cdc.Client, cdc.Co
 		return err == nil && s.Running() && slot.Active
 	})
 	return client, cfg
+}
+
+// The role and password e2e/services (and docker-compose.yml) set up for the password
+// reference: PostgreSQL asks this role, and only it, for its password, and the Connect workers
+// hold the password in their environment.
+const (
+	passwordRole     = "wmonce_cdc_password"
+	passwordEnv      = "WMONCE_CDC_TEST_PASSWORD"
+	passwordOfWorker = "wmonce-dev-only-cdc-password"
+)
+
+// With a PasswordReference the connector logs in with a password the workers resolve, and
+// Connect's copy of the configuration holds the reference, not the password.
+func TestConnectorLogsInThroughAPasswordReference(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	schema := pgtest.Schema(t, db)
+	ctx := context.Background()
+	pgtest.Exec(t, db, `ALTER ROLE `+passwordRole+` PASSWORD '`+passwordOfWorker+`'`)
+	u, err := url.Parse(pgtest.URL())
+	require.NoError(t, err)
+	// Without a password check the connector's login would prove nothing.
+	u.User = url.UserPassword(passwordRole, "not-"+passwordOfWorker)
+	wrong, err := pgtx.Open(ctx, u.String(), pgtx.PoolConfig{})
+	if err == nil {
+		err = wrong.PingContext(ctx)
+		_ = wrong.Close()
+	}
+	if err == nil || !strings.Contains(err.Error(), "password authentication failed") {
+		t.Fatalf("PostgreSQL let %s log in with a wrong password (%v): its pg_hba.conf needs 'host all %s 127.0.0.1/32 scram-sha-256' above the trust lines; e2e/services up adds it", passwordRole, err, passwordRole)
+	}
+
+	u.User = url.User(passwordRole)
+	ref := "${env:" + passwordEnv + "}"
+	client, cfg := startConnectorWith(t, db, cdc.Config{Schema: schema, DatabaseURL: u.String(), User: passwordRole, PasswordReference: ref, TopicPartitions: 2})
+	stored, err := client.Config(ctx, cfg.Name)
+	require.NoError(t, err)
+	require.Equal(t, ref, stored["database.password"])
+	for k, v := range stored {
+		require.NotContains(t, v, passwordOfWorker, "Connect holds the password in %s", k)
+	}
 }
 
 // Debezium's records come back as the messages the producer stored: the UUID, the metadata

@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -56,6 +57,14 @@ type Config struct {
 	// DatabaseURL is the PostgreSQL the connector reads, postgres://user[:password]@host:port/db
 	// (as seen from the Connect workers). Required.
 	DatabaseURL string
+	// PasswordReference is what the connector's database.password holds instead of the
+	// password of DatabaseURL: a Connect config variable such as
+	// ${file:/etc/wmonce/cdc.properties:password} or ${env:WMONCE_CDC_PASSWORD}, which each
+	// worker resolves through a config provider it declares (config.providers; e2e/services
+	// and docker-compose.yml declare file and env). A password in DatabaseURL is stored in
+	// clear in Connect's config topic and returned by GET /connectors/<name>/config; a
+	// reference keeps it on the workers. Setting both is refused.
+	PasswordReference string
 	// User is the role the connector logs in with: REPLICATION and LOGIN, SELECT on the outbox
 	// (Prepare grants it). Default: the URL's user.
 	User string
@@ -116,6 +125,16 @@ func (c Config) Validate() error {
 	if c.User == "" {
 		errs = append(errs, errors.New("no User, and DatabaseURL names none"))
 	}
+	if c.PasswordReference != "" {
+		if !configVariable.MatchString(c.PasswordReference) {
+			errs = append(errs, fmt.Errorf("PasswordReference %q is not a Connect config variable ${provider:[path:]key}", c.PasswordReference))
+		}
+		if urlErr == nil {
+			if db, _ := parseDatabaseURL(c.DatabaseURL); db.password != "" {
+				errs = append(errs, errors.New("PasswordReference is set and DatabaseURL carries a password too: drop the password from the URL"))
+			}
+		}
+	}
 	if c.Name == "" || strings.ContainsAny(c.Name, "/ ?#%") {
 		errs = append(errs, fmt.Errorf("connector name %q must be non-empty without '/', spaces, '?', '#' or '%%'", c.Name))
 	}
@@ -130,6 +149,10 @@ func (c Config) Validate() error {
 	}
 	return nil
 }
+
+// configVariable is a Connect config variable (KIP-297): ${provider:key} or
+// ${provider:path:key}.
+var configVariable = regexp.MustCompile(`^\$\{[A-Za-z0-9_.-]+:[^{}]+\}$`)
 
 type database struct{ host, port, user, password, name string }
 
@@ -218,8 +241,8 @@ func ConnectorConfig(config Config) (map[string]string, error) {
 		"transforms.outbox.table.expand.json.payload":         "false",
 		"transforms.outbox.table.op.invalid.behavior":         "warn",
 	}
-	if db.password != "" {
-		c["database.password"] = db.password
+	if password := cmp.Or(config.PasswordReference, db.password); password != "" {
+		c["database.password"] = password
 	}
 	if !config.DisableExactlyOnce {
 		c["exactly.once.support"] = "required"
