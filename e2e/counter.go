@@ -60,7 +60,12 @@ func RunCounter(t *testing.T, target Target, opts CounterOptions) {
 	defer cancel()
 
 	topic, group := pgtest.NewName("orders"), "counter"
-	r := newRig(ctx, t, target, "e2e_counter", outbox.RelayConfig{PollInterval: 20 * time.Millisecond},
+	r := newRig(ctx, t, target, "e2e_counter", outbox.RelayConfig{
+		// Small batches: the publisher fails every third call, so 600 events make at least 60
+		// calls and 20 republished batches however far the producers run ahead of the relay
+		// (with the default batch size a loaded machine let 600 events go out in two calls).
+		BatchSize: 10, PollInterval: 20 * time.Millisecond,
+	},
 		broker.Subscription{Topic: topic, Group: group})
 	require.NoError(t, scenario.CreateCounterTable(ctx, r.control, r.schema))
 	fleet := r.fleet(t, opts.ConsumerBinary, "counter-"+target.Name+"-"+r.appName,
