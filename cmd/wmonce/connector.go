@@ -18,7 +18,7 @@ func connectorCommand() *command {
 		name:    "connector",
 		summary: "the Debezium connector that reads the outbox on Kafka Connect: config, apply, status, delete",
 		usage: `
-connector config [-user ROLE] [-connector-database-url URL] [-name N] [-partitions N] [-no-exactly-once]
+connector config [-user ROLE] [-connector-database-url URL] [-name N] [-partitions N] [-no-exactly-once] [-show-password]
 connector apply  [-connect-url URL] [same flags as config]
 connector status [-connect-url URL] [-name N]
 connector delete [-connect-url URL] [-name N]`,
@@ -26,7 +26,9 @@ connector delete [-connect-url URL] [-name N]`,
 config   prints the connector's configuration for the schema's outbox (JSON, as Connect's REST
          API takes it): exactly-once required, poll.interval.ms=10, pgoutput with a
          publication of our own, the raw payload (BinaryDataConverter) and Debezium's Outbox
-         Event Router on the outbox columns of migration 013.
+         Event Router on the outbox columns of migration 013. A password taken from the
+         database URL is printed masked unless -show-password is given (a -password-ref
+         reference is printed as it is: it holds no secret).
 apply    prepares PostgreSQL (checks wal_level=logical, creates the publication, grants the
          role SELECT on the outbox) and creates the connector or updates its configuration.
          Run it as the role that owns the outbox. Stop the Relay of the outbox only once the
@@ -82,9 +84,12 @@ type connectorRun struct {
 
 // connectorSetup parses the flags every connector action takes, builds the connector's
 // configuration and the Connect client from them, and opens the database with open unless it
-// is nil.
-func (e *env) connectorSetup(ctx context.Context, action string, args []string, open func(context.Context) (*sql.DB, error)) (connectorRun, error) {
+// is nil. extra, unless nil, declares the flags of the action's own.
+func (e *env) connectorSetup(ctx context.Context, action string, args []string, open func(context.Context) (*sql.DB, error), extra func(*flag.FlagSet)) (connectorRun, error) {
 	fs, f := e.connectorFlags(action)
+	if extra != nil {
+		extra(fs)
+	}
 	if err := e.parseFlagsOnly(fs, args); err != nil {
 		return connectorRun{}, err
 	}
@@ -108,8 +113,15 @@ func (e *env) connectorSetup(ctx context.Context, action string, args []string, 
 	return r, nil
 }
 
+// maskedPassword stands in connector config's output for a password read from the database
+// URL: printed output ends up in terminals, logs and tickets.
+const maskedPassword = "********"
+
 func (e *env) connectorConfig(ctx context.Context, args []string) error {
-	r, err := e.connectorSetup(ctx, "config", args, nil)
+	var showPassword bool
+	r, err := e.connectorSetup(ctx, "config", args, nil, func(fs *flag.FlagSet) {
+		fs.BoolVar(&showPassword, "show-password", false, "print the password of the database URL instead of "+maskedPassword)
+	})
 	if err != nil {
 		return err
 	}
@@ -118,11 +130,15 @@ func (e *env) connectorConfig(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if _, ok := c["database.password"]; ok && cfg.PasswordReference == "" && !showPassword {
+		c["database.password"] = maskedPassword
+		fmt.Fprintln(e.stderr, "note: database.password is masked: pass -show-password to print it, or -password-ref to keep it out of the configuration")
+	}
 	return e.printJSON(map[string]any{"name": cfg.Name, "config": c})
 }
 
 func (e *env) connectorApply(ctx context.Context, args []string) error {
-	r, err := e.connectorSetup(ctx, "apply", args, e.openMigrated)
+	r, err := e.connectorSetup(ctx, "apply", args, e.openMigrated, nil)
 	if err != nil {
 		return err
 	}
@@ -151,7 +167,7 @@ type connectorState struct {
 }
 
 func (e *env) connectorStatus(ctx context.Context, args []string) error {
-	r, err := e.connectorSetup(ctx, "status", args, e.open)
+	r, err := e.connectorSetup(ctx, "status", args, e.open, nil)
 	if err != nil {
 		return err
 	}
@@ -198,7 +214,7 @@ func (e *env) connectorStatus(ctx context.Context, args []string) error {
 }
 
 func (e *env) connectorDelete(ctx context.Context, args []string) error {
-	r, err := e.connectorSetup(ctx, "delete", args, e.open)
+	r, err := e.connectorSetup(ctx, "delete", args, e.open, nil)
 	if err != nil {
 		return err
 	}

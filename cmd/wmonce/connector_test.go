@@ -30,6 +30,24 @@ func TestConnectorConfigNeedsNothingRunning(t *testing.T) {
 	require.Equal(t, "required", out.Config["exactly.once.support"])
 	require.Equal(t, "db.internal", out.Config["database.hostname"])
 
+	// A password of the URL is masked unless asked for; a reference is printed as it is.
+	withPassword := []string{"connector", "config", "-database-url", "postgres://app:s3cret@db.internal:5432/prod"}
+	r = wmonceRaw(t, withPassword...)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.NotContains(t, r.stdout, "s3cret")
+	require.Contains(t, r.stderr, "-show-password")
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &out))
+	require.Equal(t, maskedPassword, out.Config["database.password"])
+	r = wmonceRaw(t, append(withPassword, "-show-password")...)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &out))
+	require.Equal(t, "s3cret", out.Config["database.password"])
+	ref := "${env:WMONCE_CDC_PASSWORD}"
+	r = wmonceRaw(t, "connector", "config", "-database-url", "postgres://app@db.internal:5432/prod", "-password-ref", ref)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &out))
+	require.Equal(t, ref, out.Config["database.password"])
+
 	r = wmonceRaw(t, "connector", "config", "-connector-database-url", "mysql://x")
 	require.Equal(t, exitUsage, r.code)
 	require.Contains(t, r.stderr, "is not postgres://user@host:port/database")
