@@ -157,6 +157,32 @@ func ForgetSlotPosition(ctx context.Context, db *sql.DB, schema, slot string) (b
 	return n > 0, nil
 }
 
+// SlotPositions lists the slots whose positions are registered in schema, by name. The
+// retention janitor advances each of them every round.
+func SlotPositions(ctx context.Context, db *sql.DB, schema string) ([]string, error) {
+	if err := checkSchema("list slot positions", db, &schema); err != nil {
+		return nil, err
+	}
+	rows, err := db.QueryContext(ctx, `SELECT substr(consumer_group, length($1) + 1) FROM `+pgtx.QualifiedName(schema, "outbox_offsets")+
+		` WHERE starts_with(consumer_group, $1) ORDER BY consumer_group`, SlotPositionPrefix)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: list slot positions: %w", err)
+	}
+	defer rows.Close()
+	var slots []string
+	for rows.Next() {
+		var slot string
+		if err := rows.Scan(&slot); err != nil {
+			return nil, fmt.Errorf("outbox: list slot positions: %w", err)
+		}
+		slots = append(slots, slot)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("outbox: list slot positions: %w", err)
+	}
+	return slots, nil
+}
+
 func checkRelayNotSlotPosition(name string) error {
 	if strings.HasPrefix(name, SlotPositionPrefix) {
 		return fmt.Errorf("relay Name %q starts with %q, which names the positions of replication slots (outbox.SlotPositionName)", name, SlotPositionPrefix)

@@ -35,9 +35,10 @@ can redeliver any more.
 -janitor runs one round of the retention janitor (retention.Janitor.RunOnce) with the windows
 given here: claims older than -keep, finished inbox rows older than -inbox-keep (default:
 -keep) and relayed outbox rows older than -outbox-keep (default 24h). Give the windows your
-services' janitor uses. It runs beside a janitor service safely. -cdc-slots names the
-replication slots of Debezium connectors reading the outbox (retention.Config.CDCSlots): their
-positions first move up to what each slot has confirmed, so the rows Debezium delivered can go.`,
+services' janitor uses. It runs beside a janitor service safely. The positions of the
+replication slots of Debezium connectors reading the outbox (registered by wmonce connector
+apply) first move up to what each slot has confirmed, so the rows Debezium delivered can go;
+-cdc-slots names slots whose positions must be registered (retention.Config.CDCSlots).`,
 		examples: []string{
 			"wmonce purge -consumer rewards -older-than 30d -dry-run",
 			"wmonce purge -consumer rewards -before 2026-11-01",
@@ -60,7 +61,7 @@ func runPurge(ctx context.Context, e *env, args []string) error {
 	keep := fs.String("keep", "", "janitor: retention window of claims (e.g. 168h or 7d)")
 	inboxKeep := fs.String("inbox-keep", "", "janitor: retention of finished inbox rows (default: -keep)")
 	outboxKeep := fs.String("outbox-keep", "", "janitor: retention of relayed outbox rows (default 24h)")
-	cdcSlots := fs.String("cdc-slots", "", "janitor: comma-separated replication slots of Debezium connectors reading the outbox")
+	cdcSlots := fs.String("cdc-slots", "", "janitor: comma-separated replication slots of Debezium connectors whose outbox positions must be registered (registered ones are advanced anyway)")
 	if err := e.parseFlagsOnly(fs, args); err != nil {
 		return err
 	}

@@ -67,11 +67,14 @@ type Config struct {
 	// that some relay has not forwarded yet are never deleted, whatever their age. Default
 	// DefaultOutboxKeep (24h).
 	OutboxKeep time.Duration
-	// CDCSlots names the replication slots of Debezium connectors reading the outbox
-	// (cdc.Config.SlotName): each round first advances their positions to what the slot has
-	// confirmed (outbox.AdvanceSlotPosition), so that outbox rows Debezium delivered can go.
-	// A slot's position is registered by cdc.Prepare (wmonce connector apply); without it in
-	// CDCSlots the position never moves and holds every later row back. Default none.
+	// CDCSlots names replication slots of Debezium connectors reading the outbox
+	// (cdc.Config.SlotName) whose positions must be registered. Each round first advances
+	// every slot position registered in the outbox (cdc.Prepare, wmonce connector apply,
+	// register them) to what its slot has confirmed (outbox.AdvanceSlotPosition), so that
+	// outbox rows Debezium delivered can go: listed or not, since a position nobody advances
+	// holds every later row back. A listed slot without a registered position fails its step
+	// (outbox.ErrSlotPositionNotRegistered), and so does a registered one whose slot is gone
+	// (outbox.ErrSlotMissing). Default none.
 	CDCSlots []string
 	// HTTPKeysKeep, when set, deletes stored responses of httpidem older than this. Keep it at
 	// least as long as the httpidem Retention (rows older than that are ignored there anyway).

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -69,7 +70,8 @@ type Counters struct {
 //     all consumers (the table is shared; see the package documentation);
 //   - DONE and SKIPPED inbox rows finished longer ago than their consumer's window;
 //   - outbox rows older than OutboxKeep that every relay in outbox_offsets has forwarded
-//     (a Debezium connector's slot counts as one, advanced first for the slots in CDCSlots);
+//     (a Debezium connector's slot position counts as one: each registered one is advanced
+//     first, see CDCSlots);
 //   - optionally, stored HTTP responses of httpidem (HTTPKeysKeep), rows of outbox_rejected
 //     (OutboxRejectedKeep) and SENT intents (SentIntentsKeep).
 //
@@ -234,7 +236,12 @@ func (j *Janitor) RunOnce(ctx context.Context) (Report, error) {
 	step("claims", func() error { return j.deleteClaims(ctx, now, &rep) })
 	step("daily partitions", func() error { return j.maintainPartitions(ctx, now, &rep) })
 	step("inbox", func() error { return j.deleteInbox(ctx, now, &rep) })
-	for _, slot := range j.config.CDCSlots {
+	var slots []string
+	step("cdc slot positions", func() (err error) {
+		slots, err = j.slotsToAdvance(ctx)
+		return err
+	})
+	for _, slot := range slots {
 		step("cdc slot position "+slot, func() error {
 			_, err := outbox.AdvanceSlotPosition(ctx, j.db, j.config.Schema, slot)
 			return err
@@ -260,6 +267,20 @@ func (j *Janitor) RunOnce(ctx context.Context) (Report, error) {
 	err := errors.Join(errs...)
 	j.finishRound(start, &rep, err)
 	return rep, err
+}
+
+// slotsToAdvance is every slot whose position is registered in the outbox, and those of
+// CDCSlots: a position nobody advances holds every later outbox row back, so a registered one
+// is advanced whether it is listed or not, and a listed one that is not registered fails its
+// step (ErrSlotPositionNotRegistered) instead of being passed over.
+func (j *Janitor) slotsToAdvance(ctx context.Context) ([]string, error) {
+	registered, err := outbox.SlotPositions(ctx, j.db, j.config.Schema)
+	if err != nil {
+		return slices.Clone(j.config.CDCSlots), err // the listed ones still go ahead
+	}
+	slots := append(slices.Clone(j.config.CDCSlots), registered...)
+	slices.Sort(slots)
+	return slices.Compact(slots), nil
 }
 
 func (j *Janitor) finishRound(start time.Time, rep *Report, err error) {

@@ -96,8 +96,8 @@ func TestOutboxRowsDeletedOnlyWhenOldAndForwardedByEveryRelay(t *testing.T) {
 }
 
 // An outbox read by Debezium: the janitor advances the slot's position first, so a round
-// deletes the old rows the slot confirmed and keeps the rest; a slot that is gone fails its step
-// and holds rows back, saying so.
+// deletes the old rows the slot confirmed and keeps the rest; the slot need not be listed in
+// CDCSlots. A slot that is gone, or a listed one without a position, fails its step, saying so.
 func TestOutboxRowsDeletedOnceTheSlotConfirmedThem(t *testing.T) {
 	t.Parallel()
 	db := pgtest.DB(t)
@@ -107,7 +107,7 @@ func TestOutboxRowsDeletedOnceTheSlotConfirmedThem(t *testing.T) {
 	slot := pgtest.LogicalSlot(t, db)
 	_, err := outbox.RegisterSlotPosition(ctx, db, schema, slot)
 	require.NoError(t, err)
-	j := newJanitor(t, db, retention.Config{Schema: schema, OutboxKeep: day, BatchSize: 2, CDCSlots: []string{slot}})
+	j := newJanitor(t, db, retention.Config{Schema: schema, OutboxKeep: day, BatchSize: 2}) // found, not listed
 
 	publishOutbox(t, db, schema, 5)
 	pgtest.Exec(t, db, `UPDATE `+ob+` SET created_at = created_at - interval '2 days'`)
@@ -132,9 +132,15 @@ func TestOutboxRowsDeletedOnceTheSlotConfirmedThem(t *testing.T) {
 
 	_, err = retention.NewJanitor(db, retention.Config{Schema: schema, CDCSlots: []string{"Bad Slot"}}, nil)
 	require.ErrorContains(t, err, "CDCSlots[0]")
-	gone := newJanitor(t, db, retention.Config{Schema: schema, CDCSlots: []string{"wmonce_no_such_slot"}})
+	listed := newJanitor(t, db, retention.Config{Schema: schema, CDCSlots: []string{slot, "wmonce_unregistered_slot"}})
+	_, err = listed.RunOnce(ctx)
+	require.ErrorIs(t, err, outbox.ErrSlotPositionNotRegistered)
+	require.ErrorContains(t, err, "wmonce_unregistered_slot")
 	_, err = outbox.RegisterSlotPosition(ctx, db, schema, "wmonce_no_such_slot")
 	require.NoError(t, err)
-	_, err = gone.RunOnce(ctx)
+	_, err = j.RunOnce(ctx)
 	require.ErrorIs(t, err, outbox.ErrSlotMissing)
+	slots, err := outbox.SlotPositions(ctx, db, schema)
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{slot, "wmonce_no_such_slot"}, slots)
 }
