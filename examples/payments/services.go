@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -68,6 +69,10 @@ type rewardsService struct {
 	cashback   string
 	n          narrator
 	deliveries atomic.Int64
+	// credited holds the deliveries whose handler ran, until observe reads it: the middleware
+	// calls the handler only for a fresh claim. Per message, unlike the middleware's Counters,
+	// which a concurrent delivery moves too.
+	credited sync.Map // *message.Message -> bool (false: the payment was credited before)
 }
 
 func newRewards(db *sql.DB, b *broker.Broker, schema, inTopic, outTopic string, n narrator, logger watermill.LoggerAdapter) (*rewardsService, error) {
@@ -101,7 +106,9 @@ VALUES ($1, $2, $3) ON CONFLICT (payment_id) DO NOTHING`, ev.PaymentID, msg.UUID
 	if err != nil {
 		return err
 	}
-	if k, _ := res.RowsAffected(); k == 0 {
+	k, _ := res.RowsAffected()
+	r.credited.Store(msg, k > 0)
+	if k == 0 {
 		// A second, different event id for the same payment: the business key holds the line.
 		r.n.say("rewards: %s was already credited under another event id; nothing to do", ev.PaymentID)
 		return nil
@@ -117,17 +124,18 @@ VALUES ($1, $2, $3) ON CONFLICT (payment_id) DO NOTHING`, ev.PaymentID, msg.UUID
 // observe narrates each delivery and how it ended, and counts deliveries.
 func (r *rewardsService) observe(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		before := r.mw.Counters().Consumer("rewards")
 		out, err := h(msg)
-		after := r.mw.Counters().Consumer("rewards")
+		credited, ran := r.credited.LoadAndDelete(msg)
 		k := r.deliveries.Add(1)
 		where := transport(msg)
 		switch {
 		case err != nil:
 			r.n.say("rewards: delivery #%d of %s (%s) FAILED, rolled back, will be redelivered: %v", k, msg.UUID, where, err)
-		case after.Fresh > before.Fresh:
+		case ran && credited.(bool):
 			r.n.step("rewards: delivery #%d of %s (%s) -> APPLIED: credited 2%% cashback %s (2400 paise) and stored CashbackCredited in the rewards outbox, one transaction with the dedupe claim", k, msg.UUID, where, rupees(2400))
-		case after.Duplicates > before.Duplicates:
+		case ran:
+			r.n.step("rewards: delivery #%d of %s (%s) -> APPLIED its claim; the payment was credited under another event id, so nothing else", k, msg.UUID, where)
+		default:
 			r.n.step("rewards: delivery #%d of %s (%s) -> DUPLICATE absorbed: (rewards, %s) already claimed; nothing applied, acked", k, msg.UUID, where, msg.UUID)
 		}
 		return out, err
