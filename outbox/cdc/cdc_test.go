@@ -171,6 +171,16 @@ func TestConnectorLogsInThroughAPasswordReference(t *testing.T) {
 	for k, v := range stored {
 		require.NotContains(t, v, passwordOfWorker, "Connect holds the password in %s", k)
 	}
+
+	// A reference the workers cannot resolve: Connect refuses the configuration (500), and
+	// the error names the reference.
+	unreadable := cfg
+	unreadable.Name += "-unreadable"
+	unreadable.PasswordReference = "${file:/nonexistent/wmonce-cdc.properties:password}"
+	err = client.Apply(ctx, unreadable)
+	t.Cleanup(func() { _ = client.Delete(context.Background(), unreadable.Name) })
+	require.ErrorContains(t, err, "Could not read properties from file")
+	require.ErrorContains(t, err, "could not resolve the password reference "+unreadable.PasswordReference)
 }
 
 // Debezium's records come back as the messages the producer stored: the UUID, the metadata

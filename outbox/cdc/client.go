@@ -25,13 +25,23 @@ type Client struct {
 
 // Apply creates the connector of config or updates its configuration (PUT
 // /connectors/<name>/config): Connect restarts its task with the new one. Run Prepare first.
+//
+// Connect resolves a PasswordReference when it takes the configuration: a provider that
+// fails (the file provider's file cannot be read) makes it answer 500, which Apply returns
+// with the reference named. A provider that is not declared, or the env provider with no such
+// variable, is not refused: the task then fails to log in, which Status shows.
 func (c Client) Apply(ctx context.Context, config Config) error {
 	connector, err := ConnectorConfig(config)
 	if err != nil {
 		return err
 	}
 	config.setDefaults()
-	return c.do(ctx, http.MethodPut, "/connectors/"+url.PathEscape(config.Name)+"/config", connector, nil)
+	err = c.do(ctx, http.MethodPut, "/connectors/"+url.PathEscape(config.Name)+"/config", connector, nil)
+	var api *APIError
+	if config.PasswordReference != "" && errors.As(err, &api) && api.Code >= 500 {
+		return fmt.Errorf("%w (if the workers could not resolve the password reference %s: each must declare its provider in config.providers and be able to read what it names)", err, config.PasswordReference)
+	}
+	return err
 }
 
 // deleteRetryFor bounds how long Delete asks again while the cluster is rebalancing or a
