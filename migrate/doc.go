@@ -18,5 +18,10 @@
 // migration in its own transaction together with its version row. Any number of instances may
 // call Migrate at the same time, in either direction: the calls run one after the other, whole,
 // each from the version the previous one left (see Migrator.Migrate). A failed migration rolls
-// back completely and leaves the version at the last migration that committed.
+// back completely and leaves the version at the last migration that committed. A schema whose
+// applied migrations differ from the binary's (the checksum of an up file, or a name) is left
+// alone: Migrate fails with ErrChangedMigration before it runs anything.
+//
+// Where it stops: the checksum covers the SQL as embedded, not the tables; a table changed by
+// hand after its migration is not noticed.
 package migrate

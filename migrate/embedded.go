@@ -1,7 +1,9 @@
 package migrate
 
 import (
+	"crypto/sha256"
 	"embed"
+	"encoding/hex"
 	"fmt"
 	"io/fs"
 	"regexp"
@@ -21,6 +23,13 @@ type Migration struct {
 	Name    string
 	up      string
 	down    string
+}
+
+// Checksum is the SHA-256 of the migration's up SQL as embedded (before the schema name is
+// put in), in hex: what the version table records when the migration is applied.
+func (m Migration) Checksum() string {
+	sum := sha256.Sum256([]byte(m.up))
+	return hex.EncodeToString(sum[:])
 }
 
 var filePattern = regexp.MustCompile(`^(\d{3})_([a-z0-9_]+)\.(up|down)\.sql$`)

@@ -102,6 +102,10 @@ type Result struct {
 // current). A call that has to wait logs so at info level; the wait ends with an error naming
 // the lock when ctx ends.
 //
+// Before it plans, it checks every applied migration against this binary's (ErrChangedMigration:
+// nothing runs while an applied migration's up SQL or name differs), and records the checksum
+// of those applied without one.
+//
 // A failed migration rolls back completely: the schema stays at the last version that
 // committed, which Result.To reports, and Result.Versions lists what this call did. If the version
 // table changes under the lock (something wrote it without taking the lock, such as SQL from
@@ -135,6 +139,9 @@ func (m *Migrator) Migrate(ctx context.Context, direction Direction, opts *Opts)
 		if err := m.ensureVersionTable(ctx, conn); err != nil {
 			return res, err
 		}
+	}
+	if err := m.verifyApplied(ctx, conn); err != nil {
+		return res, err
 	}
 	current, err := m.readVersion(ctx, conn)
 	if err != nil {
@@ -203,7 +210,7 @@ func (m *Migrator) apply(ctx context.Context, conn *sql.Conn, direction Directio
 			return fmt.Errorf("migrate: %s %03d_%s: %w", direction, mig.Version, mig.Name, err)
 		}
 		if direction == DirectionUp {
-			_, err = tx.ExecContext(ctx, `INSERT INTO `+m.versionTable()+` (version, name) VALUES ($1, $2)`, mig.Version, mig.Name)
+			_, err = tx.ExecContext(ctx, `INSERT INTO `+m.versionTable()+` (version, name, checksum) VALUES ($1, $2, $3)`, mig.Version, mig.Name, mig.Checksum())
 		} else {
 			_, err = tx.ExecContext(ctx, `DELETE FROM `+m.versionTable()+` WHERE version = $1`, mig.Version)
 		}

@@ -2,6 +2,7 @@ package migrate_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"strconv"
 	"strings"
@@ -350,4 +351,54 @@ func TestMigrateStopsWhenTheVersionMovesUnderIt(t *testing.T) {
 	res, err = m.Migrate(ctx, migrate.DirectionUp, nil)
 	require.NoError(t, err)
 	require.Equal(t, versions(4, migrate.Latest()), res.Versions)
+}
+
+// An applied migration that differs from the binary's stops Migrate before anything runs, in
+// either direction; a version recorded without a checksum (an older binary's version table, or
+// SQL from Print) gets this binary's, and clearing a checksum lets the next call record it.
+func TestMigrateRefusesAChangedAppliedMigration(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	schema := pgtest.NewName("mig_sum")
+	t.Cleanup(func() { pgtest.Exec(t, db, `DROP SCHEMA IF EXISTS `+pgtx.QuoteIdentifier(schema)+` CASCADE`) })
+	ctx := context.Background()
+	m, err := migrate.New(db, migrate.Config{Schema: schema}, nil)
+	require.NoError(t, err)
+	_, err = m.Migrate(ctx, migrate.DirectionUp, &migrate.Opts{TargetVersion: 3})
+	require.NoError(t, err)
+	all, err := migrate.All()
+	require.NoError(t, err)
+	versions := pgtx.QualifiedName(schema, "schema_migrations")
+	checksum := func(v int) string {
+		var s sql.NullString
+		require.NoError(t, db.QueryRow(`SELECT checksum FROM `+versions+` WHERE version = $1`, v).Scan(&s))
+		return s.String
+	}
+	require.Equal(t, all[1].Checksum(), checksum(2), "Migrate records each migration's checksum")
+
+	// As an older binary left it: no checksum column.
+	pgtest.Exec(t, db, `ALTER TABLE `+versions+` DROP COLUMN checksum`)
+	res, err := m.Migrate(ctx, migrate.DirectionUp, &migrate.Opts{TargetVersion: 4})
+	require.NoError(t, err)
+	require.Equal(t, []int{4}, res.Versions)
+	for v := 1; v <= 4; v++ {
+		require.Equal(t, all[v-1].Checksum(), checksum(v), "version %d", v)
+	}
+
+	// Migration 002 as applied is not this binary's 002.
+	pgtest.Exec(t, db, `UPDATE `+versions+` SET checksum = 'edited' WHERE version = 2`)
+	for _, dir := range []migrate.Direction{migrate.DirectionUp, migrate.DirectionDown} {
+		res, err = m.Migrate(ctx, dir, nil)
+		require.ErrorIs(t, err, migrate.ErrChangedMigration, dir)
+		require.ErrorContains(t, err, "002_inbox was applied with sha256 edited")
+		require.Empty(t, res.Versions, dir)
+	}
+	version, err := m.Version(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 4, version)
+
+	pgtest.Exec(t, db, `UPDATE `+versions+` SET checksum = NULL WHERE version = 2`)
+	_, err = m.Migrate(ctx, migrate.DirectionUp, nil)
+	require.NoError(t, err)
+	require.Equal(t, all[1].Checksum(), checksum(2))
 }
