@@ -65,13 +65,19 @@ var ErrChangedMigration = errors.New("migrate: an applied migration differs from
 // lock, before anything runs. A version recorded without a checksum (applied before version
 // tables kept one, or by SQL from Print) gets this binary's, so a later change is caught.
 func (m *Migrator) verifyApplied(ctx context.Context, conn *sql.Conn) error {
-	// A version table of an older binary has no checksum column yet.
-	if _, err := conn.ExecContext(ctx, `ALTER TABLE IF EXISTS `+m.versionTable()+` ADD COLUMN IF NOT EXISTS checksum text`); err != nil {
-		return fmt.Errorf("migrate: add the checksum column to the version table: %w", err)
+	var exists, hasChecksum bool
+	err := conn.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL, EXISTS (
+    SELECT FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'checksum' AND NOT attisdropped)`, m.versionTable()).Scan(&exists, &hasChecksum)
+	if err != nil {
+		return fmt.Errorf("migrate: read the version table: %w", err)
 	}
-	var exists bool
-	if err := conn.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, m.versionTable()).Scan(&exists); err != nil || !exists {
-		return err
+	if !exists {
+		return nil
+	}
+	if !hasChecksum { // an older binary's version table; ALTER only then, for its exclusive lock
+		if _, err := conn.ExecContext(ctx, `ALTER TABLE `+m.versionTable()+` ADD COLUMN IF NOT EXISTS checksum text`); err != nil {
+			return fmt.Errorf("migrate: add the checksum column to the version table: %w", err)
+		}
 	}
 	rows, err := conn.QueryContext(ctx, `SELECT version, name, coalesce(checksum, '') FROM `+m.versionTable()+` ORDER BY version`)
 	if err != nil {
