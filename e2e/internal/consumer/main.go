@@ -19,6 +19,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/e2e/internal/scenario"
@@ -53,15 +54,22 @@ func run() error {
 	}
 	defer db.Close()
 	defer b.Close()
-	newConsumer := func() (*scenario.Consumer, error) {
+	newConsumer := func() (*scenario.Consumer, message.Subscriber, error) {
 		sub, err := b.NewSubscriber(group)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
+		var c *scenario.Consumer
 		if counter {
-			return scenario.NewCounterConsumer(db, sub, schema, topic, group, instance, logger)
+			c, err = scenario.NewCounterConsumer(db, sub, schema, topic, group, instance, logger)
+		} else {
+			c, err = scenario.NewConsumer(db, sub, schema, topic, need(scenario.EnvPoisonTopic), group, instance, logger)
 		}
-		return scenario.NewConsumer(db, sub, schema, topic, need(scenario.EnvPoisonTopic), group, instance, logger)
+		if err != nil {
+			_ = sub.Close()
+			return nil, nil, err
+		}
+		return c, sub, nil
 	}
 	var current atomic.Pointer[scenario.Consumer]
 	report := func(final bool) {
@@ -98,18 +106,26 @@ func run() error {
 	// deployment's supervisor would start the process again; here the router is built again, like
 	// Connect retries. Once the handlers run, Run returns nil when the router is closed.
 	err = scenario.RetryStartup(ctx, "consumer", func() error {
-		c, err := newConsumer()
+		c, sub, err := newConsumer()
 		if err != nil {
 			return err
 		}
 		closeMu.Lock()
 		if ctx.Err() != nil {
 			closeMu.Unlock()
+			_ = sub.Close()
 			return nil
 		}
 		current.Store(c)
 		closeMu.Unlock()
-		return c.Router.Run(context.Background())
+		if err := c.Router.Run(context.Background()); err != nil {
+			// A router whose handler could not subscribe does not close its subscriber: the
+			// next attempt builds its own, so this one's connections must go.
+			_ = c.Router.Close()
+			_ = sub.Close()
+			return err
+		}
+		return nil
 	})
 	if err != nil && ctx.Err() == nil { // stopped while retrying is a clean stop
 		return err
