@@ -65,10 +65,7 @@
 // through what Config.Effect reads (count the calls a fake makes). Config.Effect must read
 // through the pool the committed state, and Reset must clear all of it. The SQL subscriber
 // delivers one message at a time, so concurrent schedules run one after the other in that
-// mode. The group-commit queue is found in the goroutine stacks (the middleware exposes no
-// signal for it): tests of other packages in the same binary waiting in a group-commit queue
-// at that moment can release the lanes early, which groups fewer messages but never reports a
-// violation that is not real. Reordered events are a violation only for handlers whose effect
+// mode. Reordered events are a violation only for handlers whose effect
 // should not depend on arrival order: leave FaultReorder out of Config.Faults for one whose
 // effect rightly does (and that refuses stale events another way).
 package oncetest

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -16,6 +15,7 @@ import (
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/kithook"
 	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -276,7 +276,7 @@ func (k *Kit) runMiddleware(ctx context.Context, h message.HandlerFunc, mode Mod
 		go func() { defer wg.Done(); deliver(c) }()
 	}
 	if release != nil {
-		waitQueued(len(all))
+		waitQueued(mw, len(all))
 		release()
 	}
 	wg.Wait()
@@ -301,26 +301,12 @@ func (k *Kit) holdLanes(wg *sync.WaitGroup, chain message.HandlerFunc, in *injec
 	return func() { close(in.release) }
 }
 
-// waitQueued waits until n deliveries wait in the group-commit queue. The middleware exposes no
-// signal for that outside its own tests; the goroutines' stacks show it. It gives up after a
-// while (another test's queue may be counted, or a delivery may have failed before queueing):
-// the run then groups fewer messages, and a violation it shows is still real.
-func waitQueued(n int) {
+// waitQueued waits until n deliveries wait in mw's group-commit queue (internal/kithook reads
+// it). It gives up after a while (a delivery may have failed before queueing): the run then
+// groups fewer messages, and a violation it shows is still real.
+func waitQueued(mw *once.Middleware, n int) {
 	deadline := time.Now().Add(10 * time.Second)
-	buf := make([]byte, 1<<20)
-	for time.Now().Before(deadline) {
-		for {
-			m := runtime.Stack(buf, true)
-			if m < len(buf) {
-				buf = buf[:m]
-				break
-			}
-			buf = make([]byte, 2*len(buf))
-		}
-		if strings.Count(string(buf), "internal/groupcommit.(*Queue[...]).Wait(") >= n {
-			return
-		}
-		buf = buf[:cap(buf)]
+	for kithook.GroupCommitQueued(mw) < n && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
 }

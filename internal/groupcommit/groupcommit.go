@@ -176,6 +176,13 @@ func (q *Queue[T]) Waiting() int {
 	return q.waiting
 }
 
+// Queued returns how many callers wait for a lane now (taken by none yet).
+func (q *Queue[T]) Queued() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.queue)
+}
+
 // lane runs groups until nobody waits (or, without Drain, the queue is closed).
 func (q *Queue[T]) lane() {
 	defer q.wg.Done()
