@@ -81,15 +81,16 @@ func (p *Processor) runLockedBatch(claimCtx, ctx context.Context, tx *sql.Tx, ro
 		err = p.guard.Close(ctx, tx)
 	}
 	if err != nil {
-		_ = tx.Rollback()
 		if pgtx.IsConnectionError(err) && p.handlerCtx().Err() == nil {
 			// The handlers ran and the connection is gone, perhaps by their doing: the starts
 			// stay, and the next worker to lock these rows counts the attempt.
+			_ = tx.Rollback()
 			p.errs.Add(1)
 			p.logger.Error("Connection lost completing a batch; the attempt counts and its rows are claimed again", err, watermill.LogFields{"rows": len(rows)})
 			return false, nil
 		}
-		p.forgetLocked(rows)
+		p.forgetLocked(rows) // while the locks are held (recheckStart)
+		_ = tx.Rollback()
 		if p.handlerCtx().Err() != nil {
 			p.count(settledReleased, nil, rows...)
 			return false, nil

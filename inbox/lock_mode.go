@@ -76,6 +76,9 @@ func (p *Processor) lockedRound(claimCtx context.Context) (int, error) {
 	}
 	p.claimed.Add(uint64(len(rows)))
 	p.testSignals.Claimed.Signal(ids(rows))
+	if p.testHooks.Locked != nil {
+		p.testHooks.Locked(ids(rows))
+	}
 	if claimCtx.Err() != nil {
 		_ = tx.Rollback() // shutdown: the rollback gives them back
 		p.count(settledReleased, nil, rows...)
@@ -125,6 +128,14 @@ func (p *Processor) processLockedOne(id int64) {
 // reports whether it ended tx (commit attempted).
 func (p *Processor) runLockedRow(ctx context.Context, tx *sql.Tx, r claimedRow) bool {
 	fields := watermill.LogFields{"row": r.id, "message_id": r.messageID, "attempt": r.attempts}
+	if r.crashed > 0 {
+		if err := p.recheckStart(ctx, &r); err != nil {
+			p.errs.Add(1)
+			p.logger.Error("Could not read the start of the row's last attempt again; the row is claimed again later", err, fields)
+			return false
+		}
+		fields["attempt"] = r.attempts
+	}
 	if r.crashed >= p.config.MaxAttempts {
 		return p.parkCrashed(ctx, tx, r, fields)
 	}
@@ -200,6 +211,22 @@ func (p *Processor) runLockedRow(ctx context.Context, tx *sql.Tx, r claimedRow) 
 		herr = fmt.Errorf("inbox: mark done: %w", err)
 	}
 	return p.lockedRowFailed(ctx, tx, r, herr, fields)
+}
+
+// recheckStart reads the start record of r's last attempt again, now that this worker holds
+// the row lock, and corrects r.crashed and r.attempts. The claim read it in its statement's
+// snapshot: another worker may have withdrawn that start (forgetLocked: its attempt did not
+// count) after the snapshot was taken and released the row before this worker locked it. Taken
+// as it was, the withdrawn start would count an attempt that never ran, and at MaxAttempts
+// park the row without running it. The read runs on the pool, in a snapshot of its own
+// whatever TxOptions says, and waits for a withdrawal in progress (FOR KEY SHARE).
+func (p *Processor) recheckStart(ctx context.Context, r *claimedRow) error {
+	var recorded, started int
+	if err := p.db.QueryRowContext(ctx, p.q.recheckStart, r.id).Scan(&recorded, &started); err != nil {
+		return fmt.Errorf("inbox: read the start of row %d's last attempt again: %w", r.id, err)
+	}
+	r.crashed, r.attempts = started, max(recorded, started)+1
+	return nil
 }
 
 // lockedRowFailed settles a locked row whose attempt failed with herr: recorded in tx when the

@@ -321,3 +321,43 @@ func TestClaimLockRetryWaitsBackoffAfterTheFailure(t *testing.T) {
 	// Backoff is drawn from [d/2, d]: at least 100ms after the failure.
 	require.GreaterOrEqual(t, retriedAt.Sub(failedAt), 100*time.Millisecond)
 }
+
+// A start another worker withdrew (its attempt did not happen) after this worker's claim
+// statement had read it, and before this worker locked the row, does not count: the claim's
+// snapshot still shows it, and with MaxAttempts 1 the row was parked without ever running.
+func TestClaimLockIgnoresAStartWithdrawnAfterTheClaimRead(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
+	storeAll(t, e, r, []*message.Message{msg("m1", "x")})
+	// The start of attempt 1, as the other worker commits it before it runs the row.
+	pgtest.Exec(t, e.db, `INSERT INTO `+e.table("inbox_attempts")+` (inbox_id, attempt, row_xmin)
+SELECT id, 1, xmin FROM `+e.table("inbox")+` WHERE message_id = 'm1'`)
+	var runs atomic.Int32
+	cfg := locking("c", 1, 1)
+	cfg.MaxAttempts = 1
+	p := e.processor(t, func(m *message.Message) ([]*message.Message, error) {
+		runs.Add(1)
+		return nil, e.effect(m, "w")
+	}, cfg)
+	sig := p.TestSignals()
+	sig.Settled.Init()
+	withdrawn := make(chan error, 1)
+	p.TestHooks().Locked = func([]int64) {
+		_, err := e.db.Exec(`DELETE FROM ` + e.table("inbox_attempts"))
+		select {
+		case withdrawn <- err:
+		default:
+		}
+	}
+	e.run(t, p)
+	pr := &proc{Processor: p, sig: sig}
+	pr.until(t, "the row settled", func(n tally) bool { return n.Done+n.Parked+n.Failed > 0 })
+	require.NoError(t, <-withdrawn)
+	row, err := e.ops.InspectMessage(context.Background(), "c", "m1")
+	require.NoError(t, err)
+	require.Equal(t, inbox.StatusDone, row.Status, row.LastError)
+	require.Equal(t, 1, row.Attempts)
+	require.Equal(t, int32(1), runs.Load())
+	require.Equal(t, 1, e.effects(t))
+}

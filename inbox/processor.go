@@ -94,6 +94,7 @@ type Processor struct {
 	replan                        pgtx.Replan  // see replanned
 
 	testSignals processorTestSignals
+	testHooks   processorTestHooks
 }
 
 // NewProcessor validates config and prepares a processor that runs handler for every row of

@@ -47,6 +47,7 @@ type queries struct {
 	failLock     string
 	startLock    string
 	forgetLock   string
+	recheckStart string
 	parkLock     string
 }
 
@@ -201,6 +202,11 @@ ON CONFLICT (inbox_id) DO UPDATE SET attempt = EXCLUDED.attempt, row_xmin = EXCL
 		// (shutdown, a batch rolled back to run its rows one by one).
 		forgetLock: `DELETE FROM ` + a + ` s USING unnest($1::bigint[], $2::int[]) AS c(id, n)
 WHERE s.inbox_id = c.id AND s.attempt = c.n`,
+		// The recorded attempts of a row this worker has locked, and the start of an attempt
+		// that ended its connection or process (0: none), read again (recheckStart).
+		recheckStart: `SELECT i.attempts, coalesce((SELECT s.attempt FROM ` + a + ` s
+    WHERE s.inbox_id = i.id AND s.row_xmin = i.xmin FOR KEY SHARE), 0)
+FROM ` + t + ` i WHERE i.id = $1`,
 		// Parks a locked row whose last allowed attempt ended its connection or process.
 		// $2: that attempt's number.
 		parkLock: `WITH f AS (DELETE FROM ` + a + ` WHERE inbox_id = $1)

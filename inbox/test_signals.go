@@ -31,6 +31,14 @@ type processorTestSignals struct {
 	Idle testsignal.Signal[time.Time]
 }
 
+// processorTestHooks let this package's tests act at a point of a Processor's work, as another
+// process could there. Nil outside tests.
+type processorTestHooks struct {
+	// Locked runs after a ClaimLock round's claim statement locked its rows, before anything
+	// of them runs, with their ids.
+	Locked func(ids []int64)
+}
+
 // settledRow is the Settled event of one row.
 type settledRow struct {
 	ID  int64
