@@ -2,7 +2,9 @@ package broker
 
 import (
 	"fmt"
+	"strings"
 
+	"github.com/ThreeDotsLabs/watermill"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -23,7 +25,7 @@ func (c AMQPConfig) QueueName(topic, group string) string { return c.Prefix + to
 func (c AMQPConfig) UnroutedQueueName() string { return c.Prefix + unroutedName }
 
 // declareUnrouted declares the alternate exchange and its queue.
-func (b *Broker) declareUnrouted(ch *amqp.Channel) error {
+func (b *Broker) declareUnrouted(conn *amqp.Connection, ch *amqp.Channel) error {
 	a := b.config.AMQP
 	if a.DisableUnroutedQueue {
 		return nil
@@ -32,8 +34,8 @@ func (b *Broker) declareUnrouted(ch *amqp.Channel) error {
 	if err := ch.ExchangeDeclare(name, "fanout", true, false, false, false, nil); err != nil {
 		return fmt.Errorf("broker: declare exchange %q: %w", name, err)
 	}
-	if _, err := ch.QueueDeclare(name, true, false, false, false, b.queueArgs()); err != nil {
-		return fmt.Errorf("broker: declare queue %q: %w", name, err)
+	if err := b.declareDurableQueue(conn, name); err != nil {
+		return err
 	}
 	if err := ch.QueueBind(name, "", name, false, nil); err != nil {
 		return fmt.Errorf("broker: bind queue %q: %w", name, err)
@@ -43,8 +45,8 @@ func (b *Broker) declareUnrouted(ch *amqp.Channel) error {
 
 // declareExchange declares a topic's durable fanout exchange, with the unrouted exchange as its
 // alternate: a message that no queue is bound for is kept there instead of being dropped.
-func (b *Broker) declareExchange(ch *amqp.Channel, topic string) error {
-	if err := b.declareUnrouted(ch); err != nil {
+func (b *Broker) declareExchange(conn *amqp.Connection, ch *amqp.Channel, topic string) error {
+	if err := b.declareUnrouted(conn, ch); err != nil {
 		return err
 	}
 	a := b.config.AMQP
@@ -60,14 +62,14 @@ func (b *Broker) declareExchange(ch *amqp.Channel, topic string) error {
 }
 
 // declareQueue declares a group's durable queue on a topic and binds it.
-func (b *Broker) declareQueue(ch *amqp.Channel, topic, group string) error {
-	if err := b.declareExchange(ch, topic); err != nil {
+func (b *Broker) declareQueue(conn *amqp.Connection, ch *amqp.Channel, topic, group string) error {
+	if err := b.declareExchange(conn, ch, topic); err != nil {
 		return err
 	}
 	a := b.config.AMQP
 	q := a.QueueName(topic, group)
-	if _, err := ch.QueueDeclare(q, true, false, false, false, b.queueArgs()); err != nil {
-		return fmt.Errorf("broker: declare queue %q: %w", q, err)
+	if err := b.declareDurableQueue(conn, q); err != nil {
+		return err
 	}
 	if err := ch.QueueBind(q, "", a.ExchangeName(topic), false, nil); err != nil {
 		return fmt.Errorf("broker: bind queue %q: %w", q, err)
@@ -77,20 +79,56 @@ func (b *Broker) declareQueue(ch *amqp.Channel, topic, group string) error {
 
 func (b *Broker) queueArgs() amqp.Table {
 	if b.config.AMQP.QueueType == QueueTypeQuorum {
-		return amqp.Table{"x-queue-type": QueueTypeQuorum}
+		return amqp.Table{"x-queue-type": QueueTypeQuorum, argDeliveryLimit: int64(b.config.AMQP.DeliveryLimit)}
+	}
+	return nil
+}
+
+// argDeliveryLimit is the quorum-queue argument RabbitMQ drops or dead-letters a message by
+// once it has been delivered that many times (AMQPConfig.DeliveryLimit).
+const argDeliveryLimit = "x-delivery-limit"
+
+// declareDurableQueue declares the durable queue name with queueArgs, on a channel of its own:
+// a refused declare closes the channel it ran on. A queue that exists with another delivery
+// limit (declared before this package set one, or by hand) is kept as it is, checked with a
+// passive declare, and a warning says what that limit means.
+func (b *Broker) declareDurableQueue(conn *amqp.Connection, name string) error {
+	declare := func(passive bool) error {
+		ch, err := conn.Channel()
+		if err != nil {
+			return fmt.Errorf("broker: open RabbitMQ channel: %w", err)
+		}
+		defer ch.Close()
+		if passive {
+			_, err = ch.QueueDeclarePassive(name, true, false, false, false, nil)
+		} else {
+			_, err = ch.QueueDeclare(name, true, false, false, false, b.queueArgs())
+		}
+		return err
+	}
+	err := declare(false)
+	if err != nil && strings.Contains(err.Error(), "inequivalent arg '"+argDeliveryLimit+"'") {
+		if _, warned := b.declared.LoadOrStore("delivery-limit:"+name, struct{}{}); !warned {
+			b.logger.Error("RabbitMQ queue keeps the delivery limit it was declared with, not AMQP.DeliveryLimit: on RabbitMQ 4 a quorum queue without one drops a message delivered 20 times (a handler failing through a short outage gets there); "+
+				"set a policy with a high delivery-limit for it, or delete the empty queue so that it is declared again", err, watermill.LogFields{"queue": name, "delivery_limit": b.config.AMQP.DeliveryLimit})
+		}
+		err = declare(true)
+	}
+	if err != nil {
+		return fmt.Errorf("broker: declare queue %q: %w", name, err)
 	}
 	return nil
 }
 
 // withAMQPChannel runs fn on a channel of a short-lived connection of its own.
-func (b *Broker) withAMQPChannel(fn func(ch amqpChannel) error) error {
+func (b *Broker) withAMQPChannel(fn func(conn *amqp.Connection, ch amqpChannel) error) error {
 	return b.withAMQPConn(func(conn *amqp.Connection) error {
 		ch, err := conn.Channel()
 		if err != nil {
 			return fmt.Errorf("broker: open RabbitMQ channel: %w", err)
 		}
 		defer ch.Close()
-		return fn(ch)
+		return fn(conn, ch)
 	})
 }
 
@@ -110,7 +148,7 @@ func (b *Broker) withAMQPConn(fn func(conn *amqp.Connection) error) error {
 // every topic under the prefix and may hold messages of others.
 func (b *Broker) DeleteAMQPTopology(subs ...Subscription) error {
 	a := b.config.AMQP
-	return b.withAMQPChannel(func(ch amqpChannel) error {
+	return b.withAMQPChannel(func(_ *amqp.Connection, ch amqpChannel) error {
 		topics := map[string]bool{}
 		for _, s := range subs {
 			if _, err := ch.QueueDelete(a.QueueName(s.Topic, s.Group), false, false, false); err != nil {

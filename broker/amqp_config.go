@@ -24,6 +24,9 @@ const (
 	// DefaultAMQPPrefetchPerWorker times Workers is the default Prefetch.
 	DefaultAMQPPrefetchPerWorker = 4
 	DefaultAMQPConnectionName    = "watermill-once"
+	// DefaultAMQPDeliveryLimit is the default AMQPConfig.DeliveryLimit: in effect none (a
+	// message failing once a second reaches it after 31 years).
+	DefaultAMQPDeliveryLimit = 1_000_000_000
 )
 
 // Bounds of AMQPConfig.Workers and Prefetch (RabbitMQ's prefetch count is 16 bits).
@@ -68,6 +71,15 @@ type AMQPConfig struct {
 	// ConnectionName is shown in the management UI and rabbitmqctl. Default
 	// DefaultAMQPConnectionName ("watermill-once").
 	ConnectionName string
+	// DeliveryLimit is the x-delivery-limit of the quorum queues this package declares: how
+	// many times RabbitMQ delivers a message (each nack requeues it) before it dead-letters it
+	// (to a dead-letter exchange set by policy) or drops it. Default DefaultAMQPDeliveryLimit
+	// (1,000,000,000): in effect none. Without it, RabbitMQ 4's quorum queues apply 20, which a
+	// handler failing through a short database outage reaches (once.Stack retries 3 times, then
+	// nacks), and then the message is gone; RabbitMQ 3 applies none. A queue that exists with
+	// another limit keeps it (RabbitMQ cannot change a queue's arguments), and a warning says
+	// so: set a policy with delivery-limit for it. Classic queues have no delivery limit.
+	DeliveryLimit int
 	// DisableUnroutedQueue stops declaring the alternate exchange and queue
 	// <Prefix>wmonce.unrouted, where RabbitMQ puts messages published to a topic that no queue
 	// is bound to (instead of dropping them). Only disable it if the exchanges already exist
@@ -82,12 +94,14 @@ func (a *AMQPConfig) setDefaults() {
 	a.Prefetch = cmp.Or(a.Prefetch, DefaultAMQPPrefetchPerWorker*a.Workers)
 	a.NackDelay = cmp.Or(a.NackDelay, DefaultNackDelay)
 	a.ConnectionName = cmp.Or(a.ConnectionName, DefaultAMQPConnectionName)
+	a.DeliveryLimit = cmp.Or(a.DeliveryLimit, DefaultAMQPDeliveryLimit)
 }
 
 func (a AMQPConfig) validate() error {
 	errs := []error{
 		setup.Between("AMQP.Workers", a.Workers, 1, maxAMQPWorkers),
 		setup.NotNegative("AMQP.NackDelay", a.NackDelay),
+		setup.AtLeast("AMQP.DeliveryLimit", a.DeliveryLimit, 1),
 	}
 	u, err := url.Parse(a.URL)
 	if err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") || u.Host == "" {

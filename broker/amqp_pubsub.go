@@ -299,7 +299,7 @@ func (s *amqpSubscriber) consumeOnce(ctx context.Context, topic, queue string, o
 		return false, fmt.Errorf("set prefetch: %w", err)
 	}
 	// Declared again on every (re)connection, in case the broker lost it.
-	if err := s.b.declareQueue(ch, topic, s.group); err != nil {
+	if err := s.b.declareQueue(conn, ch, topic, s.group); err != nil {
 		return false, err
 	}
 	deliveries, err := ch.Consume(queue, "", false, false, false, false, nil)

@@ -354,3 +354,62 @@ func TestAMQPPublishedBeforeTheFirstSubscriberIsDelivered(t *testing.T) {
 	require.NoError(t, pub.Publish(topic, message.NewMessage("late-1", []byte("x"))))
 	require.Equal(t, "late-1", receive(t, msgs, 1, 20*time.Second)[0].UUID)
 }
+
+// Quorum queues are declared with AMQPConfig.DeliveryLimit, so RabbitMQ 4's default of 20
+// deliveries does not drop a message whose handler fails for a while. A queue that exists
+// without a limit (declared by an earlier version) is kept as it is, with a warning, and
+// works.
+func TestAMQPQuorumQueuesCarryTheDeliveryLimit(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	cfg := brokertest.Config(t, broker.AMQP, pgtest.Schema(t, db))
+	topic := pgtest.NewName("payments")
+	conn, err := amqp.Dial(cfg.AMQP.URL)
+	require.NoError(t, err)
+	defer conn.Close()
+	quorumOnly := amqp.Table{"x-queue-type": "quorum"}
+	declareAs := func(queue string, args amqp.Table) error {
+		ch, err := conn.Channel()
+		require.NoError(t, err)
+		defer ch.Close()
+		_, err = ch.QueueDeclare(queue, true, false, false, false, args)
+		return err
+	}
+	old := cfg.AMQP.QueueName(topic, "old")
+	require.NoError(t, declareAs(old, quorumOnly))
+
+	cfg.AMQP.DeliveryLimit = 7
+	cfg.Subscriptions = []broker.Subscription{{Topic: topic, Group: "new"}, {Topic: topic, Group: "old"}}
+	logs := watermill.NewCaptureLogger()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	b, err := broker.New(ctx, db, cfg, logs)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, b.Close()) }()
+	pub, err := b.NewPublisher(ctx) // declares both groups' queues
+	require.NoError(t, err)
+	defer pub.Close()
+
+	err = declareAs(cfg.AMQP.QueueName(topic, "new"), quorumOnly)
+	require.ErrorContains(t, err, "inequivalent arg 'x-delivery-limit'", "the new queue carries a limit")
+	require.ErrorContains(t, err, "'7'")
+	require.NoError(t, declareAs(old, quorumOnly), "the old queue is unchanged")
+	warned := 0
+	for _, m := range logs.Captured()[watermill.ErrorLogLevel] {
+		if m.Fields["queue"] == old {
+			require.Contains(t, m.Msg, "drops a message delivered 20 times")
+			warned++
+		}
+	}
+	require.Equal(t, 1, warned, "one warning for the old queue")
+
+	sub, err := b.NewSubscriber("old")
+	require.NoError(t, err)
+	defer sub.Close()
+	msgs, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	require.NoError(t, pub.Publish(topic, message.NewMessage("e-1", []byte("x"))))
+	got := receiveOne(t, msgs)
+	require.Equal(t, "e-1", got.UUID)
+	got.Ack()
+}

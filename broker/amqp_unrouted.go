@@ -65,7 +65,7 @@ func (b *Broker) reroutePass(ctx context.Context, conn *amqp.Connection) error {
 	}
 	defer ch.Close()
 	queue := a.UnroutedQueueName()
-	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, b.queueArgs())
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 	if err != nil {
 		return fmt.Errorf("broker: inspect queue %q: %w", queue, err)
 	}

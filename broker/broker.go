@@ -96,7 +96,7 @@ func New(ctx context.Context, db *sql.DB, config Config, logger watermill.Logger
 		}
 		b.kafkaAdmin = admin
 	case AMQP:
-		if err := b.withAMQPChannel(func(ch amqpChannel) error { return b.declareUnrouted(ch) }); err != nil {
+		if err := b.withAMQPChannel(b.declareUnrouted); err != nil {
 			return nil, err
 		}
 	}
@@ -218,7 +218,7 @@ func (b *Broker) declare(ctx context.Context, topic, group string) error {
 		err = b.ensureKafkaTopic(ctx, topic)
 	case AMQP:
 		if group == "" {
-			err = b.withAMQPChannel(func(ch amqpChannel) error { return b.declareExchange(ch, topic) })
+			err = b.withAMQPChannel(func(conn *amqp.Connection, ch amqpChannel) error { return b.declareExchange(conn, ch, topic) })
 			break
 		}
 		err = b.withAMQPConn(func(conn *amqp.Connection) error {
@@ -227,7 +227,7 @@ func (b *Broker) declare(ctx context.Context, topic, group string) error {
 				return fmt.Errorf("broker: open RabbitMQ channel: %w", err)
 			}
 			defer ch.Close()
-			if err := b.declareQueue(ch, topic, group); err != nil {
+			if err := b.declareQueue(conn, ch, topic, group); err != nil {
 				return err
 			}
 			// Messages published to the topic while no queue was bound wait in the
