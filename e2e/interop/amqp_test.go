@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,7 +15,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	amqp "github.com/rabbitmq/amqp091-go"
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	wmonce "github.com/wmonce/watermill-once"
@@ -173,20 +173,17 @@ func relayTo(t *testing.T, e *env, pub message.Publisher, want int) {
 	t.Helper()
 	relay, err := outbox.NewRelay(e.db, pub, outbox.RelayConfig{Schema: e.schema}, logger())
 	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Timeout)
 	defer cancel()
 	published := 0
-	require.EventuallyWithT(t, func(c *assert.CollectT) {
+	testwait.Until(t, fmt.Sprintf("the relay to publish %d messages", want), func() bool {
 		n, err := relay.RelayOnce(ctx)
-		if !assert.NoError(c, err) {
-			return
-		}
+		require.NoError(t, err)
 		published += n
-		assert.Equal(c, want, published)
-	}, waitFor, tick)
+		require.LessOrEqual(t, published, want, "published more than the outbox held")
+		return published == want
+	})
 }
-
-const waitFor, tick = 30 * time.Second, 10 * time.Millisecond
 
 // TestMiddlewareOverWatermillAMQP puts the effectively-once middleware in front of a handler
 // fed by watermill-amqp's own Subscriber and Publisher: five copies of one event apply once;
@@ -226,9 +223,9 @@ func TestMiddlewareOverWatermillAMQP(t *testing.T) {
 
 	publish(t, pub, "payments", "e-91", 5)
 	publish(t, pub, "payments", "e-fails-once", 1)
-	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		assert.Equal(c, once.Counters{Fresh: 2, Duplicates: 4, Failed: 1}, mw.Counters().Consumer("rewards"))
-	}, waitFor, tick)
+	testwait.Until(t, "two events applied, four copies absorbed, one attempt failed", func() bool {
+		return mw.Counters().Consumer("rewards") == once.Counters{Fresh: 2, Duplicates: 4, Failed: 1}
+	})
 
 	require.Equal(t, 1, e.effects(t, "e-91"), "five copies, one effect")
 	require.Equal(t, 1, e.effects(t, "e-fails-once"), "the failed attempt's write was rolled back; the redelivery applied it once")
@@ -293,9 +290,9 @@ func TestStackOverWatermillAMQP(t *testing.T) {
 
 	publish(t, pub, "payments", "e-transient", 2)
 	publish(t, pub, "payments", "e-poison", 1)
-	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		assert.Equal(c, once.Counters{Fresh: 1, Duplicates: 1, Failed: 2}, mw.Counters().Consumer("rewards"))
-	}, waitFor, tick)
+	testwait.Until(t, "one event applied, one copy absorbed, two attempts failed", func() bool {
+		return mw.Counters().Consumer("rewards") == once.Counters{Fresh: 1, Duplicates: 1, Failed: 2}
+	})
 	waitDrained(t, e.amqpURL, "payments_rewards", "every message acked, the poison one too")
 	require.Equal(t, 1, e.effects(t, "e-transient"))
 	require.Equal(t, 0, e.effects(t, "e-poison"), "rolled back")
@@ -331,10 +328,10 @@ func TestInboxOverWatermillAMQP(t *testing.T) {
 		})
 	})
 	publish(t, pub, "payments", "e-91", 5)
-	require.EventuallyWithT(t, func(c *assert.CollectT) {
+	testwait.Until(t, "one row for five copies and a redelivery", func() bool {
 		got := receiver.Counters()
-		assert.Equal(c, [2]uint64{1, 5}, [2]uint64{got.Stored, got.Duplicates}, "one row for five copies and a redelivery")
-	}, waitFor, tick)
+		return got.Stored == 1 && got.Duplicates == 5
+	})
 	waitDrained(t, e.amqpURL, "payments_rewards", "the queue to be drained")
 
 	var failedOnce atomic.Bool
@@ -357,10 +354,10 @@ func TestInboxOverWatermillAMQP(t *testing.T) {
 		_ = processor.Close()
 		require.NoError(t, <-done)
 	})
-	require.EventuallyWithT(t, func(c *assert.CollectT) {
+	testwait.Until(t, "the row processed once, after one failed attempt", func() bool {
 		got := processor.Counters()
-		assert.Equal(c, [2]uint64{1, 1}, [2]uint64{got.Processed, got.Failed}, "processed once, after one failed attempt")
-	}, waitFor, tick)
+		return got.Processed == 1 && got.Failed == 1
+	})
 	require.Equal(t, 1, e.effects(t, "e-91"), "the failed attempt was rolled back")
 	require.Equal(t, 1, e.outboxed(t, "cashback"))
 
