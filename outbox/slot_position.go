@@ -163,21 +163,13 @@ func SlotPositions(ctx context.Context, db *sql.DB, schema string) ([]string, er
 	if err := checkSchema("list slot positions", db, &schema); err != nil {
 		return nil, err
 	}
-	rows, err := db.QueryContext(ctx, `SELECT substr(consumer_group, length($1) + 1) FROM `+pgtx.QualifiedName(schema, "outbox_offsets")+
+	slots, err := pgtx.QueryAll(ctx, db, func(s pgtx.Scanner) (string, error) {
+		var slot string
+		err := s.Scan(&slot)
+		return slot, err
+	}, `SELECT substr(consumer_group, length($1) + 1) FROM `+pgtx.QualifiedName(schema, "outbox_offsets")+
 		` WHERE starts_with(consumer_group, $1) ORDER BY consumer_group`, SlotPositionPrefix)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: list slot positions: %w", err)
-	}
-	defer rows.Close()
-	var slots []string
-	for rows.Next() {
-		var slot string
-		if err := rows.Scan(&slot); err != nil {
-			return nil, fmt.Errorf("outbox: list slot positions: %w", err)
-		}
-		slots = append(slots, slot)
-	}
-	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("outbox: list slot positions: %w", err)
 	}
 	return slots, nil
