@@ -56,6 +56,11 @@ func All() ([]Migration, error) {
 			mig = &Migration{Version: version, Name: m[2]}
 			byVersion[version] = mig
 		}
+		// Two changes made side by side can both take the next number: say so, rather than
+		// pair one's up file with the other's down file.
+		if mig.Name != m[2] {
+			return nil, fmt.Errorf("migrate: version %03d is taken twice, by %q and %q: renumber one", version, mig.Name, m[2])
+		}
 		if m[3] == "up" {
 			mig.up = string(body)
 		} else {

@@ -21,9 +21,9 @@ failures discard FINGERPRINT [-id N[,N]] [-dry-run]`,
 		details: `
 list     FAILED (parked) inbox rows, messages the poison queue parked (ParkingPublisher) and
          rejected outbox rows, grouped by where they failed (the inbox consumer, the handler
-         or the relay, and the topic) and by their error with UUIDs,
-         addresses, hex and numbers replaced (<uuid>, <addr>, <hex>, <n>): one poison storm
-         is one group. The largest first, with its fingerprint, rows, first and last seen.
+         or the relay, and the topic) and by their error with UUIDs, addresses, hex ids
+         (0x..., digests, runs holding a digit and a letter a-f) and decimal numbers of any
+         length replaced (<uuid>, <addr>, <hex>, <n>): one poison storm is one group. The largest first, with its fingerprint, rows, first and last seen.
 replay   an inbox group's rows run again (PENDING, attempts reset); a parked group's messages
          are stored in the outbox again for the topic they were consumed from, once; a
          rejected group's rows are stored in the outbox again and forwarded. Fix the cause
