@@ -9,7 +9,9 @@
 //
 // Teams that run their own migration tool can print the SQL instead (Print, or
 // `wmonce migrate print`) and apply it there; the printed SQL has the schema name already
-// quoted in and carries no version bookkeeping.
+// quoted in and writes the version table as Migrate does (a row with its checksum per
+// migration), so Migrate and the CLI see what it applied. A schema built from an earlier
+// release's printed SQL, which wrote no version rows, is recorded with Baseline.
 //
 // # Guarantees
 //
@@ -20,7 +22,8 @@
 // each from the version the previous one left (see Migrator.Migrate). A failed migration rolls
 // back completely and leaves the version at the last migration that committed. A schema whose
 // applied migrations differ from the binary's (the checksum of an up file, or a name) is left
-// alone: Migrate fails with ErrChangedMigration before it runs anything.
+// alone: Migrate fails with ErrChangedMigration before it runs anything; so is a version table
+// with a row deleted below its highest version (ErrMissingVersion).
 //
 // Where it stops: the checksum covers the SQL as embedded, not the tables; a table changed by
 // hand after its migration is not noticed.

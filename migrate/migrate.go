@@ -111,6 +111,10 @@ type Result struct {
 // table changes under the lock (something wrote it without taking the lock, such as SQL from
 // Print applied by hand), the call stops before its next migration with an error saying so.
 //
+// A version table Migrate cannot plan from is refused before anything runs: a row missing below
+// the highest version (ErrMissingVersion), or, for up, tables without any row
+// (ErrUnrecordedSchema: see Baseline).
+//
 // Limit: the lock is held by the connection's session. If that connection breaks, the server
 // releases the lock and the call fails at its next statement; a migration that had not
 // committed is rolled back.
@@ -143,11 +147,15 @@ func (m *Migrator) Migrate(ctx context.Context, direction Direction, opts *Opts)
 	if err := m.verifyApplied(ctx, conn); err != nil {
 		return res, err
 	}
-	current, err := m.readVersion(ctx, conn)
+	state, err := m.readState(ctx, conn)
 	if err != nil {
 		return res, err
 	}
+	current := state.Version
 	res.From, res.To = current, current
+	if err := m.checkState(state, direction); err != nil {
+		return res, err
+	}
 	if current > len(m.migrations) {
 		return res, fmt.Errorf("migrate: schema %q is at version %d but this binary knows only up to %d: upgrade watermill-once", m.schema, current, len(m.migrations))
 	}
@@ -224,4 +232,50 @@ func (m *Migrator) apply(ctx context.Context, conn *sql.Conn, direction Directio
 	}
 	m.logger.Info("Migration "+string(direction), watermill.LogFields{"version": mig.Version, "name": mig.Name})
 	return to, nil
+}
+
+// Baseline records versions 1 to version as applied, with their checksums, without running
+// them: for a schema that holds watermill-once's tables but records no migration
+// (State.Unrecorded), built from SQL printed by an earlier release's Print, which wrote no
+// version rows. Give the last version that SQL held; Migrate then applies the rest. It holds the
+// migration lock, and refuses a schema that records a migration already or has no tables.
+// Where it stops: it trusts version; the tables themselves are not compared with the migrations.
+func (m *Migrator) Baseline(ctx context.Context, version int) error {
+	if version < 1 || version > len(m.migrations) {
+		return fmt.Errorf("migrate: baseline version must be between 1 and %d, got %d", len(m.migrations), version)
+	}
+	conn, err := m.db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("migrate: open the connection that holds the migration lock: %w", err)
+	}
+	if err := m.lock(ctx, conn); err != nil {
+		_ = conn.Close()
+		return err
+	}
+	defer m.unlock(ctx, conn)
+	if err := m.ensureVersionTable(ctx, conn); err != nil {
+		return err
+	}
+	state, err := m.readState(ctx, conn)
+	switch {
+	case err != nil:
+		return err
+	case state.Version > 0:
+		return fmt.Errorf("migrate: schema %q records migrations up to %d already: baseline is only for a schema that records none", m.schema, state.Version)
+	case !state.Unrecorded:
+		return fmt.Errorf("migrate: schema %q has no watermill-once tables: nothing to record; run `wmonce -schema %s migrate up`", m.schema, m.schema)
+	}
+	err = pgtx.RunInTx(ctx, conn, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
+		for _, mig := range m.migrations[:version] {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO `+m.versionTable()+` (version, name, checksum) VALUES ($1, $2, $3)`, mig.Version, mig.Name, mig.Checksum()); err != nil {
+				return fmt.Errorf("migrate: record version %d: %w", mig.Version, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	m.logger.Info("Recorded migrations applied without version rows", watermill.LogFields{"version": version})
+	return nil
 }

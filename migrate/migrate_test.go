@@ -337,7 +337,7 @@ func TestMigrateStopsWhenTheVersionMovesUnderIt(t *testing.T) {
 	m, err := migrate.New(db, migrate.Config{Schema: schema}, hookLogger{onInfo: func(msg string, fields watermill.LogFields) {
 		// Right after 002 commits, someone applies 003 by hand, without the lock.
 		if fields["version"] == 2 {
-			pgtest.Exec(t, byHand, third+`; INSERT INTO `+pgtx.QualifiedName(schema, "schema_migrations")+` (version, name) VALUES (3, 'idempotency')`)
+			pgtest.Exec(t, byHand, third) // the printed SQL records version 3 itself
 		}
 	}})
 	require.NoError(t, err)
@@ -401,4 +401,123 @@ func TestMigrateRefusesAChangedAppliedMigration(t *testing.T) {
 	_, err = m.Migrate(ctx, migrate.DirectionUp, nil)
 	require.NoError(t, err)
 	require.Equal(t, all[1].Checksum(), checksum(2))
+}
+
+// Printed SQL keeps the version table as Migrate does (issue 34, item 8): applied by hand, it
+// leaves a schema Migrate finds at the version printed, with every checksum, and the printed
+// down SQL takes the rows away again.
+func TestPrintedSQLRecordsItsVersions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.DB(t)
+	schema := pgtest.NewName("printed_v")
+	t.Cleanup(func() { pgtest.Exec(t, db, `DROP SCHEMA IF EXISTS `+pgtx.QuoteIdentifier(schema)+` CASCADE`) })
+	all, err := migrate.All()
+	require.NoError(t, err)
+	latest := migrate.Latest()
+
+	up, err := migrate.Print(schema, migrate.DirectionUp, 0, 5)
+	require.NoError(t, err)
+	pgtest.Exec(t, db, up)
+	m, err := migrate.New(db, migrate.Config{Schema: schema}, nil)
+	require.NoError(t, err)
+	state, err := m.State(ctx)
+	require.NoError(t, err)
+	require.Equal(t, migrate.State{Version: 5}, state)
+	var recorded int
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM `+pgtx.QualifiedName(schema, "schema_migrations")+` WHERE checksum = ANY($1)`,
+		[]string{all[0].Checksum(), all[1].Checksum(), all[2].Checksum(), all[3].Checksum(), all[4].Checksum()}).Scan(&recorded))
+	require.Equal(t, 5, recorded, "each printed migration records its checksum")
+
+	// The rest, printed from 5, then Migrate has nothing to do.
+	rest, err := migrate.Print(schema, migrate.DirectionUp, 5, 0)
+	require.NoError(t, err)
+	pgtest.Exec(t, db, rest)
+	res, err := m.Migrate(ctx, migrate.DirectionUp, nil)
+	require.NoError(t, err)
+	require.Equal(t, migrate.Result{Direction: migrate.DirectionUp, From: latest, To: latest}, res)
+
+	down, err := migrate.Print(schema, migrate.DirectionDown, latest, 3)
+	require.NoError(t, err)
+	pgtest.Exec(t, db, down)
+	v, err := m.Version(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 3, v)
+	res, err = m.Migrate(ctx, migrate.DirectionUp, nil)
+	require.NoError(t, err)
+	require.Equal(t, versions(4, latest), res.Versions, "Migrate goes on from where the printed down SQL left")
+}
+
+// A schema built from an earlier release's printed SQL has the tables and no version rows:
+// Migrate up refuses it, saying how to record it, instead of failing on "already exists";
+// Baseline records what it holds, and Migrate applies the rest.
+func TestBaselineRecordsASchemaBuiltWithoutVersionRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.DB(t)
+	schema := pgtest.NewName("unrecorded")
+	t.Cleanup(func() { pgtest.Exec(t, db, `DROP SCHEMA IF EXISTS `+pgtx.QuoteIdentifier(schema)+` CASCADE`) })
+	up, err := migrate.Print(schema, migrate.DirectionUp, 0, 10)
+	require.NoError(t, err)
+	pgtest.Exec(t, db, up+`; DROP TABLE `+pgtx.QualifiedName(schema, "schema_migrations"))
+	m, err := migrate.New(db, migrate.Config{Schema: schema}, nil)
+	require.NoError(t, err)
+	state, err := m.State(ctx)
+	require.NoError(t, err)
+	require.Equal(t, migrate.State{Unrecorded: true}, state)
+
+	res, err := m.Migrate(ctx, migrate.DirectionUp, nil)
+	require.ErrorIs(t, err, migrate.ErrUnrecordedSchema)
+	require.ErrorContains(t, err, fmt.Sprintf("wmonce -schema %s migrate baseline N", schema))
+	require.Empty(t, res.Versions)
+
+	require.ErrorContains(t, m.Baseline(ctx, 0), "between 1 and")
+	require.NoError(t, m.Baseline(ctx, 10))
+	require.ErrorContains(t, m.Baseline(ctx, 10), "records migrations up to 10 already")
+	res, err = m.Migrate(ctx, migrate.DirectionUp, nil)
+	require.NoError(t, err)
+	require.Equal(t, versions(11, migrate.Latest()), res.Versions)
+
+	empty, err := migrate.New(db, migrate.Config{Schema: pgtest.NewName("empty")}, nil)
+	require.NoError(t, err)
+	require.ErrorContains(t, empty.Baseline(ctx, 3), "has no watermill-once tables")
+}
+
+// A version row deleted below the highest is noticed (issue 34, item 8): State lists it,
+// Migrate refuses to run in either direction and says how to record it again.
+func TestMigrateRefusesAVersionTableWithAGap(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.DB(t)
+	schema := pgtest.Schema(t, db)
+	m, err := migrate.New(db, migrate.Config{Schema: schema}, nil)
+	require.NoError(t, err)
+	table := pgtx.QualifiedName(schema, "schema_migrations")
+	pgtest.Exec(t, db, `DELETE FROM `+table+` WHERE version IN (5, 7)`)
+
+	state, err := m.State(ctx)
+	require.NoError(t, err)
+	require.Equal(t, migrate.State{Version: migrate.Latest(), Missing: []int{5, 7}}, state)
+	var advice string
+	for _, dir := range []migrate.Direction{migrate.DirectionUp, migrate.DirectionDown} {
+		res, err := m.Migrate(ctx, dir, nil)
+		require.ErrorIs(t, err, migrate.ErrMissingVersion, dir)
+		require.ErrorContains(t, err, "no row for 005_retention, 007_inbox_attempts")
+		require.Empty(t, res.Versions)
+		advice = err.Error()
+	}
+	// The statement the error gives, as an operator would paste it.
+	_, stmt, ok := strings.Cut(advice, "record them (the next migrate fills in the checksums): ")
+	require.True(t, ok, advice)
+	stmt, _, ok = strings.Cut(stmt, "; otherwise")
+	require.True(t, ok, advice)
+	pgtest.Exec(t, db, stmt)
+	res, err := m.Migrate(ctx, migrate.DirectionUp, nil)
+	require.NoError(t, err)
+	require.Empty(t, res.Versions)
+	all, err := migrate.All()
+	require.NoError(t, err)
+	var checksum string
+	require.NoError(t, db.QueryRow(`SELECT checksum FROM `+table+` WHERE version = 5`).Scan(&checksum))
+	require.Equal(t, all[4].Checksum(), checksum)
 }

@@ -9,8 +9,14 @@ import (
 
 // Print returns the SQL of the migrations between two versions for teams that apply SQL with
 // their own tools: for DirectionUp the migrations after fromVersion up to toVersion (0 = latest),
-// preceded by CREATE SCHEMA IF NOT EXISTS; for DirectionDown those from fromVersion down to
-// above toVersion, newest first. No version table is written by the printed SQL.
+// preceded by CREATE SCHEMA IF NOT EXISTS and the version table; for DirectionDown those from
+// fromVersion down to above toVersion, newest first.
+//
+// The SQL keeps the version table as Migrate does: each up migration is followed by the INSERT
+// of its version row (name and checksum), each down migration by the DELETE of it, so that
+// Migrate, `wmonce migrate version` and every command that checks the schema see what was
+// applied. Run it in one transaction (psql -1 -v ON_ERROR_STOP=1, or the tool's own), so that a
+// failed migration leaves neither its tables nor its row.
 func Print(schema string, direction Direction, fromVersion, toVersion int) (string, error) {
 	if err := pgtx.ValidateIdentifier("schema", schema); err != nil {
 		return "", fmt.Errorf("migrate: %w", err)
@@ -19,6 +25,7 @@ func Print(schema string, direction Direction, fromVersion, toVersion int) (stri
 	if err != nil {
 		return "", err
 	}
+	versions := pgtx.QualifiedName(schema, "schema_migrations")
 	var b strings.Builder
 	switch direction {
 	case DirectionUp:
@@ -26,9 +33,13 @@ func Print(schema string, direction Direction, fromVersion, toVersion int) (stri
 			toVersion = all[len(all)-1].Version
 		}
 		fmt.Fprintf(&b, "CREATE SCHEMA IF NOT EXISTS %s;\n", pgtx.QuoteIdentifier(schema))
+		// The version table as Migrate creates it; a table of an earlier release may lack the
+		// checksum column.
+		fmt.Fprintf(&b, "%s;\nALTER TABLE %s ADD COLUMN IF NOT EXISTS checksum text;\n", versionTableDDL(schema), versions)
 		for _, m := range all {
 			if m.Version > fromVersion && m.Version <= toVersion {
 				fmt.Fprintf(&b, "\n-- %03d_%s (up)\n%s", m.Version, m.Name, render(m.up, schema))
+				fmt.Fprintf(&b, "INSERT INTO %s (version, name, checksum) VALUES (%d, '%s', '%s');\n", versions, m.Version, m.Name, m.Checksum())
 			}
 		}
 	case DirectionDown:
@@ -36,6 +47,7 @@ func Print(schema string, direction Direction, fromVersion, toVersion int) (stri
 			m := all[i]
 			if m.Version <= fromVersion && m.Version > toVersion {
 				fmt.Fprintf(&b, "\n-- %03d_%s (down)\n%s", m.Version, m.Name, render(m.down, schema))
+				fmt.Fprintf(&b, "DELETE FROM %s WHERE version = %d;\n", versions, m.Version)
 			}
 		}
 	default:

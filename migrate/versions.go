@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -44,16 +45,117 @@ func (m *Migrator) readVersion(ctx context.Context, q pgtx.Executor) (int, error
 
 func (m *Migrator) ensureVersionTable(ctx context.Context, conn *sql.Conn) error {
 	_, err := conn.ExecContext(ctx, `CREATE SCHEMA IF NOT EXISTS `+pgtx.QuoteIdentifier(m.schema)+`;
-CREATE TABLE IF NOT EXISTS `+m.versionTable()+` (
-    version    integer     PRIMARY KEY,
-    name       text        NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now(),
-    checksum   text
-)`)
+`+versionTableDDL(m.schema))
 	if err != nil {
 		return fmt.Errorf("migrate: create schema and version table: %w", err)
 	}
 	return nil
+}
+
+// versionTableDDL creates the version table if it is missing: one statement, shared by
+// Migrate and the SQL from Print, so that both keep the same bookkeeping.
+func versionTableDDL(schema string) string {
+	return `CREATE TABLE IF NOT EXISTS ` + pgtx.QualifiedName(schema, "schema_migrations") + ` (
+    version    integer     PRIMARY KEY,
+    name       text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now(),
+    checksum   text
+)`
+}
+
+// State is what a schema's version table says, beyond its highest version.
+type State struct {
+	// Version is the highest applied version (Migrator.Version).
+	Version int
+	// Missing lists the versions below Version without a row: rows deleted by hand. Migrate
+	// refuses such a schema (ErrMissingVersion).
+	Missing []int
+	// Unrecorded is true when the schema records no migration but holds watermill-once's tables:
+	// built from SQL printed by an earlier Print, which wrote no version rows. Baseline records
+	// what it was built with; Migrate up refuses it until then (ErrUnrecordedSchema).
+	Unrecorded bool
+}
+
+// State reads the version table, without the migration lock (see Version).
+func (m *Migrator) State(ctx context.Context) (State, error) {
+	return m.readState(ctx, m.db)
+}
+
+func (m *Migrator) readState(ctx context.Context, q pgtx.Executor) (State, error) {
+	var s State
+	var tables bool
+	err := q.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, pgtx.QualifiedName(m.schema, "processed_messages")).Scan(&tables)
+	if err != nil {
+		return s, fmt.Errorf("migrate: read version: %w", err)
+	}
+	if s.Version, err = m.readVersion(ctx, q); err != nil {
+		return s, err
+	}
+	if s.Version == 0 {
+		s.Unrecorded = tables
+		return s, nil
+	}
+	// Versions are applied and reverted in order, so 1..Version must all have a row.
+	var missing string
+	err = q.QueryRowContext(ctx, `SELECT coalesce(string_agg(v::text, ',' ORDER BY v), '') FROM generate_series(1, $1::int) AS v
+WHERE NOT EXISTS (SELECT FROM `+m.versionTable()+` WHERE version = v)`, s.Version).Scan(&missing)
+	if err != nil {
+		return s, fmt.Errorf("migrate: read version: %w", err)
+	}
+	for _, f := range strings.FieldsFunc(missing, func(r rune) bool { return r == ',' }) {
+		v, err := strconv.Atoi(f)
+		if err != nil {
+			return s, fmt.Errorf("migrate: read version: %w", err)
+		}
+		s.Missing = append(s.Missing, v)
+	}
+	return s, nil
+}
+
+// ErrMissingVersion is returned by Migrate when the version table lacks a row below its highest
+// version (deleted by hand): whether those tables are in place is unknown, so nothing runs.
+var ErrMissingVersion = errors.New("migrate: the version table lacks a row below its highest version")
+
+// ErrUnrecordedSchema is returned by Migrate up when the schema holds watermill-once's tables
+// but its version table records no migration (SQL from an earlier Print applied by hand):
+// applying 001 again would fail on the existing tables. Baseline records the versions.
+var ErrUnrecordedSchema = errors.New("migrate: the schema has watermill-once tables but records no migration")
+
+// checkState refuses a version table Migrate cannot plan from: a gap, or tables without rows.
+func (m *Migrator) checkState(s State, direction Direction) error {
+	if len(s.Missing) > 0 {
+		return fmt.Errorf("%w: schema %q is at version %d; %s", ErrMissingVersion, m.schema, s.Version, MissingAdvice(m.schema, s.Missing))
+	}
+	if s.Unrecorded && direction == DirectionUp {
+		return fmt.Errorf("%w: schema %q; %s", ErrUnrecordedSchema, m.schema, BaselineAdvice(m.schema))
+	}
+	return nil
+}
+
+// BaselineAdvice says how to record the versions of a schema built from printed SQL that wrote
+// no version rows.
+func BaselineAdvice(schema string) string {
+	return fmt.Sprintf("if it was built from `wmonce migrate print` SQL of an earlier release, record the migrations "+
+		"that SQL held with `wmonce -schema %s migrate baseline N` (N: its last \"-- NNN_name (up)\" line), then run `wmonce -schema %s migrate up`", schema, schema)
+}
+
+// MissingAdvice names the versions a version table lacks below its highest (State.Missing) and
+// says how to record them.
+func MissingAdvice(schema string, missing []int) string {
+	all, _ := All() // embedded: All fails only on a broken build, which every test catches
+	names := make([]string, len(missing))
+	values := make([]string, len(missing))
+	for i, v := range missing {
+		name := "?" // a newer binary's
+		if v >= 1 && v <= len(all) {
+			name = all[v-1].Name
+		}
+		names[i] = fmt.Sprintf("%03d_%s", v, name)
+		values[i] = fmt.Sprintf("(%d, '%s')", v, name)
+	}
+	return fmt.Sprintf("the version table has no row for %s (deleted by hand?). If those migrations' tables are in place, record them "+
+		"(the next migrate fills in the checksums): INSERT INTO %s (version, name) VALUES %s; otherwise restore the schema from a backup",
+		strings.Join(names, ", "), pgtx.QualifiedName(schema, "schema_migrations"), strings.Join(values, ", "))
 }
 
 // ErrChangedMigration is returned by Migrate when a migration the schema has applied differs

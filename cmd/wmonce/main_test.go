@@ -58,7 +58,7 @@ func TestHelpAndUsageErrors(t *testing.T) {
 		{[]string{"inbox", "inspect"}, "give a row id, or -consumer and -message"},
 		{[]string{"inbox", "inspect", "x"}, "positive integer"},
 		{[]string{"dedupe", "-consumer", "c"}, "give both -consumer and -message"},
-		{[]string{"migrate"}, "up, down, print or version"},
+		{[]string{"migrate"}, "up, down, print, baseline or version"},
 		{[]string{"migrate", "down", "-steps", "2", "-all"}, "only one of"},
 		{[]string{"migrate", "print", "-from", "3", "-to", "2"}, "nothing to print"},
 		{[]string{"purge", "-older-than", "30d"}, "-consumer, or give -all"},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -20,6 +21,7 @@ func migrateCommand() *command {
 migrate up [-to N]
 migrate down [-steps N | -all | -to N]
 migrate print [-down] [-from N] [-to N]
+migrate baseline N
 migrate version`,
 		details: `
 up      applies every migration not applied yet (or up to version N), each in its own
@@ -28,15 +30,25 @@ up      applies every migration not applied yet (or up to version N), each in it
 down    reverts ONE migration unless told otherwise. Reverting drops tables, and with them
         the dedupe records: messages redelivered afterwards are applied again.
 print   prints the SQL for teams that apply migrations with their own tool (goose, atlas,
-        flyway); the schema name is quoted in and no version table is written. Needs no
-        database. Without -from/-to it prints every migration (up) or reverts all (-down).
-version prints the applied version and the latest this binary knows.`,
+        flyway); the schema name is quoted in, and each migration writes (up) or deletes
+        (down) its row in the version table as migrate up and down do, so every command
+        sees what was applied. Apply it in one transaction (psql -1 -v ON_ERROR_STOP=1).
+        Needs no database. Without -from/-to it prints every migration (up) or reverts all
+        (-down).
+baseline records migrations 1 to N as applied, without running them, in a schema that has
+        the tables but records no migration: one built from the printed SQL of an earlier
+        release, which wrote no version rows. N is the last "-- NNN_name (up)" line of that
+        SQL; migrate up then applies the rest.
+version prints the applied version and the latest this binary knows, and what to run when
+        the schema is behind or its version table lacks rows.`,
 		examples: []string{
 			"wmonce migrate up",
 			"wmonce -schema payments migrate up -to 2",
 			"wmonce migrate down -steps 1",
 			"wmonce migrate print > wmonce.sql",
 			"wmonce migrate print -down -from 4 -to 3",
+			"psql -1 -v ON_ERROR_STOP=1 -f wmonce.sql",
+			"wmonce migrate baseline 16",
 			"wmonce migrate version",
 		},
 		run: runMigrate,
@@ -45,7 +57,7 @@ version prints the applied version and the latest this binary knows.`,
 
 func runMigrate(ctx context.Context, e *env, args []string) error {
 	if len(args) == 0 {
-		return usagef("say what to do: up, down, print or version")
+		return usagef("say what to do: up, down, print, baseline or version")
 	}
 	sub, args := args[0], args[1:]
 	switch sub {
@@ -128,6 +140,33 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 		}
 		_, err = fmt.Fprint(e.stdout, sql)
 		return err
+	case "baseline":
+		if len(args) == 0 {
+			return usagef("give the last version the schema's SQL held: migrate baseline N")
+		}
+		n, err := strconv.Atoi(args[0])
+		if err != nil || n < 1 || n > migrate.Latest() {
+			return usagef("the version must be between 1 and %d, got %q", migrate.Latest(), args[0])
+		}
+		if err := e.parseFlagsOnly(e.flags("migrate baseline"), args[1:]); err != nil {
+			return err
+		}
+		db, err := e.open(ctx)
+		if err != nil {
+			return err
+		}
+		m, err := migrate.New(db, migrate.Config{Schema: e.g.schema}, watermill.NewStdLoggerWithOut(e.stderr, false, false))
+		if err != nil {
+			return err
+		}
+		if err := m.Baseline(ctx, n); err != nil {
+			return err
+		}
+		if e.g.json {
+			return e.printJSON(map[string]any{"schema": e.g.schema, "recorded": n, "latest": migrate.Latest()})
+		}
+		fmt.Fprintf(e.stdout, "schema %s: recorded migrations 1 to %d as applied (latest %d)\n", e.g.schema, n, migrate.Latest())
+		return nil
 	case "version":
 		if err := e.parseFlagsOnly(e.flags("migrate version"), args); err != nil {
 			return err
@@ -151,7 +190,7 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 	case "-h", "-help", "--help":
 		return flag.ErrHelp
 	default:
-		return usagef("unknown migrate action %q: use up, down, print or version", sub)
+		return usagef("unknown migrate action %q: use up, down, print, baseline or version", sub)
 	}
 }
 

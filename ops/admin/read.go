@@ -27,7 +27,11 @@ type SchemaStatus struct {
 	Version int    `json:"version"`
 	// Latest is the newest migration this binary carries.
 	Latest int `json:"latest"`
-	// Hint is set when the schema is behind (or ahead of) this binary and says what to run.
+	// Missing lists versions below Version that the version table has no row for (deleted by
+	// hand); Migrate refuses such a schema until they are recorded.
+	Missing []int `json:"missing,omitempty"`
+	// Hint is set when the schema is behind (or ahead of) this binary, or its version table is
+	// incomplete, and says what to run.
 	Hint string `json:"hint,omitempty"`
 }
 
@@ -37,14 +41,20 @@ func ReadSchemaStatus(ctx context.Context, db *sql.DB, schema string) (SchemaSta
 	if err != nil {
 		return SchemaStatus{}, err
 	}
-	v, err := m.Version(ctx)
+	st, err := m.State(ctx)
 	if err != nil {
 		return SchemaStatus{}, err
 	}
-	s := SchemaStatus{Schema: schema, Version: v, Latest: migrate.Latest()}
+	v := st.Version
+	s := SchemaStatus{Schema: schema, Version: v, Latest: migrate.Latest(), Missing: st.Missing}
 	switch {
+	case st.Unrecorded:
+		s.Hint = fmt.Sprintf("schema %s has watermill-once tables but records no migration (version 0); %s", schema, migrate.BaselineAdvice(schema))
 	case v == 0:
 		s.Hint = fmt.Sprintf("schema %s is at version 0 (no watermill-once tables): run `wmonce -schema %s migrate up`", schema, schema)
+	case len(st.Missing) > 0:
+		// Migrate refuses this schema until the rows are back; the tools still read it.
+		s.Hint = fmt.Sprintf("schema %s is at version %d but %s", schema, v, migrate.MissingAdvice(schema, st.Missing))
 	case v < s.Latest:
 		s.Hint = fmt.Sprintf("schema %s is at version %d, this binary knows %d: run `wmonce -schema %s migrate up`", schema, v, s.Latest, schema)
 	case v > s.Latest:
