@@ -103,7 +103,8 @@ type Config struct {
 	// then carry its time; one that does not is refused. Missing partitions are created on demand.
 	PartitionByDay bool
 
-	// Now is the clock of the age guard. Default time.Now.
+	// Now is the middleware's clock: the age guard's, and the one that stamps and ages the
+	// minutes of duplicates_per_minute. Default time.Now.
 	Now func() time.Time
 
 	// GroupCommit groups messages in flight at the same time into one transaction; one message

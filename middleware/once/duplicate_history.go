@@ -20,7 +20,8 @@ import (
 // the message path. The record is best-effort history: a write that fails is logged and its
 // counts are lost (Counters and the metrics still have them), and so are the counts of the last
 // DuplicateFlushDelay when the process exits without Close. Rows older than
-// DuplicateHistoryKeep are deleted by the same statement.
+// DuplicateHistoryKeep are deleted by the same statement, by the clock that stamped them
+// (Config.Now), not the database's: a minute and its cut are read on one clock.
 
 // DuplicateFlushDelay is how long duplicates are added up in memory before they are written.
 const DuplicateFlushDelay = time.Second
@@ -88,11 +89,11 @@ func (e *Middleware) flushDuplicates(ctx context.Context) error {
 	table := pgtx.QualifiedName(e.config.Schema, "duplicates_per_minute")
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	_, err := e.db.ExecContext(ctx, `WITH old AS (DELETE FROM `+table+` WHERE minute < now() - $5::interval)
+	_, err := e.db.ExecContext(ctx, `WITH old AS (DELETE FROM `+table+` WHERE minute < $5::timestamptz)
 INSERT INTO `+table+` AS t (consumer, minute, duplicates, mismatches)
 SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::bigint[], $4::bigint[])
 ON CONFLICT (consumer, minute) DO UPDATE SET duplicates = t.duplicates + EXCLUDED.duplicates, mismatches = t.mismatches + EXCLUDED.mismatches`,
-		consumers, minutes, dups, mismatches, fmt.Sprintf("%d seconds", int64(DuplicateHistoryKeep.Seconds())))
+		consumers, minutes, dups, mismatches, e.config.Now().Add(-DuplicateHistoryKeep))
 	if err != nil {
 		h.mu.Lock()
 		first := !h.failedOnce

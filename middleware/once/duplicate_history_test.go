@@ -78,4 +78,27 @@ func TestDuplicatesArePersistedPerMinute(t *testing.T) {
 
 	_, err = once.DuplicateHistory(ctx, db, schema, "c", start, 0, 3)
 	require.ErrorContains(t, err, "width must be positive")
+
+	// A minute is kept DuplicateHistoryKeep by the clock that stamped it (Config.Now), so this
+	// test means the same on any date: just under the limit every minute stays; 3 minutes past
+	// it the first three go, and the new one stays.
+	flushAt := func(at time.Time) {
+		t.Helper()
+		setNow(at)
+		mw, err := once.New(db, once.Config{Schema: schema, Consumer: "c", Now: clock}, nil)
+		require.NoError(t, err)
+		require.NoError(t, deliver(mw.Middleware(noop), "e-1", "p"))
+		require.NoError(t, mw.Close())
+	}
+	flushAt(start.Add(once.DuplicateHistoryKeep - time.Minute))
+	require.Equal(t, 4, pgtest.Count(t, db, `SELECT count(*) FROM `+table), "nothing is older than DuplicateHistoryKeep by the middleware's clock")
+	flushAt(start.Add(once.DuplicateHistoryKeep + 3*time.Minute))
+	var left []time.Time
+	require.NoError(t, pgtx.QueryEach(ctx, db, func(row pgtx.Scanner) error {
+		var m time.Time
+		err := row.Scan(&m)
+		left = append(left, m.UTC())
+		return err
+	}, `SELECT minute FROM `+table+` ORDER BY minute`))
+	require.Equal(t, []time.Time{start.Add(once.DuplicateHistoryKeep - time.Minute), start.Add(once.DuplicateHistoryKeep + 3*time.Minute)}, left)
 }
