@@ -66,17 +66,21 @@ demo: services-postgres
 quickstart: services-postgres
 	$(GO) run ./examples/quickstart
 
+# promtool is a tool, not a service: Debian's prometheus package, installed for ops/metrics's
+# test of ops/deploy, its server never started.
 services:
-	@$(MAKE) --no-print-directory services-up WHAT="postgres rabbitmq chromium kafka"
+	@$(MAKE) --no-print-directory services-up WHAT="postgres rabbitmq chromium promtool kafka"
 
 services-postgres:
 	@$(MAKE) --no-print-directory services-up WHAT=postgres
 
 services-up:
 ifeq ($(SERVICES_VIA),docker)
-	docker compose up -d --wait $(filter-out chromium,$(WHAT))
+	docker compose up -d --wait $(filter-out chromium promtool,$(WHAT))
 	@if echo "$(WHAT)" | grep -q chromium && ! command -v chromium >/dev/null 2>&1; then \
 	  echo "Chromium is missing: the admin page's browser test needs it (Debian: apt-get install chromium)"; exit 1; fi
+	@if echo "$(WHAT)" | grep -q promtool && ! command -v promtool >/dev/null 2>&1; then \
+	  echo "promtool is missing: ops/metrics's test of ops/deploy needs it (Debian: apt-get install --no-install-recommends prometheus)"; exit 1; fi
 else ifeq ($(SERVICES_VIA),script)
 	bash e2e/services up $(WHAT)
 else
