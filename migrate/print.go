@@ -33,9 +33,11 @@ func Print(schema string, direction Direction, fromVersion, toVersion int) (stri
 			toVersion = all[len(all)-1].Version
 		}
 		fmt.Fprintf(&b, "CREATE SCHEMA IF NOT EXISTS %s;\n", pgtx.QuoteIdentifier(schema))
-		// The version table as Migrate creates it; a table of an earlier release may lack the
-		// checksum column.
-		fmt.Fprintf(&b, "%s;\nALTER TABLE %s ADD COLUMN IF NOT EXISTS checksum text;\n", versionTableDDL(schema), versions)
+		// The version table as Migrate creates it; one an earlier release's Migrate created may
+		// lack the checksum column (added here without the notice ADD COLUMN IF NOT EXISTS prints).
+		fmt.Fprintf(&b, "%s;\n", versionTableDDL(schema))
+		fmt.Fprintf(&b, "DO $$ BEGIN\n    IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = '%s'::regclass AND attname = 'checksum' AND NOT attisdropped) THEN\n"+
+			"        ALTER TABLE %s ADD COLUMN checksum text;\n    END IF;\nEND $$;\n", versions, versions)
 		for _, m := range all {
 			if m.Version > fromVersion && m.Version <= toVersion {
 				fmt.Fprintf(&b, "\n-- %03d_%s (up)\n%s", m.Version, m.Name, render(m.up, schema))

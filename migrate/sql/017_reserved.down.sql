@@ -1,1 +1,1 @@
-SELECT 1;
+DO $$ BEGIN END $$;
