@@ -238,7 +238,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, f apiFunc) {
 		case errors.Is(err, inbox.ErrNotFound):
 			writeError(w, http.StatusNotFound, err.Error())
 		case pgtx.IsUndefinedTable(err):
-			writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("%v: schema %s lacks watermill-once tables: run `wmonce -schema %s migrate up`", err, h.config.Schema, h.config.Schema))
+			writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("%v: schema %s lacks watermill-once tables: %s", err, h.config.Schema, h.missingTableFix(ctx)))
 		case errors.Is(err, context.DeadlineExceeded):
 			writeError(w, http.StatusGatewayTimeout, fmt.Sprintf("the database did not answer within %s: %v", h.config.QueryTimeout, err))
 		default:
@@ -275,4 +275,14 @@ func writeAPIError(w http.ResponseWriter, err error) {
 		ae = &apiError{status: http.StatusInternalServerError, msg: err.Error()}
 	}
 	writeError(w, ae.status, ae.msg)
+}
+
+// missingTableFix says what to run when a table is missing: migrate up, unless the schema was
+// built from printed SQL without version rows, where migrate up refuses to run until the
+// versions are recorded (migrate.ErrUnrecordedSchema).
+func (h *Handler) missingTableFix(ctx context.Context) string {
+	if s, err := ReadSchemaStatus(ctx, h.db, h.config.Schema); err == nil && s.Unrecorded {
+		return s.Hint
+	}
+	return fmt.Sprintf("run `wmonce -schema %s migrate up`", h.config.Schema)
 }

@@ -13,7 +13,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/migrate"
 	"github.com/wmonce/watermill-once/ops/admin"
+	"github.com/wmonce/watermill-once/pgtx"
 )
 
 // errorLog records the errors the handler logs: bad input must be answered 400, never be
@@ -184,4 +186,33 @@ func TestMissingTablesAre503(t *testing.T) {
 	}
 	require.Empty(t, log.logged(), "a missing table is the operator's to fix, not a server error")
 	require.Equal(t, 1, log.infos("Admin history sample"), "said once")
+}
+
+// A schema built from an earlier release's printed SQL (migrations 1-10, no version rows) lacks
+// the later tables, and migrate up refuses it until its versions are recorded: /api/status and
+// the 503 of an endpoint that reads a later table say to record them, never "migrate up" alone.
+func TestUnrecordedSchemaAdvisesBaseline(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	schema := pgtest.NewName("unrec")
+	t.Cleanup(func() { pgtest.Exec(t, db, `DROP SCHEMA IF EXISTS `+pgtx.QuoteIdentifier(schema)+` CASCADE`) })
+	printed, err := migrate.Print(schema, migrate.DirectionUp, 0, 10)
+	require.NoError(t, err)
+	pgtest.Exec(t, db, printed+`; DROP TABLE `+pgtx.QualifiedName(schema, "schema_migrations"))
+	h, err := admin.NewHandler(db, admin.Config{Schema: schema, SampleInterval: -1}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = h.Close() })
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	fix := "wmonce -schema " + schema + " migrate baseline N"
+
+	var st admin.StatusResponse
+	r := get(t, srv.URL+"/api/status")
+	require.Equal(t, http.StatusOK, r.status, string(r.body))
+	r.decode(t, &st)
+	require.True(t, st.Unrecorded)
+	require.Contains(t, st.Hint, fix)
+	r = get(t, srv.URL+"/api/history?window=day&consumer=rewards") // duplicates_per_minute: migration 015
+	require.Equal(t, http.StatusServiceUnavailable, r.status, string(r.body))
+	require.Contains(t, r.errorText(t), fix)
 }

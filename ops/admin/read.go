@@ -27,6 +27,9 @@ type SchemaStatus struct {
 	Version int    `json:"version"`
 	// Latest is the newest migration this binary carries.
 	Latest int `json:"latest"`
+	// Unrecorded is true when the schema has watermill-once's tables but records no migration
+	// (built from an earlier release's printed SQL): Hint then says how to record it.
+	Unrecorded bool `json:"unrecorded,omitempty"`
 	// Missing lists versions below Version that the version table has no row for (deleted by
 	// hand); Migrate refuses such a schema until they are recorded.
 	Missing []int `json:"missing,omitempty"`
@@ -46,7 +49,7 @@ func ReadSchemaStatus(ctx context.Context, db *sql.DB, schema string) (SchemaSta
 		return SchemaStatus{}, err
 	}
 	v := st.Version
-	s := SchemaStatus{Schema: schema, Version: v, Latest: migrate.Latest(), Missing: st.Missing}
+	s := SchemaStatus{Schema: schema, Version: v, Latest: migrate.Latest(), Unrecorded: st.Unrecorded, Missing: st.Missing}
 	switch {
 	case st.Unrecorded:
 		s.Hint = fmt.Sprintf("schema %s has watermill-once tables but records no migration (version 0); %s", schema, migrate.BaselineAdvice(schema))

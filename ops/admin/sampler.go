@@ -3,7 +3,6 @@ package admin
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -80,7 +79,7 @@ func (h *Handler) sampleAndLog(ctx context.Context) {
 	case !changed || err == nil:
 	case pgtx.IsUndefinedTable(err):
 		h.logger.Info("Admin history samples nothing: the schema lacks watermill-once tables (logged again when this changes)", watermill.LogFields{
-			"schema": h.config.Schema, "error": msg, "fix": fmt.Sprintf("wmonce -schema %s migrate up", h.config.Schema)})
+			"schema": h.config.Schema, "error": msg, "fix": h.missingTableFix(ctx)})
 	default:
 		h.logger.Error("Admin history sample failed (logged again when the error changes)", err, nil)
 	}
