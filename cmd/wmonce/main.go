@@ -9,7 +9,8 @@
 //
 // Commands:
 //
-//	migrate up|down|print|version   create, upgrade, revert or print the schema
+//	migrate up|down|print|baseline|version
+//	                                create, upgrade, revert, print or record the schema
 //	status                          schema version, consumers, inbox and outbox at a glance
 //	inbox stats|list|inspect|replay|skip|unpark
 //	                                look at and act on inbox rows
