@@ -40,7 +40,7 @@ func compareEffects(got, want any) difference {
 			case g < w:
 				return less
 			}
-			return same
+			return different // equal numbers of different types: not what the reference gave
 		}
 	}
 	gi, gok := items(got)

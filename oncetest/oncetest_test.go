@@ -80,7 +80,12 @@ func (b *bank) effect(ctx context.Context, db *sql.DB) (any, error) {
 
 func (b *bank) kit(t *testing.T, cfg oncetest.Config) *oncetest.Kit {
 	cfg.DB, cfg.Schema = b.db, b.schema
-	cfg.Events, cfg.Reset = b.events, b.reset
+	if cfg.Events == nil {
+		cfg.Events = b.events
+	}
+	if cfg.Reset == nil {
+		cfg.Reset = b.reset
+	}
 	if cfg.Effect == nil {
 		cfg.Effect = b.effect
 	}

@@ -18,6 +18,7 @@ import (
 
 	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/effects/versioned"
+	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/oncetest"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -35,12 +36,17 @@ func TestPermanentRefusalIsNoViolation(t *testing.T) {
 		return append(b.events(), bad)
 	}})
 	t.Logf("seed %d", kit.Seed())
+	var refused, applied atomic.Int32
 	require.Empty(t, kit.Check(t, func(msg *message.Message) ([]*message.Message, error) {
 		if _, err := strconv.Atoi(string(msg.Payload)); err != nil {
+			refused.Add(1)
 			return nil, wmonce.Permanent(err) // the Quick start's refusal: parked, never retried
 		}
+		applied.Add(1)
 		return b.correct(msg)
 	}))
+	require.Positive(t, refused.Load(), "the undecodable event reached the handler")
+	require.Positive(t, applied.Load(), "the others were applied")
 }
 
 // TestVersionedApplyDeltaUnderReorderIsNoViolation: the README's answer to order. Delivered
@@ -70,10 +76,11 @@ func TestVersionedApplyDeltaUnderReorderIsNoViolation(t *testing.T) {
 		},
 	})
 	t.Logf("seed %d", kit.Seed())
+	var gaps atomic.Int32
 	require.Empty(t, kit.Check(t, func(msg *message.Message) ([]*message.Message, error) {
 		version, err := strconv.ParseInt(msg.Metadata.Get("version"), 10, 64)
 		if err != nil {
-			return nil, wmonce.Permanent(err)
+			return nil, err // not Permanent: the test's own events always carry one
 		}
 		tx, _ := pgtx.TxFromContext(msg.Context())
 		var out []*message.Message
@@ -82,8 +89,12 @@ func TestVersionedApplyDeltaUnderReorderIsNoViolation(t *testing.T) {
 				out, err = b.correct(msg)
 				return err
 			})
+		if errors.Is(err, versioned.ErrVersionGap) {
+			gaps.Add(1)
+		}
 		return out, err
 	}))
+	require.Positive(t, gaps.Load(), "a later event arrived before an earlier one and waited for it")
 }
 
 // TestReadModifyWriteForUpdateIsNoViolation: the README's read-modify-write made exact at
@@ -92,9 +103,15 @@ func TestReadModifyWriteForUpdateIsNoViolation(t *testing.T) {
 	b := newBank(t)
 	kit := b.kit(t, oncetest.Config{})
 	t.Logf("seed %d", kit.Seed())
+	var applied atomic.Int32
 	require.Empty(t, kit.Check(t, func(msg *message.Message) ([]*message.Message, error) {
-		return b.readModifyWrite(msg, " FOR UPDATE", nil)
+		out, err := b.readModifyWrite(msg, " FOR UPDATE", nil)
+		if err == nil {
+			applied.Add(1)
+		}
+		return out, err
 	}))
+	require.Positive(t, applied.Load())
 }
 
 // readModifyWrite reads the balance through the lent transaction (with lock, if given), calls
@@ -135,18 +152,21 @@ func TestNonJSONPayloadIsNoViolation(t *testing.T) {
 		return events
 	}})
 	t.Logf("seed %d", kit.Seed())
+	var decoded atomic.Int32
 	require.Empty(t, kit.Check(t, func(msg *message.Message) ([]*message.Message, error) {
 		if len(msg.Payload) != 5 || msg.Payload[0] != 0x08 {
 			return nil, wmonce.Permanent(fmt.Errorf("not a deposit: % x", msg.Payload))
 		}
-		decoded := msg.Copy()
-		decoded.SetContext(msg.Context())
-		decoded.Payload = []byte(strconv.Itoa(int(msg.Payload[1])))
-		if _, err := b.correct(decoded); err != nil {
+		decoded.Add(1)
+		plain := msg.Copy()
+		plain.SetContext(msg.Context())
+		plain.Payload = []byte(strconv.Itoa(int(msg.Payload[1])))
+		if _, err := b.correct(plain); err != nil {
 			return nil, err
 		}
 		return []*message.Message{message.NewMessage(watermill.NewUUID(), append([]byte{0x10}, msg.Payload[1:]...))}, nil
 	}))
+	require.Positive(t, decoded.Load(), "the binary payloads reached the handler intact")
 }
 
 // What a buggy handler gets: a report whose hint follows what was seen, with the last error.
@@ -287,4 +307,55 @@ func TestHandlerFailingEveryRedeliveryIsReportedWithItsLastError(t *testing.T) {
 	require.Contains(t, v.Seen, "payment already being processed")
 	require.Contains(t, v.LastError, "payment already being processed")
 	require.True(t, strings.Contains(v.Seen, "still failing after"), v.Seen)
+}
+
+// TestShutdownGraceIsSetPerMode: the kit sets once.Config.ShutdownGrace per mode, as its doc
+// says: under FaultShutdown the cancelled handler keeps a live context in the own-transaction
+// mode (it may commit within the grace) and loses it at once with group commit (the attempt
+// is rolled back), whatever the application's Middleware sets.
+func TestShutdownGraceIsSetPerMode(t *testing.T) {
+	for _, c := range []struct {
+		mode      oncetest.Mode
+		cancelled bool
+	}{{oncetest.ModeOwnTx, false}, {oncetest.ModeGroupCommit, true}} {
+		t.Run(string(c.mode), func(t *testing.T) {
+			b := newBank(t)
+			var mu sync.Mutex
+			calls := map[string]int{}
+			var cancelled atomic.Int32
+			kit := oncetest.New(t, oncetest.Config{
+				DB: b.db, Schema: b.schema, Events: b.events, Effect: b.effect,
+				Modes: []oncetest.Mode{c.mode}, Faults: []oncetest.Fault{oncetest.FaultShutdown},
+				Middleware: func(cfg *once.Config) { cfg.ShutdownGrace = time.Minute },
+				Reset: func(ctx context.Context, db *sql.DB) error {
+					mu.Lock()
+					clear(calls)
+					mu.Unlock()
+					cancelled.Store(0)
+					return b.reset(ctx, db)
+				},
+			})
+			require.Empty(t, kit.Check(t, func(msg *message.Message) ([]*message.Message, error) {
+				mu.Lock()
+				calls[msg.Metadata.Get(oncetest.MetadataDelivery)]++
+				first := calls[msg.Metadata.Get(oncetest.MetadataDelivery)] == 1
+				mu.Unlock()
+				if first {
+					// A bound for the case where nothing cancels the context (the grace holds).
+					select {
+					case <-msg.Context().Done():
+						cancelled.Add(1)
+					case <-time.After(500 * time.Millisecond):
+					}
+				}
+				return b.correct(msg)
+			}))
+			// Reset ran last before the shutdown run: the count is that run's.
+			if c.cancelled {
+				require.Equal(t, int32(1), cancelled.Load(), "the shut-down handler's context ends at once in a group")
+			} else {
+				require.Zero(t, cancelled.Load(), "the shut-down handler keeps its context within the grace")
+			}
+		})
+	}
 }
