@@ -3,6 +3,7 @@ package oncetest
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,12 +25,10 @@ func (k *Kit) runSubscriberTx(ctx context.Context, h message.HandlerFunc, s sche
 	db, schema := k.cfg.DB, k.cfg.Schema
 	table := func(t string) string { return pgtx.QualifiedName(schema, "watermill_"+t) }
 	offsets := func(t string) string { return pgtx.QualifiedName(schema, "watermill_offsets_"+t) }
-	// Payloads as bytes (BYTEA, not the default JSON column): the library takes any payload,
-	// so the kit must too (protobuf events, say).
-	adapter := wsql.DefaultPostgreSQLSchema{
+	adapter := anyMessageSchema{wsql.DefaultPostgreSQLSchema{
 		GenerateMessagesTableName: table, SubscribeBatchSize: 1,
 		GeneratePayloadType: func(string) string { return "BYTEA" },
-	}
+	}}
 	offsetsAdapter := wsql.DefaultPostgreSQLOffsetsAdapter{GenerateMessagesOffsetsTableName: offsets}
 	pub, err := wsql.NewPublisher(db, wsql.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, watermill.NopLogger{})
 	if err != nil {
@@ -156,4 +155,17 @@ func (k *Kit) runSubscriberTx(ctx context.Context, h message.HandlerFunc, s sche
 			}
 		}
 	}
+}
+
+// anyMessageSchema is watermill-sql's PostgreSQL schema for any message the library takes:
+// payloads as bytes (BYTEA, not the default JSON column: protobuf events, say) and UUIDs as
+// text (not VARCHAR(36): the library takes UUIDs up to 1024 bytes).
+type anyMessageSchema struct{ wsql.DefaultPostgreSQLSchema }
+
+func (s anyMessageSchema) SchemaInitializingQueries(topic string) []wsql.Query {
+	qs := s.DefaultPostgreSQLSchema.SchemaInitializingQueries(topic)
+	for i := range qs {
+		qs[i].Query = strings.Replace(qs[i].Query, `"uuid" VARCHAR(36) NOT NULL`, `"uuid" text NOT NULL`, 1)
+	}
+	return qs
 }
