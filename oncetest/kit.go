@@ -312,9 +312,9 @@ func (k *Kit) violation(mode Mode, s schedule, res runResult, want expected, inR
 	}
 	switch {
 	case res.handlerErr != nil:
-		v.LastError = res.handlerErr.Error()
+		v.LastError = brief(res.handlerErr)
 	case res.deliveryErr != nil:
-		v.LastError = fmt.Sprintf("none from the handler; the last failed delivery: %v", res.deliveryErr)
+		v.LastError = "none from the handler; the last failed delivery: " + brief(res.deliveryErr)
 	}
 	if inReference {
 		v.WantEffect = "unknown: the clean delivery itself went wrong"
@@ -343,7 +343,7 @@ func (k *Kit) violation(mode Mode, s schedule, res runResult, want expected, inR
 		if inReference {
 			e = panics(res.refused)
 		}
-		v.Seen = fmt.Sprintf("a delivery of event %d failed permanently (a real router parks it, unapplied): %v", e[0]+1, res.refused[e[0]])
+		v.Seen = fmt.Sprintf("a delivery of event %d failed permanently (a real router parks it, unapplied): %s", e[0]+1, brief(res.refused[e[0]]))
 		if inReference {
 			v.Hint = "the handler panics on a clean delivery of this event: refuse an event it cannot apply with wmonce.Permanent (parked, not retried), or fix the panic"
 		} else {
@@ -365,6 +365,12 @@ func (k *Kit) violation(mode Mode, s schedule, res runResult, want expected, inR
 		v.Hint = "the handler's returned messages depend on something outside the transaction (a counter in memory, a read through the pool): derive them from the event and what it read through the transaction"
 	}
 	return v
+}
+
+// brief is err's text without the stack trace of a recovered panic.
+func brief(err error) string {
+	msg, _, _ := strings.Cut(err.Error(), ", stacktrace:")
+	return msg
 }
 
 // panics returns the events whose refusal was a panic.

@@ -361,3 +361,18 @@ func TestShutdownGraceIsSetPerMode(t *testing.T) {
 		})
 	}
 }
+
+// TestPanicOnCleanDeliveryIsCaught: a panic is never the documented way to refuse an event
+// (wmonce.Permanent is): on the clean delivery it is a violation, not an expected refusal.
+func TestPanicOnCleanDeliveryIsCaught(t *testing.T) {
+	b := newBank(t)
+	kit := b.kit(t, oncetest.Config{})
+	vs := expectCaught(t, kit, func(msg *message.Message) ([]*message.Message, error) {
+		if msg.Metadata.Get("account") == "b" {
+			var accounts map[string]int
+			accounts["b"]++ // the bug: a nil map
+		}
+		return b.correct(msg)
+	}, "panics on a clean delivery")
+	require.Contains(t, vs[0].Seen, "event 3")
+}
