@@ -23,11 +23,27 @@
 // compares it with the reference. Each run uses a consumer name of its own, so claims of one
 // run never hide the next run's deliveries.
 //
+// An event the handler refuses on the clean delivery with wmonce.Permanent (a payload it cannot
+// decode, as in the README's Quick start) is logged and expected refused in every other run
+// too; refusing an event that applies cleanly once is a violation, and so is a panic.
+//
 // A violation is reported with t.Errorf: the mode, the schedule in words (which event, which
 // delivery, which fault; a fault that hits one event is shrunk to that event alone when it
-// still fails there), what was seen, what one clean delivery gives, what such a result
-// usually means in handler code, and the seed with the command that replays it
-// (ONCETEST_SEED=<seed> go test -run <test>).
+// still fails there), what was seen, the effect observed and the reference effect, the last
+// error the handler returned (else the last failed delivery's), what such a result usually
+// means in handler code, and the seed with the command that replays it
+// (ONCETEST_SEED=<seed> go test -run <test>). The hint follows what was seen, not the fault's
+// name: an early ack (the handler acked or nacked the message it was given), a transaction the
+// handler ended, a publish on the router's publisher, a delivery that never succeeded (on the
+// clean delivery itself, or only after a fault), a refusal the clean delivery did not make, an
+// effect more than the reference (a duplicate or a rolled-back attempt left something behind),
+// less (a lost update, a skipped event), or different (order, clock, state outside the
+// transaction), and outputs missing or extra. Numbers compare as numbers; lists, maps and text
+// of comma-separated items as multisets of items; other values number by number, so an effect
+// is best a count or a snapshot of rows.
+//
+// The handler's own ack is caught in every mode: the kit looks at the message the handler got
+// (msg.Acked, msg.Nacked) when it returns, whether or not that ack reached the broker.
 //
 //	func TestRewardsHandler(t *testing.T) {
 //		kit := oncetest.New(t, oncetest.Config{
@@ -51,9 +67,24 @@
 // during COMMIT by a row in the kit's table oncetest_commit_fault (created in Config.Schema)
 // whose deferred constraint trigger terminates its own backend while PostgreSQL commits. A
 // shutdown cancels the message context, as Router.Close does (the inbox: closes the
-// Processor), and delivers the message again. With group commit, the kit holds every lane with
-// blocking messages until the events of the schedule wait in the queue, so they share one
-// transaction.
+// Processor), and delivers the message again. The kit sets once.Config.ShutdownGrace per mode
+// so that the shutdown takes both paths of a closing router: 2s in a transaction of its own
+// (the cancelled handler commits within the grace; its copy, delivered again, must be
+// skipped), -1 with group commit (the attempt is rolled back at once; the copy delivered again
+// must apply); the inbox Processor gets ShutdownGrace 2s; in watermill-sql's subscriber
+// transaction the grace has no effect (the subscriber's context ends the transaction). With
+// group commit, the kit holds every lane with blocking messages until the events of the
+// schedule wait in the queue, so they share one transaction.
+//
+// A copy that fails is delivered again, as a broker would, up to 20 times, and then reported
+// with its last error. One at a time it comes back at once (as on a Kafka partition), except
+// under FaultReorder: there it goes behind the other events (as a broker requeues it; in the
+// SQL subscriber mode the kit publishes it again at the end of the topic), so an event that
+// waits for an earlier one (effects/versioned ApplyDelta's gap error) lets that one through.
+//
+// The SQL subscriber mode stores payloads as bytes (a BYTEA column) and UUIDs as text, so any
+// message the library takes, JSON or not, goes through every mode. A mode the kit cannot run (a setup
+// error) is reported with t.Errorf and the other modes still run.
 //
 // # Where it stops
 //
@@ -67,5 +98,7 @@
 // delivers one message at a time, so concurrent schedules run one after the other in that
 // mode. Reordered events are a violation only for handlers whose effect
 // should not depend on arrival order: leave FaultReorder out of Config.Faults for one whose
-// effect rightly does (and that refuses stale events another way).
+// effect rightly does (and that refuses stale events another way). The kit sees a handler's
+// ack only on the message it gave the handler and only when the handler returns: an ack from a
+// goroutine that outlives the handler is not seen.
 package oncetest

@@ -25,8 +25,12 @@ const (
 	roleNeighbour = "neighbour"
 )
 
-// errInjected is the transient failure the kit injects.
-var errInjected = errors.New("oncetest: injected transient failure")
+// errInjected is the transient failure the kit injects; errKilled wraps the error of the
+// connection the kit terminates.
+var (
+	errInjected = errors.New("oncetest: injected transient failure")
+	errKilled   = errors.New("oncetest: injected connection kill")
+)
 
 // commitFaultTable is the kit's table in the schema: a row written into it makes the COMMIT
 // of its transaction terminate its own connection (a deferred constraint trigger), so the
@@ -73,6 +77,7 @@ END $$`,
 type injector struct {
 	schema   string
 	fault    Fault
+	out      *outcome // what the handler did that a report shows: its errors, its own acks
 	target   string   // the delivery whose first attempt gets the fault
 	attempts sync.Map // delivery -> *atomic.Int32
 
@@ -108,6 +113,16 @@ func (in *injector) wrap(h message.HandlerFunc) message.HandlerFunc {
 			in.shutdown(delivery)
 		}
 		out, err := h(msg)
+		if err != nil {
+			in.out.sawHandlerError(fmt.Errorf("delivery %s: %w", delivery, err))
+		}
+		// The ack belongs to the library: it acks after the commit. A handler's own ack (or
+		// nack) is a violation whether or not it reaches the broker.
+		if closed(msg.Acked()) {
+			in.out.sawSelfAck(delivery + " acked")
+		} else if closed(msg.Nacked()) {
+			in.out.sawSelfAck(delivery + " nacked")
+		}
 		if err != nil || !hit {
 			return out, err
 		}
@@ -133,7 +148,16 @@ func (in *injector) exec(msg *message.Message, query string) error {
 		return errors.New("oncetest: the message carries no transaction: the kit's fault cannot be injected")
 	}
 	if _, err := tx.ExecContext(msg.Context(), query); err != nil {
-		return fmt.Errorf("oncetest: injected connection kill: %w", err)
+		return fmt.Errorf("%w: %w", errKilled, err)
 	}
 	return nil
+}
+
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -155,9 +157,12 @@ func (k *Kit) Check(t testing.TB, h message.HandlerFunc) []Violation {
 	}
 
 	// The reference: each event delivered once, in order, in a transaction of its own.
-	want, vs, err := k.reference(ctx, h, allIndexes(len(events)))
+	ref, vs, err := k.reference(ctx, h, allIndexes(len(events)))
 	if err != nil {
 		t.Fatalf("oncetest: %v", err)
+	}
+	for _, e := range sortedKeys(ref.refused) {
+		t.Logf("oncetest: event %d (uuid %s) is refused on a clean delivery (%v); the kit expects it refused under every fault too", e+1, events[e].UUID, ref.refused[e])
 	}
 	if len(vs) == 0 {
 		for _, mode := range k.cfg.Modes {
@@ -165,9 +170,13 @@ func (k *Kit) Check(t testing.TB, h message.HandlerFunc) []Violation {
 				if !f.appliesTo(mode, len(events)) {
 					continue
 				}
-				if v, ok, err := k.checkOne(ctx, h, mode, f, want); err != nil {
-					t.Fatalf("oncetest: %s, %s: %v", mode, f, err)
-				} else if ok {
+				v, ok, err := k.checkOne(ctx, h, mode, f, ref)
+				if err != nil {
+					// Not a verdict on the handler; the other modes still run.
+					t.Errorf("oncetest: %s, %s: the kit could not run this schedule: %v", mode, f, err)
+					continue
+				}
+				if ok {
 					vs = append(vs, v)
 				}
 			}
@@ -179,24 +188,37 @@ func (k *Kit) Check(t testing.TB, h message.HandlerFunc) []Violation {
 	return vs
 }
 
+// expected is what a clean delivery of some events gives: their effect, and the events the
+// handler refuses permanently (wmonce.Permanent), which every other schedule must refuse too.
+type expected struct {
+	effect  any
+	refused map[int]error
+}
+
 // reference runs the events at idx once each, in order, in the own-transaction mode, and
-// returns their effect. A delivery that fails there is a violation already.
-func (k *Kit) reference(ctx context.Context, h message.HandlerFunc, idx []int) (any, []Violation, error) {
+// returns their effect. A delivery that fails there (other than a permanent refusal, the
+// documented way to refuse an event) is a violation already.
+func (k *Kit) reference(ctx context.Context, h message.HandlerFunc, idx []int) (expected, []Violation, error) {
 	s := schedule{fault: FaultNone, order: idx, copies: 1, target: -1}
 	res, err := k.run(ctx, h, ModeOwnTx, s)
 	if err != nil {
-		return nil, nil, err
+		return expected{}, nil, err
+	}
+	ref := expected{effect: res.effect, refused: res.refused}
+	var panicked bool
+	for _, err := range res.refused {
+		panicked = panicked || wmonce.IsPanic(err)
 	}
 	var vs []Violation
-	if res.endedTx != nil || res.refused != nil || res.published > 0 || res.failed != nil {
-		vs = append(vs, k.violation(ModeOwnTx, s, res, res.effect, "a clean delivery of each event, once, in order"))
+	if res.endedTx != nil || panicked || res.published > 0 || res.failed != nil || res.selfAck != "" {
+		vs = append(vs, k.violation(ModeOwnTx, s, res, ref, true))
 	}
-	return res.effect, vs, nil
+	return ref, vs, nil
 }
 
 // checkOne runs fault f in mode on every event, then, if that shows a violation and the fault
 // targets one event, on that event alone: the smaller schedule is reported when it still fails.
-func (k *Kit) checkOne(ctx context.Context, h message.HandlerFunc, mode Mode, f Fault, want any) (Violation, bool, error) {
+func (k *Kit) checkOne(ctx context.Context, h message.HandlerFunc, mode Mode, f Fault, want expected) (Violation, bool, error) {
 	n := len(k.cfg.Events())
 	s := k.newSchedule(f, n)
 	v, ok, err := k.runAndCompare(ctx, h, mode, s, want)
@@ -215,69 +237,173 @@ func (k *Kit) checkOne(ctx context.Context, h message.HandlerFunc, mode Mode, f 
 	return v, ok, nil
 }
 
-func (k *Kit) runAndCompare(ctx context.Context, h message.HandlerFunc, mode Mode, s schedule, want any) (Violation, bool, error) {
+func (k *Kit) runAndCompare(ctx context.Context, h message.HandlerFunc, mode Mode, s schedule, want expected) (Violation, bool, error) {
 	res, err := k.run(ctx, h, mode, s)
 	if err != nil {
 		return Violation{}, false, err
 	}
-	bad := res.endedTx != nil || res.refused != nil || res.published > 0 || res.failed != nil ||
-		!reflect.DeepEqual(res.effect, want) || res.outputs != res.wantOutputs
+	bad := res.endedTx != nil || res.published > 0 || res.failed != nil || res.selfAck != "" ||
+		!sameEvents(res.refused, want.refused) ||
+		!reflect.DeepEqual(res.effect, want.effect) || res.outputs != res.wantOutputs
 	if !bad {
 		return Violation{}, false, nil
 	}
-	return k.violation(mode, s, res, want, "one clean delivery of each event, in order"), true, nil
+	return k.violation(mode, s, res, want, false), true, nil
+}
+
+// sameEvents says whether a and b name the same events.
+func sameEvents(a, b map[int]error) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for e := range a {
+		if _, ok := b[e]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+func sortedKeys(m map[int]error) []int {
+	keys := make([]int, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
 }
 
 // Violation is one schedule under which the handler's effect was not applied exactly once.
 type Violation struct {
-	Mode     Mode
-	Fault    Fault
-	Schedule string // the deliveries and the fault, in words
-	Seen     string // what the kit saw
-	Want     string // what one clean delivery of each event gives
-	Hint     string // what such a result usually means in handler code
+	Mode       Mode
+	Fault      Fault
+	Schedule   string // the deliveries and the fault, in words
+	Seen       string // what the kit saw
+	Want       string // what one clean delivery of each event gives, where it is not the effect
+	Effect     string // the effect observed
+	WantEffect string // the effect of one clean delivery of each event, in order
+	LastError  string // the last error the handler returned (else the last failed delivery's), or "none"
+	Hint       string // what such a result usually means in handler code, from what was seen
 }
 
 func (v Violation) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "oncetest: %s, %s: the handler's effect was not applied exactly once\n", v.Mode, v.Fault)
-	fmt.Fprintf(&b, "    schedule: %s\n", v.Schedule)
-	fmt.Fprintf(&b, "    seen:     %s\n", v.Seen)
+	fmt.Fprintf(&b, "    schedule:   %s\n", v.Schedule)
+	fmt.Fprintf(&b, "    seen:       %s\n", v.Seen)
 	if v.Want != "" {
-		fmt.Fprintf(&b, "    want:     %s\n", v.Want)
+		fmt.Fprintf(&b, "    want:       %s\n", v.Want)
 	}
-	fmt.Fprintf(&b, "    likely:   %s", v.Hint)
+	fmt.Fprintf(&b, "    effect:     %s\n", v.Effect)
+	if v.WantEffect == noReference {
+		fmt.Fprintf(&b, "    reference:  %s\n", v.WantEffect)
+	} else {
+		fmt.Fprintf(&b, "    reference:  %s (one clean delivery of each event, in order)\n", v.WantEffect)
+	}
+	fmt.Fprintf(&b, "    last error: %s\n", v.LastError)
+	fmt.Fprintf(&b, "    likely:     %s", v.Hint)
 	return b.String()
 }
 
-func (k *Kit) violation(mode Mode, s schedule, res runResult, want any, wantWhat string) Violation {
-	v := Violation{Mode: mode, Fault: s.fault, Schedule: s.describe(res.events)}
+// noReference stands for the reference effect in a report on the clean delivery itself.
+const noReference = "none: this is the clean delivery of each event, once, in order, and it went wrong"
+
+// violation describes what res shows, its hint chosen by what was seen, most telling first:
+// an early ack, an ended transaction, a publish, a delivery that never succeeded, a refusal
+// the reference did not make, then the effect and the outputs compared with the reference.
+// inReference says res is the reference run itself.
+func (k *Kit) violation(mode Mode, s schedule, res runResult, want expected, inReference bool) Violation {
+	v := Violation{
+		Mode: mode, Fault: s.fault, Schedule: s.describe(res.events),
+		Effect: fmt.Sprint(res.effect), WantEffect: fmt.Sprint(want.effect), LastError: "none",
+	}
 	switch {
+	case res.handlerErr != nil:
+		v.LastError = brief(res.handlerErr)
+	case res.deliveryErr != nil:
+		v.LastError = "none from the handler; the last failed delivery: " + brief(res.deliveryErr)
+	}
+	if inReference {
+		v.WantEffect = noReference
+	}
+	diff := compareEffects(res.effect, want.effect)
+	extra, missing := refusalDiff(res.refused, want.refused)
+	switch {
+	case res.selfAck != "":
+		v.Seen = fmt.Sprintf("the handler acked or nacked the message it was given (%s)", res.selfAck)
+		v.Hint = "an early ack: the ack belongs to the library, which acks only after the claim, the effect and the outbox rows commit; a handler's ack lets the broker forget a message whose effect may never commit (a rollback, a failed COMMIT, a crash), and a nack redelivers one that did. Remove msg.Ack() and msg.Nack() from the handler: return nil to have it acked after the commit, an error to have it delivered again, wmonce.Permanent to have it parked"
 	case res.endedTx != nil:
 		v.Seen = fmt.Sprintf("the middleware refused the delivery: %v", res.endedTx)
 		v.Hint = "the handler commits or rolls back the transaction it was lent (pgtx.TxFromContext): leave it open; the middleware commits it after the claim and the outbox rows are written"
 	case res.published > 0:
 		v.Seen = fmt.Sprintf("%d message(s) published on the router's publisher during the deliveries", res.published)
 		v.Hint = "the handler publishes its output with the router's publisher instead of returning it: a published message leaves before the commit, so a rolled-back attempt or a redelivery publishes it again; return it from the handler and the middleware stores it in the outbox, in the transaction"
-	case res.refused != nil:
-		v.Seen = fmt.Sprintf("a delivery failed permanently (a real router parks it, unapplied): %v", res.refused)
-		v.Hint = "the handler returned a permanent error (or panicked) for an event that applies cleanly once: under this fault it should have succeeded"
 	case res.failed != nil:
-		v.Seen = fmt.Sprintf("a delivery never succeeded after %d redeliveries: %v", maxRedeliveries, res.failed)
-		v.Hint = "the handler fails on a redelivery of an event it applied cleanly once"
-	case res.outputs != res.wantOutputs:
-		v.Seen = fmt.Sprintf("%d output message(s) stored in the outbox", res.outputs)
-		v.Want = fmt.Sprintf("%d (one set per event)", res.wantOutputs)
-		v.Hint = "the handler's returned messages depend on something outside the transaction"
-	default:
-		v.Seen = fmt.Sprintf("effect %v", res.effect)
-		v.Want = fmt.Sprintf("effect %v (%s)", want, wantWhat)
-		v.Hint = s.fault.hint()
-	}
-	if v.Want == "" && res.effect != nil {
-		v.Seen += fmt.Sprintf("; effect %v", res.effect)
+		v.Seen = fmt.Sprintf("a delivery never succeeded: %v", res.failed)
+		if inReference {
+			v.Hint = "the handler fails on a clean delivery of this event, once, in order, with nothing injected: the last error says why (a missing table or column, a constraint, a decoding error, a context it does not have); refuse an event it can never apply with wmonce.Permanent"
+		} else {
+			v.Hint = fmt.Sprintf("the handler keeps failing after %s, though a clean delivery of the same events succeeds: the last error says why; an attempt run again after a rolled-back one must succeed (state left in memory or written outside the transaction by the failed attempt, a unique key taken outside it)", s.fault)
+		}
+	case len(extra) > 0 || (inReference && len(panics(res.refused)) > 0):
+		e := extra
+		if inReference {
+			e = panics(res.refused)
+		}
+		v.Seen = fmt.Sprintf("a delivery of event %d failed permanently (a real router parks it, unapplied): %s", e[0]+1, brief(res.refused[e[0]]))
+		if inReference {
+			v.Hint = "the handler panics on a clean delivery of this event: refuse an event it cannot apply with wmonce.Permanent (parked, not retried), or fix the panic"
+		} else {
+			v.Hint = fmt.Sprintf("the handler refused permanently (wmonce.Permanent, or a panic) an event that applies cleanly once: under %s it should have succeeded; a refusal must depend on the event alone, not on state a failed or concurrent attempt left behind", s.fault)
+		}
+	case len(missing) > 0:
+		v.Seen = fmt.Sprintf("event %d, refused on a clean delivery (%v), was not refused", missing[0]+1, want.refused[missing[0]])
+		v.Hint = "the handler's refusal depends on something other than the event (the order of arrival, state outside the transaction): decide it from the event alone"
+	case diff != same:
+		v.Seen = fmt.Sprintf("an effect %s one clean delivery of each event gives", diff)
+		v.Hint = effectHint(diff, s.fault)
+	case res.outputs < res.wantOutputs:
+		v.Seen = fmt.Sprintf("missing output: %d output message(s) stored in the outbox", res.outputs)
+		v.Want = fmt.Sprintf("%d (what one clean delivery of each event stores)", res.wantOutputs)
+		v.Hint = "the handler returns its output only some of the times it applies the effect (on a first attempt only, or depending on state outside the transaction, a cache in memory): return the same messages whenever it applies the effect, from the event and what it read through the transaction"
+	case res.outputs > res.wantOutputs:
+		v.Seen = fmt.Sprintf("extra output: %d output message(s) stored in the outbox", res.outputs)
+		v.Want = fmt.Sprintf("%d (what one clean delivery of each event stores)", res.wantOutputs)
+		v.Hint = "the handler's returned messages depend on something outside the transaction (a counter in memory, a read through the pool): derive them from the event and what it read through the transaction"
 	}
 	return v
+}
+
+// brief is err's text without the stack trace of a recovered panic.
+func brief(err error) string {
+	msg, _, _ := strings.Cut(err.Error(), ", stacktrace:")
+	return msg
+}
+
+// panics returns the events whose refusal was a panic.
+func panics(refused map[int]error) []int {
+	var out []int
+	for _, e := range sortedKeys(refused) {
+		if wmonce.IsPanic(refused[e]) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// refusalDiff returns the events refused in got but not in want, and the reverse.
+func refusalDiff(got, want map[int]error) (extra, missing []int) {
+	for _, e := range sortedKeys(got) {
+		if _, ok := want[e]; !ok {
+			extra = append(extra, e)
+		}
+	}
+	for _, e := range sortedKeys(want) {
+		if _, ok := got[e]; !ok {
+			missing = append(missing, e)
+		}
+	}
+	return extra, missing
 }
 
 func allIndexes(n int) []int {

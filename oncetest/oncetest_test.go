@@ -80,7 +80,12 @@ func (b *bank) effect(ctx context.Context, db *sql.DB) (any, error) {
 
 func (b *bank) kit(t *testing.T, cfg oncetest.Config) *oncetest.Kit {
 	cfg.DB, cfg.Schema = b.db, b.schema
-	cfg.Events, cfg.Reset = b.events, b.reset
+	if cfg.Events == nil {
+		cfg.Events = b.events
+	}
+	if cfg.Reset == nil {
+		cfg.Reset = b.reset
+	}
 	if cfg.Effect == nil {
 		cfg.Effect = b.effect
 	}
@@ -129,7 +134,7 @@ func (r *recorder) Errorf(format string, args ...any) {
 
 // expectCaught runs h through the kit and requires a violation whose text contains want; it
 // logs every message, as a user would read them.
-func expectCaught(t *testing.T, kit *oncetest.Kit, h message.HandlerFunc, want string) {
+func expectCaught(t *testing.T, kit *oncetest.Kit, h message.HandlerFunc, want string) []oncetest.Violation {
 	t.Helper()
 	rec := &recorder{TB: t}
 	vs := kit.Check(rec, h)
@@ -143,6 +148,7 @@ func expectCaught(t *testing.T, kit *oncetest.Kit, h message.HandlerFunc, want s
 		require.Contains(t, e, "ONCETEST_SEED=", "each violation says how to replay it")
 	}
 	require.True(t, found, "no violation says %q", want)
+	return vs
 }
 
 func TestCorrectHandlerPassesInEveryMode(t *testing.T) {

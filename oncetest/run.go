@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -24,6 +25,10 @@ import (
 // (forever): a handler still failing then is reported.
 const maxRedeliveries = 20
 
+// ownTxShutdownGrace is once.Config.ShutdownGrace in the own-transaction mode (and the inbox
+// Processor's): long enough for a handler cancelled by FaultShutdown to commit.
+const ownTxShutdownGrace = 2 * time.Second
+
 // groupWorkers is the group-commit lanes of the kit's middleware: the kit holds them all with
 // blockers to make the events of a schedule queue up and share one transaction.
 const groupWorkers = 2
@@ -35,20 +40,29 @@ type runResult struct {
 	outputs     int // output messages stored in the outbox for this run
 	wantOutputs int
 	published   int64
-	endedTx     error // the middleware found the handler had ended its transaction
-	refused     error // a permanent failure (parked by a real router)
-	failed      error // still failing after maxRedeliveries
+	endedTx     error         // the middleware found the handler had ended its transaction
+	refused     map[int]error // event -> its permanent failure (parked by a real router)
+	failed      error         // a copy still failing after maxRedeliveries, with its last error
+	selfAck     string        // the deliveries whose handler acked or nacked its message
+	handlerErr  error         // the last error the handler returned
+	deliveryErr error         // the last error a delivery failed with that the kit did not inject
 }
 
 // outcome collects the deliveries' results of one run.
 type outcome struct {
-	mu      sync.Mutex
-	endedTx error
-	refused error
-	failed  error
+	mu          sync.Mutex
+	endedTx     error
+	refused     map[int]error
+	failed      error
+	selfAck     []string
+	selfAcked   chan struct{} // closed at the first self-ack
+	handlerErr  error
+	deliveryErr error
 }
 
-func (o *outcome) record(err error, gaveUp bool) {
+// record keeps the result of a copy of event that did not succeed: a permanent failure, or
+// (gaveUp) one still failing after maxRedeliveries.
+func (o *outcome) record(event int, err error, gaveUp bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	switch {
@@ -57,8 +71,54 @@ func (o *outcome) record(err error, gaveUp bool) {
 	case gaveUp:
 		o.failed = cmpErr(o.failed, err)
 	default:
-		o.refused = cmpErr(o.refused, err)
+		if o.refused == nil {
+			o.refused = map[int]error{}
+		}
+		o.refused[event] = cmpErr(o.refused[event], err)
 	}
+}
+
+// sawHandlerError keeps the last error the user's handler returned: the cause a report shows.
+func (o *outcome) sawHandlerError(err error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.handlerErr = err
+}
+
+// sawDeliveryError keeps the last error a delivery failed with, unless the kit caused it.
+func (o *outcome) sawDeliveryError(err error) {
+	if err == nil || injected(err) {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.deliveryErr = err
+}
+
+func (o *outcome) sawSelfAck(what string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.selfAck) == 0 {
+		close(o.selfAcked)
+	}
+	o.selfAck = append(o.selfAck, what)
+}
+
+func (o *outcome) result(res *runResult) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	res.endedTx, res.refused, res.failed = o.endedTx, o.refused, o.failed
+	res.handlerErr, res.deliveryErr = o.handlerErr, o.deliveryErr
+	if len(o.selfAck) > 0 {
+		sort.Strings(o.selfAck)
+		res.selfAck = strings.Join(o.selfAck, ", ")
+	}
+}
+
+// injected says whether err is one the kit caused (a fault, a cancelled context).
+func injected(err error) bool {
+	return errors.Is(err, errInjected) || errors.Is(err, errKilled) || errors.Is(err, context.Canceled) ||
+		strings.Contains(err.Error(), errInjected.Error()) || strings.Contains(err.Error(), errKilled.Error())
 }
 
 func cmpErr(old, err error) error {
@@ -66,6 +126,15 @@ func cmpErr(old, err error) error {
 		return old
 	}
 	return err
+}
+
+// eventOf returns the event index of a delivery id ("e<event>c<copy>"), -1 for another one.
+func eventOf(delivery string) int {
+	var e, c int
+	if _, err := fmt.Sscanf(delivery, "e%dc%d", &e, &c); err != nil {
+		return -1
+	}
+	return e - 1
 }
 
 // copyOf is one delivered copy of an event.
@@ -84,7 +153,8 @@ func (k *Kit) run(ctx context.Context, h message.HandlerFunc, mode Mode, s sched
 	}
 	consumer := fmt.Sprintf("oncetest_%s_%d", randomHex(), k.runs.Add(1))
 	topic := consumer // the outputs' topic: this run's outbox rows
-	in := &injector{schema: k.cfg.Schema, fault: s.fault}
+	out := &outcome{selfAcked: make(chan struct{})}
+	in := &injector{schema: k.cfg.Schema, fault: s.fault, out: out}
 	var copies []copyOf
 	for _, e := range s.order {
 		if e >= len(events) {
@@ -101,7 +171,6 @@ func (k *Kit) run(ctx context.Context, h message.HandlerFunc, mode Mode, s sched
 		}
 	}
 	published := k.publisher.n.Load()
-	out := &outcome{}
 	var err error
 	switch mode {
 	case ModeOwnTx, ModeGroupCommit:
@@ -115,7 +184,7 @@ func (k *Kit) run(ctx context.Context, h message.HandlerFunc, mode Mode, s sched
 		return res, err
 	}
 	res.published = k.publisher.n.Load() - published
-	res.endedTx, res.refused, res.failed = out.endedTx, out.refused, out.failed
+	out.result(&res)
 	if res.effect, err = k.cfg.Effect(ctx, k.cfg.DB); err != nil {
 		return res, fmt.Errorf("Effect: %w", err)
 	}
@@ -181,9 +250,16 @@ func (k *Kit) middlewareConfig(mode Mode, consumer, topic string) once.Config {
 	}
 	cfg.Schema, cfg.Consumer, cfg.OutputTopic = k.cfg.Schema, consumer, topic
 	cfg.Outbox, cfg.OutboxSource = nil, ""
+	// ShutdownGrace per mode, so FaultShutdown takes both paths of a closing router: in a
+	// transaction of its own the cancelled handler goes on and commits within the grace (its
+	// copy, delivered again, must be skipped); in a group the attempt is cancelled at once and
+	// rolled back (the copy delivered again must apply). In watermill-sql's subscriber
+	// transaction the grace has no effect: the subscriber's context ends the transaction.
 	cfg.GroupCommit = once.GroupCommitConfig{Disabled: true} // one transaction per message
+	cfg.ShutdownGrace = ownTxShutdownGrace
 	if mode == ModeGroupCommit {
 		cfg.GroupCommit = once.GroupCommitConfig{Workers: groupWorkers, TxBatchSize: 100}
+		cfg.ShutdownGrace = -1
 	}
 	return cfg
 }
@@ -227,31 +303,75 @@ func (k *Kit) runMiddleware(ctx context.Context, h message.HandlerFunc, mode Mod
 	}
 	defer func() { _ = mw.Close() }()
 
+	// deliverOnce delivers c one time and says whether the broker delivers it again: after a
+	// transient failure, or when the router closed before it acked.
+	deliverOnce := func(c copyOf) (again bool, err error) {
+		dctx, cancel := context.WithCancel(ctx)
+		cancels.Store(c.id, cancel)
+		m := c.msg.Copy()
+		m.SetContext(dctx)
+		_, err = chain(m)
+		cancel()
+		if _, closed := shut.LoadAndDelete(c.id); closed {
+			return true, err // the router closed before it acked: the broker delivers the copy again
+		}
+		if err == nil {
+			return false, nil
+		}
+		out.sawDeliveryError(err)
+		if wmonce.IsPermanent(err) || wmonce.IsPanic(err) {
+			out.record(c.event, err, false)
+			return false, err
+		}
+		return true, err
+	}
+	giveUp := func(c copyOf, last error) {
+		out.record(c.event, fmt.Errorf("copy %s: still failing after %d deliveries; the last one failed with: %w", c.id, maxRedeliveries, last), true)
+	}
 	deliver := func(c copyOf) {
+		var last error
 		for range maxRedeliveries {
-			dctx, cancel := context.WithCancel(ctx)
-			cancels.Store(c.id, cancel)
-			m := c.msg.Copy()
-			m.SetContext(dctx)
-			_, err := chain(m)
-			cancel()
-			if _, closed := shut.LoadAndDelete(c.id); closed {
-				continue // the router closed before it acked: the broker delivers the copy again
+			again, err := deliverOnce(c)
+			if err != nil {
+				last = err
 			}
-			if err == nil {
-				return
-			}
-			if wmonce.IsPermanent(err) || wmonce.IsPanic(err) {
-				out.record(err, false)
+			if !again {
 				return
 			}
 		}
-		out.record(fmt.Errorf("copy %s: still failing", c.id), true)
+		giveUp(c, last)
 	}
 
 	if !s.concurrent {
-		for _, c := range copies {
-			deliver(c)
+		// One at a time. A copy that fails is delivered again at once (as Kafka does), except
+		// under FaultReorder: there it goes behind the others (as a broker requeues it), so
+		// an event refused until an earlier one arrives (a version gap) lets that one through.
+		type pending struct {
+			c     copyOf
+			tries int
+			last  error
+		}
+		queue := make([]pending, len(copies))
+		for i, c := range copies {
+			queue[i] = pending{c: c}
+		}
+		for len(queue) > 0 {
+			p := queue[0]
+			queue = queue[1:]
+			again, err := deliverOnce(p.c)
+			if err != nil {
+				p.last = err
+			}
+			p.tries++
+			switch {
+			case !again:
+			case p.tries >= maxRedeliveries:
+				giveUp(p.c, p.last)
+			case s.fault == FaultReorder:
+				queue = append(queue, p)
+			default:
+				queue = append([]pending{p}, queue...)
+			}
 		}
 		return nil
 	}

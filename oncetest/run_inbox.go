@@ -36,7 +36,7 @@ func (k *Kit) runInbox(ctx context.Context, h message.HandlerFunc, s schedule, c
 	pcfg := inbox.ProcessorConfig{
 		Schema: schema, Consumer: consumer, OutputTopic: topic, TxOptions: txOptions,
 		Backoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond, PollInterval: 20 * time.Millisecond,
-		ReapInterval: 50 * time.Millisecond, ShutdownGrace: 2 * time.Second, MaxAttempts: maxRedeliveries,
+		ReapInterval: 50 * time.Millisecond, ShutdownGrace: ownTxShutdownGrace, MaxAttempts: maxRedeliveries,
 	}
 	// The Processor runs what a router would run inside the transaction it lends.
 	handler := wmiddleware.Recoverer(wmiddleware.CorrelationID(in.wrap(h)))
@@ -98,14 +98,27 @@ func (k *Kit) runInbox(ctx context.Context, h message.HandlerFunc, s schedule, c
 	if err := stop(); err != nil {
 		return err
 	}
-	failed, err := ops.List(ctx, inbox.Filter{Consumer: consumer, Statuses: []inbox.Status{inbox.StatusFailed}}, 1)
+	failed, err := ops.List(ctx, inbox.Filter{Consumer: consumer, Statuses: []inbox.Status{inbox.StatusFailed}}, min(len(copies)+1, inbox.MaxBatchSize))
 	if err != nil {
 		return err
+	}
+	event := map[string]int{}
+	for _, c := range copies {
+		event[c.msg.UUID] = c.event
 	}
 	for _, r := range failed {
 		// A row parked before its last attempt failed permanently (or panicked); one parked
 		// at MaxAttempts kept failing.
-		out.record(fmt.Errorf("inbox row of message %s parked as FAILED after %d attempts: %s", r.MessageUUID, r.Attempts, r.LastError), r.Attempts >= maxRedeliveries)
+		gaveUp := r.Attempts >= maxRedeliveries
+		what := "failed permanently"
+		if gaveUp {
+			what = "still failing"
+		}
+		e, ok := event[r.MessageUUID]
+		if !ok {
+			e = -1
+		}
+		out.record(e, fmt.Errorf("inbox row of message %s parked as FAILED after %d attempts (%s); the last one failed with: %s", r.MessageUUID, r.Attempts, what, r.LastError), gaveUp)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package oncetest
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -20,11 +21,14 @@ import (
 // The subscriber delivers one message at a time, so concurrent schedules run in publish order
 // here. The shutdown fault cancels the subscription (what Router.Close does) and subscribes
 // again. The run ends when the consumer group's offset has passed every copy.
-func (k *Kit) runSubscriberTx(ctx context.Context, h message.HandlerFunc, _ schedule, consumer, topic string, in *injector, copies []copyOf, out *outcome) error {
+func (k *Kit) runSubscriberTx(ctx context.Context, h message.HandlerFunc, s schedule, consumer, topic string, in *injector, copies []copyOf, out *outcome) error {
 	db, schema := k.cfg.DB, k.cfg.Schema
 	table := func(t string) string { return pgtx.QualifiedName(schema, "watermill_"+t) }
 	offsets := func(t string) string { return pgtx.QualifiedName(schema, "watermill_offsets_"+t) }
-	adapter := wsql.DefaultPostgreSQLSchema{GenerateMessagesTableName: table, SubscribeBatchSize: 1}
+	adapter := anyMessageSchema{wsql.DefaultPostgreSQLSchema{
+		GenerateMessagesTableName: table, SubscribeBatchSize: 1,
+		GeneratePayloadType: func(string) string { return "BYTEA" },
+	}}
 	offsetsAdapter := wsql.DefaultPostgreSQLOffsetsAdapter{GenerateMessagesOffsetsTableName: offsets}
 	pub, err := wsql.NewPublisher(db, wsql.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, watermill.NopLogger{})
 	if err != nil {
@@ -53,6 +57,7 @@ func (k *Kit) runSubscriberTx(ctx context.Context, h message.HandlerFunc, _ sche
 		restarted <- struct{}{}
 	}
 	attempts := map[string]int{}
+	lastErr := map[string]error{}
 	subscribe := func() (message.Subscriber, <-chan *message.Message, error) {
 		sub, err := wsql.NewSubscriber(db, wsql.SubscriberConfig{
 			ConsumerGroup: consumer, SchemaAdapter: adapter, OffsetsAdapter: offsetsAdapter,
@@ -96,14 +101,27 @@ func (k *Kit) runSubscriberTx(ctx context.Context, h message.HandlerFunc, _ sche
 			id := m.Metadata.Get(MetadataDelivery)
 			attempts[id]++
 			_, err := chain(m)
+			if err != nil {
+				out.sawDeliveryError(err)
+				lastErr[id] = err
+			}
 			switch {
 			case err == nil:
 				m.Ack()
 			case wmonce.IsPermanent(err) || wmonce.IsPanic(err):
-				out.record(err, false)
+				out.record(eventOf(id), err, false)
 				m.Ack() // a real router parks it and acks
 			case attempts[id] >= maxRedeliveries:
-				out.record(fmt.Errorf("copy %s: still failing: %w", id, err), true)
+				out.record(eventOf(id), fmt.Errorf("copy %s: still failing after %d deliveries; the last one failed with: %w", id, maxRedeliveries, lastErr[id]), true)
+				m.Ack()
+			case s.fault == FaultReorder:
+				// The subscriber would deliver this copy again and again before the next
+				// one; a broker that requeues puts it behind the others: publish it again
+				// at the end of the topic and go on, so an event refused until an earlier
+				// one arrives (a version gap) lets that one through.
+				if err := pub.Publish(consumer, m.Copy()); err != nil {
+					return fmt.Errorf("publish copy %s again on watermill-sql topic %s: %w", id, consumer, err)
+				}
 				m.Ack()
 			case attempts[id]%3 == 0:
 				// Nacked copies come back in the same transaction, which a killed connection
@@ -114,6 +132,11 @@ func (k *Kit) runSubscriberTx(ctx context.Context, h message.HandlerFunc, _ sche
 			default:
 				m.Nack()
 			}
+		case <-out.selfAcked:
+			// The handler acked the subscriber's message: the subscriber may have committed
+			// its transaction under the middleware, and the run may never end. The verdict
+			// is known.
+			return nil
 		case <-restarted:
 			_ = sub.Close()
 			if sub, ch, err = subscribe(); err != nil {
@@ -132,4 +155,17 @@ func (k *Kit) runSubscriberTx(ctx context.Context, h message.HandlerFunc, _ sche
 			}
 		}
 	}
+}
+
+// anyMessageSchema is watermill-sql's PostgreSQL schema for any message the library takes:
+// payloads as bytes (BYTEA, not the default JSON column: protobuf events, say) and UUIDs as
+// text (not VARCHAR(36): the library takes UUIDs up to 1024 bytes).
+type anyMessageSchema struct{ wsql.DefaultPostgreSQLSchema }
+
+func (s anyMessageSchema) SchemaInitializingQueries(topic string) []wsql.Query {
+	qs := s.DefaultPostgreSQLSchema.SchemaInitializingQueries(topic)
+	for i := range qs {
+		qs[i].Query = strings.Replace(qs[i].Query, `"uuid" VARCHAR(36) NOT NULL`, `"uuid" text NOT NULL`, 1)
+	}
+	return qs
 }

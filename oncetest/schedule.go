@@ -92,20 +92,6 @@ func (f Fault) targeted() bool {
 	return false
 }
 
-func (f Fault) hint() string {
-	switch f {
-	case FaultTransient, FaultKillMidHandler, FaultKillDuringCommit, FaultShutdown, FaultFailingNeighbours:
-		return "an effect that the rollback of a failed attempt does not undo: the handler writes through the pool (or its own connection) instead of the transaction it was lent (pgtx.TxFromContext), or changes memory or an outside system; write through the lent transaction, or make the effect idempotent under a key derived from the claim (effects/idemkey)"
-	case FaultSequentialCopies, FaultConcurrentCopies:
-		return "an effect that a duplicate repeats: the handler does work before or outside the claim (writes through the pool, calls an outside system); write through the lent transaction"
-	case FaultConcurrentEvents:
-		return "a lost update: the handler reads state outside the transaction (through the pool or a cache) and writes a value derived from it, so events that share a transaction or overlap overwrite each other; read through the lent transaction (SELECT ... FOR UPDATE, or an UPDATE ... SET n = n + 1)"
-	case FaultReorder:
-		return "an effect that depends on arrival order: brokers redeliver out of order; store a version per entity and refuse stale events (effects/versioned), or make the effect commutative"
-	}
-	return ""
-}
-
 // schedule is one run's deliveries: the events at order, each delivered copies times (at the
 // same time when concurrent), the fault on the first attempt of the event at target (-1: none).
 type schedule struct {

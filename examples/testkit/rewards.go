@@ -7,7 +7,8 @@
 // through the transaction the middleware lends it. Delivered once each, both give the same
 // rows; the kit finds the difference (a connection killed or an attempt retried after the
 // pool's write committed applies the cashback twice). rewards_test.go is the test an
-// application writes. EXAMPLE_SHOW_FAILURE=1 makes the buggy handler's test fail as it would
+// application writes; its events include one the handlers cannot decode and refuse with
+// wmonce.Permanent, which the kit expects refused under every fault, not applied. EXAMPLE_SHOW_FAILURE=1 makes the buggy handler's test fail as it would
 // in your project, with the kit's report.
 package testkit
 

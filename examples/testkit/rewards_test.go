@@ -32,7 +32,9 @@ func newKit(t *testing.T) (*oncetest.Kit, *sql.DB, string) {
 				events = append(events, message.NewMessage(fmt.Sprintf("9b0c2f7e-0000-4000-8000-00000000000%d", i+1),
 					fmt.Appendf(nil, `{"payment_id":"pay-%d","paise":%d}`, i+1, paise)))
 			}
-			return events
+			// One the handlers cannot decode: they refuse it with wmonce.Permanent, and the kit
+			// expects it refused under every fault, not applied.
+			return append(events, message.NewMessage("9b0c2f7e-0000-4000-8000-000000000004", []byte(`not json`)))
 		},
 		Reset: func(ctx context.Context, db *sql.DB) error {
 			_, err := db.ExecContext(ctx, `TRUNCATE `+credits)

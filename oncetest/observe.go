@@ -1,0 +1,208 @@
+package oncetest
+
+import (
+	"fmt"
+	"reflect"
+	"strconv"
+	"strings"
+	"unicode"
+)
+
+// difference is how an observed effect differs from the reference's. The hint of a report is
+// chosen by it, not by the fault's name: one fault can show several bugs, and one bug shows
+// under several faults.
+type difference int
+
+const (
+	same      difference = iota
+	more                 // more than the reference: something was applied twice
+	less                 // less than the reference: something was lost
+	different            // neither more nor less: other values, or other entries
+)
+
+func (d difference) String() string {
+	return [...]string{"the same as", "more than", "less than", "different from"}[d]
+}
+
+// compareEffects says how got differs from want. Numbers compare as numbers; lists, maps and
+// text made of items ("a=1, b=2", a slice of rows) compare as multisets of items (extra items:
+// more, missing items: less); values of the same shape compare number by number (every number
+// at least the reference's and one above it: more; the reverse: less).
+func compareEffects(got, want any) difference {
+	if reflect.DeepEqual(got, want) {
+		return same
+	}
+	if g, ok := number(got); ok {
+		if w, ok := number(want); ok {
+			switch {
+			case g > w:
+				return more
+			case g < w:
+				return less
+			}
+			return different // equal numbers of different types: not what the reference gave
+		}
+	}
+	gi, gok := items(got)
+	wi, wok := items(want)
+	if gok && wok && len(gi) != len(wi) {
+		if d := compareMultisets(gi, wi); d != different {
+			return d
+		}
+	}
+	if d := compareNumbers(fmt.Sprint(got), fmt.Sprint(want)); d != same {
+		return d
+	}
+	return different // not DeepEqual, though it prints the same (another type, say)
+}
+
+func number(v any) (float64, bool) {
+	rv := reflect.ValueOf(v)
+	switch rv.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return float64(rv.Int()), true
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
+		return float64(rv.Uint()), true
+	case reflect.Float32, reflect.Float64:
+		return rv.Float(), true
+	}
+	return 0, false
+}
+
+// items lists the entries of a slice, an array or a map (key=value), or the items of a text
+// separated by commas, semicolons or line breaks.
+func items(v any) ([]string, bool) {
+	rv := reflect.ValueOf(v)
+	switch rv.Kind() {
+	case reflect.Slice, reflect.Array:
+		out := make([]string, rv.Len())
+		for i := range out {
+			out[i] = fmt.Sprint(rv.Index(i).Interface())
+		}
+		return out, true
+	case reflect.Map:
+		var out []string
+		iter := rv.MapRange()
+		for iter.Next() {
+			out = append(out, fmt.Sprintf("%v=%v", iter.Key().Interface(), iter.Value().Interface()))
+		}
+		return out, true
+	case reflect.String:
+		s := strings.TrimSpace(rv.String())
+		if s == "" {
+			return nil, true
+		}
+		parts := strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ';' || r == '\n' })
+		for i := range parts {
+			parts[i] = strings.TrimSpace(parts[i])
+		}
+		return parts, true
+	}
+	return nil, false
+}
+
+// compareMultisets: got holds every item of want and more (more), or want holds every item of
+// got and more (less); otherwise different.
+func compareMultisets(got, want []string) difference {
+	count := map[string]int{}
+	for _, w := range want {
+		count[w]++
+	}
+	for _, g := range got {
+		count[g]--
+	}
+	var extra, missing bool
+	for _, n := range count {
+		extra = extra || n < 0
+		missing = missing || n > 0
+	}
+	switch {
+	case extra && !missing:
+		return more
+	case missing && !extra:
+		return less
+	}
+	return different
+}
+
+// compareNumbers compares two texts of the same shape (the same words around the numbers)
+// number by number.
+func compareNumbers(got, want string) difference {
+	gs, gn := splitNumbers(got)
+	ws, wn := splitNumbers(want)
+	if gs != ws || len(gn) != len(wn) {
+		return different
+	}
+	var above, below bool
+	for i := range gn {
+		above = above || gn[i] > wn[i]
+		below = below || gn[i] < wn[i]
+	}
+	switch {
+	case above && !below:
+		return more
+	case below && !above:
+		return less
+	case !above && !below:
+		return same
+	}
+	return different
+}
+
+// splitNumbers returns s with every number replaced by '#', and the numbers.
+func splitNumbers(s string) (string, []float64) {
+	var shape strings.Builder
+	var nums []float64
+	rs := []rune(s)
+	for i := 0; i < len(rs); {
+		start := i
+		// A minus sign belongs to the number only where no word precedes it ("pay-1" is an id).
+		if rs[i] == '-' && i+1 < len(rs) && unicode.IsDigit(rs[i+1]) && (i == 0 || !isWord(rs[i-1])) {
+			i++
+		}
+		if i < len(rs) && unicode.IsDigit(rs[i]) {
+			for i < len(rs) && (unicode.IsDigit(rs[i]) || rs[i] == '.' && i+1 < len(rs) && unicode.IsDigit(rs[i+1])) {
+				i++
+			}
+			if v, err := strconv.ParseFloat(string(rs[start:i]), 64); err == nil {
+				shape.WriteByte('#')
+				nums = append(nums, v)
+				continue
+			}
+		}
+		i = start
+		shape.WriteRune(rs[i])
+		i++
+	}
+	return shape.String(), nums
+}
+
+func isWord(r rune) bool { return unicode.IsLetter(r) || unicode.IsDigit(r) || r == '_' || r == '-' }
+
+// effectHint is what an effect that differs from the reference in this way usually means in
+// handler code; the fault adds what it did to show it.
+func effectHint(d difference, f Fault) string {
+	switch d {
+	case more:
+		hint := "the effect was applied more than once: part of an attempt that did not count survived it. The handler writes through the pool (or a connection of its own) instead of the transaction it was lent (pgtx.TxFromContext), or changes memory or an outside system that the rollback of an attempt does not undo; write through the lent transaction, or make an outside effect idempotent under a key derived from the event (effects/idemkey)"
+		switch f {
+		case FaultSequentialCopies, FaultConcurrentCopies:
+			hint += "; here a copy that the claim skips before the handler runs added to it, so the extra work happened outside the claim"
+		case FaultTransient, FaultKillMidHandler, FaultKillDuringCommit, FaultShutdown, FaultFailingNeighbours:
+			hint += "; here an attempt that was rolled back and run again left it behind"
+		}
+		return hint
+	case less:
+		hint := "part of the effect is missing: a lost update or a skipped event. A handler that reads a value and writes back one computed from it loses an update when another delivery changes the row in between: at READ COMMITTED (the inbox Processor's default) the later write overwrites the earlier, and a read through the pool or a cache misses what the lent transaction wrote; read through the lent transaction and write relative updates (SET n = n + $1), lock the row first (SELECT ... FOR UPDATE), or run at REPEATABLE READ (once.Config.TxOptions, inbox.ProcessorConfig.TxOptions). A handler that remembers outside the transaction what it did (a set in memory, a flag committed apart from the lent transaction) skips the retry of an attempt that was rolled back"
+		if f == FaultReorder {
+			hint += "; here the events arrived out of order, so a handler that drops an event it takes for stale loses it: make it wait for the missing one (effects/versioned ApplyDelta returns a retryable gap error)"
+		}
+		return hint
+	case different:
+		if f == FaultReorder {
+			return "the effect depends on arrival order (the events arrived out of their producer's order, as brokers redeliver): store a version per entity and refuse stale events (effects/versioned), or make the effect commutative"
+		}
+		return "the effect depends on something other than the events: the order in which concurrent deliveries ran (or their order in a shared group-commit transaction), the clock, randomness, or state read outside the lent transaction; derive it from the event and rows read through the transaction (pgtx.TxFromContext)"
+	}
+	return ""
+}
