@@ -9,6 +9,8 @@
 //   - OrderBeerHandler (CommandProcessor) records the order and publishes BeerOrdered.
 //   - The FinancialReport group (EventGroupProcessor) adds RoomBooked and BeerOrdered to the
 //     hotel's report: increments, which a copy applied twice would count twice.
+//   - One BookRoom command, stored with Writer.PublishTx, does not decode: the Stack parks it
+//     (ShouldPark) instead of retrying it forever.
 //
 // Both buses are built on outbox.Writer.Publisher(): a message is stored in the transaction
 // of its context (the middleware's, or the front desk's), and the relay forwards it after the
@@ -32,6 +34,8 @@ package main
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"log"
@@ -41,7 +45,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/components/cqrs"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/middleware/once"
+	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -140,7 +146,15 @@ func run(ctx context.Context, db *sql.DB, o options) (summary, error) {
 	if err != nil {
 		return summary{}, err
 	}
-	stack, err := once.Stack(once.StackConfig{Middleware: mw, Logger: e.logger})
+	stack, err := once.Stack(once.StackConfig{
+		Middleware:  mw,
+		Logger:      e.logger,
+		PoisonTopic: e.topic(poisonTopic),
+		// An undecodable message fails in the processor's Unmarshal, before the handler, with a
+		// plain error: park it too, or it is retried and nacked forever. ShouldPark replaces the
+		// default, so it keeps the default's two tests.
+		ShouldPark: func(err error) bool { return wmonce.IsPermanent(err) || wmonce.IsPanic(err) || isDecodeError(err) },
+	})
 	if err != nil {
 		return summary{}, err
 	}
@@ -223,6 +237,10 @@ func run(ctx context.Context, db *sql.DB, o options) (summary, error) {
 	if err := frontDesk(ctx, db, commandBus, e.tables, bookings); err != nil {
 		return summary{}, err
 	}
+	brokenID, err := sendUndecodable(ctx, db, e.writer, marshaler, e.topic("BookRoom"))
+	if err != nil {
+		return summary{}, err
+	}
 	// Every message reaches its handlers twice (the relay publishes it twice): wait until each
 	// consumer applied as many messages as it receives and absorbed as many copies, then count
 	// the effects. (A consumer that applied twice as many stops the wait too: the count shows it.)
@@ -238,8 +256,11 @@ func run(ctx context.Context, db *sql.DB, o options) (summary, error) {
 	}); err != nil {
 		return summary{}, fmt.Errorf("%w: the handlers did not receive every copy: %+v", err, mw.Counters().Consumers())
 	}
+	if err := waitUntil(ctx, o.timeout, func() bool { return e.parked(ctx, brokenID) > 0 }); err != nil {
+		return summary{}, fmt.Errorf("%w: the undecodable command %s was not parked", err, brokenID)
+	}
 	s := summary{Bookings: len(bookings), Broker: string(e.broker.Kind()), Consumers: mw.Counters().Consumers(), Elapsed: time.Since(start)}
-	return s, e.report(ctx, &s, bookings, o.out)
+	return s, e.report(ctx, &s, bookings, brokenID, o.out)
 }
 
 // messagesPerBooking is how many distinct messages each consumer receives per booking: one
@@ -264,6 +285,27 @@ func frontDesk(ctx context.Context, db *sql.DB, commandBus *cqrs.CommandBus, t t
 		}
 	}
 	return nil
+}
+
+// sendUndecodable stores a BookRoom command whose payload does not decode (a client on an older
+// schema) with Writer.PublishTx, the call for code that holds a *sql.Tx: the marshaler's name
+// metadata routes it to BookRoomHandler, whose Unmarshal fails, and the Stack parks it.
+func sendUndecodable(ctx context.Context, db *sql.DB, writer *outbox.Writer, marshaler cqrs.CommandEventMarshaler, topic string) (string, error) {
+	msg, err := marshaler.Marshal(&BookRoom{})
+	if err != nil {
+		return "", err
+	}
+	msg.Payload = []byte(`{"booking_id": 42}`)
+	return msg.UUID, pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
+		return writer.PublishTx(ctx, tx, topic, msg)
+	})
+}
+
+// isDecodeError reports whether err is a JSON payload that does not decode.
+func isDecodeError(err error) bool {
+	var syntax *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	return errors.As(err, &syntax) || errors.As(err, &typ)
 }
 
 // hotel holds the handlers. Each runs in the middleware's transaction, which its context

@@ -18,8 +18,9 @@ import (
 
 // TestExample runs the example against each broker (SQL on PostgreSQL, Kafka on KAFKA_BROKERS
 // or an embedded kfake, RabbitMQ in a throw-away vhost), its relay publishing every message
-// twice: every handler absorbs a copy of every message, and every effect (rows, the report's
-// sums, the commands and events in the outbox) is there exactly once.
+// twice: every handler absorbs a copy of every message, every effect (rows, the report's sums,
+// the commands and events in the outbox) is there exactly once, and the undecodable command is
+// parked.
 func TestExample(t *testing.T) {
 	t.Parallel()
 	for _, kind := range broker.Kinds {
@@ -51,6 +52,7 @@ func TestExample(t *testing.T) {
 			require.Equal(t, s.WantRevenue, s.Revenue)
 			require.Equal(t, s.WantBeers, s.Beers)
 			require.Equal(t, map[string]int{"BookRoom": bookings, "RoomBooked": bookings, "OrderBeer": bookings, "BeerOrdered": bookings}, s.Outbox)
+			require.GreaterOrEqual(t, s.Parked, 1, "the undecodable command is parked (ShouldPark), not retried forever")
 		})
 	}
 }
@@ -62,7 +64,7 @@ func deleteKafkaTopics(t *testing.T, cfg broker.Config, runID string) {
 		return
 	}
 	defer b.Close()
-	if err := b.DeleteKafkaTopics(runID+".BookRoom", runID+".OrderBeer", runID+"."+eventsTopic); err != nil {
+	if err := b.DeleteKafkaTopics(runID+".BookRoom", runID+".OrderBeer", runID+"."+eventsTopic, runID+"."+poisonTopic); err != nil {
 		t.Logf("cleanup: %v", err)
 	}
 }

@@ -25,9 +25,12 @@ type summary struct {
 	WantRevenue    int64 `json:"want_revenue"`
 	Beers          int64 `json:"beers"`
 	WantBeers      int64 `json:"want_beers"`
-	// Messages of this run stored in the outbox, by name (cqrs.StructName): each must equal
-	// Bookings, one per booking whatever the copies.
+	// Messages of this run stored in the outbox, by name (cqrs.StructName), the undecodable one
+	// and the parked ones aside: each must equal Bookings, one per booking whatever the copies.
 	Outbox map[string]int `json:"outbox"`
+	// Parked copies of the undecodable command: at least one (each copy delivered is parked,
+	// as it was never applied).
+	Parked int `json:"parked"`
 
 	// Per consumer (handler): Fresh counts messages applied, Duplicates copies absorbed.
 	Consumers map[string]once.Counters `json:"consumers"`
@@ -36,7 +39,7 @@ type summary struct {
 
 // report counts the run's effects into s, prints them, and returns an error unless every effect
 // is there exactly once.
-func (e *env) report(ctx context.Context, s *summary, bookings []BookRoom, w io.Writer) error {
+func (e *env) report(ctx context.Context, s *summary, bookings []BookRoom, brokenID string, w io.Writer) error {
 	for _, b := range bookings {
 		s.WantRevenue += b.Price
 		s.WantBeers += beersFor(b.Price)
@@ -61,7 +64,8 @@ func (e *env) report(ctx context.Context, s *summary, bookings []BookRoom, w io.
 	}
 	s.Outbox = map[string]int{}
 	rows, err := e.db.QueryContext(ctx, `SELECT payload->'metadata'->>'name', count(*) FROM `+e.writer.Table()+`
-		WHERE payload->>'destination_topic' LIKE $1 GROUP BY 1`, e.runID+".%")
+		WHERE payload->>'destination_topic' LIKE $1 AND payload->>'destination_topic' <> $2 AND uuid <> $3 GROUP BY 1`,
+		e.runID+".%", e.topic(poisonTopic), brokenID)
 	if err != nil {
 		return err
 	}
@@ -77,6 +81,7 @@ func (e *env) report(ctx context.Context, s *summary, bookings []BookRoom, w io.
 	if err := rows.Err(); err != nil {
 		return err
 	}
+	s.Parked = e.parked(ctx, brokenID)
 
 	fmt.Fprintf(w, "broker %s, hotel %s: %d bookings taken by the front desk, every message relayed twice, done in %s\n", s.Broker, e.runID, s.Bookings, s.Elapsed.Round(time.Millisecond))
 	for _, consumer := range []string{bookRoomHandler, orderBeerOnRoomBooked, orderBeerHandler, financialReport} {
@@ -86,6 +91,7 @@ func (e *env) report(ctx context.Context, s *summary, bookings []BookRoom, w io.
 	fmt.Fprintf(w, "rows:      %d requests, %d bookings, %d beer orders\n", s.Requests, s.BookingRows, s.BeerOrders)
 	fmt.Fprintf(w, "report:    %d bookings, revenue %d (want %d), %d beers (want %d)\n", s.ReportBookings, s.Revenue, s.WantRevenue, s.Beers, s.WantBeers)
 	fmt.Fprintf(w, "outbox:    %v\n", s.Outbox)
+	fmt.Fprintf(w, "parked:    the undecodable BookRoom %s, %d time(s) on %s\n", brokenID, s.Parked, e.topic(poisonTopic))
 	var wrong []string
 	for what, n := range map[string]int64{
 		"requests": int64(s.Requests), "bookings": int64(s.BookingRows), "beer orders": int64(s.BeerOrders),
@@ -98,6 +104,9 @@ func (e *env) report(ctx context.Context, s *summary, bookings []BookRoom, w io.
 	}
 	if s.Revenue != s.WantRevenue || s.Beers != s.WantBeers {
 		wrong = append(wrong, fmt.Sprintf("report: revenue %d (want %d), beers %d (want %d)", s.Revenue, s.WantRevenue, s.Beers, s.WantBeers))
+	}
+	if s.Parked == 0 {
+		wrong = append(wrong, "the undecodable command was not parked")
 	}
 	if len(wrong) > 0 {
 		return fmt.Errorf("not every effect exactly once (want %d of each): %v", s.Bookings, wrong)

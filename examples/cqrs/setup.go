@@ -29,8 +29,12 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// eventsTopic is the name (after the run's prefix) of the topic every event goes to.
-const eventsTopic = "events"
+// The names (after the run's prefix) of the topic every event goes to, and of the topic the
+// Stack parks messages on.
+const (
+	eventsTopic = "events"
+	poisonTopic = "poison"
+)
 
 type options struct {
 	broker   broker.Config
@@ -177,6 +181,14 @@ func (e *env) close() {
 	if e.broker != nil {
 		_ = e.broker.Close()
 	}
+}
+
+// parked counts the parked copies of the message id (0 when the query fails: it is retried).
+func (e *env) parked(ctx context.Context, id string) int {
+	var n int
+	_ = e.db.QueryRowContext(ctx, `SELECT count(*) FROM `+e.writer.Table()+` WHERE payload->>'destination_topic' = $1 AND uuid = $2`,
+		e.topic(poisonTopic), id).Scan(&n)
+	return n
 }
 
 // bookings returns n BookRoom commands of this run, the hotel being the run.
