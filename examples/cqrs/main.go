@@ -260,7 +260,8 @@ func run(ctx context.Context, db *sql.DB, o options) (summary, error) {
 		return summary{}, fmt.Errorf("%w: the undecodable command %s was not parked", err, brokenID)
 	}
 	s := summary{Bookings: len(bookings), Broker: string(e.broker.Kind()), Consumers: mw.Counters().Consumers(), Elapsed: time.Since(start)}
-	return s, e.report(ctx, &s, bookings, brokenID, o.out)
+	err = e.report(ctx, &s, bookings, brokenID, o.out)
+	return s, err
 }
 
 // messagesPerBooking is how many distinct messages each consumer receives per booking: one

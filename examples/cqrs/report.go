@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/wmonce/watermill-once/middleware/once"
+	"github.com/wmonce/watermill-once/pgtx"
 )
 
 // summary is what a run observed, for the printout and the test.
@@ -63,22 +64,17 @@ func (e *env) report(ctx context.Context, s *summary, bookings []BookRoom, broke
 		return err
 	}
 	s.Outbox = map[string]int{}
-	rows, err := e.db.QueryContext(ctx, `SELECT payload->'metadata'->>'name', count(*) FROM `+e.writer.Table()+`
-		WHERE payload->>'destination_topic' LIKE $1 AND payload->>'destination_topic' <> $2 AND uuid <> $3 GROUP BY 1`,
-		e.runID+".%", e.topic(poisonTopic), brokenID)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
+	if err := pgtx.QueryEach(ctx, e.db, func(row pgtx.Scanner) error {
 		var name string
 		var n int
-		if err := rows.Scan(&name, &n); err != nil {
+		if err := row.Scan(&name, &n); err != nil {
 			return err
 		}
 		s.Outbox[name] = n
-	}
-	if err := rows.Err(); err != nil {
+		return nil
+	}, `SELECT payload->'metadata'->>'name', count(*) FROM `+e.writer.Table()+`
+		WHERE payload->>'destination_topic' LIKE $1 AND payload->>'destination_topic' <> $2 AND uuid <> $3 GROUP BY 1`,
+		e.runID+".%", e.topic(poisonTopic), brokenID); err != nil {
 		return err
 	}
 	s.Parked = e.parked(ctx, brokenID)
