@@ -50,14 +50,15 @@ type AMQPConfig struct {
 	QueueType string
 	// Workers is how many goroutines each subscription (each Subscribe call) runs, one message
 	// in flight each: a router handler runs that many messages at once (with the
-	// effectively-once middleware, each holds a pool connection). Default DefaultAMQPWorkers
-	// (8). Set 1 for one message at a time in queue order (see Prefetch for what still
-	// reorders then).
+	// effectively-once middleware, each holds a pool connection). Env AMQP_WORKERS; default
+	// DefaultAMQPWorkers (8). Set 1 (AMQP_WORKERS=1 AMQP_PREFETCH=1) for one message at a time
+	// in queue order (see Prefetch for what still reorders then).
 	Workers int
 	// Prefetch is how many unacknowledged messages RabbitMQ hands each subscription: the ones
 	// in flight plus the ones waiting in this process, so the next message is here when one is
 	// acked instead of a round trip later. Everything prefetched is redelivered if the consumer
-	// dies. Default DefaultAMQPPrefetchPerWorker x Workers (4 x 8 = 32); at least Workers.
+	// dies. Env AMQP_PREFETCH; default DefaultAMQPPrefetchPerWorker x Workers (4 x 8 = 32); at
+	// least Workers.
 	//
 	// Ordering: with Workers > 1, messages of one queue are handled at the same time and
 	// finish in any order. With Prefetch > 1 (even at Workers 1), a nacked or unacked

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -23,6 +24,8 @@ const (
 	EnvAMQPURL           = "AMQP_URL"
 	EnvAMQPPrefix        = "AMQP_PREFIX"
 	EnvAMQPQueueType     = "AMQP_QUEUE_TYPE"
+	EnvAMQPWorkers       = "AMQP_WORKERS"
+	EnvAMQPPrefetch      = "AMQP_PREFETCH"
 )
 
 // ConfigFromEnv reads the configuration from the process environment; see ParseEnv.
@@ -30,7 +33,7 @@ func ConfigFromEnv() (Config, error) { return ParseEnv(os.Getenv) }
 
 // ParseEnv reads BROKER, DATABASE_URL, BROKER_SQL_SCHEMA, BROKER_SQL_WATERMILL, KAFKA_BROKERS,
 // KAFKA_PARTITIONS, KAFKA_REPLICATION_FACTOR, KAFKA_PARTITION_KEY, KAFKA_SESSION_TIMEOUT,
-// AMQP_URL, AMQP_PREFIX and AMQP_QUEUE_TYPE through getenv, applies the defaults and validates
+// AMQP_URL, AMQP_PREFIX, AMQP_QUEUE_TYPE, AMQP_WORKERS and AMQP_PREFETCH through getenv, applies the defaults and validates
 // the result. Unset variables keep their defaults; a malformed one is an error naming it.
 func ParseEnv(getenv func(string) string) (Config, error) {
 	var c Config
@@ -75,6 +78,23 @@ func ParseEnv(getenv func(string) string) (Config, error) {
 	c.AMQP.URL = getenv(EnvAMQPURL)
 	c.AMQP.Prefix = getenv(EnvAMQPPrefix)
 	c.AMQP.QueueType = strings.ToLower(getenv(EnvAMQPQueueType))
+	// Workers and Prefetch: ordered consumption (1 and 1) without code, and a variable named in
+	// the error when a value is out of AMQPConfig's range.
+	if v := getenv(EnvAMQPWorkers); v != "" {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil || n < 1 || n > maxAMQPWorkers {
+			errs = append(errs, fmt.Errorf("%s=%q: want a number of messages in flight per subscription, 1 to %d", EnvAMQPWorkers, v, maxAMQPWorkers))
+		}
+		c.AMQP.Workers = n
+	}
+	if v := getenv(EnvAMQPPrefetch); v != "" {
+		workers := cmp.Or(c.AMQP.Workers, DefaultAMQPWorkers)
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil || n < workers || n > maxAMQPPrefetch {
+			errs = append(errs, fmt.Errorf("%s=%q: want a number of unacked messages per subscription, from %s (%d) to %d", EnvAMQPPrefetch, v, EnvAMQPWorkers, workers, maxAMQPPrefetch))
+		}
+		c.AMQP.Prefetch = n
+	}
 	if len(errs) > 0 {
 		return Config{}, fmt.Errorf("broker: invalid environment: %w", errors.Join(errs...))
 	}
@@ -102,6 +122,8 @@ func (c Config) Environ() []string {
 		EnvAMQPURL + "=" + c.AMQP.URL,
 		EnvAMQPPrefix + "=" + c.AMQP.Prefix,
 		EnvAMQPQueueType + "=" + c.AMQP.QueueType,
+		EnvAMQPWorkers + "=" + strconv.Itoa(c.AMQP.Workers),
+		EnvAMQPPrefetch + "=" + strconv.Itoa(c.AMQP.Prefetch),
 	}
 	if len(c.Kafka.Brokers) > 0 {
 		env = append(env, EnvKafkaBrokers+"="+strings.Join(c.Kafka.Brokers, ","))

@@ -46,6 +46,8 @@ func TestParseEnvReadsEveryVariableAndEnvironRoundTrips(t *testing.T) {
 		"AMQP_URL":                 "amqp://u:p@rabbit:5672/prod",
 		"AMQP_PREFIX":              "shop.",
 		"AMQP_QUEUE_TYPE":          "classic",
+		"AMQP_WORKERS":             "1",
+		"AMQP_PREFETCH":            "1",
 	}
 	cfg, err := broker.ParseEnv(env(vars))
 	require.NoError(t, err)
@@ -59,6 +61,8 @@ func TestParseEnvReadsEveryVariableAndEnvironRoundTrips(t *testing.T) {
 	require.Equal(t, 3, cfg.SQL.WatermillSQL)
 	require.Equal(t, "shop.", cfg.AMQP.Prefix)
 	require.Equal(t, "classic", cfg.AMQP.QueueType)
+	require.Equal(t, 1, cfg.AMQP.Workers, "AMQP_WORKERS=1 AMQP_PREFETCH=1: queue order without code")
+	require.Equal(t, 1, cfg.AMQP.Prefetch)
 
 	back := map[string]string{}
 	for _, kv := range cfg.Environ() {
@@ -90,6 +94,11 @@ func TestBadConfigurationSaysWhatToFix(t *testing.T) {
 		"amqp queue type":        {map[string]string{"BROKER": "amqp", "AMQP_QUEUE_TYPE": "stream"}, "quorum or classic"},
 		"sql schema injection":   {map[string]string{"BROKER_SQL_SCHEMA": `x"; DROP TABLE y; --`}, "lower-case letters"},
 		"watermill-sql version":  {map[string]string{"BROKER_SQL_WATERMILL": "5"}, "BROKER_SQL_WATERMILL=\"5\": want the watermill-sql major version, 3 or 4"},
+		"amqp workers zero":      {map[string]string{"AMQP_WORKERS": "0"}, `AMQP_WORKERS="0": want a number of messages in flight per subscription, 1 to 1000`},
+		"amqp workers text":      {map[string]string{"AMQP_WORKERS": "one"}, `AMQP_WORKERS="one"`},
+		"prefetch below workers": {map[string]string{"AMQP_WORKERS": "4", "AMQP_PREFETCH": "2"}, `AMQP_PREFETCH="2": want a number of unacked messages per subscription, from AMQP_WORKERS (4) to 65535`},
+		"prefetch below default": {map[string]string{"AMQP_PREFETCH": "2"}, `from AMQP_WORKERS (8)`},
+		"prefetch too large":     {map[string]string{"AMQP_PREFETCH": "70000"}, `AMQP_PREFETCH="70000"`},
 	} {
 		_, err := broker.ParseEnv(env(tc.vars))
 		require.Error(t, err, name)
