@@ -13,7 +13,7 @@ KAFKA_BROKERS ?= 127.0.0.1:9092
 KAFKA_SERVICE ?= $(if $(filter docker,$(SERVICES_VIA)),docker,3.9)
 KAFKA_ENV = KAFKA_BROKERS=$(KAFKA_BROKERS) KAFKA_SERVICE=$(KAFKA_SERVICE)
 
-.PHONY: test test-only test-short race e2e lint golangci-lint demo quickstart services services-postgres bench migrate-sql
+.PHONY: test test-only test-short race e2e lint golangci-lint demo quickstart services services-postgres bench migrate-sql measure
 
 # golangci-lint, pinned: .golangci.yml is written for this version. Installed with go install
 # into GOPATH/bin (GOBIN if set) when that binary is missing or another version.
@@ -36,10 +36,11 @@ race: test
 # pointed at closed ports, Kafka included, so a test that reaches one without skipping fails
 # here; tests that start their own embedded Kafka still run. Under 30 s on a warm cache: the
 # Dockerfile build and the tests that wait out Sarama's breaker belong to the full suite.
+# ./... skips the dot-folder .ci, so the measure tool's own test is named.
 test-short:
 	DATABASE_URL=postgres://postgres@127.0.0.1:1/test AMQP_URL=amqp://guest:guest@127.0.0.1:1/ \
 	  KAFKA_BROKERS=127.0.0.1:1 KAFKA_SERVICE= \
-	  $(GO) test -short -count=1 ./...
+	  $(GO) test -short -count=1 ./... ./.ci/measure
 
 e2e: services
 	$(KAFKA_ENV) $(GO) test -race -count=1 -v ./e2e/...
@@ -49,7 +50,7 @@ e2e: services
 lint: golangci-lint
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
-	$(GO) vet ./...
+	$(GO) vet ./... ./.ci/measure
 	$(GOLANGCI_LINT) run ./...
 	bash .ci/check-imports
 
@@ -95,3 +96,10 @@ bench:
 
 migrate-sql:
 	@$(GO) run ./cmd/wmonce migrate print
+
+# The indicators issue 36 compares codebases by (lines, go doc lines, exported names, Default
+# constants, go.mod requirements, cyclomatic complexity), offline. MEASURE_DIR measures another
+# checkout with the same counting; MEASURE_ARGS passes flags (-exclude dev for Watermill, -top N).
+MEASURE_DIR ?= .
+measure:
+	@$(GO) run ./.ci/measure $(MEASURE_ARGS) $(MEASURE_DIR)
