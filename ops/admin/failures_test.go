@@ -107,6 +107,19 @@ func TestFailureGroupsThroughTheAPI(t *testing.T) {
 	get(t, srv.URL+"/api/failures").decode(t, &groups)
 	require.Len(t, groups.Groups, 2, "billing's last row and kafka's undecodable row are left: %+v", groups.Groups)
 
+	// A group with no row to act on is 404, as `wmonce failures` exits 1 for it: an unknown
+	// fingerprint, or one whose rows were handled already (before, 200 {"rows":0}).
+	for _, req := range []admin.FailureActionRequest{
+		{Kind: admin.FailureKindRejected, Fingerprint: "0123456789abcdef", Action: admin.ActionReplay},
+		{Kind: admin.FailureKindRejected, Fingerprint: gone.Fingerprint, Action: admin.ActionDiscard},
+		{Kind: admin.FailureKindParked, Fingerprint: parked.Fingerprint, Action: admin.ActionReplay, DryRun: true},
+		{Kind: admin.FailureKindInbox, Fingerprint: billing.Fingerprint, Action: admin.ActionReplay, IDs: []int64{dry.IDs[0]}},
+	} {
+		r := post(t, srv.URL+"/api/failures/act", req, nil)
+		require.Equal(t, http.StatusNotFound, r.status, "%+v: %s", req, r.body)
+		require.Contains(t, r.errorText(t), "group has fingerprint "+req.Fingerprint)
+	}
+
 	for _, tc := range []struct {
 		body any
 		want string
