@@ -222,6 +222,9 @@ func ActOnFailureGroup(ctx context.Context, db *sql.DB, schema string, req Failu
 		default:
 			return FailureActionResponse{}, badRequest("action %q: a parked group takes replay or discard", req.Action)
 		}
+		if errors.Is(err, outbox.ErrParkedSettled) { // a concurrent action took the copies first
+			return FailureActionResponse{}, fmt.Errorf("%w: %w", NoFailureGroup(req.Kind, req.Fingerprint, req.IDs), err)
+		}
 		if err != nil {
 			return FailureActionResponse{}, err
 		}
