@@ -303,7 +303,7 @@ func (h *Handler) failureAct(ctx context.Context, r *http.Request) (any, error) 
 	}
 	if !req.DryRun {
 		h.logger.Info("Failure group changed from the admin page", watermill.LogFields{
-			"kind": req.Kind, "fingerprint": req.Fingerprint, "action": req.Action, "rows": out.Rows, "remote": r.RemoteAddr,
+			"kind": req.Kind, "fingerprint": req.Fingerprint, "action": req.Action, "rows": out.Rows, "ids": out.IDs, "remote": r.RemoteAddr,
 		})
 	}
 	return out, nil

@@ -157,7 +157,7 @@ func (h *Handler) republish(ctx context.Context, r *http.Request) (any, error) {
 		return nil, err
 	}
 	if !req.DryRun {
-		h.logger.Info("Rejected outbox rows republished from the admin page", watermill.LogFields{"relay": req.Relay, "rows": out.Republished, "remote": r.RemoteAddr})
+		h.logger.Info("Rejected outbox rows republished from the admin page", watermill.LogFields{"relay": req.Relay, "rows": out.Republished, "offsets": out.Offsets, "remote": r.RemoteAddr})
 	}
 	return out, nil
 }
