@@ -157,7 +157,7 @@ func ReplayParkedGroup(ctx context.Context, db *sql.DB, schema string, req Parke
 				}
 				writers[r.source] = w
 			}
-			if err := w.store(ctx, tx, r.consumed, []*message.Message{original}, false); err != nil {
+			if err := w.store(ctx, tx, r.consumed, []*message.Message{original}, false, nil); err != nil {
 				return err
 			}
 		}

@@ -24,8 +24,9 @@ type RepublishRequest struct {
 	// for a row refused because of its metadata, such as a key the broker reserves
 	// (_watermill_message_uuid on Kafka). Nothing else is changed.
 	RemoveMetadata []string
-	// PartitionKeyField is the Writer's Config.PartitionKeyField for the stored rows (the
-	// partition_key column Debezium keys records by): give the producers' value. Default
+	// PartitionKeyField is the Writer's Config.PartitionKeyField for rows whose original
+	// outbox row retention has deleted (while it is there, its partition_key is kept): the
+	// partition_key column Debezium keys records by. Give the producers' value. Default
 	// DefaultPartitionKeyField.
 	PartitionKeyField string
 	// DryRun counts what would be republished and changes nothing.
@@ -55,6 +56,8 @@ type RepublishResult struct {
 // The rows are stored by the Writer's own insert (a Writer of the row's source), so they carry
 // every column a PublishTx row carries (the envelope the Relay reads and migration 013's
 // columns Debezium reads); they are not stamped again (no new occurred_at or trace context).
+// The partition key is the original row's while retention keeps it, else as
+// req.PartitionKeyField says.
 // The rows are locked first, so that of concurrent calls for the same rows one republishes
 // them and the others report none.
 //
@@ -81,8 +84,10 @@ func RepublishRejected(ctx context.Context, db *sql.DB, schema string, req Repub
 	var res RepublishResult
 	err := pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
 		res = RepublishResult{Offsets: []int64{}}
-		rows, err := pgtx.QueryAll(ctx, tx, scanRejectedCopy, `SELECT "offset", source, payload::text FROM `+rejected+`
-WHERE relay = $1 AND ($2 OR "offset" = ANY($3::bigint[])) ORDER BY "offset" FOR UPDATE`, req.Relay, req.All, nonNil(req.Offsets))
+		// The original row, while retention keeps it, gives the partition key it was stored with.
+		rows, err := pgtx.QueryAll(ctx, tx, scanRejectedCopy, `SELECT r."offset", r.source, r.payload::text, coalesce(o.partition_key, '')
+FROM `+rejected+` r LEFT JOIN `+pgtx.QualifiedName(schema, "outbox")+` o ON o."offset" = r."offset" AND o.uuid = r.uuid
+WHERE r.relay = $1 AND ($2 OR r."offset" = ANY($3::bigint[])) ORDER BY r."offset" FOR UPDATE OF r`, req.Relay, req.All, nonNil(req.Offsets))
 		if err != nil {
 			return err
 		}
@@ -119,11 +124,11 @@ WHERE relay = $1 AND ($2 OR "offset" = ANY($3::bigint[])) ORDER BY "offset" FOR 
 			for j < len(copies) && copies[j].source == copies[i].source && copies[j].topic == copies[i].topic {
 				j++
 			}
-			msgs := make([]*message.Message, 0, j-i)
+			msgs, keys := make([]*message.Message, 0, j-i), make([]string, 0, j-i)
 			for _, c := range copies[i:j] {
-				msgs = append(msgs, c.msg)
+				msgs, keys = append(msgs, c.msg), append(keys, c.key)
 			}
-			if err := writers[copies[i].source].store(ctx, tx, copies[i].topic, msgs, false); err != nil {
+			if err := writers[copies[i].source].store(ctx, tx, copies[i].topic, msgs, false, keys); err != nil {
 				return err
 			}
 			i = j
@@ -143,13 +148,14 @@ type rejectedCopy struct {
 	offset  int64
 	source  string
 	payload sql.NullString
+	key     string // the original row's partition_key; "" once it is gone (or was NULL)
 	topic   string
 	msg     *message.Message
 }
 
 func scanRejectedCopy(s pgtx.Scanner) (rejectedCopy, error) {
 	var r rejectedCopy
-	err := s.Scan(&r.offset, &r.source, &r.payload)
+	err := s.Scan(&r.offset, &r.source, &r.payload, &r.key)
 	return r, err
 }
 
