@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -156,7 +157,7 @@ func ReplayParkedGroup(ctx context.Context, db *sql.DB, schema string, req Parke
 				}
 				writers[r.source] = w
 			}
-			if err := w.store(ctx, tx, r.consumed, []*message.Message{original}, false); err != nil {
+			if err := w.store(ctx, tx, r.consumed, []*message.Message{original}, false, nil); err != nil {
 				return err
 			}
 		}
@@ -212,6 +213,11 @@ func actOnParkedGroup(ctx context.Context, db *sql.DB, schema string, req Parked
 	return res, nil
 }
 
+// ErrParkedSettled is returned (wrapped) by ReplayParkedGroup and DiscardParkedGroup when a
+// concurrent call settled some of the copies first: the call changes nothing (no copy is
+// stored twice), and reports no rows.
+var ErrParkedSettled = errors.New("outbox: parked copies were settled by someone else meanwhile")
+
 // settleParked records offsets as settled by action, and forgets the settled copies outbox
 // retention has deleted since (through the partial index of parked rows), so the record stays
 // as small as the parked rows still in the outbox. A copy another operator settled meanwhile
@@ -232,7 +238,7 @@ WHERE o."offset" = s."offset" AND (o.metadata->>'reason_poisoned') IS NOT NULL)`
 	}
 	if n != len(offsets) {
 		b, _ := json.Marshal(offsets)
-		return fmt.Errorf("parked copies %s were settled by someone else meanwhile: list the groups again", b)
+		return fmt.Errorf("%w: parked copies %s: list the groups again", ErrParkedSettled, b)
 	}
 	return nil
 }

@@ -103,7 +103,7 @@ func (p dbPublisher) Publish(topic string, msgs ...*message.Message) error {
 		msgs = parked
 	}
 	return pgtx.RunInTx(ctx, p.db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
-		return p.w.store(ctx, tx, topic, msgs, !p.parking)
+		return p.w.store(ctx, tx, topic, msgs, !p.parking, nil)
 	})
 }
 

@@ -71,7 +71,7 @@ func TestRelaySetsAsideWhatThePublisherRefusesForGood(t *testing.T) {
 	publishTx(t, db, w, "a", "k-4")
 	res, err = outbox.RepublishRejected(ctx, db, schema, outbox.RepublishRequest{Relay: "relay", Offsets: []int64{rejected[0].Offset}})
 	require.NoError(t, err)
-	require.Equal(t, outbox.RepublishResult{Republished: 1}, res)
+	require.Equal(t, outbox.RepublishResult{Republished: 1, Offsets: []int64{rejected[0].Offset}}, res)
 	relayOnce(t, r)
 	require.Equal(t, []string{"a/k-1", "a/k-3", "b/b-1", "a/k-4", "a/bad"}, s.all(), "republished at the end, with its UUID")
 	rejected, err = outbox.ListRejected(ctx, db, schema, outbox.RejectedFilter{}, 10, false)

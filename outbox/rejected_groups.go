@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"time"
 
 	"github.com/wmonce/watermill-once/internal/failgroup"
@@ -120,7 +121,8 @@ func nonNil(s []int64) []int64 {
 
 // RepublishRejectedGroup stores the rows of one rejected group (narrowed by req.Offsets) in
 // the outbox again and removes them from outbox_rejected, as RepublishRejected does (same
-// guarantee, same order rule). With req.DryRun it lists them and changes nothing.
+// guarantee, same order rule), and returns the offsets its transaction moved (none for rows a
+// concurrent call took first). With req.DryRun it lists them and changes nothing.
 func RepublishRejectedGroup(ctx context.Context, db *sql.DB, schema string, req RejectedGroupRequest) (RejectedGroupResult, error) {
 	if err := checkSchema("republish rejected group", db, &schema); err != nil {
 		return RejectedGroupResult{}, err
@@ -139,22 +141,15 @@ func RepublishRejectedGroup(ctx context.Context, db *sql.DB, schema string, req 
 	if err != nil {
 		return RejectedGroupResult{}, err
 	}
-	undecodable := map[int64]bool{}
-	for _, o := range r.Undecodable {
-		undecodable[o] = true
-	}
-	kept := res.Offsets[:0]
-	for _, o := range res.Offsets {
-		if !undecodable[o] {
-			kept = append(kept, o)
-		}
-	}
-	res.Offsets, res.Undecodable = kept, r.Undecodable
+	// What RepublishRejected's transaction moved, not what was read before it: a concurrent
+	// call may have republished some or all of the rows meanwhile.
+	res.Offsets, res.Undecodable = r.Offsets, r.Undecodable
 	return res, nil
 }
 
 // DiscardRejectedGroup deletes the rows of one rejected group (narrowed by req.Offsets) from
-// outbox_rejected, in one statement, and returns them. A rejected row is the only copy of a
+// outbox_rejected, in one statement, and returns those that statement deleted (none for rows
+// a concurrent call took first). A rejected row is the only copy of a
 // message the relay could not forward: a discarded one is gone. With req.DryRun it lists them
 // and deletes nothing.
 func DiscardRejectedGroup(ctx context.Context, db *sql.DB, schema string, req RejectedGroupRequest) (RejectedGroupResult, error) {
@@ -177,8 +172,11 @@ func DiscardRejectedGroup(ctx context.Context, db *sql.DB, schema string, req Re
 		if res, err = groupRows(ctx, tx, schema, req); err != nil || len(res.Offsets) == 0 {
 			return err
 		}
-		_, err = tx.ExecContext(ctx, `DELETE FROM `+pgtx.QualifiedName(schema, "outbox_rejected")+` WHERE relay = $1 AND "offset" = ANY($2::bigint[]) AND `+rejectedFingerprintExpr(schema)+` = $3`,
-			res.Relay, res.Offsets, req.Fingerprint)
+		// The rows the DELETE removed, not those read above: a concurrent discard or republish
+		// may have taken some of them meanwhile.
+		res.Offsets, err = pgtx.QueryAll(ctx, tx, scanOffset, `DELETE FROM `+pgtx.QualifiedName(schema, "outbox_rejected")+` WHERE relay = $1 AND "offset" = ANY($2::bigint[]) AND `+rejectedFingerprintExpr(schema)+` = $3
+RETURNING "offset"`, res.Relay, res.Offsets, req.Fingerprint)
+		slices.Sort(res.Offsets)
 		return err
 	})
 	if err != nil {

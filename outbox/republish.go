@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/ThreeDotsLabs/watermill/message"
+
 	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -22,16 +24,26 @@ type RepublishRequest struct {
 	// for a row refused because of its metadata, such as a key the broker reserves
 	// (_watermill_message_uuid on Kafka). Nothing else is changed.
 	RemoveMetadata []string
+	// PartitionKeyField is the Writer's Config.PartitionKeyField for rows whose original
+	// outbox row retention has deleted (while it is there, its partition_key is kept): the
+	// partition_key column Debezium keys records by. Give the producers' value. Default
+	// DefaultPartitionKeyField.
+	PartitionKeyField string
 	// DryRun counts what would be republished and changes nothing.
 	DryRun bool
 }
 
 // RepublishResult says what RepublishRejected did (or, for a dry run, would do).
 type RepublishResult struct {
-	// Republished counts the rows stored again in the outbox and removed from outbox_rejected.
+	// Republished counts the rows this call stored again in the outbox and removed from
+	// outbox_rejected: len(Offsets).
 	Republished int
+	// Offsets are those rows' offsets in outbox_rejected, in order: what this call's
+	// transaction deleted there (a row another call republished first is not among them).
+	Offsets []int64
 	// Undecodable lists the offsets of selected rows that are not a message the relay can
-	// decode: republishing them would only reject them again, so they stay in outbox_rejected.
+	// decode or the Writer can store: republishing them would only reject them again, so they
+	// stay in outbox_rejected.
 	Undecodable []int64
 }
 
@@ -40,6 +52,14 @@ type RepublishResult struct {
 // the outbox, and removes them from outbox_rejected, all in one transaction; idle relays are
 // woken when it commits. Fix what made the broker refuse them first (create the topic, raise
 // the size limit, remove the reserved key): a row refused again is rejected again.
+//
+// The rows are stored by the Writer's own insert (a Writer of the row's source), so they carry
+// every column a PublishTx row carries (the envelope the Relay reads and migration 013's
+// columns Debezium reads); they are not stamped again (no new occurred_at or trace context).
+// The partition key is the original row's while retention keeps it, else as
+// req.PartitionKeyField says.
+// The rows are locked first, so that of concurrent calls for the same rows one republishes
+// them and the others report none.
 //
 // The new rows are forwarded by every relay of their source, after every row committed before
 // them: a later row of the same key that went on while the row was set aside is now before it,
@@ -63,48 +83,55 @@ func RepublishRejected(ctx context.Context, db *sql.DB, schema string, req Repub
 	rejected := pgtx.QualifiedName(schema, "outbox_rejected")
 	var res RepublishResult
 	err := pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
-		res = RepublishResult{}
-		rows, err := tx.QueryContext(ctx, `SELECT "offset", uuid, source, payload::text, metadata::text FROM `+rejected+`
-WHERE relay = $1 AND ($2 OR "offset" = ANY($3::bigint[])) ORDER BY "offset" FOR UPDATE`, req.Relay, req.All, req.Offsets)
+		res = RepublishResult{Offsets: []int64{}}
+		// The original row, while retention keeps it, gives the partition key it was stored with.
+		rows, err := pgtx.QueryAll(ctx, tx, scanRejectedCopy, `SELECT r."offset", r.source, r.payload::text, coalesce(o.partition_key, '')
+FROM `+rejected+` r LEFT JOIN `+pgtx.QualifiedName(schema, "outbox")+` o ON o."offset" = r."offset" AND o.uuid = r.uuid
+WHERE r.relay = $1 AND ($2 OR r."offset" = ANY($3::bigint[])) ORDER BY r."offset" FOR UPDATE OF r`, req.Relay, req.All, nonNil(req.Offsets))
 		if err != nil {
 			return err
 		}
-		defer rows.Close() // closed below before the INSERT; the deferred call is then a no-op
-		var offsets []int64
-		var uuids, sources, payloads, metadatas []string
-		for rows.Next() {
-			var offset int64
-			var uuid, source string
-			var payload, metadata sql.NullString
-			if err := rows.Scan(&offset, &uuid, &source, &payload, &metadata); err != nil {
-				return err
-			}
-			env, md, ok := republishable(payload, metadata, req.RemoveMetadata)
+		writers := map[string]*Writer{}
+		var copies []rejectedCopy
+		for _, r := range rows {
+			w, ok := writers[r.source]
 			if !ok {
-				res.Undecodable = append(res.Undecodable, offset)
+				// A source the Writer refuses makes the row unstorable, not the call a failure.
+				w, _ = NewWriter(Config{Schema: schema, Source: r.source, PartitionKeyField: req.PartitionKeyField})
+				writers[r.source] = w
+			}
+			if !r.prepare(w, req.RemoveMetadata) {
+				res.Undecodable = append(res.Undecodable, r.offset)
 				continue
 			}
-			offsets = append(offsets, offset)
-			uuids, sources, payloads, metadatas = append(uuids, uuid), append(sources, source), append(payloads, env), append(metadatas, md)
+			copies = append(copies, r)
+			res.Offsets = append(res.Offsets, r.offset)
 		}
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		if err := rows.Close(); err != nil { // the connection is needed for the INSERT
-			return err
-		}
-		res.Republished = len(offsets)
-		if req.DryRun || len(offsets) == 0 {
+		res.Republished = len(copies)
+		if req.DryRun || len(copies) == 0 {
 			return nil
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO `+pgtx.QualifiedName(schema, "outbox")+` (uuid, payload, metadata, transaction_id, source)
-SELECT u, p::json, m::json, pg_current_xact_id(), s
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS x(u, p, m, s, n) ORDER BY n`,
-			uuids, payloads, metadatas, sources); err != nil {
+		deleted, err := pgtx.QueryAll(ctx, tx, scanOffset, `DELETE FROM `+rejected+` WHERE relay = $1 AND "offset" = ANY($2::bigint[]) RETURNING "offset"`, req.Relay, res.Offsets)
+		if err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, `DELETE FROM `+rejected+` WHERE relay = $1 AND "offset" = ANY($2::bigint[])`, req.Relay, offsets); err != nil {
-			return err
+		if len(deleted) != len(copies) { // the rows are locked: only a broken invariant gets here
+			return fmt.Errorf("deleted %d of the %d rejected rows locked for republishing", len(deleted), len(copies))
+		}
+		// Runs of one source and topic go in one store, in offset order.
+		for i := 0; i < len(copies); {
+			j := i + 1
+			for j < len(copies) && copies[j].source == copies[i].source && copies[j].topic == copies[i].topic {
+				j++
+			}
+			msgs, keys := make([]*message.Message, 0, j-i), make([]string, 0, j-i)
+			for _, c := range copies[i:j] {
+				msgs, keys = append(msgs, c.msg), append(keys, c.key)
+			}
+			if err := writers[copies[i].source].store(ctx, tx, copies[i].topic, msgs, false, keys); err != nil {
+				return err
+			}
+			i = j
 		}
 		_, err = tx.ExecContext(ctx, `SELECT pg_notify($1, '')`, relayChannel(schema))
 		return err
@@ -115,33 +142,46 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS x
 	return res, nil
 }
 
-// republishable returns the envelope and metadata to store for a rejected row, with the keys
-// in remove removed; ok is false for a row that is not an envelope the relay can decode.
-// Without keys to remove, the row's own JSON is stored again, byte for byte.
-func republishable(payload, metadata sql.NullString, remove []string) (env, md string, ok bool) {
-	if !payload.Valid {
-		return "", "", false
+// rejectedCopy is one row of outbox_rejected as republishing reads it, and, once prepared,
+// the message to store again.
+type rejectedCopy struct {
+	offset  int64
+	source  string
+	payload sql.NullString
+	key     string // the original row's partition_key; "" once it is gone (or was NULL)
+	topic   string
+	msg     *message.Message
+}
+
+func scanRejectedCopy(s pgtx.Scanner) (rejectedCopy, error) {
+	var r rejectedCopy
+	err := s.Scan(&r.offset, &r.source, &r.payload, &r.key)
+	return r, err
+}
+
+func scanOffset(s pgtx.Scanner) (int64, error) {
+	var o int64
+	err := s.Scan(&o)
+	return o, err
+}
+
+// prepare decodes the row's envelope into the message to store, with the keys in remove
+// removed; false for a row that is not an envelope the relay can decode, or that w (nil: its
+// source is refused) would refuse.
+func (r *rejectedCopy) prepare(w *Writer, remove []string) bool {
+	if w == nil || !r.payload.Valid {
+		return false
 	}
-	topic, msg, err := unmarshalEnvelope([]byte(payload.String))
+	topic, msg, err := unmarshalEnvelope([]byte(r.payload.String))
 	if err != nil {
-		return "", "", false
-	}
-	if len(remove) == 0 {
-		md = metadata.String
-		if !metadata.Valid {
-			md = "{}"
-		}
-		return payload.String, md, true
+		return false
 	}
 	for _, k := range remove {
 		delete(msg.Metadata, k)
 	}
-	b, err := marshalEnvelope(topic, msg)
-	if err != nil {
-		return "", "", false
+	if w.CheckTopic(topic) != nil || checkMessage(msg) != nil {
+		return false
 	}
-	if md, err = jsonMetadata(msg.Metadata); err != nil {
-		return "", "", false
-	}
-	return string(b), md, true
+	r.topic, r.msg = topic, msg
+	return true
 }

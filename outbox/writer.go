@@ -140,11 +140,14 @@ func (w *Writer) Table() string { return w.table }
 // PublishTxAt). Payloads are any bytes (base64 in the envelope). A nil tx returns an error
 // wrapping pgtx.ErrNoTransaction.
 func (w *Writer) PublishTx(ctx context.Context, tx pgtx.Executor, topic string, msgs ...*message.Message) error {
-	return w.store(ctx, tx, topic, msgs, true)
+	return w.store(ctx, tx, topic, msgs, true, nil)
 }
 
 // store is PublishTx; with stamped false it stores the messages as they are (ParkingPublisher).
-func (w *Writer) store(ctx context.Context, tx pgtx.Executor, topic string, msgs []*message.Message, stamped bool) (err error) {
+// keys, when not nil, are the messages' partition keys ("" for the usual rule): a republished
+// row keeps its original's. It runs the outbox's one INSERT (insertSQL): every row of the
+// outbox is stored here.
+func (w *Writer) store(ctx context.Context, tx pgtx.Executor, topic string, msgs []*message.Message, stamped bool, keys []string) (err error) {
 	if len(msgs) == 0 {
 		return nil
 	}
@@ -169,7 +172,7 @@ func (w *Writer) store(ctx context.Context, tx pgtx.Executor, topic string, msgs
 	uuids := make([]string, len(msgs))
 	payloads := make([]string, len(msgs))
 	metadatas := make([]string, len(msgs))
-	keys := make([]string, len(msgs))
+	partitionKeys := make([]string, len(msgs))
 	types := make([]*string, len(msgs))
 	raws := make([][]byte, len(msgs))
 	for i, msg := range msgs {
@@ -189,16 +192,19 @@ func (w *Writer) store(ctx context.Context, tx pgtx.Executor, topic string, msgs
 			return fmt.Errorf("outbox: encode metadata of %s: %w", msg.UUID, err)
 		}
 		uuids[i], payloads[i], metadatas[i] = msg.UUID, string(env), md
-		keys[i] = cmp.Or(msg.Metadata.Get(w.config.PartitionKeyField), msg.UUID)
+		partitionKeys[i] = cmp.Or(msg.Metadata.Get(w.config.PartitionKeyField), msg.UUID)
+		if keys != nil && keys[i] != "" {
+			partitionKeys[i] = keys[i]
+		}
 		types[i] = nullIfEmpty(msg.Metadata.Get(MetadataEventType))
 		raws[i] = msg.Payload
 		if raws[i] == nil { // empty bytes, not NULL: the router would send a null value
 			raws[i] = []byte{}
 		}
 	}
-	query, args := w.insertMny, []any{uuids, payloads, metadatas, topic, keys, types, raws}
+	query, args := w.insertMny, []any{uuids, payloads, metadatas, topic, partitionKeys, types, raws}
 	if len(msgs) == 1 {
-		query, args = w.insertOne, []any{uuids[0], payloads[0], metadatas[0], topic, keys[0], types[0], raws[0]}
+		query, args = w.insertOne, []any{uuids[0], payloads[0], metadatas[0], topic, partitionKeys[0], types[0], raws[0]}
 	}
 	if w.config.Source != "" {
 		args = append(args, w.config.Source)

@@ -21,6 +21,7 @@ const (
 	exitOK      = 0
 	exitFailure = 1
 	exitUsage   = 2
+	exitUnknown = 3 // doctor: no hazard found, but a source could not be checked
 )
 
 // command is one `wmonce <name>`.
@@ -49,6 +50,13 @@ func findCommand(name string) *command {
 	}
 	return nil
 }
+
+// uncheckedError is a command that could not check everything it was asked to and found
+// nothing wrong in the rest: exit code 3, so that a CI gate does not read "could not check"
+// as "safe".
+type uncheckedError struct{ msg string }
+
+func (e *uncheckedError) Error() string { return e.msg }
 
 // usageError is a mistake in the command line: exit code 2.
 type usageError struct{ msg string }
@@ -107,6 +115,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}()
 	err := c.runWith(ctx, e, rest)
 	var ue *usageError
+	var unchecked *uncheckedError
 	switch {
 	case err == nil:
 		return exitOK
@@ -116,6 +125,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case errors.As(err, &ue):
 		fmt.Fprintf(stderr, "wmonce %s: %s\nRun `wmonce help %s` for usage and examples.\n", c.name, ue.msg, c.name)
 		return exitUsage
+	case errors.As(err, &unchecked):
+		fmt.Fprintf(stderr, "wmonce %s: %v\n", c.name, err)
+		return exitUnknown
 	default:
 		fmt.Fprintf(stderr, "wmonce %s: %v\n", c.name, err)
 		return exitFailure

@@ -32,8 +32,10 @@ forwards again (-outbox-keep). It says whether a copy can arrive after its key i
 what to set.
 
 -consumer starts a consumer; the flags after it, up to the next -consumer, describe it.
-Exits 1 when a hazard is found (for CI), 0 otherwise, also when a source could not be read
-(reported as unknown).`,
+Exit status, for CI: 0 every source was read and none is a hazard; 1 a hazard was found
+(whatever else could not be read); 3 no hazard was found, but a source could not be read
+(an "unknown" line: a broker unreachable, a topic or queue missing, no permission), so a
+hazard there is not ruled out; 2 a usage error.`,
 		examples: []string{
 			"wmonce doctor -consumer payments -kafka payments,refunds -keep 7d",
 			"wmonce doctor -consumer sms -amqp sms,sms.dlq -max-message-age 6d -consumer rewards -kafka rewards",
@@ -143,7 +145,7 @@ func runDoctor(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	if e.g.json {
-		if err := e.printJSON(map[string]any{"findings": rep.Findings, "hazards": len(rep.Hazards()), "summary": rep.Summary()}); err != nil {
+		if err := e.printJSON(map[string]any{"findings": rep.Findings, "hazards": len(rep.Hazards()), "unknown": len(rep.Unknown()), "summary": rep.Summary()}); err != nil {
 			return err
 		}
 	} else {
@@ -154,6 +156,9 @@ func runDoctor(ctx context.Context, e *env, args []string) error {
 	}
 	if len(rep.Hazards()) > 0 {
 		return errors.New("a copy can arrive after its key was pruned: set what the HAZARD lines say")
+	}
+	if n := len(rep.Unknown()); n > 0 {
+		return &uncheckedError{msg: fmt.Sprintf("%d source(s) could not be checked (the unknown lines say why): make them reachable and run again", n)}
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"net"
 	"testing"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -37,6 +38,42 @@ func TestDoctorExitsNonZeroOnAHazard(t *testing.T) {
 	r = wmonceRaw(t, "doctor", "-json", "-amqp-url", amqpURL, "-consumer", "sms", "-amqp", "sms")
 	require.Equal(t, exitFailure, r.code)
 	require.Contains(t, r.stdout, `"hazards": 1`)
+}
+
+// A source doctor cannot read (here a RabbitMQ nobody listens on) is not "safe": exit 3, its
+// own status, with an unknown line and a summary that says it was not checked; a hazard found
+// elsewhere still exits 1. Before, it exited 0 with "no redelivery hazard (1 unknown)".
+func TestDoctorExitsThreeWhenASourceCannotBeChecked(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close()) // a port nobody listens on: connections are refused at once
+	r := wmonceRaw(t, "doctor", "-amqp-url", "amqp://guest:guest@"+addr+"/", "-management-url", "http://"+addr,
+		"-consumer", "sms", "-amqp", "sms")
+	require.Equal(t, exitUnknown, r.code, r.stdout+r.stderr)
+	require.Contains(t, r.stdout, "unknown: consumer sms, rabbitmq queue sms")
+	require.Contains(t, r.stdout, "NOT CHECKED 1 of 1 consumer source(s): sms <- rabbitmq queue sms")
+	require.NotContains(t, r.stdout, "no redelivery hazard")
+	require.Contains(t, r.stderr, "1 source(s) could not be checked")
+	r = wmonceRaw(t, "-json", "doctor", "-amqp-url", "amqp://guest:guest@"+addr+"/", "-management-url", "http://"+addr,
+		"-consumer", "sms", "-amqp", "sms")
+	require.Equal(t, exitUnknown, r.code, r.stdout+r.stderr)
+	require.Contains(t, r.stdout, `"unknown": 1`)
+
+	// A hazard wins over an unknown source: exit 1.
+	amqpURL := brokertest.AMQPVhost(t)
+	conn, err := amqp.Dial(amqpURL)
+	require.NoError(t, err)
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare("forever", true, false, false, false, nil) // no TTL: keeps copies forever
+	require.NoError(t, err)
+	require.NoError(t, conn.Close())
+	r = wmonceRaw(t, "doctor", "-amqp-url", amqpURL, "-keep", "7d", "-consumer", "sms", "-amqp", "forever,missing-queue")
+	require.Equal(t, exitFailure, r.code, r.stdout+r.stderr)
+	require.Contains(t, r.stdout, "HAZARD: consumer sms, rabbitmq queue forever")
+	require.Contains(t, r.stdout, "unknown: consumer sms, rabbitmq queue missing-queue")
 }
 
 func TestDoctorUsageErrors(t *testing.T) {

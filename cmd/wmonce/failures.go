@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -34,7 +35,11 @@ discard  a parked group is set aside (never replayed; the copies stay in the poi
          a rejected group's rows are deleted from outbox_rejected (the only copy of those
          messages). Inbox rows are never discarded: skip them.
 -dry-run lists exactly the rows (inbox ids or outbox offsets) the action would touch; pass
-         them with -id to touch exactly those, and not rows that joined the group since.`,
+         them with -id to touch exactly those, and not rows that joined the group since.
+An action prints the rows its own transaction changed: of concurrent replays of one group,
+one reports the rows and the others none. A group with no row to act on (an unknown
+fingerprint, or rows another action took first) is an error, exit 1, as the admin API
+answers it 404.`,
 		examples: []string{
 			"wmonce failures",
 			"wmonce failures replay 3f9c0a1b2c3d4e5f -dry-run",
@@ -139,12 +144,17 @@ func (e *env) failuresAct(ctx context.Context, action string, args []string) err
 			break
 		}
 	}
+	// One answer with the API's (404): a group without rows to act on, unknown or emptied by
+	// someone else before or during this action, is an error, never "0 rows done".
 	if group == nil {
-		return fmt.Errorf("no failure group has fingerprint %q (its rows may be gone): `wmonce failures` lists the groups", fp)
+		return fmt.Errorf("%w: `wmonce failures` lists the groups", admin.NoFailureGroup("", fp, selected))
 	}
 	res, err := admin.ActOnFailureGroup(ctx, db, e.g.schema, admin.FailureActionRequest{
 		Kind: group.Kind, Fingerprint: fp, Action: action, IDs: selected, Reason: reason, DryRun: *dryRun,
 	})
+	if errors.Is(err, admin.ErrNoFailureGroup) {
+		return fmt.Errorf("%w: `wmonce failures` lists the groups", err)
+	}
 	if err != nil {
 		return e.explain(err)
 	}

@@ -1,8 +1,12 @@
 package main
 
 import (
+	"context"
+	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"sync"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -11,9 +15,12 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
+	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/ops/admin"
 	"github.com/wmonce/watermill-once/outbox"
+	"github.com/wmonce/watermill-once/pgtx"
 )
 
 // `wmonce failures` lists the parked inbox rows as one group and a rejected outbox row as
@@ -97,4 +104,74 @@ func TestFailuresCommand(t *testing.T) {
 	r = runCLI(t, f.schema, "failures")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, "no failure groups")
+}
+
+// refusingPublisher refuses every message for good, as a broker refuses a message too large.
+type refusingPublisher struct{}
+
+func (refusingPublisher) Publish(string, ...*message.Message) error {
+	return wmonce.Permanent(errors.New("kafka server: Message was too large, server rejected it"))
+}
+func (refusingPublisher) Close() error { return nil }
+
+// Four `wmonce failures replay` of one rejected group racing: one prints the three rows it
+// republished and exits 0, the three others find nothing left to replay and exit 1, and one
+// copy of each row is stored. Before, every run printed "replayed: 3 rejected outbox row(s)"
+// (the offsets it had read before its transaction). The runs are held on a lock of the rows
+// until all four wait on it, so that all of them read the group first.
+func TestFailuresReplaysRacingReportWhatTheyDid(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	schema := pgtest.Schema(t, db)
+	ctx := context.Background()
+	w, err := outbox.NewWriter(outbox.Config{Schema: schema})
+	require.NoError(t, err)
+	err = pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
+		return w.PublishTx(ctx, tx, "big", message.NewMessage("b-1", nil), message.NewMessage("b-2", nil), message.NewMessage("b-3", nil))
+	})
+	require.NoError(t, err)
+	relay, err := outbox.NewRelay(db, refusingPublisher{}, outbox.RelayConfig{Schema: schema, Name: "kafka"}, nil)
+	require.NoError(t, err)
+	relayUntil(t, relay, "reject the 3 rows", func(c outbox.RelayCounters) bool { return c.Rejected >= 3 })
+	groups, _, err := outbox.RejectedGroups(ctx, db, schema, 0)
+	require.NoError(t, err)
+	require.Len(t, groups, 1)
+	fp := groups[0].Fingerprint
+
+	lock, err := db.Begin()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = lock.Rollback() })
+	_, err = lock.Exec(`SELECT 1 FROM ` + pgtx.QualifiedName(schema, "outbox_rejected") + ` FOR UPDATE`)
+	require.NoError(t, err)
+	const racers = 4
+	results := make([]result, racers)
+	var wg sync.WaitGroup
+	for i := range racers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = runCLI(t, schema, "failures", "replay", fp)
+		}()
+	}
+	testwait.Until(t, "the four replays to wait on the locked rows", func() bool {
+		return pgtest.Count(t, db, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0`, schema) == racers
+	})
+	require.NoError(t, lock.Rollback())
+	wg.Wait()
+	var replayed, notFound int
+	for _, r := range results {
+		switch r.code {
+		case 0:
+			replayed++
+			require.Contains(t, r.stdout, "replayed: 3 rejected outbox row(s) of relay kafka", r.stdout)
+		case 1:
+			notFound++
+			require.Contains(t, r.stderr, "no rejected group has fingerprint "+fp)
+		default:
+			t.Fatalf("exit %d: %s%s", r.code, r.stdout, r.stderr)
+		}
+	}
+	require.Equal(t, 1, replayed, "%+v", results)
+	require.Equal(t, racers-1, notFound, "%+v", results)
+	require.Equal(t, 6, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "outbox")), "3 originals and one copy of each")
 }

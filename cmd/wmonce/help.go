@@ -30,7 +30,8 @@ Global flags (before or after the command):
   -schema NAME       schema holding watermill-once's tables (default %s)
   -json              machine-readable output
 
-Exit codes: 0 success, 1 failure (the message says what to fix), 2 usage error.
+Exit codes: 0 success, 1 failure (the message says what to fix), 2 usage error, 3 (doctor)
+no hazard found but a source could not be checked.
 
 Examples:
   wmonce migrate up

@@ -26,7 +26,8 @@
 // postgres://postgres@127.0.0.1:5432/test?sslmode=disable. Global flags may also follow the
 // command (`wmonce status -schema payments`). -json prints machine-readable output.
 //
-// Exit codes: 0 success, 1 failure (the message says what to fix), 2 usage error.
+// Exit codes: 0 success, 1 failure (the message says what to fix), 2 usage error, 3 (doctor
+// only) no hazard found but a source could not be checked.
 package main
 
 import (

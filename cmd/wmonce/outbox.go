@@ -228,7 +228,7 @@ func (e *env) outboxRepublish(ctx context.Context, args []string) error {
 	if *dryRun {
 		fmt.Fprintf(e.stdout, "dry run: would republish %d row(s) rejected by relay %q; run again without -dry-run to do it\n", res.Republished, *relay)
 	} else {
-		fmt.Fprintf(e.stdout, "republished %d row(s) rejected by relay %q: they are at the end of the outbox, and every relay of their source forwards them\n", res.Republished, *relay)
+		fmt.Fprintf(e.stdout, "republished %d row(s) rejected by relay %q (offsets %s): they are at the end of the outbox, and every relay of their source forwards them\n", res.Republished, *relay, orDash(joinInts(res.Offsets, ",")))
 	}
 	if len(res.Undecodable) > 0 {
 		fmt.Fprintf(e.stdout, "%d selected row(s) cannot be decoded and stay rejected (offsets %s): republishing them would only reject them again\n", len(res.Undecodable), joinInts(res.Undecodable, ", "))

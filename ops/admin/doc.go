@@ -37,7 +37,9 @@
 //	                                while the relay runs, 404 for a name without a position
 //	POST /api/failures/act          FailureActionRequest -> FailureActionResponse: replay, skip
 //	                                or discard one group; dry_run lists the rows, ids narrows
-//	                                the action to them
+//	                                the action to them; the rows its transaction changed; 404
+//	                                for a group with no row to act on (unknown fingerprint, or
+//	                                rows another action took first), as `wmonce failures` exits 1
 //
 // Errors are JSON ({"error": "..."}) with 400 for input the caller must fix, 403 for refused
 // writes, 404 for a missing row and 503 when the schema lacks its tables (every endpoint but
@@ -116,7 +118,7 @@
 // offers replay only for FAILED and SKIPPED rows (DONE rows can be replayed through the API
 // with an explicit status, which applies their effects a second time). Republish and forget go
 // through package outbox (RepublishRejected, ForgetRelay): republishing stores a refused row
-// again at the end of the outbox (its detail view offers it only for rows the broker refused:
+// again at the end of the outbox, through the outbox Writer's own insert (its detail view offers it only for rows the broker refused:
 // an undecodable row would only be rejected again), and forgetting a relay first shows, from a
 // dry run, what it had not forwarded.
 //

@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
+	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
@@ -155,8 +157,16 @@ type FailureActionResponse struct {
 	Undecodable []int64 `json:"undecodable,omitempty"`
 }
 
-// ActOnFailureGroup checks req and runs its action through the owner's operation. Input the
-// caller must fix is an error for which IsInputError is true.
+// ErrNoFailureGroup is returned (wrapped) by ActOnFailureGroup when the group has no row the
+// action could take: an unknown fingerprint, rows handled meanwhile (another replay, skip or
+// discard committed first), or IDs outside the group. The API answers it 404 and `wmonce
+// failures` exits 1: an action that changed nothing is never reported as done.
+var ErrNoFailureGroup = errors.New("admin: no such failure group")
+
+// ActOnFailureGroup checks req and runs its action through the owner's operation, and reports
+// the rows its transaction changed (or, for a dry run, would change). Input the caller must
+// fix is an error for which IsInputError is true; a group without a row to act on is
+// ErrNoFailureGroup.
 func ActOnFailureGroup(ctx context.Context, db *sql.DB, schema string, req FailureActionRequest) (FailureActionResponse, error) {
 	if err := outbox.CheckFingerprint(req.Fingerprint); err != nil {
 		return FailureActionResponse{}, badRequest("%v", err)
@@ -212,6 +222,9 @@ func ActOnFailureGroup(ctx context.Context, db *sql.DB, schema string, req Failu
 		default:
 			return FailureActionResponse{}, badRequest("action %q: a parked group takes replay or discard", req.Action)
 		}
+		if errors.Is(err, outbox.ErrParkedSettled) { // a concurrent action took the copies first
+			return FailureActionResponse{}, fmt.Errorf("%w: %w", NoFailureGroup(req.Kind, req.Fingerprint, req.IDs), err)
+		}
 		if err != nil {
 			return FailureActionResponse{}, err
 		}
@@ -241,7 +254,25 @@ func ActOnFailureGroup(ctx context.Context, db *sql.DB, schema string, req Failu
 		out.IDs = []int64{}
 	}
 	out.Rows = len(out.IDs)
+	if out.Rows == 0 && len(out.Undecodable) == 0 {
+		return FailureActionResponse{}, NoFailureGroup(req.Kind, req.Fingerprint, req.IDs)
+	}
 	return out, nil
+}
+
+// NoFailureGroup is the ErrNoFailureGroup error for a group of kind (any kind when "") and
+// fingerprint fp, narrowed by ids.
+func NoFailureGroup(kind, fp string, ids []int64) error {
+	what := "failure group"
+	if kind != "" {
+		what = kind + " group"
+	}
+	narrowed := ""
+	if len(ids) > 0 {
+		narrowed = fmt.Sprintf(" with rows %v", ids)
+	}
+	return fmt.Errorf("%w: no %s has fingerprint %s%s (unknown, or its rows were replayed, skipped or discarded meanwhile)",
+		ErrNoFailureGroup, what, fp, narrowed)
 }
 
 // GET /api/failures[?max_rows=N] (N: 0 for every row; default DefaultFailureGroupRows)
@@ -264,12 +295,15 @@ func (h *Handler) failureAct(ctx context.Context, r *http.Request) (any, error) 
 		return nil, err
 	}
 	out, err := ActOnFailureGroup(ctx, h.db, h.config.Schema, req)
+	if errors.Is(err, ErrNoFailureGroup) {
+		return nil, &apiError{status: http.StatusNotFound, msg: err.Error()}
+	}
 	if err != nil {
 		return nil, err
 	}
 	if !req.DryRun {
 		h.logger.Info("Failure group changed from the admin page", watermill.LogFields{
-			"kind": req.Kind, "fingerprint": req.Fingerprint, "action": req.Action, "rows": out.Rows, "remote": r.RemoteAddr,
+			"kind": req.Kind, "fingerprint": req.Fingerprint, "action": req.Action, "rows": out.Rows, "ids": out.IDs, "remote": r.RemoteAddr,
 		})
 	}
 	return out, nil

@@ -1,7 +1,9 @@
 package admin_test
 
 import (
+	"context"
 	"net/http"
+	"sync"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -11,6 +13,7 @@ import (
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/ops/admin"
 	"github.com/wmonce/watermill-once/outbox"
+	"github.com/wmonce/watermill-once/pgtx"
 )
 
 // failureGroup returns the group of kind at owner (consumer, handler or relay) and topic.
@@ -107,6 +110,19 @@ func TestFailureGroupsThroughTheAPI(t *testing.T) {
 	get(t, srv.URL+"/api/failures").decode(t, &groups)
 	require.Len(t, groups.Groups, 2, "billing's last row and kafka's undecodable row are left: %+v", groups.Groups)
 
+	// A group with no row to act on is 404, as `wmonce failures` exits 1 for it: an unknown
+	// fingerprint, or one whose rows were handled already (before, 200 {"rows":0}).
+	for _, req := range []admin.FailureActionRequest{
+		{Kind: admin.FailureKindRejected, Fingerprint: "0123456789abcdef", Action: admin.ActionReplay},
+		{Kind: admin.FailureKindRejected, Fingerprint: gone.Fingerprint, Action: admin.ActionDiscard},
+		{Kind: admin.FailureKindParked, Fingerprint: parked.Fingerprint, Action: admin.ActionReplay, DryRun: true},
+		{Kind: admin.FailureKindInbox, Fingerprint: billing.Fingerprint, Action: admin.ActionReplay, IDs: []int64{dry.IDs[0]}},
+	} {
+		r := post(t, srv.URL+"/api/failures/act", req, nil)
+		require.Equal(t, http.StatusNotFound, r.status, "%+v: %s", req, r.body)
+		require.Contains(t, r.errorText(t), "group has fingerprint "+req.Fingerprint)
+	}
+
 	for _, tc := range []struct {
 		body any
 		want string
@@ -124,4 +140,51 @@ func TestFailureGroupsThroughTheAPI(t *testing.T) {
 		require.Equal(t, http.StatusBadRequest, r.status, "%v: %s", tc.body, r.body)
 		require.Contains(t, r.errorText(t), tc.want)
 	}
+}
+
+// Of four concurrent replays of one parked group, one stores the originals and reports them;
+// every other one changed nothing and says so as ErrNoFailureGroup (404, exit 1), whether it
+// found the group already settled or lost the race to settle it. One copy of each original is
+// stored.
+func TestConcurrentParkedReplaysReportWhatTheyDid(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	schema := pgtest.Schema(t, db)
+	ctx := context.Background()
+	w, err := outbox.NewWriter(outbox.Config{Schema: schema})
+	require.NoError(t, err)
+	for _, id := range []string{"o-1", "o-2", "o-3"} {
+		m := message.NewMessage(id, []byte(`{}`))
+		m.Metadata.Set(middleware.ReasonForPoisonedKey, "order not found")
+		m.Metadata.Set(middleware.PoisonedTopicKey, "orders")
+		m.Metadata.Set(middleware.PoisonedHandlerKey, "billing")
+		require.NoError(t, w.ParkingPublisher(db).Publish("poison", m))
+	}
+	groups, _, err := outbox.ParkedGroups(ctx, db, schema, 0)
+	require.NoError(t, err)
+	require.Len(t, groups, 1)
+	const racers = 4
+	results := make([]admin.FailureActionResponse, racers)
+	errs := make([]error, racers)
+	var wg sync.WaitGroup
+	for i := range racers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], errs[i] = admin.ActOnFailureGroup(ctx, db, schema, admin.FailureActionRequest{
+				Kind: admin.FailureKindParked, Fingerprint: groups[0].Fingerprint, Action: admin.ActionReplay})
+		}()
+	}
+	wg.Wait()
+	done := 0
+	for i := range racers {
+		if errs[i] == nil {
+			done++
+			require.Equal(t, 3, results[i].Rows)
+			continue
+		}
+		require.ErrorIs(t, errs[i], admin.ErrNoFailureGroup)
+	}
+	require.Equal(t, 1, done, "%v", errs)
+	require.Equal(t, 3, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "outbox")+` WHERE payload->>'destination_topic' = 'orders'`))
 }

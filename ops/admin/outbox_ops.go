@@ -29,12 +29,14 @@ type RepublishRequest struct {
 	DryRun         bool     `json:"dry_run"`
 }
 
-// RepublishResponse says how many rows were (or, for a dry run, would be) stored again, and
-// which selected rows stay rejected because they cannot be decoded.
+// RepublishResponse says how many rows were (or, for a dry run, would be) stored again and
+// their offsets, as the transaction that moved them saw them (a row another call republished
+// first is not counted), and which selected rows stay rejected because they cannot be decoded.
 type RepublishResponse struct {
 	Relay       string  `json:"relay"`
 	DryRun      bool    `json:"dry_run"`
 	Republished int     `json:"republished"`
+	Offsets     []int64 `json:"offsets"`
 	Undecodable []int64 `json:"undecodable"`
 }
 
@@ -61,7 +63,7 @@ func Republish(ctx context.Context, db *sql.DB, schema string, req RepublishRequ
 	if err != nil {
 		return RepublishResponse{}, err
 	}
-	out := RepublishResponse{Relay: req.Relay, DryRun: req.DryRun, Republished: res.Republished, Undecodable: res.Undecodable}
+	out := RepublishResponse{Relay: req.Relay, DryRun: req.DryRun, Republished: res.Republished, Offsets: res.Offsets, Undecodable: res.Undecodable}
 	if out.Undecodable == nil {
 		out.Undecodable = []int64{}
 	}
@@ -155,7 +157,7 @@ func (h *Handler) republish(ctx context.Context, r *http.Request) (any, error) {
 		return nil, err
 	}
 	if !req.DryRun {
-		h.logger.Info("Rejected outbox rows republished from the admin page", watermill.LogFields{"relay": req.Relay, "rows": out.Republished, "remote": r.RemoteAddr})
+		h.logger.Info("Rejected outbox rows republished from the admin page", watermill.LogFields{"relay": req.Relay, "rows": out.Republished, "offsets": out.Offsets, "remote": r.RemoteAddr})
 	}
 	return out, nil
 }

@@ -69,7 +69,7 @@ func TestRepublishRejectedRowsThroughTheAPI(t *testing.T) {
 	r := post(t, srv.URL+"/api/outbox/republish", admin.RepublishRequest{Relay: "kafka", Offsets: []int64{row.Offset}, DryRun: true}, nil)
 	require.Equal(t, http.StatusOK, r.status, string(r.body))
 	r.decode(t, &res)
-	require.Equal(t, admin.RepublishResponse{Relay: "kafka", DryRun: true, Republished: 1, Undecodable: []int64{}}, res)
+	require.Equal(t, admin.RepublishResponse{Relay: "kafka", DryRun: true, Republished: 1, Offsets: []int64{row.Offset}, Undecodable: []int64{}}, res)
 
 	pub.refuse = nil
 	r = post(t, srv.URL+"/api/outbox/republish", admin.RepublishRequest{Relay: "kafka", Offsets: []int64{row.Offset}}, nil)

@@ -141,17 +141,33 @@ func (r Report) Hazards() []Finding {
 	return out
 }
 
-// Summary is one line: how many sources were checked and which are hazards.
+// Unknown returns the findings whose source could not be read (Known false, no hazard): a
+// hazard there is not ruled out.
+func (r Report) Unknown() []Finding {
+	var out []Finding
+	for _, f := range r.Findings {
+		if !f.Known && !f.Hazard {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// Summary is one line: how many sources were checked and which are hazards, or which could
+// not be checked.
 func (r Report) Summary() string {
 	hz := r.Hazards()
 	if len(hz) == 0 {
-		unknown := 0
-		for _, f := range r.Findings {
-			if !f.Known {
-				unknown++
-			}
+		unknown := r.Unknown()
+		if len(unknown) == 0 {
+			return fmt.Sprintf("doctor: %d consumer source(s) checked, no redelivery hazard (0 unknown)", len(r.Findings))
 		}
-		return fmt.Sprintf("doctor: %d consumer source(s) checked, no redelivery hazard (%d unknown)", len(r.Findings), unknown)
+		names := make([]string, len(unknown))
+		for i, f := range unknown {
+			names[i] = f.Consumer + " <- " + f.Source
+		}
+		return fmt.Sprintf("doctor: NOT CHECKED %d of %d consumer source(s): %s: could not be read, so a redelivery hazard there is not ruled out (none in the others)",
+			len(unknown), len(r.Findings), strings.Join(names, "; "))
 	}
 	names := make([]string, len(hz))
 	for i, f := range hz {

@@ -3,6 +3,7 @@ package cdc_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/internal/brokertest"
 	"github.com/wmonce/watermill-once/internal/pgtest"
@@ -266,4 +268,87 @@ func TestDebeziumDeliversTheStoredMessages(t *testing.T) {
 		require.NoError(t, err)
 		return pgtest.Count(t, db, `SELECT count(*) FROM `+ob+` WHERE uuid <> 'later'`) == 0
 	})
+}
+
+// refusingPublisher refuses every message for good, as a broker refuses one too large.
+type refusingPublisher struct{}
+
+func (refusingPublisher) Publish(string, ...*message.Message) error {
+	return wmonce.Permanent(errors.New("kafka server: Message was too large, server rejected it"))
+}
+func (refusingPublisher) Close() error { return nil }
+
+// A row a relay rejected and an operator republished (outbox.RepublishRejected, behind `wmonce
+// outbox republish` and `wmonce failures replay`) is read by Debezium like any other, and so is
+// every row after it. Before, the republished row had NULL destination, partition_key and
+// payload_bytes: Debezium's task failed on it (NullPointerException) and nothing after it
+// reached the consumers.
+func TestDebeziumReadsARepublishedRow(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	schema := pgtest.Schema(t, db)
+	client, cfg := startConnector(t, db, schema)
+	ctx := context.Background()
+	topic := "cdc-rp-" + strings.ReplaceAll(schema, "_", "-")
+	b, err := broker.New(ctx, nil, broker.Config{Kind: broker.Kafka, Kafka: broker.KafkaConfig{Brokers: connectKafka()}}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { brokertest.DeleteCreatedKafkaTopics(t, b); _ = b.Close() })
+	group := "g-" + schema
+	require.NoError(t, b.Declare(ctx, broker.Subscription{Topic: topic, Group: group}))
+	sub, err := b.NewSubscriber(group)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	ch, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	receive := func(what string) *message.Message {
+		t.Helper()
+		m := testwait.Receive(t, ch, what)
+		m.Ack()
+		return m
+	}
+
+	w, err := outbox.NewWriter(outbox.Config{Schema: schema})
+	require.NoError(t, err)
+	big := message.NewMessage("big-1", []byte("a large record"))
+	big.Metadata.Set(outbox.DefaultPartitionKeyField, "account-7")
+	require.NoError(t, w.PublishTx(ctx, db, topic, big))
+	require.Equal(t, "big-1", receive("the original row").UUID)
+
+	// A relay of the same outbox (before the switch to Debezium, or beside it) was refused the
+	// row for good and set it aside; the operator republishes it.
+	relay, err := outbox.NewRelay(db, refusingPublisher{}, outbox.RelayConfig{Schema: schema, Name: "kafka"}, nil)
+	require.NoError(t, err)
+	testwait.Until(t, "the relay to reject the row", func() bool {
+		_, err := relay.RelayOnce(ctx)
+		require.NoError(t, err)
+		return relay.Counters().Rejected == 1
+	})
+	res, err := outbox.RepublishRejected(ctx, db, schema, outbox.RepublishRequest{Relay: "kafka", All: true})
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Republished)
+	require.NoError(t, w.PublishTx(ctx, db, topic, message.NewMessage("after-1", []byte("later"))))
+
+	// Two keys, two partitions: the records arrive in either order. A task that fails on the
+	// republished row is reported with its trace rather than as a timeout.
+	got := map[string]*message.Message{}
+	testwait.Until(t, "the republished row and the row written after it", func() bool {
+		select {
+		case m := <-ch:
+			m.Ack()
+			got[m.UUID] = m
+		default:
+			if s, err := client.Status(ctx, cfg.Name); err == nil && len(s.Tasks) > 0 && s.Tasks[0].State.State == "FAILED" {
+				t.Fatalf("the connector's task failed after the republish: %.800s", s.Tasks[0].Trace)
+			}
+		}
+		return len(got) == 2
+	})
+	require.Contains(t, got, "after-1")
+	again := got["big-1"]
+	require.NotNil(t, again, "the republished row: %v", got)
+	require.Equal(t, []byte("a large record"), []byte(again.Payload))
+	require.Equal(t, "account-7", again.Metadata.Get(outbox.DefaultPartitionKeyField))
+	s, err := client.Status(ctx, cfg.Name)
+	require.NoError(t, err)
+	require.True(t, s.Running(), "the connector's task: %+v", s)
 }

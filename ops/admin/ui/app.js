@@ -720,7 +720,7 @@ async function askGroup(g, action) {
     state.group = { kind: g.kind, fingerprint: g.fingerprint, action, ids: r.ids };
     $("g-confirm").hidden = false;
     if (action === "skip") $("g-reason").focus();
-  } catch (e) { flash(e.message, true); }
+  } catch (e) { flash(e.message, true); await refresh(); } // 404: the group is gone; show what is left
 }
 
 function cancelGroup() {
@@ -742,7 +742,7 @@ async function confirmGroup() {
     const left = r.undecodable && r.undecodable.length ? `; ${r.undecodable.length} cannot be replayed and stay in the group` : "";
     flash(`${actionLabels[g.action]}: ${r.rows} row(s) of group ${g.fingerprint} changed${left}.`);
     await refresh();
-  } catch (e) { flash(e.message, true); }
+  } catch (e) { flash(e.message, true); await refresh(); }
 }
 
 // ---- Page -----------------------------------------------------------------------------------
