@@ -93,7 +93,7 @@ func (c PositionCheck) Finding(schema string) string {
 	if c.SystemChanged {
 		why = append(why, "recorded on cluster "+c.RecordedSystem)
 	}
-	return fmt.Sprintf("position %q was recorded on another cluster (%s): the relay forwards nothing until `wmonce rebase --schema %s` (outbox.RebasePositions) rebases it",
+	return fmt.Sprintf("position %q was recorded on another cluster (%s): the relay forwards nothing until `wmonce -schema %s rebase` (outbox.RebasePositions) rebases it",
 		c.Name, strings.Join(why, "; "), schema)
 }
 

@@ -71,7 +71,7 @@ func TestRestoreIntoALowerCounterIsDetectedAndRebasedWithNothingLost(t *testing.
 	require.Equal(t, "4242", c.RecordedSystem)
 	require.True(t, c.SystemChanged)
 	require.ErrorIs(t, rep.Err(), outbox.ErrPositionsMoved)
-	require.Contains(t, c.Finding(schema), "wmonce rebase --schema "+schema)
+	require.Contains(t, c.Finding(schema), "wmonce -schema "+schema+" rebase")
 
 	stats, _, err := outbox.Stats(ctx, db, schema)
 	require.NoError(t, err)
