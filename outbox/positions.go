@@ -40,15 +40,14 @@ func offsetHigh(schema string) string {
 // a restore's target) changes and pg_upgrade and physical copies keep; "" when the role may
 // not read it (then only the transaction-id checks can tell a move).
 func systemIdentifier(ctx context.Context, q rowQuerier) (string, error) {
-	var id string
-	err := q.QueryRowContext(ctx, `SELECT system_identifier::text FROM pg_control_system()`).Scan(&id)
-	if pgtx.SQLState(err) == "42501" { // insufficient_privilege: REVOKEd from PUBLIC
-		return "", nil
-	}
+	// Asked first rather than caught: a refused call would abort the caller's transaction.
+	var id sql.NullString
+	err := q.QueryRowContext(ctx, `SELECT CASE WHEN has_function_privilege('pg_catalog.pg_control_system()', 'EXECUTE')
+    THEN (SELECT system_identifier::text FROM pg_catalog.pg_control_system()) END`).Scan(&id)
 	if err != nil {
 		return "", fmt.Errorf("read system identifier: %w", err)
 	}
-	return id, nil
+	return id.String, nil
 }
 
 // PositionCheck is what CheckPositions found for one position.
