@@ -228,6 +228,11 @@ func TestMoveWithoutTheSequenceIsDetectedAndRebased(t *testing.T) {
 	drain(t, r, s, 3)
 	pgtest.Exec(t, db, `SELECT setval(pg_get_serial_sequence('`+pgtx.QualifiedName(schema, "outbox")+`', 'offset'), 1, false)`)
 	publishTx(t, db, w, "t", "c1") // offset 1 again, on the new cluster
+	// As it is once this cluster's counter has passed the source's: c1's id is visible in the
+	// position, and its offset is below the position's offset_high; only the system
+	// identifier differs. Without the sequence check c1 would count as forwarded: never
+	// published, and pruned.
+	pgtest.Exec(t, db, `UPDATE `+pgtx.QualifiedName(schema, "outbox_offsets")+` SET snapshot = pg_current_snapshot(), system_identifier = 4242`)
 
 	rep, err := outbox.CheckPositions(ctx, db, schema)
 	require.NoError(t, err)
@@ -235,6 +240,9 @@ func TestMoveWithoutTheSequenceIsDetectedAndRebased(t *testing.T) {
 	require.ErrorIs(t, rep.Err(), outbox.ErrPositionsMoved)
 	_, err = r.RelayOnce(ctx)
 	require.ErrorIs(t, err, outbox.ErrPositionsMoved)
+	n, err := prunable(t, db, schema)
+	require.ErrorIs(t, err, outbox.ErrPositionsMoved)
+	require.Zero(t, n)
 
 	res, err := outbox.RebasePositions(ctx, db, schema)
 	require.NoError(t, err)
