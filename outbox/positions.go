@@ -18,9 +18,9 @@ import (
 // look older than it, and a relay would skip them for good. CheckPositions detects that;
 // RebasePositions recovers from it (docs/operations.md, Backup, restore and moving a database).
 
-// ErrPositionsMoved is returned by Prune and RebasePositions' callers' checks when the positions
-// of a schema were recorded on another cluster and must be rebased first (RebasePositions,
-// `wmonce rebase`).
+// ErrPositionsMoved is returned, wrapped, by Prune, RelayOnce and PositionReport.Err when
+// positions of the schema were recorded on another cluster and must be rebased first
+// (RebasePositions, `wmonce rebase`).
 var ErrPositionsMoved = errors.New("outbox: the relay positions were recorded on another cluster (a restore or a move)")
 
 // frozenXID is the transaction id RebasePositions gives rows every relay has forwarded whose
