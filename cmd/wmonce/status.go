@@ -16,8 +16,9 @@ func statusCommand() *command {
 		details: `
 Prints the schema version against the latest this binary knows; every consumer with dedupe
 claims (count and newest claim); the inbox rows of every consumer by status with the age of
-the oldest PENDING row; and every outbox relay's backlog and lag, the topics it holds, and the
-number of rows set aside in outbox_rejected. Counting claims and finished inbox rows scans
+the oldest PENDING row; and every outbox relay's backlog and lag, the topics it holds, a
+position recorded on another cluster after a restore (a RESTORED line: run wmonce rebase), and
+the number of rows set aside in outbox_rejected. Counting claims and finished inbox rows scans
 those tables. Exit code 1 when the schema has no tables or a section cannot be read.`,
 		examples: []string{"wmonce status", "wmonce -schema payments status", "wmonce status -json"},
 		run:      runStatus,
@@ -140,6 +141,11 @@ func (e *env) printOutbox(o admin.OutboxStats) {
 		for _, h := range r.Held {
 			fmt.Fprintf(e.stdout, "  relay %s holds topic %s: %d row(s) wait since %s because publishing to it fails (the log says why); the other topics go on\n",
 				r.Name, h.Topic, h.Rows, when(h.Since))
+		}
+	}
+	for _, r := range o.Relays {
+		if r.Moved {
+			fmt.Fprintf(e.stdout, "  RESTORED: %s\n", r.Finding)
 		}
 	}
 	e.printRelayPauses(o)
