@@ -792,4 +792,9 @@ func onceContract(t *testing.T, p txPath) {
 		t.Parallel()
 		handlerEndsTxContract(t, p)
 	})
+
+	t.Run("a handler that acks or nacks its message settles nothing of the delivery", func(t *testing.T) {
+		t.Parallel()
+		handlerAcksContract(t, p)
+	})
 }

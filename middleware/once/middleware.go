@@ -66,7 +66,7 @@ func New(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Middleware
 	}
 	e.q = newClaimQueries(config.Schema, config.PartitionByDay, e.guard.OnWire())
 	e.step = lend.Step{
-		Component: "once", Guard: e.guard, Outbox: ob, Tracer: e.tracer, Unstorable: ErrUnstorableOutput,
+		Component: "once", Guard: e.guard, Outbox: ob, Tracer: e.tracer, Unstorable: ErrUnstorableOutput, Logger: logger,
 		NoTopic: "add the handler with router.AddHandler(..., publishTopic, ...) or set Config.OutputTopic",
 	}
 	if !config.GroupCommit.Disabled {
