@@ -3,10 +3,12 @@ package inbox
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
 	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -201,6 +203,12 @@ type Receiver struct {
 
 	stored, duplicates, refused, tooOld, batches, batchFailures atomic.Uint64
 
+	// Refused messages seen by Handle (a hash of UUID and payload), to tell when one comes back:
+	// see refusedAgain.
+	refusedMu   sync.Mutex
+	refusedSeen map[[sha256.Size]byte]struct{}
+	warnedAgain atomic.Bool
+
 	testSignals receiverTestSignals
 }
 
@@ -243,6 +251,7 @@ func NewReceiver(db *sql.DB, config ReceiverConfig, logger watermill.LoggerAdapt
 func (r *Receiver) Handle(msg *message.Message) error {
 	rw, err := r.prepare(msg, message.SubscribeTopicFromCtx(msg.Context()))
 	if err != nil {
+		r.refusedAgain(msg, err)
 		return err
 	}
 	// A writer free and nobody waiting: the row is written at once, in this goroutine.
@@ -394,6 +403,39 @@ func (r *Receiver) alertTooOld(rows []row, parked []string, where string) {
 	for _, key := range parked {
 		r.logger.Error("ALERT: copy older than MaxMessageAge "+where+" as FAILED, not processed", errors.New(reasons[key]), watermill.LogFields{"dedupe_key": key})
 	}
+}
+
+// maxRefusedSeen bounds the refused messages refusedAgain remembers (32 bytes each).
+const maxRefusedSeen = 1024
+
+// refusedAgain warns, once per Receiver, when Handle refuses a message it refused before: nothing
+// in front of it parked the message, so the broker redelivers it forever and its partition or
+// queue stays stopped. No constructor of ours sees the poison queue put in front of Handle
+// (Watermill's), so this is where a missing one, or one whose publisher cannot park (the
+// Writer's DBPublisher, as the docs once said), shows.
+func (r *Receiver) refusedAgain(msg *message.Message, refusal error) {
+	h := sha256.New()
+	h.Write([]byte(msg.UUID))
+	h.Write([]byte{0})
+	h.Write(msg.Payload)
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	r.refusedMu.Lock()
+	_, seen := r.refusedSeen[sum]
+	if !seen {
+		if r.refusedSeen == nil || len(r.refusedSeen) >= maxRefusedSeen {
+			r.refusedSeen = map[[sha256.Size]byte]struct{}{}
+		}
+		r.refusedSeen[sum] = struct{}{}
+	}
+	r.refusedMu.Unlock()
+	if !seen || !r.warnedAgain.CompareAndSwap(false, true) {
+		return
+	}
+	// Watermill's logger has no warning level: an error-level line marked WARNING.
+	r.logger.Error("WARNING: a message the receiver refused was delivered again: nothing parked it, so it is redelivered forever and holds back its partition or queue."+
+		" Put Watermill's poison queue in front of Handle, publishing through outbox.Writer.ParkingPublisher(db) (not DBPublisher, which refuses exactly such messages; see the package doc). Logged once",
+		refusal, watermill.LogFields{"message_uuid": msg.UUID})
 }
 
 func (r *Receiver) refuse(msg *message.Message, cause error) error {
