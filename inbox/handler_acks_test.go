@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
@@ -68,4 +69,37 @@ func testHandlerAckingItsMessage(t *testing.T, mode inbox.ClaimMode) {
 			})
 		}
 	}
+}
+
+// The Receiver's hooks (Key, OrderingKey, OccurredAt) get a view of the delivery whose Ack and
+// Nack reach nobody: a key function that acked would have let the broker forget a message
+// before its row was stored (lost if the store then failed).
+func TestReceiverHooksCannotSettleTheDelivery(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.receiver(t, inbox.ReceiverConfig{
+		Consumer: "c", MaxMessageAge: time.Hour,
+		Key: func(m *message.Message) (string, error) {
+			m.Ack()
+			return m.UUID, nil
+		},
+		OrderingKey: func(m *message.Message) (string, error) {
+			m.Nack()
+			return "k", nil
+		},
+		OccurredAt: func(m *message.Message) (time.Time, bool, error) {
+			m.Ack()
+			return time.Time{}, false, nil
+		},
+	})
+	delivered := msg("e-1", "x")
+	require.NoError(t, r.Handle(delivered))
+	select {
+	case <-delivered.Acked():
+		t.Fatal("a hook acked the delivery")
+	case <-delivered.Nacked():
+		t.Fatal("a hook nacked the delivery")
+	default: // left for the router to ack
+	}
+	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("inbox")+` WHERE message_id = 'e-1'`))
 }

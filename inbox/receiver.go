@@ -17,6 +17,7 @@ import (
 
 	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/groupcommit"
+	"github.com/wmonce/watermill-once/internal/lend"
 	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -329,7 +330,8 @@ func (r *Receiver) Close() error {
 // prepare extracts and checks everything the row needs, so that a batch never fails because
 // of one bad message.
 func (r *Receiver) prepare(msg *message.Message, topic string) (row, error) {
-	key, err := r.config.Key(msg)
+	view := lend.View(msg) // what the key functions get: they cannot ack the delivery
+	key, err := r.config.Key(view)
 	if err == nil {
 		err = wmonce.CheckKey(key, r.config.MaxKeyLength)
 	}
@@ -338,7 +340,7 @@ func (r *Receiver) prepare(msg *message.Message, topic string) (row, error) {
 	}
 	var orderingKey string
 	if r.config.OrderingKey != nil {
-		orderingKey, err = r.config.OrderingKey(msg)
+		orderingKey, err = r.config.OrderingKey(view)
 		if err == nil && orderingKey != "" {
 			err = wmonce.CheckKey(orderingKey, r.config.MaxKeyLength)
 		}
@@ -356,7 +358,7 @@ func (r *Receiver) prepare(msg *message.Message, topic string) (row, error) {
 	if err != nil {
 		return row{}, r.refuse(msg, fmt.Errorf("%w in message %q (consumer %q): %w", ErrInvalidMetadata, msg.UUID, r.config.Consumer, err))
 	}
-	tooOld, err := r.checkAge(msg)
+	tooOld, err := r.checkAge(view)
 	if err != nil {
 		return row{}, r.refuse(msg, fmt.Errorf("%w: message %q (consumer %q): %w", wmonce.ErrMalformedMetadata, msg.UUID, r.config.Consumer, err))
 	}

@@ -129,8 +129,8 @@
 // transaction the ack would commit that transaction under the handler. Such a call is ignored,
 // counted in Counters.HandlerAcked and logged once per consumer (at error level, marked WARNING);
 // the router acks the delivery after the COMMIT, or nacks it after a failure, on every path.
-// The key functions (Config.Key, Config.OccurredAt) are given the delivery itself: they must only
-// read it.
+// The hooks called before the handler (Config.Key, Config.OccurredAt) get a view of the delivery
+// whose Ack and Nack reach nobody either.
 //
 // # When the router closes
 //

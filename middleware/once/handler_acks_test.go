@@ -160,3 +160,41 @@ func TestHandlerAckingItsMessageThroughRouter(t *testing.T) {
 		}
 	}
 }
+
+// The hooks the middleware calls before the handler (Config.Key, Config.OccurredAt) get a view
+// of the delivery whose Ack and Nack reach nobody either: a key function that acked would have
+// let the broker forget a message whose handler then failed.
+func TestKeyFunctionsCannotSettleTheDelivery(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, once.Config{
+		Consumer: "c", GroupCommit: once.GroupCommitConfig{Disabled: true}, MaxMessageAge: time.Hour,
+		Key: func(msg *message.Message) (string, error) {
+			msg.Ack()
+			return msg.UUID, nil
+		},
+		OccurredAt: func(msg *message.Message) (time.Time, bool, error) {
+			msg.Nack()
+			return time.Time{}, false, nil
+		},
+	})
+	fail := true
+	h := e.mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		if _, err := e.effect(msg); err != nil {
+			return nil, err
+		}
+		if fail {
+			fail = false
+			return nil, errors.New("fails after its write")
+		}
+		return nil, nil
+	})
+	delivered := message.NewMessage("e-1", []byte(`{}`))
+	_, err := h(delivered)
+	require.Error(t, err)
+	require.Empty(t, settledBy(delivered), "left for the router to nack")
+	delivered = message.NewMessage("e-1", []byte(`{}`))
+	_, err = h(delivered)
+	require.NoError(t, err)
+	require.Empty(t, settledBy(delivered), "left for the router to ack")
+	require.Equal(t, 1, e.effects(t))
+}
