@@ -98,8 +98,10 @@ type Delivery struct {
 // its own copy is ignored, counted (Delivery.HandlerAcked) and logged once per consumer. d.Msg is
 // left as it was.
 func (s *Step) Handle(ctx context.Context, tx *sql.Tx, h message.HandlerFunc, d Delivery) (Outcome, error) {
-	hctx := Context(ctx, tx, d.Msg, d.Consumer, d.Key)
+	// The consumed message in the context (outbox.ConsumedFromContext) is the handler's own too:
+	// the delivery must not be reachable from the handler at all.
 	own := d.Msg.Copy()
+	hctx := Context(ctx, tx, own, d.Consumer, d.Key)
 	own.SetContext(hctx)
 	out, err := s.call(h, own)
 	s.settledByHandler(own, d)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/middleware/once"
+	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -27,7 +28,8 @@ func settledBy(msg *message.Message) string {
 	}
 }
 
-// handlerAcksContract: a handler that acks (or nacks) the message it gets settles nothing of the
+// handlerAcksContract: a handler that acks (or nacks) the message it gets (or the consumed message
+// its context carries) settles nothing of the
 // delivery: while it runs the delivery is untouched, its effect is applied exactly once (also
 // when that attempt then fails and the message is redelivered), and each call is counted.
 func handlerAcksContract(t *testing.T, p txPath) {
@@ -41,10 +43,18 @@ func handlerAcksContract(t *testing.T, p txPath) {
 				var settledEarly []string
 				attempts := 0
 				h := e.mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-					if call == "Ack" {
-						msg.Ack()
-					} else {
-						msg.Nack()
+					// The message it was given, and the consumed message its context carries (the
+					// outbox's causation source): neither may be the delivery.
+					consumed, ok := outbox.ConsumedFromContext(msg.Context())
+					if !ok {
+						return nil, errors.New("no consumed message in the context")
+					}
+					for _, m := range []*message.Message{msg, consumed} {
+						if call == "Ack" {
+							m.Ack()
+						} else {
+							m.Nack()
+						}
 					}
 					mu.Lock()
 					if s := settledBy(delivered); s != "" {
