@@ -38,6 +38,7 @@ func (p *Processor) runHandler(ctx context.Context, tx *sql.Tx, r claimedRow, sh
 	// the database (idemkey.ForMessage) follow the inbox's dedupe key.
 	outcome, err := p.step.Handle(hctx, tx, p.handler, lend.Delivery{
 		Msg: msg, Consumer: p.config.Consumer, Key: r.messageID, OutputTopic: p.config.OutputTopic, Shared: shared,
+		HandlerAcked: &p.handlerAcked,
 	})
 	if outcome == lend.EndedTx {
 		return p.handlerEndedTx(r, err)

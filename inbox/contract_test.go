@@ -47,6 +47,7 @@ func processorContract(t *testing.T, mode inbox.ClaimMode) {
 		{"a panic is a failed attempt", testPanicIsAFailedAttempt},
 		{"Run after Close, and Run twice", testRunOnceAndCloseBeforeRun},
 		{"a handler ending its transaction applies nothing and is parked", testHandlerEndingItsTransaction},
+		{"a handler acking its message changes nothing", testHandlerAckingItsMessage},
 		{"a handler past HandlerTimeout is not taken for one ending its transaction", testHandlerPastTimeoutIsNotTakenForEndingItsTransaction},
 		{"an unstorable output parks the row at once", testUnstorableOutputParksTheRowAtOnce},
 		{"the claim is exposed for downstream keys", testProcessorExposesClaimForDownstreamKeys},

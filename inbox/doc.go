@@ -75,8 +75,12 @@
 // UUID, metadata and payload, byte for byte, plus the reason_poisoned, topic_poisoned,
 // handler_poisoned and subscriber_poisoned metadata of the poison queue. Do not park through
 // outbox.Writer.DBPublisher: it stores byte for byte or refuses, so the messages that most need
-// parking would fail to park and be nacked forever. Transient errors (the database is down)
-// are not permanent: they are nacked and redelivered, never parked.
+// parking would fail to park and be nacked forever. The poison queue is Watermill's, so nothing
+// of ours can refuse it at construction (once.Stack does refuse DBPublisher); instead its
+// refusal of a poisoned message wraps outbox.ErrNotParking and names ParkingPublisher (the router
+// logs it at each nack), and the Receiver logs a warning, once, when a message it refused is
+// delivered again: nothing parked it. Transient errors (the database is down) are not permanent:
+// they are nacked and redelivered, never parked.
 //
 // # Processing
 //
@@ -91,7 +95,10 @@
 // Each row runs in one transaction: the handler gets it in its message context
 // (pgtx.TxFromContext; outbox.Writer.Publisher joins it), messages it returns are stored in the
 // outbox (ProcessorConfig.OutputTopic), and the row moves to DONE, all committed together.
-// DeliveryFromContext tells the handler which row and attempt it runs.
+// DeliveryFromContext tells the handler which row and attempt it runs. The message is the
+// handler's own (the Receiver acked the delivery when it stored the row): a msg.Ack() or
+// msg.Nack() in it changes nothing, and is counted (ProcessorCounters.HandlerAcked) and logged
+// once as a warning, as in the effectively-once middleware.
 //
 // A failed attempt (error, panic, HandlerTimeout) is rolled back and recorded with its error;
 // the row is due again after Backoff doubling per attempt up to MaxBackoff, drawn between

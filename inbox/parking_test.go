@@ -2,9 +2,11 @@ package inbox_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/stretchr/testify/require"
@@ -110,4 +112,60 @@ func TestReceiverRefusalsAreParkedOnKafka(t *testing.T) {
 		require.Equal(t, "ledger-inbox", back.Metadata.Get(wmiddleware.PoisonedHandlerKey))
 		require.NotEmpty(t, back.Metadata.Get(wmiddleware.ReasonForPoisonedKey))
 	}
+}
+
+// The same Receiver behind a poison queue built as the docs once said, publishing through
+// outbox.Writer.DBPublisher: no constructor of ours sees that queue, so it cannot be refused at
+// construction (once.Stack refuses it). DBPublisher refuses the record without a UUID the
+// Receiver refused, and says which publisher parks it (outbox.ErrNotParking, naming
+// ParkingPublisher) in the error the router logs for each nack; the Receiver, seeing the refused
+// record come back, warns once that nothing parks it. Before, the acceptance run saw 780
+// refusals, 0 parked, and no word of why.
+func TestReceiverBehindADBPublisherPoisonQueueSaysSo(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	writer, err := outbox.NewWriter(outbox.Config{Schema: e.schema})
+	require.NoError(t, err)
+	logs := watermill.NewCaptureLogger()
+	receiver, err := inbox.NewReceiver(e.db, inbox.ReceiverConfig{Schema: e.schema, Consumer: "ledger", Key: wmonce.KeyFromMetadata("event_id")}, logs)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = receiver.Close() })
+	topic, sub := brokertest.OnePartitionKafka(t, "inbox_dbpub", "ledger")
+
+	poison, err := wmiddleware.PoisonQueueWithFilter(writer.DBPublisher(e.db), "inbox.parked", wmonce.IsPermanent)
+	require.NoError(t, err)
+	// What the router sees of each delivery (it logs the error and nacks).
+	answers := make(chan error, 100)
+	seen := func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			out, err := h(msg)
+			select {
+			case answers <- err:
+			default:
+			}
+			return out, err
+		}
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 20 * time.Second}, logger())
+	require.NoError(t, err)
+	router.AddConsumerHandler("ledger-inbox", topic, sub, receiver.Handle).AddMiddleware(seen, poison)
+	go func() { _ = router.Run(context.Background()) }()
+	<-router.Running()
+	t.Cleanup(func() { _ = router.Close() })
+
+	brokertest.ProduceForeign(t, topic, &kgo.Record{Value: []byte("\xff\x00 no key"), Headers: []kgo.RecordHeader{{Key: "source", Value: []byte("legacy")}}})
+	for i := range 3 {
+		err := testwait.Receive(t, answers, "a delivery of the refused record")
+		require.ErrorIs(t, err, outbox.ErrNotParking, "delivery %d", i+1)
+		require.ErrorContains(t, err, "ParkingPublisher")
+	}
+	var warnings int
+	for _, m := range logs.Captured()[watermill.ErrorLogLevel] {
+		if strings.HasPrefix(m.Msg, "WARNING: a message the receiver refused was delivered again") {
+			warnings++
+			require.Contains(t, m.Msg, "ParkingPublisher")
+		}
+	}
+	require.Equal(t, 1, warnings, "warned once, at the first redelivery")
+	require.Zero(t, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("outbox")), "DBPublisher parked nothing")
 }

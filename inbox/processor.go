@@ -36,6 +36,11 @@ type ProcessorCounters struct {
 	// transaction it was lent: nothing of them was applied (the attempt guard refused the
 	// COMMIT), and each parked its row at once. Also counted in Failed.
 	HandlerEndedTx uint64
+	// HandlerAcked counts attempts whose handler called Ack or Nack on the message it was given:
+	// a message of its own, with no delivery behind it (the Receiver acked the delivery when the
+	// row was stored), so the call changes nothing; logged once as a warning. Also counted in
+	// the attempt's outcome.
+	HandlerAcked uint64
 }
 
 // Processor works through one consumer's inbox rows with a plain Watermill handler.
@@ -86,7 +91,7 @@ type Processor struct {
 	// hctx is the parent of every processing transaction of the current Run (see handlerCtx).
 	hctx atomic.Pointer[context.Context]
 
-	claimed, processed, failed, parked, conflicts, expired, released, errs, endedTx atomic.Uint64
+	claimed, processed, failed, parked, conflicts, expired, released, errs, endedTx, handlerAcked atomic.Uint64
 
 	guardFound atomic.Bool // the schema has the attempt guard (see requireGuard)
 
@@ -123,7 +128,7 @@ func NewProcessor(db *sql.DB, handler message.HandlerFunc, config ProcessorConfi
 		wake:    make(chan struct{}, config.Workers),
 	}
 	p.step = lend.Step{
-		Component: "inbox", Guard: p.guard, Outbox: ob, Tracer: p.tracer,
+		Component: "inbox", Guard: p.guard, Outbox: ob, Tracer: p.tracer, Logger: p.logger,
 		NoTopic: "ProcessorConfig.OutputTopic is empty: set it, or publish through outbox.Writer.Publisher() with the message context",
 	}
 	hctx := context.Background()
@@ -146,6 +151,7 @@ func (p *Processor) Counters() ProcessorCounters {
 		Released:       p.released.Load(),
 		Errors:         p.errs.Load(),
 		HandlerEndedTx: p.endedTx.Load(),
+		HandlerAcked:   p.handlerAcked.Load(),
 	}
 }
 

@@ -3,10 +3,12 @@ package inbox
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
 	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 
 	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/groupcommit"
+	"github.com/wmonce/watermill-once/internal/lend"
 	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -201,6 +204,12 @@ type Receiver struct {
 
 	stored, duplicates, refused, tooOld, batches, batchFailures atomic.Uint64
 
+	// Refused messages seen by Handle (a hash of UUID and payload), to tell when one comes back:
+	// see refusedAgain.
+	refusedMu   sync.Mutex
+	refusedSeen map[[sha256.Size]byte]struct{}
+	warnedAgain atomic.Bool
+
 	testSignals receiverTestSignals
 }
 
@@ -243,6 +252,7 @@ func NewReceiver(db *sql.DB, config ReceiverConfig, logger watermill.LoggerAdapt
 func (r *Receiver) Handle(msg *message.Message) error {
 	rw, err := r.prepare(msg, message.SubscribeTopicFromCtx(msg.Context()))
 	if err != nil {
+		r.refusedAgain(msg, err)
 		return err
 	}
 	// A writer free and nobody waiting: the row is written at once, in this goroutine.
@@ -320,7 +330,8 @@ func (r *Receiver) Close() error {
 // prepare extracts and checks everything the row needs, so that a batch never fails because
 // of one bad message.
 func (r *Receiver) prepare(msg *message.Message, topic string) (row, error) {
-	key, err := r.config.Key(msg)
+	view := lend.View(msg) // what the key functions get: they cannot ack the delivery
+	key, err := r.config.Key(view)
 	if err == nil {
 		err = wmonce.CheckKey(key, r.config.MaxKeyLength)
 	}
@@ -329,7 +340,7 @@ func (r *Receiver) prepare(msg *message.Message, topic string) (row, error) {
 	}
 	var orderingKey string
 	if r.config.OrderingKey != nil {
-		orderingKey, err = r.config.OrderingKey(msg)
+		orderingKey, err = r.config.OrderingKey(view)
 		if err == nil && orderingKey != "" {
 			err = wmonce.CheckKey(orderingKey, r.config.MaxKeyLength)
 		}
@@ -347,7 +358,7 @@ func (r *Receiver) prepare(msg *message.Message, topic string) (row, error) {
 	if err != nil {
 		return row{}, r.refuse(msg, fmt.Errorf("%w in message %q (consumer %q): %w", ErrInvalidMetadata, msg.UUID, r.config.Consumer, err))
 	}
-	tooOld, err := r.checkAge(msg)
+	tooOld, err := r.checkAge(view)
 	if err != nil {
 		return row{}, r.refuse(msg, fmt.Errorf("%w: message %q (consumer %q): %w", wmonce.ErrMalformedMetadata, msg.UUID, r.config.Consumer, err))
 	}
@@ -394,6 +405,39 @@ func (r *Receiver) alertTooOld(rows []row, parked []string, where string) {
 	for _, key := range parked {
 		r.logger.Error("ALERT: copy older than MaxMessageAge "+where+" as FAILED, not processed", errors.New(reasons[key]), watermill.LogFields{"dedupe_key": key})
 	}
+}
+
+// maxRefusedSeen bounds the refused messages refusedAgain remembers (32 bytes each).
+const maxRefusedSeen = 1024
+
+// refusedAgain warns, once per Receiver, when Handle refuses a message it refused before: nothing
+// in front of it parked the message, so the broker redelivers it forever and its partition or
+// queue stays stopped. No constructor of ours sees the poison queue put in front of Handle
+// (Watermill's), so this is where a missing one, or one whose publisher cannot park (the
+// Writer's DBPublisher, as the docs once said), shows.
+func (r *Receiver) refusedAgain(msg *message.Message, refusal error) {
+	h := sha256.New()
+	h.Write([]byte(msg.UUID))
+	h.Write([]byte{0})
+	h.Write(msg.Payload)
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	r.refusedMu.Lock()
+	_, seen := r.refusedSeen[sum]
+	if !seen {
+		if r.refusedSeen == nil || len(r.refusedSeen) >= maxRefusedSeen {
+			r.refusedSeen = map[[sha256.Size]byte]struct{}{}
+		}
+		r.refusedSeen[sum] = struct{}{}
+	}
+	r.refusedMu.Unlock()
+	if !seen || !r.warnedAgain.CompareAndSwap(false, true) {
+		return
+	}
+	// Watermill's logger has no warning level: an error-level line marked WARNING.
+	r.logger.Error("WARNING: a message the receiver refused was delivered again: nothing parked it, so it is redelivered forever and holds back its partition or queue."+
+		" Put Watermill's poison queue in front of Handle, publishing through outbox.Writer.ParkingPublisher(db) (not DBPublisher, which refuses exactly such messages; see the package doc). Logged once",
+		refusal, watermill.LogFields{"message_uuid": msg.UUID})
 }
 
 func (r *Receiver) refuse(msg *message.Message, cause error) error {

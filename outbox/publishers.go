@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -15,6 +16,43 @@ import (
 // interface rather than calling PublishTx: in the transaction of each message's context
 // (Publisher), in a transaction of each call's own (DBPublisher), and for the poison queue
 // (ParkingPublisher).
+
+// ErrNotParking is wrapped when a publisher that cannot park every message is used to park one:
+// Writer.DBPublisher (it stores byte for byte or refuses, and the messages a consumer refuses are
+// often the ones it refuses) or Writer.Publisher (it needs the handler's transaction, which a
+// parked message no longer has). A poison queue given either leaves its refused messages nacked
+// forever and their partition or queue stopped. Park through Writer.ParkingPublisher.
+var ErrNotParking = errors.New("outbox: this publisher cannot park every message: use Writer.ParkingPublisher(db) for a poison queue")
+
+// CheckParking returns an error wrapping ErrNotParking when pub is the Writer's Publisher or
+// DBPublisher, which cannot serve as a poison queue's publisher; nil for ParkingPublisher and
+// for any other publisher (it cannot tell what those do). once.Stack checks its
+// PoisonPublisher with it; a poison queue built by hand around an inbox Receiver
+// (middleware.PoisonQueueWithFilter) has no constructor of ours, so there each refusal of a
+// poisoned message says the same (see DBPublisher).
+func CheckParking(pub message.Publisher) error {
+	switch p := pub.(type) {
+	case contextPublisher:
+		return fmt.Errorf("%w: Writer.Publisher stores in the transaction of each message's context, and a message being parked has none (its handler's was rolled back)", ErrNotParking)
+	case dbPublisher:
+		if !p.parking {
+			return fmt.Errorf("%w: Writer.DBPublisher stores byte for byte or refuses, and refuses exactly the messages a consumer refuses for their UUID or metadata", ErrNotParking)
+		}
+	}
+	return nil
+}
+
+// poisoned reports whether msgs come from Watermill's poison queue (it adds reason_poisoned).
+func poisoned(msgs []*message.Message) bool {
+	for _, m := range msgs {
+		if m != nil {
+			if _, ok := m.Metadata[middleware.ReasonForPoisonedKey]; ok {
+				return true
+			}
+		}
+	}
+	return false
+}
 
 // Publisher returns a message.Publisher that stores messages in the transaction found in each
 // message's context (pgtx.TxFromContext). Inside an effectively-once handler, give the new
@@ -36,6 +74,9 @@ func (p contextPublisher) Publish(topic string, msgs ...*message.Message) error 
 	}
 	ctx := msgs[0].Context()
 	tx, ok := pgtx.TxFromContext(ctx)
+	if !ok && poisoned(msgs) {
+		return fmt.Errorf("%w: %w", CheckParking(p), pgtx.ErrNoTransaction)
+	}
 	if !ok {
 		return fmt.Errorf("outbox: %w: call msg.SetContext(consumed.Context()) inside an effectively-once handler, or use Writer.PublishTx", pgtx.ErrNoTransaction)
 	}
@@ -52,7 +93,10 @@ func (contextPublisher) Close() error { return nil }
 // DBPublisher returns a message.Publisher that stores each Publish call in a short transaction
 // of its own on db, byte for byte or not at all (like PublishTx). Use it where there is no
 // business transaction to join. To park refused messages, use ParkingPublisher instead: a
-// message refused for its UUID or metadata is exactly one DBPublisher refuses to store.
+// message refused for its UUID or metadata is exactly one DBPublisher refuses to store. A
+// refusal of a message from Watermill's poison queue (it carries reason_poisoned) wraps
+// ErrNotParking too and says to use ParkingPublisher, so that every nack it causes is logged
+// with the fix; once.Stack refuses DBPublisher at construction (CheckParking).
 func (w *Writer) DBPublisher(db *sql.DB) message.Publisher { return dbPublisher{w: w, db: db} }
 
 // ParkingPublisher returns the message.Publisher that parks messages a consumer refused, for
@@ -102,9 +146,15 @@ func (p dbPublisher) Publish(topic string, msgs ...*message.Message) error {
 		}
 		msgs = parked
 	}
-	return pgtx.RunInTx(ctx, p.db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
+	err := pgtx.RunInTx(ctx, p.db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
 		return p.w.store(ctx, tx, topic, msgs, !p.parking, nil)
 	})
+	if err != nil && !p.parking && errors.Is(err, ErrInvalidMessage) && poisoned(msgs) {
+		// Used as a poison queue's publisher: the refused message stays nacked, and its
+		// partition or queue stopped, until the publisher is replaced.
+		return fmt.Errorf("%w: %w", CheckParking(p), err)
+	}
+	return err
 }
 
 func (dbPublisher) Close() error { return nil }

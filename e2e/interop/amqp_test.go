@@ -260,7 +260,7 @@ func TestStackOverWatermillAMQP(t *testing.T) {
 	require.NoError(t, err)
 	stack, err := once.Stack(once.StackConfig{
 		Middleware:      mw,
-		PoisonPublisher: writer.DBPublisher(e.db),
+		PoisonPublisher: writer.ParkingPublisher(e.db),
 		PoisonTopic:     "payments-parked",
 		Retry:           wmiddleware.Retry{InitialInterval: 5 * time.Millisecond},
 		Logger:          logger(),

@@ -4,6 +4,9 @@
 // a child span, finds out whether the handler ended the transaction (internal/txguard), and
 // stores what the handler returned in the outbox within the same transaction. The caller
 // begins, claims, commits and counts; Handle says what happened.
+//
+// The handler gets a message of its own (Handle): the delivery it stands for is acked or nacked
+// by the router after the caller's COMMIT (or rollback), never by user code.
 package lend
 
 import (
@@ -11,7 +14,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/trace"
 
@@ -35,6 +41,10 @@ type Step struct {
 	// Unstorable, if set, is wrapped into the permanent error of an output the outbox can never
 	// store (once.ErrUnstorableOutput).
 	Unstorable error
+	// Logger receives the warning about a handler that acked or nacked its message (nil: none).
+	Logger watermill.LoggerAdapter
+
+	warned sync.Map // consumers whose handler was found acking its message: warned once each
 }
 
 // Outcome says what went wrong, for the caller's counting.
@@ -72,15 +82,29 @@ type Delivery struct {
 	// returns, so that the culprit and not a neighbour takes the blame. Otherwise only after a
 	// failure: on success the outbox store or the caller's txguard.Close tells.
 	Shared bool
+	// HandlerAcked, if set, counts the runs whose handler called Ack or Nack on its message (the
+	// component's Counters.HandlerAcked).
+	HandlerAcked *atomic.Uint64
 }
 
-// Handle runs h on d.Msg with tx in its context (Context) and stores its output in tx. ctx must
-// be the context tx was begun with, or one that ends with it (txguard.Check). d.Msg keeps the
-// handler's context afterwards; the caller restores what it needs.
-func (s Step) Handle(ctx context.Context, tx *sql.Tx, h message.HandlerFunc, d Delivery) (Outcome, error) {
-	hctx := Context(ctx, tx, d.Msg, d.Consumer, d.Key)
-	d.Msg.SetContext(hctx)
-	out, err := s.call(h, d.Msg)
+// Handle runs h with tx in its message's context (Context) and stores its output in tx. ctx must
+// be the context tx was begun with, or one that ends with it (txguard.Check).
+//
+// h gets a message of its own: d.Msg's UUID, metadata and payload, with Ack and Nack that reach
+// nobody. d.Msg is the delivery the caller answers for, and only after its COMMIT: a handler that
+// acked it would let the broker forget the message before its effect is committed (lost if the
+// attempt then fails or the commit does not happen), and inside watermill-sql's subscriber
+// transaction the ack commits that transaction under the handler's feet. What the handler did to
+// its own copy is ignored, counted (Delivery.HandlerAcked) and logged once per consumer. d.Msg is
+// left as it was.
+func (s *Step) Handle(ctx context.Context, tx *sql.Tx, h message.HandlerFunc, d Delivery) (Outcome, error) {
+	// The consumed message in the context (outbox.ConsumedFromContext) is the handler's own too:
+	// the delivery must not be reachable from the handler at all.
+	own := d.Msg.Copy()
+	hctx := Context(ctx, tx, own, d.Consumer, d.Key)
+	own.SetContext(hctx)
+	out, err := s.call(h, own)
+	s.settledByHandler(own, d)
 	if err != nil || d.Shared {
 		if ended := s.Guard.Check(ctx, tx); errors.Is(ended, wmonce.ErrHandlerEndedTx) {
 			if err != nil {
@@ -120,8 +144,42 @@ func (s Step) Handle(ctx context.Context, tx *sql.Tx, h message.HandlerFunc, d D
 	return Applied, nil
 }
 
+// View returns the delivery as the library's hooks (key functions, OccurredAt) see it: msg's
+// UUID, metadata (the same map) and payload, with msg's context, and Ack and Nack that reach
+// nobody, so that a hook cannot settle the delivery either. One small allocation, unlike
+// msg.Copy: hooks run for every message and only read it.
+func View(msg *message.Message) *message.Message {
+	v := &message.Message{UUID: msg.UUID, Metadata: msg.Metadata, Payload: msg.Payload}
+	v.SetContext(msg.Context())
+	return v
+}
+
+// settledByHandler counts and reports a handler that acked or nacked the message it was given.
+func (s *Step) settledByHandler(own *message.Message, d Delivery) {
+	var call string
+	select {
+	case <-own.Acked():
+		call = "Ack"
+	case <-own.Nacked():
+		call = "Nack"
+	default:
+		return
+	}
+	if d.HandlerAcked != nil {
+		d.HandlerAcked.Add(1)
+	}
+	if _, seen := s.warned.LoadOrStore(d.Consumer, struct{}{}); seen || s.Logger == nil {
+		return
+	}
+	// Watermill's logger has no warning level: an error-level line marked WARNING, as the
+	// janitor's configuration warnings.
+	s.Logger.Error("WARNING: the handler acked or nacked the message it was given; ignored (logged once per consumer, each counted in Counters.HandlerAcked)",
+		fmt.Errorf("the handler called msg.%s(): the delivery is acked only after the %s component's COMMIT, and nacked after a failure; a handler must not settle it", call, s.Component),
+		watermill.LogFields{"consumer": d.Consumer, "dedupe_key": d.Key, "message_uuid": d.Msg.UUID})
+}
+
 // call runs h in a child span of the message's context, with panics turned into errors.
-func (s Step) call(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
+func (s *Step) call(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
 	hctx := msg.Context()
 	ctx, span := tracing.StartChild(hctx, s.Tracer, tracing.SpanHandler)
 	msg.SetContext(ctx)

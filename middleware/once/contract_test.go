@@ -597,7 +597,7 @@ func onceContract(t *testing.T, p txPath) {
 		stack, err := once.Stack(once.StackConfig{
 			Middleware:      e.mw,
 			Retry:           wmiddleware.Retry{MaxRetries: 3, InitialInterval: time.Millisecond},
-			PoisonPublisher: w.DBPublisher(e.db),
+			PoisonPublisher: w.ParkingPublisher(e.db),
 			PoisonTopic:     "poison",
 		})
 		require.NoError(t, err)
@@ -791,5 +791,10 @@ func onceContract(t *testing.T, p txPath) {
 	t.Run("a handler that ends its transaction applies nothing and is parked", func(t *testing.T) {
 		t.Parallel()
 		handlerEndsTxContract(t, p)
+	})
+
+	t.Run("a handler that acks or nacks its message settles nothing of the delivery", func(t *testing.T) {
+		t.Parallel()
+		handlerAcksContract(t, p)
 	})
 }

@@ -26,6 +26,10 @@ type Counters struct {
 	// transaction it was lent: nothing of them was applied, and each is a permanent failure
 	// (wmonce.ErrHandlerEndedTx). Not counted in Failed.
 	HandlerEndedTx uint64
+	// HandlerAcked counts attempts whose handler called Ack or Nack on the message it was given.
+	// The call is ignored (the handler gets a message of its own; the delivery is acked only
+	// after the COMMIT) and logged once per consumer as a warning. Also counted in its outcome.
+	HandlerAcked uint64
 }
 
 func (c Counters) add(o Counters) Counters {
@@ -38,6 +42,7 @@ func (c Counters) add(o Counters) Counters {
 		Refused:               c.Refused + o.Refused,
 		TooOld:                c.TooOld + o.TooOld,
 		HandlerEndedTx:        c.HandlerEndedTx + o.HandlerEndedTx,
+		HandlerAcked:          c.HandlerAcked + o.HandlerAcked,
 	}
 }
 
@@ -49,7 +54,7 @@ type CounterKey struct {
 }
 
 type counters struct {
-	fresh, duplicates, mismatches, failed, txRetries, refused, tooOld, endedTx atomic.Uint64
+	fresh, duplicates, mismatches, failed, txRetries, refused, tooOld, endedTx, handlerAcked atomic.Uint64
 }
 
 // maxSenders bounds the sender label per consumer: metadata is producer-controlled, and an
@@ -137,5 +142,6 @@ func (c *counters) snapshot() Counters {
 		Refused:               c.refused.Load(),
 		TooOld:                c.tooOld.Load(),
 		HandlerEndedTx:        c.endedTx.Load(),
+		HandlerAcked:          c.handlerAcked.Load(),
 	}
 }

@@ -120,6 +120,18 @@
 // same, but database/sql does not see it, and later statements would run outside any
 // transaction: never send it.
 //
+// # A handler that acks its message
+//
+// The ack belongs to the middleware too. The handler gets a message of its own: the delivery's
+// UUID, metadata and payload, with the handler's context, and its own Ack and Nack. A handler
+// that called msg.Ack() on the delivery would let the broker forget the message before its
+// effect committed (lost if the attempt then failed), and inside watermill-sql's subscriber
+// transaction the ack would commit that transaction under the handler. Such a call is ignored,
+// counted in Counters.HandlerAcked and logged once per consumer (at error level, marked WARNING);
+// the router acks the delivery after the COMMIT, or nacks it after a failure, on every path.
+// The hooks called before the handler (Config.Key, Config.OccurredAt) get a view of the delivery
+// whose Ack and Nack reach nobody either.
+//
 // # When the router closes
 //
 // Router.Close cancels every in-flight message context at once. The middleware gives the

@@ -32,7 +32,7 @@ func handlerEndsTxContract(t *testing.T, p txPath) {
 			stack, err := once.Stack(once.StackConfig{
 				Middleware:      e.mw,
 				Retry:           wmiddleware.Retry{MaxRetries: 2, InitialInterval: time.Millisecond},
-				PoisonPublisher: w.DBPublisher(e.db),
+				PoisonPublisher: w.ParkingPublisher(e.db),
 				PoisonTopic:     "poison",
 			})
 			require.NoError(t, err)

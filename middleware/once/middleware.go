@@ -66,7 +66,7 @@ func New(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Middleware
 	}
 	e.q = newClaimQueries(config.Schema, config.PartitionByDay, e.guard.OnWire())
 	e.step = lend.Step{
-		Component: "once", Guard: e.guard, Outbox: ob, Tracer: e.tracer, Unstorable: ErrUnstorableOutput,
+		Component: "once", Guard: e.guard, Outbox: ob, Tracer: e.tracer, Unstorable: ErrUnstorableOutput, Logger: logger,
 		NoTopic: "add the handler with router.AddHandler(..., publishTopic, ...) or set Config.OutputTopic",
 	}
 	if !config.GroupCommit.Disabled {
@@ -168,7 +168,8 @@ func (e *Middleware) newDelivery(msg *message.Message) (*delivery, error) {
 		e.logger.Error("Message refused, not applied (the Stack parks it; without a poison queue it is nacked)", err, watermill.LogFields{"consumer": consumer, "message_uuid": msg.UUID})
 		return nil, err
 	}
-	key, err := e.config.Key(msg)
+	view := lend.View(msg) // what the key functions get: they cannot ack the delivery
+	key, err := e.config.Key(view)
 	if err == nil {
 		err = e.checkKey(key)
 	}
@@ -181,7 +182,7 @@ func (e *Middleware) newDelivery(msg *message.Message) (*delivery, error) {
 	var occurredAt time.Time
 	var hasOccurredAt bool
 	if e.config.MaxMessageAge > 0 || e.config.PartitionByDay {
-		occurredAt, hasOccurredAt, err = e.config.OccurredAt(msg)
+		occurredAt, hasOccurredAt, err = e.config.OccurredAt(view)
 	}
 	if err != nil {
 		return refuse(wmonce.Permanent(fmt.Errorf("%w: message %q (consumer %q): %w", wmonce.ErrMalformedMetadata, msg.UUID, consumer, err)))

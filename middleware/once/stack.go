@@ -38,6 +38,10 @@ type StackConfig struct {
 	// or a broker cannot carry as it is (no UUID, a UUID or metadata that is not valid UTF-8
 	// text, a metadata key a broker refuses such as _watermill_message_uuid) is made parkable
 	// first, whatever the publisher (outbox.Parkable; outbox.RecoverParked restores the original).
+	// The Writer's Publisher and DBPublisher are refused (outbox.ErrNotParking): the first
+	// needs the handler's transaction, rolled back by then, so nothing would ever be parked; the
+	// second stores the parked copy as a message the consumer produced (stamped, its delay
+	// metadata checked and refused if unreadable) rather than as it came.
 	PoisonPublisher message.Publisher
 	PoisonTopic     string
 	// DisableParking turns the poison queue off: every error, permanent ones included, nacks
@@ -153,6 +157,8 @@ func poisonQueue(config StackConfig) (message.HandlerMiddleware, error) {
 		pub = mw.step.Outbox.ParkingPublisher(mw.db)
 	} else if err := outbox.DefaultValidateTopic(topic); err != nil {
 		return nil, fmt.Errorf("stack: PoisonTopic: %w", err)
+	} else if err := outbox.CheckParking(pub); err != nil {
+		return nil, fmt.Errorf("stack: PoisonPublisher: %w", err)
 	}
 	shouldPark := config.ShouldPark
 	if shouldPark == nil {

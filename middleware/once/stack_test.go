@@ -55,6 +55,27 @@ func TestStackConfigErrors(t *testing.T) {
 	}
 }
 
+// A poison publisher that cannot park every message is refused at construction, with the one
+// to use instead: the Writer's Publisher (it needs the handler's transaction, which a parked
+// message no longer has: nothing would be parked) and DBPublisher (the earlier docs' way).
+func TestStackRefusesAPoisonPublisherThatCannotPark(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, once.Config{})
+	w, err := outbox.NewWriter(outbox.Config{Schema: e.schema})
+	require.NoError(t, err)
+	for name, pub := range map[string]message.Publisher{
+		"Writer.Publisher":   w.Publisher(),
+		"Writer.DBPublisher": w.DBPublisher(e.db),
+	} {
+		_, err := once.Stack(once.StackConfig{Middleware: e.mw, PoisonPublisher: pub})
+		require.ErrorIs(t, err, outbox.ErrNotParking, name)
+		require.ErrorContains(t, err, "PoisonPublisher", name)
+		require.ErrorContains(t, err, "ParkingPublisher", name)
+	}
+	_, err = once.Stack(once.StackConfig{Middleware: e.mw, PoisonPublisher: w.ParkingPublisher(e.db)})
+	require.NoError(t, err)
+}
+
 // With nothing but the Middleware, the Stack parks: a message without a UUID and a handler's
 // permanent failure are stored in the middleware's own outbox under DefaultPoisonTopic and
 // acked, and the original comes back from the parked copy. It used to park nothing without a

@@ -101,7 +101,7 @@ func TestStackParksUnstorableOutputsAndBinaryMetadata(t *testing.T) {
 	stack, err := once.Stack(once.StackConfig{
 		Middleware:      e.mw,
 		Retry:           wmiddleware.Retry{MaxRetries: 3, InitialInterval: time.Millisecond},
-		PoisonPublisher: w.DBPublisher(e.db),
+		PoisonPublisher: w.ParkingPublisher(e.db),
 		PoisonTopic:     "poison",
 	})
 	require.NoError(t, err)

@@ -110,7 +110,7 @@ func ReadConsumers(ctx context.Context, db *sql.DB, schema string, mws []*once.M
 		c.Counters = &Counters{
 			Fresh: counts.Fresh, Duplicates: counts.Duplicates, FingerprintMismatches: counts.FingerprintMismatches,
 			Failed: counts.Failed, TxRetries: counts.TxRetries, Refused: counts.Refused, TooOld: counts.TooOld,
-			HandlerEndedTx: counts.HandlerEndedTx,
+			HandlerEndedTx: counts.HandlerEndedTx, HandlerAcked: counts.HandlerAcked,
 		}
 		if seen := counts.Fresh + counts.Duplicates; seen > 0 {
 			rate := float64(counts.Duplicates) / float64(seen)
@@ -149,6 +149,7 @@ type Counters struct {
 	Refused               uint64 `json:"refused"`
 	TooOld                uint64 `json:"too_old"`
 	HandlerEndedTx        uint64 `json:"handler_ended_tx"`
+	HandlerAcked          uint64 `json:"handler_acked"`
 }
 
 func sumCounts(mws []*once.Middleware) map[string]once.Counters {
@@ -167,6 +168,7 @@ func sumCounts(mws []*once.Middleware) map[string]once.Counters {
 			s.Refused += c.Refused
 			s.TooOld += c.TooOld
 			s.HandlerEndedTx += c.HandlerEndedTx
+			s.HandlerAcked += c.HandlerAcked
 			out[consumer] = s
 		}
 	}

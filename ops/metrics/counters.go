@@ -26,6 +26,7 @@ func (c *collector) collectMiddlewares(s *series) {
 			s.add(descOutcomes, prometheus.CounterValue, float64(n.TooOld), k.Consumer, "too_old")
 			s.add(descOutcomes, prometheus.CounterValue, float64(n.HandlerEndedTx), k.Consumer, "handler_ended_tx")
 			s.add(descTxRetries, prometheus.CounterValue, float64(n.TxRetries), k.Consumer)
+			s.add(descHandlerAcked, prometheus.CounterValue, float64(n.HandlerAcked), "once", k.Consumer)
 		}
 		groupTx += counts.GroupCommitTransactions
 		groupMsgs += counts.GroupCommitMessages
@@ -75,6 +76,7 @@ func (c *collector) collectInboxComponents(s *series) {
 		s.add(descReleased, prometheus.CounterValue, float64(n.Released), consumer)
 		s.add(descInboxErrors, prometheus.CounterValue, float64(n.Errors), consumer)
 		s.add(descInboxEndedTx, prometheus.CounterValue, float64(n.HandlerEndedTx), consumer)
+		s.add(descHandlerAcked, prometheus.CounterValue, float64(n.HandlerAcked), "inbox", consumer)
 	}
 }
 

@@ -28,6 +28,7 @@ var (
 	descReleased     = desc("wmonce_inbox_released_total", "Inbox rows given back unprocessed (shutdown, database trouble).", "consumer")
 	descInboxErrors  = desc("wmonce_inbox_processor_errors_total", "Database errors of inbox processors outside handlers (claim, commit, renewal, reaping).", "consumer")
 	descInboxEndedTx = desc("wmonce_inbox_handler_ended_tx_total", "Inbox attempts whose handler called Commit or Rollback on the processing transaction it was lent: nothing of them was applied, and each parked its row (also counted in wmonce_inbox_failed_attempts_total).", "consumer")
+	descHandlerAcked = desc("wmonce_handler_acked_total", "Handler runs that called Ack or Nack on the message they were given (component=once or inbox): ignored, since a handler gets a message of its own and the delivery is acked only after the commit; a handler written for a bare subscriber loop.", "component", "consumer")
 	descInboxRows    = desc("wmonce_inbox_rows", "Unfinished inbox rows by status (pending, in_progress, failed), read from the database.", "consumer", "status")
 	descRetrying     = desc("wmonce_inbox_retrying_rows", "Pending inbox rows that failed before and wait for another attempt (part of status=pending).", "consumer")
 	descOldestAge    = desc("wmonce_inbox_oldest_pending_age_seconds", "Age of the oldest PENDING inbox row by the database clock; 0 when none. Alert when it grows.", "consumer")
@@ -75,7 +76,7 @@ var (
 var allDescs = []*prometheus.Desc{
 	descClaims, descMismatches, descOutcomes, descTxRetries, descGroupTx, descGroupMsgs,
 	descReceived, descRecvBatches, descInboxClaimed, descInboxDone, descInboxFailed, descInboxParked,
-	descLeaseConfl, descLeaseExp, descReleased, descInboxErrors, descInboxEndedTx, descInboxRows, descRetrying, descOldestAge,
+	descLeaseConfl, descLeaseExp, descReleased, descInboxErrors, descInboxEndedTx, descHandlerAcked, descInboxRows, descRetrying, descOldestAge,
 	descBacklog, descLag, descRejected, descHeldRows, descDelayedRows, descRelayPaused, descRelayMoved, descInboxPaused, descForwarded, descRelayFail, descRelayRej, descRelayHeld, descRelayFenced, descRelayRecheck, descRelayLeader,
 	descJanDeleted, descJanDropped, descJanRounds, descJanLeader, descJanLast, descJanWarnings, descScrapeErrors,
 	descIntentSent, descIntentRetries, descIntentUnknown, descIntentParked, descIntentLeasesExp, descIntentReconciled,

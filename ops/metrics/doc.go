@@ -62,6 +62,10 @@
 //	wmonce_inbox_processor_errors_total{consumer}      counter  database errors outside handlers
 //	wmonce_inbox_handler_ended_tx_total{consumer}      counter  attempts whose handler ended its transaction (nothing applied, row parked)
 //
+// From both (once.Counters.HandlerAcked, inbox.ProcessorCounters.HandlerAcked):
+//
+//	wmonce_handler_acked_total{component,consumer}     counter  handler runs that acked or nacked their own message (ignored)
+//
 // From the database at scrape time (needs Sources.DB):
 //
 //	wmonce_inbox_rows{consumer,status}                 gauge    status=pending | in_progress | failed

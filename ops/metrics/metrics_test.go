@@ -120,6 +120,7 @@ func TestMetricsOfRealComponents(t *testing.T) {
 	require.NoError(t, err)
 	h := mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		if string(msg.Payload) == "fail" {
+			msg.Ack() // ignored, counted in wmonce_handler_acked_total
 			return nil, errors.New("handler failed")
 		}
 		if string(msg.Payload) == "ends its tx" {
@@ -153,6 +154,7 @@ func TestMetricsOfRealComponents(t *testing.T) {
 		defer func() { handled <- msg.UUID }()
 		switch msg.UUID {
 		case "o-poison":
+			msg.Nack() // ignored, counted in wmonce_handler_acked_total
 			return nil, wmonce.Permanent(errors.New("poison"))
 		case "o-commits":
 			tx, _ := pgtx.TxFromContext(msg.Context())
@@ -249,6 +251,8 @@ wmonce_claims_total{consumer="payments",result="fresh",sender="shop"} 1
 	require.Equal(t, 2.0, value(t, reg, "wmonce_inbox_failed_attempts_total", m("consumer", label(proc))))
 	require.Equal(t, 1.0, value(t, reg, "wmonce_inbox_handler_ended_tx_total", m("consumer", label(proc))))
 	require.Equal(t, 0.0, value(t, reg, "wmonce_inbox_lease_conflicts_total", m("consumer", label(proc))))
+	require.Equal(t, 1.0, value(t, reg, "wmonce_handler_acked_total", m("component", "once", "consumer", "payments")))
+	require.Equal(t, 1.0, value(t, reg, "wmonce_handler_acked_total", m("component", "inbox", "consumer", label(proc))))
 
 	// Inbox rows from the database, per consumer and status.
 	require.Equal(t, 2.0, value(t, reg, "wmonce_inbox_rows", m("consumer", "orders", "status", "failed")))

@@ -164,7 +164,7 @@ func NewConsumer(db *sql.DB, sub message.Subscriber, schema, topic, poisonTopic,
 	stack, err := once.Stack(once.StackConfig{
 		Middleware:      mw,
 		Retry:           retryConfig(),
-		PoisonPublisher: w.DBPublisher(db),
+		PoisonPublisher: w.ParkingPublisher(db),
 		PoisonTopic:     poisonTopic,
 		Logger:          logger,
 	})
