@@ -112,7 +112,9 @@ func RelayActive(ctx context.Context, db *sql.DB, schema, name string) (bool, er
 // it stops on an error or a cancelled ctx.
 //
 // Guarantee: a row that a relay of its source has not published is never deleted, whatever
-// its age, and a relay that registers while Prune runs holds rows back too. A row is deleted
+// its age or its transaction id (a restore into another cluster cannot make it look
+// published), and a relay that registers while Prune runs holds rows back too. Prune refuses
+// with ErrPositionsMoved while CheckPositions finds a position recorded on another cluster. A row is deleted
 // only once some relay of its source (RelayConfig.Source; a relay registered before migration
 // 012 counts for every source) is registered and every such relay has passed it: rows of a
 // source no relay forwards are kept, and so, with no relay registered at all, is everything.
@@ -124,6 +126,15 @@ func Prune(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest
 	schema, req, cutoff, err := pgtx.CheckPrune(ctx, db, schema, req, pgtx.Unscoped)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: prune: %w", err)
+	}
+	// A position recorded on another cluster makes rows written since look forwarded: refuse
+	// until it is rebased, whatever the rule below says.
+	check, err := checkPositions(ctx, db, schema, "")
+	if err != nil {
+		return 0, fmt.Errorf("outbox: prune: check positions: %w", err)
+	}
+	if err := check.Err(); err != nil {
+		return 0, fmt.Errorf("outbox: prune refused: %w", err)
 	}
 	ob := pgtx.QualifiedName(schema, "outbox")
 	offsets := pgtx.QualifiedName(schema, "outbox_offsets")
@@ -148,13 +159,16 @@ ORDER BY pg_snapshot_xmax(coalesce(target_snapshot, snapshot)) LIMIT 1`).Scan(&b
 	// so one registered since the bound was read holds rows back too. ctid = ANY(ARRAY(...))
 	// deletes the batch by physical address (a TID scan). A relay passes over the rows of
 	// other sources without publishing them: only the relays of a row's source count for it.
+	// A row counts as passed only if it is visible in the snapshot AND was written before the
+	// snapshot was recorded (offset_high, migration 019): a row written after a restore has a
+	// higher offset whatever its transaction id, so no position can make it look forwarded.
 	query := `DELETE FROM ` + ob + ` WHERE ctid = ANY(ARRAY(
     SELECT ctid FROM (
         SELECT t.ctid, t.created_at FROM ` + ob + ` t
         WHERE t.transaction_id < $1::xid8
           AND EXISTS (SELECT 1 FROM ` + offsets + ` o WHERE o.source IS NULL OR o.source = t.source)
           AND NOT EXISTS (SELECT 1 FROM ` + offsets + ` o WHERE (o.source IS NULL OR o.source = t.source) AND NOT (
-                pg_visible_in_snapshot(t.transaction_id, o.snapshot)
+                (pg_visible_in_snapshot(t.transaction_id, o.snapshot) AND t."offset" <= o.offset_high)
                 OR coalesce(pg_visible_in_snapshot(t.transaction_id, o.target_snapshot) AND t."offset" <= o.target_offset, false)))
         ORDER BY t.transaction_id, t."offset"
         LIMIT $3) head

@@ -39,7 +39,10 @@ type RelayCounters struct {
 	// doc, Delayed delivery); they are counted in Forwarded once published.
 	Delayed uint64
 	// Paused is true while the active relay is paused (PauseRelay): it publishes nothing.
-	Paused   bool
+	Paused bool
+	// Moved is true while the relay's position was recorded on another cluster (a restore or
+	// a move, CheckPositions): it forwards nothing until RebasePositions (`wmonce rebase`).
+	Moved    bool
 	IsLeader bool
 	// Listening is true while the active relay's LISTEN connection is up: it then wakes when a
 	// Writer's transaction commits, not after PollInterval.
@@ -98,6 +101,10 @@ type Relay struct {
 
 	delayed atomic.Uint64 // rows set aside in outbox_delayed (delay.go)
 	paused  atomic.Bool   // the last position read found the relay paused (pause.go)
+	// moved: the last check found the position recorded on another cluster (relay_origin.go);
+	// movedLogged is when that was last logged (unix nanoseconds, 0: not since it was found).
+	moved       atomic.Bool
+	movedLogged atomic.Int64
 
 	channel     string      // relayChannel(config.Schema)
 	noListen    atomic.Bool // the driver cannot LISTEN: poll only
@@ -119,6 +126,8 @@ type relayTestSignals struct {
 	RowRejected   testsignal.Signal[string]    // the UUID of a row set aside in outbox_rejected
 	Waiting       testsignal.Signal[relayWait] // the leading relay starts waiting
 	Paused        testsignal.Signal[struct{}]  // the leading relay found itself paused and waits
+	// Halted: the relay found its position moved to another cluster and forwards nothing.
+	Halted testsignal.Signal[PositionCheck]
 }
 
 // relayWait is what a relay that starts waiting waits for (relayTestSignals.Waiting).
@@ -174,6 +183,7 @@ func (r *Relay) Counters() RelayCounters {
 		Rechecks:    r.rechecks.Load(),
 		Delayed:     r.delayed.Load(),
 		Paused:      r.paused.Load(),
+		Moved:       r.moved.Load(),
 		IsLeader:    r.leader.Leading(),
 		Listening:   r.listening.Load(),
 		LastRelays:  r.lastRelay.Time(),

@@ -19,6 +19,8 @@ type relayQueries struct {
 	delay, delayedDue, delayedRead, delayedDelete, delayedHold string
 	// Pause (pause.go).
 	paused string
+	// The system identifier of the cluster the position is recorded on (relay_origin.go).
+	recordSystem string
 }
 
 func newRelayQueries(schema string) relayQueries {
@@ -32,8 +34,8 @@ func newRelayQueries(schema string) relayQueries {
 		// belongs to: a new one is this relay's, one registered before migration 012 (NULL) is
 		// adopted. NULL when a concurrent registration is not visible to the statement yet.
 		register: `WITH ins AS (
-    INSERT INTO ` + offsets + ` (consumer_group, offset_acked, last_processed_transaction_id, snapshot, source)
-    VALUES ($1, 0, '1', '` + emptySnapshot + `', $2) ON CONFLICT DO NOTHING RETURNING source),
+    INSERT INTO ` + offsets + ` (consumer_group, offset_acked, last_processed_transaction_id, snapshot, source, offset_high)
+    VALUES ($1, 0, '1', '` + emptySnapshot + `', $2, ` + offsetHigh(schema) + `) ON CONFLICT DO NOTHING RETURNING source),
 adopt AS (UPDATE ` + offsets + ` SET source = $2 WHERE consumer_group = $1 AND source IS NULL RETURNING source)
 SELECT coalesce((SELECT source FROM ins), (SELECT source FROM adopt), (SELECT source FROM ` + offsets + ` WHERE consumer_group = $1))`,
 		sourceOf: `SELECT source FROM ` + offsets + ` WHERE consumer_group = $1`,
@@ -100,10 +102,13 @@ ORDER BY "offset"
 LIMIT $4`,
 		// Compare-and-set on the whole position. The legacy columns keep a conservative
 		// watermark for older readers: every row below pg_snapshot_xmin(snapshot) is published.
+		// A new snapshot is recorded with the offset sequence's value read now, after the
+		// snapshot was taken (offset_high, migration 019).
 		// A position update after a publish also withdraws the relay's request for notifications
 		// ($8): a relay that publishes is busy, and asks again once it finds nothing.
 		advance: `UPDATE ` + offsets + ` SET snapshot = $2::text::pg_snapshot, target_snapshot = $3::text::pg_snapshot,
     target_offset = $4, last_processed_transaction_id = pg_snapshot_xmin($2::text::pg_snapshot), offset_acked = 0,
+    offset_high = CASE WHEN snapshot::text = $2 THEN offset_high ELSE ` + offsetHigh(schema) + ` END,
     idle_until = CASE WHEN $8 THEN NULL ELSE idle_until END
 WHERE consumer_group = $1 AND snapshot::text = $5
   AND target_snapshot::text IS NOT DISTINCT FROM $6 AND target_offset IS NOT DISTINCT FROM $7`,
@@ -142,6 +147,7 @@ FROM ` + delayed + ` WHERE relay = $1 AND due_at <= $2 ORDER BY due_at, seq LIMI
 INSERT INTO ` + held + ` (relay, topic, "offset", transaction_id, uuid, source, created_at, payload, metadata)
 SELECT $1, $2, "offset", transaction_id, uuid, source, created_at, payload, metadata FROM moved ORDER BY due_at, seq
 ON CONFLICT (relay, transaction_id, "offset") DO NOTHING`,
-		paused: `SELECT coalesce((SELECT paused_at IS NOT NULL FROM ` + offsets + ` WHERE consumer_group = $1), false)`,
+		recordSystem: `UPDATE ` + offsets + ` SET system_identifier = $2::bigint WHERE consumer_group = $1`,
+		paused:       `SELECT coalesce((SELECT paused_at IS NOT NULL FROM ` + offsets + ` WHERE consumer_group = $1), false)`,
 	}
 }

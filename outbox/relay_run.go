@@ -94,7 +94,16 @@ func (r *Relay) lead(ctx context.Context, conn *sql.Conn) error {
 	poll := time.NewTimer(r.config.PollInterval)
 	defer poll.Stop()
 	w := newWakeup(r.config.PollInterval)
+	// A position recorded on another cluster (a restore) would skip rows for good: nothing is
+	// forwarded until it is rebased. Checked now and every originInterval.
+	var nextOrigin time.Time
 	for {
+		if time.Now().After(nextOrigin) {
+			if ok, err := r.waitOrigin(ctx, conn); err != nil || !ok {
+				return err
+			}
+			nextOrigin = time.Now().Add(originInterval)
+		}
 		// The round reads the position first, and with it whether the relay is paused: held
 		// and delayed rows are drained after it, so that nothing is published once a pause is
 		// seen.
@@ -124,6 +133,7 @@ func (r *Relay) lead(ctx context.Context, conn *sql.Conn) error {
 		if due, ok := s.nextDue(); ok {
 			wait = max(0, min(wait, time.Until(due))) // a held topic's next try
 		}
+		wait = max(0, min(wait, time.Until(nextOrigin)))
 		r.testSignals.Waiting.Signal(relayWait{Listening: r.listening.Load(), Recheck: next.recheck})
 		poll.Reset(wait)
 		select {
@@ -202,6 +212,12 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	}
 	if s.paused {
 		return 0, nil
+	}
+	if moved, err := r.checkOrigin(ctx, conn); err != nil || moved {
+		if moved {
+			err = fmt.Errorf("%w: relay %q forwards nothing: run `wmonce rebase --schema %s` (outbox.RebasePositions)", ErrPositionsMoved, r.config.Name, r.config.Schema)
+		}
+		return 0, err
 	}
 	drained, err := r.drain(ctx, conn, s)
 	if err != nil {

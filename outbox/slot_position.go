@@ -123,7 +123,7 @@ func AdvanceSlotPosition(ctx context.Context, db *sql.DB, schema, slot string) (
 		if !confirmed.Valid {
 			return nil
 		}
-		res, err := tx.ExecContext(ctx, `UPDATE `+offsets+` SET snapshot = target_snapshot,
+		res, err := tx.ExecContext(ctx, `UPDATE `+offsets+` SET snapshot = target_snapshot, offset_high = `+offsetHigh(schema)+`,
     last_processed_transaction_id = pg_snapshot_xmin(target_snapshot), `+markColumns+`
 WHERE consumer_group = $1 AND offset_acked <= $2::bigint`, name, confirmed.String)
 		if err != nil {

@@ -17,8 +17,9 @@ type RelayStats struct {
 	// position registered before migration 012, whose relay forwards every row.
 	Source string
 	// Backlog counts committed rows of the relay's source it has not published yet: rows of
-	// transactions that are not visible in its position's snapshot, less the part of a round
-	// in progress that it published, plus the rows it holds (Held).
+	// transactions that are not visible in its position's snapshot or written after it was
+	// recorded (offset_high: rows written after a restore count whatever their transaction
+	// id), less the part of a round in progress that it published, plus the rows it holds (Held).
 	Backlog int64
 	// OldestPending is when the oldest waiting row was written (zero when Backlog is 0); now
 	// minus it is the relay lag.
@@ -35,6 +36,9 @@ type RelayStats struct {
 	NextDue time.Time
 	// PausedAt is when the relay was paused (PauseRelay); zero when it is not.
 	PausedAt time.Time
+	// Position is whether the position was recorded on another cluster (CheckPositions):
+	// when Position.Moved(), the relay forwards nothing and Position.Finding says what to run.
+	Position PositionCheck
 }
 
 // HeldTopic is a topic a relay holds.
@@ -78,8 +82,8 @@ FROM `+offsets+` o
 CROSS JOIN LATERAL (
     SELECT count(*) AS backlog, min(t.created_at)::timestamptz AS oldest
     FROM `+table+` t
-    WHERE t.transaction_id >= pg_snapshot_xmin(o.snapshot)
-      AND NOT pg_visible_in_snapshot(t.transaction_id, o.snapshot)
+    WHERE (t.transaction_id >= pg_snapshot_xmin(o.snapshot) OR t."offset" > o.offset_high)
+      AND NOT (pg_visible_in_snapshot(t.transaction_id, o.snapshot) AND t."offset" <= o.offset_high)
       AND NOT coalesce(pg_visible_in_snapshot(t.transaction_id, o.target_snapshot) AND t."offset" <= o.target_offset, false)
       AND (o.source IS NULL OR t.source = o.source)
 ) b
@@ -110,6 +114,15 @@ ORDER BY o.consumer_group`)
 	}, `SELECT relay, topic, count(*), min(held_at) FROM `+held+` GROUP BY relay, topic ORDER BY relay, topic`)
 	if err != nil {
 		return nil, 0, fmt.Errorf("outbox: status: held topics: %w", err)
+	}
+	check, err := checkPositions(ctx, db, schema, "")
+	if err != nil {
+		return nil, 0, fmt.Errorf("outbox: status: %w", err)
+	}
+	for _, c := range check.Positions {
+		if i, ok := byName[c.Name]; ok {
+			relays[i].Position = c
+		}
 	}
 	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "outbox_rejected")).Scan(&rejected); err != nil {
 		return nil, 0, fmt.Errorf("outbox: status: %w", err)

@@ -230,6 +230,10 @@ type RelayStats struct {
 	NextDue *time.Time `json:"next_due"`
 	// PausedAt is when the relay was paused (outbox.PauseRelay); nil (null) while it runs.
 	PausedAt *time.Time `json:"paused_at"`
+	// Moved: the relay's position was recorded on another cluster (a restore or a move,
+	// outbox.CheckPositions); it forwards nothing, and Finding says why and what to run.
+	Moved   bool   `json:"moved"`
+	Finding string `json:"finding,omitempty"`
 }
 
 // HeldTopic is a topic a relay holds (outbox.HeldTopic).
@@ -258,6 +262,7 @@ func ReadOutbox(ctx context.Context, db *sql.DB, schema string) (OutboxStats, er
 		last := &out.Relays[len(out.Relays)-1]
 		last.Source, last.Held = r.Source, make([]HeldTopic, len(r.Held))
 		last.Delayed, last.NextDue, last.PausedAt = r.Delayed, timePtr(r.NextDue), timePtr(r.PausedAt)
+		last.Moved, last.Finding = r.Position.Moved(), r.Position.Finding(schema)
 		for i, h := range r.Held {
 			last.Held[i] = HeldTopic{Topic: h.Topic, Rows: h.Rows, Since: h.Since}
 		}

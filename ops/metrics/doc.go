@@ -73,6 +73,7 @@
 //	wmonce_outbox_held_rows{relay,topic}               gauge    rows held because publishing to topic fails (a series per held topic: alert on it)
 //	wmonce_outbox_delayed_rows{relay}                  gauge    rows waiting in outbox_delayed for their delivery time (not in the backlog)
 //	wmonce_outbox_paused{relay}                        gauge    1 while the relay is paused (outbox.PauseRelay)
+//	wmonce_outbox_position_moved{relay}                gauge    1 while the relay's position is of another cluster (a restore): it forwards nothing until `wmonce rebase`
 //	wmonce_inbox_paused{consumer}                      gauge    1 while the inbox consumer is paused (inbox.Ops.Pause)
 //	wmonce_intent_rows{channel,status}                 gauge    unfinished intents, status=pending | sending | failed | skipped (needs Senders)
 //	wmonce_intent_retrying_rows{channel}               gauge    pending intents a sender took before (waiting out a backoff)

@@ -610,6 +610,10 @@ async function loadOutbox() {
     `Relay ${x.name} holds topic ${h.topic}: ${num(h.rows)} row(s) wait since ${fmtTime(h.since)} because publishing to it fails (the relay's log says why); the other topics go on.`)));
   $("held").replaceChildren(...held);
   $("held").hidden = !held.length;
+  // A position recorded on another cluster (a restore): the relay forwards nothing until rebased.
+  const moved = r.relays.filter((x) => x.moved).map((x) => el("li", { "data-relay": x.name }, x.finding));
+  $("moved").replaceChildren(...moved);
+  $("moved").hidden = !moved.length;
   fillSelect($("forget-relay"), r.relays.map((x) => x.name), $("forget-relay").value);
   $("forget-ask").disabled = !r.relays.length;
   const rej = $("rejected");

@@ -1,0 +1,3 @@
+-- Placeholder for version 018, taken by another branch of this release: migration versions are
+-- 1..N without gaps, and this branch's migration is 019. Dropped when that branch is merged.
+SELECT 1;

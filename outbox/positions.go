@@ -1,0 +1,303 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// A position (a row of outbox_offsets) is made of raw transaction ids (xid8) of the cluster it
+// was recorded on, and transaction ids do not survive a logical move (pg_dump/pg_restore, a
+// logical-replication copy): the new cluster's counter may be far below the old one's. A
+// restored position is then ahead of the cluster, rows written after the restore get ids that
+// look older than it, and a relay would skip them for good. CheckPositions detects that;
+// RebasePositions recovers from it (docs/operations.md, Backup, restore and moving a database).
+
+// ErrPositionsMoved is returned by Prune and RebasePositions' callers' checks when the positions
+// of a schema were recorded on another cluster and must be rebased first (RebasePositions,
+// `wmonce rebase`).
+var ErrPositionsMoved = errors.New("outbox: the relay positions were recorded on another cluster (a restore or a move)")
+
+// frozenXID is the transaction id RebasePositions gives rows every relay has forwarded whose
+// own id would not be visible to the new positions: PostgreSQL's FrozenTransactionId, below
+// every snapshot's xmin, so the row is forwarded in every position and Prune may delete it.
+const frozenXID = "2"
+
+// offsetHigh is an expression for the outbox "offset" sequence's current value: read after a
+// snapshot was taken, it is at least the offset of every row visible in that snapshot (a row's
+// offset is allocated before its transaction commits). pg_sequence_last_value needs USAGE or
+// SELECT on the sequence, which every role that writes the outbox has.
+func offsetHigh(schema string) string {
+	return `coalesce(pg_sequence_last_value(pg_get_serial_sequence('` + pgtx.QualifiedName(schema, "outbox") + `', 'offset')::regclass), 0)`
+}
+
+// systemIdentifier returns pg_control_system().system_identifier, which a new cluster (initdb,
+// a restore's target) changes and pg_upgrade and physical copies keep; "" when the role may
+// not read it (then only the transaction-id checks can tell a move).
+func systemIdentifier(ctx context.Context, q rowQuerier) (string, error) {
+	var id string
+	err := q.QueryRowContext(ctx, `SELECT system_identifier::text FROM pg_control_system()`).Scan(&id)
+	if pgtx.SQLState(err) == "42501" { // insufficient_privilege: REVOKEd from PUBLIC
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read system identifier: %w", err)
+	}
+	return id, nil
+}
+
+// PositionCheck is what CheckPositions found for one position.
+type PositionCheck struct {
+	Name string
+	// Ahead: the position's snapshot is ahead of this cluster's transaction counter: it was
+	// recorded on a cluster whose counter was higher.
+	Ahead bool
+	// HiddenRows counts outbox rows written after the position was recorded (offset above its
+	// offset_high) whose transaction id nevertheless looks visible in it: ids of this cluster
+	// below the old one's. A relay would never read them.
+	HiddenRows int64
+	// FutureRows counts the schema's outbox rows whose transaction id is at or above this
+	// cluster's next one: they were written on another cluster (the same for every position).
+	FutureRows int64
+	// RecordedSystem is the system identifier the position was recorded on ("" unknown), and
+	// SystemChanged whether it differs from this cluster's (false when either is unknown).
+	RecordedSystem string
+	SystemChanged  bool
+}
+
+// Moved reports whether the position was recorded on another cluster in a way that loses or
+// hides rows: it must be rebased (RebasePositions) before the relay may go on. A changed system
+// identifier alone is not: a restore into a cluster whose counter is higher loses nothing, and
+// the relay records the new identifier.
+func (c PositionCheck) Moved() bool { return c.Ahead || c.HiddenRows > 0 || c.FutureRows > 0 }
+
+// Finding describes a moved position and what to do; "" when it is not moved.
+func (c PositionCheck) Finding(schema string) string {
+	if !c.Moved() {
+		return ""
+	}
+	var why []string
+	if c.Ahead {
+		why = append(why, "its snapshot is ahead of this cluster's transaction counter")
+	}
+	if c.HiddenRows > 0 {
+		why = append(why, fmt.Sprintf("%d rows written since look older than it", c.HiddenRows))
+	}
+	if c.FutureRows > 0 {
+		why = append(why, fmt.Sprintf("%d outbox rows carry transaction ids from another cluster", c.FutureRows))
+	}
+	if c.SystemChanged {
+		why = append(why, "recorded on cluster "+c.RecordedSystem)
+	}
+	return fmt.Sprintf("position %q was recorded on another cluster (%s): the relay forwards nothing until `wmonce rebase --schema %s` (outbox.RebasePositions) rebases it",
+		c.Name, strings.Join(why, "; "), schema)
+}
+
+// PositionReport is the result of CheckPositions.
+type PositionReport struct {
+	Schema string
+	// SystemIdentifier is this cluster's ("" when the role may not read pg_control_system).
+	SystemIdentifier string
+	Positions        []PositionCheck
+}
+
+// Moved returns the positions that must be rebased.
+func (r PositionReport) Moved() []PositionCheck {
+	var out []PositionCheck
+	for _, c := range r.Positions {
+		if c.Moved() {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// Err is nil when no position is moved, else ErrPositionsMoved with every finding.
+func (r PositionReport) Err() error {
+	moved := r.Moved()
+	if len(moved) == 0 {
+		return nil
+	}
+	findings := make([]string, len(moved))
+	for i, c := range moved {
+		findings[i] = c.Finding(r.Schema)
+	}
+	return fmt.Errorf("%w: %s", ErrPositionsMoved, strings.Join(findings, "; "))
+}
+
+// CheckPositions reports, for every position of schema (relays and slot positions), whether it
+// was recorded on another cluster: ahead of this cluster's transaction counter, hiding rows
+// written since, with outbox rows from another cluster, or under another system identifier. It
+// only reads. The relay runs it when it starts leading and every minute, and halts while a
+// position is moved; Prune refuses then; Stats, `wmonce status` and `wmonce doctor`, the
+// metrics and the admin page report it.
+func CheckPositions(ctx context.Context, db *sql.DB, schema string) (PositionReport, error) {
+	if err := checkSchema("check positions", db, &schema); err != nil {
+		return PositionReport{}, err
+	}
+	rep, err := checkPositions(ctx, db, schema, "")
+	if err != nil {
+		return PositionReport{}, fmt.Errorf("outbox: check positions: %w", err)
+	}
+	return rep, nil
+}
+
+// checkPositions is CheckPositions on q, for the position name alone unless name is "".
+func checkPositions(ctx context.Context, q pgtx.Executor, schema, name string) (PositionReport, error) {
+	rep := PositionReport{Schema: schema}
+	var err error
+	if rep.SystemIdentifier, err = systemIdentifier(ctx, q); err != nil {
+		return rep, err
+	}
+	ob := pgtx.QualifiedName(schema, "outbox")
+	var future int64
+	// Every row a statement sees committed before its snapshot, so below its xmax: a row at or
+	// above it was written on another cluster. The primary key makes this a range scan.
+	if err := q.QueryRowContext(ctx, `SELECT count(*) FROM `+ob+` WHERE transaction_id >= pg_snapshot_xmax(pg_current_snapshot())`).Scan(&future); err != nil {
+		return rep, err
+	}
+	// Hidden rows: offsets above offset_high were allocated after the position was recorded, so
+	// on this cluster their transactions cannot be visible in its snapshot (the "offset" index
+	// walks them: they are the rows the position has not passed).
+	rep.Positions, err = pgtx.QueryAll(ctx, q, func(s pgtx.Scanner) (PositionCheck, error) {
+		c := PositionCheck{FutureRows: future}
+		var recorded sql.NullString
+		err := s.Scan(&c.Name, &c.Ahead, &c.HiddenRows, &recorded)
+		c.RecordedSystem = recorded.String
+		c.SystemChanged = recorded.Valid && rep.SystemIdentifier != "" && recorded.String != rep.SystemIdentifier
+		return c, err
+	}, `SELECT o.consumer_group,
+    greatest(pg_snapshot_xmax(o.snapshot), coalesce(pg_snapshot_xmax(o.target_snapshot), '1')) > pg_snapshot_xmax(pg_current_snapshot()),
+    (SELECT count(*) FROM `+ob+` t WHERE t."offset" > o.offset_high AND pg_visible_in_snapshot(t.transaction_id, o.snapshot)),
+    o.system_identifier::text
+FROM `+pgtx.QualifiedName(schema, "outbox_offsets")+` o
+WHERE $1 = '' OR o.consumer_group = $1
+ORDER BY o.consumer_group`, name)
+	return rep, err
+}
+
+// RebaseReport is what RebasePositions did.
+type RebaseReport struct {
+	Schema string
+	// Positions lists the positions rebased (every position of the schema); empty when none was
+	// moved and nothing was done.
+	Positions []string
+	// Republished counts the outbox rows given this cluster's transaction id because some relay
+	// of their source had not provably forwarded them (or they were written after the move):
+	// the relays forward them again, in insertion order. Rows already forwarded may be among
+	// them; the consumers' claims absorb the copies.
+	Republished int64
+	// Frozen counts the rows every relay had forwarded whose transaction id was from another
+	// cluster: given a frozen id, they count as forwarded and Prune may delete them.
+	Frozen int64
+	// SystemIdentifier is the identifier recorded ("" when the role may not read it), and
+	// Rerecorded whether only that changed (a restore into a cluster with a higher counter:
+	// nothing to rebase).
+	SystemIdentifier string
+	Rerecorded       bool
+}
+
+// RebasePositions rebases every position of schema on this cluster after a restore or a move
+// that CheckPositions reports, in one transaction with the positions locked:
+//   - every outbox row that is not provably forwarded by every relay of its source (not visible
+//     in a relay's snapshot, or written after the position was recorded, or of no relay and
+//     from another cluster) gets this transaction's id, so the relays forward it once the
+//     rebase commits, in insertion order;
+//   - every row all its relays forwarded whose id is not visible in the new positions gets a
+//     frozen id, so that it counts as forwarded and Prune may delete it;
+//   - every position is reset to this cluster's current snapshot, its round in progress
+//     dropped, and the cluster's system identifier recorded.
+//
+// Nothing unforwarded is lost; a row a relay had published in a round still in progress may be
+// published again, which the consumers' claims absorb. Relays may keep running: they halt while
+// the positions are moved and go on, from the new positions, once they check again (within a
+// minute). When no position is moved it changes nothing, except recording a changed system
+// identifier (a restore into a cluster whose counter is higher needs nothing else). Rows in
+// outbox_held, outbox_delayed and outbox_rejected keep their transaction ids: they are published
+// by their own order (seq, due time), never by transaction id.
+func RebasePositions(ctx context.Context, db *sql.DB, schema string) (RebaseReport, error) {
+	if err := checkSchema("rebase positions", db, &schema); err != nil {
+		return RebaseReport{}, err
+	}
+	ob := pgtx.QualifiedName(schema, "outbox")
+	offsets := pgtx.QualifiedName(schema, "outbox_offsets")
+	var rep RebaseReport
+	err := pgtx.RunInTx(ctx, db, &sql.TxOptions{Isolation: sql.LevelRepeatableRead}, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
+		rep = RebaseReport{Schema: schema}
+		// The lock comes before the transaction's snapshot (taken by its first query), so the
+		// snapshot sees every position update that committed before it; relays' updates wait.
+		if _, err := tx.ExecContext(ctx, `LOCK TABLE `+offsets+` IN SHARE ROW EXCLUSIVE MODE`); err != nil {
+			return err
+		}
+		check, err := checkPositions(ctx, tx, schema, "")
+		if err != nil {
+			return err
+		}
+		rep.SystemIdentifier = check.SystemIdentifier
+		if len(check.Moved()) == 0 {
+			for _, c := range check.Positions {
+				rep.Rerecorded = rep.Rerecorded || c.SystemChanged
+			}
+			if rep.Rerecorded {
+				_, err = tx.ExecContext(ctx, `UPDATE `+offsets+` SET system_identifier = $1::bigint`, check.SystemIdentifier)
+			}
+			return err
+		}
+		for _, c := range check.Positions {
+			rep.Positions = append(rep.Positions, c.Name)
+		}
+		// The new positions: the transaction's snapshot, read before it has a transaction id
+		// (its first write), so its own rows are not visible in it and the relays read them.
+		var snap, high string
+		if err := tx.QueryRowContext(ctx, `SELECT pg_current_snapshot()::text, `+offsetHigh(schema)+`::text`).Scan(&snap, &high); err != nil {
+			return err
+		}
+		// A relay (or slot position) forwarded a row when the row is visible in its snapshot
+		// and was written before the snapshot was recorded (offset <= offset_high), or is part
+		// of its round in progress; only the positions of the row's source count. All in one
+		// statement, so every condition reads the rows' old ids.
+		serving := `(o.source IS NULL OR o.source = t.source)`
+		forwarded := `((pg_visible_in_snapshot(t.transaction_id, o.snapshot) AND t."offset" <= o.offset_high)
+            OR coalesce(pg_visible_in_snapshot(t.transaction_id, o.target_snapshot) AND t."offset" <= o.target_offset, false))`
+		err = tx.QueryRowContext(ctx, `WITH rows AS (
+    SELECT t.transaction_id, t."offset",
+        EXISTS (SELECT 1 FROM `+offsets+` o WHERE `+serving+`) AS served,
+        NOT EXISTS (SELECT 1 FROM `+offsets+` o WHERE `+serving+` AND NOT `+forwarded+`) AS all_forwarded
+    FROM `+ob+` t
+), changed AS (
+    SELECT transaction_id, "offset", served AND all_forwarded AS frozen FROM rows
+    WHERE (served AND all_forwarded AND transaction_id >= pg_snapshot_xmin($1::pg_snapshot))
+       OR (served AND NOT all_forwarded)
+       OR (NOT served AND transaction_id >= pg_snapshot_xmax($1::pg_snapshot))
+), updated AS (
+    UPDATE `+ob+` t SET transaction_id = CASE WHEN c.frozen THEN '`+frozenXID+`'::xid8 ELSE pg_current_xact_id() END
+    FROM changed c WHERE t.transaction_id = c.transaction_id AND t."offset" = c."offset"
+    RETURNING c.frozen
+)
+SELECT count(*) FILTER (WHERE NOT frozen), count(*) FILTER (WHERE frozen) FROM updated`, snap).Scan(&rep.Republished, &rep.Frozen)
+		if err != nil {
+			return fmt.Errorf("rewrite outbox rows: %w", err)
+		}
+		// Slot positions lose their pending mark too (offset_acked NULL): the next
+		// AdvanceSlotPosition takes a new one on this cluster.
+		var system any
+		if check.SystemIdentifier != "" {
+			system = check.SystemIdentifier
+		}
+		_, err = tx.ExecContext(ctx, `UPDATE `+offsets+` SET snapshot = $1::pg_snapshot, target_snapshot = NULL, target_offset = NULL,
+    last_processed_transaction_id = pg_snapshot_xmin($1::pg_snapshot), offset_acked = CASE WHEN consumer_group LIKE '`+SlotPositionPrefix+`%' THEN NULL ELSE 0 END,
+    offset_high = $2::bigint, system_identifier = $3::bigint`, snap, high, system)
+		if err != nil {
+			return fmt.Errorf("reset positions: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return RebaseReport{}, fmt.Errorf("outbox: rebase positions: %w", err)
+	}
+	return rep, nil
+}
