@@ -416,9 +416,11 @@ func runRestored(ctx context.Context, t *testing.T, admin *sql.DB, d *dumped, lo
 	if lower {
 		require.ErrorIs(t, moved.Err(), broker.ErrSQLTopicsMoved, "the check reports the restored topic table")
 		p.until("the SQL subscriptions log the move at ERROR", func() bool { return p.logs.HasError(broker.ErrSQLTopicsMoved) })
-		// Retention keeps every unforwarded row, whatever the positions say.
+		require.ErrorIs(t, checkOutbox(ctx, t, db, d.app), outbox.ErrPositionsMoved, "the check reports the restored relay position")
+		// Retention keeps every unforwarded row, whatever the positions say: it refuses while
+		// they look moved, and deletes nothing unforwarded.
 		_, err := outbox.Prune(ctx, db, d.app, pgtx.PruneRequest{Keep: time.Nanosecond})
-		_ = err // refusing to prune while positions look wrong is also right
+		require.ErrorIs(t, err, outbox.ErrPositionsMoved, "a prune during the stall")
 		require.Equal(t, 500, p.inOutbox(ctx, append(append([]string{}, d.ids["outbox"]...), d.ids["new-outbox"]...)),
 			"a prune during the stall deleted unforwarded outbox rows")
 
@@ -428,6 +430,7 @@ func runRestored(ctx context.Context, t *testing.T, admin *sql.DB, d *dumped, lo
 		rebaseOutbox(ctx, t, db, d.app)
 	} else {
 		require.NoError(t, moved.Err(), "a restore into a higher counter needs no rebase")
+		require.NoError(t, checkOutbox(ctx, t, db, d.app), "a restore into a higher counter needs no rebase")
 	}
 
 	all := func(names ...string) []string {
