@@ -67,14 +67,14 @@ quickstart: services-postgres
 	$(GO) run ./examples/quickstart
 
 services:
-	@$(MAKE) --no-print-directory services-up WHAT="postgres rabbitmq chromium kafka"
+	@$(MAKE) --no-print-directory services-up WHAT="postgres pg-restore rabbitmq chromium kafka"
 
 services-postgres:
 	@$(MAKE) --no-print-directory services-up WHAT=postgres
 
 services-up:
 ifeq ($(SERVICES_VIA),docker)
-	docker compose up -d --wait $(filter-out chromium,$(WHAT))
+	docker compose up -d --wait $(filter-out chromium pg-restore,$(WHAT))
 	@if echo "$(WHAT)" | grep -q chromium && ! command -v chromium >/dev/null 2>&1; then \
 	  echo "Chromium is missing: the admin page's browser test needs it (Debian: apt-get install chromium)"; exit 1; fi
 else ifeq ($(SERVICES_VIA),script)
