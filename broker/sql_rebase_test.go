@@ -21,21 +21,32 @@ import (
 const sourceShift = 1 << 40
 
 // TestSQLRebaseAfterRestoreIntoLowerCounter: a topic whose ids are ahead of the cluster (group a
-// acked 20 of 30 rows, group b 10; then 5 rows published after the "restore") delivers nothing,
-// and the subscription says so at ERROR; after RebaseSQLTopics each group receives exactly the
-// rows it had not acked, in order, then what is published next, and a second rebase changes
-// nothing.
+// acked 20 of 30 rows, group b 10; the first 5 rows kept ids below the new counter, as rows of
+// a source's early transactions do; then 5 rows published after the "restore") delivers
+// nothing, and the subscription says so at ERROR; after RebaseSQLTopics each group receives
+// exactly the rows it had not acked, in order, then what is published next, and a second rebase
+// changes nothing. With a third group c that acked nothing ("late"), c reads every row.
 func TestSQLRebaseAfterRestoreIntoLowerCounter(t *testing.T) {
 	t.Parallel()
-	forEachWatermillSQL(t, testSQLRebaseAfterRestoreIntoLowerCounter)
+	forEachWatermillSQL(t, func(t *testing.T, version int) {
+		for _, late := range []bool{false, true} {
+			t.Run(fmt.Sprintf("late-group=%v", late), func(t *testing.T) {
+				t.Parallel()
+				testSQLRebaseAfterRestoreIntoLowerCounter(t, version, late)
+			})
+		}
+	})
 }
 
-func testSQLRebaseAfterRestoreIntoLowerCounter(t *testing.T, version int) {
+func testSQLRebaseAfterRestoreIntoLowerCounter(t *testing.T, version int, late bool) {
 	db := pgtest.DB(t)
 	schema := pgtest.Schema(t, db)
 	topic := pgtest.NewName("moved")
 	cfg := sqlConfig(t, schema, version)
 	cfg.Subscriptions = []broker.Subscription{{Topic: topic, Group: "a"}, {Topic: topic, Group: "b"}}
+	if late {
+		cfg.Subscriptions = append(cfg.Subscriptions, broker.Subscription{Topic: topic, Group: "c"})
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	logs := watermill.NewCaptureLogger()
@@ -70,15 +81,19 @@ FROM (SELECT "offset", transaction_id FROM `+messages+` ORDER BY transaction_id,
 	}
 	ackThrough("a", 20)
 	ackThrough("b", 10)
-	// The restore: every id and position now the source cluster's, ahead of this one.
-	pgtest.Exec(t, db, `UPDATE `+messages+` SET transaction_id = (transaction_id::text::bigint + $1)::text::xid8`, int64(sourceShift))
-	pgtest.Exec(t, db, `UPDATE `+offsets+` SET last_processed_transaction_id = (last_processed_transaction_id::text::bigint + $1)::text::xid8`, int64(sourceShift))
+	// The restore: ids and positions now the source cluster's, ahead of this one, but for the
+	// first 5 rows (a source's early transactions, below this cluster's counter: only their
+	// offsets tell them from rows published here). Group c never acked: its position stays 0.
+	pgtest.Exec(t, db, `UPDATE `+messages+` SET transaction_id = (transaction_id::text::bigint + $1)::text::xid8
+WHERE "offset" > (SELECT "offset" FROM `+messages+` ORDER BY transaction_id, "offset" OFFSET 4 LIMIT 1)`, int64(sourceShift))
+	pgtest.Exec(t, db, `UPDATE `+offsets+` SET last_processed_transaction_id = (last_processed_transaction_id::text::bigint + $1)::text::xid8
+WHERE last_processed_transaction_id <> '0'`, int64(sourceShift))
 	publish(names("n", 0, 5)...) // after the restore: ids below every position
 
 	moved, err := broker.CheckSQLTopics(ctx, db, schema)
 	require.NoError(t, err)
 	require.Len(t, moved.Moved, 1, "the restored table is reported")
-	require.Equal(t, broker.SQLTopicMove{Topic: topic, FutureRows: 30, GroupsAhead: []string{"a", "b"}}, moved.Moved[0])
+	require.Equal(t, broker.SQLTopicMove{Topic: topic, FutureRows: 25, GroupsAhead: []string{"a", "b"}}, moved.Moved[0])
 	require.ErrorIs(t, moved.Err(), broker.ErrSQLTopicsMoved)
 
 	// Before the rebase: the subscription receives nothing and logs the move at ERROR.
@@ -100,12 +115,20 @@ FROM (SELECT "offset", transaction_id FROM `+messages+` ORDER BY transaction_id,
 	require.Len(t, report.Topics, 1)
 	got := report.Topics[0]
 	require.Equal(t, topic, got.Topic)
-	require.EqualValues(t, 25, got.Republished, "rows 10-29 (not acked by b) and the 5 new ones")
-	require.EqualValues(t, 10, got.Frozen, "rows 0-9, acked by both groups")
-	require.Len(t, got.Groups, 2)
-	require.Equal(t, "a", got.Groups[0].Group)
-	require.EqualValues(t, 15, got.Groups[0].Rereads)
-	require.EqualValues(t, 25, got.Groups[1].Rereads)
+	rereads := map[string]int64{}
+	for _, g := range got.Groups {
+		rereads[g.Group] = g.Rereads
+	}
+	if late {
+		// c acked nothing: every row is read again by someone, and none can stay frozen.
+		require.EqualValues(t, 35, got.Republished)
+		require.EqualValues(t, 0, got.Frozen)
+		require.Equal(t, map[string]int64{"a": 15, "b": 25, "c": 35}, rereads)
+	} else {
+		require.EqualValues(t, 25, got.Republished, "rows 10-29 (not acked by b) and the 5 new ones")
+		require.EqualValues(t, 5, got.Frozen, "rows 5-9, acked by both groups (0-4 keep their low ids)")
+		require.Equal(t, map[string]int64{"a": 15, "b": 25}, rereads)
+	}
 
 	again, err := broker.RebaseSQLTopics(ctx, db, schema)
 	require.NoError(t, err)
@@ -118,6 +141,9 @@ FROM (SELECT "offset", transaction_id FROM `+messages+` ORDER BY transaction_id,
 	want := map[string][]string{
 		"a": append(append(names("m", 20, 30), names("n", 0, 5)...), "end"),
 		"b": append(append(names("m", 10, 30), names("n", 0, 5)...), "end"),
+	}
+	if late {
+		want["c"] = append(append(names("m", 0, 30), names("n", 0, 5)...), "end")
 	}
 	for group, want := range want {
 		sub, err := b.NewSubscriber(group)
