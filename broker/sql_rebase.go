@@ -333,7 +333,8 @@ func rebaseSQLTopic(ctx context.Context, tx *sql.Tx, t topicTables) (*SQLTopicRe
 			if err := s.Scan(&g.group, &x, &g.pos.Offset); err != nil {
 				return g, err
 			}
-			g.pos.Xid, err = strconv.ParseUint(x, 10, 64)
+			xid, err := strconv.ParseUint(x, 10, 64)
+			g.pos.Xid = xid
 			return g, err
 		}, `SELECT consumer_group, last_processed_transaction_id::text, coalesce(offset_acked, 0) FROM `+t.offset+` ORDER BY consumer_group`)
 		if err != nil {

@@ -12,6 +12,7 @@ package restore_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -73,10 +74,13 @@ func TestBackupRestore(t *testing.T) {
 			t.Fatalf("%s is missing: install PostgreSQL's client programs (Debian: apt-get install postgresql-client)", tool)
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	admin := openRestoreCluster(ctx, t)
 	source := pgtest.OpenDB(t, 24)
+	if target, src := nextXid(ctx, t, admin), nextXid(ctx, t, source); target >= src {
+		t.Fatalf("the cluster at %s must start with a lower transaction counter than the source's (%d, not below %d): recreate it fresh with `bash e2e/services up pg-restore`", restoreURL(), target, src)
+	}
 
 	dumps := map[int]*dumped{}
 	dir := t.TempDir() // the dumps outlive the subtests that make them
@@ -206,20 +210,14 @@ func (p *pipeline) counting(kind string) message.HandlerMiddleware {
 	}
 }
 
-func (p *pipeline) deliveries(kind string, ids []string) (max int) {
+// deliveries returns the most deliveries of one of ids to kind's group.
+func (p *pipeline) deliveries(kind string, ids []string) (most int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, id := range ids {
-		max = maxInt(max, p.deliver[kind][id])
+		most = max(most, p.deliver[kind][id])
 	}
-	return max
-}
-
-func maxInt(a, b int) int {
-	if a > b {
-		return a
-	}
-	return b
+	return most
 }
 
 func (p *pipeline) apply(kind string) func(*message.Message) ([]*message.Message, error) {
@@ -227,7 +225,7 @@ func (p *pipeline) apply(kind string) func(*message.Message) ([]*message.Message
 	return func(msg *message.Message) ([]*message.Message, error) {
 		tx, ok := pgtx.TxFromContext(msg.Context())
 		if !ok {
-			return nil, fmt.Errorf("no transaction in the context")
+			return nil, errors.New("no transaction in the context")
 		}
 		_, err := tx.ExecContext(msg.Context(), `INSERT INTO `+table+` (kind, event_id) VALUES ($1, $2)`, kind, msg.UUID)
 		return nil, err
@@ -339,7 +337,7 @@ func (p *pipeline) inOutbox(ctx context.Context, ids []string) int {
 }
 
 func (p *pipeline) until(what string, cond func() bool) {
-	testwait.UntilWithin(p.t, time.Minute, what, cond)
+	testwait.UntilWithin(p.t, 90*time.Second, what, cond)
 }
 
 // buildSource runs the pipeline on the main cluster and leaves work at every stage, then dumps
