@@ -159,6 +159,19 @@
 // logical replication slot (Debezium, package outbox/cdc), so that Prune deletes what the slot
 // has confirmed.
 //
+// # Backup and restore
+//
+// A position is made of transaction ids of the cluster that recorded it, which a logical copy
+// (pg_dump/pg_restore, a logical-replication move) does not keep. Each position is therefore
+// recorded with the outbox "offset" sequence's value (a row written later has a higher offset,
+// whatever its transaction id) and the cluster's system identifier (migration 019).
+// CheckPositions reports a position recorded on another cluster; the relay then forwards
+// nothing and logs at ERROR until RebasePositions (`wmonce rebase`) rebases every position on
+// this cluster, republishing every row not provably forwarded; Prune refuses meanwhile, and
+// never counts a row written after a position was recorded as forwarded. A restore into a
+// cluster whose counter is higher needs nothing: the relay records the new system identifier.
+// See docs/operations.md, Backup, restore and moving a database.
+//
 // # Waking up
 //
 // The active relay LISTENs on the schema's channel ("wmonce_outbox_" + schema, hashed when

@@ -63,6 +63,10 @@ type PositionCheck struct {
 	// FutureRows counts the schema's outbox rows whose transaction id is at or above this
 	// cluster's next one: they were written on another cluster (the same for every position).
 	FutureRows int64
+	// SequenceBehind: the outbox "offset" sequence is below the value recorded with the
+	// position, so rows written from now on could take offsets the position counts as
+	// forwarded: a move that did not carry the sequence over (logical replication does not).
+	SequenceBehind bool
 	// RecordedSystem is the system identifier the position was recorded on ("" unknown), and
 	// SystemChanged whether it differs from this cluster's (false when either is unknown).
 	RecordedSystem string
@@ -73,7 +77,9 @@ type PositionCheck struct {
 // hides rows: it must be rebased (RebasePositions) before the relay may go on. A changed system
 // identifier alone is not: a restore into a cluster whose counter is higher loses nothing, and
 // the relay records the new identifier.
-func (c PositionCheck) Moved() bool { return c.Ahead || c.HiddenRows > 0 || c.FutureRows > 0 }
+func (c PositionCheck) Moved() bool {
+	return c.Ahead || c.HiddenRows > 0 || c.FutureRows > 0 || c.SequenceBehind
+}
 
 // Finding describes a moved position and what to do; "" when it is not moved.
 func (c PositionCheck) Finding(schema string) string {
@@ -90,10 +96,13 @@ func (c PositionCheck) Finding(schema string) string {
 	if c.FutureRows > 0 {
 		why = append(why, fmt.Sprintf("%d outbox rows carry transaction ids from another cluster", c.FutureRows))
 	}
+	if c.SequenceBehind {
+		why = append(why, "the outbox offset sequence is behind it (not carried over)")
+	}
 	if c.SystemChanged {
 		why = append(why, "recorded on cluster "+c.RecordedSystem)
 	}
-	return fmt.Sprintf("position %q was recorded on another cluster (%s): the relay forwards nothing until `wmonce rebase --schema %s` (outbox.RebasePositions) rebases it",
+	return fmt.Sprintf("position %q was recorded on another cluster (%s): the relay forwards nothing until `wmonce -schema %s rebase` (outbox.RebasePositions) rebases it",
 		c.Name, strings.Join(why, "; "), schema)
 }
 
@@ -166,13 +175,14 @@ func checkPositions(ctx context.Context, q pgtx.Executor, schema, name string) (
 	rep.Positions, err = pgtx.QueryAll(ctx, q, func(s pgtx.Scanner) (PositionCheck, error) {
 		c := PositionCheck{FutureRows: future}
 		var recorded sql.NullString
-		err := s.Scan(&c.Name, &c.Ahead, &c.HiddenRows, &recorded)
+		err := s.Scan(&c.Name, &c.Ahead, &c.HiddenRows, &c.SequenceBehind, &recorded)
 		c.RecordedSystem = recorded.String
 		c.SystemChanged = recorded.Valid && rep.SystemIdentifier != "" && recorded.String != rep.SystemIdentifier
 		return c, err
 	}, `SELECT o.consumer_group,
     greatest(pg_snapshot_xmax(o.snapshot), coalesce(pg_snapshot_xmax(o.target_snapshot), '1')) > pg_snapshot_xmax(pg_current_snapshot()),
     (SELECT count(*) FROM `+ob+` t WHERE t."offset" > o.offset_high AND pg_visible_in_snapshot(t.transaction_id, o.snapshot)),
+    o.offset_high > `+offsetHigh(schema)+`,
     o.system_identifier::text
 FROM `+pgtx.QualifiedName(schema, "outbox_offsets")+` o
 WHERE $1 = '' OR o.consumer_group = $1
@@ -209,6 +219,10 @@ type RebaseReport struct {
 //     rebase commits, in insertion order;
 //   - every row all its relays forwarded whose id is not visible in the new positions gets a
 //     frozen id, so that it counts as forwarded and Prune may delete it;
+//   - when the outbox "offset" sequence is behind the positions (a move that did not carry it
+//     over, as logical replication does not), every row at or below its value may have been
+//     written since and is republished, under new offsets above every existing one, and the
+//     sequence is moved on;
 //   - every position is reset to this cluster's current snapshot, its round in progress
 //     dropped, and the cluster's system identifier recorded.
 //
@@ -250,6 +264,27 @@ func RebasePositions(ctx context.Context, db *sql.DB, schema string) (RebaseRepo
 		for _, c := range check.Positions {
 			rep.Positions = append(rep.Positions, c.Name)
 		}
+		// A sequence behind the positions (not carried over by the move) has given rows written
+		// since offsets the positions count as forwarded: every row at or below its value now
+		// may be such a row and is republished. Then it is set above every offset and position,
+		// so that rows written from now on are above the new positions' offset_high.
+		var seqNow int64
+		var behind bool
+		if err := tx.QueryRowContext(ctx, `SELECT `+offsetHigh(schema)+`,
+    `+offsetHigh(schema)+` < greatest((SELECT max(offset_high) FROM `+offsets+`), (SELECT max("offset") FROM `+ob+`))`).Scan(&seqNow, &behind); err != nil {
+			return err
+		}
+		// Rows written since share offsets with restored ones: the rows republished get new
+		// offsets above every one (base + their rank in offset order), so that they stay
+		// unique and in insertion order.
+		suspect := sql.NullInt64{Int64: seqNow, Valid: behind}
+		var base sql.NullInt64
+		if behind {
+			if err := tx.QueryRowContext(ctx, `SELECT setval(pg_get_serial_sequence('`+ob+`', 'offset'),
+    greatest((SELECT max(offset_high) FROM `+offsets+`), (SELECT max("offset") FROM `+ob+`)))`).Scan(&base); err != nil {
+				return fmt.Errorf("move the offset sequence on: %w", err)
+			}
+		}
 		// The new positions: the transaction's snapshot, read before it has a transaction id
 		// (its first write), so its own rows are not visible in it and the relays read them.
 		var snap, high string
@@ -261,8 +296,9 @@ func RebasePositions(ctx context.Context, db *sql.DB, schema string) (RebaseRepo
 		// of its round in progress; only the positions of the row's source count. All in one
 		// statement, so every condition reads the rows' old ids.
 		serving := `(o.source IS NULL OR o.source = t.source)`
-		forwarded := `((pg_visible_in_snapshot(t.transaction_id, o.snapshot) AND t."offset" <= o.offset_high)
-            OR coalesce(pg_visible_in_snapshot(t.transaction_id, o.target_snapshot) AND t."offset" <= o.target_offset, false))`
+		forwarded := `(((pg_visible_in_snapshot(t.transaction_id, o.snapshot) AND t."offset" <= o.offset_high)
+            OR coalesce(pg_visible_in_snapshot(t.transaction_id, o.target_snapshot) AND t."offset" <= o.target_offset, false))
+        AND ($2::bigint IS NULL OR t."offset" > $2::bigint))`
 		err = tx.QueryRowContext(ctx, `WITH rows AS (
     SELECT t.transaction_id, t."offset",
         EXISTS (SELECT 1 FROM `+offsets+` o WHERE `+serving+`) AS served,
@@ -273,14 +309,22 @@ func RebasePositions(ctx context.Context, db *sql.DB, schema string) (RebaseRepo
     WHERE (served AND all_forwarded AND transaction_id >= pg_snapshot_xmin($1::pg_snapshot))
        OR (served AND NOT all_forwarded)
        OR (NOT served AND transaction_id >= pg_snapshot_xmax($1::pg_snapshot))
+), numbered AS (
+    SELECT c.*, row_number() OVER (PARTITION BY frozen ORDER BY "offset", transaction_id) AS rank FROM changed c
 ), updated AS (
-    UPDATE `+ob+` t SET transaction_id = CASE WHEN c.frozen THEN '`+frozenXID+`'::xid8 ELSE pg_current_xact_id() END
-    FROM changed c WHERE t.transaction_id = c.transaction_id AND t."offset" = c."offset"
+    UPDATE `+ob+` t SET transaction_id = CASE WHEN c.frozen THEN '`+frozenXID+`'::xid8 ELSE pg_current_xact_id() END,
+        "offset" = CASE WHEN c.frozen OR $3::bigint IS NULL THEN t."offset" ELSE $3::bigint + c.rank END
+    FROM numbered c WHERE t.transaction_id = c.transaction_id AND t."offset" = c."offset"
     RETURNING c.frozen
 )
-SELECT count(*) FILTER (WHERE NOT frozen), count(*) FILTER (WHERE frozen) FROM updated`, snap).Scan(&rep.Republished, &rep.Frozen)
+SELECT count(*) FILTER (WHERE NOT frozen), count(*) FILTER (WHERE frozen) FROM updated`, snap, suspect, base).Scan(&rep.Republished, &rep.Frozen)
 		if err != nil {
 			return fmt.Errorf("rewrite outbox rows: %w", err)
+		}
+		if behind {
+			if _, err := tx.ExecContext(ctx, `SELECT setval(pg_get_serial_sequence('`+ob+`', 'offset'), $1::bigint)`, base.Int64+rep.Republished); err != nil {
+				return fmt.Errorf("move the offset sequence on: %w", err)
+			}
 		}
 		// Slot positions lose their pending mark too (offset_acked NULL): the next
 		// AdvanceSlotPosition takes a new one on this cluster.

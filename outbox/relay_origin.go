@@ -35,7 +35,7 @@ func (r *Relay) checkOrigin(ctx context.Context, conn *sql.Conn) (bool, error) {
 		if last := r.movedLogged.Load(); last == 0 || time.Since(time.Unix(0, last)) >= originInterval {
 			r.movedLogged.Store(time.Now().UnixNano())
 			r.logger.Error("Relay halted: its position is not of this cluster", ErrPositionsMoved,
-				watermill.LogFields{"finding": c.Finding(r.config.Schema), "run": "wmonce rebase --schema " + r.config.Schema})
+				watermill.LogFields{"finding": c.Finding(r.config.Schema), "run": "wmonce -schema " + r.config.Schema + " rebase"})
 		}
 		r.testSignals.Halted.Signal(c)
 		return true, nil

@@ -215,7 +215,7 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	}
 	if moved, err := r.checkOrigin(ctx, conn); err != nil || moved {
 		if moved {
-			err = fmt.Errorf("%w: relay %q forwards nothing: run `wmonce rebase --schema %s` (outbox.RebasePositions)", ErrPositionsMoved, r.config.Name, r.config.Schema)
+			err = fmt.Errorf("%w: relay %q forwards nothing: run `wmonce -schema %s rebase` (outbox.RebasePositions)", ErrPositionsMoved, r.config.Name, r.config.Schema)
 		}
 		return 0, err
 	}

@@ -71,7 +71,7 @@ func TestRestoreIntoALowerCounterIsDetectedAndRebasedWithNothingLost(t *testing.
 	require.Equal(t, "4242", c.RecordedSystem)
 	require.True(t, c.SystemChanged)
 	require.ErrorIs(t, rep.Err(), outbox.ErrPositionsMoved)
-	require.Contains(t, c.Finding(schema), "wmonce rebase --schema "+schema)
+	require.Contains(t, c.Finding(schema), "wmonce -schema "+schema+" rebase")
 
 	stats, _, err := outbox.Stats(ctx, db, schema)
 	require.NoError(t, err)
@@ -210,4 +210,42 @@ func TestRunningRelayHaltsOnAMovedPositionAndResumesAfterTheRebase(t *testing.T)
 	testwait.Closed(t, done, "the halted relay forwarding after the rebase (it checks again every 5s)")
 	require.Equal(t, []string{"a1", "b1", "c1"}, s.all())
 	require.False(t, r.Counters().Moved)
+}
+
+// TestMoveWithoutTheSequenceIsDetectedAndRebased: logical replication copies rows but not
+// sequence values, so on the new cluster the outbox's offsets start again from 1 and rows
+// written there take offsets the position counts as forwarded. The check reports the sequence
+// behind the position; the rebase republishes every row whose offset the new sequence may have
+// given (nothing lost; copies of forwarded rows are the consumers' to absorb) and moves the
+// sequence on.
+func TestMoveWithoutTheSequenceIsDetectedAndRebased(t *testing.T) {
+	db, schema, w := setup(t)
+	ctx := context.Background()
+	s := &sink{}
+	r, err := outbox.NewRelay(db, s, outbox.RelayConfig{Schema: schema, DisableListen: true}, nil)
+	require.NoError(t, err)
+	publishTx(t, db, w, "t", "a1", "a2", "a3")
+	drain(t, r, s, 3)
+	pgtest.Exec(t, db, `SELECT setval(pg_get_serial_sequence('`+pgtx.QualifiedName(schema, "outbox")+`', 'offset'), 1, false)`)
+	publishTx(t, db, w, "t", "c1") // offset 1 again, on the new cluster
+
+	rep, err := outbox.CheckPositions(ctx, db, schema)
+	require.NoError(t, err)
+	require.True(t, rep.Positions[0].SequenceBehind, "%+v", rep.Positions[0])
+	require.ErrorIs(t, rep.Err(), outbox.ErrPositionsMoved)
+	_, err = r.RelayOnce(ctx)
+	require.ErrorIs(t, err, outbox.ErrPositionsMoved)
+
+	res, err := outbox.RebasePositions(ctx, db, schema)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, res.Republished, "c1, and a1, whose offset c1 shares")
+	rep, err = outbox.CheckPositions(ctx, db, schema)
+	require.NoError(t, err)
+	require.NoError(t, rep.Err())
+	publishTx(t, db, w, "t", "d1")
+	drain(t, r, s, 6)
+	require.ElementsMatch(t, []string{"t/a1", "t/a2", "t/a3", "t/a1", "t/c1", "t/d1"}, s.all())
+	left, err := r.RelayOnce(ctx)
+	require.NoError(t, err)
+	require.Zero(t, left)
 }

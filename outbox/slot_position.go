@@ -13,13 +13,15 @@ import (
 // A slot position is a row of outbox_offsets that follows a logical replication slot instead of
 // a Relay: the outbox read by Debezium (package outbox/cdc) has no Relay position, and Prune
 // keeps every row no registered position has passed. It uses the columns a Relay's position
-// has, so Prune and Stats read it as they read a Relay's, and needs no migration:
+// has, so Prune and Stats read it as they read a Relay's:
 //
 //	snapshot         every transaction visible in it has been confirmed by the slot's reader.
 //	target_snapshot  the pending mark: pg_current_snapshot() taken before offset_acked.
 //	target_offset    0: no row of the mark counts as confirmed while it is pending.
 //	offset_acked     the pending mark's LSN (pg_current_wal_insert_lsn(), as a number).
 //	source           NULL: the slot's reader forwards the rows of every source.
+//	offset_high      the outbox "offset" sequence's value when the mark became the position
+//	                 (read after the mark's snapshot was taken: migration 019).
 //
 // Every transaction visible in the mark's snapshot inserted its commit record before the mark's
 // LSN was read (a transaction becomes visible only after its commit record is in the WAL), and

@@ -38,7 +38,7 @@ type command struct {
 
 func commands() []*command {
 	return []*command{migrateCommand(), statusCommand(), inboxCommand(), outboxCommand(), failuresCommand(), connectorCommand(), dedupeCommand(), purgeCommand(), adminCommand(), doctorCommand(),
-		pauseCommand(), resumeCommand()}
+		pauseCommand(), resumeCommand(), rebaseCommand()}
 }
 
 func findCommand(name string) *command {

@@ -11,15 +11,16 @@ import (
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/ops/doctor"
 	"github.com/wmonce/watermill-once/ops/retention"
+	"github.com/wmonce/watermill-once/outbox"
 )
 
 func doctorCommand() *command {
 	return &command{
 		name:    "doctor",
-		summary: "check that no broker can redeliver a copy after its dedupe key is pruned",
+		summary: "check that no broker can redeliver a copy after its dedupe key is pruned, and that the outbox positions are of this cluster",
 		usage: `
-doctor -consumer C [-kafka TOPIC,...] [-amqp QUEUE,...] [-max-message-age AGE] [-inbox] [-from-outbox]
-       [-consumer C2 ...] [-keep AGE] [-inbox-keep AGE] [-outbox-keep AGE]
+doctor [-consumer C [-kafka TOPIC,...] [-amqp QUEUE,...] [-max-message-age AGE] [-inbox] [-from-outbox]
+       [-consumer C2 ...]] [-keep AGE] [-inbox-keep AGE] [-outbox-keep AGE]
        [-kafka-brokers HOST:PORT,...] [-amqp-url URL] [-management-url URL]`,
 		details: `
 Reads what the brokers will redeliver and compares it, per consumer and source, with how long
@@ -32,8 +33,14 @@ forwards again (-outbox-keep). It says whether a copy can arrive after its key i
 what to set.
 
 -consumer starts a consumer; the flags after it, up to the next -consumer, describe it.
-Exits 1 when a hazard is found (for CI), 0 otherwise, also when a source could not be read
-(reported as unknown).`,
+Without -consumer it checks only the outbox positions.
+
+It also checks that the outbox relay positions of -schema were recorded on this cluster
+(outbox.CheckPositions): after a restore or a move into a cluster with a lower transaction
+counter they would skip rows for good, and a RESTORED line says to run wmonce rebase.
+
+Exits 1 when a hazard or a restored position is found (for CI), 0 otherwise, also when a
+source could not be read (reported as unknown).`,
 		examples: []string{
 			"wmonce doctor -consumer payments -kafka payments,refunds -keep 7d",
 			"wmonce doctor -consumer sms -amqp sms,sms.dlq -max-message-age 6d -consumer rewards -kafka rewards",
@@ -111,9 +118,6 @@ func runDoctor(ctx context.Context, e *env, args []string) error {
 	if parseErr != nil {
 		return parseErr
 	}
-	if len(cfg.Consumers) == 0 {
-		return usagef("name at least one consumer with -consumer, followed by the topics (-kafka) or queues (-amqp) it reads")
-	}
 	var err error
 	if cfg.Retention.Default.Keep, err = optionalAge("-keep", *keep); err != nil {
 		return err
@@ -138,24 +142,63 @@ func runDoctor(ctx context.Context, e *env, args []string) error {
 			return usagef("consumer %s reads Kafka topics: give -kafka-brokers or set %s", c.Name, broker.EnvKafkaBrokers)
 		}
 	}
-	rep, err := doctor.Check(ctx, cfg)
-	if err != nil {
-		return err
+	positions, posErr := e.checkPositions(ctx)
+	var rep doctor.Report
+	if len(cfg.Consumers) > 0 {
+		if rep, err = doctor.Check(ctx, cfg); err != nil {
+			return err
+		}
 	}
 	if e.g.json {
-		if err := e.printJSON(map[string]any{"findings": rep.Findings, "hazards": len(rep.Hazards()), "summary": rep.Summary()}); err != nil {
+		out := map[string]any{"findings": rep.Findings, "hazards": len(rep.Hazards()), "summary": rep.Summary(), "positions": positions}
+		if posErr != nil {
+			out["positions_error"] = posErr.Error()
+		}
+		if err := e.printJSON(out); err != nil {
 			return err
 		}
 	} else {
+		e.printPositions(positions, posErr)
 		for _, f := range rep.Findings {
 			fmt.Fprintln(e.stdout, f)
 		}
-		fmt.Fprintln(e.stdout, rep.Summary())
+		if len(cfg.Consumers) > 0 {
+			fmt.Fprintln(e.stdout, rep.Summary())
+		}
+	}
+	var errs []error
+	if err := positions.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("the outbox positions were recorded on another cluster: run what the RESTORED lines say"))
 	}
 	if len(rep.Hazards()) > 0 {
-		return errors.New("a copy can arrive after its key was pruned: set what the HAZARD lines say")
+		errs = append(errs, errors.New("a copy can arrive after its key was pruned: set what the HAZARD lines say"))
 	}
-	return nil
+	return errors.Join(errs...)
+}
+
+// checkPositions checks the schema's relay positions against this cluster (outbox.
+// CheckPositions); an error means they could not be read (no database, no tables), which
+// doctor reports as unknown.
+func (e *env) checkPositions(ctx context.Context) (outbox.PositionReport, error) {
+	db, err := e.open(ctx)
+	if err != nil {
+		return outbox.PositionReport{Schema: e.g.schema}, err
+	}
+	return outbox.CheckPositions(ctx, db, e.g.schema)
+}
+
+func (e *env) printPositions(r outbox.PositionReport, err error) {
+	w := e.stdout
+	switch {
+	case err != nil:
+		fmt.Fprintf(w, "unknown: outbox positions of schema %s: %v\n", e.g.schema, err)
+	case r.Err() != nil:
+		for _, c := range r.Moved() {
+			fmt.Fprintf(w, "RESTORED: schema %s, %s\n", r.Schema, c.Finding(r.Schema))
+		}
+	default:
+		fmt.Fprintf(w, "ok: outbox positions of schema %s (%d) were recorded on this cluster\n", r.Schema, len(r.Positions))
+	}
 }
 
 // optionalAge reads an age flag ("" is unset: the janitor's default).

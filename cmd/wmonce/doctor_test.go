@@ -45,7 +45,6 @@ func TestDoctorUsageErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"doctor"}, "name at least one consumer"},
 		{[]string{"doctor", "-kafka", "t"}, "give -consumer NAME before it"},
 		{[]string{"doctor", "-consumer", "c", "-max-message-age", "soon"}, "is not an age"},
 		{[]string{"doctor", "-consumer", "c", "-keep", "5s"}, "shorter than the janitor accepts"},

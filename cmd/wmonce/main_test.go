@@ -29,7 +29,7 @@ func TestHelpAndUsageErrors(t *testing.T) {
 	t.Parallel()
 	r := wmonceRaw(t, "help")
 	require.Equal(t, exitOK, r.code)
-	for _, c := range []string{"migrate", "status", "inbox", "outbox", "dedupe", "purge", "admin", "DATABASE_URL", "Exit codes"} {
+	for _, c := range []string{"migrate", "status", "inbox", "outbox", "dedupe", "purge", "admin", "rebase", "DATABASE_URL", "Exit codes"} {
 		require.Contains(t, r.stdout, c)
 	}
 	r = wmonceRaw(t, "help", "inbox")

@@ -142,6 +142,11 @@ func (e *env) printOutbox(o admin.OutboxStats) {
 				r.Name, h.Topic, h.Rows, when(h.Since))
 		}
 	}
+	for _, r := range o.Relays {
+		if r.Moved {
+			fmt.Fprintf(e.stdout, "  RESTORED: %s\n", r.Finding)
+		}
+	}
 	e.printRelayPauses(o)
 	if o.Rejected > 0 {
 		fmt.Fprintf(e.stdout, "  %d row(s) were set aside in outbox_rejected (undecodable, or refused by the broker for good): `wmonce outbox rejected` lists them, `wmonce outbox republish` stores them again\n", o.Rejected)

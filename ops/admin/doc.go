@@ -24,7 +24,7 @@
 //	GET  /api/inbox?consumer=C[&status=FAILED,PENDING][&key=K][&message=M][&topic=T][&error=E]
 //	     [&received_after=T][&received_before=T][&after=ID][&limit=N]
 //	GET  /api/inbox/{id}            one row with payload and metadata
-//	GET  /api/outbox                backlog and lag per relay, rejected rows
+//	GET  /api/outbox                backlog and lag per relay, a position of another cluster (moved, finding), rejected rows
 //	GET  /api/outbox/rejected[?relay=R][&rejected_after=T][&rejected_before=T][&after=OFFSET][&limit=N]
 //	GET  /api/outbox/rejected/{offset}[?relay=R]   one rejected row with payload and metadata
 //	GET  /api/history[?window=hour|day][&consumer=C][&relay=R]   the charts' series

@@ -1,0 +1,130 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+
+	"github.com/wmonce/watermill-once/outbox"
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+func rebaseCommand() *command {
+	return &command{
+		name:    "rebase",
+		summary: "after a restore or a move into another cluster: rebase the relay positions so that nothing is lost",
+		usage:   "rebase [-broker-schema NAME] [-dry-run]",
+		details: `
+Positions are transaction ids of the cluster they were recorded on, and a logical dump restored
+into another cluster (pg_dump/pg_restore, a logical-replication move) does not keep those ids.
+When the new cluster's transaction counter is lower, a relay would skip every row written after
+the restore: the relays stop forwarding and log at ERROR, Prune refuses, and status, doctor,
+the metrics (wmonce_outbox_position_moved) and the admin page say to run this command.
+
+In one transaction with the positions locked it gives every outbox row that is not provably
+forwarded (or was written after the restore) this cluster's transaction id, so the relays
+forward it again in insertion order; gives rows every relay forwarded a frozen id, so they
+count as forwarded and retention may delete them; and resets every relay position to this
+cluster's current snapshot, recording its system identifier. Nothing unforwarded is lost; a
+row already forwarded may be published again, which the consumers' claims (the
+effectively-once middleware, the inbox) absorb. Relays may keep running: they go on by
+themselves within a few seconds. A schema whose positions are of this cluster is left as it is
+(a restore into a cluster with a higher counter needs nothing; its new system identifier is
+recorded). Run it again at will.
+
+-broker-schema also rebases the SQL broker's topic tables in that schema (BROKER_SQL_SCHEMA),
+so that its subscriptions read again the messages their stored positions hide.
+-dry-run only reports what the checks find. See docs/operations.md, Backup, restore and
+moving a database.`,
+		examples: []string{
+			"wmonce rebase -dry-run",
+			"wmonce -schema payments rebase -broker-schema wmonce_broker",
+		},
+		run: runRebase,
+	}
+}
+
+// sqlBrokerRebase rebases the SQL broker's topic tables of a schema, and sqlBrokerCheck reports
+// them, for -broker-schema; nil in a build without them.
+// TODO(issue 35): set them to broker.RebaseSQLTopics and broker.CheckSQLTopics (branch
+// sqlrestore) when it is merged: this branch does not have them yet.
+var (
+	sqlBrokerRebase func(ctx context.Context, db *sql.DB, schema string) (any, error)
+	sqlBrokerCheck  func(ctx context.Context, db *sql.DB, schema string) (any, error)
+)
+
+// rebaseReport is `wmonce rebase -json`.
+type rebaseReport struct {
+	Before outbox.PositionReport `json:"before"`
+	Rebase *outbox.RebaseReport  `json:"rebase,omitempty"`
+	Broker any                   `json:"broker,omitempty"`
+}
+
+func runRebase(ctx context.Context, e *env, args []string) error {
+	fs := e.flags("rebase")
+	brokerSchema := fs.String("broker-schema", "", "also rebase the SQL broker's topic tables in this schema")
+	dryRun := fs.Bool("dry-run", false, "only report what the checks find")
+	db, err := e.parseAndOpen(ctx, fs, args)
+	if err != nil {
+		return err
+	}
+	if *brokerSchema != "" {
+		if err := pgtx.ValidateIdentifier("-broker-schema", *brokerSchema); err != nil {
+			return usagef("%v", err)
+		}
+		if sqlBrokerRebase == nil {
+			return fmt.Errorf("this build cannot rebase the SQL broker's tables (-broker-schema %s)", *brokerSchema)
+		}
+	}
+	var r rebaseReport
+	if r.Before, err = outbox.CheckPositions(ctx, db, e.g.schema); err != nil {
+		return e.explain(err)
+	}
+	if *dryRun {
+		if *brokerSchema != "" {
+			if r.Broker, err = sqlBrokerCheck(ctx, db, *brokerSchema); err != nil {
+				return err
+			}
+		}
+	} else {
+		rep, err := outbox.RebasePositions(ctx, db, e.g.schema)
+		if err != nil {
+			return e.explain(err)
+		}
+		r.Rebase = &rep
+		if *brokerSchema != "" {
+			if r.Broker, err = sqlBrokerRebase(ctx, db, *brokerSchema); err != nil {
+				return err
+			}
+		}
+	}
+	if e.g.json {
+		return e.printJSON(r)
+	}
+	e.printRebase(r)
+	return nil
+}
+
+func (e *env) printRebase(r rebaseReport) {
+	w := e.stdout
+	moved := r.Before.Moved()
+	if len(moved) == 0 {
+		fmt.Fprintf(w, "Positions of schema %s were recorded on this cluster: nothing to rebase\n", r.Before.Schema)
+	}
+	for _, c := range moved {
+		fmt.Fprintf(w, "RESTORED: %s\n", c.Finding(r.Before.Schema))
+	}
+	switch {
+	case r.Rebase == nil && len(moved) > 0:
+		fmt.Fprintf(w, "dry run: `wmonce -schema %s rebase` rebases them\n", r.Before.Schema)
+	case r.Rebase != nil && len(r.Rebase.Positions) > 0:
+		fmt.Fprintf(w, "rebased %s: %d outbox row(s) will be forwarded again (consumers' claims absorb the ones forwarded before), %d forwarded row(s) frozen\n",
+			strings.Join(r.Rebase.Positions, ", "), r.Rebase.Republished, r.Rebase.Frozen)
+	case r.Rebase != nil && r.Rebase.Rerecorded:
+		fmt.Fprintf(w, "restored into a cluster with a higher transaction counter: nothing lost; system identifier %s recorded\n", r.Rebase.SystemIdentifier)
+	}
+	if r.Broker != nil {
+		fmt.Fprintf(w, "SQL broker: %+v\n", r.Broker)
+	}
+}

@@ -1,0 +1,61 @@
+package main
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/wmonce/watermill-once/internal/pgtest"
+)
+
+// After a restore into a cluster whose transaction counter is lower (simulated: relay sms's
+// position moved far ahead of this cluster's counter, as pg_restore leaves it), status and
+// doctor report it with what to run, rebase repairs it, and both are clean after.
+func TestStatusDoctorAndRebaseOfARestoredSchema(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	pgtest.Exec(t, f.db, `UPDATE `+f.table("outbox_offsets")+` SET snapshot =
+    ((pg_snapshot_xmax(pg_current_snapshot())::text::bigint + 10000000)::text || ':' || (pg_snapshot_xmax(pg_current_snapshot())::text::bigint + 10000000)::text || ':')::pg_snapshot,
+    system_identifier = 4242`)
+
+	r := runCLI(t, f.schema, "status")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Contains(t, r.stdout, `RESTORED: position "sms" was recorded on another cluster (its snapshot is ahead of this cluster's transaction counter; 1 rows written since look older than it`)
+	require.Contains(t, r.stdout, "wmonce -schema "+f.schema+" rebase")
+	var st statusReport
+	r = runCLI(t, f.schema, "-json", "status")
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
+	require.True(t, st.Outbox.Relays[0].Moved)
+
+	r = runCLI(t, f.schema, "doctor")
+	require.Equal(t, exitFailure, r.code, r.stdout+r.stderr)
+	require.Contains(t, r.stdout, "RESTORED: schema "+f.schema+`, position "sms"`)
+	require.Contains(t, r.stderr, "recorded on another cluster")
+
+	r = runCLI(t, f.schema, "rebase", "-dry-run")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Contains(t, r.stdout, `RESTORED: position "sms"`)
+	require.Contains(t, r.stdout, "dry run")
+	require.Equal(t, exitFailure, runCLI(t, f.schema, "doctor").code, "a dry run changes nothing")
+
+	r = runCLI(t, f.schema, "rebase")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Contains(t, r.stdout, "rebased sms: 1 outbox row(s) will be forwarded again")
+
+	r = runCLI(t, f.schema, "status")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	require.NotContains(t, r.stdout, "RESTORED")
+	require.Regexp(t, `(?m)^\s+sms\s+1\s+\d{4}-`, r.stdout, "the row the relay had not forwarded still waits")
+	r = runCLI(t, f.schema, "doctor")
+	require.Equal(t, exitOK, r.code, r.stdout+r.stderr)
+	require.Contains(t, r.stdout, "ok: outbox positions of schema "+f.schema+" (1) were recorded on this cluster")
+
+	r = runCLI(t, f.schema, "rebase")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Contains(t, r.stdout, "nothing to rebase")
+
+	r = wmonceRaw(t, "help", "rebase")
+	require.Equal(t, exitOK, r.code)
+	require.Contains(t, r.stdout, "wmonce rebase [-broker-schema NAME] [-dry-run]")
+}

@@ -1,0 +1,39 @@
+package admin_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/ops/admin"
+	"github.com/wmonce/watermill-once/outbox"
+	"github.com/wmonce/watermill-once/pgtx"
+)
+
+// A relay position recorded on another cluster (a restore into a cluster whose counter is
+// lower, simulated by a snapshot far ahead of this one) is in the outbox API with what to run,
+// and gone once rebased.
+func TestOutboxAPIShowsAMovedPosition(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 0)
+	srv := f.server(t, admin.Config{})
+	api := srv.URL + "/api/"
+	var ob admin.OutboxStats
+	get(t, api+"outbox").decode(t, &ob)
+	require.False(t, ob.Relays[0].Moved)
+	require.Empty(t, ob.Relays[0].Finding)
+
+	pgtest.Exec(t, f.db, `UPDATE `+pgtx.QualifiedName(f.schema, "outbox_offsets")+` SET snapshot =
+    ((pg_snapshot_xmax(pg_current_snapshot())::text::bigint + 10000000)::text || ':' || (pg_snapshot_xmax(pg_current_snapshot())::text::bigint + 10000000)::text || ':')::pg_snapshot`)
+	get(t, api+"outbox").decode(t, &ob)
+	require.True(t, ob.Relays[0].Moved)
+	require.Contains(t, ob.Relays[0].Finding, `position "sms" was recorded on another cluster`)
+	require.Contains(t, ob.Relays[0].Finding, "wmonce -schema "+f.schema+" rebase")
+
+	_, err := outbox.RebasePositions(context.Background(), f.db, f.schema)
+	require.NoError(t, err)
+	get(t, api+"outbox").decode(t, &ob)
+	require.False(t, ob.Relays[0].Moved)
+}
