@@ -453,3 +453,32 @@ func int64Array(v []int64) string {
 	}
 	return "{" + strings.Join(parts, ",") + "}"
 }
+
+// String is the report in a line per topic table, as `wmonce rebase -dry-run` prints it.
+func (r SQLMoveReport) String() string {
+	if len(r.Moved) == 0 {
+		return fmt.Sprintf("schema %s: no topic table ahead of this cluster's transaction counter (next id %d)", r.Schema, r.NextXid)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "schema %s: %d topic table(s) hold ids ahead of this cluster's next one (%d): run `wmonce rebase -broker-schema %s`", r.Schema, len(r.Moved), r.NextXid, r.Schema)
+	for _, m := range r.Moved {
+		fmt.Fprintf(&b, "\n  topic %s: %d row(s) ahead; groups ahead: %s", m.Topic, m.FutureRows, strings.Join(m.GroupsAhead, ", "))
+	}
+	return b.String()
+}
+
+// String is the report in a line per topic table and group, as `wmonce rebase` prints it.
+func (r SQLRebaseReport) String() string {
+	if len(r.Topics) == 0 {
+		return fmt.Sprintf("schema %s: no topic table to rebase", r.Schema)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "schema %s: %d topic table(s) rebased", r.Schema, len(r.Topics))
+	for _, t := range r.Topics {
+		fmt.Fprintf(&b, "\n  topic %s: %d row(s) to be read again, %d consumed row(s) frozen", t.Topic, t.Republished, t.Frozen)
+		for _, g := range t.Groups {
+			fmt.Fprintf(&b, "\n    group %s: position %s -> %s, reads %d row(s) again", g.Group, g.From, g.To, g.Rereads)
+		}
+	}
+	return b.String()
+}

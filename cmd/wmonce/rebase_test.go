@@ -59,3 +59,18 @@ func TestStatusDoctorAndRebaseOfARestoredSchema(t *testing.T) {
 	require.Equal(t, exitOK, r.code)
 	require.Contains(t, r.stdout, "wmonce rebase [-broker-schema NAME] [-dry-run]")
 }
+
+// -broker-schema runs the SQL broker's check (-dry-run) and rebase on that schema and prints
+// their reports; a schema with no moved topic table is left alone.
+func TestRebaseBrokerSchema(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	r := runCLI(t, f.schema, "rebase", "-dry-run", "-broker-schema", f.schema)
+	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Contains(t, r.stdout, "SQL broker: schema "+f.schema+": no topic table ahead of this cluster's transaction counter")
+	r = runCLI(t, f.schema, "rebase", "-broker-schema", f.schema)
+	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Contains(t, r.stdout, "SQL broker: schema "+f.schema+": no topic table to rebase")
+	r = runCLI(t, f.schema, "rebase", "-broker-schema", "bad schema")
+	require.Equal(t, exitUsage, r.code, r.stdout)
+}

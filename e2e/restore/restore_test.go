@@ -84,13 +84,14 @@ func TestBackupRestore(t *testing.T) {
 
 	dumps := map[int]*dumped{}
 	dir := t.TempDir() // the dumps outlive the subtests that make them
+	cli := buildCLI(ctx, t, dir)
 	for _, v := range []int{4, 3} {
 		t.Run(fmt.Sprintf("v%d/lower-counter", v), func(t *testing.T) {
 			d := buildSource(ctx, t, source, v, dir)
 			dumps[v] = d
 			require.Less(t, nextXid(ctx, t, admin), d.sourceXid,
 				"the cluster at %s must have a lower transaction counter than the source's: recreate it (bash e2e/services up pg-restore)", restoreURL())
-			runRestored(ctx, t, admin, d, true)
+			runRestored(ctx, t, admin, cli, d, true)
 		})
 	}
 	// Raise the second cluster's counter above the source's (one committed transaction each).
@@ -113,7 +114,7 @@ BEGIN FOR i IN 1..n LOOP PERFORM pg_current_xact_id(); COMMIT; END LOOP; END $$`
 				t.Fatal("the lower-counter run of this version did not produce a dump")
 			}
 			require.Greater(t, nextXid(ctx, t, admin), d.sourceXid)
-			runRestored(ctx, t, admin, d, false)
+			runRestored(ctx, t, admin, cli, d, false)
 		})
 	}
 }
@@ -386,7 +387,7 @@ func buildSource(ctx context.Context, t *testing.T, db *sql.DB, version int, dir
 // runRestored restores d into a new database of the second cluster, runs the pipeline there,
 // writes the new events and checks the outcome; lower says whether the cluster's counter is
 // below the source's (then the checks must report the move and the rebase must repair it).
-func runRestored(ctx context.Context, t *testing.T, admin *sql.DB, d *dumped, lower bool) {
+func runRestored(ctx context.Context, t *testing.T, admin *sql.DB, cli string, d *dumped, lower bool) {
 	name := pgtest.NewName("restored")
 	_, err := admin.ExecContext(ctx, `CREATE DATABASE `+pgtx.QuoteIdentifier(name))
 	require.NoError(t, err)
@@ -422,10 +423,15 @@ func runRestored(ctx context.Context, t *testing.T, admin *sql.DB, d *dumped, lo
 		require.Equal(t, 500, p.inOutbox(ctx, append(append([]string{}, d.ids["outbox"]...), d.ids["new-outbox"]...)),
 			"a prune during the stall deleted unforwarded outbox rows")
 
-		report, err := broker.RebaseSQLTopics(ctx, db, d.brokerSch)
+		// The documented recovery: wmonce rebase, outbox and SQL broker at once.
+		dry := wmonce(ctx, t, cli, u.String(), "-schema", d.app, "rebase", "-dry-run", "-broker-schema", d.brokerSch)
+		require.Contains(t, dry, "RESTORED", "the dry run reports the outbox position")
+		require.Contains(t, dry, "topic "+topic+": 700 row(s) ahead", "the dry run reports the topic table's rows ahead")
+		t.Logf("wmonce rebase:\n%s", wmonce(ctx, t, cli, u.String(), "-schema", d.app, "rebase", "-broker-schema", d.brokerSch))
+		clean, err := broker.CheckSQLTopics(ctx, db, d.brokerSch)
 		require.NoError(t, err)
-		t.Logf("rebase of the SQL topics: %+v", report)
-		rebaseOutbox(ctx, t, db, d.app)
+		require.NoError(t, clean.Err(), "the broker's tables after the rebase")
+		require.NoError(t, checkOutbox(ctx, t, db, d.app), "the outbox positions after the rebase")
 	} else {
 		require.NoError(t, moved.Err(), "a restore into a higher counter needs no rebase")
 		require.NoError(t, checkOutbox(ctx, t, db, d.app), "a restore into a higher counter needs no rebase")
