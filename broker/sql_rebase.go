@@ -68,6 +68,8 @@ type SQLMoveReport struct {
 	Schema string
 	// NextXid is the cluster's next transaction id when the check ran.
 	NextXid uint64
+	// Topics counts the topic tables checked.
+	Topics int
 	// Moved lists the topic tables with ids ahead of NextXid; empty when none.
 	Moved []SQLTopicMove
 }
@@ -189,6 +191,7 @@ func CheckSQLTopics(ctx context.Context, db pgtx.Executor, schema string) (SQLMo
 	if r.NextXid, err = nextXid(ctx, db); err != nil {
 		return r, fmt.Errorf("broker: read the next transaction id: %w", err)
 	}
+	r.Topics = len(topics)
 	for _, t := range topics {
 		m, err := checkSQLTopic(ctx, db, t, r.NextXid, true)
 		if err != nil {
@@ -457,7 +460,7 @@ func int64Array(v []int64) string {
 // String is the report in a line per topic table, as `wmonce rebase -dry-run` prints it.
 func (r SQLMoveReport) String() string {
 	if len(r.Moved) == 0 {
-		return fmt.Sprintf("schema %s: no topic table ahead of this cluster's transaction counter (next id %d)", r.Schema, r.NextXid)
+		return fmt.Sprintf("schema %s: no topic table ahead of this cluster's transaction counter (%d checked, next id %d)", r.Schema, r.Topics, r.NextXid)
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "schema %s: %d topic table(s) hold ids ahead of this cluster's next one (%d): run `wmonce rebase -broker-schema %s`", r.Schema, len(r.Moved), r.NextXid, r.Schema)
