@@ -30,6 +30,17 @@ func wmonce(ctx context.Context, t *testing.T, bin, url string, args ...string) 
 	return string(out)
 }
 
+// wmonceFails runs the CLI like wmonce and returns its output; it fails t unless the command
+// exits 1 (doctor's verdict on a finding).
+func wmonceFails(ctx context.Context, t *testing.T, bin, url string, args ...string) string {
+	t.Helper()
+	out, err := exec.CommandContext(ctx, bin, append([]string{"-database-url", url}, args...)...).CombinedOutput()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, "wmonce %v: %s", args, out)
+	require.Equal(t, 1, exit.ExitCode(), "wmonce %v: %s", args, out)
+	return string(out)
+}
+
 // checkOutbox returns the outbox's position check (outbox.CheckPositions).
 func checkOutbox(ctx context.Context, t *testing.T, db *sql.DB, schema string) error {
 	t.Helper()

@@ -423,7 +423,11 @@ func runRestored(ctx context.Context, t *testing.T, admin *sql.DB, cli string, d
 		require.Equal(t, 500, p.inOutbox(ctx, append(append([]string{}, d.ids["outbox"]...), d.ids["new-outbox"]...)),
 			"a prune during the stall deleted unforwarded outbox rows")
 
-		// The documented recovery: wmonce rebase, outbox and SQL broker at once.
+		// The operator's checks, then the documented recovery: wmonce rebase, outbox and SQL
+		// broker at once; then the checks are clean.
+		doctor := wmonceFails(ctx, t, cli, u.String(), "-schema", d.app, "doctor", "-broker-schema", d.brokerSch)
+		require.Contains(t, doctor, "RESTORED: schema "+d.app)
+		require.Contains(t, doctor, "RESTORED: SQL broker schema "+d.brokerSch+", topic "+topic)
 		dry := wmonce(ctx, t, cli, u.String(), "-schema", d.app, "rebase", "-dry-run", "-broker-schema", d.brokerSch)
 		require.Contains(t, dry, "RESTORED", "the dry run reports the outbox position")
 		require.Contains(t, dry, "topic "+topic+": 700 row(s) ahead", "the dry run reports the topic table's rows ahead")
@@ -432,9 +436,12 @@ func runRestored(ctx context.Context, t *testing.T, admin *sql.DB, cli string, d
 		require.NoError(t, err)
 		require.NoError(t, clean.Err(), "the broker's tables after the rebase")
 		require.NoError(t, checkOutbox(ctx, t, db, d.app), "the outbox positions after the rebase")
+		doctor = wmonce(ctx, t, cli, u.String(), "-schema", d.app, "doctor", "-broker-schema", d.brokerSch)
+		require.NotContains(t, doctor, "RESTORED")
 	} else {
 		require.NoError(t, moved.Err(), "a restore into a higher counter needs no rebase")
 		require.NoError(t, checkOutbox(ctx, t, db, d.app), "a restore into a higher counter needs no rebase")
+		require.NotContains(t, wmonce(ctx, t, cli, u.String(), "-schema", d.app, "doctor", "-broker-schema", d.brokerSch), "RESTORED")
 	}
 
 	all := func(names ...string) []string {
