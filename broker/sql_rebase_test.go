@@ -126,7 +126,10 @@ WHERE last_processed_transaction_id <> '0'`, int64(sourceShift))
 		require.Equal(t, map[string]int64{"a": 15, "b": 25, "c": 35}, rereads)
 	} else {
 		require.EqualValues(t, 25, got.Republished, "rows 10-29 (not acked by b) and the 5 new ones")
-		require.EqualValues(t, 5, got.Frozen, "rows 5-9, acked by both groups (0-4 keep their low ids)")
+		// Rows 5-9, acked by both groups; rows 0-4 keep their low ids unless the server's xmin
+		// (held back by other tests' open transactions) is within a few ids of them, when they
+		// are frozen too so that they stay below the new positions.
+		require.True(t, got.Frozen >= 5 && got.Frozen <= 10, "frozen %d: rows 5-9, and 0-4 only if they sort among the new ids", got.Frozen)
 		require.Equal(t, map[string]int64{"a": 15, "b": 25}, rereads)
 	}
 
