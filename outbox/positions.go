@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/wmonce/watermill-once/pgtx"
@@ -17,9 +18,9 @@ import (
 // look older than it, and a relay would skip them for good. CheckPositions detects that;
 // RebasePositions recovers from it (docs/operations.md, Backup, restore and moving a database).
 
-// ErrPositionsMoved is returned by Prune and RebasePositions' callers' checks when the positions
-// of a schema were recorded on another cluster and must be rebased first (RebasePositions,
-// `wmonce rebase`).
+// ErrPositionsMoved is returned, wrapped, by Prune, RelayOnce and PositionReport.Err when
+// positions of the schema were recorded on another cluster and must be rebased first
+// (RebasePositions, `wmonce rebase`).
 var ErrPositionsMoved = errors.New("outbox: the relay positions were recorded on another cluster (a restore or a move)")
 
 // frozenXID is the transaction id RebasePositions gives rows every relay has forwarded whose
@@ -39,15 +40,14 @@ func offsetHigh(schema string) string {
 // a restore's target) changes and pg_upgrade and physical copies keep; "" when the role may
 // not read it (then only the transaction-id checks can tell a move).
 func systemIdentifier(ctx context.Context, q rowQuerier) (string, error) {
-	var id string
-	err := q.QueryRowContext(ctx, `SELECT system_identifier::text FROM pg_control_system()`).Scan(&id)
-	if pgtx.SQLState(err) == "42501" { // insufficient_privilege: REVOKEd from PUBLIC
-		return "", nil
-	}
+	// Asked first rather than caught: a refused call would abort the caller's transaction.
+	var id sql.NullString
+	err := q.QueryRowContext(ctx, `SELECT CASE WHEN has_function_privilege('pg_catalog.pg_control_system()', 'EXECUTE')
+    THEN (SELECT system_identifier::text FROM pg_catalog.pg_control_system()) END`).Scan(&id)
 	if err != nil {
 		return "", fmt.Errorf("read system identifier: %w", err)
 	}
-	return id, nil
+	return id.String, nil
 }
 
 // PositionCheck is what CheckPositions found for one position.
@@ -169,25 +169,46 @@ func checkPositions(ctx context.Context, q pgtx.Executor, schema, name string) (
 	if err := q.QueryRowContext(ctx, `SELECT count(*) FROM `+ob+` WHERE transaction_id >= pg_snapshot_xmax(pg_current_snapshot())`).Scan(&future); err != nil {
 		return rep, err
 	}
-	// Hidden rows: offsets above offset_high were allocated after the position was recorded, so
-	// on this cluster their transactions cannot be visible in its snapshot (the "offset" index
-	// walks them: they are the rows the position has not passed).
+	type hidden struct{ snapshot, xmax, high string }
+	var bounds []hidden
 	rep.Positions, err = pgtx.QueryAll(ctx, q, func(s pgtx.Scanner) (PositionCheck, error) {
 		c := PositionCheck{FutureRows: future}
 		var recorded sql.NullString
-		err := s.Scan(&c.Name, &c.Ahead, &c.HiddenRows, &c.SequenceBehind, &recorded)
+		var h hidden
+		err := s.Scan(&c.Name, &c.Ahead, &c.SequenceBehind, &recorded, &h.snapshot, &h.xmax, &h.high)
 		c.RecordedSystem = recorded.String
 		c.SystemChanged = recorded.Valid && rep.SystemIdentifier != "" && recorded.String != rep.SystemIdentifier
+		bounds = append(bounds, h)
 		return c, err
 	}, `SELECT o.consumer_group,
     greatest(pg_snapshot_xmax(o.snapshot), coalesce(pg_snapshot_xmax(o.target_snapshot), '1')) > pg_snapshot_xmax(pg_current_snapshot()),
-    (SELECT count(*) FROM `+ob+` t WHERE t."offset" > o.offset_high AND pg_visible_in_snapshot(t.transaction_id, o.snapshot)),
     o.offset_high > `+offsetHigh(schema)+`,
-    o.system_identifier::text
+    o.system_identifier::text, o.snapshot::text, pg_snapshot_xmax(o.snapshot)::text, o.offset_high::text
 FROM `+pgtx.QualifiedName(schema, "outbox_offsets")+` o
 WHERE $1 = '' OR o.consumer_group = $1
 ORDER BY o.consumer_group`, name)
-	return rep, err
+	if err != nil {
+		return rep, err
+	}
+	// Hidden rows: offsets above offset_high were allocated after the position was recorded, so
+	// on this cluster their transactions cannot be visible in its snapshot. A row visible in it
+	// has an id below its xmax: the bounds, integers read from the database, are written into
+	// the statement so that its plan walks the smaller of the two index ranges (the rows the
+	// position has not passed, or those below its xmax).
+	for i, b := range bounds {
+		if _, err := strconv.ParseUint(b.xmax, 10, 64); err != nil {
+			return rep, fmt.Errorf("position %q: xmax %q: %w", rep.Positions[i].Name, b.xmax, err)
+		}
+		if _, err := strconv.ParseInt(b.high, 10, 64); err != nil {
+			return rep, fmt.Errorf("position %q: offset_high %q: %w", rep.Positions[i].Name, b.high, err)
+		}
+		err := q.QueryRowContext(ctx, `SELECT count(*) FROM `+ob+` t WHERE t."offset" > `+b.high+` AND t.transaction_id < '`+b.xmax+`'::xid8
+    AND pg_visible_in_snapshot(t.transaction_id, $1::pg_snapshot)`, b.snapshot).Scan(&rep.Positions[i].HiddenRows)
+		if err != nil {
+			return rep, err
+		}
+	}
+	return rep, nil
 }
 
 // RebaseReport is what RebasePositions did.

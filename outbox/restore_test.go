@@ -3,10 +3,12 @@ package outbox_test
 import (
 	"context"
 	"database/sql"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
@@ -153,7 +155,8 @@ func TestRestoreIntoAHigherCounterNeedsNothing(t *testing.T) {
 	db, schema, w := setup(t)
 	ctx := context.Background()
 	s := &sink{}
-	r, err := outbox.NewRelay(db, s, outbox.RelayConfig{Schema: schema, DisableListen: true}, nil)
+	logs := watermill.NewCaptureLogger()
+	r, err := outbox.NewRelay(db, s, outbox.RelayConfig{Schema: schema, DisableListen: true}, logs)
 	require.NoError(t, err)
 	publishTx(t, db, w, "t", "a1", "a2")
 	drain(t, r, s, 2)
@@ -177,6 +180,10 @@ func TestRestoreIntoAHigherCounterNeedsNothing(t *testing.T) {
 	var recorded sql.NullString
 	require.NoError(t, db.QueryRow(`SELECT system_identifier::text FROM `+offsets).Scan(&recorded))
 	require.Equal(t, rep.SystemIdentifier, recorded.String, "the relay recorded this cluster's identifier")
+	require.Empty(t, logs.Captured()[watermill.ErrorLogLevel])
+	require.True(t, slices.ContainsFunc(logs.Captured()[watermill.InfoLogLevel], func(m watermill.CapturedMessage) bool {
+		return m.Fields["recorded"] == "4242" && m.Fields["now"] == rep.SystemIdentifier
+	}), "said at INFO")
 }
 
 // TestRunningRelayHaltsOnAMovedPositionAndResumesAfterTheRebase: the relay's Run loop checks
@@ -194,7 +201,8 @@ func TestRunningRelayHaltsOnAMovedPositionAndResumesAfterTheRebase(t *testing.T)
 	simulateMove(t, db, schema, outbox.DefaultRelayName, []string{"a1"}, []string{"b1"})
 	publishTx(t, db, w, "t", "c1")
 
-	r, err := outbox.NewRelay(db, s, outbox.RelayConfig{Schema: schema, PollInterval: 50 * time.Millisecond}, nil)
+	logs := watermill.NewCaptureLogger()
+	r, err := outbox.NewRelay(db, s, outbox.RelayConfig{Schema: schema, PollInterval: 50 * time.Millisecond}, logs)
 	require.NoError(t, err)
 	sig := outbox.RelaySignals(r)
 	sig.Halted.Init()
@@ -202,7 +210,17 @@ func TestRunningRelayHaltsOnAMovedPositionAndResumesAfterTheRebase(t *testing.T)
 	halted := sig.Halted.WaitOrTimeout()
 	require.True(t, halted.Ahead)
 	require.True(t, r.Counters().Moved)
+	sig.Halted.WaitOrTimeout() // checked again (every 5s): still halted, logged once a minute
 	require.Equal(t, []string{"a1"}, s.all(), "nothing forwarded while halted")
+	var halts []watermill.CapturedMessage
+	for _, m := range logs.Captured()[watermill.ErrorLogLevel] {
+		if m.Msg == "Relay halted: its position is not of this cluster" {
+			halts = append(halts, m)
+		}
+	}
+	require.Len(t, halts, 1, "logged at ERROR at once, then once a minute")
+	require.ErrorIs(t, halts[0].Err, outbox.ErrPositionsMoved)
+	require.Equal(t, "wmonce -schema "+schema+" rebase", halts[0].Fields["run"])
 
 	done := s.expect(3)
 	_, err = outbox.RebasePositions(ctx, db, schema)
@@ -228,6 +246,11 @@ func TestMoveWithoutTheSequenceIsDetectedAndRebased(t *testing.T) {
 	drain(t, r, s, 3)
 	pgtest.Exec(t, db, `SELECT setval(pg_get_serial_sequence('`+pgtx.QualifiedName(schema, "outbox")+`', 'offset'), 1, false)`)
 	publishTx(t, db, w, "t", "c1") // offset 1 again, on the new cluster
+	// As it is once this cluster's counter has passed the source's: c1's id is visible in the
+	// position, and its offset is below the position's offset_high; only the system
+	// identifier differs. Without the sequence check c1 would count as forwarded: never
+	// published, and pruned.
+	pgtest.Exec(t, db, `UPDATE `+pgtx.QualifiedName(schema, "outbox_offsets")+` SET snapshot = pg_current_snapshot(), system_identifier = 4242`)
 
 	rep, err := outbox.CheckPositions(ctx, db, schema)
 	require.NoError(t, err)
@@ -235,6 +258,9 @@ func TestMoveWithoutTheSequenceIsDetectedAndRebased(t *testing.T) {
 	require.ErrorIs(t, rep.Err(), outbox.ErrPositionsMoved)
 	_, err = r.RelayOnce(ctx)
 	require.ErrorIs(t, err, outbox.ErrPositionsMoved)
+	n, err := prunable(t, db, schema)
+	require.ErrorIs(t, err, outbox.ErrPositionsMoved)
+	require.Zero(t, n)
 
 	res, err := outbox.RebasePositions(ctx, db, schema)
 	require.NoError(t, err)

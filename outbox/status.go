@@ -72,18 +72,36 @@ func Stats(ctx context.Context, db *sql.DB, schema string) (relays []RelayStats,
 	if err := pgtx.ValidateIdentifier("schema", schema); err != nil {
 		return nil, 0, fmt.Errorf("outbox: %w", err)
 	}
+	// One read-only transaction, without JIT: compiling these index-range counts costs far more
+	// than it saves (0.5 s instead of 10 ms at 200,000 rows when the planner, before
+	// outbox_offsets was analysed, estimates 110 relays).
+	tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return nil, 0, fmt.Errorf("outbox: status: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	if _, err := tx.ExecContext(ctx, `SET LOCAL jit = off`); err != nil {
+		return nil, 0, fmt.Errorf("outbox: status: %w", err)
+	}
 	table := pgtx.QualifiedName(schema, "outbox")
 	offsets := pgtx.QualifiedName(schema, "outbox_offsets")
 	held := pgtx.QualifiedName(schema, "outbox_held")
-	relays, err = pgtx.QueryAll(ctx, db, scanRelayStats, `
+	relays, err = pgtx.QueryAll(ctx, tx, scanRelayStats, `
 SELECT o.consumer_group, coalesce(o.source, ''), b.backlog + h.held, least(b.oldest, h.oldest),
     coalesce(extract(epoch FROM now() - least(b.oldest, h.oldest)), 0), d.delayed, d.next_due, o.paused_at
 FROM `+offsets+` o
 CROSS JOIN LATERAL (
     SELECT count(*) AS backlog, min(t.created_at)::timestamptz AS oldest
-    FROM `+table+` t
-    WHERE (t.transaction_id >= pg_snapshot_xmin(o.snapshot) OR t."offset" > o.offset_high)
-      AND NOT (pg_visible_in_snapshot(t.transaction_id, o.snapshot) AND t."offset" <= o.offset_high)
+    FROM (
+        SELECT t.transaction_id, t."offset", t.created_at, t.source FROM `+table+` t
+        WHERE t.transaction_id >= pg_snapshot_xmin(o.snapshot)
+        UNION ALL
+        -- Rows below the snapshot's xmin written after it was recorded: written after a
+        -- restore. Two index ranges rather than one OR, which would scan the whole outbox.
+        SELECT t.transaction_id, t."offset", t.created_at, t.source FROM `+table+` t
+        WHERE t."offset" > o.offset_high AND t.transaction_id < pg_snapshot_xmin(o.snapshot)
+    ) t
+    WHERE NOT (pg_visible_in_snapshot(t.transaction_id, o.snapshot) AND t."offset" <= o.offset_high)
       AND NOT coalesce(pg_visible_in_snapshot(t.transaction_id, o.target_snapshot) AND t."offset" <= o.target_offset, false)
       AND (o.source IS NULL OR t.source = o.source)
 ) b
@@ -101,7 +119,7 @@ ORDER BY o.consumer_group`)
 	for i, s := range relays {
 		byName[s.Name] = i
 	}
-	err = pgtx.QueryEach(ctx, db, func(s pgtx.Scanner) error {
+	err = pgtx.QueryEach(ctx, tx, func(s pgtx.Scanner) error {
 		var relay string
 		var h HeldTopic
 		if err := s.Scan(&relay, &h.Topic, &h.Rows, &h.Since); err != nil {
@@ -115,7 +133,7 @@ ORDER BY o.consumer_group`)
 	if err != nil {
 		return nil, 0, fmt.Errorf("outbox: status: held topics: %w", err)
 	}
-	check, err := checkPositions(ctx, db, schema, "")
+	check, err := checkPositions(ctx, tx, schema, "")
 	if err != nil {
 		return nil, 0, fmt.Errorf("outbox: status: %w", err)
 	}
@@ -124,7 +142,7 @@ ORDER BY o.consumer_group`)
 			relays[i].Position = c
 		}
 	}
-	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "outbox_rejected")).Scan(&rejected); err != nil {
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "outbox_rejected")).Scan(&rejected); err != nil {
 		return nil, 0, fmt.Errorf("outbox: status: %w", err)
 	}
 	return relays, rejected, nil

@@ -17,8 +17,9 @@ func statusCommand() *command {
 		details: `
 Prints the schema version against the latest this binary knows; every consumer with dedupe
 claims (count and newest claim); the inbox rows of every consumer by status with the age of
-the oldest PENDING row; and every outbox relay's backlog and lag, the topics it holds, and the
-number of rows set aside in outbox_rejected. Counting claims and finished inbox rows scans
+the oldest PENDING row; and every outbox relay's backlog and lag, the topics it holds, a
+position recorded on another cluster after a restore (a RESTORED line: run wmonce rebase), and
+the number of rows set aside in outbox_rejected. Counting claims and finished inbox rows scans
 those tables. -broker-schema (default $BROKER_SQL_SCHEMA) also checks the SQL broker's topic
 tables in that schema for ids of another cluster (a restore: RESTORED lines say to run wmonce
 rebase -broker-schema). Exit code 1 when the schema has no tables or a section cannot be read.`,
