@@ -55,6 +55,9 @@ type brokerTestSignals struct {
 	// batch and then ran COMMIT on the batch's transaction, which moves the group's offset
 	// unless it fails (a doomed transaction; watermill-sql only logs that).
 	SQLBatchCommit testsignal.Signal[string]
+	// SQLMoveDetected carries the topic of a SQL subscription that found rows or its group's
+	// position ahead of the cluster's transaction counter (and logged it, rate-limited).
+	SQLMoveDetected testsignal.Signal[string]
 }
 
 // New validates config and checks that the broker can be reached. db is used by the SQL broker
@@ -79,7 +82,7 @@ func New(ctx context.Context, db *sql.DB, config Config, logger watermill.Logger
 			b.ownDB = true
 		}
 		b.db = db
-		sb, err := newSQLBroker(db, config.SQL, b.logger, &b.testSignals.SQLBatchCommit)
+		sb, err := newSQLBroker(db, config.SQL, b.logger, &b.testSignals.SQLBatchCommit, &b.testSignals.SQLMoveDetected)
 		if err != nil {
 			_ = b.Close()
 			return nil, err

@@ -164,4 +164,10 @@
 //     members of one group waiting for the group's lock hold one each: size the pool above the
 //     number of SQL subscriptions in the process plus what handlers, publishers and the relay
 //     use at the same moment.
+//   - Positions and row order are transaction ids of the cluster that wrote them. After a
+//     restore into a cluster with a lower transaction counter the subscriptions receive nothing
+//     until rebased: an idle subscription logs ErrSQLTopicsMoved at ERROR (CheckSQLTopics
+//     reports a schema), and RebaseSQLTopics (wmonce rebase -broker-schema) makes each group
+//     read again exactly what it had not provably consumed. A restore into a higher counter, or
+//     pg_upgrade, needs nothing (docs/brokers.md, "SQL: after a backup and restore").
 package broker

@@ -22,12 +22,15 @@ type sqlBroker struct {
 	lockKey int64
 	// notifier wakes subscriptions when rows are inserted (see sql_wake.go).
 	notifier *sqlNotifier
+	// moveDetected reports each time a subscription finds its topic table moved (a test
+	// signal, sql_move_watch.go).
+	moveDetected *testsignal.Signal[string]
 }
 
 // newSQLBroker returns the SQL broker; its subscriptions report each batch they commit on
-// committed (a test signal).
-func newSQLBroker(db *sql.DB, config SQLConfig, logger watermill.LoggerAdapter, committed *testsignal.Signal[string]) (*sqlBroker, error) {
-	s := &sqlBroker{db: db, config: config, lockKey: worker.LockKey("broker", config.Schema)}
+// committed, and each time they find their topic table moved on moveDetected (test signals).
+func newSQLBroker(db *sql.DB, config SQLConfig, logger watermill.LoggerAdapter, committed, moveDetected *testsignal.Signal[string]) (*sqlBroker, error) {
+	s := &sqlBroker{db: db, config: config, lockKey: worker.LockKey("broker", config.Schema), moveDetected: moveDetected}
 	wm, err := newWatermillSQL(db, config, sqlTables{messages: s.MessagesTable, offsets: s.OffsetsTable}, committed)
 	if err != nil {
 		return nil, err

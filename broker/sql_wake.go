@@ -384,6 +384,10 @@ func (s *sqlSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *me
 		}
 		backoff = w
 	}
+	if backoff == nil {
+		backoff = s.s.wm.defaultBackoff(cfg.PollInterval, cfg.PollInterval*5)
+	}
+	backoff = &moveWatch{next: backoff, s: s.s, topic: topic, group: s.group, ctx: ctx, signal: s.s.moveDetected.Signal}
 	sub, err := s.s.wm.newSubscriber(s.group, backoff, s.logger)
 	if err != nil {
 		return nil, err

@@ -21,7 +21,7 @@ func doctorCommand() *command {
 		usage: `
 doctor [-consumer C [-kafka TOPIC,...] [-amqp QUEUE,...] [-max-message-age AGE] [-inbox] [-from-outbox]
        [-consumer C2 ...]] [-keep AGE] [-inbox-keep AGE] [-outbox-keep AGE]
-       [-kafka-brokers HOST:PORT,...] [-amqp-url URL] [-management-url URL]`,
+       [-kafka-brokers HOST:PORT,...] [-amqp-url URL] [-management-url URL] [-broker-schema NAME]`,
 		details: `
 Reads what the brokers will redeliver and compares it, per consumer and source, with how long
 the consumer's keys are kept (-keep, -inbox-keep, the janitor's windows) and its age guard
@@ -38,6 +38,8 @@ Without -consumer it checks only the outbox positions.
 It also checks that the outbox relay positions of -schema were recorded on this cluster
 (outbox.CheckPositions): after a restore or a move into a cluster with a lower transaction
 counter they would skip rows for good, and a RESTORED line says to run wmonce rebase.
+-broker-schema (default $BROKER_SQL_SCHEMA) checks the SQL broker's topic tables in that
+schema the same way (broker.CheckSQLTopics).
 
 Exit status, for CI: 0 every source was read and none is a hazard; 1 a hazard or a restored
 position was found (whatever else could not be read); 3 no hazard was found, but a source could
@@ -113,6 +115,7 @@ func runDoctor(ctx context.Context, e *env, args []string) error {
 	outboxKeep := fs.String("outbox-keep", "", "how long relayed outbox rows are kept (default 24h)")
 	brokers := fs.String("kafka-brokers", os.Getenv(broker.EnvKafkaBrokers), "Kafka bootstrap addresses (default $"+broker.EnvKafkaBrokers+")")
 	amqpURL := fs.String("amqp-url", os.Getenv(broker.EnvAMQPURL), "RabbitMQ URL of the consumers' vhost (default $"+broker.EnvAMQPURL+", else "+broker.DefaultAMQPURL+")")
+	brokerSchema := brokerSchemaFlag(fs)
 	mgmtURL := fs.String("management-url", "", "RabbitMQ management API (default http://HOST:15672 with the AMQP URL's credentials)")
 	if err := e.parseFlagsOnly(fs, args); err != nil {
 		return err
@@ -145,6 +148,10 @@ func runDoctor(ctx context.Context, e *env, args []string) error {
 		}
 	}
 	positions, posErr := e.checkPositions(ctx)
+	tables, tablesErr := e.checkBrokerTables(ctx, *brokerSchema)
+	if isUsage(tablesErr) {
+		return tablesErr
+	}
 	var rep doctor.Report
 	if len(cfg.Consumers) > 0 {
 		if rep, err = doctor.Check(ctx, cfg); err != nil {
@@ -156,11 +163,21 @@ func runDoctor(ctx context.Context, e *env, args []string) error {
 		if posErr != nil {
 			out["positions_error"] = posErr.Error()
 		}
+		if tables != nil {
+			out["broker"] = tables
+		}
+		if tablesErr != nil {
+			out["broker_error"] = tablesErr.Error()
+		}
 		if err := e.printJSON(out); err != nil {
 			return err
 		}
 	} else {
 		e.printPositions(positions, posErr)
+		e.printBrokerTables(tables, "")
+		if tablesErr != nil {
+			fmt.Fprintf(e.stdout, "unknown: SQL broker topic tables of schema %s: %v\n", *brokerSchema, tablesErr)
+		}
 		for _, f := range rep.Findings {
 			fmt.Fprintln(e.stdout, f)
 		}
@@ -171,6 +188,9 @@ func runDoctor(ctx context.Context, e *env, args []string) error {
 	var errs []error
 	if err := positions.Err(); err != nil {
 		errs = append(errs, fmt.Errorf("the outbox positions were recorded on another cluster: run what the RESTORED lines say"))
+	}
+	if tables != nil && tables.Err() != nil {
+		errs = append(errs, errors.New("the SQL broker's topic tables hold transaction ids of another cluster: run what the RESTORED lines say"))
 	}
 	if len(rep.Hazards()) > 0 {
 		errs = append(errs, errors.New("a copy can arrive after its key was pruned: set what the HAZARD lines say"))

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -46,12 +47,14 @@ moving a database.`,
 }
 
 // sqlBrokerRebase rebases the SQL broker's topic tables of a schema, and sqlBrokerCheck reports
-// them, for -broker-schema; nil in a build without them.
-// TODO(issue 35): set them to broker.RebaseSQLTopics and broker.CheckSQLTopics (branch
-// sqlrestore) when it is merged: this branch does not have them yet.
+// them, for -broker-schema.
 var (
-	sqlBrokerRebase func(ctx context.Context, db *sql.DB, schema string) (any, error)
-	sqlBrokerCheck  func(ctx context.Context, db *sql.DB, schema string) (any, error)
+	sqlBrokerRebase = func(ctx context.Context, db *sql.DB, schema string) (any, error) {
+		return broker.RebaseSQLTopics(ctx, db, schema)
+	}
+	sqlBrokerCheck = func(ctx context.Context, db *sql.DB, schema string) (any, error) {
+		return broker.CheckSQLTopics(ctx, db, schema)
+	}
 )
 
 // rebaseReport is `wmonce rebase -json`.
@@ -125,6 +128,6 @@ func (e *env) printRebase(r rebaseReport) {
 		fmt.Fprintf(w, "restored into a cluster with a higher transaction counter: nothing lost; system identifier %s recorded\n", r.Rebase.SystemIdentifier)
 	}
 	if r.Broker != nil {
-		fmt.Fprintf(w, "SQL broker: %+v\n", r.Broker)
+		fmt.Fprintf(w, "SQL broker: %v\n", r.Broker)
 	}
 }

@@ -1,12 +1,16 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"testing"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/pgtx"
 )
 
 // After a restore into a cluster whose transaction counter is lower (simulated: relay sms's
@@ -58,4 +62,53 @@ func TestStatusDoctorAndRebaseOfARestoredSchema(t *testing.T) {
 	r = wmonceRaw(t, "help", "rebase")
 	require.Equal(t, exitOK, r.code)
 	require.Contains(t, r.stdout, "wmonce rebase [-broker-schema NAME] [-dry-run]")
+}
+
+// -broker-schema: status and doctor report a SQL broker topic table restored into a cluster with
+// a lower counter (simulated: its rows' ids moved far ahead), rebase repairs it, and both are
+// clean after; a schema with no moved table is left alone.
+func TestRebaseBrokerSchema(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	bs := f.schema + "_b"
+	t.Cleanup(func() { pgtest.Exec(t, f.db, `DROP SCHEMA IF EXISTS `+pgtx.QuoteIdentifier(bs)+` CASCADE`) })
+	cfg := broker.Config{Kind: broker.SQL, SQL: broker.SQLConfig{Schema: bs}, Subscriptions: []broker.Subscription{{Topic: "t", Group: "g"}}}
+	b, err := broker.New(ctx, f.db, cfg, nil)
+	require.NoError(t, err)
+	pub, err := b.NewPublisher(ctx)
+	require.NoError(t, err)
+	require.NoError(t, pub.Publish("t", message.NewMessage("m-1", []byte("x")), message.NewMessage("m-2", []byte("x"))))
+	require.NoError(t, pub.Close())
+	require.NoError(t, b.Close())
+
+	r := runCLI(t, f.schema, "doctor", "-broker-schema", bs)
+	require.Equal(t, exitOK, r.code, r.stdout+r.stderr)
+	require.Contains(t, r.stdout, "ok: the SQL broker's topic tables of schema "+bs+" (1) were written on this cluster")
+
+	pgtest.Exec(t, f.db, `UPDATE `+pgtx.QualifiedName(bs, "watermill_t")+` SET transaction_id = (transaction_id::text::bigint + 1099511627776)::text::xid8`)
+	r = runCLI(t, f.schema, "status", "-broker-schema", bs)
+	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Contains(t, r.stdout, "RESTORED: SQL broker schema "+bs+", topic t: 2 row(s) and groups [none] are ahead")
+	require.Contains(t, r.stdout, "wmonce -schema "+f.schema+" rebase -broker-schema "+bs)
+	r = runCLI(t, f.schema, "doctor", "-broker-schema", bs)
+	require.Equal(t, exitFailure, r.code, r.stdout+r.stderr)
+	require.Contains(t, r.stdout, "RESTORED: SQL broker schema "+bs)
+
+	r = runCLI(t, f.schema, "rebase", "-dry-run", "-broker-schema", bs)
+	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Contains(t, r.stdout, "topic t: 2 row(s) ahead; groups ahead: ")
+	r = runCLI(t, f.schema, "rebase", "-broker-schema", bs)
+	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Contains(t, r.stdout, "topic t: 2 row(s) to be read again")
+	r = runCLI(t, f.schema, "doctor", "-broker-schema", bs)
+	require.Equal(t, exitOK, r.code, r.stdout+r.stderr)
+	r = runCLI(t, f.schema, "rebase", "-broker-schema", bs)
+	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Contains(t, r.stdout, "SQL broker: schema "+bs+": no topic table to rebase")
+
+	r = runCLI(t, f.schema, "rebase", "-broker-schema", "bad schema")
+	require.Equal(t, exitUsage, r.code, r.stdout)
+	r = runCLI(t, f.schema, "doctor", "-broker-schema", "bad schema")
+	require.Equal(t, exitUsage, r.code, r.stdout)
 }

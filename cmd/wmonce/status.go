@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/ops/admin"
 )
 
@@ -12,14 +13,16 @@ func statusCommand() *command {
 	return &command{
 		name:    "status",
 		summary: "schema version, consumers, inbox and outbox at a glance",
-		usage:   "status",
+		usage:   "status [-broker-schema NAME]",
 		details: `
 Prints the schema version against the latest this binary knows; every consumer with dedupe
 claims (count and newest claim); the inbox rows of every consumer by status with the age of
 the oldest PENDING row; and every outbox relay's backlog and lag, the topics it holds, a
 position recorded on another cluster after a restore (a RESTORED line: run wmonce rebase), and
 the number of rows set aside in outbox_rejected. Counting claims and finished inbox rows scans
-those tables. Exit code 1 when the schema has no tables or a section cannot be read.`,
+those tables. -broker-schema (default $BROKER_SQL_SCHEMA) also checks the SQL broker's topic
+tables in that schema for ids of another cluster (a restore: RESTORED lines say to run wmonce
+rebase -broker-schema). Exit code 1 when the schema has no tables or a section cannot be read.`,
 		examples: []string{"wmonce status", "wmonce -schema payments status", "wmonce status -json"},
 		run:      runStatus,
 	}
@@ -31,11 +34,15 @@ type statusReport struct {
 	Consumers []admin.ConsumerStats `json:"consumers"`
 	Inbox     []admin.InboxStats    `json:"inbox"`
 	Outbox    *admin.OutboxStats    `json:"outbox"`
-	Errors    []string              `json:"errors,omitempty"`
+	// Broker is the SQL broker's topic tables check (-broker-schema); absent without one.
+	Broker *broker.SQLMoveReport `json:"broker,omitempty"`
+	Errors []string              `json:"errors,omitempty"`
 }
 
 func runStatus(ctx context.Context, e *env, args []string) error {
-	db, err := e.parseAndOpen(ctx, e.flags("status"), args)
+	fs := e.flags("status")
+	brokerSchema := brokerSchemaFlag(fs)
+	db, err := e.parseAndOpen(ctx, fs, args)
 	if err != nil {
 		return err
 	}
@@ -61,6 +68,12 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 		note("outbox", err)
 	} else {
 		r.Outbox = &ob
+	}
+	if r.Broker, err = e.checkBrokerTables(ctx, *brokerSchema); err != nil {
+		if isUsage(err) {
+			return err
+		}
+		note("SQL broker topic tables", err)
 	}
 	if e.g.json {
 		if err := e.printJSON(r); err != nil {
@@ -99,6 +112,10 @@ func (e *env) printStatus(r statusReport) {
 	fmt.Fprintf(w, "\nOutbox\n")
 	if r.Outbox != nil {
 		e.printOutbox(*r.Outbox)
+	}
+	if r.Broker != nil {
+		fmt.Fprintf(w, "\nSQL broker (schema %s)\n", r.Broker.Schema)
+		e.printBrokerTables(r.Broker, "  ")
 	}
 }
 

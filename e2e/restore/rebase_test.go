@@ -1,0 +1,50 @@
+package restore_test
+
+import (
+	"context"
+	"database/sql"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/wmonce/watermill-once/outbox"
+)
+
+// buildCLI builds the wmonce command into dir: the test recovers with the documented command.
+func buildCLI(ctx context.Context, t *testing.T, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "wmonce")
+	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/wmonce/watermill-once/cmd/wmonce").CombinedOutput()
+	require.NoError(t, err, "go build ./cmd/wmonce: %s", out)
+	return bin
+}
+
+// wmonce runs the CLI against the database at url and returns its output; it fails t unless the
+// command exits 0.
+func wmonce(ctx context.Context, t *testing.T, bin, url string, args ...string) string {
+	t.Helper()
+	out, err := exec.CommandContext(ctx, bin, append([]string{"-database-url", url}, args...)...).CombinedOutput()
+	require.NoError(t, err, "wmonce %v: %s", args, out)
+	return string(out)
+}
+
+// wmonceFails runs the CLI like wmonce and returns its output; it fails t unless the command
+// exits 1 (doctor's verdict on a finding).
+func wmonceFails(ctx context.Context, t *testing.T, bin, url string, args ...string) string {
+	t.Helper()
+	out, err := exec.CommandContext(ctx, bin, append([]string{"-database-url", url}, args...)...).CombinedOutput()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, "wmonce %v: %s", args, out)
+	require.Equal(t, 1, exit.ExitCode(), "wmonce %v: %s", args, out)
+	return string(out)
+}
+
+// checkOutbox returns the outbox's position check (outbox.CheckPositions).
+func checkOutbox(ctx context.Context, t *testing.T, db *sql.DB, schema string) error {
+	t.Helper()
+	r, err := outbox.CheckPositions(ctx, db, schema)
+	require.NoError(t, err)
+	return r.Err()
+}
