@@ -202,6 +202,9 @@ func runDoctor(ctx context.Context, e *env, args []string) error {
 	if posErr != nil {
 		unknown++
 	}
+	if tablesErr != nil {
+		unknown++
+	}
 	if unknown > 0 {
 		return &uncheckedError{msg: fmt.Sprintf("%d source(s) could not be checked (the unknown lines say why): make them reachable and run again", unknown)}
 	}
