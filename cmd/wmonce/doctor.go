@@ -44,7 +44,8 @@ schema the same way (broker.CheckSQLTopics).
 Exit status, for CI: 0 every source was read and none is a hazard; 1 a hazard or a restored
 position was found (whatever else could not be read); 3 no hazard was found, but a source could
 not be read (an "unknown" line: a broker unreachable, a topic or queue missing, no permission, the
-outbox positions unreadable), so a hazard there is not ruled out; 2 a usage error.`,
+outbox positions unreadable when they are all doctor checks), so a hazard there is not ruled
+out; 2 a usage error.`,
 		examples: []string{
 			"wmonce doctor -consumer payments -kafka payments,refunds -keep 7d",
 			"wmonce doctor -consumer sms -amqp sms,sms.dlq -max-message-age 6d -consumer rewards -kafka rewards",
@@ -199,7 +200,9 @@ func runDoctor(ctx context.Context, e *env, args []string) error {
 		return errors.Join(errs...)
 	}
 	unknown := len(rep.Unknown())
-	if posErr != nil {
+	if posErr != nil && len(cfg.Consumers) == 0 {
+		// Alone, the positions are what doctor was asked to check. Beside consumers they are a
+		// line of their own: a broker-only gate needs no database.
 		unknown++
 	}
 	if tablesErr != nil {
