@@ -113,11 +113,15 @@ func BenchmarkProcess(b *testing.B) {
 // BenchmarkProcessClaimModesInterleaved works a backlog of BENCH_ROWS rows with leases and with
 // ClaimLock in turn, BENCH_ROUNDS times, with the e2e bench's settings (8 workers, TxBatchSize
 // 200, PollInterval 50ms), and reports each mode's median msgs/s and the median ratio
-// lock/lease per round, so that a shared machine's load falls on both alike:
+// lock/lease per round, so that a shared machine's load falls on both alike. The mode that goes
+// first alternates from round to round, so that neither always runs on the fresher table.
+// BENCH_WORKERS and BENCH_TXBATCH change the workers and TxBatchSize (BENCH_TXBATCH=1
+// BENCH_WORKERS=4: the defaults):
 //
 //	BENCH_ROUNDS=5 BENCH_ROWS=10000 go test -run '^$' -bench ProcessClaimModesInterleaved -benchtime 1x ./inbox/
 func BenchmarkProcessClaimModesInterleaved(b *testing.B) {
 	rounds, rows := envInt(b, "BENCH_ROUNDS", 3), envInt(b, "BENCH_ROWS", 10000)
+	workers, txBatch := envInt(b, "BENCH_WORKERS", 8), envInt(b, "BENCH_TXBATCH", 200)
 	e := newEnvOn(b, pgtest.OpenDB(b, 40))
 	payload := []byte(`{"payment_id":"p-1","amount_paise":120000,"currency":"INR"}`)
 	modes := []struct {
@@ -127,7 +131,9 @@ func BenchmarkProcessClaimModesInterleaved(b *testing.B) {
 	rates := make([][]float64, len(modes))
 	seq := 0
 	for round := range rounds {
-		for i, m := range modes {
+		for k := range modes {
+			i := (k + round) % len(modes)
+			m := modes[i]
 			consumer := fmt.Sprintf("bench-%s-%d", m.name, round)
 			ctx := context.Background()
 			r := e.receiver(b, inbox.ReceiverConfig{Consumer: consumer})
@@ -143,7 +149,7 @@ func BenchmarkProcessClaimModesInterleaved(b *testing.B) {
 				require.NoError(b, err)
 				require.NoError(b, tx.Commit())
 			}
-			cfg := inbox.ProcessorConfig{Consumer: consumer, Workers: 8, BatchSize: 400, TxBatchSize: 200, PollInterval: 50 * time.Millisecond, ClaimMode: m.mode}
+			cfg := inbox.ProcessorConfig{Consumer: consumer, Workers: workers, BatchSize: 2 * txBatch, TxBatchSize: txBatch, PollInterval: 50 * time.Millisecond, ClaimMode: m.mode}
 			if m.mode == inbox.ClaimLock {
 				cfg.BatchSize = 0
 			}
