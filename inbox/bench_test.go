@@ -3,12 +3,9 @@ package inbox_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"slices"
 	"strconv"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
@@ -108,85 +105,4 @@ func BenchmarkProcess(b *testing.B) {
 			}
 		})
 	}
-}
-
-// BenchmarkProcessClaimModesInterleaved works a backlog of BENCH_ROWS rows with leases and with
-// ClaimLock in turn, BENCH_ROUNDS times, with the e2e bench's settings (8 workers, TxBatchSize
-// 200, PollInterval 50ms), and reports each mode's median msgs/s and the median ratio
-// lock/lease per round, so that a shared machine's load falls on both alike:
-//
-//	BENCH_ROUNDS=5 BENCH_ROWS=10000 go test -run '^$' -bench ProcessClaimModesInterleaved -benchtime 1x ./inbox/
-func BenchmarkProcessClaimModesInterleaved(b *testing.B) {
-	rounds, rows := envInt(b, "BENCH_ROUNDS", 3), envInt(b, "BENCH_ROWS", 10000)
-	e := newEnvOn(b, pgtest.OpenDB(b, 40))
-	payload := []byte(`{"payment_id":"p-1","amount_paise":120000,"currency":"INR"}`)
-	modes := []struct {
-		name string
-		mode inbox.ClaimMode
-	}{{"lease", inbox.ClaimLease}, {"lock", inbox.ClaimLock}}
-	rates := make([][]float64, len(modes))
-	seq := 0
-	for round := range rounds {
-		for i, m := range modes {
-			consumer := fmt.Sprintf("bench-%s-%d", m.name, round)
-			ctx := context.Background()
-			r := e.receiver(b, inbox.ReceiverConfig{Consumer: consumer})
-			for start := 0; start < rows; start += 1000 {
-				msgs := make([]*message.Message, 0, 1000)
-				for range min(1000, rows-start) {
-					seq++
-					msgs = append(msgs, message.NewMessage("m-"+strconv.Itoa(seq), payload))
-				}
-				tx, err := e.db.BeginTx(ctx, nil)
-				require.NoError(b, err)
-				_, err = r.StoreTx(ctx, tx, "payments", msgs...)
-				require.NoError(b, err)
-				require.NoError(b, tx.Commit())
-			}
-			cfg := inbox.ProcessorConfig{Consumer: consumer, Workers: 8, BatchSize: 400, TxBatchSize: 200, PollInterval: 50 * time.Millisecond, ClaimMode: m.mode}
-			if m.mode == inbox.ClaimLock {
-				cfg.BatchSize = 0
-			}
-			p := e.processor(b, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "w") }, cfg)
-			settled := &p.TestSignals().Settled
-			settled.Init()
-			start := time.Now()
-			done := make(chan error, 1)
-			go func() { done <- p.Run(ctx) }()
-			for n := 0; n < rows; {
-				if settled.WaitOrTimeout().As == inbox.SettledDone {
-					n++
-				}
-			}
-			el := time.Since(start)
-			require.NoError(b, p.Close())
-			require.NoError(b, <-done)
-			rates[i] = append(rates[i], float64(rows)/el.Seconds())
-		}
-	}
-	b.StopTimer()
-	ratios := make([]float64, rounds)
-	for i, m := range modes {
-		b.ReportMetric(medianOf(rates[i]), m.name+"-msgs/s")
-	}
-	for r := range rounds {
-		ratios[r] = rates[1][r] / rates[0][r]
-	}
-	b.ReportMetric(medianOf(ratios), "lock/lease")
-	b.Logf("msgs/s by round: lease %.0f, lock %.0f", rates[0], rates[1])
-}
-
-func envInt(b *testing.B, name string, def int) int {
-	if v := os.Getenv(name); v != "" {
-		n, err := strconv.Atoi(v)
-		require.NoError(b, err, name)
-		return n
-	}
-	return def
-}
-
-func medianOf(v []float64) float64 {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	return s[len(s)/2]
 }

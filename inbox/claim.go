@@ -23,11 +23,9 @@ type claimedRow struct {
 	metadata    string
 	attempts    int // the attempt being started, 1-based
 	receivedAt  time.Time
-
-	// ClaimLock only: the number of an earlier attempt that ended its connection or process
-	// (0: none), and the row version the attempt starts from (xmin).
+	// The number of the row's last attempt if it lost its lease (its worker died, stalled or
+	// was killed; 0: it did not): such a row runs alone (see processClaim).
 	crashed int
-	xmin    string
 }
 
 // queryClaimed runs a claim query (on the pool or in a transaction) and scans the claimed rows.
@@ -45,7 +43,7 @@ func (p *Processor) queryClaimed(ctx context.Context, q interface {
 	var rows []claimedRow
 	for rs.Next() {
 		var r claimedRow
-		if err := rs.Scan(&r.id, &r.messageID, &r.uuid, &r.orderingKey, &r.topic, &r.payload, &r.metadata, &r.attempts, &r.receivedAt, &r.crashed, &r.xmin); err != nil {
+		if err := rs.Scan(&r.id, &r.messageID, &r.uuid, &r.orderingKey, &r.topic, &r.payload, &r.metadata, &r.attempts, &r.receivedAt, &r.crashed); err != nil {
 			return nil, fmt.Errorf("inbox: scan claimed row: %w", err)
 		}
 		rows = append(rows, r)
@@ -78,10 +76,9 @@ func (p *Processor) claimFailed(ctx context.Context, backoff *iworker.Backoff, e
 }
 
 // replanned puts pgtx.ReplanArgs before args: the claims, completions, lease renewals and the
-// reaper run against tables whose size and make-up change by the second (inbox,
-// inbox_attempts), so a plan cached while they were empty or all PENDING would walk past
-// every finished row, join every attempt record with every row of a batch
-// (docs/performance.md, ClaimLock) or scan the whole inbox where an index finds the rows.
+// reaper run against a table whose size and make-up change by the second, so a plan cached
+// while it was empty or all PENDING would walk past every finished row or scan the whole inbox
+// where an index finds the rows.
 func (p *Processor) replanned(args ...any) []any {
 	return p.replan.Args(args...)
 }
@@ -108,8 +105,8 @@ const (
 // beginning instead. The period is rescanEvery, or rescanShare times as long as the last
 // rescan took if that is longer (at most maxRescanPeriod): with statistics taken while every row was PENDING,
 // PostgreSQL walks the primary key past every finished row (about 150 ms at 50,000 of them),
-// and rescans every 100 ms then kept the workers rescanning (ClaimLock ran at 1,650 rows/s
-// instead of 13,000, docs/performance.md). A row below the floor waits at most that period.
+// and rescans every 100 ms then kept the workers rescanning (1,650 rows/s instead of 13,000,
+// docs/performance.md). A row below the floor waits at most that period.
 func (p *Processor) claimAfter() int64 {
 	now := time.Now().UnixNano()
 	period := min(max(int64(rescanEvery), rescanShare*p.rescanTook.Load()), int64(maxRescanPeriod))

@@ -14,7 +14,7 @@ import (
 
 // Handlers run by the processor derive downstream keys from the inbox's dedupe key, exactly as
 // under the effectively-once middleware.
-func testProcessorExposesClaimForDownstreamKeys(t *testing.T, mode inbox.ClaimMode) {
+func testProcessorExposesClaimForDownstreamKeys(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "rewards", Key: wmonce.KeyFromMetadata("event_id")})
@@ -27,7 +27,7 @@ func testProcessorExposesClaimForDownstreamKeys(t *testing.T, mode inbox.ClaimMo
 		k, err := idemkey.ForMessage(msg, "sms")
 		keys <- k
 		return nil, err
-	}, inbox.ProcessorConfig{Consumer: "rewards", ClaimMode: mode})
+	}, inbox.ProcessorConfig{Consumer: "rewards"})
 	want, err := idemkey.Derive("rewards", "e-91", "sms")
 	require.NoError(t, err)
 	select {

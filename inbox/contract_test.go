@@ -1,39 +1,14 @@
 package inbox_test
 
-import (
-	"testing"
+import "testing"
 
-	"github.com/wmonce/watermill-once/inbox"
-)
-
-// processorModes are the two ways the Processor holds rows. The contract (processorContract) must
-// hold in each; what only one mode does is tested beside it (lock_test.go, the lease tests in
-// processor_test.go).
-var processorModes = []struct {
-	name string
-	mode inbox.ClaimMode
-}{
-	{"lease", inbox.ClaimLease},
-	{"lock", inbox.ClaimLock},
-}
-
-// TestProcessorContract runs the Processor's contract in every claim mode.
+// TestProcessorContract is what the Processor guarantees. Each case is in the file of the
+// behaviour it tests.
 func TestProcessorContract(t *testing.T) {
 	t.Parallel()
-	for _, m := range processorModes {
-		t.Run(m.name, func(t *testing.T) {
-			t.Parallel()
-			processorContract(t, m.mode)
-		})
-	}
-}
-
-// processorContract is what the Processor guarantees whichever way it claims rows. Each case
-// is a function of the mode, in the file of the behaviour it tests.
-func processorContract(t *testing.T, mode inbox.ClaimMode) {
 	for _, c := range []struct {
 		name string
-		run  func(*testing.T, inbox.ClaimMode)
+		run  func(*testing.T)
 	}{
 		{"a failing handler is retried with backoff, then succeeds", testFailingHandlerRetriesWithBackoffThenSucceeds},
 		{"a poison row is parked while other keys go on", testPoisonRowParkedWhileOtherKeysGoOn},
@@ -52,13 +27,6 @@ func processorContract(t *testing.T, mode inbox.ClaimMode) {
 		{"an unstorable output parks the row at once", testUnstorableOutputParksTheRowAtOnce},
 		{"the claim is exposed for downstream keys", testProcessorExposesClaimForDownstreamKeys},
 	} {
-		t.Run(c.name, func(t *testing.T) { c.run(t, mode) })
+		t.Run(c.name, c.run)
 	}
-}
-
-// fastIn is the fast test configuration in claim mode mode.
-func fastIn(mode inbox.ClaimMode, consumer string) inbox.ProcessorConfig {
-	cfg := fast(consumer)
-	cfg.ClaimMode = mode
-	return cfg
 }

@@ -20,16 +20,11 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// claimModes runs a test once per claim mode.
-func claimModes(t *testing.T, run func(t *testing.T, cfg inbox.ProcessorConfig)) {
-	for _, m := range processorModes {
-		t.Run(m.mode.String(), func(t *testing.T) {
-			t.Parallel()
-			cfg := fastIn(m.mode, "c")
-			cfg.Workers, cfg.MaxAttempts = 1, 3
-			run(t, cfg)
-		})
-	}
+// crashConfig is the configuration of the crash tests: one worker, three attempts.
+func crashConfig() inbox.ProcessorConfig {
+	cfg := fast("c")
+	cfg.Workers, cfg.MaxAttempts = 1, 3
+	return cfg
 }
 
 // A handler whose backend is terminated under it (pg_terminate_backend, as an out-of-memory
@@ -37,120 +32,115 @@ func claimModes(t *testing.T, run func(t *testing.T, cfg inbox.ProcessorConfig))
 // every time is parked after MaxAttempts instead of being given back uncounted forever.
 func TestTerminatedBackendCountsTheAttempt(t *testing.T) {
 	t.Parallel()
-	claimModes(t, func(t *testing.T, cfg inbox.ProcessorConfig) {
-		e := newEnv(t)
-		r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
-		require.NoError(t, r.Handle(msg("m1", "x")))
-		var runs atomic.Int32
-		p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
-			runs.Add(1)
-			tx, _ := pgtx.TxFromContext(m.Context())
-			if err := e.effect(m, "w"); err != nil {
-				return nil, err
-			}
-			var pid int
-			if err := tx.QueryRowContext(m.Context(), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
-				return nil, err
-			}
-			var gone bool // waits up to 10s for the backend to exit
-			if err := e.db.QueryRowContext(context.Background(), `SELECT pg_terminate_backend($1, 10000)`, pid).Scan(&gone); err != nil || !gone {
-				return nil, errors.Join(errors.New("could not terminate the backend"), err)
-			}
-			_, err := tx.ExecContext(m.Context(), `SELECT 1`)
+	cfg := crashConfig()
+	e := newEnv(t)
+	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
+	require.NoError(t, r.Handle(msg("m1", "x")))
+	var runs atomic.Int32
+	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
+		runs.Add(1)
+		tx, _ := pgtx.TxFromContext(m.Context())
+		if err := e.effect(m, "w"); err != nil {
 			return nil, err
-		}, cfg)
+		}
+		var pid int
+		if err := tx.QueryRowContext(m.Context(), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+			return nil, err
+		}
+		var gone bool // waits up to 10s for the backend to exit
+		if err := e.db.QueryRowContext(context.Background(), `SELECT pg_terminate_backend($1, 10000)`, pid).Scan(&gone); err != nil || !gone {
+			return nil, errors.Join(errors.New("could not terminate the backend"), err)
+		}
+		_, err := tx.ExecContext(m.Context(), `SELECT 1`)
+		return nil, err
+	}, cfg)
 
-		p.until(t, "the row parked", func(n tally) bool { return n.Parked == 1 })
-		row, err := e.ops.InspectMessage(context.Background(), "c", "m1")
-		require.NoError(t, err)
-		require.Equal(t, 3, row.Attempts)
-		require.Contains(t, row.LastError, "connection ended during the attempt")
-		require.EqualValues(t, 3, runs.Load(), "one run per counted attempt")
-		require.Zero(t, e.effects(t), "no effect of a terminated attempt commits")
-	})
+	p.until(t, "the row parked", func(n tally) bool { return n.Parked == 1 })
+	row, err := e.ops.InspectMessage(context.Background(), "c", "m1")
+	require.NoError(t, err)
+	require.Equal(t, 3, row.Attempts)
+	require.Contains(t, row.LastError, "connection ended during the attempt")
+	require.EqualValues(t, 3, runs.Load(), "one run per counted attempt")
+	require.Zero(t, e.effects(t), "no effect of a terminated attempt commits")
 }
 
 // Environment of the child process TestInboxCrashChild runs in.
 const (
 	crashChildEnv  = "WMONCE_INBOX_CRASH_CHILD"
 	crashSchemaEnv = "WMONCE_INBOX_CRASH_SCHEMA"
-	crashModeEnv   = "WMONCE_INBOX_CRASH_MODE"
 	crashBatchEnv  = "WMONCE_INBOX_CRASH_TXBATCH"
 )
 
 // A message that kills its worker's process (SIGKILL in the handler, as an out-of-memory kill
-// would) is counted on every run and parked after MaxAttempts, in both claim modes. Each run
+// would) is counted on every run and parked after MaxAttempts. Each run
 // is a child process: this test binary, re-executed to run TestInboxCrashChild. With
 // TxBatchSize 4 the message first dies together with three innocent neighbours; they lose that
 // one attempt only, are then processed apart from it, and are not parked with it. (They would
-// also lose any attempt of their own that fails or outruns HandlerTimeout or, in lease mode,
-// its lease; the child's bounds are long so that a loaded machine does not cause that.)
+// also lose any attempt of their own that fails or outruns HandlerTimeout or its lease; the child's bounds are long so that a loaded machine does not cause that.)
 func TestProcessCrashIsCountedUntilParked(t *testing.T) {
 	t.Parallel()
 	for _, txBatch := range []int{1, 4} {
 		t.Run(fmt.Sprintf("txbatch=%d", txBatch), func(t *testing.T) {
 			t.Parallel()
-			claimModes(t, func(t *testing.T, cfg inbox.ProcessorConfig) {
-				e := newEnv(t)
-				r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
-				ids := []string{"doomed"}
-				if txBatch > 1 {
-					ids = []string{"ok-1", "doomed", "ok-2", "ok-3"}
-				}
-				storeAll(t, e, r, func() (msgs []*message.Message) {
-					for _, id := range ids {
-						msgs = append(msgs, msg(id, "x"))
-					}
-					return msgs
-				}())
-
-				kills := 0
-				var outs []string // the children's output, logged if the test fails
-				t.Cleanup(func() {
-					if t.Failed() {
-						for _, o := range outs {
-							t.Log(o)
-						}
-					}
-				})
-				for run := 1; ; run++ {
-					// MaxAttempts runs that kill themselves, then one that parks the row.
-					require.LessOrEqual(t, run, cfg.MaxAttempts+1, "the row is still not parked after %d killed runs: crashes are not counted", kills)
-					child := exec.Command(os.Args[0], "-test.run=^TestInboxCrashChild$", "-test.count=1", "-test.v="+strconv.FormatBool(testing.Verbose()))
-					child.Env = append(os.Environ(), crashChildEnv+"=1", crashSchemaEnv+"="+e.schema,
-						crashModeEnv+"="+cfg.ClaimMode.String(), crashBatchEnv+"="+strconv.Itoa(txBatch))
-					out, err := child.CombinedOutput()
-					outs = append(outs, fmt.Sprintf("=== child %d\n%s", run, out))
-					var exit *exec.ExitError
-					if errors.As(err, &exit) {
-						if ws, ok := exit.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
-							kills++
-							// The child is gone (we waited for it): its leases run out now
-							// rather than after Lease, as if that much time had passed. In
-							// lock mode nothing is IN_PROGRESS and this changes nothing.
-							pgtest.Exec(t, e.db, `UPDATE `+e.table("inbox")+` SET lease_until = now() WHERE status = 'IN_PROGRESS'`)
-							continue
-						}
-					}
-					require.NoError(t, err, "child run %d:\n%s", run, out)
-					break // the child saw every row finished
-				}
-				require.Equal(t, cfg.MaxAttempts, kills)
-				row, err := e.ops.InspectMessage(context.Background(), "c", "doomed")
-				require.NoError(t, err)
-				require.Equal(t, inbox.StatusFailed, row.Status)
-				require.Equal(t, cfg.MaxAttempts, row.Attempts)
+			cfg := crashConfig()
+			e := newEnv(t)
+			r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
+			ids := []string{"doomed"}
+			if txBatch > 1 {
+				ids = []string{"ok-1", "doomed", "ok-2", "ok-3"}
+			}
+			storeAll(t, e, r, func() (msgs []*message.Message) {
 				for _, id := range ids {
-					if id == "doomed" {
+					msgs = append(msgs, msg(id, "x"))
+				}
+				return msgs
+			}())
+
+			kills := 0
+			var outs []string // the children's output, logged if the test fails
+			t.Cleanup(func() {
+				if t.Failed() {
+					for _, o := range outs {
+						t.Log(o)
+					}
+				}
+			})
+			for run := 1; ; run++ {
+				// MaxAttempts runs that kill themselves, then one that parks the row.
+				require.LessOrEqual(t, run, cfg.MaxAttempts+1, "the row is still not parked after %d killed runs: crashes are not counted", kills)
+				child := exec.Command(os.Args[0], "-test.run=^TestInboxCrashChild$", "-test.count=1", "-test.v="+strconv.FormatBool(testing.Verbose()))
+				child.Env = append(os.Environ(), crashChildEnv+"=1", crashSchemaEnv+"="+e.schema,
+					crashBatchEnv+"="+strconv.Itoa(txBatch))
+				out, err := child.CombinedOutput()
+				outs = append(outs, fmt.Sprintf("=== child %d\n%s", run, out))
+				var exit *exec.ExitError
+				if errors.As(err, &exit) {
+					if ws, ok := exit.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
+						kills++
+						// The child is gone (we waited for it): its leases run out now
+						// rather than after Lease, as if that much time had passed.
+						pgtest.Exec(t, e.db, `UPDATE `+e.table("inbox")+` SET lease_until = now() WHERE status = 'IN_PROGRESS'`)
 						continue
 					}
-					row, err := e.ops.InspectMessage(context.Background(), "c", id)
-					require.NoError(t, err)
-					require.Equal(t, inbox.StatusDone, row.Status, id)
-					require.LessOrEqual(t, row.Attempts, 2, "%s lost one attempt at most to its neighbour; last error %q", id, row.LastError)
 				}
-				require.Equal(t, len(ids)-1, e.effects(t), "each innocent row applied once, the doomed one never")
-			})
+				require.NoError(t, err, "child run %d:\n%s", run, out)
+				break // the child saw every row finished
+			}
+			require.Equal(t, cfg.MaxAttempts, kills)
+			row, err := e.ops.InspectMessage(context.Background(), "c", "doomed")
+			require.NoError(t, err)
+			require.Equal(t, inbox.StatusFailed, row.Status)
+			require.Equal(t, cfg.MaxAttempts, row.Attempts)
+			for _, id := range ids {
+				if id == "doomed" {
+					continue
+				}
+				row, err := e.ops.InspectMessage(context.Background(), "c", id)
+				require.NoError(t, err)
+				require.Equal(t, inbox.StatusDone, row.Status, id)
+				require.LessOrEqual(t, row.Attempts, 2, "%s lost one attempt at most to its neighbour; last error %q", id, row.LastError)
+			}
+			require.Equal(t, len(ids)-1, e.effects(t), "each innocent row applied once, the doomed one never")
 		})
 	}
 }
@@ -172,9 +162,6 @@ func TestInboxCrashChild(t *testing.T) {
 	cfg.Lease, cfg.HandlerTimeout = time.Minute, time.Minute
 	cfg.TxBatchSize, _ = strconv.Atoi(os.Getenv(crashBatchEnv))
 	cfg.BatchSize = cfg.TxBatchSize
-	if os.Getenv(crashModeEnv) == inbox.ClaimLock.String() {
-		cfg.ClaimMode = inbox.ClaimLock
-	}
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
 		if err := e.effect(m, "w"); err != nil {
 			return nil, err

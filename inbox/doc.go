@@ -118,30 +118,16 @@
 // that is longer, up to a second) and whenever nothing is found above it: a row that becomes claimable below
 // the floor (a retry falling due, a key unblocked, a replay) waits at most that much longer.
 //
-// ClaimMode ClaimLock is the alternative to leases: the claim is a row lock, SELECT ... FOR
-// UPDATE SKIP LOCKED inside the processing transaction, and each row is written once, when its
-// outcome commits with the handler's effects. Writing less has not made it reliably faster:
-// in the full bench runs of 2026-12-02 it processed 0.87-1.18x the rows per second of leases,
-// with slower runs under load (docs/performance.md), so choose it for fewer row versions, not
-// for speed. The lock disappears with the transaction or the connection, which replaces the lease, the token and the reaper; a failed handler is
-// undone with a savepoint so that its attempt is recorded while the lock is held. The start of
-// each attempt is committed apart beforehand, so an attempt that kills the process or its
-// connection still counts. What it gives up is described at ClaimLock: rows in work show as
-// PENDING, and operator changes to them wait.
-//
-// In both modes an attempt that ends its own database connection or process (a terminated
-// backend, SIGKILL, an out-of-memory kill) counts toward MaxAttempts: a message that crashes
-// its worker every time is parked as FAILED, not retried forever. A lost connection cannot be
-// told apart from one the message caused, so a database restart also costs each row in work
-// one attempt. A row whose last attempt ended that way runs alone (never in a TxBatchSize
-// batch, and in lease mode after giving back the rest of its claim), so what its neighbours
-// lose to it is the one attempt they shared with it: every row of the transaction it took
-// down (ClaimLock) or of the claim whose leases ran out with it (leases), whether or not its
-// handler had started. They are not parked with it. Any further attempt a neighbour loses is
-// its own: its handler failed or outran HandlerTimeout, or, with leases, its lease ran out
-// (mind a short Lease without renewal on a loaded machine). With ClaimLock, HandlerTimeout
-// bounds the whole transaction, locking and recording the start included; an attempt whose
-// time runs out before its handler starts is not counted.
+// An attempt that ends its own database connection or process (a terminated backend, SIGKILL,
+// an out-of-memory kill) counts toward MaxAttempts: the claim counted it, and nothing gives it
+// back, so a message that crashes its worker every time is parked as FAILED, not retried
+// forever. A lost connection cannot be told apart from one the message caused, so a database
+// restart also costs each row in work one attempt. A row whose last attempt ended that way runs
+// alone (never in a TxBatchSize batch, after giving back the rest of its claim), so what its
+// neighbours lose to it is the one attempt they shared with it: every row of the claim whose
+// leases ran out with it, whether or not its handler had started. They are not parked with it.
+// Any further attempt a neighbour loses is its own: its handler failed, outran HandlerTimeout,
+// or its lease ran out (mind a short Lease without renewal on a loaded machine).
 //
 // TxBatchSize > 1 runs several claimed rows in one transaction and completes them with one
 // statement; if any of them fails, the whole batch is rolled back and re-run one row per
@@ -213,10 +199,9 @@
 // # Costs
 //
 // Per message: one inserted row (four index entries), two row updates (claim, completion; each
-// a new row version, since status is indexed; one with ClaimLock, plus the insert and delete
-// of its attempt start in the small inbox_attempts table) and a later delete, against the
-// middleware's one claim insert. A processor holds Workers connections plus up to three
-// (LISTEN, lease upkeep or ClaimLock attempt starts, releases). Dead-letter handling (alerts,
+// a new row version, since status is indexed) and a later delete, against the middleware's one
+// claim insert. A processor holds Workers connections plus up to three (LISTEN, lease upkeep,
+// releases). Dead-letter handling (alerts,
 // replay, skip) is yours: Ops provides the tools.
 //
 // # Tracing
@@ -226,7 +211,7 @@
 // under a consumer span "inbox process", the child of the trace context the message carries, with
 // wmonce.consumer, wmonce.dedupe_key (the message id) and wmonce.attempt; the handler and the
 // outbox store are child spans, messages the handler returns carry the attempt's trace, and
-// the COMMIT is an event (in both claim modes; a TxBatchSize batch's spans end after the batch's
+// the COMMIT is an event (a TxBatchSize batch's spans end after the batch's
 // COMMIT, or say it did not happen). A failed attempt ends its span with the error; the next
 // attempt is a new span of the same trace. Where it stops: the claim and the recording of a
 // failed attempt (its own statement, after the handler's span ended) are not traced.

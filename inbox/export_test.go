@@ -22,12 +22,6 @@ const (
 // TestSignals returns p's test signals: Init the ones a test waits on before p runs.
 func (p *Processor) TestSignals() *ProcessorTestSignals { return &p.testSignals }
 
-// ProcessorTestHooks are a Processor's test hooks (see processorTestHooks).
-type ProcessorTestHooks = processorTestHooks
-
-// TestHooks returns p's test hooks: set them before p runs.
-func (p *Processor) TestHooks() *ProcessorTestHooks { return &p.testHooks }
-
 // ExpiredLease is the event of ProcessorTestSignals.LeaseExpired.
 type ExpiredLease = expiredLease
 

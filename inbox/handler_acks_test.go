@@ -19,7 +19,7 @@ import (
 // Receiver acked the delivery when it stored the row), so the call changes nothing. Every row is
 // applied exactly once, the failed attempt is retried (in a batch: its neighbours run again, one
 // per transaction), and each call is counted in HandlerAcked.
-func testHandlerAckingItsMessage(t *testing.T, mode inbox.ClaimMode) {
+func testHandlerAckingItsMessage(t *testing.T) {
 	t.Parallel()
 	for _, call := range []string{"Ack", "Nack"} {
 		for _, txBatch := range []int{1, 4} {
@@ -28,7 +28,7 @@ func testHandlerAckingItsMessage(t *testing.T, mode inbox.ClaimMode) {
 				e := newEnv(t)
 				r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
 				storeRows(t, e, r, 3)
-				cfg := fastIn(mode, "c")
+				cfg := fast("c")
 				cfg.Workers, cfg.TxBatchSize = 1, txBatch
 				var mu sync.Mutex
 				attempts := map[string]int{}

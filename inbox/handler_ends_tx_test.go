@@ -36,9 +36,8 @@ func storeRows(t *testing.T, e *env, r *inbox.Receiver, n int) {
 // COMMIT, once more by the fallback to one row per transaction).
 //
 // One worker, so that the batches form as configured (the third row, e-2, in the first batch)
-// and the counts are exact: in ClaimLock mode the row lock goes with the ended transaction, and
-// another worker may take the row and end its transaction once more before it is parked.
-func testHandlerEndingItsTransaction(t *testing.T, mode inbox.ClaimMode) {
+// and the counts are exact.
+func testHandlerEndingItsTransaction(t *testing.T) {
 	t.Parallel()
 	for _, txBatch := range []int{1, 4} {
 		for _, ending := range pgtest.TxEndings {
@@ -47,7 +46,7 @@ func testHandlerEndingItsTransaction(t *testing.T, mode inbox.ClaimMode) {
 				e := newEnv(t)
 				r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
 				storeRows(t, e, r, 6)
-				cfg := fastIn(mode, "c")
+				cfg := fast("c")
 				cfg.Workers, cfg.TxBatchSize, cfg.OutputTopic = 1, txBatch, "out"
 				p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
 					if err := e.effect(m, "w"); err != nil {
@@ -87,7 +86,7 @@ func testHandlerEndingItsTransaction(t *testing.T, mode inbox.ClaimMode) {
 // transaction rolled back by database/sql, not by itself: the attempt is a timeout, retried (in
 // a batch: the batch runs again one row per transaction, as after any failure), and never
 // parked as a handler that ended its transaction.
-func testHandlerPastTimeoutIsNotTakenForEndingItsTransaction(t *testing.T, mode inbox.ClaimMode) {
+func testHandlerPastTimeoutIsNotTakenForEndingItsTransaction(t *testing.T) {
 	t.Parallel()
 	for _, txBatch := range []int{1, 3} {
 		t.Run(fmt.Sprintf("TxBatchSize %d", txBatch), func(t *testing.T) {
@@ -95,7 +94,7 @@ func testHandlerPastTimeoutIsNotTakenForEndingItsTransaction(t *testing.T, mode 
 			e := newEnv(t)
 			r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
 			storeRows(t, e, r, 3)
-			cfg := fastIn(mode, "c")
+			cfg := fast("c")
 			cfg.Workers, cfg.TxBatchSize, cfg.HandlerTimeout = 1, txBatch, 200*time.Millisecond
 			var stalled atomic.Bool
 			p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
@@ -121,21 +120,22 @@ func testHandlerPastTimeoutIsNotTakenForEndingItsTransaction(t *testing.T, mode 
 	}
 }
 
-// In ClaimLock mode the row lock goes with the transaction the handler ended, so another worker
-// may take the row and run it again before the first has parked it. Before the attempt guard
-// that ran a committing handler twice (two effects in about half of the runs with four
-// workers); now no run applies anything, and the row ends parked.
-func TestClaimLockHandlerEndingItsTransactionWithSeveralWorkersAppliesNothing(t *testing.T) {
+// With four workers a handler that commits the transaction it was lent applies nothing either,
+// and its row ends parked: its claim outlives the ended transaction, so no other worker runs it
+// meanwhile.
+func TestHandlerEndingItsTransactionWithSeveralWorkersAppliesNothing(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
+	cfg := fast("c")
+	cfg.Workers = 4
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
 		if err := e.effect(m, "w"); err != nil {
 			return nil, err
 		}
 		tx, _ := pgtx.TxFromContext(m.Context())
 		return nil, tx.Commit()
-	}, locking("c", 4, 1))
+	}, cfg)
 	require.NoError(t, r.Handle(msg("e-1", "x")))
 	p.until(t, "parking", func(n tally) bool { return n.Parked == 1 })
 	require.Zero(t, e.effects(t))
@@ -152,67 +152,56 @@ func TestClaimLockHandlerEndingItsTransactionWithSeveralWorkersAppliesNothing(t 
 // migrations have run.
 func TestProcessorWaitsForTheAttemptGuard(t *testing.T) {
 	t.Parallel()
-	for _, m := range processorModes {
-		t.Run(m.name, func(t *testing.T) {
-			t.Parallel()
-			e := newEnv(t)
-			ctx := context.Background()
-			mig, err := migrate.New(e.db, migrate.Config{Schema: e.schema}, nil)
-			require.NoError(t, err)
-			_, err = mig.Migrate(ctx, migrate.DirectionDown, &migrate.Opts{TargetVersion: 10})
-			require.NoError(t, err)
-			r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
-			require.NoError(t, r.Handle(msg("e-1", "x")))
-			p := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "w") }, fastIn(m.mode, "c"))
-			require.ErrorContains(t, p.sig.ClaimFailed.WaitOrTimeout(), "the attempt guard, migration 011", "the missing guard is reported")
-			row, err := e.ops.InspectMessage(ctx, "c", "e-1")
-			require.NoError(t, err)
-			require.Equal(t, inbox.StatusPending, row.Status)
-			require.Zero(t, row.Attempts)
+	e := newEnv(t)
+	ctx := context.Background()
+	mig, err := migrate.New(e.db, migrate.Config{Schema: e.schema}, nil)
+	require.NoError(t, err)
+	_, err = mig.Migrate(ctx, migrate.DirectionDown, &migrate.Opts{TargetVersion: 10})
+	require.NoError(t, err)
+	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
+	require.NoError(t, r.Handle(msg("e-1", "x")))
+	p := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "w") }, fast("c"))
+	require.ErrorContains(t, p.sig.ClaimFailed.WaitOrTimeout(), "the attempt guard, migration 011", "the missing guard is reported")
+	row, err := e.ops.InspectMessage(ctx, "c", "e-1")
+	require.NoError(t, err)
+	require.Equal(t, inbox.StatusPending, row.Status)
+	require.Zero(t, row.Attempts)
 
-			_, err = mig.Migrate(ctx, migrate.DirectionUp, nil)
-			require.NoError(t, err)
-			p.until(t, "the row to be processed", func(n tally) bool { return n.Done == 1 })
-			require.Equal(t, 1, e.effects(t))
-		})
-	}
+	_, err = mig.Migrate(ctx, migrate.DirectionUp, nil)
+	require.NoError(t, err)
+	p.until(t, "the row to be processed", func(n tally) bool { return n.Done == 1 })
+	require.Equal(t, 1, e.effects(t))
 }
 
 // On a pool from pgtx.Open the processing transaction is guarded by its connection
-// (txguard.For): the server's attempt guard is never opened, in either claim mode, and a
+// (txguard.For): the server's attempt guard is never opened, and a
 // handler's COMMIT is refused all the same (the row is parked, nothing applied).
 func TestProcessorGuardsOnTheWire(t *testing.T) {
 	t.Parallel()
-	for _, m := range processorModes {
-		t.Run(m.name, func(t *testing.T) {
-			t.Parallel()
-			e := newEnv(t)
-			r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
-			state := "wmonce.attempt_" + e.schema // as migration 010 reads it
-			seen := make(chan string, 4)
-			cfg := fast("c")
-			cfg.ClaimMode = m.mode
-			p := e.start(t, func(msg *message.Message) ([]*message.Message, error) {
-				tx, _ := pgtx.TxFromContext(msg.Context())
-				var s string
-				if err := tx.QueryRowContext(msg.Context(), `SELECT coalesce(current_setting($1, true), '')`, state).Scan(&s); err != nil {
-					return nil, err
-				}
-				seen <- s
-				if err := e.effect(msg, "w"); err != nil {
-					return nil, err
-				}
-				if msg.UUID == "commits" {
-					return nil, tx.Commit()
-				}
-				return nil, nil
-			}, cfg)
-			require.NoError(t, r.Handle(msg("fine", "x")))
-			p.until(t, "the first row", func(n tally) bool { return n.Done == 1 })
-			require.Empty(t, <-seen, "the server's guard was not opened")
-			require.NoError(t, r.Handle(msg("commits", "x")))
-			p.until(t, "parking", func(n tally) bool { return n.Parked == 1 })
-			require.Equal(t, 1, e.effects(t), "the handler's COMMIT was refused: nothing of it applied")
-		})
-	}
+	e := newEnv(t)
+	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
+	state := "wmonce.attempt_" + e.schema // as migration 010 reads it
+	seen := make(chan string, 4)
+	cfg := fast("c")
+	p := e.start(t, func(msg *message.Message) ([]*message.Message, error) {
+		tx, _ := pgtx.TxFromContext(msg.Context())
+		var s string
+		if err := tx.QueryRowContext(msg.Context(), `SELECT coalesce(current_setting($1, true), '')`, state).Scan(&s); err != nil {
+			return nil, err
+		}
+		seen <- s
+		if err := e.effect(msg, "w"); err != nil {
+			return nil, err
+		}
+		if msg.UUID == "commits" {
+			return nil, tx.Commit()
+		}
+		return nil, nil
+	}, cfg)
+	require.NoError(t, r.Handle(msg("fine", "x")))
+	p.until(t, "the first row", func(n tally) bool { return n.Done == 1 })
+	require.Empty(t, <-seen, "the server's guard was not opened")
+	require.NoError(t, r.Handle(msg("commits", "x")))
+	p.until(t, "parking", func(n tally) bool { return n.Parked == 1 })
+	require.Equal(t, 1, e.effects(t), "the handler's COMMIT was refused: nothing of it applied")
 }

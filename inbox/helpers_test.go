@@ -213,3 +213,14 @@ func fast(consumer string) inbox.ProcessorConfig {
 		ShutdownGrace: 2 * time.Second,
 	}
 }
+
+// storeAll stores msgs in one transaction.
+func storeAll(t *testing.T, e *env, r *inbox.Receiver, msgs []*message.Message) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := e.db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	_, err = r.StoreTx(ctx, tx, "t", msgs...)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit())
+}

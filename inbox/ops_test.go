@@ -143,9 +143,6 @@ func TestOpsDeleteFinished(t *testing.T) {
 	}
 	pgtest.Exec(t, e.db, `UPDATE `+e.table("inbox")+` SET status = 'DONE', finished_at = now() - interval '2 days' WHERE message_id IN ('e-0', 'e-1', 'e-2')`)
 	pgtest.Exec(t, e.db, `UPDATE `+e.table("inbox")+` SET status = 'DONE', finished_at = now() WHERE message_id = 'e-3'`)
-	// A ClaimLock attempt record left behind by a crashed attempt of each row: the records of
-	// deleted rows go with them, the others stay.
-	pgtest.Exec(t, e.db, `INSERT INTO `+e.table("inbox_attempts")+` (inbox_id, attempt, row_xmin) SELECT id, 1, '1' FROM `+e.table("inbox"))
 
 	_, err := inbox.PruneFinished(ctx, e.db, e.schema, pgtx.PruneRequest{Consumer: "c", BatchSize: 10})
 	require.ErrorContains(t, err, "set Before (a time) or Keep")
@@ -161,8 +158,6 @@ func TestOpsDeleteFinished(t *testing.T) {
 		require.NoError(t, err)
 		return messageIDs(rows)
 	}())
-	require.Equal(t, 2, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("inbox_attempts")+` a JOIN `+e.table("inbox")+` i ON i.id = a.inbox_id`))
-	require.Equal(t, 2, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("inbox_attempts")), "the deleted rows' attempt records are gone")
 }
 
 func TestOpsConsumersAndFinishedStats(t *testing.T) {

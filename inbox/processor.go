@@ -62,8 +62,8 @@ type ProcessorCounters struct {
 //     timeout) is recorded with the error and retried after an exponential backoff with
 //     jitter; a permanent error (wmonce.Permanent) or the MaxAttempts-th failure parks the
 //     row as FAILED, where it waits for Ops.Replay or a skip. An attempt that ends its worker's
-//     process or database connection (killed, crashed, terminated backend) still counts, in
-//     both claim modes, so a message that crashes its worker is parked rather than retried
+//     process or database connection (killed, crashed, terminated backend) still counts (its
+//     lease runs out), so a message that crashes its worker is parked rather than retried
 //     forever.
 //   - Rows with an ordering key are processed one at a time per key, in received order: a row
 //     is eligible only when every older row of its key is DONE or SKIPPED. A failing row
@@ -99,7 +99,6 @@ type Processor struct {
 	replan                        pgtx.Replan  // see replanned
 
 	testSignals processorTestSignals
-	testHooks   processorTestHooks
 }
 
 // NewProcessor validates config and prepares a processor that runs handler for every row of
@@ -210,13 +209,9 @@ func (p *Processor) run(claimCtx context.Context) error {
 
 	var workers sync.WaitGroup
 	for _, w := range p.workers {
-		if p.config.ClaimMode == ClaimLock {
-			workers.Go(func() { p.workLocked(claimCtx) })
-		} else {
-			workers.Go(func() { p.work(claimCtx, w) })
-		}
+		workers.Go(func() { p.work(claimCtx, w) })
 	}
-	p.logger.Info("Inbox processor started", watermill.LogFields{"workers": p.config.Workers, "claim_mode": p.config.ClaimMode.String()})
+	p.logger.Info("Inbox processor started", watermill.LogFields{"workers": p.config.Workers})
 	<-claimCtx.Done()
 	// Rows claimed but not started go back at once, so another instance can take them while
 	// running handlers use their grace period.

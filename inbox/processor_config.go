@@ -55,11 +55,6 @@ type ProcessorConfig struct {
 	// handlers must not mind running more than once without effect (their database writes are
 	// rolled back; effects outside the database are not). Default DefaultTxBatchSize (1).
 	TxBatchSize int
-	// ClaimMode is how workers hold rows: ClaimLease (default: IN_PROGRESS rows with fenced
-	// leases) or ClaimLock (row locks inside the processing transaction, each row written once;
-	// see ClaimLock for what changes). With ClaimLock each transaction locks up to TxBatchSize
-	// rows and BatchSize is not used.
-	ClaimMode ClaimMode
 
 	// Lease is how long a claim stays valid without renewal. After it, another worker may
 	// take the row, and the first worker can no longer complete it. Default DefaultLease (30s).
@@ -114,10 +109,9 @@ type ProcessorConfig struct {
 	// by giving the messages that touch one row one ordering key (ReceiverConfig.OrderingKey):
 	// their rows run one at a time. REPEATABLE READ makes it exact too but is not the
 	// default, unlike the effectively-once middleware's: here a serialization failure counts
-	// as a failed attempt once the retries are spent (three new transactions with
-	// ClaimLease; with ClaimLock three retries in a savepoint, which keeps the snapshot, so
-	// they cannot succeed), so MaxAttempts can park the rows of a contended counter; and
-	// with ClaimLease a handler running longer than RenewInterval never completes (the lease
+	// as a failed attempt once the retries are spent (three new transactions), so
+	// MaxAttempts can park the rows of a contended counter; and a handler running longer
+	// than RenewInterval never completes (the lease
 	// renewal updates its row after the transaction's snapshot, so marking it DONE fails
 	// with 40001 every time).
 	TxOptions *sql.TxOptions
@@ -158,15 +152,8 @@ func (c ProcessorConfig) Validate() error {
 	if c.Outbox != nil && c.OutboxSource != "" {
 		errs = append(errs, errors.New("set OutboxSource or Outbox, not both: give the Writer its Source (outbox.Config.Source)"))
 	}
-	switch c.ClaimMode {
-	case ClaimLease:
-		if c.TxBatchSize < 1 || c.TxBatchSize > c.BatchSize {
-			errs = append(errs, fmt.Errorf("TxBatchSize must be between 1 and BatchSize (%d), got %d", c.BatchSize, c.TxBatchSize))
-		}
-	case ClaimLock:
-		errs = append(errs, setup.Between("TxBatchSize", c.TxBatchSize, 1, MaxBatchSize))
-	default:
-		errs = append(errs, fmt.Errorf("ClaimMode %d is not one of ClaimLease, ClaimLock", int(c.ClaimMode)))
+	if c.TxBatchSize < 1 || c.TxBatchSize > c.BatchSize {
+		errs = append(errs, fmt.Errorf("TxBatchSize must be between 1 and BatchSize (%d), got %d", c.BatchSize, c.TxBatchSize))
 	}
 	if c.RenewInterval >= c.Lease {
 		errs = append(errs, fmt.Errorf("RenewInterval (%s) must be shorter than Lease (%s), or negative to disable renewal", c.RenewInterval, c.Lease))

@@ -21,14 +21,14 @@ import (
 
 // A handler that fails three times is retried with growing, jittered delays; the failed
 // attempts leave nothing behind and the fourth applies the message once.
-func testFailingHandlerRetriesWithBackoffThenSucceeds(t *testing.T, mode inbox.ClaimMode) {
+func testFailingHandlerRetriesWithBackoffThenSucceeds(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
 	var mu sync.Mutex
 	var starts []time.Time
 	var attempts []int
-	cfg := fastIn(mode, "c")
+	cfg := fast("c")
 	cfg.Backoff, cfg.MaxBackoff, cfg.MaxAttempts = 40*time.Millisecond, time.Second, 5
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
 		d, _ := inbox.DeliveryFromContext(m.Context())
@@ -68,12 +68,12 @@ func testFailingHandlerRetriesWithBackoffThenSucceeds(t *testing.T, mode inbox.C
 
 // A row that keeps failing is parked as FAILED after MaxAttempts and holds back only the later
 // rows of its own key; other keys and unordered rows go on. Unparking runs the key in order.
-func testPoisonRowParkedWhileOtherKeysGoOn(t *testing.T, mode inbox.ClaimMode) {
+func testPoisonRowParkedWhileOtherKeysGoOn(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c", OrderingKey: orderByMetadataKey})
 	var healed atomic.Bool
-	cfg := fastIn(mode, "c")
+	cfg := fast("c")
 	cfg.MaxAttempts = 3
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
 		if string(m.Payload) == "poison" && !healed.Load() {
@@ -148,12 +148,12 @@ func seqsOf(t *testing.T, e *env, key string) []int {
 
 // With four workers, each key's rows are applied strictly in received order, even when rows
 // fail and are retried, while different keys run in parallel.
-func testPerKeyOrderWithFourWorkers(t *testing.T, mode inbox.ClaimMode) {
+func testPerKeyOrderWithFourWorkers(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c", OrderingKey: orderByMetadataKey})
 	var inFlight, maxInFlight atomic.Int32
-	cfg := fastIn(mode, "c")
+	cfg := fast("c")
 	cfg.Workers, cfg.BatchSize = 4, 4
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
 		n := inFlight.Add(1)
@@ -203,7 +203,7 @@ func testPerKeyOrderWithFourWorkers(t *testing.T, mode inbox.ClaimMode) {
 }
 
 // Parked rows replayed after a fix run once more, and only once; a dry run changes nothing.
-func testReplayedRowsProcessedOnceMore(t *testing.T, mode inbox.ClaimMode) {
+func testReplayedRowsProcessedOnceMore(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
@@ -213,7 +213,7 @@ func testReplayedRowsProcessedOnceMore(t *testing.T, mode inbox.ClaimMode) {
 			return nil, wmonce.Permanent(errors.New("unknown currency"))
 		}
 		return nil, e.effect(m, "w")
-	}, fastIn(mode, "c"))
+	}, fast("c"))
 	for i := range 10 {
 		bad := "no"
 		if i%2 == 0 {
@@ -253,11 +253,11 @@ func testReplayedRowsProcessedOnceMore(t *testing.T, mode inbox.ClaimMode) {
 
 // With an hour-long poll interval, rows are still picked up at once: LISTEN/NOTIFY wakes idle
 // workers.
-func testNotifyWakesIdleWorkers(t *testing.T, mode inbox.ClaimMode) {
+func testNotifyWakesIdleWorkers(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
-	cfg := fastIn(mode, "c")
+	cfg := fast("c")
 	cfg.Workers, cfg.PollInterval, cfg.ReapInterval = 1, time.Hour, time.Hour
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "w") }, cfg)
 	// At most one wake-up is left over from startup (the worker's wake buffer holds one), so
@@ -271,7 +271,7 @@ func testNotifyWakesIdleWorkers(t *testing.T, mode inbox.ClaimMode) {
 // A handler still running when the grace period ends is cancelled and its row released; one
 // that ignores the cancellation is abandoned, its row released anyway, and whatever it does
 // later cannot complete the row.
-func testShutdownCancelsHandlersPastGrace(t *testing.T, mode inbox.ClaimMode) {
+func testShutdownCancelsHandlersPastGrace(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
@@ -280,7 +280,7 @@ func testShutdownCancelsHandlersPastGrace(t *testing.T, mode inbox.ClaimMode) {
 	entered := make(chan struct{}, 2)
 	ignore := make(chan struct{})
 	returned := make(chan struct{})
-	cfg := fastIn(mode, "c")
+	cfg := fast("c")
 	cfg.Workers, cfg.BatchSize, cfg.ShutdownGrace = 2, 1, 100*time.Millisecond
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
 		if err := e.effect(m, "first"); err != nil {
@@ -304,7 +304,7 @@ func testShutdownCancelsHandlersPastGrace(t *testing.T, mode inbox.ClaimMode) {
 
 	close(ignore)
 	<-returned
-	next := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "next") }, fastIn(mode, "c"))
+	next := e.start(t, func(m *message.Message) ([]*message.Message, error) { return nil, e.effect(m, "next") }, fast("c"))
 	next.until(t, "the next processor to apply both rows", func(n tally) bool { return n.Done == 2 })
 	require.Equal(t, 2, e.effects(t))
 	require.Zero(t, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("effects")+` WHERE worker = 'first'`))
@@ -313,11 +313,11 @@ func testShutdownCancelsHandlersPastGrace(t *testing.T, mode inbox.ClaimMode) {
 
 // Messages the handler returns are stored in the outbox in the handler's transaction, with the
 // inbox message as their cause; a failed attempt leaves none.
-func testOutputsGoToOutboxInTheSameTransaction(t *testing.T, mode inbox.ClaimMode) {
+func testOutputsGoToOutboxInTheSameTransaction(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
-	cfg := fastIn(mode, "c")
+	cfg := fast("c")
 	cfg.OutputTopic = "cashback"
 	w, err := outbox.NewWriter(outbox.Config{Schema: e.schema})
 	require.NoError(t, err)
@@ -354,13 +354,13 @@ func testOutputsGoToOutboxInTheSameTransaction(t *testing.T, mode inbox.ClaimMod
 }
 
 // Returning messages without an OutputTopic is a permanent error: the row is parked.
-func testOutputsWithoutTopicPark(t *testing.T, mode inbox.ClaimMode) {
+func testOutputsWithoutTopicPark(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
 		return []*message.Message{message.NewMessage("o", nil)}, e.effect(m, "w")
-	}, fastIn(mode, "c"))
+	}, fast("c"))
 	require.NoError(t, r.Handle(msg("e-1", "x")))
 	p.until(t, "parking", func(n tally) bool { return n.Parked == 1 })
 	row, err := e.ops.InspectMessage(context.Background(), "c", "e-1")
@@ -372,7 +372,7 @@ func testOutputsWithoutTopicPark(t *testing.T, mode inbox.ClaimMode) {
 
 // In batch mode many rows share one transaction; a failing row sends its batch back to one
 // transaction per row, and every row is still applied exactly once.
-func testTxBatchModeAppliesEachRowOnce(t *testing.T, mode inbox.ClaimMode) {
+func testTxBatchModeAppliesEachRowOnce(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
@@ -387,7 +387,7 @@ func testTxBatchModeAppliesEachRowOnce(t *testing.T, mode inbox.ClaimMode) {
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit())
 
-	cfg := fastIn(mode, "c")
+	cfg := fast("c")
 	cfg.BatchSize, cfg.TxBatchSize = 50, 25
 	var runs atomic.Int32
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
@@ -408,7 +408,7 @@ func testTxBatchModeAppliesEachRowOnce(t *testing.T, mode inbox.ClaimMode) {
 }
 
 // A handler panic is a failed attempt like an error: rolled back, recorded, retried.
-func testPanicIsAFailedAttempt(t *testing.T, mode inbox.ClaimMode) {
+func testPanicIsAFailedAttempt(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
@@ -420,7 +420,7 @@ func testPanicIsAFailedAttempt(t *testing.T, mode inbox.ClaimMode) {
 			panic("nil map")
 		}
 		return nil, nil
-	}, fastIn(mode, "c"))
+	}, fast("c"))
 	require.NoError(t, r.Handle(msg("e-1", "x")))
 	p.until(t, "processing", func(n tally) bool { return n.Done == 1 })
 	require.Equal(t, 1, e.effects(t))
@@ -429,10 +429,10 @@ func testPanicIsAFailedAttempt(t *testing.T, mode inbox.ClaimMode) {
 	require.Contains(t, row.LastError, "handler panicked: nil map")
 }
 
-func testRunOnceAndCloseBeforeRun(t *testing.T, mode inbox.ClaimMode) {
+func testRunOnceAndCloseBeforeRun(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	p, err := inbox.NewProcessor(e.db, func(*message.Message) ([]*message.Message, error) { return nil, nil }, fastIn(mode, "c"), nil)
+	p, err := inbox.NewProcessor(e.db, func(*message.Message) ([]*message.Message, error) { return nil, nil }, fast("c"), nil)
 	require.NoError(t, err)
 	require.NoError(t, p.Close())
 	require.NoError(t, p.Run(context.Background()), "Run after Close returns at once")

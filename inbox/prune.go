@@ -33,14 +33,10 @@ func PruneFinished(ctx context.Context, db *sql.DB, schema string, req pgtx.Prun
 		args = []any{cutoff}
 	}
 	limitParam := fmt.Sprintf("$%d", len(args)+1)
-	// The attempt records of the deleted rows (ClaimLock, migration 007) go with them: a
-	// finished row's record is stale, and nothing else would ever delete it.
 	query := `WITH gone AS (
     DELETE FROM ` + q.table + ` WHERE ctid = ANY(ARRAY(
         SELECT ctid FROM ` + q.table + ` WHERE ` + where + ` LIMIT ` + limitParam + ` FOR UPDATE SKIP LOCKED))
     RETURNING id
-), attempts AS (
-    DELETE FROM ` + q.attempts + ` WHERE inbox_id IN (SELECT id FROM gone)
 )
 SELECT count(*) FROM gone`
 	var total int64

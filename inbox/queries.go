@@ -26,9 +26,8 @@ const leaseExpired = "lease expired during attempt "
 
 // queries holds every statement with the schema-qualified table quoted in.
 type queries struct {
-	table    string
-	attempts string // inbox_attempts (ClaimLock's attempt records)
-	channel  string
+	table   string
+	channel string
 
 	ingest       string
 	claim        string
@@ -39,16 +38,6 @@ type queries struct {
 	release      string
 	renew        string
 	reap         string
-
-	// ClaimLock mode.
-	lockDue      string
-	lockOne      string
-	completeLock string
-	failLock     string
-	startLock    string
-	forgetLock   string
-	recheckStart string
-	parkLock     string
 }
 
 func newQueries(schema string) queries {
@@ -57,28 +46,9 @@ func newQueries(schema string) queries {
 	// primary key in the claim statement itself, so a pause holds from the first claim that
 	// starts after it commits, in every processor, without a round trip of its own.
 	notPaused := `NOT EXISTS (SELECT 1 FROM ` + pgtx.QualifiedName(schema, "inbox_paused") + ` WHERE consumer = $1)`
-	// Eligible rows: due PENDING rows without an older unfinished row of their ordering key.
-	eligible := `i.consumer = $1 AND i.status = 'PENDING' AND i.next_attempt_at <= now()
-  AND (i.ordering_key IS NULL OR NOT EXISTS (
-      SELECT 1 FROM ` + t + ` o
-      WHERE o.consumer = i.consumer AND o.ordering_key = i.ordering_key
-        AND o.status IN ` + unfinished + ` AND o.id < i.id))`
-	// ClaimLock: the row lock taken in the processing transaction is the claim. Rows stay
-	// PENDING, so a row that an older one of its key is being processed (locked, still
-	// PENDING) stays ineligible, and per-key order holds as with leases. attempts + 1 is the
-	// attempt being started; its start is committed apart (startLock) and its outcome with
-	// the handler's effects. An attempt that ended its connection or process left its start in
-	// inbox_attempts (migration 007): it counts, so the attempt being started is the one after
-	// it. A start is ignored once the row changed (row_xmin), e.g. an operator replayed it.
-	a := pgtx.QualifiedName(schema, "inbox_attempts")
-	lockColumns := `SELECT i.id, i.message_id, i.message_uuid, coalesce(i.ordering_key, ''), i.topic, i.payload, i.metadata::text,
-    greatest(i.attempts, coalesce(s.attempt, 0)) + 1, i.received_at, coalesce(s.attempt, 0), i.xmin::text
-FROM ` + t + ` i LEFT JOIN ` + a + ` s ON s.inbox_id = i.id AND s.row_xmin = i.xmin
-WHERE `
 	return queries{
-		table:    t,
-		attempts: a,
-		channel:  notifyChannel(schema),
+		table:   t,
+		channel: notifyChannel(schema),
 
 		// One statement, one implicit transaction, one round trip per batch: insert every row
 		// in arrival order (ids follow it), skip keys already present, and NOTIFY once if
@@ -119,7 +89,7 @@ UPDATE ` + t + ` r SET status = 'IN_PROGRESS', claim_token = $3,
     lease_until = now() + $4::bigint * interval '1 microsecond', attempts = r.attempts + 1
 FROM due WHERE r.id = due.id
 RETURNING r.id, r.message_id, r.message_uuid, coalesce(r.ordering_key, ''), r.topic, r.payload, r.metadata::text, r.attempts, r.received_at,
-    CASE WHEN starts_with(r.last_error, '` + leaseExpired + `') THEN r.attempts - 1 ELSE 0 END, ''`,
+    CASE WHEN starts_with(r.last_error, '` + leaseExpired + `') THEN r.attempts - 1 ELSE 0 END`,
 
 		complete: `UPDATE ` + t + ` SET status = 'DONE', finished_at = statement_timestamp(), claim_token = NULL, lease_until = NULL
 WHERE id = $1 AND claim_token = $2`,
@@ -165,53 +135,5 @@ WHERE r.id = ANY(ARRAY(SELECT id FROM ` + t + `
       WHERE consumer = $1 AND status = 'IN_PROGRESS' AND lease_until < now()
       LIMIT 1000 FOR UPDATE SKIP LOCKED))
 RETURNING r.id, r.status`,
-
-		lockDue: lockColumns + eligible + ` AND i.id > $3 AND ` + notPaused + `
-ORDER BY i.id
-LIMIT $2
-FOR UPDATE OF i SKIP LOCKED`,
-		lockOne: lockColumns + eligible + ` AND i.id = $2
-FOR UPDATE OF i SKIP LOCKED`,
-		// The outcome of a locked attempt commits with the handler's effects; it removes the
-		// attempt's start record. $2: the attempt numbers.
-		completeLock: `WITH c AS (SELECT * FROM unnest($1::bigint[], $2::int[]) AS c(id, n)),
-f AS (DELETE FROM ` + a + ` s USING c WHERE s.inbox_id = c.id AND s.attempt = c.n)
-UPDATE ` + t + ` i SET status = 'DONE', finished_at = statement_timestamp(), attempts = c.n
-FROM c WHERE i.id = c.id AND i.status = 'PENDING'`,
-		// $2: permanent error; $3: attempt limit; $4: backoff in microseconds; $6: the attempt
-		// number. Run inside the transaction that holds the row lock, or after it ended (a row
-		// another worker completed meanwhile is no longer PENDING and is left alone; a start
-		// another worker recorded meanwhile has another number and is left alone too).
-		// failLock and completeLock run in the locking transaction, which began before the
-		// handler ran: the outcome's time is the statement's, not the transaction's (now()), so
-		// that a retry waits Backoff after the failure, not after the claim.
-		failLock: `WITH f AS (DELETE FROM ` + a + ` WHERE inbox_id = $1 AND attempt = $6)
-UPDATE ` + t + ` SET
-    status = CASE WHEN $2::bool OR greatest(attempts, $6) >= $3 THEN 'FAILED' ELSE 'PENDING' END,
-    attempts = greatest(attempts, $6),
-    next_attempt_at = statement_timestamp() + $4::bigint * interval '1 microsecond',
-    last_error = $5
-WHERE id = $1 AND status = 'PENDING'
-RETURNING status`,
-		// Committed on its own, from another connection than the one holding the row locks,
-		// before the handlers run: a crash cannot undo it. Overwrites a stale start.
-		startLock: `INSERT INTO ` + a + ` (inbox_id, attempt, row_xmin)
-SELECT c.id, c.n, c.x::xid FROM unnest($1::bigint[], $2::int[], $3::text[]) AS c(id, n, x)
-ON CONFLICT (inbox_id) DO UPDATE SET attempt = EXCLUDED.attempt, row_xmin = EXCLUDED.row_xmin, started_at = now()`,
-		// Withdraws starts whose attempt ended without an outcome that is the message's doing
-		// (shutdown, a batch rolled back to run its rows one by one).
-		forgetLock: `DELETE FROM ` + a + ` s USING unnest($1::bigint[], $2::int[]) AS c(id, n)
-WHERE s.inbox_id = c.id AND s.attempt = c.n`,
-		// The recorded attempts of a row this worker has locked, and the start of an attempt
-		// that ended its connection or process (0: none), read again (recheckStart).
-		recheckStart: `SELECT i.attempts, coalesce((SELECT s.attempt FROM ` + a + ` s
-    WHERE s.inbox_id = i.id AND s.row_xmin = i.xmin FOR KEY SHARE), 0)
-FROM ` + t + ` i WHERE i.id = $1`,
-		// Parks a locked row whose last allowed attempt ended its connection or process.
-		// $2: that attempt's number.
-		parkLock: `WITH f AS (DELETE FROM ` + a + ` WHERE inbox_id = $1)
-UPDATE ` + t + ` SET status = 'FAILED', attempts = greatest(attempts, $2), last_error = $3
-WHERE id = $1 AND status = 'PENDING'
-RETURNING status`,
 	}
 }

@@ -11,8 +11,7 @@ import (
 // them, through export_test.go, before Run. Each comes after what it reports is counted in
 // ProcessorCounters and, where it changed the table, committed.
 type processorTestSignals struct {
-	// Claimed comes with the row ids of each claim that took rows (counted in Claimed): a claim
-	// statement with leases, a locking transaction with ClaimLock.
+	// Claimed comes with the row ids of each claim statement that took rows (counted in Claimed).
 	Claimed testsignal.Signal[[]int64]
 	// Settled comes once for each row counted in Processed, Failed, Parked, Released or
 	// LeaseConflicts, saying which (settledAs).
@@ -29,14 +28,6 @@ type processorTestSignals struct {
 	// Idle comes when a worker's claim took nothing (no row due, or the consumer paused) and
 	// the worker starts waiting, with the time that claim began.
 	Idle testsignal.Signal[time.Time]
-}
-
-// processorTestHooks let this package's tests act at a point of a Processor's work, as another
-// process could there. Nil outside tests.
-type processorTestHooks struct {
-	// Locked runs after a ClaimLock round's claim statement locked its rows, before anything
-	// of them runs, with their ids.
-	Locked func(ids []int64)
 }
 
 // settledRow is the Settled event of one row.

@@ -12,11 +12,11 @@ import (
 
 // A handler output the outbox can never store (here an empty UUID) fails every attempt the same
 // way: the row is parked at the first attempt, not retried up to MaxAttempts.
-func testUnstorableOutputParksTheRowAtOnce(t *testing.T, mode inbox.ClaimMode) {
+func testUnstorableOutputParksTheRowAtOnce(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
-	cfg := fastIn(mode, "c")
+	cfg := fast("c")
 	cfg.MaxAttempts = 5
 	cfg.OutputTopic = "cashback"
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {

@@ -99,7 +99,7 @@ func TestTinyRun(t *testing.T) {
 	}
 	require.Positive(t, rep.Config.Connections.Pool)
 	require.LessOrEqual(t, rep.Config.Connections.Pool, rep.Config.Connections.Max-rep.Config.Connections.InUse)
-	for _, v := range []string{B5Ingest, B5Process, B5Lock, C1Single, C1Batch} {
+	for _, v := range []string{B5Ingest, B5Process, C1Single, C1Batch} {
 		require.True(t, has(rep, v, "postgres"), v)
 	}
 	require.NotEmpty(t, rep.Ratios)

@@ -33,7 +33,6 @@ var chartLabels = map[string]string{
 	B4:        "effectively-once, group commit (default)",
 	B5Ingest:  "inbox ingest",
 	B5Process: "inbox processing, leases",
-	B5Lock:    "inbox processing, ClaimLock",
 	B6:        "watermill-sql subscriber tx",
 	Relay:     "outbox Relay, strict order",
 	RelayLane: "outbox Relay, publish lanes",

@@ -363,10 +363,8 @@ func (h *harness) round(ctx context.Context, dsn, round string, rep *Report, rec
 	if h.wants(B5Ingest) && ctx.Err() == nil {
 		record(h.ingestBurst(ctx))
 	}
-	for _, id := range []string{B5Process, B5Lock} {
-		if h.wants(id) && ctx.Err() == nil {
-			record(h.process(ctx, id))
-		}
+	if h.wants(B5Process) && ctx.Err() == nil {
+		record(h.process(ctx, B5Process))
 	}
 
 	if slices.ContainsFunc(idleVariants, h.wants) && ctx.Err() == nil {

@@ -218,7 +218,6 @@ func ratios(results []Result) []Ratio {
 	absolute("B5 ingest (burst, no broker)", B5Ingest, "postgres", 40000)
 	ratio("B4/B6", B4, B6, "sql", 2)
 	absolute("B5 processing", B5Process, "postgres", 30000)
-	absolute("B5 processing (ClaimLock)", B5Lock, "postgres", 30000)
 	return out
 }
 

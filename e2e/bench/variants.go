@@ -31,7 +31,6 @@ const (
 	B4        = "B4"
 	B5Ingest  = "B5-ingest"
 	B5Process = "B5-process"
-	B5Lock    = "B5-process-lock"
 	B6        = "B6"
 	Relay     = "relay"
 	RelayLane = "relay-lanes"
@@ -56,7 +55,6 @@ var variantTitles = map[string]string{
 	B4:          "effectively-once middleware, group commit (the default; over SQL with DisableSubscriberTxReuse)",
 	B5Ingest:    "inbox receiver: store and ack (group-committed ingest)",
 	B5Process:   "inbox processor, lease claims (IN_PROGRESS rows), business write per row",
-	B5Lock:      "inbox processor, row-lock claims (ClaimLock), business write per row",
 	B6:          "watermill-sql subscriber, business write in its transaction, no dedupe",
 	Relay:       "watermill-once outbox Relay to the broker, strict commit order (default)",
 	RelayLane:   "outbox Relay with PublishLanes (64): concurrent Publish calls, order kept per partition key",
@@ -80,7 +78,7 @@ var (
 var consumingVariants = []string{B0, B1, B2, B3, B4, B5Ingest, B6}
 
 // allVariants in report order.
-var allVariants = []string{B0, B1, B2, B3, B4, B5Ingest, B5Process, B5Lock, B6, Relay, RelayLane, Forwarder, C1Single, C1Batch, E2E50, E2E1000, IdleRelay, IdleSQLSub, IdleSQLPoll}
+var allVariants = []string{B0, B1, B2, B3, B4, B5Ingest, B5Process, B6, Relay, RelayLane, Forwarder, C1Single, C1Batch, E2E50, E2E1000, IdleRelay, IdleSQLSub, IdleSQLPoll}
 
 // Result is one variant measured over one broker.
 type Result struct {
@@ -477,10 +475,6 @@ func (h *harness) process(ctx context.Context, id string) (Result, error) {
 		PollInterval: 50 * time.Millisecond,
 	}
 	res := Result{Variant: id, Broker: "postgres", Messages: n, InFlight: cfg.Workers}
-	if id == B5Lock {
-		cfg.ClaimMode = inbox.ClaimLock
-		cfg.BatchSize = cfg.TxBatchSize // not used by ClaimLock; shown in the notes as such
-	}
 	res.Notes = fmt.Sprintf("Workers %d, BatchSize %d, TxBatchSize %d; rows stored beforehand with StoreTx", cfg.Workers, cfg.BatchSize, cfg.TxBatchSize)
 	q := func(t string) string { return pgtx.QualifiedName(h.opts.schema, t) }
 	rc, err := inbox.NewReceiver(h.db, inbox.ReceiverConfig{Schema: h.opts.schema, Consumer: consumer}, h.logger)

@@ -263,17 +263,8 @@ func oneTrace(t *testing.T, kind broker.Kind) {
 // TestTraceThroughTheInbox follows a message stamped by a producer span through the relay and
 // the SQL broker into the inbox (the Receiver keeps its metadata), where each Processor attempt
 // is a consumer span of the producer's trace with its attempt number: the first fails, the
-// second commits and stores its output under it, stamped with the same trace. Both claim modes.
+// second commits and stores its output under it, stamped with the same trace.
 func TestTraceThroughTheInbox(t *testing.T) {
-	for name, mode := range map[string]inbox.ClaimMode{"lease": inbox.ClaimLease, "lock": inbox.ClaimLock} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			traceThroughTheInbox(t, mode)
-		})
-	}
-}
-
-func traceThroughTheInbox(t *testing.T, mode inbox.ClaimMode) {
 	db := pgtest.DB(t)
 	schema := pgtest.Schema(t, db)
 	topic, out := pgtest.NewName("payments"), pgtest.NewName("cashback")
@@ -318,7 +309,7 @@ func traceThroughTheInbox(t *testing.T, mode inbox.ClaimMode) {
 		}
 		return []*message.Message{message.NewMessage("cashback-"+msg.UUID, []byte(`{}`))}, nil
 	}, inbox.ProcessorConfig{
-		Schema: schema, Consumer: "rewards", OutputTopic: out, TracerProvider: sp.tp, ClaimMode: mode,
+		Schema: schema, Consumer: "rewards", OutputTopic: out, TracerProvider: sp.tp,
 		Backoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, PollInterval: 50 * time.Millisecond,
 	}, logger())
 	require.NoError(t, err)
