@@ -10,7 +10,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/wmonce/watermill-once/ops/admin"
+	"github.com/wmonce/watermill-once/internal/operate"
 	"github.com/wmonce/watermill-once/ops/retention"
 )
 
@@ -85,7 +85,7 @@ func runPurge(ctx context.Context, e *env, args []string) error {
 	case (*before == "") == (*olderThan == ""):
 		return usagef("give exactly one of -before DATE and -older-than AGE")
 	}
-	if err := checkInput(admin.CheckConsumer("-consumer", *consumer)); err != nil {
+	if err := checkInput(operate.CheckConsumer("-consumer", *consumer)); err != nil {
 		return err
 	}
 	var age time.Duration

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/wmonce/watermill-once/ops/admin"
+	"github.com/wmonce/watermill-once/internal/operate"
 )
 
 func statusCommand() *command {
@@ -27,11 +27,11 @@ those tables. Exit code 1 when the schema has no tables or a section cannot be r
 
 // statusReport is `wmonce status -json`.
 type statusReport struct {
-	Schema    admin.SchemaStatus    `json:"schema"`
-	Consumers []admin.ConsumerStats `json:"consumers"`
-	Inbox     []admin.InboxStats    `json:"inbox"`
-	Outbox    *admin.OutboxStats    `json:"outbox"`
-	Errors    []string              `json:"errors,omitempty"`
+	Schema    operate.SchemaStatus    `json:"schema"`
+	Consumers []operate.ConsumerStats `json:"consumers"`
+	Inbox     []operate.InboxStats    `json:"inbox"`
+	Outbox    *operate.OutboxStats    `json:"outbox"`
+	Errors    []string                `json:"errors,omitempty"`
 }
 
 func runStatus(ctx context.Context, e *env, args []string) error {
@@ -40,7 +40,7 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	var r statusReport
-	if r.Schema, err = admin.ReadSchemaStatus(ctx, db, e.g.schema); err != nil {
+	if r.Schema, err = operate.ReadSchemaStatus(ctx, db, e.g.schema); err != nil {
 		return err
 	}
 	// Each section is read on its own, so that one missing table (an old schema version)
@@ -51,13 +51,13 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 		errs = append(errs, err)
 		r.Errors = append(r.Errors, err.Error())
 	}
-	if r.Consumers, err = admin.ReadConsumers(ctx, db, e.g.schema, nil); err != nil {
+	if r.Consumers, err = operate.ReadConsumers(ctx, db, e.g.schema, nil); err != nil {
 		note("consumers", err)
 	}
-	if r.Inbox, err = admin.ReadInbox(ctx, db, e.g.schema); err != nil {
+	if r.Inbox, err = operate.ReadInbox(ctx, db, e.g.schema); err != nil {
 		note("inbox", err)
 	}
-	if ob, err := admin.ReadOutbox(ctx, db, e.g.schema); err != nil {
+	if ob, err := operate.ReadOutbox(ctx, db, e.g.schema); err != nil {
 		note("outbox", err)
 	} else {
 		r.Outbox = &ob
@@ -102,7 +102,7 @@ func (e *env) printStatus(r statusReport) {
 	}
 }
 
-func (e *env) printConsumers(cs []admin.ConsumerStats) {
+func (e *env) printConsumers(cs []operate.ConsumerStats) {
 	tw := e.table()
 	fmt.Fprintf(tw, "  CONSUMER\tCLAIMS\tNEWEST CLAIM\n")
 	for _, c := range cs {
@@ -111,7 +111,7 @@ func (e *env) printConsumers(cs []admin.ConsumerStats) {
 	_ = tw.Flush()
 }
 
-func (e *env) printInboxStats(st []admin.InboxStats) {
+func (e *env) printInboxStats(st []operate.InboxStats) {
 	tw := e.table()
 	fmt.Fprintf(tw, "  CONSUMER\tPENDING\tRETRYING\tIN_PROGRESS\tFAILED\tDONE\tSKIPPED\tOLDEST PENDING\n")
 	for _, s := range st {
@@ -126,7 +126,7 @@ func (e *env) printInboxStats(st []admin.InboxStats) {
 	e.printInboxPauses(st)
 }
 
-func (e *env) printOutbox(o admin.OutboxStats) {
+func (e *env) printOutbox(o operate.OutboxStats) {
 	if len(o.Relays) == 0 {
 		fmt.Fprintf(e.stdout, "  no relay has run on this schema yet\n")
 	} else {
@@ -185,14 +185,14 @@ func runDedupe(ctx context.Context, e *env, args []string) error {
 	if *consumer == "" || *message == "" {
 		return usagef("give both -consumer and -message")
 	}
-	if err := checkInput(admin.CheckConsumer("-consumer", *consumer), admin.CheckText("-message", *message)); err != nil {
+	if err := checkInput(operate.CheckConsumer("-consumer", *consumer), operate.CheckText("-message", *message)); err != nil {
 		return err
 	}
 	db, err := e.openMigrated(ctx)
 	if err != nil {
 		return err
 	}
-	p, err := admin.LookupProcessed(ctx, db, e.g.schema, *consumer, *message)
+	p, err := operate.LookupProcessed(ctx, db, e.g.schema, *consumer, *message)
 	if err != nil {
 		return e.explain(err)
 	}
