@@ -1,8 +1,10 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"strings"
@@ -52,62 +54,79 @@ outbox positions unreadable), so a hazard there is not ruled out; 2 a usage erro
 	}
 }
 
-func runDoctor(ctx context.Context, e *env, args []string) error {
-	fs := e.flags("doctor")
-	var cfg doctor.Config
+// consumerFlags are the flags that describe the consumer named by the -consumer before them.
+var consumerFlags = []struct {
+	name, usage string
+	isBool      bool
+	set         func(c *doctor.Consumer, value string) error
+}{
+	{"kafka", "Kafka topics the consumer reads, comma-separated", false, func(c *doctor.Consumer, s string) error {
+		c.KafkaTopics = append(c.KafkaTopics, splitList(s)...)
+		return nil
+	}},
+	{"amqp", "RabbitMQ queues the consumer reads, comma-separated", false, func(c *doctor.Consumer, s string) error {
+		c.AMQPQueues = append(c.AMQPQueues, splitList(s)...)
+		return nil
+	}},
+	{"max-message-age", "the consumer's age guard, once.Config.MaxMessageAge (e.g. 144h or 6d)", false, func(c *doctor.Consumer, s string) error {
+		d, err := parseAge(s)
+		c.MaxMessageAge = d
+		return err
+	}},
+	{"inbox", "the consumer is an inbox consumer: its keys are inbox rows", true, func(c *doctor.Consumer, _ string) error {
+		c.Inbox = true
+		return nil
+	}},
+	{"from-outbox", "the consumer's messages come through this schema's outbox relay", true, func(c *doctor.Consumer, _ string) error {
+		c.FromOutbox = true
+		return nil
+	}},
+}
+
+// splitList reads a comma-separated list, blanks left out.
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// doctorFlags registers doctor's flags on fs: the consumers into cfg, each described by the
+// consumer flags after its -consumer; parseErr says a consumer flag came before any -consumer.
+func doctorFlags(fs *flag.FlagSet, cfg *doctor.Config, parseErr *error) {
 	var cur *doctor.Consumer
-	var parseErr error
-	need := func(flag string) *doctor.Consumer {
-		if cur == nil && parseErr == nil {
-			parseErr = usagef("%s describes a consumer: give -consumer NAME before it", flag)
-		}
-		return cur
-	}
-	list := func(s string) []string {
-		var out []string
-		for _, p := range strings.Split(s, ",") {
-			if p = strings.TrimSpace(p); p != "" {
-				out = append(out, p)
-			}
-		}
-		return out
-	}
 	fs.Func("consumer", "a consumer to check (repeatable; the flags after it describe it)", func(s string) error {
 		cfg.Consumers = append(cfg.Consumers, doctor.Consumer{Name: s})
 		cur = &cfg.Consumers[len(cfg.Consumers)-1]
 		return nil
 	})
-	fs.Func("kafka", "Kafka topics the consumer reads, comma-separated", func(s string) error {
-		if c := need("-kafka"); c != nil {
-			c.KafkaTopics = append(c.KafkaTopics, list(s)...)
+	for _, f := range consumerFlags {
+		set := func(s string) error {
+			c := cur
+			if c == nil {
+				if *parseErr == nil {
+					*parseErr = usagef("-%s describes a consumer: give -consumer NAME before it", f.name)
+				}
+				c = &doctor.Consumer{} // the value is still checked
+			}
+			return f.set(c, s)
 		}
-		return nil
-	})
-	fs.Func("amqp", "RabbitMQ queues the consumer reads, comma-separated", func(s string) error {
-		if c := need("-amqp"); c != nil {
-			c.AMQPQueues = append(c.AMQPQueues, list(s)...)
+		if f.isBool {
+			fs.BoolFunc(f.name, f.usage, set)
+		} else {
+			fs.Func(f.name, f.usage, set)
 		}
-		return nil
-	})
-	fs.Func("max-message-age", "the consumer's age guard, once.Config.MaxMessageAge (e.g. 144h or 6d)", func(s string) error {
-		d, err := parseAge(s)
-		if c := need("-max-message-age"); c != nil && err == nil {
-			c.MaxMessageAge = d
-		}
-		return err
-	})
-	fs.BoolFunc("inbox", "the consumer is an inbox consumer: its keys are inbox rows", func(string) error {
-		if c := need("-inbox"); c != nil {
-			c.Inbox = true
-		}
-		return nil
-	})
-	fs.BoolFunc("from-outbox", "the consumer's messages come through this schema's outbox relay", func(string) error {
-		if c := need("-from-outbox"); c != nil {
-			c.FromOutbox = true
-		}
-		return nil
-	})
+	}
+}
+
+func runDoctor(ctx context.Context, e *env, args []string) error {
+	fs := e.flags("doctor")
+	var cfg doctor.Config
+	var parseErr error
+	doctorFlags(fs, &cfg, &parseErr)
 	keep := fs.String("keep", "", "how long claims are kept: the janitor's Keep (default 7d)")
 	inboxKeep := fs.String("inbox-keep", "", "how long finished inbox rows are kept (default 7d)")
 	outboxKeep := fs.String("outbox-keep", "", "how long relayed outbox rows are kept (default 24h)")
@@ -121,23 +140,16 @@ func runDoctor(ctx context.Context, e *env, args []string) error {
 		return parseErr
 	}
 	var err error
-	if cfg.Retention.Default.Keep, err = optionalAge("-keep", *keep); err != nil {
-		return err
+	for _, r := range []struct {
+		flag, value string
+		into        *time.Duration
+	}{{"-keep", *keep, &cfg.Retention.Default.Keep}, {"-inbox-keep", *inboxKeep, &cfg.Retention.InboxKeep}, {"-outbox-keep", *outboxKeep, &cfg.Retention.OutboxKeep}} {
+		if *r.into, err = optionalAge(r.flag, r.value); err != nil {
+			return err
+		}
 	}
-	if cfg.Retention.InboxKeep, err = optionalAge("-inbox-keep", *inboxKeep); err != nil {
-		return err
-	}
-	if cfg.Retention.OutboxKeep, err = optionalAge("-outbox-keep", *outboxKeep); err != nil {
-		return err
-	}
-	cfg.Kafka.Brokers = strings.Split(strings.TrimSpace(*brokers), ",")
-	if strings.TrimSpace(*brokers) == "" {
-		cfg.Kafka.Brokers = nil
-	}
-	cfg.AMQP.URL = *amqpURL
-	if cfg.AMQP.URL == "" {
-		cfg.AMQP.URL = broker.DefaultAMQPURL
-	}
+	cfg.Kafka.Brokers = splitList(*brokers)
+	cfg.AMQP.URL = cmp.Or(*amqpURL, broker.DefaultAMQPURL)
 	cfg.AMQP.ManagementURL = *mgmtURL
 	for _, c := range cfg.Consumers {
 		if len(c.KafkaTopics) > 0 && cfg.Kafka.Brokers == nil {
@@ -151,23 +163,33 @@ func runDoctor(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 	}
+	if err := e.printDoctor(len(cfg.Consumers) > 0, rep, positions, posErr); err != nil {
+		return err
+	}
+	return doctorVerdict(rep, positions, posErr)
+}
+
+func (e *env) printDoctor(consumers bool, rep doctor.Report, positions outbox.PositionReport, posErr error) error {
 	if e.g.json {
 		out := map[string]any{"findings": rep.Findings, "hazards": len(rep.Hazards()), "unknown": len(rep.Unknown()), "summary": rep.Summary(), "positions": positions}
 		if posErr != nil {
 			out["positions_error"] = posErr.Error()
 		}
-		if err := e.printJSON(out); err != nil {
-			return err
-		}
-	} else {
-		e.printPositions(positions, posErr)
-		for _, f := range rep.Findings {
-			fmt.Fprintln(e.stdout, f)
-		}
-		if len(cfg.Consumers) > 0 {
-			fmt.Fprintln(e.stdout, rep.Summary())
-		}
+		return e.printJSON(out)
 	}
+	e.printPositions(positions, posErr)
+	for _, f := range rep.Findings {
+		fmt.Fprintln(e.stdout, f)
+	}
+	if consumers {
+		fmt.Fprintln(e.stdout, rep.Summary())
+	}
+	return nil
+}
+
+// doctorVerdict is doctor's exit: 1 for a moved position or a hazard, 3 when a source (or the
+// positions) could not be checked, else 0.
+func doctorVerdict(rep doctor.Report, positions outbox.PositionReport, posErr error) error {
 	var errs []error
 	if err := positions.Err(); err != nil {
 		errs = append(errs, fmt.Errorf("the outbox positions were recorded on another cluster: run what the RESTORED lines say"))
