@@ -153,6 +153,8 @@ type FailureActionResponse struct {
 // action could take: an unknown fingerprint, rows handled meanwhile (another replay, skip or
 // discard committed first), or IDs outside the group. The API answers it 404 and `wmonce
 // failures` exits 1: an action that changed nothing is never reported as done.
+//
+// Its text keeps the "admin:" prefix that the API's 404 and `wmonce failures` have always shown.
 var ErrNoFailureGroup = errors.New("admin: no such failure group")
 
 // ActOnFailureGroup checks req and runs its action through the owner's operation, and reports

@@ -87,6 +87,8 @@ type ForgetResponse struct {
 }
 
 // ErrRelayNotFound is returned by ForgetRelay for a relay name with no position in the schema.
+//
+// Its text keeps the "admin:" prefix the API's 404 and `wmonce outbox forget` have always shown.
 var ErrRelayNotFound = errors.New("admin: no relay of that name has a position in this schema")
 
 // ForgetRelay forgets a retired relay (outbox.ForgetRelay), or with DryRun says what that would
