@@ -12,10 +12,10 @@ import (
 	"github.com/wmonce/watermill-once/effects/intent"
 	"github.com/wmonce/watermill-once/effects/versioned"
 	"github.com/wmonce/watermill-once/inbox"
+	"github.com/wmonce/watermill-once/internal/operate"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/middleware/httpidem"
 	"github.com/wmonce/watermill-once/middleware/once"
-	"github.com/wmonce/watermill-once/ops/admin"
 	"github.com/wmonce/watermill-once/ops/retention"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -82,6 +82,6 @@ func TestExecutorTakingFunctionsRefuseNil(t *testing.T) {
 	require.ErrorContains(t, err, "db is nil")
 	_, err = retention.Purge(ctx, nil, "wmonce", retention.PurgeRequest{Before: time.Now()})
 	require.ErrorContains(t, err, "db is nil")
-	_, err = admin.ReadConsumers(ctx, nil, "wmonce", nil)
+	_, err = operate.ReadConsumers(ctx, nil, "wmonce", nil)
 	require.ErrorContains(t, err, "db is nil")
 }

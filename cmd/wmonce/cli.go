@@ -35,6 +35,9 @@ type command struct {
 	// (`wmonce inbox list`), the first being the one run when none is named.
 	run     func(ctx context.Context, e *env, args []string) error
 	actions []action
+	// actionRequired, when set, is the usage error for a command line that names no action
+	// (instead of running the first).
+	actionRequired string
 }
 
 func commands() []*command {
@@ -146,8 +149,13 @@ func (c *command) runWith(ctx context.Context, e *env, args []string) error {
 	if c.actions == nil {
 		return c.run(ctx, e, args)
 	}
+	if c.actionRequired != "" && (len(args) == 0 || strings.HasPrefix(args[0], "-") && !isHelp(args[0])) {
+		return usagef("%s", c.actionRequired)
+	}
 	return runAction(ctx, e, args, c.name, c.actions)
 }
+
+func isHelp(arg string) bool { return arg == "-h" || arg == "-help" || arg == "--help" }
 
 // runAction runs the action args name (or the first one), refusing an unknown one with the
 // list and a suggestion.

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"strings"
@@ -55,69 +57,86 @@ out; 2 a usage error.`,
 	}
 }
 
-func runDoctor(ctx context.Context, e *env, args []string) error {
-	fs := e.flags("doctor")
-	var cfg doctor.Config
+// consumerFlags are the flags that describe the consumer named by the -consumer before them.
+var consumerFlags = []struct {
+	name, usage string
+	isBool      bool
+	set         func(c *doctor.Consumer, value string) error
+}{
+	{"kafka", "Kafka topics the consumer reads, comma-separated", false, func(c *doctor.Consumer, s string) error {
+		c.KafkaTopics = append(c.KafkaTopics, splitList(s)...)
+		return nil
+	}},
+	{"amqp", "RabbitMQ queues the consumer reads, comma-separated", false, func(c *doctor.Consumer, s string) error {
+		c.AMQPQueues = append(c.AMQPQueues, splitList(s)...)
+		return nil
+	}},
+	{"max-message-age", "the consumer's age guard, once.Config.MaxMessageAge (e.g. 144h or 6d)", false, func(c *doctor.Consumer, s string) error {
+		d, err := parseAge(s)
+		c.MaxMessageAge = d
+		return err
+	}},
+	{"inbox", "the consumer is an inbox consumer: its keys are inbox rows", true, func(c *doctor.Consumer, _ string) error {
+		c.Inbox = true
+		return nil
+	}},
+	{"from-outbox", "the consumer's messages come through this schema's outbox relay", true, func(c *doctor.Consumer, _ string) error {
+		c.FromOutbox = true
+		return nil
+	}},
+}
+
+// splitList reads a comma-separated list, blanks left out.
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// doctorFlags registers doctor's flags on fs: the consumers into cfg, each described by the
+// consumer flags after its -consumer; parseErr says a consumer flag came before any -consumer.
+func doctorFlags(fs *flag.FlagSet, cfg *doctor.Config, parseErr *error) {
 	var cur *doctor.Consumer
-	var parseErr error
-	need := func(flag string) *doctor.Consumer {
-		if cur == nil && parseErr == nil {
-			parseErr = usagef("%s describes a consumer: give -consumer NAME before it", flag)
-		}
-		return cur
-	}
-	list := func(s string) []string {
-		var out []string
-		for _, p := range strings.Split(s, ",") {
-			if p = strings.TrimSpace(p); p != "" {
-				out = append(out, p)
-			}
-		}
-		return out
-	}
 	fs.Func("consumer", "a consumer to check (repeatable; the flags after it describe it)", func(s string) error {
 		cfg.Consumers = append(cfg.Consumers, doctor.Consumer{Name: s})
 		cur = &cfg.Consumers[len(cfg.Consumers)-1]
 		return nil
 	})
-	fs.Func("kafka", "Kafka topics the consumer reads, comma-separated", func(s string) error {
-		if c := need("-kafka"); c != nil {
-			c.KafkaTopics = append(c.KafkaTopics, list(s)...)
+	for _, f := range consumerFlags {
+		set := func(s string) error {
+			c := cur
+			if c == nil {
+				if *parseErr == nil {
+					*parseErr = usagef("-%s describes a consumer: give -consumer NAME before it", f.name)
+				}
+				c = &doctor.Consumer{} // the value is still checked
+			}
+			return f.set(c, s)
 		}
-		return nil
-	})
-	fs.Func("amqp", "RabbitMQ queues the consumer reads, comma-separated", func(s string) error {
-		if c := need("-amqp"); c != nil {
-			c.AMQPQueues = append(c.AMQPQueues, list(s)...)
+		if f.isBool {
+			fs.BoolFunc(f.name, f.usage, set)
+		} else {
+			fs.Func(f.name, f.usage, set)
 		}
-		return nil
-	})
-	fs.Func("max-message-age", "the consumer's age guard, once.Config.MaxMessageAge (e.g. 144h or 6d)", func(s string) error {
-		d, err := parseAge(s)
-		if c := need("-max-message-age"); c != nil && err == nil {
-			c.MaxMessageAge = d
-		}
-		return err
-	})
-	fs.BoolFunc("inbox", "the consumer is an inbox consumer: its keys are inbox rows", func(string) error {
-		if c := need("-inbox"); c != nil {
-			c.Inbox = true
-		}
-		return nil
-	})
-	fs.BoolFunc("from-outbox", "the consumer's messages come through this schema's outbox relay", func(string) error {
-		if c := need("-from-outbox"); c != nil {
-			c.FromOutbox = true
-		}
-		return nil
-	})
+	}
+}
+
+func runDoctor(ctx context.Context, e *env, args []string) error {
+	fs := e.flags("doctor")
+	var cfg doctor.Config
+	var parseErr error
+	doctorFlags(fs, &cfg, &parseErr)
 	keep := fs.String("keep", "", "how long claims are kept: the janitor's Keep (default 7d)")
 	inboxKeep := fs.String("inbox-keep", "", "how long finished inbox rows are kept (default 7d)")
 	outboxKeep := fs.String("outbox-keep", "", "how long relayed outbox rows are kept (default 24h)")
 	brokers := fs.String("kafka-brokers", os.Getenv(broker.EnvKafkaBrokers), "Kafka bootstrap addresses (default $"+broker.EnvKafkaBrokers+")")
 	amqpURL := fs.String("amqp-url", os.Getenv(broker.EnvAMQPURL), "RabbitMQ URL of the consumers' vhost (default $"+broker.EnvAMQPURL+", else "+broker.DefaultAMQPURL+")")
-	brokerSchema := brokerSchemaFlag(fs)
 	mgmtURL := fs.String("management-url", "", "RabbitMQ management API (default http://HOST:15672 with the AMQP URL's credentials)")
+	brokerSchema := brokerSchemaFlag(fs)
 	if err := e.parseFlagsOnly(fs, args); err != nil {
 		return err
 	}
@@ -125,87 +144,101 @@ func runDoctor(ctx context.Context, e *env, args []string) error {
 		return parseErr
 	}
 	var err error
-	if cfg.Retention.Default.Keep, err = optionalAge("-keep", *keep); err != nil {
-		return err
+	for _, r := range []struct {
+		flag, value string
+		into        *time.Duration
+	}{{"-keep", *keep, &cfg.Retention.Default.Keep}, {"-inbox-keep", *inboxKeep, &cfg.Retention.InboxKeep}, {"-outbox-keep", *outboxKeep, &cfg.Retention.OutboxKeep}} {
+		if *r.into, err = optionalAge(r.flag, r.value); err != nil {
+			return err
+		}
 	}
-	if cfg.Retention.InboxKeep, err = optionalAge("-inbox-keep", *inboxKeep); err != nil {
-		return err
-	}
-	if cfg.Retention.OutboxKeep, err = optionalAge("-outbox-keep", *outboxKeep); err != nil {
-		return err
-	}
-	cfg.Kafka.Brokers = strings.Split(strings.TrimSpace(*brokers), ",")
-	if strings.TrimSpace(*brokers) == "" {
-		cfg.Kafka.Brokers = nil
-	}
-	cfg.AMQP.URL = *amqpURL
-	if cfg.AMQP.URL == "" {
-		cfg.AMQP.URL = broker.DefaultAMQPURL
-	}
+	cfg.Kafka.Brokers = splitList(*brokers)
+	cfg.AMQP.URL = cmp.Or(*amqpURL, broker.DefaultAMQPURL)
 	cfg.AMQP.ManagementURL = *mgmtURL
 	for _, c := range cfg.Consumers {
 		if len(c.KafkaTopics) > 0 && cfg.Kafka.Brokers == nil {
 			return usagef("consumer %s reads Kafka topics: give -kafka-brokers or set %s", c.Name, broker.EnvKafkaBrokers)
 		}
 	}
-	positions, posErr := e.checkPositions(ctx)
-	tables, tablesErr := e.checkBrokerTables(ctx, *brokerSchema)
-	if isUsage(tablesErr) {
-		return tablesErr
+	res := doctorResult{consumers: len(cfg.Consumers) > 0, brokerSchema: *brokerSchema}
+	res.positions, res.posErr = e.checkPositions(ctx)
+	res.tables, res.tablesErr = e.checkBrokerTables(ctx, *brokerSchema)
+	if isUsage(res.tablesErr) {
+		return res.tablesErr
 	}
-	var rep doctor.Report
-	if len(cfg.Consumers) > 0 {
-		if rep, err = doctor.Check(ctx, cfg); err != nil {
+	if res.consumers {
+		if res.rep, err = doctor.Check(ctx, cfg); err != nil {
 			return err
 		}
 	}
+	if err := e.printDoctor(res); err != nil {
+		return err
+	}
+	return res.verdict()
+}
+
+// doctorResult is what doctor found: the consumers' sources, the outbox positions and the SQL
+// broker's topic tables (nil without -broker-schema).
+type doctorResult struct {
+	consumers    bool
+	brokerSchema string
+	rep          doctor.Report
+	positions    outbox.PositionReport
+	posErr       error
+	tables       *broker.SQLMoveReport
+	tablesErr    error
+}
+
+func (e *env) printDoctor(r doctorResult) error {
 	if e.g.json {
-		out := map[string]any{"findings": rep.Findings, "hazards": len(rep.Hazards()), "unknown": len(rep.Unknown()), "summary": rep.Summary(), "positions": positions}
-		if posErr != nil {
-			out["positions_error"] = posErr.Error()
+		out := map[string]any{"findings": r.rep.Findings, "hazards": len(r.rep.Hazards()), "unknown": len(r.rep.Unknown()), "summary": r.rep.Summary(), "positions": r.positions}
+		if r.posErr != nil {
+			out["positions_error"] = r.posErr.Error()
 		}
-		if tables != nil {
-			out["broker"] = tables
+		if r.tables != nil {
+			out["broker"] = r.tables
 		}
-		if tablesErr != nil {
-			out["broker_error"] = tablesErr.Error()
+		if r.tablesErr != nil {
+			out["broker_error"] = r.tablesErr.Error()
 		}
-		if err := e.printJSON(out); err != nil {
-			return err
-		}
-	} else {
-		e.printPositions(positions, posErr)
-		e.printBrokerTables(tables, "")
-		if tablesErr != nil {
-			fmt.Fprintf(e.stdout, "unknown: SQL broker topic tables of schema %s: %v\n", *brokerSchema, tablesErr)
-		}
-		for _, f := range rep.Findings {
-			fmt.Fprintln(e.stdout, f)
-		}
-		if len(cfg.Consumers) > 0 {
-			fmt.Fprintln(e.stdout, rep.Summary())
-		}
+		return e.printJSON(out)
 	}
+	e.printPositions(r.positions, r.posErr)
+	e.printBrokerTables(r.tables, "")
+	if r.tablesErr != nil {
+		fmt.Fprintf(e.stdout, "unknown: SQL broker topic tables of schema %s: %v\n", r.brokerSchema, r.tablesErr)
+	}
+	for _, f := range r.rep.Findings {
+		fmt.Fprintln(e.stdout, f)
+	}
+	if r.consumers {
+		fmt.Fprintln(e.stdout, r.rep.Summary())
+	}
+	return nil
+}
+
+// verdict is doctor's exit: 1 for a moved position or table or a hazard, 3 when a source could
+// not be checked, else 0. Unreadable outbox positions count only when they are all doctor
+// checks: beside consumers they are a line of their own, so a broker-only gate needs no database.
+func (r doctorResult) verdict() error {
 	var errs []error
-	if err := positions.Err(); err != nil {
+	if err := r.positions.Err(); err != nil {
 		errs = append(errs, fmt.Errorf("the outbox positions were recorded on another cluster: run what the RESTORED lines say"))
 	}
-	if tables != nil && tables.Err() != nil {
+	if r.tables != nil && r.tables.Err() != nil {
 		errs = append(errs, errors.New("the SQL broker's topic tables hold transaction ids of another cluster: run what the RESTORED lines say"))
 	}
-	if len(rep.Hazards()) > 0 {
+	if len(r.rep.Hazards()) > 0 {
 		errs = append(errs, errors.New("a copy can arrive after its key was pruned: set what the HAZARD lines say"))
 	}
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
-	unknown := len(rep.Unknown())
-	if posErr != nil && len(cfg.Consumers) == 0 {
-		// Alone, the positions are what doctor was asked to check. Beside consumers they are a
-		// line of their own: a broker-only gate needs no database.
+	unknown := len(r.rep.Unknown())
+	if r.posErr != nil && !r.consumers {
 		unknown++
 	}
-	if tablesErr != nil {
+	if r.tablesErr != nil {
 		unknown++
 	}
 	if unknown > 0 {

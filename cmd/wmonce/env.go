@@ -12,7 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/wmonce/watermill-once/ops/admin"
+	"github.com/wmonce/watermill-once/internal/operate"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -76,7 +76,7 @@ func (e *env) openMigrated(ctx context.Context) (*sql.DB, error) {
 	if err != nil {
 		return nil, err
 	}
-	s, err := admin.ReadSchemaStatus(ctx, db, e.g.schema)
+	s, err := operate.ReadSchemaStatus(ctx, db, e.g.schema)
 	if err != nil {
 		return nil, err
 	}
@@ -90,12 +90,12 @@ func (e *env) openMigrated(ctx context.Context) (*sql.DB, error) {
 }
 
 // explain adds what to do to errors an operator can fix, and makes a request the admin
-// operations refused as input (admin.IsInputError) a usage error (exit 2).
+// operations refused as input (operate.IsInputError) a usage error (exit 2).
 func (e *env) explain(err error) error {
 	if err == nil {
 		return nil
 	}
-	if admin.IsInputError(err) {
+	if operate.IsInputError(err) {
 		return usagef("%v", err)
 	}
 	if pgtx.IsUndefinedTable(err) {

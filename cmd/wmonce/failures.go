@@ -4,10 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 
-	"github.com/wmonce/watermill-once/ops/admin"
+	"github.com/wmonce/watermill-once/internal/operate"
 )
 
 func failuresCommand() *command {
@@ -50,13 +49,13 @@ answers it 404.`,
 		actions: []action{
 			{name: "list", run: (*env).failuresList},
 			{name: "replay", run: func(e *env, ctx context.Context, args []string) error {
-				return e.failuresAct(ctx, admin.ActionReplay, args)
+				return e.failuresAct(ctx, operate.ActionReplay, args)
 			}},
 			{name: "skip", run: func(e *env, ctx context.Context, args []string) error {
-				return e.failuresAct(ctx, admin.ActionSkip, args)
+				return e.failuresAct(ctx, operate.ActionSkip, args)
 			}},
 			{name: "discard", run: func(e *env, ctx context.Context, args []string) error {
-				return e.failuresAct(ctx, admin.ActionDiscard, args)
+				return e.failuresAct(ctx, operate.ActionDiscard, args)
 			}},
 		},
 	}
@@ -64,7 +63,7 @@ answers it 404.`,
 
 func (e *env) failuresList(ctx context.Context, args []string) error {
 	fs := e.flags("failures list")
-	maxRows := fs.Int("max-rows", admin.DefaultFailureGroupRows, "group the newest N rows of each kind (0: every row; the patterns cost about a second per 10,000 distinct errors)")
+	maxRows := fs.Int("max-rows", operate.DefaultFailureGroupRows, "group the newest N rows of each kind (0: every row; the patterns cost about a second per 10,000 distinct errors)")
 	db, err := e.parseAndOpen(ctx, fs, args)
 	if err != nil {
 		return err
@@ -72,7 +71,7 @@ func (e *env) failuresList(ctx context.Context, args []string) error {
 	if *maxRows < 0 {
 		return usagef("-max-rows must not be negative (0: every row)")
 	}
-	resp, err := admin.ReadFailureGroups(ctx, db, e.g.schema, *maxRows)
+	resp, err := operate.ReadFailureGroups(ctx, db, e.g.schema, *maxRows)
 	if err != nil {
 		return e.explain(err)
 	}
@@ -102,7 +101,7 @@ func (e *env) failuresAct(ctx context.Context, action string, args []string) err
 	fs.Var(ids, "id", "only these rows of the group: inbox row ids or outbox offsets, as a dry run lists them (repeat or comma-separate)")
 	dryRun := fs.Bool("dry-run", false, "list the rows the action would touch, change nothing")
 	reason := ""
-	if action == admin.ActionSkip {
+	if action == operate.ActionSkip {
 		fs.StringVar(&reason, "reason", "", "why the rows are skipped (kept in last_error; required)")
 	}
 	rest, err := e.parse(fs, args)
@@ -112,94 +111,68 @@ func (e *env) failuresAct(ctx context.Context, action string, args []string) err
 	if len(rest) != 1 {
 		return usagef("give the group's fingerprint (`wmonce failures` lists them)")
 	}
-	fp := rest[0]
-	if action == admin.ActionSkip && strings.TrimSpace(reason) == "" && !*dryRun {
-		return usagef("-reason is required: it is kept with the skipped rows")
-	}
-	var selected []int64
-	for _, v := range ids.values {
-		id, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || id < 1 {
-			return usagef("-id takes positive inbox row ids or outbox offsets, got %q", v)
-		}
-		selected = append(selected, id)
+	selected, err := parseIDs(ids.values, "inbox row ids or outbox offsets")
+	if err != nil {
+		return err
 	}
 	db, err := e.openMigrated(ctx)
 	if err != nil {
 		return err
 	}
-	// The group's kind: among the groups `wmonce failures` lists, else among every row's.
-	var group *admin.FailureGroup
-	for _, maxRows := range []int{admin.DefaultFailureGroupRows, 0} {
-		resp, err := admin.ReadFailureGroups(ctx, db, e.g.schema, maxRows)
-		if err != nil {
-			return e.explain(err)
-		}
-		for i := range resp.Groups {
-			if resp.Groups[i].Fingerprint == fp {
-				group = &resp.Groups[i]
-			}
-		}
-		if group != nil || resp.LeftOut == 0 {
-			break
-		}
-	}
 	// One answer with the API's (404): a group without rows to act on, unknown or emptied by
 	// someone else before or during this action, is an error, never "0 rows done".
-	if group == nil {
-		return fmt.Errorf("%w: `wmonce failures` lists the groups", admin.NoFailureGroup("", fp, selected))
+	group, err := operate.FindFailureGroup(ctx, db, e.g.schema, rest[0], selected)
+	if err == nil {
+		req := operate.FailureActionRequest{Kind: group.Kind, Fingerprint: group.Fingerprint, Action: action, IDs: selected, Reason: reason, DryRun: *dryRun}
+		var res operate.FailureActionResponse
+		if res, err = operate.ActOnFailureGroup(ctx, db, e.g.schema, req); err == nil {
+			return e.printFailureAction(group, req, res)
+		}
 	}
-	res, err := admin.ActOnFailureGroup(ctx, db, e.g.schema, admin.FailureActionRequest{
-		Kind: group.Kind, Fingerprint: fp, Action: action, IDs: selected, Reason: reason, DryRun: *dryRun,
-	})
-	if errors.Is(err, admin.ErrNoFailureGroup) {
+	if errors.Is(err, operate.ErrNoFailureGroup) {
 		return fmt.Errorf("%w: `wmonce failures` lists the groups", err)
 	}
-	if err != nil {
-		return e.explain(err)
-	}
+	return e.explain(err)
+}
+
+// failureRows names, for each kind, the rows an action reports and what their ids are.
+var failureRows = map[string]struct {
+	what   func(operate.FailureGroup) string
+	idName string
+}{
+	operate.FailureKindInbox:    {func(g operate.FailureGroup) string { return "inbox row(s) of consumer " + g.Consumer }, "ids"},
+	operate.FailureKindParked:   {func(g operate.FailureGroup) string { return "parked message(s) of handler " + orDash(g.Handler) }, "offsets"},
+	operate.FailureKindRejected: {func(g operate.FailureGroup) string { return "rejected outbox row(s) of relay " + g.Relay }, "offsets"},
+}
+
+var pastTense = map[string]string{operate.ActionReplay: "replayed", operate.ActionSkip: "skipped", operate.ActionDiscard: "discarded"}
+
+func (e *env) printFailureAction(group operate.FailureGroup, req operate.FailureActionRequest, res operate.FailureActionResponse) error {
 	if e.g.json {
 		return e.printJSON(res)
 	}
-	what, idName := "inbox row(s) of consumer "+group.Consumer, "ids"
-	switch group.Kind {
-	case admin.FailureKindParked:
-		what, idName = "parked message(s) of handler "+orDash(group.Handler), "offsets"
-	case admin.FailureKindRejected:
-		what, idName = "rejected outbox row(s) of relay "+group.Relay, "offsets"
-	}
-	list := joinInts(res.IDs, ",")
+	rows := failureRows[group.Kind]
+	what, list := rows.what(group), joinInts(res.IDs, ",")
 	if len(res.Undecodable) > 0 {
 		defer fmt.Fprintf(e.stdout, "left in the group, cannot be replayed: offsets %s\n", joinInts(res.Undecodable, ","))
 	}
-	if *dryRun {
-		fmt.Fprintf(e.stdout, "dry run: %s would %s %d %s (%s %s); nothing changed\n", fp, action, res.Rows, what, idName, orDash(list))
-		if res.Rows > 0 {
-			fmt.Fprintf(e.stdout, "to touch exactly these: wmonce failures %s %s -id %s%s\n", action, fp, list, reasonFlag(action, reason))
-		}
+	if !req.DryRun {
+		fmt.Fprintf(e.stdout, "%s: %d %s (%s %s)\n", pastTense[req.Action], res.Rows, what, rows.idName, orDash(list))
 		return nil
 	}
-	fmt.Fprintf(e.stdout, "%s: %d %s (%s %s)\n", pastTense(action), res.Rows, what, idName, orDash(list))
+	fmt.Fprintf(e.stdout, "dry run: %s would %s %d %s (%s %s); nothing changed\n", req.Fingerprint, req.Action, res.Rows, what, rows.idName, orDash(list))
+	if res.Rows > 0 {
+		fmt.Fprintf(e.stdout, "to touch exactly these: wmonce failures %s %s -id %s%s\n", req.Action, req.Fingerprint, list, reasonFlag(req.Action, req.Reason))
+	}
 	return nil
 }
 
 func reasonFlag(action, reason string) string {
-	if action != admin.ActionSkip {
+	if action != operate.ActionSkip {
 		return ""
 	}
 	if reason == "" {
 		reason = "..."
 	}
 	return " -reason " + shellQuote(reason)
-}
-
-func pastTense(action string) string {
-	switch action {
-	case admin.ActionReplay:
-		return "replayed"
-	case admin.ActionSkip:
-		return "skipped"
-	default:
-		return "discarded"
-	}
 }

@@ -16,9 +16,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/operate"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/internal/testwait"
-	"github.com/wmonce/watermill-once/ops/admin"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -52,7 +52,7 @@ func TestFailuresCommand(t *testing.T) {
 	require.Contains(t, r.stdout, "envelope has no destination_topic")
 	r = runCLI(t, f.schema, "-json", "failures")
 	require.Equal(t, 0, r.code, r.stderr)
-	var groups admin.FailureGroupsResponse
+	var groups operate.FailureGroupsResponse
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &groups), r.stdout)
 	require.Len(t, groups.Groups, 3)
 	billing, parked, legacy := groups.Groups[0], groups.Groups[1], groups.Groups[2]
@@ -75,7 +75,7 @@ func TestFailuresCommand(t *testing.T) {
 
 	r = runCLI(t, f.schema, "failures", "skip", billing.Fingerprint)
 	require.Equal(t, 2, r.code)
-	require.Contains(t, r.stderr, "-reason is required")
+	require.Contains(t, r.stderr, "reason is required")
 	r = runCLI(t, f.schema, "failures", "discard", billing.Fingerprint)
 	require.Equal(t, 2, r.code)
 	require.Contains(t, r.stderr, "inbox rows are not discarded")

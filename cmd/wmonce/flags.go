@@ -81,12 +81,13 @@ func (l *listFlag) Set(v string) error {
 	return nil
 }
 
-func parseIDs(values []string) ([]int64, error) {
-	out := make([]int64, 0, len(values))
+// parseIDs reads the values of -id, positive integers naming what (nil when none).
+func parseIDs(values []string, what string) ([]int64, error) {
+	var out []int64
 	for _, v := range values {
 		id, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || id < 1 {
-			return nil, usagef("-id takes positive inbox row ids, got %q", v)
+			return nil, usagef("-id takes positive %s, got %q", what, v)
 		}
 		out = append(out, id)
 	}

@@ -5,11 +5,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/wmonce/watermill-once/inbox"
-	"github.com/wmonce/watermill-once/ops/admin"
+	"github.com/wmonce/watermill-once/internal/operate"
 )
 
 func inboxCommand() *command {
@@ -71,7 +72,7 @@ func (e *env) ops(ctx context.Context) (*inbox.Ops, error) {
 }
 
 func (e *env) inboxStats(ctx context.Context, args []string) error {
-	return readAndShow(ctx, e, "inbox stats", args, admin.ReadInbox, func(st []admin.InboxStats) {
+	return readAndShow(ctx, e, "inbox stats", args, operate.ReadInbox, func(st []operate.InboxStats) {
 		if len(st) == 0 {
 			fmt.Fprintln(e.stdout, "the inbox is empty")
 			return
@@ -107,19 +108,19 @@ func (f filterFlags) filter() (inbox.Filter, error) {
 		return inbox.Filter{}, usagef("-consumer is required (`wmonce inbox stats` lists the consumers)")
 	}
 	if err := checkInput(
-		admin.CheckConsumer("-consumer", *f.consumer), admin.CheckText("-key", *f.key), admin.CheckText("-topic", *f.topic),
-		admin.CheckText("-error", *f.errorText), admin.CheckText("-message", f.messages.values...)); err != nil {
+		operate.CheckConsumer("-consumer", *f.consumer), operate.CheckText("-key", *f.key), operate.CheckText("-topic", *f.topic),
+		operate.CheckText("-error", *f.errorText), operate.CheckText("-message", f.messages.values...)); err != nil {
 		return inbox.Filter{}, err
 	}
 	out := inbox.Filter{Consumer: *f.consumer, OrderingKey: *f.key, Topic: *f.topic, ErrorContains: *f.errorText, MessageIDs: f.messages.values}
 	for _, s := range f.statuses.values {
-		st, err := admin.ParseStatus(s)
+		st, err := operate.ParseStatus(s)
 		if err != nil {
 			return inbox.Filter{}, usagef("-status: %v", err)
 		}
 		out.Statuses = append(out.Statuses, st)
 	}
-	ids, err := parseIDs(f.ids.values)
+	ids, err := parseIDs(f.ids.values, "inbox row ids")
 	if err != nil {
 		return inbox.Filter{}, err
 	}
@@ -155,9 +156,9 @@ func (e *env) inboxList(ctx context.Context, args []string) error {
 		return e.explain(err)
 	}
 	if e.g.json {
-		out := make([]admin.InboxRow, len(rows))
+		out := make([]operate.InboxRow, len(rows))
 		for i, r := range rows {
-			out[i] = admin.NewInboxRow(r, false)
+			out[i] = operate.NewInboxRow(r, false)
 		}
 		return e.printJSON(out)
 	}
@@ -200,7 +201,7 @@ func (e *env) inboxInspect(ctx context.Context, args []string) error {
 			return usagef("the row id must be a positive integer, got %q", rest[0])
 		}
 	case len(rest) == 0 && *consumer != "" && *message != "":
-		if err := checkInput(admin.CheckConsumer("-consumer", *consumer), admin.CheckText("-message", *message)); err != nil {
+		if err := checkInput(operate.CheckConsumer("-consumer", *consumer), operate.CheckText("-message", *message)); err != nil {
 			return err
 		}
 	default:
@@ -222,7 +223,7 @@ func (e *env) inboxInspect(ctx context.Context, args []string) error {
 	if err != nil {
 		return e.explain(err)
 	}
-	r := admin.NewInboxRow(row, true)
+	r := operate.NewInboxRow(row, true)
 	if e.g.json {
 		return e.printJSON(r)
 	}
@@ -256,15 +257,76 @@ func (e *env) inboxInspect(ctx context.Context, args []string) error {
 	return nil
 }
 
+// inboxChanges are the inbox changes: what each checks beyond the filter, how it runs, and
+// what it reports done. An unpark's dry run counts what a replay of the key would change.
+var inboxChanges = map[string]struct {
+	check func(f inbox.Filter, c changeFlags) error
+	run   func(ctx context.Context, ops *inbox.Ops, f inbox.Filter, c changeFlags) (int, error)
+	done  string // format of the report: rows, statuses, consumer
+}{
+	"replay": {
+		check: func(inbox.Filter, changeFlags) error { return nil },
+		run: func(ctx context.Context, ops *inbox.Ops, f inbox.Filter, c changeFlags) (int, error) {
+			return ops.Replay(ctx, f, c.dryRun)
+		},
+		done: "replayed %d %s row(s) of %q: they are PENDING and run again on the next claim\n",
+	},
+	"skip": {
+		check: checkSkip,
+		run: func(ctx context.Context, ops *inbox.Ops, f inbox.Filter, c changeFlags) (int, error) {
+			return ops.Skip(ctx, f, c.reason, c.dryRun)
+		},
+		done: "skipped %d %s row(s) of %q\n",
+	},
+	"unpark": {
+		check: checkUnpark,
+		run: func(ctx context.Context, ops *inbox.Ops, f inbox.Filter, c changeFlags) (int, error) {
+			if c.dryRun {
+				return ops.Replay(ctx, f, true)
+			}
+			return ops.UnparkKey(ctx, f.Consumer, f.OrderingKey)
+		},
+		done: "replayed %d %s row(s) of %q: they are PENDING and run again on the next claim\n",
+	},
+}
+
+// changeFlags are the flags of an inbox change besides the filter's.
+type changeFlags struct {
+	dryRun, all bool
+	reason      string
+}
+
+func checkSkip(f inbox.Filter, c changeFlags) error {
+	if strings.TrimSpace(c.reason) == "" {
+		return usagef("-reason is required: it is kept with the skipped rows")
+	}
+	if err := checkInput(operate.CheckText("-reason", c.reason)); err != nil {
+		return err
+	}
+	if !c.all && len(f.IDs) == 0 && len(f.MessageIDs) == 0 && f.OrderingKey == "" && f.Topic == "" && f.ErrorContains == "" {
+		return usagef("name the rows to skip with -id, -message, -key, -topic or -error, or give -all to skip every matching row of %q", f.Consumer)
+	}
+	return nil
+}
+
+func checkUnpark(f inbox.Filter, _ changeFlags) error {
+	if f.OrderingKey == "" {
+		return usagef("-key is required: unpark replays the FAILED rows of one ordering key")
+	}
+	if len(f.Statuses) > 0 || len(f.IDs) > 0 || len(f.MessageIDs) > 0 || f.Topic != "" || f.ErrorContains != "" {
+		return usagef("unpark takes only -consumer and -key; use replay for other selections")
+	}
+	return nil
+}
+
 func (e *env) inboxChange(ctx context.Context, action string, args []string) error {
 	fs := e.flags("inbox " + action)
 	ff := addFilterFlags(fs)
-	dryRun := fs.Bool("dry-run", false, "count the rows that would change, change nothing")
-	var reason *string
-	var all *bool
+	var c changeFlags
+	fs.BoolVar(&c.dryRun, "dry-run", false, "count the rows that would change, change nothing")
 	if action == "skip" {
-		reason = fs.String("reason", "", "why the rows are skipped (kept in last_error; required)")
-		all = fs.Bool("all", false, "skip every matching row of the consumer when no other selector is given")
+		fs.StringVar(&c.reason, "reason", "", "why the rows are skipped (kept in last_error; required)")
+		fs.BoolVar(&c.all, "all", false, "skip every matching row of the consumer when no other selector is given")
 	}
 	if err := e.parseFlagsOnly(fs, args); err != nil {
 		return err
@@ -273,72 +335,45 @@ func (e *env) inboxChange(ctx context.Context, action string, args []string) err
 	if err != nil {
 		return err
 	}
-	for _, s := range f.Statuses {
-		if s == inbox.StatusInProgress {
-			return usagef("IN_PROGRESS rows belong to a worker and cannot be changed: wait for it, or its lease, to settle them")
-		}
+	if slices.Contains(f.Statuses, inbox.StatusInProgress) {
+		return usagef("IN_PROGRESS rows belong to a worker and cannot be changed: wait for it, or its lease, to settle them")
 	}
-	switch action {
-	case "skip":
-		if strings.TrimSpace(*reason) == "" {
-			return usagef("-reason is required: it is kept with the skipped rows")
-		}
-		if err := checkInput(admin.CheckText("-reason", *reason)); err != nil {
-			return err
-		}
-		narrowed := len(f.IDs) > 0 || len(f.MessageIDs) > 0 || f.OrderingKey != "" || f.Topic != "" || f.ErrorContains != ""
-		if !narrowed && !*all {
-			return usagef("name the rows to skip with -id, -message, -key, -topic or -error, or give -all to skip every matching row of %q", f.Consumer)
-		}
-	case "unpark":
-		if f.OrderingKey == "" {
-			return usagef("-key is required: unpark replays the FAILED rows of one ordering key")
-		}
-		if len(f.Statuses) > 0 || len(f.IDs) > 0 || len(f.MessageIDs) > 0 || f.Topic != "" || f.ErrorContains != "" {
-			return usagef("unpark takes only -consumer and -key; use replay for other selections")
-		}
+	change := inboxChanges[action]
+	if err := change.check(f, c); err != nil {
+		return err
 	}
 	ops, err := e.ops(ctx)
 	if err != nil {
 		return err
 	}
-	var n int
-	switch {
-	case action == "replay" || (action == "unpark" && *dryRun):
-		n, err = ops.Replay(ctx, f, *dryRun)
-	case action == "unpark":
-		n, err = ops.UnparkKey(ctx, f.Consumer, f.OrderingKey)
-	default:
-		n, err = ops.Skip(ctx, f, *reason, *dryRun)
-	}
+	n, err := change.run(ctx, ops, f, c)
 	if err != nil {
 		return e.explain(err)
 	}
 	if e.g.json {
-		return e.printJSON(admin.ChangeResponse{Action: action, Consumer: f.Consumer, DryRun: *dryRun, Rows: n})
+		return e.printJSON(operate.ChangeResponse{Action: action, Consumer: f.Consumer, DryRun: c.dryRun, Rows: n})
 	}
 	statuses := "FAILED"
 	if len(f.Statuses) > 0 {
-		parts := make([]string, len(f.Statuses))
-		for i, s := range f.Statuses {
-			parts[i] = string(s)
-		}
-		statuses = strings.Join(parts, "/")
+		statuses = joinStatuses(f.Statuses, "/")
 	}
-	if *dryRun {
+	if c.dryRun {
 		fmt.Fprintf(e.stdout, "dry run: %s would change %d %s row(s) of %q; run again without -dry-run to do it\n", action, n, statuses, f.Consumer)
 		return nil
 	}
-	switch action {
-	case "skip":
-		fmt.Fprintf(e.stdout, "skipped %d %s row(s) of %q\n", n, statuses, f.Consumer)
-	default:
-		fmt.Fprintf(e.stdout, "replayed %d %s row(s) of %q: they are PENDING and run again on the next claim\n", n, statuses, f.Consumer)
-	}
+	fmt.Fprintf(e.stdout, change.done, n, statuses, f.Consumer)
 	if n == 0 {
 		fmt.Fprintf(e.stdout, "nothing matched: check the selectors with `wmonce inbox list -consumer %s`\n", shellQuote(f.Consumer))
 	}
 	return nil
+}
+
+func joinStatuses(ss []inbox.Status, sep string) string {
+	parts := make([]string, len(ss))
+	for i, s := range ss {
+		parts[i] = string(s)
+	}
+	return strings.Join(parts, sep)
 }
 
 // checkInput turns the first failed input rule (shared with the admin API) into a usage error.

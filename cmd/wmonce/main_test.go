@@ -18,9 +18,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wmonce/watermill-once/internal/operate"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/migrate"
-	"github.com/wmonce/watermill-once/ops/admin"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -163,9 +163,9 @@ func TestMigrateUpDownVersion(t *testing.T) {
 
 	r = runCLI(t, schema, "-json", "migrate", "version")
 	require.Equal(t, exitOK, r.code, r.stderr)
-	var v admin.SchemaStatus
+	var v operate.SchemaStatus
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
-	require.Equal(t, admin.SchemaStatus{Schema: schema, Version: latest, Latest: latest}, v)
+	require.Equal(t, operate.SchemaStatus{Schema: schema, Version: latest, Latest: latest}, v)
 
 	r = runCLI(t, schema, "migrate", "down")
 	require.Equal(t, exitOK, r.code, r.stderr)
@@ -238,7 +238,7 @@ func TestStatusOutboxAndDedupe(t *testing.T) {
 	require.NotNil(t, st.Consumers[0].NewestClaim)
 	require.WithinDuration(t, time.Now(), *st.Consumers[0].NewestClaim, time.Minute)
 	require.Len(t, st.Inbox, 1)
-	require.Equal(t, admin.InboxStats{Consumer: "billing", Pending: 1, Failed: 3, Done: 1,
+	require.Equal(t, operate.InboxStats{Consumer: "billing", Pending: 1, Failed: 3, Done: 1,
 		OldestPendingReceivedAt: st.Inbox[0].OldestPendingReceivedAt, OldestPendingAgeSeconds: st.Inbox[0].OldestPendingAgeSeconds}, st.Inbox[0])
 	require.Len(t, st.Outbox.Relays, 1)
 	require.Equal(t, "sms", st.Outbox.Relays[0].Name)
@@ -247,7 +247,7 @@ func TestStatusOutboxAndDedupe(t *testing.T) {
 
 	r = runCLI(t, f.schema, "-json", "outbox")
 	require.Equal(t, exitOK, r.code, r.stderr)
-	var ob admin.OutboxStats
+	var ob operate.OutboxStats
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &ob))
 	require.Equal(t, int64(1), ob.Relays[0].Backlog)
 	require.Greater(t, ob.Relays[0].LagSeconds, 0.0)
@@ -264,7 +264,7 @@ func TestStatusOutboxAndDedupe(t *testing.T) {
 	// Inbox rows: DONE is processed, FAILED is not.
 	r = runCLI(t, f.schema, "-json", "dedupe", "-consumer", "billing", "-message", "inv-2")
 	require.Equal(t, exitOK, r.code, r.stderr)
-	var p admin.Processed
+	var p operate.Processed
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &p))
 	require.True(t, p.Processed)
 	require.Nil(t, p.Claim)
@@ -294,7 +294,7 @@ func TestInboxCommands(t *testing.T) {
 	require.Contains(t, r.stdout, fmt.Sprintf("add -after %d", f.rowID(t, "inv-2")))
 	r = runCLI(t, f.schema, "-json", "inbox", "list", "-consumer", "billing", "-key", "order-7")
 	require.Equal(t, exitOK, r.code, r.stderr)
-	var rows []admin.InboxRow
+	var rows []operate.InboxRow
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &rows))
 	require.Len(t, rows, 2)
 	require.Equal(t, "FAILED", rows[0].Status)
@@ -303,7 +303,7 @@ func TestInboxCommands(t *testing.T) {
 	id := f.rowID(t, "inv-3")
 	r = runCLI(t, f.schema, "inbox", "inspect", strconv.FormatInt(id, 10), "-json")
 	require.Equal(t, exitOK, r.code, r.stderr)
-	var row admin.InboxRow
+	var row operate.InboxRow
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &row))
 	require.Equal(t, `{"invoice":"inv-3"}`, *row.Payload)
 	require.Equal(t, map[string]string{"key": "order-7", "fail": "1"}, row.Metadata)
@@ -348,9 +348,9 @@ func TestInboxCommands(t *testing.T) {
 	// Nothing left to replay: said plainly, exit 0.
 	r = runCLI(t, f.schema, "-json", "inbox", "replay", "-consumer", "billing")
 	require.Equal(t, exitOK, r.code, r.stderr)
-	var ch admin.ChangeResponse
+	var ch operate.ChangeResponse
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &ch))
-	require.Equal(t, admin.ChangeResponse{Action: "replay", Consumer: "billing", Rows: 0}, ch)
+	require.Equal(t, operate.ChangeResponse{Action: "replay", Consumer: "billing", Rows: 0}, ch)
 	require.Equal(t, 0, f.status(t, "FAILED"))
 	require.Equal(t, 3, f.status(t, "PENDING"))
 }
@@ -433,7 +433,7 @@ func TestAdminCommandServesThePage(t *testing.T) {
 	require.NoError(t, err)
 	defer res.Body.Close()
 	require.Equal(t, http.StatusOK, res.StatusCode)
-	var stats admin.InboxStatsResponse
+	var stats operate.InboxStatsResponse
 	require.NoError(t, json.NewDecoder(res.Body).Decode(&stats))
 	require.Equal(t, int64(3), stats.Consumers[0].Failed)
 

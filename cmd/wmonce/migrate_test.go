@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wmonce/watermill-once/internal/operate"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/migrate"
@@ -47,9 +48,9 @@ func TestPrintedSchemaWorksWithEveryCommand(t *testing.T) {
 	}
 	r = runCLI(t, schema, "-json", "migrate", "version")
 	require.Equal(t, exitOK, r.code, r.stderr)
-	var v admin.SchemaStatus
+	var v operate.SchemaStatus
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
-	require.Equal(t, admin.SchemaStatus{Schema: schema, Version: latest, Latest: latest}, v)
+	require.Equal(t, operate.SchemaStatus{Schema: schema, Version: latest, Latest: latest}, v)
 	r = runCLI(t, schema, "migrate", "up")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, fmt.Sprintf("nothing to do, at version %d", latest))
@@ -62,9 +63,9 @@ func TestPrintedSchemaWorksWithEveryCommand(t *testing.T) {
 	resp, err := http.Get(srv.URL + "/api/status")
 	require.NoError(t, err)
 	defer resp.Body.Close()
-	var st admin.StatusResponse
+	var st operate.StatusResponse
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&st))
-	require.Equal(t, admin.SchemaStatus{Schema: schema, Version: latest, Latest: latest}, st.SchemaStatus, "/api/status")
+	require.Equal(t, operate.SchemaStatus{Schema: schema, Version: latest, Latest: latest}, st.SchemaStatus, "/api/status")
 
 	// As an earlier release printed it: the tables, no version table. Every command names the
 	// one command that records it, and that command works.
@@ -111,7 +112,7 @@ func TestMigrateVersionReportsAMissingRow(t *testing.T) {
 	require.Contains(t, r.stdout, "has no row for 004_operations")
 	require.Contains(t, r.stdout, insert)
 	r = runCLI(t, schema, "-json", "migrate", "version")
-	var v admin.SchemaStatus
+	var v operate.SchemaStatus
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
 	require.Equal(t, []int{4}, v.Missing)
 

@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/wmonce/watermill-once/ops/admin"
+	"github.com/wmonce/watermill-once/internal/operate"
 	"github.com/wmonce/watermill-once/outbox"
 )
 
@@ -57,22 +57,22 @@ forget     deletes the position of a relay that was retired for good, and the ro
 }
 
 func (e *env) outboxStats(ctx context.Context, args []string) error {
-	return readAndShow(ctx, e, "outbox", args, admin.ReadOutbox, e.printOutbox)
+	return readAndShow(ctx, e, "outbox", args, operate.ReadOutbox, e.printOutbox)
 }
 
 func (e *env) outboxRejected(ctx context.Context, args []string) error {
 	fs := e.flags("outbox rejected")
 	relay := fs.String("relay", "", "only the rows this relay rejected")
 	after := fs.Int64("after", 0, "show rows after this outbox offset (paging)")
-	limit := fs.Int("limit", 50, "rows to show (1-"+strconv.Itoa(admin.MaxListLimit)+")")
+	limit := fs.Int("limit", 50, "rows to show (1-"+strconv.Itoa(operate.MaxListLimit)+")")
 	if err := e.parseFlagsOnly(fs, args); err != nil {
 		return err
 	}
-	if err := checkInput(admin.CheckConsumer("-relay", *relay)); err != nil {
+	if err := checkInput(operate.CheckConsumer("-relay", *relay)); err != nil {
 		return err
 	}
-	if *limit < 1 || *limit > admin.MaxListLimit {
-		return usagef("-limit must be between 1 and %d", admin.MaxListLimit)
+	if *limit < 1 || *limit > operate.MaxListLimit {
+		return usagef("-limit must be between 1 and %d", operate.MaxListLimit)
 	}
 	if *after < 0 {
 		return usagef("-after must be an outbox offset")
@@ -81,7 +81,7 @@ func (e *env) outboxRejected(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	rows, err := admin.ListRejected(ctx, db, e.g.schema, outbox.RejectedFilter{Relay: *relay, AfterOffset: *after}, *limit, false)
+	rows, err := operate.ListRejected(ctx, db, e.g.schema, outbox.RejectedFilter{Relay: *relay, AfterOffset: *after}, *limit, false)
 	if err != nil {
 		return e.explain(err)
 	}
@@ -105,7 +105,7 @@ func (e *env) outboxRejected(ctx context.Context, args []string) error {
 	return nil
 }
 
-func countOffsets(rows []admin.RejectedRow) int {
+func countOffsets(rows []operate.RejectedRow) int {
 	n := 0
 	for i, r := range rows {
 		if i == 0 || r.Offset != rows[i-1].Offset {
@@ -129,14 +129,14 @@ func (e *env) outboxInspect(ctx context.Context, args []string) error {
 	if err != nil || offset < 1 {
 		return usagef("the outbox offset must be a positive integer, got %q", rest[0])
 	}
-	if err := checkInput(admin.CheckConsumer("-relay", *relay)); err != nil {
+	if err := checkInput(operate.CheckConsumer("-relay", *relay)); err != nil {
 		return err
 	}
 	db, err := e.openMigrated(ctx)
 	if err != nil {
 		return err
 	}
-	rows, err := admin.ListRejected(ctx, db, e.g.schema, outbox.RejectedFilter{Relay: *relay, Offset: offset}, 1, true)
+	rows, err := operate.ListRejected(ctx, db, e.g.schema, outbox.RejectedFilter{Relay: *relay, Offset: offset}, 1, true)
 	if err != nil {
 		return e.explain(err)
 	}
@@ -195,7 +195,7 @@ func (e *env) outboxRepublish(ctx context.Context, args []string) error {
 	if err := e.parseFlagsOnly(fs, args); err != nil {
 		return err
 	}
-	req := admin.RepublishRequest{Relay: *relay, All: *all, RemoveMetadata: remove.values, DryRun: *dryRun}
+	req := operate.RepublishRequest{Relay: *relay, All: *all, RemoveMetadata: remove.values, DryRun: *dryRun}
 	for _, v := range offsets.values {
 		o, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || o < 1 {
@@ -211,14 +211,14 @@ func (e *env) outboxRepublish(ctx context.Context, args []string) error {
 	case len(req.Offsets) > 0 && *all:
 		return usagef("give -offset or -all, not both")
 	}
-	if err := checkInput(admin.CheckConsumer("-relay", *relay), admin.CheckText("-remove-metadata", remove.values...)); err != nil {
+	if err := checkInput(operate.CheckConsumer("-relay", *relay), operate.CheckText("-remove-metadata", remove.values...)); err != nil {
 		return err
 	}
 	db, err := e.openMigrated(ctx)
 	if err != nil {
 		return err
 	}
-	res, err := admin.Republish(ctx, db, e.g.schema, req)
+	res, err := operate.Republish(ctx, db, e.g.schema, req)
 	if err != nil {
 		return e.explain(err)
 	}
@@ -249,14 +249,14 @@ func (e *env) outboxForget(ctx context.Context, args []string) error {
 	if strings.TrimSpace(*relay) == "" {
 		return usagef("-relay is required: the name of the retired relay (`wmonce outbox` lists the relays)")
 	}
-	if err := checkInput(admin.CheckConsumer("-relay", *relay)); err != nil {
+	if err := checkInput(operate.CheckConsumer("-relay", *relay)); err != nil {
 		return err
 	}
 	db, err := e.openMigrated(ctx)
 	if err != nil {
 		return err
 	}
-	res, err := admin.ForgetRelay(ctx, db, e.g.schema, admin.ForgetRequest{Relay: *relay, DryRun: *dryRun})
+	res, err := operate.ForgetRelay(ctx, db, e.g.schema, operate.ForgetRequest{Relay: *relay, DryRun: *dryRun})
 	if err != nil { // outbox.ErrRelayActive says to stop the relay first
 		return e.explain(err)
 	}

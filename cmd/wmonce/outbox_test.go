@@ -14,8 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/operate"
 	"github.com/wmonce/watermill-once/internal/worker"
-	"github.com/wmonce/watermill-once/ops/admin"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -91,7 +91,7 @@ func TestOutboxRejectedRowsAndHeldTopics(t *testing.T) {
 	require.Regexp(t, `(?m)^\d+\s+kafka\s+too-big\s+orders\s+\S+ \S+\s+permanent: kafka server: Message was too large`, r.stdout)
 	r = runCLI(t, f.schema, "-json", "outbox", "rejected", "-relay", "kafka")
 	require.Equal(t, exitOK, r.code, r.stderr)
-	var rows []admin.RejectedRow
+	var rows []operate.RejectedRow
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &rows))
 	require.Len(t, rows, 1)
 	offset := strconv.FormatInt(rows[0].Offset, 10)
@@ -169,7 +169,7 @@ func TestOutboxForget(t *testing.T) {
 
 	r = runCLI(t, f.schema, "-json", "outbox", "forget", "-relay", "sms")
 	require.Equal(t, exitOK, r.code, r.stderr)
-	var res admin.ForgetResponse
+	var res operate.ForgetResponse
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &res))
 	require.Equal(t, "sms", res.Relay)
 	require.Equal(t, int64(1), res.Backlog)

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/wmonce/watermill-once/ops/admin"
+	"github.com/wmonce/watermill-once/internal/operate"
 	"github.com/wmonce/watermill-once/outbox"
 )
 
@@ -63,7 +63,7 @@ func (e *env) setPaused(ctx context.Context, args []string, pause bool) error {
 	if (strings.TrimSpace(*consumer) == "") == (strings.TrimSpace(*relay) == "") {
 		return usagef("give -consumer or -relay (one of them): `wmonce status` lists both")
 	}
-	if err := checkInput(admin.CheckConsumer("-consumer", *consumer), admin.CheckConsumer("-relay", *relay)); err != nil {
+	if err := checkInput(operate.CheckConsumer("-consumer", *consumer), operate.CheckConsumer("-relay", *relay)); err != nil {
 		return err
 	}
 	res := pauseResult{Consumer: *consumer, Relay: *relay, Paused: pause, Changed: true}
@@ -115,7 +115,7 @@ func (e *env) setPaused(ctx context.Context, args []string, pause bool) error {
 }
 
 // printInboxPauses adds the paused consumers to the inbox stats.
-func (e *env) printInboxPauses(st []admin.InboxStats) {
+func (e *env) printInboxPauses(st []operate.InboxStats) {
 	for _, s := range st {
 		if s.PausedAt != nil {
 			fmt.Fprintf(e.stdout, "  inbox consumer %s is paused since %s: its processors claim nothing until `wmonce resume -consumer %s`\n",
@@ -125,7 +125,7 @@ func (e *env) printInboxPauses(st []admin.InboxStats) {
 }
 
 // printRelayPauses adds the paused relays and the delayed rows to the outbox stats.
-func (e *env) printRelayPauses(o admin.OutboxStats) {
+func (e *env) printRelayPauses(o operate.OutboxStats) {
 	for _, r := range o.Relays {
 		if r.PausedAt != nil {
 			fmt.Fprintf(e.stdout, "  relay %s is paused since %s: it publishes nothing until `wmonce resume -relay %s`\n", r.Name, when(*r.PausedAt), shellQuote(r.Name))

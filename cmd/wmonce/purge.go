@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"sort"
 	"strconv"
@@ -10,7 +11,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/wmonce/watermill-once/ops/admin"
+	"github.com/wmonce/watermill-once/internal/operate"
 	"github.com/wmonce/watermill-once/ops/retention"
 )
 
@@ -49,81 +50,111 @@ apply) first move up to what each slot has confirmed, so the rows Debezium deliv
 	}
 }
 
+// purgeFlags are the flags of `wmonce purge`.
+type purgeFlags struct {
+	consumer, before, olderThan           string
+	all, dryRun, janitor                  bool
+	batch                                 int
+	keep, inboxKeep, outboxKeep, cdcSlots string
+}
+
 func runPurge(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("purge")
-	consumer := fs.String("consumer", "", "consumer whose claims go")
-	all := fs.Bool("all", false, "purge the claims of every consumer")
-	before := fs.String("before", "", "delete claims applied before this date (2026-11-01, UTC) or RFC 3339 time")
-	olderThan := fs.String("older-than", "", "delete claims older than this age (e.g. 720h or 30d), by the database clock")
-	dryRun := fs.Bool("dry-run", false, "count what would be deleted, delete nothing")
-	batch := fs.Int("batch-size", 0, "rows per delete transaction (default "+strconv.Itoa(retention.DefaultBatchSize)+")")
-	janitor := fs.Bool("janitor", false, "run one retention janitor round instead (needs -keep)")
-	keep := fs.String("keep", "", "janitor: retention window of claims (e.g. 168h or 7d)")
-	inboxKeep := fs.String("inbox-keep", "", "janitor: retention of finished inbox rows (default: -keep)")
-	outboxKeep := fs.String("outbox-keep", "", "janitor: retention of relayed outbox rows (default 24h)")
-	cdcSlots := fs.String("cdc-slots", "", "janitor: comma-separated replication slots of Debezium connectors whose outbox positions must be registered (registered ones are advanced anyway)")
+	var p purgeFlags
+	fs.StringVar(&p.consumer, "consumer", "", "consumer whose claims go")
+	fs.BoolVar(&p.all, "all", false, "purge the claims of every consumer")
+	fs.StringVar(&p.before, "before", "", "delete claims applied before this date (2026-11-01, UTC) or RFC 3339 time")
+	fs.StringVar(&p.olderThan, "older-than", "", "delete claims older than this age (e.g. 720h or 30d), by the database clock")
+	fs.BoolVar(&p.dryRun, "dry-run", false, "count what would be deleted, delete nothing")
+	fs.IntVar(&p.batch, "batch-size", 0, "rows per delete transaction (default "+strconv.Itoa(retention.DefaultBatchSize)+")")
+	fs.BoolVar(&p.janitor, "janitor", false, "run one retention janitor round instead (needs -keep)")
+	fs.StringVar(&p.keep, "keep", "", "janitor: retention window of claims (e.g. 168h or 7d)")
+	fs.StringVar(&p.inboxKeep, "inbox-keep", "", "janitor: retention of finished inbox rows (default: -keep)")
+	fs.StringVar(&p.outboxKeep, "outbox-keep", "", "janitor: retention of relayed outbox rows (default 24h)")
+	fs.StringVar(&p.cdcSlots, "cdc-slots", "", "janitor: comma-separated replication slots of Debezium connectors whose outbox positions must be registered (registered ones are advanced anyway)")
 	if err := e.parseFlagsOnly(fs, args); err != nil {
 		return err
 	}
-	if *batch < 0 || *batch > retention.MaxBatchSize {
+	if p.batch < 0 || p.batch > retention.MaxBatchSize {
 		return usagef("-batch-size must be between 1 and %d", retention.MaxBatchSize)
 	}
-	if *janitor {
-		if *consumer != "" || *all || *before != "" || *olderThan != "" || *dryRun {
+	if p.janitor {
+		if p.consumer != "" || p.all || p.before != "" || p.olderThan != "" || p.dryRun {
 			return usagef("-janitor runs the janitor's own windows: it takes -keep, -inbox-keep, -outbox-keep, -cdc-slots and -batch-size, not -consumer, -all, -before, -older-than or -dry-run")
 		}
-		return e.janitorRound(ctx, *keep, *inboxKeep, *outboxKeep, *cdcSlots, *batch)
+		return e.janitorRound(ctx, p.keep, p.inboxKeep, p.outboxKeep, p.cdcSlots, p.batch)
 	}
-	if *keep != "" || *inboxKeep != "" || *outboxKeep != "" || *cdcSlots != "" {
-		return usagef("-keep, -inbox-keep, -outbox-keep and -cdc-slots belong to -janitor")
-	}
-	switch {
-	case *consumer == "" && !*all:
-		return usagef("name the consumer with -consumer, or give -all to purge every consumer's claims")
-	case *consumer != "" && *all:
-		return usagef("give -consumer or -all, not both")
-	case (*before == "") == (*olderThan == ""):
-		return usagef("give exactly one of -before DATE and -older-than AGE")
-	}
-	if err := checkInput(admin.CheckConsumer("-consumer", *consumer)); err != nil {
+	age, cutoff, err := p.checkClaims()
+	if err != nil {
 		return err
-	}
-	var age time.Duration
-	var cutoff time.Time
-	var err error
-	if *olderThan != "" {
-		if age, err = parseAge(*olderThan); err != nil {
-			return usagef("-older-than: %v", err)
-		}
-	} else if cutoff, err = parseCutoff(*before); err != nil {
-		return usagef("-before: %v", err)
 	}
 	db, err := e.openMigrated(ctx)
 	if err != nil {
 		return err
 	}
+	if cutoff, err = pastCutoff(ctx, db, age, cutoff); err != nil {
+		return err
+	}
+	n, err := retention.Purge(ctx, db, e.g.schema, retention.PurgeRequest{Consumer: p.consumer, Before: cutoff, DryRun: p.dryRun, BatchSize: p.batch})
+	if err != nil {
+		return fmt.Errorf("%w (deleted %d claim(s) before the error)", err, n)
+	}
+	return e.printPurge(p, cutoff, n)
+}
+
+// checkClaims checks the flags of a purge of claims and reads its age (-older-than) or cutoff
+// (-before).
+func (p purgeFlags) checkClaims() (age time.Duration, cutoff time.Time, err error) {
+	switch {
+	case p.keep != "" || p.inboxKeep != "" || p.outboxKeep != "" || p.cdcSlots != "":
+		return 0, cutoff, usagef("-keep, -inbox-keep, -outbox-keep and -cdc-slots belong to -janitor")
+	case p.consumer == "" && !p.all:
+		return 0, cutoff, usagef("name the consumer with -consumer, or give -all to purge every consumer's claims")
+	case p.consumer != "" && p.all:
+		return 0, cutoff, usagef("give -consumer or -all, not both")
+	case (p.before == "") == (p.olderThan == ""):
+		return 0, cutoff, usagef("give exactly one of -before DATE and -older-than AGE")
+	}
+	if err := checkInput(operate.CheckConsumer("-consumer", p.consumer)); err != nil {
+		return 0, cutoff, err
+	}
+	if p.olderThan != "" {
+		if age, err = parseAge(p.olderThan); err != nil {
+			return 0, cutoff, usagef("-older-than: %v", err)
+		}
+		return age, cutoff, nil
+	}
+	if cutoff, err = parseCutoff(p.before); err != nil {
+		return 0, cutoff, usagef("-before: %v", err)
+	}
+	return 0, cutoff, nil
+}
+
+// pastCutoff is the cutoff (now - age, by the database clock, when age is set), refused when
+// it lies in the future.
+func pastCutoff(ctx context.Context, db *sql.DB, age time.Duration, cutoff time.Time) (time.Time, error) {
 	var now time.Time
 	if err := db.QueryRowContext(ctx, `SELECT now()`).Scan(&now); err != nil {
-		return fmt.Errorf("read the database clock: %w", err)
+		return cutoff, fmt.Errorf("read the database clock: %w", err)
 	}
 	if age > 0 {
 		cutoff = now.Add(-age)
 	}
 	if cutoff.After(now) {
-		return fmt.Errorf("the cutoff %s is in the future (database time %s): purging claims that new would forget messages a broker is still delivering; give a past date", cutoff.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
+		return cutoff, fmt.Errorf("the cutoff %s is in the future (database time %s): purging claims that new would forget messages a broker is still delivering; give a past date", cutoff.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
 	}
-	n, err := retention.Purge(ctx, db, e.g.schema, retention.PurgeRequest{Consumer: *consumer, Before: cutoff, DryRun: *dryRun, BatchSize: *batch})
-	if err != nil {
-		return fmt.Errorf("%w (deleted %d claim(s) before the error)", err, n)
-	}
-	who := fmt.Sprintf("consumer %q", *consumer)
-	if *all {
+	return cutoff, nil
+}
+
+func (e *env) printPurge(p purgeFlags, cutoff time.Time, n int64) error {
+	who := fmt.Sprintf("consumer %q", p.consumer)
+	if p.all {
 		who = "every consumer"
 	}
 	if e.g.json {
-		return e.printJSON(map[string]any{"consumer": *consumer, "all": *all, "before": cutoff.UTC(), "dry_run": *dryRun, "claims": n})
+		return e.printJSON(map[string]any{"consumer": p.consumer, "all": p.all, "before": cutoff.UTC(), "dry_run": p.dryRun, "claims": n})
 	}
-	if *dryRun {
+	if p.dryRun {
 		fmt.Fprintf(e.stdout, "dry run: would delete %d claim(s) of %s applied before %s; run again without -dry-run to delete them\n", n, who, cutoff.UTC().Format(time.RFC3339))
 		return nil
 	}

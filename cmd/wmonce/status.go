@@ -6,7 +6,7 @@ import (
 	"fmt"
 
 	"github.com/wmonce/watermill-once/broker"
-	"github.com/wmonce/watermill-once/ops/admin"
+	"github.com/wmonce/watermill-once/internal/operate"
 )
 
 func statusCommand() *command {
@@ -30,10 +30,10 @@ rebase -broker-schema). Exit code 1 when the schema has no tables or a section c
 
 // statusReport is `wmonce status -json`.
 type statusReport struct {
-	Schema    admin.SchemaStatus    `json:"schema"`
-	Consumers []admin.ConsumerStats `json:"consumers"`
-	Inbox     []admin.InboxStats    `json:"inbox"`
-	Outbox    *admin.OutboxStats    `json:"outbox"`
+	Schema    operate.SchemaStatus    `json:"schema"`
+	Consumers []operate.ConsumerStats `json:"consumers"`
+	Inbox     []operate.InboxStats    `json:"inbox"`
+	Outbox    *operate.OutboxStats    `json:"outbox"`
 	// Broker is the SQL broker's topic tables check (-broker-schema); absent without one.
 	Broker *broker.SQLMoveReport `json:"broker,omitempty"`
 	Errors []string              `json:"errors,omitempty"`
@@ -47,7 +47,7 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	var r statusReport
-	if r.Schema, err = admin.ReadSchemaStatus(ctx, db, e.g.schema); err != nil {
+	if r.Schema, err = operate.ReadSchemaStatus(ctx, db, e.g.schema); err != nil {
 		return err
 	}
 	// Each section is read on its own, so that one missing table (an old schema version)
@@ -58,13 +58,13 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 		errs = append(errs, err)
 		r.Errors = append(r.Errors, err.Error())
 	}
-	if r.Consumers, err = admin.ReadConsumers(ctx, db, e.g.schema, nil); err != nil {
+	if r.Consumers, err = operate.ReadConsumers(ctx, db, e.g.schema, nil); err != nil {
 		note("consumers", err)
 	}
-	if r.Inbox, err = admin.ReadInbox(ctx, db, e.g.schema); err != nil {
+	if r.Inbox, err = operate.ReadInbox(ctx, db, e.g.schema); err != nil {
 		note("inbox", err)
 	}
-	if ob, err := admin.ReadOutbox(ctx, db, e.g.schema); err != nil {
+	if ob, err := operate.ReadOutbox(ctx, db, e.g.schema); err != nil {
 		note("outbox", err)
 	} else {
 		r.Outbox = &ob
@@ -119,7 +119,7 @@ func (e *env) printStatus(r statusReport) {
 	}
 }
 
-func (e *env) printConsumers(cs []admin.ConsumerStats) {
+func (e *env) printConsumers(cs []operate.ConsumerStats) {
 	tw := e.table()
 	fmt.Fprintf(tw, "  CONSUMER\tCLAIMS\tNEWEST CLAIM\n")
 	for _, c := range cs {
@@ -128,7 +128,7 @@ func (e *env) printConsumers(cs []admin.ConsumerStats) {
 	_ = tw.Flush()
 }
 
-func (e *env) printInboxStats(st []admin.InboxStats) {
+func (e *env) printInboxStats(st []operate.InboxStats) {
 	tw := e.table()
 	fmt.Fprintf(tw, "  CONSUMER\tPENDING\tRETRYING\tIN_PROGRESS\tFAILED\tDONE\tSKIPPED\tOLDEST PENDING\n")
 	for _, s := range st {
@@ -143,7 +143,7 @@ func (e *env) printInboxStats(st []admin.InboxStats) {
 	e.printInboxPauses(st)
 }
 
-func (e *env) printOutbox(o admin.OutboxStats) {
+func (e *env) printOutbox(o operate.OutboxStats) {
 	if len(o.Relays) == 0 {
 		fmt.Fprintf(e.stdout, "  no relay has run on this schema yet\n")
 	} else {
@@ -202,14 +202,14 @@ func runDedupe(ctx context.Context, e *env, args []string) error {
 	if *consumer == "" || *message == "" {
 		return usagef("give both -consumer and -message")
 	}
-	if err := checkInput(admin.CheckConsumer("-consumer", *consumer), admin.CheckText("-message", *message)); err != nil {
+	if err := checkInput(operate.CheckConsumer("-consumer", *consumer), operate.CheckText("-message", *message)); err != nil {
 		return err
 	}
 	db, err := e.openMigrated(ctx)
 	if err != nil {
 		return err
 	}
-	p, err := admin.LookupProcessed(ctx, db, e.g.schema, *consumer, *message)
+	p, err := operate.LookupProcessed(ctx, db, e.g.schema, *consumer, *message)
 	if err != nil {
 		return e.explain(err)
 	}

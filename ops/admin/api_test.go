@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wmonce/watermill-once/internal/operate"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/migrate"
@@ -37,14 +38,14 @@ func TestReadAPI(t *testing.T) {
 	srv := f.server(t, admin.Config{Middlewares: []*once.Middleware{f.mw}})
 	api := srv.URL + "/api/"
 
-	var st admin.StatusResponse
+	var st operate.StatusResponse
 	get(t, api+"status").decode(t, &st)
 	require.Equal(t, f.schema, st.Schema)
 	require.Equal(t, migrate.Latest(), st.Version)
 	require.Empty(t, st.Hint)
 	require.False(t, st.WritesAllowed)
 
-	var cs admin.ConsumersResponse
+	var cs operate.ConsumersResponse
 	get(t, api+"consumers").decode(t, &cs)
 	require.True(t, cs.InProcessCounters)
 	require.Len(t, cs.Consumers, 1)
@@ -53,10 +54,10 @@ func TestReadAPI(t *testing.T) {
 	require.Equal(t, int64(3), c.Claims)
 	require.NotNil(t, c.NewestClaim)
 	require.WithinDuration(t, time.Now(), *c.NewestClaim, time.Minute)
-	require.Equal(t, admin.Counters{Fresh: 3, Duplicates: 1}, *c.Counters)
+	require.Equal(t, operate.Counters{Fresh: 3, Duplicates: 1}, *c.Counters)
 	require.InDelta(t, 0.25, *c.DuplicateRate, 1e-9)
 
-	var is admin.InboxStatsResponse
+	var is operate.InboxStatsResponse
 	get(t, api+"inbox/stats").decode(t, &is)
 	require.Len(t, is.Consumers, 1)
 	require.Equal(t, "billing", is.Consumers[0].Consumer)
@@ -64,7 +65,7 @@ func TestReadAPI(t *testing.T) {
 	require.Equal(t, int64(1), is.Consumers[0].Done)
 	require.Zero(t, is.Consumers[0].Pending)
 
-	var list admin.InboxListResponse
+	var list operate.InboxListResponse
 	get(t, api+"inbox?consumer=billing&status=failed").decode(t, &list)
 	require.Len(t, list.Rows, 2)
 	require.Equal(t, "inv-1", list.Rows[0].MessageID)
@@ -78,19 +79,19 @@ func TestReadAPI(t *testing.T) {
 	get(t, fmt.Sprintf("%sinbox?consumer=billing&limit=5&after=%d", api, list.NextAfter)).decode(t, &list)
 	require.Equal(t, []string{"inv-2", "inv-3"}, []string{list.Rows[0].MessageID, list.Rows[1].MessageID})
 
-	var row admin.InboxRow
+	var row operate.InboxRow
 	get(t, fmt.Sprintf("%sinbox/%d", api, list.Rows[0].ID)).decode(t, &row)
 	require.Equal(t, `{"invoice":2,"note":"<img src=x onerror=alert(1)>"}`, *row.Payload)
 	require.Equal(t, map[string]string{"fail": "1"}, row.Metadata)
 
-	var ob admin.OutboxStats
+	var ob operate.OutboxStats
 	get(t, api+"outbox").decode(t, &ob)
 	require.Len(t, ob.Relays, 1)
 	require.Equal(t, "sms", ob.Relays[0].Name)
 	require.Equal(t, int64(1), ob.Relays[0].Backlog)
 	require.Equal(t, int64(1), ob.Rejected, "the fixture's legacy-7")
 
-	var p admin.Processed
+	var p operate.Processed
 	get(t, api+"dedupe?consumer=rewards&message=m-2").decode(t, &p)
 	require.True(t, p.Processed)
 	require.NotNil(t, p.Claim)
@@ -126,7 +127,7 @@ func TestWritesAreRefusedWhenReadOnly(t *testing.T) {
 	f := newFixture(t, 2)
 	srv := f.server(t, admin.Config{})
 	for _, path := range []string{"replay", "skip"} {
-		r := post(t, srv.URL+"/api/inbox/"+path, admin.ChangeRequest{Consumer: "billing", Reason: "x", All: true}, nil)
+		r := post(t, srv.URL+"/api/inbox/"+path, operate.ChangeRequest{Consumer: "billing", Reason: "x", All: true}, nil)
 		require.Equal(t, http.StatusForbidden, r.status)
 		require.Contains(t, r.errorText(t), "read-only: set admin.Config.AllowWrites")
 	}
@@ -138,7 +139,7 @@ func TestWritesNeedPostJSONAndTheHeader(t *testing.T) {
 	f := newFixture(t, 1)
 	srv := f.server(t, admin.Config{AllowWrites: true})
 	url := srv.URL + "/api/inbox/replay"
-	body := admin.ChangeRequest{Consumer: "billing"}
+	body := operate.ChangeRequest{Consumer: "billing"}
 
 	r := post(t, url, body, map[string]string{admin.WriteHeader: ""})
 	require.Equal(t, http.StatusForbidden, r.status)
@@ -164,21 +165,21 @@ func TestReplayAndSkip(t *testing.T) {
 	require.Len(t, failed, 4)
 
 	// Dry run: counts, changes nothing.
-	var ch admin.ChangeResponse
-	r := post(t, replay, admin.ChangeRequest{Consumer: "billing", DryRun: true}, nil)
+	var ch operate.ChangeResponse
+	r := post(t, replay, operate.ChangeRequest{Consumer: "billing", DryRun: true}, nil)
 	require.Equal(t, http.StatusOK, r.status, string(r.body))
 	r.decode(t, &ch)
-	require.Equal(t, admin.ChangeResponse{Action: "replay", Consumer: "billing", DryRun: true, Rows: 4}, ch)
+	require.Equal(t, operate.ChangeResponse{Action: "replay", Consumer: "billing", DryRun: true, Rows: 4}, ch)
 	require.Equal(t, 4, f.count(t, "FAILED"))
 
 	// Replay one row by id.
-	post(t, replay, admin.ChangeRequest{Consumer: "billing", IDs: []int64{failed[0]}}, nil).decode(t, &ch)
+	post(t, replay, operate.ChangeRequest{Consumer: "billing", IDs: []int64{failed[0]}}, nil).decode(t, &ch)
 	require.Equal(t, 1, ch.Rows)
 	require.Equal(t, "PENDING", f.rowStatus(t, failed[0]))
 
 	// Skip one row with a reason.
-	post(t, skip, admin.ChangeRequest{Consumer: "billing", IDs: []int64{failed[1]}, Reason: "refunded by hand"}, nil).decode(t, &ch)
-	require.Equal(t, admin.ChangeResponse{Action: "skip", Consumer: "billing", Rows: 1}, ch)
+	post(t, skip, operate.ChangeRequest{Consumer: "billing", IDs: []int64{failed[1]}, Reason: "refunded by hand"}, nil).decode(t, &ch)
+	require.Equal(t, operate.ChangeResponse{Action: "skip", Consumer: "billing", Rows: 1}, ch)
 	require.Equal(t, "SKIPPED", f.rowStatus(t, failed[1]))
 	require.Equal(t, 1, pgtest.Count(t, f.db, `SELECT count(*) FROM `+f.table("inbox")+` WHERE id = $1 AND last_error LIKE 'skipped: refunded by hand%'`, failed[1]))
 
@@ -190,14 +191,14 @@ func TestReplayAndSkip(t *testing.T) {
 	}{
 		{replay, `{"consumer":`, "cannot read the JSON body"},
 		{replay, `{"consumer":"billing","dryrun":true}`, `unknown field "dryrun"`},
-		{replay, admin.ChangeRequest{}, "consumer is required"},
-		{replay, admin.ChangeRequest{Consumer: "billing", Statuses: []string{"IN_PROGRESS"}}, "belong to a worker"},
-		{replay, admin.ChangeRequest{Consumer: "billing", Statuses: []string{"DONE", "LATE"}}, `unknown inbox status "LATE"`},
-		{replay, admin.ChangeRequest{Consumer: "billing", IDs: []int64{0}}, "ids must be positive"},
-		{replay, admin.ChangeRequest{Consumer: "billing", Reason: "x"}, "reason and all belong to skip"},
-		{skip, admin.ChangeRequest{Consumer: "billing", IDs: []int64{failed[2]}}, "reason is required"},
-		{skip, admin.ChangeRequest{Consumer: "billing", Reason: "x"}, "or set all to skip every matching row"},
-		{skip, admin.ChangeRequest{Consumer: "billing", Reason: "x", All: true, Statuses: []string{"DONE"}}, "status DONE cannot be used here (allowed: FAILED, PENDING)"},
+		{replay, operate.ChangeRequest{}, "consumer is required"},
+		{replay, operate.ChangeRequest{Consumer: "billing", Statuses: []string{"IN_PROGRESS"}}, "belong to a worker"},
+		{replay, operate.ChangeRequest{Consumer: "billing", Statuses: []string{"DONE", "LATE"}}, `unknown inbox status "LATE"`},
+		{replay, operate.ChangeRequest{Consumer: "billing", IDs: []int64{0}}, "ids must be positive"},
+		{replay, operate.ChangeRequest{Consumer: "billing", Reason: "x"}, "reason and all belong to skip"},
+		{skip, operate.ChangeRequest{Consumer: "billing", IDs: []int64{failed[2]}}, "reason is required"},
+		{skip, operate.ChangeRequest{Consumer: "billing", Reason: "x"}, "or set all to skip every matching row"},
+		{skip, operate.ChangeRequest{Consumer: "billing", Reason: "x", All: true, Statuses: []string{"DONE"}}, "status DONE cannot be used here (allowed: FAILED, PENDING)"},
 	} {
 		r := post(t, tc.url, tc.body, nil)
 		require.Equal(t, http.StatusBadRequest, r.status, "%v: %s", tc.body, r.body)
@@ -206,7 +207,7 @@ func TestReplayAndSkip(t *testing.T) {
 	require.Equal(t, 2, f.count(t, "FAILED"))
 
 	// Replay the rest of the FAILED rows at once.
-	post(t, replay, admin.ChangeRequest{Consumer: "billing", Statuses: []string{"FAILED"}}, nil).decode(t, &ch)
+	post(t, replay, operate.ChangeRequest{Consumer: "billing", Statuses: []string{"FAILED"}}, nil).decode(t, &ch)
 	require.Equal(t, 2, ch.Rows)
 	require.Equal(t, 0, f.count(t, "FAILED"))
 	require.Equal(t, 3, f.count(t, "PENDING"))
@@ -245,7 +246,7 @@ func TestMountedUnderAPrefix(t *testing.T) {
 	js := get(t, srv.URL+"/ops/wmonce/app.js")
 	require.NotContains(t, string(js.body), "innerHTML", "the page inserts API data as text only")
 
-	var st admin.StatusResponse
+	var st operate.StatusResponse
 	get(t, srv.URL+"/ops/wmonce/api/status").decode(t, &st)
 	require.Equal(t, schema, st.Schema)
 
@@ -306,7 +307,7 @@ func TestUnsetTimesAreNull(t *testing.T) {
 	// Set times are strings as before.
 	v, _ := jsonAt(t, bodies["consumers"], "consumers", 1, "newest_claim") // rewards
 	require.IsType(t, "", v)
-	var cs admin.ConsumersResponse
+	var cs operate.ConsumersResponse
 	require.NoError(t, json.Unmarshal(bodies["consumers"], &cs))
 	require.Equal(t, "audit", cs.Consumers[0].Consumer)
 	require.Nil(t, cs.Consumers[0].NewestClaim)

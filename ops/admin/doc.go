@@ -6,7 +6,8 @@
 // parked messages and rejected rows grouped by error) replayed, skipped or discarded a group at
 // a time; and forgetting a retired relay. It
 // is an http.Handler meant to be mounted in a service that already runs (next to /metrics or a
-// debug mux), and the same read functions back `wmonce status`.
+// debug mux); `wmonce` reads and acts through the same operations layer, so the page and the
+// CLI answer alike.
 //
 //	h, err := admin.NewHandler(db, admin.Config{
 //		Schema:      "wmonce",
@@ -29,13 +30,16 @@
 //	GET  /api/outbox/rejected/{offset}[?relay=R]   one rejected row with payload and metadata
 //	GET  /api/history[?window=hour|day][&consumer=C][&relay=R]   the charts' series
 //	GET  /api/dedupe?consumer=C&message=M   was M processed by C, and when
-//	GET  /api/failures              failure groups, the largest first (FailureGroupsResponse)
-//	POST /api/inbox/replay          ChangeRequest -> ChangeResponse (dry_run supported)
-//	POST /api/inbox/skip            ChangeRequest with reason -> ChangeResponse
-//	POST /api/outbox/republish      RepublishRequest -> RepublishResponse (dry_run supported)
-//	POST /api/outbox/forget         ForgetRequest -> ForgetResponse (dry_run supported); 409
+//	GET  /api/failures              failure groups, the largest first: {groups, max_rows, left_out}
+//	POST /api/inbox/replay          {consumer, statuses, ids, message_ids, ordering_key, topic,
+//	                                error_contains, dry_run} -> {action, consumer, dry_run, rows}
+//	POST /api/inbox/skip            the same with reason (required) and all
+//	POST /api/outbox/republish      {relay, offsets | all, remove_metadata, dry_run} ->
+//	                                {relay, dry_run, republished, offsets, undecodable}
+//	POST /api/outbox/forget         {relay, dry_run} -> {relay, dry_run, backlog, held, stats}; 409
 //	                                while the relay runs, 404 for a name without a position
-//	POST /api/failures/act          FailureActionRequest -> FailureActionResponse: replay, skip
+//	POST /api/failures/act          {kind, fingerprint, action, ids, reason, dry_run} -> {kind,
+//	                                fingerprint, action, dry_run, rows, ids, relay, undecodable}: replay, skip
 //	                                or discard one group; dry_run lists the rows, ids narrows
 //	                                the action to them; the rows its transaction changed; 404
 //	                                for a group with no row to act on (unknown fingerprint, or
@@ -47,11 +51,11 @@
 // arrives, before any endpoint reads it, so that nothing reaches the database as other text
 // than was sent: every query string must parse (a malformed escape such as %zz, or a ";", is
 // 400, not a parameter left out), and every parameter name and value, read or not, must be
-// text (CheckText: no NUL, valid UTF-8, so %FF is 400); a write's JSON body must be valid
+// text (wmonce.CheckText: no NUL, valid UTF-8, so %FF is 400); a write's JSON body must be valid
 // UTF-8 and hold no \u escape of half a UTF-16 surrogate pair (\ud800 alone; a pair such as
 // \ud83d\ude00 is one character and passes), one JSON value, at most MaxBodyBytes (413
 // beyond). A JSON field holding a NUL (\u0000) is 400 too, and so is a consumer name longer
-// than MaxConsumerBytes: the same rules as `wmonce` (CheckText, CheckConsumer). Times
+// than wmonce.MaxNameLength bytes: the same rules as `wmonce` (wmonce.CheckText, wmonce.CheckName). Times
 // (received_after, rejected_before, ...) are RFC 3339; an "after" bound is inclusive, a
 // "before" bound exclusive.
 //

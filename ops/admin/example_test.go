@@ -10,6 +10,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/wmonce/watermill-once/internal/operate"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/migrate"
@@ -61,7 +62,7 @@ func ExampleNewHandler() {
 	if err != nil {
 		panic(err)
 	}
-	var body admin.ConsumersResponse
+	var body operate.ConsumersResponse
 	_ = json.NewDecoder(res.Body).Decode(&body)
 	_ = res.Body.Close()
 	for _, c := range body.Consumers {

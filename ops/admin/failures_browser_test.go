@@ -9,6 +9,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wmonce/watermill-once/internal/operate"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/ops/admin"
 	"github.com/wmonce/watermill-once/outbox"
@@ -31,12 +32,12 @@ func TestAdminPageFailureGroupsInChromium(t *testing.T) {
 	poisoned.Metadata.Set(middleware.PoisonedHandlerKey, "ledger")
 	require.NoError(t, w.ParkingPublisher(f.db).Publish("payments-poison", poisoned))
 	srv := f.server(t, admin.Config{AllowWrites: true})
-	resp, err := admin.ReadFailureGroups(t.Context(), f.db, f.schema, admin.DefaultFailureGroupRows)
+	resp, err := operate.ReadFailureGroups(t.Context(), f.db, f.schema, operate.DefaultFailureGroupRows)
 	require.NoError(t, err)
 	groups := resp.Groups
-	billing := failureGroup(t, groups, admin.FailureKindInbox, "billing", "")
-	cashback := failureGroup(t, groups, admin.FailureKindRejected, "kafka", "cashback")
-	parked := failureGroup(t, groups, admin.FailureKindParked, "ledger", "payments")
+	billing := failureGroup(t, groups, operate.FailureKindInbox, "billing", "")
+	cashback := failureGroup(t, groups, operate.FailureKindRejected, "kafka", "cashback")
+	parked := failureGroup(t, groups, operate.FailureKindParked, "ledger", "payments")
 
 	step(t, ctx, "load the page", chromedp.Navigate(srv.URL+"/"))
 	waitFor(t, ctx, "the page to load its data", `document.body.dataset.ready === "1"`)

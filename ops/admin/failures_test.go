@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wmonce/watermill-once/internal/operate"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/ops/admin"
 	"github.com/wmonce/watermill-once/outbox"
@@ -17,7 +18,7 @@ import (
 )
 
 // failureGroup returns the group of kind at owner (consumer, handler or relay) and topic.
-func failureGroup(t *testing.T, groups []admin.FailureGroup, kind, owner, topic string) admin.FailureGroup {
+func failureGroup(t *testing.T, groups []operate.FailureGroup, kind, owner, topic string) operate.FailureGroup {
 	t.Helper()
 	for _, g := range groups {
 		if g.Kind == kind && g.Consumer+g.Handler+g.Relay == owner && g.Topic == topic {
@@ -25,7 +26,7 @@ func failureGroup(t *testing.T, groups []admin.FailureGroup, kind, owner, topic 
 		}
 	}
 	t.Fatalf("no %s failure group of %q on topic %q in %+v", kind, owner, topic, groups)
-	return admin.FailureGroup{}
+	return operate.FailureGroup{}
 }
 
 // GET /api/failures groups the parked inbox rows and the rejected outbox rows; POST
@@ -46,64 +47,64 @@ func TestFailureGroupsThroughTheAPI(t *testing.T) {
 		require.NoError(t, w.ParkingPublisher(f.db).Publish("payments-poison", m))
 	}
 	ro := f.server(t, admin.Config{})
-	var groups admin.FailureGroupsResponse
+	var groups operate.FailureGroupsResponse
 	get(t, ro.URL+"/api/failures").decode(t, &groups)
 	require.Len(t, groups.Groups, 5, "%+v", groups.Groups)
 	billing := groups.Groups[0]
-	require.Equal(t, admin.FailureGroup{
-		Kind: admin.FailureKindInbox, Fingerprint: billing.Fingerprint, Consumer: "billing", Pattern: "card declined: <b>insufficient funds</b>",
+	require.Equal(t, operate.FailureGroup{
+		Kind: operate.FailureKindInbox, Fingerprint: billing.Fingerprint, Consumer: "billing", Pattern: "card declined: <b>insufficient funds</b>",
 		Example: "card declined: <b>insufficient funds</b>", Rows: 3, FirstSeen: billing.FirstSeen, LastSeen: billing.LastSeen,
-		Actions: []string{admin.ActionReplay, admin.ActionSkip},
+		Actions: []string{operate.ActionReplay, operate.ActionSkip},
 	}, billing)
-	cashback := failureGroup(t, groups.Groups, admin.FailureKindRejected, "kafka", "cashback")
-	require.Equal(t, []string{admin.ActionReplay, admin.ActionDiscard}, cashback.Actions)
-	parked := failureGroup(t, groups.Groups, admin.FailureKindParked, "ledger", "payments")
+	cashback := failureGroup(t, groups.Groups, operate.FailureKindRejected, "kafka", "cashback")
+	require.Equal(t, []string{operate.ActionReplay, operate.ActionDiscard}, cashback.Actions)
+	parked := failureGroup(t, groups.Groups, operate.FailureKindParked, "ledger", "payments")
 	require.Equal(t, "permanent: unknown currency XYZ in evt-<n>", parked.Pattern)
 	require.Equal(t, int64(2), parked.Rows)
-	require.Equal(t, []string{admin.ActionReplay, admin.ActionDiscard}, parked.Actions)
-	legacy := failureGroup(t, groups.Groups, admin.FailureKindRejected, "sms", "")
+	require.Equal(t, []string{operate.ActionReplay, operate.ActionDiscard}, parked.Actions)
+	legacy := failureGroup(t, groups.Groups, operate.FailureKindRejected, "sms", "")
 	require.Equal(t, int64(1), legacy.Rows)
-	require.Equal(t, []string{admin.ActionDiscard}, legacy.Actions, "undecodable rows would only be rejected again")
-	require.Equal(t, admin.DefaultFailureGroupRows, groups.MaxRows)
+	require.Equal(t, []string{operate.ActionDiscard}, legacy.Actions, "undecodable rows would only be rejected again")
+	require.Equal(t, operate.DefaultFailureGroupRows, groups.MaxRows)
 	require.Zero(t, groups.LeftOut)
-	var newest admin.FailureGroupsResponse
+	var newest operate.FailureGroupsResponse
 	get(t, ro.URL+"/api/failures?max_rows=1").decode(t, &newest)
 	require.Equal(t, int64(5), newest.LeftOut, "all but the newest row of each kind: 2 of billing's 3, 1 of the 2 parked, 2 of the 3 rejected")
 	r := get(t, ro.URL+"/api/failures?max_rows=-1")
 	require.Equal(t, http.StatusBadRequest, r.status)
 	require.Contains(t, r.errorText(t), "max_rows must be a non-negative integer")
-	require.Equal(t, http.StatusForbidden, post(t, ro.URL+"/api/failures/act", admin.FailureActionRequest{
-		Kind: admin.FailureKindInbox, Fingerprint: billing.Fingerprint, Action: admin.ActionReplay,
+	require.Equal(t, http.StatusForbidden, post(t, ro.URL+"/api/failures/act", operate.FailureActionRequest{
+		Kind: operate.FailureKindInbox, Fingerprint: billing.Fingerprint, Action: operate.ActionReplay,
 	}, nil).status, "writes need AllowWrites")
 
 	srv := f.server(t, admin.Config{AllowWrites: true})
-	act := func(req admin.FailureActionRequest) admin.FailureActionResponse {
+	act := func(req operate.FailureActionRequest) operate.FailureActionResponse {
 		t.Helper()
 		r := post(t, srv.URL+"/api/failures/act", req, nil)
 		require.Equal(t, http.StatusOK, r.status, string(r.body))
-		var out admin.FailureActionResponse
+		var out operate.FailureActionResponse
 		r.decode(t, &out)
 		return out
 	}
-	dry := act(admin.FailureActionRequest{Kind: admin.FailureKindInbox, Fingerprint: billing.Fingerprint, Action: admin.ActionSkip, DryRun: true})
+	dry := act(operate.FailureActionRequest{Kind: operate.FailureKindInbox, Fingerprint: billing.Fingerprint, Action: operate.ActionSkip, DryRun: true})
 	require.Equal(t, f.ids(t, "FAILED"), dry.IDs)
 	require.Equal(t, 3, dry.Rows)
 	require.Equal(t, 3, f.count(t, "FAILED"), "a dry run changes nothing")
-	done := act(admin.FailureActionRequest{Kind: admin.FailureKindInbox, Fingerprint: billing.Fingerprint, Action: admin.ActionSkip, IDs: dry.IDs[:2], Reason: "paid by transfer"})
+	done := act(operate.FailureActionRequest{Kind: operate.FailureKindInbox, Fingerprint: billing.Fingerprint, Action: operate.ActionSkip, IDs: dry.IDs[:2], Reason: "paid by transfer"})
 	require.Equal(t, dry.IDs[:2], done.IDs)
 	require.Equal(t, 2, f.count(t, "SKIPPED"))
 	require.Equal(t, 1, f.count(t, "FAILED"))
 
 	pub.refuse = nil
-	re := act(admin.FailureActionRequest{Kind: admin.FailureKindRejected, Fingerprint: cashback.Fingerprint, Action: admin.ActionReplay})
+	re := act(operate.FailureActionRequest{Kind: operate.FailureKindRejected, Fingerprint: cashback.Fingerprint, Action: operate.ActionReplay})
 	require.Equal(t, "kafka", re.Relay)
 	require.Len(t, re.IDs, 1)
 	before := relay.Counters().Forwarded
 	relayUntil(t, relay, "forward the republished row", func(st outbox.RelayCounters) bool { return st.Forwarded > before })
-	gone := act(admin.FailureActionRequest{Kind: admin.FailureKindRejected, Fingerprint: legacy.Fingerprint, Action: admin.ActionDiscard})
+	gone := act(operate.FailureActionRequest{Kind: operate.FailureKindRejected, Fingerprint: legacy.Fingerprint, Action: operate.ActionDiscard})
 	require.Equal(t, "sms", gone.Relay)
 	require.Len(t, gone.IDs, 1)
-	replayed := act(admin.FailureActionRequest{Kind: admin.FailureKindParked, Fingerprint: parked.Fingerprint, Action: admin.ActionReplay})
+	replayed := act(operate.FailureActionRequest{Kind: operate.FailureKindParked, Fingerprint: parked.Fingerprint, Action: operate.ActionReplay})
 	require.Len(t, replayed.IDs, 2)
 	require.Equal(t, 2, pgtest.Count(t, f.db, `SELECT count(*) FROM `+f.table("outbox")+` WHERE payload->>'destination_topic' = 'payments' AND metadata->>'reason_poisoned' IS NULL`),
 		"the originals, stored again for the topic they were consumed from")
@@ -112,11 +113,11 @@ func TestFailureGroupsThroughTheAPI(t *testing.T) {
 
 	// A group with no row to act on is 404, as `wmonce failures` exits 1 for it: an unknown
 	// fingerprint, or one whose rows were handled already (before, 200 {"rows":0}).
-	for _, req := range []admin.FailureActionRequest{
-		{Kind: admin.FailureKindRejected, Fingerprint: "0123456789abcdef", Action: admin.ActionReplay},
-		{Kind: admin.FailureKindRejected, Fingerprint: gone.Fingerprint, Action: admin.ActionDiscard},
-		{Kind: admin.FailureKindParked, Fingerprint: parked.Fingerprint, Action: admin.ActionReplay, DryRun: true},
-		{Kind: admin.FailureKindInbox, Fingerprint: billing.Fingerprint, Action: admin.ActionReplay, IDs: []int64{dry.IDs[0]}},
+	for _, req := range []operate.FailureActionRequest{
+		{Kind: operate.FailureKindRejected, Fingerprint: "0123456789abcdef", Action: operate.ActionReplay},
+		{Kind: operate.FailureKindRejected, Fingerprint: gone.Fingerprint, Action: operate.ActionDiscard},
+		{Kind: operate.FailureKindParked, Fingerprint: parked.Fingerprint, Action: operate.ActionReplay, DryRun: true},
+		{Kind: operate.FailureKindInbox, Fingerprint: billing.Fingerprint, Action: operate.ActionReplay, IDs: []int64{dry.IDs[0]}},
 	} {
 		r := post(t, srv.URL+"/api/failures/act", req, nil)
 		require.Equal(t, http.StatusNotFound, r.status, "%+v: %s", req, r.body)
@@ -127,13 +128,13 @@ func TestFailureGroupsThroughTheAPI(t *testing.T) {
 		body any
 		want string
 	}{
-		{admin.FailureActionRequest{Kind: admin.FailureKindInbox, Fingerprint: "x", Action: admin.ActionReplay}, "fingerprint must be 16"},
-		{admin.FailureActionRequest{Kind: admin.FailureKindInbox, Fingerprint: billing.Fingerprint, Action: admin.ActionDiscard}, "inbox rows are not discarded"},
-		{admin.FailureActionRequest{Kind: admin.FailureKindInbox, Fingerprint: billing.Fingerprint, Action: admin.ActionSkip}, "reason is required"},
-		{admin.FailureActionRequest{Kind: admin.FailureKindRejected, Fingerprint: cashback.Fingerprint, Action: admin.ActionSkip}, "not skipped"},
-		{admin.FailureActionRequest{Kind: admin.FailureKindParked, Fingerprint: parked.Fingerprint, Action: admin.ActionSkip}, "parked messages are not skipped"},
-		{admin.FailureActionRequest{Kind: "intent", Fingerprint: cashback.Fingerprint, Action: admin.ActionSkip}, `kind "intent"`},
-		{admin.FailureActionRequest{Kind: admin.FailureKindInbox, Fingerprint: billing.Fingerprint, Action: admin.ActionReplay, IDs: []int64{0}}, "positive"},
+		{operate.FailureActionRequest{Kind: operate.FailureKindInbox, Fingerprint: "x", Action: operate.ActionReplay}, "fingerprint must be 16"},
+		{operate.FailureActionRequest{Kind: operate.FailureKindInbox, Fingerprint: billing.Fingerprint, Action: operate.ActionDiscard}, "inbox rows are not discarded"},
+		{operate.FailureActionRequest{Kind: operate.FailureKindInbox, Fingerprint: billing.Fingerprint, Action: operate.ActionSkip}, "reason is required"},
+		{operate.FailureActionRequest{Kind: operate.FailureKindRejected, Fingerprint: cashback.Fingerprint, Action: operate.ActionSkip}, "not skipped"},
+		{operate.FailureActionRequest{Kind: operate.FailureKindParked, Fingerprint: parked.Fingerprint, Action: operate.ActionSkip}, "parked messages are not skipped"},
+		{operate.FailureActionRequest{Kind: "intent", Fingerprint: cashback.Fingerprint, Action: operate.ActionSkip}, `kind "intent"`},
+		{operate.FailureActionRequest{Kind: operate.FailureKindInbox, Fingerprint: billing.Fingerprint, Action: operate.ActionReplay, IDs: []int64{0}}, "positive"},
 		{`{"kind":"inbox","fingerprint":"` + billing.Fingerprint + `","action":"replay","extra":1}`, "unknown field"},
 	} {
 		r := post(t, srv.URL+"/api/failures/act", tc.body, nil)
@@ -164,15 +165,15 @@ func TestConcurrentParkedReplaysReportWhatTheyDid(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, groups, 1)
 	const racers = 4
-	results := make([]admin.FailureActionResponse, racers)
+	results := make([]operate.FailureActionResponse, racers)
 	errs := make([]error, racers)
 	var wg sync.WaitGroup
 	for i := range racers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i], errs[i] = admin.ActOnFailureGroup(ctx, db, schema, admin.FailureActionRequest{
-				Kind: admin.FailureKindParked, Fingerprint: groups[0].Fingerprint, Action: admin.ActionReplay})
+			results[i], errs[i] = operate.ActOnFailureGroup(ctx, db, schema, operate.FailureActionRequest{
+				Kind: operate.FailureKindParked, Fingerprint: groups[0].Fingerprint, Action: operate.ActionReplay})
 		}()
 	}
 	wg.Wait()
@@ -183,7 +184,7 @@ func TestConcurrentParkedReplaysReportWhatTheyDid(t *testing.T) {
 			require.Equal(t, 3, results[i].Rows)
 			continue
 		}
-		require.ErrorIs(t, errs[i], admin.ErrNoFailureGroup)
+		require.ErrorIs(t, errs[i], operate.ErrNoFailureGroup)
 	}
 	require.Equal(t, 1, done, "%v", errs)
 	require.Equal(t, 3, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "outbox")+` WHERE payload->>'destination_topic' = 'orders'`))

@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/wmonce/watermill-once/inbox"
+	"github.com/wmonce/watermill-once/internal/operate"
 	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -235,6 +236,8 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, f apiFunc) {
 		switch {
 		case errors.As(err, &ae):
 			writeAPIError(w, ae)
+		case operate.IsInputError(err): // the operations layer's checks of the request
+			writeError(w, http.StatusBadRequest, err.Error())
 		case errors.Is(err, inbox.ErrNotFound):
 			writeError(w, http.StatusNotFound, err.Error())
 		case pgtx.IsUndefinedTable(err):
@@ -281,7 +284,7 @@ func writeAPIError(w http.ResponseWriter, err error) {
 // built from printed SQL without version rows, where migrate up refuses to run until the
 // versions are recorded (migrate.ErrUnrecordedSchema).
 func (h *Handler) missingTableFix(ctx context.Context) string {
-	if s, err := ReadSchemaStatus(ctx, h.db, h.config.Schema); err == nil && s.Unrecorded {
+	if s, err := operate.ReadSchemaStatus(ctx, h.db, h.config.Schema); err == nil && s.Unrecorded {
 		return s.Hint
 	}
 	return fmt.Sprintf("run `wmonce -schema %s migrate up`", h.config.Schema)

@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wmonce/watermill-once/internal/operate"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/ops/admin"
@@ -71,7 +72,7 @@ func TestHistoryAPI(t *testing.T) {
 
 	require.NoError(t, f.mw.Close()) // writes the duplicates per minute it has not written yet
 
-	var hr admin.HistoryResponse
+	var hr operate.HistoryResponse
 	get(t, api+"history").decode(t, &hr)
 	require.Equal(t, "hour", hr.Window)
 	require.Equal(t, 60, hr.Buckets)
@@ -93,7 +94,7 @@ func TestHistoryAPI(t *testing.T) {
 
 	// The standalone page (`wmonce admin`: no middlewares in its process) charts the same.
 	standalone := f.server(t, admin.Config{SampleInterval: -1})
-	var sa admin.HistoryResponse
+	var sa operate.HistoryResponse
 	get(t, standalone.URL+"/api/history?consumer=rewards").decode(t, &sa)
 	require.False(t, sa.InProcessCounters)
 	require.Len(t, sa.Consumers, 1)
@@ -168,7 +169,7 @@ func TestHistoryKeepsTheDayCoarse(t *testing.T) {
 	require.NoError(t, h.Sample(ctx))
 	require.NoError(t, f.mw.Close()) // writes the duplicates per minute
 
-	var hr admin.HistoryResponse
+	var hr operate.HistoryResponse
 	get(t, srv.URL+"/api/history?window=day").decode(t, &hr)
 	k := int(base.Sub(hr.Start) / (15 * time.Minute))
 	require.Equal(t, int64(2), *hr.Relays[0].Backlog[k], "the largest backlog of the bucket")
@@ -188,7 +189,7 @@ func TestRejectedAPI(t *testing.T) {
 	srv := f.server(t, admin.Config{})
 	api := srv.URL + "/api/outbox/rejected"
 
-	var list admin.RejectedListResponse
+	var list operate.RejectedListResponse
 	get(t, api).decode(t, &list)
 	require.Len(t, list.Rows, 1)
 	r := list.Rows[0]
@@ -202,7 +203,7 @@ func TestRejectedAPI(t *testing.T) {
 	require.WithinDuration(t, time.Now(), r.RejectedAt, time.Minute)
 	require.Zero(t, list.NextAfter)
 
-	var row admin.RejectedRow
+	var row operate.RejectedRow
 	get(t, fmt.Sprintf("%s/%d", api, r.Offset)).decode(t, &row)
 	require.Equal(t, rejectedPayload, *row.Payload)
 	require.JSONEq(t, `{"source":"legacy-billing","attempt":"3"}`, string(row.Metadata))
@@ -264,7 +265,7 @@ func TestInboxListByTime(t *testing.T) {
 	api := srv.URL + "/api/inbox?consumer=billing&"
 	future := url.QueryEscape(time.Now().Add(time.Hour).Format(time.RFC3339))
 	past := url.QueryEscape(time.Now().Add(-time.Hour).Format(time.RFC3339Nano))
-	var list admin.InboxListResponse
+	var list operate.InboxListResponse
 	for query, want := range map[string]int{
 		"received_after=" + future: 0, "received_before=" + future: 3, "received_after=" + past: 3,
 		"received_before=" + past: 0, "status=FAILED&received_after=" + past: 2,

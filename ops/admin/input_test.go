@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wmonce/watermill-once/internal/operate"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/migrate"
 	"github.com/wmonce/watermill-once/ops/admin"
@@ -119,17 +120,17 @@ func TestBadTextIs400(t *testing.T) {
 
 	for _, tc := range []struct {
 		action string
-		body   admin.ChangeRequest
+		body   operate.ChangeRequest
 		want   string
 	}{
-		{"replay", admin.ChangeRequest{Consumer: "b\x00"}, "consumer must not contain NUL"},
-		{"replay", admin.ChangeRequest{Consumer: long}, "consumer is 256 bytes long"},
-		{"replay", admin.ChangeRequest{Consumer: "billing", MessageIDs: []string{"ok", "m\x00"}}, "message_ids must not contain NUL"},
-		{"replay", admin.ChangeRequest{Consumer: "billing", OrderingKey: "k\x00"}, "ordering_key must not contain NUL"},
-		{"replay", admin.ChangeRequest{Consumer: "billing", Topic: "t\x00"}, "topic must not contain NUL"},
-		{"replay", admin.ChangeRequest{Consumer: "billing", ErrorContains: "e\x00"}, "error_contains must not contain NUL"},
-		{"skip", admin.ChangeRequest{Consumer: "billing", All: true, Reason: "r\x00"}, "reason must not contain NUL"},
-		{"skip", admin.ChangeRequest{Consumer: "b\x00", All: true, Reason: "r"}, "consumer must not contain NUL"},
+		{"replay", operate.ChangeRequest{Consumer: "b\x00"}, "consumer must not contain NUL"},
+		{"replay", operate.ChangeRequest{Consumer: long}, "consumer is 256 bytes long"},
+		{"replay", operate.ChangeRequest{Consumer: "billing", MessageIDs: []string{"ok", "m\x00"}}, "message_ids must not contain NUL"},
+		{"replay", operate.ChangeRequest{Consumer: "billing", OrderingKey: "k\x00"}, "ordering_key must not contain NUL"},
+		{"replay", operate.ChangeRequest{Consumer: "billing", Topic: "t\x00"}, "topic must not contain NUL"},
+		{"replay", operate.ChangeRequest{Consumer: "billing", ErrorContains: "e\x00"}, "error_contains must not contain NUL"},
+		{"skip", operate.ChangeRequest{Consumer: "billing", All: true, Reason: "r\x00"}, "reason must not contain NUL"},
+		{"skip", operate.ChangeRequest{Consumer: "b\x00", All: true, Reason: "r"}, "consumer must not contain NUL"},
 	} {
 		r := post(t, api+"inbox/"+tc.action, tc.body, nil)
 		require.Equal(t, http.StatusBadRequest, r.status, "%s %+v: %s", tc.action, tc.body, r.body)
@@ -155,7 +156,7 @@ func TestMissingTablesAre503(t *testing.T) {
 	api := srv.URL + "/api/"
 	fix := "wmonce -schema " + empty + " migrate up"
 
-	var st admin.StatusResponse
+	var st operate.StatusResponse
 	r := get(t, api+"status")
 	require.Equal(t, http.StatusOK, r.status, string(r.body))
 	r.decode(t, &st)
@@ -170,11 +171,11 @@ func TestMissingTablesAre503(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		action string
-		body   admin.ChangeRequest
+		body   operate.ChangeRequest
 	}{
-		{"replay", admin.ChangeRequest{Consumer: "billing"}},
-		{"replay", admin.ChangeRequest{Consumer: "billing", DryRun: true}},
-		{"skip", admin.ChangeRequest{Consumer: "billing", All: true, Reason: "r"}},
+		{"replay", operate.ChangeRequest{Consumer: "billing"}},
+		{"replay", operate.ChangeRequest{Consumer: "billing", DryRun: true}},
+		{"skip", operate.ChangeRequest{Consumer: "billing", All: true, Reason: "r"}},
 	} {
 		r := post(t, api+"inbox/"+tc.action, tc.body, nil)
 		require.Equal(t, http.StatusServiceUnavailable, r.status, "%s: %s", tc.action, r.body)
@@ -206,7 +207,7 @@ func TestUnrecordedSchemaAdvisesBaseline(t *testing.T) {
 	t.Cleanup(srv.Close)
 	fix := "wmonce -schema " + schema + " migrate baseline N"
 
-	var st admin.StatusResponse
+	var st operate.StatusResponse
 	r := get(t, srv.URL+"/api/status")
 	require.Equal(t, http.StatusOK, r.status, string(r.body))
 	r.decode(t, &st)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/wmonce/watermill-once/internal/operate"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/ops/admin"
 	"github.com/wmonce/watermill-once/outbox"
@@ -20,7 +21,7 @@ func TestOutboxAPIShowsAMovedPosition(t *testing.T) {
 	f := newFixture(t, 0)
 	srv := f.server(t, admin.Config{})
 	api := srv.URL + "/api/"
-	var ob admin.OutboxStats
+	var ob operate.OutboxStats
 	get(t, api+"outbox").decode(t, &ob)
 	require.False(t, ob.Relays[0].Moved)
 	require.Empty(t, ob.Relays[0].Finding)

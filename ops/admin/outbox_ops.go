@@ -2,157 +2,21 @@ package admin
 
 import (
 	"context"
-	"database/sql"
 	"errors"
-	"fmt"
 	"net/http"
-	"strings"
 
 	"github.com/ThreeDotsLabs/watermill"
-
+	"github.com/wmonce/watermill-once/internal/operate"
 	"github.com/wmonce/watermill-once/outbox"
 )
 
-// The outbox writes of the page and of `wmonce outbox`: republishing rejected rows and
-// forgetting a retired relay. Both go through package outbox.
-
-// RepublishRequest is the body of POST /api/outbox/republish: the rejected rows of one relay
-// to store again in the outbox (outbox.RepublishRejected).
-type RepublishRequest struct {
-	Relay string `json:"relay"`
-	// Offsets are the rows' outbox offsets; All selects every row the relay rejected.
-	Offsets []int64 `json:"offsets,omitempty"`
-	All     bool    `json:"all,omitempty"`
-	// RemoveMetadata names metadata keys removed before the rows are stored again (a key the
-	// broker reserves).
-	RemoveMetadata []string `json:"remove_metadata,omitempty"`
-	DryRun         bool     `json:"dry_run"`
-}
-
-// RepublishResponse says how many rows were (or, for a dry run, would be) stored again and
-// their offsets, as the transaction that moved them saw them (a row another call republished
-// first is not counted), and which selected rows stay rejected because they cannot be decoded.
-type RepublishResponse struct {
-	Relay       string  `json:"relay"`
-	DryRun      bool    `json:"dry_run"`
-	Republished int     `json:"republished"`
-	Offsets     []int64 `json:"offsets"`
-	Undecodable []int64 `json:"undecodable"`
-}
-
-// Republish checks req and republishes through outbox.RepublishRejected. Input the caller
-// must fix is an error for which IsInputError is true.
-func Republish(ctx context.Context, db *sql.DB, schema string, req RepublishRequest) (RepublishResponse, error) {
-	if strings.TrimSpace(req.Relay) == "" {
-		return RepublishResponse{}, badRequest("relay is required: the relay that rejected the rows")
-	}
-	if err := firstError(CheckConsumer("relay", req.Relay), CheckText("remove_metadata", req.RemoveMetadata...)); err != nil {
-		return RepublishResponse{}, badRequest("%v", err)
-	}
-	if (len(req.Offsets) > 0) == req.All {
-		return RepublishResponse{}, badRequest("give the offsets of the rows to republish, or all (not both)")
-	}
-	for _, o := range req.Offsets {
-		if o < 1 {
-			return RepublishResponse{}, badRequest("offsets must be positive outbox offsets, got %d", o)
-		}
-	}
-	res, err := outbox.RepublishRejected(ctx, db, schema, outbox.RepublishRequest{
-		Relay: req.Relay, Offsets: req.Offsets, All: req.All, RemoveMetadata: req.RemoveMetadata, DryRun: req.DryRun,
-	})
-	if err != nil {
-		return RepublishResponse{}, err
-	}
-	out := RepublishResponse{Relay: req.Relay, DryRun: req.DryRun, Republished: res.Republished, Offsets: res.Offsets, Undecodable: res.Undecodable}
-	if out.Undecodable == nil {
-		out.Undecodable = []int64{}
-	}
-	return out, nil
-}
-
-// ForgetRequest is the body of POST /api/outbox/forget: the retired relay whose position and
-// held rows are deleted (outbox.ForgetRelay).
-type ForgetRequest struct {
-	Relay  string `json:"relay"`
-	DryRun bool   `json:"dry_run"`
-}
-
-// ForgetResponse describes the relay forgotten (or, for a dry run, that would be): what it had
-// not forwarded, which no relay of this name forwards after it is forgotten.
-type ForgetResponse struct {
-	Relay  string `json:"relay"`
-	DryRun bool   `json:"dry_run"`
-	// Backlog is the rows of its source it had not forwarded, held rows included.
-	Backlog int64       `json:"backlog"`
-	Held    []HeldTopic `json:"held"`
-	// Stats are the relay's figures as GET /api/outbox shows them.
-	Stats *RelayStats `json:"stats"`
-}
-
-// ErrRelayNotFound is returned by ForgetRelay for a relay name with no position in the schema.
-var ErrRelayNotFound = errors.New("admin: no relay of that name has a position in this schema")
-
-// ForgetRelay forgets a retired relay (outbox.ForgetRelay), or with DryRun says what that would
-// forget. Both refuse (outbox.ErrRelayActive) while an instance of the relay leads.
-func ForgetRelay(ctx context.Context, db *sql.DB, schema string, req ForgetRequest) (ForgetResponse, error) {
-	if strings.TrimSpace(req.Relay) == "" {
-		return ForgetResponse{}, badRequest("relay is required: the name of the retired relay")
-	}
-	if err := CheckConsumer("relay", req.Relay); err != nil {
-		return ForgetResponse{}, badRequest("%v", err)
-	}
-	st, err := ReadOutbox(ctx, db, schema)
-	if err != nil {
-		return ForgetResponse{}, err
-	}
-	out := ForgetResponse{Relay: req.Relay, DryRun: req.DryRun, Held: []HeldTopic{}}
-	for i := range st.Relays {
-		if st.Relays[i].Name == req.Relay {
-			out.Stats = &st.Relays[i]
-		}
-	}
-	if out.Stats == nil {
-		return ForgetResponse{}, fmt.Errorf("%w: %q (relays: %s)", ErrRelayNotFound, req.Relay, relayNames(st.Relays))
-	}
-	out.Backlog, out.Held = out.Stats.Backlog, out.Stats.Held
-	active, err := outbox.RelayActive(ctx, db, schema, req.Relay)
-	if err != nil {
-		return ForgetResponse{}, err
-	}
-	if active {
-		return ForgetResponse{}, fmt.Errorf("%w (relay %q)", outbox.ErrRelayActive, req.Relay)
-	}
-	if req.DryRun {
-		return out, nil
-	}
-	found, err := outbox.ForgetRelay(ctx, db, schema, req.Relay)
-	if err != nil {
-		return ForgetResponse{}, err
-	}
-	if !found { // forgotten meanwhile by someone else
-		return ForgetResponse{}, fmt.Errorf("%w: %q", ErrRelayNotFound, req.Relay)
-	}
-	return out, nil
-}
-
-func relayNames(rs []RelayStats) string {
-	if len(rs) == 0 {
-		return "none"
-	}
-	names := make([]string, len(rs))
-	for i, r := range rs {
-		names[i] = fmt.Sprintf("%q", r.Name)
-	}
-	return strings.Join(names, ", ")
-}
-
 // POST /api/outbox/republish
 func (h *Handler) republish(ctx context.Context, r *http.Request) (any, error) {
-	var req RepublishRequest
+	var req operate.RepublishRequest
 	if err := decodeBody(r, &req); err != nil {
 		return nil, err
 	}
-	out, err := Republish(ctx, h.db, h.config.Schema, req)
+	out, err := operate.Republish(ctx, h.db, h.config.Schema, req)
 	if err != nil {
 		return nil, err
 	}
@@ -164,13 +28,13 @@ func (h *Handler) republish(ctx context.Context, r *http.Request) (any, error) {
 
 // POST /api/outbox/forget
 func (h *Handler) forget(ctx context.Context, r *http.Request) (any, error) {
-	var req ForgetRequest
+	var req operate.ForgetRequest
 	if err := decodeBody(r, &req); err != nil {
 		return nil, err
 	}
-	out, err := ForgetRelay(ctx, h.db, h.config.Schema, req)
+	out, err := operate.ForgetRelay(ctx, h.db, h.config.Schema, req)
 	switch {
-	case errors.Is(err, ErrRelayNotFound):
+	case errors.Is(err, operate.ErrRelayNotFound):
 		return nil, &apiError{status: http.StatusNotFound, msg: err.Error()}
 	case errors.Is(err, outbox.ErrRelayActive):
 		return nil, &apiError{status: http.StatusConflict, msg: err.Error()}
@@ -181,11 +45,4 @@ func (h *Handler) forget(ctx context.Context, r *http.Request) (any, error) {
 		h.logger.Info("Relay forgotten from the admin page", watermill.LogFields{"relay": req.Relay, "backlog": out.Backlog, "remote": r.RemoteAddr})
 	}
 	return out, nil
-}
-
-// IsInputError reports whether err is a mistake in the input of Republish or ForgetRelay,
-// which the caller must fix (the API answers it 400).
-func IsInputError(err error) bool {
-	var ae *apiError
-	return errors.As(err, &ae) && ae.status == http.StatusBadRequest
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/operate"
 	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/ops/admin"
 	"github.com/wmonce/watermill-once/outbox"
@@ -52,11 +53,11 @@ func TestRepublishRejectedRowsThroughTheAPI(t *testing.T) {
 	f := newFixture(t, 1)
 	relay, pub := f.kafkaRejects(t, "m-2")
 	ro := f.server(t, admin.Config{})
-	require.Equal(t, http.StatusForbidden, post(t, ro.URL+"/api/outbox/republish", admin.RepublishRequest{Relay: "kafka", All: true}, nil).status)
-	require.Equal(t, http.StatusForbidden, post(t, ro.URL+"/api/outbox/forget", admin.ForgetRequest{Relay: "sms"}, nil).status)
+	require.Equal(t, http.StatusForbidden, post(t, ro.URL+"/api/outbox/republish", operate.RepublishRequest{Relay: "kafka", All: true}, nil).status)
+	require.Equal(t, http.StatusForbidden, post(t, ro.URL+"/api/outbox/forget", operate.ForgetRequest{Relay: "sms"}, nil).status)
 
 	srv := f.server(t, admin.Config{AllowWrites: true})
-	var list admin.RejectedListResponse
+	var list operate.RejectedListResponse
 	get(t, srv.URL+"/api/outbox/rejected?relay=kafka").decode(t, &list)
 	require.Len(t, list.Rows, 2)
 	row, legacy := list.Rows[0], list.Rows[1] // m-2's row was written before legacy-7
@@ -65,14 +66,14 @@ func TestRepublishRejectedRowsThroughTheAPI(t *testing.T) {
 	require.Empty(t, legacy.Topic, "the undecodable row has no topic")
 	require.Contains(t, row.LastError, "too large")
 
-	var res admin.RepublishResponse
-	r := post(t, srv.URL+"/api/outbox/republish", admin.RepublishRequest{Relay: "kafka", Offsets: []int64{row.Offset}, DryRun: true}, nil)
+	var res operate.RepublishResponse
+	r := post(t, srv.URL+"/api/outbox/republish", operate.RepublishRequest{Relay: "kafka", Offsets: []int64{row.Offset}, DryRun: true}, nil)
 	require.Equal(t, http.StatusOK, r.status, string(r.body))
 	r.decode(t, &res)
-	require.Equal(t, admin.RepublishResponse{Relay: "kafka", DryRun: true, Republished: 1, Offsets: []int64{row.Offset}, Undecodable: []int64{}}, res)
+	require.Equal(t, operate.RepublishResponse{Relay: "kafka", DryRun: true, Republished: 1, Offsets: []int64{row.Offset}, Undecodable: []int64{}}, res)
 
 	pub.refuse = nil
-	r = post(t, srv.URL+"/api/outbox/republish", admin.RepublishRequest{Relay: "kafka", Offsets: []int64{row.Offset}}, nil)
+	r = post(t, srv.URL+"/api/outbox/republish", operate.RepublishRequest{Relay: "kafka", Offsets: []int64{row.Offset}}, nil)
 	require.Equal(t, http.StatusOK, r.status, string(r.body))
 	r.decode(t, &res)
 	require.Equal(t, 1, res.Republished)
@@ -82,7 +83,7 @@ func TestRepublishRejectedRowsThroughTheAPI(t *testing.T) {
 	relayUntil(t, relay, "forward the republished row", func(st outbox.RelayCounters) bool { return st.Forwarded > before })
 
 	// The fixture's undecodable row (relay sms) stays.
-	r = post(t, srv.URL+"/api/outbox/republish", admin.RepublishRequest{Relay: "sms", All: true}, nil)
+	r = post(t, srv.URL+"/api/outbox/republish", operate.RepublishRequest{Relay: "sms", All: true}, nil)
 	require.Equal(t, http.StatusOK, r.status, string(r.body))
 	r.decode(t, &res)
 	require.Zero(t, res.Republished)
@@ -92,10 +93,10 @@ func TestRepublishRejectedRowsThroughTheAPI(t *testing.T) {
 		body any
 		want string
 	}{
-		{admin.RepublishRequest{All: true}, "relay is required"},
-		{admin.RepublishRequest{Relay: "kafka"}, "give the offsets"},
-		{admin.RepublishRequest{Relay: "kafka", All: true, Offsets: []int64{1}}, "not both"},
-		{admin.RepublishRequest{Relay: "kafka", Offsets: []int64{0}}, "positive outbox offsets"},
+		{operate.RepublishRequest{All: true}, "relay is required"},
+		{operate.RepublishRequest{Relay: "kafka"}, "give the offsets"},
+		{operate.RepublishRequest{Relay: "kafka", All: true, Offsets: []int64{1}}, "not both"},
+		{operate.RepublishRequest{Relay: "kafka", Offsets: []int64{0}}, "positive outbox offsets"},
 		{`{"relay":"kafka","all":true,"extra":1}`, "unknown field"},
 	} {
 		r := post(t, srv.URL+"/api/outbox/republish", tc.body, nil)
@@ -111,20 +112,20 @@ func TestForgetRelayThroughTheAPI(t *testing.T) {
 	f := newFixture(t, 1)
 	srv := f.server(t, admin.Config{AllowWrites: true})
 
-	var res admin.ForgetResponse
-	r := post(t, srv.URL+"/api/outbox/forget", admin.ForgetRequest{Relay: "sms", DryRun: true}, nil)
+	var res operate.ForgetResponse
+	r := post(t, srv.URL+"/api/outbox/forget", operate.ForgetRequest{Relay: "sms", DryRun: true}, nil)
 	require.Equal(t, http.StatusOK, r.status, string(r.body))
 	r.decode(t, &res)
 	require.Equal(t, int64(1), res.Backlog)
 	require.True(t, res.DryRun)
-	var st admin.OutboxStats
+	var st operate.OutboxStats
 	get(t, srv.URL+"/api/outbox").decode(t, &st)
 	require.Len(t, st.Relays, 1, "a dry run forgets nothing")
 
-	r = post(t, srv.URL+"/api/outbox/forget", admin.ForgetRequest{Relay: "nope"}, nil)
+	r = post(t, srv.URL+"/api/outbox/forget", operate.ForgetRequest{Relay: "nope"}, nil)
 	require.Equal(t, http.StatusNotFound, r.status, string(r.body))
 	require.Contains(t, r.errorText(t), `"nope" (relays: "sms")`)
-	r = post(t, srv.URL+"/api/outbox/forget", admin.ForgetRequest{}, nil)
+	r = post(t, srv.URL+"/api/outbox/forget", operate.ForgetRequest{}, nil)
 	require.Equal(t, http.StatusBadRequest, r.status, string(r.body))
 
 	live, err := outbox.NewRelay(f.db, &refusingPublisher{}, outbox.RelayConfig{Schema: f.schema, Name: "live", StandbyInterval: 10 * time.Millisecond}, watermill.NopLogger{})
@@ -134,11 +135,11 @@ func TestForgetRelayThroughTheAPI(t *testing.T) {
 	go func() { done <- live.Run(context.Background()) }()
 	t.Cleanup(func() { require.NoError(t, live.Close()); require.NoError(t, <-done) })
 	leading.WaitOrTimeout()
-	r = post(t, srv.URL+"/api/outbox/forget", admin.ForgetRequest{Relay: "live"}, nil)
+	r = post(t, srv.URL+"/api/outbox/forget", operate.ForgetRequest{Relay: "live"}, nil)
 	require.Equal(t, http.StatusConflict, r.status, string(r.body))
 	require.Contains(t, r.errorText(t), "the relay is running")
 
-	r = post(t, srv.URL+"/api/outbox/forget", admin.ForgetRequest{Relay: "sms"}, nil)
+	r = post(t, srv.URL+"/api/outbox/forget", operate.ForgetRequest{Relay: "sms"}, nil)
 	require.Equal(t, http.StatusOK, r.status, string(r.body))
 	get(t, srv.URL+"/api/outbox").decode(t, &st)
 	require.Len(t, st.Relays, 1)

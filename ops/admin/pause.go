@@ -7,40 +7,23 @@ import (
 	"strings"
 
 	"github.com/ThreeDotsLabs/watermill"
-
+	"github.com/wmonce/watermill-once/internal/operate"
 	"github.com/wmonce/watermill-once/outbox"
 )
 
-// PauseRequest is the body of POST /api/pause: Consumer (an inbox consumer, inbox.Ops.Pause)
-// or Relay (outbox.PauseRelay), one of them; Pause true pauses, false resumes.
-type PauseRequest struct {
-	Consumer string `json:"consumer,omitempty"`
-	Relay    string `json:"relay,omitempty"`
-	Pause    bool   `json:"pause"`
-}
-
-// PauseResponse says what POST /api/pause did; Changed is false when the consumer or relay
-// was in that state already.
-type PauseResponse struct {
-	Consumer string `json:"consumer,omitempty"`
-	Relay    string `json:"relay,omitempty"`
-	Paused   bool   `json:"paused"`
-	Changed  bool   `json:"changed"`
-}
-
 // POST /api/pause
 func (h *Handler) pause(ctx context.Context, r *http.Request) (any, error) {
-	var p PauseRequest
+	var p operate.PauseRequest
 	if err := decodeBody(r, &p); err != nil {
 		return nil, err
 	}
 	if (strings.TrimSpace(p.Consumer) == "") == (strings.TrimSpace(p.Relay) == "") {
 		return nil, badRequest("name consumer or relay, one of them")
 	}
-	if err := firstError(CheckConsumer("consumer", p.Consumer), CheckConsumer("relay", p.Relay)); err != nil {
+	if err := operate.FirstError(operate.CheckConsumer("consumer", p.Consumer), operate.CheckConsumer("relay", p.Relay)); err != nil {
 		return nil, badRequest("%v", err)
 	}
-	res := PauseResponse{Consumer: p.Consumer, Relay: p.Relay, Paused: p.Pause}
+	res := operate.PauseResponse{Consumer: p.Consumer, Relay: p.Relay, Paused: p.Pause}
 	var err error
 	switch {
 	case p.Consumer != "" && p.Pause:

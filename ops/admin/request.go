@@ -11,6 +11,8 @@ import (
 	"net/url"
 	"slices"
 	"unicode/utf8"
+
+	"github.com/wmonce/watermill-once/internal/operate"
 )
 
 // What a request may carry, checked before any endpoint reads it. encoding/json and net/url
@@ -30,7 +32,7 @@ func checkQuery(rawQuery string) error {
 		return badRequest("the query string is malformed: %v", err)
 	}
 	for _, name := range slices.Sorted(maps.Keys(q)) {
-		if err := firstError(CheckText("a query parameter name", name), CheckText(name, q[name]...)); err != nil {
+		if err := operate.FirstError(operate.CheckText("a query parameter name", name), operate.CheckText(name, q[name]...)); err != nil {
 			return badRequest("%v", err)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/wmonce/watermill-once/internal/operate"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/ops/admin"
 )
@@ -98,7 +99,7 @@ func TestWriteBodiesMustBeText(t *testing.T) {
 	require.Empty(t, log.logged(), "bad input is not a server error")
 
 	// Valid escapes: the text that was meant, byte for byte.
-	var ch admin.ChangeResponse
+	var ch operate.ChangeResponse
 	r := post(t, api+"inbox/replay", `{"consumer":"b\u00e9\ud83d\ude00","dry_run":true}`, nil)
 	require.Equal(t, http.StatusOK, r.status, string(r.body))
 	r.decode(t, &ch)
@@ -147,7 +148,7 @@ func TestQueryStringsMustBeText(t *testing.T) {
 		}
 	}
 	// Writes check their query string too.
-	r := post(t, api+"inbox/replay?x=%FF", admin.ChangeRequest{Consumer: "billing"}, nil)
+	r := post(t, api+"inbox/replay?x=%FF", operate.ChangeRequest{Consumer: "billing"}, nil)
 	require.Equal(t, http.StatusBadRequest, r.status, string(r.body))
 	require.Equal(t, 1, f.count(t, "FAILED"))
 

@@ -1,10 +1,32 @@
 package metrics
 
 import (
+	"slices"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
 // The series below come from the components' in-process counts (their Counters()): no query.
+
+// counter is one count of a component's snapshot: its series, its value and its own last
+// label value ("" for none), added after the component's label values.
+type counter struct {
+	desc  *prometheus.Desc
+	value uint64
+	label string
+}
+
+// addCounters adds a component's counters, each labelled first (the component's label
+// values: consumer, relay, ...; nil for none) and then its own label.
+func (s *series) addCounters(first []string, cs ...counter) {
+	for _, c := range cs {
+		labels := first
+		if c.label != "" {
+			labels = append(slices.Clip(first), c.label)
+		}
+		s.add(c.desc, prometheus.CounterValue, float64(c.value), labels...)
+	}
+}
 
 func (c *collector) collectMiddlewares(s *series) {
 	if len(c.src.Middlewares) == 0 {
@@ -17,15 +39,19 @@ func (c *collector) collectMiddlewares(s *series) {
 		}
 		counts := mw.Counters()
 		for k, n := range counts.Series {
-			s.add(descClaims, prometheus.CounterValue, float64(n.Fresh), k.Consumer, k.Sender, "fresh")
-			s.add(descClaims, prometheus.CounterValue, float64(n.Duplicates), k.Consumer, k.Sender, "duplicate")
-			s.add(descMismatches, prometheus.CounterValue, float64(n.FingerprintMismatches), k.Consumer, k.Sender)
-			s.add(descOutcomes, prometheus.CounterValue, float64(n.Fresh), k.Consumer, "applied")
-			s.add(descOutcomes, prometheus.CounterValue, float64(n.Failed), k.Consumer, "failed")
-			s.add(descOutcomes, prometheus.CounterValue, float64(n.Refused), k.Consumer, "refused")
-			s.add(descOutcomes, prometheus.CounterValue, float64(n.TooOld), k.Consumer, "too_old")
-			s.add(descOutcomes, prometheus.CounterValue, float64(n.HandlerEndedTx), k.Consumer, "handler_ended_tx")
-			s.add(descTxRetries, prometheus.CounterValue, float64(n.TxRetries), k.Consumer)
+			s.addCounters([]string{k.Consumer, k.Sender},
+				counter{descClaims, n.Fresh, "fresh"},
+				counter{descClaims, n.Duplicates, "duplicate"},
+				counter{descMismatches, n.FingerprintMismatches, ""},
+			)
+			s.addCounters([]string{k.Consumer},
+				counter{descOutcomes, n.Fresh, "applied"},
+				counter{descOutcomes, n.Failed, "failed"},
+				counter{descOutcomes, n.Refused, "refused"},
+				counter{descOutcomes, n.TooOld, "too_old"},
+				counter{descOutcomes, n.HandlerEndedTx, "handler_ended_tx"},
+				counter{descTxRetries, n.TxRetries, ""},
+			)
 			s.add(descHandlerAcked, prometheus.CounterValue, float64(n.HandlerAcked), "once", k.Consumer)
 		}
 		groupTx += counts.GroupCommitTransactions
@@ -54,12 +80,14 @@ func (c *collector) collectInboxComponents(s *series) {
 		}
 		consumer := consumerOf(r)
 		n := r.Counters()
-		s.add(descReceived, prometheus.CounterValue, float64(n.Stored), consumer, "stored")
-		s.add(descReceived, prometheus.CounterValue, float64(n.Duplicates), consumer, "duplicate")
-		s.add(descReceived, prometheus.CounterValue, float64(n.Refused), consumer, "refused")
-		s.add(descReceived, prometheus.CounterValue, float64(n.TooOld), consumer, "too_old")
-		s.add(descRecvBatches, prometheus.CounterValue, float64(n.Batches), consumer, "committed")
-		s.add(descRecvBatches, prometheus.CounterValue, float64(n.BatchFailures), consumer, "failed")
+		s.addCounters([]string{consumer},
+			counter{descReceived, n.Stored, "stored"},
+			counter{descReceived, n.Duplicates, "duplicate"},
+			counter{descReceived, n.Refused, "refused"},
+			counter{descReceived, n.TooOld, "too_old"},
+			counter{descRecvBatches, n.Batches, "committed"},
+			counter{descRecvBatches, n.BatchFailures, "failed"},
+		)
 	}
 	for _, p := range c.src.Processors {
 		if p == nil {
@@ -67,15 +95,17 @@ func (c *collector) collectInboxComponents(s *series) {
 		}
 		consumer := consumerOf(p)
 		n := p.Counters()
-		s.add(descInboxClaimed, prometheus.CounterValue, float64(n.Claimed), consumer)
-		s.add(descInboxDone, prometheus.CounterValue, float64(n.Processed), consumer)
-		s.add(descInboxFailed, prometheus.CounterValue, float64(n.Failed), consumer)
-		s.add(descInboxParked, prometheus.CounterValue, float64(n.Parked), consumer)
-		s.add(descLeaseConfl, prometheus.CounterValue, float64(n.LeaseConflicts), consumer)
-		s.add(descLeaseExp, prometheus.CounterValue, float64(n.LeasesExpired), consumer)
-		s.add(descReleased, prometheus.CounterValue, float64(n.Released), consumer)
-		s.add(descInboxErrors, prometheus.CounterValue, float64(n.Errors), consumer)
-		s.add(descInboxEndedTx, prometheus.CounterValue, float64(n.HandlerEndedTx), consumer)
+		s.addCounters([]string{consumer},
+			counter{descInboxClaimed, n.Claimed, ""},
+			counter{descInboxDone, n.Processed, ""},
+			counter{descInboxFailed, n.Failed, ""},
+			counter{descInboxParked, n.Parked, ""},
+			counter{descLeaseConfl, n.LeaseConflicts, ""},
+			counter{descLeaseExp, n.LeasesExpired, ""},
+			counter{descReleased, n.Released, ""},
+			counter{descInboxErrors, n.Errors, ""},
+			counter{descInboxEndedTx, n.HandlerEndedTx, ""},
+		)
 		s.add(descHandlerAcked, prometheus.CounterValue, float64(n.HandlerAcked), "inbox", consumer)
 	}
 }
@@ -90,12 +120,14 @@ func (c *collector) collectRelays(s *series) {
 			name = n.Name()
 		}
 		st := r.Counters()
-		s.add(descForwarded, prometheus.CounterValue, float64(st.Forwarded), name)
-		s.add(descRelayFail, prometheus.CounterValue, float64(st.Failures), name)
-		s.add(descRelayRej, prometheus.CounterValue, float64(st.Rejected), name)
-		s.add(descRelayHeld, prometheus.CounterValue, float64(st.Held), name)
-		s.add(descRelayFenced, prometheus.CounterValue, float64(st.Fenced), name)
-		s.add(descRelayRecheck, prometheus.CounterValue, float64(st.Rechecks), name)
+		s.addCounters([]string{name},
+			counter{descForwarded, st.Forwarded, ""},
+			counter{descRelayFail, st.Failures, ""},
+			counter{descRelayRej, st.Rejected, ""},
+			counter{descRelayHeld, st.Held, ""},
+			counter{descRelayFenced, st.Fenced, ""},
+			counter{descRelayRecheck, st.Rechecks, ""},
+		)
 		s.max(descRelayLeader, prometheus.GaugeValue, boolValue(st.IsLeader), name)
 	}
 }
@@ -109,15 +141,17 @@ func (c *collector) collectJanitors(s *series) {
 			continue
 		}
 		st := j.Counters()
-		s.add(descJanDeleted, prometheus.CounterValue, float64(st.Claims), "processed_messages")
-		s.add(descJanDeleted, prometheus.CounterValue, float64(st.InboxRows), "inbox")
-		s.add(descJanDeleted, prometheus.CounterValue, float64(st.OutboxRows), "outbox")
-		s.add(descJanDeleted, prometheus.CounterValue, float64(st.HTTPKeys), "http_idempotency_keys")
-		s.add(descJanDeleted, prometheus.CounterValue, float64(st.OutboxRejected), "outbox_rejected")
-		s.add(descJanDeleted, prometheus.CounterValue, float64(st.SentIntents), "intents")
-		s.add(descJanDropped, prometheus.CounterValue, float64(st.DailyPartitionsDropped))
-		s.add(descJanRounds, prometheus.CounterValue, float64(st.Rounds-st.FailedRounds), "ok")
-		s.add(descJanRounds, prometheus.CounterValue, float64(st.FailedRounds), "failed")
+		s.addCounters(nil,
+			counter{descJanDeleted, st.Claims, "processed_messages"},
+			counter{descJanDeleted, st.InboxRows, "inbox"},
+			counter{descJanDeleted, st.OutboxRows, "outbox"},
+			counter{descJanDeleted, st.HTTPKeys, "http_idempotency_keys"},
+			counter{descJanDeleted, st.OutboxRejected, "outbox_rejected"},
+			counter{descJanDeleted, st.SentIntents, "intents"},
+			counter{descJanDropped, st.DailyPartitionsDropped, ""},
+			counter{descJanRounds, st.Rounds - st.FailedRounds, "ok"},
+			counter{descJanRounds, st.FailedRounds, "failed"},
+		)
 		s.max(descJanLeader, prometheus.GaugeValue, boolValue(st.IsLeader))
 		var last float64
 		if !st.LastRound.IsZero() {
@@ -139,16 +173,18 @@ func (c *collector) collectSenders(s *series) {
 			continue
 		}
 		st := snd.Counters()
-		s.add(descIntentSent, prometheus.CounterValue, float64(st.Sent))
-		s.add(descIntentRetries, prometheus.CounterValue, float64(st.Retried))
-		s.add(descIntentUnknown, prometheus.CounterValue, float64(st.Unknown))
-		s.add(descIntentParked, prometheus.CounterValue, float64(st.Failed), "failed")
-		s.add(descIntentParked, prometheus.CounterValue, float64(st.Skipped), "skipped")
-		s.add(descIntentLeasesExp, prometheus.CounterValue, float64(st.Recovered))
-		s.add(descIntentReconciled, prometheus.CounterValue, float64(st.Reconciled))
-		s.add(descIntentLeaseConfl, prometheus.CounterValue, float64(st.LeaseLost))
-		s.add(descIntentReleased, prometheus.CounterValue, float64(st.Released))
-		s.add(descIntentErrors, prometheus.CounterValue, float64(st.Errors))
+		s.addCounters(nil,
+			counter{descIntentSent, st.Sent, ""},
+			counter{descIntentRetries, st.Retried, ""},
+			counter{descIntentUnknown, st.Unknown, ""},
+			counter{descIntentParked, st.Failed, "failed"},
+			counter{descIntentParked, st.Skipped, "skipped"},
+			counter{descIntentLeasesExp, st.Recovered, ""},
+			counter{descIntentReconciled, st.Reconciled, ""},
+			counter{descIntentLeaseConfl, st.LeaseLost, ""},
+			counter{descIntentReleased, st.Released, ""},
+			counter{descIntentErrors, st.Errors, ""},
+		)
 	}
 }
 
@@ -158,15 +194,17 @@ func (c *collector) collectHTTPIdempotency(s *series) {
 			continue
 		}
 		st := m.Counters()
-		s.add(descHTTPRequests, prometheus.CounterValue, float64(st.Stored), "stored")
-		s.add(descHTTPRequests, prometheus.CounterValue, float64(st.Replayed), "duplicate")
-		s.add(descHTTPRequests, prometheus.CounterValue, float64(st.Conflicts), "conflict")
-		s.add(descHTTPRequests, prometheus.CounterValue, float64(st.Mismatches), "fingerprint_mismatch")
-		s.add(descHTTPRequests, prometheus.CounterValue, float64(st.Refused), "refused")
-		s.add(descHTTPRequests, prometheus.CounterValue, float64(st.NotStored), "failed")
-		s.add(descHTTPRequests, prometheus.CounterValue, float64(st.Failed), "error")
-		s.add(descHTTPRequests, prometheus.CounterValue, float64(st.Keyless), "keyless")
-		s.add(descHTTPEndedTx, prometheus.CounterValue, float64(st.HandlerEndedTx))
+		s.addCounters(nil,
+			counter{descHTTPRequests, st.Stored, "stored"},
+			counter{descHTTPRequests, st.Replayed, "duplicate"},
+			counter{descHTTPRequests, st.Conflicts, "conflict"},
+			counter{descHTTPRequests, st.Mismatches, "fingerprint_mismatch"},
+			counter{descHTTPRequests, st.Refused, "refused"},
+			counter{descHTTPRequests, st.NotStored, "failed"},
+			counter{descHTTPRequests, st.Failed, "error"},
+			counter{descHTTPRequests, st.Keyless, "keyless"},
+			counter{descHTTPEndedTx, st.HandlerEndedTx, ""},
+		)
 	}
 }
 

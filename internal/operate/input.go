@@ -1,4 +1,4 @@
-package admin
+package operate
 
 import (
 	"fmt"
@@ -30,8 +30,8 @@ func CheckConsumer(param, name string) error {
 	return nil
 }
 
-// firstError returns the first non-nil error.
-func firstError(errs ...error) error {
+// FirstError returns the first non-nil error.
+func FirstError(errs ...error) error {
 	for _, err := range errs {
 		if err != nil {
 			return err

@@ -1,4 +1,4 @@
-package admin
+package operate
 
 import (
 	"context"
@@ -103,7 +103,7 @@ func ReadConsumers(ctx context.Context, db *sql.DB, schema string, mws []*once.M
 	}
 	byName := map[string]*ConsumerStats{}
 	for consumer, st := range stats {
-		byName[consumer] = &ConsumerStats{Consumer: consumer, Claims: st.Claims, NewestClaim: timePtr(st.NewestClaim)}
+		byName[consumer] = &ConsumerStats{Consumer: consumer, Claims: st.Claims, NewestClaim: TimePtr(st.NewestClaim)}
 	}
 	for consumer, counts := range sumCounts(mws) {
 		c := entry(byName, consumer, func() *ConsumerStats { return &ConsumerStats{Consumer: consumer} })
@@ -219,9 +219,9 @@ func ReadInbox(ctx context.Context, db *sql.DB, schema string) ([]InboxStats, er
 	for consumer, st := range stats {
 		s := get(consumer)
 		s.Pending, s.Retrying, s.InProgress, s.Failed = st.Pending, st.Retrying, st.InProgress, st.Failed
-		s.OldestPendingReceivedAt = timePtr(st.OldestPendingReceivedAt)
+		s.OldestPendingReceivedAt = TimePtr(st.OldestPendingReceivedAt)
 		s.OldestPendingAgeSeconds = st.OldestPendingAge.Seconds()
-		s.PausedAt = timePtr(st.PausedAt)
+		s.PausedAt = TimePtr(st.PausedAt)
 	}
 	return sortedByName(byName), nil
 }
@@ -272,11 +272,11 @@ func ReadOutbox(ctx context.Context, db *sql.DB, schema string) (OutboxStats, er
 	}
 	out := OutboxStats{Relays: make([]RelayStats, 0, len(relays)), Rejected: rejected}
 	for _, r := range relays {
-		out.Relays = append(out.Relays, RelayStats{Name: r.Name, Backlog: r.Backlog, OldestPending: timePtr(r.OldestPending), LagSeconds: r.Lag.Seconds()})
+		out.Relays = append(out.Relays, RelayStats{Name: r.Name, Backlog: r.Backlog, OldestPending: TimePtr(r.OldestPending), LagSeconds: r.Lag.Seconds()})
 
 		last := &out.Relays[len(out.Relays)-1]
 		last.Source, last.Held = r.Source, make([]HeldTopic, len(r.Held))
-		last.Delayed, last.NextDue, last.PausedAt = r.Delayed, timePtr(r.NextDue), timePtr(r.PausedAt)
+		last.Delayed, last.NextDue, last.PausedAt = r.Delayed, TimePtr(r.NextDue), TimePtr(r.PausedAt)
 		last.Moved, last.Finding = r.Position.Moved(), r.Position.Finding(schema)
 		for i, h := range r.Held {
 			last.Held[i] = HeldTopic{Topic: h.Topic, Rows: h.Rows, Since: h.Since}
@@ -315,7 +315,7 @@ func NewInboxRow(r inbox.Row, withPayload bool) InboxRow {
 		OrderingKey: r.OrderingKey, Topic: r.Topic, PayloadSize: len(r.Payload),
 		Status: string(r.Status), Attempts: r.Attempts, NextAttemptAt: r.NextAttemptAt,
 		LastError: r.LastError, ReceivedAt: r.ReceivedAt,
-		LeaseUntil: timePtr(r.LeaseUntil), FinishedAt: timePtr(r.FinishedAt),
+		LeaseUntil: TimePtr(r.LeaseUntil), FinishedAt: TimePtr(r.FinishedAt),
 	}
 	if withPayload {
 		out.Metadata = r.Metadata
@@ -330,9 +330,9 @@ func NewInboxRow(r inbox.Row, withPayload bool) InboxRow {
 	return out
 }
 
-// timePtr is the one rule for a time that may be unset: a zero time becomes nil, which JSON
+// TimePtr is the one rule for a time that may be unset: a zero time becomes nil, which JSON
 // shows as null (never "0001-01-01T00:00:00Z"), and the field stays present.
-func timePtr(t time.Time) *time.Time {
+func TimePtr(t time.Time) *time.Time {
 	if t.IsZero() {
 		return nil
 	}
@@ -370,7 +370,7 @@ func LookupProcessed(ctx context.Context, db *sql.DB, schema, consumer, key stri
 	}
 	if found {
 		p.Processed = true
-		p.Claim = &ClaimRecord{ProcessedAt: claim.ProcessedAt, PayloadSHA256: hex.EncodeToString(claim.PayloadSHA256), OccurredOn: timePtr(claim.OccurredOn)}
+		p.Claim = &ClaimRecord{ProcessedAt: claim.ProcessedAt, PayloadSHA256: hex.EncodeToString(claim.PayloadSHA256), OccurredOn: TimePtr(claim.OccurredOn)}
 	}
 	ops, err := inbox.NewOps(db, inbox.OpsConfig{Schema: schema}, nil)
 	if err != nil {
