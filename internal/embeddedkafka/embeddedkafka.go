@@ -67,3 +67,14 @@ func (k kfakeLogger) Logf(level kfake.LogLevel, format string, args ...any) {
 // Cluster returns the kfake cluster, for tests that inject faults or observe requests
 // (kfake.Cluster.ControlKey).
 func (e *Broker) Cluster() *kfake.Cluster { return e.cluster }
+
+// StartAddrs starts a broker that lives as long as the process and returns its addresses: the
+// shape of brokertest.StartEmbeddedKafka, which the e2e and examples tests set to it so that
+// their Kafka tests run on kfake when KAFKA_BROKERS is unset.
+func StartAddrs() ([]string, error) {
+	b, err := Start(context.Background(), watermill.NopLogger{})
+	if err != nil {
+		return nil, err
+	}
+	return b.Addrs(), nil
+}
