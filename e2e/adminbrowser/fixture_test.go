@@ -1,3 +1,8 @@
+// Package adminbrowser_test drives ops/admin's page in headless Chromium (chromedp) against
+// rows the real components made: black-box tests of the admin handler, in the e2e module so
+// that the library's go.mod does not require chromedp. fixture_test.go and helpers_test.go are
+// copies of ops/admin's own test fixture and helpers (a test file of another module cannot
+// import them); keep them in step when the fixture changes.
 package adminbrowser_test
 
 import (
@@ -197,14 +202,6 @@ func (r response) decode(t *testing.T, v any) {
 	require.NoError(t, json.Unmarshal(r.body, v), string(r.body))
 }
 
-func (r response) errorText(t *testing.T) string {
-	t.Helper()
-	var e admin.ErrorBody
-	r.decode(t, &e)
-	require.NotEmpty(t, e.Error)
-	return e.Error
-}
-
 func get(t *testing.T, url string) response {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodGet, url, nil)
@@ -259,27 +256,4 @@ func (f *fixture) relayAll(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, relays, 1)
 	require.Zero(t, relays[0].Backlog)
-}
-
-// jsonAt returns the value at path (object keys and array indexes) in the JSON body, and
-// whether it is there: a null value is there, a missing field is not.
-func jsonAt(t *testing.T, body []byte, path ...any) (any, bool) {
-	t.Helper()
-	var v any
-	require.NoError(t, json.Unmarshal(body, &v), string(body))
-	for _, p := range path {
-		switch k := p.(type) {
-		case string:
-			m, ok := v.(map[string]any)
-			require.True(t, ok, "%v: not an object at %q in %s", path, k, body)
-			if v, ok = m[k]; !ok {
-				return nil, false
-			}
-		case int:
-			a, ok := v.([]any)
-			require.True(t, ok && k < len(a), "%v: no element %d in %s", path, k, body)
-			v = a[k]
-		}
-	}
-	return v, true
 }

@@ -88,6 +88,10 @@ func KafkaBrokers(t testing.TB) []string {
 		lockKafka(t, addrs, false)
 		return addrs
 	}
+	if addrs := kafkaBrokersEnv(); addrs != nil { // KAFKA_EMBEDDED=1: kfake served by another process
+		SkipShort(t, "the kfake broker at KAFKA_BROKERS="+strings.Join(addrs, ","))
+		return addrs
+	}
 	if StartEmbeddedKafka == nil {
 		SkipShort(t, "Kafka (KAFKA_BROKERS)")
 		t.Fatalf("%s is not set: start Kafka (make services starts Kafka 3.9 at 127.0.0.1:9092) and set %s=127.0.0.1:9092; the embedded kfake broker serves the e2e and examples modules only", broker.EnvKafkaBrokers, broker.EnvKafkaBrokers)
