@@ -1,7 +1,8 @@
 // Package brokertest gives tests a real broker of each kind, isolated per test: the SQL broker
 // in the test's own PostgreSQL schema, RabbitMQ in a virtual host of its own (created and
-// deleted with rabbitmqctl), and Kafka on KAFKA_BROKERS or, when that is unset, on one embedded
-// kfake broker shared by the test binary, with unique topic names.
+// deleted with rabbitmqctl), and Kafka on KAFKA_BROKERS or, when that is unset and the test's
+// module sets StartEmbeddedKafka (e2e, examples), on one embedded kfake broker shared by the
+// test binary, with unique topic names.
 package brokertest
 
 import (
