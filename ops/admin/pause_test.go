@@ -1,0 +1,45 @@
+package admin_test
+
+import (
+	"net/http"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/ops/admin"
+)
+
+// POST /api/pause pauses and resumes an inbox consumer and a relay, behind the write guard;
+// the stats show the pause.
+func TestPauseThroughTheAPI(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1)
+	ro := f.server(t, admin.Config{})
+	require.Equal(t, http.StatusForbidden, post(t, ro.URL+"/api/pause", admin.PauseRequest{Consumer: "billing", Pause: true}, nil).status)
+	srv := f.server(t, admin.Config{AllowWrites: true})
+
+	var res admin.PauseResponse
+	r := post(t, srv.URL+"/api/pause", admin.PauseRequest{Consumer: "billing", Pause: true}, nil)
+	require.Equal(t, http.StatusOK, r.status, string(r.body))
+	r.decode(t, &res)
+	require.True(t, res.Changed)
+	r = post(t, srv.URL+"/api/pause", admin.PauseRequest{Relay: "sms", Pause: true}, nil)
+	require.Equal(t, http.StatusOK, r.status, string(r.body))
+	var in struct{ Consumers []admin.InboxStats }
+	get(t, srv.URL+"/api/inbox/stats").decode(t, &in)
+	require.NotNil(t, in.Consumers[0].PausedAt, "billing shows as paused")
+	var out admin.OutboxStats
+	get(t, srv.URL+"/api/outbox").decode(t, &out)
+	require.NotNil(t, out.Relays[0].PausedAt, "sms shows as paused")
+
+	r = post(t, srv.URL+"/api/pause", admin.PauseRequest{Relay: "nope", Pause: true}, nil)
+	require.Equal(t, http.StatusNotFound, r.status, string(r.body))
+	r = post(t, srv.URL+"/api/pause", admin.PauseRequest{Relay: "sms", Consumer: "billing"}, nil)
+	require.Equal(t, http.StatusBadRequest, r.status, string(r.body))
+	r = post(t, srv.URL+"/api/pause", admin.PauseRequest{Consumer: "billing"}, nil)
+	require.Equal(t, http.StatusOK, r.status, string(r.body))
+	r.decode(t, &res)
+	require.True(t, res.Changed, "resumed")
+	require.Zero(t, pgtest.Count(t, f.db, `SELECT count(*) FROM `+f.table("inbox_paused")))
+}
