@@ -237,14 +237,16 @@ func readDockerfile(t *testing.T) dockerfile {
 // folder its WORKDIR names under the repository root (the build context; examples/, the
 // examples' module), and checks the result is what the runtime stage needs:
 // a static binary, since that stage is a plain Debian image without Go or C libraries beyond
-// libc. It also checks that the build image's Go matches go.mod's go line.
+// libc. It also checks that the build image's Go matches the go line of the go.mod it builds with.
 func TestDockerfileBuild(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the demo from scratch with the Dockerfile's flags (seconds to minutes): the full suite runs it, not -short")
 	}
 	d := readDockerfile(t)
+	require.True(t, strings.HasPrefix(d.workdir, "/src/") || d.workdir == "/src", "WORKDIR %q: want /src (the build context) or a folder under it", d.workdir)
+	dir := filepath.Join(repoRoot, strings.TrimPrefix(d.workdir, "/src"))
 
-	gomod, err := os.ReadFile(filepath.Join(repoRoot, "go.mod"))
+	gomod, err := os.ReadFile(filepath.Join(dir, "go.mod"))
 	require.NoError(t, err)
 	m := regexp.MustCompile(`(?m)^go (\d+\.\d+)`).FindSubmatch(gomod)
 	require.NotNil(t, m, "go.mod has no go line")
@@ -256,8 +258,7 @@ func TestDockerfileBuild(t *testing.T) {
 	args := slices.Clone(d.buildArgs)
 	args[slices.Index(args, "-o")+1] = out
 	cmd := exec.Command("go", append([]string{"build"}, args...)...)
-	require.True(t, strings.HasPrefix(d.workdir, "/src/") || d.workdir == "/src", "WORKDIR %q: want /src (the build context) or a folder under it", d.workdir)
-	cmd.Dir = filepath.Join(repoRoot, strings.TrimPrefix(d.workdir, "/src"))
+	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), d.buildEnv...)
 	b, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s %s (in %s): %s", strings.Join(d.buildEnv, " "), strings.Join(cmd.Args, " "), cmd.Dir, b)

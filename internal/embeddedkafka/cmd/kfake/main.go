@@ -24,6 +24,10 @@ import (
 func main() {
 	port := flag.Int("port", 9096, "TCP port on 127.0.0.1")
 	flag.Parse()
+	if *port < 1 || *port > 65535 {
+		fmt.Fprintf(os.Stderr, "kfake: -port %d: want a TCP port, 1 to 65535\n", *port)
+		os.Exit(2)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	b, err := embeddedkafka.StartOn(ctx, nil, *port)
