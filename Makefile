@@ -6,9 +6,21 @@ SHELL := /bin/bash
 # (Debian or Ubuntu, as root). Override with SERVICES_VIA=docker|script|none.
 SERVICES_VIA ?= $(shell if docker info >/dev/null 2>&1; then echo docker; elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then echo script; else echo none; fi)
 
+# The repository holds several Go modules (ARCHITECTURE.md, "Modules"): the library at the root,
+# e2e/ (end-to-end suites, bench, browser tests), examples/, and the embedded brokers of the demo
+# and the tests (internal/embeddedkafka, internal/embeddedpg), joined by go.work. `go test ./...`
+# at the root does not enter them, so every target that tests, vets or lints runs once per module,
+# with GOWORK=off: each module is built with its own go.mod, as a user gets it. The programs
+# (demo, quickstart, bench) run from the root through go.work.
+MODULES := . e2e examples internal/embeddedkafka internal/embeddedpg
+# in_modules runs its argument in each module's folder, and fails when one fails.
+in_modules = set -e; for m in $(MODULES); do echo "== module $$m"; (cd $$m && export GOWORK=off && $(1)); done
+
 # The tests run on the real Kafka 3.9 broker that `make services` starts (docker-compose.yml and
 # e2e/services both publish it on 127.0.0.1:9092). KAFKA_SERVICE tells the e2e suite how to
-# kill and restart that broker for its broker fault. Unset KAFKA_BROKERS for the embedded kfake.
+# kill and restart that broker for its broker fault. With KAFKA_BROKERS unset the e2e and examples
+# modules run on their embedded kfake; the library's Kafka tests then fail, saying what to start
+# (its go.mod does not require kfake; .ci/run's kfake pass serves them one, KAFKA_EMBEDDED=1).
 KAFKA_BROKERS ?= 127.0.0.1:9092
 KAFKA_SERVICE ?= $(if $(filter docker,$(SERVICES_VIA)),docker,3.9)
 KAFKA_ENV = KAFKA_BROKERS=$(KAFKA_BROKERS) KAFKA_SERVICE=$(KAFKA_SERVICE)
@@ -24,10 +36,10 @@ GOLANGCI_LINT := $(GOBIN_DIR)/golangci-lint
 # The README's test command: start the services, then run the whole suite.
 test: services test-only
 
-# The whole suite against services that are already running (what CI calls after provisioning).
-# `make test-only KAFKA_BROKERS=` runs it on the embedded kfake broker instead.
+# The whole suite, every module, against services that are already running (what CI calls after
+# provisioning).
 test-only:
-	$(KAFKA_ENV) $(GO) test -race -count=1 ./...
+	@$(call in_modules,$(KAFKA_ENV) $(GO) test -race -count=1 ./...)
 
 race: test
 
@@ -39,19 +51,22 @@ race: test
 # ./... skips the dot-folder .ci, so the measure tool's own test is named.
 test-short:
 	DATABASE_URL=postgres://postgres@127.0.0.1:1/test AMQP_URL=amqp://guest:guest@127.0.0.1:1/ \
-	  KAFKA_BROKERS=127.0.0.1:1 KAFKA_SERVICE= \
-	  $(GO) test -short -count=1 ./... ./.ci/measure
+	  KAFKA_BROKERS=127.0.0.1:1 KAFKA_SERVICE= GOWORK=off \
+	  $(GO) test -short -count=1 ./.ci/measure
+	@$(call in_modules,DATABASE_URL=postgres://postgres@127.0.0.1:1/test AMQP_URL=amqp://guest:guest@127.0.0.1:1/ \
+	  KAFKA_BROKERS=127.0.0.1:1 KAFKA_SERVICE= $(GO) test -short -count=1 ./...)
 
 e2e: services
-	$(KAFKA_ENV) $(GO) test -race -count=1 -v ./e2e/...
+	cd e2e && GOWORK=off $(KAFKA_ENV) $(GO) test -race -count=1 -v ./...
 
-# gofmt, go vet, golangci-lint with .golangci.yml (installed first if needed), then the import
-# layers of ARCHITECTURE.md against the code (.ci/check-imports).
+# gofmt, go vet and golangci-lint with .golangci.yml (installed first if needed) in every module,
+# go mod tidy's check that each go.mod lists what its module imports, then the import layers of
+# ARCHITECTURE.md against the code (.ci/check-imports).
 lint: golangci-lint
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
-	$(GO) vet ./... ./.ci/measure
-	$(GOLANGCI_LINT) run ./...
+	GOWORK=off $(GO) vet ./.ci/measure
+	@$(call in_modules,$(GO) vet ./... && $(GO) mod tidy -diff && $(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./...)
 	bash .ci/check-imports
 
 golangci-lint:

@@ -175,6 +175,7 @@ func TestComposeFile(t *testing.T) {
 // dockerfile is what the tests read from examples/payments/Dockerfile.
 type dockerfile struct {
 	buildImage string   // FROM of the build stage
+	workdir    string   // the last WORKDIR before go build, under /src (the build context)
 	buildEnv   []string // NAME=value before go build
 	buildArgs  []string // go build's arguments
 	output     string   // its -o
@@ -198,6 +199,10 @@ func readDockerfile(t *testing.T) dockerfile {
 		case "FROM":
 			if len(fields) == 4 && strings.EqualFold(fields[2], "AS") && fields[3] == "build" {
 				d.buildImage = fields[1]
+			}
+		case "WORKDIR":
+			if runs == 0 && len(fields) == 2 {
+				d.workdir = fields[1]
 			}
 		case "RUN":
 			i := slices.Index(fields, "go")
@@ -229,16 +234,19 @@ func readDockerfile(t *testing.T) dockerfile {
 
 // TestDockerfileBuild builds the demo with the Dockerfile's own go build line (its
 // environment and flags; the output redirected to a temporary directory) from the repository
-// root, the Dockerfile's build context, and checks the result is what the runtime stage needs:
+// folder its WORKDIR names under the repository root (the build context; examples/, the
+// examples' module), and checks the result is what the runtime stage needs:
 // a static binary, since that stage is a plain Debian image without Go or C libraries beyond
-// libc. It also checks that the build image's Go matches go.mod's go line.
+// libc. It also checks that the build image's Go matches the go line of the go.mod it builds with.
 func TestDockerfileBuild(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the demo from scratch with the Dockerfile's flags (seconds to minutes): the full suite runs it, not -short")
 	}
 	d := readDockerfile(t)
+	require.True(t, strings.HasPrefix(d.workdir, "/src/") || d.workdir == "/src", "WORKDIR %q: want /src (the build context) or a folder under it", d.workdir)
+	dir := filepath.Join(repoRoot, strings.TrimPrefix(d.workdir, "/src"))
 
-	gomod, err := os.ReadFile(filepath.Join(repoRoot, "go.mod"))
+	gomod, err := os.ReadFile(filepath.Join(dir, "go.mod"))
 	require.NoError(t, err)
 	m := regexp.MustCompile(`(?m)^go (\d+\.\d+)`).FindSubmatch(gomod)
 	require.NotNil(t, m, "go.mod has no go line")
@@ -250,10 +258,10 @@ func TestDockerfileBuild(t *testing.T) {
 	args := slices.Clone(d.buildArgs)
 	args[slices.Index(args, "-o")+1] = out
 	cmd := exec.Command("go", append([]string{"build"}, args...)...)
-	cmd.Dir = repoRoot
+	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), d.buildEnv...)
 	b, err := cmd.CombinedOutput()
-	require.NoError(t, err, "%s %s (in the repository root): %s", strings.Join(d.buildEnv, " "), strings.Join(cmd.Args, " "), b)
+	require.NoError(t, err, "%s %s (in %s): %s", strings.Join(d.buildEnv, " "), strings.Join(cmd.Args, " "), cmd.Dir, b)
 	t.Logf("built as the Dockerfile does: %s %s", strings.Join(d.buildEnv, " "), strings.Join(cmd.Args, " "))
 
 	bin, err := elf.Open(out)

@@ -1,7 +1,8 @@
 // Package brokertest gives tests a real broker of each kind, isolated per test: the SQL broker
 // in the test's own PostgreSQL schema, RabbitMQ in a virtual host of its own (created and
-// deleted with rabbitmqctl), and Kafka on KAFKA_BROKERS or, when that is unset, on one embedded
-// kfake broker shared by the test binary, with unique topic names.
+// deleted with rabbitmqctl), and Kafka on KAFKA_BROKERS or, when that is unset and the test's
+// module sets StartEmbeddedKafka (e2e, examples), on one embedded kfake broker shared by the
+// test binary, with unique topic names.
 package brokertest
 
 import (
@@ -17,11 +18,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/wmonce/watermill-once/broker"
-	"github.com/wmonce/watermill-once/internal/embeddedkafka"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 )
 
@@ -71,35 +70,38 @@ var (
 	kafkaOnce  sync.Once
 	kafkaAddrs []string
 	kafkaErr   error
-	kafkaEmbed *embeddedkafka.Broker
 )
 
-// KafkaBrokers returns KAFKA_BROKERS when set, else the address of an embedded kfake broker
-// started once for the test binary. On KAFKA_BROKERS it holds a shared lock on the cluster
-// until t ends (see LockKafkaExclusive), so a test that kills the broker waits for this one.
+// StartEmbeddedKafka, when set, starts the in-process kfake broker KafkaBrokers uses when
+// KAFKA_BROKERS is unset. The e2e and examples modules set it (internal/embeddedkafka); the
+// library's own tests leave it nil, so that the library's go.mod does not require kfake, and
+// need a real Kafka.
+var StartEmbeddedKafka func() ([]string, error)
+
+// KafkaBrokers returns KAFKA_BROKERS when set, else the address of the embedded kfake broker
+// (StartEmbeddedKafka) started once for the test binary, else fails t saying what to start. On
+// KAFKA_BROKERS it holds a shared lock on the cluster until t ends (see LockKafkaExclusive), so
+// a test that kills the broker waits for this one.
 func KafkaBrokers(t testing.TB) []string {
 	t.Helper()
 	if addrs := RealKafka(); addrs != nil {
-		SkipShort(t, "Kafka (KAFKA_BROKERS="+strings.Join(addrs, ",")+"; unset it for the embedded broker)")
+		SkipShort(t, "Kafka (KAFKA_BROKERS="+strings.Join(addrs, ",")+")")
 		lockKafka(t, addrs, false)
 		return addrs
 	}
-	kafkaOnce.Do(func() {
-		kafkaEmbed, kafkaErr = embeddedkafka.Start(context.Background(), watermill.NopLogger{})
-		if kafkaErr == nil {
-			kafkaAddrs = kafkaEmbed.Addrs()
-		}
-	})
+	if addrs := kafkaBrokersEnv(); addrs != nil { // KAFKA_EMBEDDED=1: kfake served by another process
+		SkipShort(t, "the kfake broker at KAFKA_BROKERS="+strings.Join(addrs, ","))
+		return addrs
+	}
+	if StartEmbeddedKafka == nil {
+		SkipShort(t, "Kafka (KAFKA_BROKERS)")
+		t.Fatalf("%s is not set: start Kafka (make services starts Kafka 3.9 at 127.0.0.1:9092) and set %s=127.0.0.1:9092; the embedded kfake broker serves the e2e and examples modules only", broker.EnvKafkaBrokers, broker.EnvKafkaBrokers)
+	}
+	kafkaOnce.Do(func() { kafkaAddrs, kafkaErr = StartEmbeddedKafka() })
 	if kafkaErr != nil {
 		t.Fatalf("cannot start the embedded Kafka broker: %v (or set KAFKA_BROKERS to a running cluster)", kafkaErr)
 	}
 	return kafkaAddrs
-}
-
-// EmbeddedKafka returns the shared embedded broker, or nil when KAFKA_BROKERS is used.
-func EmbeddedKafka(t testing.TB) *embeddedkafka.Broker {
-	KafkaBrokers(t)
-	return kafkaEmbed
 }
 
 // AMQPBaseURL is AMQP_URL or the local default.

@@ -30,9 +30,24 @@ import (
 // 3.9 serves 127.0.0.1:9092, 4 serves 127.0.0.1:9094.
 const EnvKafkaService = "KAFKA_SERVICE"
 
-// RealKafka returns the addresses of KAFKA_BROKERS, or nil when the tests use the embedded
-// kfake broker.
+// EnvKafkaEmbedded, set to 1, says that KAFKA_BROKERS points at a kfake broker served by
+// another process (`go run ./cmd/kfake` in internal/embeddedkafka's module): the tests use it
+// as they use the embedded broker (no cluster lock, no topic cleanup, kfake's own behaviour
+// expected). It is how the library's Kafka tests run on kfake without the library's go.mod
+// requiring kfake (.ci/run's kfake pass).
+const EnvKafkaEmbedded = "KAFKA_EMBEDDED"
+
+// RealKafka returns the addresses of KAFKA_BROKERS, or nil when the tests use a kfake broker
+// (KAFKA_BROKERS unset, or KAFKA_EMBEDDED=1).
 func RealKafka() []string {
+	if os.Getenv(EnvKafkaEmbedded) == "1" {
+		return nil
+	}
+	return kafkaBrokersEnv()
+}
+
+// kafkaBrokersEnv returns the addresses of KAFKA_BROKERS, nil when it is unset.
+func kafkaBrokersEnv() []string {
 	v := strings.TrimSpace(os.Getenv(broker.EnvKafkaBrokers))
 	if v == "" {
 		return nil

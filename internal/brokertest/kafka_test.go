@@ -2,8 +2,10 @@ package brokertest
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -51,6 +53,7 @@ func tryExclusive(t *testing.T, addr string) bool {
 func TestKafkaLock(t *testing.T) {
 	addr := "127.0.0.1:1" // never dialled: the lock is named after the address
 	t.Setenv(broker.EnvKafkaBrokers, addr)
+	t.Setenv(EnvKafkaEmbedded, "") // a real cluster here, also in .ci/run's kfake pass
 
 	user := &fakeTB{TB: t, name: "TestUser"}
 	if got := KafkaBrokers(user); len(got) != 1 || got[0] != addr {
@@ -99,5 +102,45 @@ func TestKafkaHelpersSkipUnderShort(t *testing.T) {
 			helper(t)
 			t.Fatalf("%s returned under -short instead of skipping", name)
 		})
+	}
+}
+
+// fatalTB records what Fatalf says and stops the call, as testing.T's Fatalf does.
+type fatalTB struct {
+	fakeTB
+	fatal string
+}
+
+func (f *fatalTB) Fatalf(format string, args ...any) {
+	f.fatal = fmt.Sprintf(format, args...)
+	panic(f)
+}
+
+// TestKafkaBrokersWithoutKafkaSaysWhatToStart: the library's tests do not start kfake (its go.mod
+// does not require it), so with KAFKA_BROKERS unset and no StartEmbeddedKafka a Kafka test fails
+// naming what to start, instead of skipping or dialling nothing.
+func TestKafkaBrokersWithoutKafkaSaysWhatToStart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("checks the failure of a test run without -short")
+	}
+	t.Setenv(broker.EnvKafkaBrokers, "")
+	t.Setenv(EnvKafkaEmbedded, "")
+	if StartEmbeddedKafka != nil {
+		t.Fatal("the library's tests set no StartEmbeddedKafka")
+	}
+	f := &fatalTB{fakeTB: fakeTB{TB: t, name: "TestUser"}}
+	func() {
+		defer func() {
+			if r := recover(); r != nil && r != any(f) {
+				panic(r)
+			}
+		}()
+		addrs := KafkaBrokers(f)
+		t.Fatalf("KafkaBrokers returned %v with no Kafka", addrs)
+	}()
+	for _, want := range []string{"KAFKA_BROKERS is not set", "make services", "127.0.0.1:9092"} {
+		if !strings.Contains(f.fatal, want) {
+			t.Errorf("the failure %q does not say %q", f.fatal, want)
+		}
 	}
 }

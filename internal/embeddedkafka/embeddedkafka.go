@@ -26,16 +26,26 @@ type Broker struct {
 // broker.DefaultKafkaPartitions partitions, and consumer groups accept session timeouts from one
 // second, so tests can use short ones. It stops when ctx ends or Close is called.
 func Start(ctx context.Context, logger watermill.LoggerAdapter) (*Broker, error) {
+	return StartOn(ctx, logger, 0)
+}
+
+// StartOn is Start on a fixed port of 127.0.0.1 (0: any free port), for cmd/kfake, which
+// serves the broker to other processes.
+func StartOn(ctx context.Context, logger watermill.LoggerAdapter, port int) (*Broker, error) {
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	cluster, err := kfake.NewCluster(
+	opts := []kfake.Opt{
 		kfake.NumBrokers(1),
 		kfake.AllowAutoTopicCreation(),
 		kfake.DefaultNumPartitions(broker.DefaultKafkaPartitions),
 		kfake.GroupMinSessionTimeout(time.Second),
 		kfake.WithLogger(kfakeLogger{logger}),
-	)
+	}
+	if port != 0 {
+		opts = append(opts, kfake.Ports(port))
+	}
+	cluster, err := kfake.NewCluster(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("broker: start embedded Kafka (kfake): %w", err)
 	}
@@ -67,3 +77,14 @@ func (k kfakeLogger) Logf(level kfake.LogLevel, format string, args ...any) {
 // Cluster returns the kfake cluster, for tests that inject faults or observe requests
 // (kfake.Cluster.ControlKey).
 func (e *Broker) Cluster() *kfake.Cluster { return e.cluster }
+
+// StartAddrs starts a broker that lives as long as the process and returns its addresses: the
+// shape of brokertest.StartEmbeddedKafka, which the e2e and examples tests set to it so that
+// their Kafka tests run on kfake when KAFKA_BROKERS is unset.
+func StartAddrs() ([]string, error) {
+	b, err := Start(context.Background(), watermill.NopLogger{})
+	if err != nil {
+		return nil, err
+	}
+	return b.Addrs(), nil
+}

@@ -7,9 +7,15 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/wmonce/watermill-once/internal/adminhook"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
+
+// The browser tests (e2e module) draw past charts through adminhook.SampleAt.
+func init() {
+	adminhook.SampleAt = func(ctx context.Context, h any, at time.Time) error { return h.(*Handler).sampleAt(ctx, at) }
+}
 
 // Sample reads the inbox backlog and every relay's backlog and lag (outbox.Stats) once and
 // adds them to the history the charts show. The background

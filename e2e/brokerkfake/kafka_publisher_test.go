@@ -1,4 +1,4 @@
-package broker_test
+package brokerkfake_test
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package admin_test
+package adminbrowser_test
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package admin_test
+package adminbrowser_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/inbox"
+	"github.com/wmonce/watermill-once/internal/adminhook"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/ops/admin"
@@ -19,7 +20,7 @@ import (
 
 // The charts, the inbox row detail and the rejected row detail in headless Chromium, over rows
 // and counts the real components made. The history is drawn by samples taken as if five
-// minutes apart during the last hour (admin.SampleAt), with real deliveries between them:
+// minutes apart during the last hour (adminhook.SampleAt), with real deliveries between them:
 // duplicates through the middleware, new PENDING rows through the inbox receiver, outbox rows
 // piling up behind the stopped relay. Some claims are moved back in time (processed_at) so
 // the claims chart has a past. Each view is saved as a PNG in $ADMIN_SCREENSHOTS.
@@ -66,7 +67,7 @@ func TestAdminChartsAndDetailsInChromium(t *testing.T) {
 		for p := 0; p < i%3; p++ {
 			require.NoError(t, recv.Handle(message.NewMessage(fmt.Sprintf("p-%d-%d", i, p), []byte(`{"invoice":99}`))))
 		}
-		require.NoError(t, admin.SampleAt(bg, h, now.Add(-time.Duration(55-5*i)*time.Minute)))
+		require.NoError(t, adminhook.SampleAt(bg, h, now.Add(-time.Duration(55-5*i)*time.Minute)))
 	}
 	require.NoError(t, h.Sample(bg))
 	require.NoError(t, earlier.Close()) // writes its duplicates per minute
