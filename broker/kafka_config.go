@@ -49,7 +49,7 @@ type KafkaConfig struct {
 	// SessionTimeout is how long the group coordinator waits for a silent consumer (a crashed
 	// process) before giving its partitions to another member. Default
 	// 10s; the cluster refuses values outside
-	// group.min/max.session.timeout.ms (by default 6s to 5min). Env KAFKA_SESSION_TIMEOUT (a Go
+	// group.min/max.session.timeout.ms (by default 6s to 30min). Env KAFKA_SESSION_TIMEOUT (a Go
 	// duration such as 10s).
 	SessionTimeout time.Duration
 	// NackDelay is the wait before a nacked message is delivered again. Default
