@@ -78,8 +78,8 @@ func (b *Broker) declareQueue(conn *amqp.Connection, ch *amqp.Channel, topic, gr
 }
 
 func (b *Broker) queueArgs() amqp.Table {
-	if b.config.AMQP.QueueType == QueueTypeQuorum {
-		return amqp.Table{"x-queue-type": QueueTypeQuorum, argDeliveryLimit: int64(b.config.AMQP.DeliveryLimit)}
+	if b.config.AMQP.QueueType == queueTypeQuorum {
+		return amqp.Table{"x-queue-type": queueTypeQuorum, argDeliveryLimit: int64(b.config.AMQP.DeliveryLimit)}
 	}
 	return nil
 }

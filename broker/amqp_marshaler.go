@@ -40,13 +40,10 @@ const (
 // _watermill_message_uuid), plus the UUID in the message-id property for consumers that are
 // not Watermill, and reads any header type and the AMQP properties.
 //
-// Watermill's DefaultMarshaler refuses a delivery with a non-string header. RabbitMQ adds such
-// headers itself: x-delivery-count (a number, on redeliveries from quorum queues) and x-death
-// (an array of tables, after dead-lettering). The refusal makes the subscriber nack, RabbitMQ
-// requeues at once, and the message loops forever. This Marshaler never refuses a delivery:
-// strings are kept, numbers and booleans are formatted, timestamps become RFC 3339 (UTC),
-// byte arrays are kept as text when they are UTF-8 and base64 otherwise, decimals become their
-// decimal text, and tables and arrays become JSON with the same conversions inside.
+// Watermill's DefaultMarshaler refuses a delivery with a non-string header, such as RabbitMQ's
+// own x-delivery-count and x-death, and the message then loops forever. This Marshaler never
+// refuses one: strings are kept, other values become text (numbers, RFC 3339 timestamps,
+// UTF-8 or base64 bytes, JSON for tables and arrays).
 //
 // Properties become metadata under the MetadataAMQP... keys. What the producer wrote
 // explicitly wins: the UUID header over the message-id property, and a header over a property
@@ -79,7 +76,7 @@ func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 	}
 	var uuid string
 	if v, ok := d.Headers[uuidKey]; ok {
-		uuid = HeaderString(v)
+		uuid = headerString(v)
 	}
 	if uuid == "" && d.MessageId != "" {
 		uuid = bytesString([]byte(d.MessageId))
@@ -93,7 +90,7 @@ func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 		if k == uuidKey {
 			continue
 		}
-		msg.Metadata[k] = HeaderString(v)
+		msg.Metadata[k] = headerString(v)
 	}
 	return msg, nil
 }
@@ -125,8 +122,8 @@ func amqpProperties(d amqp.Delivery) map[string]string {
 	return props
 }
 
-// HeaderString renders an AMQP header value (any type amqp091 decodes) as metadata text.
-func HeaderString(v any) string {
+// headerString renders an AMQP header value (any type amqp091 decodes) as metadata text.
+func headerString(v any) string {
 	switch v := v.(type) {
 	case string:
 		return v
@@ -148,7 +145,7 @@ func HeaderString(v any) string {
 	return string(b)
 }
 
-// jsonable converts nested tables and arrays so that encoding/json renders them like HeaderString.
+// jsonable converts nested tables and arrays so that encoding/json renders them like headerString.
 func jsonable(v any) any {
 	switch v := v.(type) {
 	case amqp.Table:

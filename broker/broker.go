@@ -22,13 +22,8 @@ import (
 const declareTimeout = 30 * time.Second
 
 // Broker builds publishers and subscribers for the configured broker kind and declares the
-// topics, queues and tables they need. It is safe for concurrent use.
-//
-// What it guarantees, for every kind: a Publish that returns nil has been made durable by the
-// broker (committed row, acknowledgement from all in-sync replicas, publisher confirm from
-// RabbitMQ); a subscriber delivers each message at least once to its consumer group and
-// redelivers what was not acked. It never deduplicates: copies are absorbed by the
-// effectively-once middleware. See the package documentation for each broker's settings.
+// topics, queues and tables they need, with the guarantees of the package documentation. It is
+// safe for concurrent use.
 type Broker struct {
 	config Config
 	db     *sql.DB
@@ -113,7 +108,7 @@ func (b *Broker) Kind() Kind { return b.config.Kind }
 func (b *Broker) Config() Config { return b.config }
 
 // NewPublisher returns a publisher for the configured broker, after declaring
-// Config.Subscriptions. Topics it publishes to are checked with ValidateTopic and declared on
+// Config.Subscriptions. Topics it publishes to are checked with TopicValidator's rules and declared on
 // first use (SQL table, Kafka topic, RabbitMQ exchange). Close it when done.
 func (b *Broker) NewPublisher(ctx context.Context) (message.Publisher, error) {
 	if err := b.Declare(ctx, b.config.Subscriptions...); err != nil {
@@ -139,7 +134,7 @@ func (b *Broker) NewPublisher(ctx context.Context) (message.Publisher, error) {
 // every message of a topic, and the members of one group share them. Subscribing declares the
 // topic and the group's queue or offsets first. Close it when done.
 func (b *Broker) NewSubscriber(group string) (message.Subscriber, error) {
-	if err := ValidateGroup(group); err != nil {
+	if err := validateGroup(group); err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
 	}
 	var sub message.Subscriber
@@ -192,10 +187,10 @@ func (b *Broker) NewPubSub(ctx context.Context, group string) (message.Publisher
 // Declaring is idempotent and remembered per Broker.
 func (b *Broker) Declare(ctx context.Context, subs ...Subscription) error {
 	for _, s := range subs {
-		if err := ValidateTopic(b.config.Kind, s.Topic); err != nil {
+		if err := validateTopic(b.config.Kind, s.Topic); err != nil {
 			return fmt.Errorf("broker: %w", err)
 		}
-		if err := ValidateGroup(s.Group); err != nil {
+		if err := validateGroup(s.Group); err != nil {
 			return fmt.Errorf("broker: %w", err)
 		}
 		if err := b.declare(ctx, s.Topic, s.Group); err != nil {
@@ -273,7 +268,7 @@ type publisher struct {
 // broker cannot carry, a message it refuses: see IsPermanentPublishError), so that the outbox
 // relay sets such a message aside instead of retrying it.
 func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
-	if err := ValidateTopic(p.b.config.Kind, topic); err != nil {
+	if err := validateTopic(p.b.config.Kind, topic); err != nil {
 		return wmonce.Permanent(fmt.Errorf("broker: %w", err))
 	}
 	if p.b.config.Kind == SQL {

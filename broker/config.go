@@ -31,18 +31,18 @@ var Kinds = []Kind{SQL, Kafka, AMQP}
 // Defaults shared by every broker. Each broker's own are beside its config (SQLConfig,
 // KafkaConfig, AMQPConfig).
 const (
-	// DefaultKind is the broker of a Config without a Kind: the one that needs nothing but
+	// defaultKind is the broker of a Config without a Kind: the one that needs nothing but
 	// PostgreSQL.
-	DefaultKind = SQL
-	// DefaultNackDelay is every broker's wait before a nacked message is delivered again
+	defaultKind = SQL
+	// defaultNackDelay is every broker's wait before a nacked message is delivered again
 	// (SQL.NackDelay, Kafka.NackDelay, AMQP.NackDelay).
-	DefaultNackDelay = 100 * time.Millisecond
+	defaultNackDelay = 100 * time.Millisecond
 )
 
 // Config chooses a broker and how to reach it. The zero value plus DatabaseURL is a working SQL
 // broker; ConfigFromEnv fills it from the environment.
 type Config struct {
-	// Kind is the broker. Env BROKER; default DefaultKind (SQL).
+	// Kind is the broker. Env BROKER; default SQL.
 	Kind Kind
 	// DatabaseURL is used by the SQL broker when New is given no *sql.DB. Env DATABASE_URL;
 	// default pgtx.DefaultDatabaseURL.
@@ -66,7 +66,7 @@ type Subscription struct {
 }
 
 func (c *Config) setDefaults() {
-	c.Kind = cmp.Or(c.Kind, DefaultKind)
+	c.Kind = cmp.Or(c.Kind, defaultKind)
 	c.DatabaseURL = cmp.Or(c.DatabaseURL, pgtx.DefaultDatabaseURL)
 	c.SQL.setDefaults()
 	c.Kafka.setDefaults()
@@ -81,10 +81,10 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("broker kind %q is not supported: use %s=sql, kafka or amqp", c.Kind, EnvBroker))
 	}
 	for _, s := range c.Subscriptions {
-		if err := ValidateTopic(c.Kind, s.Topic); err != nil {
+		if err := validateTopic(c.Kind, s.Topic); err != nil {
 			errs = append(errs, fmt.Errorf("subscription %+v: %w", s, err))
 		}
-		if err := ValidateGroup(s.Group); err != nil {
+		if err := validateGroup(s.Group); err != nil {
 			errs = append(errs, fmt.Errorf("subscription %+v: %w", s, err))
 		}
 	}

@@ -88,7 +88,7 @@ func ParseEnv(getenv func(string) string) (Config, error) {
 		c.AMQP.Workers = n
 	}
 	if v := getenv(EnvAMQPPrefetch); v != "" {
-		workers := cmp.Or(c.AMQP.Workers, DefaultAMQPWorkers)
+		workers := cmp.Or(c.AMQP.Workers, defaultAMQPWorkers)
 		n, err := strconv.Atoi(strings.TrimSpace(v))
 		if err != nil || n < workers || n > maxAMQPPrefetch {
 			errs = append(errs, fmt.Errorf("%s=%q: want a number of unacked messages per subscription, from %s (%d) to %d", EnvAMQPPrefetch, v, EnvAMQPWorkers, workers, maxAMQPPrefetch))

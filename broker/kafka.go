@@ -10,9 +10,10 @@ import (
 )
 
 // KafkaProtocolVersion is the Kafka protocol version Sarama speaks (sarama.Config.Version) to
-// every Kafka target: Apache Kafka 3.9 and 4.x and the embedded kfake broker alike, so the
-// protocol the tests exercise on kfake is the one production uses.
-//
+// every Kafka target: Apache Kafka 3.9 and 4.x and the embedded kfake broker alike
+// (docs/brokers.md, "Kafka versions").
+const KafkaProtocolVersion = "2.1.0"
+
 // Why 2.1: it is the oldest protocol Kafka 4 still serves (KIP-896 removed the request
 // versions older than Kafka 2.1's) and new enough for the idempotent producer (0.11+). Kafka
 // 3.9.1 and 4.4.0 also pass this package's Kafka tests with Sarama's newest (3.6), but kfake
@@ -23,8 +24,6 @@ import (
 // byteslice length" (Kafka sends "" there). What a newer version would add here is unused:
 // static membership (2.3), the ApiVersions handshake (2.4), epoch bumps through
 // InitProducerId v3+ (2.5; Sarama's idempotent producer bumps its epoch locally at any version).
-const KafkaProtocolVersion = "2.1.0"
-
 var kafkaProtocol = func() sarama.KafkaVersion {
 	v, err := sarama.ParseKafkaVersion(KafkaProtocolVersion)
 	if err != nil {

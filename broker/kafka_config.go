@@ -12,12 +12,12 @@ import (
 
 // The Kafka broker's defaults (KafkaConfig).
 const (
-	DefaultKafkaPartitions = 16
-	// DefaultKafkaReplicationFactor asks the cluster for its default.replication.factor.
-	DefaultKafkaReplicationFactor = -1
-	DefaultPartitionKeyField      = "partition_key"
-	DefaultKafkaClientID          = "watermill-once"
-	DefaultKafkaSessionTimeout    = 10 * time.Second
+	defaultKafkaPartitions = 16
+	// defaultKafkaReplicationFactor asks the cluster for its default.replication.factor.
+	defaultKafkaReplicationFactor = -1
+	defaultPartitionKeyField      = "partition_key"
+	defaultKafkaClientID          = "watermill-once"
+	defaultKafkaSessionTimeout    = 10 * time.Second
 )
 
 // KafkaConfig configures Watermill's Kafka Pub/Sub (Sarama).
@@ -29,41 +29,41 @@ type KafkaConfig struct {
 	// subscriber handles one message at a time per partition, so the partitions bound how many
 	// messages are in flight and how many group commit can share a transaction: at 1,000
 	// events/s, 16 against 3 cut the consumer's queueing and the CPU per message
-	// (docs/performance.md). Env KAFKA_PARTITIONS; default DefaultKafkaPartitions (16).
+	// (docs/performance.md). Env KAFKA_PARTITIONS; default 16.
 	Partitions int32
 	// ReplicationFactor for topics this package creates; -1 asks the cluster for its
 	// default.replication.factor. Env KAFKA_REPLICATION_FACTOR; default
-	// DefaultKafkaReplicationFactor (-1).
+	// -1.
 	ReplicationFactor int16
 	// PartitionKeyField is the metadata field whose value is the Kafka record key, so every
 	// message with the same value lands in the same partition, in order. A message without it
 	// is keyed by its UUID (all copies of one event still share a partition). Env
-	// KAFKA_PARTITION_KEY; default DefaultPartitionKeyField ("partition_key").
+	// KAFKA_PARTITION_KEY; default "partition_key".
 	PartitionKeyField string
 	// RequirePartitionKey refuses to publish a message without PartitionKeyField instead of
 	// falling back to its UUID.
 	RequirePartitionKey bool
-	// ClientID identifies this client to the brokers. Default DefaultKafkaClientID
-	// ("watermill-once").
+	// ClientID identifies this client to the brokers. Default
+	// "watermill-once".
 	ClientID string
 	// SessionTimeout is how long the group coordinator waits for a silent consumer (a crashed
 	// process) before giving its partitions to another member. Default
-	// DefaultKafkaSessionTimeout (10s); the cluster refuses values outside
-	// group.min/max.session.timeout.ms (by default 6s to 5min). Env KAFKA_SESSION_TIMEOUT (a Go
+	// 10s; the cluster refuses values outside
+	// group.min/max.session.timeout.ms (by default 6s to 30min). Env KAFKA_SESSION_TIMEOUT (a Go
 	// duration such as 10s).
 	SessionTimeout time.Duration
-	// NackDelay is the wait before a nacked message is delivered again. Default DefaultNackDelay
-	// (100ms).
+	// NackDelay is the wait before a nacked message is delivered again. Default
+	// 100ms.
 	NackDelay time.Duration
 }
 
 func (k *KafkaConfig) setDefaults() {
-	k.Partitions = cmp.Or(k.Partitions, DefaultKafkaPartitions)
-	k.ReplicationFactor = cmp.Or(k.ReplicationFactor, DefaultKafkaReplicationFactor)
-	k.PartitionKeyField = cmp.Or(k.PartitionKeyField, DefaultPartitionKeyField)
-	k.ClientID = cmp.Or(k.ClientID, DefaultKafkaClientID)
-	k.SessionTimeout = cmp.Or(k.SessionTimeout, DefaultKafkaSessionTimeout)
-	k.NackDelay = cmp.Or(k.NackDelay, DefaultNackDelay)
+	k.Partitions = cmp.Or(k.Partitions, defaultKafkaPartitions)
+	k.ReplicationFactor = cmp.Or(k.ReplicationFactor, defaultKafkaReplicationFactor)
+	k.PartitionKeyField = cmp.Or(k.PartitionKeyField, defaultPartitionKeyField)
+	k.ClientID = cmp.Or(k.ClientID, defaultKafkaClientID)
+	k.SessionTimeout = cmp.Or(k.SessionTimeout, defaultKafkaSessionTimeout)
+	k.NackDelay = cmp.Or(k.NackDelay, defaultNackDelay)
 }
 
 func (k KafkaConfig) validate() error {

@@ -11,26 +11,27 @@ import (
 )
 
 // The record layout of Debezium's Outbox Event Router as the connector of package outbox/cdc
-// configures it: the event id in header DebeziumHeaderID (the outbox's uuid column), the
-// metadata as one JSON object in header DebeziumHeaderMetadata, the payload as the raw value
+// configures it: the event id in header debeziumHeaderID (the outbox's uuid column), the
+// metadata as one JSON object in header debeziumHeaderMetadata, the payload as the raw value
 // (BinaryDataConverter), the partition key as the record key; Debezium adds headers of its own,
-// named with the prefix DebeziumHeaderPrefix.
+// named with the prefix debeziumHeaderPrefix.
 const (
-	DebeziumHeaderID       = "id"
-	DebeziumHeaderMetadata = "metadata"
-	DebeziumHeaderPrefix   = "__debezium"
-	// MetadataUnmarshalError names, on a message whose record could not be read back, why:
-	// such a message has an empty UUID, which the effectively-once middleware refuses, so it is
-	// parked visibly (poison queue) instead of stopping the subscription or being applied.
-	MetadataUnmarshalError = "unmarshal_error"
+	debeziumHeaderID       = "id"
+	debeziumHeaderMetadata = "metadata"
+	debeziumHeaderPrefix   = "__debezium"
 )
+
+// MetadataUnmarshalError names, on a message whose record could not be read back, why: such a
+// message has an empty UUID, which the effectively-once middleware refuses, so it is parked
+// visibly (poison queue) instead of stopping the subscription or being applied.
+const MetadataUnmarshalError = "unmarshal_error"
 
 // KafkaUnmarshaler reads both layouts a watermill-once outbox reaches Kafka in: records the
 // Relay published (Watermill's layout, the UUID in header _watermill_message_uuid) with
-// Watermill's unmarshaler, and records Debezium's Outbox Event Router wrote (DebeziumUnmarshaler).
-// Consumers need no setting to switch between the Relay and Debezium, in either direction: both
-// give the message the producer stored, with the same UUID, so the effectively-once middleware
-// dedupes the copies a switch may deliver twice.
+// Watermill's unmarshaler, and records Debezium's Outbox Event Router wrote (UUID, metadata and
+// payload as the outbox.Writer stored them). Consumers need no setting to switch between the
+// Relay and Debezium, in either direction: both give the message the producer stored, with the
+// same UUID, so the effectively-once middleware dedupes the copies a switch may deliver twice.
 type KafkaUnmarshaler struct {
 	Watermill kafka.Unmarshaler
 }
@@ -38,7 +39,7 @@ type KafkaUnmarshaler struct {
 // Unmarshal implements kafka.Unmarshaler.
 func (u KafkaUnmarshaler) Unmarshal(rec *sarama.ConsumerMessage) (*message.Message, error) {
 	if isDebeziumRecord(rec) {
-		return DebeziumUnmarshaler{}.Unmarshal(rec)
+		return debeziumUnmarshaler{}.Unmarshal(rec)
 	}
 	return u.Watermill.Unmarshal(rec)
 }
@@ -50,14 +51,14 @@ func isDebeziumRecord(rec *sarama.ConsumerMessage) bool {
 		switch k := string(h.Key); {
 		case k == kafka.UUIDHeaderKey:
 			return false
-		case strings.HasPrefix(k, DebeziumHeaderPrefix):
+		case strings.HasPrefix(k, debeziumHeaderPrefix):
 			debezium = true
 		}
 	}
 	return debezium
 }
 
-// DebeziumUnmarshaler turns a record of Debezium's Outbox Event Router back into the message the
+// debeziumUnmarshaler turns a record of Debezium's Outbox Event Router back into the message the
 // outbox.Writer stored: the UUID from header "id", the metadata (correlation, causation, trace
 // context, partition key, ...) from the JSON of header "metadata", the payload byte for byte.
 // Debezium's own headers (__debezium.*) are left out. Other headers (more columns placed as
@@ -67,20 +68,20 @@ func isDebeziumRecord(rec *sarama.ConsumerMessage) bool {
 // refused with an error (watermill-kafka stops consuming the partition on one): it becomes a
 // message with an empty UUID and MetadataUnmarshalError, which the effectively-once
 // middleware refuses as a message without a key, so it is parked, never applied.
-type DebeziumUnmarshaler struct{}
+type debeziumUnmarshaler struct{}
 
 // Unmarshal implements kafka.Unmarshaler.
-func (DebeziumUnmarshaler) Unmarshal(rec *sarama.ConsumerMessage) (*message.Message, error) {
+func (debeziumUnmarshaler) Unmarshal(rec *sarama.ConsumerMessage) (*message.Message, error) {
 	var id, md string
 	var hasID, hasMD bool
 	extra := message.Metadata{}
 	for _, h := range rec.Headers {
 		switch k := string(h.Key); {
-		case k == DebeziumHeaderID:
+		case k == debeziumHeaderID:
 			id, hasID = string(h.Value), true
-		case k == DebeziumHeaderMetadata:
+		case k == debeziumHeaderMetadata:
 			md, hasMD = string(h.Value), true
-		case strings.HasPrefix(k, DebeziumHeaderPrefix):
+		case strings.HasPrefix(k, debeziumHeaderPrefix):
 		default:
 			extra.Set(k, string(h.Value))
 		}

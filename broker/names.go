@@ -16,10 +16,9 @@ var (
 	groupName  = regexp.MustCompile(`^[A-Za-z0-9\-_.]{1,100}$`)
 )
 
-// ValidateTopic checks that topic can be carried by the broker kind, with an error saying
-// what is allowed. Pass TopicValidator(kind) as outbox.Config.ValidateTopic so that a topic
-// the broker would refuse fails the producing transaction instead of blocking the relay.
-func ValidateTopic(kind Kind, topic string) error {
+// validateTopic checks that topic can be carried by the broker kind, with an error saying
+// what is allowed.
+func validateTopic(kind Kind, topic string) error {
 	switch kind {
 	case SQL:
 		if !sqlTopic.MatchString(topic) {
@@ -39,15 +38,17 @@ func ValidateTopic(kind Kind, topic string) error {
 	return nil
 }
 
-// TopicValidator returns ValidateTopic for kind, in the shape of outbox.Config.ValidateTopic.
+// TopicValidator returns a check that a topic can be carried by the broker kind, with an error
+// saying what is allowed. Pass it as outbox.Config.ValidateTopic so that a topic the broker
+// would refuse fails the producing transaction instead of blocking the relay.
 func TopicValidator(kind Kind) func(topic string) error {
-	return func(topic string) error { return ValidateTopic(kind, topic) }
+	return func(topic string) error { return validateTopic(kind, topic) }
 }
 
-// ValidateGroup checks a consumer group name: 1-100 characters from A-Z a-z 0-9 - _ .
+// validateGroup checks a consumer group name: 1-100 characters from A-Z a-z 0-9 - _ .
 // A colon is refused because the RabbitMQ queue name is <topic>:<group>, which must not be
 // ambiguous.
-func ValidateGroup(group string) error {
+func validateGroup(group string) error {
 	if !groupName.MatchString(group) {
 		return fmt.Errorf("consumer group %q is not valid: use 1-100 characters from A-Z a-z 0-9 - _ .", group)
 	}

@@ -41,7 +41,7 @@ func newSQLBroker(db *sql.DB, config SQLConfig, logger watermill.LoggerAdapter, 
 }
 
 // MessagesTable returns the quoted, schema-qualified table that holds a topic's messages.
-// Topics are validated by ValidateTopic before they get here; quoting keeps '-', '$', ':' and
+// Topics are validated by validateTopic before they get here; quoting keeps '-', '$', ':' and
 // '.' (allowed in topic names) from reaching SQL unquoted.
 func (s *sqlBroker) MessagesTable(topic string) string {
 	return pgtx.QualifiedName(s.config.Schema, "watermill_"+topic)

@@ -234,29 +234,28 @@ type SQLRebaseReport struct {
 
 // RebaseSQLTopics repairs the SQL broker's topic tables in schema after a restore into a
 // cluster with a lower transaction counter (CheckSQLTopics finds them; tables that did not
-// move are left alone, so running it again, or on a healthy schema, changes nothing). For each
-// moved table, in one transaction that locks out its publishers and subscriptions:
-//
-//   - a row is provably consumed by a group when the group's position and the row are both
-//     the source cluster's (the position at or above this cluster's next transaction id; the row
-//     likewise, or with an offset at most that of such a row, since the offset sequence was
-//     restored with the table) and the row is at or before the position. Anything else, rows
-//     published after the restore included, is unconsumed: the safe direction;
-//   - rows every group had consumed keep their place below every position (copied ids become
-//     the frozen id 2);
-//   - every other row gets a transaction id below the server's current xmin (so it is visible at
-//     once and before anything published later), ordered so that each group's new position sits
-//     just after the rows it had consumed: each group reads again exactly the rows it had not
-//     provably consumed, in their order; a row one group consumed and another did not is read
-//     again only by the other.
-//
-// A row may still reach a group twice (a group that acked nothing since the restore, or one
-// whose position was written on this cluster, rereads everything): the effectively-once
-// middleware's and the inbox's claims absorb the copies. Groups in the table's offsets table are
-// covered whichever program runs them, watermill-sql subscribers of your own included when they
-// use the broker's offsets tables (watermill_offsets_<topic> in the same schema, the default
-// offsets adapter); a subscriber that keeps positions elsewhere is not.
+// move are left alone, so running it again, or on a healthy schema, changes nothing). Each
+// moved table is rebased in one transaction that locks out its publishers and subscriptions,
+// so that each group reads again exactly the rows it had not provably consumed, in their
+// order, before anything published later; the claims of the effectively-once middleware and
+// of the inbox absorb what a group still receives twice. Every group of the table's offsets
+// table is covered, watermill-sql subscribers of your own included when they use the broker's
+// offsets tables (docs/brokers.md, "SQL: after a backup and restore").
 func RebaseSQLTopics(ctx context.Context, db pgtx.Beginner, schema string) (SQLRebaseReport, error) {
+	// How each moved table is rebased:
+	//
+	//   - a row is provably consumed by a group when the group's position and the row are both
+	//     the source cluster's (the position at or above this cluster's next transaction id; the row
+	//     likewise, or with an offset at most that of such a row, since the offset sequence was
+	//     restored with the table) and the row is at or before the position. Anything else, rows
+	//     published after the restore included, is unconsumed: the safe direction;
+	//   - rows every group had consumed keep their place below every position (copied ids become
+	//     the frozen id 2);
+	//   - every other row gets a transaction id below the server's current xmin (so it is visible at
+	//     once and before anything published later), ordered so that each group's new position sits
+	//     just after the rows it had consumed: each group reads again exactly the rows it had not
+	//     provably consumed, in their order; a row one group consumed and another did not is read
+	//     again only by the other.
 	r := SQLRebaseReport{Schema: schema}
 	if err := pgtx.ValidateIdentifier("schema", schema); err != nil {
 		return r, fmt.Errorf("broker: RebaseSQLTopics: %w", err)

@@ -373,19 +373,16 @@ func (s *sqlSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *me
 		return nil, s.s.wm.errSubscriberClosed()
 	}
 	cfg := s.s.config
-	var backoff sqlBackoff
+	backoff := defaultSQLBackoff(cfg.PollInterval)
 	var w *sqlWaiter
 	if !cfg.DisableListen && !s.s.notifier.disabled.Load() {
 		w = &sqlWaiter{
 			n: s.s.notifier, table: "watermill_" + topic, ctx: ctx, closing: s.closing,
 			poll: cfg.PollInterval, idlePoll: cfg.IdlePollInterval,
-			errors: s.s.wm.defaultBackoff(cfg.PollInterval, cfg.PollInterval*5),
+			errors: backoff,
 			wake:   make(chan struct{}, 1),
 		}
 		backoff = w
-	}
-	if backoff == nil {
-		backoff = s.s.wm.defaultBackoff(cfg.PollInterval, cfg.PollInterval*5)
 	}
 	backoff = &moveWatch{next: backoff, s: s.s, topic: topic, group: s.group, ctx: ctx, signal: s.s.moveDetected.Signal}
 	sub, err := s.s.wm.newSubscriber(s.group, backoff, s.logger)

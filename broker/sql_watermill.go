@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	wsql4 "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmonce/watermill-once/internal/testsignal"
@@ -42,9 +43,6 @@ type watermillSQL interface {
 	// backoff says (nil: watermill-sql's default backoff). It does not run the group's
 	// starting-offset queries at Subscribe: declare has.
 	newSubscriber(group string, backoff sqlBackoff, logger watermill.LoggerAdapter) (message.Subscriber, error)
-	// defaultBackoff is watermill-sql's own backoff: poll after an empty query, retry after
-	// an error.
-	defaultBackoff(poll, retry time.Duration) sqlBackoff
 	// errSubscriberClosed is the version's ErrSubscriberClosed.
 	errSubscriberClosed() error
 }
@@ -72,6 +70,15 @@ type sqlBackoff interface {
 	HandleError(logger watermill.LoggerAdapter, noMsg bool, err error) time.Duration
 }
 
+// defaultSQLBackoff is watermill-sql's own backoff: poll after an empty query, retry after an
+// error (5 polls). v3's DefaultBackoffManager is the same code as v4's, so v4's serves both.
+func defaultSQLBackoff(poll time.Duration) sqlBackoff {
+	return wsql4.NewDefaultBackoffManager(poll, sqlRetryInterval(poll))
+}
+
+// sqlRetryInterval is the wait after a failed query: watermill-sql's RetryInterval.
+func sqlRetryInterval(poll time.Duration) time.Duration { return poll * 5 }
+
 // sqlTables names a broker's tables for watermill-sql's adapters.
 type sqlTables struct {
 	messages, offsets func(topic string) string
@@ -89,7 +96,7 @@ func newWatermillSQL(db *sql.DB, config SQLConfig, tables sqlTables, committed *
 		ackDeadline: config.AckDeadline,
 		poll:        config.PollInterval,
 		resend:      config.NackDelay,
-		retry:       config.PollInterval * 5,
+		retry:       sqlRetryInterval(config.PollInterval),
 	}
 	var wm watermillSQL
 	switch config.WatermillSQL {
@@ -113,7 +120,7 @@ type signalledSQL struct {
 
 func (w signalledSQL) newSubscriber(group string, backoff sqlBackoff, logger watermill.LoggerAdapter) (message.Subscriber, error) {
 	if backoff == nil { // what watermill-sql would use
-		backoff = w.defaultBackoff(w.timings.poll, w.timings.retry)
+		backoff = defaultSQLBackoff(w.timings.poll)
 	}
 	return w.watermillSQL.newSubscriber(group, batchSignal{next: backoff, group: group, committed: w.committed}, logger)
 }

@@ -2,7 +2,6 @@ package broker
 
 import (
 	"database/sql"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
@@ -53,10 +52,6 @@ func (w watermillSQLv3) newSubscriber(group string, backoff sqlBackoff, logger w
 		SchemaAdapter:  w.schema,
 		OffsetsAdapter: declaredOffsetsV3{w.offsets},
 	}, logger)
-}
-
-func (watermillSQLv3) defaultBackoff(poll, retry time.Duration) sqlBackoff {
-	return wsql.NewDefaultBackoffManager(poll, retry)
 }
 
 func (watermillSQLv3) errSubscriberClosed() error { return wsql.ErrSubscriberClosed }

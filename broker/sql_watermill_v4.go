@@ -2,7 +2,6 @@ package broker
 
 import (
 	"database/sql"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	wsql4 "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
@@ -71,10 +70,6 @@ func (w watermillSQLv4) newSubscriber(group string, backoff sqlBackoff, logger w
 		SchemaAdapter:  w.schema,
 		OffsetsAdapter: declaredOffsetsV4{w.offsets},
 	}, logger)
-}
-
-func (watermillSQLv4) defaultBackoff(poll, retry time.Duration) sqlBackoff {
-	return wsql4.NewDefaultBackoffManager(poll, retry)
 }
 
 func (watermillSQLv4) errSubscriberClosed() error { return wsql4.ErrSubscriberClosed }

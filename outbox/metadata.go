@@ -25,7 +25,7 @@ const (
 )
 
 // DefaultPartitionKeyField is the default of Config.PartitionKeyField: the same metadata field
-// the broker package keys Kafka records by (broker.DefaultPartitionKeyField).
+// the broker package keys Kafka records by (broker.KafkaConfig.PartitionKeyField's default).
 const DefaultPartitionKeyField = "partition_key"
 
 // stamp sets the correlation, causation and occurred_at metadata msg does not carry yet:

@@ -10,8 +10,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/twmb/franz-go/pkg/kfake"
-
-	"github.com/wmonce/watermill-once/broker"
 )
 
 // Broker is an in-process broker that speaks the Kafka protocol (franz-go's kfake),
@@ -23,7 +21,7 @@ type Broker struct {
 }
 
 // Start starts a single-broker kfake cluster. Topics are created on demand with
-// broker.DefaultKafkaPartitions partitions, and consumer groups accept session timeouts from one
+// 16 partitions (the broker package's default), and consumer groups accept session timeouts from one
 // second, so tests can use short ones. It stops when ctx ends or Close is called.
 func Start(ctx context.Context, logger watermill.LoggerAdapter) (*Broker, error) {
 	return StartOn(ctx, logger, 0)
@@ -38,7 +36,7 @@ func StartOn(ctx context.Context, logger watermill.LoggerAdapter, port int) (*Br
 	opts := []kfake.Opt{
 		kfake.NumBrokers(1),
 		kfake.AllowAutoTopicCreation(),
-		kfake.DefaultNumPartitions(broker.DefaultKafkaPartitions),
+		kfake.DefaultNumPartitions(16), // the broker package's default KafkaConfig.Partitions
 		kfake.GroupMinSessionTimeout(time.Second),
 		kfake.WithLogger(kfakeLogger{logger}),
 	}
