@@ -2,6 +2,7 @@ package inbox_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"sync"
@@ -360,4 +361,21 @@ SELECT id, 1, xmin FROM `+e.table("inbox")+` WHERE message_id = 'm1'`)
 	require.Equal(t, 1, row.Attempts)
 	require.Equal(t, int32(1), runs.Load())
 	require.Equal(t, 1, e.effects(t))
+}
+
+// TxOptions that fail every processing transaction (issue 34, item 3) are refused at
+// construction with the field named.
+func TestProcessorTxOptionsThatCannotWorkAreRefused(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	h := func(*message.Message) ([]*message.Message, error) { return nil, nil }
+	for want, opts := range map[string]*sql.TxOptions{
+		"TxOptions.ReadOnly must be false": {ReadOnly: true},
+		"PostgreSQL has no SNAPSHOT":       {Isolation: sql.LevelSnapshot},
+		"TxOptions.Isolation must be":      {Isolation: sql.LevelLinearizable},
+	} {
+		_, err := inbox.NewProcessor(db, h, inbox.ProcessorConfig{Consumer: "c", TxOptions: opts}, nil)
+		require.ErrorContains(t, err, "inbox: invalid")
+		require.ErrorContains(t, err, want)
+	}
 }
