@@ -170,8 +170,9 @@
 // carries in its metadata ("traceparent", "tracestate", stamped by outbox.Writer or any
 // propagating publisher), so it continues the producer's trace across the broker; a span of
 // another trace already in the message's context (a tracing middleware in front) is linked. It
-// carries wmonce.consumer, wmonce.dedupe_key, wmonce.path (own_tx, group_commit or
-// subscriber_tx), wmonce.duplicate and wmonce.fingerprint_mismatch; the claim, the duplicate
+// carries wmonce.consumer, wmonce.dedupe_key, wmonce.path (the transaction the delivery
+// ran in: own_tx, also for a lone message under group commit; group_commit when it ran in a
+// group; subscriber_tx), wmonce.duplicate and wmonce.fingerprint_mismatch; the claim, the duplicate
 // verdict and the COMMIT are events, the handler and the outbox store child spans, and the
 // messages the handler returns are stamped with the delivery's trace. A redelivered copy is a
 // span of the same trace marked duplicate.

@@ -75,8 +75,10 @@ var errClosed = errors.New("once: middleware closed")
 func (g *groupCommitter) submit(origCtx context.Context, h message.HandlerFunc, d *delivery) error {
 	if g.lanes.Alone() {
 		defer g.lanes.Release()
+		d.tracedPath(pathOwnTx)
 		return g.e.runInOwnTx(origCtx, h, d)
 	}
+	d.tracedPath(pathGroupCommit)
 	ctx, release := detachForShutdown(origCtx, g.e.config.ShutdownGrace)
 	defer release()
 	return g.lanes.Wait(ctx, member{d: d, h: h})
