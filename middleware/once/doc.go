@@ -108,7 +108,9 @@
 // middleware's own COMMIT, any other COMMIT of the transaction is refused (on a pool from
 // pgtx.Open by the connection itself, at no cost to the server; on other pools and in
 // watermill-sql's subscriber transaction by the server, migrations 010 and 011), so it is rolled
-// back whole and nothing of it is applied, neither the claim nor an effect nor an output. The middleware notices (database/sql marks the transaction done) and
+// back whole and nothing of it is applied, neither the claim nor an effect nor an output. The
+// middleware notices (database/sql marks the transaction done, or its guard statements are
+// refused: SQLSTATE WM002, pgtx.CodeAttemptGuard) and
 // fails that delivery alone with the permanent wmonce.ErrHandlerEndedTx, logged at error level
 // and counted in Counters.HandlerEndedTx: the Stack parks it with a reason saying the handler
 // ended the transaction. In a group, the handler that did it is found right after it returns
@@ -116,9 +118,12 @@
 // subscriber's transaction is gone with it, so the parked message is delivered once more in a new
 // transaction; that copy is acked without running the handler (the middleware remembers the
 // parked copy; after a restart it may be parked a second time, never applied). Transaction
-// control sent as SQL text (tx.Exec("COMMIT")) is refused or rolls back on the server just the
-// same, but database/sql does not see it, and later statements would run outside any
-// transaction: never send it.
+// control sent as SQL text (tx.Exec("COMMIT"), also END, ROLLBACK, ABORT) is refused the same
+// way and fails the delivery with wmonce.ErrHandlerEndedTx; on a pool from pgtx.Open the
+// connection then refuses every later statement of the attempt. On other pools the server is
+// outside any transaction afterwards: the library sends nothing more (migration 017's
+// attempt_check and attempt_close fail there), but statements the handler itself sends after
+// it run in autocommit. Never send it.
 //
 // # When the router closes
 //
