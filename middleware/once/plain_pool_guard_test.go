@@ -82,3 +82,35 @@ func TestHandlerEndingTheTxOnAPlainPool(t *testing.T) {
 		}
 	}
 }
+
+// TestHandlerReturningTheGuardsRefusalIsParked: a handler that sends COMMIT as SQL text and
+// returns the refusal's error (SQLSTATE WM002) is a handler that ended its transaction, on
+// either guard: permanent, wmonce.ErrHandlerEndedTx, counted. Before, the refusal (P0001) was
+// the handler's own transient failure: nacked forever, never parked.
+func TestHandlerReturningTheGuardsRefusalIsParked(t *testing.T) {
+	t.Parallel()
+	shared := pgtest.DB(t)
+	plain, err := sql.Open("pgx", pgtest.URL())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = plain.Close() })
+	for name, db := range map[string]*sql.DB{"pgtx.Open pool": shared, "plain pool": plain} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			schema := pgtest.Schema(t, shared)
+			mw, err := once.New(db, once.Config{Schema: schema, Consumer: "c"}, nil)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = mw.Close() })
+			h := mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+				tx, _ := pgtx.TxFromContext(msg.Context())
+				_, err := tx.ExecContext(msg.Context(), `COMMIT`)
+				require.True(t, pgtx.IsAttemptGuardRefusal(err), "%v", err)
+				return nil, err
+			})
+			err = deliver(h, "m", "p")
+			require.ErrorIs(t, err, wmonce.ErrHandlerEndedTx)
+			require.True(t, wmonce.IsPermanent(err))
+			require.Equal(t, uint64(1), mw.Counters().Consumer("c").HandlerEndedTx)
+			require.Zero(t, pgtest.Count(t, shared, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "processed_messages")))
+		})
+	}
+}
