@@ -80,7 +80,10 @@
 // new transaction with a fresh snapshot. Later messages of the same batch are acked into the
 // doomed transaction without running and are redelivered the same way. Each such message counts
 // in Counters.TxRetries; watermill-sql logs the failed commit at error level, with the attempt
-// guard's message.
+// guard's message. A subscriber transaction whose connection is gone (a terminated backend, a
+// network failure) is settled the same way: the message is acked into it without effect, so
+// that the subscriber's own statements fail and it reads the message again in a new
+// transaction at once, instead of re-sending it into the dead one until AckDeadline.
 //
 // Round trips per message, on a pool from pgtx.Open (lazy BEGIN): in a transaction of our own,
 // the claim (carrying BEGIN), the handler's statements and COMMIT; an at-least-once handler pays
