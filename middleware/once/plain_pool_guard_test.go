@@ -2,6 +2,7 @@ package once_test
 
 import (
 	"database/sql"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -112,5 +113,43 @@ func TestHandlerReturningTheGuardsRefusalIsParked(t *testing.T) {
 			require.Equal(t, uint64(1), mw.Counters().Consumer("c").HandlerEndedTx)
 			require.Zero(t, pgtest.Count(t, shared, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "processed_messages")))
 		})
+	}
+}
+
+// TestHandlerEndingTheSubscriberTxOnAPlainPool: watermill-sql's subscriber (v3 and v4) on a pool
+// not from pgtx.Open, the middleware on one from it: a handler that ends the subscriber's
+// transaction with SQL text applies nothing of the attempt, and the delivery fails with
+// wmonce.ErrHandlerEndedTx (the server's guard decides in the subscriber's transaction, whatever
+// the middleware's own pool). Its own later write runs in autocommit: uncovered on such a pool.
+func TestHandlerEndingTheSubscriberTxOnAPlainPool(t *testing.T) {
+	t.Parallel()
+	for _, v := range []int{3, 4} {
+		for _, ending := range pgtest.TxEndings {
+			if !strings.Contains(ending.Name, "as text") {
+				continue
+			}
+			t.Run(fmt.Sprintf("v%d, %s", v, ending.Name), func(t *testing.T) {
+				t.Parallel()
+				e := newPathEnv(t, txPath{name: "subscriber-tx", config: func(*once.Config) {}, subscriberTx: true, sql: v}, once.Config{Consumer: "c"})
+				plain, err := sql.Open("pgx", pgtest.URL())
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = plain.Close() })
+				e.subDB = plain
+				h := e.mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+					if _, err := e.effect(msg); err != nil {
+						return nil, err
+					}
+					tx, _ := pgtx.TxFromContext(msg.Context())
+					ending.End(tx)
+					_, _ = tx.ExecContext(msg.Context(), `INSERT INTO `+e.table("effects")+` (key, amount) VALUES ('after', 1)`)
+					return nil, nil
+				})
+				err = e.deliver(h, "m", "p")
+				require.ErrorIs(t, err, wmonce.ErrHandlerEndedTx)
+				require.Zero(t, e.claims(t))
+				require.Zero(t, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("effects")+` WHERE key = 'm'`))
+				require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("effects")+` WHERE key = 'after'`), "uncovered on a plain pool")
+			})
+		}
 	}
 }

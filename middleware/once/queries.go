@@ -31,8 +31,6 @@ func newClaimQueries(schema string, daily, wireGuard bool) claimQueries {
 		cols, arrays, dayCond = cols+", occurred_on", arrays+", $4::date[]", " AND occurred_on = $3"
 		typed += ", $4::date"
 	}
-	// The attempt state of migration 010 (see spBegin): a transaction-local setting per schema.
-	state := txguard.StateSetting(schema)
 	// The own-transaction claim opens the server's attempt guard as it goes (internal/txguard).
 	claim := `INSERT INTO ` + t + ` (` + cols + `) SELECT ` + typed + ` WHERE ` + txguard.Condition(schema) + ` ON CONFLICT DO NOTHING`
 	if wireGuard {
@@ -50,7 +48,7 @@ FROM unnest($1::text[], $2::text[]) AS k(consumer, message_id)
 JOIN ` + t + ` p USING (consumer, message_id)`,
 		savepointClaim: pgtx.WireGuardOpen + spBegin + `;
 INSERT INTO ` + t + ` (` + cols + `) SELECT ` + typed + ` WHERE ` + txguard.Condition(schema) + ` ON CONFLICT DO NOTHING`,
-		savepointRelease: fmt.Sprintf(spRelease, state),
+		savepointRelease: fmt.Sprintf(spRelease, pgtx.QualifiedName(schema, "attempt_close")),
 		doom:             fmt.Sprintf(spDoom, pgtx.QualifiedName(schema, "attempt_doom")),
 	}
 }
@@ -73,7 +71,7 @@ INSERT INTO ` + t + ` (` + cols + `) SELECT ` + typed + ` WHERE ` + txguard.Cond
 // they cost no round trip of their own.
 const (
 	spBegin    = `SAVEPOINT wmonce_attempt`
-	spRelease  = pgtx.DeferredPrefix + pgtx.WireGuardClose + `SET LOCAL %s = 'closed'; RELEASE SAVEPOINT wmonce_attempt`
+	spRelease  = pgtx.DeferredPrefix + pgtx.WireGuardClose + `CALL %s(); RELEASE SAVEPOINT wmonce_attempt`
 	spRollback = pgtx.DeferredPrefix + pgtx.WireGuardClose + `ROLLBACK TO SAVEPOINT wmonce_attempt; RELEASE SAVEPOINT wmonce_attempt`
 	// spDoom undoes the attempt and marks the transaction doomed: its COMMIT fails (the guard
 	// row's deferred trigger) and every later attempt_begin() in it refuses with WM001.

@@ -14,6 +14,7 @@ import (
 
 	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/partition"
+	"github.com/wmonce/watermill-once/internal/txguard"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -88,6 +89,11 @@ func (e *Middleware) runInSubscriberTx(ctx context.Context, h message.HandlerFun
 		return rollback(err)
 	}
 	if _, err := tx.ExecContext(ctx, e.q.savepointRelease); err != nil {
+		if txguard.IsEnded(ctx, err) {
+			// attempt_close (migration 017) found the transaction gone: the handler ended it
+			// with SQL text the subscriber's pool does not see.
+			return rollback(e.handlerEndedTx(d, txguard.Ended(err)))
+		}
 		return rollback(fmt.Errorf("once: release savepoint: %w", err))
 	}
 	d.attemptComplete()
