@@ -181,14 +181,17 @@ func (p *Processor) runLockedRow(ctx context.Context, tx *sql.Tx, r claimedRow) 
 		return herr
 	})
 	if herr == nil {
-		res, err := tx.ExecContext(ctx, p.q.completeLock, p.replanned([]int64{r.id}, []int64{int64(r.attempts)})...)
+		// The guard closes before the row is completed, so that the completion cannot run in
+		// autocommit after a handler ended the transaction with SQL text (see attemptOne).
+		err := p.guard.Close(ctx, tx)
 		if err == nil {
-			if n, _ := res.RowsAffected(); n != 1 {
-				err = fmt.Errorf("inbox: row %d was not PENDING at completion", r.id)
+			var res sql.Result
+			res, err = tx.ExecContext(ctx, p.q.completeLock, p.replanned([]int64{r.id}, []int64{int64(r.attempts)})...)
+			if err == nil {
+				if n, _ := res.RowsAffected(); n != 1 {
+					err = fmt.Errorf("inbox: row %d was not PENDING at completion", r.id)
+				}
 			}
-		}
-		if err == nil {
-			err = p.guard.Close(ctx, tx)
 		}
 		if ended := p.endedAt(ctx, r, err); ended != nil {
 			// The handler ended the transaction and returned no error: nothing of it was
