@@ -2,7 +2,6 @@ package inbox
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 
@@ -25,7 +24,7 @@ import (
 // (a permanent failure of that row alone): running it again would end the transaction again.
 
 // requireGuard checks, once per Processor, that the schema has the attempt guard (migration
-// 011). Without it every processing transaction would fail at the handler's first statement,
+// 011; 017 for the server's guard). Without it every processing transaction would fail at the handler's first statement,
 // which would park every row; instead the workers wait, as for a claim that fails, and log what
 // to run.
 func (p *Processor) requireGuard(ctx context.Context) error {
@@ -33,12 +32,17 @@ func (p *Processor) requireGuard(ctx context.Context) error {
 		return nil
 	}
 	var found bool
-	proc := pgtx.QualifiedName(p.config.Schema, "attempt_open") + "()"
+	proc, migration := pgtx.QualifiedName(p.config.Schema, "attempt_open")+"()", "011"
+	if !p.guard.OnWire() {
+		// The server's guard closes with attempt_close, which fails once a handler ended the
+		// transaction (migration 017).
+		proc, migration = pgtx.QualifiedName(p.config.Schema, "attempt_close")+"()", "017"
+	}
 	if err := p.db.QueryRowContext(ctx, `SELECT to_regprocedure($1) IS NOT NULL`, proc).Scan(&found); err != nil {
 		return fmt.Errorf("inbox: look for the attempt guard: %w", err)
 	}
 	if !found {
-		return fmt.Errorf("inbox: procedure %s is missing (the attempt guard, migration 011): run the migrations (migrate.Migrate or `wmonce migrate up`)", proc)
+		return fmt.Errorf("inbox: procedure %s is missing (the attempt guard, migration %s): run the migrations (migrate.Migrate or `wmonce migrate up`)", proc, migration)
 	}
 	p.guardFound.Store(true)
 	return nil
@@ -51,7 +55,7 @@ func (p *Processor) endedAt(ctx context.Context, r claimedRow, err error) error 
 	switch {
 	case isEnded(err):
 		return p.handlerEndedTx(r, err)
-	case errors.Is(err, sql.ErrTxDone) && ctx.Err() == nil:
+	case txguard.IsEnded(ctx, err):
 		return p.handlerEndedTx(r, txguard.Ended(err))
 	}
 	return nil

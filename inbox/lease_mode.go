@@ -200,9 +200,19 @@ func (p *Processor) attemptOne(w *worker, r claimedRow, token int64) (outcome, e
 	if err := p.runHandler(ctx, tx.Tx, r, false); err != nil {
 		return p.classifyHandler(ctx, err)
 	}
+	// The guard closes before the row is marked done: a handler that ended the transaction with
+	// SQL text left the server outside any transaction, where the mark would run in autocommit;
+	// the server guard's close fails there instead (migration 017). It travels with the mark on
+	// a pool from pgtx.Open.
+	if err := p.guard.Close(ctx, tx.Tx); err != nil {
+		if ended := p.endedAt(ctx, r, err); ended != nil {
+			return outcomeFailed, ended // the handler ended the transaction and returned no error
+		}
+		return p.classifyHandler(ctx, fmt.Errorf("inbox: %w", err))
+	}
 	res, err := tx.ExecContext(ctx, p.q.complete, r.id, token)
 	if ended := p.endedAt(ctx, r, err); ended != nil {
-		return outcomeFailed, ended // the handler ended the transaction and returned no error
+		return outcomeFailed, ended
 	}
 	if err != nil {
 		return p.classifyHandler(ctx, fmt.Errorf("inbox: mark done: %w", err))
@@ -210,12 +220,6 @@ func (p *Processor) attemptOne(w *worker, r claimedRow, token int64) (outcome, e
 	if n, _ := res.RowsAffected(); n == 0 {
 		tx.spans.end("lease lost: rolled back")
 		return outcomeConflict, nil
-	}
-	if err := p.guard.Close(ctx, tx.Tx); err != nil {
-		if ended := p.endedAt(ctx, r, err); ended != nil {
-			return outcomeFailed, ended
-		}
-		return p.classifyHandler(ctx, fmt.Errorf("inbox: %w", err))
 	}
 	if err := tx.commit(); err != nil {
 		// The handler ran, so the attempt counts (a message whose effects kill the backend at

@@ -114,6 +114,8 @@ type ProcessorConfig struct {
 	// than RenewInterval never completes (the lease
 	// renewal updates its row after the transaction's snapshot, so marking it DONE fails
 	// with 40001 every time).
+	// ReadOnly, or a level PostgreSQL does not have, is refused at construction
+	// (pgtx.CheckTxOptions).
 	TxOptions *sql.TxOptions
 	// TracerProvider traces every attempt: a consumer span per row and attempt, the child of
 	// the trace context the message carries, with the handler and the outbox store as child
@@ -148,6 +150,7 @@ func (c ProcessorConfig) Validate() error {
 		setup.Between("BatchSize", c.BatchSize, 1, MaxBatchSize),
 		setup.AtLeast("Lease", c.Lease, 10*time.Millisecond),
 		setup.AtLeast("MaxAttempts", c.MaxAttempts, 1),
+		pgtx.CheckTxOptions("TxOptions", c.TxOptions),
 	}
 	if c.Outbox != nil && c.OutboxSource != "" {
 		errs = append(errs, errors.New("set OutboxSource or Outbox, not both: give the Writer its Source (outbox.Config.Source)"))

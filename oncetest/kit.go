@@ -120,6 +120,15 @@ func (c Config) validate() error {
 	if c.Effect == nil {
 		errs = append(errs, errors.New("Effect is required: it reads the handler's effect (a count or a snapshot)"))
 	}
+	if c.Middleware != nil {
+		// Every mode's transaction writes: refuse options that fail every message here, not
+		// as a violation report in each mode.
+		var mc once.Config
+		c.Middleware(&mc)
+		if err := pgtx.CheckTxOptions("Middleware's TxOptions", mc.TxOptions); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	for _, m := range c.Modes {
 		if !m.valid() {
 			errs = append(errs, fmt.Errorf("unknown mode %q", string(m)))

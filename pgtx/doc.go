@@ -33,8 +33,9 @@
 // same way and travel with the next statement (see DeferredPrefix). PoolConfig.DisableLazyBegin
 // turns both off; a *sql.DB opened otherwise does not have them (the statements then simply cost
 // their round trips). PoolConfig.RoundTrips counts round trips, to check such claims. The same
-// connections can refuse a COMMIT while the library lends a transaction to user code
-// (WireGuardOpen, WireGuards).
+// connections can refuse a COMMIT or ROLLBACK while the library lends a transaction to user
+// code, and every later statement of that attempt (WireGuardOpen, WireGuards,
+// CodeAttemptGuard).
 //
 // Identifiers are validated against a conservative pattern and then quoted; no configuration
 // string reaches SQL unquoted.

@@ -33,8 +33,8 @@ import (
 //     the same way before the next statement; their replies are synthesised at once and their
 //     real replies removed (an error of theirs is passed on, as for BEGIN).
 //   - WireGuardOpen, WireGuardClose and WireGuardCheck, sent inside a transaction, are answered
-//     at once and not sent; between Open and Close a COMMIT is replaced by the refusal
-//     (wireguard.go).
+//     at once and not sent; between Open and Close a COMMIT or ROLLBACK is replaced by the
+//     refusal, and every later statement of the attempt is refused (wireguard.go).
 //
 // Reads and writes may run in different goroutines (pgconn reads in the background during slow
 // writes), so the state is behind a mutex that is never held across network I/O, and a read
@@ -42,18 +42,20 @@ import (
 type lazyBeginConn struct {
 	net.Conn
 
-	mu           sync.Mutex
-	ready        bool      // startup finished: the first ReadyForQuery was seen
-	status       byte      // transaction status of the last ReadyForQuery
-	guarded      bool      // the wire guard is open: COMMITs are refused (wireguard.go)
-	pending      []string  // held-back statements (a BEGIN, or deferred ones), in order
-	strip        []byte    // message types to remove from the server's stream, in order
-	out          []byte    // bytes for the client: server messages kept, and synthesised replies
-	outPos       int       // how much of out the client has read
-	in           []byte    // server bytes not yet forming a whole message
-	readErr      error     // a broken connection (never a timeout: pgconn may read on after one)
-	reading      bool      // a Read is blocked on the network
-	readDeadline time.Time // the deadline pgconn asked for, restored after we wake a Read
+	mu            sync.Mutex
+	ready         bool      // startup finished: the first ReadyForQuery was seen
+	status        byte      // transaction status of the last ReadyForQuery
+	guarded       bool      // the wire guard is open: COMMITs are refused (wireguard.go)
+	doomed        bool      // the guard refused: every statement is refused until undoom (wireguard.go)
+	doomErrorSent bool      // doomed: the extended-protocol messages before the next Sync have their error
+	pending       []string  // held-back statements (a BEGIN, or deferred ones), in order
+	strip         []byte    // message types to remove from the server's stream, in order
+	out           []byte    // bytes for the client: server messages kept, and synthesised replies
+	outPos        int       // how much of out the client has read
+	in            []byte    // server bytes not yet forming a whole message
+	readErr       error     // a broken connection (never a timeout: pgconn may read on after one)
+	reading       bool      // a Read is blocked on the network
+	readDeadline  time.Time // the deadline pgconn asked for, restored after we wake a Read
 
 	buf [8192]byte // network reads (one reader at a time)
 }
@@ -92,21 +94,30 @@ func (c *lazyBeginConn) Write(p []byte) (int, error) {
 		return c.Conn.Write(p)
 	}
 	written := len(p)
+	if c.doomed {
+		send, reply := c.doomedWrite(p)
+		if len(reply) > 0 {
+			c.give(reply)
+		}
+		c.mu.Unlock()
+		if len(send) > 0 {
+			if _, err := c.Conn.Write(send); err != nil {
+				return 0, err
+			}
+		}
+		return written, nil
+	}
 	typ, body, rest, ok := firstMessage(p)
 	if ok && typ == 'Q' && len(rest) == 0 && len(body) > 0 && body[len(body)-1] == 0 {
+		c.leadingMarker(string(body[:len(body)-1]))
 		if reply := c.holdBack(string(body[:len(body)-1])); reply != nil {
-			c.out = append(c.out, reply...)
-			if c.reading {
-				// pgconn may be reading in the background (during a slow write): wake it up
-				// to hand over the reply.
-				_ = c.Conn.SetReadDeadline(time.Unix(1, 0))
-			}
+			c.give(reply)
 			c.mu.Unlock()
 			return len(p), nil
 		}
 	}
 	if c.guarded {
-		p = guardWrite(p)
+		p, c.doomed = guardWrite(p)
 		typ, body, rest, ok = firstMessage(p)
 	}
 	if len(c.pending) == 0 {
@@ -151,6 +162,30 @@ func (c *lazyBeginConn) Write(p []byte) (int, error) {
 	return written, nil
 }
 
+// give hands reply to the client as if the server had sent it. c.mu is held.
+func (c *lazyBeginConn) give(reply []byte) {
+	c.out = append(c.out, reply...)
+	if c.reading {
+		// pgconn may be reading in the background (during a slow write): wake it up to hand
+		// over the reply.
+		_ = c.Conn.SetReadDeadline(time.Unix(1, 0))
+	}
+}
+
+// leadingMarker opens or closes the wire guard for a query that starts with WireGuardOpen or
+// WireGuardClose (after DeferredPrefix, for the close) and goes on: the marker rides with a
+// statement of the library's own, in a transaction it did not begin (watermill-sql's
+// subscriber's), where a pool not from Open sees only a comment. c.mu is held.
+func (c *lazyBeginConn) leadingMarker(sql string) {
+	switch {
+	case len(sql) > len(WireGuardOpen) && strings.HasPrefix(sql, WireGuardOpen) && c.status != 'I':
+		c.guarded = true
+	case len(sql) > len(WireGuardClose) && strings.HasPrefix(sql, WireGuardClose),
+		strings.HasPrefix(sql, DeferredPrefix+WireGuardClose):
+		c.guarded = false
+	}
+}
+
 // holdBack takes a simple query that may wait for the next statement and returns the reply to
 // give the client at once, or nil if the query must be sent now. c.mu is held.
 func (c *lazyBeginConn) holdBack(sql string) []byte {
@@ -169,6 +204,7 @@ func (c *lazyBeginConn) holdBack(sql string) []byte {
 	if !ok || c.status != 'T' {
 		return nil
 	}
+	stmts = strings.TrimPrefix(stmts, WireGuardClose) // acted on by leadingMarker
 	var reply []byte
 	for stmt := range strings.SplitSeq(stmts, ";") {
 		stmt = strings.TrimSpace(stmt)

@@ -95,7 +95,7 @@ func Open(ctx context.Context, databaseURL string, pool PoolConfig) (*sql.DB, er
 		return nil, fmt.Errorf("pgtx: cannot parse database URL: %w", err)
 	}
 	configureConn(connConfig, pool)
-	db := stdlib.OpenDB(*connConfig)
+	db := stdlib.OpenDB(*connConfig, stdlib.OptionResetSession(undoom))
 	db.SetMaxOpenConns(pool.MaxOpenConns)
 	db.SetMaxIdleConns(pool.MaxIdleConns)
 	db.SetConnMaxLifetime(pool.ConnMaxLifetime)
@@ -135,6 +135,14 @@ func configureConn(c *pgx.ConnConfig, pool PoolConfig) {
 		}
 		return conn, nil
 	}
+}
+
+// undoom ends a connection's doomed state (wireguard.go) when database/sql hands it out again.
+func undoom(_ context.Context, conn *pgx.Conn) error {
+	if c, ok := conn.PgConn().Conn().(*lazyBeginConn); ok {
+		c.undoom()
+	}
+	return nil
 }
 
 // redact names the server without the password, for error messages and logs.

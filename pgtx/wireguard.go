@@ -9,12 +9,14 @@ import (
 
 // The commit guard on the wire. A pool from Open (lazy BEGIN on) can refuse a COMMIT on the
 // connection itself, below pgx: between WireGuardOpen and WireGuardClose, sent inside a
-// transaction, any COMMIT the client sends (tx.Commit, or COMMIT, END or PREPARE TRANSACTION as
-// SQL text, alone or in a statement list) is replaced by a ROLLBACK and an error that reads as
-// the attempt guard's (migrations 010 and 011), so the transaction is rolled back whole, as the
-// server-side guard does, at no cost to the server: no guard row, no deferred trigger. The two
-// markers are answered by the connection itself and cost no round trip. The guard ends with the
-// transaction (the server reports it idle).
+// transaction, any COMMIT the client sends (tx.Commit, or COMMIT, END, ROLLBACK, ABORT or
+// PREPARE TRANSACTION as SQL text, alone or in a statement list) is replaced by a ROLLBACK and
+// an error that reads as the attempt guard's (migrations 010 and 011), so the transaction is
+// rolled back whole, as the server-side guard does, at no cost to the server: no guard row, no
+// deferred trigger. The connection is then doomed (doomedError): nothing more of the attempt is
+// sent. The two markers are answered by the connection itself and cost no round trip; they
+// also act at the start of a longer statement, where the server sees a comment. The guard ends
+// with the transaction (the server reports it idle).
 //
 // A *sql.DB opened otherwise sends the markers to the server, where they are empty statements:
 // callers check WireGuards first and use the server-side guard on other pools (internal/txguard).
@@ -26,14 +28,39 @@ const (
 	WireGuardCheck = "/* pgtx:wire-guard check */"
 )
 
-// The refusal, sent in place of a COMMIT while the guard is open: the ROLLBACK ends the
-// transaction on the server, the DO block (run after it, outside any transaction) returns the
-// error that the client's COMMIT then fails with. In a Parse (one statement only) the DO block
-// alone: it fails the statement and aborts the transaction, so the later COMMIT rolls back.
+// The refusal, sent in place of a COMMIT (or ROLLBACK) while the guard is open: the ROLLBACK
+// ends the transaction on the server, the DO block (run after it, outside any transaction)
+// returns the error that the client's statement then fails with. In a Parse (one statement
+// only) the DO block alone: it fails the statement and aborts the transaction.
 const (
 	wireRefusalRaise = `DO $wmonce$BEGIN RAISE EXCEPTION 'watermill-once: refusing to commit: a handler attempt is still running in this transaction; the transaction is rolled back and nothing of it is applied' ` +
-		`USING HINT = 'a handler must not Commit or Rollback the transaction it was given (the library commits it)'; END$wmonce$`
+		`USING ERRCODE = '` + CodeAttemptGuard + `', HINT = 'a handler must not Commit or Rollback the transaction it was given (the library commits it)'; END$wmonce$`
 	wireRefusal = `ROLLBACK; ` + wireRefusalRaise
+)
+
+// CodeAttemptGuard is the SQLSTATE of the attempt guard's refusals: a COMMIT or ROLLBACK that
+// user code sent in a transaction the library lent it, and, once the guard has refused, every
+// later statement of that attempt (the wire guard's doomed connection, the server guard's
+// attempt_check and attempt_close of migration 017).
+const CodeAttemptGuard = "WM002"
+
+// IsAttemptGuardRefusal reports an error of the attempt guard (CodeAttemptGuard).
+func IsAttemptGuardRefusal(err error) bool { return SQLState(err) == CodeAttemptGuard }
+
+// The doomed connection. Once the guard has refused a COMMIT or ROLLBACK, the server is outside
+// any transaction (or in an aborted one) while database/sql still holds the *sql.Tx open: every
+// later statement of the attempt (the handler's, the outbox's, the library's guard markers) would
+// run in autocommit. So the connection refuses them all itself, sending nothing, with
+// doomedError, until database/sql is done with the transaction: pgx's own "rollback" is let
+// through (answered at once when the server is idle, so that it logs no warning), and the
+// connection is undoomed when database/sql hands it out again (Open's session reset).
+var doomedError = message('E', []byte("SERROR\x00VERROR\x00C"+CodeAttemptGuard+"\x00Mwatermill-once: refused: the handler ended the transaction it was lent (COMMIT or ROLLBACK), so nothing more of this attempt reaches the database and nothing of it is applied\x00"+
+	"Ha handler must not Commit or Rollback the transaction it was given (the library commits it)\x00\x00"))
+
+// pgxRollback and pgxPing are what pgx sends for (*sql.Tx).Rollback and a pool's liveness check.
+const (
+	pgxRollback = "rollback"
+	pgxPing     = "-- ping"
 )
 
 // wireGuardPools holds the pools from Open whose connections guard commits on the wire.
@@ -52,7 +79,8 @@ func WireGuards(db *sql.DB) bool {
 }
 
 // endsTx reports whether sql, a simple query (one statement or a list), holds a statement that
-// commits the transaction: COMMIT, END or PREPARE TRANSACTION at the start of a statement. It
+// ends the transaction: COMMIT, END, ABORT, ROLLBACK (not ROLLBACK TO a savepoint, nor ROLLBACK
+// PREPARED) or PREPARE TRANSACTION at the start of a statement. It
 // skips comments, string literals, quoted identifiers and dollar-quoted bodies; text it cannot
 // read to the end (an unterminated literal or comment) counts as ending the transaction, since
 // the guard must not let a COMMIT through on a misreading.
@@ -64,6 +92,9 @@ func endsTx(sql string) bool {
 		c := s[i]
 		switch {
 		case c == ';':
+			if first == "rollback" {
+				return true
+			}
 			atStart, first = true, ""
 			i++
 		case c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f':
@@ -71,7 +102,7 @@ func endsTx(sql string) bool {
 		case c == '-' && i+1 < len(s) && s[i+1] == '-':
 			j := strings.IndexByte(s[i:], '\n')
 			if j < 0 {
-				return false // a comment to the end: nothing after it
+				return first == "rollback" // a comment to the end: nothing after it
 			}
 			i += j + 1
 		case c == '/' && i+1 < len(s) && s[i+1] == '*':
@@ -136,10 +167,15 @@ func endsTx(sql string) bool {
 			}
 			word := strings.ToLower(s[i:j])
 			switch {
-			case atStart && (word == "commit" || word == "end"):
+			case atStart && (word == "commit" || word == "end" || word == "abort"):
 				return true
-			case atStart && word == "prepare":
+			case atStart && (word == "prepare" || word == "rollback"):
 				first = word
+			case first == "rollback" && (word == "work" || word == "transaction"):
+			case first == "rollback" && (word == "to" || word == "prepared"):
+				first = "" // a savepoint's, or a prepared transaction's: not this one
+			case first == "rollback":
+				return true // ROLLBACK AND [NO] CHAIN
 			case first == "prepare" && word == "transaction":
 				return true
 			default:
@@ -152,7 +188,7 @@ func endsTx(sql string) bool {
 			i++
 		}
 	}
-	return false
+	return first == "rollback"
 }
 
 func isWordByte(c byte) bool {
@@ -168,9 +204,12 @@ func validDollarTag(tag string) bool {
 	return true
 }
 
-// guardWrite returns p with every COMMIT replaced by the refusal (see endsTx), for a connection
-// whose guard is open; p itself when it holds none.
-func guardWrite(p []byte) []byte {
+// guardWrite returns p with every statement that ends the transaction replaced by the refusal
+// (see endsTx), for a connection whose guard is open; p itself when it holds none. doomed says
+// that the transaction ends: the connection refuses what follows (see doomedError). pgx's own
+// "rollback" goes through (database/sql is done with the transaction: nothing follows), but
+// dooms the connection too, as a handler may send the same text.
+func guardWrite(p []byte) (_ []byte, doomed bool) {
 	out := make([]byte, 0, len(p))
 	changed := false
 	rest := p
@@ -181,6 +220,8 @@ func guardWrite(p []byte) []byte {
 		}
 		msg := rest[:len(rest)-len(next)]
 		switch {
+		case typ == 'Q' && string(body) == pgxRollback+"\x00":
+			doomed = true
 		case typ == 'Q' && len(body) > 0 && body[len(body)-1] == 0 && endsTx(string(body[:len(body)-1])):
 			msg, changed = message('Q', append([]byte(wireRefusal), 0)), true
 		case typ == 'P':
@@ -195,9 +236,83 @@ func guardWrite(p []byte) []byte {
 		rest = next
 	}
 	if !changed {
-		return p
+		return p, doomed
 	}
-	return append(out, rest...)
+	return append(out, rest...), true
+}
+
+// doomedWrite answers what the client sends on a doomed connection (see doomedError): what to
+// send to the server (pgx's rollback while the server is in a transaction, a ping, a Terminate)
+// and the replies to give the client at once (the refusals). A Query is refused with an error
+// and ReadyForQuery; extended-protocol messages up to a Sync with one error, as the server
+// skips to the Sync after an error, and the Sync with ReadyForQuery. c.mu is held.
+func (c *lazyBeginConn) doomedWrite(p []byte) (send, reply []byte) {
+	if typ, body, rest, ok := firstMessage(p); ok && typ == 'Q' && len(rest) == 0 {
+		switch string(body) {
+		case pgxRollback + "\x00":
+			if c.status != 'I' {
+				return p, nil // an aborted transaction (a refused Parse): the server ends it
+			}
+			return nil, append(message('C', []byte("ROLLBACK\x00")), message('Z', []byte{'I'})...)
+		case pgxPing + "\x00":
+			return p, nil
+		}
+	}
+	if onlyCloses(p) {
+		// pgx deallocating the statements a refusal invalidated: harmless, and refusing it
+		// would fail the next statement, the library's rollback included.
+		return p, nil
+	}
+	rest := p
+	for len(rest) > 0 {
+		typ, _, next, ok := firstMessage(rest)
+		if !ok {
+			break
+		}
+		switch typ {
+		case 'Q':
+			reply = append(append(reply, doomedError...), message('Z', []byte{c.status})...)
+		case 'S':
+			c.doomErrorSent = false
+			reply = append(reply, message('Z', []byte{c.status})...)
+		case 'X':
+			send = append(send, rest[:len(rest)-len(next)]...)
+		default: // Parse, Bind, Describe, Execute, Close, Flush, ...
+			if !c.doomErrorSent {
+				c.doomErrorSent = true
+				reply = append(reply, doomedError...)
+			}
+		}
+		rest = next
+	}
+	return send, reply
+}
+
+// onlyCloses reports whether p holds only Close messages (of prepared statements or portals),
+// Flush and Sync.
+func onlyCloses(p []byte) bool {
+	closes := false
+	for rest := p; len(rest) > 0; {
+		typ, _, next, ok := firstMessage(rest)
+		switch {
+		case !ok:
+			return false
+		case typ == 'C':
+			closes = true
+		case typ != 'S' && typ != 'H':
+			return false
+		}
+		rest = next
+	}
+	return closes
+}
+
+// undoom ends the doomed state (see doomedError) when database/sql hands the connection out
+// again: the transaction it was refused in is over.
+func (c *lazyBeginConn) undoom() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.doomed, c.doomErrorSent = false, false
 }
 
 // parseParse splits a Parse message's body into the statement name and the query text.

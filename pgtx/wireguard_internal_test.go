@@ -2,8 +2,9 @@ package pgtx
 
 import "testing"
 
-// endsTx finds a COMMIT at the start of any statement, and nothing in literals, identifiers,
-// comments or function bodies; what it cannot read to the end counts as a COMMIT.
+// endsTx finds a COMMIT, ROLLBACK or ABORT at the start of any statement (not a rollback to a
+// savepoint), and nothing in literals, identifiers, comments or function bodies; what it cannot
+// read to the end counts as a COMMIT.
 func TestEndsTx(t *testing.T) {
 	for sql, want := range map[string]bool{
 		"commit":                                      true,
@@ -23,7 +24,18 @@ func TestEndsTx(t *testing.T) {
 		"insert into t values ('a') returning commit": false,
 		"select commitment":                           false,
 		"prepare p as select 1":                       false,
-		"rollback":                                    false,
+		"rollback":                                    true,
+		"ROLLBACK WORK":                               true,
+		"rollback transaction; select 1":              true,
+		"rollback -- why":                             true,
+		"rollback and chain":                          true,
+		"abort":                                       true,
+		"Abort Transaction":                           true,
+		"rollback to savepoint s":                     false,
+		"ROLLBACK WORK TO s":                          false,
+		"rollback prepared 'x'":                       false,
+		"release savepoint s; savepoint t":            false,
+		"select 'rollback'":                           false,
 		"select 'unterminated":                        true,
 		"/* unterminated":                             true,
 		"select $x$ unterminated":                     true,

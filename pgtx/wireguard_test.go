@@ -34,6 +34,9 @@ func TestWireGuardRefusesEveryCommit(t *testing.T) {
 			return err
 		},
 		"prepare transaction": func(tx *sql.Tx) error { _, err := tx.ExecContext(ctx, `PREPARE TRANSACTION 'wmonce-test'`); return err },
+		"ROLLBACK as text":    func(tx *sql.Tx) error { _, err := tx.ExecContext(ctx, `ROLLBACK`); return err },
+		"abort as text":       func(tx *sql.Tx) error { _, err := tx.ExecContext(ctx, `abort`); return err },
+		"rollback and chain":  func(tx *sql.Tx) error { _, err := tx.ExecContext(ctx, `rollback and chain`); return err },
 		"prepared COMMIT": func(tx *sql.Tx) error {
 			st, err := tx.PrepareContext(ctx, `COMMIT`)
 			if err != nil {
@@ -52,9 +55,24 @@ func TestWireGuardRefusesEveryCommit(t *testing.T) {
 		_, err = tx.ExecContext(ctx, `INSERT INTO `+table+` VALUES ($1)`, name)
 		require.NoError(t, err)
 		err = commit(tx)
-		require.ErrorContains(t, err, "refusing to commit", name)
-		_ = tx.Rollback()
-		require.Zero(t, pgtest.Count(t, shared, `SELECT count(*) FROM `+table+` WHERE k = '`+name+`'`), "%s: nothing applied", name)
+		require.True(t, pgtx.IsAttemptGuardRefusal(err), "%s: %v", name, err)
+		if name == "tx.Commit" { // database/sql is done with the transaction: nothing follows
+			require.Zero(t, pgtest.Count(t, shared, `SELECT count(*) FROM `+table+` WHERE k = '`+name+`'`))
+			continue
+		}
+		// Refused, the transaction is over on the server: what follows is refused too, sending
+		// nothing, instead of running in autocommit.
+		_, err = tx.ExecContext(ctx, `INSERT INTO `+table+` VALUES ($1)`, name+"/after")
+		require.True(t, pgtx.IsAttemptGuardRefusal(err), "%s, a later statement: %v", name, err)
+		_, err = tx.ExecContext(ctx, `INSERT INTO `+table+` VALUES ('`+name+`/after, simple')`)
+		require.True(t, pgtx.IsAttemptGuardRefusal(err), "%s, a later simple query: %v", name, err)
+		_, err = tx.ExecContext(ctx, pgtx.WireGuardClose+`; COMMIT`)
+		require.True(t, pgtx.IsAttemptGuardRefusal(err), "%s, a later COMMIT: %v", name, err)
+		require.NoError(t, tx.Rollback(), "database/sql's own rollback goes through")
+		require.Zero(t, pgtest.Count(t, shared, `SELECT count(*) FROM `+table+` WHERE k LIKE '`+name+`%'`), "%s: nothing applied", name)
+		// The connection serves the pool as usual afterwards.
+		_, err = db.ExecContext(ctx, `INSERT INTO `+table+` VALUES ($1)`, name+"/next")
+		require.NoError(t, err)
 	}
 
 	// Closed: the commit goes through, and the markers were not sent.

@@ -203,7 +203,7 @@ func (s *Store) RecordTx(ctx context.Context, tx pgtx.Executor, d Draft) (Record
 		if pgtx.IsUndefinedTable(err) {
 			return Recorded{}, fmt.Errorf("intent: table %s is missing: run the migrations: %w", s.table, err)
 		}
-		if errors.Is(err, sql.ErrTxDone) && ctx.Err() == nil {
+		if txguard.IsEnded(ctx, err) {
 			// The handler committed or rolled back its transaction before recording: the
 			// intent cannot join it. Permanent: running the handler again would do the same.
 			err = txguard.Ended(err)

@@ -302,7 +302,7 @@ func endedBy(ctx context.Context, tx pgtx.Executor) error {
 // library parks the message or fails the request. In a transaction of the caller's own, what
 // was applied is what that Commit or Rollback did.
 func endedBefore(ctx context.Context, err error) error {
-	if !errors.Is(err, sql.ErrTxDone) || ctx.Err() != nil {
+	if !txguard.IsEnded(ctx, err) {
 		return nil
 	}
 	return txguard.Ended(err)

@@ -105,7 +105,10 @@ func (s *Step) Handle(ctx context.Context, tx *sql.Tx, h message.HandlerFunc, d 
 	own.SetContext(hctx)
 	out, err := s.call(h, own)
 	s.settledByHandler(own, d)
-	if err != nil || d.Shared {
+	// With the server's guard, also before storing an output: after a COMMIT or ROLLBACK the
+	// handler sent as SQL text the server is outside any transaction, and the store would run in
+	// autocommit. The check travels with the store on a pool from pgtx.Open (DeferredPrefix).
+	if err != nil || d.Shared || len(out) > 0 && !s.Guard.OnWire() {
 		if ended := s.Guard.Check(ctx, tx); errors.Is(ended, wmonce.ErrHandlerEndedTx) {
 			if err != nil {
 				// Reported, not wrapped: the handler's error must not make this one look retryable.
@@ -129,7 +132,7 @@ func (s *Step) Handle(ctx context.Context, tx *sql.Tx, h message.HandlerFunc, d 
 		return OutputRefused, wmonce.Permanent(fmt.Errorf("%s: %w: %s", s.Component, wmonce.ErrOutputWithoutTopic, s.NoTopic))
 	}
 	if err := s.Outbox.PublishTx(hctx, tx, d.OutputTopic, out...); err != nil {
-		if errors.Is(err, sql.ErrTxDone) && ctx.Err() == nil {
+		if txguard.IsEnded(ctx, err) {
 			return EndedTx, txguard.Ended(err)
 		}
 		err = fmt.Errorf("%s: store handler output: %w", s.Component, err)

@@ -55,11 +55,10 @@ func (g Guard) OnWire() bool { return g.wire }
 // New returns the server's guard of schema (a validated identifier), for transactions on any
 // pool: the guard row's deferred trigger refuses the COMMIT.
 func New(schema string) Guard {
-	state := StateSetting(schema)
 	return Guard{
 		open:  pgtx.DeferredPrefix + "CALL " + pgtx.QualifiedName(schema, "attempt_open") + "()",
-		check: pgtx.DeferredPrefix + "SET LOCAL " + state + " = 'open'",
-		close: pgtx.DeferredPrefix + "SET LOCAL " + state + " = 'closed'",
+		check: pgtx.DeferredPrefix + "CALL " + pgtx.QualifiedName(schema, "attempt_check") + "()",
+		close: pgtx.DeferredPrefix + "CALL " + pgtx.QualifiedName(schema, "attempt_close") + "()",
 	}
 }
 
@@ -89,10 +88,12 @@ func (g Guard) Check(ctx context.Context, tx *sql.Tx) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, sql.ErrTxDone) && ctx.Err() == nil:
+	case IsEnded(ctx, err):
 		return Ended(err)
 	case ctx.Err() != nil:
 		return context.Cause(ctx)
+	case IsMissing(err):
+		return fmt.Errorf("txguard: the attempt guard is missing (attempt_check, migration 017): run the migrations: %w", err)
 	}
 	return fmt.Errorf("txguard: check: %w", err)
 }
@@ -101,13 +102,25 @@ func (g Guard) Check(ctx context.Context, tx *sql.Tx) error {
 // guard. It travels with that COMMIT on a pool from pgtx.Open.
 func (g Guard) Close(ctx context.Context, tx *sql.Tx) error {
 	_, err := tx.ExecContext(ctx, g.close)
-	if errors.Is(err, sql.ErrTxDone) && ctx.Err() == nil {
+	if IsEnded(ctx, err) {
 		return Ended(err)
+	}
+	if IsMissing(err) {
+		return fmt.Errorf("txguard: the attempt guard is missing (attempt_close, migration 017): run the migrations: %w", err)
 	}
 	if err != nil {
 		return fmt.Errorf("txguard: close: %w", err)
 	}
 	return nil
+}
+
+// IsEnded reports an error of a statement the library sent in a transaction it lent to user
+// code that says the user code ended it: database/sql's sql.ErrTxDone (Commit or Rollback on the
+// *sql.Tx) while ctx, the context the transaction was begun with, is alive, or the attempt
+// guard's refusal (pgtx.CodeAttemptGuard: COMMIT or ROLLBACK sent as SQL text, refused; every
+// later statement of the attempt is refused the same way).
+func IsEnded(ctx context.Context, err error) bool {
+	return errors.Is(err, sql.ErrTxDone) && ctx.Err() == nil || pgtx.IsAttemptGuardRefusal(err)
 }
 
 // Ended is the permanent error of a transaction that user code ended: it wraps

@@ -106,6 +106,8 @@ type Config struct {
 	// method, path, query and body (e.g. "Content-Type", "Stripe-Account"). Default none.
 	FingerprintHeaders []string
 	// TxOptions for the request's transaction. Default: isolation DefaultIsolation (READ COMMITTED).
+	// ReadOnly, or a level PostgreSQL does not have, is refused at construction
+	// (pgtx.CheckTxOptions).
 	TxOptions *sql.TxOptions
 	// RetryAfter is advertised with 409 responses. Default DefaultRetryAfter (1s).
 	RetryAfter time.Duration
@@ -141,6 +143,7 @@ func (c Config) Validate() error {
 		pgtx.ValidateIdentifier("schema", c.Schema),
 		wmonce.CheckMaxKeyLength(c.MaxKeyLength),
 		setup.NotNegative("RetryAfter", c.RetryAfter),
+		pgtx.CheckTxOptions("TxOptions", c.TxOptions),
 	}
 	if !validToken(c.Header) {
 		errs = append(errs, fmt.Errorf("Header %q is not a valid HTTP header name", c.Header))

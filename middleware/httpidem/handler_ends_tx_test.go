@@ -41,6 +41,8 @@ func TestHandlerEndingTheRequestTransactionAppliesNothing(t *testing.T) {
 					}
 					tx, _ := pgtx.TxFromContext(r.Context())
 					ending.End(tx)
+					// A write after the ending, its error ignored: it must not apply either.
+					_, _ = tx.ExecContext(r.Context(), `INSERT INTO `+e.table("payments")+` (amount) VALUES (1)`)
 					if c.answer >= 500 {
 						http.Error(w, "ledger unavailable", c.answer)
 						return false

@@ -37,6 +37,13 @@ func (m *Middleware) runKeyed(w http.ResponseWriter, r *http.Request, next http.
 	}
 	defer tx.rollback()
 
+	if m.guard.OnWire() { // else the lock opens the server's guard as it goes
+		if err := m.guard.Open(ctx, tx.Tx); err != nil {
+			tx.rollback()
+			m.fail(w, err, "begin", req)
+			return
+		}
+	}
 	var locked bool
 	if err := tx.QueryRowContext(ctx, m.q.lock, m.lockKey(req)).Scan(&locked); err != nil {
 		tx.rollback()
@@ -68,8 +75,12 @@ func (m *Middleware) runKeyed(w http.ResponseWriter, r *http.Request, next http.
 
 	rec := m.runHandler(next, r, tx, req.body)
 	status, header := rec.final()
-	if (rec.overflow || status >= 500 && !m.config.StoreServerErrors) && m.handlerEnded(ctx, w, tx, req, m.guard.Check(ctx, tx.Tx)) {
-		return // otherwise the store or the guard's Close tells, below
+	// Before anything else is sent: a handler that sent COMMIT or ROLLBACK as SQL text left the
+	// server outside any transaction, where the store below would keep the response for good.
+	// The check travels with the store on a pool from pgtx.Open (pgtx.DeferredPrefix), and
+	// fails the store with it.
+	if m.handlerEnded(ctx, w, tx, req, m.guard.Check(ctx, tx.Tx)) {
+		return
 	}
 	if rec.overflow {
 		tx.rollback()

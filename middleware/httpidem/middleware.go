@@ -73,8 +73,8 @@ func NewMiddleware(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*
 		header:  textproto.CanonicalMIMEHeaderKey(config.Header),
 		methods: config.Methods,
 		fpHdrs:  slices.Compact(fp),
-		guard:   txguard.New(config.Schema),
-		q:       newQueries(config.Schema),
+		guard:   txguard.For(config.Schema, db),
+		q:       newQueries(config.Schema, txguard.For(config.Schema, db).OnWire()),
 	}, nil
 }
 

@@ -459,6 +459,8 @@ func TestConfigValidation(t *testing.T) {
 		"retention":  {Retention: time.Millisecond},
 		"key length": {MaxKeyLength: 5000},
 		"fp header":  {FingerprintHeaders: []string{"bad header"}},
+		"read-only":  {TxOptions: &sql.TxOptions{ReadOnly: true}},
+		"isolation":  {TxOptions: &sql.TxOptions{Isolation: sql.LevelLinearizable}},
 	} {
 		_, err := httpidem.NewMiddleware(db, cfg, nil)
 		require.ErrorContains(t, err, "invalid config", name)

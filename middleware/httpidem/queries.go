@@ -19,10 +19,16 @@ type queries struct {
 	store string
 }
 
-func newQueries(schema string) queries {
+// With wireGuard the lock does not open the server's attempt guard: the connection guards the
+// transaction (txguard.For) and the server does no work for it.
+func newQueries(schema string, wireGuard bool) queries {
 	t := pgtx.QualifiedName(schema, "http_idempotency_keys")
+	lock := `SELECT pg_try_advisory_xact_lock($1) AND ` + txguard.Condition(schema)
+	if wireGuard {
+		lock = `SELECT pg_try_advisory_xact_lock($1)`
+	}
 	return queries{
-		lock: `SELECT pg_try_advisory_xact_lock($1) AND ` + txguard.Condition(schema),
+		lock: lock,
 		lookup: `SELECT fingerprint, response_status, response_headers::text, response_body, created_at FROM ` + t + `
 WHERE scope = $1 AND idem_key = $2 AND created_at > now() - $3 * interval '1 microsecond'`,
 		store: `INSERT INTO ` + t + ` (scope, idem_key, fingerprint, method, request_uri, response_status, response_headers, response_body)

@@ -9,6 +9,7 @@ import (
 	"net/http"
 
 	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/txguard"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -70,7 +71,7 @@ func (m *Middleware) runHandler(next http.Handler, r *http.Request, tx *requestT
 // The check costs nothing on the common path: the store of the response (keyed) or the guard's
 // Close (keyless) tells. Only a response that is not stored asks txguard.Check.
 func (m *Middleware) handlerEnded(ctx context.Context, w http.ResponseWriter, tx *requestTx, req *request, err error) bool {
-	if !errors.Is(err, wmonce.ErrHandlerEndedTx) && !(errors.Is(err, sql.ErrTxDone) && ctx.Err() == nil) {
+	if !errors.Is(err, wmonce.ErrHandlerEndedTx) && !txguard.IsEnded(ctx, err) {
 		return false
 	}
 	tx.rollback() // database/sql has marked it done already; this only records it

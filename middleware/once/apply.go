@@ -12,7 +12,11 @@ import (
 // apply runs the handler with tx in the message context and stores what it returns in the outbox
 // (internal/lend, the step the inbox Processor shares), counting what went wrong.
 func (e *Middleware) apply(ctx context.Context, h message.HandlerFunc, d *delivery, tx *sql.Tx) error {
-	outcome, err := e.step.Handle(ctx, tx, h, lend.Delivery{
+	step := &e.step
+	if d.inSubscriberTx {
+		step = &e.subStep
+	}
+	outcome, err := step.Handle(ctx, tx, h, lend.Delivery{
 		Msg: d.msg, Consumer: d.consumer, Key: d.key, OutputTopic: d.outputTopic, Shared: d.sharedTx, HandlerAcked: &d.counters.handlerAcked,
 	})
 	switch outcome {

@@ -65,6 +65,8 @@ type Config struct {
 	// one retry): set it for handlers whose writes do not depend on what they read, to skip the
 	// retries on contended rows. Not used for messages handled in watermill-sql's subscriber
 	// transaction, which its PostgreSQL schemas begin at REPEATABLE READ.
+	// ReadOnly, or a level PostgreSQL does not have, is refused at construction
+	// (pgtx.CheckTxOptions).
 	TxOptions *sql.TxOptions
 	// TxRetry bounds re-running the whole transaction (claim, handler, outbox) after a
 	// serialization failure or deadlock; the handler runs again each time, so effects outside
@@ -176,6 +178,7 @@ func (c Config) Validate() error {
 		c.GroupCommit.validate(),
 		setup.NotNegative("MaxMessageAge", c.MaxMessageAge),
 		setup.NotNegative("TxRetry.MaxAttempts", c.TxRetry.MaxAttempts),
+		pgtx.CheckTxOptions("TxOptions", c.TxOptions),
 	}
 	if c.Outbox != nil && c.OutboxSource != "" {
 		errs = append(errs, errors.New("set OutboxSource or Outbox, not both: give the Writer its Source (outbox.Config.Source)"))

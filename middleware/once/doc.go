@@ -80,7 +80,10 @@
 // new transaction with a fresh snapshot. Later messages of the same batch are acked into the
 // doomed transaction without running and are redelivered the same way. Each such message counts
 // in Counters.TxRetries; watermill-sql logs the failed commit at error level, with the attempt
-// guard's message.
+// guard's message. A subscriber transaction whose connection is gone (a terminated backend, a
+// network failure) is settled the same way: the message is acked into it without effect, so
+// that the subscriber's own statements fail and it reads the message again in a new
+// transaction at once, instead of re-sending it into the dead one until AckDeadline.
 //
 // Round trips per message, on a pool from pgtx.Open (lazy BEGIN): in a transaction of our own,
 // the claim (carrying BEGIN), the handler's statements and COMMIT; an at-least-once handler pays
@@ -108,7 +111,9 @@
 // middleware's own COMMIT, any other COMMIT of the transaction is refused (on a pool from
 // pgtx.Open by the connection itself, at no cost to the server; on other pools and in
 // watermill-sql's subscriber transaction by the server, migrations 010 and 011), so it is rolled
-// back whole and nothing of it is applied, neither the claim nor an effect nor an output. The middleware notices (database/sql marks the transaction done) and
+// back whole and nothing of it is applied, neither the claim nor an effect nor an output. The
+// middleware notices (database/sql marks the transaction done, or its guard statements are
+// refused: SQLSTATE WM002, pgtx.CodeAttemptGuard) and
 // fails that delivery alone with the permanent wmonce.ErrHandlerEndedTx, logged at error level
 // and counted in Counters.HandlerEndedTx: the Stack parks it with a reason saying the handler
 // ended the transaction. In a group, the handler that did it is found right after it returns
@@ -116,9 +121,12 @@
 // subscriber's transaction is gone with it, so the parked message is delivered once more in a new
 // transaction; that copy is acked without running the handler (the middleware remembers the
 // parked copy; after a restart it may be parked a second time, never applied). Transaction
-// control sent as SQL text (tx.Exec("COMMIT")) is refused or rolls back on the server just the
-// same, but database/sql does not see it, and later statements would run outside any
-// transaction: never send it.
+// control sent as SQL text (tx.Exec("COMMIT"), also END, ROLLBACK, ABORT) is refused the same
+// way and fails the delivery with wmonce.ErrHandlerEndedTx; on a pool from pgtx.Open the
+// connection then refuses every later statement of the attempt. On other pools the server is
+// outside any transaction afterwards: the library sends nothing more (migration 017's
+// attempt_check and attempt_close fail there), but statements the handler itself sends after
+// it run in autocommit. Never send it.
 //
 // # A handler that acks its message
 //
@@ -182,8 +190,9 @@
 // carries in its metadata ("traceparent", "tracestate", stamped by outbox.Writer or any
 // propagating publisher), so it continues the producer's trace across the broker; a span of
 // another trace already in the message's context (a tracing middleware in front) is linked. It
-// carries wmonce.consumer, wmonce.dedupe_key, wmonce.path (own_tx, group_commit or
-// subscriber_tx), wmonce.duplicate and wmonce.fingerprint_mismatch; the claim, the duplicate
+// carries wmonce.consumer, wmonce.dedupe_key, wmonce.path (the transaction the delivery
+// ran in: own_tx, also for a lone message under group commit; group_commit when it ran in a
+// group; subscriber_tx), wmonce.duplicate and wmonce.fingerprint_mismatch; the claim, the duplicate
 // verdict and the COMMIT are events, the handler and the outbox store child spans, and the
 // messages the handler returns are stamped with the delivery's trace. A redelivered copy is a
 // span of the same trace marked duplicate.

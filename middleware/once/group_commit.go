@@ -19,6 +19,8 @@ import (
 type member struct {
 	d *delivery
 	h message.HandlerFunc
+	// unwatch stops the group's watch of the member's context (run); nil when unwatched.
+	unwatch func() bool
 }
 
 // queued is a delivery waiting for its group's outcome (internal/groupcommit); its context is
@@ -75,8 +77,10 @@ var errClosed = errors.New("once: middleware closed")
 func (g *groupCommitter) submit(origCtx context.Context, h message.HandlerFunc, d *delivery) error {
 	if g.lanes.Alone() {
 		defer g.lanes.Release()
+		d.tracedPath(pathOwnTx)
 		return g.e.runInOwnTx(origCtx, h, d)
 	}
+	d.tracedPath(pathGroupCommit)
 	ctx, release := detachForShutdown(origCtx, g.e.config.ShutdownGrace)
 	defer release()
 	return g.lanes.Wait(ctx, member{d: d, h: h})
@@ -100,13 +104,16 @@ func (g *groupCommitter) run(group []*queued) {
 		live = append(live, q)
 	}
 	pending := g.dropSameBatchCopies(live)
-	// The wait between attempts ends when a delivery of the group gives up (its shutdown grace
-	// is over): the group's outcome is then an error, and its messages are redelivered.
+	// The wait between attempts ends when a delivery of the group still waiting for its outcome
+	// gives up (its shutdown grace is over): the group's outcome is then an error, and its
+	// messages are redelivered. Only while it waits: a member answered early (a duplicate, a
+	// handler isolated) returns, and its caller's context ends with it; the group's work must
+	// not depend on it (settle stops the watch before answering).
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
 	for _, q := range pending {
-		stop := context.AfterFunc(q.Context(), func() { cancel(context.Cause(q.Context())) })
-		defer stop()
+		q.Item.unwatch = context.AfterFunc(q.Context(), func() { cancel(context.Cause(q.Context())) })
+		defer q.Item.unwatch()
 	}
 	for len(pending) > 0 {
 		// Each transaction of the group (a new one after a handler is isolated) has
@@ -235,6 +242,9 @@ func (g *groupCommitter) isolate(fresh []*queued, q *queued, err error) []*queue
 // settle answers a delivery and every copy of it that arrived in the same group: copies of an
 // applied message are duplicates; copies of a failed one fail with it and are redelivered.
 func (g *groupCommitter) settle(q *queued, err error) {
+	if q.Item.unwatch != nil {
+		q.Item.unwatch() // before the answer: the caller's context ends once it has it
+	}
 	q.Answer(err)
 	for _, c := range q.Item.d.copies {
 		if err == nil {

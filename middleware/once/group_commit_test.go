@@ -276,3 +276,55 @@ func TestGroupCommitIsTheDefault(t *testing.T) {
 		})
 	}
 }
+
+// TestGroupCommitRetryOutlivesAMemberAnsweredEarly: a group holds a copy of an applied message
+// (answered at once as a duplicate, so its caller returns) and a message whose handler meets a
+// serialization failure. The group's retry must not end with the duplicate's context: it runs
+// again and applies the message (issue 34, item 10: "context canceled" after one run,
+// TxRetries 0).
+func TestGroupCommitRetryOutlivesAMemberAnsweredEarly(t *testing.T) {
+	t.Parallel()
+	cfg := once.Config{Consumer: "c"}
+	cfg.GroupCommit = once.GroupCommitConfig{Workers: 1, TxBatchSize: 50}
+	e := newEnv(t, cfg)
+	signals := once.GroupCommitTestSignals(e.mw)
+	release, busy, dupReturned := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var runs atomic.Int32
+	h := e.mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		switch msg.UUID {
+		case "busy":
+			close(busy)
+			<-release
+		case "m-1":
+			if runs.Add(1) == 1 {
+				<-dupReturned // the duplicate's caller has returned, its context ended
+				tx, _ := pgtx.TxFromContext(msg.Context())
+				_, err := tx.ExecContext(msg.Context(), `DO $$BEGIN RAISE EXCEPTION 'lost a race' USING ERRCODE = 'serialization_failure'; END$$`)
+				return nil, err
+			}
+		}
+		return e.effect(msg)
+	})
+	require.NoError(t, deliver(h, "dup", "p"))
+
+	var wg sync.WaitGroup
+	wg.Go(func() { require.NoError(t, deliver(h, "busy", "p")) })
+	<-busy // it holds the only lane
+	wg.Go(func() {
+		require.NoError(t, deliver(h, "dup", "p"), "a copy of an applied message")
+		close(dupReturned)
+	})
+	require.Equal(t, 1, signals.Queued.WaitOrTimeout())
+	var m1 error
+	wg.Go(func() { m1 = deliver(h, "m-1", "p") })
+	require.Equal(t, 2, signals.Queued.WaitOrTimeout())
+	close(release)
+	wg.Wait()
+
+	require.NoError(t, m1, "the group ran again after the serialization failure")
+	require.Equal(t, int32(2), runs.Load())
+	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("effects")+` WHERE key = 'm-1'`))
+	c := e.mw.Counters().Consumer("c")
+	require.Positive(t, c.TxRetries)
+	require.Equal(t, uint64(1), c.Duplicates)
+}

@@ -43,6 +43,8 @@ func handlerEndsTxContract(t *testing.T, p txPath) {
 				if msg.UUID == "ends-tx" {
 					tx, _ := pgtx.TxFromContext(msg.Context())
 					ending.End(tx)
+					// Writes after the ending, errors ignored: none may apply.
+					_, _ = tx.ExecContext(msg.Context(), `INSERT INTO `+e.table("effects")+` (key, amount) VALUES ('ends-tx/after', 1)`)
 				}
 				return []*message.Message{message.NewMessage("out-"+msg.UUID, []byte(`{}`))}, nil
 			}
@@ -61,7 +63,7 @@ func handlerEndsTxContract(t *testing.T, p txPath) {
 			require.Equal(t, 1, e.effects(t), "only the message that left its transaction alone applied")
 			require.Equal(t, 1, e.claims(t))
 			require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("outbox")+` WHERE payload->>'destination_topic' = 'out'`))
-			require.Zero(t, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("effects")+` WHERE key = 'ends-tx'`))
+			require.Zero(t, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("effects")+` WHERE key LIKE 'ends-tx%'`))
 			parked := pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("outbox")+
 				` WHERE payload->>'destination_topic' = 'poison' AND uuid = 'ends-tx' AND metadata->>'reason_poisoned' LIKE '%the handler ended the transaction%'`)
 			require.Equal(t, 2, parked, "parked once per delivery, with the reason")

@@ -32,8 +32,11 @@ type Middleware struct {
 	q     claimQueries
 	guard txguard.Guard
 	step  lend.Step // runs the handler in the transaction and stores its output
-	group *groupCommitter
-	ended endedSubscriberTxs // subscriber transactions that a handler ended (see subscriber_ended.go)
+	// subStep is step in watermill-sql's subscriber transaction, whose pool may not be db's:
+	// its check is the server's guard, which the claim opened there (attempt_begin).
+	subStep lend.Step
+	group   *groupCommitter
+	ended   endedSubscriberTxs // subscriber transactions that a handler ended (see subscriber_ended.go)
 
 	counts  sync.Map // CounterKey -> *counters
 	dupLogs sync.Map // consumer -> *duplicateLog
@@ -65,10 +68,13 @@ func New(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Middleware
 		guard:  txguard.For(config.Schema, db),
 	}
 	e.q = newClaimQueries(config.Schema, config.PartitionByDay, e.guard.OnWire())
-	e.step = lend.Step{
-		Component: "once", Guard: e.guard, Outbox: ob, Tracer: e.tracer, Unstorable: ErrUnstorableOutput, Logger: logger,
-		NoTopic: "add the handler with router.AddHandler(..., publishTopic, ...) or set Config.OutputTopic",
+	step := func(guard txguard.Guard) lend.Step {
+		return lend.Step{
+			Component: "once", Guard: guard, Outbox: ob, Tracer: e.tracer, Unstorable: ErrUnstorableOutput, Logger: logger,
+			NoTopic: "add the handler with router.AddHandler(..., publishTopic, ...) or set Config.OutputTopic",
+		}
 	}
+	e.step, e.subStep = step(e.guard), step(txguard.New(config.Schema))
 	if !config.GroupCommit.Disabled {
 		e.group = newGroupCommitter(e, config.GroupCommit)
 	}
@@ -104,6 +110,8 @@ type delivery struct {
 	// sharedTx: the transaction holds other messages' work too (a group, or watermill-sql's
 	// subscriber transaction), so whether the handler ended it is checked right after it.
 	sharedTx bool
+	// inSubscriberTx: the transaction is watermill-sql's subscriber's.
+	inSubscriberTx bool
 
 	copies []*queued // group commit: later copies of this key in the same group
 
@@ -134,7 +142,7 @@ func (e *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			}
 		}
 		if tx, ok := pgtx.SubscriberTxFromContext(ctx); ok && !e.config.DisableSubscriberTxReuse {
-			d.sharedTx = true
+			d.sharedTx, d.inSubscriberTx = true, true
 			return nil, e.runInSubscriberTx(ctx, h, d, tx)
 		}
 		if e.group != nil {

@@ -159,3 +159,21 @@ func TestOutboxSourceStampsTheOutputs(t *testing.T) {
 	_, err = once.New(e.db, once.Config{Schema: e.schema, Outbox: w, OutboxSource: "billing"}, nil)
 	require.ErrorContains(t, err, "set OutboxSource or Outbox, not both")
 }
+
+// TxOptions that fail every transaction (issue 34, item 3) are refused at construction with the
+// field named, not at each message (25006 or "unsupported isolation", nacked forever).
+func TestTxOptionsThatCannotWorkAreRefusedAtConstruction(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	for want, opts := range map[string]*sql.TxOptions{
+		"TxOptions.ReadOnly must be false": {ReadOnly: true},
+		"TxOptions.Isolation must be":      {Isolation: sql.LevelLinearizable},
+		"PostgreSQL has no SNAPSHOT":       {Isolation: sql.LevelSnapshot},
+	} {
+		_, err := once.New(db, once.Config{Consumer: "c", TxOptions: opts}, nil)
+		require.ErrorContains(t, err, "once: invalid config")
+		require.ErrorContains(t, err, want)
+	}
+	_, err := once.New(db, once.Config{Consumer: "c", TxOptions: &sql.TxOptions{Isolation: sql.LevelSerializable}}, nil)
+	require.NoError(t, err)
+}

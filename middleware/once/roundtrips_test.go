@@ -163,3 +163,28 @@ func TestSubscriberTxPartitionByDay(t *testing.T) {
 	require.Equal(t, uint64(1), c.Duplicates)
 	require.Zero(t, c.FingerprintMismatches)
 }
+
+// With an output: on a pool from pgtx.Open the outbox row is one more statement; on another
+// pool (the server's attempt guard) the guard is also checked before the output is stored, so
+// that a handler that sent COMMIT as SQL text cannot have the row stored in autocommit: one
+// more round trip there (issue 34, item 2), none with lazy BEGIN.
+func TestRoundTripsPerMessageWithOutput(t *testing.T) {
+	t.Parallel()
+	for _, lazy := range []bool{false, true} {
+		e, rt := countedEnv(t, lazy)
+		mw, err := once.New(e.db, once.Config{Schema: e.schema, Consumer: "c", OutputTopic: "out"}, nil)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = mw.Close() })
+		got := perMessage(t, rt, mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+			if _, err := e.effect(msg); err != nil {
+				return nil, err
+			}
+			return []*message.Message{message.NewMessage("out-"+msg.UUID, []byte(`{}`))}, nil
+		}), "out")
+		if lazy {
+			require.Equal(t, int64(4), got, "claim (with BEGIN), handler write, outbox row, COMMIT")
+		} else {
+			require.Equal(t, int64(7), got, "BEGIN, claim, handler write, guard check, outbox row, guard close, COMMIT")
+		}
+	}
+}

@@ -3,6 +3,7 @@ package once
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"time"
@@ -13,6 +14,7 @@ import (
 
 	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/partition"
+	"github.com/wmonce/watermill-once/internal/txguard"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -35,6 +37,9 @@ func (e *Middleware) runInSubscriberTx(ctx context.Context, h message.HandlerFun
 	if errors.Is(err, sql.ErrTxDone) {
 		return e.subscriberTxEnded(ctx, d, tx, err)
 	}
+	if lostConnection(ctx, err) {
+		return e.subscriberTxLost(d, err)
+	}
 	if code := pgtx.SQLState(err); code == codeAttemptRefused || code == pgtx.CodeInFailedTransaction {
 		// An earlier attempt doomed this transaction (see abandonSnapshot): nothing in it
 		// can commit, and the subscriber delivers this message again in a new one. Leave
@@ -55,6 +60,11 @@ func (e *Middleware) runInSubscriberTx(ctx context.Context, h message.HandlerFun
 			return cause
 		}
 		if _, err := tx.ExecContext(context.WithoutCancel(ctx), spRollback); err != nil {
+			// Only the subscriber's own statement proves its transaction dead: the cause may
+			// come from another connection the handler uses.
+			if lostConnection(ctx, err) {
+				return e.subscriberTxLost(d, errors.Join(cause, err))
+			}
 			return errors.Join(cause, fmt.Errorf("once: rollback to savepoint: %w", err))
 		}
 		return cause
@@ -79,12 +89,37 @@ func (e *Middleware) runInSubscriberTx(ctx context.Context, h message.HandlerFun
 		return rollback(err)
 	}
 	if _, err := tx.ExecContext(ctx, e.q.savepointRelease); err != nil {
+		if txguard.IsEnded(ctx, err) {
+			// attempt_close (migration 017) found the transaction gone: the handler ended it
+			// with SQL text the subscriber's pool does not see.
+			return rollback(e.handlerEndedTx(d, txguard.Ended(err)))
+		}
 		return rollback(fmt.Errorf("once: release savepoint: %w", err))
 	}
 	d.attemptComplete()
 	// Counted when the attempt is complete: the subscriber's commit comes later and cannot be
 	// observed from here. If that commit fails, the message is redelivered and counted again.
 	d.counters.fresh.Add(1)
+	return nil
+}
+
+// lostConnection reports an error of a statement in the subscriber's transaction that says its
+// connection is gone (a terminated backend, a network failure, database/sql's bad connection)
+// while the delivery's context is alive: that transaction can never commit.
+func lostConnection(ctx context.Context, err error) bool {
+	return err != nil && ctx.Err() == nil && (errors.Is(err, driver.ErrBadConn) || pgtx.IsConnectionError(err))
+}
+
+// subscriberTxLost settles a delivery whose subscriber transaction lost its connection. A nack
+// would make watermill-sql send the message again in the same dead transaction, failing each
+// time until AckDeadline (30 s by default) while the subscription stalls. Acked instead, as for
+// a doomed transaction (abandonSnapshot): nothing of it was applied, the subscriber's offset
+// update and COMMIT fail on the dead connection, and it rolls back and reads the message again
+// in a new transaction at once.
+func (e *Middleware) subscriberTxLost(d *delivery, err error) error {
+	d.counters.txRetries.Add(1)
+	e.logger.Info("Subscriber transaction lost its connection: acked into it without effect, so that the subscriber rolls back and delivers the message again in a new one",
+		d.fields.Add(watermill.LogFields{"err": err.Error()}))
 	return nil
 }
 

@@ -93,3 +93,67 @@ func TestSubscriberTxV4OverPgxIsRefused(t *testing.T) {
 	msg.Ack()
 	require.Equal(t, 1, e.effects(t))
 }
+
+// TestSubscriberTxV4KilledConnectionIsReadAgainAtOnce: with the middleware in watermill-sql v4's
+// own subscriber transaction, the subscriber's connection is terminated
+// (pg_terminate_backend) while it holds a message. The delivery is acked into the dead
+// transaction, so that v4 rolls back and reads the message again in a new one at once, where it
+// is applied once; before, each attempt failed with "once: claim: driver: bad connection", was
+// nacked and re-sent into the same dead transaction until v4's AckDeadline (30 s) discarded it
+// (issue 34, item 11).
+func TestSubscriberTxV4KilledConnectionIsReadAgainAtOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, once.Config{Consumer: "c"})
+	subDB := pgtest.OpenDB(t, 4)
+	s, o := sqlAdaptersV4(e.schema)
+	pub, err := wsql4.NewPublisher(wsql4.BeginnerFromStdSQL(subDB), wsql4.PublisherConfig{SchemaAdapter: s, AutoInitializeSchema: true}, watermill.NopLogger{})
+	require.NoError(t, err)
+	require.NoError(t, pub.Publish("killed", message.NewMessage("e-1", []byte(`{}`))))
+	ackDeadline := 30 * time.Second // v4's default, spelled out: the stall this test rules out
+	sub, err := wsql4.NewSubscriber(wsql4.BeginnerFromStdSQL(subDB), wsql4.SubscriberConfig{
+		ConsumerGroup: "suite", SchemaAdapter: s, OffsetsAdapter: o, InitializeSchema: true,
+		PollInterval: 10 * time.Millisecond, ResendInterval: 10 * time.Millisecond, AckDeadline: &ackDeadline,
+	}, watermill.NopLogger{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	ch, err := sub.Subscribe(context.Background(), "killed")
+	require.NoError(t, err)
+	h := e.mw.Middleware(e.effect)
+
+	msg := testwait.Receive(t, ch, "the message in v4's subscriber transaction")
+	tx, ok := pgtx.SubscriberTxFromContext(msg.Context())
+	require.True(t, ok)
+	var pid int
+	require.NoError(t, tx.QueryRowContext(msg.Context(), `SELECT pg_backend_pid()`).Scan(&pid))
+	var terminated bool
+	require.NoError(t, e.db.QueryRow(`SELECT pg_terminate_backend($1, 10000)`, pid).Scan(&terminated))
+	require.True(t, terminated)
+
+	start := time.Now()
+	for deliveries := 1; ; deliveries++ {
+		require.LessOrEqual(t, deliveries, 50, "the message is not applied: re-sent into the dead transaction")
+		if _, err := h(msg); err != nil {
+			msg.Nack()
+		} else {
+			msg.Ack()
+		}
+		// The subscriber commits after the ack: wait for the effect, or for the message again.
+		var next *message.Message
+		testwait.Until(t, "the effect, or the message again", func() bool {
+			select {
+			case next = <-ch:
+				return true
+			default:
+				return e.effects(t) > 0
+			}
+		})
+		if next == nil {
+			break
+		}
+		msg = next
+	}
+	require.Less(t, time.Since(start), ackDeadline/3, "read again at once, not after AckDeadline")
+	require.Equal(t, 1, e.effects(t))
+	require.Positive(t, e.mw.Counters().Consumer("c").TxRetries, "the lost transaction is counted as a retry")
+	require.Equal(t, uint64(1), e.mw.Counters().Consumer("c").Fresh)
+}

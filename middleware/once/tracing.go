@@ -13,13 +13,29 @@ import (
 // startSpan starts the consumer span of one delivery: a child of the trace context the
 // message carries (see internal/tracing.StartConsumer). It ends when the middleware returns.
 func (e *Middleware) startSpan(ctx context.Context, msg *message.Message) (context.Context, trace.Span) {
-	path := "own_tx"
 	if _, ok := pgtx.SubscriberTxFromContext(ctx); ok && !e.config.DisableSubscriberTxReuse {
-		path = "subscriber_tx"
-	} else if e.group != nil {
-		path = "group_commit"
+		return tracing.StartConsumer(ctx, e.tracer, tracing.SpanOnce, msg, tracing.Path.String(pathSubscriberTx))
 	}
-	return tracing.StartConsumer(ctx, e.tracer, tracing.SpanOnce, msg, tracing.Path.String(path))
+	if e.group != nil {
+		// With group commit on, a delivery runs alone or in a group: the path is known only
+		// when the queue decides (groupCommitter.submit, tracedPath).
+		return tracing.StartConsumer(ctx, e.tracer, tracing.SpanOnce, msg)
+	}
+	return tracing.StartConsumer(ctx, e.tracer, tracing.SpanOnce, msg, tracing.Path.String(pathOwnTx))
+}
+
+// The values of the wmonce.path attribute: which transaction a delivery ran in.
+const (
+	pathOwnTx        = "own_tx"        // one of its own
+	pathGroupCommit  = "group_commit"  // a group's, shared with the deliveries that waited with it
+	pathSubscriberTx = "subscriber_tx" // watermill-sql's subscriber transaction
+)
+
+// tracedPath records which transaction the delivery runs in, once group commit decided it.
+func (d *delivery) tracedPath(path string) {
+	if d.span != nil {
+		d.span.SetAttributes(tracing.Path.String(path))
+	}
 }
 
 // traced records the delivery's consumer and key on its span.

@@ -2,6 +2,7 @@ package once_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 
@@ -112,4 +113,46 @@ func eventNames(s sdktrace.ReadOnlySpan) []string {
 		out = append(out, e.Name)
 	}
 	return out
+}
+
+// TestTracePathSaysWhichTransactionRan: with group commit on (the default), a lone message runs
+// in a transaction of its own and its span says own_tx; messages that wait for the busy lane
+// run as a group and say group_commit (issue 34, item 12: every span said group_commit).
+func TestTracePathSaysWhichTransactionRan(t *testing.T) {
+	t.Parallel()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	cfg := once.Config{Consumer: "c", TracerProvider: tp}
+	cfg.GroupCommit = once.GroupCommitConfig{Workers: 1, TxBatchSize: 50}
+	e := newEnv(t, cfg)
+	signals := once.GroupCommitTestSignals(e.mw)
+	release, busy := make(chan struct{}), make(chan struct{})
+	h := e.mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		if msg.UUID == "busy" {
+			close(busy)
+			<-release
+		}
+		return e.effect(msg)
+	})
+	require.NoError(t, deliver(h, "lone", "p"))
+
+	var wg sync.WaitGroup
+	wg.Go(func() { require.NoError(t, deliver(h, "busy", "p")) })
+	<-busy // it holds the only lane
+	for i := 1; i <= 2; i++ {
+		wg.Go(func() { require.NoError(t, deliver(h, fmt.Sprintf("g-%d", i), "p")) })
+		require.Equal(t, i, signals.Queued.WaitOrTimeout())
+	}
+	close(release)
+	wg.Wait()
+	require.Equal(t, 2, signals.Committed.WaitOrTimeout())
+
+	paths := map[string]string{}
+	for _, s := range rec.Ended() {
+		if s.Name() == "once process" {
+			a := attrs(s)
+			paths[a["wmonce.dedupe_key"]] = a["wmonce.path"]
+		}
+	}
+	require.Equal(t, map[string]string{"lone": "own_tx", "busy": "own_tx", "g-1": "group_commit", "g-2": "group_commit"}, paths)
 }
