@@ -206,8 +206,7 @@ var literals = regexp.MustCompile(`"(\w+)"`)
 func goWrites(t *testing.T, root, rel string, owners map[string]string) []write {
 	t.Helper()
 	fset := token.NewFileSet()
-	pkgs, err := parser.ParseDir(fset, filepath.Join(root, rel), func(fi fs.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
-	require.NoError(t, err)
+	pkgs := parseDir(t, fset, filepath.Join(root, rel))
 	src := map[string][]byte{}
 	text := func(n ast.Node) string {
 		f := fset.File(n.Pos())
@@ -219,7 +218,7 @@ func goWrites(t *testing.T, root, rel string, owners map[string]string) []write 
 	var out []write
 	for _, pkg := range pkgs {
 		names := tableNames(pkg, text)
-		for name, file := range pkg.Files {
+		for name, file := range pkg {
 			where := rel + "/" + filepath.Base(name)
 			for _, decl := range file.Decls {
 				fn := "" // package-level declarations have no function
@@ -297,9 +296,30 @@ func part(s string, ok bool, e ast.Expr, text func(ast.Node) string) string {
 	return "⟨" + text(e) + "⟩"
 }
 
+// parseDir parses the non-test Go files of dir, grouped by package name, each package's files
+// by path.
+func parseDir(t *testing.T, fset *token.FileSet, dir string) map[string]map[string]*ast.File {
+	t.Helper()
+	paths, err := filepath.Glob(filepath.Join(dir, "*.go"))
+	require.NoError(t, err)
+	pkgs := map[string]map[string]*ast.File{}
+	for _, path := range paths {
+		if strings.HasSuffix(path, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, path, nil, 0)
+		require.NoError(t, err)
+		if pkgs[f.Name.Name] == nil {
+			pkgs[f.Name.Name] = map[string]*ast.File{}
+		}
+		pkgs[f.Name.Name][path] = f
+	}
+	return pkgs
+}
+
 // tableNames maps the names (variables, fields, the last part of a selector, functions and
 // methods) the package sets from an expression holding a literal "table" to those tables.
-func tableNames(pkg *ast.Package, text func(ast.Node) string) map[string][]string {
+func tableNames(pkg map[string]*ast.File, text func(ast.Node) string) map[string][]string {
 	names := map[string][]string{}
 	add := func(name string, e ast.Node) {
 		for _, l := range literals.FindAllStringSubmatch(text(e), -1) {
@@ -317,7 +337,7 @@ func tableNames(pkg *ast.Package, text func(ast.Node) string) map[string][]strin
 		}
 		return ""
 	}
-	for _, f := range pkg.Files {
+	for _, f := range pkg {
 		ast.Inspect(f, func(n ast.Node) bool {
 			switch n := n.(type) {
 			case *ast.AssignStmt:

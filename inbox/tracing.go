@@ -33,12 +33,6 @@ func withTxSpans(ctx context.Context) (context.Context, *txSpans) {
 	return context.WithValue(ctx, txSpansKey{}, s), s
 }
 
-// spansIn returns the txSpans of the transaction ctx belongs to, or nil.
-func spansIn(ctx context.Context) *txSpans {
-	s, _ := ctx.Value(txSpansKey{}).(*txSpans)
-	return s
-}
-
 // finish records the attempt's error on span and ends it, or leaves the ending to the
 // transaction's txSpans.
 func finishSpan(ctx context.Context, span trace.Span, err error) {

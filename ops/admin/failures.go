@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/ThreeDotsLabs/watermill"
+
 	"github.com/wmonce/watermill-once/internal/operate"
 )
 

@@ -6,6 +6,7 @@ import (
 	"net/http"
 
 	"github.com/ThreeDotsLabs/watermill"
+
 	"github.com/wmonce/watermill-once/internal/operate"
 	"github.com/wmonce/watermill-once/outbox"
 )

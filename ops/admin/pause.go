@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/ThreeDotsLabs/watermill"
+
 	"github.com/wmonce/watermill-once/internal/operate"
 	"github.com/wmonce/watermill-once/outbox"
 )
