@@ -6,14 +6,10 @@
 package adminbrowser_test
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
@@ -188,59 +184,6 @@ func (f *fixture) serve(t *testing.T, cfg admin.Config) (*httptest.Server, *admi
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	return srv, h
-}
-
-// response is a decoded API answer.
-type response struct {
-	status int
-	header http.Header
-	body   []byte
-}
-
-func (r response) decode(t *testing.T, v any) {
-	t.Helper()
-	require.NoError(t, json.Unmarshal(r.body, v), string(r.body))
-}
-
-func get(t *testing.T, url string) response {
-	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, url, nil)
-	require.NoError(t, err)
-	return send(t, req)
-}
-
-// send sends req and reads the answer.
-func send(t *testing.T, req *http.Request) response {
-	t.Helper()
-	res, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer res.Body.Close()
-	body, err := io.ReadAll(res.Body)
-	require.NoError(t, err)
-	return response{status: res.StatusCode, header: res.Header, body: body}
-}
-
-// post sends body as JSON with the write header, unless headers says otherwise.
-func post(t *testing.T, url string, body any, headers map[string]string) response {
-	t.Helper()
-	var buf bytes.Buffer
-	if s, ok := body.(string); ok {
-		buf.WriteString(s)
-	} else {
-		require.NoError(t, json.NewEncoder(&buf).Encode(body))
-	}
-	req, err := http.NewRequest(http.MethodPost, url, &buf)
-	require.NoError(t, err)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(admin.WriteHeader, "1")
-	for k, v := range headers {
-		if v == "" {
-			req.Header.Del(k)
-		} else {
-			req.Header.Set(k, v)
-		}
-	}
-	return send(t, req)
 }
 
 // relayAll has relay sms forward the row the fixture left waiting, so its backlog is 0.
