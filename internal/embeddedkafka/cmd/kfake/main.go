@@ -28,14 +28,22 @@ func main() {
 		fmt.Fprintf(os.Stderr, "kfake: -port %d: want a TCP port, 1 to 65535\n", *port)
 		os.Exit(2)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	b, err := embeddedkafka.StartOn(ctx, nil, *port)
-	if err != nil {
+	if err := serve(*port); err != nil {
 		fmt.Fprintln(os.Stderr, "kfake:", err)
 		os.Exit(1)
+	}
+}
+
+// serve runs the broker on port until SIGINT or SIGTERM.
+func serve(port int) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	b, err := embeddedkafka.StartOn(ctx, nil, port)
+	if err != nil {
+		return err
 	}
 	defer b.Close()
 	fmt.Println("kfake listening on", strings.Join(b.Addrs(), ","))
 	<-ctx.Done()
+	return nil
 }
