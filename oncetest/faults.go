@@ -14,9 +14,10 @@ import (
 )
 
 // Metadata the kit adds to the copies it delivers. The handler sees them; they say which
-// delivery a copy is and what the kit does around it.
+// delivery a copy is and what the kit does around it (the kit's own tests read
+// "oncetest_delivery" to misbehave on one copy).
 const (
-	MetadataDelivery = "oncetest_delivery" // "e<event>c<copy>", or a kit message's role
+	metadataDelivery = "oncetest_delivery" // "e<event>c<copy>", or a kit message's role
 	metadataRole     = "oncetest_role"     // blocker, neighbour: kit messages the user's handler never sees
 )
 
@@ -96,7 +97,7 @@ func (in *injector) attempt(delivery string) int32 {
 
 func (in *injector) wrap(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		delivery := msg.Metadata.Get(MetadataDelivery)
+		delivery := msg.Metadata.Get(metadataDelivery)
 		switch msg.Metadata.Get(metadataRole) {
 		case roleBlocker:
 			in.blockersStarted <- struct{}{}

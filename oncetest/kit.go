@@ -22,8 +22,9 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// SeedEnv names the environment variable that replays a run: the seed printed with a failure.
-const SeedEnv = "ONCETEST_SEED"
+// seedEnv names the environment variable that replays a run: the seed printed with a failure
+// (the package doc names it).
+const seedEnv = "ONCETEST_SEED"
 
 // Config says what to test: the handler's events, how to read its effect and how to clear it.
 type Config struct {
@@ -67,7 +68,7 @@ type Config struct {
 type Kit struct {
 	cfg       Config
 	seed      uint64
-	publisher *RouterPublisher
+	publisher *routerPublisher
 	runs      atomic.Int64
 	setupOnce sync.Once
 	setupErr  error
@@ -90,17 +91,17 @@ func New(t testing.TB, cfg Config) *Kit {
 	}
 	seed := cfg.Seed
 	if seed == 0 {
-		if s := os.Getenv(SeedEnv); s != "" {
+		if s := os.Getenv(seedEnv); s != "" {
 			v, err := strconv.ParseUint(s, 10, 64)
 			if err != nil {
-				t.Fatalf("oncetest: %s=%q is not a seed (an unsigned integer): %v", SeedEnv, s, err)
+				t.Fatalf("oncetest: %s=%q is not a seed (an unsigned integer): %v", seedEnv, s, err)
 			}
 			seed = v
 		} else {
 			seed = uint64(time.Now().UnixNano())
 		}
 	}
-	return &Kit{cfg: cfg, seed: seed, publisher: &RouterPublisher{}}
+	return &Kit{cfg: cfg, seed: seed, publisher: &routerPublisher{}}
 }
 
 func (c Config) validate() error {
@@ -148,7 +149,7 @@ func (k *Kit) Seed() uint64 { return k.seed }
 // Publisher stands for the router's publisher. Give it to a handler that takes a publisher:
 // every message published on it during a delivery is a violation (a handler must return its
 // output, which the middleware stores in the outbox in the transaction).
-func (k *Kit) Publisher() *RouterPublisher { return k.publisher }
+func (k *Kit) Publisher() message.Publisher { return k.publisher }
 
 // Check runs h in every mode under every fault and reports each violation on t with t.Errorf:
 // the mode, the smallest schedule that shows it (which delivery, which fault), the effect seen
@@ -192,7 +193,7 @@ func (k *Kit) Check(t testing.TB, h message.HandlerFunc) []Violation {
 		}
 	}
 	for _, v := range vs {
-		t.Errorf("%s\n    replay: %s=%d go test -run '%s'", v, SeedEnv, k.seed, t.Name())
+		t.Errorf("%s\n    replay: %s=%d go test -run '%s'", v, seedEnv, k.seed, t.Name())
 	}
 	return vs
 }
@@ -423,17 +424,17 @@ func allIndexes(n int) []int {
 	return idx
 }
 
-// RouterPublisher stands for the router's publisher (see Kit.Publisher). It counts what it is
-// given and delivers it nowhere.
-type RouterPublisher struct{ n atomic.Int64 }
+// routerPublisher stands for the router's publisher (see Kit.Publisher). It counts what it is
+// given and delivers it nowhere; Close does nothing.
+type routerPublisher struct{ n atomic.Int64 }
 
 // Publish counts msgs.
-func (p *RouterPublisher) Publish(_ string, msgs ...*message.Message) error {
+func (p *routerPublisher) Publish(_ string, msgs ...*message.Message) error {
 	p.n.Add(int64(len(msgs)))
 	return nil
 }
 
 // Close does nothing.
-func (p *RouterPublisher) Close() error { return nil }
+func (p *routerPublisher) Close() error { return nil }
 
-var _ message.Publisher = (*RouterPublisher)(nil)
+var _ message.Publisher = (*routerPublisher)(nil)

@@ -163,7 +163,7 @@ func (k *Kit) run(ctx context.Context, h message.HandlerFunc, mode Mode, s sched
 		for c := range s.copies {
 			m := events[e].Copy()
 			id := fmt.Sprintf("e%dc%d", e+1, c+1)
-			m.Metadata.Set(MetadataDelivery, id)
+			m.Metadata.Set(metadataDelivery, id)
 			copies = append(copies, copyOf{event: e, id: id, msg: m})
 			if e == s.target && c == 0 {
 				in.target = id
@@ -380,7 +380,7 @@ func (k *Kit) runMiddleware(ctx context.Context, h message.HandlerFunc, mode Mod
 		for i := range 3 {
 			m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
 			m.Metadata.Set(metadataRole, roleNeighbour)
-			m.Metadata.Set(MetadataDelivery, fmt.Sprintf("n%d", i+1))
+			m.Metadata.Set(metadataDelivery, fmt.Sprintf("n%d", i+1))
 			neighbours = append(neighbours, copyOf{event: -1, id: fmt.Sprintf("n%d", i+1), msg: m})
 		}
 	}
@@ -411,7 +411,7 @@ func (k *Kit) holdLanes(wg *sync.WaitGroup, chain message.HandlerFunc, in *injec
 	for i := range groupWorkers {
 		m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
 		m.Metadata.Set(metadataRole, roleBlocker)
-		m.Metadata.Set(MetadataDelivery, fmt.Sprintf("b%d", i+1))
+		m.Metadata.Set(metadataDelivery, fmt.Sprintf("b%d", i+1))
 		wg.Add(1)
 		go func() { defer wg.Done(); _, _ = chain(m) }()
 	}

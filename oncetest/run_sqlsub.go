@@ -98,7 +98,7 @@ func (k *Kit) runSubscriberTx(ctx context.Context, h message.HandlerFunc, s sche
 			if !ok {
 				continue
 			}
-			id := m.Metadata.Get(MetadataDelivery)
+			id := m.Metadata.Get(metadataDelivery)
 			attempts[id]++
 			_, err := chain(m)
 			if err != nil {
