@@ -14,9 +14,10 @@ import (
 )
 
 // Metadata the kit adds to the copies it delivers. The handler sees them; they say which
-// delivery a copy is and what the kit does around it.
+// delivery a copy is and what the kit does around it (the kit's own tests read
+// "oncetest_delivery" to misbehave on one copy).
 const (
-	MetadataDelivery = "oncetest_delivery" // "e<event>c<copy>", or a kit message's role
+	metadataDelivery = "oncetest_delivery" // "e<event>c<copy>", or a kit message's role
 	metadataRole     = "oncetest_role"     // blocker, neighbour: kit messages the user's handler never sees
 )
 
@@ -94,19 +95,13 @@ func (in *injector) attempt(delivery string) int32 {
 	return v.(*atomic.Int32).Add(1)
 }
 
+// wrap puts the injector around h: kit messages never reach h, and the delivery the schedule
+// names gets the fault after h returned (or, FaultShutdown, while h runs).
 func (in *injector) wrap(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		delivery := msg.Metadata.Get(MetadataDelivery)
-		switch msg.Metadata.Get(metadataRole) {
-		case roleBlocker:
-			in.blockersStarted <- struct{}{}
-			<-in.release
-			return nil, nil
-		case roleNeighbour:
-			if in.attempt(delivery) == 1 {
-				return nil, fmt.Errorf("oncetest: a neighbour's handler failed: %w", errInjected)
-			}
-			return nil, nil
+		delivery := msg.Metadata.Get(metadataDelivery)
+		if kit, err := in.runKitMessage(msg, delivery); kit {
+			return nil, err
 		}
 		hit := delivery == in.target && in.attempt(delivery) == 1
 		if hit && in.fault == FaultShutdown {
@@ -116,28 +111,57 @@ func (in *injector) wrap(h message.HandlerFunc) message.HandlerFunc {
 		if err != nil {
 			in.out.sawHandlerError(fmt.Errorf("delivery %s: %w", delivery, err))
 		}
-		// The ack belongs to the library: it acks after the commit. A handler's own ack (or
-		// nack) is a violation whether or not it reaches the broker.
-		if closed(msg.Acked()) {
-			in.out.sawSelfAck(delivery + " acked")
-		} else if closed(msg.Nacked()) {
-			in.out.sawSelfAck(delivery + " nacked")
-		}
+		in.noteSelfAck(msg, delivery)
 		if err != nil || !hit {
 			return out, err
 		}
-		switch in.fault {
-		case FaultTransient:
-			return nil, errInjected
-		case FaultKillMidHandler:
-			return nil, in.exec(msg, `SELECT pg_terminate_backend(pg_backend_pid())`)
-		case FaultKillDuringCommit:
-			if err := in.exec(msg, `INSERT INTO `+pgtx.QualifiedName(in.schema, commitFaultTable)+` DEFAULT VALUES`); err != nil {
-				return nil, err
-			}
-		}
-		return out, nil
+		return in.injectAfter(msg, out)
 	}
+}
+
+// runKitMessage runs a message of the kit's own in the user's handler's place and says whether
+// msg was one: a blocker holds its group-commit lane until released, a neighbour fails its
+// first attempt.
+func (in *injector) runKitMessage(msg *message.Message, delivery string) (bool, error) {
+	switch msg.Metadata.Get(metadataRole) {
+	case roleBlocker:
+		in.blockersStarted <- struct{}{}
+		<-in.release
+		return true, nil
+	case roleNeighbour:
+		if in.attempt(delivery) == 1 {
+			return true, fmt.Errorf("oncetest: a neighbour's handler failed: %w", errInjected)
+		}
+		return true, nil
+	}
+	return false, nil
+}
+
+// noteSelfAck records a handler's own ack or nack. The ack belongs to the library: it acks
+// after the commit. A handler's own ack (or nack) is a violation whether or not it reaches the
+// broker.
+func (in *injector) noteSelfAck(msg *message.Message, delivery string) {
+	if closed(msg.Acked()) {
+		in.out.sawSelfAck(delivery + " acked")
+	} else if closed(msg.Nacked()) {
+		in.out.sawSelfAck(delivery + " nacked")
+	}
+}
+
+// injectAfter injects the schedule's fault into the hit delivery after its handler succeeded
+// with out, inside the transaction the middleware lent.
+func (in *injector) injectAfter(msg *message.Message, out []*message.Message) ([]*message.Message, error) {
+	switch in.fault {
+	case FaultTransient:
+		return nil, errInjected
+	case FaultKillMidHandler:
+		return nil, in.exec(msg, `SELECT pg_terminate_backend(pg_backend_pid())`)
+	case FaultKillDuringCommit:
+		if err := in.exec(msg, `INSERT INTO `+pgtx.QualifiedName(in.schema, commitFaultTable)+` DEFAULT VALUES`); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // exec runs query in the message's transaction. The error of a terminated connection is

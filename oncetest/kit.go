@@ -22,8 +22,9 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// SeedEnv names the environment variable that replays a run: the seed printed with a failure.
-const SeedEnv = "ONCETEST_SEED"
+// seedEnv names the environment variable that replays a run: the seed printed with a failure
+// (the package doc names it).
+const seedEnv = "ONCETEST_SEED"
 
 // Config says what to test: the handler's events, how to read its effect and how to clear it.
 type Config struct {
@@ -67,7 +68,7 @@ type Config struct {
 type Kit struct {
 	cfg       Config
 	seed      uint64
-	publisher *RouterPublisher
+	publisher *routerPublisher
 	runs      atomic.Int64
 	setupOnce sync.Once
 	setupErr  error
@@ -90,17 +91,17 @@ func New(t testing.TB, cfg Config) *Kit {
 	}
 	seed := cfg.Seed
 	if seed == 0 {
-		if s := os.Getenv(SeedEnv); s != "" {
+		if s := os.Getenv(seedEnv); s != "" {
 			v, err := strconv.ParseUint(s, 10, 64)
 			if err != nil {
-				t.Fatalf("oncetest: %s=%q is not a seed (an unsigned integer): %v", SeedEnv, s, err)
+				t.Fatalf("oncetest: %s=%q is not a seed (an unsigned integer): %v", seedEnv, s, err)
 			}
 			seed = v
 		} else {
 			seed = uint64(time.Now().UnixNano())
 		}
 	}
-	return &Kit{cfg: cfg, seed: seed, publisher: &RouterPublisher{}}
+	return &Kit{cfg: cfg, seed: seed, publisher: &routerPublisher{}}
 }
 
 func (c Config) validate() error {
@@ -148,7 +149,7 @@ func (k *Kit) Seed() uint64 { return k.seed }
 // Publisher stands for the router's publisher. Give it to a handler that takes a publisher:
 // every message published on it during a delivery is a violation (a handler must return its
 // output, which the middleware stores in the outbox in the transaction).
-func (k *Kit) Publisher() *RouterPublisher { return k.publisher }
+func (k *Kit) Publisher() message.Publisher { return k.publisher }
 
 // Check runs h in every mode under every fault and reports each violation on t with t.Errorf:
 // the mode, the smallest schedule that shows it (which delivery, which fault), the effect seen
@@ -192,7 +193,7 @@ func (k *Kit) Check(t testing.TB, h message.HandlerFunc) []Violation {
 		}
 	}
 	for _, v := range vs {
-		t.Errorf("%s\n    replay: %s=%d go test -run '%s'", v, SeedEnv, k.seed, t.Name())
+		t.Errorf("%s\n    replay: %s=%d go test -run '%s'", v, seedEnv, k.seed, t.Name())
 	}
 	return vs
 }
@@ -318,69 +319,122 @@ func (v Violation) String() string {
 const noReference = "none: this is the clean delivery of each event, once, in order, and it went wrong"
 
 // violation describes what res shows, its hint chosen by what was seen, most telling first:
-// an early ack, an ended transaction, a publish, a delivery that never succeeded, a refusal
-// the reference did not make, then the effect and the outputs compared with the reference.
-// inReference says res is the reference run itself.
+// an early ack, an ended transaction, a publish (misuseFinding); a delivery that never
+// succeeded, a refusal the reference did not make (deliveryFinding); then the effect and the
+// outputs compared with the reference (effectFinding). inReference says res is the reference
+// run itself.
 func (k *Kit) violation(mode Mode, s schedule, res runResult, want expected, inReference bool) Violation {
 	v := Violation{
 		Mode: mode, Fault: s.fault, Schedule: s.describe(res.events),
-		Effect: fmt.Sprint(res.effect), WantEffect: fmt.Sprint(want.effect), LastError: "none",
-	}
-	switch {
-	case res.handlerErr != nil:
-		v.LastError = brief(res.handlerErr)
-	case res.deliveryErr != nil:
-		v.LastError = "none from the handler; the last failed delivery: " + brief(res.deliveryErr)
+		Effect: fmt.Sprint(res.effect), WantEffect: fmt.Sprint(want.effect), LastError: lastError(res),
 	}
 	if inReference {
 		v.WantEffect = noReference
 	}
-	diff := compareEffects(res.effect, want.effect)
-	extra, missing := refusalDiff(res.refused, want.refused)
+	f, ok := misuseFinding(res)
+	if !ok {
+		f, ok = deliveryFinding(s, res, want, inReference)
+	}
+	if !ok {
+		f = effectFinding(s, res, want)
+	}
+	v.Seen, v.Want, v.Hint = f.seen, f.want, f.hint
+	return v
+}
+
+// A finding is what a violation reports it saw, what it wanted where that is not the
+// reference effect, and what such a result usually means in handler code.
+type finding struct{ seen, want, hint string }
+
+// lastError is the last error the handler returned, else the last failed delivery's.
+func lastError(res runResult) string {
+	switch {
+	case res.handlerErr != nil:
+		return brief(res.handlerErr)
+	case res.deliveryErr != nil:
+		return "none from the handler; the last failed delivery: " + brief(res.deliveryErr)
+	}
+	return "none"
+}
+
+// misuseFinding reports a handler that did the library's part: acked its message, ended the
+// transaction it was lent, or published on the router's publisher.
+func misuseFinding(res runResult) (finding, bool) {
 	switch {
 	case res.selfAck != "":
-		v.Seen = fmt.Sprintf("the handler acked or nacked the message it was given (%s)", res.selfAck)
-		v.Hint = "an early ack: the ack belongs to the library, which acks only after the claim, the effect and the outbox rows commit; a handler's ack lets the broker forget a message whose effect may never commit (a rollback, a failed COMMIT, a crash), and a nack redelivers one that did. Remove msg.Ack() and msg.Nack() from the handler: return nil to have it acked after the commit, an error to have it delivered again, wmonce.Permanent to have it parked"
+		return finding{
+			seen: fmt.Sprintf("the handler acked or nacked the message it was given (%s)", res.selfAck),
+			hint: "an early ack: the ack belongs to the library, which acks only after the claim, the effect and the outbox rows commit; a handler's ack lets the broker forget a message whose effect may never commit (a rollback, a failed COMMIT, a crash), and a nack redelivers one that did. Remove msg.Ack() and msg.Nack() from the handler: return nil to have it acked after the commit, an error to have it delivered again, wmonce.Permanent to have it parked",
+		}, true
 	case res.endedTx != nil:
-		v.Seen = fmt.Sprintf("the middleware refused the delivery: %v", res.endedTx)
-		v.Hint = "the handler commits or rolls back the transaction it was lent (pgtx.TxFromContext): leave it open; the middleware commits it after the claim and the outbox rows are written"
+		return finding{
+			seen: fmt.Sprintf("the middleware refused the delivery: %v", res.endedTx),
+			hint: "the handler commits or rolls back the transaction it was lent (pgtx.TxFromContext): leave it open; the middleware commits it after the claim and the outbox rows are written",
+		}, true
 	case res.published > 0:
-		v.Seen = fmt.Sprintf("%d message(s) published on the router's publisher during the deliveries", res.published)
-		v.Hint = "the handler publishes its output with the router's publisher instead of returning it: a published message leaves before the commit, so a rolled-back attempt or a redelivery publishes it again; return it from the handler and the middleware stores it in the outbox, in the transaction"
+		return finding{
+			seen: fmt.Sprintf("%d message(s) published on the router's publisher during the deliveries", res.published),
+			hint: "the handler publishes its output with the router's publisher instead of returning it: a published message leaves before the commit, so a rolled-back attempt or a redelivery publishes it again; return it from the handler and the middleware stores it in the outbox, in the transaction",
+		}, true
+	}
+	return finding{}, false
+}
+
+// deliveryFinding reports a delivery that never succeeded, a permanent refusal (or, in the
+// reference, a panic) the reference did not make, and a reference refusal not made.
+func deliveryFinding(s schedule, res runResult, want expected, inReference bool) (finding, bool) {
+	extra, missing := refusalDiff(res.refused, want.refused)
+	switch {
 	case res.failed != nil:
-		v.Seen = fmt.Sprintf("a delivery never succeeded: %v", res.failed)
+		f := finding{seen: fmt.Sprintf("a delivery never succeeded: %v", res.failed)}
 		if inReference {
-			v.Hint = "the handler fails on a clean delivery of this event, once, in order, with nothing injected: the last error says why (a missing table or column, a constraint, a decoding error, a context it does not have); refuse an event it can never apply with wmonce.Permanent"
+			f.hint = "the handler fails on a clean delivery of this event, once, in order, with nothing injected: the last error says why (a missing table or column, a constraint, a decoding error, a context it does not have); refuse an event it can never apply with wmonce.Permanent"
 		} else {
-			v.Hint = fmt.Sprintf("the handler keeps failing after %s, though a clean delivery of the same events succeeds: the last error says why; an attempt run again after a rolled-back one must succeed (state left in memory or written outside the transaction by the failed attempt, a unique key taken outside it)", s.fault)
+			f.hint = fmt.Sprintf("the handler keeps failing after %s, though a clean delivery of the same events succeeds: the last error says why; an attempt run again after a rolled-back one must succeed (state left in memory or written outside the transaction by the failed attempt, a unique key taken outside it)", s.fault)
 		}
+		return f, true
 	case len(extra) > 0 || (inReference && len(panics(res.refused)) > 0):
 		e := extra
 		if inReference {
 			e = panics(res.refused)
 		}
-		v.Seen = fmt.Sprintf("a delivery of event %d failed permanently (a real router parks it, unapplied): %s", e[0]+1, brief(res.refused[e[0]]))
+		f := finding{seen: fmt.Sprintf("a delivery of event %d failed permanently (a real router parks it, unapplied): %s", e[0]+1, brief(res.refused[e[0]]))}
 		if inReference {
-			v.Hint = "the handler panics on a clean delivery of this event: refuse an event it cannot apply with wmonce.Permanent (parked, not retried), or fix the panic"
+			f.hint = "the handler panics on a clean delivery of this event: refuse an event it cannot apply with wmonce.Permanent (parked, not retried), or fix the panic"
 		} else {
-			v.Hint = fmt.Sprintf("the handler refused permanently (wmonce.Permanent, or a panic) an event that applies cleanly once: under %s it should have succeeded; a refusal must depend on the event alone, not on state a failed or concurrent attempt left behind", s.fault)
+			f.hint = fmt.Sprintf("the handler refused permanently (wmonce.Permanent, or a panic) an event that applies cleanly once: under %s it should have succeeded; a refusal must depend on the event alone, not on state a failed or concurrent attempt left behind", s.fault)
 		}
+		return f, true
 	case len(missing) > 0:
-		v.Seen = fmt.Sprintf("event %d, refused on a clean delivery (%v), was not refused", missing[0]+1, want.refused[missing[0]])
-		v.Hint = "the handler's refusal depends on something other than the event (the order of arrival, state outside the transaction): decide it from the event alone"
-	case diff != same:
-		v.Seen = fmt.Sprintf("an effect %s one clean delivery of each event gives", diff)
-		v.Hint = effectHint(diff, s.fault)
-	case res.outputs < res.wantOutputs:
-		v.Seen = fmt.Sprintf("missing output: %d output message(s) stored in the outbox", res.outputs)
-		v.Want = fmt.Sprintf("%d (what one clean delivery of each event stores)", res.wantOutputs)
-		v.Hint = "the handler returns its output only some of the times it applies the effect (on a first attempt only, or depending on state outside the transaction, a cache in memory): return the same messages whenever it applies the effect, from the event and what it read through the transaction"
-	case res.outputs > res.wantOutputs:
-		v.Seen = fmt.Sprintf("extra output: %d output message(s) stored in the outbox", res.outputs)
-		v.Want = fmt.Sprintf("%d (what one clean delivery of each event stores)", res.wantOutputs)
-		v.Hint = "the handler's returned messages depend on something outside the transaction (a counter in memory, a read through the pool): derive them from the event and what it read through the transaction"
+		return finding{
+			seen: fmt.Sprintf("event %d, refused on a clean delivery (%v), was not refused", missing[0]+1, want.refused[missing[0]]),
+			hint: "the handler's refusal depends on something other than the event (the order of arrival, state outside the transaction): decide it from the event alone",
+		}, true
 	}
-	return v
+	return finding{}, false
+}
+
+// effectFinding compares the effect, then the outputs stored in the outbox, with the
+// reference's.
+func effectFinding(s schedule, res runResult, want expected) finding {
+	wantOutputs := fmt.Sprintf("%d (what one clean delivery of each event stores)", res.wantOutputs)
+	switch diff := compareEffects(res.effect, want.effect); {
+	case diff != same:
+		return finding{seen: fmt.Sprintf("an effect %s one clean delivery of each event gives", diff), hint: effectHint(diff, s.fault)}
+	case res.outputs < res.wantOutputs:
+		return finding{
+			seen: fmt.Sprintf("missing output: %d output message(s) stored in the outbox", res.outputs),
+			want: wantOutputs,
+			hint: "the handler returns its output only some of the times it applies the effect (on a first attempt only, or depending on state outside the transaction, a cache in memory): return the same messages whenever it applies the effect, from the event and what it read through the transaction",
+		}
+	case res.outputs > res.wantOutputs:
+		return finding{
+			seen: fmt.Sprintf("extra output: %d output message(s) stored in the outbox", res.outputs),
+			want: wantOutputs,
+			hint: "the handler's returned messages depend on something outside the transaction (a counter in memory, a read through the pool): derive them from the event and what it read through the transaction",
+		}
+	}
+	return finding{}
 }
 
 // brief is err's text without the stack trace of a recovered panic.
@@ -423,17 +477,17 @@ func allIndexes(n int) []int {
 	return idx
 }
 
-// RouterPublisher stands for the router's publisher (see Kit.Publisher). It counts what it is
-// given and delivers it nowhere.
-type RouterPublisher struct{ n atomic.Int64 }
+// routerPublisher stands for the router's publisher (see Kit.Publisher). It counts what it is
+// given and delivers it nowhere; Close does nothing.
+type routerPublisher struct{ n atomic.Int64 }
 
 // Publish counts msgs.
-func (p *RouterPublisher) Publish(_ string, msgs ...*message.Message) error {
+func (p *routerPublisher) Publish(_ string, msgs ...*message.Message) error {
 	p.n.Add(int64(len(msgs)))
 	return nil
 }
 
 // Close does nothing.
-func (p *RouterPublisher) Close() error { return nil }
+func (p *routerPublisher) Close() error { return nil }
 
-var _ message.Publisher = (*RouterPublisher)(nil)
+var _ message.Publisher = (*routerPublisher)(nil)

@@ -163,7 +163,7 @@ func (k *Kit) run(ctx context.Context, h message.HandlerFunc, mode Mode, s sched
 		for c := range s.copies {
 			m := events[e].Copy()
 			id := fmt.Sprintf("e%dc%d", e+1, c+1)
-			m.Metadata.Set(MetadataDelivery, id)
+			m.Metadata.Set(metadataDelivery, id)
 			copies = append(copies, copyOf{event: e, id: id, msg: m})
 			if e == s.target && c == 0 {
 				in.target = id
@@ -289,118 +289,152 @@ func (k *Kit) chain(h message.HandlerFunc, mode Mode, consumer, topic string, in
 // runMiddleware delivers copies as Kafka or RabbitMQ would: each until it is acked, a failed
 // copy again (a new copy, a new context).
 func (k *Kit) runMiddleware(ctx context.Context, h message.HandlerFunc, mode Mode, s schedule, consumer, topic string, in *injector, copies []copyOf, out *outcome) error {
-	cancels := sync.Map{} // delivery -> context.CancelFunc
-	shut := sync.Map{}    // deliveries the router was closed under
-	in.shutdown = func(delivery string) {
-		shut.Store(delivery, true)
-		if c, ok := cancels.Load(delivery); ok {
-			c.(context.CancelFunc)()
-		}
-	}
+	b := &brokerRun{ctx: ctx, out: out}
+	in.shutdown = b.shutdown
 	chain, mw, err := k.chain(h, mode, consumer, topic, in)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = mw.Close() }()
-
-	// deliverOnce delivers c one time and says whether the broker delivers it again: after a
-	// transient failure, or when the router closed before it acked.
-	deliverOnce := func(c copyOf) (again bool, err error) {
-		dctx, cancel := context.WithCancel(ctx)
-		cancels.Store(c.id, cancel)
-		m := c.msg.Copy()
-		m.SetContext(dctx)
-		_, err = chain(m)
-		cancel()
-		if _, closed := shut.LoadAndDelete(c.id); closed {
-			return true, err // the router closed before it acked: the broker delivers the copy again
-		}
-		if err == nil {
-			return false, nil
-		}
-		out.sawDeliveryError(err)
-		if wmonce.IsPermanent(err) || wmonce.IsPanic(err) {
-			out.record(c.event, err, false)
-			return false, err
-		}
-		return true, err
-	}
-	giveUp := func(c copyOf, last error) {
-		out.record(c.event, fmt.Errorf("copy %s: still failing after %d deliveries; the last one failed with: %w", c.id, maxRedeliveries, last), true)
-	}
-	deliver := func(c copyOf) {
-		var last error
-		for range maxRedeliveries {
-			again, err := deliverOnce(c)
-			if err != nil {
-				last = err
-			}
-			if !again {
-				return
-			}
-		}
-		giveUp(c, last)
-	}
-
+	b.chain = chain
 	if !s.concurrent {
-		// One at a time. A copy that fails is delivered again at once (as Kafka does), except
-		// under FaultReorder: there it goes behind the others (as a broker requeues it), so
-		// an event refused until an earlier one arrives (a version gap) lets that one through.
-		type pending struct {
-			c     copyOf
-			tries int
-			last  error
-		}
-		queue := make([]pending, len(copies))
-		for i, c := range copies {
-			queue[i] = pending{c: c}
-		}
-		for len(queue) > 0 {
-			p := queue[0]
-			queue = queue[1:]
-			again, err := deliverOnce(p.c)
-			if err != nil {
-				p.last = err
-			}
-			p.tries++
-			switch {
-			case !again:
-			case p.tries >= maxRedeliveries:
-				giveUp(p.c, p.last)
-			case s.fault == FaultReorder:
-				queue = append(queue, p)
-			default:
-				queue = append([]pending{p}, queue...)
-			}
-		}
+		b.deliverInTurn(copies, s.fault == FaultReorder)
 		return nil
 	}
+	k.deliverAtOnce(b, mw, mode, s, in, copies)
+	return nil
+}
+
+// brokerRun is the broker of runMiddleware: it delivers copies through chain and closes the
+// router under a delivery for FaultShutdown.
+type brokerRun struct {
+	ctx     context.Context
+	chain   message.HandlerFunc
+	out     *outcome
+	cancels sync.Map // delivery -> context.CancelFunc
+	shut    sync.Map // deliveries the router was closed under
+}
+
+// shutdown closes the router under delivery: it cancels that delivery's context.
+func (b *brokerRun) shutdown(delivery string) {
+	b.shut.Store(delivery, true)
+	if c, ok := b.cancels.Load(delivery); ok {
+		c.(context.CancelFunc)()
+	}
+}
+
+// deliverOnce delivers c one time and says whether the broker delivers it again: after a
+// transient failure, or when the router closed before it acked.
+func (b *brokerRun) deliverOnce(c copyOf) (again bool, err error) {
+	dctx, cancel := context.WithCancel(b.ctx)
+	b.cancels.Store(c.id, cancel)
+	m := c.msg.Copy()
+	m.SetContext(dctx)
+	_, err = b.chain(m)
+	cancel()
+	if _, closed := b.shut.LoadAndDelete(c.id); closed {
+		return true, err // the router closed before it acked: the broker delivers the copy again
+	}
+	if err == nil {
+		return false, nil
+	}
+	b.out.sawDeliveryError(err)
+	if wmonce.IsPermanent(err) || wmonce.IsPanic(err) {
+		b.out.record(c.event, err, false)
+		return false, err
+	}
+	return true, err
+}
+
+func (b *brokerRun) giveUp(c copyOf, last error) {
+	b.out.record(c.event, fmt.Errorf("copy %s: still failing after %d deliveries; the last one failed with: %w", c.id, maxRedeliveries, last), true)
+}
+
+// deliver delivers c until it is acked, at most maxRedeliveries times.
+func (b *brokerRun) deliver(c copyOf) {
+	var last error
+	for range maxRedeliveries {
+		again, err := b.deliverOnce(c)
+		if err != nil {
+			last = err
+		}
+		if !again {
+			return
+		}
+	}
+	b.giveUp(c, last)
+}
+
+// deliverInTurn delivers copies one at a time. A copy that fails is delivered again at once (as
+// Kafka does), except with requeue (FaultReorder): there it goes behind the others (as a broker
+// requeues it), so an event refused until an earlier one arrives (a version gap) lets that one
+// through.
+func (b *brokerRun) deliverInTurn(copies []copyOf, requeue bool) {
+	type pending struct {
+		c     copyOf
+		tries int
+		last  error
+	}
+	queue := make([]pending, len(copies))
+	for i, c := range copies {
+		queue[i] = pending{c: c}
+	}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		again, err := b.deliverOnce(p.c)
+		if err != nil {
+			p.last = err
+		}
+		p.tries++
+		switch {
+		case !again:
+		case p.tries >= maxRedeliveries:
+			b.giveUp(p.c, p.last)
+		case requeue:
+			queue = append(queue, p)
+		default:
+			queue = append([]pending{p}, queue...)
+		}
+	}
+}
+
+// deliverAtOnce delivers every copy, and under FaultFailingNeighbours the failing neighbours,
+// at the same time; with group commit it holds the lanes until all of them wait in the queue,
+// so they share one transaction.
+func (k *Kit) deliverAtOnce(b *brokerRun, mw *once.Middleware, mode Mode, s schedule, in *injector, copies []copyOf) {
 	var neighbours []copyOf
 	if s.fault == FaultFailingNeighbours {
-		for i := range 3 {
-			m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
-			m.Metadata.Set(metadataRole, roleNeighbour)
-			m.Metadata.Set(MetadataDelivery, fmt.Sprintf("n%d", i+1))
-			neighbours = append(neighbours, copyOf{event: -1, id: fmt.Sprintf("n%d", i+1), msg: m})
-		}
+		neighbours = failingNeighbours()
 	}
 	var wg sync.WaitGroup
 	var release func()
 	if mode == ModeGroupCommit {
-		release = k.holdLanes(&wg, chain, in)
+		release = k.holdLanes(&wg, b.chain, in)
 	}
 	all := append(append([]copyOf(nil), copies...), neighbours...)
 	// Interleave the neighbours with the events, so a group runs them among each other.
 	for _, c := range all {
 		wg.Add(1)
-		go func() { defer wg.Done(); deliver(c) }()
+		go func() { defer wg.Done(); b.deliver(c) }()
 	}
 	if release != nil {
 		waitQueued(mw, len(all))
 		release()
 	}
 	wg.Wait()
-	return nil
+}
+
+// failingNeighbours are three kit messages whose handler fails its first attempt.
+func failingNeighbours() []copyOf {
+	var neighbours []copyOf
+	for i := range 3 {
+		m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+		m.Metadata.Set(metadataRole, roleNeighbour)
+		m.Metadata.Set(metadataDelivery, fmt.Sprintf("n%d", i+1))
+		neighbours = append(neighbours, copyOf{event: -1, id: fmt.Sprintf("n%d", i+1), msg: m})
+	}
+	return neighbours
 }
 
 // holdLanes occupies every group-commit lane with a blocker until the returned release is
@@ -411,7 +445,7 @@ func (k *Kit) holdLanes(wg *sync.WaitGroup, chain message.HandlerFunc, in *injec
 	for i := range groupWorkers {
 		m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
 		m.Metadata.Set(metadataRole, roleBlocker)
-		m.Metadata.Set(MetadataDelivery, fmt.Sprintf("b%d", i+1))
+		m.Metadata.Set(metadataDelivery, fmt.Sprintf("b%d", i+1))
 		wg.Add(1)
 		go func() { defer wg.Done(); _, _ = chain(m) }()
 	}

@@ -32,12 +32,6 @@ func (k *Kit) runInbox(ctx context.Context, h message.HandlerFunc, s schedule, c
 	if err != nil {
 		return err
 	}
-	var txOptions = k.middlewareConfig(ModeInbox, consumer, topic).TxOptions
-	pcfg := inbox.ProcessorConfig{
-		Schema: schema, Consumer: consumer, OutputTopic: topic, TxOptions: txOptions,
-		Backoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond, PollInterval: 20 * time.Millisecond,
-		ReapInterval: 50 * time.Millisecond, ShutdownGrace: ownTxShutdownGrace, MaxAttempts: maxRedeliveries,
-	}
 	// The Processor runs what a router would run inside the transaction it lends.
 	handler := wmiddleware.Recoverer(wmiddleware.CorrelationID(in.wrap(h)))
 
@@ -45,59 +39,89 @@ func (k *Kit) runInbox(ctx context.Context, h message.HandlerFunc, s schedule, c
 	in.shutdown = func(string) { restart <- struct{}{} }
 	done := make(chan struct{})
 	procErr := make(chan error, 1)
-	go func() { procErr <- k.processInbox(ctx, handler, pcfg, restart, done) }()
+	go func() {
+		procErr <- k.processInbox(ctx, handler, k.inboxProcessorConfig(consumer, topic), restart, done)
+	}()
+	stop := func() error { close(done); return <-procErr }
 
+	if err := storeCopies(ctx, db, recv, copies, s.concurrent); err != nil {
+		return errors.Join(fmt.Errorf("inbox Receiver.StoreTx: %w", err), stop())
+	}
+	if err := waitInboxWorked(ctx, ops, consumer); err != nil {
+		return errors.Join(err, stop())
+	}
+	if err := stop(); err != nil {
+		return err
+	}
+	return recordParked(ctx, ops, consumer, copies, out)
+}
+
+// inboxProcessorConfig is the Processor's configuration for a run: quick retries, attempts
+// bounded as a broker's redeliveries are, and the own-transaction mode's ShutdownGrace.
+func (k *Kit) inboxProcessorConfig(consumer, topic string) inbox.ProcessorConfig {
+	return inbox.ProcessorConfig{
+		Schema: k.cfg.Schema, Consumer: consumer, OutputTopic: topic,
+		TxOptions: k.middlewareConfig(ModeInbox, consumer, topic).TxOptions,
+		Backoff:   time.Millisecond, MaxBackoff: 10 * time.Millisecond, PollInterval: 20 * time.Millisecond,
+		ReapInterval: 50 * time.Millisecond, ShutdownGrace: ownTxShutdownGrace, MaxAttempts: maxRedeliveries,
+	}
+}
+
+// storeCopies stores every copy through recv, each in a transaction of its own: all at the same
+// time when concurrent, else in order, stopping at the first error. It returns the first error.
+func storeCopies(ctx context.Context, db *sql.DB, recv *inbox.Receiver, copies []copyOf, concurrent bool) error {
 	store := func(c copyOf) error {
 		return pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{MaxAttempts: 10}, func(ctx context.Context, tx *sql.Tx) error {
 			_, err := recv.StoreTx(ctx, tx, inboxTopic, c.msg.Copy())
 			return err
 		})
 	}
-	var storeErr error
-	if s.concurrent {
-		var wg sync.WaitGroup
-		var mu sync.Mutex
+	if !concurrent {
 		for _, c := range copies {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if err := store(c); err != nil {
-					mu.Lock()
-					storeErr = cmpErr(storeErr, err)
-					mu.Unlock()
-				}
-			}()
-		}
-		wg.Wait()
-	} else {
-		for _, c := range copies {
-			if storeErr = store(c); storeErr != nil {
-				break
+			if err := store(c); err != nil {
+				return err
 			}
 		}
+		return nil
 	}
-	stop := func() error { close(done); return <-procErr }
-	if storeErr != nil {
-		return errors.Join(fmt.Errorf("inbox Receiver.StoreTx: %w", storeErr), stop())
+	var storeErr error
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for _, c := range copies {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := store(c); err != nil {
+				mu.Lock()
+				storeErr = cmpErr(storeErr, err)
+				mu.Unlock()
+			}
+		}()
 	}
-	// Wait until no row of the run is PENDING or IN_PROGRESS.
+	wg.Wait()
+	return storeErr
+}
+
+// waitInboxWorked waits until no row of the run is PENDING or IN_PROGRESS, a minute at most.
+func waitInboxWorked(ctx context.Context, ops *inbox.Ops, consumer string) error {
 	deadline := time.Now().Add(time.Minute)
 	for {
 		st, err := ops.Stats(ctx, consumer)
 		if err != nil {
-			return errors.Join(err, stop())
+			return err
 		}
 		if st.Pending == 0 && st.InProgress == 0 {
-			break
+			return nil
 		}
 		if time.Now().After(deadline) {
-			return errors.Join(fmt.Errorf("the inbox Processor left %d rows pending and %d in progress after a minute", st.Pending, st.InProgress), stop())
+			return fmt.Errorf("the inbox Processor left %d rows pending and %d in progress after a minute", st.Pending, st.InProgress)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	if err := stop(); err != nil {
-		return err
-	}
+}
+
+// recordParked records each of the run's rows the Processor parked as FAILED in out.
+func recordParked(ctx context.Context, ops *inbox.Ops, consumer string, copies []copyOf, out *outcome) error {
 	failed, err := ops.List(ctx, inbox.Filter{Consumer: consumer, Statuses: []inbox.Status{inbox.StatusFailed}}, min(len(copies)+1, inbox.MaxBatchSize))
 	if err != nil {
 		return err

@@ -2,6 +2,7 @@ package oncetest
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"strings"
 	"sync"
@@ -22,139 +23,204 @@ import (
 // here. The shutdown fault cancels the subscription (what Router.Close does) and subscribes
 // again. The run ends when the consumer group's offset has passed every copy.
 func (k *Kit) runSubscriberTx(ctx context.Context, h message.HandlerFunc, s schedule, consumer, topic string, in *injector, copies []copyOf, out *outcome) error {
-	db, schema := k.cfg.DB, k.cfg.Schema
-	table := func(t string) string { return pgtx.QualifiedName(schema, "watermill_"+t) }
-	offsets := func(t string) string { return pgtx.QualifiedName(schema, "watermill_offsets_"+t) }
-	adapter := anyMessageSchema{wsql.DefaultPostgreSQLSchema{
-		GenerateMessagesTableName: table, SubscribeBatchSize: 1,
-		GeneratePayloadType: func(string) string { return "BYTEA" },
-	}}
-	offsetsAdapter := wsql.DefaultPostgreSQLOffsetsAdapter{GenerateMessagesOffsetsTableName: offsets}
-	pub, err := wsql.NewPublisher(db, wsql.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, watermill.NopLogger{})
-	if err != nil {
-		return fmt.Errorf("watermill-sql publisher: %w", err)
-	}
-	msgs := make([]*message.Message, len(copies))
-	for i, c := range copies {
-		msgs[i] = c.msg.Copy()
-	}
-	if err := pub.Publish(consumer, msgs...); err != nil {
-		return fmt.Errorf("publish the copies on watermill-sql topic %s: %w", consumer, err)
+	r := newSQLSubscriberRun(ctx, k.cfg.DB, k.cfg.Schema, consumer, s.fault == FaultReorder, out)
+	if err := r.publishCopies(copies); err != nil {
+		return err
 	}
 	chain, mw, err := k.chain(h, ModeSubscriberTx, consumer, topic, in)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = mw.Close() }()
-
-	var mu sync.Mutex
-	var cancelSub context.CancelFunc
-	restarted := make(chan struct{}, 2)
-	in.shutdown = func(string) {
-		mu.Lock()
-		defer mu.Unlock()
-		cancelSub()
-		restarted <- struct{}{}
-	}
-	attempts := map[string]int{}
-	lastErr := map[string]error{}
-	subscribe := func() (message.Subscriber, <-chan *message.Message, error) {
-		sub, err := wsql.NewSubscriber(db, wsql.SubscriberConfig{
-			ConsumerGroup: consumer, SchemaAdapter: adapter, OffsetsAdapter: offsetsAdapter,
-			InitializeSchema: true, PollInterval: 10 * time.Millisecond, ResendInterval: 5 * time.Millisecond,
-		}, watermill.NopLogger{})
-		if err != nil {
-			return nil, nil, fmt.Errorf("watermill-sql subscriber: %w", err)
-		}
-		sctx, cancel := context.WithCancel(ctx)
-		mu.Lock()
-		cancelSub = cancel
-		mu.Unlock()
-		ch, err := sub.Subscribe(sctx, consumer)
-		if err != nil {
-			cancel()
-			_ = sub.Close()
-			return nil, nil, err
-		}
-		return sub, ch, nil
-	}
-	sub, ch, err := subscribe()
-	if err != nil {
+	r.chain = chain
+	in.shutdown = func(string) { r.shutdown() }
+	if err := r.subscribe(); err != nil {
 		return err
 	}
-	defer func() { _ = sub.Close() }()
-	done := func() (bool, error) {
-		var passed bool
-		err := db.QueryRowContext(ctx, `SELECT coalesce((SELECT offset_acked FROM `+offsets(consumer)+` WHERE consumer_group = $1), 0)
-			>= (SELECT max("offset") FROM `+table(consumer)+`)`, consumer).Scan(&passed)
-		return passed, err
+	defer func() { _ = r.sub.Close() }()
+	return r.consume(len(copies))
+}
+
+// sqlSubscriberRun is one run through watermill-sql: its publisher, its subscription (replaced
+// on a shutdown) and what it counted of each copy.
+type sqlSubscriberRun struct {
+	ctx      context.Context
+	db       *sql.DB
+	consumer string // also the topic
+	requeue  bool   // FaultReorder: a nacked copy goes to the end of the topic
+	out      *outcome
+	chain    message.HandlerFunc
+
+	adapter        anyMessageSchema
+	offsetsAdapter wsql.DefaultPostgreSQLOffsetsAdapter
+	messages       string // the topic's table
+	offsets        string // the consumer group's offsets table
+	pub            message.Publisher
+
+	mu        sync.Mutex
+	cancelSub context.CancelFunc // ends the current subscription
+	restarted chan struct{}      // asks for a new subscription
+	sub       message.Subscriber
+	ch        <-chan *message.Message
+
+	attempts map[string]int
+	lastErr  map[string]error
+}
+
+func newSQLSubscriberRun(ctx context.Context, db *sql.DB, schema, consumer string, requeue bool, out *outcome) *sqlSubscriberRun {
+	table := func(t string) string { return pgtx.QualifiedName(schema, "watermill_"+t) }
+	offsets := func(t string) string { return pgtx.QualifiedName(schema, "watermill_offsets_"+t) }
+	return &sqlSubscriberRun{
+		ctx: ctx, db: db, consumer: consumer, requeue: requeue, out: out,
+		adapter: anyMessageSchema{wsql.DefaultPostgreSQLSchema{
+			GenerateMessagesTableName: table, SubscribeBatchSize: 1,
+			GeneratePayloadType: func(string) string { return "BYTEA" },
+		}},
+		offsetsAdapter: wsql.DefaultPostgreSQLOffsetsAdapter{GenerateMessagesOffsetsTableName: offsets},
+		messages:       table(consumer),
+		offsets:        offsets(consumer),
+		restarted:      make(chan struct{}, 2),
+		attempts:       map[string]int{},
+		lastErr:        map[string]error{},
 	}
+}
+
+// publishCopies publishes every copy on the run's topic, in order.
+func (r *sqlSubscriberRun) publishCopies(copies []copyOf) error {
+	pub, err := wsql.NewPublisher(r.db, wsql.PublisherConfig{SchemaAdapter: r.adapter, AutoInitializeSchema: true}, watermill.NopLogger{})
+	if err != nil {
+		return fmt.Errorf("watermill-sql publisher: %w", err)
+	}
+	r.pub = pub
+	msgs := make([]*message.Message, len(copies))
+	for i, c := range copies {
+		msgs[i] = c.msg.Copy()
+	}
+	if err := pub.Publish(r.consumer, msgs...); err != nil {
+		return fmt.Errorf("publish the copies on watermill-sql topic %s: %w", r.consumer, err)
+	}
+	return nil
+}
+
+// shutdown is FaultShutdown: it cancels the subscription, as Router.Close does, and asks for a
+// new one.
+func (r *sqlSubscriberRun) shutdown() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cancelSub()
+	r.restarted <- struct{}{}
+}
+
+// subscribe starts a new subscription of the consumer group; it keeps the previous one
+// (closed) when that fails.
+func (r *sqlSubscriberRun) subscribe() error {
+	sub, err := wsql.NewSubscriber(r.db, wsql.SubscriberConfig{
+		ConsumerGroup: r.consumer, SchemaAdapter: r.adapter, OffsetsAdapter: r.offsetsAdapter,
+		InitializeSchema: true, PollInterval: 10 * time.Millisecond, ResendInterval: 5 * time.Millisecond,
+	}, watermill.NopLogger{})
+	if err != nil {
+		return fmt.Errorf("watermill-sql subscriber: %w", err)
+	}
+	sctx, cancel := context.WithCancel(r.ctx)
+	r.mu.Lock()
+	r.cancelSub = cancel
+	r.mu.Unlock()
+	ch, err := sub.Subscribe(sctx, r.consumer)
+	if err != nil {
+		cancel()
+		_ = sub.Close()
+		return err
+	}
+	r.sub, r.ch = sub, ch
+	return nil
+}
+
+// consume runs the subscription until the consumer group's offset has passed the run's n
+// copies (or the handler acked a message itself), a minute at most.
+func (r *sqlSubscriberRun) consume(n int) error {
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	deadline := time.Now().Add(time.Minute)
 	for {
 		select {
-		case m, ok := <-ch:
+		case m, ok := <-r.ch:
 			if !ok {
 				continue
 			}
-			id := m.Metadata.Get(MetadataDelivery)
-			attempts[id]++
-			_, err := chain(m)
-			if err != nil {
-				out.sawDeliveryError(err)
-				lastErr[id] = err
+			if err := r.deliver(m); err != nil {
+				return err
 			}
-			switch {
-			case err == nil:
-				m.Ack()
-			case wmonce.IsPermanent(err) || wmonce.IsPanic(err):
-				out.record(eventOf(id), err, false)
-				m.Ack() // a real router parks it and acks
-			case attempts[id] >= maxRedeliveries:
-				out.record(eventOf(id), fmt.Errorf("copy %s: still failing after %d deliveries; the last one failed with: %w", id, maxRedeliveries, lastErr[id]), true)
-				m.Ack()
-			case s.fault == FaultReorder:
-				// The subscriber would deliver this copy again and again before the next
-				// one; a broker that requeues puts it behind the others: publish it again
-				// at the end of the topic and go on, so an event refused until an earlier
-				// one arrives (a version gap) lets that one through.
-				if err := pub.Publish(consumer, m.Copy()); err != nil {
-					return fmt.Errorf("publish copy %s again on watermill-sql topic %s: %w", id, consumer, err)
-				}
-				m.Ack()
-			case attempts[id]%3 == 0:
-				// Nacked copies come back in the same transaction, which a killed connection
-				// has doomed: the subscriber would roll it back at its AckDeadline (30s by
-				// default); the kit does so now by subscribing again.
-				m.Nack()
-				restarted <- struct{}{}
-			default:
-				m.Nack()
-			}
-		case <-out.selfAcked:
+		case <-r.out.selfAcked:
 			// The handler acked the subscriber's message: the subscriber may have committed
 			// its transaction under the middleware, and the run may never end. The verdict
 			// is known.
 			return nil
-		case <-restarted:
-			_ = sub.Close()
-			if sub, ch, err = subscribe(); err != nil {
+		case <-r.restarted:
+			_ = r.sub.Close()
+			if err := r.subscribe(); err != nil {
 				return err
 			}
 		case <-tick.C:
-			ok, err := done()
+			passed, err := r.passed()
 			if err != nil {
 				return fmt.Errorf("read the subscriber's offset: %w", err)
 			}
-			if ok {
+			if passed {
 				return nil
 			}
 			if time.Now().After(deadline) {
-				return fmt.Errorf("the watermill-sql subscriber had not consumed the run's %d copies after a minute", len(copies))
+				return fmt.Errorf("the watermill-sql subscriber had not consumed the run's %d copies after a minute", n)
 			}
 		}
 	}
+}
+
+// deliver runs the chain on m and acks or nacks it as a router would; a copy that keeps
+// failing is recorded and acked after maxRedeliveries.
+func (r *sqlSubscriberRun) deliver(m *message.Message) error {
+	id := m.Metadata.Get(metadataDelivery)
+	r.attempts[id]++
+	_, err := r.chain(m)
+	if err != nil {
+		r.out.sawDeliveryError(err)
+		r.lastErr[id] = err
+	}
+	switch {
+	case err == nil:
+		m.Ack()
+	case wmonce.IsPermanent(err) || wmonce.IsPanic(err):
+		r.out.record(eventOf(id), err, false)
+		m.Ack() // a real router parks it and acks
+	case r.attempts[id] >= maxRedeliveries:
+		r.out.record(eventOf(id), fmt.Errorf("copy %s: still failing after %d deliveries; the last one failed with: %w", id, maxRedeliveries, r.lastErr[id]), true)
+		m.Ack()
+	case r.requeue:
+		// The subscriber would deliver this copy again and again before the next
+		// one; a broker that requeues puts it behind the others: publish it again
+		// at the end of the topic and go on, so an event refused until an earlier
+		// one arrives (a version gap) lets that one through.
+		if err := r.pub.Publish(r.consumer, m.Copy()); err != nil {
+			return fmt.Errorf("publish copy %s again on watermill-sql topic %s: %w", id, r.consumer, err)
+		}
+		m.Ack()
+	case r.attempts[id]%3 == 0:
+		// Nacked copies come back in the same transaction, which a killed connection
+		// has doomed: the subscriber would roll it back at its AckDeadline (30s by
+		// default); the kit does so now by subscribing again.
+		m.Nack()
+		r.restarted <- struct{}{}
+	default:
+		m.Nack()
+	}
+	return nil
+}
+
+// passed says whether the consumer group's offset has passed every message of the topic.
+func (r *sqlSubscriberRun) passed() (bool, error) {
+	var passed bool
+	err := r.db.QueryRowContext(r.ctx, `SELECT coalesce((SELECT offset_acked FROM `+r.offsets+` WHERE consumer_group = $1), 0)
+		>= (SELECT max("offset") FROM `+r.messages+`)`, r.consumer).Scan(&passed)
+	return passed, err
 }
 
 // anyMessageSchema is watermill-sql's PostgreSQL schema for any message the library takes:

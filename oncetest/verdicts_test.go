@@ -23,6 +23,10 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
+// deliveryKey is the metadata key the kit sets on each copy it delivers ("e<event>c<copy>"):
+// the handlers below read it to misbehave on one copy only.
+const deliveryKey = "oncetest_delivery"
+
 // The patterns the docs recommend must pass the kit with no violation: a false positive
 // teaches users to ignore it.
 
@@ -194,8 +198,8 @@ func TestSelfAckingHandlerIsCaughtInEveryMode(t *testing.T) {
 			})
 			vs := expectCaught(t, kit, func(msg *message.Message) ([]*message.Message, error) {
 				mu.Lock()
-				calls[msg.Metadata.Get(oncetest.MetadataDelivery)]++
-				again := calls[msg.Metadata.Get(oncetest.MetadataDelivery)] > 1
+				calls[msg.Metadata.Get(deliveryKey)]++
+				again := calls[msg.Metadata.Get(deliveryKey)] > 1
 				mu.Unlock()
 				if again {
 					msg.Ack() // the bug: the ack is the library's, after the commit
@@ -339,8 +343,8 @@ func TestShutdownGraceIsSetPerMode(t *testing.T) {
 			})
 			require.Empty(t, kit.Check(t, func(msg *message.Message) ([]*message.Message, error) {
 				mu.Lock()
-				calls[msg.Metadata.Get(oncetest.MetadataDelivery)]++
-				first := calls[msg.Metadata.Get(oncetest.MetadataDelivery)] == 1
+				calls[msg.Metadata.Get(deliveryKey)]++
+				first := calls[msg.Metadata.Get(deliveryKey)] == 1
 				mu.Unlock()
 				if first {
 					// A bound for the case where nothing cancels the context (the grace holds).

@@ -162,7 +162,7 @@ func oneTrace(t *testing.T, kind broker.Kind) {
 	post := func() (status int, replayed string) {
 		req, err := http.NewRequestWithContext(cctx, http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"cents":1200}`))
 		require.NoError(t, err)
-		req.Header.Set(httpidem.DefaultHeader, "k-order-1")
+		req.Header.Set("Idempotency-Key", "k-order-1")
 		propagation.TraceContext{}.Inject(cctx, propagation.HeaderCarrier(req.Header))
 		res, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)

@@ -19,23 +19,15 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// Defaults of Config.
+// Defaults of Config, stated in each field's doc.
 const (
-	// DefaultHeader is the request header that carries the key.
-	DefaultHeader = "Idempotency-Key"
-	// DefaultScopeHeader is the header whose value scopes keys by default
-	// (ScopeFromHeader(DefaultScopeHeader)).
-	DefaultScopeHeader = "Authorization"
-	// DefaultRetention is how long a stored response answers retries by default: Stripe's 24 hours.
-	DefaultRetention = 24 * time.Hour
-	// DefaultMaxRequestBytes bounds the request body read for the fingerprint by default (1 MiB).
-	DefaultMaxRequestBytes = 1 << 20
-	// DefaultMaxResponseBytes bounds the buffered and stored response body by default (1 MiB).
-	DefaultMaxResponseBytes = 1 << 20
-	// DefaultIsolation is the isolation level of the request's transaction by default.
-	DefaultIsolation = sql.LevelReadCommitted
-	// DefaultRetryAfter is advertised with 409 responses by default.
-	DefaultRetryAfter = time.Second
+	defaultHeader           = "Idempotency-Key"
+	defaultScopeHeader      = "Authorization"
+	defaultRetention        = 24 * time.Hour // Stripe's
+	defaultMaxRequestBytes  = 1 << 20
+	defaultMaxResponseBytes = 1 << 20
+	defaultIsolation        = sql.LevelReadCommitted
+	defaultRetryAfter       = time.Second
 )
 
 // ReplayedHeader is set to "true" on every replayed response.
@@ -77,7 +69,7 @@ type Config struct {
 	// Schema holds the http_idempotency_keys table (see package migrate). Default
 	// pgtx.DefaultSchema ("wmonce").
 	Schema string
-	// Header carries the key. Default DefaultHeader ("Idempotency-Key").
+	// Header carries the key. Default "Idempotency-Key".
 	Header string
 	// Methods are the request methods the middleware handles; others pass through untouched.
 	// Default POST and PATCH.
@@ -85,10 +77,10 @@ type Config struct {
 	// AllowMissingKey lets requests without a key run (in a transaction, with the response held
 	// back until the commit) without being stored. By default a missing key is a 400.
 	AllowMissingKey bool
-	// Scope returns the client scope of a request. Default ScopeFromHeader(DefaultScopeHeader).
+	// Scope returns the client scope of a request. Default ScopeFromHeader("Authorization").
 	Scope ScopeFunc
-	// Retention is how long a stored response answers retries. Default DefaultRetention (24h). Keep
-	// it longer than any client retries: a retry after it runs the request again.
+	// Retention is how long a stored response answers retries. Default 24h (Stripe's). Keep it
+	// longer than any client retries: a retry after it runs the request again.
 	Retention time.Duration
 	// StoreServerErrors stores 5xx responses and replays them. Default false: a 5xx rolls the
 	// transaction back and leaves the key free for a retry.
@@ -96,20 +88,18 @@ type Config struct {
 	// MaxKeyLength refuses longer keys with 400. Default wmonce.DefaultMaxKeyLength (255, Stripe's
 	// limit), at most wmonce.MaxKeyLengthLimit (1024).
 	MaxKeyLength int
-	// MaxRequestBytes bounds the request body read for the fingerprint. Default
-	// DefaultMaxRequestBytes (1 MiB).
+	// MaxRequestBytes bounds the request body read for the fingerprint. Default 1 MiB.
 	MaxRequestBytes int64
-	// MaxResponseBytes bounds the buffered and stored response body. Default
-	// DefaultMaxResponseBytes (1 MiB).
+	// MaxResponseBytes bounds the buffered and stored response body. Default 1 MiB.
 	MaxResponseBytes int64
 	// FingerprintHeaders are request headers that belong to the request's identity besides the
 	// method, path, query and body (e.g. "Content-Type", "Stripe-Account"). Default none.
 	FingerprintHeaders []string
-	// TxOptions for the request's transaction. Default: isolation DefaultIsolation (READ COMMITTED).
+	// TxOptions for the request's transaction. Default: isolation READ COMMITTED.
 	// ReadOnly, or a level PostgreSQL does not have, is refused at construction
 	// (pgtx.CheckTxOptions).
 	TxOptions *sql.TxOptions
-	// RetryAfter is advertised with 409 responses. Default DefaultRetryAfter (1s).
+	// RetryAfter is advertised with 409 responses. Default 1s.
 	RetryAfter time.Duration
 	// TracerProvider traces every request the middleware handles: an "httpidem request" span
 	// with the key, the status and whether the response was replayed; the handler and the
@@ -120,21 +110,21 @@ type Config struct {
 
 func (c *Config) setDefaults() {
 	c.Schema = cmp.Or(c.Schema, pgtx.DefaultSchema)
-	c.Header = cmp.Or(c.Header, DefaultHeader)
+	c.Header = cmp.Or(c.Header, defaultHeader)
 	if c.Methods == nil {
 		c.Methods = []string{http.MethodPost, http.MethodPatch}
 	}
 	if c.Scope == nil {
-		c.Scope = ScopeFromHeader(DefaultScopeHeader)
+		c.Scope = ScopeFromHeader(defaultScopeHeader)
 	}
-	c.Retention = cmp.Or(c.Retention, DefaultRetention)
+	c.Retention = cmp.Or(c.Retention, defaultRetention)
 	c.MaxKeyLength = cmp.Or(c.MaxKeyLength, wmonce.DefaultMaxKeyLength)
-	c.MaxRequestBytes = cmp.Or(c.MaxRequestBytes, DefaultMaxRequestBytes)
-	c.MaxResponseBytes = cmp.Or(c.MaxResponseBytes, DefaultMaxResponseBytes)
+	c.MaxRequestBytes = cmp.Or(c.MaxRequestBytes, defaultMaxRequestBytes)
+	c.MaxResponseBytes = cmp.Or(c.MaxResponseBytes, defaultMaxResponseBytes)
 	if c.TxOptions == nil {
-		c.TxOptions = &sql.TxOptions{Isolation: DefaultIsolation}
+		c.TxOptions = &sql.TxOptions{Isolation: defaultIsolation}
 	}
-	c.RetryAfter = cmp.Or(c.RetryAfter, DefaultRetryAfter)
+	c.RetryAfter = cmp.Or(c.RetryAfter, defaultRetryAfter)
 }
 
 // Validate reports what to fix in a configuration.

@@ -1,6 +1,7 @@
 package httpidem
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/wmonce/watermill-once/internal/txguard"
+	"github.com/wmonce/watermill-once/pgtx"
 )
 
 // runKeyed serves a request under a key: a live record of the key is replayed; otherwise the
@@ -18,58 +20,21 @@ import (
 // stored with its effects, in one commit, before the client sees it.
 func (m *Middleware) runKeyed(w http.ResponseWriter, r *http.Request, next http.Handler, req *request) {
 	ctx := r.Context()
-
 	// A completed key is answered without a transaction or lock, so concurrent retries of a
 	// finished request are all replayed rather than turned away with 409.
-	prev, err := m.lookup(ctx, m.db, req)
-	if err != nil {
-		m.fail(w, err, "look up the key", req)
+	if m.answerIfStored(ctx, w, req, nil) {
 		return
 	}
-	if prev != nil {
-		m.answerStored(w, req, prev)
-		return
-	}
-
 	tx, ok := m.begin(ctx, w, req)
 	if !ok {
 		return
 	}
 	defer tx.rollback()
-
-	if m.guard.OnWire() { // else the lock opens the server's guard as it goes
-		if err := m.guard.Open(ctx, tx.Tx); err != nil {
-			tx.rollback()
-			m.fail(w, err, "begin", req)
-			return
-		}
-	}
-	var locked bool
-	if err := tx.QueryRowContext(ctx, m.q.lock, m.lockKey(req)).Scan(&locked); err != nil {
-		tx.rollback()
-		if txguard.IsMissing(err) {
-			err = fmt.Errorf("function attempt_begin (the attempt guard) is missing in schema %q: run the migrations: %w", m.config.Schema, err)
-		}
-		m.fail(w, err, "lock the key", req)
-		return
-	}
-	if !locked {
-		tx.rollback()
-		m.conflicts.Add(1)
-		w.Header().Set("Retry-After", strconv.Itoa(int(max(1, m.config.RetryAfter.Round(time.Second)/time.Second))))
-		writeProblem(w, http.StatusConflict, ProblemInProgress, "A request with this "+m.header+" is still running",
-			"retry later with the same key to get its response")
+	if !m.takeKey(ctx, w, tx, req) {
 		return
 	}
 	// The first request may have committed between the lookup above and the lock.
-	prev, err = m.lookup(ctx, tx, req)
-	if err != nil || prev != nil {
-		tx.rollback()
-		if err != nil {
-			m.fail(w, err, "look up the key", req)
-		} else {
-			m.answerStored(w, req, prev)
-		}
+	if m.answerIfStored(ctx, w, req, tx) {
 		return
 	}
 
@@ -82,31 +47,108 @@ func (m *Middleware) runKeyed(w http.ResponseWriter, r *http.Request, next http.
 	if m.handlerEnded(ctx, w, tx, req, m.guard.Check(ctx, tx.Tx)) {
 		return
 	}
+	if m.answerUnstored(w, tx, req, rec, status, header) {
+		return
+	}
+	if !m.storeResponse(ctx, w, r, tx, req, rec, status, header) {
+		return
+	}
+	if !m.commitTx(ctx, w, tx, req) {
+		return
+	}
+	m.stored.Add(1)
+	writeResponse(w, status, header, rec.bytes(), false)
+}
+
+// answerIfStored answers the request from the live stored record of its key, or with the
+// lookup's error, and says whether it did. It looks up through tx when one is open, and rolls
+// tx back before it answers.
+func (m *Middleware) answerIfStored(ctx context.Context, w http.ResponseWriter, req *request, tx *requestTx) bool {
+	var q pgtx.Executor = m.db
+	if tx != nil {
+		q = tx
+	}
+	prev, err := m.lookup(ctx, q, req)
+	if err == nil && prev == nil {
+		return false
+	}
+	if tx != nil {
+		tx.rollback()
+	}
+	if err != nil {
+		m.fail(w, err, "look up the key", req)
+	} else {
+		m.answerStored(w, req, prev)
+	}
+	return true
+}
+
+// takeKey opens the attempt guard and tries the key's advisory lock without waiting. It says
+// whether the request holds the key; if not, it rolled tx back and answered (409 while another
+// request holds it).
+func (m *Middleware) takeKey(ctx context.Context, w http.ResponseWriter, tx *requestTx, req *request) bool {
+	if m.guard.OnWire() { // else the lock opens the server's guard as it goes
+		if err := m.guard.Open(ctx, tx.Tx); err != nil {
+			tx.rollback()
+			m.fail(w, err, "begin", req)
+			return false
+		}
+	}
+	var locked bool
+	if err := tx.QueryRowContext(ctx, m.q.lock, m.lockKey(req)).Scan(&locked); err != nil {
+		tx.rollback()
+		if txguard.IsMissing(err) {
+			err = fmt.Errorf("function attempt_begin (the attempt guard) is missing in schema %q: run the migrations: %w", m.config.Schema, err)
+		}
+		m.fail(w, err, "lock the key", req)
+		return false
+	}
+	if !locked {
+		tx.rollback()
+		m.conflicts.Add(1)
+		w.Header().Set("Retry-After", strconv.Itoa(int(max(1, m.config.RetryAfter.Round(time.Second)/time.Second))))
+		writeProblem(w, http.StatusConflict, ProblemInProgress, "A request with this "+m.header+" is still running",
+			"retry later with the same key to get its response")
+		return false
+	}
+	return true
+}
+
+// answerUnstored rolls back and answers a response that is not kept: one too large to store
+// (500), or a 5xx without StoreServerErrors (sent as it is, the key left free for a retry). It
+// says whether it answered.
+func (m *Middleware) answerUnstored(w http.ResponseWriter, tx *requestTx, req *request, rec *recorder, status int, header http.Header) bool {
 	if rec.overflow {
 		tx.rollback()
 		m.failed.Add(1)
 		m.logger.Error("Response too large to store; rolled back", nil, req.fields.Add(watermill.LogFields{"max_response_bytes": m.config.MaxResponseBytes}))
 		writeProblem(w, http.StatusInternalServerError, ProblemNotStored, "Response too large to store",
 			fmt.Sprintf("the response exceeded %d bytes and could not be kept for replay; nothing was applied", m.config.MaxResponseBytes))
-		return
+		return true
 	}
 	if status >= 500 && !m.config.StoreServerErrors {
 		tx.rollback()
 		m.notStored.Add(1)
 		m.logger.Info("Server error not stored; rolled back, the key stays free for a retry", req.fields.Add(watermill.LogFields{"status": status}))
 		writeResponse(w, status, header, rec.bytes(), false)
-		return
+		return true
 	}
+	return false
+}
+
+// storeResponse writes the response under the key in tx. It says whether it did; if not, it
+// rolled tx back and answered.
+func (m *Middleware) storeResponse(ctx context.Context, w http.ResponseWriter, r *http.Request, tx *requestTx, req *request, rec *recorder, status int, header http.Header) bool {
 	headersJSON, err := encodeHeaders(header)
 	if err != nil {
 		tx.rollback()
 		m.fail(w, err, "encode the response headers", req)
-		return
+		return false
 	}
 	res, err := tx.ExecContext(ctx, m.q.store, req.scope, req.key, req.fingerprint, r.Method, truncate(r.URL.RequestURI(), 2048),
 		status, string(headersJSON), rec.bytes(), m.config.Retention.Microseconds())
 	if err != nil && m.handlerEnded(ctx, w, tx, req, err) {
-		return
+		return false
 	}
 	if err == nil {
 		if n, _ := res.RowsAffected(); n != 1 {
@@ -117,13 +159,9 @@ func (m *Middleware) runKeyed(w http.ResponseWriter, r *http.Request, next http.
 	if err != nil {
 		tx.rollback()
 		m.fail(w, err, "store the response", req)
-		return
+		return false
 	}
-	if !m.commitTx(ctx, w, tx, req) {
-		return
-	}
-	m.stored.Add(1)
-	writeResponse(w, status, header, rec.bytes(), false)
+	return true
 }
 
 // truncate cuts s to at most n bytes, on a rune boundary.
