@@ -44,12 +44,11 @@ type PruneRequest struct {
 	// Consumer scopes the functions whose rows belong to a consumer (claims, inbox rows); it is
 	// required there and refused by the others.
 	Consumer string
-	// BatchSize is the most rows one transaction deletes. Default DefaultPruneBatchSize.
+	// BatchSize is the most rows one transaction deletes. Default 1000.
 	BatchSize int
 }
 
-// DefaultPruneBatchSize is PruneRequest.BatchSize when it is zero.
-const DefaultPruneBatchSize = 1000
+const defaultPruneBatchSize = 1000
 
 // PruneScope says how an owner's rows relate to consumers, for CheckPrune.
 type PruneScope int
@@ -76,7 +75,7 @@ func CheckPrune(ctx context.Context, db *sql.DB, schema string, req PruneRequest
 	if err := ValidateIdentifier("schema", schema); err != nil {
 		return "", req, time.Time{}, err
 	}
-	req.BatchSize = cmp.Or(req.BatchSize, DefaultPruneBatchSize)
+	req.BatchSize = cmp.Or(req.BatchSize, defaultPruneBatchSize)
 	var errs []error
 	switch {
 	case req.BatchSize < 1:

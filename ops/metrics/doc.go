@@ -17,7 +17,7 @@
 // One collector reads the components' atomic running totals when the registry is gathered,
 // so the message path pays nothing and the core packages do not depend on Prometheus. With a
 // DB, each scrape also runs read-only queries, all bounded together by ScrapeTimeout (default
-// DefaultScrapeTimeout, 5s): inbox rows per consumer and status (through the inbox's partial work index, so their
+// 5s): inbox rows per consumer and status (through the inbox's partial work index, so their
 // cost follows the backlog, not the table) and outbox backlog per relay (outbox.Stats); with
 // Senders, the unfinished intents per channel (intent.Store.Backlog, through the intents'
 // partial indexes: SENT rows are never read); with HTTPIdempotency, the stored keys
