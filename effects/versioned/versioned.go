@@ -51,7 +51,7 @@ func (e Entity) validate() error {
 		case len(p.v) > 1024:
 			return fmt.Errorf("entity %s is %d bytes long; it may be at most 1024 bytes", p.name, len(p.v))
 		}
-		if err := wmonce.CheckText("entity "+p.name, p.v); err != nil {
+		if err := setup.CheckText("entity "+p.name, p.v); err != nil {
 			return err
 		}
 	}

@@ -8,7 +8,7 @@ import (
 	"slices"
 	"time"
 
-	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -182,8 +182,8 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// validateConsumer applies wmonce.CheckName, the rule every component applies to names.
-func validateConsumer(name string) error { return wmonce.CheckName("consumer name", name) }
+// validateConsumer applies setup.CheckName, the rule every component applies to names.
+func validateConsumer(name string) error { return setup.CheckName("consumer name", name) }
 
 // policy returns the policy that applies to consumer's claims.
 func (c Config) policy(consumer string) Policy {
