@@ -33,7 +33,7 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// The connector's defaults (Config).
+// Config's defaults.
 const (
 	// defaultPollInterval is Debezium's poll.interval.ms: 10 ms gave a p50 commit-to-consumer
 	// latency of 32 ms with exactly-once on, against 643 ms with Debezium's default of 500 ms.
@@ -41,6 +41,10 @@ const (
 	// defaultHeartbeatInterval keeps the slot's position moving on a quiet database, so that
 	// the slot does not retain WAL written by other tables.
 	defaultHeartbeatInterval = 10 * time.Second
+)
+
+// The connector's defaults that the CLI, the examples and e2e/services share.
+const (
 	// DefaultTopicPartitions is the partition count of topics Connect creates (topics that
 	// exist already keep theirs); the broker package's default too.
 	DefaultTopicPartitions = 3
