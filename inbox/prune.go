@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 
+	"github.com/wmonce/watermill-once/internal/owner"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -18,7 +19,7 @@ import (
 // redeliver (retention, DLQ redrives, consumer-group resets). The scan walks the table in id
 // order and stops at the batch size, so it is cheap while old rows are mostly finished.
 func PruneFinished(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error) {
-	schema, req, cutoff, err := pgtx.CheckPrune(ctx, db, schema, req, pgtx.AnyConsumer)
+	schema, req, cutoff, err := owner.CheckPrune(ctx, db, schema, req, owner.AnyConsumer)
 	if err != nil {
 		return 0, fmt.Errorf("inbox: prune finished: %w", err)
 	}
