@@ -7,18 +7,16 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 )
 
-// ReplanArgs returns the arguments to put before a query's own so that PostgreSQL plans it
-// for each execution, with the table sizes of that moment: on a pool of pgx's database/sql
-// driver, pgx.QueryExecModeExec (an unnamed statement, still one round trip). pgx otherwise
-// prepares every query once per connection, and PostgreSQL keeps the generic plan it chose
-// after five executions until an ANALYZE of the table invalidates it. For a table that was
-// empty when that happened (a new deployment, after a TRUNCATE) the plan is a sequential
-// scan, and it stays one while the table grows to tens of thousands of rows until
-// autovacuum's next ANALYZE: the relay's read of a round cost 5-7 ms instead of 0.1-0.3.
-// Use it for the few statements that run often against a table whose size changes fast and
-// whose plan depends on it; planning costs some 0.2 ms of server CPU each time. nil for other
-// drivers (lib/pq sends unnamed statements already).
+// ReplanArgs returns the arguments to put before a query's own so that PostgreSQL plans it at
+// each execution, with the table sizes of that moment (on pgx's driver, pgx.QueryExecModeExec;
+// nil for other drivers). For the few hot statements on tables whose size changes fast; a plan
+// costs some 0.2 ms of server CPU.
 func ReplanArgs(db *sql.DB) Replan {
+	// pgx otherwise prepares every query once per connection, and PostgreSQL keeps the generic
+	// plan it chose after five executions until an ANALYZE invalidates it. For a table that was
+	// empty then (a new deployment, after a TRUNCATE) that plan is a sequential scan, kept while
+	// the table grows until autovacuum's next ANALYZE: the relay's read of a round cost 5-7 ms
+	// instead of 0.1-0.3. lib/pq sends unnamed statements already.
 	if db == nil {
 		return nil
 	}
