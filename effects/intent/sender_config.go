@@ -63,9 +63,8 @@ type SenderConfig struct {
 	// minutes (or Backoff when that is longer).
 	Backoff    time.Duration
 	MaxBackoff time.Duration
-	// TracerProvider traces every take of an intent: an "intent send" span (kind client) with
-	// the channel, the intent key, the attempt and the state reached; the provider is called
-	// with it in the context. Default otel.GetTracerProvider().
+	// TracerProvider traces every take of an intent (see Tracing in the package doc). Default
+	// otel.GetTracerProvider().
 	TracerProvider trace.TracerProvider
 }
 
