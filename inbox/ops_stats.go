@@ -114,7 +114,7 @@ FROM `+o.q.table+` WHERE status IN ('DONE', 'SKIPPED') GROUP BY consumer`)
 }
 
 // Consumers lists, in name order, every consumer with rows in the inbox, one index probe per
-// consumer (owner.DistinctConsumers), not a scan of the table.
+// consumer, not a scan of the table.
 func (o *Ops) Consumers(ctx context.Context) ([]string, error) {
 	out, err := owner.DistinctConsumers(ctx, o.db, o.q.table)
 	if err != nil {

@@ -51,7 +51,7 @@ func hasDaily(ctx context.Context, db *sql.DB, daily string) (bool, error) {
 }
 
 // ClaimConsumers lists, in name order, the consumers with claims in processed_messages,
-// one index probe per consumer (owner.DistinctConsumers), not a scan of the table. Consumers whose claims are all in
+// one index probe per consumer, not a scan of the table. Consumers whose claims are all in
 // processed_messages_daily are not listed: that table is pruned by whole days (MaintainDays).
 func ClaimConsumers(ctx context.Context, db *sql.DB, schema string) ([]string, error) {
 	pm, _, err := claimTables("claim consumers", db, &schema)
