@@ -77,7 +77,7 @@ func (p *Processor) claimFailed(ctx context.Context, backoff *iworker.Backoff, e
 	return iworker.Sleep(ctx, wait)
 }
 
-// replanned puts pgtx.ReplanArgs before args: the claims, completions, lease renewals and the
+// replanned puts replan.For before args: the claims, completions, lease renewals and the
 // reaper run against tables whose size and make-up change by the second (inbox,
 // inbox_attempts), so a plan cached while they were empty or all PENDING would walk past
 // every finished row, join every attempt record with every row of a batch

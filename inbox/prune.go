@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/wmonce/watermill-once/internal/owner"
+	"github.com/wmonce/watermill-once/internal/replan"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -47,8 +48,8 @@ SELECT count(*) FROM gone`
 	var total int64
 	for ctx.Err() == nil {
 		var n int64
-		// Planned at each run (pgtx.ReplanArgs), as pgtx.DeleteInBatches is.
-		if err := db.QueryRowContext(ctx, query, pgtx.ReplanArgs(db).Args(append(args, req.BatchSize)...)...).Scan(&n); err != nil {
+		// Planned at each run (replan.For), as pgtx.DeleteInBatches is.
+		if err := db.QueryRowContext(ctx, query, replan.For(db).Args(append(args, req.BatchSize)...)...).Scan(&n); err != nil {
 			return total, fmt.Errorf("inbox: prune finished: %w", err)
 		}
 		total += n

@@ -4,16 +4,18 @@ import (
 	"context"
 	"database/sql"
 	"time"
+
+	"github.com/wmonce/watermill-once/internal/replan"
 )
 
 // DeleteInBatches runs query, a DELETE of at most batchSize rows whose last parameter is the
 // batch size (args are the ones before it), until a run deletes fewer than batchSize rows, and
 // returns how many it deleted in all, also when it stops on an error or a cancelled ctx. Each
 // run is a transaction of its own, so a large purge never holds locks for long. It is the one
-// loop behind every owner's Prune. Each run is planned anew (ReplanArgs): a plan cached while
+// loop behind every owner's Prune. Each run is planned anew (internal/replan): a plan cached while
 // the table was small would scan all of it for every batch.
 func DeleteInBatches(ctx context.Context, db *sql.DB, batchSize int, query string, args ...any) (int64, error) {
-	args = ReplanArgs(db).Args(append(args, batchSize)...)
+	args = replan.For(db).Args(append(args, batchSize)...)
 	var total int64
 	for ctx.Err() == nil {
 		res, err := db.ExecContext(ctx, query, args...)

@@ -1,4 +1,7 @@
-package pgtx
+// Package replan makes PostgreSQL plan a hot query at each execution, for the few statements
+// that run often against a table whose size changes fast and whose plan depends on it. It is a
+// leaf: it imports nothing of this module.
+package replan
 
 import (
 	"database/sql"
@@ -7,11 +10,11 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 )
 
-// ReplanArgs returns the arguments to put before a query's own so that PostgreSQL plans it at
+// For returns the arguments to put before a query's own so that PostgreSQL plans it at
 // each execution, with the table sizes of that moment (on pgx's driver, pgx.QueryExecModeExec;
 // nil for other drivers). For the few hot statements on tables whose size changes fast; a plan
 // costs some 0.2 ms of server CPU.
-func ReplanArgs(db *sql.DB) Replan {
+func For(db *sql.DB) Prefix {
 	// pgx otherwise prepares every query once per connection, and PostgreSQL keeps the generic
 	// plan it chose after five executions until an ANALYZE invalidates it. For a table that was
 	// empty then (a new deployment, after a TRUNCATE) that plan is a sequential scan, kept while
@@ -26,11 +29,11 @@ func ReplanArgs(db *sql.DB) Replan {
 	return []any{pgx.QueryExecModeExec}
 }
 
-// Replan is what ReplanArgs returns: the arguments that go before a query's own.
-type Replan []any
+// Prefix is what For returns: the arguments that go before a query's own.
+type Prefix []any
 
-// Args returns r followed by args, in a new slice each time, so a Replan kept by a component
+// Args returns r followed by args, in a new slice each time, so a Prefix kept by a component
 // serves concurrent queries.
-func (r Replan) Args(args ...any) []any {
+func (r Prefix) Args(args ...any) []any {
 	return append(r[:len(r):len(r)], args...)
 }
