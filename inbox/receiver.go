@@ -281,7 +281,7 @@ func (r *Receiver) StoreTx(ctx context.Context, tx pgtx.Executor, topic string, 
 	if len(msgs) == 0 {
 		return 0, nil
 	}
-	if pgtx.IsNil(tx) { // also a nil *sql.Tx from pgtx.TxFromContext outside a transaction
+	if setup.IsNil(tx) { // also a nil *sql.Tx from pgtx.TxFromContext outside a transaction
 		return 0, fmt.Errorf("inbox: StoreTx: %w: tx is nil", pgtx.ErrNoTransaction)
 	}
 	rows := make([]row, len(msgs))

@@ -150,7 +150,7 @@ func (w *Writer) store(ctx context.Context, tx pgtx.Executor, topic string, msgs
 	if len(msgs) == 0 {
 		return nil
 	}
-	if pgtx.IsNil(tx) {
+	if setup.IsNil(tx) {
 		return fmt.Errorf("outbox: %w: tx is nil (outside a transaction, pgtx.TxFromContext returns a nil *sql.Tx)", pgtx.ErrNoTransaction)
 	}
 	if err := w.CheckTopic(topic); err != nil {

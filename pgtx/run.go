@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/internal/worker"
 )
 
@@ -65,7 +66,7 @@ type Beginner interface {
 // rolls back and is returned as is; fn must therefore not have effects outside the
 // transaction that it cannot repeat. A panic in fn rolls back and propagates.
 func RunInTx(ctx context.Context, db Beginner, opts *sql.TxOptions, policy RetryPolicy, fn func(ctx context.Context, tx *sql.Tx) error) error {
-	if IsNil(db) {
+	if setup.IsNil(db) {
 		return errors.New("pgtx: RunInTx: db is nil")
 	}
 	return Retry(ctx, policy, func(ctx context.Context, _ int) error {

@@ -177,7 +177,7 @@ func (s *Store) Record(msg *message.Message, d Draft) (Recorded, error) {
 // Rollback on the handler's transaction) it fails with a permanent error wrapping
 // wmonce.ErrHandlerEndedTx.
 func (s *Store) RecordTx(ctx context.Context, tx pgtx.Executor, d Draft) (Recorded, error) {
-	if pgtx.IsNil(tx) { // also a nil *sql.Tx from pgtx.TxFromContext outside a transaction
+	if setup.IsNil(tx) { // also a nil *sql.Tx from pgtx.TxFromContext outside a transaction
 		return Recorded{}, fmt.Errorf("intent: %w: tx is nil (outside a transaction, pgtx.TxFromContext returns a nil *sql.Tx)", pgtx.ErrNoTransaction)
 	}
 	if err := validateChannel(d.Channel); err != nil {

@@ -192,7 +192,7 @@ func (v *Versions) apply(ctx context.Context, tx pgtx.Executor, e Entity, versio
 
 // Current returns the stored version of e, or the first version - 1 when there is none.
 func (v *Versions) Current(ctx context.Context, q pgtx.Executor, e Entity) (int64, error) {
-	if pgtx.IsNil(q) {
+	if setup.IsNil(q) {
 		return 0, errNilTx
 	}
 	if err := e.validate(); err != nil {
@@ -215,7 +215,7 @@ func (v *Versions) SetVersion(ctx context.Context, q pgtx.Executor, e Entity, ve
 var errNilTx = fmt.Errorf("versioned: %w: tx is nil: pass the handler's transaction (pgtx.TxFromContext)", pgtx.ErrNoTransaction)
 
 func (v *Versions) check(tx pgtx.Executor, e Entity, version int64) error {
-	if pgtx.IsNil(tx) {
+	if setup.IsNil(tx) {
 		return errNilTx
 	}
 	if err := e.validate(); err != nil {
