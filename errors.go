@@ -3,9 +3,7 @@ package wmonce
 import (
 	"errors"
 	"fmt"
-	"runtime/debug"
 
-	"github.com/ThreeDotsLabs/watermill/message"
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 )
 
@@ -40,17 +38,6 @@ type PanicError struct {
 }
 
 func (e *PanicError) Error() string { return fmt.Sprintf("handler panicked: %v", e.Value) }
-
-// CallHandler calls h with msg and returns a panic of h as a *PanicError, so that the caller
-// rolls back and retries or parks it as any other failure.
-func CallHandler(h message.HandlerFunc, msg *message.Message) (out []*message.Message, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = &PanicError{Value: r, Stack: string(debug.Stack())}
-		}
-	}()
-	return h(msg)
-}
 
 // IsPanic reports a recovered panic, ours or Watermill's Recoverer's.
 func IsPanic(err error) bool {

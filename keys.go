@@ -57,59 +57,31 @@ func KeyFromPayloadSHA256() KeyFunc {
 // id). It exists for readability at the call site; any KeyFunc works.
 func KeyFromFunc(f func(msg *message.Message) (string, error)) KeyFunc { return f }
 
-// MaxKeyLengthLimit is the largest MaxKeyLength accepted: PostgreSQL b-tree entries must stay
-// well under a third of a page.
-const MaxKeyLengthLimit = 1024
-
-// DefaultMaxKeyLength is every component's MaxKeyLength when none is set.
-const DefaultMaxKeyLength = 255
-
 // SetKeyDefaults fills in the dedupe-key settings a component's Config left zero: the message
-// UUID as key (KeyFromUUID), keys up to DefaultMaxKeyLength bytes.
+// UUID as key (KeyFromUUID), keys up to 255 bytes.
 func SetKeyDefaults(key *KeyFunc, maxKeyLength *int) {
 	if *key == nil {
 		*key = KeyFromUUID()
 	}
 	if *maxKeyLength == 0 {
-		*maxKeyLength = DefaultMaxKeyLength
+		*maxKeyLength = setup.DefaultMaxKeyLength
 	}
 }
 
 // SetAgeGuardDefaults fills in the parts of a MaxMessageAge guard a component's Config left
-// nil: the event time read from the RFC 3339 metadata field (OccurredAtFromMetadata), and
+// nil: the event time read from the RFC 3339 metadata field (occurredAtFromMetadata), and
 // time.Now as the clock.
 func SetAgeGuardDefaults(occurredAt *func(*message.Message) (time.Time, bool, error), now *func() time.Time, field string) {
 	if *occurredAt == nil {
-		*occurredAt = OccurredAtFromMetadata(field)
+		*occurredAt = occurredAtFromMetadata(field)
 	}
 	if *now == nil {
 		*now = time.Now
 	}
 }
 
-// CheckMaxKeyLength reports a MaxKeyLength setting outside 1 to MaxKeyLengthLimit, the range
-// every component accepts.
-func CheckMaxKeyLength(n int) error {
-	return setup.Between("MaxKeyLength", n, 1, MaxKeyLengthLimit)
-}
-
-// CheckKey applies the rules every dedupe key must meet: not empty, at most maxLen bytes, and
-// text PostgreSQL can store (valid UTF-8, no NUL). The inbox applies the same rules.
-func CheckKey(key string, maxLen int) error {
-	switch {
-	case key == "":
-		return errors.New("key is empty")
-	case len(key) > maxLen:
-		return fmt.Errorf("key is %d bytes long, over MaxKeyLength (%d): raise MaxKeyLength (up to %d) or use KeyFromPayloadSHA256 / a shorter business key", len(key), maxLen, MaxKeyLengthLimit)
-	}
-	if err := CheckText("key", key); err != nil {
-		return fmt.Errorf("%w: use KeyFromPayloadSHA256 or hex-encode it", err)
-	}
-	return nil
-}
-
-// OccurredAtFromMetadata reads the event time from an RFC 3339 metadata field.
-func OccurredAtFromMetadata(field string) func(*message.Message) (time.Time, bool, error) {
+// occurredAtFromMetadata reads the event time from an RFC 3339 metadata field.
+func occurredAtFromMetadata(field string) func(*message.Message) (time.Time, bool, error) {
 	return func(msg *message.Message) (time.Time, bool, error) {
 		v := msg.Metadata.Get(field)
 		if v == "" {

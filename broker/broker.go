@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/internal/testsignal"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -287,11 +288,11 @@ func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
 }
 
 func sqlStorable(m *message.Message) error {
-	if err := wmonce.CheckText("UUID", m.UUID); err != nil {
+	if err := setup.CheckText("UUID", m.UUID); err != nil {
 		return err
 	}
 	for k, v := range m.Metadata {
-		if err := wmonce.CheckText(fmt.Sprintf("metadata %.40q", k), k, v); err != nil {
+		if err := setup.CheckText(fmt.Sprintf("metadata %.40q", k), k, v); err != nil {
 			return fmt.Errorf("%w: the SQL broker stores metadata as JSON, which cannot carry it byte for byte", err)
 		}
 	}

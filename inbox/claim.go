@@ -75,7 +75,7 @@ func (p *Processor) claimFailed(ctx context.Context, backoff *iworker.Backoff, e
 	return iworker.Sleep(ctx, wait)
 }
 
-// replanned puts pgtx.ReplanArgs before args: the claims, completions, lease renewals and the
+// replanned puts replan.For before args: the claims, completions, lease renewals and the
 // reaper run against a table whose size and make-up change by the second, so a plan cached
 // while it was empty or all PENDING would walk past every finished row or scan the whole inbox
 // where an index finds the rows.

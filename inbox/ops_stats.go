@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/wmonce/watermill-once/internal/owner"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -113,9 +114,9 @@ FROM `+o.q.table+` WHERE status IN ('DONE', 'SKIPPED') GROUP BY consumer`)
 }
 
 // Consumers lists, in name order, every consumer with rows in the inbox, one index probe per
-// consumer (pgtx.DistinctConsumers), not a scan of the table.
+// consumer, not a scan of the table.
 func (o *Ops) Consumers(ctx context.Context) ([]string, error) {
-	out, err := pgtx.DistinctConsumers(ctx, o.db, o.q.table)
+	out, err := owner.DistinctConsumers(ctx, o.db, o.q.table)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: consumers: %w", err)
 	}

@@ -14,12 +14,12 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/wmonce/watermill-once/internal/lend"
+	"github.com/wmonce/watermill-once/internal/replan"
 	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/internal/tracing"
 	"github.com/wmonce/watermill-once/internal/txguard"
 	iworker "github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/outbox"
-	"github.com/wmonce/watermill-once/pgtx"
 )
 
 // ProcessorCounters are a processor's running totals since it was created.
@@ -95,8 +95,8 @@ type Processor struct {
 
 	guardFound atomic.Bool // the schema has the attempt guard (see requireGuard)
 
-	floor, lastRescan, rescanTook atomic.Int64 // see claimAfter
-	replan                        pgtx.Replan  // see replanned
+	floor, lastRescan, rescanTook atomic.Int64  // see claimAfter
+	replan                        replan.Prefix // see replanned
 
 	testSignals processorTestSignals
 }
@@ -122,7 +122,7 @@ func NewProcessor(db *sql.DB, handler message.HandlerFunc, config ProcessorConfi
 		logger:  logger.With(watermill.LogFields{"consumer": config.Consumer}),
 		q:       newQueries(config.Schema),
 		guard:   txguard.For(config.Schema, db),
-		replan:  pgtx.ReplanArgs(db),
+		replan:  replan.For(db),
 		tracer:  tracing.Tracer(config.TracerProvider),
 		wake:    make(chan struct{}, config.Workers),
 	}

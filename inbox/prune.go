@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"fmt"
 
+	"github.com/wmonce/watermill-once/internal/owner"
+	"github.com/wmonce/watermill-once/internal/replan"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -18,7 +20,7 @@ import (
 // redeliver (retention, DLQ redrives, consumer-group resets). The scan walks the table in id
 // order and stops at the batch size, so it is cheap while old rows are mostly finished.
 func PruneFinished(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error) {
-	schema, req, cutoff, err := pgtx.CheckPrune(ctx, db, schema, req, pgtx.AnyConsumer)
+	schema, req, cutoff, err := owner.CheckPrune(ctx, db, schema, req, owner.AnyConsumer)
 	if err != nil {
 		return 0, fmt.Errorf("inbox: prune finished: %w", err)
 	}
@@ -42,8 +44,8 @@ SELECT count(*) FROM gone`
 	var total int64
 	for ctx.Err() == nil {
 		var n int64
-		// Planned at each run (pgtx.ReplanArgs), as pgtx.DeleteInBatches is.
-		if err := db.QueryRowContext(ctx, query, pgtx.ReplanArgs(db).Args(append(args, req.BatchSize)...)...).Scan(&n); err != nil {
+		// Planned at each run (replan.For), as pgtx.DeleteInBatches is.
+		if err := db.QueryRowContext(ctx, query, replan.For(db).Args(append(args, req.BatchSize)...)...).Scan(&n); err != nil {
 			return total, fmt.Errorf("inbox: prune finished: %w", err)
 		}
 		total += n

@@ -82,7 +82,7 @@ type ReceiverConfig struct {
 	// Key returns each message's dedupe key. Default wmonce.KeyFromUUID.
 	Key wmonce.KeyFunc
 	// MaxKeyLength refuses longer dedupe and ordering keys (in bytes). Default 255, at most
-	// wmonce.MaxKeyLengthLimit.
+	// 1024.
 	MaxKeyLength int
 	// OrderingKey selects per-key ordering. Default nil: no ordering, rows are processed in
 	// parallel in roughly received order.
@@ -138,7 +138,7 @@ func (c ReceiverConfig) Validate() error {
 	return errors.Join(
 		pgtx.ValidateIdentifier("schema", c.Schema),
 		validateConsumer(c.Consumer),
-		wmonce.CheckMaxKeyLength(c.MaxKeyLength),
+		setup.CheckMaxKeyLength(c.MaxKeyLength),
 		setup.Between("BatchSize", c.BatchSize, 1, MaxBatchSize),
 		setup.Between("Workers", c.Workers, 1, 64),
 		setup.Between("Linger", c.Linger, 0, time.Second),
@@ -147,9 +147,9 @@ func (c ReceiverConfig) Validate() error {
 	)
 }
 
-// validateConsumer applies wmonce.CheckName, the rule every component applies to names.
+// validateConsumer applies setup.CheckName, the rule every component applies to names.
 func validateConsumer(consumer string) error {
-	if err := wmonce.CheckName("Consumer", consumer); err != nil {
+	if err := setup.CheckName("Consumer", consumer); err != nil {
 		return fmt.Errorf("%w (the Receiver, Processor and Ops of one inbox name the same consumer)", err)
 	}
 	return nil
@@ -281,7 +281,7 @@ func (r *Receiver) StoreTx(ctx context.Context, tx pgtx.Executor, topic string, 
 	if len(msgs) == 0 {
 		return 0, nil
 	}
-	if pgtx.IsNil(tx) { // also a nil *sql.Tx from pgtx.TxFromContext outside a transaction
+	if setup.IsNil(tx) { // also a nil *sql.Tx from pgtx.TxFromContext outside a transaction
 		return 0, fmt.Errorf("inbox: StoreTx: %w: tx is nil", pgtx.ErrNoTransaction)
 	}
 	rows := make([]row, len(msgs))
@@ -333,7 +333,7 @@ func (r *Receiver) prepare(msg *message.Message, topic string) (row, error) {
 	view := lend.View(msg) // what the key functions get: they cannot ack the delivery
 	key, err := r.config.Key(view)
 	if err == nil {
-		err = wmonce.CheckKey(key, r.config.MaxKeyLength)
+		err = setup.CheckKey(key, r.config.MaxKeyLength)
 	}
 	if err != nil {
 		return row{}, r.refuse(msg, fmt.Errorf("%w for message %q (consumer %q): %w", wmonce.ErrInvalidKey, msg.UUID, r.config.Consumer, err))
@@ -342,7 +342,7 @@ func (r *Receiver) prepare(msg *message.Message, topic string) (row, error) {
 	if r.config.OrderingKey != nil {
 		orderingKey, err = r.config.OrderingKey(view)
 		if err == nil && orderingKey != "" {
-			err = wmonce.CheckKey(orderingKey, r.config.MaxKeyLength)
+			err = setup.CheckKey(orderingKey, r.config.MaxKeyLength)
 		}
 		if err != nil {
 			return row{}, r.refuse(msg, fmt.Errorf("%w for message %q (consumer %q): %w", ErrInvalidOrderingKey, msg.UUID, r.config.Consumer, err))
@@ -350,10 +350,10 @@ func (r *Receiver) prepare(msg *message.Message, topic string) (row, error) {
 	}
 	metadata, err := encodeMetadata(msg.Metadata)
 	if err == nil {
-		err = wmonce.CheckText("topic name", topic)
+		err = setup.CheckText("topic name", topic)
 	}
 	if err == nil {
-		err = wmonce.CheckText("message UUID", msg.UUID)
+		err = setup.CheckText("message UUID", msg.UUID)
 	}
 	if err != nil {
 		return row{}, r.refuse(msg, fmt.Errorf("%w in message %q (consumer %q): %w", ErrInvalidMetadata, msg.UUID, r.config.Consumer, err))
@@ -453,7 +453,7 @@ func encodeMetadata(md message.Metadata) (string, error) {
 		return "{}", nil
 	}
 	for k, v := range md {
-		if err := wmonce.CheckText(fmt.Sprintf("metadata field %.40q", k), k, v); err != nil {
+		if err := setup.CheckText(fmt.Sprintf("metadata field %.40q", k), k, v); err != nil {
 			return "", err
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/outbox"
 )
 
@@ -205,7 +206,7 @@ func TestConfigValidation(t *testing.T) {
 		"blank consumer": {Consumer: "  "},
 		"NUL consumer":   {Consumer: "pay\x00ments"},
 		"bad schema":     {Consumer: "c", Schema: "x; DROP TABLE y"},
-		"key too long":   {Consumer: "c", MaxKeyLength: wmonce.MaxKeyLengthLimit + 1},
+		"key too long":   {Consumer: "c", MaxKeyLength: setup.MaxKeyLengthLimit + 1},
 		"batch too big":  {Consumer: "c", BatchSize: inbox.MaxBatchSize + 1},
 		"writers":        {Consumer: "c", Workers: -1},
 		"linger":         {Consumer: "c", Linger: time.Hour},

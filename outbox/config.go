@@ -9,7 +9,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -60,12 +60,12 @@ func (c Config) Validate() error {
 	return errors.Join(pgtx.ValidateIdentifier("schema", c.Schema), checkSource(c.Source))
 }
 
-// checkSource applies the rule of every name (wmonce.CheckName) to a non-empty Source.
+// checkSource applies the rule of every name (setup.CheckName) to a non-empty Source.
 func checkSource(source string) error {
 	if source == "" {
 		return nil
 	}
-	return wmonce.CheckName("Source", source)
+	return setup.CheckName("Source", source)
 }
 
 // maxTopicLength is the longest topic DefaultValidateTopic accepts, in bytes: Kafka's limit.
@@ -80,7 +80,7 @@ func DefaultValidateTopic(topic string) error {
 	if len(topic) > maxTopicLength {
 		return fmt.Errorf("topic %.40q... is %d bytes long; the limit is %d", topic, len(topic), maxTopicLength)
 	}
-	if err := wmonce.CheckText("topic", topic); err != nil {
+	if err := setup.CheckText("topic", topic); err != nil {
 		return err
 	}
 	for _, r := range topic {

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/wmonce/watermill-once/internal/owner"
 	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -123,7 +124,7 @@ func RelayActive(ctx context.Context, db *sql.DB, schema, name string) (bool, er
 // The position of a replication slot (RegisterSlotPosition, for Debezium) counts as a relay of
 // every source that has published what the slot confirmed (AdvanceSlotPosition).
 func Prune(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error) {
-	schema, req, cutoff, err := pgtx.CheckPrune(ctx, db, schema, req, pgtx.Unscoped)
+	schema, req, cutoff, err := owner.CheckPrune(ctx, db, schema, req, owner.Unscoped)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: prune: %w", err)
 	}
@@ -290,7 +291,7 @@ func rejectedRowScanner(withPayload bool) func(pgtx.Scanner) (RejectedRow, error
 // the relay could not forward: prune only what operators have had time to look at (see
 // ListRejected) and republish (RepublishRejected). The retention janitor calls it when retention.Config.RejectedKeep is set.
 func PruneRejected(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error) {
-	n, err := pgtx.PruneOlder(ctx, db, schema, req, "outbox_rejected", "rejected_at", false, "")
+	n, err := owner.PruneOlder(ctx, db, schema, req, "outbox_rejected", "rejected_at", false, "")
 	if err != nil {
 		return n, fmt.Errorf("outbox: prune rejected: %w", err)
 	}

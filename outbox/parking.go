@@ -11,8 +11,7 @@ import (
 	"strings"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-
-	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/setup"
 )
 
 // Markers on a parked copy that Parkable had to change (see Parkable). RecoverParked reads them
@@ -134,7 +133,7 @@ func parkableAsIs(msg *message.Message) bool {
 		return false
 	}
 	for k, v := range msg.Metadata {
-		if !wmonce.IsText(k) || !wmonce.IsText(v) || reservedKey(k) {
+		if !setup.IsText(k) || !setup.IsText(v) || reservedKey(k) {
 			return false
 		}
 	}
@@ -142,11 +141,11 @@ func parkableAsIs(msg *message.Message) bool {
 }
 
 func storableUUID(uuid string) bool {
-	return uuid != "" && len(uuid) <= MaxUUIDLength && wmonce.IsText(uuid)
+	return uuid != "" && len(uuid) <= MaxUUIDLength && setup.IsText(uuid)
 }
 
 // mustEncode reports whether the entry is encoded in a copy that Parkable changes.
-func mustEncode(k, v string) bool { return !wmonce.IsText(v) || !plainKey(k) }
+func mustEncode(k, v string) bool { return !setup.IsText(v) || !plainKey(k) }
 
 // plainKey reports whether k can name an entry of a changed copy as it is: text, not reserved,
 // and not mistakable for a marker or an encoded key.
@@ -155,7 +154,7 @@ func plainKey(k string) bool {
 	case MetadataUUIDMissing, MetadataUUIDOriginalBase64, MetadataBase64Keys:
 		return false
 	}
-	return wmonce.IsText(k) && !reservedKey(k) && !strings.HasPrefix(k, Base64KeyPrefix)
+	return setup.IsText(k) && !reservedKey(k) && !strings.HasPrefix(k, Base64KeyPrefix)
 }
 
 // ErrNotParked is wrapped by RecoverParked's error for markers it cannot read: the message was

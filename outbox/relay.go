@@ -10,11 +10,11 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/wmonce/watermill-once/internal/replan"
 	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/internal/testsignal"
 	"github.com/wmonce/watermill-once/internal/tracing"
 	"github.com/wmonce/watermill-once/internal/worker"
-	"github.com/wmonce/watermill-once/pgtx"
 )
 
 // RelayCounters are the relay's running totals since it was created.
@@ -92,7 +92,7 @@ type Relay struct {
 	logger    watermill.LoggerAdapter
 	tracer    trace.Tracer
 	q         relayQueries
-	replan    pgtx.Replan // see replanned
+	replan    replan.Prefix // see replanned
 
 	forwarded, rounds, failures, rejected, held, otherSource, fenced, rechecks atomic.Uint64
 	heldTopics                                                                 atomic.Int64
@@ -154,7 +154,7 @@ func NewRelay(db *sql.DB, publisher message.Publisher, config RelayConfig, logge
 		logger:    logger,
 		tracer:    tracing.Tracer(config.TracerProvider),
 		q:         newRelayQueries(config.Schema),
-		replan:    pgtx.ReplanArgs(db),
+		replan:    replan.For(db),
 		channel:   relayChannel(config.Schema),
 	}
 	r.leader = &worker.Leader{
@@ -193,7 +193,7 @@ func (r *Relay) Counters() RelayCounters {
 // Name is the relay's position name (RelayConfig.Name), the label its metrics carry.
 func (r *Relay) Name() string { return r.config.Name }
 
-// replanned puts pgtx.ReplanArgs before args, for the reads of tables whose size changes by the
+// replanned puts replan.For before args, for the reads of tables whose size changes by the
 // second (outbox, outbox_held, outbox_delayed): a plan cached while they were empty scans them
 // whole (the read of a round: 5-7 ms instead of 0.1-0.3 at 20,000 rows; a held or delayed read
 // 6-10 ms at 50,000 held or delayed rows).

@@ -148,7 +148,7 @@ func (c *RelayConfig) setDefaults() {
 func (c RelayConfig) Validate() error {
 	errs := []error{
 		pgtx.ValidateIdentifier("schema", c.Schema),
-		wmonce.CheckName("relay Name", c.Name),
+		setup.CheckName("relay Name", c.Name),
 		checkRelayNotSlotPosition(c.Name),
 		checkSource(c.Source),
 		setup.Between("BatchSize", c.BatchSize, 1, maxBatchSize),

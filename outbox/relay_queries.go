@@ -61,7 +61,7 @@ WHERE consumer_group = $1 RETURNING snapshot::text, target_snapshot::text, targe
 		// planner from hashing the batch (estimated at LIMIT $2 rows) against a scan of the whole
 		// outbox, which it chose at 20,000 rows, a round then costing milliseconds instead of
 		// 0.1 ms (TestRelayReadsARoundByIndexInEveryPlanMode). The relay runs it with
-		// pgtx.ReplanArgs: a plan cached while the outbox was empty scans it too. A round with no rows still returns one (offset NULL) carrying
+		// replan.For: a plan cached while the outbox was empty scans it too. A round with no rows still returns one (offset NULL) carrying
 		// the snapshot: its in-progress list tells an idle relay whom to wait for (wakeup).
 		// Rows of another source than $3 are returned without payload: the relay only passes
 		// over them.

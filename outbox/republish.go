@@ -8,7 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -76,7 +76,7 @@ func RepublishRejected(ctx context.Context, db *sql.DB, schema string, req Repub
 		return RepublishResult{}, errors.New("outbox: republish rejected: give offsets or All, not both")
 	}
 	for _, k := range req.RemoveMetadata {
-		if err := wmonce.CheckName("metadata key to remove", k); err != nil {
+		if err := setup.CheckName("metadata key to remove", k); err != nil {
 			return RepublishResult{}, fmt.Errorf("outbox: republish rejected: %w", err)
 		}
 	}

@@ -12,7 +12,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/trace"
 
-	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/pgnotify"
 	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/internal/tracing"
@@ -30,7 +29,7 @@ var ErrInvalidMessage = errors.New("outbox: message cannot be stored")
 const codeUndefinedColumn = "42703"
 
 // MaxUUIDLength is the longest UUID stored, in bytes: the longest dedupe key a consumer can
-// accept (wmonce.MaxKeyLengthLimit). UUIDs longer than 36 characters are fine: the outbox
+// accept (1024). UUIDs longer than 36 characters are fine: the outbox
 // and the broker package's SQL topic tables store them as text.
 const MaxUUIDLength = 1024
 
@@ -151,7 +150,7 @@ func (w *Writer) store(ctx context.Context, tx pgtx.Executor, topic string, msgs
 	if len(msgs) == 0 {
 		return nil
 	}
-	if pgtx.IsNil(tx) {
+	if setup.IsNil(tx) {
 		return fmt.Errorf("outbox: %w: tx is nil (outside a transaction, pgtx.TxFromContext returns a nil *sql.Tx)", pgtx.ErrNoTransaction)
 	}
 	if err := w.CheckTopic(topic); err != nil {
@@ -228,7 +227,7 @@ func (w *Writer) store(ctx context.Context, tx pgtx.Executor, topic string, msgs
 // topic: not text, or refused by Config.ValidateTopic. Check a configured topic with it at
 // start-up (once.Stack checks its poison topic) rather than at the first message.
 func (w *Writer) CheckTopic(topic string) error {
-	if err := wmonce.CheckText("topic", topic); err != nil {
+	if err := setup.CheckText("topic", topic); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidMessage, err)
 	}
 	if err := w.config.ValidateTopic(topic); err != nil {
@@ -247,8 +246,8 @@ func checkMessage(msg *message.Message) error {
 		return errors.New("empty UUID: create it with message.NewMessage(watermill.NewUUID(), payload) or a stable business id")
 	case len(msg.UUID) > MaxUUIDLength:
 		return fmt.Errorf("UUID %.40q... is %d bytes long; the limit is %d (the longest dedupe key a consumer accepts)", msg.UUID, len(msg.UUID), MaxUUIDLength)
-	case !wmonce.IsText(msg.UUID):
-		return fmt.Errorf("%w: PostgreSQL text and JSON cannot carry it byte for byte; hex- or base64-encode it", wmonce.CheckText("UUID", msg.UUID))
+	case !setup.IsText(msg.UUID):
+		return fmt.Errorf("%w: PostgreSQL text and JSON cannot carry it byte for byte; hex- or base64-encode it", setup.CheckText("UUID", msg.UUID))
 	}
 	if err := checkText("metadata", msg.Metadata); err != nil {
 		return fmt.Errorf("message %s: %w", msg.UUID, err)
@@ -260,10 +259,10 @@ func checkMessage(msg *message.Message) error {
 // that PostgreSQL text, jsonb and the inbox refuse (NUL).
 func checkText(what string, md message.Metadata) error {
 	for k, v := range md {
-		if err := wmonce.CheckText(fmt.Sprintf("%s key", what), k); err != nil {
+		if err := setup.CheckText(fmt.Sprintf("%s key", what), k); err != nil {
 			return fmt.Errorf("%w: it is stored as JSON, which cannot carry it byte for byte", err)
 		}
-		if err := wmonce.CheckText(fmt.Sprintf("%s %.40q: value", what, k), v); err != nil {
+		if err := setup.CheckText(fmt.Sprintf("%s %.40q: value", what, k), v); err != nil {
 			return fmt.Errorf("%w: it is stored as JSON, which cannot carry it byte for byte; base64-encode binary values", err)
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"reflect"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	wsql4 "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
@@ -69,19 +68,4 @@ func UnsupportedSubscriberTx(ctx context.Context) error {
 		return nil
 	}
 	return fmt.Errorf("%w (got %T)", ErrUnsupportedSubscriberTx, tx)
-}
-
-// IsNil reports whether v is nil or an interface holding a nil pointer (or other nil
-// reference). `tx, _ := TxFromContext(ctx)` outside a transaction yields a nil *sql.Tx; passed
-// as an executor interface it is not == nil, and database/sql panics on it. Functions that take
-// an executor check it with IsNil and return an error instead.
-func IsNil(v any) bool {
-	if v == nil {
-		return true
-	}
-	switch rv := reflect.ValueOf(v); rv.Kind() {
-	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
-		return rv.IsNil()
-	}
-	return false
 }

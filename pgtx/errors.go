@@ -9,18 +9,18 @@ import (
 // SQLSTATE codes this module acts on. See https://www.postgresql.org/docs/current/errcodes-appendix.html.
 const (
 	CodeSerializationFailure = "40001"
-	CodeDeadlockDetected     = "40P01"
-	CodeUniqueViolation      = "23505"
-	CodeForeignKeyViolation  = "23503"
 	CodeCheckViolation       = "23514"
-	CodeQueryCanceled        = "57014"
-	CodeAdminShutdown        = "57P01"
-	CodeLockNotAvailable     = "55P03"
 	CodeUndefinedTable       = "42P01"
 	CodeUndefinedFunction    = "42883"
 	CodeInvalidSchemaName    = "3F000"
 	CodeInFailedTransaction  = "25P02"
-	CodeRaiseException       = "P0001"
+)
+
+// Codes only this package tests for.
+const (
+	codeDeadlockDetected = "40P01"
+	codeUniqueViolation  = "23505"
+	codeAdminShutdown    = "57P01"
 )
 
 // SQLState returns the SQLSTATE of the PostgreSQL error in err's chain, or "" if there is none.
@@ -36,29 +36,22 @@ func SQLState(err error) string {
 // REPEATABLE READ or SERIALIZABLE and left nothing behind. Retrying it as a new transaction is safe.
 func IsSerializationFailure(err error) bool { return SQLState(err) == CodeSerializationFailure }
 
-// IsDeadlock reports SQLSTATE 40P01: PostgreSQL aborted this transaction to break a deadlock.
-func IsDeadlock(err error) bool { return SQLState(err) == CodeDeadlockDetected }
-
 // IsRetryableTx reports whether a whole transaction that failed with err may be run again from
 // the start: serialization failures and deadlocks. Anything else (including a connection lost
 // during COMMIT, whose outcome is unknown) is not retried here.
 func IsRetryableTx(err error) bool {
 	switch SQLState(err) {
-	case CodeSerializationFailure, CodeDeadlockDetected:
+	case CodeSerializationFailure, codeDeadlockDetected:
 		return true
 	}
 	return false
 }
 
 // IsUniqueViolation reports SQLSTATE 23505.
-func IsUniqueViolation(err error) bool { return SQLState(err) == CodeUniqueViolation }
+func IsUniqueViolation(err error) bool { return SQLState(err) == codeUniqueViolation }
 
 // IsUndefinedTable reports SQLSTATE 42P01, which here nearly always means migrations were not applied.
 func IsUndefinedTable(err error) bool { return SQLState(err) == CodeUndefinedTable }
-
-// IsUndefinedFunction reports SQLSTATE 42883: a function the statement calls does not exist
-// (for this module's own functions: a migration has not been applied).
-func IsUndefinedFunction(err error) bool { return SQLState(err) == CodeUndefinedFunction }
 
 // IsConnectionError reports an error that happened at the connection level rather than as a
 // PostgreSQL error response: a dropped network connection, a terminated backend
@@ -68,7 +61,7 @@ func IsConnectionError(err error) bool {
 		return false
 	}
 	switch SQLState(err) {
-	case CodeAdminShutdown, "57P02", "57P03", "08000", "08003", "08006", "08001", "08004":
+	case codeAdminShutdown, "57P02", "57P03", "08000", "08003", "08006", "08001", "08004":
 		return true
 	case "":
 		var pgErr *pgconn.PgError

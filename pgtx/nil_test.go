@@ -21,20 +21,6 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-func TestIsNil(t *testing.T) {
-	t.Parallel()
-	var tx *sql.Tx //nolint:staticcheck // SA4023, see below
-	var execer interface {
-		ExecContext(context.Context, string, ...any) (sql.Result, error)
-	} = tx
-	require.True(t, execer != nil, //nolint:staticcheck // SA4023: always true, which is the trap this test shows
-		"the trap: an interface holding a nil pointer is not nil")
-	require.True(t, pgtx.IsNil(execer))
-	require.True(t, pgtx.IsNil(nil))
-	require.False(t, pgtx.IsNil(pgtest.DB(t)))
-	require.False(t, pgtx.IsNil(0))
-}
-
 // `tx, _ := pgtx.TxFromContext(ctx)` outside a transaction yields a nil *sql.Tx. Every exported
 // function that takes an executor (or a *sql.DB) must return an error for it, not panic inside
 // database/sql. Constructors already refuse a nil *sql.DB; these are the rest.

@@ -19,10 +19,10 @@ const DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disa
 
 // Defaults of PoolConfig.
 const (
-	DefaultMaxOpenConns    = 32
-	DefaultConnMaxLifetime = 30 * time.Minute
-	DefaultConnMaxIdleTime = 5 * time.Minute
-	DefaultPingTimeout     = 5 * time.Second
+	defaultMaxOpenConns    = 32
+	defaultConnMaxLifetime = 30 * time.Minute
+	defaultConnMaxIdleTime = 5 * time.Minute
+	defaultPingTimeout     = 5 * time.Second
 )
 
 // PoolConfig sizes the database/sql pool. The effectively-once middleware holds one connection
@@ -30,19 +30,17 @@ const (
 // be at least as large as the number of messages processed at once, plus a few for the relay and
 // background work; otherwise handlers queue for connections instead of the database.
 type PoolConfig struct {
-	// MaxOpenConns caps open connections. Default DefaultMaxOpenConns (32).
+	// MaxOpenConns caps open connections. Default 32.
 	MaxOpenConns int
 	// MaxIdleConns keeps connections warm between bursts. Default: MaxOpenConns, so a burst
 	// never pays for new connections (each costs a PostgreSQL backend fork and a TLS/auth round).
 	MaxIdleConns int
 	// ConnMaxLifetime recycles connections so that server-side memory and prepared statements
-	// do not grow forever. Default DefaultConnMaxLifetime (30 minutes).
+	// do not grow forever. Default 30 minutes.
 	ConnMaxLifetime time.Duration
-	// ConnMaxIdleTime closes connections idle for this long. Default DefaultConnMaxIdleTime (5
-	// minutes).
+	// ConnMaxIdleTime closes connections idle for this long. Default 5 minutes.
 	ConnMaxIdleTime time.Duration
-	// PingTimeout bounds the reachability check Open performs. Default DefaultPingTimeout (5
-	// seconds).
+	// PingTimeout bounds the reachability check Open performs. Default 5 seconds.
 	PingTimeout time.Duration
 
 	// DisableLazyBegin sends BEGIN on its own when a transaction begins. By default it is held
@@ -57,11 +55,11 @@ type PoolConfig struct {
 }
 
 func (c *PoolConfig) setDefaults() {
-	c.MaxOpenConns = cmp.Or(c.MaxOpenConns, DefaultMaxOpenConns)
+	c.MaxOpenConns = cmp.Or(c.MaxOpenConns, defaultMaxOpenConns)
 	c.MaxIdleConns = cmp.Or(c.MaxIdleConns, c.MaxOpenConns)
-	c.ConnMaxLifetime = cmp.Or(c.ConnMaxLifetime, DefaultConnMaxLifetime)
-	c.ConnMaxIdleTime = cmp.Or(c.ConnMaxIdleTime, DefaultConnMaxIdleTime)
-	c.PingTimeout = cmp.Or(c.PingTimeout, DefaultPingTimeout)
+	c.ConnMaxLifetime = cmp.Or(c.ConnMaxLifetime, defaultConnMaxLifetime)
+	c.ConnMaxIdleTime = cmp.Or(c.ConnMaxIdleTime, defaultConnMaxIdleTime)
+	c.PingTimeout = cmp.Or(c.PingTimeout, defaultPingTimeout)
 }
 
 // Validate reports a configuration that cannot work.

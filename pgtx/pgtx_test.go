@@ -90,7 +90,7 @@ func TestRunInTxDoesNotRetryOtherErrorsAndRollsBack(t *testing.T) {
 	_, err = db.Exec(`INSERT INTO ` + table + ` VALUES (1)`)
 	require.True(t, pgtx.IsUniqueViolation(err))
 	require.False(t, pgtx.IsRetryableTx(err))
-	require.Equal(t, pgtx.CodeUniqueViolation, pgtx.SQLState(err))
+	require.Equal(t, "23505", pgtx.SQLState(err))
 	_, err = db.Exec(`SELECT * FROM ` + pgtx.QualifiedName(schema, "missing"))
 	require.True(t, pgtx.IsUndefinedTable(err))
 }

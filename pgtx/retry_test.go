@@ -34,7 +34,7 @@ func TestRetryWaitEndsWithContext(t *testing.T) {
 func TestRetryStopsAtMaxAttemptsAndOnOtherErrors(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	deadlock := &pgconn.PgError{Code: pgtx.CodeDeadlockDetected}
+	deadlock := &pgconn.PgError{Code: "40P01"} // deadlock_detected
 	var seen []int
 	err := pgtx.Retry(ctx, pgtx.RetryPolicy{MaxAttempts: 3, Backoff: time.Microsecond}, func(_ context.Context, n int) error {
 		seen = append(seen, n)

@@ -8,32 +8,32 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/internal/worker"
 )
 
 // Defaults of RetryPolicy.
 const (
-	DefaultRetryMaxAttempts = 3
-	DefaultRetryBackoff     = 5 * time.Millisecond
+	defaultRetryMaxAttempts = 3
+	defaultRetryBackoff     = 5 * time.Millisecond
 )
 
 // RetryPolicy bounds how often RunInTx runs a transaction again after a serialization
 // failure or deadlock.
 type RetryPolicy struct {
-	// MaxAttempts counts the first run. Default DefaultRetryMaxAttempts (3); 1 disables
+	// MaxAttempts counts the first run. Default 3; 1 disables
 	// retries.
 	MaxAttempts int
 	// Backoff is the wait before the second attempt; it doubles for each further attempt (up
 	// to 1024 times Backoff), each wait drawn between half and all of that value (jitter) so
-	// that the transactions that collided do not collide again. Default DefaultRetryBackoff
-	// (5ms).
+	// that the transactions that collided do not collide again. Default 5ms.
 	Backoff time.Duration
 }
 
 // withDefaults fills in the defaults; a negative value counts as unset.
 func (p RetryPolicy) withDefaults() RetryPolicy {
-	p.MaxAttempts = cmp.Or(max(p.MaxAttempts, 0), DefaultRetryMaxAttempts)
-	p.Backoff = cmp.Or(max(p.Backoff, 0), DefaultRetryBackoff)
+	p.MaxAttempts = cmp.Or(max(p.MaxAttempts, 0), defaultRetryMaxAttempts)
+	p.Backoff = cmp.Or(max(p.Backoff, 0), defaultRetryBackoff)
 	return p
 }
 
@@ -66,7 +66,7 @@ type Beginner interface {
 // rolls back and is returned as is; fn must therefore not have effects outside the
 // transaction that it cannot repeat. A panic in fn rolls back and propagates.
 func RunInTx(ctx context.Context, db Beginner, opts *sql.TxOptions, policy RetryPolicy, fn func(ctx context.Context, tx *sql.Tx) error) error {
-	if IsNil(db) {
+	if setup.IsNil(db) {
 		return errors.New("pgtx: RunInTx: db is nil")
 	}
 	return Retry(ctx, policy, func(ctx context.Context, _ int) error {

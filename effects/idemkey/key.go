@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/setup"
 )
 
 // versionTag starts every hashed encoding. A future change of the encoding gets a new tag, so
@@ -67,7 +68,7 @@ func digest(consumer, messageID, step string) ([32]byte, error) {
 		case len(p.value) > MaxPartLength:
 			errs = append(errs, fmt.Errorf("%w: %s is %d bytes long, over %d", ErrInvalidPart, p.name, len(p.value), MaxPartLength))
 		default:
-			if err := wmonce.CheckText(p.name, p.value); err != nil {
+			if err := setup.CheckText(p.name, p.value); err != nil {
 				errs = append(errs, fmt.Errorf("%w: %w", ErrInvalidPart, err))
 			}
 		}

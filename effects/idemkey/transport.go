@@ -10,8 +10,8 @@ import (
 	"strings"
 )
 
-// DefaultHeader is the header Stripe and the IETF Idempotency-Key draft use.
-const DefaultHeader = "Idempotency-Key"
+// defaultHeader is the header Stripe and the IETF Idempotency-Key draft use.
+const defaultHeader = "Idempotency-Key"
 
 // ErrMissingKey is returned by Transport for an unsafe request without a key.
 var ErrMissingKey = errors.New("idemkey: request has no idempotency key")
@@ -35,7 +35,7 @@ func KeyFromContext(ctx context.Context) (string, bool) {
 
 // TransportConfig configures a Transport.
 type TransportConfig struct {
-	// Header carries the key. Default DefaultHeader ("Idempotency-Key").
+	// Header carries the key. Default "Idempotency-Key".
 	Header string
 	// AllowMissingKey lets requests through unchanged when neither the context nor the request
 	// carries a key. By default a request with an unsafe method (POST, PUT, PATCH, DELETE, ...)
@@ -45,7 +45,7 @@ type TransportConfig struct {
 }
 
 func (c *TransportConfig) setDefaults() {
-	c.Header = cmp.Or(c.Header, DefaultHeader)
+	c.Header = cmp.Or(c.Header, defaultHeader)
 }
 
 // Validate reports a header name that is not a valid HTTP token.

@@ -25,13 +25,8 @@
 //   - Skip: mark SKIPPED with the reason and log an error. The effect happened once or not at
 //     all (at most once); an operator decides (Store.Requeue sends it after all).
 //
-// A sender that stops cleanly (Close, or its context cancelled) does not leave its intent to
-// the lease: it cancels the provider call and gives the intent back at once. One it had not
-// sent yet (or that the provider answered NotSent) returns to PENDING; one whose call was
-// under way, or that was already in doubt, stays SENDING with its lease ended, so the next
-// sender recovers it immediately through the same policy as after a crash. Stopping therefore
-// never turns "maybe sent" into a silent resend: only a Resend channel sends it again. Neither
-// counts as an attempt.
+// A sender that stops cleanly gives its intent back at once instead of leaving it to the lease
+// (see Sender.Close); stopping never turns "maybe sent" into a silent resend.
 //
 // A channel whose provider implements Lookuper defaults to Reconcile; any other channel must
 // choose Resend or Skip explicitly, because that choice trades duplicates against gaps and only

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 
+	"github.com/wmonce/watermill-once/internal/owner"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -20,7 +21,7 @@ import (
 // by its claim before its handler could record the intent again. The retention janitor calls
 // it when retention.Config.SentIntentsKeep is set.
 func PruneSent(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error) {
-	n, err := pgtx.PruneOlder(ctx, db, schema, req, "intents", "sent_at", false, `status = 'SENT'`)
+	n, err := owner.PruneOlder(ctx, db, schema, req, "intents", "sent_at", false, `status = 'SENT'`)
 	if err != nil {
 		return n, fmt.Errorf("intent: prune sent: %w", err)
 	}

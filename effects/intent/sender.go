@@ -11,11 +11,11 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/wmonce/watermill-once/internal/replan"
 	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/internal/testsignal"
 	"github.com/wmonce/watermill-once/internal/tracing"
 	"github.com/wmonce/watermill-once/internal/worker"
-	"github.com/wmonce/watermill-once/pgtx"
 )
 
 // SenderCounters are a Sender's running totals.
@@ -43,7 +43,7 @@ type Sender struct {
 	channels []string
 
 	q      senderQueries
-	replan pgtx.Replan // before the claims' arguments
+	replan replan.Prefix // before the claims' arguments
 
 	sent, retried, unknown, failed, skipped, recovered, reconciled, leaseLost, released, errs atomic.Uint64
 
@@ -86,7 +86,7 @@ func NewSender(db *sql.DB, config SenderConfig, logger watermill.LoggerAdapter) 
 		tracer:   tracing.Tracer(config.TracerProvider),
 		channels: names,
 		q:        newSenderQueries(config.Schema),
-		replan:   pgtx.ReplanArgs(db),
+		replan:   replan.For(db),
 	}, nil
 }
 

@@ -15,13 +15,13 @@ import (
 
 // Defaults of SenderConfig and Channel.
 const (
-	DefaultWorkers      = 1
-	DefaultLease        = 2 * time.Minute
-	DefaultSendTimeout  = 30 * time.Second
-	DefaultPollInterval = time.Second
-	DefaultBackoff      = time.Second
-	DefaultMaxBackoff   = 5 * time.Minute
-	DefaultMaxAttempts  = 5
+	defaultWorkers      = 1
+	defaultLease        = 2 * time.Minute
+	defaultSendTimeout  = 30 * time.Second
+	defaultPollInterval = time.Second
+	defaultBackoff      = time.Second
+	defaultMaxBackoff   = 5 * time.Minute
+	defaultMaxAttempts  = 5
 )
 
 // maxWorkers bounds SenderConfig.Workers.
@@ -33,8 +33,7 @@ type Channel struct {
 	Provider Provider
 	// OnCrash decides about intents whose outcome is unknown. See CrashPolicy.
 	OnCrash CrashPolicy
-	// MaxAttempts is how often a sender may take an intent before it becomes FAILED. Default
-	// DefaultMaxAttempts (5).
+	// MaxAttempts is how often a sender may take an intent before it becomes FAILED. Default 5.
 	MaxAttempts int
 }
 
@@ -45,42 +44,40 @@ type SenderConfig struct {
 	// Channels maps channel names to their providers and policies. Intents of channels not
 	// listed here are left alone (another Sender may own them). At least one is required.
 	Channels map[string]Channel
-	// Workers is the number of intents sent at once by Run. Default DefaultWorkers (1), at most
+	// Workers is the number of intents sent at once by Run. Default 1, at most
 	// 1024. Each holds a database connection only for the short claim and finish
 	// statements, not during the provider call.
 	Workers int
 	// Lease is how long a claimed intent stays SENDING before other senders take it for
-	// crashed. Default DefaultLease (2 minutes). A sender that stops cleanly ends the lease of
+	// crashed. Default 2 minutes. A sender that stops cleanly ends the lease of
 	// its intent at once (see Sender.Close).
 	Lease time.Duration
 	// SendTimeout bounds each Send and Lookup. It must be below Lease. Default
-	// DefaultSendTimeout (30 seconds), or half the Lease when that is shorter.
+	// 30 seconds, or half the Lease when that is shorter.
 	SendTimeout time.Duration
-	// PollInterval is the wait after finding nothing to send. Default DefaultPollInterval (1
-	// second).
+	// PollInterval is the wait after finding nothing to send. Default 1 second.
 	PollInterval time.Duration
 	// Backoff is the delay before the second attempt of an intent, and the first wait after a
 	// database error; it doubles per attempt up to MaxBackoff, each delay drawn between half and
-	// all of that value (jitter). Defaults DefaultBackoff (1 second) and DefaultMaxBackoff (5
-	// minutes, or Backoff when that is longer).
+	// all of that value (jitter). Defaults 1 second and 5
+	// minutes (or Backoff when that is longer).
 	Backoff    time.Duration
 	MaxBackoff time.Duration
-	// TracerProvider traces every take of an intent: an "intent send" span (kind client) with
-	// the channel, the intent key, the attempt and the state reached; the provider is called
-	// with it in the context. Default otel.GetTracerProvider().
+	// TracerProvider traces every take of an intent (see Tracing in the package doc). Default
+	// otel.GetTracerProvider().
 	TracerProvider trace.TracerProvider
 }
 
 func (c *SenderConfig) setDefaults() {
 	c.Schema = cmp.Or(c.Schema, pgtx.DefaultSchema)
-	c.Workers = cmp.Or(c.Workers, DefaultWorkers)
-	c.Lease = cmp.Or(c.Lease, DefaultLease)
-	c.SendTimeout = cmp.Or(c.SendTimeout, min(DefaultSendTimeout, c.Lease/2))
-	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
-	c.Backoff = cmp.Or(c.Backoff, DefaultBackoff)
-	c.MaxBackoff = cmp.Or(c.MaxBackoff, max(DefaultMaxBackoff, c.Backoff))
+	c.Workers = cmp.Or(c.Workers, defaultWorkers)
+	c.Lease = cmp.Or(c.Lease, defaultLease)
+	c.SendTimeout = cmp.Or(c.SendTimeout, min(defaultSendTimeout, c.Lease/2))
+	c.PollInterval = cmp.Or(c.PollInterval, defaultPollInterval)
+	c.Backoff = cmp.Or(c.Backoff, defaultBackoff)
+	c.MaxBackoff = cmp.Or(c.MaxBackoff, max(defaultMaxBackoff, c.Backoff))
 	for name, ch := range c.Channels {
-		ch.MaxAttempts = cmp.Or(ch.MaxAttempts, DefaultMaxAttempts)
+		ch.MaxAttempts = cmp.Or(ch.MaxAttempts, defaultMaxAttempts)
 		if ch.OnCrash == PolicyDefault {
 			if _, ok := ch.Provider.(Lookuper); ok {
 				ch.OnCrash = Reconcile

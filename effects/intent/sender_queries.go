@@ -75,7 +75,7 @@ WHERE id = $1 AND claim_token = $2::uuid AND status = 'SENDING'`,
 func (s *Sender) claim(ctx context.Context, query string) (*Intent, string, error) {
 	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.config.SendTimeout)
 	defer cancel()
-	// Planned at each execution (pgtx.ReplanArgs): a plan cached while intents was empty reads
+	// Planned at each execution (replan.For): a plan cached while intents was empty reads
 	// every retained intent (6.6 ms a claim at 50,000 SENT intents, against an index probe).
 	row := s.db.QueryRowContext(qctx, query, s.replan.Args(s.channels, s.config.Lease.Microseconds())...)
 	var in Intent

@@ -10,7 +10,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/effects/idemkey"
 	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/internal/tracing"
@@ -28,9 +27,6 @@ const (
 	StatusFailed  Status = "FAILED"  // rejected, or attempts exhausted: needs attention
 	StatusSkipped Status = "SKIPPED" // a crash in SENDING on a Skip channel: needs attention
 )
-
-// MaxChannelLength bounds channel names, in bytes: the limit of every name (wmonce.CheckName).
-const MaxChannelLength = wmonce.MaxNameLength
 
 // Intent is one recorded effect.
 type Intent struct {
@@ -127,7 +123,8 @@ const intentColumns = `id, channel, intent_key, consumer, event_id, step, payloa
 
 // Draft describes an intent to record.
 type Draft struct {
-	// Channel names the provider the Sender uses for it ("sms", "email"). Required.
+	// Channel names the provider the Sender uses for it ("sms", "email"). Required: a name
+	// (not blank, at most 255 bytes, text PostgreSQL can store).
 	Channel string
 	// Consumer and EventID identify the event that causes the effect. Record fills them from
 	// the message when empty; RecordTx requires them.
@@ -180,7 +177,7 @@ func (s *Store) Record(msg *message.Message, d Draft) (Recorded, error) {
 // Rollback on the handler's transaction) it fails with a permanent error wrapping
 // wmonce.ErrHandlerEndedTx.
 func (s *Store) RecordTx(ctx context.Context, tx pgtx.Executor, d Draft) (Recorded, error) {
-	if pgtx.IsNil(tx) { // also a nil *sql.Tx from pgtx.TxFromContext outside a transaction
+	if setup.IsNil(tx) { // also a nil *sql.Tx from pgtx.TxFromContext outside a transaction
 		return Recorded{}, fmt.Errorf("intent: %w: tx is nil (outside a transaction, pgtx.TxFromContext returns a nil *sql.Tx)", pgtx.ErrNoTransaction)
 	}
 	if err := validateChannel(d.Channel); err != nil {
@@ -214,8 +211,8 @@ func (s *Store) RecordTx(ctx context.Context, tx pgtx.Executor, d Draft) (Record
 	return Recorded{Key: key, Created: n == 1}, nil
 }
 
-// validateChannel applies wmonce.CheckName, the rule every component applies to names.
-func validateChannel(ch string) error { return wmonce.CheckName("channel", ch) }
+// validateChannel applies setup.CheckName, the rule every component applies to names.
+func validateChannel(ch string) error { return setup.CheckName("channel", ch) }
 
 type scanner interface{ Scan(dest ...any) error }
 

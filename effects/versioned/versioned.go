@@ -51,7 +51,7 @@ func (e Entity) validate() error {
 		case len(p.v) > 1024:
 			return fmt.Errorf("entity %s is %d bytes long; it may be at most 1024 bytes", p.name, len(p.v))
 		}
-		if err := wmonce.CheckText("entity "+p.name, p.v); err != nil {
+		if err := setup.CheckText("entity "+p.name, p.v); err != nil {
 			return err
 		}
 	}
@@ -192,7 +192,7 @@ func (v *Versions) apply(ctx context.Context, tx pgtx.Executor, e Entity, versio
 
 // Current returns the stored version of e, or the first version - 1 when there is none.
 func (v *Versions) Current(ctx context.Context, q pgtx.Executor, e Entity) (int64, error) {
-	if pgtx.IsNil(q) {
+	if setup.IsNil(q) {
 		return 0, errNilTx
 	}
 	if err := e.validate(); err != nil {
@@ -215,7 +215,7 @@ func (v *Versions) SetVersion(ctx context.Context, q pgtx.Executor, e Entity, ve
 var errNilTx = fmt.Errorf("versioned: %w: tx is nil: pass the handler's transaction (pgtx.TxFromContext)", pgtx.ErrNoTransaction)
 
 func (v *Versions) check(tx pgtx.Executor, e Entity, version int64) error {
-	if pgtx.IsNil(tx) {
+	if setup.IsNil(tx) {
 		return errNilTx
 	}
 	if err := e.validate(); err != nil {

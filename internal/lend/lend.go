@@ -14,6 +14,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 
@@ -186,8 +187,19 @@ func (s *Step) call(h message.HandlerFunc, msg *message.Message) ([]*message.Mes
 	hctx := msg.Context()
 	ctx, span := tracing.StartChild(hctx, s.Tracer, tracing.SpanHandler)
 	msg.SetContext(ctx)
-	out, err := wmonce.CallHandler(h, msg)
+	out, err := callHandler(h, msg)
 	msg.SetContext(hctx)
 	tracing.End(span, err)
 	return out, err
+}
+
+// callHandler calls h with msg and returns a panic of h as a *wmonce.PanicError, so that the
+// caller rolls back and retries or parks it as any other failure.
+func callHandler(h message.HandlerFunc, msg *message.Message) (out []*message.Message, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &wmonce.PanicError{Value: r, Stack: string(debug.Stack())}
+		}
+	}()
+	return h(msg)
 }

@@ -3,20 +3,20 @@ package operate
 import (
 	"fmt"
 
-	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/setup"
 )
 
-// MaxConsumerBytes is the longest consumer name the components accept (wmonce.CheckName), so
+// MaxConsumerBytes is the longest consumer name the components accept, so
 // a longer one can match no rows.
-const MaxConsumerBytes = wmonce.MaxNameLength
+const MaxConsumerBytes = setup.MaxNameLength
 
 // The input rules below are shared by the HTTP API (answered 400) and `wmonce` (exit 2). They
 // reject, before any query, what PostgreSQL would refuse as text and report as a server error.
 
 // CheckText reports why a value of the parameter named param cannot be sent to PostgreSQL as
-// text (a NUL byte or invalid UTF-8): wmonce.CheckText, the rule every component applies. It
+// text (a NUL byte or invalid UTF-8), by the rule every component applies. It
 // returns nil for usable text, including "".
-func CheckText(param string, values ...string) error { return wmonce.CheckText(param, values...) }
+func CheckText(param string, values ...string) error { return setup.CheckText(param, values...) }
 
 // CheckConsumer is CheckText plus the length limit of consumer names (MaxConsumerBytes).
 // Whether an empty name is allowed is the caller's to say.

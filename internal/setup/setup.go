@@ -1,6 +1,7 @@
 // Package setup holds the first steps of the components' constructors, so that every
 // constructor refuses a nil database, fills in and checks its configuration, and defaults its
-// logger the same way. It is a leaf: it imports nothing of this module.
+// logger the same way, and the rules for text, names and dedupe keys that every component
+// applies (text.go). It is a leaf: it imports nothing of this module.
 package setup
 
 import (

@@ -14,7 +14,6 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -85,8 +84,8 @@ type Config struct {
 	// StoreServerErrors stores 5xx responses and replays them. Default false: a 5xx rolls the
 	// transaction back and leaves the key free for a retry.
 	StoreServerErrors bool
-	// MaxKeyLength refuses longer keys with 400. Default wmonce.DefaultMaxKeyLength (255, Stripe's
-	// limit), at most wmonce.MaxKeyLengthLimit (1024).
+	// MaxKeyLength refuses longer keys with 400. Default 255 (Stripe's limit), at
+	// most 1024.
 	MaxKeyLength int
 	// MaxRequestBytes bounds the request body read for the fingerprint. Default 1 MiB.
 	MaxRequestBytes int64
@@ -118,7 +117,7 @@ func (c *Config) setDefaults() {
 		c.Scope = ScopeFromHeader(defaultScopeHeader)
 	}
 	c.Retention = cmp.Or(c.Retention, defaultRetention)
-	c.MaxKeyLength = cmp.Or(c.MaxKeyLength, wmonce.DefaultMaxKeyLength)
+	c.MaxKeyLength = cmp.Or(c.MaxKeyLength, setup.DefaultMaxKeyLength)
 	c.MaxRequestBytes = cmp.Or(c.MaxRequestBytes, defaultMaxRequestBytes)
 	c.MaxResponseBytes = cmp.Or(c.MaxResponseBytes, defaultMaxResponseBytes)
 	if c.TxOptions == nil {
@@ -131,7 +130,7 @@ func (c *Config) setDefaults() {
 func (c Config) Validate() error {
 	errs := []error{
 		pgtx.ValidateIdentifier("schema", c.Schema),
-		wmonce.CheckMaxKeyLength(c.MaxKeyLength),
+		setup.CheckMaxKeyLength(c.MaxKeyLength),
 		setup.NotNegative("RetryAfter", c.RetryAfter),
 		pgtx.CheckTxOptions("TxOptions", c.TxOptions),
 	}

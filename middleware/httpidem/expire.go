@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 
+	"github.com/wmonce/watermill-once/internal/owner"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -20,7 +21,7 @@ import (
 func Prune(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error) {
 	// A key is live while created_at > now() - Retention (the lookup), so "<=" is exactly the
 	// expired ones.
-	n, err := pgtx.PruneOlder(ctx, db, schema, req, "http_idempotency_keys", "created_at", true, "")
+	n, err := owner.PruneOlder(ctx, db, schema, req, "http_idempotency_keys", "created_at", true, "")
 	if err != nil {
 		return n, fmt.Errorf("httpidem: delete expired keys: %w", err)
 	}

@@ -13,7 +13,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"go.opentelemetry.io/otel/trace"
 
-	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/internal/tracing"
 	"github.com/wmonce/watermill-once/internal/txguard"
@@ -173,5 +172,5 @@ func checkScope(scope string) error {
 	case len(scope) > 1024:
 		return fmt.Errorf("the scope function returned %d bytes, over 1024: hash long scopes", len(scope))
 	}
-	return wmonce.CheckText("the scope returned by the scope function", scope)
+	return setup.CheckText("the scope returned by the scope function", scope)
 }

@@ -9,7 +9,7 @@ import (
 	"strconv"
 	"strings"
 
-	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/setup"
 )
 
 // Problem types (RFC 9457) of the responses the middleware itself produces, so that clients
@@ -146,7 +146,7 @@ func encodeHeaders(h http.Header) ([]byte, error) {
 		}
 		plain := true
 		for _, v := range values {
-			plain = plain && wmonce.IsText(v)
+			plain = plain && setup.IsText(v)
 		}
 		if plain {
 			out[name] = values

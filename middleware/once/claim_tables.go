@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/wmonce/watermill-once/internal/owner"
 	"github.com/wmonce/watermill-once/internal/partition"
 	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -30,12 +31,12 @@ func claimTables(op string, db *sql.DB, schema *string) (plain, daily string, er
 }
 
 // checkClaimPrune is how both claim prunes start: the tables' names, then the request checked
-// and its cutoff (pgtx.CheckPrune).
-func checkClaimPrune(ctx context.Context, op string, db *sql.DB, schema string, req pgtx.PruneRequest, scope pgtx.PruneScope) (plain, daily string, _ pgtx.PruneRequest, before time.Time, err error) {
+// and its cutoff (owner.CheckPrune).
+func checkClaimPrune(ctx context.Context, op string, db *sql.DB, schema string, req pgtx.PruneRequest, scope owner.PruneScope) (plain, daily string, _ pgtx.PruneRequest, before time.Time, err error) {
 	if plain, daily, err = claimTables(op, db, &schema); err != nil {
 		return "", "", req, before, err
 	}
-	if _, req, before, err = pgtx.CheckPrune(ctx, db, schema, req, scope); err != nil {
+	if _, req, before, err = owner.CheckPrune(ctx, db, schema, req, scope); err != nil {
 		return "", "", req, before, fmt.Errorf("once: %s: %w", op, err)
 	}
 	return plain, daily, req, before, nil
@@ -50,14 +51,14 @@ func hasDaily(ctx context.Context, db *sql.DB, daily string) (bool, error) {
 }
 
 // ClaimConsumers lists, in name order, the consumers with claims in processed_messages,
-// one index probe per consumer (pgtx.DistinctConsumers), not a scan of the table. Consumers whose claims are all in
+// one index probe per consumer, not a scan of the table. Consumers whose claims are all in
 // processed_messages_daily are not listed: that table is pruned by whole days (MaintainDays).
 func ClaimConsumers(ctx context.Context, db *sql.DB, schema string) ([]string, error) {
 	pm, _, err := claimTables("claim consumers", db, &schema)
 	if err != nil {
 		return nil, err
 	}
-	out, err := pgtx.DistinctConsumers(ctx, db, pm)
+	out, err := owner.DistinctConsumers(ctx, db, pm)
 	if err != nil {
 		return nil, fmt.Errorf("once: claim consumers: %w", err)
 	}
@@ -73,7 +74,7 @@ func ClaimConsumers(ctx context.Context, db *sql.DB, schema string) ([]string, e
 // again unless the age guard (Config.MaxMessageAge) refuses it. Keep claims for longer than
 // any redelivery can come.
 func PruneClaims(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error) {
-	pm, _, req, before, err := checkClaimPrune(ctx, "prune claims", db, schema, req, pgtx.PerConsumer)
+	pm, _, req, before, err := checkClaimPrune(ctx, "prune claims", db, schema, req, owner.PerConsumer)
 	if err != nil {
 		return 0, err
 	}
@@ -93,7 +94,7 @@ func PruneClaims(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneR
 // operators purging by hand; routine retention drops whole days (MaintainDays), which costs
 // no row deletes. A schema without the table (older than migration 004) has nothing to delete.
 func PruneDailyClaims(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error) {
-	_, daily, req, before, err := checkClaimPrune(ctx, "prune daily claims", db, schema, req, pgtx.AnyConsumer)
+	_, daily, req, before, err := checkClaimPrune(ctx, "prune daily claims", db, schema, req, owner.AnyConsumer)
 	if err != nil {
 		return 0, err
 	}

@@ -27,14 +27,14 @@ type Config struct {
 	// Default: the name of the router handler the message arrives at. Set it explicitly when one
 	// logical consumer runs under several handler names, or never rename the handler: a new
 	// consumer name starts with an empty history and re-applies redelivered messages. A name is
-	// checked by wmonce.CheckName (text PostgreSQL can store, at most 255 bytes): Config.Consumer
+	// checked at construction: not blank, text PostgreSQL can store, at most 255 bytes: Config.Consumer
 	// at construction, a handler name at the first message.
 	Consumer string
 
 	// Key returns each message's dedupe key. Default KeyFromUUID.
 	Key wmonce.KeyFunc
-	// MaxKeyLength refuses longer keys (in bytes) as invalid. Default wmonce.DefaultMaxKeyLength
-	// (255), at most wmonce.MaxKeyLengthLimit (1024).
+	// MaxKeyLength refuses longer keys (in bytes) as invalid. Default 255, at most
+	// 1024.
 	MaxKeyLength int
 
 	// RejectFingerprintMismatch turns a duplicate whose payload differs from the applied one
@@ -174,7 +174,7 @@ func (c *Config) setDefaults() {
 func (c Config) Validate() error {
 	errs := []error{
 		pgtx.ValidateIdentifier("schema", c.Schema),
-		wmonce.CheckMaxKeyLength(c.MaxKeyLength),
+		setup.CheckMaxKeyLength(c.MaxKeyLength),
 		c.GroupCommit.validate(),
 		setup.NotNegative("MaxMessageAge", c.MaxMessageAge),
 		setup.NotNegative("TxRetry.MaxAttempts", c.TxRetry.MaxAttempts),
@@ -184,7 +184,7 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("set OutboxSource or Outbox, not both: give the Writer its Source (outbox.Config.Source)"))
 	}
 	if c.Consumer != "" {
-		if err := wmonce.CheckName("Consumer", c.Consumer); err != nil {
+		if err := setup.CheckName("Consumer", c.Consumer); err != nil {
 			errs = append(errs, fmt.Errorf("%w; or leave Consumer empty to use the handler name", err))
 		}
 	}

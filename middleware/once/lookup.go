@@ -8,6 +8,7 @@ import (
 	"time"
 
 	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/setup"
 )
 
 // Claim is the dedupe record of one applied message.
@@ -31,10 +32,10 @@ func LookupClaim(ctx context.Context, db *sql.DB, schema, consumer, key string) 
 	}
 	// A name or key PostgreSQL text cannot hold was never claimed; say so rather than let the
 	// server refuse the query with an encoding error.
-	if err := wmonce.CheckText("consumer", consumer); err != nil {
+	if err := setup.CheckText("consumer", consumer); err != nil {
 		return Claim{}, false, fmt.Errorf("once: lookup claim: %w", err)
 	}
-	if err := wmonce.CheckText("key", key); err != nil {
+	if err := setup.CheckText("key", key); err != nil {
 		return Claim{}, false, fmt.Errorf("once: lookup claim: %w: %w", wmonce.ErrInvalidKey, err)
 	}
 	c = Claim{Consumer: consumer, Key: key}

@@ -162,7 +162,7 @@ func (e *Middleware) newDelivery(msg *message.Message) (*delivery, error) {
 		}
 		// Config.Consumer was checked at construction; a handler name is checked here, by
 		// the same rule, as it cannot be before the first message.
-		if err := wmonce.CheckName("the handler name used as consumer", consumer); err != nil {
+		if err := setup.CheckName("the handler name used as consumer", consumer); err != nil {
 			return nil, wmonce.Permanent(fmt.Errorf("%w: %w", ErrNoConsumer, err))
 		}
 	}
@@ -217,4 +217,4 @@ func (e *Middleware) newDelivery(msg *message.Message) (*delivery, error) {
 	}, nil
 }
 
-func (e *Middleware) checkKey(key string) error { return wmonce.CheckKey(key, e.config.MaxKeyLength) }
+func (e *Middleware) checkKey(key string) error { return setup.CheckKey(key, e.config.MaxKeyLength) }

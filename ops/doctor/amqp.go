@@ -21,7 +21,7 @@ type AMQPConfig struct {
 	// URL is the AMQP URL of the consumers' virtual host (amqp://user:pass@host:5672/vhost).
 	URL string
 	// ManagementURL is the management API's base URL. Default: http on URL's host, port
-	// DefaultManagementPort, with URL's credentials. When it cannot be reached (the
+	// 15672, with URL's credentials. When it cannot be reached (the
 	// rabbitmq_management plugin is off), the doctor says so and reads the queue's own
 	// arguments over AMQP instead (policies are then invisible, and dead-letter queues are not
 	// followed).
@@ -30,8 +30,7 @@ type AMQPConfig struct {
 	HTTPClient *http.Client
 }
 
-// DefaultManagementPort is the management API's port when AMQPConfig.ManagementURL is unset.
-const DefaultManagementPort = "15672"
+const defaultManagementPort = "15672"
 
 func (c *AMQPConfig) setDefaults() {
 	if c.HTTPClient == nil {
@@ -39,7 +38,7 @@ func (c *AMQPConfig) setDefaults() {
 	}
 	if c.ManagementURL == "" && c.URL != "" {
 		if u, err := url.Parse(c.URL); err == nil {
-			m := url.URL{Scheme: "http", Host: net.JoinHostPort(u.Hostname(), DefaultManagementPort), User: u.User}
+			m := url.URL{Scheme: "http", Host: net.JoinHostPort(u.Hostname(), defaultManagementPort), User: u.User}
 			c.ManagementURL = m.String()
 		}
 	}

@@ -32,12 +32,11 @@ type Config struct {
 	// AMQP reads queue TTLs. Needed when a consumer has AMQPQueues.
 	AMQP AMQPConfig
 
-	// Timeout bounds the whole check. Default DefaultTimeout.
+	// Timeout bounds the whole check. Default 30 seconds.
 	Timeout time.Duration
 }
 
-// DefaultTimeout is Config.Timeout when unset.
-const DefaultTimeout = 30 * time.Second
+const defaultTimeout = 30 * time.Second
 
 // Consumer is one consumer and the sources it reads.
 type Consumer struct {
@@ -60,7 +59,7 @@ type Consumer struct {
 }
 
 func (c *Config) setDefaults() {
-	c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
+	c.Timeout = cmp.Or(c.Timeout, defaultTimeout)
 	c.AMQP.setDefaults()
 }
 

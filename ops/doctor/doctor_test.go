@@ -221,14 +221,14 @@ func TestStartCheckLogsOneLineAndExportsTheHazard(t *testing.T) {
 	require.ErrorIs(t, err, doctor.ErrHazard)
 	require.Len(t, logs.lines, 1)
 	require.Contains(t, logs.lines[0], "REDELIVERY HAZARD")
-	n, err := testutil.GatherAndCount(reg, doctor.MetricHazard)
+	n, err := testutil.GatherAndCount(reg, "wmonce_redelivery_hazard")
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
 # HELP wmonce_redelivery_hazard 1 when a copy from this source can arrive after its key was pruned (applied again), else 0.
 # TYPE wmonce_redelivery_hazard gauge
 wmonce_redelivery_hazard{consumer="sms",source="rabbitmq queue no-ttl"} 1
-`), doctor.MetricHazard))
+`), "wmonce_redelivery_hazard"))
 
 	// The middleware's age guard, passed in, makes the same setup safe.
 	logs = &captureLogger{}

@@ -11,32 +11,29 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Metric names.
 const (
-	// MetricHazard is 1 for a consumer and source where a copy can arrive after its key is
-	// gone, else 0; labels consumer, source. Alert on max() > 0.
-	MetricHazard = "wmonce_redelivery_hazard"
-	// MetricHorizon is how old a copy of the source can be when it arrives, in seconds
-	// (-1: any age; absent when unknown); labels consumer, source.
-	MetricHorizon = "wmonce_redelivery_horizon_seconds"
-	// MetricKeyKept is how long the consumer's keys are kept, in seconds; label consumer.
-	MetricKeyKept = "wmonce_dedupe_key_retention_seconds"
+	metricHazard  = "wmonce_redelivery_hazard"
+	metricHorizon = "wmonce_redelivery_horizon_seconds"
+	metricKeyKept = "wmonce_dedupe_key_retention_seconds"
 )
 
 // ErrHazard is returned by StartCheck (with FailOnHazard) and is what `wmonce doctor` exits
 // non-zero for.
 var ErrHazard = errors.New("doctor: redelivery hazard: a copy can arrive after its key was pruned and be applied again")
 
-// Collector exports the report's findings as Prometheus gauges (MetricHazard, MetricHorizon,
-// MetricKeyKept). The figures are those of the check that made the report.
+// Collector exports the report's findings as Prometheus gauges: wmonce_redelivery_hazard
+// {consumer,source}, 1 where a copy can arrive after its key is gone (alert on max() > 0);
+// wmonce_redelivery_horizon_seconds{consumer,source}, how old a copy can be when it arrives
+// (-1: any age; absent when unknown); wmonce_dedupe_key_retention_seconds{consumer}. The
+// figures are those of the check that made the report.
 func (r Report) Collector() prometheus.Collector { return reportCollector{r} }
 
 type reportCollector struct{ r Report }
 
 var (
-	hazardDesc  = prometheus.NewDesc(MetricHazard, "1 when a copy from this source can arrive after its key was pruned (applied again), else 0.", []string{"consumer", "source"}, nil)
-	horizonDesc = prometheus.NewDesc(MetricHorizon, "How old a copy from this source can be when it arrives, in seconds; -1: any age.", []string{"consumer", "source"}, nil)
-	keptDesc    = prometheus.NewDesc(MetricKeyKept, "How long the consumer's dedupe keys are kept, in seconds.", []string{"consumer"}, nil)
+	hazardDesc  = prometheus.NewDesc(metricHazard, "1 when a copy from this source can arrive after its key was pruned (applied again), else 0.", []string{"consumer", "source"}, nil)
+	horizonDesc = prometheus.NewDesc(metricHorizon, "How old a copy from this source can be when it arrives, in seconds; -1: any age.", []string{"consumer", "source"}, nil)
+	keptDesc    = prometheus.NewDesc(metricKeyKept, "How long the consumer's dedupe keys are kept, in seconds.", []string{"consumer"}, nil)
 )
 
 func (c reportCollector) Describe(ch chan<- *prometheus.Desc) {

@@ -19,8 +19,7 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// DefaultScrapeTimeout bounds the database queries of one scrape.
-const DefaultScrapeTimeout = 5 * time.Second
+const defaultScrapeTimeout = 5 * time.Second
 
 // Sources are the components whose figures are exported. Nil and empty fields are skipped.
 type Sources struct {
@@ -31,7 +30,7 @@ type Sources struct {
 	// pgtx.DefaultSchema.
 	DB     *sql.DB
 	Schema string
-	// ScrapeTimeout bounds those queries. Default DefaultScrapeTimeout (5s).
+	// ScrapeTimeout bounds those queries. Default 5s.
 	ScrapeTimeout time.Duration
 
 	// Middlewares export claims, duplicates, fingerprint mismatches, handler outcomes and
@@ -81,7 +80,7 @@ func Register(reg prometheus.Registerer, src Sources) error {
 // collectors themselves.
 func NewCollector(src Sources) (prometheus.Collector, error) {
 	src.Schema = cmp.Or(src.Schema, pgtx.DefaultSchema)
-	src.ScrapeTimeout = cmp.Or(src.ScrapeTimeout, DefaultScrapeTimeout)
+	src.ScrapeTimeout = cmp.Or(src.ScrapeTimeout, defaultScrapeTimeout)
 	if err := pgtx.ValidateIdentifier("schema", src.Schema); err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}

@@ -8,7 +8,7 @@ import (
 	"slices"
 	"time"
 
-	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -18,8 +18,8 @@ const (
 	DefaultInboxKeep       = 7 * 24 * time.Hour
 	DefaultOutboxKeep      = 24 * time.Hour
 	DefaultBatchSize       = 5000
-	DefaultPollInterval    = time.Minute
-	DefaultPartitionsAhead = 3
+	defaultPollInterval    = time.Minute
+	defaultPartitionsAhead = 3
 )
 
 // Limits enforced by Validate.
@@ -96,12 +96,12 @@ type Config struct {
 	// MaxBatchSize (100000).
 	BatchSize int
 	// PollInterval is the time between rounds of Run, and how often a standby instance tries to
-	// take over. Default DefaultPollInterval (1 minute).
+	// take over. Default 1 minute.
 	PollInterval time.Duration
 	// PartitionsAhead is how many days of processed_messages_daily partitions the janitor
 	// creates ahead of today, so that claims never wait for a partition to be created. It
 	// applies only once that table is in use (has at least one partition). Default
-	// DefaultPartitionsAhead (3); negative: create none (expired partitions are still dropped).
+	// 3; negative: create none (expired partitions are still dropped).
 	PartitionsAhead int
 }
 
@@ -120,8 +120,8 @@ func (c *Config) setDefaults() {
 	c.OutboxKeep = cmp.Or(c.OutboxKeep, DefaultOutboxKeep)
 	c.CDCSlots = slices.Clone(c.CDCSlots)
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
-	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
-	c.PartitionsAhead = cmp.Or(c.PartitionsAhead, DefaultPartitionsAhead)
+	c.PollInterval = cmp.Or(c.PollInterval, defaultPollInterval)
+	c.PartitionsAhead = cmp.Or(c.PartitionsAhead, defaultPartitionsAhead)
 }
 
 // Validate reports what to fix in a configuration. Zero values that have defaults are
@@ -174,7 +174,7 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("BatchSize must be between 1 and %d (0 = %d), got %d", MaxBatchSize, DefaultBatchSize, c.BatchSize))
 	}
 	if c.PollInterval < 0 {
-		errs = append(errs, fmt.Errorf("PollInterval must not be negative (0 = %s), got %s", DefaultPollInterval, c.PollInterval))
+		errs = append(errs, fmt.Errorf("PollInterval must not be negative (0 = %s), got %s", defaultPollInterval, c.PollInterval))
 	}
 	if c.PartitionsAhead > 366 {
 		errs = append(errs, fmt.Errorf("PartitionsAhead must be at most 366 days, got %d", c.PartitionsAhead))
@@ -182,8 +182,8 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// validateConsumer applies wmonce.CheckName, the rule every component applies to names.
-func validateConsumer(name string) error { return wmonce.CheckName("consumer name", name) }
+// validateConsumer applies setup.CheckName, the rule every component applies to names.
+func validateConsumer(name string) error { return setup.CheckName("consumer name", name) }
 
 // policy returns the policy that applies to consumer's claims.
 func (c Config) policy(consumer string) Policy {

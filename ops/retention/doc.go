@@ -28,13 +28,9 @@
 //	go j.Run(ctx) // on every instance: one of them works at a time
 //	defer j.Close()
 //
-// Run takes a session-level PostgreSQL advisory lock (its key derived from the schema) on a
-// connection of its own and runs a round every PollInterval while it holds it; the other instances
-// stand by and retry every PollInterval. RunOnce runs one round at once without the lock (for the
-// CLI's `wmonce purge -janitor`): every delete removes rows by address in its own transaction,
-// so a round beside the leader's only shares the work. Purge deletes one consumer's claims
-// before a given time (with a dry run that counts them); outbox.ForgetRelay removes a retired
-// relay's position.
+// One instance works at a time (Run); RunOnce is one round on demand beside it. Purge deletes
+// one consumer's claims before a given time; outbox.ForgetRelay removes a retired relay's
+// position.
 //
 // Retention decides when rows go, never how: every delete is an operation of the package that
 // owns the table (once.PruneClaims and once.MaintainDays, inbox.PruneFinished,
@@ -74,19 +70,7 @@
 //
 // # Sizing
 //
-// Rows kept = message rate x retention window, per consumer (a message handled by three
-// consumers makes three claims). Bytes = rows x bytes per row. Measured on PostgreSQL 15 with
-// 36-character UUID keys, a 15-character consumer name and a 32-byte fingerprint, after VACUUM
-// ANALYZE (BenchmarkClaimSize and BenchmarkDailyClaimSize; run them with
-// `go test -run '^$' -bench ClaimSize -benchtime 1x ./ops/retention/`):
-//
-//	processed_messages         268 bytes per claim (126 heap + 141 for the primary key and the retention index)
-//	processed_messages_daily   247 bytes per claim (heap + primary key, one partition)
-//
-// For example 200 messages/s, two consumers, a 7-day window: 200 x 2 x 604,800 s = 242 million
-// claims x 268 bytes = 65 GB. Longer keys (business keys, SHA-256 hex) add their length twice
-// (heap and primary key). Deleted rows leave space that autovacuum makes reusable: the table
-// stops growing at about rate x (Keep + PollInterval) rows but does not shrink on disk; dropped day
-// partitions give the space back at once. Inbox rows hold the payload and metadata as well:
-// size them from your messages (pg_total_relation_size divided by the row count).
+// Rows kept = message rate x window, per consumer; a claim takes about 268 bytes (247 in a day
+// partition) with UUID keys, longer keys add their length twice. docs/operations.md has the
+// measurement (BenchmarkClaimSize) and an example.
 package retention

@@ -61,32 +61,14 @@ type Counters struct {
 	LastRound              time.Time
 }
 
-// Janitor deletes expired dedupe records and relayed outbox rows.
-//
-// What it deletes, each in batches of at most BatchSize rows, one short transaction per batch:
-//   - claims in processed_messages older than their consumer's Keep (by processed_at, the
-//     database time the message was applied);
-//   - whole days of processed_messages_daily once the day is older than the longest Keep of
-//     all consumers (the table is shared; see the package documentation);
-//   - DONE and SKIPPED inbox rows finished longer ago than their consumer's window;
-//   - outbox rows older than OutboxKeep that every relay in outbox_offsets has forwarded
-//     (a Debezium connector's slot position counts as one: each registered one is advanced
-//     first, see CDCSlots);
-//   - optionally, stored HTTP responses of httpidem (HTTPKeysKeep), rows of outbox_rejected
-//     (OutboxRejectedKeep) and SENT intents (SentIntentsKeep).
-//
-// What it never deletes: PENDING, IN_PROGRESS and FAILED inbox rows, outbox rows some relay
-// has not forwarded, rows in outbox_rejected and SENT intents unless their Keep is set, and
-// intents that are not SENT. Every cut-off is computed from the
-// database clock, so the clocks of application hosts do not matter.
+// Janitor deletes expired dedupe records and relayed outbox rows: what the package
+// documentation lists under "What a round deletes", nothing else, each cut-off by the database
+// clock.
 //
 // Guarantee and limit: a claim is kept for at least its consumer's Keep after it was applied.
 // A copy arriving later than that is no longer recognised; the middleware's age guard
 // (once.Config.MaxMessageAge, set a little below Keep) refuses such copies instead of
 // applying them, and NewJanitor warns when a declared RedeliveryHorizon exceeds Keep.
-//
-// Run elects one active janitor per schema with a session-level advisory lock; RunOnce runs one
-// round without it (see RunOnce).
 type Janitor struct {
 	db       *sql.DB
 	config   Config

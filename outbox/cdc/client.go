@@ -37,7 +37,7 @@ func (c Client) Apply(ctx context.Context, config Config) error {
 	}
 	config.setDefaults()
 	err = c.do(ctx, http.MethodPut, "/connectors/"+url.PathEscape(config.Name)+"/config", connector, nil)
-	var api *APIError
+	var api *apiError
 	if config.PasswordReference != "" && errors.As(err, &api) && api.Code >= 500 {
 		return fmt.Errorf("%w (if the workers could not resolve the password reference %s: each must declare its provider in config.providers and be able to read what it names)", err, config.PasswordReference)
 	}
@@ -64,7 +64,7 @@ func (c Client) Delete(ctx context.Context, name string) error {
 		if err == nil || IsNotFound(err) {
 			return nil
 		}
-		var api *APIError
+		var api *apiError
 		if errors.As(err, &api) && api.Code != http.StatusConflict && api.Code < 500 || time.Now().After(giveUp) {
 			return err
 		}
@@ -144,20 +144,20 @@ func (c Client) RestartTask(ctx context.Context, name string, id int) error {
 	return c.do(ctx, http.MethodPost, fmt.Sprintf("/connectors/%s/tasks/%d/restart", url.PathEscape(name), id), nil, nil)
 }
 
-// APIError is an error answer of Connect's REST API.
-type APIError struct {
+// apiError is an error answer of Connect's REST API (IsNotFound tells a 404).
+type apiError struct {
 	Method, Path string
 	Code         int
 	Message      string
 }
 
-func (e *APIError) Error() string {
+func (e *apiError) Error() string {
 	return fmt.Sprintf("cdc: Connect %s %s: %d %s", e.Method, e.Path, e.Code, e.Message)
 }
 
 // IsNotFound reports an API answer 404 (no such connector).
 func IsNotFound(err error) bool {
-	var e *APIError
+	var e *apiError
 	return errors.As(err, &e) && e.Code == http.StatusNotFound
 }
 
@@ -198,7 +198,7 @@ func (c Client) do(ctx context.Context, method, path string, body, out any) erro
 			Message string `json:"message"`
 		}
 		_ = json.Unmarshal(raw, &e)
-		return &APIError{Method: method, Path: path, Code: resp.StatusCode, Message: cmp.Or(e.Message, strings.TrimSpace(string(raw)))}
+		return &apiError{Method: method, Path: path, Code: resp.StatusCode, Message: cmp.Or(e.Message, strings.TrimSpace(string(raw)))}
 	}
 	if out != nil && len(raw) > 0 {
 		if err := json.Unmarshal(raw, out); err != nil {

@@ -33,14 +33,18 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// The connector's defaults (Config).
+// Config's defaults.
 const (
-	// DefaultPollInterval is Debezium's poll.interval.ms: 10 ms gave a p50 commit-to-consumer
+	// defaultPollInterval is Debezium's poll.interval.ms: 10 ms gave a p50 commit-to-consumer
 	// latency of 32 ms with exactly-once on, against 643 ms with Debezium's default of 500 ms.
-	DefaultPollInterval = 10 * time.Millisecond
-	// DefaultHeartbeatInterval keeps the slot's position moving on a quiet database, so that
+	defaultPollInterval = 10 * time.Millisecond
+	// defaultHeartbeatInterval keeps the slot's position moving on a quiet database, so that
 	// the slot does not retain WAL written by other tables.
-	DefaultHeartbeatInterval = 10 * time.Second
+	defaultHeartbeatInterval = 10 * time.Second
+)
+
+// The connector's defaults that the CLI, the examples and e2e/services share.
+const (
 	// DefaultTopicPartitions is the partition count of topics Connect creates (topics that
 	// exist already keep theirs); the broker package's default too.
 	DefaultTopicPartitions = 3
@@ -75,9 +79,9 @@ type Config struct {
 	// PublicationName is the publication Prepare creates for the outbox table. Default
 	// "wmonce_outbox_<schema>".
 	PublicationName string
-	// PollInterval is poll.interval.ms. Default DefaultPollInterval.
+	// PollInterval is poll.interval.ms. Default 10 ms.
 	PollInterval time.Duration
-	// HeartbeatInterval is heartbeat.interval.ms. Default DefaultHeartbeatInterval.
+	// HeartbeatInterval is heartbeat.interval.ms. Default 10 seconds.
 	HeartbeatInterval time.Duration
 	// TopicPartitions for topics Connect creates. Default DefaultTopicPartitions.
 	TopicPartitions int
@@ -106,8 +110,8 @@ func (c *Config) setDefaults() {
 	c.Name = cmp.Or(c.Name, "wmonce-outbox-"+strings.ReplaceAll(c.Schema, "_", "-"))
 	c.SlotName = cmp.Or(c.SlotName, "wmonce_"+c.Schema)
 	c.PublicationName = cmp.Or(c.PublicationName, "wmonce_outbox_"+c.Schema)
-	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
-	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval)
+	c.PollInterval = cmp.Or(c.PollInterval, defaultPollInterval)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, defaultHeartbeatInterval)
 	c.TopicPartitions = cmp.Or(c.TopicPartitions, DefaultTopicPartitions)
 	c.TopicReplicationFactor = cmp.Or(c.TopicReplicationFactor, -1)
 }

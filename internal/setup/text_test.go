@@ -1,4 +1,4 @@
-package wmonce_test
+package setup_test
 
 import (
 	"strings"
@@ -6,8 +6,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/setup"
 )
 
 // textCases are the strings every component must judge alike: the rule is one, so a name the
@@ -28,23 +28,23 @@ var textCases = []struct {
 	{"invalid UTF-8", "pay\xffments", false, "must be valid UTF-8", "must be valid UTF-8"},
 	{"truncated rune", "caf\xc3", false, "must be valid UTF-8", "must be valid UTF-8"},
 	{"surrogate half", "\xed\xa0\x80", false, "must be valid UTF-8", "must be valid UTF-8"},
-	{"longest name", strings.Repeat("n", wmonce.MaxNameLength), true, "", ""},
-	{"name one byte too long", strings.Repeat("n", wmonce.MaxNameLength+1), true, "", "256 bytes long; the limit is 255"},
+	{"longest name", strings.Repeat("n", setup.MaxNameLength), true, "", ""},
+	{"name one byte too long", strings.Repeat("n", setup.MaxNameLength+1), true, "", "256 bytes long; the limit is 255"},
 }
 
 func TestTextRule(t *testing.T) {
 	t.Parallel()
 	for _, c := range textCases {
 		t.Run(c.name, func(t *testing.T) {
-			require.Equal(t, c.isText, wmonce.IsText(c.s))
-			check(t, wmonce.CheckText("consumer", c.s), c.textErr)
-			check(t, wmonce.CheckName("consumer", c.s), c.nameErr)
+			require.Equal(t, c.isText, setup.IsText(c.s))
+			check(t, setup.CheckText("consumer", c.s), c.textErr)
+			check(t, setup.CheckName("consumer", c.s), c.nameErr)
 		})
 	}
 	t.Run("CheckText reports the first bad value of several", func(t *testing.T) {
-		require.NoError(t, wmonce.CheckText("message", "a", "", "b"))
-		require.NoError(t, wmonce.CheckText("message"))
-		err := wmonce.CheckText("message", "a", "b\xff", "c\x00")
+		require.NoError(t, setup.CheckText("message", "a", "", "b"))
+		require.NoError(t, setup.CheckText("message"))
+		err := setup.CheckText("message", "a", "b\xff", "c\x00")
 		require.ErrorContains(t, err, "message must be valid UTF-8")
 	})
 }
@@ -82,9 +82,9 @@ func check(t *testing.T, err error, want string) {
 // Keys follow the same text rule as names, with their own length limit.
 func TestCheckKeyAppliesTheTextRule(t *testing.T) {
 	t.Parallel()
-	require.NoError(t, wmonce.CheckKey("pay-1", 10))
-	require.ErrorContains(t, wmonce.CheckKey("", 10), "key is empty")
-	require.ErrorContains(t, wmonce.CheckKey("pay-1234567", 10), "over MaxKeyLength (10)")
-	require.ErrorContains(t, wmonce.CheckKey("pay\x001", 10), "key must not contain NUL bytes")
-	require.ErrorContains(t, wmonce.CheckKey("pay\xff1", 10), "key must be valid UTF-8")
+	require.NoError(t, setup.CheckKey("pay-1", 10))
+	require.ErrorContains(t, setup.CheckKey("", 10), "key is empty")
+	require.ErrorContains(t, setup.CheckKey("pay-1234567", 10), "over MaxKeyLength (10)")
+	require.ErrorContains(t, setup.CheckKey("pay\x001", 10), "key must not contain NUL bytes")
+	require.ErrorContains(t, setup.CheckKey("pay\xff1", 10), "key must be valid UTF-8")
 }

@@ -1,10 +1,14 @@
-package wmonce
+package setup
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"unicode/utf8"
 )
+
+// The one text rule and the dedupe-key rule every component applies, in one place so that what
+// one component accepts and stores, every other one accepts and can store again.
 
 // MaxNameLength is the longest name (consumer, relay, channel) any component accepts.
 const MaxNameLength = 255
@@ -39,4 +43,32 @@ func CheckName(what, s string) error {
 		return fmt.Errorf("%s is %d bytes long; the limit is %d", what, len(s), MaxNameLength)
 	}
 	return CheckText(what, s)
+}
+
+// MaxKeyLengthLimit is the largest MaxKeyLength accepted: PostgreSQL b-tree entries must stay
+// well under a third of a page.
+const MaxKeyLengthLimit = 1024
+
+// DefaultMaxKeyLength is every component's MaxKeyLength when none is set.
+const DefaultMaxKeyLength = 255
+
+// CheckMaxKeyLength reports a MaxKeyLength setting outside 1 to MaxKeyLengthLimit, the range
+// every component accepts.
+func CheckMaxKeyLength(n int) error {
+	return Between("MaxKeyLength", n, 1, MaxKeyLengthLimit)
+}
+
+// CheckKey applies the rules every dedupe key must meet: not empty, at most maxLen bytes, and
+// text PostgreSQL can store (valid UTF-8, no NUL). The inbox applies the same rules.
+func CheckKey(key string, maxLen int) error {
+	switch {
+	case key == "":
+		return errors.New("key is empty")
+	case len(key) > maxLen:
+		return fmt.Errorf("key is %d bytes long, over MaxKeyLength (%d): raise MaxKeyLength (up to %d) or use KeyFromPayloadSHA256 / a shorter business key", len(key), maxLen, MaxKeyLengthLimit)
+	}
+	if err := CheckText("key", key); err != nil {
+		return fmt.Errorf("%w: use KeyFromPayloadSHA256 or hex-encode it", err)
+	}
+	return nil
 }

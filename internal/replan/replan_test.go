@@ -1,4 +1,4 @@
-package pgtx_test
+package replan_test
 
 import (
 	"context"
@@ -8,13 +8,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/replan"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// A query run with ReplanArgs is never prepared on the connection, so PostgreSQL has no
+// A query run with replan.For is never prepared on the connection, so PostgreSQL has no
 // cached plan to reuse for it; the same query without them is, and after five executions
 // PostgreSQL runs its generic plan.
-func TestReplanArgsKeepsAQueryOutOfThePlanCache(t *testing.T) {
+func TestForKeepsAQueryOutOfThePlanCache(t *testing.T) {
 	t.Parallel()
 	pgtest.SkipShort(t)
 	ctx := context.Background()
@@ -23,8 +24,8 @@ func TestReplanArgsKeepsAQueryOutOfThePlanCache(t *testing.T) {
 	t.Cleanup(func() { _ = db.Close() })
 	table := pgtx.QualifiedName(pgtest.Schema(t, db), "t")
 	pgtest.Exec(t, db, `CREATE TABLE `+table+` (k bigint PRIMARY KEY)`)
-	replan := pgtx.ReplanArgs(db)
-	require.NotEmpty(t, replan, "a pool from pgtx.Open uses pgx's driver")
+	prefix := replan.For(db)
+	require.NotEmpty(t, prefix, "a pool from pgtx.Open uses pgx's driver")
 
 	cached := `SELECT count(*) FROM ` + table + ` WHERE k = $1`
 	fresh := cached + ` /* fresh */`
@@ -34,7 +35,7 @@ func TestReplanArgsKeepsAQueryOutOfThePlanCache(t *testing.T) {
 	for range 8 {
 		var n int
 		require.NoError(t, conn.QueryRowContext(ctx, cached, int64(1)).Scan(&n))
-		require.NoError(t, conn.QueryRowContext(ctx, fresh, replan.Args(int64(1))...).Scan(&n))
+		require.NoError(t, conn.QueryRowContext(ctx, fresh, prefix.Args(int64(1))...).Scan(&n))
 	}
 	plans := func(query string) (prepared bool, generic int64) {
 		t.Helper()
@@ -49,12 +50,12 @@ func TestReplanArgsKeepsAQueryOutOfThePlanCache(t *testing.T) {
 	require.True(t, prepared, "pgx prepares a query on the connection by default")
 	require.Positive(t, generic, "after five executions PostgreSQL reuses the generic plan")
 	prepared, _ = plans(fresh)
-	require.False(t, prepared, "with ReplanArgs the query is planned at each execution, never prepared")
+	require.False(t, prepared, "with replan.For the query is planned at each execution, never prepared")
 
-	require.Nil(t, pgtx.ReplanArgs(nil))
-	require.Equal(t, []any{int64(1)}, pgtx.ReplanArgs(nil).Args(int64(1)))
-	// Args never writes into the Replan it is called on: concurrent callers share one.
-	a, b := replan.Args(int64(1)), replan.Args(int64(2))
+	require.Nil(t, replan.For(nil))
+	require.Equal(t, []any{int64(1)}, replan.For(nil).Args(int64(1)))
+	// Args never writes into the Prefix it is called on: concurrent callers share one.
+	a, b := prefix.Args(int64(1)), prefix.Args(int64(2))
 	require.Equal(t, int64(1), a[len(a)-1])
 	require.Equal(t, int64(2), b[len(b)-1])
 }
