@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
 	"github.com/wmonce/watermill-once/internal/setup"
 )
 
