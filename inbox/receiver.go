@@ -65,9 +65,9 @@ func OrderingKeyFromMetadata(field string) OrderingKeyFunc {
 
 // Defaults of ReceiverConfig.
 const (
-	DefaultReceiverBatchSize = 500
-	DefaultReceiverWorkers   = 2
-	DefaultWriteTimeout      = 10 * time.Second
+	defaultReceiverBatchSize = 500
+	defaultReceiverWorkers   = 2
+	defaultWriteTimeout      = 10 * time.Second
 )
 
 // ReceiverConfig configures a Receiver.
@@ -88,8 +88,8 @@ type ReceiverConfig struct {
 	// parallel in roughly received order.
 	OrderingKey OrderingKeyFunc
 
-	// BatchSize bounds the rows written by one statement. Default DefaultReceiverBatchSize
-	// (500), at most MaxBatchSize.
+	// BatchSize bounds the rows written by one statement. Default 500, at most
+	// MaxBatchSize.
 	BatchSize int
 	// Linger makes every row wait for company: a writer that starts waits this long before it
 	// takes its first batch (Close ends the wait). Default 0: a Handle that finds a writer free
@@ -97,10 +97,10 @@ type ReceiverConfig struct {
 	// rows that find every writer busy are written together by the next writer to free up, so
 	// under load batches grow by themselves while the previous one commits.
 	Linger time.Duration
-	// Workers is the number of batches written at once. Default DefaultReceiverWorkers (2),
+	// Workers is the number of batches written at once. Default 2,
 	// at most 64.
 	Workers int
-	// WriteTimeout bounds one batch statement. Default DefaultWriteTimeout (10s).
+	// WriteTimeout bounds one batch statement. Default 10s.
 	WriteTimeout time.Duration
 
 	// MaxMessageAge is the age guard, with the semantics of the effectively-once middleware's
@@ -127,9 +127,9 @@ type ReceiverConfig struct {
 func (c *ReceiverConfig) setDefaults() {
 	c.Schema = cmp.Or(c.Schema, pgtx.DefaultSchema)
 	wmonce.SetKeyDefaults(&c.Key, &c.MaxKeyLength)
-	c.BatchSize = cmp.Or(c.BatchSize, DefaultReceiverBatchSize)
-	c.Workers = cmp.Or(c.Workers, DefaultReceiverWorkers)
-	c.WriteTimeout = cmp.Or(c.WriteTimeout, DefaultWriteTimeout)
+	c.BatchSize = cmp.Or(c.BatchSize, defaultReceiverBatchSize)
+	c.Workers = cmp.Or(c.Workers, defaultReceiverWorkers)
+	c.WriteTimeout = cmp.Or(c.WriteTimeout, defaultWriteTimeout)
 	wmonce.SetAgeGuardDefaults(&c.OccurredAt, &c.Now, outbox.MetadataOccurredAt)
 }
 

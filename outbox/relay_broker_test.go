@@ -15,6 +15,7 @@ import (
 
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/internal/brokertest"
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/outbox"
@@ -120,7 +121,7 @@ func TestRelaySetsAsideWhatTheBrokerRefuses(t *testing.T) {
 			require.NoError(t, err)
 			relayOnce(t, r)
 			require.Equal(t, want, receiveN(t, received, len(want), "the rows the broker accepts, in order"))
-			rejected, err := outbox.ListRejected(context.Background(), db, schema, outbox.RejectedFilter{}, 10, false)
+			rejected, err := outboxops.ListRejected(context.Background(), db, schema, outboxops.RejectedFilter{}, 10, false)
 			require.NoError(t, err)
 			require.Len(t, rejected, len(refused))
 			for _, row := range rejected {
