@@ -120,7 +120,7 @@ func relayActive(ctx context.Context, db *sql.DB, schema, name string) (bool, er
 // source no relay forwards are kept, and so, with no relay registered at all, is everything.
 // Relays of other sources do not hold a row back. Age is measured by the database clock. A
 // retired relay name holds every later row of its source back until ForgetRelay removes it.
-// The position of a replication slot (RegisterSlotPosition, for Debezium) counts as a relay of
+// The position of a replication slot (registered by outbox/cdc, for Debezium) counts as a relay of
 // every source that has published what the slot confirmed (AdvanceSlotPosition).
 func Prune(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error) {
 	schema, req, cutoff, err := pgtx.CheckPrune(ctx, db, schema, req, pgtx.Unscoped)
@@ -256,8 +256,8 @@ func rejectedRowScanner(withPayload bool) func(pgtx.Scanner) (outboxops.Rejected
 // PruneRejected deletes the rows in outbox_rejected set aside before req's cutoff (Before, or
 // Keep ago by the database clock), in batches of at most req.BatchSize rows, and returns how
 // many it deleted, also when it stops on an error or a cancelled ctx. A rejected row is the only copy of a message
-// the relay could not forward: prune only what operators have had time to look at (see
-// ListRejected) and republish (RepublishRejected). The retention janitor calls it when retention.Config.RejectedKeep is set.
+// the relay could not forward: prune only what operators have had time to look at (wmonce
+// outbox rejected) and republish (RepublishRejected). The retention janitor calls it when retention.Config.RejectedKeep is set.
 func PruneRejected(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error) {
 	n, err := pgtx.PruneOlder(ctx, db, schema, req, "outbox_rejected", "rejected_at", false, "")
 	if err != nil {

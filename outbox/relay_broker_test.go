@@ -78,7 +78,7 @@ func publishMsgs(t *testing.T, db *sql.DB, w *outbox.Writer, topic string, msgs 
 
 func keyed(uuid, key string) *message.Message {
 	m := message.NewMessage(uuid, []byte(`{}`))
-	m.Metadata.Set(outbox.DefaultLaneKeyField, key)
+	m.Metadata.Set("partition_key", key)
 	return m
 }
 
@@ -155,7 +155,7 @@ func TestRelayOnKafkaHoldsBackOnlyAMissingTopic(t *testing.T) {
 	sc.Metadata.Retry.Max, sc.Metadata.Retry.Backoff = 2, 100*time.Millisecond
 	// Keyed records, as the relay's per-key order needs: one partition for key "k".
 	marshaler := kafka.NewWithPartitioningMarshaler(func(_ string, msg *message.Message) (string, error) {
-		return msg.Metadata.Get(outbox.DefaultLaneKeyField), nil
+		return msg.Metadata.Get("partition_key"), nil
 	})
 	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: addrs, Marshaler: marshaler, OverwriteSaramaConfig: sc}, nil)
 	require.NoError(t, err)

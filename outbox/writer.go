@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/internal/pgnotify"
 	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/internal/tracing"
@@ -161,7 +162,7 @@ func (w *Writer) store(ctx context.Context, tx pgtx.Executor, topic string, msgs
 		if err := checkMessage(msg); err != nil {
 			return fmt.Errorf("%w: message %d of %d: %w", ErrInvalidMessage, i+1, len(msgs), err)
 		}
-		if _, _, err := DueAt(msg.Metadata); err != nil && stamped { // parked messages are kept as they came
+		if _, _, err := outboxops.DueAt(msg.Metadata); err != nil && stamped { // parked messages are kept as they came
 			return fmt.Errorf("%w: message %s: %w", ErrInvalidMessage, msg.UUID, err)
 		}
 	}

@@ -10,7 +10,11 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
+
+	"github.com/ThreeDotsLabs/watermill/components/delay"
+	"github.com/ThreeDotsLabs/watermill/message"
 )
 
 // RejectedGroup is the rows of outbox_rejected that one relay set aside for one topic with the
@@ -157,3 +161,22 @@ const SlotPositionPrefix = "cdc:"
 
 // SlotPositionName is the name in outbox_offsets of the position that follows slot.
 func SlotPositionName(slot string) string { return SlotPositionPrefix + slot }
+
+// DueAt returns when msg is due for delivery: its outbox.MetadataDelayedUntil (set by
+// delay.Message(msg, delay.For(d)) or Writer.PublishTxAt), rounded up to the microsecond
+// PostgreSQL keeps, so that no comparison in the database makes it due early. ok is false when
+// msg carries none; err says why a value cannot be read.
+func DueAt(md message.Metadata) (due time.Time, ok bool, err error) {
+	v := md.Get(delay.DelayedUntilKey)
+	if v == "" {
+		return time.Time{}, false, nil
+	}
+	due, err = time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("metadata %s %q is not an RFC 3339 time: %w", delay.DelayedUntilKey, v, err)
+	}
+	if t := due.Truncate(time.Microsecond); !t.Equal(due) {
+		due = t.Add(time.Microsecond)
+	}
+	return due, true, nil
+}
