@@ -15,4 +15,5 @@ func init() {
 	outboxops.RelayActive = relayActive
 	outboxops.RegisterSlotPosition = registerSlotPosition
 	outboxops.SlotPositions = slotPositions
+	outboxops.CheckParking = checkParking
 }

@@ -113,15 +113,6 @@ FROM unnest($1::text[], $2::text[], $3::text[], $5::text[], $6::text[], $7::byte
 	return one, many
 }
 
-// WriterOrDefault returns w, or when w is nil a new Writer with config: the default of the
-// components' Config.Outbox fields.
-func WriterOrDefault(w *Writer, config Config) (*Writer, error) {
-	if w != nil {
-		return w, nil
-	}
-	return NewWriter(config)
-}
-
 // Table returns the quoted, schema-qualified outbox table name.
 func (w *Writer) Table() string { return w.table }
 

@@ -153,6 +153,10 @@ var (
 	// slots by name.
 	RegisterSlotPosition func(ctx context.Context, db *sql.DB, schema, slot string) (bool, error)
 	SlotPositions        func(ctx context.Context, db *sql.DB, schema string) ([]string, error)
+	// CheckParking returns an error wrapping outbox.ErrNotParking when pub is a Writer's
+	// Publisher or DBPublisher, which cannot serve as a poison queue's publisher; nil for
+	// ParkingPublisher and any other publisher. once.Stack checks its PoisonPublisher with it.
+	CheckParking func(pub message.Publisher) error
 )
 
 // SlotPositionPrefix starts the name of every slot position in outbox_offsets. A Relay name
