@@ -179,20 +179,10 @@ type ReceiverCounters struct {
 // duplicate and is acked. After the ack the inbox row is the only copy of the message: it is as
 // durable as the PostgreSQL commit (synchronous replication decides what a failover keeps).
 //
-// Group commit: concurrent Handle calls are written together, many rows in one statement and
-// one commit. A Kafka or AMQP subscriber delivers one message at a time per partition or
-// subscription, so batches form when several partitions, subscriptions or handlers deliver at
-// once (or the router runs handlers concurrently); a single sequential stream gets one row per
-// commit, still without added latency.
-//
-// With MaxMessageAge set, a copy of a forgotten key (its row deleted by retention) that is older
-// than the limit is stored parked as FAILED instead of PENDING: acked, counted, logged as an
-// ALERT, never processed unless replayed (see ReceiverConfig.MaxMessageAge).
-//
-// A message whose key or metadata cannot be stored is refused with a permanent error
-// (wmonce.IsPermanent) and never acked silently: park it with Watermill's
-// PoisonQueueWithFilter(writer.ParkingPublisher(db), topic, wmonce.IsPermanent) in front of
-// Handle (see the package doc, Parking refused messages), or it is redelivered forever.
+// Concurrent Handle calls are group-committed, MaxMessageAge parks copies of forgotten keys
+// that are too old, and a message whose key or metadata cannot be stored is refused with a
+// permanent error, never acked silently: park it through a poison queue in front of Handle, or
+// it is redelivered forever (package doc: Receiving, Parking refused messages).
 type Receiver struct {
 	db     *sql.DB
 	config ReceiverConfig

@@ -17,7 +17,7 @@ import (
 )
 
 // Failure groups, for the page (GET /api/failures, POST /api/failures/act) and `wmonce
-// failures`: FAILED (parked) inbox rows (inbox.Ops.FailureGroups), messages the poison queue
+// failures`: FAILED (parked) inbox rows (inboxops.FailureGroups), messages the poison queue
 // parked (outboxops.ParkedGroups) and rejected outbox rows (outboxops.RejectedGroups), grouped by
 // the schema's fingerprint, with bulk actions on a group.
 

@@ -195,7 +195,7 @@ type InboxStats struct {
 
 // ReadInbox counts every inbox consumer's rows by status, ordered by consumer. Unfinished
 // rows and the oldest pending age come from inbox.Ops.AllStats; DONE and SKIPPED rows from
-// inbox.Ops.FinishedStats, which scans the table.
+// inboxops.CountFinished, which scans the table.
 func ReadInbox(ctx context.Context, db *sql.DB, schema string) ([]InboxStats, error) {
 	ops, err := inbox.NewOps(db, inbox.OpsConfig{Schema: schema}, nil)
 	if err != nil {
