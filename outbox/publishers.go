@@ -96,7 +96,7 @@ func (contextPublisher) Close() error { return nil }
 // message refused for its UUID or metadata is exactly one DBPublisher refuses to store. A
 // refusal of a message from Watermill's poison queue (it carries reason_poisoned) wraps
 // ErrNotParking too and says to use ParkingPublisher, so that every nack it causes is logged
-// with the fix; once.Stack refuses DBPublisher at construction (checkParking).
+// with the fix; once.Stack refuses DBPublisher at construction.
 func (w *Writer) DBPublisher(db *sql.DB) message.Publisher { return dbPublisher{w: w, db: db} }
 
 // ParkingPublisher returns the message.Publisher that parks messages a consumer refused, for
