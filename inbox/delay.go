@@ -5,15 +5,15 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/wmonce/watermill-once/outbox"
+	"github.com/wmonce/watermill-once/internal/outboxops"
 )
 
 // dueOf returns when msg's first attempt may start, from Watermill's delay metadata
-// (outbox.MetadataDelayedUntil, as outbox.DueAt reads it), as the RFC 3339 text the ingest
+// (outbox.MetadataDelayedUntil, as outboxops.DueAt reads it), as the RFC 3339 text the ingest
 // statement takes; "" for a message without it. A value that is not a time is an error: the
 // Receiver refuses the message rather than guess.
 func dueOf(msg *message.Message) (string, error) {
-	due, ok, err := outbox.DueAt(msg.Metadata)
+	due, ok, err := outboxops.DueAt(msg.Metadata)
 	if err != nil || !ok {
 		return "", err
 	}

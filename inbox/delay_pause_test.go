@@ -12,6 +12,7 @@ import (
 
 	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/inbox"
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/outbox"
 )
@@ -24,7 +25,7 @@ func TestProcessorHonoursDelayMetadata(t *testing.T) {
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
 	late := msg("late", "x")
 	delay.Message(late, delay.For(2500*time.Millisecond)) // RFC 3339 to the second: 1.5s at least
-	due, ok, err := outbox.DueAt(late.Metadata)
+	due, ok, err := outboxops.DueAt(late.Metadata)
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.NoError(t, r.Handle(late))
@@ -141,7 +142,7 @@ func TestDelayedRowHoldsBackItsOrderingKey(t *testing.T) {
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c", OrderingKey: orderByMetadataKey})
 	late := msg("late", "x", "key", "k")
 	delay.Message(late, delay.For(2500*time.Millisecond)) // 1.5s at least: the margin for "other" to go first
-	due, _, err := outbox.DueAt(late.Metadata)
+	due, _, err := outboxops.DueAt(late.Metadata)
 	require.NoError(t, err)
 	require.NoError(t, r.Handle(late))
 	require.NoError(t, r.Handle(msg("k-next", "x", "key", "k")))

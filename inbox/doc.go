@@ -3,7 +3,7 @@
 // Processor works through the table with a plain Watermill handler, on its own schedule, with
 // its own retries, parking and per-key order. Ops gives operators replay, skip, inspection and
 // statistics; it is also how retention, admin, metrics and the CLI reach the inbox tables, which
-// only this package writes (Consumers, Stats and AllStats, FinishedStats, PruneFinished).
+// only this package writes (Consumers, Stats and AllStats, PruneFinished).
 //
 //	receiver, _ := inbox.NewReceiver(db, inbox.ReceiverConfig{Consumer: "rewards"}, logger)
 //	router.AddConsumerHandler("rewards-inbox", "payments", subscriber, receiver.Handle)

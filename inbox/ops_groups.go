@@ -7,63 +7,29 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/wmonce/watermill-once/internal/failgroup"
-	"github.com/wmonce/watermill-once/outbox"
+	"github.com/wmonce/watermill-once/internal/inboxops"
 	"github.com/wmonce/watermill-once/pgtx"
 )
-
-// FailureGroup is the FAILED (parked) rows of one consumer and topic whose errors are the same
-// once their volatile parts (UUIDs, addresses, hex, numbers) are replaced: one poison storm is
-// one group. The rule and the fingerprint are the schema's (migration 015,
-// failure_pattern/failure_fingerprint), so every tool groups alike.
-type FailureGroup struct {
-	Fingerprint string // 16 hex digits; selects the group in ReplayGroup and SkipGroup
-	Consumer    string
-	Topic       string
-	Pattern     string // the error with <uuid>, <addr>, <hex> and <n> in place of the volatile parts
-	Example     string // the last_error of the group's newest row
-	Rows        int64
-	// FirstSeen and LastSeen are the received_at of the group's oldest and newest row: the inbox
-	// keeps no time of failure.
-	FirstSeen time.Time
-	LastSeen  time.Time
-}
-
-// GroupRequest selects the rows of one failure group that ReplayGroup or SkipGroup touch.
-type GroupRequest struct {
-	// Fingerprint is FailureGroup.Fingerprint. Required.
-	Fingerprint string
-	// IDs, when given, narrow the group to these rows: pass the IDs a dry run returned to
-	// touch exactly those (rows that joined the group since are left alone).
-	IDs []int64
-	// DryRun lists the rows the operation would change and changes nothing.
-	DryRun bool
-}
-
-// GroupResult lists the rows an operation on a group changed or, for a dry run, would change.
-type GroupResult struct {
-	IDs []int64
-}
 
 func (o *Ops) fingerprintExpr() string {
 	return pgtx.QualifiedName(o.schema, "failure_fingerprint") + `('inbox', consumer, topic, last_error)`
 }
 
-// FailureGroups returns the failure groups of the newest maxRows FAILED rows (0: of all), the
+// failureGroups returns the failure groups of the newest maxRows FAILED rows (0: of all), the
 // largest first, and how many FAILED rows it left out (older than those). It only reads. Its
 // cost is in the error patterns, computed once per distinct error text: on this project's test
 // machine, under load, about a second per 10,000 rows whose errors all differ.
-func (o *Ops) FailureGroups(ctx context.Context, maxRows int) (groups []FailureGroup, left int64, err error) {
+func (o *Ops) failureGroups(ctx context.Context, maxRows int) (groups []inboxops.FailureGroup, left int64, err error) {
 	groups, left, err = failgroup.Read(ctx, o.db, o.schema, failgroup.Rows{
 		Kind: "inbox",
 		Select: `SELECT consumer AS who, topic, coalesce(last_error, '') AS reason, received_at AS at, id AS newest
     FROM ` + o.q.table + ` WHERE status = 'FAILED'`,
 		NewestFirst: "newest DESC",
-	}, maxRows, func(g *FailureGroup) []any {
+	}, maxRows, func(g *inboxops.FailureGroup) []any {
 		return []any{&g.Fingerprint, &g.Consumer, &g.Topic, &g.Pattern, &g.Example, &g.Rows, &g.FirstSeen, &g.LastSeen}
 	})
 	if err != nil {
@@ -72,13 +38,13 @@ func (o *Ops) FailureGroups(ctx context.Context, maxRows int) (groups []FailureG
 	return groups, left, nil
 }
 
-// ReplayGroup sends the FAILED rows of one failure group (narrowed by req.IDs) back to
+// replayGroup sends the FAILED rows of one failure group (narrowed by req.IDs) back to
 // PENDING, due now, with their attempt count reset, as Replay does, in one statement, and wakes
 // their processors. With req.DryRun it only lists them.
-func (o *Ops) ReplayGroup(ctx context.Context, req GroupRequest) (GroupResult, error) {
+func (o *Ops) replayGroup(ctx context.Context, req inboxops.GroupRequest) (inboxops.GroupResult, error) {
 	res, err := o.changeGroup(ctx, req, `status = 'PENDING', attempts = 0, next_attempt_at = now(), finished_at = NULL`)
 	if err != nil {
-		return GroupResult{}, fmt.Errorf("inbox: replay group: %w", err)
+		return inboxops.GroupResult{}, fmt.Errorf("inbox: replay group: %w", err)
 	}
 	if !req.DryRun {
 		o.logger.Info("Inbox failure group replayed", watermill.LogFields{"fingerprint": req.Fingerprint, "rows": len(res.IDs)})
@@ -86,17 +52,17 @@ func (o *Ops) ReplayGroup(ctx context.Context, req GroupRequest) (GroupResult, e
 	return res, nil
 }
 
-// SkipGroup marks the FAILED rows of one failure group (narrowed by req.IDs) SKIPPED with
+// skipGroup marks the FAILED rows of one failure group (narrowed by req.IDs) SKIPPED with
 // reason, as Skip does: they will not run, their ordering keys move on, and they stay as
 // dedupe records. With req.DryRun it only lists them (and needs no reason yet). (There is no
 // discard for inbox rows: a deleted row would let a redelivered copy of its message run again.)
-func (o *Ops) SkipGroup(ctx context.Context, req GroupRequest, reason string) (GroupResult, error) {
+func (o *Ops) skipGroup(ctx context.Context, req inboxops.GroupRequest, reason string) (inboxops.GroupResult, error) {
 	if strings.TrimSpace(reason) == "" && !req.DryRun {
-		return GroupResult{}, errors.New("inbox: skip group: give a reason; it is kept in last_error")
+		return inboxops.GroupResult{}, errors.New("inbox: skip group: give a reason; it is kept in last_error")
 	}
 	res, err := o.changeGroup(ctx, req, `status = 'SKIPPED', finished_at = now(), last_error = $1::text || coalesce('; last error: ' || last_error, '')`, "skipped: "+reason)
 	if err != nil {
-		return GroupResult{}, fmt.Errorf("inbox: skip group: %w", err)
+		return inboxops.GroupResult{}, fmt.Errorf("inbox: skip group: %w", err)
 	}
 	if !req.DryRun {
 		o.logger.Info("Inbox failure group skipped", watermill.LogFields{"fingerprint": req.Fingerprint, "rows": len(res.IDs), "reason": reason})
@@ -107,9 +73,9 @@ func (o *Ops) SkipGroup(ctx context.Context, req GroupRequest, reason string) (G
 // changeGroup runs one UPDATE of the group's FAILED rows (or lists them for a dry run),
 // returning their ids, and wakes the processors of the consumers it changed. set's parameters
 // are setArgs, $1 on.
-func (o *Ops) changeGroup(ctx context.Context, req GroupRequest, set string, setArgs ...any) (GroupResult, error) {
-	if err := outbox.CheckFingerprint(req.Fingerprint); err != nil {
-		return GroupResult{}, err
+func (o *Ops) changeGroup(ctx context.Context, req inboxops.GroupRequest, set string, setArgs ...any) (inboxops.GroupResult, error) {
+	if err := failgroup.CheckFingerprint(req.Fingerprint); err != nil {
+		return inboxops.GroupResult{}, err
 	}
 	var args []any
 	arg := func(v any) string {
@@ -129,7 +95,7 @@ func (o *Ops) changeGroup(ctx context.Context, req GroupRequest, set string, set
 	if req.DryRun {
 		err := o.db.QueryRowContext(ctx, `SELECT coalesce(json_agg(id ORDER BY id), '[]')::text FROM `+o.q.table+` WHERE `+where, args...).Scan(&ids)
 		if err != nil {
-			return GroupResult{}, err
+			return inboxops.GroupResult{}, err
 		}
 		return decodeIDs(ids)
 	}
@@ -143,15 +109,15 @@ SELECT coalesce((SELECT json_agg(id ORDER BY id) FROM c), '[]')::text,
     (SELECT count(pg_notify(` + ch + `::text, consumer)) FROM (SELECT DISTINCT consumer FROM c) d)`
 	var notified int
 	if err := o.db.QueryRowContext(ctx, query, args...).Scan(&ids, &notified); err != nil {
-		return GroupResult{}, err
+		return inboxops.GroupResult{}, err
 	}
 	return decodeIDs(ids)
 }
 
-func decodeIDs(s string) (GroupResult, error) {
-	res := GroupResult{IDs: []int64{}}
+func decodeIDs(s string) (inboxops.GroupResult, error) {
+	res := inboxops.GroupResult{IDs: []int64{}}
 	if err := json.Unmarshal([]byte(s), &res.IDs); err != nil {
-		return GroupResult{}, fmt.Errorf("row ids: %w", err)
+		return inboxops.GroupResult{}, fmt.Errorf("row ids: %w", err)
 	}
 	return res, nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/inbox"
+	"github.com/wmonce/watermill-once/internal/inboxops"
 )
 
 // A poison storm whose errors differ only in ids, addresses and numbers is one failure group;
@@ -41,7 +42,7 @@ func TestFailureGroupsReplayAndSkip(t *testing.T) {
 	require.NoError(t, r.Handle(msg("ok-1", "fine")))
 	p.until(t, "parking", func(n tally) bool { return n.Parked == 4 && n.Done == 1 })
 
-	groups, left, err := e.ops.FailureGroups(ctx, 0)
+	groups, left, err := inboxops.FailureGroups(ctx, e.ops, 0)
 	require.NoError(t, err)
 	require.Zero(t, left)
 	require.Len(t, groups, 2, "%+v", groups)
@@ -54,7 +55,7 @@ func TestFailureGroupsReplayAndSkip(t *testing.T) {
 	require.False(t, charge.FirstSeen.After(charge.LastSeen))
 	require.Equal(t, int64(1), bad.Rows)
 	require.Equal(t, "payload is not JSON", bad.Pattern)
-	newest, left, err := e.ops.FailureGroups(ctx, 2)
+	newest, left, err := inboxops.FailureGroups(ctx, e.ops, 2)
 	require.NoError(t, err)
 	require.Equal(t, int64(2), left, "the two oldest FAILED rows are left out")
 	var grouped int64
@@ -62,10 +63,10 @@ func TestFailureGroupsReplayAndSkip(t *testing.T) {
 		grouped += g.Rows
 	}
 	require.Equal(t, int64(2), grouped, "the groups cover the newest rows only")
-	_, _, err = e.ops.FailureGroups(ctx, -1)
+	_, _, err = inboxops.FailureGroups(ctx, e.ops, -1)
 	require.ErrorContains(t, err, "maxRows must not be negative")
 
-	dry, err := e.ops.ReplayGroup(ctx, inbox.GroupRequest{Fingerprint: charge.Fingerprint, DryRun: true})
+	dry, err := inboxops.ReplayGroup(ctx, e.ops, inboxops.GroupRequest{Fingerprint: charge.Fingerprint, DryRun: true})
 	require.NoError(t, err)
 	require.Len(t, dry.IDs, 3)
 	require.Equal(t, 4, e.status(t, "c", inbox.StatusFailed), "a dry run changes nothing")
@@ -74,7 +75,7 @@ func TestFailureGroupsReplayAndSkip(t *testing.T) {
 	require.NoError(t, r.Handle(msg("charge-999", "charge")))
 	p.until(t, "the late row parked", func(n tally) bool { return n.Parked == 5 })
 	healed.Store(true)
-	done, err := e.ops.ReplayGroup(ctx, inbox.GroupRequest{Fingerprint: charge.Fingerprint, IDs: dry.IDs})
+	done, err := inboxops.ReplayGroup(ctx, e.ops, inboxops.GroupRequest{Fingerprint: charge.Fingerprint, IDs: dry.IDs})
 	require.NoError(t, err)
 	require.Equal(t, dry.IDs, done.IDs, "exactly the rows the dry run listed")
 	p.until(t, "the replayed rows", func(n tally) bool { return n.Done == 4 })
@@ -82,9 +83,9 @@ func TestFailureGroupsReplayAndSkip(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, inbox.StatusFailed, late.Status, "a row that joined after the dry run is left alone")
 
-	_, err = e.ops.SkipGroup(ctx, inbox.GroupRequest{Fingerprint: bad.Fingerprint}, "")
+	_, err = inboxops.SkipGroup(ctx, e.ops, inboxops.GroupRequest{Fingerprint: bad.Fingerprint}, "")
 	require.ErrorContains(t, err, "give a reason")
-	skipped, err := e.ops.SkipGroup(ctx, inbox.GroupRequest{Fingerprint: bad.Fingerprint}, "broken producer, ticket 12")
+	skipped, err := inboxops.SkipGroup(ctx, e.ops, inboxops.GroupRequest{Fingerprint: bad.Fingerprint}, "broken producer, ticket 12")
 	require.NoError(t, err)
 	require.Len(t, skipped.IDs, 1)
 	row, err := e.ops.InspectMessage(ctx, "c", "b-1")
@@ -92,9 +93,9 @@ func TestFailureGroupsReplayAndSkip(t *testing.T) {
 	require.Equal(t, inbox.StatusSkipped, row.Status)
 	require.Equal(t, "skipped: broken producer, ticket 12; last error: payload is not JSON", row.LastError)
 
-	_, err = e.ops.ReplayGroup(ctx, inbox.GroupRequest{Fingerprint: "not-a-fingerprint"})
+	_, err = inboxops.ReplayGroup(ctx, e.ops, inboxops.GroupRequest{Fingerprint: "not-a-fingerprint"})
 	require.ErrorContains(t, err, "fingerprint must be 16 lower-case hex digits")
-	none, err := e.ops.ReplayGroup(ctx, inbox.GroupRequest{Fingerprint: bad.Fingerprint})
+	none, err := inboxops.ReplayGroup(ctx, e.ops, inboxops.GroupRequest{Fingerprint: bad.Fingerprint})
 	require.NoError(t, err)
 	require.Empty(t, none.IDs, "a group whose rows are gone touches nothing")
 }

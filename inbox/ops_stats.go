@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/wmonce/watermill-once/internal/inboxops"
 	"github.com/wmonce/watermill-once/internal/owner"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -88,19 +89,13 @@ func (o *Ops) AllStats(ctx context.Context) (map[string]Stats, error) {
 	return out, nil
 }
 
-// FinishedStats counts one consumer's finished rows: the dedupe records PruneFinished prunes.
-type FinishedStats struct {
-	Done    int64
-	Skipped int64
-}
-
-// FinishedStats returns FinishedStats for every consumer with DONE or SKIPPED rows. Unlike
+// finishedStats returns FinishedStats for every consumer with DONE or SKIPPED rows. Unlike
 // AllStats it scans the table (finished rows are most of it): bound ctx with a deadline.
-func (o *Ops) FinishedStats(ctx context.Context) (map[string]FinishedStats, error) {
-	out := map[string]FinishedStats{}
+func (o *Ops) finishedStats(ctx context.Context) (map[string]inboxops.FinishedStats, error) {
+	out := map[string]inboxops.FinishedStats{}
 	err := pgtx.QueryEach(ctx, o.db, func(s pgtx.Scanner) error {
 		var c string
-		var st FinishedStats
+		var st inboxops.FinishedStats
 		err := s.Scan(&c, &st.Done, &st.Skipped)
 		out[c] = st
 		return err

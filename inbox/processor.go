@@ -111,9 +111,13 @@ func NewProcessor(db *sql.DB, handler message.HandlerFunc, config ProcessorConfi
 	if handler == nil {
 		return nil, errors.New("inbox: handler is nil")
 	}
-	ob, err := outbox.WriterOrDefault(config.Outbox, outbox.Config{Schema: config.Schema, Source: config.OutboxSource, TracerProvider: config.TracerProvider})
-	if err != nil {
-		return nil, fmt.Errorf("inbox: %w", err)
+	ob := config.Outbox
+	if ob == nil {
+		w, err := outbox.NewWriter(outbox.Config{Schema: config.Schema, Source: config.OutboxSource, TracerProvider: config.TracerProvider})
+		if err != nil {
+			return nil, fmt.Errorf("inbox: %w", err)
+		}
+		ob = w
 	}
 	p := &Processor{
 		db:      db,

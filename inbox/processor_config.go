@@ -14,19 +14,19 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// Defaults of ProcessorConfig.
+// Defaults of ProcessorConfig (its field docs state them).
 const (
-	DefaultProcessorWorkers   = 4
-	DefaultProcessorBatchSize = 16
-	DefaultTxBatchSize        = 1
-	DefaultLease              = 30 * time.Second
-	DefaultReapInterval       = time.Second
-	DefaultPollInterval       = time.Second
-	DefaultMaxAttempts        = 10
-	DefaultBackoff            = time.Second
-	DefaultMaxBackoff         = 5 * time.Minute
-	DefaultShutdownGrace      = 10 * time.Second
-	DefaultIsolation          = sql.LevelReadCommitted
+	defaultProcessorWorkers   = 4
+	defaultProcessorBatchSize = 16
+	defaultTxBatchSize        = 1
+	defaultLease              = 30 * time.Second
+	defaultReapInterval       = time.Second
+	defaultPollInterval       = time.Second
+	defaultMaxAttempts        = 10
+	defaultBackoff            = time.Second
+	defaultMaxBackoff         = 5 * time.Minute
+	defaultShutdownGrace      = 10 * time.Second
+	defaultIsolation          = sql.LevelReadCommitted
 )
 
 // maxProcessorWorkers bounds ProcessorConfig.Workers.
@@ -39,25 +39,25 @@ type ProcessorConfig struct {
 	// Consumer whose rows this processor works: the ReceiverConfig.Consumer. Required.
 	Consumer string
 
-	// Workers process rows concurrently, each in its own transactions. Default
-	// DefaultProcessorWorkers (4), at most 1024. The pool needs Workers connections plus up
+	// Workers process rows concurrently, each in its own transactions. Default 4, at
+	// most 1024. The pool needs Workers connections plus up
 	// to three more (LISTEN, lease upkeep, operations). Rows of one ordering key never run at
 	// the same time; other rows do, in this and in every other Processor of the Consumer: see
 	// TxOptions for handlers that read before they write.
 	Workers int
-	// BatchSize is the most rows a worker claims at once. Default DefaultProcessorBatchSize
-	// (16), at most MaxBatchSize. Without lease renewal the whole claimed batch must be
+	// BatchSize is the most rows a worker claims at once. Default 16, at
+	// most MaxBatchSize. Without lease renewal the whole claimed batch must be
 	// processed within Lease.
 	BatchSize int
 	// TxBatchSize > 1 processes that many claimed rows in one transaction and completes them
 	// with one statement. If any handler in the batch fails, or a lease was lost, the whole
 	// transaction is rolled back and its rows are processed again one per transaction, so
 	// handlers must not mind running more than once without effect (their database writes are
-	// rolled back; effects outside the database are not). Default DefaultTxBatchSize (1).
+	// rolled back; effects outside the database are not). Default 1.
 	TxBatchSize int
 
 	// Lease is how long a claim stays valid without renewal. After it, another worker may
-	// take the row, and the first worker can no longer complete it. Default DefaultLease (30s).
+	// take the row, and the first worker can no longer complete it. Default 30s.
 	Lease time.Duration
 	// RenewInterval is how often a worker extends the leases it still holds. Default Lease/3.
 	// Negative: never renew (fixed leases: a claim must finish within Lease).
@@ -67,27 +67,27 @@ type ProcessorConfig struct {
 	// counted as failed, and lease renewal stops so the row can be re-claimed even if the
 	// handler ignores its context. Default Lease.
 	HandlerTimeout time.Duration
-	// ReapInterval is how often expired leases are taken back. Default DefaultReapInterval (1s).
+	// ReapInterval is how often expired leases are taken back. Default 1s.
 	ReapInterval time.Duration
 	// PollInterval is the fallback wait of an idle worker; LISTEN/NOTIFY wakes it earlier when
-	// rows arrive. Default DefaultPollInterval (1s).
+	// rows arrive. Default 1s.
 	PollInterval time.Duration
 	// DisableListen turns LISTEN/NOTIFY off: idle workers then only poll. LISTEN is also off
 	// when the *sql.DB does not use pgx's stdlib driver.
 	DisableListen bool
 
-	// MaxAttempts parks a row as FAILED after this many attempts. Default DefaultMaxAttempts (10).
+	// MaxAttempts parks a row as FAILED after this many attempts. Default 10.
 	MaxAttempts int
 	// Backoff is the delay after the first failed attempt; it doubles per attempt up to
 	// MaxBackoff, and each delay is drawn between half and all of that value (jitter).
-	// Defaults DefaultBackoff (1s) and DefaultMaxBackoff (5m).
+	// Defaults 1s and 5m.
 	Backoff    time.Duration
 	MaxBackoff time.Duration
 
 	// ShutdownGrace is how long Close lets handlers that are already running finish. After it
 	// their contexts and transactions are cancelled; handlers that still do not return within
 	// another ShutdownGrace (at most 5s) are abandoned, and every row still claimed is released.
-	// Default DefaultShutdownGrace (10s); negative: cancel at once.
+	// Default 10s; negative: cancel at once.
 	ShutdownGrace time.Duration
 
 	// OutputTopic receives the messages the handler returns (through the outbox, in the
@@ -100,8 +100,8 @@ type ProcessorConfig struct {
 	// service's own Writer as Outbox, wherever the service's relay has a Source: rows of another
 	// source are never forwarded by it. Setting both is an error.
 	OutboxSource string
-	// TxOptions of the processing transactions. Default: isolation DefaultIsolation (READ
-	// COMMITTED). Handlers of
+	// TxOptions of the processing transactions. Default: isolation READ
+	// COMMITTED. Handlers of
 	// different rows run at the same time (Workers), so at READ COMMITTED a handler that
 	// reads a row and writes back a value computed from it (read a counter, add one, write
 	// it) loses the updates of handlers that commit in between. Make such a handler exact by
@@ -126,19 +126,19 @@ type ProcessorConfig struct {
 
 func (c *ProcessorConfig) setDefaults() {
 	c.Schema = cmp.Or(c.Schema, pgtx.DefaultSchema)
-	c.Workers = cmp.Or(c.Workers, DefaultProcessorWorkers)
-	c.BatchSize = cmp.Or(c.BatchSize, DefaultProcessorBatchSize)
-	c.TxBatchSize = cmp.Or(c.TxBatchSize, DefaultTxBatchSize)
-	c.Lease = cmp.Or(c.Lease, DefaultLease)
+	c.Workers = cmp.Or(c.Workers, defaultProcessorWorkers)
+	c.BatchSize = cmp.Or(c.BatchSize, defaultProcessorBatchSize)
+	c.TxBatchSize = cmp.Or(c.TxBatchSize, defaultTxBatchSize)
+	c.Lease = cmp.Or(c.Lease, defaultLease)
 	c.RenewInterval = cmp.Or(c.RenewInterval, c.Lease/3)
 	c.HandlerTimeout = cmp.Or(c.HandlerTimeout, c.Lease)
-	c.ReapInterval = cmp.Or(c.ReapInterval, DefaultReapInterval)
-	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
-	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
-	c.Backoff = cmp.Or(c.Backoff, DefaultBackoff)
-	c.MaxBackoff = cmp.Or(c.MaxBackoff, DefaultMaxBackoff)
-	c.ShutdownGrace = cmp.Or(c.ShutdownGrace, DefaultShutdownGrace)
-	c.TxOptions = cmp.Or(c.TxOptions, &sql.TxOptions{Isolation: DefaultIsolation})
+	c.ReapInterval = cmp.Or(c.ReapInterval, defaultReapInterval)
+	c.PollInterval = cmp.Or(c.PollInterval, defaultPollInterval)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, defaultMaxAttempts)
+	c.Backoff = cmp.Or(c.Backoff, defaultBackoff)
+	c.MaxBackoff = cmp.Or(c.MaxBackoff, defaultMaxBackoff)
+	c.ShutdownGrace = cmp.Or(c.ShutdownGrace, defaultShutdownGrace)
+	c.TxOptions = cmp.Or(c.TxOptions, &sql.TxOptions{Isolation: defaultIsolation})
 }
 
 // Validate reports what to fix in a configuration.

@@ -65,9 +65,9 @@ func OrderingKeyFromMetadata(field string) OrderingKeyFunc {
 
 // Defaults of ReceiverConfig.
 const (
-	DefaultReceiverBatchSize = 500
-	DefaultReceiverWorkers   = 2
-	DefaultWriteTimeout      = 10 * time.Second
+	defaultReceiverBatchSize = 500
+	defaultReceiverWorkers   = 2
+	defaultWriteTimeout      = 10 * time.Second
 )
 
 // ReceiverConfig configures a Receiver.
@@ -88,8 +88,8 @@ type ReceiverConfig struct {
 	// parallel in roughly received order.
 	OrderingKey OrderingKeyFunc
 
-	// BatchSize bounds the rows written by one statement. Default DefaultReceiverBatchSize
-	// (500), at most MaxBatchSize.
+	// BatchSize bounds the rows written by one statement. Default 500, at most
+	// MaxBatchSize.
 	BatchSize int
 	// Linger makes every row wait for company: a writer that starts waits this long before it
 	// takes its first batch (Close ends the wait). Default 0: a Handle that finds a writer free
@@ -97,10 +97,10 @@ type ReceiverConfig struct {
 	// rows that find every writer busy are written together by the next writer to free up, so
 	// under load batches grow by themselves while the previous one commits.
 	Linger time.Duration
-	// Workers is the number of batches written at once. Default DefaultReceiverWorkers (2),
+	// Workers is the number of batches written at once. Default 2,
 	// at most 64.
 	Workers int
-	// WriteTimeout bounds one batch statement. Default DefaultWriteTimeout (10s).
+	// WriteTimeout bounds one batch statement. Default 10s.
 	WriteTimeout time.Duration
 
 	// MaxMessageAge is the age guard, with the semantics of the effectively-once middleware's
@@ -127,9 +127,9 @@ type ReceiverConfig struct {
 func (c *ReceiverConfig) setDefaults() {
 	c.Schema = cmp.Or(c.Schema, pgtx.DefaultSchema)
 	wmonce.SetKeyDefaults(&c.Key, &c.MaxKeyLength)
-	c.BatchSize = cmp.Or(c.BatchSize, DefaultReceiverBatchSize)
-	c.Workers = cmp.Or(c.Workers, DefaultReceiverWorkers)
-	c.WriteTimeout = cmp.Or(c.WriteTimeout, DefaultWriteTimeout)
+	c.BatchSize = cmp.Or(c.BatchSize, defaultReceiverBatchSize)
+	c.Workers = cmp.Or(c.Workers, defaultReceiverWorkers)
+	c.WriteTimeout = cmp.Or(c.WriteTimeout, defaultWriteTimeout)
 	wmonce.SetAgeGuardDefaults(&c.OccurredAt, &c.Now, outbox.MetadataOccurredAt)
 }
 
@@ -179,20 +179,10 @@ type ReceiverCounters struct {
 // duplicate and is acked. After the ack the inbox row is the only copy of the message: it is as
 // durable as the PostgreSQL commit (synchronous replication decides what a failover keeps).
 //
-// Group commit: concurrent Handle calls are written together, many rows in one statement and
-// one commit. A Kafka or AMQP subscriber delivers one message at a time per partition or
-// subscription, so batches form when several partitions, subscriptions or handlers deliver at
-// once (or the router runs handlers concurrently); a single sequential stream gets one row per
-// commit, still without added latency.
-//
-// With MaxMessageAge set, a copy of a forgotten key (its row deleted by retention) that is older
-// than the limit is stored parked as FAILED instead of PENDING: acked, counted, logged as an
-// ALERT, never processed unless replayed (see ReceiverConfig.MaxMessageAge).
-//
-// A message whose key or metadata cannot be stored is refused with a permanent error
-// (wmonce.IsPermanent) and never acked silently: park it with Watermill's
-// PoisonQueueWithFilter(writer.ParkingPublisher(db), topic, wmonce.IsPermanent) in front of
-// Handle (see the package doc, Parking refused messages), or it is redelivered forever.
+// Concurrent Handle calls are group-committed, MaxMessageAge parks copies of forgotten keys
+// that are too old, and a message whose key or metadata cannot be stored is refused with a
+// permanent error, never acked silently: park it through a poison queue in front of Handle, or
+// it is redelivered forever (package doc: Receiving, Parking refused messages).
 type Receiver struct {
 	db     *sql.DB
 	config ReceiverConfig

@@ -54,7 +54,7 @@ func TestWriterStoresRouterColumnsAndRelayStillForwards(t *testing.T) {
 	ctx := context.Background()
 	binary := []byte{0xff, 0x00, 0xfe, 'x'}
 	keyed := message.NewMessage("k-1", binary)
-	keyed.Metadata.Set(outbox.DefaultPartitionKeyField, "account-7")
+	keyed.Metadata.Set("partition_key", "account-7")
 	keyed.Metadata.Set(outbox.MetadataEventType, "PaymentCreated")
 	empty := message.NewMessage("e-1", nil)
 	single := message.NewMessage("s-1", []byte("one"))
@@ -89,6 +89,6 @@ func TestWriterStoresRouterColumnsAndRelayStillForwards(t *testing.T) {
 	require.NoError(t, err)
 	drain(t, r, s, 3)
 	require.Equal(t, binary, []byte(s.got[0].Payload))
-	require.Equal(t, "account-7", s.got[0].Metadata.Get(outbox.DefaultPartitionKeyField))
+	require.Equal(t, "account-7", s.got[0].Metadata.Get("partition_key"))
 	require.Empty(t, s.got[1].Payload)
 }

@@ -37,7 +37,7 @@ type Config struct {
 	// the event: events of one key land on one Kafka partition, in commit order. A message
 	// without it is keyed by its UUID. Give it the value of the broker's
 	// Kafka.PartitionKeyField, so that the Relay and Debezium key the same events alike.
-	// Default DefaultPartitionKeyField ("partition_key").
+	// Default "partition_key".
 	PartitionKeyField string
 	// TracerProvider traces PublishTx: an "outbox store" span under the caller's span (none
 	// when the caller's context holds no span). Default otel.GetTracerProvider().
@@ -46,7 +46,7 @@ type Config struct {
 
 func (c *Config) setDefaults() {
 	c.Schema = cmp.Or(c.Schema, pgtx.DefaultSchema)
-	c.PartitionKeyField = cmp.Or(c.PartitionKeyField, DefaultPartitionKeyField)
+	c.PartitionKeyField = cmp.Or(c.PartitionKeyField, defaultPartitionKeyField)
 	if c.ValidateTopic == nil {
 		c.ValidateTopic = DefaultValidateTopic
 	}

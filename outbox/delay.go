@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/components/delay"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -24,25 +25,6 @@ const (
 	MetadataDelayedUntil = delay.DelayedUntilKey
 	MetadataDelayedFor   = delay.DelayedForKey
 )
-
-// DueAt returns when msg is due for delivery: its MetadataDelayedUntil (set by
-// delay.Message(msg, delay.For(d)) or Writer.PublishTxAt), rounded up to the microsecond
-// PostgreSQL keeps, so that no comparison in the database makes it due early. ok is false when
-// msg carries none; err says why a value cannot be read.
-func DueAt(md message.Metadata) (due time.Time, ok bool, err error) {
-	v := md.Get(MetadataDelayedUntil)
-	if v == "" {
-		return time.Time{}, false, nil
-	}
-	due, err = time.Parse(time.RFC3339Nano, v)
-	if err != nil {
-		return time.Time{}, false, fmt.Errorf("metadata %s %q is not an RFC 3339 time: %w", MetadataDelayedUntil, v, err)
-	}
-	if t := due.Truncate(time.Microsecond); !t.Equal(due) {
-		due = t.Add(time.Microsecond)
-	}
-	return due, true, nil
-}
 
 // PublishTxAt is PublishTx for messages to be forwarded not before at: it sets
 // MetadataDelayedUntil (at, RFC 3339 with nanoseconds) and MetadataDelayedFor (at minus now) on
@@ -74,7 +56,7 @@ type delayedRow struct {
 // dueLater reports when msg is due, if that is after now: an unreadable MetadataDelayedUntil
 // (a row not written by PublishTx, which refuses it) is logged and published at once.
 func (r *Relay) dueLater(msg *message.Message, now time.Time) (time.Time, bool) {
-	due, ok, err := DueAt(msg.Metadata)
+	due, ok, err := outboxops.DueAt(msg.Metadata)
 	if err != nil {
 		r.logger.Error("Outbox row has unreadable delay metadata; publishing it now", err, map[string]any{"uuid": msg.UUID})
 		return time.Time{}, false

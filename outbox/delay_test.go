@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/broker"
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/outbox"
@@ -79,7 +80,7 @@ func storeAt(t *testing.T, db *sql.DB, w *outbox.Writer, at time.Time, topic str
 
 func dueOf(t *testing.T, md message.Metadata) time.Time {
 	t.Helper()
-	due, ok, err := outbox.DueAt(md)
+	due, ok, err := outboxops.DueAt(md)
 	require.NoError(t, err)
 	require.True(t, ok, "the message carries %s", outbox.MetadataDelayedUntil)
 	return due

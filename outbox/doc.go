@@ -153,9 +153,9 @@
 // them: Status (each relay's backlog, lag, held topics, delayed rows and pause, and the
 // rejected rows), Prune (delete old rows the relays of their source have published),
 // ForgetRelay (remove a retired relay's position, held and delayed rows, refused while it runs;
-// RelayActive tells whether it runs), PauseRelay and ResumeRelay, ListRejected (the rows a
-// relay set aside) and RepublishRejected (store them again). RegisterSlotPosition,
-// AdvanceSlotPosition and ForgetSlotPosition keep a position for an outbox read through a
+// PauseRelay and ResumeRelay, and RepublishRejected (store the rows a relay set aside again;
+// the CLI and the admin page list and group them). AdvanceSlotPosition and ForgetSlotPosition
+// (with the registration outbox/cdc's connector makes) keep a position for an outbox read through a
 // logical replication slot (Debezium, package outbox/cdc), so that Prune deletes what the slot
 // has confirmed.
 //

@@ -48,7 +48,7 @@ FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS x(u, p, m, n)
 // ReadRoundSQL is the statement with which a relay of schema reads a new round.
 func ReadRoundSQL(schema string) string { return newRelayQueries(schema).readRound }
 
-// ParkedGroupsSQL is the statement with which ParkedGroups groups the newest maxRows parked
+// ParkedGroupsSQL is the statement with which parkedGroups groups the newest maxRows parked
 // messages of schema.
 func ParkedGroupsSQL(schema string, maxRows int) string {
 	q, err := failgroup.Query(schema, parkedFailures(schema), maxRows)

@@ -40,7 +40,7 @@ func (s *slowSink) Publish(_ string, msgs ...*message.Message) error {
 	for _, m := range msgs {
 		var seq int
 		_, _ = fmt.Sscan(m.Metadata.Get("seq"), &seq)
-		k := m.Metadata.Get(outbox.DefaultLaneKeyField)
+		k := m.Metadata.Get("partition_key")
 		s.byKey[k] = append(s.byKey[k], seq)
 		s.count++
 	}
@@ -60,7 +60,7 @@ func TestRelayLanesKeepPerKeyOrder(t *testing.T) {
 			var msgs []*message.Message
 			for i := range keys * perKey / 20 {
 				m := message.NewMessage(fmt.Sprintf("m-%d-%d", tx, i), []byte(`{}`))
-				m.Metadata.Set(outbox.DefaultLaneKeyField, fmt.Sprintf("k%d", (tx+i)%keys))
+				m.Metadata.Set("partition_key", fmt.Sprintf("k%d", (tx+i)%keys))
 				m.Metadata.Set("seq", fmt.Sprint(seq))
 				seq++
 				msgs = append(msgs, m)

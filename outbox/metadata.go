@@ -24,9 +24,9 @@ const (
 	MetadataEventType = "event_type"
 )
 
-// DefaultPartitionKeyField is the default of Config.PartitionKeyField: the same metadata field
+// defaultPartitionKeyField is the default of Config.PartitionKeyField: the same metadata field
 // the broker package keys Kafka records by (broker.KafkaConfig.PartitionKeyField's default).
-const DefaultPartitionKeyField = "partition_key"
+const defaultPartitionKeyField = "partition_key"
 
 // stamp sets the correlation, causation and occurred_at metadata msg does not carry yet:
 // causation from cause, the consumed message (nil: none), occurred_at to now.

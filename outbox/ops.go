@@ -8,8 +8,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/internal/owner"
 	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -51,7 +51,7 @@ func ForgetRelay(ctx context.Context, db *sql.DB, schema, name string) (bool, er
 	if err := checkRelayName("forget relay", db, &schema, name); err != nil {
 		return false, err
 	}
-	active, err := RelayActive(ctx, db, schema, name)
+	active, err := relayActive(ctx, db, schema, name)
 	if err != nil {
 		return false, fmt.Errorf("outbox: forget relay: %w", err)
 	}
@@ -88,10 +88,10 @@ func checkRelayName(op string, db *sql.DB, schema *string, name string) error {
 	return nil
 }
 
-// RelayActive reports whether an instance of the relay named name leads in schema right now
+// relayActive reports whether an instance of the relay named name leads in schema right now
 // (holds its leadership lock, on any connection to this database). Standby instances do not
 // count.
-func RelayActive(ctx context.Context, db *sql.DB, schema, name string) (bool, error) {
+func relayActive(ctx context.Context, db *sql.DB, schema, name string) (bool, error) {
 	if err := checkRelayName("relay active", db, &schema, name); err != nil {
 		return false, err
 	}
@@ -121,7 +121,7 @@ func RelayActive(ctx context.Context, db *sql.DB, schema, name string) (bool, er
 // source no relay forwards are kept, and so, with no relay registered at all, is everything.
 // Relays of other sources do not hold a row back. Age is measured by the database clock. A
 // retired relay name holds every later row of its source back until ForgetRelay removes it.
-// The position of a replication slot (RegisterSlotPosition, for Debezium) counts as a relay of
+// The position of a replication slot (registered by outbox/cdc, for Debezium) counts as a relay of
 // every source that has published what the slot confirmed (AdvanceSlotPosition).
 func Prune(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error) {
 	schema, req, cutoff, err := owner.CheckPrune(ctx, db, schema, req, owner.Unscoped)
@@ -181,42 +181,11 @@ ORDER BY pg_snapshot_xmax(coalesce(target_snapshot, snapshot)) LIMIT 1`).Scan(&b
 	return n, nil
 }
 
-// RejectedRow is a row of outbox_rejected: an outbox row a relay set aside instead of
-// forwarding, because it could not decode it (written by something other than watermill-once;
-// Topic is then empty) or because the publisher refused it for good (RelayConfig.IsPermanent;
-// Topic is its destination). The relay rejects a row at the first such failure, so there is no
-// attempt count; LastError is the decoding error or the publisher's. Payload and Metadata are
-// the JSON the row held (the outbox columns are of type json), as text; they are nil unless
-// asked for. Source is the row's source (Config.Source).
-type RejectedRow struct {
-	Relay         string
-	Offset        int64
-	TransactionID string
-	UUID          string
-	Topic         string
-	Source        string
-	PayloadSize   int
-	Payload       *string
-	Metadata      json.RawMessage
-	LastError     string
-	RejectedAt    time.Time
-}
-
-// RejectedFilter selects rows of outbox_rejected. Zero fields match everything.
-type RejectedFilter struct {
-	Relay          string
-	Offset         int64     // one outbox row (its offset); 0: any
-	RejectedAfter  time.Time // inclusive
-	RejectedBefore time.Time // exclusive
-	// AfterOffset pages a list: only rows of larger offsets.
-	AfterOffset int64
-}
-
-// ListRejected lists the rows of outbox_rejected matching f in offset order, for up to limit
+// listRejected lists the rows of outbox_rejected matching f in offset order, for up to limit
 // outbox rows (two relays rejecting the same row give two rows of one offset; a page never
 // splits them). withPayload includes payloads and metadata. A schema without the table is an
 // error for which pgtx.IsUndefinedTable is true. It only reads.
-func ListRejected(ctx context.Context, db *sql.DB, schema string, f RejectedFilter, limit int, withPayload bool) ([]RejectedRow, error) {
+func listRejected(ctx context.Context, db *sql.DB, schema string, f outboxops.RejectedFilter, limit int, withPayload bool) ([]outboxops.RejectedRow, error) {
 	if err := checkSchema("list rejected", db, &schema); err != nil {
 		return nil, err
 	}
@@ -264,16 +233,16 @@ func ListRejected(ctx context.Context, db *sql.DB, schema string, f RejectedFilt
 
 // rejectedRowScanner returns the scan function of ListRejected's rows: with withPayload they
 // end with the payload and the metadata.
-func rejectedRowScanner(withPayload bool) func(pgtx.Scanner) (RejectedRow, error) {
-	return func(s pgtx.Scanner) (RejectedRow, error) {
-		var r RejectedRow
+func rejectedRowScanner(withPayload bool) func(pgtx.Scanner) (outboxops.RejectedRow, error) {
+	return func(s pgtx.Scanner) (outboxops.RejectedRow, error) {
+		var r outboxops.RejectedRow
 		dest := []any{&r.Relay, &r.Offset, &r.TransactionID, &r.UUID, &r.Topic, &r.Source, &r.PayloadSize, &r.LastError, &r.RejectedAt}
 		var payload, metadata sql.NullString
 		if withPayload {
 			dest = append(dest, &payload, &metadata)
 		}
 		if err := s.Scan(dest...); err != nil {
-			return RejectedRow{}, err
+			return outboxops.RejectedRow{}, err
 		}
 		if payload.Valid {
 			r.Payload = &payload.String
@@ -288,8 +257,8 @@ func rejectedRowScanner(withPayload bool) func(pgtx.Scanner) (RejectedRow, error
 // PruneRejected deletes the rows in outbox_rejected set aside before req's cutoff (Before, or
 // Keep ago by the database clock), in batches of at most req.BatchSize rows, and returns how
 // many it deleted, also when it stops on an error or a cancelled ctx. A rejected row is the only copy of a message
-// the relay could not forward: prune only what operators have had time to look at (see
-// ListRejected) and republish (RepublishRejected). The retention janitor calls it when retention.Config.RejectedKeep is set.
+// the relay could not forward: prune only what operators have had time to look at (wmonce
+// outbox rejected) and republish (RepublishRejected). The retention janitor calls it when retention.Config.RejectedKeep is set.
 func PruneRejected(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error) {
 	n, err := owner.PruneOlder(ctx, db, schema, req, "outbox_rejected", "rejected_at", false, "")
 	if err != nil {

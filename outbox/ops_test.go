@@ -8,6 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/outbox"
@@ -160,7 +161,7 @@ func TestListRejectedPagesByOffset(t *testing.T) {
 	require.NoError(t, err)
 	drain(t, r, s, 1)
 
-	page, err := outbox.ListRejected(ctx, db, schema, outbox.RejectedFilter{Relay: "sms"}, 2, false)
+	page, err := outboxops.ListRejected(ctx, db, schema, outboxops.RejectedFilter{Relay: "sms"}, 2, false)
 	require.NoError(t, err)
 	require.Len(t, page, 2)
 	require.Equal(t, "foreign-1", page[0].UUID)
@@ -168,7 +169,7 @@ func TestListRejectedPagesByOffset(t *testing.T) {
 	require.Equal(t, len(`{"not":"an envelope"}`), page[0].PayloadSize)
 	require.Contains(t, page[0].LastError, "destination_topic")
 
-	rest, err := outbox.ListRejected(ctx, db, schema, outbox.RejectedFilter{AfterOffset: page[1].Offset}, 10, true)
+	rest, err := outboxops.ListRejected(ctx, db, schema, outboxops.RejectedFilter{AfterOffset: page[1].Offset}, 10, true)
 	require.NoError(t, err)
 	require.Len(t, rest, 1)
 	require.Equal(t, "foreign-3", rest[0].UUID)
@@ -176,9 +177,9 @@ func TestListRejectedPagesByOffset(t *testing.T) {
 	require.JSONEq(t, `{"not":"an envelope"}`, *rest[0].Payload)
 	require.JSONEq(t, `{"k":"v"}`, string(rest[0].Metadata))
 
-	none, err := outbox.ListRejected(ctx, db, schema, outbox.RejectedFilter{Relay: "kafka"}, 10, false)
+	none, err := outboxops.ListRejected(ctx, db, schema, outboxops.RejectedFilter{Relay: "kafka"}, 10, false)
 	require.NoError(t, err)
 	require.Empty(t, none)
-	_, err = outbox.ListRejected(ctx, db, schema, outbox.RejectedFilter{}, 0, false)
+	_, err = outboxops.ListRejected(ctx, db, schema, outboxops.RejectedFilter{}, 0, false)
 	require.ErrorContains(t, err, "limit must be positive")
 }

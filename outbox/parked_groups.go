@@ -4,14 +4,13 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/wmonce/watermill-once/internal/failgroup"
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -28,39 +27,6 @@ import (
 // replayed message so that it is the message the consumer was given.
 var poisonKeys = []string{middleware.ReasonForPoisonedKey, middleware.PoisonedTopicKey, middleware.PoisonedHandlerKey, middleware.PoisonedSubscriberKey}
 
-// ParkedGroup is the parked messages of one handler and consumed topic with the same reason
-// once its volatile parts (UUIDs, addresses, hex, numbers) are replaced.
-type ParkedGroup struct {
-	Fingerprint string // 16 hex digits; selects the group in ReplayParkedGroup and DiscardParkedGroup
-	Handler     string // the poison queue's handler_poisoned ("" outside a router)
-	Topic       string // the topic the messages were consumed from (topic_poisoned)
-	Pattern     string // the reason with <uuid>, <addr>, <hex> and <n> in place of the volatile parts
-	Example     string // the reason of the group's newest parked copy
-	Rows        int64
-	FirstSeen   time.Time // when the first and the last copy were parked (outbox created_at)
-	LastSeen    time.Time
-}
-
-// ParkedGroupRequest selects the parked copies of one group.
-type ParkedGroupRequest struct {
-	// Fingerprint is ParkedGroup.Fingerprint. Required.
-	Fingerprint string
-	// Offsets, when given, narrow the group to these outbox offsets: pass those a dry run
-	// returned to touch exactly them.
-	Offsets []int64
-	// DryRun lists the rows and changes nothing.
-	DryRun bool
-}
-
-// ParkedGroupResult lists the parked copies an operation settled or, for a dry run, would
-// settle (their outbox offsets). Unreplayable (replay only) lists copies that name no topic
-// they were consumed from, cannot be decoded, or whose original UUID or metadata the outbox
-// cannot store (a message parked for exactly that): they are left in the group, to discard.
-type ParkedGroupResult struct {
-	Offsets      []int64
-	Unreplayable []int64
-}
-
 func parkedWhere(schema string) string {
 	return `(o.metadata->>'reason_poisoned') IS NOT NULL
   AND NOT EXISTS (SELECT 1 FROM ` + pgtx.QualifiedName(schema, "outbox_parked_settled") + ` s WHERE s."offset" = o."offset")`
@@ -71,15 +37,15 @@ func parkedFingerprintExpr(schema string) string {
 		`('parked', coalesce(o.metadata->>'handler_poisoned', ''), coalesce(o.metadata->>'topic_poisoned', ''), o.metadata->>'reason_poisoned')`
 }
 
-// ParkedGroups returns the groups of the newest maxRows parked messages not replayed or
+// parkedGroups returns the groups of the newest maxRows parked messages not replayed or
 // discarded yet (0: of all), the largest first, and how many it left out (older than those).
 // It only reads (through the partial index of parked rows); the reason patterns are computed
 // once per distinct reason.
-func ParkedGroups(ctx context.Context, db *sql.DB, schema string, maxRows int) (groups []ParkedGroup, left int64, err error) {
+func parkedGroups(ctx context.Context, db *sql.DB, schema string, maxRows int) (groups []outboxops.ParkedGroup, left int64, err error) {
 	if err := checkSchema("parked groups", db, &schema); err != nil {
 		return nil, 0, err
 	}
-	groups, left, err = failgroup.Read(ctx, db, schema, parkedFailures(schema), maxRows, func(g *ParkedGroup) []any {
+	groups, left, err = failgroup.Read(ctx, db, schema, parkedFailures(schema), maxRows, func(g *outboxops.ParkedGroup) []any {
 		return []any{&g.Fingerprint, &g.Handler, &g.Topic, &g.Pattern, &g.Example, &g.Rows, &g.FirstSeen, &g.LastSeen}
 	})
 	if err != nil {
@@ -114,14 +80,14 @@ func scanParkedRow(s pgtx.Scanner) (parkedRow, error) {
 }
 
 // parkedRows reads the group's parked copies not settled yet (narrowed by req.Offsets).
-func parkedRows(ctx context.Context, q pgtx.Executor, schema string, req ParkedGroupRequest) ([]parkedRow, error) {
+func parkedRows(ctx context.Context, q pgtx.Executor, schema string, req outboxops.ParkedGroupRequest) ([]parkedRow, error) {
 	return pgtx.QueryAll(ctx, q, scanParkedRow, `SELECT o."offset", o.payload::text, o.source, coalesce(o.metadata->>'topic_poisoned', '')
 FROM `+pgtx.QualifiedName(schema, "outbox")+` o
 WHERE `+parkedWhere(schema)+` AND `+parkedFingerprintExpr(schema)+` = $1 AND (cardinality($2::bigint[]) = 0 OR o."offset" = ANY($2::bigint[]))
 ORDER BY o."offset"`, req.Fingerprint, nonNil(req.Offsets))
 }
 
-// ReplayParkedGroup stores the original of each parked copy of one group (narrowed by
+// replayParkedGroup stores the original of each parked copy of one group (narrowed by
 // req.Offsets) in the outbox again, for the topic it was consumed from: its UUID, payload and
 // metadata as the consumer received them (RecoverParked), without the poison queue's keys, as
 // a new row of the copy's source, forwarded after every row committed before it. The copies
@@ -129,8 +95,8 @@ ORDER BY o."offset"`, req.Fingerprint, nonNil(req.Offsets))
 // consumer refuse them first: a message refused again is parked again, in a new group entry.
 // Consumers deduplicate by key as always, so a message that was in fact applied (a parked copy
 // of a duplicate) is skipped. With req.DryRun it lists the copies and changes nothing.
-func ReplayParkedGroup(ctx context.Context, db *sql.DB, schema string, req ParkedGroupRequest) (ParkedGroupResult, error) {
-	return actOnParkedGroup(ctx, db, schema, req, "replay", func(ctx context.Context, tx *sql.Tx, schema string, rows []parkedRow, res *ParkedGroupResult) error {
+func replayParkedGroup(ctx context.Context, db *sql.DB, schema string, req outboxops.ParkedGroupRequest) (outboxops.ParkedGroupResult, error) {
+	return actOnParkedGroup(ctx, db, schema, req, "replay", func(ctx context.Context, tx *sql.Tx, schema string, rows []parkedRow, res *outboxops.ParkedGroupResult) error {
 		writers := map[string]*Writer{}
 		for _, r := range rows {
 			_, parked, err := unmarshalEnvelope([]byte(r.payload.String)) // its topic is the poison topic
@@ -165,12 +131,12 @@ func ReplayParkedGroup(ctx context.Context, db *sql.DB, schema string, req Parke
 	})
 }
 
-// DiscardParkedGroup records the parked copies of one group (narrowed by req.Offsets) as
+// discardParkedGroup records the parked copies of one group (narrowed by req.Offsets) as
 // discarded: they leave the group and are never replayed. The copies themselves stay where
 // they are (in the outbox until retention, and in the poison topic). With req.DryRun it lists
 // them and changes nothing.
-func DiscardParkedGroup(ctx context.Context, db *sql.DB, schema string, req ParkedGroupRequest) (ParkedGroupResult, error) {
-	return actOnParkedGroup(ctx, db, schema, req, "discard", func(_ context.Context, _ *sql.Tx, _ string, rows []parkedRow, res *ParkedGroupResult) error {
+func discardParkedGroup(ctx context.Context, db *sql.DB, schema string, req outboxops.ParkedGroupRequest) (outboxops.ParkedGroupResult, error) {
+	return actOnParkedGroup(ctx, db, schema, req, "discard", func(_ context.Context, _ *sql.Tx, _ string, rows []parkedRow, res *outboxops.ParkedGroupResult) error {
 		for _, r := range rows {
 			res.Offsets = append(res.Offsets, r.offset)
 		}
@@ -182,19 +148,19 @@ func DiscardParkedGroup(ctx context.Context, db *sql.DB, schema string, req Park
 // transaction, lets take choose the copies the action applies to (into res.Offsets; with
 // req.DryRun it must change nothing) and, unless it is a dry run, records them settled by
 // action in that transaction.
-func actOnParkedGroup(ctx context.Context, db *sql.DB, schema string, req ParkedGroupRequest, action string,
-	take func(ctx context.Context, tx *sql.Tx, schema string, rows []parkedRow, res *ParkedGroupResult) error,
-) (ParkedGroupResult, error) {
+func actOnParkedGroup(ctx context.Context, db *sql.DB, schema string, req outboxops.ParkedGroupRequest, action string,
+	take func(ctx context.Context, tx *sql.Tx, schema string, rows []parkedRow, res *outboxops.ParkedGroupResult) error,
+) (outboxops.ParkedGroupResult, error) {
 	what := action + " parked group"
 	if err := checkSchema(what, db, &schema); err != nil {
-		return ParkedGroupResult{}, err
+		return outboxops.ParkedGroupResult{}, err
 	}
-	if err := CheckFingerprint(req.Fingerprint); err != nil {
-		return ParkedGroupResult{}, fmt.Errorf("outbox: %s: %w", what, err)
+	if err := failgroup.CheckFingerprint(req.Fingerprint); err != nil {
+		return outboxops.ParkedGroupResult{}, fmt.Errorf("outbox: %s: %w", what, err)
 	}
-	var res ParkedGroupResult
+	var res outboxops.ParkedGroupResult
 	err := pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
-		res = ParkedGroupResult{Offsets: []int64{}}
+		res = outboxops.ParkedGroupResult{Offsets: []int64{}}
 		rows, err := parkedRows(ctx, tx, schema, req)
 		if err != nil {
 			return err
@@ -208,15 +174,10 @@ func actOnParkedGroup(ctx context.Context, db *sql.DB, schema string, req Parked
 		return settleParked(ctx, tx, schema, res.Offsets, action)
 	})
 	if err != nil {
-		return ParkedGroupResult{}, fmt.Errorf("outbox: %s: %w", what, err)
+		return outboxops.ParkedGroupResult{}, fmt.Errorf("outbox: %s: %w", what, err)
 	}
 	return res, nil
 }
-
-// ErrParkedSettled is returned (wrapped) by ReplayParkedGroup and DiscardParkedGroup when a
-// concurrent call settled some of the copies first: the call changes nothing (no copy is
-// stored twice), and reports no rows.
-var ErrParkedSettled = errors.New("outbox: parked copies were settled by someone else meanwhile")
 
 // settleParked records offsets as settled by action, and forgets the settled copies outbox
 // retention has deleted since (through the partial index of parked rows), so the record stays
@@ -238,7 +199,7 @@ WHERE o."offset" = s."offset" AND (o.metadata->>'reason_poisoned') IS NOT NULL)`
 	}
 	if n != len(offsets) {
 		b, _ := json.Marshal(offsets)
-		return fmt.Errorf("%w: parked copies %s: list the groups again", ErrParkedSettled, b)
+		return fmt.Errorf("%w: parked copies %s: list the groups again", outboxops.ErrParkedSettled, b)
 	}
 	return nil
 }

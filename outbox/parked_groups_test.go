@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -41,23 +42,23 @@ func TestParkedGroupsReplayAndDiscard(t *testing.T) {
 	park(t, db, w, message.NewMessage("bad-1", []byte("{")), "orders", "billing", "payload is not JSON")
 	publishTx(t, db, w, "orders", "plain-1") // not parked
 
-	groups, left, err := outbox.ParkedGroups(ctx, db, schema, 0)
+	groups, left, err := outboxops.ParkedGroups(ctx, db, schema, 0)
 	require.NoError(t, err)
 	require.Zero(t, left)
 	require.Len(t, groups, 2, "%+v", groups)
 	notFound, bad := groups[0], groups[1]
-	require.Equal(t, outbox.ParkedGroup{
+	require.Equal(t, outboxops.ParkedGroup{
 		Fingerprint: notFound.Fingerprint, Handler: "billing", Topic: "orders", Pattern: "order <n> not found at <addr>",
 		Example: "order 102 not found at 10.0.0.2:5432", Rows: 3, FirstSeen: notFound.FirstSeen, LastSeen: notFound.LastSeen,
 	}, notFound)
 	require.Equal(t, int64(1), bad.Rows)
 
-	dry, err := outbox.ReplayParkedGroup(ctx, db, schema, outbox.ParkedGroupRequest{Fingerprint: notFound.Fingerprint, DryRun: true})
+	dry, err := outboxops.ReplayParkedGroup(ctx, db, schema, outboxops.ParkedGroupRequest{Fingerprint: notFound.Fingerprint, DryRun: true})
 	require.NoError(t, err)
 	require.Len(t, dry.Offsets, 3)
 	outboxRows := func() int { return pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "outbox")) }
 	require.Equal(t, 5, outboxRows(), "a dry run stores nothing")
-	done, err := outbox.ReplayParkedGroup(ctx, db, schema, outbox.ParkedGroupRequest{Fingerprint: notFound.Fingerprint, Offsets: dry.Offsets[:2]})
+	done, err := outboxops.ReplayParkedGroup(ctx, db, schema, outboxops.ParkedGroupRequest{Fingerprint: notFound.Fingerprint, Offsets: dry.Offsets[:2]})
 	require.NoError(t, err)
 	require.Equal(t, dry.Offsets[:2], done.Offsets)
 	require.Equal(t, 7, outboxRows())
@@ -81,17 +82,17 @@ func TestParkedGroupsReplayAndDiscard(t *testing.T) {
 		require.Empty(t, replayed.Metadata.Get(k), "the poison queue's %s is removed", k)
 	}
 
-	again, err := outbox.ReplayParkedGroup(ctx, db, schema, outbox.ParkedGroupRequest{Fingerprint: notFound.Fingerprint, Offsets: dry.Offsets[:2]})
+	again, err := outboxops.ReplayParkedGroup(ctx, db, schema, outboxops.ParkedGroupRequest{Fingerprint: notFound.Fingerprint, Offsets: dry.Offsets[:2]})
 	require.NoError(t, err)
 	require.Empty(t, again.Offsets, "a parked copy is replayed once")
-	discarded, err := outbox.DiscardParkedGroup(ctx, db, schema, outbox.ParkedGroupRequest{Fingerprint: bad.Fingerprint})
+	discarded, err := outboxops.DiscardParkedGroup(ctx, db, schema, outboxops.ParkedGroupRequest{Fingerprint: bad.Fingerprint})
 	require.NoError(t, err)
 	require.Len(t, discarded.Offsets, 1)
-	remaining, _, err := outbox.ParkedGroups(ctx, db, schema, 0)
+	remaining, _, err := outboxops.ParkedGroups(ctx, db, schema, 0)
 	require.NoError(t, err)
 	require.Len(t, remaining, 1)
 	require.Equal(t, int64(1), remaining[0].Rows, "order-2 was not asked for")
-	newest, left, err := outbox.ParkedGroups(ctx, db, schema, 1)
+	newest, left, err := outboxops.ParkedGroups(ctx, db, schema, 1)
 	require.NoError(t, err)
 	require.Zero(t, left, "one parked copy is left to group")
 	require.Len(t, newest, 1)
@@ -101,9 +102,9 @@ func TestParkedGroupsReplayAndDiscard(t *testing.T) {
 	}
 	require.Equal(t, 3, settled())
 	pgtest.Exec(t, db, `DELETE FROM `+pgtx.QualifiedName(schema, "outbox")+` WHERE "offset" = $1`, dry.Offsets[0])
-	_, err = outbox.DiscardParkedGroup(ctx, db, schema, outbox.ParkedGroupRequest{Fingerprint: notFound.Fingerprint})
+	_, err = outboxops.DiscardParkedGroup(ctx, db, schema, outboxops.ParkedGroupRequest{Fingerprint: notFound.Fingerprint})
 	require.NoError(t, err)
 	require.Equal(t, 3, settled(), "order-0's record went with its row; order-2's was added")
-	_, err = outbox.ReplayParkedGroup(ctx, db, schema, outbox.ParkedGroupRequest{Fingerprint: "nope"})
+	_, err = outboxops.ReplayParkedGroup(ctx, db, schema, outboxops.ParkedGroupRequest{Fingerprint: "nope"})
 	require.ErrorContains(t, err, "fingerprint must be 16")
 }

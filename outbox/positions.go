@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -354,7 +355,7 @@ SELECT count(*) FILTER (WHERE NOT frozen), count(*) FILTER (WHERE frozen) FROM u
 			system = check.SystemIdentifier
 		}
 		_, err = tx.ExecContext(ctx, `UPDATE `+offsets+` SET snapshot = $1::pg_snapshot, target_snapshot = NULL, target_offset = NULL,
-    last_processed_transaction_id = pg_snapshot_xmin($1::pg_snapshot), offset_acked = CASE WHEN consumer_group LIKE '`+SlotPositionPrefix+`%' THEN NULL ELSE 0 END,
+    last_processed_transaction_id = pg_snapshot_xmin($1::pg_snapshot), offset_acked = CASE WHEN consumer_group LIKE '`+outboxops.SlotPositionPrefix+`%' THEN NULL ELSE 0 END,
     offset_high = $2::bigint, system_identifier = $3::bigint`, snap, high, system)
 		if err != nil {
 			return fmt.Errorf("reset positions: %w", err)

@@ -24,13 +24,13 @@ import (
 // forever and their partition or queue stopped. Park through Writer.ParkingPublisher.
 var ErrNotParking = errors.New("outbox: this publisher cannot park every message: use Writer.ParkingPublisher(db) for a poison queue")
 
-// CheckParking returns an error wrapping ErrNotParking when pub is the Writer's Publisher or
+// checkParking returns an error wrapping ErrNotParking when pub is the Writer's Publisher or
 // DBPublisher, which cannot serve as a poison queue's publisher; nil for ParkingPublisher and
 // for any other publisher (it cannot tell what those do). once.Stack checks its
-// PoisonPublisher with it; a poison queue built by hand around an inbox Receiver
-// (middleware.PoisonQueueWithFilter) has no constructor of ours, so there each refusal of a
-// poisoned message says the same (see DBPublisher).
-func CheckParking(pub message.Publisher) error {
+// PoisonPublisher with it (outboxops.CheckParking); a poison queue built by hand around an
+// inbox Receiver (middleware.PoisonQueueWithFilter) has no constructor of ours, so there each
+// refusal of a poisoned message says the same (see DBPublisher).
+func checkParking(pub message.Publisher) error {
 	switch p := pub.(type) {
 	case contextPublisher:
 		return fmt.Errorf("%w: Writer.Publisher stores in the transaction of each message's context, and a message being parked has none (its handler's was rolled back)", ErrNotParking)
@@ -75,7 +75,7 @@ func (p contextPublisher) Publish(topic string, msgs ...*message.Message) error 
 	ctx := msgs[0].Context()
 	tx, ok := pgtx.TxFromContext(ctx)
 	if !ok && poisoned(msgs) {
-		return fmt.Errorf("%w: %w", CheckParking(p), pgtx.ErrNoTransaction)
+		return fmt.Errorf("%w: %w", checkParking(p), pgtx.ErrNoTransaction)
 	}
 	if !ok {
 		return fmt.Errorf("outbox: %w: call msg.SetContext(consumed.Context()) inside an effectively-once handler, or use Writer.PublishTx", pgtx.ErrNoTransaction)
@@ -96,7 +96,7 @@ func (contextPublisher) Close() error { return nil }
 // message refused for its UUID or metadata is exactly one DBPublisher refuses to store. A
 // refusal of a message from Watermill's poison queue (it carries reason_poisoned) wraps
 // ErrNotParking too and says to use ParkingPublisher, so that every nack it causes is logged
-// with the fix; once.Stack refuses DBPublisher at construction (CheckParking).
+// with the fix; once.Stack refuses DBPublisher at construction.
 func (w *Writer) DBPublisher(db *sql.DB) message.Publisher { return dbPublisher{w: w, db: db} }
 
 // ParkingPublisher returns the message.Publisher that parks messages a consumer refused, for
@@ -152,7 +152,7 @@ func (p dbPublisher) Publish(topic string, msgs ...*message.Message) error {
 	if err != nil && !p.parking && errors.Is(err, ErrInvalidMessage) && poisoned(msgs) {
 		// Used as a poison queue's publisher: the refused message stays nacked, and its
 		// partition or queue stopped, until the publisher is replaced.
-		return fmt.Errorf("%w: %w", CheckParking(p), err)
+		return fmt.Errorf("%w: %w", checkParking(p), err)
 	}
 	return err
 }

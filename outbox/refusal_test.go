@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/outbox"
@@ -53,7 +54,7 @@ func TestRelaySetsAsideWhatThePublisherRefusesForGood(t *testing.T) {
 	require.Equal(t, uint64(3), c.Forwarded)
 	require.Zero(t, c.HeldTopics)
 
-	rejected, err := outbox.ListRejected(ctx, db, schema, outbox.RejectedFilter{}, 10, true)
+	rejected, err := outboxops.ListRejected(ctx, db, schema, outboxops.RejectedFilter{}, 10, true)
 	require.NoError(t, err)
 	require.Len(t, rejected, 1)
 	require.Equal(t, "bad", rejected[0].UUID)
@@ -74,7 +75,7 @@ func TestRelaySetsAsideWhatThePublisherRefusesForGood(t *testing.T) {
 	require.Equal(t, outbox.RepublishResult{Republished: 1, Offsets: []int64{rejected[0].Offset}}, res)
 	relayOnce(t, r)
 	require.Equal(t, []string{"a/k-1", "a/k-3", "b/b-1", "a/k-4", "a/bad"}, s.all(), "republished at the end, with its UUID")
-	rejected, err = outbox.ListRejected(ctx, db, schema, outbox.RejectedFilter{}, 10, false)
+	rejected, err = outboxops.ListRejected(ctx, db, schema, outboxops.RejectedFilter{}, 10, false)
 	require.NoError(t, err)
 	require.Empty(t, rejected)
 }
@@ -117,7 +118,7 @@ func TestRepublishRemovesMetadataAndLeavesUndecodableRows(t *testing.T) {
 	require.Equal(t, []string{"a/reserved"}, s.all())
 	require.Equal(t, "yes", got[0].Metadata.Get("kept"))
 	require.Empty(t, got[0].Metadata.Get("_watermill_message_uuid"))
-	left, err := outbox.ListRejected(ctx, db, schema, outbox.RejectedFilter{}, 10, false)
+	left, err := outboxops.ListRejected(ctx, db, schema, outboxops.RejectedFilter{}, 10, false)
 	require.NoError(t, err)
 	require.Len(t, left, 1)
 	require.Equal(t, "foreign", left[0].UUID)

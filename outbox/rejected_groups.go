@@ -6,68 +6,21 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
 	"slices"
-	"time"
 
 	"github.com/wmonce/watermill-once/internal/failgroup"
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/pgtx"
 )
-
-// RejectedGroup is the rows of outbox_rejected that one relay set aside for one topic with the
-// same error once its volatile parts (UUIDs, addresses, hex, numbers) are replaced: a topic the
-// broker refuses is one group. The rule and the fingerprint are the schema's (migration 015),
-// the same as the inbox's failure groups.
-type RejectedGroup struct {
-	Fingerprint string // 16 hex digits; selects the group in RepublishRejectedGroup and DiscardRejectedGroup
-	Relay       string
-	Topic       string // "" for rows the relay could not decode
-	Pattern     string // the error with <uuid>, <addr>, <hex> and <n> in place of the volatile parts
-	Example     string // the error of the group's newest rejection
-	Rows        int64
-	FirstSeen   time.Time // rejected_at of the group's first and last rejection
-	LastSeen    time.Time
-}
-
-// RejectedGroupRequest selects the rows of one rejected group.
-type RejectedGroupRequest struct {
-	// Fingerprint is RejectedGroup.Fingerprint. Required.
-	Fingerprint string
-	// Offsets, when given, narrow the group to these outbox offsets: pass those a dry run
-	// returned to touch exactly them.
-	Offsets []int64
-	// DryRun lists the rows and changes nothing.
-	DryRun bool
-}
-
-// RejectedGroupResult lists the rows an operation on a rejected group changed or, for a dry
-// run, would change: the relay and the outbox offsets. Undecodable (republish only) lists the
-// offsets left in outbox_rejected because they are not a message the relay can decode.
-type RejectedGroupResult struct {
-	Relay       string
-	Offsets     []int64
-	Undecodable []int64
-}
-
-var fingerprintPattern = regexp.MustCompile(`^[0-9a-f]{16}$`)
-
-// CheckFingerprint refuses text that is not a failure group's fingerprint (of a rejected group
-// or of an inbox failure group: they share the schema's rule).
-func CheckFingerprint(fp string) error {
-	if !fingerprintPattern.MatchString(fp) {
-		return fmt.Errorf("fingerprint must be 16 lower-case hex digits (as failure groups list it), got %q", fp)
-	}
-	return nil
-}
 
 func rejectedFingerprintExpr(schema string) string {
 	return pgtx.QualifiedName(schema, "failure_fingerprint") + `('rejected', relay, coalesce(topic, ''), error)`
 }
 
-// RejectedGroups returns the groups of the newest maxRows rows of outbox_rejected (0: of all),
+// rejectedGroups returns the groups of the newest maxRows rows of outbox_rejected (0: of all),
 // the largest first, and how many rows it left out (older than those). It only reads; the
 // error patterns are computed once per distinct error text.
-func RejectedGroups(ctx context.Context, db *sql.DB, schema string, maxRows int) (groups []RejectedGroup, left int64, err error) {
+func rejectedGroups(ctx context.Context, db *sql.DB, schema string, maxRows int) (groups []outboxops.RejectedGroup, left int64, err error) {
 	if err := checkSchema("rejected groups", db, &schema); err != nil {
 		return nil, 0, err
 	}
@@ -78,7 +31,7 @@ func RejectedGroups(ctx context.Context, db *sql.DB, schema string, maxRows int)
 		Select: `SELECT relay AS who, coalesce(topic, '') AS topic, error AS reason, rejected_at AS at, rejected_at AS newest, "offset"
     FROM ` + pgtx.QualifiedName(schema, "outbox_rejected"),
 		NewestFirst: `newest DESC, "offset" DESC`,
-	}, maxRows, func(g *RejectedGroup) []any {
+	}, maxRows, func(g *outboxops.RejectedGroup) []any {
 		return []any{&g.Fingerprint, &g.Relay, &g.Topic, &g.Pattern, &g.Example, &g.Rows, &g.FirstSeen, &g.LastSeen}
 	})
 	if err != nil {
@@ -90,21 +43,21 @@ func RejectedGroups(ctx context.Context, db *sql.DB, schema string, maxRows int)
 // groupRows lists the relay and offsets of a rejected group's rows (narrowed by req.Offsets).
 func groupRows(ctx context.Context, q interface {
 	QueryRowContext(context.Context, string, ...any) *sql.Row
-}, schema string, req RejectedGroupRequest) (RejectedGroupResult, error) {
+}, schema string, req outboxops.RejectedGroupRequest) (outboxops.RejectedGroupResult, error) {
 	var relays, offsets string
 	err := q.QueryRowContext(ctx, `SELECT coalesce(json_agg(DISTINCT relay), '[]')::text, coalesce(json_agg("offset" ORDER BY "offset"), '[]')::text
 FROM `+pgtx.QualifiedName(schema, "outbox_rejected")+` WHERE `+rejectedFingerprintExpr(schema)+` = $1 AND (cardinality($2::bigint[]) = 0 OR "offset" = ANY($2::bigint[]))`,
 		req.Fingerprint, nonNil(req.Offsets)).Scan(&relays, &offsets)
 	if err != nil {
-		return RejectedGroupResult{}, err
+		return outboxops.RejectedGroupResult{}, err
 	}
 	var names []string
-	res := RejectedGroupResult{Offsets: []int64{}}
+	res := outboxops.RejectedGroupResult{Offsets: []int64{}}
 	if err := errors.Join(json.Unmarshal([]byte(relays), &names), json.Unmarshal([]byte(offsets), &res.Offsets)); err != nil {
-		return RejectedGroupResult{}, err
+		return outboxops.RejectedGroupResult{}, err
 	}
 	if len(names) > 1 { // a fingerprint collision across relays: 64 bits make it all but impossible
-		return RejectedGroupResult{}, fmt.Errorf("fingerprint %s matches rows of relays %v: narrow it with offsets", req.Fingerprint, names)
+		return outboxops.RejectedGroupResult{}, fmt.Errorf("fingerprint %s matches rows of relays %v: narrow it with offsets", req.Fingerprint, names)
 	}
 	if len(names) == 1 {
 		res.Relay = names[0]
@@ -119,27 +72,27 @@ func nonNil(s []int64) []int64 {
 	return s
 }
 
-// RepublishRejectedGroup stores the rows of one rejected group (narrowed by req.Offsets) in
+// republishRejectedGroup stores the rows of one rejected group (narrowed by req.Offsets) in
 // the outbox again and removes them from outbox_rejected, as RepublishRejected does (same
 // guarantee, same order rule), and returns the offsets its transaction moved (none for rows a
 // concurrent call took first). With req.DryRun it lists them and changes nothing.
-func RepublishRejectedGroup(ctx context.Context, db *sql.DB, schema string, req RejectedGroupRequest) (RejectedGroupResult, error) {
+func republishRejectedGroup(ctx context.Context, db *sql.DB, schema string, req outboxops.RejectedGroupRequest) (outboxops.RejectedGroupResult, error) {
 	if err := checkSchema("republish rejected group", db, &schema); err != nil {
-		return RejectedGroupResult{}, err
+		return outboxops.RejectedGroupResult{}, err
 	}
-	if err := CheckFingerprint(req.Fingerprint); err != nil {
-		return RejectedGroupResult{}, fmt.Errorf("outbox: republish rejected group: %w", err)
+	if err := failgroup.CheckFingerprint(req.Fingerprint); err != nil {
+		return outboxops.RejectedGroupResult{}, fmt.Errorf("outbox: republish rejected group: %w", err)
 	}
 	res, err := groupRows(ctx, db, schema, req)
 	if err != nil {
-		return RejectedGroupResult{}, fmt.Errorf("outbox: republish rejected group: %w", err)
+		return outboxops.RejectedGroupResult{}, fmt.Errorf("outbox: republish rejected group: %w", err)
 	}
 	if len(res.Offsets) == 0 {
 		return res, nil
 	}
 	r, err := RepublishRejected(ctx, db, schema, RepublishRequest{Relay: res.Relay, Offsets: res.Offsets, DryRun: req.DryRun})
 	if err != nil {
-		return RejectedGroupResult{}, err
+		return outboxops.RejectedGroupResult{}, err
 	}
 	// What RepublishRejected's transaction moved, not what was read before it: a concurrent
 	// call may have republished some or all of the rows meanwhile.
@@ -147,26 +100,26 @@ func RepublishRejectedGroup(ctx context.Context, db *sql.DB, schema string, req 
 	return res, nil
 }
 
-// DiscardRejectedGroup deletes the rows of one rejected group (narrowed by req.Offsets) from
+// discardRejectedGroup deletes the rows of one rejected group (narrowed by req.Offsets) from
 // outbox_rejected, in one statement, and returns those that statement deleted (none for rows
 // a concurrent call took first). A rejected row is the only copy of a
 // message the relay could not forward: a discarded one is gone. With req.DryRun it lists them
 // and deletes nothing.
-func DiscardRejectedGroup(ctx context.Context, db *sql.DB, schema string, req RejectedGroupRequest) (RejectedGroupResult, error) {
+func discardRejectedGroup(ctx context.Context, db *sql.DB, schema string, req outboxops.RejectedGroupRequest) (outboxops.RejectedGroupResult, error) {
 	if err := checkSchema("discard rejected group", db, &schema); err != nil {
-		return RejectedGroupResult{}, err
+		return outboxops.RejectedGroupResult{}, err
 	}
-	if err := CheckFingerprint(req.Fingerprint); err != nil {
-		return RejectedGroupResult{}, fmt.Errorf("outbox: discard rejected group: %w", err)
+	if err := failgroup.CheckFingerprint(req.Fingerprint); err != nil {
+		return outboxops.RejectedGroupResult{}, fmt.Errorf("outbox: discard rejected group: %w", err)
 	}
 	if req.DryRun {
 		res, err := groupRows(ctx, db, schema, req)
 		if err != nil {
-			return RejectedGroupResult{}, fmt.Errorf("outbox: discard rejected group: %w", err)
+			return outboxops.RejectedGroupResult{}, fmt.Errorf("outbox: discard rejected group: %w", err)
 		}
 		return res, nil
 	}
-	var res RejectedGroupResult
+	var res outboxops.RejectedGroupResult
 	err := pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
 		var err error
 		if res, err = groupRows(ctx, tx, schema, req); err != nil || len(res.Offsets) == 0 {
@@ -180,7 +133,7 @@ RETURNING "offset"`, res.Relay, res.Offsets, req.Fingerprint)
 		return err
 	})
 	if err != nil {
-		return RejectedGroupResult{}, fmt.Errorf("outbox: discard rejected group: %w", err)
+		return outboxops.RejectedGroupResult{}, fmt.Errorf("outbox: discard rejected group: %w", err)
 	}
 	return res, nil
 }

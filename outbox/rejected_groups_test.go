@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -46,7 +47,7 @@ func TestRejectedGroupsRepublishAndDiscard(t *testing.T) {
 		require.NotZero(t, relayOnce(t, r), "the relay stopped with %d of 5 rows rejected", r.Counters().Rejected)
 	}
 
-	groups, left, err := outbox.RejectedGroups(ctx, db, schema, 0)
+	groups, left, err := outboxops.RejectedGroups(ctx, db, schema, 0)
 	require.NoError(t, err)
 	require.Zero(t, left)
 	require.Len(t, groups, 2, "%+v", groups)
@@ -58,30 +59,30 @@ func TestRejectedGroupsRepublishAndDiscard(t *testing.T) {
 	require.Equal(t, int64(2), gone.Rows)
 	require.NotEqual(t, big.Fingerprint, gone.Fingerprint)
 
-	dry, err := outbox.RepublishRejectedGroup(ctx, db, schema, outbox.RejectedGroupRequest{Fingerprint: big.Fingerprint, DryRun: true})
+	dry, err := outboxops.RepublishRejectedGroup(ctx, db, schema, outboxops.RejectedGroupRequest{Fingerprint: big.Fingerprint, DryRun: true})
 	require.NoError(t, err)
 	require.Equal(t, "kafka", dry.Relay)
 	require.Len(t, dry.Offsets, 3)
 	refuse.Store(false)
-	done, err := outbox.RepublishRejectedGroup(ctx, db, schema, outbox.RejectedGroupRequest{Fingerprint: big.Fingerprint, Offsets: dry.Offsets[:2]})
+	done, err := outboxops.RepublishRejectedGroup(ctx, db, schema, outboxops.RejectedGroupRequest{Fingerprint: big.Fingerprint, Offsets: dry.Offsets[:2]})
 	require.NoError(t, err)
 	require.Equal(t, dry.Offsets[:2], done.Offsets, "only the offsets asked for")
 	drain(t, r, s, 2)
 	require.Equal(t, []string{"big/b-1", "big/b-2"}, s.all())
 
-	dryDiscard, err := outbox.DiscardRejectedGroup(ctx, db, schema, outbox.RejectedGroupRequest{Fingerprint: gone.Fingerprint, DryRun: true})
+	dryDiscard, err := outboxops.DiscardRejectedGroup(ctx, db, schema, outboxops.RejectedGroupRequest{Fingerprint: gone.Fingerprint, DryRun: true})
 	require.NoError(t, err)
 	require.Len(t, dryDiscard.Offsets, 2)
 	require.Equal(t, 3, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "outbox_rejected")), "a dry run deletes nothing")
-	discarded, err := outbox.DiscardRejectedGroup(ctx, db, schema, outbox.RejectedGroupRequest{Fingerprint: gone.Fingerprint})
+	discarded, err := outboxops.DiscardRejectedGroup(ctx, db, schema, outboxops.RejectedGroupRequest{Fingerprint: gone.Fingerprint})
 	require.NoError(t, err)
 	require.Equal(t, dryDiscard.Offsets, discarded.Offsets)
-	remaining, _, err := outbox.RejectedGroups(ctx, db, schema, 0)
+	remaining, _, err := outboxops.RejectedGroups(ctx, db, schema, 0)
 	require.NoError(t, err)
 	require.Len(t, remaining, 1)
 	require.Equal(t, big.Fingerprint, remaining[0].Fingerprint)
 	require.Equal(t, int64(1), remaining[0].Rows, "b-3 was not asked for and stays")
 
-	_, err = outbox.DiscardRejectedGroup(ctx, db, schema, outbox.RejectedGroupRequest{Fingerprint: "ABC"})
+	_, err = outboxops.DiscardRejectedGroup(ctx, db, schema, outboxops.RejectedGroupRequest{Fingerprint: "ABC"})
 	require.ErrorContains(t, err, "fingerprint must be 16 lower-case hex digits")
 }

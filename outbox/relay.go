@@ -53,38 +53,25 @@ type RelayCounters struct {
 // Relay forwards committed outbox rows to a Watermill publisher.
 //
 // Guarantee: every committed row is published at least once, with the UUID and metadata it was
-// stored with. Order (detailed in the package doc): round by round, each round being the
-// transactions that committed since the previous one, in insertion order within the round. A
-// transaction that committed before another is published after it only if both fall in one
-// round and it inserted its outbox rows after the other did. Producers of a key that serialise
-// on a lock and write their outbox rows after taking it are therefore published in commit
-// order. The position is recorded after publishing, so a relay that dies between publishing and
-// recording publishes the same rows again: consumers must absorb copies (the effectively-once
-// middleware does). A relay stopped by Close or its context still records the batch the broker
-// accepted (waiting up to 5s for that update), so a clean stop republishes nothing.
+// stored with, in the order the package doc states (Order: round by round, insertion order
+// within a round, commit order for producers that serialise on a lock and write their outbox
+// rows after taking it; a long transaction elsewhere does not delay a row). The position is
+// recorded after publishing, so a relay that dies between publishing and recording publishes
+// the same rows again: consumers must absorb copies (the effectively-once middleware does). A
+// relay stopped by Close or its context still records the batch the broker accepted (waiting up
+// to 5s for that update), so a clean stop republishes nothing. A topic the publisher fails for
+// is held and a row it refuses for good, or that cannot be decoded, is rejected, while the
+// other rows go on (package doc, When the broker refuses); every hold and every rejection is
+// logged at error level and counted (RelayCounters): nothing is dropped silently.
 //
-// Failures (package doc, When the broker refuses): a topic the publisher fails for (a
-// transient error: a topic that does not exist, a broker that does not answer) is held: its
-// rows are copied into outbox_held and published from there, in order, with backoff, while the
-// rows of every other topic go on; the topic's later rows wait behind them until none is left.
-// A row the publisher refuses for good (RelayConfig.IsPermanent) and a row that cannot be
-// decoded are copied into outbox_rejected with the reason, and the rows behind them go on,
-// later rows of the same key included. Every hold and every rejection is logged at error level
-// and counted (RelayCounters); nothing is dropped silently.
-//
-// Wake-ups (package doc, Waking up): the active relay LISTENs on the schema's channel and
-// polls every PollInterval only as a fallback. It uses two connections of the pool: one for its
-// lock and reads, one for LISTEN. A lost LISTEN connection is logged, counted in Failures and
-// re-established with backoff; meanwhile the relay polls, and it runs a round as soon as LISTEN
-// is back.
+// The active relay LISTENs (package doc, Waking up) on a second connection of the pool and
+// polls every PollInterval only as a fallback; a lost LISTEN connection is logged, counted in
+// Failures and re-established with backoff, the relay polling meanwhile.
 //
 // One active instance per Name: the relay holds a session-level advisory lock while active;
 // standbys poll for it. The position update is fenced (compare-and-set), so even two instances
-// that both believe they lead never move the position backwards.
-//
-// The position is a snapshot (outbox_offsets.snapshot), plus the round in progress when a round
-// spans several batches. A row is published in the first round after its transaction commits;
-// a long transaction elsewhere on the server does not delay it.
+// that both believe they lead never move the position backwards. The position is a snapshot
+// (outbox_offsets.snapshot), plus the round in progress when a round spans several batches.
 type Relay struct {
 	db        *sql.DB
 	publisher message.Publisher

@@ -15,6 +15,7 @@ import (
 
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/internal/brokertest"
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/outbox"
@@ -77,7 +78,7 @@ func publishMsgs(t *testing.T, db *sql.DB, w *outbox.Writer, topic string, msgs 
 
 func keyed(uuid, key string) *message.Message {
 	m := message.NewMessage(uuid, []byte(`{}`))
-	m.Metadata.Set(outbox.DefaultLaneKeyField, key)
+	m.Metadata.Set("partition_key", key)
 	return m
 }
 
@@ -120,7 +121,7 @@ func TestRelaySetsAsideWhatTheBrokerRefuses(t *testing.T) {
 			require.NoError(t, err)
 			relayOnce(t, r)
 			require.Equal(t, want, receiveN(t, received, len(want), "the rows the broker accepts, in order"))
-			rejected, err := outbox.ListRejected(context.Background(), db, schema, outbox.RejectedFilter{}, 10, false)
+			rejected, err := outboxops.ListRejected(context.Background(), db, schema, outboxops.RejectedFilter{}, 10, false)
 			require.NoError(t, err)
 			require.Len(t, rejected, len(refused))
 			for _, row := range rejected {
@@ -154,7 +155,7 @@ func TestRelayOnKafkaHoldsBackOnlyAMissingTopic(t *testing.T) {
 	sc.Metadata.Retry.Max, sc.Metadata.Retry.Backoff = 2, 100*time.Millisecond
 	// Keyed records, as the relay's per-key order needs: one partition for key "k".
 	marshaler := kafka.NewWithPartitioningMarshaler(func(_ string, msg *message.Message) (string, error) {
-		return msg.Metadata.Get(outbox.DefaultLaneKeyField), nil
+		return msg.Metadata.Get("partition_key"), nil
 	})
 	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: addrs, Marshaler: marshaler, OverwriteSaramaConfig: sc}, nil)
 	require.NoError(t, err)

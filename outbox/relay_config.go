@@ -13,20 +13,20 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// The RelayConfig defaults.
+// The RelayConfig defaults (its field docs state them).
 const (
-	DefaultRelayName       = "relay"
-	DefaultBatchSize       = 1000
-	DefaultPollInterval    = time.Second
-	DefaultBackoff         = 100 * time.Millisecond
-	DefaultMaxBackoff      = 5 * time.Second
-	DefaultStandbyInterval = time.Second
-	DefaultPublishLanes    = 1
+	defaultRelayName       = "relay"
+	defaultBatchSize       = 1000
+	defaultPollInterval    = time.Second
+	defaultBackoff         = 100 * time.Millisecond
+	defaultMaxBackoff      = 5 * time.Second
+	defaultStandbyInterval = time.Second
+	defaultPublishLanes    = 1
 )
 
-// DefaultLaneKeyField is the metadata field the default LaneKey reads; it is the broker
+// defaultLaneKeyField is the metadata field the default LaneKey reads; it is the broker
 // package's default Kafka partition key field.
-const DefaultLaneKeyField = "partition_key"
+const defaultLaneKeyField = "partition_key"
 
 // MaxPublishLanes is the largest PublishLanes accepted.
 const MaxPublishLanes = 256
@@ -42,8 +42,8 @@ type RelayConfig struct {
 	// the same name share one position and elect one active instance; relays with different
 	// names each forward every row of their Source (e.g. one to Kafka, one to an audit sink).
 	// A name serves one Source: a relay whose Source differs from the one its name was
-	// registered with refuses to run (ErrRelaySource). It cannot start with SlotPositionPrefix
-	// ("cdc:"). Default DefaultRelayName ("relay").
+	// registered with refuses to run (ErrRelaySource). It cannot start with
+	// "cdc:" (the positions of replication slots). Default "relay".
 	Name string
 	// Source selects the rows this relay forwards: those whose Writer had the same
 	// Config.Source. Rows of other sources are passed over (RelayCounters.OtherSource), left to
@@ -57,7 +57,7 @@ type RelayConfig struct {
 	// reads and writes the position (a commit of its own), so small batches cost throughput:
 	// measured with go run ./e2e/bench, 1000 forwards 2.5-3.4x more messages per second than
 	// 100 to Kafka, RabbitMQ and SQL alike. After a crash, at most one batch is published
-	// again. Default DefaultBatchSize (1000).
+	// again. Default 1000.
 	BatchSize int
 	// PollInterval is the fallback wait of an idle relay. The active relay LISTENs on the
 	// schema's channel, and while it is idle the Writer notifies it at every commit that stores
@@ -66,7 +66,7 @@ type RelayConfig struct {
 	// transaction that stored its rows just as the relay went idle, a row inserted by something
 	// other than the Writer, and LISTEN being off (DisableListen, or a *sql.DB whose driver is
 	// not pgx's stdlib: then set it lower). An idle relay sends two statements per
-	// PollInterval. Default DefaultPollInterval (1s).
+	// PollInterval. Default 1s.
 	PollInterval time.Duration
 	// DisableListen turns LISTEN/NOTIFY off: the relay then only polls, reading again at once
 	// after every round that published and waiting PollInterval after an empty one, and
@@ -74,11 +74,11 @@ type RelayConfig struct {
 	DisableListen bool
 	// Backoff is the first wait after a failed publish or database error; it doubles up
 	// to MaxBackoff, each wait drawn between half and all of that value (jitter). Default
-	// DefaultBackoff (100ms) and DefaultMaxBackoff (5s).
+	// 100ms and 5s.
 	Backoff    time.Duration
 	MaxBackoff time.Duration
 	// StandbyInterval is how often a relay that is not the active one tries to take over.
-	// Default DefaultStandbyInterval (1s).
+	// Default 1s.
 	StandbyInterval time.Duration
 
 	// PublishLanes > 1 publishes each batch over that many concurrent Publish calls, one per
@@ -89,11 +89,11 @@ type RelayConfig struct {
 	// relay's order (see the package doc, Order), so messages with the same key keep their
 	// order; messages with different keys may reach the broker in another order. The position
 	// still advances only after every lane of the batch has published. At most
-	// MaxPublishLanes. Default DefaultPublishLanes (1): one Publish call per run of rows with
+	// MaxPublishLanes. Default 1: one Publish call per run of rows with
 	// the same topic, in the relay's order.
 	PublishLanes int
 	// LaneKey returns the ordering key of a message for PublishLanes. Default: the
-	// DefaultLaneKeyField metadata (the broker package's Kafka partition key), else the UUID.
+	// "partition_key" metadata (the broker package's Kafka partition key), else the UUID.
 	// Use the key that decides your broker's partition or queue, so that what the broker keeps
 	// in order is published in order.
 	LaneKey func(topic string, msg *message.Message) string
@@ -121,7 +121,7 @@ type RelayConfig struct {
 }
 
 func defaultLaneKey(_ string, msg *message.Message) string {
-	if v := msg.Metadata.Get(DefaultLaneKeyField); v != "" {
+	if v := msg.Metadata.Get(defaultLaneKeyField); v != "" {
 		return v
 	}
 	return msg.UUID
@@ -129,13 +129,13 @@ func defaultLaneKey(_ string, msg *message.Message) string {
 
 func (c *RelayConfig) setDefaults() {
 	c.Schema = cmp.Or(c.Schema, pgtx.DefaultSchema)
-	c.Name = cmp.Or(c.Name, DefaultRelayName)
-	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
-	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
-	c.Backoff = cmp.Or(c.Backoff, DefaultBackoff)
-	c.MaxBackoff = cmp.Or(c.MaxBackoff, DefaultMaxBackoff)
-	c.StandbyInterval = cmp.Or(c.StandbyInterval, DefaultStandbyInterval)
-	c.PublishLanes = cmp.Or(c.PublishLanes, DefaultPublishLanes)
+	c.Name = cmp.Or(c.Name, defaultRelayName)
+	c.BatchSize = cmp.Or(c.BatchSize, defaultBatchSize)
+	c.PollInterval = cmp.Or(c.PollInterval, defaultPollInterval)
+	c.Backoff = cmp.Or(c.Backoff, defaultBackoff)
+	c.MaxBackoff = cmp.Or(c.MaxBackoff, defaultMaxBackoff)
+	c.StandbyInterval = cmp.Or(c.StandbyInterval, defaultStandbyInterval)
+	c.PublishLanes = cmp.Or(c.PublishLanes, defaultPublishLanes)
 	if c.LaneKey == nil {
 		c.LaneKey = defaultLaneKey
 	}

@@ -56,7 +56,7 @@ func BenchmarkProducerOrderLock(b *testing.B) {
 							}
 						}
 						msg := message.NewMessage(fmt.Sprint(n), []byte(`{}`))
-						msg.Metadata.Set(outbox.DefaultLaneKeyField, key)
+						msg.Metadata.Set("partition_key", key)
 						return w.PublishTx(ctx, tx, "bench", msg)
 					})
 					if err != nil {

@@ -59,7 +59,7 @@ func (a *accounts) apply(ctx context.Context, tx *sql.Tx, key string) (int, erro
 		return 0, err
 	}
 	msg := message.NewMessage(fmt.Sprintf("%s/v%d", key, v), []byte(`{}`))
-	msg.Metadata.Set(outbox.DefaultLaneKeyField, key)
+	msg.Metadata.Set("partition_key", key)
 	return v, a.w.PublishTx(ctx, tx, "accounts", msg)
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -70,7 +71,7 @@ func TestParkedGroupsReadTheNewestThroughTheParkedIndex(t *testing.T) {
 	walk(parsed[0].Plan)
 	require.Contains(t, indexes, "outbox_parked_idx", plan)
 
-	groups, left, err := outbox.ParkedGroups(ctx, db, schema, 50)
+	groups, left, err := outboxops.ParkedGroups(ctx, db, schema, 50)
 	require.NoError(t, err)
 	require.EqualValues(t, 150, left, "200 parked, the newest 50 grouped")
 	var rows int64

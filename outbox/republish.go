@@ -14,9 +14,9 @@ import (
 
 // RepublishRequest selects rejected rows of one relay to store again in the outbox.
 type RepublishRequest struct {
-	// Relay is the relay that rejected the rows (RejectedRow.Relay). Required.
+	// Relay is the relay that rejected the rows (as `wmonce outbox rejected` lists it). Required.
 	Relay string
-	// Offsets are the rejected rows' outbox offsets (RejectedRow.Offset). Give them, or All.
+	// Offsets are the rejected rows' outbox offsets (their offset column). Give them, or All.
 	Offsets []int64
 	// All selects every row the relay rejected.
 	All bool
@@ -27,7 +27,7 @@ type RepublishRequest struct {
 	// PartitionKeyField is the Writer's Config.PartitionKeyField for rows whose original
 	// outbox row retention has deleted (while it is there, its partition_key is kept): the
 	// partition_key column Debezium keys records by. Give the producers' value. Default
-	// DefaultPartitionKeyField.
+	// "partition_key".
 	PartitionKeyField string
 	// DryRun counts what would be republished and changes nothing.
 	DryRun bool

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/outbox"
@@ -78,7 +79,7 @@ func TestRepublishedRowsCarryTheWritersColumns(t *testing.T) {
 	plain := message.NewMessage("r-plain", nil) // no payload, no key: keyed by its UUID
 	msgs = append(msgs, plain)
 	rejectAll(t, db, schema, "billing", w, "invoices", msgs...)
-	rejected, err := outbox.ListRejected(ctx, db, schema, outbox.RejectedFilter{}, 10, false)
+	rejected, err := outboxops.ListRejected(ctx, db, schema, outboxops.RejectedFilter{}, 10, false)
 	require.NoError(t, err)
 	require.Len(t, rejected, 4)
 
@@ -158,24 +159,24 @@ func TestConcurrentGroupActionsReportWhatTheirTransactionChanged(t *testing.T) {
 			msgs = append(msgs, message.NewMessage(u, []byte(u)))
 		}
 		rejectAll(t, db, schema, "", w, "t-"+action, msgs...)
-		groups, _, err := outbox.RejectedGroups(ctx, db, schema, 0)
+		groups, _, err := outboxops.RejectedGroups(ctx, db, schema, 0)
 		require.NoError(t, err)
 		require.Len(t, groups, 1)
 		fp := groups[0].Fingerprint
 
 		release := lockRejected(t, db, schema)
-		results := make([]outbox.RejectedGroupResult, racers)
+		results := make([]outboxops.RejectedGroupResult, racers)
 		errs := make([]error, racers)
 		var wg sync.WaitGroup
 		for i := range racers {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				req := outbox.RejectedGroupRequest{Fingerprint: fp}
+				req := outboxops.RejectedGroupRequest{Fingerprint: fp}
 				if action == "republish" {
-					results[i], errs[i] = outbox.RepublishRejectedGroup(ctx, db, schema, req)
+					results[i], errs[i] = outboxops.RepublishRejectedGroup(ctx, db, schema, req)
 				} else {
-					results[i], errs[i] = outbox.DiscardRejectedGroup(ctx, db, schema, req)
+					results[i], errs[i] = outboxops.DiscardRejectedGroup(ctx, db, schema, req)
 				}
 			}()
 		}

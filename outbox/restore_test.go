@@ -59,7 +59,7 @@ func TestRestoreIntoALowerCounterIsDetectedAndRebasedWithNothingLost(t *testing.
 	publishTx(t, db, w, "t", "a1", "a2", "a3") // forwarded before the dump
 	drain(t, r, s, 3)
 	publishTx(t, db, w, "t", "b1", "b2") // in the outbox, not forwarded, at the dump
-	simulateMove(t, db, schema, outbox.DefaultRelayName, []string{"a1", "a2", "a3"}, []string{"b1", "b2"})
+	simulateMove(t, db, schema, "relay", []string{"a1", "a2", "a3"}, []string{"b1", "b2"})
 	publishTx(t, db, w, "t", "c1", "c2") // written after the restore: ids of this cluster
 
 	rep, err := outbox.CheckPositions(ctx, db, schema)
@@ -91,7 +91,7 @@ func TestRestoreIntoALowerCounterIsDetectedAndRebasedWithNothingLost(t *testing.
 
 	res, err := outbox.RebasePositions(ctx, db, schema)
 	require.NoError(t, err)
-	require.Equal(t, []string{outbox.DefaultRelayName}, res.Positions)
+	require.Equal(t, []string{"relay"}, res.Positions)
 	require.EqualValues(t, 4, res.Republished, "b1, b2, c1, c2 are forwarded again")
 	require.EqualValues(t, 3, res.Frozen, "a1..a3 were forwarded: kept forwarded")
 
@@ -198,7 +198,7 @@ func TestRunningRelayHaltsOnAMovedPositionAndResumesAfterTheRebase(t *testing.T)
 	require.NoError(t, err)
 	drain(t, r0, s, 1)
 	publishTx(t, db, w, "t", "b1")
-	simulateMove(t, db, schema, outbox.DefaultRelayName, []string{"a1"}, []string{"b1"})
+	simulateMove(t, db, schema, "relay", []string{"a1"}, []string{"b1"})
 	publishTx(t, db, w, "t", "c1")
 
 	logs := watermill.NewCaptureLogger()

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -29,13 +30,6 @@ import (
 // confirmed_flush_lsn. So once confirmed_flush_lsn reaches the mark's LSN, the reader has
 // confirmed every transaction of the mark's snapshot, and the mark becomes the position.
 
-// SlotPositionPrefix starts the name of every slot position in outbox_offsets. A Relay name
-// cannot start with it (RelayConfig.Validate), so a Relay never takes over a slot's position.
-const SlotPositionPrefix = "cdc:"
-
-// SlotPositionName is the name in outbox_offsets of the position that follows slot.
-func SlotPositionName(slot string) string { return SlotPositionPrefix + slot }
-
 func checkSlot(op string, db *sql.DB, schema *string, slot string) error {
 	if err := checkSchema(op, db, schema); err != nil {
 		return err
@@ -50,19 +44,19 @@ func checkSlot(op string, db *sql.DB, schema *string, slot string) error {
 const markColumns = `target_snapshot = pg_current_snapshot(), target_offset = 0,
     offset_acked = pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint`
 
-// RegisterSlotPosition registers the position of the logical replication slot slot in schema,
+// registerSlotPosition registers the position of the logical replication slot slot in schema,
 // if it is not registered yet, and reports whether it registered it. The position starts
 // having confirmed nothing, so from now on Prune keeps every row until AdvanceSlotPosition
 // has seen the slot confirm it. The slot need not exist yet (the connector creates it). It is
 // idempotent.
-func RegisterSlotPosition(ctx context.Context, db *sql.DB, schema, slot string) (bool, error) {
+func registerSlotPosition(ctx context.Context, db *sql.DB, schema, slot string) (bool, error) {
 	if err := checkSlot("register slot position", db, &schema, slot); err != nil {
 		return false, err
 	}
 	res, err := db.ExecContext(ctx, `INSERT INTO `+pgtx.QualifiedName(schema, "outbox_offsets")+`
     (consumer_group, last_processed_transaction_id, snapshot, target_snapshot, target_offset, offset_acked, source)
 VALUES ($1, '1', '1:1:', pg_current_snapshot(), 0, pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint, NULL)
-ON CONFLICT (consumer_group) DO NOTHING`, SlotPositionName(slot))
+ON CONFLICT (consumer_group) DO NOTHING`, outboxops.SlotPositionName(slot))
 	if err != nil {
 		return false, fmt.Errorf("outbox: register slot position %s: %w", slot, err)
 	}
@@ -71,7 +65,7 @@ ON CONFLICT (consumer_group) DO NOTHING`, SlotPositionName(slot))
 }
 
 // ErrSlotPositionNotRegistered is returned by AdvanceSlotPosition for a slot whose position
-// RegisterSlotPosition has not registered (or ForgetSlotPosition has removed).
+// registerSlotPosition has not registered (or ForgetSlotPosition has removed).
 var ErrSlotPositionNotRegistered = errors.New("outbox: the slot's position is not registered")
 
 // ErrSlotMissing is returned by AdvanceSlotPosition when the replication slot does not exist:
@@ -96,7 +90,7 @@ func AdvanceSlotPosition(ctx context.Context, db *sql.DB, schema, slot string) (
 		return false, err
 	}
 	offsets := pgtx.QualifiedName(schema, "outbox_offsets")
-	name := SlotPositionName(slot)
+	name := outboxops.SlotPositionName(slot)
 	var advanced bool
 	err := pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
 		var pending bool
@@ -151,7 +145,7 @@ func ForgetSlotPosition(ctx context.Context, db *sql.DB, schema, slot string) (b
 	if err := checkSlot("forget slot position", db, &schema, slot); err != nil {
 		return false, err
 	}
-	res, err := db.ExecContext(ctx, `DELETE FROM `+pgtx.QualifiedName(schema, "outbox_offsets")+` WHERE consumer_group = $1`, SlotPositionName(slot))
+	res, err := db.ExecContext(ctx, `DELETE FROM `+pgtx.QualifiedName(schema, "outbox_offsets")+` WHERE consumer_group = $1`, outboxops.SlotPositionName(slot))
 	if err != nil {
 		return false, fmt.Errorf("outbox: forget slot position %s: %w", slot, err)
 	}
@@ -159,9 +153,9 @@ func ForgetSlotPosition(ctx context.Context, db *sql.DB, schema, slot string) (b
 	return n > 0, nil
 }
 
-// SlotPositions lists the slots whose positions are registered in schema, by name. The
+// slotPositions lists the slots whose positions are registered in schema, by name. The
 // retention janitor advances each of them every round.
-func SlotPositions(ctx context.Context, db *sql.DB, schema string) ([]string, error) {
+func slotPositions(ctx context.Context, db *sql.DB, schema string) ([]string, error) {
 	if err := checkSchema("list slot positions", db, &schema); err != nil {
 		return nil, err
 	}
@@ -170,7 +164,7 @@ func SlotPositions(ctx context.Context, db *sql.DB, schema string) ([]string, er
 		err := s.Scan(&slot)
 		return slot, err
 	}, `SELECT substr(consumer_group, length($1) + 1) FROM `+pgtx.QualifiedName(schema, "outbox_offsets")+
-		` WHERE starts_with(consumer_group, $1) ORDER BY consumer_group`, SlotPositionPrefix)
+		` WHERE starts_with(consumer_group, $1) ORDER BY consumer_group`, outboxops.SlotPositionPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list slot positions: %w", err)
 	}
@@ -178,8 +172,8 @@ func SlotPositions(ctx context.Context, db *sql.DB, schema string) ([]string, er
 }
 
 func checkRelayNotSlotPosition(name string) error {
-	if strings.HasPrefix(name, SlotPositionPrefix) {
-		return fmt.Errorf("relay Name %q starts with %q, which names the positions of replication slots (outbox.SlotPositionName)", name, SlotPositionPrefix)
+	if strings.HasPrefix(name, outboxops.SlotPositionPrefix) {
+		return fmt.Errorf("relay Name %q starts with %q, which names the positions of replication slots (outboxops.SlotPositionName)", name, outboxops.SlotPositionPrefix)
 	}
 	return nil
 }

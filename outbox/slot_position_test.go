@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -53,10 +54,10 @@ func TestPruneFollowsTheSlotPosition(t *testing.T) {
 	_, err := outbox.AdvanceSlotPosition(ctx, db, schema, slot)
 	require.ErrorIs(t, err, outbox.ErrSlotPositionNotRegistered)
 	publishTx(t, db, w, "a", "before")
-	registered, err := outbox.RegisterSlotPosition(ctx, db, schema, slot)
+	registered, err := outboxops.RegisterSlotPosition(ctx, db, schema, slot)
 	require.NoError(t, err)
 	require.True(t, registered)
-	registered, err = outbox.RegisterSlotPosition(ctx, db, schema, slot)
+	registered, err = outboxops.RegisterSlotPosition(ctx, db, schema, slot)
 	require.NoError(t, err)
 	require.False(t, registered, "registering again keeps the position")
 	publishTx(t, db, w, "a", "m-1", "m-2")
@@ -93,15 +94,15 @@ func TestSlotPositionOfAMissingSlot(t *testing.T) {
 	db, schema, _ := setup(t)
 	ctx := context.Background()
 	slot := pgtest.NewName("noslot")
-	_, err := outbox.RegisterSlotPosition(ctx, db, schema, slot)
+	_, err := outboxops.RegisterSlotPosition(ctx, db, schema, slot)
 	require.NoError(t, err)
 	_, err = outbox.AdvanceSlotPosition(ctx, db, schema, slot)
 	require.ErrorIs(t, err, outbox.ErrSlotMissing)
 	require.ErrorContains(t, err, "forget it")
-	_, err = outbox.RegisterSlotPosition(ctx, db, schema, "Bad-Slot")
+	_, err = outboxops.RegisterSlotPosition(ctx, db, schema, "Bad-Slot")
 	require.ErrorContains(t, err, "slot")
 
-	_, err = outbox.NewRelay(db, &sink{}, outbox.RelayConfig{Schema: schema, Name: outbox.SlotPositionName(slot)}, nil)
+	_, err = outbox.NewRelay(db, &sink{}, outbox.RelayConfig{Schema: schema, Name: outboxops.SlotPositionName(slot)}, nil)
 	require.ErrorContains(t, err, `starts with "cdc:"`)
 }
 
@@ -112,7 +113,7 @@ func TestPruneWaitsForTheRelayAndTheSlot(t *testing.T) {
 	db, schema, w := setup(t)
 	ctx := context.Background()
 	slot := pgtest.LogicalSlot(t, db)
-	_, err := outbox.RegisterSlotPosition(ctx, db, schema, slot)
+	_, err := outboxops.RegisterSlotPosition(ctx, db, schema, slot)
 	require.NoError(t, err)
 	publishTx(t, db, w, "a", "m-1", "m-2")
 	pgtest.Exec(t, db, `UPDATE `+pgtx.QualifiedName(schema, "outbox")+` SET created_at = localtimestamp - interval '2 days'`)
@@ -148,6 +149,6 @@ func TestPruneWaitsForTheRelayAndTheSlot(t *testing.T) {
 	relays, _, err := outbox.Stats(ctx, db, schema)
 	require.NoError(t, err)
 	require.Len(t, relays, 2)
-	require.Equal(t, outbox.SlotPositionName(slot), relays[0].Name)
+	require.Equal(t, outboxops.SlotPositionName(slot), relays[0].Name)
 	require.Zero(t, relays[0].Backlog)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/internal/pgnotify"
 	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/internal/tracing"
@@ -111,15 +112,6 @@ FROM unnest($1::text[], $2::text[], $3::text[], $5::text[], $6::text[], $7::byte
 	return one, many
 }
 
-// WriterOrDefault returns w, or when w is nil a new Writer with config: the default of the
-// components' Config.Outbox fields.
-func WriterOrDefault(w *Writer, config Config) (*Writer, error) {
-	if w != nil {
-		return w, nil
-	}
-	return NewWriter(config)
-}
-
 // Table returns the quoted, schema-qualified outbox table name.
 func (w *Writer) Table() string { return w.table }
 
@@ -160,7 +152,7 @@ func (w *Writer) store(ctx context.Context, tx pgtx.Executor, topic string, msgs
 		if err := checkMessage(msg); err != nil {
 			return fmt.Errorf("%w: message %d of %d: %w", ErrInvalidMessage, i+1, len(msgs), err)
 		}
-		if _, _, err := DueAt(msg.Metadata); err != nil && stamped { // parked messages are kept as they came
+		if _, _, err := outboxops.DueAt(msg.Metadata); err != nil && stamped { // parked messages are kept as they came
 			return fmt.Errorf("%w: message %s: %w", ErrInvalidMessage, msg.UUID, err)
 		}
 	}

@@ -9,9 +9,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/internal/brokertest"
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/internal/testwait"
-	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/outbox/cdc"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -64,7 +64,7 @@ func TestConnectorApplyStatusDelete(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	cfg := cdc.Config{Schema: schema, DatabaseURL: pgtest.URL(), User: cdc.DefaultReplicationRole}.WithDefaults()
 	position := `SELECT count(*) FROM ` + pgtx.QualifiedName(schema, "outbox_offsets") + ` WHERE consumer_group = $1`
-	require.Equal(t, 1, pgtest.Count(t, db, position, outbox.SlotPositionName(cfg.SlotName)), "apply registers the slot's position for retention")
+	require.Equal(t, 1, pgtest.Count(t, db, position, outboxops.SlotPositionName(cfg.SlotName)), "apply registers the slot's position for retention")
 	deleted := false
 	t.Cleanup(func() {
 		if !deleted {
@@ -85,7 +85,7 @@ func TestConnectorApplyStatusDelete(t *testing.T) {
 	deleted = true
 	require.Zero(t, pgtest.Count(t, db, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, cfg.SlotName))
 	require.Zero(t, pgtest.Count(t, db, `SELECT count(*) FROM pg_publication WHERE pubname = $1`, cfg.PublicationName))
-	require.Zero(t, pgtest.Count(t, db, position, outbox.SlotPositionName(cfg.SlotName)), "a deleted connector's position no longer holds retention back")
+	require.Zero(t, pgtest.Count(t, db, position, outboxops.SlotPositionName(cfg.SlotName)), "a deleted connector's position no longer holds retention back")
 	// Connect's status topic may report the deleted connector for a moment.
 	testwait.Until(t, "connector status to fail once the connector is gone", func() bool {
 		return runCLI(t, schema, "connector", "status", "-connect-url", url).code == exitFailure

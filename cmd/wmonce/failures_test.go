@@ -17,6 +17,7 @@ import (
 
 	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/operate"
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/outbox"
@@ -133,7 +134,7 @@ func TestFailuresReplaysRacingReportWhatTheyDid(t *testing.T) {
 	relay, err := outbox.NewRelay(db, refusingPublisher{}, outbox.RelayConfig{Schema: schema, Name: "kafka"}, nil)
 	require.NoError(t, err)
 	relayUntil(t, relay, "reject the 3 rows", func(c outbox.RelayCounters) bool { return c.Rejected >= 3 })
-	groups, _, err := outbox.RejectedGroups(ctx, db, schema, 0)
+	groups, _, err := outboxops.RejectedGroups(ctx, db, schema, 0)
 	require.NoError(t, err)
 	require.Len(t, groups, 1)
 	fp := groups[0].Fingerprint

@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/wmonce/watermill-once/internal/operate"
-	"github.com/wmonce/watermill-once/outbox"
+	"github.com/wmonce/watermill-once/internal/outboxops"
 )
 
 func outboxCommand() *command {
@@ -81,7 +81,7 @@ func (e *env) outboxRejected(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	rows, err := operate.ListRejected(ctx, db, e.g.schema, outbox.RejectedFilter{Relay: *relay, AfterOffset: *after}, *limit, false)
+	rows, err := operate.ListRejected(ctx, db, e.g.schema, outboxops.RejectedFilter{Relay: *relay, AfterOffset: *after}, *limit, false)
 	if err != nil {
 		return e.explain(err)
 	}
@@ -136,7 +136,7 @@ func (e *env) outboxInspect(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	rows, err := operate.ListRejected(ctx, db, e.g.schema, outbox.RejectedFilter{Relay: *relay, Offset: offset}, 1, true)
+	rows, err := operate.ListRejected(ctx, db, e.g.schema, outboxops.RejectedFilter{Relay: *relay, Offset: offset}, 1, true)
 	if err != nil {
 		return e.explain(err)
 	}

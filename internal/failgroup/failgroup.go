@@ -8,6 +8,7 @@ package failgroup
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"strconv"
 
 	"github.com/wmonce/watermill-once/pgtx"
@@ -74,4 +75,15 @@ func Read[G any](ctx context.Context, q pgtx.Executor, schema string, r Rows, ma
 		return nil, 0, err
 	}
 	return groups, left, nil
+}
+
+var fingerprintPattern = regexp.MustCompile(`^[0-9a-f]{16}$`)
+
+// CheckFingerprint refuses text that is not a failure group's fingerprint (of a rejected group
+// or of an inbox failure group: they share the schema's rule).
+func CheckFingerprint(fp string) error {
+	if !fingerprintPattern.MatchString(fp) {
+		return fmt.Errorf("fingerprint must be 16 lower-case hex digits (as failure groups list it), got %q", fp)
+	}
+	return nil
 }

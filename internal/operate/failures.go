@@ -11,12 +11,14 @@ import (
 	"time"
 
 	"github.com/wmonce/watermill-once/inbox"
-	"github.com/wmonce/watermill-once/outbox"
+	"github.com/wmonce/watermill-once/internal/failgroup"
+	"github.com/wmonce/watermill-once/internal/inboxops"
+	"github.com/wmonce/watermill-once/internal/outboxops"
 )
 
 // Failure groups, for the page (GET /api/failures, POST /api/failures/act) and `wmonce
-// failures`: FAILED (parked) inbox rows (inbox.Ops.FailureGroups), messages the poison queue
-// parked (outbox.ParkedGroups) and rejected outbox rows (outbox.RejectedGroups), grouped by
+// failures`: FAILED (parked) inbox rows (inboxops.FailureGroups), messages the poison queue
+// parked (outboxops.ParkedGroups) and rejected outbox rows (outboxops.RejectedGroups), grouped by
 // the schema's fingerprint, with bulk actions on a group.
 
 // Kinds of failure group.
@@ -82,15 +84,15 @@ func ReadFailureGroups(ctx context.Context, db *sql.DB, schema string, maxRows i
 	if err != nil {
 		return resp, err
 	}
-	in, leftIn, err := ops.FailureGroups(ctx, maxRows)
+	in, leftIn, err := inboxops.FailureGroups(ctx, ops, maxRows)
 	if err != nil {
 		return resp, err
 	}
-	parked, leftParked, err := outbox.ParkedGroups(ctx, db, schema, maxRows)
+	parked, leftParked, err := outboxops.ParkedGroups(ctx, db, schema, maxRows)
 	if err != nil {
 		return resp, err
 	}
-	rejected, leftRejected, err := outbox.RejectedGroups(ctx, db, schema, maxRows)
+	rejected, leftRejected, err := outboxops.RejectedGroups(ctx, db, schema, maxRows)
 	if err != nil {
 		return resp, err
 	}
@@ -137,7 +139,7 @@ type FailureActionRequest struct {
 // FailureActionResponse lists the rows the action changed or, for a dry run, would change:
 // inbox row ids, outbox offsets of parked copies, or outbox offsets of Relay's rejected rows.
 // Undecodable (replay of a parked or rejected group) lists offsets left in the group because
-// they cannot be replayed (see outbox.ParkedGroupResult and outbox.RepublishResult).
+// they cannot be replayed (see outboxops.ParkedGroupResult and outbox.RepublishResult).
 type FailureActionResponse struct {
 	Kind        string  `json:"kind"`
 	Fingerprint string  `json:"fingerprint"`
@@ -184,7 +186,7 @@ func ActOnFailureGroup(ctx context.Context, db *sql.DB, schema string, req Failu
 
 // checkFailureAction returns the operation that runs req, or the input error that refuses it.
 func checkFailureAction(req FailureActionRequest) (groupAction, error) {
-	if err := outbox.CheckFingerprint(req.Fingerprint); err != nil {
+	if err := failgroup.CheckFingerprint(req.Fingerprint); err != nil {
 		return nil, badRequest("%v", err)
 	}
 	if err := CheckText("reason", req.Reason); err != nil {
@@ -241,21 +243,23 @@ var failureKinds = map[string]failureKind{
 	FailureKindInbox: {
 		offered: []string{ActionReplay, ActionSkip},
 		actions: map[string]groupAction{
-			ActionReplay: inboxGroupAction(func(ops *inbox.Ops, ctx context.Context, g inbox.GroupRequest, _ string) (inbox.GroupResult, error) {
-				return ops.ReplayGroup(ctx, g)
+			ActionReplay: inboxGroupAction(func(ctx context.Context, ops any, g inboxops.GroupRequest, _ string) (inboxops.GroupResult, error) {
+				return inboxops.ReplayGroup(ctx, ops, g)
 			}),
-			ActionSkip: inboxGroupAction((*inbox.Ops).SkipGroup),
+			ActionSkip: inboxGroupAction(func(ctx context.Context, ops any, g inboxops.GroupRequest, reason string) (inboxops.GroupResult, error) {
+				return inboxops.SkipGroup(ctx, ops, g, reason)
+			}),
 		},
 		refusals: map[string]string{ActionDiscard: "inbox rows are not discarded (a deleted row would let a redelivered copy run again): skip them"},
 	},
 	FailureKindParked: {
 		offered:  []string{ActionReplay, ActionDiscard},
-		actions:  map[string]groupAction{ActionReplay: parkedGroupAction(outbox.ReplayParkedGroup), ActionDiscard: parkedGroupAction(outbox.DiscardParkedGroup)},
+		actions:  map[string]groupAction{ActionReplay: parkedGroupAction(outboxops.ReplayParkedGroup), ActionDiscard: parkedGroupAction(outboxops.DiscardParkedGroup)},
 		refusals: map[string]string{ActionSkip: "parked messages are not skipped: replay or discard them"},
 	},
 	FailureKindRejected: {
 		offered:  []string{ActionReplay, ActionDiscard},
-		actions:  map[string]groupAction{ActionReplay: rejectedGroupAction(outbox.RepublishRejectedGroup), ActionDiscard: rejectedGroupAction(outbox.DiscardRejectedGroup)},
+		actions:  map[string]groupAction{ActionReplay: rejectedGroupAction(outboxops.RepublishRejectedGroup), ActionDiscard: rejectedGroupAction(outboxops.DiscardRejectedGroup)},
 		refusals: map[string]string{ActionSkip: "rejected outbox rows are not skipped: replay (republish) or discard them"},
 	},
 }
@@ -270,30 +274,30 @@ func groupActions(kind, topic string) []string {
 	return slices.Clone(failureKinds[kind].offered)
 }
 
-func inboxGroupAction(act func(*inbox.Ops, context.Context, inbox.GroupRequest, string) (inbox.GroupResult, error)) groupAction {
+func inboxGroupAction(act func(context.Context, any, inboxops.GroupRequest, string) (inboxops.GroupResult, error)) groupAction {
 	return func(ctx context.Context, db *sql.DB, schema string, req FailureActionRequest) (FailureActionResponse, error) {
 		ops, err := inbox.NewOps(db, inbox.OpsConfig{Schema: schema}, nil)
 		if err != nil {
 			return FailureActionResponse{}, err
 		}
-		res, err := act(ops, ctx, inbox.GroupRequest{Fingerprint: req.Fingerprint, IDs: req.IDs, DryRun: req.DryRun}, req.Reason)
+		res, err := act(ctx, ops, inboxops.GroupRequest{Fingerprint: req.Fingerprint, IDs: req.IDs, DryRun: req.DryRun}, req.Reason)
 		return FailureActionResponse{IDs: res.IDs}, err
 	}
 }
 
-func parkedGroupAction(act func(context.Context, *sql.DB, string, outbox.ParkedGroupRequest) (outbox.ParkedGroupResult, error)) groupAction {
+func parkedGroupAction(act func(context.Context, *sql.DB, string, outboxops.ParkedGroupRequest) (outboxops.ParkedGroupResult, error)) groupAction {
 	return func(ctx context.Context, db *sql.DB, schema string, req FailureActionRequest) (FailureActionResponse, error) {
-		res, err := act(ctx, db, schema, outbox.ParkedGroupRequest{Fingerprint: req.Fingerprint, Offsets: req.IDs, DryRun: req.DryRun})
-		if errors.Is(err, outbox.ErrParkedSettled) { // a concurrent action took the copies first
+		res, err := act(ctx, db, schema, outboxops.ParkedGroupRequest{Fingerprint: req.Fingerprint, Offsets: req.IDs, DryRun: req.DryRun})
+		if errors.Is(err, outboxops.ErrParkedSettled) { // a concurrent action took the copies first
 			return FailureActionResponse{}, fmt.Errorf("%w: %w", NoFailureGroup(req.Kind, req.Fingerprint, req.IDs), err)
 		}
 		return FailureActionResponse{IDs: res.Offsets, Undecodable: res.Unreplayable}, err
 	}
 }
 
-func rejectedGroupAction(act func(context.Context, *sql.DB, string, outbox.RejectedGroupRequest) (outbox.RejectedGroupResult, error)) groupAction {
+func rejectedGroupAction(act func(context.Context, *sql.DB, string, outboxops.RejectedGroupRequest) (outboxops.RejectedGroupResult, error)) groupAction {
 	return func(ctx context.Context, db *sql.DB, schema string, req FailureActionRequest) (FailureActionResponse, error) {
-		res, err := act(ctx, db, schema, outbox.RejectedGroupRequest{Fingerprint: req.Fingerprint, Offsets: req.IDs, DryRun: req.DryRun})
+		res, err := act(ctx, db, schema, outboxops.RejectedGroupRequest{Fingerprint: req.Fingerprint, Offsets: req.IDs, DryRun: req.DryRun})
 		return FailureActionResponse{IDs: res.Offsets, Relay: res.Relay, Undecodable: res.Undecodable}, err
 	}
 }

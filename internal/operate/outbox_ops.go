@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/outbox"
 )
 
@@ -114,7 +115,7 @@ func ForgetRelay(ctx context.Context, db *sql.DB, schema string, req ForgetReque
 		return ForgetResponse{}, fmt.Errorf("%w: %q (relays: %s)", ErrRelayNotFound, req.Relay, relayNames(st.Relays))
 	}
 	out.Backlog, out.Held = out.Stats.Backlog, out.Stats.Held
-	active, err := outbox.RelayActive(ctx, db, schema, req.Relay)
+	active, err := outboxops.RelayActive(ctx, db, schema, req.Relay)
 	if err != nil {
 		return ForgetResponse{}, err
 	}

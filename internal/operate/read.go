@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/wmonce/watermill-once/inbox"
+	"github.com/wmonce/watermill-once/internal/inboxops"
 	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/migrate"
 	"github.com/wmonce/watermill-once/outbox"
@@ -194,7 +195,7 @@ type InboxStats struct {
 
 // ReadInbox counts every inbox consumer's rows by status, ordered by consumer. Unfinished
 // rows and the oldest pending age come from inbox.Ops.AllStats; DONE and SKIPPED rows from
-// inbox.Ops.FinishedStats, which scans the table.
+// inboxops.CountFinished, which scans the table.
 func ReadInbox(ctx context.Context, db *sql.DB, schema string) ([]InboxStats, error) {
 	ops, err := inbox.NewOps(db, inbox.OpsConfig{Schema: schema}, nil)
 	if err != nil {
@@ -204,7 +205,7 @@ func ReadInbox(ctx context.Context, db *sql.DB, schema string) ([]InboxStats, er
 	get := func(consumer string) *InboxStats {
 		return entry(byName, consumer, func() *InboxStats { return &InboxStats{Consumer: consumer} })
 	}
-	finished, err := ops.FinishedStats(ctx)
+	finished, err := inboxops.CountFinished(ctx, ops)
 	if err != nil {
 		return nil, fmt.Errorf("read inbox: %w", err)
 	}

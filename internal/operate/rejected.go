@@ -6,7 +6,7 @@ import (
 	"encoding/json"
 	"time"
 
-	"github.com/wmonce/watermill-once/outbox"
+	"github.com/wmonce/watermill-once/internal/outboxops"
 )
 
 // RejectedRow is a row of outbox_rejected: an outbox row a relay set aside instead of
@@ -38,9 +38,9 @@ type RejectedListResponse struct {
 	NextAfter int64         `json:"next_after,omitempty"`
 }
 
-// ListRejected lists the rows of outbox_rejected through outbox.ListRejected, as JSON rows.
-func ListRejected(ctx context.Context, db *sql.DB, schema string, f outbox.RejectedFilter, limit int, withPayload bool) ([]RejectedRow, error) {
-	rows, err := outbox.ListRejected(ctx, db, schema, f, limit, withPayload)
+// ListRejected lists the rows of outbox_rejected through outboxops.ListRejected, as JSON rows.
+func ListRejected(ctx context.Context, db *sql.DB, schema string, f outboxops.RejectedFilter, limit int, withPayload bool) ([]RejectedRow, error) {
+	rows, err := outboxops.ListRejected(ctx, db, schema, f, limit, withPayload)
 	if err != nil {
 		return nil, err
 	}

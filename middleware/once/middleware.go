@@ -56,9 +56,13 @@ func New(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Middleware
 			return nil, fmt.Errorf("once: start check: %w", err)
 		}
 	}
-	ob, err := outbox.WriterOrDefault(config.Outbox, outbox.Config{Schema: config.Schema, Source: config.OutboxSource, TracerProvider: config.TracerProvider})
-	if err != nil {
-		return nil, fmt.Errorf("once: %w", err)
+	ob := config.Outbox
+	if ob == nil {
+		w, err := outbox.NewWriter(outbox.Config{Schema: config.Schema, Source: config.OutboxSource, TracerProvider: config.TracerProvider})
+		if err != nil {
+			return nil, fmt.Errorf("once: %w", err)
+		}
+		ob = w
 	}
 	e := &Middleware{
 		db:     db,

@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/outbox"
 )
 
@@ -157,7 +158,7 @@ func poisonQueue(config StackConfig) (message.HandlerMiddleware, error) {
 		pub = mw.step.Outbox.ParkingPublisher(mw.db)
 	} else if err := outbox.DefaultValidateTopic(topic); err != nil {
 		return nil, fmt.Errorf("stack: PoisonTopic: %w", err)
-	} else if err := outbox.CheckParking(pub); err != nil {
+	} else if err := outboxops.CheckParking(pub); err != nil {
 		return nil, fmt.Errorf("stack: PoisonPublisher: %w", err)
 	}
 	shouldPark := config.ShouldPark

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/internal/operate"
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/ops/admin"
 	"github.com/wmonce/watermill-once/outbox"
@@ -161,7 +162,7 @@ func TestConcurrentParkedReplaysReportWhatTheyDid(t *testing.T) {
 		m.Metadata.Set(middleware.PoisonedHandlerKey, "billing")
 		require.NoError(t, w.ParkingPublisher(db).Publish("poison", m))
 	}
-	groups, _, err := outbox.ParkedGroups(ctx, db, schema, 0)
+	groups, _, err := outboxops.ParkedGroups(ctx, db, schema, 0)
 	require.NoError(t, err)
 	require.Len(t, groups, 1)
 	const racers = 4

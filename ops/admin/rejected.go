@@ -9,13 +9,13 @@ import (
 	"time"
 
 	"github.com/wmonce/watermill-once/internal/operate"
-	"github.com/wmonce/watermill-once/outbox"
+	"github.com/wmonce/watermill-once/internal/outboxops"
 )
 
 // GET /api/outbox/rejected[?relay=R][&rejected_after=T][&rejected_before=T][&after=OFFSET][&limit=N]
 func (h *Handler) rejectedList(ctx context.Context, r *http.Request) (any, error) {
 	q := r.URL.Query()
-	f := outbox.RejectedFilter{Relay: q.Get("relay")}
+	f := outboxops.RejectedFilter{Relay: q.Get("relay")}
 	if err := operate.CheckText("relay", f.Relay); err != nil {
 		return nil, badRequest("%v", err)
 	}
@@ -64,7 +64,7 @@ func (h *Handler) rejectedInspect(ctx context.Context, r *http.Request) (any, er
 	if err := operate.CheckText("relay", relay); err != nil {
 		return nil, badRequest("%v", err)
 	}
-	rows, err := operate.ListRejected(ctx, h.db, h.config.Schema, outbox.RejectedFilter{Relay: relay, Offset: offset}, 1, true)
+	rows, err := operate.ListRejected(ctx, h.db, h.config.Schema, outboxops.RejectedFilter{Relay: relay, Offset: offset}, 1, true)
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/wmonce/watermill-once/effects/intent"
 	"github.com/wmonce/watermill-once/inbox"
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/internal/testsignal"
 	"github.com/wmonce/watermill-once/internal/worker"
@@ -256,7 +257,7 @@ func (j *Janitor) RunOnce(ctx context.Context) (Report, error) {
 // is advanced whether it is listed or not, and a listed one that is not registered fails its
 // step (ErrSlotPositionNotRegistered) instead of being passed over.
 func (j *Janitor) slotsToAdvance(ctx context.Context) ([]string, error) {
-	registered, err := outbox.SlotPositions(ctx, j.db, j.config.Schema)
+	registered, err := outboxops.SlotPositions(ctx, j.db, j.config.Schema)
 	if err != nil {
 		return slices.Clone(j.config.CDCSlots), err // the listed ones still go ahead
 	}

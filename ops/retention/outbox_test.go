@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/internal/relaytest"
 	"github.com/wmonce/watermill-once/ops/retention"
@@ -105,7 +106,7 @@ func TestOutboxRowsDeletedOnceTheSlotConfirmedThem(t *testing.T) {
 	ob := pgtx.QualifiedName(schema, "outbox")
 	ctx := context.Background()
 	slot := pgtest.LogicalSlot(t, db)
-	_, err := outbox.RegisterSlotPosition(ctx, db, schema, slot)
+	_, err := outboxops.RegisterSlotPosition(ctx, db, schema, slot)
 	require.NoError(t, err)
 	j := newJanitor(t, db, retention.Config{Schema: schema, OutboxKeep: day, BatchSize: 2}) // found, not listed
 
@@ -136,11 +137,11 @@ func TestOutboxRowsDeletedOnceTheSlotConfirmedThem(t *testing.T) {
 	_, err = listed.RunOnce(ctx)
 	require.ErrorIs(t, err, outbox.ErrSlotPositionNotRegistered)
 	require.ErrorContains(t, err, "wmonce_unregistered_slot")
-	_, err = outbox.RegisterSlotPosition(ctx, db, schema, "wmonce_no_such_slot")
+	_, err = outboxops.RegisterSlotPosition(ctx, db, schema, "wmonce_no_such_slot")
 	require.NoError(t, err)
 	_, err = j.RunOnce(ctx)
 	require.ErrorIs(t, err, outbox.ErrSlotMissing)
-	slots, err := outbox.SlotPositions(ctx, db, schema)
+	slots, err := outboxops.SlotPositions(ctx, db, schema)
 	require.NoError(t, err)
 	require.ElementsMatch(t, []string{slot, "wmonce_no_such_slot"}, slots)
 }

@@ -226,7 +226,7 @@ func TestDebeziumDeliversTheStoredMessages(t *testing.T) {
 			var msgs []*message.Message
 			for k := range keys {
 				m := message.NewMessage(fmt.Sprintf("k%d-%03d", k, i), []byte{0xff, byte(k), byte(i), 0x00, 'z'})
-				m.Metadata.Set(outbox.DefaultPartitionKeyField, fmt.Sprintf("key-%d", k))
+				m.Metadata.Set("partition_key", fmt.Sprintf("key-%d", k))
 				m.Metadata.Set("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 				want[m.UUID] = m
 				msgs = append(msgs, m)
@@ -245,8 +245,8 @@ func TestDebeziumDeliversTheStoredMessages(t *testing.T) {
 		var k, i int
 		_, err := fmt.Sscanf(m.UUID, "k%d-%d", &k, &i)
 		require.NoError(t, err)
-		require.Equal(t, last[w.Metadata.Get(outbox.DefaultPartitionKeyField)], i, "per-key commit order")
-		last[w.Metadata.Get(outbox.DefaultPartitionKeyField)] = i + 1
+		require.Equal(t, last[w.Metadata.Get("partition_key")], i, "per-key commit order")
+		last[w.Metadata.Get("partition_key")] = i + 1
 		m.Ack()
 		delete(want, m.UUID)
 	}
@@ -310,7 +310,7 @@ func TestDebeziumReadsARepublishedRow(t *testing.T) {
 	w, err := outbox.NewWriter(outbox.Config{Schema: schema})
 	require.NoError(t, err)
 	big := message.NewMessage("big-1", []byte("a large record"))
-	big.Metadata.Set(outbox.DefaultPartitionKeyField, "account-7")
+	big.Metadata.Set("partition_key", "account-7")
 	require.NoError(t, w.PublishTx(ctx, db, topic, big))
 	require.Equal(t, "big-1", receive("the original row").UUID)
 
@@ -347,7 +347,7 @@ func TestDebeziumReadsARepublishedRow(t *testing.T) {
 	again := got["big-1"]
 	require.NotNil(t, again, "the republished row: %v", got)
 	require.Equal(t, []byte("a large record"), []byte(again.Payload))
-	require.Equal(t, "account-7", again.Metadata.Get(outbox.DefaultPartitionKeyField))
+	require.Equal(t, "account-7", again.Metadata.Get("partition_key"))
 	s, err := client.Status(ctx, cfg.Name)
 	require.NoError(t, err)
 	require.True(t, s.Running(), "the connector's task: %+v", s)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -14,7 +15,7 @@ import (
 // Prepare makes PostgreSQL ready for the connector of config: it checks wal_level=logical,
 // creates the publication for the outbox table if it is missing (Debezium's own would need a
 // superuser), grants the connector's role USAGE on the schema and SELECT on the outbox, and
-// registers the slot's position for outbox retention (outbox.RegisterSlotPosition; from then on
+// registers the slot's position for outbox retention (outboxops.RegisterSlotPosition; from then on
 // outbox.Prune keeps every row until AdvancePosition has seen the slot confirm it). It runs as
 // a role that owns the outbox (the migrations' role), is idempotent, and does not create the
 // replication slot: the connector creates it at its first start.
@@ -49,7 +50,7 @@ func Prepare(ctx context.Context, db *sql.DB, config Config) error {
 	if _, err := db.ExecContext(ctx, `GRANT USAGE ON SCHEMA `+pgtx.QuoteIdentifier(config.Schema)+` TO `+role+`; GRANT SELECT ON `+table+` TO `+role); err != nil {
 		return fmt.Errorf("cdc: grant role %s read access to %s (does the role exist? e2e/services creates %s): %w", config.User, table, DefaultReplicationRole, err)
 	}
-	if _, err := outbox.RegisterSlotPosition(ctx, db, config.Schema, config.SlotName); err != nil {
+	if _, err := outboxops.RegisterSlotPosition(ctx, db, config.Schema, config.SlotName); err != nil {
 		return fmt.Errorf("cdc: %w", err)
 	}
 	return nil
