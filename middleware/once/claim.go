@@ -123,12 +123,12 @@ func (d *delivery) countMismatch() {
 	}
 }
 
-// DuplicateLogInterval is how often, at most, the middleware logs a summary of the duplicates
+// duplicateLogInterval is how often, at most, the middleware logs a summary of the duplicates
 // it skipped for one consumer. A redelivery storm can skip thousands of copies a second: each is
 // logged at debug level and counted (Counters.Duplicates, the wmonce metrics), and at info level
 // only the first of a quiet spell and then one line per interval with the number since the last
 // line. Duplicates whose payload differs from the applied copy's are logged at error level, each.
-const DuplicateLogInterval = time.Minute
+const duplicateLogInterval = time.Minute
 
 // duplicateLog summarises one consumer's skipped duplicates at info level.
 type duplicateLog struct {
@@ -138,7 +138,7 @@ type duplicateLog struct {
 }
 
 // logDuplicate logs one skipped copy (and tells the observer): at debug level always, and at
-// info level when the consumer's last info line is DuplicateLogInterval old (or there was
+// info level when the consumer's last info line is duplicateLogInterval old (or there was
 // none), with the number of duplicates it summarises.
 func (e *Middleware) logDuplicate(d *delivery, msg string, fields watermill.LogFields) {
 	e.observer.duplicate(d.consumer, false)
@@ -148,7 +148,7 @@ func (e *Middleware) logDuplicate(d *delivery, msg string, fields watermill.LogF
 	now := e.config.Now()
 	l.mu.Lock()
 	l.skipped++
-	if !l.last.IsZero() && now.Sub(l.last) < DuplicateLogInterval {
+	if !l.last.IsZero() && now.Sub(l.last) < duplicateLogInterval {
 		l.mu.Unlock()
 		return
 	}

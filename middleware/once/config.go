@@ -40,7 +40,8 @@ type Config struct {
 	// into a permanent error (parked by the Stack) instead of an acked, reported duplicate.
 	RejectFingerprintMismatch bool
 
-	// Outbox stores the messages the handler returns. Default: a Writer on Schema with OutboxSource.
+	// Outbox stores the messages the handler returns. Default: a Writer on Schema with
+	// OutboxSource.
 	Outbox *outbox.Writer
 	// OutboxSource is the default Outbox's outbox.Config.Source: the service whose relay forwards
 	// these messages when services share one schema (see outbox, Sources). Set it, or pass the
@@ -51,25 +52,18 @@ type Config struct {
 	// (AddConsumerHandler). When both are set, OutputTopic wins.
 	OutputTopic string
 
-	// TxOptions for the transaction the middleware opens. Default: isolation DefaultIsolation
-	// (REPEATABLE READ). Handlers run concurrently (Kafka: one per partition; RabbitMQ:
-	// AMQPConfig.Workers per subscription; times the consumer instances of the group), and under
-	// READ COMMITTED a handler that reads a row and writes back a value computed from it (read a
-	// counter, add one, write it) silently loses the updates of handlers that commit in between.
-	// Under REPEATABLE READ such a write fails with a serialization failure instead, and TxRetry
-	// runs the whole transaction again on a fresh snapshot, so every update counts. REPEATABLE READ
-	// does not stop write skew (two handlers each deciding on rows the other writes): use
-	// SERIALIZABLE, or SELECT ... FOR UPDATE, for that. The claim itself needs no more than READ
-	// COMMITTED (under REPEATABLE READ, a copy whose twin commits while it waits on the key costs
-	// one retry): set it for handlers whose writes do not depend on what they read, to skip the
-	// retries on contended rows. Not used for messages handled in watermill-sql's subscriber
-	// transaction, which its PostgreSQL schemas begin at REPEATABLE READ.
-	// ReadOnly, or a level PostgreSQL does not have, is refused at construction
-	// (pgtx.CheckTxOptions).
+	// TxOptions for the transaction the middleware opens. Default: isolation REPEATABLE READ,
+	// under which a handler that reads a row and writes back a value computed from it loses no
+	// update of a concurrent handler: the write fails with a serialization failure and TxRetry
+	// runs the whole transaction again. It does not stop write skew (use SERIALIZABLE or SELECT
+	// ... FOR UPDATE). Handlers whose writes do not depend on what they read may set READ
+	// COMMITTED to skip retries on contended rows (docs/middleware.md, What a handler runs
+	// under). Not used in watermill-sql's subscriber transaction. ReadOnly, or a level PostgreSQL
+	// does not have, is refused at construction (pgtx.CheckTxOptions).
 	TxOptions *sql.TxOptions
 	// TxRetry bounds re-running the whole transaction (claim, handler, outbox) after a
 	// serialization failure or deadlock; the handler runs again each time, so effects outside
-	// the database would repeat. Default DefaultTxRetryAttempts attempts, with RetryPolicy's
+	// the database would repeat. Default 10 attempts, with RetryPolicy's
 	// jittered backoff from 5ms: enough for eight handlers updating one row at once. When
 	// they are spent the error goes to the Stack's Retry and then nacks the message, which
 	// the broker redelivers.
@@ -117,16 +111,10 @@ type Config struct {
 	// ShutdownGrace is how long a handler already running may go on after the router closes
 	// (Router.Close cancels every message context at once). Within it the transaction commits
 	// normally; after it the transaction is cancelled and rolled back, and the message is
-	// redelivered later. A negative value aborts at once. Default DefaultShutdownGrace (5s); keep it below the router's
-	// CloseTimeout. A deadline set by an outer Timeout middleware is always honoured at once.
-	//
-	// It has no effect on messages handled in watermill-sql's subscriber transaction (the
-	// default for messages from that subscriber): the subscriber begins that transaction with
-	// its subscription context, which Router.Close cancels, and database/sql rolls a
-	// transaction back as soon as its context is cancelled. The running attempt is then rolled
-	// back whatever the grace (nothing of it commits, not even the offset) and the message is
-	// redelivered when the consumer runs again. Set DisableSubscriberTxReuse to let such
-	// handlers finish within the grace in a transaction of their own.
+	// redelivered later. A negative value aborts at once. Default 5s; keep it below the router's
+	// CloseTimeout. A deadline set by an outer Timeout middleware is always honoured at once. It
+	// does not reach watermill-sql's subscriber transaction, which Router.Close rolls back at once
+	// whatever the grace; set DisableSubscriberTxReuse to let such handlers finish within it.
 	ShutdownGrace time.Duration
 
 	// TracerProvider traces every delivery: a consumer span per message, the child of the
@@ -144,25 +132,25 @@ type Config struct {
 
 // Defaults of Config.
 const (
-	// DefaultIsolation is the isolation level of Config.TxOptions when unset: REPEATABLE READ,
+	// defaultIsolation is the isolation level of Config.TxOptions when unset: REPEATABLE READ,
 	// under which a handler's read-modify-write loses no update (see Config.TxOptions).
-	DefaultIsolation = sql.LevelRepeatableRead
-	// DefaultTxRetryAttempts is Config.TxRetry.MaxAttempts when unset. With eight handlers
+	defaultIsolation = sql.LevelRepeatableRead
+	// defaultTxRetryAttempts is Config.TxRetry.MaxAttempts when unset. With eight handlers
 	// updating one row under REPEATABLE READ, three attempts left about 5% of the messages to
 	// the Stack's Retry (BenchmarkIsolationInterleaved); ten left none.
-	DefaultTxRetryAttempts = 10
-	// DefaultShutdownGrace is Config.ShutdownGrace when unset.
-	DefaultShutdownGrace = 5 * time.Second
+	defaultTxRetryAttempts = 10
+	// defaultShutdownGrace is Config.ShutdownGrace when unset.
+	defaultShutdownGrace = 5 * time.Second
 )
 
 func (c *Config) setDefaults() {
 	c.Schema = cmp.Or(c.Schema, pgtx.DefaultSchema)
 	wmonce.SetKeyDefaults(&c.Key, &c.MaxKeyLength)
 	if c.TxOptions == nil {
-		c.TxOptions = &sql.TxOptions{Isolation: DefaultIsolation}
+		c.TxOptions = &sql.TxOptions{Isolation: defaultIsolation}
 	}
-	c.TxRetry.MaxAttempts = cmp.Or(c.TxRetry.MaxAttempts, DefaultTxRetryAttempts)
-	c.ShutdownGrace = cmp.Or(c.ShutdownGrace, DefaultShutdownGrace)
+	c.TxRetry.MaxAttempts = cmp.Or(c.TxRetry.MaxAttempts, defaultTxRetryAttempts)
+	c.ShutdownGrace = cmp.Or(c.ShutdownGrace, defaultShutdownGrace)
 	if !c.GroupCommit.Disabled {
 		c.GroupCommit.setDefaults()
 	}
@@ -195,46 +183,23 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// GroupCommitConfig configures group commit, which is on by default: when messages arrive faster
-// than Workers transactions can take them (several Kafka partitions, several subscriptions, many handlers), those that find
-// every transaction busy are claimed with one statement, handled one after another in ONE
-// transaction and committed together, then each is acked. Commits, not handlers, are what a
-// PostgreSQL consumer waits on; sharing them raises throughput when many messages are in flight.
-//
-// It is adaptive: a message that finds a lane (one of Workers transactions) free and nobody
-// waiting runs at once, in the caller's goroutine, in a transaction of its own, exactly as without
-// group commit; so with one message in flight, or up to Workers, it costs nothing. Only messages
-// that arrive while every lane is busy wait, and the next lane to free up takes all of them (up to
-// TxBatchSize) as one group.
-//
-// The guarantee is the same as per-message transactions: each message is acked only after the
-// commit that holds its claim, effects and outputs. A message whose handler fails is isolated:
-// the group's transaction is rolled back, the failed message is nacked alone, and the others are
-// run again in a new transaction (their handlers run twice, the first run leaving no trace). A
-// handler that fails with a serialization failure or deadlock is not at fault: the whole group
-// runs again, up to TxRetry's attempts, as a per-message transaction would. Messages from
-// watermill-sql's subscriber keep using the subscriber's transaction and are not grouped.
-//
-// What it asks of handlers: that they touch only the database, through the transaction, and
-// are short. A handler of a grouped message runs in a goroutine of the group, may run again
-// because a neighbour failed (so an effect outside the database, such as an HTTP call or an
-// in-memory counter, can repeat even when its own message succeeds: without group commit it
-// repeats only when the message's own transaction is retried), and delays every message of its
-// group while it runs. A handler that cannot meet that sets Disabled, and every message runs in
-// a transaction of its own.
-//
-// Measured figures are in docs/performance.md; run
-// BENCH_IN_FLIGHT=n go test -run '^$' -bench HandlerPathsInterleaved -benchtime 1x ./middleware/once/
-// to compare on your machine.
+// GroupCommitConfig configures group commit, which is on by default: messages that find every
+// one of Workers transactions busy wait, and the next transaction to free up claims them with one
+// statement, runs their handlers one after another and commits them together; then each is
+// acked. A message that finds a transaction free runs at once in one of its own, so with up to
+// Workers messages in flight it costs nothing. A grouped handler may run again because a
+// neighbour failed (the group is rolled back and runs again without it), so it must touch only
+// the database, through the transaction, and be short; a handler that cannot sets Disabled. See
+// the package doc (Group commit) and docs/middleware.md; measured figures are in
+// docs/performance.md.
 type GroupCommitConfig struct {
 	// Disabled turns group commit off: every message runs in a transaction of its own, one
 	// commit per message, as with one message in flight.
 	Disabled bool
-	// TxBatchSize caps the messages of one transaction. Default DefaultGroupCommitTxBatchSize
-	// (100), at most MaxGroupCommitTxBatchSize.
+	// TxBatchSize caps the messages of one transaction. Default 100, at most 10,000.
 	TxBatchSize int
 	// Workers is how many transactions (lanes) run at once, each holding one connection; beyond
-	// that, messages are grouped. Default DefaultGroupCommitWorkers (2): fewer lanes make bigger
+	// that, messages are grouped. Default 2: fewer lanes make bigger
 	// groups (fewer commits); more help when handlers are slow.
 	Workers int
 	// Linger makes every message wait for company before its group runs, even when a lane is
@@ -245,14 +210,14 @@ type GroupCommitConfig struct {
 
 // Defaults and limits of GroupCommitConfig.
 const (
-	DefaultGroupCommitTxBatchSize = 100
-	DefaultGroupCommitWorkers     = 2
-	MaxGroupCommitTxBatchSize     = 10000
+	defaultGroupCommitTxBatchSize = 100
+	defaultGroupCommitWorkers     = 2
+	maxGroupCommitTxBatchSize     = 10000
 )
 
 func (c *GroupCommitConfig) setDefaults() {
-	c.TxBatchSize = cmp.Or(c.TxBatchSize, DefaultGroupCommitTxBatchSize)
-	c.Workers = cmp.Or(c.Workers, DefaultGroupCommitWorkers)
+	c.TxBatchSize = cmp.Or(c.TxBatchSize, defaultGroupCommitTxBatchSize)
+	c.Workers = cmp.Or(c.Workers, defaultGroupCommitWorkers)
 }
 
 func (c GroupCommitConfig) validate() error {
@@ -260,7 +225,7 @@ func (c GroupCommitConfig) validate() error {
 		return nil
 	}
 	return errors.Join(
-		setup.Between("GroupCommit.TxBatchSize", c.TxBatchSize, 1, MaxGroupCommitTxBatchSize),
+		setup.Between("GroupCommit.TxBatchSize", c.TxBatchSize, 1, maxGroupCommitTxBatchSize),
 		setup.AtLeast("GroupCommit.Workers", c.Workers, 1),
 		setup.NotNegative("GroupCommit.Linger", c.Linger),
 	)
@@ -273,5 +238,6 @@ var ErrNoConsumer = errors.New("once: no consumer name: set Config.Consumer, or 
 
 // ErrUnstorableOutput is wrapped (with outbox.ErrInvalidMessage, which says why) when the
 // handler returns a message the outbox can never store: an empty or over-long UUID, a topic
-// the outbox's ValidateTopic refuses, a UUID or metadata that is not valid UTF-8 text. Such errors are permanent: every retry would return the same message.
+// the outbox's ValidateTopic refuses, a UUID or metadata that is not valid UTF-8 text. Such errors
+// are permanent: every retry would return the same message.
 var ErrUnstorableOutput = errors.New("once: handler output cannot be stored")

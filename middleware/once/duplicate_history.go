@@ -16,19 +16,19 @@ import (
 // middleware writes the number of duplicates per consumer and minute to duplicates_per_minute
 // (migration 015): what the admin page charts, from any process. Duplicates are rare, and in a
 // storm they come in thousands a second, so they are added up in memory and written at most
-// once per DuplicateFlushDelay, by one statement for every consumer and minute pending, outside
+// once per duplicateFlushDelay, by one statement for every consumer and minute pending, outside
 // the message path. The record is best-effort history: a write that fails is logged and its
 // counts are lost (Counters and the metrics still have them), and so are the counts of the last
-// DuplicateFlushDelay when the process exits without Close. Rows older than
-// DuplicateHistoryKeep are deleted by the same statement, by the clock that stamped them
+// duplicateFlushDelay when the process exits without Close. Rows older than
+// duplicateHistoryKeep are deleted by the same statement, by the clock that stamped them
 // (Config.Now), not the database's: a minute and its cut are read on one clock.
 
-// DuplicateFlushDelay is how long duplicates are added up in memory before they are written.
-const DuplicateFlushDelay = time.Second
+// duplicateFlushDelay is how long duplicates are added up in memory before they are written.
+const duplicateFlushDelay = time.Second
 
-// DuplicateHistoryKeep is how long duplicates_per_minute keeps a minute (the admin page's
+// duplicateHistoryKeep is how long duplicates_per_minute keeps a minute (the admin page's
 // longest window is a day).
-const DuplicateHistoryKeep = 48 * time.Hour
+const duplicateHistoryKeep = 48 * time.Hour
 
 type duplicateMinute struct {
 	consumer string
@@ -76,7 +76,7 @@ func (h *duplicateHistory) duplicate(consumer string, mismatch bool) {
 	h.pending[k] = c
 	if !h.scheduled {
 		h.scheduled = true
-		time.AfterFunc(DuplicateFlushDelay, func() { _ = h.flush(context.Background()) })
+		time.AfterFunc(duplicateFlushDelay, func() { _ = h.flush(context.Background()) })
 	}
 }
 
@@ -105,7 +105,7 @@ func (h *duplicateHistory) flush(ctx context.Context) error {
 INSERT INTO `+table+` AS t (consumer, minute, duplicates, mismatches)
 SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::bigint[], $4::bigint[])
 ON CONFLICT (consumer, minute) DO UPDATE SET duplicates = t.duplicates + EXCLUDED.duplicates, mismatches = t.mismatches + EXCLUDED.mismatches`,
-		consumers, minutes, dups, mismatches, h.now().Add(-DuplicateHistoryKeep))
+		consumers, minutes, dups, mismatches, h.now().Add(-duplicateHistoryKeep))
 	if err != nil {
 		h.mu.Lock()
 		first := !h.failedOnce
@@ -120,32 +120,6 @@ ON CONFLICT (consumer, minute) DO UPDATE SET duplicates = t.duplicates + EXCLUDE
 		return fmt.Errorf("once: record duplicates per minute: %w", err)
 	}
 	return nil
-}
-
-// DuplicateHistory returns, for each consumer (or only consumer, when not empty) that skipped
-// duplicates between start and start + n*width, the number it skipped in each of the n buckets
-// of width, from duplicates_per_minute (recorded by every process's middleware, see
-// DuplicateFlushDelay; a bucket narrower than a minute gets the whole minute). It only reads.
-// A schema without the table is an error for which pgtx.IsUndefinedTable is true.
-func DuplicateHistory(ctx context.Context, db *sql.DB, schema, consumer string, start time.Time, width time.Duration, n int) (map[string][]int64, error) {
-	if db == nil {
-		return nil, fmt.Errorf("once: duplicate history: db is nil")
-	}
-	if err := pgtx.ValidateIdentifier("schema", schema); err != nil {
-		return nil, fmt.Errorf("once: duplicate history: %w", err)
-	}
-	if width <= 0 || n < 1 {
-		return nil, fmt.Errorf("once: duplicate history: width must be positive and n at least 1, got %s and %d", width, n)
-	}
-	rows, err := db.QueryContext(ctx, `SELECT consumer, floor(extract(epoch FROM minute - $1::timestamptz) / $3)::int AS b, sum(duplicates)::bigint
-FROM `+pgtx.QualifiedName(schema, "duplicates_per_minute")+`
-WHERE minute >= $1 AND minute < $2 AND ($4 = '' OR consumer = $4) GROUP BY 1, 2`,
-		start, start.Add(time.Duration(n)*width), width.Seconds(), consumer)
-	if err != nil {
-		return nil, fmt.Errorf("once: duplicate history: %w", err)
-	}
-	out, err := readBuckets(rows, n)
-	return out, wrapErr("duplicate history", err)
 }
 
 // close writes what is pending when the middleware closes; a failure is logged (the record is

@@ -87,9 +87,9 @@ func New(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Middleware
 
 // Close stops group commit, answering messages still queued with an error (they are nacked and
 // redelivered), waits for the groups running, and writes the duplicates per minute not written
-// yet (see DuplicateFlushDelay). Call it after the router has closed. It is idempotent; without
-// it nothing leaks (a lane ends when nobody waits), and the admin page's duplicates charts miss
-// at most the last DuplicateFlushDelay of duplicates.
+// yet (written at most a second after they happen). Call it after the router has closed. It is
+// idempotent; without it nothing leaks (a lane ends when nobody waits), and the admin page's
+// duplicates charts miss at most the last second of duplicates.
 func (e *Middleware) Close() error {
 	if e.group != nil {
 		e.group.close()

@@ -1,4 +1,4 @@
-package once
+package claims
 
 import (
 	"context"
@@ -13,10 +13,13 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// The operations below are what retention, admin, metrics and the CLI do to the claim tables.
-// once owns processed_messages and processed_messages_daily: no other package holds SQL on
-// them. Each takes the schema the middleware was configured with ("" means
-// pgtx.DefaultSchema).
+// Package claims holds the operations on the middleware's claim tables, processed_messages and
+// processed_messages_daily, and on duplicates_per_minute, other than the middleware's own
+// claims: what retention, admin and the CLI read and delete. With middleware/once it owns these
+// tables: no other package holds SQL on them. Each operation takes the schema the middleware
+// was configured with ("" means pgtx.DefaultSchema). Errors keep the "once:" prefix: these are
+// the middleware's tables, and the exported ones (once.PruneClaims, once.MaintainDays) return
+// them.
 
 func claimTables(op string, db *sql.DB, schema *string) (plain, daily string, err error) {
 	if db == nil {
@@ -31,18 +34,6 @@ func claimTables(op string, db *sql.DB, schema *string) (plain, daily string, er
 	return pgtx.QualifiedName(*schema, "processed_messages"), pgtx.QualifiedName(*schema, partition.Parent), nil
 }
 
-// checkClaimPrune is how both claim prunes start: the tables' names, then the request checked
-// and its cutoff (pgtx.CheckPrune).
-func checkClaimPrune(ctx context.Context, op string, db *sql.DB, schema string, req pgtx.PruneRequest, scope pgtx.PruneScope) (plain, daily string, _ pgtx.PruneRequest, before time.Time, err error) {
-	if plain, daily, err = claimTables(op, db, &schema); err != nil {
-		return "", "", req, before, err
-	}
-	if _, req, before, err = pgtx.CheckPrune(ctx, db, schema, req, scope); err != nil {
-		return "", "", req, before, fmt.Errorf("once: %s: %w", op, err)
-	}
-	return plain, daily, req, before, nil
-}
-
 // hasDaily reports whether schema has processed_messages_daily: a schema older than migration
 // 004 has none, and all its claims are in processed_messages.
 func hasDaily(ctx context.Context, db *sql.DB, daily string) (bool, error) {
@@ -52,8 +43,9 @@ func hasDaily(ctx context.Context, db *sql.DB, daily string) (bool, error) {
 }
 
 // ClaimConsumers lists, in name order, the consumers with claims in processed_messages,
-// one index probe per consumer (pgtx.DistinctConsumers), not a scan of the table. Consumers whose claims are all in
-// processed_messages_daily are not listed: that table is pruned by whole days (MaintainDays).
+// one index probe per consumer (pgtx.DistinctConsumers), not a scan of the table. Consumers whose
+// claims are all in processed_messages_daily are not listed: that table is pruned by whole days
+// (MaintainDays).
 func ClaimConsumers(ctx context.Context, db *sql.DB, schema string) ([]string, error) {
 	pm, _, err := claimTables("claim consumers", db, &schema)
 	if err != nil {
@@ -66,53 +58,43 @@ func ClaimConsumers(ctx context.Context, db *sql.DB, schema string) ([]string, e
 	return out, nil
 }
 
-// PruneClaims deletes the claims of req.Consumer (required) in processed_messages applied
-// (processed_at) before req's cutoff (Before, or Keep ago by the database clock), in batches of
-// at most req.BatchSize rows (one short transaction each),
-// and returns how many it deleted, also when it stops on an error or a cancelled ctx.
-//
-// A deleted claim no longer deduplicates: a copy of its message arriving later is applied
-// again unless the age guard (Config.MaxMessageAge) refuses it. Keep claims for longer than
-// any redelivery can come.
-func PruneClaims(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error) {
-	pm, _, req, before, err := checkClaimPrune(ctx, "prune claims", db, schema, req, pgtx.PerConsumer)
+// Prune deletes claims in batches: once.PruneClaims, or once.PruneDailyClaims with daily.
+func Prune(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest, daily bool) (int64, error) {
+	op, scope := "prune claims", pgtx.PerConsumer
+	if daily {
+		op, scope = "prune daily claims", pgtx.AnyConsumer
+	}
+	plainTable, dailyTable, err := claimTables(op, db, &schema)
 	if err != nil {
 		return 0, err
 	}
-	consumer, batchSize := req.Consumer, req.BatchSize
+	_, req, before, err := pgtx.CheckPrune(ctx, db, schema, req, scope)
+	if err != nil {
+		return 0, fmt.Errorf("once: %s: %w", op, err)
+	}
 	// ctid = ANY(ARRAY(...)) makes a TID scan: the batch is located once through the
 	// (consumer, processed_at) index and deleted by physical address.
-	n, err := pgtx.DeleteInBatches(ctx, db, batchSize, `DELETE FROM `+pm+` WHERE ctid = ANY(ARRAY(
-    SELECT ctid FROM `+pm+` WHERE consumer = $1 AND processed_at < $2 LIMIT $3))`, consumer, before)
-	if err != nil {
-		return n, fmt.Errorf("once: prune claims of %q: %w", consumer, err)
+	query := `DELETE FROM ` + plainTable + ` WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM ` + plainTable + ` WHERE consumer = $1 AND processed_at < $2 LIMIT $3))`
+	if daily {
+		if ok, err := hasDaily(ctx, db, dailyTable); err != nil || !ok {
+			return 0, wrapErr(op, err)
+		}
+		// The table is partitioned: ctid is not unique across partitions, so rows are
+		// addressed by their primary key.
+		query = `DELETE FROM ` + dailyTable + ` WHERE (consumer, message_id, occurred_on) IN (
+    SELECT consumer, message_id, occurred_on FROM ` + dailyTable + ` WHERE ($1 = '' OR consumer = $1) AND processed_at < $2 LIMIT $3)`
 	}
-	return n, nil
-}
-
-// PruneDailyClaims deletes row by row the claims in processed_messages_daily of req.Consumer
-// ("": every consumer) applied before req's cutoff, in batches like PruneClaims. It is for
-// operators purging by hand; routine retention drops whole days (MaintainDays), which costs
-// no row deletes. A schema without the table (older than migration 004) has nothing to delete.
-func PruneDailyClaims(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error) {
-	_, daily, req, before, err := checkClaimPrune(ctx, "prune daily claims", db, schema, req, pgtx.AnyConsumer)
-	if err != nil {
-		return 0, err
+	n, err := pgtx.DeleteInBatches(ctx, db, req.BatchSize, query, req.Consumer, before)
+	if err != nil && !daily {
+		return n, fmt.Errorf("once: prune claims of %q: %w", req.Consumer, err)
 	}
-	consumer, batchSize := req.Consumer, req.BatchSize
-	if ok, err := hasDaily(ctx, db, daily); err != nil || !ok {
-		return 0, wrapErr("prune daily claims", err)
-	}
-	// The table is partitioned: ctid is not unique across partitions, so rows are addressed
-	// by their primary key.
-	n, err := pgtx.DeleteInBatches(ctx, db, batchSize, `DELETE FROM `+daily+` WHERE (consumer, message_id, occurred_on) IN (
-    SELECT consumer, message_id, occurred_on FROM `+daily+` WHERE ($1 = '' OR consumer = $1) AND processed_at < $2 LIMIT $3)`, consumer, before)
-	return n, wrapErr("prune daily claims", err)
+	return n, wrapErr(op, err)
 }
 
 // CountClaims counts the claims of consumer ("": every consumer) applied before the given
-// time, in processed_messages and processed_messages_daily: what PruneClaims and
-// PruneDailyClaims would delete. It only reads.
+// time, in processed_messages and processed_messages_daily: what once.PruneClaims and
+// once.PruneDailyClaims would delete. It only reads.
 func CountClaims(ctx context.Context, db *sql.DB, schema, consumer string, before time.Time) (int64, error) {
 	pm, daily, err := claimTables("count claims", db, &schema)
 	if err != nil {
@@ -132,79 +114,6 @@ func CountClaims(ctx context.Context, db *sql.DB, schema, consumer string, befor
 		return n, fmt.Errorf("once: count claims: %w", err)
 	}
 	return n + d, nil
-}
-
-// DaysReport says what MaintainDays changed in processed_messages_daily.
-type DaysReport struct {
-	// Dropped are the days whose partition was dropped, oldest first.
-	Dropped []time.Time
-	// Created counts the days whose partition was created ahead.
-	Created int
-}
-
-// dropLockKey serialises the drops of concurrent MaintainDays calls on one schema.
-func dropLockKey(schema string) int64 { return worker.LockKey("retention-drop", schema) }
-
-// MaintainDays keeps the day partitions of processed_messages_daily (Config.PartitionByDay):
-// it drops every day that ended before dropBefore's day, then, unless ahead is negative,
-// creates the partitions from today's day through ahead days later, so that claims never wait
-// for a partition to be created. It does nothing while the table has no partition (the table
-// is not in use). The report counts what was done before an error too.
-//
-// Guarantee and limit: a day goes as a whole, with every consumer's claims of that day (the
-// table is shared), so pass the cut-off of the consumer that keeps claims longest. DETACH
-// CONCURRENTLY keeps claims flowing meanwhile; concurrent calls on one schema are serialised
-// by an advisory lock held around the drops.
-func MaintainDays(ctx context.Context, db *sql.DB, schema string, dropBefore, today time.Time, ahead int) (DaysReport, error) {
-	var rep DaysReport
-	if _, _, err := claimTables("maintain days", db, &schema); err != nil {
-		return rep, err
-	}
-	days, err := partition.List(ctx, db, schema)
-	if err != nil {
-		return rep, fmt.Errorf("once: maintain days: %w", err)
-	}
-	if len(days) == 0 {
-		return rep, nil
-	}
-	// DETACH ... CONCURRENTLY cannot run in a transaction, so the lock is a session-level one
-	// on a connection of its own.
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		return rep, fmt.Errorf("once: maintain days: %w", err)
-	}
-	defer conn.Close()
-	key := dropLockKey(schema)
-	if _, err := conn.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, key); err != nil {
-		return rep, fmt.Errorf("once: maintain days: lock: %w", err)
-	}
-	defer func() {
-		unlockCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		defer cancel()
-		_, _ = conn.ExecContext(unlockCtx, `SELECT pg_advisory_unlock($1)`, key)
-	}()
-	rep.Dropped, err = partition.DropBefore(ctx, db, schema, dropBefore)
-	if err != nil {
-		return rep, fmt.Errorf("once: maintain days: %w", err)
-	}
-	if ahead < 0 {
-		return rep, nil
-	}
-	first := partition.Day(today)
-	last := first.AddDate(0, 0, ahead)
-	if err := partition.Ensure(ctx, db, schema, first, last); err != nil {
-		return rep, fmt.Errorf("once: maintain days: %w", err)
-	}
-	have := map[time.Time]bool{}
-	for _, d := range days {
-		have[d] = true
-	}
-	for d := first; !d.After(last); d = d.AddDate(0, 0, 1) {
-		if !have[d] {
-			rep.Created++
-		}
-	}
-	return rep, nil
 }
 
 // ClaimStats are one consumer's claims in the database.
@@ -253,12 +162,8 @@ func Stats(ctx context.Context, db *sql.DB, schema string) (map[string]ClaimStat
 // ClaimHistory counts the claims of each consumer (or only of consumer, when not "") per
 // bucket of width from start, over n buckets, by processed_at: the time of the transaction
 // that applied the message. It reads processed_messages and, when the schema has it,
-// processed_messages_daily. Claims deleted by retention are not counted.
-//
-// Cost: without a consumer it scans the claim tables (no index leads with processed_at); with
-// one, processed_messages is read through its (consumer, processed_at) index, while
-// processed_messages_daily, partitioned by the day the event occurred (an old event can be
-// applied today), is still scanned.
+// processed_messages_daily. Claims deleted by retention are not counted. Without a consumer it
+// scans the claim tables; with one, only processed_messages_daily.
 func ClaimHistory(ctx context.Context, db *sql.DB, schema, consumer string, start time.Time, width time.Duration, n int) (map[string][]int64, error) {
 	pm, daily, err := claimTables("claim history", db, &schema)
 	if err != nil {
@@ -365,4 +270,103 @@ func LookupClaim(ctx context.Context, db *sql.DB, schema, consumer, key string) 
 		return Claim{}, false, fmt.Errorf("once: lookup claim: %w", err)
 	}
 	return c, true, nil
+}
+
+// DuplicateHistory returns, for each consumer (or only consumer, when not empty) that skipped
+// duplicates between start and start + n*width, the number it skipped in each of the n buckets
+// of width, from duplicates_per_minute (recorded by every process's middleware, within a
+// second; a bucket narrower than a minute gets the whole minute). It only reads.
+// A schema without the table is an error for which pgtx.IsUndefinedTable is true.
+func DuplicateHistory(ctx context.Context, db *sql.DB, schema, consumer string, start time.Time, width time.Duration, n int) (map[string][]int64, error) {
+	if db == nil {
+		return nil, fmt.Errorf("once: duplicate history: db is nil")
+	}
+	if err := pgtx.ValidateIdentifier("schema", schema); err != nil {
+		return nil, fmt.Errorf("once: duplicate history: %w", err)
+	}
+	if width <= 0 || n < 1 {
+		return nil, fmt.Errorf("once: duplicate history: width must be positive and n at least 1, got %s and %d", width, n)
+	}
+	rows, err := db.QueryContext(ctx, `SELECT consumer, floor(extract(epoch FROM minute - $1::timestamptz) / $3)::int AS b, sum(duplicates)::bigint
+FROM `+pgtx.QualifiedName(schema, "duplicates_per_minute")+`
+WHERE minute >= $1 AND minute < $2 AND ($4 = '' OR consumer = $4) GROUP BY 1, 2`,
+		start, start.Add(time.Duration(n)*width), width.Seconds(), consumer)
+	if err != nil {
+		return nil, fmt.Errorf("once: duplicate history: %w", err)
+	}
+	out, err := readBuckets(rows, n)
+	return out, wrapErr("duplicate history", err)
+}
+
+// DaysReport says what MaintainDays changed in processed_messages_daily.
+type DaysReport struct {
+	// Dropped are the days whose partition was dropped, oldest first.
+	Dropped []time.Time
+	// Created counts the days whose partition was created ahead.
+	Created int
+}
+
+// dropLockKey serialises the drops of concurrent MaintainDays calls on one schema.
+func dropLockKey(schema string) int64 { return worker.LockKey("retention-drop", schema) }
+
+// MaintainDays keeps the day partitions of processed_messages_daily (Config.PartitionByDay):
+// it drops every day that ended before dropBefore's day, then, unless ahead is negative,
+// creates the partitions from today's day through ahead days later, so that claims never wait
+// for a partition to be created. It does nothing while the table has no partition (the table
+// is not in use). The report counts what was done before an error too.
+//
+// Guarantee and limit: a day goes as a whole, with every consumer's claims of that day (the
+// table is shared), so pass the cut-off of the consumer that keeps claims longest. DETACH
+// CONCURRENTLY keeps claims flowing meanwhile; concurrent calls on one schema are serialised
+// by an advisory lock held around the drops.
+func MaintainDays(ctx context.Context, db *sql.DB, schema string, dropBefore, today time.Time, ahead int) (DaysReport, error) {
+	var rep DaysReport
+	if _, _, err := claimTables("maintain days", db, &schema); err != nil {
+		return rep, err
+	}
+	days, err := partition.List(ctx, db, schema)
+	if err != nil {
+		return rep, fmt.Errorf("once: maintain days: %w", err)
+	}
+	if len(days) == 0 {
+		return rep, nil
+	}
+	// DETACH ... CONCURRENTLY cannot run in a transaction, so the lock is a session-level one
+	// on a connection of its own.
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("once: maintain days: %w", err)
+	}
+	defer conn.Close()
+	key := dropLockKey(schema)
+	if _, err := conn.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, key); err != nil {
+		return rep, fmt.Errorf("once: maintain days: lock: %w", err)
+	}
+	defer func() {
+		unlockCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_, _ = conn.ExecContext(unlockCtx, `SELECT pg_advisory_unlock($1)`, key)
+	}()
+	rep.Dropped, err = partition.DropBefore(ctx, db, schema, dropBefore)
+	if err != nil {
+		return rep, fmt.Errorf("once: maintain days: %w", err)
+	}
+	if ahead < 0 {
+		return rep, nil
+	}
+	first := partition.Day(today)
+	last := first.AddDate(0, 0, ahead)
+	if err := partition.Ensure(ctx, db, schema, first, last); err != nil {
+		return rep, fmt.Errorf("once: maintain days: %w", err)
+	}
+	have := map[time.Time]bool{}
+	for _, d := range days {
+		have[d] = true
+	}
+	for d := first; !d.After(last); d = d.AddDate(0, 0, 1) {
+		if !have[d] {
+			rep.Created++
+		}
+	}
+	return rep, nil
 }
