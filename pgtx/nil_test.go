@@ -12,10 +12,10 @@ import (
 	"github.com/wmonce/watermill-once/effects/intent"
 	"github.com/wmonce/watermill-once/effects/versioned"
 	"github.com/wmonce/watermill-once/inbox"
-	"github.com/wmonce/watermill-once/internal/claims"
 	"github.com/wmonce/watermill-once/internal/operate"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/middleware/httpidem"
+	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/ops/retention"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -70,13 +70,13 @@ func TestExecutorTakingFunctionsRefuseNil(t *testing.T) {
 	_, err = versions.ApplyState(ctx, tx, entity, 1, func(context.Context) error { return nil })
 	require.ErrorIs(t, err, pgtx.ErrNoTransaction)
 
-	_, _, err = claims.LookupClaim(ctx, nil, "wmonce", "c", "k")
+	_, _, err = once.LookupClaim(ctx, nil, "wmonce", "c", "k")
 	require.ErrorContains(t, err, "db is nil")
 	_, err = outbox.ForgetRelay(ctx, nil, "wmonce", "r")
 	require.ErrorContains(t, err, "db is nil")
 	_, err = outbox.Prune(ctx, nil, "wmonce", pgtx.PruneRequest{Keep: time.Hour, BatchSize: 1})
 	require.ErrorContains(t, err, "db is nil")
-	_, err = claims.Stats(ctx, nil, "wmonce")
+	_, err = once.Stats(ctx, nil, "wmonce")
 	require.ErrorContains(t, err, "db is nil")
 	_, err = httpidem.Prune(ctx, nil, "wmonce", pgtx.PruneRequest{Keep: time.Hour, BatchSize: 1})
 	require.ErrorContains(t, err, "db is nil")

@@ -13,7 +13,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/wmonce/watermill-once/inbox"
-	"github.com/wmonce/watermill-once/internal/claims"
 	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/migrate"
 	"github.com/wmonce/watermill-once/outbox"
@@ -85,7 +84,7 @@ type ConsumerStats struct {
 }
 
 // ReadConsumers lists every consumer with claims in schema, with its claim count and newest
-// claim (claims.Stats), merged with the in-process counts of mws (consumers seen only there are listed too),
+// claim (once.Stats), merged with the in-process counts of mws (consumers seen only there are listed too),
 // ordered by name. The counts scan the claim tables: on tables of many millions of rows this
 // takes seconds, so callers bound it with a context deadline. A schema without
 // processed_messages is an error for which pgtx.IsUndefinedTable is true, not an empty list.
@@ -98,7 +97,7 @@ func ReadConsumers(ctx context.Context, db *sql.DB, schema string, mws []*once.M
 	}
 	// A schema without processed_messages is not migrated: the error is undefined_table (503
 	// in the API, a "migrate up" hint in the CLI), not an answer with no consumers.
-	stats, err := claims.Stats(ctx, db, schema)
+	stats, err := once.Stats(ctx, db, schema)
 	if err != nil {
 		return nil, fmt.Errorf("read consumers: %w", err)
 	}
@@ -352,7 +351,7 @@ type Processed struct {
 	Inbox *InboxRow `json:"inbox,omitempty"`
 }
 
-// ClaimRecord is a claims.Claim as JSON. OccurredOn is the claim's day partition: nil (null in
+// ClaimRecord is a once.Claim as JSON. OccurredOn is the claim's day partition: nil (null in
 // JSON) for a claim in processed_messages.
 type ClaimRecord struct {
 	ProcessedAt   time.Time  `json:"processed_at"`
@@ -360,12 +359,12 @@ type ClaimRecord struct {
 	OccurredOn    *time.Time `json:"occurred_on"`
 }
 
-// LookupProcessed looks key up in the middleware's claims (claims.LookupClaim) and in the
+// LookupProcessed looks key up in the middleware's claims (once.LookupClaim) and in the
 // inbox of consumer. Neither found means the message was never applied, or its records were
 // deleted by retention.
 func LookupProcessed(ctx context.Context, db *sql.DB, schema, consumer, key string) (Processed, error) {
 	p := Processed{Consumer: consumer, Key: key}
-	claim, found, err := claims.LookupClaim(ctx, db, schema, consumer, key)
+	claim, found, err := once.LookupClaim(ctx, db, schema, consumer, key)
 	if err != nil {
 		return p, err
 	}

@@ -9,9 +9,32 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// The retention operations on the claim tables, for a service that runs its own scheduler
-// instead of ops/retention's janitor; the SQL is in internal/claims, which with this package
-// owns the tables.
+// The operations on the claim tables a user calls: look a claim up, read the claims per
+// consumer, and the retention operations for a service that runs its own scheduler instead of
+// ops/retention's janitor. The SQL is in internal/claims, which with this package owns the
+// tables.
+
+// Claim is the dedupe record of one applied message.
+type Claim = claims.Claim
+
+// LookupClaim answers "was message key processed by consumer, and when?" from the claims in
+// schema ("" means pgtx.DefaultSchema), in both the plain and the day-partitioned table.
+// found=false means no claim exists: the message was never applied, or its claim was deleted
+// by retention.
+func LookupClaim(ctx context.Context, db *sql.DB, schema, consumer, key string) (c Claim, found bool, err error) {
+	return claims.LookupClaim(ctx, db, schema, consumer, key)
+}
+
+// ClaimStats are one consumer's claims in the database.
+type ClaimStats = claims.ClaimStats
+
+// Stats returns ClaimStats for every consumer with claims in schema. It scans the claim
+// tables: on tables of many millions of rows this takes seconds, so bound ctx with a deadline.
+// A schema without processed_messages (not migrated) is an error for which
+// pgtx.IsUndefinedTable is true, not an empty map.
+func Stats(ctx context.Context, db *sql.DB, schema string) (map[string]ClaimStats, error) {
+	return claims.Stats(ctx, db, schema)
+}
 
 // PruneClaims deletes the claims of req.Consumer (required) in processed_messages applied
 // (processed_at) before req's cutoff (Before, or Keep ago by the database clock), in batches of
