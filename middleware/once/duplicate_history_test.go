@@ -93,7 +93,7 @@ func TestDuplicatesArePersistedPerMinute(t *testing.T) {
 		require.NoError(t, mw.Close())
 	}
 	flushAt(start.Add(duplicateHistoryKeep - time.Minute))
-	require.Equal(t, 4, pgtest.Count(t, db, `SELECT count(*) FROM `+table), "nothing is older than DuplicateHistoryKeep by the middleware's clock")
+	require.Equal(t, 4, pgtest.Count(t, db, `SELECT count(*) FROM `+table), "nothing is older than two days by the middleware's clock")
 	flushAt(start.Add(duplicateHistoryKeep + 3*time.Minute))
 	var left []time.Time
 	require.NoError(t, pgtx.QueryEach(ctx, db, func(row pgtx.Scanner) error {
