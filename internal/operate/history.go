@@ -32,7 +32,7 @@ type SamplingStatus struct {
 }
 
 // ConsumerSeries is one consumer's claims and duplicates per bucket, both from the database
-// (once.ClaimHistory, once.DuplicateHistory: every process's). Duplicates is never null; the
+// (claims.ClaimHistory, claims.DuplicateHistory: every process's). Duplicates is never null; the
 // type is kept from when it was sampled.
 type ConsumerSeries struct {
 	Consumer   string   `json:"consumer"`

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/wmonce/watermill-once/internal/claims"
 	"github.com/wmonce/watermill-once/internal/partition"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/middleware/once"
@@ -43,21 +44,21 @@ func TestPruneAndCountClaims(t *testing.T) {
 	ctx := context.Background()
 	cutoff := old.Add(time.Hour)
 
-	consumers, err := once.ClaimConsumers(ctx, db, schema)
+	consumers, err := claims.ClaimConsumers(ctx, db, schema)
 	require.NoError(t, err)
 	require.Equal(t, []string{"a", "b"}, consumers)
 
-	n, err := once.CountClaims(ctx, db, schema, "a", cutoff)
+	n, err := claims.CountClaims(ctx, db, schema, "a", cutoff)
 	require.NoError(t, err)
 	require.Equal(t, int64(5+3), n, "both tables")
-	n, err = once.CountClaims(ctx, db, schema, "", cutoff)
+	n, err = claims.CountClaims(ctx, db, schema, "", cutoff)
 	require.NoError(t, err)
 	require.Equal(t, int64(5+2+3), n)
 
 	n, err = once.PruneClaims(ctx, db, schema, pgtx.PruneRequest{Consumer: "a", Before: cutoff, BatchSize: 2})
 	require.NoError(t, err)
 	require.Equal(t, int64(5), n, "over three batches, the new claim kept")
-	n, err = once.CountClaims(ctx, db, schema, "", cutoff)
+	n, err = claims.CountClaims(ctx, db, schema, "", cutoff)
 	require.NoError(t, err)
 	require.Equal(t, int64(2+3), n, "b's claims and the daily table untouched")
 	require.Equal(t, 3, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "processed_messages")))
@@ -71,9 +72,9 @@ func TestPruneAndCountClaims(t *testing.T) {
 	require.ErrorContains(t, err, "Consumer is required")
 	_, err = once.PruneClaims(ctx, db, schema, pgtx.PruneRequest{Consumer: "a", Before: cutoff, BatchSize: -1})
 	require.ErrorContains(t, err, "BatchSize must be positive")
-	_, err = once.ClaimConsumers(ctx, db, `bad"schema`)
+	_, err = claims.ClaimConsumers(ctx, db, `bad"schema`)
 	require.Error(t, err)
-	_, err = once.ClaimConsumers(ctx, db, "no_such_schema_here")
+	_, err = claims.ClaimConsumers(ctx, db, "no_such_schema_here")
 	require.True(t, pgtx.IsUndefinedTable(err), "%v", err)
 }
 
@@ -82,7 +83,7 @@ func TestClaimStatsAndHistory(t *testing.T) {
 	db, schema, old := claimsFixture(t)
 	ctx := context.Background()
 
-	stats, err := once.Stats(ctx, db, schema)
+	stats, err := claims.Stats(ctx, db, schema)
 	require.NoError(t, err)
 	require.Len(t, stats, 2)
 	require.Equal(t, int64(6+3), stats["a"].Claims)
@@ -92,17 +93,17 @@ func TestClaimStatsAndHistory(t *testing.T) {
 
 	// Buckets of one day starting 3 days ago: the old claims fall in bucket 1, the new in 3.
 	start := old.Add(-24 * time.Hour)
-	hist, err := once.ClaimHistory(ctx, db, schema, "", start, 24*time.Hour, 4)
+	hist, err := claims.ClaimHistory(ctx, db, schema, "", start, 24*time.Hour, 4)
 	require.NoError(t, err)
 	require.Equal(t, []int64{0, 5 + 3, 0, 1}, hist["a"])
 	require.Equal(t, []int64{0, 2, 0, 1}, hist["b"])
-	hist, err = once.ClaimHistory(ctx, db, schema, "b", start, 24*time.Hour, 4)
+	hist, err = claims.ClaimHistory(ctx, db, schema, "b", start, 24*time.Hour, 4)
 	require.NoError(t, err)
 	require.Len(t, hist, 1)
-	_, err = once.ClaimHistory(ctx, db, schema, "", start, 0, 4)
+	_, err = claims.ClaimHistory(ctx, db, schema, "", start, 0, 4)
 	require.ErrorContains(t, err, "width must be positive")
 
-	_, err = once.Stats(ctx, db, "no_such_schema_here")
+	_, err = claims.Stats(ctx, db, "no_such_schema_here")
 	require.True(t, pgtx.IsUndefinedTable(err), "not migrated is an error, not an empty map: %v", err)
 }
 

@@ -9,12 +9,11 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"go.opentelemetry.io/otel/trace"
-
 	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Config configures the effectively-once middleware.
@@ -41,7 +40,8 @@ type Config struct {
 	// into a permanent error (parked by the Stack) instead of an acked, reported duplicate.
 	RejectFingerprintMismatch bool
 
-	// Outbox stores the messages the handler returns. Default: a Writer on Schema with OutboxSource.
+	// Outbox stores the messages the handler returns. Default: a Writer on Schema with
+	// OutboxSource.
 	Outbox *outbox.Writer
 	// OutboxSource is the default Outbox's outbox.Config.Source: the service whose relay forwards
 	// these messages when services share one schema (see outbox, Sources). Set it, or pass the
@@ -52,25 +52,18 @@ type Config struct {
 	// (AddConsumerHandler). When both are set, OutputTopic wins.
 	OutputTopic string
 
-	// TxOptions for the transaction the middleware opens. Default: isolation DefaultIsolation
-	// (REPEATABLE READ). Handlers run concurrently (Kafka: one per partition; RabbitMQ:
-	// AMQPConfig.Workers per subscription; times the consumer instances of the group), and under
-	// READ COMMITTED a handler that reads a row and writes back a value computed from it (read a
-	// counter, add one, write it) silently loses the updates of handlers that commit in between.
-	// Under REPEATABLE READ such a write fails with a serialization failure instead, and TxRetry
-	// runs the whole transaction again on a fresh snapshot, so every update counts. REPEATABLE READ
-	// does not stop write skew (two handlers each deciding on rows the other writes): use
-	// SERIALIZABLE, or SELECT ... FOR UPDATE, for that. The claim itself needs no more than READ
-	// COMMITTED (under REPEATABLE READ, a copy whose twin commits while it waits on the key costs
-	// one retry): set it for handlers whose writes do not depend on what they read, to skip the
-	// retries on contended rows. Not used for messages handled in watermill-sql's subscriber
-	// transaction, which its PostgreSQL schemas begin at REPEATABLE READ.
-	// ReadOnly, or a level PostgreSQL does not have, is refused at construction
-	// (pgtx.CheckTxOptions).
+	// TxOptions for the transaction the middleware opens. Default: isolation REPEATABLE READ,
+	// under which a handler that reads a row and writes back a value computed from it loses no
+	// update of a concurrent handler: the write fails with a serialization failure and TxRetry
+	// runs the whole transaction again. It does not stop write skew (use SERIALIZABLE or SELECT
+	// ... FOR UPDATE). Handlers whose writes do not depend on what they read may set READ
+	// COMMITTED to skip retries on contended rows (docs/middleware.md, What a handler runs
+	// under). Not used in watermill-sql's subscriber transaction. ReadOnly, or a level PostgreSQL
+	// does not have, is refused at construction (pgtx.CheckTxOptions).
 	TxOptions *sql.TxOptions
 	// TxRetry bounds re-running the whole transaction (claim, handler, outbox) after a
 	// serialization failure or deadlock; the handler runs again each time, so effects outside
-	// the database would repeat. Default DefaultTxRetryAttempts attempts, with RetryPolicy's
+	// the database would repeat. Default 10 attempts, with RetryPolicy's
 	// jittered backoff from 5ms: enough for eight handlers updating one row at once. When
 	// they are spent the error goes to the Stack's Retry and then nacks the message, which
 	// the broker redelivers.
@@ -118,16 +111,10 @@ type Config struct {
 	// ShutdownGrace is how long a handler already running may go on after the router closes
 	// (Router.Close cancels every message context at once). Within it the transaction commits
 	// normally; after it the transaction is cancelled and rolled back, and the message is
-	// redelivered later. A negative value aborts at once. Default DefaultShutdownGrace (5s); keep it below the router's
-	// CloseTimeout. A deadline set by an outer Timeout middleware is always honoured at once.
-	//
-	// It has no effect on messages handled in watermill-sql's subscriber transaction (the
-	// default for messages from that subscriber): the subscriber begins that transaction with
-	// its subscription context, which Router.Close cancels, and database/sql rolls a
-	// transaction back as soon as its context is cancelled. The running attempt is then rolled
-	// back whatever the grace (nothing of it commits, not even the offset) and the message is
-	// redelivered when the consumer runs again. Set DisableSubscriberTxReuse to let such
-	// handlers finish within the grace in a transaction of their own.
+	// redelivered later. A negative value aborts at once. Default 5s; keep it below the router's
+	// CloseTimeout. A deadline set by an outer Timeout middleware is always honoured at once. It
+	// does not reach watermill-sql's subscriber transaction, which Router.Close rolls back at once
+	// whatever the grace; set DisableSubscriberTxReuse to let such handlers finish within it.
 	ShutdownGrace time.Duration
 
 	// TracerProvider traces every delivery: a consumer span per message, the child of the
@@ -145,25 +132,25 @@ type Config struct {
 
 // Defaults of Config.
 const (
-	// DefaultIsolation is the isolation level of Config.TxOptions when unset: REPEATABLE READ,
+	// defaultIsolation is the isolation level of Config.TxOptions when unset: REPEATABLE READ,
 	// under which a handler's read-modify-write loses no update (see Config.TxOptions).
-	DefaultIsolation = sql.LevelRepeatableRead
-	// DefaultTxRetryAttempts is Config.TxRetry.MaxAttempts when unset. With eight handlers
+	defaultIsolation = sql.LevelRepeatableRead
+	// defaultTxRetryAttempts is Config.TxRetry.MaxAttempts when unset. With eight handlers
 	// updating one row under REPEATABLE READ, three attempts left about 5% of the messages to
 	// the Stack's Retry (BenchmarkIsolationInterleaved); ten left none.
-	DefaultTxRetryAttempts = 10
-	// DefaultShutdownGrace is Config.ShutdownGrace when unset.
-	DefaultShutdownGrace = 5 * time.Second
+	defaultTxRetryAttempts = 10
+	// defaultShutdownGrace is Config.ShutdownGrace when unset.
+	defaultShutdownGrace = 5 * time.Second
 )
 
 func (c *Config) setDefaults() {
 	c.Schema = cmp.Or(c.Schema, pgtx.DefaultSchema)
 	wmonce.SetKeyDefaults(&c.Key, &c.MaxKeyLength)
 	if c.TxOptions == nil {
-		c.TxOptions = &sql.TxOptions{Isolation: DefaultIsolation}
+		c.TxOptions = &sql.TxOptions{Isolation: defaultIsolation}
 	}
-	c.TxRetry.MaxAttempts = cmp.Or(c.TxRetry.MaxAttempts, DefaultTxRetryAttempts)
-	c.ShutdownGrace = cmp.Or(c.ShutdownGrace, DefaultShutdownGrace)
+	c.TxRetry.MaxAttempts = cmp.Or(c.TxRetry.MaxAttempts, defaultTxRetryAttempts)
+	c.ShutdownGrace = cmp.Or(c.ShutdownGrace, defaultShutdownGrace)
 	if !c.GroupCommit.Disabled {
 		c.GroupCommit.setDefaults()
 	}
@@ -195,3 +182,62 @@ func (c Config) Validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// GroupCommitConfig configures group commit, which is on by default: messages that find every
+// one of Workers transactions busy wait, and the next transaction to free up claims them with one
+// statement, runs their handlers one after another and commits them together; then each is
+// acked. A message that finds a transaction free runs at once in one of its own, so with up to
+// Workers messages in flight it costs nothing. A grouped handler may run again because a
+// neighbour failed (the group is rolled back and runs again without it), so it must touch only
+// the database, through the transaction, and be short; a handler that cannot sets Disabled. See
+// the package doc (Group commit) and docs/middleware.md; measured figures are in
+// docs/performance.md.
+type GroupCommitConfig struct {
+	// Disabled turns group commit off: every message runs in a transaction of its own, one
+	// commit per message, as with one message in flight.
+	Disabled bool
+	// TxBatchSize caps the messages of one transaction. Default 100, at most 10,000.
+	TxBatchSize int
+	// Workers is how many transactions (lanes) run at once, each holding one connection; beyond
+	// that, messages are grouped. Default 2: fewer lanes make bigger
+	// groups (fewer commits); more help when handlers are slow.
+	Workers int
+	// Linger makes every message wait for company before its group runs, even when a lane is
+	// free. Default 0: a message runs at once when a lane is free, and a group is whatever arrived
+	// while every lane was busy, so a lone message is never delayed.
+	Linger time.Duration
+}
+
+// Defaults and limits of GroupCommitConfig.
+const (
+	defaultGroupCommitTxBatchSize = 100
+	defaultGroupCommitWorkers     = 2
+	maxGroupCommitTxBatchSize     = 10000
+)
+
+func (c *GroupCommitConfig) setDefaults() {
+	c.TxBatchSize = cmp.Or(c.TxBatchSize, defaultGroupCommitTxBatchSize)
+	c.Workers = cmp.Or(c.Workers, defaultGroupCommitWorkers)
+}
+
+func (c GroupCommitConfig) validate() error {
+	if c.Disabled {
+		return nil
+	}
+	return errors.Join(
+		setup.Between("GroupCommit.TxBatchSize", c.TxBatchSize, 1, maxGroupCommitTxBatchSize),
+		setup.AtLeast("GroupCommit.Workers", c.Workers, 1),
+		setup.NotNegative("GroupCommit.Linger", c.Linger),
+	)
+}
+
+// ErrNoConsumer is returned for a message whose consumer name cannot be determined: no
+// Config.Consumer and no handler name in the message context (the middleware runs outside a
+// router handler).
+var ErrNoConsumer = errors.New("once: no consumer name: set Config.Consumer, or run the middleware inside a Watermill router handler")
+
+// ErrUnstorableOutput is wrapped (with outbox.ErrInvalidMessage, which says why) when the
+// handler returns a message the outbox can never store: an empty or over-long UUID, a topic
+// the outbox's ValidateTopic refuses, a UUID or metadata that is not valid UTF-8 text. Such errors
+// are permanent: every retry would return the same message.
+var ErrUnstorableOutput = errors.New("once: handler output cannot be stored")

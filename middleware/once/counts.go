@@ -1,9 +1,5 @@
 package once
 
-import (
-	"sync/atomic"
-)
-
 // Counters are running totals since the middleware was created.
 type Counters struct {
 	// Fresh counts messages applied and committed. On watermill-sql's subscriber path it counts
@@ -51,39 +47,6 @@ func (c Counters) add(o Counters) Counters {
 type CounterKey struct {
 	Consumer string
 	Sender   string
-}
-
-type counters struct {
-	fresh, duplicates, mismatches, failed, txRetries, refused, tooOld, endedTx, handlerAcked atomic.Uint64
-}
-
-// maxSenders bounds the sender label per consumer: metadata is producer-controlled, and an
-// unbounded label would let a producer grow memory and metrics without limit.
-const maxSenders = 100
-
-const overflowSender = "_other"
-
-func (e *Middleware) countersFor(consumer, sender string) *counters {
-	k := CounterKey{consumer, sender}
-	if c, ok := e.counts.Load(k); ok {
-		return c.(*counters)
-	}
-	if sender != "" && e.senders(consumer) >= maxSenders {
-		k.Sender = overflowSender
-	}
-	c, _ := e.counts.LoadOrStore(k, &counters{})
-	return c.(*counters)
-}
-
-func (e *Middleware) senders(consumer string) int {
-	n := 0
-	e.counts.Range(func(k, _ any) bool {
-		if k.(CounterKey).Consumer == consumer {
-			n++
-		}
-		return n < maxSenders
-	})
-	return n
 }
 
 // MiddlewareCounters is a snapshot of every count a Middleware keeps in memory since it was

@@ -16,19 +16,19 @@ import (
 // middleware writes the number of duplicates per consumer and minute to duplicates_per_minute
 // (migration 015): what the admin page charts, from any process. Duplicates are rare, and in a
 // storm they come in thousands a second, so they are added up in memory and written at most
-// once per DuplicateFlushDelay, by one statement for every consumer and minute pending, outside
+// once per duplicateFlushDelay, by one statement for every consumer and minute pending, outside
 // the message path. The record is best-effort history: a write that fails is logged and its
 // counts are lost (Counters and the metrics still have them), and so are the counts of the last
-// DuplicateFlushDelay when the process exits without Close. Rows older than
-// DuplicateHistoryKeep are deleted by the same statement, by the clock that stamped them
+// duplicateFlushDelay when the process exits without Close. Rows older than
+// duplicateHistoryKeep are deleted by the same statement, by the clock that stamped them
 // (Config.Now), not the database's: a minute and its cut are read on one clock.
 
-// DuplicateFlushDelay is how long duplicates are added up in memory before they are written.
-const DuplicateFlushDelay = time.Second
+// duplicateFlushDelay is how long duplicates are added up in memory before they are written.
+const duplicateFlushDelay = time.Second
 
-// DuplicateHistoryKeep is how long duplicates_per_minute keeps a minute (the admin page's
+// duplicateHistoryKeep is how long duplicates_per_minute keeps a minute (the admin page's
 // longest window is a day).
-const DuplicateHistoryKeep = 48 * time.Hour
+const duplicateHistoryKeep = 48 * time.Hour
 
 type duplicateMinute struct {
 	consumer string
@@ -37,19 +37,32 @@ type duplicateMinute struct {
 
 type duplicateCount struct{ duplicates, mismatches int64 }
 
-// duplicateHistory holds the counts not written yet.
+// duplicateObserver is told of every duplicate the middleware skips, once, and closed with
+// the middleware: the one hook through which operators' features (the admin page's charts)
+// follow deliveries, so that the delivery path does only the guarantee's work.
+type duplicateObserver interface {
+	duplicate(consumer string, mismatch bool)
+	close()
+}
+
+// duplicateHistory is the duplicateObserver that writes duplicates_per_minute; it holds the
+// counts not written yet.
 type duplicateHistory struct {
+	db     *sql.DB
+	schema string
+	now    func() time.Time
+	logger watermill.LoggerAdapter
+
 	mu         sync.Mutex
 	pending    map[duplicateMinute]duplicateCount
 	scheduled  bool
 	failedOnce bool // a failed write was logged at error level; later ones at debug
 }
 
-// recordDuplicate adds one skipped copy of consumer (mismatch: its payload differed) to the
-// minute it was skipped in, and schedules a write.
-func (e *Middleware) recordDuplicate(consumer string, mismatch bool) {
-	h := &e.dupHistory
-	k := duplicateMinute{consumer: consumer, minute: e.config.Now().UTC().Truncate(time.Minute)}
+// duplicate adds one skipped copy of consumer (mismatch: its payload differed) to the minute
+// it was skipped in, and schedules a write.
+func (h *duplicateHistory) duplicate(consumer string, mismatch bool) {
+	k := duplicateMinute{consumer: consumer, minute: h.now().UTC().Truncate(time.Minute)}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.pending == nil {
@@ -63,14 +76,13 @@ func (e *Middleware) recordDuplicate(consumer string, mismatch bool) {
 	h.pending[k] = c
 	if !h.scheduled {
 		h.scheduled = true
-		time.AfterFunc(DuplicateFlushDelay, func() { _ = e.flushDuplicates(context.Background()) })
+		time.AfterFunc(duplicateFlushDelay, func() { _ = h.flush(context.Background()) })
 	}
 }
 
-// flushDuplicates writes the pending counts in one statement. It returns the write's error,
-// which it also logs.
-func (e *Middleware) flushDuplicates(ctx context.Context) error {
-	h := &e.dupHistory
+// flush writes the pending counts in one statement. It returns the write's error, which it
+// also logs.
+func (h *duplicateHistory) flush(ctx context.Context) error {
 	h.mu.Lock()
 	batch := h.pending
 	h.pending, h.scheduled = nil, false
@@ -86,14 +98,14 @@ func (e *Middleware) flushDuplicates(ctx context.Context) error {
 		consumers, minutes = append(consumers, k.consumer), append(minutes, k.minute)
 		dups, mismatches = append(dups, c.duplicates), append(mismatches, c.mismatches)
 	}
-	table := pgtx.QualifiedName(e.config.Schema, "duplicates_per_minute")
+	table := pgtx.QualifiedName(h.schema, "duplicates_per_minute")
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	_, err := e.db.ExecContext(ctx, `WITH old AS (DELETE FROM `+table+` WHERE minute < $5::timestamptz)
+	_, err := h.db.ExecContext(ctx, `WITH old AS (DELETE FROM `+table+` WHERE minute < $5::timestamptz)
 INSERT INTO `+table+` AS t (consumer, minute, duplicates, mismatches)
 SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::bigint[], $4::bigint[])
 ON CONFLICT (consumer, minute) DO UPDATE SET duplicates = t.duplicates + EXCLUDED.duplicates, mismatches = t.mismatches + EXCLUDED.mismatches`,
-		consumers, minutes, dups, mismatches, e.config.Now().Add(-DuplicateHistoryKeep))
+		consumers, minutes, dups, mismatches, h.now().Add(-duplicateHistoryKeep))
 	if err != nil {
 		h.mu.Lock()
 		first := !h.failedOnce
@@ -101,41 +113,15 @@ ON CONFLICT (consumer, minute) DO UPDATE SET duplicates = t.duplicates + EXCLUDE
 		h.mu.Unlock()
 		fields := watermill.LogFields{"consumers": len(batch), "table": table}
 		if first {
-			e.logger.Error("Duplicates per minute not recorded (the admin page's duplicates chart misses them; later failures are logged at debug level)", err, fields)
+			h.logger.Error("Duplicates per minute not recorded (the admin page's duplicates chart misses them; later failures are logged at debug level)", err, fields)
 		} else {
-			e.logger.Debug("Duplicates per minute not recorded: "+err.Error(), fields)
+			h.logger.Debug("Duplicates per minute not recorded: "+err.Error(), fields)
 		}
 		return fmt.Errorf("once: record duplicates per minute: %w", err)
 	}
 	return nil
 }
 
-// DuplicateHistory returns, for each consumer (or only consumer, when not empty) that skipped
-// duplicates between start and start + n*width, the number it skipped in each of the n buckets
-// of width, from duplicates_per_minute (recorded by every process's middleware, see
-// DuplicateFlushDelay; a bucket narrower than a minute gets the whole minute). It only reads.
-// A schema without the table is an error for which pgtx.IsUndefinedTable is true.
-func DuplicateHistory(ctx context.Context, db *sql.DB, schema, consumer string, start time.Time, width time.Duration, n int) (map[string][]int64, error) {
-	if db == nil {
-		return nil, fmt.Errorf("once: duplicate history: db is nil")
-	}
-	if err := pgtx.ValidateIdentifier("schema", schema); err != nil {
-		return nil, fmt.Errorf("once: duplicate history: %w", err)
-	}
-	if width <= 0 || n < 1 {
-		return nil, fmt.Errorf("once: duplicate history: width must be positive and n at least 1, got %s and %d", width, n)
-	}
-	rows, err := db.QueryContext(ctx, `SELECT consumer, floor(extract(epoch FROM minute - $1::timestamptz) / $3)::int AS b, sum(duplicates)::bigint
-FROM `+pgtx.QualifiedName(schema, "duplicates_per_minute")+`
-WHERE minute >= $1 AND minute < $2 AND ($4 = '' OR consumer = $4) GROUP BY 1, 2`,
-		start, start.Add(time.Duration(n)*width), width.Seconds(), consumer)
-	if err != nil {
-		return nil, fmt.Errorf("once: duplicate history: %w", err)
-	}
-	out, err := readBuckets(rows, n)
-	return out, wrapErr("duplicate history", err)
-}
-
-// flushDuplicatesAtClose writes what is pending when the middleware closes; a failure is
-// logged (the record is best-effort).
-func (e *Middleware) flushDuplicatesAtClose() { _ = e.flushDuplicates(context.Background()) }
+// close writes what is pending when the middleware closes; a failure is logged (the record is
+// best-effort).
+func (h *duplicateHistory) close() { _ = h.flush(context.Background()) }

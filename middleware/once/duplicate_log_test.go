@@ -15,7 +15,7 @@ import (
 )
 
 // A redelivery storm is counted, not logged line by line at info: the first duplicate of a
-// quiet spell, then one summary per DuplicateLogInterval with how many were skipped.
+// quiet spell, then one summary a minute with how many were skipped.
 func TestDuplicatesAreSummarisedAtInfo(t *testing.T) {
 	t.Parallel()
 	db := pgtest.DB(t)
@@ -51,7 +51,7 @@ func TestDuplicatesAreSummarisedAtInfo(t *testing.T) {
 	require.Equal(t, 200, debug, "each one at debug level")
 
 	mu.Lock()
-	now = now.Add(once.DuplicateLogInterval)
+	now = now.Add(time.Minute)
 	mu.Unlock()
 	require.NoError(t, deliver(h, "e-1", "p"))
 	require.Equal(t, 2, infoLines())

@@ -2,15 +2,17 @@ package once
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-
 	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/groupcommit"
+	"github.com/wmonce/watermill-once/internal/partition"
 	"github.com/wmonce/watermill-once/internal/testsignal"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -67,24 +69,6 @@ func newGroupCommitter(e *Middleware, config GroupCommitConfig) *groupCommitter 
 func (g *groupCommitter) close() { g.lanes.Close() }
 
 var errClosed = errors.New("once: middleware closed")
-
-// submit runs a delivery. With a lane free and nobody waiting (Linger 0), it runs at once in
-// the caller's goroutine in a transaction of its own, exactly as without group commit: a lone
-// message pays nothing for it. Otherwise it waits, and the next lane to free up takes everything
-// waiting (up to TxBatchSize) as one group. A delivery still waiting when its shutdown grace is
-// over, or its deadline passes, gives up; one that a lane has taken waits for its group's
-// outcome, since the group may hold its claim.
-func (g *groupCommitter) submit(origCtx context.Context, h message.HandlerFunc, d *delivery) error {
-	if g.lanes.Alone() {
-		defer g.lanes.Release()
-		d.tracedPath(pathOwnTx)
-		return g.e.runInOwnTx(origCtx, h, d)
-	}
-	d.tracedPath(pathGroupCommit)
-	ctx, release := detachForShutdown(origCtx, g.e.config.ShutdownGrace)
-	defer release()
-	return g.lanes.Wait(ctx, member{d: d, h: h})
-}
 
 // run commits a group, isolating failed messages: a failure rolls the transaction back, the
 // failed message is answered alone and the rest run again.
@@ -188,26 +172,8 @@ func (g *groupCommitter) attempt(pending []*queued) ([]*queued, error) {
 	for _, q := range dups {
 		g.settle(q, nil) // applied and committed by an earlier transaction (unless already refused)
 	}
-	for _, q := range fresh {
-		// A failed message's claim must not commit: settle it and start over without it.
-		if err := e.checkAge(q.Item.d); err != nil {
-			return g.isolate(fresh, q, err), nil
-		}
-	}
-	for _, q := range fresh {
-		d := q.Item.d
-		d.sharedTx = true
-		if err := e.apply(q.Context(), q.Item.h, d, tx); err != nil {
-			if pgtx.IsRetryableTx(err) && !wmonce.IsPermanent(err) {
-				// The transaction lost a race (serialization failure, deadlock) in a handler: run
-				// it again whole, this message included, as TxRetry promises on every path.
-				return fresh, err
-			}
-			// Its own failure, or it ended the transaction (Commit or Rollback, refused by the
-			// attempt guard, so nothing of the group committed): either way the others
-			// run again without it.
-			return g.isolate(fresh, q, err), nil
-		}
+	if next, isolated, err := g.applyAll(tx, fresh); isolated || err != nil {
+		return next, err
 	}
 	if err := e.guard.Close(ctx, tx); err != nil {
 		return fresh, err
@@ -229,6 +195,148 @@ func (g *groupCommitter) attempt(pending []*queued) ([]*queued, error) {
 		g.settle(q, nil)
 	}
 	return nil, nil
+}
+
+// applyAll runs the handlers of fresh in tx, one after another. A delivery that fails on its
+// own (its age, its handler) is isolated: isolated is true and next holds the others, to run
+// again without it. A transaction that lost a race returns err, for the group to run again.
+func (g *groupCommitter) applyAll(tx *sql.Tx, fresh []*queued) (next []*queued, isolated bool, _ error) {
+	for _, q := range fresh {
+		// A failed message's claim must not commit: settle it and start over without it.
+		if err := g.e.checkAge(q.Item.d); err != nil {
+			return g.isolate(fresh, q, err), true, nil
+		}
+	}
+	for _, q := range fresh {
+		d := q.Item.d
+		d.sharedTx = true
+		if err := g.e.apply(q.Context(), q.Item.h, d, tx); err != nil {
+			if pgtx.IsRetryableTx(err) && !wmonce.IsPermanent(err) {
+				// The transaction lost a race (serialization failure, deadlock) in a handler: run
+				// it again whole, this message included, as TxRetry promises on every path.
+				return fresh, false, err
+			}
+			// Its own failure, or it ended the transaction (Commit or Rollback, refused by the
+			// attempt guard, so nothing of the group committed): either way the others
+			// run again without it.
+			return g.isolate(fresh, q, err), true, nil
+		}
+	}
+	return nil, false, nil
+}
+
+// claimAll inserts every key with one statement and splits the group into fresh claims and
+// duplicates (checking the duplicates' fingerprints with one more statement).
+func (g *groupCommitter) claimAll(ctx context.Context, tx *sql.Tx, pending []*queued) (fresh, dups []*queued, err error) {
+	e := g.e
+	consumers := make([]string, len(pending))
+	keys := make([]string, len(pending))
+	prints := make([][]byte, len(pending))
+	days := make([]time.Time, len(pending))
+	for i, q := range pending {
+		consumers[i], keys[i], prints[i] = q.Item.d.consumer, q.Item.d.key, q.Item.d.fingerprint
+		days[i] = partition.Day(q.Item.d.occurredAt)
+	}
+	args := []any{consumers, keys, prints}
+	if e.q.daily {
+		args = append(args, days)
+	}
+	rows, err := tx.QueryContext(ctx, e.q.claimMany, args...)
+	if err != nil {
+		if e.q.daily && pgtx.SQLState(err) == pgtx.CodeCheckViolation {
+			return nil, nil, &missingPartitionError{days: distinct(days), err: err}
+		}
+		return nil, nil, fmt.Errorf("once: claim group: %w", err)
+	}
+	claimed, err := scanClaimed(rows, len(pending))
+	if err != nil {
+		return nil, nil, fmt.Errorf("once: claim group: %w", err)
+	}
+	for _, q := range pending {
+		if claimed[[2]string{q.Item.d.consumer, q.Item.d.key}] {
+			q.Item.d.claimed()
+			fresh = append(fresh, q)
+		} else {
+			q.Item.d.countDuplicate()
+			dups = append(dups, q)
+		}
+	}
+	if len(dups) > 0 {
+		g.checkFingerprints(ctx, tx, dups)
+	}
+	return fresh, dups, nil
+}
+
+// scanClaimed reads the (consumer, key) pairs the group's claim inserted and closes rows: the
+// transaction's next statement needs the connection.
+func scanClaimed(rows *sql.Rows, n int) (map[[2]string]bool, error) {
+	defer rows.Close()
+	claimed := make(map[[2]string]bool, n)
+	for rows.Next() {
+		var c, k string
+		if err := rows.Scan(&c, &k); err != nil {
+			return nil, err
+		}
+		claimed[[2]string{c, k}] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return claimed, rows.Close()
+}
+
+func distinct(days []time.Time) []time.Time {
+	seen := map[time.Time]bool{}
+	var out []time.Time
+	for _, d := range days {
+		if !seen[d] {
+			seen[d] = true
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// checkFingerprints reports duplicates whose payload differs from the applied copy's. With
+// RejectFingerprintMismatch the copy is answered with the permanent error right away.
+func (g *groupCommitter) checkFingerprints(ctx context.Context, tx *sql.Tx, dups []*queued) {
+	e := g.e
+	consumers := make([]string, len(dups))
+	keys := make([]string, len(dups))
+	for i, q := range dups {
+		consumers[i], keys[i] = q.Item.d.consumer, q.Item.d.key
+	}
+	rows, err := tx.QueryContext(ctx, e.q.lookupMany, consumers, keys)
+	if err != nil {
+		e.logger.Error("Could not read applied copies to compare fingerprints", err, nil)
+		return
+	}
+	defer rows.Close()
+	type applied struct {
+		fingerprint []byte
+		at          time.Time
+	}
+	stored := map[[2]string]applied{}
+	for rows.Next() {
+		var c, k string
+		var a applied
+		if err := rows.Scan(&c, &k, &a.fingerprint, &a.at); err != nil {
+			e.logger.Error("Could not read applied copies to compare fingerprints", err, nil)
+			return
+		}
+		stored[[2]string{c, k}] = a
+	}
+	if err := rows.Err(); err != nil {
+		e.logger.Error("Could not read applied copies to compare fingerprints", err, nil)
+		return
+	}
+	for _, q := range dups {
+		if a, ok := stored[[2]string{q.Item.d.consumer, q.Item.d.key}]; ok {
+			if err := e.reportDuplicate(q.Item.d, a.fingerprint, a.at); err != nil {
+				g.settle(q, err)
+			}
+		}
+	}
 }
 
 // isolate answers a delivery that failed on its own (its age, its handler) and returns the rest

@@ -229,7 +229,7 @@ func TestGroupCommitIsTheDefault(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, once.Config{Consumer: "c", GroupCommit: gc})
-			const busy, waiting = once.DefaultGroupCommitWorkers, 3
+			const busy, waiting = 2, 3 // GroupCommitConfig.Workers defaults to 2
 			entered, release := make(chan string, busy+waiting), make(chan struct{})
 			h := e.mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 				entered <- msg.UUID

@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/sha256"
 	"database/sql"
+	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -13,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/kithook"
 	"github.com/wmonce/watermill-once/internal/lend"
 	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/internal/tracing"
@@ -36,12 +39,12 @@ type Middleware struct {
 	// its check is the server's guard, which the claim opened there (attempt_begin).
 	subStep lend.Step
 	group   *groupCommitter
-	ended   endedSubscriberTxs // subscriber transactions that a handler ended (see subscriber_ended.go)
+	ended   endedSubscriberTxs // subscriber transactions that a handler ended (see subscriber_tx.go)
 
 	counts  sync.Map // CounterKey -> *counters
 	dupLogs sync.Map // consumer -> *duplicateLog
 
-	dupHistory duplicateHistory // duplicates per minute not written yet (duplicate_history.go)
+	observer duplicateObserver // told of each duplicate: the admin charts' rows (duplicate_history.go)
 }
 
 // New validates config and prepares the middleware. db must reach PostgreSQL;
@@ -70,6 +73,8 @@ func New(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Middleware
 		logger: logger,
 		tracer: tracing.Tracer(config.TracerProvider),
 		guard:  txguard.For(config.Schema, db),
+
+		observer: &duplicateHistory{db: db, schema: config.Schema, now: config.Now, logger: logger},
 	}
 	e.q = newClaimQueries(config.Schema, config.PartitionByDay, e.guard.OnWire())
 	step := func(guard txguard.Guard) lend.Step {
@@ -87,39 +92,15 @@ func New(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Middleware
 
 // Close stops group commit, answering messages still queued with an error (they are nacked and
 // redelivered), waits for the groups running, and writes the duplicates per minute not written
-// yet (see DuplicateFlushDelay). Call it after the router has closed. It is idempotent; without
-// it nothing leaks (a lane ends when nobody waits), and the admin page's duplicates charts miss
-// at most the last DuplicateFlushDelay of duplicates.
+// yet (written at most a second after they happen). Call it after the router has closed. It is
+// idempotent; without it nothing leaks (a lane ends when nobody waits), and the admin page's
+// duplicates charts miss at most the last second of duplicates.
 func (e *Middleware) Close() error {
 	if e.group != nil {
 		e.group.close()
 	}
-	e.flushDuplicatesAtClose()
+	e.observer.close()
 	return nil
-}
-
-// delivery is what the middleware knows about one delivered message.
-type delivery struct {
-	msg         *message.Message
-	consumer    string
-	key         string
-	fingerprint []byte
-	outputTopic string
-	fields      watermill.LogFields
-	counters    *counters
-
-	occurredAt    time.Time
-	hasOccurredAt bool
-
-	// sharedTx: the transaction holds other messages' work too (a group, or watermill-sql's
-	// subscriber transaction), so whether the handler ended it is checked right after it.
-	sharedTx bool
-	// inSubscriberTx: the transaction is watermill-sql's subscriber's.
-	inSubscriberTx bool
-
-	copies []*queued // group commit: later copies of this key in the same group
-
-	span trace.Span // the delivery's consumer span (see tracing.go)
 }
 
 // Middleware wraps h. It returns no messages to the router: messages h returns are stored in
@@ -147,13 +128,85 @@ func (e *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		if tx, ok := pgtx.SubscriberTxFromContext(ctx); ok && !e.config.DisableSubscriberTxReuse {
 			d.sharedTx, d.inSubscriberTx = true, true
-			return nil, e.runInSubscriberTx(ctx, h, d, tx)
+			return nil, e.runInSubscriberTx(ctx, h, d, tx) // subscriber_tx.go
 		}
-		if e.group != nil {
-			return nil, e.group.submit(ctx, h, d)
-		}
-		return nil, e.runInOwnTx(ctx, h, d)
+		return nil, e.runOutsideSubscriberTx(ctx, h, d)
 	}
+}
+
+// runOutsideSubscriberTx runs a delivery in a transaction of its own or, with group commit, in
+// a group's (group_commit.go). With a lane free and nobody waiting (Linger 0), it runs at once
+// in the caller's goroutine in a transaction of its own, exactly as without group commit: a
+// lone message pays nothing for it. Otherwise it waits, and the next lane to free up takes
+// everything waiting (up to TxBatchSize) as one group. Either way its context survives
+// Router.Close for ShutdownGrace. A delivery still waiting when its shutdown grace is over, or
+// its deadline passes, gives up; one that a lane has taken waits for its group's outcome,
+// since the group may hold its claim.
+func (e *Middleware) runOutsideSubscriberTx(ctx context.Context, h message.HandlerFunc, d *delivery) error {
+	ctx, release := detachForShutdown(ctx, e.config.ShutdownGrace)
+	defer release()
+	if e.group == nil {
+		return e.runInOwnTx(ctx, h, d)
+	}
+	if !e.group.lanes.Alone() {
+		d.tracedPath(pathGroupCommit)
+		return e.group.lanes.Wait(ctx, member{d: d, h: h})
+	}
+	defer e.group.lanes.Release()
+	d.tracedPath(pathOwnTx)
+	return e.runInOwnTx(ctx, h, d)
+}
+
+// startSpan starts the consumer span of one delivery: a child of the trace context the
+// message carries (see internal/tracing.StartConsumer). It ends when the middleware returns.
+func (e *Middleware) startSpan(ctx context.Context, msg *message.Message) (context.Context, trace.Span) {
+	if _, ok := pgtx.SubscriberTxFromContext(ctx); ok && !e.config.DisableSubscriberTxReuse {
+		return tracing.StartConsumer(ctx, e.tracer, tracing.SpanOnce, msg, tracing.Path.String(pathSubscriberTx))
+	}
+	if e.group != nil {
+		// With group commit on, a delivery runs alone or in a group: the path is known only
+		// when the queue decides (runOutsideSubscriberTx, tracedPath).
+		return tracing.StartConsumer(ctx, e.tracer, tracing.SpanOnce, msg)
+	}
+	return tracing.StartConsumer(ctx, e.tracer, tracing.SpanOnce, msg, tracing.Path.String(pathOwnTx))
+}
+
+// The values of the wmonce.path attribute: which transaction a delivery ran in.
+const (
+	pathOwnTx        = "own_tx"        // one of its own
+	pathGroupCommit  = "group_commit"  // a group's, shared with the deliveries that waited with it
+	pathSubscriberTx = "subscriber_tx" // watermill-sql's subscriber transaction
+)
+
+// tracedPath records which transaction the delivery runs in, once group commit decided it.
+func (d *delivery) tracedPath(path string) {
+	if d.span != nil {
+		d.span.SetAttributes(tracing.Path.String(path))
+	}
+}
+
+// delivery is what the middleware knows about one delivered message.
+type delivery struct {
+	msg         *message.Message
+	consumer    string
+	key         string
+	fingerprint []byte
+	outputTopic string
+	fields      watermill.LogFields
+	counters    *counters
+
+	occurredAt    time.Time
+	hasOccurredAt bool
+
+	// sharedTx: the transaction holds other messages' work too (a group, or watermill-sql's
+	// subscriber transaction), so whether the handler ended it is checked right after it.
+	sharedTx bool
+	// inSubscriberTx: the transaction is watermill-sql's subscriber's.
+	inSubscriberTx bool
+
+	copies []*queued // group commit: later copies of this key in the same group
+
+	span trace.Span // the delivery's consumer span (startSpan)
 }
 
 func (e *Middleware) newDelivery(msg *message.Message) (*delivery, error) {
@@ -222,3 +275,151 @@ func (e *Middleware) newDelivery(msg *message.Message) (*delivery, error) {
 }
 
 func (e *Middleware) checkKey(key string) error { return setup.CheckKey(key, e.config.MaxKeyLength) }
+
+func (e *Middleware) countersFor(consumer, sender string) *counters {
+	k := CounterKey{consumer, sender}
+	if c, ok := e.counts.Load(k); ok {
+		return c.(*counters)
+	}
+	if sender != "" && e.senders(consumer) >= maxSenders {
+		k.Sender = overflowSender
+	}
+	c, _ := e.counts.LoadOrStore(k, &counters{})
+	return c.(*counters)
+}
+
+func (e *Middleware) senders(consumer string) int {
+	n := 0
+	e.counts.Range(func(k, _ any) bool {
+		if k.(CounterKey).Consumer == consumer {
+			n++
+		}
+		return n < maxSenders
+	})
+	return n
+}
+
+type counters struct {
+	fresh, duplicates, mismatches, failed, txRetries, refused, tooOld, endedTx, handlerAcked atomic.Uint64
+}
+
+// maxSenders bounds the sender label per consumer: metadata is producer-controlled, and an
+// unbounded label would let a producer grow memory and metrics without limit.
+const maxSenders = 100
+
+const overflowSender = "_other"
+
+// traced records the delivery's consumer and key on its span.
+func (d *delivery) traced(span trace.Span) {
+	d.span = span
+	span.SetAttributes(tracing.Consumer.String(d.consumer), tracing.DedupeKey.String(d.key))
+}
+
+var errShutdownGrace = errors.New("once: router closed and ShutdownGrace elapsed")
+
+// detachForShutdown returns a context that survives the cancellation Router.Close sends to
+// every in-flight message for grace, so a handler that is nearly done can commit instead of
+// being rolled back and redone. Deadlines (an outer Timeout middleware) apply at once.
+func detachForShutdown(orig context.Context, grace time.Duration) (context.Context, func()) {
+	if grace < 0 {
+		return orig, func() {}
+	}
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(orig))
+	if deadline, ok := orig.Deadline(); ok {
+		var cancelDeadline context.CancelFunc
+		ctx, cancelDeadline = context.WithDeadline(ctx, deadline)
+		prev := cancel
+		// The parent first, so ctx inherits the cause: cancelling the deadline child first
+		// would end it with a bare context.Canceled, and a message whose own deadline passed
+		// would not report DeadlineExceeded.
+		cancel = func(cause error) { prev(cause); cancelDeadline() }
+	}
+	var timer atomic.Pointer[time.Timer]
+	stop := context.AfterFunc(orig, func() {
+		if errors.Is(orig.Err(), context.DeadlineExceeded) {
+			cancel(context.Cause(orig))
+			return
+		}
+		timer.Store(time.AfterFunc(grace, func() { cancel(errShutdownGrace) }))
+	})
+	return ctx, func() {
+		stop()
+		if t := timer.Load(); t != nil {
+			t.Stop()
+		}
+		cancel(nil)
+	}
+}
+
+// runInOwnTx is the normal path: one transaction of our own per attempt; ctx is detached
+// from Router.Close for ShutdownGrace (runOutsideSubscriberTx).
+func (e *Middleware) runInOwnTx(ctx context.Context, h message.HandlerFunc, d *delivery) error {
+	var last error
+	return pgtx.Retry(ctx, e.config.TxRetry, func(ctx context.Context, attempt int) error {
+		if attempt > 1 {
+			d.counters.txRetries.Add(1)
+			e.logger.Debug("Transaction lost a race, running it again", d.fields.Add(watermill.LogFields{"attempt": attempt - 1, "sqlstate": pgtx.SQLState(last)}))
+		}
+		last = e.attemptOwnTx(ctx, h, d)
+		if e.ensurePartition(ctx, last) {
+			last = e.attemptOwnTx(ctx, h, d) // the missing day partition exists now
+		}
+		return last
+	})
+}
+
+func (e *Middleware) attemptOwnTx(ctx context.Context, h message.HandlerFunc, d *delivery) (err error) {
+	tx, err := e.db.BeginTx(ctx, e.config.TxOptions)
+	if err != nil {
+		return fmt.Errorf("once: begin: %w", err)
+	}
+	done := false
+	defer func() {
+		if !done {
+			_ = tx.Rollback()
+		}
+	}()
+
+	// The claim opens the attempt guard (internal/txguard): from here until Close, a COMMIT
+	// the handler sends is refused by the server. The guard on the wire opens on its own, at
+	// no cost: the connection answers it.
+	if e.guard.OnWire() {
+		if err := e.guard.Open(ctx, tx); err != nil {
+			return fmt.Errorf("once: %w", err)
+		}
+	}
+	fresh, err := e.claim(ctx, tx, d)
+	if err != nil || !fresh {
+		return err // a duplicate wrote nothing; the deferred rollback ends the transaction
+	}
+	if err := e.apply(ctx, h, d, tx); err != nil {
+		return err
+	}
+	if err := e.guard.Close(ctx, tx); err != nil {
+		if isEnded(err) {
+			return e.handlerEndedTx(d, err)
+		}
+		return err
+	}
+	done = true
+	err = tx.Commit()
+	d.committed(err)
+	if err != nil {
+		// The outcome of a failed COMMIT can be unknown (connection lost). Nack either way: if it
+		// did commit, the redelivery finds the key and is acked without effect.
+		d.counters.failed.Add(1)
+		return fmt.Errorf("once: commit: %w", err)
+	}
+	d.counters.fresh.Add(1)
+	return nil
+}
+
+func init() {
+	kithook.GroupCommitQueued = func(mw any) int {
+		e := mw.(*Middleware)
+		if e.group == nil {
+			return 0
+		}
+		return e.group.lanes.Queued()
+	}
+}

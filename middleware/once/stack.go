@@ -25,24 +25,17 @@ type StackConfig struct {
 	Timeout time.Duration
 
 	// Retry re-runs a failed delivery, each attempt in a new transaction. Unset fields default to
-	// DefaultRetryMaxRetries (3), DefaultRetryInitialInterval (100ms), DefaultRetryMultiplier (2),
-	// DefaultRetryMaxInterval (5s) and the Stack's Logger; ResetContextOnRetry is always on (a
-	// failed PostgreSQL transaction cannot be reused), and permanent errors are never retried.
+	// MaxRetries 3, InitialInterval 100ms, Multiplier 2, MaxInterval 5s and the Stack's Logger;
+	// ResetContextOnRetry is always on (a failed PostgreSQL transaction cannot be reused), and
+	// permanent errors are never retried.
 	Retry wmiddleware.Retry
 
-	// PoisonPublisher and PoisonTopic park messages for which ShouldPark is true: the message
-	// is published there (with Watermill's reason_poisoned, topic_poisoned, handler_poisoned
-	// and subscriber_poisoned metadata) and acked, so it stops blocking its partition or queue.
-	// PoisonPublisher defaults to the Middleware's own outbox (outbox.Writer.ParkingPublisher on
-	// the Middleware's database), committed before the ack, from where the relay forwards it;
-	// PoisonTopic defaults to DefaultPoisonTopic. Any message is parkable: one that the outbox
-	// or a broker cannot carry as it is (no UUID, a UUID or metadata that is not valid UTF-8
-	// text, a metadata key a broker refuses such as _watermill_message_uuid) is made parkable
-	// first, whatever the publisher (outbox.Parkable; outbox.RecoverParked restores the original).
-	// The Writer's Publisher and DBPublisher are refused (outbox.ErrNotParking): the first
-	// needs the handler's transaction, rolled back by then, so nothing would ever be parked; the
-	// second stores the parked copy as a message the consumer produced (stamped, its delay
-	// metadata checked and refused if unreadable) rather than as it came.
+	// PoisonPublisher and PoisonTopic park messages for which ShouldPark is true: the message is
+	// published there (with Watermill's *_poisoned metadata) and acked, so it stops blocking its
+	// partition or queue. Defaults: the Middleware's own outbox (outbox.Writer.ParkingPublisher,
+	// committed before the ack) and DefaultPoisonTopic. Any message is made parkable first
+	// (outbox.Parkable). The Writer's Publisher and DBPublisher are refused (outbox.ErrNotParking):
+	// neither can park every message (docs/middleware.md, Parking).
 	PoisonPublisher message.Publisher
 	PoisonTopic     string
 	// DisableParking turns the poison queue off: every error, permanent ones included, nacks
@@ -111,20 +104,20 @@ func Stack(config StackConfig) ([]message.HandlerMiddleware, error) {
 
 // Defaults of StackConfig.Retry.
 const (
-	DefaultRetryMaxRetries      = 3
-	DefaultRetryInitialInterval = 100 * time.Millisecond
-	DefaultRetryMultiplier      = 2
-	DefaultRetryMaxInterval     = 5 * time.Second
+	defaultRetryMaxRetries      = 3
+	defaultRetryInitialInterval = 100 * time.Millisecond
+	defaultRetryMultiplier      = 2
+	defaultRetryMaxInterval     = 5 * time.Second
 )
 
 // stackRetry is the Stack's Retry: config.Retry with its defaults, a new transaction per
 // attempt, and never a retry of a permanent error.
 func stackRetry(config StackConfig) wmiddleware.Retry {
 	retry := config.Retry
-	retry.MaxRetries = cmp.Or(retry.MaxRetries, DefaultRetryMaxRetries)
-	retry.InitialInterval = cmp.Or(retry.InitialInterval, DefaultRetryInitialInterval)
-	retry.Multiplier = cmp.Or(retry.Multiplier, DefaultRetryMultiplier)
-	retry.MaxInterval = cmp.Or(retry.MaxInterval, DefaultRetryMaxInterval)
+	retry.MaxRetries = cmp.Or(retry.MaxRetries, defaultRetryMaxRetries)
+	retry.InitialInterval = cmp.Or(retry.InitialInterval, defaultRetryInitialInterval)
+	retry.Multiplier = cmp.Or(retry.Multiplier, defaultRetryMultiplier)
+	retry.MaxInterval = cmp.Or(retry.MaxInterval, defaultRetryMaxInterval)
 	if retry.Logger == nil {
 		retry.Logger = config.Logger
 	}

@@ -70,7 +70,7 @@
 //   - duplicates: copies an effectively-once middleware skipped because the key was claimed,
 //     in any process. A duplicate leaves no claim row (the claim is INSERT ... ON CONFLICT DO
 //     NOTHING), so each middleware adds its duplicates per consumer and minute to
-//     duplicates_per_minute (once.DuplicateHistory), at most once a second: the standalone
+//     duplicates_per_minute (internal/claims.DuplicateHistory), at most once a second: the standalone
 //     page (`wmonce admin`) charts them with no Config.Middlewares. Kept two days; the last
 //     second of a process that exits without Close is lost.
 //   - inbox pending, failed and oldest_pending_age_seconds (inbox.Ops.AllStats), relay backlog

@@ -10,11 +10,11 @@ import (
 // What the charts show, and where each series comes from:
 //
 //   - claims: rows in processed_messages and processed_messages_daily by processed_at, counted
-//     by the database for the whole window (once.ClaimHistory). Real history, from every
+//     by the database for the whole window (internal/claims.ClaimHistory). Real history, from every
 //     process, as long as retention keeps the rows.
 //   - duplicates: a duplicate leaves no claim row, so every process's middleware adds its
-//     duplicates per consumer and minute to duplicates_per_minute (once.DuplicateHistory).
-//     Real history from every process too, kept two days (once.DuplicateHistoryKeep).
+//     duplicates per consumer and minute to duplicates_per_minute (internal/claims.DuplicateHistory).
+//     Real history from every process too, kept two days.
 //   - inbox pending, failed, oldest pending age and relay backlog and lag: the database holds
 //     only their present value (outbox.Stats, inbox.Ops.AllStats), so the handler samples
 //     them; a bucket holds the largest sampled value. This process only, since sampling began:

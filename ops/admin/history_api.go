@@ -6,8 +6,8 @@ import (
 	"sort"
 	"time"
 
+	"github.com/wmonce/watermill-once/internal/claims"
 	"github.com/wmonce/watermill-once/internal/operate"
-	"github.com/wmonce/watermill-once/middleware/once"
 )
 
 // GET /api/history?window=hour|day[&consumer=C][&relay=R]
@@ -31,11 +31,11 @@ func (h *Handler) historyGet(ctx context.Context, r *http.Request) (any, error) 
 		InProcessCounters: len(h.config.Middlewares) > 0,
 		Consumers:         []operate.ConsumerSeries{}, Inbox: []operate.InboxSeries{}, Relays: []operate.RelaySeries{},
 	}
-	claims, err := once.ClaimHistory(ctx, h.db, h.config.Schema, consumer, out.Start, w.bucket, out.Buckets)
+	claimCounts, err := claims.ClaimHistory(ctx, h.db, h.config.Schema, consumer, out.Start, w.bucket, out.Buckets)
 	if err != nil {
 		return nil, err
 	}
-	dupCounts, err := once.DuplicateHistory(ctx, h.db, h.config.Schema, consumer, out.Start, w.bucket, out.Buckets)
+	dupCounts, err := claims.DuplicateHistory(ctx, h.db, h.config.Schema, consumer, out.Start, w.bucket, out.Buckets)
 	if err != nil {
 		return nil, err
 	}
@@ -51,7 +51,7 @@ func (h *Handler) historyGet(ctx context.Context, r *http.Request) (any, error) 
 		out.Sampling.IntervalSeconds = h.config.SampleInterval.Seconds()
 	}
 	b := bucketer{start: out.Start, width: w.bucket, n: out.Buckets}
-	out.Consumers = append(out.Consumers, consumerSeries(b, claims, dupCounts)...)
+	out.Consumers = append(out.Consumers, consumerSeries(b, claimCounts, dupCounts)...)
 	inboxes, relays := sampledSeries(b, ss, consumer, relay)
 	out.Inbox = append(out.Inbox, inboxes...)
 	out.Relays = append(out.Relays, relays...)
@@ -59,9 +59,9 @@ func (h *Handler) historyGet(ctx context.Context, r *http.Request) (any, error) 
 }
 
 // consumerSeries are the claims and duplicates of each consumer with any in the window.
-func consumerSeries(b bucketer, claims, dupCounts map[string][]int64) []operate.ConsumerSeries {
+func consumerSeries(b bucketer, claimCounts, dupCounts map[string][]int64) []operate.ConsumerSeries {
 	names := map[string]bool{}
-	for c := range claims {
+	for c := range claimCounts {
 		names[c] = true
 	}
 	for c := range dupCounts {
@@ -69,7 +69,7 @@ func consumerSeries(b bucketer, claims, dupCounts map[string][]int64) []operate.
 	}
 	var out []operate.ConsumerSeries
 	for _, c := range sortedKeys(names) {
-		cl := claims[c]
+		cl := claimCounts[c]
 		if cl == nil {
 			cl = make([]int64, b.n)
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/wmonce/watermill-once/effects/intent"
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/outboxops"
+	"github.com/wmonce/watermill-once/internal/claims"
 	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/internal/testsignal"
 	"github.com/wmonce/watermill-once/internal/worker"
@@ -295,7 +296,7 @@ func hint(err error) error {
 // The steps below call the owners' operations: retention holds no SQL on their tables.
 
 func (j *Janitor) deleteClaims(ctx context.Context, now time.Time, rep *Report) error {
-	consumers, err := once.ClaimConsumers(ctx, j.db, j.config.Schema)
+	consumers, err := claims.ClaimConsumers(ctx, j.db, j.config.Schema)
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/wmonce/watermill-once/internal/claims"
 	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -26,7 +27,7 @@ type PurgeRequest struct {
 // Purge deletes the claims of one consumer (or all) applied before req.Before, in
 // processed_messages and processed_messages_daily, in batches of short transactions, and
 // returns how many it deleted (with DryRun: how many it would delete). The deletes are the
-// claim owner's operations (once.PruneClaims, once.PruneDailyClaims, once.CountClaims).
+// claim owner's operations (once.PruneClaims, once.PruneDailyClaims; internal/claims for the counts).
 //
 // A purged claim no longer deduplicates: a copy of its message arriving later is applied again
 // unless the middleware's age guard refuses it. Purge is for operators (disk pressure, a
@@ -56,7 +57,7 @@ func Purge(ctx context.Context, db *sql.DB, schema string, req PurgeRequest) (in
 		return 0, fmt.Errorf("retention: purge: BatchSize must be between 1 and %d, got %d", MaxBatchSize, req.BatchSize)
 	}
 	if req.DryRun {
-		n, err := once.CountClaims(ctx, db, schema, req.Consumer, req.Before)
+		n, err := claims.CountClaims(ctx, db, schema, req.Consumer, req.Before)
 		if err != nil {
 			return n, fmt.Errorf("retention: purge: %w", hint(err))
 		}
@@ -65,7 +66,7 @@ func Purge(ctx context.Context, db *sql.DB, schema string, req PurgeRequest) (in
 	consumers := []string{req.Consumer}
 	if req.Consumer == "" {
 		var err error
-		if consumers, err = once.ClaimConsumers(ctx, db, schema); err != nil {
+		if consumers, err = claims.ClaimConsumers(ctx, db, schema); err != nil {
 			return 0, fmt.Errorf("retention: purge: %w", hint(err))
 		}
 	}
