@@ -13,8 +13,8 @@ import (
 
 	"github.com/wmonce/watermill-once/effects/intent"
 	"github.com/wmonce/watermill-once/inbox"
-	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/internal/claims"
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/internal/testsignal"
 	"github.com/wmonce/watermill-once/internal/worker"
