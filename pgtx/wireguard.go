@@ -78,131 +78,207 @@ func WireGuards(db *sql.DB) bool {
 	return ok
 }
 
-// endsTx reports whether sql, a simple query (one statement or a list), holds a statement that
-// ends the transaction: COMMIT, END, ABORT, ROLLBACK (not ROLLBACK TO a savepoint, nor ROLLBACK
-// PREPARED) or PREPARE TRANSACTION at the start of a statement. It
-// skips comments, string literals, quoted identifiers and dollar-quoted bodies; text it cannot
-// read to the end (an unterminated literal or comment) counts as ending the transaction, since
-// the guard must not let a COMMIT through on a misreading.
+// endsTx reports whether sql, a simple query (one statement or a list) or a Parse's one
+// statement, holds a statement that ends the transaction: COMMIT, END, ABORT, ROLLBACK (not
+// ROLLBACK TO a savepoint, nor ROLLBACK PREPARED) or PREPARE TRANSACTION. Only the words a
+// statement starts with count (after whitespace and comments), so the guard needs no more of
+// SQL than where statements start: literals, quoted identifiers, dollar-quoted bodies and
+// comments are skipped whole, since a ';' or a keyword in them starts nothing. Text it cannot
+// read to the end (an unterminated literal or comment) counts as ending the transaction: the
+// guard must not let a COMMIT through on a misreading.
 func endsTx(sql string) bool {
-	s := sql
-	atStart := true // at the start of a statement: the next word is its keyword
-	var first string
-	for i := 0; i < len(s); {
-		c := s[i]
-		switch {
-		case c == ';':
-			if first == "rollback" {
+	l := sqlLexer{s: sql}
+	var lead []string // the statement's first words, lower case, while nothing else came between
+	leading := true
+	for {
+		tok, text := l.next()
+		switch tok {
+		case tokEnd:
+			return endsStatement(lead)
+		case tokUnreadable:
+			return true
+		case tokSemicolon:
+			if endsStatement(lead) {
 				return true
 			}
-			atStart, first = true, ""
-			i++
-		case c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f':
-			i++
-		case c == '-' && i+1 < len(s) && s[i+1] == '-':
-			j := strings.IndexByte(s[i:], '\n')
-			if j < 0 {
-				return first == "rollback" // a comment to the end: nothing after it
+			lead, leading = lead[:0], true
+		case tokWord:
+			if leading && len(lead) < 3 {
+				lead = append(lead, strings.ToLower(text))
 			}
-			i += j + 1
-		case c == '/' && i+1 < len(s) && s[i+1] == '*':
-			depth, j := 1, i+2
-			for j < len(s) && depth > 0 {
-				switch {
-				case strings.HasPrefix(s[j:], "/*"):
-					depth, j = depth+1, j+2
-				case strings.HasPrefix(s[j:], "*/"):
-					depth, j = depth-1, j+2
-				default:
-					j++
-				}
-			}
-			if depth > 0 {
-				return true
-			}
-			i = j
-		case c == '\'' || c == '"':
-			escapes := c == '\'' && i > 0 && (s[i-1] == 'E' || s[i-1] == 'e') && (i < 2 || !isWordByte(s[i-2]))
-			j := i + 1
-			for {
-				if j >= len(s) {
-					return true
-				}
-				if escapes && s[j] == '\\' {
-					j += 2
-					continue
-				}
-				if s[j] == c {
-					if j+1 < len(s) && s[j+1] == c { // doubled: part of the literal
-						j += 2
-						continue
-					}
-					break
-				}
-				j++
-			}
-			atStart = false
-			i = j + 1
-		case c == '$' && i+1 < len(s) && !(s[i+1] >= '0' && s[i+1] <= '9'):
-			end := strings.IndexByte(s[i+1:], '$')
-			tag := ""
-			if end >= 0 {
-				tag = s[i : i+1+end+1]
-			}
-			if end < 0 || !validDollarTag(tag[1:len(tag)-1]) {
-				atStart = false
-				i++
-				continue
-			}
-			j := strings.Index(s[i+len(tag):], tag)
-			if j < 0 {
-				return true
-			}
-			atStart = false
-			i += len(tag) + j + len(tag)
-		case isWordByte(c):
-			j := i
-			for j < len(s) && isWordByte(s[j]) {
-				j++
-			}
-			word := strings.ToLower(s[i:j])
-			switch {
-			case atStart && (word == "commit" || word == "end" || word == "abort"):
-				return true
-			case atStart && (word == "prepare" || word == "rollback"):
-				first = word
-			case first == "rollback" && (word == "work" || word == "transaction"):
-			case first == "rollback" && (word == "to" || word == "prepared"):
-				first = "" // a savepoint's, or a prepared transaction's: not this one
-			case first == "rollback":
-				return true // ROLLBACK AND [NO] CHAIN
-			case first == "prepare" && word == "transaction":
-				return true
-			default:
-				first = ""
-			}
-			atStart = false
-			i = j
 		default:
-			atStart, first = false, ""
-			i++
+			leading = false
 		}
 	}
-	return first == "rollback"
 }
 
-func isWordByte(c byte) bool {
-	return c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c >= 0x80
+// endsStatement reports whether a statement starting with the words lead ends the
+// transaction.
+func endsStatement(lead []string) bool {
+	if len(lead) == 0 {
+		return false
+	}
+	switch lead[0] {
+	case "commit", "end", "abort":
+		return true
+	case "prepare":
+		return len(lead) > 1 && lead[1] == "transaction"
+	case "rollback":
+		next := lead[1:]
+		if len(next) > 0 && (next[0] == "work" || next[0] == "transaction") {
+			next = next[1:]
+		}
+		// ROLLBACK [WORK] TO a savepoint and ROLLBACK PREPARED leave this transaction alone;
+		// any other ROLLBACK (AND [NO] CHAIN included) ends it.
+		return len(next) == 0 || next[0] != "to" && next[0] != "prepared"
+	}
+	return false
 }
 
-func validDollarTag(tag string) bool {
-	for i := 0; i < len(tag); i++ {
-		if !isWordByte(tag[i]) || i == 0 && tag[i] >= '0' && tag[i] <= '9' {
-			return false
+// The tokens of sqlLexer.
+const (
+	tokEnd        = iota // the end of the text
+	tokWord              // a keyword or an unquoted identifier
+	tokSemicolon         // the end of a statement
+	tokOther             // a literal, a quoted identifier, a parameter, punctuation
+	tokUnreadable        // an unterminated literal, quoted identifier or comment
+)
+
+// sqlLexer splits SQL text into the tokens endsTx needs, skipping whitespace and comments.
+// It follows PostgreSQL's lexical rules as far as they decide where a token ends: a quote
+// doubled inside a literal or quoted identifier, backslash escapes in E'...' strings, nested
+// block comments, $tag$ dollar quotes, and '$' inside an identifier (a$b is one word, not a
+// dollar quote). Backslash escapes in plain literals (standard_conforming_strings off) are not
+// followed: the server must keep that setting on, its default since PostgreSQL 9.1.
+type sqlLexer struct {
+	s string
+	i int
+}
+
+func (l *sqlLexer) next() (tok int, text string) {
+	if !l.skipSpaceAndComments() {
+		return tokUnreadable, ""
+	}
+	if l.i >= len(l.s) {
+		return tokEnd, ""
+	}
+	c := l.s[l.i]
+	switch {
+	case c == ';':
+		l.i++
+		return tokSemicolon, ";"
+	case c == '\'' || c == '"':
+		return l.quoted(c, false), ""
+	case c == '$':
+		return l.dollarQuoted(), ""
+	case isWordByte(c):
+		return l.word()
+	}
+	l.i++
+	return tokOther, ""
+}
+
+// word moves past the word at l.i, or the E'...' string it opens.
+func (l *sqlLexer) word() (tok int, text string) {
+	start := l.i
+	for l.i < len(l.s) && (isWordByte(l.s[l.i]) || l.s[l.i] == '$') {
+		l.i++
+	}
+	word := l.s[start:l.i]
+	if (word == "E" || word == "e") && l.i < len(l.s) && l.s[l.i] == '\'' {
+		return l.quoted('\'', true), ""
+	}
+	return tokWord, word
+}
+
+// skipSpaceAndComments moves past whitespace, -- comments and /* */ comments (nested); false
+// if a /* comment does not end.
+func (l *sqlLexer) skipSpaceAndComments() bool {
+	for l.i < len(l.s) {
+		rest := l.s[l.i:]
+		switch {
+		case strings.IndexByte(" \t\n\r\f\v", rest[0]) >= 0:
+			l.i++
+		case strings.HasPrefix(rest, "--"):
+			end := strings.IndexByte(rest, '\n')
+			if end < 0 {
+				end = len(rest) - 1
+			}
+			l.i += end + 1
+		case strings.HasPrefix(rest, "/*"):
+			if !l.blockComment() {
+				return false
+			}
+		default:
+			return true
 		}
 	}
 	return true
 }
+
+// blockComment moves past the /* comment at l.i, nested ones included; false if it does not
+// end.
+func (l *sqlLexer) blockComment() bool {
+	depth := 0
+	for l.i+1 < len(l.s) {
+		switch l.s[l.i : l.i+2] {
+		case "/*":
+			depth, l.i = depth+1, l.i+2
+		case "*/":
+			depth, l.i = depth-1, l.i+2
+			if depth == 0 {
+				return true
+			}
+		default:
+			l.i++
+		}
+	}
+	return false
+}
+
+// quoted moves past the literal or quoted identifier opened by q at l.i (a doubled q is part
+// of it; with escapes, a backslash escapes the next byte).
+func (l *sqlLexer) quoted(q byte, escapes bool) int {
+	for j := l.i + 1; j < len(l.s); j++ {
+		switch {
+		case escapes && l.s[j] == '\\':
+			j++
+		case l.s[j] != q:
+		case j+1 < len(l.s) && l.s[j+1] == q:
+			j++ // doubled: part of the literal
+		default:
+			l.i = j + 1
+			return tokOther
+		}
+	}
+	return tokUnreadable
+}
+
+// dollarQuoted moves past the $tag$ ... $tag$ body at l.i, or past a '$' that opens none (a
+// parameter such as $1).
+func (l *sqlLexer) dollarQuoted() int {
+	tagEnd := l.i + 1
+	for tagEnd < len(l.s) && isWordByte(l.s[tagEnd]) {
+		tagEnd++
+	}
+	if tagEnd >= len(l.s) || l.s[tagEnd] != '$' || isDigit(l.s[l.i+1]) {
+		l.i++
+		return tokOther
+	}
+	tag := l.s[l.i : tagEnd+1]
+	body := strings.Index(l.s[tagEnd+1:], tag)
+	if body < 0 {
+		return tokUnreadable
+	}
+	l.i = tagEnd + 1 + body + len(tag)
+	return tokOther
+}
+
+func isWordByte(c byte) bool {
+	return c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || isDigit(c) || c >= 0x80
+}
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
 
 // guardWrite returns p with every statement that ends the transaction replaced by the refusal
 // (see endsTx), for a connection whose guard is open; p itself when it holds none. doomed says
