@@ -253,7 +253,9 @@ func oneTrace(t *testing.T, kind broker.Kind) {
 		require.Equal(t, "subscriber_tx", attr(fresh, "wmonce.path").AsString())
 		require.Contains(t, events(fresh), "attempt complete: the subscriber commits it with its offset on ack")
 	} else {
-		require.Equal(t, "group_commit", attr(fresh, "wmonce.path").AsString(), "group commit is the default on Kafka and RabbitMQ")
+		// Group commit is the default on Kafka and RabbitMQ: a message that finds a lane free runs
+		// in a transaction of its own (own_tx), one that waits shares its group's (group_commit).
+		require.Contains(t, []string{"own_tx", "group_commit"}, attr(fresh, "wmonce.path").AsString())
 		require.Contains(t, events(fresh), "commit")
 	}
 	handler := sp.one(t, "handler", nil)
