@@ -367,19 +367,30 @@ FROM c WHERE m.transaction_id = c.tid AND m."offset" = c.off
 		}
 	}
 	done.Frozen = changed - done.Republished
+	// A group that consumed nothing provably goes below every tier, at the table's end offset.
+	if done.Groups, err = moveSQLGroups(ctx, tx, t, groups, hist, tier, SQLPosition{Xid: tier(sources) - 1, Offset: maxOffset}); err != nil {
+		return nil, next, err
+	}
+	return done, next, nil
+}
+
+// moveSQLGroups moves each group: a source group to the tier of the rows it consumed, any
+// other to below, and reports them by group name.
+func moveSQLGroups(ctx context.Context, tx *sql.Tx, t topicTables, groups []sqlGroupPos, hist map[int]int64, tier func(int) uint64, below SQLPosition) ([]SQLGroupRebase, error) {
+	var moved []SQLGroupRebase
 	for _, g := range groups {
-		to := SQLPosition{Xid: tier(sources) - 1, Offset: maxOffset}
+		to := below
 		if g.source {
 			to.Xid = tier(g.consumedBy)
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE `+t.offset+` SET last_processed_transaction_id = $1::xid8, offset_acked = $2 WHERE consumer_group = $3`,
 			strconv.FormatUint(to.Xid, 10), to.Offset, g.group); err != nil {
-			return nil, next, fmt.Errorf("move group %q: %w", g.group, err)
+			return nil, fmt.Errorf("move group %q: %w", g.group, err)
 		}
-		done.Groups = append(done.Groups, SQLGroupRebase{Group: g.group, From: g.pos, To: to, Rereads: g.rereads(hist)})
+		moved = append(moved, SQLGroupRebase{Group: g.group, From: g.pos, To: to, Rereads: g.rereads(hist)})
 	}
-	slices.SortFunc(done.Groups, func(a, b SQLGroupRebase) int { return cmp.Compare(a.Group, b.Group) })
-	return done, next, nil
+	slices.SortFunc(moved, func(a, b SQLGroupRebase) int { return cmp.Compare(a.Group, b.Group) })
+	return moved, nil
 }
 
 // lockSQLTopic locks the offsets first, as a subscription's batch takes them (its FOR
