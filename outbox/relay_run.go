@@ -128,13 +128,21 @@ func (r *Relay) lead(ctx context.Context, conn *sql.Conn) error {
 		// re-established after a lost connection wakes the loop too.
 		r.testSignals.Waiting.Signal(relayWait{Listening: r.listening.Load(), Recheck: next.recheck})
 		poll.Reset(waitBefore(next.wait, s, nextOrigin))
-		select {
-		case <-ctx.Done():
+		if !waitWake(ctx, wake, poll) {
 			return nil
-		case <-wake:
-		case <-poll.C:
 		}
 	}
+}
+
+// waitWake waits for a wake-up or poll; false when ctx ends first.
+func waitWake(ctx context.Context, wake <-chan struct{}, poll *time.Timer) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-wake:
+	case <-poll.C:
+	}
+	return true
 }
 
 // checkOriginDue runs waitOrigin when *next has passed, and then sets the next check; false
