@@ -75,53 +75,88 @@ func (b *Broker) reroutePass(ctx context.Context, conn *amqp.Connection) error {
 	if err := ch.Confirm(false); err != nil {
 		return fmt.Errorf("broker: enable publisher confirms: %w", err)
 	}
-	exists := map[string]bool{"": true, queue: true} // the default exchange and the unrouted one
-	rerouted, left := 0, 0
+	rr := rerouter{b: b, conn: conn, ch: ch, queue: queue,
+		exists: map[string]bool{"": true, queue: true}} // the default exchange and the unrouted one
 	for remaining := q.Messages; remaining > 0; {
-		type copied struct {
-			d       amqp.Delivery
-			confirm *amqp.DeferredConfirmation
+		var batch []rerouteCopy
+		if batch, remaining, err = rr.copyBatch(ctx, remaining); err != nil {
+			return err
 		}
-		var batch []copied
-		for len(batch) < min(remaining, rerouteBatch) {
-			d, ok, err := ch.Get(queue, false)
-			if err != nil {
-				return fmt.Errorf("broker: get from queue %q: %w", queue, err)
-			}
-			if !ok {
-				remaining = 0
-				break
-			}
-			remaining--
-			known, checked := exists[d.Exchange]
-			if !checked {
-				known = exchangeExists(conn, d.Exchange)
-				exists[d.Exchange] = known
-			}
-			if !known {
-				left++ // unacked: back in the queue when the channel closes
-				continue
-			}
-			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, d.Exchange, d.RoutingKey, false, false, b.republishing(d))
-			if err != nil {
-				return fmt.Errorf("broker: publish to RabbitMQ exchange %q: %w", d.Exchange, err)
-			}
-			batch = append(batch, copied{d, dc})
-		}
-		for _, c := range batch {
-			acked, err := c.confirm.WaitContext(ctx)
-			if err != nil || !acked {
-				return fmt.Errorf("broker: RabbitMQ did not confirm a message moved from queue %q (acked=%v): %w", queue, acked, errors.Join(err, errors.New("not confirmed")))
-			}
-			if err := c.d.Ack(false); err != nil {
-				return fmt.Errorf("broker: ack in queue %q: %w", queue, err)
-			}
-			rerouted++
+		if err := rr.confirm(ctx, batch); err != nil {
+			return err
 		}
 	}
+	rerouted, left := rr.rerouted, rr.left
 	b.logger.Info("Published the unrouted queue's messages again to their exchanges", watermill.LogFields{
 		"queue": queue, "republished": rerouted, "exchange_gone": left,
 	})
+	return nil
+}
+
+// rerouter is one reroute pass over the unrouted queue on its channel ch.
+type rerouter struct {
+	b              *Broker
+	conn           *amqp.Connection
+	ch             *amqp.Channel
+	queue          string
+	exists         map[string]bool // exchanges by name: whether they exist
+	rerouted, left int             // published again; left unacked, their exchange gone
+}
+
+// rerouteCopy is a message of the unrouted queue published again, awaiting its confirm.
+type rerouteCopy struct {
+	d       amqp.Delivery
+	confirm *amqp.DeferredConfirmation
+}
+
+// copyBatch gets up to rerouteBatch of the remaining messages and publishes each again to its
+// exchange; it returns them and how many remain (0 once the queue is empty).
+func (rr *rerouter) copyBatch(ctx context.Context, remaining int) ([]rerouteCopy, int, error) {
+	var batch []rerouteCopy
+	for len(batch) < min(remaining, rerouteBatch) {
+		d, ok, err := rr.ch.Get(rr.queue, false)
+		if err != nil {
+			return nil, remaining, fmt.Errorf("broker: get from queue %q: %w", rr.queue, err)
+		}
+		if !ok {
+			return batch, 0, nil
+		}
+		remaining--
+		if !rr.exchangeExists(d.Exchange) {
+			rr.left++ // unacked: back in the queue when the channel closes
+			continue
+		}
+		dc, err := rr.ch.PublishWithDeferredConfirmWithContext(ctx, d.Exchange, d.RoutingKey, false, false, rr.b.republishing(d))
+		if err != nil {
+			return nil, remaining, fmt.Errorf("broker: publish to RabbitMQ exchange %q: %w", d.Exchange, err)
+		}
+		batch = append(batch, rerouteCopy{d, dc})
+	}
+	return batch, remaining, nil
+}
+
+// exchangeExists looks an exchange up once a pass.
+func (rr *rerouter) exchangeExists(name string) bool {
+	known, checked := rr.exists[name]
+	if !checked {
+		known = exchangeExists(rr.conn, name)
+		rr.exists[name] = known
+	}
+	return known
+}
+
+// confirm waits for the batch's confirms and acks each original once its copy is confirmed.
+func (rr *rerouter) confirm(ctx context.Context, batch []rerouteCopy) error {
+	for _, c := range batch {
+		acked, err := c.confirm.WaitContext(ctx)
+		if err != nil || !acked {
+			return fmt.Errorf("broker: RabbitMQ did not confirm a message moved from queue %q (acked=%v): %w", rr.queue, acked, errors.Join(err, errors.New("not confirmed")))
+		}
+		if err := c.d.Ack(false); err != nil {
+			return fmt.Errorf("broker: ack in queue %q: %w", rr.queue, err)
+		}
+		rr.rerouted++
+	}
 	return nil
 }
 

@@ -172,16 +172,9 @@ func (p *kafkaPublisher) sendChunk(topic string, msgs []*message.Message, record
 			return err
 		}
 		if records == nil {
-			records = make([]*sarama.ProducerMessage, len(msgs))
-			for i, msg := range msgs {
-				if records[i], err = p.marshal(topic, msg); err != nil {
-					return err
-				}
+			if records, err = p.marshalAll(topic, msgs); err != nil {
+				return err
 			}
-		}
-		index := make(map[*sarama.ProducerMessage]int, len(records))
-		for i, rec := range records {
-			index[rec] = i
 		}
 		err = producer.SendMessages(records)
 		if err == nil {
@@ -191,21 +184,9 @@ func (p *kafkaPublisher) sendChunk(topic string, msgs []*message.Message, record
 		if !errors.As(err, &failed) {
 			return fmt.Errorf("broker: Kafka publish to %s: %w", topic, err)
 		}
-		again := make([]bool, len(msgs))
-		for _, f := range failed {
-			if errors.Is(f.Err, sarama.ErrOutOfOrderSequenceNumber) {
-				err := fmt.Errorf("broker: Kafka publish to %s: %w", topic, f.Err)
-				if rerr := p.renew(producer); rerr != nil {
-					return errors.Join(err, rerr)
-				}
-				return err // the caller publishes it again, through the new producer
-			}
-			if !leaderless(f.Err) {
-				return fmt.Errorf("broker: Kafka publish to %s: %w", topic, f.Err)
-			}
-			if i, ok := index[f.Msg]; ok {
-				again[i] = true
-			}
+		again, err := p.sendAgain(producer, topic, records, failed)
+		if err != nil {
+			return err
 		}
 		wait := backoff.Next()
 		if time.Now().Add(wait).After(deadline) {
@@ -214,15 +195,59 @@ func (p *kafkaPublisher) sendChunk(topic string, msgs []*message.Message, record
 		if !worker.Sleep(msgs[0].Context(), wait) {
 			return fmt.Errorf("broker: Kafka publish to %s: %w (gave up: %w)", topic, failed[0].Err, msgs[0].Context().Err())
 		}
-		// The failed messages, in the call's order (SendMessages reports them in any order).
-		var rest []*message.Message
-		for i, msg := range msgs {
-			if again[i] {
-				rest = append(rest, msg)
-			}
-		}
-		msgs, records = rest, nil
+		msgs, records = pickAgain(msgs, again), nil
 	}
+}
+
+// marshalAll marshals msgs into fresh records.
+func (p *kafkaPublisher) marshalAll(topic string, msgs []*message.Message) ([]*sarama.ProducerMessage, error) {
+	records := make([]*sarama.ProducerMessage, len(msgs))
+	for i, msg := range msgs {
+		var err error
+		if records[i], err = p.marshal(topic, msg); err != nil {
+			return nil, err
+		}
+	}
+	return records, nil
+}
+
+// sendAgain marks the records (by index) that failed on a leaderless partition and may be
+// sent again; any other failure is the error. An out-of-order sequence number renews the
+// producer first: the caller publishes the messages again, through the new producer.
+func (p *kafkaPublisher) sendAgain(producer sarama.SyncProducer, topic string, records []*sarama.ProducerMessage, failed sarama.ProducerErrors) ([]bool, error) {
+	index := make(map[*sarama.ProducerMessage]int, len(records))
+	for i, rec := range records {
+		index[rec] = i
+	}
+	again := make([]bool, len(records))
+	for _, f := range failed {
+		if errors.Is(f.Err, sarama.ErrOutOfOrderSequenceNumber) {
+			err := fmt.Errorf("broker: Kafka publish to %s: %w", topic, f.Err)
+			if rerr := p.renew(producer); rerr != nil {
+				return nil, errors.Join(err, rerr)
+			}
+			return nil, err
+		}
+		if !leaderless(f.Err) {
+			return nil, fmt.Errorf("broker: Kafka publish to %s: %w", topic, f.Err)
+		}
+		if i, ok := index[f.Msg]; ok {
+			again[i] = true
+		}
+	}
+	return again, nil
+}
+
+// pickAgain is the messages marked again, in the call's order (SendMessages reports the
+// failed ones in any order).
+func pickAgain(msgs []*message.Message, again []bool) []*message.Message {
+	var rest []*message.Message
+	for i, msg := range msgs {
+		if again[i] {
+			rest = append(rest, msg)
+		}
+	}
+	return rest
 }
 
 func (p *kafkaPublisher) Close() error {

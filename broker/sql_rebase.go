@@ -297,25 +297,10 @@ type sqlGroupPos struct {
 
 // rebaseSQLTopic rebases one table in tx; nil when the table had not moved.
 func rebaseSQLTopic(ctx context.Context, tx *sql.Tx, t topicTables) (*SQLTopicRebase, uint64, error) {
-	// Offsets first, as a subscription's batch takes them (its FOR UPDATE), then the rows
-	// (waits for publishing transactions to commit and keeps new ones out until COMMIT).
-	if t.hasOffsets {
-		if _, err := tx.ExecContext(ctx, `LOCK TABLE `+t.offset+` IN EXCLUSIVE MODE`); err != nil {
-			return nil, 0, err
-		}
-	}
-	if _, err := tx.ExecContext(ctx, `LOCK TABLE `+t.messages+` IN SHARE ROW EXCLUSIVE MODE`); err != nil {
+	if err := lockSQLTopic(ctx, tx, t); err != nil {
 		return nil, 0, err
 	}
-	var xminText, xmaxText string
-	if err := tx.QueryRowContext(ctx, `SELECT pg_snapshot_xmin(s)::text, pg_snapshot_xmax(s)::text FROM pg_current_snapshot() AS s`).Scan(&xminText, &xmaxText); err != nil {
-		return nil, 0, err
-	}
-	xmin, err := strconv.ParseUint(xminText, 10, 64)
-	if err != nil {
-		return nil, 0, err
-	}
-	next, err := strconv.ParseUint(xmaxText, 10, 64)
+	xmin, next, err := sqlSnapshotBounds(ctx, tx)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -326,44 +311,11 @@ func rebaseSQLTopic(ctx context.Context, tx *sql.Tx, t topicTables) (*SQLTopicRe
 	if move.FutureRows == 0 && len(move.GroupsAhead) == 0 {
 		return nil, next, nil
 	}
-
-	var groups []sqlGroupPos
-	if t.hasOffsets {
-		groups, err = pgtx.QueryAll(ctx, tx, func(s pgtx.Scanner) (sqlGroupPos, error) {
-			var g sqlGroupPos
-			var x string
-			if err := s.Scan(&g.group, &x, &g.pos.Offset); err != nil {
-				return g, err
-			}
-			xid, err := strconv.ParseUint(x, 10, 64)
-			g.pos.Xid = xid
-			return g, err
-		}, `SELECT consumer_group, last_processed_transaction_id::text, coalesce(offset_acked, 0) FROM `+t.offset+` ORDER BY consumer_group`)
-		if err != nil {
-			return nil, next, err
-		}
+	groups, err := sqlTopicGroups(ctx, tx, t)
+	if err != nil {
+		return nil, next, err
 	}
-	var srcXids []string
-	var srcOffsets []int64
-	sources := 0
-	for i := range groups {
-		if groups[i].pos.Xid >= next {
-			groups[i].source = true
-			sources++
-			srcXids = append(srcXids, strconv.FormatUint(groups[i].pos.Xid, 10))
-			srcOffsets = append(srcOffsets, groups[i].pos.Offset)
-		}
-	}
-	for i := range groups {
-		if !groups[i].source {
-			continue
-		}
-		for _, h := range groups {
-			if h.source && !h.pos.less(groups[i].pos) {
-				groups[i].consumedBy++
-			}
-		}
-	}
+	sources, srcXids, srcOffsets := markSourceGroups(groups, next)
 	all := len(groups)
 	// The ids given below: tier(c) for rows c source groups consumed, in [xmin-1-sources,
 	// xmin-1]; a group that consumed nothing provably is placed below them all.
@@ -388,16 +340,7 @@ c AS (
 	FROM ` + t.messages + ` AS m
 )`
 	args := []any{"{" + strings.Join(srcXids, ",") + "}", int64Array(srcOffsets), strconv.FormatUint(next, 10), lastCopied}
-	hist := map[int]int64{}
-	err = pgtx.QueryEach(ctx, tx, func(s pgtx.Scanner) error {
-		var c int
-		var n int64
-		if err := s.Scan(&c, &n); err != nil {
-			return err
-		}
-		hist[c] = n
-		return nil
-	}, consumed+` SELECT c, count(*) FROM c GROUP BY c`, args...)
+	hist, err := consumedHistogram(ctx, tx, consumed, args)
 	if err != nil {
 		return nil, next, fmt.Errorf("count consumed rows: %w", err)
 	}
@@ -424,27 +367,133 @@ FROM c WHERE m.transaction_id = c.tid AND m."offset" = c.off
 		}
 	}
 	done.Frozen = changed - done.Republished
+	// A group that consumed nothing provably goes below every tier, at the table's end offset.
+	if done.Groups, err = moveSQLGroups(ctx, tx, t, groups, hist, tier, SQLPosition{Xid: tier(sources) - 1, Offset: maxOffset}); err != nil {
+		return nil, next, err
+	}
+	return done, next, nil
+}
+
+// moveSQLGroups moves each group: a source group to the tier of the rows it consumed, any
+// other to below, and reports them by group name.
+func moveSQLGroups(ctx context.Context, tx *sql.Tx, t topicTables, groups []sqlGroupPos, hist map[int]int64, tier func(int) uint64, below SQLPosition) ([]SQLGroupRebase, error) {
+	var moved []SQLGroupRebase
 	for _, g := range groups {
-		to := SQLPosition{Xid: tier(sources) - 1, Offset: maxOffset}
-		threshold := 0 // reads again the rows fewer than threshold groups consumed
+		to := below
 		if g.source {
 			to.Xid = tier(g.consumedBy)
-			threshold = g.consumedBy
-		}
-		var rereads int64
-		for c, n := range hist {
-			if !g.source || c < threshold {
-				rereads += n
-			}
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE `+t.offset+` SET last_processed_transaction_id = $1::xid8, offset_acked = $2 WHERE consumer_group = $3`,
 			strconv.FormatUint(to.Xid, 10), to.Offset, g.group); err != nil {
-			return nil, next, fmt.Errorf("move group %q: %w", g.group, err)
+			return nil, fmt.Errorf("move group %q: %w", g.group, err)
 		}
-		done.Groups = append(done.Groups, SQLGroupRebase{Group: g.group, From: g.pos, To: to, Rereads: rereads})
+		moved = append(moved, SQLGroupRebase{Group: g.group, From: g.pos, To: to, Rereads: g.rereads(hist)})
 	}
-	slices.SortFunc(done.Groups, func(a, b SQLGroupRebase) int { return cmp.Compare(a.Group, b.Group) })
-	return done, next, nil
+	slices.SortFunc(moved, func(a, b SQLGroupRebase) int { return cmp.Compare(a.Group, b.Group) })
+	return moved, nil
+}
+
+// lockSQLTopic locks the offsets first, as a subscription's batch takes them (its FOR
+// UPDATE), then the rows (waits for publishing transactions to commit and keeps new ones out
+// until COMMIT).
+func lockSQLTopic(ctx context.Context, tx *sql.Tx, t topicTables) error {
+	if t.hasOffsets {
+		if _, err := tx.ExecContext(ctx, `LOCK TABLE `+t.offset+` IN EXCLUSIVE MODE`); err != nil {
+			return err
+		}
+	}
+	_, err := tx.ExecContext(ctx, `LOCK TABLE `+t.messages+` IN SHARE ROW EXCLUSIVE MODE`)
+	return err
+}
+
+// sqlSnapshotBounds returns the xmin and xmax (the next transaction id) of tx's snapshot.
+func sqlSnapshotBounds(ctx context.Context, tx *sql.Tx) (xmin, next uint64, err error) {
+	var xminText, xmaxText string
+	if err := tx.QueryRowContext(ctx, `SELECT pg_snapshot_xmin(s)::text, pg_snapshot_xmax(s)::text FROM pg_current_snapshot() AS s`).Scan(&xminText, &xmaxText); err != nil {
+		return 0, 0, err
+	}
+	if xmin, err = strconv.ParseUint(xminText, 10, 64); err != nil {
+		return 0, 0, err
+	}
+	if next, err = strconv.ParseUint(xmaxText, 10, 64); err != nil {
+		return 0, 0, err
+	}
+	return xmin, next, nil
+}
+
+// sqlTopicGroups reads the consumer groups' positions; none when the table has no offsets.
+func sqlTopicGroups(ctx context.Context, tx *sql.Tx, t topicTables) ([]sqlGroupPos, error) {
+	if !t.hasOffsets {
+		return nil, nil
+	}
+	return pgtx.QueryAll(ctx, tx, func(s pgtx.Scanner) (sqlGroupPos, error) {
+		var g sqlGroupPos
+		var x string
+		if err := s.Scan(&g.group, &x, &g.pos.Offset); err != nil {
+			return g, err
+		}
+		xid, err := strconv.ParseUint(x, 10, 64)
+		g.pos.Xid = xid
+		return g, err
+	}, `SELECT consumer_group, last_processed_transaction_id::text, coalesce(offset_acked, 0) FROM `+t.offset+` ORDER BY consumer_group`)
+}
+
+// markSourceGroups marks the groups written on the source cluster (at or above next) and
+// counts for each how many source groups are at or past it; it returns the number of source
+// groups and their positions as the query arguments.
+func markSourceGroups(groups []sqlGroupPos, next uint64) (sources int, srcXids []string, srcOffsets []int64) {
+	for i := range groups {
+		if groups[i].pos.Xid >= next {
+			groups[i].source = true
+			sources++
+			srcXids = append(srcXids, strconv.FormatUint(groups[i].pos.Xid, 10))
+			srcOffsets = append(srcOffsets, groups[i].pos.Offset)
+		}
+	}
+	for i := range groups {
+		if groups[i].source {
+			groups[i].consumedBy = countConsumedBy(groups, groups[i].pos)
+		}
+	}
+	return sources, srcXids, srcOffsets
+}
+
+// countConsumedBy is how many source groups are at or past pos.
+func countConsumedBy(groups []sqlGroupPos, pos SQLPosition) int {
+	n := 0
+	for _, h := range groups {
+		if h.source && !h.pos.less(pos) {
+			n++
+		}
+	}
+	return n
+}
+
+// consumedHistogram runs the consumed query: rows by how many source groups consumed them.
+func consumedHistogram(ctx context.Context, tx *sql.Tx, consumed string, args []any) (map[int]int64, error) {
+	hist := map[int]int64{}
+	err := pgtx.QueryEach(ctx, tx, func(s pgtx.Scanner) error {
+		var c int
+		var n int64
+		if err := s.Scan(&c, &n); err != nil {
+			return err
+		}
+		hist[c] = n
+		return nil
+	}, consumed+` SELECT c, count(*) FROM c GROUP BY c`, args...)
+	return hist, err
+}
+
+// rereads is how many rows g reads again after the rebase: a group not on the source reads
+// them all, a source group the rows fewer than its consumedBy groups consumed.
+func (g sqlGroupPos) rereads(hist map[int]int64) int64 {
+	var n int64
+	for c, k := range hist {
+		if !g.source || c < g.consumedBy {
+			n += k
+		}
+	}
+	return n
 }
 
 // int64Array formats a PostgreSQL bigint[] literal (database/sql has no array type).

@@ -83,26 +83,7 @@ func (s *sqlSubscriber) forward(ctx context.Context, sub message.Subscriber, top
 		}
 		// Either version's: v4's is a *sql.Tx too, in a StdSQLTx.
 		tx, _ := pgtx.SubscriberTxFromContext(msg.Context())
-		select {
-		case out <- msg:
-		case <-s.closing:
-			msg.Nack()
-			continue // until watermill-sql closes the run's channel
-		case <-ctx.Done():
-			msg.Nack()
-			continue
-		}
-		select {
-		case <-msg.Acked():
-			backoff.Reset()
-			continue
-		case <-msg.Nacked():
-		case <-s.closing:
-			continue
-		case <-ctx.Done():
-			continue
-		}
-		if tx == nil {
+		if !s.handOver(ctx, msg, out) || !s.nacked(ctx, msg, &backoff) || tx == nil {
 			continue
 		}
 		err := probeTx(ctx, tx)
@@ -112,25 +93,61 @@ func (s *sqlSubscriber) forward(ctx context.Context, sub message.Subscriber, top
 		wait := backoff.Next()
 		logger.Error("SQL broker subscription's transaction cannot commit (connection lost, transaction ended or aborted); reading its batch again in a new one", err,
 			watermill.LogFields{"msg_uuid": msg.UUID, "wait": wait})
-		old := run
-		old.stop()
-		if w != nil {
-			w.requeryNow() // the old run may be waiting for a notification
-		}
-		go func() {
-			for m := range old.in { // nothing of it can commit any more
-				m.Nack()
-			}
-		}()
-		if !s.sleep(ctx, wait) {
+		if run, ok = s.restartRun(ctx, sub, topic, w, run, wait); !ok {
 			return
 		}
-		next, err := s.startRun(ctx, sub, topic)
-		if err != nil {
-			return // closed meanwhile
-		}
-		run = next
 	}
+}
+
+// handOver sends msg to out; false, with msg nacked, when the subscription ends first (the
+// run's channel is drained until watermill-sql closes it).
+func (s *sqlSubscriber) handOver(ctx context.Context, msg *message.Message, out chan<- *message.Message) bool {
+	select {
+	case out <- msg:
+		return true
+	case <-s.closing:
+	case <-ctx.Done():
+	}
+	msg.Nack()
+	return false
+}
+
+// nacked waits for msg's ack or nack and reports a nack; an ack resets backoff, and the
+// subscription's end reports false.
+func (s *sqlSubscriber) nacked(ctx context.Context, msg *message.Message, backoff *worker.Backoff) bool {
+	select {
+	case <-msg.Acked():
+		backoff.Reset()
+		return false
+	case <-msg.Nacked():
+		return true
+	case <-s.closing:
+		return false
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// restartRun stops old, nacks what it still delivers, and after wait starts a new run; false
+// (with old) when the subscription ends meanwhile.
+func (s *sqlSubscriber) restartRun(ctx context.Context, sub message.Subscriber, topic string, w *sqlWaiter, old sqlRun, wait time.Duration) (sqlRun, bool) {
+	old.stop()
+	if w != nil {
+		w.requeryNow() // the old run may be waiting for a notification
+	}
+	go func() {
+		for m := range old.in { // nothing of it can commit any more
+			m.Nack()
+		}
+	}()
+	if !s.sleep(ctx, wait) {
+		return old, false
+	}
+	next, err := s.startRun(ctx, sub, topic)
+	if err != nil {
+		return old, false // closed meanwhile
+	}
+	return next, true
 }
 
 // probeTx runs one statement in tx. It fails when the transaction can never commit: its

@@ -123,11 +123,8 @@ func (m *Migrator) Migrate(ctx context.Context, direction Direction, opts *Opts)
 		opts = &Opts{}
 	}
 	res := Result{Direction: direction}
-	if direction != DirectionUp && direction != DirectionDown {
-		return res, fmt.Errorf("migrate: direction must be %q or %q, got %q", DirectionUp, DirectionDown, direction)
-	}
-	if opts.TargetVersion < 0 || opts.TargetVersion > len(m.migrations) {
-		return res, fmt.Errorf("migrate: target version %d does not exist (latest is %d)", opts.TargetVersion, len(m.migrations))
+	if err := m.checkRequest(direction, opts); err != nil {
+		return res, err
 	}
 	conn, err := m.db.Conn(ctx)
 	if err != nil {
@@ -139,12 +136,7 @@ func (m *Migrator) Migrate(ctx context.Context, direction Direction, opts *Opts)
 	}
 	defer m.unlock(ctx, conn)
 
-	if direction == DirectionUp {
-		if err := m.ensureVersionTable(ctx, conn); err != nil {
-			return res, err
-		}
-	}
-	if err := m.verifyApplied(ctx, conn); err != nil {
+	if err := m.prepareVersions(ctx, conn, direction); err != nil {
 		return res, err
 	}
 	state, err := m.readState(ctx, conn)
@@ -153,11 +145,8 @@ func (m *Migrator) Migrate(ctx context.Context, direction Direction, opts *Opts)
 	}
 	current := state.Version
 	res.From, res.To = current, current
-	if err := m.checkState(state, direction); err != nil {
+	if err := m.checkStart(state, direction); err != nil {
 		return res, err
-	}
-	if current > len(m.migrations) {
-		return res, fmt.Errorf("migrate: schema %q is at version %d but this binary knows only up to %d: upgrade watermill-once", m.schema, current, len(m.migrations))
 	}
 	for _, mig := range m.plan(direction, current, opts) {
 		to, err := m.apply(ctx, conn, direction, mig, res.To)
@@ -168,6 +157,40 @@ func (m *Migrator) Migrate(ctx context.Context, direction Direction, opts *Opts)
 		res.Versions = append(res.Versions, mig.Version)
 	}
 	return res, nil
+}
+
+// checkRequest refuses an unknown direction or target version.
+func (m *Migrator) checkRequest(direction Direction, opts *Opts) error {
+	if direction != DirectionUp && direction != DirectionDown {
+		return fmt.Errorf("migrate: direction must be %q or %q, got %q", DirectionUp, DirectionDown, direction)
+	}
+	if opts.TargetVersion < 0 || opts.TargetVersion > len(m.migrations) {
+		return fmt.Errorf("migrate: target version %d does not exist (latest is %d)", opts.TargetVersion, len(m.migrations))
+	}
+	return nil
+}
+
+// prepareVersions creates the version table for up and checks the applied migrations, under
+// the lock.
+func (m *Migrator) prepareVersions(ctx context.Context, conn *sql.Conn, direction Direction) error {
+	if direction == DirectionUp {
+		if err := m.ensureVersionTable(ctx, conn); err != nil {
+			return err
+		}
+	}
+	return m.verifyApplied(ctx, conn)
+}
+
+// checkStart refuses a version table Migrate cannot plan from, or a version newer than this
+// binary's.
+func (m *Migrator) checkStart(state State, direction Direction) error {
+	if err := m.checkState(state, direction); err != nil {
+		return err
+	}
+	if state.Version > len(m.migrations) {
+		return fmt.Errorf("migrate: schema %q is at version %d but this binary knows only up to %d: upgrade watermill-once", m.schema, state.Version, len(m.migrations))
+	}
+	return nil
 }
 
 // plan returns the migrations a call runs from version current, in the order it runs them.

@@ -167,32 +167,52 @@ var ErrChangedMigration = errors.New("migrate: an applied migration differs from
 // lock, before anything runs. A version recorded without a checksum (applied before version
 // tables kept one, or by SQL from Print) gets this binary's, so a later change is caught.
 func (m *Migrator) verifyApplied(ctx context.Context, conn *sql.Conn) error {
+	exists, err := m.prepareVersionTable(ctx, conn)
+	if err != nil || !exists {
+		return err
+	}
+	changed, unrecorded, err := m.compareApplied(ctx, conn)
+	if err != nil {
+		return err
+	}
+	if len(changed) > 0 {
+		return fmt.Errorf("%w in schema %q: %s. A migration must not change once applied: add a new one instead. "+
+			"If the tables are known to match this binary's migration N, let the next Migrate record it: UPDATE %s SET name = '<its name here>', checksum = NULL WHERE version = N",
+			ErrChangedMigration, m.schema, strings.Join(changed, "; "), m.versionTable())
+	}
+	return m.recordChecksums(ctx, conn, unrecorded)
+}
+
+// prepareVersionTable reports whether the version table exists, and gives an older binary's
+// its checksum column.
+func (m *Migrator) prepareVersionTable(ctx context.Context, conn *sql.Conn) (bool, error) {
 	var exists, hasChecksum bool
 	err := conn.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL, EXISTS (
     SELECT FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'checksum' AND NOT attisdropped)`, m.versionTable()).Scan(&exists, &hasChecksum)
 	if err != nil {
-		return fmt.Errorf("migrate: read the version table: %w", err)
+		return false, fmt.Errorf("migrate: read the version table: %w", err)
 	}
-	if !exists {
-		return nil
-	}
-	if !hasChecksum { // an older binary's version table; ALTER only then, for its exclusive lock
+	if exists && !hasChecksum { // an older binary's version table; ALTER only then, for its exclusive lock
 		if _, err := conn.ExecContext(ctx, `ALTER TABLE `+m.versionTable()+` ADD COLUMN IF NOT EXISTS checksum text`); err != nil {
-			return fmt.Errorf("migrate: add the checksum column to the version table: %w", err)
+			return false, fmt.Errorf("migrate: add the checksum column to the version table: %w", err)
 		}
 	}
+	return exists, nil
+}
+
+// compareApplied reads the version table: changed describes each applied migration whose name
+// or checksum differs from this binary's, unrecorded are those applied without a checksum.
+func (m *Migrator) compareApplied(ctx context.Context, conn *sql.Conn) (changed []string, unrecorded []Migration, err error) {
 	rows, err := conn.QueryContext(ctx, `SELECT version, name, coalesce(checksum, '') FROM `+m.versionTable()+` ORDER BY version`)
 	if err != nil {
-		return fmt.Errorf("migrate: read the version table: %w", err)
+		return nil, nil, fmt.Errorf("migrate: read the version table: %w", err)
 	}
 	defer rows.Close()
-	var changed []string
-	var unrecorded []Migration
 	for rows.Next() {
 		var version int
 		var name, checksum string
 		if err := rows.Scan(&version, &name, &checksum); err != nil {
-			return fmt.Errorf("migrate: read the version table: %w", err)
+			return nil, nil, fmt.Errorf("migrate: read the version table: %w", err)
 		}
 		if version < 1 || version > len(m.migrations) {
 			continue // a newer binary's: Migrate refuses it by version
@@ -208,16 +228,16 @@ func (m *Migrator) verifyApplied(ctx context.Context, conn *sql.Conn) error {
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return fmt.Errorf("migrate: read the version table: %w", err)
+		return nil, nil, fmt.Errorf("migrate: read the version table: %w", err)
 	}
 	if err := rows.Close(); err != nil {
-		return fmt.Errorf("migrate: read the version table: %w", err)
+		return nil, nil, fmt.Errorf("migrate: read the version table: %w", err)
 	}
-	if len(changed) > 0 {
-		return fmt.Errorf("%w in schema %q: %s. A migration must not change once applied: add a new one instead. "+
-			"If the tables are known to match this binary's migration N, let the next Migrate record it: UPDATE %s SET name = '<its name here>', checksum = NULL WHERE version = N",
-			ErrChangedMigration, m.schema, strings.Join(changed, "; "), m.versionTable())
-	}
+	return changed, unrecorded, nil
+}
+
+// recordChecksums gives the migrations applied without a checksum this binary's.
+func (m *Migrator) recordChecksums(ctx context.Context, conn *sql.Conn, unrecorded []Migration) error {
 	for _, mig := range unrecorded {
 		if _, err := conn.ExecContext(ctx, `UPDATE `+m.versionTable()+` SET checksum = $2 WHERE version = $1 AND checksum IS NULL`, mig.Version, mig.Checksum()); err != nil {
 			return fmt.Errorf("migrate: record the checksum of %03d_%s: %w", mig.Version, mig.Name, err)

@@ -259,69 +259,124 @@ func RebasePositions(ctx context.Context, db *sql.DB, schema string) (RebaseRepo
 	if err := checkSchema("rebase positions", db, &schema); err != nil {
 		return RebaseReport{}, err
 	}
-	ob := pgtx.QualifiedName(schema, "outbox")
-	offsets := pgtx.QualifiedName(schema, "outbox_offsets")
 	var rep RebaseReport
 	err := pgtx.RunInTx(ctx, db, &sql.TxOptions{Isolation: sql.LevelRepeatableRead}, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
 		rep = RebaseReport{Schema: schema}
-		// The lock comes before the transaction's snapshot (taken by its first query), so the
-		// snapshot sees every position update that committed before it; relays' updates wait.
-		if _, err := tx.ExecContext(ctx, `LOCK TABLE `+offsets+` IN SHARE ROW EXCLUSIVE MODE`); err != nil {
-			return err
+		return rebasePositionsTx(ctx, tx, schema, &rep)
+	})
+	if err != nil {
+		return RebaseReport{}, fmt.Errorf("outbox: rebase positions: %w", err)
+	}
+	return rep, nil
+}
+
+// rebasePositionsTx is RebasePositions in its repeatable-read transaction.
+func rebasePositionsTx(ctx context.Context, tx *sql.Tx, schema string, rep *RebaseReport) error {
+	offsets := pgtx.QualifiedName(schema, "outbox_offsets")
+	// The lock comes before the transaction's snapshot (taken by its first query), so the
+	// snapshot sees every position update that committed before it; relays' updates wait.
+	if _, err := tx.ExecContext(ctx, `LOCK TABLE `+offsets+` IN SHARE ROW EXCLUSIVE MODE`); err != nil {
+		return err
+	}
+	check, err := checkPositions(ctx, tx, schema, "")
+	if err != nil {
+		return err
+	}
+	rep.SystemIdentifier = check.SystemIdentifier
+	if len(check.Moved()) == 0 {
+		return rerecordSystem(ctx, tx, offsets, check, rep)
+	}
+	for _, c := range check.Positions {
+		rep.Positions = append(rep.Positions, c.Name)
+	}
+	suspect, base, err := moveOffsetSequenceOn(ctx, tx, schema)
+	if err != nil {
+		return err
+	}
+	// The new positions: the transaction's snapshot, read before it has a transaction id
+	// (its first write), so its own rows are not visible in it and the relays read them.
+	var snap, high string
+	if err := tx.QueryRowContext(ctx, `SELECT pg_current_snapshot()::text, `+offsetHigh(schema)+`::text`).Scan(&snap, &high); err != nil {
+		return err
+	}
+	if err := rewriteOutboxRows(ctx, tx, schema, snap, suspect, base, rep); err != nil {
+		return err
+	}
+	if suspect.Valid {
+		ob := pgtx.QualifiedName(schema, "outbox")
+		if _, err := tx.ExecContext(ctx, `SELECT setval(pg_get_serial_sequence('`+ob+`', 'offset'), $1::bigint)`, base.Int64+rep.Republished); err != nil {
+			return fmt.Errorf("move the offset sequence on: %w", err)
 		}
-		check, err := checkPositions(ctx, tx, schema, "")
-		if err != nil {
-			return err
-		}
-		rep.SystemIdentifier = check.SystemIdentifier
-		if len(check.Moved()) == 0 {
-			for _, c := range check.Positions {
-				rep.Rerecorded = rep.Rerecorded || c.SystemChanged
-			}
-			if rep.Rerecorded {
-				_, err = tx.ExecContext(ctx, `UPDATE `+offsets+` SET system_identifier = $1::bigint`, check.SystemIdentifier)
-			}
-			return err
-		}
-		for _, c := range check.Positions {
-			rep.Positions = append(rep.Positions, c.Name)
-		}
-		// A sequence behind the positions (not carried over by the move) has given rows written
-		// since offsets the positions count as forwarded: every row at or below its value now
-		// may be such a row and is republished. Then it is set above every offset and position,
-		// so that rows written from now on are above the new positions' offset_high.
-		var seqNow int64
-		var behind bool
-		if err := tx.QueryRowContext(ctx, `SELECT `+offsetHigh(schema)+`,
+	}
+	// Slot positions lose their pending mark too (offset_acked NULL): the next
+	// AdvanceSlotPosition takes a new one on this cluster.
+	var system any
+	if check.SystemIdentifier != "" {
+		system = check.SystemIdentifier
+	}
+	_, err = tx.ExecContext(ctx, `UPDATE `+offsets+` SET snapshot = $1::pg_snapshot, target_snapshot = NULL, target_offset = NULL,
+    last_processed_transaction_id = pg_snapshot_xmin($1::pg_snapshot), offset_acked = CASE WHEN consumer_group LIKE '`+outboxops.SlotPositionPrefix+`%' THEN NULL ELSE 0 END,
+    offset_high = $2::bigint, system_identifier = $3::bigint`, snap, high, system)
+	if err != nil {
+		return fmt.Errorf("reset positions: %w", err)
+	}
+	return nil
+}
+
+// rerecordSystem, when no position moved, records a changed system identifier and nothing else.
+func rerecordSystem(ctx context.Context, tx *sql.Tx, offsets string, check PositionReport, rep *RebaseReport) error {
+	for _, c := range check.Positions {
+		rep.Rerecorded = rep.Rerecorded || c.SystemChanged
+	}
+	if !rep.Rerecorded {
+		return nil
+	}
+	_, err := tx.ExecContext(ctx, `UPDATE `+offsets+` SET system_identifier = $1::bigint`, check.SystemIdentifier)
+	return err
+}
+
+// moveOffsetSequenceOn handles a sequence behind the positions (not carried over by the move):
+// it has given rows written since offsets the positions count as forwarded, so every row at or
+// below its value now may be such a row and is republished (suspect: that value, valid when
+// behind). Then it is set above every offset and position (base: that value), so that rows
+// written from now on are above the new positions' offset_high.
+func moveOffsetSequenceOn(ctx context.Context, tx *sql.Tx, schema string) (suspect, base sql.NullInt64, err error) {
+	ob := pgtx.QualifiedName(schema, "outbox")
+	offsets := pgtx.QualifiedName(schema, "outbox_offsets")
+	var seqNow int64
+	var behind bool
+	if err := tx.QueryRowContext(ctx, `SELECT `+offsetHigh(schema)+`,
     `+offsetHigh(schema)+` < greatest((SELECT max(offset_high) FROM `+offsets+`), (SELECT max("offset") FROM `+ob+`))`).Scan(&seqNow, &behind); err != nil {
-			return err
-		}
-		// Rows written since share offsets with restored ones: the rows republished get new
-		// offsets above every one (base + their rank in offset order), so that they stay
-		// unique and in insertion order.
-		suspect := sql.NullInt64{Int64: seqNow, Valid: behind}
-		var base sql.NullInt64
-		if behind {
-			if err := tx.QueryRowContext(ctx, `SELECT setval(pg_get_serial_sequence('`+ob+`', 'offset'),
+		return suspect, base, err
+	}
+	// Rows written since share offsets with restored ones: the rows republished get new
+	// offsets above every one (base + their rank in offset order), so that they stay
+	// unique and in insertion order.
+	suspect = sql.NullInt64{Int64: seqNow, Valid: behind}
+	if behind {
+		if err := tx.QueryRowContext(ctx, `SELECT setval(pg_get_serial_sequence('`+ob+`', 'offset'),
     greatest((SELECT max(offset_high) FROM `+offsets+`), (SELECT max("offset") FROM `+ob+`)))`).Scan(&base); err != nil {
-				return fmt.Errorf("move the offset sequence on: %w", err)
-			}
+			return suspect, base, fmt.Errorf("move the offset sequence on: %w", err)
 		}
-		// The new positions: the transaction's snapshot, read before it has a transaction id
-		// (its first write), so its own rows are not visible in it and the relays read them.
-		var snap, high string
-		if err := tx.QueryRowContext(ctx, `SELECT pg_current_snapshot()::text, `+offsetHigh(schema)+`::text`).Scan(&snap, &high); err != nil {
-			return err
-		}
-		// A relay (or slot position) forwarded a row when the row is visible in its snapshot
-		// and was written before the snapshot was recorded (offset <= offset_high), or is part
-		// of its round in progress; only the positions of the row's source count. All in one
-		// statement, so every condition reads the rows' old ids.
-		serving := `(o.source IS NULL OR o.source = t.source)`
-		forwarded := `(((pg_visible_in_snapshot(t.transaction_id, o.snapshot) AND t."offset" <= o.offset_high)
+	}
+	return suspect, base, nil
+}
+
+// rewriteOutboxRows gives the rows not forwarded by all their relays this transaction's id
+// (under new offsets above base when suspect is valid) and a frozen id to the forwarded ones
+// the new positions would not see as forwarded.
+func rewriteOutboxRows(ctx context.Context, tx *sql.Tx, schema, snap string, suspect, base sql.NullInt64, rep *RebaseReport) error {
+	ob := pgtx.QualifiedName(schema, "outbox")
+	offsets := pgtx.QualifiedName(schema, "outbox_offsets")
+	// A relay (or slot position) forwarded a row when the row is visible in its snapshot
+	// and was written before the snapshot was recorded (offset <= offset_high), or is part
+	// of its round in progress; only the positions of the row's source count. All in one
+	// statement, so every condition reads the rows' old ids.
+	serving := `(o.source IS NULL OR o.source = t.source)`
+	forwarded := `(((pg_visible_in_snapshot(t.transaction_id, o.snapshot) AND t."offset" <= o.offset_high)
             OR coalesce(pg_visible_in_snapshot(t.transaction_id, o.target_snapshot) AND t."offset" <= o.target_offset, false))
         AND ($2::bigint IS NULL OR t."offset" > $2::bigint))`
-		err = tx.QueryRowContext(ctx, `WITH rows AS (
+	err := tx.QueryRowContext(ctx, `WITH rows AS (
     SELECT t.transaction_id, t."offset",
         EXISTS (SELECT 1 FROM `+offsets+` o WHERE `+serving+`) AS served,
         NOT EXISTS (SELECT 1 FROM `+offsets+` o WHERE `+serving+` AND NOT `+forwarded+`) AS all_forwarded
@@ -340,30 +395,8 @@ func RebasePositions(ctx context.Context, db *sql.DB, schema string) (RebaseRepo
     RETURNING c.frozen
 )
 SELECT count(*) FILTER (WHERE NOT frozen), count(*) FILTER (WHERE frozen) FROM updated`, snap, suspect, base).Scan(&rep.Republished, &rep.Frozen)
-		if err != nil {
-			return fmt.Errorf("rewrite outbox rows: %w", err)
-		}
-		if behind {
-			if _, err := tx.ExecContext(ctx, `SELECT setval(pg_get_serial_sequence('`+ob+`', 'offset'), $1::bigint)`, base.Int64+rep.Republished); err != nil {
-				return fmt.Errorf("move the offset sequence on: %w", err)
-			}
-		}
-		// Slot positions lose their pending mark too (offset_acked NULL): the next
-		// AdvanceSlotPosition takes a new one on this cluster.
-		var system any
-		if check.SystemIdentifier != "" {
-			system = check.SystemIdentifier
-		}
-		_, err = tx.ExecContext(ctx, `UPDATE `+offsets+` SET snapshot = $1::pg_snapshot, target_snapshot = NULL, target_offset = NULL,
-    last_processed_transaction_id = pg_snapshot_xmin($1::pg_snapshot), offset_acked = CASE WHEN consumer_group LIKE '`+outboxops.SlotPositionPrefix+`%' THEN NULL ELSE 0 END,
-    offset_high = $2::bigint, system_identifier = $3::bigint`, snap, high, system)
-		if err != nil {
-			return fmt.Errorf("reset positions: %w", err)
-		}
-		return nil
-	})
 	if err != nil {
-		return RebaseReport{}, fmt.Errorf("outbox: rebase positions: %w", err)
+		return fmt.Errorf("rewrite outbox rows: %w", err)
 	}
-	return rep, nil
+	return nil
 }

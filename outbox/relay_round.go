@@ -45,23 +45,15 @@ type outboxRow struct {
 // BatchSize is published over several calls. The position advances after each run of one
 // topic that published, so a crash republishes at most one batch.
 func (r *Relay) round(ctx context.Context, conn *sql.Conn, s *session, ask bool) (_ int, _ string, err error) {
-	published := 0
+	var st roundState
 	defer func() {
 		if err == nil {
-			r.testSignals.RoundDone.Signal(published)
+			r.testSignals.RoundDone.Signal(st.published)
 		}
 	}()
-	var pos position
-	query, args := r.q.position, []any{r.config.Name}
-	if ask {
-		query, args = r.q.positionIdle, append(args, idleTTL(r.config.PollInterval).Microseconds())
-	}
-	if err := conn.QueryRowContext(ctx, query, args...).Scan(&pos.prev, &pos.target, &pos.last, &s.paused); err != nil {
-		return 0, "", fmt.Errorf("outbox: read relay position: %w", err)
-	}
-	r.notePaused(s.paused)
-	if s.paused {
-		return 0, "", nil
+	pos, err := r.readPosition(ctx, conn, s, ask)
+	if err != nil || s.paused {
+		return 0, "", err
 	}
 	snap, rows, err := r.read(ctx, conn, pos)
 	if err != nil {
@@ -80,47 +72,80 @@ func (r *Relay) round(ctx context.Context, conn *sql.Conn, s *session, ask bool)
 		// per idle poll and change nothing that is published.
 		return 0, snap, nil
 	}
+	st = roundState{pos: pos, snap: snap, rows: rows, more: more}
 	for start := 0; start < len(rows); {
-		run, end, err := r.decodeRun(ctx, conn, s, rows, start)
-		if err != nil {
-			return published, snap, err
+		if start, err = r.forwardRun(ctx, conn, s, &st, start); err != nil {
+			return st.published, snap, err
 		}
-		if len(run.delayed) > 0 {
-			if err := r.setAside(ctx, conn, s, run.delayed); err != nil {
-				return published, snap, err
-			}
-		}
-		if len(run.msgs) > 0 {
-			n, err := r.forward(ctx, conn, s, run)
-			published += n
-			if err != nil {
-				return published, snap, err
-			}
-		}
-		next := position{
-			prev:   pos.prev,
-			target: sql.NullString{String: snap, Valid: true},
-			last:   sql.NullInt64{Int64: rows[end-1].offset, Valid: true},
-		}
-		if end == len(rows) && !more {
-			next = position{prev: snap} // the round is complete
-		}
-		// What the broker accepted is recorded even if ctx ends meanwhile (Close), so that a
-		// clean stop does not publish it again; the wait for that one UPDATE is bounded.
-		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
-		err = r.advance(actx, conn, pos, next, published > 0)
-		cancel()
-		if err != nil {
-			return published, snap, err
-		}
-		pos = next
-		start = end
 	}
 	r.lastRelay.SetNow()
 	if err := r.checkSources(ctx, conn, s); err != nil {
 		return len(rows), snap, err
 	}
 	return len(rows), snap, nil
+}
+
+// readPosition reads the relay's position and whether it is paused (into s); with ask, the
+// read asks the Writers to notify the relay.
+func (r *Relay) readPosition(ctx context.Context, conn *sql.Conn, s *session, ask bool) (position, error) {
+	var pos position
+	query, args := r.q.position, []any{r.config.Name}
+	if ask {
+		query, args = r.q.positionIdle, append(args, idleTTL(r.config.PollInterval).Microseconds())
+	}
+	if err := conn.QueryRowContext(ctx, query, args...).Scan(&pos.prev, &pos.target, &pos.last, &s.paused); err != nil {
+		return pos, fmt.Errorf("outbox: read relay position: %w", err)
+	}
+	r.notePaused(s.paused)
+	return pos, nil
+}
+
+// roundState is a round's batch as round forwards it run by run.
+type roundState struct {
+	pos       position // recorded after the last run forwarded
+	snap      string   // the round's snapshot
+	rows      []outboxRow
+	more      bool // the round has rows beyond rows
+	published int  // messages the broker accepted so far
+}
+
+// forwardRun forwards the run of st.rows from start (setting aside the rows not due yet) and
+// records the position after it; it returns where the next run starts.
+func (r *Relay) forwardRun(ctx context.Context, conn *sql.Conn, s *session, st *roundState, start int) (int, error) {
+	run, end, err := r.decodeRun(ctx, conn, s, st.rows, start)
+	if err != nil {
+		return end, err
+	}
+	if len(run.delayed) > 0 {
+		if err := r.setAside(ctx, conn, s, run.delayed); err != nil {
+			return end, err
+		}
+	}
+	if len(run.msgs) > 0 {
+		n, err := r.forward(ctx, conn, s, run)
+		st.published += n
+		if err != nil {
+			return end, err
+		}
+	}
+	next := position{
+		prev:   st.pos.prev,
+		target: sql.NullString{String: st.snap, Valid: true},
+		last:   sql.NullInt64{Int64: st.rows[end-1].offset, Valid: true},
+	}
+	if end == len(st.rows) && !st.more {
+		next = position{prev: st.snap} // the round is complete
+	}
+	// What the broker accepted is recorded even if ctx ends meanwhile (Close), so that a
+	// clean stop does not publish it again; the wait for that one UPDATE is bounded.
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+	err = r.advance(actx, conn, st.pos, next, st.published > 0)
+	cancel()
+	if err != nil {
+		return end, err
+	}
+	st.pos = next
+	return end, nil
 }
 
 // publishLanes publishes a run of one topic: in one call, or over PublishLanes concurrent

@@ -98,11 +98,8 @@ func (r *Relay) lead(ctx context.Context, conn *sql.Conn) error {
 	// forwarded until it is rebased. Checked now and every originInterval.
 	var nextOrigin time.Time
 	for {
-		if time.Now().After(nextOrigin) {
-			if ok, err := r.waitOrigin(ctx, conn); err != nil || !ok {
-				return err
-			}
-			nextOrigin = time.Now().Add(originInterval)
+		if ok, err := r.checkOriginDue(ctx, conn, &nextOrigin); err != nil || !ok {
+			return err
 		}
 		// The round reads the position first, and with it whether the relay is paused: held
 		// and delayed rows are drained after it, so that nothing is published once a pause is
@@ -129,20 +126,45 @@ func (r *Relay) lead(ctx context.Context, conn *sql.Conn) error {
 		// the next round: its notification is delivered after its commit and waits in wake
 		// (buffered by pgx and then by the channel) until this loop takes it, and a LISTEN
 		// re-established after a lost connection wakes the loop too.
-		wait := next.wait
-		if due, ok := s.nextDue(); ok {
-			wait = max(0, min(wait, time.Until(due))) // a held topic's next try
-		}
-		wait = max(0, min(wait, time.Until(nextOrigin)))
 		r.testSignals.Waiting.Signal(relayWait{Listening: r.listening.Load(), Recheck: next.recheck})
-		poll.Reset(wait)
-		select {
-		case <-ctx.Done():
+		poll.Reset(waitBefore(next.wait, s, nextOrigin))
+		if !waitWake(ctx, wake, poll) {
 			return nil
-		case <-wake:
-		case <-poll.C:
 		}
 	}
+}
+
+// waitWake waits for a wake-up or poll; false when ctx ends first.
+func waitWake(ctx context.Context, wake <-chan struct{}, poll *time.Timer) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-wake:
+	case <-poll.C:
+	}
+	return true
+}
+
+// checkOriginDue runs waitOrigin when *next has passed, and then sets the next check; false
+// (with a nil error) when the relay is to stop.
+func (r *Relay) checkOriginDue(ctx context.Context, conn *sql.Conn, next *time.Time) (bool, error) {
+	if !time.Now().After(*next) {
+		return true, nil
+	}
+	if ok, err := r.waitOrigin(ctx, conn); err != nil || !ok {
+		return ok, err
+	}
+	*next = time.Now().Add(originInterval)
+	return true, nil
+}
+
+// waitBefore shortens the wait the wake-up protocol gives to a held topic's next try and the
+// next origin check.
+func waitBefore(wait time.Duration, s *session, nextOrigin time.Time) time.Duration {
+	if due, ok := s.nextDue(); ok {
+		wait = max(0, min(wait, time.Until(due))) // a held topic's next try
+	}
+	return max(0, min(wait, time.Until(nextOrigin)))
 }
 
 // listenable reports whether a commit after a round's snapshot wakes the relay.

@@ -69,16 +69,8 @@ func RepublishRejected(ctx context.Context, db *sql.DB, schema string, req Repub
 	if err := checkRelayName("republish rejected", db, &schema, req.Relay); err != nil {
 		return RepublishResult{}, err
 	}
-	if len(req.Offsets) == 0 && !req.All {
-		return RepublishResult{}, errors.New("outbox: republish rejected: give the offsets of the rows to republish, or All")
-	}
-	if len(req.Offsets) > 0 && req.All {
-		return RepublishResult{}, errors.New("outbox: republish rejected: give offsets or All, not both")
-	}
-	for _, k := range req.RemoveMetadata {
-		if err := setup.CheckName("metadata key to remove", k); err != nil {
-			return RepublishResult{}, fmt.Errorf("outbox: republish rejected: %w", err)
-		}
+	if err := req.check(); err != nil {
+		return RepublishResult{}, err
 	}
 	rejected := pgtx.QualifiedName(schema, "outbox_rejected")
 	var res RepublishResult
@@ -91,22 +83,7 @@ WHERE r.relay = $1 AND ($2 OR r."offset" = ANY($3::bigint[])) ORDER BY r."offset
 		if err != nil {
 			return err
 		}
-		writers := map[string]*Writer{}
-		var copies []rejectedCopy
-		for _, r := range rows {
-			w, ok := writers[r.source]
-			if !ok {
-				// A source the Writer refuses makes the row unstorable, not the call a failure.
-				w, _ = NewWriter(Config{Schema: schema, Source: r.source, PartitionKeyField: req.PartitionKeyField})
-				writers[r.source] = w
-			}
-			if !r.prepare(w, req.RemoveMetadata) {
-				res.Undecodable = append(res.Undecodable, r.offset)
-				continue
-			}
-			copies = append(copies, r)
-			res.Offsets = append(res.Offsets, r.offset)
-		}
+		writers, copies := prepareCopies(rows, schema, req, &res)
 		res.Republished = len(copies)
 		if req.DryRun || len(copies) == 0 {
 			return nil
@@ -118,20 +95,8 @@ WHERE r.relay = $1 AND ($2 OR r."offset" = ANY($3::bigint[])) ORDER BY r."offset
 		if len(deleted) != len(copies) { // the rows are locked: only a broken invariant gets here
 			return fmt.Errorf("deleted %d of the %d rejected rows locked for republishing", len(deleted), len(copies))
 		}
-		// Runs of one source and topic go in one store, in offset order.
-		for i := 0; i < len(copies); {
-			j := i + 1
-			for j < len(copies) && copies[j].source == copies[i].source && copies[j].topic == copies[i].topic {
-				j++
-			}
-			msgs, keys := make([]*message.Message, 0, j-i), make([]string, 0, j-i)
-			for _, c := range copies[i:j] {
-				msgs, keys = append(msgs, c.msg), append(keys, c.key)
-			}
-			if err := writers[copies[i].source].store(ctx, tx, copies[i].topic, msgs, false, keys); err != nil {
-				return err
-			}
-			i = j
+		if err := storeCopies(ctx, tx, writers, copies); err != nil {
+			return err
 		}
 		_, err = tx.ExecContext(ctx, `SELECT pg_notify($1, '')`, relayChannel(schema))
 		return err
@@ -140,6 +105,64 @@ WHERE r.relay = $1 AND ($2 OR r."offset" = ANY($3::bigint[])) ORDER BY r."offset
 		return RepublishResult{}, fmt.Errorf("outbox: republish rejected: %w", err)
 	}
 	return res, nil
+}
+
+// check refuses a request that names no rows, names them twice over, or a metadata key that
+// is not a plain name.
+func (req RepublishRequest) check() error {
+	if len(req.Offsets) == 0 && !req.All {
+		return errors.New("outbox: republish rejected: give the offsets of the rows to republish, or All")
+	}
+	if len(req.Offsets) > 0 && req.All {
+		return errors.New("outbox: republish rejected: give offsets or All, not both")
+	}
+	for _, k := range req.RemoveMetadata {
+		if err := setup.CheckName("metadata key to remove", k); err != nil {
+			return fmt.Errorf("outbox: republish rejected: %w", err)
+		}
+	}
+	return nil
+}
+
+// prepareCopies prepares each row with a Writer of its source, one per source; the rows that
+// cannot be stored go to res.Undecodable, the others to the copies and res.Offsets.
+func prepareCopies(rows []rejectedCopy, schema string, req RepublishRequest, res *RepublishResult) (map[string]*Writer, []rejectedCopy) {
+	writers := map[string]*Writer{}
+	var copies []rejectedCopy
+	for _, r := range rows {
+		w, ok := writers[r.source]
+		if !ok {
+			// A source the Writer refuses makes the row unstorable, not the call a failure.
+			w, _ = NewWriter(Config{Schema: schema, Source: r.source, PartitionKeyField: req.PartitionKeyField})
+			writers[r.source] = w
+		}
+		if !r.prepare(w, req.RemoveMetadata) {
+			res.Undecodable = append(res.Undecodable, r.offset)
+			continue
+		}
+		copies = append(copies, r)
+		res.Offsets = append(res.Offsets, r.offset)
+	}
+	return writers, copies
+}
+
+// storeCopies stores the copies in offset order, a run of one source and topic in one store.
+func storeCopies(ctx context.Context, tx *sql.Tx, writers map[string]*Writer, copies []rejectedCopy) error {
+	for i := 0; i < len(copies); {
+		j := i + 1
+		for j < len(copies) && copies[j].source == copies[i].source && copies[j].topic == copies[i].topic {
+			j++
+		}
+		msgs, keys := make([]*message.Message, 0, j-i), make([]string, 0, j-i)
+		for _, c := range copies[i:j] {
+			msgs, keys = append(msgs, c.msg), append(keys, c.key)
+		}
+		if err := writers[copies[i].source].store(ctx, tx, copies[i].topic, msgs, false, keys); err != nil {
+			return err
+		}
+		i = j
+	}
+	return nil
 }
 
 // rejectedCopy is one row of outbox_rejected as republishing reads it, and, once prepared,

@@ -145,6 +145,25 @@ func (w *Writer) store(ctx context.Context, tx pgtx.Executor, topic string, msgs
 	if setup.IsNil(tx) {
 		return fmt.Errorf("outbox: %w: tx is nil (outside a transaction, pgtx.TxFromContext returns a nil *sql.Tx)", pgtx.ErrNoTransaction)
 	}
+	if err := w.checkBatch(topic, msgs, stamped); err != nil {
+		return err
+	}
+	ctx, span := tracing.StartChild(ctx, w.tracer, tracing.SpanOutboxStore, tracing.Destination.String(topic), tracing.MessageCount.Int(len(msgs)))
+	defer func() { tracing.End(span, err) }()
+	rows, err := w.encodeRows(ctx, topic, msgs, stamped, keys)
+	if err != nil {
+		return err
+	}
+	query, args := w.insertQuery(topic, rows)
+	if _, err = tx.ExecContext(ctx, query, args...); err != nil {
+		return w.insertError(err, len(msgs), topic)
+	}
+	return nil
+}
+
+// checkBatch refuses, before anything is written, an invalid topic or message; delay metadata
+// only on messages to be stamped (parked messages are kept as they came).
+func (w *Writer) checkBatch(topic string, msgs []*message.Message, stamped bool) error {
 	if err := w.CheckTopic(topic); err != nil {
 		return err
 	}
@@ -152,50 +171,74 @@ func (w *Writer) store(ctx context.Context, tx pgtx.Executor, topic string, msgs
 		if err := checkMessage(msg); err != nil {
 			return fmt.Errorf("%w: message %d of %d: %w", ErrInvalidMessage, i+1, len(msgs), err)
 		}
-		if _, _, err := outboxops.DueAt(msg.Metadata); err != nil && stamped { // parked messages are kept as they came
+		if _, _, err := outboxops.DueAt(msg.Metadata); err != nil && stamped {
 			return fmt.Errorf("%w: message %s: %w", ErrInvalidMessage, msg.UUID, err)
 		}
 	}
-	ctx, span := tracing.StartChild(ctx, w.tracer, tracing.SpanOutboxStore, tracing.Destination.String(topic), tracing.MessageCount.Int(len(msgs)))
-	defer func() { tracing.End(span, err) }()
+	return nil
+}
+
+// outboxRows are the columns of the rows store inserts, one element per message.
+type outboxRows struct {
+	uuids, payloads, metadatas, partitionKeys []string
+	types                                     []*string
+	raws                                      [][]byte
+}
+
+// encodeRows stamps the messages (when stamped) and encodes them into the rows to insert.
+func (w *Writer) encodeRows(ctx context.Context, topic string, msgs []*message.Message, stamped bool, keys []string) (outboxRows, error) {
 	cause, _ := ConsumedFromContext(ctx)
 	now := w.config.Now().UTC().Format(time.RFC3339Nano)
-	uuids := make([]string, len(msgs))
-	payloads := make([]string, len(msgs))
-	metadatas := make([]string, len(msgs))
-	partitionKeys := make([]string, len(msgs))
-	types := make([]*string, len(msgs))
-	raws := make([][]byte, len(msgs))
+	r := outboxRows{
+		uuids:         make([]string, len(msgs)),
+		payloads:      make([]string, len(msgs)),
+		metadatas:     make([]string, len(msgs)),
+		partitionKeys: make([]string, len(msgs)),
+		types:         make([]*string, len(msgs)),
+		raws:          make([][]byte, len(msgs)),
+	}
 	for i, msg := range msgs {
 		if stamped {
 			stamp(msg, cause, now)
 			tracing.Stamp(ctx, msg)
 			if err := checkText("metadata", msg.Metadata); err != nil { // inherited correlation_id
-				return fmt.Errorf("%w: message %s: %w", ErrInvalidMessage, msg.UUID, err)
+				return r, fmt.Errorf("%w: message %s: %w", ErrInvalidMessage, msg.UUID, err)
 			}
 		}
 		env, err := marshalEnvelope(topic, msg)
 		if err != nil {
-			return fmt.Errorf("outbox: encode message %s: %w", msg.UUID, err)
+			return r, fmt.Errorf("outbox: encode message %s: %w", msg.UUID, err)
 		}
 		md, err := jsonMetadata(msg.Metadata)
 		if err != nil {
-			return fmt.Errorf("outbox: encode metadata of %s: %w", msg.UUID, err)
+			return r, fmt.Errorf("outbox: encode metadata of %s: %w", msg.UUID, err)
 		}
-		uuids[i], payloads[i], metadatas[i] = msg.UUID, string(env), md
-		partitionKeys[i] = cmp.Or(msg.Metadata.Get(w.config.PartitionKeyField), msg.UUID)
-		if keys != nil && keys[i] != "" {
-			partitionKeys[i] = keys[i]
-		}
-		types[i] = nullIfEmpty(msg.Metadata.Get(MetadataEventType))
-		raws[i] = msg.Payload
-		if raws[i] == nil { // empty bytes, not NULL: the router would send a null value
-			raws[i] = []byte{}
+		r.uuids[i], r.payloads[i], r.metadatas[i] = msg.UUID, string(env), md
+		r.partitionKeys[i] = w.partitionKey(msg, keys, i)
+		r.types[i] = nullIfEmpty(msg.Metadata.Get(MetadataEventType))
+		r.raws[i] = msg.Payload
+		if r.raws[i] == nil { // empty bytes, not NULL: the router would send a null value
+			r.raws[i] = []byte{}
 		}
 	}
-	query, args := w.insertMny, []any{uuids, payloads, metadatas, topic, partitionKeys, types, raws}
-	if len(msgs) == 1 {
-		query, args = w.insertOne, []any{uuids[0], payloads[0], metadatas[0], topic, partitionKeys[0], types[0], raws[0]}
+	return r, nil
+}
+
+// partitionKey is keys[i] when given (a republished row keeps its original's), else the
+// configured metadata field, else the UUID.
+func (w *Writer) partitionKey(msg *message.Message, keys []string, i int) string {
+	if keys != nil && keys[i] != "" {
+		return keys[i]
+	}
+	return cmp.Or(msg.Metadata.Get(w.config.PartitionKeyField), msg.UUID)
+}
+
+// insertQuery is the insert of one row or of many (arrays), with the source and the
+// notification channel when configured.
+func (w *Writer) insertQuery(topic string, r outboxRows) (string, []any) {
+	query, args := w.insertMny, []any{r.uuids, r.payloads, r.metadatas, topic, r.partitionKeys, r.types, r.raws}
+	if len(r.uuids) == 1 {
+		query, args = w.insertOne, []any{r.uuids[0], r.payloads[0], r.metadatas[0], topic, r.partitionKeys[0], r.types[0], r.raws[0]}
 	}
 	if w.config.Source != "" {
 		args = append(args, w.config.Source)
@@ -203,16 +246,18 @@ func (w *Writer) store(ctx context.Context, tx pgtx.Executor, topic string, msgs
 	if w.channel != "" {
 		args = append(args, w.channel)
 	}
-	if _, err = tx.ExecContext(ctx, query, args...); err != nil {
-		if pgtx.IsUndefinedTable(err) {
-			return fmt.Errorf("outbox: table %s is missing: run the migrations (migrate.Migrate or `wmonce migrate up`): %w", w.table, err)
-		}
-		if pgtx.SQLState(err) == codeUndefinedColumn {
-			return fmt.Errorf("outbox: table %s lacks a column of migration 012 or 013 (source, destination, payload_bytes, ...): run the migrations (migrate.Migrate or `wmonce migrate up`): %w", w.table, err)
-		}
-		return fmt.Errorf("outbox: insert %d message(s) for topic %q: %w", len(msgs), topic, err)
+	return query, args
+}
+
+// insertError says which migration is missing when the table or a column is.
+func (w *Writer) insertError(err error, n int, topic string) error {
+	if pgtx.IsUndefinedTable(err) {
+		return fmt.Errorf("outbox: table %s is missing: run the migrations (migrate.Migrate or `wmonce migrate up`): %w", w.table, err)
 	}
-	return nil
+	if pgtx.SQLState(err) == codeUndefinedColumn {
+		return fmt.Errorf("outbox: table %s lacks a column of migration 012 or 013 (source, destination, payload_bytes, ...): run the migrations (migrate.Migrate or `wmonce migrate up`): %w", w.table, err)
+	}
+	return fmt.Errorf("outbox: insert %d message(s) for topic %q: %w", n, topic, err)
 }
 
 // CheckTopic returns the error, wrapping ErrInvalidMessage, with which PublishTx would refuse

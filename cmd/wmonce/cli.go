@@ -93,17 +93,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	name, rest := rest[0], rest[1:]
 	if name == "help" || name == "-h" || name == "--help" {
-		if len(rest) == 0 {
-			printHelp(stdout)
-			return exitOK
-		}
-		c := findCommand(rest[0])
-		if c == nil {
-			fmt.Fprintf(stderr, "wmonce: unknown command %q%s\nRun `wmonce help` for the list.\n", rest[0], suggest(rest[0]))
-			return exitUsage
-		}
-		printCommandHelp(stdout, c)
-		return exitOK
+		return runHelp(rest, stdout, stderr)
 	}
 	c := findCommand(name)
 	if c == nil {
@@ -116,7 +106,26 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			_ = e.db.Close()
 		}
 	}()
-	err := c.runWith(ctx, e, rest)
+	return exitStatus(c, c.runWith(ctx, e, rest), stdout, stderr)
+}
+
+// runHelp is `wmonce help [command]`.
+func runHelp(rest []string, stdout, stderr io.Writer) int {
+	if len(rest) == 0 {
+		printHelp(stdout)
+		return exitOK
+	}
+	c := findCommand(rest[0])
+	if c == nil {
+		fmt.Fprintf(stderr, "wmonce: unknown command %q%s\nRun `wmonce help` for the list.\n", rest[0], suggest(rest[0]))
+		return exitUsage
+	}
+	printCommandHelp(stdout, c)
+	return exitOK
+}
+
+// exitStatus reports c's error, if any, and returns the exit status it means.
+func exitStatus(c *command, err error, stdout, stderr io.Writer) int {
 	var ue *usageError
 	var unchecked *uncheckedError
 	switch {

@@ -194,18 +194,9 @@ func (e *env) inboxInspect(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	var id int64
-	switch {
-	case len(rest) == 1 && *consumer == "" && *message == "":
-		if id, err = strconv.ParseInt(rest[0], 10, 64); err != nil || id < 1 {
-			return usagef("the row id must be a positive integer, got %q", rest[0])
-		}
-	case len(rest) == 0 && *consumer != "" && *message != "":
-		if err := checkInput(operate.CheckConsumer("-consumer", *consumer), operate.CheckText("-message", *message)); err != nil {
-			return err
-		}
-	default:
-		return usagef("give a row id, or -consumer and -message")
+	id, err := inspectTarget(rest, *consumer, *message)
+	if err != nil {
+		return err
 	}
 	ops, err := e.ops(ctx)
 	if err != nil {
@@ -227,6 +218,29 @@ func (e *env) inboxInspect(ctx context.Context, args []string) error {
 	if e.g.json {
 		return e.printJSON(r)
 	}
+	e.printInboxRow(r)
+	return nil
+}
+
+// inspectTarget is the row id `inbox inspect` was given, or 0 when it was given -consumer and
+// -message (checked); a usage error for anything else.
+func inspectTarget(rest []string, consumer, message string) (int64, error) {
+	switch {
+	case len(rest) == 1 && consumer == "" && message == "":
+		id, err := strconv.ParseInt(rest[0], 10, 64)
+		if err != nil || id < 1 {
+			return 0, usagef("the row id must be a positive integer, got %q", rest[0])
+		}
+		return id, nil
+	case len(rest) == 0 && consumer != "" && message != "":
+		return 0, checkInput(operate.CheckConsumer("-consumer", consumer), operate.CheckText("-message", message))
+	default:
+		return 0, usagef("give a row id, or -consumer and -message")
+	}
+}
+
+// printInboxRow prints one inbox row as a table of fields, then its payload.
+func (e *env) printInboxRow(r operate.InboxRow) {
 	w := e.table()
 	fmt.Fprintf(w, "id\t%d\n", r.ID)
 	fmt.Fprintf(w, "consumer\t%s\n", r.Consumer)
@@ -254,7 +268,6 @@ func (e *env) inboxInspect(ctx context.Context, args []string) error {
 	} else {
 		fmt.Fprintf(e.stdout, "payload (%d bytes, not UTF-8, base64):\n%s\n", r.PayloadSize, *r.PayloadBase64)
 	}
-	return nil
 }
 
 // inboxChanges are the inbox changes: what each checks beyond the filter, how it runs, and

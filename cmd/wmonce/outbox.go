@@ -196,22 +196,7 @@ func (e *env) outboxRepublish(ctx context.Context, args []string) error {
 		return err
 	}
 	req := operate.RepublishRequest{Relay: *relay, All: *all, RemoveMetadata: remove.values, DryRun: *dryRun}
-	for _, v := range offsets.values {
-		o, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || o < 1 {
-			return usagef("-offset takes positive outbox offsets, got %q", v)
-		}
-		req.Offsets = append(req.Offsets, o)
-	}
-	switch {
-	case strings.TrimSpace(*relay) == "":
-		return usagef("-relay is required: the relay that rejected the rows (`wmonce outbox rejected` shows it)")
-	case len(req.Offsets) == 0 && !*all:
-		return usagef("name the rows with -offset, or give -all to republish every row relay %q rejected", *relay)
-	case len(req.Offsets) > 0 && *all:
-		return usagef("give -offset or -all, not both")
-	}
-	if err := checkInput(operate.CheckConsumer("-relay", *relay), operate.CheckText("-remove-metadata", remove.values...)); err != nil {
+	if err := checkRepublishFlags(&req, offsets.values); err != nil {
 		return err
 	}
 	db, err := e.openMigrated(ctx)
@@ -225,18 +210,44 @@ func (e *env) outboxRepublish(ctx context.Context, args []string) error {
 	if e.g.json {
 		return e.printJSON(res)
 	}
-	if *dryRun {
-		fmt.Fprintf(e.stdout, "dry run: would republish %d row(s) rejected by relay %q; run again without -dry-run to do it\n", res.Republished, *relay)
+	e.printRepublished(res, *relay, *dryRun)
+	return nil
+}
+
+// checkRepublishFlags parses the -offset values into req.Offsets and checks the selection:
+// a relay, and -offset or -all but not both.
+func checkRepublishFlags(req *operate.RepublishRequest, offsets []string) error {
+	for _, v := range offsets {
+		o, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || o < 1 {
+			return usagef("-offset takes positive outbox offsets, got %q", v)
+		}
+		req.Offsets = append(req.Offsets, o)
+	}
+	switch {
+	case strings.TrimSpace(req.Relay) == "":
+		return usagef("-relay is required: the relay that rejected the rows (`wmonce outbox rejected` shows it)")
+	case len(req.Offsets) == 0 && !req.All:
+		return usagef("name the rows with -offset, or give -all to republish every row relay %q rejected", req.Relay)
+	case len(req.Offsets) > 0 && req.All:
+		return usagef("give -offset or -all, not both")
+	}
+	return checkInput(operate.CheckConsumer("-relay", req.Relay), operate.CheckText("-remove-metadata", req.RemoveMetadata...))
+}
+
+// printRepublished reports what `outbox republish` did, or would do on a dry run.
+func (e *env) printRepublished(res operate.RepublishResponse, relay string, dryRun bool) {
+	if dryRun {
+		fmt.Fprintf(e.stdout, "dry run: would republish %d row(s) rejected by relay %q; run again without -dry-run to do it\n", res.Republished, relay)
 	} else {
-		fmt.Fprintf(e.stdout, "republished %d row(s) rejected by relay %q (offsets %s): they are at the end of the outbox, and every relay of their source forwards them\n", res.Republished, *relay, orDash(joinInts(res.Offsets, ",")))
+		fmt.Fprintf(e.stdout, "republished %d row(s) rejected by relay %q (offsets %s): they are at the end of the outbox, and every relay of their source forwards them\n", res.Republished, relay, orDash(joinInts(res.Offsets, ",")))
 	}
 	if len(res.Undecodable) > 0 {
 		fmt.Fprintf(e.stdout, "%d selected row(s) cannot be decoded and stay rejected (offsets %s): republishing them would only reject them again\n", len(res.Undecodable), joinInts(res.Undecodable, ", "))
 	}
 	if res.Republished == 0 && len(res.Undecodable) == 0 {
-		fmt.Fprintf(e.stdout, "nothing matched: check the selection with `wmonce outbox rejected -relay %s`\n", shellQuote(*relay))
+		fmt.Fprintf(e.stdout, "nothing matched: check the selection with `wmonce outbox rejected -relay %s`\n", shellQuote(relay))
 	}
-	return nil
 }
 
 func (e *env) outboxForget(ctx context.Context, args []string) error {

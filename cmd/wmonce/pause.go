@@ -67,51 +67,74 @@ func (e *env) setPaused(ctx context.Context, args []string, pause bool) error {
 		return err
 	}
 	res := pauseResult{Consumer: *consumer, Relay: *relay, Paused: pause, Changed: true}
+	var err error
 	if *consumer != "" {
-		ops, err := e.ops(ctx)
-		if err != nil {
-			return err
-		}
-		if pause {
-			res.Changed, err = ops.Pause(ctx, *consumer)
-		} else {
-			res.Changed, err = ops.Resume(ctx, *consumer)
-		}
-		if err != nil {
-			return e.explain(err)
-		}
+		res.Changed, err = e.setConsumerPaused(ctx, *consumer, pause)
 	} else {
-		db, err := e.openMigrated(ctx)
-		if err != nil {
-			return err
-		}
-		if pause {
-			res.Changed, err = outbox.PauseRelay(ctx, db, e.g.schema, *relay)
-		} else {
-			res.Changed, err = outbox.ResumeRelay(ctx, db, e.g.schema, *relay)
-		}
-		if err != nil { // outbox.ErrRelayNotFound: a relay registers its name when it first runs
-			return e.explain(err)
-		}
+		res.Changed, err = e.setRelayPaused(ctx, *relay, pause)
+	}
+	if err != nil {
+		return err
 	}
 	if e.g.json {
 		return e.printJSON(res)
 	}
-	what := fmt.Sprintf("relay %q", *relay)
-	if *consumer != "" {
-		what = fmt.Sprintf("inbox consumer %q", *consumer)
+	e.printPaused(res)
+	return nil
+}
+
+// setConsumerPaused pauses or resumes an inbox consumer; false when it was in that state.
+func (e *env) setConsumerPaused(ctx context.Context, consumer string, pause bool) (bool, error) {
+	ops, err := e.ops(ctx)
+	if err != nil {
+		return false, err
+	}
+	var changed bool
+	if pause {
+		changed, err = ops.Pause(ctx, consumer)
+	} else {
+		changed, err = ops.Resume(ctx, consumer)
+	}
+	if err != nil {
+		return false, e.explain(err)
+	}
+	return changed, nil
+}
+
+// setRelayPaused pauses or resumes a relay; false when it was in that state.
+func (e *env) setRelayPaused(ctx context.Context, relay string, pause bool) (bool, error) {
+	db, err := e.openMigrated(ctx)
+	if err != nil {
+		return false, err
+	}
+	var changed bool
+	if pause {
+		changed, err = outbox.PauseRelay(ctx, db, e.g.schema, relay)
+	} else {
+		changed, err = outbox.ResumeRelay(ctx, db, e.g.schema, relay)
+	}
+	if err != nil { // outbox.ErrRelayNotFound: a relay registers its name when it first runs
+		return false, e.explain(err)
+	}
+	return changed, nil
+}
+
+// printPaused says what pause or resume did.
+func (e *env) printPaused(res pauseResult) {
+	what := fmt.Sprintf("relay %q", res.Relay)
+	if res.Consumer != "" {
+		what = fmt.Sprintf("inbox consumer %q", res.Consumer)
 	}
 	switch {
-	case pause && res.Changed:
+	case res.Paused && res.Changed:
 		fmt.Fprintf(e.stdout, "paused %s; `wmonce resume` undoes it\n", what)
-	case pause:
+	case res.Paused:
 		fmt.Fprintf(e.stdout, "%s was paused already\n", what)
 	case res.Changed:
 		fmt.Fprintf(e.stdout, "resumed %s\n", what)
 	default:
 		fmt.Fprintf(e.stdout, "%s was not paused\n", what)
 	}
-	return nil
 }
 
 // printInboxPauses adds the paused consumers to the inbox stats.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/internal/operate"
@@ -216,7 +217,12 @@ func runDedupe(ctx context.Context, e *env, args []string) error {
 	if e.g.json {
 		return e.printJSON(p)
 	}
-	w := e.stdout
+	printProcessed(e.stdout, p)
+	return nil
+}
+
+// printProcessed says whether p's message was applied, with its claim and inbox row.
+func printProcessed(w io.Writer, p operate.Processed) {
 	switch {
 	case p.Claim != nil:
 		fmt.Fprintf(w, "processed: message %q was applied by consumer %q at %s\n", p.Key, p.Consumer, when(p.Claim.ProcessedAt))
@@ -245,5 +251,4 @@ func runDedupe(ctx context.Context, e *env, args []string) error {
 	if !p.Processed && p.Inbox == nil {
 		fmt.Fprintf(w, "  it was never applied by this consumer, or its record was deleted by retention; check the consumer name and that the key is the one it dedupes on\n")
 	}
-	return nil
 }
