@@ -11,13 +11,14 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/trace"
+
 	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/lend"
 	"github.com/wmonce/watermill-once/internal/partition"
 	"github.com/wmonce/watermill-once/internal/tracing"
 	"github.com/wmonce/watermill-once/internal/txguard"
 	"github.com/wmonce/watermill-once/pgtx"
-	"go.opentelemetry.io/otel/trace"
 )
 
 // claim inserts the key first. It returns fresh=false for a duplicate, after checking the

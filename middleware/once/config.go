@@ -9,11 +9,12 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/trace"
+
 	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
-	"go.opentelemetry.io/otel/trace"
 )
 
 // Config configures the effectively-once middleware.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+
 	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/groupcommit"
 	"github.com/wmonce/watermill-once/internal/partition"

@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+
 	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/partition"
 	"github.com/wmonce/watermill-once/internal/txguard"
