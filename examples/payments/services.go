@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -70,10 +71,15 @@ type rewardsService struct {
 	n          narrator
 	deliveries atomic.Int64
 	// credited holds the deliveries whose handler ran, until observe reads it: the middleware
-	// calls the handler only for a fresh claim. Per message, unlike the middleware's Counters,
-	// which a concurrent delivery moves too.
-	credited sync.Map // *message.Message -> bool (false: the payment was credited before)
+	// calls the handler only for a fresh claim. Per delivery, unlike the middleware's Counters,
+	// which a concurrent delivery moves too. Keyed by the delivery number observe puts in the
+	// metadata: the handler gets a copy of the message (its Ack and Nack are its own), so the
+	// pointer is not the delivery's.
+	credited sync.Map // delivery number -> bool (false: the payment was credited before)
 }
+
+// metadataDelivery carries observe's delivery number to the handler's copy of the message.
+const metadataDelivery = "demo_delivery"
 
 func newRewards(db *sql.DB, b *broker.Broker, schema, inTopic, outTopic string, n narrator, logger watermill.LoggerAdapter) (*rewardsService, error) {
 	mw, err := once.New(db, once.Config{Schema: schema, Consumer: "rewards"}, logger)
@@ -107,7 +113,7 @@ VALUES ($1, $2, $3) ON CONFLICT (payment_id) DO NOTHING`, ev.PaymentID, msg.UUID
 		return err
 	}
 	k, _ := res.RowsAffected()
-	r.credited.Store(msg, k > 0)
+	r.credited.Store(msg.Metadata.Get(metadataDelivery), k > 0)
 	if k == 0 {
 		// A second, different event id for the same payment: the business key holds the line.
 		r.n.say("rewards: %s was already credited under another event id; nothing to do", ev.PaymentID)
@@ -124,9 +130,11 @@ VALUES ($1, $2, $3) ON CONFLICT (payment_id) DO NOTHING`, ev.PaymentID, msg.UUID
 // observe narrates each delivery and how it ended, and counts deliveries.
 func (r *rewardsService) observe(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		out, err := h(msg)
-		credited, ran := r.credited.LoadAndDelete(msg)
 		k := r.deliveries.Add(1)
+		id := strconv.FormatInt(k, 10)
+		msg.Metadata.Set(metadataDelivery, id)
+		out, err := h(msg)
+		credited, ran := r.credited.LoadAndDelete(id)
 		where := transport(msg)
 		switch {
 		case err != nil:
