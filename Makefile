@@ -85,14 +85,14 @@ quickstart: services-postgres
 # promtool is a tool, not a service: Debian's prometheus package, installed for ops/metrics's
 # test of ops/deploy, its server never started.
 services:
-	@$(MAKE) --no-print-directory services-up WHAT="postgres pg-restore rabbitmq chromium promtool kafka"
+	@$(MAKE) --no-print-directory services-up WHAT="postgres pg-restore rabbitmq chromium promtool kafka connect"
 
 services-postgres:
 	@$(MAKE) --no-print-directory services-up WHAT=postgres
 
 services-up:
 ifeq ($(SERVICES_VIA),docker)
-	docker compose up -d --wait $(filter-out chromium promtool pg-restore,$(WHAT))
+	docker compose up -d --wait $(patsubst connect,connect-1 connect-2,$(filter-out chromium promtool pg-restore,$(WHAT)))
 	@if echo "$(WHAT)" | grep -q chromium && ! command -v chromium >/dev/null 2>&1; then \
 	  echo "Chromium is missing: the admin page's browser test needs it (Debian: apt-get install chromium)"; exit 1; fi
 	@if echo "$(WHAT)" | grep -q promtool && ! command -v promtool >/dev/null 2>&1; then \
