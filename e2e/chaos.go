@@ -561,13 +561,14 @@ func waitFor(t *testing.T, ctx context.Context, limit time.Duration, cond func()
 }
 
 // ServicesScript runs the project's provisioning script (e2e/services) with args, from a
-// test whose working directory is a package directory of this module.
+// test whose working directory is a package directory of this module. The e2e module's root
+// is the e2e folder itself, which holds the script.
 func ServicesScript(ctx context.Context, args ...string) error {
-	root, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	gomod, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
 	if err != nil {
 		return fmt.Errorf("find the module root: %w", err)
 	}
-	script := filepath.Join(filepath.Dir(strings.TrimSpace(string(root))), "e2e", "services")
+	script := filepath.Join(filepath.Dir(strings.TrimSpace(string(gomod))), "services")
 	out, err := exec.CommandContext(ctx, "bash", append([]string{script}, args...)...).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("e2e/services %s: %w\n%s", strings.Join(args, " "), err, out)
