@@ -40,7 +40,7 @@ func (k *Kit) runInbox(ctx context.Context, h message.HandlerFunc, s schedule, c
 	done := make(chan struct{})
 	procErr := make(chan error, 1)
 	go func() {
-		procErr <- k.processInbox(ctx, handler, k.inboxProcessorConfig(consumer, topic), restart, done)
+		procErr <- k.processInbox(ctx, handler, k.inboxProcessorConfig(consumer, topic, s.concurrent), restart, done)
 	}()
 	stop := func() error { close(done); return <-procErr }
 
@@ -57,10 +57,17 @@ func (k *Kit) runInbox(ctx context.Context, h message.HandlerFunc, s schedule, c
 }
 
 // inboxProcessorConfig is the Processor's configuration for a run: quick retries, attempts
-// bounded as a broker's redeliveries are, and the own-transaction mode's ShutdownGrace.
-func (k *Kit) inboxProcessorConfig(consumer, topic string) inbox.ProcessorConfig {
+// bounded as a broker's redeliveries are, and the own-transaction mode's ShutdownGrace. When
+// the schedule delivers at the same time, each worker claims one row at a time: a worker runs
+// its claimed batch in sequence, so a batch holding two of the copies would never overlap them
+// (CI saw a lost-update check wait for an overlap that one worker's batch of 16 ruled out).
+func (k *Kit) inboxProcessorConfig(consumer, topic string, concurrent bool) inbox.ProcessorConfig {
+	batch := 0 // the default
+	if concurrent {
+		batch = 1
+	}
 	return inbox.ProcessorConfig{
-		Schema: k.cfg.Schema, Consumer: consumer, OutputTopic: topic,
+		Schema: k.cfg.Schema, Consumer: consumer, OutputTopic: topic, BatchSize: batch,
 		TxOptions: k.middlewareConfig(ModeInbox, consumer, topic).TxOptions,
 		Backoff:   time.Millisecond, MaxBackoff: 10 * time.Millisecond, PollInterval: 20 * time.Millisecond,
 		ReapInterval: 50 * time.Millisecond, ShutdownGrace: ownTxShutdownGrace, MaxAttempts: maxRedeliveries,
