@@ -165,46 +165,46 @@ func TestAdminPageInChromium(t *testing.T) {
 	// Replay one row with its own button.
 	ids := f.ids(t, "FAILED")
 	require.Len(t, ids, 5)
-	step(t, ctx, "click Replay on the first row", chromedp.Click(chromedp.CSS(fmt.Sprintf(`#rows tbody tr[data-id="%d"] button.replay`, ids[0]))))
+	click(t, ctx, "click Replay on the first row", fmt.Sprintf(`#rows tbody tr[data-id="%d"] button.replay`, ids[0]))
 	waitFor(t, ctx, "the replay message", fmt.Sprintf(`document.getElementById("flash").textContent.includes("Replayed row %d")`, ids[0]))
 	require.Equal(t, "PENDING", f.rowStatus(t, ids[0]))
 	waitFor(t, ctx, "the row to leave the FAILED list", `document.querySelectorAll('#rows tbody tr[data-status="FAILED"]').length === 4`)
 
 	// Skip the last row: the button asks for a reason first.
 	row := fmt.Sprintf(`#rows tbody tr[data-id="%d"] `, ids[3])
-	step(t, ctx, "click Skip", chromedp.Click(chromedp.CSS(row+`button.skip`)))
+	click(t, ctx, "click Skip", row+`button.skip`)
 	step(t, ctx, "type the reason", chromedp.SendKeys(chromedp.CSS(row+`input.skip-reason`), "paid by bank transfer"))
-	step(t, ctx, "confirm the skip", chromedp.Click(chromedp.CSS(row+`button.skip-confirm`)))
+	click(t, ctx, "confirm the skip", row+`button.skip-confirm`)
 	waitFor(t, ctx, "the skip message", fmt.Sprintf(`document.getElementById("flash").textContent.includes("Skipped row %d")`, ids[3]))
 	require.Equal(t, "SKIPPED", f.rowStatus(t, ids[3]))
 	require.Equal(t, 1, pgtest.Count(t, f.db, `SELECT count(*) FROM `+f.table("inbox")+` WHERE id = $1 AND last_error LIKE 'skipped: paid by bank transfer%'`, ids[3]))
 	waitFor(t, ctx, "three FAILED rows left", `document.querySelectorAll('#rows tbody tr[data-status="FAILED"]').length === 3`)
 
 	// Inspect a row: the payload is shown as text.
-	step(t, ctx, "open a row", chromedp.Click(chromedp.CSS(fmt.Sprintf(`#rows tbody tr[data-id="%d"] td button.link`, ids[1]))))
+	click(t, ctx, "open a row", fmt.Sprintf(`#rows tbody tr[data-id="%d"] td button.link`, ids[1]))
 	waitFor(t, ctx, "the row detail", `!document.getElementById("detail").hidden`)
 	require.Contains(t, text("#detail-body"), `<img src=x onerror=alert(1)>`)
-	step(t, ctx, "close the row", chromedp.Click(chromedp.CSS(`#detail-close`)))
+	click(t, ctx, "close the row", `#detail-close`)
 	waitFor(t, ctx, "the detail to close", `document.getElementById("detail").hidden`)
 
 	// Skip a row from its detail view: the reason box opens in the dialog.
-	step(t, ctx, "open another row", chromedp.Click(chromedp.CSS(fmt.Sprintf(`#rows tbody tr[data-id="%d"] td button.link`, ids[4]))))
+	click(t, ctx, "open another row", fmt.Sprintf(`#rows tbody tr[data-id="%d"] td button.link`, ids[4]))
 	waitFor(t, ctx, "its detail", fmt.Sprintf(`!document.getElementById("detail").hidden && document.getElementById("detail-title").textContent.includes("Inbox row %d")`, ids[4]))
-	step(t, ctx, "click Skip in the detail", chromedp.Click(chromedp.CSS(`#detail-actions button.skip`)))
+	click(t, ctx, "click Skip in the detail", `#detail-actions button.skip`)
 	step(t, ctx, "type the reason", chromedp.SendKeys(chromedp.CSS(`#detail-actions input.skip-reason`), "duplicate invoice"))
-	step(t, ctx, "confirm the skip", chromedp.Click(chromedp.CSS(`#detail-actions button.skip-confirm`)))
+	click(t, ctx, "confirm the skip", `#detail-actions button.skip-confirm`)
 	waitFor(t, ctx, "the skip message", fmt.Sprintf(`document.getElementById("flash").textContent.includes("Skipped row %d")`, ids[4]))
 	require.Equal(t, "SKIPPED", f.rowStatus(t, ids[4]))
 	waitFor(t, ctx, "the detail to close after the change", `document.getElementById("detail").hidden`)
 	waitFor(t, ctx, "two FAILED rows left", `document.querySelectorAll('#rows tbody tr[data-status="FAILED"]').length === 2`)
 
 	// Bulk replay: the dry run says how many rows, the confirmation replays them.
-	step(t, ctx, "click Replay matching rows", chromedp.Click(chromedp.CSS(`#replay-all`)))
+	click(t, ctx, "click Replay matching rows", `#replay-all`)
 	waitFor(t, ctx, "the confirmation", `!document.getElementById("confirm").hidden`)
 	require.Contains(t, text("#confirm-text"), "2 FAILED row(s) of billing will run again")
 	require.Equal(t, 2, f.count(t, "FAILED"), "the dry run changed nothing")
 	screenshot(t, ctx, "admin-confirm-replay.png")
-	step(t, ctx, "confirm", chromedp.Click(chromedp.CSS(`#confirm-yes`)))
+	click(t, ctx, "confirm", `#confirm-yes`)
 	waitFor(t, ctx, "the bulk replay message", `document.getElementById("flash").textContent.includes("Replayed 2 row(s)")`)
 
 	require.Equal(t, 0, f.count(t, "FAILED"))

@@ -93,7 +93,7 @@ func TestAdminChartsAndDetailsInChromium(t *testing.T) {
 	require.Equal(t, "hour", step(t, ctx, "read the window", chromedp.Evaluate[string](`document.getElementById("consumer-charts").dataset.window`)))
 	screenshot(t, ctx, "admin-charts-hour.png")
 
-	step(t, ctx, "show the last day", chromedp.Click(chromedp.CSS(`#w-day`)))
+	click(t, ctx, "show the last day", `#w-day`)
 	waitFor(t, ctx, "the day's charts", `document.getElementById("consumer-charts").dataset.window === "day"`)
 	require.Contains(t, text("#consumer-charts figcaption"), "in the last day")
 	screenshot(t, ctx, "admin-charts-day.png")
@@ -105,7 +105,7 @@ func TestAdminChartsAndDetailsInChromium(t *testing.T) {
 
 	// An inbox row parked as FAILED: fields, last error, metadata and the payload indented.
 	failed := f.ids(t, "FAILED")
-	step(t, ctx, "open a FAILED row", chromedp.Click(chromedp.CSS(fmt.Sprintf(`#rows tbody tr[data-id="%d"] td button.link`, failed[0]))))
+	click(t, ctx, "open a FAILED row", fmt.Sprintf(`#rows tbody tr[data-id="%d"] td button.link`, failed[0]))
 	waitFor(t, ctx, "the inbox row detail", `!document.getElementById("detail").hidden && document.getElementById("detail").dataset.kind === "inbox"`)
 	require.Contains(t, text("#detail-title"), fmt.Sprintf("Inbox row %d · billing", failed[0]))
 	require.Equal(t, "FAILED", text("#detail-status"))
@@ -116,7 +116,7 @@ func TestAdminChartsAndDetailsInChromium(t *testing.T) {
 	require.Contains(t, text("#detail-fields"), "inv-1")
 	require.Zero(t, count("#detail img, #detail b, #detail script"), "producer text stays text")
 	viewScreenshot(t, ctx, "admin-inbox-row.png")
-	step(t, ctx, "close", chromedp.Click(chromedp.CSS(`#detail-close`)))
+	click(t, ctx, "close", `#detail-close`)
 
 	// The rows without a valid UTF-8 or JavaScript-sized payload, through the status filter.
 	step(t, ctx, "list PENDING rows of the last 15 minutes", chromedp.Evaluate[bool](`(() => {
@@ -130,15 +130,15 @@ func TestAdminChartsAndDetailsInChromium(t *testing.T) {
 	openByMessage("bin-1")
 	require.Contains(t, text("#detail-payload-kind"), "binary, 6 B, hex")
 	require.Contains(t, text("#detail-payload"), "00000000  ff 00 01 6f 6b c3")
-	step(t, ctx, "close", chromedp.Click(chromedp.CSS(`#detail-close`)))
+	click(t, ctx, "close", `#detail-close`)
 	waitFor(t, ctx, "the detail to close", `document.getElementById("detail").hidden`)
 	openByMessage("big-1")
 	require.Contains(t, text("#detail-payload"), `"amount": 12345678901234567890`, "numbers are shown as written")
-	step(t, ctx, "close", chromedp.Click(chromedp.CSS(`#detail-close`)))
+	click(t, ctx, "close", `#detail-close`)
 
 	// The row the relay set aside.
 	waitFor(t, ctx, "the rejected row", `document.querySelectorAll('#rejected-rows tbody tr[data-relay="sms"]').length === 1`)
-	step(t, ctx, "open the rejected row", chromedp.Click(chromedp.CSS(`#rejected-rows tbody tr[data-relay="sms"] button.link`)))
+	click(t, ctx, "open the rejected row", `#rejected-rows tbody tr[data-relay="sms"] button.link`)
 	waitFor(t, ctx, "the rejected row detail", `!document.getElementById("detail").hidden && document.getElementById("detail").dataset.kind === "rejected"`)
 	require.Contains(t, text("#detail-title"), "relay sms")
 	require.Contains(t, text("#detail-fields"), "legacy-7")

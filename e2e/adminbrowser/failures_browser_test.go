@@ -52,7 +52,7 @@ func TestAdminPageFailureGroupsInChromium(t *testing.T) {
 	screenshot(t, ctx, "admin-failure-groups.png")
 
 	// Replay the inbox group: the dry run lists exactly its rows.
-	step(t, ctx, "click Replay on the billing group", chromedp.Click(chromedp.CSS(billingRow+` button.g-replay`)))
+	click(t, ctx, "click Replay on the billing group", billingRow+` button.g-replay`)
 	waitFor(t, ctx, "the confirmation", `!document.getElementById("g-confirm").hidden`)
 	require.Contains(t, text("#g-confirm-text"), "4 inbox row(s) of consumer billing")
 	ids := f.ids(t, "FAILED")
@@ -60,7 +60,7 @@ func TestAdminPageFailureGroupsInChromium(t *testing.T) {
 	require.Equal(t, fmt.Sprintf("Row ids: %d, %d, %d, %d", ids[0], ids[1], ids[2], ids[3]), text("#g-confirm-ids"))
 	require.Equal(t, 4, f.count(t, "FAILED"), "the dry run changed nothing")
 	screenshot(t, ctx, "admin-failure-group-confirm.png")
-	step(t, ctx, "confirm", chromedp.Click(chromedp.CSS(`#g-yes`)))
+	click(t, ctx, "confirm", `#g-yes`)
 	waitFor(t, ctx, "the replay message", fmt.Sprintf(`document.getElementById("flash").textContent.includes("Replay: 4 row(s) of group %s changed")`, billing.Fingerprint))
 	require.Equal(t, 0, f.count(t, "FAILED"))
 	require.Equal(t, 4, f.count(t, "PENDING"))
@@ -68,11 +68,11 @@ func TestAdminPageFailureGroupsInChromium(t *testing.T) {
 
 	// Discard the rejected group of topic cashback.
 	cashbackRow := fmt.Sprintf(`#failure-groups tbody tr[data-fingerprint=%q]`, cashback.Fingerprint)
-	step(t, ctx, "click Discard on the cashback group", chromedp.Click(chromedp.CSS(cashbackRow+` button.g-discard`)))
+	click(t, ctx, "click Discard on the cashback group", cashbackRow+` button.g-discard`)
 	waitFor(t, ctx, "the confirmation", `!document.getElementById("g-confirm").hidden`)
 	require.Contains(t, text("#g-confirm-text"), "1 rejected outbox row(s) of relay kafka on topic cashback will be deleted")
 	require.Equal(t, 3, pgtest.Count(t, f.db, `SELECT count(*) FROM `+f.table("outbox_rejected")), "the dry run deleted nothing")
-	step(t, ctx, "confirm", chromedp.Click(chromedp.CSS(`#g-yes`)))
+	click(t, ctx, "confirm", `#g-yes`)
 	waitFor(t, ctx, "the discard message", `document.getElementById("flash").textContent.includes("Discard: 1 row(s)")`)
 	require.Zero(t, pgtest.Count(t, f.db, `SELECT count(*) FROM `+f.table("outbox_rejected")+` WHERE topic = 'cashback'`))
 	require.Equal(t, 2, pgtest.Count(t, f.db, `SELECT count(*) FROM `+f.table("outbox_rejected")), "the undecodable rows stay")
@@ -81,10 +81,10 @@ func TestAdminPageFailureGroupsInChromium(t *testing.T) {
 	// Replay the parked message: it is stored again for the topic it was consumed from.
 	parkedRow := fmt.Sprintf(`#failure-groups tbody tr[data-fingerprint=%q]`, parked.Fingerprint)
 	require.Contains(t, text(parkedRow), "parked (poison queue)")
-	step(t, ctx, "click Replay on the parked group", chromedp.Click(chromedp.CSS(parkedRow+` button.g-replay`)))
+	click(t, ctx, "click Replay on the parked group", parkedRow+` button.g-replay`)
 	waitFor(t, ctx, "the confirmation", `!document.getElementById("g-confirm").hidden`)
 	require.Contains(t, text("#g-confirm-text"), "1 parked message(s) of handler ledger on topic payments will be stored in the outbox again")
-	step(t, ctx, "confirm", chromedp.Click(chromedp.CSS(`#g-yes`)))
+	click(t, ctx, "confirm", `#g-yes`)
 	waitFor(t, ctx, "the parked replay message", fmt.Sprintf(`document.getElementById("flash").textContent.includes("Replay: 1 row(s) of group %s changed")`, parked.Fingerprint))
 	require.Equal(t, 1, pgtest.Count(t, f.db, `SELECT count(*) FROM `+f.table("outbox")+` WHERE uuid = 'evt-17' AND payload->>'destination_topic' = 'payments'`))
 	waitFor(t, ctx, "two groups left", `document.querySelectorAll('#failure-groups tbody tr[data-fingerprint]').length === 2`)
