@@ -1,6 +1,7 @@
 package idemkey
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -107,32 +108,34 @@ func (s Source) Parts(msg *message.Message) (consumer, messageID string, err err
 	if msg == nil {
 		return "", "", fmt.Errorf("%w: message is nil", ErrInvalidPart)
 	}
-	claimedConsumer, claimedKey, claimed := wmonce.ClaimFromContext(msg.Context())
-	consumer = s.Consumer
-	if consumer == "" && claimed {
-		consumer = claimedConsumer
-	}
-	if consumer == "" {
-		consumer = message.HandlerNameFromCtx(msg.Context())
-	}
+	claimedConsumer, _, _ := wmonce.ClaimFromContext(msg.Context())
+	consumer = cmp.Or(s.Consumer, claimedConsumer, message.HandlerNameFromCtx(msg.Context()))
 	if consumer == "" {
 		return "", "", fmt.Errorf("%w: no consumer name: the message was not delivered by a Watermill router handler; set Source.Consumer", ErrInvalidPart)
 	}
-	switch {
-	case s.MessageID != nil:
-		messageID, err = s.MessageID(msg)
-		if err != nil {
-			return "", "", fmt.Errorf("%w: message id: %w", ErrInvalidPart, err)
-		}
-	case claimed:
-		messageID = claimedKey
-	default:
-		messageID = msg.UUID
+	if messageID, err = s.messageID(msg); err != nil {
+		return "", "", err
 	}
 	if messageID == "" {
 		return "", "", fmt.Errorf("%w: message %q has an empty id", ErrInvalidPart, msg.UUID)
 	}
 	return consumer, messageID, nil
+}
+
+// messageID returns the id keys of msg derive from: Source.MessageID's, else the key the
+// middleware claimed msg under, else its UUID.
+func (s Source) messageID(msg *message.Message) (string, error) {
+	if s.MessageID != nil {
+		id, err := s.MessageID(msg)
+		if err != nil {
+			return "", fmt.Errorf("%w: message id: %w", ErrInvalidPart, err)
+		}
+		return id, nil
+	}
+	if _, key, claimed := wmonce.ClaimFromContext(msg.Context()); claimed {
+		return key, nil
+	}
+	return msg.UUID, nil
 }
 
 // Key returns Derive(consumer, message id, step) for msg.

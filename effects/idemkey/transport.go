@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"net/textproto"
 	"strings"
+
+	"github.com/wmonce/watermill-once/internal/setup"
 )
 
 // defaultHeader is the header Stripe and the IETF Idempotency-Key draft use.
@@ -50,10 +52,7 @@ func (c *TransportConfig) setDefaults() {
 
 // Validate reports a header name that is not a valid HTTP token.
 func (c TransportConfig) Validate() error {
-	if !validToken(c.Header) {
-		return fmt.Errorf("Header %q is not a valid HTTP header name", c.Header)
-	}
-	return nil
+	return setup.Check(setup.IsHTTPToken(c.Header), "Header %q is not a valid HTTP header name", c.Header)
 }
 
 // Transport is an http.RoundTripper that attaches the key from the request context (WithKey)
@@ -87,21 +86,15 @@ func NewTransport(base http.RoundTripper, config TransportConfig) (*Transport, e
 // RoundTrip implements http.RoundTripper.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	explicit, names, err := t.explicitKey(req.Header)
-	if err != nil {
+	switch {
+	case err != nil:
 		return nil, t.refuse(req, fmt.Errorf("%w: %s %s: %w", ErrConflictingKeys, req.Method, req.URL.Redacted(), err))
-	}
-	key := explicit
-	if key == "" {
-		var ok bool
-		if key, ok = KeyFromContext(req.Context()); !ok {
-			if t.config.AllowMissingKey || safeMethod(req.Method) {
-				return t.base.RoundTrip(req)
-			}
-			return nil, t.refuse(req, fmt.Errorf("%w: %s %s: put one in the context with idemkey.WithKey (derive it with idemkey.Derive or idemkey.ForMessage) or set the %s header", ErrMissingKey, req.Method, req.URL.Redacted(), t.header))
-		}
-	}
-	if explicit != "" && len(names) == 1 && len(req.Header[names[0]]) == 1 {
+	case explicit != "" && len(names) == 1 && len(req.Header[names[0]]) == 1:
 		return t.base.RoundTrip(req) // one key, once: send as given
+	}
+	key, _ := KeyFromContext(req.Context())
+	if key = cmp.Or(explicit, key); key == "" {
+		return t.withoutKey(req)
 	}
 	// Leave exactly one value under the canonical name: a second spelling of the name in the
 	// map would go on the wire as a second header.
@@ -111,6 +104,15 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	clone.Header.Set(t.header, key)
 	return t.base.RoundTrip(clone)
+}
+
+// withoutKey sends a request that carries no key as it is, if it is safe or the config allows
+// it, and refuses it otherwise.
+func (t *Transport) withoutKey(req *http.Request) (*http.Response, error) {
+	if t.config.AllowMissingKey || safeMethod(req.Method) {
+		return t.base.RoundTrip(req)
+	}
+	return nil, t.refuse(req, fmt.Errorf("%w: %s %s: put one in the context with idemkey.WithKey (derive it with idemkey.Derive or idemkey.ForMessage) or set the %s header", ErrMissingKey, req.Method, req.URL.Redacted(), t.header))
 }
 
 // explicitKey returns the key the caller set in h under any spelling of the header name, the
@@ -149,16 +151,4 @@ func safeMethod(m string) bool {
 		return true // "" means GET for http.Client
 	}
 	return false
-}
-
-func validToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for _, r := range s {
-		if r >= 0x80 || r <= ' ' || strings.ContainsRune("\"(),/:;<=>?@[\\]{}", r) || r == 0x7f {
-			return false
-		}
-	}
-	return true
 }

@@ -134,14 +134,14 @@ func (c Config) Validate() error {
 		setup.NotNegative("RetryAfter", c.RetryAfter),
 		pgtx.CheckTxOptions("TxOptions", c.TxOptions),
 	}
-	if !validToken(c.Header) {
+	if !setup.IsHTTPToken(c.Header) {
 		errs = append(errs, fmt.Errorf("Header %q is not a valid HTTP header name", c.Header))
 	}
 	if len(c.Methods) == 0 {
 		errs = append(errs, errors.New("Methods is empty: the middleware would do nothing; leave it nil for POST and PATCH"))
 	}
 	for _, m := range c.Methods {
-		if !validToken(m) || strings.ToUpper(m) != m {
+		if !setup.IsHTTPToken(m) || strings.ToUpper(m) != m {
 			errs = append(errs, fmt.Errorf("method %q is not an upper-case HTTP method token", m))
 		}
 	}
@@ -152,21 +152,9 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("MaxRequestBytes and MaxResponseBytes must be positive"))
 	}
 	for _, h := range c.FingerprintHeaders {
-		if !validToken(h) {
+		if !setup.IsHTTPToken(h) {
 			errs = append(errs, fmt.Errorf("FingerprintHeaders: %q is not a valid header name", h))
 		}
 	}
 	return errors.Join(errs...)
-}
-
-func validToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for _, r := range s {
-		if r >= 0x7f || r <= ' ' || strings.ContainsRune("\"(),/:;<=>?@[\\]{}", r) {
-			return false
-		}
-	}
-	return true
 }

@@ -141,7 +141,7 @@ const encodedPrefix = "base64:"
 func encodeHeaders(h http.Header) ([]byte, error) {
 	out := make(map[string][]string, len(h))
 	for name, values := range h {
-		if !validToken(name) {
+		if !setup.IsHTTPToken(name) {
 			continue
 		}
 		plain := true
