@@ -18,8 +18,7 @@ const defaultHeader = "Idempotency-Key"
 // ErrMissingKey is returned by Transport for an unsafe request without a key.
 var ErrMissingKey = errors.New("idemkey: request has no idempotency key")
 
-// ErrConflictingKeys is returned by Transport for a request whose header carries two different
-// keys (set under differently spelled names, or added twice): either could be the wrong one.
+// ErrConflictingKeys is returned by Transport for a request whose header carries two keys.
 var ErrConflictingKeys = errors.New("idemkey: request carries conflicting idempotency keys")
 
 type keyContextKey struct{}
@@ -39,10 +38,8 @@ func KeyFromContext(ctx context.Context) (string, bool) {
 type TransportConfig struct {
 	// Header carries the key. Default "Idempotency-Key".
 	Header string
-	// AllowMissingKey lets requests through unchanged when neither the context nor the request
-	// carries a key. By default a request with an unsafe method (POST, PUT, PATCH, DELETE, ...)
-	// and no key fails with ErrMissingKey before anything is sent: a forgotten key would
-	// otherwise repeat the effect on every redelivery without anyone noticing.
+	// AllowMissingKey sends requests without a key unchanged. By default an unsafe request
+	// (POST, PUT, PATCH, DELETE, ...) without one fails with ErrMissingKey, unsent.
 	AllowMissingKey bool
 }
 
@@ -55,16 +52,10 @@ func (c TransportConfig) Validate() error {
 	return setup.Check(setup.IsHTTPToken(c.Header), "Header %q is not a valid HTTP header name", c.Header)
 }
 
-// Transport is an http.RoundTripper that attaches the key from the request context (WithKey)
-// as a header, then hands the request to Base.
-//
-// A key the caller set in the header wins over the context's, under any spelling of the header
-// name (req.Header["idempotency-key"] counts as well as Header.Set). Exactly one value is ever
-// sent: duplicates of the same key, and empty values, are collapsed into one header under the
-// canonical name; two different keys in the header are refused with ErrConflictingKeys. It never
-// mutates the request it is given (it sends a clone), and closes the request body when it
-// refuses a request, as the RoundTripper contract requires. It does not retry: put your retry
-// loop (or client) around it, and every retry of the same context sends the same key.
+// Transport is an http.RoundTripper that sends the key of the request's context (WithKey) as
+// a header. A key the caller set in the header wins, under any spelling of its name; exactly
+// one value is sent, and two different keys are refused (ErrConflictingKeys). It never mutates
+// the request and does not retry: every retry of one context sends the same key.
 type Transport struct {
 	base   http.RoundTripper
 	header string
