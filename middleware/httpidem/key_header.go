@@ -24,12 +24,8 @@ func (m *Middleware) parseKey(r *http.Request) (string, bool, error) {
 			return "", true, fmt.Errorf("%s is not a valid quoted string: %w", m.header, err)
 		}
 		v = s
-	} else {
-		for i := 0; i < len(v); i++ {
-			if v[i] <= ' ' || v[i] >= 0x7f {
-				return "", true, fmt.Errorf("%s may contain only visible ASCII characters (or be a quoted string)", m.header)
-			}
-		}
+	} else if strings.IndexFunc(v, notVisibleASCII) >= 0 {
+		return "", true, fmt.Errorf("%s may contain only visible ASCII characters (or be a quoted string)", m.header)
 	}
 	switch {
 	case v == "":
@@ -67,3 +63,7 @@ func unquoteSFString(s string) (string, error) {
 	}
 	return b.String(), nil
 }
+
+// notVisibleASCII reports a rune a bare key cannot hold: controls, space and anything beyond
+// ASCII (invalid UTF-8 decodes to U+FFFD and counts as beyond).
+func notVisibleASCII(r rune) bool { return r <= ' ' || r >= 0x7f }
