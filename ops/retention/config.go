@@ -45,7 +45,8 @@ type Policy struct {
 type Config struct {
 	// Schema holds watermill-once's tables. Default pgtx.DefaultSchema.
 	Schema string
-	// Default is the policy of every consumer not listed in Consumers.
+	// Default is the policy of every consumer not listed in Consumers; a listed consumer's
+	// policy covers all its dedupe records (claims and finished inbox rows).
 	Default   Policy
 	Consumers map[string]Policy
 	// InboxKeep is how long unlisted consumers' finished inbox rows are kept (listed ones:
