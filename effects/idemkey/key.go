@@ -1,6 +1,7 @@
 package idemkey
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -17,16 +18,14 @@ import (
 // keys of different versions can never be equal by accident.
 const versionTag = "watermill-once/idemkey/v1"
 
-// MaxPartLength bounds each part of a key, in bytes. Longer parts are refused as a sign of a
-// mistake (a payload passed as an id).
+// MaxPartLength bounds each part of a key, in bytes (a longer one is a mistake).
 const MaxPartLength = 4096
 
-// ErrInvalidPart is wrapped by every error about an unusable consumer, message id or step.
+// ErrInvalidPart is wrapped by every error about a consumer, message id or step.
 var ErrInvalidPart = errors.New("idemkey: invalid key part")
 
-// Derive returns the downstream idempotency key for one step of one message at one consumer:
-// 64 lower-case hex characters, the same for the same three parts on every call, in every
-// process and every release of this package. No part may be empty.
+// Derive returns the key of one step of one message at one consumer: 64 lower-case hex
+// characters, the same for the same parts everywhere and always. No part may be empty.
 func Derive(consumer, messageID, step string) (string, error) {
 	sum, err := digest(consumer, messageID, step)
 	if err != nil {
@@ -35,8 +34,7 @@ func Derive(consumer, messageID, step string) (string, error) {
 	return hex.EncodeToString(sum[:]), nil
 }
 
-// DeriveUUID returns the same key as Derive formatted as an RFC 9562 version 8 UUID
-// (36 characters), for providers that accept only UUIDs. It keeps 122 bits of the hash.
+// DeriveUUID returns Derive's key as an RFC 9562 version 8 UUID (122 bits of the hash).
 func DeriveUUID(consumer, messageID, step string) (string, error) {
 	sum, err := digest(consumer, messageID, step)
 	if err != nil {
@@ -88,17 +86,13 @@ func digest(consumer, messageID, step string) ([32]byte, error) {
 	return sum, nil
 }
 
-// Source derives keys from messages handled inside the effectively-once middleware. Its zero
-// value uses the consumer name and dedupe key the middleware claimed the message under
-// (wmonce.ClaimFromContext), so keys follow the dedupe key whatever the middleware's
-// Consumer and Key are; outside the middleware it falls back to the router handler name and
-// the message UUID. Set the fields to override.
+// Source derives keys from messages. Its zero value uses the consumer and dedupe key the
+// middleware claimed the message under (wmonce.ClaimFromContext), else the router handler name
+// and the message UUID.
 type Source struct {
-	// Consumer overrides the consumer name. Default: message.HandlerNameFromCtx of the
-	// message's context, which the Watermill router sets.
+	// Consumer overrides the consumer name.
 	Consumer string
-	// MessageID returns the message's id. Default: the message UUID. Pass the same function as
-	// the middleware's Config.Key (a wmonce.KeyFunc is assignable here).
+	// MessageID overrides the message id: the function of the middleware's Config.Key.
 	MessageID func(msg *message.Message) (string, error)
 }
 
@@ -107,32 +101,34 @@ func (s Source) Parts(msg *message.Message) (consumer, messageID string, err err
 	if msg == nil {
 		return "", "", fmt.Errorf("%w: message is nil", ErrInvalidPart)
 	}
-	claimedConsumer, claimedKey, claimed := wmonce.ClaimFromContext(msg.Context())
-	consumer = s.Consumer
-	if consumer == "" && claimed {
-		consumer = claimedConsumer
-	}
-	if consumer == "" {
-		consumer = message.HandlerNameFromCtx(msg.Context())
-	}
+	claimedConsumer, _, _ := wmonce.ClaimFromContext(msg.Context())
+	consumer = cmp.Or(s.Consumer, claimedConsumer, message.HandlerNameFromCtx(msg.Context()))
 	if consumer == "" {
 		return "", "", fmt.Errorf("%w: no consumer name: the message was not delivered by a Watermill router handler; set Source.Consumer", ErrInvalidPart)
 	}
-	switch {
-	case s.MessageID != nil:
-		messageID, err = s.MessageID(msg)
-		if err != nil {
-			return "", "", fmt.Errorf("%w: message id: %w", ErrInvalidPart, err)
-		}
-	case claimed:
-		messageID = claimedKey
-	default:
-		messageID = msg.UUID
+	if messageID, err = s.messageID(msg); err != nil {
+		return "", "", err
 	}
 	if messageID == "" {
 		return "", "", fmt.Errorf("%w: message %q has an empty id", ErrInvalidPart, msg.UUID)
 	}
 	return consumer, messageID, nil
+}
+
+// messageID returns the id keys of msg derive from: Source.MessageID's, else the key the
+// middleware claimed msg under, else its UUID.
+func (s Source) messageID(msg *message.Message) (string, error) {
+	if s.MessageID != nil {
+		id, err := s.MessageID(msg)
+		if err != nil {
+			return "", fmt.Errorf("%w: message id: %w", ErrInvalidPart, err)
+		}
+		return id, nil
+	}
+	if _, key, claimed := wmonce.ClaimFromContext(msg.Context()); claimed {
+		return key, nil
+	}
+	return msg.UUID, nil
 }
 
 // Key returns Derive(consumer, message id, step) for msg.
@@ -144,8 +140,7 @@ func (s Source) Key(msg *message.Message, step string) (string, error) {
 	return Derive(consumer, id, step)
 }
 
-// ForMessage is Source{}.Key: the key of step for a message delivered by a Watermill router
-// to a handler wrapped in the effectively-once middleware with its default configuration.
+// ForMessage is Source{}.Key: the key of step for a message in a middleware-wrapped handler.
 func ForMessage(msg *message.Message, step string) (string, error) {
 	return Source{}.Key(msg, step)
 }

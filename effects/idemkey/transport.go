@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"net/textproto"
 	"strings"
+
+	"github.com/wmonce/watermill-once/internal/setup"
 )
 
 // defaultHeader is the header Stripe and the IETF Idempotency-Key draft use.
@@ -16,8 +18,7 @@ const defaultHeader = "Idempotency-Key"
 // ErrMissingKey is returned by Transport for an unsafe request without a key.
 var ErrMissingKey = errors.New("idemkey: request has no idempotency key")
 
-// ErrConflictingKeys is returned by Transport for a request whose header carries two different
-// keys (set under differently spelled names, or added twice): either could be the wrong one.
+// ErrConflictingKeys is returned by Transport for a request whose header carries two keys.
 var ErrConflictingKeys = errors.New("idemkey: request carries conflicting idempotency keys")
 
 type keyContextKey struct{}
@@ -37,10 +38,8 @@ func KeyFromContext(ctx context.Context) (string, bool) {
 type TransportConfig struct {
 	// Header carries the key. Default "Idempotency-Key".
 	Header string
-	// AllowMissingKey lets requests through unchanged when neither the context nor the request
-	// carries a key. By default a request with an unsafe method (POST, PUT, PATCH, DELETE, ...)
-	// and no key fails with ErrMissingKey before anything is sent: a forgotten key would
-	// otherwise repeat the effect on every redelivery without anyone noticing.
+	// AllowMissingKey sends requests without a key unchanged. By default an unsafe request
+	// (POST, PUT, PATCH, DELETE, ...) without one fails with ErrMissingKey, unsent.
 	AllowMissingKey bool
 }
 
@@ -50,22 +49,13 @@ func (c *TransportConfig) setDefaults() {
 
 // Validate reports a header name that is not a valid HTTP token.
 func (c TransportConfig) Validate() error {
-	if !validToken(c.Header) {
-		return fmt.Errorf("Header %q is not a valid HTTP header name", c.Header)
-	}
-	return nil
+	return setup.Check(setup.IsHTTPToken(c.Header), "Header %q is not a valid HTTP header name", c.Header)
 }
 
-// Transport is an http.RoundTripper that attaches the key from the request context (WithKey)
-// as a header, then hands the request to Base.
-//
-// A key the caller set in the header wins over the context's, under any spelling of the header
-// name (req.Header["idempotency-key"] counts as well as Header.Set). Exactly one value is ever
-// sent: duplicates of the same key, and empty values, are collapsed into one header under the
-// canonical name; two different keys in the header are refused with ErrConflictingKeys. It never
-// mutates the request it is given (it sends a clone), and closes the request body when it
-// refuses a request, as the RoundTripper contract requires. It does not retry: put your retry
-// loop (or client) around it, and every retry of the same context sends the same key.
+// Transport is an http.RoundTripper that sends the key of the request's context (WithKey) as
+// a header. A key the caller set in the header wins, under any spelling of its name; exactly
+// one value is sent, and two different keys are refused (ErrConflictingKeys). It never mutates
+// the request and does not retry: every retry of one context sends the same key.
 type Transport struct {
 	base   http.RoundTripper
 	header string
@@ -87,21 +77,15 @@ func NewTransport(base http.RoundTripper, config TransportConfig) (*Transport, e
 // RoundTrip implements http.RoundTripper.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	explicit, names, err := t.explicitKey(req.Header)
-	if err != nil {
+	switch {
+	case err != nil:
 		return nil, t.refuse(req, fmt.Errorf("%w: %s %s: %w", ErrConflictingKeys, req.Method, req.URL.Redacted(), err))
-	}
-	key := explicit
-	if key == "" {
-		var ok bool
-		if key, ok = KeyFromContext(req.Context()); !ok {
-			if t.config.AllowMissingKey || safeMethod(req.Method) {
-				return t.base.RoundTrip(req)
-			}
-			return nil, t.refuse(req, fmt.Errorf("%w: %s %s: put one in the context with idemkey.WithKey (derive it with idemkey.Derive or idemkey.ForMessage) or set the %s header", ErrMissingKey, req.Method, req.URL.Redacted(), t.header))
-		}
-	}
-	if explicit != "" && len(names) == 1 && len(req.Header[names[0]]) == 1 {
+	case explicit != "" && len(names) == 1 && len(req.Header[names[0]]) == 1:
 		return t.base.RoundTrip(req) // one key, once: send as given
+	}
+	key, _ := KeyFromContext(req.Context())
+	if key = cmp.Or(explicit, key); key == "" {
+		return t.withoutKey(req)
 	}
 	// Leave exactly one value under the canonical name: a second spelling of the name in the
 	// map would go on the wire as a second header.
@@ -111,6 +95,15 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	clone.Header.Set(t.header, key)
 	return t.base.RoundTrip(clone)
+}
+
+// withoutKey sends a request that carries no key as it is, if it is safe or the config allows
+// it, and refuses it otherwise.
+func (t *Transport) withoutKey(req *http.Request) (*http.Response, error) {
+	if t.config.AllowMissingKey || safeMethod(req.Method) {
+		return t.base.RoundTrip(req)
+	}
+	return nil, t.refuse(req, fmt.Errorf("%w: %s %s: put one in the context with idemkey.WithKey (derive it with idemkey.Derive or idemkey.ForMessage) or set the %s header", ErrMissingKey, req.Method, req.URL.Redacted(), t.header))
 }
 
 // explicitKey returns the key the caller set in h under any spelling of the header name, the
@@ -149,16 +142,4 @@ func safeMethod(m string) bool {
 		return true // "" means GET for http.Client
 	}
 	return false
-}
-
-func validToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for _, r := range s {
-		if r >= 0x80 || r <= ' ' || strings.ContainsRune("\"(),/:;<=>?@[\\]{}", r) || r == 0x7f {
-			return false
-		}
-	}
-	return true
 }

@@ -502,17 +502,25 @@ func TestSenderConfigValidation(t *testing.T) {
 	t.Parallel()
 	db := pgtest.DB(t)
 	p := smsProvider{}
-	for name, cfg := range map[string]intent.SenderConfig{
-		"no channels":              {},
-		"nil provider":             {Channels: map[string]intent.Channel{"sms": {OnCrash: intent.Resend}}},
-		"policy must be chosen":    {Channels: map[string]intent.Channel{"sms": {Provider: p}}},
-		"reconcile without lookup": {Channels: map[string]intent.Channel{"sms": {Provider: p, OnCrash: intent.Reconcile}}},
-		"timeout above lease":      {Channels: map[string]intent.Channel{"sms": {Provider: p, OnCrash: intent.Skip}}, Lease: time.Second, SendTimeout: 2 * time.Second},
-		"bad schema":               {Schema: "Bad-Schema", Channels: map[string]intent.Channel{"sms": {Provider: p, OnCrash: intent.Skip}}},
-		"bad attempts":             {Channels: map[string]intent.Channel{"sms": {Provider: p, OnCrash: intent.Skip, MaxAttempts: -1}}},
+	for name, c := range map[string]struct {
+		cfg  intent.SenderConfig
+		want string // the field or rule the error must name
+	}{
+		"no channels":              {intent.SenderConfig{}, "Channels is empty"},
+		"nil provider":             {intent.SenderConfig{Channels: map[string]intent.Channel{"sms": {OnCrash: intent.Resend}}}, `channel "sms": Provider is nil`},
+		"policy must be chosen":    {intent.SenderConfig{Channels: map[string]intent.Channel{"sms": {Provider: p}}}, "choose OnCrash"},
+		"reconcile without lookup": {intent.SenderConfig{Channels: map[string]intent.Channel{"sms": {Provider: p, OnCrash: intent.Reconcile}}}, "OnCrash is Reconcile"},
+		"unknown policy":           {intent.SenderConfig{Channels: map[string]intent.Channel{"sms": {Provider: p, OnCrash: 9}}}, "unknown OnCrash CrashPolicy(9)"},
+		"timeout above lease":      {intent.SenderConfig{Channels: map[string]intent.Channel{"sms": {Provider: p, OnCrash: intent.Skip}}, Lease: time.Second, SendTimeout: 2 * time.Second}, "SendTimeout (2s) must be below Lease (1s)"},
+		"negative backoff":         {intent.SenderConfig{Channels: map[string]intent.Channel{"sms": {Provider: p, OnCrash: intent.Skip}}, Backoff: -time.Second}, "Backoff must be positive"},
+		"max backoff below":        {intent.SenderConfig{Channels: map[string]intent.Channel{"sms": {Provider: p, OnCrash: intent.Skip}}, Backoff: time.Minute, MaxBackoff: time.Second}, "MaxBackoff must be at least 1m0s"},
+		"bad schema":               {intent.SenderConfig{Schema: "Bad-Schema", Channels: map[string]intent.Channel{"sms": {Provider: p, OnCrash: intent.Skip}}}, "schema"},
+		"bad attempts":             {intent.SenderConfig{Channels: map[string]intent.Channel{"sms": {Provider: p, OnCrash: intent.Skip, MaxAttempts: -1}}}, `channel "sms": MaxAttempts must be at least 1`},
+		"blank channel":            {intent.SenderConfig{Channels: map[string]intent.Channel{" ": {Provider: p, OnCrash: intent.Skip}}}, `channel " ": channel is blank`},
 	} {
-		_, err := intent.NewSender(db, cfg, nil)
+		_, err := intent.NewSender(db, c.cfg, nil)
 		require.ErrorContains(t, err, "invalid sender config", name)
+		require.ErrorContains(t, err, c.want, name)
 	}
 	_, err := intent.NewSender(db, intent.SenderConfig{Channels: map[string]intent.Channel{"sms": {Provider: p}}}, nil)
 	require.ErrorContains(t, err, "choose OnCrash: Resend")

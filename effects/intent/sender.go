@@ -32,9 +32,8 @@ type SenderCounters struct {
 	Errors     uint64 // database errors (retried)
 }
 
-// Sender moves intents from PENDING to SENT through the channels' providers. See the package
-// documentation for the state machine and its guarantees. Any number of Senders may run on one
-// table: claims use FOR UPDATE SKIP LOCKED and every state change is fenced by a claim token.
+// Sender sends recorded intents through the channels' providers, at least once each (see the
+// package doc). Any number of Senders may share a table.
 type Sender struct {
 	db       *sql.DB
 	config   SenderConfig
@@ -63,7 +62,7 @@ type senderTestSignals struct {
 	RoundFinished testsignal.Signal[int]
 }
 
-// NewSender validates config and returns a Sender. It does not touch the database.
+// NewSender validates config and returns a Sender; it does not touch the database.
 func NewSender(db *sql.DB, config SenderConfig, logger watermill.LoggerAdapter) (*Sender, error) {
 	channels := make(map[string]Channel, len(config.Channels))
 	for k, v := range config.Channels {
@@ -102,29 +101,13 @@ func (s *Sender) Counters() SenderCounters {
 // Channels returns the names of the channels this Sender works, sorted.
 func (s *Sender) Channels() []string { return slices.Clone(s.channels) }
 
-// Close stops Run and waits for it to return. It is idempotent and final: a Run after Close
-// returns nil at once.
-//
-// Stopping (Close, or cancelling the context of Run or SendNext) cancels the provider call in
-// flight and gives back the intent being worked, so that a restarted sender need not wait out
-// Lease:
-//   - not sent yet (stopped before the call, or the provider answered NotSent): PENDING again,
-//     due at once;
-//   - in doubt (the call was under way and its answer is neither a success, NotSent nor
-//     Permanent; or an intent recovered from SENDING was not settled yet): it stays SENDING
-//     with its lease ended, and the next sender recovers it at once through the channel's
-//     CrashPolicy, exactly as after a crash. Stopping never turns "maybe sent" into a plain
-//     resend: Reconcile looks it up first, Skip parks it, and only Resend sends it again;
-//   - a known outcome (a success, a Permanent rejection) is recorded as usual.
-//
-// The attempt is not counted in either case of giving back. If the database cannot be
-// reached to record this, the intent waits out its lease as after a crash.
+// Close stops Run and waits for it; idempotent and final. Stopping (also a cancelled context)
+// gives the intent in flight back at once: PENDING if certainly not sent, else SENDING with
+// its lease ended, for the next sender's CrashPolicy (never a plain resend).
 func (s *Sender) Close() error { return s.life.Close() }
 
-// Run sends intents with config.Workers workers until ctx is cancelled or Close is called. It
-// returns nil on a clean stop. Database errors are logged and retried; provider errors are
-// recorded on the intent. One Run at a time: a second concurrent Run returns an error; Run may
-// be called again after it returned.
+// Run sends intents until ctx ends or Close is called (nil on a clean stop), retrying database
+// errors. One Run at a time.
 func (s *Sender) Run(ctx context.Context) error {
 	return s.life.Run(ctx, func(ctx context.Context) error {
 		var wg sync.WaitGroup
@@ -164,8 +147,7 @@ func (s *Sender) work(ctx context.Context) {
 	}
 }
 
-// SendOnce works intents one after another until none is ready, and returns how many it took.
-// It is meant for tests, the CLI and callers with their own scheduling; it may run beside Run.
+// SendOnce works intents until none is ready and returns how many (for own scheduling).
 func (s *Sender) SendOnce(ctx context.Context) (int, error) {
 	n := 0
 	for {
@@ -177,9 +159,8 @@ func (s *Sender) SendOnce(ctx context.Context) (int, error) {
 	}
 }
 
-// SendNext takes at most one intent: first one whose lease ran out in SENDING, otherwise the
-// oldest ready PENDING one, and carries it to its next state. It reports whether it found one.
-// The error is about the database; provider errors are recorded on the intent.
+// SendNext carries one intent to its next state (one whose lease ran out first, else the
+// oldest ready PENDING one) and reports whether it found one. Errors are the database's.
 func (s *Sender) SendNext(ctx context.Context) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, err

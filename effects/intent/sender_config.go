@@ -4,7 +4,8 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -31,9 +32,9 @@ const maxWorkers = 1024
 type Channel struct {
 	// Provider performs the effect. Required.
 	Provider Provider
-	// OnCrash decides about intents whose outcome is unknown. See CrashPolicy.
+	// OnCrash decides about intents whose outcome is unknown.
 	OnCrash CrashPolicy
-	// MaxAttempts is how often a sender may take an intent before it becomes FAILED. Default 5.
+	// MaxAttempts is how often an intent may be taken before it becomes FAILED. Default 5.
 	MaxAttempts int
 }
 
@@ -41,30 +42,23 @@ type Channel struct {
 type SenderConfig struct {
 	// Schema holds the intents table. Default pgtx.DefaultSchema.
 	Schema string
-	// Channels maps channel names to their providers and policies. Intents of channels not
-	// listed here are left alone (another Sender may own them). At least one is required.
+	// Channels maps channel names to their providers and policies; at least one. Intents of
+	// other channels are left alone (another Sender may own them).
 	Channels map[string]Channel
-	// Workers is the number of intents sent at once by Run. Default 1, at most
-	// 1024. Each holds a database connection only for the short claim and finish
-	// statements, not during the provider call.
+	// Workers is the number of intents Run sends at once: 1 (default) to 1024.
 	Workers int
 	// Lease is how long a claimed intent stays SENDING before other senders take it for
-	// crashed. Default 2 minutes. A sender that stops cleanly ends the lease of
-	// its intent at once (see Sender.Close).
+	// crashed. Default 2 minutes.
 	Lease time.Duration
-	// SendTimeout bounds each Send and Lookup. It must be below Lease. Default
-	// 30 seconds, or half the Lease when that is shorter.
+	// SendTimeout bounds each Send and Lookup; below Lease. Default 30s, or Lease/2 if shorter.
 	SendTimeout time.Duration
 	// PollInterval is the wait after finding nothing to send. Default 1 second.
 	PollInterval time.Duration
-	// Backoff is the delay before the second attempt of an intent, and the first wait after a
-	// database error; it doubles per attempt up to MaxBackoff, each delay drawn between half and
-	// all of that value (jitter). Defaults 1 second and 5
-	// minutes (or Backoff when that is longer).
+	// Backoff (default 1s) is the delay before an intent's second attempt and after a database
+	// error, doubling up to MaxBackoff (default 5 minutes, at least Backoff), with jitter.
 	Backoff    time.Duration
 	MaxBackoff time.Duration
-	// TracerProvider traces every take of an intent (see Tracing in the package doc). Default
-	// otel.GetTracerProvider().
+	// TracerProvider traces every take of an intent. Default otel.GetTracerProvider().
 	TracerProvider trace.TracerProvider
 }
 
@@ -92,44 +86,41 @@ func (c SenderConfig) Validate() error {
 	errs := []error{
 		pgtx.ValidateIdentifier("schema", c.Schema),
 		setup.Between("Workers", c.Workers, 1, maxWorkers),
+		setup.Check(len(c.Channels) > 0, "Channels is empty: configure at least one channel with its Provider"),
+		setup.Positive("Lease", c.Lease),
+		setup.Positive("SendTimeout", c.SendTimeout),
+		setup.Positive("PollInterval", c.PollInterval),
+		setup.Positive("Backoff", c.Backoff),
+		setup.AtLeast("MaxBackoff", c.MaxBackoff, c.Backoff),
+		setup.Check(c.SendTimeout < c.Lease, "SendTimeout (%s) must be below Lease (%s): otherwise a slow but live sender is taken for crashed and its intent is sent twice", c.SendTimeout, c.Lease),
 	}
-	if len(c.Channels) == 0 {
-		errs = append(errs, errors.New("Channels is empty: configure at least one channel with its Provider"))
-	}
-	names := make([]string, 0, len(c.Channels))
-	for name := range c.Channels {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
-		ch := c.Channels[name]
-		if err := validateChannel(name); err != nil {
+	for _, name := range slices.Sorted(maps.Keys(c.Channels)) {
+		if err := c.Channels[name].validate(name); err != nil {
 			errs = append(errs, fmt.Errorf("channel %q: %w", name, err))
 		}
-		if ch.Provider == nil {
-			errs = append(errs, fmt.Errorf("channel %q: Provider is nil", name))
-			continue
-		}
-		_, canLookup := ch.Provider.(Lookuper)
-		switch ch.OnCrash {
-		case PolicyDefault:
-			errs = append(errs, fmt.Errorf("channel %q: its provider cannot look sends up (it does not implement intent.Lookuper), so choose OnCrash: Resend (a crash mid-call may send twice unless the provider honours the idempotency key) or Skip (a crash mid-call may lose the send)", name))
-		case Reconcile:
-			if !canLookup {
-				errs = append(errs, fmt.Errorf("channel %q: OnCrash is Reconcile but the provider does not implement intent.Lookuper; implement Lookup or choose Resend or Skip", name))
-			}
-		case Resend, Skip:
-		default:
-			errs = append(errs, fmt.Errorf("channel %q: unknown OnCrash %v", name, ch.OnCrash))
-		}
-		if err := setup.AtLeast("MaxAttempts", ch.MaxAttempts, 1); err != nil {
-			errs = append(errs, fmt.Errorf("channel %q: %w", name, err))
-		}
-	}
-	if c.Lease <= 0 || c.SendTimeout <= 0 || c.PollInterval <= 0 || c.Backoff <= 0 || c.MaxBackoff < c.Backoff {
-		errs = append(errs, errors.New("Lease, SendTimeout, PollInterval and Backoff must be positive and MaxBackoff >= Backoff"))
-	} else if c.SendTimeout >= c.Lease {
-		errs = append(errs, fmt.Errorf("SendTimeout (%s) must be below Lease (%s): otherwise a slow but live sender is taken for crashed and its intent is sent twice", c.SendTimeout, c.Lease))
 	}
 	return errors.Join(errs...)
+}
+
+// validate reports what to fix in the channel called name.
+func (ch Channel) validate(name string) error {
+	if ch.Provider == nil {
+		return errors.Join(validateChannel(name), errors.New("Provider is nil"))
+	}
+	return errors.Join(validateChannel(name), ch.checkPolicy(), setup.AtLeast("MaxAttempts", ch.MaxAttempts, 1))
+}
+
+// checkPolicy reports an OnCrash that the channel's provider cannot serve, or none chosen where
+// the provider cannot look sends up.
+func (ch Channel) checkPolicy() error {
+	_, canLookup := ch.Provider.(Lookuper)
+	switch ch.OnCrash {
+	case PolicyDefault:
+		return errors.New("its provider cannot look sends up (it does not implement intent.Lookuper), so choose OnCrash: Resend (a crash mid-call may send twice unless the provider honours the idempotency key) or Skip (a crash mid-call may lose the send)")
+	case Reconcile:
+		return setup.Check(canLookup, "OnCrash is Reconcile but the provider does not implement intent.Lookuper; implement Lookup or choose Resend or Skip")
+	case Resend, Skip:
+		return nil
+	}
+	return fmt.Errorf("unknown OnCrash %v", ch.OnCrash)
 }

@@ -130,11 +130,18 @@ func (s *Sender) send(ctx context.Context, ch Channel, in Intent, token string, 
 		s.logger.Debug("Intent sent", fields.Add(watermill.LogFields{"provider_id": id}))
 		return nil
 	}
+	return s.sendFailed(ctx, ch, in, token, recovered, err, fields)
+}
+
+// sendFailed records what a failed Send says about the effect: nothing happened (NotSent:
+// retried with backoff), refused (Permanent) or attempts used up (FAILED), or unknown (the
+// channel's policy). When the sender is stopping, the intent is given back instead.
+func (s *Sender) sendFailed(ctx context.Context, ch Channel, in Intent, token string, recovered bool, err error, fields watermill.LogFields) error {
 	if ctx.Err() != nil && !wmonce.IsPermanent(err) {
 		// Stopping mid-call. NotSent is certain; anything else may have reached the provider:
 		// hand it to the channel's policy at the next sender, as after a crash, without waiting
 		// out the lease.
-		notSent := IsNotSent(err)
+		notSent := isNotSent(err)
 		return s.release(ctx, in, token, !notSent || recovered, fmt.Sprintf("sender stopped during the provider call (%v)", err), fields)
 	}
 	switch {
@@ -142,12 +149,18 @@ func (s *Sender) send(ctx context.Context, ch Channel, in Intent, token string, 
 		return s.park(ctx, in, token, StatusFailed, "rejected by the provider: "+err.Error(), fields)
 	case in.Attempts >= ch.MaxAttempts:
 		return s.park(ctx, in, token, StatusFailed, fmt.Sprintf("gave up after %d attempts: %v", in.Attempts, err), fields)
-	case IsNotSent(err):
+	case isNotSent(err):
 		s.retried.Add(1)
 		traceOutcome(ctx, string(StatusPending))
 		s.logger.Info("Intent not sent; retrying later", fields.Add(watermill.LogFields{"err": err.Error()}))
 		return s.finish(ctx, s.q.pending, fields, in.ID, token, s.backoff(in.Attempts).Microseconds(), err.Error())
 	}
+	return s.sendUnknown(ctx, ch, in, token, err, fields)
+}
+
+// sendUnknown hands a Send whose outcome is unknown to the channel's policy: Skip parks it,
+// Reconcile looks it up before the next send, Resend sends it again after the backoff.
+func (s *Sender) sendUnknown(ctx context.Context, ch Channel, in Intent, token string, err error, fields watermill.LogFields) error {
 	s.unknown.Add(1)
 	traceOutcome(ctx, "unknown: "+ch.OnCrash.String())
 	s.logger.Error("Intent send outcome unknown; applying the channel's crash policy", err, fields.Add(watermill.LogFields{"policy": ch.OnCrash.String()}))

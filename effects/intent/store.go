@@ -30,36 +30,27 @@ const (
 
 // Intent is one recorded effect.
 type Intent struct {
-	ID       int64
-	Channel  string
-	Key      string // the intent key: unique per channel, the idempotency key sent to the provider
-	Consumer string
-	EventID  string
-	Step     string
-	Payload  []byte
-	Status   Status
-	// Attempts counts how often a sender took the intent (sends, and reconciliations after a
-	// crash).
-	Attempts   int
-	ProviderID string
-	LastError  string
-	CreatedAt  time.Time
-	UpdatedAt  time.Time
-	SentAt     time.Time // zero unless SENT
-	// TraceParent and TraceState are the W3C trace context of the span that recorded the
-	// intent ("" when it was recorded without one, or before migration 009): the sender's span
-	// is its child.
-	TraceParent string
-	TraceState  string
+	ID                      int64
+	Channel                 string
+	Key                     string // the intent key: unique per channel, the idempotency key sent to the provider
+	Consumer, EventID, Step string
+	Payload                 []byte
+	Status                  Status
+	Attempts                int // how often a sender took it (sends, and reconciliations after a crash)
+
+	ProviderID, LastError string
+	CreatedAt, UpdatedAt  time.Time
+	SentAt                time.Time // zero unless SENT
+	// TraceParent and TraceState: the W3C trace context of the span that recorded the intent.
+	TraceParent, TraceState string
 }
 
 // StoreConfig configures a Store.
 type StoreConfig struct {
-	// Schema holds the intents table (see package migrate). Default pgtx.DefaultSchema.
+	// Schema holds the intents table. Default pgtx.DefaultSchema.
 	Schema string
-	// Source says how Record finds the consumer and event id of a message. Configure it like the
-	// effectively-once middleware (Consumer, Key); the zero value matches the middleware's
-	// defaults (handler name, message UUID).
+	// Source says how Record finds a message's consumer and event id: configure it like the
+	// middleware; the zero value matches its defaults (handler name, message UUID).
 	Source idemkey.Source
 }
 
@@ -81,8 +72,7 @@ type Store struct {
 	qInsert, qGet, qRequeue, qStats, qBacklog string
 }
 
-// NewStore returns a Store on the intents table of config.Schema. db is used by the reading
-// and requeueing methods only; recording always happens in the caller's transaction.
+// NewStore returns a Store. db serves reads and Requeue; recording uses the caller's transaction.
 func NewStore(db *sql.DB, config StoreConfig) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("intent: db is nil: open one with pgtx.Open")
@@ -123,32 +113,25 @@ const intentColumns = `id, channel, intent_key, consumer, event_id, step, payloa
 
 // Draft describes an intent to record.
 type Draft struct {
-	// Channel names the provider the Sender uses for it ("sms", "email"). Required: a name
-	// (not blank, at most 255 bytes, text PostgreSQL can store).
+	// Channel names the provider the Sender uses ("sms"); required, at most 255 bytes.
 	Channel string
-	// Consumer and EventID identify the event that causes the effect. Record fills them from
-	// the message when empty; RecordTx requires them.
-	Consumer string
-	EventID  string
-	// Step tells apart several effects of one event on one channel ("sms-buyer",
-	// "sms-seller"). Default: Channel.
+	// Consumer and EventID identify the causing event; Record fills them from the message when
+	// empty, RecordTx requires them.
+	Consumer, EventID string
+	// Step tells apart several effects of one event on one channel. Default: Channel.
 	Step string
-	// Payload is what the provider needs (recipient, text, amount); the Sender hands it over as
-	// is. Keep it self-contained: the provider call happens later, outside the handler.
+	// Payload is what the provider needs, handed over as is: keep it self-contained.
 	Payload []byte
 }
 
 // Recorded reports the outcome of recording.
 type Recorded struct {
-	// Key is the intent key, also the idempotency key the provider will see.
-	Key string
-	// Created is false when the intent already existed (recorded by an earlier copy).
-	Created bool
+	Key     string // the intent key, also the idempotency key the provider sees
+	Created bool   // false when an earlier copy recorded it
 }
 
-// Record records d in the transaction of msg's context (the one the effectively-once
-// middleware opened), taking Consumer and EventID from the message when d leaves them empty.
-// The intent commits or rolls back with the handler.
+// Record records d in the transaction of msg's context, filling Consumer and EventID from the
+// message: the intent commits or rolls back with the handler.
 func (s *Store) Record(msg *message.Message, d Draft) (Recorded, error) {
 	if msg == nil {
 		return Recorded{}, errors.New("intent: message is nil")
@@ -162,20 +145,14 @@ func (s *Store) Record(msg *message.Message, d Draft) (Recorded, error) {
 		if err != nil {
 			return Recorded{}, fmt.Errorf("intent: %w", err)
 		}
-		if d.Consumer == "" {
-			d.Consumer = consumer
-		}
-		if d.EventID == "" {
-			d.EventID = id
-		}
+		d.Consumer, d.EventID = cmp.Or(d.Consumer, consumer), cmp.Or(d.EventID, id)
 	}
 	return s.RecordTx(msg.Context(), tx, d)
 }
 
-// RecordTx records d in tx. Recording the same (channel, consumer, event id, step) again is a
-// no-op that reports Created=false. In a *sql.Tx that user code has already ended (Commit or
-// Rollback on the handler's transaction) it fails with a permanent error wrapping
-// wmonce.ErrHandlerEndedTx.
+// RecordTx records d in tx; recording the same (channel, consumer, event id, step) again
+// reports Created=false. In a transaction user code ended it fails with a permanent error
+// wrapping wmonce.ErrHandlerEndedTx.
 func (s *Store) RecordTx(ctx context.Context, tx pgtx.Executor, d Draft) (Recorded, error) {
 	if setup.IsNil(tx) { // also a nil *sql.Tx from pgtx.TxFromContext outside a transaction
 		return Recorded{}, fmt.Errorf("intent: %w: tx is nil (outside a transaction, pgtx.TxFromContext returns a nil *sql.Tx)", pgtx.ErrNoTransaction)
@@ -183,9 +160,7 @@ func (s *Store) RecordTx(ctx context.Context, tx pgtx.Executor, d Draft) (Record
 	if err := validateChannel(d.Channel); err != nil {
 		return Recorded{}, fmt.Errorf("intent: %w", err)
 	}
-	if d.Step == "" {
-		d.Step = d.Channel
-	}
+	d.Step = cmp.Or(d.Step, d.Channel)
 	key, err := idemkey.Derive(d.Consumer, d.EventID, d.Step)
 	if err != nil {
 		return Recorded{}, fmt.Errorf("intent: %w", err)
@@ -244,10 +219,8 @@ func (s *Store) Get(ctx context.Context, channel, key string) (Intent, error) {
 	return in, nil
 }
 
-// Requeue moves a FAILED or SKIPPED intent back to PENDING with its attempts reset, for an
-// operator who decided it must be sent after all. It reports whether the intent was requeued
-// (false when it is in another state or does not exist). A requeued SKIPPED intent may cause a
-// duplicate unless the provider honours the key: that is the decision being made.
+// Requeue moves a FAILED or SKIPPED intent back to PENDING (attempts reset) and reports
+// whether it did: a requeued SKIPPED intent may send a duplicate.
 func (s *Store) Requeue(ctx context.Context, channel, key string) (bool, error) {
 	res, err := s.db.ExecContext(ctx, s.qRequeue, channel, key)
 	if err != nil {
@@ -257,18 +230,15 @@ func (s *Store) Requeue(ctx context.Context, channel, key string) (bool, error) 
 	return n == 1, nil
 }
 
-// ChannelStats is the number of intents of one channel in one status, read from the database.
+// ChannelStats is the number of intents of one channel in one status.
 type ChannelStats struct {
-	Channel string
-	Status  Status
-	Count   int64
-	// OldestAge is the age of the oldest such intent: alert when it grows for PENDING (the
-	// sender is not keeping up or not running) and when FAILED or SKIPPED rows exist at all.
-	OldestAge time.Duration
+	Channel   string
+	Status    Status
+	Count     int64
+	OldestAge time.Duration // the age of the oldest such intent
 }
 
-// Stats returns the number of intents per channel and status. It reads every row, SENT ones
-// included; Backlog reads only the unfinished ones.
+// Stats returns the number of intents per channel and status, reading every row.
 func (s *Store) Stats(ctx context.Context) ([]ChannelStats, error) {
 	out, err := pgtx.QueryAll(ctx, s.db, scanChannelStats, s.qStats)
 	if err != nil {
@@ -292,20 +262,13 @@ func scanChannelStats(s pgtx.Scanner) (ChannelStats, error) {
 // Backlog is the unfinished intents of one channel.
 type Backlog struct {
 	Pending, Sending, Failed, Skipped int64
-	// Retrying counts the PENDING intents a sender took before (waiting out a backoff).
-	Retrying int64
-	// OldestPendingAge and OldestSendingAge are the ages, since they were recorded, of the
-	// oldest PENDING and the oldest SENDING intent by the database clock; 0 when there is none.
-	// A growing OldestPendingAge means no sender is keeping up (or running) for the channel; a
-	// growing OldestSendingAge means an intent keeps coming back in doubt (unknown outcomes
-	// on a Reconcile channel, lookups failing).
+	Retrying                          int64 // PENDING intents waiting out a backoff
+	// OldestPendingAge and OldestSendingAge are the ages of the oldest PENDING and SENDING
+	// intent (0: none); growing, they mean no sender keeps up, or an intent stays in doubt.
 	OldestPendingAge, OldestSendingAge time.Duration
 }
 
-// Backlog returns the unfinished (PENDING, SENDING, FAILED, SKIPPED) intents of every channel
-// that has some. Unlike Stats it reads no SENT row: each status is counted through its
-// partial index, so the cost follows the backlog, not the table. It is what package metrics
-// exports at scrape time.
+// Backlog returns the unfinished intents per channel, reading no SENT row (metrics use it).
 func (s *Store) Backlog(ctx context.Context) (map[string]Backlog, error) {
 	out := map[string]Backlog{}
 	err := pgtx.QueryEach(ctx, s.db, func(row pgtx.Scanner) error {

@@ -16,12 +16,10 @@ import (
 // ErrVersionGap is matched (errors.Is) by every *GapError.
 var ErrVersionGap = errors.New("versioned: version gap")
 
-// ErrInvalid is wrapped by errors about unusable input (empty entity, version below the
-// first version). Such errors are also wmonce.Permanent: retrying cannot fix them.
+// ErrInvalid is wrapped by the (permanent) errors about unusable input.
 var ErrInvalid = errors.New("versioned: invalid input")
 
-// GapError reports a delta that arrived before the versions between it and the stored one.
-// It is retryable: deliver the message again later.
+// GapError reports a delta that arrived before its predecessors: retryable.
 type GapError struct {
 	Entity Entity
 	Stored int64 // the first version - 1 when nothing is stored yet
@@ -62,11 +60,8 @@ func (e Entity) validate() error {
 type Outcome int
 
 const (
-	// Applied: the version was recorded and apply ran.
-	Applied Outcome = iota + 1
-	// Stale: the event is not newer than what is stored (a duplicate or an old copy); apply did
-	// not run. Acknowledge the message.
-	Stale
+	Applied Outcome = iota + 1 // the version was recorded and apply ran
+	Stale                      // not newer than stored (a copy): apply did not run; ack it
 )
 
 func (o Outcome) String() string {
@@ -82,16 +77,14 @@ func (o Outcome) String() string {
 // Result is the outcome of one call.
 type Result struct {
 	Outcome Outcome
-	// Stored is the entity's version after the call.
-	Stored int64
+	Stored  int64 // the entity's version after the call
 }
 
 // Config configures Versions.
 type Config struct {
 	// Schema holds the entity_versions table. Default pgtx.DefaultSchema.
 	Schema string
-	// StartAtZero says that each entity's first event has version 0. By default it has
-	// version 1.
+	// StartAtZero: each entity's first version is 0. Default 1.
 	StartAtZero bool
 }
 
@@ -118,8 +111,7 @@ type Versions struct {
 	qInsertFirst, qAdvanceDelta, qAdvanceState, qGet, qSet string
 }
 
-// New returns Versions on the entity_versions table of config.Schema. It does not touch the
-// database.
+// New returns Versions on config.Schema's entity_versions; it does not touch the database.
 func New(config Config) (*Versions, error) {
 	if err := setup.Config(&config, (*Config).setDefaults, "versioned: invalid config"); err != nil {
 		return nil, err
@@ -141,12 +133,8 @@ ON CONFLICT (entity_type, entity_id) DO UPDATE SET version = EXCLUDED.version, u
 	}, nil
 }
 
-// ApplyDelta runs apply if version is exactly the stored version + 1 (or the first version for
-// a new entity) and records it. A version not above the stored one is Stale and skipped. A
-// version further ahead returns a *GapError and changes nothing: retry the message later.
-//
-// apply must not Commit or Rollback tx: when tx is a *sql.Tx that apply (or the handler before
-// the call) ended, the error wraps wmonce.ErrHandlerEndedTx and is permanent.
+// ApplyDelta runs apply if version is the stored one + 1 (the first for a new entity) and
+// records it; an older version is Stale, a later one a *GapError that changes nothing.
 func (v *Versions) ApplyDelta(ctx context.Context, tx pgtx.Executor, e Entity, version int64, apply func(ctx context.Context) error) (Result, error) {
 	query := v.qAdvanceDelta
 	if version == v.first {
@@ -160,9 +148,8 @@ func (v *Versions) ApplyDelta(ctx context.Context, tx pgtx.Executor, e Entity, v
 	})
 }
 
-// ApplyState runs apply if version is above the stored version (or the entity is new) and
-// records it. Anything else is Stale and skipped: an old full state must never overwrite a
-// newer one. apply must not end tx, as for ApplyDelta.
+// ApplyState runs apply if version is above the stored one (or the entity is new) and records
+// it; anything else is Stale.
 func (v *Versions) ApplyState(ctx context.Context, tx pgtx.Executor, e Entity, version int64, apply func(ctx context.Context) error) (Result, error) {
 	return v.apply(ctx, tx, e, version, v.qAdvanceState, apply, func(stored int64) (Result, error) {
 		return Result{Outcome: Stale, Stored: stored}, nil
@@ -201,8 +188,7 @@ func (v *Versions) Current(ctx context.Context, q pgtx.Executor, e Entity) (int6
 	return v.current(ctx, q, e)
 }
 
-// SetVersion stores version for e unconditionally: an operator's tool to unblock an entity
-// whose missing delta will never come, or to seed versions for existing entities.
+// SetVersion stores version for e unconditionally: to unblock or seed an entity.
 func (v *Versions) SetVersion(ctx context.Context, q pgtx.Executor, e Entity, version int64) error {
 	if err := v.check(q, e, version); err != nil {
 		return err

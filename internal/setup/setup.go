@@ -71,3 +71,31 @@ func NotNegative[T cmp.Ordered](field string, v T) error {
 	}
 	return nil
 }
+
+// Positive returns nil when v > 0, else an error that names field and says the value.
+func Positive[T cmp.Ordered](field string, v T) error {
+	var zero T
+	if v <= zero {
+		return fmt.Errorf("%s must be positive, got %v", field, v)
+	}
+	return nil
+}
+
+// Check returns nil when ok, else the error format and args describe: a rule of a Validate
+// function that the range helpers do not express, written as one item of its list of checks.
+func Check(ok bool, format string, args ...any) error {
+	if ok {
+		return nil
+	}
+	return fmt.Errorf(format, args...)
+}
+
+// Each runs check on every value and joins the errors it returns (nil when there are none):
+// the per-item rule of a list field (method names, slots, header names).
+func Each[T any](values []T, check func(T) error) error {
+	errs := make([]error, 0, len(values))
+	for _, v := range values {
+		errs = append(errs, check(v))
+	}
+	return errors.Join(errs...)
+}

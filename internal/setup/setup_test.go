@@ -67,3 +67,14 @@ func TestNotNegative(t *testing.T) {
 	require.NoError(t, setup.NotNegative("Linger", time.Duration(0)))
 	require.EqualError(t, setup.NotNegative("Linger", -time.Second), "Linger must not be negative, got -1s")
 }
+
+func TestPositiveCheckEach(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, setup.Positive("Lease", time.Second))
+	require.EqualError(t, setup.Positive("Lease", time.Duration(0)), "Lease must be positive, got 0s")
+	require.NoError(t, setup.Check(true, "never %d", 1))
+	require.EqualError(t, setup.Check(false, "Header %q is not a header name", "a b"), `Header "a b" is not a header name`)
+	require.NoError(t, setup.Each([]int{1, 2}, func(v int) error { return setup.Positive("v", v) }))
+	require.EqualError(t, setup.Each([]int{-1, 2, 0}, func(v int) error { return setup.Positive("v", v) }),
+		"v must be positive, got -1\nv must be positive, got 0")
+}

@@ -72,3 +72,15 @@ func CheckKey(key string, maxLen int) error {
 	}
 	return nil
 }
+
+// IsHTTPToken reports whether s is an HTTP token (RFC 9110 5.6.2): what a header name or a
+// method must be. Both HTTP components check their configured names with it.
+func IsHTTPToken(s string) bool {
+	return s != "" && strings.IndexFunc(s, notTokenRune) < 0
+}
+
+// notTokenRune reports a rune an HTTP token cannot hold: controls, space, non-ASCII and the
+// separators.
+func notTokenRune(r rune) bool {
+	return r >= 0x7f || r <= ' ' || strings.ContainsRune(`"(),/:;<=>?@[\]{}`, r)
+}

@@ -88,3 +88,13 @@ func TestCheckKeyAppliesTheTextRule(t *testing.T) {
 	require.ErrorContains(t, setup.CheckKey("pay\x001", 10), "key must not contain NUL bytes")
 	require.ErrorContains(t, setup.CheckKey("pay\xff1", 10), "key must be valid UTF-8")
 }
+
+func TestIsHTTPToken(t *testing.T) {
+	t.Parallel()
+	for _, s := range []string{"Idempotency-Key", "X-Api-Key", "POST", "a!#$%&'*+.^_`|~1"} {
+		require.True(t, setup.IsHTTPToken(s), s)
+	}
+	for _, s := range []string{"", "Idempotency Key", "Key:", "Ké", "a\x7f", "a\tb", `a"b`, "a/b", "{x}"} {
+		require.False(t, setup.IsHTTPToken(s), s)
+	}
+}

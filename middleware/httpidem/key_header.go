@@ -17,19 +17,9 @@ func (m *Middleware) parseKey(r *http.Request) (string, bool, error) {
 	if len(values) > 1 {
 		return "", true, fmt.Errorf("%s must appear once; it appears %d times", m.header, len(values))
 	}
-	v := strings.TrimSpace(values[0])
-	if strings.HasPrefix(v, `"`) {
-		s, err := unquoteSFString(v)
-		if err != nil {
-			return "", true, fmt.Errorf("%s is not a valid quoted string: %w", m.header, err)
-		}
-		v = s
-	} else {
-		for i := 0; i < len(v); i++ {
-			if v[i] <= ' ' || v[i] >= 0x7f {
-				return "", true, fmt.Errorf("%s may contain only visible ASCII characters (or be a quoted string)", m.header)
-			}
-		}
+	v, err := m.decodeKey(strings.TrimSpace(values[0]))
+	if err != nil {
+		return "", true, err
 	}
 	switch {
 	case v == "":
@@ -38,6 +28,22 @@ func (m *Middleware) parseKey(r *http.Request) (string, bool, error) {
 		return "", true, fmt.Errorf("%s is %d characters long; the limit is %d", m.header, len(v), m.config.MaxKeyLength)
 	}
 	return v, true, nil
+}
+
+// decodeKey reads a header value as a quoted Structured Field string (the IETF draft) or a
+// bare key of visible ASCII (Stripe).
+func (m *Middleware) decodeKey(v string) (string, error) {
+	if !strings.HasPrefix(v, `"`) {
+		if strings.IndexFunc(v, notVisibleASCII) >= 0 {
+			return "", fmt.Errorf("%s may contain only visible ASCII characters (or be a quoted string)", m.header)
+		}
+		return v, nil
+	}
+	s, err := unquoteSFString(v)
+	if err != nil {
+		return "", fmt.Errorf("%s is not a valid quoted string: %w", m.header, err)
+	}
+	return s, nil
 }
 
 // unquoteSFString decodes an RFC 8941 sf-string: printable ASCII between double quotes, with
@@ -67,3 +73,7 @@ func unquoteSFString(s string) (string, error) {
 	}
 	return b.String(), nil
 }
+
+// notVisibleASCII reports a rune a bare key cannot hold: controls, space and anything beyond
+// ASCII (invalid UTF-8 decodes to U+FFFD and counts as beyond).
+func notVisibleASCII(r rune) bool { return r <= ' ' || r >= 0x7f }

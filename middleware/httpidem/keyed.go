@@ -105,35 +105,46 @@ func (m *Middleware) takeKey(ctx context.Context, w http.ResponseWriter, tx *req
 	}
 	if !locked {
 		tx.rollback()
-		m.conflicts.Add(1)
-		w.Header().Set("Retry-After", strconv.Itoa(int(max(1, m.config.RetryAfter.Round(time.Second)/time.Second))))
-		writeProblem(w, http.StatusConflict, ProblemInProgress, "A request with this "+m.header+" is still running",
-			"retry later with the same key to get its response")
-		return false
+		m.answerInProgress(w)
 	}
-	return true
+	return locked
+}
+
+// answerInProgress answers 409 to a request whose key another request holds, with the
+// Retry-After of the config.
+func (m *Middleware) answerInProgress(w http.ResponseWriter) {
+	m.conflicts.Add(1)
+	w.Header().Set("Retry-After", strconv.Itoa(int(max(1, m.config.RetryAfter.Round(time.Second)/time.Second))))
+	writeProblem(w, http.StatusConflict, ProblemInProgress, "A request with this "+m.header+" is still running",
+		"retry later with the same key to get its response")
+}
+
+// kept reports whether a response is committed (and, under a key, stored): not one too large
+// to store, nor a 5xx without StoreServerErrors.
+func (m *Middleware) kept(rec *recorder, status int) bool {
+	return !rec.overflow && (status < 500 || m.config.StoreServerErrors)
 }
 
 // answerUnstored rolls back and answers a response that is not kept: one too large to store
 // (500), or a 5xx without StoreServerErrors (sent as it is, the key left free for a retry). It
 // says whether it answered.
 func (m *Middleware) answerUnstored(w http.ResponseWriter, tx *requestTx, req *request, rec *recorder, status int, header http.Header) bool {
-	if rec.overflow {
+	switch {
+	case rec.overflow:
 		tx.rollback()
 		m.failed.Add(1)
 		m.logger.Error("Response too large to store; rolled back", nil, req.fields.Add(watermill.LogFields{"max_response_bytes": m.config.MaxResponseBytes}))
 		writeProblem(w, http.StatusInternalServerError, ProblemNotStored, "Response too large to store",
 			fmt.Sprintf("the response exceeded %d bytes and could not be kept for replay; nothing was applied", m.config.MaxResponseBytes))
-		return true
-	}
-	if status >= 500 && !m.config.StoreServerErrors {
+	case !m.kept(rec, status):
 		tx.rollback()
 		m.notStored.Add(1)
 		m.logger.Info("Server error not stored; rolled back, the key stays free for a retry", req.fields.Add(watermill.LogFields{"status": status}))
 		writeResponse(w, status, header, rec.bytes(), false)
-		return true
+	default:
+		return false
 	}
-	return false
+	return true
 }
 
 // storeResponse writes the response under the key in tx. It says whether it did; if not, it
@@ -147,14 +158,13 @@ func (m *Middleware) storeResponse(ctx context.Context, w http.ResponseWriter, r
 	}
 	res, err := tx.ExecContext(ctx, m.q.store, req.scope, req.key, req.fingerprint, r.Method, truncate(r.URL.RequestURI(), 2048),
 		status, string(headersJSON), rec.bytes(), m.config.Retention.Microseconds())
-	if err != nil && m.handlerEnded(ctx, w, tx, req, err) {
-		return false
-	}
 	if err == nil {
 		if n, _ := res.RowsAffected(); n != 1 {
 			// Only possible if something wrote the key without taking the lock.
 			err = errors.New("a live record for the key appeared during the request")
 		}
+	} else if m.handlerEnded(ctx, w, tx, req, err) {
+		return false
 	}
 	if err != nil {
 		tx.rollback()

@@ -1,7 +1,6 @@
 package httpidem
 
 import (
-	"fmt"
 	"net/http"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -25,21 +24,15 @@ func (m *Middleware) runKeyless(w http.ResponseWriter, r *http.Request, next htt
 	}
 	rec := m.runHandler(next, r, tx, body)
 	status, header := rec.final()
-	if (rec.overflow || status >= 500 && !m.config.StoreServerErrors) && m.handlerEnded(ctx, w, tx, req, m.guard.Check(ctx, tx.Tx)) {
-		return // otherwise the guard's Close tells, below
-	}
-	if rec.overflow {
-		tx.rollback()
-		m.fail(w, fmt.Errorf("response exceeded %d bytes", m.config.MaxResponseBytes), "buffer the response", req)
+	if !m.kept(rec, status) {
+		// Nothing of ours follows the handler here: ask the guard whether it ended the
+		// transaction (a kept response learns it from the guard's Close in commitTx).
+		if !m.handlerEnded(ctx, w, tx, req, m.guard.Check(ctx, tx.Tx)) {
+			m.answerUnstored(w, tx, req, rec, status, header)
+		}
 		return
 	}
-	if status >= 500 && !m.config.StoreServerErrors {
-		tx.rollback()
+	if m.commitTx(ctx, w, tx, req) {
 		writeResponse(w, status, header, rec.bytes(), false)
-		return
 	}
-	if !m.commitTx(ctx, w, tx, req) {
-		return
-	}
-	writeResponse(w, status, header, rec.bytes(), false)
 }

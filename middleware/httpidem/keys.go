@@ -14,21 +14,16 @@ import (
 // statistics.
 const maxExactKeyCount = 100000
 
-// KeyStats describes the stored responses in the http_idempotency_keys table of one schema.
+// KeyStats describes the stored responses of one schema.
 type KeyStats struct {
-	// Estimated is the number of stored keys, live and expired, from the planner's statistics
-	// (pg_class.reltuples, refreshed by VACUUM and ANALYZE, normally by autovacuum). While the
-	// statistics say nothing or 0 (a new table) it is an exact count, capped at 100000.
+	// Estimated counts stored keys, expired ones too, from the planner's statistics (an exact
+	// count up to 100000 while there are none).
 	Estimated int64
-	// OldestAge is the age of the oldest stored key by the database clock; 0 when the table is
-	// empty. Well above Config.Retention, it means expired keys are not being deleted
-	// (Middleware.Prune or the retention janitor is not running).
+	// OldestAge is the oldest key's age (0: none); far above Retention, nothing prunes.
 	OldestAge time.Duration
 }
 
-// StoredKeys reads KeyStats cheaply: a catalog lookup and one probe of the created_at index,
-// never a scan of the table once it has statistics. It is what package metrics exports at
-// scrape time.
+// StoredKeys reads KeyStats without scanning the table (what package metrics exports).
 func StoredKeys(ctx context.Context, db *sql.DB, schema string) (KeyStats, error) {
 	if db == nil {
 		return KeyStats{}, errors.New("httpidem: stored keys: db is nil")

@@ -21,21 +21,18 @@ import (
 
 // Counters are the middleware's running totals.
 type Counters struct {
-	Stored     uint64 // first requests whose response was stored with their effects
-	Replayed   uint64 // retries answered from a stored response
-	Conflicts  uint64 // 409: the key's first request was still running
-	Mismatches uint64 // 422: the key was used for a different request
-	Refused    uint64 // 400 and 413: missing or invalid key, unscoped request, body too large
-	NotStored  uint64 // 5xx responses rolled back and not stored (StoreServerErrors off)
-	Keyless    uint64 // requests without a key run under AllowMissingKey
-	Failed     uint64 // 500: the response could not be stored or the commit failed
-	// HandlerEndedTx counts requests whose handler called Commit or Rollback on the request's
-	// transaction: nothing of them was applied, no key was stored, and they were answered 500
-	// (ProblemHandlerEndedTx). Also counted in Failed.
-	HandlerEndedTx uint64
+	Stored         uint64 // first requests whose response was stored with their effects
+	Replayed       uint64 // retries answered from a stored response
+	Conflicts      uint64 // 409: the key's first request was still running
+	Mismatches     uint64 // 422: the key was used for a different request
+	Refused        uint64 // 400 and 413: missing or invalid key, unscoped request, body too large
+	NotStored      uint64 // 5xx responses rolled back and not stored (StoreServerErrors off)
+	Keyless        uint64 // requests without a key run under AllowMissingKey
+	Failed         uint64 // 500: the response could not be stored or the commit failed
+	HandlerEndedTx uint64 // 500: the handler ended the transaction (also counted in Failed)
 }
 
-// Middleware implements Idempotency-Key handling. See the package documentation.
+// Middleware implements Idempotency-Key handling, as the package doc says.
 type Middleware struct {
 	db      *sql.DB
 	config  Config
@@ -51,8 +48,7 @@ type Middleware struct {
 	stored, replayed, conflicts, mismatches, refused, notStored, keyless, failed, endedTx atomic.Uint64
 }
 
-// NewMiddleware validates config and returns the middleware. The table must exist (run the
-// migrations first).
+// NewMiddleware validates config and returns the middleware (after the migrations).
 func NewMiddleware(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Middleware, error) {
 	config.Methods = slices.Clone(config.Methods)
 	logger, err := setup.Component(db, "httpidem: db is nil: open one with pgtx.Open", &config, (*Config).setDefaults, "httpidem: invalid config", logger)
@@ -86,10 +82,8 @@ func (m *Middleware) Counters() Counters {
 	}
 }
 
-// Prune deletes stored responses older than Retention, in batches of 1000, and returns
-// how many it deleted (the package function Prune does the work). Run it periodically
-// (hourly is plenty), or let the retention janitor do it (retention.Config.HTTPKeysKeep);
-// lookups ignore expired rows anyway, so it bounds the table's size, not correctness.
+// Prune deletes stored responses older than Retention (the function Prune), bounding the
+// table's size: run it hourly, or set the janitor's HTTPKeysKeep.
 func (m *Middleware) Prune(ctx context.Context) (int64, error) {
 	return Prune(ctx, m.db, m.config.Schema, pgtx.PruneRequest{Keep: m.config.Retention})
 }
@@ -128,13 +122,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	body, err := m.readBody(w, r)
 	if err != nil {
-		m.refused.Add(1)
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			writeProblem(w, http.StatusRequestEntityTooLarge, ProblemTooLarge, "Request body too large", fmt.Sprintf("the body exceeds %d bytes", m.config.MaxRequestBytes))
-			return
-		}
-		writeProblem(w, http.StatusBadRequest, ProblemBadBody, "Unreadable request body", err.Error())
+		m.refuseBody(w, err)
 		return
 	}
 	if !present {
@@ -142,10 +130,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.runKeyless(w, r, next, body)
 		return
 	}
-	scope, err := m.config.Scope(r)
-	if err == nil {
-		err = checkScope(scope)
-	}
+	scope, err := m.clientScope(r)
 	if err != nil {
 		m.refused.Add(1)
 		writeProblem(w, http.StatusBadRequest, ProblemNoScope, "Cannot scope "+m.header, "idempotency keys are kept per client and this request's client could not be determined: "+err.Error())
@@ -162,6 +147,27 @@ func (m *Middleware) fail(w http.ResponseWriter, err error, what string, req *re
 	m.logger.Error("Idempotent request failed: could not "+what, err, req.fields)
 	writeProblem(w, http.StatusInternalServerError, ProblemNotStored, "Request not completed",
 		"the server could not "+what+"; nothing was applied unless a retry with the same key says otherwise")
+}
+
+// refuseBody answers a request whose body could not be read: 413 over MaxRequestBytes, else 400.
+func (m *Middleware) refuseBody(w http.ResponseWriter, err error) {
+	m.refused.Add(1)
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
+		writeProblem(w, http.StatusRequestEntityTooLarge, ProblemTooLarge, "Request body too large", fmt.Sprintf("the body exceeds %d bytes", m.config.MaxRequestBytes))
+		return
+	}
+	writeProblem(w, http.StatusBadRequest, ProblemBadBody, "Unreadable request body", err.Error())
+}
+
+// clientScope returns the request's client scope (Config.Scope), refusing one that could not
+// be stored or would make a poor index key.
+func (m *Middleware) clientScope(r *http.Request) (string, error) {
+	scope, err := m.config.Scope(r)
+	if err != nil {
+		return "", err
+	}
+	return scope, checkScope(scope)
 }
 
 // checkScope refuses a scope that could not be stored or would make a poor index key.

@@ -289,6 +289,15 @@ func TestKeyOptionalRunsKeylessRequestsInATransaction(t *testing.T) {
 	require.Equal(t, 2, e.payments(), "without a key every request runs")
 	require.Zero(t, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("http_idempotency_keys")))
 	require.Equal(t, uint64(2), e.mw.Counters().Keyless)
+
+	// A keyless 5xx is rolled back like a keyed one, and counted as not stored.
+	e.hook = func(w http.ResponseWriter, r *http.Request) bool {
+		http.Error(w, "ledger unavailable", http.StatusServiceUnavailable)
+		return false
+	}
+	require.Equal(t, http.StatusServiceUnavailable, e.post("", `{"amount":1}`).status)
+	require.Equal(t, 2, e.payments(), "the 5xx rolled back the handler's writes")
+	require.Equal(t, uint64(1), e.mw.Counters().NotStored)
 }
 
 func TestKeysAreScopedPerClient(t *testing.T) {

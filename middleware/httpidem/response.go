@@ -12,8 +12,7 @@ import (
 	"github.com/wmonce/watermill-once/internal/setup"
 )
 
-// Problem types (RFC 9457) of the responses the middleware itself produces, so that clients
-// can tell them apart from the application's own errors.
+// Problem types (RFC 9457) of the responses the middleware itself produces.
 const (
 	ProblemMissingKey = "urn:watermill-once:idempotency:missing-key"
 	ProblemInvalidKey = "urn:watermill-once:idempotency:invalid-key"
@@ -23,9 +22,8 @@ const (
 	ProblemInProgress = "urn:watermill-once:idempotency:in-progress"
 	ProblemKeyReused  = "urn:watermill-once:idempotency:key-reused"
 	ProblemNotStored  = "urn:watermill-once:idempotency:not-completed"
-	// ProblemHandlerEndedTx (500): the handler called Commit or Rollback on the request's
-	// transaction. The attempt guard refused that COMMIT, so nothing was applied and the key
-	// was not stored: a retry gets the same answer, never an effect. A bug in the handler.
+	// ProblemHandlerEndedTx (500): the handler ended the request's transaction; nothing was
+	// applied or stored.
 	ProblemHandlerEndedTx = "urn:watermill-once:idempotency:handler-ended-transaction"
 )
 
@@ -141,14 +139,10 @@ const encodedPrefix = "base64:"
 func encodeHeaders(h http.Header) ([]byte, error) {
 	out := make(map[string][]string, len(h))
 	for name, values := range h {
-		if !validToken(name) {
+		if !setup.IsHTTPToken(name) {
 			continue
 		}
-		plain := true
-		for _, v := range values {
-			plain = plain && setup.IsText(v)
-		}
-		if plain {
+		if allText(values) {
 			out[name] = values
 			continue
 		}
@@ -159,6 +153,16 @@ func encodeHeaders(h http.Header) ([]byte, error) {
 		out[encodedPrefix+name] = enc
 	}
 	return json.Marshal(out)
+}
+
+// allText reports whether jsonb keeps every value as it is (setup.IsText).
+func allText(values []string) bool {
+	for _, v := range values {
+		if !setup.IsText(v) {
+			return false
+		}
+	}
+	return true
 }
 
 // decodeHeaders reads what encodeHeaders stored.

@@ -1,12 +1,15 @@
 package metrics
 
 import (
+	"iter"
 	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
 
 // The series below come from the components' in-process counts (their Counters()): no query.
+// Each component's counters are one list of counter entries: a new count is one entry there
+// (and, for a new metric, one desc line in descs.go).
 
 // counter is one count of a component's snapshot: its series, its value and its own last
 // label value ("" for none), added after the component's label values.
@@ -33,10 +36,7 @@ func (c *collector) collectMiddlewares(s *series) {
 		return
 	}
 	var groupTx, groupMsgs uint64
-	for _, mw := range c.src.Middlewares {
-		if mw == nil {
-			continue
-		}
+	for mw := range present(c.src.Middlewares) {
 		counts := mw.Counters()
 		for k, n := range counts.Series {
 			s.addCounters([]string{k.Consumer, k.Sender},
@@ -61,26 +61,21 @@ func (c *collector) collectMiddlewares(s *series) {
 	s.add(descGroupMsgs, prometheus.CounterValue, float64(groupMsgs))
 }
 
-// The label of a component comes from an accessor when its type has one. Keeping this an
-// optional interface lets the metrics follow those packages without a change here.
-type namedRelay interface{ Name() string }
-type consumerNamed interface{ Consumer() string }
-
-func consumerOf(v any) string {
-	if n, ok := v.(consumerNamed); ok {
-		return n.Consumer()
+// present yields the components of a Sources field that are not nil (nil ones are skipped).
+func present[C any](components []*C) iter.Seq[*C] {
+	return func(yield func(*C) bool) {
+		for _, c := range components {
+			if c != nil && !yield(c) {
+				return
+			}
+		}
 	}
-	return ""
 }
 
 func (c *collector) collectInboxComponents(s *series) {
-	for _, r := range c.src.Receivers {
-		if r == nil {
-			continue
-		}
-		consumer := consumerOf(r)
+	for r := range present(c.src.Receivers) {
 		n := r.Counters()
-		s.addCounters([]string{consumer},
+		s.addCounters([]string{r.Consumer()},
 			counter{descReceived, n.Stored, "stored"},
 			counter{descReceived, n.Duplicates, "duplicate"},
 			counter{descReceived, n.Refused, "refused"},
@@ -89,13 +84,9 @@ func (c *collector) collectInboxComponents(s *series) {
 			counter{descRecvBatches, n.BatchFailures, "failed"},
 		)
 	}
-	for _, p := range c.src.Processors {
-		if p == nil {
-			continue
-		}
-		consumer := consumerOf(p)
+	for p := range present(c.src.Processors) {
 		n := p.Counters()
-		s.addCounters([]string{consumer},
+		s.addCounters([]string{p.Consumer()},
 			counter{descInboxClaimed, n.Claimed, ""},
 			counter{descInboxDone, n.Processed, ""},
 			counter{descInboxFailed, n.Failed, ""},
@@ -106,21 +97,14 @@ func (c *collector) collectInboxComponents(s *series) {
 			counter{descInboxErrors, n.Errors, ""},
 			counter{descInboxEndedTx, n.HandlerEndedTx, ""},
 		)
-		s.add(descHandlerAcked, prometheus.CounterValue, float64(n.HandlerAcked), "inbox", consumer)
+		s.add(descHandlerAcked, prometheus.CounterValue, float64(n.HandlerAcked), "inbox", p.Consumer())
 	}
 }
 
 func (c *collector) collectRelays(s *series) {
-	for _, r := range c.src.Relays {
-		if r == nil {
-			continue
-		}
-		var name string
-		if n, ok := any(r).(namedRelay); ok {
-			name = n.Name()
-		}
+	for r := range present(c.src.Relays) {
 		st := r.Counters()
-		s.addCounters([]string{name},
+		s.addCounters([]string{r.Name()},
 			counter{descForwarded, st.Forwarded, ""},
 			counter{descRelayFail, st.Failures, ""},
 			counter{descRelayRej, st.Rejected, ""},
@@ -128,18 +112,12 @@ func (c *collector) collectRelays(s *series) {
 			counter{descRelayFenced, st.Fenced, ""},
 			counter{descRelayRecheck, st.Rechecks, ""},
 		)
-		s.max(descRelayLeader, prometheus.GaugeValue, boolValue(st.IsLeader), name)
+		s.max(descRelayLeader, prometheus.GaugeValue, boolValue(st.IsLeader), r.Name())
 	}
 }
 
 func (c *collector) collectJanitors(s *series) {
-	if len(c.src.Janitors) == 0 {
-		return
-	}
-	for _, j := range c.src.Janitors {
-		if j == nil {
-			continue
-		}
+	for j := range present(c.src.Janitors) {
 		st := j.Counters()
 		s.addCounters(nil,
 			counter{descJanDeleted, st.Claims, "processed_messages"},
@@ -165,13 +143,7 @@ func (c *collector) collectJanitors(s *series) {
 // collectSenders sums the Senders' totals: a Sender's counts are not kept per channel (the
 // per-channel picture is wmonce_intent_rows).
 func (c *collector) collectSenders(s *series) {
-	if len(c.src.Senders) == 0 {
-		return
-	}
-	for _, snd := range c.src.Senders {
-		if snd == nil {
-			continue
-		}
+	for snd := range present(c.src.Senders) {
 		st := snd.Counters()
 		s.addCounters(nil,
 			counter{descIntentSent, st.Sent, ""},
@@ -189,10 +161,7 @@ func (c *collector) collectSenders(s *series) {
 }
 
 func (c *collector) collectHTTPIdempotency(s *series) {
-	for _, m := range c.src.HTTPIdempotency {
-		if m == nil {
-			continue
-		}
+	for m := range present(c.src.HTTPIdempotency) {
 		st := m.Counters()
 		s.addCounters(nil,
 			counter{descHTTPRequests, st.Stored, "stored"},

@@ -4,10 +4,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// The metrics of the collector: one descriptor each, all listed in allDescs.
+// The metrics of the collector: one descriptor each; desc lists it in allDescs, which
+// Describe sends.
+
+// allDescs is every descriptor desc made, in the order of the declarations below.
+var allDescs []*prometheus.Desc
 
 func desc(name, help string, labels ...string) *prometheus.Desc {
-	return prometheus.NewDesc(name, help, labels, nil)
+	d := prometheus.NewDesc(name, help, labels, nil)
+	allDescs = append(allDescs, d)
+	return d
 }
 
 var (
@@ -72,14 +78,3 @@ var (
 	descHTTPKeys         = desc("wmonce_http_idempotency_keys", "Stored responses in http_idempotency_keys, live and expired: the planner's estimate (exact while the table has no statistics).")
 	descHTTPOldestKey    = desc("wmonce_http_idempotency_oldest_key_age_seconds", "Age of the oldest stored response by the database clock; 0 when none. Well above the middleware's Retention: expired keys are not being deleted.")
 )
-
-var allDescs = []*prometheus.Desc{
-	descClaims, descMismatches, descOutcomes, descTxRetries, descGroupTx, descGroupMsgs,
-	descReceived, descRecvBatches, descInboxClaimed, descInboxDone, descInboxFailed, descInboxParked,
-	descLeaseConfl, descLeaseExp, descReleased, descInboxErrors, descInboxEndedTx, descHandlerAcked, descInboxRows, descRetrying, descOldestAge,
-	descBacklog, descLag, descRejected, descHeldRows, descDelayedRows, descRelayPaused, descRelayMoved, descInboxPaused, descForwarded, descRelayFail, descRelayRej, descRelayHeld, descRelayFenced, descRelayRecheck, descRelayLeader,
-	descJanDeleted, descJanDropped, descJanRounds, descJanLeader, descJanLast, descJanWarnings, descScrapeErrors,
-	descIntentSent, descIntentRetries, descIntentUnknown, descIntentParked, descIntentLeasesExp, descIntentReconciled,
-	descIntentLeaseConfl, descIntentReleased, descIntentErrors, descIntentRows, descIntentRetrying, descIntentOldestAge,
-	descHTTPRequests, descHTTPEndedTx, descHTTPKeys, descHTTPOldestKey,
-}

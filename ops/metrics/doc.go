@@ -12,32 +12,13 @@
 //		HTTPIdempotency: []*httpidem.Middleware{idem},
 //	})
 //
-// # Cost and failure
+// What it guarantees and where that stops: counters are read from the components' atomic
+// totals at scrape time, so the message path pays nothing; database gauges come from
+// read-only queries bounded together by Sources.ScrapeTimeout, each through the owning
+// package. A failing query never fails the scrape: its gauges are left out of that scrape and
+// wmonce_scrape_errors_total{source} goes up. Series of several components with the same
+// labels are summed (flags and timestamps take the maximum).
 //
-// One collector reads the components' atomic running totals when the registry is gathered,
-// so the message path pays nothing and the core packages do not depend on Prometheus. With a
-// DB, each scrape also runs read-only queries, all bounded together by ScrapeTimeout (default
-// 5s): inbox rows per consumer and status (through the inbox's partial work index, so their
-// cost follows the backlog, not the table) and outbox backlog per relay (outbox.Stats); with
-// Senders, the unfinished intents per channel (intent.Store.Backlog, through the intents'
-// partial indexes: SENT rows are never read); with HTTPIdempotency, the stored keys
-// (httpidem.StoredKeys: a catalog estimate and one index probe). Each table is read by the
-// package that owns it. A query that fails or times out never fails the scrape: its gauges are
-// left out of that scrape, wmonce_scrape_errors_total{source} goes up and the error is logged.
-// A consumer whose inbox backlog drained, or an intent channel that drained (or that a Sender
-// works but has no intents yet), is reported at 0 rather than missing.
-//
-// Series of several components with the same labels are summed (flags and timestamps take the
-// maximum). Relay, processor and receiver series are labelled with the relay or consumer name
-// when those types offer a Name() or Consumer() accessor; until they do, the label is empty and
-// the components of one kind are summed. Intent senders and HTTP idempotency middlewares
-// carry no label: their counts are summed over the components given (a Sender does not count
-// per channel; wmonce_intent_rows is per channel). The sender label comes from
-// once.Config.SenderMetadataKey (empty when unset); the middleware caps it at 100 senders
-// per consumer ("_other" beyond), and invalid UTF-8 is replaced.
-//
-// # Metrics
-//
-// Every metric with its labels, and the alerts worth having, are listed in docs/operations.md
-// (section Metrics); ops/deploy holds a dashboard and alert rules over them.
+// Every metric with its labels, the cost of the queries and the alerts worth having:
+// docs/operations.md, Metrics; ops/deploy holds a dashboard and alert rules over them.
 package metrics

@@ -12,6 +12,7 @@ import (
 
 	"github.com/wmonce/watermill-once/effects/intent"
 	"github.com/wmonce/watermill-once/inbox"
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/middleware/httpidem"
 	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/ops/retention"
@@ -21,47 +22,30 @@ import (
 
 const defaultScrapeTimeout = 5 * time.Second
 
-// Sources are the components whose figures are exported. Nil and empty fields are skipped.
+// Sources are the components whose figures are exported; nil and empty fields are skipped.
+// Relays are labelled by name, inbox components by consumer; Senders and HTTPIdempotency are
+// summed without a label.
 type Sources struct {
-	// DB and Schema feed the gauges read from the database at scrape time: inbox rows per
-	// status and oldest pending age (every consumer in the inbox table), outbox backlog and lag
-	// per relay, rejected outbox rows; with Senders, unfinished intents per channel; with
-	// HTTPIdempotency, the stored keys. Nil DB: no database gauges. Schema default
-	// pgtx.DefaultSchema.
-	DB     *sql.DB
-	Schema string
-	// ScrapeTimeout bounds those queries. Default 5s.
+	// DB (nil: no database gauges) and Schema (default pgtx.DefaultSchema) feed the gauges
+	// read at scrape time, within ScrapeTimeout (default 5s).
+	DB            *sql.DB
+	Schema        string
 	ScrapeTimeout time.Duration
 
-	// Middlewares export claims, duplicates, fingerprint mismatches, handler outcomes and
-	// transaction retries per consumer (and sender), and group-commit totals.
-	Middlewares []*once.Middleware
-	// Relays export forwarded, failed, rejected and fenced counts and leadership, labelled
-	// with the relay's name when *outbox.Relay has a Name() method (see the package doc).
-	Relays []*outbox.Relay
-	// Processors export the inbox processors' counts, labelled with the consumer when
-	// *inbox.Processor has a Consumer() method.
-	Processors []*inbox.Processor
-	// Receivers export what the inbox receivers stored, labelled with the consumer when
-	// *inbox.Receiver has a Consumer() method.
-	Receivers []*inbox.Receiver
-	// Janitors export deletions, rounds, leadership and retention warnings.
-	Janitors []*retention.Janitor
-	// Senders export the intent senders' counts (summed over the Senders) and, with a DB,
-	// the unfinished intents per channel of the intents table.
-	Senders []*intent.Sender
-	// HTTPIdempotency exports the Idempotency-Key middlewares' request outcomes (summed) and,
-	// with a DB, the stored keys of http_idempotency_keys.
+	Middlewares     []*once.Middleware
+	Relays          []*outbox.Relay
+	Processors      []*inbox.Processor
+	Receivers       []*inbox.Receiver
+	Janitors        []*retention.Janitor
+	Senders         []*intent.Sender
 	HTTPIdempotency []*httpidem.Middleware
 
 	// Logger receives scrape errors. Default: none (they are still counted).
 	Logger watermill.LoggerAdapter
 }
 
-// Register builds one collector over src and registers it with reg. Counters are read from
-// the components' atomic totals and database gauges are queried when reg is gathered, so
-// nothing is added to the message path. Register fails if reg already has metrics of these
-// names: build a single Sources with every component of the process.
+// Register builds one collector over src and registers it with reg. It fails if reg already
+// has metrics of these names: build a single Sources with every component of the process.
 func Register(reg prometheus.Registerer, src Sources) error {
 	if reg == nil {
 		return errors.New("metrics: registerer is nil: pass prometheus.DefaultRegisterer or a prometheus.NewRegistry()")
@@ -84,12 +68,10 @@ func NewCollector(src Sources) (prometheus.Collector, error) {
 	if err := pgtx.ValidateIdentifier("schema", src.Schema); err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
-	if src.ScrapeTimeout < 0 {
-		return nil, fmt.Errorf("metrics: ScrapeTimeout must not be negative, got %s", src.ScrapeTimeout)
+	if err := setup.NotNegative("ScrapeTimeout", src.ScrapeTimeout); err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
 	}
-	if src.Logger == nil {
-		src.Logger = watermill.NopLogger{}
-	}
+	src.Logger = setup.Logger(src.Logger)
 	c := &collector{src: src, inboxConsumers: map[string]bool{}, intentChannels: map[string]bool{}}
 	if src.DB != nil {
 		ops, err := inbox.NewOps(src.DB, inbox.OpsConfig{Schema: src.Schema}, src.Logger)

@@ -21,13 +21,8 @@ func (c *collector) collectInboxRows(ctx context.Context, s *series) {
 		return
 	}
 	var working []string
-	for _, p := range c.src.Processors {
-		if p == nil {
-			continue
-		}
-		if consumer := consumerOf(p); consumer != "" {
-			working = append(working, consumer)
-		}
+	for p := range present(c.src.Processors) {
+		working = append(working, p.Consumer())
 	}
 	for _, consumer := range c.remember(c.inboxConsumers, maps.Keys(stats), slices.Values(working)) {
 		st := stats[consumer]
@@ -66,10 +61,8 @@ func (c *collector) collectIntentRows(ctx context.Context, s *series) {
 		return
 	}
 	var working []string
-	for _, snd := range c.src.Senders {
-		if snd != nil {
-			working = append(working, snd.Channels()...)
-		}
+	for snd := range present(c.src.Senders) {
+		working = append(working, snd.Channels()...)
 	}
 	// As for the inbox: channels seen before (or worked by a Sender) report 0 once drained.
 	for _, channel := range c.remember(c.intentChannels, maps.Keys(backlog), slices.Values(working)) {

@@ -12,7 +12,7 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// Defaults of Config.
+// Defaults of Config (ops/doctor and the CLI fall back to them).
 const (
 	DefaultKeep            = 7 * 24 * time.Hour
 	DefaultInboxKeep       = 7 * 24 * time.Hour
@@ -20,88 +20,57 @@ const (
 	DefaultBatchSize       = 5000
 	defaultPollInterval    = time.Minute
 	defaultPartitionsAhead = 3
+	maxPartitionsAhead     = 366
 )
 
-// Limits enforced by Validate.
+// Limits enforced by Validate: MinKeep, the shortest window of dedupe records (shorter is a
+// unit mistake that forgets keys before a broker redelivers), and MaxBatchSize.
 const (
-	// MinKeep is the shortest window accepted for dedupe records (claims, finished inbox rows).
-	// Anything shorter is almost certainly a unit mistake (a time.Duration counts nanoseconds)
-	// and would forget keys before a broker even redelivers.
-	MinKeep = time.Minute
-	// MaxBatchSize bounds the rows deleted per transaction.
+	MinKeep      = time.Minute
 	MaxBatchSize = 100000
 )
 
-// Policy is the retention of one consumer's dedupe records.
+// Policy is the retention of one consumer's dedupe records (claims, finished inbox rows).
 type Policy struct {
-	// Keep is the retention window: a claim (or finished inbox row) is deleted once it is
-	// older than this. Zero in Config.Consumers means Config.Default.Keep; zero in
-	// Config.Default means DefaultKeep (7 days).
+	// Keep: a record older than this is deleted. Zero in Consumers: Default.Keep; in Default:
+	// DefaultKeep (7 days). At least MinKeep.
 	Keep time.Duration
-	// RedeliveryHorizon is the longest a copy of a message can arrive after the original was
-	// processed, as the operator declares it: broker retention for an offset reset, the age of
-	// the oldest message a dead-letter redrive may send, a replay tool's reach. Zero means
-	// undeclared. NewJanitor warns when Keep is shorter: a copy arriving after its key was
-	// deleted would be applied again (or, with the middleware's age guard, refused).
+	// RedeliveryHorizon is the longest a copy can arrive after its original (broker retention,
+	// dead-letter redrives, replays), as declared; 0 undeclared. A shorter Keep is warned of.
 	RedeliveryHorizon time.Duration
 }
 
-// Config configures a Janitor.
+// Config configures a Janitor. Zero "...Keep" fields that have no default leave their table
+// alone.
 type Config struct {
 	// Schema holds watermill-once's tables. Default pgtx.DefaultSchema.
 	Schema string
-
-	// Default is the policy of every consumer not listed in Consumers.
-	Default Policy
-	// Consumers gives listed consumers a policy of their own. A consumer's policy covers all
-	// its dedupe records: its claims (processed_messages) and, if it is an inbox consumer, its
-	// finished inbox rows.
+	// Default is the policy of every consumer not listed in Consumers; a listed consumer's
+	// policy covers all its dedupe records (claims and finished inbox rows).
+	Default   Policy
 	Consumers map[string]Policy
-
-	// InboxKeep is how long finished (DONE or SKIPPED) inbox rows of consumers not listed in
-	// Consumers are kept; listed consumers keep theirs for their Policy.Keep. A finished row
-	// is the dedupe record of its message, like a claim. PENDING, IN_PROGRESS and FAILED rows
-	// are never deleted. Default DefaultInboxKeep (7 days).
+	// InboxKeep is how long unlisted consumers' finished inbox rows are kept (listed ones:
+	// their Policy.Keep). Default 7 days.
 	InboxKeep time.Duration
-	// OutboxKeep is how long outbox rows are kept once every relay has forwarded them. Rows
-	// that some relay has not forwarded yet are never deleted, whatever their age. Default
-	// DefaultOutboxKeep (24h).
+	// OutboxKeep is how long outbox rows are kept once every relay forwarded them. Default 24h.
 	OutboxKeep time.Duration
-	// CDCSlots names replication slots of Debezium connectors reading the outbox
-	// (cdc.Config.SlotName) whose positions must be registered. Each round first advances
-	// every slot position registered in the outbox (cdc.Prepare, wmonce connector apply,
-	// register them) to what its slot has confirmed (outbox.AdvanceSlotPosition), so that
-	// outbox rows Debezium delivered can go: listed or not, since a position nobody advances
-	// holds every later row back. A listed slot without a registered position fails its step
-	// (outbox.ErrSlotPositionNotRegistered), and so does a registered one whose slot is gone
-	// (outbox.ErrSlotMissing). Default none.
+	// CDCSlots names Debezium replication slots whose outbox positions must be registered;
+	// each round first advances every registered slot position (outbox.AdvanceSlotPosition).
 	CDCSlots []string
-	// HTTPKeysKeep, when set, deletes stored responses of httpidem older than this. Keep it at
-	// least as long as the httpidem Retention (rows older than that are ignored there anyway).
-	// Zero leaves the table alone (httpidem.Middleware.Prune does the same job; both
-	// call httpidem.Prune).
+	// HTTPKeysKeep deletes stored httpidem responses older than this (at least its Retention).
 	HTTPKeysKeep time.Duration
-	// OutboxRejectedKeep, when set, deletes rows of outbox_rejected (messages the relay could
-	// not decode, set aside for an operator) older than this. Zero keeps them until an
-	// operator deletes them: a rejected row is the only copy of its message.
+	// OutboxRejectedKeep deletes older rejected outbox rows (each the only copy of a message).
 	OutboxRejectedKeep time.Duration
-	// SentIntentsKeep, when set, deletes SENT intents the provider confirmed longer ago than
-	// this (intent.PruneSent). Keep it at least as long as the Keep of the consumers that
-	// record intents: a redelivered message is then refused by its claim before its handler
-	// could record the deleted intent again. Zero keeps them.
+	// SentIntentsKeep deletes SENT intents confirmed longer ago (intent.PruneSent); keep it at
+	// least the Keep of the consumers that record intents.
 	SentIntentsKeep time.Duration
-
-	// BatchSize is the most rows one delete transaction removes. Short transactions keep
-	// locks, WAL bursts and replication lag small. Default DefaultBatchSize (5000), at most
-	// MaxBatchSize (100000).
+	// BatchSize is the most rows one delete transaction removes. Default 5000, at most 100000.
 	BatchSize int
-	// PollInterval is the time between rounds of Run, and how often a standby instance tries to
-	// take over. Default 1 minute.
+	// PollInterval is the time between rounds of Run and between a standby's tries to take
+	// over. Default 1 minute.
 	PollInterval time.Duration
-	// PartitionsAhead is how many days of processed_messages_daily partitions the janitor
-	// creates ahead of today, so that claims never wait for a partition to be created. It
-	// applies only once that table is in use (has at least one partition). Default
-	// 3; negative: create none (expired partitions are still dropped).
+	// PartitionsAhead is how many days of processed_messages_daily partitions are created
+	// ahead once the table has one. Default 3, at most 366; negative: none.
 	PartitionsAhead int
 }
 
@@ -124,62 +93,52 @@ func (c *Config) setDefaults() {
 	c.PartitionsAhead = cmp.Or(c.PartitionsAhead, defaultPartitionsAhead)
 }
 
-// Validate reports what to fix in a configuration. Zero values that have defaults are
-// accepted; NewJanitor fills them in before validating.
+// Validate reports what to fix in a configuration; zero values that have defaults are
+// accepted (NewJanitor fills them in first).
 func (c Config) Validate() error {
 	errs := []error{
 		pgtx.ValidateIdentifier("schema", cmp.Or(c.Schema, pgtx.DefaultSchema)),
+		c.Default.validate("Default"),
+		checkKeep("InboxKeep", c.InboxKeep),
+		setup.NotNegative("OutboxKeep", c.OutboxKeep),
+		checkOptionalKeep("HTTPKeysKeep", c.HTTPKeysKeep),
+		checkOptionalKeep("OutboxRejectedKeep", c.OutboxRejectedKeep),
+		checkOptionalKeep("SentIntentsKeep", c.SentIntentsKeep),
+		setup.Check(c.BatchSize >= 0 && c.BatchSize <= MaxBatchSize, "BatchSize must be between 1 and %d (0 = %d), got %d", MaxBatchSize, DefaultBatchSize, c.BatchSize),
+		setup.Check(c.PollInterval >= 0, "PollInterval must not be negative (0 = %s), got %s", defaultPollInterval, c.PollInterval),
+		setup.Check(c.PartitionsAhead <= maxPartitionsAhead, "PartitionsAhead must be at most %d days, got %d", maxPartitionsAhead, c.PartitionsAhead),
 	}
-	checkKeep := func(what string, d time.Duration, zeroOK bool) {
-		if d == 0 && zeroOK {
-			return
-		}
-		if d < MinKeep {
-			errs = append(errs, fmt.Errorf("%s is %s: it must be at least %s (a shorter window forgets keys before a broker can redeliver; time.Duration counts nanoseconds)", what, d, MinKeep))
-		}
-	}
-	checkHorizon := func(what string, d time.Duration) {
-		if d < 0 {
-			errs = append(errs, fmt.Errorf("%s must not be negative (0 = undeclared), got %s", what, d))
-		}
-	}
-	checkKeep("Default.Keep", c.Default.Keep, true)
-	checkHorizon("Default.RedeliveryHorizon", c.Default.RedeliveryHorizon)
 	for _, name := range slices.Sorted(maps.Keys(c.Consumers)) {
-		p := c.Consumers[name]
+		field := fmt.Sprintf("Consumers[%q]", name)
 		if err := validateConsumer(name); err != nil {
-			errs = append(errs, fmt.Errorf("Consumers[%q]: %w", name, err))
+			errs = append(errs, fmt.Errorf("%s: %w", field, err))
 		}
-		checkKeep(fmt.Sprintf("Consumers[%q].Keep", name), p.Keep, true)
-		checkHorizon(fmt.Sprintf("Consumers[%q].RedeliveryHorizon", name), p.RedeliveryHorizon)
-	}
-	checkKeep("InboxKeep", c.InboxKeep, true)
-	if c.OutboxKeep < 0 {
-		errs = append(errs, fmt.Errorf("OutboxKeep must not be negative, got %s", c.OutboxKeep))
-	}
-	for _, k := range []struct {
-		name string
-		keep time.Duration
-	}{{"HTTPKeysKeep", c.HTTPKeysKeep}, {"OutboxRejectedKeep", c.OutboxRejectedKeep}, {"SentIntentsKeep", c.SentIntentsKeep}} {
-		if k.keep != 0 && k.keep < time.Second {
-			errs = append(errs, fmt.Errorf("%s must be 0 (off) or at least 1s, got %s", k.name, k.keep))
-		}
+		errs = append(errs, c.Consumers[name].validate(field))
 	}
 	for i, slot := range c.CDCSlots {
 		if err := pgtx.ValidateIdentifier("slot", slot); err != nil {
 			errs = append(errs, fmt.Errorf("CDCSlots[%d]: %w", i, err))
 		}
 	}
-	if c.BatchSize < 0 || c.BatchSize > MaxBatchSize {
-		errs = append(errs, fmt.Errorf("BatchSize must be between 1 and %d (0 = %d), got %d", MaxBatchSize, DefaultBatchSize, c.BatchSize))
-	}
-	if c.PollInterval < 0 {
-		errs = append(errs, fmt.Errorf("PollInterval must not be negative (0 = %s), got %s", defaultPollInterval, c.PollInterval))
-	}
-	if c.PartitionsAhead > 366 {
-		errs = append(errs, fmt.Errorf("PartitionsAhead must be at most 366 days, got %d", c.PartitionsAhead))
-	}
 	return errors.Join(errs...)
+}
+
+// validate reports what to fix in the policy that field names.
+func (p Policy) validate(field string) error {
+	return errors.Join(checkKeep(field+".Keep", p.Keep),
+		setup.Check(p.RedeliveryHorizon >= 0, "%s.RedeliveryHorizon must not be negative (0 = undeclared), got %s", field, p.RedeliveryHorizon))
+}
+
+// checkKeep refuses a window of dedupe records below MinKeep (0 is accepted: it takes a
+// default).
+func checkKeep(field string, d time.Duration) error {
+	return setup.Check(d == 0 || d >= MinKeep, "%s is %s: it must be at least %s (a shorter window forgets keys before a broker can redeliver; time.Duration counts nanoseconds)", field, d, MinKeep)
+}
+
+// checkOptionalKeep refuses a window of a table pruned only on request below a second
+// (0 is off).
+func checkOptionalKeep(field string, d time.Duration) error {
+	return setup.Check(d == 0 || d >= time.Second, "%s must be 0 (off) or at least 1s, got %s", field, d)
 }
 
 // validateConsumer applies setup.CheckName, the rule every component applies to names.

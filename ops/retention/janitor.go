@@ -24,28 +24,15 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// Report says what one round deleted.
+// Report says what one round deleted (rows, unless named otherwise), as Counters does.
 type Report struct {
-	// Claims deleted from processed_messages, in all and per consumer.
-	Claims           int64
-	ClaimsByConsumer map[string]int64
-	// DailyPartitionsDropped counts whole days of processed_messages_daily dropped;
-	// DailyPartitionsCreated the days created ahead.
-	DailyPartitionsDropped int64
-	DailyPartitionsCreated int64
-	// InboxRows counts finished inbox rows deleted, in all and per consumer.
-	InboxRows           int64
-	InboxRowsByConsumer map[string]int64
-	// OutboxRows counts relayed outbox rows deleted.
-	OutboxRows int64
-	// HTTPKeys counts stored httpidem responses deleted (Config.HTTPKeysKeep).
-	HTTPKeys int64
-	// OutboxRejected counts rejected outbox rows deleted (Config.OutboxRejectedKeep).
-	OutboxRejected int64
-	// SentIntents counts SENT intents deleted (Config.SentIntentsKeep).
-	SentIntents int64
-	// Duration is how long the round took.
-	Duration time.Duration
+	Claims, InboxRows                       int64
+	ClaimsByConsumer, InboxRowsByConsumer   map[string]int64
+	DailyPartitionsDropped                  int64 // days
+	DailyPartitionsCreated                  int64 // days created ahead
+	OutboxRows, OutboxRejected, SentIntents int64
+	HTTPKeys                                int64 // stored httpidem responses
+	Duration                                time.Duration
 }
 
 // Counters are a janitor's running totals since it was created, for metrics.
@@ -63,14 +50,8 @@ type Counters struct {
 	LastRound              time.Time
 }
 
-// Janitor deletes expired dedupe records and relayed outbox rows: what the package
-// documentation lists under "What a round deletes", nothing else, each cut-off by the database
-// clock.
-//
-// Guarantee and limit: a claim is kept for at least its consumer's Keep after it was applied.
-// A copy arriving later than that is no longer recognised; the middleware's age guard
-// (once.Config.MaxMessageAge, set a little below Keep) refuses such copies instead of
-// applying them, and NewJanitor warns when a declared RedeliveryHorizon exceeds Keep.
+// Janitor deletes expired rows on a schedule: a claim is kept at least its consumer's Keep
+// after it was applied (see the package doc for what that protects and where it stops).
 type Janitor struct {
 	db       *sql.DB
 	config   Config
@@ -94,9 +75,8 @@ type janitorTestSignals struct {
 	RoundFinished testsignal.Signal[Report]   // a round (of Run or RunOnce) finished, with what it deleted
 }
 
-// NewJanitor validates config and returns a janitor. It does not touch the database. For every
-// consumer whose Keep is shorter than its declared RedeliveryHorizon it logs an error-level
-// warning; Warnings returns the same texts.
+// NewJanitor validates config and returns a janitor; it does not touch the database. It logs
+// an error for every Keep shorter than its declared RedeliveryHorizon (see Warnings).
 func NewJanitor(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Janitor, error) {
 	logger, err := setup.Component(db, "retention: db is nil: open one with pgtx.Open", &config, (*Config).setDefaults, "retention: invalid config", logger)
 	if err != nil {
@@ -131,8 +111,7 @@ func NewJanitor(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Jan
 
 var errRetentionBelowHorizon = errors.New("retention window shorter than the declared redelivery horizon")
 
-// Warnings returns the configuration warnings NewJanitor logged: one per window shorter than
-// its declared redelivery horizon. Empty when every declared horizon is covered.
+// Warnings returns the warnings NewJanitor logged, one per window below its horizon.
 func (j *Janitor) Warnings() []string { return append([]string(nil), j.warnings...) }
 
 // Config returns the configuration in force, defaults filled in.
@@ -155,13 +134,9 @@ func (j *Janitor) Counters() Counters {
 	}
 }
 
-// Run deletes expired rows every PollInterval until ctx is cancelled or Close is called, and
-// returns nil then. Only one instance per schema works at a time: it holds a session-level
-// advisory lock on a connection of its own for as long as it leads; the others stand by and
-// try again every PollInterval, so one takes over within a PollInterval after the leader stops or
-// its connection breaks. Errors are logged and counted (Counters.FailedRounds), never returned.
-// One Run at a time: a second concurrent Run returns an error; Run may be called again after
-// it returned.
+// Run deletes expired rows every PollInterval until ctx ends or Close is called (then nil).
+// One instance per schema leads (an advisory lock); the others take over within a
+// PollInterval. Errors are logged and counted (Counters.FailedRounds). One Run at a time.
 func (j *Janitor) Run(ctx context.Context) error {
 	return j.life.Run(ctx, func(ctx context.Context) error { return j.leader.Run(ctx, j.lead) })
 }
@@ -188,16 +163,11 @@ func (j *Janitor) lead(ctx context.Context, conn *sql.Conn) error {
 	}
 }
 
-// Close stops Run and waits for it to return. It is idempotent and final: a Run after Close
-// returns nil at once.
+// Close stops Run and waits for it to return; idempotent and final.
 func (j *Janitor) Close() error { return j.life.Close() }
 
-// RunOnce runs one round now and reports what it deleted. It does not take the leadership
-// lock, so the CLI can purge on demand while a janitor service runs: every delete is a short
-// transaction that removes rows by address, and two rounds at once only share the work. The
-// drop of expired day partitions is serialised by an advisory lock of its own. A step that
-// fails does not stop the others; the error joins every failure and the report counts what
-// was deleted before it.
+// RunOnce runs one round now, beside a leader if there is one (two rounds share the work),
+// and reports what it deleted. A failing step does not stop the others; the error joins them.
 func (j *Janitor) RunOnce(ctx context.Context) (Report, error) {
 	start := time.Now()
 	rep := Report{ClaimsByConsumer: map[string]int64{}}

@@ -1,6 +1,7 @@
 package retention
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -8,66 +9,66 @@ import (
 	"time"
 
 	"github.com/wmonce/watermill-once/internal/claims"
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
 // PurgeRequest selects the claims Purge deletes.
 type PurgeRequest struct {
-	// Consumer whose claims go; "" means every consumer.
-	Consumer string
-	// Before: claims applied (processed_at) before this time go. Required.
-	Before time.Time
-	// DryRun counts the claims that would go and deletes nothing.
-	DryRun bool
-	// BatchSize is the most rows per delete transaction. Default 5000.
-	BatchSize int
+	Consumer  string    // whose claims go; "" means every consumer
+	Before    time.Time // claims applied (processed_at) before this go; required
+	DryRun    bool      // count what would go, delete nothing
+	BatchSize int       // the most rows per delete transaction; default 5000
 }
 
-// Purge deletes the claims of one consumer (or all) applied before req.Before, in
-// processed_messages and processed_messages_daily, in batches of short transactions, and
-// returns how many it deleted (with DryRun: how many it would delete). The deletes are the
-// claim owner's operations (once.PruneClaims, once.PruneDailyClaims; internal/claims for the counts).
-//
-// A purged claim no longer deduplicates: a copy of its message arriving later is applied again
-// unless the middleware's age guard refuses it. Purge is for operators (disk pressure, a
-// retired consumer); it ignores the retention windows of Config.
+// Purge deletes the claims of one consumer (or all) applied before req.Before, in both claim
+// tables, through the claim owner's operations, and returns how many it deleted (DryRun: would
+// delete). A purged claim no longer deduplicates: a later copy of its message is applied again
+// unless the age guard refuses it. For operators; it ignores Config's windows.
 func Purge(ctx context.Context, db *sql.DB, schema string, req PurgeRequest) (int64, error) {
-	if db == nil {
-		return 0, errors.New("retention: purge: db is nil")
-	}
-	if schema == "" {
-		schema = pgtx.DefaultSchema
-	}
-	if err := pgtx.ValidateIdentifier("schema", schema); err != nil {
+	schema = cmp.Or(schema, pgtx.DefaultSchema)
+	req.BatchSize = cmp.Or(req.BatchSize, DefaultBatchSize)
+	if err := req.validate(db, schema); err != nil {
 		return 0, fmt.Errorf("retention: purge: %w", err)
 	}
-	if req.Before.IsZero() {
-		return 0, errors.New("retention: purge: give Before, the time before which claims go")
+	var n int64
+	var err error
+	if req.DryRun {
+		n, err = claims.CountClaims(ctx, db, schema, req.Consumer, req.Before)
+	} else {
+		n, err = purgeClaims(ctx, db, schema, req)
+	}
+	if err != nil {
+		return n, fmt.Errorf("retention: purge: %w", hint(err))
+	}
+	return n, nil
+}
+
+// validate reports what makes req (with its defaults) unusable on db and schema.
+func (req PurgeRequest) validate(db *sql.DB, schema string) error {
+	if db == nil {
+		return errors.New("db is nil")
+	}
+	errs := []error{
+		pgtx.ValidateIdentifier("schema", schema),
+		setup.Check(!req.Before.IsZero(), "give Before, the time before which claims go"),
+		setup.Between("BatchSize", req.BatchSize, 1, MaxBatchSize),
 	}
 	if req.Consumer != "" {
-		if err := validateConsumer(req.Consumer); err != nil {
-			return 0, fmt.Errorf("retention: purge: %w", err)
-		}
+		errs = append(errs, validateConsumer(req.Consumer))
 	}
-	if req.BatchSize == 0 {
-		req.BatchSize = DefaultBatchSize
-	}
-	if req.BatchSize < 1 || req.BatchSize > MaxBatchSize {
-		return 0, fmt.Errorf("retention: purge: BatchSize must be between 1 and %d, got %d", MaxBatchSize, req.BatchSize)
-	}
-	if req.DryRun {
-		n, err := claims.CountClaims(ctx, db, schema, req.Consumer, req.Before)
-		if err != nil {
-			return n, fmt.Errorf("retention: purge: %w", hint(err))
-		}
-		return n, nil
-	}
+	return errors.Join(errs...)
+}
+
+// purgeClaims deletes req's claims from processed_messages, consumer by consumer, then from
+// processed_messages_daily, and returns how many it deleted, also when it stops on an error.
+func purgeClaims(ctx context.Context, db *sql.DB, schema string, req PurgeRequest) (int64, error) {
 	consumers := []string{req.Consumer}
 	if req.Consumer == "" {
 		var err error
 		if consumers, err = claims.ClaimConsumers(ctx, db, schema); err != nil {
-			return 0, fmt.Errorf("retention: purge: %w", hint(err))
+			return 0, err
 		}
 	}
 	var total int64
@@ -75,13 +76,9 @@ func Purge(ctx context.Context, db *sql.DB, schema string, req PurgeRequest) (in
 		n, err := once.PruneClaims(ctx, db, schema, pgtx.PruneRequest{Consumer: c, Before: req.Before, BatchSize: req.BatchSize})
 		total += n
 		if err != nil {
-			return total, fmt.Errorf("retention: purge: %w", hint(err))
+			return total, err
 		}
 	}
 	n, err := once.PruneDailyClaims(ctx, db, schema, pgtx.PruneRequest{Consumer: req.Consumer, Before: req.Before, BatchSize: req.BatchSize})
-	total += n
-	if err != nil {
-		return total, fmt.Errorf("retention: purge: %w", err)
-	}
-	return total, nil
+	return total + n, err
 }
