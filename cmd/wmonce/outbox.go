@@ -34,6 +34,8 @@ republish  stores rejected rows of relay R in the outbox again, at its end (same
            removes them from outbox_rejected: fix what made the broker refuse them first.
            -remove-metadata drops a metadata key on the way (one the broker reserves; repeat
            it for several). Rows that cannot be decoded stay rejected. -dry-run only counts.
+           A republish that matches no rejected row (none at those offsets, or another
+           republish took them first) exits 1.
 forget     deletes the position of a relay that was retired for good, and the rows it held,
            so that it no longer holds back outbox cleanup. Refused while an instance of it
            runs; stop its standbys too (a relay of that name that starts later begins again at

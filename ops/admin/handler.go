@@ -46,20 +46,9 @@ type Handler struct {
 	closeOnce sync.Once
 }
 
-// NewHandler returns a Handler serving the admin page at "/" and its JSON API under
-// "/api/". Mount it under a prefix with http.StripPrefix:
-//
-//	h, err := admin.NewHandler(db, admin.Config{Schema: "wmonce"}, logger)
-//	mux.Handle("/wmonce/", http.StripPrefix("/wmonce", h))
-//
-// The handler has no authentication of its own: mount it behind whatever protects your other
-// operator endpoints. It is read-only unless Config.AllowWrites is set; even then a write must
-// be a POST with a JSON body and the WriteHeader header, which a page on another site cannot
-// send through the operator's browser. Reads run plain SELECTs; writes go through inbox.Ops.
-//
-// Unless Config.SampleInterval is negative, NewHandler starts a goroutine that samples the
-// inbox and the relays every interval for the page's charts (the last hour and day, kept in
-// memory); Close stops it.
+// NewHandler returns a Handler serving the admin page at "/" and its JSON API under "/api/"
+// (mount it under a prefix with http.StripPrefix). Unless Config.SampleInterval is negative,
+// it starts a goroutine that samples the inbox and the relays for the charts; Close stops it.
 func NewHandler(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Handler, error) {
 	logger, err := setup.Component(db, "admin: db is nil: open one with pgtx.Open", &config, (*Config).setDefaults, "admin: invalid config", logger)
 	if err != nil {
