@@ -17,6 +17,7 @@ func init() {
 	inboxops.SkipGroup = func(ctx context.Context, ops any, req inboxops.GroupRequest, reason string) (inboxops.GroupResult, error) {
 		return ops.(*Ops).skipGroup(ctx, req, reason)
 	}
+	inboxops.CheckChange = func(op string, f any) error { return changeable(op, f.(Filter)) }
 	inboxops.CountFinished = func(ctx context.Context, ops any) (map[string]inboxops.FinishedStats, error) {
 		return ops.(*Ops).finishedStats(ctx)
 	}

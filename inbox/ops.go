@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -121,21 +122,34 @@ func (f Filter) where(defaultStatuses []Status) (string, []any, error) {
 	return strings.Join(conds, " AND "), args, nil
 }
 
-// changeable refuses IN_PROGRESS in a filter that changes rows.
-func changeable(f Filter, allowed ...Status) error {
+// changeableStatuses are the statuses each change may select: the one rule of which rows an
+// operator may change, which the CLI and the admin page check too (inboxops.CheckChange).
+// IN_PROGRESS is never one: those rows belong to a worker.
+var changeableStatuses = map[string][]Status{
+	"replay": {StatusFailed, StatusPending, StatusDone, StatusSkipped},
+	"skip":   {StatusFailed, StatusPending},
+}
+
+// changeable refuses the statuses in f that the change op may not select.
+func changeable(op string, f Filter) error {
+	allowed := changeableStatuses[op]
 	for _, s := range f.Statuses {
 		if s == StatusInProgress {
-			return errors.New("IN_PROGRESS rows belong to a worker: wait for it (or its lease) to settle them")
+			return errors.New("IN_PROGRESS rows belong to a worker and cannot be changed: wait for it, or its lease, to settle them")
 		}
-		ok := false
-		for _, a := range allowed {
-			ok = ok || s == a
-		}
-		if !ok {
-			return fmt.Errorf("status %q cannot be changed by this operation (allowed: %v)", s, allowed)
+		if !slices.Contains(allowed, s) {
+			return fmt.Errorf("status %s cannot be changed by %s (allowed: %s)", s, op, joinStatuses(allowed))
 		}
 	}
 	return nil
+}
+
+func joinStatuses(ss []Status) string {
+	parts := make([]string, len(ss))
+	for i, s := range ss {
+		parts[i] = string(s)
+	}
+	return strings.Join(parts, ", ")
 }
 
 // Replay sends the rows matching f (default: FAILED) back to PENDING, due now, with the
@@ -144,7 +158,7 @@ func changeable(f Filter, allowed ...Status) error {
 // again, once, on the next claim. A replayed row is ordered after the older rows of its key
 // and holds back the newer unfinished ones, like any PENDING row.
 func (o *Ops) Replay(ctx context.Context, f Filter, dryRun bool) (int, error) {
-	if err := changeable(f, StatusFailed, StatusPending, StatusDone, StatusSkipped); err != nil {
+	if err := changeable("replay", f); err != nil {
 		return 0, fmt.Errorf("inbox: replay: %w", err)
 	}
 	where, args, err := f.where([]Status{StatusFailed})
@@ -168,7 +182,7 @@ func (o *Ops) Skip(ctx context.Context, f Filter, reason string, dryRun bool) (i
 	if strings.TrimSpace(reason) == "" {
 		return 0, errors.New("inbox: skip: give a reason; it is kept in last_error")
 	}
-	if err := changeable(f, StatusFailed, StatusPending); err != nil {
+	if err := changeable("skip", f); err != nil {
 		return 0, fmt.Errorf("inbox: skip: %w", err)
 	}
 	where, args, err := f.where([]Status{StatusFailed})

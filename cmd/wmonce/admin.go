@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"net/http"
@@ -38,33 +39,41 @@ runs (every 15 s), so they start empty.`,
 			"wmonce admin",
 			"wmonce admin -addr 127.0.0.1:9000 -allow-writes",
 		},
-		run: runAdmin,
+		actions: []action{{db: (*env).openMigrated, new: newAdminServer}},
 	}
 }
 
-func runAdmin(ctx context.Context, e *env, args []string) error {
-	fs := e.flags("admin")
-	addr := fs.String("addr", "127.0.0.1:8089", "address to listen on")
-	allowWrites := fs.Bool("allow-writes", false, "enable replay and skip")
-	db, err := e.parseAndOpen(ctx, fs, args)
-	if err != nil {
-		return err
-	}
-	h, err := admin.NewHandler(db, admin.Config{Schema: e.g.schema, AllowWrites: *allowWrites}, watermill.NewStdLoggerWithOut(e.stderr, false, false))
+// adminServer is `wmonce admin`.
+type adminServer struct {
+	addr        string
+	allowWrites bool
+}
+
+func newAdminServer(fs *flag.FlagSet) runner {
+	a := &adminServer{}
+	fs.StringVar(&a.addr, "addr", "127.0.0.1:8089", "address to listen on")
+	fs.BoolVar(&a.allowWrites, "allow-writes", false, "enable replay and skip")
+	return a
+}
+
+func (a *adminServer) run(ctx context.Context, e *env) error {
+	h, err := admin.NewHandler(e.db, admin.Config{Schema: e.g.schema, AllowWrites: a.allowWrites}, watermill.NewStdLoggerWithOut(e.stderr, false, false))
 	if err != nil {
 		return err
 	}
 	defer h.Close() // stops the sampling behind the page's charts
-	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", *addr)
+	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", a.addr)
 	if err != nil {
-		return fmt.Errorf("cannot listen on %s: %w (pick another address with -addr)", *addr, err)
+		return fmt.Errorf("cannot listen on %s: %w (pick another address with -addr)", a.addr, err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: adminReadHeaderTimeout}
-	mode := "read-only"
-	if *allowWrites {
-		mode = "writes enabled"
-	}
+	mode := map[bool]string{false: "read-only", true: "writes enabled"}[a.allowWrites]
 	fmt.Fprintf(e.stdout, "serving the admin page for schema %s (%s) on http://%s/\n", e.g.schema, mode, ln.Addr())
+	return serveUntilDone(ctx, &http.Server{Handler: h, ReadHeaderTimeout: adminReadHeaderTimeout}, ln)
+}
+
+// serveUntilDone serves on ln until the server fails or ctx is done; then it waits
+// adminShutdownTimeout for the requests under way.
+func serveUntilDone(ctx context.Context, srv *http.Server, ln net.Listener) error {
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()
 	select {
@@ -77,7 +86,7 @@ func runAdmin(ctx context.Context, e *env, args []string) error {
 	if err := srv.Shutdown(shutdownCtx); err != nil {
 		return err
 	}
-	if err := <-done; err != nil && !errors.Is(err, http.ErrServerClosed) {
+	if err := <-done; !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil

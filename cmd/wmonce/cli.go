@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
@@ -24,20 +25,43 @@ const (
 	exitUnknown = 3 // doctor: no hazard found, but a source could not be checked
 )
 
-// command is one `wmonce <name>`.
+// command is one `wmonce <name>`: its help, and its actions.
 type command struct {
 	name     string
 	summary  string
 	usage    string // synopsis lines after "wmonce "
 	details  string
 	examples []string
-	// run runs a command without actions; actions are those of a command with several
-	// (`wmonce inbox list`), the first being the one run when none is named.
-	run     func(ctx context.Context, e *env, args []string) error
+	// actions are those of a command with several (`wmonce inbox list`), the first being the
+	// one run when none is named; a command without actions has one, unnamed.
 	actions []action
 	// actionRequired, when set, is the usage error for a command line that names no action
 	// (instead of running the first).
 	actionRequired string
+}
+
+// action is one action of a command: what it needs, and its flags and run (new).
+type action struct {
+	name    string
+	aliases []string
+	// args says the action takes positional arguments; without, any is a usage error.
+	args bool
+	// db opens the database before run ((*env).open, or (*env).openMigrated, which also
+	// checks the schema has tables); nil for an action that needs none.
+	db func(e *env, ctx context.Context) (*sql.DB, error)
+	// new registers the action's flags on fs and returns what runs with them.
+	new func(fs *flag.FlagSet) runner
+}
+
+// runner is an action with its flags parsed: run works with e.db, opened as the action says.
+type runner interface {
+	run(ctx context.Context, e *env) error
+}
+
+// checker is a runner that checks its flags and positional arguments before the database is
+// opened, so that a mistake in the command line is a usage error without one.
+type checker interface {
+	check(args []string) error
 }
 
 func commands() []*command {
@@ -146,42 +170,69 @@ func exitStatus(c *command, err error, stdout, stderr io.Writer) int {
 	}
 }
 
-// action is one action of a command with several (`wmonce inbox list`); the first of a
-// command's actions is the one run when none is named.
-type action struct {
-	name    string
-	aliases []string
-	run     func(e *env, ctx context.Context, args []string) error
-}
-
 func (c *command) runWith(ctx context.Context, e *env, args []string) error {
-	if c.actions == nil {
-		return c.run(ctx, e, args)
+	if c.actions[0].name == "" {
+		return e.runAction(ctx, c.actions[0], c.name, args)
 	}
 	if c.actionRequired != "" && (len(args) == 0 || strings.HasPrefix(args[0], "-") && !isHelp(args[0])) {
 		return usagef("%s", c.actionRequired)
 	}
-	return runAction(ctx, e, args, c.name, c.actions)
+	a, args, err := c.findAction(args)
+	if err != nil {
+		return err
+	}
+	return e.runAction(ctx, a, c.name+" "+a.name, args)
 }
 
 func isHelp(arg string) bool { return arg == "-h" || arg == "-help" || arg == "--help" }
 
-// runAction runs the action args name (or the first one), refusing an unknown one with the
-// list and a suggestion.
-func runAction(ctx context.Context, e *env, args []string, command string, actions []action) error {
-	name := actions[0].name
+// findAction finds the action args name (or the first one), refusing an unknown one with the
+// list and a suggestion; it returns the arguments that follow the name.
+func (c *command) findAction(args []string) (action, []string, error) {
+	name := c.actions[0].name
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		name, args = args[0], args[1:]
 	}
-	names := make([]string, len(actions))
-	for i, a := range actions {
+	names := make([]string, len(c.actions))
+	for i, a := range c.actions {
 		names[i] = a.name
 		if a.name == name || slices.Contains(a.aliases, name) {
-			return a.run(e, ctx, args)
+			return a, args, nil
 		}
 	}
 	list := strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
-	return usagef("unknown %s action %q: use %s%s", command, name, list, suggestFrom(name, names...))
+	return action{}, nil, usagef("unknown %s action %q: use %s%s", c.name, name, list, suggestFrom(name, names...))
+}
+
+// runAction parses a's flags (with the global ones) and arguments, checks them, opens the
+// database if a needs it, and runs a. An error the operator can fix says how (explain).
+func (e *env) runAction(ctx context.Context, a action, name string, args []string) error {
+	fs := e.flags(name)
+	r := a.new(fs)
+	rest, err := e.parse(fs, args)
+	if err == nil {
+		err = checkArgs(a, r, rest)
+	}
+	if err == nil && a.db != nil {
+		_, err = a.db(e, ctx)
+	}
+	if err == nil {
+		err = r.run(ctx, e)
+	}
+	return e.explain(err)
+}
+
+// checkArgs refuses positional arguments an action does not take, then runs its own checks.
+func checkArgs(a action, r runner, args []string) error {
+	if !a.args {
+		if err := noArgs(args); err != nil {
+			return err
+		}
+	}
+	if c, ok := r.(checker); ok {
+		return c.check(args)
+	}
+	return nil
 }
 
 func suggestFrom(name string, options ...string) string {

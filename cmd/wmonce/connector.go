@@ -3,7 +3,6 @@ package main
 import (
 	"cmp"
 	"context"
-	"database/sql"
 	"flag"
 	"fmt"
 	"net/url"
@@ -46,116 +45,91 @@ Connect workers reach it) to -database-url.`,
 			"wmonce connector delete",
 		},
 		actions: []action{
-			{name: "config", run: (*env).connectorConfig},
-			{name: "apply", run: (*env).connectorApply},
-			{name: "status", run: (*env).connectorStatus},
-			{name: "delete", run: (*env).connectorDelete},
+			{name: "config", new: newConnector("config", (*connector).config)},
+			{name: "apply", db: (*env).openMigrated, new: newConnector("apply", (*connector).apply)},
+			{name: "status", db: (*env).open, new: newConnector("status", (*connector).status)},
+			{name: "delete", db: (*env).open, new: newConnector("delete", (*connector).delete)},
 		},
 	}
 }
 
-// connectorFlags are the flags of the connector actions.
-type connectorFlags struct {
-	connectURL, user, databaseURL, name *string
-	passwordRef                         *string
-	partitions                          *int
-	noExactlyOnce                       *bool
+// connector is a `wmonce connector` action: the flags every action takes, and what it does
+// with the connector's configuration and the Connect client built from them.
+type connector struct {
+	connectURL, user, databaseURL, name, passwordRef string
+	partitions                                       int
+	noExactlyOnce, showPassword                      bool
+	do                                               func(c *connector, ctx context.Context, e *env, cfg cdc.Config, client cdc.Client) error
 }
 
-func (e *env) connectorFlags(action string) (*flag.FlagSet, connectorFlags) {
-	fs := e.flags("connector " + action)
-	return fs, connectorFlags{
-		connectURL:    fs.String("connect-url", cmp.Or(os.Getenv("CONNECT_URL"), cdc.DefaultConnectURL), "Kafka Connect REST API"),
-		user:          fs.String("user", cdc.DefaultReplicationRole, "role the connector logs in with (REPLICATION LOGIN)"),
-		databaseURL:   fs.String("connector-database-url", "", "PostgreSQL as the Connect workers reach it (default: -database-url)"),
-		name:          fs.String("name", "", "connector name (default wmonce-outbox-<schema>)"),
-		passwordRef:   fs.String("password-ref", "", "Connect config variable the workers resolve to the role's password, e.g. ${file:/etc/wmonce/cdc.properties:password}, instead of a password in the URL (stored in clear by Connect)"),
-		partitions:    fs.Int("partitions", cdc.DefaultTopicPartitions, "partitions of the topics Connect creates"),
-		noExactlyOnce: fs.Bool("no-exactly-once", false, "do not require exactly-once source support (a worker's death then duplicates events)"),
-	}
-}
-
-// connectorRun is what a connector action works with.
-type connectorRun struct {
-	cfg    cdc.Config
-	client cdc.Client
-	db     *sql.DB // nil unless the action opened the database
-}
-
-// connectorSetup parses the flags every connector action takes, builds the connector's
-// configuration and the Connect client from them, and opens the database with open unless it
-// is nil. extra, unless nil, declares the flags of the action's own.
-func (e *env) connectorSetup(ctx context.Context, action string, args []string, open func(context.Context) (*sql.DB, error), extra func(*flag.FlagSet)) (connectorRun, error) {
-	fs, f := e.connectorFlags(action)
-	if extra != nil {
-		extra(fs)
-	}
-	if err := e.parseFlagsOnly(fs, args); err != nil {
-		return connectorRun{}, err
-	}
-	r := connectorRun{
-		cfg: cdc.Config{
-			Schema: e.g.schema, DatabaseURL: cmp.Or(*f.databaseURL, e.g.databaseURL), User: *f.user, Name: *f.name,
-			PasswordReference: *f.passwordRef, TopicPartitions: *f.partitions, DisableExactlyOnce: *f.noExactlyOnce,
-		}.WithDefaults(),
-		client: cdc.Client{URL: *f.connectURL},
-	}
-	if err := r.cfg.Validate(); err != nil {
-		return connectorRun{}, usagef("%v", err)
-	}
-	if open != nil {
-		db, err := open(ctx)
-		if err != nil {
-			return connectorRun{}, err
+func newConnector(action string, do func(c *connector, ctx context.Context, e *env, cfg cdc.Config, client cdc.Client) error) func(*flag.FlagSet) runner {
+	return func(fs *flag.FlagSet) runner {
+		c := &connector{do: do}
+		fs.StringVar(&c.connectURL, "connect-url", cmp.Or(os.Getenv("CONNECT_URL"), cdc.DefaultConnectURL), "Kafka Connect REST API")
+		fs.StringVar(&c.user, "user", cdc.DefaultReplicationRole, "role the connector logs in with (REPLICATION LOGIN)")
+		fs.StringVar(&c.databaseURL, "connector-database-url", "", "PostgreSQL as the Connect workers reach it (default: -database-url)")
+		fs.StringVar(&c.name, "name", "", "connector name (default wmonce-outbox-<schema>)")
+		fs.StringVar(&c.passwordRef, "password-ref", "", "Connect config variable the workers resolve to the role's password, e.g. ${file:/etc/wmonce/cdc.properties:password}, instead of a password in the URL (stored in clear by Connect)")
+		fs.IntVar(&c.partitions, "partitions", cdc.DefaultTopicPartitions, "partitions of the topics Connect creates")
+		fs.BoolVar(&c.noExactlyOnce, "no-exactly-once", false, "do not require exactly-once source support (a worker's death then duplicates events)")
+		if action == "config" {
+			fs.BoolVar(&c.showPassword, "show-password", false, "print the password of the database URL instead of "+maskedPassword)
 		}
-		r.db = db
+		return c
 	}
-	return r, nil
+}
+
+// run builds the connector's configuration (for the schema and database of the global flags)
+// and the Connect client, and does the action with them.
+func (c *connector) run(ctx context.Context, e *env) error {
+	cfg := cdc.Config{
+		Schema: e.g.schema, DatabaseURL: cmp.Or(c.databaseURL, e.g.databaseURL), User: c.user, Name: c.name,
+		PasswordReference: c.passwordRef, TopicPartitions: c.partitions, DisableExactlyOnce: c.noExactlyOnce,
+	}.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return usagef("%v", err)
+	}
+	return c.do(c, ctx, e, cfg, cdc.Client{URL: c.connectURL})
 }
 
 // maskedPassword stands in connector config's output for a password read from the database
 // URL: printed output ends up in terminals, logs and tickets.
 const maskedPassword = "********"
 
-func (e *env) connectorConfig(ctx context.Context, args []string) error {
-	var showPassword bool
-	r, err := e.connectorSetup(ctx, "config", args, nil, func(fs *flag.FlagSet) {
-		fs.BoolVar(&showPassword, "show-password", false, "print the password of the database URL instead of "+maskedPassword)
-	})
+func (c *connector) config(_ context.Context, e *env, cfg cdc.Config, _ cdc.Client) error {
+	conf, err := cdc.ConnectorConfig(cfg)
 	if err != nil {
 		return err
 	}
-	cfg := r.cfg
-	c, err := cdc.ConnectorConfig(cfg)
-	if err != nil {
-		return err
-	}
-	if _, ok := c["database.password"]; ok && cfg.PasswordReference == "" && !showPassword {
-		c["database.password"] = maskedPassword
+	if _, ok := conf["database.password"]; ok && cfg.PasswordReference == "" && !c.showPassword {
+		conf["database.password"] = maskedPassword
 		fmt.Fprintln(e.stderr, "note: database.password is masked: pass -show-password to print it, or -password-ref to keep it out of the configuration")
 	}
-	return e.printJSON(map[string]any{"name": cfg.Name, "config": c})
+	return e.printJSON(map[string]any{"name": cfg.Name, "config": conf})
 }
 
-func (e *env) connectorApply(ctx context.Context, args []string) error {
-	r, err := e.connectorSetup(ctx, "apply", args, e.openMigrated, nil)
-	if err != nil {
+func (c *connector) apply(ctx context.Context, e *env, cfg cdc.Config, client cdc.Client) error {
+	if err := cdc.Prepare(ctx, e.db, cfg); err != nil {
 		return err
-	}
-	cfg, client := r.cfg, r.client
-	if err := cdc.Prepare(ctx, r.db, cfg); err != nil {
-		return e.explain(err)
 	}
 	if err := client.Apply(ctx, cfg); err != nil {
 		return err
 	}
 	fmt.Fprintf(e.stdout, "connector %s applied on %s (slot %s, publication %s); check it with: wmonce connector status\n", cfg.Name, client.URL, cfg.SlotName, cfg.PublicationName)
-	if u, err := url.Parse(cfg.DatabaseURL); err == nil && u.User != nil {
-		if _, ok := u.User.Password(); ok {
-			fmt.Fprintln(e.stderr, "warning: Connect stores the password of the connector's database URL in clear (config topic, GET /connectors/<name>/config): pass it with -password-ref instead")
-		}
+	if hasPassword(cfg.DatabaseURL) {
+		fmt.Fprintln(e.stderr, "warning: Connect stores the password of the connector's database URL in clear (config topic, GET /connectors/<name>/config): pass it with -password-ref instead")
 	}
 	return nil
+}
+
+// hasPassword reports whether the database URL holds a password.
+func hasPassword(databaseURL string) bool {
+	u, err := url.Parse(databaseURL)
+	if err != nil || u.User == nil {
+		return false
+	}
+	_, ok := u.User.Password()
+	return ok
 }
 
 // connectorState is what status prints.
@@ -166,12 +140,7 @@ type connectorState struct {
 	Slot   cdc.SlotStatus `json:"slot"`
 }
 
-func (e *env) connectorStatus(ctx context.Context, args []string) error {
-	r, err := e.connectorSetup(ctx, "status", args, e.open, nil)
-	if err != nil {
-		return err
-	}
-	cfg, client := r.cfg, r.client
+func (c *connector) status(ctx context.Context, e *env, cfg cdc.Config, client cdc.Client) error {
 	st := connectorState{Name: cfg.Name}
 	s, serr := client.Status(ctx, cfg.Name)
 	if serr != nil {
@@ -179,49 +148,51 @@ func (e *env) connectorStatus(ctx context.Context, args []string) error {
 	} else {
 		st.Status = &s
 	}
-	if st.Slot, err = cdc.Slot(ctx, r.db, cfg); err != nil {
+	var err error
+	if st.Slot, err = cdc.Slot(ctx, e.db, cfg); err != nil {
 		return err
 	}
-	if e.g.json {
-		if err := e.printJSON(st); err != nil {
-			return err
-		}
-	} else {
-		tw := e.table()
-		if st.Status != nil {
-			fmt.Fprintf(tw, "connector\t%s\t%s\t%s\n", cfg.Name, s.Connector.State, s.Connector.WorkerID)
-			for _, t := range s.Tasks {
-				fmt.Fprintf(tw, "task %d\t\t%s\t%s\n", t.ID, t.State.State, t.WorkerID)
-			}
-		} else {
-			fmt.Fprintf(tw, "connector\t%s\t%s\n", cfg.Name, st.Error)
-		}
-		fmt.Fprintf(tw, "slot\t%s\texists %t, active %t, retains %d bytes of WAL, %d bytes behind\n", cfg.SlotName, st.Slot.Exists, st.Slot.Active, st.Slot.RetainedBytes, st.Slot.LagBytes)
-		_ = tw.Flush()
+	if err := show(e, st, func(st connectorState) { e.printConnectorState(cfg, st) }); err != nil {
+		return err
 	}
 	if serr != nil {
 		return serr
 	}
-	if !s.Running() {
-		for _, t := range s.Tasks {
-			if t.Trace != "" {
-				return fmt.Errorf("task %d is %s: %.400s", t.ID, t.State.State, t.Trace)
-			}
-		}
-		return fmt.Errorf("connector %s is not running (connector %s)", cfg.Name, s.Connector.State)
-	}
-	return nil
+	return notRunning(s, cfg.Name)
 }
 
-func (e *env) connectorDelete(ctx context.Context, args []string) error {
-	r, err := e.connectorSetup(ctx, "delete", args, e.open, nil)
-	if err != nil {
-		return err
+// printConnectorState prints the connector's state, its tasks' and the slot's.
+func (e *env) printConnectorState(cfg cdc.Config, st connectorState) {
+	tw := e.table()
+	if st.Status != nil {
+		fmt.Fprintf(tw, "connector\t%s\t%s\t%s\n", cfg.Name, st.Status.Connector.State, st.Status.Connector.WorkerID)
+		for _, t := range st.Status.Tasks {
+			fmt.Fprintf(tw, "task %d\t\t%s\t%s\n", t.ID, t.State.State, t.WorkerID)
+		}
+	} else {
+		fmt.Fprintf(tw, "connector\t%s\t%s\n", cfg.Name, st.Error)
 	}
-	cfg := r.cfg
+	fmt.Fprintf(tw, "slot\t%s\texists %t, active %t, retains %d bytes of WAL, %d bytes behind\n", cfg.SlotName, st.Slot.Exists, st.Slot.Active, st.Slot.RetainedBytes, st.Slot.LagBytes)
+	_ = tw.Flush()
+}
+
+// notRunning is the error of a connector that does not run: a failed task's trace, if any.
+func notRunning(s cdc.Status, name string) error {
+	if s.Running() {
+		return nil
+	}
+	for _, t := range s.Tasks {
+		if t.Trace != "" {
+			return fmt.Errorf("task %d is %s: %.400s", t.ID, t.State.State, t.Trace)
+		}
+	}
+	return fmt.Errorf("connector %s is not running (connector %s)", name, s.Connector.State)
+}
+
+func (c *connector) delete(ctx context.Context, e *env, cfg cdc.Config, client cdc.Client) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if err := cdc.Remove(ctx, r.client, r.db, cfg); err != nil {
+	if err := cdc.Remove(ctx, client, e.db, cfg); err != nil {
 		return err
 	}
 	fmt.Fprintf(e.stdout, "connector %s deleted; slot %s and publication %s dropped\n", cfg.Name, cfg.SlotName, cfg.PublicationName)

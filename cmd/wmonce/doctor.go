@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/wmonce/watermill-once/internal/operate"
+
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/ops/doctor"
 	"github.com/wmonce/watermill-once/ops/retention"
@@ -53,7 +55,7 @@ out; 2 a usage error.`,
 			"wmonce doctor -consumer sms -amqp sms,sms.dlq -max-message-age 6d -consumer rewards -kafka rewards",
 			"KAFKA_BROKERS=127.0.0.1:9092 wmonce doctor -json -consumer payments -kafka payments",
 		},
-		run: runDoctor,
+		actions: []action{{new: newDoctor}},
 	}
 }
 
@@ -125,49 +127,61 @@ func doctorFlags(fs *flag.FlagSet, cfg *doctor.Config, parseErr *error) {
 	}
 }
 
-func runDoctor(ctx context.Context, e *env, args []string) error {
-	fs := e.flags("doctor")
-	var cfg doctor.Config
-	var parseErr error
-	doctorFlags(fs, &cfg, &parseErr)
-	keep := fs.String("keep", "", "how long claims are kept: the janitor's Keep (default 7d)")
-	inboxKeep := fs.String("inbox-keep", "", "how long finished inbox rows are kept (default 7d)")
-	outboxKeep := fs.String("outbox-keep", "", "how long relayed outbox rows are kept (default 24h)")
-	brokers := fs.String("kafka-brokers", os.Getenv(broker.EnvKafkaBrokers), "Kafka bootstrap addresses (default $"+broker.EnvKafkaBrokers+")")
-	amqpURL := fs.String("amqp-url", os.Getenv(broker.EnvAMQPURL), "RabbitMQ URL of the consumers' vhost (default $"+broker.EnvAMQPURL+", else "+broker.DefaultAMQPURL+")")
-	mgmtURL := fs.String("management-url", "", "RabbitMQ management API (default http://HOST:15672 with the AMQP URL's credentials)")
-	brokerSchema := brokerSchemaFlag(fs)
-	if err := e.parseFlagsOnly(fs, args); err != nil {
-		return err
-	}
-	if parseErr != nil {
-		return parseErr
-	}
-	var err error
-	for _, r := range []struct {
-		flag, value string
-		into        *time.Duration
-	}{{"-keep", *keep, &cfg.Retention.Default.Keep}, {"-inbox-keep", *inboxKeep, &cfg.Retention.InboxKeep}, {"-outbox-keep", *outboxKeep, &cfg.Retention.OutboxKeep}} {
-		if *r.into, err = optionalAge(r.flag, r.value); err != nil {
-			return err
-		}
-	}
-	cfg.Kafka.Brokers = splitList(*brokers)
-	cfg.AMQP.URL = cmp.Or(*amqpURL, broker.DefaultAMQPURL)
-	cfg.AMQP.ManagementURL = *mgmtURL
-	for _, c := range cfg.Consumers {
-		if len(c.KafkaTopics) > 0 && cfg.Kafka.Brokers == nil {
+// doctorRun is `wmonce doctor`: the consumers and sources to check, and the retention to
+// check them against.
+type doctorRun struct {
+	cfg                         doctor.Config
+	parseErr                    error
+	keep, inboxKeep, outboxKeep string
+	brokers, amqpURL, mgmtURL   string
+	brokerSchema                *string
+}
+
+func newDoctor(fs *flag.FlagSet) runner {
+	d := &doctorRun{}
+	doctorFlags(fs, &d.cfg, &d.parseErr)
+	fs.StringVar(&d.keep, "keep", "", "how long claims are kept: the janitor's Keep (default 7d)")
+	fs.StringVar(&d.inboxKeep, "inbox-keep", "", "how long finished inbox rows are kept (default 7d)")
+	fs.StringVar(&d.outboxKeep, "outbox-keep", "", "how long relayed outbox rows are kept (default 24h)")
+	fs.StringVar(&d.brokers, "kafka-brokers", os.Getenv(broker.EnvKafkaBrokers), "Kafka bootstrap addresses (default $"+broker.EnvKafkaBrokers+")")
+	fs.StringVar(&d.amqpURL, "amqp-url", os.Getenv(broker.EnvAMQPURL), "RabbitMQ URL of the consumers' vhost (default $"+broker.EnvAMQPURL+", else "+broker.DefaultAMQPURL+")")
+	fs.StringVar(&d.mgmtURL, "management-url", "", "RabbitMQ management API (default http://HOST:15672 with the AMQP URL's credentials)")
+	d.brokerSchema = brokerSchemaFlag(fs)
+	return d
+}
+
+func (d *doctorRun) check([]string) error {
+	r := &d.cfg.Retention
+	var errs [3]error
+	r.Default.Keep, errs[0] = optionalAge("-keep", d.keep)
+	r.InboxKeep, errs[1] = optionalAge("-inbox-keep", d.inboxKeep)
+	r.OutboxKeep, errs[2] = optionalAge("-outbox-keep", d.outboxKeep)
+	d.cfg.Kafka.Brokers = splitList(d.brokers)
+	d.cfg.AMQP.URL = cmp.Or(d.amqpURL, broker.DefaultAMQPURL)
+	d.cfg.AMQP.ManagementURL = d.mgmtURL
+	return operate.FirstError(d.parseErr, errs[0], errs[1], errs[2], d.checkKafka())
+}
+
+// checkKafka refuses Kafka topics without brokers to read them from.
+func (d *doctorRun) checkKafka() error {
+	for _, c := range d.cfg.Consumers {
+		if len(c.KafkaTopics) > 0 && d.cfg.Kafka.Brokers == nil {
 			return usagef("consumer %s reads Kafka topics: give -kafka-brokers or set %s", c.Name, broker.EnvKafkaBrokers)
 		}
 	}
-	res := doctorResult{consumers: len(cfg.Consumers) > 0, brokerSchema: *brokerSchema}
+	return nil
+}
+
+func (d *doctorRun) run(ctx context.Context, e *env) error {
+	res := doctorResult{consumers: len(d.cfg.Consumers) > 0, brokerSchema: *d.brokerSchema}
 	res.positions, res.posErr = e.checkPositions(ctx)
-	res.tables, res.tablesErr = e.checkBrokerTables(ctx, *brokerSchema)
+	res.tables, res.tablesErr = e.checkBrokerTables(ctx, *d.brokerSchema)
 	if isUsage(res.tablesErr) {
 		return res.tablesErr
 	}
+	var err error
 	if res.consumers {
-		if res.rep, err = doctor.Check(ctx, cfg); err != nil {
+		if res.rep, err = doctor.Check(ctx, d.cfg); err != nil {
 			return err
 		}
 	}
@@ -274,15 +288,9 @@ func (e *env) printPositions(r outbox.PositionReport, err error) {
 
 // optionalAge reads an age flag ("" is unset: the janitor's default).
 func optionalAge(flag, s string) (time.Duration, error) {
-	if s == "" {
-		return 0, nil
+	var d time.Duration
+	if err := ageFlag(flag, s, &d); err != nil {
+		return 0, err
 	}
-	d, err := parseAge(s)
-	if err != nil {
-		return 0, usagef("%s: %v", flag, err)
-	}
-	if d < retention.MinKeep {
-		return 0, usagef("%s %s is shorter than the janitor accepts (%s)", flag, d, retention.MinKeep)
-	}
-	return d, nil
+	return d, usageIf(s != "" && d < retention.MinKeep, "%s %s is shorter than the janitor accepts (%s)", flag, d, retention.MinKeep)
 }

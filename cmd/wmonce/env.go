@@ -60,15 +60,6 @@ func (e *env) open(ctx context.Context) (*sql.DB, error) {
 	return db, nil
 }
 
-// parseAndOpen parses the flags of a command that takes no positional arguments and opens the
-// migrated database (openMigrated).
-func (e *env) parseAndOpen(ctx context.Context, fs *flag.FlagSet, args []string) (*sql.DB, error) {
-	if err := e.parseFlagsOnly(fs, args); err != nil {
-		return nil, err
-	}
-	return e.openMigrated(ctx)
-}
-
 // openMigrated connects and checks that the schema has tables: version 0 is an error that
 // says to migrate, an older version a warning.
 func (e *env) openMigrated(ctx context.Context) (*sql.DB, error) {
@@ -104,22 +95,31 @@ func (e *env) explain(err error) error {
 	return err
 }
 
-// readAndShow is the shape of the report commands: parse the flags (no positional
-// arguments), open the migrated schema, read, and print v as JSON under -json, else as text.
-func readAndShow[T any](ctx context.Context, e *env, command string, args []string, read func(context.Context, *sql.DB, string) (T, error), printText func(T)) error {
-	db, err := e.parseAndOpen(ctx, e.flags(command), args)
-	if err != nil {
-		return err
-	}
-	v, err := read(ctx, db, e.g.schema)
-	if err != nil {
-		return e.explain(err)
-	}
+// show prints v as JSON under -json, else as text.
+func show[T any](e *env, v T, text func(T)) error {
 	if e.g.json {
 		return e.printJSON(v)
 	}
-	printText(v)
+	text(v)
 	return nil
+}
+
+// report is an action that reads one report and shows it; it takes no flags of its own.
+func report[T any](read func(context.Context, *sql.DB, string) (T, error), text func(e *env, v T)) func(*flag.FlagSet) runner {
+	return func(*flag.FlagSet) runner { return reportRunner[T]{read, text} }
+}
+
+type reportRunner[T any] struct {
+	read func(context.Context, *sql.DB, string) (T, error)
+	text func(e *env, v T)
+}
+
+func (r reportRunner[T]) run(ctx context.Context, e *env) error {
+	v, err := r.read(ctx, e.db, e.g.schema)
+	if err != nil {
+		return err
+	}
+	return show(e, v, func(v T) { r.text(e, v) })
 }
 
 func (e *env) printJSON(v any) error {

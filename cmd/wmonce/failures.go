@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"strings"
 
@@ -47,92 +48,95 @@ answers it 404.`,
 			"wmonce -json failures",
 		},
 		actions: []action{
-			{name: "list", run: (*env).failuresList},
-			{name: "replay", run: func(e *env, ctx context.Context, args []string) error {
-				return e.failuresAct(ctx, operate.ActionReplay, args)
-			}},
-			{name: "skip", run: func(e *env, ctx context.Context, args []string) error {
-				return e.failuresAct(ctx, operate.ActionSkip, args)
-			}},
-			{name: "discard", run: func(e *env, ctx context.Context, args []string) error {
-				return e.failuresAct(ctx, operate.ActionDiscard, args)
-			}},
+			{name: "list", db: (*env).openMigrated, new: newFailuresList},
+			{name: "replay", args: true, db: (*env).openMigrated, new: newFailuresAct(operate.ActionReplay)},
+			{name: "skip", args: true, db: (*env).openMigrated, new: newFailuresAct(operate.ActionSkip)},
+			{name: "discard", args: true, db: (*env).openMigrated, new: newFailuresAct(operate.ActionDiscard)},
 		},
 	}
 }
 
-func (e *env) failuresList(ctx context.Context, args []string) error {
-	fs := e.flags("failures list")
-	maxRows := fs.Int("max-rows", operate.DefaultFailureGroupRows, "group the newest N rows of each kind (0: every row; the patterns cost about a second per 10,000 distinct errors)")
-	db, err := e.parseAndOpen(ctx, fs, args)
+// failuresList is `wmonce failures list`.
+type failuresList struct{ maxRows int }
+
+func newFailuresList(fs *flag.FlagSet) runner {
+	l := &failuresList{}
+	fs.IntVar(&l.maxRows, "max-rows", operate.DefaultFailureGroupRows, "group the newest N rows of each kind (0: every row; the patterns cost about a second per 10,000 distinct errors)")
+	return l
+}
+
+func (l *failuresList) check([]string) error {
+	return usageIf(l.maxRows < 0, "-max-rows must not be negative (0: every row)")
+}
+
+func (l *failuresList) run(ctx context.Context, e *env) error {
+	resp, err := operate.ReadFailureGroups(ctx, e.db, e.g.schema, l.maxRows)
 	if err != nil {
 		return err
 	}
-	if *maxRows < 0 {
-		return usagef("-max-rows must not be negative (0: every row)")
-	}
-	resp, err := operate.ReadFailureGroups(ctx, db, e.g.schema, *maxRows)
-	if err != nil {
-		return e.explain(err)
-	}
-	if e.g.json {
-		return e.printJSON(resp)
-	}
-	groups := resp.Groups
-	if len(groups) == 0 {
+	return show(e, resp, e.printFailureGroups)
+}
+
+// printFailureGroups prints the groups as a table, and the rows left out.
+func (e *env) printFailureGroups(resp operate.FailureGroupsResponse) {
+	if len(resp.Groups) == 0 {
 		fmt.Fprintln(e.stdout, "no failure groups: no FAILED inbox rows, parked messages or rejected outbox rows")
-		return nil
-	}
-	if resp.LeftOut > 0 {
-		defer fmt.Fprintf(e.stdout, "%d older row(s) are not grouped (only the newest %d of each kind): add -max-rows 0 to group every row\n", resp.LeftOut, resp.MaxRows)
+		return
 	}
 	tw := e.table()
 	fmt.Fprintf(tw, "FINGERPRINT\tKIND\tCONSUMER/RELAY\tTOPIC\tROWS\tFIRST SEEN\tLAST SEEN\tACTIONS\tERROR\n")
-	for _, g := range groups {
+	for _, g := range resp.Groups {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", g.Fingerprint, g.Kind, orDash(g.Consumer+g.Handler+g.Relay), orDash(truncate(g.Topic, 32)), g.Rows,
 			when(g.FirstSeen), when(g.LastSeen), strings.Join(g.Actions, ","), truncate(g.Pattern, 70))
 	}
-	return tw.Flush()
+	_ = tw.Flush()
+	if resp.LeftOut > 0 {
+		fmt.Fprintf(e.stdout, "%d older row(s) are not grouped (only the newest %d of each kind): add -max-rows 0 to group every row\n", resp.LeftOut, resp.MaxRows)
+	}
 }
 
-func (e *env) failuresAct(ctx context.Context, action string, args []string) error {
-	fs := e.flags("failures " + action)
-	ids := &listFlag{split: true}
-	fs.Var(ids, "id", "only these rows of the group: inbox row ids or outbox offsets, as a dry run lists them (repeat or comma-separate)")
-	dryRun := fs.Bool("dry-run", false, "list the rows the action would touch, change nothing")
-	reason := ""
-	if action == operate.ActionSkip {
-		fs.StringVar(&reason, "reason", "", "why the rows are skipped (kept in last_error; required)")
+// failuresAct is `wmonce failures replay|skip|discard FINGERPRINT`.
+type failuresAct struct {
+	req operate.FailureActionRequest
+	ids listFlag
+}
+
+func newFailuresAct(action string) func(*flag.FlagSet) runner {
+	return func(fs *flag.FlagSet) runner {
+		a := &failuresAct{req: operate.FailureActionRequest{Action: action}, ids: listFlag{split: true}}
+		fs.Var(&a.ids, "id", "only these rows of the group: inbox row ids or outbox offsets, as a dry run lists them (repeat or comma-separate)")
+		fs.BoolVar(&a.req.DryRun, "dry-run", false, "list the rows the action would touch, change nothing")
+		if action == operate.ActionSkip {
+			fs.StringVar(&a.req.Reason, "reason", "", "why the rows are skipped (kept in last_error; required)")
+		}
+		return a
 	}
-	rest, err := e.parse(fs, args)
-	if err != nil {
-		return err
-	}
+}
+
+func (a *failuresAct) check(rest []string) (err error) {
 	if len(rest) != 1 {
 		return usagef("give the group's fingerprint (`wmonce failures` lists them)")
 	}
-	selected, err := parseIDs(ids.values, "inbox row ids or outbox offsets")
-	if err != nil {
-		return err
-	}
-	db, err := e.openMigrated(ctx)
-	if err != nil {
-		return err
-	}
+	a.req.Fingerprint = rest[0]
+	a.req.IDs, err = parseIDs(a.ids.values, "-id", "inbox row ids or outbox offsets")
+	return err
+}
+
+func (a *failuresAct) run(ctx context.Context, e *env) error {
 	// One answer with the API's (404): a group without rows to act on, unknown or emptied by
 	// someone else before or during this action, is an error, never "0 rows done".
-	group, err := operate.FindFailureGroup(ctx, db, e.g.schema, rest[0], selected)
+	group, err := operate.FindFailureGroup(ctx, e.db, e.g.schema, a.req.Fingerprint, a.req.IDs)
 	if err == nil {
-		req := operate.FailureActionRequest{Kind: group.Kind, Fingerprint: group.Fingerprint, Action: action, IDs: selected, Reason: reason, DryRun: *dryRun}
+		a.req.Kind, a.req.Fingerprint = group.Kind, group.Fingerprint
 		var res operate.FailureActionResponse
-		if res, err = operate.ActOnFailureGroup(ctx, db, e.g.schema, req); err == nil {
-			return e.printFailureAction(group, req, res)
+		if res, err = operate.ActOnFailureGroup(ctx, e.db, e.g.schema, a.req); err == nil {
+			return show(e, res, func(res operate.FailureActionResponse) { e.printFailureAction(group, a.req, res) })
 		}
 	}
 	if errors.Is(err, operate.ErrNoFailureGroup) {
 		return fmt.Errorf("%w: `wmonce failures` lists the groups", err)
 	}
-	return e.explain(err)
+	return err
 }
 
 // failureRows names, for each kind, the rows an action reports and what their ids are.
@@ -147,10 +151,7 @@ var failureRows = map[string]struct {
 
 var pastTense = map[string]string{operate.ActionReplay: "replayed", operate.ActionSkip: "skipped", operate.ActionDiscard: "discarded"}
 
-func (e *env) printFailureAction(group operate.FailureGroup, req operate.FailureActionRequest, res operate.FailureActionResponse) error {
-	if e.g.json {
-		return e.printJSON(res)
-	}
+func (e *env) printFailureAction(group operate.FailureGroup, req operate.FailureActionRequest, res operate.FailureActionResponse) {
 	rows := failureRows[group.Kind]
 	what, list := rows.what(group), joinInts(res.IDs, ",")
 	if len(res.Undecodable) > 0 {
@@ -158,13 +159,12 @@ func (e *env) printFailureAction(group operate.FailureGroup, req operate.Failure
 	}
 	if !req.DryRun {
 		fmt.Fprintf(e.stdout, "%s: %d %s (%s %s)\n", pastTense[req.Action], res.Rows, what, rows.idName, orDash(list))
-		return nil
+		return
 	}
 	fmt.Fprintf(e.stdout, "dry run: %s would %s %d %s (%s %s); nothing changed\n", req.Fingerprint, req.Action, res.Rows, what, rows.idName, orDash(list))
 	if res.Rows > 0 {
 		fmt.Fprintf(e.stdout, "to touch exactly these: wmonce failures %s %s -id %s%s\n", req.Action, req.Fingerprint, list, reasonFlag(req.Action, req.Reason))
 	}
-	return nil
 }
 
 func reasonFlag(action, reason string) string {

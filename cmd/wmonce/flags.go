@@ -43,15 +43,6 @@ func (e *env) parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	return positional, nil
 }
 
-// parseFlagsOnly parses args for a command that takes flags only.
-func (e *env) parseFlagsOnly(fs *flag.FlagSet, args []string) error {
-	rest, err := e.parse(fs, args)
-	if err != nil {
-		return err
-	}
-	return noArgs(rest)
-}
-
 // noArgs refuses positional arguments a command does not take (often a flag typed after one).
 func noArgs(args []string) error {
 	if len(args) > 0 {
@@ -81,13 +72,13 @@ func (l *listFlag) Set(v string) error {
 	return nil
 }
 
-// parseIDs reads the values of -id, positive integers naming what (nil when none).
-func parseIDs(values []string, what string) ([]int64, error) {
+// parseIDs reads the values of flag, positive integers naming what (nil when none).
+func parseIDs(values []string, flag, what string) ([]int64, error) {
 	var out []int64
 	for _, v := range values {
 		id, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || id < 1 {
-			return nil, usagef("-id takes positive %s, got %q", what, v)
+			return nil, usagef("%s takes positive %s, got %q", flag, what, v)
 		}
 		out = append(out, id)
 	}
@@ -99,4 +90,18 @@ func isSet(fs *flag.FlagSet, name string) bool {
 	found := false
 	fs.Visit(func(f *flag.Flag) { found = found || f.Name == name })
 	return found
+}
+
+// usageIf is a usage error saying what format says when bad holds, else nil: the checks of a
+// command line, listed in the order operate.FirstError reads them.
+func usageIf(bad bool, format string, args ...any) error {
+	if bad {
+		return usagef(format, args...)
+	}
+	return nil
+}
+
+// required is a usage error saying msg when the flag's value is blank.
+func required(value, msg string) error {
+	return usageIf(strings.TrimSpace(value) == "", "%s", msg)
 }

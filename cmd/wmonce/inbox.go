@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -48,37 +47,27 @@ Rows IN_PROGRESS belong to a worker and are never changed. -message may be repea
 			"wmonce inbox unpark -consumer rewards -key order-42",
 		},
 		actions: []action{
-			{name: "stats", run: (*env).inboxStats},
-			{name: "list", run: (*env).inboxList},
-			{name: "inspect", run: (*env).inboxInspect},
-			{name: "replay", run: inboxChange("replay")},
-			{name: "skip", run: inboxChange("skip")},
-			{name: "unpark", run: inboxChange("unpark")},
+			{name: "stats", db: (*env).openMigrated, new: report(operate.ReadInbox, (*env).printInboxStatsOrEmpty)},
+			{name: "list", db: (*env).openMigrated, new: newInboxList},
+			{name: "inspect", args: true, db: (*env).openMigrated, new: newInboxInspect},
+			{name: "replay", db: (*env).openMigrated, new: newInboxChange("replay")},
+			{name: "skip", db: (*env).openMigrated, new: newInboxChange("skip")},
+			{name: "unpark", db: (*env).openMigrated, new: newInboxChange("unpark")},
 		},
 	}
 }
 
-// inboxChange is the action of one inbox change (replay, skip, unpark).
-func inboxChange(op string) func(*env, context.Context, []string) error {
-	return func(e *env, ctx context.Context, args []string) error { return e.inboxChange(ctx, op, args) }
+// ops are the inbox's operations on the database the action opened.
+func (e *env) ops() (*inbox.Ops, error) {
+	return inbox.NewOps(e.db, inbox.OpsConfig{Schema: e.g.schema}, nil)
 }
 
-func (e *env) ops(ctx context.Context) (*inbox.Ops, error) {
-	db, err := e.openMigrated(ctx)
-	if err != nil {
-		return nil, err
+func (e *env) printInboxStatsOrEmpty(st []operate.InboxStats) {
+	if len(st) == 0 {
+		fmt.Fprintln(e.stdout, "the inbox is empty")
+		return
 	}
-	return inbox.NewOps(db, inbox.OpsConfig{Schema: e.g.schema}, nil)
-}
-
-func (e *env) inboxStats(ctx context.Context, args []string) error {
-	return readAndShow(ctx, e, "inbox stats", args, operate.ReadInbox, func(st []operate.InboxStats) {
-		if len(st) == 0 {
-			fmt.Fprintln(e.stdout, "the inbox is empty")
-			return
-		}
-		e.printInboxStats(st)
-	})
+	e.printInboxStats(st)
 }
 
 // filterFlags registers the row selectors shared by list, replay and skip.
@@ -103,80 +92,77 @@ func addFilterFlags(fs *flag.FlagSet) filterFlags {
 	return f
 }
 
+// filter is the inbox.Filter the flags select, checked by the API's input rules.
 func (f filterFlags) filter() (inbox.Filter, error) {
-	if strings.TrimSpace(*f.consumer) == "" {
-		return inbox.Filter{}, usagef("-consumer is required (`wmonce inbox stats` lists the consumers)")
-	}
-	if err := checkInput(
-		operate.CheckConsumer("-consumer", *f.consumer), operate.CheckText("-key", *f.key), operate.CheckText("-topic", *f.topic),
-		operate.CheckText("-error", *f.errorText), operate.CheckText("-message", f.messages.values...)); err != nil {
-		return inbox.Filter{}, err
-	}
-	out := inbox.Filter{Consumer: *f.consumer, OrderingKey: *f.key, Topic: *f.topic, ErrorContains: *f.errorText, MessageIDs: f.messages.values}
-	for _, s := range f.statuses.values {
-		st, err := operate.ParseStatus(s)
-		if err != nil {
-			return inbox.Filter{}, usagef("-status: %v", err)
-		}
-		out.Statuses = append(out.Statuses, st)
-	}
-	ids, err := parseIDs(f.ids.values, "inbox row ids")
-	if err != nil {
-		return inbox.Filter{}, err
-	}
-	out.IDs = ids
-	return out, nil
+	statuses, serr := operate.ParseStatuses(f.statuses.values)
+	ids, ierr := parseIDs(f.ids.values, "-id", "inbox row ids")
+	return inbox.Filter{
+			Consumer: *f.consumer, Statuses: statuses, IDs: ids, MessageIDs: f.messages.values,
+			OrderingKey: *f.key, Topic: *f.topic, ErrorContains: *f.errorText,
+		}, operate.FirstError(
+			required(*f.consumer, "-consumer is required (`wmonce inbox stats` lists the consumers)"),
+			checkInput(operate.CheckConsumer("-consumer", *f.consumer), operate.CheckText("-key", *f.key), operate.CheckText("-topic", *f.topic),
+				operate.CheckText("-error", *f.errorText), operate.CheckText("-message", f.messages.values...)),
+			serr, ierr)
 }
 
-func (e *env) inboxList(ctx context.Context, args []string) error {
-	fs := e.flags("inbox list")
-	ff := addFilterFlags(fs)
-	after := fs.Int64("after", 0, "show rows after this id (paging)")
-	limit := fs.Int("limit", 50, "rows to show (1-"+strconv.Itoa(inbox.MaxBatchSize)+")")
-	if err := e.parseFlagsOnly(fs, args); err != nil {
-		return err
-	}
-	f, err := ff.filter()
+// inboxList is `wmonce inbox list`.
+type inboxList struct {
+	flags filterFlags
+	after int64
+	limit int
+	f     inbox.Filter
+}
+
+func newInboxList(fs *flag.FlagSet) runner {
+	l := &inboxList{flags: addFilterFlags(fs)}
+	fs.Int64Var(&l.after, "after", 0, "show rows after this id (paging)")
+	fs.IntVar(&l.limit, "limit", 50, "rows to show (1-"+strconv.Itoa(inbox.MaxBatchSize)+")")
+	return l
+}
+
+func (l *inboxList) check([]string) (err error) {
+	l.f, err = l.flags.filter()
+	l.f.AfterID = l.after
+	return operate.FirstError(err,
+		usageIf(l.limit < 1 || l.limit > inbox.MaxBatchSize, "-limit must be between 1 and %d", inbox.MaxBatchSize),
+		usageIf(l.after < 0, "-after must be a row id"))
+}
+
+func (l *inboxList) run(ctx context.Context, e *env) error {
+	ops, err := e.ops()
 	if err != nil {
 		return err
 	}
-	if *limit < 1 || *limit > inbox.MaxBatchSize {
-		return usagef("-limit must be between 1 and %d", inbox.MaxBatchSize)
-	}
-	if *after < 0 {
-		return usagef("-after must be a row id")
-	}
-	f.AfterID = *after
-	ops, err := e.ops(ctx)
+	rows, err := ops.List(ctx, l.f, l.limit)
 	if err != nil {
 		return err
 	}
-	rows, err := ops.List(ctx, f, *limit)
-	if err != nil {
-		return e.explain(err)
+	out := make([]operate.InboxRow, len(rows))
+	for i, r := range rows {
+		out[i] = operate.NewInboxRow(r, false)
 	}
-	if e.g.json {
-		out := make([]operate.InboxRow, len(rows))
-		for i, r := range rows {
-			out[i] = operate.NewInboxRow(r, false)
+	return show(e, out, l.print(e))
+}
+
+// print prints the rows as a table, and how to page on after a full page.
+func (l *inboxList) print(e *env) func([]operate.InboxRow) {
+	return func(rows []operate.InboxRow) {
+		if len(rows) == 0 {
+			fmt.Fprintf(e.stdout, "no rows of %q match\n", l.f.Consumer)
+			return
 		}
-		return e.printJSON(out)
+		tw := e.table()
+		fmt.Fprintf(tw, "ID\tMESSAGE\tKEY\tSTATUS\tATTEMPTS\tRECEIVED\tLAST ERROR\n")
+		for _, r := range rows {
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\n", r.ID, truncate(r.MessageID, 40), orDash(truncate(r.OrderingKey, 24)), r.Status, r.Attempts,
+				r.ReceivedAt.Local().Format("2006-01-02 15:04:05"), orDash(truncate(r.LastError, 60)))
+		}
+		_ = tw.Flush()
+		if len(rows) == l.limit {
+			fmt.Fprintf(e.stdout, "more rows may follow: add -after %d\n", rows[len(rows)-1].ID)
+		}
 	}
-	if len(rows) == 0 {
-		fmt.Fprintf(e.stdout, "no rows of %q match\n", f.Consumer)
-		return nil
-	}
-	tw := e.table()
-	fmt.Fprintf(tw, "ID\tMESSAGE\tKEY\tSTATUS\tATTEMPTS\tRECEIVED\tLAST ERROR\n")
-	for _, r := range rows {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\n", r.ID, truncate(r.MessageID, 40), orDash(truncate(r.OrderingKey, 24)), r.Status, r.Attempts,
-			r.ReceivedAt.Local().Format("2006-01-02 15:04:05"), orDash(truncate(r.LastError, 60)))
-	}
-	_ = tw.Flush()
-	if len(rows) == *limit {
-		fmt.Fprintf(e.stdout, "more rows may follow: add -after %d\n", rows[len(rows)-1].ID)
-	}
-	return nil
 }
 
 func orDash(s string) string {
@@ -186,57 +172,54 @@ func orDash(s string) string {
 	return s
 }
 
-func (e *env) inboxInspect(ctx context.Context, args []string) error {
-	fs := e.flags("inbox inspect")
-	consumer := fs.String("consumer", "", "consumer name (with -message)")
-	message := fs.String("message", "", "message id (dedupe key)")
-	rest, err := e.parse(fs, args)
+// inboxInspect is `wmonce inbox inspect`: a row by id, or by consumer and message.
+type inboxInspect struct {
+	consumer, message string
+	id                int64
+}
+
+func newInboxInspect(fs *flag.FlagSet) runner {
+	i := &inboxInspect{}
+	fs.StringVar(&i.consumer, "consumer", "", "consumer name (with -message)")
+	fs.StringVar(&i.message, "message", "", "message id (dedupe key)")
+	return i
+}
+
+// check reads the row id inspect was given, or checks -consumer and -message.
+func (i *inboxInspect) check(rest []string) error {
+	switch {
+	case len(rest) == 1 && i.consumer == "" && i.message == "":
+		var err error
+		i.id, err = strconv.ParseInt(rest[0], 10, 64)
+		return usageIf(err != nil || i.id < 1, "the row id must be a positive integer, got %q", rest[0])
+	case len(rest) == 0 && i.consumer != "" && i.message != "":
+		return checkInput(operate.CheckConsumer("-consumer", i.consumer), operate.CheckText("-message", i.message))
+	default:
+		return usagef("give a row id, or -consumer and -message")
+	}
+}
+
+func (i *inboxInspect) run(ctx context.Context, e *env) error {
+	ops, err := e.ops()
 	if err != nil {
 		return err
 	}
-	id, err := inspectTarget(rest, *consumer, *message)
-	if err != nil {
-		return err
-	}
-	ops, err := e.ops(ctx)
-	if err != nil {
-		return err
-	}
-	var row inbox.Row
-	if id > 0 {
-		row, err = ops.Inspect(ctx, id)
-	} else {
-		row, err = ops.InspectMessage(ctx, *consumer, *message)
-	}
+	row, err := i.read(ctx, ops)
 	if errors.Is(err, inbox.ErrNotFound) {
 		return fmt.Errorf("%w (`wmonce inbox list -consumer C` shows the rows; `wmonce dedupe` also looks in the claims)", err)
 	}
 	if err != nil {
-		return e.explain(err)
+		return err
 	}
-	r := operate.NewInboxRow(row, true)
-	if e.g.json {
-		return e.printJSON(r)
-	}
-	e.printInboxRow(r)
-	return nil
+	return show(e, operate.NewInboxRow(row, true), e.printInboxRow)
 }
 
-// inspectTarget is the row id `inbox inspect` was given, or 0 when it was given -consumer and
-// -message (checked); a usage error for anything else.
-func inspectTarget(rest []string, consumer, message string) (int64, error) {
-	switch {
-	case len(rest) == 1 && consumer == "" && message == "":
-		id, err := strconv.ParseInt(rest[0], 10, 64)
-		if err != nil || id < 1 {
-			return 0, usagef("the row id must be a positive integer, got %q", rest[0])
-		}
-		return id, nil
-	case len(rest) == 0 && consumer != "" && message != "":
-		return 0, checkInput(operate.CheckConsumer("-consumer", consumer), operate.CheckText("-message", message))
-	default:
-		return 0, usagef("give a row id, or -consumer and -message")
+// read reads the row by id, or by consumer and message.
+func (i *inboxInspect) read(ctx context.Context, ops *inbox.Ops) (inbox.Row, error) {
+	if i.id > 0 {
+		return ops.Inspect(ctx, i.id)
 	}
+	return ops.InspectMessage(ctx, i.consumer, i.message)
 }
 
 // printInboxRow prints one inbox row as a table of fields, then its payload.
@@ -271,29 +254,30 @@ func (e *env) printInboxRow(r operate.InboxRow) {
 }
 
 // inboxChanges are the inbox changes: what each checks beyond the filter, how it runs, and
-// what it reports done. An unpark's dry run counts what a replay of the key would change.
+// what it reports done. An unpark is a replay of one key's FAILED rows: its dry run counts
+// what that replay would change.
 var inboxChanges = map[string]struct {
-	check func(f inbox.Filter, c changeFlags) error
-	run   func(ctx context.Context, ops *inbox.Ops, f inbox.Filter, c changeFlags) (int, error)
+	check func(f inbox.Filter, c *inboxChange) error
+	run   func(ctx context.Context, ops *inbox.Ops, f inbox.Filter, c *inboxChange) (int, error)
 	done  string // format of the report: rows, statuses, consumer
 }{
 	"replay": {
-		check: func(inbox.Filter, changeFlags) error { return nil },
-		run: func(ctx context.Context, ops *inbox.Ops, f inbox.Filter, c changeFlags) (int, error) {
+		check: func(f inbox.Filter, _ *inboxChange) error { return operate.CheckChange("replay", f) },
+		run: func(ctx context.Context, ops *inbox.Ops, f inbox.Filter, c *inboxChange) (int, error) {
 			return ops.Replay(ctx, f, c.dryRun)
 		},
 		done: "replayed %d %s row(s) of %q: they are PENDING and run again on the next claim\n",
 	},
 	"skip": {
 		check: checkSkip,
-		run: func(ctx context.Context, ops *inbox.Ops, f inbox.Filter, c changeFlags) (int, error) {
+		run: func(ctx context.Context, ops *inbox.Ops, f inbox.Filter, c *inboxChange) (int, error) {
 			return ops.Skip(ctx, f, c.reason, c.dryRun)
 		},
 		done: "skipped %d %s row(s) of %q\n",
 	},
 	"unpark": {
 		check: checkUnpark,
-		run: func(ctx context.Context, ops *inbox.Ops, f inbox.Filter, c changeFlags) (int, error) {
+		run: func(ctx context.Context, ops *inbox.Ops, f inbox.Filter, c *inboxChange) (int, error) {
 			if c.dryRun {
 				return ops.Replay(ctx, f, true)
 			}
@@ -303,82 +287,78 @@ var inboxChanges = map[string]struct {
 	},
 }
 
-// changeFlags are the flags of an inbox change besides the filter's.
-type changeFlags struct {
+// inboxChange is `wmonce inbox replay`, `skip` or `unpark`.
+type inboxChange struct {
+	action      string
+	flags       filterFlags
 	dryRun, all bool
 	reason      string
+	f           inbox.Filter
 }
 
-func checkSkip(f inbox.Filter, c changeFlags) error {
-	if strings.TrimSpace(c.reason) == "" {
-		return usagef("-reason is required: it is kept with the skipped rows")
+func newInboxChange(action string) func(*flag.FlagSet) runner {
+	return func(fs *flag.FlagSet) runner {
+		c := &inboxChange{action: action, flags: addFilterFlags(fs)}
+		fs.BoolVar(&c.dryRun, "dry-run", false, "count the rows that would change, change nothing")
+		if action == "skip" {
+			fs.StringVar(&c.reason, "reason", "", "why the rows are skipped (kept in last_error; required)")
+			fs.BoolVar(&c.all, "all", false, "skip every matching row of the consumer when no other selector is given")
+		}
+		return c
 	}
-	if err := checkInput(operate.CheckText("-reason", c.reason)); err != nil {
+}
+
+func (c *inboxChange) check([]string) (err error) {
+	if c.f, err = c.flags.filter(); err != nil {
 		return err
 	}
-	if !c.all && len(f.IDs) == 0 && len(f.MessageIDs) == 0 && f.OrderingKey == "" && f.Topic == "" && f.ErrorContains == "" {
-		return usagef("name the rows to skip with -id, -message, -key, -topic or -error, or give -all to skip every matching row of %q", f.Consumer)
-	}
-	return nil
+	return inboxChanges[c.action].check(c.f, c)
 }
 
-func checkUnpark(f inbox.Filter, _ changeFlags) error {
-	if f.OrderingKey == "" {
-		return usagef("-key is required: unpark replays the FAILED rows of one ordering key")
-	}
-	if len(f.Statuses) > 0 || len(f.IDs) > 0 || len(f.MessageIDs) > 0 || f.Topic != "" || f.ErrorContains != "" {
-		return usagef("unpark takes only -consumer and -key; use replay for other selections")
-	}
-	return nil
+// checkSkip is the inbox's rule for skip, a reason, and rows named (or -all).
+func checkSkip(f inbox.Filter, c *inboxChange) error {
+	return operate.FirstError(
+		required(c.reason, "-reason is required: it is kept with the skipped rows"),
+		checkInput(operate.CheckText("-reason", c.reason)),
+		operate.CheckChange("skip", f),
+		usageIf(!c.all && !operate.Narrowed(f), "name the rows to skip with -id, -message, -key, -topic or -error, or give -all to skip every matching row of %q", f.Consumer))
 }
 
-func (e *env) inboxChange(ctx context.Context, action string, args []string) error {
-	fs := e.flags("inbox " + action)
-	ff := addFilterFlags(fs)
-	var c changeFlags
-	fs.BoolVar(&c.dryRun, "dry-run", false, "count the rows that would change, change nothing")
-	if action == "skip" {
-		fs.StringVar(&c.reason, "reason", "", "why the rows are skipped (kept in last_error; required)")
-		fs.BoolVar(&c.all, "all", false, "skip every matching row of the consumer when no other selector is given")
-	}
-	if err := e.parseFlagsOnly(fs, args); err != nil {
-		return err
-	}
-	f, err := ff.filter()
+func checkUnpark(f inbox.Filter, _ *inboxChange) error {
+	return operate.FirstError(
+		usageIf(f.OrderingKey == "", "-key is required: unpark replays the FAILED rows of one ordering key"),
+		usageIf(len(f.Statuses) > 0 || len(f.IDs) > 0 || len(f.MessageIDs) > 0 || f.Topic != "" || f.ErrorContains != "",
+			"unpark takes only -consumer and -key; use replay for other selections"))
+}
+
+func (c *inboxChange) run(ctx context.Context, e *env) error {
+	ops, err := e.ops()
 	if err != nil {
 		return err
 	}
-	if slices.Contains(f.Statuses, inbox.StatusInProgress) {
-		return usagef("IN_PROGRESS rows belong to a worker and cannot be changed: wait for it, or its lease, to settle them")
-	}
-	change := inboxChanges[action]
-	if err := change.check(f, c); err != nil {
-		return err
-	}
-	ops, err := e.ops(ctx)
+	n, err := inboxChanges[c.action].run(ctx, ops, c.f, c)
 	if err != nil {
 		return err
 	}
-	n, err := change.run(ctx, ops, f, c)
-	if err != nil {
-		return e.explain(err)
+	return show(e, operate.ChangeResponse{Action: c.action, Consumer: c.f.Consumer, DryRun: c.dryRun, Rows: n}, c.print(e))
+}
+
+// print says how many rows the change changed, or on a dry run would change.
+func (c *inboxChange) print(e *env) func(operate.ChangeResponse) {
+	return func(r operate.ChangeResponse) {
+		statuses := "FAILED"
+		if len(c.f.Statuses) > 0 {
+			statuses = joinStatuses(c.f.Statuses, "/")
+		}
+		if c.dryRun {
+			fmt.Fprintf(e.stdout, "dry run: %s would change %d %s row(s) of %q; run again without -dry-run to do it\n", c.action, r.Rows, statuses, r.Consumer)
+			return
+		}
+		fmt.Fprintf(e.stdout, inboxChanges[c.action].done, r.Rows, statuses, r.Consumer)
+		if r.Rows == 0 {
+			fmt.Fprintf(e.stdout, "nothing matched: check the selectors with `wmonce inbox list -consumer %s`\n", shellQuote(r.Consumer))
+		}
 	}
-	if e.g.json {
-		return e.printJSON(operate.ChangeResponse{Action: action, Consumer: f.Consumer, DryRun: c.dryRun, Rows: n})
-	}
-	statuses := "FAILED"
-	if len(f.Statuses) > 0 {
-		statuses = joinStatuses(f.Statuses, "/")
-	}
-	if c.dryRun {
-		fmt.Fprintf(e.stdout, "dry run: %s would change %d %s row(s) of %q; run again without -dry-run to do it\n", action, n, statuses, f.Consumer)
-		return nil
-	}
-	fmt.Fprintf(e.stdout, change.done, n, statuses, f.Consumer)
-	if n == 0 {
-		fmt.Fprintf(e.stdout, "nothing matched: check the selectors with `wmonce inbox list -consumer %s`\n", shellQuote(f.Consumer))
-	}
-	return nil
 }
 
 func joinStatuses(ss []inbox.Status, sep string) string {
@@ -391,10 +371,8 @@ func joinStatuses(ss []inbox.Status, sep string) string {
 
 // checkInput turns the first failed input rule (shared with the admin API) into a usage error.
 func checkInput(errs ...error) error {
-	for _, err := range errs {
-		if err != nil {
-			return usagef("%v", err)
-		}
+	if err := operate.FirstError(errs...); err != nil {
+		return usagef("%v", err)
 	}
 	return nil
 }

@@ -52,6 +52,8 @@ func TestHelpAndUsageErrors(t *testing.T) {
 		{[]string{"inbox", "lst"}, `did you mean "list"`},
 		{[]string{"inbox", "list", "-consumer", "c", "-status", "LOST"}, `unknown inbox status "LOST"`},
 		{[]string{"inbox", "replay", "-consumer", "c", "-status", "IN_PROGRESS"}, "belong to a worker"},
+		// The inbox's rule (operate.CheckChange), checked before the database is opened.
+		{[]string{"inbox", "skip", "-consumer", "c", "-key", "k", "-reason", "r", "-status", "DONE"}, "status DONE cannot be changed by skip (allowed: FAILED, PENDING)"},
 		{[]string{"inbox", "skip", "-consumer", "c", "-key", "k"}, "-reason is required"},
 		{[]string{"inbox", "skip", "-consumer", "c", "-reason", "r"}, "name the rows to skip"},
 		{[]string{"inbox", "unpark", "-consumer", "c"}, "-key is required"},

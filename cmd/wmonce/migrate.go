@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"strconv"
 	"strings"
@@ -52,96 +53,97 @@ version prints the applied version and the latest this binary knows, and what to
 		},
 		actionRequired: "say what to do: up, down, print, baseline or version",
 		actions: []action{
-			{name: "up", run: migrateUp},
-			{name: "down", run: migrateDown},
-			{name: "print", run: migratePrint},
-			{name: "baseline", run: migrateBaseline},
-			{name: "version", run: migrateVersion},
+			{name: "up", db: (*env).open, new: newMigrateUp},
+			{name: "down", db: (*env).open, new: newMigrateDown},
+			{name: "print", new: newMigratePrint},
+			{name: "baseline", args: true, db: (*env).open, new: newMigrateBaseline},
+			{name: "version", db: (*env).open, new: report(operate.ReadSchemaStatus, (*env).printVersion)},
 		},
 	}
 }
 
-func migrateUp(e *env, ctx context.Context, args []string) error {
-	fs := e.flags("migrate up")
-	to := fs.Int("to", 0, "last version to apply (default: latest)")
-	if err := e.parseFlagsOnly(fs, args); err != nil {
-		return err
-	}
-	if *to < 0 || *to > migrate.Latest() {
-		return usagef("-to must be between 1 and %d (the latest version)", migrate.Latest())
-	}
-	return e.migrate(ctx, migrate.DirectionUp, &migrate.Opts{TargetVersion: *to})
+// migrateRun is `wmonce migrate up` or `down`: the direction and its options.
+type migrateRun struct {
+	dir   migrate.Direction
+	opts  migrate.Opts
+	all   bool
+	given func(name string) bool // whether a flag was given
 }
 
-func migrateDown(e *env, ctx context.Context, args []string) error {
-	fs := e.flags("migrate down")
-	steps := fs.Int("steps", 0, "how many migrations to revert (default 1)")
-	all := fs.Bool("all", false, "revert every migration (drops every table)")
-	to := fs.Int("to", 0, "version to leave in place")
-	if err := e.parseFlagsOnly(fs, args); err != nil {
-		return err
-	}
-	opts := &migrate.Opts{TargetVersion: *to, MaxSteps: *steps}
-	set := 0
-	for _, name := range []string{"steps", "all", "to"} {
-		if isSet(fs, name) {
-			set++
-		}
-	}
-	switch {
-	case set > 1:
-		return usagef("give only one of -steps, -all and -to")
-	case *steps < 0 || (*steps == 0 && isSet(fs, "steps")):
-		return usagef("-steps must be at least 1")
-	case *to < 0 || *to > migrate.Latest():
-		return usagef("-to must be between 0 and %d", migrate.Latest())
-	case *all:
-		opts.MaxSteps = migrate.AllSteps
-	case isSet(fs, "to"):
-		opts.MaxSteps = migrate.AllSteps
-	}
-	return e.migrate(ctx, migrate.DirectionDown, opts)
+func newMigrateUp(fs *flag.FlagSet) runner {
+	m := &migrateRun{dir: migrate.DirectionUp}
+	fs.IntVar(&m.opts.TargetVersion, "to", 0, "last version to apply (default: latest)")
+	return m
 }
 
-func migratePrint(e *env, ctx context.Context, args []string) error {
-	fs := e.flags("migrate print")
-	down := fs.Bool("down", false, "print the down migrations (newest first)")
-	from := fs.Int("from", -1, "up: print migrations after this version (default 0); down: start from this version (default latest)")
-	to := fs.Int("to", -1, "up: last version to print (default latest); down: version to leave in place (default 0)")
-	if err := e.parseFlagsOnly(fs, args); err != nil {
-		return err
+func newMigrateDown(fs *flag.FlagSet) runner {
+	m := &migrateRun{dir: migrate.DirectionDown, given: func(name string) bool { return isSet(fs, name) }}
+	fs.IntVar(&m.opts.MaxSteps, "steps", 0, "how many migrations to revert (default 1)")
+	fs.BoolVar(&m.all, "all", false, "revert every migration (drops every table)")
+	fs.IntVar(&m.opts.TargetVersion, "to", 0, "version to leave in place")
+	return m
+}
+
+func (m *migrateRun) check([]string) error {
+	if m.dir == migrate.DirectionUp {
+		return usageIf(m.opts.TargetVersion < 0 || m.opts.TargetVersion > migrate.Latest(), "-to must be between 1 and %d (the latest version)", migrate.Latest())
 	}
-	dir, err := printRange(*down, from, to)
-	if err != nil {
-		return err
+	err := operate.FirstError(
+		usageIf(countTrue(m.given("steps"), m.all, m.given("to")) > 1, "give only one of -steps, -all and -to"),
+		usageIf(m.given("steps") && m.opts.MaxSteps < 1, "-steps must be at least 1"),
+		usageIf(m.opts.TargetVersion < 0 || m.opts.TargetVersion > migrate.Latest(), "-to must be between 0 and %d", migrate.Latest()))
+	if m.all || m.given("to") {
+		m.opts.MaxSteps = migrate.AllSteps // down to -to, or to 0
 	}
-	sql, err := migrate.Print(e.g.schema, dir, *from, *to)
-	if err != nil {
-		return err
-	}
-	if e.g.json {
-		return e.printJSON(map[string]any{"schema": e.g.schema, "direction": dir, "from": *from, "to": *to, "sql": sql})
-	}
-	_, err = fmt.Fprint(e.stdout, sql)
 	return err
 }
 
-// printRange fills the versions `migrate print` leaves out (-1): up prints from 0 to the
-// latest, down from the latest to 0; and checks the range goes the direction's way.
-func printRange(down bool, from, to *int) (migrate.Direction, error) {
+func countTrue(bs ...bool) int {
+	n := 0
+	for _, b := range bs {
+		if b {
+			n++
+		}
+	}
+	return n
+}
+
+// migratePrint is `wmonce migrate print`.
+type migratePrint struct {
+	down     bool
+	from, to int
+	dir      migrate.Direction
+}
+
+func newMigratePrint(fs *flag.FlagSet) runner {
+	m := &migratePrint{}
+	fs.BoolVar(&m.down, "down", false, "print the down migrations (newest first)")
+	fs.IntVar(&m.from, "from", -1, "up: print migrations after this version (default 0); down: start from this version (default latest)")
+	fs.IntVar(&m.to, "to", -1, "up: last version to print (default latest); down: version to leave in place (default 0)")
+	return m
+}
+
+// check fills the versions left out (-1): up prints from 0 to the latest, down from the
+// latest to 0; and checks the range goes the direction's way.
+func (m *migratePrint) check([]string) error {
 	latest := migrate.Latest()
-	dir, first, last := migrate.DirectionUp, 0, latest
-	if down {
-		dir, first, last = migrate.DirectionDown, latest, 0
+	first, last := 0, latest
+	m.dir = migrate.DirectionUp
+	if m.down {
+		m.dir, first, last = migrate.DirectionDown, latest, 0
 	}
-	*from, *to = orDefault(*from, first), orDefault(*to, last)
-	if *from > latest || *to > latest {
-		return dir, usagef("versions go from 0 to %d", latest)
+	m.from, m.to = orDefault(m.from, first), orDefault(m.to, last)
+	return operate.FirstError(
+		usageIf(m.from > latest || m.to > latest, "versions go from 0 to %d", latest),
+		usageIf(m.down != (m.from > m.to) || m.from == m.to, "nothing to print between -from %d and -to %d (up needs from < to, down from > to)", m.from, m.to))
+}
+
+func (m *migratePrint) run(_ context.Context, e *env) error {
+	sql, err := migrate.Print(e.g.schema, m.dir, m.from, m.to)
+	if err != nil {
+		return err
 	}
-	if (!down && *from >= *to) || (down && *from <= *to) {
-		return dir, usagef("nothing to print between -from %d and -to %d (up needs from < to, down from > to)", *from, *to)
-	}
-	return dir, nil
+	return show(e, map[string]any{"schema": e.g.schema, "direction": m.dir, "from": m.from, "to": m.to, "sql": sql}, func(map[string]any) { fmt.Fprint(e.stdout, sql) })
 }
 
 // orDefault is v, or def when v is unset (negative).
@@ -152,100 +154,86 @@ func orDefault(v, def int) int {
 	return v
 }
 
-func migrateBaseline(e *env, ctx context.Context, args []string) error {
-	if len(args) == 0 {
+// migrateBaseline is `wmonce migrate baseline N`.
+type migrateBaseline struct{ version int }
+
+func newMigrateBaseline(*flag.FlagSet) runner { return &migrateBaseline{} }
+
+func (m *migrateBaseline) check(rest []string) error {
+	if len(rest) != 1 {
 		return usagef("give the last version the schema's SQL held: migrate baseline N")
 	}
-	n, err := strconv.Atoi(args[0])
-	if err != nil || n < 1 || n > migrate.Latest() {
-		return usagef("the version must be between 1 and %d, got %q", migrate.Latest(), args[0])
-	}
-	if err := e.parseFlagsOnly(e.flags("migrate baseline"), args[1:]); err != nil {
-		return err
-	}
-	db, err := e.open(ctx)
-	if err != nil {
-		return err
-	}
-	m, err := migrate.New(db, migrate.Config{Schema: e.g.schema}, watermill.NewStdLoggerWithOut(e.stderr, false, false))
-	if err != nil {
-		return err
-	}
-	if err := m.Baseline(ctx, n); err != nil {
-		return err
-	}
-	if e.g.json {
-		return e.printJSON(map[string]any{"schema": e.g.schema, "recorded": n, "latest": migrate.Latest()})
-	}
-	fmt.Fprintf(e.stdout, "schema %s: recorded migrations 1 to %d as applied (latest %d)\n", e.g.schema, n, migrate.Latest())
-	return nil
+	n, err := strconv.Atoi(rest[0])
+	m.version = n
+	return usageIf(err != nil || n < 1 || n > migrate.Latest(), "the version must be between 1 and %d, got %q", migrate.Latest(), rest[0])
 }
 
-func migrateVersion(e *env, ctx context.Context, args []string) error {
-	if err := e.parseFlagsOnly(e.flags("migrate version"), args); err != nil {
-		return err
+func (m *migrateBaseline) run(ctx context.Context, e *env) error {
+	mig, err := e.migrator()
+	if err == nil {
+		err = mig.Baseline(ctx, m.version)
 	}
-	db, err := e.open(ctx)
 	if err != nil {
 		return err
 	}
-	s, err := operate.ReadSchemaStatus(ctx, db, e.g.schema)
-	if err != nil {
-		return err
-	}
-	if e.g.json {
-		return e.printJSON(s)
-	}
+	return show(e, map[string]any{"schema": e.g.schema, "recorded": m.version, "latest": migrate.Latest()}, func(map[string]any) {
+		fmt.Fprintf(e.stdout, "schema %s: recorded migrations 1 to %d as applied (latest %d)\n", e.g.schema, m.version, migrate.Latest())
+	})
+}
+
+// printVersion prints the schema's version and what to run when it is behind.
+func (e *env) printVersion(s operate.SchemaStatus) {
 	fmt.Fprintf(e.stdout, "schema %s: version %d (latest %d)\n", s.Schema, s.Version, s.Latest)
 	if s.Hint != "" {
 		fmt.Fprintln(e.stdout, s.Hint)
 	}
-	return nil
 }
 
-func (e *env) migrate(ctx context.Context, dir migrate.Direction, opts *migrate.Opts) error {
-	db, err := e.open(ctx)
+// migrator migrates the schema; its logger tells on stderr when a run waits for another
+// migration of the schema.
+func (e *env) migrator() (*migrate.Migrator, error) {
+	return migrate.New(e.db, migrate.Config{Schema: e.g.schema}, watermill.NewStdLoggerWithOut(e.stderr, false, false))
+}
+
+func (m *migrateRun) run(ctx context.Context, e *env) error {
+	mig, err := e.migrator()
 	if err != nil {
 		return err
 	}
-	// The logger tells on stderr when this run waits for another migration of the schema.
-	m, err := migrate.New(db, migrate.Config{Schema: e.g.schema}, watermill.NewStdLoggerWithOut(e.stderr, false, false))
+	opts := m.opts
+	res, err := mig.Migrate(ctx, m.dir, &opts)
 	if err != nil {
 		return err
 	}
-	res, err := m.Migrate(ctx, dir, opts)
+	// From and To were read under the migration lock: a Version call before or after could see
+	// another run's work.
+	done, err := migrationNames(res.Versions)
 	if err != nil {
 		return err
 	}
-	// Read under the migration lock: a Version call before or after could see another run's work.
-	before, after := res.From, res.To
-	names := map[int]string{}
+	out := map[string]any{"schema": e.g.schema, "direction": m.dir, "from": res.From, "to": res.To, "migrations": done, "latest": migrate.Latest()}
+	return show(e, out, func(map[string]any) { e.printMigrated(m.dir, res, done) })
+}
+
+// migrationNames names the versions as their files do (001_claims).
+func migrationNames(versions []int) ([]string, error) {
 	all, err := migrate.All()
-	if err != nil {
-		return err
-	}
+	names := map[int]string{}
 	for _, mig := range all {
 		names[mig.Version] = fmt.Sprintf("%03d_%s", mig.Version, mig.Name)
 	}
-	if e.g.json {
-		done := make([]string, len(res.Versions))
-		for i, v := range res.Versions {
-			done[i] = names[v]
-		}
-		return e.printJSON(map[string]any{"schema": e.g.schema, "direction": dir, "from": before, "to": after, "migrations": done, "latest": migrate.Latest()})
-	}
-	if len(res.Versions) == 0 {
-		fmt.Fprintf(e.stdout, "schema %s: nothing to do, at version %d (latest %d)\n", e.g.schema, after, migrate.Latest())
-		return nil
-	}
-	verb := "applied"
-	if dir == migrate.DirectionDown {
-		verb = "reverted"
-	}
-	done := make([]string, len(res.Versions))
-	for i, v := range res.Versions {
+	done := make([]string, len(versions))
+	for i, v := range versions {
 		done[i] = names[v]
 	}
-	fmt.Fprintf(e.stdout, "schema %s: %s %s; version %d -> %d (latest %d)\n", e.g.schema, verb, strings.Join(done, ", "), before, after, migrate.Latest())
-	return nil
+	return done, err
+}
+
+func (e *env) printMigrated(dir migrate.Direction, res migrate.Result, done []string) {
+	if len(done) == 0 {
+		fmt.Fprintf(e.stdout, "schema %s: nothing to do, at version %d (latest %d)\n", e.g.schema, res.To, migrate.Latest())
+		return
+	}
+	verb := map[migrate.Direction]string{migrate.DirectionUp: "applied", migrate.DirectionDown: "reverted"}[dir]
+	fmt.Fprintf(e.stdout, "schema %s: %s %s; version %d -> %d (latest %d)\n", e.g.schema, verb, strings.Join(done, ", "), res.From, res.To, migrate.Latest())
 }

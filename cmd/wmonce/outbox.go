@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"strconv"
 	"strings"
@@ -32,6 +34,8 @@ republish  stores rejected rows of relay R in the outbox again, at its end (same
            removes them from outbox_rejected: fix what made the broker refuse them first.
            -remove-metadata drops a metadata key on the way (one the broker reserves; repeat
            it for several). Rows that cannot be decoded stay rejected. -dry-run only counts.
+           A republish that matches no rejected row (none at those offsets, or another
+           republish took them first) exits 1.
 forget     deletes the position of a relay that was retired for good, and the rows it held,
            so that it no longer holds back outbox cleanup. Refused while an instance of it
            runs; stop its standbys too (a relay of that name that starts later begins again at
@@ -47,62 +51,64 @@ forget     deletes the position of a relay that was retired for good, and the ro
 		},
 		actions: []action{
 			// status: its name before the module said stats for database figures
-			{name: "stats", aliases: []string{"status"}, run: (*env).outboxStats},
-			{name: "rejected", run: (*env).outboxRejected},
-			{name: "inspect", run: (*env).outboxInspect},
-			{name: "republish", run: (*env).outboxRepublish},
-			{name: "forget", run: (*env).outboxForget},
+			{name: "stats", aliases: []string{"status"}, db: (*env).openMigrated, new: report(operate.ReadOutbox, (*env).printOutbox)},
+			{name: "rejected", db: (*env).openMigrated, new: newOutboxRejected},
+			{name: "inspect", args: true, db: (*env).openMigrated, new: newOutboxInspect},
+			{name: "republish", db: (*env).openMigrated, new: newOutboxRepublish},
+			{name: "forget", db: (*env).openMigrated, new: newOutboxForget},
 		},
 	}
 }
 
-func (e *env) outboxStats(ctx context.Context, args []string) error {
-	return readAndShow(ctx, e, "outbox", args, operate.ReadOutbox, e.printOutbox)
+// outboxRejected is `wmonce outbox rejected`.
+type outboxRejected struct {
+	relay string
+	after int64
+	limit int
 }
 
-func (e *env) outboxRejected(ctx context.Context, args []string) error {
-	fs := e.flags("outbox rejected")
-	relay := fs.String("relay", "", "only the rows this relay rejected")
-	after := fs.Int64("after", 0, "show rows after this outbox offset (paging)")
-	limit := fs.Int("limit", 50, "rows to show (1-"+strconv.Itoa(operate.MaxListLimit)+")")
-	if err := e.parseFlagsOnly(fs, args); err != nil {
-		return err
-	}
-	if err := checkInput(operate.CheckConsumer("-relay", *relay)); err != nil {
-		return err
-	}
-	if *limit < 1 || *limit > operate.MaxListLimit {
-		return usagef("-limit must be between 1 and %d", operate.MaxListLimit)
-	}
-	if *after < 0 {
-		return usagef("-after must be an outbox offset")
-	}
-	db, err := e.openMigrated(ctx)
+func newOutboxRejected(fs *flag.FlagSet) runner {
+	o := &outboxRejected{}
+	fs.StringVar(&o.relay, "relay", "", "only the rows this relay rejected")
+	fs.Int64Var(&o.after, "after", 0, "show rows after this outbox offset (paging)")
+	fs.IntVar(&o.limit, "limit", 50, "rows to show (1-"+strconv.Itoa(operate.MaxListLimit)+")")
+	return o
+}
+
+func (o *outboxRejected) check([]string) error {
+	return operate.FirstError(
+		checkInput(operate.CheckConsumer("-relay", o.relay)),
+		usageIf(o.limit < 1 || o.limit > operate.MaxListLimit, "-limit must be between 1 and %d", operate.MaxListLimit),
+		usageIf(o.after < 0, "-after must be an outbox offset"))
+}
+
+func (o *outboxRejected) run(ctx context.Context, e *env) error {
+	rows, err := operate.ListRejected(ctx, e.db, e.g.schema, outboxops.RejectedFilter{Relay: o.relay, AfterOffset: o.after}, o.limit, false)
 	if err != nil {
 		return err
 	}
-	rows, err := operate.ListRejected(ctx, db, e.g.schema, outboxops.RejectedFilter{Relay: *relay, AfterOffset: *after}, *limit, false)
-	if err != nil {
-		return e.explain(err)
+	return show(e, rows, o.print(e))
+}
+
+// print prints the rows as a table, and how to page on after a full page (of distinct offsets:
+// a row several relays rejected is listed once per relay).
+func (o *outboxRejected) print(e *env) func([]operate.RejectedRow) {
+	return func(rows []operate.RejectedRow) {
+		if len(rows) == 0 {
+			fmt.Fprintln(e.stdout, "no rejected outbox rows")
+			return
+		}
+		tw := e.table()
+		fmt.Fprintf(tw, "OFFSET\tRELAY\tUUID\tTOPIC\tREJECTED\tERROR\n")
+		for _, r := range rows {
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", r.Offset, r.Relay, truncate(r.UUID, 40), orDash(truncate(r.Topic, 32)),
+				r.RejectedAt.Local().Format("2006-01-02 15:04:05"), truncate(r.LastError, 70))
+		}
+		_ = tw.Flush()
+		if distinct := countOffsets(rows); distinct == o.limit {
+			fmt.Fprintf(e.stdout, "more rows may follow: add -after %d\n", rows[len(rows)-1].Offset)
+		}
 	}
-	if e.g.json {
-		return e.printJSON(rows)
-	}
-	if len(rows) == 0 {
-		fmt.Fprintln(e.stdout, "no rejected outbox rows")
-		return nil
-	}
-	tw := e.table()
-	fmt.Fprintf(tw, "OFFSET\tRELAY\tUUID\tTOPIC\tREJECTED\tERROR\n")
-	for _, r := range rows {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", r.Offset, r.Relay, truncate(r.UUID, 40), orDash(truncate(r.Topic, 32)),
-			r.RejectedAt.Local().Format("2006-01-02 15:04:05"), truncate(r.LastError, 70))
-	}
-	_ = tw.Flush()
-	if distinct := countOffsets(rows); distinct == *limit {
-		fmt.Fprintf(e.stdout, "more rows may follow: add -after %d\n", rows[len(rows)-1].Offset)
-	}
-	return nil
 }
 
 func countOffsets(rows []operate.RejectedRow) int {
@@ -115,45 +121,54 @@ func countOffsets(rows []operate.RejectedRow) int {
 	return n
 }
 
-func (e *env) outboxInspect(ctx context.Context, args []string) error {
-	fs := e.flags("outbox inspect")
-	relay := fs.String("relay", "", "the relay that rejected it (needed when several did)")
-	rest, err := e.parse(fs, args)
-	if err != nil {
-		return err
-	}
+// outboxInspect is `wmonce outbox inspect OFFSET`.
+type outboxInspect struct {
+	relay  string
+	offset int64
+}
+
+func newOutboxInspect(fs *flag.FlagSet) runner {
+	o := &outboxInspect{}
+	fs.StringVar(&o.relay, "relay", "", "the relay that rejected it (needed when several did)")
+	return o
+}
+
+func (o *outboxInspect) check(rest []string) error {
 	if len(rest) != 1 {
 		return usagef("give the outbox offset of one rejected row (`wmonce outbox rejected` lists them)")
 	}
-	offset, err := strconv.ParseInt(rest[0], 10, 64)
-	if err != nil || offset < 1 {
-		return usagef("the outbox offset must be a positive integer, got %q", rest[0])
-	}
-	if err := checkInput(operate.CheckConsumer("-relay", *relay)); err != nil {
-		return err
-	}
-	db, err := e.openMigrated(ctx)
+	var err error
+	o.offset, err = strconv.ParseInt(rest[0], 10, 64)
+	return operate.FirstError(
+		usageIf(err != nil || o.offset < 1, "the outbox offset must be a positive integer, got %q", rest[0]),
+		checkInput(operate.CheckConsumer("-relay", o.relay)))
+}
+
+func (o *outboxInspect) run(ctx context.Context, e *env) error {
+	rows, err := operate.ListRejected(ctx, e.db, e.g.schema, outboxops.RejectedFilter{Relay: o.relay, Offset: o.offset}, 1, true)
 	if err != nil {
 		return err
-	}
-	rows, err := operate.ListRejected(ctx, db, e.g.schema, outboxops.RejectedFilter{Relay: *relay, Offset: offset}, 1, true)
-	if err != nil {
-		return e.explain(err)
 	}
 	switch {
 	case len(rows) == 0:
-		return fmt.Errorf("no rejected outbox row at offset %d%s (`wmonce outbox rejected` lists them)", offset, forRelay(*relay))
+		return fmt.Errorf("no rejected outbox row at offset %d%s (`wmonce outbox rejected` lists them)", o.offset, forRelay(o.relay))
 	case len(rows) > 1:
-		names := make([]string, len(rows))
-		for i, r := range rows {
-			names[i] = r.Relay
-		}
-		return usagef("outbox row %d was rejected by relays %s: give -relay", offset, strings.Join(names, ", "))
+		return usagef("outbox row %d was rejected by relays %s: give -relay", o.offset, strings.Join(relayNames(rows), ", "))
 	}
-	r := rows[0]
-	if e.g.json {
-		return e.printJSON(r)
+	return show(e, rows[0], e.printRejectedRow)
+}
+
+func relayNames(rows []operate.RejectedRow) []string {
+	names := make([]string, len(rows))
+	for i, r := range rows {
+		names[i] = r.Relay
 	}
+	return names
+}
+
+// printRejectedRow prints one rejected row as a table of fields, its payload, and how to
+// republish it.
+func (e *env) printRejectedRow(r operate.RejectedRow) {
 	w := e.table()
 	fmt.Fprintf(w, "offset\t%d\n", r.Offset)
 	fmt.Fprintf(w, "relay\t%s\n", r.Relay)
@@ -173,7 +188,6 @@ func (e *env) outboxInspect(ctx context.Context, args []string) error {
 	if r.Topic != "" {
 		fmt.Fprintf(e.stdout, "once its cause is fixed: wmonce -schema %s outbox republish -relay %s -offset %d\n", shellQuote(e.g.schema), shellQuote(r.Relay), r.Offset)
 	}
-	return nil
 }
 
 func forRelay(relay string) string {
@@ -183,108 +197,111 @@ func forRelay(relay string) string {
 	return fmt.Sprintf(" for relay %q", relay)
 }
 
-func (e *env) outboxRepublish(ctx context.Context, args []string) error {
-	fs := e.flags("outbox republish")
-	relay := fs.String("relay", "", "the relay that rejected the rows (required)")
-	offsets := &listFlag{split: true}
-	fs.Var(offsets, "offset", "outbox offsets of the rejected rows, comma-separated or repeated")
-	all := fs.Bool("all", false, "every row the relay rejected")
-	remove := &listFlag{}
-	fs.Var(remove, "remove-metadata", "metadata key to remove before storing the rows again; repeat for several")
-	dryRun := fs.Bool("dry-run", false, "count the rows that would be republished, change nothing")
-	if err := e.parseFlagsOnly(fs, args); err != nil {
-		return err
-	}
-	req := operate.RepublishRequest{Relay: *relay, All: *all, RemoveMetadata: remove.values, DryRun: *dryRun}
-	if err := checkRepublishFlags(&req, offsets.values); err != nil {
-		return err
-	}
-	db, err := e.openMigrated(ctx)
+// outboxRepublish is `wmonce outbox republish`.
+type outboxRepublish struct {
+	req             operate.RepublishRequest
+	offsets, remove listFlag
+}
+
+func newOutboxRepublish(fs *flag.FlagSet) runner {
+	o := &outboxRepublish{offsets: listFlag{split: true}}
+	fs.StringVar(&o.req.Relay, "relay", "", "the relay that rejected the rows (required)")
+	fs.Var(&o.offsets, "offset", "outbox offsets of the rejected rows, comma-separated or repeated")
+	fs.BoolVar(&o.req.All, "all", false, "every row the relay rejected")
+	fs.Var(&o.remove, "remove-metadata", "metadata key to remove before storing the rows again; repeat for several")
+	fs.BoolVar(&o.req.DryRun, "dry-run", false, "count the rows that would be republished, change nothing")
+	return o
+}
+
+// check reads the -offset values and checks the selection: a relay, and -offset or -all but
+// not both.
+func (o *outboxRepublish) check([]string) (err error) {
+	o.req.RemoveMetadata = o.remove.values
+	o.req.Offsets, err = parseIDs(o.offsets.values, "-offset", "outbox offsets")
+	return operate.FirstError(err,
+		required(o.req.Relay, "-relay is required: the relay that rejected the rows (`wmonce outbox rejected` shows it)"),
+		usageIf(len(o.req.Offsets) == 0 && !o.req.All, "name the rows with -offset, or give -all to republish every row relay %q rejected", o.req.Relay),
+		usageIf(len(o.req.Offsets) > 0 && o.req.All, "give -offset or -all, not both"),
+		checkInput(operate.CheckConsumer("-relay", o.req.Relay), operate.CheckText("-remove-metadata", o.req.RemoveMetadata...)))
+}
+
+// errNothingRepublished is a republish that matched no rejected row: the offsets are not (or no
+// longer) rejected by the relay, or it rejected none. Like `failures replay` of an emptied
+// group, it exits 1, so that a script does not read "0 rows" as done.
+var errNothingRepublished = errors.New("nothing to republish")
+
+func (o *outboxRepublish) run(ctx context.Context, e *env) error {
+	res, err := operate.Republish(ctx, e.db, e.g.schema, o.req)
 	if err != nil {
 		return err
 	}
-	res, err := operate.Republish(ctx, db, e.g.schema, req)
-	if err != nil {
-		return e.explain(err)
+	if err := show(e, res, o.print(e)); err != nil {
+		return err
 	}
-	if e.g.json {
-		return e.printJSON(res)
+	if res.Republished == 0 && len(res.Undecodable) == 0 {
+		return fmt.Errorf("%w: relay %q has no rejected row%s (another republish may have taken them first); `wmonce outbox rejected -relay %s` lists them",
+			errNothingRepublished, o.req.Relay, atOffsets(o.req.Offsets), shellQuote(o.req.Relay))
 	}
-	e.printRepublished(res, *relay, *dryRun)
 	return nil
 }
 
-// checkRepublishFlags parses the -offset values into req.Offsets and checks the selection:
-// a relay, and -offset or -all but not both.
-func checkRepublishFlags(req *operate.RepublishRequest, offsets []string) error {
-	for _, v := range offsets {
-		o, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || o < 1 {
-			return usagef("-offset takes positive outbox offsets, got %q", v)
+func atOffsets(offsets []int64) string {
+	if len(offsets) == 0 {
+		return ""
+	}
+	return " at offsets " + joinInts(offsets, ",")
+}
+
+// print reports what `outbox republish` did, or would do on a dry run.
+func (o *outboxRepublish) print(e *env) func(operate.RepublishResponse) {
+	return func(res operate.RepublishResponse) {
+		if o.req.DryRun {
+			fmt.Fprintf(e.stdout, "dry run: would republish %d row(s) rejected by relay %q; run again without -dry-run to do it\n", res.Republished, res.Relay)
+		} else {
+			fmt.Fprintf(e.stdout, "republished %d row(s) rejected by relay %q (offsets %s): they are at the end of the outbox, and every relay of their source forwards them\n", res.Republished, res.Relay, orDash(joinInts(res.Offsets, ",")))
 		}
-		req.Offsets = append(req.Offsets, o)
-	}
-	switch {
-	case strings.TrimSpace(req.Relay) == "":
-		return usagef("-relay is required: the relay that rejected the rows (`wmonce outbox rejected` shows it)")
-	case len(req.Offsets) == 0 && !req.All:
-		return usagef("name the rows with -offset, or give -all to republish every row relay %q rejected", req.Relay)
-	case len(req.Offsets) > 0 && req.All:
-		return usagef("give -offset or -all, not both")
-	}
-	return checkInput(operate.CheckConsumer("-relay", req.Relay), operate.CheckText("-remove-metadata", req.RemoveMetadata...))
-}
-
-// printRepublished reports what `outbox republish` did, or would do on a dry run.
-func (e *env) printRepublished(res operate.RepublishResponse, relay string, dryRun bool) {
-	if dryRun {
-		fmt.Fprintf(e.stdout, "dry run: would republish %d row(s) rejected by relay %q; run again without -dry-run to do it\n", res.Republished, relay)
-	} else {
-		fmt.Fprintf(e.stdout, "republished %d row(s) rejected by relay %q (offsets %s): they are at the end of the outbox, and every relay of their source forwards them\n", res.Republished, relay, orDash(joinInts(res.Offsets, ",")))
-	}
-	if len(res.Undecodable) > 0 {
-		fmt.Fprintf(e.stdout, "%d selected row(s) cannot be decoded and stay rejected (offsets %s): republishing them would only reject them again\n", len(res.Undecodable), joinInts(res.Undecodable, ", "))
-	}
-	if res.Republished == 0 && len(res.Undecodable) == 0 {
-		fmt.Fprintf(e.stdout, "nothing matched: check the selection with `wmonce outbox rejected -relay %s`\n", shellQuote(relay))
+		if len(res.Undecodable) > 0 {
+			fmt.Fprintf(e.stdout, "%d selected row(s) cannot be decoded and stay rejected (offsets %s): republishing them would only reject them again\n", len(res.Undecodable), joinInts(res.Undecodable, ", "))
+		}
 	}
 }
 
-func (e *env) outboxForget(ctx context.Context, args []string) error {
-	fs := e.flags("outbox forget")
-	relay := fs.String("relay", "", "name of the retired relay (its RelayConfig.Name; required)")
-	dryRun := fs.Bool("dry-run", false, "show what would be forgotten, change nothing")
-	if err := e.parseFlagsOnly(fs, args); err != nil {
-		return err
-	}
-	if strings.TrimSpace(*relay) == "" {
-		return usagef("-relay is required: the name of the retired relay (`wmonce outbox` lists the relays)")
-	}
-	if err := checkInput(operate.CheckConsumer("-relay", *relay)); err != nil {
-		return err
-	}
-	db, err := e.openMigrated(ctx)
+// outboxForget is `wmonce outbox forget`.
+type outboxForget struct{ req operate.ForgetRequest }
+
+func newOutboxForget(fs *flag.FlagSet) runner {
+	o := &outboxForget{}
+	fs.StringVar(&o.req.Relay, "relay", "", "name of the retired relay (its RelayConfig.Name; required)")
+	fs.BoolVar(&o.req.DryRun, "dry-run", false, "show what would be forgotten, change nothing")
+	return o
+}
+
+func (o *outboxForget) check([]string) error {
+	return operate.FirstError(
+		required(o.req.Relay, "-relay is required: the name of the retired relay (`wmonce outbox` lists the relays)"),
+		checkInput(operate.CheckConsumer("-relay", o.req.Relay)))
+}
+
+func (o *outboxForget) run(ctx context.Context, e *env) error {
+	res, err := operate.ForgetRelay(ctx, e.db, e.g.schema, o.req) // outbox.ErrRelayActive says to stop the relay first
 	if err != nil {
 		return err
 	}
-	res, err := operate.ForgetRelay(ctx, db, e.g.schema, operate.ForgetRequest{Relay: *relay, DryRun: *dryRun})
-	if err != nil { // outbox.ErrRelayActive says to stop the relay first
-		return e.explain(err)
-	}
-	if e.g.json {
-		return e.printJSON(res)
-	}
-	what := fmt.Sprintf("relay %q (source %q): %d row(s) it had not forwarded", *relay, res.Stats.Source, res.Backlog)
+	return show(e, res, e.printForgotten)
+}
+
+// printForgotten says what `outbox forget` forgot, or would forget on a dry run.
+func (e *env) printForgotten(res operate.ForgetResponse) {
+	what := fmt.Sprintf("relay %q (source %q): %d row(s) it had not forwarded", res.Relay, res.Stats.Source, res.Backlog)
 	for _, h := range res.Held {
 		what += fmt.Sprintf("; held topic %s, %d row(s)", h.Topic, h.Rows)
 	}
-	if *dryRun {
+	if res.DryRun {
 		fmt.Fprintf(e.stdout, "dry run: would forget %s; run again without -dry-run to forget it\n", what)
-		return nil
+		return
 	}
 	fmt.Fprintf(e.stdout, "forgot %s; it no longer holds back outbox cleanup\n", what)
 	if res.Backlog > 0 {
 		fmt.Fprintf(e.stdout, "no relay of that name forwards those rows any more; one started later under that name begins again at the oldest row in the outbox\n")
 	}
-	return nil
 }

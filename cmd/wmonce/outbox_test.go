@@ -117,6 +117,15 @@ func TestOutboxRejectedRowsAndHeldTopics(t *testing.T) {
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, "no rejected outbox rows")
 
+	// A republish that matches no row (the row went back to the outbox above) is an error, as
+	// a failures action on an emptied group is: a script must not read "0 rows" as done.
+	for _, args := range [][]string{{"-offset", offset}, {"-all"}, {"-offset", offset, "-dry-run"}} {
+		r = runCLI(t, f.schema, append([]string{"outbox", "republish", "-relay", "kafka"}, args...)...)
+		require.Equal(t, exitFailure, r.code, "%v: %s", args, r.stdout)
+		require.Contains(t, r.stderr, `nothing to republish: relay "kafka" has no rejected row`, "%v", args)
+		require.Contains(t, r.stderr, "`wmonce outbox rejected -relay kafka` lists them", "%v", args)
+	}
+
 	for _, tc := range []struct {
 		args []string
 		want string

@@ -2,12 +2,12 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/wmonce/watermill-once/internal/operate"
-	"github.com/wmonce/watermill-once/outbox"
 )
 
 // wmonce pause / resume: an inbox consumer (inbox.Ops.Pause) or a relay (outbox.PauseRelay).
@@ -28,7 +28,7 @@ pause -relay R`,
            PollInterval, at once while it LISTENs.
 A pause outlives restarts until ` + "`wmonce resume`" + `. ` + "`wmonce status`" + ` shows it.`,
 		examples: []string{"wmonce pause -consumer billing", "wmonce pause -relay kafka"},
-		run:      func(ctx context.Context, e *env, args []string) error { return e.setPaused(ctx, args, true) },
+		actions:  []action{{db: (*env).openMigrated, new: newSetPaused(true)}},
 	}
 }
 
@@ -39,88 +39,42 @@ func resumeCommand() *command {
 		usage:    "\nresume -consumer C\nresume -relay R",
 		details:  "\nUndoes `wmonce pause`: the consumer's processors claim again, the relay goes on from its\nposition, at once where they LISTEN, otherwise within their PollInterval.",
 		examples: []string{"wmonce resume -consumer billing", "wmonce resume -relay kafka"},
-		run:      func(ctx context.Context, e *env, args []string) error { return e.setPaused(ctx, args, false) },
+		actions:  []action{{db: (*env).openMigrated, new: newSetPaused(false)}},
 	}
 }
 
-// pauseResult is what pause and resume print with -json.
-type pauseResult struct {
-	Consumer string `json:"consumer,omitempty"`
-	Relay    string `json:"relay,omitempty"`
-	Paused   bool   `json:"paused"`
-	// Changed is false when it was already in that state.
-	Changed bool `json:"changed"`
+// setPaused is `wmonce pause` or `wmonce resume`.
+type setPaused struct{ req operate.PauseRequest }
+
+func newSetPaused(pause bool) func(*flag.FlagSet) runner {
+	return func(fs *flag.FlagSet) runner {
+		p := &setPaused{req: operate.PauseRequest{Pause: pause}}
+		fs.StringVar(&p.req.Consumer, "consumer", "", "the inbox consumer (its ReceiverConfig.Consumer)")
+		fs.StringVar(&p.req.Relay, "relay", "", "the relay (its RelayConfig.Name)")
+		return p
+	}
 }
 
-func (e *env) setPaused(ctx context.Context, args []string, pause bool) error {
-	verb := map[bool]string{true: "pause", false: "resume"}[pause]
-	fs := e.flags(verb)
-	consumer := fs.String("consumer", "", "the inbox consumer (its ReceiverConfig.Consumer)")
-	relay := fs.String("relay", "", "the relay (its RelayConfig.Name)")
-	if err := e.parseFlagsOnly(fs, args); err != nil {
-		return err
-	}
-	if (strings.TrimSpace(*consumer) == "") == (strings.TrimSpace(*relay) == "") {
-		return usagef("give -consumer or -relay (one of them): `wmonce status` lists both")
-	}
-	if err := checkInput(operate.CheckConsumer("-consumer", *consumer), operate.CheckConsumer("-relay", *relay)); err != nil {
-		return err
-	}
-	res := pauseResult{Consumer: *consumer, Relay: *relay, Paused: pause, Changed: true}
-	var err error
-	if *consumer != "" {
-		res.Changed, err = e.setConsumerPaused(ctx, *consumer, pause)
-	} else {
-		res.Changed, err = e.setRelayPaused(ctx, *relay, pause)
-	}
+func (p *setPaused) check([]string) error {
+	return operate.FirstError(
+		usageIf((strings.TrimSpace(p.req.Consumer) == "") == (strings.TrimSpace(p.req.Relay) == ""), "give -consumer or -relay (one of them): `wmonce status` lists both"),
+		checkInput(operate.CheckConsumer("-consumer", p.req.Consumer), operate.CheckConsumer("-relay", p.req.Relay)))
+}
+
+func (p *setPaused) run(ctx context.Context, e *env) error {
+	ops, err := e.ops()
 	if err != nil {
 		return err
 	}
-	if e.g.json {
-		return e.printJSON(res)
-	}
-	e.printPaused(res)
-	return nil
-}
-
-// setConsumerPaused pauses or resumes an inbox consumer; false when it was in that state.
-func (e *env) setConsumerPaused(ctx context.Context, consumer string, pause bool) (bool, error) {
-	ops, err := e.ops(ctx)
+	res, err := operate.SetPaused(ctx, e.db, e.g.schema, ops, p.req) // outbox.ErrRelayNotFound: a relay registers its name when it first runs
 	if err != nil {
-		return false, err
+		return err
 	}
-	var changed bool
-	if pause {
-		changed, err = ops.Pause(ctx, consumer)
-	} else {
-		changed, err = ops.Resume(ctx, consumer)
-	}
-	if err != nil {
-		return false, e.explain(err)
-	}
-	return changed, nil
-}
-
-// setRelayPaused pauses or resumes a relay; false when it was in that state.
-func (e *env) setRelayPaused(ctx context.Context, relay string, pause bool) (bool, error) {
-	db, err := e.openMigrated(ctx)
-	if err != nil {
-		return false, err
-	}
-	var changed bool
-	if pause {
-		changed, err = outbox.PauseRelay(ctx, db, e.g.schema, relay)
-	} else {
-		changed, err = outbox.ResumeRelay(ctx, db, e.g.schema, relay)
-	}
-	if err != nil { // outbox.ErrRelayNotFound: a relay registers its name when it first runs
-		return false, e.explain(err)
-	}
-	return changed, nil
+	return show(e, res, e.printPaused)
 }
 
 // printPaused says what pause or resume did.
-func (e *env) printPaused(res pauseResult) {
+func (e *env) printPaused(res operate.PauseResponse) {
 	what := fmt.Sprintf("relay %q", res.Relay)
 	if res.Consumer != "" {
 		what = fmt.Sprintf("inbox consumer %q", res.Consumer)

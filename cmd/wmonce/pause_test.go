@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/wmonce/watermill-once/internal/operate"
 )
 
 // `wmonce pause` and `wmonce resume` pause an inbox consumer and a relay in the database,
@@ -23,9 +25,9 @@ func TestPauseAndResume(t *testing.T) {
 
 	r = runCLI(t, f.schema, "-json", "pause", "-relay", "sms")
 	require.Equal(t, exitOK, r.code, r.stderr)
-	var res pauseResult
+	var res operate.PauseResponse
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &res))
-	require.Equal(t, pauseResult{Relay: "sms", Paused: true, Changed: true}, res)
+	require.Equal(t, operate.PauseResponse{Relay: "sms", Paused: true, Changed: true}, res)
 
 	r = runCLI(t, f.schema, "status")
 	require.Equal(t, exitOK, r.code, r.stderr)

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
+	"flag"
 	"fmt"
 	"sort"
 	"strconv"
@@ -46,21 +48,24 @@ apply) first move up to what each slot has confirmed, so the rows Debezium deliv
 			"wmonce purge -all -older-than 2160h",
 			"wmonce purge -janitor -keep 168h",
 		},
-		run: runPurge,
+		actions: []action{{db: (*env).openMigrated, new: newPurge}},
 	}
 }
 
-// purgeFlags are the flags of `wmonce purge`.
-type purgeFlags struct {
+// purge is `wmonce purge`: of claims, or with -janitor one janitor round.
+type purge struct {
 	consumer, before, olderThan           string
 	all, dryRun, janitor                  bool
 	batch                                 int
 	keep, inboxKeep, outboxKeep, cdcSlots string
+
+	age    time.Duration // -older-than
+	cutoff time.Time     // -before
+	cfg    retention.Config
 }
 
-func runPurge(ctx context.Context, e *env, args []string) error {
-	fs := e.flags("purge")
-	var p purgeFlags
+func newPurge(fs *flag.FlagSet) runner {
+	p := &purge{}
 	fs.StringVar(&p.consumer, "consumer", "", "consumer whose claims go")
 	fs.BoolVar(&p.all, "all", false, "purge the claims of every consumer")
 	fs.StringVar(&p.before, "before", "", "delete claims applied before this date (2026-11-01, UTC) or RFC 3339 time")
@@ -72,62 +77,67 @@ func runPurge(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&p.inboxKeep, "inbox-keep", "", "janitor: retention of finished inbox rows (default: -keep)")
 	fs.StringVar(&p.outboxKeep, "outbox-keep", "", "janitor: retention of relayed outbox rows (default 24h)")
 	fs.StringVar(&p.cdcSlots, "cdc-slots", "", "janitor: comma-separated replication slots of Debezium connectors whose outbox positions must be registered (registered ones are advanced anyway)")
-	if err := e.parseFlagsOnly(fs, args); err != nil {
-		return err
-	}
-	if p.batch < 0 || p.batch > retention.MaxBatchSize {
-		return usagef("-batch-size must be between 1 and %d", retention.MaxBatchSize)
-	}
+	return p
+}
+
+func (p *purge) check([]string) error {
+	err := usageIf(p.batch < 0 || p.batch > retention.MaxBatchSize, "-batch-size must be between 1 and %d", retention.MaxBatchSize)
 	if p.janitor {
-		if p.consumer != "" || p.all || p.before != "" || p.olderThan != "" || p.dryRun {
-			return usagef("-janitor runs the janitor's own windows: it takes -keep, -inbox-keep, -outbox-keep, -cdc-slots and -batch-size, not -consumer, -all, -before, -older-than or -dry-run")
-		}
-		return e.janitorRound(ctx, p.keep, p.inboxKeep, p.outboxKeep, p.cdcSlots, p.batch)
+		return operate.FirstError(err,
+			usageIf(p.consumer != "" || p.all || p.before != "" || p.olderThan != "" || p.dryRun,
+				"-janitor runs the janitor's own windows: it takes -keep, -inbox-keep, -outbox-keep, -cdc-slots and -batch-size, not -consumer, -all, -before, -older-than or -dry-run"),
+			p.checkJanitor())
 	}
-	age, cutoff, err := p.checkClaims()
-	if err != nil {
-		return err
-	}
-	db, err := e.openMigrated(ctx)
-	if err != nil {
-		return err
-	}
-	if cutoff, err = pastCutoff(ctx, db, age, cutoff); err != nil {
-		return err
-	}
-	n, err := retention.Purge(ctx, db, e.g.schema, retention.PurgeRequest{Consumer: p.consumer, Before: cutoff, DryRun: p.dryRun, BatchSize: p.batch})
-	if err != nil {
-		return fmt.Errorf("%w (deleted %d claim(s) before the error)", err, n)
-	}
-	return e.printPurge(p, cutoff, n)
+	return operate.FirstError(err, p.checkClaims())
 }
 
 // checkClaims checks the flags of a purge of claims and reads its age (-older-than) or cutoff
 // (-before).
-func (p purgeFlags) checkClaims() (age time.Duration, cutoff time.Time, err error) {
-	switch {
-	case p.keep != "" || p.inboxKeep != "" || p.outboxKeep != "" || p.cdcSlots != "":
-		return 0, cutoff, usagef("-keep, -inbox-keep, -outbox-keep and -cdc-slots belong to -janitor")
-	case p.consumer == "" && !p.all:
-		return 0, cutoff, usagef("name the consumer with -consumer, or give -all to purge every consumer's claims")
-	case p.consumer != "" && p.all:
-		return 0, cutoff, usagef("give -consumer or -all, not both")
-	case (p.before == "") == (p.olderThan == ""):
-		return 0, cutoff, usagef("give exactly one of -before DATE and -older-than AGE")
-	}
-	if err := checkInput(operate.CheckConsumer("-consumer", p.consumer)); err != nil {
-		return 0, cutoff, err
+func (p *purge) checkClaims() error {
+	err := operate.FirstError(
+		usageIf(p.keep != "" || p.inboxKeep != "" || p.outboxKeep != "" || p.cdcSlots != "", "-keep, -inbox-keep, -outbox-keep and -cdc-slots belong to -janitor"),
+		usageIf(p.consumer == "" && !p.all, "name the consumer with -consumer, or give -all to purge every consumer's claims"),
+		usageIf(p.consumer != "" && p.all, "give -consumer or -all, not both"),
+		usageIf((p.before == "") == (p.olderThan == ""), "give exactly one of -before DATE and -older-than AGE"),
+		checkInput(operate.CheckConsumer("-consumer", p.consumer)))
+	if err != nil {
+		return err
 	}
 	if p.olderThan != "" {
-		if age, err = parseAge(p.olderThan); err != nil {
-			return 0, cutoff, usagef("-older-than: %v", err)
-		}
-		return age, cutoff, nil
+		return ageFlag("-older-than", p.olderThan, &p.age)
 	}
-	if cutoff, err = parseCutoff(p.before); err != nil {
-		return 0, cutoff, usagef("-before: %v", err)
+	if p.cutoff, err = parseCutoff(p.before); err != nil {
+		return usagef("-before: %v", err)
 	}
-	return 0, cutoff, nil
+	return nil
+}
+
+// checkJanitor reads the janitor's windows: -inbox-keep defaults to -keep.
+func (p *purge) checkJanitor() error {
+	p.cfg.CDCSlots = splitList(p.cdcSlots)
+	p.cfg.BatchSize = p.batch
+	return operate.FirstError(
+		usageIf(p.keep == "", "-janitor needs -keep: the retention window your services use (e.g. 168h)"),
+		ageFlag("-keep", p.keep, &p.cfg.Default.Keep),
+		ageFlag("-inbox-keep", cmp.Or(p.inboxKeep, p.keep), &p.cfg.InboxKeep),
+		ageFlag("-outbox-keep", p.outboxKeep, &p.cfg.OutboxKeep))
+}
+
+func (p *purge) run(ctx context.Context, e *env) error {
+	if p.janitor {
+		p.cfg.Schema = e.g.schema
+		return e.janitorRound(ctx, p.cfg)
+	}
+	cutoff, err := pastCutoff(ctx, e.db, p.age, p.cutoff)
+	if err != nil {
+		return err
+	}
+	n, err := retention.Purge(ctx, e.db, e.g.schema, retention.PurgeRequest{Consumer: p.consumer, Before: cutoff, DryRun: p.dryRun, BatchSize: p.batch})
+	if err != nil {
+		return fmt.Errorf("%w (deleted %d claim(s) before the error)", err, n)
+	}
+	out := map[string]any{"consumer": p.consumer, "all": p.all, "before": cutoff.UTC(), "dry_run": p.dryRun, "claims": n}
+	return show(e, out, func(map[string]any) { e.printPurge(p, cutoff, n) })
 }
 
 // pastCutoff is the cutoff (now - age, by the database clock, when age is set), refused when
@@ -146,54 +156,24 @@ func pastCutoff(ctx context.Context, db *sql.DB, age time.Duration, cutoff time.
 	return cutoff, nil
 }
 
-func (e *env) printPurge(p purgeFlags, cutoff time.Time, n int64) error {
+func (e *env) printPurge(p *purge, cutoff time.Time, n int64) {
 	who := fmt.Sprintf("consumer %q", p.consumer)
 	if p.all {
 		who = "every consumer"
 	}
-	if e.g.json {
-		return e.printJSON(map[string]any{"consumer": p.consumer, "all": p.all, "before": cutoff.UTC(), "dry_run": p.dryRun, "claims": n})
-	}
 	if p.dryRun {
 		fmt.Fprintf(e.stdout, "dry run: would delete %d claim(s) of %s applied before %s; run again without -dry-run to delete them\n", n, who, cutoff.UTC().Format(time.RFC3339))
-		return nil
+		return
 	}
 	fmt.Fprintf(e.stdout, "deleted %d claim(s) of %s applied before %s\n", n, who, cutoff.UTC().Format(time.RFC3339))
 	if n > 0 {
 		fmt.Fprintf(e.stdout, "copies of those messages arriving from now on are no longer recognised as duplicates (unless the age guard refuses them)\n")
 	}
-	return nil
 }
 
-func (e *env) janitorRound(ctx context.Context, keep, inboxKeep, outboxKeep, cdcSlots string, batch int) error {
-	if keep == "" {
-		return usagef("-janitor needs -keep: the retention window your services use (e.g. 168h)")
-	}
-	var cfg retention.Config
-	var err error
-	if cfg.Default.Keep, err = parseAge(keep); err != nil {
-		return usagef("-keep: %v", err)
-	}
-	cfg.InboxKeep = cfg.Default.Keep
-	if inboxKeep != "" {
-		if cfg.InboxKeep, err = parseAge(inboxKeep); err != nil {
-			return usagef("-inbox-keep: %v", err)
-		}
-	}
-	if outboxKeep != "" {
-		if cfg.OutboxKeep, err = parseAge(outboxKeep); err != nil {
-			return usagef("-outbox-keep: %v", err)
-		}
-	}
-	if cdcSlots != "" {
-		cfg.CDCSlots = strings.Split(cdcSlots, ",")
-	}
-	cfg.Schema, cfg.BatchSize = e.g.schema, batch
-	db, err := e.openMigrated(ctx)
-	if err != nil {
-		return err
-	}
-	j, err := retention.NewJanitor(db, cfg, watermill.NopLogger{})
+// janitorRound runs one round of a janitor with cfg's windows and reports it.
+func (e *env) janitorRound(ctx context.Context, cfg retention.Config) error {
+	j, err := retention.NewJanitor(e.db, cfg, watermill.NopLogger{})
 	if err != nil {
 		return usagef("%v", err)
 	}
@@ -201,20 +181,19 @@ func (e *env) janitorRound(ctx context.Context, keep, inboxKeep, outboxKeep, cdc
 		fmt.Fprintf(e.stderr, "warning: %s\n", w)
 	}
 	rep, err := j.RunOnce(ctx)
-	if e.g.json {
-		if jerr := e.printJSON(janitorJSON(rep)); jerr != nil {
-			return jerr
-		}
-	} else {
-		c := j.Config()
-		fmt.Fprintf(e.stdout, "janitor round on schema %s (claims older than %s, finished inbox rows older than %s, relayed outbox rows older than %s) took %s:\n",
-			c.Schema, c.Default.Keep, c.InboxKeep, c.OutboxKeep, rep.Duration.Round(time.Millisecond))
-		fmt.Fprintf(e.stdout, "  claims deleted:            %d%s\n", rep.Claims, byConsumer(rep.ClaimsByConsumer))
-		fmt.Fprintf(e.stdout, "  day partitions dropped:    %d (created ahead: %d)\n", rep.DailyPartitionsDropped, rep.DailyPartitionsCreated)
-		fmt.Fprintf(e.stdout, "  finished inbox rows:       %d%s\n", rep.InboxRows, byConsumer(rep.InboxRowsByConsumer))
-		fmt.Fprintf(e.stdout, "  relayed outbox rows:       %d\n", rep.OutboxRows)
+	if perr := show(e, janitorJSON(rep), func(map[string]any) { e.printJanitorRound(j.Config(), rep) }); perr != nil {
+		return perr
 	}
 	return err
+}
+
+func (e *env) printJanitorRound(c retention.Config, rep retention.Report) {
+	fmt.Fprintf(e.stdout, "janitor round on schema %s (claims older than %s, finished inbox rows older than %s, relayed outbox rows older than %s) took %s:\n",
+		c.Schema, c.Default.Keep, c.InboxKeep, c.OutboxKeep, rep.Duration.Round(time.Millisecond))
+	fmt.Fprintf(e.stdout, "  claims deleted:            %d%s\n", rep.Claims, byConsumer(rep.ClaimsByConsumer))
+	fmt.Fprintf(e.stdout, "  day partitions dropped:    %d (created ahead: %d)\n", rep.DailyPartitionsDropped, rep.DailyPartitionsCreated)
+	fmt.Fprintf(e.stdout, "  finished inbox rows:       %d%s\n", rep.InboxRows, byConsumer(rep.InboxRowsByConsumer))
+	fmt.Fprintf(e.stdout, "  relayed outbox rows:       %d\n", rep.OutboxRows)
 }
 
 func janitorJSON(r retention.Report) map[string]any {
@@ -260,6 +239,19 @@ func parseAge(s string) (time.Duration, error) {
 		return 0, fmt.Errorf("the age must be positive, got %s", s)
 	}
 	return d, nil
+}
+
+// ageFlag reads the value of an age flag into d; "" leaves d alone (unset).
+func ageFlag(flag, s string, d *time.Duration) error {
+	if s == "" {
+		return nil
+	}
+	v, err := parseAge(s)
+	if err != nil {
+		return usagef("%s: %v", flag, err)
+	}
+	*d = v
+	return nil
 }
 
 // parseCutoff reads a date (midnight UTC) or an RFC 3339 time.

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"flag"
 	"fmt"
 	"strings"
 
@@ -42,7 +43,7 @@ moving a database.`,
 			"wmonce rebase -dry-run",
 			"wmonce -schema payments rebase -broker-schema wmonce_broker",
 		},
-		run: runRebase,
+		actions: []action{{db: (*env).openMigrated, new: newRebase}},
 	}
 }
 
@@ -64,49 +65,60 @@ type rebaseReport struct {
 	Broker any                   `json:"broker,omitempty"`
 }
 
-func runRebase(ctx context.Context, e *env, args []string) error {
-	fs := e.flags("rebase")
-	brokerSchema := fs.String("broker-schema", "", "also rebase the SQL broker's topic tables in this schema")
-	dryRun := fs.Bool("dry-run", false, "only report what the checks find")
-	db, err := e.parseAndOpen(ctx, fs, args)
+// rebase is `wmonce rebase`.
+type rebase struct {
+	brokerSchema string
+	dryRun       bool
+}
+
+func newRebase(fs *flag.FlagSet) runner {
+	r := &rebase{}
+	fs.StringVar(&r.brokerSchema, "broker-schema", "", "also rebase the SQL broker's topic tables in this schema")
+	fs.BoolVar(&r.dryRun, "dry-run", false, "only report what the checks find")
+	return r
+}
+
+func (r *rebase) check([]string) error {
+	if r.brokerSchema == "" {
+		return nil
+	}
+	return checkInput(pgtx.ValidateIdentifier("-broker-schema", r.brokerSchema))
+}
+
+func (r *rebase) run(ctx context.Context, e *env) error {
+	var rep rebaseReport
+	var err error
+	if rep.Before, err = outbox.CheckPositions(ctx, e.db, e.g.schema); err != nil {
+		return err
+	}
+	if r.dryRun {
+		rep.Broker, err = r.broker(ctx, e.db, sqlBrokerCheck)
+	} else {
+		err = r.rebase(ctx, e, &rep)
+	}
 	if err != nil {
 		return err
 	}
-	if *brokerSchema != "" {
-		if err := pgtx.ValidateIdentifier("-broker-schema", *brokerSchema); err != nil {
-			return usagef("%v", err)
-		}
-		if sqlBrokerRebase == nil {
-			return fmt.Errorf("this build cannot rebase the SQL broker's tables (-broker-schema %s)", *brokerSchema)
-		}
+	return show(e, rep, e.printRebase)
+}
+
+// rebase rebases the relay positions, and the SQL broker's topic tables with -broker-schema.
+func (r *rebase) rebase(ctx context.Context, e *env, rep *rebaseReport) error {
+	positions, err := outbox.RebasePositions(ctx, e.db, e.g.schema)
+	if err != nil {
+		return err
 	}
-	var r rebaseReport
-	if r.Before, err = outbox.CheckPositions(ctx, db, e.g.schema); err != nil {
-		return e.explain(err)
+	rep.Rebase = &positions
+	rep.Broker, err = r.broker(ctx, e.db, sqlBrokerRebase)
+	return err
+}
+
+// broker runs do (sqlBrokerCheck or sqlBrokerRebase) on -broker-schema, if given.
+func (r *rebase) broker(ctx context.Context, db *sql.DB, do func(context.Context, *sql.DB, string) (any, error)) (any, error) {
+	if r.brokerSchema == "" {
+		return nil, nil
 	}
-	if *dryRun {
-		if *brokerSchema != "" {
-			if r.Broker, err = sqlBrokerCheck(ctx, db, *brokerSchema); err != nil {
-				return err
-			}
-		}
-	} else {
-		rep, err := outbox.RebasePositions(ctx, db, e.g.schema)
-		if err != nil {
-			return e.explain(err)
-		}
-		r.Rebase = &rep
-		if *brokerSchema != "" {
-			if r.Broker, err = sqlBrokerRebase(ctx, db, *brokerSchema); err != nil {
-				return err
-			}
-		}
-	}
-	if e.g.json {
-		return e.printJSON(r)
-	}
-	e.printRebase(r)
-	return nil
+	return do(ctx, db, r.brokerSchema)
 }
 
 func (e *env) printRebase(r rebaseReport) {

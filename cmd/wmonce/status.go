@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 
@@ -25,7 +26,7 @@ those tables. -broker-schema (default $BROKER_SQL_SCHEMA) also checks the SQL br
 tables in that schema for ids of another cluster (a restore: RESTORED lines say to run wmonce
 rebase -broker-schema). Exit code 1 when the schema has no tables or a section cannot be read.`,
 		examples: []string{"wmonce status", "wmonce -schema payments status", "wmonce status -json"},
-		run:      runStatus,
+		actions:  []action{{db: (*env).openMigrated, new: newStatus}},
 	}
 }
 
@@ -40,49 +41,51 @@ type statusReport struct {
 	Errors []string              `json:"errors,omitempty"`
 }
 
-func runStatus(ctx context.Context, e *env, args []string) error {
-	fs := e.flags("status")
-	brokerSchema := brokerSchemaFlag(fs)
-	db, err := e.parseAndOpen(ctx, fs, args)
-	if err != nil {
-		return err
-	}
+// status is `wmonce status`.
+type status struct{ brokerSchema *string }
+
+func newStatus(fs *flag.FlagSet) runner { return status{brokerSchemaFlag(fs)} }
+
+func (st status) run(ctx context.Context, e *env) error {
 	var r statusReport
-	if r.Schema, err = operate.ReadSchemaStatus(ctx, db, e.g.schema); err != nil {
+	var err error
+	if r.Schema, err = operate.ReadSchemaStatus(ctx, e.db, e.g.schema); err != nil {
 		return err
 	}
-	// Each section is read on its own, so that one missing table (an old schema version)
-	// does not hide the others.
+	if err = st.readSections(ctx, e, &r); isUsage(err) {
+		return err
+	}
+	if perr := show(e, r, e.printStatus); perr != nil {
+		return perr
+	}
+	return err
+}
+
+// readSections reads each section on its own, so that one missing table (an old schema
+// version) does not hide the others; the error lists the sections it could not read.
+func (st status) readSections(ctx context.Context, e *env, r *statusReport) error {
+	var err error
 	var errs []error
 	note := func(section string, err error) {
-		err = fmt.Errorf("%s: %w", section, e.explain(err))
-		errs = append(errs, err)
-		r.Errors = append(r.Errors, err.Error())
+		if err != nil {
+			err = fmt.Errorf("%s: %w", section, e.explain(err))
+			errs = append(errs, err)
+			r.Errors = append(r.Errors, err.Error())
+		}
 	}
-	if r.Consumers, err = operate.ReadConsumers(ctx, db, e.g.schema, nil); err != nil {
-		note("consumers", err)
-	}
-	if r.Inbox, err = operate.ReadInbox(ctx, db, e.g.schema); err != nil {
-		note("inbox", err)
-	}
-	if ob, err := operate.ReadOutbox(ctx, db, e.g.schema); err != nil {
-		note("outbox", err)
-	} else {
+	r.Consumers, err = operate.ReadConsumers(ctx, e.db, e.g.schema, nil)
+	note("consumers", err)
+	r.Inbox, err = operate.ReadInbox(ctx, e.db, e.g.schema)
+	note("inbox", err)
+	ob, err := operate.ReadOutbox(ctx, e.db, e.g.schema)
+	note("outbox", err)
+	if err == nil {
 		r.Outbox = &ob
 	}
-	if r.Broker, err = e.checkBrokerTables(ctx, *brokerSchema); err != nil {
-		if isUsage(err) {
-			return err
-		}
-		note("SQL broker topic tables", err)
+	if r.Broker, err = e.checkBrokerTables(ctx, *st.brokerSchema); isUsage(err) {
+		return err
 	}
-	if e.g.json {
-		if err := e.printJSON(r); err != nil {
-			return err
-		}
-	} else {
-		e.printStatus(r)
-	}
+	note("SQL broker topic tables", err)
 	if len(errs) > 0 {
 		return fmt.Errorf("some sections could not be read:\n%w", errors.Join(errs...))
 	}
@@ -189,36 +192,32 @@ code is 0 either way; scripts read "processed" from -json.`,
 			"wmonce dedupe -consumer rewards -message 0d6f8c1e-6a43-4c1f-9a0e-2d1c5b7f9e10",
 			"wmonce -json dedupe -consumer rewards -message order-42",
 		},
-		run: runDedupe,
+		actions: []action{{db: (*env).openMigrated, new: newDedupe}},
 	}
 }
 
-func runDedupe(ctx context.Context, e *env, args []string) error {
-	fs := e.flags("dedupe")
-	consumer := fs.String("consumer", "", "consumer name (the middleware's Consumer or the inbox consumer)")
-	message := fs.String("message", "", "the message's dedupe key (by default its Watermill UUID)")
-	if err := e.parseFlagsOnly(fs, args); err != nil {
-		return err
-	}
-	if *consumer == "" || *message == "" {
-		return usagef("give both -consumer and -message")
-	}
-	if err := checkInput(operate.CheckConsumer("-consumer", *consumer), operate.CheckText("-message", *message)); err != nil {
-		return err
-	}
-	db, err := e.openMigrated(ctx)
+// dedupe is `wmonce dedupe`.
+type dedupe struct{ consumer, message string }
+
+func newDedupe(fs *flag.FlagSet) runner {
+	d := &dedupe{}
+	fs.StringVar(&d.consumer, "consumer", "", "consumer name (the middleware's Consumer or the inbox consumer)")
+	fs.StringVar(&d.message, "message", "", "the message's dedupe key (by default its Watermill UUID)")
+	return d
+}
+
+func (d *dedupe) check([]string) error {
+	return operate.FirstError(
+		usageIf(d.consumer == "" || d.message == "", "give both -consumer and -message"),
+		checkInput(operate.CheckConsumer("-consumer", d.consumer), operate.CheckText("-message", d.message)))
+}
+
+func (d *dedupe) run(ctx context.Context, e *env) error {
+	p, err := operate.LookupProcessed(ctx, e.db, e.g.schema, d.consumer, d.message)
 	if err != nil {
 		return err
 	}
-	p, err := operate.LookupProcessed(ctx, db, e.g.schema, *consumer, *message)
-	if err != nil {
-		return e.explain(err)
-	}
-	if e.g.json {
-		return e.printJSON(p)
-	}
-	printProcessed(e.stdout, p)
-	return nil
+	return show(e, p, func(p operate.Processed) { printProcessed(e.stdout, p) })
 }
 
 // printProcessed says whether p's message was applied, with its claim and inbox row.

@@ -63,4 +63,8 @@ var (
 	// CountFinished returns FinishedStats for every consumer with DONE or SKIPPED rows. It
 	// scans the table (finished rows are most of it): bound ctx with a deadline.
 	CountFinished func(ctx context.Context, ops any) (map[string]FinishedStats, error)
+	// CheckChange is the rule Ops.Replay (op "replay") and Ops.Skip ("skip") apply to the
+	// statuses of f, an inbox.Filter: never IN_PROGRESS, replay FAILED, PENDING, DONE or
+	// SKIPPED, skip FAILED or PENDING. The CLI and the admin page check it before they ask.
+	CheckChange func(op string, f any) error
 )

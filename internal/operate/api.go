@@ -1,11 +1,13 @@
 package operate
 
 import (
-	"fmt"
+	"slices"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/wmonce/watermill-once/inbox"
+	"github.com/wmonce/watermill-once/internal/inboxops"
 )
 
 // StatusResponse is GET /api/status.
@@ -65,39 +67,23 @@ type ChangeResponse struct {
 	Rows     int    `json:"rows"`
 }
 
-// Narrowed reports whether a selector other than Consumer and Statuses names the rows.
-func (c ChangeRequest) Narrowed() bool {
-	return len(c.IDs) > 0 || len(c.MessageIDs) > 0 || c.OrderingKey != "" || c.Topic != "" || c.ErrorContains != ""
+// Narrowed reports whether a selector other than Consumer and Statuses names the rows: a skip
+// of every matching row of a consumer must say so (ChangeRequest.All, `-all`).
+func Narrowed(f inbox.Filter) bool {
+	return len(f.IDs) > 0 || len(f.MessageIDs) > 0 || f.OrderingKey != "" || f.Topic != "" || f.ErrorContains != ""
 }
 
 var allStatuses = []inbox.Status{inbox.StatusPending, inbox.StatusInProgress, inbox.StatusDone, inbox.StatusFailed, inbox.StatusSkipped}
 
-// ParseStatuses reads statuses given as repeated or comma-separated values, case-insensitive.
-// allowed nil accepts every status.
-func ParseStatuses(values []string, allowed []inbox.Status) ([]inbox.Status, error) {
-	if allowed == nil {
-		allowed = allStatuses
-	}
+// ParseStatuses reads statuses given as repeated or comma-separated values, case-insensitive;
+// an unknown one is an input error.
+func ParseStatuses(values []string) ([]inbox.Status, error) {
 	var out []inbox.Status
 	for _, v := range values {
-		for _, part := range strings.Split(v, ",") {
-			part = strings.ToUpper(strings.TrimSpace(part))
-			if part == "" {
-				continue
-			}
-			s, err := ParseStatus(part)
-			if err != nil {
-				return nil, badRequest("%v", err)
-			}
-			ok := false
-			for _, a := range allowed {
-				ok = ok || a == s
-			}
-			if !ok {
-				if s == inbox.StatusInProgress {
-					return nil, badRequest("IN_PROGRESS rows belong to a worker and cannot be changed: wait for it, or its lease, to settle them")
-				}
-				return nil, badRequest("status %s cannot be used here (allowed: %s)", s, joinStatuses(allowed))
+		for _, part := range strings.FieldsFunc(v, func(r rune) bool { return r == ',' || unicode.IsSpace(r) }) {
+			s := inbox.Status(strings.ToUpper(part))
+			if !slices.Contains(allStatuses, s) {
+				return nil, badRequest("unknown inbox status %q: use %s", part, joinStatuses(allStatuses))
 			}
 			out = append(out, s)
 		}
@@ -105,15 +91,14 @@ func ParseStatuses(values []string, allowed []inbox.Status) ([]inbox.Status, err
 	return out, nil
 }
 
-// ParseStatus reads an inbox status name, case-insensitive.
-func ParseStatus(s string) (inbox.Status, error) {
-	up := inbox.Status(strings.ToUpper(strings.TrimSpace(s)))
-	for _, a := range allStatuses {
-		if a == up {
-			return a, nil
-		}
+// CheckChange is the inbox's rule of which statuses the change op ("replay", "skip") may
+// select (inboxops.CheckChange), as an input error: the CLI and the page check it before they
+// ask, so that a refusal is a usage error and a 400.
+func CheckChange(op string, f inbox.Filter) error {
+	if err := inboxops.CheckChange(op, f); err != nil {
+		return badRequest("%v", err)
 	}
-	return "", fmt.Errorf("unknown inbox status %q: use %s", s, joinStatuses(allStatuses))
+	return nil
 }
 
 func joinStatuses(ss []inbox.Status) string {

@@ -21,3 +21,20 @@ func IsInputError(err error) bool {
 	var ie *inputError
 	return errors.As(err, &ie)
 }
+
+// inputIf is an input error saying what format says when bad holds, else nil: the checks of
+// a request, listed in the order FirstError reads them.
+func inputIf(bad bool, format string, args ...any) error {
+	if bad {
+		return badRequest(format, args...)
+	}
+	return nil
+}
+
+// inputErr makes the first failed input rule (CheckText, CheckConsumer, ...) an input error.
+func inputErr(errs ...error) error {
+	if err := FirstError(errs...); err != nil {
+		return badRequest("%v", err)
+	}
+	return nil
+}

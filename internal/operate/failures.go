@@ -97,30 +97,48 @@ func ReadFailureGroups(ctx context.Context, db *sql.DB, schema string, maxRows i
 		return resp, err
 	}
 	resp.LeftOut = leftIn + leftParked + leftRejected
-	out := make([]FailureGroup, 0, len(in)+len(parked)+len(rejected))
-	for _, g := range in {
-		out = append(out, FailureGroup{
-			Kind: FailureKindInbox, Fingerprint: g.Fingerprint, Consumer: g.Consumer, Topic: g.Topic, Pattern: g.Pattern,
-			Example: g.Example, Rows: g.Rows, FirstSeen: g.FirstSeen, LastSeen: g.LastSeen, Actions: groupActions(FailureKindInbox, g.Topic),
-		})
-	}
-	for _, g := range parked {
-		out = append(out, FailureGroup{
-			Kind: FailureKindParked, Fingerprint: g.Fingerprint, Handler: g.Handler, Topic: g.Topic, Pattern: g.Pattern,
-			Example: g.Example, Rows: g.Rows, FirstSeen: g.FirstSeen, LastSeen: g.LastSeen, Actions: groupActions(FailureKindParked, g.Topic),
-		})
-	}
-	for _, g := range rejected {
-		out = append(out, FailureGroup{
-			Kind: FailureKindRejected, Fingerprint: g.Fingerprint, Relay: g.Relay, Topic: g.Topic, Pattern: g.Pattern,
-			Example: g.Example, Rows: g.Rows, FirstSeen: g.FirstSeen, LastSeen: g.LastSeen, Actions: groupActions(FailureKindRejected, g.Topic),
-		})
-	}
+	out := slices.Concat(inboxGroups(in), parkedGroups(parked), rejectedGroups(rejected))
 	slices.SortStableFunc(out, func(a, b FailureGroup) int {
 		return cmp.Or(cmp.Compare(b.Rows, a.Rows), cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Fingerprint, b.Fingerprint))
 	})
 	resp.Groups = out
 	return resp, nil
+}
+
+// inboxGroups are the inbox's failure groups as the page lists them.
+func inboxGroups(gs []inboxops.FailureGroup) []FailureGroup {
+	out := make([]FailureGroup, 0, len(gs))
+	for _, g := range gs {
+		out = append(out, FailureGroup{
+			Kind: FailureKindInbox, Fingerprint: g.Fingerprint, Consumer: g.Consumer, Topic: g.Topic, Pattern: g.Pattern,
+			Example: g.Example, Rows: g.Rows, FirstSeen: g.FirstSeen, LastSeen: g.LastSeen, Actions: groupActions(FailureKindInbox, g.Topic),
+		})
+	}
+	return out
+}
+
+// parkedGroups are the parked messages' failure groups as the page lists them.
+func parkedGroups(gs []outboxops.ParkedGroup) []FailureGroup {
+	out := make([]FailureGroup, 0, len(gs))
+	for _, g := range gs {
+		out = append(out, FailureGroup{
+			Kind: FailureKindParked, Fingerprint: g.Fingerprint, Handler: g.Handler, Topic: g.Topic, Pattern: g.Pattern,
+			Example: g.Example, Rows: g.Rows, FirstSeen: g.FirstSeen, LastSeen: g.LastSeen, Actions: groupActions(FailureKindParked, g.Topic),
+		})
+	}
+	return out
+}
+
+// rejectedGroups are the rejected outbox rows' failure groups as the page lists them.
+func rejectedGroups(gs []outboxops.RejectedGroup) []FailureGroup {
+	out := make([]FailureGroup, 0, len(gs))
+	for _, g := range gs {
+		out = append(out, FailureGroup{
+			Kind: FailureKindRejected, Fingerprint: g.Fingerprint, Relay: g.Relay, Topic: g.Topic, Pattern: g.Pattern,
+			Example: g.Example, Rows: g.Rows, FirstSeen: g.FirstSeen, LastSeen: g.LastSeen, Actions: groupActions(FailureKindRejected, g.Topic),
+		})
+	}
+	return out
 }
 
 // FailureActionRequest is the body of POST /api/failures/act: one action on one group. IDs
@@ -186,35 +204,17 @@ func ActOnFailureGroup(ctx context.Context, db *sql.DB, schema string, req Failu
 
 // checkFailureAction returns the operation that runs req, or the input error that refuses it.
 func checkFailureAction(req FailureActionRequest) (groupAction, error) {
-	if err := failgroup.CheckFingerprint(req.Fingerprint); err != nil {
-		return nil, badRequest("%v", err)
-	}
-	if err := CheckText("reason", req.Reason); err != nil {
-		return nil, badRequest("%v", err)
-	}
-	for _, id := range req.IDs {
-		if id < 1 {
-			return nil, badRequest("ids must be positive row ids or outbox offsets, got %d", id)
-		}
-	}
-	if req.Action != ActionSkip && req.Reason != "" {
-		return nil, badRequest("reason belongs to skip")
-	}
-	kind, ok := failureKinds[req.Kind]
-	if !ok {
-		return nil, badRequest("kind %q: use %s, %s or %s", req.Kind, FailureKindInbox, FailureKindParked, FailureKindRejected)
-	}
-	if refusal, ok := kind.refusals[req.Action]; ok {
-		return nil, badRequest("%s", refusal)
-	}
-	run, ok := kind.actions[req.Action]
-	if !ok {
-		return nil, badRequest("action %q: %s %s group takes %s", req.Action, article(req.Kind), req.Kind, strings.Join(kind.offered, " or "))
-	}
-	if req.Action == ActionSkip && strings.TrimSpace(req.Reason) == "" && !req.DryRun {
-		return nil, badRequest("reason is required: it is kept with the skipped rows")
-	}
-	return run, nil
+	kind, known := failureKinds[req.Kind]
+	run, offered := kind.actions[req.Action]
+	refusal, refused := kind.refusals[req.Action]
+	return run, FirstError(
+		inputErr(failgroup.CheckFingerprint(req.Fingerprint), CheckText("reason", req.Reason)),
+		inputIf(slices.ContainsFunc(req.IDs, func(id int64) bool { return id < 1 }), "ids must be positive row ids or outbox offsets, got %v", req.IDs),
+		inputIf(req.Action != ActionSkip && req.Reason != "", "reason belongs to skip"),
+		inputIf(!known, "kind %q: use %s, %s or %s", req.Kind, FailureKindInbox, FailureKindParked, FailureKindRejected),
+		inputIf(refused, "%s", refusal),
+		inputIf(!offered, "action %q: %s %s group takes %s", req.Action, article(req.Kind), req.Kind, strings.Join(kind.offered, " or ")),
+		inputIf(req.Action == ActionSkip && strings.TrimSpace(req.Reason) == "" && !req.DryRun, "reason is required: it is kept with the skipped rows"))
 }
 
 func article(kind string) string {

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/wmonce/watermill-once/internal/outboxops"
@@ -41,19 +42,13 @@ type RepublishResponse struct {
 // Republish checks req and republishes through outbox.RepublishRejected. Input the caller
 // must fix is an error for which IsInputError is true.
 func Republish(ctx context.Context, db *sql.DB, schema string, req RepublishRequest) (RepublishResponse, error) {
-	if strings.TrimSpace(req.Relay) == "" {
-		return RepublishResponse{}, badRequest("relay is required: the relay that rejected the rows")
-	}
-	if err := FirstError(CheckConsumer("relay", req.Relay), CheckText("remove_metadata", req.RemoveMetadata...)); err != nil {
-		return RepublishResponse{}, badRequest("%v", err)
-	}
-	if (len(req.Offsets) > 0) == req.All {
-		return RepublishResponse{}, badRequest("give the offsets of the rows to republish, or all (not both)")
-	}
-	for _, o := range req.Offsets {
-		if o < 1 {
-			return RepublishResponse{}, badRequest("offsets must be positive outbox offsets, got %d", o)
-		}
+	err := FirstError(
+		inputIf(strings.TrimSpace(req.Relay) == "", "relay is required: the relay that rejected the rows"),
+		inputErr(CheckConsumer("relay", req.Relay), CheckText("remove_metadata", req.RemoveMetadata...)),
+		inputIf((len(req.Offsets) > 0) == req.All, "give the offsets of the rows to republish, or all (not both)"),
+		inputIf(slices.ContainsFunc(req.Offsets, func(o int64) bool { return o < 1 }), "offsets must be positive outbox offsets, got %v", req.Offsets))
+	if err != nil {
+		return RepublishResponse{}, err
 	}
 	res, err := outbox.RepublishRejected(ctx, db, schema, outbox.RepublishRequest{
 		Relay: req.Relay, Offsets: req.Offsets, All: req.All, RemoveMetadata: req.RemoveMetadata, DryRun: req.DryRun,
@@ -61,11 +56,8 @@ func Republish(ctx context.Context, db *sql.DB, schema string, req RepublishRequ
 	if err != nil {
 		return RepublishResponse{}, err
 	}
-	out := RepublishResponse{Relay: req.Relay, DryRun: req.DryRun, Republished: res.Republished, Offsets: res.Offsets, Undecodable: res.Undecodable}
-	if out.Undecodable == nil {
-		out.Undecodable = []int64{}
-	}
-	return out, nil
+	// Undecodable is [] in JSON, never null.
+	return RepublishResponse{Relay: req.Relay, DryRun: req.DryRun, Republished: res.Republished, Offsets: res.Offsets, Undecodable: append([]int64{}, res.Undecodable...)}, nil
 }
 
 // ForgetRequest is the body of POST /api/outbox/forget: the retired relay whose position and
@@ -95,44 +87,40 @@ var ErrRelayNotFound = errors.New("admin: no relay of that name has a position i
 // ForgetRelay forgets a retired relay (outbox.ForgetRelay), or with DryRun says what that would
 // forget. Both refuse (outbox.ErrRelayActive) while an instance of the relay leads.
 func ForgetRelay(ctx context.Context, db *sql.DB, schema string, req ForgetRequest) (ForgetResponse, error) {
-	if strings.TrimSpace(req.Relay) == "" {
-		return ForgetResponse{}, badRequest("relay is required: the name of the retired relay")
+	err := FirstError(
+		inputIf(strings.TrimSpace(req.Relay) == "", "relay is required: the name of the retired relay"),
+		inputErr(CheckConsumer("relay", req.Relay)))
+	if err != nil {
+		return ForgetResponse{}, err
 	}
-	if err := CheckConsumer("relay", req.Relay); err != nil {
-		return ForgetResponse{}, badRequest("%v", err)
+	out, err := forgetting(ctx, db, schema, req)
+	if err != nil || req.DryRun {
+		return out, err
 	}
+	found, err := outbox.ForgetRelay(ctx, db, schema, req.Relay)
+	if err == nil && !found { // forgotten meanwhile by someone else
+		err = fmt.Errorf("%w: %q", ErrRelayNotFound, req.Relay)
+	}
+	return out, err
+}
+
+// forgetting describes the relay ForgetRelay would forget, refusing a relay with no position
+// (ErrRelayNotFound) or one that runs (outbox.ErrRelayActive).
+func forgetting(ctx context.Context, db *sql.DB, schema string, req ForgetRequest) (ForgetResponse, error) {
 	st, err := ReadOutbox(ctx, db, schema)
 	if err != nil {
 		return ForgetResponse{}, err
 	}
-	out := ForgetResponse{Relay: req.Relay, DryRun: req.DryRun, Held: []HeldTopic{}}
-	for i := range st.Relays {
-		if st.Relays[i].Name == req.Relay {
-			out.Stats = &st.Relays[i]
-		}
-	}
-	if out.Stats == nil {
+	i := slices.IndexFunc(st.Relays, func(r RelayStats) bool { return r.Name == req.Relay })
+	if i < 0 {
 		return ForgetResponse{}, fmt.Errorf("%w: %q (relays: %s)", ErrRelayNotFound, req.Relay, relayNames(st.Relays))
 	}
-	out.Backlog, out.Held = out.Stats.Backlog, out.Stats.Held
 	active, err := outboxops.RelayActive(ctx, db, schema, req.Relay)
-	if err != nil {
-		return ForgetResponse{}, err
+	if err == nil && active {
+		err = fmt.Errorf("%w (relay %q)", outbox.ErrRelayActive, req.Relay)
 	}
-	if active {
-		return ForgetResponse{}, fmt.Errorf("%w (relay %q)", outbox.ErrRelayActive, req.Relay)
-	}
-	if req.DryRun {
-		return out, nil
-	}
-	found, err := outbox.ForgetRelay(ctx, db, schema, req.Relay)
-	if err != nil {
-		return ForgetResponse{}, err
-	}
-	if !found { // forgotten meanwhile by someone else
-		return ForgetResponse{}, fmt.Errorf("%w: %q", ErrRelayNotFound, req.Relay)
-	}
-	return out, nil
+	r := &st.Relays[i]
+	return ForgetResponse{Relay: req.Relay, DryRun: req.DryRun, Backlog: r.Backlog, Held: append([]HeldTopic{}, r.Held...), Stats: r}, err
 }
 
 func relayNames(rs []RelayStats) string {

@@ -49,22 +49,29 @@ func ReadSchemaStatus(ctx context.Context, db *sql.DB, schema string) (SchemaSta
 	if err != nil {
 		return SchemaStatus{}, err
 	}
-	v := st.Version
-	s := SchemaStatus{Schema: schema, Version: v, Latest: migrate.Latest(), Unrecorded: st.Unrecorded, Missing: st.Missing}
-	switch {
-	case st.Unrecorded:
-		s.Hint = fmt.Sprintf("schema %s has watermill-once tables but records no migration (version 0); %s", schema, migrate.BaselineAdvice(schema))
-	case v == 0:
-		s.Hint = fmt.Sprintf("schema %s is at version 0 (no watermill-once tables): run `wmonce -schema %s migrate up`", schema, schema)
-	case len(st.Missing) > 0:
-		// Migrate refuses this schema until the rows are back; the tools still read it.
-		s.Hint = fmt.Sprintf("schema %s is at version %d but %s", schema, v, migrate.MissingAdvice(schema, st.Missing))
-	case v < s.Latest:
-		s.Hint = fmt.Sprintf("schema %s is at version %d, this binary knows %d: run `wmonce -schema %s migrate up`", schema, v, s.Latest, schema)
-	case v > s.Latest:
-		s.Hint = fmt.Sprintf("schema %s is at version %d, newer than this binary (%d): upgrade wmonce", schema, v, s.Latest)
-	}
+	s := SchemaStatus{Schema: schema, Version: st.Version, Latest: migrate.Latest(), Unrecorded: st.Unrecorded, Missing: st.Missing}
+	s.Hint = schemaHint(s)
 	return s, nil
+}
+
+// schemaHint says what to run when the schema is behind or ahead of this binary, or its
+// version table is incomplete; "" when it is up to date.
+func schemaHint(s SchemaStatus) string {
+	schema, v := s.Schema, s.Version
+	switch {
+	case s.Unrecorded:
+		return fmt.Sprintf("schema %s has watermill-once tables but records no migration (version 0); %s", schema, migrate.BaselineAdvice(schema))
+	case v == 0:
+		return fmt.Sprintf("schema %s is at version 0 (no watermill-once tables): run `wmonce -schema %s migrate up`", schema, schema)
+	case len(s.Missing) > 0:
+		// Migrate refuses this schema until the rows are back; the tools still read it.
+		return fmt.Sprintf("schema %s is at version %d but %s", schema, v, migrate.MissingAdvice(schema, s.Missing))
+	case v < s.Latest:
+		return fmt.Sprintf("schema %s is at version %d, this binary knows %d: run `wmonce -schema %s migrate up`", schema, v, s.Latest, schema)
+	case v > s.Latest:
+		return fmt.Sprintf("schema %s is at version %d, newer than this binary (%d): upgrade wmonce", schema, v, s.Latest)
+	}
+	return ""
 }
 
 // ConsumerStats is one consumer of the effectively-once middleware: its claims in the
@@ -113,12 +120,18 @@ func ReadConsumers(ctx context.Context, db *sql.DB, schema string, mws []*once.M
 			Failed: counts.Failed, TxRetries: counts.TxRetries, Refused: counts.Refused, TooOld: counts.TooOld,
 			HandlerEndedTx: counts.HandlerEndedTx, HandlerAcked: counts.HandlerAcked,
 		}
-		if seen := counts.Fresh + counts.Duplicates; seen > 0 {
-			rate := float64(counts.Duplicates) / float64(seen)
-			c.DuplicateRate = &rate
-		}
+		c.DuplicateRate = duplicateRate(counts.Fresh, counts.Duplicates)
 	}
 	return sortedByName(byName), nil
+}
+
+// duplicateRate is duplicates / (fresh + duplicates); nil without traffic.
+func duplicateRate(fresh, duplicates uint64) *float64 {
+	if fresh+duplicates == 0 {
+		return nil
+	}
+	rate := float64(duplicates) / float64(fresh+duplicates)
+	return &rate
 }
 
 // entry returns m's entry for name, adding made() first when there is none.
@@ -373,21 +386,26 @@ func LookupProcessed(ctx context.Context, db *sql.DB, schema, consumer, key stri
 		p.Processed = true
 		p.Claim = &ClaimRecord{ProcessedAt: claim.ProcessedAt, PayloadSHA256: hex.EncodeToString(claim.PayloadSHA256), OccurredOn: TimePtr(claim.OccurredOn)}
 	}
+	if p.Inbox, err = inboxRecord(ctx, db, schema, consumer, key); err != nil {
+		return p, err
+	}
+	p.Processed = p.Processed || p.Inbox != nil && p.Inbox.Status == string(inbox.StatusDone)
+	return p, nil
+}
+
+// inboxRecord is consumer's inbox row for key, without payload; nil when there is none.
+func inboxRecord(ctx context.Context, db *sql.DB, schema, consumer, key string) (*InboxRow, error) {
 	ops, err := inbox.NewOps(db, inbox.OpsConfig{Schema: schema}, nil)
 	if err != nil {
-		return p, err
+		return nil, err
 	}
 	row, err := ops.InspectMessage(ctx, consumer, key)
-	switch {
-	case errors.Is(err, inbox.ErrNotFound):
-	case err != nil:
-		return p, err
-	default:
-		r := NewInboxRow(row, false)
-		p.Inbox = &r
-		if row.Status == inbox.StatusDone {
-			p.Processed = true
-		}
+	if errors.Is(err, inbox.ErrNotFound) {
+		return nil, nil
 	}
-	return p, nil
+	if err != nil {
+		return nil, err
+	}
+	r := NewInboxRow(row, false)
+	return &r, nil
 }

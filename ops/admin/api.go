@@ -2,7 +2,11 @@ package admin
 
 import (
 	"context"
+	"fmt"
+	"math"
 	"net/http"
+	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -39,39 +43,9 @@ func (h *Handler) inboxStats(ctx context.Context, _ *http.Request) (any, error) 
 
 // GET /api/inbox?consumer=C&status=FAILED[,PENDING]&key=K&message=M&topic=T&error=E&received_after=T&received_before=T&after=ID&limit=N
 func (h *Handler) inboxList(ctx context.Context, r *http.Request) (any, error) {
-	q := r.URL.Query()
-	f := inbox.Filter{Consumer: q.Get("consumer"), OrderingKey: q.Get("key"), Topic: q.Get("topic"), ErrorContains: q.Get("error")}
-	if strings.TrimSpace(f.Consumer) == "" {
-		return nil, badRequest("the consumer parameter is required (GET /api/inbox/stats lists the consumers)")
-	}
-	if err := operate.FirstError(operate.CheckConsumer("consumer", f.Consumer), operate.CheckText("key", f.OrderingKey), operate.CheckText("message", q.Get("message")),
-		operate.CheckText("topic", f.Topic), operate.CheckText("error", f.ErrorContains)); err != nil {
-		return nil, badRequest("%v", err)
-	}
-	statuses, err := operate.ParseStatuses(q["status"], nil)
+	f, limit, err := listFilter(r.URL.Query())
 	if err != nil {
 		return nil, err
-	}
-	f.Statuses = statuses
-	if f.ReceivedAfter, err = parseTime(q, "received_after"); err != nil {
-		return nil, err
-	}
-	if f.ReceivedBefore, err = parseTime(q, "received_before"); err != nil {
-		return nil, err
-	}
-	if m := q.Get("message"); m != "" {
-		f.MessageIDs = []string{m}
-	}
-	if a := q.Get("after"); a != "" {
-		if f.AfterID, err = strconv.ParseInt(a, 10, 64); err != nil || f.AfterID < 0 {
-			return nil, badRequest("after must be a row id (a non-negative integer), got %q", a)
-		}
-	}
-	limit := 100
-	if l := q.Get("limit"); l != "" {
-		if limit, err = strconv.Atoi(l); err != nil || limit < 1 || limit > operate.MaxListLimit {
-			return nil, badRequest("limit must be an integer between 1 and %d, got %q", operate.MaxListLimit, l)
-		}
 	}
 	rows, err := h.ops.List(ctx, f, limit)
 	if err != nil {
@@ -85,6 +59,25 @@ func (h *Handler) inboxList(ctx context.Context, r *http.Request) (any, error) {
 		out.NextAfter = rows[len(rows)-1].ID
 	}
 	return out, nil
+}
+
+// listFilter reads the selection and page size of GET /api/inbox. (serve has checked that
+// every parameter is text.)
+func listFilter(q url.Values) (inbox.Filter, int, error) {
+	f := inbox.Filter{Consumer: q.Get("consumer"), OrderingKey: q.Get("key"), Topic: q.Get("topic"), ErrorContains: q.Get("error")}
+	if m := q.Get("message"); m != "" {
+		f.MessageIDs = []string{m}
+	}
+	var errAfter, errBefore, errID, errLimit, errStatus error
+	f.Statuses, errStatus = operate.ParseStatuses(q["status"])
+	f.ReceivedAfter, errAfter = parseTime(q, "received_after")
+	f.ReceivedBefore, errBefore = parseTime(q, "received_before")
+	f.AfterID, errID = queryInt(q, "after", 0, 0, math.MaxInt64, "a row id (a non-negative integer)")
+	limit, errLimit := queryInt(q, "limit", 100, 1, operate.MaxListLimit, fmt.Sprintf("an integer between 1 and %d", operate.MaxListLimit))
+	return f, int(limit), operate.FirstError(
+		badRequestIf(strings.TrimSpace(f.Consumer) == "", "the consumer parameter is required (GET /api/inbox/stats lists the consumers)"),
+		inputError(operate.CheckConsumer("consumer", f.Consumer)),
+		errStatus, errAfter, errBefore, errID, errLimit)
 }
 
 // GET /api/inbox/{id}
@@ -116,70 +109,69 @@ func (h *Handler) dedupe(ctx context.Context, r *http.Request) (any, error) {
 	return operate.LookupProcessed(ctx, h.db, h.config.Schema, consumer, key)
 }
 
-func readChange(r *http.Request, allowed []inbox.Status) (operate.ChangeRequest, inbox.Filter, error) {
+// readChange reads the body of a replay or skip and the filter it selects, checked by the
+// inbox's rule of what op may change (operate.CheckChange), as the CLI checks it.
+func readChange(r *http.Request, op string) (operate.ChangeRequest, inbox.Filter, error) {
 	var c operate.ChangeRequest
 	if err := decodeBody(r, &c); err != nil {
 		return c, inbox.Filter{}, err
 	}
-	if strings.TrimSpace(c.Consumer) == "" {
-		return c, inbox.Filter{}, badRequest("consumer is required")
-	}
-	if err := operate.FirstError(operate.CheckConsumer("consumer", c.Consumer), operate.CheckText("message_ids", c.MessageIDs...), operate.CheckText("ordering_key", c.OrderingKey),
-		operate.CheckText("topic", c.Topic), operate.CheckText("error_contains", c.ErrorContains), operate.CheckText("reason", c.Reason)); err != nil {
-		return c, inbox.Filter{}, badRequest("%v", err)
-	}
-	statuses, err := operate.ParseStatuses(c.Statuses, allowed)
-	if err != nil {
-		return c, inbox.Filter{}, err
-	}
-	for _, id := range c.IDs {
-		if id < 1 {
-			return c, inbox.Filter{}, badRequest("ids must be positive row ids, got %d", id)
-		}
-	}
-	return c, inbox.Filter{
+	statuses, err := operate.ParseStatuses(c.Statuses)
+	f := inbox.Filter{
 		Consumer: c.Consumer, Statuses: statuses, IDs: c.IDs, MessageIDs: c.MessageIDs,
 		OrderingKey: c.OrderingKey, Topic: c.Topic, ErrorContains: c.ErrorContains,
-	}, nil
+	}
+	return c, f, operate.FirstError(
+		badRequestIf(strings.TrimSpace(c.Consumer) == "", "consumer is required"),
+		inputError(operate.CheckConsumer("consumer", c.Consumer), operate.CheckText("message_ids", c.MessageIDs...), operate.CheckText("ordering_key", c.OrderingKey),
+			operate.CheckText("topic", c.Topic), operate.CheckText("error_contains", c.ErrorContains), operate.CheckText("reason", c.Reason)),
+		err,
+		badRequestIf(slices.ContainsFunc(c.IDs, func(id int64) bool { return id < 1 }), "ids must be positive row ids, got %v", c.IDs),
+		operate.CheckChange(op, f),
+		inboxChanges[op].check(c, f))
 }
 
-// POST /api/inbox/replay
-func (h *Handler) replay(ctx context.Context, r *http.Request) (any, error) {
-	c, f, err := readChange(r, []inbox.Status{inbox.StatusFailed, inbox.StatusPending, inbox.StatusDone, inbox.StatusSkipped})
-	if err != nil {
-		return nil, err
-	}
-	if c.Reason != "" || c.All {
-		return nil, badRequest("reason and all belong to skip; replay takes the selectors and dry_run")
-	}
-	n, err := h.ops.Replay(ctx, f, c.DryRun)
-	if err != nil {
-		return nil, err
-	}
-	if !c.DryRun {
-		h.logger.Info("Inbox rows replayed from the admin page", watermill.LogFields{"consumer": c.Consumer, "rows": n, "remote": r.RemoteAddr})
-	}
-	return operate.ChangeResponse{Action: "replay", Consumer: c.Consumer, DryRun: c.DryRun, Rows: n}, nil
+// inboxChanges are the checks of replay and skip beyond the selection, and what each runs.
+var inboxChanges = map[string]struct {
+	check func(c operate.ChangeRequest, f inbox.Filter) error
+	run   func(ctx context.Context, ops *inbox.Ops, c operate.ChangeRequest, f inbox.Filter) (int, error)
+	log   string
+}{
+	"replay": {
+		check: func(c operate.ChangeRequest, _ inbox.Filter) error {
+			return badRequestIf(c.Reason != "" || c.All, "reason and all belong to skip; replay takes the selectors and dry_run")
+		},
+		run: func(ctx context.Context, ops *inbox.Ops, c operate.ChangeRequest, f inbox.Filter) (int, error) {
+			return ops.Replay(ctx, f, c.DryRun)
+		},
+		log: "Inbox rows replayed from the admin page",
+	},
+	"skip": {
+		check: func(c operate.ChangeRequest, f inbox.Filter) error {
+			return operate.FirstError(badRequestIf(strings.TrimSpace(c.Reason) == "", "reason is required: it is kept with the skipped rows"),
+				badRequestIf(!operate.Narrowed(f) && !c.All, "select rows with ids, message_ids, ordering_key, topic or error_contains, or set all to skip every matching row of %q", c.Consumer))
+		},
+		run: func(ctx context.Context, ops *inbox.Ops, c operate.ChangeRequest, f inbox.Filter) (int, error) {
+			return ops.Skip(ctx, f, c.Reason, c.DryRun)
+		},
+		log: "Inbox rows skipped from the admin page",
+	},
 }
 
-// POST /api/inbox/skip
-func (h *Handler) skip(ctx context.Context, r *http.Request) (any, error) {
-	c, f, err := readChange(r, []inbox.Status{inbox.StatusFailed, inbox.StatusPending})
-	if err != nil {
-		return nil, err
+// POST /api/inbox/replay and /api/inbox/skip
+func (h *Handler) inboxChange(op string) apiFunc {
+	return func(ctx context.Context, r *http.Request) (any, error) {
+		c, f, err := readChange(r, op)
+		if err != nil {
+			return nil, err
+		}
+		n, err := inboxChanges[op].run(ctx, h.ops, c, f)
+		if err != nil {
+			return nil, err
+		}
+		if !c.DryRun {
+			h.logger.Info(inboxChanges[op].log, watermill.LogFields{"consumer": c.Consumer, "rows": n, "reason": c.Reason, "remote": r.RemoteAddr})
+		}
+		return operate.ChangeResponse{Action: op, Consumer: c.Consumer, DryRun: c.DryRun, Rows: n}, nil
 	}
-	if strings.TrimSpace(c.Reason) == "" {
-		return nil, badRequest("reason is required: it is kept with the skipped rows")
-	}
-	if !c.Narrowed() && !c.All {
-		return nil, badRequest("select rows with ids, message_ids, ordering_key, topic or error_contains, or set all to skip every matching row of %q", c.Consumer)
-	}
-	n, err := h.ops.Skip(ctx, f, c.Reason, c.DryRun)
-	if err != nil {
-		return nil, err
-	}
-	if !c.DryRun {
-		h.logger.Info("Inbox rows skipped from the admin page", watermill.LogFields{"consumer": c.Consumer, "rows": n, "reason": c.Reason, "remote": r.RemoteAddr})
-	}
-	return operate.ChangeResponse{Action: "skip", Consumer: c.Consumer, DryRun: c.DryRun, Rows: n}, nil
 }

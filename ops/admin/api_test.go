@@ -198,7 +198,7 @@ func TestReplayAndSkip(t *testing.T) {
 		{replay, operate.ChangeRequest{Consumer: "billing", Reason: "x"}, "reason and all belong to skip"},
 		{skip, operate.ChangeRequest{Consumer: "billing", IDs: []int64{failed[2]}}, "reason is required"},
 		{skip, operate.ChangeRequest{Consumer: "billing", Reason: "x"}, "or set all to skip every matching row"},
-		{skip, operate.ChangeRequest{Consumer: "billing", Reason: "x", All: true, Statuses: []string{"DONE"}}, "status DONE cannot be used here (allowed: FAILED, PENDING)"},
+		{skip, operate.ChangeRequest{Consumer: "billing", Reason: "x", All: true, Statuses: []string{"DONE"}}, "status DONE cannot be changed by skip (allowed: FAILED, PENDING)"},
 	} {
 		r := post(t, tc.url, tc.body, nil)
 		require.Equal(t, http.StatusBadRequest, r.status, "%v: %s", tc.body, r.body)

@@ -3,8 +3,8 @@ package admin
 import (
 	"context"
 	"errors"
+	"math"
 	"net/http"
-	"strconv"
 
 	"github.com/ThreeDotsLabs/watermill"
 
@@ -13,15 +13,11 @@ import (
 
 // GET /api/failures[?max_rows=N] (N: 0 for every row; default DefaultFailureGroupRows)
 func (h *Handler) failureGroups(ctx context.Context, r *http.Request) (any, error) {
-	maxRows := operate.DefaultFailureGroupRows
-	if v := r.URL.Query().Get("max_rows"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			return nil, badRequest("max_rows must be a non-negative integer (0: every row), got %q", v)
-		}
-		maxRows = n
+	maxRows, err := queryInt(r.URL.Query(), "max_rows", operate.DefaultFailureGroupRows, 0, math.MaxInt32, "a non-negative integer (0: every row)")
+	if err != nil {
+		return nil, err
 	}
-	return operate.ReadFailureGroups(ctx, h.db, h.config.Schema, maxRows)
+	return operate.ReadFailureGroups(ctx, h.db, h.config.Schema, int(maxRows))
 }
 
 // POST /api/failures/act

@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -45,20 +46,9 @@ type Handler struct {
 	closeOnce sync.Once
 }
 
-// NewHandler returns a Handler serving the admin page at "/" and its JSON API under
-// "/api/". Mount it under a prefix with http.StripPrefix:
-//
-//	h, err := admin.NewHandler(db, admin.Config{Schema: "wmonce"}, logger)
-//	mux.Handle("/wmonce/", http.StripPrefix("/wmonce", h))
-//
-// The handler has no authentication of its own: mount it behind whatever protects your other
-// operator endpoints. It is read-only unless Config.AllowWrites is set; even then a write must
-// be a POST with a JSON body and the WriteHeader header, which a page on another site cannot
-// send through the operator's browser. Reads run plain SELECTs; writes go through inbox.Ops.
-//
-// Unless Config.SampleInterval is negative, NewHandler starts a goroutine that samples the
-// inbox and the relays every interval for the page's charts (the last hour and day, kept in
-// memory); Close stops it.
+// NewHandler returns a Handler serving the admin page at "/" and its JSON API under "/api/"
+// (mount it under a prefix with http.StripPrefix). Unless Config.SampleInterval is negative,
+// it starts a goroutine that samples the inbox and the relays for the charts; Close stops it.
 func NewHandler(db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Handler, error) {
 	logger, err := setup.Component(db, "admin: db is nil: open one with pgtx.Open", &config, (*Config).setDefaults, "admin: invalid config", logger)
 	if err != nil {
@@ -112,8 +102,8 @@ func (h *Handler) routes() {
 	h.mux.HandleFunc("/api/outbox/rejected/{offset}", h.get(h.rejectedInspect))
 	h.mux.HandleFunc("/api/history", h.get(h.historyGet))
 	h.mux.HandleFunc("/api/dedupe", h.get(h.dedupe))
-	h.mux.HandleFunc("/api/inbox/replay", h.write(h.replay))
-	h.mux.HandleFunc("/api/inbox/skip", h.write(h.skip))
+	h.mux.HandleFunc("/api/inbox/replay", h.write(h.inboxChange("replay")))
+	h.mux.HandleFunc("/api/inbox/skip", h.write(h.inboxChange("skip")))
 	h.mux.HandleFunc("/api/outbox/republish", h.write(h.republish))
 	h.mux.HandleFunc("/api/outbox/forget", h.write(h.forget))
 	h.mux.HandleFunc("/api/pause", h.write(h.pause))
@@ -166,6 +156,23 @@ func badRequest(format string, args ...any) error {
 	return &apiError{status: http.StatusBadRequest, msg: fmt.Sprintf(format, args...)}
 }
 
+// badRequestIf is badRequest when bad holds, else nil: a request's checks, listed in the order
+// operate.FirstError reads them.
+func badRequestIf(bad bool, format string, args ...any) error {
+	if bad {
+		return badRequest(format, args...)
+	}
+	return nil
+}
+
+// inputError answers the first failed input rule (operate.CheckText, CheckConsumer) 400.
+func inputError(errs ...error) error {
+	if err := operate.FirstError(errs...); err != nil {
+		return badRequest("%v", err)
+	}
+	return nil
+}
+
 func (h *Handler) get(f apiFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
@@ -177,29 +184,32 @@ func (h *Handler) get(f apiFunc) http.HandlerFunc {
 	}
 }
 
+// writeGuards are what a write must pass, in order: the first it fails answers it.
+var writeGuards = []struct {
+	refuse func(h *Handler, r *http.Request) bool
+	status int
+	msg    string
+}{
+	{func(_ *Handler, r *http.Request) bool { return r.Method != http.MethodPost }, http.StatusMethodNotAllowed, "use POST with a JSON body"},
+	{func(h *Handler, _ *http.Request) bool { return !h.config.AllowWrites }, http.StatusForbidden,
+		"the admin handler is read-only: set admin.Config.AllowWrites (wmonce admin -allow-writes) to enable replay and skip"},
+	{func(_ *Handler, r *http.Request) bool { return r.Header.Get(WriteHeader) != "1" }, http.StatusForbidden,
+		"writes must carry the header " + WriteHeader + ": 1 (it keeps other sites from triggering them)"},
+	{func(_ *Handler, r *http.Request) bool { return r.Header.Get("Sec-Fetch-Site") == "cross-site" }, http.StatusForbidden, "cross-site writes are refused"},
+	{func(_ *Handler, r *http.Request) bool { return !isJSON(r.Header.Get("Content-Type")) }, http.StatusUnsupportedMediaType, "send the request body as application/json"},
+}
+
 // write guards an endpoint that changes rows: writes enabled, POST, JSON body, WriteHeader.
 func (h *Handler) write(f apiFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost {
-			w.Header().Set("Allow", "POST")
-			writeError(w, http.StatusMethodNotAllowed, "use POST with a JSON body")
-			return
-		}
-		if !h.config.AllowWrites {
-			writeError(w, http.StatusForbidden, "the admin handler is read-only: set admin.Config.AllowWrites (wmonce admin -allow-writes) to enable replay and skip")
-			return
-		}
-		if r.Header.Get(WriteHeader) != "1" {
-			writeError(w, http.StatusForbidden, "writes must carry the header "+WriteHeader+": 1 (it keeps other sites from triggering them)")
-			return
-		}
-		if r.Header.Get("Sec-Fetch-Site") == "cross-site" {
-			writeError(w, http.StatusForbidden, "cross-site writes are refused")
-			return
-		}
-		if ct := r.Header.Get("Content-Type"); !isJSON(ct) {
-			writeError(w, http.StatusUnsupportedMediaType, "send the request body as application/json")
-			return
+		for _, g := range writeGuards {
+			if g.refuse(h, r) {
+				if g.status == http.StatusMethodNotAllowed {
+					w.Header().Set("Allow", "POST")
+				}
+				writeError(w, g.status, g.msg)
+				return
+			}
 		}
 		// Every write's body is checked here, before its endpoint decodes it (decodeBody).
 		body, err := readBody(r)
@@ -212,13 +222,8 @@ func (h *Handler) write(f apiFunc) http.HandlerFunc {
 }
 
 func isJSON(contentType string) bool {
-	for i := 0; i < len(contentType); i++ {
-		if contentType[i] == ';' {
-			contentType = contentType[:i]
-			break
-		}
-	}
-	return contentType == "application/json"
+	mediaType, _, _ := strings.Cut(contentType, ";")
+	return mediaType == "application/json"
 }
 
 // serve answers an API request with f, after checking its query string (checkQuery), so no

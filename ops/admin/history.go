@@ -2,9 +2,12 @@ package admin
 
 import (
 	"math"
+	"slices"
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/wmonce/watermill-once/internal/operate"
 )
 
 // What the charts show, and where each series comes from:
@@ -76,14 +79,42 @@ func (hs *history) add(s sample) {
 	if len(hs.fine) > maxFine {
 		hs.fine = append(hs.fine[:0:0], hs.fine[len(hs.fine)-maxFine:]...)
 	}
+	hs.addCoarse(s)
+	hs.coarse = prune(hs.coarse, s.at.Add(-24*time.Hour))
+}
+
+// addCoarse folds s into the newest coarse entry while it is within that entry's
+// coarsePeriod, else starts an entry with it.
+func (hs *history) addCoarse(s sample) {
 	n := len(hs.coarse)
 	if n > 0 && !s.at.Before(hs.coarse[n-1].at) && s.at.Sub(hs.coarse[n-1].start) < coarsePeriod {
 		hs.coarse[n-1] = merge(hs.coarse[n-1], s)
-	} else {
-		s.start = s.at
-		hs.coarse = insertSample(hs.coarse, s)
+		return
 	}
-	hs.coarse = prune(hs.coarse, s.at.Add(-24*time.Hour))
+	s.start = s.at
+	hs.coarse = insertSample(hs.coarse, s)
+}
+
+// snapshot copies the samples of the day's chart (day) or the hour's, and says how sampling
+// has gone.
+func (hs *history) snapshot(day bool) ([]sample, operate.SamplingStatus) {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	ss := hs.fine
+	if day {
+		ss = hs.coarse
+	}
+	return slices.Clone(ss), operate.SamplingStatus{Since: operate.TimePtr(hs.since.UTC()), Samples: hs.taken}
+}
+
+// errorChanged records the text of the last sample's error ("" for none) and reports whether
+// it differs from the one before.
+func (hs *history) errorChanged(msg string) bool {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	changed := msg != hs.lastErr
+	hs.lastErr = msg
+	return changed
 }
 
 // insertSample appends s, keeping the slice in time order (samples normally arrive in order).

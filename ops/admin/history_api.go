@@ -1,9 +1,11 @@
 package admin
 
 import (
+	"cmp"
 	"context"
+	"maps"
 	"net/http"
-	"sort"
+	"slices"
 	"time"
 
 	"github.com/wmonce/watermill-once/internal/claims"
@@ -13,16 +15,10 @@ import (
 // GET /api/history?window=hour|day[&consumer=C][&relay=R]
 func (h *Handler) historyGet(ctx context.Context, r *http.Request) (any, error) {
 	q := r.URL.Query()
-	window, consumer, relay := q.Get("window"), q.Get("consumer"), q.Get("relay")
-	if err := operate.FirstError(operate.CheckText("window", window), operate.CheckConsumer("consumer", consumer), operate.CheckText("relay", relay)); err != nil {
-		return nil, badRequest("%v", err)
-	}
-	if window == "" {
-		window = "hour"
-	}
+	window, consumer, relay := cmp.Or(q.Get("window"), "hour"), q.Get("consumer"), q.Get("relay")
 	w, ok := windows[window]
-	if !ok {
-		return nil, badRequest("window must be hour or day, got %q", window)
+	if err := operate.FirstError(inputError(operate.CheckConsumer("consumer", consumer)), badRequestIf(!ok, "window must be hour or day, got %q", window)); err != nil {
+		return nil, err
 	}
 	end := time.Now().Truncate(w.bucket).Add(w.bucket)
 	out := operate.HistoryResponse{
@@ -39,17 +35,9 @@ func (h *Handler) historyGet(ctx context.Context, r *http.Request) (any, error) 
 	if err != nil {
 		return nil, err
 	}
-	h.history.mu.Lock()
-	ss := h.history.fine
-	if window == "day" {
-		ss = h.history.coarse
-	}
-	ss = append([]sample(nil), ss...)
-	out.Sampling = operate.SamplingStatus{Since: operate.TimePtr(h.history.since.UTC()), Samples: h.history.taken}
-	h.history.mu.Unlock()
-	if h.config.SampleInterval > 0 {
-		out.Sampling.IntervalSeconds = h.config.SampleInterval.Seconds()
-	}
+	ss, sampling := h.history.snapshot(window == "day")
+	out.Sampling = sampling
+	out.Sampling.IntervalSeconds = max(h.config.SampleInterval, 0).Seconds()
 	b := bucketer{start: out.Start, width: w.bucket, n: out.Buckets}
 	out.Consumers = append(out.Consumers, consumerSeries(b, claimCounts, dupCounts)...)
 	inboxes, relays := sampledSeries(b, ss, consumer, relay)
@@ -60,28 +48,29 @@ func (h *Handler) historyGet(ctx context.Context, r *http.Request) (any, error) 
 
 // consumerSeries are the claims and duplicates of each consumer with any in the window.
 func consumerSeries(b bucketer, claimCounts, dupCounts map[string][]int64) []operate.ConsumerSeries {
-	names := map[string]bool{}
-	for c := range claimCounts {
-		names[c] = true
-	}
-	for c := range dupCounts {
-		names[c] = true
-	}
+	names := map[string][]int64{}
+	maps.Copy(names, claimCounts)
+	maps.Copy(names, dupCounts)
 	var out []operate.ConsumerSeries
 	for _, c := range sortedKeys(names) {
-		cl := claimCounts[c]
-		if cl == nil {
-			cl = make([]int64, b.n)
-		}
-		d := make([]*int64, b.n)
-		for i := range d {
-			var v int64
-			if dupCounts[c] != nil {
-				v = dupCounts[c][i]
-			}
-			d[i] = &v
-		}
-		out = append(out, operate.ConsumerSeries{Consumer: c, Claims: cl, Duplicates: d})
+		out = append(out, operate.ConsumerSeries{Consumer: c, Claims: orZeros(claimCounts[c], b.n), Duplicates: pointers(orZeros(dupCounts[c], b.n))})
+	}
+	return out
+}
+
+// orZeros is counts, or n zeros when there are none.
+func orZeros(counts []int64, n int) []int64 {
+	if counts == nil {
+		return make([]int64, n)
+	}
+	return counts
+}
+
+// pointers points at each of vs, as the series whose buckets may be unknown (null) do.
+func pointers(vs []int64) []*int64 {
+	out := make([]*int64, len(vs))
+	for i := range vs {
+		out[i] = &vs[i]
 	}
 	return out
 }
@@ -179,10 +168,5 @@ func maxFloat(p **float64, v float64) {
 }
 
 func sortedKeys[T any](m map[string]T) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(m))
 }

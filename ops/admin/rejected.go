@@ -3,7 +3,9 @@ package admin
 import (
 	"context"
 	"fmt"
+	"math"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -16,29 +18,20 @@ import (
 func (h *Handler) rejectedList(ctx context.Context, r *http.Request) (any, error) {
 	q := r.URL.Query()
 	f := outboxops.RejectedFilter{Relay: q.Get("relay")}
-	if err := operate.CheckText("relay", f.Relay); err != nil {
-		return nil, badRequest("%v", err)
-	}
-	var err error
-	if f.RejectedAfter, err = parseTime(q, "rejected_after"); err != nil {
+	var errAfter, errBefore, errOffset, errLimit error
+	f.RejectedAfter, errAfter = parseTime(q, "rejected_after")
+	f.RejectedBefore, errBefore = parseTime(q, "rejected_before")
+	f.AfterOffset, errOffset = queryInt(q, "after", 0, 0, math.MaxInt64, "an outbox offset (a non-negative integer)")
+	limit, errLimit := queryInt(q, "limit", 100, 1, operate.MaxListLimit, fmt.Sprintf("an integer between 1 and %d", operate.MaxListLimit))
+	if err := operate.FirstError(errAfter, errBefore, errOffset, errLimit); err != nil {
 		return nil, err
 	}
-	if f.RejectedBefore, err = parseTime(q, "rejected_before"); err != nil {
-		return nil, err
-	}
-	if f.AfterOffset, err = parseID(q, "after", "an outbox offset"); err != nil {
-		return nil, err
-	}
-	limit, err := parseLimit(q)
-	if err != nil {
-		return nil, err
-	}
-	rows, err := operate.ListRejected(ctx, h.db, h.config.Schema, f, limit, false)
+	rows, err := operate.ListRejected(ctx, h.db, h.config.Schema, f, int(limit), false)
 	if err != nil {
 		return nil, err
 	}
 	out := operate.RejectedListResponse{Rows: rows}
-	if n := distinctOffsets(rows); n == limit {
+	if n := distinctOffsets(rows); n == int(limit) {
 		out.NextAfter = rows[len(rows)-1].Offset
 	}
 	return out, nil
@@ -61,21 +54,21 @@ func (h *Handler) rejectedInspect(ctx context.Context, r *http.Request) (any, er
 		return nil, badRequest("the outbox offset must be a positive integer, got %q", r.PathValue("offset"))
 	}
 	relay := r.URL.Query().Get("relay")
-	if err := operate.CheckText("relay", relay); err != nil {
-		return nil, badRequest("%v", err)
-	}
 	rows, err := operate.ListRejected(ctx, h.db, h.config.Schema, outboxops.RejectedFilter{Relay: relay, Offset: offset}, 1, true)
 	if err != nil {
 		return nil, err
 	}
-	switch len(rows) {
-	case 0:
-		if relay != "" {
-			return nil, &apiError{status: http.StatusNotFound, msg: fmt.Sprintf("no rejected outbox row at offset %d for relay %q", offset, relay)}
-		}
-		return nil, &apiError{status: http.StatusNotFound, msg: fmt.Sprintf("no rejected outbox row at offset %d", offset)}
-	case 1:
+	return oneRejected(rows, offset, relay)
+}
+
+// oneRejected is the row at offset, 404 when no relay rejected it, and 400 when several did
+// and relay does not say which.
+func oneRejected(rows []operate.RejectedRow, offset int64, relay string) (any, error) {
+	if len(rows) == 1 {
 		return rows[0], nil
+	}
+	if len(rows) == 0 {
+		return nil, &apiError{status: http.StatusNotFound, msg: fmt.Sprintf("no rejected outbox row at offset %d%s", offset, forRelay(relay))}
 	}
 	names := make([]string, len(rows))
 	for i, row := range rows {
@@ -84,17 +77,18 @@ func (h *Handler) rejectedInspect(ctx context.Context, r *http.Request) (any, er
 	return nil, badRequest("outbox row %d was rejected by relays %s: give relay", offset, strings.Join(names, ", "))
 }
 
-// parseTime reads an optional RFC 3339 time parameter.
-func parseTime(q map[string][]string, param string) (time.Time, error) {
-	v := ""
-	if vs := q[param]; len(vs) > 0 {
-		v = vs[0]
+func forRelay(relay string) string {
+	if relay == "" {
+		return ""
 	}
+	return fmt.Sprintf(" for relay %q", relay)
+}
+
+// parseTime reads an optional RFC 3339 time parameter. (serve has checked it is text.)
+func parseTime(q url.Values, param string) (time.Time, error) {
+	v := q.Get(param)
 	if v == "" {
 		return time.Time{}, nil
-	}
-	if err := operate.CheckText(param, v); err != nil {
-		return time.Time{}, badRequest("%v", err)
 	}
 	t, err := time.Parse(time.RFC3339Nano, v)
 	if err != nil {
@@ -103,40 +97,16 @@ func parseTime(q map[string][]string, param string) (time.Time, error) {
 	return t, nil
 }
 
-// parseID reads an optional non-negative integer parameter (0 when absent).
-func parseID(q map[string][]string, param, what string) (int64, error) {
-	v := ""
-	if vs := q[param]; len(vs) > 0 {
-		v = vs[0]
-	}
+// queryInt reads an optional integer parameter, def when absent; one outside [lo, hi] is
+// answered 400 saying it must be want. (serve has checked it is text.)
+func queryInt(q url.Values, param string, def, lo, hi int64, want string) (int64, error) {
+	v := q.Get(param)
 	if v == "" {
-		return 0, nil
+		return def, nil
 	}
-	if err := operate.CheckText(param, v); err != nil {
-		return 0, badRequest("%v", err)
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < lo || n > hi {
+		return 0, badRequest("%s must be %s, got %q", param, want, v)
 	}
-	id, err := strconv.ParseInt(v, 10, 64)
-	if err != nil || id < 0 {
-		return 0, badRequest("%s must be %s (a non-negative integer), got %q", param, what, v)
-	}
-	return id, nil
-}
-
-// parseLimit reads the limit parameter: 1 to MaxListLimit, default 100.
-func parseLimit(q map[string][]string) (int, error) {
-	v := ""
-	if vs := q["limit"]; len(vs) > 0 {
-		v = vs[0]
-	}
-	if v == "" {
-		return 100, nil
-	}
-	if err := operate.CheckText("limit", v); err != nil {
-		return 0, badRequest("%v", err)
-	}
-	limit, err := strconv.Atoi(v)
-	if err != nil || limit < 1 || limit > operate.MaxListLimit {
-		return 0, badRequest("limit must be an integer between 1 and %d, got %q", operate.MaxListLimit, v)
-	}
-	return limit, nil
+	return n, nil
 }

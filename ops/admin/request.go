@@ -10,6 +10,9 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
+	"unicode"
+	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/wmonce/watermill-once/internal/operate"
@@ -62,56 +65,59 @@ func readBody(r *http.Request) ([]byte, error) {
 // and passes. It scans the raw bytes, so a backslash outside a string is left to the decoder,
 // which refuses it as a syntax error.
 func checkJSONText(body []byte) error {
-	for i := 0; i < len(body); {
-		r, size := utf8.DecodeRune(body[i:])
-		if r == utf8.RuneError && size == 1 {
-			return fmt.Errorf("the JSON body is not valid UTF-8 (byte %#x at offset %d, near %q): JSON text must be UTF-8, and PostgreSQL text cannot hold anything else", body[i], i, near(body, i))
-		}
-		i += size
+	if !utf8.Valid(body) {
+		i := invalidAt(body)
+		return fmt.Errorf("the JSON body is not valid UTF-8 (byte %#x at offset %d, near %q): JSON text must be UTF-8, and PostgreSQL text cannot hold anything else", body[i], i, near(body, i))
 	}
 	for i := 0; i < len(body); i++ {
 		if body[i] != '\\' {
 			continue
 		}
-		u, ok := unicodeEscape(body, i)
-		if !ok {
-			i++ // a two-byte escape such as \\ or \": its second byte starts nothing
-			continue
-		}
-		if u >= 0xD800 && u <= 0xDBFF {
-			if low, ok := unicodeEscape(body, i+6); ok && low >= 0xDC00 && low <= 0xDFFF {
-				i += 11
-				continue
-			}
-		}
-		if u >= 0xD800 && u <= 0xDFFF {
+		n := escapeLen(body, i)
+		if n == 0 {
 			return fmt.Errorf("the JSON body holds %s at offset %d (near %q), half of a UTF-16 surrogate pair without its other half: that is no character, and PostgreSQL text cannot hold it", body[i:i+6], i, near(body, i))
 		}
-		i += 5
+		i += n - 1
 	}
 	return nil
 }
 
+// invalidAt is the offset of the first byte of body that is not UTF-8.
+func invalidAt(body []byte) int {
+	for i := 0; i < len(body); {
+		r, size := utf8.DecodeRune(body[i:])
+		if r == utf8.RuneError && size == 1 {
+			return i
+		}
+		i += size
+	}
+	return len(body)
+}
+
+// escapeLen is the length of the escape at body[i] (a backslash): 12 for the \u escapes of a
+// surrogate pair, 6 for another \u escape, 2 for any other escape (\\, \", ...: its second
+// byte starts nothing), and 0 for half a surrogate pair.
+func escapeLen(body []byte, i int) int {
+	u, ok := unicodeEscape(body, i)
+	if !ok {
+		return 2
+	}
+	if !utf16.IsSurrogate(u) {
+		return 6
+	}
+	if low, ok := unicodeEscape(body, i+6); ok && utf16.DecodeRune(u, low) != unicode.ReplacementChar {
+		return 12
+	}
+	return 0
+}
+
 // unicodeEscape reads the \uXXXX escape at body[i:].
-func unicodeEscape(body []byte, i int) (uint16, bool) {
+func unicodeEscape(body []byte, i int) (rune, bool) {
 	if i+6 > len(body) || body[i] != '\\' || body[i+1] != 'u' {
 		return 0, false
 	}
-	var u uint16
-	for _, c := range body[i+2 : i+6] {
-		switch {
-		case '0' <= c && c <= '9':
-			c -= '0'
-		case 'a' <= c && c <= 'f':
-			c -= 'a' - 10
-		case 'A' <= c && c <= 'F':
-			c -= 'A' - 10
-		default:
-			return 0, false
-		}
-		u = u<<4 | uint16(c)
-	}
-	return u, true
+	u, err := strconv.ParseUint(string(body[i+2:i+6]), 16, 16)
+	return rune(u), err == nil
 }
 
 // near returns up to 16 bytes of body either side of offset i, cut at character boundaries,

@@ -73,20 +73,21 @@ func (h *Handler) sampleAndLog(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
 	}
-	msg := ""
-	if err != nil {
-		msg = err.Error()
-	}
-	h.history.mu.Lock()
-	changed := msg != h.history.lastErr
-	h.history.lastErr = msg
-	h.history.mu.Unlock()
+	msg := errText(err)
 	switch {
-	case !changed || err == nil:
+	case !h.history.errorChanged(msg) || err == nil:
 	case pgtx.IsUndefinedTable(err):
 		h.logger.Info("Admin history samples nothing: the schema lacks watermill-once tables (logged again when this changes)", watermill.LogFields{
 			"schema": h.config.Schema, "error": msg, "fix": h.missingTableFix(ctx)})
 	default:
 		h.logger.Error("Admin history sample failed (logged again when the error changes)", err, nil)
 	}
+}
+
+// errText is err's text, "" for nil.
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }
