@@ -13,6 +13,7 @@ import (
 
 	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/groupcommit"
+	"github.com/wmonce/watermill-once/internal/lend"
 	"github.com/wmonce/watermill-once/internal/partition"
 	"github.com/wmonce/watermill-once/internal/testsignal"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -219,12 +220,12 @@ func (g *groupCommitter) applyAll(tx *sql.Tx, fresh []*queued) (next []*queued, 
 			return g.isolate(fresh, q, err), true, nil
 		}
 	}
-	batches := &batchCollector{open: true} // batch handlers hand their messages to it (batch.go)
+	batches := &lend.Collector{} // batch handlers hand their messages to it (batch.go)
 	for _, q := range fresh {
 		d := q.Item.d
 		d.sharedTx = true
-		batches.cur = q
-		if err := g.e.apply(context.WithValue(q.Context(), collectorKey{}, batches), q.Item.h, d, tx); err != nil {
+		batches.Current = q
+		if err := g.e.apply(lend.WithCollector(q.Context(), batches), q.Item.h, d, tx); err != nil {
 			if pgtx.IsRetryableTx(err) && !wmonce.IsPermanent(err) {
 				// The transaction lost a race (serialization failure, deadlock) in a handler: run
 				// it again whole, this message included, as TxRetry promises on every path.
