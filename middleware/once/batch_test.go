@@ -12,6 +12,9 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/pgtest"
@@ -30,9 +33,12 @@ type batchEnv struct {
 	batches [][]string // the UUIDs of each call of the batch function, in order
 }
 
-func newBatchEnv(t *testing.T) *batchEnv {
+func newBatchEnv(t *testing.T, adjust ...func(*once.Config)) *batchEnv {
 	t.Helper()
 	cfg := once.Config{Consumer: "c", OutputTopic: "out"}
+	for _, a := range adjust {
+		a(&cfg)
+	}
 	cfg.GroupCommit = once.GroupCommitConfig{Workers: 1, TxBatchSize: 50}
 	e := &batchEnv{env: newEnv(t, cfg), busy: make(chan struct{}, 1), release: make(chan struct{})}
 	t.Cleanup(func() { _ = e.mw.Close() })
@@ -288,4 +294,38 @@ func TestBatchHandlerNeedsTheMiddleware(t *testing.T) {
 	_, err := h(message.NewMessage("m", nil))
 	require.ErrorIs(t, err, once.ErrBatchWithoutTx)
 	require.True(t, wmonce.IsPermanent(err))
+}
+
+// Each message keeps its consumer span; each run of the batch function is a span of its own,
+// linked to the spans of the messages it applied.
+func TestBatchHandlerSpanIsLinkedToEachMessagesSpan(t *testing.T) {
+	t.Parallel()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	e := newBatchEnv(t, func(c *once.Config) { c.TracerProvider = tp })
+	h := e.mw.Middleware(once.BatchHandler(e.writeAll))
+	for i, err := range e.group(t, h, keys("m", 3)...) {
+		require.NoError(t, err, "delivery %d", i)
+	}
+	consumer := map[trace.SpanID]string{}
+	var batches []sdktrace.ReadOnlySpan
+	for _, s := range rec.Ended() {
+		switch s.Name() {
+		case "once process":
+			for _, a := range s.Attributes() {
+				if a.Key == "wmonce.dedupe_key" {
+					consumer[s.SpanContext().SpanID()] = a.Value.AsString()
+				}
+			}
+		case "once batch":
+			batches = append(batches, s)
+		}
+	}
+	require.Len(t, consumer, 4)
+	require.Len(t, batches, 1, "busy ran alone (a batch of one, inside its own handler span); the group's three ran in one batch")
+	var linked []string
+	for _, l := range batches[0].Links() {
+		linked = append(linked, consumer[l.SpanContext.SpanID()])
+	}
+	require.Equal(t, keys("m", 3), linked)
 }
