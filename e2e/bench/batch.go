@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
@@ -17,10 +18,7 @@ import (
 func (h *harness) batchVariant(r *rig, res *Result, consumer string, handler *message.NoPublishHandlerFunc, describe *[]func()) (*once.Middleware, error) {
 	cfg := once.Config{Schema: h.opts.schema, Consumer: consumer}
 	cfg.GroupCommit = once.GroupCommitConfig{Workers: h.opts.groupWorkers, Linger: h.opts.batchLinger}
-	res.Notes = fmt.Sprintf("GroupCommit Workers %d, TxBatchSize 100, Linger %s", max(h.opts.groupWorkers, 2), h.opts.batchLinger)
-	if h.opts.groupWorkers == 0 {
-		res.Notes = fmt.Sprintf("GroupCommit defaults (Workers 2, TxBatchSize 100), Linger %s", h.opts.batchLinger)
-	}
+	res.Notes = fmt.Sprintf("GroupCommit Workers %d, TxBatchSize 100, Linger %s", cmp.Or(h.opts.groupWorkers, 2), h.opts.batchLinger)
 	if r.kind == broker.SQL {
 		cfg.DisableSubscriberTxReuse = true // messages in the subscriber's transaction are not grouped
 		res.Notes += "; DisableSubscriberTxReuse"
@@ -29,16 +27,7 @@ func (h *harness) batchVariant(r *rig, res *Result, consumer string, handler *me
 	if err != nil {
 		return nil, err
 	}
-	insert := `INSERT INTO ` + pgtx.QualifiedName(h.opts.schema, "bench_effects") + ` (message_id, payload) SELECT * FROM unnest($1::text[], $2::bytea[])`
-	bh := once.BatchHandler(func(ctx context.Context, tx *sql.Tx, msgs []*message.Message) ([]*message.Message, error) {
-		ids := make([]string, len(msgs))
-		payloads := make([][]byte, len(msgs))
-		for i, m := range msgs {
-			ids[i], payloads[i] = m.UUID, m.Payload
-		}
-		_, err := tx.ExecContext(ctx, insert, ids, payloads)
-		return nil, err
-	})
+	bh := h.batchInsert()
 	*handler = func(msg *message.Message) error {
 		_, err := bh(msg)
 		return err
@@ -49,4 +38,18 @@ func (h *harness) batchVariant(r *rig, res *Result, consumer string, handler *me
 		}
 	})
 	return eo, nil
+}
+
+// batchInsert is B1's business write as a batch handler: one multi-row INSERT per batch.
+func (h *harness) batchInsert() message.HandlerFunc {
+	insert := `INSERT INTO ` + pgtx.QualifiedName(h.opts.schema, "bench_effects") + ` (message_id, payload) SELECT * FROM unnest($1::text[], $2::bytea[])`
+	return once.BatchHandler(func(ctx context.Context, tx *sql.Tx, msgs []*message.Message) ([]*message.Message, error) {
+		ids := make([]string, len(msgs))
+		payloads := make([][]byte, len(msgs))
+		for i, m := range msgs {
+			ids[i], payloads[i] = m.UUID, m.Payload
+		}
+		_, err := tx.ExecContext(ctx, insert, ids, payloads)
+		return nil, err
+	})
 }

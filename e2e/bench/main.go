@@ -365,8 +365,10 @@ func (h *harness) round(ctx context.Context, dsn, round string, rep *Report, rec
 	if h.wants(B5Ingest) && ctx.Err() == nil {
 		record(h.ingestBurst(ctx))
 	}
-	if h.wants(B5Process) && ctx.Err() == nil {
-		record(h.process(ctx, B5Process))
+	for _, id := range []string{B5Process, B7Process} {
+		if h.wants(id) && ctx.Err() == nil {
+			record(h.process(ctx, id))
+		}
 	}
 
 	if slices.ContainsFunc(idleVariants, h.wants) && ctx.Err() == nil {

@@ -33,6 +33,7 @@ const (
 	B5Process = "B5-process"
 	B6        = "B6"
 	B7        = "B7"
+	B7Process = "B7-process"
 	Relay     = "relay"
 	RelayLane = "relay-lanes"
 	Forwarder = "forwarder"
@@ -57,6 +58,7 @@ var variantTitles = map[string]string{
 	B5Ingest:    "inbox receiver: store and ack (group-committed ingest)",
 	B5Process:   "inbox processor, lease claims (IN_PROGRESS rows), business write per row",
 	B6:          "watermill-sql subscriber, business write in its transaction, no dedupe",
+	B7Process:   "inbox processor as B5-process, the business write as one multi-row INSERT per transaction (once.BatchHandler)",
 	B7:          "effectively-once middleware, group commit, once.BatchHandler: B1's write as one multi-row INSERT per group",
 	Relay:       "watermill-once outbox Relay to the broker, strict commit order (default)",
 	RelayLane:   "outbox Relay with PublishLanes (64): concurrent Publish calls, order kept per partition key",
@@ -80,7 +82,7 @@ var (
 var consumingVariants = []string{B0, B1, B2, B3, B4, B5Ingest, B6, B7}
 
 // allVariants in report order.
-var allVariants = []string{B0, B1, B2, B3, B4, B5Ingest, B5Process, B6, B7, Relay, RelayLane, Forwarder, C1Single, C1Batch, E2E50, E2E1000, IdleRelay, IdleSQLSub, IdleSQLPoll}
+var allVariants = []string{B0, B1, B2, B3, B4, B5Ingest, B5Process, B6, B7, B7Process, Relay, RelayLane, Forwarder, C1Single, C1Batch, E2E50, E2E1000, IdleRelay, IdleSQLSub, IdleSQLPoll}
 
 // Result is one variant measured over one broker.
 type Result struct {
@@ -509,11 +511,15 @@ func (h *harness) process(ctx context.Context, id string) (Result, error) {
 		return res, err
 	}
 	insert := `INSERT INTO ` + q("bench_effects") + ` (message_id, payload) VALUES ($1, $2)`
-	p, err := inbox.NewProcessor(h.db, func(msg *message.Message) ([]*message.Message, error) {
+	handler := func(msg *message.Message) ([]*message.Message, error) {
 		tx, _ := pgtx.TxFromContext(msg.Context())
 		_, err := tx.ExecContext(msg.Context(), insert, msg.UUID, msg.Payload)
 		return nil, err
-	}, cfg, h.logger)
+	}
+	if id == B7Process {
+		handler = h.batchInsert()
+	}
+	p, err := inbox.NewProcessor(h.db, handler, cfg, h.logger)
 	if err != nil {
 		return res, err
 	}
