@@ -32,25 +32,31 @@ import (
 )
 
 func main() {
+	if err := runFromEnv(); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// runFromEnv runs the example with the broker from BROKER and friends, until it ends or Ctrl-C.
+func runFromEnv() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	cfg, err := broker.ParseEnv(os.Getenv)
 	if err != nil {
-		log.Fatal(err)
+		return err
 	}
 	databaseURL, stopDB, err := embeddedpg.DatabaseURL(ctx, embeddedpg.Options{Out: os.Stdout})
 	if err != nil {
-		log.Fatal(err)
+		return err
 	}
 	defer func() { _ = stopDB() }()
 	db, err := pgtx.Open(ctx, databaseURL, pgtx.PoolConfig{})
 	if err != nil {
-		log.Fatal(err)
+		return err
 	}
 	defer db.Close()
-	if _, err := run(ctx, db, cfg, watermill.NewShortUUID(), os.Stdout); err != nil {
-		log.Fatal(err)
-	}
+	_, err = run(ctx, db, cfg, watermill.NewShortUUID(), os.Stdout)
+	return err
 }
 
 const (
@@ -137,7 +143,11 @@ func run(ctx context.Context, db *sql.DB, cfg broker.Config, runID string, out i
 	if c := mw.Counters(); c.GroupCommitTransactions > 0 {
 		s.AvgGroupSize = float64(c.GroupCommitMessages) / float64(c.GroupCommitTransactions)
 	}
-	fmt.Fprintf(out, "%d deliveries over %s: %d transfers applied once each (balance %d cents, want %d), %d copies skipped, %d malformed event failed alone (the Stack parks it); %.1f messages per group transaction\n",
-		s.Deliveries, cfg.Kind, s.Events, s.Balance, s.Want, s.Duplicates, s.Failed, s.AvgGroupSize)
+	batches := fmt.Sprintf("%.1f messages per group transaction", s.AvgGroupSize)
+	if s.AvgGroupSize == 0 {
+		batches = "batches of one: watermill-sql delivers one message at a time, in its own transaction"
+	}
+	fmt.Fprintf(out, "%d deliveries over %s: %d transfers applied once each (balance %d cents, want %d), %d copies skipped, %d malformed event failed alone (the Stack parks it); %s\n",
+		s.Deliveries, cfg.Kind, s.Events, s.Balance, s.Want, s.Duplicates, s.Failed, batches)
 	return s, json.NewEncoder(out).Encode(s)
 }

@@ -31,7 +31,7 @@ func TestExample(t *testing.T) {
 					}
 				})
 			}
-			var out io.Writer = io.Discard
+			out := io.Writer(io.Discard)
 			if testing.Verbose() {
 				out = os.Stdout
 			}
