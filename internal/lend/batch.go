@@ -23,6 +23,7 @@ type Collector struct {
 	Current any
 
 	closed  bool
+	last    *message.Message // the message collected last
 	order   []any
 	batches map[any]*Batch
 }
@@ -57,6 +58,7 @@ func Collect(msg *message.Message, key any, run BatchFunc) bool {
 	if c.batches == nil {
 		c.batches = map[any]*Batch{}
 	}
+	c.last = msg
 	b, seen := c.batches[key]
 	if !seen {
 		b = &Batch{Run: run}
@@ -125,3 +127,10 @@ func callBatch(ctx context.Context, run BatchFunc, tx *sql.Tx, msgs []*message.M
 }
 
 func isEndedTx(err error) bool { return errors.Is(err, wmonce.ErrHandlerEndedTx) }
+
+// collectedOnly reports whether the handler Handle ran only handed own to a collector: it sent
+// nothing to the transaction, and RunBatch checks the transaction after the batch.
+func collectedOnly(own *message.Message) bool {
+	c, ok := own.Context().Value(collectorKey{}).(*Collector)
+	return ok && !c.closed && c.last == own
+}
