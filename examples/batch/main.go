@@ -73,6 +73,7 @@ type summary struct {
 	Duplicates   uint64  `json:"duplicates_skipped"`
 	Failed       uint64  `json:"failed_and_parked"`
 	AvgGroupSize float64 `json:"avg_group_size"`
+	Malformed    string  `json:"malformed_id"`
 }
 
 // run publishes every transfer twice and a malformed one, runs the projection until every
@@ -120,7 +121,8 @@ func run(ctx context.Context, db *sql.DB, cfg broker.Config, runID string, out i
 		id := watermill.NewUUID()
 		batch = append(batch, message.NewMessage(id, []byte(payload)), message.NewMessage(id, []byte(payload))) // a copy: a producer retry
 		if i == events/2 {
-			batch = append(batch, message.NewMessage(watermill.NewUUID(), []byte(`not json`)))
+			s.Malformed = watermill.NewUUID()
+			batch = append(batch, message.NewMessage(s.Malformed, []byte(`not json`)))
 		}
 	}
 	s.Deliveries = len(batch)

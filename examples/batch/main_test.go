@@ -11,6 +11,7 @@ import (
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/internal/brokertest"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/middleware/once"
 )
 
 // TestExample runs the projection over each broker, every transfer delivered twice: each is
@@ -44,6 +45,10 @@ func TestExample(t *testing.T) {
 			}
 			if s.Failed != 1 {
 				t.Fatalf("%d failed messages, want the malformed one: %+v", s.Failed, s)
+			}
+			parked := pgtest.Count(t, db, `SELECT count(*) FROM wmonce.outbox WHERE payload->>'uuid' = $1 AND payload->>'destination_topic' = $2`, s.Malformed, once.DefaultPoisonTopic)
+			if parked != 1 {
+				t.Fatalf("the malformed event is parked %d times, want once", parked)
 			}
 			if kind != broker.SQL && s.AvgGroupSize <= 1 {
 				t.Fatalf("groups of %.1f messages: no batch formed over %s", s.AvgGroupSize, kind)
