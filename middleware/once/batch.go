@@ -34,7 +34,8 @@ func BatchHandler(fn BatchHandlerFunc) message.HandlerFunc {
 }
 
 // BatchError fails the messages it names (the messages fn got) with their errors. They are
-// answered alone; the others run again, in a new transaction, without them.
+// answered alone; the others run again, in a new transaction, without them. Naming none of
+// fn's messages fails the batch as a whole.
 type BatchError struct {
 	Failed map[*message.Message]error
 }
@@ -72,10 +73,7 @@ func (b *batchHandler) handle(msg *message.Message) ([]*message.Message, error) 
 		if failed, ok := be.Failed[msg]; ok {
 			return nil, orFailed(failed)
 		}
-		if len(be.Failed) > 0 {
-			return nil, err // names messages fn was not given: fn's mistake, fail it
-		}
-		err = nil
+		return nil, err // names no message fn was given: the batch failed as a whole, as in a group
 	}
 	return out, err
 }
