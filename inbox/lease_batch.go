@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/wmonce/watermill-once/internal/lend"
 )
 
 // processBatch runs several rows in one transaction and completes them with one statement.
@@ -71,8 +73,11 @@ func (p *Processor) attemptBatch(w *worker, rows []claimedRow, token int64) batc
 		p.logger.Error("Batch begin failed; giving its rows back", err, watermill.LogFields{"rows": len(rows)})
 		return batchResult{res: outcomeRelease}
 	}
-	for _, r := range rows {
-		if err := p.runHandler(ctx, tx.Tx, r, true); err != nil {
+	batches := &lend.Collector{} // batch handlers hand their messages to it (batch.go)
+	bctx := lend.WithCollector(ctx, batches)
+	for i, r := range rows {
+		batches.Current = &rows[i]
+		if err := p.runHandler(bctx, tx.Tx, r, true); err != nil {
 			if isEnded(err) {
 				return batchResult{res: outcomeFailed, endedBy: &r, err: err}
 			}
@@ -82,6 +87,13 @@ func (p *Processor) attemptBatch(w *worker, rows []claimedRow, token int64) batc
 			p.logger.Debug("Handler failed in a batch; processing the batch row by row", watermill.LogFields{"row": r.id, "err": err.Error()})
 			return batchResult{res: outcomeFailed}
 		}
+	}
+	if err := p.runBatches(ctx, tx.Tx, batches); err != nil {
+		if p.handlerCtx().Err() != nil {
+			return batchResult{res: outcomeRelease}
+		}
+		p.logger.Debug("Batch handler failed; processing the batch row by row", watermill.LogFields{"rows": len(rows), "err": err.Error()})
+		return batchResult{res: outcomeFailed}
 	}
 	done, err := tx.ExecContext(ctx, p.q.completeMany, p.replanned(ids(rows), token)...)
 	if err != nil {

@@ -34,6 +34,8 @@ var chartLabels = map[string]string{
 	B5Ingest:  "inbox ingest",
 	B5Process: "inbox processing, leases",
 	B6:        "watermill-sql subscriber tx",
+	B7:        "effectively-once, batch handler",
+	B7Process: "inbox processing, batch handler",
 	Relay:     "outbox Relay, strict order",
 	RelayLane: "outbox Relay, publish lanes",
 	Forwarder: "Watermill forwarder",

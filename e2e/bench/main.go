@@ -66,9 +66,10 @@ type options struct {
 	inboxTxBatch   int
 	sqlBatch       int
 	groupWorkers   int
-	e2eNoGroup     bool // the e2e consumers with GroupCommit.Disabled
-	e2eSQLBatch    int  // the e2e SQL subscriptions' BatchSize (0: the broker's default)
-	e2ePartitions  int  // the e2e Kafka topics' partitions (0: the broker's default)
+	batchLinger    time.Duration // B7: GroupCommitConfig.Linger
+	e2eNoGroup     bool          // the e2e consumers with GroupCommit.Disabled
+	e2eSQLBatch    int           // the e2e SQL subscriptions' BatchSize (0: the broker's default)
+	e2ePartitions  int           // the e2e Kafka topics' partitions (0: the broker's default)
 	relayBatch     int
 	rounds         int
 	relayLanes     int
@@ -143,6 +144,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.relayBatch, "relay-batch", 0, "relay BatchSize (0: the relay's default)")
 	fs.IntVar(&o.relayLanes, "relay-lanes", 64, "relay-lanes: PublishLanes")
 	fs.IntVar(&o.groupWorkers, "group-workers", 0, "B4 and the e2e consumers: GroupCommitConfig.Workers (0: the middleware's default)")
+	fs.DurationVar(&o.batchLinger, "batch-linger", 0, "B7: GroupCommitConfig.Linger (0: a group is what arrived while every lane was busy)")
 	fs.BoolVar(&o.e2eNoGroup, "e2e-group-commit-off", false, "e2e variants: the consumer with GroupCommit.Disabled, a transaction per message (the default is group commit)")
 	fs.IntVar(&o.e2eSQLBatch, "e2e-sql-batch", 0, "e2e variants over SQL: the subscription's BatchSize (0: the broker's default), to compare defaults in one run")
 	fs.IntVar(&o.e2ePartitions, "e2e-partitions", 0, "e2e variants over Kafka: the topic's partitions (0: the broker's default), to compare defaults in one run")
@@ -363,8 +365,10 @@ func (h *harness) round(ctx context.Context, dsn, round string, rep *Report, rec
 	if h.wants(B5Ingest) && ctx.Err() == nil {
 		record(h.ingestBurst(ctx))
 	}
-	if h.wants(B5Process) && ctx.Err() == nil {
-		record(h.process(ctx, B5Process))
+	for _, id := range []string{B5Process, B7Process} {
+		if h.wants(id) && ctx.Err() == nil {
+			record(h.process(ctx, id))
+		}
 	}
 
 	if slices.ContainsFunc(idleVariants, h.wants) && ctx.Err() == nil {

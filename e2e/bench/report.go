@@ -218,6 +218,14 @@ func ratios(results []Result) []Ratio {
 	absolute("B5 ingest (burst, no broker)", B5Ingest, "postgres", 40000)
 	ratio("B4/B6", B4, B6, "sql", 2)
 	absolute("B5 processing", B5Process, "postgres", 30000)
+	for _, b := range brokers { // issue 37: the batch handler
+		if b == "amqp" {
+			ratio("B7/B0", B7, B0, b, 0.75)
+		} else {
+			ratio("B7/B1", B7, B1, b, 4)
+		}
+	}
+	absolute("B7 processing", B7Process, "postgres", 30000)
 	return out
 }
 

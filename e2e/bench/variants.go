@@ -32,6 +32,8 @@ const (
 	B5Ingest  = "B5-ingest"
 	B5Process = "B5-process"
 	B6        = "B6"
+	B7        = "B7"
+	B7Process = "B7-process"
 	Relay     = "relay"
 	RelayLane = "relay-lanes"
 	Forwarder = "forwarder"
@@ -56,6 +58,8 @@ var variantTitles = map[string]string{
 	B5Ingest:    "inbox receiver: store and ack (group-committed ingest)",
 	B5Process:   "inbox processor, lease claims (IN_PROGRESS rows), business write per row",
 	B6:          "watermill-sql subscriber, business write in its transaction, no dedupe",
+	B7Process:   "inbox processor as B5-process, the business write as one multi-row INSERT per transaction (once.BatchHandler)",
+	B7:          "effectively-once middleware, group commit, once.BatchHandler: B1's write as one multi-row INSERT per group",
 	Relay:       "watermill-once outbox Relay to the broker, strict commit order (default)",
 	RelayLane:   "outbox Relay with PublishLanes (64): concurrent Publish calls, order kept per partition key",
 	Forwarder:   "Watermill components/forwarder (SQL topic of envelopes) to the broker",
@@ -75,10 +79,10 @@ var (
 )
 
 // consumingVariants read the published messages through a router.
-var consumingVariants = []string{B0, B1, B2, B3, B4, B5Ingest, B6}
+var consumingVariants = []string{B0, B1, B2, B3, B4, B5Ingest, B6, B7}
 
 // allVariants in report order.
-var allVariants = []string{B0, B1, B2, B3, B4, B5Ingest, B5Process, B6, Relay, RelayLane, Forwarder, C1Single, C1Batch, E2E50, E2E1000, IdleRelay, IdleSQLSub, IdleSQLPoll}
+var allVariants = []string{B0, B1, B2, B3, B4, B5Ingest, B5Process, B6, B7, B7Process, Relay, RelayLane, Forwarder, C1Single, C1Batch, E2E50, E2E1000, IdleRelay, IdleSQLSub, IdleSQLPoll}
 
 // Result is one variant measured over one broker.
 type Result struct {
@@ -258,6 +262,14 @@ func (h *harness) consume(ctx context.Context, r *rig, id string) (Result, error
 		} else if r.kind == broker.SQL {
 			waitForCommit = true
 		}
+	case B7:
+		eo, err := h.batchVariant(r, &res, consumer, &handler, &describe)
+		if err != nil {
+			return res, err
+		}
+		cleanup = append(cleanup, func() { _ = eo.Close() })
+		mws = append(mws, eo.Middleware)
+		wantClaims = n
 	case B5Ingest:
 		rc, err := inbox.NewReceiver(h.db, inbox.ReceiverConfig{Schema: h.opts.schema, Consumer: consumer}, h.logger)
 		if err != nil {
@@ -499,11 +511,15 @@ func (h *harness) process(ctx context.Context, id string) (Result, error) {
 		return res, err
 	}
 	insert := `INSERT INTO ` + q("bench_effects") + ` (message_id, payload) VALUES ($1, $2)`
-	p, err := inbox.NewProcessor(h.db, func(msg *message.Message) ([]*message.Message, error) {
+	handler := func(msg *message.Message) ([]*message.Message, error) {
 		tx, _ := pgtx.TxFromContext(msg.Context())
 		_, err := tx.ExecContext(msg.Context(), insert, msg.UUID, msg.Payload)
 		return nil, err
-	}, cfg, h.logger)
+	}
+	if id == B7Process {
+		handler = h.batchInsert()
+	}
+	p, err := inbox.NewProcessor(h.db, handler, cfg, h.logger)
 	if err != nil {
 		return res, err
 	}

@@ -109,7 +109,7 @@ func (s *Step) Handle(ctx context.Context, tx *sql.Tx, h message.HandlerFunc, d 
 	// With the server's guard, also before storing an output: after a COMMIT or ROLLBACK the
 	// handler sent as SQL text the server is outside any transaction, and the store would run in
 	// autocommit. The check travels with the store on a pool from pgtx.Open (DeferredPrefix).
-	if err != nil || d.Shared || len(out) > 0 && !s.Guard.OnWire() {
+	if err != nil || d.Shared && !collectedOnly(own) || len(out) > 0 && !s.Guard.OnWire() {
 		if ended := s.Guard.Check(ctx, tx); errors.Is(ended, wmonce.ErrHandlerEndedTx) {
 			if err != nil {
 				// Reported, not wrapped: the handler's error must not make this one look retryable.

@@ -13,6 +13,7 @@ import (
 
 	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/groupcommit"
+	"github.com/wmonce/watermill-once/internal/lend"
 	"github.com/wmonce/watermill-once/internal/partition"
 	"github.com/wmonce/watermill-once/internal/testsignal"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -74,7 +75,6 @@ var errClosed = errors.New("once: middleware closed")
 // run commits a group, isolating failed messages: a failure rolls the transaction back, the
 // failed message is answered alone and the rest run again.
 func (g *groupCommitter) run(group []*queued) {
-	e := g.e
 	defer func() {
 		for _, q := range group {
 			q.Answer(errors.New("once: group ended without an outcome")) // never reached
@@ -100,6 +100,13 @@ func (g *groupCommitter) run(group []*queued) {
 		q.Item.unwatch = context.AfterFunc(q.Context(), func() { cancel(context.Cause(q.Context())) })
 		defer q.Item.unwatch()
 	}
+	g.runPending(ctx, pending)
+}
+
+// runPending commits pending in as many transactions as isolating failures (and bisecting
+// failed batches, batch.go) takes.
+func (g *groupCommitter) runPending(ctx context.Context, pending []*queued) {
+	e := g.e
 	for len(pending) > 0 {
 		// Each transaction of the group (a new one after a handler is isolated) has
 		// TxRetry's attempts for serialization failures and deadlocks.
@@ -119,6 +126,11 @@ func (g *groupCommitter) run(group []*queued) {
 		})
 		if isolated {
 			continue
+		}
+		if b := (*bisectError)(nil); errors.As(err, &b) {
+			g.runPending(ctx, b.halves[0])
+			g.runPending(ctx, b.halves[1])
+			return
 		}
 		for _, q := range pending {
 			q.Item.d.counters.failed.Add(1)
@@ -208,10 +220,12 @@ func (g *groupCommitter) applyAll(tx *sql.Tx, fresh []*queued) (next []*queued, 
 			return g.isolate(fresh, q, err), true, nil
 		}
 	}
+	batches := &lend.Collector{} // batch handlers hand their messages to it (batch.go)
 	for _, q := range fresh {
 		d := q.Item.d
 		d.sharedTx = true
-		if err := g.e.apply(q.Context(), q.Item.h, d, tx); err != nil {
+		batches.Current = q
+		if err := g.e.apply(lend.WithCollector(q.Context(), batches), q.Item.h, d, tx); err != nil {
 			if pgtx.IsRetryableTx(err) && !wmonce.IsPermanent(err) {
 				// The transaction lost a race (serialization failure, deadlock) in a handler: run
 				// it again whole, this message included, as TxRetry promises on every path.
@@ -223,7 +237,7 @@ func (g *groupCommitter) applyAll(tx *sql.Tx, fresh []*queued) (next []*queued, 
 			return g.isolate(fresh, q, err), true, nil
 		}
 	}
-	return nil, false, nil
+	return g.runBatches(tx, fresh, batches)
 }
 
 // claimAll inserts every key with one statement and splits the group into fresh claims and
