@@ -16,9 +16,10 @@ import (
 // permanent (see IsPermanent): retrying the same message cannot fix its key.
 var ErrInvalidKey = errors.New("wmonce: invalid dedupe key")
 
-// KeyFunc returns the dedupe key of a message: a stable id the producer gives every copy of one
-// event. Never use a broker delivery id (Kafka offset, AMQP delivery tag, SQS receipt handle):
-// those change on redelivery and would let every copy through.
+// KeyFunc returns a key of a message: its dedupe key (a component's Config.Key), or the inbox's
+// ordering key (inbox.ReceiverConfig.OrderingKey). A dedupe key is a stable id the producer
+// gives every copy of one event. Never use a broker delivery id (Kafka offset, AMQP delivery
+// tag, SQS receipt handle): those change on redelivery and would let every copy through.
 type KeyFunc func(msg *message.Message) (string, error)
 
 // KeyFromUUID uses the Watermill message UUID, which watermill-once's outbox and Watermill's
@@ -32,12 +33,13 @@ func KeyFromUUID() KeyFunc {
 	}
 }
 
-// KeyFromMetadata uses a metadata field, e.g. "event_id" set by the producer.
+// KeyFromMetadata uses a metadata field, e.g. "event_id" set by the producer. A message without
+// the field is refused (a permanent error), never keyed "".
 func KeyFromMetadata(field string) KeyFunc {
 	return func(msg *message.Message) (string, error) {
 		v := msg.Metadata.Get(field)
 		if v == "" {
-			return "", fmt.Errorf("metadata field %q is missing or empty: the producer must set it, or configure another Key", field)
+			return "", fmt.Errorf("metadata field %q is missing or empty: the producer must set it, or configure another key function", field)
 		}
 		return v, nil
 	}

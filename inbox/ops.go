@@ -24,12 +24,8 @@ type OpsConfig struct {
 	Schema string
 }
 
-// Ops are the operator's tools on the inbox: look at rows, count them, send parked rows back
-// to work, skip what must not run, and delete old finished rows. A CLI and an admin page call
-// these. Every change is one statement (one transaction) and wakes the processors.
-//
-// Changes never touch IN_PROGRESS rows: they belong to a worker until it settles them or its
-// lease expires.
+// Ops are the operator's tools on the inbox: look at rows, count them, replay, skip, pause.
+// Every change is one statement and wakes the processors; none touches IN_PROGRESS rows.
 type Ops struct {
 	db     *sql.DB
 	schema string

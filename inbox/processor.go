@@ -43,37 +43,12 @@ type ProcessorCounters struct {
 	HandlerAcked uint64
 }
 
-// Processor works through one consumer's inbox rows with a plain Watermill handler.
-//
-// Guarantees:
-//   - Each row is applied at most once: the handler runs in a transaction together with the
-//     row's move to DONE and the messages it emits (stored in the outbox, forwarded later by the
-//     relay). The move is fenced by the claim token, so a worker whose lease ran out and whose
-//     row was claimed again cannot complete it: its transaction, handler effects included, is
-//     rolled back and the conflict counted.
-//   - The Processor commits the transaction, never the handler: while a handler runs, the
-//     schema's attempt guard (migrations 010 and 011) refuses any COMMIT, so a handler that
-//     calls Commit (or Rollback) on the transaction from its context applies nothing, neither
-//     its writes nor its outputs, and its row is parked as FAILED at once with a reason that
-//     says the handler ended the transaction (wmonce.ErrHandlerEndedTx, counted in
-//     HandlerEndedTx). The other rows of its TxBatchSize batch run again, one per
-//     transaction, and are applied once each.
-//   - Each row is attempted until it is DONE or parked: a failed attempt (error, panic,
-//     timeout) is recorded with the error and retried after an exponential backoff with
-//     jitter; a permanent error (wmonce.Permanent) or the MaxAttempts-th failure parks the
-//     row as FAILED, where it waits for Ops.Replay or a skip. An attempt that ends its worker's
-//     process or database connection (killed, crashed, terminated backend) still counts (its
-//     lease runs out), so a message that crashes its worker is parked rather than retried
-//     forever.
-//   - Rows with an ordering key are processed one at a time per key, in received order: a row
-//     is eligible only when every older row of its key is DONE or SKIPPED. A failing row
-//     holds back its key only; a FAILED row parks its key until replayed or skipped. Rows
-//     without a key are processed in parallel.
-//
-// Limits: effects outside the transaction (HTTP calls, e-mails) are at-least-once: a lost lease
-// or a crash before commit runs the handler again. Give such calls an idempotency key derived
-// from the Delivery (consumer, message id). Messages the handler emits reach their broker at
-// least once, through the outbox relay.
+// Processor works through one consumer's inbox rows with a plain Watermill handler. It
+// guarantees what the package doc's "Processing", "Retries and parking" and "Order" say: each
+// row applied once, in one transaction with its move to DONE and its output, which the
+// Processor commits; failed attempts retried with backoff, then parked as FAILED; per-key
+// order; leases fenced by a claim token. Where it stops: effects outside the database and
+// returned messages are at-least-once.
 type Processor struct {
 	db      *sql.DB
 	handler message.HandlerFunc

@@ -39,30 +39,6 @@ var ErrInvalidOrderingKey = errors.New("inbox: invalid ordering key")
 // silently replacing them would hand the processor a different message than was sent.
 var ErrInvalidMetadata = errors.New("inbox: invalid metadata")
 
-// OrderingKeyFunc returns the key whose messages must be processed one at a time, in the order
-// the inbox received them. An empty key means the message has no ordering constraint.
-type OrderingKeyFunc func(msg *message.Message) (string, error)
-
-// OrderingKeyFromMetadata orders by a metadata field (e.g. "order_id"). A message without the
-// field is refused (a permanent error) rather than processed out of order; write your own
-// OrderingKeyFunc returning "" if such messages may go unordered.
-//
-// For Kafka, ordering by the record key keeps the partition's per-key order:
-//
-//	func(msg *message.Message) (string, error) {
-//		k, _ := kafka.MessageKeyFromCtx(msg.Context())
-//		return string(k), nil
-//	}
-func OrderingKeyFromMetadata(field string) OrderingKeyFunc {
-	return func(msg *message.Message) (string, error) {
-		v := msg.Metadata.Get(field)
-		if v == "" {
-			return "", fmt.Errorf("metadata field %q is missing or empty: the producer must set it, or configure another OrderingKey", field)
-		}
-		return v, nil
-	}
-}
-
 // Defaults of ReceiverConfig.
 const (
 	defaultReceiverBatchSize = 500
@@ -84,18 +60,17 @@ type ReceiverConfig struct {
 	// MaxKeyLength refuses longer dedupe and ordering keys (in bytes). Default 255, at most
 	// 1024.
 	MaxKeyLength int
-	// OrderingKey selects per-key ordering. Default nil: no ordering, rows are processed in
-	// parallel in roughly received order.
-	OrderingKey OrderingKeyFunc
+	// OrderingKey returns the key whose messages are processed one at a time, in the order the
+	// inbox received them (e.g. wmonce.KeyFromMetadata("account"); "" from your own function:
+	// no constraint for that message). Default nil: no ordering, rows are processed in parallel
+	// in roughly received order. See docs/inbox.md for Kafka's record key.
+	OrderingKey wmonce.KeyFunc
 
 	// BatchSize bounds the rows written by one statement. Default 500, at most
 	// MaxBatchSize.
 	BatchSize int
-	// Linger makes every row wait for company: a writer that starts waits this long before it
-	// takes its first batch (Close ends the wait). Default 0: a Handle that finds a writer free
-	// and nobody waiting writes its row at once, itself, so a lone message is never delayed; the
-	// rows that find every writer busy are written together by the next writer to free up, so
-	// under load batches grow by themselves while the previous one commits.
+	// Linger makes a writer wait this long for company before its first batch. Default 0: a
+	// lone message is written at once; under load batches form by themselves.
 	Linger time.Duration
 	// Workers is the number of batches written at once. Default 2,
 	// at most 64.
@@ -103,19 +78,9 @@ type ReceiverConfig struct {
 	// WriteTimeout bounds one batch statement. Default 10s.
 	WriteTimeout time.Duration
 
-	// MaxMessageAge is the age guard, with the semantics of the effectively-once middleware's
-	// option of the same name: a copy whose key is not (or no longer) in the inbox and whose
-	// event occurred longer ago than this is not processed, since its row may have been
-	// deleted by retention after the original was applied. The receiver being store-first,
-	// "refused" means parked: the copy is stored as a FAILED row (attempts 0, last_error
-	// naming wmonce.ErrTooOld) and acked, counted in ReceiverCounters.TooOld and logged as an
-	// ALERT. It is never processed unless an operator replays it (Ops.Replay) and stays the
-	// dedupe record of its key, so further copies are ordinary duplicates; like any FAILED row
-	// it holds back later rows of its ordering key until replayed or skipped. A copy whose key
-	// is still in the inbox is a duplicate whatever its age. Set it a little below the
-	// retention window of finished rows. Zero disables the guard; messages that carry no time
-	// are not checked; with the guard on, a time that cannot be read is refused (a permanent
-	// error wrapping wmonce.ErrMalformedMetadata).
+	// MaxMessageAge is the middleware's age guard, store-first: a copy of a key no longer in the
+	// inbox whose event is older than this is stored as a FAILED row (wmonce.ErrTooOld), acked
+	// and logged as an ALERT, never processed unless replayed. Zero: off (docs/inbox.md).
 	MaxMessageAge time.Duration
 	// OccurredAt returns when the event occurred, as carried by the message. Default: the
 	// "occurred_at" metadata (RFC 3339) that the outbox stamps. Used by MaxMessageAge only.
@@ -167,22 +132,13 @@ type ReceiverCounters struct {
 	Waiting       int64  // Handle calls waiting for their batch right now
 }
 
-// Receiver stores delivered messages in the inbox and acks them once stored. Use Handle as a
-// router handler:
+// Receiver stores delivered messages in the inbox and acks them once stored: Handle returns
+// nil only after the message's row (or an earlier copy's) is committed; any error means it may
+// not be, and the broker redelivers. A message whose key or metadata cannot be stored is
+// refused with a permanent error, never acked (package doc, Refusals). Use Handle as a router
+// handler:
 //
 //	router.AddConsumerHandler("payments-inbox", "payments", subscriber, receiver.Handle)
-//
-// Guarantee: Handle returns nil (the router acks) only after the message's row, or the row of
-// an earlier copy with the same key, is committed. A copy whose key is already present inserts
-// nothing and is acked. Any error means the row may not be committed: the router nacks and the
-// broker redelivers; if the row did commit after all (a lost COMMIT reply), the redelivery is a
-// duplicate and is acked. After the ack the inbox row is the only copy of the message: it is as
-// durable as the PostgreSQL commit (synchronous replication decides what a failover keeps).
-//
-// Concurrent Handle calls are group-committed, MaxMessageAge parks copies of forgotten keys
-// that are too old, and a message whose key or metadata cannot be stored is refused with a
-// permanent error, never acked silently: park it through a poison queue in front of Handle, or
-// it is redelivered forever (package doc: Receiving, Parking refused messages).
 type Receiver struct {
 	db     *sql.DB
 	config ReceiverConfig
@@ -426,7 +382,7 @@ func (r *Receiver) refusedAgain(msg *message.Message, refusal error) {
 	}
 	// Watermill's logger has no warning level: an error-level line marked WARNING.
 	r.logger.Error("WARNING: a message the receiver refused was delivered again: nothing parked it, so it is redelivered forever and holds back its partition or queue."+
-		" Put Watermill's poison queue in front of Handle, publishing through outbox.Writer.ParkingPublisher(db) (not DBPublisher, which refuses exactly such messages; see the package doc). Logged once",
+		" Put Watermill's poison queue in front of Handle, publishing through outbox.Writer.ParkingPublisher(db) (not DBPublisher, which refuses exactly such messages; see docs/inbox.md). Logged once",
 		refusal, watermill.LogFields{"message_uuid": msg.UUID})
 }
 
