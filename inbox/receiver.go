@@ -19,7 +19,6 @@ import (
 	"github.com/wmonce/watermill-once/internal/groupcommit"
 	"github.com/wmonce/watermill-once/internal/lend"
 	"github.com/wmonce/watermill-once/internal/setup"
-	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -91,11 +90,11 @@ type ReceiverConfig struct {
 
 func (c *ReceiverConfig) setDefaults() {
 	c.Schema = cmp.Or(c.Schema, pgtx.DefaultSchema)
-	wmonce.SetKeyDefaults(&c.Key, &c.MaxKeyLength)
+	lend.KeyDefaults(&c.Key, &c.MaxKeyLength)
 	c.BatchSize = cmp.Or(c.BatchSize, defaultReceiverBatchSize)
 	c.Workers = cmp.Or(c.Workers, defaultReceiverWorkers)
 	c.WriteTimeout = cmp.Or(c.WriteTimeout, defaultWriteTimeout)
-	wmonce.SetAgeGuardDefaults(&c.OccurredAt, &c.Now, outbox.MetadataOccurredAt)
+	lend.AgeGuardDefaults(&c.OccurredAt, &c.Now)
 }
 
 // Validate reports what to fix in a configuration.

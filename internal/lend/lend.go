@@ -10,6 +10,7 @@
 package lend
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -17,12 +18,14 @@ import (
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/trace"
 
 	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/internal/tracing"
 	"github.com/wmonce/watermill-once/internal/txguard"
 	"github.com/wmonce/watermill-once/outbox"
@@ -202,4 +205,38 @@ func callHandler(h message.HandlerFunc, msg *message.Message) (out []*message.Me
 		}
 	}()
 	return h(msg)
+}
+
+// KeyDefaults fills in the dedupe-key settings a component's Config left zero: the message
+// UUID as key (wmonce.KeyFromUUID), keys up to setup.DefaultMaxKeyLength bytes.
+func KeyDefaults(key *wmonce.KeyFunc, maxKeyLength *int) {
+	if *key == nil {
+		*key = wmonce.KeyFromUUID()
+	}
+	*maxKeyLength = cmp.Or(*maxKeyLength, setup.DefaultMaxKeyLength)
+}
+
+// AgeGuardDefaults fills in the parts of a MaxMessageAge guard a component's Config left nil:
+// the event time read from the RFC 3339 metadata the outbox stamps (outbox.MetadataOccurredAt),
+// and time.Now as the clock.
+func AgeGuardDefaults(occurredAt *func(*message.Message) (time.Time, bool, error), now *func() time.Time) {
+	if *occurredAt == nil {
+		*occurredAt = occurredAtFromMetadata
+	}
+	if *now == nil {
+		*now = time.Now
+	}
+}
+
+// occurredAtFromMetadata reads the event time from outbox.MetadataOccurredAt (RFC 3339).
+func occurredAtFromMetadata(msg *message.Message) (time.Time, bool, error) {
+	v := msg.Metadata.Get(outbox.MetadataOccurredAt)
+	if v == "" {
+		return time.Time{}, false, nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("metadata %q is not an RFC 3339 time: %q", outbox.MetadataOccurredAt, v)
+	}
+	return t, true, nil
 }

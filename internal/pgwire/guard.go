@@ -1,14 +1,15 @@
-package pgtx
+package pgwire
 
 import (
 	"database/sql"
+	"net"
 	"strings"
 	"sync"
 	"weak"
 )
 
 // The commit guard on the wire. A pool from Open (lazy BEGIN on) can refuse a COMMIT on the
-// connection itself, below pgx: between WireGuardOpen and WireGuardClose, sent inside a
+// connection itself, below pgx: between GuardOpen and GuardClose, sent inside a
 // transaction, any COMMIT the client sends (tx.Commit, or COMMIT, END, ROLLBACK, ABORT or
 // PREPARE TRANSACTION as SQL text, alone or in a statement list) is replaced by a ROLLBACK and
 // an error that reads as the attempt guard's (migrations 010 and 011), so the transaction is
@@ -19,13 +20,13 @@ import (
 // with the transaction (the server reports it idle).
 //
 // A *sql.DB opened otherwise sends the markers to the server, where they are empty statements:
-// callers check WireGuards first and use the server-side guard on other pools (internal/txguard).
-// WireGuardCheck changes nothing and is answered by the connection too: a statement to send
+// callers check Guards first and use the server-side guard on other pools (internal/txguard).
+// GuardCheck changes nothing and is answered by the connection too: a statement to send
 // in a transaction only to learn from database/sql whether user code ended it (sql.ErrTxDone).
 const (
-	WireGuardOpen  = "/* pgtx:wire-guard open */"
-	WireGuardClose = "/* pgtx:wire-guard close */"
-	WireGuardCheck = "/* pgtx:wire-guard check */"
+	GuardOpen  = "/* pgtx:wire-guard open */"
+	GuardClose = "/* pgtx:wire-guard close */"
+	GuardCheck = "/* pgtx:wire-guard check */"
 )
 
 // The refusal, sent in place of a COMMIT (or ROLLBACK) while the guard is open: the ROLLBACK
@@ -43,9 +44,6 @@ const (
 // later statement of that attempt (the wire guard's doomed connection, the server guard's
 // attempt_check and attempt_close of migration 017).
 const CodeAttemptGuard = "WM002"
-
-// IsAttemptGuardRefusal reports an error of the attempt guard (CodeAttemptGuard).
-func IsAttemptGuardRefusal(err error) bool { return SQLState(err) == CodeAttemptGuard }
 
 // The doomed connection. Once the guard has refused a COMMIT or ROLLBACK, the server is outside
 // any transaction (or in an aborted one) while database/sql still holds the *sql.Tx open: every
@@ -66,11 +64,12 @@ const (
 // wireGuardPools holds the pools from Open whose connections guard commits on the wire.
 var wireGuardPools sync.Map // weak.Pointer[sql.DB] -> struct{}
 
-func registerWireGuard(db *sql.DB) { wireGuardPools.Store(weak.Make(db), struct{}{}) }
+// Register records that db's connections are wrapped by Wrap (pgtx.Open with lazy BEGIN on).
+func Register(db *sql.DB) { wireGuardPools.Store(weak.Make(db), struct{}{}) }
 
-// WireGuards reports whether db's connections refuse COMMIT between WireGuardOpen and
-// WireGuardClose: db came from Open with lazy BEGIN on.
-func WireGuards(db *sql.DB) bool {
+// Guards reports whether db's connections refuse COMMIT between GuardOpen and
+// GuardClose: db came from Open with lazy BEGIN on.
+func Guards(db *sql.DB) bool {
 	if db == nil {
 		return false
 	}
@@ -383,8 +382,15 @@ func onlyCloses(p []byte) bool {
 	return closes
 }
 
-// undoom ends the doomed state (see doomedError) when database/sql hands the connection out
-// again: the transaction it was refused in is over.
+// ResetSession ends conn's doomed state (see doomedError) when database/sql hands the
+// connection out again: the transaction it was refused in is over. Other connections are left
+// alone.
+func ResetSession(conn net.Conn) {
+	if c, ok := conn.(*lazyBeginConn); ok {
+		c.undoom()
+	}
+}
+
 func (c *lazyBeginConn) undoom() {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -1,4 +1,4 @@
-package pgtx
+package pgwire
 
 import (
 	"encoding/binary"
@@ -32,7 +32,7 @@ import (
 //   - Statements marked with DeferredPrefix, sent inside a transaction, are held back and sent
 //     the same way before the next statement; their replies are synthesised at once and their
 //     real replies removed (an error of theirs is passed on, as for BEGIN).
-//   - WireGuardOpen, WireGuardClose and WireGuardCheck, sent inside a transaction, are answered
+//   - GuardOpen, GuardClose and GuardCheck, sent inside a transaction, are answered
 //     at once and not sent; between Open and Close a COMMIT or ROLLBACK is replaced by the
 //     refusal, and every later statement of the attempt is refused (wireguard.go).
 //
@@ -59,6 +59,9 @@ type lazyBeginConn struct {
 
 	buf [8192]byte // network reads (one reader at a time)
 }
+
+// Wrap returns c with lazy BEGIN, deferred statements and the wire guard (see lazyBeginConn).
+func Wrap(c net.Conn) net.Conn { return newLazyBeginConn(c) }
 
 func newLazyBeginConn(c net.Conn) *lazyBeginConn { return &lazyBeginConn{Conn: c} }
 
@@ -132,7 +135,7 @@ func (c *lazyBeginConn) Write(p []byte) (int, error) {
 	switch {
 	case !ok:
 		c.mu.Unlock()
-		return 0, fmt.Errorf("pgtx: a partial message follows held-back statements: %w", errLazyBegin)
+		return 0, fmt.Errorf("pgwire: a partial message follows held-back statements: %w", errLazyBegin)
 	case typ == 'Q' && len(body) > 0:
 		merged := []byte(strings.Join(c.pending, ";") + ";")
 		send = append(message('Q', append(merged, body...)), rest...)
@@ -152,7 +155,7 @@ func (c *lazyBeginConn) Write(p []byte) (int, error) {
 		send = p // Terminate: the server rolls back
 	default:
 		c.mu.Unlock()
-		return 0, fmt.Errorf("pgtx: message %q cannot follow held-back statements: %w", typ, errLazyBegin)
+		return 0, fmt.Errorf("pgwire: message %q cannot follow held-back statements: %w", typ, errLazyBegin)
 	}
 	c.pending = nil
 	c.mu.Unlock()
@@ -172,16 +175,16 @@ func (c *lazyBeginConn) give(reply []byte) {
 	}
 }
 
-// leadingMarker opens or closes the wire guard for a query that starts with WireGuardOpen or
-// WireGuardClose (after DeferredPrefix, for the close) and goes on: the marker rides with a
+// leadingMarker opens or closes the wire guard for a query that starts with GuardOpen or
+// GuardClose (after DeferredPrefix, for the close) and goes on: the marker rides with a
 // statement of the library's own, in a transaction it did not begin (watermill-sql's
 // subscriber's), where a pool not from Open sees only a comment. c.mu is held.
 func (c *lazyBeginConn) leadingMarker(sql string) {
 	switch {
-	case len(sql) > len(WireGuardOpen) && strings.HasPrefix(sql, WireGuardOpen) && c.status != 'I':
+	case len(sql) > len(GuardOpen) && strings.HasPrefix(sql, GuardOpen) && c.status != 'I':
 		c.guarded = true
-	case len(sql) > len(WireGuardClose) && strings.HasPrefix(sql, WireGuardClose),
-		strings.HasPrefix(sql, DeferredPrefix+WireGuardClose):
+	case len(sql) > len(GuardClose) && strings.HasPrefix(sql, GuardClose),
+		strings.HasPrefix(sql, DeferredPrefix+GuardClose):
 		c.guarded = false
 	}
 }
@@ -189,9 +192,9 @@ func (c *lazyBeginConn) leadingMarker(sql string) {
 // holdBack takes a simple query that may wait for the next statement and returns the reply to
 // give the client at once, or nil if the query must be sent now. c.mu is held.
 func (c *lazyBeginConn) holdBack(sql string) []byte {
-	if c.status != 'I' && (sql == WireGuardOpen || sql == WireGuardClose || sql == WireGuardCheck) {
-		if sql != WireGuardCheck {
-			c.guarded = sql == WireGuardOpen
+	if c.status != 'I' && (sql == GuardOpen || sql == GuardClose || sql == GuardCheck) {
+		if sql != GuardCheck {
+			c.guarded = sql == GuardOpen
 		}
 		return append(message('C', []byte("SET\x00")), message('Z', []byte{c.status})...)
 	}
@@ -204,7 +207,7 @@ func (c *lazyBeginConn) holdBack(sql string) []byte {
 	if !ok || c.status != 'T' {
 		return nil
 	}
-	stmts = strings.TrimPrefix(stmts, WireGuardClose) // acted on by leadingMarker
+	stmts = strings.TrimPrefix(stmts, GuardClose) // acted on by leadingMarker
 	var reply []byte
 	for stmt := range strings.SplitSeq(stmts, ";") {
 		stmt = strings.TrimSpace(stmt)
@@ -311,7 +314,7 @@ func (c *lazyBeginConn) parse() {
 	for len(c.in)-pos >= 5 {
 		n := int(binary.BigEndian.Uint32(c.in[pos+1 : pos+5]))
 		if n < 4 {
-			c.readErr = fmt.Errorf("pgtx: lazy BEGIN: malformed server message: %w", errLazyBegin)
+			c.readErr = fmt.Errorf("pgwire: lazy BEGIN: malformed server message: %w", errLazyBegin)
 			return
 		}
 		if len(c.in)-pos < 1+n {
@@ -328,7 +331,7 @@ func (c *lazyBeginConn) parse() {
 				c.strip = nil // BEGIN failed: what follows answers the client's statement
 			case 'N', 'S', 'A':
 			default:
-				c.readErr = fmt.Errorf("pgtx: lazy BEGIN: unexpected server message %q: %w", typ, errLazyBegin)
+				c.readErr = fmt.Errorf("pgwire: lazy BEGIN: unexpected server message %q: %w", typ, errLazyBegin)
 				return
 			}
 		}
