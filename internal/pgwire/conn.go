@@ -1,6 +1,7 @@
 package pgwire
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -90,83 +91,125 @@ func firstMessage(p []byte) (typ byte, body, rest []byte, ok bool) {
 	return p[0], p[5 : 1+n], p[1+n:], true
 }
 
+// queryText returns the text of a simple-protocol Query message's body.
+func queryText(typ byte, body []byte) (string, bool) {
+	if typ != 'Q' || len(body) == 0 || body[len(body)-1] != 0 {
+		return "", false
+	}
+	return string(body[:len(body)-1]), true
+}
+
+// Write sends what the client writes, changed as the type's doc says: what toSend decides,
+// in one network write.
 func (c *lazyBeginConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
-	if !c.ready {
-		c.mu.Unlock()
-		return c.Conn.Write(p)
+	send, err := c.toSend(p)
+	c.mu.Unlock()
+	if err != nil {
+		return 0, err
 	}
-	written := len(p)
-	if c.doomed {
-		send, reply := c.doomedWrite(p)
-		if len(reply) > 0 {
-			c.give(reply)
+	if len(send) > 0 {
+		if _, err := c.Conn.Write(send); err != nil {
+			return 0, err
 		}
-		c.mu.Unlock()
-		if len(send) > 0 {
-			if _, err := c.Conn.Write(send); err != nil {
-				return 0, err
-			}
-		}
-		return written, nil
 	}
-	typ, body, rest, ok := firstMessage(p)
-	if ok && typ == 'Q' && len(rest) == 0 && len(body) > 0 && body[len(body)-1] == 0 {
-		c.leadingMarker(string(body[:len(body)-1]))
-		if reply := c.holdBack(string(body[:len(body)-1])); reply != nil {
-			c.give(reply)
-			c.mu.Unlock()
-			return len(p), nil
-		}
+	return len(p), nil
+}
+
+// toSend returns what of the client's write p goes to the server, in four steps: a doomed
+// connection refuses it (wireguard), a statement that may wait is answered at once and held
+// back, an open guard replaces the COMMITs in it, and the statements held back so far go
+// before it. c.mu is held.
+func (c *lazyBeginConn) toSend(p []byte) ([]byte, error) {
+	switch {
+	case !c.ready:
+		return p, nil // the startup exchange is not ours to touch
+	case c.doomed:
+		return c.doomedWrite(p), nil
+	}
+	if reply := c.answerAtOnce(p); reply != nil {
+		c.give(reply)
+		return nil, nil
 	}
 	if c.guarded {
 		p, c.doomed = guardWrite(p)
-		typ, body, rest, ok = firstMessage(p)
 	}
-	if len(c.pending) == 0 {
-		c.mu.Unlock()
-		if _, err := c.Conn.Write(p); err != nil {
-			return 0, err
-		}
-		return written, nil
-	}
+	return c.withPending(p)
+}
 
+// answerAtOnce returns the reply to a write that is one simple Query that may wait for the next
+// statement (holdBack), or nil if it must be sent; a guard marker leading a longer statement
+// acts here too. c.mu is held.
+func (c *lazyBeginConn) answerAtOnce(p []byte) []byte {
+	sql, ok := loneQuery(p)
+	if !ok {
+		return nil
+	}
+	c.leadingMarker(sql)
+	return c.holdBack(sql)
+}
+
+// loneQuery returns the text of the Query message that p is, alone.
+func loneQuery(p []byte) (string, bool) {
+	typ, body, rest, ok := firstMessage(p)
+	sql, isQuery := queryText(typ, body)
+	return sql, ok && isQuery && len(rest) == 0
+}
+
+// withPending returns p preceded by the statements held back, in the form p's first message
+// needs: in the same Query text, or as a pipeline before a Parse or a named Bind. Any other
+// first message breaks the connection (pgx never sends one), except a Terminate. c.mu is held.
+func (c *lazyBeginConn) withPending(p []byte) ([]byte, error) {
+	if len(c.pending) == 0 {
+		return p, nil
+	}
+	typ, body, rest, ok := firstMessage(p)
 	var send []byte
 	switch {
 	case !ok:
-		c.mu.Unlock()
-		return 0, fmt.Errorf("pgwire: a partial message follows held-back statements: %w", errLazyBegin)
+		return nil, fmt.Errorf("pgwire: a partial message follows held-back statements: %w", errLazyBegin)
 	case typ == 'Q' && len(body) > 0:
-		merged := []byte(strings.Join(c.pending, ";") + ";")
-		send = append(message('Q', append(merged, body...)), rest...)
-		for range c.pending {
-			c.strip = append(c.strip, 'C')
-		}
-	case typ == 'P' || typ == 'B' && namedBind(body):
-		send = make([]byte, 0, len(p)+64*len(c.pending))
-		for _, stmt := range c.pending {
-			send = append(send, message('P', append(append([]byte{0}, stmt...), 0, 0, 0))...) // "", query, 0 param types
-			send = append(send, message('B', []byte{0, 0, 0, 0, 0, 0, 0, 0})...)              // portal "", stmt "", no formats, params, results
-			send = append(send, message('E', []byte{0, 0, 0, 0, 0})...)                       // portal "", no row limit
-			c.strip = append(c.strip, '1', '2', 'C')
-		}
-		send = append(send, p...)
+		send = c.pendingInQuery(body, rest)
+	case typ == 'P', typ == 'B' && namedBind(body):
+		send = c.pendingInPipeline(p)
 	case typ == 'X':
 		send = p // Terminate: the server rolls back
 	default:
-		c.mu.Unlock()
-		return 0, fmt.Errorf("pgwire: message %q cannot follow held-back statements: %w", typ, errLazyBegin)
+		return nil, fmt.Errorf("pgwire: message %q cannot follow held-back statements: %w", typ, errLazyBegin)
 	}
 	c.pending = nil
-	c.mu.Unlock()
-	if _, err := c.Conn.Write(send); err != nil {
-		return 0, err
+	return send, nil
+}
+
+// pendingInQuery returns the Query "<pending>;<query>" and the messages after it: if a held-back
+// statement fails, PostgreSQL runs nothing after it. c.mu is held.
+func (c *lazyBeginConn) pendingInQuery(body, rest []byte) []byte {
+	merged := []byte(strings.Join(c.pending, ";") + ";")
+	for range c.pending {
+		c.strip = append(c.strip, 'C')
 	}
-	return written, nil
+	return append(message('Q', append(merged, body...)), rest...)
+}
+
+// pendingInPipeline returns p preceded by each held-back statement as an unnamed
+// Parse/Bind/Execute without a Sync of its own: an error in one makes the server skip the
+// client's statement up to its Sync. c.mu is held.
+func (c *lazyBeginConn) pendingInPipeline(p []byte) []byte {
+	send := make([]byte, 0, len(p)+64*len(c.pending))
+	for _, stmt := range c.pending {
+		send = append(send, message('P', append(append([]byte{0}, stmt...), 0, 0, 0))...) // "", query, 0 param types
+		send = append(send, message('B', []byte{0, 0, 0, 0, 0, 0, 0, 0})...)              // portal "", stmt "", no formats, params, results
+		send = append(send, message('E', []byte{0, 0, 0, 0, 0})...)                       // portal "", no row limit
+		c.strip = append(c.strip, '1', '2', 'C')
+	}
+	return append(send, p...)
 }
 
 // give hands reply to the client as if the server had sent it. c.mu is held.
 func (c *lazyBeginConn) give(reply []byte) {
+	if len(reply) == 0 {
+		return
+	}
 	c.out = append(c.out, reply...)
 	if c.reading {
 		// pgconn may be reading in the background (during a slow write): wake it up to hand
@@ -181,50 +224,69 @@ func (c *lazyBeginConn) give(reply []byte) {
 // subscriber's), where a pool not from Open sees only a comment. c.mu is held.
 func (c *lazyBeginConn) leadingMarker(sql string) {
 	switch {
-	case len(sql) > len(GuardOpen) && strings.HasPrefix(sql, GuardOpen) && c.status != 'I':
+	case leads(sql, GuardOpen) && c.status != 'I':
 		c.guarded = true
-	case len(sql) > len(GuardClose) && strings.HasPrefix(sql, GuardClose),
-		strings.HasPrefix(sql, DeferredPrefix+GuardClose):
+	case leads(sql, GuardClose), strings.HasPrefix(sql, DeferredPrefix+GuardClose):
 		c.guarded = false
 	}
 }
 
+// leads reports whether sql starts with marker and goes on.
+func leads(sql, marker string) bool { return len(sql) > len(marker) && strings.HasPrefix(sql, marker) }
+
 // holdBack takes a simple query that may wait for the next statement and returns the reply to
-// give the client at once, or nil if the query must be sent now. c.mu is held.
+// give the client at once, or nil if the query must be sent now: a guard marker inside a
+// transaction, a BEGIN while idle, deferred statements inside a transaction. c.mu is held.
 func (c *lazyBeginConn) holdBack(sql string) []byte {
-	if c.status != 'I' && (sql == GuardOpen || sql == GuardClose || sql == GuardCheck) {
-		if sql != GuardCheck {
-			c.guarded = sql == GuardOpen
-		}
-		return append(message('C', []byte("SET\x00")), message('Z', []byte{c.status})...)
-	}
-	if c.status == 'I' && len(c.pending) == 0 && beginRE.MatchString(sql) {
+	switch {
+	case c.status != 'I' && isGuardMarker(sql):
+		return c.markerReply(sql)
+	case c.status == 'I' && len(c.pending) == 0 && beginRE.MatchString(sql):
 		c.pending = []string{sql}
 		c.status = 'T' // as far as the client knows; the server's next ReadyForQuery tells
 		return synthBegin
+	case c.status == 'T' && strings.HasPrefix(sql, DeferredPrefix):
+		return c.holdDeferred(sql)
 	}
-	stmts, ok := strings.CutPrefix(sql, DeferredPrefix)
-	if !ok || c.status != 'T' {
-		return nil
+	return nil
+}
+
+func isGuardMarker(sql string) bool {
+	return sql == GuardOpen || sql == GuardClose || sql == GuardCheck
+}
+
+// markerReply acts on a guard marker sent alone and returns its reply. c.mu is held.
+func (c *lazyBeginConn) markerReply(sql string) []byte {
+	if sql != GuardCheck {
+		c.guarded = sql == GuardOpen
 	}
-	stmts = strings.TrimPrefix(stmts, GuardClose) // acted on by leadingMarker
+	return append(message('C', []byte("SET\x00")), message('Z', []byte{c.status})...)
+}
+
+// holdDeferred holds back the statements of a DeferredPrefix list and returns the replies
+// they would get. c.mu is held.
+func (c *lazyBeginConn) holdDeferred(sql string) []byte {
+	stmts := strings.TrimPrefix(strings.TrimPrefix(sql, DeferredPrefix), GuardClose) // the marker: acted on by leadingMarker
 	var reply []byte
 	for stmt := range strings.SplitSeq(stmts, ";") {
-		stmt = strings.TrimSpace(stmt)
-		if stmt == "" {
-			continue
+		if stmt = strings.TrimSpace(stmt); stmt != "" {
+			c.pending = append(c.pending, stmt)
+			reply = append(reply, message('C', append([]byte(commandTag(stmt)), 0))...)
 		}
-		c.pending = append(c.pending, stmt)
-		tag, _, _ := strings.Cut(strings.ToUpper(stmt), " ")
-		switch tag {
-		case "INSERT":
-			tag = "INSERT 0 0"
-		case "DELETE", "UPDATE":
-			tag += " 0"
-		}
-		reply = append(reply, message('C', append([]byte(tag), 0))...)
 	}
 	return append(reply, message('Z', []byte{'T'})...)
+}
+
+// commandTag is the CommandComplete tag of a statement that changed no row.
+func commandTag(stmt string) string {
+	tag, _, _ := strings.Cut(strings.ToUpper(stmt), " ")
+	switch tag {
+	case "INSERT":
+		return "INSERT 0 0"
+	case "DELETE", "UPDATE":
+		return tag + " 0"
+	}
+	return tag
 }
 
 // DeferredPrefix marks a statement list, sent without arguments inside a transaction, that may
@@ -252,25 +314,14 @@ func namedBind(body []byte) bool {
 	return false
 }
 
+// Read hands the client what the server sent, less the replies to held-back statements, plus
+// the replies synthesised for them.
 func (c *lazyBeginConn) Read(p []byte) (int, error) {
 	for {
 		c.mu.Lock()
-		if c.outPos < len(c.out) {
-			n := copy(p, c.out[c.outPos:])
-			c.outPos += n
-			if c.outPos == len(c.out) {
-				c.out, c.outPos = c.out[:0], 0
-				if cap(c.out) > maxKeptBuffer {
-					c.out = nil // a large result passed: do not keep its buffer for the connection's life
-				}
-			}
+		if n, done, err := c.takeOut(p); done {
 			c.mu.Unlock()
-			return n, nil
-		}
-		if c.readErr != nil {
-			err := c.readErr
-			c.mu.Unlock()
-			return 0, err
+			return n, err
 		}
 		c.reading = true
 		c.mu.Unlock()
@@ -278,31 +329,60 @@ func (c *lazyBeginConn) Read(p []byte) (int, error) {
 		n, err := c.Conn.Read(c.buf[:])
 
 		c.mu.Lock()
-		c.reading = false
-		if n > 0 {
-			c.in = append(c.in, c.buf[:n]...)
-			c.parse()
-		}
-		var ne net.Error
-		switch {
-		case err == nil:
-		case errors.As(err, &ne) && ne.Timeout():
-			if c.readDeadline.IsZero() || time.Now().Before(c.readDeadline) {
-				// Not pgconn's deadline: ours, set to wake this Read (or a leftover of it).
-				_ = c.Conn.SetReadDeadline(c.readDeadline)
-			} else if c.outPos == len(c.out) {
-				c.mu.Unlock()
-				return 0, err // pgconn's own deadline; it may read on later
-			}
-		case c.readErr == nil:
-			c.readErr = err
-		}
+		err = c.received(n, err)
 		c.mu.Unlock()
+		if err != nil {
+			return 0, err
+		}
 	}
 }
 
-// parse moves the whole server messages in c.in to c.out, removing the replies to a BEGIN we
-// sent on the client's behalf. c.mu is held.
+// takeOut copies what is ready for the client into p, or returns the connection's error; done
+// is false when there is neither and Read must wait for the server. c.mu is held.
+func (c *lazyBeginConn) takeOut(p []byte) (n int, done bool, err error) {
+	if c.outPos == len(c.out) {
+		return 0, c.readErr != nil, c.readErr
+	}
+	n = copy(p, c.out[c.outPos:])
+	c.outPos += n
+	if c.outPos == len(c.out) {
+		c.out, c.outPos = c.out[:0], 0
+		if cap(c.out) > maxKeptBuffer {
+			c.out = nil // a large result passed: do not keep its buffer for the connection's life
+		}
+	}
+	return n, true, nil
+}
+
+// received takes in n bytes the server sent and the network read's error. It returns the error
+// to give the client now: pgconn's own read deadline, when nothing is ready for it. A timeout
+// of the deadline give set to wake the read is undone; any other error breaks the connection
+// (Read returns it once what is ready was read). c.mu is held.
+func (c *lazyBeginConn) received(n int, err error) error {
+	c.reading = false
+	if n > 0 {
+		c.in = append(c.in, c.buf[:n]...)
+		c.parse()
+	}
+	switch {
+	case err == nil:
+	case !isTimeout(err):
+		c.readErr = cmp.Or(c.readErr, err)
+	case c.readDeadline.IsZero() || time.Now().Before(c.readDeadline):
+		_ = c.Conn.SetReadDeadline(c.readDeadline) // ours, set to wake this Read (or a leftover of it)
+	case c.outPos == len(c.out):
+		return err // pgconn's own deadline; it may read on later
+	}
+	return nil
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// parse moves the whole server messages in c.in to c.out, removing the replies to the
+// statements sent on the client's behalf. c.mu is held.
 func (c *lazyBeginConn) parse() {
 	pos := 0
 	defer func() {
@@ -321,31 +401,46 @@ func (c *lazyBeginConn) parse() {
 			break
 		}
 		m := c.in[pos : pos+1+n]
-		typ := m[0]
-		drop := false
-		if len(c.strip) > 0 {
-			switch typ {
-			case c.strip[0]:
-				c.strip, drop = c.strip[1:], true
-			case 'E':
-				c.strip = nil // BEGIN failed: what follows answers the client's statement
-			case 'N', 'S', 'A':
-			default:
-				c.readErr = fmt.Errorf("pgwire: lazy BEGIN: unexpected server message %q: %w", typ, errLazyBegin)
-				return
-			}
+		keep, err := c.keep(m)
+		if err != nil {
+			c.readErr = err
+			return
 		}
-		if typ == 'Z' && n == 5 {
-			c.ready, c.status = true, m[5]
-			if c.status == 'I' {
-				c.guarded = false // the guard ends with its transaction
-			}
-		}
-		if !drop {
+		if keep {
 			c.out = append(c.out, m...)
 		}
 		pos += 1 + n
 	}
+}
+
+// keep reports whether the server message m goes to the client: not when it is the next reply
+// c.strip expects (a held-back statement's). An error (ErrorResponse) ends the stripping: a
+// held-back statement failed, and what follows answers the client's statement. c.mu is held.
+func (c *lazyBeginConn) keep(m []byte) (bool, error) {
+	typ := m[0]
+	c.noteReady(m)
+	switch {
+	case len(c.strip) == 0:
+		return true, nil
+	case typ == c.strip[0]:
+		c.strip = c.strip[1:]
+		return false, nil
+	case typ == 'E':
+		c.strip = nil
+	case typ != 'N' && typ != 'S' && typ != 'A': // notices, parameter changes, notifications pass
+		return false, fmt.Errorf("pgwire: lazy BEGIN: unexpected server message %q: %w", typ, errLazyBegin)
+	}
+	return true, nil
+}
+
+// noteReady records the transaction status a ReadyForQuery message reports; the wire guard ends
+// with its transaction. c.mu is held.
+func (c *lazyBeginConn) noteReady(m []byte) {
+	if m[0] != 'Z' || len(m) != 6 {
+		return
+	}
+	c.ready, c.status = true, m[5]
+	c.guarded = c.guarded && c.status != 'I'
 }
 
 func (c *lazyBeginConn) SetDeadline(t time.Time) error {

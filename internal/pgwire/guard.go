@@ -112,26 +112,37 @@ func endsTx(sql string) bool {
 }
 
 // endsStatement reports whether a statement starting with the words lead ends the
-// transaction.
+// transaction: its first word's rule (endingWords) decides.
 func endsStatement(lead []string) bool {
 	if len(lead) == 0 {
 		return false
 	}
-	switch lead[0] {
-	case "commit", "end", "abort":
-		return true
-	case "prepare":
-		return len(lead) > 1 && lead[1] == "transaction"
-	case "rollback":
-		next := lead[1:]
-		if len(next) > 0 && (next[0] == "work" || next[0] == "transaction") {
-			next = next[1:]
-		}
-		// ROLLBACK [WORK] TO a savepoint and ROLLBACK PREPARED leave this transaction alone;
-		// any other ROLLBACK (AND [NO] CHAIN included) ends it.
-		return len(next) == 0 || next[0] != "to" && next[0] != "prepared"
+	ends, ok := endingWords[lead[0]]
+	return ok && ends(lead[1:])
+}
+
+// endingWords maps the first word of a statement that may end the transaction to the rule
+// that decides from the words after it.
+var endingWords = map[string]func(next []string) bool{
+	"commit":   always,
+	"end":      always,
+	"abort":    always,
+	"prepare":  preparesTransaction,
+	"rollback": rollbackEnds,
+}
+
+func always([]string) bool { return true }
+
+// preparesTransaction: PREPARE TRANSACTION ends it; PREPARE of a statement does not.
+func preparesTransaction(next []string) bool { return len(next) > 0 && next[0] == "transaction" }
+
+// rollbackEnds: ROLLBACK [WORK | TRANSACTION] TO a savepoint and ROLLBACK PREPARED leave this
+// transaction alone; any other ROLLBACK (AND [NO] CHAIN included) ends it.
+func rollbackEnds(next []string) bool {
+	if len(next) > 0 && (next[0] == "work" || next[0] == "transaction") {
+		next = next[1:]
 	}
-	return false
+	return len(next) == 0 || next[0] != "to" && next[0] != "prepared"
 }
 
 // The tokens of sqlLexer.
@@ -177,14 +188,15 @@ func (l *sqlLexer) next() (tok int, text string) {
 	return tokOther, ""
 }
 
-// word moves past the word at l.i, or the E'...' string it opens.
+// word moves past the word at l.i ('$' may follow its first byte), or the E'...' string it
+// opens.
 func (l *sqlLexer) word() (tok int, text string) {
 	start := l.i
-	for l.i < len(l.s) && (isWordByte(l.s[l.i]) || l.s[l.i] == '$') {
+	for l.i++; l.i < len(l.s) && (isWordByte(l.s[l.i]) || l.s[l.i] == '$'); {
 		l.i++
 	}
 	word := l.s[start:l.i]
-	if (word == "E" || word == "e") && l.i < len(l.s) && l.s[l.i] == '\'' {
+	if strings.EqualFold(word, "e") && strings.HasPrefix(l.s[l.i:], "'") {
 		return l.quoted('\'', true), ""
 	}
 	return tokWord, word
@@ -199,20 +211,22 @@ func (l *sqlLexer) skipSpaceAndComments() bool {
 		case strings.IndexByte(" \t\n\r\f\v", rest[0]) >= 0:
 			l.i++
 		case strings.HasPrefix(rest, "--"):
-			end := strings.IndexByte(rest, '\n')
-			if end < 0 {
-				end = len(rest) - 1
-			}
-			l.i += end + 1
-		case strings.HasPrefix(rest, "/*"):
-			if !l.blockComment() {
-				return false
-			}
-		default:
+			l.i += lineLength(rest)
+		case !strings.HasPrefix(rest, "/*"):
 			return true
+		case !l.blockComment():
+			return false
 		}
 	}
 	return true
+}
+
+// lineLength is the length of s's first line, its newline included.
+func lineLength(s string) int {
+	if end := strings.IndexByte(s, '\n'); end >= 0 {
+		return end + 1
+	}
+	return len(s)
 }
 
 // blockComment moves past the /* comment at l.i, nested ones included; false if it does not
@@ -256,26 +270,35 @@ func (l *sqlLexer) quoted(q byte, escapes bool) int {
 // dollarQuoted moves past the $tag$ ... $tag$ body at l.i, or past a '$' that opens none (a
 // parameter such as $1).
 func (l *sqlLexer) dollarQuoted() int {
-	tagEnd := l.i + 1
-	for tagEnd < len(l.s) && isWordByte(l.s[tagEnd]) {
-		tagEnd++
-	}
-	if tagEnd >= len(l.s) || l.s[tagEnd] != '$' || isDigit(l.s[l.i+1]) {
+	tag, ok := dollarTag(l.s[l.i:])
+	if !ok {
 		l.i++
 		return tokOther
 	}
-	tag := l.s[l.i : tagEnd+1]
-	body := strings.Index(l.s[tagEnd+1:], tag)
+	body := strings.Index(l.s[l.i+len(tag):], tag)
 	if body < 0 {
 		return tokUnreadable
 	}
-	l.i = tagEnd + 1 + body + len(tag)
+	l.i += len(tag) + body + len(tag)
 	return tokOther
 }
 
-func isWordByte(c byte) bool {
-	return c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || isDigit(c) || c >= 0x80
+// dollarTag returns the $tag$ (or $$) that s starts with; false for a parameter ($1) or a lone $.
+func dollarTag(s string) (string, bool) {
+	end := 1
+	for end < len(s) && isWordByte(s[end]) {
+		end++
+	}
+	if end >= len(s) || s[end] != '$' || isDigit(s[1]) {
+		return "", false
+	}
+	return s[:end+1], true
 }
+
+// wordBytes are the ASCII bytes of words; every byte from 0x80 (UTF-8) is one too.
+const wordBytes = "_abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+
+func isWordByte(c byte) bool { return c >= 0x80 || strings.IndexByte(wordBytes, c) >= 0 }
 
 func isDigit(c byte) bool { return c >= '0' && c <= '9' }
 
@@ -293,20 +316,12 @@ func guardWrite(p []byte) (_ []byte, doomed bool) {
 		if !ok {
 			break // a partial message: the connection's own checks refuse it
 		}
-		msg := rest[:len(rest)-len(next)]
-		switch {
-		case typ == 'Q' && string(body) == pgxRollback+"\x00":
-			doomed = true
-		case typ == 'Q' && len(body) > 0 && body[len(body)-1] == 0 && endsTx(string(body[:len(body)-1])):
-			msg, changed = message('Q', append([]byte(wireRefusal), 0)), true
-		case typ == 'P':
-			if name, query, ok := parseParse(body); ok && endsTx(query) {
-				// No parameter types: the refusal takes none (a Bind that supplies some fails,
-				// which refuses the COMMIT just the same).
-				body := append(append(append([]byte(name), 0), wireRefusalRaise...), 0, 0, 0)
-				msg, changed = message('P', body), true
-			}
+		msg, refused := refusal(typ, body)
+		if !refused {
+			msg = rest[:len(rest)-len(next)]
 		}
+		changed = changed || refused
+		doomed = doomed || typ == 'Q' && string(body) == pgxRollback+"\x00"
 		out = append(out, msg...)
 		rest = next
 	}
@@ -316,30 +331,56 @@ func guardWrite(p []byte) (_ []byte, doomed bool) {
 	return append(out, rest...), true
 }
 
-// doomedWrite answers what the client sends on a doomed connection (see doomedError): what to
-// send to the server (pgx's rollback while the server is in a transaction, a ping, a Terminate)
-// and the replies to give the client at once (the refusals). A Query is refused with an error
-// and ReadyForQuery; extended-protocol messages up to a Sync with one error, as the server
-// skips to the Sync after an error, and the Sync with ReadyForQuery. c.mu is held.
-func (c *lazyBeginConn) doomedWrite(p []byte) (send, reply []byte) {
-	if typ, body, rest, ok := firstMessage(p); ok && typ == 'Q' && len(rest) == 0 {
-		switch string(body) {
-		case pgxRollback + "\x00":
-			if c.status != 'I' {
-				return p, nil // an aborted transaction (a refused Parse): the server ends it
-			}
-			return nil, append(message('C', []byte("ROLLBACK\x00")), message('Z', []byte{'I'})...)
-		case pgxPing + "\x00":
-			return p, nil
-		}
+// refusal returns the refusal that replaces a Query or Parse message that ends the
+// transaction, and false for any other message.
+func refusal(typ byte, body []byte) ([]byte, bool) {
+	if sql, ok := queryText(typ, body); ok && sql != pgxRollback && endsTx(sql) {
+		return message('Q', append([]byte(wireRefusal), 0)), true
 	}
-	if onlyCloses(p) {
-		// pgx deallocating the statements a refusal invalidated: harmless, and refusing it
-		// would fail the next statement, the library's rollback included.
-		return p, nil
+	if name, query, ok := parseParse(typ, body); ok && endsTx(query) {
+		// No parameter types: the refusal takes none (a Bind that supplies some fails, which
+		// refuses the COMMIT just the same).
+		return message('P', append(append(append([]byte(name), 0), wireRefusalRaise...), 0, 0, 0)), true
 	}
-	rest := p
-	for len(rest) > 0 {
+	return nil, false
+}
+
+// doomedWrite answers what the client sends on a doomed connection (see doomedError): it gives
+// the client the refusals at once and returns what still goes to the server (pgx's rollback
+// while the server is in a transaction, a ping, the Close messages of pgx's cleanup, a
+// Terminate). c.mu is held.
+func (c *lazyBeginConn) doomedWrite(p []byte) []byte {
+	if send, reply, ok := c.doomedPassThrough(p); ok {
+		c.give(reply)
+		return send
+	}
+	send, reply := c.refuseDoomed(p)
+	c.give(reply)
+	return send
+}
+
+// doomedPassThrough answers the writes a doomed connection lets through: pgx's rollback (sent
+// while the server is in a transaction, answered at once when it is idle, so that pgx logs no
+// warning), a ping, and pgx deallocating the statements a refusal invalidated (harmless;
+// refusing it would fail the next statement, the library's rollback included). c.mu is held.
+func (c *lazyBeginConn) doomedPassThrough(p []byte) (send, reply []byte, ok bool) {
+	sql, lone := loneQuery(p)
+	switch {
+	case onlyCloses(p), lone && sql == pgxPing:
+		return p, nil, true
+	case !lone || sql != pgxRollback:
+		return nil, nil, false
+	case c.status != 'I':
+		return p, nil, true // an aborted transaction (a refused Parse): the server ends it
+	}
+	return nil, append(message('C', []byte("ROLLBACK\x00")), message('Z', []byte{'I'})...), true
+}
+
+// refuseDoomed refuses every message of p: a Query with an error and ReadyForQuery,
+// extended-protocol messages up to a Sync with one error (the server, too, skips to the Sync
+// after an error), the Sync with ReadyForQuery. A Terminate is sent. c.mu is held.
+func (c *lazyBeginConn) refuseDoomed(p []byte) (send, reply []byte) {
+	for rest := p; len(rest) > 0; {
 		typ, _, next, ok := firstMessage(rest)
 		if !ok {
 			break
@@ -353,14 +394,21 @@ func (c *lazyBeginConn) doomedWrite(p []byte) (send, reply []byte) {
 		case 'X':
 			send = append(send, rest[:len(rest)-len(next)]...)
 		default: // Parse, Bind, Describe, Execute, Close, Flush, ...
-			if !c.doomErrorSent {
-				c.doomErrorSent = true
-				reply = append(reply, doomedError...)
-			}
+			reply = append(reply, c.doomOnce()...)
 		}
 		rest = next
 	}
 	return send, reply
+}
+
+// doomOnce returns doomedError for the first extended-protocol message before a Sync, nothing
+// for the others. c.mu is held.
+func (c *lazyBeginConn) doomOnce() []byte {
+	if c.doomErrorSent {
+		return nil
+	}
+	c.doomErrorSent = true
+	return doomedError
 }
 
 // onlyCloses reports whether p holds only Close messages (of prepared statements or portals),
@@ -397,8 +445,12 @@ func (c *lazyBeginConn) undoom() {
 	c.doomed, c.doomErrorSent = false, false
 }
 
-// parseParse splits a Parse message's body into the statement name and the query text.
-func parseParse(body []byte) (name, query string, ok bool) {
+// parseParse splits a Parse message's body into the statement name and the query text; false
+// for any other message.
+func parseParse(typ byte, body []byte) (name, query string, ok bool) {
+	if typ != 'P' {
+		return "", "", false
+	}
 	name, tail, ok := strings.Cut(string(body), "\x00")
 	if !ok {
 		return "", "", false
