@@ -156,6 +156,29 @@ func (p *Processor) count(as settledAs, cause error, rows ...claimedRow) {
 	}
 }
 
+// awaitHandlers lets the running handlers (workers) finish within ShutdownGrace, then cancels
+// them (cancelHandlers) and waits a last while (ShutdownGrace, between 100ms and 5s) for those
+// that still run: after it their rows are released without them.
+func (p *Processor) awaitHandlers(workers *sync.WaitGroup, cancelHandlers context.CancelFunc) {
+	finished := make(chan struct{})
+	go func() { workers.Wait(); close(finished) }()
+	if p.config.ShutdownGrace > 0 {
+		t := time.NewTimer(p.config.ShutdownGrace)
+		select {
+		case <-finished:
+		case <-t.C:
+			p.logger.Info("Shutdown grace elapsed: cancelling running handlers", nil)
+		}
+		t.Stop()
+	}
+	cancelHandlers()
+	select {
+	case <-finished:
+	case <-time.After(min(max(p.config.ShutdownGrace, 100*time.Millisecond), 5*time.Second)):
+		p.logger.Error("Handlers ignore cancellation; releasing their rows without them", errors.New("handler did not return"), nil)
+	}
+}
+
 // handlerCtx is the parent of every processing transaction of the current Run; it is cancelled
 // when that Run's shutdown grace runs out.
 func (p *Processor) handlerCtx() context.Context { return *p.hctx.Load() }
@@ -198,23 +221,7 @@ func (p *Processor) run(claimCtx context.Context) error {
 		p.releaseUnstarted(w)
 	}
 
-	finished := make(chan struct{})
-	go func() { workers.Wait(); close(finished) }()
-	if p.config.ShutdownGrace > 0 {
-		t := time.NewTimer(p.config.ShutdownGrace)
-		select {
-		case <-finished:
-		case <-t.C:
-			p.logger.Info("Shutdown grace elapsed: cancelling running handlers", nil)
-		}
-		t.Stop()
-	}
-	cancelHandlers()
-	select {
-	case <-finished:
-	case <-time.After(min(max(p.config.ShutdownGrace, 100*time.Millisecond), 5*time.Second)):
-		p.logger.Error("Handlers ignore cancellation; releasing their rows without them", errors.New("handler did not return"), nil)
-	}
+	p.awaitHandlers(&workers, cancelHandlers)
 	stopUpkeep()
 	background.Wait()
 	p.releaseAllOwned()

@@ -123,34 +123,43 @@ func (c *ProcessorConfig) setDefaults() {
 
 // Validate reports what to fix in a configuration.
 func (c ProcessorConfig) Validate() error {
-	errs := []error{
+	return errors.Join(
 		pgtx.ValidateIdentifier("schema", c.Schema),
 		validateConsumer(c.Consumer),
 		setup.Between("Workers", c.Workers, 1, maxProcessorWorkers),
 		setup.Between("BatchSize", c.BatchSize, 1, MaxBatchSize),
+		refuse(c.TxBatchSize < 1 || c.TxBatchSize > c.BatchSize, "TxBatchSize must be between 1 and BatchSize (%d), got %d", c.BatchSize, c.TxBatchSize),
 		setup.AtLeast("Lease", c.Lease, 10*time.Millisecond),
+		refuse(c.RenewInterval >= c.Lease, "RenewInterval (%s) must be shorter than Lease (%s), or negative to disable renewal", c.RenewInterval, c.Lease),
+		setup.NotNegative("HandlerTimeout", c.HandlerTimeout),
+		setup.NotNegative("ReapInterval", c.ReapInterval),
+		setup.NotNegative("PollInterval", c.PollInterval),
 		setup.AtLeast("MaxAttempts", c.MaxAttempts, 1),
+		setup.NotNegative("Backoff", c.Backoff),
+		setup.AtLeast("MaxBackoff", c.MaxBackoff, c.Backoff),
+		refuse(c.Outbox != nil && c.OutboxSource != "", "set OutboxSource or Outbox, not both: give the Writer its Source (outbox.Config.Source)"),
+		checkOutputTopic(c.OutputTopic),
 		pgtx.CheckTxOptions("TxOptions", c.TxOptions),
+	)
+}
+
+// refuse returns the error format says when bad holds, else nil: a check of a Config that no
+// setup range check expresses.
+func refuse(bad bool, format string, args ...any) error {
+	if !bad {
+		return nil
 	}
-	if c.Outbox != nil && c.OutboxSource != "" {
-		errs = append(errs, errors.New("set OutboxSource or Outbox, not both: give the Writer its Source (outbox.Config.Source)"))
+	return fmt.Errorf(format, args...)
+}
+
+// checkOutputTopic checks ProcessorConfig.OutputTopic ("": none, returning messages is an error
+// at run time).
+func checkOutputTopic(topic string) error {
+	if topic == "" {
+		return nil
 	}
-	if c.TxBatchSize < 1 || c.TxBatchSize > c.BatchSize {
-		errs = append(errs, fmt.Errorf("TxBatchSize must be between 1 and BatchSize (%d), got %d", c.BatchSize, c.TxBatchSize))
+	if err := outbox.DefaultValidateTopic(topic); err != nil {
+		return fmt.Errorf("OutputTopic: %w", err)
 	}
-	if c.RenewInterval >= c.Lease {
-		errs = append(errs, fmt.Errorf("RenewInterval (%s) must be shorter than Lease (%s), or negative to disable renewal", c.RenewInterval, c.Lease))
-	}
-	if c.HandlerTimeout < 0 || c.ReapInterval < 0 || c.PollInterval < 0 {
-		errs = append(errs, errors.New("HandlerTimeout, ReapInterval and PollInterval must not be negative"))
-	}
-	if c.Backoff < 0 || c.MaxBackoff < c.Backoff {
-		errs = append(errs, fmt.Errorf("Backoff (%s) must not be negative and MaxBackoff (%s) not below it", c.Backoff, c.MaxBackoff))
-	}
-	if c.OutputTopic != "" {
-		if err := outbox.DefaultValidateTopic(c.OutputTopic); err != nil {
-			errs = append(errs, fmt.Errorf("OutputTopic: %w", err))
-		}
-	}
-	return errors.Join(errs...)
+	return nil
 }

@@ -229,16 +229,9 @@ func (r *Receiver) StoreTx(ctx context.Context, tx pgtx.Executor, topic string, 
 	if setup.IsNil(tx) { // also a nil *sql.Tx from pgtx.TxFromContext outside a transaction
 		return 0, fmt.Errorf("inbox: StoreTx: %w: tx is nil", pgtx.ErrNoTransaction)
 	}
-	rows := make([]row, len(msgs))
-	for i, msg := range msgs {
-		if msg == nil {
-			return 0, wmonce.Permanent(fmt.Errorf("inbox: message %d of %d is nil", i+1, len(msgs)))
-		}
-		rw, err := r.prepare(msg, topic)
-		if err != nil {
-			return 0, err
-		}
-		rows[i] = rw
+	rows, err := r.prepareAll(msgs, topic)
+	if err != nil {
+		return 0, err
 	}
 	// Not counted in Counters: whether these rows commit is up to the caller.
 	n, parked, err := r.insert(ctx, tx, rows)
@@ -247,6 +240,23 @@ func (r *Receiver) StoreTx(ctx context.Context, tx pgtx.Executor, topic string, 
 	}
 	r.alertTooOld(rows, parked, "stored in the caller's transaction")
 	return n, nil
+}
+
+// prepareAll prepares every message of a StoreTx call, or fails on the first unusable one:
+// nothing is written unless all can be.
+func (r *Receiver) prepareAll(msgs []*message.Message, topic string) ([]row, error) {
+	rows := make([]row, len(msgs))
+	for i, msg := range msgs {
+		if msg == nil {
+			return nil, wmonce.Permanent(fmt.Errorf("inbox: message %d of %d is nil", i+1, len(msgs)))
+		}
+		rw, err := r.prepare(msg, topic)
+		if err != nil {
+			return nil, err
+		}
+		rows[i] = rw
+	}
+	return rows, nil
 }
 
 // Counters returns the receiver's running totals.
@@ -276,46 +286,75 @@ func (r *Receiver) Close() error {
 // of one bad message.
 func (r *Receiver) prepare(msg *message.Message, topic string) (row, error) {
 	view := lend.View(msg) // what the key functions get: they cannot ack the delivery
-	key, err := r.config.Key(view)
+	rw := row{uuid: msg.UUID, topic: topic, payload: msg.Payload}
+	var err error
+	if rw.key, err = r.dedupeKey(view); err != nil {
+		return row{}, r.refuse(msg, err)
+	}
+	if rw.orderingKey, err = r.orderingKey(view); err != nil {
+		return row{}, r.refuse(msg, err)
+	}
+	if rw.metadata, err = r.storedMetadata(msg, topic); err != nil {
+		return row{}, r.refuse(msg, err)
+	}
+	if rw.tooOld, rw.due, err = r.schedule(view); err != nil {
+		return row{}, r.refuse(msg, err)
+	}
+	if rw.payload == nil {
+		rw.payload = []byte{} // a nil slice would be sent as NULL
+	}
+	return rw, nil
+}
+
+// dedupeKey returns msg's dedupe key, checked (wmonce.ErrInvalidKey).
+func (r *Receiver) dedupeKey(msg *message.Message) (string, error) {
+	key, err := r.config.Key(msg)
 	if err == nil {
 		err = setup.CheckKey(key, r.config.MaxKeyLength)
 	}
 	if err != nil {
-		return row{}, r.refuse(msg, fmt.Errorf("%w for message %q (consumer %q): %w", wmonce.ErrInvalidKey, msg.UUID, r.config.Consumer, err))
+		return "", fmt.Errorf("%w for message %q (consumer %q): %w", wmonce.ErrInvalidKey, msg.UUID, r.config.Consumer, err)
 	}
-	var orderingKey string
-	if r.config.OrderingKey != nil {
-		orderingKey, err = r.config.OrderingKey(view)
-		if err == nil && orderingKey != "" {
-			err = setup.CheckKey(orderingKey, r.config.MaxKeyLength)
-		}
-		if err != nil {
-			return row{}, r.refuse(msg, fmt.Errorf("%w for message %q (consumer %q): %w", ErrInvalidOrderingKey, msg.UUID, r.config.Consumer, err))
-		}
+	return key, nil
+}
+
+// orderingKey returns msg's ordering key, checked (ErrInvalidOrderingKey); "" without
+// OrderingKey.
+func (r *Receiver) orderingKey(msg *message.Message) (string, error) {
+	if r.config.OrderingKey == nil {
+		return "", nil
 	}
+	key, err := r.config.OrderingKey(msg)
+	if err == nil && key != "" {
+		err = setup.CheckKey(key, r.config.MaxKeyLength)
+	}
+	if err != nil {
+		return "", fmt.Errorf("%w for message %q (consumer %q): %w", ErrInvalidOrderingKey, msg.UUID, r.config.Consumer, err)
+	}
+	return key, nil
+}
+
+// storedMetadata returns msg's metadata as the row stores it, and checks that the topic and the
+// UUID are text PostgreSQL can hold (ErrInvalidMetadata).
+func (r *Receiver) storedMetadata(msg *message.Message, topic string) (string, error) {
 	metadata, err := encodeMetadata(msg.Metadata)
+	if err = cmp.Or(err, setup.CheckText("topic name", topic), setup.CheckText("message UUID", msg.UUID)); err != nil {
+		return "", fmt.Errorf("%w in message %q (consumer %q): %w", ErrInvalidMetadata, msg.UUID, r.config.Consumer, err)
+	}
+	return metadata, nil
+}
+
+// schedule returns the age guard's verdict on msg (checkAge) and when its first attempt is due
+// (dueOf); metadata it cannot read is wmonce.ErrMalformedMetadata.
+func (r *Receiver) schedule(msg *message.Message) (tooOld, due string, err error) {
+	tooOld, err = r.checkAge(msg)
 	if err == nil {
-		err = setup.CheckText("topic name", topic)
-	}
-	if err == nil {
-		err = setup.CheckText("message UUID", msg.UUID)
+		due, err = dueOf(msg)
 	}
 	if err != nil {
-		return row{}, r.refuse(msg, fmt.Errorf("%w in message %q (consumer %q): %w", ErrInvalidMetadata, msg.UUID, r.config.Consumer, err))
+		return "", "", fmt.Errorf("%w: message %q (consumer %q): %w", wmonce.ErrMalformedMetadata, msg.UUID, r.config.Consumer, err)
 	}
-	tooOld, err := r.checkAge(view)
-	if err != nil {
-		return row{}, r.refuse(msg, fmt.Errorf("%w: message %q (consumer %q): %w", wmonce.ErrMalformedMetadata, msg.UUID, r.config.Consumer, err))
-	}
-	due, err := dueOf(msg)
-	if err != nil {
-		return row{}, r.refuse(msg, fmt.Errorf("%w: message %q (consumer %q): %w", wmonce.ErrMalformedMetadata, msg.UUID, r.config.Consumer, err))
-	}
-	payload := msg.Payload
-	if payload == nil {
-		payload = []byte{} // a nil slice would be sent as NULL
-	}
-	return row{key: key, uuid: msg.UUID, orderingKey: orderingKey, topic: topic, payload: payload, metadata: metadata, tooOld: tooOld, due: due}, nil
+	return tooOld, due, nil
 }
 
 // checkAge is the age guard (ReceiverConfig.MaxMessageAge). It returns why the message is too
@@ -431,16 +470,12 @@ func (r *Receiver) writeBatch(batch []*groupcommit.Member[row]) {
 	defer cancel()
 	err := r.writeRows(ctx, rows)
 	if err == nil {
-		for _, m := range batch {
-			m.Answer(nil)
-		}
+		answerAll(batch, nil)
 		return
 	}
 	if len(batch) == 1 || pgtx.IsConnectionError(err) || ctx.Err() != nil {
 		r.logger.Error("Inbox batch failed; its messages are nacked", err, watermill.LogFields{"messages": len(batch)})
-		for _, m := range batch {
-			m.Answer(err)
-		}
+		answerAll(batch, err)
 		return
 	}
 	// All input was checked in prepare, but a row may still trip something we did not foresee:
@@ -448,6 +483,13 @@ func (r *Receiver) writeBatch(batch []*groupcommit.Member[row]) {
 	r.logger.Error("Inbox batch failed; writing its rows one by one", err, watermill.LogFields{"messages": len(batch)})
 	for _, m := range batch {
 		m.Answer(r.writeRows(ctx, []row{m.Item}))
+	}
+}
+
+// answerAll gives every member of batch the same answer.
+func answerAll(batch []*groupcommit.Member[row], err error) {
+	for _, m := range batch {
+		m.Answer(err)
 	}
 }
 
