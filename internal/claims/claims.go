@@ -139,28 +139,20 @@ func ClaimHistory(ctx context.Context, db *sql.DB, schema, consumer string, star
 		args, where = append(args, consumer), ` AND consumer = $4`
 	}
 	union, err := bothTables(ctx, db, pm, daily, `SELECT consumer, processed_at FROM %s WHERE processed_at >= $1 AND processed_at < $2`+where)
-	if err == nil {
-		err = checkBuckets(width, n)
-	}
 	if err != nil {
 		return nil, WrapErr("claim history", err)
 	}
-	out, err := bucketCounts(ctx, db, n, `SELECT consumer, floor(extract(epoch FROM processed_at - $1::timestamptz) / $3)::int AS b, count(*)
+	out, err := bucketCounts(ctx, db, width, n, `SELECT consumer, floor(extract(epoch FROM processed_at - $1::timestamptz) / $3)::int AS b, count(*)
 FROM (`+union+`) x GROUP BY 1, 2`, args...)
 	return out, WrapErr("claim history", err)
 }
 
-// checkBuckets checks the buckets a history is asked for.
-func checkBuckets(width time.Duration, n int) error {
-	if width <= 0 || n < 1 {
-		return fmt.Errorf("width must be positive and n at least 1, got %s and %d", width, n)
-	}
-	return nil
-}
-
 // bucketCounts runs query, whose rows are (consumer, bucket index, count), and adds them up in
-// n buckets per consumer, leaving out indexes outside 0..n-1.
-func bucketCounts(ctx context.Context, db *sql.DB, n int, query string, args ...any) (map[string][]int64, error) {
+// n buckets (of width) per consumer, leaving out indexes outside 0..n-1.
+func bucketCounts(ctx context.Context, db *sql.DB, width time.Duration, n int, query string, args ...any) (map[string][]int64, error) {
+	if width <= 0 || n < 1 {
+		return nil, fmt.Errorf("width must be positive and n at least 1, got %s and %d", width, n)
+	}
 	out := map[string][]int64{}
 	err := pgtx.QueryEach(ctx, db, func(s pgtx.Scanner) error {
 		var c string
@@ -175,10 +167,7 @@ func bucketCounts(ctx context.Context, db *sql.DB, n int, query string, args ...
 		out[c][k] += cnt
 		return nil
 	}, query, args...)
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
+	return out, err // with an error, what was read before it
 }
 
 // WrapErr prefixes err with the operation ("once: op: ..."); nil stays nil.
@@ -253,10 +242,7 @@ func DuplicateHistory(ctx context.Context, db *sql.DB, schema, consumer string, 
 	if _, _, err := Tables("duplicate history", db, &schema); err != nil {
 		return nil, err
 	}
-	if err := checkBuckets(width, n); err != nil {
-		return nil, WrapErr("duplicate history", err)
-	}
-	out, err := bucketCounts(ctx, db, n, `SELECT consumer, floor(extract(epoch FROM minute - $1::timestamptz) / $3)::int AS b, sum(duplicates)::bigint
+	out, err := bucketCounts(ctx, db, width, n, `SELECT consumer, floor(extract(epoch FROM minute - $1::timestamptz) / $3)::int AS b, sum(duplicates)::bigint
 FROM `+pgtx.QualifiedName(schema, "duplicates_per_minute")+`
 WHERE minute >= $1 AND minute < $2 AND ($4 = '' OR consumer = $4) GROUP BY 1, 2`,
 		start, start.Add(time.Duration(n)*width), width.Seconds(), consumer)

@@ -241,7 +241,7 @@ func (c *lazyBeginConn) holdBack(sql string) []byte {
 	switch {
 	case c.status != 'I' && isGuardMarker(sql):
 		return c.markerReply(sql)
-	case c.status == 'I' && len(c.pending) == 0 && beginRE.MatchString(sql):
+	case c.beginsLazily(sql):
 		c.pending = []string{sql}
 		c.status = 'T' // as far as the client knows; the server's next ReadyForQuery tells
 		return synthBegin
@@ -249,6 +249,12 @@ func (c *lazyBeginConn) holdBack(sql string) []byte {
 		return c.holdDeferred(sql)
 	}
 	return nil
+}
+
+// beginsLazily reports a BEGIN of pgx's sent while idle: the one BEGIN that is held back.
+// c.mu is held.
+func (c *lazyBeginConn) beginsLazily(sql string) bool {
+	return c.status == 'I' && len(c.pending) == 0 && beginRE.MatchString(sql)
 }
 
 func isGuardMarker(sql string) bool {
@@ -368,12 +374,18 @@ func (c *lazyBeginConn) received(n int, err error) error {
 	case err == nil:
 	case !isTimeout(err):
 		c.readErr = cmp.Or(c.readErr, err)
-	case c.readDeadline.IsZero() || time.Now().Before(c.readDeadline):
-		_ = c.Conn.SetReadDeadline(c.readDeadline) // ours, set to wake this Read (or a leftover of it)
+	case c.ourTimeout():
+		_ = c.Conn.SetReadDeadline(c.readDeadline)
 	case c.outPos == len(c.out):
 		return err // pgconn's own deadline; it may read on later
 	}
 	return nil
+}
+
+// ourTimeout reports that a read timed out on the deadline give set to wake it (or a leftover
+// of it), not on pgconn's own. c.mu is held.
+func (c *lazyBeginConn) ourTimeout() bool {
+	return c.readDeadline.IsZero() || time.Now().Before(c.readDeadline)
 }
 
 func isTimeout(err error) bool {
@@ -427,7 +439,7 @@ func (c *lazyBeginConn) keep(m []byte) (bool, error) {
 		return false, nil
 	case typ == 'E':
 		c.strip = nil
-	case typ != 'N' && typ != 'S' && typ != 'A': // notices, parameter changes, notifications pass
+	case strings.IndexByte("NSA", typ) < 0: // notices, parameter changes, notifications pass
 		return false, fmt.Errorf("pgwire: lazy BEGIN: unexpected server message %q: %w", typ, errLazyBegin)
 	}
 	return true, nil

@@ -3,6 +3,7 @@ package pgwire
 import (
 	"database/sql"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"weak"
@@ -87,20 +88,30 @@ func Guards(db *sql.DB) bool {
 // guard must not let a COMMIT through on a misreading.
 func endsTx(sql string) bool {
 	l := sqlLexer{s: sql}
-	var lead []string // the statement's first words, lower case, while nothing else came between
+	for {
+		lead, more, readable := l.statement()
+		if !readable || endsStatement(lead) {
+			return true
+		}
+		if !more {
+			return false
+		}
+	}
+}
+
+// statement reads the next statement and returns its first words (up to three, lower case,
+// while nothing else came between), whether more statements follow, and false if the text
+// cannot be read to the statement's end.
+func (l *sqlLexer) statement() (lead []string, more, readable bool) {
 	leading := true
 	for {
-		tok, text := l.next()
-		switch tok {
+		switch tok, text := l.next(); tok {
 		case tokEnd:
-			return endsStatement(lead)
+			return lead, false, true
 		case tokUnreadable:
-			return true
+			return nil, false, false
 		case tokSemicolon:
-			if endsStatement(lead) {
-				return true
-			}
-			lead, leading = lead[:0], true
+			return lead, true, true
 		case tokWord:
 			if leading && len(lead) < 3 {
 				lead = append(lead, strings.ToLower(text))
@@ -139,10 +150,10 @@ func preparesTransaction(next []string) bool { return len(next) > 0 && next[0] =
 // rollbackEnds: ROLLBACK [WORK | TRANSACTION] TO a savepoint and ROLLBACK PREPARED leave this
 // transaction alone; any other ROLLBACK (AND [NO] CHAIN included) ends it.
 func rollbackEnds(next []string) bool {
-	if len(next) > 0 && (next[0] == "work" || next[0] == "transaction") {
+	if len(next) > 0 && slices.Contains([]string{"work", "transaction"}, next[0]) {
 		next = next[1:]
 	}
-	return len(next) == 0 || next[0] != "to" && next[0] != "prepared"
+	return len(next) == 0 || !slices.Contains([]string{"to", "prepared"}, next[0])
 }
 
 // The tokens of sqlLexer.
@@ -192,7 +203,7 @@ func (l *sqlLexer) next() (tok int, text string) {
 // opens.
 func (l *sqlLexer) word() (tok int, text string) {
 	start := l.i
-	for l.i++; l.i < len(l.s) && (isWordByte(l.s[l.i]) || l.s[l.i] == '$'); {
+	for l.i++; l.i < len(l.s) && isIdentByte(l.s[l.i]); {
 		l.i++
 	}
 	word := l.s[start:l.i]
@@ -289,7 +300,7 @@ func dollarTag(s string) (string, bool) {
 	for end < len(s) && isWordByte(s[end]) {
 		end++
 	}
-	if end >= len(s) || s[end] != '$' || isDigit(s[1]) {
+	if !strings.HasPrefix(s[end:], "$") || isDigit(s[1]) {
 		return "", false
 	}
 	return s[:end+1], true
@@ -297,6 +308,9 @@ func dollarTag(s string) (string, bool) {
 
 // wordBytes are the ASCII bytes of words; every byte from 0x80 (UTF-8) is one too.
 const wordBytes = "_abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+
+// isIdentByte reports a byte that continues an unquoted identifier: a word byte or '$'.
+func isIdentByte(c byte) bool { return c == '$' || isWordByte(c) }
 
 func isWordByte(c byte) bool { return c >= 0x80 || strings.IndexByte(wordBytes, c) >= 0 }
 
@@ -422,7 +436,7 @@ func onlyCloses(p []byte) bool {
 			return false
 		case typ == 'C':
 			closes = true
-		case typ != 'S' && typ != 'H':
+		case strings.IndexByte("SH", typ) < 0: // not Sync, not Flush
 			return false
 		}
 		rest = next
