@@ -166,15 +166,13 @@ func (c *lazyBeginConn) withPending(p []byte) ([]byte, error) {
 	typ, body, rest, ok := firstMessage(p)
 	var send []byte
 	switch {
-	case !ok:
-		return nil, fmt.Errorf("pgwire: a partial message follows held-back statements: %w", errLazyBegin)
-	case typ == 'Q' && len(body) > 0:
+	case ok && typ == 'Q' && len(body) > 0:
 		send = c.pendingInQuery(body, rest)
 	case typ == 'P', typ == 'B' && namedBind(body):
 		send = c.pendingInPipeline(p)
 	case typ == 'X':
 		send = p // Terminate: the server rolls back
-	default:
+	default: // typ 0: a partial message
 		return nil, fmt.Errorf("pgwire: message %q cannot follow held-back statements: %w", typ, errLazyBegin)
 	}
 	c.pending = nil
@@ -403,16 +401,12 @@ func (c *lazyBeginConn) parse() {
 			c.in = nil
 		}
 	}()
-	for len(c.in)-pos >= 5 {
-		n := int(binary.BigEndian.Uint32(c.in[pos+1 : pos+5]))
-		if n < 4 {
-			c.readErr = fmt.Errorf("pgwire: lazy BEGIN: malformed server message: %w", errLazyBegin)
+	for {
+		m, err := serverMessage(c.in[pos:])
+		if err != nil || m == nil { // malformed, or not all there yet
+			c.readErr = cmp.Or(err, c.readErr)
 			return
 		}
-		if len(c.in)-pos < 1+n {
-			break
-		}
-		m := c.in[pos : pos+1+n]
 		keep, err := c.keep(m)
 		if err != nil {
 			c.readErr = err
@@ -421,8 +415,24 @@ func (c *lazyBeginConn) parse() {
 		if keep {
 			c.out = append(c.out, m...)
 		}
-		pos += 1 + n
+		pos += len(m)
 	}
+}
+
+// serverMessage returns the whole server message at the start of in; nil while it is not all
+// there yet.
+func serverMessage(in []byte) ([]byte, error) {
+	if len(in) < 5 {
+		return nil, nil
+	}
+	n := int(binary.BigEndian.Uint32(in[1:5]))
+	switch {
+	case n < 4:
+		return nil, fmt.Errorf("pgwire: lazy BEGIN: malformed server message: %w", errLazyBegin)
+	case len(in) < 1+n:
+		return nil, nil
+	}
+	return in[:1+n], nil
 }
 
 // keep reports whether the server message m goes to the client: not when it is the next reply

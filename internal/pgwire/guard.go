@@ -188,7 +188,7 @@ func (l *sqlLexer) next() (tok int, text string) {
 	case c == ';':
 		l.i++
 		return tokSemicolon, ";"
-	case c == '\'' || c == '"':
+	case c == '\'', c == '"':
 		return l.quoted(c, false), ""
 	case c == '$':
 		return l.dollarQuoted(), ""
@@ -268,7 +268,7 @@ func (l *sqlLexer) quoted(q byte, escapes bool) int {
 		case escapes && l.s[j] == '\\':
 			j++
 		case l.s[j] != q:
-		case j+1 < len(l.s) && l.s[j+1] == q:
+		case strings.HasPrefix(l.s[j+1:], string(q)):
 			j++ // doubled: part of the literal
 		default:
 			l.i = j + 1
@@ -335,7 +335,7 @@ func guardWrite(p []byte) (_ []byte, doomed bool) {
 			msg = rest[:len(rest)-len(next)]
 		}
 		changed = changed || refused
-		doomed = doomed || typ == 'Q' && string(body) == pgxRollback+"\x00"
+		doomed = doomed || isPgxRollback(typ, body)
 		out = append(out, msg...)
 		rest = next
 	}
@@ -343,6 +343,12 @@ func guardWrite(p []byte) (_ []byte, doomed bool) {
 		return p, doomed
 	}
 	return append(out, rest...), true
+}
+
+// isPgxRollback reports the Query that pgx sends for (*sql.Tx).Rollback.
+func isPgxRollback(typ byte, body []byte) bool {
+	sql, ok := queryText(typ, body)
+	return ok && sql == pgxRollback
 }
 
 // refusal returns the refusal that replaces a Query or Parse message that ends the
