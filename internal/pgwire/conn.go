@@ -35,7 +35,7 @@ import (
 //     real replies removed (an error of theirs is passed on, as for BEGIN).
 //   - GuardOpen, GuardClose and GuardCheck, sent inside a transaction, are answered
 //     at once and not sent; between Open and Close a COMMIT or ROLLBACK is replaced by the
-//     refusal, and every later statement of the attempt is refused (wireguard.go).
+//     refusal, and every later statement of the attempt is refused (guard.go).
 //
 // Reads and writes may run in different goroutines (pgconn reads in the background during slow
 // writes), so the state is behind a mutex that is never held across network I/O, and a read
@@ -46,8 +46,8 @@ type lazyBeginConn struct {
 	mu            sync.Mutex
 	ready         bool      // startup finished: the first ReadyForQuery was seen
 	status        byte      // transaction status of the last ReadyForQuery
-	guarded       bool      // the wire guard is open: COMMITs are refused (wireguard.go)
-	doomed        bool      // the guard refused: every statement is refused until undoom (wireguard.go)
+	guarded       bool      // the wire guard is open: COMMITs are refused (guard.go)
+	doomed        bool      // the guard refused: every statement is refused until undoom (guard.go)
 	doomErrorSent bool      // doomed: the extended-protocol messages before the next Sync have their error
 	pending       []string  // held-back statements (a BEGIN, or deferred ones), in order
 	strip         []byte    // message types to remove from the server's stream, in order
@@ -117,7 +117,7 @@ func (c *lazyBeginConn) Write(p []byte) (int, error) {
 }
 
 // toSend returns what of the client's write p goes to the server, in four steps: a doomed
-// connection refuses it (wireguard), a statement that may wait is answered at once and held
+// connection refuses it (guard.go), a statement that may wait is answered at once and held
 // back, an open guard replaces the COMMITs in it, and the statements held back so far go
 // before it. c.mu is held.
 func (c *lazyBeginConn) toSend(p []byte) ([]byte, error) {
@@ -219,7 +219,7 @@ func (c *lazyBeginConn) give(reply []byte) {
 // leadingMarker opens or closes the wire guard for a query that starts with GuardOpen or
 // GuardClose (after DeferredPrefix, for the close) and goes on: the marker rides with a
 // statement of the library's own, in a transaction it did not begin (watermill-sql's
-// subscriber's), where a pool not from Open sees only a comment. c.mu is held.
+// subscriber's), where a pool not from pgtx.Open sees only a comment. c.mu is held.
 func (c *lazyBeginConn) leadingMarker(sql string) {
 	switch {
 	case leads(sql, GuardOpen) && c.status != 'I':
@@ -295,7 +295,7 @@ func commandTag(stmt string) string {
 
 // DeferredPrefix marks a statement list, sent without arguments inside a transaction, that may
 // travel with the transaction's next statement instead of costing a round trip of its own (with
-// Open's lazy BEGIN on). The statements must not return rows (no SELECT: the connection then
+// pgtx.Open's lazy BEGIN on). The statements must not return rows (no SELECT: the connection then
 // fails) nor contain ';' in literals, their outcome must not matter to the caller until then
 // (the reply is given at once: RowsAffected is 0), and an error of theirs must be fine to
 // surface as the error of the next statement, which then does not run (the transaction is

@@ -9,7 +9,7 @@ import (
 	"weak"
 )
 
-// The commit guard on the wire. A pool from Open (lazy BEGIN on) can refuse a COMMIT on the
+// The commit guard on the wire. A pool from pgtx.Open (lazy BEGIN on) can refuse a COMMIT on the
 // connection itself, below pgx: between GuardOpen and GuardClose, sent inside a
 // transaction, any COMMIT the client sends (tx.Commit, or COMMIT, END, ROLLBACK, ABORT or
 // PREPARE TRANSACTION as SQL text, alone or in a statement list) is replaced by a ROLLBACK and
@@ -52,7 +52,7 @@ const CodeAttemptGuard = "WM002"
 // run in autocommit. So the connection refuses them all itself, sending nothing, with
 // doomedError, until database/sql is done with the transaction: pgx's own "rollback" is let
 // through (answered at once when the server is idle, so that it logs no warning), and the
-// connection is undoomed when database/sql hands it out again (Open's session reset).
+// connection is undoomed when database/sql hands it out again (pgtx.Open's session reset).
 var doomedError = message('E', []byte("SERROR\x00VERROR\x00C"+CodeAttemptGuard+"\x00Mwatermill-once: refused: the handler ended the transaction it was lent (COMMIT or ROLLBACK), so nothing more of this attempt reaches the database and nothing of it is applied\x00"+
 	"Ha handler must not Commit or Rollback the transaction it was given (the library commits it)\x00\x00"))
 
@@ -62,14 +62,14 @@ const (
 	pgxPing     = "-- ping"
 )
 
-// wireGuardPools holds the pools from Open whose connections guard commits on the wire.
+// wireGuardPools holds the pools from pgtx.Open whose connections guard commits on the wire.
 var wireGuardPools sync.Map // weak.Pointer[sql.DB] -> struct{}
 
 // Register records that db's connections are wrapped by Wrap (pgtx.Open with lazy BEGIN on).
 func Register(db *sql.DB) { wireGuardPools.Store(weak.Make(db), struct{}{}) }
 
 // Guards reports whether db's connections refuse COMMIT between GuardOpen and
-// GuardClose: db came from Open with lazy BEGIN on.
+// GuardClose: db came from pgtx.Open with lazy BEGIN on.
 func Guards(db *sql.DB) bool {
 	if db == nil {
 		return false
@@ -113,13 +113,21 @@ func (l *sqlLexer) statement() (lead []string, more, readable bool) {
 		case tokSemicolon:
 			return lead, true, true
 		case tokWord:
-			if leading && len(lead) < 3 {
-				lead = append(lead, strings.ToLower(text))
+			if leading {
+				lead = appendLead(lead, text)
 			}
 		default:
 			leading = false
 		}
 	}
+}
+
+// appendLead adds word to a statement's first words, up to the three endsStatement reads.
+func appendLead(lead []string, word string) []string {
+	if len(lead) == 3 {
+		return lead
+	}
+	return append(lead, strings.ToLower(word))
 }
 
 // endsStatement reports whether a statement starting with the words lead ends the
