@@ -6,10 +6,8 @@ type claimKey struct{}
 
 type claim struct{ consumer, key string }
 
-// ClaimFromContext returns the consumer name and dedupe key under which the middleware claimed
-// the message being handled. Code that derives keys for effects outside the database (see
-// package idemkey) uses them so that its keys follow the dedupe key exactly, whatever Consumer
-// and Key are configured.
+// ClaimFromContext returns the consumer and dedupe key under which the message being handled
+// was claimed, so that keys for effects outside the database (package idemkey) follow it.
 func ClaimFromContext(ctx context.Context) (consumer, key string, ok bool) {
 	c, ok := ctx.Value(claimKey{}).(claim)
 	return c.consumer, c.key, ok

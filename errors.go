@@ -7,10 +7,8 @@ import (
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 )
 
-// PermanentError marks a failure that retrying the same message cannot fix: a bad key, a
-// payload that does not decode, a handler returning messages without a topic or messages the
-// outbox cannot store. Every component that retries (the middleware's Stack, the inbox
-// Processor, the intent Sender) parks such a failure at once instead of retrying it.
+// PermanentError marks a failure that retrying the same message cannot fix (a bad key, an
+// undecodable payload): every component that retries parks it at once instead.
 type PermanentError struct{ Err error }
 
 func (e *PermanentError) Error() string { return "permanent: " + e.Err.Error() }
@@ -59,10 +57,7 @@ var ErrMalformedMetadata = errors.New("wmonce: malformed message metadata")
 // of the inbox Receiver). Permanent.
 var ErrTooOld = errors.New("wmonce: message older than MaxMessageAge")
 
-// ErrHandlerEndedTx is wrapped, as a permanent error, when user code (a handler, an HTTP
-// handler, a versioned apply function) called Commit or Rollback on the transaction the
-// library lent it. The library's attempt guard refuses such a COMMIT on the server, so the
-// transaction is rolled back and nothing of it is applied: no claim, no effect, no output. The
-// message is a permanent failure of its own (parked, or answered with an error), never acked as
-// applied; running it again would end the transaction again.
+// ErrHandlerEndedTx is wrapped, as a permanent error, when user code called Commit or Rollback
+// on the transaction the library lent it: the attempt guard refuses that COMMIT, so nothing of
+// it is applied (no claim, no effect, no output), and the message is never acked as applied.
 var ErrHandlerEndedTx = errors.New("wmonce: the handler ended the transaction it was given (Commit or Rollback on the transaction from the context); nothing of it was applied")

@@ -5,20 +5,18 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-
-	"github.com/wmonce/watermill-once/internal/setup"
 )
 
 // ErrInvalidKey is wrapped by every error about a message's dedupe key. Such errors are also
 // permanent (see IsPermanent): retrying the same message cannot fix its key.
 var ErrInvalidKey = errors.New("wmonce: invalid dedupe key")
 
-// KeyFunc returns the dedupe key of a message: a stable id the producer gives every copy of one
-// event. Never use a broker delivery id (Kafka offset, AMQP delivery tag, SQS receipt handle):
-// those change on redelivery and would let every copy through.
+// KeyFunc returns a key of a message: its dedupe key (a component's Config.Key), or the inbox's
+// ordering key (inbox.ReceiverConfig.OrderingKey). A dedupe key is a stable id the producer
+// gives every copy of one event. Never use a broker delivery id (Kafka offset, AMQP delivery
+// tag, SQS receipt handle): those change on redelivery and would let every copy through.
 type KeyFunc func(msg *message.Message) (string, error)
 
 // KeyFromUUID uses the Watermill message UUID, which watermill-once's outbox and Watermill's
@@ -32,20 +30,20 @@ func KeyFromUUID() KeyFunc {
 	}
 }
 
-// KeyFromMetadata uses a metadata field, e.g. "event_id" set by the producer.
+// KeyFromMetadata uses a metadata field, e.g. "event_id" set by the producer. A message without
+// the field is refused (a permanent error), never keyed "".
 func KeyFromMetadata(field string) KeyFunc {
 	return func(msg *message.Message) (string, error) {
 		v := msg.Metadata.Get(field)
 		if v == "" {
-			return "", fmt.Errorf("metadata field %q is missing or empty: the producer must set it, or configure another Key", field)
+			return "", fmt.Errorf("metadata field %q is missing or empty: the producer must set it, or configure another key function", field)
 		}
 		return v, nil
 	}
 }
 
-// KeyFromPayloadSHA256 uses the hex SHA-256 of the raw payload bytes, for producers that send
-// no id. Two distinct events with byte-identical payloads are then one event: include something
-// unique (an event id, a timestamp) in the payload if that can happen.
+// KeyFromPayloadSHA256 uses the hex SHA-256 of the raw payload, for producers that send no id:
+// byte-identical payloads are then one event.
 func KeyFromPayloadSHA256() KeyFunc {
 	return func(msg *message.Message) (string, error) {
 		sum := sha256.Sum256(msg.Payload)
@@ -53,44 +51,5 @@ func KeyFromPayloadSHA256() KeyFunc {
 	}
 }
 
-// KeyFromFunc adapts a business-key extractor (e.g. decode the payload and return the payment
-// id). It exists for readability at the call site; any KeyFunc works.
+// KeyFromFunc adapts a business-key extractor (e.g. the payment id in the payload).
 func KeyFromFunc(f func(msg *message.Message) (string, error)) KeyFunc { return f }
-
-// SetKeyDefaults fills in the dedupe-key settings a component's Config left zero: the message
-// UUID as key (KeyFromUUID), keys up to 255 bytes.
-func SetKeyDefaults(key *KeyFunc, maxKeyLength *int) {
-	if *key == nil {
-		*key = KeyFromUUID()
-	}
-	if *maxKeyLength == 0 {
-		*maxKeyLength = setup.DefaultMaxKeyLength
-	}
-}
-
-// SetAgeGuardDefaults fills in the parts of a MaxMessageAge guard a component's Config left
-// nil: the event time read from the RFC 3339 metadata field (occurredAtFromMetadata), and
-// time.Now as the clock.
-func SetAgeGuardDefaults(occurredAt *func(*message.Message) (time.Time, bool, error), now *func() time.Time, field string) {
-	if *occurredAt == nil {
-		*occurredAt = occurredAtFromMetadata(field)
-	}
-	if *now == nil {
-		*now = time.Now
-	}
-}
-
-// occurredAtFromMetadata reads the event time from an RFC 3339 metadata field.
-func occurredAtFromMetadata(field string) func(*message.Message) (time.Time, bool, error) {
-	return func(msg *message.Message) (time.Time, bool, error) {
-		v := msg.Metadata.Get(field)
-		if v == "" {
-			return time.Time{}, false, nil
-		}
-		t, err := time.Parse(time.RFC3339Nano, v)
-		if err != nil {
-			return time.Time{}, false, fmt.Errorf("metadata %q is not an RFC 3339 time: %q", field, v)
-		}
-		return t, true, nil
-	}
-}

@@ -25,12 +25,8 @@ type OpsConfig struct {
 	Schema string
 }
 
-// Ops are the operator's tools on the inbox: look at rows, count them, send parked rows back
-// to work, skip what must not run, and delete old finished rows. A CLI and an admin page call
-// these. Every change is one statement (one transaction) and wakes the processors.
-//
-// Changes never touch IN_PROGRESS rows: they belong to a worker until it settles them or its
-// lease expires.
+// Ops are the operator's tools on the inbox: look at rows, count them, replay, skip, pause.
+// Every change is one statement and wakes the processors; none touches IN_PROGRESS rows.
 type Ops struct {
 	db     *sql.DB
 	schema string
@@ -70,56 +66,57 @@ type Filter struct {
 	AfterID int64
 }
 
+// where returns the SQL condition and arguments that select f's rows, defaultStatuses when f
+// names none.
 func (f Filter) where(defaultStatuses []Status) (string, []any, error) {
 	if err := validateConsumer(f.Consumer); err != nil {
 		return "", nil, err
 	}
-	statuses := f.Statuses
-	if len(statuses) == 0 {
-		statuses = defaultStatuses
+	if len(f.Statuses) > 0 {
+		defaultStatuses = f.Statuses
 	}
-	var conds []string
+	statuses, err := statusTexts(defaultStatuses)
+	if err != nil {
+		return "", nil, err
+	}
+	// Each field that is set adds one condition on one argument ($n: its place in args).
+	conds := []struct {
+		set  bool
+		cond string
+		arg  any
+	}{
+		{true, "consumer = $%d", f.Consumer},
+		{len(statuses) > 0, "status = ANY($%d::text[])", statuses},
+		{len(f.IDs) > 0, "id = ANY($%d::bigint[])", f.IDs},
+		{len(f.MessageIDs) > 0, "message_id = ANY($%d::text[])", f.MessageIDs},
+		{f.OrderingKey != "", "ordering_key = $%d", f.OrderingKey},
+		{f.Topic != "", "topic = $%d", f.Topic},
+		{!f.ReceivedAfter.IsZero(), "received_at >= $%d", f.ReceivedAfter},
+		{!f.ReceivedBefore.IsZero(), "received_at < $%d", f.ReceivedBefore},
+		{f.ErrorContains != "", "strpos(last_error, $%d) > 0", f.ErrorContains},
+		{f.AfterID > 0, "id > $%d", f.AfterID},
+	}
+	var sql []string
 	var args []any
-	arg := func(v any) string {
-		args = append(args, v)
-		return "$" + strconv.Itoa(len(args))
-	}
-	conds = append(conds, "consumer = "+arg(f.Consumer))
-	if len(statuses) > 0 {
-		s := make([]string, len(statuses))
-		for i, st := range statuses {
-			if !st.valid() {
-				return "", nil, fmt.Errorf("unknown status %q: use PENDING, IN_PROGRESS, DONE, FAILED or SKIPPED", st)
-			}
-			s[i] = string(st)
+	for _, c := range conds {
+		if c.set {
+			args = append(args, c.arg)
+			sql = append(sql, fmt.Sprintf(c.cond, len(args)))
 		}
-		conds = append(conds, "status = ANY("+arg(s)+"::text[])")
 	}
-	if len(f.IDs) > 0 {
-		conds = append(conds, "id = ANY("+arg(f.IDs)+"::bigint[])")
+	return strings.Join(sql, " AND "), args, nil
+}
+
+// statusTexts returns statuses as the text[] argument of a query, refusing unknown ones.
+func statusTexts(statuses []Status) ([]string, error) {
+	out := make([]string, len(statuses))
+	for i, st := range statuses {
+		if !st.valid() {
+			return nil, fmt.Errorf("unknown status %q: use PENDING, IN_PROGRESS, DONE, FAILED or SKIPPED", st)
+		}
+		out[i] = string(st)
 	}
-	if len(f.MessageIDs) > 0 {
-		conds = append(conds, "message_id = ANY("+arg(f.MessageIDs)+"::text[])")
-	}
-	if f.OrderingKey != "" {
-		conds = append(conds, "ordering_key = "+arg(f.OrderingKey))
-	}
-	if f.Topic != "" {
-		conds = append(conds, "topic = "+arg(f.Topic))
-	}
-	if !f.ReceivedAfter.IsZero() {
-		conds = append(conds, "received_at >= "+arg(f.ReceivedAfter))
-	}
-	if !f.ReceivedBefore.IsZero() {
-		conds = append(conds, "received_at < "+arg(f.ReceivedBefore))
-	}
-	if f.ErrorContains != "" {
-		conds = append(conds, "strpos(last_error, "+arg(f.ErrorContains)+") > 0")
-	}
-	if f.AfterID > 0 {
-		conds = append(conds, "id > "+arg(f.AfterID))
-	}
-	return strings.Join(conds, " AND "), args, nil
+	return out, nil
 }
 
 // changeableStatuses are the statuses each change may select: the one rule of which rows an

@@ -91,14 +91,10 @@ func (o *Ops) changeGroup(ctx context.Context, req inboxops.GroupRequest, set st
 	if len(req.IDs) > 0 {
 		where += ` AND id = ANY(` + arg(req.IDs) + `::bigint[])`
 	}
-	var ids string
 	if req.DryRun {
-		err := o.db.QueryRowContext(ctx, `SELECT coalesce(json_agg(id ORDER BY id), '[]')::text FROM `+o.q.table+` WHERE `+where, args...).Scan(&ids)
-		if err != nil {
-			return inboxops.GroupResult{}, err
-		}
-		return decodeIDs(ids)
+		return o.groupIDs(ctx, where, args)
 	}
+	var ids string
 	ch := arg(o.q.channel)
 	query := `WITH c AS (
     UPDATE ` + o.q.table + ` SET ` + set + `, claim_token = NULL, lease_until = NULL
@@ -109,6 +105,16 @@ SELECT coalesce((SELECT json_agg(id ORDER BY id) FROM c), '[]')::text,
     (SELECT count(pg_notify(` + ch + `::text, consumer)) FROM (SELECT DISTINCT consumer FROM c) d)`
 	var notified int
 	if err := o.db.QueryRowContext(ctx, query, args...).Scan(&ids, &notified); err != nil {
+		return inboxops.GroupResult{}, err
+	}
+	return decodeIDs(ids)
+}
+
+// groupIDs lists the ids of the rows where selects: a dry run of changeGroup.
+func (o *Ops) groupIDs(ctx context.Context, where string, args []any) (inboxops.GroupResult, error) {
+	var ids string
+	err := o.db.QueryRowContext(ctx, `SELECT coalesce(json_agg(id ORDER BY id), '[]')::text FROM `+o.q.table+` WHERE `+where, args...).Scan(&ids)
+	if err != nil {
 		return inboxops.GroupResult{}, err
 	}
 	return decodeIDs(ids)

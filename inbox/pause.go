@@ -8,15 +8,12 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// Pause (package doc, Pausing a consumer): a row of inbox_paused (migration 014) per paused
+// Pause (docs/inbox.md, Delayed messages and pausing): a row of inbox_paused (migration 014) per paused
 // consumer, read by every claim statement of its processors.
 
 // Pause pauses consumer: from the moment it commits, no Processor of the consumer, in any
-// process, claims a row; attempts running then finish, and rows claimed before it (a lease
-// batch) are still processed. The Receiver goes on storing messages (and acking them), which
-// wait as PENDING. A pause outlives restarts, until Resume. It reports whether the consumer was
-// running (false: it was paused already, and its paused_at is kept). A consumer needs no rows
-// to be paused: pausing one before its first message is fine.
+// process, claims a row (running attempts finish); the Receiver goes on storing. It lasts until
+// Resume and reports whether the consumer was running.
 func (o *Ops) Pause(ctx context.Context, consumer string) (bool, error) {
 	if err := validateConsumer(consumer); err != nil {
 		return false, fmt.Errorf("inbox: pause: %w", err)

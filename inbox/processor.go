@@ -43,37 +43,12 @@ type ProcessorCounters struct {
 	HandlerAcked uint64
 }
 
-// Processor works through one consumer's inbox rows with a plain Watermill handler.
-//
-// Guarantees:
-//   - Each row is applied at most once: the handler runs in a transaction together with the
-//     row's move to DONE and the messages it emits (stored in the outbox, forwarded later by the
-//     relay). The move is fenced by the claim token, so a worker whose lease ran out and whose
-//     row was claimed again cannot complete it: its transaction, handler effects included, is
-//     rolled back and the conflict counted.
-//   - The Processor commits the transaction, never the handler: while a handler runs, the
-//     schema's attempt guard (migrations 010 and 011) refuses any COMMIT, so a handler that
-//     calls Commit (or Rollback) on the transaction from its context applies nothing, neither
-//     its writes nor its outputs, and its row is parked as FAILED at once with a reason that
-//     says the handler ended the transaction (wmonce.ErrHandlerEndedTx, counted in
-//     HandlerEndedTx). The other rows of its TxBatchSize batch run again, one per
-//     transaction, and are applied once each.
-//   - Each row is attempted until it is DONE or parked: a failed attempt (error, panic,
-//     timeout) is recorded with the error and retried after an exponential backoff with
-//     jitter; a permanent error (wmonce.Permanent) or the MaxAttempts-th failure parks the
-//     row as FAILED, where it waits for Ops.Replay or a skip. An attempt that ends its worker's
-//     process or database connection (killed, crashed, terminated backend) still counts (its
-//     lease runs out), so a message that crashes its worker is parked rather than retried
-//     forever.
-//   - Rows with an ordering key are processed one at a time per key, in received order: a row
-//     is eligible only when every older row of its key is DONE or SKIPPED. A failing row
-//     holds back its key only; a FAILED row parks its key until replayed or skipped. Rows
-//     without a key are processed in parallel.
-//
-// Limits: effects outside the transaction (HTTP calls, e-mails) are at-least-once: a lost lease
-// or a crash before commit runs the handler again. Give such calls an idempotency key derived
-// from the Delivery (consumer, message id). Messages the handler emits reach their broker at
-// least once, through the outbox relay.
+// Processor works through one consumer's inbox rows with a plain Watermill handler. It
+// guarantees what the package doc's "Processing", "Retries and parking" and "Order" say: each
+// row applied once, in one transaction with its move to DONE and its output, which the
+// Processor commits; failed attempts retried with backoff, then parked as FAILED; per-key
+// order; leases fenced by a claim token. Where it stops: effects outside the database and
+// returned messages are at-least-once.
 type Processor struct {
 	db      *sql.DB
 	handler message.HandlerFunc
@@ -181,6 +156,29 @@ func (p *Processor) count(as settledAs, cause error, rows ...claimedRow) {
 	}
 }
 
+// awaitHandlers lets the running handlers (workers) finish within ShutdownGrace, then cancels
+// them (cancelHandlers) and waits a last while (ShutdownGrace, between 100ms and 5s) for those
+// that still run: after it their rows are released without them.
+func (p *Processor) awaitHandlers(workers *sync.WaitGroup, cancelHandlers context.CancelFunc) {
+	finished := make(chan struct{})
+	go func() { workers.Wait(); close(finished) }()
+	if p.config.ShutdownGrace > 0 {
+		t := time.NewTimer(p.config.ShutdownGrace)
+		select {
+		case <-finished:
+		case <-t.C:
+			p.logger.Info("Shutdown grace elapsed: cancelling running handlers", nil)
+		}
+		t.Stop()
+	}
+	cancelHandlers()
+	select {
+	case <-finished:
+	case <-time.After(min(max(p.config.ShutdownGrace, 100*time.Millisecond), 5*time.Second)):
+		p.logger.Error("Handlers ignore cancellation; releasing their rows without them", errors.New("handler did not return"), nil)
+	}
+}
+
 // handlerCtx is the parent of every processing transaction of the current Run; it is cancelled
 // when that Run's shutdown grace runs out.
 func (p *Processor) handlerCtx() context.Context { return *p.hctx.Load() }
@@ -223,23 +221,7 @@ func (p *Processor) run(claimCtx context.Context) error {
 		p.releaseUnstarted(w)
 	}
 
-	finished := make(chan struct{})
-	go func() { workers.Wait(); close(finished) }()
-	if p.config.ShutdownGrace > 0 {
-		t := time.NewTimer(p.config.ShutdownGrace)
-		select {
-		case <-finished:
-		case <-t.C:
-			p.logger.Info("Shutdown grace elapsed: cancelling running handlers", nil)
-		}
-		t.Stop()
-	}
-	cancelHandlers()
-	select {
-	case <-finished:
-	case <-time.After(min(max(p.config.ShutdownGrace, 100*time.Millisecond), 5*time.Second)):
-		p.logger.Error("Handlers ignore cancellation; releasing their rows without them", errors.New("handler did not return"), nil)
-	}
+	p.awaitHandlers(&workers, cancelHandlers)
 	stopUpkeep()
 	background.Wait()
 	p.releaseAllOwned()

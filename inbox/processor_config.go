@@ -39,11 +39,8 @@ type ProcessorConfig struct {
 	// Consumer whose rows this processor works: the ReceiverConfig.Consumer. Required.
 	Consumer string
 
-	// Workers process rows concurrently, each in its own transactions. Default 4, at
-	// most 1024. The pool needs Workers connections plus up
-	// to three more (LISTEN, lease upkeep, operations). Rows of one ordering key never run at
-	// the same time; other rows do, in this and in every other Processor of the Consumer: see
-	// TxOptions for handlers that read before they write.
+	// Workers process rows concurrently, each in its own transactions. Default 4, at most
+	// 1024; the pool needs Workers connections plus three.
 	Workers int
 	// BatchSize is the most rows a worker claims at once. Default 16, at
 	// most MaxBatchSize. Without lease renewal the whole claimed batch must be
@@ -84,10 +81,8 @@ type ProcessorConfig struct {
 	Backoff    time.Duration
 	MaxBackoff time.Duration
 
-	// ShutdownGrace is how long Close lets handlers that are already running finish. After it
-	// their contexts and transactions are cancelled; handlers that still do not return within
-	// another ShutdownGrace (at most 5s) are abandoned, and every row still claimed is released.
-	// Default 10s; negative: cancel at once.
+	// ShutdownGrace is how long Close lets running handlers finish before it cancels them and
+	// releases their rows. Default 10s; negative: cancel at once.
 	ShutdownGrace time.Duration
 
 	// OutputTopic receives the messages the handler returns (through the outbox, in the
@@ -100,27 +95,12 @@ type ProcessorConfig struct {
 	// service's own Writer as Outbox, wherever the service's relay has a Source: rows of another
 	// source are never forwarded by it. Setting both is an error.
 	OutboxSource string
-	// TxOptions of the processing transactions. Default: isolation READ
-	// COMMITTED. Handlers of
-	// different rows run at the same time (Workers), so at READ COMMITTED a handler that
-	// reads a row and writes back a value computed from it (read a counter, add one, write
-	// it) loses the updates of handlers that commit in between. Make such a handler exact by
-	// computing in SQL (SET n = n + 1), by locking what it reads (SELECT ... FOR UPDATE), or
-	// by giving the messages that touch one row one ordering key (ReceiverConfig.OrderingKey):
-	// their rows run one at a time. REPEATABLE READ makes it exact too but is not the
-	// default, unlike the effectively-once middleware's: here a serialization failure counts
-	// as a failed attempt once the retries are spent (three new transactions), so
-	// MaxAttempts can park the rows of a contended counter; and a handler running longer
-	// than RenewInterval never completes (the lease
-	// renewal updates its row after the transaction's snapshot, so marking it DONE fails
-	// with 40001 every time).
-	// ReadOnly, or a level PostgreSQL does not have, is refused at construction
-	// (pgtx.CheckTxOptions).
+	// TxOptions of the processing transactions. Default READ COMMITTED: handlers of different
+	// rows run at once, so read-modify-write handlers must compute in SQL, lock, or share an
+	// ordering key (docs/inbox.md, Isolation). ReadOnly or an unknown level is refused.
 	TxOptions *sql.TxOptions
-	// TracerProvider traces every attempt: a consumer span per row and attempt, the child of
-	// the trace context the message carries, with the handler and the outbox store as child
-	// spans and the COMMIT as an event (see the package doc, Tracing). It is also the default
-	// Outbox's TracerProvider. Default otel.GetTracerProvider().
+	// TracerProvider traces every attempt (docs/inbox.md, Tracing), and is the default
+	// Outbox's. Default otel.GetTracerProvider().
 	TracerProvider trace.TracerProvider
 }
 
@@ -143,34 +123,43 @@ func (c *ProcessorConfig) setDefaults() {
 
 // Validate reports what to fix in a configuration.
 func (c ProcessorConfig) Validate() error {
-	errs := []error{
+	return errors.Join(
 		pgtx.ValidateIdentifier("schema", c.Schema),
 		validateConsumer(c.Consumer),
 		setup.Between("Workers", c.Workers, 1, maxProcessorWorkers),
 		setup.Between("BatchSize", c.BatchSize, 1, MaxBatchSize),
+		refuse(c.TxBatchSize < 1 || c.TxBatchSize > c.BatchSize, "TxBatchSize must be between 1 and BatchSize (%d), got %d", c.BatchSize, c.TxBatchSize),
 		setup.AtLeast("Lease", c.Lease, 10*time.Millisecond),
+		refuse(c.RenewInterval >= c.Lease, "RenewInterval (%s) must be shorter than Lease (%s), or negative to disable renewal", c.RenewInterval, c.Lease),
+		setup.NotNegative("HandlerTimeout", c.HandlerTimeout),
+		setup.NotNegative("ReapInterval", c.ReapInterval),
+		setup.NotNegative("PollInterval", c.PollInterval),
 		setup.AtLeast("MaxAttempts", c.MaxAttempts, 1),
+		setup.NotNegative("Backoff", c.Backoff),
+		setup.AtLeast("MaxBackoff", c.MaxBackoff, c.Backoff),
+		refuse(c.Outbox != nil && c.OutboxSource != "", "set OutboxSource or Outbox, not both: give the Writer its Source (outbox.Config.Source)"),
+		checkOutputTopic(c.OutputTopic),
 		pgtx.CheckTxOptions("TxOptions", c.TxOptions),
+	)
+}
+
+// refuse returns the error format says when bad holds, else nil: a check of a Config that no
+// setup range check expresses.
+func refuse(bad bool, format string, args ...any) error {
+	if !bad {
+		return nil
 	}
-	if c.Outbox != nil && c.OutboxSource != "" {
-		errs = append(errs, errors.New("set OutboxSource or Outbox, not both: give the Writer its Source (outbox.Config.Source)"))
+	return fmt.Errorf(format, args...)
+}
+
+// checkOutputTopic checks ProcessorConfig.OutputTopic ("": none, returning messages is an error
+// at run time).
+func checkOutputTopic(topic string) error {
+	if topic == "" {
+		return nil
 	}
-	if c.TxBatchSize < 1 || c.TxBatchSize > c.BatchSize {
-		errs = append(errs, fmt.Errorf("TxBatchSize must be between 1 and BatchSize (%d), got %d", c.BatchSize, c.TxBatchSize))
+	if err := outbox.DefaultValidateTopic(topic); err != nil {
+		return fmt.Errorf("OutputTopic: %w", err)
 	}
-	if c.RenewInterval >= c.Lease {
-		errs = append(errs, fmt.Errorf("RenewInterval (%s) must be shorter than Lease (%s), or negative to disable renewal", c.RenewInterval, c.Lease))
-	}
-	if c.HandlerTimeout < 0 || c.ReapInterval < 0 || c.PollInterval < 0 {
-		errs = append(errs, errors.New("HandlerTimeout, ReapInterval and PollInterval must not be negative"))
-	}
-	if c.Backoff < 0 || c.MaxBackoff < c.Backoff {
-		errs = append(errs, fmt.Errorf("Backoff (%s) must not be negative and MaxBackoff (%s) not below it", c.Backoff, c.MaxBackoff))
-	}
-	if c.OutputTopic != "" {
-		if err := outbox.DefaultValidateTopic(c.OutputTopic); err != nil {
-			errs = append(errs, fmt.Errorf("OutputTopic: %w", err))
-		}
-	}
-	return errors.Join(errs...)
+	return nil
 }

@@ -11,14 +11,9 @@ import (
 )
 
 // PruneFinished deletes the DONE and SKIPPED rows of req.Consumer ("" for every consumer)
-// finished before req's cutoff (Before, or Keep ago by the database clock), oldest first, in
-// batches of at most req.BatchSize rows (one statement each), and returns how many it deleted,
-// also when it stops on an error or a cancelled ctx. PENDING, IN_PROGRESS and FAILED rows are
-// never deleted.
-//
-// A deleted row no longer deduplicates its message: keep rows for longer than the broker can
-// redeliver (retention, DLQ redrives, consumer-group resets). The scan walks the table in id
-// order and stops at the batch size, so it is cheap while old rows are mostly finished.
+// finished before req's cutoff, in batches, and returns how many it deleted. PENDING,
+// IN_PROGRESS and FAILED rows are never deleted. A deleted row no longer deduplicates its
+// message: keep rows for longer than the broker can redeliver.
 func PruneFinished(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error) {
 	schema, req, cutoff, err := owner.CheckPrune(ctx, db, schema, req, owner.AnyConsumer)
 	if err != nil {

@@ -19,7 +19,6 @@ import (
 	"github.com/wmonce/watermill-once/internal/groupcommit"
 	"github.com/wmonce/watermill-once/internal/lend"
 	"github.com/wmonce/watermill-once/internal/setup"
-	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -38,30 +37,6 @@ var ErrInvalidOrderingKey = errors.New("inbox: invalid ordering key")
 // faithfully: PostgreSQL text and jsonb hold neither invalid UTF-8 nor NUL characters, and
 // silently replacing them would hand the processor a different message than was sent.
 var ErrInvalidMetadata = errors.New("inbox: invalid metadata")
-
-// OrderingKeyFunc returns the key whose messages must be processed one at a time, in the order
-// the inbox received them. An empty key means the message has no ordering constraint.
-type OrderingKeyFunc func(msg *message.Message) (string, error)
-
-// OrderingKeyFromMetadata orders by a metadata field (e.g. "order_id"). A message without the
-// field is refused (a permanent error) rather than processed out of order; write your own
-// OrderingKeyFunc returning "" if such messages may go unordered.
-//
-// For Kafka, ordering by the record key keeps the partition's per-key order:
-//
-//	func(msg *message.Message) (string, error) {
-//		k, _ := kafka.MessageKeyFromCtx(msg.Context())
-//		return string(k), nil
-//	}
-func OrderingKeyFromMetadata(field string) OrderingKeyFunc {
-	return func(msg *message.Message) (string, error) {
-		v := msg.Metadata.Get(field)
-		if v == "" {
-			return "", fmt.Errorf("metadata field %q is missing or empty: the producer must set it, or configure another OrderingKey", field)
-		}
-		return v, nil
-	}
-}
 
 // Defaults of ReceiverConfig.
 const (
@@ -84,18 +59,17 @@ type ReceiverConfig struct {
 	// MaxKeyLength refuses longer dedupe and ordering keys (in bytes). Default 255, at most
 	// 1024.
 	MaxKeyLength int
-	// OrderingKey selects per-key ordering. Default nil: no ordering, rows are processed in
-	// parallel in roughly received order.
-	OrderingKey OrderingKeyFunc
+	// OrderingKey returns the key whose messages are processed one at a time, in the order the
+	// inbox received them (e.g. wmonce.KeyFromMetadata("account"); "" from your own function:
+	// no constraint for that message). Default nil: no ordering, rows are processed in parallel
+	// in roughly received order. See docs/inbox.md for Kafka's record key.
+	OrderingKey wmonce.KeyFunc
 
 	// BatchSize bounds the rows written by one statement. Default 500, at most
 	// MaxBatchSize.
 	BatchSize int
-	// Linger makes every row wait for company: a writer that starts waits this long before it
-	// takes its first batch (Close ends the wait). Default 0: a Handle that finds a writer free
-	// and nobody waiting writes its row at once, itself, so a lone message is never delayed; the
-	// rows that find every writer busy are written together by the next writer to free up, so
-	// under load batches grow by themselves while the previous one commits.
+	// Linger makes a writer wait this long for company before its first batch. Default 0: a
+	// lone message is written at once; under load batches form by themselves.
 	Linger time.Duration
 	// Workers is the number of batches written at once. Default 2,
 	// at most 64.
@@ -103,19 +77,9 @@ type ReceiverConfig struct {
 	// WriteTimeout bounds one batch statement. Default 10s.
 	WriteTimeout time.Duration
 
-	// MaxMessageAge is the age guard, with the semantics of the effectively-once middleware's
-	// option of the same name: a copy whose key is not (or no longer) in the inbox and whose
-	// event occurred longer ago than this is not processed, since its row may have been
-	// deleted by retention after the original was applied. The receiver being store-first,
-	// "refused" means parked: the copy is stored as a FAILED row (attempts 0, last_error
-	// naming wmonce.ErrTooOld) and acked, counted in ReceiverCounters.TooOld and logged as an
-	// ALERT. It is never processed unless an operator replays it (Ops.Replay) and stays the
-	// dedupe record of its key, so further copies are ordinary duplicates; like any FAILED row
-	// it holds back later rows of its ordering key until replayed or skipped. A copy whose key
-	// is still in the inbox is a duplicate whatever its age. Set it a little below the
-	// retention window of finished rows. Zero disables the guard; messages that carry no time
-	// are not checked; with the guard on, a time that cannot be read is refused (a permanent
-	// error wrapping wmonce.ErrMalformedMetadata).
+	// MaxMessageAge is the middleware's age guard, store-first: a copy of a key no longer in the
+	// inbox whose event is older than this is stored as a FAILED row (wmonce.ErrTooOld), acked
+	// and logged as an ALERT, never processed unless replayed. Zero: off (docs/inbox.md).
 	MaxMessageAge time.Duration
 	// OccurredAt returns when the event occurred, as carried by the message. Default: the
 	// "occurred_at" metadata (RFC 3339) that the outbox stamps. Used by MaxMessageAge only.
@@ -126,11 +90,11 @@ type ReceiverConfig struct {
 
 func (c *ReceiverConfig) setDefaults() {
 	c.Schema = cmp.Or(c.Schema, pgtx.DefaultSchema)
-	wmonce.SetKeyDefaults(&c.Key, &c.MaxKeyLength)
+	lend.KeyDefaults(&c.Key, &c.MaxKeyLength)
 	c.BatchSize = cmp.Or(c.BatchSize, defaultReceiverBatchSize)
 	c.Workers = cmp.Or(c.Workers, defaultReceiverWorkers)
 	c.WriteTimeout = cmp.Or(c.WriteTimeout, defaultWriteTimeout)
-	wmonce.SetAgeGuardDefaults(&c.OccurredAt, &c.Now, outbox.MetadataOccurredAt)
+	lend.AgeGuardDefaults(&c.OccurredAt, &c.Now)
 }
 
 // Validate reports what to fix in a configuration.
@@ -167,22 +131,13 @@ type ReceiverCounters struct {
 	Waiting       int64  // Handle calls waiting for their batch right now
 }
 
-// Receiver stores delivered messages in the inbox and acks them once stored. Use Handle as a
-// router handler:
+// Receiver stores delivered messages in the inbox and acks them once stored: Handle returns
+// nil only after the message's row (or an earlier copy's) is committed; any error means it may
+// not be, and the broker redelivers. A message whose key or metadata cannot be stored is
+// refused with a permanent error, never acked (package doc, Refusals). Use Handle as a router
+// handler:
 //
 //	router.AddConsumerHandler("payments-inbox", "payments", subscriber, receiver.Handle)
-//
-// Guarantee: Handle returns nil (the router acks) only after the message's row, or the row of
-// an earlier copy with the same key, is committed. A copy whose key is already present inserts
-// nothing and is acked. Any error means the row may not be committed: the router nacks and the
-// broker redelivers; if the row did commit after all (a lost COMMIT reply), the redelivery is a
-// duplicate and is acked. After the ack the inbox row is the only copy of the message: it is as
-// durable as the PostgreSQL commit (synchronous replication decides what a failover keeps).
-//
-// Concurrent Handle calls are group-committed, MaxMessageAge parks copies of forgotten keys
-// that are too old, and a message whose key or metadata cannot be stored is refused with a
-// permanent error, never acked silently: park it through a poison queue in front of Handle, or
-// it is redelivered forever (package doc: Receiving, Parking refused messages).
 type Receiver struct {
 	db     *sql.DB
 	config ReceiverConfig
@@ -274,16 +229,9 @@ func (r *Receiver) StoreTx(ctx context.Context, tx pgtx.Executor, topic string, 
 	if setup.IsNil(tx) { // also a nil *sql.Tx from pgtx.TxFromContext outside a transaction
 		return 0, fmt.Errorf("inbox: StoreTx: %w: tx is nil", pgtx.ErrNoTransaction)
 	}
-	rows := make([]row, len(msgs))
-	for i, msg := range msgs {
-		if msg == nil {
-			return 0, wmonce.Permanent(fmt.Errorf("inbox: message %d of %d is nil", i+1, len(msgs)))
-		}
-		rw, err := r.prepare(msg, topic)
-		if err != nil {
-			return 0, err
-		}
-		rows[i] = rw
+	rows, err := r.prepareAll(msgs, topic)
+	if err != nil {
+		return 0, err
 	}
 	// Not counted in Counters: whether these rows commit is up to the caller.
 	n, parked, err := r.insert(ctx, tx, rows)
@@ -292,6 +240,23 @@ func (r *Receiver) StoreTx(ctx context.Context, tx pgtx.Executor, topic string, 
 	}
 	r.alertTooOld(rows, parked, "stored in the caller's transaction")
 	return n, nil
+}
+
+// prepareAll prepares every message of a StoreTx call, or fails on the first unusable one:
+// nothing is written unless all can be.
+func (r *Receiver) prepareAll(msgs []*message.Message, topic string) ([]row, error) {
+	rows := make([]row, len(msgs))
+	for i, msg := range msgs {
+		if msg == nil {
+			return nil, wmonce.Permanent(fmt.Errorf("inbox: message %d of %d is nil", i+1, len(msgs)))
+		}
+		rw, err := r.prepare(msg, topic)
+		if err != nil {
+			return nil, err
+		}
+		rows[i] = rw
+	}
+	return rows, nil
 }
 
 // Counters returns the receiver's running totals.
@@ -321,46 +286,75 @@ func (r *Receiver) Close() error {
 // of one bad message.
 func (r *Receiver) prepare(msg *message.Message, topic string) (row, error) {
 	view := lend.View(msg) // what the key functions get: they cannot ack the delivery
-	key, err := r.config.Key(view)
+	rw := row{uuid: msg.UUID, topic: topic, payload: msg.Payload}
+	var err error
+	if rw.key, err = r.dedupeKey(view); err != nil {
+		return row{}, r.refuse(msg, err)
+	}
+	if rw.orderingKey, err = r.orderingKey(view); err != nil {
+		return row{}, r.refuse(msg, err)
+	}
+	if rw.metadata, err = r.storedMetadata(msg, topic); err != nil {
+		return row{}, r.refuse(msg, err)
+	}
+	if rw.tooOld, rw.due, err = r.schedule(view); err != nil {
+		return row{}, r.refuse(msg, err)
+	}
+	if rw.payload == nil {
+		rw.payload = []byte{} // a nil slice would be sent as NULL
+	}
+	return rw, nil
+}
+
+// dedupeKey returns msg's dedupe key, checked (wmonce.ErrInvalidKey).
+func (r *Receiver) dedupeKey(msg *message.Message) (string, error) {
+	key, err := r.config.Key(msg)
 	if err == nil {
 		err = setup.CheckKey(key, r.config.MaxKeyLength)
 	}
 	if err != nil {
-		return row{}, r.refuse(msg, fmt.Errorf("%w for message %q (consumer %q): %w", wmonce.ErrInvalidKey, msg.UUID, r.config.Consumer, err))
+		return "", fmt.Errorf("%w for message %q (consumer %q): %w", wmonce.ErrInvalidKey, msg.UUID, r.config.Consumer, err)
 	}
-	var orderingKey string
-	if r.config.OrderingKey != nil {
-		orderingKey, err = r.config.OrderingKey(view)
-		if err == nil && orderingKey != "" {
-			err = setup.CheckKey(orderingKey, r.config.MaxKeyLength)
-		}
-		if err != nil {
-			return row{}, r.refuse(msg, fmt.Errorf("%w for message %q (consumer %q): %w", ErrInvalidOrderingKey, msg.UUID, r.config.Consumer, err))
-		}
+	return key, nil
+}
+
+// orderingKey returns msg's ordering key, checked (ErrInvalidOrderingKey); "" without
+// OrderingKey.
+func (r *Receiver) orderingKey(msg *message.Message) (string, error) {
+	if r.config.OrderingKey == nil {
+		return "", nil
 	}
+	key, err := r.config.OrderingKey(msg)
+	if err == nil && key != "" {
+		err = setup.CheckKey(key, r.config.MaxKeyLength)
+	}
+	if err != nil {
+		return "", fmt.Errorf("%w for message %q (consumer %q): %w", ErrInvalidOrderingKey, msg.UUID, r.config.Consumer, err)
+	}
+	return key, nil
+}
+
+// storedMetadata returns msg's metadata as the row stores it, and checks that the topic and the
+// UUID are text PostgreSQL can hold (ErrInvalidMetadata).
+func (r *Receiver) storedMetadata(msg *message.Message, topic string) (string, error) {
 	metadata, err := encodeMetadata(msg.Metadata)
+	if err = cmp.Or(err, setup.CheckText("topic name", topic), setup.CheckText("message UUID", msg.UUID)); err != nil {
+		return "", fmt.Errorf("%w in message %q (consumer %q): %w", ErrInvalidMetadata, msg.UUID, r.config.Consumer, err)
+	}
+	return metadata, nil
+}
+
+// schedule returns the age guard's verdict on msg (checkAge) and when its first attempt is due
+// (dueOf); metadata it cannot read is wmonce.ErrMalformedMetadata.
+func (r *Receiver) schedule(msg *message.Message) (tooOld, due string, err error) {
+	tooOld, err = r.checkAge(msg)
 	if err == nil {
-		err = setup.CheckText("topic name", topic)
-	}
-	if err == nil {
-		err = setup.CheckText("message UUID", msg.UUID)
+		due, err = dueOf(msg)
 	}
 	if err != nil {
-		return row{}, r.refuse(msg, fmt.Errorf("%w in message %q (consumer %q): %w", ErrInvalidMetadata, msg.UUID, r.config.Consumer, err))
+		return "", "", fmt.Errorf("%w: message %q (consumer %q): %w", wmonce.ErrMalformedMetadata, msg.UUID, r.config.Consumer, err)
 	}
-	tooOld, err := r.checkAge(view)
-	if err != nil {
-		return row{}, r.refuse(msg, fmt.Errorf("%w: message %q (consumer %q): %w", wmonce.ErrMalformedMetadata, msg.UUID, r.config.Consumer, err))
-	}
-	due, err := dueOf(msg)
-	if err != nil {
-		return row{}, r.refuse(msg, fmt.Errorf("%w: message %q (consumer %q): %w", wmonce.ErrMalformedMetadata, msg.UUID, r.config.Consumer, err))
-	}
-	payload := msg.Payload
-	if payload == nil {
-		payload = []byte{} // a nil slice would be sent as NULL
-	}
-	return row{key: key, uuid: msg.UUID, orderingKey: orderingKey, topic: topic, payload: payload, metadata: metadata, tooOld: tooOld, due: due}, nil
+	return tooOld, due, nil
 }
 
 // checkAge is the age guard (ReceiverConfig.MaxMessageAge). It returns why the message is too
@@ -426,7 +420,7 @@ func (r *Receiver) refusedAgain(msg *message.Message, refusal error) {
 	}
 	// Watermill's logger has no warning level: an error-level line marked WARNING.
 	r.logger.Error("WARNING: a message the receiver refused was delivered again: nothing parked it, so it is redelivered forever and holds back its partition or queue."+
-		" Put Watermill's poison queue in front of Handle, publishing through outbox.Writer.ParkingPublisher(db) (not DBPublisher, which refuses exactly such messages; see the package doc). Logged once",
+		" Put Watermill's poison queue in front of Handle, publishing through outbox.Writer.ParkingPublisher(db) (not DBPublisher, which refuses exactly such messages; see docs/inbox.md). Logged once",
 		refusal, watermill.LogFields{"message_uuid": msg.UUID})
 }
 
@@ -476,16 +470,12 @@ func (r *Receiver) writeBatch(batch []*groupcommit.Member[row]) {
 	defer cancel()
 	err := r.writeRows(ctx, rows)
 	if err == nil {
-		for _, m := range batch {
-			m.Answer(nil)
-		}
+		answerAll(batch, nil)
 		return
 	}
 	if len(batch) == 1 || pgtx.IsConnectionError(err) || ctx.Err() != nil {
 		r.logger.Error("Inbox batch failed; its messages are nacked", err, watermill.LogFields{"messages": len(batch)})
-		for _, m := range batch {
-			m.Answer(err)
-		}
+		answerAll(batch, err)
 		return
 	}
 	// All input was checked in prepare, but a row may still trip something we did not foresee:
@@ -493,6 +483,13 @@ func (r *Receiver) writeBatch(batch []*groupcommit.Member[row]) {
 	r.logger.Error("Inbox batch failed; writing its rows one by one", err, watermill.LogFields{"messages": len(batch)})
 	for _, m := range batch {
 		m.Answer(r.writeRows(ctx, []row{m.Item}))
+	}
+}
+
+// answerAll gives every member of batch the same answer.
+func answerAll(batch []*groupcommit.Member[row], err error) {
+	for _, m := range batch {
+		m.Answer(err)
 	}
 }
 

@@ -112,7 +112,7 @@ func TestRefusesUnusableMessages(t *testing.T) {
 		Consumer:     "c",
 		Key:          wmonce.KeyFromMetadata("event_id"),
 		MaxKeyLength: 16,
-		OrderingKey:  inbox.OrderingKeyFromMetadata("account"),
+		OrderingKey:  wmonce.KeyFromMetadata("account"),
 	})
 	cases := map[string]struct {
 		msg  *message.Message

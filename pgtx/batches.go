@@ -9,11 +9,8 @@ import (
 )
 
 // DeleteInBatches runs query, a DELETE of at most batchSize rows whose last parameter is the
-// batch size (args are the ones before it), until a run deletes fewer than batchSize rows, and
-// returns how many it deleted in all, also when it stops on an error or a cancelled ctx. Each
-// run is a transaction of its own, so a large purge never holds locks for long. It is the one
-// loop behind every owner's Prune. Each run is planned anew (internal/replan): a plan cached while
-// the table was small would scan all of it for every batch.
+// batch size, each run a transaction of its own, until a run deletes fewer, and returns how
+// many it deleted in all, also on an error. It is the one loop behind every owner's Prune.
 func DeleteInBatches(ctx context.Context, db *sql.DB, batchSize int, query string, args ...any) (int64, error) {
 	args = replan.For(db).Args(append(args, batchSize)...)
 	var total int64
@@ -31,9 +28,8 @@ func DeleteInBatches(ctx context.Context, db *sql.DB, batchSize int, query strin
 	return total, ctx.Err()
 }
 
-// PruneRequest is what every owner's Prune function takes (outbox.Prune and PruneRejected,
-// once.PruneClaims and PruneDailyClaims, inbox.PruneFinished, intent.PruneSent,
-// httpidem.Prune): which rows are old enough to go, for whom, in batches of what size.
+// PruneRequest is what every owner's Prune function takes (outbox.Prune, once.PruneClaims,
+// inbox.PruneFinished, ...): which rows are old enough to go, for whom, in batches of what size.
 type PruneRequest struct {
 	// Before deletes rows older than this time (by the time column each owner documents).
 	// Set Before or Keep, not both.

@@ -4,16 +4,14 @@ import (
 	"context"
 )
 
-// Scanner is what a row offers to a scan function: *sql.Rows and *sql.Row both have it, so one
-// scan function serves a list (QueryAll) and a single row (QueryRowContext).
+// Scanner is *sql.Rows or *sql.Row: one scan function serves QueryAll and QueryRowContext.
 type Scanner interface {
 	Scan(dest ...any) error
 }
 
 // QueryEach runs query on q and calls each for every row, in order, stopping at the first
-// error each returns. It closes the rows and returns the error that ended them early
-// (rows.Err: a lost connection, or a statement that failed after its first rows), which a
-// loop written by hand easily forgets, and would then take part of the result for the whole.
+// error each returns. It closes the rows and returns rows.Err (a lost connection, a statement
+// that failed after its first rows), which a loop written by hand easily forgets.
 func QueryEach(ctx context.Context, q Executor, each func(Scanner) error, query string, args ...any) error {
 	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
@@ -28,9 +26,8 @@ func QueryEach(ctx context.Context, q Executor, each func(Scanner) error, query 
 	return rows.Err()
 }
 
-// QueryAll runs query on q and returns one value per row, made by scan, in the order of the
-// rows, or nil and the error, as QueryEach does. No rows give an empty slice, not nil, so the
-// result encodes as [] in JSON.
+// QueryAll runs query on q and returns one value per row, made by scan, as QueryEach does. No
+// rows give an empty slice, not nil (it encodes as [] in JSON).
 func QueryAll[T any](ctx context.Context, q Executor, scan func(Scanner) (T, error), query string, args ...any) ([]T, error) {
 	out := []T{}
 	err := QueryEach(ctx, q, func(s Scanner) error {

@@ -4,9 +4,11 @@ import (
 	"errors"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/wmonce/watermill-once/internal/pgwire"
 )
 
-// SQLSTATE codes this module acts on. See https://www.postgresql.org/docs/current/errcodes-appendix.html.
+// SQLSTATE codes this module acts on (PostgreSQL manual, appendix A).
 const (
 	CodeSerializationFailure = "40001"
 	CodeCheckViolation       = "23514"
@@ -32,13 +34,11 @@ func SQLState(err error) string {
 	return ""
 }
 
-// IsSerializationFailure reports SQLSTATE 40001: the transaction lost a race under
-// REPEATABLE READ or SERIALIZABLE and left nothing behind. Retrying it as a new transaction is safe.
+// IsSerializationFailure reports SQLSTATE 40001: safe to retry as a new transaction.
 func IsSerializationFailure(err error) bool { return SQLState(err) == CodeSerializationFailure }
 
-// IsRetryableTx reports whether a whole transaction that failed with err may be run again from
-// the start: serialization failures and deadlocks. Anything else (including a connection lost
-// during COMMIT, whose outcome is unknown) is not retried here.
+// IsRetryableTx reports whether a transaction that failed with err may run again from the start:
+// serialization failures and deadlocks (never a COMMIT of unknown outcome).
 func IsRetryableTx(err error) bool {
 	switch SQLState(err) {
 	case CodeSerializationFailure, codeDeadlockDetected:
@@ -53,9 +53,8 @@ func IsUniqueViolation(err error) bool { return SQLState(err) == codeUniqueViola
 // IsUndefinedTable reports SQLSTATE 42P01, which here nearly always means migrations were not applied.
 func IsUndefinedTable(err error) bool { return SQLState(err) == CodeUndefinedTable }
 
-// IsConnectionError reports an error that happened at the connection level rather than as a
-// PostgreSQL error response: a dropped network connection, a terminated backend
-// (pg_terminate_backend sends 57P01 before closing) or a server shutting down.
+// IsConnectionError reports a failure of the connection rather than a PostgreSQL error response:
+// a dropped connection, a terminated backend (57P01) or a server shutting down.
 func IsConnectionError(err error) bool {
 	if err == nil {
 		return false
@@ -74,3 +73,7 @@ func isClosedConn(err error) bool {
 	var connectErr *pgconn.ConnectError
 	return errors.As(err, &connectErr)
 }
+
+// IsAttemptGuardRefusal reports an error of the attempt guard: user code ended (COMMIT,
+// ROLLBACK) a transaction the library lent it, or ran a statement in it after that.
+func IsAttemptGuardRefusal(err error) bool { return SQLState(err) == pgwire.CodeAttemptGuard }

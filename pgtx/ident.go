@@ -24,8 +24,7 @@ func ValidateIdentifier(kind, name string) error {
 	return nil
 }
 
-// QuoteIdentifier quotes name as a PostgreSQL identifier. Quoting is applied even to validated
-// names so that reserved words (a schema called "user") still work.
+// QuoteIdentifier quotes name as a PostgreSQL identifier (reserved words such as "user" work).
 func QuoteIdentifier(name string) string {
 	return pgx.Identifier{name}.Sanitize()
 }
@@ -36,5 +35,5 @@ func QualifiedName(schema, name string) string {
 }
 
 // DefaultSchema is the PostgreSQL schema that holds watermill-once's tables unless configured
-// otherwise. Keeping them in a schema of their own keeps them apart from the application's.
+// otherwise.
 const DefaultSchema = "wmonce"

@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/wmonce/watermill-once/internal/pgwire"
 )
 
 // DefaultDatabaseURL is used by tests, examples and the CLI when DATABASE_URL is not set.
@@ -25,29 +27,22 @@ const (
 	defaultPingTimeout     = 5 * time.Second
 )
 
-// PoolConfig sizes the database/sql pool. The effectively-once middleware holds one connection
-// for the whole life of each in-flight message (claim, handler, outbox, commit), so the pool must
-// be at least as large as the number of messages processed at once, plus a few for the relay and
-// background work; otherwise handlers queue for connections instead of the database.
+// PoolConfig sizes the database/sql pool. The middleware holds a connection for the whole life
+// of each in-flight message, so size it for the messages processed at once plus a few.
 type PoolConfig struct {
 	// MaxOpenConns caps open connections. Default 32.
 	MaxOpenConns int
-	// MaxIdleConns keeps connections warm between bursts. Default: MaxOpenConns, so a burst
-	// never pays for new connections (each costs a PostgreSQL backend fork and a TLS/auth round).
+	// MaxIdleConns keeps connections warm between bursts. Default MaxOpenConns.
 	MaxIdleConns int
-	// ConnMaxLifetime recycles connections so that server-side memory and prepared statements
-	// do not grow forever. Default 30 minutes.
+	// ConnMaxLifetime recycles connections. Default 30 minutes.
 	ConnMaxLifetime time.Duration
 	// ConnMaxIdleTime closes connections idle for this long. Default 5 minutes.
 	ConnMaxIdleTime time.Duration
 	// PingTimeout bounds the reachability check Open performs. Default 5 seconds.
 	PingTimeout time.Duration
 
-	// DisableLazyBegin sends BEGIN on its own when a transaction begins. By default it is held
-	// back and sent in the same network write as the transaction's first statement, which
-	// saves one round trip per transaction (see "Lazy BEGIN" in the package doc). The
-	// transaction is the same; only errors of BEGIN itself surface at the first statement
-	// instead of at BeginTx, and now() is taken when that statement arrives.
+	// DisableLazyBegin sends BEGIN on its own (package doc). It also turns off the library's
+	// deferred statements and commit guard on the wire, which need the same connection wrapper.
 	DisableLazyBegin bool
 
 	// RoundTrips, if set, counts the client round trips of every connection of the pool.
@@ -77,9 +72,8 @@ func (c PoolConfig) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Open parses databaseURL (a postgres:// URL or a key=value DSN), opens a *sql.DB through
-// pgx's database/sql driver, sizes its pool and pings it. A database that cannot be reached is
-// an error here, at construction, not at the first message.
+// Open opens a *sql.DB on databaseURL (a postgres:// URL or a key=value DSN) through pgx's
+// database/sql driver, sizes its pool and pings it: an unreachable database is an error here.
 func Open(ctx context.Context, databaseURL string, pool PoolConfig) (*sql.DB, error) {
 	pool.setDefaults()
 	if err := pool.Validate(); err != nil {
@@ -93,7 +87,7 @@ func Open(ctx context.Context, databaseURL string, pool PoolConfig) (*sql.DB, er
 		return nil, fmt.Errorf("pgtx: cannot parse database URL: %w", err)
 	}
 	configureConn(connConfig, pool)
-	db := stdlib.OpenDB(*connConfig, stdlib.OptionResetSession(undoom))
+	db := stdlib.OpenDB(*connConfig, stdlib.OptionResetSession(resetSession))
 	db.SetMaxOpenConns(pool.MaxOpenConns)
 	db.SetMaxIdleConns(pool.MaxIdleConns)
 	db.SetConnMaxLifetime(pool.ConnMaxLifetime)
@@ -106,7 +100,7 @@ func Open(ctx context.Context, databaseURL string, pool PoolConfig) (*sql.DB, er
 		return nil, fmt.Errorf("pgtx: cannot reach PostgreSQL at %s (is it running?): %w", redact(connConfig), err)
 	}
 	if !pool.DisableLazyBegin {
-		registerWireGuard(db)
+		pgwire.Register(db)
 	}
 	return db, nil
 }
@@ -129,17 +123,16 @@ func configureConn(c *pgx.ConnConfig, pool PoolConfig) {
 			conn = pool.RoundTrips.wrap(conn)
 		}
 		if !pool.DisableLazyBegin {
-			conn = newLazyBeginConn(conn)
+			conn = pgwire.Wrap(conn)
 		}
 		return conn, nil
 	}
 }
 
-// undoom ends a connection's doomed state (wireguard.go) when database/sql hands it out again.
-func undoom(_ context.Context, conn *pgx.Conn) error {
-	if c, ok := conn.PgConn().Conn().(*lazyBeginConn); ok {
-		c.undoom()
-	}
+// resetSession ends a connection's doomed state (internal/pgwire) when database/sql hands it
+// out again.
+func resetSession(_ context.Context, conn *pgx.Conn) error {
+	pgwire.ResetSession(conn.PgConn().Conn())
 	return nil
 }
 

@@ -5,11 +5,9 @@ import (
 	"sync/atomic"
 )
 
-// RoundTripCounter counts client round trips to PostgreSQL: how many times a connection
-// writes after having read (or for the first time), i.e. how many times the client sends
-// something and then has to wait for the server. Several statements sent in one write (a
-// pipeline, a multi-statement simple query) count once. Set PoolConfig.RoundTrips to count
-// every connection of a pool; it is meant for tests and diagnostics.
+// RoundTripCounter counts client round trips to PostgreSQL (writes after a read: statements
+// sent in one write count once), for every connection of a pool whose PoolConfig.RoundTrips
+// it is. Meant for tests and diagnostics.
 type RoundTripCounter struct{ n atomic.Int64 }
 
 // Load returns the round trips counted so far.

@@ -18,15 +18,12 @@ const (
 	defaultRetryBackoff     = 5 * time.Millisecond
 )
 
-// RetryPolicy bounds how often RunInTx runs a transaction again after a serialization
-// failure or deadlock.
+// RetryPolicy bounds how often a transaction runs again after a serialization failure or deadlock.
 type RetryPolicy struct {
-	// MaxAttempts counts the first run. Default 3; 1 disables
-	// retries.
+	// MaxAttempts counts the first run. Default 3; 1 disables retries.
 	MaxAttempts int
-	// Backoff is the wait before the second attempt; it doubles for each further attempt (up
-	// to 1024 times Backoff), each wait drawn between half and all of that value (jitter) so
-	// that the transactions that collided do not collide again. Default 5ms.
+	// Backoff is the wait before the second attempt, doubling per attempt (up to 1024 times),
+	// each drawn between half and all of it (jitter). Default 5ms.
 	Backoff time.Duration
 }
 
@@ -43,10 +40,9 @@ func (p RetryPolicy) Delay(attempt int) time.Duration {
 	return worker.Delay(p.Backoff, p.Backoff<<10, attempt)
 }
 
-// Executor is the one interface for "the transaction you pass in" (outbox.Writer.PublishTx,
-// inbox.Receiver.StoreTx, intent.Store.RecordTx, versioned's Apply functions, ...): a *sql.Tx,
-// so that the write commits with the caller's other writes. *sql.DB and *sql.Conn satisfy it
-// too, and each statement then commits on its own, tied to nothing else.
+// Executor is "the transaction you pass in" (outbox.Writer.PublishTx, inbox.Receiver.StoreTx,
+// ...): a *sql.Tx, so that the write commits with the caller's others. With a *sql.DB or
+// *sql.Conn each statement commits on its own.
 type Executor interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
@@ -58,13 +54,10 @@ type Beginner interface {
 	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
 }
 
-// RunInTx runs fn in a transaction begun on db with opts and commits it when fn returns nil.
-// The context passed to fn carries the transaction (see TxFromContext).
-//
-// If fn or the commit fails with a serialization failure or deadlock, the transaction is
-// rolled back and fn runs again in a new one, as Retry describes. Any other error from fn
-// rolls back and is returned as is; fn must therefore not have effects outside the
-// transaction that it cannot repeat. A panic in fn rolls back and propagates.
+// RunInTx runs fn in a transaction begun on db with opts, whose context carries the transaction
+// (TxFromContext), and commits it when fn returns nil. A serialization failure or deadlock of fn
+// or the commit runs fn again in a new transaction, as Retry describes; any other error or a
+// panic rolls back and is returned (or propagates).
 func RunInTx(ctx context.Context, db Beginner, opts *sql.TxOptions, policy RetryPolicy, fn func(ctx context.Context, tx *sql.Tx) error) error {
 	if setup.IsNil(db) {
 		return errors.New("pgtx: RunInTx: db is nil")
@@ -74,12 +67,10 @@ func RunInTx(ctx context.Context, db Beginner, opts *sql.TxOptions, policy Retry
 	})
 }
 
-// Retry is the module's one retry of whole transactions, for callers that begin and end their
-// transactions themselves (RunInTx is built on it). It calls attempt with the attempt number
-// (1-based) until attempt returns nil or an error IsRetryableTx refuses, or policy.MaxAttempts
-// attempts have been made, and returns the last error. Between attempts it waits
-// policy.Delay; the wait ends as soon as ctx ends, and Retry then returns the last error
-// joined with the context's cause, without another attempt.
+// Retry is the module's one retry of whole transactions, for callers that begin and end them
+// themselves. It calls attempt (n from 1) until it returns nil or an error IsRetryableTx refuses,
+// or policy.MaxAttempts attempts were made, waiting policy.Delay between attempts (the wait ends
+// with ctx: the last error is returned joined with the context's cause).
 func Retry(ctx context.Context, policy RetryPolicy, attempt func(ctx context.Context, n int) error) error {
 	policy = policy.withDefaults()
 	for n := 1; ; n++ {

@@ -5,13 +5,9 @@ import (
 	"fmt"
 )
 
-// CheckTxOptions returns nil when o (nil: the component's default) can begin the read-write
-// transactions a component of this module runs, else an error that names field and says what
-// to use: every such transaction writes (a claim, a status, an outbox row), so ReadOnly fails
-// every one with SQLSTATE 25006, and an isolation level PostgreSQL does not have fails every
-// BEGIN ("unsupported isolation") or, for sql.LevelSnapshot, is silently run as REPEATABLE
-// READ by pgx. The one check of every Config that takes a *sql.TxOptions, so that such a
-// configuration is refused at construction, not at each message.
+// CheckTxOptions refuses, naming field, options (nil: the default) that cannot begin the
+// read-write transactions of this module: ReadOnly, or an isolation level PostgreSQL does not
+// have (sql.LevelSnapshot pgx would silently run as REPEATABLE READ).
 func CheckTxOptions(field string, o *sql.TxOptions) error {
 	if o == nil {
 		return nil

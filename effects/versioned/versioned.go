@@ -8,6 +8,7 @@ import (
 	"fmt"
 
 	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/pgwire"
 	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/internal/txguard"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -266,7 +267,7 @@ func (v *Versions) run(ctx context.Context, tx pgtx.Executor, apply func(ctx con
 // in a transaction that user code has ended, database/sql answers sql.ErrTxDone without sending
 // it. On a pool from pgtx.Open it waits for the transaction's next statement, so it costs no
 // round trip.
-const checkTx = pgtx.DeferredPrefix + "SET LOCAL wmonce.versioned_check = 'on'"
+const checkTx = pgwire.DeferredPrefix + "SET LOCAL wmonce.versioned_check = 'on'"
 
 // endedBy returns the permanent error of an apply function that ended tx (Commit or Rollback
 // on it), or nil. Only a *sql.Tx can be asked; any other pgtx.Executor is taken as still open.

@@ -79,7 +79,7 @@ func run(ctx context.Context, db *sql.DB, o options) (summary, error) {
 		Schema:      o.schema,
 		Consumer:    consumer,
 		Key:         wmonce.KeyFromMetadata("payment_id"),
-		OrderingKey: inbox.OrderingKeyFromMetadata("account"),
+		OrderingKey: wmonce.KeyFromMetadata("account"),
 	}, e.logger)
 	if err != nil {
 		return summary{}, err

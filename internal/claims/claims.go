@@ -8,6 +8,7 @@
 package claims
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -28,9 +29,7 @@ func Tables(op string, db *sql.DB, schema *string) (plain, daily string, err err
 	if db == nil {
 		return "", "", fmt.Errorf("once: %s: db is nil", op)
 	}
-	if *schema == "" {
-		*schema = pgtx.DefaultSchema
-	}
+	*schema = cmp.Or(*schema, pgtx.DefaultSchema)
 	if err := pgtx.ValidateIdentifier("schema", *schema); err != nil {
 		return "", "", fmt.Errorf("once: %s: %w", op, err)
 	}
@@ -43,6 +42,16 @@ func HasDaily(ctx context.Context, db *sql.DB, daily string) (bool, error) {
 	var ok bool
 	err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, daily).Scan(&ok)
 	return ok, err
+}
+
+// bothTables returns query, a SELECT over the table named by %s, over processed_messages and,
+// when the schema has it, processed_messages_daily too (UNION ALL).
+func bothTables(ctx context.Context, db *sql.DB, pm, daily, query string) (string, error) {
+	ok, err := HasDaily(ctx, db, daily)
+	if err != nil || !ok {
+		return fmt.Sprintf(query, pm), err
+	}
+	return fmt.Sprintf(query, pm) + "\nUNION ALL\n" + fmt.Sprintf(query, daily), nil
 }
 
 // ClaimConsumers lists, in name order, the consumers with claims in processed_messages,
@@ -69,20 +78,12 @@ func CountClaims(ctx context.Context, db *sql.DB, schema, consumer string, befor
 	if err != nil {
 		return 0, err
 	}
-	const where = ` WHERE ($1 = '' OR consumer = $1) AND processed_at < $2`
+	union, err := bothTables(ctx, db, pm, daily, `SELECT count(*) AS n FROM %s WHERE ($1 = '' OR consumer = $1) AND processed_at < $2`)
 	var n int64
-	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM `+pm+where, consumer, before).Scan(&n); err != nil {
-		return 0, fmt.Errorf("once: count claims: %w", err)
+	if err == nil {
+		err = db.QueryRowContext(ctx, `SELECT sum(n)::bigint FROM (`+union+`) x`, consumer, before).Scan(&n)
 	}
-	ok, err := HasDaily(ctx, db, daily)
-	if err != nil || !ok {
-		return n, WrapErr("count claims", err)
-	}
-	var d int64
-	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM `+daily+where, consumer, before).Scan(&d); err != nil {
-		return n, fmt.Errorf("once: count claims: %w", err)
-	}
-	return n + d, nil
+	return n, WrapErr("count claims", err)
 }
 
 // ClaimStats are one consumer's claims in the database.
@@ -103,14 +104,9 @@ func Stats(ctx context.Context, db *sql.DB, schema string) (map[string]ClaimStat
 	if err != nil {
 		return nil, err
 	}
-	const part = `SELECT consumer, count(*) AS n, max(processed_at) AS newest FROM %s GROUP BY consumer`
-	union := fmt.Sprintf(part, pm)
-	ok, err := HasDaily(ctx, db, daily)
+	union, err := bothTables(ctx, db, pm, daily, `SELECT consumer, count(*) AS n, max(processed_at) AS newest FROM %s GROUP BY consumer`)
 	if err != nil {
-		return nil, fmt.Errorf("once: stats: %w", err)
-	}
-	if ok {
-		union += "\nUNION ALL\n" + fmt.Sprintf(part, daily)
+		return nil, WrapErr("stats", err)
 	}
 	out := map[string]ClaimStats{}
 	err = pgtx.QueryEach(ctx, db, func(s pgtx.Scanner) error {
@@ -123,7 +119,7 @@ func Stats(ctx context.Context, db *sql.DB, schema string) (map[string]ClaimStat
 		return err
 	}, `SELECT consumer, sum(n)::bigint, max(newest) FROM (`+union+`) x GROUP BY consumer`)
 	if err != nil {
-		return nil, fmt.Errorf("once: stats: %w", err)
+		return nil, WrapErr("stats", err)
 	}
 	return out, nil
 }
@@ -138,53 +134,40 @@ func ClaimHistory(ctx context.Context, db *sql.DB, schema, consumer string, star
 	if err != nil {
 		return nil, err
 	}
-	if width <= 0 || n < 1 {
-		return nil, fmt.Errorf("once: claim history: width must be positive and n at least 1, got %s and %d", width, n)
+	args, where := []any{start, start.Add(time.Duration(n) * width), width.Seconds()}, ""
+	if consumer != "" { // not ($4 = '' OR ...): a generic plan would not use the consumer's index
+		args, where = append(args, consumer), ` AND consumer = $4`
 	}
-	args := []any{start, start.Add(time.Duration(n) * width), width.Seconds()}
-	where := `processed_at >= $1 AND processed_at < $2`
-	if consumer != "" {
-		args = append(args, consumer)
-		where += ` AND consumer = $4`
-	}
-	union := `SELECT consumer, processed_at FROM ` + pm + ` WHERE ` + where
-	ok, err := HasDaily(ctx, db, daily)
+	union, err := bothTables(ctx, db, pm, daily, `SELECT consumer, processed_at FROM %s WHERE processed_at >= $1 AND processed_at < $2`+where)
 	if err != nil {
-		return nil, fmt.Errorf("once: claim history: %w", err)
+		return nil, WrapErr("claim history", err)
 	}
-	if ok {
-		union += "\nUNION ALL\nSELECT consumer, processed_at FROM " + daily + ` WHERE ` + where
-	}
-	rows, err := db.QueryContext(ctx, `SELECT consumer, floor(extract(epoch FROM processed_at - $1::timestamptz) / $3)::int AS b, count(*)
+	out, err := bucketCounts(ctx, db, width, n, `SELECT consumer, floor(extract(epoch FROM processed_at - $1::timestamptz) / $3)::int AS b, count(*)
 FROM (`+union+`) x GROUP BY 1, 2`, args...)
-	if err != nil {
-		return nil, fmt.Errorf("once: claim history: %w", err)
-	}
-	out, err := readBuckets(rows, n)
 	return out, WrapErr("claim history", err)
 }
 
-// readBuckets reads rows of (consumer, bucket index, count) into n buckets per consumer,
-// leaving out indexes outside 0..n-1, and closes rows.
-func readBuckets(rows *sql.Rows, n int) (map[string][]int64, error) {
-	defer rows.Close()
+// bucketCounts runs query, whose rows are (consumer, bucket index, count), and adds them up in
+// n buckets (of width) per consumer, leaving out indexes outside 0..n-1.
+func bucketCounts(ctx context.Context, db *sql.DB, width time.Duration, n int, query string, args ...any) (map[string][]int64, error) {
+	if width <= 0 || n < 1 {
+		return nil, fmt.Errorf("width must be positive and n at least 1, got %s and %d", width, n)
+	}
 	out := map[string][]int64{}
-	for rows.Next() {
+	err := pgtx.QueryEach(ctx, db, func(s pgtx.Scanner) error {
 		var c string
 		var k int
 		var cnt int64
-		if err := rows.Scan(&c, &k, &cnt); err != nil {
-			return nil, err
-		}
-		if k < 0 || k >= n {
-			continue
+		if err := s.Scan(&c, &k, &cnt); err != nil || k < 0 || k >= n {
+			return err
 		}
 		if out[c] == nil {
 			out[c] = make([]int64, n)
 		}
 		out[c][k] += cnt
-	}
-	return out, rows.Err()
+		return nil
+	}, query, args...)
+	return out, err // with an error, what was read before it
 }
 
 // WrapErr prefixes err with the operation ("once: op: ..."); nil stays nil.
@@ -214,32 +197,40 @@ func LookupClaim(ctx context.Context, db *sql.DB, schema, consumer, key string) 
 	if err != nil {
 		return Claim{}, false, err
 	}
-	// A name or key PostgreSQL text cannot hold was never claimed; say so rather than let the
-	// server refuse the query with an encoding error.
-	if err := setup.CheckText("consumer", consumer); err != nil {
-		return Claim{}, false, fmt.Errorf("once: lookup claim: %w", err)
-	}
-	if err := setup.CheckText("key", key); err != nil {
-		return Claim{}, false, fmt.Errorf("once: lookup claim: %w: %w", wmonce.ErrInvalidKey, err)
+	if err := checkLookup(consumer, key); err != nil {
+		return Claim{}, false, WrapErr("lookup claim", err)
 	}
 	c = Claim{Consumer: consumer, Key: key}
 	err = db.QueryRowContext(ctx, `SELECT payload_sha256, processed_at FROM `+pm+
 		` WHERE consumer = $1 AND message_id = $2`, consumer, key).Scan(&c.PayloadSHA256, &c.ProcessedAt)
-	if err == nil {
-		return c, true, nil
-	}
-	if !errors.Is(err, sql.ErrNoRows) {
-		return Claim{}, false, fmt.Errorf("once: lookup claim: %w", err)
-	}
-	err = db.QueryRowContext(ctx, `SELECT payload_sha256, processed_at, occurred_on FROM `+daily+
-		` WHERE consumer = $1 AND message_id = $2 ORDER BY occurred_on DESC LIMIT 1`, consumer, key).Scan(&c.PayloadSHA256, &c.ProcessedAt, &c.OccurredOn)
 	if errors.Is(err, sql.ErrNoRows) {
-		return Claim{}, false, nil
+		err = lookupDaily(ctx, db, daily, &c)
 	}
-	if err != nil {
-		return Claim{}, false, fmt.Errorf("once: lookup claim: %w", err)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return Claim{}, false, nil
+	case err != nil:
+		return Claim{}, false, WrapErr("lookup claim", err)
 	}
 	return c, true, nil
+}
+
+// lookupDaily reads c's newest claim in processed_messages_daily into c (sql.ErrNoRows: none).
+func lookupDaily(ctx context.Context, db *sql.DB, daily string, c *Claim) error {
+	return db.QueryRowContext(ctx, `SELECT payload_sha256, processed_at, occurred_on FROM `+daily+
+		` WHERE consumer = $1 AND message_id = $2 ORDER BY occurred_on DESC LIMIT 1`, c.Consumer, c.Key).Scan(&c.PayloadSHA256, &c.ProcessedAt, &c.OccurredOn)
+}
+
+// checkLookup refuses a name or key PostgreSQL text cannot hold: it was never claimed, and
+// saying so beats the server's encoding error.
+func checkLookup(consumer, key string) error {
+	if err := setup.CheckText("consumer", consumer); err != nil {
+		return err
+	}
+	if err := setup.CheckText("key", key); err != nil {
+		return fmt.Errorf("%w: %w", wmonce.ErrInvalidKey, err)
+	}
+	return nil
 }
 
 // DuplicateHistory returns, for each consumer (or only consumer, when not empty) that skipped
@@ -248,23 +239,13 @@ func LookupClaim(ctx context.Context, db *sql.DB, schema, consumer, key string) 
 // second; a bucket narrower than a minute gets the whole minute). It only reads.
 // A schema without the table is an error for which pgtx.IsUndefinedTable is true.
 func DuplicateHistory(ctx context.Context, db *sql.DB, schema, consumer string, start time.Time, width time.Duration, n int) (map[string][]int64, error) {
-	if db == nil {
-		return nil, fmt.Errorf("once: duplicate history: db is nil")
+	if _, _, err := Tables("duplicate history", db, &schema); err != nil {
+		return nil, err
 	}
-	if err := pgtx.ValidateIdentifier("schema", schema); err != nil {
-		return nil, fmt.Errorf("once: duplicate history: %w", err)
-	}
-	if width <= 0 || n < 1 {
-		return nil, fmt.Errorf("once: duplicate history: width must be positive and n at least 1, got %s and %d", width, n)
-	}
-	rows, err := db.QueryContext(ctx, `SELECT consumer, floor(extract(epoch FROM minute - $1::timestamptz) / $3)::int AS b, sum(duplicates)::bigint
+	out, err := bucketCounts(ctx, db, width, n, `SELECT consumer, floor(extract(epoch FROM minute - $1::timestamptz) / $3)::int AS b, sum(duplicates)::bigint
 FROM `+pgtx.QualifiedName(schema, "duplicates_per_minute")+`
 WHERE minute >= $1 AND minute < $2 AND ($4 = '' OR consumer = $4) GROUP BY 1, 2`,
 		start, start.Add(time.Duration(n)*width), width.Seconds(), consumer)
-	if err != nil {
-		return nil, fmt.Errorf("once: duplicate history: %w", err)
-	}
-	out, err := readBuckets(rows, n)
 	return out, WrapErr("duplicate history", err)
 }
 
@@ -295,48 +276,54 @@ func MaintainDays(ctx context.Context, db *sql.DB, schema string, dropBefore, to
 		return rep, err
 	}
 	days, err := partition.List(ctx, db, schema)
+	if err != nil || len(days) == 0 {
+		return rep, WrapErr("maintain days", err)
+	}
+	unlock, err := lockDrops(ctx, db, schema)
 	if err != nil {
-		return rep, fmt.Errorf("once: maintain days: %w", err)
+		return rep, WrapErr("maintain days", err)
 	}
-	if len(days) == 0 {
-		return rep, nil
+	defer unlock()
+	rep.Dropped, err = partition.DropBefore(ctx, db, schema, dropBefore)
+	if err == nil && ahead >= 0 {
+		rep.Created, err = createAhead(ctx, db, schema, days, partition.Day(today), ahead)
 	}
-	// DETACH ... CONCURRENTLY cannot run in a transaction, so the lock is a session-level one
-	// on a connection of its own.
+	return rep, WrapErr("maintain days", err)
+}
+
+// lockDrops takes the advisory lock that serialises the drops of concurrent MaintainDays calls
+// on schema, and returns its release. DETACH ... CONCURRENTLY cannot run in a transaction, so
+// the lock is a session-level one on a connection of its own.
+func lockDrops(ctx context.Context, db *sql.DB, schema string) (unlock func(), err error) {
 	conn, err := db.Conn(ctx)
 	if err != nil {
-		return rep, fmt.Errorf("once: maintain days: %w", err)
+		return nil, err
 	}
-	defer conn.Close()
 	key := dropLockKey(schema)
 	if _, err := conn.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, key); err != nil {
-		return rep, fmt.Errorf("once: maintain days: lock: %w", err)
+		_ = conn.Close()
+		return nil, fmt.Errorf("lock: %w", err)
 	}
-	defer func() {
+	return func() {
 		unlockCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer cancel()
 		_, _ = conn.ExecContext(unlockCtx, `SELECT pg_advisory_unlock($1)`, key)
-	}()
-	rep.Dropped, err = partition.DropBefore(ctx, db, schema, dropBefore)
-	if err != nil {
-		return rep, fmt.Errorf("once: maintain days: %w", err)
-	}
-	if ahead < 0 {
-		return rep, nil
-	}
-	first := partition.Day(today)
+		_ = conn.Close()
+	}, nil
+}
+
+// createAhead creates the partitions from first through ahead days later and returns how many
+// of those days had none (days: the days that had one before).
+func createAhead(ctx context.Context, db *sql.DB, schema string, days []time.Time, first time.Time, ahead int) (int, error) {
 	last := first.AddDate(0, 0, ahead)
 	if err := partition.Ensure(ctx, db, schema, first, last); err != nil {
-		return rep, fmt.Errorf("once: maintain days: %w", err)
+		return 0, err
 	}
-	have := map[time.Time]bool{}
+	created := ahead + 1
 	for _, d := range days {
-		have[d] = true
-	}
-	for d := first; !d.After(last); d = d.AddDate(0, 0, 1) {
-		if !have[d] {
-			rep.Created++
+		if !d.Before(first) && !d.After(last) {
+			created--
 		}
 	}
-	return rep, nil
+	return created, nil
 }

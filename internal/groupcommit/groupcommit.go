@@ -111,7 +111,7 @@ func (q *Queue[T]) Release() {
 	if q.config.Drain {
 		defer q.wg.Done() // after the Add of the lane below, so that Close cannot miss it
 	}
-	if len(q.queue) == 0 || q.closed && !q.config.Drain {
+	if q.idle() {
 		q.free++
 		q.mu.Unlock()
 		return
@@ -127,22 +127,10 @@ func (q *Queue[T]) Release() {
 // member's work (a claim, a row) and only its outcome tells.
 func (q *Queue[T]) Wait(ctx context.Context, item T) error {
 	m := &Member[T]{Item: item, ctx: ctx, done: make(chan error, 1)}
-	q.mu.Lock()
-	if q.closed {
-		q.mu.Unlock()
-		return q.config.Closed
+	startLane, err := q.enqueue(m)
+	if err != nil {
+		return err
 	}
-	q.queue = append(q.queue, m)
-	q.waiting++
-	if q.config.Queued != nil {
-		q.config.Queued.Signal(len(q.queue))
-	}
-	startLane := q.free > 0
-	if startLane {
-		q.free--
-		q.wg.Add(1)
-	}
-	q.mu.Unlock()
 	defer q.leave()
 	if startLane {
 		go q.lane()
@@ -151,15 +139,43 @@ func (q *Queue[T]) Wait(ctx context.Context, item T) error {
 	case err := <-m.done:
 		return err
 	case <-ctx.Done():
-		q.mu.Lock()
-		if i := slices.Index(q.queue, m); i >= 0 {
-			q.queue = slices.Delete(q.queue, i, i+1)
-			q.mu.Unlock()
+		if q.withdraw(m) {
 			return context.Cause(ctx)
 		}
-		q.mu.Unlock()
 		return <-m.done // a lane has it: its run may hold the member's work, wait for the outcome
 	}
+}
+
+// enqueue queues m and reports whether a free lane is now the caller's to start; Closed after
+// Close.
+func (q *Queue[T]) enqueue(m *Member[T]) (startLane bool, err error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return false, q.config.Closed
+	}
+	q.queue = append(q.queue, m)
+	q.waiting++
+	if q.config.Queued != nil {
+		q.config.Queued.Signal(len(q.queue))
+	}
+	if q.free == 0 {
+		return false, nil
+	}
+	q.free--
+	q.wg.Add(1)
+	return true, nil
+}
+
+// withdraw takes m out of the queue if no lane has taken it yet, and reports whether it did.
+func (q *Queue[T]) withdraw(m *Member[T]) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	i := slices.Index(q.queue, m)
+	if i >= 0 {
+		q.queue = slices.Delete(q.queue, i, i+1)
+	}
+	return i >= 0
 }
 
 func (q *Queue[T]) leave() {
@@ -186,17 +202,10 @@ func (q *Queue[T]) Queued() int {
 // lane runs groups until nobody waits (or, without Drain, the queue is closed).
 func (q *Queue[T]) lane() {
 	defer q.wg.Done()
-	if q.config.Linger > 0 { // let the group fill up, unless the queue closes meanwhile
-		t := time.NewTimer(q.config.Linger)
-		select {
-		case <-t.C:
-		case <-q.closing:
-			t.Stop()
-		}
-	}
+	q.linger()
 	for {
 		q.mu.Lock()
-		if len(q.queue) == 0 || q.closed && !q.config.Drain {
+		if q.idle() {
 			q.free++
 			q.mu.Unlock()
 			return
@@ -208,6 +217,23 @@ func (q *Queue[T]) lane() {
 		q.run(group)
 	}
 }
+
+// linger lets a lane's first group fill up for Linger, unless the queue closes meanwhile.
+func (q *Queue[T]) linger() {
+	if q.config.Linger <= 0 {
+		return
+	}
+	t := time.NewTimer(q.config.Linger)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-q.closing:
+	}
+}
+
+// idle reports that a lane has nothing to run: nobody waits, or the queue is closed without
+// Drain. q.mu is held.
+func (q *Queue[T]) idle() bool { return len(q.queue) == 0 || q.closed && !q.config.Drain }
 
 // Close stops the queue: Alone reports false and Wait returns Closed from now on, and a lane
 // lingering for company stops waiting. Without Drain, members still waiting are answered with

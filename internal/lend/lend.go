@@ -10,6 +10,7 @@
 package lend
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -17,12 +18,14 @@ import (
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/trace"
 
 	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/internal/tracing"
 	"github.com/wmonce/watermill-once/internal/txguard"
 	"github.com/wmonce/watermill-once/outbox"
@@ -106,46 +109,69 @@ func (s *Step) Handle(ctx context.Context, tx *sql.Tx, h message.HandlerFunc, d 
 	own.SetContext(hctx)
 	out, err := s.call(h, own)
 	s.settledByHandler(own, d)
-	// With the server's guard, also before storing an output: after a COMMIT or ROLLBACK the
-	// handler sent as SQL text the server is outside any transaction, and the store would run in
-	// autocommit. The check travels with the store on a pool from pgtx.Open (DeferredPrefix).
-	if err != nil || d.Shared && !collectedOnly(own) || len(out) > 0 && !s.Guard.OnWire() {
-		if ended := s.Guard.Check(ctx, tx); errors.Is(ended, wmonce.ErrHandlerEndedTx) {
-			if err != nil {
-				// Reported, not wrapped: the handler's error must not make this one look retryable.
-				ended = fmt.Errorf("%w (the handler returned: %s)", ended, err.Error())
-			}
-			return EndedTx, ended
-		}
+	if ended := s.endedByHandler(ctx, tx, d, collectedOnly(own), out, err); ended != nil {
+		return EndedTx, ended
 	}
 	if err != nil {
-		if errors.Is(err, outbox.ErrInvalidMessage) && !wmonce.IsPermanent(err) {
-			// The handler published a message the outbox can never store (Writer.Publisher):
-			// running it again produces the same message.
-			return HandlerFailed, wmonce.Permanent(err)
-		}
-		return HandlerFailed, err
+		return HandlerFailed, handlerFailure(err)
 	}
-	if len(out) == 0 {
+	return s.storeOutput(ctx, hctx, tx, d, out)
+}
+
+// endedByHandler returns the permanent error wrapping wmonce.ErrHandlerEndedTx if the handler
+// ended tx, checked where it must be now: after a failure, in a shared transaction (so that the
+// culprit takes the blame), and, with the server's guard, before storing an output (after a
+// COMMIT or ROLLBACK the handler sent as SQL text the store would run in autocommit; on the
+// wire the check travels with the store). Otherwise the store or txguard.Close tells. A
+// handler that only handed its message to a batch (collected) has run nothing yet: the batch
+// is checked once after it runs.
+func (s *Step) endedByHandler(ctx context.Context, tx *sql.Tx, d Delivery, collected bool, out []*message.Message, err error) error {
+	if err == nil && (!d.Shared || collected) && (len(out) == 0 || s.Guard.OnWire()) {
+		return nil
+	}
+	ended := s.Guard.Check(ctx, tx)
+	switch {
+	case !errors.Is(ended, wmonce.ErrHandlerEndedTx):
+		return nil
+	case err != nil:
+		// Reported, not wrapped: the handler's error must not make this one look retryable.
+		return fmt.Errorf("%w (the handler returned: %s)", ended, err.Error())
+	}
+	return ended
+}
+
+// handlerFailure is the error of a failed handler: permanent when it published a message the
+// outbox can never store (Writer.Publisher), since running it again produces the same message.
+func handlerFailure(err error) error {
+	if errors.Is(err, outbox.ErrInvalidMessage) && !wmonce.IsPermanent(err) {
+		return wmonce.Permanent(err)
+	}
+	return err
+}
+
+// storeOutput stores the messages the handler returned in tx, for d.OutputTopic.
+func (s *Step) storeOutput(ctx, hctx context.Context, tx *sql.Tx, d Delivery, out []*message.Message) (Outcome, error) {
+	switch {
+	case len(out) == 0:
 		return Applied, nil
-	}
-	if d.OutputTopic == "" {
+	case d.OutputTopic == "":
 		return OutputRefused, wmonce.Permanent(fmt.Errorf("%s: %w: %s", s.Component, wmonce.ErrOutputWithoutTopic, s.NoTopic))
 	}
-	if err := s.Outbox.PublishTx(hctx, tx, d.OutputTopic, out...); err != nil {
-		if txguard.IsEnded(ctx, err) {
-			return EndedTx, txguard.Ended(err)
-		}
-		err = fmt.Errorf("%s: store handler output: %w", s.Component, err)
-		if errors.Is(err, outbox.ErrInvalidMessage) {
-			if s.Unstorable != nil {
-				err = fmt.Errorf("%w: %w", s.Unstorable, err)
-			}
-			return OutputRefused, wmonce.Permanent(err) // every retry would return the same output
-		}
+	err := s.Outbox.PublishTx(hctx, tx, d.OutputTopic, out...)
+	switch {
+	case err == nil:
+		return Applied, nil
+	case txguard.IsEnded(ctx, err):
+		return EndedTx, txguard.Ended(err)
+	}
+	err = fmt.Errorf("%s: store handler output: %w", s.Component, err)
+	if !errors.Is(err, outbox.ErrInvalidMessage) {
 		return OutputRefused, err
 	}
-	return Applied, nil
+	if s.Unstorable != nil {
+		err = fmt.Errorf("%w: %w", s.Unstorable, err)
+	}
+	return OutputRefused, wmonce.Permanent(err) // every retry would return the same output
 }
 
 // View returns the delivery as the library's hooks (key functions, OccurredAt) see it: msg's
@@ -202,4 +228,38 @@ func callHandler(h message.HandlerFunc, msg *message.Message) (out []*message.Me
 		}
 	}()
 	return h(msg)
+}
+
+// KeyDefaults fills in the dedupe-key settings a component's Config left zero: the message
+// UUID as key (wmonce.KeyFromUUID), keys up to setup.DefaultMaxKeyLength bytes.
+func KeyDefaults(key *wmonce.KeyFunc, maxKeyLength *int) {
+	if *key == nil {
+		*key = wmonce.KeyFromUUID()
+	}
+	*maxKeyLength = cmp.Or(*maxKeyLength, setup.DefaultMaxKeyLength)
+}
+
+// AgeGuardDefaults fills in the parts of a MaxMessageAge guard a component's Config left nil:
+// the event time read from the RFC 3339 metadata the outbox stamps (outbox.MetadataOccurredAt),
+// and time.Now as the clock.
+func AgeGuardDefaults(occurredAt *func(*message.Message) (time.Time, bool, error), now *func() time.Time) {
+	if *occurredAt == nil {
+		*occurredAt = occurredAtFromMetadata
+	}
+	if *now == nil {
+		*now = time.Now
+	}
+}
+
+// occurredAtFromMetadata reads the event time from outbox.MetadataOccurredAt (RFC 3339).
+func occurredAtFromMetadata(msg *message.Message) (time.Time, bool, error) {
+	v := msg.Metadata.Get(outbox.MetadataOccurredAt)
+	if v == "" {
+		return time.Time{}, false, nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("metadata %q is not an RFC 3339 time: %q", outbox.MetadataOccurredAt, v)
+	}
+	return t, true, nil
 }

@@ -39,33 +39,51 @@ func Ensure(ctx context.Context, db *sql.DB, schema string, first, last time.Tim
 	if err := pgtx.ValidateIdentifier("schema", schema); err != nil {
 		return err
 	}
-	parent := pgtx.QualifiedName(schema, Parent)
 	return pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, lockKey(schema)); err != nil {
 			return fmt.Errorf("partition: lock: %w", err)
 		}
 		for day := Day(first); !day.After(Day(last)); day = day.AddDate(0, 0, 1) {
-			var exists bool
-			if err := tx.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, pgtx.QualifiedName(schema, Name(day))).Scan(&exists); err != nil {
-				return fmt.Errorf("partition: look up %s: %w", Name(day), err)
-			}
-			if exists {
-				continue
-			}
-			// Bounds are dates formatted by us, not configuration: safe as literals.
-			stmt := fmt.Sprintf(`CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')`,
-				pgtx.QualifiedName(schema, Name(day)), parent, day.Format(time.DateOnly), day.AddDate(0, 0, 1).Format(time.DateOnly))
-			if _, err := tx.ExecContext(ctx, stmt); err != nil {
-				return fmt.Errorf("partition: create %s: %w", Name(day), err)
+			if err := create(ctx, tx, schema, day); err != nil {
+				return err
 			}
 		}
 		return nil
 	})
 }
 
+// create creates day's partition in tx unless it exists.
+func create(ctx context.Context, tx *sql.Tx, schema string, day time.Time) error {
+	name := pgtx.QualifiedName(schema, Name(day))
+	var exists bool
+	if err := tx.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, name).Scan(&exists); err != nil || exists {
+		return wrap("look up", day, err)
+	}
+	// Bounds are dates formatted by us, not configuration: safe as literals.
+	_, err := tx.ExecContext(ctx, fmt.Sprintf(`CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')`,
+		name, pgtx.QualifiedName(schema, Parent), day.Format(time.DateOnly), day.AddDate(0, 0, 1).Format(time.DateOnly)))
+	return wrap("create", day, err)
+}
+
+// wrap names the operation and the partition in err; nil stays nil.
+func wrap(op string, day time.Time, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("partition: %s %s: %w", op, Name(day), err)
+}
+
 // List returns the days that have a partition, oldest first.
 func List(ctx context.Context, db *sql.DB, schema string) ([]time.Time, error) {
-	rows, err := db.QueryContext(ctx, `
+	var days []time.Time
+	err := pgtx.QueryEach(ctx, db, func(s pgtx.Scanner) error {
+		var name string
+		err := s.Scan(&name)
+		if day, ok := dayOf(name); ok {
+			days = append(days, day)
+		}
+		return err
+	}, `
 SELECT c.relname FROM pg_inherits i
 JOIN pg_class c ON c.oid = i.inhrelid
 JOIN pg_class p ON p.oid = i.inhparent
@@ -75,24 +93,17 @@ ORDER BY c.relname`, schema, Parent)
 	if err != nil {
 		return nil, fmt.Errorf("partition: list: %w", err)
 	}
-	defer rows.Close()
-	var days []time.Time
-	for rows.Next() {
-		var name string
-		if err := rows.Scan(&name); err != nil {
-			return nil, err
-		}
-		m := namePattern.FindStringSubmatch(name)
-		if m == nil {
-			continue // not ours: leave it alone
-		}
-		day, err := time.Parse("20060102", m[1])
-		if err != nil {
-			continue
-		}
-		days = append(days, day)
+	return days, nil
+}
+
+// dayOf returns the day of a partition named by Name; false for a table that is not ours.
+func dayOf(name string) (time.Time, bool) {
+	m := namePattern.FindStringSubmatch(name)
+	if m == nil {
+		return time.Time{}, false
 	}
-	return days, rows.Err()
+	day, err := time.Parse("20060102", m[1])
+	return day, err == nil
 }
 
 // DropBefore detaches and drops every partition whose whole day lies before cutoff's day and
@@ -102,26 +113,30 @@ func DropBefore(ctx context.Context, db *sql.DB, schema string, cutoff time.Time
 	if err != nil {
 		return nil, err
 	}
-	parent := pgtx.QualifiedName(schema, Parent)
 	var dropped []time.Time
 	for _, day := range days {
 		if !day.Before(Day(cutoff)) {
 			break
 		}
-		part := pgtx.QualifiedName(schema, Name(day))
-		if _, err := db.ExecContext(ctx, `ALTER TABLE `+parent+` DETACH PARTITION `+part+` CONCURRENTLY`); err != nil {
-			// An earlier run died half way: the partition is "pending detach" and must be finalized.
-			if !strings.Contains(err.Error(), "pending detach") {
-				return dropped, fmt.Errorf("partition: detach %s: %w", Name(day), err)
-			}
-			if _, err := db.ExecContext(ctx, `ALTER TABLE `+parent+` DETACH PARTITION `+part+` FINALIZE`); err != nil {
-				return dropped, fmt.Errorf("partition: finalize detach %s: %w", Name(day), err)
-			}
-		}
-		if _, err := db.ExecContext(ctx, `DROP TABLE `+part); err != nil {
-			return dropped, fmt.Errorf("partition: drop %s: %w", Name(day), err)
+		if err := drop(ctx, db, schema, day); err != nil {
+			return dropped, err
 		}
 		dropped = append(dropped, day)
 	}
 	return dropped, nil
+}
+
+// drop detaches day's partition concurrently and drops it. A partition left "pending detach"
+// by an earlier run that died half way is finalized first.
+func drop(ctx context.Context, db *sql.DB, schema string, day time.Time) error {
+	parent, part := pgtx.QualifiedName(schema, Parent), pgtx.QualifiedName(schema, Name(day))
+	_, err := db.ExecContext(ctx, `ALTER TABLE `+parent+` DETACH PARTITION `+part+` CONCURRENTLY`)
+	if err != nil && strings.Contains(err.Error(), "pending detach") {
+		_, err = db.ExecContext(ctx, `ALTER TABLE `+parent+` DETACH PARTITION `+part+` FINALIZE`)
+	}
+	if err != nil {
+		return wrap("detach", day, err)
+	}
+	_, err = db.ExecContext(ctx, `DROP TABLE `+part)
+	return wrap("drop", day, err)
 }

@@ -11,6 +11,7 @@
 package pgnotify
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"database/sql/driver"
@@ -108,46 +109,65 @@ func (l Listener) Run(ctx context.Context) error {
 		if errors.Is(err, ErrNotPgx) {
 			return err
 		}
-		if listened {
-			backoff.Reset() // a connection that worked starts the backoff over
-		}
-		wait := backoff.Next()
-		if l.OnLost != nil {
-			l.OnLost(err, wait)
-		}
-		if !worker.Sleep(ctx, wait) {
+		if !worker.Sleep(ctx, l.retryWait(&backoff, listened, err)) {
 			return nil
 		}
 	}
 	return nil
 }
 
+// retryWait returns the wait before the next connection attempt after err, and reports it to
+// OnLost. A connection that worked (listened) starts the backoff over.
+func (l Listener) retryWait(backoff *worker.Backoff, listened bool, err error) time.Duration {
+	if listened {
+		backoff.Reset()
+	}
+	wait := backoff.Next()
+	if l.OnLost != nil {
+		l.OnLost(err, wait)
+	}
+	return wait
+}
+
 // once LISTENs on one connection and waits for notifications until it fails. listened
 // reports whether LISTEN succeeded.
 func (l Listener) once(ctx context.Context) (listened bool, err error) {
 	err = l.withConn(ctx, func(conn *pgx.Conn) error {
-		for _, c := range slices.Sorted(maps.Keys(l.Channels)) {
-			if _, err := conn.Exec(ctx, `LISTEN `+pgtx.QuoteIdentifier(c)); err != nil {
-				return fmt.Errorf("LISTEN %s: %w", c, err)
-			}
+		if err := l.listen(ctx, conn); err != nil {
+			return err
 		}
 		listened = true
-		if l.OnListen != nil {
-			l.OnListen()
-		}
-		for {
-			// pgx buffers notifications that arrive during other statements and returns them
-			// here first; this connection runs no other statement.
-			n, err := conn.WaitForNotification(ctx)
-			if err != nil {
-				return fmt.Errorf("waiting for notifications: %w", err)
-			}
-			if notify := l.Channels[n.Channel]; notify != nil {
-				notify(n.Payload)
-			}
-		}
+		return l.deliver(ctx, conn)
 	})
 	return listened, err
+}
+
+// listen sends LISTEN for every channel on conn and tells OnListen.
+func (l Listener) listen(ctx context.Context, conn *pgx.Conn) error {
+	for _, c := range slices.Sorted(maps.Keys(l.Channels)) {
+		if _, err := conn.Exec(ctx, `LISTEN `+pgtx.QuoteIdentifier(c)); err != nil {
+			return fmt.Errorf("LISTEN %s: %w", c, err)
+		}
+	}
+	if l.OnListen != nil {
+		l.OnListen()
+	}
+	return nil
+}
+
+// deliver hands each notification on conn to its channel's function until waiting fails.
+func (l Listener) deliver(ctx context.Context, conn *pgx.Conn) error {
+	for {
+		// pgx buffers notifications that arrive during other statements and returns them here
+		// first; this connection runs no other statement.
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return fmt.Errorf("waiting for notifications: %w", err)
+		}
+		if notify := l.Channels[n.Channel]; notify != nil {
+			notify(n.Payload)
+		}
+	}
 }
 
 // withConn runs f on the listener's connection: one of the pool's, held until f returns and
@@ -158,26 +178,29 @@ func (l Listener) withConn(ctx context.Context, f func(*pgx.Conn) error) error {
 	if err != nil {
 		return fmt.Errorf("LISTEN connection: %w", err)
 	}
-	if !l.OwnConnection {
-		defer pooled.Close()
-		var ferr error
-		err := pooled.Raw(func(driverConn any) error {
-			conn, err := pgxConn(driverConn)
-			if err != nil {
-				return err
-			}
-			if ferr = f(conn); ferr != nil {
-				return driver.ErrBadConn // the pool discards the connection
-			}
-			return nil
-		})
-		if ferr != nil {
-			return ferr
-		}
-		return err
+	if l.OwnConnection {
+		return withOwnConn(ctx, pooled, f)
 	}
-	var config *pgx.ConnConfig
+	defer pooled.Close()
+	var ferr error
 	err = pooled.Raw(func(driverConn any) error {
+		conn, err := pgxConn(driverConn)
+		if err != nil {
+			return err
+		}
+		if ferr = f(conn); ferr != nil {
+			return driver.ErrBadConn // the pool discards the connection
+		}
+		return nil
+	})
+	return cmp.Or(ferr, err)
+}
+
+// withOwnConn runs f on a connection of its own, opened with the configuration of pooled
+// (released at once) and closed after f.
+func withOwnConn(ctx context.Context, pooled *sql.Conn, f func(*pgx.Conn) error) error {
+	var config *pgx.ConnConfig
+	err := pooled.Raw(func(driverConn any) error {
 		conn, err := pgxConn(driverConn)
 		if err == nil {
 			config = conn.Config() // a copy

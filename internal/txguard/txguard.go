@@ -12,12 +12,12 @@
 // treats the delivery as a permanent failure of its own (wmonce.ErrHandlerEndedTx) instead of
 // blaming the next statement or the next message of a group.
 //
-// Every statement here is a pgtx.DeferredPrefix statement: on a pool from pgtx.Open it travels
+// Every statement here is a pgwire.DeferredPrefix statement: on a pool from pgtx.Open it travels
 // with the transaction's next statement (Open with the first, Close with COMMIT) and Check costs
 // no network round trip at all. On another pool each is one round trip of its own.
 //
 // For a pool from pgtx.Open with lazy BEGIN, For returns the guard on the wire instead
-// (pgtx.WireGuardOpen): the connection itself refuses a COMMIT while the guard is open, by
+// (pgwire.GuardOpen): the connection itself refuses a COMMIT while the guard is open, by
 // sending a ROLLBACK and the same error in its place, and the server does no work for the guard
 // at all (no guard row, no deferred trigger at COMMIT, no Condition in the first statement).
 package txguard
@@ -29,6 +29,7 @@ import (
 	"fmt"
 
 	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/pgwire"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -39,12 +40,12 @@ type Guard struct {
 }
 
 // For returns the guard for transactions on db: the guard on the wire when db's connections
-// have it (pgtx.WireGuards), else the server's guard of schema (New). A caller whose first
+// have it (pgwire.Guards), else the server's guard of schema (New). A caller whose first
 // statement opens the guard with Condition leaves Condition out when OnWire says so, and calls
 // Open instead.
 func For(schema string, db *sql.DB) Guard {
-	if pgtx.WireGuards(db) {
-		return Guard{open: pgtx.WireGuardOpen, check: pgtx.WireGuardCheck, close: pgtx.WireGuardClose, wire: true}
+	if pgwire.Guards(db) {
+		return Guard{open: pgwire.GuardOpen, check: pgwire.GuardCheck, close: pgwire.GuardClose, wire: true}
 	}
 	return New(schema)
 }
@@ -56,9 +57,9 @@ func (g Guard) OnWire() bool { return g.wire }
 // pool: the guard row's deferred trigger refuses the COMMIT.
 func New(schema string) Guard {
 	return Guard{
-		open:  pgtx.DeferredPrefix + "CALL " + pgtx.QualifiedName(schema, "attempt_open") + "()",
-		check: pgtx.DeferredPrefix + "CALL " + pgtx.QualifiedName(schema, "attempt_check") + "()",
-		close: pgtx.DeferredPrefix + "CALL " + pgtx.QualifiedName(schema, "attempt_close") + "()",
+		open:  pgwire.DeferredPrefix + "CALL " + pgtx.QualifiedName(schema, "attempt_open") + "()",
+		check: pgwire.DeferredPrefix + "CALL " + pgtx.QualifiedName(schema, "attempt_check") + "()",
+		close: pgwire.DeferredPrefix + "CALL " + pgtx.QualifiedName(schema, "attempt_close") + "()",
 	}
 }
 
@@ -117,7 +118,7 @@ func (g Guard) Close(ctx context.Context, tx *sql.Tx) error {
 // IsEnded reports an error of a statement the library sent in a transaction it lent to user
 // code that says the user code ended it: database/sql's sql.ErrTxDone (Commit or Rollback on the
 // *sql.Tx) while ctx, the context the transaction was begun with, is alive, or the attempt
-// guard's refusal (pgtx.CodeAttemptGuard: COMMIT or ROLLBACK sent as SQL text, refused; every
+// guard's refusal (pgwire.CodeAttemptGuard: COMMIT or ROLLBACK sent as SQL text, refused; every
 // later statement of the attempt is refused the same way).
 func IsEnded(ctx context.Context, err error) bool {
 	return errors.Is(err, sql.ErrTxDone) && ctx.Err() == nil || pgtx.IsAttemptGuardRefusal(err)

@@ -42,7 +42,7 @@ func (m *Middleware) runKeyed(w http.ResponseWriter, r *http.Request, next http.
 	status, header := rec.final()
 	// Before anything else is sent: a handler that sent COMMIT or ROLLBACK as SQL text left the
 	// server outside any transaction, where the store below would keep the response for good.
-	// The check travels with the store on a pool from pgtx.Open (pgtx.DeferredPrefix), and
+	// The check travels with the store on a pool from pgtx.Open (pgwire.DeferredPrefix), and
 	// fails the store with it.
 	if m.handlerEnded(ctx, w, tx, req, m.guard.Check(ctx, tx.Tx)) {
 		return

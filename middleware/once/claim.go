@@ -16,6 +16,7 @@ import (
 	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/lend"
 	"github.com/wmonce/watermill-once/internal/partition"
+	"github.com/wmonce/watermill-once/internal/pgwire"
 	"github.com/wmonce/watermill-once/internal/tracing"
 	"github.com/wmonce/watermill-once/internal/txguard"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -273,7 +274,7 @@ ON CONFLICT DO NOTHING RETURNING consumer, message_id`,
 		lookupMany: `SELECT p.consumer, p.message_id, p.payload_sha256, p.processed_at
 FROM unnest($1::text[], $2::text[]) AS k(consumer, message_id)
 JOIN ` + t + ` p USING (consumer, message_id)`,
-		savepointClaim: pgtx.WireGuardOpen + spBegin + `;
+		savepointClaim: pgwire.GuardOpen + spBegin + `;
 INSERT INTO ` + t + ` (` + cols + `) SELECT ` + typed + ` WHERE ` + txguard.Condition(schema) + ` ON CONFLICT DO NOTHING`,
 		savepointRelease: fmt.Sprintf(spRelease, pgtx.QualifiedName(schema, "attempt_close")),
 		doom:             fmt.Sprintf(spDoom, pgtx.QualifiedName(schema, "attempt_doom")),
@@ -289,20 +290,20 @@ INSERT INTO ` + t + ` (` + cols + `) SELECT ` + typed + ` WHERE ` + txguard.Cond
 // refuses (SQLSTATE WM001) in a doomed transaction. The setting is reverted with the savepoint
 // when an attempt is rolled back, and the guard row's deferred trigger refuses a COMMIT while it
 // says open or doomed. When the subscriber's pool is from pgtx.Open, its connection guards the
-// attempt on the wire as well (pgtx.WireGuardOpen leads the claim, pgtx.WireGuardClose every
+// attempt on the wire as well (pgwire.GuardOpen leads the claim, pgwire.GuardClose every
 // statement that ends the attempt; elsewhere they are comments): a COMMIT or ROLLBACK the
 // handler sends as SQL text is refused there, and nothing after it reaches the server.
-// spRelease and spRollback are pgtx.DeferredPrefix statements: on a pool
+// spRelease and spRollback are pgwire.DeferredPrefix statements: on a pool
 // from pgtx.Open they travel with the transaction's next statement (the next message's claim,
 // or the subscriber's offset update and COMMIT), which therefore cannot run without them, so
 // they cost no round trip of their own.
 const (
 	spBegin    = `SAVEPOINT wmonce_attempt`
-	spRelease  = pgtx.DeferredPrefix + pgtx.WireGuardClose + `CALL %s(); RELEASE SAVEPOINT wmonce_attempt`
-	spRollback = pgtx.DeferredPrefix + pgtx.WireGuardClose + `ROLLBACK TO SAVEPOINT wmonce_attempt; RELEASE SAVEPOINT wmonce_attempt`
+	spRelease  = pgwire.DeferredPrefix + pgwire.GuardClose + `CALL %s(); RELEASE SAVEPOINT wmonce_attempt`
+	spRollback = pgwire.DeferredPrefix + pgwire.GuardClose + `ROLLBACK TO SAVEPOINT wmonce_attempt; RELEASE SAVEPOINT wmonce_attempt`
 	// spDoom undoes the attempt and marks the transaction doomed: its COMMIT fails (the guard
 	// row's deferred trigger) and every later attempt_begin() in it refuses with WM001.
-	spDoom = pgtx.WireGuardClose + `ROLLBACK TO SAVEPOINT wmonce_attempt; RELEASE SAVEPOINT wmonce_attempt; SELECT %s()`
+	spDoom = pgwire.GuardClose + `ROLLBACK TO SAVEPOINT wmonce_attempt; RELEASE SAVEPOINT wmonce_attempt; SELECT %s()`
 	// codeAttemptRefused is attempt_begin()'s refusal in a doomed transaction.
 	codeAttemptRefused = "WM001"
 )

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/lend"
 	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -146,7 +147,7 @@ const (
 
 func (c *Config) setDefaults() {
 	c.Schema = cmp.Or(c.Schema, pgtx.DefaultSchema)
-	wmonce.SetKeyDefaults(&c.Key, &c.MaxKeyLength)
+	lend.KeyDefaults(&c.Key, &c.MaxKeyLength)
 	if c.TxOptions == nil {
 		c.TxOptions = &sql.TxOptions{Isolation: defaultIsolation}
 	}
@@ -155,7 +156,7 @@ func (c *Config) setDefaults() {
 	if !c.GroupCommit.Disabled {
 		c.GroupCommit.setDefaults()
 	}
-	wmonce.SetAgeGuardDefaults(&c.OccurredAt, &c.Now, outbox.MetadataOccurredAt)
+	lend.AgeGuardDefaults(&c.OccurredAt, &c.Now)
 }
 
 // Validate reports what to fix in a configuration.

@@ -12,6 +12,7 @@ import (
 
 	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/pgwire"
 	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -34,7 +35,7 @@ func TestHandlerEndingTheTxOnAPlainPool(t *testing.T) {
 	plain, err := sql.Open("pgx", pgtest.URL())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = plain.Close() })
-	require.False(t, pgtx.WireGuards(plain))
+	require.False(t, pgwire.Guards(plain))
 	for _, grouped := range []bool{false, true} {
 		for _, ending := range pgtest.TxEndings {
 			name := ending.Name + ", own tx"

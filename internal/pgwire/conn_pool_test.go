@@ -1,4 +1,4 @@
-package pgtx_test
+package pgwire_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/pgwire"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -131,7 +132,7 @@ func TestDeferredStatements(t *testing.T) {
 	_, err = tx.ExecContext(ctx, `INSERT INTO `+table+` VALUES ($1)`, "a")
 	require.NoError(t, err)
 	before := rt.Load()
-	_, err = tx.ExecContext(ctx, pgtx.DeferredPrefix+`INSERT INTO `+table+` VALUES ('b'); DELETE FROM `+table+` WHERE k = 'a'`)
+	_, err = tx.ExecContext(ctx, pgwire.DeferredPrefix+`INSERT INTO `+table+` VALUES ('b'); DELETE FROM `+table+` WHERE k = 'a'`)
 	require.NoError(t, err)
 	require.Equal(t, before, rt.Load(), "held back")
 	var keys []string
@@ -146,7 +147,7 @@ func TestDeferredStatements(t *testing.T) {
 	require.NoError(t, rows.Err())
 	require.Equal(t, []string{"b"}, keys, "the deferred statements ran first, in order")
 	require.Equal(t, before+1, rt.Load())
-	_, err = tx.ExecContext(ctx, pgtx.DeferredPrefix+`INSERT INTO `+table+` VALUES ('c')`)
+	_, err = tx.ExecContext(ctx, pgwire.DeferredPrefix+`INSERT INTO `+table+` VALUES ('c')`)
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit())
 	require.Equal(t, 2, pgtest.Count(t, shared, `SELECT count(*) FROM `+table), "COMMIT carried the last one")
@@ -157,7 +158,7 @@ func TestDeferredStatements(t *testing.T) {
 	require.NoError(t, err)
 	_, err = tx.ExecContext(ctx, `INSERT INTO `+table+` VALUES ($1)`, "d")
 	require.NoError(t, err)
-	_, err = tx.ExecContext(ctx, pgtx.DeferredPrefix+`INSERT INTO `+table+` VALUES ('b')`) // duplicate key
+	_, err = tx.ExecContext(ctx, pgwire.DeferredPrefix+`INSERT INTO `+table+` VALUES ('b')`) // duplicate key
 	require.NoError(t, err, "the outcome is not known yet")
 	_, err = tx.ExecContext(ctx, `INSERT INTO `+table+` VALUES ($1)`, "e")
 	require.Equal(t, "23505", pgtx.SQLState(err))
@@ -165,7 +166,7 @@ func TestDeferredStatements(t *testing.T) {
 	require.Equal(t, 2, pgtest.Count(t, shared, `SELECT count(*) FROM `+table))
 
 	// Outside a transaction the prefix is only a comment: the statement runs at once.
-	_, err = db.ExecContext(ctx, pgtx.DeferredPrefix+`INSERT INTO `+table+` VALUES ('f')`)
+	_, err = db.ExecContext(ctx, pgwire.DeferredPrefix+`INSERT INTO `+table+` VALUES ('f')`)
 	require.NoError(t, err)
 	require.Equal(t, 3, pgtest.Count(t, shared, `SELECT count(*) FROM `+table))
 }

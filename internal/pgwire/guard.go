@@ -1,14 +1,16 @@
-package pgtx
+package pgwire
 
 import (
 	"database/sql"
+	"net"
+	"slices"
 	"strings"
 	"sync"
 	"weak"
 )
 
-// The commit guard on the wire. A pool from Open (lazy BEGIN on) can refuse a COMMIT on the
-// connection itself, below pgx: between WireGuardOpen and WireGuardClose, sent inside a
+// The commit guard on the wire. A pool from pgtx.Open (lazy BEGIN on) can refuse a COMMIT on the
+// connection itself, below pgx: between GuardOpen and GuardClose, sent inside a
 // transaction, any COMMIT the client sends (tx.Commit, or COMMIT, END, ROLLBACK, ABORT or
 // PREPARE TRANSACTION as SQL text, alone or in a statement list) is replaced by a ROLLBACK and
 // an error that reads as the attempt guard's (migrations 010 and 011), so the transaction is
@@ -19,13 +21,13 @@ import (
 // with the transaction (the server reports it idle).
 //
 // A *sql.DB opened otherwise sends the markers to the server, where they are empty statements:
-// callers check WireGuards first and use the server-side guard on other pools (internal/txguard).
-// WireGuardCheck changes nothing and is answered by the connection too: a statement to send
+// callers check Guards first and use the server-side guard on other pools (internal/txguard).
+// GuardCheck changes nothing and is answered by the connection too: a statement to send
 // in a transaction only to learn from database/sql whether user code ended it (sql.ErrTxDone).
 const (
-	WireGuardOpen  = "/* pgtx:wire-guard open */"
-	WireGuardClose = "/* pgtx:wire-guard close */"
-	WireGuardCheck = "/* pgtx:wire-guard check */"
+	GuardOpen  = "/* pgtx:wire-guard open */"
+	GuardClose = "/* pgtx:wire-guard close */"
+	GuardCheck = "/* pgtx:wire-guard check */"
 )
 
 // The refusal, sent in place of a COMMIT (or ROLLBACK) while the guard is open: the ROLLBACK
@@ -44,16 +46,13 @@ const (
 // attempt_check and attempt_close of migration 017).
 const CodeAttemptGuard = "WM002"
 
-// IsAttemptGuardRefusal reports an error of the attempt guard (CodeAttemptGuard).
-func IsAttemptGuardRefusal(err error) bool { return SQLState(err) == CodeAttemptGuard }
-
 // The doomed connection. Once the guard has refused a COMMIT or ROLLBACK, the server is outside
 // any transaction (or in an aborted one) while database/sql still holds the *sql.Tx open: every
 // later statement of the attempt (the handler's, the outbox's, the library's guard markers) would
 // run in autocommit. So the connection refuses them all itself, sending nothing, with
 // doomedError, until database/sql is done with the transaction: pgx's own "rollback" is let
 // through (answered at once when the server is idle, so that it logs no warning), and the
-// connection is undoomed when database/sql hands it out again (Open's session reset).
+// connection is undoomed when database/sql hands it out again (pgtx.Open's session reset).
 var doomedError = message('E', []byte("SERROR\x00VERROR\x00C"+CodeAttemptGuard+"\x00Mwatermill-once: refused: the handler ended the transaction it was lent (COMMIT or ROLLBACK), so nothing more of this attempt reaches the database and nothing of it is applied\x00"+
 	"Ha handler must not Commit or Rollback the transaction it was given (the library commits it)\x00\x00"))
 
@@ -63,14 +62,15 @@ const (
 	pgxPing     = "-- ping"
 )
 
-// wireGuardPools holds the pools from Open whose connections guard commits on the wire.
+// wireGuardPools holds the pools from pgtx.Open whose connections guard commits on the wire.
 var wireGuardPools sync.Map // weak.Pointer[sql.DB] -> struct{}
 
-func registerWireGuard(db *sql.DB) { wireGuardPools.Store(weak.Make(db), struct{}{}) }
+// Register records that db's connections are wrapped by Wrap (pgtx.Open with lazy BEGIN on).
+func Register(db *sql.DB) { wireGuardPools.Store(weak.Make(db), struct{}{}) }
 
-// WireGuards reports whether db's connections refuse COMMIT between WireGuardOpen and
-// WireGuardClose: db came from Open with lazy BEGIN on.
-func WireGuards(db *sql.DB) bool {
+// Guards reports whether db's connections refuse COMMIT between GuardOpen and
+// GuardClose: db came from pgtx.Open with lazy BEGIN on.
+func Guards(db *sql.DB) bool {
 	if db == nil {
 		return false
 	}
@@ -88,23 +88,33 @@ func WireGuards(db *sql.DB) bool {
 // guard must not let a COMMIT through on a misreading.
 func endsTx(sql string) bool {
 	l := sqlLexer{s: sql}
-	var lead []string // the statement's first words, lower case, while nothing else came between
+	for {
+		lead, more, readable := l.statement()
+		if !readable || endsStatement(lead) {
+			return true
+		}
+		if !more {
+			return false
+		}
+	}
+}
+
+// statement reads the next statement and returns its first words (up to three, lower case,
+// while nothing else came between), whether more statements follow, and false if the text
+// cannot be read to the statement's end.
+func (l *sqlLexer) statement() (lead []string, more, readable bool) {
 	leading := true
 	for {
-		tok, text := l.next()
-		switch tok {
+		switch tok, text := l.next(); tok {
 		case tokEnd:
-			return endsStatement(lead)
+			return lead, false, true
 		case tokUnreadable:
-			return true
+			return nil, false, false
 		case tokSemicolon:
-			if endsStatement(lead) {
-				return true
-			}
-			lead, leading = lead[:0], true
+			return lead, true, true
 		case tokWord:
-			if leading && len(lead) < 3 {
-				lead = append(lead, strings.ToLower(text))
+			if leading {
+				lead = appendLead(lead, text)
 			}
 		default:
 			leading = false
@@ -112,27 +122,46 @@ func endsTx(sql string) bool {
 	}
 }
 
+// appendLead adds word to a statement's first words, up to the three endsStatement reads.
+func appendLead(lead []string, word string) []string {
+	if len(lead) == 3 {
+		return lead
+	}
+	return append(lead, strings.ToLower(word))
+}
+
 // endsStatement reports whether a statement starting with the words lead ends the
-// transaction.
+// transaction: its first word's rule (endingWords) decides.
 func endsStatement(lead []string) bool {
 	if len(lead) == 0 {
 		return false
 	}
-	switch lead[0] {
-	case "commit", "end", "abort":
-		return true
-	case "prepare":
-		return len(lead) > 1 && lead[1] == "transaction"
-	case "rollback":
-		next := lead[1:]
-		if len(next) > 0 && (next[0] == "work" || next[0] == "transaction") {
-			next = next[1:]
-		}
-		// ROLLBACK [WORK] TO a savepoint and ROLLBACK PREPARED leave this transaction alone;
-		// any other ROLLBACK (AND [NO] CHAIN included) ends it.
-		return len(next) == 0 || next[0] != "to" && next[0] != "prepared"
+	ends, ok := endingWords[lead[0]]
+	return ok && ends(lead[1:])
+}
+
+// endingWords maps the first word of a statement that may end the transaction to the rule
+// that decides from the words after it.
+var endingWords = map[string]func(next []string) bool{
+	"commit":   always,
+	"end":      always,
+	"abort":    always,
+	"prepare":  preparesTransaction,
+	"rollback": rollbackEnds,
+}
+
+func always([]string) bool { return true }
+
+// preparesTransaction: PREPARE TRANSACTION ends it; PREPARE of a statement does not.
+func preparesTransaction(next []string) bool { return len(next) > 0 && next[0] == "transaction" }
+
+// rollbackEnds: ROLLBACK [WORK | TRANSACTION] TO a savepoint and ROLLBACK PREPARED leave this
+// transaction alone; any other ROLLBACK (AND [NO] CHAIN included) ends it.
+func rollbackEnds(next []string) bool {
+	if len(next) > 0 && slices.Contains([]string{"work", "transaction"}, next[0]) {
+		next = next[1:]
 	}
-	return false
+	return len(next) == 0 || !slices.Contains([]string{"to", "prepared"}, next[0])
 }
 
 // The tokens of sqlLexer.
@@ -167,7 +196,7 @@ func (l *sqlLexer) next() (tok int, text string) {
 	case c == ';':
 		l.i++
 		return tokSemicolon, ";"
-	case c == '\'' || c == '"':
+	case c == '\'', c == '"':
 		return l.quoted(c, false), ""
 	case c == '$':
 		return l.dollarQuoted(), ""
@@ -178,14 +207,15 @@ func (l *sqlLexer) next() (tok int, text string) {
 	return tokOther, ""
 }
 
-// word moves past the word at l.i, or the E'...' string it opens.
+// word moves past the word at l.i ('$' may follow its first byte), or the E'...' string it
+// opens.
 func (l *sqlLexer) word() (tok int, text string) {
 	start := l.i
-	for l.i < len(l.s) && (isWordByte(l.s[l.i]) || l.s[l.i] == '$') {
+	for l.i++; l.i < len(l.s) && isIdentByte(l.s[l.i]); {
 		l.i++
 	}
 	word := l.s[start:l.i]
-	if (word == "E" || word == "e") && l.i < len(l.s) && l.s[l.i] == '\'' {
+	if strings.EqualFold(word, "e") && strings.HasPrefix(l.s[l.i:], "'") {
 		return l.quoted('\'', true), ""
 	}
 	return tokWord, word
@@ -200,20 +230,22 @@ func (l *sqlLexer) skipSpaceAndComments() bool {
 		case strings.IndexByte(" \t\n\r\f\v", rest[0]) >= 0:
 			l.i++
 		case strings.HasPrefix(rest, "--"):
-			end := strings.IndexByte(rest, '\n')
-			if end < 0 {
-				end = len(rest) - 1
-			}
-			l.i += end + 1
-		case strings.HasPrefix(rest, "/*"):
-			if !l.blockComment() {
-				return false
-			}
-		default:
+			l.i += lineLength(rest)
+		case !strings.HasPrefix(rest, "/*"):
 			return true
+		case !l.blockComment():
+			return false
 		}
 	}
 	return true
+}
+
+// lineLength is the length of s's first line, its newline included.
+func lineLength(s string) int {
+	if end := strings.IndexByte(s, '\n'); end >= 0 {
+		return end + 1
+	}
+	return len(s)
 }
 
 // blockComment moves past the /* comment at l.i, nested ones included; false if it does not
@@ -244,7 +276,7 @@ func (l *sqlLexer) quoted(q byte, escapes bool) int {
 		case escapes && l.s[j] == '\\':
 			j++
 		case l.s[j] != q:
-		case j+1 < len(l.s) && l.s[j+1] == q:
+		case strings.HasPrefix(l.s[j+1:], string(q)):
 			j++ // doubled: part of the literal
 		default:
 			l.i = j + 1
@@ -257,26 +289,38 @@ func (l *sqlLexer) quoted(q byte, escapes bool) int {
 // dollarQuoted moves past the $tag$ ... $tag$ body at l.i, or past a '$' that opens none (a
 // parameter such as $1).
 func (l *sqlLexer) dollarQuoted() int {
-	tagEnd := l.i + 1
-	for tagEnd < len(l.s) && isWordByte(l.s[tagEnd]) {
-		tagEnd++
-	}
-	if tagEnd >= len(l.s) || l.s[tagEnd] != '$' || isDigit(l.s[l.i+1]) {
+	tag, ok := dollarTag(l.s[l.i:])
+	if !ok {
 		l.i++
 		return tokOther
 	}
-	tag := l.s[l.i : tagEnd+1]
-	body := strings.Index(l.s[tagEnd+1:], tag)
+	body := strings.Index(l.s[l.i+len(tag):], tag)
 	if body < 0 {
 		return tokUnreadable
 	}
-	l.i = tagEnd + 1 + body + len(tag)
+	l.i += len(tag) + body + len(tag)
 	return tokOther
 }
 
-func isWordByte(c byte) bool {
-	return c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || isDigit(c) || c >= 0x80
+// dollarTag returns the $tag$ (or $$) that s starts with; false for a parameter ($1) or a lone $.
+func dollarTag(s string) (string, bool) {
+	end := 1
+	for end < len(s) && isWordByte(s[end]) {
+		end++
+	}
+	if !strings.HasPrefix(s[end:], "$") || isDigit(s[1]) {
+		return "", false
+	}
+	return s[:end+1], true
 }
+
+// wordBytes are the ASCII bytes of words; every byte from 0x80 (UTF-8) is one too.
+const wordBytes = "_abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+
+// isIdentByte reports a byte that continues an unquoted identifier: a word byte or '$'.
+func isIdentByte(c byte) bool { return c == '$' || isWordByte(c) }
+
+func isWordByte(c byte) bool { return c >= 0x80 || strings.IndexByte(wordBytes, c) >= 0 }
 
 func isDigit(c byte) bool { return c >= '0' && c <= '9' }
 
@@ -294,20 +338,12 @@ func guardWrite(p []byte) (_ []byte, doomed bool) {
 		if !ok {
 			break // a partial message: the connection's own checks refuse it
 		}
-		msg := rest[:len(rest)-len(next)]
-		switch {
-		case typ == 'Q' && string(body) == pgxRollback+"\x00":
-			doomed = true
-		case typ == 'Q' && len(body) > 0 && body[len(body)-1] == 0 && endsTx(string(body[:len(body)-1])):
-			msg, changed = message('Q', append([]byte(wireRefusal), 0)), true
-		case typ == 'P':
-			if name, query, ok := parseParse(body); ok && endsTx(query) {
-				// No parameter types: the refusal takes none (a Bind that supplies some fails,
-				// which refuses the COMMIT just the same).
-				body := append(append(append([]byte(name), 0), wireRefusalRaise...), 0, 0, 0)
-				msg, changed = message('P', body), true
-			}
+		msg, refused := refusal(typ, body)
+		if !refused {
+			msg = rest[:len(rest)-len(next)]
 		}
+		changed = changed || refused
+		doomed = doomed || isPgxRollback(typ, body)
 		out = append(out, msg...)
 		rest = next
 	}
@@ -317,30 +353,62 @@ func guardWrite(p []byte) (_ []byte, doomed bool) {
 	return append(out, rest...), true
 }
 
-// doomedWrite answers what the client sends on a doomed connection (see doomedError): what to
-// send to the server (pgx's rollback while the server is in a transaction, a ping, a Terminate)
-// and the replies to give the client at once (the refusals). A Query is refused with an error
-// and ReadyForQuery; extended-protocol messages up to a Sync with one error, as the server
-// skips to the Sync after an error, and the Sync with ReadyForQuery. c.mu is held.
-func (c *lazyBeginConn) doomedWrite(p []byte) (send, reply []byte) {
-	if typ, body, rest, ok := firstMessage(p); ok && typ == 'Q' && len(rest) == 0 {
-		switch string(body) {
-		case pgxRollback + "\x00":
-			if c.status != 'I' {
-				return p, nil // an aborted transaction (a refused Parse): the server ends it
-			}
-			return nil, append(message('C', []byte("ROLLBACK\x00")), message('Z', []byte{'I'})...)
-		case pgxPing + "\x00":
-			return p, nil
-		}
+// isPgxRollback reports the Query that pgx sends for (*sql.Tx).Rollback.
+func isPgxRollback(typ byte, body []byte) bool {
+	sql, ok := queryText(typ, body)
+	return ok && sql == pgxRollback
+}
+
+// refusal returns the refusal that replaces a Query or Parse message that ends the
+// transaction, and false for any other message.
+func refusal(typ byte, body []byte) ([]byte, bool) {
+	if sql, ok := queryText(typ, body); ok && sql != pgxRollback && endsTx(sql) {
+		return message('Q', append([]byte(wireRefusal), 0)), true
 	}
-	if onlyCloses(p) {
-		// pgx deallocating the statements a refusal invalidated: harmless, and refusing it
-		// would fail the next statement, the library's rollback included.
-		return p, nil
+	if name, query, ok := parseParse(typ, body); ok && endsTx(query) {
+		// No parameter types: the refusal takes none (a Bind that supplies some fails, which
+		// refuses the COMMIT just the same).
+		return message('P', append(append(append([]byte(name), 0), wireRefusalRaise...), 0, 0, 0)), true
 	}
-	rest := p
-	for len(rest) > 0 {
+	return nil, false
+}
+
+// doomedWrite answers what the client sends on a doomed connection (see doomedError): it gives
+// the client the refusals at once and returns what still goes to the server (pgx's rollback
+// while the server is in a transaction, a ping, the Close messages of pgx's cleanup, a
+// Terminate). c.mu is held.
+func (c *lazyBeginConn) doomedWrite(p []byte) []byte {
+	if send, reply, ok := c.doomedPassThrough(p); ok {
+		c.give(reply)
+		return send
+	}
+	send, reply := c.refuseDoomed(p)
+	c.give(reply)
+	return send
+}
+
+// doomedPassThrough answers the writes a doomed connection lets through: pgx's rollback (sent
+// while the server is in a transaction, answered at once when it is idle, so that pgx logs no
+// warning), a ping, and pgx deallocating the statements a refusal invalidated (harmless;
+// refusing it would fail the next statement, the library's rollback included). c.mu is held.
+func (c *lazyBeginConn) doomedPassThrough(p []byte) (send, reply []byte, ok bool) {
+	sql, lone := loneQuery(p)
+	switch {
+	case onlyCloses(p), lone && sql == pgxPing:
+		return p, nil, true
+	case !lone || sql != pgxRollback:
+		return nil, nil, false
+	case c.status != 'I':
+		return p, nil, true // an aborted transaction (a refused Parse): the server ends it
+	}
+	return nil, append(message('C', []byte("ROLLBACK\x00")), message('Z', []byte{'I'})...), true
+}
+
+// refuseDoomed refuses every message of p: a Query with an error and ReadyForQuery,
+// extended-protocol messages up to a Sync with one error (the server, too, skips to the Sync
+// after an error), the Sync with ReadyForQuery. A Terminate is sent. c.mu is held.
+func (c *lazyBeginConn) refuseDoomed(p []byte) (send, reply []byte) {
+	for rest := p; len(rest) > 0; {
 		typ, _, next, ok := firstMessage(rest)
 		if !ok {
 			break
@@ -354,14 +422,21 @@ func (c *lazyBeginConn) doomedWrite(p []byte) (send, reply []byte) {
 		case 'X':
 			send = append(send, rest[:len(rest)-len(next)]...)
 		default: // Parse, Bind, Describe, Execute, Close, Flush, ...
-			if !c.doomErrorSent {
-				c.doomErrorSent = true
-				reply = append(reply, doomedError...)
-			}
+			reply = append(reply, c.doomOnce()...)
 		}
 		rest = next
 	}
 	return send, reply
+}
+
+// doomOnce returns doomedError for the first extended-protocol message before a Sync, nothing
+// for the others. c.mu is held.
+func (c *lazyBeginConn) doomOnce() []byte {
+	if c.doomErrorSent {
+		return nil
+	}
+	c.doomErrorSent = true
+	return doomedError
 }
 
 // onlyCloses reports whether p holds only Close messages (of prepared statements or portals),
@@ -375,7 +450,7 @@ func onlyCloses(p []byte) bool {
 			return false
 		case typ == 'C':
 			closes = true
-		case typ != 'S' && typ != 'H':
+		case strings.IndexByte("SH", typ) < 0: // not Sync, not Flush
 			return false
 		}
 		rest = next
@@ -383,16 +458,27 @@ func onlyCloses(p []byte) bool {
 	return closes
 }
 
-// undoom ends the doomed state (see doomedError) when database/sql hands the connection out
-// again: the transaction it was refused in is over.
+// ResetSession ends conn's doomed state (see doomedError) when database/sql hands the
+// connection out again: the transaction it was refused in is over. Other connections are left
+// alone.
+func ResetSession(conn net.Conn) {
+	if c, ok := conn.(*lazyBeginConn); ok {
+		c.undoom()
+	}
+}
+
 func (c *lazyBeginConn) undoom() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.doomed, c.doomErrorSent = false, false
 }
 
-// parseParse splits a Parse message's body into the statement name and the query text.
-func parseParse(body []byte) (name, query string, ok bool) {
+// parseParse splits a Parse message's body into the statement name and the query text; false
+// for any other message.
+func parseParse(typ byte, body []byte) (name, query string, ok bool) {
+	if typ != 'P' {
+		return "", "", false
+	}
 	name, tail, ok := strings.Cut(string(body), "\x00")
 	if !ok {
 		return "", "", false

@@ -1,4 +1,4 @@
-package pgtx_test
+package pgwire_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/pgwire"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -23,7 +24,7 @@ func TestWireGuardRefusesEveryCommit(t *testing.T) {
 	pgtest.Exec(t, shared, `CREATE TABLE `+table+` (k text PRIMARY KEY)`)
 	ctx := context.Background()
 	db, rt := openCounted(t, true)
-	require.True(t, pgtx.WireGuards(db))
+	require.True(t, pgwire.Guards(db))
 
 	commits := map[string]func(tx *sql.Tx) error{
 		"tx.Commit":      func(tx *sql.Tx) error { return tx.Commit() },
@@ -50,7 +51,7 @@ func TestWireGuardRefusesEveryCommit(t *testing.T) {
 	for name, commit := range commits {
 		tx, err := db.BeginTx(ctx, nil)
 		require.NoError(t, err)
-		_, err = tx.ExecContext(ctx, pgtx.WireGuardOpen)
+		_, err = tx.ExecContext(ctx, pgwire.GuardOpen)
 		require.NoError(t, err)
 		_, err = tx.ExecContext(ctx, `INSERT INTO `+table+` VALUES ($1)`, name)
 		require.NoError(t, err)
@@ -66,7 +67,7 @@ func TestWireGuardRefusesEveryCommit(t *testing.T) {
 		require.True(t, pgtx.IsAttemptGuardRefusal(err), "%s, a later statement: %v", name, err)
 		_, err = tx.ExecContext(ctx, `INSERT INTO `+table+` VALUES ('`+name+`/after, simple')`)
 		require.True(t, pgtx.IsAttemptGuardRefusal(err), "%s, a later simple query: %v", name, err)
-		_, err = tx.ExecContext(ctx, pgtx.WireGuardClose+`; COMMIT`)
+		_, err = tx.ExecContext(ctx, pgwire.GuardClose+`; COMMIT`)
 		require.True(t, pgtx.IsAttemptGuardRefusal(err), "%s, a later COMMIT: %v", name, err)
 		require.NoError(t, tx.Rollback(), "database/sql's own rollback goes through")
 		require.Zero(t, pgtest.Count(t, shared, `SELECT count(*) FROM `+table+` WHERE k LIKE '`+name+`%'`), "%s: nothing applied", name)
@@ -79,11 +80,11 @@ func TestWireGuardRefusesEveryCommit(t *testing.T) {
 	tx, err := db.BeginTx(ctx, nil)
 	require.NoError(t, err)
 	before := rt.Load()
-	_, err = tx.ExecContext(ctx, pgtx.WireGuardOpen)
+	_, err = tx.ExecContext(ctx, pgwire.GuardOpen)
 	require.NoError(t, err)
 	_, err = tx.ExecContext(ctx, `INSERT INTO `+table+` VALUES ('closed') -- commit`)
 	require.NoError(t, err)
-	_, err = tx.ExecContext(ctx, pgtx.WireGuardClose)
+	_, err = tx.ExecContext(ctx, pgwire.GuardClose)
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit())
 	require.Equal(t, int64(2), rt.Load()-before, "BEGIN with the INSERT, COMMIT: the markers cost nothing")
@@ -92,7 +93,7 @@ func TestWireGuardRefusesEveryCommit(t *testing.T) {
 	// A guard left open ends with its transaction: the next one commits as usual.
 	tx, err = db.BeginTx(ctx, nil)
 	require.NoError(t, err)
-	_, err = tx.ExecContext(ctx, pgtx.WireGuardOpen)
+	_, err = tx.ExecContext(ctx, pgwire.GuardOpen)
 	require.NoError(t, err)
 	require.NoError(t, tx.Rollback())
 	tx, err = db.BeginTx(ctx, nil)
@@ -108,15 +109,15 @@ func TestWireGuardRefusesEveryCommit(t *testing.T) {
 func TestWireGuardsOnlyOnLazyBeginPools(t *testing.T) {
 	t.Parallel()
 	eager, _ := openCounted(t, false)
-	require.False(t, pgtx.WireGuards(eager))
-	require.False(t, pgtx.WireGuards(nil))
+	require.False(t, pgwire.Guards(eager))
+	require.False(t, pgwire.Guards(nil))
 	other, err := sql.Open("pgx", pgtest.URL())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = other.Close() })
-	require.False(t, pgtx.WireGuards(other))
+	require.False(t, pgwire.Guards(other))
 	tx, err := other.Begin()
 	require.NoError(t, err)
-	for _, marker := range []string{pgtx.WireGuardOpen, pgtx.WireGuardCheck, pgtx.WireGuardClose} {
+	for _, marker := range []string{pgwire.GuardOpen, pgwire.GuardCheck, pgwire.GuardClose} {
 		_, err := tx.Exec(marker)
 		require.NoError(t, err, marker)
 	}
