@@ -15,11 +15,9 @@ type Kind string
 
 // The supported brokers.
 const (
-	// SQL is Watermill's SQL Pub/Sub on PostgreSQL: topics are tables, consumer groups are rows
-	// of an offsets table. Needs nothing but the database.
+	// SQL is Watermill's SQL Pub/Sub on PostgreSQL: needs nothing but the database.
 	SQL Kind = "sql"
-	// Kafka is Apache Kafka (or anything speaking its protocol, such as Redpanda or the
-	// embedded kfake broker) through Watermill's Sarama-based Pub/Sub.
+	// Kafka is Apache Kafka (or its protocol) through Watermill's Sarama-based Pub/Sub.
 	Kafka Kind = "kafka"
 	// AMQP is RabbitMQ (AMQP 0-9-1) through Watermill's AMQP Pub/Sub.
 	AMQP Kind = "amqp"
@@ -47,11 +45,8 @@ type Config struct {
 	// DatabaseURL is used by the SQL broker when New is given no *sql.DB. Env DATABASE_URL;
 	// default pgtx.DefaultDatabaseURL.
 	DatabaseURL string
-	// Subscriptions are the (topic, consumer group) pairs declared before anything is
-	// published. NewPublisher declares them (RabbitMQ queues and bindings, Kafka topics, SQL
-	// tables and group offsets); Declare does it on demand. They are not needed for a group
-	// to receive what was published before it first subscribed, on any broker; on RabbitMQ
-	// they are needed for each of several groups of one topic to receive it (see Declare).
+	// Subscriptions are the (topic, consumer group) pairs NewPublisher declares before anything
+	// is published (see Declare).
 	Subscriptions []Subscription
 
 	SQL   SQLConfig

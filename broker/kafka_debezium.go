@@ -21,17 +21,13 @@ const (
 	debeziumHeaderPrefix   = "__debezium"
 )
 
-// MetadataUnmarshalError names, on a message whose record could not be read back, why: such a
-// message has an empty UUID, which the effectively-once middleware refuses, so it is parked
-// visibly (poison queue) instead of stopping the subscription or being applied.
+// MetadataUnmarshalError says why a record could not be read back; its message has an empty
+// UUID, which the effectively-once middleware parks instead of applying.
 const MetadataUnmarshalError = "unmarshal_error"
 
-// KafkaUnmarshaler reads both layouts a watermill-once outbox reaches Kafka in: records the
-// Relay published (Watermill's layout, the UUID in header _watermill_message_uuid) with
-// Watermill's unmarshaler, and records Debezium's Outbox Event Router wrote (UUID, metadata and
-// payload as the outbox.Writer stored them). Consumers need no setting to switch between the
-// Relay and Debezium, in either direction: both give the message the producer stored, with the
-// same UUID, so the effectively-once middleware dedupes the copies a switch may deliver twice.
+// KafkaUnmarshaler reads the records of the Relay (with Watermill's unmarshaler) and of
+// Debezium's Outbox Event Router alike: both give the message the producer stored, same UUID,
+// so a switch between them needs no setting and its copies are deduplicated (docs/cdc.md).
 type KafkaUnmarshaler struct {
 	Watermill kafka.Unmarshaler
 }

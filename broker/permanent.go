@@ -11,24 +11,11 @@ import (
 	wmonce "github.com/wmonce/watermill-once"
 )
 
-// IsPermanentPublishError reports whether a publish error says that the broker, or the
-// publisher before sending, refuses these messages as they are, so that publishing them again
-// can never succeed. It is meant for outbox.RelayConfig.IsPermanent with a publisher that
-// this package did not build (watermill-kafka's, watermill-amqp's, watermill-sql's): the
-// publishers of NewPublisher already mark what it recognises with wmonce.Permanent, which
-// the relay's default recognises.
-//
-// It is deliberately narrow; everything else is transient:
-//   - an error marked with wmonce.Permanent;
-//   - Kafka: an invalid topic name (INVALID_TOPIC_EXCEPTION), a record larger than the broker
-//     accepts (MESSAGE_TOO_LARGE) or than Sarama's Producer.MaxMessageBytes, a record the
-//     broker's validation refuses (INVALID_RECORD);
-//   - RabbitMQ: a message larger than the server's max_message_size;
-//   - Watermill's SQL Pub/Sub: a topic name it cannot store (sql.ErrInvalidTopicName).
-//
-// A topic that does not exist (UNKNOWN_TOPIC_OR_PARTITION, an exchange or table missing), a
-// partition without a leader, an authorization failure (an operator can grant it), a timeout
-// and a lost connection are transient.
+// IsPermanentPublishError reports whether a publish error says the broker refuses these
+// messages for good (an invalid topic, a record too large, ...; the list is in
+// docs/outbox-relay.md); everything else, a missing topic or a lost connection included, is
+// transient. Use it as outbox.RelayConfig.IsPermanent with a publisher this package did not
+// build: NewPublisher's publishers already mark these errors with wmonce.Permanent.
 func IsPermanentPublishError(err error) bool {
 	if err == nil {
 		return false
