@@ -30,27 +30,21 @@ const seedEnv = "ONCETEST_SEED"
 type Config struct {
 	// DB reaches the PostgreSQL the handler writes to. Required.
 	DB *sql.DB
-	// Schema holds the library's tables (migrate applied). Required: the kit writes claims,
-	// inbox and outbox rows there, each run under a consumer name of its own, and adds one
-	// table of its own (oncetest_commit_fault) to kill connections during COMMIT.
+	// Schema holds the library's tables (migrate applied); the kit adds its table
+	// oncetest_commit_fault there. Required.
 	Schema string
 
-	// Events returns the messages of one run, in the order their producer sent them. Every
-	// run asks for them again; return the same UUIDs, payloads and metadata each time. Messages
-	// of one entity (one ordering key) belong in the order the producer sent them: the kit
-	// also delivers them out of order. Required.
+	// Events returns the messages of one run in their producer's order, the same ones (UUIDs,
+	// payloads, metadata) at every call. Required.
 	Events func() []*message.Message
-	// Reset clears what the handler wrote (its rows, an in-memory counter) before each run,
-	// so that each run starts from the same state. Required.
+	// Reset clears all the handler wrote (rows, an in-memory counter) before each run. Required.
 	Reset func(ctx context.Context, db *sql.DB) error
-	// Effect reads the handler's effect after a run: a count, or a snapshot of its rows. The
-	// kit compares it (reflect.DeepEqual) with the effect of one clean delivery of each event,
-	// in order. Required.
+	// Effect reads the handler's committed effect after a run (a count, a snapshot of rows),
+	// compared with one clean delivery's. Required.
 	Effect func(ctx context.Context, db *sql.DB) (any, error)
 
-	// Middleware adjusts the once.Config of every run to the application's own (Key,
-	// TxOptions, MaxMessageAge...). The kit sets Schema, Consumer, OutputTopic and, per mode,
-	// GroupCommit and ShutdownGrace after it.
+	// Middleware adjusts every run's once.Config (Key, TxOptions, ...); the kit then sets
+	// Schema, Consumer, OutputTopic, GroupCommit and ShutdownGrace.
 	Middleware func(*once.Config)
 
 	// Modes to run. Default AllModes.
@@ -58,8 +52,7 @@ type Config struct {
 	// Faults to inject. Default AllFaults.
 	Faults []Fault
 
-	// Seed fixes the schedules (which event a fault hits, the order of reordered events). Default:
-	// ONCETEST_SEED, else the clock; the seed is printed with any violation.
+	// Seed fixes the schedules. Default: ONCETEST_SEED, else the clock.
 	Seed uint64
 }
 
@@ -146,14 +139,12 @@ func (c Config) validate() error {
 // Seed is the seed of this kit's schedules.
 func (k *Kit) Seed() uint64 { return k.seed }
 
-// Publisher stands for the router's publisher. Give it to a handler that takes a publisher:
-// every message published on it during a delivery is a violation (a handler must return its
-// output, which the middleware stores in the outbox in the transaction).
+// Publisher stands for the router's publisher: a message a handler publishes on it during a
+// delivery is a violation (outputs are returned, to go into the outbox in the transaction).
 func (k *Kit) Publisher() message.Publisher { return k.publisher }
 
-// Check runs h in every mode under every fault and reports each violation on t with t.Errorf:
-// the mode, the smallest schedule that shows it (which delivery, which fault), the effect seen
-// and the effect expected, and the seed that replays it. It returns the violations.
+// Check runs h in every mode under every fault, reports each violation on t with t.Errorf (see
+// the package doc) and returns them.
 func (k *Kit) Check(t testing.TB, h message.HandlerFunc) []Violation {
 	t.Helper()
 	ctx := context.Background()

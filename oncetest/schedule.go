@@ -35,29 +35,23 @@ type Fault string
 
 // The faults.
 const (
-	// FaultSequentialCopies delivers every event three times, each copy after the previous one
-	// was committed: a redelivery after a lost ack.
+	// FaultSequentialCopies delivers every event three times, each after the previous commit.
 	FaultSequentialCopies Fault = "sequential copies (redelivery after a lost ack)"
 	// FaultConcurrentCopies delivers four copies of every event at the same time.
 	FaultConcurrentCopies Fault = "concurrent copies"
-	// FaultConcurrentEvents delivers every event once, all at the same time; with group commit
-	// they share one transaction.
+	// FaultConcurrentEvents delivers every event once, all at the same time.
 	FaultConcurrentEvents Fault = "concurrent events"
-	// FaultTransient fails one event's first attempt after its handler returned; the library
-	// rolls back and retries it.
+	// FaultTransient fails one event's first attempt after its handler returned.
 	FaultTransient Fault = "transient failure and retry"
-	// FaultKillMidHandler terminates the connection (pg_terminate_backend) after one event's
-	// handler wrote, before COMMIT.
+	// FaultKillMidHandler terminates the connection after one event's handler wrote.
 	FaultKillMidHandler Fault = "connection killed mid-handler"
 	// FaultKillDuringCommit terminates the connection while PostgreSQL runs one event's COMMIT.
 	FaultKillDuringCommit Fault = "connection killed during COMMIT"
-	// FaultShutdown closes the router (cancels the message context; the inbox: closes the
-	// Processor) while one event's handler runs, and delivers that event again afterwards.
+	// FaultShutdown closes the router while one event's handler runs, then delivers it again.
 	FaultShutdown Fault = "router shutdown mid-handler"
 	// FaultReorder delivers the events out of their producer's order.
 	FaultReorder Fault = "reordered events"
-	// FaultFailingNeighbours puts every event in one group-commit transaction with messages
-	// whose handlers fail (group commit only).
+	// FaultFailingNeighbours shares a group-commit transaction with failing messages.
 	FaultFailingNeighbours Fault = "group-commit neighbours that fail"
 
 	// FaultNone is the reference: every event once, in order.
