@@ -25,8 +25,7 @@ type Migration struct {
 	down    string
 }
 
-// Checksum is the SHA-256 of the migration's up SQL as embedded (before the schema name is
-// put in), in hex: what the version table records when the migration is applied.
+// Checksum is the hex SHA-256 of the up SQL as embedded: what the version table records.
 func (m Migration) Checksum() string {
 	sum := sha256.Sum256([]byte(m.up))
 	return hex.EncodeToString(sum[:])

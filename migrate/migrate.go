@@ -23,8 +23,7 @@ const (
 
 // Config selects the schema the tables live in.
 type Config struct {
-	// Schema holds every table of watermill-once. Default pgtx.DefaultSchema ("wmonce").
-	// It is created if missing.
+	// Schema holds every table, created if missing. Default pgtx.DefaultSchema ("wmonce").
 	Schema string
 }
 
@@ -70,12 +69,10 @@ const AllSteps = math.MaxInt
 
 // Opts narrows a Migrate call.
 type Opts struct {
-	// TargetVersion stops at this version: for up, the last version to apply (0 = latest); for
-	// down, the version to leave in place.
+	// TargetVersion is, for up, the last version to apply (0: latest), for down the one to keep.
 	TargetVersion int
-	// MaxSteps limits how many migrations run. Zero means no limit, except for a down without a
-	// TargetVersion: that reverts ONE step, so that a bare "down" never drops every table; pass
-	// AllSteps to revert everything.
+	// MaxSteps limits how many migrations run; 0: no limit, except that a down without a
+	// TargetVersion reverts one step (AllSteps: everything).
 	MaxSteps int
 }
 
@@ -83,41 +80,16 @@ type Opts struct {
 type Result struct {
 	Direction Direction
 	Versions  []int
-	// From is the version the call found once it held the migration lock, and To the version
-	// it left: both read under the lock, unlike a Version call before or after Migrate.
+	// From and To are the versions found and left, both read under the migration lock.
 	From, To int
 }
 
-// Migrate applies (DirectionUp) or reverts (DirectionDown) migrations. See Opts for limits.
-//
-// One call is one run under one lock: Migrate takes a session-level advisory lock, derived from
-// the schema name, on a connection of its own, and holds it until it returns. Only after it holds
-// the lock does it read the version and plan its path (up: every migration after the current
-// version up to TargetVersion or the latest; down: from the current version down to above
-// TargetVersion), then runs that path on the same connection, each migration in its own
-// transaction together with its version row. So concurrent calls, from this process or any other,
-// run one after the other, whole: a down never starts while another call's up is under way, and
-// each call runs its own path once, from wherever the call before it left the schema (an up after
-// a down brings the schema to the latest again; a down to TargetVersion reverts from whatever is
-// current). A call that has to wait logs so at info level; the wait ends with an error naming
-// the lock when ctx ends.
-//
-// Before it plans, it checks every applied migration against this binary's (ErrChangedMigration:
-// nothing runs while an applied migration's up SQL or name differs), and records the checksum
-// of those applied without one.
-//
-// A failed migration rolls back completely: the schema stays at the last version that
-// committed, which Result.To reports, and Result.Versions lists what this call did. If the version
-// table changes under the lock (something wrote it without taking the lock, such as SQL from
-// Print applied by hand), the call stops before its next migration with an error saying so.
-//
-// A version table Migrate cannot plan from is refused before anything runs: a row missing below
-// the highest version (ErrMissingVersion), or, for up, tables without any row
-// (ErrUnrecordedSchema: see Baseline).
-//
-// Limit: the lock is held by the connection's session. If that connection breaks, the server
-// releases the lock and the call fails at its next statement; a migration that had not
-// committed is rolled back.
+// Migrate applies (DirectionUp) or reverts (DirectionDown) migrations (Opts: how far), under
+// the migration lock from the version it finds once it holds it (see the package doc). It
+// refuses, before running anything, a schema whose version table it cannot plan from
+// (ErrChangedMigration, ErrMissingVersion, ErrUnrecordedSchema for up) and stops before its
+// next migration if the version table changes under the lock. A call that waits logs so at
+// info level; ctx ends the wait.
 func (m *Migrator) Migrate(ctx context.Context, direction Direction, opts *Opts) (Result, error) {
 	if opts == nil {
 		opts = &Opts{}
@@ -257,12 +229,9 @@ func (m *Migrator) apply(ctx context.Context, conn *sql.Conn, direction Directio
 	return to, nil
 }
 
-// Baseline records versions 1 to version as applied, with their checksums, without running
-// them: for a schema that holds watermill-once's tables but records no migration
-// (State.Unrecorded), built from SQL printed by an earlier release's Print, which wrote no
-// version rows. Give the last version that SQL held; Migrate then applies the rest. It holds the
-// migration lock, and refuses a schema that records a migration already or has no tables.
-// Where it stops: it trusts version; the tables themselves are not compared with the migrations.
+// Baseline records versions 1 to version as applied without running them, for a schema built
+// from an earlier release's printed SQL (State.Unrecorded): give the last version that SQL held.
+// It trusts version: the tables are not compared with the migrations.
 func (m *Migrator) Baseline(ctx context.Context, version int) error {
 	if version < 1 || version > len(m.migrations) {
 		return fmt.Errorf("migrate: baseline version must be between 1 and %d, got %d", len(m.migrations), version)

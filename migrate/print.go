@@ -7,16 +7,10 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// Print returns the SQL of the migrations between two versions for teams that apply SQL with
-// their own tools: for DirectionUp the migrations after fromVersion up to toVersion (0 = latest),
-// preceded by CREATE SCHEMA IF NOT EXISTS and the version table; for DirectionDown those from
-// fromVersion down to above toVersion, newest first.
-//
-// The SQL keeps the version table as Migrate does: each up migration is followed by the INSERT
-// of its version row (name and checksum), each down migration by the DELETE of it, so that
-// Migrate, `wmonce migrate version` and every command that checks the schema see what was
-// applied. Run it in one transaction (psql -1 -v ON_ERROR_STOP=1, or the tool's own), so that a
-// failed migration leaves neither its tables nor its row.
+// Print returns the SQL of the migrations after fromVersion up to toVersion (0: latest), or for
+// DirectionDown from fromVersion down to above toVersion, for teams that apply SQL with their
+// own tools. It writes the version rows as Migrate does; run it in one transaction
+// (psql -1 -v ON_ERROR_STOP=1).
 func Print(schema string, direction Direction, fromVersion, toVersion int) (string, error) {
 	if err := pgtx.ValidateIdentifier("schema", schema); err != nil {
 		return "", fmt.Errorf("migrate: %w", err)
