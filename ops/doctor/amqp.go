@@ -20,14 +20,10 @@ import (
 type AMQPConfig struct {
 	// URL is the AMQP URL of the consumers' virtual host (amqp://user:pass@host:5672/vhost).
 	URL string
-	// ManagementURL is the management API's base URL. Default: http on URL's host, port
-	// 15672, with URL's credentials. When it cannot be reached (the
-	// rabbitmq_management plugin is off), the doctor says so and reads the queue's own
-	// arguments over AMQP instead (policies are then invisible, and dead-letter queues are not
-	// followed).
+	// ManagementURL is the management API's base URL; default http on URL's host, port 15672,
+	// with its credentials. Unreachable: the queue's arguments over AMQP instead.
 	ManagementURL string
-	// HTTPClient for the management API. Default: a client with a 5s timeout.
-	HTTPClient *http.Client
+	HTTPClient    *http.Client // for the management API; default: a 5s timeout
 }
 
 const defaultManagementPort = "15672"

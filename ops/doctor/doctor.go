@@ -11,50 +11,32 @@ import (
 	"github.com/wmonce/watermill-once/ops/retention"
 )
 
-// Unbounded is the horizon of a source that keeps messages forever (Kafka retention.ms=-1, a
-// compacted topic, a queue without a message TTL).
+// Unbounded is the horizon of a source that keeps messages forever.
 const Unbounded time.Duration = -1
 
-// Config says what to check: the consumers, where their messages come from, and how long the
-// library keeps their keys.
+// Config says what to check: the consumers, their sources, and the keys' retention.
 type Config struct {
-	// Consumers to check. Required.
-	Consumers []Consumer
-	// Retention is the janitor's configuration (ops/retention): each consumer's claims are kept
-	// for its Policy.Keep (Default.Keep, retention.DefaultKeep when unset), inbox consumers'
-	// finished rows for their Keep or InboxKeep, outbox rows for OutboxKeep. Use the one the
-	// janitor runs with.
+	Consumers []Consumer // the consumers to check; required
+	// Retention is the janitor's configuration (ops/retention), which says how long each
+	// consumer's keys and the outbox rows are kept.
 	Retention retention.Config
 
-	// Kafka reads topic and broker configuration (Sarama ClusterAdmin). Needed when a consumer
-	// has KafkaTopics.
-	Kafka KafkaConfig
-	// AMQP reads queue TTLs. Needed when a consumer has AMQPQueues.
-	AMQP AMQPConfig
-
-	// Timeout bounds the whole check. Default 30 seconds.
-	Timeout time.Duration
+	Kafka   KafkaConfig   // needed for KafkaTopics
+	AMQP    AMQPConfig    // needed for AMQPQueues
+	Timeout time.Duration // bounds the whole check; default 30s
 }
 
 const defaultTimeout = 30 * time.Second
 
 // Consumer is one consumer and the sources it reads.
 type Consumer struct {
-	// Name is the consumer (once.Config.Consumer or the handler name; the inbox consumer).
-	Name string
-	// MaxMessageAge is its age guard (once.Config.MaxMessageAge, inbox.ReceiverConfig's): copies
-	// whose event is older are refused and parked rather than applied. Zero: no guard.
-	MaxMessageAge time.Duration
-	// Inbox says the consumer's keys are inbox rows (inbox.Receiver), kept for its Policy.Keep
-	// or Retention.InboxKeep, not claims.
-	Inbox bool
-	// KafkaTopics it consumes.
-	KafkaTopics []string
-	// AMQPQueues it consumes. Their dead-letter queues are followed when the management API
-	// tells them.
-	AMQPQueues []string
-	// FromOutbox says its messages are forwarded by this schema's relay: a relay whose offset
-	// is reset forwards again every outbox row still kept (Retention.OutboxKeep).
+	Name          string        // once.Config.Consumer (or the handler name), or the inbox consumer
+	MaxMessageAge time.Duration // its age guard (once.Config's, inbox.ReceiverConfig's); 0: none
+	Inbox         bool          // its keys are inbox rows, not claims
+	KafkaTopics   []string      // the topics it consumes
+	AMQPQueues    []string      // the queues it consumes (their dead-letter queues are followed)
+	// FromOutbox says this schema's relay forwards its messages (a reset relay sends again
+	// every outbox row kept).
 	FromOutbox bool
 }
 
@@ -92,20 +74,16 @@ func (c Config) Validate() error {
 // Finding is the verdict for one consumer and one source of copies.
 type Finding struct {
 	Consumer string
-	// Source is where copies come from: "kafka topic payments", "rabbitmq queue q", "outbox relay".
-	Source string
-	// Horizon is how old a copy can be when it arrives (Unbounded: any age); meaningful when
-	// Known.
+	Source   string // "kafka topic payments", "rabbitmq queue q", "outbox relay"
+	// Horizon is how old a copy can be when it arrives (Unbounded: any age), if Known.
 	Horizon time.Duration
 	Known   bool
-	// KeyKept is how long the consumer's keys are kept; Guard its MaxMessageAge (0: none).
-	KeyKept, Guard time.Duration
-	// Hazard: a copy can arrive after its key is gone and be applied again.
-	Hazard bool
-	// Verdict says what can happen, Fix what to set; Details what was read.
-	Verdict string
-	Fix     string
-	Details []string
+	KeyKept time.Duration // how long the consumer's keys are kept
+	Guard   time.Duration // its MaxMessageAge (0: none)
+	Hazard  bool          // a copy can arrive after its key is gone and be applied again
+	Verdict string        // what can happen
+	Fix     string        // what to set
+	Details []string      // what was read
 }
 
 func (f Finding) String() string {
@@ -140,8 +118,7 @@ func (r Report) Hazards() []Finding {
 	return out
 }
 
-// Unknown returns the findings whose source could not be read (Known false, no hazard): a
-// hazard there is not ruled out.
+// Unknown returns the findings whose source could not be read: no hazard ruled out there.
 func (r Report) Unknown() []Finding {
 	var out []Finding
 	for _, f := range r.Findings {
@@ -152,8 +129,7 @@ func (r Report) Unknown() []Finding {
 	return out
 }
 
-// Summary is one line: how many sources were checked and which are hazards, or which could
-// not be checked.
+// Summary is one line: the sources checked, the hazards, the sources not read.
 func (r Report) Summary() string {
 	hz := r.Hazards()
 	if len(hz) == 0 {
@@ -176,10 +152,8 @@ func (r Report) Summary() string {
 		len(hz), len(r.Findings), strings.Join(names, "; "))
 }
 
-// Check reads what the brokers and the outbox will redeliver and compares it, per consumer
-// and source, with how long the consumer's keys are kept and its age guard. It returns an
-// error for a configuration it cannot use; a broker it cannot read is a finding whose Known is
-// false, not an error.
+// Check compares, per consumer and source, what can be redelivered with the keys' retention and
+// age guard. A source it cannot read is a finding with Known false.
 func Check(ctx context.Context, config Config) (Report, error) {
 	config.setDefaults()
 	if err := config.Validate(); err != nil {

@@ -12,10 +12,8 @@ import (
 
 // KafkaConfig reaches a Kafka cluster's configuration.
 type KafkaConfig struct {
-	// Brokers are the bootstrap addresses.
-	Brokers []string
-	// Sarama is the client configuration (TLS, SASL). Default: sarama.NewConfig() at
-	// Kafka 2.1 protocol level (what Kafka 4 still answers).
+	Brokers []string // the bootstrap addresses
+	// Sarama is the client configuration (TLS, SASL). Default: sarama.NewConfig(), protocol 2.1.
 	Sarama *sarama.Config
 }
 

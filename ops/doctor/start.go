@@ -17,15 +17,11 @@ const (
 	metricKeyKept = "wmonce_dedupe_key_retention_seconds"
 )
 
-// ErrHazard is returned by StartCheck (with FailOnHazard) and is what `wmonce doctor` exits
-// non-zero for.
+// ErrHazard is StartCheck's error on a hazard (with FailOnHazard).
 var ErrHazard = errors.New("doctor: redelivery hazard: a copy can arrive after its key was pruned and be applied again")
 
-// Collector exports the report's findings as Prometheus gauges: wmonce_redelivery_hazard
-// {consumer,source}, 1 where a copy can arrive after its key is gone (alert on max() > 0);
-// wmonce_redelivery_horizon_seconds{consumer,source}, how old a copy can be when it arrives
-// (-1: any age; absent when unknown); wmonce_dedupe_key_retention_seconds{consumer}. The
-// figures are those of the check that made the report.
+// Collector exports the report as the gauges wmonce_redelivery_hazard,
+// wmonce_redelivery_horizon_seconds and wmonce_dedupe_key_retention_seconds (docs/operations.md).
 func (r Report) Collector() prometheus.Collector { return reportCollector{r} }
 
 type reportCollector struct{ r Report }
@@ -67,18 +63,13 @@ func (c reportCollector) Collect(ch chan<- prometheus.Metric) {
 // StartConfig configures StartCheck.
 type StartConfig struct {
 	Config
-	// Registerer receives the report's gauges (Report.Collector). Nil: none.
-	Registerer prometheus.Registerer
-	// FailOnHazard makes StartCheck return ErrHazard on a hazard, so that the service refuses
-	// to start. Default: it logs the hazard and goes on.
+	Registerer prometheus.Registerer // receives the report's gauges; nil: none
+	// FailOnHazard makes StartCheck return ErrHazard on a hazard; default: log it and go on.
 	FailOnHazard bool
 }
 
-// StartCheck is the check a service runs at start, for example from once.Config.StartCheck:
-// it runs Check, logs one line (info when safe, error on a hazard, with each finding in the
-// log fields), and registers the report's gauges. maxMessageAge, when positive, is the age
-// guard of the consumers whose MaxMessageAge is unset (once.Config.MaxMessageAge as the
-// middleware passes it).
+// StartCheck runs Check, logs one line (error on a hazard) and registers the report's gauges.
+// A positive maxMessageAge is the age guard of consumers without their own.
 func StartCheck(ctx context.Context, config StartConfig, maxMessageAge time.Duration, logger watermill.LoggerAdapter) (Report, error) {
 	if logger == nil {
 		logger = watermill.NopLogger{}
@@ -117,10 +108,9 @@ func StartCheck(ctx context.Context, config StartConfig, maxMessageAge time.Dura
 	return rep, nil
 }
 
-// OnceStartCheck returns a once.Config.StartCheck that runs StartCheck when the middleware
-// is created: for the consumer the middleware names (every consumer of config when it names
-// none, as when it defaults to the handler name), with the middleware's MaxMessageAge as the
-// age guard of consumers whose own is unset. With FailOnHazard, a hazard fails once.New.
+// OnceStartCheck returns a once.Config.StartCheck running StartCheck for the middleware's
+// consumer (all of config's when it names none) with its MaxMessageAge; with FailOnHazard a
+// hazard fails once.New.
 func OnceStartCheck(config StartConfig, logger watermill.LoggerAdapter) func(ctx context.Context, consumer string, maxMessageAge time.Duration) error {
 	return func(ctx context.Context, consumer string, maxMessageAge time.Duration) error {
 		cfg := config
