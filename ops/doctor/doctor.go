@@ -52,21 +52,31 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("no consumer to check: list each consumer with the topics and queues it reads"))
 	}
 	for i, con := range c.Consumers {
-		if con.Name == "" {
-			errs = append(errs, fmt.Errorf("Consumers[%d]: Name is required", i))
-		}
-		if len(con.KafkaTopics) > 0 && len(c.Kafka.Brokers) == 0 {
-			errs = append(errs, fmt.Errorf("consumer %q reads Kafka topics: set Kafka.Brokers", con.Name))
-		}
-		if len(con.AMQPQueues) > 0 && c.AMQP.URL == "" {
-			errs = append(errs, fmt.Errorf("consumer %q reads RabbitMQ queues: set AMQP.URL", con.Name))
-		}
-		if con.MaxMessageAge < 0 {
-			errs = append(errs, fmt.Errorf("consumer %q: MaxMessageAge must not be negative", con.Name))
-		}
+		errs = append(errs, c.checkConsumer(i, con))
 	}
 	if err := c.Retention.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("Retention: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// checkConsumer reports what is wrong with Consumers[i]: each check is a condition and the
+// error it gives.
+func (c Config) checkConsumer(i int, con Consumer) error {
+	checks := []struct {
+		broken bool
+		err    error
+	}{
+		{con.Name == "", fmt.Errorf("Consumers[%d]: Name is required", i)},
+		{len(con.KafkaTopics) > 0 && len(c.Kafka.Brokers) == 0, fmt.Errorf("consumer %q reads Kafka topics: set Kafka.Brokers", con.Name)},
+		{len(con.AMQPQueues) > 0 && c.AMQP.URL == "", fmt.Errorf("consumer %q reads RabbitMQ queues: set AMQP.URL", con.Name)},
+		{con.MaxMessageAge < 0, fmt.Errorf("consumer %q: MaxMessageAge must not be negative", con.Name)},
+	}
+	var errs []error
+	for _, ch := range checks {
+		if ch.broken {
+			errs = append(errs, ch.err)
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -87,14 +97,7 @@ type Finding struct {
 }
 
 func (f Finding) String() string {
-	state := "ok"
-	switch {
-	case f.Hazard:
-		state = "HAZARD"
-	case !f.Known:
-		state = "unknown"
-	}
-	s := fmt.Sprintf("%s: consumer %s, %s: %s", state, f.Consumer, f.Source, f.Verdict)
+	s := fmt.Sprintf("%s: consumer %s, %s: %s", f.state(), f.Consumer, f.Source, f.Verdict)
 	if f.Fix != "" {
 		s += "\n    set: " + f.Fix
 	}
@@ -108,10 +111,24 @@ func (f Finding) String() string {
 type Report struct{ Findings []Finding }
 
 // Hazards returns the findings that are hazards.
-func (r Report) Hazards() []Finding {
+// state is the finding's first word: HAZARD, unknown (not read, no hazard ruled out) or ok.
+func (f Finding) state() string {
+	switch {
+	case f.Hazard:
+		return "HAZARD"
+	case !f.Known:
+		return "unknown"
+	}
+	return "ok"
+}
+
+func (r Report) Hazards() []Finding { return r.filter(func(f Finding) bool { return f.Hazard }) }
+
+// filter returns the findings for which keep holds.
+func (r Report) filter(keep func(Finding) bool) []Finding {
 	var out []Finding
 	for _, f := range r.Findings {
-		if f.Hazard {
+		if keep(f) {
 			out = append(out, f)
 		}
 	}
@@ -120,13 +137,7 @@ func (r Report) Hazards() []Finding {
 
 // Unknown returns the findings whose source could not be read: no hazard ruled out there.
 func (r Report) Unknown() []Finding {
-	var out []Finding
-	for _, f := range r.Findings {
-		if !f.Known && !f.Hazard {
-			out = append(out, f)
-		}
-	}
-	return out
+	return r.filter(func(f Finding) bool { return f.state() == "unknown" })
 }
 
 // Summary is one line: the sources checked, the hazards, the sources not read.
@@ -137,19 +148,20 @@ func (r Report) Summary() string {
 		if len(unknown) == 0 {
 			return fmt.Sprintf("doctor: %d consumer source(s) checked, no redelivery hazard (0 unknown)", len(r.Findings))
 		}
-		names := make([]string, len(unknown))
-		for i, f := range unknown {
-			names[i] = f.Consumer + " <- " + f.Source
-		}
 		return fmt.Sprintf("doctor: NOT CHECKED %d of %d consumer source(s): %s: could not be read, so a redelivery hazard there is not ruled out (none in the others)",
-			len(unknown), len(r.Findings), strings.Join(names, "; "))
-	}
-	names := make([]string, len(hz))
-	for i, f := range hz {
-		names[i] = f.Consumer + " <- " + f.Source
+			len(unknown), len(r.Findings), sources(unknown))
 	}
 	return fmt.Sprintf("doctor: REDELIVERY HAZARD on %d of %d consumer source(s): %s: a copy can arrive after its key was pruned and be applied again",
-		len(hz), len(r.Findings), strings.Join(names, "; "))
+		len(hz), len(r.Findings), sources(hz))
+}
+
+// sources names the consumer and source of each finding.
+func sources(fs []Finding) string {
+	names := make([]string, len(fs))
+	for i, f := range fs {
+		names[i] = f.Consumer + " <- " + f.Source
+	}
+	return strings.Join(names, "; ")
 }
 
 // Check compares, per consumer and source, what can be redelivered with the keys' retention and
@@ -161,31 +173,59 @@ func Check(ctx context.Context, config Config) (Report, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, config.Timeout)
 	defer cancel()
+	c := &checker{config: config}
+	defer c.close()
 	var rep Report
-	var kafka *kafkaReader
 	for _, con := range config.Consumers {
-		kept := keyKept(config.Retention, con)
-		for _, topic := range con.KafkaTopics {
-			if kafka == nil {
-				kafka = newKafkaReader(config.Kafka)
-				defer kafka.close()
-			}
-			h := kafka.topicHorizon(ctx, topic)
-			rep.Findings = append(rep.Findings, judge(con, kept, "kafka topic "+topic, h, "retention.ms of topic "+topic))
-		}
-		for _, q := range con.AMQPQueues {
-			for _, h := range queueHorizons(ctx, config.AMQP, q) {
-				rep.Findings = append(rep.Findings, judge(con, kept, h.source, h, "the message TTL (x-message-ttl or a policy's message-ttl) of "+h.source))
-			}
-		}
-		if con.FromOutbox {
-			keep := cmp.Or(config.Retention.OutboxKeep, retention.DefaultOutboxKeep)
-			h := horizon{horizon: keep, known: true, details: []string{
-				fmt.Sprintf("outbox rows are kept %s after every relay forwarded them (retention OutboxKeep); a relay whose offset is reset forwards them again", keep)}}
-			rep.Findings = append(rep.Findings, judge(con, kept, "outbox relay (replay)", h, "retention OutboxKeep"))
-		}
+		rep.Findings = append(rep.Findings, c.consumer(ctx, con)...)
 	}
 	return rep, nil
+}
+
+// checker reads the sources of Check's consumers; the Kafka connection is opened on first use
+// and shared.
+type checker struct {
+	config Config
+	kr     *kafkaReader
+}
+
+// consumer judges every source of con.
+func (c *checker) consumer(ctx context.Context, con Consumer) []Finding {
+	kept := keyKept(c.config.Retention, con)
+	var out []Finding
+	for _, topic := range con.KafkaTopics {
+		h := c.kafka().topicHorizon(ctx, topic)
+		out = append(out, judge(con, kept, "kafka topic "+topic, h, "retention.ms of topic "+topic))
+	}
+	for _, q := range con.AMQPQueues {
+		for _, h := range queueHorizons(ctx, c.config.AMQP, q) {
+			out = append(out, judge(con, kept, h.source, h, "the message TTL (x-message-ttl or a policy's message-ttl) of "+h.source))
+		}
+	}
+	if con.FromOutbox {
+		out = append(out, judge(con, kept, "outbox relay (replay)", outboxHorizon(c.config.Retention), "retention OutboxKeep"))
+	}
+	return out
+}
+
+func (c *checker) kafka() *kafkaReader {
+	if c.kr == nil {
+		c.kr = newKafkaReader(c.config.Kafka)
+	}
+	return c.kr
+}
+
+func (c *checker) close() {
+	if c.kr != nil {
+		c.kr.close()
+	}
+}
+
+// outboxHorizon is what a relay whose offset is reset forwards again: every outbox row kept.
+func outboxHorizon(r retention.Config) horizon {
+	keep := cmp.Or(r.OutboxKeep, retention.DefaultOutboxKeep)
+	return horizon{horizon: keep, known: true, details: []string{
+		fmt.Sprintf("outbox rows are kept %s after every relay forwarded them (retention OutboxKeep); a relay whose offset is reset forwards them again", keep)}}
 }
 
 // keyKept is how long con's keys are kept under the janitor's configuration r.
@@ -214,23 +254,14 @@ func judge(con Consumer, kept time.Duration, source string, h horizon, brokerSet
 	f := Finding{Consumer: con.Name, Source: source, Horizon: h.horizon, Known: h.known, KeyKept: kept, Guard: con.MaxMessageAge, Details: h.details}
 	guard := con.MaxMessageAge
 	guarded := guard > 0 && guard <= kept
-	keyName := "claim retention (retention.Config Keep)"
-	if con.Inbox {
-		keyName = "inbox retention (retention.Config InboxKeep or the consumer's Keep)"
-	}
+	keyName := retentionSetting(con)
 	switch {
 	case guard > kept:
 		f.Hazard = true
 		f.Verdict = fmt.Sprintf("the age guard (MaxMessageAge %s) is longer than the keys are kept (%s): a copy between the two ages finds no key and passes the guard: it is applied again", guard, kept)
 		f.Fix = fmt.Sprintf("MaxMessageAge a little below %s, or %s of at least %s", kept, keyName, guard)
 	case !h.known:
-		f.Verdict = "cannot tell how old a copy can be (the source could not be read, see below)"
-		if guarded {
-			f.Verdict += fmt.Sprintf("; the age guard (%s, within the %s keys are kept) refuses older copies, so none is applied twice", guard, kept)
-		} else {
-			f.Verdict += fmt.Sprintf("; keys are kept %s and no age guard is set", kept)
-			f.Fix = fmt.Sprintf("MaxMessageAge a little below %s (once.Config, inbox.ReceiverConfig), so a copy older than its key is refused, not applied", kept)
-		}
+		f.Verdict, f.Fix = unknownVerdict(guarded, guard, kept)
 	case h.horizon != Unbounded && h.horizon <= kept:
 		f.Verdict = fmt.Sprintf("a copy arrives at most %s after its event; keys are kept %s: a late copy is always found a duplicate", h.horizon, kept)
 	case guarded:
@@ -243,6 +274,25 @@ func judge(con Consumer, kept time.Duration, source string, h horizon, brokerSet
 		f.Fix = keepFix(keyName, brokerSetting, h.horizon, kept) + fmt.Sprintf("; or MaxMessageAge a little below %s, so late copies are refused and parked", kept)
 	}
 	return f
+}
+
+// unknownVerdict is the verdict and fix of a source that could not be read: safe only when the
+// age guard covers the keys' retention.
+func unknownVerdict(guarded bool, guard, kept time.Duration) (verdict, fix string) {
+	verdict = "cannot tell how old a copy can be (the source could not be read, see below)"
+	if guarded {
+		return verdict + fmt.Sprintf("; the age guard (%s, within the %s keys are kept) refuses older copies, so none is applied twice", guard, kept), ""
+	}
+	return verdict + fmt.Sprintf("; keys are kept %s and no age guard is set", kept),
+		fmt.Sprintf("MaxMessageAge a little below %s (once.Config, inbox.ReceiverConfig), so a copy older than its key is refused, not applied", kept)
+}
+
+// retentionSetting names the setting that keeps con's keys.
+func retentionSetting(con Consumer) string {
+	if con.Inbox {
+		return "inbox retention (retention.Config InboxKeep or the consumer's Keep)"
+	}
+	return "claim retention (retention.Config Keep)"
 }
 
 func horizonText(h time.Duration) string {
