@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -91,20 +90,21 @@ func (m *Migrator) readState(ctx context.Context, q pgtx.Executor) (State, error
 		return s, nil
 	}
 	// Versions are applied and reverted in order, so 1..Version must all have a row.
-	var missing string
-	err = q.QueryRowContext(ctx, `SELECT coalesce(string_agg(v::text, ',' ORDER BY v), '') FROM generate_series(1, $1::int) AS v
-WHERE NOT EXISTS (SELECT FROM `+m.versionTable()+` WHERE version = v)`, s.Version).Scan(&missing)
+	missing, err := pgtx.QueryAll(ctx, q, scanInt, `SELECT v FROM generate_series(1, $1::int) AS v
+WHERE NOT EXISTS (SELECT FROM `+m.versionTable()+` WHERE version = v) ORDER BY v`, s.Version)
 	if err != nil {
 		return s, fmt.Errorf("migrate: read version: %w", err)
 	}
-	for _, f := range strings.FieldsFunc(missing, func(r rune) bool { return r == ',' }) {
-		v, err := strconv.Atoi(f)
-		if err != nil {
-			return s, fmt.Errorf("migrate: read version: %w", err)
-		}
-		s.Missing = append(s.Missing, v)
+	if len(missing) > 0 {
+		s.Missing = missing
 	}
 	return s, nil
+}
+
+func scanInt(s pgtx.Scanner) (int, error) {
+	var v int
+	err := s.Scan(&v)
+	return v, err
 }
 
 // ErrMissingVersion: the version table lacks a row below its highest version; nothing runs.
@@ -193,37 +193,37 @@ func (m *Migrator) prepareVersionTable(ctx context.Context, conn *sql.Conn) (boo
 // compareApplied reads the version table: changed describes each applied migration whose name
 // or checksum differs from this binary's, unrecorded are those applied without a checksum.
 func (m *Migrator) compareApplied(ctx context.Context, conn *sql.Conn) (changed []string, unrecorded []Migration, err error) {
-	rows, err := conn.QueryContext(ctx, `SELECT version, name, coalesce(checksum, '') FROM `+m.versionTable()+` ORDER BY version`)
+	rows, err := pgtx.QueryAll(ctx, conn, scanVersionRow, `SELECT version, name, coalesce(checksum, '') FROM `+m.versionTable()+` ORDER BY version`)
 	if err != nil {
 		return nil, nil, fmt.Errorf("migrate: read the version table: %w", err)
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var version int
-		var name, checksum string
-		if err := rows.Scan(&version, &name, &checksum); err != nil {
-			return nil, nil, fmt.Errorf("migrate: read the version table: %w", err)
-		}
-		if version < 1 || version > len(m.migrations) {
+	for _, r := range rows {
+		if !between(r.version, 0, len(m.migrations)) {
 			continue // a newer binary's: Migrate refuses it by version
 		}
-		mig := m.migrations[version-1]
+		mig := m.migrations[r.version-1]
 		switch {
-		case name != mig.Name:
-			changed = append(changed, fmt.Sprintf("%03d was applied as %q, is %q here", version, name, mig.Name))
-		case checksum == "":
+		case r.name != mig.Name:
+			changed = append(changed, fmt.Sprintf("%03d was applied as %q, is %q here", r.version, r.name, mig.Name))
+		case r.checksum == "":
 			unrecorded = append(unrecorded, mig)
-		case checksum != mig.Checksum():
-			changed = append(changed, fmt.Sprintf("%03d_%s was applied with sha256 %s, is %s here", version, mig.Name, checksum, mig.Checksum()))
+		case r.checksum != mig.Checksum():
+			changed = append(changed, fmt.Sprintf("%03d_%s was applied with sha256 %s, is %s here", r.version, mig.Name, r.checksum, mig.Checksum()))
 		}
 	}
-	if err := rows.Err(); err != nil {
-		return nil, nil, fmt.Errorf("migrate: read the version table: %w", err)
-	}
-	if err := rows.Close(); err != nil {
-		return nil, nil, fmt.Errorf("migrate: read the version table: %w", err)
-	}
 	return changed, unrecorded, nil
+}
+
+// versionRow is one row of the version table.
+type versionRow struct {
+	version        int
+	name, checksum string
+}
+
+func scanVersionRow(s pgtx.Scanner) (versionRow, error) {
+	var r versionRow
+	err := s.Scan(&r.version, &r.name, &r.checksum)
+	return r, err
 }
 
 // recordChecksums gives the migrations applied without a checksum this binary's.
