@@ -155,10 +155,32 @@ func (k *Kit) run(ctx context.Context, h message.HandlerFunc, mode Mode, s sched
 	topic := consumer // the outputs' topic: this run's outbox rows
 	out := &outcome{selfAcked: make(chan struct{})}
 	in := &injector{schema: k.cfg.Schema, fault: s.fault, out: out}
+	copies, err := makeCopies(events, s, in)
+	if err != nil {
+		return res, err
+	}
+	published := k.publisher.n.Load()
+	if err := k.runMode(ctx, h, mode, s, consumer, topic, in, copies, out); err != nil {
+		return res, err
+	}
+	res.published = k.publisher.n.Load() - published
+	out.result(&res)
+	if err := k.observe(ctx, topic, &res); err != nil {
+		return res, err
+	}
+	// Outputs expected: as many as the reference stores for these events. The reference is
+	// the own-transaction run of the same events; its count is kept per set of events.
+	res.wantOutputs = k.wantOutputs(s.order, mode, s, res.outputs)
+	return res, nil
+}
+
+// makeCopies makes the deliveries of s: s.copies copies of each event of its order, each
+// marked with its delivery id; the injector targets the first copy of s.target.
+func makeCopies(events []*message.Message, s schedule, in *injector) ([]copyOf, error) {
 	var copies []copyOf
 	for _, e := range s.order {
 		if e >= len(events) {
-			return res, fmt.Errorf("Events returned %d messages, fewer than before", len(events))
+			return nil, fmt.Errorf("Events returned %d messages, fewer than before", len(events))
 		}
 		for c := range s.copies {
 			m := events[e].Copy()
@@ -170,31 +192,28 @@ func (k *Kit) run(ctx context.Context, h message.HandlerFunc, mode Mode, s sched
 			}
 		}
 	}
-	published := k.publisher.n.Load()
-	var err error
+	return copies, nil
+}
+
+// runMode delivers the copies in mode.
+func (k *Kit) runMode(ctx context.Context, h message.HandlerFunc, mode Mode, s schedule, consumer, topic string, in *injector, copies []copyOf, out *outcome) error {
 	switch mode {
-	case ModeOwnTx, ModeGroupCommit:
-		err = k.runMiddleware(ctx, h, mode, s, consumer, topic, in, copies, out)
 	case ModeSubscriberTx:
-		err = k.runSubscriberTx(ctx, h, s, consumer, topic, in, copies, out)
+		return k.runSubscriberTx(ctx, h, s, consumer, topic, in, copies, out)
 	case ModeInbox:
-		err = k.runInbox(ctx, h, s, consumer, topic, in, copies, out)
+		return k.runInbox(ctx, h, s, consumer, topic, in, copies, out)
 	}
-	if err != nil {
-		return res, err
-	}
-	res.published = k.publisher.n.Load() - published
-	out.result(&res)
+	return k.runMiddleware(ctx, h, mode, s, consumer, topic, in, copies, out)
+}
+
+// observe reads the run's effect and counts its outputs.
+func (k *Kit) observe(ctx context.Context, topic string, res *runResult) error {
+	var err error
 	if res.effect, err = k.cfg.Effect(ctx, k.cfg.DB); err != nil {
-		return res, fmt.Errorf("Effect: %w", err)
+		return fmt.Errorf("Effect: %w", err)
 	}
-	if res.outputs, err = k.countOutputs(ctx, topic); err != nil {
-		return res, err
-	}
-	// Outputs expected: as many as the reference stores for these events. The reference is
-	// the own-transaction run of the same events; its count is kept per set of events.
-	res.wantOutputs = k.wantOutputs(s.order, mode, s, res.outputs)
-	return res, nil
+	res.outputs, err = k.countOutputs(ctx, topic)
+	return err
 }
 
 func randomHex() string {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -126,39 +127,51 @@ func hashString(s string) uint64 {
 	return h
 }
 
+// scheduleWords says, after the list of events, what each fault that hits no one event
+// delivered ({copies}: the copies of each event).
+var scheduleWords = map[Fault]string{
+	FaultNone:              ", each delivered once, in order",
+	FaultSequentialCopies:  ", each delivered {copies} times, one copy after the other (each after the previous one committed, as after a lost ack)",
+	FaultConcurrentCopies:  ", {copies} copies of each delivered at the same time",
+	FaultConcurrentEvents:  ", delivered once each, all at the same time (with group commit: in one transaction, behind busy lanes)",
+	FaultReorder:           ", delivered once each, in this order (the producer sent them in order)",
+	FaultFailingNeighbours: ", delivered at the same time as messages whose handlers fail once, all in one group-commit transaction",
+}
+
+// targetWords says what a targeted fault did to its event.
+var targetWords = map[Fault]string{
+	FaultTransient:        "its first attempt failed with a transient error after the handler returned; the library rolled back and retried it",
+	FaultKillMidHandler:   "its connection was terminated (pg_terminate_backend) after the handler returned, before COMMIT; the attempt rolled back and the message was redelivered",
+	FaultKillDuringCommit: "its connection was terminated during COMMIT; the attempt rolled back and the message was redelivered",
+	FaultShutdown:         "the router was closed while its handler ran (the message context cancelled; the inbox Processor closed), and the message was delivered again afterwards",
+}
+
 // describe says in words what the schedule delivered.
 func (s schedule) describe(events []*message.Message) string {
-	name := func(i int) string { return fmt.Sprintf("event %d (uuid %s)", i+1, events[i].UUID) }
+	list := s.eventList(events)
+	if words, ok := scheduleWords[s.fault]; ok {
+		return list + strings.ReplaceAll(words, "{copies}", strconv.Itoa(s.copies))
+	}
+	what := targetWords[s.fault]
+	if len(s.order) == 1 {
+		return fmt.Sprintf("%s, delivered once: %s", list, what)
+	}
+	return fmt.Sprintf("%s, delivered once each, in order; %s: %s", list, eventName(events, s.target), what)
+}
+
+// eventList names the schedule's events: by number, or the one event with its UUID.
+func (s schedule) eventList(events []*message.Message) string {
+	if len(s.order) == 1 {
+		return eventName(events, s.order[0])
+	}
 	names := make([]string, len(s.order))
 	for i, e := range s.order {
 		names[i] = fmt.Sprintf("%d", e+1)
 	}
-	list := "events " + strings.Join(names, ", ")
-	if len(s.order) == 1 {
-		list = name(s.order[0])
-	}
-	switch s.fault {
-	case FaultNone:
-		return list + ", each delivered once, in order"
-	case FaultSequentialCopies:
-		return fmt.Sprintf("%s, each delivered %d times, one copy after the other (each after the previous one committed, as after a lost ack)", list, s.copies)
-	case FaultConcurrentCopies:
-		return fmt.Sprintf("%s, %d copies of each delivered at the same time", list, s.copies)
-	case FaultConcurrentEvents:
-		return list + ", delivered once each, all at the same time (with group commit: in one transaction, behind busy lanes)"
-	case FaultReorder:
-		return list + ", delivered once each, in this order (the producer sent them in order)"
-	case FaultFailingNeighbours:
-		return list + ", delivered at the same time as messages whose handlers fail once, all in one group-commit transaction"
-	}
-	what := map[Fault]string{
-		FaultTransient:        "its first attempt failed with a transient error after the handler returned; the library rolled back and retried it",
-		FaultKillMidHandler:   "its connection was terminated (pg_terminate_backend) after the handler returned, before COMMIT; the attempt rolled back and the message was redelivered",
-		FaultKillDuringCommit: "its connection was terminated during COMMIT; the attempt rolled back and the message was redelivered",
-		FaultShutdown:         "the router was closed while its handler ran (the message context cancelled; the inbox Processor closed), and the message was delivered again afterwards",
-	}[s.fault]
-	if len(s.order) == 1 {
-		return fmt.Sprintf("%s, delivered once: %s", list, what)
-	}
-	return fmt.Sprintf("%s, delivered once each, in order; %s: %s", list, name(s.target), what)
+	return "events " + strings.Join(names, ", ")
+}
+
+// eventName names event i with its UUID.
+func eventName(events []*message.Message, i int) string {
+	return fmt.Sprintf("event %d (uuid %s)", i+1, events[i].UUID)
 }
