@@ -64,6 +64,9 @@ type TopicMove struct {
 	GroupsAhead []string
 }
 
+// moved says whether the table holds rows or group positions ahead of the cluster.
+func (m TopicMove) moved() bool { return m.FutureRows > 0 || len(m.GroupsAhead) > 0 }
+
 // MoveReport is what Check found in a schema.
 type MoveReport struct {
 	Schema string
@@ -98,12 +101,8 @@ type topicTables struct {
 // with watermill-sql's transaction_id and "offset" columns (so that a topic named offsets_x is
 // not taken for the offsets table of x).
 func listSQLTopics(ctx context.Context, q pgtx.Executor, schema string) ([]topicTables, error) {
-	type table struct {
-		name    string
-		offsets bool
-	}
-	tables, err := pgtx.QueryAll(ctx, q, func(s pgtx.Scanner) (table, error) {
-		var t table
+	tables, err := pgtx.QueryAll(ctx, q, func(s pgtx.Scanner) (watermillTable, error) {
+		var t watermillTable
 		err := s.Scan(&t.name, &t.offsets)
 		return t, err
 	}, `SELECT c.relname,
@@ -117,6 +116,17 @@ ORDER BY c.relname`, schema)
 	if err != nil {
 		return nil, err
 	}
+	return pairTables(schema, tables), nil
+}
+
+// watermillTable is a table of watermill-sql's: a topic's messages, or its offsets.
+type watermillTable struct {
+	name    string
+	offsets bool
+}
+
+// pairTables gives each topic table of schema its offsets table, when there is one.
+func pairTables(schema string, tables []watermillTable) []topicTables {
 	offsets := map[string]bool{}
 	for _, t := range tables {
 		if t.offsets {
@@ -136,7 +146,7 @@ ORDER BY c.relname`, schema)
 			hasOffsets: offsets["watermill_offsets_"+topic],
 		})
 	}
-	return topics, nil
+	return topics
 }
 
 // nextXid returns the server's next transaction id (the current snapshot's xmax): no row or
@@ -149,15 +159,20 @@ func nextXid(ctx context.Context, q pgtx.Executor) (uint64, error) {
 	return strconv.ParseUint(text, 10, 64)
 }
 
+// futureRowsQuery counts t's rows at or above $1, or only says whether there is one (0 or 1)
+// when countRows is false: one index probe.
+func futureRowsQuery(t topicTables, countRows bool) string {
+	if countRows {
+		return `SELECT count(*) FROM ` + t.messages + ` WHERE transaction_id >= $1::xid8`
+	}
+	return `SELECT count(*) FROM (SELECT 1 FROM ` + t.messages + ` WHERE transaction_id >= $1::xid8 LIMIT 1) AS x`
+}
+
 // checkSQLTopic reports t's rows and group positions at or above next. A row is looked for
 // through the primary key's leading column, so the check is one index probe per table.
 func checkSQLTopic(ctx context.Context, q pgtx.Executor, t topicTables, next uint64, countRows bool) (TopicMove, error) {
 	m := TopicMove{Topic: t.topic}
-	count := `SELECT count(*) FROM ` + t.messages + ` WHERE transaction_id >= $1::xid8`
-	if !countRows {
-		count = `SELECT count(*) FROM (SELECT 1 FROM ` + t.messages + ` WHERE transaction_id >= $1::xid8 LIMIT 1) AS x`
-	}
-	if err := q.QueryRowContext(ctx, count, strconv.FormatUint(next, 10)).Scan(&m.FutureRows); err != nil {
+	if err := q.QueryRowContext(ctx, futureRowsQuery(t, countRows), strconv.FormatUint(next, 10)).Scan(&m.FutureRows); err != nil {
 		return m, fmt.Errorf("broker: check topic table %s: %w", t.messages, err)
 	}
 	if !t.hasOffsets {
@@ -198,7 +213,7 @@ func Check(ctx context.Context, db pgtx.Executor, schema string) (MoveReport, er
 		if err != nil {
 			return r, err
 		}
-		if m.FutureRows > 0 || len(m.GroupsAhead) > 0 {
+		if m.moved() {
 			r.Moved = append(r.Moved, m)
 		}
 	}
@@ -272,11 +287,7 @@ func Rebase(ctx context.Context, db pgtx.Beginner, schema string) (Report, error
 	}
 	for _, t := range topics {
 		var done *TopicRebase
-		err := pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
-			var err error
-			done, r.NextXid, err = rebaseSQLTopic(ctx, tx, t)
-			return err
-		})
+		done, r.NextXid, err = rebaseInTx(ctx, db, t)
 		if err != nil {
 			return r, fmt.Errorf("broker: rebase topic table %s: %w", t.messages, err)
 		}
@@ -296,6 +307,16 @@ type sqlGroupPos struct {
 	consumedBy int
 }
 
+// rebaseInTx rebases one table in a transaction of its own (rebaseSQLTopic).
+func rebaseInTx(ctx context.Context, db pgtx.Beginner, t topicTables) (done *TopicRebase, next uint64, err error) {
+	err = pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
+		var err error
+		done, next, err = rebaseSQLTopic(ctx, tx, t)
+		return err
+	})
+	return done, next, err
+}
+
 // rebaseSQLTopic rebases one table in tx; nil when the table had not moved.
 func rebaseSQLTopic(ctx context.Context, tx *sql.Tx, t topicTables) (*TopicRebase, uint64, error) {
 	if err := lockSQLTopic(ctx, tx, t); err != nil {
@@ -309,7 +330,7 @@ func rebaseSQLTopic(ctx context.Context, tx *sql.Tx, t topicTables) (*TopicRebas
 	if err != nil {
 		return nil, next, err
 	}
-	if move.FutureRows == 0 && len(move.GroupsAhead) == 0 {
+	if !move.moved() {
 		return nil, next, nil
 	}
 	groups, err := sqlTopicGroups(ctx, tx, t)
@@ -325,10 +346,8 @@ func rebaseSQLTopic(ctx context.Context, tx *sql.Tx, t topicTables) (*TopicRebas
 	}
 	tier := func(c int) uint64 { return xmin - 1 - uint64(c) }
 
-	var maxOffset int64
-	var lastCopied sql.NullInt64
-	if err := tx.QueryRowContext(ctx, `SELECT coalesce(max("offset"), 0), max("offset") FILTER (WHERE transaction_id >= $1::xid8) FROM `+t.messages,
-		strconv.FormatUint(next, 10)).Scan(&maxOffset, &lastCopied); err != nil {
+	maxOffset, lastCopied, err := tableOffsets(ctx, tx, t, next)
+	if err != nil {
 		return nil, next, err
 	}
 
@@ -348,7 +367,7 @@ c AS (
 
 	// Rows every group consumed keep a low id: copied ones (and any that would sort among the
 	// new ids) become frozenXid, the others stay. Every other row gets tier(c).
-	res, err := tx.ExecContext(ctx, consumed+`
+	changed, err := execCount(ctx, tx, consumed+`
 UPDATE `+t.messages+` AS m SET transaction_id = (CASE WHEN c.c = $5 THEN $6::bigint ELSE $7::bigint - c.c END)::text::xid8
 FROM c WHERE m.transaction_id = c.tid AND m."offset" = c.off
 	AND NOT (c.c = $5 AND m.transaction_id < $8::xid8)`,
@@ -356,23 +375,43 @@ FROM c WHERE m.transaction_id = c.tid AND m."offset" = c.off
 	if err != nil {
 		return nil, next, fmt.Errorf("move rows: %w", err)
 	}
-	changed, err := res.RowsAffected()
-	if err != nil {
-		return nil, next, err
-	}
 
-	done := &TopicRebase{Topic: t.topic}
-	for c, n := range hist {
-		if c < all {
-			done.Republished += n
-		}
-	}
+	done := &TopicRebase{Topic: t.topic, Republished: republished(hist, all)}
 	done.Frozen = changed - done.Republished
 	// A group that consumed nothing provably goes below every tier, at the table's end offset.
 	if done.Groups, err = moveSQLGroups(ctx, tx, t, groups, hist, tier, Position{Xid: tier(sources) - 1, Offset: maxOffset}); err != nil {
 		return nil, next, err
 	}
 	return done, next, nil
+}
+
+// tableOffsets reads t's highest offset (0 when empty) and the highest offset of a row copied
+// from the source cluster (an id at or above next; NULL when none).
+func tableOffsets(ctx context.Context, tx *sql.Tx, t topicTables, next uint64) (maxOffset int64, lastCopied sql.NullInt64, err error) {
+	err = tx.QueryRowContext(ctx, `SELECT coalesce(max("offset"), 0), max("offset") FILTER (WHERE transaction_id >= $1::xid8) FROM `+t.messages,
+		strconv.FormatUint(next, 10)).Scan(&maxOffset, &lastCopied)
+	return maxOffset, lastCopied, err
+}
+
+// execCount runs query in tx and returns how many rows it changed.
+func execCount(ctx context.Context, tx *sql.Tx, query string, args ...any) (int64, error) {
+	res, err := tx.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// republished counts the rows of hist (rows by how many of all the source groups consumed
+// them) that some group had not consumed: the rows given a current transaction id.
+func republished(hist map[int]int64, all int) int64 {
+	var n int64
+	for c, rows := range hist {
+		if c < all {
+			n += rows
+		}
+	}
+	return n
 }
 
 // moveSQLGroups moves each group: a source group to the tier of the rows it consumed, any
