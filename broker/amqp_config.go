@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"time"
 
 	"github.com/wmonce/watermill-once/internal/setup"
@@ -76,17 +77,23 @@ func (a *AMQPConfig) setDefaults() {
 	a.DeliveryLimit = cmp.Or(a.DeliveryLimit, defaultAMQPDeliveryLimit)
 }
 
+// checkAMQPURL refuses a URL that is not amqp:// or amqps:// with a host.
+func checkAMQPURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil || !slices.Contains([]string{"amqp", "amqps"}, u.Scheme) || u.Host == "" {
+		return fmt.Errorf("AMQP URL (%s) must look like amqp://user:pass@host:5672/vhost", EnvAMQPURL)
+	}
+	return nil
+}
+
 func (a AMQPConfig) validate() error {
 	errs := []error{
 		setup.Between("AMQP.Workers", a.Workers, 1, maxAMQPWorkers),
 		setup.NotNegative("AMQP.NackDelay", a.NackDelay),
 		setup.AtLeast("AMQP.DeliveryLimit", a.DeliveryLimit, 1),
 	}
-	u, err := url.Parse(a.URL)
-	if err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") || u.Host == "" {
-		errs = append(errs, fmt.Errorf("AMQP URL (%s) must look like amqp://user:pass@host:5672/vhost", EnvAMQPURL))
-	}
-	if a.QueueType != queueTypeQuorum && a.QueueType != queueTypeClassic {
+	errs = append(errs, checkAMQPURL(a.URL))
+	if !slices.Contains([]string{queueTypeQuorum, queueTypeClassic}, a.QueueType) {
 		errs = append(errs, fmt.Errorf("AMQP queue type (%s) %q is not supported: use quorum or classic", EnvAMQPQueueType, a.QueueType))
 	}
 	if a.Prefix != "" && !amqpName.MatchString(a.Prefix) {

@@ -1,9 +1,11 @@
 package broker
 
 import (
+	"cmp"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/big"
 	"net/url"
 	"strconv"
@@ -54,22 +56,11 @@ func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 // Unmarshal never fails. The UUID is the UUID header, else message-id, else empty (which the
 // effectively-once middleware parks).
 func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
-	uuidKey := m.MessageUUIDHeaderKey
-	if uuidKey == "" {
-		uuidKey = wamqp.DefaultMessageUUIDHeaderKey
-	}
-	var uuid string
-	if v, ok := d.Headers[uuidKey]; ok {
-		uuid = headerString(v)
-	}
-	if uuid == "" && d.MessageId != "" {
-		uuid = bytesString([]byte(d.MessageId))
-	}
+	uuidKey := cmp.Or(m.MessageUUIDHeaderKey, wamqp.DefaultMessageUUIDHeaderKey)
+	uuid := cmp.Or(headerString(d.Headers[uuidKey]), bytesString([]byte(d.MessageId))) // a missing header is nil: ""
 	msg := message.NewMessage(uuid, d.Body)
 	msg.Metadata = make(message.Metadata, len(d.Headers))
-	for k, v := range amqpProperties(d) {
-		msg.Metadata[k] = v
-	}
+	maps.Copy(msg.Metadata, amqpProperties(d))
 	for k, v := range d.Headers {
 		if k == uuidKey {
 			continue
@@ -117,10 +108,9 @@ func headerString(v any) string {
 		return bytesString(v)
 	case bool, int, int8, int16, int32, int64, uint8, uint16, uint32, uint64, float32, float64:
 		return fmt.Sprint(v)
-	case time.Time:
-		return v.UTC().Format(time.RFC3339Nano)
-	case amqp.Decimal:
-		return decimalString(v)
+	}
+	if s, ok := scalarText(v); ok {
+		return s
 	}
 	b, err := json.Marshal(jsonable(v))
 	if err != nil {
@@ -146,14 +136,25 @@ func jsonable(v any) any {
 			out[i] = jsonable(x)
 		}
 		return out
-	case []byte:
-		return bytesString(v)
-	case time.Time:
-		return v.UTC().Format(time.RFC3339Nano)
-	case amqp.Decimal:
-		return decimalString(v)
+	}
+	if s, ok := scalarText(v); ok {
+		return s
 	}
 	return v
+}
+
+// scalarText renders the header values that headerString and jsonable show as text rather than
+// as Go or JSON prints them: bytes (UTF-8 or base64), times (RFC 3339, UTC), decimals.
+func scalarText(v any) (string, bool) {
+	switch v := v.(type) {
+	case []byte:
+		return bytesString(v), true
+	case time.Time:
+		return v.UTC().Format(time.RFC3339Nano), true
+	case amqp.Decimal:
+		return decimalString(v), true
+	}
+	return "", false
 }
 
 func bytesString(b []byte) string {

@@ -66,38 +66,48 @@ func New(ctx context.Context, db *sql.DB, config Config, logger watermill.Logger
 		logger = watermill.NopLogger{}
 	}
 	b := &Broker{config: config, logger: logger.With(watermill.LogFields{"broker": string(config.Kind)})}
-	switch config.Kind {
-	case SQL:
-		if db == nil {
-			var err error
-			if db, err = pgtx.Open(ctx, config.DatabaseURL, pgtx.PoolConfig{}); err != nil {
-				return nil, fmt.Errorf("broker: sql: %w", err)
-			}
-			b.ownDB = true
-		}
-		b.db = db
-		sb, err := newSQLBroker(db, config.SQL, b.logger, &b.testSignals.SQLBatchCommit, &b.testSignals.SQLMoveDetected)
-		if err != nil {
-			_ = b.Close()
-			return nil, err
-		}
-		b.sql = sb
-		if err := b.sql.ensureSchema(ctx); err != nil {
-			_ = b.Close()
-			return nil, err
-		}
-	case Kafka:
-		admin, err := sarama.NewClusterAdmin(config.Kafka.Brokers, b.saramaConfig())
-		if err != nil {
-			return nil, fmt.Errorf("broker: cannot reach Kafka at %v (is it running? set %s): %w", config.Kafka.Brokers, EnvKafkaBrokers, err)
-		}
-		b.kafkaAdmin = admin
-	case AMQP:
-		if err := b.withAMQPChannel(b.declareUnrouted); err != nil {
-			return nil, err
-		}
+	if err := b.connect(ctx, db); err != nil {
+		return nil, err
 	}
 	return b, nil
+}
+
+// connect checks that the configured broker can be reached and opens what the Broker keeps.
+func (b *Broker) connect(ctx context.Context, db *sql.DB) error {
+	switch b.config.Kind {
+	case SQL:
+		return b.connectSQL(ctx, db)
+	case Kafka:
+		admin, err := sarama.NewClusterAdmin(b.config.Kafka.Brokers, b.saramaConfig())
+		if err != nil {
+			return fmt.Errorf("broker: cannot reach Kafka at %v (is it running? set %s): %w", b.config.Kafka.Brokers, EnvKafkaBrokers, err)
+		}
+		b.kafkaAdmin = admin
+		return nil
+	}
+	return b.withAMQPChannel(b.declareUnrouted)
+}
+
+// connectSQL sets up the SQL broker on db (nil: a pool of its own from Config.DatabaseURL) and
+// creates its schema; on failure it closes what it opened.
+func (b *Broker) connectSQL(ctx context.Context, db *sql.DB) error {
+	if db == nil {
+		var err error
+		if db, err = pgtx.Open(ctx, b.config.DatabaseURL, pgtx.PoolConfig{}); err != nil {
+			return fmt.Errorf("broker: sql: %w", err)
+		}
+		b.ownDB = true
+	}
+	b.db = db
+	sb, err := newSQLBroker(db, b.config.SQL, b.logger, &b.testSignals.SQLBatchCommit, &b.testSignals.SQLMoveDetected)
+	if err == nil {
+		b.sql = sb
+		err = b.sql.ensureSchema(ctx)
+	}
+	if err != nil {
+		_ = b.Close()
+	}
+	return err
 }
 
 // Kind returns the configured broker kind.

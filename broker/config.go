@@ -76,20 +76,22 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("broker kind %q is not supported: use %s=sql, kafka or amqp", c.Kind, EnvBroker))
 	}
 	for _, s := range c.Subscriptions {
-		if err := validateTopic(c.Kind, s.Topic); err != nil {
-			errs = append(errs, fmt.Errorf("subscription %+v: %w", s, err))
-		}
-		if err := validateGroup(s.Group); err != nil {
-			errs = append(errs, fmt.Errorf("subscription %+v: %w", s, err))
-		}
+		errs = append(errs, checkSubscription(c.Kind, s)...)
 	}
-	switch c.Kind {
-	case SQL:
-		errs = append(errs, c.SQL.validate())
-	case Kafka:
-		errs = append(errs, c.Kafka.validate())
-	case AMQP:
-		errs = append(errs, c.AMQP.validate())
+	kindConfig := map[Kind]func() error{SQL: c.SQL.validate, Kafka: c.Kafka.validate, AMQP: c.AMQP.validate}
+	if validate, ok := kindConfig[c.Kind]; ok {
+		errs = append(errs, validate())
 	}
 	return errors.Join(errs...)
+}
+
+// checkSubscription refuses a topic the broker kind cannot carry and an unusable group name.
+func checkSubscription(kind Kind, s Subscription) []error {
+	var errs []error
+	for _, err := range []error{validateTopic(kind, s.Topic), validateGroup(s.Group)} {
+		if err != nil {
+			errs = append(errs, fmt.Errorf("subscription %+v: %w", s, err))
+		}
+	}
+	return errs
 }

@@ -55,20 +55,27 @@ func (k *KafkaConfig) setDefaults() {
 	k.NackDelay = cmp.Or(k.NackDelay, defaultNackDelay)
 }
 
+// checkBrokerAddrs refuses an empty list of bootstrap addresses, and each that is not host:port.
+func checkBrokerAddrs(brokers []string) []error {
+	if len(brokers) == 0 {
+		return []error{fmt.Errorf("no Kafka brokers: set %s (host:port[,host:port...]) or point it at a running cluster", EnvKafkaBrokers)}
+	}
+	var errs []error
+	for _, b := range brokers {
+		if b == "" || strings.ContainsAny(b, " /") || !strings.Contains(b, ":") {
+			errs = append(errs, fmt.Errorf("Kafka broker address %q is not host:port", b))
+		}
+	}
+	return errs
+}
+
 func (k KafkaConfig) validate() error {
 	errs := []error{
 		setup.AtLeast("Kafka.Partitions ("+EnvKafkaPartitions+")", k.Partitions, 1),
 		setup.AtLeast("Kafka.SessionTimeout", k.SessionTimeout, time.Second),
 		setup.NotNegative("Kafka.NackDelay", k.NackDelay),
 	}
-	if len(k.Brokers) == 0 {
-		errs = append(errs, fmt.Errorf("no Kafka brokers: set %s (host:port[,host:port...]) or point it at a running cluster", EnvKafkaBrokers))
-	}
-	for _, b := range k.Brokers {
-		if b == "" || strings.ContainsAny(b, " /") || !strings.Contains(b, ":") {
-			errs = append(errs, fmt.Errorf("Kafka broker address %q is not host:port", b))
-		}
-	}
+	errs = append(errs, checkBrokerAddrs(k.Brokers)...)
 	if k.ReplicationFactor < -1 || k.ReplicationFactor == 0 {
 		errs = append(errs, fmt.Errorf("Kafka.ReplicationFactor (%s) must be -1 (cluster default) or at least 1, got %d", EnvKafkaReplication, k.ReplicationFactor))
 	}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/wmonce/watermill-once/internal/setup"
@@ -65,10 +66,11 @@ func (s SQLConfig) validate() error {
 		pgtx.ValidateIdentifier("SQL broker schema ("+EnvSQLSchema+")", s.Schema),
 		setup.Between("SQL.BatchSize", s.BatchSize, 1, maxSQLBatchSize),
 	}
-	if s.WatermillSQL != 3 && s.WatermillSQL != 4 {
+	if !slices.Contains([]int{3, 4}, s.WatermillSQL) {
 		errs = append(errs, fmt.Errorf("SQL.WatermillSQL (%s) is the watermill-sql major version and must be 3 or 4, got %d", EnvSQLWatermill, s.WatermillSQL))
 	}
-	if s.PollInterval < 0 || s.IdlePollInterval < 0 || s.AckDeadline < 0 || s.NackDelay < 0 {
+	durations := []time.Duration{s.PollInterval, s.IdlePollInterval, s.AckDeadline, s.NackDelay}
+	if slices.ContainsFunc(durations, func(d time.Duration) bool { return d < 0 }) {
 		errs = append(errs, errors.New("SQL.PollInterval, IdlePollInterval, AckDeadline and NackDelay must be positive"))
 	}
 	return errors.Join(errs...)
