@@ -209,29 +209,34 @@ func (b *Broker) declare(ctx context.Context, topic, group string) error {
 	case Kafka:
 		err = b.ensureKafkaTopic(ctx, topic)
 	case AMQP:
-		if group == "" {
-			err = b.withAMQPChannel(func(conn *amqp.Connection, ch amqpChannel) error { return b.declareExchange(conn, ch, topic) })
-			break
-		}
-		err = b.withAMQPConn(func(conn *amqp.Connection) error {
-			ch, err := conn.Channel()
-			if err != nil {
-				return fmt.Errorf("broker: open RabbitMQ channel: %w", err)
-			}
-			defer ch.Close()
-			if err := b.declareQueue(conn, ch, topic, group); err != nil {
-				return err
-			}
-			// Messages published to the topic while no queue was bound wait in the
-			// unrouted queue: now there is one for them (see amqp_unrouted.go).
-			return b.rerouteUnrouted(ctx, conn)
-		})
+		err = b.declareAMQP(ctx, topic, group)
 	}
 	if err != nil {
 		return err
 	}
 	b.declared.Store(key, struct{}{})
 	return nil
+}
+
+// declareAMQP declares the topic's exchange (group == ""), or the group's queue bound to it and
+// then sends the topic's unrouted messages to it.
+func (b *Broker) declareAMQP(ctx context.Context, topic, group string) error {
+	if group == "" {
+		return b.withAMQPChannel(func(conn *amqp.Connection, ch amqpChannel) error { return b.declareExchange(conn, ch, topic) })
+	}
+	return b.withAMQPConn(func(conn *amqp.Connection) error {
+		ch, err := conn.Channel()
+		if err != nil {
+			return fmt.Errorf("broker: open RabbitMQ channel: %w", err)
+		}
+		defer ch.Close()
+		if err := b.declareQueue(conn, ch, topic, group); err != nil {
+			return err
+		}
+		// Messages published to the topic while no queue was bound wait in the
+		// unrouted queue: now there is one for them (see amqp_unrouted.go).
+		return b.rerouteUnrouted(ctx, conn)
+	})
 }
 
 // Close releases what New opened (Kafka admin connection, database pool), not publishers or

@@ -43,15 +43,10 @@ func (m *moveWatch) HandleError(logger watermill.LoggerAdapter, noMsg bool, err 
 }
 
 func (m *moveWatch) check(logger watermill.LoggerAdapter) {
-	m.mu.Lock()
 	now := time.Now()
-	if !m.lastCheck.IsZero() && now.Sub(m.lastCheck) < moveCheckInterval {
-		m.mu.Unlock()
+	if !m.due(&m.lastCheck, now, moveCheckInterval) {
 		return
 	}
-	m.lastCheck = now
-	m.mu.Unlock()
-
 	ctx, cancel := context.WithTimeout(m.ctx, moveCheckTimeout)
 	defer cancel()
 	// One statement (sqlrebase.Check's probes of one table, with the next transaction id): an idle
@@ -66,13 +61,7 @@ FROM (SELECT pg_snapshot_xmax(pg_current_snapshot()) AS x) AS s`).Scan(&next, &r
 	if err != nil || (!rowsAhead && groupsAhead == "") {
 		return // an error: the query that follows reports a broken connection
 	}
-	m.mu.Lock()
-	logNow := m.lastLog.IsZero() || now.Sub(m.lastLog) >= moveLogInterval
-	if logNow {
-		m.lastLog = now
-	}
-	m.mu.Unlock()
-	if logNow {
+	if m.due(&m.lastLog, now, moveLogInterval) {
 		logger.Error("SQL broker topic table holds transaction ids ahead of this cluster's (restored from a backup into a cluster with a lower counter?): "+
 			"this subscription receives nothing published since, nor the older rows ahead, until the counter passes them; "+
 			"stop publishing and run `wmonce rebase`",
@@ -82,6 +71,18 @@ FROM (SELECT pg_snapshot_xmax(pg_current_snapshot()) AS x) AS s`).Scan(&next, &r
 			})
 	}
 	m.signal(m.topic)
+}
+
+// due says whether interval has passed since *last (or nothing happened yet) and, if so,
+// records now as the last time.
+func (m *moveWatch) due(last *time.Time, now time.Time, interval time.Duration) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !last.IsZero() && now.Sub(*last) < interval {
+		return false
+	}
+	*last = now
+	return true
 }
 
 // ErrSQLTopicsMoved is what an SQL subscription logs at ERROR when its topic table holds
