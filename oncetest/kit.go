@@ -182,9 +182,7 @@ func (k *Kit) Check(t testing.TB, h message.HandlerFunc) []Violation {
 	if err != nil {
 		t.Fatalf("oncetest: %v", err)
 	}
-	for _, e := range sortedKeys(ref.refused) {
-		t.Logf("oncetest: event %d (uuid %s) is refused on a clean delivery (%v); the kit expects it refused under every fault too", e+1, events[e].UUID, ref.refused[e])
-	}
+	logRefused(t, events, ref)
 	if len(vs) == 0 {
 		vs = k.checkModes(ctx, t, h, ref, len(events))
 	}
@@ -192,6 +190,15 @@ func (k *Kit) Check(t testing.TB, h message.HandlerFunc) []Violation {
 		t.Errorf("%s\n    replay: %s=%d go test -run '%s'", v, seedEnv, k.seed, t.Name())
 	}
 	return vs
+}
+
+// logRefused says which events the clean delivery refused: they are expected refused under
+// every fault too.
+func logRefused(t testing.TB, events []*message.Message, ref expected) {
+	t.Helper()
+	for _, e := range sortedKeys(ref.refused) {
+		t.Logf("oncetest: event %d (uuid %s) is refused on a clean delivery (%v); the kit expects it refused under every fault too", e+1, events[e].UUID, ref.refused[e])
+	}
 }
 
 // checkModes runs every fault that applies in every mode against ref and returns the
@@ -493,17 +500,18 @@ func panics(refused map[int]error) []int {
 
 // refusalDiff returns the events refused in got but not in want, and the reverse.
 func refusalDiff(got, want map[int]error) (extra, missing []int) {
-	for _, e := range sortedKeys(got) {
-		if _, ok := want[e]; !ok {
-			extra = append(extra, e)
+	return notIn(got, want), notIn(want, got)
+}
+
+// notIn returns the events of a that b does not name, in order.
+func notIn(a, b map[int]error) []int {
+	var out []int
+	for _, e := range sortedKeys(a) {
+		if _, ok := b[e]; !ok {
+			out = append(out, e)
 		}
 	}
-	for _, e := range sortedKeys(want) {
-		if _, ok := got[e]; !ok {
-			missing = append(missing, e)
-		}
-	}
-	return extra, missing
+	return out
 }
 
 func allIndexes(n int) []int {

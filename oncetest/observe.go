@@ -150,15 +150,25 @@ func compareMultisets(got, want []string) difference {
 	for _, g := range got {
 		count[g]--
 	}
-	var extra, missing bool
+	diffs := make([]float64, 0, len(count))
 	for _, n := range count {
-		extra = extra || n < 0
-		missing = missing || n > 0
+		diffs = append(diffs, float64(-n)) // got's count minus want's
 	}
-	if d := byDirection[[2]bool{extra, missing}]; d != same {
+	if d := byDirection[signs(diffs)]; d != same {
 		return d
 	}
 	return different
+}
+
+// signs says whether any of diffs (got minus want) is above zero, and whether any is below:
+// the key of byDirection.
+func signs(diffs []float64) [2]bool {
+	var s [2]bool
+	for _, d := range diffs {
+		s[0] = s[0] || d > 0
+		s[1] = s[1] || d < 0
+	}
+	return s
 }
 
 // compareNumbers compares two texts of the same shape (the same words around the numbers)
@@ -169,12 +179,11 @@ func compareNumbers(got, want string) difference {
 	if gs != ws || len(gn) != len(wn) {
 		return different
 	}
-	var above, below bool
+	diffs := make([]float64, len(gn))
 	for i := range gn {
-		above = above || gn[i] > wn[i]
-		below = below || gn[i] < wn[i]
+		diffs[i] = gn[i] - wn[i]
 	}
-	return byDirection[[2]bool{above, below}]
+	return byDirection[signs(diffs)]
 }
 
 // splitNumbers returns s with every number replaced by '#', and the numbers.
@@ -202,7 +211,7 @@ func splitNumbers(s string) (string, []float64) {
 // no number starts there.
 func numberAt(rs []rune, i int) (end int, ok bool) {
 	j := i
-	if rs[j] == '-' && (i == 0 || !isWord(rs[i-1])) {
+	if rs[j] == '-' && !wordBefore(rs, i) {
 		j++
 	}
 	if !digitAt(rs, j) {
@@ -213,6 +222,9 @@ func numberAt(rs []rune, i int) (end int, ok bool) {
 	}
 	return j, true
 }
+
+// wordBefore reports whether a word character precedes rs[i].
+func wordBefore(rs []rune, i int) bool { return i > 0 && isWord(rs[i-1]) }
 
 // digitAt reports whether rs has a digit at i.
 func digitAt(rs []rune, i int) bool { return i < len(rs) && unicode.IsDigit(rs[i]) }

@@ -182,17 +182,25 @@ func makeCopies(events []*message.Message, s schedule, in *injector) ([]copyOf, 
 		if e >= len(events) {
 			return nil, fmt.Errorf("Events returned %d messages, fewer than before", len(events))
 		}
-		for c := range s.copies {
-			m := events[e].Copy()
-			id := fmt.Sprintf("e%dc%d", e+1, c+1)
-			m.Metadata.Set(metadataDelivery, id)
-			copies = append(copies, copyOf{event: e, id: id, msg: m})
-			if e == s.target && c == 0 {
-				in.target = id
-			}
+		cs := copiesOf(e, events[e], s.copies)
+		if e == s.target && len(cs) > 0 {
+			in.target = cs[0].id // the fault hits the event's first copy
 		}
+		copies = append(copies, cs...)
 	}
 	return copies, nil
+}
+
+// copiesOf makes n copies of event e (msg), each marked with its delivery id.
+func copiesOf(e int, msg *message.Message, n int) []copyOf {
+	cs := make([]copyOf, n)
+	for c := range cs {
+		m := msg.Copy()
+		id := fmt.Sprintf("e%dc%d", e+1, c+1)
+		m.Metadata.Set(metadataDelivery, id)
+		cs[c] = copyOf{event: e, id: id, msg: m}
+	}
+	return cs
 }
 
 // runMode delivers the copies in mode.
@@ -389,15 +397,7 @@ func (b *brokerRun) deliver(c copyOf) {
 // requeues it), so an event refused until an earlier one arrives (a version gap) lets that one
 // through.
 func (b *brokerRun) deliverInTurn(copies []copyOf, requeue bool) {
-	type pending struct {
-		c     copyOf
-		tries int
-		last  error
-	}
-	queue := make([]pending, len(copies))
-	for i, c := range copies {
-		queue[i] = pending{c: c}
-	}
+	queue := pendingCopies(copies)
 	for len(queue) > 0 {
 		p := queue[0]
 		queue = queue[1:]
@@ -410,12 +410,33 @@ func (b *brokerRun) deliverInTurn(copies []copyOf, requeue bool) {
 		case !again:
 		case p.tries >= maxRedeliveries:
 			b.giveUp(p.c, p.last)
-		case requeue:
-			queue = append(queue, p)
 		default:
-			queue = append([]pending{p}, queue...)
+			queue = putBack(queue, p, requeue)
 		}
 	}
+}
+
+// pending is a copy waiting in deliverInTurn's queue, with its failed deliveries so far.
+type pending struct {
+	c     copyOf
+	tries int
+	last  error
+}
+
+func pendingCopies(copies []copyOf) []pending {
+	queue := make([]pending, len(copies))
+	for i, c := range copies {
+		queue[i] = pending{c: c}
+	}
+	return queue
+}
+
+// putBack returns queue with the failed copy p behind the others (requeue) or first.
+func putBack(queue []pending, p pending, requeue bool) []pending {
+	if requeue {
+		return append(queue, p)
+	}
+	return append([]pending{p}, queue...)
 }
 
 // deliverAtOnce delivers every copy, and under FaultFailingNeighbours the failing neighbours,

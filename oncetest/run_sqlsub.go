@@ -153,8 +153,7 @@ func (r *sqlSubscriberRun) consume(n int) error {
 			// is known.
 			return nil
 		case <-r.restarted:
-			_ = r.sub.Close()
-			if err := r.subscribe(); err != nil {
+			if err := r.restart(); err != nil {
 				return err
 			}
 		case <-tick.C:
@@ -163,6 +162,13 @@ func (r *sqlSubscriberRun) consume(n int) error {
 			}
 		}
 	}
+}
+
+// restart subscribes again: the subscriber's transaction is rolled back and a new one reads
+// the unacked copies again.
+func (r *sqlSubscriberRun) restart() error {
+	_ = r.sub.Close()
+	return r.subscribe()
 }
 
 // received delivers a message the subscription sent (ok false: its channel closed, as it is

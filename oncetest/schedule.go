@@ -1,6 +1,7 @@
 package oncetest
 
 import (
+	"cmp"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -97,18 +98,24 @@ type schedule struct {
 	target     int
 }
 
+// faultShapes are the copies of each event (default 1) and whether they are delivered at the
+// same time, per fault.
+var faultShapes = map[Fault]struct {
+	copies     int
+	concurrent bool
+}{
+	FaultSequentialCopies:  {copies: 3},
+	FaultConcurrentCopies:  {copies: 4, concurrent: true},
+	FaultConcurrentEvents:  {concurrent: true},
+	FaultFailingNeighbours: {concurrent: true},
+}
+
 func (k *Kit) newSchedule(f Fault, n int) schedule {
 	// One stream per fault, so adding a fault does not change the others' schedules.
 	r := rand.New(rand.NewPCG(k.seed, uint64(len(f))*0x9e3779b97f4a7c15^hashString(string(f))))
-	s := schedule{fault: f, order: allIndexes(n), copies: 1, target: -1}
-	switch f {
-	case FaultSequentialCopies:
-		s.copies = 3
-	case FaultConcurrentCopies:
-		s.copies, s.concurrent = 4, true
-	case FaultConcurrentEvents, FaultFailingNeighbours:
-		s.concurrent = true
-	case FaultReorder:
+	shape := faultShapes[f]
+	s := schedule{fault: f, order: allIndexes(n), copies: cmp.Or(shape.copies, 1), concurrent: shape.concurrent, target: -1}
+	if f == FaultReorder {
 		for slices.IsSorted(s.order) {
 			r.Shuffle(n, func(i, j int) { s.order[i], s.order[j] = s.order[j], s.order[i] })
 		}
