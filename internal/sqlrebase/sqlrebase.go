@@ -208,16 +208,23 @@ func Check(ctx context.Context, db pgtx.Executor, schema string) (MoveReport, er
 		return r, fmt.Errorf("broker: read the next transaction id: %w", err)
 	}
 	r.Topics = len(topics)
+	r.Moved, err = movedTopics(ctx, db, topics, r.NextXid)
+	return r, err
+}
+
+// movedTopics checks each topic table against next and returns those that moved.
+func movedTopics(ctx context.Context, db pgtx.Executor, topics []topicTables, next uint64) ([]TopicMove, error) {
+	var moved []TopicMove
 	for _, t := range topics {
-		m, err := checkSQLTopic(ctx, db, t, r.NextXid, true)
+		m, err := checkSQLTopic(ctx, db, t, next, true)
 		if err != nil {
-			return r, err
+			return moved, err
 		}
 		if m.moved() {
-			r.Moved = append(r.Moved, m)
+			moved = append(moved, m)
 		}
 	}
-	return r, nil
+	return moved, nil
 }
 
 // GroupRebase is what Rebase did to one consumer group's position.
@@ -490,12 +497,17 @@ func markSourceGroups(groups []sqlGroupPos, next uint64) (sources int, srcXids [
 			srcOffsets = append(srcOffsets, groups[i].pos.Offset)
 		}
 	}
+	markConsumedBy(groups)
+	return sources, srcXids, srcOffsets
+}
+
+// markConsumedBy sets each source group's consumedBy.
+func markConsumedBy(groups []sqlGroupPos) {
 	for i := range groups {
 		if groups[i].source {
 			groups[i].consumedBy = countConsumedBy(groups, groups[i].pos)
 		}
 	}
-	return sources, srcXids, srcOffsets
 }
 
 // countConsumedBy is how many source groups are at or past pos.
@@ -566,10 +578,15 @@ func (r Report) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "schema %s: %d topic table(s) rebased", r.Schema, len(r.Topics))
 	for _, t := range r.Topics {
-		fmt.Fprintf(&b, "\n  topic %s: %d row(s) to be read again, %d consumed row(s) frozen", t.Topic, t.Republished, t.Frozen)
-		for _, g := range t.Groups {
-			fmt.Fprintf(&b, "\n    group %s: position %s -> %s, reads %d row(s) again", g.Group, g.From, g.To, g.Rereads)
-		}
+		t.write(&b)
 	}
 	return b.String()
+}
+
+// write adds the topic's lines of Report.String to b.
+func (t TopicRebase) write(b *strings.Builder) {
+	fmt.Fprintf(b, "\n  topic %s: %d row(s) to be read again, %d consumed row(s) frozen", t.Topic, t.Republished, t.Frozen)
+	for _, g := range t.Groups {
+		fmt.Fprintf(b, "\n    group %s: position %s -> %s, reads %d row(s) again", g.Group, g.From, g.To, g.Rereads)
+	}
 }
