@@ -24,7 +24,7 @@ const sourceShift = 1 << 40
 // TestSQLRebaseAfterRestoreIntoLowerCounter: a topic whose ids are ahead of the cluster (group a
 // acked 20 of 30 rows, group b 10; the first 5 rows kept ids below the new counter, as rows of
 // a source's early transactions do; then 5 rows published after the "restore") delivers
-// nothing, and the subscription says so at ERROR; after RebaseSQLTopics each group receives
+// nothing, and the subscription says so at ERROR; after sqlrebase.Rebase each group receives
 // exactly the rows it had not acked, in order, then what is published next, and a second rebase
 // changes nothing. With a third group c that acked nothing ("late"), c reads every row.
 func TestSQLRebaseAfterRestoreIntoLowerCounter(t *testing.T) {
@@ -164,7 +164,7 @@ WHERE last_processed_transaction_id <> '0'`, int64(sourceShift))
 }
 
 // TestSQLCheckTopicsQuietOnHealthyTables: a table written on this cluster only is not reported,
-// and RebaseSQLTopics leaves it alone (it would otherwise redeliver rows).
+// and sqlrebase.Rebase leaves it alone (it would otherwise redeliver rows).
 func TestSQLCheckTopicsQuietOnHealthyTables(t *testing.T) {
 	t.Parallel()
 	db := pgtest.DB(t)
