@@ -151,14 +151,14 @@ func (f *Fixture) Count(t *testing.T, status string) int {
 func (f *Fixture) RowStatus(t *testing.T, id int64) string {
 	t.Helper()
 	var s string
-	require.NoError(t, f.DB.QueryRow(`SELECT status FROM `+f.Table("inbox")+` WHERE id = $1`, id).Scan(&s))
+	require.NoError(t, f.DB.QueryRowContext(t.Context(), `SELECT status FROM `+f.Table("inbox")+` WHERE id = $1`, id).Scan(&s))
 	return s
 }
 
 // IDs returns the ids of billing's inbox rows with status, in order.
 func (f *Fixture) IDs(t *testing.T, status string) []int64 {
 	t.Helper()
-	rows, err := f.DB.Query(`SELECT id FROM `+f.Table("inbox")+` WHERE consumer = 'billing' AND status = $1 ORDER BY id`, status)
+	rows, err := f.DB.QueryContext(t.Context(), `SELECT id FROM `+f.Table("inbox")+` WHERE consumer = 'billing' AND status = $1 ORDER BY id`, status)
 	require.NoError(t, err)
 	defer rows.Close()
 	var out []int64
@@ -226,7 +226,7 @@ func (f *Fixture) KafkaRejects(t *testing.T, id string) (*outbox.Relay, *Refusin
 	relay, err := outbox.NewRelay(f.DB, pub, outbox.RelayConfig{Schema: f.Schema, Name: "kafka"}, nil)
 	require.NoError(t, err)
 	var uuid string
-	require.NoError(t, f.DB.QueryRow(`SELECT uuid FROM `+f.Table("outbox")+` WHERE metadata->>'causation_id' = $1`, id).Scan(&uuid))
+	require.NoError(t, f.DB.QueryRowContext(t.Context(), `SELECT uuid FROM `+f.Table("outbox")+` WHERE metadata->>'causation_id' = $1`, id).Scan(&uuid))
 	pub.Refuse[uuid] = true
 	// A new relay reads the outbox from its start: it also rejects the Fixture's undecodable row.
 	RelayUntil(t, relay, "reject the row of "+id, func(st outbox.RelayCounters) bool { return st.Rejected >= 2 })
