@@ -42,7 +42,7 @@ It also checks that the outbox relay positions of -schema were recorded on this 
 (outbox.CheckPositions): after a restore or a move into a cluster with a lower transaction
 counter they would skip rows for good, and a RESTORED line says to run wmonce rebase.
 -broker-schema (default $BROKER_SQL_SCHEMA) checks the SQL broker's topic tables in that
-schema the same way (sqlrebase.Check).
+schema the same way.
 
 Exit status, for CI: 0 every source was read and none is a hazard; 1 a hazard or a restored
 position was found (whatever else could not be read); 3 no hazard was found, but a source could
