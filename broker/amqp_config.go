@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"time"
 
 	"github.com/wmonce/watermill-once/internal/setup"
@@ -16,8 +17,8 @@ const (
 	queueTypeClassic = "classic"
 )
 
-// DefaultAMQPURL is AMQPConfig.URL when none is given: a local RabbitMQ's default vhost and
-// user, the URL programs that take their own -amqp-url fall back to as well.
+// DefaultAMQPURL is AMQPConfig.URL when none is given (a local RabbitMQ), and the fallback of
+// programs that take their own -amqp-url.
 const DefaultAMQPURL = "amqp://guest:guest@127.0.0.1:5672/"
 
 // The RabbitMQ broker's defaults (AMQPConfig).
@@ -42,43 +43,27 @@ const (
 type AMQPConfig struct {
 	// URL of the broker, vhost included. Env AMQP_URL; default DefaultAMQPURL.
 	URL string
-	// Prefix is put in front of every exchange and queue name this package declares, so several
-	// applications (or test runs) can share a vhost. Env AMQP_PREFIX; default "".
+	// Prefix goes before every exchange and queue name, so applications can share a vhost. Env
+	// AMQP_PREFIX; default "".
 	Prefix string
-	// QueueType is "quorum" (replicated, durable; RabbitMQ's recommended type since 3.8) or
-	// "classic". Env AMQP_QUEUE_TYPE; default "quorum". An existing
-	// queue keeps the type it was declared with; declaring it with another type fails with
-	// PRECONDITION_FAILED.
+	// QueueType is "quorum" (replicated, durable) or "classic"; an existing queue keeps its
+	// type. Env AMQP_QUEUE_TYPE; default "quorum".
 	QueueType string
-	// Workers is how many goroutines each subscription (each Subscribe call) runs, one message
-	// in flight each: a router handler runs that many messages at once (with the
-	// effectively-once middleware, each holds a pool connection). Env AMQP_WORKERS; default
-	// 8. Set 1 (AMQP_WORKERS=1 AMQP_PREFETCH=1) for one message at a time
-	// in queue order (see Prefetch for what still reorders then).
+	// Workers is how many messages each subscription has in flight (a goroutine each); 1, with
+	// Prefetch 1, for queue order. Env AMQP_WORKERS; default 8, at most 1000.
 	Workers int
-	// Prefetch is how many unacknowledged messages RabbitMQ hands each subscription: the ones
-	// in flight plus the ones waiting in this process, so the next message is here when one is
-	// acked instead of a round trip later. Everything prefetched is redelivered if the consumer
-	// dies. Env AMQP_PREFETCH; default 4 x Workers (32); at least Workers. With Prefetch > 1
-	// (even at Workers 1), a nacked or unacked message comes back after messages that were
-	// behind it.
+	// Prefetch is how many unacked messages RabbitMQ hands each subscription (docs/brokers.md).
+	// Env AMQP_PREFETCH; default 4 x Workers; from Workers to 65535.
 	Prefetch int
-	// NackDelay is the wait before a nacked message is handed back to RabbitMQ, which requeues
-	// it at once. Default 100ms.
+	// NackDelay is the wait before a nacked message is handed back to RabbitMQ. Default 100ms.
 	NackDelay time.Duration
-	// ConnectionName is shown in the management UI and rabbitmqctl. Default
-	// "watermill-once".
+	// ConnectionName is shown in the management UI. Default "watermill-once".
 	ConnectionName string
-	// DeliveryLimit is the x-delivery-limit of the quorum queues this package declares: how
-	// many times RabbitMQ delivers a message (each nack requeues it) before it dead-letters it
-	// (to a dead-letter exchange set by policy) or drops it. Default 1,000,000,000: in effect
-	// none, where RabbitMQ 4 would apply 20 (docs/brokers.md). A queue that exists with another
-	// limit keeps it, with a warning. Classic queues have no delivery limit.
+	// DeliveryLimit is the x-delivery-limit of the quorum queues declared here (docs/brokers.md).
+	// Default 1,000,000,000: in effect none, where RabbitMQ 4 would apply 20.
 	DeliveryLimit int
-	// DisableUnroutedQueue stops declaring the alternate exchange and queue
-	// <Prefix>wmonce.unrouted, where RabbitMQ puts messages published to a topic that no queue
-	// is bound to (instead of dropping them). Only disable it if the exchanges already exist
-	// without the alternate-exchange argument.
+	// DisableUnroutedQueue stops declaring <Prefix>wmonce.unrouted, which keeps messages
+	// published to a topic no queue is bound to: only for exchanges that exist without it.
 	DisableUnroutedQueue bool
 }
 
@@ -92,17 +77,23 @@ func (a *AMQPConfig) setDefaults() {
 	a.DeliveryLimit = cmp.Or(a.DeliveryLimit, defaultAMQPDeliveryLimit)
 }
 
+// checkAMQPURL refuses a URL that is not amqp:// or amqps:// with a host.
+func checkAMQPURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil || !slices.Contains([]string{"amqp", "amqps"}, u.Scheme) || u.Host == "" {
+		return fmt.Errorf("AMQP URL (%s) must look like amqp://user:pass@host:5672/vhost", EnvAMQPURL)
+	}
+	return nil
+}
+
 func (a AMQPConfig) validate() error {
 	errs := []error{
 		setup.Between("AMQP.Workers", a.Workers, 1, maxAMQPWorkers),
 		setup.NotNegative("AMQP.NackDelay", a.NackDelay),
 		setup.AtLeast("AMQP.DeliveryLimit", a.DeliveryLimit, 1),
 	}
-	u, err := url.Parse(a.URL)
-	if err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") || u.Host == "" {
-		errs = append(errs, fmt.Errorf("AMQP URL (%s) must look like amqp://user:pass@host:5672/vhost", EnvAMQPURL))
-	}
-	if a.QueueType != queueTypeQuorum && a.QueueType != queueTypeClassic {
+	errs = append(errs, checkAMQPURL(a.URL))
+	if !slices.Contains([]string{queueTypeQuorum, queueTypeClassic}, a.QueueType) {
 		errs = append(errs, fmt.Errorf("AMQP queue type (%s) %q is not supported: use quorum or classic", EnvAMQPQueueType, a.QueueType))
 	}
 	if a.Prefix != "" && !amqpName.MatchString(a.Prefix) {

@@ -1,9 +1,11 @@
 package broker
 
 import (
+	"cmp"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/big"
 	"net/url"
 	"strconv"
@@ -15,12 +17,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// Metadata keys under which Marshaler.Unmarshal exposes the AMQP properties of a delivery, so
-// that key functions (wmonce.KeyFromMetadata) and handlers can use what producers that are not
-// Watermill set: most identify a message by its message-id property, not by a header. A key is
-// present only when its property is set. The timestamp is RFC 3339 in UTC (AMQP carries
-// seconds); the priority is its number (0, unset, adds nothing). The delivery mode is not
-// exposed: it says how the broker stored the message, not what the message is.
+// Metadata keys of the AMQP properties Marshaler.Unmarshal sets (only those set), for key
+// functions such as wmonce.KeyFromMetadata(MetadataAMQPMessageID). Timestamp: RFC 3339, UTC.
 const (
 	MetadataAMQPMessageID       = "amqp_message_id"
 	MetadataAMQPCorrelationID   = "amqp_correlation_id"
@@ -35,26 +33,15 @@ const (
 	MetadataAMQPPriority        = "amqp_priority"
 )
 
-// Marshaler converts between Watermill messages and AMQP. It writes what Watermill's
-// DefaultMarshaler writes (persistent delivery, metadata as string headers, the UUID in header
-// _watermill_message_uuid), plus the UUID in the message-id property for consumers that are
-// not Watermill, and reads any header type and the AMQP properties.
-//
-// Watermill's DefaultMarshaler refuses a delivery with a non-string header, such as RabbitMQ's
-// own x-delivery-count and x-death, and the message then loops forever. This Marshaler never
-// refuses one: strings are kept, other values become text (numbers, RFC 3339 timestamps,
-// UTF-8 or base64 bytes, JSON for tables and arrays).
-//
-// Properties become metadata under the MetadataAMQP... keys. What the producer wrote
-// explicitly wins: the UUID header over the message-id property, and a header over a property
-// of the same metadata name (a message republished with the metadata of the one it was
-// consumed from keeps what that one said).
+// Marshaler writes what Watermill's DefaultMarshaler writes plus the UUID as message-id, and
+// reads any header type (RabbitMQ's x-death and x-delivery-count, which DefaultMarshaler
+// refuses forever, become text) and the AMQP properties (MetadataAMQP... keys; a header of the
+// same name wins).
 type Marshaler struct {
 	wamqp.DefaultMarshaler
 }
 
-// Marshal is DefaultMarshaler.Marshal with the message-id property set to the UUID (unless
-// PostprocessPublishing set one).
+// Marshal is DefaultMarshaler.Marshal with message-id set to the UUID.
 func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 	pub, err := m.DefaultMarshaler.Marshal(msg)
 	if err != nil {
@@ -66,26 +53,14 @@ func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 	return pub, nil
 }
 
-// Unmarshal never fails. The UUID is the UUID header, or else the message-id property (a
-// producer that is not Watermill), or else empty, which the effectively-once middleware
-// refuses as an unusable key (parked, not applied) rather than looping here.
+// Unmarshal never fails. The UUID is the UUID header, else message-id, else empty (which the
+// effectively-once middleware parks).
 func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
-	uuidKey := m.MessageUUIDHeaderKey
-	if uuidKey == "" {
-		uuidKey = wamqp.DefaultMessageUUIDHeaderKey
-	}
-	var uuid string
-	if v, ok := d.Headers[uuidKey]; ok {
-		uuid = headerString(v)
-	}
-	if uuid == "" && d.MessageId != "" {
-		uuid = bytesString([]byte(d.MessageId))
-	}
+	uuidKey := cmp.Or(m.MessageUUIDHeaderKey, wamqp.DefaultMessageUUIDHeaderKey)
+	uuid := cmp.Or(headerString(d.Headers[uuidKey]), bytesString([]byte(d.MessageId))) // a missing header is nil: ""
 	msg := message.NewMessage(uuid, d.Body)
 	msg.Metadata = make(message.Metadata, len(d.Headers))
-	for k, v := range amqpProperties(d) {
-		msg.Metadata[k] = v
-	}
+	maps.Copy(msg.Metadata, amqpProperties(d))
 	for k, v := range d.Headers {
 		if k == uuidKey {
 			continue
@@ -133,10 +108,9 @@ func headerString(v any) string {
 		return bytesString(v)
 	case bool, int, int8, int16, int32, int64, uint8, uint16, uint32, uint64, float32, float64:
 		return fmt.Sprint(v)
-	case time.Time:
-		return v.UTC().Format(time.RFC3339Nano)
-	case amqp.Decimal:
-		return decimalString(v)
+	}
+	if s, ok := scalarText(v); ok {
+		return s
 	}
 	b, err := json.Marshal(jsonable(v))
 	if err != nil {
@@ -162,14 +136,25 @@ func jsonable(v any) any {
 			out[i] = jsonable(x)
 		}
 		return out
-	case []byte:
-		return bytesString(v)
-	case time.Time:
-		return v.UTC().Format(time.RFC3339Nano)
-	case amqp.Decimal:
-		return decimalString(v)
+	}
+	if s, ok := scalarText(v); ok {
+		return s
 	}
 	return v
+}
+
+// scalarText renders the header values that headerString and jsonable show as text rather than
+// as Go or JSON prints them: bytes (UTF-8 or base64), times (RFC 3339, UTC), decimals.
+func scalarText(v any) (string, bool) {
+	switch v := v.(type) {
+	case []byte:
+		return bytesString(v), true
+	case time.Time:
+		return v.UTC().Format(time.RFC3339Nano), true
+	case amqp.Decimal:
+		return decimalString(v), true
+	}
+	return "", false
 }
 
 func bytesString(b []byte) string {

@@ -112,35 +112,57 @@ func (b *Broker) newAMQPPublisher() (message.Publisher, error) {
 func (p *amqpPublisher) Publish(topic string, msgs ...*message.Message) error {
 	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
 	defer cancel()
+	pubs, err := p.marshalAll(msgs)
+	if err != nil {
+		return err
+	}
+	ch, confirms, err := p.send(ctx, topic, msgs, pubs)
+	if err != nil {
+		return err
+	}
+	return p.awaitConfirms(ctx, ch, msgs, confirms)
+}
+
+// marshalAll marshals msgs into AMQP publishings.
+func (p *amqpPublisher) marshalAll(msgs []*message.Message) ([]amqp.Publishing, error) {
 	pubs := make([]amqp.Publishing, len(msgs))
 	for i, msg := range msgs {
 		pub, err := p.marshaler.Marshal(msg)
 		if err != nil {
-			return fmt.Errorf("broker: marshal message %s: %w", msg.UUID, err)
+			return nil, fmt.Errorf("broker: marshal message %s: %w", msg.UUID, err)
 		}
 		pubs[i] = pub
 	}
+	return pubs, nil
+}
+
+// send publishes pubs to the topic's exchange and returns their confirmations, to wait for
+// outside the lock: the lock covers only the publishing frames, so concurrent Publish calls
+// share the channel and wait for their confirms at the same time (RabbitMQ confirms them in
+// batches) instead of one confirm round trip after the other.
+func (p *amqpPublisher) send(ctx context.Context, topic string, msgs []*message.Message, pubs []amqp.Publishing) (*amqp.Channel, []*amqp.DeferredConfirmation, error) {
 	exchange := p.b.config.AMQP.ExchangeName(topic)
-	// The lock covers only the publishing frames: concurrent Publish calls share the channel
-	// and wait for their confirms at the same time (RabbitMQ confirms them in batches) instead
-	// of one confirm round trip after the other.
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	ch, err := p.channel(ctx)
 	if err != nil {
-		p.mu.Unlock()
-		return err
+		return nil, nil, err
 	}
 	confirms := make([]*amqp.DeferredConfirmation, 0, len(msgs))
 	for i, pub := range pubs {
 		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchange, "", false, false, pub)
 		if err != nil {
 			p.dropChannel(ch)
-			p.mu.Unlock()
-			return fmt.Errorf("broker: publish message %s to RabbitMQ exchange %q: %w", msgs[i].UUID, exchange, err)
+			return nil, nil, fmt.Errorf("broker: publish message %s to RabbitMQ exchange %q: %w", msgs[i].UUID, exchange, err)
 		}
 		confirms = append(confirms, dc)
 	}
-	p.mu.Unlock()
+	return ch, confirms, nil
+}
+
+// awaitConfirms waits until RabbitMQ confirmed every message; a message it did not confirm
+// drops the channel (the next Publish opens another).
+func (p *amqpPublisher) awaitConfirms(ctx context.Context, ch *amqp.Channel, msgs []*message.Message, confirms []*amqp.DeferredConfirmation) error {
 	for i, dc := range confirms {
 		acked, err := dc.WaitContext(ctx)
 		if err != nil || !acked {
@@ -274,13 +296,7 @@ func (s *amqpSubscriber) consume(ctx context.Context, topic string, out chan<- *
 		}
 		wait := backoff.Next()
 		s.logger.Error("RabbitMQ consumer stopped, reconnecting", err, fields.Add(watermill.LogFields{"backoff": wait}))
-		t := time.NewTimer(wait)
-		select {
-		case <-s.closing:
-		case <-ctx.Done():
-		case <-t.C:
-		}
-		t.Stop()
+		s.sleep(ctx, wait)
 	}
 }
 
@@ -360,14 +376,30 @@ func (s *amqpSubscriber) deliver(ctx context.Context, d amqp.Delivery, out chan<
 	msgCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	msg.SetContext(msgCtx)
-	requeue := func() error { return d.Nack(false, true) }
+	if !s.send(ctx, out, msg) {
+		return requeue(d)
+	}
+	return s.settle(ctx, d, msg)
+}
+
+// requeue hands d back to RabbitMQ, which delivers it again.
+func requeue(d amqp.Delivery) error { return d.Nack(false, true) }
+
+// send hands msg to the consumer; false when the subscriber closes or ctx ends first.
+func (s *amqpSubscriber) send(ctx context.Context, out chan<- *message.Message, msg *message.Message) bool {
 	select {
 	case out <- msg:
+		return true
 	case <-s.closing:
-		return requeue()
 	case <-ctx.Done():
-		return requeue()
 	}
+	return false
+}
+
+// settle acks d when the consumer acked msg, and requeues it when the consumer nacked it (after
+// NackDelay: RabbitMQ requeues at once, so waiting keeps a failing message from spinning) or
+// the subscriber closes first.
+func (s *amqpSubscriber) settle(ctx context.Context, d amqp.Delivery, msg *message.Message) error {
 	select {
 	case <-msg.Acked():
 		if err := d.Ack(false); err != nil {
@@ -375,17 +407,21 @@ func (s *amqpSubscriber) deliver(ctx context.Context, d amqp.Delivery, out chan<
 		}
 		return nil
 	case <-msg.Nacked():
-		// RabbitMQ requeues at once; waiting first keeps a failing message from spinning.
-		select {
-		case <-time.After(s.b.config.AMQP.NackDelay):
-		case <-s.closing:
-		case <-ctx.Done():
-		}
-		return requeue()
+		s.sleep(ctx, s.b.config.AMQP.NackDelay)
 	case <-s.closing:
-		return requeue()
 	case <-ctx.Done():
-		return requeue()
+	}
+	return requeue(d)
+}
+
+// sleep waits d, or until the subscriber closes or ctx ends.
+func (s *amqpSubscriber) sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-s.closing:
+	case <-ctx.Done():
 	}
 }
 

@@ -23,8 +23,7 @@ import (
 const declareTimeout = 30 * time.Second
 
 // Broker builds publishers and subscribers for the configured broker kind and declares the
-// topics, queues and tables they need, with the guarantees of the package documentation. It is
-// safe for concurrent use.
+// topics, queues and tables they need (guarantees: the package doc). Safe for concurrent use.
 type Broker struct {
 	config Config
 	db     *sql.DB
@@ -56,9 +55,8 @@ type brokerTestSignals struct {
 	SQLMoveDetected testsignal.Signal[string]
 }
 
-// New validates config and checks that the broker can be reached. db is used by the SQL broker
-// (the same pool the middleware uses is fine); when it is nil, a pool is opened from
-// config.DatabaseURL and closed by Close. Kafka and RabbitMQ ignore db.
+// New validates config and checks that the broker can be reached. The SQL broker uses db (nil:
+// a pool opened from config.DatabaseURL, closed by Close); Kafka and RabbitMQ ignore it.
 func New(ctx context.Context, db *sql.DB, config Config, logger watermill.LoggerAdapter) (*Broker, error) {
 	config.setDefaults()
 	if err := config.Validate(); err != nil {
@@ -68,38 +66,48 @@ func New(ctx context.Context, db *sql.DB, config Config, logger watermill.Logger
 		logger = watermill.NopLogger{}
 	}
 	b := &Broker{config: config, logger: logger.With(watermill.LogFields{"broker": string(config.Kind)})}
-	switch config.Kind {
-	case SQL:
-		if db == nil {
-			var err error
-			if db, err = pgtx.Open(ctx, config.DatabaseURL, pgtx.PoolConfig{}); err != nil {
-				return nil, fmt.Errorf("broker: sql: %w", err)
-			}
-			b.ownDB = true
-		}
-		b.db = db
-		sb, err := newSQLBroker(db, config.SQL, b.logger, &b.testSignals.SQLBatchCommit, &b.testSignals.SQLMoveDetected)
-		if err != nil {
-			_ = b.Close()
-			return nil, err
-		}
-		b.sql = sb
-		if err := b.sql.ensureSchema(ctx); err != nil {
-			_ = b.Close()
-			return nil, err
-		}
-	case Kafka:
-		admin, err := sarama.NewClusterAdmin(config.Kafka.Brokers, b.saramaConfig())
-		if err != nil {
-			return nil, fmt.Errorf("broker: cannot reach Kafka at %v (is it running? set %s): %w", config.Kafka.Brokers, EnvKafkaBrokers, err)
-		}
-		b.kafkaAdmin = admin
-	case AMQP:
-		if err := b.withAMQPChannel(b.declareUnrouted); err != nil {
-			return nil, err
-		}
+	if err := b.connect(ctx, db); err != nil {
+		return nil, err
 	}
 	return b, nil
+}
+
+// connect checks that the configured broker can be reached and opens what the Broker keeps.
+func (b *Broker) connect(ctx context.Context, db *sql.DB) error {
+	switch b.config.Kind {
+	case SQL:
+		return b.connectSQL(ctx, db)
+	case Kafka:
+		admin, err := sarama.NewClusterAdmin(b.config.Kafka.Brokers, b.saramaConfig())
+		if err != nil {
+			return fmt.Errorf("broker: cannot reach Kafka at %v (is it running? set %s): %w", b.config.Kafka.Brokers, EnvKafkaBrokers, err)
+		}
+		b.kafkaAdmin = admin
+		return nil
+	}
+	return b.withAMQPChannel(b.declareUnrouted)
+}
+
+// connectSQL sets up the SQL broker on db (nil: a pool of its own from Config.DatabaseURL) and
+// creates its schema; on failure it closes what it opened.
+func (b *Broker) connectSQL(ctx context.Context, db *sql.DB) error {
+	if db == nil {
+		var err error
+		if db, err = pgtx.Open(ctx, b.config.DatabaseURL, pgtx.PoolConfig{}); err != nil {
+			return fmt.Errorf("broker: sql: %w", err)
+		}
+		b.ownDB = true
+	}
+	b.db = db
+	sb, err := newSQLBroker(db, b.config.SQL, b.logger, &b.testSignals.SQLBatchCommit, &b.testSignals.SQLMoveDetected)
+	if err == nil {
+		b.sql = sb
+		err = b.sql.ensureSchema(ctx)
+	}
+	if err != nil {
+		_ = b.Close()
+	}
+	return err
 }
 
 // Kind returns the configured broker kind.
@@ -108,9 +116,8 @@ func (b *Broker) Kind() Kind { return b.config.Kind }
 // Config returns the configuration with defaults applied.
 func (b *Broker) Config() Config { return b.config }
 
-// NewPublisher returns a publisher for the configured broker, after declaring
-// Config.Subscriptions. Topics it publishes to are checked with TopicValidator's rules and declared on
-// first use (SQL table, Kafka topic, RabbitMQ exchange). Close it when done.
+// NewPublisher declares Config.Subscriptions and returns a publisher that checks each topic
+// (TopicValidator) and declares it on first use. Close it when done.
 func (b *Broker) NewPublisher(ctx context.Context) (message.Publisher, error) {
 	if err := b.Declare(ctx, b.config.Subscriptions...); err != nil {
 		return nil, err
@@ -131,9 +138,8 @@ func (b *Broker) NewPublisher(ctx context.Context) (message.Publisher, error) {
 	return &publisher{b: b, pub: pub}, nil
 }
 
-// NewSubscriber returns a subscriber that consumes as consumer group group: every group gets
-// every message of a topic, and the members of one group share them. Subscribing declares the
-// topic and the group's queue or offsets first. Close it when done.
+// NewSubscriber returns a subscriber of consumer group group: every group gets every message
+// of a topic, its members share them. Subscribe declares first. Close it when done.
 func (b *Broker) NewSubscriber(group string) (message.Subscriber, error) {
 	if err := validateGroup(group); err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
@@ -168,24 +174,11 @@ func (b *Broker) NewPubSub(ctx context.Context, group string) (message.Publisher
 	return pub, sub, nil
 }
 
-// Declare makes each subscription exist before anything is published, so that messages
-// published from now on reach the group even if it subscribes later:
-//   - SQL: the topic tables and the group's starting offset (the group will read the topic
-//     from its first retained row);
-//   - Kafka: the topic, with Config.Kafka.Partitions and ReplicationFactor (the group starts
-//     from the oldest offset when it first subscribes);
-//   - RabbitMQ: the topic's exchange and the group's durable queue bound to it; then the
-//     messages published to the topic while it had no queue, kept in the unrouted queue, are
-//     published to the exchange again and reach the queues bound at that moment.
-//
-// Without it a group that subscribes after messages were published still receives them on
-// every broker. One exception, on RabbitMQ only: messages published while a topic had no queue
-// at all go to the groups whose queues exist when the first of them is declared, so a second
-// group that subscribes later does not receive those (nor anything published between its
-// declaration and the first one's). Declare every group (Config.Subscriptions) before
-// publishing when each of several groups of one topic must receive everything.
-//
-// Declaring is idempotent and remembered per Broker.
+// Declare makes each subscription exist (SQL tables and group offsets, Kafka topic, RabbitMQ
+// exchange and queue), idempotently, so that what is published from now on reaches the group
+// even if it subscribes later. Without it a late group still receives earlier messages, except
+// on RabbitMQ for a topic's second and later groups: declare every group before publishing
+// when each must receive everything (docs/brokers.md).
 func (b *Broker) Declare(ctx context.Context, subs ...Subscription) error {
 	for _, s := range subs {
 		if err := validateTopic(b.config.Kind, s.Topic); err != nil {
@@ -216,23 +209,7 @@ func (b *Broker) declare(ctx context.Context, topic, group string) error {
 	case Kafka:
 		err = b.ensureKafkaTopic(ctx, topic)
 	case AMQP:
-		if group == "" {
-			err = b.withAMQPChannel(func(conn *amqp.Connection, ch amqpChannel) error { return b.declareExchange(conn, ch, topic) })
-			break
-		}
-		err = b.withAMQPConn(func(conn *amqp.Connection) error {
-			ch, err := conn.Channel()
-			if err != nil {
-				return fmt.Errorf("broker: open RabbitMQ channel: %w", err)
-			}
-			defer ch.Close()
-			if err := b.declareQueue(conn, ch, topic, group); err != nil {
-				return err
-			}
-			// Messages published to the topic while no queue was bound wait in the
-			// unrouted queue: now there is one for them (see amqp_unrouted.go).
-			return b.rerouteUnrouted(ctx, conn)
-		})
+		err = b.declareAMQP(ctx, topic, group)
 	}
 	if err != nil {
 		return err
@@ -241,8 +218,29 @@ func (b *Broker) declare(ctx context.Context, topic, group string) error {
 	return nil
 }
 
-// Close releases what New opened (the Kafka admin connection, a database pool it opened). It
-// does not close publishers and subscribers. It is idempotent.
+// declareAMQP declares the topic's exchange (group == ""), or the group's queue bound to it and
+// then sends the topic's unrouted messages to it.
+func (b *Broker) declareAMQP(ctx context.Context, topic, group string) error {
+	if group == "" {
+		return b.withAMQPChannel(func(conn *amqp.Connection, ch amqpChannel) error { return b.declareExchange(conn, ch, topic) })
+	}
+	return b.withAMQPConn(func(conn *amqp.Connection) error {
+		ch, err := conn.Channel()
+		if err != nil {
+			return fmt.Errorf("broker: open RabbitMQ channel: %w", err)
+		}
+		defer ch.Close()
+		if err := b.declareQueue(conn, ch, topic, group); err != nil {
+			return err
+		}
+		// Messages published to the topic while no queue was bound wait in the
+		// unrouted queue: now there is one for them (see amqp_unrouted.go).
+		return b.rerouteUnrouted(ctx, conn)
+	})
+}
+
+// Close releases what New opened (Kafka admin connection, database pool), not publishers or
+// subscribers. Idempotent.
 func (b *Broker) Close() error {
 	var errs []error
 	b.closeOnce.Do(func() {

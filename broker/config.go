@@ -15,11 +15,9 @@ type Kind string
 
 // The supported brokers.
 const (
-	// SQL is Watermill's SQL Pub/Sub on PostgreSQL: topics are tables, consumer groups are rows
-	// of an offsets table. Needs nothing but the database.
+	// SQL is Watermill's SQL Pub/Sub on PostgreSQL: needs nothing but the database.
 	SQL Kind = "sql"
-	// Kafka is Apache Kafka (or anything speaking its protocol, such as Redpanda or the
-	// embedded kfake broker) through Watermill's Sarama-based Pub/Sub.
+	// Kafka is Apache Kafka (or its protocol) through Watermill's Sarama-based Pub/Sub.
 	Kafka Kind = "kafka"
 	// AMQP is RabbitMQ (AMQP 0-9-1) through Watermill's AMQP Pub/Sub.
 	AMQP Kind = "amqp"
@@ -47,11 +45,8 @@ type Config struct {
 	// DatabaseURL is used by the SQL broker when New is given no *sql.DB. Env DATABASE_URL;
 	// default pgtx.DefaultDatabaseURL.
 	DatabaseURL string
-	// Subscriptions are the (topic, consumer group) pairs declared before anything is
-	// published. NewPublisher declares them (RabbitMQ queues and bindings, Kafka topics, SQL
-	// tables and group offsets); Declare does it on demand. They are not needed for a group
-	// to receive what was published before it first subscribed, on any broker; on RabbitMQ
-	// they are needed for each of several groups of one topic to receive it (see Declare).
+	// Subscriptions are the (topic, consumer group) pairs NewPublisher declares before anything
+	// is published (see Declare).
 	Subscriptions []Subscription
 
 	SQL   SQLConfig
@@ -81,20 +76,22 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("broker kind %q is not supported: use %s=sql, kafka or amqp", c.Kind, EnvBroker))
 	}
 	for _, s := range c.Subscriptions {
-		if err := validateTopic(c.Kind, s.Topic); err != nil {
-			errs = append(errs, fmt.Errorf("subscription %+v: %w", s, err))
-		}
-		if err := validateGroup(s.Group); err != nil {
-			errs = append(errs, fmt.Errorf("subscription %+v: %w", s, err))
-		}
+		errs = append(errs, checkSubscription(c.Kind, s)...)
 	}
-	switch c.Kind {
-	case SQL:
-		errs = append(errs, c.SQL.validate())
-	case Kafka:
-		errs = append(errs, c.Kafka.validate())
-	case AMQP:
-		errs = append(errs, c.AMQP.validate())
+	kindConfig := map[Kind]func() error{SQL: c.SQL.validate, Kafka: c.Kafka.validate, AMQP: c.AMQP.validate}
+	if validate, ok := kindConfig[c.Kind]; ok {
+		errs = append(errs, validate())
 	}
 	return errors.Join(errs...)
+}
+
+// checkSubscription refuses a topic the broker kind cannot carry and an unusable group name.
+func checkSubscription(kind Kind, s Subscription) []error {
+	var errs []error
+	for _, err := range []error{validateTopic(kind, s.Topic), validateGroup(s.Group)} {
+		if err != nil {
+			errs = append(errs, fmt.Errorf("subscription %+v: %w", s, err))
+		}
+	}
+	return errs
 }

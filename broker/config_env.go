@@ -31,10 +31,8 @@ const (
 // ConfigFromEnv reads the configuration from the process environment; see ParseEnv.
 func ConfigFromEnv() (Config, error) { return ParseEnv(os.Getenv) }
 
-// ParseEnv reads BROKER, DATABASE_URL, BROKER_SQL_SCHEMA, BROKER_SQL_WATERMILL, KAFKA_BROKERS,
-// KAFKA_PARTITIONS, KAFKA_REPLICATION_FACTOR, KAFKA_PARTITION_KEY, KAFKA_SESSION_TIMEOUT,
-// AMQP_URL, AMQP_PREFIX, AMQP_QUEUE_TYPE, AMQP_WORKERS and AMQP_PREFETCH through getenv, applies the defaults and validates
-// the result. Unset variables keep their defaults; a malformed one is an error naming it.
+// ParseEnv reads the Env... variables through getenv, applies the defaults and validates the
+// result. Unset variables keep their defaults; a malformed one is an error naming it.
 func ParseEnv(getenv func(string) string) (Config, error) {
 	var c Config
 	var errs []error
@@ -150,9 +148,8 @@ func parseEnvAMQPPrefetch(c *Config, v string) error {
 	return nil
 }
 
-// Environ returns the configuration as the environment variables ParseEnv reads ("KEY=value"),
-// for handing it to a child process. Settings without a variable (Subscriptions, timings) are
-// not included.
+// Environ returns the configuration as the variables ParseEnv reads ("KEY=value"), for a child
+// process; settings without a variable are left out.
 func (c Config) Environ() []string {
 	c.setDefaults()
 	env := []string{

@@ -18,19 +18,13 @@
 // transaction.
 //
 //   - Kafka: watermill-kafka v3 on Sarama, idempotent producer, acks from all in-sync
-//     replicas, record key KafkaConfig.PartitionKeyField else the UUID, protocol
-//     KafkaProtocolVersion for every target. KafkaUnmarshaler reads the Relay's and Debezium's
-//     records alike.
+//     replicas, record key KafkaConfig.PartitionKeyField else the UUID.
 //   - RabbitMQ: our own publisher (confirms) and subscriber on amqp091-go in watermill-amqp's
-//     wire format (watermill-amqp's reconnect races, ThreeDotsLabs/watermill#693); a fanout
-//     exchange per topic, a quorum queue per group, an unrouted queue that keeps what no queue
-//     was bound for; Marshaler reads RabbitMQ's non-string headers and exposes the AMQP
-//     properties (MetadataAMQPMessageID, ...).
-//   - SQL: watermill-sql v3 or v4 (SQLConfig.WatermillSQL) on PostgreSQL, with LISTEN/NOTIFY
-//     wake-ups; the effectively-once middleware applies each message in the subscriber's own
-//     transaction, so offset, claim and effects commit together. After a restore into a
-//     cluster with a lower transaction counter, CheckSQLTopics finds the topic tables that
-//     moved and RebaseSQLTopics repairs them.
+//     wire format; a fanout exchange per topic, a quorum queue per group, an unrouted queue
+//     that keeps what no queue was bound for.
+//   - SQL: watermill-sql v3 or v4 on PostgreSQL with LISTEN/NOTIFY wake-ups; the
+//     effectively-once middleware applies each message in the subscriber's own transaction,
+//     so offset, claim and effects commit together.
 //
 // How each broker behaves (order, redelivery, defaults, versions tested, what to do after a
 // backup and restore) is in docs/brokers.md.

@@ -22,38 +22,27 @@ const (
 
 // KafkaConfig configures Watermill's Kafka Pub/Sub (Sarama).
 type KafkaConfig struct {
-	// Brokers are the bootstrap addresses. Env KAFKA_BROKERS (comma-separated). Required; when
-	// empty, the demo starts an in-process broker (tests and the demo only).
+	// Brokers are the bootstrap addresses. Env KAFKA_BROKERS (comma-separated). Required.
 	Brokers []string
-	// Partitions for topics this package creates (a topic that exists keeps its own). A group's
-	// subscriber handles one message at a time per partition, so the partitions bound how many
-	// messages are in flight and how many group commit can share a transaction: at 1,000
-	// events/s, 16 against 3 cut the consumer's queueing and the CPU per message
+	// Partitions of the topics created here; they bound the messages a group has in flight
 	// (docs/performance.md). Env KAFKA_PARTITIONS; default 16.
 	Partitions int32
-	// ReplicationFactor for topics this package creates; -1 asks the cluster for its
-	// default.replication.factor. Env KAFKA_REPLICATION_FACTOR; default
-	// -1.
+	// ReplicationFactor of the topics created here; -1: the cluster's default. Env
+	// KAFKA_REPLICATION_FACTOR; default -1.
 	ReplicationFactor int16
-	// PartitionKeyField is the metadata field whose value is the Kafka record key, so every
-	// message with the same value lands in the same partition, in order. A message without it
-	// is keyed by its UUID (all copies of one event still share a partition). Env
-	// KAFKA_PARTITION_KEY; default "partition_key".
+	// PartitionKeyField is the metadata field that keys the record (one value, one partition, in
+	// order); without it, the UUID. Env KAFKA_PARTITION_KEY; default "partition_key".
 	PartitionKeyField string
 	// RequirePartitionKey refuses to publish a message without PartitionKeyField instead of
 	// falling back to its UUID.
 	RequirePartitionKey bool
-	// ClientID identifies this client to the brokers. Default
-	// "watermill-once".
+	// ClientID identifies this client to the brokers. Default "watermill-once".
 	ClientID string
-	// SessionTimeout is how long the group coordinator waits for a silent consumer (a crashed
-	// process) before giving its partitions to another member. Default
-	// 10s; the cluster refuses values outside
-	// group.min/max.session.timeout.ms (by default 6s to 30min). Env KAFKA_SESSION_TIMEOUT (a Go
-	// duration such as 10s).
+	// SessionTimeout is how long the coordinator waits for a silent consumer before moving its
+	// partitions; within the cluster's group.min/max.session.timeout.ms. Env
+	// KAFKA_SESSION_TIMEOUT (a Go duration); default 10s.
 	SessionTimeout time.Duration
-	// NackDelay is the wait before a nacked message is delivered again. Default
-	// 100ms.
+	// NackDelay is the wait before a nacked message is delivered again. Default 100ms.
 	NackDelay time.Duration
 }
 
@@ -66,20 +55,27 @@ func (k *KafkaConfig) setDefaults() {
 	k.NackDelay = cmp.Or(k.NackDelay, defaultNackDelay)
 }
 
+// checkBrokerAddrs refuses an empty list of bootstrap addresses, and each that is not host:port.
+func checkBrokerAddrs(brokers []string) []error {
+	if len(brokers) == 0 {
+		return []error{fmt.Errorf("no Kafka brokers: set %s (host:port[,host:port...]) or point it at a running cluster", EnvKafkaBrokers)}
+	}
+	var errs []error
+	for _, b := range brokers {
+		if b == "" || strings.ContainsAny(b, " /") || !strings.Contains(b, ":") {
+			errs = append(errs, fmt.Errorf("Kafka broker address %q is not host:port", b))
+		}
+	}
+	return errs
+}
+
 func (k KafkaConfig) validate() error {
 	errs := []error{
 		setup.AtLeast("Kafka.Partitions ("+EnvKafkaPartitions+")", k.Partitions, 1),
 		setup.AtLeast("Kafka.SessionTimeout", k.SessionTimeout, time.Second),
 		setup.NotNegative("Kafka.NackDelay", k.NackDelay),
 	}
-	if len(k.Brokers) == 0 {
-		errs = append(errs, fmt.Errorf("no Kafka brokers: set %s (host:port[,host:port...]) or point it at a running cluster", EnvKafkaBrokers))
-	}
-	for _, b := range k.Brokers {
-		if b == "" || strings.ContainsAny(b, " /") || !strings.Contains(b, ":") {
-			errs = append(errs, fmt.Errorf("Kafka broker address %q is not host:port", b))
-		}
-	}
+	errs = append(errs, checkBrokerAddrs(k.Brokers)...)
 	if k.ReplicationFactor < -1 || k.ReplicationFactor == 0 {
 		errs = append(errs, fmt.Errorf("Kafka.ReplicationFactor (%s) must be -1 (cluster default) or at least 1, got %d", EnvKafkaReplication, k.ReplicationFactor))
 	}

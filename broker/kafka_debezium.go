@@ -21,17 +21,13 @@ const (
 	debeziumHeaderPrefix   = "__debezium"
 )
 
-// MetadataUnmarshalError names, on a message whose record could not be read back, why: such a
-// message has an empty UUID, which the effectively-once middleware refuses, so it is parked
-// visibly (poison queue) instead of stopping the subscription or being applied.
+// MetadataUnmarshalError says why a record could not be read back; its message has an empty
+// UUID, which the effectively-once middleware parks instead of applying.
 const MetadataUnmarshalError = "unmarshal_error"
 
-// KafkaUnmarshaler reads both layouts a watermill-once outbox reaches Kafka in: records the
-// Relay published (Watermill's layout, the UUID in header _watermill_message_uuid) with
-// Watermill's unmarshaler, and records Debezium's Outbox Event Router wrote (UUID, metadata and
-// payload as the outbox.Writer stored them). Consumers need no setting to switch between the
-// Relay and Debezium, in either direction: both give the message the producer stored, with the
-// same UUID, so the effectively-once middleware dedupes the copies a switch may deliver twice.
+// KafkaUnmarshaler reads the records of the Relay (with Watermill's unmarshaler) and of
+// Debezium's Outbox Event Router alike: both give the message the producer stored, same UUID,
+// so a switch between them needs no setting and its copies are deduplicated (docs/cdc.md).
 type KafkaUnmarshaler struct {
 	Watermill kafka.Unmarshaler
 }
@@ -42,6 +38,39 @@ func (u KafkaUnmarshaler) Unmarshal(rec *sarama.ConsumerMessage) (*message.Messa
 		return debeziumUnmarshaler{}.Unmarshal(rec)
 	}
 	return u.Watermill.Unmarshal(rec)
+}
+
+// debeziumHeaders reads a Debezium record's headers: the event id, the stored metadata's JSON
+// (each "" when absent), and the other headers but Debezium's own.
+func debeziumHeaders(rec *sarama.ConsumerMessage) (id, metadata string, extra message.Metadata) {
+	extra = message.Metadata{}
+	for _, h := range rec.Headers {
+		switch k := string(h.Key); {
+		case k == debeziumHeaderID:
+			id = string(h.Value)
+		case k == debeziumHeaderMetadata:
+			metadata = string(h.Value)
+		case !strings.HasPrefix(k, debeziumHeaderPrefix):
+			extra.Set(k, string(h.Value))
+		}
+	}
+	return id, metadata, extra
+}
+
+// storedMetadata decodes the metadata the outbox.Writer stored (a JSON object of strings; none
+// or null: empty).
+func storedMetadata(js string) (message.Metadata, error) {
+	md := message.Metadata{}
+	if js == "" || js == "null" {
+		return md, nil
+	}
+	if err := json.Unmarshal([]byte(js), (*map[string]string)(&md)); err != nil {
+		return nil, err
+	}
+	if md == nil { // " null " decodes to no map
+		md = message.Metadata{}
+	}
+	return md, nil
 }
 
 // isDebeziumRecord: no Watermill UUID header, and headers of Debezium's own.
@@ -72,20 +101,7 @@ type debeziumUnmarshaler struct{}
 
 // Unmarshal implements kafka.Unmarshaler.
 func (debeziumUnmarshaler) Unmarshal(rec *sarama.ConsumerMessage) (*message.Message, error) {
-	var id, md string
-	var hasID, hasMD bool
-	extra := message.Metadata{}
-	for _, h := range rec.Headers {
-		switch k := string(h.Key); {
-		case k == debeziumHeaderID:
-			id, hasID = string(h.Value), true
-		case k == debeziumHeaderMetadata:
-			md, hasMD = string(h.Value), true
-		case strings.HasPrefix(k, debeziumHeaderPrefix):
-		default:
-			extra.Set(k, string(h.Value))
-		}
-	}
+	id, md, extra := debeziumHeaders(rec)
 	payload := rec.Value
 	if payload == nil {
 		payload = []byte{}
@@ -97,17 +113,12 @@ func (debeziumUnmarshaler) Unmarshal(rec *sarama.ConsumerMessage) (*message.Mess
 		msg.Metadata.Set(MetadataUnmarshalError, fmt.Sprintf("broker: Debezium record at %s/%d/%d: %s", rec.Topic, rec.Partition, rec.Offset, reason))
 		return msg, nil
 	}
-	if !hasID || id == "" {
+	if id == "" {
 		return fail(`no "id" header: is the router's table.field.event.id the outbox's uuid column?`)
 	}
-	msg.Metadata = message.Metadata{}
-	if hasMD && md != "" && md != "null" {
-		if err := json.Unmarshal([]byte(md), (*map[string]string)(&msg.Metadata)); err != nil {
-			return fail(fmt.Sprintf(`"metadata" header is not a JSON object of strings: %v`, err))
-		}
-		if msg.Metadata == nil {
-			msg.Metadata = message.Metadata{}
-		}
+	var err error
+	if msg.Metadata, err = storedMetadata(md); err != nil {
+		return fail(fmt.Sprintf(`"metadata" header is not a JSON object of strings: %v`, err))
 	}
 	for k, v := range extra {
 		if _, ok := msg.Metadata[k]; !ok {

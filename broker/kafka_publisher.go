@@ -188,15 +188,23 @@ func (p *kafkaPublisher) sendChunk(topic string, msgs []*message.Message, record
 		if err != nil {
 			return err
 		}
-		wait := backoff.Next()
-		if time.Now().Add(wait).After(deadline) {
-			return fmt.Errorf("broker: Kafka publish to %s: %d of %d messages not acknowledged after %s: %w", topic, len(failed), len(msgs), p.timeout, failed[0].Err)
-		}
-		if !worker.Sleep(msgs[0].Context(), wait) {
-			return fmt.Errorf("broker: Kafka publish to %s: %w (gave up: %w)", topic, failed[0].Err, msgs[0].Context().Err())
+		if err := p.pause(topic, msgs, failed, backoff.Next(), deadline); err != nil {
+			return err
 		}
 		msgs, records = pickAgain(msgs, again), nil
 	}
+}
+
+// pause waits before the failed records are sent again, unless that would pass deadline or the
+// messages' context ends first: then the error says what was not acknowledged.
+func (p *kafkaPublisher) pause(topic string, msgs []*message.Message, failed sarama.ProducerErrors, wait time.Duration, deadline time.Time) error {
+	if time.Now().Add(wait).After(deadline) {
+		return fmt.Errorf("broker: Kafka publish to %s: %d of %d messages not acknowledged after %s: %w", topic, len(failed), len(msgs), p.timeout, failed[0].Err)
+	}
+	if !worker.Sleep(msgs[0].Context(), wait) {
+		return fmt.Errorf("broker: Kafka publish to %s: %w (gave up: %w)", topic, failed[0].Err, msgs[0].Context().Err())
+	}
+	return nil
 }
 
 // marshalAll marshals msgs into fresh records.

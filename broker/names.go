@@ -19,23 +19,26 @@ var (
 // validateTopic checks that topic can be carried by the broker kind, with an error saying
 // what is allowed.
 func validateTopic(kind Kind, topic string) error {
-	switch kind {
-	case SQL:
-		if !sqlTopic.MatchString(topic) {
-			return fmt.Errorf("topic %q is not valid for the SQL broker: use 1-45 characters from A-Z a-z 0-9 - $ : . _", topic)
-		}
-	case Kafka:
-		if !kafkaTopic.MatchString(topic) || topic == "." || topic == ".." {
-			return fmt.Errorf("topic %q is not valid for Kafka: use 1-249 characters from A-Z a-z 0-9 . _ -", topic)
-		}
-	case AMQP:
-		if !amqpName.MatchString(topic) || strings.HasPrefix(topic, "amq.") {
-			return fmt.Errorf("topic %q is not valid for RabbitMQ: use 1-200 characters from A-Z a-z 0-9 - _ . : not starting with \"amq.\"", topic)
-		}
-	default:
+	rule, ok := topicRules[kind]
+	switch {
+	case !ok:
 		return fmt.Errorf("unknown broker kind %q", kind)
+	case !rule.valid(topic):
+		return fmt.Errorf("topic %q is not valid for %s", topic, rule.says)
 	}
 	return nil
+}
+
+// topicRules are the topic names each broker kind carries, and what its error says is allowed.
+var topicRules = map[Kind]struct {
+	valid func(topic string) bool
+	says  string
+}{
+	SQL: {sqlTopic.MatchString, "the SQL broker: use 1-45 characters from A-Z a-z 0-9 - $ : . _"},
+	Kafka: {func(t string) bool { return kafkaTopic.MatchString(t) && t != "." && t != ".." },
+		"Kafka: use 1-249 characters from A-Z a-z 0-9 . _ -"},
+	AMQP: {func(t string) bool { return amqpName.MatchString(t) && !strings.HasPrefix(t, "amq.") },
+		`RabbitMQ: use 1-200 characters from A-Z a-z 0-9 - _ . : not starting with "amq."`},
 }
 
 // TopicValidator returns a check that a topic can be carried by the broker kind, with an error

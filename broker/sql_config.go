@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/wmonce/watermill-once/internal/setup"
@@ -25,44 +26,28 @@ const maxSQLBatchSize = 1000
 
 // SQLConfig configures Watermill's SQL Pub/Sub.
 type SQLConfig struct {
-	// WatermillSQL is the major version of watermill-sql the SQL broker runs on: 3 or 4 (over
-	// database/sql). Both use the same tables and queries, so processes on either version share
-	// topics and groups. It decides which watermill-sql TxFromContext finds the subscriber's
-	// transaction (pgtx.SubscriberTxFromContext finds either). Env BROKER_SQL_WATERMILL ("3" or
-	// "4"); default 4, the version Watermill's examples use.
+	// WatermillSQL is the watermill-sql major version, 3 or 4 (same tables: they share topics);
+	// pgtx.SubscriberTxFromContext finds either's transaction. Env BROKER_SQL_WATERMILL; default 4.
 	WatermillSQL int
-	// Schema holds the topic tables (watermill_<topic>, watermill_offsets_<topic>); created if
-	// missing. Env BROKER_SQL_SCHEMA; default "wmonce_broker".
+	// Schema holds the topic tables, created if missing. Env BROKER_SQL_SCHEMA; default
+	// "wmonce_broker".
 	Schema string
-	// PollInterval is the wait after a query that found nothing when wake-ups are off
-	// (DisableListen, a pool whose driver is not pgx) or the LISTEN connection is down; it also
-	// caps the re-check backoff (at most 1s) while a notified row is hidden by an older open
-	// transaction. Default 100ms.
+	// PollInterval is the wait after an empty read without wake-ups (DisableListen, a driver
+	// other than pgx, LISTEN down). Default 100ms.
 	PollInterval time.Duration
-	// IdlePollInterval is the wait after a query that found nothing while wake-ups work: a
-	// subscription queries again when a row is inserted into its topic table (LISTEN/NOTIFY,
-	// see NotifyChannel), or after IdlePollInterval if none was. An idle subscription costs one
-	// BEGIN/SELECT/COMMIT (and a liveness ping of the pool connection) per IdlePollInterval.
-	// Default 3s.
+	// IdlePollInterval is the wait after an empty read while wake-ups work (an insert wakes the
+	// subscription first). Default 3s.
 	IdlePollInterval time.Duration
-	// DisableListen turns wake-ups off: no LISTEN connection, subscriptions poll every
-	// PollInterval (watermill-sql's behaviour). The topic tables keep their notify trigger, so
-	// other processes sharing the schema still wake up (docs/brokers.md, "SQL wake-ups").
+	// DisableListen turns wake-ups off: subscriptions poll every PollInterval (docs/brokers.md,
+	// "SQL wake-ups").
 	DisableListen bool
-	// BatchSize is how many rows the subscriber reads per transaction, applied one after
-	// another in savepoints of it and committed together: a crash only redoes the batch. At
-	// 1,000 events/s 64 cut the consumer's queueing and CPU per message against 10
-	// (docs/performance.md); above 64 the savepoints overflow PostgreSQL's per-backend cache of
-	// 64 subtransactions, and snapshots must read pg_subtrans. Default 64.
+	// BatchSize is how many rows a subscription reads and commits per transaction, each in a
+	// savepoint (docs/performance.md). Default 64, at most 1000.
 	BatchSize int
-	// AckDeadline nacks a message whose handler has not finished in time; keep it above your
-	// slowest handler. A nacked message is re-sent in the subscription's transaction until
-	// then, unless that transaction can no longer commit (a lost connection): then the batch
-	// is read again at once in a new one (docs/brokers.md). Default
-	// 30s.
+	// AckDeadline nacks a message whose handler has not finished in time: keep it above the
+	// slowest handler. Default 30s.
 	AckDeadline time.Duration
-	// NackDelay is the wait before a nacked message is delivered again (in the subscription's
-	// transaction). Default 100ms.
+	// NackDelay is the wait before a nacked message is delivered again. Default 100ms.
 	NackDelay time.Duration
 }
 
@@ -81,10 +66,11 @@ func (s SQLConfig) validate() error {
 		pgtx.ValidateIdentifier("SQL broker schema ("+EnvSQLSchema+")", s.Schema),
 		setup.Between("SQL.BatchSize", s.BatchSize, 1, maxSQLBatchSize),
 	}
-	if s.WatermillSQL != 3 && s.WatermillSQL != 4 {
+	if !slices.Contains([]int{3, 4}, s.WatermillSQL) {
 		errs = append(errs, fmt.Errorf("SQL.WatermillSQL (%s) is the watermill-sql major version and must be 3 or 4, got %d", EnvSQLWatermill, s.WatermillSQL))
 	}
-	if s.PollInterval < 0 || s.IdlePollInterval < 0 || s.AckDeadline < 0 || s.NackDelay < 0 {
+	durations := []time.Duration{s.PollInterval, s.IdlePollInterval, s.AckDeadline, s.NackDelay}
+	if slices.ContainsFunc(durations, func(d time.Duration) bool { return d < 0 }) {
 		errs = append(errs, errors.New("SQL.PollInterval, IdlePollInterval, AckDeadline and NackDelay must be positive"))
 	}
 	return errors.Join(errs...)

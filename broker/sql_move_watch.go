@@ -6,10 +6,12 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/wmonce/watermill-once/internal/sqlrebase"
 )
 
 // How often an idle SQL subscription checks its topic table for ids of another cluster
-// (CheckSQLTopics), and how often it repeats the ERROR while they are there.
+// (sqlrebase.Check), and how often it repeats the ERROR while they are there.
 const (
 	moveCheckInterval = 30 * time.Second
 	moveLogInterval   = 5 * time.Minute
@@ -41,18 +43,13 @@ func (m *moveWatch) HandleError(logger watermill.LoggerAdapter, noMsg bool, err 
 }
 
 func (m *moveWatch) check(logger watermill.LoggerAdapter) {
-	m.mu.Lock()
 	now := time.Now()
-	if !m.lastCheck.IsZero() && now.Sub(m.lastCheck) < moveCheckInterval {
-		m.mu.Unlock()
+	if !m.due(&m.lastCheck, now, moveCheckInterval) {
 		return
 	}
-	m.lastCheck = now
-	m.mu.Unlock()
-
 	ctx, cancel := context.WithTimeout(m.ctx, moveCheckTimeout)
 	defer cancel()
-	// One statement (CheckSQLTopics' probes of one table, with the next transaction id): an idle
+	// One statement (sqlrebase.Check's probes of one table, with the next transaction id): an idle
 	// subscription's queries are what its pool costs the server when nothing happens.
 	var next, groupsAhead string
 	var rowsAhead bool
@@ -64,16 +61,10 @@ FROM (SELECT pg_snapshot_xmax(pg_current_snapshot()) AS x) AS s`).Scan(&next, &r
 	if err != nil || (!rowsAhead && groupsAhead == "") {
 		return // an error: the query that follows reports a broken connection
 	}
-	m.mu.Lock()
-	logNow := m.lastLog.IsZero() || now.Sub(m.lastLog) >= moveLogInterval
-	if logNow {
-		m.lastLog = now
-	}
-	m.mu.Unlock()
-	if logNow {
+	if m.due(&m.lastLog, now, moveLogInterval) {
 		logger.Error("SQL broker topic table holds transaction ids ahead of this cluster's (restored from a backup into a cluster with a lower counter?): "+
 			"this subscription receives nothing published since, nor the older rows ahead, until the counter passes them; "+
-			"stop publishing and run `wmonce rebase` (broker.RebaseSQLTopics)",
+			"stop publishing and run `wmonce rebase`",
 			ErrSQLTopicsMoved, watermill.LogFields{
 				"topic": m.topic, "consumer_group": m.group, "schema": m.s.config.Schema,
 				"next_xid": next, "rows_ahead": rowsAhead, "groups_ahead": groupsAhead,
@@ -81,3 +72,20 @@ FROM (SELECT pg_snapshot_xmax(pg_current_snapshot()) AS x) AS s`).Scan(&next, &r
 	}
 	m.signal(m.topic)
 }
+
+// due says whether interval has passed since *last (or nothing happened yet) and, if so,
+// records now as the last time.
+func (m *moveWatch) due(last *time.Time, now time.Time, interval time.Duration) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !last.IsZero() && now.Sub(*last) < interval {
+		return false
+	}
+	*last = now
+	return true
+}
+
+// ErrSQLTopicsMoved is what an SQL subscription logs at ERROR when its topic table holds
+// transaction ids of another cluster (a restore into a cluster with a lower counter): run
+// `wmonce rebase` (docs/brokers.md, "SQL: after a backup and restore").
+var ErrSQLTopicsMoved = sqlrebase.ErrMoved

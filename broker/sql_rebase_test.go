@@ -12,6 +12,7 @@ import (
 
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/sqlrebase"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -23,7 +24,7 @@ const sourceShift = 1 << 40
 // TestSQLRebaseAfterRestoreIntoLowerCounter: a topic whose ids are ahead of the cluster (group a
 // acked 20 of 30 rows, group b 10; the first 5 rows kept ids below the new counter, as rows of
 // a source's early transactions do; then 5 rows published after the "restore") delivers
-// nothing, and the subscription says so at ERROR; after RebaseSQLTopics each group receives
+// nothing, and the subscription says so at ERROR; after sqlrebase.Rebase each group receives
 // exactly the rows it had not acked, in order, then what is published next, and a second rebase
 // changes nothing. With a third group c that acked nothing ("late"), c reads every row.
 func TestSQLRebaseAfterRestoreIntoLowerCounter(t *testing.T) {
@@ -90,10 +91,10 @@ WHERE "offset" > (SELECT "offset" FROM `+messages+` ORDER BY transaction_id, "of
 WHERE last_processed_transaction_id <> '0'`, int64(sourceShift))
 	publish(names("n", 0, 5)...) // after the restore: ids below every position
 
-	moved, err := broker.CheckSQLTopics(ctx, db, schema)
+	moved, err := sqlrebase.Check(ctx, db, schema)
 	require.NoError(t, err)
 	require.Len(t, moved.Moved, 1, "the restored table is reported")
-	require.Equal(t, broker.SQLTopicMove{Topic: topic, FutureRows: 25, GroupsAhead: []string{"a", "b"}}, moved.Moved[0])
+	require.Equal(t, sqlrebase.TopicMove{Topic: topic, FutureRows: 25, GroupsAhead: []string{"a", "b"}}, moved.Moved[0])
 	require.ErrorIs(t, moved.Err(), broker.ErrSQLTopicsMoved)
 
 	// Before the rebase: the subscription receives nothing and logs the move at ERROR.
@@ -110,7 +111,7 @@ WHERE last_processed_transaction_id <> '0'`, int64(sourceShift))
 	}
 	require.NoError(t, sub.Close())
 
-	report, err := broker.RebaseSQLTopics(ctx, db, schema)
+	report, err := sqlrebase.Rebase(ctx, db, schema)
 	require.NoError(t, err)
 	require.Len(t, report.Topics, 1)
 	got := report.Topics[0]
@@ -133,10 +134,10 @@ WHERE last_processed_transaction_id <> '0'`, int64(sourceShift))
 		require.Equal(t, map[string]int64{"a": 15, "b": 25}, rereads)
 	}
 
-	again, err := broker.RebaseSQLTopics(ctx, db, schema)
+	again, err := sqlrebase.Rebase(ctx, db, schema)
 	require.NoError(t, err)
 	require.Empty(t, again.Topics, "a rebased schema has nothing to rebase")
-	clean, err := broker.CheckSQLTopics(ctx, db, schema)
+	clean, err := sqlrebase.Check(ctx, db, schema)
 	require.NoError(t, err)
 	require.NoError(t, clean.Err())
 
@@ -163,7 +164,7 @@ WHERE last_processed_transaction_id <> '0'`, int64(sourceShift))
 }
 
 // TestSQLCheckTopicsQuietOnHealthyTables: a table written on this cluster only is not reported,
-// and RebaseSQLTopics leaves it alone (it would otherwise redeliver rows).
+// and sqlrebase.Rebase leaves it alone (it would otherwise redeliver rows).
 func TestSQLCheckTopicsQuietOnHealthyTables(t *testing.T) {
 	t.Parallel()
 	db := pgtest.DB(t)
@@ -180,13 +181,13 @@ func TestSQLCheckTopicsQuietOnHealthyTables(t *testing.T) {
 	require.NoError(t, err)
 	defer pub.Close()
 	require.NoError(t, pub.Publish(topic, message.NewMessage("m-0", []byte("x"))))
-	r, err := broker.CheckSQLTopics(ctx, db, schema)
+	r, err := sqlrebase.Check(ctx, db, schema)
 	require.NoError(t, err)
 	require.NoError(t, r.Err())
 	require.NotZero(t, r.NextXid)
-	rb, err := broker.RebaseSQLTopics(ctx, db, schema)
+	rb, err := sqlrebase.Rebase(ctx, db, schema)
 	require.NoError(t, err)
 	require.Empty(t, rb.Topics)
-	_, err = broker.CheckSQLTopics(ctx, db, "bad schema")
+	_, err = sqlrebase.Check(ctx, db, "bad schema")
 	require.ErrorContains(t, err, "schema")
 }

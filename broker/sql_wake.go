@@ -310,35 +310,50 @@ func (w *sqlWaiter) wait() {
 		if requery {
 			return
 		}
-		var d time.Duration
-		switch {
-		case pending:
-			xmin, err := w.n.snapshotXmin(w.ctx)
-			if err == nil && w.dropVisible(xmin) {
-				return
-			}
-			d, backoff = backoff, min(backoff*2, w.poll, time.Second)
-		case w.n.listening():
-			d = w.idlePoll
-		default:
-			d = w.poll
-		}
-		t := time.NewTimer(d)
-		select {
-		case <-w.wake:
-			t.Stop()
-		case <-t.C:
-			if !pending {
-				return
-			}
-		case <-w.closing:
-			t.Stop()
+		if pending && w.pendingVisible() {
 			return
-		case <-w.ctx.Done():
-			t.Stop()
+		}
+		d := w.idleDelay()
+		if pending { // re-check, backing off, while the notified row stays hidden
+			d, backoff = backoff, min(backoff*2, w.poll, time.Second)
+		}
+		if w.sleep(d, pending) {
 			return
 		}
 	}
+}
+
+// pendingVisible says whether a notified row that an older open transaction hid is visible now
+// (and drops it from the pending ones).
+func (w *sqlWaiter) pendingVisible() bool {
+	xmin, err := w.n.snapshotXmin(w.ctx)
+	return err == nil && w.dropVisible(xmin)
+}
+
+// idleDelay is the wait after an empty read: IdlePollInterval while wake-ups work, else
+// PollInterval.
+func (w *sqlWaiter) idleDelay() time.Duration {
+	if w.n.listening() {
+		return w.idlePoll
+	}
+	return w.poll
+}
+
+// sleep waits d or for a wake-up, and says whether the subscription should query now: at the
+// end of an idle wait (not one that re-checks a pending row), or when the subscription ends. A
+// wake-up says no: wait looks at the state again.
+func (w *sqlWaiter) sleep(d time.Duration, pending bool) (requery bool) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-w.wake:
+		return false
+	case <-t.C:
+		return !pending
+	case <-w.closing:
+	case <-w.ctx.Done():
+	}
+	return true
 }
 
 // sqlSubscriber is watermill-sql's subscriber with wake-ups: one watermill-sql Subscriber per

@@ -25,8 +25,7 @@ type Migration struct {
 	down    string
 }
 
-// Checksum is the SHA-256 of the migration's up SQL as embedded (before the schema name is
-// put in), in hex: what the version table records when the migration is applied.
+// Checksum is the hex SHA-256 of the up SQL as embedded: what the version table records.
 func (m Migration) Checksum() string {
 	sum := sha256.Sum256([]byte(m.up))
 	return hex.EncodeToString(sum[:])
@@ -42,31 +41,45 @@ func All() ([]Migration, error) {
 	}
 	byVersion := map[int]*Migration{}
 	for _, e := range entries {
-		m := filePattern.FindStringSubmatch(e.Name())
-		if m == nil {
-			return nil, fmt.Errorf("migrate: embedded file %q is not named NNN_name.(up|down).sql", e.Name())
-		}
-		version, _ := strconv.Atoi(m[1])
-		body, err := migrationFS.ReadFile("sql/" + e.Name())
-		if err != nil {
-			return nil, fmt.Errorf("migrate: read %s: %w", e.Name(), err)
-		}
-		mig := byVersion[version]
-		if mig == nil {
-			mig = &Migration{Version: version, Name: m[2]}
-			byVersion[version] = mig
-		}
-		// Two changes made side by side can both take the next number: say so, rather than
-		// pair one's up file with the other's down file.
-		if mig.Name != m[2] {
-			return nil, fmt.Errorf("migrate: version %03d is taken twice, by %q and %q: renumber one", version, mig.Name, m[2])
-		}
-		if m[3] == "up" {
-			mig.up = string(body)
-		} else {
-			mig.down = string(body)
+		if err := addFile(byVersion, e.Name()); err != nil {
+			return nil, err
 		}
 	}
+	return inOrder(byVersion)
+}
+
+// addFile adds the embedded file name (NNN_name.up.sql or .down.sql) to its migration.
+func addFile(byVersion map[int]*Migration, name string) error {
+	m := filePattern.FindStringSubmatch(name)
+	if m == nil {
+		return fmt.Errorf("migrate: embedded file %q is not named NNN_name.(up|down).sql", name)
+	}
+	version, _ := strconv.Atoi(m[1])
+	body, err := migrationFS.ReadFile("sql/" + name)
+	if err != nil {
+		return fmt.Errorf("migrate: read %s: %w", name, err)
+	}
+	mig := byVersion[version]
+	if mig == nil {
+		mig = &Migration{Version: version, Name: m[2]}
+		byVersion[version] = mig
+	}
+	// Two changes made side by side can both take the next number: say so, rather than
+	// pair one's up file with the other's down file.
+	if mig.Name != m[2] {
+		return fmt.Errorf("migrate: version %03d is taken twice, by %q and %q: renumber one", version, mig.Name, m[2])
+	}
+	if m[3] == "up" {
+		mig.up = string(body)
+	} else {
+		mig.down = string(body)
+	}
+	return nil
+}
+
+// inOrder returns the migrations ordered by version, refusing one without both files or a
+// gap in the numbers.
+func inOrder(byVersion map[int]*Migration) ([]Migration, error) {
 	out := make([]Migration, 0, len(byVersion))
 	for _, m := range byVersion {
 		if m.up == "" || m.down == "" {

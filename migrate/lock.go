@@ -29,16 +29,7 @@ func (m *Migrator) lock(ctx context.Context, conn *sql.Conn) error {
 	if got {
 		return nil
 	}
-	fields := watermill.LogFields{"lock_key": m.lockKey}
-	classid, objid := worker.LockKeyParts(m.lockKey)
-	var holder int
-	// Best effort: the holder may have let go already, and the wait below tells.
-	if conn.QueryRowContext(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
-  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND classid = $1 AND objid = $2 AND objsubid = 1`, classid, objid).Scan(&holder) == nil {
-		fields["holder_pid"] = holder
-	}
-	m.logger.Info("Waiting for another migration of this schema to finish", fields)
+	m.logWait(ctx, conn)
 	if _, err := conn.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, m.lockKey); err != nil {
 		if cause := context.Cause(ctx); cause != nil && !errors.Is(err, cause) {
 			err = errors.Join(err, cause)
@@ -46,6 +37,20 @@ func (m *Migrator) lock(ctx context.Context, conn *sql.Conn) error {
 		return fmt.Errorf("migrate: wait for the migration lock of schema %q (advisory lock %d), held by another migration: %w", m.schema, m.lockKey, err)
 	}
 	return nil
+}
+
+// logWait logs that a call waits for the migration lock, with the process that holds it when
+// it can tell (best effort: the holder may have let go already, and the wait tells).
+func (m *Migrator) logWait(ctx context.Context, conn *sql.Conn) {
+	fields := watermill.LogFields{"lock_key": m.lockKey}
+	classid, objid := worker.LockKeyParts(m.lockKey)
+	var holder int
+	if conn.QueryRowContext(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND classid = $1 AND objid = $2 AND objsubid = 1`, classid, objid).Scan(&holder) == nil {
+		fields["holder_pid"] = holder
+	}
+	m.logger.Info("Waiting for another migration of this schema to finish", fields)
 }
 
 // unlock releases the migration lock and closes conn. A connection that cannot confirm the

@@ -23,8 +23,7 @@ const (
 
 // Config selects the schema the tables live in.
 type Config struct {
-	// Schema holds every table of watermill-once. Default pgtx.DefaultSchema ("wmonce").
-	// It is created if missing.
+	// Schema holds every table, created if missing. Default pgtx.DefaultSchema ("wmonce").
 	Schema string
 }
 
@@ -70,12 +69,10 @@ const AllSteps = math.MaxInt
 
 // Opts narrows a Migrate call.
 type Opts struct {
-	// TargetVersion stops at this version: for up, the last version to apply (0 = latest); for
-	// down, the version to leave in place.
+	// TargetVersion is, for up, the last version to apply (0: latest), for down the one to keep.
 	TargetVersion int
-	// MaxSteps limits how many migrations run. Zero means no limit, except for a down without a
-	// TargetVersion: that reverts ONE step, so that a bare "down" never drops every table; pass
-	// AllSteps to revert everything.
+	// MaxSteps limits how many migrations run; 0: no limit, except that a down without a
+	// TargetVersion reverts one step (AllSteps: everything).
 	MaxSteps int
 }
 
@@ -83,41 +80,16 @@ type Opts struct {
 type Result struct {
 	Direction Direction
 	Versions  []int
-	// From is the version the call found once it held the migration lock, and To the version
-	// it left: both read under the lock, unlike a Version call before or after Migrate.
+	// From and To are the versions found and left, both read under the migration lock.
 	From, To int
 }
 
-// Migrate applies (DirectionUp) or reverts (DirectionDown) migrations. See Opts for limits.
-//
-// One call is one run under one lock: Migrate takes a session-level advisory lock, derived from
-// the schema name, on a connection of its own, and holds it until it returns. Only after it holds
-// the lock does it read the version and plan its path (up: every migration after the current
-// version up to TargetVersion or the latest; down: from the current version down to above
-// TargetVersion), then runs that path on the same connection, each migration in its own
-// transaction together with its version row. So concurrent calls, from this process or any other,
-// run one after the other, whole: a down never starts while another call's up is under way, and
-// each call runs its own path once, from wherever the call before it left the schema (an up after
-// a down brings the schema to the latest again; a down to TargetVersion reverts from whatever is
-// current). A call that has to wait logs so at info level; the wait ends with an error naming
-// the lock when ctx ends.
-//
-// Before it plans, it checks every applied migration against this binary's (ErrChangedMigration:
-// nothing runs while an applied migration's up SQL or name differs), and records the checksum
-// of those applied without one.
-//
-// A failed migration rolls back completely: the schema stays at the last version that
-// committed, which Result.To reports, and Result.Versions lists what this call did. If the version
-// table changes under the lock (something wrote it without taking the lock, such as SQL from
-// Print applied by hand), the call stops before its next migration with an error saying so.
-//
-// A version table Migrate cannot plan from is refused before anything runs: a row missing below
-// the highest version (ErrMissingVersion), or, for up, tables without any row
-// (ErrUnrecordedSchema: see Baseline).
-//
-// Limit: the lock is held by the connection's session. If that connection breaks, the server
-// releases the lock and the call fails at its next statement; a migration that had not
-// committed is rolled back.
+// Migrate applies (DirectionUp) or reverts (DirectionDown) migrations (Opts: how far), under
+// the migration lock from the version it finds once it holds it (see the package doc). It
+// refuses, before running anything, a schema whose version table it cannot plan from
+// (ErrChangedMigration, ErrMissingVersion, ErrUnrecordedSchema for up) and stops before its
+// next migration if the version table changes under the lock. A call that waits logs so at
+// info level; ctx ends the wait.
 func (m *Migrator) Migrate(ctx context.Context, direction Direction, opts *Opts) (Result, error) {
 	if opts == nil {
 		opts = &Opts{}
@@ -126,28 +98,17 @@ func (m *Migrator) Migrate(ctx context.Context, direction Direction, opts *Opts)
 	if err := m.checkRequest(direction, opts); err != nil {
 		return res, err
 	}
-	conn, err := m.db.Conn(ctx)
+	conn, err := m.lockedConn(ctx)
 	if err != nil {
-		return res, fmt.Errorf("migrate: open the connection that holds the migration lock: %w", err)
-	}
-	if err := m.lock(ctx, conn); err != nil {
-		_ = conn.Close()
 		return res, err
 	}
 	defer m.unlock(ctx, conn)
 
-	if err := m.prepareVersions(ctx, conn, direction); err != nil {
-		return res, err
-	}
-	state, err := m.readState(ctx, conn)
+	current, err := m.start(ctx, conn, direction)
 	if err != nil {
 		return res, err
 	}
-	current := state.Version
 	res.From, res.To = current, current
-	if err := m.checkStart(state, direction); err != nil {
-		return res, err
-	}
 	for _, mig := range m.plan(direction, current, opts) {
 		to, err := m.apply(ctx, conn, direction, mig, res.To)
 		if err != nil {
@@ -159,12 +120,25 @@ func (m *Migrator) Migrate(ctx context.Context, direction Direction, opts *Opts)
 	return res, nil
 }
 
+// start prepares and checks the version table under the lock and returns the version a
+// Migrate call plans from.
+func (m *Migrator) start(ctx context.Context, conn *sql.Conn, direction Direction) (int, error) {
+	if err := m.prepareVersions(ctx, conn, direction); err != nil {
+		return 0, err
+	}
+	state, err := m.readState(ctx, conn)
+	if err != nil {
+		return 0, err
+	}
+	return state.Version, m.checkStart(state, direction)
+}
+
 // checkRequest refuses an unknown direction or target version.
 func (m *Migrator) checkRequest(direction Direction, opts *Opts) error {
 	if direction != DirectionUp && direction != DirectionDown {
 		return fmt.Errorf("migrate: direction must be %q or %q, got %q", DirectionUp, DirectionDown, direction)
 	}
-	if opts.TargetVersion < 0 || opts.TargetVersion > len(m.migrations) {
+	if !between(opts.TargetVersion, -1, len(m.migrations)) { // 0 (none) to the latest
 		return fmt.Errorf("migrate: target version %d does not exist (latest is %d)", opts.TargetVersion, len(m.migrations))
 	}
 	return nil
@@ -195,29 +169,57 @@ func (m *Migrator) checkStart(state State, direction Direction) error {
 
 // plan returns the migrations a call runs from version current, in the order it runs them.
 func (m *Migrator) plan(direction Direction, current int, opts *Opts) []Migration {
-	maxSteps := opts.MaxSteps
-	if maxSteps == 0 {
-		maxSteps = AllSteps
-		if direction == DirectionDown && opts.TargetVersion == 0 {
-			maxSteps = 1 // a bare down reverts one migration, never every table
-		}
+	steps := maxSteps(direction, opts)
+	if direction == DirectionDown {
+		return m.planDown(current, opts.TargetVersion, steps)
 	}
+	return m.planUp(current, cmp.Or(opts.TargetVersion, len(m.migrations)), steps)
+}
+
+// maxSteps is how many migrations a call may run: Opts.MaxSteps, else all of them, except one
+// for a down without a target (a bare down never drops every table).
+func maxSteps(direction Direction, opts *Opts) int {
+	if opts.MaxSteps != 0 {
+		return opts.MaxSteps
+	}
+	if direction == DirectionDown && opts.TargetVersion == 0 {
+		return 1
+	}
+	return AllSteps
+}
+
+// planUp is the migrations after current up to target, at most steps of them.
+func (m *Migrator) planUp(current, target, steps int) []Migration {
+	return m.migrations[current : current+max(0, min(target-current, steps))]
+}
+
+// planDown is the migrations from current down to above target, newest first, at most steps
+// of them.
+func (m *Migrator) planDown(current, target, steps int) []Migration {
 	var path []Migration
-	if direction == DirectionUp {
-		target := opts.TargetVersion
-		if target == 0 {
-			target = len(m.migrations)
-		}
-		for v := current + 1; v <= target && len(path) < maxSteps; v++ {
-			path = append(path, m.migrations[v-1])
-		}
-		return path
-	}
-	for v := current; v > opts.TargetVersion && len(path) < maxSteps; v-- {
+	for v := current; v > max(target, current-steps); v-- {
 		path = append(path, m.migrations[v-1])
 	}
 	return path
 }
+
+// lockedConn opens the connection that holds the migration lock for a call, and takes the lock
+// (m.unlock releases both).
+func (m *Migrator) lockedConn(ctx context.Context) (*sql.Conn, error) {
+	conn, err := m.db.Conn(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("migrate: open the connection that holds the migration lock: %w", err)
+	}
+	if err := m.lock(ctx, conn); err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
+	return conn, nil
+}
+
+// between reports whether version v is after `after` and at most upTo: the versions an up
+// from after to upTo applies, or a down from upTo to after reverts.
+func between(v, after, upTo int) bool { return v > after && v <= upTo }
 
 // apply runs one migration of the plan and its version row in one transaction on conn, and
 // returns the version it leaves. from is the version the plan expects before the migration; if
@@ -240,15 +242,7 @@ func (m *Migrator) apply(ctx context.Context, conn *sql.Conn, direction Directio
 		if _, err := tx.ExecContext(ctx, render(body, m.schema)); err != nil {
 			return fmt.Errorf("migrate: %s %03d_%s: %w", direction, mig.Version, mig.Name, err)
 		}
-		if direction == DirectionUp {
-			_, err = tx.ExecContext(ctx, `INSERT INTO `+m.versionTable()+` (version, name, checksum) VALUES ($1, $2, $3)`, mig.Version, mig.Name, mig.Checksum())
-		} else {
-			_, err = tx.ExecContext(ctx, `DELETE FROM `+m.versionTable()+` WHERE version = $1`, mig.Version)
-		}
-		if err != nil {
-			return fmt.Errorf("migrate: record version %d: %w", mig.Version, err)
-		}
-		return nil
+		return m.recordVersion(ctx, tx, direction, mig)
 	})
 	if err != nil {
 		return from, err
@@ -257,22 +251,52 @@ func (m *Migrator) apply(ctx context.Context, conn *sql.Conn, direction Directio
 	return to, nil
 }
 
-// Baseline records versions 1 to version as applied, with their checksums, without running
-// them: for a schema that holds watermill-once's tables but records no migration
-// (State.Unrecorded), built from SQL printed by an earlier release's Print, which wrote no
-// version rows. Give the last version that SQL held; Migrate then applies the rest. It holds the
-// migration lock, and refuses a schema that records a migration already or has no tables.
-// Where it stops: it trusts version; the tables themselves are not compared with the migrations.
+// checkBaseline refuses to baseline a schema that records migrations or has no tables.
+func (m *Migrator) checkBaseline(state State) error {
+	switch {
+	case state.Version > 0:
+		return fmt.Errorf("migrate: schema %q records migrations up to %d already: baseline is only for a schema that records none", m.schema, state.Version)
+	case !state.Unrecorded:
+		return fmt.Errorf("migrate: schema %q has no watermill-once tables: nothing to record; run `wmonce -schema %s migrate up`", m.schema, m.schema)
+	}
+	return nil
+}
+
+// recordVersion writes (up) or deletes (down) mig's version row in tx.
+func (m *Migrator) recordVersion(ctx context.Context, tx *sql.Tx, direction Direction, mig Migration) error {
+	var err error
+	if direction == DirectionUp {
+		_, err = tx.ExecContext(ctx, `INSERT INTO `+m.versionTable()+` (version, name, checksum) VALUES ($1, $2, $3)`, mig.Version, mig.Name, mig.Checksum())
+	} else {
+		_, err = tx.ExecContext(ctx, `DELETE FROM `+m.versionTable()+` WHERE version = $1`, mig.Version)
+	}
+	if err != nil {
+		return fmt.Errorf("migrate: record version %d: %w", mig.Version, err)
+	}
+	return nil
+}
+
+// recordApplied writes the version rows of migs in one transaction on conn.
+func (m *Migrator) recordApplied(ctx context.Context, conn *sql.Conn, migs []Migration) error {
+	return pgtx.RunInTx(ctx, conn, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
+		for _, mig := range migs {
+			if err := m.recordVersion(ctx, tx, DirectionUp, mig); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Baseline records versions 1 to version as applied without running them, for a schema built
+// from an earlier release's printed SQL (State.Unrecorded): give the last version that SQL held.
+// It trusts version: the tables are not compared with the migrations.
 func (m *Migrator) Baseline(ctx context.Context, version int) error {
-	if version < 1 || version > len(m.migrations) {
+	if !between(version, 0, len(m.migrations)) {
 		return fmt.Errorf("migrate: baseline version must be between 1 and %d, got %d", len(m.migrations), version)
 	}
-	conn, err := m.db.Conn(ctx)
+	conn, err := m.lockedConn(ctx)
 	if err != nil {
-		return fmt.Errorf("migrate: open the connection that holds the migration lock: %w", err)
-	}
-	if err := m.lock(ctx, conn); err != nil {
-		_ = conn.Close()
 		return err
 	}
 	defer m.unlock(ctx, conn)
@@ -280,23 +304,13 @@ func (m *Migrator) Baseline(ctx context.Context, version int) error {
 		return err
 	}
 	state, err := m.readState(ctx, conn)
-	switch {
-	case err != nil:
-		return err
-	case state.Version > 0:
-		return fmt.Errorf("migrate: schema %q records migrations up to %d already: baseline is only for a schema that records none", m.schema, state.Version)
-	case !state.Unrecorded:
-		return fmt.Errorf("migrate: schema %q has no watermill-once tables: nothing to record; run `wmonce -schema %s migrate up`", m.schema, m.schema)
-	}
-	err = pgtx.RunInTx(ctx, conn, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
-		for _, mig := range m.migrations[:version] {
-			if _, err := tx.ExecContext(ctx, `INSERT INTO `+m.versionTable()+` (version, name, checksum) VALUES ($1, $2, $3)`, mig.Version, mig.Name, mig.Checksum()); err != nil {
-				return fmt.Errorf("migrate: record version %d: %w", mig.Version, err)
-			}
-		}
-		return nil
-	})
 	if err != nil {
+		return err
+	}
+	if err := m.checkBaseline(state); err != nil {
+		return err
+	}
+	if err := m.recordApplied(ctx, conn, m.migrations[:version]); err != nil {
 		return err
 	}
 	m.logger.Info("Recorded migrations applied without version rows", watermill.LogFields{"version": version})

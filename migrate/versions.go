@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -17,9 +16,8 @@ import (
 
 func (m *Migrator) versionTable() string { return pgtx.QualifiedName(m.schema, "schema_migrations") }
 
-// Version returns the highest applied version, 0 when nothing is applied (or the schema does
-// not exist yet). It reads without the migration lock: while a Migrate call runs, the answer
-// may be out of date by the time it returns. Result.From and Result.To are read under the lock.
+// Version returns the highest applied version (0: none, or no schema), read without the
+// migration lock.
 func (m *Migrator) Version(ctx context.Context) (int, error) {
 	return m.readVersion(ctx, m.db)
 }
@@ -63,16 +61,12 @@ func versionTableDDL(schema string) string {
 )`
 }
 
-// State is what a schema's version table says, beyond its highest version.
+// State is what a schema's version table says.
 type State struct {
-	// Version is the highest applied version (Migrator.Version).
-	Version int
-	// Missing lists the versions below Version without a row: rows deleted by hand. Migrate
-	// refuses such a schema (ErrMissingVersion).
+	Version int // the highest applied version (Migrator.Version)
+	// Missing lists the versions below Version without a row (ErrMissingVersion).
 	Missing []int
-	// Unrecorded is true when the schema records no migration but holds watermill-once's tables:
-	// built from SQL printed by an earlier Print, which wrote no version rows. Baseline records
-	// what it was built with; Migrate up refuses it until then (ErrUnrecordedSchema).
+	// Unrecorded: tables but no version row (ErrUnrecordedSchema; see Baseline).
 	Unrecorded bool
 }
 
@@ -96,29 +90,28 @@ func (m *Migrator) readState(ctx context.Context, q pgtx.Executor) (State, error
 		return s, nil
 	}
 	// Versions are applied and reverted in order, so 1..Version must all have a row.
-	var missing string
-	err = q.QueryRowContext(ctx, `SELECT coalesce(string_agg(v::text, ',' ORDER BY v), '') FROM generate_series(1, $1::int) AS v
-WHERE NOT EXISTS (SELECT FROM `+m.versionTable()+` WHERE version = v)`, s.Version).Scan(&missing)
+	missing, err := pgtx.QueryAll(ctx, q, scanInt, `SELECT v FROM generate_series(1, $1::int) AS v
+WHERE NOT EXISTS (SELECT FROM `+m.versionTable()+` WHERE version = v) ORDER BY v`, s.Version)
 	if err != nil {
 		return s, fmt.Errorf("migrate: read version: %w", err)
 	}
-	for _, f := range strings.FieldsFunc(missing, func(r rune) bool { return r == ',' }) {
-		v, err := strconv.Atoi(f)
-		if err != nil {
-			return s, fmt.Errorf("migrate: read version: %w", err)
-		}
-		s.Missing = append(s.Missing, v)
+	if len(missing) > 0 {
+		s.Missing = missing
 	}
 	return s, nil
 }
 
-// ErrMissingVersion is returned by Migrate when the version table lacks a row below its highest
-// version (deleted by hand): whether those tables are in place is unknown, so nothing runs.
+func scanInt(s pgtx.Scanner) (int, error) {
+	var v int
+	err := s.Scan(&v)
+	return v, err
+}
+
+// ErrMissingVersion: the version table lacks a row below its highest version; nothing runs.
 var ErrMissingVersion = errors.New("migrate: the version table lacks a row below its highest version")
 
-// ErrUnrecordedSchema is returned by Migrate up when the schema holds watermill-once's tables
-// but its version table records no migration (SQL from an earlier Print applied by hand):
-// applying 001 again would fail on the existing tables. Baseline records the versions.
+// ErrUnrecordedSchema: Migrate up found watermill-once's tables but no version row (see
+// Baseline).
 var ErrUnrecordedSchema = errors.New("migrate: the schema has watermill-once tables but records no migration")
 
 // checkState refuses a version table Migrate cannot plan from: a gap, or tables without rows.
@@ -132,15 +125,13 @@ func (m *Migrator) checkState(s State, direction Direction) error {
 	return nil
 }
 
-// BaselineAdvice says how to record the versions of a schema built from printed SQL that wrote
-// no version rows.
+// BaselineAdvice says how to record the versions of a State.Unrecorded schema.
 func BaselineAdvice(schema string) string {
 	return fmt.Sprintf("if it was built from `wmonce migrate print` SQL of an earlier release, record the migrations "+
 		"that SQL held with `wmonce -schema %s migrate baseline N` (N: its last \"-- NNN_name (up)\" line), then run `wmonce -schema %s migrate up`", schema, schema)
 }
 
-// MissingAdvice names the versions a version table lacks below its highest (State.Missing) and
-// says how to record them.
+// MissingAdvice says how to record the versions of State.Missing.
 func MissingAdvice(schema string, missing []int) string {
 	all, _ := All() // embedded: All fails only on a broken build, which every test catches
 	names := make([]string, len(missing))
@@ -158,9 +149,8 @@ func MissingAdvice(schema string, missing []int) string {
 		strings.Join(names, ", "), pgtx.QualifiedName(schema, "schema_migrations"), strings.Join(values, ", "))
 }
 
-// ErrChangedMigration is returned by Migrate when a migration the schema has applied differs
-// from this binary's (its up SQL's checksum or its name): the tables are not what the binary's
-// migrations describe, so none is applied or reverted.
+// ErrChangedMigration: an applied migration's up SQL (checksum) or name differs from this
+// binary's; nothing runs.
 var ErrChangedMigration = errors.New("migrate: an applied migration differs from this binary's")
 
 // verifyApplied compares the version table with the embedded migrations, under the migration
@@ -203,37 +193,37 @@ func (m *Migrator) prepareVersionTable(ctx context.Context, conn *sql.Conn) (boo
 // compareApplied reads the version table: changed describes each applied migration whose name
 // or checksum differs from this binary's, unrecorded are those applied without a checksum.
 func (m *Migrator) compareApplied(ctx context.Context, conn *sql.Conn) (changed []string, unrecorded []Migration, err error) {
-	rows, err := conn.QueryContext(ctx, `SELECT version, name, coalesce(checksum, '') FROM `+m.versionTable()+` ORDER BY version`)
+	rows, err := pgtx.QueryAll(ctx, conn, scanVersionRow, `SELECT version, name, coalesce(checksum, '') FROM `+m.versionTable()+` ORDER BY version`)
 	if err != nil {
 		return nil, nil, fmt.Errorf("migrate: read the version table: %w", err)
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var version int
-		var name, checksum string
-		if err := rows.Scan(&version, &name, &checksum); err != nil {
-			return nil, nil, fmt.Errorf("migrate: read the version table: %w", err)
-		}
-		if version < 1 || version > len(m.migrations) {
+	for _, r := range rows {
+		if !between(r.version, 0, len(m.migrations)) {
 			continue // a newer binary's: Migrate refuses it by version
 		}
-		mig := m.migrations[version-1]
+		mig := m.migrations[r.version-1]
 		switch {
-		case name != mig.Name:
-			changed = append(changed, fmt.Sprintf("%03d was applied as %q, is %q here", version, name, mig.Name))
-		case checksum == "":
+		case r.name != mig.Name:
+			changed = append(changed, fmt.Sprintf("%03d was applied as %q, is %q here", r.version, r.name, mig.Name))
+		case r.checksum == "":
 			unrecorded = append(unrecorded, mig)
-		case checksum != mig.Checksum():
-			changed = append(changed, fmt.Sprintf("%03d_%s was applied with sha256 %s, is %s here", version, mig.Name, checksum, mig.Checksum()))
+		case r.checksum != mig.Checksum():
+			changed = append(changed, fmt.Sprintf("%03d_%s was applied with sha256 %s, is %s here", r.version, mig.Name, r.checksum, mig.Checksum()))
 		}
 	}
-	if err := rows.Err(); err != nil {
-		return nil, nil, fmt.Errorf("migrate: read the version table: %w", err)
-	}
-	if err := rows.Close(); err != nil {
-		return nil, nil, fmt.Errorf("migrate: read the version table: %w", err)
-	}
 	return changed, unrecorded, nil
+}
+
+// versionRow is one row of the version table.
+type versionRow struct {
+	version        int
+	name, checksum string
+}
+
+func scanVersionRow(s pgtx.Scanner) (versionRow, error) {
+	var r versionRow
+	err := s.Scan(&r.version, &r.name, &r.checksum)
+	return r, err
 }
 
 // recordChecksums gives the migrations applied without a checksum this binary's.

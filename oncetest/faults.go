@@ -108,15 +108,21 @@ func (in *injector) wrap(h message.HandlerFunc) message.HandlerFunc {
 			in.shutdown(delivery)
 		}
 		out, err := h(msg)
-		if err != nil {
-			in.out.sawHandlerError(fmt.Errorf("delivery %s: %w", delivery, err))
-		}
-		in.noteSelfAck(msg, delivery)
-		if err != nil || !hit {
-			return out, err
-		}
-		return in.injectAfter(msg, out)
+		return in.afterHandler(msg, delivery, hit, out, err)
 	}
+}
+
+// afterHandler records what the handler did (its error, its own ack) and, on the delivery the
+// schedule hits, injects the fault after the handler succeeded.
+func (in *injector) afterHandler(msg *message.Message, delivery string, hit bool, out []*message.Message, err error) ([]*message.Message, error) {
+	if err != nil {
+		in.out.sawHandlerError(fmt.Errorf("delivery %s: %w", delivery, err))
+	}
+	in.noteSelfAck(msg, delivery)
+	if err != nil || !hit {
+		return out, err
+	}
+	return in.injectAfter(msg, out)
 }
 
 // runKitMessage runs a message of the kit's own in the user's handler's place and says whether

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"reflect"
 	"slices"
@@ -30,27 +31,21 @@ const seedEnv = "ONCETEST_SEED"
 type Config struct {
 	// DB reaches the PostgreSQL the handler writes to. Required.
 	DB *sql.DB
-	// Schema holds the library's tables (migrate applied). Required: the kit writes claims,
-	// inbox and outbox rows there, each run under a consumer name of its own, and adds one
-	// table of its own (oncetest_commit_fault) to kill connections during COMMIT.
+	// Schema holds the library's tables (migrate applied); the kit adds its table
+	// oncetest_commit_fault there. Required.
 	Schema string
 
-	// Events returns the messages of one run, in the order their producer sent them. Every
-	// run asks for them again; return the same UUIDs, payloads and metadata each time. Messages
-	// of one entity (one ordering key) belong in the order the producer sent them: the kit
-	// also delivers them out of order. Required.
+	// Events returns the messages of one run in their producer's order, the same ones (UUIDs,
+	// payloads, metadata) at every call. Required.
 	Events func() []*message.Message
-	// Reset clears what the handler wrote (its rows, an in-memory counter) before each run,
-	// so that each run starts from the same state. Required.
+	// Reset clears all the handler wrote (rows, an in-memory counter) before each run. Required.
 	Reset func(ctx context.Context, db *sql.DB) error
-	// Effect reads the handler's effect after a run: a count, or a snapshot of its rows. The
-	// kit compares it (reflect.DeepEqual) with the effect of one clean delivery of each event,
-	// in order. Required.
+	// Effect reads the handler's committed effect after a run (a count, a snapshot of rows),
+	// compared with one clean delivery's. Required.
 	Effect func(ctx context.Context, db *sql.DB) (any, error)
 
-	// Middleware adjusts the once.Config of every run to the application's own (Key,
-	// TxOptions, MaxMessageAge...). The kit sets Schema, Consumer, OutputTopic and, per mode,
-	// GroupCommit and ShutdownGrace after it.
+	// Middleware adjusts every run's once.Config (Key, TxOptions, ...); the kit then sets
+	// Schema, Consumer, OutputTopic, GroupCommit and ShutdownGrace.
 	Middleware func(*once.Config)
 
 	// Modes to run. Default AllModes.
@@ -58,8 +53,7 @@ type Config struct {
 	// Faults to inject. Default AllFaults.
 	Faults []Fault
 
-	// Seed fixes the schedules (which event a fault hits, the order of reordered events). Default:
-	// ONCETEST_SEED, else the clock; the seed is printed with any violation.
+	// Seed fixes the schedules. Default: ONCETEST_SEED, else the clock.
 	Seed uint64
 }
 
@@ -89,71 +83,88 @@ func New(t testing.TB, cfg Config) *Kit {
 	if len(cfg.Faults) == 0 {
 		cfg.Faults = AllFaults
 	}
-	seed := cfg.Seed
-	if seed == 0 {
-		if s := os.Getenv(seedEnv); s != "" {
-			v, err := strconv.ParseUint(s, 10, 64)
-			if err != nil {
-				t.Fatalf("oncetest: %s=%q is not a seed (an unsigned integer): %v", seedEnv, s, err)
-			}
-			seed = v
-		} else {
-			seed = uint64(time.Now().UnixNano())
-		}
+	seed, err := seedFor(cfg.Seed)
+	if err != nil {
+		t.Fatalf("oncetest: %v", err)
 	}
 	return &Kit{cfg: cfg, seed: seed, publisher: &routerPublisher{}}
 }
 
+// seedFor is the seed of a kit: Config.Seed, else ONCETEST_SEED, else the clock.
+func seedFor(seed uint64) (uint64, error) {
+	s := os.Getenv(seedEnv)
+	switch {
+	case seed != 0:
+		return seed, nil
+	case s == "":
+		return uint64(time.Now().UnixNano()), nil
+	}
+	v, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s=%q is not a seed (an unsigned integer): %w", seedEnv, s, err)
+	}
+	return v, nil
+}
+
 func (c Config) validate() error {
+	required := []struct {
+		missing bool
+		err     string
+	}{
+		{c.DB == nil, "DB is required: the database the handler writes to"},
+		{c.Events == nil, "Events is required: the messages of one run"},
+		{c.Reset == nil, "Reset is required: it clears the handler's effect between runs"},
+		{c.Effect == nil, "Effect is required: it reads the handler's effect (a count or a snapshot)"},
+	}
 	var errs []error
-	if c.DB == nil {
-		errs = append(errs, errors.New("DB is required: the database the handler writes to"))
+	for _, r := range required {
+		if r.missing {
+			errs = append(errs, errors.New(r.err))
+		}
 	}
 	if err := pgtx.ValidateIdentifier("Schema", c.Schema); err != nil {
 		errs = append(errs, fmt.Errorf("%w (the schema migrate applied the library's tables to)", err))
 	}
-	if c.Events == nil {
-		errs = append(errs, errors.New("Events is required: the messages of one run"))
-	}
-	if c.Reset == nil {
-		errs = append(errs, errors.New("Reset is required: it clears the handler's effect between runs"))
-	}
-	if c.Effect == nil {
-		errs = append(errs, errors.New("Effect is required: it reads the handler's effect (a count or a snapshot)"))
-	}
-	if c.Middleware != nil {
-		// Every mode's transaction writes: refuse options that fail every message here, not
-		// as a violation report in each mode.
-		var mc once.Config
-		c.Middleware(&mc)
-		if err := pgtx.CheckTxOptions("Middleware's TxOptions", mc.TxOptions); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	for _, m := range c.Modes {
-		if !m.valid() {
-			errs = append(errs, fmt.Errorf("unknown mode %q", string(m)))
-		}
-	}
-	for _, f := range c.Faults {
-		if !f.valid() {
-			errs = append(errs, fmt.Errorf("unknown fault %q", string(f)))
-		}
-	}
+	errs = append(errs, checkMiddleware(c.Middleware))
+	errs = append(errs, unknown("mode", c.Modes)...)
+	errs = append(errs, unknown("fault", c.Faults)...)
 	return errors.Join(errs...)
+}
+
+// checkMiddleware refuses TxOptions that fail every message: every mode's transaction writes,
+// so say it here, not as a violation report in each mode.
+func checkMiddleware(adjust func(*once.Config)) error {
+	if adjust == nil {
+		return nil
+	}
+	var mc once.Config
+	adjust(&mc)
+	return pgtx.CheckTxOptions("Middleware's TxOptions", mc.TxOptions)
+}
+
+// unknown names each of vs (modes or faults) that the kit does not know.
+func unknown[T interface {
+	~string
+	valid() bool
+}](what string, vs []T) []error {
+	var errs []error
+	for _, v := range vs {
+		if !v.valid() {
+			errs = append(errs, fmt.Errorf("unknown %s %q", what, string(v)))
+		}
+	}
+	return errs
 }
 
 // Seed is the seed of this kit's schedules.
 func (k *Kit) Seed() uint64 { return k.seed }
 
-// Publisher stands for the router's publisher. Give it to a handler that takes a publisher:
-// every message published on it during a delivery is a violation (a handler must return its
-// output, which the middleware stores in the outbox in the transaction).
+// Publisher stands for the router's publisher: a message a handler publishes on it during a
+// delivery is a violation (outputs are returned, to go into the outbox in the transaction).
 func (k *Kit) Publisher() message.Publisher { return k.publisher }
 
-// Check runs h in every mode under every fault and reports each violation on t with t.Errorf:
-// the mode, the smallest schedule that shows it (which delivery, which fault), the effect seen
-// and the effect expected, and the seed that replays it. It returns the violations.
+// Check runs h in every mode under every fault, reports each violation on t with t.Errorf (see
+// the package doc) and returns them.
 func (k *Kit) Check(t testing.TB, h message.HandlerFunc) []Violation {
 	t.Helper()
 	ctx := context.Background()
@@ -171,29 +182,44 @@ func (k *Kit) Check(t testing.TB, h message.HandlerFunc) []Violation {
 	if err != nil {
 		t.Fatalf("oncetest: %v", err)
 	}
-	for _, e := range sortedKeys(ref.refused) {
-		t.Logf("oncetest: event %d (uuid %s) is refused on a clean delivery (%v); the kit expects it refused under every fault too", e+1, events[e].UUID, ref.refused[e])
-	}
+	logRefused(t, events, ref)
 	if len(vs) == 0 {
-		for _, mode := range k.cfg.Modes {
-			for _, f := range k.cfg.Faults {
-				if !f.appliesTo(mode, len(events)) {
-					continue
-				}
-				v, ok, err := k.checkOne(ctx, h, mode, f, ref)
-				if err != nil {
-					// Not a verdict on the handler; the other modes still run.
-					t.Errorf("oncetest: %s, %s: the kit could not run this schedule: %v", mode, f, err)
-					continue
-				}
-				if ok {
-					vs = append(vs, v)
-				}
-			}
-		}
+		vs = k.checkModes(ctx, t, h, ref, len(events))
 	}
 	for _, v := range vs {
 		t.Errorf("%s\n    replay: %s=%d go test -run '%s'", v, seedEnv, k.seed, t.Name())
+	}
+	return vs
+}
+
+// logRefused says which events the clean delivery refused: they are expected refused under
+// every fault too.
+func logRefused(t testing.TB, events []*message.Message, ref expected) {
+	t.Helper()
+	for _, e := range sortedKeys(ref.refused) {
+		t.Logf("oncetest: event %d (uuid %s) is refused on a clean delivery (%v); the kit expects it refused under every fault too", e+1, events[e].UUID, ref.refused[e])
+	}
+}
+
+// checkModes runs every fault that applies in every mode against ref and returns the
+// violations; a schedule the kit could not run is reported on t, and the others still run.
+func (k *Kit) checkModes(ctx context.Context, t testing.TB, h message.HandlerFunc, ref expected, n int) []Violation {
+	t.Helper()
+	var vs []Violation
+	for _, mode := range k.cfg.Modes {
+		for _, f := range k.cfg.Faults {
+			if !f.appliesTo(mode, n) {
+				continue
+			}
+			v, ok, err := k.checkOne(ctx, h, mode, f, ref)
+			if err != nil {
+				t.Errorf("oncetest: %s, %s: the kit could not run this schedule: %v", mode, f, err)
+				continue
+			}
+			if ok {
+				vs = append(vs, v)
+			}
+		}
 	}
 	return vs
 }
@@ -215,15 +241,17 @@ func (k *Kit) reference(ctx context.Context, h message.HandlerFunc, idx []int) (
 		return expected{}, nil, err
 	}
 	ref := expected{effect: res.effect, refused: res.refused}
-	var panicked bool
-	for _, err := range res.refused {
-		panicked = panicked || wmonce.IsPanic(err)
+	if res.misused() || slices.ContainsFunc(slices.Collect(maps.Values(res.refused)), wmonce.IsPanic) {
+		return ref, []Violation{k.violation(ModeOwnTx, s, res, ref, true)}, nil
 	}
-	var vs []Violation
-	if res.endedTx != nil || panicked || res.published > 0 || res.failed != nil || res.selfAck != "" {
-		vs = append(vs, k.violation(ModeOwnTx, s, res, ref, true))
-	}
-	return ref, vs, nil
+	return ref, nil, nil
+}
+
+// misused says whether a run shows a violation whatever its effect: the handler ended its
+// transaction, published on the router's publisher, acked its own message, or a copy never
+// succeeded.
+func (r runResult) misused() bool {
+	return r.endedTx != nil || r.published > 0 || r.failed != nil || r.selfAck != ""
 }
 
 // checkOne runs fault f in mode on every event, then, if that shows a violation and the fault
@@ -235,16 +263,23 @@ func (k *Kit) checkOne(ctx context.Context, h message.HandlerFunc, mode Mode, f 
 	if err != nil || !ok || s.target < 0 || n == 1 {
 		return v, ok, err
 	}
+	v, err = k.shrink(ctx, h, mode, s, v)
+	return v, true, err
+}
+
+// shrink runs s on its target event alone and returns that smaller schedule's violation when it
+// still shows one, else v.
+func (k *Kit) shrink(ctx context.Context, h message.HandlerFunc, mode Mode, s schedule, v Violation) (Violation, error) {
 	small := s
 	small.order = []int{s.target}
 	smallWant, refVs, err := k.reference(ctx, h, small.order)
 	if err != nil || len(refVs) > 0 {
-		return v, ok, err
+		return v, err
 	}
-	if sv, sok, err := k.runAndCompare(ctx, h, mode, small, smallWant); err == nil && sok {
-		return sv, true, nil
+	if sv, ok, err := k.runAndCompare(ctx, h, mode, small, smallWant); err == nil && ok {
+		return sv, nil
 	}
-	return v, ok, nil
+	return v, nil
 }
 
 func (k *Kit) runAndCompare(ctx context.Context, h message.HandlerFunc, mode Mode, s schedule, want expected) (Violation, bool, error) {
@@ -252,13 +287,15 @@ func (k *Kit) runAndCompare(ctx context.Context, h message.HandlerFunc, mode Mod
 	if err != nil {
 		return Violation{}, false, err
 	}
-	bad := res.endedTx != nil || res.published > 0 || res.failed != nil || res.selfAck != "" ||
-		!sameEvents(res.refused, want.refused) ||
-		!reflect.DeepEqual(res.effect, want.effect) || res.outputs != res.wantOutputs
-	if !bad {
+	if !res.misused() && res.matches(want) {
 		return Violation{}, false, nil
 	}
 	return k.violation(mode, s, res, want, false), true, nil
+}
+
+// matches says whether a run gave what want says: the same refusals, effect and outputs.
+func (r runResult) matches(want expected) bool {
+	return sameEvents(r.refused, want.refused) && reflect.DeepEqual(r.effect, want.effect) && r.outputs == r.wantOutputs
 }
 
 // sameEvents says whether a and b name the same events.
@@ -384,27 +421,17 @@ func misuseFinding(res runResult) (finding, bool) {
 // reference, a panic) the reference did not make, and a reference refusal not made.
 func deliveryFinding(s schedule, res runResult, want expected, inReference bool) (finding, bool) {
 	extra, missing := refusalDiff(res.refused, want.refused)
+	if inReference { // the reference's refusals are the expected ones: only a panic is wrong
+		extra = panics(res.refused)
+	}
 	switch {
 	case res.failed != nil:
-		f := finding{seen: fmt.Sprintf("a delivery never succeeded: %v", res.failed)}
-		if inReference {
-			f.hint = "the handler fails on a clean delivery of this event, once, in order, with nothing injected: the last error says why (a missing table or column, a constraint, a decoding error, a context it does not have); refuse an event it can never apply with wmonce.Permanent"
-		} else {
-			f.hint = fmt.Sprintf("the handler keeps failing after %s, though a clean delivery of the same events succeeds: the last error says why; an attempt run again after a rolled-back one must succeed (state left in memory or written outside the transaction by the failed attempt, a unique key taken outside it)", s.fault)
-		}
-		return f, true
-	case len(extra) > 0 || (inReference && len(panics(res.refused)) > 0):
-		e := extra
-		if inReference {
-			e = panics(res.refused)
-		}
-		f := finding{seen: fmt.Sprintf("a delivery of event %d failed permanently (a real router parks it, unapplied): %s", e[0]+1, brief(res.refused[e[0]]))}
-		if inReference {
-			f.hint = "the handler panics on a clean delivery of this event: refuse an event it cannot apply with wmonce.Permanent (parked, not retried), or fix the panic"
-		} else {
-			f.hint = fmt.Sprintf("the handler refused permanently (wmonce.Permanent, or a panic) an event that applies cleanly once: under %s it should have succeeded; a refusal must depend on the event alone, not on state a failed or concurrent attempt left behind", s.fault)
-		}
-		return f, true
+		return finding{seen: fmt.Sprintf("a delivery never succeeded: %v", res.failed), hint: failedHint(s, inReference)}, true
+	case len(extra) > 0:
+		return finding{
+			seen: fmt.Sprintf("a delivery of event %d failed permanently (a real router parks it, unapplied): %s", extra[0]+1, brief(res.refused[extra[0]])),
+			hint: refusedHint(s, inReference),
+		}, true
 	case len(missing) > 0:
 		return finding{
 			seen: fmt.Sprintf("event %d, refused on a clean delivery (%v), was not refused", missing[0]+1, want.refused[missing[0]]),
@@ -412,6 +439,23 @@ func deliveryFinding(s schedule, res runResult, want expected, inReference bool)
 		}, true
 	}
 	return finding{}, false
+}
+
+// failedHint is the hint of a delivery that never succeeded.
+func failedHint(s schedule, inReference bool) string {
+	if inReference {
+		return "the handler fails on a clean delivery of this event, once, in order, with nothing injected: the last error says why (a missing table or column, a constraint, a decoding error, a context it does not have); refuse an event it can never apply with wmonce.Permanent"
+	}
+	return fmt.Sprintf("the handler keeps failing after %s, though a clean delivery of the same events succeeds: the last error says why; an attempt run again after a rolled-back one must succeed (state left in memory or written outside the transaction by the failed attempt, a unique key taken outside it)", s.fault)
+}
+
+// refusedHint is the hint of a permanent refusal the reference did not make (in the reference:
+// a panic).
+func refusedHint(s schedule, inReference bool) string {
+	if inReference {
+		return "the handler panics on a clean delivery of this event: refuse an event it cannot apply with wmonce.Permanent (parked, not retried), or fix the panic"
+	}
+	return fmt.Sprintf("the handler refused permanently (wmonce.Permanent, or a panic) an event that applies cleanly once: under %s it should have succeeded; a refusal must depend on the event alone, not on state a failed or concurrent attempt left behind", s.fault)
 }
 
 // effectFinding compares the effect, then the outputs stored in the outbox, with the
@@ -456,17 +500,18 @@ func panics(refused map[int]error) []int {
 
 // refusalDiff returns the events refused in got but not in want, and the reverse.
 func refusalDiff(got, want map[int]error) (extra, missing []int) {
-	for _, e := range sortedKeys(got) {
-		if _, ok := want[e]; !ok {
-			extra = append(extra, e)
+	return notIn(got, want), notIn(want, got)
+}
+
+// notIn returns the events of a that b does not name, in order.
+func notIn(a, b map[int]error) []int {
+	var out []int
+	for _, e := range sortedKeys(a) {
+		if _, ok := b[e]; !ok {
+			out = append(out, e)
 		}
 	}
-	for _, e := range sortedKeys(want) {
-		if _, ok := got[e]; !ok {
-			missing = append(missing, e)
-		}
-	}
-	return extra, missing
+	return out
 }
 
 func allIndexes(n int) []int {

@@ -155,46 +155,73 @@ func (k *Kit) run(ctx context.Context, h message.HandlerFunc, mode Mode, s sched
 	topic := consumer // the outputs' topic: this run's outbox rows
 	out := &outcome{selfAcked: make(chan struct{})}
 	in := &injector{schema: k.cfg.Schema, fault: s.fault, out: out}
-	var copies []copyOf
-	for _, e := range s.order {
-		if e >= len(events) {
-			return res, fmt.Errorf("Events returned %d messages, fewer than before", len(events))
-		}
-		for c := range s.copies {
-			m := events[e].Copy()
-			id := fmt.Sprintf("e%dc%d", e+1, c+1)
-			m.Metadata.Set(metadataDelivery, id)
-			copies = append(copies, copyOf{event: e, id: id, msg: m})
-			if e == s.target && c == 0 {
-				in.target = id
-			}
-		}
+	copies, err := makeCopies(events, s, in)
+	if err != nil {
+		return res, err
 	}
 	published := k.publisher.n.Load()
-	var err error
-	switch mode {
-	case ModeOwnTx, ModeGroupCommit:
-		err = k.runMiddleware(ctx, h, mode, s, consumer, topic, in, copies, out)
-	case ModeSubscriberTx:
-		err = k.runSubscriberTx(ctx, h, s, consumer, topic, in, copies, out)
-	case ModeInbox:
-		err = k.runInbox(ctx, h, s, consumer, topic, in, copies, out)
-	}
-	if err != nil {
+	if err := k.runMode(ctx, h, mode, s, consumer, topic, in, copies, out); err != nil {
 		return res, err
 	}
 	res.published = k.publisher.n.Load() - published
 	out.result(&res)
-	if res.effect, err = k.cfg.Effect(ctx, k.cfg.DB); err != nil {
-		return res, fmt.Errorf("Effect: %w", err)
-	}
-	if res.outputs, err = k.countOutputs(ctx, topic); err != nil {
+	if err := k.observe(ctx, topic, &res); err != nil {
 		return res, err
 	}
 	// Outputs expected: as many as the reference stores for these events. The reference is
 	// the own-transaction run of the same events; its count is kept per set of events.
 	res.wantOutputs = k.wantOutputs(s.order, mode, s, res.outputs)
 	return res, nil
+}
+
+// makeCopies makes the deliveries of s: s.copies copies of each event of its order, each
+// marked with its delivery id; the injector targets the first copy of s.target.
+func makeCopies(events []*message.Message, s schedule, in *injector) ([]copyOf, error) {
+	var copies []copyOf
+	for _, e := range s.order {
+		if e >= len(events) {
+			return nil, fmt.Errorf("Events returned %d messages, fewer than before", len(events))
+		}
+		cs := copiesOf(e, events[e], s.copies)
+		if e == s.target && len(cs) > 0 {
+			in.target = cs[0].id // the fault hits the event's first copy
+		}
+		copies = append(copies, cs...)
+	}
+	return copies, nil
+}
+
+// copiesOf makes n copies of event e (msg), each marked with its delivery id.
+func copiesOf(e int, msg *message.Message, n int) []copyOf {
+	cs := make([]copyOf, n)
+	for c := range cs {
+		m := msg.Copy()
+		id := fmt.Sprintf("e%dc%d", e+1, c+1)
+		m.Metadata.Set(metadataDelivery, id)
+		cs[c] = copyOf{event: e, id: id, msg: m}
+	}
+	return cs
+}
+
+// runMode delivers the copies in mode.
+func (k *Kit) runMode(ctx context.Context, h message.HandlerFunc, mode Mode, s schedule, consumer, topic string, in *injector, copies []copyOf, out *outcome) error {
+	switch mode {
+	case ModeSubscriberTx:
+		return k.runSubscriberTx(ctx, h, s, consumer, topic, in, copies, out)
+	case ModeInbox:
+		return k.runInbox(ctx, h, s, consumer, topic, in, copies, out)
+	}
+	return k.runMiddleware(ctx, h, mode, s, consumer, topic, in, copies, out)
+}
+
+// observe reads the run's effect and counts its outputs.
+func (k *Kit) observe(ctx context.Context, topic string, res *runResult) error {
+	var err error
+	if res.effect, err = k.cfg.Effect(ctx, k.cfg.DB); err != nil {
+		return fmt.Errorf("Effect: %w", err)
+	}
+	res.outputs, err = k.countOutputs(ctx, topic)
+	return err
 }
 
 func randomHex() string {
@@ -370,15 +397,7 @@ func (b *brokerRun) deliver(c copyOf) {
 // requeues it), so an event refused until an earlier one arrives (a version gap) lets that one
 // through.
 func (b *brokerRun) deliverInTurn(copies []copyOf, requeue bool) {
-	type pending struct {
-		c     copyOf
-		tries int
-		last  error
-	}
-	queue := make([]pending, len(copies))
-	for i, c := range copies {
-		queue[i] = pending{c: c}
-	}
+	queue := pendingCopies(copies)
 	for len(queue) > 0 {
 		p := queue[0]
 		queue = queue[1:]
@@ -391,12 +410,33 @@ func (b *brokerRun) deliverInTurn(copies []copyOf, requeue bool) {
 		case !again:
 		case p.tries >= maxRedeliveries:
 			b.giveUp(p.c, p.last)
-		case requeue:
-			queue = append(queue, p)
 		default:
-			queue = append([]pending{p}, queue...)
+			queue = putBack(queue, p, requeue)
 		}
 	}
+}
+
+// pending is a copy waiting in deliverInTurn's queue, with its failed deliveries so far.
+type pending struct {
+	c     copyOf
+	tries int
+	last  error
+}
+
+func pendingCopies(copies []copyOf) []pending {
+	queue := make([]pending, len(copies))
+	for i, c := range copies {
+		queue[i] = pending{c: c}
+	}
+	return queue
+}
+
+// putBack returns queue with the failed copy p behind the others (requeue) or first.
+func putBack(queue []pending, p pending, requeue bool) []pending {
+	if requeue {
+		return append(queue, p)
+	}
+	return append([]pending{p}, queue...)
 }
 
 // deliverAtOnce delivers every copy, and under FaultFailingNeighbours the failing neighbours,

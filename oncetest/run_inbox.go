@@ -83,14 +83,24 @@ func storeCopies(ctx context.Context, db *sql.DB, recv *inbox.Receiver, copies [
 			return err
 		})
 	}
-	if !concurrent {
-		for _, c := range copies {
-			if err := store(c); err != nil {
-				return err
-			}
-		}
-		return nil
+	if concurrent {
+		return storeAtOnce(copies, store)
 	}
+	return storeInOrder(copies, store)
+}
+
+// storeInOrder stores the copies one after the other, stopping at the first error.
+func storeInOrder(copies []copyOf, store func(copyOf) error) error {
+	for _, c := range copies {
+		if err := store(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// storeAtOnce stores every copy at the same time and returns the first error.
+func storeAtOnce(copies []copyOf, store func(copyOf) error) error {
 	var storeErr error
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -117,7 +127,7 @@ func waitInboxWorked(ctx context.Context, ops *inbox.Ops, consumer string) error
 		if err != nil {
 			return err
 		}
-		if st.Pending == 0 && st.InProgress == 0 {
+		if st.Pending+st.InProgress == 0 {
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -141,17 +151,27 @@ func recordParked(ctx context.Context, ops *inbox.Ops, consumer string, copies [
 		// A row parked before its last attempt failed permanently (or panicked); one parked
 		// at MaxAttempts kept failing.
 		gaveUp := r.Attempts >= maxRedeliveries
-		what := "failed permanently"
-		if gaveUp {
-			what = "still failing"
-		}
-		e, ok := event[r.MessageUUID]
-		if !ok {
-			e = -1
-		}
-		out.record(e, fmt.Errorf("inbox row of message %s parked as FAILED after %d attempts (%s); the last one failed with: %s", r.MessageUUID, r.Attempts, what, r.LastError), gaveUp)
+		out.record(eventOfUUID(event, r.MessageUUID), fmt.Errorf("inbox row of message %s parked as FAILED after %d attempts (%s); the last one failed with: %s",
+			r.MessageUUID, r.Attempts, parkedCause(gaveUp), r.LastError), gaveUp)
 	}
 	return nil
+}
+
+// parkedCause says why the Processor parked a row: it kept failing until MaxAttempts (gaveUp),
+// or it failed permanently before.
+func parkedCause(gaveUp bool) string {
+	if gaveUp {
+		return "still failing"
+	}
+	return "failed permanently"
+}
+
+// eventOfUUID is the event of the message uuid (-1: none of the run's).
+func eventOfUUID(event map[string]int, uuid string) int {
+	if e, ok := event[uuid]; ok {
+		return e
+	}
+	return -1
 }
 
 // processInbox runs a Processor until done is closed, replacing it by a new one each time

@@ -144,10 +144,7 @@ func (r *sqlSubscriberRun) consume(n int) error {
 	for {
 		select {
 		case m, ok := <-r.ch:
-			if !ok {
-				continue
-			}
-			if err := r.deliver(m); err != nil {
+			if err := r.received(m, ok); err != nil {
 				return err
 			}
 		case <-r.out.selfAcked:
@@ -156,23 +153,46 @@ func (r *sqlSubscriberRun) consume(n int) error {
 			// is known.
 			return nil
 		case <-r.restarted:
-			_ = r.sub.Close()
-			if err := r.subscribe(); err != nil {
+			if err := r.restart(); err != nil {
 				return err
 			}
 		case <-tick.C:
-			passed, err := r.passed()
-			if err != nil {
-				return fmt.Errorf("read the subscriber's offset: %w", err)
-			}
-			if passed {
-				return nil
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("the watermill-sql subscriber had not consumed the run's %d copies after a minute", n)
+			if done, err := r.done(n, deadline); done || err != nil {
+				return err
 			}
 		}
 	}
+}
+
+// restart subscribes again: the subscriber's transaction is rolled back and a new one reads
+// the unacked copies again.
+func (r *sqlSubscriberRun) restart() error {
+	_ = r.sub.Close()
+	return r.subscribe()
+}
+
+// received delivers a message the subscription sent (ok false: its channel closed, as it is
+// when the subscription is restarted).
+func (r *sqlSubscriberRun) received(m *message.Message, ok bool) error {
+	if !ok {
+		return nil
+	}
+	return r.deliver(m)
+}
+
+// done says whether the consumer group's offset has passed the run's n copies, and fails once
+// deadline has passed without that.
+func (r *sqlSubscriberRun) done(n int, deadline time.Time) (bool, error) {
+	passed, err := r.passed()
+	switch {
+	case err != nil:
+		return false, fmt.Errorf("read the subscriber's offset: %w", err)
+	case passed:
+		return true, nil
+	case time.Now().After(deadline):
+		return false, fmt.Errorf("the watermill-sql subscriber had not consumed the run's %d copies after a minute", n)
+	}
+	return false, nil
 }
 
 // deliver runs the chain on m and acks or nacks it as a router would; a copy that keeps
@@ -194,6 +214,15 @@ func (r *sqlSubscriberRun) deliver(m *message.Message) error {
 	case r.attempts[id] >= maxRedeliveries:
 		r.out.record(eventOf(id), fmt.Errorf("copy %s: still failing after %d deliveries; the last one failed with: %w", id, maxRedeliveries, r.lastErr[id]), true)
 		m.Ack()
+	default:
+		return r.retry(m, id)
+	}
+	return nil
+}
+
+// retry has the failed copy m delivered again, as the broker would.
+func (r *sqlSubscriberRun) retry(m *message.Message, id string) error {
+	switch {
 	case r.requeue:
 		// The subscriber would deliver this copy again and again before the next
 		// one; a broker that requeues puts it behind the others: publish it again

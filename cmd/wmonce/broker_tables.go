@@ -10,18 +10,19 @@ import (
 	"strings"
 
 	"github.com/wmonce/watermill-once/broker"
+	"github.com/wmonce/watermill-once/internal/sqlrebase"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
 // brokerSchemaFlag adds -broker-schema to status and doctor: the SQL broker schema whose topic
-// tables they check against this cluster (broker.CheckSQLTopics); "" skips the check.
+// tables they check against this cluster (sqlrebase.Check); "" skips the check.
 func brokerSchemaFlag(fs *flag.FlagSet) *string {
 	return fs.String("broker-schema", os.Getenv(broker.EnvSQLSchema),
 		"also check the SQL broker's topic tables in this schema for ids of another cluster (default $"+broker.EnvSQLSchema+"; unset: no check)")
 }
 
-// checkBrokerTables runs broker.CheckSQLTopics on schema; nil report when schema is "".
-func (e *env) checkBrokerTables(ctx context.Context, schema string) (*broker.SQLMoveReport, error) {
+// checkBrokerTables runs sqlrebase.Check on schema; nil report when schema is "".
+func (e *env) checkBrokerTables(ctx context.Context, schema string) (*sqlrebase.MoveReport, error) {
 	if schema == "" {
 		return nil, nil
 	}
@@ -32,7 +33,7 @@ func (e *env) checkBrokerTables(ctx context.Context, schema string) (*broker.SQL
 	if err != nil {
 		return nil, err
 	}
-	r, err := broker.CheckSQLTopics(ctx, db, schema)
+	r, err := sqlrebase.Check(ctx, db, schema)
 	if err != nil {
 		return nil, err
 	}
@@ -40,7 +41,7 @@ func (e *env) checkBrokerTables(ctx context.Context, schema string) (*broker.SQL
 }
 
 // printBrokerTables prints a RESTORED line per moved topic table, or one ok line.
-func (e *env) printBrokerTables(r *broker.SQLMoveReport, indent string) {
+func (e *env) printBrokerTables(r *sqlrebase.MoveReport, indent string) {
 	if r == nil {
 		return
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/wmonce/watermill-once/internal/operate"
 
 	"github.com/wmonce/watermill-once/broker"
+	"github.com/wmonce/watermill-once/internal/sqlrebase"
 	"github.com/wmonce/watermill-once/ops/doctor"
 	"github.com/wmonce/watermill-once/ops/retention"
 	"github.com/wmonce/watermill-once/outbox"
@@ -43,7 +44,7 @@ It also checks that the outbox relay positions of -schema were recorded on this 
 (outbox.CheckPositions): after a restore or a move into a cluster with a lower transaction
 counter they would skip rows for good, and a RESTORED line says to run wmonce rebase.
 -broker-schema (default $BROKER_SQL_SCHEMA) checks the SQL broker's topic tables in that
-schema the same way (broker.CheckSQLTopics).
+schema the same way.
 
 Exit status, for CI: 0 every source was read and none is a hazard; 1 a hazard or a restored
 position was found (whatever else could not be read); 3 no hazard was found, but a source could
@@ -199,7 +200,7 @@ type doctorResult struct {
 	rep          doctor.Report
 	positions    outbox.PositionReport
 	posErr       error
-	tables       *broker.SQLMoveReport
+	tables       *sqlrebase.MoveReport
 	tablesErr    error
 }
 

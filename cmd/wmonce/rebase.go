@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/wmonce/watermill-once/broker"
+	"github.com/wmonce/watermill-once/internal/sqlrebase"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -51,10 +51,10 @@ moving a database.`,
 // them, for -broker-schema.
 var (
 	sqlBrokerRebase = func(ctx context.Context, db *sql.DB, schema string) (any, error) {
-		return broker.RebaseSQLTopics(ctx, db, schema)
+		return sqlrebase.Rebase(ctx, db, schema)
 	}
 	sqlBrokerCheck = func(ctx context.Context, db *sql.DB, schema string) (any, error) {
-		return broker.CheckSQLTopics(ctx, db, schema)
+		return sqlrebase.Check(ctx, db, schema)
 	}
 )
 

@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/internal/operate"
+	"github.com/wmonce/watermill-once/internal/sqlrebase"
 )
 
 func statusCommand() *command {
@@ -37,7 +37,7 @@ type statusReport struct {
 	Inbox     []operate.InboxStats    `json:"inbox"`
 	Outbox    *operate.OutboxStats    `json:"outbox"`
 	// Broker is the SQL broker's topic tables check (-broker-schema); absent without one.
-	Broker *broker.SQLMoveReport `json:"broker,omitempty"`
+	Broker *sqlrebase.MoveReport `json:"broker,omitempty"`
 	Errors []string              `json:"errors,omitempty"`
 }
 

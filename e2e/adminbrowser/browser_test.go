@@ -13,6 +13,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wmonce/watermill-once/internal/admintest"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/ops/admin"
@@ -137,8 +138,8 @@ func savePNG(t *testing.T, name string, png []byte) {
 func TestAdminPageInChromium(t *testing.T) {
 	t.Parallel()
 	ctx, console := browser(t)
-	f := newFixture(t, 5)
-	srv := f.server(t, admin.Config{AllowWrites: true, Middlewares: []*once.Middleware{f.mw}})
+	f := admintest.New(t, 5)
+	srv := f.Server(t, admin.Config{AllowWrites: true, Middlewares: []*once.Middleware{f.MW}})
 
 	step(t, ctx, "load the page", chromedp.Navigate(srv.URL+"/"))
 	waitFor(t, ctx, "the page to load its data", `document.body.dataset.ready === "1"`)
@@ -148,7 +149,7 @@ func TestAdminPageInChromium(t *testing.T) {
 		return step(t, ctx, "read "+sel, chromedp.Evaluate[string](fmt.Sprintf(`document.querySelector(%q).textContent`, sel)))
 	}
 	require.Contains(t, text("#mode"), "writes enabled")
-	require.Contains(t, text("#schema"), "schema "+f.schema)
+	require.Contains(t, text("#schema"), "schema "+f.Schema)
 	consumers := text("#consumers tbody")
 	require.Contains(t, consumers, "rewards")
 	require.Equal(t, []string{"rewards", "3", "3", "1", "25.0 %", "0", "0", "0"}, step(t, ctx, "read the consumer row", chromedp.Evaluate[[]string](
@@ -163,11 +164,11 @@ func TestAdminPageInChromium(t *testing.T) {
 	screenshot(t, ctx, "admin-failed-rows.png")
 
 	// Replay one row with its own button.
-	ids := f.ids(t, "FAILED")
+	ids := f.IDs(t, "FAILED")
 	require.Len(t, ids, 5)
 	click(t, ctx, "click Replay on the first row", fmt.Sprintf(`#rows tbody tr[data-id="%d"] button.replay`, ids[0]))
 	waitFor(t, ctx, "the replay message", fmt.Sprintf(`document.getElementById("flash").textContent.includes("Replayed row %d")`, ids[0]))
-	require.Equal(t, "PENDING", f.rowStatus(t, ids[0]))
+	require.Equal(t, "PENDING", f.RowStatus(t, ids[0]))
 	waitFor(t, ctx, "the row to leave the FAILED list", `document.querySelectorAll('#rows tbody tr[data-status="FAILED"]').length === 4`)
 
 	// Skip the last row: the button asks for a reason first.
@@ -176,8 +177,8 @@ func TestAdminPageInChromium(t *testing.T) {
 	step(t, ctx, "type the reason", chromedp.SendKeys(chromedp.CSS(row+`input.skip-reason`), "paid by bank transfer"))
 	click(t, ctx, "confirm the skip", row+`button.skip-confirm`)
 	waitFor(t, ctx, "the skip message", fmt.Sprintf(`document.getElementById("flash").textContent.includes("Skipped row %d")`, ids[3]))
-	require.Equal(t, "SKIPPED", f.rowStatus(t, ids[3]))
-	require.Equal(t, 1, pgtest.Count(t, f.db, `SELECT count(*) FROM `+f.table("inbox")+` WHERE id = $1 AND last_error LIKE 'skipped: paid by bank transfer%'`, ids[3]))
+	require.Equal(t, "SKIPPED", f.RowStatus(t, ids[3]))
+	require.Equal(t, 1, pgtest.Count(t, f.DB, `SELECT count(*) FROM `+f.Table("inbox")+` WHERE id = $1 AND last_error LIKE 'skipped: paid by bank transfer%'`, ids[3]))
 	waitFor(t, ctx, "three FAILED rows left", `document.querySelectorAll('#rows tbody tr[data-status="FAILED"]').length === 3`)
 
 	// Inspect a row: the payload is shown as text.
@@ -194,7 +195,7 @@ func TestAdminPageInChromium(t *testing.T) {
 	step(t, ctx, "type the reason", chromedp.SendKeys(chromedp.CSS(`#detail-actions input.skip-reason`), "duplicate invoice"))
 	click(t, ctx, "confirm the skip", `#detail-actions button.skip-confirm`)
 	waitFor(t, ctx, "the skip message", fmt.Sprintf(`document.getElementById("flash").textContent.includes("Skipped row %d")`, ids[4]))
-	require.Equal(t, "SKIPPED", f.rowStatus(t, ids[4]))
+	require.Equal(t, "SKIPPED", f.RowStatus(t, ids[4]))
 	waitFor(t, ctx, "the detail to close after the change", `document.getElementById("detail").hidden`)
 	waitFor(t, ctx, "two FAILED rows left", `document.querySelectorAll('#rows tbody tr[data-status="FAILED"]').length === 2`)
 
@@ -202,15 +203,15 @@ func TestAdminPageInChromium(t *testing.T) {
 	click(t, ctx, "click Replay matching rows", `#replay-all`)
 	waitFor(t, ctx, "the confirmation", `!document.getElementById("confirm").hidden`)
 	require.Contains(t, text("#confirm-text"), "2 FAILED row(s) of billing will run again")
-	require.Equal(t, 2, f.count(t, "FAILED"), "the dry run changed nothing")
+	require.Equal(t, 2, f.Count(t, "FAILED"), "the dry run changed nothing")
 	screenshot(t, ctx, "admin-confirm-replay.png")
 	click(t, ctx, "confirm", `#confirm-yes`)
 	waitFor(t, ctx, "the bulk replay message", `document.getElementById("flash").textContent.includes("Replayed 2 row(s)")`)
 
-	require.Equal(t, 0, f.count(t, "FAILED"))
-	require.Equal(t, 3, f.count(t, "PENDING"))
-	require.Equal(t, 2, f.count(t, "SKIPPED"))
-	require.Equal(t, 1, f.count(t, "DONE"))
+	require.Equal(t, 0, f.Count(t, "FAILED"))
+	require.Equal(t, 3, f.Count(t, "PENDING"))
+	require.Equal(t, 2, f.Count(t, "SKIPPED"))
+	require.Equal(t, 1, f.Count(t, "DONE"))
 	// The page shows the new state.
 	waitFor(t, ctx, "the empty FAILED list", `!document.getElementById("rows-empty").hidden`)
 	waitFor(t, ctx, "the stats to show 3 pending", `document.querySelector('#inbox-stats tbody button[data-status="PENDING"]')?.textContent === "3"`)
@@ -227,9 +228,9 @@ func TestAdminPageInChromium(t *testing.T) {
 func TestAdminPageReadOnlyInChromium(t *testing.T) {
 	t.Parallel()
 	ctx, console := browser(t)
-	f := newFixture(t, 1)
-	f.relayAll(t) // nothing waits: oldest_pending is null
-	srv := f.server(t, admin.Config{})
+	f := admintest.New(t, 1)
+	f.RelayAll(t) // nothing waits: oldest_pending is null
+	srv := f.Server(t, admin.Config{})
 
 	step(t, ctx, "load the page", chromedp.Navigate(srv.URL+"/"))
 	waitFor(t, ctx, "the FAILED row", `document.body.dataset.ready === "1" && document.querySelectorAll('#rows tbody tr[data-status="FAILED"]').length === 1`)
@@ -240,7 +241,7 @@ func TestAdminPageReadOnlyInChromium(t *testing.T) {
 	visible := step(t, ctx, "count visible write buttons", chromedp.Evaluate[int](
 		`[...document.querySelectorAll('#replay-all, button.replay, button.skip, button.pause, button.resume')].filter(b => b.offsetParent !== null).length`))
 	require.Zero(t, visible)
-	require.Equal(t, 1, f.count(t, "FAILED"))
+	require.Equal(t, 1, f.Count(t, "FAILED"))
 	for _, m := range console() {
 		if m.Type == chromedp.ConsoleError || m.IsException() {
 			t.Errorf("browser console: %s", m)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/adminhook"
+	"github.com/wmonce/watermill-once/internal/admintest"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/ops/admin"
@@ -27,18 +28,18 @@ import (
 func TestAdminChartsAndDetailsInChromium(t *testing.T) {
 	t.Parallel()
 	ctx, console := browser(t)
-	f := newFixture(t, 2)
-	srv, h := f.serve(t, admin.Config{SampleInterval: -1}) // no middlewares: as `wmonce admin`
+	f := admintest.New(t, 2)
+	srv, h := f.Serve(t, admin.Config{SampleInterval: -1}) // no middlewares: as `wmonce admin`
 	bg := context.Background()
 
 	// Claims over the last hour and day: 60 deliveries moved back by up to 23 hours.
 	for i := 1; i <= 60; i++ {
-		f.deliver(t, fmt.Sprintf("h-%d", i))
+		f.Deliver(t, fmt.Sprintf("h-%d", i))
 	}
-	pgtest.Exec(t, f.db, `UPDATE `+f.table("processed_messages")+` SET processed_at = processed_at - make_interval(secs => substr(message_id, 3)::int * 79 + (substr(message_id, 3)::int ^ 2 * 13)::int % 50 + (CASE WHEN substr(message_id, 3)::int > 40 THEN 3600 * (substr(message_id, 3)::int - 40) ELSE 0 END))
+	pgtest.Exec(t, f.DB, `UPDATE `+f.Table("processed_messages")+` SET processed_at = processed_at - make_interval(secs => substr(message_id, 3)::int * 79 + (substr(message_id, 3)::int ^ 2 * 13)::int % 50 + (CASE WHEN substr(message_id, 3)::int > 40 THEN 3600 * (substr(message_id, 3)::int - 40) ELSE 0 END))
 		WHERE message_id LIKE 'h-%'`)
 
-	recv, err := inbox.NewReceiver(f.db, inbox.ReceiverConfig{Schema: f.schema, Consumer: "billing"}, nil)
+	recv, err := inbox.NewReceiver(f.DB, inbox.ReceiverConfig{Schema: f.Schema, Consumer: "billing"}, nil)
 	require.NoError(t, err)
 	defer recv.Close()
 	// A payload that is not UTF-8 and one whose number JavaScript cannot hold exactly.
@@ -49,7 +50,7 @@ func TestAdminChartsAndDetailsInChromium(t *testing.T) {
 	now := time.Now()
 	var mu sync.Mutex
 	at := now
-	earlier, err := once.New(f.db, once.Config{Schema: f.schema, Consumer: "rewards", OutputTopic: "cashback", Now: func() time.Time {
+	earlier, err := once.New(f.DB, once.Config{Schema: f.Schema, Consumer: "rewards", OutputTopic: "cashback", Now: func() time.Time {
 		mu.Lock()
 		defer mu.Unlock()
 		return at
@@ -71,7 +72,7 @@ func TestAdminChartsAndDetailsInChromium(t *testing.T) {
 	}
 	require.NoError(t, h.Sample(bg))
 	require.NoError(t, earlier.Close()) // writes its duplicates per minute
-	require.NoError(t, f.mw.Close())    // and the fixture's one, skipped now
+	require.NoError(t, f.MW.Close())    // and the fixture's one, skipped now
 
 	step(t, ctx, "load the page", chromedp.Navigate(srv.URL+"/"))
 	waitFor(t, ctx, "the page to load its data", `document.body.dataset.ready === "1"`)
@@ -104,7 +105,7 @@ func TestAdminChartsAndDetailsInChromium(t *testing.T) {
 	require.Equal(t, 2, count("#consumer-charts svg.chart"))
 
 	// An inbox row parked as FAILED: fields, last error, metadata and the payload indented.
-	failed := f.ids(t, "FAILED")
+	failed := f.IDs(t, "FAILED")
 	click(t, ctx, "open a FAILED row", fmt.Sprintf(`#rows tbody tr[data-id="%d"] td button.link`, failed[0]))
 	waitFor(t, ctx, "the inbox row detail", `!document.getElementById("detail").hidden && document.getElementById("detail").dataset.kind === "inbox"`)
 	require.Contains(t, text("#detail-title"), fmt.Sprintf("Inbox row %d · billing", failed[0]))

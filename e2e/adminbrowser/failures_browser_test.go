@@ -9,6 +9,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wmonce/watermill-once/internal/admintest"
 	"github.com/wmonce/watermill-once/internal/operate"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/ops/admin"
@@ -22,22 +23,22 @@ import (
 func TestAdminPageFailureGroupsInChromium(t *testing.T) {
 	t.Parallel()
 	ctx, console := browser(t)
-	f := newFixture(t, 4)
-	f.kafkaRejects(t, "m-2")
-	w, err := outbox.NewWriter(outbox.Config{Schema: f.schema})
+	f := admintest.New(t, 4)
+	f.KafkaRejects(t, "m-2")
+	w, err := outbox.NewWriter(outbox.Config{Schema: f.Schema})
 	require.NoError(t, err)
 	poisoned := message.NewMessage("evt-17", []byte(`{}`))
 	poisoned.Metadata.Set(middleware.ReasonForPoisonedKey, "permanent: unknown currency XYZ")
 	poisoned.Metadata.Set(middleware.PoisonedTopicKey, "payments")
 	poisoned.Metadata.Set(middleware.PoisonedHandlerKey, "ledger")
-	require.NoError(t, w.ParkingPublisher(f.db).Publish("payments-poison", poisoned))
-	srv := f.server(t, admin.Config{AllowWrites: true})
-	resp, err := operate.ReadFailureGroups(t.Context(), f.db, f.schema, operate.DefaultFailureGroupRows)
+	require.NoError(t, w.ParkingPublisher(f.DB).Publish("payments-poison", poisoned))
+	srv := f.Server(t, admin.Config{AllowWrites: true})
+	resp, err := operate.ReadFailureGroups(t.Context(), f.DB, f.Schema, operate.DefaultFailureGroupRows)
 	require.NoError(t, err)
 	groups := resp.Groups
-	billing := failureGroup(t, groups, operate.FailureKindInbox, "billing", "")
-	cashback := failureGroup(t, groups, operate.FailureKindRejected, "kafka", "cashback")
-	parked := failureGroup(t, groups, operate.FailureKindParked, "ledger", "payments")
+	billing := admintest.FailureGroup(t, groups, operate.FailureKindInbox, "billing", "")
+	cashback := admintest.FailureGroup(t, groups, operate.FailureKindRejected, "kafka", "cashback")
+	parked := admintest.FailureGroup(t, groups, operate.FailureKindParked, "ledger", "payments")
 
 	step(t, ctx, "load the page", chromedp.Navigate(srv.URL+"/"))
 	waitFor(t, ctx, "the page to load its data", `document.body.dataset.ready === "1"`)
@@ -55,15 +56,15 @@ func TestAdminPageFailureGroupsInChromium(t *testing.T) {
 	click(t, ctx, "click Replay on the billing group", billingRow+` button.g-replay`)
 	waitFor(t, ctx, "the confirmation", `!document.getElementById("g-confirm").hidden`)
 	require.Contains(t, text("#g-confirm-text"), "4 inbox row(s) of consumer billing")
-	ids := f.ids(t, "FAILED")
+	ids := f.IDs(t, "FAILED")
 	require.Len(t, ids, 4)
 	require.Equal(t, fmt.Sprintf("Row ids: %d, %d, %d, %d", ids[0], ids[1], ids[2], ids[3]), text("#g-confirm-ids"))
-	require.Equal(t, 4, f.count(t, "FAILED"), "the dry run changed nothing")
+	require.Equal(t, 4, f.Count(t, "FAILED"), "the dry run changed nothing")
 	screenshot(t, ctx, "admin-failure-group-confirm.png")
 	click(t, ctx, "confirm", `#g-yes`)
 	waitFor(t, ctx, "the replay message", fmt.Sprintf(`document.getElementById("flash").textContent.includes("Replay: 4 row(s) of group %s changed")`, billing.Fingerprint))
-	require.Equal(t, 0, f.count(t, "FAILED"))
-	require.Equal(t, 4, f.count(t, "PENDING"))
+	require.Equal(t, 0, f.Count(t, "FAILED"))
+	require.Equal(t, 4, f.Count(t, "PENDING"))
 	waitFor(t, ctx, "the group to leave the list", fmt.Sprintf(`document.querySelector(%q) === null`, billingRow))
 
 	// Discard the rejected group of topic cashback.
@@ -71,11 +72,11 @@ func TestAdminPageFailureGroupsInChromium(t *testing.T) {
 	click(t, ctx, "click Discard on the cashback group", cashbackRow+` button.g-discard`)
 	waitFor(t, ctx, "the confirmation", `!document.getElementById("g-confirm").hidden`)
 	require.Contains(t, text("#g-confirm-text"), "1 rejected outbox row(s) of relay kafka on topic cashback will be deleted")
-	require.Equal(t, 3, pgtest.Count(t, f.db, `SELECT count(*) FROM `+f.table("outbox_rejected")), "the dry run deleted nothing")
+	require.Equal(t, 3, pgtest.Count(t, f.DB, `SELECT count(*) FROM `+f.Table("outbox_rejected")), "the dry run deleted nothing")
 	click(t, ctx, "confirm", `#g-yes`)
 	waitFor(t, ctx, "the discard message", `document.getElementById("flash").textContent.includes("Discard: 1 row(s)")`)
-	require.Zero(t, pgtest.Count(t, f.db, `SELECT count(*) FROM `+f.table("outbox_rejected")+` WHERE topic = 'cashback'`))
-	require.Equal(t, 2, pgtest.Count(t, f.db, `SELECT count(*) FROM `+f.table("outbox_rejected")), "the undecodable rows stay")
+	require.Zero(t, pgtest.Count(t, f.DB, `SELECT count(*) FROM `+f.Table("outbox_rejected")+` WHERE topic = 'cashback'`))
+	require.Equal(t, 2, pgtest.Count(t, f.DB, `SELECT count(*) FROM `+f.Table("outbox_rejected")), "the undecodable rows stay")
 	waitFor(t, ctx, "three groups left", `document.querySelectorAll('#failure-groups tbody tr[data-fingerprint]').length === 3`)
 
 	// Replay the parked message: it is stored again for the topic it was consumed from.
@@ -86,12 +87,12 @@ func TestAdminPageFailureGroupsInChromium(t *testing.T) {
 	require.Contains(t, text("#g-confirm-text"), "1 parked message(s) of handler ledger on topic payments will be stored in the outbox again")
 	click(t, ctx, "confirm", `#g-yes`)
 	waitFor(t, ctx, "the parked replay message", fmt.Sprintf(`document.getElementById("flash").textContent.includes("Replay: 1 row(s) of group %s changed")`, parked.Fingerprint))
-	require.Equal(t, 1, pgtest.Count(t, f.db, `SELECT count(*) FROM `+f.table("outbox")+` WHERE uuid = 'evt-17' AND payload->>'destination_topic' = 'payments'`))
+	require.Equal(t, 1, pgtest.Count(t, f.DB, `SELECT count(*) FROM `+f.Table("outbox")+` WHERE uuid = 'evt-17' AND payload->>'destination_topic' = 'payments'`))
 	waitFor(t, ctx, "two groups left", `document.querySelectorAll('#failure-groups tbody tr[data-fingerprint]').length === 2`)
 	waitFor(t, ctx, "the outbox section to count 2 rejected rows", `document.getElementById("rejected").textContent.startsWith("2 outbox row(s)")`)
 	screenshot(t, ctx, "admin-failure-groups-after.png")
 
-	ro := f.server(t, admin.Config{})
+	ro := f.Server(t, admin.Config{})
 	step(t, ctx, "load the read-only page", chromedp.Navigate(ro.URL+"/"))
 	waitFor(t, ctx, "the groups", `document.body.dataset.ready === "1" && document.querySelectorAll('#failure-groups tbody tr[data-fingerprint]').length === 2`)
 	require.Zero(t, step(t, ctx, "count visible group actions", chromedp.Evaluate[int](

@@ -1,3 +1,7 @@
+// Package adminbrowser_test drives ops/admin's page in headless Chromium (chromedp) against
+// rows the real components made (internal/admintest's fixture, which ops/admin's own tests use
+// too): black-box tests of the admin handler, in the e2e module so that the library's go.mod
+// does not require chromedp.
 package adminbrowser_test
 
 import (

@@ -9,6 +9,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wmonce/watermill-once/internal/admintest"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/ops/admin"
 	"github.com/wmonce/watermill-once/outbox"
@@ -28,15 +29,15 @@ func (downPublisher) Close() error { return nil }
 func TestAdminPageOutboxWritesInChromium(t *testing.T) {
 	t.Parallel()
 	ctx, console := browser(t)
-	f := newFixture(t, 1)
-	_, pub := f.kafkaRejects(t, "m-2")
-	push, err := outbox.NewRelay(f.db, downPublisher{}, outbox.RelayConfig{Schema: f.schema, Name: "push"}, nil)
+	f := admintest.New(t, 1)
+	_, pub := f.KafkaRejects(t, "m-2")
+	push, err := outbox.NewRelay(f.DB, downPublisher{}, outbox.RelayConfig{Schema: f.Schema, Name: "push"}, nil)
 	require.NoError(t, err)
-	relayUntil(t, push, "hold topic cashback", func(st outbox.RelayCounters) bool { return st.HeldTopics == 1 })
+	admintest.RelayUntil(t, push, "hold topic cashback", func(st outbox.RelayCounters) bool { return st.HeldTopics == 1 })
 	var offset int64
-	require.NoError(t, f.db.QueryRow(`SELECT "offset" FROM `+f.table("outbox_rejected")+` WHERE relay = 'kafka' AND topic = 'cashback'`).Scan(&offset))
+	require.NoError(t, f.DB.QueryRow(`SELECT "offset" FROM `+f.Table("outbox_rejected")+` WHERE relay = 'kafka' AND topic = 'cashback'`).Scan(&offset))
 
-	srv := f.server(t, admin.Config{AllowWrites: true})
+	srv := f.Server(t, admin.Config{AllowWrites: true})
 	step(t, ctx, "load the page", chromedp.Navigate(srv.URL+"/"))
 	waitFor(t, ctx, "the page to load its data", `document.body.dataset.ready === "1"`)
 	text := func(sel string) string {
@@ -47,7 +48,7 @@ func TestAdminPageOutboxWritesInChromium(t *testing.T) {
 	require.Contains(t, text("#rejected"), "refused them for good")
 
 	// Republish the refused row from its detail view, once the broker takes it.
-	pub.refuse = nil
+	pub.Refuse = nil
 	rowSel := fmt.Sprintf(`#rejected-rows tbody tr[data-relay="kafka"][data-offset="%d"]`, offset)
 	waitFor(t, ctx, "the refused row", fmt.Sprintf(`document.querySelector(%q) !== null`, rowSel))
 	require.Contains(t, text(rowSel), "cashback")
@@ -58,7 +59,7 @@ func TestAdminPageOutboxWritesInChromium(t *testing.T) {
 	viewScreenshot(t, ctx, "admin-rejected-republish.png")
 	click(t, ctx, "click Republish", `#detail-actions button.republish`)
 	waitFor(t, ctx, "the republish message", fmt.Sprintf(`document.getElementById("flash").textContent.includes("Republished row %d")`, offset))
-	require.Zero(t, pgtest.Count(t, f.db, `SELECT count(*) FROM `+f.table("outbox_rejected")+` WHERE relay = 'kafka' AND topic = 'cashback'`))
+	require.Zero(t, pgtest.Count(t, f.DB, `SELECT count(*) FROM `+f.Table("outbox_rejected")+` WHERE relay = 'kafka' AND topic = 'cashback'`))
 	waitFor(t, ctx, "the row to leave the list", fmt.Sprintf(`document.querySelector(%q) === null`, rowSel))
 
 	// Forget relay push: the dry run says what it holds, the confirmation forgets it.
@@ -66,22 +67,22 @@ func TestAdminPageOutboxWritesInChromium(t *testing.T) {
 	click(t, ctx, "click Forget relay", `#forget-ask`)
 	waitFor(t, ctx, "the confirmation", `!document.getElementById("forget-confirm").hidden`)
 	require.Contains(t, text("#forget-text"), "1 held topic(s)")
-	relays, _, err := outbox.Stats(t.Context(), f.db, f.schema)
+	relays, _, err := outbox.Stats(t.Context(), f.DB, f.Schema)
 	require.NoError(t, err)
 	require.Len(t, relays, 3, "the dry run forgot nothing")
 	screenshot(t, ctx, "admin-forget-relay.png")
 	click(t, ctx, "confirm", `#forget-yes`)
 	waitFor(t, ctx, "the forget message", `document.getElementById("flash").textContent.includes("Relay push is forgotten")`)
-	relays, _, err = outbox.Stats(t.Context(), f.db, f.schema)
+	relays, _, err = outbox.Stats(t.Context(), f.DB, f.Schema)
 	require.NoError(t, err)
 	for _, r := range relays {
 		require.NotEqual(t, "push", r.Name)
 	}
-	require.Zero(t, pgtest.Count(t, f.db, `SELECT count(*) FROM `+f.table("outbox_held")), "its held rows went with it")
+	require.Zero(t, pgtest.Count(t, f.DB, `SELECT count(*) FROM `+f.Table("outbox_held")), "its held rows went with it")
 	waitFor(t, ctx, "the held topic to go", `document.getElementById("held").hidden`)
 
 	// Read-only: no write control of the outbox shows.
-	ro := f.server(t, admin.Config{})
+	ro := f.Server(t, admin.Config{})
 	step(t, ctx, "load the read-only page", chromedp.Navigate(ro.URL+"/"))
 	waitFor(t, ctx, "the page to load its data", `document.body.dataset.ready === "1"`)
 	require.Zero(t, step(t, ctx, "count visible outbox write controls", chromedp.Evaluate[int](

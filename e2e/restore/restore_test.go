@@ -31,6 +31,7 @@ import (
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
+	"github.com/wmonce/watermill-once/internal/sqlrebase"
 	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/outbox"
@@ -429,7 +430,7 @@ func runRestored(ctx context.Context, t *testing.T, admin *sql.DB, cli string, d
 		require.NoError(t, p.pub.Publish(topic, message.NewMessage(id, []byte(`{}`))))
 	}
 
-	moved, err := broker.CheckSQLTopics(ctx, db, d.brokerSch)
+	moved, err := sqlrebase.Check(ctx, db, d.brokerSch)
 	require.NoError(t, err)
 	if lower {
 		require.ErrorIs(t, moved.Err(), broker.ErrSQLTopicsMoved, "the check reports the restored topic table")
@@ -451,7 +452,7 @@ func runRestored(ctx context.Context, t *testing.T, admin *sql.DB, cli string, d
 		require.Contains(t, dry, "RESTORED", "the dry run reports the outbox position")
 		require.Contains(t, dry, "topic "+topic+": 700 row(s) ahead", "the dry run reports the topic table's rows ahead")
 		t.Logf("wmonce rebase:\n%s", wmonce(ctx, t, cli, u.String(), "-schema", d.app, "rebase", "-broker-schema", d.brokerSch))
-		clean, err := broker.CheckSQLTopics(ctx, db, d.brokerSch)
+		clean, err := sqlrebase.Check(ctx, db, d.brokerSch)
 		require.NoError(t, err)
 		require.NoError(t, clean.Err(), "the broker's tables after the rebase")
 		require.NoError(t, checkOutbox(ctx, t, db, d.app), "the outbox positions after the rebase")

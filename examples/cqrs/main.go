@@ -46,6 +46,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/examples/internal/scaffold"
 	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -96,7 +97,7 @@ func main() {
 	flag.StringVar(&o.schema, "schema", pgtx.DefaultSchema, "schema for watermill-once's tables and the hotel's tables")
 	verbose := flag.Bool("v", false, "log what Watermill and watermill-once do")
 	flag.Parse()
-	o.logger = logFor(*verbose)
+	o.logger = scaffold.Logger(*verbose)
 	if err := runFromEnv(o); err != nil { // the broker and PostgreSQL from the environment
 		log.Fatal(err)
 	}
@@ -226,7 +227,7 @@ func run(ctx context.Context, db *sql.DB, o options) (summary, error) {
 	); err != nil {
 		return summary{}, err
 	}
-	stopRouter, err := startRouter(ctx, router)
+	stopRouter, err := scaffold.StartRouter(ctx, router)
 	if err != nil {
 		return summary{}, err
 	}
@@ -244,7 +245,7 @@ func run(ctx context.Context, db *sql.DB, o options) (summary, error) {
 	// Every message reaches its handlers twice (the relay publishes it twice): wait until each
 	// consumer applied as many messages as it receives and absorbed as many copies, then count
 	// the effects. (A consumer that applied twice as many stops the wait too: the count shows it.)
-	if err := waitUntil(ctx, o.timeout, func() bool {
+	if err := scaffold.WaitUntil(ctx, o.timeout, func() bool {
 		c := mw.Counters()
 		for consumer, perBooking := range messagesPerBooking {
 			cc, n := c.Consumer(consumer), uint64(perBooking*len(bookings))
@@ -256,7 +257,7 @@ func run(ctx context.Context, db *sql.DB, o options) (summary, error) {
 	}); err != nil {
 		return summary{}, fmt.Errorf("%w: the handlers did not receive every copy: %+v", err, mw.Counters().Consumers())
 	}
-	if err := waitUntil(ctx, o.timeout, func() bool { return e.parked(ctx, brokenID) > 0 }); err != nil {
+	if err := scaffold.WaitUntil(ctx, o.timeout, func() bool { return e.parked(ctx, brokenID) > 0 }); err != nil {
 		return summary{}, fmt.Errorf("%w: the undecodable command %s was not parked", err, brokenID)
 	}
 	s := summary{Bookings: len(bookings), Broker: string(e.broker.Kind()), Consumers: mw.Counters().Consumers(), Elapsed: time.Since(start)}

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/broker"
+	"github.com/wmonce/watermill-once/examples/internal/scaffold"
 	"github.com/wmonce/watermill-once/internal/brokertest"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/outbox"
@@ -33,7 +34,7 @@ func TestExample(t *testing.T) {
 			defer cancel()
 			var out bytes.Buffer
 			const bookings = 30
-			o := options{broker: cfg, schema: schema, bookings: bookings, timeout: 90 * time.Second, out: &out, runID: newRunID()}
+			o := options{broker: cfg, schema: schema, bookings: bookings, timeout: 90 * time.Second, out: &out, runID: scaffold.RunID("hotel-")}
 			if kind == broker.Kafka {
 				t.Cleanup(func() { deleteKafkaTopics(t, cfg, o.runID) })
 			}

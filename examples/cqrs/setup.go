@@ -7,14 +7,11 @@ package main
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -22,9 +19,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmonce/watermill-once/broker"
-	"github.com/wmonce/watermill-once/internal/embeddedkafka"
+	"github.com/wmonce/watermill-once/examples/internal/scaffold"
 	"github.com/wmonce/watermill-once/internal/embeddedpg"
-	"github.com/wmonce/watermill-once/migrate"
 	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -52,24 +48,11 @@ type options struct {
 func runFromEnv(o options) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	getenv := os.Getenv
-	if strings.EqualFold(os.Getenv(broker.EnvBroker), string(broker.Kafka)) && os.Getenv(broker.EnvKafkaBrokers) == "" {
-		ek, err := embeddedkafka.Start(ctx, o.logger)
-		if err != nil {
-			return err
-		}
-		defer ek.Close()
-		addrs := strings.Join(ek.Addrs(), ",")
-		getenv = func(k string) string {
-			if k == broker.EnvKafkaBrokers {
-				return addrs
-			}
-			return os.Getenv(k)
-		}
-		fmt.Fprintf(o.out, "started an embedded Kafka (kfake) at %s\n", addrs)
-	}
+	var stopKafka func()
 	var err error
-	if o.broker, err = broker.ParseEnv(getenv); err != nil {
+	o.broker, stopKafka, err = scaffold.BrokerFromEnv(ctx, o.logger, o.out)
+	defer stopKafka()
+	if err != nil {
 		return err
 	}
 	databaseURL, stopDB, err := embeddedpg.DatabaseURL(ctx, embeddedpg.Options{Out: o.out})
@@ -87,13 +70,6 @@ func runFromEnv(o options) error {
 		return err
 	}
 	return s.printJSON(o.out)
-}
-
-func logFor(verbose bool) watermill.LoggerAdapter {
-	if verbose {
-		return watermill.NewStdLogger(false, false)
-	}
-	return watermill.NopLogger{}
 }
 
 // tables are the hotel's business tables (qualified). bookings and beer_orders have no unique
@@ -121,7 +97,7 @@ func (e *env) topic(name string) string { return e.runID + "." + name }
 // setUp migrates o.schema, creates the hotel's tables and the broker (every handler's
 // subscription declared before anything is published), the outbox Writer, and starts the relay.
 func setUp(ctx context.Context, db *sql.DB, o options) (e *env, err error) {
-	e = &env{runID: cmp.Or(o.runID, newRunID()), logger: o.logger, db: db}
+	e = &env{runID: cmp.Or(o.runID, scaffold.RunID("hotel-")), logger: o.logger, db: db}
 	if e.logger == nil {
 		e.logger = watermill.NopLogger{}
 	}
@@ -130,11 +106,7 @@ func setUp(ctx context.Context, db *sql.DB, o options) (e *env, err error) {
 			e.close()
 		}
 	}()
-	m, err := migrate.New(db, migrate.Config{Schema: o.schema}, e.logger)
-	if err != nil {
-		return e, err
-	}
-	if _, err := m.Migrate(ctx, migrate.DirectionUp, nil); err != nil {
+	if err = scaffold.Migrate(ctx, db, o.schema, e.logger); err != nil {
 		return e, err
 	}
 	q := func(name string) string { return pgtx.QualifiedName(o.schema, name) }
@@ -167,7 +139,7 @@ CREATE TABLE IF NOT EXISTS `+e.tables.reports+` (hotel text PRIMARY KEY, booking
 	if err != nil {
 		return e, err
 	}
-	e.stop = append(e.stop, inBackground(ctx, relay.Run, relay.Close))
+	e.stop = append(e.stop, scaffold.InBackground(ctx, relay.Run, relay.Close))
 	return e, nil
 }
 
@@ -223,54 +195,4 @@ func (p twice) Publish(topic string, msgs ...*message.Message) error {
 		}
 	}
 	return nil
-}
-
-// inBackground runs fn until the returned stop is called, which calls closeFn and waits for fn
-// to return. fn's context is not cancelled with ctx: stop ends it, as a deferred call.
-func inBackground(ctx context.Context, fn func(context.Context) error, closeFn func() error) (stop func()) {
-	done := make(chan struct{})
-	go func() { defer close(done); _ = fn(context.WithoutCancel(ctx)) }()
-	return func() { _ = closeFn(); <-done }
-}
-
-// startRouter runs r in the background and returns once it is running, with the function that
-// closes it and waits for Run to return.
-func startRouter(ctx context.Context, r *message.Router) (stop func(), err error) {
-	var runErr error
-	done := make(chan struct{})
-	go func() { defer close(done); runErr = r.Run(context.WithoutCancel(ctx)) }()
-	stop = func() { _ = r.Close(); <-done }
-	select {
-	case <-r.Running():
-		return stop, nil
-	case <-done:
-		return nil, fmt.Errorf("router stopped: %w", runErr)
-	case <-ctx.Done():
-		stop()
-		return nil, ctx.Err()
-	}
-}
-
-// waitUntil checks cond every 20ms (it reads in-memory counters: no query) until it holds, ctx
-// ends or timeout passes.
-func waitUntil(ctx context.Context, timeout time.Duration, cond func() bool) error {
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	deadline := time.After(timeout)
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-deadline:
-			return fmt.Errorf("timed out after %s", timeout)
-		case <-tick.C:
-		}
-	}
-	return nil
-}
-
-func newRunID() string {
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	return "hotel-" + hex.EncodeToString(b)
 }

@@ -40,6 +40,7 @@ import (
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/examples/internal/scaffold"
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
@@ -58,7 +59,7 @@ func main() {
 	flag.StringVar(&o.topic, "topic", "payments", "topic the events are published to")
 	verbose := flag.Bool("v", false, "log what Watermill and watermill-once do")
 	flag.Parse()
-	o.logger = logFor(*verbose)
+	o.logger = scaffold.Logger(*verbose)
 	if err := runFromEnv(o); err != nil { // the broker and PostgreSQL from the environment
 		log.Fatal(err)
 	}
@@ -100,7 +101,7 @@ func run(ctx context.Context, db *sql.DB, o options) (summary, error) {
 	if err != nil {
 		return summary{}, err
 	}
-	defer inBackground(ctx, processor.Run, processor.Close)()
+	defer scaffold.InBackground(ctx, processor.Run, processor.Close)()
 
 	// The router feeds the receiver; what the receiver refuses (a permanent error) is parked by
 	// Watermill's poison-queue middleware, through the outbox: ParkingPublisher stores any
@@ -114,7 +115,7 @@ func run(ctx context.Context, db *sql.DB, o options) (summary, error) {
 		return summary{}, err
 	}
 	router.AddConsumerHandler("rewards-inbox", o.topic, e.sub, receiver.Handle).AddMiddleware(poison)
-	stopRouter, err := startRouter(ctx, router)
+	stopRouter, err := scaffold.StartRouter(ctx, router)
 	if err != nil {
 		return summary{}, err
 	}
@@ -125,7 +126,7 @@ func run(ctx context.Context, db *sql.DB, o options) (summary, error) {
 	if err := b.publish(e.pub, o.topic); err != nil {
 		return summary{}, err
 	}
-	if err := waitUntil(ctx, o.timeout, func() bool {
+	if err := scaffold.WaitUntil(ctx, o.timeout, func() bool {
 		p, r := processor.Counters(), receiver.Counters()
 		return p.Processed >= uint64(o.events) && p.Parked >= 1 && r.Refused >= 1
 	}); err != nil {

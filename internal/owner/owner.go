@@ -35,41 +35,57 @@ func CheckPrune(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRe
 	if db == nil {
 		return "", req, time.Time{}, errors.New("db is nil")
 	}
-	if schema == "" {
-		schema = pgtx.DefaultSchema
-	}
-	if err := pgtx.ValidateIdentifier("schema", schema); err != nil {
+	schema = cmp.Or(schema, pgtx.DefaultSchema)
+	req.BatchSize = cmp.Or(req.BatchSize, defaultBatchSize)
+	if err := errors.Join(pgtx.ValidateIdentifier("schema", schema), checkWindow(req), checkConsumer(req.Consumer, scope)); err != nil {
 		return "", req, time.Time{}, err
 	}
-	req.BatchSize = cmp.Or(req.BatchSize, defaultBatchSize)
-	var errs []error
+	cutoff, err := pruneCutoff(ctx, db, req)
+	if err != nil {
+		return "", req, time.Time{}, err
+	}
+	return schema, req, cutoff, nil
+}
+
+// checkWindow checks the batch size and that exactly one of Before and Keep says which rows are
+// old enough (a zero Keep alone would delete every row).
+func checkWindow(req pgtx.PruneRequest) error {
 	switch {
 	case req.BatchSize < 1:
-		errs = append(errs, fmt.Errorf("BatchSize must be positive, got %d", req.BatchSize))
+		return fmt.Errorf("BatchSize must be positive, got %d", req.BatchSize)
 	case req.Keep < 0:
-		errs = append(errs, fmt.Errorf("keep must not be negative, got %s", req.Keep))
-	case !req.Before.IsZero() && req.Keep != 0:
-		errs = append(errs, errors.New("set Before or Keep, not both"))
-	case req.Before.IsZero() && req.Keep == 0:
-		errs = append(errs, errors.New("set Before (a time) or Keep (an age); a zero Keep would delete every row"))
+		return fmt.Errorf("keep must not be negative, got %s", req.Keep)
+	case req.Before.IsZero() != (req.Keep == 0): // exactly one is set
+		return nil
+	case req.Keep != 0:
+		return errors.New("set Before or Keep, not both")
 	}
+	return errors.New("set Before (a time) or Keep (an age); a zero Keep would delete every row")
+}
+
+// checkConsumer checks PruneRequest.Consumer against the scope of the owner's rows: refused for
+// Unscoped rows, required for PerConsumer ones, optional for AnyConsumer.
+func checkConsumer(consumer string, scope PruneScope) error {
 	switch {
-	case scope == PerConsumer && req.Consumer == "":
-		errs = append(errs, errors.New("Consumer is required: these rows belong to a consumer"))
-	case scope == Unscoped && req.Consumer != "":
-		errs = append(errs, fmt.Errorf("Consumer %q given, but these rows belong to no consumer", req.Consumer))
+	case scope == AnyConsumer, (consumer == "") == (scope == Unscoped):
+		return nil
+	case scope == Unscoped:
+		return fmt.Errorf("Consumer %q given, but these rows belong to no consumer", consumer)
 	}
-	if err := errors.Join(errs...); err != nil {
-		return "", req, time.Time{}, err
-	}
+	return errors.New("Consumer is required: these rows belong to a consumer")
+}
+
+// pruneCutoff is req.Before, or now() - req.Keep by the database's clock (the rows' times were
+// written by it).
+func pruneCutoff(ctx context.Context, db *sql.DB, req pgtx.PruneRequest) (time.Time, error) {
 	if !req.Before.IsZero() {
-		return schema, req, req.Before, nil
+		return req.Before, nil
 	}
 	var cutoff time.Time
 	if err := db.QueryRowContext(ctx, `SELECT now() - $1::bigint * interval '1 microsecond'`, req.Keep.Microseconds()).Scan(&cutoff); err != nil {
-		return "", req, time.Time{}, fmt.Errorf("read the database clock: %w", err)
+		return time.Time{}, fmt.Errorf("read the database clock: %w", err)
 	}
-	return schema, req, cutoff, nil
+	return cutoff, nil
 }
 
 // PruneOlder is the whole of an owner's Prune for rows that belong to no consumer: it checks req

@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wmonce/watermill-once/internal/admintest"
 	"github.com/wmonce/watermill-once/internal/operate"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/middleware/once"
@@ -34,13 +35,13 @@ func TestNewHandlerRefusesBadConfig(t *testing.T) {
 
 func TestReadAPI(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, 2)
-	srv := f.server(t, admin.Config{Middlewares: []*once.Middleware{f.mw}})
+	f := admintest.New(t, 2)
+	srv := f.Server(t, admin.Config{Middlewares: []*once.Middleware{f.MW}})
 	api := srv.URL + "/api/"
 
 	var st operate.StatusResponse
 	get(t, api+"status").decode(t, &st)
-	require.Equal(t, f.schema, st.Schema)
+	require.Equal(t, f.Schema, st.Schema)
 	require.Equal(t, migrate.Latest(), st.Version)
 	require.Empty(t, st.Hint)
 	require.False(t, st.WritesAllowed)
@@ -124,20 +125,20 @@ func TestReadAPI(t *testing.T) {
 
 func TestWritesAreRefusedWhenReadOnly(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, 2)
-	srv := f.server(t, admin.Config{})
+	f := admintest.New(t, 2)
+	srv := f.Server(t, admin.Config{})
 	for _, path := range []string{"replay", "skip"} {
 		r := post(t, srv.URL+"/api/inbox/"+path, operate.ChangeRequest{Consumer: "billing", Reason: "x", All: true}, nil)
 		require.Equal(t, http.StatusForbidden, r.status)
 		require.Contains(t, r.errorText(t), "read-only: set admin.Config.AllowWrites")
 	}
-	require.Equal(t, 2, f.count(t, "FAILED"))
+	require.Equal(t, 2, f.Count(t, "FAILED"))
 }
 
 func TestWritesNeedPostJSONAndTheHeader(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, 1)
-	srv := f.server(t, admin.Config{AllowWrites: true})
+	f := admintest.New(t, 1)
+	srv := f.Server(t, admin.Config{AllowWrites: true})
 	url := srv.URL + "/api/inbox/replay"
 	body := operate.ChangeRequest{Consumer: "billing"}
 
@@ -153,15 +154,15 @@ func TestWritesNeedPostJSONAndTheHeader(t *testing.T) {
 	require.Equal(t, http.StatusForbidden, r.status)
 	r = get(t, url)
 	require.Equal(t, http.StatusMethodNotAllowed, r.status)
-	require.Equal(t, 1, f.count(t, "FAILED"), "nothing changed")
+	require.Equal(t, 1, f.Count(t, "FAILED"), "nothing changed")
 }
 
 func TestReplayAndSkip(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, 4)
-	srv := f.server(t, admin.Config{AllowWrites: true})
+	f := admintest.New(t, 4)
+	srv := f.Server(t, admin.Config{AllowWrites: true})
 	replay, skip := srv.URL+"/api/inbox/replay", srv.URL+"/api/inbox/skip"
-	failed := f.ids(t, "FAILED")
+	failed := f.IDs(t, "FAILED")
 	require.Len(t, failed, 4)
 
 	// Dry run: counts, changes nothing.
@@ -170,18 +171,18 @@ func TestReplayAndSkip(t *testing.T) {
 	require.Equal(t, http.StatusOK, r.status, string(r.body))
 	r.decode(t, &ch)
 	require.Equal(t, operate.ChangeResponse{Action: "replay", Consumer: "billing", DryRun: true, Rows: 4}, ch)
-	require.Equal(t, 4, f.count(t, "FAILED"))
+	require.Equal(t, 4, f.Count(t, "FAILED"))
 
 	// Replay one row by id.
 	post(t, replay, operate.ChangeRequest{Consumer: "billing", IDs: []int64{failed[0]}}, nil).decode(t, &ch)
 	require.Equal(t, 1, ch.Rows)
-	require.Equal(t, "PENDING", f.rowStatus(t, failed[0]))
+	require.Equal(t, "PENDING", f.RowStatus(t, failed[0]))
 
 	// Skip one row with a reason.
 	post(t, skip, operate.ChangeRequest{Consumer: "billing", IDs: []int64{failed[1]}, Reason: "refunded by hand"}, nil).decode(t, &ch)
 	require.Equal(t, operate.ChangeResponse{Action: "skip", Consumer: "billing", Rows: 1}, ch)
-	require.Equal(t, "SKIPPED", f.rowStatus(t, failed[1]))
-	require.Equal(t, 1, pgtest.Count(t, f.db, `SELECT count(*) FROM `+f.table("inbox")+` WHERE id = $1 AND last_error LIKE 'skipped: refunded by hand%'`, failed[1]))
+	require.Equal(t, "SKIPPED", f.RowStatus(t, failed[1]))
+	require.Equal(t, 1, pgtest.Count(t, f.DB, `SELECT count(*) FROM `+f.Table("inbox")+` WHERE id = $1 AND last_error LIKE 'skipped: refunded by hand%'`, failed[1]))
 
 	// Bad requests change nothing and say why.
 	for _, tc := range []struct {
@@ -204,13 +205,13 @@ func TestReplayAndSkip(t *testing.T) {
 		require.Equal(t, http.StatusBadRequest, r.status, "%v: %s", tc.body, r.body)
 		require.Contains(t, r.errorText(t), tc.want, "%v", tc.body)
 	}
-	require.Equal(t, 2, f.count(t, "FAILED"))
+	require.Equal(t, 2, f.Count(t, "FAILED"))
 
 	// Replay the rest of the FAILED rows at once.
 	post(t, replay, operate.ChangeRequest{Consumer: "billing", Statuses: []string{"FAILED"}}, nil).decode(t, &ch)
 	require.Equal(t, 2, ch.Rows)
-	require.Equal(t, 0, f.count(t, "FAILED"))
-	require.Equal(t, 3, f.count(t, "PENDING"))
+	require.Equal(t, 0, f.Count(t, "FAILED"))
+	require.Equal(t, 3, f.Count(t, "PENDING"))
 }
 
 func TestMountedUnderAPrefix(t *testing.T) {
@@ -267,17 +268,17 @@ func TestMountedUnderAPrefix(t *testing.T) {
 // lease and rewards' claims have no day partition.
 func TestUnsetTimesAreNull(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, 1)
-	f.relayAll(t)
-	audit, err := once.New(f.db, once.Config{Schema: f.schema, Consumer: "audit"}, nil)
+	f := admintest.New(t, 1)
+	f.RelayAll(t)
+	audit, err := once.New(f.DB, once.Config{Schema: f.Schema, Consumer: "audit"}, nil)
 	require.NoError(t, err)
 	_, err = audit.Middleware(func(*message.Message) ([]*message.Message, error) {
 		return nil, errors.New("audit log unavailable")
 	})(message.NewMessage("a-1", []byte(`{}`)))
 	require.Error(t, err)
-	srv := f.server(t, admin.Config{Middlewares: []*once.Middleware{f.mw, audit}, SampleInterval: -1})
+	srv := f.Server(t, admin.Config{Middlewares: []*once.Middleware{f.MW, audit}, SampleInterval: -1})
 	api := srv.URL + "/api/"
-	failed := f.ids(t, "FAILED")[0]
+	failed := f.IDs(t, "FAILED")[0]
 
 	bodies := map[string][]byte{}
 	for _, path := range []string{"outbox", "status", "consumers", "inbox/stats", "inbox?consumer=billing", fmt.Sprintf("inbox/%d", failed),

@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wmonce/watermill-once/internal/admintest"
 	"github.com/wmonce/watermill-once/internal/operate"
 	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/internal/pgtest"
@@ -18,36 +19,24 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// failureGroup returns the group of kind at owner (consumer, handler or relay) and topic.
-func failureGroup(t *testing.T, groups []operate.FailureGroup, kind, owner, topic string) operate.FailureGroup {
-	t.Helper()
-	for _, g := range groups {
-		if g.Kind == kind && g.Consumer+g.Handler+g.Relay == owner && g.Topic == topic {
-			return g
-		}
-	}
-	t.Fatalf("no %s failure group of %q on topic %q in %+v", kind, owner, topic, groups)
-	return operate.FailureGroup{}
-}
-
 // GET /api/failures groups the parked inbox rows and the rejected outbox rows; POST
 // /api/failures/act runs an action on a group behind the write guard, and its dry run lists
 // the rows it would touch. Each kind refuses the action it does not take.
 func TestFailureGroupsThroughTheAPI(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, 3)
-	relay, pub := f.kafkaRejects(t, "m-2")
+	f := admintest.New(t, 3)
+	relay, pub := f.KafkaRejects(t, "m-2")
 	// Two messages the poison queue parked, as once.Stack parks them.
-	w, err := outbox.NewWriter(outbox.Config{Schema: f.schema})
+	w, err := outbox.NewWriter(outbox.Config{Schema: f.Schema})
 	require.NoError(t, err)
 	for _, id := range []string{"evt-17", "evt-18"} {
 		m := message.NewMessage(id, []byte(`{}`))
 		m.Metadata.Set(middleware.ReasonForPoisonedKey, "permanent: unknown currency XYZ in "+id)
 		m.Metadata.Set(middleware.PoisonedTopicKey, "payments")
 		m.Metadata.Set(middleware.PoisonedHandlerKey, "ledger")
-		require.NoError(t, w.ParkingPublisher(f.db).Publish("payments-poison", m))
+		require.NoError(t, w.ParkingPublisher(f.DB).Publish("payments-poison", m))
 	}
-	ro := f.server(t, admin.Config{})
+	ro := f.Server(t, admin.Config{})
 	var groups operate.FailureGroupsResponse
 	get(t, ro.URL+"/api/failures").decode(t, &groups)
 	require.Len(t, groups.Groups, 5, "%+v", groups.Groups)
@@ -57,13 +46,13 @@ func TestFailureGroupsThroughTheAPI(t *testing.T) {
 		Example: "card declined: <b>insufficient funds</b>", Rows: 3, FirstSeen: billing.FirstSeen, LastSeen: billing.LastSeen,
 		Actions: []string{operate.ActionReplay, operate.ActionSkip},
 	}, billing)
-	cashback := failureGroup(t, groups.Groups, operate.FailureKindRejected, "kafka", "cashback")
+	cashback := admintest.FailureGroup(t, groups.Groups, operate.FailureKindRejected, "kafka", "cashback")
 	require.Equal(t, []string{operate.ActionReplay, operate.ActionDiscard}, cashback.Actions)
-	parked := failureGroup(t, groups.Groups, operate.FailureKindParked, "ledger", "payments")
+	parked := admintest.FailureGroup(t, groups.Groups, operate.FailureKindParked, "ledger", "payments")
 	require.Equal(t, "permanent: unknown currency XYZ in evt-<n>", parked.Pattern)
 	require.Equal(t, int64(2), parked.Rows)
 	require.Equal(t, []string{operate.ActionReplay, operate.ActionDiscard}, parked.Actions)
-	legacy := failureGroup(t, groups.Groups, operate.FailureKindRejected, "sms", "")
+	legacy := admintest.FailureGroup(t, groups.Groups, operate.FailureKindRejected, "sms", "")
 	require.Equal(t, int64(1), legacy.Rows)
 	require.Equal(t, []string{operate.ActionDiscard}, legacy.Actions, "undecodable rows would only be rejected again")
 	require.Equal(t, operate.DefaultFailureGroupRows, groups.MaxRows)
@@ -78,7 +67,7 @@ func TestFailureGroupsThroughTheAPI(t *testing.T) {
 		Kind: operate.FailureKindInbox, Fingerprint: billing.Fingerprint, Action: operate.ActionReplay,
 	}, nil).status, "writes need AllowWrites")
 
-	srv := f.server(t, admin.Config{AllowWrites: true})
+	srv := f.Server(t, admin.Config{AllowWrites: true})
 	act := func(req operate.FailureActionRequest) operate.FailureActionResponse {
 		t.Helper()
 		r := post(t, srv.URL+"/api/failures/act", req, nil)
@@ -88,26 +77,26 @@ func TestFailureGroupsThroughTheAPI(t *testing.T) {
 		return out
 	}
 	dry := act(operate.FailureActionRequest{Kind: operate.FailureKindInbox, Fingerprint: billing.Fingerprint, Action: operate.ActionSkip, DryRun: true})
-	require.Equal(t, f.ids(t, "FAILED"), dry.IDs)
+	require.Equal(t, f.IDs(t, "FAILED"), dry.IDs)
 	require.Equal(t, 3, dry.Rows)
-	require.Equal(t, 3, f.count(t, "FAILED"), "a dry run changes nothing")
+	require.Equal(t, 3, f.Count(t, "FAILED"), "a dry run changes nothing")
 	done := act(operate.FailureActionRequest{Kind: operate.FailureKindInbox, Fingerprint: billing.Fingerprint, Action: operate.ActionSkip, IDs: dry.IDs[:2], Reason: "paid by transfer"})
 	require.Equal(t, dry.IDs[:2], done.IDs)
-	require.Equal(t, 2, f.count(t, "SKIPPED"))
-	require.Equal(t, 1, f.count(t, "FAILED"))
+	require.Equal(t, 2, f.Count(t, "SKIPPED"))
+	require.Equal(t, 1, f.Count(t, "FAILED"))
 
-	pub.refuse = nil
+	pub.Refuse = nil
 	re := act(operate.FailureActionRequest{Kind: operate.FailureKindRejected, Fingerprint: cashback.Fingerprint, Action: operate.ActionReplay})
 	require.Equal(t, "kafka", re.Relay)
 	require.Len(t, re.IDs, 1)
 	before := relay.Counters().Forwarded
-	relayUntil(t, relay, "forward the republished row", func(st outbox.RelayCounters) bool { return st.Forwarded > before })
+	admintest.RelayUntil(t, relay, "forward the republished row", func(st outbox.RelayCounters) bool { return st.Forwarded > before })
 	gone := act(operate.FailureActionRequest{Kind: operate.FailureKindRejected, Fingerprint: legacy.Fingerprint, Action: operate.ActionDiscard})
 	require.Equal(t, "sms", gone.Relay)
 	require.Len(t, gone.IDs, 1)
 	replayed := act(operate.FailureActionRequest{Kind: operate.FailureKindParked, Fingerprint: parked.Fingerprint, Action: operate.ActionReplay})
 	require.Len(t, replayed.IDs, 2)
-	require.Equal(t, 2, pgtest.Count(t, f.db, `SELECT count(*) FROM `+f.table("outbox")+` WHERE payload->>'destination_topic' = 'payments' AND metadata->>'reason_poisoned' IS NULL`),
+	require.Equal(t, 2, pgtest.Count(t, f.DB, `SELECT count(*) FROM `+f.Table("outbox")+` WHERE payload->>'destination_topic' = 'payments' AND metadata->>'reason_poisoned' IS NULL`),
 		"the originals, stored again for the topic they were consumed from")
 	get(t, srv.URL+"/api/failures").decode(t, &groups)
 	require.Len(t, groups.Groups, 2, "billing's last row and kafka's undecodable row are left: %+v", groups.Groups)

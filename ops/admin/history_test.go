@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wmonce/watermill-once/internal/admintest"
 	"github.com/wmonce/watermill-once/internal/operate"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/middleware/once"
@@ -52,25 +53,25 @@ func maxPtr[T int64 | float64](vs []*T) (m T, ok bool) {
 // duplicates, inbox backlog and relay backlog from the handler's samples.
 func TestHistoryAPI(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, 2)
+	f := admintest.New(t, 2)
 	ctx := context.Background()
 	// A second consumer claims in the daily partitions.
-	ledger, err := once.New(f.db, once.Config{Schema: f.schema, Consumer: "ledger", PartitionByDay: true}, nil)
+	ledger, err := once.New(f.DB, once.Config{Schema: f.Schema, Consumer: "ledger", PartitionByDay: true}, nil)
 	require.NoError(t, err)
 	msg := message.NewMessage("l-1", []byte(`{}`))
 	msg.Metadata.Set(outbox.MetadataOccurredAt, time.Now().UTC().Format(time.RFC3339Nano))
 	_, err = ledger.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(msg)
 	require.NoError(t, err)
 
-	srv, h := f.serve(t, admin.Config{Middlewares: []*once.Middleware{f.mw, ledger}, SampleInterval: -1})
+	srv, h := f.Serve(t, admin.Config{Middlewares: []*once.Middleware{f.MW, ledger}, SampleInterval: -1})
 	api := srv.URL + "/api/"
 	require.NoError(t, h.Sample(ctx)) // the baseline: 3 fresh and 1 duplicate counted before it
-	f.deliver(t, "m-2")
-	f.deliver(t, "m-1")
-	f.deliver(t, "m-4") // fresh: a fourth claim and a second row waiting for the relay
+	f.Deliver(t, "m-2")
+	f.Deliver(t, "m-1")
+	f.Deliver(t, "m-4") // fresh: a fourth claim and a second row waiting for the relay
 	require.NoError(t, h.Sample(ctx))
 
-	require.NoError(t, f.mw.Close()) // writes the duplicates per minute it has not written yet
+	require.NoError(t, f.MW.Close()) // writes the duplicates per minute it has not written yet
 
 	var hr operate.HistoryResponse
 	get(t, api+"history").decode(t, &hr)
@@ -93,7 +94,7 @@ func TestHistoryAPI(t *testing.T) {
 	require.Equal(t, 60, covered, "the database holds every bucket")
 
 	// The standalone page (`wmonce admin`: no middlewares in its process) charts the same.
-	standalone := f.server(t, admin.Config{SampleInterval: -1})
+	standalone := f.Server(t, admin.Config{SampleInterval: -1})
 	var sa operate.HistoryResponse
 	get(t, standalone.URL+"/api/history?consumer=rewards").decode(t, &sa)
 	require.False(t, sa.InProcessCounters)
@@ -116,10 +117,10 @@ func TestHistoryAPI(t *testing.T) {
 	require.Greater(t, lag, 0.0)
 
 	// Claims land in the bucket of their processed_at: move one 30 minutes and one 3 hours back.
-	pgtest.Exec(t, f.db, `UPDATE `+f.table("processed_messages")+` SET processed_at = processed_at - interval '30 minutes' WHERE message_id = 'm-1'`)
-	pgtest.Exec(t, f.db, `UPDATE `+f.table("processed_messages")+` SET processed_at = processed_at - interval '3 hours' WHERE message_id = 'm-2'`)
+	pgtest.Exec(t, f.DB, `UPDATE `+f.Table("processed_messages")+` SET processed_at = processed_at - interval '30 minutes' WHERE message_id = 'm-1'`)
+	pgtest.Exec(t, f.DB, `UPDATE `+f.Table("processed_messages")+` SET processed_at = processed_at - interval '3 hours' WHERE message_id = 'm-2'`)
 	var moved time.Time
-	require.NoError(t, f.db.QueryRow(`SELECT processed_at FROM `+f.table("processed_messages")+` WHERE message_id = 'm-1'`).Scan(&moved))
+	require.NoError(t, f.DB.QueryRow(`SELECT processed_at FROM `+f.Table("processed_messages")+` WHERE message_id = 'm-1'`).Scan(&moved))
 	get(t, api+"history?consumer=rewards").decode(t, &hr)
 	require.Len(t, hr.Consumers, 1, "the consumer filter")
 	require.Empty(t, hr.Inbox, "billing is filtered out")
@@ -155,19 +156,19 @@ func TestHistoryAPI(t *testing.T) {
 // the minute they were skipped in.
 func TestHistoryKeepsTheDayCoarse(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, 1)
+	f := admintest.New(t, 1)
 	ctx := context.Background()
-	srv, h := f.serve(t, admin.Config{SampleInterval: -1})
+	srv, h := f.Serve(t, admin.Config{SampleInterval: -1})
 	now := time.Now()
 	base := now.Add(-3 * time.Hour).Truncate(15 * time.Minute)
 	require.NoError(t, admin.SampleAt(ctx, h, base))
-	f.deliver(t, "m-1")
+	f.Deliver(t, "m-1")
 	require.NoError(t, admin.SampleAt(ctx, h, base.Add(time.Minute))) // merged with the first
-	f.deliver(t, "m-2")
-	f.deliver(t, "m-5") // backlog 2
+	f.Deliver(t, "m-2")
+	f.Deliver(t, "m-5") // backlog 2
 	require.NoError(t, admin.SampleAt(ctx, h, base.Add(6*time.Minute)))
 	require.NoError(t, h.Sample(ctx))
-	require.NoError(t, f.mw.Close()) // writes the duplicates per minute
+	require.NoError(t, f.MW.Close()) // writes the duplicates per minute
 
 	var hr operate.HistoryResponse
 	get(t, srv.URL+"/api/history?window=day").decode(t, &hr)
@@ -185,8 +186,8 @@ func TestHistoryKeepsTheDayCoarse(t *testing.T) {
 // Rows of outbox_rejected, as a relay set them aside, listed and opened.
 func TestRejectedAPI(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, 1)
-	srv := f.server(t, admin.Config{})
+	f := admintest.New(t, 1)
+	srv := f.Server(t, admin.Config{})
 	api := srv.URL + "/api/outbox/rejected"
 
 	var list operate.RejectedListResponse
@@ -197,7 +198,7 @@ func TestRejectedAPI(t *testing.T) {
 	require.Equal(t, "legacy-7", r.UUID)
 	require.Nil(t, r.Payload, "lists leave payloads out")
 	require.Nil(t, r.Metadata)
-	require.Equal(t, len(rejectedPayload), r.PayloadSize)
+	require.Equal(t, len(admintest.RejectedPayload), r.PayloadSize)
 	require.Contains(t, r.LastError, "destination_topic")
 	require.NotEmpty(t, r.TransactionID)
 	require.WithinDuration(t, time.Now(), r.RejectedAt, time.Minute)
@@ -205,7 +206,7 @@ func TestRejectedAPI(t *testing.T) {
 
 	var row operate.RejectedRow
 	get(t, fmt.Sprintf("%s/%d", api, r.Offset)).decode(t, &row)
-	require.Equal(t, rejectedPayload, *row.Payload)
+	require.Equal(t, admintest.RejectedPayload, *row.Payload)
 	require.JSONEq(t, `{"source":"legacy-billing","attempt":"3"}`, string(row.Metadata))
 	require.Equal(t, r.LastError, row.LastError)
 	get(t, fmt.Sprintf("%s/%d?relay=sms", api, r.Offset)).decode(t, &row)
@@ -223,9 +224,9 @@ func TestRejectedAPI(t *testing.T) {
 	// A second relay rejects the same row: one offset, two rows, never split across pages.
 	pub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
 	t.Cleanup(func() { _ = pub.Close() })
-	push, err := outbox.NewRelay(f.db, pub, outbox.RelayConfig{Schema: f.schema, Name: "push"}, nil)
+	push, err := outbox.NewRelay(f.DB, pub, outbox.RelayConfig{Schema: f.Schema, Name: "push"}, nil)
 	require.NoError(t, err)
-	relayUntil(t, push, "reject legacy-7", func(st outbox.RelayCounters) bool { return st.Rejected >= 1 })
+	admintest.RelayUntil(t, push, "reject legacy-7", func(st outbox.RelayCounters) bool { return st.Rejected >= 1 })
 	get(t, api+"?limit=1").decode(t, &list)
 	require.Len(t, list.Rows, 2)
 	require.Equal(t, []string{"push", "sms"}, []string{list.Rows[0].Relay, list.Rows[1].Relay})
@@ -260,8 +261,8 @@ func TestRejectedAPI(t *testing.T) {
 
 func TestInboxListByTime(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, 2)
-	srv := f.server(t, admin.Config{})
+	f := admintest.New(t, 2)
+	srv := f.Server(t, admin.Config{})
 	api := srv.URL + "/api/inbox?consumer=billing&"
 	future := url.QueryEscape(time.Now().Add(time.Hour).Format(time.RFC3339))
 	past := url.QueryEscape(time.Now().Add(-time.Hour).Format(time.RFC3339Nano))

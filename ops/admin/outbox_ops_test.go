@@ -2,61 +2,31 @@ package admin_test
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
-	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/internal/admintest"
 	"github.com/wmonce/watermill-once/internal/operate"
 	"github.com/wmonce/watermill-once/internal/worker"
 	"github.com/wmonce/watermill-once/ops/admin"
 	"github.com/wmonce/watermill-once/outbox"
 )
 
-// refusingPublisher refuses for good (as a broker refuses a record too large) every call
-// holding a message of refuse, until refuse is cleared.
-type refusingPublisher struct{ refuse map[string]bool }
-
-func (p *refusingPublisher) Publish(_ string, msgs ...*message.Message) error {
-	for _, m := range msgs {
-		if p.refuse[m.UUID] {
-			return wmonce.Permanent(errors.New("kafka server: Message was too large, server rejected it"))
-		}
-	}
-	return nil
-}
-func (p *refusingPublisher) Close() error { return nil }
-
-// kafkaRejects has relay "kafka" set aside the row of message id: the broker refuses it.
-func (f *fixture) kafkaRejects(t *testing.T, id string) (*outbox.Relay, *refusingPublisher) {
-	t.Helper()
-	pub := &refusingPublisher{refuse: map[string]bool{}}
-	relay, err := outbox.NewRelay(f.db, pub, outbox.RelayConfig{Schema: f.schema, Name: "kafka"}, nil)
-	require.NoError(t, err)
-	var uuid string
-	require.NoError(t, f.db.QueryRow(`SELECT uuid FROM `+f.table("outbox")+` WHERE metadata->>'causation_id' = $1`, id).Scan(&uuid))
-	pub.refuse[uuid] = true
-	// A new relay reads the outbox from its start: it also rejects the fixture's undecodable row.
-	relayUntil(t, relay, "reject the row of "+id, func(st outbox.RelayCounters) bool { return st.Rejected >= 2 })
-	return relay, pub
-}
-
 // POST /api/outbox/republish stores a row the broker refused in the outbox again, once the
 // cause is fixed; a row that cannot be decoded stays rejected. Both writes need AllowWrites.
 func TestRepublishRejectedRowsThroughTheAPI(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, 1)
-	relay, pub := f.kafkaRejects(t, "m-2")
-	ro := f.server(t, admin.Config{})
+	f := admintest.New(t, 1)
+	relay, pub := f.KafkaRejects(t, "m-2")
+	ro := f.Server(t, admin.Config{})
 	require.Equal(t, http.StatusForbidden, post(t, ro.URL+"/api/outbox/republish", operate.RepublishRequest{Relay: "kafka", All: true}, nil).status)
 	require.Equal(t, http.StatusForbidden, post(t, ro.URL+"/api/outbox/forget", operate.ForgetRequest{Relay: "sms"}, nil).status)
 
-	srv := f.server(t, admin.Config{AllowWrites: true})
+	srv := f.Server(t, admin.Config{AllowWrites: true})
 	var list operate.RejectedListResponse
 	get(t, srv.URL+"/api/outbox/rejected?relay=kafka").decode(t, &list)
 	require.Len(t, list.Rows, 2)
@@ -72,7 +42,7 @@ func TestRepublishRejectedRowsThroughTheAPI(t *testing.T) {
 	r.decode(t, &res)
 	require.Equal(t, operate.RepublishResponse{Relay: "kafka", DryRun: true, Republished: 1, Offsets: []int64{row.Offset}, Undecodable: []int64{}}, res)
 
-	pub.refuse = nil
+	pub.Refuse = nil
 	r = post(t, srv.URL+"/api/outbox/republish", operate.RepublishRequest{Relay: "kafka", Offsets: []int64{row.Offset}}, nil)
 	require.Equal(t, http.StatusOK, r.status, string(r.body))
 	r.decode(t, &res)
@@ -80,7 +50,7 @@ func TestRepublishRejectedRowsThroughTheAPI(t *testing.T) {
 	get(t, srv.URL+"/api/outbox/rejected?relay=kafka").decode(t, &list)
 	require.Len(t, list.Rows, 1, "only the undecodable row is left")
 	before := relay.Counters().Forwarded
-	relayUntil(t, relay, "forward the republished row", func(st outbox.RelayCounters) bool { return st.Forwarded > before })
+	admintest.RelayUntil(t, relay, "forward the republished row", func(st outbox.RelayCounters) bool { return st.Forwarded > before })
 
 	// The fixture's undecodable row (relay sms) stays.
 	r = post(t, srv.URL+"/api/outbox/republish", operate.RepublishRequest{Relay: "sms", All: true}, nil)
@@ -109,8 +79,8 @@ func TestRepublishRejectedRowsThroughTheAPI(t *testing.T) {
 // forwarded), refuses one that runs (409) and answers 404 for a name without a position.
 func TestForgetRelayThroughTheAPI(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, 1)
-	srv := f.server(t, admin.Config{AllowWrites: true})
+	f := admintest.New(t, 1)
+	srv := f.Server(t, admin.Config{AllowWrites: true})
 
 	var res operate.ForgetResponse
 	r := post(t, srv.URL+"/api/outbox/forget", operate.ForgetRequest{Relay: "sms", DryRun: true}, nil)
@@ -128,9 +98,9 @@ func TestForgetRelayThroughTheAPI(t *testing.T) {
 	r = post(t, srv.URL+"/api/outbox/forget", operate.ForgetRequest{}, nil)
 	require.Equal(t, http.StatusBadRequest, r.status, string(r.body))
 
-	live, err := outbox.NewRelay(f.db, &refusingPublisher{}, outbox.RelayConfig{Schema: f.schema, Name: "live", StandbyInterval: 10 * time.Millisecond}, watermill.NopLogger{})
+	live, err := outbox.NewRelay(f.DB, &admintest.RefusingPublisher{}, outbox.RelayConfig{Schema: f.Schema, Name: "live", StandbyInterval: 10 * time.Millisecond}, watermill.NopLogger{})
 	require.NoError(t, err)
-	leading := worker.LeadingSignal(worker.LockKey("relay", f.schema, "live")) // the relay's lock key
+	leading := worker.LeadingSignal(worker.LockKey("relay", f.Schema, "live")) // the relay's lock key
 	done := make(chan error, 1)
 	go func() { done <- live.Run(context.Background()) }()
 	t.Cleanup(func() { require.NoError(t, live.Close()); require.NoError(t, <-done) })

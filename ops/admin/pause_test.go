@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/wmonce/watermill-once/internal/admintest"
 	"github.com/wmonce/watermill-once/internal/operate"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/ops/admin"
@@ -15,10 +16,10 @@ import (
 // the stats show the pause.
 func TestPauseThroughTheAPI(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, 1)
-	ro := f.server(t, admin.Config{})
+	f := admintest.New(t, 1)
+	ro := f.Server(t, admin.Config{})
 	require.Equal(t, http.StatusForbidden, post(t, ro.URL+"/api/pause", operate.PauseRequest{Consumer: "billing", Pause: true}, nil).status)
-	srv := f.server(t, admin.Config{AllowWrites: true})
+	srv := f.Server(t, admin.Config{AllowWrites: true})
 
 	var res operate.PauseResponse
 	r := post(t, srv.URL+"/api/pause", operate.PauseRequest{Consumer: "billing", Pause: true}, nil)
@@ -42,5 +43,5 @@ func TestPauseThroughTheAPI(t *testing.T) {
 	require.Equal(t, http.StatusOK, r.status, string(r.body))
 	r.decode(t, &res)
 	require.True(t, res.Changed, "resumed")
-	require.Zero(t, pgtest.Count(t, f.db, `SELECT count(*) FROM `+f.table("inbox_paused")))
+	require.Zero(t, pgtest.Count(t, f.DB, `SELECT count(*) FROM `+f.Table("inbox_paused")))
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/wmonce/watermill-once/internal/admintest"
 	"github.com/wmonce/watermill-once/internal/operate"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/ops/admin"
@@ -46,9 +47,9 @@ var badJSONStrings = []struct{ literal, want string }{
 }
 
 // inboxSnapshot is every inbox row's status, attempts and last error: what a write changes.
-func inboxSnapshot(t *testing.T, f *fixture) string {
+func inboxSnapshot(t *testing.T, f *admintest.Fixture) string {
 	t.Helper()
-	rows, err := f.db.Query(`SELECT id, status, attempts, coalesce(last_error, '') FROM ` + f.table("inbox") + ` ORDER BY id`)
+	rows, err := f.DB.Query(`SELECT id, status, attempts, coalesce(last_error, '') FROM ` + f.Table("inbox") + ` ORDER BY id`)
 	require.NoError(t, err)
 	defer rows.Close()
 	var b strings.Builder
@@ -69,7 +70,7 @@ func inboxSnapshot(t *testing.T, f *fixture) string {
 // (é, a surrogate pair, an escaped backslash) are accepted and stored as sent.
 func TestWriteBodiesMustBeText(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, 2)
+	f := admintest.New(t, 2)
 	api, log := writableAPI(t, f)
 
 	before := inboxSnapshot(t, f)
@@ -104,12 +105,12 @@ func TestWriteBodiesMustBeText(t *testing.T) {
 	require.Equal(t, http.StatusOK, r.status, string(r.body))
 	r.decode(t, &ch)
 	require.Equal(t, "bé😀", ch.Consumer)
-	failed := f.ids(t, "FAILED")
+	failed := f.IDs(t, "FAILED")
 	r = post(t, api+"inbox/skip", fmt.Sprintf(`{"consumer":"billing","ids":[%d],"reason":"caf\u00e9 \ud83d\ude00 \\ud800 \uD83D\uDE00"}`, failed[0]), nil)
 	require.Equal(t, http.StatusOK, r.status, string(r.body))
 	r.decode(t, &ch)
 	require.Equal(t, 1, ch.Rows)
-	require.Equal(t, 1, pgtest.Count(t, f.db, `SELECT count(*) FROM `+f.table("inbox")+` WHERE id = $1 AND starts_with(last_error, $2)`,
+	require.Equal(t, 1, pgtest.Count(t, f.DB, `SELECT count(*) FROM `+f.Table("inbox")+` WHERE id = $1 AND starts_with(last_error, $2)`,
 		failed[0], `skipped: café 😀 \ud800 😀`))
 }
 
@@ -119,7 +120,7 @@ func TestWriteBodiesMustBeText(t *testing.T) {
 // dropped a malformed parameter and answered as if it had not been given.
 func TestQueryStringsMustBeText(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, 1)
+	f := admintest.New(t, 1)
 	api, log := writableAPI(t, f)
 
 	endpoints := []string{"status", "consumers", "inbox?consumer=billing", "inbox/stats", "inbox/1", "outbox",
@@ -150,7 +151,7 @@ func TestQueryStringsMustBeText(t *testing.T) {
 	// Writes check their query string too.
 	r := post(t, api+"inbox/replay?x=%FF", operate.ChangeRequest{Consumer: "billing"}, nil)
 	require.Equal(t, http.StatusBadRequest, r.status, string(r.body))
-	require.Equal(t, 1, f.count(t, "FAILED"))
+	require.Equal(t, 1, f.Count(t, "FAILED"))
 
 	// Percent-encoded UTF-8 is text.
 	for _, path := range []string{"inbox?consumer=b%C3%A9", "history?consumer=%F0%9F%98%80", "dedupe?consumer=r%C3%A9&message=%E2%82%AC"} {
@@ -162,10 +163,10 @@ func TestQueryStringsMustBeText(t *testing.T) {
 
 // writableAPI serves f's schema with writes allowed and returns the API's URL and the log of
 // the errors it reports.
-func writableAPI(t *testing.T, f *fixture) (string, *errorLog) {
+func writableAPI(t *testing.T, f *admintest.Fixture) (string, *errorLog) {
 	t.Helper()
 	log := &errorLog{}
-	h, err := admin.NewHandler(f.db, admin.Config{Schema: f.schema, AllowWrites: true, SampleInterval: -1}, log)
+	h, err := admin.NewHandler(f.DB, admin.Config{Schema: f.Schema, AllowWrites: true, SampleInterval: -1}, log)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = h.Close() })
 	srv := httptest.NewServer(h)

@@ -1,6 +1,7 @@
 package doctor
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -20,14 +22,10 @@ import (
 type AMQPConfig struct {
 	// URL is the AMQP URL of the consumers' virtual host (amqp://user:pass@host:5672/vhost).
 	URL string
-	// ManagementURL is the management API's base URL. Default: http on URL's host, port
-	// 15672, with URL's credentials. When it cannot be reached (the
-	// rabbitmq_management plugin is off), the doctor says so and reads the queue's own
-	// arguments over AMQP instead (policies are then invisible, and dead-letter queues are not
-	// followed).
+	// ManagementURL is the management API's base URL; default http on URL's host, port 15672,
+	// with its credentials. Unreachable: the queue's arguments over AMQP instead.
 	ManagementURL string
-	// HTTPClient for the management API. Default: a client with a 5s timeout.
-	HTTPClient *http.Client
+	HTTPClient    *http.Client // for the management API; default: a 5s timeout
 }
 
 const defaultManagementPort = "15672"
@@ -36,12 +34,18 @@ func (c *AMQPConfig) setDefaults() {
 	if c.HTTPClient == nil {
 		c.HTTPClient = &http.Client{Timeout: 5 * time.Second}
 	}
-	if c.ManagementURL == "" && c.URL != "" {
-		if u, err := url.Parse(c.URL); err == nil {
-			m := url.URL{Scheme: "http", Host: net.JoinHostPort(u.Hostname(), defaultManagementPort), User: u.User}
-			c.ManagementURL = m.String()
-		}
+	c.ManagementURL = cmp.Or(c.ManagementURL, managementURLOf(c.URL))
+}
+
+// managementURLOf is the management API's default URL for an AMQP URL: http on its host, port
+// 15672, with its credentials ("" for no or an unreadable AMQP URL).
+func managementURLOf(amqpURL string) string {
+	u, err := url.Parse(amqpURL)
+	if err != nil || amqpURL == "" {
+		return ""
 	}
+	m := url.URL{Scheme: "http", Host: net.JoinHostPort(u.Hostname(), defaultManagementPort), User: u.User}
+	return m.String()
 }
 
 // queueInfo is what is known of one queue.
@@ -60,42 +64,49 @@ func queueHorizons(ctx context.Context, cfg AMQPConfig, queue string) []horizon 
 	if err != nil {
 		return []horizon{{source: "rabbitmq queue " + queue, details: []string{fmt.Sprintf("AMQP URL unreadable: %v", err)}}}
 	}
-	vhost := strings.TrimPrefix(u.Path, "/")
-	if vhost == "" {
-		vhost = "/"
-	}
+	vhost := cmp.Or(strings.TrimPrefix(u.Path, "/"), "/")
 	info, mgmtErr := managementQueue(ctx, cfg, vhost, queue)
-	if mgmtErr == nil {
-		out := []horizon{queueHorizon("rabbitmq queue "+queue, info, true)}
-		if info.deadLetterEx != "" {
-			dlqs, err := managementBoundQueues(ctx, cfg, vhost, info.deadLetterEx)
-			if err != nil {
-				out[0].details = append(out[0].details, fmt.Sprintf("dead-letter exchange %s: bindings unread: %v", info.deadLetterEx, err))
-			}
-			for _, dlq := range dlqs {
-				di, err := managementQueue(ctx, cfg, vhost, dlq)
-				if err != nil {
-					out = append(out, horizon{source: "rabbitmq dead-letter queue " + dlq + " (of " + queue + ")", details: []string{err.Error()}})
-					continue
-				}
-				out = append(out, queueHorizon("rabbitmq dead-letter queue "+dlq+" (of "+queue+"; a redrive sends its messages back)", di, true))
-			}
-		}
+	if mgmtErr != nil {
+		return []horizon{amqpHorizon(cfg, queue, mgmtErr)}
+	}
+	out := []horizon{queueHorizon("rabbitmq queue "+queue, info, true)}
+	if info.deadLetterEx == "" {
 		return out
 	}
-	// No management API: say so, and read what AMQP itself tells.
+	dlqs, err := managementBoundQueues(ctx, cfg, vhost, info.deadLetterEx)
+	if err != nil {
+		out[0].details = append(out[0].details, fmt.Sprintf("dead-letter exchange %s: bindings unread: %v", info.deadLetterEx, err))
+	}
+	for _, dlq := range dlqs {
+		out = append(out, deadLetterHorizon(ctx, cfg, vhost, queue, dlq))
+	}
+	return out
+}
+
+// deadLetterHorizon reads dlq, a queue bound to the dead-letter exchange of queue.
+func deadLetterHorizon(ctx context.Context, cfg AMQPConfig, vhost, queue, dlq string) horizon {
+	di, err := managementQueue(ctx, cfg, vhost, dlq)
+	if err != nil {
+		return horizon{source: "rabbitmq dead-letter queue " + dlq + " (of " + queue + ")", details: []string{err.Error()}}
+	}
+	return queueHorizon("rabbitmq dead-letter queue "+dlq+" (of "+queue+"; a redrive sends its messages back)", di, true)
+}
+
+// amqpHorizon reads queue over AMQP when the management API could not be reached (mgmtErr):
+// the queue's own arguments only, and the dead-letter exchange named but not followed.
+func amqpHorizon(cfg AMQPConfig, queue string, mgmtErr error) horizon {
 	note := fmt.Sprintf("management API at %s not reachable (%v): enable it with `rabbitmq-plugins enable rabbitmq_management` to read policies and follow dead-letter queues; read over AMQP instead (the queue's own arguments; a policy's message-ttl is invisible)",
 		redactURL(cfg.ManagementURL), mgmtErr)
-	info, err = amqpQueue(cfg.URL, queue)
+	info, err := amqpQueue(cfg.URL, queue)
 	if err != nil {
-		return []horizon{{source: "rabbitmq queue " + queue, details: []string{note, err.Error()}}}
+		return horizon{source: "rabbitmq queue " + queue, details: []string{note, err.Error()}}
 	}
 	h := queueHorizon("rabbitmq queue "+queue, info, true)
 	h.details = append([]string{note}, h.details...)
 	if info.deadLetterEx != "" {
 		h.details = append(h.details, fmt.Sprintf("its dead-letter exchange is %s: list the queues bound to it in the consumer's AMQPQueues to check them", info.deadLetterEx))
 	}
-	return []horizon{h}
+	return h
 }
 
 func queueHorizon(source string, info queueInfo, known bool) horizon {
@@ -122,21 +133,28 @@ func managementQueue(ctx context.Context, cfg AMQPConfig, vhost, queue string) (
 	info := queueInfo{messages: q.Messages}
 	argTTL, argOK := number(q.Arguments["x-message-ttl"])
 	polTTL, polOK := number(q.Policy["message-ttl"])
-	switch {
-	case argOK && polOK:
-		info.ttl = time.Duration(min(argTTL, polTTL)) * time.Millisecond
-	case argOK:
-		info.ttl = time.Duration(argTTL) * time.Millisecond
-	case polOK:
-		info.ttl = time.Duration(polTTL) * time.Millisecond
-	}
-	info.deadLetterEx, _ = q.Arguments["x-dead-letter-exchange"].(string)
-	if info.deadLetterEx == "" {
-		info.deadLetterEx, _ = q.Policy["dead-letter-exchange"].(string)
-	}
+	info.ttl = smallestTTL(q.Arguments["x-message-ttl"], q.Policy["message-ttl"])
+	argDLX, _ := q.Arguments["x-dead-letter-exchange"].(string)
+	polDLX, _ := q.Policy["dead-letter-exchange"].(string)
+	info.deadLetterEx = cmp.Or(argDLX, polDLX)
 	info.details = []string{fmt.Sprintf("queue %s (management API): x-message-ttl=%s, policy message-ttl=%s, dead-letter exchange=%q, %d messages",
 		queue, orNone(argTTL, argOK), orNone(polTTL, polOK), info.deadLetterEx, q.Messages)}
 	return info, nil
+}
+
+// smallestTTL is the smaller of the TTLs (milliseconds, as the management API gives them) that
+// are set: the one that drops a message first. 0: none is set.
+func smallestTTL(ttls ...any) time.Duration {
+	var set []int64
+	for _, v := range ttls {
+		if n, ok := number(v); ok {
+			set = append(set, n)
+		}
+	}
+	if len(set) == 0 {
+		return 0
+	}
+	return time.Duration(slices.Min(set)) * time.Millisecond
 }
 
 // managementBoundQueues lists the queues bound to exchange.
@@ -157,21 +175,11 @@ func managementBoundQueues(ctx context.Context, cfg AMQPConfig, vhost, exchange 
 	return out, nil
 }
 
+// managementGet decodes the JSON answer of the management API to GET path into v.
 func managementGet(ctx context.Context, cfg AMQPConfig, path string, v any) error {
-	if cfg.ManagementURL == "" {
-		return errors.New("no management URL")
-	}
-	base, err := url.Parse(cfg.ManagementURL)
+	req, err := managementRequest(ctx, cfg.ManagementURL, path)
 	if err != nil {
 		return err
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(base.Scheme+"://"+base.Host+base.Path, "/")+path, nil)
-	if err != nil {
-		return err
-	}
-	if base.User != nil {
-		pw, _ := base.User.Password()
-		req.SetBasicAuth(base.User.Username(), pw)
 	}
 	resp, err := cfg.HTTPClient.Do(req)
 	if err != nil {
@@ -185,6 +193,27 @@ func managementGet(ctx context.Context, cfg AMQPConfig, path string, v any) erro
 		return fmt.Errorf("GET %s: %w", path, err)
 	}
 	return nil
+}
+
+// managementRequest is the GET of path on the management API at base, with base's credentials
+// as basic authentication.
+func managementRequest(ctx context.Context, base, path string) (*http.Request, error) {
+	if base == "" {
+		return nil, errors.New("no management URL")
+	}
+	u, err := url.Parse(base)
+	if err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(u.Scheme+"://"+u.Host+u.Path, "/")+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	if u.User != nil {
+		pw, _ := u.User.Password()
+		req.SetBasicAuth(u.User.Username(), pw)
+	}
+	return req, nil
 }
 
 // amqpQueue reads over AMQP what it can: the queue exists (passive declare: messages,
@@ -233,15 +262,14 @@ var inequivalent = regexp.MustCompile(`inequivalent arg '([^']+)'.*?current is (
 // queue's other properties (durable, auto-delete, x-queue-type...) are matched first, from the
 // same refusals.
 func probeArgument(conn *amqp.Connection, queue, arg string, sentinel any) (string, error) {
-	durable, autoDelete := true, false
-	args := amqp.Table{arg: sentinel}
+	d := declaration{durable: true, args: amqp.Table{arg: sentinel}}
 	for range 8 {
 		ch, err := conn.Channel()
 		if err != nil {
 			return "", err
 		}
 		// Declared passively just before: the queue exists, so this declare cannot create it.
-		_, err = ch.QueueDeclare(queue, durable, autoDelete, false, false, args)
+		_, err = ch.QueueDeclare(queue, d.durable, d.autoDelete, false, false, d.args)
 		if err == nil {
 			_ = ch.Close()
 			return fmt.Sprint(sentinel), nil // the queue's value is the sentinel itself
@@ -250,45 +278,53 @@ func probeArgument(conn *amqp.Connection, queue, arg string, sentinel any) (stri
 		if m == nil {
 			return "", fmt.Errorf("queue %s: probe of %s: %w", queue, arg, err)
 		}
-		switch name, current := m[1], m[3]; {
-		case name == arg:
-			return current, nil
-		case name == "durable":
-			durable = !durable
-		case name == "auto_delete":
-			autoDelete = !autoDelete
-		case m[2] == "none":
-			delete(args, name)
-		default:
-			args[name] = typed(current, m[4])
+		if m[1] == arg {
+			return m[3], nil
 		}
+		d.match(m)
 	}
 	return "", fmt.Errorf("queue %s: probe of %s did not converge", queue, arg)
 }
 
-func typed(v, typ string) any {
-	if typ == "" { // 4.x does not say: a number is taken for an integer
-		if n, err := strconv.ParseInt(v, 10, 32); err == nil {
-			return int32(n)
-		}
-		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-			return n
-		}
-		return v
+// declaration is what probeArgument declares the queue with.
+type declaration struct {
+	durable, autoDelete bool
+	args                amqp.Table
+}
+
+// match takes the current value of the property a refusal (inequivalent's submatches) named,
+// so that the next declare differs from the queue only in the probed argument.
+func (d *declaration) match(m []string) {
+	switch name := m[1]; {
+	case name == "durable":
+		d.durable = !d.durable
+	case name == "auto_delete":
+		d.autoDelete = !d.autoDelete
+	case m[2] == "none":
+		delete(d.args, name)
+	default:
+		d.args[name] = typed(m[3], m[4])
 	}
-	switch typ {
-	case "signedint", "long", "short", "byte":
-		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-			if typ == "signedint" {
-				return int32(n)
-			}
-			return n
-		}
-	case "bool":
+}
+
+// typed converts a value a refusal names back to the type the queue holds it in: 3.x names the
+// type, 4.x does not (a number is then taken for an integer, int32 when it fits).
+func typed(v, typ string) any {
+	if typ == "bool" {
 		return v == "true"
 	}
-	return v
+	n, err := strconv.ParseInt(v, 10, 64)
+	switch {
+	case err != nil, !integerTypes[typ]:
+		return v
+	case typ == "signedint", typ == "" && n == int64(int32(n)):
+		return int32(n)
+	}
+	return n
 }
+
+// integerTypes are the integer types RabbitMQ names in a refusal, and "" (4.x names none).
+var integerTypes = map[string]bool{"": true, "signedint": true, "long": true, "short": true, "byte": true}
 
 func number(v any) (int64, bool) {
 	switch n := v.(type) {

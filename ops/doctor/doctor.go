@@ -11,50 +11,32 @@ import (
 	"github.com/wmonce/watermill-once/ops/retention"
 )
 
-// Unbounded is the horizon of a source that keeps messages forever (Kafka retention.ms=-1, a
-// compacted topic, a queue without a message TTL).
+// Unbounded is the horizon of a source that keeps messages forever.
 const Unbounded time.Duration = -1
 
-// Config says what to check: the consumers, where their messages come from, and how long the
-// library keeps their keys.
+// Config says what to check: the consumers, their sources, and the keys' retention.
 type Config struct {
-	// Consumers to check. Required.
-	Consumers []Consumer
-	// Retention is the janitor's configuration (ops/retention): each consumer's claims are kept
-	// for its Policy.Keep (Default.Keep, retention.DefaultKeep when unset), inbox consumers'
-	// finished rows for their Keep or InboxKeep, outbox rows for OutboxKeep. Use the one the
-	// janitor runs with.
+	Consumers []Consumer // the consumers to check; required
+	// Retention is the janitor's configuration (ops/retention), which says how long each
+	// consumer's keys and the outbox rows are kept.
 	Retention retention.Config
 
-	// Kafka reads topic and broker configuration (Sarama ClusterAdmin). Needed when a consumer
-	// has KafkaTopics.
-	Kafka KafkaConfig
-	// AMQP reads queue TTLs. Needed when a consumer has AMQPQueues.
-	AMQP AMQPConfig
-
-	// Timeout bounds the whole check. Default 30 seconds.
-	Timeout time.Duration
+	Kafka   KafkaConfig   // needed for KafkaTopics
+	AMQP    AMQPConfig    // needed for AMQPQueues
+	Timeout time.Duration // bounds the whole check; default 30s
 }
 
 const defaultTimeout = 30 * time.Second
 
 // Consumer is one consumer and the sources it reads.
 type Consumer struct {
-	// Name is the consumer (once.Config.Consumer or the handler name; the inbox consumer).
-	Name string
-	// MaxMessageAge is its age guard (once.Config.MaxMessageAge, inbox.ReceiverConfig's): copies
-	// whose event is older are refused and parked rather than applied. Zero: no guard.
-	MaxMessageAge time.Duration
-	// Inbox says the consumer's keys are inbox rows (inbox.Receiver), kept for its Policy.Keep
-	// or Retention.InboxKeep, not claims.
-	Inbox bool
-	// KafkaTopics it consumes.
-	KafkaTopics []string
-	// AMQPQueues it consumes. Their dead-letter queues are followed when the management API
-	// tells them.
-	AMQPQueues []string
-	// FromOutbox says its messages are forwarded by this schema's relay: a relay whose offset
-	// is reset forwards again every outbox row still kept (Retention.OutboxKeep).
+	Name          string        // once.Config.Consumer (or the handler name), or the inbox consumer
+	MaxMessageAge time.Duration // its age guard (once.Config's, inbox.ReceiverConfig's); 0: none
+	Inbox         bool          // its keys are inbox rows, not claims
+	KafkaTopics   []string      // the topics it consumes
+	AMQPQueues    []string      // the queues it consumes (their dead-letter queues are followed)
+	// FromOutbox says this schema's relay forwards its messages (a reset relay sends again
+	// every outbox row kept).
 	FromOutbox bool
 }
 
@@ -70,18 +52,7 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("no consumer to check: list each consumer with the topics and queues it reads"))
 	}
 	for i, con := range c.Consumers {
-		if con.Name == "" {
-			errs = append(errs, fmt.Errorf("Consumers[%d]: Name is required", i))
-		}
-		if len(con.KafkaTopics) > 0 && len(c.Kafka.Brokers) == 0 {
-			errs = append(errs, fmt.Errorf("consumer %q reads Kafka topics: set Kafka.Brokers", con.Name))
-		}
-		if len(con.AMQPQueues) > 0 && c.AMQP.URL == "" {
-			errs = append(errs, fmt.Errorf("consumer %q reads RabbitMQ queues: set AMQP.URL", con.Name))
-		}
-		if con.MaxMessageAge < 0 {
-			errs = append(errs, fmt.Errorf("consumer %q: MaxMessageAge must not be negative", con.Name))
-		}
+		errs = append(errs, c.checkConsumer(i, con))
 	}
 	if err := c.Retention.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("Retention: %w", err))
@@ -89,34 +60,44 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// checkConsumer reports what is wrong with Consumers[i]: each check is a condition and the
+// error it gives.
+func (c Config) checkConsumer(i int, con Consumer) error {
+	checks := []struct {
+		broken bool
+		err    error
+	}{
+		{con.Name == "", fmt.Errorf("Consumers[%d]: Name is required", i)},
+		{len(con.KafkaTopics) > 0 && len(c.Kafka.Brokers) == 0, fmt.Errorf("consumer %q reads Kafka topics: set Kafka.Brokers", con.Name)},
+		{len(con.AMQPQueues) > 0 && c.AMQP.URL == "", fmt.Errorf("consumer %q reads RabbitMQ queues: set AMQP.URL", con.Name)},
+		{con.MaxMessageAge < 0, fmt.Errorf("consumer %q: MaxMessageAge must not be negative", con.Name)},
+	}
+	var errs []error
+	for _, ch := range checks {
+		if ch.broken {
+			errs = append(errs, ch.err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // Finding is the verdict for one consumer and one source of copies.
 type Finding struct {
 	Consumer string
-	// Source is where copies come from: "kafka topic payments", "rabbitmq queue q", "outbox relay".
-	Source string
-	// Horizon is how old a copy can be when it arrives (Unbounded: any age); meaningful when
-	// Known.
+	Source   string // "kafka topic payments", "rabbitmq queue q", "outbox relay"
+	// Horizon is how old a copy can be when it arrives (Unbounded: any age), if Known.
 	Horizon time.Duration
 	Known   bool
-	// KeyKept is how long the consumer's keys are kept; Guard its MaxMessageAge (0: none).
-	KeyKept, Guard time.Duration
-	// Hazard: a copy can arrive after its key is gone and be applied again.
-	Hazard bool
-	// Verdict says what can happen, Fix what to set; Details what was read.
-	Verdict string
-	Fix     string
-	Details []string
+	KeyKept time.Duration // how long the consumer's keys are kept
+	Guard   time.Duration // its MaxMessageAge (0: none)
+	Hazard  bool          // a copy can arrive after its key is gone and be applied again
+	Verdict string        // what can happen
+	Fix     string        // what to set
+	Details []string      // what was read
 }
 
 func (f Finding) String() string {
-	state := "ok"
-	switch {
-	case f.Hazard:
-		state = "HAZARD"
-	case !f.Known:
-		state = "unknown"
-	}
-	s := fmt.Sprintf("%s: consumer %s, %s: %s", state, f.Consumer, f.Source, f.Verdict)
+	s := fmt.Sprintf("%s: consumer %s, %s: %s", f.state(), f.Consumer, f.Source, f.Verdict)
 	if f.Fix != "" {
 		s += "\n    set: " + f.Fix
 	}
@@ -130,30 +111,36 @@ func (f Finding) String() string {
 type Report struct{ Findings []Finding }
 
 // Hazards returns the findings that are hazards.
-func (r Report) Hazards() []Finding {
+// state is the finding's first word: HAZARD, unknown (not read, no hazard ruled out) or ok.
+func (f Finding) state() string {
+	switch {
+	case f.Hazard:
+		return "HAZARD"
+	case !f.Known:
+		return "unknown"
+	}
+	return "ok"
+}
+
+func (r Report) Hazards() []Finding { return r.filter(func(f Finding) bool { return f.Hazard }) }
+
+// filter returns the findings for which keep holds.
+func (r Report) filter(keep func(Finding) bool) []Finding {
 	var out []Finding
 	for _, f := range r.Findings {
-		if f.Hazard {
+		if keep(f) {
 			out = append(out, f)
 		}
 	}
 	return out
 }
 
-// Unknown returns the findings whose source could not be read (Known false, no hazard): a
-// hazard there is not ruled out.
+// Unknown returns the findings whose source could not be read: no hazard ruled out there.
 func (r Report) Unknown() []Finding {
-	var out []Finding
-	for _, f := range r.Findings {
-		if !f.Known && !f.Hazard {
-			out = append(out, f)
-		}
-	}
-	return out
+	return r.filter(func(f Finding) bool { return f.state() == "unknown" })
 }
 
-// Summary is one line: how many sources were checked and which are hazards, or which could
-// not be checked.
+// Summary is one line: the sources checked, the hazards, the sources not read.
 func (r Report) Summary() string {
 	hz := r.Hazards()
 	if len(hz) == 0 {
@@ -161,25 +148,24 @@ func (r Report) Summary() string {
 		if len(unknown) == 0 {
 			return fmt.Sprintf("doctor: %d consumer source(s) checked, no redelivery hazard (0 unknown)", len(r.Findings))
 		}
-		names := make([]string, len(unknown))
-		for i, f := range unknown {
-			names[i] = f.Consumer + " <- " + f.Source
-		}
 		return fmt.Sprintf("doctor: NOT CHECKED %d of %d consumer source(s): %s: could not be read, so a redelivery hazard there is not ruled out (none in the others)",
-			len(unknown), len(r.Findings), strings.Join(names, "; "))
-	}
-	names := make([]string, len(hz))
-	for i, f := range hz {
-		names[i] = f.Consumer + " <- " + f.Source
+			len(unknown), len(r.Findings), sources(unknown))
 	}
 	return fmt.Sprintf("doctor: REDELIVERY HAZARD on %d of %d consumer source(s): %s: a copy can arrive after its key was pruned and be applied again",
-		len(hz), len(r.Findings), strings.Join(names, "; "))
+		len(hz), len(r.Findings), sources(hz))
 }
 
-// Check reads what the brokers and the outbox will redeliver and compares it, per consumer
-// and source, with how long the consumer's keys are kept and its age guard. It returns an
-// error for a configuration it cannot use; a broker it cannot read is a finding whose Known is
-// false, not an error.
+// sources names the consumer and source of each finding.
+func sources(fs []Finding) string {
+	names := make([]string, len(fs))
+	for i, f := range fs {
+		names[i] = f.Consumer + " <- " + f.Source
+	}
+	return strings.Join(names, "; ")
+}
+
+// Check compares, per consumer and source, what can be redelivered with the keys' retention and
+// age guard. A source it cannot read is a finding with Known false.
 func Check(ctx context.Context, config Config) (Report, error) {
 	config.setDefaults()
 	if err := config.Validate(); err != nil {
@@ -187,31 +173,59 @@ func Check(ctx context.Context, config Config) (Report, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, config.Timeout)
 	defer cancel()
+	c := &checker{config: config}
+	defer c.close()
 	var rep Report
-	var kafka *kafkaReader
 	for _, con := range config.Consumers {
-		kept := keyKept(config.Retention, con)
-		for _, topic := range con.KafkaTopics {
-			if kafka == nil {
-				kafka = newKafkaReader(config.Kafka)
-				defer kafka.close()
-			}
-			h := kafka.topicHorizon(ctx, topic)
-			rep.Findings = append(rep.Findings, judge(con, kept, "kafka topic "+topic, h, "retention.ms of topic "+topic))
-		}
-		for _, q := range con.AMQPQueues {
-			for _, h := range queueHorizons(ctx, config.AMQP, q) {
-				rep.Findings = append(rep.Findings, judge(con, kept, h.source, h, "the message TTL (x-message-ttl or a policy's message-ttl) of "+h.source))
-			}
-		}
-		if con.FromOutbox {
-			keep := cmp.Or(config.Retention.OutboxKeep, retention.DefaultOutboxKeep)
-			h := horizon{horizon: keep, known: true, details: []string{
-				fmt.Sprintf("outbox rows are kept %s after every relay forwarded them (retention OutboxKeep); a relay whose offset is reset forwards them again", keep)}}
-			rep.Findings = append(rep.Findings, judge(con, kept, "outbox relay (replay)", h, "retention OutboxKeep"))
-		}
+		rep.Findings = append(rep.Findings, c.consumer(ctx, con)...)
 	}
 	return rep, nil
+}
+
+// checker reads the sources of Check's consumers; the Kafka connection is opened on first use
+// and shared.
+type checker struct {
+	config Config
+	kr     *kafkaReader
+}
+
+// consumer judges every source of con.
+func (c *checker) consumer(ctx context.Context, con Consumer) []Finding {
+	kept := keyKept(c.config.Retention, con)
+	var out []Finding
+	for _, topic := range con.KafkaTopics {
+		h := c.kafka().topicHorizon(ctx, topic)
+		out = append(out, judge(con, kept, "kafka topic "+topic, h, "retention.ms of topic "+topic))
+	}
+	for _, q := range con.AMQPQueues {
+		for _, h := range queueHorizons(ctx, c.config.AMQP, q) {
+			out = append(out, judge(con, kept, h.source, h, "the message TTL (x-message-ttl or a policy's message-ttl) of "+h.source))
+		}
+	}
+	if con.FromOutbox {
+		out = append(out, judge(con, kept, "outbox relay (replay)", outboxHorizon(c.config.Retention), "retention OutboxKeep"))
+	}
+	return out
+}
+
+func (c *checker) kafka() *kafkaReader {
+	if c.kr == nil {
+		c.kr = newKafkaReader(c.config.Kafka)
+	}
+	return c.kr
+}
+
+func (c *checker) close() {
+	if c.kr != nil {
+		c.kr.close()
+	}
+}
+
+// outboxHorizon is what a relay whose offset is reset forwards again: every outbox row kept.
+func outboxHorizon(r retention.Config) horizon {
+	keep := cmp.Or(r.OutboxKeep, retention.DefaultOutboxKeep)
+	return horizon{horizon: keep, known: true, details: []string{
+		fmt.Sprintf("outbox rows are kept %s after every relay forwarded them (retention OutboxKeep); a relay whose offset is reset forwards them again", keep)}}
 }
 
 // keyKept is how long con's keys are kept under the janitor's configuration r.
@@ -240,23 +254,14 @@ func judge(con Consumer, kept time.Duration, source string, h horizon, brokerSet
 	f := Finding{Consumer: con.Name, Source: source, Horizon: h.horizon, Known: h.known, KeyKept: kept, Guard: con.MaxMessageAge, Details: h.details}
 	guard := con.MaxMessageAge
 	guarded := guard > 0 && guard <= kept
-	keyName := "claim retention (retention.Config Keep)"
-	if con.Inbox {
-		keyName = "inbox retention (retention.Config InboxKeep or the consumer's Keep)"
-	}
+	keyName := retentionSetting(con)
 	switch {
 	case guard > kept:
 		f.Hazard = true
 		f.Verdict = fmt.Sprintf("the age guard (MaxMessageAge %s) is longer than the keys are kept (%s): a copy between the two ages finds no key and passes the guard: it is applied again", guard, kept)
 		f.Fix = fmt.Sprintf("MaxMessageAge a little below %s, or %s of at least %s", kept, keyName, guard)
 	case !h.known:
-		f.Verdict = "cannot tell how old a copy can be (the source could not be read, see below)"
-		if guarded {
-			f.Verdict += fmt.Sprintf("; the age guard (%s, within the %s keys are kept) refuses older copies, so none is applied twice", guard, kept)
-		} else {
-			f.Verdict += fmt.Sprintf("; keys are kept %s and no age guard is set", kept)
-			f.Fix = fmt.Sprintf("MaxMessageAge a little below %s (once.Config, inbox.ReceiverConfig), so a copy older than its key is refused, not applied", kept)
-		}
+		f.Verdict, f.Fix = unknownVerdict(guarded, guard, kept)
 	case h.horizon != Unbounded && h.horizon <= kept:
 		f.Verdict = fmt.Sprintf("a copy arrives at most %s after its event; keys are kept %s: a late copy is always found a duplicate", h.horizon, kept)
 	case guarded:
@@ -269,6 +274,25 @@ func judge(con Consumer, kept time.Duration, source string, h horizon, brokerSet
 		f.Fix = keepFix(keyName, brokerSetting, h.horizon, kept) + fmt.Sprintf("; or MaxMessageAge a little below %s, so late copies are refused and parked", kept)
 	}
 	return f
+}
+
+// unknownVerdict is the verdict and fix of a source that could not be read: safe only when the
+// age guard covers the keys' retention.
+func unknownVerdict(guarded bool, guard, kept time.Duration) (verdict, fix string) {
+	verdict = "cannot tell how old a copy can be (the source could not be read, see below)"
+	if guarded {
+		return verdict + fmt.Sprintf("; the age guard (%s, within the %s keys are kept) refuses older copies, so none is applied twice", guard, kept), ""
+	}
+	return verdict + fmt.Sprintf("; keys are kept %s and no age guard is set", kept),
+		fmt.Sprintf("MaxMessageAge a little below %s (once.Config, inbox.ReceiverConfig), so a copy older than its key is refused, not applied", kept)
+}
+
+// retentionSetting names the setting that keeps con's keys.
+func retentionSetting(con Consumer) string {
+	if con.Inbox {
+		return "inbox retention (retention.Config InboxKeep or the consumer's Keep)"
+	}
+	return "claim retention (retention.Config Keep)"
 }
 
 func horizonText(h time.Duration) string {

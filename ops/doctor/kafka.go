@@ -12,10 +12,8 @@ import (
 
 // KafkaConfig reaches a Kafka cluster's configuration.
 type KafkaConfig struct {
-	// Brokers are the bootstrap addresses.
-	Brokers []string
-	// Sarama is the client configuration (TLS, SASL). Default: sarama.NewConfig() at
-	// Kafka 2.1 protocol level (what Kafka 4 still answers).
+	Brokers []string // the bootstrap addresses
+	// Sarama is the client configuration (TLS, SASL). Default: sarama.NewConfig(), protocol 2.1.
 	Sarama *sarama.Config
 }
 
@@ -68,15 +66,24 @@ func (r *kafkaReader) brokerConfig() {
 		r.brokerDetail = fmt.Sprintf("broker offsets.retention.minutes unread: %v", err)
 		return
 	}
-	for _, e := range entries {
-		if e.Name == "offsets.retention.minutes" {
-			if v, err := strconv.ParseInt(e.Value, 10, 64); err == nil {
-				r.offsetsMinute = v
-			}
-			r.brokerDetail = fmt.Sprintf("broker offsets.retention.minutes=%s (%s): a group idle that long loses its offsets and restarts from its reset policy; from the oldest offset it replays the whole topic",
-				e.Value, time.Duration(r.offsetsMinute)*time.Minute)
-		}
+	value, ok := configValues(entries)["offsets.retention.minutes"]
+	if !ok {
+		return
 	}
+	if v, err := strconv.ParseInt(value, 10, 64); err == nil {
+		r.offsetsMinute = v
+	}
+	r.brokerDetail = fmt.Sprintf("broker offsets.retention.minutes=%s (%s): a group idle that long loses its offsets and restarts from its reset policy; from the oldest offset it replays the whole topic",
+		value, time.Duration(r.offsetsMinute)*time.Minute)
+}
+
+// configValues maps configuration entries by name.
+func configValues(entries []sarama.ConfigEntry) map[string]string {
+	vals := map[string]string{}
+	for _, e := range entries {
+		vals[e.Name] = e.Value
+	}
+	return vals
 }
 
 // describe reads the configuration entries of one resource.
@@ -95,6 +102,18 @@ func (r *kafkaReader) describe(res sarama.ConfigResource) ([]sarama.ConfigEntry,
 	return entries, nil
 }
 
+// topicRetention is how long topic keeps a message under its cleanup.policy and retention.ms
+// (Unbounded: forever), and the setting that bounds it when it is not retention.ms.
+func topicRetention(topic, policy string, ms int64) (time.Duration, string) {
+	switch {
+	case strings.Contains(policy, "compact") && !strings.Contains(policy, "delete"):
+		return Unbounded, "cleanup.policy of topic " + topic + " (compact keeps each key's last message forever: add delete, cleanup.policy=compact,delete, with its retention.ms)"
+	case ms < 0:
+		return Unbounded, ""
+	}
+	return time.Duration(ms) * time.Millisecond, ""
+}
+
 // topicHorizon reads retention.ms, retention.bytes and cleanup.policy of topic.
 func (r *kafkaReader) topicHorizon(_ context.Context, topic string) horizon {
 	h := horizon{source: "kafka topic " + topic}
@@ -109,10 +128,7 @@ func (r *kafkaReader) topicHorizon(_ context.Context, topic string) horizon {
 		h.details = []string{fmt.Sprintf("DescribeConfigs of topic %s: %v", topic, err)}
 		return h
 	}
-	vals := map[string]string{}
-	for _, e := range entries {
-		vals[e.Name] = e.Value
-	}
+	vals := configValues(entries)
 	ms, err := strconv.ParseInt(vals["retention.ms"], 10, 64)
 	if err != nil {
 		h.details = []string{fmt.Sprintf("topic %s: retention.ms %q unreadable", topic, vals["retention.ms"])}
@@ -120,15 +136,7 @@ func (r *kafkaReader) topicHorizon(_ context.Context, topic string) horizon {
 	}
 	h.known = true
 	policy := vals["cleanup.policy"]
-	switch {
-	case strings.Contains(policy, "compact") && !strings.Contains(policy, "delete"):
-		h.horizon = Unbounded
-		h.setting = "cleanup.policy of topic " + topic + " (compact keeps each key's last message forever: add delete, cleanup.policy=compact,delete, with its retention.ms)"
-	case ms < 0:
-		h.horizon = Unbounded
-	default:
-		h.horizon = time.Duration(ms) * time.Millisecond
-	}
+	h.horizon, h.setting = topicRetention(topic, policy, ms)
 	h.details = []string{fmt.Sprintf("topic %s: retention.ms=%s retention.bytes=%s cleanup.policy=%s (an offset reset replays messages up to that age; retention.bytes may drop them sooner, never later)",
 		topic, vals["retention.ms"], vals["retention.bytes"], policy)}
 	if r.brokerDetail != "" {

@@ -1,6 +1,7 @@
 package doctor
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -17,15 +18,11 @@ const (
 	metricKeyKept = "wmonce_dedupe_key_retention_seconds"
 )
 
-// ErrHazard is returned by StartCheck (with FailOnHazard) and is what `wmonce doctor` exits
-// non-zero for.
+// ErrHazard is StartCheck's error on a hazard (with FailOnHazard).
 var ErrHazard = errors.New("doctor: redelivery hazard: a copy can arrive after its key was pruned and be applied again")
 
-// Collector exports the report's findings as Prometheus gauges: wmonce_redelivery_hazard
-// {consumer,source}, 1 where a copy can arrive after its key is gone (alert on max() > 0);
-// wmonce_redelivery_horizon_seconds{consumer,source}, how old a copy can be when it arrives
-// (-1: any age; absent when unknown); wmonce_dedupe_key_retention_seconds{consumer}. The
-// figures are those of the check that made the report.
+// Collector exports the report as the gauges wmonce_redelivery_hazard,
+// wmonce_redelivery_horizon_seconds and wmonce_dedupe_key_retention_seconds (docs/operations.md).
 func (r Report) Collector() prometheus.Collector { return reportCollector{r} }
 
 type reportCollector struct{ r Report }
@@ -45,17 +42,9 @@ func (c reportCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c reportCollector) Collect(ch chan<- prometheus.Metric) {
 	kept := map[string]time.Duration{}
 	for _, f := range c.r.Findings {
-		v := 0.0
-		if f.Hazard {
-			v = 1
-		}
-		ch <- prometheus.MustNewConstMetric(hazardDesc, prometheus.GaugeValue, v, f.Consumer, f.Source)
+		ch <- prometheus.MustNewConstMetric(hazardDesc, prometheus.GaugeValue, hazardValue(f), f.Consumer, f.Source)
 		if f.Known {
-			h := f.Horizon.Seconds()
-			if f.Horizon == Unbounded {
-				h = -1
-			}
-			ch <- prometheus.MustNewConstMetric(horizonDesc, prometheus.GaugeValue, h, f.Consumer, f.Source)
+			ch <- prometheus.MustNewConstMetric(horizonDesc, prometheus.GaugeValue, horizonSeconds(f.Horizon), f.Consumer, f.Source)
 		}
 		kept[f.Consumer] = f.KeyKept
 	}
@@ -64,74 +53,105 @@ func (c reportCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
+// hazardValue is the hazard gauge's value of f: 1 for a hazard, else 0.
+func hazardValue(f Finding) float64 {
+	if f.Hazard {
+		return 1
+	}
+	return 0
+}
+
+// horizonSeconds is the gauge's value of a horizon: -1 for Unbounded.
+func horizonSeconds(h time.Duration) float64 {
+	if h == Unbounded {
+		return -1
+	}
+	return h.Seconds()
+}
+
 // StartConfig configures StartCheck.
 type StartConfig struct {
 	Config
-	// Registerer receives the report's gauges (Report.Collector). Nil: none.
-	Registerer prometheus.Registerer
-	// FailOnHazard makes StartCheck return ErrHazard on a hazard, so that the service refuses
-	// to start. Default: it logs the hazard and goes on.
+	Registerer prometheus.Registerer // receives the report's gauges; nil: none
+	// FailOnHazard makes StartCheck return ErrHazard on a hazard; default: log it and go on.
 	FailOnHazard bool
 }
 
-// StartCheck is the check a service runs at start, for example from once.Config.StartCheck:
-// it runs Check, logs one line (info when safe, error on a hazard, with each finding in the
-// log fields), and registers the report's gauges. maxMessageAge, when positive, is the age
-// guard of the consumers whose MaxMessageAge is unset (once.Config.MaxMessageAge as the
-// middleware passes it).
+// StartCheck runs Check, logs one line (error on a hazard) and registers the report's gauges.
+// A positive maxMessageAge is the age guard of consumers without their own.
 func StartCheck(ctx context.Context, config StartConfig, maxMessageAge time.Duration, logger watermill.LoggerAdapter) (Report, error) {
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	cfg := config.Config
-	cfg.Consumers = append([]Consumer(nil), cfg.Consumers...)
-	for i := range cfg.Consumers {
-		if cfg.Consumers[i].MaxMessageAge == 0 {
-			cfg.Consumers[i].MaxMessageAge = maxMessageAge
-		}
-	}
-	rep, err := Check(ctx, cfg)
+	rep, err := Check(ctx, withAgeGuard(config.Config, maxMessageAge))
 	if err != nil {
 		return rep, err
 	}
-	if config.Registerer != nil {
-		if err := config.Registerer.Register(rep.Collector()); err != nil {
-			var already prometheus.AlreadyRegisteredError
-			if !errors.As(err, &already) {
-				return rep, err
-			}
-		}
-	}
-	fields := watermill.LogFields{}
-	for i, f := range rep.Findings {
-		fields["finding_"+strconv.Itoa(i)] = f.String()
+	if err := register(config.Registerer, rep); err != nil {
+		return rep, err
 	}
 	if len(rep.Hazards()) == 0 {
-		logger.Info(rep.Summary(), fields)
+		logger.Info(rep.Summary(), findingFields(rep))
 		return rep, nil
 	}
-	logger.Error(rep.Summary(), ErrHazard, fields)
+	logger.Error(rep.Summary(), ErrHazard, findingFields(rep))
 	if config.FailOnHazard {
 		return rep, ErrHazard
 	}
 	return rep, nil
 }
 
-// OnceStartCheck returns a once.Config.StartCheck that runs StartCheck when the middleware
-// is created: for the consumer the middleware names (every consumer of config when it names
-// none, as when it defaults to the handler name), with the middleware's MaxMessageAge as the
-// age guard of consumers whose own is unset. With FailOnHazard, a hazard fails once.New.
+// withAgeGuard returns cfg with maxMessageAge as the age guard of the consumers without one
+// (cfg's own Consumers are left as they are).
+func withAgeGuard(cfg Config, maxMessageAge time.Duration) Config {
+	cfg.Consumers = append([]Consumer(nil), cfg.Consumers...)
+	for i := range cfg.Consumers {
+		cfg.Consumers[i].MaxMessageAge = cmp.Or(cfg.Consumers[i].MaxMessageAge, maxMessageAge)
+	}
+	return cfg
+}
+
+// register registers rep's gauges with reg (nil: none); a collector registered before (an
+// earlier start's) is not an error.
+func register(reg prometheus.Registerer, rep Report) error {
+	if reg == nil {
+		return nil
+	}
+	var already prometheus.AlreadyRegisteredError
+	if err := reg.Register(rep.Collector()); err != nil && !errors.As(err, &already) {
+		return err
+	}
+	return nil
+}
+
+// findingFields are the log fields of StartCheck's line: each finding in words.
+func findingFields(rep Report) watermill.LogFields {
+	fields := watermill.LogFields{}
+	for i, f := range rep.Findings {
+		fields["finding_"+strconv.Itoa(i)] = f.String()
+	}
+	return fields
+}
+
+// named returns the consumers called name.
+func named(consumers []Consumer, name string) []Consumer {
+	var out []Consumer
+	for _, c := range consumers {
+		if c.Name == name {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// OnceStartCheck returns a once.Config.StartCheck running StartCheck for the middleware's
+// consumer (all of config's when it names none) with its MaxMessageAge; with FailOnHazard a
+// hazard fails once.New.
 func OnceStartCheck(config StartConfig, logger watermill.LoggerAdapter) func(ctx context.Context, consumer string, maxMessageAge time.Duration) error {
 	return func(ctx context.Context, consumer string, maxMessageAge time.Duration) error {
 		cfg := config
 		if consumer != "" {
-			cfg.Consumers = nil
-			for _, c := range config.Consumers {
-				if c.Name == consumer {
-					cfg.Consumers = append(cfg.Consumers, c)
-				}
-			}
-			if len(cfg.Consumers) == 0 {
+			if cfg.Consumers = named(config.Consumers, consumer); len(cfg.Consumers) == 0 {
 				return fmt.Errorf("doctor: consumer %q is not in the doctor's Consumers: list it with the topics and queues it reads", consumer)
 			}
 		}

@@ -1,4 +1,23 @@
-package broker
+// Package sqlrebase finds and repairs the SQL broker's topic tables after a backup restored
+// into another cluster (`wmonce rebase`, `wmonce doctor`, the subscriptions' restore check).
+//
+// watermill-sql (v3 and v4 alike) orders a topic by the inserting transaction's id
+// (transaction_id xid8, then "offset") and keeps each consumer group's position as the last
+// (last_processed_transaction_id, offset_acked) it acked. Those ids are the source cluster's: a
+// logical dump restored into a cluster whose transaction counter is lower leaves rows and
+// positions "in the future". A subscription then sees nothing published after the restore (its
+// ids are below the group's position) and nothing unconsumed from before it (its ids are not
+// below the server's xmin yet) until the counter passes the source's; what was published in
+// between is skipped for good. A restore into a cluster with a higher counter keeps the order
+// and needs nothing.
+//
+// Check detects the first case (an id at or above the server's next transaction id
+// cannot have been written here); each SQL subscription runs its probes on its own table and
+// logs broker.ErrSQLTopicsMoved at ERROR. Rebase
+// repairs it (wmonce rebase runs it). Once the counter has passed every copied id the move can
+// no longer be seen in these tables, and what was skipped meanwhile stays skipped: rebase as
+// soon as the restore is done, before starting publishers.
+package sqlrebase
 
 import (
 	"cmp"
@@ -13,47 +32,29 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// Backup and restore of the SQL broker's topic tables.
-//
-// watermill-sql (v3 and v4 alike) orders a topic by the inserting transaction's id
-// (transaction_id xid8, then "offset") and keeps each consumer group's position as the last
-// (last_processed_transaction_id, offset_acked) it acked. Those ids are the source cluster's: a
-// logical dump restored into a cluster whose transaction counter is lower leaves rows and
-// positions "in the future". A subscription then sees nothing published after the restore (its
-// ids are below the group's position) and nothing unconsumed from before it (its ids are not
-// below the server's xmin yet) until the counter passes the source's; what was published in
-// between is skipped for good. A restore into a cluster with a higher counter keeps the order
-// and needs nothing.
-//
-// CheckSQLTopics detects the first case (an id at or above the server's next transaction id
-// cannot have been written here); the subscriptions run it and log at ERROR. RebaseSQLTopics
-// repairs it (wmonce rebase runs it). Once the counter has passed every copied id the move can
-// no longer be seen in these tables, and what was skipped meanwhile stays skipped: rebase as
-// soon as the restore is done, before starting publishers.
+// ErrMoved reports topic tables that hold transaction ids of another cluster.
+var ErrMoved = errors.New("broker: SQL topic tables hold transaction ids ahead of this cluster's (restored from a backup of another cluster?): subscriptions miss messages until `wmonce rebase` is run")
 
-// ErrSQLTopicsMoved reports topic tables that hold transaction ids of another cluster.
-var ErrSQLTopicsMoved = errors.New("broker: SQL topic tables hold transaction ids ahead of this cluster's (restored from a backup of another cluster?): subscriptions miss messages until `wmonce rebase` is run")
-
-// frozenXid is the transaction id RebaseSQLTopics gives copied rows every group had consumed:
+// frozenXid is the transaction id Rebase gives copied rows every group had consumed:
 // PostgreSQL's FrozenTransactionId, below every position it sets.
 const frozenXid = 2
 
-// SQLPosition is a consumer group's stored position in a topic table: the transaction id and
+// Position is a consumer group's stored position in a topic table: the transaction id and
 // offset of the last row it acked.
-type SQLPosition struct {
+type Position struct {
 	Xid    uint64
 	Offset int64
 }
 
-func (p SQLPosition) String() string { return fmt.Sprintf("(%d, %d)", p.Xid, p.Offset) }
+func (p Position) String() string { return fmt.Sprintf("(%d, %d)", p.Xid, p.Offset) }
 
 // less orders positions as watermill-sql reads rows: by transaction id, then offset.
-func (p SQLPosition) less(q SQLPosition) bool {
+func (p Position) less(q Position) bool {
 	return p.Xid < q.Xid || (p.Xid == q.Xid && p.Offset < q.Offset)
 }
 
-// SQLTopicMove describes one topic table's ids ahead of the cluster.
-type SQLTopicMove struct {
+// TopicMove describes one topic table's ids ahead of the cluster.
+type TopicMove struct {
 	Topic string
 	// FutureRows counts rows whose transaction id is at or above the cluster's next one: none
 	// of them is delivered until the counter passes it.
@@ -63,19 +64,22 @@ type SQLTopicMove struct {
 	GroupsAhead []string
 }
 
-// SQLMoveReport is what CheckSQLTopics found in a schema.
-type SQLMoveReport struct {
+// moved says whether the table holds rows or group positions ahead of the cluster.
+func (m TopicMove) moved() bool { return m.FutureRows > 0 || len(m.GroupsAhead) > 0 }
+
+// MoveReport is what Check found in a schema.
+type MoveReport struct {
 	Schema string
 	// NextXid is the cluster's next transaction id when the check ran.
 	NextXid uint64
 	// Topics counts the topic tables checked.
 	Topics int
 	// Moved lists the topic tables with ids ahead of NextXid; empty when none.
-	Moved []SQLTopicMove
+	Moved []TopicMove
 }
 
-// Err returns nil when no topic table moved, else ErrSQLTopicsMoved wrapped with the tables.
-func (r SQLMoveReport) Err() error {
+// Err returns nil when no topic table moved, else ErrMoved wrapped with the tables.
+func (r MoveReport) Err() error {
 	if len(r.Moved) == 0 {
 		return nil
 	}
@@ -83,7 +87,7 @@ func (r SQLMoveReport) Err() error {
 	for _, m := range r.Moved {
 		parts = append(parts, fmt.Sprintf("%s (%d rows ahead, groups ahead: %s)", m.Topic, m.FutureRows, strings.Join(m.GroupsAhead, ", ")))
 	}
-	return fmt.Errorf("%w; schema %q, next transaction id %d: %s", ErrSQLTopicsMoved, r.Schema, r.NextXid, strings.Join(parts, "; "))
+	return fmt.Errorf("%w; schema %q, next transaction id %d: %s", ErrMoved, r.Schema, r.NextXid, strings.Join(parts, "; "))
 }
 
 // topicTables is a topic table found in a schema, with its offsets table when there is one.
@@ -97,12 +101,8 @@ type topicTables struct {
 // with watermill-sql's transaction_id and "offset" columns (so that a topic named offsets_x is
 // not taken for the offsets table of x).
 func listSQLTopics(ctx context.Context, q pgtx.Executor, schema string) ([]topicTables, error) {
-	type table struct {
-		name    string
-		offsets bool
-	}
-	tables, err := pgtx.QueryAll(ctx, q, func(s pgtx.Scanner) (table, error) {
-		var t table
+	tables, err := pgtx.QueryAll(ctx, q, func(s pgtx.Scanner) (watermillTable, error) {
+		var t watermillTable
 		err := s.Scan(&t.name, &t.offsets)
 		return t, err
 	}, `SELECT c.relname,
@@ -116,6 +116,17 @@ ORDER BY c.relname`, schema)
 	if err != nil {
 		return nil, err
 	}
+	return pairTables(schema, tables), nil
+}
+
+// watermillTable is a table of watermill-sql's: a topic's messages, or its offsets.
+type watermillTable struct {
+	name    string
+	offsets bool
+}
+
+// pairTables gives each topic table of schema its offsets table, when there is one.
+func pairTables(schema string, tables []watermillTable) []topicTables {
 	offsets := map[string]bool{}
 	for _, t := range tables {
 		if t.offsets {
@@ -135,7 +146,7 @@ ORDER BY c.relname`, schema)
 			hasOffsets: offsets["watermill_offsets_"+topic],
 		})
 	}
-	return topics, nil
+	return topics
 }
 
 // nextXid returns the server's next transaction id (the current snapshot's xmax): no row or
@@ -148,15 +159,20 @@ func nextXid(ctx context.Context, q pgtx.Executor) (uint64, error) {
 	return strconv.ParseUint(text, 10, 64)
 }
 
+// futureRowsQuery counts t's rows at or above $1, or only says whether there is one (0 or 1)
+// when countRows is false: one index probe.
+func futureRowsQuery(t topicTables, countRows bool) string {
+	if countRows {
+		return `SELECT count(*) FROM ` + t.messages + ` WHERE transaction_id >= $1::xid8`
+	}
+	return `SELECT count(*) FROM (SELECT 1 FROM ` + t.messages + ` WHERE transaction_id >= $1::xid8 LIMIT 1) AS x`
+}
+
 // checkSQLTopic reports t's rows and group positions at or above next. A row is looked for
 // through the primary key's leading column, so the check is one index probe per table.
-func checkSQLTopic(ctx context.Context, q pgtx.Executor, t topicTables, next uint64, countRows bool) (SQLTopicMove, error) {
-	m := SQLTopicMove{Topic: t.topic}
-	count := `SELECT count(*) FROM ` + t.messages + ` WHERE transaction_id >= $1::xid8`
-	if !countRows {
-		count = `SELECT count(*) FROM (SELECT 1 FROM ` + t.messages + ` WHERE transaction_id >= $1::xid8 LIMIT 1) AS x`
-	}
-	if err := q.QueryRowContext(ctx, count, strconv.FormatUint(next, 10)).Scan(&m.FutureRows); err != nil {
+func checkSQLTopic(ctx context.Context, q pgtx.Executor, t topicTables, next uint64, countRows bool) (TopicMove, error) {
+	m := TopicMove{Topic: t.topic}
+	if err := q.QueryRowContext(ctx, futureRowsQuery(t, countRows), strconv.FormatUint(next, 10)).Scan(&m.FutureRows); err != nil {
 		return m, fmt.Errorf("broker: check topic table %s: %w", t.messages, err)
 	}
 	if !t.hasOffsets {
@@ -174,15 +190,15 @@ func checkSQLTopic(ctx context.Context, q pgtx.Executor, t topicTables, next uin
 	return m, nil
 }
 
-// CheckSQLTopics reports the SQL broker's topic tables in schema whose rows or consumer-group
+// Check reports the SQL broker's topic tables in schema whose rows or consumer-group
 // positions carry transaction ids at or above the cluster's next one: ids of another cluster,
 // left by a restore into a cluster with a lower transaction counter. Subscriptions on such a
-// table miss messages (see RebaseSQLTopics, which repairs it). The report's Err is nil when
+// table miss messages (see Rebase, which repairs it). The report's Err is nil when
 // nothing moved. It reads only; each table costs an index probe and a scan of its offsets.
-func CheckSQLTopics(ctx context.Context, db pgtx.Executor, schema string) (SQLMoveReport, error) {
-	r := SQLMoveReport{Schema: schema}
+func Check(ctx context.Context, db pgtx.Executor, schema string) (MoveReport, error) {
+	r := MoveReport{Schema: schema}
 	if err := pgtx.ValidateIdentifier("schema", schema); err != nil {
-		return r, fmt.Errorf("broker: CheckSQLTopics: %w", err)
+		return r, fmt.Errorf("broker: Check: %w", err)
 	}
 	topics, err := listSQLTopics(ctx, db, schema)
 	if err != nil {
@@ -192,28 +208,35 @@ func CheckSQLTopics(ctx context.Context, db pgtx.Executor, schema string) (SQLMo
 		return r, fmt.Errorf("broker: read the next transaction id: %w", err)
 	}
 	r.Topics = len(topics)
-	for _, t := range topics {
-		m, err := checkSQLTopic(ctx, db, t, r.NextXid, true)
-		if err != nil {
-			return r, err
-		}
-		if m.FutureRows > 0 || len(m.GroupsAhead) > 0 {
-			r.Moved = append(r.Moved, m)
-		}
-	}
-	return r, nil
+	r.Moved, err = movedTopics(ctx, db, topics, r.NextXid)
+	return r, err
 }
 
-// SQLGroupRebase is what RebaseSQLTopics did to one consumer group's position.
-type SQLGroupRebase struct {
+// movedTopics checks each topic table against next and returns those that moved.
+func movedTopics(ctx context.Context, db pgtx.Executor, topics []topicTables, next uint64) ([]TopicMove, error) {
+	var moved []TopicMove
+	for _, t := range topics {
+		m, err := checkSQLTopic(ctx, db, t, next, true)
+		if err != nil {
+			return moved, err
+		}
+		if m.moved() {
+			moved = append(moved, m)
+		}
+	}
+	return moved, nil
+}
+
+// GroupRebase is what Rebase did to one consumer group's position.
+type GroupRebase struct {
 	Group    string
-	From, To SQLPosition
+	From, To Position
 	// Rereads counts the rows the group reads again: every row it had not provably consumed.
 	Rereads int64
 }
 
-// SQLTopicRebase is what RebaseSQLTopics did to one topic table.
-type SQLTopicRebase struct {
+// TopicRebase is what Rebase did to one topic table.
+type TopicRebase struct {
 	Topic string
 	// Republished counts rows given a current transaction id: rows some group had not
 	// provably consumed.
@@ -221,19 +244,19 @@ type SQLTopicRebase struct {
 	// Frozen counts copied rows every group had consumed, given the frozen id 2 (below every
 	// position, so no group reads them again; a new group does).
 	Frozen int64
-	Groups []SQLGroupRebase
+	Groups []GroupRebase
 }
 
-// SQLRebaseReport is what RebaseSQLTopics did to a schema. Topics lists only the tables that
+// Report is what Rebase did to a schema. Topics lists only the tables that
 // had moved; a schema with none is left untouched.
-type SQLRebaseReport struct {
+type Report struct {
 	Schema  string
 	NextXid uint64
-	Topics  []SQLTopicRebase
+	Topics  []TopicRebase
 }
 
-// RebaseSQLTopics repairs the SQL broker's topic tables in schema after a restore into a
-// cluster with a lower transaction counter (CheckSQLTopics finds them; tables that did not
+// Rebase repairs the SQL broker's topic tables in schema after a restore into a
+// cluster with a lower transaction counter (Check finds them; tables that did not
 // move are left alone, so running it again, or on a healthy schema, changes nothing). Each
 // moved table is rebased in one transaction that locks out its publishers and subscriptions,
 // so that each group reads again exactly the rows it had not provably consumed, in their
@@ -241,7 +264,7 @@ type SQLRebaseReport struct {
 // of the inbox absorb what a group still receives twice. Every group of the table's offsets
 // table is covered, watermill-sql subscribers of your own included when they use the broker's
 // offsets tables (docs/brokers.md, "SQL: after a backup and restore").
-func RebaseSQLTopics(ctx context.Context, db pgtx.Beginner, schema string) (SQLRebaseReport, error) {
+func Rebase(ctx context.Context, db pgtx.Beginner, schema string) (Report, error) {
 	// How each moved table is rebased:
 	//
 	//   - a row is provably consumed by a group when the group's position and the row are both
@@ -256,9 +279,9 @@ func RebaseSQLTopics(ctx context.Context, db pgtx.Beginner, schema string) (SQLR
 	//     just after the rows it had consumed: each group reads again exactly the rows it had not
 	//     provably consumed, in their order; a row one group consumed and another did not is read
 	//     again only by the other.
-	r := SQLRebaseReport{Schema: schema}
+	r := Report{Schema: schema}
 	if err := pgtx.ValidateIdentifier("schema", schema); err != nil {
-		return r, fmt.Errorf("broker: RebaseSQLTopics: %w", err)
+		return r, fmt.Errorf("broker: Rebase: %w", err)
 	}
 	var topics []topicTables
 	err := pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
@@ -270,12 +293,8 @@ func RebaseSQLTopics(ctx context.Context, db pgtx.Beginner, schema string) (SQLR
 		return r, fmt.Errorf("broker: list topic tables of schema %q: %w", schema, err)
 	}
 	for _, t := range topics {
-		var done *SQLTopicRebase
-		err := pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
-			var err error
-			done, r.NextXid, err = rebaseSQLTopic(ctx, tx, t)
-			return err
-		})
+		var done *TopicRebase
+		done, r.NextXid, err = rebaseInTx(ctx, db, t)
 		if err != nil {
 			return r, fmt.Errorf("broker: rebase topic table %s: %w", t.messages, err)
 		}
@@ -288,15 +307,25 @@ func RebaseSQLTopics(ctx context.Context, db pgtx.Beginner, schema string) (SQLR
 
 type sqlGroupPos struct {
 	group  string
-	pos    SQLPosition
+	pos    Position
 	source bool // written on the source cluster (at or above the next transaction id)
 	// consumedBy is, for a source group, how many source groups are at or past its position:
 	// it consumed exactly the rows that many or more groups consumed.
 	consumedBy int
 }
 
+// rebaseInTx rebases one table in a transaction of its own (rebaseSQLTopic).
+func rebaseInTx(ctx context.Context, db pgtx.Beginner, t topicTables) (done *TopicRebase, next uint64, err error) {
+	err = pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
+		var err error
+		done, next, err = rebaseSQLTopic(ctx, tx, t)
+		return err
+	})
+	return done, next, err
+}
+
 // rebaseSQLTopic rebases one table in tx; nil when the table had not moved.
-func rebaseSQLTopic(ctx context.Context, tx *sql.Tx, t topicTables) (*SQLTopicRebase, uint64, error) {
+func rebaseSQLTopic(ctx context.Context, tx *sql.Tx, t topicTables) (*TopicRebase, uint64, error) {
 	if err := lockSQLTopic(ctx, tx, t); err != nil {
 		return nil, 0, err
 	}
@@ -308,7 +337,7 @@ func rebaseSQLTopic(ctx context.Context, tx *sql.Tx, t topicTables) (*SQLTopicRe
 	if err != nil {
 		return nil, next, err
 	}
-	if move.FutureRows == 0 && len(move.GroupsAhead) == 0 {
+	if !move.moved() {
 		return nil, next, nil
 	}
 	groups, err := sqlTopicGroups(ctx, tx, t)
@@ -324,10 +353,8 @@ func rebaseSQLTopic(ctx context.Context, tx *sql.Tx, t topicTables) (*SQLTopicRe
 	}
 	tier := func(c int) uint64 { return xmin - 1 - uint64(c) }
 
-	var maxOffset int64
-	var lastCopied sql.NullInt64
-	if err := tx.QueryRowContext(ctx, `SELECT coalesce(max("offset"), 0), max("offset") FILTER (WHERE transaction_id >= $1::xid8) FROM `+t.messages,
-		strconv.FormatUint(next, 10)).Scan(&maxOffset, &lastCopied); err != nil {
+	maxOffset, lastCopied, err := tableOffsets(ctx, tx, t, next)
+	if err != nil {
 		return nil, next, err
 	}
 
@@ -347,7 +374,7 @@ c AS (
 
 	// Rows every group consumed keep a low id: copied ones (and any that would sort among the
 	// new ids) become frozenXid, the others stay. Every other row gets tier(c).
-	res, err := tx.ExecContext(ctx, consumed+`
+	changed, err := execCount(ctx, tx, consumed+`
 UPDATE `+t.messages+` AS m SET transaction_id = (CASE WHEN c.c = $5 THEN $6::bigint ELSE $7::bigint - c.c END)::text::xid8
 FROM c WHERE m.transaction_id = c.tid AND m."offset" = c.off
 	AND NOT (c.c = $5 AND m.transaction_id < $8::xid8)`,
@@ -355,29 +382,49 @@ FROM c WHERE m.transaction_id = c.tid AND m."offset" = c.off
 	if err != nil {
 		return nil, next, fmt.Errorf("move rows: %w", err)
 	}
-	changed, err := res.RowsAffected()
-	if err != nil {
-		return nil, next, err
-	}
 
-	done := &SQLTopicRebase{Topic: t.topic}
-	for c, n := range hist {
-		if c < all {
-			done.Republished += n
-		}
-	}
+	done := &TopicRebase{Topic: t.topic, Republished: republished(hist, all)}
 	done.Frozen = changed - done.Republished
 	// A group that consumed nothing provably goes below every tier, at the table's end offset.
-	if done.Groups, err = moveSQLGroups(ctx, tx, t, groups, hist, tier, SQLPosition{Xid: tier(sources) - 1, Offset: maxOffset}); err != nil {
+	if done.Groups, err = moveSQLGroups(ctx, tx, t, groups, hist, tier, Position{Xid: tier(sources) - 1, Offset: maxOffset}); err != nil {
 		return nil, next, err
 	}
 	return done, next, nil
 }
 
+// tableOffsets reads t's highest offset (0 when empty) and the highest offset of a row copied
+// from the source cluster (an id at or above next; NULL when none).
+func tableOffsets(ctx context.Context, tx *sql.Tx, t topicTables, next uint64) (maxOffset int64, lastCopied sql.NullInt64, err error) {
+	err = tx.QueryRowContext(ctx, `SELECT coalesce(max("offset"), 0), max("offset") FILTER (WHERE transaction_id >= $1::xid8) FROM `+t.messages,
+		strconv.FormatUint(next, 10)).Scan(&maxOffset, &lastCopied)
+	return maxOffset, lastCopied, err
+}
+
+// execCount runs query in tx and returns how many rows it changed.
+func execCount(ctx context.Context, tx *sql.Tx, query string, args ...any) (int64, error) {
+	res, err := tx.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// republished counts the rows of hist (rows by how many of all the source groups consumed
+// them) that some group had not consumed: the rows given a current transaction id.
+func republished(hist map[int]int64, all int) int64 {
+	var n int64
+	for c, rows := range hist {
+		if c < all {
+			n += rows
+		}
+	}
+	return n
+}
+
 // moveSQLGroups moves each group: a source group to the tier of the rows it consumed, any
 // other to below, and reports them by group name.
-func moveSQLGroups(ctx context.Context, tx *sql.Tx, t topicTables, groups []sqlGroupPos, hist map[int]int64, tier func(int) uint64, below SQLPosition) ([]SQLGroupRebase, error) {
-	var moved []SQLGroupRebase
+func moveSQLGroups(ctx context.Context, tx *sql.Tx, t topicTables, groups []sqlGroupPos, hist map[int]int64, tier func(int) uint64, below Position) ([]GroupRebase, error) {
+	var moved []GroupRebase
 	for _, g := range groups {
 		to := below
 		if g.source {
@@ -387,9 +434,9 @@ func moveSQLGroups(ctx context.Context, tx *sql.Tx, t topicTables, groups []sqlG
 			strconv.FormatUint(to.Xid, 10), to.Offset, g.group); err != nil {
 			return nil, fmt.Errorf("move group %q: %w", g.group, err)
 		}
-		moved = append(moved, SQLGroupRebase{Group: g.group, From: g.pos, To: to, Rereads: g.rereads(hist)})
+		moved = append(moved, GroupRebase{Group: g.group, From: g.pos, To: to, Rereads: g.rereads(hist)})
 	}
-	slices.SortFunc(moved, func(a, b SQLGroupRebase) int { return cmp.Compare(a.Group, b.Group) })
+	slices.SortFunc(moved, func(a, b GroupRebase) int { return cmp.Compare(a.Group, b.Group) })
 	return moved, nil
 }
 
@@ -450,16 +497,21 @@ func markSourceGroups(groups []sqlGroupPos, next uint64) (sources int, srcXids [
 			srcOffsets = append(srcOffsets, groups[i].pos.Offset)
 		}
 	}
+	markConsumedBy(groups)
+	return sources, srcXids, srcOffsets
+}
+
+// markConsumedBy sets each source group's consumedBy.
+func markConsumedBy(groups []sqlGroupPos) {
 	for i := range groups {
 		if groups[i].source {
 			groups[i].consumedBy = countConsumedBy(groups, groups[i].pos)
 		}
 	}
-	return sources, srcXids, srcOffsets
 }
 
 // countConsumedBy is how many source groups are at or past pos.
-func countConsumedBy(groups []sqlGroupPos, pos SQLPosition) int {
+func countConsumedBy(groups []sqlGroupPos, pos Position) int {
 	n := 0
 	for _, h := range groups {
 		if h.source && !h.pos.less(pos) {
@@ -506,7 +558,7 @@ func int64Array(v []int64) string {
 }
 
 // String is the report in a line per topic table, as `wmonce rebase -dry-run` prints it.
-func (r SQLMoveReport) String() string {
+func (r MoveReport) String() string {
 	if len(r.Moved) == 0 {
 		return fmt.Sprintf("schema %s: no topic table ahead of this cluster's transaction counter (%d checked, next id %d)", r.Schema, r.Topics, r.NextXid)
 	}
@@ -519,17 +571,22 @@ func (r SQLMoveReport) String() string {
 }
 
 // String is the report in a line per topic table and group, as `wmonce rebase` prints it.
-func (r SQLRebaseReport) String() string {
+func (r Report) String() string {
 	if len(r.Topics) == 0 {
 		return fmt.Sprintf("schema %s: no topic table to rebase", r.Schema)
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "schema %s: %d topic table(s) rebased", r.Schema, len(r.Topics))
 	for _, t := range r.Topics {
-		fmt.Fprintf(&b, "\n  topic %s: %d row(s) to be read again, %d consumed row(s) frozen", t.Topic, t.Republished, t.Frozen)
-		for _, g := range t.Groups {
-			fmt.Fprintf(&b, "\n    group %s: position %s -> %s, reads %d row(s) again", g.Group, g.From, g.To, g.Rereads)
-		}
+		t.write(&b)
 	}
 	return b.String()
+}
+
+// write adds the topic's lines of Report.String to b.
+func (t TopicRebase) write(b *strings.Builder) {
+	fmt.Fprintf(b, "\n  topic %s: %d row(s) to be read again, %d consumed row(s) frozen", t.Topic, t.Republished, t.Frozen)
+	for _, g := range t.Groups {
+		fmt.Fprintf(b, "\n    group %s: position %s -> %s, reads %d row(s) again", g.Group, g.From, g.To, g.Rereads)
+	}
 }
