@@ -3,11 +3,16 @@ package once_test
 import (
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	wmonce "github.com/wmonce/watermill-once"
@@ -16,6 +21,8 @@ import (
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/middleware/once"
+	"github.com/wmonce/watermill-once/ops/admin"
+	"github.com/wmonce/watermill-once/ops/metrics"
 	"github.com/wmonce/watermill-once/outbox"
 )
 
@@ -173,6 +180,22 @@ func TestDelayedRetryCopiesCollapseToOne(t *testing.T) {
 	require.Equal(t, "healthy", testwait.Receive(t, r.applied, "the healthy message").UUID)
 	require.Equal(t, "flaky", testwait.Receive(t, r.applied, "the one delayed retry").UUID)
 	require.Equal(t, uint64(1), r.mw.Counters().Consumer("ledger").DelayedRetries)
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, metrics.Register(reg, metrics.Sources{DB: r.db, Schema: r.schema, Middlewares: []*once.Middleware{r.mw}}))
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP wmonce_delayed_retries_total Failed messages the Stack's delayed retries handled (StackConfig.DelayedRetries): result=scheduled (stored in the outbox for later, delivery acked) or nacked (could not be scheduled: no topic, outbox or database error).
+# TYPE wmonce_delayed_retries_total counter
+wmonce_delayed_retries_total{consumer="ledger",result="nacked"} 0
+wmonce_delayed_retries_total{consumer="ledger",result="scheduled"} 1
+`), "wmonce_delayed_retries_total"))
+	// The admin page's consumers table shows it.
+	adm, err := admin.NewHandler(r.db, admin.Config{Schema: r.schema, Middlewares: []*once.Middleware{r.mw}, SampleInterval: -1}, nil)
+	require.NoError(t, err)
+	rec := httptest.NewRecorder()
+	adm.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/api/consumers", nil))
+	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	require.Contains(t, rec.Body.String(), `"delayed_retries": 1,`)
+
 	require.Equal(t, 1, r.retryClaims(t))
 	require.Equal(t, 1, pgtest.Count(t, r.db, `SELECT count(*) FROM `+r.table("outbox")+` WHERE metadata::jsonb ? $1`, once.MetadataDelayedRetry))
 	require.Equal(t, "flaky", testwait.Receive(t, r.acked, "the delayed retry to be acked"))
