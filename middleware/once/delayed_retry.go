@@ -82,8 +82,8 @@ func newDelayedRetry(mw *Middleware, schedule []time.Duration, retryable func(er
 func (r *delayedRetry) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		out, err := h(msg)
-		if err == nil || !r.retryable(err) {
-			return out, err
+		if err == nil || !r.retryable(err) || errors.Is(msg.Context().Err(), context.Canceled) {
+			return out, err // Router.Close cancelled it: the broker redelivers it, nothing to schedule
 		}
 		return nil, r.later(msg, err)
 	}

@@ -224,7 +224,8 @@ func TestDelayedRetriesExhaustedPark(t *testing.T) {
 }
 
 // A permanent error parks at once: no delayed retry. A transient one without a topic to
-// schedule on (no router) is nacked, as without delayed retries, and counted.
+// schedule on (no router) is nacked, as without delayed retries, and counted; one whose
+// delivery the router cancelled is nacked without trying.
 func TestDelayedRetrySkipsPermanentErrorsAndNacksWithoutATopic(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, once.Config{Consumer: "c"})
@@ -241,6 +242,12 @@ func TestDelayedRetrySkipsPermanentErrorsAndNacksWithoutATopic(t *testing.T) {
 	require.NoError(t, deliver(h, "p-1", "poison"), "parked and acked")
 	require.Len(t, parkedCopies(t, e, once.DefaultPoisonTopic), 1)
 	require.ErrorIs(t, deliver(h, "t-1", "transient"), errNotYet)
+	closing, cancel := context.WithCancel(context.Background())
+	cancel() // Router.Close: nacked as it is, no attempt to schedule
+	m := message.NewMessage("t-2", []byte("transient"))
+	m.SetContext(closing)
+	_, err = h(m)
+	require.ErrorIs(t, err, context.Canceled)
 	c := e.mw.Counters().Consumer("c")
 	require.Zero(t, c.DelayedRetries)
 	require.Equal(t, uint64(1), c.DelayedRetriesNacked)
