@@ -21,6 +21,7 @@ import (
 // what a failing message's retries cost the others.
 const (
 	FRetry        = "F-retry"
+	FRetryShort   = "F-retry-short"
 	FDelayed      = "F-delayed"
 	FDelayedShort = "F-delayed-short"
 
@@ -30,14 +31,17 @@ const (
 
 func init() {
 	variantTitles[FRetry] = "Stack, Retry only (defaults: 3 retries from 100 ms): 20% of messages fail for 1 s; healthy messages/s"
+	variantTitles[FRetryShort] = "as F-retry, with Retry MaxRetries 1 from 10 ms (then a nack); healthy messages/s"
 	variantTitles[FDelayed] = "as F-retry, with DelayedRetries [1s, 2s] (Retry defaults); healthy messages/s"
 	variantTitles[FDelayedShort] = "as F-delayed, with Retry MaxRetries 1 from 10 ms; healthy messages/s"
-	allVariants = append(allVariants, FRetry, FDelayed, FDelayedShort)
+	allVariants = append(allVariants, FRetry, FRetryShort, FDelayed, FDelayedShort)
 	// Last: the retry copies the relay sends back to the topic reach every later group.
-	consumingVariants = append(consumingVariants, FRetry, FDelayed, FDelayedShort)
+	consumingVariants = append(consumingVariants, FRetry, FRetryShort, FDelayed, FDelayedShort)
 }
 
-func isFailingVariant(id string) bool { return id == FRetry || id == FDelayed || id == FDelayedShort }
+func isFailingVariant(id string) bool {
+	return id == FRetry || id == FRetryShort || id == FDelayed || id == FDelayedShort
+}
 
 // failingMessage reports whether the message of payload(i) is one of the failing fifth.
 func failingMessage(msg *message.Message) bool {
@@ -67,11 +71,15 @@ func (h *harness) failingVariant(ctx context.Context, r *rig, id, consumer strin
 	f := &failing{close: func() { _ = mw.Close() }}
 	cfg := once.StackConfig{Middleware: mw, Logger: watermill.NopLogger{}}
 	f.notes = "Stack defaults"
-	if id != FRetry {
+	short := wmiddleware.Retry{MaxRetries: 1, InitialInterval: 10 * time.Millisecond}
+	if id == FRetryShort {
+		cfg.Retry, f.notes = short, "Retry MaxRetries 1 from 10 ms"
+	}
+	if id == FDelayed || id == FDelayedShort {
 		cfg.DelayedRetries = []time.Duration{time.Second, 2 * time.Second}
 		f.notes = "DelayedRetries [1s, 2s], relay running"
 		if id == FDelayedShort {
-			cfg.Retry = wmiddleware.Retry{MaxRetries: 1, InitialInterval: 10 * time.Millisecond}
+			cfg.Retry = short
 			f.notes += ", Retry MaxRetries 1 from 10 ms"
 		}
 		pub, err := r.b.NewPublisher(ctx)

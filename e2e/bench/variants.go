@@ -283,7 +283,7 @@ func (h *harness) consume(ctx context.Context, r *rig, id string) (Result, error
 		}
 		res.Notes = "sql.TxFromContext; the subscriber commits once per batch"
 		waitForCommit = true
-	case FRetry, FDelayed, FDelayedShort:
+	case FRetry, FRetryShort, FDelayed, FDelayedShort:
 		f, err := h.failingVariant(ctx, r, id, consumer, inCtxTx)
 		if err != nil {
 			return res, err
