@@ -24,16 +24,15 @@ import (
 // Middleware's outbox, due after the next step of the schedule, in one transaction with a
 // retry claim in processed_messages; the delivery is then acked.
 
-// MetadataDelayedRetry is set on a scheduled retry copy: "N:consumer", the copy being the
-// N-th delayed retry of that consumer. Other consumers of the topic ignore it.
-const MetadataDelayedRetry = "wmonce_delayed_retry"
+// Metadata of a scheduled retry copy (docs/middleware.md, Delayed retries): "N:consumer" for
+// the N-th retry of that consumer, and the failure that scheduled it (at most 512 bytes).
+const (
+	MetadataDelayedRetry      = "wmonce_delayed_retry"
+	MetadataDelayedRetryError = "wmonce_delayed_retry_error"
+)
 
-// MetadataDelayedRetryError is set on a scheduled retry copy: the failure that scheduled it,
-// cut to maxRetryErrorLength bytes.
-const MetadataDelayedRetryError = "wmonce_delayed_retry_error"
-
-// ErrDelayedRetriesExhausted is wrapped by the park reason of a message that still failed
-// after its last delayed retry.
+// ErrDelayedRetriesExhausted is wrapped by the park reason of a message still failing after
+// its last delayed retry.
 var ErrDelayedRetriesExhausted = errors.New("once: delayed retries exhausted")
 
 // Limits of StackConfig.DelayedRetries: longer waits belong in the inbox or a parked replay.

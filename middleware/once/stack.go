@@ -48,10 +48,9 @@ type StackConfig struct {
 	// Transient errors are retried, then nacked for redelivery: a database outage must not park
 	// every message.
 	ShouldPark func(err error) bool
-	// DelayedRetries is the wait before each delayed retry (e.g. 10s, 1m, 10m): a transient
-	// failure left after Retry is stored in the Middleware's outbox for its topic, due after
-	// the next wait, and acked; parked when the schedule is exhausted. Default: none (off).
-	// A relay must forward the outbox to the broker consumed from (docs/middleware.md).
+	// DelayedRetries are the waits of the delayed retries (e.g. 10s, 1m, 10m): a transient
+	// failure left after Retry is stored in the Middleware's outbox for its topic and acked,
+	// parked once they are exhausted. Default: none (off). Needs a relay (docs/middleware.md).
 	DelayedRetries []time.Duration
 
 	Logger watermill.LoggerAdapter
@@ -68,8 +67,7 @@ type StackConfig struct {
 // DefaultPoisonTopic), committed before the ack: with no configuration beyond the Middleware,
 // a message that can never succeed is parked and acked rather than redelivered forever in
 // front of its partition or queue. CorrelationID and Recoverer are inside the transaction so
-// that produced messages carry correlation ids into the outbox and a panic rolls back. With
-// DelayedRetries, what Retry leaves unparked is scheduled for later and acked.
+// that produced messages carry correlation ids into the outbox and a panic rolls back.
 //
 // Do not add Watermill's InstantAck or Deduplicator to the same handler: the first acks before
 // the commit, the second records keys before the handler succeeds and loses failed messages.
