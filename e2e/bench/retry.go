@@ -95,7 +95,9 @@ func (h *harness) failingVariant(ctx context.Context, r *rig, id, consumer strin
 		go func() { done <- relay.Run(ctx) }()
 		f.close = func() {
 			_ = relay.Close()
-			<-done
+			if err := <-done; err != nil {
+				h.logger.Error("Relay of "+id+" ended with an error", err, nil)
+			}
 			_ = pub.Close()
 			_ = mw.Close()
 		}
