@@ -14,6 +14,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/broker"
@@ -55,13 +58,15 @@ type retryRig struct {
 	pub     message.Publisher
 	applied chan *message.Message // each message the handler applied, in order
 	acked   chan string           // each delivery the router acked
+	spans   *tracetest.SpanRecorder
 }
 
 // newRetryRig starts the rig; fail decides, per delivery, whether the handler fails.
 func newRetryRig(t *testing.T, kind broker.Kind, schedule []time.Duration, fail func(*message.Message) error) *retryRig {
 	t.Helper()
-	e := newEnv(t, once.Config{Consumer: "ledger"})
-	r := &retryRig{env: e, topic: pgtest.NewName("retry"), applied: make(chan *message.Message, 100), acked: make(chan string, 100)}
+	spans := tracetest.NewSpanRecorder()
+	e := newEnv(t, once.Config{Consumer: "ledger", TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))})
+	r := &retryRig{env: e, spans: spans, topic: pgtest.NewName("retry"), applied: make(chan *message.Message, 100), acked: make(chan string, 100)}
 	cfg := brokertest.Config(t, kind, e.schema)
 	// One message in flight: a nacked message stops the one behind it.
 	cfg.Kafka.Partitions = 1
@@ -201,6 +206,28 @@ wmonce_delayed_retries_total{consumer="ledger",result="scheduled"} 1
 	require.Equal(t, "flaky", testwait.Receive(t, r.acked, "the delayed retry to be acked"))
 	testwait.Until(t, "both effects committed", func() bool { return r.effects(t) == 2 })
 	require.Empty(t, r.applied, "nothing applied twice")
+
+	// The trace: a span per failed copy, saying what it did, and the retry's delivery in the
+	// trace of the span that scheduled it (the copy carries its trace context).
+	outcomes := map[string]trace.TraceID{}
+	for _, sp := range r.spans.Ended() {
+		if sp.Name() != "once delayed retry" {
+			continue
+		}
+		for _, ev := range sp.Events() {
+			for _, a := range ev.Attributes {
+				if a.Key == "wmonce.outcome" {
+					outcomes[strings.Fields(a.Value.AsString())[0]] = sp.SpanContext().TraceID()
+				}
+			}
+		}
+	}
+	require.Len(t, outcomes, 2, "one copy scheduled, one found it already scheduled: %v", outcomes)
+	retried := false
+	for _, sp := range r.spans.Ended() {
+		retried = retried || (sp.Name() == "once process" && sp.SpanContext().TraceID() == outcomes["scheduled"])
+	}
+	require.True(t, retried, "the retry's delivery continues the trace of the span that scheduled it")
 }
 
 // A message still failing after the last delayed retry is parked, the reason saying the
