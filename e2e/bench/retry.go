@@ -35,6 +35,8 @@ func init() {
 	variantTitles[FDelayed] = "as F-retry, with DelayedRetries [1s, 2s] (Retry defaults); healthy messages/s"
 	variantTitles[FDelayedShort] = "as F-delayed, with Retry MaxRetries 1 from 10 ms; healthy messages/s"
 	allVariants = append(allVariants, FRetry, FRetryShort, FDelayed, FDelayedShort)
+	// Named only: each failing message holds its slot for a second, which "all" cannot afford.
+	namedOnlyVariants = append(namedOnlyVariants, FRetry, FRetryShort, FDelayed, FDelayedShort)
 	// Last: the retry copies the relay sends back to the topic reach every later group.
 	consumingVariants = append(consumingVariants, FRetry, FRetryShort, FDelayed, FDelayedShort)
 }

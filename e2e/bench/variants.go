@@ -77,6 +77,9 @@ var (
 // consumingVariants read the published messages through a router.
 var consumingVariants = []string{B0, B1, B2, B3, B4, B5Ingest, B6}
 
+// namedOnlyVariants run only when -variants names them.
+var namedOnlyVariants []string
+
 // allVariants in report order.
 var allVariants = []string{B0, B1, B2, B3, B4, B5Ingest, B5Process, B6, Relay, RelayLane, Forwarder, C1Single, C1Batch, E2E50, E2E1000, IdleRelay, IdleSQLSub, IdleSQLPoll}
 
