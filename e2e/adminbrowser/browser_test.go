@@ -152,9 +152,9 @@ func TestAdminPageInChromium(t *testing.T) {
 	require.Contains(t, text("#schema"), "schema "+f.Schema)
 	consumers := text("#consumers tbody")
 	require.Contains(t, consumers, "rewards")
-	require.Equal(t, []string{"rewards", "3", "3", "1", "25.0 %", "0", "0", "0"}, step(t, ctx, "read the consumer row", chromedp.Evaluate[[]string](
+	require.Equal(t, []string{"rewards", "3", "3", "1", "25.0 %", "0", "0", "0", "0"}, step(t, ctx, "read the consumer row", chromedp.Evaluate[[]string](
 		`[...document.querySelectorAll('#consumers tbody td')].filter((_, i) => i !== 2).map(td => td.textContent)`)),
-		"3 claims, 3 fresh, 1 duplicate: 25% of 4 deliveries")
+		"3 claims, 3 fresh, 1 duplicate: 25% of 4 deliveries; no failure, delayed retry, refusal or message too old")
 	stats := text("#inbox-stats tbody")
 	require.Contains(t, stats, "billing")
 	require.Contains(t, text("#relays tbody"), "sms")

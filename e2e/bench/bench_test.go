@@ -110,6 +110,11 @@ func TestTinyRun(t *testing.T) {
 		}
 	}
 
+	// A failing-handler variant (named only): the delayed retries go through the relay, and
+	// every message, the failing fifth too, is applied once (the harness's check).
+	failing := tiny(t, "-brokers", "sql", "-variants", FDelayedShort)
+	require.True(t, has(failing, FDelayedShort, "sql"))
+
 	var others *Report
 	t.Run("kafka,amqp", func(t *testing.T) {
 		if brokertest.RealKafka() != nil {
@@ -175,7 +180,11 @@ func TestFlagsRefuseBadInput(t *testing.T) {
 	o, err := parseFlags([]string{"-quick"})
 	require.NoError(t, err)
 	require.Equal(t, 3000, o.messages)
-	require.Equal(t, allVariants, o.variants)
+	require.Equal(t, slices.DeleteFunc(slices.Clone(allVariants), func(v string) bool { return slices.Contains(namedOnlyVariants, v) }), o.variants)
+	require.NotContains(t, o.variants, FRetry, "a failing-handler variant runs only when named")
+	o, err = parseFlags([]string{"-variants", "f-retry,F-delayed"})
+	require.NoError(t, err)
+	require.Equal(t, []string{FRetry, FDelayed}, o.variants)
 }
 
 func TestPercentiles(t *testing.T) {

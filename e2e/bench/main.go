@@ -134,7 +134,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL, else "+pgtx.DefaultDatabaseURL+")")
 	fs.StringVar(&o.schema, "schema", "wmonce_bench", "schema the benchmark owns (its tables are truncated); must contain \"bench\"")
 	fs.StringVar(&brokers, "brokers", "sql,kafka,amqp", "brokers to run over")
-	fs.StringVar(&variants, "variants", "all", "comma-separated variants: "+strings.Join(allVariants, ","))
+	fs.StringVar(&variants, "variants", "all", "comma-separated variants: "+strings.Join(allVariants, ",")+"; all: every one but "+strings.Join(namedOnlyVariants, ","))
 	fs.IntVar(&o.messages, "messages", 20000, "messages per consuming variant and broker")
 	fs.IntVar(&o.processRows, "process-rows", 50000, "inbox rows per processing variant")
 	fs.IntVar(&o.relayRows, "relay-rows", 20000, "outbox rows for the relay and the forwarder")
@@ -211,7 +211,7 @@ func parseFlags(args []string) (options, error) {
 		o.brokers = append(o.brokers, k)
 	}
 	if variants == "all" {
-		o.variants = allVariants
+		o.variants = slices.DeleteFunc(slices.Clone(allVariants), func(v string) bool { return slices.Contains(namedOnlyVariants, v) })
 	} else {
 		for _, v := range strings.Split(variants, ",") {
 			v = strings.TrimSpace(v)

@@ -81,6 +81,9 @@ var (
 // consumingVariants read the published messages through a router.
 var consumingVariants = []string{B0, B1, B2, B3, B4, B5Ingest, B6, B7}
 
+// namedOnlyVariants run only when -variants names them.
+var namedOnlyVariants []string
+
 // allVariants in report order.
 var allVariants = []string{B0, B1, B2, B3, B4, B5Ingest, B5Process, B6, B7, B7Process, Relay, RelayLane, Forwarder, C1Single, C1Batch, E2E50, E2E1000, IdleRelay, IdleSQLSub, IdleSQLPoll}
 
@@ -295,16 +298,29 @@ func (h *harness) consume(ctx context.Context, r *rig, id string) (Result, error
 		}
 		res.Notes = "sql.TxFromContext; the subscriber commits once per batch"
 		waitForCommit = true
+	case FRetry, FRetryShort, FDelayed, FDelayedShort:
+		f, err := h.failingVariant(ctx, r, id, consumer, inCtxTx)
+		if err != nil {
+			return res, err
+		}
+		cleanup = append(cleanup, f.close)
+		mws, handler, res.Notes = f.mws, f.handler, f.notes
 	default:
 		return res, fmt.Errorf("unknown consuming variant %q", id)
 	}
 
 	m := newMeter(n)
+	meter := m.Middleware
+	if isFailingVariant(id) { // the healthy messages/s: what the failing ones' retries cost them
+		m = newMeter(healthyOf(n))
+		meter = healthyOnly(m.Middleware)
+		res.Messages = healthyOf(n)
+	}
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, h.logger)
 	if err != nil {
 		return res, err
 	}
-	router.AddMiddleware(append([]message.HandlerMiddleware{m.Middleware}, mws...)...)
+	router.AddMiddleware(append([]message.HandlerMiddleware{meter}, mws...)...)
 	// One subscriber per handler: the router closes each handler's subscriber when the handler
 	// stops, and watermill-sql's Subscriber.Close is not safe to call from several goroutines
 	// at once. Subscribers are closed here only if the router never ran.
@@ -348,6 +364,9 @@ func (h *harness) consume(ctx context.Context, r *rig, id string) (Result, error
 		res.Notes += "; throughput counted until the subscriber's last commit, latency until the ack"
 	}
 	meas.stop(&res)
+	if err == nil && isFailingVariant(id) {
+		err = h.waitEffects(waitCtx, n) // the failing ones too, before the checks
+	}
 	quiet.Store(true) // subscribers log their cancelled queries at shutdown
 	_ = router.Close()
 	cancel()
@@ -358,7 +377,7 @@ func (h *harness) consume(ctx context.Context, r *rig, id string) (Result, error
 	}
 	el := m.elapsed()
 	res.Seconds = el.Seconds()
-	res.MsgsPerSec = float64(n) / el.Seconds()
+	res.MsgsPerSec = float64(res.Messages) / el.Seconds()
 	p50, p99 := percentiles(m.lat)
 	res.P50ms, res.P99ms = ms(p50), ms(p99)
 	if e := m.errs.Load(); e > 0 {
@@ -540,7 +559,7 @@ func (h *harness) process(ctx context.Context, id string) (Result, error) {
 		return res, fmt.Errorf("only %d of %d rows processed in %s", c.Processed, n, h.opts.variantTimeout)
 	}
 	res.Seconds = el.Seconds()
-	res.MsgsPerSec = float64(n) / el.Seconds()
+	res.MsgsPerSec = float64(res.Messages) / el.Seconds()
 	if c.Failed > 0 || c.LeaseConflicts > 0 {
 		res.Notes += fmt.Sprintf("; %d failed attempts, %d lease conflicts", c.Failed, c.LeaseConflicts)
 	}

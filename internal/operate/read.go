@@ -119,6 +119,7 @@ func ReadConsumers(ctx context.Context, db *sql.DB, schema string, mws []*once.M
 			Fresh: counts.Fresh, Duplicates: counts.Duplicates, FingerprintMismatches: counts.FingerprintMismatches,
 			Failed: counts.Failed, TxRetries: counts.TxRetries, Refused: counts.Refused, TooOld: counts.TooOld,
 			HandlerEndedTx: counts.HandlerEndedTx, HandlerAcked: counts.HandlerAcked,
+			DelayedRetries: counts.DelayedRetries, DelayedRetriesNacked: counts.DelayedRetriesNacked,
 		}
 		c.DuplicateRate = duplicateRate(counts.Fresh, counts.Duplicates)
 	}
@@ -164,6 +165,8 @@ type Counters struct {
 	TooOld                uint64 `json:"too_old"`
 	HandlerEndedTx        uint64 `json:"handler_ended_tx"`
 	HandlerAcked          uint64 `json:"handler_acked"`
+	DelayedRetries        uint64 `json:"delayed_retries"`
+	DelayedRetriesNacked  uint64 `json:"delayed_retries_nacked"`
 }
 
 func sumCounts(mws []*once.Middleware) map[string]once.Counters {
@@ -183,6 +186,8 @@ func sumCounts(mws []*once.Middleware) map[string]once.Counters {
 			s.TooOld += c.TooOld
 			s.HandlerEndedTx += c.HandlerEndedTx
 			s.HandlerAcked += c.HandlerAcked
+			s.DelayedRetries += c.DelayedRetries
+			s.DelayedRetriesNacked += c.DelayedRetriesNacked
 			out[consumer] = s
 		}
 	}

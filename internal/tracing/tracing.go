@@ -40,10 +40,12 @@ const (
 	SpanRelayPublish  = "outbox relay publish"
 	SpanHTTPIdem      = "httpidem request"
 	SpanIntentSend    = "intent send"
+	SpanDelayedRetry  = "once delayed retry"
 	EventClaim        = "claim"
 	EventDuplicate    = "duplicate"
 	EventCommit       = "commit"
 	EventPublishRetry = "publish failed"
+	EventDelayedRetry = "delayed retry"
 )
 
 // Attribute keys.
@@ -61,6 +63,7 @@ const (
 	Channel             = attribute.Key("wmonce.intent.channel")
 	IntentKey           = attribute.Key("wmonce.intent.key")
 	Outcome             = attribute.Key("wmonce.outcome")
+	DelayedRetry        = attribute.Key("wmonce.delayed_retry") // the number of the retry scheduled
 	MessageID           = attribute.Key("messaging.message.id")
 	Destination         = attribute.Key("messaging.destination.name")
 	MessageCount        = attribute.Key("messaging.batch.message_count")

@@ -26,6 +26,9 @@ type Counters struct {
 	// The call is ignored (the handler gets a message of its own; the delivery is acked only
 	// after the COMMIT) and logged once per consumer as a warning. Also counted in its outcome.
 	HandlerAcked uint64
+	// DelayedRetries counts delayed retries scheduled (StackConfig.DelayedRetries);
+	// DelayedRetriesNacked the failures that could not be scheduled and were nacked instead.
+	DelayedRetries, DelayedRetriesNacked uint64
 }
 
 func (c Counters) add(o Counters) Counters {
@@ -39,6 +42,8 @@ func (c Counters) add(o Counters) Counters {
 		TooOld:                c.TooOld + o.TooOld,
 		HandlerEndedTx:        c.HandlerEndedTx + o.HandlerEndedTx,
 		HandlerAcked:          c.HandlerAcked + o.HandlerAcked,
+		DelayedRetries:        c.DelayedRetries + o.DelayedRetries,
+		DelayedRetriesNacked:  c.DelayedRetriesNacked + o.DelayedRetriesNacked,
 	}
 }
 
@@ -106,5 +111,7 @@ func (c *counters) snapshot() Counters {
 		TooOld:                c.tooOld.Load(),
 		HandlerEndedTx:        c.endedTx.Load(),
 		HandlerAcked:          c.handlerAcked.Load(),
+		DelayedRetries:        c.delayedRetries.Load(),
+		DelayedRetriesNacked:  c.delayedRetryNacked.Load(),
 	}
 }

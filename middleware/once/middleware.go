@@ -301,6 +301,7 @@ func (e *Middleware) senders(consumer string) int {
 
 type counters struct {
 	fresh, duplicates, mismatches, failed, txRetries, refused, tooOld, endedTx, handlerAcked atomic.Uint64
+	delayedRetries, delayedRetryNacked                                                       atomic.Uint64 // delayed_retry.go
 }
 
 // maxSenders bounds the sender label per consumer: metadata is producer-controlled, and an

@@ -48,6 +48,10 @@ type StackConfig struct {
 	// Transient errors are retried, then nacked for redelivery: a database outage must not park
 	// every message.
 	ShouldPark func(err error) bool
+	// DelayedRetries are the waits of the delayed retries (e.g. 10s, 1m, 10m): a transient
+	// failure left after Retry is stored in the Middleware's outbox for its topic and acked,
+	// parked once they are exhausted. Default: none (off). Needs a relay (docs/middleware.md).
+	DelayedRetries []time.Duration
 
 	Logger watermill.LoggerAdapter
 }
@@ -55,7 +59,7 @@ type StackConfig struct {
 // Stack returns the recommended middlewares around the effectively-once middleware, outermost
 // first, for router.AddMiddleware or handler.AddMiddleware:
 //
-//	Timeout -> Retry -> PoisonQueue -> Middleware -> CorrelationID -> Recoverer -> handler
+//	Timeout -> [DelayedRetries] -> Retry -> PoisonQueue -> Middleware -> CorrelationID -> Recoverer -> handler
 //
 // Retry is outside the transaction so each attempt is a new transaction. The poison queue is
 // inside Retry, parking only what ShouldPark selects, so permanent failures are parked at once
@@ -77,6 +81,9 @@ func Stack(config StackConfig) ([]message.HandlerMiddleware, error) {
 	if config.DisableParking && (config.PoisonPublisher != nil || config.PoisonTopic != "" || config.ShouldPark != nil) {
 		return nil, errors.New("stack: DisableParking turns the poison queue off: leave PoisonPublisher, PoisonTopic and ShouldPark unset")
 	}
+	if err := checkDelayedRetries(config.DelayedRetries); err != nil {
+		return nil, err
+	}
 	if config.Logger == nil {
 		config.Logger = watermill.NopLogger{}
 	}
@@ -89,6 +96,13 @@ func Stack(config StackConfig) ([]message.HandlerMiddleware, error) {
 	var stack []message.HandlerMiddleware
 	if config.Timeout > 0 {
 		stack = append(stack, wmiddleware.Timeout(config.Timeout))
+	}
+	if len(config.DelayedRetries) > 0 {
+		d, err := stackDelayedRetry(config)
+		if err != nil {
+			return nil, err
+		}
+		stack = append(stack, d.middleware)
 	}
 	stack = append(stack, retry.Middleware)
 	if poison != nil {
@@ -154,11 +168,32 @@ func poisonQueue(config StackConfig) (message.HandlerMiddleware, error) {
 	} else if err := outboxops.CheckParking(pub); err != nil {
 		return nil, fmt.Errorf("stack: PoisonPublisher: %w", err)
 	}
-	shouldPark := config.ShouldPark
-	if shouldPark == nil {
-		shouldPark = func(err error) bool { return wmonce.IsPermanent(err) || wmonce.IsPanic(err) }
+	return wmiddleware.PoisonQueueWithFilter(parkingPublisher{pub, config.Logger}, topic, shouldParkOf(config))
+}
+
+// shouldParkOf is config.ShouldPark or its default.
+func shouldParkOf(config StackConfig) func(error) bool {
+	if config.ShouldPark != nil {
+		return config.ShouldPark
 	}
-	return wmiddleware.PoisonQueueWithFilter(parkingPublisher{pub, config.Logger}, topic, shouldPark)
+	return func(err error) bool { return wmonce.IsPermanent(err) || wmonce.IsPanic(err) }
+}
+
+// stackDelayedRetry is the Stack's delayed-retry step (delayed_retry.go): outside Retry, so
+// that it sees what the immediate retries left, for the errors the poison queue does not park.
+func stackDelayedRetry(config StackConfig) (*delayedRetry, error) {
+	shouldPark := shouldParkOf(config)
+	retryable := func(err error) bool { return !shouldPark(err) }
+	if config.DisableParking {
+		return newDelayedRetry(config.Middleware, config.DelayedRetries, retryable, nil, config.Logger), nil
+	}
+	exhausted := config
+	exhausted.ShouldPark = func(error) bool { return true }
+	park, err := poisonQueue(exhausted)
+	if err != nil {
+		return nil, err
+	}
+	return newDelayedRetry(config.Middleware, config.DelayedRetries, retryable, park, config.Logger), nil
 }
 
 // parkingPublisher makes every message parkable before pub parks it, whatever pub is: a message

@@ -51,6 +51,8 @@ func (c *collector) collectMiddlewares(s *series) {
 				counter{descOutcomes, n.TooOld, "too_old"},
 				counter{descOutcomes, n.HandlerEndedTx, "handler_ended_tx"},
 				counter{descTxRetries, n.TxRetries, ""},
+				counter{descDelayed, n.DelayedRetries, "scheduled"},
+				counter{descDelayed, n.DelayedRetriesNacked, "nacked"},
 			)
 			s.add(descHandlerAcked, prometheus.CounterValue, float64(n.HandlerAcked), "once", k.Consumer)
 		}

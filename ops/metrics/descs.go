@@ -20,6 +20,7 @@ var (
 	descClaims       = desc("wmonce_claims_total", "Messages the effectively-once middleware claimed: result=fresh (applied and committed) or duplicate (key already claimed, skipped and acked).", "consumer", "sender", "result")
 	descMismatches   = desc("wmonce_fingerprint_mismatches_total", "Duplicates whose payload differed from the applied copy's: two different events share one id.", "consumer", "sender")
 	descOutcomes     = desc("wmonce_handler_outcomes_total", "Outcomes of messages at the effectively-once middleware: applied (committed), failed (rolled back, redelivered), refused (unusable key or metadata), too_old (refused by the age guard), handler_ended_tx (the handler committed or rolled back the transaction it was lent: nothing applied, a permanent failure).", "consumer", "outcome")
+	descDelayed      = desc("wmonce_delayed_retries_total", "Failed messages the Stack's delayed retries handled (StackConfig.DelayedRetries): result=scheduled (stored in the outbox for later, delivery acked) or nacked (could not be scheduled: no topic, outbox or database error).", "consumer", "result")
 	descTxRetries    = desc("wmonce_tx_retries_total", "Middleware transactions run again after a serialization failure or deadlock.", "consumer")
 	descGroupTx      = desc("wmonce_group_commit_transactions_total", "Group-commit transactions committed.")
 	descGroupMsgs    = desc("wmonce_group_commit_messages_total", "Messages applied in group-commit transactions (divided by transactions: the average group size).")

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"sync/atomic"
 	"time"
 
@@ -121,6 +122,13 @@ func ProduceUntil(ctx context.Context, db *sql.DB, w *outbox.Writer, schema, top
 // ErrPoison is what the handler returns, as a permanent error, for a poison event.
 var ErrPoison = errors.New("poison event: refusing to apply it")
 
+// ErrNotYet is what the handler returns, as a transient error, for an event that needs time
+// (NeedsTime) on its first delivery: the Stack schedules a delayed retry, which applies it.
+var ErrNotYet = errors.New("event needs time: retry it later")
+
+// NeedsTime picks one event in ten, by its order id, to fail until it is a delayed retry.
+func NeedsTime(orderID string) bool { return crc32.ChecksumIEEE([]byte(orderID))%10 == 0 }
+
 // Handler applies an event to the ledger in the middleware's transaction.
 func Handler(schema, instance string) message.NoPublishHandlerFunc {
 	insert := `INSERT INTO ` + pgtx.QualifiedName(schema, "ledger") + ` (event_id, order_id, amount, instance) VALUES ($1, $2, $3, $4)`
@@ -131,6 +139,9 @@ func Handler(schema, instance string) message.NoPublishHandlerFunc {
 		}
 		if ev.Poison {
 			return wmonce.Permanent(ErrPoison)
+		}
+		if NeedsTime(ev.OrderID) && msg.Metadata.Get(once.MetadataDelayedRetry) == "" {
+			return ErrNotYet
 		}
 		tx, ok := pgtx.TxFromContext(msg.Context())
 		if !ok {
@@ -150,8 +161,8 @@ type Consumer struct {
 	instance   string
 }
 
-// NewConsumer wires sub into a router: delivery counter -> once.Stack (retry, poison queue
-// into the outbox, effectively-once) -> Handler.
+// NewConsumer wires sub into a router: delivery counter -> once.Stack (delayed retries, retry,
+// poison queue into the outbox, effectively-once) -> Handler.
 func NewConsumer(db *sql.DB, sub message.Subscriber, schema, topic, poisonTopic, group, instance string, logger watermill.LoggerAdapter) (*Consumer, error) {
 	mw, err := once.New(db, once.Config{Schema: schema, Consumer: group}, logger)
 	if err != nil {
@@ -166,6 +177,7 @@ func NewConsumer(db *sql.DB, sub message.Subscriber, schema, topic, poisonTopic,
 		Retry:           retryConfig(),
 		PoisonPublisher: w.ParkingPublisher(db),
 		PoisonTopic:     poisonTopic,
+		DelayedRetries:  []time.Duration{200 * time.Millisecond, time.Second},
 		Logger:          logger,
 	})
 	if err != nil {
@@ -200,6 +212,10 @@ func (c *Consumer) Stats() Stats {
 	}
 }
 
+// retryConfig retries at once what may pass at once; ErrNotYet goes to the delayed retries.
 func retryConfig() wmiddleware.Retry {
-	return wmiddleware.Retry{MaxRetries: 5, InitialInterval: 50 * time.Millisecond, MaxInterval: time.Second, Multiplier: 2}
+	return wmiddleware.Retry{
+		MaxRetries: 5, InitialInterval: 50 * time.Millisecond, MaxInterval: time.Second, Multiplier: 2,
+		ShouldRetry: func(p wmiddleware.RetryParams) bool { return !errors.Is(p.Err, ErrNotYet) },
+	}
 }

@@ -267,14 +267,14 @@ async function loadConsumers() {
     : "Claims and the duplicates chart come from the database (every process). The table's fresh, duplicate and failure counts need the middlewares of this process (admin.Config.Middlewares).";
   const body = $("consumers").tBodies[0];
   fillSelect($("c-filter"), r.consumers.map((c) => c.consumer), state.chartConsumer);
-  if (!r.consumers.length) return emptyRow(body, 9, "No consumer has claimed a message yet.");
+  if (!r.consumers.length) return emptyRow(body, 10, "No consumer has claimed a message yet.");
   body.replaceChildren(...r.consumers.map((c) => {
     const k = c.counters || {};
     const rate = c.duplicate_rate === undefined ? "—" : (c.duplicate_rate * 100).toFixed(1) + " %";
     return el("tr", {},
       td(c.consumer), td(num(c.claims), "num"), td(fmtTime(c.newest_claim)),
       td(num(k.fresh), "num"), td(num(k.duplicates), "num"), td(rate, "num"),
-      td(num(k.failed), "num"), td(num(k.refused), "num"), td(num(k.too_old), "num"));
+      td(num(k.failed), "num"), td(num(k.delayed_retries), "num"), td(num(k.refused), "num"), td(num(k.too_old), "num"));
   }));
 }
 
