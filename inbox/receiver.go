@@ -188,6 +188,7 @@ func NewReceiver(db *sql.DB, config ReceiverConfig, logger watermill.LoggerAdapt
 		Linger:   config.Linger,
 		Drain:    true,
 		Closed:   ErrReceiverClosed,
+		Queued:   &r.testSignals.Queued,
 	}, r.writeBatch)
 	return r, nil
 }
@@ -207,7 +208,6 @@ func (r *Receiver) Handle(msg *message.Message) error {
 	}
 	// No give-up on the message context: the batch may already be on its way to the database,
 	// and its outcome, bounded by WriteTimeout, is the only honest answer to give the router.
-	r.testSignals.Queued.Signal(rw.key)
 	return r.writers.Wait(context.Background(), rw)
 }
 

@@ -31,6 +31,7 @@ func TestBurstIngestedThenProcessed(t *testing.T) {
 	// of the burst queues up behind it.
 	blocker, err := e.db.BeginTx(context.Background(), nil)
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = blocker.Rollback() }) // never left open by a failed check: it holds back every SQL subscription on the server
 	_, err = blocker.Exec(`INSERT INTO ` + e.table("inbox") + ` (consumer, message_id, message_uuid, payload) VALUES ('payments', 'm-0', 'm-0', '')`)
 	require.NoError(t, err)
 

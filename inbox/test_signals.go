@@ -58,9 +58,10 @@ type expiredLease struct {
 // processorTestSignals): inert unless a test initialised them before the receiver's first
 // Handle or StoreTx (the writers read them only for rows handed to them).
 type receiverTestSignals struct {
-	// Queued comes when a Handle call has handed its row to the writers (counted in Waiting
-	// until answered), with its dedupe key.
-	Queued testsignal.Signal[string]
+	// Queued comes when a Handle call has handed its row to the writers, with the queue's
+	// length; the row is counted in Waiting by then, until answered (the queue signals under
+	// its lock: a signal sent before the hand-over let a test read Waiting one short).
+	Queued testsignal.Signal[int]
 	// BatchTaken comes when a writer has taken a batch of waiting rows, with its size, before
 	// it writes them; a lone row that a Handle call writes itself is a batch of one.
 	BatchTaken testsignal.Signal[int]
