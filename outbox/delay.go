@@ -17,20 +17,16 @@ import (
 // in the future when the relay reads it is set aside in outbox_delayed and published from
 // there once due.
 
-// Metadata keys of Watermill's components/delay, which the Writer checks and the relay and the
-// inbox Processor honour: a message is due at MetadataDelayedUntil (RFC 3339, any precision);
-// MetadataDelayedFor (a time.Duration's text) is informational only, as in Watermill's
-// watermill-sql delayed Pub/Sub.
+// Metadata keys of Watermill's components/delay: a message is due at MetadataDelayedUntil
+// (RFC 3339); MetadataDelayedFor is informational only.
 const (
 	MetadataDelayedUntil = delay.DelayedUntilKey
 	MetadataDelayedFor   = delay.DelayedForKey
 )
 
 // PublishTxAt is PublishTx for messages to be forwarded not before at: it sets
-// MetadataDelayedUntil (at, RFC 3339 with nanoseconds) and MetadataDelayedFor (at minus now) on
-// each message, replacing delay metadata they carried, and stores them. The rows commit with
-// tx like any other; the relay publishes them when due (package doc, Delayed delivery). A
-// time in the past (or zero) stores them for delivery at once, with the metadata still set.
+// MetadataDelayedUntil and MetadataDelayedFor on each message, replacing theirs, and stores
+// them in tx. A time in the past (or zero) is delivery at once.
 func (w *Writer) PublishTxAt(ctx context.Context, tx pgtx.Executor, at time.Time, topic string, msgs ...*message.Message) error {
 	until, after := at.UTC().Format(time.RFC3339Nano), max(time.Until(at), 0).String()
 	for _, msg := range msgs {

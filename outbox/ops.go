@@ -35,18 +35,13 @@ func checkSchema(op string, db *sql.DB, schema *string) error {
 	return nil
 }
 
-// ErrRelayActive is returned by ForgetRelay for a relay that is forwarding right now.
+// ErrRelayActive is returned by ForgetRelay for a relay that leads right now.
 var ErrRelayActive = errors.New("outbox: the relay is running: stop every instance of it first")
 
-// ForgetRelay deletes the position of a retired relay from outbox_offsets, with the rows it
-// held (outbox_held) and the delayed rows it had not published yet (outbox_delayed), and reports whether the position existed. Prune keeps every outbox row
-// that some relay has not forwarded, so a relay name that no longer runs holds back outbox
-// retention for good until it is forgotten. The rows it rejected stay in outbox_rejected.
-//
-// It refuses (ErrRelayActive) while an instance of that relay leads. Stop standby instances
-// too: a relay that starts after its position was forgotten begins again at the oldest row
-// still in the outbox and publishes those rows again (consumers deduplicate them, but the
-// burst is avoidable).
+// ForgetRelay deletes a retired relay's position, held rows and delayed rows (not its rejected
+// rows), and reports whether the position existed: a name that no longer runs holds outbox
+// retention back for good. It refuses (ErrRelayActive) while an instance leads; stop standbys
+// too, or one starts again at the oldest row and republishes it.
 func ForgetRelay(ctx context.Context, db *sql.DB, schema, name string) (bool, error) {
 	if err := checkRelayName("forget relay", db, &schema, name); err != nil {
 		return false, err
@@ -107,22 +102,14 @@ func relayActive(ctx context.Context, db *sql.DB, schema, name string) (bool, er
 	return active, nil
 }
 
-// Prune deletes outbox rows written before req's cutoff (Before, or Keep ago by the database
-// clock) that every relay named in outbox_offsets has forwarded, in batches of at most
-// req.BatchSize rows (one short transaction each), and returns how many it deleted, also when
-// it stops on an error or a cancelled ctx.
+// Prune deletes outbox rows written before req's cutoff (by the database clock) in batches of
+// req.BatchSize, and returns how many it deleted, also when it stops on an error.
 //
-// Guarantee: a row that a relay of its source has not published is never deleted, whatever
-// its age or its transaction id (a restore into another cluster cannot make it look
-// published), and a relay that registers while Prune runs holds rows back too. Prune refuses
-// with ErrPositionsMoved while CheckPositions finds a position recorded on another cluster. A row is deleted
-// only once some relay of its source (RelayConfig.Source; a relay registered before migration
-// 012 counts for every source) is registered and every such relay has passed it: rows of a
-// source no relay forwards are kept, and so, with no relay registered at all, is everything.
-// Relays of other sources do not hold a row back. Age is measured by the database clock. A
-// retired relay name holds every later row of its source back until ForgetRelay removes it.
-// The position of a replication slot (registered by outbox/cdc, for Debezium) counts as a relay of
-// every source that has published what the slot confirmed (AdvanceSlotPosition).
+// Guarantee: a row is deleted only once every relay of its source is registered and has passed
+// it (a slot position counts as one of every source): a row no relay of its source has published
+// is never deleted, whatever its age or transaction id. A retired relay name holds every later
+// row back until ForgetRelay. Where it stops: it refuses with ErrPositionsMoved after a restore
+// until `wmonce rebase`.
 func Prune(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error) {
 	schema, req, cutoff, err := owner.CheckPrune(ctx, db, schema, req, owner.Unscoped)
 	if err != nil {
@@ -254,11 +241,9 @@ func rejectedRowScanner(withPayload bool) func(pgtx.Scanner) (outboxops.Rejected
 	}
 }
 
-// PruneRejected deletes the rows in outbox_rejected set aside before req's cutoff (Before, or
-// Keep ago by the database clock), in batches of at most req.BatchSize rows, and returns how
-// many it deleted, also when it stops on an error or a cancelled ctx. A rejected row is the only copy of a message
-// the relay could not forward: prune only what operators have had time to look at (wmonce
-// outbox rejected) and republish (RepublishRejected). The retention janitor calls it when retention.Config.RejectedKeep is set.
+// PruneRejected deletes the rows set aside in outbox_rejected before req's cutoff, in batches,
+// and returns how many it deleted. A rejected row is the only copy of its message: keep it long
+// enough for operators to republish (the janitor's retention.Config.RejectedKeep).
 func PruneRejected(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error) {
 	n, err := owner.PruneOlder(ctx, db, schema, req, "outbox_rejected", "rejected_at", false, "")
 	if err != nil {

@@ -90,7 +90,7 @@ func republishRejectedGroup(ctx context.Context, db *sql.DB, schema string, req 
 	if len(res.Offsets) == 0 {
 		return res, nil
 	}
-	r, err := RepublishRejected(ctx, db, schema, RepublishRequest{Relay: res.Relay, Offsets: res.Offsets, DryRun: req.DryRun})
+	r, err := republishRejected(ctx, db, schema, outboxops.RepublishRequest{Relay: res.Relay, Offsets: res.Offsets, DryRun: req.DryRun})
 	if err != nil {
 		return outboxops.RejectedGroupResult{}, err
 	}

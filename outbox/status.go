@@ -12,41 +12,31 @@ import (
 
 // RelayStats is how far one relay (a row of outbox_offsets) has come.
 type RelayStats struct {
-	Name string
-	// Source is the source whose rows the relay forwards (RelayConfig.Source); "" also for a
-	// position registered before migration 012, whose relay forwards every row.
+	Name   string
 	Source string
-	// Backlog counts committed rows of the relay's source it has not published yet: rows of
-	// transactions that are not visible in its position's snapshot or written after it was
-	// recorded (offset_high: rows written after a restore count whatever their transaction
-	// id), less the part of a round in progress that it published, plus the rows it holds (Held).
-	Backlog int64
-	// OldestPending is when the oldest waiting row was written (zero when Backlog is 0); now
-	// minus it is the relay lag.
+	// Backlog counts the committed rows of the relay's source it has not published yet,
+	// held rows included; OldestPending is when the oldest was written, and Lag now minus
+	// that by the database clock (zero when caught up).
+	Backlog       int64
 	OldestPending time.Time
-	// Lag is now minus OldestPending, measured by the database clock (zero when caught up).
-	Lag time.Duration
-	// Held lists the topics the relay holds because publishing to them failed: their rows wait
-	// in outbox_held while the other topics go on (package doc, When the broker refuses).
+	Lag           time.Duration
+	// Held lists the topics the relay holds.
 	Held []HeldTopic
-	// Delayed counts rows set aside in outbox_delayed until they are due (package doc, Delayed
-	// delivery), and NextDue is when the earliest is (zero when Delayed is 0). They are not in
-	// Backlog: a row waiting for its time is not late.
+	// Delayed counts rows waiting in outbox_delayed, the earliest due at NextDue; they are not
+	// in Backlog, since a row waiting for its time is not late.
 	Delayed int64
 	NextDue time.Time
-	// PausedAt is when the relay was paused (PauseRelay); zero when it is not.
+	// PausedAt is when the relay was paused (zero when it is not).
 	PausedAt time.Time
-	// Position is whether the position was recorded on another cluster (CheckPositions):
-	// when Position.Moved(), the relay forwards nothing and Position.Finding says what to run.
-	Position PositionCheck
+	// Moved, when the position was recorded on another cluster (a restore or a move), says
+	// what was found and what to run; the relay forwards nothing meanwhile. "" otherwise.
+	Moved string
 }
 
-// HeldTopic is a topic a relay holds.
+// HeldTopic is a topic a relay holds: Rows wait in outbox_held, the oldest held at Since.
 type HeldTopic struct {
 	Topic string
-	// Rows waiting in outbox_held for it.
-	Rows int64
-	// Since is when its oldest waiting row was held.
+	Rows  int64
 	Since time.Time
 }
 
@@ -62,9 +52,8 @@ func scanRelayStats(s pgtx.Scanner) (RelayStats, error) {
 	return r, nil
 }
 
-// Stats reports every relay's backlog and lag in schema, the topics it holds, and the number
-// of rows set aside in outbox_rejected. A relay that has never run has no row and is not
-// listed. It reads with plain SELECTs and changes nothing.
+// Stats reports every relay that has run in schema and the number of rows in
+// outbox_rejected. It only reads.
 func Stats(ctx context.Context, db *sql.DB, schema string) (relays []RelayStats, rejected int64, err error) {
 	if db == nil {
 		return nil, 0, errors.New("outbox: status: db is nil")
@@ -139,7 +128,7 @@ ORDER BY o.consumer_group`)
 	}
 	for _, c := range check.Positions {
 		if i, ok := byName[c.Name]; ok {
-			relays[i].Position = c
+			relays[i].Moved = c.Finding(schema)
 		}
 	}
 	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "outbox_rejected")).Scan(&rejected); err != nil {

@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/wmonce/watermill-once/broker"
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/ops/doctor"
 	"github.com/wmonce/watermill-once/ops/retention"
-	"github.com/wmonce/watermill-once/outbox"
 )
 
 func doctorCommand() *command {
@@ -38,7 +38,7 @@ what to set.
 Without -consumer it checks only the outbox positions.
 
 It also checks that the outbox relay positions of -schema were recorded on this cluster
-(outbox.CheckPositions): after a restore or a move into a cluster with a lower transaction
+(outboxops.CheckPositions): after a restore or a move into a cluster with a lower transaction
 counter they would skip rows for good, and a RESTORED line says to run wmonce rebase.
 -broker-schema (default $BROKER_SQL_SCHEMA) checks the SQL broker's topic tables in that
 schema the same way (broker.CheckSQLTopics).
@@ -183,7 +183,7 @@ type doctorResult struct {
 	consumers    bool
 	brokerSchema string
 	rep          doctor.Report
-	positions    outbox.PositionReport
+	positions    outboxops.PositionReport
 	posErr       error
 	tables       *broker.SQLMoveReport
 	tablesErr    error
@@ -247,18 +247,18 @@ func (r doctorResult) verdict() error {
 	return nil
 }
 
-// checkPositions checks the schema's relay positions against this cluster (outbox.
+// checkPositions checks the schema's relay positions against this cluster (outboxops.
 // CheckPositions); an error means they could not be read (no database, no tables), which
 // doctor reports as unknown.
-func (e *env) checkPositions(ctx context.Context) (outbox.PositionReport, error) {
+func (e *env) checkPositions(ctx context.Context) (outboxops.PositionReport, error) {
 	db, err := e.open(ctx)
 	if err != nil {
-		return outbox.PositionReport{Schema: e.g.schema}, err
+		return outboxops.PositionReport{Schema: e.g.schema}, err
 	}
-	return outbox.CheckPositions(ctx, db, e.g.schema)
+	return outboxops.CheckPositions(ctx, db, e.g.schema)
 }
 
-func (e *env) printPositions(r outbox.PositionReport, err error) {
+func (e *env) printPositions(r outboxops.PositionReport, err error) {
 	w := e.stdout
 	switch {
 	case err != nil:

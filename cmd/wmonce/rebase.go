@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/wmonce/watermill-once/broker"
-	"github.com/wmonce/watermill-once/outbox"
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -59,9 +59,9 @@ var (
 
 // rebaseReport is `wmonce rebase -json`.
 type rebaseReport struct {
-	Before outbox.PositionReport `json:"before"`
-	Rebase *outbox.RebaseReport  `json:"rebase,omitempty"`
-	Broker any                   `json:"broker,omitempty"`
+	Before outboxops.PositionReport `json:"before"`
+	Rebase *outboxops.RebaseReport  `json:"rebase,omitempty"`
+	Broker any                      `json:"broker,omitempty"`
 }
 
 func runRebase(ctx context.Context, e *env, args []string) error {
@@ -81,7 +81,7 @@ func runRebase(ctx context.Context, e *env, args []string) error {
 		}
 	}
 	var r rebaseReport
-	if r.Before, err = outbox.CheckPositions(ctx, db, e.g.schema); err != nil {
+	if r.Before, err = outboxops.CheckPositions(ctx, db, e.g.schema); err != nil {
 		return e.explain(err)
 	}
 	if *dryRun {
@@ -91,7 +91,7 @@ func runRebase(ctx context.Context, e *env, args []string) error {
 			}
 		}
 	} else {
-		rep, err := outbox.RebasePositions(ctx, db, e.g.schema)
+		rep, err := outboxops.RebasePositions(ctx, db, e.g.schema)
 		if err != nil {
 			return e.explain(err)
 		}

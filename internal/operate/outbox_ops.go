@@ -15,7 +15,7 @@ import (
 // forgetting a retired relay. Both go through package outbox.
 
 // RepublishRequest is the body of POST /api/outbox/republish: the rejected rows of one relay
-// to store again in the outbox (outbox.RepublishRejected).
+// to store again in the outbox (outboxops.RepublishRejected).
 type RepublishRequest struct {
 	Relay string `json:"relay"`
 	// Offsets are the rows' outbox offsets; All selects every row the relay rejected.
@@ -38,7 +38,7 @@ type RepublishResponse struct {
 	Undecodable []int64 `json:"undecodable"`
 }
 
-// Republish checks req and republishes through outbox.RepublishRejected. Input the caller
+// Republish checks req and republishes through outboxops.RepublishRejected. Input the caller
 // must fix is an error for which IsInputError is true.
 func Republish(ctx context.Context, db *sql.DB, schema string, req RepublishRequest) (RepublishResponse, error) {
 	if strings.TrimSpace(req.Relay) == "" {
@@ -55,7 +55,7 @@ func Republish(ctx context.Context, db *sql.DB, schema string, req RepublishRequ
 			return RepublishResponse{}, badRequest("offsets must be positive outbox offsets, got %d", o)
 		}
 	}
-	res, err := outbox.RepublishRejected(ctx, db, schema, outbox.RepublishRequest{
+	res, err := outboxops.RepublishRejected(ctx, db, schema, outboxops.RepublishRequest{
 		Relay: req.Relay, Offsets: req.Offsets, All: req.All, RemoveMetadata: req.RemoveMetadata, DryRun: req.DryRun,
 	})
 	if err != nil {

@@ -278,7 +278,7 @@ func ReadOutbox(ctx context.Context, db *sql.DB, schema string) (OutboxStats, er
 		last := &out.Relays[len(out.Relays)-1]
 		last.Source, last.Held = r.Source, make([]HeldTopic, len(r.Held))
 		last.Delayed, last.NextDue, last.PausedAt = r.Delayed, TimePtr(r.NextDue), TimePtr(r.PausedAt)
-		last.Moved, last.Finding = r.Position.Moved(), r.Position.Finding(schema)
+		last.Moved, last.Finding = r.Moved != "", r.Moved
 		for i, h := range r.Held {
 			last.Held[i] = HeldTopic{Topic: h.Topic, Rows: h.Rows, Since: h.Since}
 		}

@@ -7,9 +7,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wmonce/watermill-once/internal/operate"
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/ops/admin"
-	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -33,7 +33,7 @@ func TestOutboxAPIShowsAMovedPosition(t *testing.T) {
 	require.Contains(t, ob.Relays[0].Finding, `position "sms" was recorded on another cluster`)
 	require.Contains(t, ob.Relays[0].Finding, "wmonce -schema "+f.schema+" rebase")
 
-	_, err := outbox.RebasePositions(context.Background(), f.db, f.schema)
+	_, err := outboxops.RebasePositions(context.Background(), f.db, f.schema)
 	require.NoError(t, err)
 	get(t, api+"outbox").decode(t, &ob)
 	require.False(t, ob.Relays[0].Moved)

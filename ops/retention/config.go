@@ -73,8 +73,8 @@ type Config struct {
 	// register them) to what its slot has confirmed (outbox.AdvanceSlotPosition), so that
 	// outbox rows Debezium delivered can go: listed or not, since a position nobody advances
 	// holds every later row back. A listed slot without a registered position fails its step
-	// (outbox.ErrSlotPositionNotRegistered), and so does a registered one whose slot is gone
-	// (outbox.ErrSlotMissing). Default none.
+	// (outboxops.ErrSlotPositionNotRegistered), and so does a registered one whose slot is gone
+	// (outboxops.ErrSlotMissing). Default none.
 	CDCSlots []string
 	// HTTPKeysKeep, when set, deletes stored responses of httpidem older than this. Keep it at
 	// least as long as the httpidem Retention (rows older than that are ignored there anyway).

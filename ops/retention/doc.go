@@ -57,7 +57,7 @@
 //     runs holds cleanup back for good: remove it with outbox.ForgetRelay after stopping
 //     every instance of it. A relay added later starts from the rows still there. An outbox
 //     read by Debezium counts as read by a relay whose position follows the connector's
-//     replication slot (outbox.AdvanceSlotPosition): each round first moves every registered
+//     replication slot (outboxops.AdvanceSlotPosition): each round first moves every registered
 //     slot position up to what its slot has confirmed (CDCSlots only names slots whose
 //     positions must be registered).
 //   - http_idempotency_keys, only with HTTPKeysKeep set.
