@@ -13,7 +13,7 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// Delayed delivery (package doc, Delayed delivery): a message whose MetadataDelayedUntil is
+// Delayed delivery (docs/outbox-relay.md, Delayed delivery and pausing): a message whose MetadataDelayedUntil is
 // in the future when the relay reads it is set aside in outbox_delayed and published from
 // there once due.
 

@@ -18,7 +18,7 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// What the relay does when the publisher fails (package doc, When the broker refuses):
+// What the relay does when the publisher fails (docs/outbox-relay.md, When the broker refuses a message or a topic):
 //   - a transient failure holds the run's topic: its rows are copied into outbox_held, the
 //     position moves on, and every later row of that topic is copied behind them, while the
 //     other topics go on; the held rows are published in the order they were held, with

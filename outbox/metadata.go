@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -24,27 +25,25 @@ const (
 const defaultPartitionKeyField = "partition_key"
 
 // stamp sets the correlation, causation and occurred_at metadata msg does not carry yet:
-// causation from cause, the consumed message (nil: none), occurred_at to now.
+// correlation from cause (the consumed message; nil: none, and msg starts a chain), causation
+// cause's UUID, occurred_at now.
 func stamp(msg *message.Message, cause *message.Message, now string) {
 	if msg.Metadata == nil {
 		msg.Metadata = message.Metadata{}
 	}
-	if msg.Metadata.Get(MetadataCorrelationID) == "" {
-		corr := msg.UUID
-		if cause != nil {
-			if c := cause.Metadata.Get(MetadataCorrelationID); c != "" {
-				corr = c
-			} else {
-				corr = cause.UUID
-			}
-		}
-		msg.Metadata.Set(MetadataCorrelationID, corr)
+	correlation := msg.UUID
+	if cause != nil {
+		correlation = cmp.Or(cause.Metadata.Get(MetadataCorrelationID), cause.UUID)
+		setUnset(msg.Metadata, MetadataCausationID, cause.UUID)
 	}
-	if cause != nil && msg.Metadata.Get(MetadataCausationID) == "" {
-		msg.Metadata.Set(MetadataCausationID, cause.UUID)
-	}
-	if msg.Metadata.Get(MetadataOccurredAt) == "" {
-		msg.Metadata.Set(MetadataOccurredAt, now)
+	setUnset(msg.Metadata, MetadataCorrelationID, correlation)
+	setUnset(msg.Metadata, MetadataOccurredAt, now)
+}
+
+// setUnset sets key to value unless md already carries a value for it: the producer's own wins.
+func setUnset(md message.Metadata, key, value string) {
+	if md.Get(key) == "" {
+		md.Set(key, value)
 	}
 }
 

@@ -6,8 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
+	"time"
 
 	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/internal/owner"
@@ -53,23 +52,14 @@ func ForgetRelay(ctx context.Context, db *sql.DB, schema, name string) (bool, er
 	if active {
 		return false, fmt.Errorf("%w (relay %q)", ErrRelayActive, name)
 	}
-	var n int64
-	err = pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
-		for _, table := range []string{"outbox_held", "outbox_delayed"} {
-			if _, err := tx.ExecContext(ctx, `DELETE FROM `+pgtx.QualifiedName(schema, table)+` WHERE relay = $1`, name); err != nil {
-				return err
-			}
-		}
-		res, err := tx.ExecContext(ctx, `DELETE FROM `+pgtx.QualifiedName(schema, "outbox_offsets")+` WHERE consumer_group = $1`, name)
-		if err != nil {
-			return err
-		}
-		n, _ = res.RowsAffected()
-		return nil
-	})
+	// One statement: the held and delayed rows go with the position, atomically.
+	res, err := db.ExecContext(ctx, `WITH held AS (DELETE FROM `+pgtx.QualifiedName(schema, "outbox_held")+` WHERE relay = $1),
+    delayed AS (DELETE FROM `+pgtx.QualifiedName(schema, "outbox_delayed")+` WHERE relay = $1)
+DELETE FROM `+pgtx.QualifiedName(schema, "outbox_offsets")+` WHERE consumer_group = $1`, name)
 	if err != nil {
 		return false, fmt.Errorf("outbox: forget relay: %w", err)
 	}
+	n, _ := res.RowsAffected()
 	return n > 0, nil
 }
 
@@ -179,38 +169,17 @@ func listRejected(ctx context.Context, db *sql.DB, schema string, f outboxops.Re
 	if limit < 1 {
 		return nil, fmt.Errorf("outbox: list rejected: limit must be positive, got %d", limit)
 	}
-	var conds []string
-	var args []any
-	arg := func(v any) string {
-		args = append(args, v)
-		return "$" + strconv.Itoa(len(args))
-	}
-	if f.Relay != "" {
-		conds = append(conds, "relay = "+arg(f.Relay))
-	}
-	if f.Offset != 0 {
-		conds = append(conds, `"offset" = `+arg(f.Offset))
-	}
-	if !f.RejectedAfter.IsZero() {
-		conds = append(conds, "rejected_at >= "+arg(f.RejectedAfter))
-	}
-	if !f.RejectedBefore.IsZero() {
-		conds = append(conds, "rejected_at < "+arg(f.RejectedBefore))
-	}
-	if f.AfterOffset != 0 {
-		conds = append(conds, `"offset" > `+arg(f.AfterOffset))
-	}
-	where := "TRUE"
-	if len(conds) > 0 {
-		where = strings.Join(conds, " AND ")
-	}
 	table := pgtx.QualifiedName(schema, "outbox_rejected")
+	// A zero field of f matches everything: "" and 0 by comparison, times as NULL.
+	where := `($1 = '' OR relay = $1) AND ($2::bigint = 0 OR "offset" = $2) AND ($3::timestamptz IS NULL OR rejected_at >= $3)
+    AND ($4::timestamptz IS NULL OR rejected_at < $4) AND "offset" > $5`
 	cols := `relay, "offset", transaction_id::text, uuid, coalesce(topic, ''), source, coalesce(octet_length(payload::text), 0), error, rejected_at`
 	if withPayload {
 		cols += `, payload::text, metadata::text`
 	}
 	q := `SELECT ` + cols + ` FROM ` + table + ` WHERE ` + where + ` AND "offset" IN (SELECT DISTINCT "offset" FROM ` + table +
-		` WHERE ` + where + ` ORDER BY 1 LIMIT ` + arg(limit) + `) ORDER BY "offset", relay`
+		` WHERE ` + where + ` ORDER BY 1 LIMIT $6) ORDER BY "offset", relay`
+	args := []any{f.Relay, f.Offset, nullTime(f.RejectedAfter), nullTime(f.RejectedBefore), f.AfterOffset, limit}
 	out, err := pgtx.QueryAll(ctx, db, rejectedRowScanner(withPayload), q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list rejected: %w", err)
@@ -220,6 +189,14 @@ func listRejected(ctx context.Context, db *sql.DB, schema string, f outboxops.Re
 
 // rejectedRowScanner returns the scan function of ListRejected's rows: with withPayload they
 // end with the payload and the metadata.
+// nullTime is t, or NULL for the zero time.
+func nullTime(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t
+}
+
 func rejectedRowScanner(withPayload bool) func(pgtx.Scanner) (outboxops.RejectedRow, error) {
 	return func(s pgtx.Scanner) (outboxops.RejectedRow, error) {
 		var r outboxops.RejectedRow

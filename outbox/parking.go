@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"sort"
 	"strings"
 
@@ -153,53 +154,68 @@ func RecoverParked(parked *message.Message) (*message.Message, error) {
 	if m.Metadata == nil {
 		m.Metadata = message.Metadata{}
 	}
+	if err := recoverUUID(m); err != nil {
+		return nil, err
+	}
+	if err := decodeEntries(m.Metadata); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// recoverUUID gives m back the UUID its markers say the original had, and removes them.
+func recoverUUID(m *message.Message) error {
 	if v, ok := m.Metadata[markerUUIDMissing]; ok {
 		if v != "true" {
-			return nil, fmt.Errorf("%w: %s is %q, not \"true\"", ErrNotParked, markerUUIDMissing, v)
+			return fmt.Errorf("%w: %s is %q, not \"true\"", ErrNotParked, markerUUIDMissing, v)
 		}
-		delete(m.Metadata, markerUUIDMissing)
 		m.UUID = ""
 	}
 	if v, ok := m.Metadata[markerUUIDOriginalBase64]; ok {
 		uuid, err := base64.StdEncoding.DecodeString(v)
 		if err != nil {
-			return nil, fmt.Errorf("%w: %s: %w", ErrNotParked, markerUUIDOriginalBase64, err)
+			return fmt.Errorf("%w: %s: %w", ErrNotParked, markerUUIDOriginalBase64, err)
 		}
-		delete(m.Metadata, markerUUIDOriginalBase64)
 		m.UUID = string(uuid)
 	}
-	list, ok := m.Metadata[markerBase64Keys]
+	delete(m.Metadata, markerUUIDMissing)
+	delete(m.Metadata, markerUUIDOriginalBase64)
+	return nil
+}
+
+// decodeEntries decodes, in md, the entries its list marker names (keys too, where encoded),
+// and removes the marker.
+func decodeEntries(md message.Metadata) error {
+	list, ok := md[markerBase64Keys]
 	if !ok {
-		return m, nil
+		return nil
 	}
 	var names []string
 	if err := json.Unmarshal([]byte(list), &names); err != nil {
-		return nil, fmt.Errorf("%w: %s is not a JSON array of strings: %w", ErrNotParked, markerBase64Keys, err)
+		return fmt.Errorf("%w: %s is not a JSON array of strings: %w", ErrNotParked, markerBase64Keys, err)
 	}
-	delete(m.Metadata, markerBase64Keys)
+	delete(md, markerBase64Keys)
 	decoded := make(message.Metadata, len(names))
 	for _, name := range names {
-		v, ok := m.Metadata[name]
+		v, ok := md[name]
 		if !ok {
-			return nil, fmt.Errorf("%w: %s lists %q, which the message does not hold", ErrNotParked, markerBase64Keys, name)
+			return fmt.Errorf("%w: %s lists %q, which the message does not hold", ErrNotParked, markerBase64Keys, name)
 		}
 		value, err := base64.StdEncoding.DecodeString(v)
 		if err != nil {
-			return nil, fmt.Errorf("%w: value of %q: %w", ErrNotParked, name, err)
+			return fmt.Errorf("%w: value of %q: %w", ErrNotParked, name, err)
 		}
 		key := name
 		if enc, ok := strings.CutPrefix(name, base64KeyPrefix); ok {
 			k, err := base64.StdEncoding.DecodeString(enc)
 			if err != nil {
-				return nil, fmt.Errorf("%w: key %q: %w", ErrNotParked, name, err)
+				return fmt.Errorf("%w: key %q: %w", ErrNotParked, name, err)
 			}
 			key = string(k)
 		}
-		delete(m.Metadata, name)
+		delete(md, name)
 		decoded[key] = string(value)
 	}
-	for k, v := range decoded {
-		m.Metadata[k] = v
-	}
-	return m, nil
+	maps.Copy(md, decoded)
+	return nil
 }

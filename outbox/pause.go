@@ -12,7 +12,7 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// Pause (package doc, Pausing a relay): outbox_offsets.paused_at (migration 014), set and
+// Pause (docs/outbox-relay.md, Delayed delivery and pausing): outbox_offsets.paused_at (migration 014), set and
 // cleared by PauseRelay and ResumeRelay, read by the relay with its position.
 
 // ErrRelayNotFound is returned by PauseRelay and ResumeRelay for a name that has never run.

@@ -89,7 +89,9 @@ func (contextPublisher) Close() error { return nil }
 // of its own on db, byte for byte or not at all (like PublishTx), for code with no transaction
 // to join. It refuses a message from Watermill's poison queue with ErrNotParking: use
 // ParkingPublisher there.
-func (w *Writer) DBPublisher(db *sql.DB) message.Publisher { return dbPublisher{w: w, db: db} }
+func (w *Writer) DBPublisher(db *sql.DB) message.Publisher {
+	return dbPublisher{w: w, db: db, name: "DBPublisher"}
+}
 
 // ParkingPublisher returns the message.Publisher that parks messages a consumer refused, for
 // Watermill's poison queue:
@@ -102,42 +104,45 @@ func (w *Writer) DBPublisher(db *sql.DB) message.Publisher { return dbPublisher{
 // reasons that are no message's fault: a topic CheckTopic refuses, a nil message or db, a
 // database error.
 func (w *Writer) ParkingPublisher(db *sql.DB) message.Publisher {
-	return dbPublisher{w: w, db: db, parking: true}
+	return dbPublisher{w: w, db: db, parking: true, name: "ParkingPublisher"}
 }
 
 type dbPublisher struct {
 	w       *Writer
 	db      *sql.DB
 	parking bool
+	name    string // the Writer method that made it, for errors
 }
 
 func (p dbPublisher) Publish(topic string, msgs ...*message.Message) error {
 	if p.db == nil {
-		if p.parking {
-			return errors.New("outbox: ParkingPublisher: db is nil")
-		}
-		return errors.New("outbox: DBPublisher: db is nil")
+		return fmt.Errorf("outbox: %s: db is nil", p.name)
 	}
 	ctx := context.Background()
 	if len(msgs) > 0 && msgs[0] != nil {
 		ctx = context.WithoutCancel(msgs[0].Context())
 	}
 	if p.parking {
-		parked := make([]*message.Message, len(msgs))
-		for i, m := range msgs {
-			parked[i] = Parkable(m)
-		}
-		msgs = parked
+		msgs = parkableAll(msgs)
 	}
 	err := pgtx.RunInTx(ctx, p.db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
 		return p.w.store(ctx, tx, topic, msgs, !p.parking, nil)
 	})
-	if err != nil && !p.parking && errors.Is(err, ErrInvalidMessage) && poisoned(msgs) {
+	if !p.parking && errors.Is(err, ErrInvalidMessage) && poisoned(msgs) {
 		// Used as a poison queue's publisher: the refused message stays nacked, and its
 		// partition or queue stopped, until the publisher is replaced.
 		return fmt.Errorf("%w: %w", checkParking(p), err)
 	}
 	return err
+}
+
+// parkableAll returns msgs through Parkable, in a new slice: the caller's is left as it was.
+func parkableAll(msgs []*message.Message) []*message.Message {
+	parked := make([]*message.Message, len(msgs))
+	for i, m := range msgs {
+		parked[i] = Parkable(m)
+	}
+	return parked
 }
 
 func (dbPublisher) Close() error { return nil }

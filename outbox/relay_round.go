@@ -270,27 +270,17 @@ func (r *Relay) decodeRun(ctx context.Context, conn *sql.Conn, s *session, rows 
 // reject copies row into outbox_rejected with the reason: it could not be decoded (topic ""),
 // or the publisher refused it for good.
 func (r *Relay) reject(ctx context.Context, conn *sql.Conn, row outboxRow, topic string, cause error) error {
-	var payload, metadata, dest any
-	if row.payload != "" {
-		payload = row.payload
-	}
-	if row.metadata.Valid {
-		metadata = row.metadata.String
-	}
-	if topic != "" {
-		dest = topic
-	}
-	if _, err := conn.ExecContext(ctx, r.q.reject, r.config.Name, row.offset, row.txID, row.uuid, payload, metadata, cause.Error(), dest, row.source); err != nil {
+	// An empty payload or topic is stored as NULL (nullif), as a NULL metadata stays NULL.
+	if _, err := conn.ExecContext(ctx, r.q.reject, r.config.Name, row.offset, row.txID, row.uuid, row.payload, row.metadata, cause.Error(), topic, row.source); err != nil {
 		return fmt.Errorf("outbox: record rejected row %s: %w", row.uuid, err)
 	}
 	r.rejected.Add(1)
 	r.testSignals.RowRejected.Signal(row.uuid)
-	if topic == "" {
-		r.logger.Error("Outbox row rejected: it cannot be decoded; set aside in outbox_rejected", cause, watermill.LogFields{"uuid": row.uuid, "offset": row.offset})
-	} else {
-		r.logger.Error("Outbox row rejected: the broker refuses it for good; set aside in outbox_rejected, the rows behind it go on", cause,
-			watermill.LogFields{"uuid": row.uuid, "offset": row.offset, "topic": topic})
+	why, fields := "Outbox row rejected: it cannot be decoded; set aside in outbox_rejected", watermill.LogFields{"uuid": row.uuid, "offset": row.offset}
+	if topic != "" {
+		why, fields["topic"] = "Outbox row rejected: the broker refuses it for good; set aside in outbox_rejected, the rows behind it go on", topic
 	}
+	r.logger.Error(why, cause, fields)
 	return nil
 }
 

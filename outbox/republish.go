@@ -62,11 +62,8 @@ WHERE r.relay = $1 AND ($2 OR r."offset" = ANY($3::bigint[])) ORDER BY r."offset
 // checkRepublishRequest refuses a request that names no rows, names them twice over, or a
 // metadata key that is not a plain name.
 func checkRepublishRequest(req outboxops.RepublishRequest) error {
-	if len(req.Offsets) == 0 && !req.All {
-		return errors.New("outbox: republish rejected: give the offsets of the rows to republish, or All")
-	}
-	if len(req.Offsets) > 0 && req.All {
-		return errors.New("outbox: republish rejected: give offsets or All, not both")
+	if (len(req.Offsets) > 0) == req.All {
+		return errors.New("outbox: republish rejected: give the offsets of the rows to republish, or All (not both)")
 	}
 	for _, k := range req.RemoveMetadata {
 		if err := setup.CheckName("metadata key to remove", k); err != nil {

@@ -37,8 +37,8 @@ what to set.
 -consumer starts a consumer; the flags after it, up to the next -consumer, describe it.
 Without -consumer it checks only the outbox positions.
 
-It also checks that the outbox relay positions of -schema were recorded on this cluster
-(outboxops.CheckPositions): after a restore or a move into a cluster with a lower transaction
+It also checks that the outbox relay positions of -schema were recorded on this cluster:
+after a restore or a move into a cluster with a lower transaction
 counter they would skip rows for good, and a RESTORED line says to run wmonce rebase.
 -broker-schema (default $BROKER_SQL_SCHEMA) checks the SQL broker's topic tables in that
 schema the same way (broker.CheckSQLTopics).

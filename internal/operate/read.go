@@ -247,7 +247,7 @@ type RelayStats struct {
 	// PausedAt is when the relay was paused (outbox.PauseRelay); nil (null) while it runs.
 	PausedAt *time.Time `json:"paused_at"`
 	// Moved: the relay's position was recorded on another cluster (a restore or a move,
-	// outbox.CheckPositions); it forwards nothing, and Finding says why and what to run.
+	// outbox.RelayStats.Moved); it forwards nothing, and Finding says why and what to run.
 	Moved   bool   `json:"moved"`
 	Finding string `json:"finding,omitempty"`
 }

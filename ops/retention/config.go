@@ -70,7 +70,7 @@ type Config struct {
 	// CDCSlots names replication slots of Debezium connectors reading the outbox
 	// (cdc.Config.SlotName) whose positions must be registered. Each round first advances
 	// every slot position registered in the outbox (cdc.Prepare, wmonce connector apply,
-	// register them) to what its slot has confirmed (outbox.AdvanceSlotPosition), so that
+	// register them) to what its slot has confirmed (cdc.AdvancePosition), so that
 	// outbox rows Debezium delivered can go: listed or not, since a position nobody advances
 	// holds every later row back. A listed slot without a registered position fails its step
 	// (outboxops.ErrSlotPositionNotRegistered), and so does a registered one whose slot is gone
