@@ -72,7 +72,11 @@ func checkPositions(ctx context.Context, q pgtx.Executor, schema, name string) (
 	if err := q.QueryRowContext(ctx, `SELECT count(*) FROM `+ob+` WHERE transaction_id >= pg_snapshot_xmax(pg_current_snapshot())`).Scan(&future); err != nil {
 		return rep, err
 	}
-	type hidden struct{ snapshot, xmax, high string }
+	type hidden struct {
+		snapshot string
+		xmax     uint64 // integers, scanned as such, so that they are safe to write into SQL
+		high     int64
+	}
 	var bounds []hidden
 	rep.Positions, err = pgtx.QueryAll(ctx, q, func(s pgtx.Scanner) (outboxops.PositionCheck, error) {
 		c := outboxops.PositionCheck{FutureRows: future}
@@ -99,13 +103,8 @@ ORDER BY o.consumer_group`, name)
 	// the statement so that its plan walks the smaller of the two index ranges (the rows the
 	// position has not passed, or those below its xmax).
 	for i, b := range bounds {
-		if _, err := strconv.ParseUint(b.xmax, 10, 64); err != nil {
-			return rep, fmt.Errorf("position %q: xmax %q: %w", rep.Positions[i].Name, b.xmax, err)
-		}
-		if _, err := strconv.ParseInt(b.high, 10, 64); err != nil {
-			return rep, fmt.Errorf("position %q: offset_high %q: %w", rep.Positions[i].Name, b.high, err)
-		}
-		err := q.QueryRowContext(ctx, `SELECT count(*) FROM `+ob+` t WHERE t."offset" > `+b.high+` AND t.transaction_id < '`+b.xmax+`'::xid8
+		err := q.QueryRowContext(ctx, `SELECT count(*) FROM `+ob+` t WHERE t."offset" > `+strconv.FormatInt(b.high, 10)+
+			` AND t.transaction_id < '`+strconv.FormatUint(b.xmax, 10)+`'::xid8
     AND pg_visible_in_snapshot(t.transaction_id, $1::pg_snapshot)`, b.snapshot).Scan(&rep.Positions[i].HiddenRows)
 		if err != nil {
 			return rep, err
