@@ -76,26 +76,26 @@ func advanceSlotPosition(ctx context.Context, db *sql.DB, schema, slot string) (
 	name := outboxops.SlotPositionName(slot)
 	var advanced bool
 	err := pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
-		var pending bool
-		err := tx.QueryRowContext(ctx, `SELECT target_snapshot IS NOT NULL AND offset_acked IS NOT NULL FROM `+offsets+
-			` WHERE consumer_group = $1 FOR UPDATE`, name).Scan(&pending)
-		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("%w (slot %s, schema %s): register it first (cdc.Prepare, wmonce connector apply)", outboxops.ErrSlotPositionNotRegistered, slot, schema)
-		}
-		if err != nil {
-			return err
-		}
+		// One statement: the position (locked), whether the slot exists, and what it confirmed.
 		// confirmed_flush_lsn is NULL on a physical slot and on a logical slot that is not yet
 		// consistent: nothing is confirmed then.
+		var pending sql.NullBool
+		var exists bool
 		var confirmed sql.NullString
-		err = tx.QueryRowContext(ctx, `SELECT pg_wal_lsn_diff(confirmed_flush_lsn, '0/0')::bigint::text FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&confirmed)
-		if errors.Is(err, sql.ErrNoRows) {
+		err := tx.QueryRowContext(ctx, `SELECT (SELECT target_snapshot IS NOT NULL AND offset_acked IS NOT NULL FROM `+offsets+`
+        WHERE consumer_group = $1 FOR UPDATE),
+    EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $2),
+    (SELECT pg_wal_lsn_diff(confirmed_flush_lsn, '0/0')::bigint::text FROM pg_replication_slots WHERE slot_name = $2)`,
+			name, slot).Scan(&pending, &exists, &confirmed)
+		switch {
+		case err != nil:
+			return err
+		case !pending.Valid:
+			return fmt.Errorf("%w (slot %s, schema %s): register it first (cdc.Prepare, wmonce connector apply)", outboxops.ErrSlotPositionNotRegistered, slot, schema)
+		case !exists:
 			return fmt.Errorf("%w (slot %s): its position %s in schema %s holds outbox retention back: forget it (cdc.Remove, wmonce connector delete, wmonce outbox forget -relay cdc:<slot>)", outboxops.ErrSlotMissing, slot, name, schema)
 		}
-		if err != nil {
-			return err
-		}
-		if !pending {
+		if !pending.Bool {
 			_, err := tx.ExecContext(ctx, `UPDATE `+offsets+` SET `+markColumns+` WHERE consumer_group = $1`, name)
 			return err
 		}
