@@ -151,7 +151,7 @@ func (r *rejectedCopy) prepare(w *Writer, remove []string) bool {
 	for _, k := range remove {
 		delete(msg.Metadata, k)
 	}
-	if w.CheckTopic(topic) != nil || checkMessage(msg) != nil {
+	if w.checkBatch(topic, []*message.Message{msg}, false) != nil { // what the Writer would refuse
 		return false
 	}
 	r.topic, r.msg = topic, msg

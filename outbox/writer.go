@@ -182,15 +182,7 @@ func (w *Writer) encodeRows(ctx context.Context, topic string, msgs []*message.M
 				return r, fmt.Errorf("%w: message %s: %w", ErrInvalidMessage, msg.UUID, err)
 			}
 		}
-		env, err := marshalEnvelope(topic, msg)
-		if err != nil {
-			return r, fmt.Errorf("outbox: encode message %s: %w", msg.UUID, err)
-		}
-		md, err := jsonMetadata(msg.Metadata)
-		if err != nil {
-			return r, fmt.Errorf("outbox: encode metadata of %s: %w", msg.UUID, err)
-		}
-		r.uuids[i], r.payloads[i], r.metadatas[i] = msg.UUID, string(env), md
+		r.uuids[i], r.payloads[i], r.metadatas[i] = msg.UUID, string(marshalEnvelope(topic, msg)), jsonMetadata(msg.Metadata)
 		r.partitionKeys[i] = w.partitionKey(msg, keys, i)
 		r.types[i] = nullIfEmpty(msg.Metadata.Get(MetadataEventType))
 		r.raws[i] = msg.Payload
@@ -282,12 +274,12 @@ func checkText(what string, md message.Metadata) error {
 	return nil
 }
 
-func jsonMetadata(md message.Metadata) (string, error) {
+func jsonMetadata(md message.Metadata) string {
 	if md == nil {
-		return "{}", nil
+		return "{}"
 	}
-	b, err := json.Marshal(md)
-	return string(b), err
+	b, _ := json.Marshal(md) // a map of strings: encoding cannot fail
+	return string(b)
 }
 
 // nullIfEmpty is nil (SQL NULL) for "", else &s.
