@@ -56,27 +56,7 @@ func Parkable(msg *message.Message) *message.Message {
 	}
 	c := msg.Copy()
 	c.SetContext(msg.Context())
-	// A new map: encoded names never collide with kept ones (kept keys are plain, encoded
-	// names are either the same plain key or start with base64KeyPrefix).
-	c.Metadata = make(message.Metadata, len(msg.Metadata)+2)
-	var names []string
-	for k, v := range msg.Metadata {
-		if !mustEncode(k, v) {
-			c.Metadata[k] = v
-			continue
-		}
-		name := k
-		if !plainKey(k) {
-			name = base64KeyPrefix + base64.StdEncoding.EncodeToString([]byte(k))
-		}
-		c.Metadata[name] = base64.StdEncoding.EncodeToString([]byte(v))
-		names = append(names, name)
-	}
-	if len(names) > 0 {
-		sort.Strings(names)
-		list, _ := json.Marshal(names) // strings only: cannot fail
-		c.Metadata[markerBase64Keys] = string(list)
-	}
+	c.Metadata = encodedMetadata(msg.Metadata)
 	if !storableUUID(msg.UUID) {
 		if msg.UUID == "" {
 			c.Metadata[markerUUIDMissing] = "true"
@@ -105,6 +85,33 @@ func parkedUUID(msg *message.Message) string {
 	u[6] = u[6]&0x0f | 0x80 // version 8
 	u[8] = u[8]&0x3f | 0x80 // RFC 9562 variant
 	return fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
+}
+
+// encodedMetadata returns md for a changed parked copy: every entry that must be encoded is
+// base64-encoded (its key too when the key is not plain) and listed in the marker. A new map:
+// encoded names never collide with kept ones (kept keys are plain, encoded names are either
+// the same plain key or start with base64KeyPrefix).
+func encodedMetadata(md message.Metadata) message.Metadata {
+	out := make(message.Metadata, len(md)+2)
+	var names []string
+	for k, v := range md {
+		if !mustEncode(k, v) {
+			out[k] = v
+			continue
+		}
+		name := k
+		if !plainKey(k) {
+			name = base64KeyPrefix + base64.StdEncoding.EncodeToString([]byte(k))
+		}
+		out[name] = base64.StdEncoding.EncodeToString([]byte(v))
+		names = append(names, name)
+	}
+	if len(names) > 0 {
+		sort.Strings(names)
+		list, _ := json.Marshal(names) // strings only: cannot fail
+		out[markerBase64Keys] = string(list)
+	}
+	return out
 }
 
 // parkableAsIs reports whether msg needs no change: a storable UUID, and no metadata entry

@@ -69,10 +69,10 @@ func (p contextPublisher) Publish(topic string, msgs ...*message.Message) error 
 	}
 	ctx := msgs[0].Context()
 	tx, ok := pgtx.TxFromContext(ctx)
-	if !ok && poisoned(msgs) {
-		return fmt.Errorf("%w: %w", checkParking(p), pgtx.ErrNoTransaction)
-	}
 	if !ok {
+		if poisoned(msgs) {
+			return fmt.Errorf("%w: %w", checkParking(p), pgtx.ErrNoTransaction)
+		}
 		return fmt.Errorf("outbox: %w: call msg.SetContext(consumed.Context()) inside an effectively-once handler, or use Writer.PublishTx", pgtx.ErrNoTransaction)
 	}
 	for _, m := range msgs[1:] {

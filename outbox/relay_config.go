@@ -105,16 +105,16 @@ func (c *RelayConfig) setDefaults() {
 
 // Validate reports a configuration that cannot work.
 func (c RelayConfig) Validate() error {
-	errs := []error{
+	return errors.Join(
 		pgtx.ValidateIdentifier("schema", c.Schema),
 		setup.CheckName("relay Name", c.Name),
 		checkRelayNotSlotPosition(c.Name),
 		checkSource(c.Source),
 		setup.Between("BatchSize", c.BatchSize, 1, maxBatchSize),
 		setup.Between("PublishLanes", c.PublishLanes, 1, maxPublishLanes),
-	}
-	if c.PollInterval < 0 || c.Backoff < 0 || c.MaxBackoff < c.Backoff || c.StandbyInterval < 0 {
-		errs = append(errs, errors.New("intervals must be positive and MaxBackoff >= Backoff"))
-	}
-	return errors.Join(errs...)
+		setup.NotNegative("PollInterval", c.PollInterval),
+		setup.NotNegative("Backoff", c.Backoff),
+		setup.AtLeast("MaxBackoff", c.MaxBackoff, c.Backoff),
+		setup.NotNegative("StandbyInterval", c.StandbyInterval),
+	)
 }
