@@ -107,35 +107,41 @@ func (r *Relay) drainDelayed(ctx context.Context, conn *sql.Conn, s *session) (i
 	}
 	done := 0
 	for _, topic := range topics {
-		run := rows[topic]
-		if _, held := s.held[topic]; held {
-			if err := r.holdDelayed(ctx, conn, s, topic, run.rows, nil); err != nil {
-				return done, err
-			}
-			done += len(run.rows)
-			continue
-		}
-		_, rest, cause, err := r.publishOrReject(ctx, conn, topic, run.rows, run.msgs)
-		if rest > 0 { // published or rejected: they leave outbox_delayed, even if ctx ended meanwhile
-			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
-			_, derr := conn.ExecContext(actx, r.q.delayedDelete, r.config.Name, seqs(run.rows[:rest]))
-			cancel()
-			if derr != nil {
-				return done, fmt.Errorf("outbox: remove published rows from outbox_delayed: %w", derr)
-			}
-		}
-		done += rest
+		n, err := r.drainDueTopic(ctx, conn, s, topic, rows[topic])
+		done += n
 		if err != nil {
 			return done, err
 		}
-		if cause != nil {
-			if err := r.holdDelayed(ctx, conn, s, topic, run.rows[rest:], cause); err != nil {
-				return done, err
-			}
-			done += len(run.rows) - rest
-		}
 	}
 	return done, r.readDelayedDue(ctx, conn, s)
+}
+
+// drainDueTopic publishes the due rows of one topic and returns how many it published, rejected
+// or moved to outbox_held: all of them behind the topic's held rows while it is held, and from
+// the first failing one on when the publisher fails.
+func (r *Relay) drainDueTopic(ctx context.Context, conn *sql.Conn, s *session, topic string, run *run) (int, error) {
+	if _, held := s.held[topic]; held {
+		if err := r.holdDelayed(ctx, conn, s, topic, run.rows, nil); err != nil {
+			return 0, err
+		}
+		return len(run.rows), nil
+	}
+	_, rest, cause, err := r.publishOrReject(ctx, conn, topic, run.rows, run.msgs)
+	if rest > 0 { // published or rejected: they leave outbox_delayed, even if ctx ended meanwhile
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+		_, derr := conn.ExecContext(actx, r.q.delayedDelete, r.config.Name, seqs(run.rows[:rest]))
+		cancel()
+		if derr != nil {
+			return 0, fmt.Errorf("outbox: remove published rows from outbox_delayed: %w", derr)
+		}
+	}
+	if err != nil || cause == nil {
+		return rest, err
+	}
+	if err := r.holdDelayed(ctx, conn, s, topic, run.rows[rest:], cause); err != nil {
+		return rest, err
+	}
+	return len(run.rows), nil
 }
 
 // readDue reads up to BatchSize due rows of outbox_delayed, grouped by topic (topics in the
