@@ -104,35 +104,39 @@ ORDER BY o.consumer_group`)
 	if err != nil {
 		return nil, 0, fmt.Errorf("outbox: status: %w", err)
 	}
-	byName := make(map[string]int, len(relays))
-	for i, s := range relays {
-		byName[s.Name] = i
-	}
-	err = pgtx.QueryEach(ctx, tx, func(s pgtx.Scanner) error {
-		var relay string
-		var h HeldTopic
-		if err := s.Scan(&relay, &h.Topic, &h.Rows, &h.Since); err != nil {
-			return err
-		}
-		if i, ok := byName[relay]; ok { // held rows of a forgotten relay are gone with it
-			relays[i].Held = append(relays[i].Held, h)
-		}
-		return nil
-	}, `SELECT relay, topic, count(*), min(held_at) FROM `+held+` GROUP BY relay, topic ORDER BY relay, topic`)
-	if err != nil {
-		return nil, 0, fmt.Errorf("outbox: status: held topics: %w", err)
-	}
-	check, err := checkPositions(ctx, tx, schema, "")
-	if err != nil {
+	if err := addHeldAndMoved(ctx, tx, schema, relays); err != nil {
 		return nil, 0, fmt.Errorf("outbox: status: %w", err)
-	}
-	for _, c := range check.Positions {
-		if i, ok := byName[c.Name]; ok {
-			relays[i].Moved = c.Finding(schema)
-		}
 	}
 	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "outbox_rejected")).Scan(&rejected); err != nil {
 		return nil, 0, fmt.Errorf("outbox: status: %w", err)
 	}
 	return relays, rejected, nil
+}
+
+// addHeldAndMoved fills in each relay's held topics and, when its position was recorded on
+// another cluster, the finding. Held rows of a forgotten relay are gone with it.
+func addHeldAndMoved(ctx context.Context, tx *sql.Tx, schema string, relays []RelayStats) error {
+	byName := make(map[string]*RelayStats, len(relays))
+	for i := range relays {
+		byName[relays[i].Name] = &relays[i]
+	}
+	err := pgtx.QueryEach(ctx, tx, func(s pgtx.Scanner) error {
+		var relay string
+		var h HeldTopic
+		err := s.Scan(&relay, &h.Topic, &h.Rows, &h.Since)
+		if r := byName[relay]; r != nil && err == nil {
+			r.Held = append(r.Held, h)
+		}
+		return err
+	}, `SELECT relay, topic, count(*), min(held_at) FROM `+pgtx.QualifiedName(schema, "outbox_held")+` GROUP BY relay, topic ORDER BY relay, topic`)
+	if err != nil {
+		return fmt.Errorf("held topics: %w", err)
+	}
+	check, err := checkPositions(ctx, tx, schema, "")
+	for _, c := range check.Positions {
+		if r := byName[c.Name]; r != nil {
+			r.Moved = c.Finding(schema)
+		}
+	}
+	return err
 }
