@@ -170,14 +170,11 @@ func rebasePositionsTx(ctx context.Context, tx *sql.Tx, schema string, rep *outb
 		}
 	}
 	// Slot positions lose their pending mark too (offset_acked NULL): the next
-	// AdvanceSlotPosition takes a new one on this cluster.
-	var system any
-	if check.SystemIdentifier != "" {
-		system = check.SystemIdentifier
-	}
+	// advanceSlotPosition takes a new one on this cluster. An unknown system identifier ("")
+	// is recorded as NULL.
 	_, err = tx.ExecContext(ctx, `UPDATE `+offsets+` SET snapshot = $1::pg_snapshot, target_snapshot = NULL, target_offset = NULL,
     last_processed_transaction_id = pg_snapshot_xmin($1::pg_snapshot), offset_acked = CASE WHEN consumer_group LIKE '`+outboxops.SlotPositionPrefix+`%' THEN NULL ELSE 0 END,
-    offset_high = $2::bigint, system_identifier = $3::bigint`, snap, high, system)
+    offset_high = $2::bigint, system_identifier = nullif($3, '')::bigint`, snap, high, check.SystemIdentifier)
 	if err != nil {
 		return fmt.Errorf("reset positions: %w", err)
 	}
