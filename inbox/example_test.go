@@ -136,7 +136,7 @@ func ExampleReceiver_parking() {
 	if err != nil {
 		panic(err)
 	}
-	fmt.Printf("parked copy: uuid_missing=%s\n", p.Metadata.Get(outbox.MetadataUUIDMissing))
+	fmt.Printf("parked copy: uuid_missing=%s\n", p.Metadata.Get("uuid_missing"))
 	fmt.Printf("original: uuid %q, source %q, payload %s\n", original.UUID, original.Metadata.Get("source"), original.Payload)
 	fmt.Println("reason:", original.Metadata.Get(middleware.ReasonForPoisonedKey) != "")
 	// Output:

@@ -17,30 +17,19 @@ import (
 type Config struct {
 	// Schema holds the outbox table (see package migrate). Default pgtx.DefaultSchema.
 	Schema string
-	// ValidateTopic checks destination topics when messages are stored, so that a topic the
-	// broker would refuse fails the producing transaction instead of blocking the relay later.
-	// Default DefaultValidateTopic. The broker package offers stricter, broker-specific ones.
+	// ValidateTopic checks topics when messages are stored, so that a topic the broker would refuse
+	// fails the producer's transaction, not the relay. Default DefaultValidateTopic.
 	ValidateTopic func(topic string) error
 	// Now stamps occurred_at. Default time.Now.
 	Now func() time.Time
-	// Source names the service that writes these messages, stamped on each row (the outbox's
-	// source column, migration 012). A Relay forwards only the rows of its own
-	// RelayConfig.Source, so services that share one database and schema each forward their own
-	// messages and never each other's. Give every Writer of a service the same Source,
-	// including the ones the middleware and the inbox processor use (pass this Writer as their
-	// Config.Outbox): a component that builds its own Writer stores rows without a source.
-	// Default "": rows without a source, forwarded by relays without one (as every row written
-	// before migration 012).
+	// Source names the service, stamped on each row: a Relay forwards only the rows of its own
+	// RelayConfig.Source. Give the middleware and the inbox Processor this Writer (their
+	// Config.Outbox). Default "": rows without a source (as before migration 012).
 	Source string
-	// PartitionKeyField is the metadata field whose value the Writer stores in the outbox's
-	// partition_key column (migration 013), the record key Debezium's Outbox Event Router gives
-	// the event: events of one key land on one Kafka partition, in commit order. A message
-	// without it is keyed by its UUID. Give it the value of the broker's
-	// Kafka.PartitionKeyField, so that the Relay and Debezium key the same events alike.
-	// Default "partition_key".
+	// PartitionKeyField is the metadata field stored as the row's partition_key, Debezium's
+	// record key (else the UUID); use the broker's Kafka.PartitionKeyField. Default "partition_key".
 	PartitionKeyField string
-	// TracerProvider traces PublishTx: an "outbox store" span under the caller's span (none
-	// when the caller's context holds no span). Default otel.GetTracerProvider().
+	// TracerProvider traces PublishTx ("outbox store" spans). Default otel.GetTracerProvider().
 	TracerProvider trace.TracerProvider
 }
 
@@ -71,8 +60,8 @@ func checkSource(source string) error {
 // maxTopicLength is the longest topic DefaultValidateTopic accepts, in bytes: Kafka's limit.
 const maxTopicLength = 249
 
-// DefaultValidateTopic accepts 1 to 249 bytes of printable UTF-8 without spaces: a name every
-// supported broker can carry (Kafka refuses more than 249 bytes).
+// DefaultValidateTopic accepts 1 to 249 bytes of printable UTF-8 without spaces, which every
+// supported broker carries.
 func DefaultValidateTopic(topic string) error {
 	if topic == "" {
 		return errors.New("topic is empty")

@@ -13,24 +13,20 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// Delayed delivery (package doc, Delayed delivery): a message whose MetadataDelayedUntil is
+// Delayed delivery (docs/outbox-relay.md, Delayed delivery and pausing): a message whose MetadataDelayedUntil is
 // in the future when the relay reads it is set aside in outbox_delayed and published from
 // there once due.
 
-// Metadata keys of Watermill's components/delay, which the Writer checks and the relay and the
-// inbox Processor honour: a message is due at MetadataDelayedUntil (RFC 3339, any precision);
-// MetadataDelayedFor (a time.Duration's text) is informational only, as in Watermill's
-// watermill-sql delayed Pub/Sub.
+// Metadata keys of Watermill's components/delay: a message is due at MetadataDelayedUntil
+// (RFC 3339); MetadataDelayedFor is informational only.
 const (
 	MetadataDelayedUntil = delay.DelayedUntilKey
 	MetadataDelayedFor   = delay.DelayedForKey
 )
 
 // PublishTxAt is PublishTx for messages to be forwarded not before at: it sets
-// MetadataDelayedUntil (at, RFC 3339 with nanoseconds) and MetadataDelayedFor (at minus now) on
-// each message, replacing delay metadata they carried, and stores them. The rows commit with
-// tx like any other; the relay publishes them when due (package doc, Delayed delivery). A
-// time in the past (or zero) stores them for delivery at once, with the metadata still set.
+// MetadataDelayedUntil and MetadataDelayedFor on each message, replacing theirs, and stores
+// them in tx. A time in the past (or zero) is delivery at once.
 func (w *Writer) PublishTxAt(ctx context.Context, tx pgtx.Executor, at time.Time, topic string, msgs ...*message.Message) error {
 	until, after := at.UTC().Format(time.RFC3339Nano), max(time.Until(at), 0).String()
 	for _, msg := range msgs {
@@ -111,35 +107,41 @@ func (r *Relay) drainDelayed(ctx context.Context, conn *sql.Conn, s *session) (i
 	}
 	done := 0
 	for _, topic := range topics {
-		run := rows[topic]
-		if _, held := s.held[topic]; held {
-			if err := r.holdDelayed(ctx, conn, s, topic, run.rows, nil); err != nil {
-				return done, err
-			}
-			done += len(run.rows)
-			continue
-		}
-		_, rest, cause, err := r.publishOrReject(ctx, conn, topic, run.rows, run.msgs)
-		if rest > 0 { // published or rejected: they leave outbox_delayed, even if ctx ended meanwhile
-			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
-			_, derr := conn.ExecContext(actx, r.q.delayedDelete, r.config.Name, seqs(run.rows[:rest]))
-			cancel()
-			if derr != nil {
-				return done, fmt.Errorf("outbox: remove published rows from outbox_delayed: %w", derr)
-			}
-		}
-		done += rest
+		n, err := r.drainDueTopic(ctx, conn, s, topic, rows[topic])
+		done += n
 		if err != nil {
 			return done, err
 		}
-		if cause != nil {
-			if err := r.holdDelayed(ctx, conn, s, topic, run.rows[rest:], cause); err != nil {
-				return done, err
-			}
-			done += len(run.rows) - rest
-		}
 	}
 	return done, r.readDelayedDue(ctx, conn, s)
+}
+
+// drainDueTopic publishes the due rows of one topic and returns how many it published, rejected
+// or moved to outbox_held: all of them behind the topic's held rows while it is held, and from
+// the first failing one on when the publisher fails.
+func (r *Relay) drainDueTopic(ctx context.Context, conn *sql.Conn, s *session, topic string, run *run) (int, error) {
+	if _, held := s.held[topic]; held {
+		if err := r.holdDelayed(ctx, conn, s, topic, run.rows, nil); err != nil {
+			return 0, err
+		}
+		return len(run.rows), nil
+	}
+	_, rest, cause, err := r.publishOrReject(ctx, conn, topic, run.rows, run.msgs)
+	if rest > 0 { // published or rejected: they leave outbox_delayed, even if ctx ended meanwhile
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+		_, derr := conn.ExecContext(actx, r.q.delayedDelete, r.config.Name, seqs(run.rows[:rest]))
+		cancel()
+		if derr != nil {
+			return 0, fmt.Errorf("outbox: remove published rows from outbox_delayed: %w", derr)
+		}
+	}
+	if err != nil || cause == nil {
+		return rest, err
+	}
+	if err := r.holdDelayed(ctx, conn, s, topic, run.rows[rest:], cause); err != nil {
+		return rest, err
+	}
+	return len(run.rows), nil
 }
 
 // readDue reads up to BatchSize due rows of outbox_delayed, grouped by topic (topics in the

@@ -17,13 +17,15 @@ type envelope struct {
 	Metadata         map[string]string `json:"metadata"`
 }
 
-func marshalEnvelope(topic string, msg *message.Message) ([]byte, error) {
-	return json.Marshal(envelope{
+func marshalEnvelope(topic string, msg *message.Message) []byte {
+	// Strings, bytes and a map of strings: encoding cannot fail.
+	b, _ := json.Marshal(envelope{
 		DestinationTopic: topic,
 		UUID:             msg.UUID,
 		Payload:          msg.Payload,
 		Metadata:         msg.Metadata,
 	})
+	return b
 }
 
 // unmarshalEnvelope decodes a row payload back into its destination and message.

@@ -18,7 +18,7 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// What the relay does when the publisher fails (package doc, When the broker refuses):
+// What the relay does when the publisher fails (docs/outbox-relay.md, When the broker refuses a message or a topic):
 //   - a transient failure holds the run's topic: its rows are copied into outbox_held, the
 //     position moves on, and every later row of that topic is copied behind them, while the
 //     other topics go on; the held rows are published in the order they were held, with
@@ -229,6 +229,24 @@ func (r *Relay) drainHeld(ctx context.Context, conn *sql.Conn, s *session) (int,
 	return done, nil
 }
 
+// decodeHeld decodes held rows into a run to publish. Held rows were decoded when they were
+// held; one that no longer decodes (edited by hand) is rejected like any other, and returned
+// apart so that it leaves outbox_held too.
+func (r *Relay) decodeHeld(ctx context.Context, conn *sql.Conn, rows []outboxRow) (out run, undecodable []outboxRow, err error) {
+	for _, row := range rows {
+		_, msg, err := unmarshalEnvelope([]byte(row.payload))
+		if err == nil {
+			out.rows, out.msgs = append(out.rows, row), append(out.msgs, msg)
+			continue
+		}
+		if err := r.reject(ctx, conn, row, "", err); err != nil {
+			return run{}, nil, err
+		}
+		undecodable = append(undecodable, row)
+	}
+	return out, undecodable, nil
+}
+
 // drainTopic publishes up to one batch of topic's held rows, oldest first. When every held row
 // of the topic is gone, the topic is released: its next rows are published directly.
 func (r *Relay) drainTopic(ctx context.Context, conn *sql.Conn, s *session, topic string) (int, error) {
@@ -240,19 +258,9 @@ func (r *Relay) drainTopic(ctx context.Context, conn *sql.Conn, s *session, topi
 	if more {
 		rows = rows[:r.config.BatchSize]
 	}
-	// Held rows were decoded when they were held; one that no longer decodes (edited by hand)
-	// is rejected like any other.
-	var run run
-	var undecodable []outboxRow
-	for _, row := range rows {
-		if _, msg, err := unmarshalEnvelope([]byte(row.payload)); err != nil {
-			if err := r.reject(ctx, conn, row, "", err); err != nil {
-				return 0, err
-			}
-			undecodable = append(undecodable, row)
-		} else {
-			run.rows, run.msgs = append(run.rows, row), append(run.msgs, msg)
-		}
+	run, undecodable, err := r.decodeHeld(ctx, conn, rows)
+	if err != nil {
+		return 0, err
 	}
 	var published, rest int
 	var cause error

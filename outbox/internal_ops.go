@@ -7,6 +7,7 @@ import "github.com/wmonce/watermill-once/internal/outboxops"
 func init() {
 	outboxops.ListRejected = listRejected
 	outboxops.RejectedGroups = rejectedGroups
+	outboxops.RepublishRejected = republishRejected
 	outboxops.RepublishRejectedGroup = republishRejectedGroup
 	outboxops.DiscardRejectedGroup = discardRejectedGroup
 	outboxops.ParkedGroups = parkedGroups
@@ -15,5 +16,9 @@ func init() {
 	outboxops.RelayActive = relayActive
 	outboxops.RegisterSlotPosition = registerSlotPosition
 	outboxops.SlotPositions = slotPositions
+	outboxops.AdvanceSlotPosition = advanceSlotPosition
+	outboxops.ForgetSlotPosition = forgetSlotPosition
+	outboxops.CheckPositions = checkAllPositions
+	outboxops.RebasePositions = rebasePositions
 	outboxops.CheckParking = checkParking
 }

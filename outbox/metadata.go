@@ -1,27 +1,23 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 )
 
-// Metadata keys the Writer stamps on every message it stores.
+// Metadata keys the Writer stamps on every message it stores, unless the producer set them:
+// correlation (inherited from the consumed message, else the message's own UUID), causation
+// (the consumed message's UUID) and occurred_at (RFC 3339, UTC; stable across copies, for age
+// checks). MetadataEventType, when set by the producer, is also stored in the type column
+// Debezium's router reads.
 const (
-	// MetadataCorrelationID is Watermill's correlation key: kept if set, otherwise inherited
-	// from the consumed message, otherwise the message's own UUID (it starts a chain).
 	MetadataCorrelationID = middleware.CorrelationIDMetadataKey
-	// MetadataCausationID names the UUID of the consumed message that caused this one.
-	MetadataCausationID = "causation_id"
-	// MetadataOccurredAt is when the event occurred (RFC 3339, UTC), kept if the producer set
-	// it. It is stable across every copy of the message, which makes it usable for age checks
-	// and for choosing time partitions.
-	MetadataOccurredAt = "occurred_at"
-	// MetadataEventType, when set, is stored in the outbox's type column too (migration 013):
-	// Debezium's Outbox Event Router can place it in a header or route by it. The Writer does
-	// not stamp it.
-	MetadataEventType = "event_type"
+	MetadataCausationID   = "causation_id"
+	MetadataOccurredAt    = "occurred_at"
+	MetadataEventType     = "event_type"
 )
 
 // defaultPartitionKeyField is the default of Config.PartitionKeyField: the same metadata field
@@ -29,35 +25,33 @@ const (
 const defaultPartitionKeyField = "partition_key"
 
 // stamp sets the correlation, causation and occurred_at metadata msg does not carry yet:
-// causation from cause, the consumed message (nil: none), occurred_at to now.
+// correlation from cause (the consumed message; nil: none, and msg starts a chain), causation
+// cause's UUID, occurred_at now.
 func stamp(msg *message.Message, cause *message.Message, now string) {
 	if msg.Metadata == nil {
 		msg.Metadata = message.Metadata{}
 	}
-	if msg.Metadata.Get(MetadataCorrelationID) == "" {
-		corr := msg.UUID
-		if cause != nil {
-			if c := cause.Metadata.Get(MetadataCorrelationID); c != "" {
-				corr = c
-			} else {
-				corr = cause.UUID
-			}
-		}
-		msg.Metadata.Set(MetadataCorrelationID, corr)
+	correlation := msg.UUID
+	if cause != nil {
+		correlation = cmp.Or(cause.Metadata.Get(MetadataCorrelationID), cause.UUID)
+		setUnset(msg.Metadata, MetadataCausationID, cause.UUID)
 	}
-	if cause != nil && msg.Metadata.Get(MetadataCausationID) == "" {
-		msg.Metadata.Set(MetadataCausationID, cause.UUID)
-	}
-	if msg.Metadata.Get(MetadataOccurredAt) == "" {
-		msg.Metadata.Set(MetadataOccurredAt, now)
+	setUnset(msg.Metadata, MetadataCorrelationID, correlation)
+	setUnset(msg.Metadata, MetadataOccurredAt, now)
+}
+
+// setUnset sets key to value unless md already carries a value for it: the producer's own wins.
+func setUnset(md message.Metadata, key, value string) {
+	if md.Get(key) == "" {
+		md.Set(key, value)
 	}
 }
 
 type consumedKey struct{}
 
-// ContextWithConsumed records the message being consumed, so that messages stored from this
-// context carry its UUID as causation_id and inherit its correlation_id. The effectively-once
-// middleware and the inbox processor call it; call it yourself in custom consumers.
+// ContextWithConsumed records the message being consumed, whose UUID and correlation_id the
+// messages stored from ctx inherit; the middleware and the inbox Processor call it, custom
+// consumers may.
 func ContextWithConsumed(ctx context.Context, consumed *message.Message) context.Context {
 	return context.WithValue(ctx, consumedKey{}, consumed)
 }

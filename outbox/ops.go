@@ -6,8 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
+	"time"
 
 	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/internal/owner"
@@ -35,18 +34,13 @@ func checkSchema(op string, db *sql.DB, schema *string) error {
 	return nil
 }
 
-// ErrRelayActive is returned by ForgetRelay for a relay that is forwarding right now.
+// ErrRelayActive is returned by ForgetRelay for a relay that leads right now.
 var ErrRelayActive = errors.New("outbox: the relay is running: stop every instance of it first")
 
-// ForgetRelay deletes the position of a retired relay from outbox_offsets, with the rows it
-// held (outbox_held) and the delayed rows it had not published yet (outbox_delayed), and reports whether the position existed. Prune keeps every outbox row
-// that some relay has not forwarded, so a relay name that no longer runs holds back outbox
-// retention for good until it is forgotten. The rows it rejected stay in outbox_rejected.
-//
-// It refuses (ErrRelayActive) while an instance of that relay leads. Stop standby instances
-// too: a relay that starts after its position was forgotten begins again at the oldest row
-// still in the outbox and publishes those rows again (consumers deduplicate them, but the
-// burst is avoidable).
+// ForgetRelay deletes a retired relay's position, held rows and delayed rows (not its rejected
+// rows), and reports whether the position existed: a name that no longer runs holds outbox
+// retention back for good. It refuses (ErrRelayActive) while an instance leads; stop standbys
+// too, or one starts again at the oldest row and republishes it.
 func ForgetRelay(ctx context.Context, db *sql.DB, schema, name string) (bool, error) {
 	if err := checkRelayName("forget relay", db, &schema, name); err != nil {
 		return false, err
@@ -58,23 +52,14 @@ func ForgetRelay(ctx context.Context, db *sql.DB, schema, name string) (bool, er
 	if active {
 		return false, fmt.Errorf("%w (relay %q)", ErrRelayActive, name)
 	}
-	var n int64
-	err = pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
-		for _, table := range []string{"outbox_held", "outbox_delayed"} {
-			if _, err := tx.ExecContext(ctx, `DELETE FROM `+pgtx.QualifiedName(schema, table)+` WHERE relay = $1`, name); err != nil {
-				return err
-			}
-		}
-		res, err := tx.ExecContext(ctx, `DELETE FROM `+pgtx.QualifiedName(schema, "outbox_offsets")+` WHERE consumer_group = $1`, name)
-		if err != nil {
-			return err
-		}
-		n, _ = res.RowsAffected()
-		return nil
-	})
+	// One statement: the held and delayed rows go with the position, atomically.
+	res, err := db.ExecContext(ctx, `WITH held AS (DELETE FROM `+pgtx.QualifiedName(schema, "outbox_held")+` WHERE relay = $1),
+    delayed AS (DELETE FROM `+pgtx.QualifiedName(schema, "outbox_delayed")+` WHERE relay = $1)
+DELETE FROM `+pgtx.QualifiedName(schema, "outbox_offsets")+` WHERE consumer_group = $1`, name)
 	if err != nil {
 		return false, fmt.Errorf("outbox: forget relay: %w", err)
 	}
+	n, _ := res.RowsAffected()
 	return n > 0, nil
 }
 
@@ -107,22 +92,14 @@ func relayActive(ctx context.Context, db *sql.DB, schema, name string) (bool, er
 	return active, nil
 }
 
-// Prune deletes outbox rows written before req's cutoff (Before, or Keep ago by the database
-// clock) that every relay named in outbox_offsets has forwarded, in batches of at most
-// req.BatchSize rows (one short transaction each), and returns how many it deleted, also when
-// it stops on an error or a cancelled ctx.
+// Prune deletes outbox rows written before req's cutoff (by the database clock) in batches of
+// req.BatchSize, and returns how many it deleted, also when it stops on an error.
 //
-// Guarantee: a row that a relay of its source has not published is never deleted, whatever
-// its age or its transaction id (a restore into another cluster cannot make it look
-// published), and a relay that registers while Prune runs holds rows back too. Prune refuses
-// with ErrPositionsMoved while CheckPositions finds a position recorded on another cluster. A row is deleted
-// only once some relay of its source (RelayConfig.Source; a relay registered before migration
-// 012 counts for every source) is registered and every such relay has passed it: rows of a
-// source no relay forwards are kept, and so, with no relay registered at all, is everything.
-// Relays of other sources do not hold a row back. Age is measured by the database clock. A
-// retired relay name holds every later row of its source back until ForgetRelay removes it.
-// The position of a replication slot (registered by outbox/cdc, for Debezium) counts as a relay of
-// every source that has published what the slot confirmed (AdvanceSlotPosition).
+// Guarantee: a row is deleted only once every relay of its source is registered and has passed
+// it (a slot position counts as one of every source): a row no relay of its source has published
+// is never deleted, whatever its age or transaction id. A retired relay name holds every later
+// row back until ForgetRelay. Where it stops: it refuses with ErrPositionsMoved after a restore
+// until `wmonce rebase`.
 func Prune(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error) {
 	schema, req, cutoff, err := owner.CheckPrune(ctx, db, schema, req, owner.Unscoped)
 	if err != nil {
@@ -192,38 +169,17 @@ func listRejected(ctx context.Context, db *sql.DB, schema string, f outboxops.Re
 	if limit < 1 {
 		return nil, fmt.Errorf("outbox: list rejected: limit must be positive, got %d", limit)
 	}
-	var conds []string
-	var args []any
-	arg := func(v any) string {
-		args = append(args, v)
-		return "$" + strconv.Itoa(len(args))
-	}
-	if f.Relay != "" {
-		conds = append(conds, "relay = "+arg(f.Relay))
-	}
-	if f.Offset != 0 {
-		conds = append(conds, `"offset" = `+arg(f.Offset))
-	}
-	if !f.RejectedAfter.IsZero() {
-		conds = append(conds, "rejected_at >= "+arg(f.RejectedAfter))
-	}
-	if !f.RejectedBefore.IsZero() {
-		conds = append(conds, "rejected_at < "+arg(f.RejectedBefore))
-	}
-	if f.AfterOffset != 0 {
-		conds = append(conds, `"offset" > `+arg(f.AfterOffset))
-	}
-	where := "TRUE"
-	if len(conds) > 0 {
-		where = strings.Join(conds, " AND ")
-	}
 	table := pgtx.QualifiedName(schema, "outbox_rejected")
+	// A zero field of f matches everything: "" and 0 by comparison, times as NULL.
+	where := `($1 = '' OR relay = $1) AND ($2::bigint = 0 OR "offset" = $2) AND ($3::timestamptz IS NULL OR rejected_at >= $3)
+    AND ($4::timestamptz IS NULL OR rejected_at < $4) AND "offset" > $5`
 	cols := `relay, "offset", transaction_id::text, uuid, coalesce(topic, ''), source, coalesce(octet_length(payload::text), 0), error, rejected_at`
 	if withPayload {
 		cols += `, payload::text, metadata::text`
 	}
 	q := `SELECT ` + cols + ` FROM ` + table + ` WHERE ` + where + ` AND "offset" IN (SELECT DISTINCT "offset" FROM ` + table +
-		` WHERE ` + where + ` ORDER BY 1 LIMIT ` + arg(limit) + `) ORDER BY "offset", relay`
+		` WHERE ` + where + ` ORDER BY 1 LIMIT $6) ORDER BY "offset", relay`
+	args := []any{f.Relay, f.Offset, nullTime(f.RejectedAfter), nullTime(f.RejectedBefore), f.AfterOffset, limit}
 	out, err := pgtx.QueryAll(ctx, db, rejectedRowScanner(withPayload), q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list rejected: %w", err)
@@ -233,6 +189,14 @@ func listRejected(ctx context.Context, db *sql.DB, schema string, f outboxops.Re
 
 // rejectedRowScanner returns the scan function of ListRejected's rows: with withPayload they
 // end with the payload and the metadata.
+// nullTime is t, or NULL for the zero time.
+func nullTime(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t
+}
+
 func rejectedRowScanner(withPayload bool) func(pgtx.Scanner) (outboxops.RejectedRow, error) {
 	return func(s pgtx.Scanner) (outboxops.RejectedRow, error) {
 		var r outboxops.RejectedRow
@@ -254,11 +218,9 @@ func rejectedRowScanner(withPayload bool) func(pgtx.Scanner) (outboxops.Rejected
 	}
 }
 
-// PruneRejected deletes the rows in outbox_rejected set aside before req's cutoff (Before, or
-// Keep ago by the database clock), in batches of at most req.BatchSize rows, and returns how
-// many it deleted, also when it stops on an error or a cancelled ctx. A rejected row is the only copy of a message
-// the relay could not forward: prune only what operators have had time to look at (wmonce
-// outbox rejected) and republish (RepublishRejected). The retention janitor calls it when retention.Config.RejectedKeep is set.
+// PruneRejected deletes the rows set aside in outbox_rejected before req's cutoff, in batches,
+// and returns how many it deleted. A rejected row is the only copy of its message: keep it long
+// enough for operators to republish (the janitor's retention.Config.RejectedKeep).
 func PruneRejected(ctx context.Context, db *sql.DB, schema string, req pgtx.PruneRequest) (int64, error) {
 	n, err := owner.PruneOlder(ctx, db, schema, req, "outbox_rejected", "rejected_at", false, "")
 	if err != nil {

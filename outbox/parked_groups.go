@@ -87,6 +87,25 @@ WHERE `+parkedWhere(schema)+` AND `+parkedFingerprintExpr(schema)+` = $1 AND (ca
 ORDER BY o."offset"`, req.Fingerprint, nonNil(req.Offsets))
 }
 
+// original returns the message the parked copy was made from, without the poison queue's
+// metadata, to store again for the topic it was consumed from; false when it cannot be
+// replayed: no topic it was consumed from, not decodable, or a UUID or metadata the outbox
+// cannot store (a message parked for exactly that).
+func (r parkedRow) original() (*message.Message, bool) {
+	_, parked, err := unmarshalEnvelope([]byte(r.payload.String)) // its topic is the poison topic
+	if !r.payload.Valid || err != nil || r.consumed == "" {
+		return nil, false
+	}
+	original, err := RecoverParked(parked)
+	if err != nil || checkMessage(original) != nil {
+		return nil, false
+	}
+	for _, k := range poisonKeys {
+		delete(original.Metadata, k)
+	}
+	return original, true
+}
+
 // replayParkedGroup stores the original of each parked copy of one group (narrowed by
 // req.Offsets) in the outbox again, for the topic it was consumed from: its UUID, payload and
 // metadata as the consumer received them (RecoverParked), without the poison queue's keys, as
@@ -99,18 +118,10 @@ func replayParkedGroup(ctx context.Context, db *sql.DB, schema string, req outbo
 	return actOnParkedGroup(ctx, db, schema, req, "replay", func(ctx context.Context, tx *sql.Tx, schema string, rows []parkedRow, res *outboxops.ParkedGroupResult) error {
 		writers := map[string]*Writer{}
 		for _, r := range rows {
-			_, parked, err := unmarshalEnvelope([]byte(r.payload.String)) // its topic is the poison topic
-			if !r.payload.Valid || err != nil || r.consumed == "" {
+			original, ok := r.original()
+			if !ok {
 				res.Unreplayable = append(res.Unreplayable, r.offset)
 				continue
-			}
-			original, err := RecoverParked(parked)
-			if err != nil || checkMessage(original) != nil { // no UUID, or one the outbox cannot store
-				res.Unreplayable = append(res.Unreplayable, r.offset)
-				continue
-			}
-			for _, k := range poisonKeys {
-				delete(original.Metadata, k)
 			}
 			res.Offsets = append(res.Offsets, r.offset)
 			if req.DryRun {
@@ -118,6 +129,7 @@ func replayParkedGroup(ctx context.Context, db *sql.DB, schema string, req outbo
 			}
 			w := writers[r.source]
 			if w == nil {
+				var err error
 				if w, err = NewWriter(Config{Schema: schema, Source: r.source}); err != nil {
 					return err
 				}

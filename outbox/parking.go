@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"sort"
 	"strings"
 
@@ -15,26 +16,18 @@ import (
 	"github.com/wmonce/watermill-once/internal/setup"
 )
 
-// Markers on a parked copy that Parkable had to change (see Parkable). RecoverParked reads them
-// back.
+// Markers on a parked copy that Parkable had to change; RecoverParked reads them back
+// (docs/outbox-relay.md, Parking):
+//   - uuid_missing is "true" when the message had no UUID (the copy has a fresh one);
+//   - uuid_original_base64 holds the standard base64 of a UUID that could not be stored;
+//   - metadata_base64_keys lists, as a JSON array, the entries whose values are the standard
+//     base64 of the original ones; a listed name starting with "base64:" is an encoded key.
 const (
-	// MetadataUUIDMissing is "true" on the parked copy of a message that had no UUID; the copy
-	// has a fresh one.
-	MetadataUUIDMissing = "uuid_missing"
-	// MetadataUUIDOriginalBase64 holds, in standard base64, the UUID of a message whose UUID
-	// could not be stored as it was (longer than MaxUUIDLength, not valid UTF-8, or holding
-	// NUL); the copy has a fresh one.
-	MetadataUUIDOriginalBase64 = "uuid_original_base64"
-	// MetadataBase64Keys lists, as a JSON array of strings, the metadata entries of the copy
-	// whose values are the standard base64 of the original values. A listed entry whose name
-	// starts with Base64KeyPrefix holds an original key that could not stay as it was: the rest
-	// of the name is that key in standard base64.
-	MetadataBase64Keys = "metadata_base64_keys"
+	markerUUIDMissing        = "uuid_missing"
+	markerUUIDOriginalBase64 = "uuid_original_base64"
+	markerBase64Keys         = "metadata_base64_keys"
+	base64KeyPrefix          = "base64:"
 )
-
-// Base64KeyPrefix starts the name of a listed metadata entry whose original key is encoded
-// (see MetadataBase64Keys).
-const Base64KeyPrefix = "base64:"
 
 // reservedKey reports whether a broker refuses or overwrites a metadata key: the header in which
 // watermill-kafka and watermill-amqp carry the UUID (Watermill's Kafka marshaler refuses a
@@ -49,59 +42,26 @@ func reservedKey(k string) bool {
 	return false
 }
 
-// Parkable returns msg in a form every part of the path to a poison topic accepts: the outbox
-// (UUID and metadata as text), the relay and the brokers it forwards to. It is msg itself when
-// msg already is in that form (the common case), otherwise a copy with msg's context, changed
-// as follows and marked so that RecoverParked can restore the original exactly:
-//
-//   - a missing UUID is replaced by a fresh one (marked MetadataUUIDMissing); a UUID longer
-//     than MaxUUIDLength, not valid UTF-8 or holding NUL is replaced by a fresh one and kept
-//     in MetadataUUIDOriginalBase64;
-//   - a metadata entry whose key or value is not valid UTF-8 text without NUL, or whose key a
-//     broker refuses (_watermill_message_uuid, reserved by Watermill's marshalers; CC and BCC,
-//     which RabbitMQ takes for routing), has its value base64-encoded, and its key too when the
-//     key itself is the problem; the entries so encoded are listed in MetadataBase64Keys. In a
-//     copy that is changed, entries that would be mistaken for markers (the three marker keys,
-//     keys starting with Base64KeyPrefix) are encoded the same way, so that nothing is
-//     ambiguous.
-//
-// The payload is never changed: the outbox stores any bytes. A message that is parked a second
-// time (its parked copy refused again) and needs no change keeps its markers; one that needs a
-// change gets its markers encoded like any other entry, and RecoverParked peels one layer.
-// Parkable never fails and never drops anything: it is what makes every refused message
-// parkable, so that it stops blocking its partition or queue.
+// Parkable returns msg in a form every part of the path to a poison topic accepts: the outbox,
+// the relay and the brokers it forwards to. It is msg itself when msg already is in that form
+// (the common case), otherwise a copy with msg's context in which a missing or unstorable UUID
+// is replaced by a fresh one, and metadata entries that are not text or whose key a broker
+// refuses (_watermill_message_uuid, CC, BCC) are base64-encoded, each change marked so that
+// RecoverParked restores the original exactly. The payload is never changed. Parkable never
+// fails and never drops anything: it is what makes every refused message parkable, so that it
+// stops blocking its partition or queue.
 func Parkable(msg *message.Message) *message.Message {
 	if msg == nil || parkableAsIs(msg) {
 		return msg
 	}
 	c := msg.Copy()
 	c.SetContext(msg.Context())
-	// A new map: encoded names never collide with kept ones (kept keys are plain, encoded
-	// names are either the same plain key or start with Base64KeyPrefix).
-	c.Metadata = make(message.Metadata, len(msg.Metadata)+2)
-	var names []string
-	for k, v := range msg.Metadata {
-		if !mustEncode(k, v) {
-			c.Metadata[k] = v
-			continue
-		}
-		name := k
-		if !plainKey(k) {
-			name = Base64KeyPrefix + base64.StdEncoding.EncodeToString([]byte(k))
-		}
-		c.Metadata[name] = base64.StdEncoding.EncodeToString([]byte(v))
-		names = append(names, name)
-	}
-	if len(names) > 0 {
-		sort.Strings(names)
-		list, _ := json.Marshal(names) // strings only: cannot fail
-		c.Metadata[MetadataBase64Keys] = string(list)
-	}
+	c.Metadata = encodedMetadata(msg.Metadata)
 	if !storableUUID(msg.UUID) {
 		if msg.UUID == "" {
-			c.Metadata[MetadataUUIDMissing] = "true"
+			c.Metadata[markerUUIDMissing] = "true"
 		} else {
-			c.Metadata[MetadataUUIDOriginalBase64] = base64.StdEncoding.EncodeToString([]byte(msg.UUID))
+			c.Metadata[markerUUIDOriginalBase64] = base64.StdEncoding.EncodeToString([]byte(msg.UUID))
 		}
 		c.UUID = parkedUUID(msg)
 	}
@@ -125,6 +85,33 @@ func parkedUUID(msg *message.Message) string {
 	u[6] = u[6]&0x0f | 0x80 // version 8
 	u[8] = u[8]&0x3f | 0x80 // RFC 9562 variant
 	return fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
+}
+
+// encodedMetadata returns md for a changed parked copy: every entry that must be encoded is
+// base64-encoded (its key too when the key is not plain) and listed in the marker. A new map:
+// encoded names never collide with kept ones (kept keys are plain, encoded names are either
+// the same plain key or start with base64KeyPrefix).
+func encodedMetadata(md message.Metadata) message.Metadata {
+	out := make(message.Metadata, len(md)+2)
+	var names []string
+	for k, v := range md {
+		if !mustEncode(k, v) {
+			out[k] = v
+			continue
+		}
+		name := k
+		if !plainKey(k) {
+			name = base64KeyPrefix + base64.StdEncoding.EncodeToString([]byte(k))
+		}
+		out[name] = base64.StdEncoding.EncodeToString([]byte(v))
+		names = append(names, name)
+	}
+	if len(names) > 0 {
+		sort.Strings(names)
+		list, _ := json.Marshal(names) // strings only: cannot fail
+		out[markerBase64Keys] = string(list)
+	}
+	return out
 }
 
 // parkableAsIs reports whether msg needs no change: a storable UUID, and no metadata entry
@@ -152,26 +139,19 @@ func mustEncode(k, v string) bool { return !setup.IsText(v) || !plainKey(k) }
 // and not mistakable for a marker or an encoded key.
 func plainKey(k string) bool {
 	switch k {
-	case MetadataUUIDMissing, MetadataUUIDOriginalBase64, MetadataBase64Keys:
+	case markerUUIDMissing, markerUUIDOriginalBase64, markerBase64Keys:
 		return false
 	}
-	return setup.IsText(k) && !reservedKey(k) && !strings.HasPrefix(k, Base64KeyPrefix)
+	return setup.IsText(k) && !reservedKey(k) && !strings.HasPrefix(k, base64KeyPrefix)
 }
 
-// ErrNotParked is wrapped by RecoverParked's error for markers it cannot read: the message was
-// not made parkable by Parkable, or its markers were altered.
+// ErrNotParked is wrapped by RecoverParked's error for markers it cannot read.
 var ErrNotParked = errors.New("outbox: not a parked copy made by Parkable")
 
-// RecoverParked returns the message that Parkable was given, from its parked copy as read back
-// from the outbox or from the poison topic: the original UUID (empty when it was missing), the
-// original metadata (every encoded entry decoded, the markers removed) and the payload, in a
-// new message with parked's context. A copy without markers (one Parkable returned unchanged)
-// comes back as a plain copy.
-//
-// What the parked copy holds besides the original is kept: the reasons Watermill's poison queue
-// adds (reason_poisoned, topic_poisoned, handler_poisoned, subscriber_poisoned, set on the
-// message before it reaches the publisher) and whatever the broker adds on the way out of the
-// poison topic. Writer.ParkingPublisher adds nothing else.
+// RecoverParked returns the message that Parkable was given, from its parked copy read back
+// from the outbox or the poison topic: the original UUID (empty when it was missing), metadata
+// and payload, in a new message with parked's context. What was added on the way (the poison
+// queue's reasons, broker headers) is kept.
 func RecoverParked(parked *message.Message) (*message.Message, error) {
 	if parked == nil {
 		return nil, errors.New("outbox: RecoverParked: message is nil")
@@ -181,53 +161,68 @@ func RecoverParked(parked *message.Message) (*message.Message, error) {
 	if m.Metadata == nil {
 		m.Metadata = message.Metadata{}
 	}
-	if v, ok := m.Metadata[MetadataUUIDMissing]; ok {
+	if err := recoverUUID(m); err != nil {
+		return nil, err
+	}
+	if err := decodeEntries(m.Metadata); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// recoverUUID gives m back the UUID its markers say the original had, and removes them.
+func recoverUUID(m *message.Message) error {
+	if v, ok := m.Metadata[markerUUIDMissing]; ok {
 		if v != "true" {
-			return nil, fmt.Errorf("%w: %s is %q, not \"true\"", ErrNotParked, MetadataUUIDMissing, v)
+			return fmt.Errorf("%w: %s is %q, not \"true\"", ErrNotParked, markerUUIDMissing, v)
 		}
-		delete(m.Metadata, MetadataUUIDMissing)
 		m.UUID = ""
 	}
-	if v, ok := m.Metadata[MetadataUUIDOriginalBase64]; ok {
+	if v, ok := m.Metadata[markerUUIDOriginalBase64]; ok {
 		uuid, err := base64.StdEncoding.DecodeString(v)
 		if err != nil {
-			return nil, fmt.Errorf("%w: %s: %w", ErrNotParked, MetadataUUIDOriginalBase64, err)
+			return fmt.Errorf("%w: %s: %w", ErrNotParked, markerUUIDOriginalBase64, err)
 		}
-		delete(m.Metadata, MetadataUUIDOriginalBase64)
 		m.UUID = string(uuid)
 	}
-	list, ok := m.Metadata[MetadataBase64Keys]
+	delete(m.Metadata, markerUUIDMissing)
+	delete(m.Metadata, markerUUIDOriginalBase64)
+	return nil
+}
+
+// decodeEntries decodes, in md, the entries its list marker names (keys too, where encoded),
+// and removes the marker.
+func decodeEntries(md message.Metadata) error {
+	list, ok := md[markerBase64Keys]
 	if !ok {
-		return m, nil
+		return nil
 	}
 	var names []string
 	if err := json.Unmarshal([]byte(list), &names); err != nil {
-		return nil, fmt.Errorf("%w: %s is not a JSON array of strings: %w", ErrNotParked, MetadataBase64Keys, err)
+		return fmt.Errorf("%w: %s is not a JSON array of strings: %w", ErrNotParked, markerBase64Keys, err)
 	}
-	delete(m.Metadata, MetadataBase64Keys)
+	delete(md, markerBase64Keys)
 	decoded := make(message.Metadata, len(names))
 	for _, name := range names {
-		v, ok := m.Metadata[name]
+		v, ok := md[name]
 		if !ok {
-			return nil, fmt.Errorf("%w: %s lists %q, which the message does not hold", ErrNotParked, MetadataBase64Keys, name)
+			return fmt.Errorf("%w: %s lists %q, which the message does not hold", ErrNotParked, markerBase64Keys, name)
 		}
 		value, err := base64.StdEncoding.DecodeString(v)
 		if err != nil {
-			return nil, fmt.Errorf("%w: value of %q: %w", ErrNotParked, name, err)
+			return fmt.Errorf("%w: value of %q: %w", ErrNotParked, name, err)
 		}
 		key := name
-		if enc, ok := strings.CutPrefix(name, Base64KeyPrefix); ok {
+		if enc, ok := strings.CutPrefix(name, base64KeyPrefix); ok {
 			k, err := base64.StdEncoding.DecodeString(enc)
 			if err != nil {
-				return nil, fmt.Errorf("%w: key %q: %w", ErrNotParked, name, err)
+				return fmt.Errorf("%w: key %q: %w", ErrNotParked, name, err)
 			}
 			key = string(k)
 		}
-		delete(m.Metadata, name)
+		delete(md, name)
 		decoded[key] = string(value)
 	}
-	for k, v := range decoded {
-		m.Metadata[k] = v
-	}
-	return m, nil
+	maps.Copy(md, decoded)
+	return nil
 }

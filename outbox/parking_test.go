@@ -79,7 +79,7 @@ func TestParkableRoundTrips(t *testing.T) {
 	require.Equal(t, fine.Metadata, back.Metadata)
 
 	bad := message.NewMessage("e-2", nil)
-	bad.Metadata.Set(outbox.MetadataBase64Keys, "not json")
+	bad.Metadata.Set("metadata_base64_keys", "not json")
 	_, err = outbox.RecoverParked(bad)
 	require.ErrorIs(t, err, outbox.ErrNotParked)
 }

@@ -12,27 +12,21 @@ import (
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// Pause (package doc, Pausing a relay): outbox_offsets.paused_at (migration 014), set and
+// Pause (docs/outbox-relay.md, Delayed delivery and pausing): outbox_offsets.paused_at (migration 014), set and
 // cleared by PauseRelay and ResumeRelay, read by the relay with its position.
 
-// ErrRelayNotFound is returned by PauseRelay and ResumeRelay for a relay name that has no
-// position in the schema: a relay registers its name when it first runs.
+// ErrRelayNotFound is returned by PauseRelay and ResumeRelay for a name that has never run.
 var ErrRelayNotFound = errors.New("outbox: no relay of that name has run in this schema")
 
-// PauseRelay pauses the relay named name in schema: from the moment the pause commits, no
-// instance of it starts publishing a batch, held row or delayed row; a publish call in
-// progress finishes. Every instance honours it within one PollInterval, and at once while its
-// LISTEN connection is up (the pause notifies the schema's relay channel). Rows keep being
-// stored and wait in the outbox; a pause outlives restarts, until ResumeRelay. It reports
-// whether the relay was running (false: paused already; its paused_at is kept). A paused
-// relay still holds its lead.
+// PauseRelay stops every instance of the relay named name from publishing, from the moment it
+// commits until ResumeRelay (within one PollInterval; at once while LISTENing), and reports
+// whether it was running. Rows keep being stored and wait, in order; a paused relay keeps its
+// lead.
 func PauseRelay(ctx context.Context, db *sql.DB, schema, name string) (bool, error) {
 	return setPaused(ctx, db, schema, name, true)
 }
 
-// ResumeRelay undoes PauseRelay: the relay goes on from its position, in the order it would
-// have published in, within one PollInterval (at once while it LISTENs). It reports whether
-// the relay was paused.
+// ResumeRelay undoes PauseRelay and reports whether the relay was paused.
 func ResumeRelay(ctx context.Context, db *sql.DB, schema, name string) (bool, error) {
 	return setPaused(ctx, db, schema, name, false)
 }

@@ -3,26 +3,19 @@ package outbox
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 
 	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// A position (a row of outbox_offsets) is made of raw transaction ids (xid8) of the cluster it
-// was recorded on, and transaction ids do not survive a logical move (pg_dump/pg_restore, a
-// logical-replication copy): the new cluster's counter may be far below the old one's. A
-// restored position is then ahead of the cluster, rows written after the restore get ids that
-// look older than it, and a relay would skip them for good. CheckPositions detects that;
-// RebasePositions recovers from it (docs/operations.md, Backup, restore and moving a database).
+// Positions after a restore (outboxops.CheckPositions, RebasePositions): a position is made
+// of transaction ids of the cluster it was recorded on, which a logical move does not keep.
 
-// ErrPositionsMoved is returned, wrapped, by Prune, RelayOnce and PositionReport.Err when
-// positions of the schema were recorded on another cluster and must be rebased first
-// (RebasePositions, `wmonce rebase`).
-var ErrPositionsMoved = errors.New("outbox: the relay positions were recorded on another cluster (a restore or a move)")
+// ErrPositionsMoved is returned, wrapped, by Prune and RelayOnce while positions of the schema
+// were recorded on another cluster (a restore or a move): run `wmonce rebase` first.
+var ErrPositionsMoved = outboxops.ErrPositionsMoved
 
 // frozenXID is the transaction id RebasePositions gives rows every relay has forwarded whose
 // own id would not be visible to the new positions: PostgreSQL's FrozenTransactionId, below
@@ -51,114 +44,23 @@ func systemIdentifier(ctx context.Context, q rowQuerier) (string, error) {
 	return id.String, nil
 }
 
-// PositionCheck is what CheckPositions found for one position.
-type PositionCheck struct {
-	Name string
-	// Ahead: the position's snapshot is ahead of this cluster's transaction counter: it was
-	// recorded on a cluster whose counter was higher.
-	Ahead bool
-	// HiddenRows counts outbox rows written after the position was recorded (offset above its
-	// offset_high) whose transaction id nevertheless looks visible in it: ids of this cluster
-	// below the old one's. A relay would never read them.
-	HiddenRows int64
-	// FutureRows counts the schema's outbox rows whose transaction id is at or above this
-	// cluster's next one: they were written on another cluster (the same for every position).
-	FutureRows int64
-	// SequenceBehind: the outbox "offset" sequence is below the value recorded with the
-	// position, so rows written from now on could take offsets the position counts as
-	// forwarded: a move that did not carry the sequence over (logical replication does not).
-	SequenceBehind bool
-	// RecordedSystem is the system identifier the position was recorded on ("" unknown), and
-	// SystemChanged whether it differs from this cluster's (false when either is unknown).
-	RecordedSystem string
-	SystemChanged  bool
-}
-
-// Moved reports whether the position was recorded on another cluster in a way that loses or
-// hides rows: it must be rebased (RebasePositions) before the relay may go on. A changed system
-// identifier alone is not: a restore into a cluster whose counter is higher loses nothing, and
-// the relay records the new identifier.
-func (c PositionCheck) Moved() bool {
-	return c.Ahead || c.HiddenRows > 0 || c.FutureRows > 0 || c.SequenceBehind
-}
-
-// Finding describes a moved position and what to do; "" when it is not moved.
-func (c PositionCheck) Finding(schema string) string {
-	if !c.Moved() {
-		return ""
-	}
-	var why []string
-	if c.Ahead {
-		why = append(why, "its snapshot is ahead of this cluster's transaction counter")
-	}
-	if c.HiddenRows > 0 {
-		why = append(why, fmt.Sprintf("%d rows written since look older than it", c.HiddenRows))
-	}
-	if c.FutureRows > 0 {
-		why = append(why, fmt.Sprintf("%d outbox rows carry transaction ids from another cluster", c.FutureRows))
-	}
-	if c.SequenceBehind {
-		why = append(why, "the outbox offset sequence is behind it (not carried over)")
-	}
-	if c.SystemChanged {
-		why = append(why, "recorded on cluster "+c.RecordedSystem)
-	}
-	return fmt.Sprintf("position %q was recorded on another cluster (%s): the relay forwards nothing until `wmonce -schema %s rebase` (outbox.RebasePositions) rebases it",
-		c.Name, strings.Join(why, "; "), schema)
-}
-
-// PositionReport is the result of CheckPositions.
-type PositionReport struct {
-	Schema string
-	// SystemIdentifier is this cluster's ("" when the role may not read pg_control_system).
-	SystemIdentifier string
-	Positions        []PositionCheck
-}
-
-// Moved returns the positions that must be rebased.
-func (r PositionReport) Moved() []PositionCheck {
-	var out []PositionCheck
-	for _, c := range r.Positions {
-		if c.Moved() {
-			out = append(out, c)
-		}
-	}
-	return out
-}
-
-// Err is nil when no position is moved, else ErrPositionsMoved with every finding.
-func (r PositionReport) Err() error {
-	moved := r.Moved()
-	if len(moved) == 0 {
-		return nil
-	}
-	findings := make([]string, len(moved))
-	for i, c := range moved {
-		findings[i] = c.Finding(r.Schema)
-	}
-	return fmt.Errorf("%w: %s", ErrPositionsMoved, strings.Join(findings, "; "))
-}
-
-// CheckPositions reports, for every position of schema (relays and slot positions), whether it
-// was recorded on another cluster: ahead of this cluster's transaction counter, hiding rows
-// written since, with outbox rows from another cluster, or under another system identifier. It
-// only reads. The relay runs it when it starts leading and every minute, and halts while a
-// position is moved; Prune refuses then; Stats, `wmonce status` and `wmonce doctor`, the
-// metrics and the admin page report it.
-func CheckPositions(ctx context.Context, db *sql.DB, schema string) (PositionReport, error) {
+// checkAllPositions is outboxops.CheckPositions: whether each position is ahead of this
+// cluster's transaction counter, hides rows written since, meets outbox rows from another
+// cluster, or was recorded under another system identifier.
+func checkAllPositions(ctx context.Context, db *sql.DB, schema string) (outboxops.PositionReport, error) {
 	if err := checkSchema("check positions", db, &schema); err != nil {
-		return PositionReport{}, err
+		return outboxops.PositionReport{}, err
 	}
 	rep, err := checkPositions(ctx, db, schema, "")
 	if err != nil {
-		return PositionReport{}, fmt.Errorf("outbox: check positions: %w", err)
+		return outboxops.PositionReport{}, fmt.Errorf("outbox: check positions: %w", err)
 	}
 	return rep, nil
 }
 
-// checkPositions is CheckPositions on q, for the position name alone unless name is "".
-func checkPositions(ctx context.Context, q pgtx.Executor, schema, name string) (PositionReport, error) {
-	rep := PositionReport{Schema: schema}
+// checkPositions is checkAllPositions on q, for the position name alone unless name is "".
+func checkPositions(ctx context.Context, q pgtx.Executor, schema, name string) (outboxops.PositionReport, error) {
+	rep := outboxops.PositionReport{Schema: schema}
 	var err error
 	if rep.SystemIdentifier, err = systemIdentifier(ctx, q); err != nil {
 		return rep, err
@@ -170,10 +72,14 @@ func checkPositions(ctx context.Context, q pgtx.Executor, schema, name string) (
 	if err := q.QueryRowContext(ctx, `SELECT count(*) FROM `+ob+` WHERE transaction_id >= pg_snapshot_xmax(pg_current_snapshot())`).Scan(&future); err != nil {
 		return rep, err
 	}
-	type hidden struct{ snapshot, xmax, high string }
+	type hidden struct {
+		snapshot string
+		xmax     uint64 // integers, scanned as such, so that they are safe to write into SQL
+		high     int64
+	}
 	var bounds []hidden
-	rep.Positions, err = pgtx.QueryAll(ctx, q, func(s pgtx.Scanner) (PositionCheck, error) {
-		c := PositionCheck{FutureRows: future}
+	rep.Positions, err = pgtx.QueryAll(ctx, q, func(s pgtx.Scanner) (outboxops.PositionCheck, error) {
+		c := outboxops.PositionCheck{FutureRows: future}
 		var recorded sql.NullString
 		var h hidden
 		err := s.Scan(&c.Name, &c.Ahead, &c.SequenceBehind, &recorded, &h.snapshot, &h.xmax, &h.high)
@@ -197,13 +103,8 @@ ORDER BY o.consumer_group`, name)
 	// the statement so that its plan walks the smaller of the two index ranges (the rows the
 	// position has not passed, or those below its xmax).
 	for i, b := range bounds {
-		if _, err := strconv.ParseUint(b.xmax, 10, 64); err != nil {
-			return rep, fmt.Errorf("position %q: xmax %q: %w", rep.Positions[i].Name, b.xmax, err)
-		}
-		if _, err := strconv.ParseInt(b.high, 10, 64); err != nil {
-			return rep, fmt.Errorf("position %q: offset_high %q: %w", rep.Positions[i].Name, b.high, err)
-		}
-		err := q.QueryRowContext(ctx, `SELECT count(*) FROM `+ob+` t WHERE t."offset" > `+b.high+` AND t.transaction_id < '`+b.xmax+`'::xid8
+		err := q.QueryRowContext(ctx, `SELECT count(*) FROM `+ob+` t WHERE t."offset" > `+strconv.FormatInt(b.high, 10)+
+			` AND t.transaction_id < '`+strconv.FormatUint(b.xmax, 10)+`'::xid8
     AND pg_visible_in_snapshot(t.transaction_id, $1::pg_snapshot)`, b.snapshot).Scan(&rep.Positions[i].HiddenRows)
 		if err != nil {
 			return rep, err
@@ -212,66 +113,26 @@ ORDER BY o.consumer_group`, name)
 	return rep, nil
 }
 
-// RebaseReport is what RebasePositions did.
-type RebaseReport struct {
-	Schema string
-	// Positions lists the positions rebased (every position of the schema); empty when none was
-	// moved and nothing was done.
-	Positions []string
-	// Republished counts the outbox rows given this cluster's transaction id because some relay
-	// of their source had not provably forwarded them (or they were written after the move):
-	// the relays forward them again, in insertion order. Rows already forwarded may be among
-	// them; the consumers' claims absorb the copies.
-	Republished int64
-	// Frozen counts the rows every relay had forwarded whose transaction id was from another
-	// cluster: given a frozen id, they count as forwarded and Prune may delete them.
-	Frozen int64
-	// SystemIdentifier is the identifier recorded ("" when the role may not read it), and
-	// Rerecorded whether only that changed (a restore into a cluster with a higher counter:
-	// nothing to rebase).
-	SystemIdentifier string
-	Rerecorded       bool
-}
-
-// RebasePositions rebases every position of schema on this cluster after a restore or a move
-// that CheckPositions reports, in one transaction with the positions locked:
-//   - every outbox row that is not provably forwarded by every relay of its source (not visible
-//     in a relay's snapshot, or written after the position was recorded, or of no relay and
-//     from another cluster) gets this transaction's id, so the relays forward it once the
-//     rebase commits, in insertion order;
-//   - every row all its relays forwarded whose id is not visible in the new positions gets a
-//     frozen id, so that it counts as forwarded and Prune may delete it;
-//   - when the outbox "offset" sequence is behind the positions (a move that did not carry it
-//     over, as logical replication does not), every row at or below its value may have been
-//     written since and is republished, under new offsets above every existing one, and the
-//     sequence is moved on;
-//   - every position is reset to this cluster's current snapshot, its round in progress
-//     dropped, and the cluster's system identifier recorded.
-//
-// Nothing unforwarded is lost; a row a relay had published in a round still in progress may be
-// published again, which the consumers' claims absorb. Relays may keep running: they halt while
-// the positions are moved and go on, from the new positions, once they check again (within a
-// minute). When no position is moved it changes nothing, except recording a changed system
-// identifier (a restore into a cluster whose counter is higher needs nothing else). Rows in
-// outbox_held, outbox_delayed and outbox_rejected keep their transaction ids: they are published
-// by their own order (seq, due time), never by transaction id.
-func RebasePositions(ctx context.Context, db *sql.DB, schema string) (RebaseReport, error) {
+// rebasePositions is outboxops.RebasePositions. Rows are provably forwarded by a relay when
+// visible in its snapshot and written before it was recorded; every position is reset to this
+// cluster's current snapshot, its round in progress dropped.
+func rebasePositions(ctx context.Context, db *sql.DB, schema string) (outboxops.RebaseReport, error) {
 	if err := checkSchema("rebase positions", db, &schema); err != nil {
-		return RebaseReport{}, err
+		return outboxops.RebaseReport{}, err
 	}
-	var rep RebaseReport
+	var rep outboxops.RebaseReport
 	err := pgtx.RunInTx(ctx, db, &sql.TxOptions{Isolation: sql.LevelRepeatableRead}, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
-		rep = RebaseReport{Schema: schema}
+		rep = outboxops.RebaseReport{Schema: schema}
 		return rebasePositionsTx(ctx, tx, schema, &rep)
 	})
 	if err != nil {
-		return RebaseReport{}, fmt.Errorf("outbox: rebase positions: %w", err)
+		return outboxops.RebaseReport{}, fmt.Errorf("outbox: rebase positions: %w", err)
 	}
 	return rep, nil
 }
 
-// rebasePositionsTx is RebasePositions in its repeatable-read transaction.
-func rebasePositionsTx(ctx context.Context, tx *sql.Tx, schema string, rep *RebaseReport) error {
+// rebasePositionsTx is rebasePositions in its repeatable-read transaction.
+func rebasePositionsTx(ctx context.Context, tx *sql.Tx, schema string, rep *outboxops.RebaseReport) error {
 	offsets := pgtx.QualifiedName(schema, "outbox_offsets")
 	// The lock comes before the transaction's snapshot (taken by its first query), so the
 	// snapshot sees every position update that committed before it; relays' updates wait.
@@ -309,14 +170,11 @@ func rebasePositionsTx(ctx context.Context, tx *sql.Tx, schema string, rep *Reba
 		}
 	}
 	// Slot positions lose their pending mark too (offset_acked NULL): the next
-	// AdvanceSlotPosition takes a new one on this cluster.
-	var system any
-	if check.SystemIdentifier != "" {
-		system = check.SystemIdentifier
-	}
+	// advanceSlotPosition takes a new one on this cluster. An unknown system identifier ("")
+	// is recorded as NULL.
 	_, err = tx.ExecContext(ctx, `UPDATE `+offsets+` SET snapshot = $1::pg_snapshot, target_snapshot = NULL, target_offset = NULL,
     last_processed_transaction_id = pg_snapshot_xmin($1::pg_snapshot), offset_acked = CASE WHEN consumer_group LIKE '`+outboxops.SlotPositionPrefix+`%' THEN NULL ELSE 0 END,
-    offset_high = $2::bigint, system_identifier = $3::bigint`, snap, high, system)
+    offset_high = $2::bigint, system_identifier = nullif($3, '')::bigint`, snap, high, check.SystemIdentifier)
 	if err != nil {
 		return fmt.Errorf("reset positions: %w", err)
 	}
@@ -324,7 +182,7 @@ func rebasePositionsTx(ctx context.Context, tx *sql.Tx, schema string, rep *Reba
 }
 
 // rerecordSystem, when no position moved, records a changed system identifier and nothing else.
-func rerecordSystem(ctx context.Context, tx *sql.Tx, offsets string, check PositionReport, rep *RebaseReport) error {
+func rerecordSystem(ctx context.Context, tx *sql.Tx, offsets string, check outboxops.PositionReport, rep *outboxops.RebaseReport) error {
 	for _, c := range check.Positions {
 		rep.Rerecorded = rep.Rerecorded || c.SystemChanged
 	}
@@ -365,7 +223,7 @@ func moveOffsetSequenceOn(ctx context.Context, tx *sql.Tx, schema string) (suspe
 // rewriteOutboxRows gives the rows not forwarded by all their relays this transaction's id
 // (under new offsets above base when suspect is valid) and a frozen id to the forwarded ones
 // the new positions would not see as forwarded.
-func rewriteOutboxRows(ctx context.Context, tx *sql.Tx, schema, snap string, suspect, base sql.NullInt64, rep *RebaseReport) error {
+func rewriteOutboxRows(ctx context.Context, tx *sql.Tx, schema, snap string, suspect, base sql.NullInt64, rep *outboxops.RebaseReport) error {
 	ob := pgtx.QualifiedName(schema, "outbox")
 	offsets := pgtx.QualifiedName(schema, "outbox_offsets")
 	// A relay (or slot position) forwarded a row when the row is visible in its snapshot

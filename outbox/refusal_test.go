@@ -63,16 +63,16 @@ func TestRelaySetsAsideWhatThePublisherRefusesForGood(t *testing.T) {
 	require.NotNil(t, rejected[0].Payload)
 	require.Zero(t, relayOnce(t, r), "a rejected row is not tried again")
 
-	res, err := outbox.RepublishRejected(ctx, db, schema, outbox.RepublishRequest{Relay: "relay", Offsets: []int64{rejected[0].Offset}, DryRun: true})
+	res, err := outboxops.RepublishRejected(ctx, db, schema, outboxops.RepublishRequest{Relay: "relay", Offsets: []int64{rejected[0].Offset}, DryRun: true})
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Republished)
 	require.Equal(t, 1, pgtest.Count(t, db, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "outbox_rejected")), "a dry run changes nothing")
 
 	refuse.Store(false)
 	publishTx(t, db, w, "a", "k-4")
-	res, err = outbox.RepublishRejected(ctx, db, schema, outbox.RepublishRequest{Relay: "relay", Offsets: []int64{rejected[0].Offset}})
+	res, err = outboxops.RepublishRejected(ctx, db, schema, outboxops.RepublishRequest{Relay: "relay", Offsets: []int64{rejected[0].Offset}})
 	require.NoError(t, err)
-	require.Equal(t, outbox.RepublishResult{Republished: 1, Offsets: []int64{rejected[0].Offset}}, res)
+	require.Equal(t, outboxops.RepublishResult{Republished: 1, Offsets: []int64{rejected[0].Offset}}, res)
 	relayOnce(t, r)
 	require.Equal(t, []string{"a/k-1", "a/k-3", "b/b-1", "a/k-4", "a/bad"}, s.all(), "republished at the end, with its UUID")
 	rejected, err = outboxops.ListRejected(ctx, db, schema, outboxops.RejectedFilter{}, 10, false)
@@ -110,7 +110,7 @@ func TestRepublishRemovesMetadataAndLeavesUndecodableRows(t *testing.T) {
 	require.Empty(t, s.all())
 	require.Equal(t, uint64(2), r.Counters().Rejected)
 
-	res, err := outbox.RepublishRejected(ctx, db, schema, outbox.RepublishRequest{Relay: "relay", All: true, RemoveMetadata: []string{"_watermill_message_uuid"}})
+	res, err := outboxops.RepublishRejected(ctx, db, schema, outboxops.RepublishRequest{Relay: "relay", All: true, RemoveMetadata: []string{"_watermill_message_uuid"}})
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Republished)
 	require.Len(t, res.Undecodable, 1)
@@ -123,7 +123,7 @@ func TestRepublishRemovesMetadataAndLeavesUndecodableRows(t *testing.T) {
 	require.Len(t, left, 1)
 	require.Equal(t, "foreign", left[0].UUID)
 
-	_, err = outbox.RepublishRejected(ctx, db, schema, outbox.RepublishRequest{Relay: "relay"})
+	_, err = outboxops.RepublishRejected(ctx, db, schema, outboxops.RepublishRequest{Relay: "relay"})
 	require.ErrorContains(t, err, "give the offsets")
 }
 

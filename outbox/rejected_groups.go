@@ -90,7 +90,7 @@ func republishRejectedGroup(ctx context.Context, db *sql.DB, schema string, req 
 	if len(res.Offsets) == 0 {
 		return res, nil
 	}
-	r, err := RepublishRejected(ctx, db, schema, RepublishRequest{Relay: res.Relay, Offsets: res.Offsets, DryRun: req.DryRun})
+	r, err := republishRejected(ctx, db, schema, outboxops.RepublishRequest{Relay: res.Relay, Offsets: res.Offsets, DryRun: req.DryRun})
 	if err != nil {
 		return outboxops.RejectedGroupResult{}, err
 	}
@@ -112,17 +112,10 @@ func discardRejectedGroup(ctx context.Context, db *sql.DB, schema string, req ou
 	if err := failgroup.CheckFingerprint(req.Fingerprint); err != nil {
 		return outboxops.RejectedGroupResult{}, fmt.Errorf("outbox: discard rejected group: %w", err)
 	}
-	if req.DryRun {
-		res, err := groupRows(ctx, db, schema, req)
-		if err != nil {
-			return outboxops.RejectedGroupResult{}, fmt.Errorf("outbox: discard rejected group: %w", err)
-		}
-		return res, nil
-	}
 	var res outboxops.RejectedGroupResult
 	err := pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
 		var err error
-		if res, err = groupRows(ctx, tx, schema, req); err != nil || len(res.Offsets) == 0 {
+		if res, err = groupRows(ctx, tx, schema, req); err != nil || len(res.Offsets) == 0 || req.DryRun {
 			return err
 		}
 		// The rows the DELETE removed, not those read above: a concurrent discard or republish

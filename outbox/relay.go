@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/internal/replan"
 	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/internal/testsignal"
@@ -22,56 +23,31 @@ type RelayCounters struct {
 	Forwarded uint64 // messages published
 	Rounds    uint64 // batches read
 	Failures  uint64 // failed publish or database attempts (each retried)
-	// Rejected counts rows set aside in outbox_rejected: rows that could not be decoded, and
-	// rows the publisher refused for good (RelayConfig.IsPermanent).
-	Rejected uint64
-	// Held counts rows copied into outbox_held because their topic was failing; HeldTopics is
-	// how many topics are held right now (their rows wait there, the other topics go on).
-	Held       uint64
-	HeldTopics int
-	// OtherSource counts rows of other sources passed over (RelayConfig.Source).
-	OtherSource uint64
+	Rejected  uint64 // rows set aside in outbox_rejected (undecodable or refused for good)
+	// Held counts rows copied into outbox_held because their topic failed; HeldTopics is how
+	// many topics are held now.
+	Held        uint64
+	HeldTopics  int
+	OtherSource uint64 // rows of other sources passed over
 	Fenced      uint64 // position updates refused because another relay moved the position
-	// Rechecks counts the short waits of a relay that had just asked for notifications, for
-	// transactions in progress at that moment (they may have stored rows without notifying).
-	Rechecks uint64
-	// Delayed counts rows read before they were due and set aside in outbox_delayed (package
-	// doc, Delayed delivery); they are counted in Forwarded once published.
-	Delayed uint64
-	// Paused is true while the active relay is paused (PauseRelay): it publishes nothing.
-	Paused bool
-	// Moved is true while the relay's position was recorded on another cluster (a restore or
-	// a move, CheckPositions): it forwards nothing until RebasePositions (`wmonce rebase`).
-	Moved    bool
-	IsLeader bool
-	// Listening is true while the active relay's LISTEN connection is up: it then wakes when a
-	// Writer's transaction commits, not after PollInterval.
-	Listening  bool
-	LastRelays time.Time
+	Rechecks    uint64 // short waits for transactions in progress when it asked for notifications
+	Delayed     uint64 // rows set aside in outbox_delayed until due
+	Paused      bool   // the active relay is paused: it publishes nothing
+	Moved       bool   // the position was recorded on another cluster: it forwards nothing
+	IsLeader    bool
+	Listening   bool // its LISTEN connection is up: a commit wakes it
+	LastRelays  time.Time
 }
 
 // Relay forwards committed outbox rows to a Watermill publisher.
 //
 // Guarantee: every committed row is published at least once, with the UUID and metadata it was
-// stored with, in the order the package doc states (Order: round by round, insertion order
-// within a round, commit order for producers that serialise on a lock and write their outbox
-// rows after taking it; a long transaction elsewhere does not delay a row). The position is
-// recorded after publishing, so a relay that dies between publishing and recording publishes
-// the same rows again: consumers must absorb copies (the effectively-once middleware does). A
-// relay stopped by Close or its context still records the batch the broker accepted (waiting up
-// to 5s for that update), so a clean stop republishes nothing. A topic the publisher fails for
-// is held and a row it refuses for good, or that cannot be decoded, is rejected, while the
-// other rows go on (package doc, When the broker refuses); every hold and every rejection is
-// logged at error level and counted (RelayCounters): nothing is dropped silently.
-//
-// The active relay LISTENs (package doc, Waking up) on a second connection of the pool and
-// polls every PollInterval only as a fallback; a lost LISTEN connection is logged, counted in
-// Failures and re-established with backoff, the relay polling meanwhile.
-//
-// One active instance per Name: the relay holds a session-level advisory lock while active;
-// standbys poll for it. The position update is fenced (compare-and-set), so even two instances
-// that both believe they lead never move the position backwards. The position is a snapshot
-// (outbox_offsets.snapshot), plus the round in progress when a round spans several batches.
+// stored with, in the package doc's order; nothing is dropped silently (a failing topic is held,
+// a row refused for good is rejected, each logged and counted). Where it stops: the position is
+// recorded after publishing, so a relay that dies in between publishes the last batch again and
+// consumers must absorb copies; a clean stop (Close, ctx) still records what the broker accepted.
+// One instance per Name leads (an advisory lock; standbys wait), and the fenced position update
+// never moves backwards even when two believe they lead.
 type Relay struct {
 	db        *sql.DB
 	publisher message.Publisher
@@ -114,7 +90,7 @@ type relayTestSignals struct {
 	Waiting       testsignal.Signal[relayWait] // the leading relay starts waiting
 	Paused        testsignal.Signal[struct{}]  // the leading relay found itself paused and waits
 	// Halted: the relay found its position moved to another cluster and forwards nothing.
-	Halted testsignal.Signal[PositionCheck]
+	Halted testsignal.Signal[outboxops.PositionCheck]
 }
 
 // relayWait is what a relay that starts waiting waits for (relayTestSignals.Waiting).
@@ -123,8 +99,8 @@ type relayWait struct {
 	Recheck   bool // a short wait before reading again for transactions in progress (wakeup)
 }
 
-// NewRelay returns a relay that forwards the outbox in config.Schema to publisher. The
-// publisher is not closed by the relay.
+// NewRelay returns a relay that forwards the outbox in config.Schema to publisher, which it
+// does not close.
 func NewRelay(db *sql.DB, publisher message.Publisher, config RelayConfig, logger watermill.LoggerAdapter) (*Relay, error) {
 	logger, err := setup.Component(db, "outbox: relay db is nil", &config, (*RelayConfig).setDefaults, "outbox: invalid relay config", logger)
 	if err != nil {
@@ -177,7 +153,7 @@ func (r *Relay) Counters() RelayCounters {
 	}
 }
 
-// Name is the relay's position name (RelayConfig.Name), the label its metrics carry.
+// Name is the relay's RelayConfig.Name, the label its metrics carry.
 func (r *Relay) Name() string { return r.config.Name }
 
 // replanned puts replan.For before args, for the reads of tables whose size changes by the

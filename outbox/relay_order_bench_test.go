@@ -15,7 +15,7 @@ import (
 )
 
 // BenchmarkProducerOrderLock measures what a producer pays for a stronger order than the
-// relay's default (see the package doc, Order). Each transaction claims a message, writes one
+// relay's default (docs/outbox-relay.md, The relay's order). Each transaction claims a message, writes one
 // outbox row and commits, from 8 concurrent goroutines. "none" takes no extra lock: commit order
 // per key holds only for producers that already serialise. "per-key" takes
 // pg_advisory_xact_lock on one of 16 keys before the outbox write: commit order per key for

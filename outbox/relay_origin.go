@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/wmonce/watermill-once/internal/outboxops"
 )
 
 // originInterval is how often a leading relay checks that its position was recorded on this
@@ -31,29 +33,43 @@ func (r *Relay) checkOrigin(ctx context.Context, conn *sql.Conn) (bool, error) {
 	}
 	c := rep.Positions[0]
 	if c.Moved() {
-		r.moved.Store(true)
-		if last := r.movedLogged.Load(); last == 0 || time.Since(time.Unix(0, last)) >= originInterval {
-			r.movedLogged.Store(time.Now().UnixNano())
-			r.logger.Error("Relay halted: its position is not of this cluster", ErrPositionsMoved,
-				watermill.LogFields{"finding": c.Finding(r.config.Schema), "run": "wmonce -schema " + r.config.Schema + " rebase"})
-		}
-		r.testSignals.Halted.Signal(c)
+		r.halt(c)
 		return true, nil
 	}
 	if r.moved.Swap(false) {
 		r.movedLogged.Store(0)
 		r.logger.Info("Relay position rebased on this cluster: forwarding again", nil)
 	}
-	if rep.SystemIdentifier != "" && (c.SystemChanged || c.RecordedSystem == "") {
-		if _, err := conn.ExecContext(ctx, r.q.recordSystem, r.config.Name, rep.SystemIdentifier); err != nil {
-			return false, fmt.Errorf("outbox: record system identifier: %w", err)
-		}
-		if c.SystemChanged {
-			r.logger.Info("Relay position restored into another cluster whose transaction counter is higher: nothing to rebase, its system identifier recorded",
-				watermill.LogFields{"recorded": c.RecordedSystem, "now": rep.SystemIdentifier})
-		}
+	return false, r.recordSystem(ctx, conn, rep.SystemIdentifier, c)
+}
+
+// halt marks the relay as halted by a moved position, and logs it at most once per
+// originInterval.
+func (r *Relay) halt(c outboxops.PositionCheck) {
+	r.moved.Store(true)
+	if last := r.movedLogged.Load(); last == 0 || time.Since(time.Unix(0, last)) >= originInterval {
+		r.movedLogged.Store(time.Now().UnixNano())
+		r.logger.Error("Relay halted: its position is not of this cluster", ErrPositionsMoved,
+			watermill.LogFields{"finding": c.Finding(r.config.Schema), "run": "wmonce -schema " + r.config.Schema + " rebase"})
 	}
-	return false, nil
+	r.testSignals.Halted.Signal(c)
+}
+
+// recordSystem records this cluster's system identifier with the position when it is known
+// and the position has another or none: a restore into a cluster whose counter is higher
+// needs nothing else.
+func (r *Relay) recordSystem(ctx context.Context, conn *sql.Conn, system string, c outboxops.PositionCheck) error {
+	if system == "" || !c.SystemChanged && c.RecordedSystem != "" {
+		return nil
+	}
+	if _, err := conn.ExecContext(ctx, r.q.recordSystem, r.config.Name, system); err != nil {
+		return fmt.Errorf("outbox: record system identifier: %w", err)
+	}
+	if c.SystemChanged {
+		r.logger.Info("Relay position restored into another cluster whose transaction counter is higher: nothing to rebase, its system identifier recorded",
+			watermill.LogFields{"recorded": c.RecordedSystem, "now": system})
+	}
+	return nil
 }
 
 // waitOrigin checks the position and, while it is moved, waits and checks again, forwarding

@@ -113,7 +113,7 @@ LIMIT $4`,
 WHERE consumer_group = $1 AND snapshot::text = $5
   AND target_snapshot::text IS NOT DISTINCT FROM $6 AND target_offset IS NOT DISTINCT FROM $7`,
 		reject: `INSERT INTO ` + rejected + ` (relay, "offset", transaction_id, uuid, payload, metadata, error, topic, source)
-VALUES ($1, $2, $3::xid8, $4, $5::json, $6::json, $7, $8, $9) ON CONFLICT DO NOTHING`,
+VALUES ($1, $2, $3::xid8, $4, nullif($5, '')::json, $6::json, $7, nullif($8, ''), $9) ON CONFLICT DO NOTHING`,
 		// The rows are copied from the outbox (by primary key), in the order given, so that seq
 		// follows the relay's order. A row held already (the position update after holding it
 		// failed, and the batch is read again) is not copied twice.

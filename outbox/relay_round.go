@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmonce/watermill-once/internal/tracing"
+	"github.com/wmonce/watermill-once/pgtx"
 )
 
 // recordTimeout bounds the position update after a publish, which outlives a cancelled context.
@@ -79,10 +80,7 @@ func (r *Relay) round(ctx context.Context, conn *sql.Conn, s *session, ask bool)
 		}
 	}
 	r.lastRelay.SetNow()
-	if err := r.checkSources(ctx, conn, s); err != nil {
-		return len(rows), snap, err
-	}
-	return len(rows), snap, nil
+	return len(rows), snap, r.checkSources(ctx, conn, s)
 }
 
 // readPosition reads the relay's position and whether it is paused (into s); with ask, the
@@ -183,20 +181,16 @@ func (r *Relay) publishLanes(ctx context.Context, topic string, msgs []*message.
 // read returns the snapshot of the round and up to BatchSize+1 of its rows from pos: a new
 // round (and its snapshot) when pos has no target, else the rest of the round in progress.
 func (r *Relay) read(ctx context.Context, conn *sql.Conn, pos position) (string, []outboxRow, error) {
-	var rs *sql.Rows
-	var err error
 	snap := pos.target.String
+	var query string
+	var args []any
 	if pos.target.Valid {
-		rs, err = conn.QueryContext(ctx, r.q.readRest, r.replanned(pos.prev, pos.target.String, pos.last.Int64, r.config.BatchSize+1, r.config.Source)...)
+		query, args = r.q.readRest, r.replanned(pos.prev, pos.target.String, pos.last.Int64, r.config.BatchSize+1, r.config.Source)
 	} else {
-		rs, err = conn.QueryContext(ctx, r.q.readRound, r.replanned(pos.prev, r.config.BatchSize+1, r.config.Source)...)
+		query, args = r.q.readRound, r.replanned(pos.prev, r.config.BatchSize+1, r.config.Source)
 	}
-	if err != nil {
-		return "", nil, fmt.Errorf("outbox: read outbox: %w", err)
-	}
-	defer rs.Close()
 	out := make([]outboxRow, 0, r.config.BatchSize+1)
-	for rs.Next() {
+	err := pgtx.QueryEach(ctx, conn, func(s pgtx.Scanner) error {
 		var row outboxRow
 		var offset sql.NullInt64
 		var txID, uuid, source, payload sql.NullString
@@ -204,17 +198,16 @@ func (r *Relay) read(ctx context.Context, conn *sql.Conn, pos position) (string,
 		if !pos.target.Valid {
 			dest = append([]any{&snap}, dest...)
 		}
-		if err := rs.Scan(dest...); err != nil {
-			return "", nil, fmt.Errorf("outbox: scan outbox row: %w", err)
-		}
-		if !offset.Valid { // relayQueries.readRound's row for an empty round: the snapshot alone
-			continue
+		// No offset: relayQueries.readRound's row for an empty round, the snapshot alone.
+		if err := s.Scan(dest...); err != nil || !offset.Valid {
+			return err
 		}
 		row.offset, row.txID, row.uuid, row.payload = offset.Int64, txID.String, uuid.String, payload.String
 		row.source, row.mine = source.String, source.String == r.config.Source
 		out = append(out, row)
-	}
-	if err := rs.Err(); err != nil {
+		return nil
+	}, query, args...)
+	if err != nil {
 		return "", nil, fmt.Errorf("outbox: read outbox: %w", err)
 	}
 	return snap, out, nil
@@ -270,27 +263,17 @@ func (r *Relay) decodeRun(ctx context.Context, conn *sql.Conn, s *session, rows 
 // reject copies row into outbox_rejected with the reason: it could not be decoded (topic ""),
 // or the publisher refused it for good.
 func (r *Relay) reject(ctx context.Context, conn *sql.Conn, row outboxRow, topic string, cause error) error {
-	var payload, metadata, dest any
-	if row.payload != "" {
-		payload = row.payload
-	}
-	if row.metadata.Valid {
-		metadata = row.metadata.String
-	}
-	if topic != "" {
-		dest = topic
-	}
-	if _, err := conn.ExecContext(ctx, r.q.reject, r.config.Name, row.offset, row.txID, row.uuid, payload, metadata, cause.Error(), dest, row.source); err != nil {
+	// An empty payload or topic is stored as NULL (nullif), as a NULL metadata stays NULL.
+	if _, err := conn.ExecContext(ctx, r.q.reject, r.config.Name, row.offset, row.txID, row.uuid, row.payload, row.metadata, cause.Error(), topic, row.source); err != nil {
 		return fmt.Errorf("outbox: record rejected row %s: %w", row.uuid, err)
 	}
 	r.rejected.Add(1)
 	r.testSignals.RowRejected.Signal(row.uuid)
-	if topic == "" {
-		r.logger.Error("Outbox row rejected: it cannot be decoded; set aside in outbox_rejected", cause, watermill.LogFields{"uuid": row.uuid, "offset": row.offset})
-	} else {
-		r.logger.Error("Outbox row rejected: the broker refuses it for good; set aside in outbox_rejected, the rows behind it go on", cause,
-			watermill.LogFields{"uuid": row.uuid, "offset": row.offset, "topic": topic})
+	why, fields := "Outbox row rejected: it cannot be decoded; set aside in outbox_rejected", watermill.LogFields{"uuid": row.uuid, "offset": row.offset}
+	if topic != "" {
+		why, fields["topic"] = "Outbox row rejected: the broker refuses it for good; set aside in outbox_rejected, the rows behind it go on", topic
 	}
+	r.logger.Error(why, cause, fields)
 	return nil
 }
 

@@ -12,15 +12,12 @@ import (
 	"github.com/wmonce/watermill-once/internal/pgnotify"
 )
 
-// Close stops Run and waits for it to return. It is idempotent and final: a Run after Close
-// returns nil at once.
+// Close stops Run and waits for it to return. It is idempotent and final.
 func (r *Relay) Close() error { return r.life.Close() }
 
-// Run forwards rows until ctx is cancelled or Close is called. It returns nil on a clean stop.
-// Database and publish errors are retried with backoff, never returned; the one error it
-// returns is ErrRelaySource, for a Name registered by a relay of another Source, which no
-// retry can fix. One Run at a time: a second concurrent Run returns an error; Run may be
-// called again after it returned.
+// Run forwards rows until ctx is cancelled or Close is called, and returns nil then. Database
+// and publish errors are retried with backoff; the one error it returns is ErrRelaySource. One
+// Run at a time.
 func (r *Relay) Run(ctx context.Context) error {
 	return r.life.Run(ctx, func(ctx context.Context) error {
 		// A standby never leads while the other Source's relay does: check before waiting for
@@ -45,9 +42,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	})
 }
 
-// ErrRelaySource is returned by Run and RelayOnce when the relay's Name is registered in
-// outbox_offsets for another Source than the relay's (RelayConfig.Source): two services that
-// share a schema gave their relays one name. Give each its own RelayConfig.Name.
+// ErrRelaySource is returned by Run and RelayOnce when the relay's Name is registered for
+// another RelayConfig.Source: give each service's relay its own Name.
 var ErrRelaySource = errors.New("outbox: this relay name forwards another source")
 
 // rowQuerier is the part of *sql.DB and *sql.Conn that register uses.
@@ -211,11 +207,10 @@ func (r *Relay) listen(ctx context.Context) (wake <-chan struct{}, stop func()) 
 	return ch, func() { cancel(); <-done }
 }
 
-// RelayOnce tries each held topic once (publishing up to one batch of its held rows) and
-// forwards at most one batch of the outbox, without taking leadership, and returns how many
-// rows it published, held, rejected or passed over. It is meant for tests, the CLI and callers
-// with their own scheduling; running it beside an active Run of the same Name can publish rows
-// twice (never lose them).
+// RelayOnce tries each held topic once and forwards at most one batch, without taking
+// leadership, and returns how many rows it published, held, rejected or passed over: for tests,
+// the CLI and callers with their own scheduling. Beside a Run of the same Name it can publish
+// rows twice (never lose them).
 func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	conn, err := r.db.Conn(ctx)
 	if err != nil {
@@ -237,7 +232,7 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	}
 	if moved, err := r.checkOrigin(ctx, conn); err != nil || moved {
 		if moved {
-			err = fmt.Errorf("%w: relay %q forwards nothing: run `wmonce -schema %s rebase` (outbox.RebasePositions)", ErrPositionsMoved, r.config.Name, r.config.Schema)
+			err = fmt.Errorf("%w: relay %q forwards nothing: run `wmonce -schema %s rebase`", ErrPositionsMoved, r.config.Name, r.config.Schema)
 		}
 		return 0, err
 	}

@@ -8,74 +8,26 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
-// RepublishRequest selects rejected rows of one relay to store again in the outbox.
-type RepublishRequest struct {
-	// Relay is the relay that rejected the rows (as `wmonce outbox rejected` lists it). Required.
-	Relay string
-	// Offsets are the rejected rows' outbox offsets (their offset column). Give them, or All.
-	Offsets []int64
-	// All selects every row the relay rejected.
-	All bool
-	// RemoveMetadata names metadata keys removed from each message before it is stored again:
-	// for a row refused because of its metadata, such as a key the broker reserves
-	// (_watermill_message_uuid on Kafka). Nothing else is changed.
-	RemoveMetadata []string
-	// PartitionKeyField is the Writer's Config.PartitionKeyField for rows whose original
-	// outbox row retention has deleted (while it is there, its partition_key is kept): the
-	// partition_key column Debezium keys records by. Give the producers' value. Default
-	// "partition_key".
-	PartitionKeyField string
-	// DryRun counts what would be republished and changes nothing.
-	DryRun bool
-}
-
-// RepublishResult says what RepublishRejected did (or, for a dry run, would do).
-type RepublishResult struct {
-	// Republished counts the rows this call stored again in the outbox and removed from
-	// outbox_rejected: len(Offsets).
-	Republished int
-	// Offsets are those rows' offsets in outbox_rejected, in order: what this call's
-	// transaction deleted there (a row another call republished first is not among them).
-	Offsets []int64
-	// Undecodable lists the offsets of selected rows that are not a message the relay can
-	// decode or the Writer can store: republishing them would only reject them again, so they
-	// stay in outbox_rejected.
-	Undecodable []int64
-}
-
-// RepublishRejected stores the selected rows of outbox_rejected in the outbox again, as new
-// rows (same UUID, payload and metadata, less RemoveMetadata, and the same source) at the end of
-// the outbox, and removes them from outbox_rejected, all in one transaction; idle relays are
-// woken when it commits. Fix what made the broker refuse them first (create the topic, raise
-// the size limit, remove the reserved key): a row refused again is rejected again.
-//
-// The rows are stored by the Writer's own insert (a Writer of the row's source), so they carry
-// every column a PublishTx row carries (the envelope the Relay reads and migration 013's
-// columns Debezium reads); they are not stamped again (no new occurred_at or trace context).
-// The partition key is the original row's while retention keeps it, else as
-// req.PartitionKeyField says.
-// The rows are locked first, so that of concurrent calls for the same rows one republishes
-// them and the others report none.
-//
-// The new rows are forwarded by every relay of their source, after every row committed before
-// them: a later row of the same key that went on while the row was set aside is now before it,
-// and a relay that had forwarded the original (another relay name) forwards a copy, which
-// consumers deduplicate by UUID.
-func RepublishRejected(ctx context.Context, db *sql.DB, schema string, req RepublishRequest) (RepublishResult, error) {
+// republishRejected is outboxops.RepublishRejected. The rows are stored by the Writer's own
+// insert (a Writer of the row's source), so they carry every column a PublishTx row carries,
+// and are not stamped again; they are locked first, so that of concurrent calls for the same
+// rows one republishes them and the others report none.
+func republishRejected(ctx context.Context, db *sql.DB, schema string, req outboxops.RepublishRequest) (outboxops.RepublishResult, error) {
 	if err := checkRelayName("republish rejected", db, &schema, req.Relay); err != nil {
-		return RepublishResult{}, err
+		return outboxops.RepublishResult{}, err
 	}
-	if err := req.check(); err != nil {
-		return RepublishResult{}, err
+	if err := checkRepublishRequest(req); err != nil {
+		return outboxops.RepublishResult{}, err
 	}
 	rejected := pgtx.QualifiedName(schema, "outbox_rejected")
-	var res RepublishResult
+	var res outboxops.RepublishResult
 	err := pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
-		res = RepublishResult{Offsets: []int64{}}
+		res = outboxops.RepublishResult{Offsets: []int64{}}
 		// The original row, while retention keeps it, gives the partition key it was stored with.
 		rows, err := pgtx.QueryAll(ctx, tx, scanRejectedCopy, `SELECT r."offset", r.source, r.payload::text, coalesce(o.partition_key, '')
 FROM `+rejected+` r LEFT JOIN `+pgtx.QualifiedName(schema, "outbox")+` o ON o."offset" = r."offset" AND o.uuid = r.uuid
@@ -102,19 +54,16 @@ WHERE r.relay = $1 AND ($2 OR r."offset" = ANY($3::bigint[])) ORDER BY r."offset
 		return err
 	})
 	if err != nil {
-		return RepublishResult{}, fmt.Errorf("outbox: republish rejected: %w", err)
+		return outboxops.RepublishResult{}, fmt.Errorf("outbox: republish rejected: %w", err)
 	}
 	return res, nil
 }
 
-// check refuses a request that names no rows, names them twice over, or a metadata key that
-// is not a plain name.
-func (req RepublishRequest) check() error {
-	if len(req.Offsets) == 0 && !req.All {
-		return errors.New("outbox: republish rejected: give the offsets of the rows to republish, or All")
-	}
-	if len(req.Offsets) > 0 && req.All {
-		return errors.New("outbox: republish rejected: give offsets or All, not both")
+// checkRepublishRequest refuses a request that names no rows, names them twice over, or a
+// metadata key that is not a plain name.
+func checkRepublishRequest(req outboxops.RepublishRequest) error {
+	if (len(req.Offsets) > 0) == req.All {
+		return errors.New("outbox: republish rejected: give the offsets of the rows to republish, or All (not both)")
 	}
 	for _, k := range req.RemoveMetadata {
 		if err := setup.CheckName("metadata key to remove", k); err != nil {
@@ -126,7 +75,7 @@ func (req RepublishRequest) check() error {
 
 // prepareCopies prepares each row with a Writer of its source, one per source; the rows that
 // cannot be stored go to res.Undecodable, the others to the copies and res.Offsets.
-func prepareCopies(rows []rejectedCopy, schema string, req RepublishRequest, res *RepublishResult) (map[string]*Writer, []rejectedCopy) {
+func prepareCopies(rows []rejectedCopy, schema string, req outboxops.RepublishRequest, res *outboxops.RepublishResult) (map[string]*Writer, []rejectedCopy) {
 	writers := map[string]*Writer{}
 	var copies []rejectedCopy
 	for _, r := range rows {
@@ -202,7 +151,7 @@ func (r *rejectedCopy) prepare(w *Writer, remove []string) bool {
 	for _, k := range remove {
 		delete(msg.Metadata, k)
 	}
-	if w.CheckTopic(topic) != nil || checkMessage(msg) != nil {
+	if w.checkBatch(topic, []*message.Message{msg}, false) != nil { // what the Writer would refuse
 		return false
 	}
 	r.topic, r.msg = topic, msg

@@ -85,7 +85,7 @@ func TestRepublishedRowsCarryTheWritersColumns(t *testing.T) {
 
 	// The CLI's and the admin page's default PartitionKeyField: the original rows are still
 	// there, and give their partition keys.
-	res, err := outbox.RepublishRejected(ctx, db, schema, outbox.RepublishRequest{Relay: "relay", Offsets: []int64{rejected[0].Offset, rejected[3].Offset}})
+	res, err := outboxops.RepublishRejected(ctx, db, schema, outboxops.RepublishRequest{Relay: "relay", Offsets: []int64{rejected[0].Offset, rejected[3].Offset}})
 	require.NoError(t, err)
 	require.Equal(t, []int64{rejected[0].Offset, rejected[3].Offset}, res.Offsets)
 	for _, u := range []string{"r-1", "r-plain"} {
@@ -101,7 +101,7 @@ func TestRepublishedRowsCarryTheWritersColumns(t *testing.T) {
 	// Once retention has deleted the originals, RepublishRequest.PartitionKeyField keys them.
 	before := map[string]outboxRow{"r-2": rowsOf(t, db, schema, "r-2")[0], "r-3": rowsOf(t, db, schema, "r-3")[0]}
 	pgtest.Exec(t, db, `DELETE FROM `+pgtx.QualifiedName(schema, "outbox")+` WHERE uuid IN ('r-2', 'r-3')`)
-	res, err = outbox.RepublishRejected(ctx, db, schema, outbox.RepublishRequest{Relay: "relay", All: true, RemoveMetadata: []string{"reserved"}, PartitionKeyField: "account"})
+	res, err = outboxops.RepublishRejected(ctx, db, schema, outboxops.RepublishRequest{Relay: "relay", All: true, RemoveMetadata: []string{"reserved"}, PartitionKeyField: "account"})
 	require.NoError(t, err)
 	require.Equal(t, 2, res.Republished)
 	for _, u := range []string{"r-2", "r-3"} {

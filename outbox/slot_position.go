@@ -46,7 +46,7 @@ const markColumns = `target_snapshot = pg_current_snapshot(), target_offset = 0,
 
 // registerSlotPosition registers the position of the logical replication slot slot in schema,
 // if it is not registered yet, and reports whether it registered it. The position starts
-// having confirmed nothing, so from now on Prune keeps every row until AdvanceSlotPosition
+// having confirmed nothing, so from now on Prune keeps every row until advanceSlotPosition
 // has seen the slot confirm it. The slot need not exist yet (the connector creates it). It is
 // idempotent.
 func registerSlotPosition(ctx context.Context, db *sql.DB, schema, slot string) (bool, error) {
@@ -64,28 +64,11 @@ ON CONFLICT (consumer_group) DO NOTHING`, outboxops.SlotPositionName(slot))
 	return n > 0, nil
 }
 
-// ErrSlotPositionNotRegistered is returned by AdvanceSlotPosition for a slot whose position
-// registerSlotPosition has not registered (or ForgetSlotPosition has removed).
-var ErrSlotPositionNotRegistered = errors.New("outbox: the slot's position is not registered")
-
-// ErrSlotMissing is returned by AdvanceSlotPosition when the replication slot does not exist:
-// its position then holds outbox retention back for good until ForgetSlotPosition removes it.
-var ErrSlotMissing = errors.New("outbox: the replication slot does not exist")
-
-// AdvanceSlotPosition moves the position of slot up to what the slot's reader has confirmed,
-// and reports whether it moved. Each call checks the pending mark: when the slot's
-// confirmed_flush_lsn has reached the mark's LSN, the mark becomes the position and a new
-// mark is taken; otherwise nothing changes. The position therefore trails the slot by up to
-// two calls: call it about as often as Prune (the retention janitor does, with
-// retention.Config.CDCSlots).
-//
-// Guarantee: the position passes an outbox row only after the slot has confirmed the row's
-// transaction, that is, after the slot will never send it again. For Debezium that means it
-// has written the row's event to Kafka and committed its offsets. Where it stops: rows committed
-// before the slot existed were never the slot's to send (snapshot.mode=no_data), and the
-// position counts them as passed; keep the Relay that forwarded them registered until it has.
-// It fails with ErrSlotPositionNotRegistered or ErrSlotMissing, changing nothing.
-func AdvanceSlotPosition(ctx context.Context, db *sql.DB, schema, slot string) (bool, error) {
+// advanceSlotPosition is outboxops.AdvanceSlotPosition. Each call checks the pending mark: when
+// the slot's confirmed_flush_lsn has reached the mark's LSN, the mark becomes the position and
+// a new mark is taken; otherwise nothing changes. The position therefore trails the slot by up
+// to two calls.
+func advanceSlotPosition(ctx context.Context, db *sql.DB, schema, slot string) (bool, error) {
 	if err := checkSlot("advance slot position", db, &schema, slot); err != nil {
 		return false, err
 	}
@@ -93,26 +76,26 @@ func AdvanceSlotPosition(ctx context.Context, db *sql.DB, schema, slot string) (
 	name := outboxops.SlotPositionName(slot)
 	var advanced bool
 	err := pgtx.RunInTx(ctx, db, nil, pgtx.RetryPolicy{}, func(ctx context.Context, tx *sql.Tx) error {
-		var pending bool
-		err := tx.QueryRowContext(ctx, `SELECT target_snapshot IS NOT NULL AND offset_acked IS NOT NULL FROM `+offsets+
-			` WHERE consumer_group = $1 FOR UPDATE`, name).Scan(&pending)
-		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("%w (slot %s, schema %s): register it first (cdc.Prepare, wmonce connector apply)", ErrSlotPositionNotRegistered, slot, schema)
-		}
-		if err != nil {
-			return err
-		}
+		// One statement: the position (locked), whether the slot exists, and what it confirmed.
 		// confirmed_flush_lsn is NULL on a physical slot and on a logical slot that is not yet
 		// consistent: nothing is confirmed then.
+		var pending sql.NullBool
+		var exists bool
 		var confirmed sql.NullString
-		err = tx.QueryRowContext(ctx, `SELECT pg_wal_lsn_diff(confirmed_flush_lsn, '0/0')::bigint::text FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&confirmed)
-		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("%w (slot %s): its position %s in schema %s holds outbox retention back: forget it (cdc.Remove, wmonce connector delete, outbox.ForgetSlotPosition)", ErrSlotMissing, slot, name, schema)
-		}
-		if err != nil {
+		err := tx.QueryRowContext(ctx, `SELECT (SELECT target_snapshot IS NOT NULL AND offset_acked IS NOT NULL FROM `+offsets+`
+        WHERE consumer_group = $1 FOR UPDATE),
+    EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $2),
+    (SELECT pg_wal_lsn_diff(confirmed_flush_lsn, '0/0')::bigint::text FROM pg_replication_slots WHERE slot_name = $2)`,
+			name, slot).Scan(&pending, &exists, &confirmed)
+		switch {
+		case err != nil:
 			return err
+		case !pending.Valid:
+			return fmt.Errorf("%w (slot %s, schema %s): register it first (cdc.Prepare, wmonce connector apply)", outboxops.ErrSlotPositionNotRegistered, slot, schema)
+		case !exists:
+			return fmt.Errorf("%w (slot %s): its position %s in schema %s holds outbox retention back: forget it (cdc.Remove, wmonce connector delete, wmonce outbox forget -relay cdc:<slot>)", outboxops.ErrSlotMissing, slot, name, schema)
 		}
-		if !pending {
+		if !pending.Bool {
 			_, err := tx.ExecContext(ctx, `UPDATE `+offsets+` SET `+markColumns+` WHERE consumer_group = $1`, name)
 			return err
 		}
@@ -130,7 +113,7 @@ WHERE consumer_group = $1 AND offset_acked <= $2::bigint`, name, confirmed.Strin
 		return nil
 	})
 	if err != nil {
-		if errors.Is(err, ErrSlotPositionNotRegistered) || errors.Is(err, ErrSlotMissing) {
+		if errors.Is(err, outboxops.ErrSlotPositionNotRegistered) || errors.Is(err, outboxops.ErrSlotMissing) {
 			return false, err
 		}
 		return false, fmt.Errorf("outbox: advance slot position %s: %w", slot, err)
@@ -138,10 +121,8 @@ WHERE consumer_group = $1 AND offset_acked <= $2::bigint`, name, confirmed.Strin
 	return advanced, nil
 }
 
-// ForgetSlotPosition deletes the position of slot from outbox_offsets and reports whether it
-// existed. Call it when the slot's reader is retired (cdc.Remove does): a position nobody
-// advances holds every later outbox row back from Prune for good.
-func ForgetSlotPosition(ctx context.Context, db *sql.DB, schema, slot string) (bool, error) {
+// forgetSlotPosition is outboxops.ForgetSlotPosition.
+func forgetSlotPosition(ctx context.Context, db *sql.DB, schema, slot string) (bool, error) {
 	if err := checkSlot("forget slot position", db, &schema, slot); err != nil {
 		return false, err
 	}

@@ -32,7 +32,7 @@ func TestPruneFollowsTheSlotPosition(t *testing.T) {
 	}
 	advance := func() bool {
 		t.Helper()
-		ok, err := outbox.AdvanceSlotPosition(ctx, db, schema, slot)
+		ok, err := outboxops.AdvanceSlotPosition(ctx, db, schema, slot)
 		require.NoError(t, err)
 		return ok
 	}
@@ -51,8 +51,8 @@ func TestPruneFollowsTheSlotPosition(t *testing.T) {
 		return out
 	}
 
-	_, err := outbox.AdvanceSlotPosition(ctx, db, schema, slot)
-	require.ErrorIs(t, err, outbox.ErrSlotPositionNotRegistered)
+	_, err := outboxops.AdvanceSlotPosition(ctx, db, schema, slot)
+	require.ErrorIs(t, err, outboxops.ErrSlotPositionNotRegistered)
 	publishTx(t, db, w, "a", "before")
 	registered, err := outboxops.RegisterSlotPosition(ctx, db, schema, slot)
 	require.NoError(t, err)
@@ -80,7 +80,7 @@ func TestPruneFollowsTheSlotPosition(t *testing.T) {
 	require.False(t, advance(), "the slot has not confirmed the newer mark")
 	require.Zero(t, prune())
 
-	forgot, err := outbox.ForgetSlotPosition(ctx, db, schema, slot)
+	forgot, err := outboxops.ForgetSlotPosition(ctx, db, schema, slot)
 	require.NoError(t, err)
 	require.True(t, forgot)
 	require.Zero(t, prune(), "with no position left, nothing is known to be forwarded")
@@ -96,8 +96,8 @@ func TestSlotPositionOfAMissingSlot(t *testing.T) {
 	slot := pgtest.NewName("noslot")
 	_, err := outboxops.RegisterSlotPosition(ctx, db, schema, slot)
 	require.NoError(t, err)
-	_, err = outbox.AdvanceSlotPosition(ctx, db, schema, slot)
-	require.ErrorIs(t, err, outbox.ErrSlotMissing)
+	_, err = outboxops.AdvanceSlotPosition(ctx, db, schema, slot)
+	require.ErrorIs(t, err, outboxops.ErrSlotMissing)
 	require.ErrorContains(t, err, "forget it")
 	_, err = outboxops.RegisterSlotPosition(ctx, db, schema, "Bad-Slot")
 	require.ErrorContains(t, err, "slot")
@@ -126,7 +126,7 @@ func TestPruneWaitsForTheRelayAndTheSlot(t *testing.T) {
 	advance := func() {
 		t.Helper()
 		pgtest.ConfirmSlot(t, db, slot)
-		_, err := outbox.AdvanceSlotPosition(ctx, db, schema, slot)
+		_, err := outboxops.AdvanceSlotPosition(ctx, db, schema, slot)
 		require.NoError(t, err)
 	}
 

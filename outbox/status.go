@@ -12,41 +12,31 @@ import (
 
 // RelayStats is how far one relay (a row of outbox_offsets) has come.
 type RelayStats struct {
-	Name string
-	// Source is the source whose rows the relay forwards (RelayConfig.Source); "" also for a
-	// position registered before migration 012, whose relay forwards every row.
+	Name   string
 	Source string
-	// Backlog counts committed rows of the relay's source it has not published yet: rows of
-	// transactions that are not visible in its position's snapshot or written after it was
-	// recorded (offset_high: rows written after a restore count whatever their transaction
-	// id), less the part of a round in progress that it published, plus the rows it holds (Held).
-	Backlog int64
-	// OldestPending is when the oldest waiting row was written (zero when Backlog is 0); now
-	// minus it is the relay lag.
+	// Backlog counts the committed rows of the relay's source it has not published yet,
+	// held rows included; OldestPending is when the oldest was written, and Lag now minus
+	// that by the database clock (zero when caught up).
+	Backlog       int64
 	OldestPending time.Time
-	// Lag is now minus OldestPending, measured by the database clock (zero when caught up).
-	Lag time.Duration
-	// Held lists the topics the relay holds because publishing to them failed: their rows wait
-	// in outbox_held while the other topics go on (package doc, When the broker refuses).
+	Lag           time.Duration
+	// Held lists the topics the relay holds.
 	Held []HeldTopic
-	// Delayed counts rows set aside in outbox_delayed until they are due (package doc, Delayed
-	// delivery), and NextDue is when the earliest is (zero when Delayed is 0). They are not in
-	// Backlog: a row waiting for its time is not late.
+	// Delayed counts rows waiting in outbox_delayed, the earliest due at NextDue; they are not
+	// in Backlog, since a row waiting for its time is not late.
 	Delayed int64
 	NextDue time.Time
-	// PausedAt is when the relay was paused (PauseRelay); zero when it is not.
+	// PausedAt is when the relay was paused (zero when it is not).
 	PausedAt time.Time
-	// Position is whether the position was recorded on another cluster (CheckPositions):
-	// when Position.Moved(), the relay forwards nothing and Position.Finding says what to run.
-	Position PositionCheck
+	// Moved, when the position was recorded on another cluster (a restore or a move), says
+	// what was found and what to run; the relay forwards nothing meanwhile. "" otherwise.
+	Moved string
 }
 
-// HeldTopic is a topic a relay holds.
+// HeldTopic is a topic a relay holds: Rows wait in outbox_held, the oldest held at Since.
 type HeldTopic struct {
 	Topic string
-	// Rows waiting in outbox_held for it.
-	Rows int64
-	// Since is when its oldest waiting row was held.
+	Rows  int64
 	Since time.Time
 }
 
@@ -62,9 +52,8 @@ func scanRelayStats(s pgtx.Scanner) (RelayStats, error) {
 	return r, nil
 }
 
-// Stats reports every relay's backlog and lag in schema, the topics it holds, and the number
-// of rows set aside in outbox_rejected. A relay that has never run has no row and is not
-// listed. It reads with plain SELECTs and changes nothing.
+// Stats reports every relay that has run in schema and the number of rows in
+// outbox_rejected. It only reads.
 func Stats(ctx context.Context, db *sql.DB, schema string) (relays []RelayStats, rejected int64, err error) {
 	if db == nil {
 		return nil, 0, errors.New("outbox: status: db is nil")
@@ -115,35 +104,39 @@ ORDER BY o.consumer_group`)
 	if err != nil {
 		return nil, 0, fmt.Errorf("outbox: status: %w", err)
 	}
-	byName := make(map[string]int, len(relays))
-	for i, s := range relays {
-		byName[s.Name] = i
-	}
-	err = pgtx.QueryEach(ctx, tx, func(s pgtx.Scanner) error {
-		var relay string
-		var h HeldTopic
-		if err := s.Scan(&relay, &h.Topic, &h.Rows, &h.Since); err != nil {
-			return err
-		}
-		if i, ok := byName[relay]; ok { // held rows of a forgotten relay are gone with it
-			relays[i].Held = append(relays[i].Held, h)
-		}
-		return nil
-	}, `SELECT relay, topic, count(*), min(held_at) FROM `+held+` GROUP BY relay, topic ORDER BY relay, topic`)
-	if err != nil {
-		return nil, 0, fmt.Errorf("outbox: status: held topics: %w", err)
-	}
-	check, err := checkPositions(ctx, tx, schema, "")
-	if err != nil {
+	if err := addHeldAndMoved(ctx, tx, schema, relays); err != nil {
 		return nil, 0, fmt.Errorf("outbox: status: %w", err)
-	}
-	for _, c := range check.Positions {
-		if i, ok := byName[c.Name]; ok {
-			relays[i].Position = c
-		}
 	}
 	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM `+pgtx.QualifiedName(schema, "outbox_rejected")).Scan(&rejected); err != nil {
 		return nil, 0, fmt.Errorf("outbox: status: %w", err)
 	}
 	return relays, rejected, nil
+}
+
+// addHeldAndMoved fills in each relay's held topics and, when its position was recorded on
+// another cluster, the finding. Held rows of a forgotten relay are gone with it.
+func addHeldAndMoved(ctx context.Context, tx *sql.Tx, schema string, relays []RelayStats) error {
+	byName := make(map[string]*RelayStats, len(relays))
+	for i := range relays {
+		byName[relays[i].Name] = &relays[i]
+	}
+	err := pgtx.QueryEach(ctx, tx, func(s pgtx.Scanner) error {
+		var relay string
+		var h HeldTopic
+		err := s.Scan(&relay, &h.Topic, &h.Rows, &h.Since)
+		if r := byName[relay]; r != nil && err == nil {
+			r.Held = append(r.Held, h)
+		}
+		return err
+	}, `SELECT relay, topic, count(*), min(held_at) FROM `+pgtx.QualifiedName(schema, "outbox_held")+` GROUP BY relay, topic ORDER BY relay, topic`)
+	if err != nil {
+		return fmt.Errorf("held topics: %w", err)
+	}
+	check, err := checkPositions(ctx, tx, schema, "")
+	for _, c := range check.Positions {
+		if r := byName[c.Name]; r != nil {
+			r.Moved = c.Finding(schema)
+		}
+	}
+	return err
 }

@@ -10,7 +10,7 @@ import (
 // when the relay asked for notifications: about one commit.
 const firstRecheck = 2 * time.Millisecond
 
-// wakeup is the wake-up protocol of a leading relay (package doc, Waking up). From what each
+// wakeup is the wake-up protocol of a leading relay (docs/outbox-relay.md, When the relay wakes). From what each
 // round found it decides whether the next round asks the Writers to notify the relay, and
 // whether the relay reads again at once or first waits for a notification, and how long. It
 // holds no connection and reads no clock: the lead loop runs the rounds, tells afterRound what

@@ -20,39 +20,24 @@ import (
 )
 
 // ErrInvalidMessage is wrapped by every refusal of a message that can never be stored or
-// forwarded as it is: no UUID, a UUID or metadata that is not text PostgreSQL and JSON carry
-// byte for byte, or a topic ValidateTopic refuses. Retrying the same
-// message cannot succeed; the effectively-once middleware reports such handler outputs as
-// permanent errors.
+// forwarded as it is (no UUID, a UUID or metadata that is not text, a topic ValidateTopic
+// refuses): retrying cannot succeed, and the middleware reports it as a permanent error.
 var ErrInvalidMessage = errors.New("outbox: message cannot be stored")
 
 // codeUndefinedColumn is PostgreSQL's undefined_column.
 const codeUndefinedColumn = "42703"
 
-// MaxUUIDLength is the longest UUID stored, in bytes: the longest dedupe key a consumer can
-// accept (1024). UUIDs longer than 36 characters are fine: the outbox
-// and the broker package's SQL topic tables store them as text.
+// MaxUUIDLength is the longest UUID stored, in bytes: the longest dedupe key a consumer accepts.
 const MaxUUIDLength = 1024
 
 // Writer stores messages in the outbox table inside a caller's transaction.
 //
 // Guarantee: a message stored with PublishTx becomes visible to the relay if and only if the
-// transaction commits, and is published in the order the package doc describes (Order): commit
-// order for producers that serialise on a lock before writing to the outbox. The
-// relay forwards it to the broker at least once, with its original UUID and metadata: the
-// broker hop stays at-least-once, and consumers absorb copies with the effectively-once
-// middleware. Nothing is sent to a broker from inside the transaction.
-//
-// Each row carries the message twice: as the forwarder envelope the Relay reads (payload) and
-// as the columns Debezium's Outbox Event Router reads (migration 013: destination,
-// partition_key from Config.PartitionKeyField else the UUID, type from MetadataEventType,
-// payload_bytes, metadata), so the Relay and Debezium (package outbox/cdc) read one table and
-// a service switches between them without rewriting rows.
-//
-// While a relay of the schema is idle, every store also notifies it (pg_notify, delivered at
-// commit, one per transaction however many stores it makes), so that it wakes when the
-// messages become visible; while every relay is busy, nothing is notified. See the package
-// doc, Waking up, for what a notification costs concurrent producers.
+// transaction commits; nothing is sent to a broker from inside it. Where it stops: the relay
+// forwards it at least once, in the package doc's order, and consumers absorb copies. Each row
+// holds the envelope the Relay reads and the columns Debezium reads (outbox/cdc), so a service
+// switches between them without rewriting rows. While a relay is idle, a store also notifies it
+// at commit (package doc, Waking up).
 type Writer struct {
 	config    Config
 	tracer    trace.Tracer
@@ -115,21 +100,13 @@ FROM unnest($1::text[], $2::text[], $3::text[], $5::text[], $6::text[], $7::byte
 // Table returns the quoted, schema-qualified outbox table name.
 func (w *Writer) Table() string { return w.table }
 
-// PublishTx stores msgs for topic in tx. It stamps correlation, causation (when ctx carries a
-// consumed message, as it does inside the effectively-once middleware) and occurred_at metadata
-// on the messages themselves, as Watermill's CorrelationID middleware does. When ctx holds a
-// span, each message that carries no trace context yet is stamped with W3C trace context
-// ("traceparent", "tracestate" metadata) pointing at an "outbox store" span under it, so that
-// the relay and the consumer continue the producer's trace.
-//
-// Messages are stored byte for byte or not at all: before writing anything it refuses, with an
-// error wrapping ErrInvalidMessage, an invalid topic and any message that is nil, has an empty
-// UUID or one longer than MaxUUIDLength, or has a UUID, metadata key or metadata value that is
-// not valid UTF-8 or contains NUL (JSON would replace invalid bytes with U+FFFD; PostgreSQL text
-// refuses NUL), or has delay metadata (MetadataDelayedUntil) that is not an RFC 3339 time.
-// A message with delay metadata is forwarded when due (package doc, Delayed delivery; see
-// PublishTxAt). Payloads are any bytes (base64 in the envelope). A nil tx returns an error
-// wrapping pgtx.ErrNoTransaction.
+// PublishTx stores msgs for topic in tx, stamping correlation, causation (from the consumed
+// message in ctx) and occurred_at metadata, and W3C trace context when ctx holds a span.
+// Messages are stored byte for byte or not at all: it refuses, before writing anything and with
+// an error wrapping ErrInvalidMessage, an invalid topic, a nil message, an empty UUID or one
+// longer than MaxUUIDLength, a UUID or metadata that is not UTF-8 text without NUL, and delay
+// metadata that is not an RFC 3339 time. Payloads are any bytes. A nil tx is
+// pgtx.ErrNoTransaction.
 func (w *Writer) PublishTx(ctx context.Context, tx pgtx.Executor, topic string, msgs ...*message.Message) error {
 	return w.store(ctx, tx, topic, msgs, true, nil)
 }
@@ -205,15 +182,7 @@ func (w *Writer) encodeRows(ctx context.Context, topic string, msgs []*message.M
 				return r, fmt.Errorf("%w: message %s: %w", ErrInvalidMessage, msg.UUID, err)
 			}
 		}
-		env, err := marshalEnvelope(topic, msg)
-		if err != nil {
-			return r, fmt.Errorf("outbox: encode message %s: %w", msg.UUID, err)
-		}
-		md, err := jsonMetadata(msg.Metadata)
-		if err != nil {
-			return r, fmt.Errorf("outbox: encode metadata of %s: %w", msg.UUID, err)
-		}
-		r.uuids[i], r.payloads[i], r.metadatas[i] = msg.UUID, string(env), md
+		r.uuids[i], r.payloads[i], r.metadatas[i] = msg.UUID, string(marshalEnvelope(topic, msg)), jsonMetadata(msg.Metadata)
 		r.partitionKeys[i] = w.partitionKey(msg, keys, i)
 		r.types[i] = nullIfEmpty(msg.Metadata.Get(MetadataEventType))
 		r.raws[i] = msg.Payload
@@ -260,9 +229,8 @@ func (w *Writer) insertError(err error, n int, topic string) error {
 	return fmt.Errorf("outbox: insert %d message(s) for topic %q: %w", n, topic, err)
 }
 
-// CheckTopic returns the error, wrapping ErrInvalidMessage, with which PublishTx would refuse
-// topic: not text, or refused by Config.ValidateTopic. Check a configured topic with it at
-// start-up (once.Stack checks its poison topic) rather than at the first message.
+// CheckTopic returns the error (wrapping ErrInvalidMessage) with which PublishTx would refuse
+// topic, to check a configured topic at start-up.
 func (w *Writer) CheckTopic(topic string) error {
 	if err := setup.CheckText("topic", topic); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidMessage, err)
@@ -306,12 +274,12 @@ func checkText(what string, md message.Metadata) error {
 	return nil
 }
 
-func jsonMetadata(md message.Metadata) (string, error) {
+func jsonMetadata(md message.Metadata) string {
 	if md == nil {
-		return "{}", nil
+		return "{}"
 	}
-	b, err := json.Marshal(md)
-	return string(b), err
+	b, _ := json.Marshal(md) // a map of strings: encoding cannot fail
+	return string(b)
 }
 
 // nullIfEmpty is nil (SQL NULL) for "", else &s.

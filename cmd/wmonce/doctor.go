@@ -13,10 +13,10 @@ import (
 	"github.com/wmonce/watermill-once/internal/operate"
 
 	"github.com/wmonce/watermill-once/broker"
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/internal/sqlrebase"
 	"github.com/wmonce/watermill-once/ops/doctor"
 	"github.com/wmonce/watermill-once/ops/retention"
-	"github.com/wmonce/watermill-once/outbox"
 )
 
 func doctorCommand() *command {
@@ -40,8 +40,8 @@ what to set.
 -consumer starts a consumer; the flags after it, up to the next -consumer, describe it.
 Without -consumer it checks only the outbox positions.
 
-It also checks that the outbox relay positions of -schema were recorded on this cluster
-(outbox.CheckPositions): after a restore or a move into a cluster with a lower transaction
+It also checks that the outbox relay positions of -schema were recorded on this cluster:
+after a restore or a move into a cluster with a lower transaction
 counter they would skip rows for good, and a RESTORED line says to run wmonce rebase.
 -broker-schema (default $BROKER_SQL_SCHEMA) checks the SQL broker's topic tables in that
 schema the same way.
@@ -198,7 +198,7 @@ type doctorResult struct {
 	consumers    bool
 	brokerSchema string
 	rep          doctor.Report
-	positions    outbox.PositionReport
+	positions    outboxops.PositionReport
 	posErr       error
 	tables       *sqlrebase.MoveReport
 	tablesErr    error
@@ -262,18 +262,18 @@ func (r doctorResult) verdict() error {
 	return nil
 }
 
-// checkPositions checks the schema's relay positions against this cluster (outbox.
+// checkPositions checks the schema's relay positions against this cluster (outboxops.
 // CheckPositions); an error means they could not be read (no database, no tables), which
 // doctor reports as unknown.
-func (e *env) checkPositions(ctx context.Context) (outbox.PositionReport, error) {
+func (e *env) checkPositions(ctx context.Context) (outboxops.PositionReport, error) {
 	db, err := e.open(ctx)
 	if err != nil {
-		return outbox.PositionReport{Schema: e.g.schema}, err
+		return outboxops.PositionReport{Schema: e.g.schema}, err
 	}
-	return outbox.CheckPositions(ctx, db, e.g.schema)
+	return outboxops.CheckPositions(ctx, db, e.g.schema)
 }
 
-func (e *env) printPositions(r outbox.PositionReport, err error) {
+func (e *env) printPositions(r outboxops.PositionReport, err error) {
 	w := e.stdout
 	switch {
 	case err != nil:

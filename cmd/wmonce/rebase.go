@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/internal/sqlrebase"
-	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -60,9 +60,9 @@ var (
 
 // rebaseReport is `wmonce rebase -json`.
 type rebaseReport struct {
-	Before outbox.PositionReport `json:"before"`
-	Rebase *outbox.RebaseReport  `json:"rebase,omitempty"`
-	Broker any                   `json:"broker,omitempty"`
+	Before outboxops.PositionReport `json:"before"`
+	Rebase *outboxops.RebaseReport  `json:"rebase,omitempty"`
+	Broker any                      `json:"broker,omitempty"`
 }
 
 // rebase is `wmonce rebase`.
@@ -88,7 +88,7 @@ func (r *rebase) check([]string) error {
 func (r *rebase) run(ctx context.Context, e *env) error {
 	var rep rebaseReport
 	var err error
-	if rep.Before, err = outbox.CheckPositions(ctx, e.db, e.g.schema); err != nil {
+	if rep.Before, err = outboxops.CheckPositions(ctx, e.db, e.g.schema); err != nil {
 		return err
 	}
 	if r.dryRun {
@@ -104,7 +104,7 @@ func (r *rebase) run(ctx context.Context, e *env) error {
 
 // rebase rebases the relay positions, and the SQL broker's topic tables with -broker-schema.
 func (r *rebase) rebase(ctx context.Context, e *env, rep *rebaseReport) error {
-	positions, err := outbox.RebasePositions(ctx, e.db, e.g.schema)
+	positions, err := outboxops.RebasePositions(ctx, e.db, e.g.schema)
 	if err != nil {
 		return err
 	}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/wmonce/watermill-once/outbox"
+	"github.com/wmonce/watermill-once/internal/outboxops"
 )
 
 // buildCLI builds the wmonce command into dir: the test recovers with the documented command.
@@ -47,10 +47,10 @@ func wmonceFails(ctx context.Context, t *testing.T, bin, url string, args ...str
 	return string(out)
 }
 
-// checkOutbox returns the outbox's position check (outbox.CheckPositions).
+// checkOutbox returns the outbox's position check (outboxops.CheckPositions).
 func checkOutbox(ctx context.Context, t *testing.T, db *sql.DB, schema string) error {
 	t.Helper()
-	r, err := outbox.CheckPositions(ctx, db, schema)
+	r, err := outboxops.CheckPositions(ctx, db, schema)
 	require.NoError(t, err)
 	return r.Err()
 }

@@ -157,7 +157,7 @@ type FailureActionRequest struct {
 // FailureActionResponse lists the rows the action changed or, for a dry run, would change:
 // inbox row ids, outbox offsets of parked copies, or outbox offsets of Relay's rejected rows.
 // Undecodable (replay of a parked or rejected group) lists offsets left in the group because
-// they cannot be replayed (see outboxops.ParkedGroupResult and outbox.RepublishResult).
+// they cannot be replayed (see outboxops.ParkedGroupResult and outboxops.RepublishResult).
 type FailureActionResponse struct {
 	Kind        string  `json:"kind"`
 	Fingerprint string  `json:"fingerprint"`

@@ -16,7 +16,7 @@ import (
 // forgetting a retired relay. Both go through package outbox.
 
 // RepublishRequest is the body of POST /api/outbox/republish: the rejected rows of one relay
-// to store again in the outbox (outbox.RepublishRejected).
+// to store again in the outbox (outboxops.RepublishRejected).
 type RepublishRequest struct {
 	Relay string `json:"relay"`
 	// Offsets are the rows' outbox offsets; All selects every row the relay rejected.
@@ -39,7 +39,7 @@ type RepublishResponse struct {
 	Undecodable []int64 `json:"undecodable"`
 }
 
-// Republish checks req and republishes through outbox.RepublishRejected. Input the caller
+// Republish checks req and republishes through outboxops.RepublishRejected. Input the caller
 // must fix is an error for which IsInputError is true.
 func Republish(ctx context.Context, db *sql.DB, schema string, req RepublishRequest) (RepublishResponse, error) {
 	err := FirstError(
@@ -50,7 +50,7 @@ func Republish(ctx context.Context, db *sql.DB, schema string, req RepublishRequ
 	if err != nil {
 		return RepublishResponse{}, err
 	}
-	res, err := outbox.RepublishRejected(ctx, db, schema, outbox.RepublishRequest{
+	res, err := outboxops.RepublishRejected(ctx, db, schema, outboxops.RepublishRequest{
 		Relay: req.Relay, Offsets: req.Offsets, All: req.All, RemoveMetadata: req.RemoveMetadata, DryRun: req.DryRun,
 	})
 	if err != nil {

@@ -265,7 +265,7 @@ type RelayStats struct {
 	// PausedAt is when the relay was paused (outbox.PauseRelay); nil (null) while it runs.
 	PausedAt *time.Time `json:"paused_at"`
 	// Moved: the relay's position was recorded on another cluster (a restore or a move,
-	// outbox.CheckPositions); it forwards nothing, and Finding says why and what to run.
+	// outbox.RelayStats.Moved); it forwards nothing, and Finding says why and what to run.
 	Moved   bool   `json:"moved"`
 	Finding string `json:"finding,omitempty"`
 }
@@ -296,7 +296,7 @@ func ReadOutbox(ctx context.Context, db *sql.DB, schema string) (OutboxStats, er
 		last := &out.Relays[len(out.Relays)-1]
 		last.Source, last.Held = r.Source, make([]HeldTopic, len(r.Held))
 		last.Delayed, last.NextDue, last.PausedAt = r.Delayed, TimePtr(r.NextDue), TimePtr(r.PausedAt)
-		last.Moved, last.Finding = r.Position.Moved(), r.Position.Finding(schema)
+		last.Moved, last.Finding = r.Moved != "", r.Moved
 		for i, h := range r.Held {
 			last.Held[i] = HeldTopic{Topic: h.Topic, Rows: h.Rows, Since: h.Since}
 		}

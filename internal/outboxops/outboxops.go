@@ -116,10 +116,53 @@ type RejectedFilter struct {
 	AfterOffset int64
 }
 
+// RepublishRequest selects rejected rows of one relay to store again in the outbox.
+type RepublishRequest struct {
+	// Relay is the relay that rejected the rows (as `wmonce outbox rejected` lists it). Required.
+	Relay string
+	// Offsets are the rejected rows' outbox offsets (their offset column). Give them, or All.
+	Offsets []int64
+	// All selects every row the relay rejected.
+	All bool
+	// RemoveMetadata names metadata keys removed from each message before it is stored again:
+	// for a row refused because of its metadata, such as a key the broker reserves
+	// (_watermill_message_uuid on Kafka). Nothing else is changed.
+	RemoveMetadata []string
+	// PartitionKeyField is the Writer's Config.PartitionKeyField for rows whose original
+	// outbox row retention has deleted (while it is there, its partition_key is kept): the
+	// partition_key column Debezium keys records by. Give the producers' value. Default
+	// "partition_key".
+	PartitionKeyField string
+	// DryRun counts what would be republished and changes nothing.
+	DryRun bool
+}
+
+// RepublishResult says what RepublishRejected did (or, for a dry run, would do).
+type RepublishResult struct {
+	// Republished counts the rows this call stored again in the outbox and removed from
+	// outbox_rejected: len(Offsets).
+	Republished int
+	// Offsets are those rows' offsets in outbox_rejected, in order: what this call's
+	// transaction deleted there (a row another call republished first is not among them).
+	Offsets []int64
+	// Undecodable lists the offsets of selected rows that are not a message the relay can
+	// decode or the Writer can store: republishing them would only reject them again, so they
+	// stay in outbox_rejected.
+	Undecodable []int64
+}
+
 // ErrParkedSettled is returned (wrapped) by ReplayParkedGroup and DiscardParkedGroup when a
 // concurrent call settled some of the copies first: the call changes nothing (no copy is
 // stored twice), and reports no rows.
 var ErrParkedSettled = errors.New("outbox: parked copies were settled by someone else meanwhile")
+
+// ErrSlotPositionNotRegistered is returned by AdvanceSlotPosition for a slot whose position
+// RegisterSlotPosition has not registered (or ForgetSlotPosition has removed).
+var ErrSlotPositionNotRegistered = errors.New("outbox: the slot's position is not registered")
+
+// ErrSlotMissing is returned by AdvanceSlotPosition when the replication slot does not exist:
+// its position then holds outbox retention back for good until ForgetSlotPosition removes it.
+var ErrSlotMissing = errors.New("outbox: the replication slot does not exist")
 
 // Set by package outbox (outbox/internal_ops.go).
 var (
@@ -131,8 +174,17 @@ var (
 	// RejectedGroups returns the rejected groups of the newest maxRows rejected rows (0: of
 	// all), the largest first, and how many rows it left out. It only reads.
 	RejectedGroups func(ctx context.Context, db *sql.DB, schema string, maxRows int) (groups []RejectedGroup, left int64, err error)
+	// RepublishRejected stores the selected rows of outbox_rejected in the outbox again, as new
+	// rows at the end of the outbox (same UUID, payload, metadata less RemoveMetadata, and
+	// source; the original's partition key while retention keeps it, else
+	// req.PartitionKeyField's), and removes them from outbox_rejected, in one transaction that
+	// wakes idle relays. A row refused again is rejected again: fix the cause first. Every
+	// relay of the source forwards the new rows after every row committed before them (a later
+	// row of the same key is now before it), and a relay that had forwarded the original
+	// forwards a copy, which consumers deduplicate by UUID.
+	RepublishRejected func(ctx context.Context, db *sql.DB, schema string, req RepublishRequest) (RepublishResult, error)
 	// RepublishRejectedGroup stores the group's rows again for their relay, as
-	// outbox.RepublishRejected does, in one transaction; DiscardRejectedGroup deletes them
+	// RepublishRejected does, in one transaction; DiscardRejectedGroup deletes them
 	// from outbox_rejected.
 	RepublishRejectedGroup func(ctx context.Context, db *sql.DB, schema string, req RejectedGroupRequest) (RejectedGroupResult, error)
 	DiscardRejectedGroup   func(ctx context.Context, db *sql.DB, schema string, req RejectedGroupRequest) (RejectedGroupResult, error)
@@ -153,6 +205,20 @@ var (
 	// slots by name.
 	RegisterSlotPosition func(ctx context.Context, db *sql.DB, schema, slot string) (bool, error)
 	SlotPositions        func(ctx context.Context, db *sql.DB, schema string) ([]string, error)
+	// AdvanceSlotPosition moves the position of slot up to what the slot's reader has
+	// confirmed, and reports whether it moved; it trails the slot by up to two calls (call it
+	// about as often as Prune: the janitor does, for retention.Config.CDCSlots). Guarantee: the
+	// position passes an outbox row only after the slot has confirmed the row's transaction,
+	// so the slot will never send it again (for Debezium: its event is in Kafka and its offsets
+	// committed). Where it stops: rows committed before the slot existed were never the slot's
+	// to send (snapshot.mode=no_data) and count as passed; keep the Relay that forwarded them
+	// registered until it has. It fails with ErrSlotPositionNotRegistered or ErrSlotMissing,
+	// changing nothing.
+	AdvanceSlotPosition func(ctx context.Context, db *sql.DB, schema, slot string) (bool, error)
+	// ForgetSlotPosition deletes the position of slot and reports whether it existed. Call it
+	// when the slot's reader is retired (cdc.Remove does): a position nobody advances holds
+	// every later outbox row back from Prune for good.
+	ForgetSlotPosition func(ctx context.Context, db *sql.DB, schema, slot string) (bool, error)
 	// CheckParking returns an error wrapping outbox.ErrNotParking when pub is a Writer's
 	// Publisher or DBPublisher, which cannot serve as a poison queue's publisher; nil for
 	// ParkingPublisher and any other publisher. once.Stack checks its PoisonPublisher with it.

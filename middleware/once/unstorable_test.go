@@ -118,7 +118,7 @@ func TestStackParksUnstorableOutputsAndBinaryMetadata(t *testing.T) {
 
 	var trace, keys string
 	require.NoError(t, e.db.QueryRow(`SELECT metadata->>'trace', metadata->>$1 FROM `+e.table("outbox")+
-		` WHERE uuid = 'e-1' AND payload->>'destination_topic' = 'poison'`, outbox.MetadataBase64Keys).Scan(&trace, &keys))
+		` WHERE uuid = 'e-1' AND payload->>'destination_topic' = 'poison'`, "metadata_base64_keys").Scan(&trace, &keys))
 	require.Equal(t, base64.StdEncoding.EncodeToString([]byte("abc\xff")), trace)
 	require.JSONEq(t, `["trace"]`, keys)
 	require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("outbox")), "only the parked copy")

@@ -8,9 +8,9 @@ import (
 
 	"github.com/wmonce/watermill-once/internal/admintest"
 	"github.com/wmonce/watermill-once/internal/operate"
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/ops/admin"
-	"github.com/wmonce/watermill-once/outbox"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -34,7 +34,7 @@ func TestOutboxAPIShowsAMovedPosition(t *testing.T) {
 	require.Contains(t, ob.Relays[0].Finding, `position "sms" was recorded on another cluster`)
 	require.Contains(t, ob.Relays[0].Finding, "wmonce -schema "+f.Schema+" rebase")
 
-	_, err := outbox.RebasePositions(context.Background(), f.DB, f.Schema)
+	_, err := outboxops.RebasePositions(context.Background(), f.DB, f.Schema)
 	require.NoError(t, err)
 	get(t, api+"outbox").decode(t, &ob)
 	require.False(t, ob.Relays[0].Moved)

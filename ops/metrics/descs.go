@@ -44,7 +44,7 @@ var (
 	descRejected     = desc("wmonce_outbox_rejected", "Rows in outbox_rejected: outbox rows a relay could not decode, or the broker refused for good, set aside.")
 	descHeldRows     = desc("wmonce_outbox_held_rows", "Rows a relay holds in outbox_held because publishing to their topic fails (the other topics go on); a series per held topic.", "relay", "topic")
 	descDelayedRows  = desc("wmonce_outbox_delayed_rows", "Rows a relay set aside in outbox_delayed until their delivery time (_watermill_delayed_until); not in wmonce_outbox_backlog.", "relay")
-	descRelayMoved   = desc("wmonce_outbox_position_moved", "1 while the relay's position was recorded on another cluster (a restore or a move, outbox.CheckPositions): it forwards nothing until `wmonce rebase`. Read from the database.", "relay")
+	descRelayMoved   = desc("wmonce_outbox_position_moved", "1 while the relay's position was recorded on another cluster (a restore or a move, wmonce doctor): it forwards nothing until `wmonce rebase`. Read from the database.", "relay")
 	descRelayPaused  = desc("wmonce_outbox_paused", "1 while the relay is paused (outbox.PauseRelay, wmonce pause -relay): it publishes nothing. Read from the database.", "relay")
 	descInboxPaused  = desc("wmonce_inbox_paused", "1 while the inbox consumer is paused (inbox.Ops.Pause, wmonce pause -consumer): its processors claim nothing. Read from the database.", "consumer")
 	descForwarded    = desc("wmonce_relay_forwarded_total", "Messages published by the outbox relay.", "relay")

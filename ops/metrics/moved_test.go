@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/ops/metrics"
 	"github.com/wmonce/watermill-once/outbox"
@@ -32,7 +33,7 @@ func TestMetricsOfAMovedPosition(t *testing.T) {
     ((pg_snapshot_xmax(pg_current_snapshot())::text::bigint + 10000000)::text || ':' || (pg_snapshot_xmax(pg_current_snapshot())::text::bigint + 10000000)::text || ':')::pg_snapshot`)
 	require.Equal(t, 1.0, value(t, reg, "wmonce_outbox_position_moved", map[string]string{"relay": "kafka"}))
 
-	_, err = outbox.RebasePositions(ctx, db, schema)
+	_, err = outboxops.RebasePositions(ctx, db, schema)
 	require.NoError(t, err)
 	require.Equal(t, 0.0, value(t, reg, "wmonce_outbox_position_moved", map[string]string{"relay": "kafka"}))
 }

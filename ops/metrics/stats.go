@@ -46,7 +46,7 @@ func (c *collector) collectOutbox(ctx context.Context, s *series) {
 		s.add(descLag, prometheus.GaugeValue, r.Lag.Seconds(), r.Name)
 		s.add(descDelayedRows, prometheus.GaugeValue, float64(r.Delayed), r.Name)
 		s.add(descRelayPaused, prometheus.GaugeValue, boolValue(!r.PausedAt.IsZero()), r.Name)
-		s.add(descRelayMoved, prometheus.GaugeValue, boolValue(r.Position.Moved()), r.Name)
+		s.add(descRelayMoved, prometheus.GaugeValue, boolValue(r.Moved != ""), r.Name)
 		for _, h := range r.Held {
 			s.add(descHeldRows, prometheus.GaugeValue, float64(h.Rows), r.Name, h.Topic)
 		}

@@ -55,7 +55,7 @@ type Config struct {
 	// OutboxKeep is how long outbox rows are kept once every relay forwarded them. Default 24h.
 	OutboxKeep time.Duration
 	// CDCSlots names Debezium replication slots whose outbox positions must be registered;
-	// each round first advances every registered slot position (outbox.AdvanceSlotPosition).
+	// each round first advances every registered slot position (cdc.AdvancePosition).
 	CDCSlots []string
 	// HTTPKeysKeep deletes stored httpidem responses older than this (at least its Retention).
 	HTTPKeysKeep time.Duration

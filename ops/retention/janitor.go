@@ -197,7 +197,7 @@ func (j *Janitor) RunOnce(ctx context.Context) (Report, error) {
 	})
 	for _, slot := range slots {
 		step("cdc slot position "+slot, func() error {
-			_, err := outbox.AdvanceSlotPosition(ctx, j.db, j.config.Schema, slot)
+			_, err := outboxops.AdvanceSlotPosition(ctx, j.db, j.config.Schema, slot)
 			return err
 		})
 	}

@@ -19,6 +19,7 @@ import (
 	wmonce "github.com/wmonce/watermill-once"
 	"github.com/wmonce/watermill-once/broker"
 	"github.com/wmonce/watermill-once/internal/brokertest"
+	"github.com/wmonce/watermill-once/internal/outboxops"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/ops/retention"
@@ -278,7 +279,7 @@ func (refusingPublisher) Publish(string, ...*message.Message) error {
 }
 func (refusingPublisher) Close() error { return nil }
 
-// A row a relay rejected and an operator republished (outbox.RepublishRejected, behind `wmonce
+// A row a relay rejected and an operator republished (outboxops.RepublishRejected, behind `wmonce
 // outbox republish` and `wmonce failures replay`) is read by Debezium like any other, and so is
 // every row after it. Before, the republished row had NULL destination, partition_key and
 // payload_bytes: Debezium's task failed on it (NullPointerException) and nothing after it
@@ -323,7 +324,7 @@ func TestDebeziumReadsARepublishedRow(t *testing.T) {
 		require.NoError(t, err)
 		return relay.Counters().Rejected == 1
 	})
-	res, err := outbox.RepublishRejected(ctx, db, schema, outbox.RepublishRequest{Relay: "kafka", All: true})
+	res, err := outboxops.RepublishRejected(ctx, db, schema, outboxops.RepublishRequest{Relay: "kafka", All: true})
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Republished)
 	require.NoError(t, w.PublishTx(ctx, db, topic, message.NewMessage("after-1", []byte("later"))))

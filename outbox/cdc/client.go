@@ -10,26 +10,21 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
+
+	"github.com/wmonce/watermill-once/internal/worker"
 )
 
-// Client talks to a Kafka Connect cluster's REST API (any worker: followers forward writes to
-// the leader).
+// Client talks to a Kafka Connect cluster's REST API (any worker).
 type Client struct {
-	// URL of a worker's REST API. Default DefaultConnectURL.
-	URL string
-	// HTTP is the client used. Default http.DefaultClient.
-	HTTP *http.Client
+	URL  string       // a worker's REST API; default DefaultConnectURL
+	HTTP *http.Client // default http.DefaultClient
 }
 
-// Apply creates the connector of config or updates its configuration (PUT
-// /connectors/<name>/config): Connect restarts its task with the new one. Run Prepare first.
-//
-// Connect resolves a PasswordReference when it takes the configuration: a provider that
-// fails (the file provider's file cannot be read) makes it answer 500, which Apply returns
-// with the reference named. A provider that is not declared, or the env provider with no such
-// variable, is not refused: the task then fails to log in, which Status shows.
+// Apply creates the connector of config or updates its configuration, after Prepare. A
+// PasswordReference the workers cannot resolve is refused or fails the task's login (Status).
 func (c Client) Apply(ctx context.Context, config Config) error {
 	connector, err := ConnectorConfig(config)
 	if err != nil {
@@ -48,9 +43,8 @@ func (c Client) Apply(ctx context.Context, config Config) error {
 // worker does not answer.
 const deleteRetryFor = 30 * time.Second
 
-// Delete removes the connector (its offsets stay in Connect's offsets topic; its slot in
-// PostgreSQL: DropSlot). An unknown connector is no error. While the cluster rebalances (409,
-// 5xx, no answer) it asks again for up to 30 s.
+// Delete removes the connector (not its slot: Remove does both); an unknown one is no error.
+// It asks again for up to 30s while the cluster rebalances.
 func (c Client) Delete(ctx context.Context, name string) error {
 	if name == "" {
 		return errors.New("cdc: empty connector name")
@@ -58,32 +52,46 @@ func (c Client) Delete(ctx context.Context, name string) error {
 	// A worker that is rejoining the cluster, or a rebalance in progress (a worker died or
 	// came back), answers 409 or 5xx, or not at all, for a while: ask again, for up to
 	// deleteRetryFor (or until ctx ends).
-	giveUp := time.Now().Add(deleteRetryFor)
-	for {
+	return retry(ctx, deleteRetryFor, 500*time.Millisecond, func(last bool) (bool, error) {
 		err := c.do(ctx, http.MethodDelete, "/connectors/"+url.PathEscape(name), nil, nil)
 		if err == nil || IsNotFound(err) {
-			return nil
+			return true, nil
 		}
-		var api *apiError
-		if errors.As(err, &api) && api.Code != http.StatusConflict && api.Code < 500 || time.Now().After(giveUp) {
+		return last || !rebalancing(err), err
+	})
+}
+
+// rebalancing reports an answer that a cluster gives while it rebalances or a worker rejoins:
+// 409, 5xx, or none at all.
+func rebalancing(err error) bool {
+	var api *apiError
+	return !errors.As(err, &api) || api.Code == http.StatusConflict || api.Code >= 500
+}
+
+// retry calls try every interval until it reports done, passing last once the time given
+// (after) has run out; it returns try's last error. When ctx ends first it returns that error
+// with ctx's.
+func retry(ctx context.Context, after, interval time.Duration, try func(last bool) (done bool, err error)) error {
+	giveUp := time.Now().Add(after)
+	for {
+		done, err := try(time.Now().After(giveUp))
+		if done {
 			return err
 		}
-		select {
-		case <-ctx.Done():
+		if !worker.Sleep(ctx, interval) {
 			return fmt.Errorf("%w (gave up: %w)", err, ctx.Err())
-		case <-time.After(500 * time.Millisecond):
 		}
 	}
 }
 
-// Status is a connector's state as Connect reports it (GET /connectors/<name>/status).
+// Status is a connector's state and its tasks', as Connect reports them.
 type Status struct {
 	Name      string `json:"name"`
 	Connector State  `json:"connector"`
 	Tasks     []Task `json:"tasks"`
 }
 
-// State is a connector's or task's state: RUNNING, PAUSED, FAILED, UNASSIGNED, RESTARTING.
+// State is a connector's or task's state (RUNNING, FAILED, ...).
 type State struct {
 	State    string `json:"state"`
 	WorkerID string `json:"worker_id"`
@@ -96,22 +104,13 @@ type Task struct {
 	State
 }
 
-// Running reports whether the connector and every task (at least one) are RUNNING.
+// Running reports whether the connector and all its tasks (at least one) are RUNNING.
 func (s Status) Running() bool {
-	if s.Connector.State != "RUNNING" || len(s.Tasks) == 0 {
-		return false
-	}
-	for _, t := range s.Tasks {
-		if t.State.State != "RUNNING" {
-			return false
-		}
-	}
-	return true
+	return s.Connector.State == "RUNNING" && len(s.Tasks) > 0 &&
+		!slices.ContainsFunc(s.Tasks, func(t Task) bool { return t.State.State != "RUNNING" })
 }
 
-// KafkaClusterID returns the ID of the Kafka cluster the Connect workers belong to, and write
-// the connectors' records to (the root resource of Connect's REST API). Compare it with the
-// cluster a consumer reads: records of a connector go only there.
+// KafkaClusterID returns the ID of the Kafka cluster the records go to.
 func (c Client) KafkaClusterID(ctx context.Context) (string, error) {
 	var info struct {
 		KafkaClusterID string `json:"kafka_cluster_id"`
@@ -125,7 +124,7 @@ func (c Client) KafkaClusterID(ctx context.Context) (string, error) {
 	return info.KafkaClusterID, nil
 }
 
-// Status returns the connector's state; an unknown connector is an error IsNotFound reports.
+// Status returns the connector's state; an unknown one is an error IsNotFound reports.
 func (c Client) Status(ctx context.Context, name string) (Status, error) {
 	var s Status
 	err := c.do(ctx, http.MethodGet, "/connectors/"+url.PathEscape(name)+"/status", nil, &s)
@@ -139,7 +138,7 @@ func (c Client) Config(ctx context.Context, name string) (map[string]string, err
 	return m, err
 }
 
-// RestartTask restarts task id of the connector (a FAILED task stays failed until then).
+// RestartTask restarts task id of the connector (a FAILED task stays so until then).
 func (c Client) RestartTask(ctx context.Context, name string, id int) error {
 	return c.do(ctx, http.MethodPost, fmt.Sprintf("/connectors/%s/tasks/%d/restart", url.PathEscape(name), id), nil, nil)
 }
@@ -161,32 +160,16 @@ func IsNotFound(err error) bool {
 	return errors.As(err, &e) && e.Code == http.StatusNotFound
 }
 
+// do sends one request to the REST API and decodes its answer into out (when not nil); an error
+// answer is an *apiError.
 func (c Client) do(ctx context.Context, method, path string, body, out any) error {
-	if strings.HasPrefix(path, "/connectors//") || path == "/connectors/" {
-		return errors.New("cdc: empty connector name")
-	}
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return fmt.Errorf("cdc: encode request: %w", err)
-		}
-		rd = bytes.NewReader(b)
-	}
-	base := strings.TrimSuffix(cmp.Or(c.URL, DefaultConnectURL), "/")
-	req, err := http.NewRequestWithContext(ctx, method, base+path, rd)
+	req, err := c.newRequest(ctx, method, path, body)
 	if err != nil {
-		return fmt.Errorf("cdc: %w", err)
+		return err
 	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json")
-	hc := c.HTTP
-	if hc == nil {
-		hc = http.DefaultClient
-	}
-	resp, err := hc.Do(req)
+	resp, err := cmp.Or(c.HTTP, http.DefaultClient).Do(req)
 	if err != nil {
-		return fmt.Errorf("cdc: Connect %s %s (is the Connect cluster up? e2e/services up connect): %w", method, base+path, err)
+		return fmt.Errorf("cdc: Connect %s %s (is the Connect cluster up? e2e/services up connect): %w", method, req.URL, err)
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
@@ -200,10 +183,35 @@ func (c Client) do(ctx context.Context, method, path string, body, out any) erro
 		_ = json.Unmarshal(raw, &e)
 		return &apiError{Method: method, Path: path, Code: resp.StatusCode, Message: cmp.Or(e.Message, strings.TrimSpace(string(raw)))}
 	}
-	if out != nil && len(raw) > 0 {
-		if err := json.Unmarshal(raw, out); err != nil {
-			return fmt.Errorf("cdc: Connect %s %s: decode answer: %w", method, path, err)
-		}
+	if out == nil || len(raw) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(raw, out); err != nil {
+		return fmt.Errorf("cdc: Connect %s %s: decode answer: %w", method, path, err)
 	}
 	return nil
+}
+
+// newRequest builds a request to the REST API at path with body as JSON (none when nil). A path
+// without a connector name is refused: it would address the collection.
+func (c Client) newRequest(ctx context.Context, method, path string, body any) (*http.Request, error) {
+	if strings.Contains(path+"/", "/connectors//") { // "/connectors/" + "" + an optional suffix
+		return nil, errors.New("cdc: empty connector name")
+	}
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return nil, fmt.Errorf("cdc: encode request: %w", err)
+		}
+		rd = bytes.NewReader(b)
+	}
+	base := strings.TrimSuffix(cmp.Or(c.URL, DefaultConnectURL), "/")
+	req, err := http.NewRequestWithContext(ctx, method, base+path, rd)
+	if err != nil {
+		return nil, fmt.Errorf("cdc: %w", err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json")
+	return req, nil
 }

@@ -1,23 +1,15 @@
-// Package cdc moves the outbox into Kafka with Debezium's PostgreSQL connector and its Outbox
-// Event Router, on a Kafka Connect cluster, instead of the built-in outbox.Relay: it produces
-// the connector's configuration for an outbox schema, prepares PostgreSQL for it (publication,
-// grants) and registers, updates, checks and removes the connector through Connect's REST API.
+// Package cdc moves the outbox into Kafka with Debezium's connector and Outbox Event Router on
+// Kafka Connect, instead of outbox.Relay: it prepares PostgreSQL and registers, checks and
+// removes the connector through Connect's REST API.
 //
-// Guarantee: with the defaults (exactly.once.support=required on a worker with
+// Guarantee: with the defaults (exactly.once.support=required on workers with
 // exactly.once.source.support=enabled), the connector writes each committed outbox row to Kafka
-// once, in commit order per partition key, and a Connect cluster in distributed mode moves its
-// task to another worker when one dies. Where it stops: Kafka to the consumer stays
-// at-least-once (consumer restarts, rebalances), and a switch between the Relay and Debezium can
-// deliver an event twice; the effectively-once middleware dedupes both on the event's UUID
-// (broker.KafkaUnmarshaler reads Debezium's records back into the producer's message). The
-// replication slot retains WAL while the connector is down: watch SlotLag.
-//
-// Retention: Prepare registers a position for the slot in outbox_offsets, which the retention
-// janitor advances (retention.Config.CDCSlots, AdvancePosition) to what the slot has confirmed,
-// so outbox.Prune deletes only rows whose events Debezium has written to Kafka; Remove forgets it.
-//
-// The versions that work together: Kafka Connect 4.3.1 with Debezium 3.6.1.Final (Connect 4.4.0
-// fails to start Debezium's task); see docs/cdc.md.
+// once, in commit order per partition key, and a distributed Connect cluster moves its task
+// when a worker dies. Where it stops: Kafka to the consumer stays at-least-once, and a switch
+// between the Relay and Debezium can deliver an event twice; the effectively-once middleware
+// dedupes both on the event's UUID. The slot retains WAL while the connector is down (Slot).
+// outbox.Prune keeps every row the slot has not confirmed. Settings, retention and the
+// versions that work together: docs/cdc.md.
 package cdc
 
 import (
@@ -26,10 +18,12 @@ import (
 	"fmt"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/wmonce/watermill-once/internal/setup"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -43,70 +37,44 @@ const (
 	defaultHeartbeatInterval = 10 * time.Second
 )
 
-// The connector's defaults that the CLI, the examples and e2e/services share.
+// Defaults the CLI and the examples share (e2e/services sets them up).
 const (
-	// DefaultTopicPartitions is the partition count of topics Connect creates (topics that
-	// exist already keep theirs); the broker package's default too.
 	DefaultTopicPartitions = 3
-	// DefaultReplicationRole is the role e2e/services creates for the connector.
 	DefaultReplicationRole = "wmonce_cdc"
-	// DefaultConnectURL is the REST API of the first worker e2e/services starts.
-	DefaultConnectURL = "http://127.0.0.1:8083"
+	DefaultConnectURL      = "http://127.0.0.1:8083"
 )
 
 // Config describes the Debezium connector for one outbox schema.
 type Config struct {
-	// Schema holds the outbox table. Default pgtx.DefaultSchema.
-	Schema string
-	// DatabaseURL is the PostgreSQL the connector reads, postgres://user[:password]@host:port/db
-	// (as seen from the Connect workers). Required.
-	DatabaseURL string
-	// PasswordReference is what the connector's database.password holds instead of the
-	// password of DatabaseURL: a Connect config variable such as
-	// ${file:/etc/wmonce/cdc.properties:password} or ${env:WMONCE_CDC_PASSWORD}, which each
-	// worker resolves through a config provider it declares (config.providers; e2e/services
-	// and docker-compose.yml declare file and env). A password in DatabaseURL is stored in
-	// clear in Connect's config topic and returned by GET /connectors/<name>/config; a
-	// reference keeps it on the workers. Setting both is refused.
+	Schema      string // the outbox's; default pgtx.DefaultSchema
+	DatabaseURL string // postgres://user[:password]@host:port/db as the workers see it; required
+	// PasswordReference replaces the URL's password with a Connect config variable the workers
+	// resolve (${file:path:key}, ${env:NAME}), kept out of Connect's config topic; not both.
 	PasswordReference string
-	// User is the role the connector logs in with: REPLICATION and LOGIN, SELECT on the outbox
-	// (Prepare grants it). Default: the URL's user.
-	User string
-	// Name of the connector. Default "wmonce-outbox-<schema>" (with _ as -).
-	Name string
-	// SlotName is the replication slot. Default "wmonce_<schema>". One per connector.
-	SlotName string
-	// PublicationName is the publication Prepare creates for the outbox table. Default
-	// "wmonce_outbox_<schema>".
-	PublicationName string
-	// PollInterval is poll.interval.ms. Default 10 ms.
-	PollInterval time.Duration
-	// HeartbeatInterval is heartbeat.interval.ms. Default 10 seconds.
-	HeartbeatInterval time.Duration
-	// TopicPartitions for topics Connect creates. Default DefaultTopicPartitions.
-	TopicPartitions int
-	// TopicReplicationFactor for topics Connect creates; -1 asks the cluster. Default -1.
-	TopicReplicationFactor int
-	// DisableExactlyOnce drops exactly.once.support=required: the connector then also runs on
-	// workers without exactly-once source support, and a worker's death duplicates events
-	// (31 in 632 in one measured kill), which the middleware dedupes.
+	User              string // the connector's role (REPLICATION, LOGIN); default the URL's user
+	// Name, SlotName and PublicationName default to "wmonce-outbox-<schema>" (_ as -),
+	// "wmonce_<schema>" and "wmonce_outbox_<schema>"; one slot per connector.
+	Name, SlotName, PublicationName string
+	PollInterval                    time.Duration // poll.interval.ms: default 10ms, at least 1ms
+	HeartbeatInterval               time.Duration // heartbeat.interval.ms: default 10s
+	// TopicPartitions and TopicReplicationFactor of the topics Connect creates: default
+	// DefaultTopicPartitions and -1 (the cluster's).
+	TopicPartitions, TopicReplicationFactor int
+	// DisableExactlyOnce lets the connector run on workers without exactly-once source
+	// support; a worker's death then duplicates events, which the middleware dedupes.
 	DisableExactlyOnce bool
 }
 
-// WithDefaults returns c with its defaults applied: the names (Name, SlotName, ...) the
-// connector will have.
+// WithDefaults returns c with its defaults applied.
 func (c Config) WithDefaults() Config {
 	c.setDefaults()
 	return c
 }
 
 func (c *Config) setDefaults() {
+	db, _ := parseDatabaseURL(c.DatabaseURL)
 	c.Schema = cmp.Or(c.Schema, pgtx.DefaultSchema)
-	if c.User == "" {
-		if u, err := url.Parse(c.DatabaseURL); err == nil && u.User != nil {
-			c.User = u.User.Username()
-		}
-	}
+	c.User = cmp.Or(c.User, db.user)
 	c.Name = cmp.Or(c.Name, "wmonce-outbox-"+strings.ReplaceAll(c.Schema, "_", "-"))
 	c.SlotName = cmp.Or(c.SlotName, "wmonce_"+c.Schema)
 	c.PublicationName = cmp.Or(c.PublicationName, "wmonce_outbox_"+c.Schema)
@@ -118,40 +86,56 @@ func (c *Config) setDefaults() {
 
 // Validate reports a configuration that cannot work.
 func (c Config) Validate() error {
-	_, urlErr := parseDatabaseURL(c.DatabaseURL)
-	errs := []error{
+	db, urlErr := parseDatabaseURL(c.DatabaseURL)
+	err := errors.Join(
 		pgtx.ValidateIdentifier("schema", c.Schema),
 		urlErr,
 		// Slot names: lower-case letters, digits and underscores, at most 63 bytes (PostgreSQL).
 		pgtx.ValidateIdentifier("slot", c.SlotName),
 		pgtx.ValidateIdentifier("publication", c.PublicationName),
-	}
-	if c.User == "" {
-		errs = append(errs, errors.New("no User, and DatabaseURL names none"))
-	}
-	if c.PasswordReference != "" {
-		if !configVariable.MatchString(c.PasswordReference) {
-			errs = append(errs, fmt.Errorf("PasswordReference %q is not a Connect config variable ${provider:[path:]key}", c.PasswordReference))
-		}
-		if urlErr == nil {
-			if db, _ := parseDatabaseURL(c.DatabaseURL); db.password != "" {
-				errs = append(errs, errors.New("PasswordReference is set and DatabaseURL carries a password too: drop the password from the URL"))
-			}
-		}
-	}
-	if c.Name == "" || strings.ContainsAny(c.Name, "/ ?#%") {
-		errs = append(errs, fmt.Errorf("connector name %q must be non-empty without '/', spaces, '?', '#' or '%%'", c.Name))
-	}
-	if c.PollInterval < time.Millisecond || c.HeartbeatInterval < 0 {
-		errs = append(errs, errors.New("PollInterval must be at least 1ms and HeartbeatInterval not negative"))
-	}
-	if c.TopicPartitions < 1 || c.TopicReplicationFactor == 0 || c.TopicReplicationFactor < -1 {
-		errs = append(errs, errors.New("TopicPartitions must be at least 1, TopicReplicationFactor -1 or at least 1"))
-	}
-	if err := errors.Join(errs...); err != nil {
+		c.checkLogin(db),
+		checkConnectorName(c.Name),
+		setup.AtLeast("PollInterval", c.PollInterval, time.Millisecond),
+		setup.NotNegative("HeartbeatInterval", c.HeartbeatInterval),
+		setup.AtLeast("TopicPartitions", c.TopicPartitions, 1),
+		checkReplicationFactor(c.TopicReplicationFactor),
+	)
+	if err != nil {
 		return fmt.Errorf("cdc: invalid config: %w", err)
 	}
 	return nil
+}
+
+// checkLogin checks how the connector logs in: a user, and its password either in the URL or
+// by reference, not both.
+func (c Config) checkLogin(db database) error {
+	switch {
+	case c.User == "":
+		return errors.New("no User, and DatabaseURL names none")
+	case c.PasswordReference == "":
+		return nil
+	case !configVariable.MatchString(c.PasswordReference):
+		return fmt.Errorf("PasswordReference %q is not a Connect config variable ${provider:[path:]key}", c.PasswordReference)
+	case db.password != "":
+		return errors.New("PasswordReference is set and DatabaseURL carries a password too: drop the password from the URL")
+	}
+	return nil
+}
+
+// checkConnectorName refuses a name that cannot be a path segment of Connect's REST API.
+func checkConnectorName(name string) error {
+	if name == "" || strings.ContainsAny(name, "/ ?#%") {
+		return fmt.Errorf("connector name %q must be non-empty without '/', spaces, '?', '#' or '%%'", name)
+	}
+	return nil
+}
+
+// checkReplicationFactor accepts -1 (the cluster's default) or a factor of at least 1.
+func checkReplicationFactor(f int) error {
+	if f == -1 {
+		return nil
+	}
+	return setup.AtLeast("TopicReplicationFactor (or -1)", f, 1)
 }
 
 // configVariable is a Connect config variable (KIP-297): ${provider:key} or
@@ -160,16 +144,14 @@ var configVariable = regexp.MustCompile(`^\$\{[A-Za-z0-9_.-]+:[^{}]+\}$`)
 
 type database struct{ host, port, user, password, name string }
 
+// parseDatabaseURL reads the parts of DatabaseURL the connector's configuration names apart.
 func parseDatabaseURL(s string) (database, error) {
 	u, err := url.Parse(s)
-	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" {
+	if err != nil || !slices.Contains([]string{"postgres", "postgresql"}, u.Scheme) || u.Host == "" {
 		return database{}, fmt.Errorf("DatabaseURL %q is not postgres://user@host:port/database", redact(s))
 	}
-	db := database{host: u.Hostname(), port: cmp.Or(u.Port(), "5432"), name: strings.TrimPrefix(u.Path, "/")}
-	if u.User != nil {
-		db.user = u.User.Username()
-		db.password, _ = u.User.Password()
-	}
+	db := database{host: u.Hostname(), port: cmp.Or(u.Port(), "5432"), name: strings.TrimPrefix(u.Path, "/"), user: u.User.Username()}
+	db.password, _ = u.User.Password() // both nil-safe: a URL without a user has neither
 	if db.name == "" {
 		return database{}, fmt.Errorf("DatabaseURL %q names no database", redact(s))
 	}
@@ -192,18 +174,12 @@ const (
 	columnMetadata     = "metadata"
 )
 
-// ConnectorConfig returns the connector's configuration, as Connect's REST API takes it
-// (PUT /connectors/<name>/config), with config's defaults applied. It fails if config is
-// invalid.
-//
-// What it sets: one task (a slot has one reader), pgoutput with the publication Prepare
-// creates (publication.autocreate.mode=disabled: the default needs a superuser),
-// snapshot.mode=no_data (the connector starts at its slot's position; rows committed before
-// were for the Relay), exactly-once required, a low poll interval, heartbeats, the raw payload
-// as the record value (BinaryDataConverter) and the router: topic = destination column,
-// record key = partition_key, header "id" = uuid, header "metadata" = the metadata JSON.
-// Deletes are ignored (an outbox row deleted by retention is not an event).
+// ConnectorConfig returns the connector's configuration for Connect's REST API, defaults
+// applied (docs/cdc.md, The connector's settings).
 func ConnectorConfig(config Config) (map[string]string, error) {
+	// One task: a slot has one reader. publication.autocreate.mode=disabled: the default needs a
+	// superuser. snapshot.mode=no_data: rows committed before the slot were the Relay's. Deletes
+	// are ignored: a row retention deletes is not an event.
 	config.setDefaults()
 	if err := config.Validate(); err != nil {
 		return nil, err
