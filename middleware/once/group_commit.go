@@ -250,13 +250,16 @@ func (g *groupCommitter) claimAll(ctx context.Context, tx *sql.Tx, pending []*qu
 	consumers := make([]string, len(pending))
 	keys := make([]string, len(pending))
 	prints := make([][]byte, len(pending))
-	days := make([]time.Time, len(pending))
 	for i, q := range pending {
 		consumers[i], keys[i], prints[i] = q.Item.d.consumer, q.Item.d.key, q.Item.d.fingerprint
-		days[i] = partition.Day(q.Item.d.occurredAt)
 	}
 	args := []any{consumers, keys, prints}
+	var days []time.Time // PartitionByDay only
 	if e.q.daily {
+		days = make([]time.Time, len(pending))
+		for i, q := range pending {
+			days[i] = partition.Day(q.Item.d.occurredAt)
+		}
 		args = append(args, days)
 	}
 	rows, err := tx.QueryContext(ctx, e.q.claimMany, args...)
