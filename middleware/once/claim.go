@@ -60,7 +60,7 @@ func (e *Middleware) claimOutcome(ctx context.Context, tx *sql.Tx, d *delivery, 
 	var processedAt time.Time
 	if err := tx.QueryRowContext(ctx, e.q.lookup, lookupArgs...).Scan(&stored, &processedAt); err != nil {
 		// The duplicate is certain (the insert conflicted); only the fingerprint check is lost.
-		e.logger.Error("Duplicate skipped, but its applied copy could not be read to compare payloads", err, d.fields)
+		e.logger.Error("Duplicate skipped, but its applied copy could not be read to compare payloads", err, d.logFields())
 		return false, nil
 	}
 	return false, e.reportDuplicate(d, stored, processedAt)
@@ -68,7 +68,7 @@ func (e *Middleware) claimOutcome(ctx context.Context, tx *sql.Tx, d *delivery, 
 
 // claimed records a fresh claim.
 func (d *delivery) claimed() {
-	if d.span != nil {
+	if d.recording {
 		d.span.SetAttributes(tracing.Fresh.Bool(true), tracing.Duplicate.Bool(false))
 		d.span.AddEvent(tracing.EventClaim, trace.WithAttributes(tracing.Fresh.Bool(true)))
 	}
@@ -87,14 +87,14 @@ func (e *Middleware) checkAge(d *delivery) error {
 	d.counters.tooOld.Add(1)
 	err := wmonce.Permanent(fmt.Errorf("%w: event occurred %s ago (at %s), beyond MaxMessageAge %s: its key may already have been deleted by retention, so applying it could apply it twice",
 		wmonce.ErrTooOld, age.Round(time.Second), d.occurredAt.Format(time.RFC3339), e.config.MaxMessageAge))
-	e.logger.Error("ALERT: copy older than the retention window refused, not applied", err, d.fields)
+	e.logger.Error("ALERT: copy older than the retention window refused, not applied", err, d.logFields())
 	return err
 }
 
 // countDuplicate counts a skipped copy and marks its span as a duplicate.
 func (d *delivery) countDuplicate() {
 	d.counters.duplicates.Add(1)
-	if d.span != nil {
+	if d.recording {
 		d.span.SetAttributes(tracing.Fresh.Bool(false))
 		tracing.MarkDuplicate(d.span, false)
 	}
@@ -104,13 +104,13 @@ func (d *delivery) countDuplicate() {
 // returns a permanent error only for a mismatch under RejectFingerprintMismatch.
 func (e *Middleware) reportDuplicate(d *delivery, stored []byte, processedAt time.Time) error {
 	if bytes.Equal(stored, d.fingerprint) {
-		e.logDuplicate(d, "Duplicate skipped: already applied", d.fields.Add(watermill.LogFields{"processed_at": processedAt}))
+		e.logDuplicate(d, "Duplicate skipped: already applied", d.logFields().Add(watermill.LogFields{"processed_at": processedAt}))
 		return nil
 	}
 	d.countMismatch()
 	e.observer.duplicate(d.consumer, true)
 	mismatch := fmt.Errorf("payload fingerprint mismatch: key %q was applied at %s with a different payload; two different events share one id", d.key, processedAt.Format(time.RFC3339))
-	e.logger.Error("Duplicate with a DIFFERENT payload: not applied", mismatch, d.fields)
+	e.logger.Error("Duplicate with a DIFFERENT payload: not applied", mismatch, d.logFields())
 	if e.config.RejectFingerprintMismatch {
 		return wmonce.Permanent(mismatch)
 	}
@@ -120,7 +120,7 @@ func (e *Middleware) reportDuplicate(d *delivery, stored []byte, processedAt tim
 // countMismatch counts a duplicate whose payload differs from the applied copy's.
 func (d *delivery) countMismatch() {
 	d.counters.mismatches.Add(1)
-	if d.span != nil {
+	if d.recording {
 		d.span.SetAttributes(tracing.FingerprintMismatch.Bool(true))
 	}
 }
@@ -189,7 +189,7 @@ func (e *Middleware) apply(ctx context.Context, h message.HandlerFunc, d *delive
 // ended, the permanent error (from txguard or lend).
 func (e *Middleware) handlerEndedTx(d *delivery, ended error) error {
 	d.counters.endedTx.Add(1)
-	e.logger.Error("The handler ended the transaction it was given (Commit or Rollback): nothing of it was applied; the message is a permanent failure", ended, d.fields)
+	e.logger.Error("The handler ended the transaction it was given (Commit or Rollback): nothing of it was applied; the message is a permanent failure", ended, d.logFields())
 	return ended
 }
 
@@ -198,7 +198,7 @@ func isEnded(err error) bool { return errors.Is(err, wmonce.ErrHandlerEndedTx) }
 
 // committed records the outcome of the transaction's COMMIT on the delivery's span.
 func (d *delivery) committed(err error) {
-	if d.span == nil {
+	if !d.recording {
 		return
 	}
 	if err != nil {

@@ -70,14 +70,17 @@ func newGroupCommitter(e *Middleware, config GroupCommitConfig) *groupCommitter 
 // close answers the deliveries still waiting with errClosed and waits for the groups running.
 func (g *groupCommitter) close() { g.lanes.Close() }
 
-var errClosed = errors.New("once: middleware closed")
+var (
+	errClosed    = errors.New("once: middleware closed")
+	errNoOutcome = errors.New("once: group ended without an outcome")
+)
 
 // run commits a group, isolating failed messages: a failure rolls the transaction back, the
 // failed message is answered alone and the rest run again.
 func (g *groupCommitter) run(group []*queued) {
 	defer func() {
 		for _, q := range group {
-			q.Answer(errors.New("once: group ended without an outcome")) // never reached
+			q.Answer(errNoOutcome) // never reached
 		}
 	}()
 	var live []*queued
@@ -247,13 +250,16 @@ func (g *groupCommitter) claimAll(ctx context.Context, tx *sql.Tx, pending []*qu
 	consumers := make([]string, len(pending))
 	keys := make([]string, len(pending))
 	prints := make([][]byte, len(pending))
-	days := make([]time.Time, len(pending))
 	for i, q := range pending {
 		consumers[i], keys[i], prints[i] = q.Item.d.consumer, q.Item.d.key, q.Item.d.fingerprint
-		days[i] = partition.Day(q.Item.d.occurredAt)
 	}
 	args := []any{consumers, keys, prints}
+	var days []time.Time // PartitionByDay only
 	if e.q.daily {
+		days = make([]time.Time, len(pending))
+		for i, q := range pending {
+			days[i] = partition.Day(q.Item.d.occurredAt)
+		}
 		args = append(args, days)
 	}
 	rows, err := tx.QueryContext(ctx, e.q.claimMany, args...)
@@ -373,7 +379,7 @@ func (g *groupCommitter) settle(q *queued, err error) {
 		if err == nil {
 			copied := c.Item.d
 			copied.countDuplicate()
-			g.e.logDuplicate(copied, "Duplicate skipped: a copy arrived in the same group", copied.fields)
+			g.e.logDuplicate(copied, "Duplicate skipped: a copy arrived in the same group", copied.logFields())
 		}
 		c.Answer(err)
 	}

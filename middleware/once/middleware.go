@@ -111,7 +111,13 @@ func (e *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		// Subscribers re-send msg.Copy() with their own context and Retry reuses msg: leave the
 		// message as we found it.
 		defer msg.SetContext(origCtx)
-		ctx, span := e.startSpan(origCtx, msg)
+		// The subscriber's transaction is looked up once per delivery: each lookup walks the
+		// whole context chain, which the router and the subscriber make long.
+		var subTx *sql.Tx
+		if !e.config.DisableSubscriberTxReuse {
+			subTx, _ = pgtx.SubscriberTxFromContext(origCtx)
+		}
+		ctx, span := e.startSpan(origCtx, msg, subTx != nil)
 		defer func() { tracing.End(span, err) }()
 
 		d, err := e.newDelivery(msg)
@@ -119,16 +125,16 @@ func (e *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, err
 		}
 		d.traced(span)
+		if subTx != nil {
+			d.sharedTx, d.inSubscriberTx = true, true
+			return nil, e.runInSubscriberTx(ctx, h, d, subTx) // subscriber_tx.go
+		}
 		if !e.config.DisableSubscriberTxReuse {
 			if err := pgtx.UnsupportedSubscriberTx(ctx); err != nil {
 				d.counters.refused.Add(1)
-				e.logger.Error("Message refused, not applied (the Stack parks it; without a poison queue it is nacked)", err, d.fields)
+				e.logger.Error("Message refused, not applied (the Stack parks it; without a poison queue it is nacked)", err, d.logFields())
 				return nil, err
 			}
-		}
-		if tx, ok := pgtx.SubscriberTxFromContext(ctx); ok && !e.config.DisableSubscriberTxReuse {
-			d.sharedTx, d.inSubscriberTx = true, true
-			return nil, e.runInSubscriberTx(ctx, h, d, tx) // subscriber_tx.go
 		}
 		return nil, e.runOutsideSubscriberTx(ctx, h, d)
 	}
@@ -159,8 +165,8 @@ func (e *Middleware) runOutsideSubscriberTx(ctx context.Context, h message.Handl
 
 // startSpan starts the consumer span of one delivery: a child of the trace context the
 // message carries (see internal/tracing.StartConsumer). It ends when the middleware returns.
-func (e *Middleware) startSpan(ctx context.Context, msg *message.Message) (context.Context, trace.Span) {
-	if _, ok := pgtx.SubscriberTxFromContext(ctx); ok && !e.config.DisableSubscriberTxReuse {
+func (e *Middleware) startSpan(ctx context.Context, msg *message.Message, inSubscriberTx bool) (context.Context, trace.Span) {
+	if inSubscriberTx {
 		return tracing.StartConsumer(ctx, e.tracer, tracing.SpanOnce, msg, tracing.Path.String(pathSubscriberTx))
 	}
 	if e.group != nil {
@@ -180,7 +186,7 @@ const (
 
 // tracedPath records which transaction the delivery runs in, once group commit decided it.
 func (d *delivery) tracedPath(path string) {
-	if d.span != nil {
+	if d.recording {
 		d.span.SetAttributes(tracing.Path.String(path))
 	}
 }
@@ -192,7 +198,6 @@ type delivery struct {
 	key         string
 	fingerprint []byte
 	outputTopic string
-	fields      watermill.LogFields
 	counters    *counters
 
 	occurredAt    time.Time
@@ -207,6 +212,16 @@ type delivery struct {
 	copies []*queued // group commit: later copies of this key in the same group
 
 	span trace.Span // the delivery's consumer span (startSpan)
+	// recording: span records what it is given. Without a tracer provider it does not, and the
+	// attributes and events of each step are not even built.
+	recording bool
+
+	sum [sha256.Size]byte // fingerprint's array: one allocation with the delivery
+}
+
+// logFields are the fields of the delivery's log lines, built only when a line is logged.
+func (d *delivery) logFields() watermill.LogFields {
+	return watermill.LogFields{"consumer": d.consumer, "dedupe_key": d.key, "message_uuid": d.msg.UUID}
 }
 
 func (e *Middleware) newDelivery(msg *message.Message) (*delivery, error) {
@@ -255,23 +270,24 @@ func (e *Middleware) newDelivery(msg *message.Message) (*delivery, error) {
 	if e.config.PartitionByDay && !hasOccurredAt {
 		return refuse(wmonce.Permanent(fmt.Errorf("%w: message %q (consumer %q) carries no occurred_at, which PartitionByDay needs to find its partition: publish through the outbox (it stamps it) or configure OccurredAt", wmonce.ErrMalformedMetadata, msg.UUID, consumer)))
 	}
-	sum := sha256.Sum256(msg.Payload)
 	topic := e.config.OutputTopic
 	if topic == "" {
 		topic = message.PublishTopicFromCtx(ctx)
 	}
-	return &delivery{
+	d := &delivery{
 		msg:         msg,
 		consumer:    consumer,
 		key:         key,
-		fingerprint: sum[:],
 		outputTopic: topic,
-		fields:      watermill.LogFields{"consumer": consumer, "dedupe_key": key, "message_uuid": msg.UUID},
 		counters:    c,
 
 		occurredAt:    occurredAt,
 		hasOccurredAt: hasOccurredAt,
-	}, nil
+
+		sum: sha256.Sum256(msg.Payload),
+	}
+	d.fingerprint = d.sum[:]
+	return d, nil
 }
 
 func (e *Middleware) checkKey(key string) error { return setup.CheckKey(key, e.config.MaxKeyLength) }
@@ -312,8 +328,10 @@ const overflowSender = "_other"
 
 // traced records the delivery's consumer and key on its span.
 func (d *delivery) traced(span trace.Span) {
-	d.span = span
-	span.SetAttributes(tracing.Consumer.String(d.consumer), tracing.DedupeKey.String(d.key))
+	d.span, d.recording = span, span.IsRecording()
+	if d.recording {
+		span.SetAttributes(tracing.Consumer.String(d.consumer), tracing.DedupeKey.String(d.key))
+	}
 }
 
 var errShutdownGrace = errors.New("once: router closed and ShutdownGrace elapsed")
@@ -359,7 +377,7 @@ func (e *Middleware) runInOwnTx(ctx context.Context, h message.HandlerFunc, d *d
 	return pgtx.Retry(ctx, e.config.TxRetry, func(ctx context.Context, attempt int) error {
 		if attempt > 1 {
 			d.counters.txRetries.Add(1)
-			e.logger.Debug("Transaction lost a race, running it again", d.fields.Add(watermill.LogFields{"attempt": attempt - 1, "sqlstate": pgtx.SQLState(last)}))
+			e.logger.Debug("Transaction lost a race, running it again", d.logFields().Add(watermill.LogFields{"attempt": attempt - 1, "sqlstate": pgtx.SQLState(last)}))
 		}
 		last = e.attemptOwnTx(ctx, h, d)
 		if e.ensurePartition(ctx, last) {

@@ -27,7 +27,7 @@ import (
 // with the next statement), plus one to compare the payload of a duplicate.
 func (e *Middleware) runInSubscriberTx(ctx context.Context, h message.HandlerFunc, d *delivery, tx *sql.Tx) error {
 	if e.ended.settledEarlier(d) {
-		e.logger.Info("Redelivery of a message whose handler ended the subscriber's transaction and that was parked: acked without running", d.fields)
+		e.logger.Info("Redelivery of a message whose handler ended the subscriber's transaction and that was parked: acked without running", d.logFields())
 		return nil
 	}
 	args := []any{pgx.QueryExecModeSimpleProtocol, d.consumer, d.key, d.fingerprint}
@@ -94,7 +94,7 @@ func (e *Middleware) subscriberTxUnusable(ctx context.Context, d *delivery, tx *
 		_, _ = tx.ExecContext(context.WithoutCancel(ctx), spRollback)
 	}
 	d.counters.txRetries.Add(1)
-	e.logger.Info("Subscriber transaction cannot commit; the message will be redelivered in a new one", d.fields)
+	e.logger.Info("Subscriber transaction cannot commit; the message will be redelivered in a new one", d.logFields())
 	return true, nil
 }
 
@@ -130,7 +130,7 @@ func (e *Middleware) subscriberTxEnded(ctx context.Context, d *delivery, tx *sql
 		return e.handlerEndedTx(d, txguard.Ended(err))
 	}
 	d.counters.txRetries.Add(1)
-	e.logger.Info("Subscriber transaction already ended (an earlier message's handler ended it); acked into it without running, the message will be redelivered in a new one", d.fields)
+	e.logger.Info("Subscriber transaction already ended (an earlier message's handler ended it); acked into it without running, the message will be redelivered in a new one", d.logFields())
 	return nil
 }
 
@@ -150,7 +150,7 @@ func lostConnection(ctx context.Context, err error) bool {
 func (e *Middleware) subscriberTxLost(d *delivery, err error) error {
 	d.counters.txRetries.Add(1)
 	e.logger.Info("Subscriber transaction lost its connection: acked into it without effect, so that the subscriber rolls back and delivers the message again in a new one",
-		d.fields.Add(watermill.LogFields{"err": err.Error()}))
+		d.logFields().Add(watermill.LogFields{"err": err.Error()}))
 	return nil
 }
 
@@ -189,7 +189,7 @@ func (e *Middleware) duplicateAfterSnapshot(ctx context.Context, d *delivery, tx
 	var processedAt time.Time
 	if err := e.db.QueryRowContext(lctx, e.q.lookup, args...).Scan(&stored, &processedAt); err != nil {
 		if !errors.Is(err, sql.ErrNoRows) {
-			e.logger.Error("Could not read the claim that a copy lost to", err, d.fields)
+			e.logger.Error("Could not read the claim that a copy lost to", err, d.logFields())
 		}
 		return e.abandonSnapshot(ctx, d, tx, lost, rollback)
 	}
@@ -217,14 +217,14 @@ func (e *Middleware) abandonSnapshot(ctx context.Context, d *delivery, tx *sql.T
 	}
 	d.counters.txRetries.Add(1)
 	e.logger.Info("Serialization failure in the subscriber's transaction: it will not commit, and the message is redelivered in a new one",
-		d.fields.Add(watermill.LogFields{"err": cause.Error()}))
+		d.logFields().Add(watermill.LogFields{"err": cause.Error()}))
 	return nil
 }
 
 // attemptComplete records, on the subscriber-transaction path, that the attempt is done: the
 // COMMIT is the subscriber's, after the ack, and is not traced.
 func (d *delivery) attemptComplete() {
-	if d.span != nil {
+	if d.recording {
 		d.span.AddEvent("attempt complete: the subscriber commits it with its offset on ack")
 	}
 }
