@@ -15,8 +15,9 @@ import (
 )
 
 // TestExample runs the projection over each broker, every transfer delivered twice: each is
-// applied once, the malformed event alone fails (and is parked), and over Kafka and RabbitMQ,
-// which keep several messages in flight, groups hold more than one message.
+// applied once and the malformed event alone fails (and is parked). How big the groups get
+// depends on timing (a group forms while every lane is busy), so it is logged, not checked: the
+// middleware's own tests form groups with signals (TestBatchHandlerGetsTheGroupsFreshMessagesOnce).
 func TestExample(t *testing.T) {
 	for _, kind := range []broker.Kind{broker.SQL, broker.Kafka, broker.AMQP} {
 		t.Run(string(kind), func(t *testing.T) {
@@ -49,9 +50,6 @@ func TestExample(t *testing.T) {
 			parked := pgtest.Count(t, db, `SELECT count(*) FROM wmonce.outbox WHERE payload->>'uuid' = $1 AND payload->>'destination_topic' = $2`, s.Malformed, once.DefaultPoisonTopic)
 			if parked != 1 {
 				t.Fatalf("the malformed event is parked %d times, want once", parked)
-			}
-			if kind != broker.SQL && s.AvgGroupSize <= 1 {
-				t.Fatalf("groups of %.1f messages: no batch formed over %s", s.AvgGroupSize, kind)
 			}
 			t.Logf("%+v", s)
 		})
