@@ -105,7 +105,12 @@ func (e *pathEnv) apply() message.HandlerFunc {
 	})
 }
 
-// TestContract runs the middleware's contract on every transaction path.
+// TestContract runs the middleware's contract on every transaction path, with per-message
+// handlers and (the "-batch" paths) batch handlers. Every case applies to both. On the batch
+// paths a message run alone, and every message in watermill-sql's subscriber transaction, is
+// a batch of one; several form a batch on the group-commit paths, where deliveries overlap
+// (concurrent copies, the poison among messages in flight). Kafka and RabbitMQ deliveries
+// reach these same paths; the e2e suite runs a batch consumer on each of them.
 func TestContract(t *testing.T) {
 	t.Parallel()
 	for _, p := range txPaths {
