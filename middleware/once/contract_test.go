@@ -108,8 +108,9 @@ func (e *pathEnv) apply() message.HandlerFunc {
 // TestContract runs the middleware's contract on every transaction path, with per-message
 // handlers and (the "-batch" paths) batch handlers. Every case applies to both. On the batch
 // paths a message run alone, and every message in watermill-sql's subscriber transaction, is
-// a batch of one; several form a batch on the group-commit paths, where deliveries overlap
-// (concurrent copies, the poison among messages in flight). Kafka and RabbitMQ deliveries
+// a batch of one; messages in flight together form a batch of several on the group-commit
+// paths (the poison among messages in flight: a batch of eight, then of seven without it).
+// Kafka and RabbitMQ deliveries
 // reach these same paths; the e2e suite runs a batch consumer on each of them.
 func TestContract(t *testing.T) {
 	t.Parallel()
