@@ -111,6 +111,7 @@ type ChaosReport struct {
 	Lost               int            `json:"lost"`
 	AppliedTwice       int            `json:"applied_twice"`
 	PoisonParked       bool           `json:"poison_parked"`
+	AppliedByBatch     int            `json:"applied_by_batch"` // ledger rows of consumer b, whose handler is a batch handler
 	Faults             map[string]int `json:"faults"`
 	RecoveryMsP50      int64          `json:"recovery_ms_p50"`
 	RecoveryMsMax      int64          `json:"recovery_ms_max"`
@@ -129,7 +130,7 @@ var chaosMinimum = map[string]int{
 const chaosMinRepublishedPct = 10.0
 
 // RunChaos is the chaos mode of the fault suite: producers, the relay and two consumer
-// instances run as separate OS processes, and a seeded nemesis keeps injecting faults at random
+// instances (b with a batch handler, as in Run) run as separate OS processes, and a seeded nemesis keeps injecting faults at random
 // intervals for the whole run: SIGKILL of a consumer or of the relay (also right between a
 // publish and the position update), an immediate-mode PostgreSQL restart, pg_terminate_backend
 // of every application connection, a broker restart and a broker connection close. It ends
@@ -191,7 +192,7 @@ func RunChaos(t *testing.T, target ChaosTarget, opts ChaosOptions) ChaosReport {
 			}
 			return ok
 		}}
-	consumers := &fleet{t: t, bin: opts.ConsumerBinary, dir: logDir, env: env}
+	consumers := &fleet{t: t, bin: opts.ConsumerBinary, dir: logDir, env: env, envOf: batchConsumer}
 	faults := &chaosFaults{counts: map[string]int{}}
 	relay := superviseProc(t, relays, "relay", func(selfKilled bool) {
 		if selfKilled {
@@ -362,7 +363,8 @@ func RunChaos(t *testing.T, target ChaosTarget, opts ChaosOptions) ChaosReport {
 		RepublishedPct: float64(int(1000*float64(republished)/float64(total+1))) / 10,
 		Deliveries:     st.Deliveries, DuplicatesAbsorbed: st.Duplicates,
 		Lost: lost, AppliedTwice: rows - distinct, PoisonParked: parkedPoison >= 1,
-		Faults: faults.snapshot(), DurationS: time.Since(began).Round(100 * time.Millisecond).Seconds(),
+		AppliedByBatch: q(`SELECT count(*) FROM ` + ledger + ` WHERE instance = 'b'`),
+		Faults:         faults.snapshot(), DurationS: time.Since(began).Round(100 * time.Millisecond).Seconds(),
 	}
 	report.RecoveryMsP50, report.RecoveryMsMax = percentiles(recoveries)
 	line, _ := json.Marshal(report)

@@ -5,7 +5,8 @@
 // Run checks the effectively-once guarantee over a real broker while faults are injected at
 // fixed points (relay crashes between publishing and recording its position, consumer processes
 // killed with SIGKILL, PostgreSQL connections terminated, broker connections closed, a poison
-// message). On KAFKA_BROKERS the Kafka run also kills the broker process with SIGKILL
+// message). Of its two consumer processes, b runs the ledger as a batch handler
+// (once.BatchHandler, E2E_HANDLER=batch), a as a per-message one; RunChaos does the same. On KAFKA_BROKERS the Kafka run also kills the broker process with SIGKILL
 // mid-stream and starts it again through e2e/services, so it needs KAFKA_SERVICE, the line
 // of that broker there: KAFKA_BROKERS=127.0.0.1:9092 KAFKA_SERVICE=3.9, or
 // KAFKA_BROKERS=127.0.0.1:9094 KAFKA_SERVICE=4 (it fails when KAFKA_SERVICE is missing, and on

@@ -90,7 +90,8 @@ func (o *Options) setDefaults() {
 //   - the relay publishes to the broker through a publisher that, every third call, publishes
 //     and then reports failure, exactly like a relay crashing before recording its position,
 //     so the relay republishes (the run asserts that at least 10% of the events were);
-//   - two consumer processes in one consumer group share the database;
+//   - two consumer processes in one consumer group share the database, one with the
+//     per-message handler, the other with a batch handler (once.BatchHandler) of the same effect;
 //   - each of them is killed with SIGKILL mid-stream and restarted;
 //   - every PostgreSQL connection of the application (producers, relay, consumers) is
 //     terminated with pg_terminate_backend mid-stream;
@@ -119,6 +120,7 @@ func Run(t *testing.T, target Target, opts Options) {
 	control, appDB, schema, appName, cfg, writer, crashy, relay := r.control, r.app, r.schema, r.appName, r.cfg, r.writer, r.crashy, r.relay
 	fleet := r.fleet(t, opts.ConsumerBinary, target.Name+"-"+appName,
 		scenario.EnvTopic+"="+topic, scenario.EnvPoisonTopic+"="+poisonTopic, scenario.EnvGroup+"="+group)
+	fleet.envOf = batchConsumer
 	a, c := fleet.start("a"), fleet.start("b")
 
 	// Producers, with faults injected at fixed points of the stream.
@@ -260,6 +262,9 @@ func Run(t *testing.T, target Target, opts Options) {
 		target.Name, pubStats.published, pubStats.republishedEvents, 100*float64(pubStats.republishedEvents)/float64(total+1), pubStats.crashes)
 	t.Logf("e2e[%s] consumers (%d process runs): %d deliveries, %d fresh, %d duplicates absorbed, %d attempts rolled back (middleware Counters; runs killed with SIGKILL count up to their last report, at most 100ms before the kill)",
 		target.Name, fleet.runs(), st.Deliveries, st.Applied, st.Duplicates, st.Failed)
+	t.Logf("e2e[%s] events applied by the per-message consumer a: %d, by the batch consumer b: %d",
+		target.Name, q(`SELECT count(*) FROM `+pgtx.QualifiedName(schema, "ledger")+` WHERE instance = 'a'`),
+		q(`SELECT count(*) FROM `+pgtx.QualifiedName(schema, "ledger")+` WHERE instance = 'b'`))
 	if target.Describe != nil {
 		t.Logf("e2e[%s] broker: %s", target.Name, target.Describe(t, cfg))
 	}
@@ -316,6 +321,11 @@ func newRig(ctx context.Context, t *testing.T, target Target, appPrefix string, 
 	t.Cleanup(func() { _ = r.relay.Close(); <-relayDone })
 	return r
 }
+
+// batchConsumer is the consumer process, of the two, whose handler is a once.BatchHandler with
+// the same effect (scenario.BatchHandler, one multi-row INSERT per batch): the batch path is
+// held to the same checks, next to the per-message path, in one consumer group.
+var batchConsumer = map[string][]string{"b": {scenario.EnvHandler + "=" + scenario.HandlerBatch}}
 
 // fleet returns a fleet of consumer processes of bin on the rig's broker and schema, with the
 // scenario's variables env, logging into a temporary directory, or into E2E_LOG_DIR/logName
@@ -445,6 +455,8 @@ type fleet struct {
 	bin string
 	dir string
 	env []string
+	// envOf adds variables for the processes of one name (the batch consumer: batchConsumer).
+	envOf map[string][]string
 	// onLine, when set, sees each stdout line that is not a stats report first; it returns
 	// true when it consumed the line (it is then not copied to the process log).
 	onLine func(line string) bool
@@ -478,7 +490,7 @@ func (f *fleet) start(name string) *proc {
 	logFile, err := os.Create(p.logPath)
 	require.NoError(f.t, err)
 	p.cmd = exec.Command(f.bin) //nolint:noctx // the fixture starts, kills and reaps its processes itself: a context would kill them behind its back
-	p.cmd.Env = append(append(os.Environ(), f.env...), scenario.EnvInstance+"="+name)
+	p.cmd.Env = append(append(append(os.Environ(), f.env...), f.envOf[name]...), scenario.EnvInstance+"="+name)
 	p.cmd.Stderr = logFile
 	stdout, err := p.cmd.StdoutPipe()
 	require.NoError(f.t, err)

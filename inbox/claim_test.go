@@ -14,9 +14,9 @@ import (
 
 // Handlers run by the processor derive downstream keys from the inbox's dedupe key, exactly as
 // under the effectively-once middleware.
-func testProcessorExposesClaimForDownstreamKeys(t *testing.T) {
+func testProcessorExposesClaimForDownstreamKeys(t *testing.T, batch bool) {
 	t.Parallel()
-	e := newEnv(t)
+	e := newEnv(t).handlers(batch)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "rewards", Key: wmonce.KeyFromMetadata("event_id")})
 	msg := message.NewMessage("transport-1", []byte(`{}`))
 	msg.Metadata.Set("event_id", "e-91")

@@ -2,13 +2,15 @@ package inbox_test
 
 import "testing"
 
-// TestProcessorContract is what the Processor guarantees. Each case is in the file of the
-// behaviour it tests.
+// TestProcessorContract is what the Processor guarantees, with a per-message handler and,
+// in the "batch" subtests, with the same handler run as a batch handler (asBatch): a batch of
+// one per transaction, or of TxBatchSize rows where a case sets it. Each case is in the file
+// of the behaviour it tests.
 func TestProcessorContract(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
 		name string
-		run  func(*testing.T)
+		run  func(t *testing.T, batch bool)
 	}{
 		{"a failing handler is retried with backoff, then succeeds", testFailingHandlerRetriesWithBackoffThenSucceeds},
 		{"a poison row is parked while other keys go on", testPoisonRowParkedWhileOtherKeysGoOn},
@@ -27,6 +29,7 @@ func TestProcessorContract(t *testing.T) {
 		{"an unstorable output parks the row at once", testUnstorableOutputParksTheRowAtOnce},
 		{"the claim is exposed for downstream keys", testProcessorExposesClaimForDownstreamKeys},
 	} {
-		t.Run(c.name, c.run)
+		t.Run(c.name, func(t *testing.T) { c.run(t, false) })
+		t.Run(c.name+", batch", func(t *testing.T) { c.run(t, true) })
 	}
 }

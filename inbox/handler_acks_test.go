@@ -19,13 +19,13 @@ import (
 // Receiver acked the delivery when it stored the row), so the call changes nothing. Every row is
 // applied exactly once, the failed attempt is retried (in a batch: its neighbours run again, one
 // per transaction), and each call is counted in HandlerAcked.
-func testHandlerAckingItsMessage(t *testing.T) {
+func testHandlerAckingItsMessage(t *testing.T, batch bool) {
 	t.Parallel()
 	for _, call := range []string{"Ack", "Nack"} {
 		for _, txBatch := range []int{1, 4} {
 			t.Run(fmt.Sprintf("%s, TxBatchSize %d", call, txBatch), func(t *testing.T) {
 				t.Parallel()
-				e := newEnv(t)
+				e := newEnv(t).handlers(batch)
 				r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
 				storeRows(t, e, r, 3)
 				cfg := fast("c")

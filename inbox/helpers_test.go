@@ -16,6 +16,7 @@ import (
 	"github.com/wmonce/watermill-once/inbox"
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/internal/testsignal"
+	"github.com/wmonce/watermill-once/middleware/once"
 	"github.com/wmonce/watermill-once/pgtx"
 )
 
@@ -24,6 +25,34 @@ type env struct {
 	db     *sql.DB
 	schema string
 	ops    *inbox.Ops
+	batch  bool // the processors' handlers run as batch handlers (asBatch)
+}
+
+// handlers makes the env's processors run their handlers as batch handlers when batch is set.
+func (e *env) handlers(batch bool) *env {
+	e.batch = batch
+	return e
+}
+
+// asBatch is a batch handler applying its messages through h one by one, in the batch's
+// transaction (each message's context carries it): the same writes, outputs and errors, a
+// failed message named in a *once.BatchError (a serialization failure or deadlock fails the
+// batch as a whole, as its statement would).
+func asBatch(h message.HandlerFunc) message.HandlerFunc {
+	return once.BatchHandler(func(_ context.Context, _ *sql.Tx, msgs []*message.Message) ([]*message.Message, error) {
+		var all []*message.Message
+		for _, m := range msgs {
+			out, err := h(m)
+			if pgtx.IsRetryableTx(err) {
+				return nil, err
+			}
+			if err != nil {
+				return nil, &once.BatchError{Failed: map[*message.Message]error{m: err}}
+			}
+			all = append(all, out...)
+		}
+		return all, nil
+	})
 }
 
 func newEnv(t testing.TB) *env {
@@ -75,6 +104,9 @@ func receiverSignals(r *inbox.Receiver) *inbox.ReceiverTestSignals {
 func (e *env) processor(t testing.TB, h message.HandlerFunc, cfg inbox.ProcessorConfig) *inbox.Processor {
 	t.Helper()
 	cfg.Schema = e.schema
+	if e.batch {
+		h = asBatch(h)
+	}
 	p, err := inbox.NewProcessor(e.db, h, cfg, logger())
 	require.NoError(t, err)
 	return p

@@ -21,9 +21,9 @@ import (
 
 // A handler that fails three times is retried with growing, jittered delays; the failed
 // attempts leave nothing behind and the fourth applies the message once.
-func testFailingHandlerRetriesWithBackoffThenSucceeds(t *testing.T) {
+func testFailingHandlerRetriesWithBackoffThenSucceeds(t *testing.T, batch bool) {
 	t.Parallel()
-	e := newEnv(t)
+	e := newEnv(t).handlers(batch)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
 	var mu sync.Mutex
 	var starts []time.Time
@@ -68,9 +68,9 @@ func testFailingHandlerRetriesWithBackoffThenSucceeds(t *testing.T) {
 
 // A row that keeps failing is parked as FAILED after MaxAttempts and holds back only the later
 // rows of its own key; other keys and unordered rows go on. Unparking runs the key in order.
-func testPoisonRowParkedWhileOtherKeysGoOn(t *testing.T) {
+func testPoisonRowParkedWhileOtherKeysGoOn(t *testing.T, batch bool) {
 	t.Parallel()
-	e := newEnv(t)
+	e := newEnv(t).handlers(batch)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c", OrderingKey: orderByMetadataKey})
 	var healed atomic.Bool
 	cfg := fast("c")
@@ -148,9 +148,9 @@ func seqsOf(t *testing.T, e *env, key string) []int {
 
 // With four workers, each key's rows are applied strictly in received order, even when rows
 // fail and are retried, while different keys run in parallel.
-func testPerKeyOrderWithFourWorkers(t *testing.T) {
+func testPerKeyOrderWithFourWorkers(t *testing.T, batch bool) {
 	t.Parallel()
-	e := newEnv(t)
+	e := newEnv(t).handlers(batch)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c", OrderingKey: orderByMetadataKey})
 	var inFlight, maxInFlight atomic.Int32
 	cfg := fast("c")
@@ -203,9 +203,9 @@ func testPerKeyOrderWithFourWorkers(t *testing.T) {
 }
 
 // Parked rows replayed after a fix run once more, and only once; a dry run changes nothing.
-func testReplayedRowsProcessedOnceMore(t *testing.T) {
+func testReplayedRowsProcessedOnceMore(t *testing.T, batch bool) {
 	t.Parallel()
-	e := newEnv(t)
+	e := newEnv(t).handlers(batch)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
 	var fixed atomic.Bool
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
@@ -253,9 +253,9 @@ func testReplayedRowsProcessedOnceMore(t *testing.T) {
 
 // With an hour-long poll interval, rows are still picked up at once: LISTEN/NOTIFY wakes idle
 // workers.
-func testNotifyWakesIdleWorkers(t *testing.T) {
+func testNotifyWakesIdleWorkers(t *testing.T, batch bool) {
 	t.Parallel()
-	e := newEnv(t)
+	e := newEnv(t).handlers(batch)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
 	cfg := fast("c")
 	cfg.Workers, cfg.PollInterval, cfg.ReapInterval = 1, time.Hour, time.Hour
@@ -271,9 +271,9 @@ func testNotifyWakesIdleWorkers(t *testing.T) {
 // A handler still running when the grace period ends is cancelled and its row released; one
 // that ignores the cancellation is abandoned, its row released anyway, and whatever it does
 // later cannot complete the row.
-func testShutdownCancelsHandlersPastGrace(t *testing.T) {
+func testShutdownCancelsHandlersPastGrace(t *testing.T, batch bool) {
 	t.Parallel()
-	e := newEnv(t)
+	e := newEnv(t).handlers(batch)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
 	require.NoError(t, r.Handle(msg("polite", "x")))
 	require.NoError(t, r.Handle(msg("stubborn", "x")))
@@ -313,9 +313,9 @@ func testShutdownCancelsHandlersPastGrace(t *testing.T) {
 
 // Messages the handler returns are stored in the outbox in the handler's transaction, with the
 // inbox message as their cause; a failed attempt leaves none.
-func testOutputsGoToOutboxInTheSameTransaction(t *testing.T) {
+func testOutputsGoToOutboxInTheSameTransaction(t *testing.T, batch bool) {
 	t.Parallel()
-	e := newEnv(t)
+	e := newEnv(t).handlers(batch)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
 	cfg := fast("c")
 	cfg.OutputTopic = "cashback"
@@ -354,9 +354,9 @@ func testOutputsGoToOutboxInTheSameTransaction(t *testing.T) {
 }
 
 // Returning messages without an OutputTopic is a permanent error: the row is parked.
-func testOutputsWithoutTopicPark(t *testing.T) {
+func testOutputsWithoutTopicPark(t *testing.T, batch bool) {
 	t.Parallel()
-	e := newEnv(t)
+	e := newEnv(t).handlers(batch)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
 		return []*message.Message{message.NewMessage("o", nil)}, e.effect(m, "w")
@@ -372,9 +372,9 @@ func testOutputsWithoutTopicPark(t *testing.T) {
 
 // In batch mode many rows share one transaction; a failing row sends its batch back to one
 // transaction per row, and every row is still applied exactly once.
-func testTxBatchModeAppliesEachRowOnce(t *testing.T) {
+func testTxBatchModeAppliesEachRowOnce(t *testing.T, batch bool) {
 	t.Parallel()
-	e := newEnv(t)
+	e := newEnv(t).handlers(batch)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
 	ctx := context.Background()
 	tx, err := e.db.BeginTx(ctx, nil)
@@ -408,9 +408,9 @@ func testTxBatchModeAppliesEachRowOnce(t *testing.T) {
 }
 
 // A handler panic is a failed attempt like an error: rolled back, recorded, retried.
-func testPanicIsAFailedAttempt(t *testing.T) {
+func testPanicIsAFailedAttempt(t *testing.T, batch bool) {
 	t.Parallel()
-	e := newEnv(t)
+	e := newEnv(t).handlers(batch)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
 	p := e.start(t, func(m *message.Message) ([]*message.Message, error) {
 		if err := e.effect(m, "w"); err != nil {
@@ -429,9 +429,9 @@ func testPanicIsAFailedAttempt(t *testing.T) {
 	require.Contains(t, row.LastError, "handler panicked: nil map")
 }
 
-func testRunOnceAndCloseBeforeRun(t *testing.T) {
+func testRunOnceAndCloseBeforeRun(t *testing.T, batch bool) {
 	t.Parallel()
-	e := newEnv(t)
+	e := newEnv(t).handlers(batch)
 	p, err := inbox.NewProcessor(e.db, func(*message.Message) ([]*message.Message, error) { return nil, nil }, fast("c"), nil)
 	require.NoError(t, err)
 	require.NoError(t, p.Close())

@@ -12,9 +12,9 @@ import (
 
 // A handler output the outbox can never store (here an empty UUID) fails every attempt the same
 // way: the row is parked at the first attempt, not retried up to MaxAttempts.
-func testUnstorableOutputParksTheRowAtOnce(t *testing.T) {
+func testUnstorableOutputParksTheRowAtOnce(t *testing.T, batch bool) {
 	t.Parallel()
-	e := newEnv(t)
+	e := newEnv(t).handlers(batch)
 	r := e.receiver(t, inbox.ReceiverConfig{Consumer: "c"})
 	cfg := fast("c")
 	cfg.MaxAttempts = 5

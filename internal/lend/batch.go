@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	wmonce "github.com/wmonce/watermill-once"
+	"github.com/wmonce/watermill-once/outbox"
 )
 
 // BatchFunc is a batch handler's function (middleware/once.BatchHandlerFunc).
@@ -109,6 +110,9 @@ func (s *Step) RunBatch(ctx context.Context, tx *sql.Tx, b *Batch, ds []Delivery
 	}
 	if ds[0].OutputTopic == "" {
 		return wmonce.Permanent(fmt.Errorf("%s: %w: %s", s.Component, wmonce.ErrOutputWithoutTopic, s.NoTopic))
+	}
+	if len(msgs) == 1 { // a batch of one's outputs are caused by its message, as a handler's are
+		ctx = outbox.ContextWithConsumed(ctx, msgs[0])
 	}
 	if err := s.Outbox.PublishTx(ctx, tx, ds[0].OutputTopic, out...); err != nil {
 		return fmt.Errorf("%s: store batch output: %w", s.Component, err)

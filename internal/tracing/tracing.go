@@ -41,6 +41,7 @@ const (
 	SpanHTTPIdem      = "httpidem request"
 	SpanIntentSend    = "intent send"
 	SpanDelayedRetry  = "once delayed retry"
+	SpanBatch         = "once batch" // one run of a batch handler's function, linked to its messages' spans
 	EventClaim        = "claim"
 	EventDuplicate    = "duplicate"
 	EventCommit       = "commit"
@@ -64,6 +65,7 @@ const (
 	IntentKey           = attribute.Key("wmonce.intent.key")
 	Outcome             = attribute.Key("wmonce.outcome")
 	DelayedRetry        = attribute.Key("wmonce.delayed_retry") // the number of the retry scheduled
+	BatchSize           = attribute.Key("wmonce.batch_size")    // the messages of a batch handler's run
 	MessageID           = attribute.Key("messaging.message.id")
 	Destination         = attribute.Key("messaging.destination.name")
 	MessageCount        = attribute.Key("messaging.batch.message_count")

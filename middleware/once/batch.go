@@ -173,8 +173,8 @@ func (g *groupCommitter) runBatch(tx *sql.Tx, b *lend.Batch) (err error) {
 
 // The batch span: one per run of a batch function, linked to its messages' spans.
 const (
-	spanBatch     = "once batch"
-	attrBatchSize = "wmonce.batch_size"
+	spanBatch     = tracing.SpanBatch
+	attrBatchSize = string(tracing.BatchSize)
 )
 
 // isolateAll answers each failed member with its error and returns the rest of fresh, to run

@@ -20,6 +20,7 @@ import (
 	"github.com/wmonce/watermill-once/internal/pgtest"
 	"github.com/wmonce/watermill-once/internal/testwait"
 	"github.com/wmonce/watermill-once/middleware/once"
+	"github.com/wmonce/watermill-once/pgtx"
 )
 
 // batchEnv is a middleware with one lane, so that messages delivered while a "busy" one holds
@@ -328,4 +329,59 @@ func TestBatchHandlerSpanIsLinkedToEachMessagesSpan(t *testing.T) {
 		linked = append(linked, consumer[l.SpanContext.SpanID()])
 	}
 	require.Equal(t, keys("m", 3), linked)
+}
+
+// A batch handler's messages are counted per message exactly as a per-message handler's are
+// (Counters, the metrics package's source, the admin page's figures): the same group, with a
+// copy, a message failed by name and one failed as a whole (bisected), gives the same counts.
+func TestBatchHandlerCountsEachMessageAsThePerMessagePathDoes(t *testing.T) {
+	t.Parallel()
+	fails := func(m *message.Message) error {
+		switch m.UUID {
+		case "m-2":
+			return errors.New("m-2 is invalid")
+		case "m-5":
+			return errors.New("poison")
+		}
+		return nil
+	}
+	uuids := append(keys("m", 8), "m-1", "m-6") // two copies
+	run := func(t *testing.T, batch bool) once.MiddlewareCounters {
+		e := newBatchEnv(t)
+		var h message.HandlerFunc
+		if batch {
+			h = once.BatchHandler(func(ctx context.Context, tx *sql.Tx, msgs []*message.Message) ([]*message.Message, error) {
+				out, err := e.writeAll(ctx, tx, msgs)
+				for _, m := range msgs {
+					if err := fails(m); err != nil && m.UUID == "m-2" {
+						return nil, &once.BatchError{Failed: map[*message.Message]error{m: err}}
+					} else if err != nil {
+						return nil, err // the batch as a whole: bisected
+					}
+				}
+				return out, err
+			})
+		} else {
+			h = func(msg *message.Message) ([]*message.Message, error) {
+				tx, _ := pgtx.TxFromContext(msg.Context())
+				out, err := e.writeAll(msg.Context(), tx, []*message.Message{msg})
+				if ferr := fails(msg); ferr != nil {
+					return nil, ferr
+				}
+				return out, err
+			}
+		}
+		errs := e.group(t, e.mw.Middleware(h), uuids...)
+		for i, err := range errs {
+			require.Equal(t, i == 3 || i == 6, err != nil, "delivery %d: %v", i, err)
+		}
+		require.Equal(t, 7, e.effects(t), "busy and the six good messages, once each")
+		t.Logf("batch=%v calls: %v", batch, e.calls())
+		return e.mw.Counters()
+	}
+	perMessage, batched := run(t, false), run(t, true)
+	c := batched.Consumer("c")
+	require.Equal(t, once.Counters{Fresh: 7, Duplicates: 2, Failed: 2}, c, "per message: seven fresh, two copies, two failures")
+	require.Equal(t, perMessage.Consumer("c"), c)
+	require.Equal(t, perMessage.GroupCommitMessages, batched.GroupCommitMessages)
 }

@@ -39,9 +39,12 @@ type txPath struct {
 	subscriberTx bool
 	// sql is the watermill-sql major version of that subscriber: 3 (default) or 4.
 	sql int
+	// batch runs each case's handler as a once.BatchHandler doing the same business write
+	// (handler, pathEnv.apply): the batch path makes the same promises.
+	batch bool
 }
 
-var txPaths = []txPath{
+var txPaths = withBatchPaths([]txPath{
 	{name: "default", config: func(*once.Config) {}},
 	{name: "own-tx", config: func(c *once.Config) { c.GroupCommit.Disabled = true }},
 	{name: "group-commit", config: func(c *once.Config) {
@@ -49,9 +52,66 @@ var txPaths = []txPath{
 	}},
 	{name: "subscriber-tx", config: func(*once.Config) {}, subscriberTx: true, sql: 3},
 	{name: "subscriber-tx-v4", config: func(*once.Config) {}, subscriberTx: true, sql: 4},
+})
+
+// withBatchPaths adds to each path its "-batch" twin, whose handlers are batch handlers.
+func withBatchPaths(paths []txPath) []txPath {
+	for _, p := range paths {
+		if !p.batch {
+			p.name, p.batch = p.name+"-batch", true
+			paths = append(paths, p)
+		}
+	}
+	return paths
 }
 
-// TestContract runs the middleware's contract on every transaction path.
+// handler returns h, or on a batch path a batch handler applying its messages through h one
+// by one, in the batch's transaction (each message's context carries it): the same writes,
+// outputs and errors, a failed message named in a *once.BatchError so that it fails alone
+// (a serialization failure or deadlock fails the batch as a whole, as its statement would).
+func (p txPath) handler(h message.HandlerFunc) message.HandlerFunc {
+	if !p.batch {
+		return h
+	}
+	return once.BatchHandler(func(_ context.Context, _ *sql.Tx, msgs []*message.Message) ([]*message.Message, error) {
+		var all []*message.Message
+		for _, m := range msgs {
+			out, err := h(m)
+			if pgtx.IsRetryableTx(err) {
+				return nil, err // the transaction is lost for every message: the batch runs again
+			}
+			if err != nil {
+				return nil, &once.BatchError{Failed: map[*message.Message]error{m: err}}
+			}
+			all = append(all, out...)
+		}
+		return all, nil
+	})
+}
+
+// apply is the path's handler for the plain effect: env.effect, or on a batch path one
+// multi-row INSERT for the batch.
+func (e *pathEnv) apply() message.HandlerFunc {
+	if !e.path.batch {
+		return e.effect
+	}
+	return once.BatchHandler(func(ctx context.Context, tx *sql.Tx, msgs []*message.Message) ([]*message.Message, error) {
+		keys := make([]string, len(msgs))
+		for i, m := range msgs {
+			keys[i] = m.UUID
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO `+e.table("effects")+` (key, amount) SELECT unnest($1::text[]), 1`, keys)
+		return nil, err
+	})
+}
+
+// TestContract runs the middleware's contract on every transaction path, with per-message
+// handlers and (the "-batch" paths) batch handlers. Every case applies to both. On the batch
+// paths a message run alone, and every message in watermill-sql's subscriber transaction, is
+// a batch of one; messages in flight together form a batch of several on the group-commit
+// paths (the poison among messages in flight: a batch of eight, then of seven without it).
+// Kafka and RabbitMQ deliveries
+// reach these same paths; the e2e suite runs a batch consumer on each of them.
 func TestContract(t *testing.T) {
 	t.Parallel()
 	for _, p := range txPaths {
@@ -299,7 +359,7 @@ func onceContract(t *testing.T, p txPath) {
 	t.Run("replays apply once", func(t *testing.T) {
 		t.Parallel()
 		e := newPathEnv(t, p, once.Config{Consumer: "rewards"})
-		h := e.mw.Middleware(e.effect)
+		h := e.mw.Middleware(e.apply())
 		for range 5 {
 			require.NoError(t, e.deliver(h, "e-91", `{"amount":120000}`), "every copy is acked")
 		}
@@ -314,7 +374,7 @@ func onceContract(t *testing.T, p txPath) {
 		t.Parallel()
 		e := newPathEnv(t, p, once.Config{Consumer: "rewards"})
 		other := e.other(t, once.Config{Consumer: "notifications"})
-		rewards, notifications := e.mw.Middleware(e.effect), other.Middleware(e.effect)
+		rewards, notifications := e.mw.Middleware(e.apply()), other.Middleware(e.apply())
 		require.NoError(t, e.deliver(rewards, "e-1", "x"))
 		require.NoError(t, e.deliver(notifications, "e-1", "x"))
 		require.NoError(t, e.deliver(rewards, "e-1", "x"))
@@ -327,10 +387,10 @@ func onceContract(t *testing.T, p txPath) {
 		e := newPathEnv(t, p, once.Config{Consumer: "rewards"})
 		// The winner holds its row lock while it "works", so the others really wait on the key:
 		// the sleep is the slow handler under test.
-		h := e.mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		h := e.mw.Middleware(p.handler(func(msg *message.Message) ([]*message.Message, error) {
 			time.Sleep(50 * time.Millisecond)
 			return e.effect(msg)
-		})
+		}))
 		const copies = 16
 		var msgs []*message.Message
 		for range copies {
@@ -364,7 +424,7 @@ func onceContract(t *testing.T, p txPath) {
 		t.Parallel()
 		e := newPathEnv(t, p, once.Config{Consumer: "rewards"})
 		var calls atomic.Int32
-		h := e.mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		h := e.mw.Middleware(p.handler(func(msg *message.Message) ([]*message.Message, error) {
 			if _, err := e.effect(msg); err != nil {
 				return nil, err
 			}
@@ -372,7 +432,7 @@ func onceContract(t *testing.T, p txPath) {
 				return nil, errors.New("downstream hiccup")
 			}
 			return nil, nil
-		})
+		}))
 		require.ErrorContains(t, e.deliver(h, "e-1", "p"), "downstream hiccup")
 		require.Zero(t, e.claims(t), "a failed handler leaves no dedupe row")
 		require.Zero(t, e.effects(t), "and none of its writes")
@@ -385,10 +445,10 @@ func onceContract(t *testing.T, p txPath) {
 	t.Run("a panic rolls back", func(t *testing.T) {
 		t.Parallel()
 		e := newPathEnv(t, p, once.Config{Consumer: "rewards"})
-		h := e.mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		h := e.mw.Middleware(p.handler(func(msg *message.Message) ([]*message.Message, error) {
 			_, _ = e.effect(msg)
 			panic("boom")
-		})
+		}))
 		err := e.deliver(h, "e-1", "p")
 		require.True(t, wmonce.IsPanic(err), "got %v", err)
 		require.Zero(t, e.claims(t))
@@ -398,7 +458,7 @@ func onceContract(t *testing.T, p txPath) {
 	t.Run("a duplicate with another payload is reported, or refused when strict", func(t *testing.T) {
 		t.Parallel()
 		e := newPathEnv(t, p, once.Config{Consumer: "rewards"})
-		h := e.mw.Middleware(e.effect)
+		h := e.mw.Middleware(e.apply())
 		require.NoError(t, e.deliver(h, "e-1", `{"amount":1}`))
 		require.NoError(t, e.deliver(h, "e-1", `{"amount":1}`))
 		require.NoError(t, e.deliver(h, "e-1", `{"amount":999}`), "acked by default, but reported")
@@ -408,7 +468,7 @@ func onceContract(t *testing.T, p txPath) {
 		require.Equal(t, 1, e.effects(t))
 
 		strict := newPathEnv(t, p, once.Config{Consumer: "rewards", RejectFingerprintMismatch: true})
-		hs := strict.mw.Middleware(strict.effect)
+		hs := strict.mw.Middleware(strict.apply())
 		require.NoError(t, strict.deliver(hs, "e-1", `{"amount":1}`))
 		err := strict.deliver(hs, "e-1", `{"amount":999}`)
 		require.True(t, wmonce.IsPermanent(err), "refused as permanent so the stack parks it: %v", err)
@@ -419,7 +479,7 @@ func onceContract(t *testing.T, p txPath) {
 	t.Run("key from metadata", func(t *testing.T) {
 		t.Parallel()
 		e := newPathEnv(t, p, once.Config{Consumer: "c", Key: wmonce.KeyFromMetadata("event_id")})
-		h := e.mw.Middleware(e.effect)
+		h := e.mw.Middleware(e.apply())
 		for i := range 3 {
 			msg := message.NewMessage(fmt.Sprintf("transport-%d", i), []byte("p")) // new transport id each time
 			msg.Metadata.Set("event_id", "evt-1")
@@ -435,7 +495,7 @@ func onceContract(t *testing.T, p txPath) {
 	t.Run("key from payload sha256", func(t *testing.T) {
 		t.Parallel()
 		e := newPathEnv(t, p, once.Config{Consumer: "c", Key: wmonce.KeyFromPayloadSHA256()})
-		h := e.mw.Middleware(e.effect)
+		h := e.mw.Middleware(e.apply())
 		for i := range 3 {
 			require.NoError(t, e.deliver(h, fmt.Sprintf("t-%d", i), `{"same":"bytes"}`))
 		}
@@ -451,7 +511,7 @@ func onceContract(t *testing.T, p txPath) {
 		e := newPathEnv(t, p, once.Config{Consumer: "c", Key: wmonce.KeyFromFunc(func(m *message.Message) (string, error) {
 			return "payment:" + string(m.Payload), nil
 		})})
-		h := e.mw.Middleware(e.effect)
+		h := e.mw.Middleware(e.apply())
 		require.NoError(t, e.deliver(h, "a", "pay_42"))
 		require.NoError(t, e.deliver(h, "b", "pay_42"))
 		require.Equal(t, 1, e.effects(t))
@@ -460,7 +520,7 @@ func onceContract(t *testing.T, p txPath) {
 	t.Run("empty, over-long and unstorable keys are refused, not applied", func(t *testing.T) {
 		t.Parallel()
 		e := newPathEnv(t, p, once.Config{Consumer: "c", MaxKeyLength: 10})
-		h := e.mw.Middleware(e.effect)
+		h := e.mw.Middleware(e.apply())
 		err := e.deliver(h, "", "p")
 		require.ErrorIs(t, err, wmonce.ErrInvalidKey)
 		require.ErrorContains(t, err, "UUID is empty")
@@ -476,7 +536,7 @@ func onceContract(t *testing.T, p txPath) {
 	t.Run("no consumer name", func(t *testing.T) {
 		t.Parallel()
 		e := newPathEnv(t, p, once.Config{})
-		require.ErrorIs(t, e.deliver(e.mw.Middleware(e.effect), "a", "p"), once.ErrNoConsumer)
+		require.ErrorIs(t, e.deliver(e.mw.Middleware(e.apply()), "a", "p"), once.ErrNoConsumer)
 		require.Zero(t, e.effects(t))
 	})
 
@@ -485,13 +545,13 @@ func onceContract(t *testing.T, p txPath) {
 		e := newPathEnv(t, p, once.Config{Consumer: "rewards", OutputTopic: "cashback"})
 		var fail atomic.Bool
 		fail.Store(true)
-		h := e.mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		h := e.mw.Middleware(p.handler(func(msg *message.Message) ([]*message.Message, error) {
 			out := message.NewMessage("out-"+msg.UUID, []byte(`{"paise":2400}`))
 			if fail.Load() {
 				return []*message.Message{out}, errors.New("fails after producing")
 			}
 			return []*message.Message{out}, nil
-		})
+		}))
 		require.Error(t, e.deliver(h, "e-91", "p"))
 		require.Zero(t, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("outbox")))
 
@@ -526,10 +586,10 @@ func onceContract(t *testing.T, p txPath) {
 	t.Run("outputs without a topic are permanent errors", func(t *testing.T) {
 		t.Parallel()
 		e := newPathEnv(t, p, once.Config{Consumer: "c"})
-		h := e.mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		h := e.mw.Middleware(p.handler(func(msg *message.Message) ([]*message.Message, error) {
 			_, _ = e.effect(msg)
 			return []*message.Message{message.NewMessage("o", nil)}, nil
-		})
+		}))
 		err := e.deliver(h, "e-1", "p")
 		require.ErrorIs(t, err, wmonce.ErrOutputWithoutTopic)
 		require.True(t, wmonce.IsPermanent(err))
@@ -545,7 +605,7 @@ func onceContract(t *testing.T, p txPath) {
 		pub := w.Publisher()
 		var fail atomic.Bool
 		fail.Store(true)
-		h := e.mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		h := e.mw.Middleware(p.handler(func(msg *message.Message) ([]*message.Message, error) {
 			out := message.NewMessage("sms-"+msg.UUID, []byte("hi"))
 			out.SetContext(msg.Context())
 			if err := pub.Publish("sms", out); err != nil {
@@ -555,7 +615,7 @@ func onceContract(t *testing.T, p txPath) {
 				return nil, errors.New("after publish")
 			}
 			return nil, nil
-		})
+		}))
 		require.Error(t, e.deliver(h, "e-1", "p"))
 		require.Zero(t, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("outbox")), "a rolled-back publish leaves nothing")
 		fail.Store(false)
@@ -574,7 +634,7 @@ func onceContract(t *testing.T, p txPath) {
 		})
 		require.NoError(t, err)
 		var calls atomic.Int32
-		h := compose(stack, func(msg *message.Message) ([]*message.Message, error) {
+		h := compose(stack, p.handler(func(msg *message.Message) ([]*message.Message, error) {
 			if _, err := e.effect(msg); err != nil {
 				return nil, err
 			}
@@ -582,7 +642,7 @@ func onceContract(t *testing.T, p txPath) {
 				return nil, errors.New("transient")
 			}
 			return nil, nil
-		})
+		}))
 		require.NoError(t, e.deliver(h, "e-1", "p"))
 		require.Equal(t, int32(3), calls.Load())
 		require.Equal(t, 1, e.effects(t), "the two failed attempts were rolled back")
@@ -602,7 +662,7 @@ func onceContract(t *testing.T, p txPath) {
 		})
 		require.NoError(t, err)
 		var calls atomic.Int32
-		h := compose(stack, func(msg *message.Message) ([]*message.Message, error) {
+		h := compose(stack, p.handler(func(msg *message.Message) ([]*message.Message, error) {
 			calls.Add(1)
 			var v struct{ Amount int }
 			if err := json.Unmarshal(msg.Payload, &v); err != nil {
@@ -610,7 +670,7 @@ func onceContract(t *testing.T, p txPath) {
 				return nil, wmonce.Permanent(err)
 			}
 			return e.effect(msg)
-		})
+		}))
 		parked := func() int {
 			return pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("outbox")+` WHERE payload->>'destination_topic' = 'poison'`)
 		}
@@ -631,11 +691,59 @@ func onceContract(t *testing.T, p txPath) {
 		require.Equal(t, 1, e.claims(t))
 	})
 
+	t.Run("a poison among messages in flight is parked alone", func(t *testing.T) {
+		t.Parallel()
+		e := newPathEnv(t, p, once.Config{Consumer: "c"})
+		w, err := outbox.NewWriter(outbox.Config{Schema: e.schema})
+		require.NoError(t, err)
+		stack, err := once.Stack(once.StackConfig{
+			Middleware:      e.mw,
+			Retry:           wmiddleware.Retry{MaxRetries: 2, InitialInterval: time.Millisecond},
+			PoisonPublisher: w.ParkingPublisher(e.db),
+			PoisonTopic:     "poison",
+		})
+		require.NoError(t, err)
+		// Delivered at once, so that on the group-commit paths they share transactions (and on
+		// the batch paths a batch, which a poison fails as a whole).
+		h := compose(stack, p.handler(func(msg *message.Message) ([]*message.Message, error) {
+			if _, err := e.effect(msg); err != nil {
+				return nil, err
+			}
+			if msg.UUID == "m-5" {
+				return nil, wmonce.Permanent(errors.New("poison"))
+			}
+			return nil, nil
+		}))
+		var msgs []*message.Message
+		for i := range 8 {
+			msgs = append(msgs, message.NewMessage(fmt.Sprintf("m-%d", i), []byte("p")))
+		}
+		runs := e.prepareAll(t, h, msgs...)
+		errs := make([]error, len(runs))
+		var wg sync.WaitGroup
+		for i, run := range runs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[i] = run()
+			}()
+		}
+		wg.Wait()
+		for i, err := range errs {
+			require.NoError(t, err, "m-%d: acked, the poison once parked", i)
+		}
+		require.Equal(t, 7, e.effects(t), "every good message once, nothing of the poison")
+		require.Zero(t, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("effects")+` WHERE key = 'm-5'`))
+		require.Equal(t, 7, e.claims(t))
+		require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("outbox")+` WHERE payload->>'destination_topic' = 'poison'`))
+		require.Equal(t, 1, pgtest.Count(t, e.db, `SELECT count(*) FROM `+e.table("outbox")+` WHERE uuid = 'm-5'`))
+	})
+
 	t.Run("the age guard refuses old fresh copies only", func(t *testing.T) {
 		t.Parallel()
 		now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 		e := newPathEnv(t, p, once.Config{Consumer: "c", MaxMessageAge: 24 * time.Hour, Now: func() time.Time { return now }})
-		h := e.mw.Middleware(e.effect)
+		h := e.mw.Middleware(e.apply())
 
 		// Applied while young; a late copy of it is an ordinary duplicate, acked.
 		err := e.send(h, occurred("e-1", now.Add(-time.Hour), "p"))
@@ -674,7 +782,7 @@ func onceContract(t *testing.T, p txPath) {
 		// to refuse the message (the inbox Receiver follows the same rule).
 		m := message.NewMessage("e-1", []byte("p"))
 		m.Metadata.Set(outbox.MetadataOccurredAt, "Tue, 01 Dec 2026 10:00:00 GMT")
-		require.NoError(t, e.send(e.mw.Middleware(e.effect), m))
+		require.NoError(t, e.send(e.mw.Middleware(e.apply()), m))
 		require.Equal(t, 1, e.effects(t))
 		require.Zero(t, e.mw.Counters().Consumer("c").Refused)
 	})
@@ -682,7 +790,7 @@ func onceContract(t *testing.T, p txPath) {
 	t.Run("counts per sender", func(t *testing.T) {
 		t.Parallel()
 		e := newPathEnv(t, p, once.Config{Consumer: "c", SenderMetadataKey: "sender"})
-		h := e.mw.Middleware(e.effect)
+		h := e.mw.Middleware(e.apply())
 		send := func(uuid, sender string) {
 			msg := message.NewMessage(uuid, []byte("p"))
 			msg.Metadata.Set("sender", sender)
@@ -702,7 +810,7 @@ func onceContract(t *testing.T, p txPath) {
 	t.Run("claims partitioned by day", func(t *testing.T) {
 		t.Parallel()
 		e := newPathEnv(t, p, once.Config{Consumer: "c", PartitionByDay: true})
-		h := e.mw.Middleware(e.effect)
+		h := e.mw.Middleware(e.apply())
 		day1 := time.Date(2026, 11, 20, 23, 59, 0, 0, time.UTC)
 		day2 := day1.Add(2 * time.Minute) // next day
 
@@ -756,7 +864,7 @@ func onceContract(t *testing.T, p txPath) {
 		var barrier sync.WaitGroup
 		barrier.Add(2)
 		var attempts atomic.Int32
-		h := e.mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		h := e.mw.Middleware(p.handler(func(msg *message.Message) ([]*message.Message, error) {
 			tx, _ := pgtx.TxFromContext(msg.Context())
 			var v int
 			if err := tx.QueryRowContext(msg.Context(), `SELECT v FROM `+e.table("balance")+` WHERE id = 1`).Scan(&v); err != nil {
@@ -768,7 +876,7 @@ func onceContract(t *testing.T, p txPath) {
 			}
 			_, err := tx.ExecContext(msg.Context(), `UPDATE `+e.table("balance")+` SET v = $1 WHERE id = 1`, v+1)
 			return nil, err
-		})
+		}))
 		// Both deliveries are prepared first: each waits for the other at the barrier.
 		runs := e.prepareAll(t, h, message.NewMessage("a", []byte("p")), message.NewMessage("b", []byte("p")))
 		errs := make([]error, len(runs))

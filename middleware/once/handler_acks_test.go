@@ -42,7 +42,7 @@ func handlerAcksContract(t *testing.T, p txPath) {
 				var delivered *message.Message // the delivery the router answers for
 				var settledEarly []string
 				attempts := 0
-				h := e.mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+				h := e.mw.Middleware(p.handler(func(msg *message.Message) ([]*message.Message, error) {
 					// The message it was given, and the consumed message its context carries (the
 					// outbox's causation source): neither may be the delivery.
 					consumed, ok := outbox.ConsumedFromContext(msg.Context())
@@ -70,7 +70,7 @@ func handlerAcksContract(t *testing.T, p txPath) {
 						return nil, errors.New("fails after its write")
 					}
 					return nil, nil
-				})
+				}))
 				send := func() error {
 					mu.Lock()
 					delivered = message.NewMessage("e-1", []byte(`{}`))

@@ -50,12 +50,12 @@ func handlerEndsTxContract(t *testing.T, p txPath) {
 			}
 
 			// Without the Stack the error is permanent and says what happened.
-			err = e.deliver(e.mw.Middleware(handler), "ends-tx", "p")
+			err = e.deliver(e.mw.Middleware(p.handler(handler)), "ends-tx", "p")
 			require.ErrorIs(t, err, wmonce.ErrHandlerEndedTx)
 			require.True(t, wmonce.IsPermanent(err))
 			require.Contains(t, err.Error(), "the handler ended the transaction")
 
-			h := compose(stack, handler)
+			h := compose(stack, p.handler(handler))
 			require.NoError(t, e.deliver(h, "ends-tx", "p"), "parked and acked")
 			require.NoError(t, e.deliver(h, "ends-tx", "p"), "a redelivery is parked again, never applied")
 			require.NoError(t, e.deliver(h, "fine", "p"))

@@ -3,7 +3,7 @@
 // (broker.ConfigFromEnv) and the scenario's names from E2E_* variables, applies events until
 // SIGTERM or SIGINT, and prints its totals on stdout every 100ms and at a clean exit.
 // E2E_HANDLER=counter runs the read-modify-write counter under the library's defaults instead
-// of the ledger.
+// of the ledger; E2E_HANDLER=batch writes the ledger with a batch handler (scenario.BatchHandler).
 package main
 
 import (
@@ -43,6 +43,7 @@ func run() error {
 	schema, topic := need(scenario.EnvSchema), need(scenario.EnvTopic)
 	group, instance := need(scenario.EnvGroup), need(scenario.EnvInstance)
 	counter := os.Getenv(scenario.EnvHandler) == scenario.HandlerCounter
+	batch := os.Getenv(scenario.EnvHandler) == scenario.HandlerBatch
 	logger := watermill.NewStdLoggerWithOut(os.Stderr, false, false).With(watermill.LogFields{"instance": instance})
 	if cfg.Kind == broker.Kafka {
 		// Sarama's own log (group joins, rebalances) goes to the process log, for post-mortems.
@@ -63,7 +64,7 @@ func run() error {
 		if counter {
 			c, err = scenario.NewCounterConsumer(db, sub, schema, topic, group, instance, logger)
 		} else {
-			c, err = scenario.NewConsumer(db, sub, schema, topic, need(scenario.EnvPoisonTopic), group, instance, logger)
+			c, err = scenario.NewConsumer(db, sub, schema, topic, need(scenario.EnvPoisonTopic), group, instance, batch, logger)
 		}
 		if err != nil {
 			_ = sub.Close()

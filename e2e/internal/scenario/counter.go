@@ -16,11 +16,15 @@ import (
 )
 
 // EnvHandler selects the consumer process's handler: unset for the ledger (Handler, under
-// NewConsumer's stack), HandlerCounter for CounterHandler under the library's defaults.
+// NewConsumer's stack), HandlerBatch for the ledger written by BatchHandler under the same
+// stack, HandlerCounter for CounterHandler under the library's defaults.
 const EnvHandler = "E2E_HANDLER"
 
 // HandlerCounter is the EnvHandler value of the read-modify-write counter.
 const HandlerCounter = "counter"
+
+// HandlerBatch is the EnvHandler value of the ledger's batch handler (BatchHandler).
+const HandlerBatch = "batch"
 
 // CreateCounterTable creates the one-row table CounterHandler updates: how many events were
 // applied and the sum of their amounts.

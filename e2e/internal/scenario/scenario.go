@@ -152,6 +152,37 @@ func Handler(schema, instance string) message.NoPublishHandlerFunc {
 	}
 }
 
+// BatchHandler applies events to the ledger as Handler does, each batch with one multi-row
+// INSERT: a poison event, or one that needs time on its first delivery, fails alone (a
+// *once.BatchError naming it) with Handler's error.
+func BatchHandler(schema, instance string) once.BatchHandlerFunc {
+	insert := `INSERT INTO ` + pgtx.QualifiedName(schema, "ledger") + ` (event_id, order_id, amount, instance)
+SELECT e.id, e.order_id, e.amount, $4 FROM unnest($1::text[], $2::text[], $3::bigint[]) AS e(id, order_id, amount)`
+	return func(ctx context.Context, tx *sql.Tx, msgs []*message.Message) ([]*message.Message, error) {
+		failed := map[*message.Message]error{}
+		var ids, orders []string
+		var amounts []int64
+		for _, msg := range msgs {
+			var ev Event
+			switch err := json.Unmarshal(msg.Payload, &ev); {
+			case err != nil:
+				failed[msg] = wmonce.Permanent(fmt.Errorf("payload is not an OrderPlaced event: %w", err))
+			case ev.Poison:
+				failed[msg] = wmonce.Permanent(ErrPoison)
+			case NeedsTime(ev.OrderID) && msg.Metadata.Get(once.MetadataDelayedRetry) == "":
+				failed[msg] = ErrNotYet
+			default:
+				ids, orders, amounts = append(ids, msg.UUID), append(orders, ev.OrderID), append(amounts, ev.Amount)
+			}
+		}
+		if len(failed) > 0 {
+			return nil, &once.BatchError{Failed: failed}
+		}
+		_, err := tx.ExecContext(ctx, insert, ids, orders, amounts, instance)
+		return nil, err
+	}
+}
+
 // Consumer is the router setup of one consumer instance.
 type Consumer struct {
 	Router     *message.Router
@@ -162,8 +193,8 @@ type Consumer struct {
 }
 
 // NewConsumer wires sub into a router: delivery counter -> once.Stack (delayed retries, retry,
-// poison queue into the outbox, effectively-once) -> Handler.
-func NewConsumer(db *sql.DB, sub message.Subscriber, schema, topic, poisonTopic, group, instance string, logger watermill.LoggerAdapter) (*Consumer, error) {
+// poison queue into the outbox, effectively-once) -> Handler, or BatchHandler when batch is set.
+func NewConsumer(db *sql.DB, sub message.Subscriber, schema, topic, poisonTopic, group, instance string, batch bool, logger watermill.LoggerAdapter) (*Consumer, error) {
 	mw, err := once.New(db, once.Config{Schema: schema, Consumer: group}, logger)
 	if err != nil {
 		return nil, err
@@ -188,7 +219,12 @@ func NewConsumer(db *sql.DB, sub message.Subscriber, schema, topic, poisonTopic,
 		return nil, err
 	}
 	c := &Consumer{Router: router, Middleware: mw, group: group, instance: instance}
-	h := router.AddConsumerHandler(group, topic, sub, Handler(schema, instance))
+	handler := Handler(schema, instance)
+	if batch {
+		bh := once.BatchHandler(BatchHandler(schema, instance))
+		handler = func(msg *message.Message) error { _, err := bh(msg); return err }
+	}
+	h := router.AddConsumerHandler(group, topic, sub, handler)
 	h.AddMiddleware(append([]message.HandlerMiddleware{c.countDeliveries}, stack...)...)
 	return c, nil
 }
