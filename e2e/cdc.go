@@ -180,7 +180,8 @@ func RunCDC(t *testing.T, opts CDCOptions) CDCReport {
 		require.NoError(t, os.MkdirAll(logDir, 0o755))
 	}
 	env := append(cfg.Environ(), scenario.EnvSchema+"="+schema, scenario.EnvTopic+"="+topic,
-		scenario.EnvPoisonTopic+"="+poisonTopic, scenario.EnvGroup+"="+group)
+		scenario.EnvPoisonTopic+"="+poisonTopic, scenario.EnvGroup+"="+group,
+		scenario.EnvInOrder+"=1") // the pass checks each key's commit order: no delayed retries
 	consumers := &fleet{t: t, bin: opts.ConsumerBinary, dir: logDir, env: env}
 	consumerA := superviseProc(t, consumers, "a", nil)
 	consumerB := superviseProc(t, consumers, "b", nil)

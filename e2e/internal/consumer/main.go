@@ -44,6 +44,7 @@ func run() error {
 	group, instance := need(scenario.EnvGroup), need(scenario.EnvInstance)
 	counter := os.Getenv(scenario.EnvHandler) == scenario.HandlerCounter
 	batch := os.Getenv(scenario.EnvHandler) == scenario.HandlerBatch
+	delayed := os.Getenv(scenario.EnvInOrder) != "1"
 	logger := watermill.NewStdLoggerWithOut(os.Stderr, false, false).With(watermill.LogFields{"instance": instance})
 	if cfg.Kind == broker.Kafka {
 		// Sarama's own log (group joins, rebalances) goes to the process log, for post-mortems.
@@ -64,7 +65,7 @@ func run() error {
 		if counter {
 			c, err = scenario.NewCounterConsumer(db, sub, schema, topic, group, instance, logger)
 		} else {
-			c, err = scenario.NewConsumer(db, sub, schema, topic, need(scenario.EnvPoisonTopic), group, instance, batch, logger)
+			c, err = scenario.NewConsumer(db, sub, schema, topic, need(scenario.EnvPoisonTopic), group, instance, batch, delayed, logger)
 		}
 		if err != nil {
 			_ = sub.Close()

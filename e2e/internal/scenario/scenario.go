@@ -32,6 +32,10 @@ const (
 	EnvPoisonTopic = "E2E_POISON_TOPIC"
 	EnvGroup       = "E2E_GROUP"
 	EnvInstance    = "E2E_INSTANCE"
+	// EnvInOrder, set to 1, keeps each key's events in commit order: no event is sent to a
+	// delayed retry, which applies it after later events of its key (the CDC pass checks the
+	// order).
+	EnvInOrder = "E2E_IN_ORDER"
 
 	// The chaos mode's relay and producer processes.
 	EnvRelaySelfKill = "E2E_RELAY_SELF_KILL" // probability of a SIGKILL right after a publish, before the position update
@@ -129,8 +133,15 @@ var ErrNotYet = errors.New("event needs time: retry it later")
 // NeedsTime picks one event in ten, by its order id, to fail until it is a delayed retry.
 func NeedsTime(orderID string) bool { return crc32.ChecksumIEEE([]byte(orderID))%10 == 0 }
 
-// Handler applies an event to the ledger in the middleware's transaction.
-func Handler(schema, instance string) message.NoPublishHandlerFunc {
+// notYet reports whether msg, of the event with orderID, is to fail until it is a delayed
+// retry: only when delayed retries are on (EnvInOrder unset).
+func notYet(delayed bool, orderID string, msg *message.Message) bool {
+	return delayed && NeedsTime(orderID) && msg.Metadata.Get(once.MetadataDelayedRetry) == ""
+}
+
+// Handler applies an event to the ledger in the middleware's transaction; with delayed, the
+// events NeedsTime picks fail until they come back as a delayed retry.
+func Handler(schema, instance string, delayed bool) message.NoPublishHandlerFunc {
 	insert := `INSERT INTO ` + pgtx.QualifiedName(schema, "ledger") + ` (event_id, order_id, amount, instance) VALUES ($1, $2, $3, $4)`
 	return func(msg *message.Message) error {
 		var ev Event
@@ -140,7 +151,7 @@ func Handler(schema, instance string) message.NoPublishHandlerFunc {
 		if ev.Poison {
 			return wmonce.Permanent(ErrPoison)
 		}
-		if NeedsTime(ev.OrderID) && msg.Metadata.Get(once.MetadataDelayedRetry) == "" {
+		if notYet(delayed, ev.OrderID, msg) {
 			return ErrNotYet
 		}
 		tx, ok := pgtx.TxFromContext(msg.Context())
@@ -155,7 +166,7 @@ func Handler(schema, instance string) message.NoPublishHandlerFunc {
 // BatchHandler applies events to the ledger as Handler does, each batch with one multi-row
 // INSERT: a poison event, or one that needs time on its first delivery, fails alone (a
 // *once.BatchError naming it) with Handler's error.
-func BatchHandler(schema, instance string) once.BatchHandlerFunc {
+func BatchHandler(schema, instance string, delayed bool) once.BatchHandlerFunc {
 	insert := `INSERT INTO ` + pgtx.QualifiedName(schema, "ledger") + ` (event_id, order_id, amount, instance)
 SELECT e.id, e.order_id, e.amount, $4 FROM unnest($1::text[], $2::text[], $3::bigint[]) AS e(id, order_id, amount)`
 	return func(ctx context.Context, tx *sql.Tx, msgs []*message.Message) ([]*message.Message, error) {
@@ -169,7 +180,7 @@ SELECT e.id, e.order_id, e.amount, $4 FROM unnest($1::text[], $2::text[], $3::bi
 				failed[msg] = wmonce.Permanent(fmt.Errorf("payload is not an OrderPlaced event: %w", err))
 			case ev.Poison:
 				failed[msg] = wmonce.Permanent(ErrPoison)
-			case NeedsTime(ev.OrderID) && msg.Metadata.Get(once.MetadataDelayedRetry) == "":
+			case notYet(delayed, ev.OrderID, msg):
 				failed[msg] = ErrNotYet
 			default:
 				ids, orders, amounts = append(ids, msg.UUID), append(orders, ev.OrderID), append(amounts, ev.Amount)
@@ -194,7 +205,7 @@ type Consumer struct {
 
 // NewConsumer wires sub into a router: delivery counter -> once.Stack (delayed retries, retry,
 // poison queue into the outbox, effectively-once) -> Handler, or BatchHandler when batch is set.
-func NewConsumer(db *sql.DB, sub message.Subscriber, schema, topic, poisonTopic, group, instance string, batch bool, logger watermill.LoggerAdapter) (*Consumer, error) {
+func NewConsumer(db *sql.DB, sub message.Subscriber, schema, topic, poisonTopic, group, instance string, batch, delayed bool, logger watermill.LoggerAdapter) (*Consumer, error) {
 	mw, err := once.New(db, once.Config{Schema: schema, Consumer: group}, logger)
 	if err != nil {
 		return nil, err
@@ -219,9 +230,9 @@ func NewConsumer(db *sql.DB, sub message.Subscriber, schema, topic, poisonTopic,
 		return nil, err
 	}
 	c := &Consumer{Router: router, Middleware: mw, group: group, instance: instance}
-	handler := Handler(schema, instance)
+	handler := Handler(schema, instance, delayed)
 	if batch {
-		bh := once.BatchHandler(BatchHandler(schema, instance))
+		bh := once.BatchHandler(BatchHandler(schema, instance, delayed))
 		handler = func(msg *message.Message) error { _, err := bh(msg); return err }
 	}
 	h := router.AddConsumerHandler(group, topic, sub, handler)
