@@ -51,7 +51,10 @@ func OnePartitionKafka(t testing.TB, prefix, group string) (string, message.Subs
 // unless every record is acknowledged.
 func ProduceForeign(t testing.TB, topic string, records ...*kgo.Record) {
 	t.Helper()
-	client, err := kgo.NewClient(kgo.SeedBrokers(KafkaBrokers(t)...), kgo.DefaultProduceTopic(topic))
+	// A topic the test has just created may not be known yet to the broker that leads its
+	// partition (CI saw UNKNOWN_TOPIC_OR_PARTITION): retry those until the minute below ends,
+	// not franz-go's default 4 times.
+	client, err := kgo.NewClient(kgo.SeedBrokers(KafkaBrokers(t)...), kgo.DefaultProduceTopic(topic), kgo.UnknownTopicRetries(-1))
 	if err != nil {
 		t.Fatalf("franz-go client: %v", err)
 	}
