@@ -26,6 +26,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmonce/watermill-once/broker"
+	"github.com/wmonce/watermill-once/examples/internal/scaffold"
 	"github.com/wmonce/watermill-once/internal/embeddedpg"
 	"github.com/wmonce/watermill-once/migrate"
 	"github.com/wmonce/watermill-once/pgtx"
@@ -41,7 +42,9 @@ func main() {
 func runFromEnv() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	cfg, err := broker.ParseEnv(os.Getenv)
+	// As the other examples: BROKER=kafka without KAFKA_BROKERS starts an embedded Kafka.
+	cfg, stopKafka, err := scaffold.BrokerFromEnv(ctx, watermill.NopLogger{}, os.Stdout)
+	defer stopKafka()
 	if err != nil {
 		return err
 	}
